@@ -1,0 +1,141 @@
+//! `bootconfig` owns everything the bootloader reads: which slot boots next, how many tries a
+//! slot that is on trial has left, and the bootloader configuration that implements that choice.
+//!
+//! Two backends implement [`Bootloader`]:
+//! - [`grub`]: stock Debian GRUB, no patched modules. Our own `grub.cfg` fragment and a pair of
+//!   1024-byte environment blocks (see [`grubenv`]) written with an `editing` marker so a torn
+//!   write is never chosen; N tries counted down in GRUB script.
+//! - [`syslinux`]: extlinux/syslinux. One try only: the trial slot is booted through the ADV
+//!   "boot once" record (as `extlinux --once` writes it); `DEFAULT` is rewritten (atomically)
+//!   only when the slot is confirmed. A panicking kernel (`panic=N` on the command line) or a
+//!   watchdog reset falls back to `DEFAULT`.
+//!
+//! The library above (`libupgrade`) decides *when* to call these; this crate decides *how* the
+//! loader is told, and guarantees that every write is power-cut safe: at any instant of a write,
+//! the loader's choice is a slot that was bootable before the write or the one being installed
+//! after it completed.
+
+pub mod slot;
+
+pub use slot::{ParseSlotError, Slot};
+
+use serde::{Deserialize, Serialize};
+
+/// What the bootloader will do with one slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "state")]
+pub enum SlotBoot {
+    /// Confirmed: boots without counting.
+    Good,
+    /// On trial: the loader boots it while `tries_left > 0`, counting down before each boot.
+    Trying { tries_left: u8 },
+    /// Never chosen (unless no other slot is bootable at all).
+    Bad,
+}
+
+/// The bootloader's view of both slots, as read back from its own files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootEnv {
+    /// The slot tried first.
+    pub primary: Slot,
+    pub a: SlotBoot,
+    pub b: SlotBoot,
+}
+
+impl BootEnv {
+    pub fn get(&self, slot: Slot) -> SlotBoot {
+        match slot {
+            Slot::A => self.a,
+            Slot::B => self.b,
+        }
+    }
+
+    pub fn set(&mut self, slot: Slot, state: SlotBoot) {
+        match slot {
+            Slot::A => self.a = state,
+            Slot::B => self.b = state,
+        }
+    }
+
+    /// The slot the loader boots next, with the same rules the loader script applies: the
+    /// primary if it is good or has tries left, else the other if it is, else the primary
+    /// anyway when it is not bad, else the other one (a node must always boot something).
+    pub fn next_boot(&self) -> Slot {
+        let bootable = |s: Slot| match self.get(s) {
+            SlotBoot::Good => true,
+            SlotBoot::Trying { tries_left } => tries_left > 0,
+            SlotBoot::Bad => false,
+        };
+        let p = self.primary;
+        if bootable(p) {
+            p
+        } else if bootable(p.other()) {
+            p.other()
+        } else if self.get(p) != SlotBoot::Bad {
+            p
+        } else if self.get(p.other()) != SlotBoot::Bad {
+            p.other()
+        } else {
+            p
+        }
+    }
+}
+
+/// Errors of the bootloader layer; each names the file and what was wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {what}")]
+    Invalid { path: std::path::PathBuf, what: String },
+    #[error("bootloader file {path} is missing: {what}")]
+    Missing { path: std::path::PathBuf, what: String },
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A bootloader that can be told which A/B slot to boot.
+///
+/// Every method is a complete, power-cut-safe transaction: if power fails during it, the next
+/// boot chooses either what was chosen before the call or what the call asked for.
+pub trait Bootloader: Send + Sync {
+    /// Short name for logs and `slot status` (`grub`, `syslinux`).
+    fn name(&self) -> &'static str;
+    /// How many tries this loader can give a slot on trial (GRUB: configurable; syslinux: 1).
+    fn max_tries(&self) -> u8;
+    /// Read the loader's current choice back from its files.
+    fn read(&self) -> Result<BootEnv>;
+    /// Never boot `slot` again (until it is tried anew). Used before a slot is overwritten.
+    fn mark_bad(&self, slot: Slot) -> Result<()>;
+    /// Make `slot` the primary on trial with `tries` boots (clamped to [`Self::max_tries`]);
+    /// the other slot stays as it is and is the fallback.
+    fn try_slot(&self, slot: Slot, tries: u8) -> Result<()>;
+    /// Make `slot` the confirmed primary; the other slot keeps its state as the fallback.
+    fn mark_good(&self, slot: Slot) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_boot_prefers_primary_then_fallback_then_anything() {
+        let mut env = BootEnv { primary: Slot::B, a: SlotBoot::Good, b: SlotBoot::Trying { tries_left: 2 } };
+        assert_eq!(env.next_boot(), Slot::B);
+        env.b = SlotBoot::Trying { tries_left: 0 };
+        assert_eq!(env.next_boot(), Slot::A);
+        env.b = SlotBoot::Bad;
+        assert_eq!(env.next_boot(), Slot::A);
+        env.a = SlotBoot::Bad;
+        assert_eq!(env.next_boot(), Slot::B, "both bad still boots something");
+        env.a = SlotBoot::Trying { tries_left: 0 };
+        assert_eq!(env.next_boot(), Slot::A, "an exhausted slot beats a bad one");
+    }
+}

@@ -1,0 +1,2 @@
+//! libupgrade: A/B slot updates for immutable nodes.
+pub use bootconfig::Slot;
