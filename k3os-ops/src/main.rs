@@ -1,1 +1,24 @@
-fn main() {}
+//! `k3os-ops`: the thin binary around `libupgrade`.
+//!
+//! Subcommands: `upgrade` (one-shot), `slot …` (manual status/activate/confirm/rollback),
+//! `release …` (create, sign and serve releases), `agent` (the Kubernetes controller).
+//! Each subcommand lives in its own module; this file only parses arguments and dispatches.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "k3os-ops", version, about = "A/B image updates for k3OS-style nodes")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    // Subcommands are added by their modules' owners: Upgrade, Slot, Release, Agent.
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {}
+}

@@ -1,2 +1,5 @@
 //! libupgrade: A/B slot updates for immutable nodes.
+pub mod manifest;
+
 pub use bootconfig::Slot;
+pub use manifest::{Arch, Artifact, Manifest};

@@ -1,0 +1,236 @@
+//! The release manifest: what a release contains and how to check each byte of it.
+//!
+//! A release is a directory (local or served over http) holding `manifest.json`, its detached
+//! signature `manifest.json.sig`, and the three artifacts the manifest names. The manifest is
+//! checked *before* anything is written: wrong architecture, a missing artifact, a malformed
+//! digest or an impossible size are refused here, so a bad release never touches a slot.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// File name of the manifest inside a release directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// File name of the manifest's detached signature inside a release directory.
+pub const SIGNATURE_FILE: &str = "manifest.json.sig";
+/// The manifest format this library writes and understands.
+pub const FORMAT: u32 = 1;
+
+/// CPU architecture a release is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    /// The architecture this binary was built for.
+    pub fn host() -> Arch {
+        if cfg!(target_arch = "aarch64") {
+            Arch::Aarch64
+        } else {
+            Arch::X86_64
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Arch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "x86_64" | "amd64" => Ok(Arch::X86_64),
+            "aarch64" | "arm64" => Ok(Arch::Aarch64),
+            other => Err(format!("unknown architecture '{other}': expected x86_64 or aarch64")),
+        }
+    }
+}
+
+/// The three artifacts that make up a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Artifact {
+    /// The squashfs root filesystem.
+    Rootfs,
+    /// The kernel image.
+    Kernel,
+    /// The initramfs.
+    Initrd,
+}
+
+impl Artifact {
+    pub const ALL: [Artifact; 3] = [Artifact::Rootfs, Artifact::Kernel, Artifact::Initrd];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Artifact::Rootfs => "rootfs",
+            Artifact::Kernel => "kernel",
+            Artifact::Initrd => "initrd",
+        }
+    }
+}
+
+impl fmt::Display for Artifact {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One file of a release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Path relative to the release directory (a plain file name; no `/`, no `..`).
+    pub path: String,
+    /// Exact size in bytes.
+    pub size: u64,
+    /// Lower-case hex sha256 of the whole file.
+    pub sha256: String,
+}
+
+/// The files of a release, one per [`Artifact`]; all three are required.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Files {
+    pub rootfs: FileEntry,
+    pub kernel: FileEntry,
+    pub initrd: FileEntry,
+}
+
+impl Files {
+    pub fn get(&self, a: Artifact) -> &FileEntry {
+        match a {
+            Artifact::Rootfs => &self.rootfs,
+            Artifact::Kernel => &self.kernel,
+            Artifact::Initrd => &self.initrd,
+        }
+    }
+}
+
+/// A release manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Manifest format; [`FORMAT`].
+    pub format: u32,
+    /// Human version string (`v1.2.0`).
+    pub version: String,
+    pub arch: Arch,
+    /// Monotonic generation id: a node refuses a release older than what it runs unless told
+    /// to allow a downgrade.
+    pub generation: u64,
+    pub files: Files,
+}
+
+/// Why a manifest was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest is not valid JSON for format {FORMAT}: {0}")]
+    Parse(#[from] serde_json::Error),
+    #[error("manifest format {found} is not supported (this build reads format {FORMAT})")]
+    Format { found: u32 },
+    #[error("release {version} is built for {found}, this node is {expected}")]
+    Arch { version: String, expected: Arch, found: Arch },
+    #[error("manifest field {field}: {what}")]
+    Field { field: String, what: String },
+}
+
+impl Manifest {
+    /// Parse and check a manifest's own consistency (not yet its signature or architecture).
+    pub fn parse(bytes: &[u8]) -> Result<Manifest, ManifestError> {
+        let m: Manifest = serde_json::from_slice(bytes)?;
+        m.check()?;
+        Ok(m)
+    }
+
+    /// Serialize as pretty JSON (the exact bytes that get signed).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec_pretty(self).expect("manifest serializes");
+        v.push(b'\n');
+        v
+    }
+
+    /// Refuse a manifest for another architecture.
+    pub fn check_arch(&self, expected: Arch) -> Result<(), ManifestError> {
+        if self.arch != expected {
+            return Err(ManifestError::Arch { version: self.version.clone(), expected, found: self.arch });
+        }
+        Ok(())
+    }
+
+    fn check(&self) -> Result<(), ManifestError> {
+        if self.format != FORMAT {
+            return Err(ManifestError::Format { found: self.format });
+        }
+        let field = |f: &str, what: &str| ManifestError::Field { field: f.to_string(), what: what.to_string() };
+        if self.version.is_empty() || self.version.len() > 128 || !self.version.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(field("version", "must be 1-128 printable ASCII characters without spaces"));
+        }
+        for a in Artifact::ALL {
+            let e = self.files.get(a);
+            let name = format!("files.{a}");
+            if e.path.is_empty() || e.path.contains('/') || e.path.contains('\\') || e.path == "." || e.path == ".." {
+                return Err(field(&format!("{name}.path"), &format!("'{}' is not a plain file name", e.path)));
+            }
+            if e.sha256.len() != 64 || !e.sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                return Err(field(&format!("{name}.sha256"), &format!("'{}' is not 64 lower-case hex digits", e.sha256)));
+            }
+            if e.size == 0 {
+                return Err(field(&format!("{name}.size"), "is 0: an empty artifact cannot boot"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> Manifest {
+        let e = |p: &str| FileEntry { path: p.into(), size: 10, sha256: "ab".repeat(32) };
+        Manifest {
+            format: FORMAT,
+            version: "v2".into(),
+            arch: Arch::X86_64,
+            generation: 2,
+            files: Files { rootfs: e("rootfs.squashfs"), kernel: e("vmlinuz"), initrd: e("initrd") },
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = sample();
+        assert_eq!(Manifest::parse(&m.to_bytes()).unwrap(), m);
+    }
+
+    #[test]
+    fn rejects_other_arch_and_bad_fields() {
+        let m = sample();
+        let e = m.check_arch(Arch::Aarch64).unwrap_err().to_string();
+        assert!(e.contains("x86_64") && e.contains("aarch64"), "{e}");
+
+        let mut bad = sample();
+        bad.files.kernel.path = "../etc/passwd".into();
+        let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
+        assert!(e.contains("files.kernel.path"), "{e}");
+
+        let mut bad = sample();
+        bad.files.rootfs.sha256 = "xyz".into();
+        assert!(Manifest::parse(&bad.to_bytes()).unwrap_err().to_string().contains("files.rootfs.sha256"));
+
+        let json = String::from_utf8(sample().to_bytes()).unwrap();
+        let missing = json.replace("\"initrd\": {", "\"initrd_gone\": {");
+        let e = Manifest::parse(missing.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("initrd"), "{e}");
+    }
+}
