@@ -1,4 +1,5 @@
 //! libupgrade: A/B slot updates for immutable nodes.
+pub mod http;
 pub mod manifest;
 
 pub use bootconfig::Slot;

@@ -1,0 +1,32 @@
+//! The one HTTP client configuration every network access of the library uses.
+//!
+//! `reqwest` (blocking API: the library is synchronous, disk-bound code; the agent calls it from
+//! `spawn_blocking`) with rustls and the `ring` provider: pure Rust TLS that cross-compiles to the
+//! static musl node binary without OpenSSL, and with the same provider kube-rs uses.
+//! Server certificates are verified against the platform's roots via rustls-platform-verifier.
+
+use std::sync::Once;
+use std::time::Duration;
+
+static PROVIDER: Once = Once::new();
+
+/// Install `ring` as the process-wide rustls provider (idempotent).
+pub fn install_crypto_provider() {
+    PROVIDER.call_once(|| {
+        // An error means another provider was installed first; that one is then used.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// A blocking client with sane timeouts for slow remote links: a connect timeout and a read
+/// timeout (no progress for this long aborts the request; total time is unbounded because a
+/// 1 GiB rootfs over a 1 Mbit/s link takes hours).
+pub fn client() -> Result<reqwest::blocking::Client, reqwest::Error> {
+    install_crypto_provider();
+    reqwest::blocking::Client::builder()
+        .connect_timeout(Duration::from_secs(20))
+        .read_timeout(Duration::from_secs(60))
+        .timeout(None)
+        .user_agent(concat!("libupgrade/", env!("CARGO_PKG_VERSION")))
+        .build()
+}
