@@ -1,0 +1,880 @@
+//! Update channels: where releases are published and how a node finds the one it wants.
+//!
+//! This module owns the channel formats and their resolution; it never verifies signatures
+//! (staging does, against the node's trust dir, before writing anything).
+//!
+//! A channel is one of:
+//! - a directory (a local path or `file://` URL) or a static http(s) site holding
+//!   `index.json` plus one subdirectory per release (`manifest.json`, `manifest.json.sig`, the
+//!   artifacts). `index.json` is `{"releases":[{"version","generation","arch","path"}, …]}`
+//!   listing releases newest first; `path` is relative to the channel (`v1.2.0/`).
+//!   [`write_index`] rebuilds it from the release subdirectories.
+//! - `github-releases://OWNER/REPO`: resolved through the GitHub releases API
+//!   (`GET {api}/repos/OWNER/REPO/releases`, following `Link: rel="next"` pages; `{api}` is
+//!   `$K3OS_OPS_GITHUB_API` or `https://api.github.com`). A GitHub release carries the files of
+//!   one or more architectures as assets. For architecture `A`, file `X` of a release is the asset
+//!   named `A-X` if there is one (`x86_64-manifest.json`, `aarch64-rootfs.squashfs`; the aliases
+//!   `amd64-`/`arm64-` also work), else the asset named `X`. Drafts are never used; prereleases
+//!   only when asked for by version. Its "generation" comes from the release's manifest, which
+//!   is fetched (and later verified by staging) for that purpose.
+//!
+//! Every HTTP access goes through [`crate::http::client`]. Indexes and manifests are small, so
+//! they are read whole, with a size cap.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::{Arch, Manifest, ManifestError, MANIFEST_FILE, SIGNATURE_FILE};
+
+/// File name of a channel's index.
+pub const INDEX_FILE: &str = "index.json";
+/// URL scheme of GitHub-releases channels.
+pub const GITHUB_SCHEME: &str = "github-releases://";
+/// Environment variable overriding the GitHub API base URL.
+pub const GITHUB_API_ENV: &str = "K3OS_OPS_GITHUB_API";
+/// Default GitHub API base URL.
+pub const GITHUB_API_DEFAULT: &str = "https://api.github.com";
+/// Largest index, manifest or API page read into memory.
+const MAX_DOC: u64 = 16 << 20;
+/// At most this many API pages are followed (100 releases each).
+const MAX_PAGES: usize = 20;
+
+/// A channel's list of releases, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Index {
+    pub releases: Vec<IndexEntry>,
+}
+
+/// One release of a channel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexEntry {
+    pub version: String,
+    pub generation: u64,
+    pub arch: Arch,
+    /// Release directory relative to the channel (`v1.2.0/`); for GitHub channels the tag.
+    pub path: String,
+}
+
+/// Where the files of one release are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseLocation {
+    /// A directory: a local path or an http(s) URL ending in `/`; a file's location is this
+    /// string followed by its name.
+    Dir(String),
+    /// One URL per file name (GitHub release assets). Keys are the names the manifest uses plus
+    /// [`MANIFEST_FILE`] and [`SIGNATURE_FILE`].
+    Assets(BTreeMap<String, String>),
+}
+
+impl ReleaseLocation {
+    /// The path or URL of `name` in this release.
+    pub fn file(&self, name: &str) -> Result<String, ChannelError> {
+        match self {
+            ReleaseLocation::Dir(d) => {
+                if d.ends_with('/') {
+                    Ok(format!("{d}{name}"))
+                } else {
+                    Ok(format!("{d}/{name}"))
+                }
+            }
+            ReleaseLocation::Assets(m) => {
+                m.get(name).cloned().ok_or_else(|| ChannelError::NoAsset {
+                    name: name.to_string(),
+                    available: m.keys().cloned().collect(),
+                })
+            }
+        }
+    }
+}
+
+impl fmt::Display for ReleaseLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReleaseLocation::Dir(d) => f.write_str(d),
+            ReleaseLocation::Assets(m) => match m.get(MANIFEST_FILE) {
+                Some(u) => write!(f, "release assets ({MANIFEST_FILE} at {u})"),
+                None => f.write_str("release assets"),
+            },
+        }
+    }
+}
+
+/// A release picked from a channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedRelease {
+    pub version: String,
+    pub generation: u64,
+    pub arch: Arch,
+    /// Human-readable location: the release directory (local path or URL ending in `/`), or for
+    /// GitHub the URL of the manifest asset.
+    pub location: String,
+    /// How to reach each file of the release (what staging fetches from).
+    pub files: ReleaseLocation,
+}
+
+/// Why a channel could not be read or a release not found.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{what} is not valid JSON of the expected shape: {source}")]
+    Parse {
+        what: String,
+        source: serde_json::Error,
+    },
+    #[error("{url}: {source}")]
+    Http { url: String, source: reqwest::Error },
+    #[error("{url}: server answered HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("{what} is larger than {MAX_DOC} bytes; refusing to read it")]
+    TooLarge { what: String },
+    #[error("channel '{channel}': {why}")]
+    BadChannel { channel: String, why: String },
+    #[error("channel '{channel}' has no release {wanted} for {arch} (it has: {available})")]
+    NotFound {
+        channel: String,
+        wanted: String,
+        arch: Arch,
+        available: String,
+    },
+    #[error("manifest {location}: {source}")]
+    Manifest {
+        location: String,
+        source: ManifestError,
+    },
+    #[error("release directory {dir} has {MANIFEST_FILE} but no {SIGNATURE_FILE}; sign it before indexing")]
+    Unsigned { dir: PathBuf },
+    #[error("channel {channel}: releases {first} and {second} both claim generation {generation} for {arch}")]
+    DuplicateGeneration {
+        channel: String,
+        first: String,
+        second: String,
+        generation: u64,
+        arch: Arch,
+    },
+    #[error("index entry path '{path}' must be a relative directory inside the channel")]
+    BadPath { path: String },
+    #[error("release has no asset named {name} (assets: {})", available.join(", "))]
+    NoAsset {
+        name: String,
+        available: Vec<String>,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ChannelError + '_ {
+    move |source| ChannelError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Newest first: generation descending, then architecture and path for a stable order.
+fn sort_newest_first(entries: &mut [IndexEntry]) {
+    entries.sort_by(|a, b| {
+        b.generation
+            .cmp(&a.generation)
+            .then_with(|| a.arch.as_str().cmp(b.arch.as_str()))
+            .then_with(|| a.path.cmp(&b.path))
+    });
+}
+
+fn check_entry_path(path: &str) -> Result<(), ChannelError> {
+    let bad = path.is_empty()
+        || path.starts_with('/')
+        || path.contains("://")
+        || path.contains('\\')
+        || Path::new(path)
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
+    if bad {
+        return Err(ChannelError::BadPath {
+            path: path.to_string(),
+        });
+    }
+    Ok(())
+}
+
+impl Index {
+    /// Parse an index document; entries are re-sorted newest first and their paths checked.
+    pub fn parse(bytes: &[u8], what: &str) -> Result<Index, ChannelError> {
+        let mut index: Index =
+            serde_json::from_slice(bytes).map_err(|source| ChannelError::Parse {
+                what: what.to_string(),
+                source,
+            })?;
+        for e in &index.releases {
+            check_entry_path(&e.path)?;
+        }
+        sort_newest_first(&mut index.releases);
+        Ok(index)
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec_pretty(self).expect("index serializes");
+        v.push(b'\n');
+        v
+    }
+
+    /// The newest entry for `arch`, or the entry with exactly `version` for `arch`
+    /// (`None` or `"latest"` = newest).
+    pub fn find(&self, version: Option<&str>, arch: Arch) -> Option<&IndexEntry> {
+        match version {
+            None | Some("latest") => self.releases.iter().find(|e| e.arch == arch),
+            Some(v) => self
+                .releases
+                .iter()
+                .find(|e| e.arch == arch && e.version == v),
+        }
+    }
+
+    fn describe(&self) -> String {
+        if self.releases.is_empty() {
+            return "no releases".into();
+        }
+        self.releases
+            .iter()
+            .map(|e| format!("{} ({}, generation {})", e.version, e.arch, e.generation))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Read `DIR/index.json`.
+pub fn read_local_index(dir: &Path) -> Result<Index, ChannelError> {
+    let path = dir.join(INDEX_FILE);
+    let bytes = fs::read(&path).map_err(io_err(&path))?;
+    Index::parse(&bytes, &path.display().to_string())
+}
+
+/// Build the index of a channel directory from its release subdirectories (those holding a
+/// `manifest.json`). Refuses unsigned releases, malformed manifests and two releases claiming
+/// the same generation for one architecture.
+pub fn build_index(dir: &Path) -> Result<Index, ChannelError> {
+    let mut entries = Vec::new();
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .map_err(io_err(dir))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()
+        .map_err(io_err(dir))?;
+    names.sort();
+    for sub in names {
+        let manifest_path = sub.join(MANIFEST_FILE);
+        if !sub.is_dir() || !manifest_path.is_file() {
+            continue;
+        }
+        if !sub.join(SIGNATURE_FILE).is_file() {
+            return Err(ChannelError::Unsigned { dir: sub });
+        }
+        let bytes = fs::read(&manifest_path).map_err(io_err(&manifest_path))?;
+        let m = Manifest::parse(&bytes).map_err(|source| ChannelError::Manifest {
+            location: manifest_path.display().to_string(),
+            source,
+        })?;
+        let name = sub
+            .file_name()
+            .expect("read_dir entries have names")
+            .to_string_lossy()
+            .into_owned();
+        entries.push(IndexEntry {
+            version: m.version,
+            generation: m.generation,
+            arch: m.arch,
+            path: format!("{name}/"),
+        });
+    }
+    sort_newest_first(&mut entries);
+    for pair in entries.windows(2) {
+        if pair[0].arch == pair[1].arch && pair[0].generation == pair[1].generation {
+            return Err(ChannelError::DuplicateGeneration {
+                channel: dir.display().to_string(),
+                first: pair[0].path.clone(),
+                second: pair[1].path.clone(),
+                generation: pair[0].generation,
+                arch: pair[0].arch,
+            });
+        }
+    }
+    Ok(Index { releases: entries })
+}
+
+/// Rebuild and atomically write `DIR/index.json`; returns the new index.
+pub fn write_index(dir: &Path) -> Result<Index, ChannelError> {
+    let index = build_index(dir)?;
+    let tmp = dir.join(format!(".{INDEX_FILE}.part"));
+    let path = dir.join(INDEX_FILE);
+    fs::write(&tmp, index.to_bytes()).map_err(io_err(&tmp))?;
+    fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err(&tmp))?;
+    fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))?;
+    Ok(index)
+}
+
+/// What a channel string designates.
+enum Kind {
+    Local {
+        dir: PathBuf,
+        index: PathBuf,
+    },
+    Http {
+        base: reqwest::Url,
+        index: reqwest::Url,
+    },
+    GitHub {
+        owner: String,
+        repo: String,
+    },
+}
+
+fn parse_channel(channel: &str) -> Result<Kind, ChannelError> {
+    let bad = |why: &str| ChannelError::BadChannel {
+        channel: channel.to_string(),
+        why: why.to_string(),
+    };
+    if let Some(rest) = channel.strip_prefix(GITHUB_SCHEME) {
+        let parts: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+        let ok = |s: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        };
+        if parts.len() != 2 || !parts.iter().all(|p| ok(p)) || parts.contains(&"..") {
+            return Err(bad("expected github-releases://OWNER/REPO"));
+        }
+        return Ok(Kind::GitHub {
+            owner: parts[0].into(),
+            repo: parts[1].into(),
+        });
+    }
+    if channel.starts_with("http://") || channel.starts_with("https://") {
+        let url =
+            reqwest::Url::parse(channel).map_err(|e| bad(&format!("not a valid URL: {e}")))?;
+        if url.path().ends_with(&format!("/{INDEX_FILE}")) {
+            let base = url.join("./").map_err(|e| bad(&e.to_string()))?;
+            return Ok(Kind::Http { base, index: url });
+        }
+        let base = if url.path().ends_with('/') {
+            url
+        } else {
+            reqwest::Url::parse(&format!("{channel}/")).map_err(|e| bad(&e.to_string()))?
+        };
+        let index = base.join(INDEX_FILE).map_err(|e| bad(&e.to_string()))?;
+        return Ok(Kind::Http { base, index });
+    }
+    let path = match channel.strip_prefix("file://") {
+        Some(p) => PathBuf::from(p),
+        None if channel.contains("://") => {
+            return Err(bad(
+                "unknown scheme (expected a path, http(s)://, file:// or github-releases://)",
+            ))
+        }
+        None => PathBuf::from(channel),
+    };
+    if path.as_os_str().is_empty() {
+        return Err(bad("empty path"));
+    }
+    if path.file_name().is_some_and(|n| n == INDEX_FILE) && !path.is_dir() {
+        let dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        return Ok(Kind::Local { dir, index: path });
+    }
+    Ok(Kind::Local {
+        index: path.join(INDEX_FILE),
+        dir: path,
+    })
+}
+
+/// The releases a channel offers, newest first.
+pub fn list(channel: &str) -> Result<Index, ChannelError> {
+    match parse_channel(channel)? {
+        Kind::Local { index, .. } => {
+            let bytes = fs::read(&index).map_err(io_err(&index))?;
+            Index::parse(&bytes, &index.display().to_string())
+        }
+        Kind::Http { index, .. } => {
+            let client = client(index.as_str())?;
+            let bytes = get_small(&client, index.as_str())?;
+            Index::parse(&bytes, index.as_str())
+        }
+        Kind::GitHub { owner, repo } => {
+            let gh = GitHub::new(&owner, &repo)?;
+            let releases = gh.releases()?;
+            let mut entries = Vec::new();
+            for r in releases.iter().filter(|r| !r.draft) {
+                for arch in [Arch::X86_64, Arch::Aarch64] {
+                    if let Some(found) = gh.manifest_for(r, arch)? {
+                        entries.push(IndexEntry {
+                            version: found.manifest.version,
+                            generation: found.manifest.generation,
+                            arch,
+                            path: r.tag_name.clone(),
+                        });
+                    }
+                }
+            }
+            sort_newest_first(&mut entries);
+            Ok(Index { releases: entries })
+        }
+    }
+}
+
+/// Pick a release: `version` `None` or `"latest"` = the newest for `arch`, else that exact
+/// version (for GitHub channels the tag name also matches).
+pub fn resolve(
+    channel: &str,
+    version: Option<&str>,
+    arch: Arch,
+) -> Result<ResolvedRelease, ChannelError> {
+    let wanted = version.unwrap_or("latest");
+    let not_found = |index: &Index| ChannelError::NotFound {
+        channel: channel.to_string(),
+        wanted: wanted.to_string(),
+        arch,
+        available: index.describe(),
+    };
+    match parse_channel(channel)? {
+        Kind::Local {
+            dir,
+            index: index_path,
+        } => {
+            let bytes = fs::read(&index_path).map_err(io_err(&index_path))?;
+            let index = Index::parse(&bytes, &index_path.display().to_string())?;
+            let e = index.find(version, arch).ok_or_else(|| not_found(&index))?;
+            let mut location = dir.join(&e.path).display().to_string();
+            if !location.ends_with('/') {
+                location.push('/');
+            }
+            Ok(ResolvedRelease {
+                version: e.version.clone(),
+                generation: e.generation,
+                arch,
+                files: ReleaseLocation::Dir(location.clone()),
+                location,
+            })
+        }
+        Kind::Http {
+            base,
+            index: index_url,
+        } => {
+            let client = client(index_url.as_str())?;
+            let bytes = get_small(&client, index_url.as_str())?;
+            let index = Index::parse(&bytes, index_url.as_str())?;
+            let e = index.find(version, arch).ok_or_else(|| not_found(&index))?;
+            let path = if e.path.ends_with('/') {
+                e.path.clone()
+            } else {
+                format!("{}/", e.path)
+            };
+            let url = base.join(&path).map_err(|err| ChannelError::BadChannel {
+                channel: channel.to_string(),
+                why: format!("index path '{}': {err}", e.path),
+            })?;
+            let location = url.to_string();
+            Ok(ResolvedRelease {
+                version: e.version.clone(),
+                generation: e.generation,
+                arch,
+                files: ReleaseLocation::Dir(location.clone()),
+                location,
+            })
+        }
+        Kind::GitHub { owner, repo } => {
+            let gh = GitHub::new(&owner, &repo)?;
+            let releases = gh.releases()?;
+            let mut best: Option<(GhFound, &GhRelease)> = None;
+            let mut seen = Vec::new();
+            for r in releases.iter().filter(|r| !r.draft) {
+                let explicit = matches!(version, Some(v) if v != "latest");
+                if r.prerelease && !explicit {
+                    continue;
+                }
+                if explicit && version != Some(r.tag_name.as_str()) {
+                    // Only fetch manifests of other tags when no tag carries the wanted name.
+                    if releases
+                        .iter()
+                        .any(|o| !o.draft && Some(o.tag_name.as_str()) == version)
+                    {
+                        continue;
+                    }
+                }
+                let Some(found) = gh.manifest_for(r, arch)? else {
+                    continue;
+                };
+                seen.push(IndexEntry {
+                    version: found.manifest.version.clone(),
+                    generation: found.manifest.generation,
+                    arch,
+                    path: r.tag_name.clone(),
+                });
+                let matches = match version {
+                    None | Some("latest") => true,
+                    Some(v) => found.manifest.version == v || r.tag_name == v,
+                };
+                if !matches {
+                    continue;
+                }
+                if best
+                    .as_ref()
+                    .is_none_or(|(b, _)| found.manifest.generation > b.manifest.generation)
+                {
+                    best = Some((found, r));
+                }
+            }
+            let Some((found, _)) = best else {
+                sort_newest_first(&mut seen);
+                return Err(not_found(&Index { releases: seen }));
+            };
+            Ok(ResolvedRelease {
+                version: found.manifest.version,
+                generation: found.manifest.generation,
+                arch,
+                location: found.manifest_url,
+                files: ReleaseLocation::Assets(found.assets),
+            })
+        }
+    }
+}
+
+fn client(url: &str) -> Result<reqwest::blocking::Client, ChannelError> {
+    crate::http::client().map_err(|source| ChannelError::Http {
+        url: url.to_string(),
+        source,
+    })
+}
+
+/// GET a small document (index, manifest, API page); returns the body and the `Link` header.
+fn get_small_with_link(
+    client: &reqwest::blocking::Client,
+    url: &str,
+    accept: Option<&str>,
+) -> Result<(Vec<u8>, Option<String>), ChannelError> {
+    let http = |source| ChannelError::Http {
+        url: url.to_string(),
+        source,
+    };
+    let mut req = client.get(url);
+    if let Some(a) = accept {
+        req = req.header(reqwest::header::ACCEPT, a);
+    }
+    let resp = req.send().map_err(http)?;
+    if !resp.status().is_success() {
+        return Err(ChannelError::Status {
+            url: url.to_string(),
+            status: resp.status().as_u16(),
+        });
+    }
+    let link = resp
+        .headers()
+        .get(reqwest::header::LINK)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if resp.content_length().is_some_and(|n| n > MAX_DOC) {
+        return Err(ChannelError::TooLarge {
+            what: url.to_string(),
+        });
+    }
+    let mut body = Vec::new();
+    resp.take(MAX_DOC + 1)
+        .read_to_end(&mut body)
+        .map_err(|source| ChannelError::Io {
+            path: PathBuf::from(url),
+            source,
+        })?;
+    if body.len() as u64 > MAX_DOC {
+        return Err(ChannelError::TooLarge {
+            what: url.to_string(),
+        });
+    }
+    Ok((body, link))
+}
+
+fn get_small(client: &reqwest::blocking::Client, url: &str) -> Result<Vec<u8>, ChannelError> {
+    Ok(get_small_with_link(client, url, None)?.0)
+}
+
+/// The `rel="next"` target of an RFC 8288 `Link` header.
+fn next_link(link: &str) -> Option<String> {
+    link.split(',').find_map(|part| {
+        let mut pieces = part.split(';');
+        let target = pieces.next()?.trim();
+        let is_next = pieces.any(|p| {
+            let p = p.trim();
+            p == "rel=\"next\"" || p == "rel=next"
+        });
+        if is_next {
+            target
+                .strip_prefix('<')?
+                .strip_suffix('>')
+                .map(str::to_string)
+        } else {
+            None
+        }
+    })
+}
+
+#[derive(Debug, Deserialize)]
+struct GhRelease {
+    tag_name: String,
+    #[serde(default)]
+    draft: bool,
+    #[serde(default)]
+    prerelease: bool,
+    #[serde(default)]
+    assets: Vec<GhAsset>,
+}
+
+#[derive(Debug, Deserialize)]
+struct GhAsset {
+    name: String,
+    browser_download_url: String,
+}
+
+struct GhFound {
+    manifest: Manifest,
+    manifest_url: String,
+    assets: BTreeMap<String, String>,
+}
+
+struct GitHub {
+    client: reqwest::blocking::Client,
+    api: String,
+    owner: String,
+    repo: String,
+}
+
+impl GitHub {
+    fn new(owner: &str, repo: &str) -> Result<GitHub, ChannelError> {
+        let api = std::env::var(GITHUB_API_ENV).unwrap_or_else(|_| GITHUB_API_DEFAULT.to_string());
+        let api = api.trim_end_matches('/').to_string();
+        Ok(GitHub {
+            client: client(&api)?,
+            api,
+            owner: owner.into(),
+            repo: repo.into(),
+        })
+    }
+
+    fn releases(&self) -> Result<Vec<GhRelease>, ChannelError> {
+        let mut url = format!(
+            "{}/repos/{}/{}/releases?per_page=100",
+            self.api, self.owner, self.repo
+        );
+        let mut all = Vec::new();
+        for _ in 0..MAX_PAGES {
+            let (body, link) =
+                get_small_with_link(&self.client, &url, Some("application/vnd.github+json"))?;
+            let page: Vec<GhRelease> =
+                serde_json::from_slice(&body).map_err(|source| ChannelError::Parse {
+                    what: url.clone(),
+                    source,
+                })?;
+            all.extend(page);
+            match link.as_deref().and_then(next_link) {
+                Some(next) if next != url => url = next,
+                _ => break,
+            }
+        }
+        Ok(all)
+    }
+
+    /// The file-name → URL map of `release` for `arch` (arch-prefixed assets win over plain
+    /// ones), and its manifest if it has one for `arch`.
+    fn manifest_for(
+        &self,
+        release: &GhRelease,
+        arch: Arch,
+    ) -> Result<Option<GhFound>, ChannelError> {
+        let prefixes: &[&str] = match arch {
+            Arch::X86_64 => &["x86_64-", "amd64-"],
+            Arch::Aarch64 => &["aarch64-", "arm64-"],
+        };
+        let other_prefixes: &[&str] = match arch {
+            Arch::X86_64 => &["aarch64-", "arm64-"],
+            Arch::Aarch64 => &["x86_64-", "amd64-"],
+        };
+        let mut assets = BTreeMap::new();
+        // Plain names first, then arch-specific ones overwrite them.
+        for a in &release.assets {
+            if !other_prefixes
+                .iter()
+                .chain(prefixes)
+                .any(|p| a.name.starts_with(p))
+            {
+                assets.insert(a.name.clone(), a.browser_download_url.clone());
+            }
+        }
+        for p in prefixes.iter().rev() {
+            for a in &release.assets {
+                if let Some(name) = a.name.strip_prefix(p) {
+                    assets.insert(name.to_string(), a.browser_download_url.clone());
+                }
+            }
+        }
+        let Some(manifest_url) = assets.get(MANIFEST_FILE).cloned() else {
+            return Ok(None);
+        };
+        let bytes = get_small(&self.client, &manifest_url)?;
+        let manifest = Manifest::parse(&bytes).map_err(|source| ChannelError::Manifest {
+            location: manifest_url.clone(),
+            source,
+        })?;
+        if manifest.arch != arch {
+            // A plain manifest.json for the other architecture.
+            return Ok(None);
+        }
+        Ok(Some(GhFound {
+            manifest,
+            manifest_url,
+            assets,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(v: &str, g: u64, arch: Arch, path: &str) -> IndexEntry {
+        IndexEntry {
+            version: v.into(),
+            generation: g,
+            arch,
+            path: path.into(),
+        }
+    }
+
+    #[test]
+    fn index_sorted_newest_first_and_latest_per_arch() {
+        let unsorted = Index {
+            releases: vec![
+                entry("v1", 1, Arch::X86_64, "v1/"),
+                entry("v3-arm", 3, Arch::Aarch64, "v3a/"),
+                entry("v2", 2, Arch::X86_64, "v2/"),
+                entry("v10", 10, Arch::X86_64, "v10/"),
+            ],
+        };
+        let index = Index::parse(&unsorted.to_bytes(), "test").unwrap();
+        let order: Vec<_> = index.releases.iter().map(|e| e.generation).collect();
+        assert_eq!(order, vec![10, 3, 2, 1]);
+        assert_eq!(index.find(None, Arch::X86_64).unwrap().version, "v10");
+        assert_eq!(
+            index.find(Some("latest"), Arch::Aarch64).unwrap().version,
+            "v3-arm"
+        );
+        assert_eq!(index.find(Some("v2"), Arch::X86_64).unwrap().path, "v2/");
+        assert!(index.find(Some("v2"), Arch::Aarch64).is_none());
+    }
+
+    #[test]
+    fn index_paths_must_stay_inside_channel() {
+        for bad in ["../x/", "/etc/", "http://evil/", "a/../../b", ""] {
+            let i = Index {
+                releases: vec![entry("v1", 1, Arch::X86_64, bad)],
+            };
+            let e = Index::parse(&i.to_bytes(), "t").unwrap_err();
+            assert!(matches!(e, ChannelError::BadPath { .. }), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn local_channel_resolve_and_not_found() {
+        let t = tempfile::tempdir().unwrap();
+        let i = Index {
+            releases: vec![
+                entry("v1", 1, Arch::X86_64, "v1/"),
+                entry("v2", 2, Arch::X86_64, "rel-2"),
+            ],
+        };
+        fs::write(t.path().join(INDEX_FILE), i.to_bytes()).unwrap();
+        let ch = t.path().to_str().unwrap();
+        let r = resolve(ch, None, Arch::X86_64).unwrap();
+        assert_eq!((r.version.as_str(), r.generation), ("v2", 2));
+        assert_eq!(r.location, format!("{}/rel-2/", ch));
+        assert_eq!(
+            r.files.file(MANIFEST_FILE).unwrap(),
+            format!("{}/rel-2/manifest.json", ch)
+        );
+        let r = resolve(&format!("file://{ch}/index.json"), Some("v1"), Arch::X86_64).unwrap();
+        assert_eq!(r.location, format!("{}/v1/", ch));
+        let e = resolve(ch, Some("v3"), Arch::X86_64)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no release v3 for x86_64") && e.contains("v2 (x86_64, generation 2)"),
+            "{e}"
+        );
+        let e = resolve(ch, None, Arch::Aarch64).unwrap_err().to_string();
+        assert!(e.contains("latest for aarch64"), "{e}");
+        let e = list("/nonexistent/channel").unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/channel/index.json"), "{e}");
+    }
+
+    #[test]
+    fn channel_strings() {
+        assert!(matches!(
+            parse_channel("github-releases://rancher/k3os").unwrap(),
+            Kind::GitHub { .. }
+        ));
+        for bad in [
+            "github-releases://rancher",
+            "github-releases://a/b/c",
+            "github-releases://../x",
+            "ftp://x/",
+        ] {
+            assert!(
+                matches!(parse_channel(bad), Err(ChannelError::BadChannel { .. })),
+                "{bad}"
+            );
+        }
+        let Kind::Http { base, index } = parse_channel("http://h:1/chan").unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (base.as_str(), index.as_str()),
+            ("http://h:1/chan/", "http://h:1/chan/index.json")
+        );
+        let Kind::Http { base, index } = parse_channel("http://h:1/chan/index.json").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (base.as_str(), index.as_str()),
+            ("http://h:1/chan/", "http://h:1/chan/index.json")
+        );
+    }
+
+    #[test]
+    fn link_header_next() {
+        let l = r#"<https://api.github.com/repositories/1/releases?page=2>; rel="next", <https://x/?page=5>; rel="last""#;
+        assert_eq!(
+            next_link(l).unwrap(),
+            "https://api.github.com/repositories/1/releases?page=2"
+        );
+        assert_eq!(next_link(r#"<https://x/?page=1>; rel="prev""#), None);
+    }
+
+    #[test]
+    fn asset_location_errors_name_file() {
+        let mut m = BTreeMap::new();
+        m.insert(MANIFEST_FILE.to_string(), "http://x/m".to_string());
+        let e = ReleaseLocation::Assets(m)
+            .file("vmlinuz")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("vmlinuz") && e.contains("manifest.json"), "{e}");
+        assert_eq!(
+            ReleaseLocation::Dir("http://h/r".into()).file("a").unwrap(),
+            "http://h/r/a"
+        );
+    }
+}

@@ -1,0 +1,450 @@
+//! Creating a release directory: copy the three artifacts, hash them, write and sign the manifest.
+//!
+//! This module owns the publisher side of a release: `create` streams each input file once
+//! (read → sha256 → write, 1 MiB at a time, so a multi-GiB rootfs never sits in memory),
+//! writes every output under a temporary name and renames it into place after fsync, writes
+//! `manifest.json` and its signature last, and — when the output directory sits inside a
+//! channel (its parent holds `index.json`) — picks the generation and rebuilds the channel
+//! index. A half-written release therefore never appears in a channel's index.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::channel::{self, ChannelError};
+use crate::manifest::{
+    Arch, FileEntry, Files, Manifest, ManifestError, FORMAT, MANIFEST_FILE, SIGNATURE_FILE,
+};
+use crate::signing::{self, SigningError};
+
+/// Output file names inside a release directory.
+pub const ROOTFS_FILE: &str = "rootfs.squashfs";
+pub const KERNEL_FILE: &str = "vmlinuz";
+pub const INITRD_FILE: &str = "initrd";
+
+/// Magic at offset 0 of a squashfs image ("hsqs", little endian).
+const SQUASHFS_MAGIC: &[u8; 4] = b"hsqs";
+const COPY_BUF: usize = 1 << 20;
+
+/// What to put in a release.
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    /// A squashfs image.
+    pub rootfs: PathBuf,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    pub version: String,
+    pub arch: Arch,
+    /// The publisher's secret key (PKCS#8 PEM, see [`crate::signing`]).
+    pub secret_key: PathBuf,
+    /// The release directory to write; created if missing, must not already hold a release.
+    pub out_dir: PathBuf,
+    /// Generation; `None` = derived from the enclosing channel (see [`create`]).
+    pub generation: Option<u64>,
+}
+
+/// Why a release could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{what} input {path} is empty")]
+    EmptyInput { what: &'static str, path: PathBuf },
+    #[error("rootfs input {path} is not a squashfs image: expected magic 'hsqs' at offset 0, found {found:02x?}")]
+    NotSquashfs { path: PathBuf, found: Vec<u8> },
+    #[error("{out_dir} already holds a release ({MANIFEST_FILE} exists); remove it or choose another directory")]
+    Exists { out_dir: PathBuf },
+    #[error("no generation given and {out_dir} is not inside a channel (no index.json in its parent directory): pass a generation")]
+    GenerationRequired { out_dir: PathBuf },
+    #[error("generation {generation} for {arch} is already used by release {other_version} ({other_path}) in channel {channel}")]
+    GenerationTaken {
+        generation: u64,
+        arch: Arch,
+        other_version: String,
+        other_path: String,
+        channel: PathBuf,
+    },
+    #[error("invalid release: {0}")]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Signing(#[from] SigningError),
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ReleaseError + '_ {
+    move |source| ReleaseError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Create a signed release in `opts.out_dir` and return its manifest.
+///
+/// Generation, when not given: if the output directory's parent is a channel (holds
+/// `index.json`), a release of the same version for another architecture lends its generation
+/// (one version = one generation across architectures); otherwise it is one more than the
+/// highest generation in the channel. Outside a channel a generation is required.
+pub fn create(opts: &CreateOptions) -> Result<Manifest, ReleaseError> {
+    // Everything that can be checked cheaply is checked before a byte is copied.
+    let key = signing::load_secret_key(&opts.secret_key)?;
+    let inputs = [
+        ("rootfs", &opts.rootfs),
+        ("kernel", &opts.kernel),
+        ("initrd", &opts.initrd),
+    ];
+    for (what, path) in inputs {
+        let md = fs::metadata(path).map_err(io_err(path))?;
+        if !md.is_file() {
+            return Err(ReleaseError::Io {
+                path: path.to_path_buf(),
+                source: io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
+            });
+        }
+        if md.len() == 0 {
+            return Err(ReleaseError::EmptyInput {
+                what,
+                path: path.to_path_buf(),
+            });
+        }
+    }
+    check_squashfs(&opts.rootfs)?;
+    if opts.out_dir.join(MANIFEST_FILE).exists() {
+        return Err(ReleaseError::Exists {
+            out_dir: opts.out_dir.clone(),
+        });
+    }
+
+    let channel_dir = enclosing_channel(&opts.out_dir);
+    let generation = match (opts.generation, &channel_dir) {
+        (Some(g), _) => g,
+        (None, Some(ch)) => {
+            let index = channel::read_local_index(ch)?;
+            match index.releases.iter().find(|e| e.version == opts.version) {
+                Some(e) => e.generation,
+                None => {
+                    index
+                        .releases
+                        .iter()
+                        .map(|e| e.generation)
+                        .max()
+                        .unwrap_or(0)
+                        + 1
+                }
+            }
+        }
+        (None, None) => {
+            return Err(ReleaseError::GenerationRequired {
+                out_dir: opts.out_dir.clone(),
+            })
+        }
+    };
+    if let Some(ch) = &channel_dir {
+        let index = channel::read_local_index(ch)?;
+        let own = opts
+            .out_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if let Some(e) = index.releases.iter().find(|e| {
+            e.arch == opts.arch && e.generation == generation && e.path.trim_end_matches('/') != own
+        }) {
+            return Err(ReleaseError::GenerationTaken {
+                generation,
+                arch: opts.arch,
+                other_version: e.version.clone(),
+                other_path: e.path.clone(),
+                channel: ch.clone(),
+            });
+        }
+    }
+
+    let placeholder = |p: &str| FileEntry {
+        path: p.into(),
+        size: 1,
+        sha256: "0".repeat(64),
+    };
+    // Validate version and the rest of the manifest before copying.
+    let mut manifest = Manifest {
+        format: FORMAT,
+        version: opts.version.clone(),
+        arch: opts.arch,
+        generation,
+        files: Files {
+            rootfs: placeholder(ROOTFS_FILE),
+            kernel: placeholder(KERNEL_FILE),
+            initrd: placeholder(INITRD_FILE),
+        },
+    };
+    Manifest::parse(&manifest.to_bytes())?;
+
+    fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
+    manifest.files.rootfs = copy_hashed(&opts.rootfs, &opts.out_dir, ROOTFS_FILE)?;
+    manifest.files.kernel = copy_hashed(&opts.kernel, &opts.out_dir, KERNEL_FILE)?;
+    manifest.files.initrd = copy_hashed(&opts.initrd, &opts.out_dir, INITRD_FILE)?;
+
+    let bytes = manifest.to_bytes();
+    Manifest::parse(&bytes)?;
+    let sig = signing::sign_with(&bytes, &key);
+    // Signature first, manifest last: a directory with a manifest is a complete release.
+    write_atomic(&opts.out_dir, SIGNATURE_FILE, &sig)?;
+    write_atomic(&opts.out_dir, MANIFEST_FILE, &bytes)?;
+    fsync_dir(&opts.out_dir)?;
+
+    if let Some(ch) = channel_dir {
+        channel::write_index(&ch)?;
+    }
+    Ok(manifest)
+}
+
+/// The channel directory that encloses `out_dir`, if its parent holds an index.
+fn enclosing_channel(out_dir: &Path) -> Option<PathBuf> {
+    let abs = if out_dir.is_absolute() {
+        out_dir.to_path_buf()
+    } else {
+        std::env::current_dir().ok()?.join(out_dir)
+    };
+    let parent = abs.parent()?;
+    parent
+        .join(channel::INDEX_FILE)
+        .is_file()
+        .then(|| parent.to_path_buf())
+}
+
+fn check_squashfs(path: &Path) -> Result<(), ReleaseError> {
+    let mut f = fs::File::open(path).map_err(io_err(path))?;
+    let mut magic = Vec::with_capacity(4);
+    Read::by_ref(&mut f)
+        .take(4)
+        .read_to_end(&mut magic)
+        .map_err(io_err(path))?;
+    if magic.as_slice() != SQUASHFS_MAGIC {
+        return Err(ReleaseError::NotSquashfs {
+            path: path.to_path_buf(),
+            found: magic,
+        });
+    }
+    Ok(())
+}
+
+/// Stream `src` into `dir/name` (via a temporary file), hashing as it goes.
+fn copy_hashed(src: &Path, dir: &Path, name: &str) -> Result<FileEntry, ReleaseError> {
+    let dst = dir.join(name);
+    let tmp = dir.join(format!(".{name}.part"));
+    let mut input = fs::File::open(src).map_err(io_err(src))?;
+    let mut output = fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; COPY_BUF];
+    let mut size = 0u64;
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(ReleaseError::Io {
+                    path: src.to_path_buf(),
+                    source: e,
+                })
+            }
+        };
+        hasher.update(&buf[..n]);
+        output.write_all(&buf[..n]).map_err(io_err(&tmp))?;
+        size += n as u64;
+    }
+    output.sync_all().map_err(io_err(&tmp))?;
+    drop(output);
+    fs::rename(&tmp, &dst).map_err(io_err(&dst))?;
+    Ok(FileEntry {
+        path: name.to_string(),
+        size,
+        sha256: hex::encode(hasher.finalize()),
+    })
+}
+
+/// Write `dir/name` via a temporary file + fsync + rename.
+pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), ReleaseError> {
+    let tmp = dir.join(format!(".{name}.part"));
+    let dst = dir.join(name);
+    let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    f.write_all(bytes).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    drop(f);
+    fs::rename(&tmp, &dst).map_err(io_err(&dst))
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), ReleaseError> {
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+/// Stream-hash a file: (size, lower-case hex sha256).
+pub fn sha256_file(path: &Path) -> io::Result<(u64, String)> {
+    let mut f = fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; COPY_BUF];
+    let mut size = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((size, hex::encode(hasher.finalize())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixture {
+        t: tempfile::TempDir,
+        key: PathBuf,
+        trust: PathBuf,
+    }
+
+    fn fixture() -> Fixture {
+        let t = tempfile::tempdir().unwrap();
+        let (key, pk) = signing::generate_keypair(&t.path().join("keys"), "k").unwrap();
+        let trust = t.path().join("trust");
+        fs::create_dir(&trust).unwrap();
+        fs::copy(pk, trust.join("k.pub")).unwrap();
+        let mut rootfs = b"hsqs".to_vec();
+        rootfs.extend((0..3_000_000u32).map(|i| (i % 251) as u8));
+        fs::write(t.path().join("in.squashfs"), rootfs).unwrap();
+        fs::write(t.path().join("in.kernel"), b"kernel bytes").unwrap();
+        fs::write(t.path().join("in.initrd"), b"initrd bytes").unwrap();
+        Fixture { t, key, trust }
+    }
+
+    impl Fixture {
+        fn opts(
+            &self,
+            out: &Path,
+            version: &str,
+            arch: Arch,
+            generation: Option<u64>,
+        ) -> CreateOptions {
+            let p = self.t.path();
+            CreateOptions {
+                rootfs: p.join("in.squashfs"),
+                kernel: p.join("in.kernel"),
+                initrd: p.join("in.initrd"),
+                version: version.into(),
+                arch,
+                secret_key: self.key.clone(),
+                out_dir: out.to_path_buf(),
+                generation,
+            }
+        }
+    }
+
+    #[test]
+    fn create_writes_verifiable_release() {
+        let f = fixture();
+        let out = f.t.path().join("rel");
+        let m = create(&f.opts(&out, "v1.0.0", Arch::X86_64, Some(7))).unwrap();
+        assert_eq!(m.generation, 7);
+        let bytes = fs::read(out.join(MANIFEST_FILE)).unwrap();
+        assert_eq!(Manifest::parse(&bytes).unwrap(), m);
+        signing::verify(
+            &bytes,
+            &fs::read(out.join(SIGNATURE_FILE)).unwrap(),
+            &f.trust,
+        )
+        .unwrap();
+        for (file, input) in [
+            (ROOTFS_FILE, "in.squashfs"),
+            (KERNEL_FILE, "in.kernel"),
+            (INITRD_FILE, "in.initrd"),
+        ] {
+            assert_eq!(
+                fs::read(out.join(file)).unwrap(),
+                fs::read(f.t.path().join(input)).unwrap()
+            );
+        }
+        let (size, sha) = sha256_file(&out.join(ROOTFS_FILE)).unwrap();
+        assert_eq!(
+            (size, sha),
+            (m.files.rootfs.size, m.files.rootfs.sha256.clone())
+        );
+        assert_eq!(size, 3_000_004);
+        // No temporary files left behind.
+        let names: Vec<_> = fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 5, "{names:?}");
+        // A second create into the same directory is refused and changes nothing.
+        let e = create(&f.opts(&out, "v1.0.1", Arch::X86_64, Some(8))).unwrap_err();
+        assert!(matches!(e, ReleaseError::Exists { .. }), "{e}");
+        assert_eq!(fs::read(out.join(MANIFEST_FILE)).unwrap(), bytes);
+    }
+
+    #[test]
+    fn refuses_bad_inputs_before_writing() {
+        let f = fixture();
+        let out = f.t.path().join("rel");
+        let mut o = f.opts(&out, "v1", Arch::X86_64, Some(1));
+        o.rootfs = f.t.path().join("in.kernel");
+        let e = create(&o).unwrap_err();
+        assert!(matches!(e, ReleaseError::NotSquashfs { .. }), "{e}");
+        assert!(e.to_string().contains("in.kernel"), "{e}");
+
+        let mut o = f.opts(&out, "v1", Arch::X86_64, Some(1));
+        fs::write(f.t.path().join("empty"), b"").unwrap();
+        o.initrd = f.t.path().join("empty");
+        assert!(matches!(
+            create(&o).unwrap_err(),
+            ReleaseError::EmptyInput { what: "initrd", .. }
+        ));
+
+        let e = create(&f.opts(&out, "bad version", Arch::X86_64, Some(1))).unwrap_err();
+        assert!(e.to_string().contains("version"), "{e}");
+
+        let e = create(&f.opts(&out, "v1", Arch::X86_64, None)).unwrap_err();
+        assert!(matches!(e, ReleaseError::GenerationRequired { .. }), "{e}");
+
+        let mut o = f.opts(&out, "v1", Arch::X86_64, Some(1));
+        o.secret_key = f.trust.join("k.pub");
+        assert!(matches!(create(&o).unwrap_err(), ReleaseError::Signing(_)));
+        assert!(!out.exists(), "nothing may be written for refused input");
+    }
+
+    #[test]
+    fn channel_generation_and_index() {
+        let f = fixture();
+        let ch = f.t.path().join("channel");
+        fs::create_dir(&ch).unwrap();
+        channel::write_index(&ch).unwrap();
+        let m1 = create(&f.opts(&ch.join("v1"), "v1", Arch::X86_64, None)).unwrap();
+        assert_eq!(m1.generation, 1);
+        let m2 = create(&f.opts(&ch.join("v2"), "v2", Arch::X86_64, None)).unwrap();
+        assert_eq!(m2.generation, 2);
+        // Same version for another architecture shares the generation.
+        let m2a = create(&f.opts(&ch.join("v2-arm"), "v2", Arch::Aarch64, None)).unwrap();
+        assert_eq!(m2a.generation, 2);
+        // A generation already used for that arch is refused.
+        let e = create(&f.opts(&ch.join("v9"), "v9", Arch::X86_64, Some(1))).unwrap_err();
+        assert!(matches!(e, ReleaseError::GenerationTaken { .. }), "{e}");
+        let index = channel::read_local_index(&ch).unwrap();
+        let got: Vec<_> = index
+            .releases
+            .iter()
+            .map(|e| (e.version.as_str(), e.generation, e.arch, e.path.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("v2", 2, Arch::Aarch64, "v2-arm/"),
+                ("v2", 2, Arch::X86_64, "v2/"),
+                ("v1", 1, Arch::X86_64, "v1/")
+            ]
+        );
+    }
+}
