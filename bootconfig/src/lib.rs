@@ -15,6 +15,7 @@
 //! the loader's choice is a slot that was bootable before the write or the one being installed
 //! after it completed.
 
+pub mod atomic;
 pub mod slot;
 
 pub use slot::{ParseSlotError, Slot};
@@ -92,9 +93,15 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("{path}: {what}")]
-    Invalid { path: std::path::PathBuf, what: String },
+    Invalid {
+        path: std::path::PathBuf,
+        what: String,
+    },
     #[error("bootloader file {path} is missing: {what}")]
-    Missing { path: std::path::PathBuf, what: String },
+    Missing {
+        path: std::path::PathBuf,
+        what: String,
+    },
     #[error("{0}")]
     Unsupported(String),
 }
@@ -127,7 +134,11 @@ mod tests {
 
     #[test]
     fn next_boot_prefers_primary_then_fallback_then_anything() {
-        let mut env = BootEnv { primary: Slot::B, a: SlotBoot::Good, b: SlotBoot::Trying { tries_left: 2 } };
+        let mut env = BootEnv {
+            primary: Slot::B,
+            a: SlotBoot::Good,
+            b: SlotBoot::Trying { tries_left: 2 },
+        };
         assert_eq!(env.next_boot(), Slot::B);
         env.b = SlotBoot::Trying { tries_left: 0 };
         assert_eq!(env.next_boot(), Slot::A);
@@ -136,6 +147,10 @@ mod tests {
         env.a = SlotBoot::Bad;
         assert_eq!(env.next_boot(), Slot::B, "both bad still boots something");
         env.a = SlotBoot::Trying { tries_left: 0 };
-        assert_eq!(env.next_boot(), Slot::A, "an exhausted slot beats a bad one");
+        assert_eq!(
+            env.next_boot(),
+            Slot::A,
+            "an exhausted slot beats a bad one"
+        );
     }
 }
