@@ -1,9 +1,39 @@
-//! libupgrade: A/B slot updates for immutable nodes.
-pub mod http;
-pub mod manifest;
+//! libupgrade: A/B slot updates for immutable squashfs nodes.
+//!
+//! A node has two slots, A and B, each a squashfs rootfs plus a kernel and an initrd. The
+//! [`Updater`] stages a signed release into the slot that is not running, hands it to the
+//! bootloader for a bounded number of tries, and on the next boot confirms its health or lets
+//! the bootloader fall back. This crate knows nothing of Kubernetes; `k3os-ops` is a thin
+//! binary on top of it.
+//!
+//! Modules: [`config`] (node configuration), [`manifest`] (what a release contains),
+//! [`signing`] (ed25519 release signatures), [`channel`] (release indexes, `latest`),
+//! [`release`] (creating releases), [`fetch`] (reading releases from paths and URLs, resumable),
+//! [`layout`] (where slot bytes live: GPT partitions or k3OS-style files), [`state`] (the
+//! slot records and decision log), [`health`] (checks), [`updater`] (the state machine),
+//! [`barrier`] (write barriers for power-cut tests), [`http`] (the HTTP client).
+
+pub mod barrier;
 pub mod channel;
+pub mod config;
+pub mod error;
+pub mod fetch;
+pub mod health;
+pub mod http;
+pub mod layout;
+pub mod manifest;
 pub mod release;
 pub mod signing;
+pub mod state;
+pub mod updater;
+
+/// Largest number of tries a slot can be given (GRUB counts down with an explicit if-chain).
+pub const MAX_TRIES: u8 = 9;
 
 pub use bootconfig::Slot;
+pub use config::Config;
+pub use error::{Error, Result};
+pub use fetch::Source;
 pub use manifest::{Arch, Artifact, Manifest};
+pub use state::SlotState;
+pub use updater::{ConfirmReport, NoProgress, Progress, StageOptions, StageReport, Status, Updater};

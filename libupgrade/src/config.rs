@@ -1,0 +1,184 @@
+//! Node configuration: where the slots live, which bootloader flips them, where state is kept.
+//!
+//! Read from TOML (`/etc/k3os-ops/config.toml`, or the file named by `K3OS_OPS_CONFIG`):
+//!
+//! ```toml
+//! bootloader = "grub"            # or "syslinux"
+//! tries = 3                      # boots a new slot gets before the loader falls back (syslinux: always 1)
+//! state_dir = "/var/lib/k3os-ops"
+//! trust_dir = "/etc/k3os-ops/trust.d"
+//! health_dir = "/etc/k3os-ops/health.d"
+//! health_timeout_secs = 30
+//! [layout]
+//! kind = "gpt"                   # partitions rootfs-a/rootfs-b + kernels on the boot partition
+//! disk = "/dev/vda"
+//! boot_dir = "/boot"
+//! # kind = "dir"                 # k3OS style: files in one filesystem, switched by renames
+//! # root = "/k3os/system"
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Default location of the node configuration.
+pub const DEFAULT_CONFIG: &str = "/etc/k3os-ops/config.toml";
+/// Environment variable that overrides [`DEFAULT_CONFIG`].
+pub const CONFIG_ENV: &str = "K3OS_OPS_CONFIG";
+
+/// Which bootloader flips the slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BootloaderKind {
+    Grub,
+    Syslinux,
+}
+
+/// Where the slots' bytes live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum LayoutConfig {
+    /// GPT partitions `rootfs-a`/`rootfs-b` on `disk`; kernels under `boot_dir/{a,b}/`.
+    Gpt { disk: PathBuf, boot_dir: PathBuf },
+    /// k3OS style: `root/rootfs/<version>/`, `root/kernel/<version>/`, slot links `a`/`b`.
+    Dir { root: PathBuf, boot_dir: PathBuf },
+}
+
+impl LayoutConfig {
+    pub fn boot_dir(&self) -> &Path {
+        match self {
+            LayoutConfig::Gpt { boot_dir, .. } | LayoutConfig::Dir { boot_dir, .. } => boot_dir,
+        }
+    }
+}
+
+fn default_tries() -> u8 {
+    3
+}
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/var/lib/k3os-ops")
+}
+fn default_trust_dir() -> PathBuf {
+    PathBuf::from("/etc/k3os-ops/trust.d")
+}
+fn default_health_dir() -> PathBuf {
+    PathBuf::from("/etc/k3os-ops/health.d")
+}
+fn default_health_timeout() -> u64 {
+    30
+}
+fn default_cmdline() -> PathBuf {
+    PathBuf::from("/proc/cmdline")
+}
+fn default_release_file() -> PathBuf {
+    PathBuf::from("/etc/k3os-release")
+}
+fn default_mounts() -> PathBuf {
+    PathBuf::from("/proc/self/mountinfo")
+}
+fn default_retries() -> u32 {
+    20
+}
+fn default_boot_id() -> PathBuf {
+    PathBuf::from("/proc/sys/kernel/random/boot_id")
+}
+fn default_true() -> bool {
+    true
+}
+
+/// The node configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub bootloader: BootloaderKind,
+    /// Boots a newly activated slot gets (GRUB; syslinux always gives exactly one).
+    #[serde(default = "default_tries")]
+    pub tries: u8,
+    pub layout: LayoutConfig,
+    /// Directory for the state file and partial downloads (the state partition).
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    /// Public keys (`*.pub`) whose signatures this node accepts.
+    #[serde(default = "default_trust_dir")]
+    pub trust_dir: PathBuf,
+    /// Extra health checks: every executable file here is run by `confirm`.
+    #[serde(default = "default_health_dir")]
+    pub health_dir: PathBuf,
+    #[serde(default = "default_health_timeout")]
+    pub health_timeout_secs: u64,
+    /// Download attempts per file before giving up (each resumes where the last stopped).
+    #[serde(default = "default_retries")]
+    pub download_retries: u32,
+    /// Where the booted slot is read from (`k3os.slot=` on the kernel command line).
+    #[serde(default = "default_cmdline")]
+    pub proc_cmdline: PathBuf,
+    /// The running rootfs's release file (`VERSION=`, `GENERATION=`).
+    #[serde(default = "default_release_file")]
+    pub release_file: PathBuf,
+    /// Mount table used by the built-in health check.
+    #[serde(default = "default_mounts")]
+    pub mountinfo: PathBuf,
+    /// Changes on every boot: tells `confirm` whether a reboot happened since `activate`.
+    #[serde(default = "default_boot_id")]
+    pub boot_id_file: PathBuf,
+    /// Run the built-in root-filesystem check in `confirm` (off only for hosts that do not boot
+    /// from a slot, such as tests of the state machine).
+    #[serde(default = "default_true")]
+    pub builtin_health_check: bool,
+}
+
+impl Config {
+    /// Parse a configuration file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("read config", path, e))?;
+        Self::parse(&text).map_err(|what| Error::Config { path: path.to_path_buf(), what })
+    }
+
+    /// Parse configuration text; the error says which key is wrong.
+    pub fn parse(text: &str) -> std::result::Result<Config, String> {
+        let c: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+        if c.tries == 0 || c.tries > crate::MAX_TRIES {
+            return Err(format!("tries = {} is out of range 1..={}", c.tries, crate::MAX_TRIES));
+        }
+        Ok(c)
+    }
+
+    /// The configuration named by `K3OS_OPS_CONFIG`, else [`DEFAULT_CONFIG`].
+    pub fn from_env() -> Result<Config> {
+        let path = std::env::var_os(CONFIG_ENV).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+        Self::load(&path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_example() {
+        let c = Config::parse(
+            r#"bootloader = "grub"
+            tries = 3
+            [layout]
+            kind = "gpt"
+            disk = "/dev/vda"
+            boot_dir = "/boot"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.bootloader, BootloaderKind::Grub);
+        assert_eq!(c.layout, LayoutConfig::Gpt { disk: "/dev/vda".into(), boot_dir: "/boot".into() });
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/k3os-ops"));
+    }
+
+    #[test]
+    fn names_the_bad_key() {
+        let e = Config::parse("bootloader = \"lilo\"\n[layout]\nkind=\"gpt\"\ndisk=\"/d\"\nboot_dir=\"/b\"\n").unwrap_err();
+        assert!(e.contains("lilo"), "{e}");
+        let e = Config::parse("bootloader = \"grub\"\ntries = 0\n[layout]\nkind=\"gpt\"\ndisk=\"/d\"\nboot_dir=\"/b\"\n")
+            .unwrap_err();
+        assert!(e.contains("tries"), "{e}");
+    }
+}

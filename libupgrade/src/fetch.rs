@@ -1,0 +1,163 @@
+//! Where a release comes from, and reading its files from an offset.
+//!
+//! A [`Source`] is a release directory: a local path, an http(s) base URL, or (for
+//! `github-releases://` channels) a map from file name to asset URL. Files are read as streams
+//! starting at any offset, so a download that dropped half way resumes with an HTTP `Range`
+//! request instead of starting over: on a remote node behind a slow link that is the difference
+//! between an upgrade and no upgrade. A server that ignores `Range` (answers 200) is handled by
+//! skipping the bytes already held.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// The largest manifest or signature accepted (they are a few hundred bytes).
+const SMALL_MAX: u64 = 1 << 20;
+
+/// A release directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A local directory holding `manifest.json` and the files.
+    Path(PathBuf),
+    /// An http(s) base URL ending in `/`.
+    Url(String),
+    /// File name → URL (release assets that do not share one directory).
+    Assets(BTreeMap<String, String>),
+}
+
+impl Source {
+    /// `http://…`/`https://…` → [`Source::Url`] (a trailing `manifest.json` is dropped, a `/`
+    /// added); anything else is a local path (to the directory or its `manifest.json`).
+    pub fn parse(s: &str) -> Source {
+        if s.starts_with("http://") || s.starts_with("https://") {
+            let base = s.strip_suffix(crate::manifest::MANIFEST_FILE).unwrap_or(s);
+            let base = if base.ends_with('/') { base.to_string() } else { format!("{base}/") };
+            Source::Url(base)
+        } else {
+            let p = PathBuf::from(s);
+            if p.file_name().is_some_and(|n| n == crate::manifest::MANIFEST_FILE) {
+                Source::Path(p.parent().map(Path::to_path_buf).unwrap_or_default())
+            } else {
+                Source::Path(p)
+            }
+        }
+    }
+
+    /// Where file `name` of this release is, for messages and requests.
+    pub fn location(&self, name: &str) -> String {
+        match self {
+            Source::Path(dir) => dir.join(name).display().to_string(),
+            Source::Url(base) => format!("{base}{name}"),
+            Source::Assets(map) => map.get(name).cloned().unwrap_or_else(|| format!("<no asset named {name}>")),
+        }
+    }
+
+    /// Read a small file (manifest, signature) whole.
+    pub fn read_small(&self, name: &str) -> Result<Vec<u8>> {
+        let loc = self.location(name);
+        let (mut r, _) = self.open(name, 0)?;
+        let mut buf = Vec::new();
+        (&mut r).take(SMALL_MAX + 1).read_to_end(&mut buf).map_err(|e| fetch_err(&loc, format!("read failed: {e}")))?;
+        if buf.len() as u64 > SMALL_MAX {
+            return Err(fetch_err(&loc, format!("larger than {SMALL_MAX} bytes; not a manifest or signature")));
+        }
+        Ok(buf)
+    }
+
+    /// A stream of file `name` from byte `offset` on.
+    pub fn open(&self, name: &str, offset: u64) -> Result<(Box<dyn Read + Send>, String)> {
+        let loc = self.location(name);
+        match self {
+            Source::Path(dir) => {
+                let p = dir.join(name);
+                let mut f = File::open(&p).map_err(|e| fetch_err(&loc, format!("cannot open: {e}")))?;
+                f.seek(SeekFrom::Start(offset)).map_err(|e| fetch_err(&loc, format!("cannot seek to {offset}: {e}")))?;
+                Ok((Box::new(f), loc))
+            }
+            Source::Url(_) | Source::Assets(_) => {
+                if matches!(self, Source::Assets(m) if !m.contains_key(name)) {
+                    return Err(fetch_err(&loc, "the release has no such asset".into()));
+                }
+                Ok((http_open(&loc, offset)?, loc))
+            }
+        }
+    }
+}
+
+fn fetch_err(loc: &str, what: String) -> Error {
+    Error::Fetch { location: loc.to_string(), what, retryable: false }
+}
+
+fn retryable_err(loc: &str, what: String) -> Error {
+    Error::Fetch { location: loc.to_string(), what, retryable: true }
+}
+
+/// GET `url` from `offset` on, with `Range` when `offset > 0`.
+fn http_open(url: &str, offset: u64) -> Result<Box<dyn Read + Send>> {
+    let client = crate::http::client().map_err(|e| fetch_err(url, format!("cannot build an HTTP client: {e}")))?;
+    let mut req = client.get(url);
+    if offset > 0 {
+        req = req.header(reqwest::header::RANGE, format!("bytes={offset}-"));
+    }
+    let resp = req.send().map_err(|e| retryable_err(url, format!("request failed: {e}")))?;
+    let status = resp.status();
+    match status.as_u16() {
+        206 if offset > 0 => {
+            let start = resp
+                .headers()
+                .get(reqwest::header::CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("bytes "))
+                .and_then(|v| v.split('-').next())
+                .and_then(|v| v.parse::<u64>().ok());
+            if start != Some(offset) {
+                return Err(fetch_err(url, format!("asked for bytes from {offset}, server sent a range starting at {start:?}")));
+            }
+            Ok(Box::new(resp))
+        }
+        200 => {
+            let mut r: Box<dyn Read + Send> = Box::new(resp);
+            if offset > 0 {
+                // The server ignores Range: skip what is already held.
+                let skipped = std::io::copy(&mut (&mut r).take(offset), &mut std::io::sink())
+                    .map_err(|e| fetch_err(url, format!("skipping {offset} bytes the server re-sent: {e}")))?;
+                if skipped != offset {
+                    return Err(fetch_err(url, format!("file ended after {skipped} bytes, before the resume offset {offset}")));
+                }
+            }
+            Ok(r)
+        }
+        416 => Err(fetch_err(url, format!("server says offset {offset} is past the end of the file (416): the file is shorter than the manifest says"))),
+        s if s >= 500 || s == 408 || s == 429 => Err(retryable_err(url, format!("HTTP {status}"))),
+        _ => Err(fetch_err(url, format!("HTTP {status}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_sources() {
+        assert_eq!(Source::parse("http://h/r/v2"), Source::Url("http://h/r/v2/".into()));
+        assert_eq!(Source::parse("https://h/r/v2/manifest.json"), Source::Url("https://h/r/v2/".into()));
+        assert_eq!(Source::parse("/srv/v2/manifest.json"), Source::Path("/srv/v2".into()));
+        assert_eq!(Source::parse("rel"), Source::Path("rel".into()));
+    }
+
+    #[test]
+    fn local_open_at_offset_and_missing_file_is_named() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("f"), b"0123456789").unwrap();
+        let s = Source::Path(t.path().into());
+        let (mut r, _) = s.open("f", 4).unwrap();
+        let mut v = String::new();
+        r.read_to_string(&mut v).unwrap();
+        assert_eq!(v, "456789");
+        let e = s.open("nope", 0).err().unwrap().to_string();
+        assert!(e.contains("nope"), "{e}");
+    }
+}

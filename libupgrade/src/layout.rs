@@ -1,0 +1,499 @@
+//! Where a slot's bytes live, behind one trait with two implementations:
+//!
+//! - [`GptLayout`]: GPT partitions found by name with the `gpt` crate — `rootfs-a`/`rootfs-b`
+//!   hold the raw squashfs; the kernel and initrd of each slot are files in
+//!   `<boot_dir>/{a,b}/` on the `boot` partition. A partition is written through its own device
+//!   node when the kernel made one (`/dev/vda4`), else at its byte offset inside the disk (an
+//!   image file, or a loop device without partition scanning), never past its last LBA.
+//! - [`DirLayout`]: k3OS style, files in one filesystem: `rootfs/<version>/rootfs.squashfs` and
+//!   `kernel/<version>/{vmlinuz,initrd}`, with the slot links `rootfs/a`, `kernel/a` (and `b`)
+//!   pointing at a version and `current`/`previous` naming the confirmed slot and its fallback.
+//!   Every switch is a symlink created under a temporary name and renamed over the old one
+//!   (atomic on POSIX filesystems), then the directory is fsynced: an interrupted upgrade can
+//!   never leave a dangling or half-written link (k3OS's own `previous` handling was not atomic
+//!   and bricked nodes, rancher/k3os#533).
+//!
+//! The booted slot is never opened for writing: [`Layout::target`] is only called by `stage`,
+//! which refuses the booted slot before it gets here, and [`DirLayout`] additionally refuses to
+//! write a version directory that the other slot links to.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use bootconfig::Slot;
+
+use crate::error::{Error, Result};
+use crate::manifest::Artifact;
+
+/// GPT partition names this layout looks for.
+pub const PART_BIOS_BOOT: &str = "bios-boot";
+pub const PART_ESP: &str = "esp";
+pub const PART_BOOT: &str = "boot";
+pub const PART_ROOTFS_A: &str = "rootfs-a";
+pub const PART_ROOTFS_B: &str = "rootfs-b";
+pub const PART_STATE: &str = "state";
+
+/// File names of a slot's kernel and initrd (and of the rootfs in [`DirLayout`]).
+pub const KERNEL_FILE: &str = "vmlinuz";
+pub const INITRD_FILE: &str = "initrd";
+pub const ROOTFS_FILE: &str = "rootfs.squashfs";
+
+/// GPT partition name of a slot's rootfs.
+pub fn rootfs_part_name(slot: Slot) -> &'static str {
+    match slot {
+        Slot::A => PART_ROOTFS_A,
+        Slot::B => PART_ROOTFS_B,
+    }
+}
+
+/// Where one artifact is being written: a byte range of a file or device, and what makes it
+/// final once complete.
+#[derive(Debug)]
+pub struct Target {
+    file: File,
+    /// Path shown in messages.
+    display: String,
+    offset: u64,
+    capacity: u64,
+    finish: Finish,
+}
+
+#[derive(Debug)]
+enum Finish {
+    /// Raw range (a partition): complete once synced.
+    Raw,
+    /// Written under a temporary name; renamed over `dst` when complete.
+    Rename { tmp: PathBuf, dst: PathBuf },
+}
+
+impl Target {
+    /// Bytes available for this artifact.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn display(&self) -> &str {
+        &self.display
+    }
+
+    /// Write `buf` at `pos` (relative to the artifact's start), never past the capacity.
+    pub fn write_at(&self, pos: u64, buf: &[u8]) -> Result<()> {
+        let end = pos + buf.len() as u64;
+        if end > self.capacity {
+            return Err(Error::Layout(format!("write to {} at {pos}..{end} exceeds its {} bytes", self.display, self.capacity)));
+        }
+        self.file.write_all_at(buf, self.offset + pos).map_err(|e| Error::io("write", &self.display, e))
+    }
+
+    /// Make what was written so far durable.
+    pub fn sync(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io("fsync", &self.display, e))
+    }
+
+    /// A reader over the first `len` bytes (resume re-hashing, image checks).
+    pub fn reader(&self, len: u64) -> Result<impl Read + '_> {
+        let mut f = &self.file;
+        f.seek(SeekFrom::Start(self.offset)).map_err(|e| Error::io("seek", &self.display, e))?;
+        Ok(f.take(len))
+    }
+
+    /// Length already present in a file target (0 for raw targets: their progress is
+    /// recorded in the download checkpoint instead).
+    pub fn existing_len(&self) -> Result<u64> {
+        match self.finish {
+            Finish::Raw => Ok(0),
+            Finish::Rename { .. } => self.file.metadata().map(|m| m.len()).map_err(|e| Error::io("stat", &self.display, e)),
+        }
+    }
+
+    /// Truncate a file target to `len` (a resumed download drops bytes past its checkpoint).
+    pub fn truncate(&self, len: u64) -> Result<()> {
+        if let Finish::Rename { .. } = self.finish {
+            self.file.set_len(len).map_err(|e| Error::io("truncate", &self.display, e))?;
+        }
+        Ok(())
+    }
+
+    /// Sync and make the artifact final (rename into place, fsync the directory).
+    pub fn finish(self) -> Result<()> {
+        self.sync()?;
+        if let Finish::Rename { tmp, dst } = &self.finish {
+            std::fs::rename(tmp, dst).map_err(|e| Error::io("rename into place", dst, e))?;
+            fsync_parent(dst)?;
+            crate::barrier::hit("artifact-renamed");
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn fsync_parent(p: &Path) -> Result<()> {
+    let dir = p.parent().unwrap_or(Path::new("."));
+    bootconfig::atomic::fsync_dir(dir)?;
+    Ok(())
+}
+
+/// One way of laying out the two slots.
+pub trait Layout: Send + Sync {
+    /// One line for `slot status`.
+    fn describe(&self) -> String;
+    /// Open the place `artifact` of `slot` is written to. `size` is the artifact's size; a
+    /// target too small is refused here with [`Error::NoSpace`] before anything is written.
+    /// `resume`: keep what a previous attempt wrote (file targets keep their partial file).
+    fn target(&self, slot: Slot, version: &str, artifact: Artifact, size: u64, resume: bool) -> Result<Target>;
+    /// After every artifact is verified: make the slot point at what was written.
+    fn commit(&self, slot: Slot, version: &str) -> Result<()>;
+    /// Open the slot's rootfs for reading: (file, byte offset, length available).
+    fn open_rootfs(&self, slot: Slot) -> Result<(File, u64, u64)>;
+    /// Is the filesystem mounted from `source` (mountinfo's major:minor and source) the slot's rootfs?
+    fn is_rootfs_of(&self, slot: Slot, dev: (u32, u32), source: &str) -> Result<bool>;
+    /// Called when `slot` is confirmed good (DirLayout updates `current`/`previous`).
+    fn confirmed(&self, _slot: Slot) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn open_rw(path: &Path, create: bool, truncate: bool) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(truncate)
+        .open(path)
+        .map_err(|e| Error::io("open for writing", path, e))
+}
+
+/// Free bytes on the filesystem holding `dir`.
+fn free_bytes(dir: &Path) -> Result<u64> {
+    let st = nix::sys::statvfs::statvfs(dir).map_err(|e| Error::io("statvfs", dir, e.into()))?;
+    Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+}
+
+/// A file target under `dir/name`, written as `dir/.name.partial` and renamed into place.
+fn file_target(dir: &Path, name: &str, size: u64, resume: bool) -> Result<Target> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+    let tmp = dir.join(format!(".{name}.partial"));
+    let dst = dir.join(name);
+    let keep = if resume { std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0) } else { 0 };
+    let available = free_bytes(dir)? + keep;
+    // Room for the new file while the old one still exists (replaced only by the rename).
+    if size > available {
+        return Err(Error::NoSpace {
+            artifact: artifact_of(name),
+            target: dir.display().to_string(),
+            needed: size,
+            available,
+        });
+    }
+    let file = open_rw(&tmp, true, !resume)?;
+    Ok(Target { file, display: tmp.display().to_string(), offset: 0, capacity: size, finish: Finish::Rename { tmp, dst } })
+}
+
+fn artifact_of(name: &str) -> Artifact {
+    match name {
+        KERNEL_FILE => Artifact::Kernel,
+        INITRD_FILE => Artifact::Initrd,
+        _ => Artifact::Rootfs,
+    }
+}
+
+fn kernel_file_name(a: Artifact) -> &'static str {
+    match a {
+        Artifact::Kernel => KERNEL_FILE,
+        Artifact::Initrd => INITRD_FILE,
+        Artifact::Rootfs => ROOTFS_FILE,
+    }
+}
+
+/// A partition of the GPT disk: its number and byte range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartRange {
+    pub number: u32,
+    pub start: u64,
+    pub len: u64,
+}
+
+/// Slots as GPT partitions (see the module docs).
+#[derive(Debug, Clone)]
+pub struct GptLayout {
+    disk: PathBuf,
+    boot_dir: PathBuf,
+    rootfs: [PartRange; 2],
+}
+
+impl GptLayout {
+    /// Read the GPT of `disk` and find `rootfs-a` and `rootfs-b` by name.
+    pub fn open(disk: &Path, boot_dir: &Path) -> Result<GptLayout> {
+        let gpt = gpt::GptConfig::new()
+            .writable(false)
+            .open(disk)
+            .map_err(|e| Error::Layout(format!("{}: cannot read a GPT: {e}", disk.display())))?;
+        let lb: u64 = (*gpt.logical_block_size()).into();
+        let find = |name: &str| -> Result<PartRange> {
+            let (num, p) = gpt
+                .partitions()
+                .iter()
+                .find(|(_, p)| p.is_used() && p.name == name)
+                .ok_or_else(|| Error::Layout(format!("{}: no GPT partition named '{name}'", disk.display())))?;
+            let start = p.first_lba * lb;
+            let len = (p.last_lba + 1 - p.first_lba) * lb;
+            Ok(PartRange { number: *num, start, len })
+        };
+        Ok(GptLayout { disk: disk.to_path_buf(), boot_dir: boot_dir.to_path_buf(), rootfs: [find(PART_ROOTFS_A)?, find(PART_ROOTFS_B)?] })
+    }
+
+    pub fn rootfs_range(&self, slot: Slot) -> PartRange {
+        self.rootfs[slot as usize]
+    }
+
+    /// The partition's own device node, when the kernel created one for this disk.
+    fn part_device(&self, number: u32) -> Option<PathBuf> {
+        let meta = std::fs::metadata(&self.disk).ok()?;
+        if !meta.file_type().is_block_device() {
+            return None;
+        }
+        let name = std::fs::canonicalize(&self.disk).ok()?.file_name()?.to_string_lossy().into_owned();
+        let sys = Path::new("/sys/class/block").join(&name);
+        for entry in std::fs::read_dir(&sys).ok()?.flatten() {
+            let p = entry.path().join("partition");
+            if let Ok(n) = std::fs::read_to_string(&p) {
+                if n.trim().parse::<u32>().ok() == Some(number) {
+                    let dev = Path::new("/dev").join(entry.file_name());
+                    if dev.exists() {
+                        return Some(dev);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// (path, byte offset, length) through which the slot's rootfs partition is reached.
+    fn rootfs_access(&self, slot: Slot) -> (PathBuf, u64, u64) {
+        let r = self.rootfs_range(slot);
+        match self.part_device(r.number) {
+            Some(dev) => (dev, 0, r.len),
+            None => (self.disk.clone(), r.start, r.len),
+        }
+    }
+}
+
+impl Layout for GptLayout {
+    fn describe(&self) -> String {
+        format!(
+            "gpt on {} (rootfs-a: partition {}, rootfs-b: partition {}; kernels in {})",
+            self.disk.display(),
+            self.rootfs[0].number,
+            self.rootfs[1].number,
+            self.boot_dir.display()
+        )
+    }
+
+    fn target(&self, slot: Slot, _version: &str, artifact: Artifact, size: u64, resume: bool) -> Result<Target> {
+        match artifact {
+            Artifact::Rootfs => {
+                let (path, offset, len) = self.rootfs_access(slot);
+                if size > len {
+                    return Err(Error::NoSpace {
+                        artifact,
+                        target: format!("partition {} ({})", rootfs_part_name(slot), path.display()),
+                        needed: size,
+                        available: len,
+                    });
+                }
+                let file = open_rw(&path, false, false)?;
+                Ok(Target {
+                    file,
+                    display: format!("{} ({})", rootfs_part_name(slot), path.display()),
+                    offset,
+                    capacity: size,
+                    finish: Finish::Raw,
+                })
+            }
+            a => file_target(&self.boot_dir.join(slot.lower()), kernel_file_name(a), size, resume),
+        }
+    }
+
+    fn commit(&self, _slot: Slot, _version: &str) -> Result<()> {
+        Ok(())
+    }
+
+    fn open_rootfs(&self, slot: Slot) -> Result<(File, u64, u64)> {
+        let (path, offset, len) = self.rootfs_access(slot);
+        let f = File::open(&path).map_err(|e| Error::io("open", &path, e))?;
+        Ok((f, offset, len))
+    }
+
+    fn is_rootfs_of(&self, slot: Slot, dev: (u32, u32), _source: &str) -> Result<bool> {
+        let r = self.rootfs_range(slot);
+        let Some(part) = self.part_device(r.number) else {
+            return Err(Error::Layout(format!(
+                "{} has no device node for partition {} to compare the mounted root with",
+                self.disk.display(),
+                r.number
+            )));
+        };
+        let rdev = std::fs::metadata(&part).map_err(|e| Error::io("stat", &part, e))?.rdev();
+        Ok((nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32) == dev)
+    }
+}
+
+/// Slots as files in one filesystem, k3OS style (see the module docs).
+#[derive(Debug, Clone)]
+pub struct DirLayout {
+    root: PathBuf,
+    boot_dir: PathBuf,
+}
+
+impl DirLayout {
+    pub fn new(root: &Path, boot_dir: &Path) -> DirLayout {
+        DirLayout { root: root.to_path_buf(), boot_dir: boot_dir.to_path_buf() }
+    }
+
+    fn kind_dir(&self, a: Artifact) -> PathBuf {
+        self.root.join(if a == Artifact::Rootfs { "rootfs" } else { "kernel" })
+    }
+
+    /// The version a slot link points at, if any.
+    pub fn linked_version(&self, kind_dir: &Path, slot: Slot) -> Option<String> {
+        std::fs::read_link(kind_dir.join(slot.lower())).ok().map(|p| p.to_string_lossy().into_owned())
+    }
+
+    /// Point `dir/name` at `to`, atomically (temp link + rename + fsync dir).
+    fn relink(dir: &Path, name: &str, to: &str) -> Result<()> {
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(to, &tmp).map_err(|e| Error::io("symlink", &tmp, e))?;
+        let dst = dir.join(name);
+        std::fs::rename(&tmp, &dst).map_err(|e| Error::io("rename link", &dst, e))?;
+        bootconfig::atomic::fsync_dir(dir)?;
+        crate::barrier::hit("link-switched");
+        Ok(())
+    }
+
+    fn check_version_name(version: &str) -> Result<()> {
+        if version.is_empty() || version.starts_with('.') || version.contains('/') || version == "a" || version == "b"
+            || version == "current" || version == "previous"
+        {
+            return Err(Error::Layout(format!("version '{version}' cannot name a directory in a dir layout")));
+        }
+        Ok(())
+    }
+
+    /// Remove version directories no slot link points at.
+    fn collect_garbage(&self, kind_dir: &Path) -> Result<()> {
+        let keep: Vec<String> = Slot::ALL.iter().filter_map(|s| self.linked_version(kind_dir, *s)).collect();
+        let Ok(rd) = std::fs::read_dir(kind_dir) else { return Ok(()) };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let is_dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
+            if is_dir && !keep.contains(&name) && !name.starts_with('.') {
+                std::fs::remove_dir_all(e.path()).map_err(|err| Error::io("remove old version", e.path(), err))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Layout for DirLayout {
+    fn describe(&self) -> String {
+        format!("dir in {} (k3OS style; slot links a/b, current/previous)", self.root.display())
+    }
+
+    fn target(&self, slot: Slot, version: &str, artifact: Artifact, size: u64, resume: bool) -> Result<Target> {
+        Self::check_version_name(version)?;
+        let kind = self.kind_dir(artifact);
+        if self.linked_version(&kind, slot.other()).as_deref() == Some(version) {
+            return Err(Error::Layout(format!(
+                "version {version} is what slot {} runs from ({}); staging it again would overwrite the active slot",
+                slot.other(),
+                kind.join(version).display()
+            )));
+        }
+        file_target(&kind.join(version), kernel_file_name(artifact), size, resume)
+    }
+
+    fn commit(&self, slot: Slot, version: &str) -> Result<()> {
+        for a in [Artifact::Rootfs, Artifact::Kernel] {
+            let kind = self.kind_dir(a);
+            Self::relink(&kind, slot.lower(), version)?;
+        }
+        for a in [Artifact::Rootfs, Artifact::Kernel] {
+            self.collect_garbage(&self.kind_dir(a))?;
+        }
+        Ok(())
+    }
+
+    fn open_rootfs(&self, slot: Slot) -> Result<(File, u64, u64)> {
+        let p = self.kind_dir(Artifact::Rootfs).join(slot.lower()).join(ROOTFS_FILE);
+        let f = File::open(&p).map_err(|e| Error::io("open", &p, e))?;
+        let len = f.metadata().map_err(|e| Error::io("stat", &p, e))?.len();
+        Ok((f, 0, len))
+    }
+
+    fn is_rootfs_of(&self, slot: Slot, _dev: (u32, u32), source: &str) -> Result<bool> {
+        // The initrd loop-mounts the slot's rootfs file: compare the loop device's backing file.
+        let loopname = Path::new(source).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let backing = Path::new("/sys/block").join(&loopname).join("loop/backing_file");
+        let file = std::fs::read_to_string(&backing).map_err(|e| Error::io("read", &backing, e))?;
+        let expected = std::fs::canonicalize(self.kind_dir(Artifact::Rootfs).join(slot.lower()).join(ROOTFS_FILE))
+            .map_err(|e| Error::io("resolve", self.root.join("rootfs"), e))?;
+        Ok(Path::new(file.trim()) == expected)
+    }
+
+    fn confirmed(&self, slot: Slot) -> Result<()> {
+        for a in [Artifact::Rootfs, Artifact::Kernel] {
+            let kind = self.kind_dir(a);
+            Self::relink(&kind, "previous", slot.other().lower())?;
+            Self::relink(&kind, "current", slot.lower())?;
+        }
+        let _ = &self.boot_dir;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dir_layout_switches_by_links_and_never_touches_the_active_version() {
+        let t = tempfile::tempdir().unwrap();
+        let l = DirLayout::new(t.path(), t.path());
+        for (slot, ver) in [(Slot::A, "v1"), (Slot::B, "v2")] {
+            for a in Artifact::ALL {
+                let tg = l.target(slot, ver, a, 3, false).unwrap();
+                tg.write_at(0, ver.as_bytes()).unwrap();
+                tg.finish().unwrap();
+            }
+            l.commit(slot, ver).unwrap();
+        }
+        assert_eq!(std::fs::read(t.path().join("rootfs/b/rootfs.squashfs")).unwrap(), b"v2");
+        assert_eq!(std::fs::read(t.path().join("kernel/a/vmlinuz")).unwrap(), b"v1");
+        // Staging B with the version A runs is refused.
+        let e = l.target(Slot::B, "v1", Artifact::Rootfs, 3, false).unwrap_err().to_string();
+        assert!(e.contains("active slot"), "{e}");
+        // Replacing B's v2 by v3 removes v2 once nothing links to it, and keeps v1.
+        for a in Artifact::ALL {
+            let tg = l.target(Slot::B, "v3", a, 3, false).unwrap();
+            tg.write_at(0, b"v3!").unwrap();
+            tg.finish().unwrap();
+        }
+        l.commit(Slot::B, "v3").unwrap();
+        assert!(!t.path().join("rootfs/v2").exists());
+        assert!(t.path().join("rootfs/v1/rootfs.squashfs").exists());
+        l.confirmed(Slot::B).unwrap();
+        assert_eq!(std::fs::read_link(t.path().join("kernel/current")).unwrap(), Path::new("b"));
+        assert_eq!(std::fs::read(t.path().join("kernel/current/vmlinuz")).unwrap(), b"v3!");
+        assert_eq!(std::fs::read(t.path().join("kernel/previous/vmlinuz")).unwrap(), b"v1");
+    }
+
+    #[test]
+    fn file_target_refuses_a_too_small_filesystem_before_writing() {
+        let t = tempfile::tempdir().unwrap();
+        let e = file_target(t.path(), KERNEL_FILE, u64::MAX / 2, false).unwrap_err();
+        assert!(matches!(e, Error::NoSpace { .. }), "{e}");
+        assert!(!t.path().join(".vmlinuz.partial").exists());
+    }
+}
