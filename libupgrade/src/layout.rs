@@ -142,6 +142,9 @@ pub trait Layout: Send + Sync {
     /// target too small is refused here with [`Error::NoSpace`] before anything is written.
     /// `resume`: keep what a previous attempt wrote (file targets keep their partial file).
     fn target(&self, slot: Slot, version: &str, artifact: Artifact, size: u64, resume: bool) -> Result<Target>;
+    /// Bytes available for `artifact` of `slot` before anything is written (a partition's
+    /// size, or the free space of the filesystem that will hold the file).
+    fn capacity(&self, slot: Slot, artifact: Artifact) -> Result<u64>;
     /// After every artifact is verified: make the slot point at what was written.
     fn commit(&self, slot: Slot, version: &str) -> Result<()>;
     /// Open the slot's rootfs for reading: (file, byte offset, length available).
@@ -315,6 +318,17 @@ impl Layout for GptLayout {
         }
     }
 
+    fn capacity(&self, slot: Slot, artifact: Artifact) -> Result<u64> {
+        match artifact {
+            Artifact::Rootfs => Ok(self.rootfs_range(slot).len),
+            _ => {
+                let dir = self.boot_dir.join(slot.lower());
+                let old = std::fs::metadata(dir.join(kernel_file_name(artifact))).map(|m| m.len()).unwrap_or(0);
+                Ok(free_bytes(if dir.exists() { &dir } else { &self.boot_dir })? + old)
+            }
+        }
+    }
+
     fn commit(&self, _slot: Slot, _version: &str) -> Result<()> {
         Ok(())
     }
@@ -412,6 +426,11 @@ impl Layout for DirLayout {
             )));
         }
         file_target(&kind.join(version), kernel_file_name(artifact), size, resume)
+    }
+
+    fn capacity(&self, _slot: Slot, artifact: Artifact) -> Result<u64> {
+        let kind = self.kind_dir(artifact);
+        free_bytes(if kind.exists() { &kind } else { &self.root })
     }
 
     fn commit(&self, slot: Slot, version: &str) -> Result<()> {

@@ -72,6 +72,14 @@ pub enum ReleaseError {
     Signing(#[from] SigningError),
     #[error(transparent)]
     Channel(#[from] ChannelError),
+    #[error("{path}: expected {expected_size} bytes with sha256 {expected_sha256}, found {found_size} bytes with sha256 {found_sha256}")]
+    FileMismatch {
+        path: PathBuf,
+        expected_size: u64,
+        expected_sha256: String,
+        found_size: u64,
+        found_sha256: String,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ReleaseError + '_ {
@@ -197,6 +205,36 @@ pub fn create(opts: &CreateOptions) -> Result<Manifest, ReleaseError> {
         channel::write_index(&ch)?;
     }
     Ok(manifest)
+}
+
+/// Check a local release directory the way a node would: the manifest's signature against
+/// `trust_dir`, then each file's size and sha256. Returns the manifest and the signing key.
+pub fn verify_dir(dir: &Path, trust_dir: &Path) -> Result<(Manifest, signing::KeyId), ReleaseError> {
+    let manifest_path = dir.join(MANIFEST_FILE);
+    let bytes = fs::read(&manifest_path).map_err(io_err(&manifest_path))?;
+    let sig_path = dir.join(SIGNATURE_FILE);
+    let sig = match fs::read(&sig_path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(ReleaseError::Io { path: sig_path, source: e }),
+    };
+    let key = signing::verify(&bytes, &sig, trust_dir)?;
+    let manifest = Manifest::parse(&bytes)?;
+    for a in crate::manifest::Artifact::ALL {
+        let e = manifest.files.get(a);
+        let path = dir.join(&e.path);
+        let (found_size, found_sha256) = sha256_file(&path).map_err(io_err(&path))?;
+        if found_size != e.size || found_sha256 != e.sha256 {
+            return Err(ReleaseError::FileMismatch {
+                path,
+                expected_size: e.size,
+                expected_sha256: e.sha256.clone(),
+                found_size,
+                found_sha256,
+            });
+        }
+    }
+    Ok((manifest, key))
 }
 
 /// The channel directory that encloses `out_dir`, if its parent holds an index.
@@ -368,6 +406,8 @@ mod tests {
                 fs::read(f.t.path().join(input)).unwrap()
             );
         }
+        let (vm, _) = verify_dir(&out, &f.trust).unwrap();
+        assert_eq!(vm, m);
         let (size, sha) = sha256_file(&out.join(ROOTFS_FILE)).unwrap();
         assert_eq!(
             (size, sha),
@@ -384,6 +424,23 @@ mod tests {
         let e = create(&f.opts(&out, "v1.0.1", Arch::X86_64, Some(8))).unwrap_err();
         assert!(matches!(e, ReleaseError::Exists { .. }), "{e}");
         assert_eq!(fs::read(out.join(MANIFEST_FILE)).unwrap(), bytes);
+    }
+
+    #[test]
+    fn verify_dir_catches_tampered_file_and_missing_signature() {
+        let f = fixture();
+        let out = f.t.path().join("rel");
+        create(&f.opts(&out, "v1", Arch::X86_64, Some(1))).unwrap();
+        let rootfs = out.join(ROOTFS_FILE);
+        let mut bytes = fs::read(&rootfs).unwrap();
+        bytes[1_000_000] ^= 1;
+        fs::write(&rootfs, &bytes).unwrap();
+        let e = verify_dir(&out, &f.trust).unwrap_err();
+        assert!(matches!(e, ReleaseError::FileMismatch { .. }), "{e}");
+        assert!(e.to_string().contains("rootfs.squashfs"), "{e}");
+        fs::remove_file(out.join(SIGNATURE_FILE)).unwrap();
+        let e = verify_dir(&out, &f.trust).unwrap_err();
+        assert!(matches!(e, ReleaseError::Signing(SigningError::Unsigned { .. })), "{e}");
     }
 
     #[test]

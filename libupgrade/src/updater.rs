@@ -300,6 +300,20 @@ impl Updater {
                 return Err(Error::Downgrade { version: manifest.version.clone(), found: manifest.generation, installed });
             }
         }
+        // Refuse what cannot fit before the slot is touched (a full disk is not a reason to
+        // invalidate it). Artifacts sharing one filesystem must fit together.
+        let mut shared_need = 0u64;
+        for a in Artifact::ALL {
+            let need = manifest.files.get(a).size;
+            let cap = self.layout.capacity(target, a)?;
+            let need_here = if a == Artifact::Rootfs { need } else { shared_need + need };
+            if a != Artifact::Rootfs {
+                shared_need += need;
+            }
+            if need_here > cap {
+                return Err(Error::NoSpace { artifact: a, target: format!("slot {target} ({})", self.layout.describe()), needed: need_here, available: cap });
+            }
+        }
         let msha = sha256_hex(&mbytes);
         let rec = st.slot(target);
         if matches!(rec.state, SlotState::Staged | SlotState::Trying) && rec.manifest_sha256.as_deref() == Some(msha.as_str()) {
