@@ -16,6 +16,7 @@
 //! after it completed.
 
 pub mod atomic;
+pub mod grubenv;
 pub mod slot;
 
 pub use slot::{ParseSlotError, Slot};
