@@ -4,6 +4,8 @@
 //! `release …` (create, sign and serve releases), `agent` (the Kubernetes controller).
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
+mod release;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -15,10 +17,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Create, sign, index, verify and serve releases and channels.
+    Release(release::ReleaseArgs),
     // Subcommands are added by their modules' owners: Upgrade, Slot, Release, Agent.
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.cmd {}
+    match cli.cmd {
+        Cmd::Release(args) => release::run(args),}
 }

@@ -209,14 +209,22 @@ pub fn create(opts: &CreateOptions) -> Result<Manifest, ReleaseError> {
 
 /// Check a local release directory the way a node would: the manifest's signature against
 /// `trust_dir`, then each file's size and sha256. Returns the manifest and the signing key.
-pub fn verify_dir(dir: &Path, trust_dir: &Path) -> Result<(Manifest, signing::KeyId), ReleaseError> {
+pub fn verify_dir(
+    dir: &Path,
+    trust_dir: &Path,
+) -> Result<(Manifest, signing::KeyId), ReleaseError> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let bytes = fs::read(&manifest_path).map_err(io_err(&manifest_path))?;
     let sig_path = dir.join(SIGNATURE_FILE);
     let sig = match fs::read(&sig_path) {
         Ok(s) => s,
         Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(ReleaseError::Io { path: sig_path, source: e }),
+        Err(e) => {
+            return Err(ReleaseError::Io {
+                path: sig_path,
+                source: e,
+            })
+        }
     };
     let key = signing::verify(&bytes, &sig, trust_dir)?;
     let manifest = Manifest::parse(&bytes)?;
@@ -440,7 +448,10 @@ mod tests {
         assert!(e.to_string().contains("rootfs.squashfs"), "{e}");
         fs::remove_file(out.join(SIGNATURE_FILE)).unwrap();
         let e = verify_dir(&out, &f.trust).unwrap_err();
-        assert!(matches!(e, ReleaseError::Signing(SigningError::Unsigned { .. })), "{e}");
+        assert!(
+            matches!(e, ReleaseError::Signing(SigningError::Unsigned { .. })),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,0 +1,177 @@
+//! `k3os-ops release …`: the publisher's side — make keys, create and sign releases, index a
+//! channel directory, inspect channels, verify a release directory, and serve a channel over
+//! HTTP for demos and tests. All logic lives in `libupgrade::{signing, release, channel}`; this
+//! module only maps arguments onto it and prints results.
+
+mod serve;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use libupgrade::manifest::Arch;
+use libupgrade::{channel, release, signing};
+
+#[derive(Args, Debug)]
+pub struct ReleaseArgs {
+    #[command(subcommand)]
+    cmd: ReleaseCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum ReleaseCmd {
+    /// Make an ed25519 key pair: DIR/NAME.key (secret, mode 0600) and DIR/NAME.pub (copy this
+    /// into each node's trust dir).
+    Keygen {
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+        #[arg(long, default_value = "release")]
+        name: String,
+    },
+    /// Create a signed release directory (rootfs.squashfs, vmlinuz, initrd, manifest.json,
+    /// manifest.json.sig). Inside a channel directory the index is updated too.
+    Create {
+        #[arg(long)]
+        rootfs: PathBuf,
+        #[arg(long)]
+        kernel: PathBuf,
+        #[arg(long)]
+        initrd: PathBuf,
+        #[arg(long)]
+        version: String,
+        /// x86_64 (amd64) or aarch64 (arm64).
+        #[arg(long)]
+        arch: Arch,
+        /// Secret key file made by `release keygen`.
+        #[arg(long)]
+        key: PathBuf,
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+        /// Required unless -o is a subdirectory of a channel (a directory holding index.json).
+        #[arg(long)]
+        generation: Option<u64>,
+    },
+    /// (Re)build DIR/index.json from the release subdirectories of DIR.
+    Index { dir: PathBuf },
+    /// List a channel's releases, newest first (path, http(s) URL or github-releases://OWNER/REPO).
+    List { channel: String },
+    /// Show which release a channel resolves to.
+    Resolve {
+        channel: String,
+        /// A version, or "latest".
+        #[arg(long, default_value = "latest")]
+        version: String,
+        #[arg(long, default_value_t = Arch::host())]
+        arch: Arch,
+    },
+    /// Check a local release directory: signature against a trust dir and every file's sha256.
+    Verify {
+        dir: PathBuf,
+        #[arg(long)]
+        trust_dir: PathBuf,
+    },
+    /// Serve DIR over HTTP (GET/HEAD, Range requests) until interrupted.
+    Serve {
+        dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+    },
+}
+
+pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
+    match args.cmd {
+        ReleaseCmd::Keygen { out, name } => {
+            let (secret, public) = signing::generate_keypair(&out, &name)?;
+            let id = signing::KeyId::of(&signing::load_public_key(&public)?);
+            println!("secret key: {}", secret.display());
+            println!("public key: {} (key id {id})", public.display());
+            println!(
+                "copy the public key into each node's trust dir; keep the secret key off the nodes"
+            );
+        }
+        ReleaseCmd::Create {
+            rootfs,
+            kernel,
+            initrd,
+            version,
+            arch,
+            key,
+            out,
+            generation,
+        } => {
+            let opts = release::CreateOptions {
+                rootfs,
+                kernel,
+                initrd,
+                version,
+                arch,
+                secret_key: key,
+                out_dir: out.clone(),
+                generation,
+            };
+            let m = release::create(&opts)
+                .with_context(|| format!("creating release in {}", out.display()))?;
+            println!(
+                "created release {} ({}, generation {}) in {}",
+                m.version,
+                m.arch,
+                m.generation,
+                out.display()
+            );
+            for a in libupgrade::manifest::Artifact::ALL {
+                let f = m.files.get(a);
+                println!("  {:<16} {:>12} bytes  sha256 {}", f.path, f.size, f.sha256);
+            }
+        }
+        ReleaseCmd::Index { dir } => {
+            let index = channel::write_index(&dir)
+                .with_context(|| format!("indexing channel {}", dir.display()))?;
+            println!(
+                "wrote {} ({} releases)",
+                dir.join(channel::INDEX_FILE).display(),
+                index.releases.len()
+            );
+            print_index(&index);
+        }
+        ReleaseCmd::List { channel: ch } => {
+            let index = channel::list(&ch)?;
+            print_index(&index);
+        }
+        ReleaseCmd::Resolve {
+            channel: ch,
+            version,
+            arch,
+        } => {
+            let r = channel::resolve(&ch, Some(&version), arch)?;
+            println!(
+                "{} ({}, generation {}) at {}",
+                r.version, r.arch, r.generation, r.location
+            );
+        }
+        ReleaseCmd::Verify { dir, trust_dir } => {
+            let (m, key) = release::verify_dir(&dir, &trust_dir)?;
+            println!(
+                "{}: release {} ({}, generation {}) signed by trusted key {key}; all files match",
+                dir.display(),
+                m.version,
+                m.arch,
+                m.generation
+            );
+        }
+        ReleaseCmd::Serve { dir, listen } => serve::serve(&dir, listen)?,
+    }
+    Ok(())
+}
+
+fn print_index(index: &channel::Index) {
+    for e in &index.releases {
+        println!(
+            "{:<24} {:<8} generation {:<6} {}",
+            e.version,
+            e.arch.as_str(),
+            e.generation,
+            e.path
+        );
+    }
+}
