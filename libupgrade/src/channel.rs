@@ -22,13 +22,13 @@
 //! they are read whole, with a size cap.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::fs;
 use std::io::{self, Read};
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::fetch::Source;
 use crate::manifest::{Arch, Manifest, ManifestError, MANIFEST_FILE, SIGNATURE_FILE};
 
 /// File name of a channel's index.
@@ -60,50 +60,6 @@ pub struct IndexEntry {
     pub path: String,
 }
 
-/// Where the files of one release are.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReleaseLocation {
-    /// A directory: a local path or an http(s) URL ending in `/`; a file's location is this
-    /// string followed by its name.
-    Dir(String),
-    /// One URL per file name (GitHub release assets). Keys are the names the manifest uses plus
-    /// [`MANIFEST_FILE`] and [`SIGNATURE_FILE`].
-    Assets(BTreeMap<String, String>),
-}
-
-impl ReleaseLocation {
-    /// The path or URL of `name` in this release.
-    pub fn file(&self, name: &str) -> Result<String, ChannelError> {
-        match self {
-            ReleaseLocation::Dir(d) => {
-                if d.ends_with('/') {
-                    Ok(format!("{d}{name}"))
-                } else {
-                    Ok(format!("{d}/{name}"))
-                }
-            }
-            ReleaseLocation::Assets(m) => {
-                m.get(name).cloned().ok_or_else(|| ChannelError::NoAsset {
-                    name: name.to_string(),
-                    available: m.keys().cloned().collect(),
-                })
-            }
-        }
-    }
-}
-
-impl fmt::Display for ReleaseLocation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ReleaseLocation::Dir(d) => f.write_str(d),
-            ReleaseLocation::Assets(m) => match m.get(MANIFEST_FILE) {
-                Some(u) => write!(f, "release assets ({MANIFEST_FILE} at {u})"),
-                None => f.write_str("release assets"),
-            },
-        }
-    }
-}
-
 /// A release picked from a channel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedRelease {
@@ -113,8 +69,9 @@ pub struct ResolvedRelease {
     /// Human-readable location: the release directory (local path or URL ending in `/`), or for
     /// GitHub the URL of the manifest asset.
     pub location: String,
-    /// How to reach each file of the release (what staging fetches from).
-    pub files: ReleaseLocation,
+    /// How to reach each file of the release: hand this to [`crate::Updater::stage`].
+    /// A local directory, an http(s) base URL, or (GitHub) one URL per file name.
+    pub source: Source,
 }
 
 /// Why a channel could not be read or a release not found.
@@ -159,11 +116,6 @@ pub enum ChannelError {
     },
     #[error("index entry path '{path}' must be a relative directory inside the channel")]
     BadPath { path: String },
-    #[error("release has no asset named {name} (assets: {})", available.join(", "))]
-    NoAsset {
-        name: String,
-        available: Vec<String>,
-    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ChannelError + '_ {
@@ -458,7 +410,7 @@ pub fn resolve(
                 version: e.version.clone(),
                 generation: e.generation,
                 arch,
-                files: ReleaseLocation::Dir(location.clone()),
+                source: Source::Path(dir.join(&e.path)),
                 location,
             })
         }
@@ -484,7 +436,7 @@ pub fn resolve(
                 version: e.version.clone(),
                 generation: e.generation,
                 arch,
-                files: ReleaseLocation::Dir(location.clone()),
+                source: Source::Url(location.clone()),
                 location,
             })
         }
@@ -539,7 +491,7 @@ pub fn resolve(
                 generation: found.manifest.generation,
                 arch,
                 location: found.manifest_url,
-                files: ReleaseLocation::Assets(found.assets),
+                source: Source::Assets(found.assets),
             })
         }
     }
@@ -801,7 +753,7 @@ mod tests {
         assert_eq!((r.version.as_str(), r.generation), ("v2", 2));
         assert_eq!(r.location, format!("{}/rel-2/", ch));
         assert_eq!(
-            r.files.file(MANIFEST_FILE).unwrap(),
+            r.source.location(MANIFEST_FILE),
             format!("{}/rel-2/manifest.json", ch)
         );
         let r = resolve(&format!("file://{ch}/index.json"), Some("v1"), Arch::X86_64).unwrap();
@@ -861,20 +813,5 @@ mod tests {
             "https://api.github.com/repositories/1/releases?page=2"
         );
         assert_eq!(next_link(r#"<https://x/?page=1>; rel="prev""#), None);
-    }
-
-    #[test]
-    fn asset_location_errors_name_file() {
-        let mut m = BTreeMap::new();
-        m.insert(MANIFEST_FILE.to_string(), "http://x/m".to_string());
-        let e = ReleaseLocation::Assets(m)
-            .file("vmlinuz")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("vmlinuz") && e.contains("manifest.json"), "{e}");
-        assert_eq!(
-            ReleaseLocation::Dir("http://h/r".into()).file("a").unwrap(),
-            "http://h/r/a"
-        );
     }
 }
