@@ -1,0 +1,362 @@
+//! Test fixtures shared by libupgrade's integration tests: real GPT disk image files attached
+//! with `loopdev`, ext4 filesystems made with mkfs.ext4 and mounted with `sys-mount`, real
+//! squashfs images from mksquashfs, signed releases, a Range-capable HTTP server that can drop
+//! connections half way, and an in-memory bootloader that models GRUB's try counting.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
+use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
+use libupgrade::manifest::Arch;
+
+/// Loop device setup is racy between threads (find free → attach): serialize it.
+static LOOP_LOCK: Mutex<()> = Mutex::new(());
+
+pub fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (is it installed? .ci/run installs it)"));
+    assert!(out.status.success(), "{cmd:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+pub fn require_root() {
+    assert!(unsafe { libc::geteuid() } == 0, "this test needs root (loop devices, mount); run the suite as root like CI does");
+}
+
+/// A loop device released on drop.
+pub struct Loop {
+    pub dev: loopdev::LoopDevice,
+    pub path: PathBuf,
+}
+
+impl Loop {
+    pub fn attach(file: &Path, offset: u64, size: u64) -> Loop {
+        let _g = LOOP_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let lc = loopdev::LoopControl::open().expect("open /dev/loop-control");
+        for _ in 0..20 {
+            let dev = lc.next_free().expect("a free loop device");
+            let mut opts = dev.with();
+            if offset > 0 || size > 0 {
+                opts = opts.offset(offset).size_limit(size);
+            }
+            match opts.attach(file) {
+                Ok(()) => {
+                    let path = dev.path().expect("loop device path");
+                    return Loop { dev, path };
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
+        }
+        panic!("could not attach {} to a loop device", file.display());
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = self.dev.detach();
+    }
+}
+
+/// A GPT disk image file: boot (ext4, mounted), rootfs-a, rootfs-b, state; the whole disk is
+/// attached to a loop device (no partition scanning, as on CI hosts) that the layout writes.
+pub struct TestDisk {
+    pub dir: tempfile::TempDir,
+    pub image: PathBuf,
+    pub disk: Loop,
+    pub boot_mount: Option<sys_mount::Mount>,
+    pub boot_loop: Loop,
+    pub boot_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub parts: BTreeMap<String, (u64, u64)>,
+}
+
+pub const MIB: u64 = 1 << 20;
+
+impl TestDisk {
+    pub fn new(rootfs_size: u64) -> TestDisk {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        let total = 2 * MIB + 32 * MIB + 2 * rootfs_size + 8 * MIB + 2 * MIB;
+        let f = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&image).unwrap();
+        f.set_len(total).unwrap();
+        let mbr = gpt::mbr::ProtectiveMBR::with_lb_size(u32::try_from((total / 512) - 1).unwrap_or(0xFFFF_FFFF));
+        let mut f2 = f.try_clone().unwrap();
+        mbr.overwrite_lba0(&mut f2).unwrap();
+        let mut g = gpt::GptConfig::new().writable(true).logical_block_size(gpt::disk::LogicalBlockSize::Lb512).create_from_device(f, None).unwrap();
+        let mut parts = BTreeMap::new();
+        for (name, size) in [("boot", 32 * MIB), ("rootfs-a", rootfs_size), ("rootfs-b", rootfs_size), ("state", 8 * MIB)] {
+            let id = g.add_partition(name, size, gpt::partition_types::LINUX_FS, 0, Some(2048)).unwrap();
+            let p = &g.partitions()[&id];
+            parts.insert(name.to_string(), (p.first_lba * 512, (p.last_lba + 1 - p.first_lba) * 512));
+        }
+        g.write().unwrap();
+        let disk = Loop::attach(&image, 0, 0);
+        let (bo, bl) = parts["boot"];
+        let boot_loop = Loop::attach(&image, bo, bl);
+        run(Command::new("mkfs.ext4").args(["-q", "-F", "-L", "boot"]).arg(&boot_loop.path));
+        let boot_dir = dir.path().join("boot");
+        std::fs::create_dir_all(&boot_dir).unwrap();
+        let m = sys_mount::Mount::builder().fstype("ext4").mount(&boot_loop.path, &boot_dir).expect("mount boot ext4");
+        let state_dir = dir.path().join("state");
+        std::fs::create_dir_all(&state_dir).unwrap();
+        TestDisk { dir, image, disk, boot_mount: Some(m), boot_loop, boot_dir, state_dir, parts }
+    }
+
+    /// Config for this disk; `cmdline` and `boot_id` files live in the temp dir.
+    pub fn config(&self, trust_dir: &Path) -> Config {
+        let c = Config {
+            bootloader: BootloaderKind::Grub,
+            tries: 3,
+            layout: LayoutConfig::Gpt { disk: self.disk.path.clone(), boot_dir: self.boot_dir.clone() },
+            state_dir: self.state_dir.clone(),
+            trust_dir: trust_dir.to_path_buf(),
+            health_dir: self.dir.path().join("health.d"),
+            health_timeout_secs: 10,
+            download_retries: 20,
+            proc_cmdline: self.dir.path().join("cmdline"),
+            release_file: self.dir.path().join("k3os-release"),
+            mountinfo: self.dir.path().join("mountinfo"),
+            boot_id_file: self.dir.path().join("boot_id"),
+            builtin_health_check: false,
+        };
+        std::fs::write(&c.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
+        boot_as(&c, Slot::A, "boot-1");
+        c
+    }
+
+    /// Bytes of a partition, read back from the image file.
+    pub fn part_bytes(&self, name: &str, len: u64) -> Vec<u8> {
+        let (o, _) = self.parts[name];
+        let mut f = std::fs::File::open(&self.image).unwrap();
+        use std::io::Seek;
+        f.seek(std::io::SeekFrom::Start(o)).unwrap();
+        let mut v = vec![0u8; len as usize];
+        f.read_exact(&mut v).unwrap();
+        v
+    }
+
+    /// Mount a rootfs partition read-only (squashfs, through its own loop device).
+    pub fn mount_rootfs(&self, name: &str, at: &Path) -> (Loop, sys_mount::Mount) {
+        let (o, l) = self.parts[name];
+        let lp = Loop::attach(&self.image, o, l);
+        std::fs::create_dir_all(at).unwrap();
+        let m = sys_mount::Mount::builder()
+            .fstype("squashfs")
+            .flags(sys_mount::MountFlags::RDONLY)
+            .mount(&lp.path, at)
+            .expect("mount squashfs read-only");
+        (lp, m)
+    }
+}
+
+impl Drop for TestDisk {
+    fn drop(&mut self) {
+        if let Some(m) = self.boot_mount.take() {
+            let _ = sys_mount::Unmount::unmount(&m, sys_mount::UnmountFlags::empty());
+        }
+    }
+}
+
+/// Pretend the node booted `slot` in boot `boot_id`.
+pub fn boot_as(c: &Config, slot: Slot, boot_id: &str) {
+    std::fs::write(&c.proc_cmdline, format!("root=PARTLABEL=rootfs-{} ro k3os.slot={slot}\n", slot.lower())).unwrap();
+    std::fs::write(&c.boot_id_file, format!("{boot_id}\n")).unwrap();
+}
+
+/// A signing key pair and a trust dir holding its public key.
+pub struct Keys {
+    pub dir: tempfile::TempDir,
+    pub secret: PathBuf,
+    pub trust: PathBuf,
+}
+
+pub fn keys() -> Keys {
+    let dir = tempfile::tempdir().unwrap();
+    let (secret, public) = libupgrade::signing::generate_keypair(dir.path(), "test").unwrap();
+    let trust = dir.path().join("trust.d");
+    std::fs::create_dir_all(&trust).unwrap();
+    std::fs::copy(&public, trust.join(public.file_name().unwrap())).unwrap();
+    Keys { dir, secret, trust }
+}
+
+/// Build a real squashfs (mksquashfs) from a tree with a release file and `extra` bytes of
+/// incompressible payload, plus kernel/initrd blobs, and sign it as a release in `out`.
+pub fn make_release(keys: &Keys, out: &Path, version: &str, generation: u64, extra: usize, arch: Arch) -> PathBuf {
+    let work = tempfile::tempdir().unwrap();
+    let tree = work.path().join("tree");
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::create_dir_all(tree.join("usr/share")).unwrap();
+    std::fs::write(tree.join("etc/k3os-release"), format!("VERSION={version}\nGENERATION={generation}\n")).unwrap();
+    std::fs::write(tree.join("usr/share/payload"), pseudo_random(extra, generation)).unwrap();
+    let sq = work.path().join("rootfs.squashfs");
+    run(Command::new("mksquashfs").arg(&tree).arg(&sq).args(["-noappend", "-quiet", "-all-root", "-comp", "gzip"]));
+    let kernel = work.path().join("vmlinuz");
+    let initrd = work.path().join("initrd");
+    std::fs::write(&kernel, pseudo_random(300_000 + generation as usize, generation + 100)).unwrap();
+    std::fs::write(&initrd, pseudo_random(200_000, generation + 200)).unwrap();
+    let dir = out.join(version);
+    libupgrade::release::create(&libupgrade::release::CreateOptions {
+        rootfs: sq,
+        kernel,
+        initrd,
+        version: version.to_string(),
+        arch,
+        secret_key: keys.secret.clone(),
+        out_dir: dir.clone(),
+        generation: Some(generation),
+    })
+    .expect("release create");
+    // The source tree is kept beside the release for content comparisons.
+    let keep = out.join(format!("{version}.tree"));
+    let _ = std::fs::remove_dir_all(&keep);
+    run(Command::new("cp").arg("-a").arg(&tree).arg(&keep));
+    dir
+}
+
+pub fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// A static file server with Range support that can drop connections half way.
+pub struct TestServer {
+    pub base: String,
+    /// Connections still to be dropped half way through their body.
+    pub drops: Arc<AtomicUsize>,
+    pub requests: Arc<Mutex<Vec<String>>>,
+}
+
+impl TestServer {
+    pub fn start(root: PathBuf, drops: usize) -> TestServer {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}/", l.local_addr().unwrap());
+        let drops = Arc::new(AtomicUsize::new(drops));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let (d, r) = (drops.clone(), requests.clone());
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let (root, d, r) = (root.clone(), d.clone(), r.clone());
+                std::thread::spawn(move || serve(s, &root, &d, &r));
+            }
+        });
+        TestServer { base, drops, requests }
+    }
+}
+
+fn serve(s: TcpStream, root: &Path, drops: &AtomicUsize, log: &Mutex<Vec<String>>) {
+    let mut rd = BufReader::new(s.try_clone().unwrap());
+    let mut w = s;
+    loop {
+        let mut line = String::new();
+        if rd.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+        let mut range = None;
+        loop {
+            let mut h = String::new();
+            if rd.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                break;
+            }
+            if let Some(v) = h.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                range = v.trim().trim_end_matches('-').parse::<u64>().ok();
+            }
+        }
+        log.lock().unwrap().push(format!("{path} {range:?}"));
+        let file = root.join(path.trim_start_matches('/'));
+        let Ok(data) = std::fs::read(&file) else {
+            let _ = w.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+            continue;
+        };
+        let start = range.unwrap_or(0).min(data.len() as u64) as usize;
+        let body = &data[start..];
+        let head = if range.is_some() {
+            format!(
+                "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {}-{}/{}\r\n\r\n",
+                body.len(),
+                start,
+                data.len().saturating_sub(1),
+                data.len()
+            )
+        } else {
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len())
+        };
+        let _ = w.write_all(head.as_bytes());
+        let big = body.len() > 64 * 1024;
+        if big && drops.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            let _ = w.write_all(&body[..body.len() / 2]);
+            let _ = w.flush();
+            let _ = w.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        let _ = w.write_all(body);
+    }
+}
+
+/// An in-memory bootloader that behaves like our GRUB script: `boot()` picks the slot, counting
+/// a trial slot's tries down first.
+#[derive(Clone)]
+pub struct ModelLoader(pub Arc<Mutex<BootEnv>>);
+
+impl ModelLoader {
+    pub fn new() -> ModelLoader {
+        ModelLoader(Arc::new(Mutex::new(BootEnv { primary: Slot::A, a: SlotBoot::Good, b: SlotBoot::Bad })))
+    }
+
+    /// Power on: the slot the loader boots, after counting down a trial.
+    pub fn boot(&self) -> Slot {
+        let mut env = self.0.lock().unwrap();
+        let s = env.next_boot();
+        if let SlotBoot::Trying { tries_left } = env.get(s) {
+            if tries_left > 0 {
+                env.set(s, SlotBoot::Trying { tries_left: tries_left - 1 });
+            }
+        }
+        s
+    }
+}
+
+impl Bootloader for ModelLoader {
+    fn name(&self) -> &'static str {
+        "model"
+    }
+    fn max_tries(&self) -> u8 {
+        9
+    }
+    fn read(&self) -> bootconfig::Result<BootEnv> {
+        Ok(self.0.lock().unwrap().clone())
+    }
+    fn mark_bad(&self, slot: Slot) -> bootconfig::Result<()> {
+        let mut env = self.0.lock().unwrap();
+        env.set(slot, SlotBoot::Bad);
+        if env.primary == slot {
+            env.primary = slot.other();
+        }
+        Ok(())
+    }
+    fn try_slot(&self, slot: Slot, tries: u8) -> bootconfig::Result<()> {
+        let mut env = self.0.lock().unwrap();
+        env.set(slot, SlotBoot::Trying { tries_left: tries });
+        env.primary = slot;
+        Ok(())
+    }
+    fn mark_good(&self, slot: Slot) -> bootconfig::Result<()> {
+        let mut env = self.0.lock().unwrap();
+        env.set(slot, SlotBoot::Good);
+        env.primary = slot;
+        Ok(())
+    }
+}
