@@ -4,6 +4,7 @@
 //! `release …` (create, sign and serve releases), `agent` (the Kubernetes controller).
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
+mod agent;
 mod release;
 
 use clap::{Parser, Subcommand};
@@ -19,11 +20,15 @@ struct Cli {
 enum Cmd {
     /// Create, sign, index, verify and serve releases and channels.
     Release(release::ReleaseArgs),
+    /// Run the Kubernetes UpdateChannel agent on this node (DaemonSet).
+    Agent(agent::AgentArgs),
     // Subcommands are added by their modules' owners: Upgrade, Slot, Release, Agent.
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Release(args) => release::run(args),}
+        Cmd::Release(args) => release::run(args),
+        Cmd::Agent(args) => agent::run(args),
+    }
 }

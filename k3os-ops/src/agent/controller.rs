@@ -1,0 +1,688 @@
+//! The agent's control loop: reads the state, asks [`decide`] for the next step, executes it,
+//! and repeats. Background tasks renew this node's liveness Lease, reclaim slots of dead nodes
+//! and (while holding the poller Lease) resolve `latest`.
+//!
+//! Per-node progress lives on the Node as `k3os.io/update-*` annotations (never on the shared
+//! channel): `update-phase`, `update-target`, `update-progress`, `update-message`,
+//! `update-token` (the claim token, written before the claim so a restarted agent finds its
+//! slot) and `update-cordoned` (set just before this agent cordons, so only a cordon of ours is
+//! undone).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::Utc;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
+use rand::Rng;
+use serde_json::json;
+
+use super::crd::{SlotPhase, UpdateChannel};
+use super::decide::{decide, Action, IdleReason, NodeView, Policy};
+use super::drain;
+use super::kube_store::{acquire_lease, node_lease_name, poller_lease_name, KubeChannelStore, LeaseOutcome};
+use super::node::{ConfirmResult, NodeOps, StageProgress};
+use super::slots::{self, ClaimOutcome, FenceOutcome, LivenessObserver};
+use super::AgentArgs;
+
+/// Node annotation keys.
+pub const ANN_PHASE: &str = "k3os.io/update-phase";
+pub const ANN_TARGET: &str = "k3os.io/update-target";
+pub const ANN_PROGRESS: &str = "k3os.io/update-progress";
+pub const ANN_MESSAGE: &str = "k3os.io/update-message";
+pub const ANN_TOKEN: &str = "k3os.io/update-token";
+pub const ANN_CORDONED: &str = "k3os.io/update-cordoned";
+
+/// Seconds a node liveness Lease is declared valid (informational: staleness is judged by
+/// observers against `spec.rebootTimeout` on their own clocks).
+const NODE_LEASE_SECS: i32 = 60;
+/// How often the node Lease is renewed and dead slots are looked for.
+const LIVENESS_PERIOD: Duration = Duration::from_secs(10);
+/// How long after a healthy boot the Node may take to report Ready.
+const READY_WAIT: Duration = Duration::from_secs(300);
+
+/// Everything the loop needs.
+pub struct Agent {
+    pub client: Client,
+    pub namespace: String,
+    pub node: String,
+    /// `namespace/name` of this agent's pod.
+    pub self_pod: Option<String>,
+    pub ops: Arc<dyn NodeOps>,
+    pub recorder: Recorder,
+    /// Pause between drain rounds (PDB retries).
+    pub drain_retry: Duration,
+    /// Stage failures in a row, for back-off.
+    stage_failures: AtomicU64,
+    /// Earliest next stage attempt (unix seconds).
+    stage_not_before: AtomicU64,
+    last_note: Mutex<Option<String>>,
+}
+
+/// What the loop does after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Decide again at once (state moved on).
+    Again,
+    /// Wait for a change or the resync period.
+    Wait,
+}
+
+impl Agent {
+    pub fn new(client: Client, namespace: &str, node: &str, self_pod: Option<String>, ops: Arc<dyn NodeOps>) -> Agent {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "k3os-ops-agent".into(),
+                instance: Some(node.to_string()),
+            },
+        );
+        Agent {
+            client,
+            namespace: namespace.to_string(),
+            node: node.to_string(),
+            self_pod,
+            ops,
+            recorder,
+            drain_retry: Duration::from_secs(5),
+            stage_failures: AtomicU64::new(0),
+            stage_not_before: AtomicU64::new(0),
+            last_note: Mutex::new(None),
+        }
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    fn store(&self, channel: &str) -> KubeChannelStore {
+        KubeChannelStore::new(self.client.clone(), &self.namespace, channel)
+    }
+
+    async fn node_ref(&self) -> ObjectReference {
+        let mut r = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.node.clone()),
+            ..Default::default()
+        };
+        if let Ok(n) = self.nodes().get(&self.node).await {
+            r.uid = n.metadata.uid;
+        }
+        r
+    }
+
+    /// Publish a Kubernetes Event about this node (and the channel, as related object).
+    /// Event failures are logged, never fatal.
+    pub async fn event(&self, channel: Option<&UpdateChannel>, warning: bool, reason: &str, note: String) {
+        if warning {
+            tracing::warn!(reason, "{note}");
+        } else {
+            tracing::info!(reason, "{note}");
+        }
+        let ev = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.to_string(),
+            note: Some(note.chars().take(1000).collect()),
+            action: reason.to_string(),
+            secondary: channel.map(|c| c.object_ref(&())),
+        };
+        let regarding = self.node_ref().await;
+        if let Err(e) = self.recorder.publish(&ev, &regarding).await {
+            tracing::warn!("could not publish event {reason}: {e}");
+        }
+    }
+
+    /// Emit an event only when the note differs from the last one (for waiting states that
+    /// are re-decided every resync).
+    async fn event_once(&self, channel: Option<&UpdateChannel>, warning: bool, reason: &str, note: String) {
+        let key = format!("{reason}:{note}");
+        {
+            let mut last = self.last_note.lock().expect("not poisoned");
+            if last.as_deref() == Some(key.as_str()) {
+                return;
+            }
+            *last = Some(key);
+        }
+        self.event(channel, warning, reason, note).await;
+    }
+
+    /// Merge `annotations` into the Node's (a `None` value removes the key).
+    pub async fn annotate(&self, annotations: &[(&str, Option<&str>)]) -> anyhow::Result<()> {
+        let map: serde_json::Map<String, serde_json::Value> = annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.map_or(serde_json::Value::Null, |v| json!(v))))
+            .collect();
+        self.nodes()
+            .patch(
+                &self.node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": map}})),
+            )
+            .await
+            .with_context(|| format!("annotate Node {}", self.node))?;
+        Ok(())
+    }
+
+    async fn phase(&self, phase: &str, message: &str) -> anyhow::Result<()> {
+        self.annotate(&[(ANN_PHASE, Some(phase)), (ANN_MESSAGE, Some(message))]).await
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn NodeOps) -> Result<T, super::node::NodeError> + Send + 'static,
+    ) -> anyhow::Result<T> {
+        let ops = self.ops.clone();
+        Ok(tokio::task::spawn_blocking(move || f(ops.as_ref())).await??)
+    }
+
+    /// Pick the channel for this node: the one holding a slot for it, else the first (by
+    /// name) whose nodeSelector matches.
+    fn pick<'a>(&self, channels: &'a [UpdateChannel], labels: &BTreeMap<String, String>) -> Option<&'a UpdateChannel> {
+        channels
+            .iter()
+            .find(|c| c.status.as_ref().is_some_and(|s| s.slot_of(&self.node).is_some()))
+            .or_else(|| channels.iter().find(|c| c.selects(labels)))
+    }
+
+    /// One decision and its execution.
+    pub async fn reconcile(&self) -> anyhow::Result<Next> {
+        let node = self
+            .nodes()
+            .get(&self.node)
+            .await
+            .with_context(|| format!("read own Node {}", self.node))?;
+        let channels_api: Api<UpdateChannel> = Api::namespaced(self.client.clone(), &self.namespace);
+        let mut channels = channels_api
+            .list(&ListParams::default())
+            .await
+            .with_context(|| format!("list UpdateChannels in namespace {}", self.namespace))?
+            .items;
+        channels.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let Some(channel) = self.pick(&channels, &labels).cloned() else {
+            return Ok(Next::Wait);
+        };
+        let name = channel.metadata.name.clone().unwrap_or_default();
+        let annotations = node.metadata.annotations.clone().unwrap_or_default();
+        let update = self.blocking(|ops| ops.status()).await?;
+        let view = NodeView {
+            name: self.node.clone(),
+            labels,
+            unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+            token: annotations.get(ANN_TOKEN).cloned(),
+            update,
+        };
+        let action = decide(&channel, &view, Utc::now());
+        tracing::debug!(?action, channel = %name, "decided");
+        self.execute(&channel, &view, action).await
+    }
+
+    async fn execute(&self, ch: &UpdateChannel, view: &NodeView, action: Action) -> anyhow::Result<Next> {
+        let name = ch.metadata.name.clone().unwrap_or_default();
+        let store = self.store(&name);
+        let now = Utc::now;
+        let token = view.token.clone().unwrap_or_default();
+        match action {
+            Action::Idle(reason) => {
+                if let IdleReason::FailedHere(v) = &reason {
+                    self.event_once(Some(ch), true, "NotRetrying", format!("{v} failed on this node before; not retrying it")).await;
+                }
+                if let IdleReason::ForeignSlot = &reason {
+                    self.event_once(Some(ch), true, "ForeignSlot", "the channel holds a slot for this node under another token (another agent instance); waiting".into()).await;
+                }
+                if reason == IdleReason::UpToDate {
+                    self.annotate(&[(ANN_PHASE, Some("UpToDate")), (ANN_PROGRESS, None), (ANN_MESSAGE, None)]).await?;
+                }
+                Ok(Next::Wait)
+            }
+            Action::Invalid(msg) => {
+                self.event_once(Some(ch), true, "InvalidChannel", format!("UpdateChannel {name}: {msg}")).await;
+                Ok(Next::Wait)
+            }
+            Action::Stage { version } => self.stage(ch, &version).await,
+            Action::Paused { version } => {
+                self.phase("Paused", &format!("claims paused: too many failures of {version}")).await?;
+                self.event_once(Some(ch), true, "Paused", format!("not updating to {version}: the channel is paused after failures")).await;
+                Ok(Next::Wait)
+            }
+            Action::WaitForWindow { next } => {
+                let msg = match next {
+                    Some(t) => format!("staged; waiting for the window starting {t}"),
+                    None => "staged; the window is too short for drain timeout + reboot timeout".into(),
+                };
+                self.phase("WaitingForWindow", &msg).await?;
+                self.event_once(Some(ch), false, "WaitingForWindow", msg).await;
+                Ok(Next::Wait)
+            }
+            Action::Claim { version } => {
+                let token = format!("{:016x}{:016x}", rand::thread_rng().gen::<u64>(), rand::thread_rng().gen::<u64>());
+                self.annotate(&[(ANN_TOKEN, Some(&token))]).await?;
+                match slots::claim(&store, &self.node, &token, &version, now()).await? {
+                    ClaimOutcome::Claimed | ClaimOutcome::AlreadyHeld => {
+                        self.phase("Claimed", &format!("holding an update slot for {version}")).await?;
+                        self.event(Some(ch), false, "SlotClaimed", format!("claimed an update slot of {name} to install {version}")).await;
+                        Ok(Next::Again)
+                    }
+                    ClaimOutcome::Full(holders) => {
+                        let msg = format!("all slots taken by {}", holders.join(", "));
+                        self.phase("WaitingForSlot", &msg).await?;
+                        self.event_once(Some(ch), false, "WaitingForSlot", msg).await;
+                        Ok(Next::Wait)
+                    }
+                    ClaimOutcome::Paused => Ok(Next::Again),
+                    ClaimOutcome::TargetChanged(_) => Ok(Next::Again),
+                }
+            }
+            Action::Continue { phase, version } => match phase {
+                SlotPhase::Claimed | SlotPhase::Draining => self.disrupt(ch, &store, view, &token, &version).await,
+                SlotPhase::Rebooting => self.flip_and_reboot(ch, &store, &token, &version).await,
+                SlotPhase::RollingBack => {
+                    self.phase("RollingBack", &format!("rebooting back from {version}")).await?;
+                    self.event(Some(ch), true, "RebootingBack", format!("rebooting back from the failed {version}")).await;
+                    self.blocking(|ops| ops.reboot()).await?;
+                    Ok(Next::Wait)
+                }
+            },
+            Action::Confirm { version, held } => self.confirm(ch, &store, &token, &version, held).await,
+            Action::RolledBack { version } => {
+                let reason = format!("the node came back on its old slot instead of {version} (the bootloader fell back)");
+                self.event(Some(ch), true, "RolledBack", reason.clone()).await;
+                self.undo_cordon().await?;
+                slots::record_failure(&store, &self.node, Some(&token), &version, &reason, false, now()).await?;
+                self.phase("Failed", &reason).await?;
+                Ok(Next::Again)
+            }
+            Action::FinishRollback => {
+                self.undo_cordon().await?;
+                slots::release(&store, &self.node, &token, now()).await?;
+                self.phase("Failed", "back on the old slot after a failed update").await?;
+                self.event(Some(ch), true, "RollbackFinished", "back on the old slot; slot released".into()).await;
+                Ok(Next::Again)
+            }
+            Action::Release { reason } => {
+                self.undo_cordon().await?;
+                slots::release(&store, &self.node, &token, now()).await?;
+                self.event(Some(ch), false, "SlotReleased", format!("released the update slot: {reason}")).await;
+                Ok(Next::Again)
+            }
+        }
+    }
+
+    async fn stage(&self, ch: &UpdateChannel, version: &str) -> anyhow::Result<Next> {
+        let now_s = Utc::now().timestamp().max(0) as u64;
+        if now_s < self.stage_not_before.load(Ordering::Relaxed) {
+            return Ok(Next::Wait);
+        }
+        self.annotate(&[
+            (ANN_PHASE, Some("Staging")),
+            (ANN_TARGET, Some(version)),
+            (ANN_MESSAGE, Some("downloading and verifying into the inactive slot")),
+        ])
+        .await?;
+        self.event(Some(ch), false, "Staging", format!("staging {version} from {} into the inactive slot", ch.spec.url)).await;
+        let (tx, mut rx) = tokio::sync::watch::channel(String::new());
+        let progress = Arc::new(AnnotationProgress::new(tx));
+        let url = ch.spec.url.clone();
+        let v = version.to_string();
+        let p = progress.clone();
+        let work = self.blocking(move |ops| ops.stage(&url, &v, p.as_ref()));
+        tokio::pin!(work);
+        let result = loop {
+            tokio::select! {
+                r = &mut work => break r,
+                changed = rx.changed() => {
+                    if changed.is_ok() {
+                        let text = rx.borrow_and_update().clone();
+                        if let Err(e) = self.annotate(&[(ANN_PROGRESS, Some(&text))]).await {
+                            tracing::warn!("progress annotation: {e:#}");
+                        }
+                        tokio::time::sleep(Duration::from_secs(15)).await;
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(()) => {
+                self.stage_failures.store(0, Ordering::Relaxed);
+                self.annotate(&[(ANN_PHASE, Some("Staged")), (ANN_PROGRESS, None), (ANN_MESSAGE, Some("verified and staged"))]).await?;
+                self.event(Some(ch), false, "Staged", format!("{version} verified and staged in the inactive slot")).await;
+                Ok(Next::Again)
+            }
+            Err(e) => {
+                let n = self.stage_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                let backoff = (60u64 << n.min(6)).min(3600);
+                self.stage_not_before.store(now_s + backoff, Ordering::Relaxed);
+                let msg = format!("staging {version} failed (attempt {n}, next in {backoff}s): {e:#}");
+                self.phase("StageFailed", &msg).await?;
+                self.event(Some(ch), true, "StageFailed", msg).await;
+                Ok(Next::Wait)
+            }
+        }
+    }
+
+    /// Uncordon if (and only if) this agent cordoned the node.
+    async fn undo_cordon(&self) -> anyhow::Result<()> {
+        let node = self.nodes().get(&self.node).await?;
+        let ours = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANN_CORDONED))
+            .is_some_and(|v| v == "true");
+        if ours {
+            drain::set_unschedulable(&self.nodes(), &self.node, false).await?;
+            self.annotate(&[(ANN_CORDONED, None)]).await?;
+            self.event(None, false, "Uncordoned", "uncordoned the node (the agent had cordoned it)".into()).await;
+        }
+        Ok(())
+    }
+
+    /// Abort after losing the slot: undo our cordon, tell why.
+    async fn abort_lost(&self, ch: &UpdateChannel, step: &str) -> anyhow::Result<Next> {
+        self.undo_cordon().await?;
+        self.phase("Aborted", &format!("lost the update slot before {step}")).await?;
+        self.event(Some(ch), true, "SlotLost", format!("the update slot is gone or carries another token; aborted before {step} and undid the cordon")).await;
+        Ok(Next::Again)
+    }
+
+    async fn disrupt(&self, ch: &UpdateChannel, store: &KubeChannelStore, view: &NodeView, token: &str, version: &str) -> anyhow::Result<Next> {
+        let policy = Policy::from_spec(&ch.spec).map_err(anyhow::Error::msg)?;
+        let entry = match slots::fence(store, &self.node, token, SlotPhase::Draining, Some(view.unschedulable), Utc::now()).await? {
+            FenceOutcome::Held(e) => e,
+            FenceOutcome::Lost => return self.abort_lost(ch, "cordon").await,
+        };
+        if !entry.was_unschedulable.unwrap_or(false) && !view.unschedulable {
+            self.annotate(&[(ANN_CORDONED, Some("true"))]).await?;
+            drain::set_unschedulable(&self.nodes(), &self.node, true).await?;
+            self.event(Some(ch), false, "Cordoned", "cordoned the node".into()).await;
+        }
+        if !ch.spec.drain.skip {
+            self.phase("Draining", &format!("evicting pods (timeout {:?})", policy.drain_timeout)).await?;
+            self.event(Some(ch), false, "Draining", "evicting pods through the Eviction API".into()).await;
+            match drain::drain(&self.client, &self.node, &ch.spec.drain, self.self_pod.as_deref(), policy.drain_timeout, self.drain_retry).await {
+                Ok(r) => {
+                    self.event(Some(ch), false, "Drained", format!("evicted {} pod(s) ({} disruption-budget retries)", r.evicted.len(), r.budget_retries)).await;
+                }
+                Err(e) => {
+                    self.event(Some(ch), true, "DrainFailed", format!("{e}; giving up this update attempt")).await;
+                    self.undo_cordon().await?;
+                    slots::release(store, &self.node, token, Utc::now()).await?;
+                    self.phase("DrainFailed", &e.to_string()).await?;
+                    return Ok(Next::Wait);
+                }
+            }
+        }
+        self.flip_and_reboot(ch, store, token, version).await
+    }
+
+    async fn flip_and_reboot(&self, ch: &UpdateChannel, store: &KubeChannelStore, token: &str, version: &str) -> anyhow::Result<Next> {
+        match slots::fence(store, &self.node, token, SlotPhase::Rebooting, None, Utc::now()).await? {
+            FenceOutcome::Held(_) => {}
+            FenceOutcome::Lost => return self.abort_lost(ch, "the bootloader flip").await,
+        }
+        if let Err(e) = self.blocking(|ops| ops.activate()).await {
+            self.event(Some(ch), true, "ActivateFailed", format!("{e:#}")).await;
+            self.undo_cordon().await?;
+            slots::release(store, &self.node, token, Utc::now()).await?;
+            self.phase("ActivateFailed", &format!("{e:#}")).await?;
+            return Ok(Next::Wait);
+        }
+        self.event(Some(ch), false, "Activated", format!("the bootloader tries {version} at the next boot")).await;
+        // Last fence before the point of no return.
+        match slots::fence(store, &self.node, token, SlotPhase::Rebooting, None, Utc::now()).await? {
+            FenceOutcome::Held(_) => {}
+            FenceOutcome::Lost => return self.abort_lost(ch, "the reboot").await,
+        }
+        self.phase("Rebooting", &format!("rebooting into {version}")).await?;
+        self.event(Some(ch), false, "Rebooting", format!("syncing and rebooting into {version}")).await;
+        self.blocking(|ops| ops.reboot()).await?;
+        Ok(Next::Wait)
+    }
+
+    async fn node_ready(&self) -> anyhow::Result<bool> {
+        let node = self.nodes().get(&self.node).await?;
+        Ok(node
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"))
+    }
+
+    async fn confirm(&self, ch: &UpdateChannel, store: &KubeChannelStore, token: &str, version: &str, held: bool) -> anyhow::Result<Next> {
+        self.phase("Confirming", &format!("checking health of {version}")).await?;
+        let start = tokio::time::Instant::now();
+        let mut ready = self.node_ready().await?;
+        while !ready && start.elapsed() < READY_WAIT {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            ready = self.node_ready().await?;
+        }
+        let verdict = if ready {
+            self.blocking(|ops| ops.confirm()).await?
+        } else {
+            let reason = format!("Node not Ready within {READY_WAIT:?} after booting {version}");
+            let r = reason.clone();
+            self.blocking(move |ops| ops.rollback(&r)).await?;
+            ConfirmResult::RolledBack(reason)
+        };
+        match verdict {
+            ConfirmResult::Healthy => {
+                self.undo_cordon().await?;
+                if held {
+                    slots::release(store, &self.node, token, Utc::now()).await?;
+                }
+                self.annotate(&[(ANN_PHASE, Some("UpToDate")), (ANN_MESSAGE, Some(&format!("running {version}"))), (ANN_PROGRESS, None)]).await?;
+                self.event(Some(ch), false, "UpdateSucceeded", format!("{version} is healthy and confirmed; slot released")).await;
+                Ok(Next::Again)
+            }
+            ConfirmResult::RolledBack(reason) => {
+                let t = held.then_some(token);
+                slots::record_failure(store, &self.node, t, version, &reason, true, Utc::now()).await?;
+                self.phase("RollingBack", &reason).await?;
+                self.event(Some(ch), true, "HealthCheckFailed", format!("{version}: {reason}; rebooting back")).await;
+                self.blocking(|ops| ops.reboot()).await?;
+                Ok(Next::Wait)
+            }
+        }
+    }
+}
+
+/// Stage progress turned into a short text, sent to the loop that writes the annotation.
+struct AnnotationProgress {
+    tx: tokio::sync::watch::Sender<String>,
+    state: Mutex<(String, u64, u64)>,
+}
+
+impl AnnotationProgress {
+    fn new(tx: tokio::sync::watch::Sender<String>) -> Self {
+        AnnotationProgress {
+            tx,
+            state: Mutex::new((String::new(), 0, 0)),
+        }
+    }
+    fn send(&self) {
+        let s = self.state.lock().expect("not poisoned");
+        let pct = if s.2 == 0 { 100 } else { s.1 * 100 / s.2 };
+        let _ = self.tx.send(format!("{} {pct}% ({} of {} MiB)", s.0, s.1 >> 20, s.2 >> 20));
+    }
+}
+
+impl StageProgress for AnnotationProgress {
+    fn begin(&self, what: &str, total: u64, already: u64) {
+        *self.state.lock().expect("not poisoned") = (what.to_string(), already, total);
+        self.send();
+    }
+    fn advance(&self, bytes: u64) {
+        self.state.lock().expect("not poisoned").1 += bytes;
+        self.send();
+    }
+    fn end(&self) {
+        let mut s = self.state.lock().expect("not poisoned");
+        s.1 = s.2;
+        drop(s);
+        self.send();
+    }
+}
+
+/// Renew this node's liveness Lease forever.
+async fn renew_node_lease(client: Client, namespace: String, node: String) {
+    let leases: Api<Lease> = Api::namespaced(client, &namespace);
+    let name = node_lease_name(&node);
+    loop {
+        if let Err(e) = acquire_lease(&leases, &name, &node, NODE_LEASE_SECS).await {
+            tracing::warn!("renew Lease {namespace}/{name}: {e}");
+        }
+        tokio::time::sleep(LIVENESS_PERIOD).await;
+    }
+}
+
+/// Reclaim dead holders' slots in every channel, forever.
+async fn reclaim_loop(agent: Arc<Agent>) {
+    let mut observers: BTreeMap<String, LivenessObserver> = BTreeMap::new();
+    loop {
+        let api: Api<UpdateChannel> = Api::namespaced(agent.client.clone(), &agent.namespace);
+        match api.list(&ListParams::default()).await {
+            Ok(list) => {
+                for ch in list.items {
+                    let name = ch.metadata.name.clone().unwrap_or_default();
+                    let Ok(policy) = Policy::from_spec(&ch.spec) else { continue };
+                    let obs = observers.entry(name.clone()).or_default();
+                    let store = agent.store(&name);
+                    match slots::reclaim_dead(&store, &agent.node, obs, policy.reboot_timeout, tokio::time::Instant::now(), Utc::now()).await {
+                        Ok(done) => {
+                            for r in done {
+                                let why = match r.reason {
+                                    slots::DeadReason::NodeDeleted => "its Node was deleted".to_string(),
+                                    slots::DeadReason::LeaseStale(d) => format!("its Lease was not renewed for {}s", d.as_secs()),
+                                };
+                                let failure = if r.failure_recorded { " (recorded as a failure of its version)" } else { "" };
+                                agent.event(Some(&ch), true, "SlotReclaimed", format!("reclaimed the slot of node {}: {why}{failure}", r.slot.node)).await;
+                            }
+                        }
+                        Err(e) => tracing::warn!("reclaim in {name}: {e}"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("list UpdateChannels: {e}"),
+        }
+        tokio::time::sleep(LIVENESS_PERIOD).await;
+    }
+}
+
+/// Resolve `latest` for each channel whose poller Lease this node holds, forever.
+async fn poll_loop(agent: Arc<Agent>, period: Duration) {
+    let leases: Api<Lease> = Api::namespaced(agent.client.clone(), &agent.namespace);
+    let lease_secs = i32::try_from(period.as_secs().saturating_mul(3)).unwrap_or(i32::MAX);
+    loop {
+        let api: Api<UpdateChannel> = Api::namespaced(agent.client.clone(), &agent.namespace);
+        if let Ok(list) = api.list(&ListParams::default()).await {
+            for ch in list.items {
+                if ch.spec.pinned_version().is_some() {
+                    continue;
+                }
+                let name = ch.metadata.name.clone().unwrap_or_default();
+                match acquire_lease(&leases, &poller_lease_name(&name), &agent.node, lease_secs).await {
+                    Ok(LeaseOutcome::Held) => {}
+                    Ok(LeaseOutcome::HeldBy(_)) => continue,
+                    Err(e) => {
+                        tracing::warn!("poller Lease of {name}: {e}");
+                        continue;
+                    }
+                }
+                let url = ch.spec.url.clone();
+                let resolved = agent.blocking(move |ops| ops.resolve_latest(&url)).await;
+                let store = agent.store(&name);
+                let res = match &resolved {
+                    Ok(v) => slots::set_latest(&store, Ok(v), Utc::now()).await,
+                    Err(e) => slots::set_latest(&store, Err(&format!("{e:#}")), Utc::now()).await,
+                };
+                match (&resolved, res) {
+                    (_, Err(e)) => tracing::warn!("write latestVersion of {name}: {e}"),
+                    (Ok(v), Ok(())) if ch.status.as_ref().and_then(|s| s.latest_version.as_deref()) != Some(v) => {
+                        agent.event(Some(&ch), false, "LatestResolved", format!("newest release of {} is {v}", ch.spec.url)).await;
+                    }
+                    (Err(e), Ok(())) => {
+                        agent.event_once(Some(&ch), true, "ResolveFailed", format!("{e:#}")).await;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        tokio::time::sleep(period).await;
+    }
+}
+
+/// Run the agent until a fatal error.
+pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let node = args
+        .node_name
+        .clone()
+        .context("the node name is required: --node-name or NODE_NAME (DaemonSet: fieldRef spec.nodeName)")?;
+    libupgrade::http::install_crypto_provider();
+    let client = Client::try_default()
+        .await
+        .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
+    let ops: Arc<dyn NodeOps> = Arc::new(super::node::LibupgradeNode::open(args.config.clone())?);
+    let self_pod = args.pod_name.as_ref().map(|p| format!("{}/{p}", args.namespace));
+    let agent = Arc::new(Agent::new(client.clone(), &args.namespace, &node, self_pod, ops));
+
+    tokio::spawn(renew_node_lease(client.clone(), args.namespace.clone(), node.clone()));
+    tokio::spawn(reclaim_loop(agent.clone()));
+    tokio::spawn(poll_loop(agent.clone(), Duration::from_secs(args.poll_secs.max(30))));
+
+    // Wake on any change of the channels or of this Node; resync periodically regardless.
+    let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let channels: Api<UpdateChannel> = Api::namespaced(client.clone(), &args.namespace);
+    let tx = wake_tx.clone();
+    tokio::spawn(async move {
+        let mut s = watcher(channels, watcher::Config::default()).boxed();
+        while let Some(ev) = s.next().await {
+            if ev.is_ok() {
+                let _ = tx.try_send(());
+            }
+        }
+    });
+    let nodes: Api<Node> = Api::all(client.clone());
+    let tx = wake_tx;
+    let field = format!("metadata.name={node}");
+    tokio::spawn(async move {
+        let mut s = watcher(nodes, watcher::Config::default().fields(&field)).boxed();
+        while let Some(ev) = s.next().await {
+            if ev.is_ok() {
+                let _ = tx.try_send(());
+            }
+        }
+    });
+
+    agent.event(None, false, "AgentStarted", format!("k3os-ops agent {} started", env!("CARGO_PKG_VERSION"))).await;
+    let resync = Duration::from_secs(args.resync_secs.max(5));
+    let mut errors = 0u32;
+    loop {
+        match agent.reconcile().await {
+            Ok(Next::Again) => {
+                errors = 0;
+                continue;
+            }
+            Ok(Next::Wait) => errors = 0,
+            Err(e) => {
+                errors += 1;
+                tracing::error!("reconcile: {e:#}");
+                agent.event_once(None, true, "ReconcileError", format!("{e:#}")).await;
+            }
+        }
+        let pause = resync * errors.clamp(1, 10);
+        let _ = tokio::time::timeout(pause, wake_rx.recv()).await;
+    }
+}

@@ -1,0 +1,307 @@
+//! The `UpdateChannel` custom resource (group `k3os.io`, version `v1`, short name `upchan`).
+//!
+//! The types are the single source of truth: the CRD in `deploy/crd.yaml` is generated from
+//! them by `k3os-ops agent crd` (a snapshot test keeps the committed file equal).
+//!
+//! Ownership of fields: humans write `spec`; the agents write only `status`, and only through
+//! compare-and-swap `replace_status` calls (see [`super::slots`]). The poller writes the newest
+//! release into `status.latestVersion`, never into `spec.version`, so `version: latest` keeps
+//! following new releases instead of being pinned by the first one it resolved.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The desired release for the nodes this channel selects, and how to roll it out.
+#[derive(CustomResource, Serialize, Deserialize, Debug, Clone, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "k3os.io",
+    version = "v1",
+    kind = "UpdateChannel",
+    namespaced,
+    status = "UpdateChannelStatus",
+    shortname = "upchan",
+    doc = "A release channel and its rollout policy for the nodes it selects",
+    printcolumn(name = "Version", type_ = "string", json_path = ".spec.version", description = "requested version (empty or 'latest' follows the channel)"),
+    printcolumn(name = "Latest", type_ = "string", json_path = ".status.latestVersion", description = "newest release the poller resolved"),
+    printcolumn(name = "Updating", type_ = "string", json_path = ".status.slots[*].node", description = "nodes holding an update slot"),
+    printcolumn(name = "Concurrency", type_ = "integer", json_path = ".spec.concurrency", description = "nodes allowed to update at once"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateChannelSpec {
+    /// Where releases come from: an http(s) base URL holding a release index, or
+    /// `github-releases://owner/repo`.
+    pub url: String,
+    /// The version to run; empty or `latest` follows `status.latestVersion`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// How many nodes may be disrupted (cordoned, drained, rebooting) at once. Default 1.
+    #[serde(default = "default_concurrency")]
+    #[schemars(range(min = 1))]
+    pub concurrency: u32,
+    /// Label selector (matchLabels semantics) for the nodes this channel updates; empty
+    /// selects every node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// When disruptive steps may start; absent means any time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowSpec>,
+    /// How workloads are moved off a node before it reboots.
+    #[serde(default)]
+    pub drain: DrainSpec,
+    /// How long a node may be silent (its Lease not renewed) while holding a slot before
+    /// another agent reclaims the slot, e.g. `15m`. Default `15m`.
+    #[serde(default = "default_reboot_timeout")]
+    pub reboot_timeout: String,
+    /// After this many failed updates of one version new claims pause (condition `Paused`).
+    /// `0` never pauses. Default 1.
+    #[serde(default = "default_max_failures")]
+    pub max_failures: u32,
+}
+
+/// A maintenance window: starts at `start` local time on each of `days` and lasts `length`.
+/// A window belongs to the day it starts on and may run past midnight and past the end of
+/// the week (a `Sun 23:00` window of `3h` is open on Monday at 01:00).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WindowSpec {
+    /// Days the window starts on: `mon`…`sun` (or full English names, any case); empty means
+    /// every day.
+    #[serde(default)]
+    pub days: Vec<String>,
+    /// Local start time `HH:MM` (24 h).
+    pub start: String,
+    /// Length of the window, e.g. `2h`, `90m`, `1h30m` (at most 7 days).
+    pub length: String,
+    /// IANA time zone of `start`, e.g. `Europe/Berlin`; default `UTC`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
+}
+
+/// Drain policy, close to `kubectl drain`'s flags.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainSpec {
+    /// Also delete pods that no controller manages (they are lost).
+    #[serde(default)]
+    pub force: bool,
+    /// Give up draining after this long, e.g. `10m` (the update is then abandoned and the
+    /// node uncordoned). Default `10m`.
+    #[serde(default = "default_drain_timeout")]
+    pub timeout: String,
+    /// Grace period in seconds handed to evicted pods; absent uses each pod's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period: Option<i64>,
+    /// Leave DaemonSet pods in place (they would be recreated at once). Default true.
+    #[serde(default = "default_true")]
+    pub ignore_daemon_sets: bool,
+    /// Evict pods with emptyDir volumes (their data is lost). Default false.
+    #[serde(default)]
+    pub delete_empty_dir_data: bool,
+    /// Only evict pods matching this label selector (`kubectl` syntax); empty means all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<String>,
+    /// Do not drain at all (only cordon).
+    #[serde(default)]
+    pub skip: bool,
+}
+
+impl Default for DrainSpec {
+    fn default() -> Self {
+        DrainSpec {
+            force: false,
+            timeout: default_drain_timeout(),
+            grace_period: None,
+            ignore_daemon_sets: true,
+            delete_empty_dir_data: false,
+            pod_selector: None,
+            skip: false,
+        }
+    }
+}
+
+fn default_concurrency() -> u32 {
+    1
+}
+fn default_reboot_timeout() -> String {
+    "15m".into()
+}
+fn default_drain_timeout() -> String {
+    "10m".into()
+}
+fn default_max_failures() -> u32 {
+    1
+}
+fn default_true() -> bool {
+    true
+}
+
+/// What the agents know about the rollout. Written only by compare-and-swap.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateChannelStatus {
+    /// The newest release of the channel, resolved by the node holding the poller Lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_version: Option<String>,
+    /// Update slots currently held; never more than `spec.concurrency`.
+    #[serde(default)]
+    pub slots: Vec<SlotEntry>,
+    /// Failed updates (rollbacks, nodes that never came back). Delete entries (status
+    /// subresource) to lift a pause.
+    #[serde(default)]
+    pub failures: Vec<FailureRecord>,
+    /// `LatestResolved`, `Degraded`, `Paused`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` of the spec this status was last written against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// One node's right to disrupt itself.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotEntry {
+    /// The node holding the slot.
+    pub node: String,
+    /// Random token of the claim; every later step of the holder compares it (fencing).
+    pub token: String,
+    /// When the slot was claimed (holder's clock; informational only).
+    pub claimed_at: DateTime<Utc>,
+    /// How far the holder got.
+    pub phase: SlotPhase,
+    /// Whether the node was already unschedulable before the holder cordoned it (then the
+    /// holder must not uncordon it). Set when entering `Draining`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub was_unschedulable: Option<bool>,
+    /// The version the holder is installing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+/// Steps of a slot holder, in order.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+pub enum SlotPhase {
+    /// Slot held; nothing disrupted yet.
+    Claimed,
+    /// Cordoning and draining.
+    Draining,
+    /// Bootloader flipped; rebooting into the new slot.
+    Rebooting,
+    /// The new slot failed; rebooting back into the old one.
+    RollingBack,
+}
+
+/// One failed update.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureRecord {
+    pub node: String,
+    pub version: String,
+    pub at: DateTime<Utc>,
+    pub reason: String,
+}
+
+/// A status condition (same shape as `metav1.Condition`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    pub last_transition_time: DateTime<Utc>,
+}
+
+/// Condition types.
+pub const COND_LATEST_RESOLVED: &str = "LatestResolved";
+pub const COND_DEGRADED: &str = "Degraded";
+pub const COND_PAUSED: &str = "Paused";
+
+impl UpdateChannelStatus {
+    /// Set a condition, keeping its transition time when the status does not change.
+    pub fn set_condition(&mut self, type_: &str, status: bool, reason: &str, message: String, now: DateTime<Utc>) {
+        let status = if status { "True" } else { "False" }.to_string();
+        match self.conditions.iter_mut().find(|c| c.type_ == type_) {
+            Some(c) => {
+                if c.status != status {
+                    c.last_transition_time = now;
+                }
+                c.status = status;
+                c.reason = reason.to_string();
+                c.message = message;
+            }
+            None => self.conditions.push(Condition {
+                type_: type_.to_string(),
+                status,
+                reason: reason.to_string(),
+                message,
+                last_transition_time: now,
+            }),
+        }
+    }
+
+    /// The slot held by `node`, if any.
+    pub fn slot_of(&self, node: &str) -> Option<&SlotEntry> {
+        self.slots.iter().find(|s| s.node == node)
+    }
+
+    /// Failures recorded for `version`.
+    pub fn failures_for(&self, version: &str) -> usize {
+        self.failures.iter().filter(|f| f.version == version).count()
+    }
+}
+
+impl UpdateChannelSpec {
+    /// The requested version: `None` when the channel follows its newest release.
+    pub fn pinned_version(&self) -> Option<&str> {
+        match self.version.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(v) if v.eq_ignore_ascii_case("latest") => None,
+            Some(v) => Some(v),
+        }
+    }
+}
+
+impl UpdateChannel {
+    /// The version nodes should run: the pinned one, else the poller's latest.
+    pub fn target_version(&self) -> Option<String> {
+        match self.spec.pinned_version() {
+            Some(v) => Some(v.to_string()),
+            None => self.status.as_ref().and_then(|s| s.latest_version.clone()),
+        }
+    }
+
+    /// Whether new claims are paused: `maxFailures` failures of the target version.
+    pub fn paused_for(&self, version: &str) -> bool {
+        let max = self.spec.max_failures;
+        max > 0
+            && self
+                .status
+                .as_ref()
+                .is_some_and(|s| s.failures_for(version) >= max as usize)
+    }
+
+    /// Whether the channel selects a node with these labels.
+    pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.spec
+            .node_selector
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+    }
+}
+
+/// The CRD as YAML, exactly as committed in `deploy/crd.yaml`.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let crd = UpdateChannel::crd();
+    let body = serde_yaml::to_string(&crd).expect("a CRD always serializes");
+    format!("# Generated by `k3os-ops agent crd` from k3os-ops/src/agent/crd.rs. Do not edit.\n---\n{body}")
+}

@@ -1,0 +1,240 @@
+//! The agent's pure decision: given the channel, this node and the time, what to do next.
+//!
+//! Everything the agent does goes through [`decide`], which reads no clock and no network, so
+//! it is property-tested directly. The controller executes the returned [`Action`]; each action
+//! is idempotent, and because the decision is recomputed from persisted state (channel status,
+//! node annotations, the slots on disk) after every step, an agent that restarts anywhere
+//! resumes where it stopped.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::crd::{SlotPhase, UpdateChannel, UpdateChannelSpec};
+use super::duration;
+use super::window::Window;
+
+/// The channel's spec, parsed and checked.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub window: Option<Window>,
+    pub reboot_timeout: Duration,
+    pub drain_timeout: Duration,
+}
+
+impl Policy {
+    /// Parse the durations and the window; the error names the field.
+    pub fn from_spec(spec: &UpdateChannelSpec) -> Result<Policy, String> {
+        let window = match &spec.window {
+            Some(w) => Some(Window::parse(w).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let reboot_timeout =
+            duration::parse("spec.rebootTimeout", &spec.reboot_timeout).map_err(|e| e.to_string())?;
+        let drain_timeout =
+            duration::parse("spec.drain.timeout", &spec.drain.timeout).map_err(|e| e.to_string())?;
+        if spec.concurrency == 0 {
+            return Err("spec.concurrency: must be at least 1".into());
+        }
+        Ok(Policy {
+            window,
+            reboot_timeout,
+            drain_timeout,
+        })
+    }
+
+    /// How long a claimed update may take from claim to the node being back: the drain
+    /// timeout plus the reboot timeout. A claim must leave this much of the window.
+    pub fn needed(&self) -> Duration {
+        self.drain_timeout + self.reboot_timeout
+    }
+}
+
+/// State of the slot the node is *not* running from, as libupgrade reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inactive {
+    /// Nothing usable in it (empty, or being written).
+    Empty,
+    /// A verified release is staged there, not yet handed to the bootloader.
+    Staged(String),
+    /// Handed to the bootloader: the next boot tries it.
+    Activated(String),
+    /// Tried and failed (the bootloader fell back, or health checks rolled it back).
+    Failed(String),
+}
+
+/// What the node-side (libupgrade) reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeUpdateStatus {
+    /// Version of the slot the node booted from (`None` if unknown, e.g. first install).
+    pub booted_version: Option<String>,
+    /// The booted slot is on trial (not yet confirmed good).
+    pub booted_on_trial: bool,
+    pub inactive: Inactive,
+}
+
+/// This node, as the decision sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// `spec.unschedulable` right now.
+    pub unschedulable: bool,
+    /// The token this node's agent claimed with (persisted on the Node), if any.
+    pub token: Option<String>,
+    pub update: NodeUpdateStatus,
+}
+
+/// Why nothing is to be done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdleReason {
+    NotSelected,
+    NoTarget,
+    UpToDate,
+    /// This node already failed with the target version; it will not retry it.
+    FailedHere(String),
+    /// The channel holds a slot for this node under another token (another agent instance on
+    /// this node claimed it); leave it to that instance or to reclamation.
+    ForeignSlot,
+}
+
+/// The next step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Idle(IdleReason),
+    /// The spec cannot be used; the message names the field.
+    Invalid(String),
+    /// Download and verify `version` into the inactive slot (no slot, no disruption).
+    Stage { version: String },
+    /// Claims are paused by failures of `version`.
+    Paused { version: String },
+    /// Outside the window, or too late in it to finish; `next` is the next window start.
+    WaitForWindow { next: Option<DateTime<Utc>> },
+    /// Claim an update slot to install the staged `version`.
+    Claim { version: String },
+    /// Holding a slot at `phase`: carry on from there (drain / activate+reboot / reboot back).
+    Continue { phase: SlotPhase, version: String },
+    /// Booted `version` on trial: run the health checks and confirm; then release the slot if
+    /// `held`.
+    Confirm { version: String, held: bool },
+    /// The node is back on its old slot after trying `version`: record the failure, uncordon,
+    /// release.
+    RolledBack { version: String },
+    /// Back on the old slot after a health-check rollback that was already recorded:
+    /// uncordon and release.
+    FinishRollback,
+    /// Holding a slot with nothing to do (target changed, already current): undo, release.
+    Release { reason: String },
+}
+
+/// Decide the next step for `node` under `channel` at `now`.
+pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> Action {
+    let status = channel.status.clone().unwrap_or_default();
+    let target = channel.target_version();
+    let booted = node.update.booted_version.as_deref();
+
+    if let Some(slot) = status.slot_of(&node.name) {
+        if node.token.as_deref() != Some(slot.token.as_str()) {
+            return Action::Idle(IdleReason::ForeignSlot);
+        }
+        let version = slot.version.clone().or_else(|| target.clone()).unwrap_or_default();
+        return match slot.phase {
+            SlotPhase::Claimed | SlotPhase::Draining => {
+                if target.as_deref() != Some(version.as_str()) {
+                    Action::Release {
+                        reason: format!("target changed from {version} to {}", target.as_deref().unwrap_or("none")),
+                    }
+                } else if booted == Some(version.as_str()) {
+                    if node.update.booted_on_trial {
+                        Action::Confirm { version, held: true }
+                    } else {
+                        Action::Release {
+                            reason: format!("already running {version}"),
+                        }
+                    }
+                } else if !matches!(&node.update.inactive, Inactive::Staged(v) | Inactive::Activated(v) if *v == version) {
+                    Action::Release {
+                        reason: format!("{version} is no longer staged in the inactive slot"),
+                    }
+                } else {
+                    Action::Continue {
+                        phase: slot.phase,
+                        version,
+                    }
+                }
+            }
+            SlotPhase::Rebooting => {
+                if booted == Some(version.as_str()) {
+                    Action::Confirm { version, held: true }
+                } else if matches!(&node.update.inactive, Inactive::Staged(v) | Inactive::Activated(v) if *v == version)
+                {
+                    // Fenced for reboot but the reboot has not happened (or not yet been
+                    // asked for): activate (idempotent) and reboot.
+                    Action::Continue {
+                        phase: SlotPhase::Rebooting,
+                        version,
+                    }
+                } else {
+                    Action::RolledBack { version }
+                }
+            }
+            SlotPhase::RollingBack => {
+                if booted == Some(version.as_str()) {
+                    Action::Continue {
+                        phase: SlotPhase::RollingBack,
+                        version,
+                    }
+                } else {
+                    Action::FinishRollback
+                }
+            }
+        };
+    }
+
+    if !channel.selects(&node.labels) {
+        return Action::Idle(IdleReason::NotSelected);
+    }
+    let policy = match Policy::from_spec(&channel.spec) {
+        Ok(p) => p,
+        Err(e) => return Action::Invalid(e),
+    };
+    let Some(target) = target else {
+        return Action::Idle(IdleReason::NoTarget);
+    };
+    if booted == Some(target.as_str()) {
+        return if node.update.booted_on_trial {
+            Action::Confirm {
+                version: target,
+                held: false,
+            }
+        } else {
+            Action::Idle(IdleReason::UpToDate)
+        };
+    }
+    let failed_here = status
+        .failures
+        .iter()
+        .any(|f| f.node == node.name && f.version == target)
+        || node.update.inactive == Inactive::Failed(target.clone());
+    if failed_here {
+        return Action::Idle(IdleReason::FailedHere(target));
+    }
+    match &node.update.inactive {
+        Inactive::Staged(v) | Inactive::Activated(v) if *v == target => {}
+        _ => return Action::Stage { version: target },
+    }
+    if channel.paused_for(&target) {
+        return Action::Paused { version: target };
+    }
+    if let Some(window) = &policy.window {
+        let needed = chrono::Duration::from_std(policy.needed()).unwrap_or(chrono::Duration::MAX);
+        let fits = window.open_until(now).is_some_and(|end| end - now >= needed);
+        if !fits {
+            return Action::WaitForWindow {
+                next: window.next_start(now),
+            };
+        }
+    }
+    Action::Claim { version: target }
+}

@@ -1,0 +1,270 @@
+//! Cordon and drain a node through the Eviction API, like `kubectl drain`.
+//!
+//! Evictions (not deletions) honour PodDisruptionBudgets: the API answers 429 while a budget
+//! would be violated, and the drain retries until its timeout. Never evicted: the agent's own
+//! pod, mirror (static) pods, DaemonSet pods (with `ignoreDaemonSets`), finished pods. Pods the
+//! drain may not remove (unmanaged without `force`, emptyDir data without
+//! `deleteEmptyDirData`, DaemonSet pods without `ignoreDaemonSets`) stop the drain *before*
+//! anything is evicted, with every offending pod named.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::crd::DrainSpec;
+
+/// Why a drain stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("drain of node {node} refused before evicting anything: {problems}")]
+    Refused { node: String, problems: String },
+    #[error("spec.drain.podSelector: '{0}' is not a label selector (k=v, k!=v, k, !k joined by commas)")]
+    Selector(String),
+    #[error("drain of node {node} timed out after {timeout:?}; still present: {pods}")]
+    Timeout {
+        node: String,
+        timeout: Duration,
+        pods: String,
+    },
+    #[error("drain of node {node}: {what}: {source}")]
+    Api {
+        node: String,
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// One requirement of a label selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Req {
+    Eq(String, String),
+    Ne(String, String),
+    Exists(String),
+    NotExists(String),
+}
+
+/// A parsed equality-based label selector.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Selector(Vec<Req>);
+
+impl Selector {
+    pub fn parse(s: &str) -> Result<Selector, DrainError> {
+        let bad = || DrainError::Selector(s.to_string());
+        let valid = |k: &str| !k.is_empty() && !k.contains(|c: char| c.is_whitespace() || c == '=' || c == '!');
+        let mut reqs = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let req = if let Some((k, v)) = part.split_once("!=") {
+                Req::Ne(k.trim().into(), v.trim().into())
+            } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
+                Req::Eq(k.trim().into(), v.trim().into())
+            } else if let Some(k) = part.strip_prefix('!') {
+                Req::NotExists(k.trim().into())
+            } else {
+                Req::Exists(part.into())
+            };
+            let key = match &req {
+                Req::Eq(k, _) | Req::Ne(k, _) | Req::Exists(k) | Req::NotExists(k) => k,
+            };
+            if !valid(key) {
+                return Err(bad());
+            }
+            reqs.push(req);
+        }
+        Ok(Selector(reqs))
+    }
+
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.0.iter().all(|r| match r {
+            Req::Eq(k, v) => labels.get(k) == Some(v),
+            Req::Ne(k, v) => labels.get(k) != Some(v),
+            Req::Exists(k) => labels.contains_key(k),
+            Req::NotExists(k) => !labels.contains_key(k),
+        })
+    }
+}
+
+fn pod_name(p: &Pod) -> String {
+    format!(
+        "{}/{}",
+        p.metadata.namespace.as_deref().unwrap_or(""),
+        p.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// The pods to evict from `pods` (all on the node), or every reason the drain must not start.
+/// `self_pod` is `namespace/name` of the agent.
+pub fn select_pods(pods: &[Pod], spec: &DrainSpec, self_pod: Option<&str>, node: &str) -> Result<Vec<Pod>, DrainError> {
+    let selector = match &spec.pod_selector {
+        Some(s) => Selector::parse(s)?,
+        None => Selector::default(),
+    };
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for p in pods {
+        let name = pod_name(p);
+        if Some(name.as_str()) == self_pod {
+            continue;
+        }
+        let annotations = p.metadata.annotations.clone().unwrap_or_default();
+        if annotations.contains_key("kubernetes.io/config.mirror") {
+            continue;
+        }
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("");
+        if phase == "Succeeded" || phase == "Failed" {
+            continue;
+        }
+        if !selector.matches(&p.metadata.labels.clone().unwrap_or_default()) {
+            continue;
+        }
+        let controller = p
+            .metadata
+            .owner_references
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .find(|o| o.controller == Some(true));
+        if controller.is_some_and(|o| o.kind == "DaemonSet") {
+            if !spec.ignore_daemon_sets {
+                problems.push(format!("{name} is managed by a DaemonSet (set drain.ignoreDaemonSets)"));
+            }
+            continue;
+        }
+        if controller.is_none() && !spec.force {
+            problems.push(format!("{name} is not managed by a controller (set drain.force to delete it)"));
+        }
+        let empty_dir = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.as_ref())
+            .is_some_and(|v| v.iter().any(|v| v.empty_dir.is_some()));
+        if empty_dir && !spec.delete_empty_dir_data {
+            problems.push(format!("{name} has emptyDir data (set drain.deleteEmptyDirData)"));
+        }
+        out.push(p.clone());
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(DrainError::Refused {
+            node: node.to_string(),
+            problems: problems.join("; "),
+        })
+    }
+}
+
+/// Set `spec.unschedulable` of `node` (a merge patch of one field of the Node: there is no
+/// list to race on here).
+pub async fn set_unschedulable(nodes: &Api<Node>, node: &str, unschedulable: bool) -> Result<(), DrainError> {
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": unschedulable}})),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|source| DrainError::Api {
+            node: node.to_string(),
+            what: format!("set spec.unschedulable={unschedulable}"),
+            source,
+        })
+}
+
+/// Summary of a finished drain.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DrainReport {
+    pub evicted: Vec<String>,
+    /// How many 429 answers (disruption budget) were retried.
+    pub budget_retries: u32,
+}
+
+/// Evict every pod [`select_pods`] picks from `node` and wait until they are gone, within
+/// `timeout`. `retry` is the pause between rounds (PDB retries and deletion polls).
+pub async fn drain(
+    client: &Client,
+    node: &str,
+    spec: &DrainSpec,
+    self_pod: Option<&str>,
+    timeout: Duration,
+    retry: Duration,
+) -> Result<DrainReport, DrainError> {
+    let api_err = |what: String| {
+        let node = node.to_string();
+        move |source| DrainError::Api { node, what, source }
+    };
+    let all: Api<Pod> = Api::all(client.clone());
+    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let pods = all.list(&lp).await.map_err(api_err("list pods on the node".into()))?;
+    let targets = select_pods(&pods.items, spec, self_pod, node)?;
+    let deadline = Instant::now() + timeout;
+    let dp = DeleteParams {
+        grace_period_seconds: spec.grace_period.and_then(|g| u32::try_from(g).ok()),
+        ..Default::default()
+    };
+    let ep = EvictParams {
+        delete_options: Some(dp),
+        ..Default::default()
+    };
+    let mut report = DrainReport::default();
+    // (namespace, name, uid) of pods whose eviction is not yet accepted / not yet gone.
+    let key = |p: &Pod| {
+        (
+            p.metadata.namespace.clone().unwrap_or_default(),
+            p.metadata.name.clone().unwrap_or_default(),
+            p.metadata.uid.clone(),
+        )
+    };
+    let mut to_evict: Vec<_> = targets.iter().map(key).collect();
+    let mut to_vanish = Vec::new();
+    loop {
+        let mut still = Vec::new();
+        for (ns, name, uid) in to_evict {
+            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            match api.evict(&name, &ep).await {
+                Ok(_) => {
+                    report.evicted.push(format!("{ns}/{name}"));
+                    to_vanish.push((ns, name, uid));
+                }
+                Err(kube::Error::Api(s)) if s.code == 429 => {
+                    report.budget_retries += 1;
+                    still.push((ns, name, uid));
+                }
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                Err(e) => return Err(api_err(format!("evict {ns}/{name}"))(e)),
+            }
+        }
+        to_evict = still;
+        let mut remaining = Vec::new();
+        for (ns, name, uid) in to_vanish {
+            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            match api.get_opt(&name).await {
+                Ok(Some(p)) if p.metadata.uid == uid => remaining.push((ns, name, uid)),
+                Ok(_) => {}
+                Err(e) => return Err(api_err(format!("check pod {ns}/{name}"))(e)),
+            }
+        }
+        to_vanish = remaining;
+        if to_evict.is_empty() && to_vanish.is_empty() {
+            return Ok(report);
+        }
+        if Instant::now() + retry > deadline {
+            let pods: Vec<String> = to_evict
+                .iter()
+                .chain(to_vanish.iter())
+                .map(|(ns, n, _)| format!("{ns}/{n}"))
+                .collect();
+            return Err(DrainError::Timeout {
+                node: node.to_string(),
+                timeout,
+                pods: pods.join(", "),
+            });
+        }
+        tokio::time::sleep(retry).await;
+    }
+}

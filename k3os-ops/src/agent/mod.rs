@@ -1,0 +1,78 @@
+//! `k3os-ops agent`: the per-node Kubernetes controller for `UpdateChannel`s.
+//!
+//! One agent runs on every node (a DaemonSet). It watches its own Node and the
+//! `UpdateChannel`s of its namespace and walks the node through an update:
+//! 1. stage the target release into the inactive slot (libupgrade; no disruption);
+//! 2. inside the window, claim an update slot by compare-and-swap on the channel status;
+//! 3. fence (CAS its slot's phase with its token) before each disruptive step;
+//! 4. cordon, drain through the Eviction API, activate, sync, reboot;
+//! 5. after boot, confirm health, uncordon, release the slot (or record a failure);
+//! 6. renew its node Lease; reclaim slots of deleted or silent nodes;
+//! 7. one agent (poller Lease holder) resolves `latest` into `status.latestVersion`.
+//!
+//! Module map: [`crd`] (the resource types), [`window`] and [`duration`] (spec parsing),
+//! [`decide`] (pure next-step logic), [`slots`] (the CAS slot protocol over the
+//! [`slots::ChannelStore`] trait), [`kube_store`] (that trait over kube-rs), [`drain`]
+//! (cordon/evict), [`node`] (the node-side trait over libupgrade), [`controller`] (the loop).
+//!
+//! This module is also compiled into the `tests/agent_*.rs` integration tests with
+//! `#[path]`, so it uses nothing from the binary outside `agent/`.
+
+pub mod controller;
+pub mod crd;
+pub mod decide;
+pub mod drain;
+pub mod duration;
+pub mod kube_store;
+pub mod node;
+pub mod slots;
+pub mod window;
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+/// `k3os-ops agent` arguments.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    #[command(subcommand)]
+    pub cmd: Option<AgentCmd>,
+    /// This node's name (DaemonSet: from `spec.nodeName` via the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Namespace holding the UpdateChannels, Leases and the agent pods.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "k3os-system")]
+    pub namespace: String,
+    /// This agent's pod name (never evicted by its own drain).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// libupgrade configuration file (default: K3OS_OPS_CONFIG or /etc/k3os-ops/config.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Seconds between reconciliations when nothing changes.
+    #[arg(long, default_value_t = 30)]
+    pub resync_secs: u64,
+    /// Seconds between polls of the channel's newest release (poller Lease holder only).
+    #[arg(long, default_value_t = 900)]
+    pub poll_secs: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCmd {
+    /// Print the UpdateChannel CRD (YAML) generated from the types.
+    #[command(hide = true)]
+    Crd,
+}
+
+/// Entry point of `k3os-ops agent`.
+pub fn run(args: AgentArgs) -> anyhow::Result<()> {
+    if let Some(AgentCmd::Crd) = args.cmd {
+        print!("{}", crd::crd_yaml());
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(controller::run(args))
+}

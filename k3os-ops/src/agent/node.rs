@@ -1,0 +1,199 @@
+//! The node side of the agent: a small trait over the A/B slot machinery, so the controller
+//! logic runs against fakes in tests and against `libupgrade` on nodes.
+//!
+//! The methods are synchronous (libupgrade is blocking, disk-bound code); the controller calls
+//! them through `tokio::task::spawn_blocking`.
+
+use super::decide::NodeUpdateStatus;
+
+/// A node-side failure; the message names the file, URL or check that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{op}: {message}")]
+pub struct NodeError {
+    /// `status`, `stage`, `activate`, `confirm`, `reboot`, `resolve`.
+    pub op: &'static str,
+    pub message: String,
+}
+
+impl NodeError {
+    pub fn new(op: &'static str, message: impl std::fmt::Display) -> Self {
+        NodeError {
+            op,
+            message: message.to_string(),
+        }
+    }
+}
+
+/// Byte progress of a stage, reported from the blocking thread.
+pub trait StageProgress: Send + Sync {
+    /// A new file starts: `total` bytes, `already` of them present from an earlier attempt.
+    fn begin(&self, what: &str, total: u64, already: u64);
+    fn advance(&self, bytes: u64);
+    fn end(&self);
+}
+
+/// Outcome of the post-boot health checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfirmResult {
+    /// The booted slot is confirmed good.
+    Healthy,
+    /// The checks failed; the slot was marked bad and the other slot made the next boot.
+    RolledBack(String),
+}
+
+/// What the agent needs from the node.
+pub trait NodeOps: Send + Sync + 'static {
+    /// Versions and states of both slots.
+    fn status(&self) -> Result<NodeUpdateStatus, NodeError>;
+    /// The newest version on `channel` for this node's architecture.
+    fn resolve_latest(&self, channel: &str) -> Result<String, NodeError>;
+    /// Download, verify and write `version` from `channel` into the inactive slot; resumes a
+    /// partial download. Never touches the booted slot or the bootloader's choice.
+    fn stage(&self, channel: &str, version: &str, progress: &dyn StageProgress) -> Result<(), NodeError>;
+    /// Make the bootloader try the staged slot at the next boot.
+    fn activate(&self) -> Result<(), NodeError>;
+    /// Run the health checks on the booted slot and confirm it (or roll it back).
+    fn confirm(&self) -> Result<ConfirmResult, NodeError>;
+    /// Mark the booted (trial) slot bad so the next boot returns to the other one.
+    fn rollback(&self, reason: &str) -> Result<(), NodeError>;
+    /// Flush file systems and reboot. Returns only on failure (or in fakes).
+    fn reboot(&self) -> Result<(), NodeError>;
+}
+
+/// [`NodeOps`] over `libupgrade::Updater` on the real node.
+pub struct LibupgradeNode {
+    updater: libupgrade::Updater,
+    /// Reboot command run in the host's namespaces (default: `nsenter -t 1 -m -u -i -n -p --
+    /// reboot`); `K3OS_OPS_REBOOT_CMD` overrides it (whitespace-separated argv).
+    reboot_cmd: Vec<String>,
+}
+
+/// Environment variable overriding the reboot command.
+pub const REBOOT_CMD_ENV: &str = "K3OS_OPS_REBOOT_CMD";
+
+impl LibupgradeNode {
+    /// Open the node's updater from `config` (or `K3OS_OPS_CONFIG` / the default path).
+    pub fn open(config: Option<std::path::PathBuf>) -> anyhow::Result<LibupgradeNode> {
+        let cfg = match &config {
+            Some(p) => libupgrade::Config::load(p)?,
+            None => libupgrade::Config::from_env()?,
+        };
+        let updater = libupgrade::Updater::open(cfg)?;
+        let reboot_cmd = match std::env::var(REBOOT_CMD_ENV) {
+            Ok(s) if !s.trim().is_empty() => s.split_whitespace().map(String::from).collect(),
+            _ => ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--", "reboot"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        };
+        Ok(LibupgradeNode { updater, reboot_cmd })
+    }
+}
+
+/// Map libupgrade's two-slot status onto what the decision needs.
+pub fn summarize(status: &libupgrade::Status) -> NodeUpdateStatus {
+    use super::decide::Inactive;
+    use libupgrade::SlotState;
+    let booted = status.slots.iter().find(|s| s.booted);
+    let other = status.slots.iter().find(|s| !s.booted && Some(s.slot) != booted.map(|b| b.slot));
+    let inactive = match other {
+        None => Inactive::Empty,
+        Some(o) => match (o.state, o.version.clone()) {
+            (_, None) | (SlotState::Empty | SlotState::Invalid, _) => Inactive::Empty,
+            (SlotState::Staged | SlotState::Good, Some(v)) => Inactive::Staged(v),
+            // On trial and still the loader's next choice: activated, reboot pending. A trial
+            // the loader no longer picks was spent (the node fell back): failed.
+            (SlotState::Trying, Some(v)) if o.next_boot => Inactive::Activated(v),
+            (SlotState::Trying | SlotState::Bad, Some(v)) => Inactive::Failed(v),
+        },
+    };
+    NodeUpdateStatus {
+        booted_version: booted.and_then(|b| b.version.clone()),
+        booted_on_trial: booted.is_some_and(|b| b.state == SlotState::Trying),
+        inactive,
+    }
+}
+
+struct ProgressAdapter<'a>(&'a dyn StageProgress);
+
+impl libupgrade::Progress for ProgressAdapter<'_> {
+    fn begin(&self, what: &str, total: u64, already: u64) {
+        self.0.begin(what, total, already)
+    }
+    fn advance(&self, bytes: u64) {
+        self.0.advance(bytes)
+    }
+    fn end(&self) {
+        self.0.end()
+    }
+}
+
+impl NodeOps for LibupgradeNode {
+    fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
+        let st = self.updater.status().map_err(|e| NodeError::new("status", e))?;
+        Ok(summarize(&st))
+    }
+
+    fn resolve_latest(&self, channel: &str) -> Result<String, NodeError> {
+        libupgrade::channel::resolve(channel, None, libupgrade::Arch::host())
+            .map(|r| r.version)
+            .map_err(|e| NodeError::new("resolve", format!("channel {channel}: {e}")))
+    }
+
+    fn stage(&self, channel: &str, version: &str, progress: &dyn StageProgress) -> Result<(), NodeError> {
+        let rel = libupgrade::channel::resolve(channel, Some(version), libupgrade::Arch::host())
+            .map_err(|e| NodeError::new("resolve", format!("channel {channel}, version {version}: {e}")))?;
+        let report = self
+            .updater
+            .stage(&rel.source, &libupgrade::StageOptions::default(), &ProgressAdapter(progress))
+            .map_err(|e| NodeError::new("stage", e))?;
+        if report.version != version {
+            return Err(NodeError::new(
+                "stage",
+                format!("channel {channel} listed {version} but its manifest says {}", report.version),
+            ));
+        }
+        Ok(())
+    }
+
+    fn activate(&self) -> Result<(), NodeError> {
+        self.updater.activate().map(|_| ()).map_err(|e| NodeError::new("activate", e))
+    }
+
+    fn confirm(&self) -> Result<ConfirmResult, NodeError> {
+        match self.updater.confirm() {
+            Ok(_) => Ok(ConfirmResult::Healthy),
+            Err(libupgrade::Error::HealthCheck { failures, rolled_back: true, .. }) => Ok(ConfirmResult::RolledBack(failures)),
+            Err(e) => Err(NodeError::new("confirm", e)),
+        }
+    }
+
+    fn rollback(&self, reason: &str) -> Result<(), NodeError> {
+        self.updater.rollback(reason).map(|_| ()).map_err(|e| NodeError::new("rollback", e))
+    }
+
+    fn reboot(&self) -> Result<(), NodeError> {
+        let (prog, args) = self.reboot_cmd.split_first().ok_or_else(|| NodeError::new("reboot", "empty reboot command"))?;
+        let out = std::process::Command::new(prog)
+            .args(args)
+            .output()
+            .map_err(|e| NodeError::new("reboot", format!("cannot run {}: {e}", self.reboot_cmd.join(" "))))?;
+        if !out.status.success() {
+            return Err(NodeError::new(
+                "reboot",
+                format!(
+                    "{} failed ({}): {}",
+                    self.reboot_cmd.join(" "),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            ));
+        }
+        // The reboot command returns once shutdown has begun; give it time to kill us.
+        std::thread::sleep(std::time::Duration::from_secs(300));
+        Err(NodeError::new(
+            "reboot",
+            format!("{} succeeded but the node is still running after 5 minutes", self.reboot_cmd.join(" ")),
+        ))
+    }
+}
