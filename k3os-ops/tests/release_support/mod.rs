@@ -1,0 +1,98 @@
+//! Shared helpers of the `release_*` integration tests: a `k3os-ops release serve` child
+//! process and release fixtures.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use libupgrade::manifest::Arch;
+use libupgrade::release::{self, CreateOptions};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_k3os-ops")
+}
+
+/// `k3os-ops release serve DIR --listen 127.0.0.1:0`, killed on drop.
+pub struct Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT/`
+    pub url: String,
+}
+
+impl Server {
+    pub fn start(dir: &Path) -> Server {
+        let mut child = Command::new(bin())
+            .args(["release", "serve"])
+            .arg(dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn k3os-ops release serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("read serve banner");
+        let url = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .filter(|u| u.starts_with("http://127.0.0.1:") && u.ends_with('/'))
+            .unwrap_or_else(|| panic!("unexpected serve banner: {line:?}"))
+            .to_string();
+        Server { child, url }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A key pair in `dir/keys` and a trust dir `dir/trust` holding its public key.
+pub fn keys(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let (secret, public) = libupgrade::signing::generate_keypair(&dir.join("keys"), name).unwrap();
+    let trust = dir.join("trust");
+    std::fs::create_dir_all(&trust).unwrap();
+    std::fs::copy(&public, trust.join(format!("{name}.pub"))).unwrap();
+    (secret, trust)
+}
+
+/// Input files for a release whose contents are marked with `tag`; the rootfs starts with the
+/// squashfs magic (enough for `release create`; not a mountable image).
+pub fn fake_inputs(dir: &Path, tag: &str) -> (PathBuf, PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let r = dir.join(format!("{tag}.squashfs"));
+    let mut bytes = b"hsqs".to_vec();
+    bytes.extend(tag.bytes().cycle().take(100_000));
+    std::fs::write(&r, bytes).unwrap();
+    let k = dir.join(format!("{tag}.vmlinuz"));
+    std::fs::write(&k, format!("kernel {tag}")).unwrap();
+    let i = dir.join(format!("{tag}.initrd"));
+    std::fs::write(&i, format!("initrd {tag}")).unwrap();
+    (r, k, i)
+}
+
+pub fn create(
+    inputs: &(PathBuf, PathBuf, PathBuf),
+    key: &Path,
+    out: &Path,
+    version: &str,
+    arch: Arch,
+    generation: Option<u64>,
+) {
+    release::create(&CreateOptions {
+        rootfs: inputs.0.clone(),
+        kernel: inputs.1.clone(),
+        initrd: inputs.2.clone(),
+        version: version.into(),
+        arch,
+        secret_key: key.to_path_buf(),
+        out_dir: out.to_path_buf(),
+        generation,
+    })
+    .unwrap();
+}
