@@ -1,0 +1,95 @@
+#!/bin/sh
+# /sbin/init of the test rootfs (busybox sh as PID 1).
+#
+# Mounts the kernel filesystems, /boot (PARTLABEL=boot) and the state partition
+# (PARTLABEL=state at /var/lib/k3os-ops), picks the k3os-ops config matching the bootloader
+# installed on /boot, prints K3OS-BOOTED, confirms the slot (K3OS-CONFIRM ok|failed; on failure
+# k3os-ops has already rolled back, init prints K3OS-ROLLBACK and reboots), brings up eth0,
+# starts the workload (httpd on :80 serving "alive"), prints K3OS-READY and runs a root shell on
+# the serial console for the test harness.
+#
+# /etc/k3os-ops/mode selects a failure variant: "noconfirm" never confirms (prints
+# K3OS-NOCONFIRM and keeps running until the harness resets the VM, like a watchdog).
+export PATH=/sbin:/bin:/usr/sbin:/usr/bin
+export HOME=/root
+umask 022
+
+mounted() { grep -q " $1 " /proc/mounts; }
+mount -t proc proc /proc 2>/dev/null
+mounted /sys || mount -t sysfs sysfs /sys
+mounted /dev || mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts && (mounted /dev/pts || mount -t devpts devpts /dev/pts)
+mounted /tmp || mount -t tmpfs -o mode=1777 tmpfs /tmp
+mounted /run || mount -t tmpfs -o mode=0755 tmpfs /run
+mounted /var || { mount -t tmpfs -o mode=0755 tmpfs /var && mkdir -p /var/lib/k3os-ops /var/log /var/tmp; }
+hostname k3os-node
+
+cmdline=$(cat /proc/cmdline)
+slot=unknown
+console=""
+for arg in $cmdline; do
+    case "$arg" in
+    k3os.slot=*) slot=${arg#k3os.slot=} ;;
+    console=*) c=${arg#console=}; console=${c%%,*} ;;
+    esac
+done
+version=$(cat /etc/k3os-release)
+tty=/dev/${console:-console}
+[ -c "$tty" ] || tty=/dev/console
+
+bypartlabel() {
+    for u in /sys/class/block/*/uevent; do
+        if grep -qx "PARTNAME=$1" "$u"; then
+            echo "/dev/$(sed -n 's/^DEVNAME=//p' "$u")"
+            return 0
+        fi
+    done
+    return 1
+}
+mountlabel() {
+    dev=$(bypartlabel "$1") || { echo "k3os-init: no partition named $1"; return 1; }
+    mount -t ext4 -o rw "$dev" "$2" || { echo "k3os-init: mount $dev ($1) on $2 failed"; return 1; }
+}
+mountlabel boot /boot
+mkdir -p /var/lib/k3os-ops
+mountlabel state /var/lib/k3os-ops
+
+if [ -d /boot/syslinux ]; then
+    export K3OS_OPS_CONFIG=/etc/k3os-ops/config.syslinux.toml
+else
+    export K3OS_OPS_CONFIG=/etc/k3os-ops/config.grub.toml
+fi
+echo "export K3OS_OPS_CONFIG=$K3OS_OPS_CONFIG" >/run/k3os-ops.env
+
+echo "K3OS-BOOTED slot=$slot version=$version"
+
+mode=$(cat /etc/k3os-ops/mode 2>/dev/null)
+if [ "$mode" = noconfirm ]; then
+    echo "K3OS-NOCONFIRM"
+elif k3os-ops slot confirm; then
+    echo "K3OS-CONFIRM ok"
+else
+    echo "K3OS-CONFIRM failed"
+    echo "K3OS-ROLLBACK"
+    sync
+    umount /boot /var/lib/k3os-ops 2>/dev/null
+    reboot -f
+    sleep 60
+fi
+
+ip link set lo up
+if ip link show eth0 >/dev/null 2>&1; then
+    ip link set eth0 up
+    udhcpc -i eth0 -s /etc/udhcpc/default.script -q -n -t 5 -T 2 ||
+        echo "k3os-init: udhcpc on eth0 got no lease"
+else
+    echo "k3os-init: no eth0"
+fi
+
+httpd -p 80 -h /srv/www
+
+echo "K3OS-READY"
+while true; do
+    setsid sh -c "exec sh -l <$tty >$tty 2>&1"
+    sleep 1
+done

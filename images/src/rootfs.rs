@@ -1,0 +1,138 @@
+//! The slot root filesystem (squashfs): static busybox, the static `k3os-ops`, `/sbin/init`
+//! (`images/files/rootfs-init.sh`), the node configuration for both bootloaders (init picks one
+//! by what exists on /boot), the trusted release key, `/etc/k3os-release`, and the failure
+//! variant's twist (a failing health check, or no confirm at all).
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::Path;
+
+use crate::debs::Debs;
+use crate::error::{IoContext, Result};
+use crate::release::{ReleaseSpec, Variant};
+use crate::run::Cmd;
+use crate::target::Target;
+
+pub const INIT: &str = include_str!("../files/rootfs-init.sh");
+pub const UDHCPC_SCRIPT: &str = include_str!("../files/udhcpc.script");
+pub const PROFILE: &str = include_str!("../files/profile");
+
+/// Tries GRUB gives a newly activated slot on these test nodes.
+pub const GRUB_TRIES: u8 = 3;
+
+/// The node configuration (`/etc/k3os-ops/config.<loader>.toml`) libupgrade reads.
+pub fn node_config(bootloader: &str, tries: u8) -> String {
+    format!(
+        "bootloader = \"{bootloader}\"\n\
+         tries = {tries}\n\
+         state_dir = \"/var/lib/k3os-ops\"\n\
+         trust_dir = \"/etc/k3os-ops/trust.d\"\n\
+         health_dir = \"/etc/k3os-ops/health.d\"\n\
+         health_timeout_secs = 30\n\
+         [layout]\n\
+         kind = \"gpt\"\n\
+         disk = \"/dev/vda\"\n\
+         boot_dir = \"/boot\"\n"
+    )
+}
+
+/// `/etc/k3os-release`: `KEY=value` lines as libupgrade's health check parses them.
+pub fn release_file(spec: &ReleaseSpec) -> String {
+    format!("VERSION=\"{}\"\nGENERATION={}\n", spec.version, spec.generation)
+}
+
+const BADHEALTH_CHECK: &str = "#!/bin/sh\n\
+# Health check of the -badhealth test release: always fails, so confirm rolls back.\n\
+echo \"badhealth: this release fails its health check on purpose\" >&2\n\
+exit 1\n";
+
+fn write(path: &Path, data: impl AsRef<[u8]>, mode: u32) -> Result<()> {
+    if let Some(d) = path.parent() {
+        fs::create_dir_all(d).ctx("create directory", d)?;
+    }
+    fs::write(path, data).ctx("write", path)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).ctx("chmod", path)
+}
+
+fn link(target: &str, path: &Path) -> Result<()> {
+    if let Some(d) = path.parent() {
+        fs::create_dir_all(d).ctx("create directory", d)?;
+    }
+    symlink(target, path).ctx("symlink", path)
+}
+
+/// Populate `dir` (empty) with the rootfs tree.
+pub fn populate(dir: &Path, debs: &Debs, target: Target, k3os_ops: &Path, trust_pub: &Path, spec: &ReleaseSpec) -> Result<()> {
+    for d in ["proc", "sys", "dev", "boot", "tmp", "run", "var", "root", "mnt", "usr/bin", "usr/sbin", "etc/k3os-ops/health.d"] {
+        fs::create_dir_all(dir.join(d)).ctx("create directory", dir.join(d))?;
+    }
+    write(&dir.join("bin/busybox"), fs::read(&debs.busybox).ctx("read", &debs.busybox)?, 0o755)?;
+    for a in debs.busybox_applets(target)? {
+        if a == "bin/busybox" || a == "linuxrc" || a == "sbin/init" {
+            continue;
+        }
+        link("/bin/busybox", &dir.join(&a))?;
+    }
+    write(&dir.join("usr/bin/k3os-ops"), fs::read(k3os_ops).ctx("read", k3os_ops)?, 0o755)?;
+    write(&dir.join("sbin/init"), INIT, 0o755)?;
+    write(&dir.join("etc/udhcpc/default.script"), UDHCPC_SCRIPT, 0o755)?;
+    write(&dir.join("etc/profile"), PROFILE, 0o644)?;
+    write(&dir.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n", 0o644)?;
+    write(&dir.join("etc/group"), "root:x:0:\n", 0o644)?;
+    write(&dir.join("etc/hostname"), "k3os-node\n", 0o644)?;
+    link("/run/resolv.conf", &dir.join("etc/resolv.conf"))?;
+    write(&dir.join("srv/www/index.html"), "alive\n", 0o644)?;
+    write(&dir.join("etc/k3os-release"), release_file(spec), 0o644)?;
+    let ops = dir.join("etc/k3os-ops");
+    write(&ops.join("config.grub.toml"), node_config("grub", GRUB_TRIES), 0o644)?;
+    write(&ops.join("config.syslinux.toml"), node_config("syslinux", 1), 0o644)?;
+    // Tools run without K3OS_OPS_CONFIG get the one init chose for this boot.
+    link("/run/k3os-ops/config.toml", &ops.join("config.toml"))?;
+    let key_name = trust_pub.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "release.pub".into());
+    write(&ops.join("trust.d").join(key_name), fs::read(trust_pub).ctx("read", trust_pub)?, 0o644)?;
+    match spec.variant {
+        Variant::Normal | Variant::Panic => {}
+        Variant::BadHealth => write(&ops.join("health.d/10-badhealth"), BADHEALTH_CHECK, 0o755)?,
+        Variant::NoConfirm => write(&ops.join("mode"), "noconfirm\n", 0o644)?,
+    }
+    Ok(())
+}
+
+/// Build `out` (squashfs, zstd: fast to decompress under TCG, supported by the Debian kernel
+/// and by libupgrade's backhand reader).
+pub fn build(debs: &Debs, target: Target, k3os_ops: &Path, trust_pub: &Path, spec: &ReleaseSpec, out: &Path) -> Result<()> {
+    let tmp = tempfile::Builder::new().prefix("rootfs.").tempdir_in(out.parent().unwrap_or(Path::new("."))).ctx("create temp dir near", out)?;
+    let tree = tmp.path().join("tree");
+    fs::create_dir(&tree).ctx("create directory", &tree)?;
+    populate(&tree, debs, target, k3os_ops, trust_pub, spec)?;
+    let _ = fs::remove_file(out);
+    Cmd::new("mksquashfs")
+        .arg(&tree)
+        .arg(out)
+        .args(["-noappend", "-all-root", "-no-xattrs", "-comp", "zstd", "-mkfs-time", "0", "-all-time", "0", "-quiet"])
+        .run()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_config_is_what_libupgrade_parses() {
+        for (loader, tries) in [("grub", GRUB_TRIES), ("syslinux", 1)] {
+            let c = libupgrade::config::Config::parse(&node_config(loader, tries)).unwrap();
+            assert_eq!(c.tries, tries);
+            assert_eq!(c.trust_dir, Path::new("/etc/k3os-ops/trust.d"));
+            assert_eq!(c.layout.boot_dir(), Path::new("/boot"));
+        }
+    }
+
+    #[test]
+    fn release_file_is_what_libupgrade_parses() {
+        let spec = ReleaseSpec::parse("v2-badhealth").unwrap();
+        let (v, g) = libupgrade::health::parse_release_file(&release_file(&spec));
+        assert_eq!(v.as_deref(), Some("v2-badhealth"));
+        assert_eq!(g, Some(2));
+    }
+}

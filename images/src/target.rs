@@ -1,0 +1,74 @@
+//! Per-architecture facts: Debian and Rust names, serial console, EFI names, which kernel
+//! modules the initrd loads.
+
+use libupgrade::manifest::Arch;
+
+/// Everything that differs between the x86_64 and aarch64 images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    pub arch: Arch,
+}
+
+impl Target {
+    pub fn new(arch: Arch) -> Target {
+        Target { arch }
+    }
+
+    /// Debian architecture name (`amd64`, `arm64`).
+    pub fn debian(self) -> &'static str {
+        match self.arch {
+            Arch::X86_64 => "amd64",
+            Arch::Aarch64 => "arm64",
+        }
+    }
+
+    /// Rust target triple of the static k3os-ops shipped in the rootfs.
+    pub fn rust_triple(self) -> &'static str {
+        match self.arch {
+            Arch::X86_64 => "x86_64-unknown-linux-musl",
+            Arch::Aarch64 => "aarch64-unknown-linux-musl",
+        }
+    }
+
+    /// Serial console device name (QEMU `pc`/`q35`: 16550 ttyS0; `virt`: PL011 ttyAMA0).
+    pub fn console(self) -> &'static str {
+        match self.arch {
+            Arch::X86_64 => "ttyS0",
+            Arch::Aarch64 => "ttyAMA0",
+        }
+    }
+
+    /// GRUB platform directory name of the EFI build.
+    pub fn grub_efi_platform(self) -> &'static str {
+        match self.arch {
+            Arch::X86_64 => "x86_64-efi",
+            Arch::Aarch64 => "arm64-efi",
+        }
+    }
+
+    /// Removable-media file name the firmware boots from `EFI/BOOT/`.
+    pub fn efi_boot_file(self) -> &'static str {
+        match self.arch {
+            Arch::X86_64 => "BOOTX64.EFI",
+            Arch::Aarch64 => "BOOTAA64.EFI",
+        }
+    }
+
+    /// Modules the initrd loads (with their dependencies, resolved from modules.dep): the
+    /// virtio PCI transport, disk and NIC; squashfs for the root; ext4 (and the crc32c
+    /// implementation its checksums request) for /boot and the state partition.
+    pub fn initrd_modules(self) -> &'static [&'static str] {
+        &["crc32c_generic", "virtio_pci", "virtio_blk", "virtio_net", "squashfs", "ext4"]
+    }
+
+    /// How to execute a binary of this architecture on the build host (for `busybox
+    /// --list-full`): directly on x86_64, through qemu-user on aarch64.
+    pub fn host_runner(self) -> Option<&'static str> {
+        match self.arch {
+            Arch::X86_64 if cfg!(target_arch = "x86_64") => None,
+            Arch::Aarch64 if cfg!(target_arch = "aarch64") => None,
+            Arch::X86_64 => Some("qemu-x86_64-static"),
+            Arch::Aarch64 => Some("qemu-aarch64-static"),
+        }
+    }
+}
