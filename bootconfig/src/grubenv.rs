@@ -170,20 +170,20 @@ impl GrubEnv {
                         })
                     }
                     Some(b'\n') => break,
-                    Some(b'\\') => {
-                        match bytes.get(q + 1) {
-                            Some(&c) => {
-                                value.push(c);
-                                q += 2;
-                            }
-                            None => return Err(EnvBlockError::Broken {
+                    Some(b'\\') => match bytes.get(q + 1) {
+                        Some(&c) => {
+                            value.push(c);
+                            q += 2;
+                        }
+                        None => {
+                            return Err(EnvBlockError::Broken {
                                 offset: q,
                                 what: format!(
                                     "value of {name} ends in a lone backslash (truncated block)"
                                 ),
-                            }),
+                            })
                         }
-                    }
+                    },
                     Some(&c) => {
                         value.push(c);
                         q += 1;

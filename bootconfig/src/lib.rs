@@ -16,6 +16,7 @@
 //! after it completed.
 
 pub mod atomic;
+pub mod grub;
 pub mod grubenv;
 pub mod slot;
 
@@ -81,6 +82,16 @@ impl BootEnv {
             p
         }
     }
+}
+
+/// One slot's boot files and kernel command line, as the loader sees them (paths relative to
+/// the boot partition's root, e.g. `/a/vmlinuz`). The backends append `k3os.slot=A|B` and
+/// `panic=<secs>` to `cmdline` themselves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootEntry {
+    pub kernel: String,
+    pub initrd: String,
+    pub cmdline: String,
 }
 
 /// Errors of the bootloader layer; each names the file and what was wrong with it.

@@ -1,0 +1,61 @@
+//! Helpers shared by the integration tests: running host tools and failing (never skipping)
+//! with the reason when one is missing.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use bootconfig::{BootEnv, Slot, SlotBoot};
+
+/// Run a tool and return its output; panics naming the tool and its package when it cannot run.
+pub fn run(tool: &str, package: &str, args: &[&str]) -> Output {
+    Command::new(tool).args(args).output().unwrap_or_else(|e| {
+        panic!("{tool} (Debian package {package}) must be installed to run this test: {e}")
+    })
+}
+
+/// Like [`run`] but the tool must succeed.
+pub fn run_ok(tool: &str, package: &str, args: &[&str]) -> String {
+    let out = run(tool, package, args);
+    assert!(
+        out.status.success(),
+        "{tool} {args:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every BootEnv with tries in 0..=max.
+pub fn all_envs(max: u8) -> Vec<BootEnv> {
+    let mut states = vec![SlotBoot::Good, SlotBoot::Bad];
+    states.extend((0..=max).map(|t| SlotBoot::Trying { tries_left: t }));
+    let mut out = Vec::new();
+    for primary in Slot::ALL {
+        for &a in &states {
+            for &b in &states {
+                out.push(BootEnv { primary, a, b });
+            }
+        }
+    }
+    out
+}
+
+/// Byte counts at which a write is cut: the byte-boundary classes of the brief. `usize::MAX`
+/// means "complete" (for a replacement: complete but not renamed).
+pub const CUTS: [usize; 8] = [0, 1, 511, 512, 513, 1023, 1024, usize::MAX];
+
+/// Copy every regular file of `from` into `to` (recursively), creating directories.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst: PathBuf = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
