@@ -147,8 +147,9 @@ pub trait Layout: Send + Sync {
     fn capacity(&self, slot: Slot, artifact: Artifact) -> Result<u64>;
     /// After every artifact is verified: make the slot point at what was written.
     fn commit(&self, slot: Slot, version: &str) -> Result<()>;
-    /// Open the slot's rootfs for reading: (file, byte offset, length available).
-    fn open_rootfs(&self, slot: Slot) -> Result<(File, u64, u64)>;
+    /// Open the rootfs of `version` written for `slot`, for reading: (file, byte offset,
+    /// length available).
+    fn open_rootfs(&self, slot: Slot, version: &str) -> Result<(File, u64, u64)>;
     /// Is the filesystem mounted from `source` (mountinfo's major:minor and source) the slot's rootfs?
     fn is_rootfs_of(&self, slot: Slot, dev: (u32, u32), source: &str) -> Result<bool>;
     /// Called when `slot` is confirmed good (DirLayout updates `current`/`previous`).
@@ -333,7 +334,7 @@ impl Layout for GptLayout {
         Ok(())
     }
 
-    fn open_rootfs(&self, slot: Slot) -> Result<(File, u64, u64)> {
+    fn open_rootfs(&self, slot: Slot, _version: &str) -> Result<(File, u64, u64)> {
         let (path, offset, len) = self.rootfs_access(slot);
         let f = File::open(&path).map_err(|e| Error::io("open", &path, e))?;
         Ok((f, offset, len))
@@ -444,8 +445,8 @@ impl Layout for DirLayout {
         Ok(())
     }
 
-    fn open_rootfs(&self, slot: Slot) -> Result<(File, u64, u64)> {
-        let p = self.kind_dir(Artifact::Rootfs).join(slot.lower()).join(ROOTFS_FILE);
+    fn open_rootfs(&self, _slot: Slot, version: &str) -> Result<(File, u64, u64)> {
+        let p = self.kind_dir(Artifact::Rootfs).join(version).join(ROOTFS_FILE);
         let f = File::open(&p).map_err(|e| Error::io("open", &p, e))?;
         let len = f.metadata().map_err(|e| Error::io("stat", &p, e))?.len();
         Ok((f, 0, len))

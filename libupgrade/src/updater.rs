@@ -410,7 +410,7 @@ impl Updater {
             partial.current = None;
             self.save_partial(partial)?;
         }
-        self.check_rootfs(slot, m.files.rootfs.size)?;
+        self.check_rootfs(slot, &m.version, m.files.rootfs.size)?;
         Ok(written)
     }
 
@@ -543,8 +543,8 @@ impl Updater {
     /// The written rootfs must be a squashfs (superblock, inode and directory tables parse, via
     /// the pure-Rust `backhand` crate: squashfs-ng links the C libsquashfs, which has no static
     /// musl/aarch64 build for the node binary) whose used bytes fit what the manifest declared.
-    fn check_rootfs(&self, slot: Slot, size: u64) -> Result<()> {
-        let (f, offset, _len) = self.layout.open_rootfs(slot)?;
+    fn check_rootfs(&self, slot: Slot, version: &str, size: u64) -> Result<()> {
+        let (f, offset, _len) = self.layout.open_rootfs(slot, version)?;
         let mut sb = [0u8; 96];
         f.read_exact_at(&mut sb, offset).map_err(|e| Error::BadImage { slot, what: format!("cannot read the superblock: {e}") })?;
         if &sb[0..4] != b"hsqs" {
@@ -660,7 +660,11 @@ impl Updater {
         let failed: Vec<String> = checks.iter().filter(|c| !c.ok).map(|c| format!("{}: {}", c.name, c.detail)).collect();
         if failed.is_empty() {
             let newly_good = state != SlotState::Good;
-            if newly_good || env.primary != booted || env.get(booted) != SlotBoot::Good {
+            // Re-assert a good slot in the loader (e.g. after a fallback left the exhausted slot
+            // primary), but never over a trial that was activated in this boot and waits for
+            // its reboot.
+            let trial_pending = st.activation.as_ref().is_some_and(|a| a.slot == other);
+            if newly_good || (!trial_pending && (env.primary != booted || env.get(booted) != SlotBoot::Good)) {
                 self.boot.mark_good(booted)?;
                 crate::barrier::hit("confirm:bootloader-good");
                 self.layout.confirmed(booted)?;

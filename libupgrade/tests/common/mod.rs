@@ -316,6 +316,14 @@ impl ModelLoader {
         ModelLoader(Arc::new(Mutex::new(BootEnv { primary: Slot::A, a: SlotBoot::Good, b: SlotBoot::Bad })))
     }
 
+    /// Put the loader back to "A good and primary, B bad" (as before an activation).
+    pub fn mark_good_for_test(&self, slot: Slot) {
+        let mut env = self.0.lock().unwrap();
+        env.primary = slot;
+        env.set(slot, SlotBoot::Good);
+        env.set(slot.other(), SlotBoot::Bad);
+    }
+
     /// Power on: the slot the loader boots, after counting down a trial.
     pub fn boot(&self) -> Slot {
         let mut env = self.0.lock().unwrap();

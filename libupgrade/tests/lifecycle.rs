@@ -1,0 +1,182 @@
+//! The boot-assessment state machine across simulated reboots: activate → trial boot →
+//! confirm; tries running out → fallback recorded with its reason; failed health check →
+//! rollback; an activation cut short before the bootloader flip → slot stays staged. Uses the
+//! k3OS-style dir layout (real squashfs files, symlink switching) and an in-memory bootloader
+//! that counts tries like our GRUB script; the real loaders are proven in bootconfig's tests
+//! and in the QEMU scenarios.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use bootconfig::{Slot, SlotBoot};
+use common::*;
+use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
+use libupgrade::layout::DirLayout;
+use libupgrade::manifest::Arch;
+use libupgrade::state::Event;
+use libupgrade::{Error, NoProgress, SlotState, Source, StageOptions, Updater};
+
+struct Node {
+    dir: tempfile::TempDir,
+    cfg: Config,
+    loader: ModelLoader,
+    boots: u32,
+}
+
+impl Node {
+    fn new(trust: &Path) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        let cfg = Config {
+            bootloader: BootloaderKind::Grub,
+            tries: 3,
+            layout: LayoutConfig::Dir { root: p.join("system"), boot_dir: p.join("boot") },
+            state_dir: p.join("state"),
+            trust_dir: trust.to_path_buf(),
+            health_dir: p.join("health.d"),
+            health_timeout_secs: 5,
+            download_retries: 0,
+            proc_cmdline: p.join("cmdline"),
+            release_file: p.join("k3os-release"),
+            mountinfo: p.join("mountinfo"),
+            boot_id_file: p.join("boot_id"),
+            builtin_health_check: false,
+        };
+        std::fs::write(&cfg.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
+        boot_as(&cfg, Slot::A, "boot-0");
+        std::fs::create_dir_all(p.join("system")).unwrap();
+        Node { dir, cfg, loader: ModelLoader::new(), boots: 0 }
+    }
+
+    fn updater(&self) -> Updater {
+        let LayoutConfig::Dir { root, boot_dir } = &self.cfg.layout else { unreachable!() };
+        Updater::with_parts(self.cfg.clone(), Box::new(DirLayout::new(root, boot_dir)), Box::new(self.loader.clone()))
+    }
+
+    /// Power-cycle: the loader picks a slot (counting tries), the "kernel" boots it.
+    fn reboot(&mut self) -> Slot {
+        self.boots += 1;
+        let s = self.loader.boot();
+        boot_as(&self.cfg, s, &format!("boot-{}", self.boots));
+        s
+    }
+
+    fn set_health(&self, ok: bool) {
+        let d = &self.cfg.health_dir;
+        std::fs::create_dir_all(d).unwrap();
+        let p = d.join("50-app");
+        std::fs::write(&p, if ok { "#!/bin/sh\nexit 0\n" } else { "#!/bin/sh\necho app is down >&2\nexit 1\n" }).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+fn staged_node(version: &str) -> (Node, Keys, tempfile::TempDir) {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = make_release(&k, rels.path(), version, 2, 4096, Arch::host());
+    let node = Node::new(&k.trust);
+    let u = node.updater();
+    u.confirm().expect("first boot confirms");
+    u.stage(&Source::Path(rel), &StageOptions::default(), &NoProgress).unwrap();
+    (node, k, rels)
+}
+
+#[test]
+fn activate_reboot_confirm_makes_the_new_slot_good_and_keeps_the_old_as_fallback() {
+    let (mut node, _k, _r) = staged_node("v2");
+    let u = node.updater();
+    assert_eq!(u.activate().unwrap(), Slot::B);
+    // confirm in the same boot must not treat the pending trial as failed.
+    u.confirm().unwrap();
+    assert_eq!(u.status().unwrap().slots[1].state, SlotState::Trying);
+
+    assert_eq!(node.reboot(), Slot::B);
+    std::fs::write(&node.cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
+    let r = node.updater().confirm().unwrap();
+    assert!(r.newly_good);
+    let st = node.updater().status().unwrap();
+    assert_eq!((st.booted, st.next_boot), (Some(Slot::B), Slot::B));
+    assert_eq!(st.slots[1].state, SlotState::Good);
+    assert_eq!(st.slots[0].state, SlotState::Good, "the old slot stays as the fallback");
+    assert_eq!(st.slots[1].last_decision.as_ref().unwrap().event, Event::Confirmed);
+    assert_eq!(node.reboot(), Slot::B, "a confirmed slot keeps booting");
+    // The k3OS-style links follow the confirmed slot.
+    let root = node.dir.path().join("system");
+    assert_eq!(std::fs::read_link(root.join("kernel/current")).unwrap(), Path::new("b"));
+    assert_eq!(std::fs::read_link(root.join("rootfs/previous")).unwrap(), Path::new("a"));
+}
+
+#[test]
+fn a_slot_that_never_confirms_runs_out_of_tries_and_the_fallback_is_recorded() {
+    let (mut node, _k, _r) = staged_node("v2");
+    node.updater().activate().unwrap();
+    for _ in 0..3 {
+        assert_eq!(node.reboot(), Slot::B, "tries left: B boots");
+        // v2 hangs before confirm: nothing runs; the watchdog resets.
+    }
+    assert_eq!(node.reboot(), Slot::A, "after 3 tries the loader falls back");
+    let r = node.updater().confirm().unwrap();
+    let d = r.other_slot.expect("the failed trial is settled");
+    assert_eq!(d.event, Event::FallbackTaken);
+    assert!(d.why.contains("3 of 3 tries"), "{}", d.why);
+    let st = node.updater().status().unwrap();
+    assert_eq!(st.slots[1].state, SlotState::Bad);
+    assert_eq!(st.slots[1].boot, SlotBoot::Bad);
+    assert_eq!(st.slots[1].last_decision.as_ref().unwrap().generation, Some(2));
+    assert_eq!(st.next_boot, Slot::A);
+    assert_eq!(node.reboot(), Slot::A);
+}
+
+#[test]
+fn a_failed_health_check_rolls_back_without_waiting_for_tries() {
+    let (mut node, _k, _r) = staged_node("v2");
+    node.updater().activate().unwrap();
+    assert_eq!(node.reboot(), Slot::B);
+    node.set_health(false);
+    let e = node.updater().confirm().unwrap_err();
+    assert!(matches!(e, Error::HealthCheck { slot: Slot::B, rolled_back: true, .. }), "{e}");
+    assert!(e.to_string().contains("app is down"), "{e}");
+    assert_eq!(node.reboot(), Slot::A, "rolled back on the very next boot");
+    node.set_health(true);
+    node.updater().confirm().unwrap();
+    let st = node.updater().status().unwrap();
+    assert_eq!(st.slots[1].state, SlotState::Bad);
+    assert_eq!(st.slots[1].last_decision.as_ref().unwrap().event, Event::HealthFailed);
+    assert_eq!(st.slots[0].state, SlotState::Good);
+}
+
+#[test]
+fn an_activation_cut_before_the_bootloader_flip_leaves_the_slot_staged() {
+    let (mut node, _k, _r) = staged_node("v2");
+    let u = node.updater();
+    u.activate().unwrap();
+    // Simulate the power cut between the state write and the bootloader write: undo the flip.
+    node.loader.mark_good_for_test(Slot::A);
+    assert_eq!(node.reboot(), Slot::A);
+    node.updater().confirm().unwrap();
+    let st = node.updater().status().unwrap();
+    assert_eq!(st.slots[1].state, SlotState::Staged);
+    assert_eq!(st.slots[1].last_decision.as_ref().unwrap().event, Event::ActivationLost);
+    // And it can be activated again.
+    node.updater().activate().unwrap();
+    assert_eq!(node.reboot(), Slot::B);
+}
+
+#[test]
+fn manual_rollback_and_guards() {
+    let (mut node, _k, _r) = staged_node("v2");
+    let u = node.updater();
+    assert!(matches!(u.activate_slot(Slot::A), Err(Error::SlotBusy { slot: Slot::A })));
+    assert!(matches!(u.rollback("no"), Err(Error::SlotState { slot: Slot::B, .. })), "B is only staged");
+    u.activate().unwrap();
+    node.reboot();
+    std::fs::write(&node.cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
+    node.updater().confirm().unwrap();
+    assert_eq!(node.updater().rollback("operator asked").unwrap(), Slot::A);
+    assert_eq!(node.reboot(), Slot::A);
+    let st = node.updater().status().unwrap();
+    assert_eq!(st.slots[1].state, SlotState::Bad);
+    assert!(st.slots[1].last_decision.as_ref().unwrap().why.contains("operator asked"));
+}
