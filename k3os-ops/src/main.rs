@@ -6,6 +6,8 @@
 
 mod agent;
 mod release;
+mod slot;
+mod upgrade;
 
 use clap::{Parser, Subcommand};
 
@@ -22,7 +24,10 @@ enum Cmd {
     Release(release::ReleaseArgs),
     /// Run the Kubernetes UpdateChannel agent on this node (DaemonSet).
     Agent(agent::AgentArgs),
-    // Subcommands are added by their modules' owners: Upgrade, Slot, Release, Agent.
+    /// Stage a release into the inactive slot, activate it, optionally reboot.
+    Upgrade(upgrade::UpgradeArgs),
+    /// Show and steer the A/B slots (status, activate, confirm, rollback, mark-bad).
+    Slot(slot::SlotArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,5 +35,7 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Release(args) => release::run(args),
         Cmd::Agent(args) => agent::run(args),
+        Cmd::Upgrade(args) => upgrade::run(args),
+        Cmd::Slot(args) => slot::run(args),
     }
 }

@@ -165,7 +165,8 @@ impl Updater {
         };
         let boot_dir = cfg.layout.boot_dir().to_path_buf();
         let boot: Box<dyn Bootloader> = match cfg.bootloader {
-            BootloaderKind::Grub | BootloaderKind::Syslinux => {
+            BootloaderKind::Grub => Box::new(bootconfig::grub::GrubBootloader::new(boot_dir.join("grub"), cfg.tries)),
+            BootloaderKind::Syslinux => {
                 return Err(Error::Layout(format!("PENDING-BOOTCONFIG {}", boot_dir.display())))
             }
         };
