@@ -19,6 +19,7 @@ pub mod atomic;
 pub mod grub;
 pub mod grubenv;
 pub mod slot;
+pub mod syslinux;
 
 pub use slot::{ParseSlotError, Slot};
 
