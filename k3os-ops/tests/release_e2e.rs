@@ -128,6 +128,9 @@ fn snapshot(disk: &TestDisk) -> (String, BTreeMap<PathBuf, Vec<u8>>) {
     (part, files)
 }
 
+/// Which kind of error a rejection must produce.
+type ErrorKind = fn(&Error) -> bool;
+
 #[test]
 fn create_serve_stage_and_every_rejection_writes_nothing() {
     common::require_root();
@@ -212,7 +215,7 @@ fn create_serve_stage_and_every_rejection_writes_nothing() {
 
     let url = |rel: &str| Source::parse(&format!("{}{rel}/", srv.url));
     let before = snapshot(&disk);
-    let rejections: [(&str, fn(&Error) -> bool, &str); 6] = [
+    let rejections: [(&str, ErrorKind, &str); 6] = [
         (
             "bad/unsigned",
             |e| matches!(e, Error::Signature { .. }),
