@@ -69,8 +69,8 @@ pub enum SigningError {
     PublicKey { path: PathBuf, why: String },
     #[error("release is unsigned: no signature to check against trust dir {trust_dir}")]
     Unsigned { trust_dir: PathBuf },
-    #[error("malformed signature file: {why}")]
-    MalformedSignature { why: String },
+    #[error("malformed signature file (checked against trust dir {trust_dir}): {why}")]
+    MalformedSignature { trust_dir: PathBuf, why: String },
     #[error("trust dir {trust_dir} cannot be read: {source}")]
     TrustDir {
         trust_dir: PathBuf,
@@ -253,7 +253,10 @@ pub fn verify(
             trust_dir: trust_dir.to_path_buf(),
         });
     }
-    let malformed = |why: String| SigningError::MalformedSignature { why };
+    let malformed = |why: String| SigningError::MalformedSignature {
+        trust_dir: trust_dir.to_path_buf(),
+        why,
+    };
     let parsed: SignatureFile = serde_json::from_slice(sig_file).map_err(|e| {
         malformed(format!(
             "not a format {SIGNATURE_FORMAT} signature document: {e}"
@@ -436,10 +439,26 @@ mod tests {
         ] {
             let e = verify(MANIFEST, junk, &trust).unwrap_err();
             assert!(matches!(e, SigningError::MalformedSignature { .. }), "{e}");
+            assert!(e.to_string().contains(&trust.display().to_string()), "{e}");
         }
         let short = br#"{"format":1,"algorithm":"ed25519","key_id":"00","signature":"AAAA"}"#;
         let e = verify(MANIFEST, short, &trust).unwrap_err();
         assert!(e.to_string().contains("expected 64"), "{e}");
+    }
+
+    #[test]
+    fn any_trusted_key_verifies_for_key_rotation() {
+        let (t, old_sk, trust) = setup();
+        let (new_sk, new_pk) = generate_keypair(&t.path().join("new"), "next").unwrap();
+        fs::copy(&new_pk, trust.join("next.pub")).unwrap();
+        let a = verify(MANIFEST, &sign(MANIFEST, &old_sk).unwrap(), &trust).unwrap();
+        let b = verify(MANIFEST, &sign(MANIFEST, &new_sk).unwrap(), &trust).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(b, KeyId::of(&load_public_key(&new_pk).unwrap()));
+        // Retiring the old key: its releases are refused from then on.
+        fs::remove_file(trust.join("release.pub")).unwrap();
+        let e = verify(MANIFEST, &sign(MANIFEST, &old_sk).unwrap(), &trust).unwrap_err();
+        assert!(matches!(e, SigningError::UntrustedKey { .. }), "{e}");
     }
 
     #[test]
