@@ -65,6 +65,11 @@ pub struct Agent {
     /// Earliest next stage attempt (unix seconds).
     stage_not_before: AtomicU64,
     last_note: Mutex<Option<String>>,
+    /// How long this node's Lease had not been renewed when the agent started (`None`: no
+    /// Lease). Taken by the first reconcile that finds a held slot: a claim held through a
+    /// silence of half the reboot timeout may already be judged dead by other agents, so it is
+    /// forfeit and replaced by a fresh claim (a fresh token).
+    startup_silence: Mutex<Option<Duration>>,
 }
 
 /// What the loop does after a step.
@@ -96,7 +101,13 @@ impl Agent {
             stage_failures: AtomicU64::new(0),
             stage_not_before: AtomicU64::new(0),
             last_note: Mutex::new(None),
+            startup_silence: Mutex::new(None),
         }
+    }
+
+    /// Record how long this node's Lease was silent before this agent started.
+    pub fn set_startup_silence(&self, silence: Option<Duration>) {
+        *self.startup_silence.lock().expect("not poisoned") = silence;
     }
 
     fn nodes(&self) -> Api<Node> {
@@ -282,6 +293,13 @@ impl Agent {
                     ClaimOutcome::TargetChanged(_) => Ok(Next::Again),
                 }
             }
+            Action::Continue {
+                phase: SlotPhase::Claimed | SlotPhase::Draining,
+                version,
+            } if self.forfeit(ch) => {
+                self.event(Some(ch), true, "ClaimForfeit", "this agent was silent too long while holding a slot; claiming afresh with a new token".into()).await;
+                Box::pin(self.execute(ch, view, Action::Claim { version })).await
+            }
             Action::Continue { phase, version } => match phase {
                 SlotPhase::Claimed | SlotPhase::Draining => self.disrupt(ch, &store, view, &token, &version).await,
                 SlotPhase::Rebooting => self.flip_and_reboot(ch, &store, &token, &version).await,
@@ -315,6 +333,16 @@ impl Agent {
                 Ok(Next::Again)
             }
         }
+    }
+
+    /// Whether a held claim is forfeit after a long silence before start-up (see
+    /// `startup_silence`); consumes the start-up record.
+    fn forfeit(&self, ch: &UpdateChannel) -> bool {
+        let silence = self.startup_silence.lock().expect("not poisoned").take();
+        let Ok(policy) = Policy::from_spec(&ch.spec) else {
+            return false;
+        };
+        silence.is_some_and(|s| s >= policy.reboot_timeout / 2)
     }
 
     async fn stage(&self, ch: &UpdateChannel, version: &str) -> anyhow::Result<Next> {
@@ -637,6 +665,17 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let ops: Arc<dyn NodeOps> = Arc::new(super::node::LibupgradeNode::open(args.config.clone())?);
     let self_pod = args.pod_name.as_ref().map(|p| format!("{}/{p}", args.namespace));
     let agent = Arc::new(Agent::new(client.clone(), &args.namespace, &node, self_pod, ops));
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &args.namespace);
+    let silence = leases
+        .get_opt(&node_lease_name(&node))
+        .await
+        .with_context(|| format!("read Lease {}/{}", args.namespace, node_lease_name(&node)))?
+        .and_then(|l| l.spec?.renew_time)
+        .map(|t| {
+            let age = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
+            Duration::from_secs_f64(age.as_secs_f64().max(0.0))
+        });
+    agent.set_startup_silence(silence);
 
     tokio::spawn(renew_node_lease(client.clone(), args.namespace.clone(), node.clone()));
     tokio::spawn(reclaim_loop(agent.clone()));

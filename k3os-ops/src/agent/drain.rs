@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::time::Instant;
@@ -176,6 +176,25 @@ pub async fn set_unschedulable(nodes: &Api<Node>, node: &str, unschedulable: boo
         })
 }
 
+/// POST a `policy/v1` Eviction for `namespace/name`.
+///
+/// Built by hand rather than with `Api::evict`: kube 5 serialises the delete options as
+/// `delete_options`, which the API server ignores, so a configured grace period would be lost.
+pub async fn evict(client: &Client, namespace: &str, name: &str, grace_period: Option<i64>) -> Result<(), kube::Error> {
+    let mut body = json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+    });
+    if let Some(g) = grace_period {
+        body["deleteOptions"] = json!({"gracePeriodSeconds": g});
+    }
+    let req = kube::core::Request::new(format!("/api/v1/namespaces/{namespace}/pods/{name}/eviction"))
+        .create(&PostParams::default(), serde_json::to_vec(&body).expect("json"))
+        .map_err(kube::Error::BuildRequest)?;
+    client.request::<kube::core::Status>(req).await.map(|_| ())
+}
+
 /// Summary of a finished drain.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DrainReport {
@@ -203,14 +222,6 @@ pub async fn drain(
     let pods = all.list(&lp).await.map_err(api_err("list pods on the node".into()))?;
     let targets = select_pods(&pods.items, spec, self_pod, node)?;
     let deadline = Instant::now() + timeout;
-    let dp = DeleteParams {
-        grace_period_seconds: spec.grace_period.and_then(|g| u32::try_from(g).ok()),
-        ..Default::default()
-    };
-    let ep = EvictParams {
-        delete_options: Some(dp),
-        ..Default::default()
-    };
     let mut report = DrainReport::default();
     // (namespace, name, uid) of pods whose eviction is not yet accepted / not yet gone.
     let key = |p: &Pod| {
@@ -225,8 +236,7 @@ pub async fn drain(
     loop {
         let mut still = Vec::new();
         for (ns, name, uid) in to_evict {
-            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-            match api.evict(&name, &ep).await {
+            match evict(client, &ns, &name, spec.grace_period).await {
                 Ok(_) => {
                     report.evicted.push(format!("{ns}/{name}"));
                     to_vanish.push((ns, name, uid));
