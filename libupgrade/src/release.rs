@@ -18,6 +18,7 @@ use crate::manifest::{
     Arch, FileEntry, Files, Manifest, ManifestError, FORMAT, MANIFEST_FILE, SIGNATURE_FILE,
 };
 use crate::signing::{self, SigningError};
+use crate::updater::{NoProgress, Progress};
 
 /// Output file names inside a release directory.
 pub const ROOTFS_FILE: &str = "rootfs.squashfs";
@@ -96,6 +97,14 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ReleaseError + '_ {
 /// (one version = one generation across architectures); otherwise it is one more than the
 /// highest generation in the channel. Outside a channel a generation is required.
 pub fn create(opts: &CreateOptions) -> Result<Manifest, ReleaseError> {
+    create_with_progress(opts, &NoProgress)
+}
+
+/// [`create`], reporting the copy of each artifact to `progress` (begin/advance/end per file).
+pub fn create_with_progress(
+    opts: &CreateOptions,
+    progress: &dyn Progress,
+) -> Result<Manifest, ReleaseError> {
     // Everything that can be checked cheaply is checked before a byte is copied.
     let key = signing::load_secret_key(&opts.secret_key)?;
     let inputs = [
@@ -189,9 +198,9 @@ pub fn create(opts: &CreateOptions) -> Result<Manifest, ReleaseError> {
     Manifest::parse(&manifest.to_bytes())?;
 
     fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
-    manifest.files.rootfs = copy_hashed(&opts.rootfs, &opts.out_dir, ROOTFS_FILE)?;
-    manifest.files.kernel = copy_hashed(&opts.kernel, &opts.out_dir, KERNEL_FILE)?;
-    manifest.files.initrd = copy_hashed(&opts.initrd, &opts.out_dir, INITRD_FILE)?;
+    manifest.files.rootfs = copy_hashed(&opts.rootfs, &opts.out_dir, ROOTFS_FILE, progress)?;
+    manifest.files.kernel = copy_hashed(&opts.kernel, &opts.out_dir, KERNEL_FILE, progress)?;
+    manifest.files.initrd = copy_hashed(&opts.initrd, &opts.out_dir, INITRD_FILE, progress)?;
 
     let bytes = manifest.to_bytes();
     Manifest::parse(&bytes)?;
@@ -275,12 +284,38 @@ fn check_squashfs(path: &Path) -> Result<(), ReleaseError> {
     Ok(())
 }
 
-/// Stream `src` into `dir/name` (via a temporary file), hashing as it goes.
-fn copy_hashed(src: &Path, dir: &Path, name: &str) -> Result<FileEntry, ReleaseError> {
+/// Stream `src` into `dir/name` (via a temporary file, removed on failure), hashing as it goes.
+fn copy_hashed(
+    src: &Path,
+    dir: &Path,
+    name: &str,
+    progress: &dyn Progress,
+) -> Result<FileEntry, ReleaseError> {
     let dst = dir.join(name);
     let tmp = dir.join(format!(".{name}.part"));
+    let result = copy_hashed_to(src, &tmp, name, progress);
+    progress.end();
+    let entry = match result {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    fs::rename(&tmp, &dst).map_err(io_err(&dst))?;
+    Ok(entry)
+}
+
+fn copy_hashed_to(
+    src: &Path,
+    tmp: &Path,
+    name: &str,
+    progress: &dyn Progress,
+) -> Result<FileEntry, ReleaseError> {
     let mut input = fs::File::open(src).map_err(io_err(src))?;
-    let mut output = fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    let total = input.metadata().map_err(io_err(src))?.len();
+    let mut output = fs::File::create(tmp).map_err(io_err(tmp))?;
+    progress.begin(name, total, 0);
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; COPY_BUF];
     let mut size = 0u64;
@@ -297,12 +332,11 @@ fn copy_hashed(src: &Path, dir: &Path, name: &str) -> Result<FileEntry, ReleaseE
             }
         };
         hasher.update(&buf[..n]);
-        output.write_all(&buf[..n]).map_err(io_err(&tmp))?;
+        output.write_all(&buf[..n]).map_err(io_err(tmp))?;
         size += n as u64;
+        progress.advance(n as u64);
     }
-    output.sync_all().map_err(io_err(&tmp))?;
-    drop(output);
-    fs::rename(&tmp, &dst).map_err(io_err(&dst))?;
+    output.sync_all().map_err(io_err(tmp))?;
     Ok(FileEntry {
         path: name.to_string(),
         size,
@@ -432,6 +466,39 @@ mod tests {
         let e = create(&f.opts(&out, "v1.0.1", Arch::X86_64, Some(8))).unwrap_err();
         assert!(matches!(e, ReleaseError::Exists { .. }), "{e}");
         assert_eq!(fs::read(out.join(MANIFEST_FILE)).unwrap(), bytes);
+    }
+
+    #[derive(Default)]
+    struct Recorder(std::sync::Mutex<Vec<(String, u64, u64)>>);
+
+    impl Progress for Recorder {
+        fn begin(&self, what: &str, total: u64, _already: u64) {
+            self.0.lock().unwrap().push((what.to_string(), total, 0));
+        }
+        fn advance(&self, bytes: u64) {
+            self.0.lock().unwrap().last_mut().unwrap().2 += bytes;
+        }
+        fn end(&self) {}
+    }
+
+    #[test]
+    fn progress_reports_every_byte_of_each_file() {
+        let f = fixture();
+        let rec = Recorder::default();
+        let m = create_with_progress(
+            &f.opts(&f.t.path().join("rel"), "v1", Arch::X86_64, Some(1)),
+            &rec,
+        )
+        .unwrap();
+        let got = rec.0.into_inner().unwrap();
+        let want: Vec<_> = crate::manifest::Artifact::ALL
+            .iter()
+            .map(|a| {
+                let e = m.files.get(*a);
+                (e.path.clone(), e.size, e.size)
+            })
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]

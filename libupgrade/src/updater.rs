@@ -34,8 +34,13 @@ use crate::state::{now, Decision, Event, SlotState, State, StateStore};
 
 /// Download checkpoint file in the state directory.
 const PARTIAL_FILE: &str = "download.json";
-/// Progress is made durable (target fsynced, checkpoint written) at least this often.
+/// Progress is made durable (target fsynced, checkpoint written) once this many bytes arrived
+/// and [`CHECKPOINT_MIN_INTERVAL`] passed, or after [`CHECKPOINT_MAX_INTERVAL`] with any
+/// progress: a slow link checkpoints every few MiB, a fast local copy is not slowed by a
+/// forced writeback every few milliseconds.
 const CHECKPOINT_BYTES: u64 = 16 << 20;
+const CHECKPOINT_MIN_INTERVAL: Duration = Duration::from_secs(5);
+const CHECKPOINT_MAX_INTERVAL: Duration = Duration::from_secs(60);
 /// Copy buffer: large enough for full-speed sequential I/O, small enough for the RSS budget.
 const BUF: usize = 1 << 20;
 
@@ -459,6 +464,7 @@ impl Updater {
         let mut failures = 0u32;
         let mut delay = opts.retry_delay;
         let mut last_ckpt = pos;
+        let mut last_ckpt_at = std::time::Instant::now();
         let start = pos;
         let mut last_err = String::new();
         while pos < size {
@@ -488,11 +494,15 @@ impl Updater {
                         target.write_at(pos, &buf[..n])?;
                         pos += n as u64;
                         progress.advance(n as u64);
-                        if pos - last_ckpt >= CHECKPOINT_BYTES {
+                        let since = last_ckpt_at.elapsed();
+                        if (pos - last_ckpt >= CHECKPOINT_BYTES && since >= CHECKPOINT_MIN_INTERVAL)
+                            || since >= CHECKPOINT_MAX_INTERVAL
+                        {
                             target.sync()?;
                             partial.current = Some((a, pos));
                             self.save_partial(partial)?;
                             last_ckpt = pos;
+                            last_ckpt_at = std::time::Instant::now();
                         }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,

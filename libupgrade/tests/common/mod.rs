@@ -20,12 +20,22 @@ use libupgrade::manifest::Arch;
 static LOOP_LOCK: Mutex<()> = Mutex::new(());
 
 pub fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (is it installed? .ci/run installs it)"));
-    assert!(out.status.success(), "{cmd:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!("cannot run {cmd:?}: {e} (is it installed? .ci/run installs it)")
+    });
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 pub fn require_root() {
-    assert!(unsafe { libc::geteuid() } == 0, "this test needs root (loop devices, mount); run the suite as root like CI does");
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "this test needs root (loop devices, mount); run the suite as root like CI does"
+    );
 }
 
 /// A loop device released on drop.
@@ -83,29 +93,65 @@ impl TestDisk {
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("disk.img");
         let total = 2 * MIB + 32 * MIB + 2 * rootfs_size + 8 * MIB + 2 * MIB;
-        let f = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&image).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&image)
+            .unwrap();
         f.set_len(total).unwrap();
-        let mbr = gpt::mbr::ProtectiveMBR::with_lb_size(u32::try_from((total / 512) - 1).unwrap_or(0xFFFF_FFFF));
+        let mbr = gpt::mbr::ProtectiveMBR::with_lb_size(
+            u32::try_from((total / 512) - 1).unwrap_or(0xFFFF_FFFF),
+        );
         let mut f2 = f.try_clone().unwrap();
         mbr.overwrite_lba0(&mut f2).unwrap();
-        let mut g = gpt::GptConfig::new().writable(true).logical_block_size(gpt::disk::LogicalBlockSize::Lb512).create_from_device(f, None).unwrap();
+        let mut g = gpt::GptConfig::new()
+            .writable(true)
+            .logical_block_size(gpt::disk::LogicalBlockSize::Lb512)
+            .create_from_device(f, None)
+            .unwrap();
         let mut parts = BTreeMap::new();
-        for (name, size) in [("boot", 32 * MIB), ("rootfs-a", rootfs_size), ("rootfs-b", rootfs_size), ("state", 8 * MIB)] {
-            let id = g.add_partition(name, size, gpt::partition_types::LINUX_FS, 0, Some(2048)).unwrap();
+        for (name, size) in [
+            ("boot", 32 * MIB),
+            ("rootfs-a", rootfs_size),
+            ("rootfs-b", rootfs_size),
+            ("state", 8 * MIB),
+        ] {
+            let id = g
+                .add_partition(name, size, gpt::partition_types::LINUX_FS, 0, Some(2048))
+                .unwrap();
             let p = &g.partitions()[&id];
-            parts.insert(name.to_string(), (p.first_lba * 512, (p.last_lba + 1 - p.first_lba) * 512));
+            parts.insert(
+                name.to_string(),
+                (p.first_lba * 512, (p.last_lba + 1 - p.first_lba) * 512),
+            );
         }
         g.write().unwrap();
         let disk = Loop::attach(&image, 0, 0);
         let (bo, bl) = parts["boot"];
         let boot_loop = Loop::attach(&image, bo, bl);
-        run(Command::new("mkfs.ext4").args(["-q", "-F", "-L", "boot"]).arg(&boot_loop.path));
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-L", "boot"])
+            .arg(&boot_loop.path));
         let boot_dir = dir.path().join("boot");
         std::fs::create_dir_all(&boot_dir).unwrap();
-        let m = sys_mount::Mount::builder().fstype("ext4").mount(&boot_loop.path, &boot_dir).expect("mount boot ext4");
+        let m = sys_mount::Mount::builder()
+            .fstype("ext4")
+            .mount(&boot_loop.path, &boot_dir)
+            .expect("mount boot ext4");
         let state_dir = dir.path().join("state");
         std::fs::create_dir_all(&state_dir).unwrap();
-        TestDisk { dir, image, disk, boot_mount: Some(m), boot_loop, boot_dir, state_dir, parts }
+        TestDisk {
+            dir,
+            image,
+            disk,
+            boot_mount: Some(m),
+            boot_loop,
+            boot_dir,
+            state_dir,
+            parts,
+        }
     }
 
     /// Config for this disk; `cmdline` and `boot_id` files live in the temp dir.
@@ -113,7 +159,10 @@ impl TestDisk {
         let c = Config {
             bootloader: BootloaderKind::Grub,
             tries: 3,
-            layout: LayoutConfig::Gpt { disk: self.disk.path.clone(), boot_dir: self.boot_dir.clone() },
+            layout: LayoutConfig::Gpt {
+                disk: self.disk.path.clone(),
+                boot_dir: self.boot_dir.clone(),
+            },
             state_dir: self.state_dir.clone(),
             trust_dir: trust_dir.to_path_buf(),
             health_dir: self.dir.path().join("health.d"),
@@ -165,7 +214,14 @@ impl Drop for TestDisk {
 
 /// Pretend the node booted `slot` in boot `boot_id`.
 pub fn boot_as(c: &Config, slot: Slot, boot_id: &str) {
-    std::fs::write(&c.proc_cmdline, format!("root=PARTLABEL=rootfs-{} ro k3os.slot={slot}\n", slot.lower())).unwrap();
+    std::fs::write(
+        &c.proc_cmdline,
+        format!(
+            "root=PARTLABEL=rootfs-{} ro k3os.slot={slot}\n",
+            slot.lower()
+        ),
+    )
+    .unwrap();
     std::fs::write(&c.boot_id_file, format!("{boot_id}\n")).unwrap();
 }
 
@@ -187,18 +243,43 @@ pub fn keys() -> Keys {
 
 /// Build a real squashfs (mksquashfs) from a tree with a release file and `extra` bytes of
 /// incompressible payload, plus kernel/initrd blobs, and sign it as a release in `out`.
-pub fn make_release(keys: &Keys, out: &Path, version: &str, generation: u64, extra: usize, arch: Arch) -> PathBuf {
+pub fn make_release(
+    keys: &Keys,
+    out: &Path,
+    version: &str,
+    generation: u64,
+    extra: usize,
+    arch: Arch,
+) -> PathBuf {
     let work = tempfile::tempdir().unwrap();
     let tree = work.path().join("tree");
     std::fs::create_dir_all(tree.join("etc")).unwrap();
     std::fs::create_dir_all(tree.join("usr/share")).unwrap();
-    std::fs::write(tree.join("etc/k3os-release"), format!("VERSION={version}\nGENERATION={generation}\n")).unwrap();
-    std::fs::write(tree.join("usr/share/payload"), pseudo_random(extra, generation)).unwrap();
+    std::fs::write(
+        tree.join("etc/k3os-release"),
+        format!("VERSION={version}\nGENERATION={generation}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        tree.join("usr/share/payload"),
+        pseudo_random(extra, generation),
+    )
+    .unwrap();
     let sq = work.path().join("rootfs.squashfs");
-    run(Command::new("mksquashfs").arg(&tree).arg(&sq).args(["-noappend", "-quiet", "-all-root", "-comp", "gzip"]));
+    run(Command::new("mksquashfs").arg(&tree).arg(&sq).args([
+        "-noappend",
+        "-quiet",
+        "-all-root",
+        "-comp",
+        "gzip",
+    ]));
     let kernel = work.path().join("vmlinuz");
     let initrd = work.path().join("initrd");
-    std::fs::write(&kernel, pseudo_random(300_000 + generation as usize, generation + 100)).unwrap();
+    std::fs::write(
+        &kernel,
+        pseudo_random(300_000 + generation as usize, generation + 100),
+    )
+    .unwrap();
     std::fs::write(&initrd, pseudo_random(200_000, generation + 200)).unwrap();
     let dir = out.join(version);
     libupgrade::release::create(&libupgrade::release::CreateOptions {
@@ -252,7 +333,11 @@ impl TestServer {
                 std::thread::spawn(move || serve(s, &root, &d, &r));
             }
         });
-        TestServer { base, drops, requests }
+        TestServer {
+            base,
+            drops,
+            requests,
+        }
     }
 }
 
@@ -296,7 +381,11 @@ fn serve(s: TcpStream, root: &Path, drops: &AtomicUsize, log: &Mutex<Vec<String>
         };
         let _ = w.write_all(head.as_bytes());
         let big = body.len() > 64 * 1024;
-        if big && drops.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+        if big
+            && drops
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
             let _ = w.write_all(&body[..body.len() / 2]);
             let _ = w.flush();
             let _ = w.shutdown(std::net::Shutdown::Both);
@@ -313,7 +402,11 @@ pub struct ModelLoader(pub Arc<Mutex<BootEnv>>);
 
 impl ModelLoader {
     pub fn new() -> ModelLoader {
-        ModelLoader(Arc::new(Mutex::new(BootEnv { primary: Slot::A, a: SlotBoot::Good, b: SlotBoot::Bad })))
+        ModelLoader(Arc::new(Mutex::new(BootEnv {
+            primary: Slot::A,
+            a: SlotBoot::Good,
+            b: SlotBoot::Bad,
+        })))
     }
 
     /// Put the loader back to "A good and primary, B bad" (as before an activation).
@@ -330,7 +423,12 @@ impl ModelLoader {
         let s = env.next_boot();
         if let SlotBoot::Trying { tries_left } = env.get(s) {
             if tries_left > 0 {
-                env.set(s, SlotBoot::Trying { tries_left: tries_left - 1 });
+                env.set(
+                    s,
+                    SlotBoot::Trying {
+                        tries_left: tries_left - 1,
+                    },
+                );
             }
         }
         s

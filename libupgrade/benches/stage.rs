@@ -1,0 +1,176 @@
+//! Stage throughput and memory against the obvious reference.
+//!
+//! Builds a signed release whose rootfs is an uncompressed squashfs of `BENCH_SIZE_MIB`
+//! (default 1024) MiB of random bytes, then times, on the same data and disk:
+//! - reference: `dd if=rootfs of=<partition offset in a disk image> bs=1M conv=fsync,notrunc`
+//!   (and `dd … conv=fsync` of the kernel and initrd) followed by `sha256sum` of all three;
+//! - ours: `Updater::stage` from the local release into slot B of a GPT disk image file
+//!   (stream once, hash while writing, fsync, squashfs check), run in a child process whose
+//!   peak RSS (`ru_maxrss`) is reported.
+//!
+//! Prints `ratio = ours / reference` (target <= 1.2) and `peak RSS` (target < 64 MiB). Run with
+//! `cargo bench -p libupgrade --bench stage` (or `just bench`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
+use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
+use libupgrade::layout::GptLayout;
+use libupgrade::{NoProgress, Source, StageOptions, Updater};
+
+const MIB: u64 = 1 << 20;
+
+fn sh(cmd: &mut Command) {
+    let st = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(st.success(), "{cmd:?} failed");
+}
+
+/// A loader that accepts every call: this measures the data path, not GRUB's env writes.
+struct NullLoader;
+impl Bootloader for NullLoader {
+    fn name(&self) -> &'static str {
+        "null"
+    }
+    fn max_tries(&self) -> u8 {
+        3
+    }
+    fn read(&self) -> bootconfig::Result<BootEnv> {
+        Ok(BootEnv { primary: Slot::A, a: SlotBoot::Good, b: SlotBoot::Bad })
+    }
+    fn mark_bad(&self, _: Slot) -> bootconfig::Result<()> {
+        Ok(())
+    }
+    fn try_slot(&self, _: Slot, _: u8) -> bootconfig::Result<()> {
+        Ok(())
+    }
+    fn mark_good(&self, _: Slot) -> bootconfig::Result<()> {
+        Ok(())
+    }
+}
+
+fn config(work: &Path, disk: &Path) -> Config {
+    Config {
+        bootloader: BootloaderKind::Grub,
+        tries: 3,
+        layout: LayoutConfig::Gpt { disk: disk.to_path_buf(), boot_dir: work.join("boot") },
+        state_dir: work.join("state"),
+        trust_dir: work.join("trust"),
+        health_dir: work.join("health.d"),
+        health_timeout_secs: 5,
+        download_retries: 0,
+        proc_cmdline: work.join("cmdline"),
+        release_file: work.join("release"),
+        mountinfo: work.join("mountinfo"),
+        boot_id_file: work.join("boot_id"),
+        builtin_health_check: false,
+    }
+}
+
+fn child(work: &Path) {
+    let disk = work.join("disk.img");
+    let cfg = config(work, &disk);
+    let layout = GptLayout::open(&disk, &work.join("boot")).expect("GPT");
+    let u = Updater::with_parts(cfg, Box::new(layout), Box::new(NullLoader));
+    let r = u.stage(&Source::Path(work.join("rel")), &StageOptions::default(), &NoProgress).expect("stage");
+    assert!(!r.already_staged);
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    println!("MAXRSS_KIB {}", ru.ru_maxrss);
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    if let Ok(w) = std::env::var("BENCH_STAGE_CHILD") {
+        child(Path::new(&w));
+        return;
+    }
+    let size_mib: u64 = std::env::var("BENCH_SIZE_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(1024);
+    let base = std::env::var_os("BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let tmp = tempfile::tempdir_in(base).unwrap();
+    let work = tmp.path();
+    println!("stage bench: {size_mib} MiB rootfs in {}", work.display());
+
+    // Release: uncompressed squashfs of random data (so the bytes are incompressible).
+    let tree = work.join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    sh(Command::new("dd").args(["if=/dev/urandom", "bs=1M", "status=none"]).arg(format!("of={}", tree.join("payload").display())).arg(format!("count={size_mib}")));
+    let sq = work.join("rootfs.squashfs");
+    sh(Command::new("mksquashfs").arg(&tree).arg(&sq).args(["-noappend", "-quiet", "-noI", "-noD", "-noF", "-noX"]));
+    std::fs::remove_dir_all(&tree).unwrap();
+    std::fs::write(work.join("k"), vec![1u8; 4 << 20]).unwrap();
+    std::fs::write(work.join("i"), vec![2u8; 4 << 20]).unwrap();
+    let keys = work.join("keys");
+    let (secret, public) = libupgrade::signing::generate_keypair(&keys, "bench").unwrap();
+    std::fs::create_dir_all(work.join("trust")).unwrap();
+    std::fs::copy(&public, work.join("trust/bench.pub")).unwrap();
+    libupgrade::release::create(&libupgrade::release::CreateOptions {
+        rootfs: sq.clone(),
+        kernel: work.join("k"),
+        initrd: work.join("i"),
+        version: "bench".into(),
+        arch: libupgrade::Arch::host(),
+        secret_key: secret,
+        out_dir: work.join("rel"),
+        generation: Some(2),
+    })
+    .unwrap();
+    std::fs::remove_file(&sq).unwrap();
+    let rootfs = work.join("rel/rootfs.squashfs");
+    let len = std::fs::metadata(&rootfs).unwrap().len();
+
+    // Disk image: rootfs-a, rootfs-b sized for the image; sparse.
+    let part = (len / MIB + 8) * MIB;
+    let disk = work.join("disk.img");
+    let f = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&disk).unwrap();
+    f.set_len(2 * part + 4 * MIB).unwrap();
+    let mut f2 = f.try_clone().unwrap();
+    gpt::mbr::ProtectiveMBR::with_lb_size(u32::try_from((2 * part + 4 * MIB) / 512 - 1).unwrap_or(u32::MAX)).overwrite_lba0(&mut f2).unwrap();
+    let mut g = gpt::GptConfig::new().writable(true).create_from_device(f, None).unwrap();
+    let mut b_offset = 0;
+    for name in ["rootfs-a", "rootfs-b"] {
+        let id = g.add_partition(name, part, gpt::partition_types::LINUX_FS, 0, Some(2048)).unwrap();
+        b_offset = g.partitions()[&id].first_lba * 512;
+    }
+    g.write().unwrap();
+    std::fs::create_dir_all(work.join("boot")).unwrap();
+    std::fs::write(work.join("cmdline"), "k3os.slot=A").unwrap();
+    std::fs::write(work.join("release"), "VERSION=v1\nGENERATION=1\n").unwrap();
+
+    let mut best_ref = f64::MAX;
+    let mut best_ours = f64::MAX;
+    let mut rss = 0;
+    for _round in 0..2 {
+        let t = Instant::now();
+        sh(Command::new("dd")
+            .arg(format!("if={}", rootfs.display()))
+            .arg(format!("of={}", disk.display()))
+            .args(["bs=1M", "conv=fsync,notrunc", "status=none"])
+            .arg(format!("seek={}", b_offset / MIB)));
+        for small in ["vmlinuz", "initrd"] {
+            sh(Command::new("dd")
+                .arg(format!("if={}", work.join("rel").join(small).display()))
+                .arg(format!("of={}", work.join("boot").join(small).display()))
+                .args(["bs=1M", "conv=fsync", "status=none"]));
+        }
+        sh(Command::new("sha256sum").arg(&rootfs).arg(work.join("rel/vmlinuz")).arg(work.join("rel/initrd")).stdout(std::process::Stdio::null()));
+        best_ref = best_ref.min(t.elapsed().as_secs_f64());
+
+        let _ = std::fs::remove_dir_all(work.join("state"));
+        let t = Instant::now();
+        let out = Command::new(std::env::current_exe().unwrap()).env("BENCH_STAGE_CHILD", work).output().unwrap();
+        let secs = t.elapsed().as_secs_f64();
+        assert!(out.status.success(), "stage child failed: {}", String::from_utf8_lossy(&out.stderr));
+        best_ours = best_ours.min(secs);
+        let text = String::from_utf8_lossy(&out.stdout);
+        rss = text.lines().find_map(|l| l.strip_prefix("MAXRSS_KIB ")).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
+    }
+    let mib = len as f64 / MIB as f64;
+    println!("reference dd+sha256sum: {best_ref:.2} s ({:.0} MiB/s)", mib / best_ref);
+    println!("libupgrade stage:       {best_ours:.2} s ({:.0} MiB/s)", mib / best_ours);
+    println!("ratio = {:.2} (target <= 1.2)", best_ours / best_ref);
+    println!("peak RSS of the staging process = {:.1} MiB (target < 64 MiB)", rss as f64 / 1024.0);
+}
