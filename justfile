@@ -1,0 +1,51 @@
+# Recipes of the k3os A/B installer workspace. Each engineer adds their own recipes.
+
+# --- images (owned by images/) -------------------------------------------------------------
+# Test releases and disks land in images/out/<arch>/ (releases/<version>/, disk-<variant>.img);
+# Debian packages are cached in .cache/debs/<arch>/. Everything is incremental.
+
+# Build the x86_64 and aarch64 test releases and disks.
+images: images-x86_64 images-aarch64
+
+# x86_64: releases v1 v2 v3 (+ v2-panic, v2-noconfirm, v2-badhealth), disks grub-bios, grub-efi, extlinux.
+images-x86_64: (images-build "x86_64")
+
+# aarch64: the same releases, disk grub-efi (AAVMF).
+images-aarch64: (images-build "aarch64")
+
+# One architecture (x86_64 or aarch64). The host x86_64 musl k3os-ops also signs the releases.
+images-build arch:
+    #!/bin/sh
+    set -eu
+    images/scripts/fetch-debs.sh {{arch}} >/dev/null
+    cargo build --release -p k3os-ops --features fault-injection --target x86_64-unknown-linux-musl
+    if [ "{{arch}}" != x86_64 ]; then
+        cargo build --release -p k3os-ops --features fault-injection --target {{arch}}-unknown-linux-musl
+    fi
+    cargo build -p k3os-images
+    target/debug/k3os-images build --arch {{arch}} \
+        --debs .cache/debs/{{arch}}/root \
+        --k3os-ops target/{{arch}}-unknown-linux-musl/release/k3os-ops \
+        --tool target/x86_64-unknown-linux-musl/release/k3os-ops \
+        --out images/out
+
+# --- project entry points ------------------------------------------------------------------
+
+# Install everything on a fresh Debian machine (root): packages, Rust targets, just.
+setup:
+    bash scripts/setup.sh
+
+# The whole test suite: lint, unit + integration tests (loop devices, mounts, GRUB and extlinux
+# tools), then the default QEMU scenarios. This is what CI runs.
+test: setup lint images
+    cargo test --workspace --exclude vm-tests
+    cargo test -p vm-tests -- --nocapture --test-threads 1
+
+# Formatting and clippy, warnings are errors.
+lint:
+    cargo fmt --all --check
+    cargo clippy --workspace --all-targets -- -D warnings
+
+# Stage throughput and peak RSS against dd + sha256sum (BENCH_SIZE_MIB=1024 by default).
+bench:
+    cargo bench -p libupgrade --bench stage
