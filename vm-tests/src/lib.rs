@@ -1,1 +1,28 @@
-//! vm-tests harness
+//! QEMU harness that proves the A/B installer on real disk images: upgrade while the workload
+//! runs, fallback when a new slot panics or never confirms, rollback on failed health checks,
+//! and power-cut safety at every write barrier of an upgrade.
+//!
+//! - [`vm::Vm`]: one QEMU process — serial console with timeouts and pattern waits, typed shell
+//!   commands with exit codes, `system_reset` (watchdog) and SIGKILL (power cut).
+//! - [`target::Target`]: the four boot targets and their QEMU command lines.
+//! - [`server::ReleaseServer`]: the host side HTTP server for the signed releases.
+//! - [`scenario::Scenario`]: the scenarios of the issue; [`run`] is the one-call entry point.
+//!
+//! Inputs are the images crate's outputs (`just images-x86_64` / `just images-aarch64`); a
+//! missing input is an error naming it, never a skipped check.
+
+pub mod error;
+pub mod scenario;
+pub mod server;
+pub mod target;
+pub mod vm;
+
+pub use error::{Error, Result};
+pub use scenario::{Options, Report, Scenario, ScenarioKind};
+pub use target::{Accel, Target};
+pub use vm::Vm;
+
+/// Run `kind` on `target` and return what it measured.
+pub fn run(kind: ScenarioKind, target: Target, opts: Options) -> Result<Report> {
+    Scenario::new(kind, target, opts)?.run()
+}

@@ -1,0 +1,687 @@
+//! The scenarios of the issue, each run against one [`Target`] on scratch copies of its disk:
+//!
+//! - `upgrade`: v1 on A stages v2 into B over HTTP while the workload keeps answering, reboots
+//!   into v2 (confirmed, marked good, still v2 after another reboot), then upgrades v2→v3 into A.
+//! - `fallback-panic` / `fallback-noconfirm`: a v2 that panics / never confirms (reset like a
+//!   watchdog) uses up its tries, the bootloader falls back to A, and `slot status` on v1
+//!   names the failed slot and why.
+//! - `badhealth`: a v2 whose health check fails rolls back to v1 on its first boot.
+//! - `powercut`: a dry run counts the write barriers of `upgrade`; then for each sampled
+//!   barrier k the upgrade freezes at k, QEMU is killed, and the node must come up on a good
+//!   slot with slot B either complete (re-stage reports it already staged, and it boots) or
+//!   not bootable (and a new upgrade recovers).
+//!
+//! Every run prints its wall time and the time of each boot; console logs stay in
+//! `vm-tests/out/<target>/<scenario>/`.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use bootconfig::{Slot, SlotBoot};
+use libupgrade::state::{Event, SlotState};
+use libupgrade::updater::{SlotStatus, Status};
+
+use crate::error::{Error, Result};
+use crate::server::{http_get, ReleaseServer};
+use crate::target::{workspace_root, Accel, Target};
+use crate::vm::Vm;
+
+/// From power-on to `K3OS-BOOTED` (TCG on a shared 2-core machine; ~15 s when idle).
+const BOOT: Duration = Duration::from_secs(300);
+/// From `K3OS-BOOTED` to `K3OS-READY` (confirm + DHCP).
+const READY: Duration = Duration::from_secs(180);
+const CMD: Duration = Duration::from_secs(120);
+const DOWNLOAD: Duration = Duration::from_secs(900);
+/// Rate of the release server while the upgrade scenario watches the workload.
+const SLOW_RATE: u64 = 2 << 20;
+
+/// A scenario of the issue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScenarioKind {
+    Upgrade,
+    FallbackPanic,
+    FallbackNoConfirm,
+    BadHealth,
+    PowerCut,
+}
+
+impl ScenarioKind {
+    pub const ALL: [ScenarioKind; 5] =
+        [ScenarioKind::Upgrade, ScenarioKind::FallbackPanic, ScenarioKind::FallbackNoConfirm, ScenarioKind::BadHealth, ScenarioKind::PowerCut];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ScenarioKind::Upgrade => "upgrade",
+            ScenarioKind::FallbackPanic => "fallback-panic",
+            ScenarioKind::FallbackNoConfirm => "fallback-noconfirm",
+            ScenarioKind::BadHealth => "badhealth",
+            ScenarioKind::PowerCut => "powercut",
+        }
+    }
+}
+
+impl fmt::Display for ScenarioKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ScenarioKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<ScenarioKind> {
+        ScenarioKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| Error::Unknown {
+            what: "scenario".into(),
+            got: s.into(),
+            expected: ScenarioKind::ALL.map(|k| k.name()).join(", "),
+        })
+    }
+}
+
+/// Knobs of a run.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Power cuts at every barrier instead of a sample.
+    pub all_barriers: bool,
+    /// Keep the scratch disks after a successful run.
+    pub keep: bool,
+}
+
+/// What a finished scenario measured.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub scenario: ScenarioKind,
+    pub target: Target,
+    pub accel: Accel,
+    pub wall: Duration,
+    pub boots: u32,
+    /// Human lines: boot times, what was checked, figures.
+    pub notes: Vec<String>,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "== {} on {} ({}): PASS in {:.1}s, {} boots", self.scenario, self.target, self.accel.as_str(), self.wall.as_secs_f64(), self.boots)?;
+        for n in &self.notes {
+            writeln!(f, "   {n}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A scenario in progress: target, accelerator, server, notes.
+pub struct Scenario {
+    pub kind: ScenarioKind,
+    pub target: Target,
+    pub accel: Accel,
+    pub opts: Options,
+    root: PathBuf,
+    out: PathBuf,
+    started: Instant,
+    boots: u32,
+    notes: Vec<String>,
+}
+
+/// One node: a scratch copy of the target disk (and UEFI variables) that survives power cycles.
+pub struct Node {
+    name: String,
+    dir: PathBuf,
+    disk: PathBuf,
+    vars: Option<PathBuf>,
+    /// Host port forwarded to the guest's port 80 during the current boot.
+    pub http_port: u16,
+    power_ons: u32,
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Server(format!("find a free port: {e}")))?;
+    Ok(l.local_addr().map_err(|e| Error::Server(e.to_string()))?.port())
+}
+
+fn copy(from: &Path, to: &Path) -> Result<()> {
+    let st = std::process::Command::new("cp")
+        .arg("--sparse=always")
+        .arg(from)
+        .arg(to)
+        .status()
+        .map_err(|e| Error::io("run cp to copy", from, e))?;
+    if !st.success() {
+        return Err(Error::io(format!("cp {} ({st})", to.display()), from, std::io::Error::other("copy failed")));
+    }
+    Ok(())
+}
+
+impl Scenario {
+    /// Prepare `kind` on `target`; fails (with the reason) when an input is missing.
+    pub fn new(kind: ScenarioKind, target: Target, opts: Options) -> Result<Scenario> {
+        let root = workspace_root();
+        target.check_inputs(&root)?;
+        let accel = Accel::for_target(target, &root);
+        let out = root.join("vm-tests/out").join(target.name()).join(kind.name());
+        if out.exists() {
+            std::fs::remove_dir_all(&out).map_err(|e| Error::io("clear old scenario output", &out, e))?;
+        }
+        std::fs::create_dir_all(&out).map_err(|e| Error::io("create scenario output dir", &out, e))?;
+        Ok(Scenario { kind, target, accel, opts, root, out, started: Instant::now(), boots: 0, notes: Vec::new() })
+    }
+
+    /// Run it to the end.
+    pub fn run(mut self) -> Result<Report> {
+        eprintln!("vm-tests: == {} on {} ({})", self.kind, self.target, self.accel.as_str());
+        self.started = Instant::now();
+        match self.kind {
+            ScenarioKind::Upgrade => self.upgrade()?,
+            ScenarioKind::FallbackPanic => self.fallback(false)?,
+            ScenarioKind::FallbackNoConfirm => self.fallback(true)?,
+            ScenarioKind::BadHealth => self.badhealth()?,
+            ScenarioKind::PowerCut => self.powercut()?,
+        }
+        if !self.opts.keep {
+            for e in std::fs::read_dir(&self.out).map_err(|e| Error::io("list scenario output", &self.out, e))?.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    for f in ["disk.img", "vars.fd"] {
+                        let _ = std::fs::remove_file(p.join(f));
+                    }
+                }
+            }
+        }
+        let r = Report {
+            scenario: self.kind,
+            target: self.target,
+            accel: self.accel,
+            wall: self.started.elapsed(),
+            boots: self.boots,
+            notes: self.notes,
+        };
+        eprint!("{r}");
+        Ok(r)
+    }
+
+    fn note(&mut self, s: impl Into<String>) {
+        let s = s.into();
+        eprintln!("vm-tests: [{} {}] {s}", self.target, self.kind);
+        self.notes.push(s);
+    }
+
+    fn fail(&self, what: impl Into<String>) -> Error {
+        Error::Check { scenario: self.kind.name().into(), target: self.target.name().into(), what: what.into() }
+    }
+
+    fn check(&self, ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+        if ok {
+            Ok(())
+        } else {
+            Err(self.fail(what()))
+        }
+    }
+
+    fn server(&self, rate: u64) -> Result<ReleaseServer> {
+        ReleaseServer::start(&self.target.releases(&self.root), rate)
+    }
+
+    /// A fresh node from the pristine disk image.
+    pub fn node(&self, name: &str) -> Result<Node> {
+        let dir = self.out.join(name);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("create node dir", &dir, e))?;
+        let disk = dir.join("disk.img");
+        copy(&self.target.disk(&self.root), &disk)?;
+        let vars = match self.target.firmware() {
+            Some((_, vars)) => {
+                let v = dir.join("vars.fd");
+                copy(&vars, &v)?;
+                Some(v)
+            }
+            None => None,
+        };
+        Ok(Node { name: name.into(), dir, disk, vars, http_port: 0, power_ons: 0 })
+    }
+
+    /// Power the node on (a new QEMU process on the same disk).
+    pub fn power_on(&mut self, node: &mut Node) -> Result<Vm> {
+        node.power_ons += 1;
+        self.boots += 1;
+        node.http_port = free_port()?;
+        let name = format!("{}/{}#{}", self.target, node.name, node.power_ons);
+        let monitor = node.dir.join(format!("monitor-{}.sock", node.power_ons));
+        let log = node.dir.join(format!("console-{}.log", node.power_ons));
+        let cmd = self.target.qemu_command(self.accel, &node.disk, node.vars.as_deref(), &monitor, node.http_port);
+        Vm::spawn(&name, cmd, &monitor, &log)
+    }
+
+    /// Wait for `K3OS-BOOTED` and return the slot and version it names.
+    fn booted(&mut self, vm: &mut Vm) -> Result<(Slot, String)> {
+        let t0 = vm.elapsed();
+        let line = vm.expect_not("K3OS-BOOTED", &["K3OS-INITRD-FAILED", "K3OS-INITRD-PANIC", "Kernel panic"], BOOT)?;
+        let (slot, version) = parse_booted(&line).ok_or_else(|| self.fail(format!("cannot parse the boot line `{line}`")))?;
+        self.boots_note(vm, t0, &format!("booted slot {slot} version {version}"));
+        Ok((slot, version))
+    }
+
+    fn boots_note(&mut self, vm: &Vm, since: Duration, what: &str) {
+        let s = format!("{}: {what} after {:.1}s", vm.name(), (vm.elapsed() - since).as_secs_f64());
+        self.note(s);
+    }
+
+    /// Wait for the boot of `slot` running `version`.
+    fn expect_boot(&mut self, vm: &mut Vm, slot: Slot, version: &str) -> Result<()> {
+        let (s, v) = self.booted(vm)?;
+        self.check(s == slot && v == version, || format!("{}: booted slot {s} version {v}, expected slot {slot} version {version}", vm.name()))
+    }
+
+    /// Wait for `K3OS-CONFIRM ok` and `K3OS-READY`, then for the shell to answer.
+    fn ready(&mut self, vm: &mut Vm) -> Result<()> {
+        let t0 = vm.elapsed();
+        vm.expect_not("K3OS-CONFIRM ok", &["K3OS-CONFIRM failed", "K3OS-NOCONFIRM", "K3OS-ROLLBACK", "Kernel panic"], READY)?;
+        vm.expect_not("K3OS-READY", &["Kernel panic"], READY)?;
+        vm.run_ok("true", CMD)?;
+        let t = vm.elapsed();
+        self.note(format!("{}: confirmed and ready {:.1}s after power-on", vm.name(), t.as_secs_f64()));
+        let _ = t0;
+        Ok(())
+    }
+
+    /// `k3os-ops slot status --json`, parsed with libupgrade's own types.
+    fn status(&mut self, vm: &mut Vm) -> Result<Status> {
+        let cmd = "k3os-ops slot status --json";
+        let out = vm.run_ok(cmd, CMD)?;
+        let (a, b) = (out.find('{'), out.rfind('}'));
+        let text = match (a, b) {
+            (Some(a), Some(b)) if b > a => &out[a..=b],
+            _ => &out[..],
+        };
+        serde_json::from_str(text).map_err(|e| Error::Json { vm: vm.name().into(), cmd: cmd.into(), err: e.to_string(), text: out.clone() })
+    }
+
+    /// Reboot from the guest shell (`reboot -f` after a sync, like an operator would).
+    fn reboot(&mut self, vm: &mut Vm) -> Result<()> {
+        vm.send_line("sync; reboot -f")?;
+        self.boots += 1;
+        Ok(())
+    }
+
+    /// Run an upgrade in the foreground; returns its output.
+    fn upgrade_to(&mut self, vm: &mut Vm, srv: &ReleaseServer, version: &str, extra: &str) -> Result<String> {
+        let t0 = Instant::now();
+        let out = vm.run_ok(&format!("k3os-ops upgrade --quiet {extra} --source {}", srv.guest_url(version)), DOWNLOAD)?;
+        self.note(format!("{}: upgrade to {version} {extra} took {:.1}s", vm.name(), t0.elapsed().as_secs_f64()));
+        Ok(out)
+    }
+
+    // ---------------------------------------------------------------- scenario 1
+
+    fn upgrade(&mut self) -> Result<()> {
+        let srv = self.server(SLOW_RATE)?;
+        let mut node = self.node("node")?;
+        let mut vm = self.power_on(&mut node)?;
+        self.expect_boot(&mut vm, Slot::A, "v1")?;
+        self.ready(&mut vm)?;
+        let st = self.status(&mut vm)?;
+        self.check_slot(&st, Slot::A, SlotState::Good, Some("v1"))?;
+        self.check(st.booted == Some(Slot::A), || format!("status says booted {:?}, expected A", st.booted))?;
+        let body = http_get(node.http_port, "/", Duration::from_secs(20)).map_err(|e| self.fail(format!("workload before the upgrade: {e}")))?;
+        self.check(body.trim() == "alive", || format!("workload answered {body:?}, expected \"alive\""))?;
+
+        // Stage + activate v2 in the background while the workload is polled.
+        let t0 = Instant::now();
+        vm.run_ok(
+            &format!("k3os-ops upgrade --quiet --source {} >/tmp/upgrade.log 2>&1 & echo $! >/tmp/upgrade.pid", srv.guest_url("v2")),
+            CMD,
+        )?;
+        let mut polls_ok = 0u32;
+        let mut shell_ok = 0u32;
+        let mut saw_transfer = false;
+        let mut max_bytes_during = 0u64;
+        while t0.elapsed() < DOWNLOAD {
+            if srv.active() == 0 {
+                if saw_transfer && srv.bytes_sent() > 0 {
+                    // Between artifacts, or finished: look again a little later.
+                    std::thread::sleep(Duration::from_millis(300));
+                    if srv.active() == 0 {
+                        let done = vm.run("kill -0 $(cat /tmp/upgrade.pid) 2>/dev/null", CMD)?;
+                        if done.rc != 0 {
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                if t0.elapsed() > Duration::from_secs(180) {
+                    let log = vm.run("cat /tmp/upgrade.log", CMD)?.output;
+                    return Err(self.fail(format!("no download started within 180 s; requests {:?}; upgrade log:\n{log}", srv.requests())));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            saw_transfer = true;
+            match http_get(node.http_port, "/", Duration::from_secs(10)) {
+                Ok(b) if b.trim() == "alive" && srv.active() > 0 => polls_ok += 1,
+                Ok(b) if b.trim() == "alive" => {}
+                Ok(b) => return Err(self.fail(format!("workload answered {b:?} during the download"))),
+                Err(e) => return Err(self.fail(format!("workload did not answer during the download: {e}"))),
+            }
+            if shell_ok < 3 {
+                let o = vm.run("wget -q -O - http://127.0.0.1/ && cat /proc/loadavg", CMD)?;
+                if o.rc == 0 && o.output.contains("alive") && srv.active() > 0 {
+                    shell_ok += 1;
+                }
+            }
+            max_bytes_during = max_bytes_during.max(srv.bytes_sent());
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let out = vm.run("wait $(cat /tmp/upgrade.pid); r=$?; cat /tmp/upgrade.log; exit_with() { return $1; }; exit_with $r", DOWNLOAD)?;
+        let dl = t0.elapsed();
+        self.check(out.rc == 0, || format!("upgrade to v2 exited {}: {}", out.rc, out.output))?;
+        self.check(out.output.contains("staged v2") && out.output.contains("into slot B"), || format!("upgrade output does not say v2 was staged into B:\n{}", out.output))?;
+        self.check(out.output.contains("activated slot B"), || format!("upgrade output does not say B was activated:\n{}", out.output))?;
+        self.check(polls_ok >= 3 && shell_ok >= 1, || {
+            format!("the workload was seen alive only {polls_ok} times from the host and {shell_ok} times from the guest shell while the download ran")
+        })?;
+        self.note(format!(
+            "staged+activated v2 in {:.1}s ({} bytes served, rate cap {} KiB/s); during the download the workload answered {polls_ok} host polls and {shell_ok} guest-shell commands",
+            dl.as_secs_f64(),
+            srv.bytes_sent(),
+            SLOW_RATE >> 10
+        ));
+        srv.set_rate(0);
+        let st = self.status(&mut vm)?;
+        self.check_slot(&st, Slot::B, SlotState::Trying, Some("v2"))?;
+        self.check(st.next_boot == Slot::B, || format!("next boot is {}, expected B", st.next_boot))?;
+
+        self.reboot(&mut vm)?;
+        self.expect_boot(&mut vm, Slot::B, "v2")?;
+        self.ready(&mut vm)?;
+        let st = self.status(&mut vm)?;
+        self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))?;
+        self.check(matches!(sl(&st, Slot::B).boot, SlotBoot::Good), || format!("bootloader has B as {:?}, expected good", sl(&st, Slot::B).boot))?;
+        self.check(st.booted == Some(Slot::B) && st.next_boot == Slot::B, || format!("booted {:?} next {}, expected B/B", st.booted, st.next_boot))?;
+        let body = http_get(node.http_port, "/", Duration::from_secs(20)).map_err(|e| self.fail(format!("workload on v2: {e}")))?;
+        self.check(body.trim() == "alive", || format!("workload on v2 answered {body:?}"))?;
+
+        // Still v2 after another reboot.
+        self.reboot(&mut vm)?;
+        self.expect_boot(&mut vm, Slot::B, "v2")?;
+        self.ready(&mut vm)?;
+
+        // v2 -> v3 into A.
+        let out = self.upgrade_to(&mut vm, &srv, "v3", "")?;
+        self.check(out.contains("staged v3") && out.contains("into slot A"), || format!("upgrade output does not say v3 was staged into A:\n{out}"))?;
+        let st = self.status(&mut vm)?;
+        self.check_slot(&st, Slot::A, SlotState::Trying, Some("v3"))?;
+        self.reboot(&mut vm)?;
+        self.expect_boot(&mut vm, Slot::A, "v3")?;
+        self.ready(&mut vm)?;
+        let st = self.status(&mut vm)?;
+        self.check_slot(&st, Slot::A, SlotState::Good, Some("v3"))?;
+        self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))?;
+        Ok(())
+    }
+
+    fn check_slot(&self, st: &Status, slot: Slot, state: SlotState, version: Option<&str>) -> Result<()> {
+        let s = sl(st, slot);
+        self.check(s.state == state && (version.is_none() || s.version.as_deref() == version), || {
+            format!("slot {slot} is {} {:?}, expected {state} {version:?}; status: {}", s.state, s.version, serde_json::to_string(st).unwrap_or_default())
+        })
+    }
+
+    // ---------------------------------------------------------------- scenario 2
+
+    /// Activate a v2 that never makes it; count the boots the bootloader gives it.
+    fn fallback(&mut self, noconfirm: bool) -> Result<()> {
+        let version = if noconfirm { "v2-noconfirm" } else { "v2-panic" };
+        let srv = self.server(0)?;
+        let mut node = self.node("node")?;
+        let mut vm = self.power_on(&mut node)?;
+        self.expect_boot(&mut vm, Slot::A, "v1")?;
+        self.ready(&mut vm)?;
+        self.upgrade_to(&mut vm, &srv, version, "")?;
+        let st = self.status(&mut vm)?;
+        self.check_slot(&st, Slot::B, SlotState::Trying, Some(version))?;
+        let tries = match sl(&st, Slot::B).boot {
+            SlotBoot::Trying { tries_left } => tries_left as u32,
+            b => return Err(self.fail(format!("bootloader has B as {b:?} after activation, expected trying"))),
+        };
+        self.note(format!("activated {version} in B with {tries} tries"));
+        self.reboot(&mut vm)?;
+        let t0 = Instant::now();
+        let mut attempts = 0u32;
+        loop {
+            let pats: &[&str] = if noconfirm { &["K3OS-BOOTED"] } else { &["K3OS-BOOTED", "K3OS-INITRD-PANIC"] };
+            let (i, line) = vm.expect_any(pats, BOOT)?;
+            if i == 1 {
+                attempts += 1;
+                self.note(format!("{}: attempt {attempts} of B panicked in the initrd ({:.1}s)", vm.name(), t0.elapsed().as_secs_f64()));
+                self.check(attempts <= tries, || format!("B was booted {attempts} times, more than its {tries} tries"))?;
+                continue;
+            }
+            let (slot, v) = parse_booted(&line).ok_or_else(|| self.fail(format!("cannot parse the boot line `{line}`")))?;
+            if slot == Slot::A {
+                self.check(v == "v1", || format!("fell back to A but it runs {v}, expected v1"))?;
+                self.note(format!("{}: fell back to slot A v1 after {attempts} attempts of B ({:.1}s)", vm.name(), t0.elapsed().as_secs_f64()));
+                break;
+            }
+            self.check(noconfirm && v == version, || format!("unexpected boot of slot B version {v}"))?;
+            attempts += 1;
+            self.check(attempts <= tries, || format!("B was booted {attempts} times, more than its {tries} tries"))?;
+            vm.expect_not("K3OS-NOCONFIRM", &["K3OS-CONFIRM", "Kernel panic"], READY)?;
+            // The node runs but never confirms: give it until it is up, then the watchdog fires.
+            vm.expect_not("K3OS-READY", &["Kernel panic"], READY)?;
+            self.note(format!("{}: attempt {attempts} of B came up unconfirmed; watchdog reset", vm.name()));
+            vm.system_reset()?;
+            self.boots += 1;
+        }
+        self.check(attempts == tries, || format!("B was tried {attempts} times, expected exactly its {tries} tries"))?;
+        self.ready(&mut vm)?;
+        self.explain_failed_b(&mut vm, version, &[Event::FallbackTaken])?;
+        Ok(())
+    }
+
+    /// On v1 after a failed B: status shows B bad, not bootable, and why; A good and booted.
+    fn explain_failed_b(&mut self, vm: &mut Vm, version: &str, events: &[Event]) -> Result<()> {
+        let st = self.status(vm)?;
+        self.check(st.booted == Some(Slot::A) && st.next_boot == Slot::A, || format!("booted {:?} next {}, expected A/A", st.booted, st.next_boot))?;
+        self.check_slot(&st, Slot::A, SlotState::Good, Some("v1"))?;
+        self.check_slot(&st, Slot::B, SlotState::Bad, Some(version))?;
+        let b = sl(&st, Slot::B);
+        self.check(matches!(b.boot, SlotBoot::Bad), || format!("bootloader still has B as {:?}", b.boot))?;
+        let d = b.last_decision.as_ref().ok_or_else(|| self.fail("status has no decision about slot B"))?;
+        self.check(events.contains(&d.event) && !d.why.trim().is_empty(), || format!("last decision about B is {:?} ({}), expected one of {events:?} with a reason", d.event, d.why))?;
+        let human = vm.run_ok("k3os-ops slot status", CMD)?;
+        self.check(human.contains(&d.why), || format!("`slot status` does not show why B failed ({}):\n{human}", d.why))?;
+        self.note(format!("slot status on v1: B is bad, {:?}: {}", d.event, d.why));
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- scenario 3
+
+    fn badhealth(&mut self) -> Result<()> {
+        let version = "v2-badhealth";
+        let srv = self.server(0)?;
+        let mut node = self.node("node")?;
+        let mut vm = self.power_on(&mut node)?;
+        self.expect_boot(&mut vm, Slot::A, "v1")?;
+        self.ready(&mut vm)?;
+        self.upgrade_to(&mut vm, &srv, version, "")?;
+        let st = self.status(&mut vm)?;
+        let tries = sl(&st, Slot::B).tries_left.unwrap_or(0);
+        self.reboot(&mut vm)?;
+        let t0 = Instant::now();
+        self.expect_boot(&mut vm, Slot::B, version)?;
+        vm.expect_not("K3OS-CONFIRM failed", &["K3OS-CONFIRM ok", "K3OS-NOCONFIRM"], READY)?;
+        vm.expect("K3OS-ROLLBACK", READY)?;
+        self.boots += 1;
+        self.expect_boot(&mut vm, Slot::A, "v1")?;
+        self.note(format!("{}: B failed its health check and rolled back after one boot of {tries} tries ({:.1}s)", vm.name(), t0.elapsed().as_secs_f64()));
+        self.ready(&mut vm)?;
+        self.explain_failed_b(&mut vm, version, &[Event::HealthFailed, Event::RolledBack])?;
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- scenario 4
+
+    fn powercut(&mut self) -> Result<()> {
+        let srv = self.server(0)?;
+        // Dry run: count the barriers of a complete upgrade.
+        let mut node = self.node("dry-run")?;
+        let mut vm = self.power_on(&mut node)?;
+        self.expect_boot(&mut vm, Slot::A, "v1")?;
+        self.ready(&mut vm)?;
+        let out = self.upgrade_to(&mut vm, &srv, "v2", "")?;
+        drop(vm);
+        let barriers = parse_barriers(&out);
+        self.check(!barriers.is_empty(), || format!("the upgrade printed no K3OS-BARRIER lines (is k3os-ops built with fault-injection?):\n{out}"))?;
+        for (i, (n, _)) in barriers.iter().enumerate() {
+            self.check(*n == i as u64 + 1, || format!("barrier numbers are not 1..N: {barriers:?}"))?;
+        }
+        let total = barriers.len() as u64;
+        let ks = sample(total, self.opts.all_barriers);
+        self.note(format!(
+            "upgrade has {total} barriers: {}; cutting at {ks:?}",
+            barriers.iter().map(|(n, name)| format!("{n}:{name}")).collect::<Vec<_>>().join(" ")
+        ));
+        for k in ks {
+            let name = &barriers[(k - 1) as usize].1;
+            let t0 = Instant::now();
+            self.cut_at(&srv, k, name)?;
+            self.note(format!("cut at barrier {k} ({name}): recovered and verified in {:.1}s", t0.elapsed().as_secs_f64()));
+        }
+        Ok(())
+    }
+
+    /// Cut the power at barrier `k` of the v2 upgrade, then check the node and slot B.
+    fn cut_at(&mut self, srv: &ReleaseServer, k: u64, name: &str) -> Result<()> {
+        let mut node = self.node(&format!("cut-{k:02}"))?;
+        let mut vm = self.power_on(&mut node)?;
+        self.expect_boot(&mut vm, Slot::A, "v1")?;
+        self.ready(&mut vm)?;
+        vm.send_line(&format!("K3OS_OPS_BARRIER_STOP={k} k3os-ops upgrade --quiet --source {}", srv.guest_url("v2")))?;
+        let line = vm.expect_not(&format!("K3OS-BARRIER-STOP {k} "), &["Error", "error:"], DOWNLOAD)?;
+        self.check(line.ends_with(name), || format!("barrier {k} is `{line}` in this run but `{name}` in the dry run"))?;
+        vm.power_cut()?;
+
+        let mut vm = self.power_on(&mut node)?;
+        let (slot, version) = self.booted(&mut vm)?;
+        let activated = name.starts_with("activate:");
+        match slot {
+            Slot::A => self.check(version == "v1", || format!("after the cut A runs {version}"))?,
+            Slot::B => self.check(activated && version == "v2", || format!("after a cut at {name} the node booted B {version}"))?,
+        }
+        self.ready(&mut vm)?;
+        let st = self.status(&mut vm)?;
+        let booted = sl(&st, slot);
+        self.check(booted.state == SlotState::Good, || format!("the booted slot {slot} is {} after confirm", booted.state))?;
+        let b = sl(&st, Slot::B).clone();
+        self.note(format!("cut at {k} ({name}): came up on {slot} {version}; B is {} / bootloader {:?}", b.state, b.boot));
+        match b.state {
+            SlotState::Good => {
+                self.check(slot == Slot::B, || "B is good but the node did not boot it".to_string())?;
+            }
+            SlotState::Staged | SlotState::Trying => {
+                // Complete and valid: the same release stages as a no-op, and it boots.
+                let out = self.upgrade_to(&mut vm, srv, "v2", "--stage-only")?;
+                self.check(out.contains("already holds v2"), || format!("B is {} but re-staging v2 did not report it already staged:\n{out}", b.state))?;
+                if st.next_boot != Slot::B {
+                    vm.run_ok("k3os-ops slot activate", CMD)?;
+                }
+                self.reboot(&mut vm)?;
+                self.expect_boot(&mut vm, Slot::B, "v2")?;
+                self.ready(&mut vm)?;
+                let st = self.status(&mut vm)?;
+                self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))?;
+            }
+            SlotState::Empty | SlotState::Invalid | SlotState::Bad => {
+                // Not valid: the bootloader must not pick it; a new upgrade must recover.
+                self.check(slot == Slot::A && st.next_boot == Slot::A, || format!("B is {} but boots next ({})", b.state, st.next_boot))?;
+                self.check(!matches!(b.boot, SlotBoot::Good | SlotBoot::Trying { .. }), || format!("B is {} but the bootloader has it as {:?}", b.state, b.boot))?;
+                let out = self.upgrade_to(&mut vm, srv, "v2", "")?;
+                self.check(out.contains("activated slot B"), || format!("re-running the upgrade after the cut did not activate B:\n{out}"))?;
+                self.reboot(&mut vm)?;
+                self.expect_boot(&mut vm, Slot::B, "v2")?;
+                self.ready(&mut vm)?;
+                let st = self.status(&mut vm)?;
+                self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn sl(st: &Status, slot: Slot) -> &SlotStatus {
+    st.slots.iter().find(|s| s.slot == slot).expect("status lists both slots")
+}
+
+/// `K3OS-BOOTED slot=B version=v2` → (B, "v2").
+pub fn parse_booted(line: &str) -> Option<(Slot, String)> {
+    let rest = &line[line.find("K3OS-BOOTED")?..];
+    let mut slot = None;
+    let mut version = None;
+    for w in rest.split_whitespace() {
+        if let Some(s) = w.strip_prefix("slot=") {
+            slot = match s {
+                "A" => Some(Slot::A),
+                "B" => Some(Slot::B),
+                _ => None,
+            };
+        }
+        if let Some(v) = w.strip_prefix("version=") {
+            version = Some(v.to_string());
+        }
+    }
+    Some((slot?, version?))
+}
+
+/// The `K3OS-BARRIER <n> <name>` lines of a command's output, in order.
+pub fn parse_barriers(out: &str) -> Vec<(u64, String)> {
+    out.lines()
+        .filter_map(|l| {
+            let rest = &l[l.find("K3OS-BARRIER ")? + "K3OS-BARRIER ".len()..];
+            let (n, name) = rest.trim().split_once(' ')?;
+            Some((n.parse().ok()?, name.trim().to_string()))
+        })
+        .collect()
+}
+
+/// Barriers to cut at: all, or the first, the last and every third.
+pub fn sample(total: u64, all: bool) -> Vec<u64> {
+    if total == 0 {
+        return Vec::new();
+    }
+    let mut v: Vec<u64> = if all { (1..=total).collect() } else { (1..=total).step_by(3).collect() };
+    if !v.contains(&total) {
+        v.push(total);
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_boot_lines_and_barriers() {
+        assert_eq!(parse_booted("[  3.1] K3OS-BOOTED slot=B version=v2-panic"), Some((Slot::B, "v2-panic".into())));
+        assert_eq!(parse_booted("K3OS-BOOTED slot=unknown version=v1"), None);
+        let out = "x\nK3OS-BARRIER 1 stage:bootloader-marked-bad\nK3OS-BARRIER 2 state:invalid\nstaged v2\n";
+        assert_eq!(parse_barriers(out), vec![(1, "stage:bootloader-marked-bad".into()), (2, "state:invalid".into())]);
+    }
+
+    #[test]
+    fn sampling_keeps_first_and_last() {
+        assert_eq!(sample(10, false), vec![1, 4, 7, 10]);
+        assert_eq!(sample(11, false), vec![1, 4, 7, 10, 11]);
+        assert_eq!(sample(3, true), vec![1, 2, 3]);
+        assert_eq!(sample(1, false), vec![1]);
+        assert!(sample(0, true).is_empty());
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for k in ScenarioKind::ALL {
+            assert_eq!(k.name().parse::<ScenarioKind>().unwrap(), k);
+        }
+        for t in Target::ALL {
+            assert_eq!(t.name().parse::<Target>().unwrap(), t);
+        }
+        assert!("x86_64-uboot".parse::<Target>().is_err());
+    }
+}

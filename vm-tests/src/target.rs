@@ -1,0 +1,255 @@
+//! The four boot targets (architecture × bootloader variant), where their disk images and
+//! releases live, and the exact QEMU command line that boots each one.
+//!
+//! Inputs come from the images crate's output tree (`images/out/<arch>/disk-<variant>.img`,
+//! `images/out/<arch>/releases/<version>/`); the harness only ever boots a scratch copy of a
+//! disk (and of the UEFI variable store), never the originals.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::str::FromStr;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// One bootable test disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    X86_64GrubBios,
+    X86_64GrubEfi,
+    X86_64Extlinux,
+    Aarch64GrubEfi,
+}
+
+impl Target {
+    pub const ALL: [Target; 4] = [Target::X86_64GrubBios, Target::X86_64GrubEfi, Target::X86_64Extlinux, Target::Aarch64GrubEfi];
+
+    /// `x86_64-grub-bios`, … (the name the CLI and the test names use).
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::X86_64GrubBios => "x86_64-grub-bios",
+            Target::X86_64GrubEfi => "x86_64-grub-efi",
+            Target::X86_64Extlinux => "x86_64-extlinux",
+            Target::Aarch64GrubEfi => "aarch64-grub-efi",
+        }
+    }
+
+    pub fn arch(self) -> &'static str {
+        match self {
+            Target::Aarch64GrubEfi => "aarch64",
+            _ => "x86_64",
+        }
+    }
+
+    /// Disk variant name as the images crate spells it.
+    pub fn variant(self) -> &'static str {
+        match self {
+            Target::X86_64GrubBios => "grub-bios",
+            Target::X86_64GrubEfi | Target::Aarch64GrubEfi => "grub-efi",
+            Target::X86_64Extlinux => "extlinux",
+        }
+    }
+
+    /// `images/out/<arch>/disk-<variant>.img` under the workspace root.
+    pub fn disk(self, root: &Path) -> PathBuf {
+        root.join("images/out").join(self.arch()).join(format!("disk-{}.img", self.variant()))
+    }
+
+    /// `images/out/<arch>/releases` under the workspace root.
+    pub fn releases(self, root: &Path) -> PathBuf {
+        root.join("images/out").join(self.arch()).join("releases")
+    }
+
+    /// UEFI firmware (code, pristine variable store), if this target boots through UEFI.
+    pub fn firmware(self) -> Option<(PathBuf, PathBuf)> {
+        match self {
+            Target::X86_64GrubEfi => {
+                Some(("/usr/share/OVMF/OVMF_CODE_4M.fd".into(), "/usr/share/OVMF/OVMF_VARS_4M.fd".into()))
+            }
+            Target::Aarch64GrubEfi => Some(("/usr/share/AAVMF/AAVMF_CODE.fd".into(), "/usr/share/AAVMF/AAVMF_VARS.fd".into())),
+            _ => None,
+        }
+    }
+
+    pub fn qemu_binary(self) -> &'static str {
+        match self {
+            Target::Aarch64GrubEfi => "qemu-system-aarch64",
+            _ => "qemu-system-x86_64",
+        }
+    }
+
+    /// Boot attempts the bootloader gives a new slot (GRUB: the configured tries; extlinux: one).
+    pub fn uses_grub(self) -> bool {
+        !matches!(self, Target::X86_64Extlinux)
+    }
+
+    /// Fail with the reason when something this target needs is missing.
+    pub fn check_inputs(self, root: &Path) -> Result<()> {
+        let disk = self.disk(root);
+        let hint = format!("build it with `just images-{}`", self.arch());
+        if !disk.is_file() {
+            return Err(Error::Missing { what: format!("{} disk image", self.name()), path: disk, hint });
+        }
+        let rel = self.releases(root);
+        for v in ["v1", "v2", "v3", "v2-panic", "v2-noconfirm", "v2-badhealth"] {
+            let m = rel.join(v).join(libupgrade::manifest::MANIFEST_FILE);
+            if !m.is_file() {
+                return Err(Error::Missing { what: format!("release {v} manifest"), path: m, hint: hint.clone() });
+            }
+        }
+        if let Some((code, vars)) = self.firmware() {
+            for f in [code, vars] {
+                if !f.is_file() {
+                    let hint = "apt-get install ovmf qemu-efi-aarch64".to_string();
+                    return Err(Error::Missing { what: "UEFI firmware".into(), path: f, hint });
+                }
+            }
+        }
+        if which(self.qemu_binary()).is_none() {
+            return Err(Error::Missing {
+                what: "QEMU emulator".into(),
+                path: self.qemu_binary().into(),
+                hint: "apt-get install qemu-system-x86 qemu-system-arm".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The QEMU command for one boot of `disk` (a scratch copy). `vars` is the scratch UEFI
+    /// variable store (UEFI targets), `monitor` the HMP unix socket, `http_port` the host port
+    /// forwarded to the guest's port 80. The serial console is on stdio.
+    pub fn qemu_command(self, accel: Accel, disk: &Path, vars: Option<&Path>, monitor: &Path, http_port: u16) -> Command {
+        let mut c = Command::new(self.qemu_binary());
+        match self {
+            Target::X86_64GrubBios | Target::X86_64Extlinux => {}
+            Target::X86_64GrubEfi => {
+                c.args(["-M", "q35"]);
+            }
+            Target::Aarch64GrubEfi => {
+                c.args(["-M", "virt", "-cpu", "cortex-a57", "-smp", "2"]);
+            }
+        }
+        c.args(["-m", "512", "-accel", accel.as_str(), "-display", "none", "-serial", "stdio"]);
+        c.arg("-monitor").arg(format!("unix:{},server=on,wait=off", monitor.display()));
+        c.arg("-drive").arg(format!("file={},format=raw,if=virtio", disk.display()));
+        c.arg("-nic").arg(format!("user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{http_port}-:80"));
+        if let (Some((code, _)), Some(vars)) = (self.firmware(), vars) {
+            c.arg("-drive").arg(format!("if=pflash,format=raw,readonly=on,file={}", code.display()));
+            c.arg("-drive").arg(format!("if=pflash,format=raw,file={}", vars.display()));
+        }
+        c
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Target {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Target> {
+        Target::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| Error::Unknown {
+            what: "target".into(),
+            got: s.into(),
+            expected: Target::ALL.map(|t| t.name()).join(", "),
+        })
+    }
+}
+
+/// QEMU accelerator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    Kvm,
+    Tcg,
+}
+
+impl Accel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+
+    /// The accelerator for `target`: KVM only when the guest has the host's architecture and a
+    /// probe boot under KVM actually prints the kernel banner within 15 s (on these hosts
+    /// /dev/kvm exists but guests hang under it, so it is never assumed). `VM_TESTS_ACCEL=tcg|kvm`
+    /// overrides. The probe runs once per process; the choice and why are printed.
+    pub fn for_target(target: Target, root: &Path) -> Accel {
+        if target.arch() != std::env::consts::ARCH {
+            return Accel::Tcg;
+        }
+        static PROBE: OnceLock<Accel> = OnceLock::new();
+        *PROBE.get_or_init(|| {
+            let (a, why) = match std::env::var("VM_TESTS_ACCEL").as_deref() {
+                Ok("tcg") => (Accel::Tcg, "VM_TESTS_ACCEL=tcg".to_string()),
+                Ok("kvm") => (Accel::Kvm, "VM_TESTS_ACCEL=kvm".to_string()),
+                _ => probe_kvm(target, root),
+            };
+            eprintln!("vm-tests: accelerator {} ({why})", a.as_str());
+            a
+        })
+    }
+}
+
+/// Boot the v1 kernel directly under KVM and look for its banner on the serial console.
+fn probe_kvm(target: Target, root: &Path) -> (Accel, String) {
+    if !Path::new("/dev/kvm").exists() {
+        return (Accel::Tcg, "no /dev/kvm".into());
+    }
+    let kernel = target.releases(root).join("v1/vmlinuz");
+    if !kernel.is_file() {
+        return (Accel::Tcg, format!("no probe kernel {}", kernel.display()));
+    }
+    let out = std::env::temp_dir().join(format!("vm-tests-kvm-probe-{}.log", std::process::id()));
+    let Ok(file) = std::fs::File::create(&out) else {
+        return (Accel::Tcg, format!("cannot create {}", out.display()));
+    };
+    let child = Command::new(target.qemu_binary())
+        .args(["-accel", "kvm", "-m", "256", "-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot"])
+        .arg("-kernel")
+        .arg(&kernel)
+        .args(["-append", "console=ttyS0 earlyprintk=ttyS0 panic=-1"])
+        .stdin(std::process::Stdio::null())
+        .stdout(file)
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        return (Accel::Tcg, "cannot start QEMU for the KVM probe".into());
+    };
+    let start = Instant::now();
+    let mut verdict = (Accel::Tcg, "a KVM guest printed no kernel banner within 15 s".to_string());
+    while start.elapsed() < Duration::from_secs(15) {
+        if let Ok(Some(st)) = child.try_wait() {
+            verdict = (Accel::Tcg, format!("QEMU -accel kvm exited at once ({st})"));
+            break;
+        }
+        if std::fs::read(&out).map(|b| String::from_utf8_lossy(&b).contains("Linux version")).unwrap_or(false) {
+            verdict = (Accel::Kvm, format!("a KVM guest printed its banner in {:.1}s", start.elapsed().as_secs_f64()));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&out);
+    verdict
+}
+
+/// Full path of `prog` on PATH.
+pub fn which(prog: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(prog)).find(|p| p.is_file())
+}
+
+/// The workspace root: `VM_TESTS_ROOT`, else the parent of this crate's directory.
+pub fn workspace_root() -> PathBuf {
+    match std::env::var_os("VM_TESTS_ROOT") {
+        Some(r) => PathBuf::from(r),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("crate has a parent dir").to_path_buf(),
+    }
+}
