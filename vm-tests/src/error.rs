@@ -16,7 +16,11 @@ pub enum Error {
     },
     /// An input the scenario needs is not there (image, firmware, QEMU binary).
     #[error("cannot run: {what} {} does not exist ({hint})", path.display())]
-    Missing { what: String, path: PathBuf, hint: String },
+    Missing {
+        what: String,
+        path: PathBuf,
+        hint: String,
+    },
     #[error("cannot start {program}: {source} ({hint})")]
     Spawn {
         program: String,
@@ -25,28 +29,68 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("{vm}: no `{waiting_for}` on the console within {secs}s; console log {}; last lines:\n{tail}", log.display())]
-    Timeout { vm: String, waiting_for: String, secs: u64, log: PathBuf, tail: String },
+    Timeout {
+        vm: String,
+        waiting_for: String,
+        secs: u64,
+        log: PathBuf,
+        tail: String,
+    },
     #[error("{vm}: QEMU exited ({status}) while waiting for `{waiting_for}`; console log {}; last lines:\n{tail}", log.display())]
-    Exited { vm: String, waiting_for: String, status: String, log: PathBuf, tail: String },
+    Exited {
+        vm: String,
+        waiting_for: String,
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
     #[error("{vm}: expected `{expected}` but the console showed `{saw}`; console log {}; last lines:\n{tail}", log.display())]
-    Unexpected { vm: String, expected: String, saw: String, log: PathBuf, tail: String },
+    Unexpected {
+        vm: String,
+        expected: String,
+        saw: String,
+        log: PathBuf,
+        tail: String,
+    },
     #[error("{vm}: guest command `{cmd}` exited {rc}, expected 0; its output:\n{output}")]
-    Command { vm: String, cmd: String, rc: i32, output: String },
+    Command {
+        vm: String,
+        cmd: String,
+        rc: i32,
+        output: String,
+    },
     #[error("{vm}: output of `{cmd}` is not the expected JSON ({err}); text:\n{text}")]
-    Json { vm: String, cmd: String, err: String, text: String },
+    Json {
+        vm: String,
+        cmd: String,
+        err: String,
+        text: String,
+    },
     #[error("QEMU monitor {}: {what}", path.display())]
     Monitor { path: PathBuf, what: String },
     #[error("release server: {0}")]
     Server(String),
     /// A scenario's assertion about the node did not hold.
     #[error("{scenario} on {target}: {what}")]
-    Check { scenario: String, target: String, what: String },
+    Check {
+        scenario: String,
+        target: String,
+        what: String,
+    },
     #[error("unknown {what} `{got}` (expected one of: {expected})")]
-    Unknown { what: String, got: String, expected: String },
+    Unknown {
+        what: String,
+        got: String,
+        expected: String,
+    },
 }
 
 impl Error {
     pub fn io(what: impl Into<String>, path: impl Into<PathBuf>, source: std::io::Error) -> Error {
-        Error::Io { what: what.into(), path: path.into(), source }
+        Error::Io {
+            what: what.into(),
+            path: path.into(),
+            source,
+        }
     }
 }

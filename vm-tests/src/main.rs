@@ -11,7 +11,10 @@ use clap::{Parser, Subcommand};
 use vm_tests::{Options, ScenarioKind, Target};
 
 #[derive(Parser)]
-#[command(name = "vm-tests", about = "Boot the A/B test disks under QEMU and prove upgrade, fallback and power-cut safety")]
+#[command(
+    name = "vm-tests",
+    about = "Boot the A/B test disks under QEMU and prove upgrade, fallback and power-cut safety"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -38,13 +41,28 @@ enum Cmd {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::List => {
-            println!("scenarios: {}", ScenarioKind::ALL.map(|k| k.name()).join(" "));
+            println!(
+                "scenarios: {}",
+                ScenarioKind::ALL.map(|k| k.name()).join(" ")
+            );
             println!("targets:   {}", Target::ALL.map(|t| t.name()).join(" "));
         }
-        Cmd::Run { scenario, target, all_barriers, keep } => {
-            let kinds: Vec<ScenarioKind> =
-                if scenario == "all" { ScenarioKind::ALL.to_vec() } else { vec![scenario.parse()?] };
-            let targets: Vec<Target> = if target == "all" { Target::ALL.to_vec() } else { vec![target.parse()?] };
+        Cmd::Run {
+            scenario,
+            target,
+            all_barriers,
+            keep,
+        } => {
+            let kinds: Vec<ScenarioKind> = if scenario == "all" {
+                ScenarioKind::ALL.to_vec()
+            } else {
+                vec![scenario.parse()?]
+            };
+            let targets: Vec<Target> = if target == "all" {
+                Target::ALL.to_vec()
+            } else {
+                vec![target.parse()?]
+            };
             let opts = Options { all_barriers, keep };
             let mut failed = Vec::new();
             let mut lines = Vec::new();
@@ -52,10 +70,21 @@ fn main() -> anyhow::Result<()> {
                 for k in &kinds {
                     let t0 = std::time::Instant::now();
                     match vm_tests::run(*k, *t, opts.clone()) {
-                        Ok(r) => lines.push(format!("PASS {:<20} {:<18} {:>7.1}s  {} boots", k.name(), t.name(), r.wall.as_secs_f64(), r.boots)),
+                        Ok(r) => lines.push(format!(
+                            "PASS {:<20} {:<18} {:>7.1}s  {} boots",
+                            k.name(),
+                            t.name(),
+                            r.wall.as_secs_f64(),
+                            r.boots
+                        )),
                         Err(e) => {
                             eprintln!("vm-tests: FAIL {k} on {t}: {e}");
-                            lines.push(format!("FAIL {:<20} {:<18} {:>7.1}s  {e}", k.name(), t.name(), t0.elapsed().as_secs_f64()));
+                            lines.push(format!(
+                                "FAIL {:<20} {:<18} {:>7.1}s  {e}",
+                                k.name(),
+                                t.name(),
+                                t0.elapsed().as_secs_f64()
+                            ));
                             failed.push(format!("{k} on {t}"));
                         }
                     }

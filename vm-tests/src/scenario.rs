@@ -48,8 +48,13 @@ pub enum ScenarioKind {
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 5] =
-        [ScenarioKind::Upgrade, ScenarioKind::FallbackPanic, ScenarioKind::FallbackNoConfirm, ScenarioKind::BadHealth, ScenarioKind::PowerCut];
+    pub const ALL: [ScenarioKind; 5] = [
+        ScenarioKind::Upgrade,
+        ScenarioKind::FallbackPanic,
+        ScenarioKind::FallbackNoConfirm,
+        ScenarioKind::BadHealth,
+        ScenarioKind::PowerCut,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -71,11 +76,14 @@ impl fmt::Display for ScenarioKind {
 impl FromStr for ScenarioKind {
     type Err = Error;
     fn from_str(s: &str) -> Result<ScenarioKind> {
-        ScenarioKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| Error::Unknown {
-            what: "scenario".into(),
-            got: s.into(),
-            expected: ScenarioKind::ALL.map(|k| k.name()).join(", "),
-        })
+        ScenarioKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| Error::Unknown {
+                what: "scenario".into(),
+                got: s.into(),
+                expected: ScenarioKind::ALL.map(|k| k.name()).join(", "),
+            })
     }
 }
 
@@ -102,7 +110,15 @@ pub struct Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "== {} on {} ({}): PASS in {:.1}s, {} boots", self.scenario, self.target, self.accel.as_str(), self.wall.as_secs_f64(), self.boots)?;
+        writeln!(
+            f,
+            "== {} on {} ({}): PASS in {:.1}s, {} boots",
+            self.scenario,
+            self.target,
+            self.accel.as_str(),
+            self.wall.as_secs_f64(),
+            self.boots
+        )?;
         for n in &self.notes {
             writeln!(f, "   {n}")?;
         }
@@ -135,8 +151,11 @@ pub struct Node {
 }
 
 fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Server(format!("find a free port: {e}")))?;
-    Ok(l.local_addr().map_err(|e| Error::Server(e.to_string()))?.port())
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::Server(format!("find a free port: {e}")))?;
+    Ok(l.local_addr()
+        .map_err(|e| Error::Server(e.to_string()))?
+        .port())
 }
 
 fn copy(from: &Path, to: &Path) -> Result<()> {
@@ -147,7 +166,11 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
         .status()
         .map_err(|e| Error::io("run cp to copy", from, e))?;
     if !st.success() {
-        return Err(Error::io(format!("cp {} ({st})", to.display()), from, std::io::Error::other("copy failed")));
+        return Err(Error::io(
+            format!("cp {} ({st})", to.display()),
+            from,
+            std::io::Error::other("copy failed"),
+        ));
     }
     Ok(())
 }
@@ -158,17 +181,37 @@ impl Scenario {
         let root = workspace_root();
         target.check_inputs(&root)?;
         let accel = Accel::for_target(target, &root);
-        let out = root.join("vm-tests/out").join(target.name()).join(kind.name());
+        let out = root
+            .join("vm-tests/out")
+            .join(target.name())
+            .join(kind.name());
         if out.exists() {
-            std::fs::remove_dir_all(&out).map_err(|e| Error::io("clear old scenario output", &out, e))?;
+            std::fs::remove_dir_all(&out)
+                .map_err(|e| Error::io("clear old scenario output", &out, e))?;
         }
-        std::fs::create_dir_all(&out).map_err(|e| Error::io("create scenario output dir", &out, e))?;
-        Ok(Scenario { kind, target, accel, opts, root, out, started: Instant::now(), boots: 0, notes: Vec::new() })
+        std::fs::create_dir_all(&out)
+            .map_err(|e| Error::io("create scenario output dir", &out, e))?;
+        Ok(Scenario {
+            kind,
+            target,
+            accel,
+            opts,
+            root,
+            out,
+            started: Instant::now(),
+            boots: 0,
+            notes: Vec::new(),
+        })
     }
 
     /// Run it to the end.
     pub fn run(mut self) -> Result<Report> {
-        eprintln!("vm-tests: == {} on {} ({})", self.kind, self.target, self.accel.as_str());
+        eprintln!(
+            "vm-tests: == {} on {} ({})",
+            self.kind,
+            self.target,
+            self.accel.as_str()
+        );
         self.started = Instant::now();
         match self.kind {
             ScenarioKind::Upgrade => self.upgrade()?,
@@ -178,7 +221,10 @@ impl Scenario {
             ScenarioKind::PowerCut => self.powercut()?,
         }
         if !self.opts.keep {
-            for e in std::fs::read_dir(&self.out).map_err(|e| Error::io("list scenario output", &self.out, e))?.flatten() {
+            for e in std::fs::read_dir(&self.out)
+                .map_err(|e| Error::io("list scenario output", &self.out, e))?
+                .flatten()
+            {
                 let p = e.path();
                 if p.is_dir() {
                     for f in ["disk.img", "vars.fd"] {
@@ -206,7 +252,11 @@ impl Scenario {
     }
 
     fn fail(&self, what: impl Into<String>) -> Error {
-        Error::Check { scenario: self.kind.name().into(), target: self.target.name().into(), what: what.into() }
+        Error::Check {
+            scenario: self.kind.name().into(),
+            target: self.target.name().into(),
+            what: what.into(),
+        }
     }
 
     fn check(&self, ok: bool, what: impl FnOnce() -> String) -> Result<()> {
@@ -235,7 +285,14 @@ impl Scenario {
             }
             None => None,
         };
-        Ok(Node { name: name.into(), dir, disk, vars, http_port: 0, power_ons: 0 })
+        Ok(Node {
+            name: name.into(),
+            dir,
+            disk,
+            vars,
+            http_port: 0,
+            power_ons: 0,
+        })
     }
 
     /// Power the node on (a new QEMU process on the same disk).
@@ -246,38 +303,71 @@ impl Scenario {
         let name = format!("{}/{}#{}", self.target, node.name, node.power_ons);
         let monitor = node.dir.join(format!("monitor-{}.sock", node.power_ons));
         let log = node.dir.join(format!("console-{}.log", node.power_ons));
-        let cmd = self.target.qemu_command(self.accel, &node.disk, node.vars.as_deref(), &monitor, node.http_port);
+        let cmd = self.target.qemu_command(
+            self.accel,
+            &node.disk,
+            node.vars.as_deref(),
+            &monitor,
+            node.http_port,
+        );
         Vm::spawn(&name, cmd, &monitor, &log)
     }
 
     /// Wait for `K3OS-BOOTED` and return the slot and version it names.
     fn booted(&mut self, vm: &mut Vm) -> Result<(Slot, String)> {
         let t0 = vm.elapsed();
-        let line = vm.expect_not("K3OS-BOOTED", &["K3OS-INITRD-FAILED", "K3OS-INITRD-PANIC", "Kernel panic"], BOOT)?;
-        let (slot, version) = parse_booted(&line).ok_or_else(|| self.fail(format!("cannot parse the boot line `{line}`")))?;
+        let line = vm.expect_not(
+            "K3OS-BOOTED",
+            &["K3OS-INITRD-FAILED", "K3OS-INITRD-PANIC", "Kernel panic"],
+            BOOT,
+        )?;
+        let (slot, version) = parse_booted(&line)
+            .ok_or_else(|| self.fail(format!("cannot parse the boot line `{line}`")))?;
         self.boots_note(vm, t0, &format!("booted slot {slot} version {version}"));
         Ok((slot, version))
     }
 
     fn boots_note(&mut self, vm: &Vm, since: Duration, what: &str) {
-        let s = format!("{}: {what} after {:.1}s", vm.name(), (vm.elapsed() - since).as_secs_f64());
+        let s = format!(
+            "{}: {what} after {:.1}s",
+            vm.name(),
+            (vm.elapsed() - since).as_secs_f64()
+        );
         self.note(s);
     }
 
     /// Wait for the boot of `slot` running `version`.
     fn expect_boot(&mut self, vm: &mut Vm, slot: Slot, version: &str) -> Result<()> {
         let (s, v) = self.booted(vm)?;
-        self.check(s == slot && v == version, || format!("{}: booted slot {s} version {v}, expected slot {slot} version {version}", vm.name()))
+        self.check(s == slot && v == version, || {
+            format!(
+                "{}: booted slot {s} version {v}, expected slot {slot} version {version}",
+                vm.name()
+            )
+        })
     }
 
     /// Wait for `K3OS-CONFIRM ok` and `K3OS-READY`, then for the shell to answer.
     fn ready(&mut self, vm: &mut Vm) -> Result<()> {
         let t0 = vm.elapsed();
-        vm.expect_not("K3OS-CONFIRM ok", &["K3OS-CONFIRM failed", "K3OS-NOCONFIRM", "K3OS-ROLLBACK", "Kernel panic"], READY)?;
+        vm.expect_not(
+            "K3OS-CONFIRM ok",
+            &[
+                "K3OS-CONFIRM failed",
+                "K3OS-NOCONFIRM",
+                "K3OS-ROLLBACK",
+                "Kernel panic",
+            ],
+            READY,
+        )?;
         vm.expect_not("K3OS-READY", &["Kernel panic"], READY)?;
-        vm.run_ok("true", CMD)?;
+        vm.wait_shell(CMD)?;
         let t = vm.elapsed();
-        self.note(format!("{}: confirmed and ready {:.1}s after power-on", vm.name(), t.as_secs_f64()));
+        self.note(format!(
+            "{}: confirmed and ready {:.1}s after power-on",
+            vm.name(),
+            t.as_secs_f64()
+        ));
         let _ = t0;
         Ok(())
     }
@@ -291,7 +381,12 @@ impl Scenario {
             (Some(a), Some(b)) if b > a => &out[a..=b],
             _ => &out[..],
         };
-        serde_json::from_str(text).map_err(|e| Error::Json { vm: vm.name().into(), cmd: cmd.into(), err: e.to_string(), text: out.clone() })
+        serde_json::from_str(text).map_err(|e| Error::Json {
+            vm: vm.name().into(),
+            cmd: cmd.into(),
+            err: e.to_string(),
+            text: out.clone(),
+        })
     }
 
     /// Reboot from the guest shell (`reboot -f` after a sync, like an operator would).
@@ -302,10 +397,26 @@ impl Scenario {
     }
 
     /// Run an upgrade in the foreground; returns its output.
-    fn upgrade_to(&mut self, vm: &mut Vm, srv: &ReleaseServer, version: &str, extra: &str) -> Result<String> {
+    fn upgrade_to(
+        &mut self,
+        vm: &mut Vm,
+        srv: &ReleaseServer,
+        version: &str,
+        extra: &str,
+    ) -> Result<String> {
         let t0 = Instant::now();
-        let out = vm.run_ok(&format!("k3os-ops upgrade --quiet {extra} --source {}", srv.guest_url(version)), DOWNLOAD)?;
-        self.note(format!("{}: upgrade to {version} {extra} took {:.1}s", vm.name(), t0.elapsed().as_secs_f64()));
+        let out = vm.run_ok(
+            &format!(
+                "k3os-ops upgrade --quiet {extra} --source {}",
+                srv.guest_url(version)
+            ),
+            DOWNLOAD,
+        )?;
+        self.note(format!(
+            "{}: upgrade to {version} {extra} took {:.1}s",
+            vm.name(),
+            t0.elapsed().as_secs_f64()
+        ));
         Ok(out)
     }
 
@@ -319,9 +430,14 @@ impl Scenario {
         self.ready(&mut vm)?;
         let st = self.status(&mut vm)?;
         self.check_slot(&st, Slot::A, SlotState::Good, Some("v1"))?;
-        self.check(st.booted == Some(Slot::A), || format!("status says booted {:?}, expected A", st.booted))?;
-        let body = http_get(node.http_port, "/", Duration::from_secs(20)).map_err(|e| self.fail(format!("workload before the upgrade: {e}")))?;
-        self.check(body.trim() == "alive", || format!("workload answered {body:?}, expected \"alive\""))?;
+        self.check(st.booted == Some(Slot::A), || {
+            format!("status says booted {:?}, expected A", st.booted)
+        })?;
+        let body = http_get(node.http_port, "/", Duration::from_secs(20))
+            .map_err(|e| self.fail(format!("workload before the upgrade: {e}")))?;
+        self.check(body.trim() == "alive", || {
+            format!("workload answered {body:?}, expected \"alive\"")
+        })?;
 
         // Stage + activate v2 in the background while the workload is polled.
         let t0 = Instant::now();
@@ -348,7 +464,10 @@ impl Scenario {
                 }
                 if t0.elapsed() > Duration::from_secs(180) {
                     let log = vm.run("cat /tmp/upgrade.log", CMD)?.output;
-                    return Err(self.fail(format!("no download started within 180 s; requests {:?}; upgrade log:\n{log}", srv.requests())));
+                    return Err(self.fail(format!(
+                        "no download started within 180 s; requests {:?}; upgrade log:\n{log}",
+                        srv.requests()
+                    )));
                 }
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
@@ -357,8 +476,14 @@ impl Scenario {
             match http_get(node.http_port, "/", Duration::from_secs(10)) {
                 Ok(b) if b.trim() == "alive" && srv.active() > 0 => polls_ok += 1,
                 Ok(b) if b.trim() == "alive" => {}
-                Ok(b) => return Err(self.fail(format!("workload answered {b:?} during the download"))),
-                Err(e) => return Err(self.fail(format!("workload did not answer during the download: {e}"))),
+                Ok(b) => {
+                    return Err(self.fail(format!("workload answered {b:?} during the download")))
+                }
+                Err(e) => {
+                    return Err(
+                        self.fail(format!("workload did not answer during the download: {e}"))
+                    )
+                }
             }
             if shell_ok < 3 {
                 let o = vm.run("wget -q -O - http://127.0.0.1/ && cat /proc/loadavg", CMD)?;
@@ -371,9 +496,24 @@ impl Scenario {
         }
         let out = vm.run("wait $(cat /tmp/upgrade.pid); r=$?; cat /tmp/upgrade.log; exit_with() { return $1; }; exit_with $r", DOWNLOAD)?;
         let dl = t0.elapsed();
-        self.check(out.rc == 0, || format!("upgrade to v2 exited {}: {}", out.rc, out.output))?;
-        self.check(out.output.contains("staged v2") && out.output.contains("into slot B"), || format!("upgrade output does not say v2 was staged into B:\n{}", out.output))?;
-        self.check(out.output.contains("activated slot B"), || format!("upgrade output does not say B was activated:\n{}", out.output))?;
+        self.check(out.rc == 0, || {
+            format!("upgrade to v2 exited {}: {}", out.rc, out.output)
+        })?;
+        self.check(
+            out.output.contains("staged v2") && out.output.contains("into slot B"),
+            || {
+                format!(
+                    "upgrade output does not say v2 was staged into B:\n{}",
+                    out.output
+                )
+            },
+        )?;
+        self.check(out.output.contains("activated slot B"), || {
+            format!(
+                "upgrade output does not say B was activated:\n{}",
+                out.output
+            )
+        })?;
         self.check(polls_ok >= 3 && shell_ok >= 1, || {
             format!("the workload was seen alive only {polls_ok} times from the host and {shell_ok} times from the guest shell while the download ran")
         })?;
@@ -386,17 +526,30 @@ impl Scenario {
         srv.set_rate(0);
         let st = self.status(&mut vm)?;
         self.check_slot(&st, Slot::B, SlotState::Trying, Some("v2"))?;
-        self.check(st.next_boot == Slot::B, || format!("next boot is {}, expected B", st.next_boot))?;
+        self.check(st.next_boot == Slot::B, || {
+            format!("next boot is {}, expected B", st.next_boot)
+        })?;
 
         self.reboot(&mut vm)?;
         self.expect_boot(&mut vm, Slot::B, "v2")?;
         self.ready(&mut vm)?;
         let st = self.status(&mut vm)?;
         self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))?;
-        self.check(matches!(sl(&st, Slot::B).boot, SlotBoot::Good), || format!("bootloader has B as {:?}, expected good", sl(&st, Slot::B).boot))?;
-        self.check(st.booted == Some(Slot::B) && st.next_boot == Slot::B, || format!("booted {:?} next {}, expected B/B", st.booted, st.next_boot))?;
-        let body = http_get(node.http_port, "/", Duration::from_secs(20)).map_err(|e| self.fail(format!("workload on v2: {e}")))?;
-        self.check(body.trim() == "alive", || format!("workload on v2 answered {body:?}"))?;
+        self.check(matches!(sl(&st, Slot::B).boot, SlotBoot::Good), || {
+            format!(
+                "bootloader has B as {:?}, expected good",
+                sl(&st, Slot::B).boot
+            )
+        })?;
+        self.check(
+            st.booted == Some(Slot::B) && st.next_boot == Slot::B,
+            || format!("booted {:?} next {}, expected B/B", st.booted, st.next_boot),
+        )?;
+        let body = http_get(node.http_port, "/", Duration::from_secs(20))
+            .map_err(|e| self.fail(format!("workload on v2: {e}")))?;
+        self.check(body.trim() == "alive", || {
+            format!("workload on v2 answered {body:?}")
+        })?;
 
         // Still v2 after another reboot.
         self.reboot(&mut vm)?;
@@ -405,7 +558,10 @@ impl Scenario {
 
         // v2 -> v3 into A.
         let out = self.upgrade_to(&mut vm, &srv, "v3", "")?;
-        self.check(out.contains("staged v3") && out.contains("into slot A"), || format!("upgrade output does not say v3 was staged into A:\n{out}"))?;
+        self.check(
+            out.contains("staged v3") && out.contains("into slot A"),
+            || format!("upgrade output does not say v3 was staged into A:\n{out}"),
+        )?;
         let st = self.status(&mut vm)?;
         self.check_slot(&st, Slot::A, SlotState::Trying, Some("v3"))?;
         self.reboot(&mut vm)?;
@@ -417,18 +573,36 @@ impl Scenario {
         Ok(())
     }
 
-    fn check_slot(&self, st: &Status, slot: Slot, state: SlotState, version: Option<&str>) -> Result<()> {
+    fn check_slot(
+        &self,
+        st: &Status,
+        slot: Slot,
+        state: SlotState,
+        version: Option<&str>,
+    ) -> Result<()> {
         let s = sl(st, slot);
-        self.check(s.state == state && (version.is_none() || s.version.as_deref() == version), || {
-            format!("slot {slot} is {} {:?}, expected {state} {version:?}; status: {}", s.state, s.version, serde_json::to_string(st).unwrap_or_default())
-        })
+        self.check(
+            s.state == state && (version.is_none() || s.version.as_deref() == version),
+            || {
+                format!(
+                    "slot {slot} is {} {:?}, expected {state} {version:?}; status: {}",
+                    s.state,
+                    s.version,
+                    serde_json::to_string(st).unwrap_or_default()
+                )
+            },
+        )
     }
 
     // ---------------------------------------------------------------- scenario 2
 
     /// Activate a v2 that never makes it; count the boots the bootloader gives it.
     fn fallback(&mut self, noconfirm: bool) -> Result<()> {
-        let version = if noconfirm { "v2-noconfirm" } else { "v2-panic" };
+        let version = if noconfirm {
+            "v2-noconfirm"
+        } else {
+            "v2-panic"
+        };
         let srv = self.server(0)?;
         let mut node = self.node("node")?;
         let mut vm = self.power_on(&mut node)?;
@@ -439,38 +613,68 @@ impl Scenario {
         self.check_slot(&st, Slot::B, SlotState::Trying, Some(version))?;
         let tries = match sl(&st, Slot::B).boot {
             SlotBoot::Trying { tries_left } => tries_left as u32,
-            b => return Err(self.fail(format!("bootloader has B as {b:?} after activation, expected trying"))),
+            b => {
+                return Err(self.fail(format!(
+                    "bootloader has B as {b:?} after activation, expected trying"
+                )))
+            }
         };
         self.note(format!("activated {version} in B with {tries} tries"));
         self.reboot(&mut vm)?;
         let t0 = Instant::now();
         let mut attempts = 0u32;
         loop {
-            let pats: &[&str] = if noconfirm { &["K3OS-BOOTED"] } else { &["K3OS-BOOTED", "K3OS-INITRD-PANIC"] };
+            let pats: &[&str] = if noconfirm {
+                &["K3OS-BOOTED"]
+            } else {
+                &["K3OS-BOOTED", "K3OS-INITRD-PANIC"]
+            };
             let (i, line) = vm.expect_any(pats, BOOT)?;
             if i == 1 {
                 attempts += 1;
-                self.note(format!("{}: attempt {attempts} of B panicked in the initrd ({:.1}s)", vm.name(), t0.elapsed().as_secs_f64()));
-                self.check(attempts <= tries, || format!("B was booted {attempts} times, more than its {tries} tries"))?;
+                self.note(format!(
+                    "{}: attempt {attempts} of B panicked in the initrd ({:.1}s)",
+                    vm.name(),
+                    t0.elapsed().as_secs_f64()
+                ));
+                self.check(attempts <= tries, || {
+                    format!("B was booted {attempts} times, more than its {tries} tries")
+                })?;
                 continue;
             }
-            let (slot, v) = parse_booted(&line).ok_or_else(|| self.fail(format!("cannot parse the boot line `{line}`")))?;
+            let (slot, v) = parse_booted(&line)
+                .ok_or_else(|| self.fail(format!("cannot parse the boot line `{line}`")))?;
             if slot == Slot::A {
-                self.check(v == "v1", || format!("fell back to A but it runs {v}, expected v1"))?;
-                self.note(format!("{}: fell back to slot A v1 after {attempts} attempts of B ({:.1}s)", vm.name(), t0.elapsed().as_secs_f64()));
+                self.check(v == "v1", || {
+                    format!("fell back to A but it runs {v}, expected v1")
+                })?;
+                self.note(format!(
+                    "{}: fell back to slot A v1 after {attempts} attempts of B ({:.1}s)",
+                    vm.name(),
+                    t0.elapsed().as_secs_f64()
+                ));
                 break;
             }
-            self.check(noconfirm && v == version, || format!("unexpected boot of slot B version {v}"))?;
+            self.check(noconfirm && v == version, || {
+                format!("unexpected boot of slot B version {v}")
+            })?;
             attempts += 1;
-            self.check(attempts <= tries, || format!("B was booted {attempts} times, more than its {tries} tries"))?;
+            self.check(attempts <= tries, || {
+                format!("B was booted {attempts} times, more than its {tries} tries")
+            })?;
             vm.expect_not("K3OS-NOCONFIRM", &["K3OS-CONFIRM", "Kernel panic"], READY)?;
             // The node runs but never confirms: give it until it is up, then the watchdog fires.
             vm.expect_not("K3OS-READY", &["Kernel panic"], READY)?;
-            self.note(format!("{}: attempt {attempts} of B came up unconfirmed; watchdog reset", vm.name()));
+            self.note(format!(
+                "{}: attempt {attempts} of B came up unconfirmed; watchdog reset",
+                vm.name()
+            ));
             vm.system_reset()?;
             self.boots += 1;
         }
-        self.check(attempts == tries, || format!("B was tried {attempts} times, expected exactly its {tries} tries"))?;
+        self.check(attempts == tries, || {
+            format!("B was tried {attempts} times, expected exactly its {tries} tries")
+        })?;
         self.ready(&mut vm)?;
         self.explain_failed_b(&mut vm, version, &[Event::FallbackTaken])?;
         Ok(())
@@ -479,16 +683,40 @@ impl Scenario {
     /// On v1 after a failed B: status shows B bad, not bootable, and why; A good and booted.
     fn explain_failed_b(&mut self, vm: &mut Vm, version: &str, events: &[Event]) -> Result<()> {
         let st = self.status(vm)?;
-        self.check(st.booted == Some(Slot::A) && st.next_boot == Slot::A, || format!("booted {:?} next {}, expected A/A", st.booted, st.next_boot))?;
+        self.check(
+            st.booted == Some(Slot::A) && st.next_boot == Slot::A,
+            || format!("booted {:?} next {}, expected A/A", st.booted, st.next_boot),
+        )?;
         self.check_slot(&st, Slot::A, SlotState::Good, Some("v1"))?;
         self.check_slot(&st, Slot::B, SlotState::Bad, Some(version))?;
         let b = sl(&st, Slot::B);
-        self.check(matches!(b.boot, SlotBoot::Bad), || format!("bootloader still has B as {:?}", b.boot))?;
-        let d = b.last_decision.as_ref().ok_or_else(|| self.fail("status has no decision about slot B"))?;
-        self.check(events.contains(&d.event) && !d.why.trim().is_empty(), || format!("last decision about B is {:?} ({}), expected one of {events:?} with a reason", d.event, d.why))?;
+        self.check(matches!(b.boot, SlotBoot::Bad), || {
+            format!("bootloader still has B as {:?}", b.boot)
+        })?;
+        let d = b
+            .last_decision
+            .as_ref()
+            .ok_or_else(|| self.fail("status has no decision about slot B"))?;
+        self.check(
+            events.contains(&d.event) && !d.why.trim().is_empty(),
+            || {
+                format!(
+                    "last decision about B is {:?} ({}), expected one of {events:?} with a reason",
+                    d.event, d.why
+                )
+            },
+        )?;
         let human = vm.run_ok("k3os-ops slot status", CMD)?;
-        self.check(human.contains(&d.why), || format!("`slot status` does not show why B failed ({}):\n{human}", d.why))?;
-        self.note(format!("slot status on v1: B is bad, {:?}: {}", d.event, d.why));
+        self.check(human.contains(&d.why), || {
+            format!(
+                "`slot status` does not show why B failed ({}):\n{human}",
+                d.why
+            )
+        })?;
+        self.note(format!(
+            "slot status on v1: B is bad, {:?}: {}",
+            d.event, d.why
+        ));
         Ok(())
     }
 
@@ -507,7 +735,11 @@ impl Scenario {
         self.reboot(&mut vm)?;
         let t0 = Instant::now();
         self.expect_boot(&mut vm, Slot::B, version)?;
-        vm.expect_not("K3OS-CONFIRM failed", &["K3OS-CONFIRM ok", "K3OS-NOCONFIRM"], READY)?;
+        vm.expect_not(
+            "K3OS-CONFIRM failed",
+            &["K3OS-CONFIRM ok", "K3OS-NOCONFIRM"],
+            READY,
+        )?;
         vm.expect("K3OS-ROLLBACK", READY)?;
         self.boots += 1;
         self.expect_boot(&mut vm, Slot::A, "v1")?;
@@ -531,19 +763,28 @@ impl Scenario {
         let barriers = parse_barriers(&out);
         self.check(!barriers.is_empty(), || format!("the upgrade printed no K3OS-BARRIER lines (is k3os-ops built with fault-injection?):\n{out}"))?;
         for (i, (n, _)) in barriers.iter().enumerate() {
-            self.check(*n == i as u64 + 1, || format!("barrier numbers are not 1..N: {barriers:?}"))?;
+            self.check(*n == i as u64 + 1, || {
+                format!("barrier numbers are not 1..N: {barriers:?}")
+            })?;
         }
         let total = barriers.len() as u64;
         let ks = sample(total, self.opts.all_barriers);
         self.note(format!(
             "upgrade has {total} barriers: {}; cutting at {ks:?}",
-            barriers.iter().map(|(n, name)| format!("{n}:{name}")).collect::<Vec<_>>().join(" ")
+            barriers
+                .iter()
+                .map(|(n, name)| format!("{n}:{name}"))
+                .collect::<Vec<_>>()
+                .join(" ")
         ));
         for k in ks {
             let name = &barriers[(k - 1) as usize].1;
             let t0 = Instant::now();
             self.cut_at(&srv, k, name)?;
-            self.note(format!("cut at barrier {k} ({name}): recovered and verified in {:.1}s", t0.elapsed().as_secs_f64()));
+            self.note(format!(
+                "cut at barrier {k} ({name}): recovered and verified in {:.1}s",
+                t0.elapsed().as_secs_f64()
+            ));
         }
         Ok(())
     }
@@ -554,32 +795,57 @@ impl Scenario {
         let mut vm = self.power_on(&mut node)?;
         self.expect_boot(&mut vm, Slot::A, "v1")?;
         self.ready(&mut vm)?;
-        vm.send_line(&format!("K3OS_OPS_BARRIER_STOP={k} k3os-ops upgrade --quiet --source {}", srv.guest_url("v2")))?;
-        let line = vm.expect_not(&format!("K3OS-BARRIER-STOP {k} "), &["Error", "error:"], DOWNLOAD)?;
-        self.check(line.ends_with(name), || format!("barrier {k} is `{line}` in this run but `{name}` in the dry run"))?;
+        vm.send_line(&format!(
+            "K3OS_OPS_BARRIER_STOP={k} k3os-ops upgrade --quiet --source {}; echo \"@@NOSTOP$(({k}))@@ rc=$?\"",
+            srv.guest_url("v2")
+        ))?;
+        let line = vm.expect_not(
+            &format!("K3OS-BARRIER-STOP {k} "),
+            &[&format!("@@NOSTOP{k}@@")],
+            DOWNLOAD,
+        )?;
+        self.check(line.ends_with(name), || {
+            format!("barrier {k} is `{line}` in this run but `{name}` in the dry run")
+        })?;
         vm.power_cut()?;
 
         let mut vm = self.power_on(&mut node)?;
         let (slot, version) = self.booted(&mut vm)?;
         let activated = name.starts_with("activate:");
         match slot {
-            Slot::A => self.check(version == "v1", || format!("after the cut A runs {version}"))?,
-            Slot::B => self.check(activated && version == "v2", || format!("after a cut at {name} the node booted B {version}"))?,
+            Slot::A => self.check(version == "v1", || {
+                format!("after the cut A runs {version}")
+            })?,
+            Slot::B => self.check(activated && version == "v2", || {
+                format!("after a cut at {name} the node booted B {version}")
+            })?,
         }
         self.ready(&mut vm)?;
         let st = self.status(&mut vm)?;
         let booted = sl(&st, slot);
-        self.check(booted.state == SlotState::Good, || format!("the booted slot {slot} is {} after confirm", booted.state))?;
+        self.check(booted.state == SlotState::Good, || {
+            format!("the booted slot {slot} is {} after confirm", booted.state)
+        })?;
         let b = sl(&st, Slot::B).clone();
-        self.note(format!("cut at {k} ({name}): came up on {slot} {version}; B is {} / bootloader {:?}", b.state, b.boot));
+        self.note(format!(
+            "cut at {k} ({name}): came up on {slot} {version}; B is {} / bootloader {:?}",
+            b.state, b.boot
+        ));
         match b.state {
             SlotState::Good => {
-                self.check(slot == Slot::B, || "B is good but the node did not boot it".to_string())?;
+                self.check(slot == Slot::B, || {
+                    "B is good but the node did not boot it".to_string()
+                })?;
             }
             SlotState::Staged | SlotState::Trying => {
                 // Complete and valid: the same release stages as a no-op, and it boots.
                 let out = self.upgrade_to(&mut vm, srv, "v2", "--stage-only")?;
-                self.check(out.contains("already holds v2"), || format!("B is {} but re-staging v2 did not report it already staged:\n{out}", b.state))?;
+                self.check(out.contains("already holds v2"), || {
+                    format!(
+                        "B is {} but re-staging v2 did not report it already staged:\n{out}",
+                        b.state
+                    )
+                })?;
                 if st.next_boot != Slot::B {
                     vm.run_ok("k3os-ops slot activate", CMD)?;
                 }
@@ -591,10 +857,17 @@ impl Scenario {
             }
             SlotState::Empty | SlotState::Invalid | SlotState::Bad => {
                 // Not valid: the bootloader must not pick it; a new upgrade must recover.
-                self.check(slot == Slot::A && st.next_boot == Slot::A, || format!("B is {} but boots next ({})", b.state, st.next_boot))?;
-                self.check(!matches!(b.boot, SlotBoot::Good | SlotBoot::Trying { .. }), || format!("B is {} but the bootloader has it as {:?}", b.state, b.boot))?;
+                self.check(slot == Slot::A && st.next_boot == Slot::A, || {
+                    format!("B is {} but boots next ({})", b.state, st.next_boot)
+                })?;
+                self.check(
+                    !matches!(b.boot, SlotBoot::Good | SlotBoot::Trying { .. }),
+                    || format!("B is {} but the bootloader has it as {:?}", b.state, b.boot),
+                )?;
                 let out = self.upgrade_to(&mut vm, srv, "v2", "")?;
-                self.check(out.contains("activated slot B"), || format!("re-running the upgrade after the cut did not activate B:\n{out}"))?;
+                self.check(out.contains("activated slot B"), || {
+                    format!("re-running the upgrade after the cut did not activate B:\n{out}")
+                })?;
                 self.reboot(&mut vm)?;
                 self.expect_boot(&mut vm, Slot::B, "v2")?;
                 self.ready(&mut vm)?;
@@ -607,7 +880,10 @@ impl Scenario {
 }
 
 fn sl(st: &Status, slot: Slot) -> &SlotStatus {
-    st.slots.iter().find(|s| s.slot == slot).expect("status lists both slots")
+    st.slots
+        .iter()
+        .find(|s| s.slot == slot)
+        .expect("status lists both slots")
 }
 
 /// `K3OS-BOOTED slot=B version=v2` → (B, "v2").
@@ -646,7 +922,11 @@ pub fn sample(total: u64, all: bool) -> Vec<u64> {
     if total == 0 {
         return Vec::new();
     }
-    let mut v: Vec<u64> = if all { (1..=total).collect() } else { (1..=total).step_by(3).collect() };
+    let mut v: Vec<u64> = if all {
+        (1..=total).collect()
+    } else {
+        (1..=total).step_by(3).collect()
+    };
     if !v.contains(&total) {
         v.push(total);
     }
@@ -659,10 +939,19 @@ mod tests {
 
     #[test]
     fn parses_boot_lines_and_barriers() {
-        assert_eq!(parse_booted("[  3.1] K3OS-BOOTED slot=B version=v2-panic"), Some((Slot::B, "v2-panic".into())));
+        assert_eq!(
+            parse_booted("[  3.1] K3OS-BOOTED slot=B version=v2-panic"),
+            Some((Slot::B, "v2-panic".into()))
+        );
         assert_eq!(parse_booted("K3OS-BOOTED slot=unknown version=v1"), None);
         let out = "x\nK3OS-BARRIER 1 stage:bootloader-marked-bad\nK3OS-BARRIER 2 state:invalid\nstaged v2\n";
-        assert_eq!(parse_barriers(out), vec![(1, "stage:bootloader-marked-bad".into()), (2, "state:invalid".into())]);
+        assert_eq!(
+            parse_barriers(out),
+            vec![
+                (1, "stage:bootloader-marked-bad".into()),
+                (2, "state:invalid".into())
+            ]
+        );
     }
 
     #[test]

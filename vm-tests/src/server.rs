@@ -35,15 +35,29 @@ impl ReleaseServer {
     /// (0 = unlimited).
     pub fn start(root: &Path, rate: u64) -> Result<ReleaseServer> {
         if !root.is_dir() {
-            return Err(Error::Missing { what: "release directory".into(), path: root.into(), hint: "run just images-<arch>".into() });
+            return Err(Error::Missing {
+                what: "release directory".into(),
+                path: root.into(),
+                hint: "run just images-<arch>".into(),
+            });
         }
-        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Server(format!("bind 127.0.0.1:0: {e}")))?;
-        let port = l.local_addr().map_err(|e| Error::Server(e.to_string()))?.port();
-        l.set_nonblocking(true).map_err(|e| Error::Server(e.to_string()))?;
+        let l = TcpListener::bind("127.0.0.1:0")
+            .map_err(|e| Error::Server(format!("bind 127.0.0.1:0: {e}")))?;
+        let port = l
+            .local_addr()
+            .map_err(|e| Error::Server(e.to_string()))?
+            .port();
+        l.set_nonblocking(true)
+            .map_err(|e| Error::Server(e.to_string()))?;
         let stats = Arc::new(Stats::default());
         let stop = Arc::new(AtomicBool::new(false));
         let rate = Arc::new(AtomicU64::new(rate));
-        let (st, sp, rt, root) = (stats.clone(), stop.clone(), rate.clone(), root.to_path_buf());
+        let (st, sp, rt, root) = (
+            stats.clone(),
+            stop.clone(),
+            rate.clone(),
+            root.to_path_buf(),
+        );
         std::thread::spawn(move || {
             while !sp.load(Ordering::SeqCst) {
                 match l.accept() {
@@ -58,7 +72,12 @@ impl ReleaseServer {
                 }
             }
         });
-        Ok(ReleaseServer { port, stats, stop, rate })
+        Ok(ReleaseServer {
+            port,
+            stats,
+            stop,
+            rate,
+        })
     }
 
     pub fn port(&self) -> u16 {
@@ -111,21 +130,34 @@ fn parse_range(v: &str, len: u64) -> Option<std::result::Result<(u64, u64), ()>>
     let spec = v.trim().strip_prefix("bytes=")?;
     let (a, b) = spec.split_once('-')?;
     let start: u64 = a.trim().parse().ok()?;
-    let end = if b.trim().is_empty() { len.saturating_sub(1) } else { b.trim().parse::<u64>().ok()?.min(len.saturating_sub(1)) };
+    let end = if b.trim().is_empty() {
+        len.saturating_sub(1)
+    } else {
+        b.trim().parse::<u64>().ok()?.min(len.saturating_sub(1))
+    };
     if start >= len || end < start {
         return Some(Err(()));
     }
     Some(Ok((start, end)))
 }
 
-fn serve(s: TcpStream, root: &Path, st: &Stats, rate: &AtomicU64, stop: &AtomicBool) -> std::io::Result<()> {
+fn serve(
+    s: TcpStream,
+    root: &Path,
+    st: &Stats,
+    rate: &AtomicU64,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut r = BufReader::new(s.try_clone()?);
     let mut w = s;
     let mut line = String::new();
     r.read_line(&mut line)?;
     let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
+    let (method, path) = (
+        parts.next().unwrap_or("").to_string(),
+        parts.next().unwrap_or("").to_string(),
+    );
     let mut range = None;
     loop {
         let mut h = String::new();
@@ -141,12 +173,23 @@ fn serve(s: TcpStream, root: &Path, st: &Stats, rate: &AtomicU64, stop: &AtomicB
     let head = method == "HEAD";
     let file = resolve(root, &path).filter(|p| p.is_file());
     let logline = |status: u16, n: u64| {
-        st.log.lock().expect("log lock").push(format!("{method} {path} range={} -> {status} ({n} bytes)", range.as_deref().unwrap_or("-")));
+        st.log.lock().expect("log lock").push(format!(
+            "{method} {path} range={} -> {status} ({n} bytes)",
+            range.as_deref().unwrap_or("-")
+        ));
     };
     let Some(file) = file.filter(|_| method == "GET" || head) else {
         let status = if method == "GET" || head { 404 } else { 405 };
         logline(status, 0);
-        write!(w, "HTTP/1.1 {status} {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", if status == 404 { "Not Found" } else { "Method Not Allowed" })?;
+        write!(
+            w,
+            "HTTP/1.1 {status} {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            if status == 404 {
+                "Not Found"
+            } else {
+                "Method Not Allowed"
+            }
+        )?;
         return Ok(());
     };
     let mut f = std::fs::File::open(&file)?;
@@ -208,14 +251,18 @@ fn serve(s: TcpStream, root: &Path, st: &Stats, rate: &AtomicU64, stop: &AtomicB
 /// GET `http://127.0.0.1:<port><path>` with a short timeout; the body, or why not.
 pub fn http_get(port: u16, path: &str, timeout: Duration) -> std::result::Result<String, String> {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect 127.0.0.1:{port}: {e}"))?;
+    let mut s = TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| format!("connect 127.0.0.1:{port}: {e}"))?;
     s.set_read_timeout(Some(timeout)).ok();
     s.set_write_timeout(Some(timeout)).ok();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").map_err(|e| format!("send: {e}"))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .map_err(|e| format!("send: {e}"))?;
     let mut resp = Vec::new();
     s.read_to_end(&mut resp).map_err(|e| format!("read: {e}"))?;
     let text = String::from_utf8_lossy(&resp).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no HTTP response: {text:?}"))?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP response: {text:?}"))?;
     let status = head.lines().next().unwrap_or("");
     if !status.contains(" 200") {
         return Err(format!("status line {status:?}"));
@@ -241,12 +288,23 @@ mod tests {
         std::fs::create_dir_all(dir.join("v1")).unwrap();
         std::fs::write(dir.join("v1/f"), b"0123456789").unwrap();
         let srv = ReleaseServer::start(&dir, 0).unwrap();
-        assert_eq!(http_get(srv.port(), "/v1/f", Duration::from_secs(5)).unwrap(), "0123456789");
-        let r = String::from_utf8(raw(srv.port(), "GET /v1/f HTTP/1.1\r\nRange: bytes=4-\r\n\r\n")).unwrap();
+        assert_eq!(
+            http_get(srv.port(), "/v1/f", Duration::from_secs(5)).unwrap(),
+            "0123456789"
+        );
+        let r = String::from_utf8(raw(
+            srv.port(),
+            "GET /v1/f HTTP/1.1\r\nRange: bytes=4-\r\n\r\n",
+        ))
+        .unwrap();
         assert!(r.starts_with("HTTP/1.1 206"), "{r}");
         assert!(r.contains("Content-Range: bytes 4-9/10"), "{r}");
         assert!(r.ends_with("\r\n\r\n456789"), "{r}");
-        let r = String::from_utf8(raw(srv.port(), "GET /v1/f HTTP/1.1\r\nRange: bytes=10-\r\n\r\n")).unwrap();
+        let r = String::from_utf8(raw(
+            srv.port(),
+            "GET /v1/f HTTP/1.1\r\nRange: bytes=10-\r\n\r\n",
+        ))
+        .unwrap();
         assert!(r.starts_with("HTTP/1.1 416"), "{r}");
         let r = String::from_utf8(raw(srv.port(), "GET /../etc/passwd HTTP/1.1\r\n\r\n")).unwrap();
         assert!(r.starts_with("HTTP/1.1 404"), "{r}");
@@ -263,13 +321,19 @@ mod tests {
         std::fs::write(dir.join("big"), vec![7u8; 256 << 10]).unwrap();
         let srv = ReleaseServer::start(&dir, 512 << 10).unwrap();
         let port = srv.port();
-        let t = std::thread::spawn(move || http_get(port, "/big", Duration::from_secs(10)).map(|b| b.len()));
+        let t = std::thread::spawn(move || {
+            http_get(port, "/big", Duration::from_secs(10)).map(|b| b.len())
+        });
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(srv.active(), 1);
         let t0 = Instant::now();
         let _ = t.join().unwrap();
         // 256 KiB at 512 KiB/s: about half a second in all, most of it after the 200 ms sleep.
-        assert!(t0.elapsed() >= Duration::from_millis(150), "{:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() >= Duration::from_millis(150),
+            "{:?}",
+            t0.elapsed()
+        );
         assert_eq!(srv.active(), 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }

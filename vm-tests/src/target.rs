@@ -24,7 +24,12 @@ pub enum Target {
 }
 
 impl Target {
-    pub const ALL: [Target; 4] = [Target::X86_64GrubBios, Target::X86_64GrubEfi, Target::X86_64Extlinux, Target::Aarch64GrubEfi];
+    pub const ALL: [Target; 4] = [
+        Target::X86_64GrubBios,
+        Target::X86_64GrubEfi,
+        Target::X86_64Extlinux,
+        Target::Aarch64GrubEfi,
+    ];
 
     /// `x86_64-grub-bios`, … (the name the CLI and the test names use).
     pub fn name(self) -> &'static str {
@@ -54,7 +59,9 @@ impl Target {
 
     /// `images/out/<arch>/disk-<variant>.img` under the workspace root.
     pub fn disk(self, root: &Path) -> PathBuf {
-        root.join("images/out").join(self.arch()).join(format!("disk-{}.img", self.variant()))
+        root.join("images/out")
+            .join(self.arch())
+            .join(format!("disk-{}.img", self.variant()))
     }
 
     /// `images/out/<arch>/releases` under the workspace root.
@@ -65,10 +72,14 @@ impl Target {
     /// UEFI firmware (code, pristine variable store), if this target boots through UEFI.
     pub fn firmware(self) -> Option<(PathBuf, PathBuf)> {
         match self {
-            Target::X86_64GrubEfi => {
-                Some(("/usr/share/OVMF/OVMF_CODE_4M.fd".into(), "/usr/share/OVMF/OVMF_VARS_4M.fd".into()))
-            }
-            Target::Aarch64GrubEfi => Some(("/usr/share/AAVMF/AAVMF_CODE.fd".into(), "/usr/share/AAVMF/AAVMF_VARS.fd".into())),
+            Target::X86_64GrubEfi => Some((
+                "/usr/share/OVMF/OVMF_CODE_4M.fd".into(),
+                "/usr/share/OVMF/OVMF_VARS_4M.fd".into(),
+            )),
+            Target::Aarch64GrubEfi => Some((
+                "/usr/share/AAVMF/AAVMF_CODE.fd".into(),
+                "/usr/share/AAVMF/AAVMF_VARS.fd".into(),
+            )),
             _ => None,
         }
     }
@@ -90,20 +101,32 @@ impl Target {
         let disk = self.disk(root);
         let hint = format!("build it with `just images-{}`", self.arch());
         if !disk.is_file() {
-            return Err(Error::Missing { what: format!("{} disk image", self.name()), path: disk, hint });
+            return Err(Error::Missing {
+                what: format!("{} disk image", self.name()),
+                path: disk,
+                hint,
+            });
         }
         let rel = self.releases(root);
         for v in ["v1", "v2", "v3", "v2-panic", "v2-noconfirm", "v2-badhealth"] {
             let m = rel.join(v).join(libupgrade::manifest::MANIFEST_FILE);
             if !m.is_file() {
-                return Err(Error::Missing { what: format!("release {v} manifest"), path: m, hint: hint.clone() });
+                return Err(Error::Missing {
+                    what: format!("release {v} manifest"),
+                    path: m,
+                    hint: hint.clone(),
+                });
             }
         }
         if let Some((code, vars)) = self.firmware() {
             for f in [code, vars] {
                 if !f.is_file() {
                     let hint = "apt-get install ovmf qemu-efi-aarch64".to_string();
-                    return Err(Error::Missing { what: "UEFI firmware".into(), path: f, hint });
+                    return Err(Error::Missing {
+                        what: "UEFI firmware".into(),
+                        path: f,
+                        hint,
+                    });
                 }
             }
         }
@@ -120,7 +143,14 @@ impl Target {
     /// The QEMU command for one boot of `disk` (a scratch copy). `vars` is the scratch UEFI
     /// variable store (UEFI targets), `monitor` the HMP unix socket, `http_port` the host port
     /// forwarded to the guest's port 80. The serial console is on stdio.
-    pub fn qemu_command(self, accel: Accel, disk: &Path, vars: Option<&Path>, monitor: &Path, http_port: u16) -> Command {
+    pub fn qemu_command(
+        self,
+        accel: Accel,
+        disk: &Path,
+        vars: Option<&Path>,
+        monitor: &Path,
+        http_port: u16,
+    ) -> Command {
         let mut c = Command::new(self.qemu_binary());
         match self {
             Target::X86_64GrubBios | Target::X86_64Extlinux => {}
@@ -131,13 +161,30 @@ impl Target {
                 c.args(["-M", "virt", "-cpu", "cortex-a57", "-smp", "2"]);
             }
         }
-        c.args(["-m", "512", "-accel", accel.as_str(), "-display", "none", "-serial", "stdio"]);
-        c.arg("-monitor").arg(format!("unix:{},server=on,wait=off", monitor.display()));
-        c.arg("-drive").arg(format!("file={},format=raw,if=virtio", disk.display()));
-        c.arg("-nic").arg(format!("user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{http_port}-:80"));
+        c.args([
+            "-m",
+            "512",
+            "-accel",
+            accel.as_str(),
+            "-display",
+            "none",
+            "-serial",
+            "stdio",
+        ]);
+        c.arg("-monitor")
+            .arg(format!("unix:{},server=on,wait=off", monitor.display()));
+        c.arg("-drive")
+            .arg(format!("file={},format=raw,if=virtio", disk.display()));
+        c.arg("-nic").arg(format!(
+            "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{http_port}-:80"
+        ));
         if let (Some((code, _)), Some(vars)) = (self.firmware(), vars) {
-            c.arg("-drive").arg(format!("if=pflash,format=raw,readonly=on,file={}", code.display()));
-            c.arg("-drive").arg(format!("if=pflash,format=raw,file={}", vars.display()));
+            c.arg("-drive").arg(format!(
+                "if=pflash,format=raw,readonly=on,file={}",
+                code.display()
+            ));
+            c.arg("-drive")
+                .arg(format!("if=pflash,format=raw,file={}", vars.display()));
         }
         c
     }
@@ -152,11 +199,14 @@ impl fmt::Display for Target {
 impl FromStr for Target {
     type Err = Error;
     fn from_str(s: &str) -> Result<Target> {
-        Target::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| Error::Unknown {
-            what: "target".into(),
-            got: s.into(),
-            expected: Target::ALL.map(|t| t.name()).join(", "),
-        })
+        Target::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| Error::Unknown {
+                what: "target".into(),
+                got: s.into(),
+                expected: Target::ALL.map(|t| t.name()).join(", "),
+            })
     }
 }
 
@@ -210,7 +260,19 @@ fn probe_kvm(target: Target, root: &Path) -> (Accel, String) {
         return (Accel::Tcg, format!("cannot create {}", out.display()));
     };
     let child = Command::new(target.qemu_binary())
-        .args(["-accel", "kvm", "-m", "256", "-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot"])
+        .args([
+            "-accel",
+            "kvm",
+            "-m",
+            "256",
+            "-display",
+            "none",
+            "-serial",
+            "stdio",
+            "-monitor",
+            "none",
+            "-no-reboot",
+        ])
         .arg("-kernel")
         .arg(&kernel)
         .args(["-append", "console=ttyS0 earlyprintk=ttyS0 panic=-1"])
@@ -222,14 +284,26 @@ fn probe_kvm(target: Target, root: &Path) -> (Accel, String) {
         return (Accel::Tcg, "cannot start QEMU for the KVM probe".into());
     };
     let start = Instant::now();
-    let mut verdict = (Accel::Tcg, "a KVM guest printed no kernel banner within 15 s".to_string());
+    let mut verdict = (
+        Accel::Tcg,
+        "a KVM guest printed no kernel banner within 15 s".to_string(),
+    );
     while start.elapsed() < Duration::from_secs(15) {
         if let Ok(Some(st)) = child.try_wait() {
             verdict = (Accel::Tcg, format!("QEMU -accel kvm exited at once ({st})"));
             break;
         }
-        if std::fs::read(&out).map(|b| String::from_utf8_lossy(&b).contains("Linux version")).unwrap_or(false) {
-            verdict = (Accel::Kvm, format!("a KVM guest printed its banner in {:.1}s", start.elapsed().as_secs_f64()));
+        if std::fs::read(&out)
+            .map(|b| String::from_utf8_lossy(&b).contains("Linux version"))
+            .unwrap_or(false)
+        {
+            verdict = (
+                Accel::Kvm,
+                format!(
+                    "a KVM guest printed its banner in {:.1}s",
+                    start.elapsed().as_secs_f64()
+                ),
+            );
             break;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -243,13 +317,18 @@ fn probe_kvm(target: Target, root: &Path) -> (Accel, String) {
 /// Full path of `prog` on PATH.
 pub fn which(prog: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(prog)).find(|p| p.is_file())
+    std::env::split_paths(&path)
+        .map(|d| d.join(prog))
+        .find(|p| p.is_file())
 }
 
 /// The workspace root: `VM_TESTS_ROOT`, else the parent of this crate's directory.
 pub fn workspace_root() -> PathBuf {
     match std::env::var_os("VM_TESTS_ROOT") {
         Some(r) => PathBuf::from(r),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("crate has a parent dir").to_path_buf(),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("crate has a parent dir")
+            .to_path_buf(),
     }
 }

@@ -47,9 +47,11 @@ impl Vm {
     /// mirroring the console to `log`.
     pub fn spawn(name: &str, mut cmd: Command, monitor: &Path, log: &Path) -> Result<Vm> {
         let _ = std::fs::remove_file(monitor);
-        let logf = std::fs::File::create(log).map_err(|e| Error::io("create console log", log, e))?;
+        let logf =
+            std::fs::File::create(log).map_err(|e| Error::io("create console log", log, e))?;
         let errlog = log.with_extension("qemu-stderr");
-        let errf = std::fs::File::create(&errlog).map_err(|e| Error::io("create QEMU stderr log", &errlog, e))?;
+        let errf = std::fs::File::create(&errlog)
+            .map_err(|e| Error::io("create QEMU stderr log", &errlog, e))?;
         let program = cmd.get_program().to_string_lossy().into_owned();
         let line = std::iter::once(cmd.get_program())
             .chain(cmd.get_args())
@@ -62,7 +64,11 @@ impl Vm {
             .stdout(Stdio::piped())
             .stderr(errf)
             .spawn()
-            .map_err(|e| Error::Spawn { program, hint: "is QEMU installed?".into(), source: e })?;
+            .map_err(|e| Error::Spawn {
+                program,
+                hint: "is QEMU installed?".into(),
+                source: e,
+            })?;
         let stdin = child.stdin.take().expect("piped stdin");
         let mut stdout = child.stdout.take().expect("piped stdout");
         let console: Shared = Arc::new((Mutex::new(Console::default()), Condvar::new()));
@@ -138,15 +144,21 @@ impl Vm {
             }
             if let Some((i, pos)) = best {
                 let abs = self.cursor + pos;
-                let line_start = con.data[..abs].iter().rposition(|&b| b == b'\n').map(|p| p + 1).unwrap_or(0);
+                let line_start = con.data[..abs]
+                    .iter()
+                    .rposition(|&b| b == b'\n')
+                    .map(|p| p + 1)
+                    .unwrap_or(0);
                 if let Some(nl) = con.data[abs..].iter().position(|&b| b == b'\n') {
                     let end = abs + nl + 1;
-                    let line = String::from_utf8_lossy(&con.data[line_start.max(self.cursor)..end]).replace('\r', "");
+                    let line = String::from_utf8_lossy(&con.data[line_start.max(self.cursor)..end])
+                        .replace('\r', "");
                     self.cursor = end;
                     return Ok((i, line.trim_end().to_string()));
                 }
                 if con.eof {
-                    let line = String::from_utf8_lossy(&con.data[line_start.max(self.cursor)..]).replace('\r', "");
+                    let line = String::from_utf8_lossy(&con.data[line_start.max(self.cursor)..])
+                        .replace('\r', "");
                     self.cursor = con.data.len();
                     return Ok((i, line.trim_end().to_string()));
                 }
@@ -154,15 +166,34 @@ impl Vm {
             let waiting_for = patterns.join("` or `");
             if con.eof {
                 drop(con);
-                let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-                return Err(Error::Exited { vm: self.name.clone(), waiting_for, status, log: self.log.clone(), tail: self.tail(25) });
+                let status = self
+                    .child
+                    .wait()
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|e| e.to_string());
+                return Err(Error::Exited {
+                    vm: self.name.clone(),
+                    waiting_for,
+                    status,
+                    log: self.log.clone(),
+                    tail: self.tail(25),
+                });
             }
             let now = Instant::now();
             if now >= deadline {
                 let tail = tail_of(&con.data, 25);
-                return Err(Error::Timeout { vm: self.name.clone(), waiting_for, secs: timeout.as_secs(), log: self.log.clone(), tail });
+                return Err(Error::Timeout {
+                    vm: self.name.clone(),
+                    waiting_for,
+                    secs: timeout.as_secs(),
+                    log: self.log.clone(),
+                    tail,
+                });
             }
-            con = cv.wait_timeout(con, deadline - now).expect("console lock").0;
+            con = cv
+                .wait_timeout(con, deadline - now)
+                .expect("console lock")
+                .0;
         }
     }
 
@@ -179,7 +210,13 @@ impl Vm {
         if i == 0 {
             Ok(line)
         } else {
-            Err(Error::Unexpected { vm: self.name.clone(), expected: want.into(), saw: line, log: self.log.clone(), tail: self.tail(25) })
+            Err(Error::Unexpected {
+                vm: self.name.clone(),
+                expected: want.into(),
+                saw: line,
+                log: self.log.clone(),
+                tail: self.tail(25),
+            })
         }
     }
 
@@ -188,7 +225,13 @@ impl Vm {
         self.stdin
             .write_all(format!("{line}\n").as_bytes())
             .and_then(|_| self.stdin.flush())
-            .map_err(|e| Error::io(format!("{}: write to the serial console", self.name), &self.log, e))
+            .map_err(|e| {
+                Error::io(
+                    format!("{}: write to the serial console", self.name),
+                    &self.log,
+                    e,
+                )
+            })
     }
 
     /// Run `cmd` in the guest's root shell and wait for it; its output and exit code are framed
@@ -198,23 +241,50 @@ impl Vm {
         let n = self.cmd_seq;
         let begin = format!("@@B{n}@@");
         let end = format!("@@E{n}@@ rc=");
-        self.send_line(&format!("echo @@B$(({n}))@@; {{ {cmd}\n}}; echo \"@@E$(({n}))@@ rc=$?\""))?;
+        self.send_line(&format!(
+            "echo @@B$(({n}))@@; {{ {cmd}\n}}; echo \"@@E$(({n}))@@ rc=$?\""
+        ))?;
         self.expect(&begin, timeout)?;
         let from = self.cursor;
         let line = self.expect(&end, timeout)?;
         let con = self.console.0.lock().expect("console lock");
-        let upto = con.data[..self.cursor].windows(end.len()).rposition(|w| w == end.as_bytes()).unwrap_or(from);
+        let upto = con.data[..self.cursor]
+            .windows(end.len())
+            .rposition(|w| w == end.as_bytes())
+            .unwrap_or(from);
         let output = String::from_utf8_lossy(&con.data[from..upto.max(from)]).replace('\r', "");
         drop(con);
-        let rc = line.rsplit("rc=").next().and_then(|s| s.trim().parse::<i32>().ok()).unwrap_or(-1);
+        let rc = line
+            .rsplit("rc=")
+            .next()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .unwrap_or(-1);
         Ok(CmdOutput { rc, output })
+    }
+
+    /// Wait until the guest shell answers: the shell on the console may open its tty a moment
+    /// after `K3OS-READY`, and input typed before that is lost, so probe with short timeouts.
+    pub fn wait_shell(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.run("true", Duration::from_secs(5)) {
+                Ok(_) => return Ok(()),
+                Err(Error::Timeout { .. }) if Instant::now() < deadline => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// [`Vm::run`] and require exit code 0.
     pub fn run_ok(&mut self, cmd: &str, timeout: Duration) -> Result<String> {
         let out = self.run(cmd, timeout)?;
         if out.rc != 0 {
-            return Err(Error::Command { vm: self.name.clone(), cmd: cmd.into(), rc: out.rc, output: out.output });
+            return Err(Error::Command {
+                vm: self.name.clone(),
+                cmd: cmd.into(),
+                rc: out.rc,
+                output: out.output,
+            });
         }
         Ok(out.output)
     }
@@ -222,11 +292,15 @@ impl Vm {
     /// Hardware reset through the QEMU monitor (what a watchdog does): the guest reboots at once,
     /// nothing is flushed.
     pub fn system_reset(&mut self) -> Result<()> {
-        let mut s = UnixStream::connect(&self.monitor)
-            .map_err(|e| Error::Monitor { path: self.monitor.clone(), what: format!("connect: {e}") })?;
+        let mut s = UnixStream::connect(&self.monitor).map_err(|e| Error::Monitor {
+            path: self.monitor.clone(),
+            what: format!("connect: {e}"),
+        })?;
         s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-        s.write_all(b"system_reset\n")
-            .map_err(|e| Error::Monitor { path: self.monitor.clone(), what: format!("send system_reset: {e}") })?;
+        s.write_all(b"system_reset\n").map_err(|e| Error::Monitor {
+            path: self.monitor.clone(),
+            what: format!("send system_reset: {e}"),
+        })?;
         // Read the prompt and echo back so the command is known to have been taken.
         let mut buf = [0u8; 4096];
         let mut got = Vec::new();
@@ -244,15 +318,29 @@ impl Vm {
             }
         }
         if find(&got, b"system_reset").is_none() {
-            return Err(Error::Monitor { path: self.monitor.clone(), what: format!("system_reset not acknowledged: {:?}", String::from_utf8_lossy(&got)) });
+            return Err(Error::Monitor {
+                path: self.monitor.clone(),
+                what: format!(
+                    "system_reset not acknowledged: {:?}",
+                    String::from_utf8_lossy(&got)
+                ),
+            });
         }
-        eprintln!("vm-tests: [{}] system_reset (watchdog) at {:.1}s", self.name, self.elapsed().as_secs_f64());
+        eprintln!(
+            "vm-tests: [{}] system_reset (watchdog) at {:.1}s",
+            self.name,
+            self.elapsed().as_secs_f64()
+        );
         Ok(())
     }
 
     /// Cut the power: SIGKILL QEMU and reap it.
     pub fn power_cut(mut self) -> Result<()> {
-        eprintln!("vm-tests: [{}] power cut at {:.1}s", self.name, self.elapsed().as_secs_f64());
+        eprintln!(
+            "vm-tests: [{}] power cut at {:.1}s",
+            self.name,
+            self.elapsed().as_secs_f64()
+        );
         self.kill()
     }
 
@@ -260,8 +348,12 @@ impl Vm {
         if let Ok(Some(_)) = self.child.try_wait() {
             return Ok(());
         }
-        self.child.kill().map_err(|e| Error::io(format!("{}: kill QEMU", self.name), &self.log, e))?;
-        self.child.wait().map_err(|e| Error::io(format!("{}: reap QEMU", self.name), &self.log, e))?;
+        self.child
+            .kill()
+            .map_err(|e| Error::io(format!("{}: kill QEMU", self.name), &self.log, e))?;
+        self.child
+            .wait()
+            .map_err(|e| Error::io(format!("{}: reap QEMU", self.name), &self.log, e))?;
         Ok(())
     }
 }
@@ -292,10 +384,17 @@ mod tests {
 
     /// A fake "guest": sh reading the harness's lines (no QEMU), to test the console plumbing.
     fn fake() -> Vm {
-        let dir = std::env::temp_dir().join(format!("vm-tests-unit-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let dir = std::env::temp_dir().join(format!(
+            "vm-tests-unit-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let mut c = Command::new("sh");
-        c.args(["-c", "echo K3OS-BOOTED slot=A version=v1; echo K3OS-READY; exec sh 2>&1"]);
+        c.args([
+            "-c",
+            "echo K3OS-BOOTED slot=A version=v1; echo K3OS-READY; exec sh 2>&1",
+        ]);
         Vm::spawn("fake", c, &dir.join("mon.sock"), &dir.join("console.log")).unwrap()
     }
 
@@ -306,7 +405,9 @@ mod tests {
         assert_eq!(l, "K3OS-BOOTED slot=A version=v1");
         vm.expect("K3OS-READY", Duration::from_secs(5)).unwrap();
         // Consumed: a second wait for BOOTED times out.
-        let e = vm.expect("K3OS-BOOTED", Duration::from_millis(300)).unwrap_err();
+        let e = vm
+            .expect("K3OS-BOOTED", Duration::from_millis(300))
+            .unwrap_err();
         assert!(matches!(e, Error::Timeout { .. }), "{e}");
     }
 
@@ -314,22 +415,35 @@ mod tests {
     fn run_frames_output_and_exit_code() {
         let mut vm = fake();
         vm.expect("K3OS-READY", Duration::from_secs(5)).unwrap();
-        let o = vm.run("echo hello; echo world >&2; false", Duration::from_secs(5)).unwrap();
+        let o = vm
+            .run("echo hello; echo world >&2; false", Duration::from_secs(5))
+            .unwrap();
         assert_eq!(o.rc, 1);
         assert_eq!(o.output.trim(), "hello\nworld");
-        let o = vm.run_ok("printf '{\"a\": 1}\\n'", Duration::from_secs(5)).unwrap();
+        let o = vm
+            .run_ok("printf '{\"a\": 1}\\n'", Duration::from_secs(5))
+            .unwrap();
         assert_eq!(o.trim(), "{\"a\": 1}");
-        let e = vm.run_ok("exit_code_7() { return 7; }; exit_code_7", Duration::from_secs(5)).unwrap_err();
+        let e = vm
+            .run_ok(
+                "exit_code_7() { return 7; }; exit_code_7",
+                Duration::from_secs(5),
+            )
+            .unwrap_err();
         assert!(matches!(e, Error::Command { rc: 7, .. }), "{e}");
     }
 
     #[test]
     fn expect_not_fails_on_bad_pattern_and_exit_is_reported() {
         let mut vm = fake();
-        let e = vm.expect_not("K3OS-READY", &["K3OS-BOOTED"], Duration::from_secs(5)).unwrap_err();
+        let e = vm
+            .expect_not("K3OS-READY", &["K3OS-BOOTED"], Duration::from_secs(5))
+            .unwrap_err();
         assert!(matches!(e, Error::Unexpected { .. }), "{e}");
         vm.send_line("exit 3").unwrap();
-        let e = vm.expect("never-printed", Duration::from_secs(5)).unwrap_err();
+        let e = vm
+            .expect("never-printed", Duration::from_secs(5))
+            .unwrap_err();
         assert!(matches!(e, Error::Exited { .. }), "{e}");
     }
 }

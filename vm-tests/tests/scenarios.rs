@@ -13,7 +13,10 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn scenario(kind: ScenarioKind, target: Target) {
     let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let opts = Options { all_barriers: std::env::var("VM_TESTS_ALL_BARRIERS").is_ok_and(|v| v == "1"), keep: false };
+    let opts = Options {
+        all_barriers: std::env::var("VM_TESTS_ALL_BARRIERS").is_ok_and(|v| v == "1"),
+        keep: false,
+    };
     let t0 = std::time::Instant::now();
     let r = vm_tests::run(kind, target, opts);
     let wall = t0.elapsed().as_secs_f64();
@@ -43,26 +46,54 @@ macro_rules! matrix_test {
 }
 
 default_test!(x86_64_grub_bios_upgrade, Upgrade, X86_64GrubBios);
-default_test!(x86_64_grub_bios_fallback_panic, FallbackPanic, X86_64GrubBios);
+default_test!(
+    x86_64_grub_bios_fallback_panic,
+    FallbackPanic,
+    X86_64GrubBios
+);
 default_test!(x86_64_grub_bios_powercut, PowerCut, X86_64GrubBios);
 default_test!(aarch64_grub_efi_upgrade, Upgrade, Aarch64GrubEfi);
 
-matrix_test!(x86_64_grub_bios_fallback_noconfirm, FallbackNoConfirm, X86_64GrubBios);
+matrix_test!(
+    x86_64_grub_bios_fallback_noconfirm,
+    FallbackNoConfirm,
+    X86_64GrubBios
+);
 matrix_test!(x86_64_grub_bios_badhealth, BadHealth, X86_64GrubBios);
 
 matrix_test!(x86_64_grub_efi_upgrade, Upgrade, X86_64GrubEfi);
 matrix_test!(x86_64_grub_efi_fallback_panic, FallbackPanic, X86_64GrubEfi);
-matrix_test!(x86_64_grub_efi_fallback_noconfirm, FallbackNoConfirm, X86_64GrubEfi);
+matrix_test!(
+    x86_64_grub_efi_fallback_noconfirm,
+    FallbackNoConfirm,
+    X86_64GrubEfi
+);
 matrix_test!(x86_64_grub_efi_badhealth, BadHealth, X86_64GrubEfi);
 matrix_test!(x86_64_grub_efi_powercut, PowerCut, X86_64GrubEfi);
 
 matrix_test!(x86_64_extlinux_upgrade, Upgrade, X86_64Extlinux);
-matrix_test!(x86_64_extlinux_fallback_panic, FallbackPanic, X86_64Extlinux);
-matrix_test!(x86_64_extlinux_fallback_noconfirm, FallbackNoConfirm, X86_64Extlinux);
+matrix_test!(
+    x86_64_extlinux_fallback_panic,
+    FallbackPanic,
+    X86_64Extlinux
+);
+matrix_test!(
+    x86_64_extlinux_fallback_noconfirm,
+    FallbackNoConfirm,
+    X86_64Extlinux
+);
 matrix_test!(x86_64_extlinux_badhealth, BadHealth, X86_64Extlinux);
 matrix_test!(x86_64_extlinux_powercut, PowerCut, X86_64Extlinux);
 
-matrix_test!(aarch64_grub_efi_fallback_panic, FallbackPanic, Aarch64GrubEfi);
-matrix_test!(aarch64_grub_efi_fallback_noconfirm, FallbackNoConfirm, Aarch64GrubEfi);
+matrix_test!(
+    aarch64_grub_efi_fallback_panic,
+    FallbackPanic,
+    Aarch64GrubEfi
+);
+matrix_test!(
+    aarch64_grub_efi_fallback_noconfirm,
+    FallbackNoConfirm,
+    Aarch64GrubEfi
+);
 matrix_test!(aarch64_grub_efi_badhealth, BadHealth, Aarch64GrubEfi);
 matrix_test!(aarch64_grub_efi_powercut, PowerCut, Aarch64GrubEfi);
