@@ -30,7 +30,9 @@ async fn client() -> Client {
         panic!("these tests need a disposable cluster: set KUBECONFIG (see the module docs)");
     }
     libupgrade::http::install_crypto_provider();
-    Client::try_default().await.expect("connect with KUBECONFIG")
+    Client::try_default()
+        .await
+        .expect("connect with KUBECONFIG")
 }
 
 /// Install the CRD, create a namespace and a channel; returns the namespace.
@@ -60,7 +62,9 @@ async fn setup(client: &Client, concurrency: u32) -> String {
     let nss: Api<Namespace> = Api::all(client.clone());
     let mut n = Namespace::default();
     n.metadata.name = Some(ns.clone());
-    nss.create(&PostParams::default(), &n).await.expect("create namespace");
+    nss.create(&PostParams::default(), &n)
+        .await
+        .expect("create namespace");
     let chans: Api<UpdateChannel> = Api::namespaced(client.clone(), &ns);
     let ch = UpdateChannel::new(
         "stable",
@@ -75,7 +79,10 @@ async fn setup(client: &Client, concurrency: u32) -> String {
             max_failures: 1,
         },
     );
-    chans.create(&PostParams::default(), &ch).await.expect("create channel");
+    chans
+        .create(&PostParams::default(), &ch)
+        .await
+        .expect("create channel");
     ns
 }
 
@@ -93,7 +100,14 @@ async fn cluster_twenty_concurrent_claims_respect_concurrency() {
     for i in 0..20 {
         let store = KubeChannelStore::new(client.clone(), &ns, "stable");
         tasks.push(tokio::spawn(async move {
-            slots::claim(&store, &format!("sim-node-{i}"), &format!("tok-{i}"), "v2", chrono::Utc::now()).await
+            slots::claim(
+                &store,
+                &format!("sim-node-{i}"),
+                &format!("tok-{i}"),
+                "v2",
+                chrono::Utc::now(),
+            )
+            .await
         }));
     }
     let mut claimed = 0;
@@ -116,7 +130,9 @@ async fn cluster_stale_resource_version_is_a_conflict() {
     let ns = setup(&client, 1).await;
     let store = KubeChannelStore::new(client.clone(), &ns, "stable");
     let stale = store.read().await.unwrap();
-    slots::claim(&store, "a", "ta", "v2", chrono::Utc::now()).await.unwrap();
+    slots::claim(&store, "a", "ta", "v2", chrono::Utc::now())
+        .await
+        .unwrap();
     let mut write = stale.clone();
     write.status = Some(UpdateChannelStatus::default());
     let res = store.replace_status(&write).await;
@@ -131,11 +147,23 @@ async fn cluster_slot_of_a_missing_node_is_reclaimed() {
     let ns = setup(&client, 1).await;
     let store = KubeChannelStore::new(client.clone(), &ns, "stable");
     let ghost = format!("no-such-node-{:08x}", rand::thread_rng().gen::<u32>());
-    assert_eq!(slots::claim(&store, &ghost, "tg", "v2", chrono::Utc::now()).await.unwrap(), ClaimOutcome::Claimed);
+    assert_eq!(
+        slots::claim(&store, &ghost, "tg", "v2", chrono::Utc::now())
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
     let mut obs = LivenessObserver::default();
-    let done = slots::reclaim_dead(&store, "me", &mut obs, Duration::from_secs(60), tokio::time::Instant::now(), chrono::Utc::now())
-        .await
-        .unwrap();
+    let done = slots::reclaim_dead(
+        &store,
+        "me",
+        &mut obs,
+        Duration::from_secs(60),
+        tokio::time::Instant::now(),
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
     let st = store.read().await.unwrap().status.unwrap_or_default();
     teardown(&client, &ns).await;
     assert_eq!(done.len(), 1);

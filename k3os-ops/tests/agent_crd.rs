@@ -28,28 +28,47 @@ fn committed_crd_equals_generated() {
 
 #[test]
 fn crd_has_the_required_names_columns_and_status_subresource() {
-    let doc: serde_yaml::Value = serde_yaml::from_str(crd_yaml().split_once("---\n").unwrap().1).unwrap();
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(crd_yaml().split_once("---\n").unwrap().1).unwrap();
     let spec = &doc["spec"];
     assert_eq!(spec["group"], "k3os.io");
     assert_eq!(spec["scope"], "Namespaced");
     assert_eq!(spec["names"]["shortNames"][0], "upchan");
     let v = &spec["versions"][0];
     assert_eq!(v["name"], "v1");
-    assert!(v["subresources"]["status"].is_mapping(), "status subresource missing");
+    assert!(
+        v["subresources"]["status"].is_mapping(),
+        "status subresource missing"
+    );
     let cols: Vec<String> = v["additionalPrinterColumns"]
         .as_sequence()
         .unwrap()
         .iter()
         .map(|c| c["name"].as_str().unwrap().to_lowercase())
         .collect();
-    assert_eq!(cols, ["version", "latest", "updating", "concurrency", "age"]);
+    assert_eq!(
+        cols,
+        ["version", "latest", "updating", "concurrency", "age"]
+    );
     let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
-    for field in ["latestVersion", "slots", "failures", "conditions", "observedGeneration"] {
-        assert!(!status[field].is_null(), "status.{field} missing from the schema");
+    for field in [
+        "latestVersion",
+        "slots",
+        "failures",
+        "conditions",
+        "observedGeneration",
+    ] {
+        assert!(
+            !status[field].is_null(),
+            "status.{field} missing from the schema"
+        );
     }
     let slot = &status["slots"]["items"]["properties"];
     for field in ["node", "token", "claimedAt", "phase", "wasUnschedulable"] {
-        assert!(!slot[field].is_null(), "status.slots[].{field} missing from the schema");
+        assert!(
+            !slot[field].is_null(),
+            "status.slots[].{field} missing from the schema"
+        );
     }
 }
 
@@ -69,6 +88,10 @@ spec:
     assert_eq!(ch.spec.max_failures, 1);
     assert_eq!(ch.spec.reboot_timeout, "15m");
     assert!(ch.spec.drain.ignore_daemon_sets);
-    assert_eq!(ch.spec.pinned_version(), None, "'latest' must follow status.latestVersion");
+    assert_eq!(
+        ch.spec.pinned_version(),
+        None,
+        "'latest' must follow status.latestVersion"
+    );
     assert_eq!(ch.target_version(), None);
 }

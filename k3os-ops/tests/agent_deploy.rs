@@ -12,25 +12,55 @@ fn docs(file: &str) -> Vec<Value> {
 }
 
 fn rules(kind: &str) -> Vec<(String, String, Vec<String>)> {
-    let doc = docs("rbac.yaml").into_iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"));
+    let doc = docs("rbac.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}"));
     doc["rules"]
         .as_sequence()
         .unwrap()
         .iter()
         .flat_map(|r| {
-            let verbs: Vec<String> = r["verbs"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
-            let groups: Vec<String> = r["apiGroups"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
-            let resources: Vec<String> = r["resources"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+            let verbs: Vec<String> = r["verbs"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect();
+            let groups: Vec<String> = r["apiGroups"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect();
+            let resources: Vec<String> = r["resources"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect();
             groups
                 .into_iter()
-                .flat_map(move |g| resources.clone().into_iter().map(move |res| (g.clone(), res)))
+                .flat_map(move |g| {
+                    resources
+                        .clone()
+                        .into_iter()
+                        .map(move |res| (g.clone(), res))
+                })
                 .map(move |(g, res)| (g, res, verbs.clone()))
         })
         .collect()
 }
 
-fn allowed(rules: &[(String, String, Vec<String>)], group: &str, resource: &str, verb: &str) -> bool {
-    rules.iter().any(|(g, r, v)| g == group && r == resource && v.iter().any(|x| x == verb || x == "*"))
+fn allowed(
+    rules: &[(String, String, Vec<String>)],
+    group: &str,
+    resource: &str,
+    verb: &str,
+) -> bool {
+    rules
+        .iter()
+        .any(|(g, r, v)| g == group && r == resource && v.iter().any(|x| x == verb || x == "*"))
 }
 
 #[test]
@@ -62,11 +92,18 @@ fn rbac_grants_what_the_agent_uses_and_no_more() {
     }
     // Never: patching the slot list, writing the spec, deleting pods, wildcards, secrets.
     let all: Vec<_> = cluster.iter().chain(ns.iter()).cloned().collect();
-    assert!(!allowed(&all, "k3os.io", "updatechannels/status", "patch"), "status must only be replaced (CAS)");
+    assert!(
+        !allowed(&all, "k3os.io", "updatechannels/status", "patch"),
+        "status must only be replaced (CAS)"
+    );
     assert!(!allowed(&all, "k3os.io", "updatechannels", "update"));
     assert!(!allowed(&all, "k3os.io", "updatechannels", "patch"));
     assert!(!allowed(&all, "", "pods", "delete"));
-    assert!(!all.iter().any(|(g, r, v)| g == "*" || r == "*" || v.iter().any(|x| x == "*")), "wildcard in RBAC");
+    assert!(
+        !all.iter()
+            .any(|(g, r, v)| g == "*" || r == "*" || v.iter().any(|x| x == "*")),
+        "wildcard in RBAC"
+    );
     assert!(!all.iter().any(|(_, r, _)| r == "secrets"));
 }
 
@@ -80,15 +117,36 @@ fn daemonset_is_privileged_with_the_host_mounts() {
     let c = &pod["containers"][0];
     assert_eq!(c["securityContext"]["privileged"], true);
     assert_eq!(c["args"][0], "agent");
-    let env: Vec<&str> = c["env"].as_sequence().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    let env: Vec<&str> = c["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
     for var in ["NODE_NAME", "POD_NAME", "POD_NAMESPACE"] {
         assert!(env.contains(&var), "env {var} missing");
     }
-    let mounts: Vec<&str> = c["volumeMounts"].as_sequence().unwrap().iter().map(|m| m["mountPath"].as_str().unwrap()).collect();
-    for path in ["/boot", "/var/lib/k3os-ops", "/dev", "/proc/cmdline", "/etc/k3os-ops"] {
+    let mounts: Vec<&str> = c["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap())
+        .collect();
+    for path in [
+        "/boot",
+        "/var/lib/k3os-ops",
+        "/dev",
+        "/proc/cmdline",
+        "/etc/k3os-ops",
+    ] {
         assert!(mounts.contains(&path), "mount {path} missing");
     }
-    let host: Vec<&str> = pod["volumes"].as_sequence().unwrap().iter().map(|v| v["hostPath"]["path"].as_str().unwrap()).collect();
+    let host: Vec<&str> = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v["hostPath"]["path"].as_str().unwrap())
+        .collect();
     for path in ["/boot", "/var/lib/k3os-ops", "/dev", "/proc/cmdline"] {
         assert!(host.contains(&path), "hostPath {path} missing");
     }

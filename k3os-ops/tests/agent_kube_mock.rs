@@ -32,7 +32,13 @@ fn mock() -> (Client, Handle) {
 }
 
 /// Answer the next request, after checking its method and path; returns its URI and body.
-async fn answer(h: &mut Handle, method: Method, path: &str, status: u16, body: Value) -> (String, Value) {
+async fn answer(
+    h: &mut Handle,
+    method: Method,
+    path: &str,
+    status: u16,
+    body: Value,
+) -> (String, Value) {
     let (req, send) = tokio::time::timeout(Duration::from_secs(5), h.next_request())
         .await
         .unwrap_or_else(|_| panic!("no request came; expected {method} {path}"))
@@ -41,7 +47,11 @@ async fn answer(h: &mut Handle, method: Method, path: &str, status: u16, body: V
     assert_eq!(req.method(), method, "request {uri}");
     assert_eq!(req.uri().path(), path, "request {method} {uri}");
     let bytes = req.into_body().collect_bytes().await.unwrap();
-    let sent = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap() };
+    let sent = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
     send.send_response(
         Response::builder()
             .status(status)
@@ -77,16 +87,38 @@ async fn conflict_on_replace_status_rereads_and_finds_the_slot_taken() {
     let (client, mut h) = mock();
     let store = KubeChannelStore::new(client, "k3os-system", "stable");
     let server = tokio::spawn(async move {
-        answer(&mut h, Method::GET, CH_PATH, 200, channel_json("10", json!([]))).await;
-        let (_, sent) = answer(&mut h, Method::PUT, &format!("{CH_PATH}/status"), 409,
-            status_body(409, "Conflict", "the object has been modified")).await;
+        answer(
+            &mut h,
+            Method::GET,
+            CH_PATH,
+            200,
+            channel_json("10", json!([])),
+        )
+        .await;
+        let (_, sent) = answer(
+            &mut h,
+            Method::PUT,
+            &format!("{CH_PATH}/status"),
+            409,
+            status_body(409, "Conflict", "the object has been modified"),
+        )
+        .await;
         // The write is a compare-and-swap on what was read.
         assert_eq!(sent["metadata"]["resourceVersion"], "10");
         assert_eq!(sent["status"]["slots"][0]["node"], "n1");
         // Someone else took the only slot meanwhile.
-        answer(&mut h, Method::GET, CH_PATH, 200, channel_json("11", json!([slot("n2", "t2", "Claimed")]))).await;
+        answer(
+            &mut h,
+            Method::GET,
+            CH_PATH,
+            200,
+            channel_json("11", json!([slot("n2", "t2", "Claimed")])),
+        )
+        .await;
     });
-    let out = slots::claim(&store, "n1", "t1", "v2", chrono::Utc::now()).await.unwrap();
+    let out = slots::claim(&store, "n1", "t1", "v2", chrono::Utc::now())
+        .await
+        .unwrap();
     assert_eq!(out, ClaimOutcome::Full(vec!["n2".into()]));
     server.await.unwrap();
 }
@@ -96,16 +128,46 @@ async fn conflict_then_success_claims_with_the_new_resource_version() {
     let (client, mut h) = mock();
     let store = KubeChannelStore::new(client, "k3os-system", "stable");
     let server = tokio::spawn(async move {
-        answer(&mut h, Method::GET, CH_PATH, 200, channel_json("10", json!([]))).await;
-        answer(&mut h, Method::PUT, &format!("{CH_PATH}/status"), 409, status_body(409, "Conflict", "modified")).await;
-        answer(&mut h, Method::GET, CH_PATH, 200, channel_json("12", json!([]))).await;
-        let (_, sent) = answer(&mut h, Method::PUT, &format!("{CH_PATH}/status"), 200, channel_json("13", json!([slot("n1", "t1", "Claimed")]))).await;
+        answer(
+            &mut h,
+            Method::GET,
+            CH_PATH,
+            200,
+            channel_json("10", json!([])),
+        )
+        .await;
+        answer(
+            &mut h,
+            Method::PUT,
+            &format!("{CH_PATH}/status"),
+            409,
+            status_body(409, "Conflict", "modified"),
+        )
+        .await;
+        answer(
+            &mut h,
+            Method::GET,
+            CH_PATH,
+            200,
+            channel_json("12", json!([])),
+        )
+        .await;
+        let (_, sent) = answer(
+            &mut h,
+            Method::PUT,
+            &format!("{CH_PATH}/status"),
+            200,
+            channel_json("13", json!([slot("n1", "t1", "Claimed")])),
+        )
+        .await;
         assert_eq!(sent["metadata"]["resourceVersion"], "12");
         assert_eq!(sent["status"]["slots"].as_array().unwrap().len(), 1);
         assert_eq!(sent["status"]["slots"][0]["token"], "t1");
         assert_eq!(sent["status"]["observedGeneration"], 3);
     });
-    let out = slots::claim(&store, "n1", "t1", "v2", chrono::Utc::now()).await.unwrap();
+    let out = slots::claim(&store, "n1", "t1", "v2", chrono::Utc::now())
+        .await
+        .unwrap();
     assert_eq!(out, ClaimOutcome::Claimed);
     server.await.unwrap();
 }
@@ -115,9 +177,25 @@ async fn fence_with_a_foreign_token_is_lost_without_writing() {
     let (client, mut h) = mock();
     let store = KubeChannelStore::new(client, "k3os-system", "stable");
     let server = tokio::spawn(async move {
-        answer(&mut h, Method::GET, CH_PATH, 200, channel_json("5", json!([slot("n1", "newer", "Claimed")]))).await;
+        answer(
+            &mut h,
+            Method::GET,
+            CH_PATH,
+            200,
+            channel_json("5", json!([slot("n1", "newer", "Claimed")])),
+        )
+        .await;
     });
-    let out = slots::fence(&store, "n1", "older", SlotPhase::Draining, Some(false), chrono::Utc::now()).await.unwrap();
+    let out = slots::fence(
+        &store,
+        "n1",
+        "older",
+        SlotPhase::Draining,
+        Some(false),
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(out, slots::FenceOutcome::Lost);
     server.await.unwrap();
 }
@@ -146,7 +224,11 @@ fn pod_list() -> Value {
     let items = vec![
         pod("web", Some("ReplicaSet"), json!({})),
         pod("ds", Some("DaemonSet"), json!({})),
-        pod("static", None, json!({"annotations": {"kubernetes.io/config.mirror": "x"}})),
+        pod(
+            "static",
+            None,
+            json!({"annotations": {"kubernetes.io/config.mirror": "x"}}),
+        ),
         me,
     ];
     json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items})
@@ -159,18 +241,49 @@ async fn eviction_429_is_retried_until_the_budget_allows() {
         let (uri, _) = answer(&mut h, Method::GET, "/api/v1/pods", 200, pod_list()).await;
         assert!(uri.contains("fieldSelector=spec.nodeName%3Dn1"), "{uri}");
         let evict = "/api/v1/namespaces/apps/pods/web/eviction";
-        let (_, body) = answer(&mut h, Method::POST, evict, 429, status_body(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")).await;
+        let (_, body) = answer(
+            &mut h,
+            Method::POST,
+            evict,
+            429,
+            status_body(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            ),
+        )
+        .await;
         assert_eq!(body["kind"], "Eviction");
         assert_eq!(body["apiVersion"], "policy/v1");
         assert_eq!(body["metadata"]["name"], "web");
-        assert_eq!(body["deleteOptions"]["gracePeriodSeconds"], 30, "grace period lost: {body}");
+        assert_eq!(
+            body["deleteOptions"]["gracePeriodSeconds"], 30,
+            "grace period lost: {body}"
+        );
         answer(&mut h, Method::POST, evict, 201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})).await;
-        answer(&mut h, Method::GET, "/api/v1/namespaces/apps/pods/web", 404, status_body(404, "NotFound", "pods \"web\" not found")).await;
+        answer(
+            &mut h,
+            Method::GET,
+            "/api/v1/namespaces/apps/pods/web",
+            404,
+            status_body(404, "NotFound", "pods \"web\" not found"),
+        )
+        .await;
     });
-    let spec = DrainSpec { grace_period: Some(30), ..DrainSpec::default() };
-    let report = agent::drain::drain(&client, "n1", &spec, Some("k3os-system/agent"), Duration::from_secs(30), Duration::from_millis(10))
-        .await
-        .unwrap();
+    let spec = DrainSpec {
+        grace_period: Some(30),
+        ..DrainSpec::default()
+    };
+    let report = agent::drain::drain(
+        &client,
+        "n1",
+        &spec,
+        Some("k3os-system/agent"),
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.evicted, vec!["apps/web".to_string()]);
     assert_eq!(report.budget_retries, 1);
     server.await.unwrap();
@@ -182,17 +295,38 @@ async fn eviction_blocked_by_a_budget_times_out_naming_the_pod() {
     let server = tokio::spawn(async move {
         answer(&mut h, Method::GET, "/api/v1/pods", 200, pod_list()).await;
         // Answer 429 for as long as the drain keeps asking.
-        while let Ok(Some((req, send))) = tokio::time::timeout(Duration::from_secs(2), h.next_request()).await {
-            assert_eq!(req.uri().path(), "/api/v1/namespaces/apps/pods/web/eviction");
-            send.send_response(Response::builder().status(429)
-                .body(Body::from(serde_json::to_vec(&status_body(429, "TooManyRequests", "pdb")).unwrap())).unwrap());
+        while let Ok(Some((req, send))) =
+            tokio::time::timeout(Duration::from_secs(2), h.next_request()).await
+        {
+            assert_eq!(
+                req.uri().path(),
+                "/api/v1/namespaces/apps/pods/web/eviction"
+            );
+            send.send_response(
+                Response::builder()
+                    .status(429)
+                    .body(Body::from(
+                        serde_json::to_vec(&status_body(429, "TooManyRequests", "pdb")).unwrap(),
+                    ))
+                    .unwrap(),
+            );
         }
     });
-    let err = agent::drain::drain(&client, "n1", &DrainSpec::default(), Some("k3os-system/agent"), Duration::from_millis(200), Duration::from_millis(20))
-        .await
-        .unwrap_err();
+    let err = agent::drain::drain(
+        &client,
+        "n1",
+        &DrainSpec::default(),
+        Some("k3os-system/agent"),
+        Duration::from_millis(200),
+        Duration::from_millis(20),
+    )
+    .await
+    .unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("timed out") && msg.contains("apps/web"), "{msg}");
+    assert!(
+        msg.contains("timed out") && msg.contains("apps/web"),
+        "{msg}"
+    );
     server.await.unwrap();
 }
 
@@ -201,19 +335,37 @@ async fn drain_refuses_unmanaged_and_emptydir_pods_before_evicting() {
     let (client, mut h) = mock();
     let server = tokio::spawn(async move {
         let mut list = pod_list();
-        list["items"].as_array_mut().unwrap().push(pod("bare", None, json!({})));
+        list["items"]
+            .as_array_mut()
+            .unwrap()
+            .push(pod("bare", None, json!({})));
         let mut cache = pod("cache", Some("ReplicaSet"), json!({}));
         cache["spec"]["volumes"] = json!([{"name": "tmp", "emptyDir": {}}]);
         list["items"].as_array_mut().unwrap().push(cache);
         answer(&mut h, Method::GET, "/api/v1/pods", 200, list).await;
         // No eviction may follow.
-        assert!(tokio::time::timeout(Duration::from_millis(300), h.next_request()).await.map(|r| r.is_none()).unwrap_or(true));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), h.next_request())
+                .await
+                .map(|r| r.is_none())
+                .unwrap_or(true)
+        );
     });
-    let err = agent::drain::drain(&client, "n1", &DrainSpec::default(), None, Duration::from_secs(5), Duration::from_millis(10))
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("apps/bare is not managed by a controller"), "{err}");
+    let err = agent::drain::drain(
+        &client,
+        "n1",
+        &DrainSpec::default(),
+        None,
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("apps/bare is not managed by a controller"),
+        "{err}"
+    );
     assert!(err.contains("apps/cache has emptyDir data"), "{err}");
     server.await.unwrap();
 }
@@ -224,19 +376,47 @@ async fn deleted_node_slot_is_reclaimed_by_cas() {
     let store = KubeChannelStore::new(client, "k3os-system", "stable");
     let server = tokio::spawn(async move {
         let held = json!([slot("gone", "tg", "Draining")]);
-        answer(&mut h, Method::GET, CH_PATH, 200, channel_json("20", held.clone())).await;
-        answer(&mut h, Method::GET, "/api/v1/nodes/gone", 404, status_body(404, "NotFound", "nodes \"gone\" not found")).await;
+        answer(
+            &mut h,
+            Method::GET,
+            CH_PATH,
+            200,
+            channel_json("20", held.clone()),
+        )
+        .await;
+        answer(
+            &mut h,
+            Method::GET,
+            "/api/v1/nodes/gone",
+            404,
+            status_body(404, "NotFound", "nodes \"gone\" not found"),
+        )
+        .await;
         answer(&mut h, Method::GET, CH_PATH, 200, channel_json("20", held)).await;
-        let (_, sent) = answer(&mut h, Method::PUT, &format!("{CH_PATH}/status"), 200, channel_json("21", json!([]))).await;
+        let (_, sent) = answer(
+            &mut h,
+            Method::PUT,
+            &format!("{CH_PATH}/status"),
+            200,
+            channel_json("21", json!([])),
+        )
+        .await;
         assert_eq!(sent["metadata"]["resourceVersion"], "20");
         assert_eq!(sent["status"]["slots"], json!([]));
         // A deleted node is not a failure of the release.
         assert_eq!(sent["status"]["failures"], json!([]));
     });
     let mut obs = LivenessObserver::default();
-    let done = slots::reclaim_dead(&store, "n1", &mut obs, Duration::from_secs(600), tokio::time::Instant::now(), chrono::Utc::now())
-        .await
-        .unwrap();
+    let done = slots::reclaim_dead(
+        &store,
+        "n1",
+        &mut obs,
+        Duration::from_secs(600),
+        tokio::time::Instant::now(),
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].slot.node, "gone");
     assert_eq!(done[0].reason, DeadReason::NodeDeleted);
@@ -247,7 +427,11 @@ struct FakeNode;
 
 impl NodeOps for FakeNode {
     fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
-        Ok(NodeUpdateStatus { booted_version: Some("v1".into()), booted_on_trial: false, inactive: Inactive::Empty })
+        Ok(NodeUpdateStatus {
+            booted_version: Some("v1".into()),
+            booted_on_trial: false,
+            inactive: Inactive::Empty,
+        })
     }
     fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {
         Ok("v2".into())
@@ -272,9 +456,17 @@ impl NodeOps for FakeNode {
 #[tokio::test]
 async fn own_node_missing_is_an_error_naming_it() {
     let (client, mut h) = mock();
-    let agent = agent::controller::Agent::new(client, "k3os-system", "n1", None, Arc::new(FakeNode));
+    let agent =
+        agent::controller::Agent::new(client, "k3os-system", "n1", None, Arc::new(FakeNode));
     let server = tokio::spawn(async move {
-        answer(&mut h, Method::GET, "/api/v1/nodes/n1", 404, status_body(404, "NotFound", "nodes \"n1\" not found")).await;
+        answer(
+            &mut h,
+            Method::GET,
+            "/api/v1/nodes/n1",
+            404,
+            status_body(404, "NotFound", "nodes \"n1\" not found"),
+        )
+        .await;
     });
     let err = agent.reconcile().await.unwrap_err();
     assert!(format!("{err:#}").contains("read own Node n1"), "{err:#}");
@@ -291,13 +483,29 @@ async fn poller_writes_latest_into_status_never_spec() {
         answer(&mut h, Method::GET, CH_PATH, 200, ch.clone()).await;
         let (_, sent) = answer(&mut h, Method::PUT, &format!("{CH_PATH}/status"), 200, ch).await;
         assert_eq!(sent["status"]["latestVersion"], "v9");
-        assert_eq!(sent["spec"]["version"], "latest", "the spec must be sent back unchanged");
-        let conds: BTreeMap<String, String> = sent["status"]["conditions"].as_array().unwrap().iter()
-            .map(|c| (c["type"].as_str().unwrap().to_string(), c["status"].as_str().unwrap().to_string()))
+        assert_eq!(
+            sent["spec"]["version"], "latest",
+            "the spec must be sent back unchanged"
+        );
+        let conds: BTreeMap<String, String> = sent["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["type"].as_str().unwrap().to_string(),
+                    c["status"].as_str().unwrap().to_string(),
+                )
+            })
             .collect();
-        assert_eq!(conds.get("LatestResolved").map(String::as_str), Some("True"));
+        assert_eq!(
+            conds.get("LatestResolved").map(String::as_str),
+            Some("True")
+        );
         assert_eq!(conds.get("Paused").map(String::as_str), Some("False"));
     });
-    slots::set_latest(&store, Ok("v9"), chrono::Utc::now()).await.unwrap();
+    slots::set_latest(&store, Ok("v9"), chrono::Utc::now())
+        .await
+        .unwrap();
     server.await.unwrap();
 }

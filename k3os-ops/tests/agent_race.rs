@@ -94,7 +94,11 @@ impl ChannelStore for Mem {
                 let conc = g.channel.spec.concurrency as usize;
                 let mut v = Vec::new();
                 if after.slots.len() > conc {
-                    v.push(format!("{} slots > concurrency {conc}: {:?}", after.slots.len(), after.slots));
+                    v.push(format!(
+                        "{} slots > concurrency {conc}: {:?}",
+                        after.slots.len(),
+                        after.slots
+                    ));
                 }
                 let names: HashSet<&str> = after.slots.iter().map(|s| s.node.as_str()).collect();
                 if names.len() != after.slots.len() {
@@ -102,7 +106,10 @@ impl ChannelStore for Mem {
                 }
                 let now = Instant::now();
                 for s in &after.slots {
-                    let new = !before.slots.iter().any(|b| b.node == s.node && b.token == s.token);
+                    let new = !before
+                        .slots
+                        .iter()
+                        .any(|b| b.node == s.node && b.token == s.token);
                     if new {
                         g.claims += 1;
                         if paused_before && !before.slots.iter().any(|b| b.node == s.node) {
@@ -111,13 +118,15 @@ impl ChannelStore for Mem {
                     }
                 }
                 for b in &before.slots {
-                    let gone = !after.slots.iter().any(|s| s.node == b.node && s.token == b.token);
+                    let gone = !after
+                        .slots
+                        .iter()
+                        .any(|s| s.node == b.node && s.token == b.token);
                     if gone && b.node != self.me {
                         let deleted = !g.nodes.contains(&b.node);
-                        let silent = g
-                            .leases
-                            .get(&b.node)
-                            .is_none_or(|(_, at)| now.saturating_duration_since(*at) >= REBOOT_TIMEOUT);
+                        let silent = g.leases.get(&b.node).is_none_or(|(_, at)| {
+                            now.saturating_duration_since(*at) >= REBOOT_TIMEOUT
+                        });
                         if !deleted && !silent {
                             v.push(format!("{} removed the live slot of {}", self.me, b.node));
                         }
@@ -174,18 +183,36 @@ struct Node {
     token: Arc<Mutex<Option<String>>>,
 }
 
-async fn run_agent(store: Mem, node: Arc<Node>, sc: Arc<Scenario>, rng: Arc<Mutex<StdRng>>, stop: Arc<AtomicBool>) -> Outcome {
+async fn run_agent(
+    store: Mem,
+    node: Arc<Node>,
+    sc: Arc<Scenario>,
+    rng: Arc<Mutex<StdRng>>,
+    stop: Arc<AtomicBool>,
+) -> Outcome {
     let me = node.name.clone();
     let mut obs = LivenessObserver::default();
     let r = |lo: u64, hi: u64| rng.lock().unwrap().gen_range(lo..=hi);
     let outcome = loop {
-        let _ = slots::reclaim_dead(&store, &me, &mut obs, REBOOT_TIMEOUT, Instant::now(), Utc::now()).await;
+        let _ = slots::reclaim_dead(
+            &store,
+            &me,
+            &mut obs,
+            REBOOT_TIMEOUT,
+            Instant::now(),
+            Utc::now(),
+        )
+        .await;
         // The token is persisted (Node annotation) before the claim.
         let token = {
             let mut t = node.token.lock().unwrap();
-            t.get_or_insert_with(|| format!("{me}-{}", r(0, u64::MAX - 1))).clone()
+            t.get_or_insert_with(|| format!("{me}-{}", r(0, u64::MAX - 1)))
+                .clone()
         };
-        match slots::claim(&store, &me, &token, VERSION, Utc::now()).await.expect("claim") {
+        match slots::claim(&store, &me, &token, VERSION, Utc::now())
+            .await
+            .expect("claim")
+        {
             ClaimOutcome::Claimed | ClaimOutcome::AlreadyHeld => {}
             ClaimOutcome::Full(_) => {
                 tokio::time::sleep(Duration::from_millis(r(200, 1500))).await;
@@ -194,7 +221,17 @@ async fn run_agent(store: Mem, node: Arc<Node>, sc: Arc<Scenario>, rng: Arc<Mute
             ClaimOutcome::Paused => break Outcome::Paused,
             ClaimOutcome::TargetChanged(t) => panic!("target changed to {t:?}"),
         }
-        match slots::fence(&store, &me, &token, SlotPhase::Draining, Some(false), Utc::now()).await.expect("fence") {
+        match slots::fence(
+            &store,
+            &me,
+            &token,
+            SlotPhase::Draining,
+            Some(false),
+            Utc::now(),
+        )
+        .await
+        .expect("fence")
+        {
             FenceOutcome::Held(_) => {}
             FenceOutcome::Lost => {
                 *node.token.lock().unwrap() = None;
@@ -202,7 +239,10 @@ async fn run_agent(store: Mem, node: Arc<Node>, sc: Arc<Scenario>, rng: Arc<Mute
             }
         }
         tokio::time::sleep(Duration::from_millis(r(0, 2000))).await; // drain
-        match slots::fence(&store, &me, &token, SlotPhase::Rebooting, None, Utc::now()).await.expect("fence") {
+        match slots::fence(&store, &me, &token, SlotPhase::Rebooting, None, Utc::now())
+            .await
+            .expect("fence")
+        {
             FenceOutcome::Held(_) => {}
             FenceOutcome::Lost => {
                 *node.token.lock().unwrap() = None;
@@ -217,17 +257,35 @@ async fn run_agent(store: Mem, node: Arc<Node>, sc: Arc<Scenario>, rng: Arc<Mute
         node.renewing.store(true, Ordering::SeqCst);
         let bad = rng.lock().unwrap().gen_bool(sc.fail_prob);
         if bad {
-            slots::record_failure(&store, &me, Some(&token), VERSION, "health check failed", false, Utc::now())
-                .await
-                .expect("record failure");
+            slots::record_failure(
+                &store,
+                &me,
+                Some(&token),
+                VERSION,
+                "health check failed",
+                false,
+                Utc::now(),
+            )
+            .await
+            .expect("record failure");
             break Outcome::Failed;
         }
-        slots::release(&store, &me, &token, Utc::now()).await.expect("release");
+        slots::release(&store, &me, &token, Utc::now())
+            .await
+            .expect("release");
         break Outcome::Updated;
     };
     // Keep reclaiming for the others until the run ends.
     while !stop.load(Ordering::SeqCst) {
-        let _ = slots::reclaim_dead(&store, &me, &mut obs, REBOOT_TIMEOUT, Instant::now(), Utc::now()).await;
+        let _ = slots::reclaim_dead(
+            &store,
+            &me,
+            &mut obs,
+            REBOOT_TIMEOUT,
+            Instant::now(),
+            Utc::now(),
+        )
+        .await;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     outcome
@@ -237,7 +295,10 @@ async fn renew(inner: Arc<Mutex<Inner>>, node: Arc<Node>) {
     loop {
         if node.renewing.load(Ordering::SeqCst) {
             let mut g = inner.lock().unwrap();
-            let e = g.leases.entry(node.name.clone()).or_insert((0, Instant::now()));
+            let e = g
+                .leases
+                .entry(node.name.clone())
+                .or_insert((0, Instant::now()));
             e.0 += 1;
             e.1 = Instant::now();
         }
@@ -310,10 +371,19 @@ async fn simulate(sc: Arc<Scenario>) -> Report {
             rng: rng.clone(),
             me: n.name.clone(),
         };
-        tokio::spawn(run_agent(store, n.clone(), sc.clone(), rng.clone(), stop.clone()))
+        tokio::spawn(run_agent(
+            store,
+            n.clone(),
+            sc.clone(),
+            rng.clone(),
+            stop.clone(),
+        ))
     };
     for n in &nodes {
-        renewers.insert(n.name.clone(), tokio::spawn(renew(inner.clone(), n.clone())));
+        renewers.insert(
+            n.name.clone(),
+            tokio::spawn(renew(inner.clone(), n.clone())),
+        );
         agents.insert(n.name.clone(), spawn_agent(n));
     }
 
@@ -362,29 +432,45 @@ async fn simulate(sc: Arc<Scenario>) -> Report {
             .unwrap()
             .leases
             .get(&n.name)
-            .is_none_or(|(_, at)| Instant::now().saturating_duration_since(*at) >= REBOOT_TIMEOUT / 2);
+            .is_none_or(|(_, at)| {
+                Instant::now().saturating_duration_since(*at) >= REBOOT_TIMEOUT / 2
+            });
         if silent {
             *n.token.lock().unwrap() = None;
         }
         n.renewing.store(true, Ordering::SeqCst);
-        renewers.insert(n.name.clone(), tokio::spawn(renew(inner.clone(), n.clone())));
+        renewers.insert(
+            n.name.clone(),
+            tokio::spawn(renew(inner.clone(), n.clone())),
+        );
         agents.insert(n.name.clone(), spawn_agent(n));
     }
     // Wait for every live agent to reach an outcome (bounded: a stuck protocol fails here).
     let deadline = Instant::now() + Duration::from_secs(3600);
     loop {
         tokio::time::sleep(Duration::from_secs(5)).await;
-        let slots_empty = inner.lock().unwrap().channel.status.as_ref().is_none_or(|s| s.slots.is_empty());
+        let slots_empty = inner
+            .lock()
+            .unwrap()
+            .channel
+            .status
+            .as_ref()
+            .is_none_or(|s| s.slots.is_empty());
         // Settled: no slot held and no new claim for three reboot timeouts.
         if slots_empty && Instant::now() > start + Duration::from_secs(60) {
             let claims_before = inner.lock().unwrap().claims;
             tokio::time::sleep(REBOOT_TIMEOUT * 3).await;
             let g = inner.lock().unwrap();
-            if g.claims == claims_before && g.channel.status.as_ref().is_none_or(|s| s.slots.is_empty()) {
+            if g.claims == claims_before
+                && g.channel.status.as_ref().is_none_or(|s| s.slots.is_empty())
+            {
                 break;
             }
         }
-        assert!(Instant::now() < deadline, "model did not settle within an hour of virtual time");
+        assert!(
+            Instant::now() < deadline,
+            "model did not settle within an hour of virtual time"
+        );
     }
     stop.store(true, Ordering::SeqCst);
     let mut outcomes = BTreeMap::new();
@@ -412,13 +498,28 @@ async fn simulate(sc: Arc<Scenario>) -> Report {
 }
 
 fn check_common(r: &Report, sc_desc: &str) {
-    assert!(r.violations.is_empty(), "{sc_desc}: invariant violations: {:#?}", r.violations);
-    assert!(r.final_status.slots.is_empty(), "{sc_desc}: slots left behind (dead slots not reclaimed): {:?}", r.final_status.slots);
+    assert!(
+        r.violations.is_empty(),
+        "{sc_desc}: invariant violations: {:#?}",
+        r.violations
+    );
+    assert!(
+        r.final_status.slots.is_empty(),
+        "{sc_desc}: slots left behind (dead slots not reclaimed): {:?}",
+        r.final_status.slots
+    );
     assert!(r.writes > 0 && r.claims > 0, "{sc_desc}: nothing happened");
     for d in &r.dead {
-        assert!(!r.outcomes.contains_key(d), "{sc_desc}: dead node {d} reported an outcome");
+        assert!(
+            !r.outcomes.contains_key(d),
+            "{sc_desc}: dead node {d} reported an outcome"
+        );
     }
-    assert_eq!(r.outcomes.len() + r.dead.len(), N, "{sc_desc}: agents unaccounted for");
+    assert_eq!(
+        r.outcomes.len() + r.dead.len(),
+        N,
+        "{sc_desc}: agents unaccounted for"
+    );
 }
 
 #[test]
@@ -447,7 +548,10 @@ fn good_release_rolls_out_under_crashes_and_deletions() {
         max_seen = max_seen.max(r.max_seen);
     }
     // The model must actually race: CAS conflicts happened and slots were filled.
-    assert!(conflicts > 0, "no CAS conflict in any run: the model does not exercise the race");
+    assert!(
+        conflicts > 0,
+        "no CAS conflict in any run: the model does not exercise the race"
+    );
     assert!(max_seen >= 2, "concurrency > 1 was never used");
 }
 
@@ -469,17 +573,39 @@ fn bad_release_pauses_the_rollout() {
         let r = run(sc);
         check_common(&r, &desc);
         let failures = r.final_status.failures.len();
-        assert!(failures >= max_failures as usize, "{desc}: only {failures} failures recorded");
+        assert!(
+            failures >= max_failures as usize,
+            "{desc}: only {failures} failures recorded"
+        );
         // Claims already held when the pause triggers may still fail; nothing more.
         assert!(
             failures <= (max_failures + concurrency - 1) as usize + r.dead.len(),
             "{desc}: {failures} failures: the pause did not stop the rollout"
         );
-        let paused = r.final_status.conditions.iter().any(|c| c.type_ == COND_PAUSED && c.status == "True");
-        assert!(paused, "{desc}: Paused condition not set: {:?}", r.final_status.conditions);
-        let paused_agents = r.outcomes.values().filter(|o| **o == Outcome::Paused).count();
-        assert!(paused_agents >= N - r.dead.len() - failures, "{desc}: {:?}", r.outcomes);
-        assert!(r.outcomes.values().all(|o| *o != Outcome::Updated), "{desc}: a bad release succeeded?");
+        let paused = r
+            .final_status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == COND_PAUSED && c.status == "True");
+        assert!(
+            paused,
+            "{desc}: Paused condition not set: {:?}",
+            r.final_status.conditions
+        );
+        let paused_agents = r
+            .outcomes
+            .values()
+            .filter(|o| **o == Outcome::Paused)
+            .count();
+        assert!(
+            paused_agents >= N - r.dead.len() - failures,
+            "{desc}: {:?}",
+            r.outcomes
+        );
+        assert!(
+            r.outcomes.values().all(|o| *o != Outcome::Updated),
+            "{desc}: a bad release succeeded?"
+        );
     }
 }
 
@@ -498,7 +624,15 @@ fn silent_holders_are_reclaimed_and_counted_as_failures() {
     };
     let r = run(sc);
     check_common(&r, "slow reboots");
-    assert!(r.final_status.failures.len() >= 2, "{:?}", r.final_status.failures);
-    assert!(r.final_status.failures.iter().all(|f| f.reason.contains("rebootTimeout")));
+    assert!(
+        r.final_status.failures.len() >= 2,
+        "{:?}",
+        r.final_status.failures
+    );
+    assert!(r
+        .final_status
+        .failures
+        .iter()
+        .all(|f| f.reason.contains("rebootTimeout")));
     assert!(r.outcomes.values().any(|o| *o == Outcome::Paused));
 }

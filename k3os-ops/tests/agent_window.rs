@@ -19,7 +19,10 @@ const WEEK: i64 = 7 * 86_400;
 
 fn spec(mask: u8, start_min: u32, len_min: u32, tz: Option<&str>) -> WindowSpec {
     WindowSpec {
-        days: (0..7).filter(|i| mask & (1 << i) != 0).map(|i| DAYS[i].to_string()).collect(),
+        days: (0..7)
+            .filter(|i| mask & (1 << i) != 0)
+            .map(|i| DAYS[i].to_string())
+            .collect(),
         start: format!("{:02}:{:02}", start_min / 60, start_min % 60),
         length: format!("{len_min}m"),
         time_zone: tz.map(String::from),
@@ -219,26 +222,60 @@ fn the_per_node_flow_step_by_step() {
     let mut node = staged_node("v2");
     node.update.inactive = Inactive::Empty;
     let mut ch = channel(None);
-    assert_eq!(decide(&ch, &node, now), Action::Idle(agent::decide::IdleReason::NoTarget));
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Idle(agent::decide::IdleReason::NoTarget)
+    );
     // latest resolves into status, never into spec.
     ch.status.as_mut().unwrap().latest_version = Some("v2".into());
-    assert_eq!(decide(&ch, &node, now), Action::Stage { version: "v2".into() });
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Stage {
+            version: "v2".into()
+        }
+    );
     node.update.inactive = Inactive::Staged("v2".into());
-    assert_eq!(decide(&ch, &node, now), Action::Claim { version: "v2".into() });
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Claim {
+            version: "v2".into()
+        }
+    );
     held(&mut ch, SlotPhase::Claimed);
-    assert_eq!(decide(&ch, &node, now), Action::Continue { phase: SlotPhase::Claimed, version: "v2".into() });
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Continue {
+            phase: SlotPhase::Claimed,
+            version: "v2".into()
+        }
+    );
     ch.status.as_mut().unwrap().slots[0].phase = SlotPhase::Rebooting;
     node.update.inactive = Inactive::Activated("v2".into());
-    assert_eq!(decide(&ch, &node, now), Action::Continue { phase: SlotPhase::Rebooting, version: "v2".into() });
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Continue {
+            phase: SlotPhase::Rebooting,
+            version: "v2".into()
+        }
+    );
     // Rebooted into v2 on trial.
     node.update.booted_version = Some("v2".into());
     node.update.booted_on_trial = true;
     node.update.inactive = Inactive::Staged("v1".into());
-    assert_eq!(decide(&ch, &node, now), Action::Confirm { version: "v2".into(), held: true });
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Confirm {
+            version: "v2".into(),
+            held: true
+        }
+    );
     // Confirmed and released.
     node.update.booted_on_trial = false;
     ch.status.as_mut().unwrap().slots.clear();
-    assert_eq!(decide(&ch, &node, now), Action::Idle(agent::decide::IdleReason::UpToDate));
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Idle(agent::decide::IdleReason::UpToDate)
+    );
 }
 
 #[test]
@@ -249,10 +286,23 @@ fn a_fallback_boot_is_a_rollback_and_is_not_retried() {
     let mut node = staged_node("v2");
     // The loader fell back: still on v1, the v2 trial spent.
     node.update.inactive = Inactive::Failed("v2".into());
-    assert_eq!(decide(&ch, &node, now), Action::RolledBack { version: "v2".into() });
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::RolledBack {
+            version: "v2".into()
+        }
+    );
     ch.status.as_mut().unwrap().slots.clear();
-    ch.status.as_mut().unwrap().failures.push(FailureRecord { node: "n1".into(), version: "v2".into(), at: now, reason: "x".into() });
-    assert_eq!(decide(&ch, &node, now), Action::Idle(agent::decide::IdleReason::FailedHere("v2".into())));
+    ch.status.as_mut().unwrap().failures.push(FailureRecord {
+        node: "n1".into(),
+        version: "v2".into(),
+        at: now,
+        reason: "x".into(),
+    });
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Idle(agent::decide::IdleReason::FailedHere("v2".into()))
+    );
 }
 
 #[test]
@@ -262,7 +312,13 @@ fn health_rollback_reboots_back_then_finishes() {
     held(&mut ch, SlotPhase::RollingBack);
     let mut node = staged_node("v2");
     node.update.booted_version = Some("v2".into());
-    assert_eq!(decide(&ch, &node, now), Action::Continue { phase: SlotPhase::RollingBack, version: "v2".into() });
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Continue {
+            phase: SlotPhase::RollingBack,
+            version: "v2".into()
+        }
+    );
     node.update.booted_version = Some("v1".into());
     node.update.inactive = Inactive::Failed("v2".into());
     assert_eq!(decide(&ch, &node, now), Action::FinishRollback);
@@ -272,14 +328,20 @@ fn health_rollback_reboots_back_then_finishes() {
 fn target_change_while_holding_releases_the_slot() {
     let mut ch = channel(Some("v3"));
     held(&mut ch, SlotPhase::Draining);
-    assert!(matches!(decide(&ch, &staged_node("v2"), at(T0)), Action::Release { .. }));
+    assert!(matches!(
+        decide(&ch, &staged_node("v2"), at(T0)),
+        Action::Release { .. }
+    ));
 }
 
 #[test]
 fn unselected_nodes_and_invalid_specs() {
     let mut ch = channel(Some("v2"));
     ch.spec.node_selector.insert("pool".into(), "edge".into());
-    assert_eq!(decide(&ch, &staged_node("v2"), at(T0)), Action::Idle(agent::decide::IdleReason::NotSelected));
+    assert_eq!(
+        decide(&ch, &staged_node("v2"), at(T0)),
+        Action::Idle(agent::decide::IdleReason::NotSelected)
+    );
     let mut ch = channel(Some("v2"));
     ch.spec.reboot_timeout = "soon".into();
     match decide(&ch, &staged_node("v2"), at(T0)) {

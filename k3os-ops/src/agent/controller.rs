@@ -28,7 +28,9 @@ use serde_json::json;
 use super::crd::{SlotPhase, UpdateChannel};
 use super::decide::{decide, Action, IdleReason, NodeView, Policy};
 use super::drain;
-use super::kube_store::{acquire_lease, node_lease_name, poller_lease_name, KubeChannelStore, LeaseOutcome};
+use super::kube_store::{
+    acquire_lease, node_lease_name, poller_lease_name, KubeChannelStore, LeaseOutcome,
+};
 use super::node::{ConfirmResult, NodeOps, StageProgress};
 use super::slots::{self, ClaimOutcome, FenceOutcome, LivenessObserver};
 use super::AgentArgs;
@@ -82,7 +84,13 @@ pub enum Next {
 }
 
 impl Agent {
-    pub fn new(client: Client, namespace: &str, node: &str, self_pod: Option<String>, ops: Arc<dyn NodeOps>) -> Agent {
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        node: &str,
+        self_pod: Option<String>,
+        ops: Arc<dyn NodeOps>,
+    ) -> Agent {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -133,14 +141,24 @@ impl Agent {
 
     /// Publish a Kubernetes Event about this node (and the channel, as related object).
     /// Event failures are logged, never fatal.
-    pub async fn event(&self, channel: Option<&UpdateChannel>, warning: bool, reason: &str, note: String) {
+    pub async fn event(
+        &self,
+        channel: Option<&UpdateChannel>,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
         if warning {
             tracing::warn!(reason, "{note}");
         } else {
             tracing::info!(reason, "{note}");
         }
         let ev = Event {
-            type_: if warning { EventType::Warning } else { EventType::Normal },
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
             reason: reason.to_string(),
             note: Some(note.chars().take(1000).collect()),
             action: reason.to_string(),
@@ -154,7 +172,13 @@ impl Agent {
 
     /// Emit an event only when the note differs from the last one (for waiting states that
     /// are re-decided every resync).
-    async fn event_once(&self, channel: Option<&UpdateChannel>, warning: bool, reason: &str, note: String) {
+    async fn event_once(
+        &self,
+        channel: Option<&UpdateChannel>,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
         let key = format!("{reason}:{note}");
         {
             let mut last = self.last_note.lock().expect("not poisoned");
@@ -170,7 +194,12 @@ impl Agent {
     pub async fn annotate(&self, annotations: &[(&str, Option<&str>)]) -> anyhow::Result<()> {
         let map: serde_json::Map<String, serde_json::Value> = annotations
             .iter()
-            .map(|(k, v)| (k.to_string(), v.map_or(serde_json::Value::Null, |v| json!(v))))
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v.map_or(serde_json::Value::Null, |v| json!(v)),
+                )
+            })
             .collect();
         self.nodes()
             .patch(
@@ -184,7 +213,8 @@ impl Agent {
     }
 
     async fn phase(&self, phase: &str, message: &str) -> anyhow::Result<()> {
-        self.annotate(&[(ANN_PHASE, Some(phase)), (ANN_MESSAGE, Some(message))]).await
+        self.annotate(&[(ANN_PHASE, Some(phase)), (ANN_MESSAGE, Some(message))])
+            .await
     }
 
     async fn blocking<T: Send + 'static>(
@@ -197,10 +227,18 @@ impl Agent {
 
     /// Pick the channel for this node: the one holding a slot for it, else the first (by
     /// name) whose nodeSelector matches.
-    fn pick<'a>(&self, channels: &'a [UpdateChannel], labels: &BTreeMap<String, String>) -> Option<&'a UpdateChannel> {
+    fn pick<'a>(
+        &self,
+        channels: &'a [UpdateChannel],
+        labels: &BTreeMap<String, String>,
+    ) -> Option<&'a UpdateChannel> {
         channels
             .iter()
-            .find(|c| c.status.as_ref().is_some_and(|s| s.slot_of(&self.node).is_some()))
+            .find(|c| {
+                c.status
+                    .as_ref()
+                    .is_some_and(|s| s.slot_of(&self.node).is_some())
+            })
             .or_else(|| channels.iter().find(|c| c.selects(labels)))
     }
 
@@ -211,7 +249,8 @@ impl Agent {
             .get(&self.node)
             .await
             .with_context(|| format!("read own Node {}", self.node))?;
-        let channels_api: Api<UpdateChannel> = Api::namespaced(self.client.clone(), &self.namespace);
+        let channels_api: Api<UpdateChannel> =
+            Api::namespaced(self.client.clone(), &self.namespace);
         let mut channels = channels_api
             .list(&ListParams::default())
             .await
@@ -228,7 +267,11 @@ impl Agent {
         let view = NodeView {
             name: self.node.clone(),
             labels,
-            unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+            unschedulable: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
             token: annotations.get(ANN_TOKEN).cloned(),
             update,
         };
@@ -237,7 +280,12 @@ impl Agent {
         self.execute(&channel, &view, action).await
     }
 
-    async fn execute(&self, ch: &UpdateChannel, view: &NodeView, action: Action) -> anyhow::Result<Next> {
+    async fn execute(
+        &self,
+        ch: &UpdateChannel,
+        view: &NodeView,
+        action: Action,
+    ) -> anyhow::Result<Next> {
         let name = ch.metadata.name.clone().unwrap_or_default();
         let store = self.store(&name);
         let now = Utc::now;
@@ -245,48 +293,90 @@ impl Agent {
         match action {
             Action::Idle(reason) => {
                 if let IdleReason::FailedHere(v) = &reason {
-                    self.event_once(Some(ch), true, "NotRetrying", format!("{v} failed on this node before; not retrying it")).await;
+                    self.event_once(
+                        Some(ch),
+                        true,
+                        "NotRetrying",
+                        format!("{v} failed on this node before; not retrying it"),
+                    )
+                    .await;
                 }
                 if let IdleReason::ForeignSlot = &reason {
                     self.event_once(Some(ch), true, "ForeignSlot", "the channel holds a slot for this node under another token (another agent instance); waiting".into()).await;
                 }
                 if reason == IdleReason::UpToDate {
-                    self.annotate(&[(ANN_PHASE, Some("UpToDate")), (ANN_PROGRESS, None), (ANN_MESSAGE, None)]).await?;
+                    self.annotate(&[
+                        (ANN_PHASE, Some("UpToDate")),
+                        (ANN_PROGRESS, None),
+                        (ANN_MESSAGE, None),
+                    ])
+                    .await?;
                 }
                 Ok(Next::Wait)
             }
             Action::Invalid(msg) => {
-                self.event_once(Some(ch), true, "InvalidChannel", format!("UpdateChannel {name}: {msg}")).await;
+                self.event_once(
+                    Some(ch),
+                    true,
+                    "InvalidChannel",
+                    format!("UpdateChannel {name}: {msg}"),
+                )
+                .await;
                 Ok(Next::Wait)
             }
             Action::Stage { version } => self.stage(ch, &version).await,
             Action::Paused { version } => {
-                self.phase("Paused", &format!("claims paused: too many failures of {version}")).await?;
-                self.event_once(Some(ch), true, "Paused", format!("not updating to {version}: the channel is paused after failures")).await;
+                self.phase(
+                    "Paused",
+                    &format!("claims paused: too many failures of {version}"),
+                )
+                .await?;
+                self.event_once(
+                    Some(ch),
+                    true,
+                    "Paused",
+                    format!("not updating to {version}: the channel is paused after failures"),
+                )
+                .await;
                 Ok(Next::Wait)
             }
             Action::WaitForWindow { next } => {
                 let msg = match next {
                     Some(t) => format!("staged; waiting for the window starting {t}"),
-                    None => "staged; the window is too short for drain timeout + reboot timeout".into(),
+                    None => {
+                        "staged; the window is too short for drain timeout + reboot timeout".into()
+                    }
                 };
                 self.phase("WaitingForWindow", &msg).await?;
-                self.event_once(Some(ch), false, "WaitingForWindow", msg).await;
+                self.event_once(Some(ch), false, "WaitingForWindow", msg)
+                    .await;
                 Ok(Next::Wait)
             }
             Action::Claim { version } => {
-                let token = format!("{:016x}{:016x}", rand::thread_rng().gen::<u64>(), rand::thread_rng().gen::<u64>());
+                let token = format!(
+                    "{:016x}{:016x}",
+                    rand::thread_rng().gen::<u64>(),
+                    rand::thread_rng().gen::<u64>()
+                );
                 self.annotate(&[(ANN_TOKEN, Some(&token))]).await?;
                 match slots::claim(&store, &self.node, &token, &version, now()).await? {
                     ClaimOutcome::Claimed | ClaimOutcome::AlreadyHeld => {
-                        self.phase("Claimed", &format!("holding an update slot for {version}")).await?;
-                        self.event(Some(ch), false, "SlotClaimed", format!("claimed an update slot of {name} to install {version}")).await;
+                        self.phase("Claimed", &format!("holding an update slot for {version}"))
+                            .await?;
+                        self.event(
+                            Some(ch),
+                            false,
+                            "SlotClaimed",
+                            format!("claimed an update slot of {name} to install {version}"),
+                        )
+                        .await;
                         Ok(Next::Again)
                     }
                     ClaimOutcome::Full(holders) => {
                         let msg = format!("all slots taken by {}", holders.join(", "));
                         self.phase("WaitingForSlot", &msg).await?;
-                        self.event_once(Some(ch), false, "WaitingForSlot", msg).await;
+                        self.event_once(Some(ch), false, "WaitingForSlot", msg)
+                            .await;
                         Ok(Next::Wait)
                     }
                     ClaimOutcome::Paused => Ok(Next::Again),
@@ -301,35 +391,69 @@ impl Agent {
                 Box::pin(self.execute(ch, view, Action::Claim { version })).await
             }
             Action::Continue { phase, version } => match phase {
-                SlotPhase::Claimed | SlotPhase::Draining => self.disrupt(ch, &store, view, &token, &version).await,
+                SlotPhase::Claimed | SlotPhase::Draining => {
+                    self.disrupt(ch, &store, view, &token, &version).await
+                }
                 SlotPhase::Rebooting => self.flip_and_reboot(ch, &store, &token, &version).await,
                 SlotPhase::RollingBack => {
-                    self.phase("RollingBack", &format!("rebooting back from {version}")).await?;
-                    self.event(Some(ch), true, "RebootingBack", format!("rebooting back from the failed {version}")).await;
+                    self.phase("RollingBack", &format!("rebooting back from {version}"))
+                        .await?;
+                    self.event(
+                        Some(ch),
+                        true,
+                        "RebootingBack",
+                        format!("rebooting back from the failed {version}"),
+                    )
+                    .await;
                     self.blocking(|ops| ops.reboot()).await?;
                     Ok(Next::Wait)
                 }
             },
-            Action::Confirm { version, held } => self.confirm(ch, &store, &token, &version, held).await,
+            Action::Confirm { version, held } => {
+                self.confirm(ch, &store, &token, &version, held).await
+            }
             Action::RolledBack { version } => {
                 let reason = format!("the node came back on its old slot instead of {version} (the bootloader fell back)");
-                self.event(Some(ch), true, "RolledBack", reason.clone()).await;
+                self.event(Some(ch), true, "RolledBack", reason.clone())
+                    .await;
                 self.undo_cordon().await?;
-                slots::record_failure(&store, &self.node, Some(&token), &version, &reason, false, now()).await?;
+                slots::record_failure(
+                    &store,
+                    &self.node,
+                    Some(&token),
+                    &version,
+                    &reason,
+                    false,
+                    now(),
+                )
+                .await?;
                 self.phase("Failed", &reason).await?;
                 Ok(Next::Again)
             }
             Action::FinishRollback => {
                 self.undo_cordon().await?;
                 slots::release(&store, &self.node, &token, now()).await?;
-                self.phase("Failed", "back on the old slot after a failed update").await?;
-                self.event(Some(ch), true, "RollbackFinished", "back on the old slot; slot released".into()).await;
+                self.phase("Failed", "back on the old slot after a failed update")
+                    .await?;
+                self.event(
+                    Some(ch),
+                    true,
+                    "RollbackFinished",
+                    "back on the old slot; slot released".into(),
+                )
+                .await;
                 Ok(Next::Again)
             }
             Action::Release { reason } => {
                 self.undo_cordon().await?;
                 slots::release(&store, &self.node, &token, now()).await?;
-                self.event(Some(ch), false, "SlotReleased", format!("released the update slot: {reason}")).await;
+                self.event(
+                    Some(ch),
+                    false,
+                    "SlotReleased",
+                    format!("released the update slot: {reason}"),
+                )
+                .await;
                 Ok(Next::Again)
             }
         }
@@ -353,10 +477,22 @@ impl Agent {
         self.annotate(&[
             (ANN_PHASE, Some("Staging")),
             (ANN_TARGET, Some(version)),
-            (ANN_MESSAGE, Some("downloading and verifying into the inactive slot")),
+            (
+                ANN_MESSAGE,
+                Some("downloading and verifying into the inactive slot"),
+            ),
         ])
         .await?;
-        self.event(Some(ch), false, "Staging", format!("staging {version} from {} into the inactive slot", ch.spec.url)).await;
+        self.event(
+            Some(ch),
+            false,
+            "Staging",
+            format!(
+                "staging {version} from {} into the inactive slot",
+                ch.spec.url
+            ),
+        )
+        .await;
         let (tx, mut rx) = tokio::sync::watch::channel(String::new());
         let progress = Arc::new(AnnotationProgress::new(tx));
         let url = ch.spec.url.clone();
@@ -381,15 +517,28 @@ impl Agent {
         match result {
             Ok(()) => {
                 self.stage_failures.store(0, Ordering::Relaxed);
-                self.annotate(&[(ANN_PHASE, Some("Staged")), (ANN_PROGRESS, None), (ANN_MESSAGE, Some("verified and staged"))]).await?;
-                self.event(Some(ch), false, "Staged", format!("{version} verified and staged in the inactive slot")).await;
+                self.annotate(&[
+                    (ANN_PHASE, Some("Staged")),
+                    (ANN_PROGRESS, None),
+                    (ANN_MESSAGE, Some("verified and staged")),
+                ])
+                .await?;
+                self.event(
+                    Some(ch),
+                    false,
+                    "Staged",
+                    format!("{version} verified and staged in the inactive slot"),
+                )
+                .await;
                 Ok(Next::Again)
             }
             Err(e) => {
                 let n = self.stage_failures.fetch_add(1, Ordering::Relaxed) + 1;
                 let backoff = (60u64 << n.min(6)).min(3600);
-                self.stage_not_before.store(now_s + backoff, Ordering::Relaxed);
-                let msg = format!("staging {version} failed (attempt {n}, next in {backoff}s): {e:#}");
+                self.stage_not_before
+                    .store(now_s + backoff, Ordering::Relaxed);
+                let msg =
+                    format!("staging {version} failed (attempt {n}, next in {backoff}s): {e:#}");
                 self.phase("StageFailed", &msg).await?;
                 self.event(Some(ch), true, "StageFailed", msg).await;
                 Ok(Next::Wait)
@@ -409,7 +558,13 @@ impl Agent {
         if ours {
             drain::set_unschedulable(&self.nodes(), &self.node, false).await?;
             self.annotate(&[(ANN_CORDONED, None)]).await?;
-            self.event(None, false, "Uncordoned", "uncordoned the node (the agent had cordoned it)".into()).await;
+            self.event(
+                None,
+                false,
+                "Uncordoned",
+                "uncordoned the node (the agent had cordoned it)".into(),
+            )
+            .await;
         }
         Ok(())
     }
@@ -417,31 +572,84 @@ impl Agent {
     /// Abort after losing the slot: undo our cordon, tell why.
     async fn abort_lost(&self, ch: &UpdateChannel, step: &str) -> anyhow::Result<Next> {
         self.undo_cordon().await?;
-        self.phase("Aborted", &format!("lost the update slot before {step}")).await?;
+        self.phase("Aborted", &format!("lost the update slot before {step}"))
+            .await?;
         self.event(Some(ch), true, "SlotLost", format!("the update slot is gone or carries another token; aborted before {step} and undid the cordon")).await;
         Ok(Next::Again)
     }
 
-    async fn disrupt(&self, ch: &UpdateChannel, store: &KubeChannelStore, view: &NodeView, token: &str, version: &str) -> anyhow::Result<Next> {
+    async fn disrupt(
+        &self,
+        ch: &UpdateChannel,
+        store: &KubeChannelStore,
+        view: &NodeView,
+        token: &str,
+        version: &str,
+    ) -> anyhow::Result<Next> {
         let policy = Policy::from_spec(&ch.spec).map_err(anyhow::Error::msg)?;
-        let entry = match slots::fence(store, &self.node, token, SlotPhase::Draining, Some(view.unschedulable), Utc::now()).await? {
+        let entry = match slots::fence(
+            store,
+            &self.node,
+            token,
+            SlotPhase::Draining,
+            Some(view.unschedulable),
+            Utc::now(),
+        )
+        .await?
+        {
             FenceOutcome::Held(e) => e,
             FenceOutcome::Lost => return self.abort_lost(ch, "cordon").await,
         };
         if !entry.was_unschedulable.unwrap_or(false) && !view.unschedulable {
             self.annotate(&[(ANN_CORDONED, Some("true"))]).await?;
             drain::set_unschedulable(&self.nodes(), &self.node, true).await?;
-            self.event(Some(ch), false, "Cordoned", "cordoned the node".into()).await;
+            self.event(Some(ch), false, "Cordoned", "cordoned the node".into())
+                .await;
         }
         if !ch.spec.drain.skip {
-            self.phase("Draining", &format!("evicting pods (timeout {:?})", policy.drain_timeout)).await?;
-            self.event(Some(ch), false, "Draining", "evicting pods through the Eviction API".into()).await;
-            match drain::drain(&self.client, &self.node, &ch.spec.drain, self.self_pod.as_deref(), policy.drain_timeout, self.drain_retry).await {
+            self.phase(
+                "Draining",
+                &format!("evicting pods (timeout {:?})", policy.drain_timeout),
+            )
+            .await?;
+            self.event(
+                Some(ch),
+                false,
+                "Draining",
+                "evicting pods through the Eviction API".into(),
+            )
+            .await;
+            match drain::drain(
+                &self.client,
+                &self.node,
+                &ch.spec.drain,
+                self.self_pod.as_deref(),
+                policy.drain_timeout,
+                self.drain_retry,
+            )
+            .await
+            {
                 Ok(r) => {
-                    self.event(Some(ch), false, "Drained", format!("evicted {} pod(s) ({} disruption-budget retries)", r.evicted.len(), r.budget_retries)).await;
+                    self.event(
+                        Some(ch),
+                        false,
+                        "Drained",
+                        format!(
+                            "evicted {} pod(s) ({} disruption-budget retries)",
+                            r.evicted.len(),
+                            r.budget_retries
+                        ),
+                    )
+                    .await;
                 }
                 Err(e) => {
-                    self.event(Some(ch), true, "DrainFailed", format!("{e}; giving up this update attempt")).await;
+                    self.event(
+                        Some(ch),
+                        true,
+                        "DrainFailed",
+                        format!("{e}; giving up this update attempt"),
+                    )
+                    .await;
                     self.undo_cordon().await?;
                     slots::release(store, &self.node, token, Utc::now()).await?;
                     self.phase("DrainFailed", &e.to_string()).await?;
@@ -452,26 +660,64 @@ impl Agent {
         self.flip_and_reboot(ch, store, token, version).await
     }
 
-    async fn flip_and_reboot(&self, ch: &UpdateChannel, store: &KubeChannelStore, token: &str, version: &str) -> anyhow::Result<Next> {
-        match slots::fence(store, &self.node, token, SlotPhase::Rebooting, None, Utc::now()).await? {
+    async fn flip_and_reboot(
+        &self,
+        ch: &UpdateChannel,
+        store: &KubeChannelStore,
+        token: &str,
+        version: &str,
+    ) -> anyhow::Result<Next> {
+        match slots::fence(
+            store,
+            &self.node,
+            token,
+            SlotPhase::Rebooting,
+            None,
+            Utc::now(),
+        )
+        .await?
+        {
             FenceOutcome::Held(_) => {}
             FenceOutcome::Lost => return self.abort_lost(ch, "the bootloader flip").await,
         }
         if let Err(e) = self.blocking(|ops| ops.activate()).await {
-            self.event(Some(ch), true, "ActivateFailed", format!("{e:#}")).await;
+            self.event(Some(ch), true, "ActivateFailed", format!("{e:#}"))
+                .await;
             self.undo_cordon().await?;
             slots::release(store, &self.node, token, Utc::now()).await?;
             self.phase("ActivateFailed", &format!("{e:#}")).await?;
             return Ok(Next::Wait);
         }
-        self.event(Some(ch), false, "Activated", format!("the bootloader tries {version} at the next boot")).await;
+        self.event(
+            Some(ch),
+            false,
+            "Activated",
+            format!("the bootloader tries {version} at the next boot"),
+        )
+        .await;
         // Last fence before the point of no return.
-        match slots::fence(store, &self.node, token, SlotPhase::Rebooting, None, Utc::now()).await? {
+        match slots::fence(
+            store,
+            &self.node,
+            token,
+            SlotPhase::Rebooting,
+            None,
+            Utc::now(),
+        )
+        .await?
+        {
             FenceOutcome::Held(_) => {}
             FenceOutcome::Lost => return self.abort_lost(ch, "the reboot").await,
         }
-        self.phase("Rebooting", &format!("rebooting into {version}")).await?;
-        self.event(Some(ch), false, "Rebooting", format!("syncing and rebooting into {version}")).await;
+        self.phase("Rebooting", &format!("rebooting into {version}"))
+            .await?;
+        self.event(
+            Some(ch),
+            false,
+            "Rebooting",
+            format!("syncing and rebooting into {version}"),
+        )
+        .await;
         self.blocking(|ops| ops.reboot()).await?;
         Ok(Next::Wait)
     }
@@ -486,8 +732,16 @@ impl Agent {
             .any(|c| c.type_ == "Ready" && c.status == "True"))
     }
 
-    async fn confirm(&self, ch: &UpdateChannel, store: &KubeChannelStore, token: &str, version: &str, held: bool) -> anyhow::Result<Next> {
-        self.phase("Confirming", &format!("checking health of {version}")).await?;
+    async fn confirm(
+        &self,
+        ch: &UpdateChannel,
+        store: &KubeChannelStore,
+        token: &str,
+        version: &str,
+        held: bool,
+    ) -> anyhow::Result<Next> {
+        self.phase("Confirming", &format!("checking health of {version}"))
+            .await?;
         let start = tokio::time::Instant::now();
         let mut ready = self.node_ready().await?;
         while !ready && start.elapsed() < READY_WAIT {
@@ -508,15 +762,33 @@ impl Agent {
                 if held {
                     slots::release(store, &self.node, token, Utc::now()).await?;
                 }
-                self.annotate(&[(ANN_PHASE, Some("UpToDate")), (ANN_MESSAGE, Some(&format!("running {version}"))), (ANN_PROGRESS, None)]).await?;
-                self.event(Some(ch), false, "UpdateSucceeded", format!("{version} is healthy and confirmed; slot released")).await;
+                self.annotate(&[
+                    (ANN_PHASE, Some("UpToDate")),
+                    (ANN_MESSAGE, Some(&format!("running {version}"))),
+                    (ANN_PROGRESS, None),
+                ])
+                .await?;
+                self.event(
+                    Some(ch),
+                    false,
+                    "UpdateSucceeded",
+                    format!("{version} is healthy and confirmed; slot released"),
+                )
+                .await;
                 Ok(Next::Again)
             }
             ConfirmResult::RolledBack(reason) => {
                 let t = held.then_some(token);
-                slots::record_failure(store, &self.node, t, version, &reason, true, Utc::now()).await?;
+                slots::record_failure(store, &self.node, t, version, &reason, true, Utc::now())
+                    .await?;
                 self.phase("RollingBack", &reason).await?;
-                self.event(Some(ch), true, "HealthCheckFailed", format!("{version}: {reason}; rebooting back")).await;
+                self.event(
+                    Some(ch),
+                    true,
+                    "HealthCheckFailed",
+                    format!("{version}: {reason}; rebooting back"),
+                )
+                .await;
                 self.blocking(|ops| ops.reboot()).await?;
                 Ok(Next::Wait)
             }
@@ -539,8 +811,13 @@ impl AnnotationProgress {
     }
     fn send(&self) {
         let s = self.state.lock().expect("not poisoned");
-        let pct = if s.2 == 0 { 100 } else { s.1 * 100 / s.2 };
-        let _ = self.tx.send(format!("{} {pct}% ({} of {} MiB)", s.0, s.1 >> 20, s.2 >> 20));
+        let pct = s.1.saturating_mul(100).checked_div(s.2).unwrap_or(100);
+        let _ = self.tx.send(format!(
+            "{} {pct}% ({} of {} MiB)",
+            s.0,
+            s.1 >> 20,
+            s.2 >> 20
+        ));
     }
 }
 
@@ -582,18 +859,47 @@ async fn reclaim_loop(agent: Arc<Agent>) {
             Ok(list) => {
                 for ch in list.items {
                     let name = ch.metadata.name.clone().unwrap_or_default();
-                    let Ok(policy) = Policy::from_spec(&ch.spec) else { continue };
+                    let Ok(policy) = Policy::from_spec(&ch.spec) else {
+                        continue;
+                    };
                     let obs = observers.entry(name.clone()).or_default();
                     let store = agent.store(&name);
-                    match slots::reclaim_dead(&store, &agent.node, obs, policy.reboot_timeout, tokio::time::Instant::now(), Utc::now()).await {
+                    match slots::reclaim_dead(
+                        &store,
+                        &agent.node,
+                        obs,
+                        policy.reboot_timeout,
+                        tokio::time::Instant::now(),
+                        Utc::now(),
+                    )
+                    .await
+                    {
                         Ok(done) => {
                             for r in done {
                                 let why = match r.reason {
-                                    slots::DeadReason::NodeDeleted => "its Node was deleted".to_string(),
-                                    slots::DeadReason::LeaseStale(d) => format!("its Lease was not renewed for {}s", d.as_secs()),
+                                    slots::DeadReason::NodeDeleted => {
+                                        "its Node was deleted".to_string()
+                                    }
+                                    slots::DeadReason::LeaseStale(d) => {
+                                        format!("its Lease was not renewed for {}s", d.as_secs())
+                                    }
                                 };
-                                let failure = if r.failure_recorded { " (recorded as a failure of its version)" } else { "" };
-                                agent.event(Some(&ch), true, "SlotReclaimed", format!("reclaimed the slot of node {}: {why}{failure}", r.slot.node)).await;
+                                let failure = if r.failure_recorded {
+                                    " (recorded as a failure of its version)"
+                                } else {
+                                    ""
+                                };
+                                agent
+                                    .event(
+                                        Some(&ch),
+                                        true,
+                                        "SlotReclaimed",
+                                        format!(
+                                            "reclaimed the slot of node {}: {why}{failure}",
+                                            r.slot.node
+                                        ),
+                                    )
+                                    .await;
                             }
                         }
                         Err(e) => tracing::warn!("reclaim in {name}: {e}"),
@@ -618,7 +924,9 @@ async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                     continue;
                 }
                 let name = ch.metadata.name.clone().unwrap_or_default();
-                match acquire_lease(&leases, &poller_lease_name(&name), &agent.node, lease_secs).await {
+                match acquire_lease(&leases, &poller_lease_name(&name), &agent.node, lease_secs)
+                    .await
+                {
                     Ok(LeaseOutcome::Held) => {}
                     Ok(LeaseOutcome::HeldBy(_)) => continue,
                     Err(e) => {
@@ -635,11 +943,23 @@ async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                 };
                 match (&resolved, res) {
                     (_, Err(e)) => tracing::warn!("write latestVersion of {name}: {e}"),
-                    (Ok(v), Ok(())) if ch.status.as_ref().and_then(|s| s.latest_version.as_deref()) != Some(v) => {
-                        agent.event(Some(&ch), false, "LatestResolved", format!("newest release of {} is {v}", ch.spec.url)).await;
+                    (Ok(v), Ok(()))
+                        if ch.status.as_ref().and_then(|s| s.latest_version.as_deref())
+                            != Some(v) =>
+                    {
+                        agent
+                            .event(
+                                Some(&ch),
+                                false,
+                                "LatestResolved",
+                                format!("newest release of {} is {v}", ch.spec.url),
+                            )
+                            .await;
                     }
                     (Err(e), Ok(())) => {
-                        agent.event_once(Some(&ch), true, "ResolveFailed", format!("{e:#}")).await;
+                        agent
+                            .event_once(Some(&ch), true, "ResolveFailed", format!("{e:#}"))
+                            .await;
                     }
                     _ => {}
                 }
@@ -652,19 +972,29 @@ async fn poll_loop(agent: Arc<Agent>, period: Duration) {
 /// Run the agent until a fatal error.
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .init();
-    let node = args
-        .node_name
-        .clone()
-        .context("the node name is required: --node-name or NODE_NAME (DaemonSet: fieldRef spec.nodeName)")?;
+    let node = args.node_name.clone().context(
+        "the node name is required: --node-name or NODE_NAME (DaemonSet: fieldRef spec.nodeName)",
+    )?;
     libupgrade::http::install_crypto_provider();
     let client = Client::try_default()
         .await
         .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
     let ops: Arc<dyn NodeOps> = Arc::new(super::node::LibupgradeNode::open(args.config.clone())?);
-    let self_pod = args.pod_name.as_ref().map(|p| format!("{}/{p}", args.namespace));
-    let agent = Arc::new(Agent::new(client.clone(), &args.namespace, &node, self_pod, ops));
+    let self_pod = args
+        .pod_name
+        .as_ref()
+        .map(|p| format!("{}/{p}", args.namespace));
+    let agent = Arc::new(Agent::new(
+        client.clone(),
+        &args.namespace,
+        &node,
+        self_pod,
+        ops,
+    ));
     let leases: Api<Lease> = Api::namespaced(client.clone(), &args.namespace);
     let silence = leases
         .get_opt(&node_lease_name(&node))
@@ -677,9 +1007,16 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         });
     agent.set_startup_silence(silence);
 
-    tokio::spawn(renew_node_lease(client.clone(), args.namespace.clone(), node.clone()));
+    tokio::spawn(renew_node_lease(
+        client.clone(),
+        args.namespace.clone(),
+        node.clone(),
+    ));
     tokio::spawn(reclaim_loop(agent.clone()));
-    tokio::spawn(poll_loop(agent.clone(), Duration::from_secs(args.poll_secs.max(30))));
+    tokio::spawn(poll_loop(
+        agent.clone(),
+        Duration::from_secs(args.poll_secs.max(30)),
+    ));
 
     // Wake on any change of the channels or of this Node; resync periodically regardless.
     let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
@@ -705,7 +1042,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         }
     });
 
-    agent.event(None, false, "AgentStarted", format!("k3os-ops agent {} started", env!("CARGO_PKG_VERSION"))).await;
+    agent
+        .event(
+            None,
+            false,
+            "AgentStarted",
+            format!("k3os-ops agent {} started", env!("CARGO_PKG_VERSION")),
+        )
+        .await;
     let resync = Duration::from_secs(args.resync_secs.max(5));
     let mut errors = 0u32;
     loop {
@@ -718,7 +1062,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             Err(e) => {
                 errors += 1;
                 tracing::error!("reconcile: {e:#}");
-                agent.event_once(None, true, "ReconcileError", format!("{e:#}")).await;
+                agent
+                    .event_once(None, true, "ReconcileError", format!("{e:#}"))
+                    .await;
             }
         }
         let pause = resync * errors.clamp(1, 10);

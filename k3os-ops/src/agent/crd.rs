@@ -16,6 +16,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The desired release for the nodes this channel selects, and how to roll it out.
+// The printer columns repeat `type_ = "string"`, which clippy mistakes for duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Debug, Clone, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "k3os.io",
@@ -25,11 +27,35 @@ use serde::{Deserialize, Serialize};
     status = "UpdateChannelStatus",
     shortname = "upchan",
     doc = "A release channel and its rollout policy for the nodes it selects",
-    printcolumn(name = "Version", type_ = "string", json_path = ".spec.version", description = "requested version (empty or 'latest' follows the channel)"),
-    printcolumn(name = "Latest", type_ = "string", json_path = ".status.latestVersion", description = "newest release the poller resolved"),
-    printcolumn(name = "Updating", type_ = "string", json_path = ".status.slots[*].node", description = "nodes holding an update slot"),
-    printcolumn(name = "Concurrency", type_ = "integer", json_path = ".spec.concurrency", description = "nodes allowed to update at once"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".spec.version",
+        description = "requested version (empty or 'latest' follows the channel)"
+    ),
+    printcolumn(
+        name = "Latest",
+        type_ = "string",
+        json_path = ".status.latestVersion",
+        description = "newest release the poller resolved"
+    ),
+    printcolumn(
+        name = "Updating",
+        type_ = "string",
+        json_path = ".status.slots[*].node",
+        description = "nodes holding an update slot"
+    ),
+    printcolumn(
+        name = "Concurrency",
+        type_ = "integer",
+        json_path = ".spec.concurrency",
+        description = "nodes allowed to update at once"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct UpdateChannelSpec {
@@ -184,7 +210,9 @@ pub struct SlotEntry {
 }
 
 /// Steps of a slot holder, in order.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+#[derive(
+    Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
 pub enum SlotPhase {
     /// Slot held; nothing disrupted yet.
     Claimed,
@@ -227,7 +255,14 @@ pub const COND_PAUSED: &str = "Paused";
 
 impl UpdateChannelStatus {
     /// Set a condition, keeping its transition time when the status does not change.
-    pub fn set_condition(&mut self, type_: &str, status: bool, reason: &str, message: String, now: DateTime<Utc>) {
+    pub fn set_condition(
+        &mut self,
+        type_: &str,
+        status: bool,
+        reason: &str,
+        message: String,
+        now: DateTime<Utc>,
+    ) {
         let status = if status { "True" } else { "False" }.to_string();
         match self.conditions.iter_mut().find(|c| c.type_ == type_) {
             Some(c) => {
@@ -255,7 +290,10 @@ impl UpdateChannelStatus {
 
     /// Failures recorded for `version`.
     pub fn failures_for(&self, version: &str) -> usize {
-        self.failures.iter().filter(|f| f.version == version).count()
+        self.failures
+            .iter()
+            .filter(|f| f.version == version)
+            .count()
     }
 }
 

@@ -30,10 +30,10 @@ impl Policy {
             Some(w) => Some(Window::parse(w).map_err(|e| e.to_string())?),
             None => None,
         };
-        let reboot_timeout =
-            duration::parse("spec.rebootTimeout", &spec.reboot_timeout).map_err(|e| e.to_string())?;
-        let drain_timeout =
-            duration::parse("spec.drain.timeout", &spec.drain.timeout).map_err(|e| e.to_string())?;
+        let reboot_timeout = duration::parse("spec.rebootTimeout", &spec.reboot_timeout)
+            .map_err(|e| e.to_string())?;
+        let drain_timeout = duration::parse("spec.drain.timeout", &spec.drain.timeout)
+            .map_err(|e| e.to_string())?;
         if spec.concurrency == 0 {
             return Err("spec.concurrency: must be at least 1".into());
         }
@@ -106,26 +106,44 @@ pub enum Action {
     /// The spec cannot be used; the message names the field.
     Invalid(String),
     /// Download and verify `version` into the inactive slot (no slot, no disruption).
-    Stage { version: String },
+    Stage {
+        version: String,
+    },
     /// Claims are paused by failures of `version`.
-    Paused { version: String },
+    Paused {
+        version: String,
+    },
     /// Outside the window, or too late in it to finish; `next` is the next window start.
-    WaitForWindow { next: Option<DateTime<Utc>> },
+    WaitForWindow {
+        next: Option<DateTime<Utc>>,
+    },
     /// Claim an update slot to install the staged `version`.
-    Claim { version: String },
+    Claim {
+        version: String,
+    },
     /// Holding a slot at `phase`: carry on from there (drain / activate+reboot / reboot back).
-    Continue { phase: SlotPhase, version: String },
+    Continue {
+        phase: SlotPhase,
+        version: String,
+    },
     /// Booted `version` on trial: run the health checks and confirm; then release the slot if
     /// `held`.
-    Confirm { version: String, held: bool },
+    Confirm {
+        version: String,
+        held: bool,
+    },
     /// The node is back on its old slot after trying `version`: record the failure, uncordon,
     /// release.
-    RolledBack { version: String },
+    RolledBack {
+        version: String,
+    },
     /// Back on the old slot after a health-check rollback that was already recorded:
     /// uncordon and release.
     FinishRollback,
     /// Holding a slot with nothing to do (target changed, already current): undo, release.
-    Release { reason: String },
+    Release {
+        reason: String,
+    },
 }
 
 /// Decide the next step for `node` under `channel` at `now`.
@@ -138,22 +156,33 @@ pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> A
         if node.token.as_deref() != Some(slot.token.as_str()) {
             return Action::Idle(IdleReason::ForeignSlot);
         }
-        let version = slot.version.clone().or_else(|| target.clone()).unwrap_or_default();
+        let version = slot
+            .version
+            .clone()
+            .or_else(|| target.clone())
+            .unwrap_or_default();
         return match slot.phase {
             SlotPhase::Claimed | SlotPhase::Draining => {
                 if target.as_deref() != Some(version.as_str()) {
                     Action::Release {
-                        reason: format!("target changed from {version} to {}", target.as_deref().unwrap_or("none")),
+                        reason: format!(
+                            "target changed from {version} to {}",
+                            target.as_deref().unwrap_or("none")
+                        ),
                     }
                 } else if booted == Some(version.as_str()) {
                     if node.update.booted_on_trial {
-                        Action::Confirm { version, held: true }
+                        Action::Confirm {
+                            version,
+                            held: true,
+                        }
                     } else {
                         Action::Release {
                             reason: format!("already running {version}"),
                         }
                     }
-                } else if !matches!(&node.update.inactive, Inactive::Staged(v) | Inactive::Activated(v) if *v == version) {
+                } else if !matches!(&node.update.inactive, Inactive::Staged(v) | Inactive::Activated(v) if *v == version)
+                {
                     Action::Release {
                         reason: format!("{version} is no longer staged in the inactive slot"),
                     }
@@ -166,7 +195,10 @@ pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> A
             }
             SlotPhase::Rebooting => {
                 if booted == Some(version.as_str()) {
-                    Action::Confirm { version, held: true }
+                    Action::Confirm {
+                        version,
+                        held: true,
+                    }
                 } else if matches!(&node.update.inactive, Inactive::Staged(v) | Inactive::Activated(v) if *v == version)
                 {
                     // Fenced for reboot but the reboot has not happened (or not yet been
@@ -229,7 +261,9 @@ pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> A
     }
     if let Some(window) = &policy.window {
         let needed = chrono::Duration::from_std(policy.needed()).unwrap_or(chrono::Duration::MAX);
-        let fits = window.open_until(now).is_some_and(|end| end - now >= needed);
+        let fits = window
+            .open_until(now)
+            .is_some_and(|end| end - now >= needed);
         if !fits {
             return Action::WaitForWindow {
                 next: window.next_start(now),

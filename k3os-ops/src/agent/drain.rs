@@ -23,7 +23,9 @@ use super::crd::DrainSpec;
 pub enum DrainError {
     #[error("drain of node {node} refused before evicting anything: {problems}")]
     Refused { node: String, problems: String },
-    #[error("spec.drain.podSelector: '{0}' is not a label selector (k=v, k!=v, k, !k joined by commas)")]
+    #[error(
+        "spec.drain.podSelector: '{0}' is not a label selector (k=v, k!=v, k, !k joined by commas)"
+    )]
     Selector(String),
     #[error("drain of node {node} timed out after {timeout:?}; still present: {pods}")]
     Timeout {
@@ -56,7 +58,9 @@ pub struct Selector(Vec<Req>);
 impl Selector {
     pub fn parse(s: &str) -> Result<Selector, DrainError> {
         let bad = || DrainError::Selector(s.to_string());
-        let valid = |k: &str| !k.is_empty() && !k.contains(|c: char| c.is_whitespace() || c == '=' || c == '!');
+        let valid = |k: &str| {
+            !k.is_empty() && !k.contains(|c: char| c.is_whitespace() || c == '=' || c == '!')
+        };
         let mut reqs = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let req = if let Some((k, v)) = part.split_once("!=") {
@@ -99,7 +103,12 @@ fn pod_name(p: &Pod) -> String {
 
 /// The pods to evict from `pods` (all on the node), or every reason the drain must not start.
 /// `self_pod` is `namespace/name` of the agent.
-pub fn select_pods(pods: &[Pod], spec: &DrainSpec, self_pod: Option<&str>, node: &str) -> Result<Vec<Pod>, DrainError> {
+pub fn select_pods(
+    pods: &[Pod],
+    spec: &DrainSpec,
+    self_pod: Option<&str>,
+    node: &str,
+) -> Result<Vec<Pod>, DrainError> {
     let selector = match &spec.pod_selector {
         Some(s) => Selector::parse(s)?,
         None => Selector::default(),
@@ -115,7 +124,11 @@ pub fn select_pods(pods: &[Pod], spec: &DrainSpec, self_pod: Option<&str>, node:
         if annotations.contains_key("kubernetes.io/config.mirror") {
             continue;
         }
-        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("");
+        let phase = p
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("");
         if phase == "Succeeded" || phase == "Failed" {
             continue;
         }
@@ -131,12 +144,16 @@ pub fn select_pods(pods: &[Pod], spec: &DrainSpec, self_pod: Option<&str>, node:
             .find(|o| o.controller == Some(true));
         if controller.is_some_and(|o| o.kind == "DaemonSet") {
             if !spec.ignore_daemon_sets {
-                problems.push(format!("{name} is managed by a DaemonSet (set drain.ignoreDaemonSets)"));
+                problems.push(format!(
+                    "{name} is managed by a DaemonSet (set drain.ignoreDaemonSets)"
+                ));
             }
             continue;
         }
         if controller.is_none() && !spec.force {
-            problems.push(format!("{name} is not managed by a controller (set drain.force to delete it)"));
+            problems.push(format!(
+                "{name} is not managed by a controller (set drain.force to delete it)"
+            ));
         }
         let empty_dir = p
             .spec
@@ -144,7 +161,9 @@ pub fn select_pods(pods: &[Pod], spec: &DrainSpec, self_pod: Option<&str>, node:
             .and_then(|s| s.volumes.as_ref())
             .is_some_and(|v| v.iter().any(|v| v.empty_dir.is_some()));
         if empty_dir && !spec.delete_empty_dir_data {
-            problems.push(format!("{name} has emptyDir data (set drain.deleteEmptyDirData)"));
+            problems.push(format!(
+                "{name} has emptyDir data (set drain.deleteEmptyDirData)"
+            ));
         }
         out.push(p.clone());
     }
@@ -160,7 +179,11 @@ pub fn select_pods(pods: &[Pod], spec: &DrainSpec, self_pod: Option<&str>, node:
 
 /// Set `spec.unschedulable` of `node` (a merge patch of one field of the Node: there is no
 /// list to race on here).
-pub async fn set_unschedulable(nodes: &Api<Node>, node: &str, unschedulable: bool) -> Result<(), DrainError> {
+pub async fn set_unschedulable(
+    nodes: &Api<Node>,
+    node: &str,
+    unschedulable: bool,
+) -> Result<(), DrainError> {
     nodes
         .patch(
             node,
@@ -180,7 +203,12 @@ pub async fn set_unschedulable(nodes: &Api<Node>, node: &str, unschedulable: boo
 ///
 /// Built by hand rather than with `Api::evict`: kube 5 serialises the delete options as
 /// `delete_options`, which the API server ignores, so a configured grace period would be lost.
-pub async fn evict(client: &Client, namespace: &str, name: &str, grace_period: Option<i64>) -> Result<(), kube::Error> {
+pub async fn evict(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    grace_period: Option<i64>,
+) -> Result<(), kube::Error> {
     let mut body = json!({
         "apiVersion": "policy/v1",
         "kind": "Eviction",
@@ -189,9 +217,14 @@ pub async fn evict(client: &Client, namespace: &str, name: &str, grace_period: O
     if let Some(g) = grace_period {
         body["deleteOptions"] = json!({"gracePeriodSeconds": g});
     }
-    let req = kube::core::Request::new(format!("/api/v1/namespaces/{namespace}/pods/{name}/eviction"))
-        .create(&PostParams::default(), serde_json::to_vec(&body).expect("json"))
-        .map_err(kube::Error::BuildRequest)?;
+    let req = kube::core::Request::new(format!(
+        "/api/v1/namespaces/{namespace}/pods/{name}/eviction"
+    ))
+    .create(
+        &PostParams::default(),
+        serde_json::to_vec(&body).expect("json"),
+    )
+    .map_err(kube::Error::BuildRequest)?;
     client.request::<kube::core::Status>(req).await.map(|_| ())
 }
 
@@ -219,7 +252,10 @@ pub async fn drain(
     };
     let all: Api<Pod> = Api::all(client.clone());
     let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    let pods = all.list(&lp).await.map_err(api_err("list pods on the node".into()))?;
+    let pods = all
+        .list(&lp)
+        .await
+        .map_err(api_err("list pods on the node".into()))?;
     let targets = select_pods(&pods.items, spec, self_pod, node)?;
     let deadline = Instant::now() + timeout;
     let mut report = DrainReport::default();

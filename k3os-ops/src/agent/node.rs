@@ -49,7 +49,12 @@ pub trait NodeOps: Send + Sync + 'static {
     fn resolve_latest(&self, channel: &str) -> Result<String, NodeError>;
     /// Download, verify and write `version` from `channel` into the inactive slot; resumes a
     /// partial download. Never touches the booted slot or the bootloader's choice.
-    fn stage(&self, channel: &str, version: &str, progress: &dyn StageProgress) -> Result<(), NodeError>;
+    fn stage(
+        &self,
+        channel: &str,
+        version: &str,
+        progress: &dyn StageProgress,
+    ) -> Result<(), NodeError>;
     /// Make the bootloader try the staged slot at the next boot.
     fn activate(&self) -> Result<(), NodeError>;
     /// Run the health checks on the booted slot and confirm it (or roll it back).
@@ -81,12 +86,17 @@ impl LibupgradeNode {
         let updater = libupgrade::Updater::open(cfg)?;
         let reboot_cmd = match std::env::var(REBOOT_CMD_ENV) {
             Ok(s) if !s.trim().is_empty() => s.split_whitespace().map(String::from).collect(),
-            _ => ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--", "reboot"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            _ => [
+                "nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--", "reboot",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         };
-        Ok(LibupgradeNode { updater, reboot_cmd })
+        Ok(LibupgradeNode {
+            updater,
+            reboot_cmd,
+        })
     }
 }
 
@@ -95,7 +105,10 @@ pub fn summarize(status: &libupgrade::Status) -> NodeUpdateStatus {
     use super::decide::Inactive;
     use libupgrade::SlotState;
     let booted = status.slots.iter().find(|s| s.booted);
-    let other = status.slots.iter().find(|s| !s.booted && Some(s.slot) != booted.map(|b| b.slot));
+    let other = status
+        .slots
+        .iter()
+        .find(|s| !s.booted && Some(s.slot) != booted.map(|b| b.slot));
     let inactive = match other {
         None => Inactive::Empty,
         Some(o) => match (o.state, o.version.clone()) {
@@ -130,7 +143,10 @@ impl libupgrade::Progress for ProgressAdapter<'_> {
 
 impl NodeOps for LibupgradeNode {
     fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
-        let st = self.updater.status().map_err(|e| NodeError::new("status", e))?;
+        let st = self
+            .updater
+            .status()
+            .map_err(|e| NodeError::new("status", e))?;
         Ok(summarize(&st))
     }
 
@@ -140,44 +156,79 @@ impl NodeOps for LibupgradeNode {
             .map_err(|e| NodeError::new("resolve", format!("channel {channel}: {e}")))
     }
 
-    fn stage(&self, channel: &str, version: &str, progress: &dyn StageProgress) -> Result<(), NodeError> {
+    fn stage(
+        &self,
+        channel: &str,
+        version: &str,
+        progress: &dyn StageProgress,
+    ) -> Result<(), NodeError> {
         let rel = libupgrade::channel::resolve(channel, Some(version), libupgrade::Arch::host())
-            .map_err(|e| NodeError::new("resolve", format!("channel {channel}, version {version}: {e}")))?;
+            .map_err(|e| {
+                NodeError::new(
+                    "resolve",
+                    format!("channel {channel}, version {version}: {e}"),
+                )
+            })?;
         let report = self
             .updater
-            .stage(&rel.source, &libupgrade::StageOptions::default(), &ProgressAdapter(progress))
+            .stage(
+                &rel.source,
+                &libupgrade::StageOptions::default(),
+                &ProgressAdapter(progress),
+            )
             .map_err(|e| NodeError::new("stage", e))?;
         if report.version != version {
             return Err(NodeError::new(
                 "stage",
-                format!("channel {channel} listed {version} but its manifest says {}", report.version),
+                format!(
+                    "channel {channel} listed {version} but its manifest says {}",
+                    report.version
+                ),
             ));
         }
         Ok(())
     }
 
     fn activate(&self) -> Result<(), NodeError> {
-        self.updater.activate().map(|_| ()).map_err(|e| NodeError::new("activate", e))
+        self.updater
+            .activate()
+            .map(|_| ())
+            .map_err(|e| NodeError::new("activate", e))
     }
 
     fn confirm(&self) -> Result<ConfirmResult, NodeError> {
         match self.updater.confirm() {
             Ok(_) => Ok(ConfirmResult::Healthy),
-            Err(libupgrade::Error::HealthCheck { failures, rolled_back: true, .. }) => Ok(ConfirmResult::RolledBack(failures)),
+            Err(libupgrade::Error::HealthCheck {
+                failures,
+                rolled_back: true,
+                ..
+            }) => Ok(ConfirmResult::RolledBack(failures)),
             Err(e) => Err(NodeError::new("confirm", e)),
         }
     }
 
     fn rollback(&self, reason: &str) -> Result<(), NodeError> {
-        self.updater.rollback(reason).map(|_| ()).map_err(|e| NodeError::new("rollback", e))
+        self.updater
+            .rollback(reason)
+            .map(|_| ())
+            .map_err(|e| NodeError::new("rollback", e))
     }
 
     fn reboot(&self) -> Result<(), NodeError> {
-        let (prog, args) = self.reboot_cmd.split_first().ok_or_else(|| NodeError::new("reboot", "empty reboot command"))?;
+        let (prog, args) = self
+            .reboot_cmd
+            .split_first()
+            .ok_or_else(|| NodeError::new("reboot", "empty reboot command"))?;
         let out = std::process::Command::new(prog)
             .args(args)
             .output()
-            .map_err(|e| NodeError::new("reboot", format!("cannot run {}: {e}", self.reboot_cmd.join(" "))))?;
+            .map_err(|e| {
+                NodeError::new(
+                    "reboot",
+                    format!("cannot run {}: {e}", self.reboot_cmd.join(" ")),
+                )
+            })?;
         if !out.status.success() {
             return Err(NodeError::new(
                 "reboot",
@@ -193,7 +244,10 @@ impl NodeOps for LibupgradeNode {
         std::thread::sleep(std::time::Duration::from_secs(300));
         Err(NodeError::new(
             "reboot",
-            format!("{} succeeded but the node is still running after 5 minutes", self.reboot_cmd.join(" ")),
+            format!(
+                "{} succeeded but the node is still running after 5 minutes",
+                self.reboot_cmd.join(" ")
+            ),
         ))
     }
 }

@@ -46,7 +46,9 @@ pub enum SlotError {
         #[source]
         source: StoreError,
     },
-    #[error("UpdateChannel {channel}: still conflicting after {attempts} compare-and-swap attempts")]
+    #[error(
+        "UpdateChannel {channel}: still conflicting after {attempts} compare-and-swap attempts"
+    )]
     Contention { channel: String, attempts: u32 },
 }
 
@@ -98,7 +100,10 @@ pub fn refresh_conditions(ch: &mut UpdateChannel, now: DateTime<Utc>) {
     let max = ch.spec.max_failures;
     let generation = ch.metadata.generation;
     let status = ch.status.get_or_insert_with(UpdateChannelStatus::default);
-    let failed = target.as_deref().map(|v| status.failures_for(v)).unwrap_or(0);
+    let failed = target
+        .as_deref()
+        .map(|v| status.failures_for(v))
+        .unwrap_or(0);
     let tv = target.unwrap_or_default();
     status.set_condition(
         COND_PAUSED,
@@ -114,7 +119,11 @@ pub fn refresh_conditions(ch: &mut UpdateChannel, now: DateTime<Utc>) {
     status.set_condition(
         COND_DEGRADED,
         failed > 0,
-        if failed > 0 { "UpdateFailed" } else { "Healthy" },
+        if failed > 0 {
+            "UpdateFailed"
+        } else {
+            "Healthy"
+        },
         if failed > 0 {
             let nodes: Vec<&str> = status
                 .failures
@@ -207,7 +216,9 @@ pub async fn claim<S: ChannelStore>(
             return Step::Done(ClaimOutcome::Paused);
         }
         if st.slots.len() >= ch.spec.concurrency.max(1) as usize {
-            return Step::Done(ClaimOutcome::Full(st.slots.iter().map(|s| s.node.clone()).collect()));
+            return Step::Done(ClaimOutcome::Full(
+                st.slots.iter().map(|s| s.node.clone()).collect(),
+            ));
         }
         st.slots.push(new_entry(node, token, version, now));
         Step::Write(ClaimOutcome::Claimed)
@@ -247,7 +258,11 @@ pub async fn fence<S: ChannelStore>(
     now: DateTime<Utc>,
 ) -> Result<FenceOutcome, SlotError> {
     cas(store, now, |_, st| {
-        let Some(entry) = st.slots.iter_mut().find(|s| s.node == node && s.token == token) else {
+        let Some(entry) = st
+            .slots
+            .iter_mut()
+            .find(|s| s.node == node && s.token == token)
+        else {
             return Step::Done(FenceOutcome::Lost);
         };
         let mut changed = false;
@@ -302,7 +317,11 @@ pub async fn record_failure<S: ChannelStore>(
 ) -> Result<(), SlotError> {
     cas(store, now, |_, st| {
         let mut changed = false;
-        if !st.failures.iter().any(|f| f.node == node && f.version == version) {
+        if !st
+            .failures
+            .iter()
+            .any(|f| f.node == node && f.version == version)
+        {
             st.failures.push(FailureRecord {
                 node: node.to_string(),
                 version: version.to_string(),
@@ -313,7 +332,11 @@ pub async fn record_failure<S: ChannelStore>(
         }
         if let Some(token) = token {
             if keep_slot {
-                if let Some(e) = st.slots.iter_mut().find(|s| s.node == node && s.token == token) {
+                if let Some(e) = st
+                    .slots
+                    .iter_mut()
+                    .find(|s| s.node == node && s.token == token)
+                {
                     if e.phase != SlotPhase::RollingBack {
                         e.phase = SlotPhase::RollingBack;
                         changed = true;
@@ -416,7 +439,11 @@ pub async fn reclaim_dead<S: ChannelStore>(
         let mut out = Vec::new();
         for (slot, reason) in &dead {
             // Only the exact claim we judged dead: a fresh claim by the same node survives.
-            let Some(i) = st.slots.iter().position(|s| s.node == slot.node && s.token == slot.token) else {
+            let Some(i) = st
+                .slots
+                .iter()
+                .position(|s| s.node == slot.node && s.token == slot.token)
+            else {
                 continue;
             };
             let entry = st.slots.remove(i);
@@ -424,12 +451,17 @@ pub async fn reclaim_dead<S: ChannelStore>(
                 && matches!(entry.phase, SlotPhase::Rebooting | SlotPhase::RollingBack);
             let mut failure_recorded = false;
             if let (true, Some(v)) = (hung, entry.version.as_ref()) {
-                if !st.failures.iter().any(|f| f.node == entry.node && f.version == *v) {
+                if !st
+                    .failures
+                    .iter()
+                    .any(|f| f.node == entry.node && f.version == *v)
+                {
                     st.failures.push(FailureRecord {
                         node: entry.node.clone(),
                         version: v.clone(),
                         at: now,
-                        reason: "did not come back within rebootTimeout after rebooting into it".into(),
+                        reason: "did not come back within rebootTimeout after rebooting into it"
+                            .into(),
                     });
                     failure_recorded = true;
                 }
@@ -460,9 +492,21 @@ pub async fn set_latest<S: ChannelStore>(
         match result {
             Ok(v) => {
                 st.latest_version = Some(v.to_string());
-                st.set_condition(COND_LATEST_RESOLVED, true, "Resolved", format!("newest release is {v}"), now);
+                st.set_condition(
+                    COND_LATEST_RESOLVED,
+                    true,
+                    "Resolved",
+                    format!("newest release is {v}"),
+                    now,
+                );
             }
-            Err(e) => st.set_condition(COND_LATEST_RESOLVED, false, "ResolveFailed", e.to_string(), now),
+            Err(e) => st.set_condition(
+                COND_LATEST_RESOLVED,
+                false,
+                "ResolveFailed",
+                e.to_string(),
+                now,
+            ),
         }
         if *st == before {
             Step::Done(())

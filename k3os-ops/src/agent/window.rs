@@ -9,7 +9,9 @@
 //! - a start time that happens twice (clocks fall back) starts the window at the first one;
 //! - the length is elapsed time, so a 2 h window is 2 h long even across a DST change.
 
-use chrono::{DateTime, Datelike, Duration, LocalResult, NaiveDate, NaiveTime, TimeZone, Utc, Weekday};
+use chrono::{
+    DateTime, Datelike, Duration, LocalResult, NaiveDate, NaiveTime, TimeZone, Utc, Weekday,
+};
 use chrono_tz::Tz;
 
 use super::crd::WindowSpec;
@@ -156,17 +158,25 @@ mod tests {
     fn sunday_night_window_runs_into_monday() {
         let win = w(&["sun"], "23:00", "3h", None);
         // 2026-12-06 is a Sunday.
-        assert_eq!(win.open_until(utc("2026-12-07T01:00:00Z")), Some(utc("2026-12-07T02:00:00Z")));
+        assert_eq!(
+            win.open_until(utc("2026-12-07T01:00:00Z")),
+            Some(utc("2026-12-07T02:00:00Z"))
+        );
         assert_eq!(win.open_until(utc("2026-12-07T02:00:00Z")), None);
         assert_eq!(win.open_until(utc("2026-12-06T22:59:59Z")), None);
-        assert_eq!(win.next_start(utc("2026-12-07T02:00:00Z")), Some(utc("2026-12-13T23:00:00Z")));
+        assert_eq!(
+            win.next_start(utc("2026-12-07T02:00:00Z")),
+            Some(utc("2026-12-13T23:00:00Z"))
+        );
     }
 
     #[test]
     fn spring_forward_gap_starts_after_the_jump() {
         // Europe/Berlin jumps 02:00 -> 03:00 on 2026-03-29 (a Sunday).
         let win = w(&["sun"], "02:30", "1h", Some("Europe/Berlin"));
-        let s = win.start_on(NaiveDate::from_ymd_opt(2026, 3, 29).unwrap()).unwrap();
+        let s = win
+            .start_on(NaiveDate::from_ymd_opt(2026, 3, 29).unwrap())
+            .unwrap();
         assert_eq!(s, utc("2026-03-29T01:00:00Z")); // 03:00 CEST
     }
 
@@ -174,7 +184,9 @@ mod tests {
     fn fall_back_ambiguity_starts_at_the_first() {
         // Europe/Berlin repeats 02:00-03:00 on 2026-10-25.
         let win = w(&["sun"], "02:30", "1h", Some("Europe/Berlin"));
-        let s = win.start_on(NaiveDate::from_ymd_opt(2026, 10, 25).unwrap()).unwrap();
+        let s = win
+            .start_on(NaiveDate::from_ymd_opt(2026, 10, 25).unwrap())
+            .unwrap();
         assert_eq!(s, utc("2026-10-25T00:30:00Z")); // 02:30 CEST
     }
 
