@@ -343,3 +343,59 @@ fn create_serve_stage_and_every_rejection_writes_nothing() {
         (Slot::B, SlotBoot::Trying { tries_left: 3 })
     );
 }
+
+#[test]
+fn create_on_a_full_disk_fails_cleanly() {
+    common::require_root();
+    let t = tempfile::tempdir().unwrap();
+    let (key, _trust) = release_support::keys(t.path(), "k");
+    let inputs = release_support::fake_inputs(&t.path().join("in"), "big");
+    // A 64 KiB filesystem: the 100 KB rootfs cannot fit.
+    let small = t.path().join("small");
+    fs::create_dir(&small).unwrap();
+    let mount = sys_mount::Mount::builder()
+        .fstype("tmpfs")
+        .data("size=64k")
+        .mount("tmpfs", &small)
+        .expect("mount a small tmpfs (needs root)");
+    let out = small.join("rel");
+    let (r, k, i) = (
+        inputs.0.display().to_string(),
+        inputs.1.display().to_string(),
+        inputs.2.display().to_string(),
+    );
+    let result = Command::new(bin())
+        .args([
+            "release",
+            "create",
+            "--rootfs",
+            &r,
+            "--kernel",
+            &k,
+            "--initrd",
+            &i,
+            "--version",
+            "v1",
+            "--arch",
+            "x86_64",
+        ])
+        .arg("--key")
+        .arg(&key)
+        .arg("-o")
+        .arg(&out)
+        .args(["--generation", "1"])
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&result.stderr).into_owned();
+    let left: Vec<_> = fs::read_dir(&out)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    sys_mount::Unmount::unmount(&mount, sys_mount::UnmountFlags::empty()).unwrap();
+    assert!(!result.status.success(), "create on a full disk succeeded");
+    assert!(
+        err.contains(".rootfs.squashfs.part") && err.contains("No space left"),
+        "{err}"
+    );
+    assert!(left.is_empty(), "partial files left behind: {left:?}");
+}

@@ -110,7 +110,8 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
                 out_dir: out.clone(),
                 generation,
             };
-            let m = release::create(&opts)
+            let bar = Bar::new();
+            let m = release::create_with_progress(&opts, &bar)
                 .with_context(|| format!("creating release in {}", out.display()))?;
             println!(
                 "created release {} ({}, generation {}) in {}",
@@ -162,6 +163,41 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
         ReleaseCmd::Serve { dir, listen } => serve::serve(&dir, listen)?,
     }
     Ok(())
+}
+
+/// Copy progress on stderr (hidden when stderr is not a terminal).
+struct Bar(indicatif::ProgressBar);
+
+impl Bar {
+    fn new() -> Bar {
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(0),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg:16} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+            )
+            .expect("valid progress template")
+            .progress_chars("=> "),
+        );
+        Bar(bar)
+    }
+}
+
+impl libupgrade::Progress for Bar {
+    fn begin(&self, what: &str, total: u64, already: u64) {
+        self.0.reset();
+        self.0.set_message(what.to_string());
+        self.0.set_length(total);
+        self.0.set_position(already);
+    }
+    fn advance(&self, bytes: u64) {
+        self.0.inc(bytes);
+    }
+    fn end(&self) {
+        self.0.finish_and_clear();
+    }
 }
 
 fn print_index(index: &channel::Index) {
