@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use bootconfig::atomic::WriteOp;
@@ -14,7 +14,7 @@ use bootconfig::grub::{
     render_cfg, simulate_boot, BootEntry, GrubBootloader, GrubConfig, MENU_MARKER,
 };
 use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
-use common::{all_envs, copy_tree, run, run_ok, CUTS};
+use common::{after_cut, all_envs, copy_tree, cuts_for, run, run_ok};
 
 fn cfg(max_tries: u8, serial: bool, timeout_secs: u32) -> GrubConfig {
     let e = |s: &str, dev: u8| BootEntry {
@@ -62,7 +62,16 @@ fn emu_cfg(max: u8) -> String {
     let (script, menu) = text
         .split_once(MENU_MARKER)
         .expect("render_cfg has the menu marker");
-    let mut out = script.to_string();
+    // Report what the script saw after its range checks, before the choice and countdown.
+    let mut out = script.replacen(
+        "# Choice (BootEnv::next_boot)",
+        "echo \"K3OS-SEEN ${K3OS_PRIMARY} ${K3OS_A} ${K3OS_A_TRIES} ${K3OS_B} ${K3OS_B_TRIES}\"\n# Choice (BootEnv::next_boot)",
+        1,
+    );
+    assert!(
+        out.contains("K3OS-SEEN"),
+        "render_cfg lost the choice comment this test hooks into"
+    );
     let mut slot = "";
     for line in menu.lines() {
         if line.contains("--id k3os-A") {
@@ -85,6 +94,8 @@ fn emu_cfg(max: u8) -> String {
 }
 
 struct Emu {
+    /// `K3OS-SEEN` line: primary, A state, A tries, B state, B tries after range checks.
+    seen: String,
     booted: Slot,
     copy: String,
     /// Env files after the boot, read back from the image (None: absent).
@@ -169,7 +180,15 @@ fn emu_boot(grub_dir: &Path, max: u8) -> Emu {
             (f.to_string(), present.then_some(o.stdout))
         })
         .collect();
+    let seen = stdout
+        .split(['\n', '\r'])
+        .find_map(|l| {
+            l.find("K3OS-SEEN ")
+                .map(|i| l[i + "K3OS-SEEN ".len()..].trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("grub-emu printed no K3OS-SEEN line:\n{stdout}"));
     Emu {
+        seen,
         booted,
         copy,
         files,
@@ -194,6 +213,20 @@ fn check_against_model(grub_dir: &Path, max: u8) -> Slot {
     let sim = simulate_boot(grub_dir, max).unwrap();
     let emu = emu_boot(grub_dir, max);
     let copy = sim.copy.map_or("none".to_string(), |c| c.to_string());
+    let word = |s: SlotBoot| match s {
+        SlotBoot::Good => ("good", 0),
+        SlotBoot::Trying { tries_left } => ("try", tries_left),
+        SlotBoot::Bad => ("bad", 0),
+    };
+    let (sa, ta) = word(sim.seen.a);
+    let (sb, tb) = word(sim.seen.b);
+    let seen = format!("{} {sa} {ta} {sb} {tb}", sim.seen.primary);
+    assert_eq!(
+        emu.seen,
+        seen,
+        "state seen by real GRUB vs model on {}",
+        grub_dir.display()
+    );
     assert_eq!(
         (emu.booted, emu.copy.as_str()),
         (sim.choice, copy.as_str()),
@@ -312,21 +345,6 @@ fn grub_emu_handles_missing_and_garbage_env_files() {
     assert_eq!(check_against_model(d.path(), max), Slot::A);
 }
 
-fn rebase(op: &WriteOp, from: &Path, to: &Path) -> WriteOp {
-    let p: PathBuf = to.join(op.path().strip_prefix(from).unwrap());
-    match op {
-        WriteOp::InPlace { offset, data, .. } => WriteOp::InPlace {
-            path: p,
-            offset: *offset,
-            data: data.clone(),
-        },
-        WriteOp::Replace { data, .. } => WriteOp::Replace {
-            path: p,
-            data: data.clone(),
-        },
-    }
-}
-
 /// A power cut at every byte class of every write of each Rust transaction, judged by the
 /// real GRUB: it must boot the old or the new choice (and agree with the model).
 #[test]
@@ -374,15 +392,8 @@ fn grub_emu_power_cut_during_rust_writes_boots_old_or_new() {
         let target = gd.read().unwrap();
         let ops = g.plan(&target).unwrap();
         for i in 0..ops.len() {
-            for cut in CUTS {
-                let st = tempfile::tempdir().unwrap();
-                copy_tree(base.path(), st.path());
-                for op in &ops[..i] {
-                    rebase(op, base.path(), st.path()).apply().unwrap();
-                }
-                rebase(&ops[i], base.path(), st.path())
-                    .apply_torn(cut)
-                    .unwrap();
+            for cut in cuts_for(base.path(), &ops, i) {
+                let st = after_cut(base.path(), &ops, i, cut);
                 let booted = check_against_model(st.path(), max);
                 assert!(
                     booted == old || booted == new,
@@ -393,4 +404,32 @@ fn grub_emu_power_cut_during_rust_writes_boots_old_or_new() {
         }
     }
     eprintln!("grub-emu power-cut runs: {runs} in {:?}", started.elapsed());
+}
+
+/// A power cut while GRUB itself counts down (its own `save_env` writes, torn at every class
+/// and inside the changed bytes): the real GRUB's next boot agrees with the model.
+#[test]
+fn grub_emu_power_cut_during_grub_countdown() {
+    let max = 3;
+    let base = tempfile::tempdir().unwrap();
+    let g = GrubBootloader::new(base.path(), max);
+    g.install(&BootEnv {
+        primary: Slot::B,
+        a: SlotBoot::Good,
+        b: SlotBoot::Trying { tries_left: 1 },
+    })
+    .unwrap();
+    let sim = simulate_boot(base.path(), max).unwrap();
+    assert_eq!(sim.countdown.len(), 6);
+    let mut runs = 0;
+    for i in 0..sim.countdown.len() {
+        for cut in cuts_for(base.path(), &sim.countdown, i) {
+            let st = after_cut(base.path(), &sim.countdown, i, cut);
+            let booted = check_against_model(st.path(), max);
+            // Before the countdown B had its last try; after it, none: A.
+            assert!(booted == Slot::B || booted == Slot::A);
+            runs += 1;
+        }
+    }
+    assert!(runs > 6 * 8);
 }

@@ -59,3 +59,76 @@ pub fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// `op` with its path moved from under `from` to the same place under `to`.
+pub fn rebase(
+    op: &bootconfig::atomic::WriteOp,
+    from: &Path,
+    to: &Path,
+) -> bootconfig::atomic::WriteOp {
+    use bootconfig::atomic::WriteOp;
+    let p: PathBuf = to.join(op.path().strip_prefix(from).unwrap());
+    match op {
+        WriteOp::InPlace { offset, data, .. } => WriteOp::InPlace {
+            path: p,
+            offset: *offset,
+            data: data.clone(),
+        },
+        WriteOp::Replace { data, .. } => WriteOp::Replace {
+            path: p,
+            data: data.clone(),
+        },
+    }
+}
+
+/// A copy of `base` after `ops[..i]` completed and a power cut hit `ops[i]` after `cut` bytes.
+pub fn after_cut(
+    base: &Path,
+    ops: &[bootconfig::atomic::WriteOp],
+    i: usize,
+    cut: usize,
+) -> tempfile::TempDir {
+    let st = scratch();
+    copy_tree(base, st.path());
+    for op in &ops[..i] {
+        rebase(op, base, st.path()).apply().unwrap();
+    }
+    rebase(&ops[i], base, st.path()).apply_torn(cut).unwrap();
+    st
+}
+
+/// A scratch directory, in RAM (/dev/shm) when available: the power-cut tests create tens of
+/// thousands of states and every write fsyncs.
+pub fn scratch() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(d) = tempfile::tempdir_in(shm) {
+            return d;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
+
+/// The cut points for `ops[i]`: the byte-boundary classes of [`CUTS`] plus every byte offset
+/// inside the range where the write changes the file (there a cut leaves a mix of old and new
+/// bytes; the fixed classes alone may all fall into unchanged padding).
+pub fn cuts_for(base: &Path, ops: &[bootconfig::atomic::WriteOp], i: usize) -> Vec<usize> {
+    use bootconfig::atomic::WriteOp;
+    let st = scratch();
+    copy_tree(base, st.path());
+    for op in &ops[..i] {
+        rebase(op, base, st.path()).apply().unwrap();
+    }
+    let mut cuts = CUTS.to_vec();
+    if let WriteOp::InPlace { offset, data, .. } = rebase(&ops[i], base, st.path()) {
+        let cur = std::fs::read(rebase(&ops[i], base, st.path()).path()).unwrap();
+        let cur = &cur[offset as usize..offset as usize + data.len()];
+        let diff: Vec<usize> = (0..data.len()).filter(|&k| cur[k] != data[k]).collect();
+        if let (Some(&first), Some(&last)) = (diff.first(), diff.last()) {
+            cuts.extend(first..=last + 1);
+        }
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    cuts
+}
