@@ -356,10 +356,12 @@ pub fn simulate_boot(grub_dir: &Path, max_tries: u8) -> Result<BootSim> {
     let max = max_tries.max(1);
     let dir = grub_dir.join(ENV_DIR);
     let file = |name: String| dir.join(name);
+    // The script presets K3OS_EDITING=1, so an unloadable lock (or one without the variable)
+    // reads as editing.
     let mut locks = [String::new(), String::new()];
-    for n in 0..2 {
+    for (n, lock) in locks.iter_mut().enumerate() {
         let loaded = read_opt(&file(format!("lock{}", n + 1)))?.and_then(|b| grub_load(&b));
-        locks[n] = loaded
+        *lock = loaded
             .and_then(|l| l.get(VAR_EDITING).map(str::to_string))
             .unwrap_or_else(|| "1".into());
     }

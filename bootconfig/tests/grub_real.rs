@@ -351,7 +351,8 @@ fn grub_emu_handles_missing_and_garbage_env_files() {
 fn grub_emu_power_cut_during_rust_writes_boots_old_or_new() {
     let max = 3;
     let started = Instant::now();
-    let transactions: Vec<(BootEnv, Box<dyn Fn(&GrubBootloader)>)> = vec![
+    type Transaction = Box<dyn Fn(&GrubBootloader)>;
+    let transactions: Vec<(BootEnv, Transaction)> = vec![
         (
             BootEnv {
                 primary: Slot::A,
