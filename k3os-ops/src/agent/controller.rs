@@ -48,6 +48,8 @@ pub const ANN_CORDONED: &str = "k3os.io/update-cordoned";
 const NODE_LEASE_SECS: i32 = 60;
 /// How often the node Lease is renewed and dead slots are looked for.
 const LIVENESS_PERIOD: Duration = Duration::from_secs(10);
+/// Least time between two writes of the stage progress annotation.
+const PROGRESS_PERIOD: Duration = Duration::from_secs(15);
 /// How long after a healthy boot the Node may take to report Ready.
 const READY_WAIT: Duration = Duration::from_secs(300);
 
@@ -494,22 +496,28 @@ impl Agent {
         )
         .await;
         let (tx, mut rx) = tokio::sync::watch::channel(String::new());
+        rx.mark_unchanged();
         let progress = Arc::new(AnnotationProgress::new(tx));
         let url = ch.spec.url.clone();
         let v = version.to_string();
         let p = progress.clone();
         let work = self.blocking(move |ops| ops.stage(&url, &v, p.as_ref()));
         tokio::pin!(work);
+        // The annotation is written at most every PROGRESS_PERIOD (the Node object is shared
+        // with the kubelet; a byte counter must not flood the API server).
+        let mut last_write: Option<tokio::time::Instant> = None;
+        let mut ticker = tokio::time::interval(PROGRESS_PERIOD);
         let result = loop {
             tokio::select! {
                 r = &mut work => break r,
-                changed = rx.changed() => {
-                    if changed.is_ok() {
+                _ = ticker.tick() => {
+                    let due = last_write.is_none_or(|t| t.elapsed() >= PROGRESS_PERIOD);
+                    if due && rx.has_changed().unwrap_or(false) {
                         let text = rx.borrow_and_update().clone();
                         if let Err(e) = self.annotate(&[(ANN_PROGRESS, Some(&text))]).await {
                             tracing::warn!("progress annotation: {e:#}");
                         }
-                        tokio::time::sleep(Duration::from_secs(15)).await;
+                        last_write = Some(tokio::time::Instant::now());
                     }
                 }
             }

@@ -1,0 +1,480 @@
+//! The controller's per-node flow end to end, against a small stateful fake API server behind
+//! tower-test's mock service and a fake node (the `NodeOps` trait). One log records both the
+//! API writes and the node calls in order, so the tests check the ordering guarantees:
+//! fence (CAS of our slot's phase) before cordon, before the bootloader flip, before reboot;
+//! uncordon only of our own cordon; release after confirm; failures pause the channel.
+
+#[allow(dead_code, unused_imports)]
+#[path = "../src/agent/mod.rs"]
+mod agent;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent::controller::{Agent, Next};
+use agent::decide::{Inactive, NodeUpdateStatus};
+use agent::node::{ConfirmResult, NodeError, NodeOps, StageProgress};
+use http::{Method, Request, Response};
+use kube::client::Body;
+use kube::Client;
+use serde_json::{json, Value};
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+struct World {
+    node: Value,
+    channel: Value,
+    rv: u64,
+    /// Called before answering each request (to inject concurrent changes).
+    #[allow(clippy::type_complexity)]
+    hook: Option<Box<dyn FnMut(&str, &mut Value) + Send>>,
+}
+
+fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().unwrap();
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+const CH: &str = "/apis/k3os.io/v1/namespaces/k3os-system/updatechannels";
+
+fn respond(status: u16, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(body).unwrap()))
+        .unwrap()
+}
+
+fn not_found(what: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404, "message": format!("{what} not found")})
+}
+
+async fn serve(
+    mut h: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    world: Arc<Mutex<World>>,
+    log: Log,
+) {
+    while let Some((req, send)) = h.next_request().await {
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let bytes = req.into_body().collect_bytes().await.unwrap();
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        let mut guard = world.lock().unwrap();
+        let w = &mut *guard;
+        if let Some(hook) = w.hook.as_mut() {
+            let mut ch = w.channel.clone();
+            hook(&format!("{method} {path}"), &mut ch);
+            if ch != w.channel {
+                w.channel = ch;
+                w.rv += 1;
+            }
+        }
+        let rv = w.rv.to_string();
+        let resp = match (method.clone(), path.as_str()) {
+            (Method::GET, "/api/v1/nodes/n1") => respond(200, &w.node),
+            (Method::PATCH, "/api/v1/nodes/n1") => {
+                if let Some(u) = body.pointer("/spec/unschedulable") {
+                    log.lock().unwrap().push(format!("api: unschedulable={u}"));
+                }
+                merge(&mut w.node, &body);
+                respond(200, &w.node)
+            }
+            (Method::GET, "/api/v1/pods") => respond(
+                200,
+                &json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []}),
+            ),
+            (Method::GET, CH) => {
+                let mut ch = w.channel.clone();
+                ch["metadata"]["resourceVersion"] = json!(rv);
+                respond(
+                    200,
+                    &json!({"kind": "UpdateChannelList", "apiVersion": "k3os.io/v1", "metadata": {}, "items": [ch]}),
+                )
+            }
+            (Method::GET, p) if p == format!("{CH}/stable") => {
+                let mut ch = w.channel.clone();
+                ch["metadata"]["resourceVersion"] = json!(rv);
+                respond(200, &ch)
+            }
+            (Method::PUT, p) if p == format!("{CH}/stable/status") => {
+                if body["metadata"]["resourceVersion"] != json!(rv) {
+                    respond(
+                        409,
+                        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Conflict", "code": 409, "message": "modified"}),
+                    )
+                } else {
+                    let slots: Vec<String> = body["status"]["slots"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|s| {
+                            format!(
+                                "{}:{}",
+                                s["node"].as_str().unwrap(),
+                                s["phase"].as_str().unwrap()
+                            )
+                        })
+                        .collect();
+                    let failures = body["status"]["failures"].as_array().map_or(0, Vec::len);
+                    log.lock().unwrap().push(format!(
+                        "api: slots=[{}] failures={failures}",
+                        slots.join(",")
+                    ));
+                    w.channel["status"] = body["status"].clone();
+                    w.rv += 1;
+                    let mut ch = w.channel.clone();
+                    ch["metadata"]["resourceVersion"] = json!(w.rv.to_string());
+                    respond(200, &ch)
+                }
+            }
+            (Method::POST, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
+                log.lock()
+                    .unwrap()
+                    .push(format!("event: {}", body["reason"].as_str().unwrap_or("?")));
+                respond(201, &body)
+            }
+            _ => {
+                log.lock()
+                    .unwrap()
+                    .push(format!("UNEXPECTED {method} {path}"));
+                respond(404, &not_found(&path))
+            }
+        };
+        drop(guard);
+        send.send_response(resp);
+    }
+}
+
+struct FakeNode {
+    status: Mutex<NodeUpdateStatus>,
+    confirm: ConfirmResult,
+    log: Log,
+}
+
+impl NodeOps for FakeNode {
+    fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
+        Ok(self.status.lock().unwrap().clone())
+    }
+    fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {
+        Ok("v2".into())
+    }
+    fn stage(&self, _: &str, version: &str, p: &dyn StageProgress) -> Result<(), NodeError> {
+        p.begin("rootfs", 100, 0);
+        p.advance(100);
+        p.end();
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("node: stage {version}"));
+        self.status.lock().unwrap().inactive = Inactive::Staged(version.into());
+        Ok(())
+    }
+    fn activate(&self) -> Result<(), NodeError> {
+        self.log.lock().unwrap().push("node: activate".into());
+        let mut s = self.status.lock().unwrap();
+        if let Inactive::Staged(v) = s.inactive.clone() {
+            s.inactive = Inactive::Activated(v);
+        }
+        Ok(())
+    }
+    fn confirm(&self) -> Result<ConfirmResult, NodeError> {
+        self.log.lock().unwrap().push("node: confirm".into());
+        let mut s = self.status.lock().unwrap();
+        match &self.confirm {
+            ConfirmResult::Healthy => s.booted_on_trial = false,
+            ConfirmResult::RolledBack(_) => {}
+        }
+        Ok(self.confirm.clone())
+    }
+    fn rollback(&self, _: &str) -> Result<(), NodeError> {
+        self.log.lock().unwrap().push("node: rollback".into());
+        Ok(())
+    }
+    fn reboot(&self) -> Result<(), NodeError> {
+        self.log.lock().unwrap().push("node: reboot".into());
+        Ok(())
+    }
+}
+
+impl FakeNode {
+    /// Simulate the reboot: boot into the activated slot (on trial), or fall back.
+    fn boot(&self, into_new: bool) {
+        let mut s = self.status.lock().unwrap();
+        let (Inactive::Activated(new) | Inactive::Staged(new) | Inactive::Failed(new)) =
+            s.inactive.clone()
+        else {
+            panic!("nothing to boot into");
+        };
+        let old = s.booted_version.clone().unwrap();
+        if into_new {
+            s.booted_version = Some(new);
+            s.booted_on_trial = true;
+            s.inactive = Inactive::Staged(old);
+        } else {
+            s.inactive = Inactive::Failed(new);
+        }
+    }
+}
+
+fn setup(
+    confirm: ConfirmResult,
+    unschedulable: bool,
+) -> (Agent, Arc<Mutex<World>>, Arc<FakeNode>, Log) {
+    let log: Log = Arc::default();
+    let world = Arc::new(Mutex::new(World {
+        node: json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "uid": "node-uid", "labels": {"pool": "edge"}, "annotations": {}},
+            "spec": {"unschedulable": unschedulable},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }),
+        channel: json!({
+            "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
+            "metadata": {"name": "stable", "namespace": "k3os-system", "uid": "ch-uid", "generation": 1},
+            "spec": {"url": "https://releases.example/", "version": "v2", "concurrency": 1, "maxFailures": 1,
+                     "nodeSelector": {"pool": "edge"}},
+            "status": {"slots": [], "failures": [], "conditions": []}
+        }),
+        rv: 1,
+        hook: None,
+    }));
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(serve(handle, world.clone(), log.clone()));
+    let client = Client::new(svc, "default");
+    let node = Arc::new(FakeNode {
+        status: Mutex::new(NodeUpdateStatus {
+            booted_version: Some("v1".into()),
+            booted_on_trial: false,
+            inactive: Inactive::Empty,
+        }),
+        confirm,
+        log: log.clone(),
+    });
+    let mut agent = Agent::new(
+        client,
+        "k3os-system",
+        "n1",
+        Some("k3os-system/agent-x".into()),
+        node.clone(),
+    );
+    agent.drain_retry = Duration::from_millis(10);
+    (agent, world, node, log)
+}
+
+/// Reconcile until the agent waits (bounded).
+async fn settle(agent: &Agent) {
+    for _ in 0..20 {
+        if agent.reconcile().await.expect("reconcile") == Next::Wait {
+            return;
+        }
+    }
+    panic!("agent did not settle in 20 steps");
+}
+
+fn pos(log: &[String], what: &str) -> usize {
+    log.iter()
+        .position(|l| l.contains(what))
+        .unwrap_or_else(|| panic!("'{what}' not in log:\n{}", log.join("\n")))
+}
+
+fn annotation(world: &Arc<Mutex<World>>, key: &str) -> Option<String> {
+    world.lock().unwrap().node["metadata"]["annotations"][key]
+        .as_str()
+        .map(String::from)
+}
+
+#[tokio::test]
+async fn happy_path_stages_claims_fences_cordons_flips_reboots_confirms_releases() {
+    let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
+    settle(&agent).await;
+    {
+        let l = log.lock().unwrap().clone();
+        assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+        let stage = pos(&l, "node: stage v2");
+        let claim = pos(&l, "slots=[n1:Claimed]");
+        let fence1 = pos(&l, "slots=[n1:Draining]");
+        let cordon = pos(&l, "unschedulable=true");
+        let fence2 = pos(&l, "slots=[n1:Rebooting]");
+        let flip = pos(&l, "node: activate");
+        let reboot = pos(&l, "node: reboot");
+        assert!(
+            stage < claim
+                && claim < fence1
+                && fence1 < cordon
+                && cordon < fence2
+                && fence2 < flip
+                && flip < reboot,
+            "{l:#?}"
+        );
+        for ev in [
+            "Staging",
+            "Staged",
+            "SlotClaimed",
+            "Cordoned",
+            "Draining",
+            "Drained",
+            "Activated",
+            "Rebooting",
+        ] {
+            pos(&l, &format!("event: {ev}"));
+        }
+    }
+    assert_eq!(
+        annotation(&world, "k3os.io/update-phase").as_deref(),
+        Some("Rebooting")
+    );
+    assert_eq!(
+        annotation(&world, "k3os.io/update-cordoned").as_deref(),
+        Some("true")
+    );
+    // The node comes back on v2, on trial.
+    node.boot(true);
+    log.lock().unwrap().clear();
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    let confirm = pos(&l, "node: confirm");
+    let uncordon = pos(&l, "unschedulable=false");
+    let release = pos(&l, "slots=[]");
+    assert!(confirm < uncordon && uncordon < release, "{l:#?}");
+    pos(&l, "event: UpdateSucceeded");
+    assert_eq!(
+        annotation(&world, "k3os.io/update-phase").as_deref(),
+        Some("UpToDate")
+    );
+    assert_eq!(annotation(&world, "k3os.io/update-cordoned"), None);
+    assert_eq!(world.lock().unwrap().node["spec"]["unschedulable"], false);
+}
+
+#[tokio::test]
+async fn a_node_cordoned_by_its_admin_stays_cordoned() {
+    let (agent, world, node, log) = setup(ConfirmResult::Healthy, true);
+    settle(&agent).await;
+    node.boot(true);
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    assert!(
+        !l.iter().any(|x| x.contains("unschedulable=")),
+        "touched an admin's cordon: {l:#?}"
+    );
+    assert_eq!(world.lock().unwrap().node["spec"]["unschedulable"], true);
+    let ch = world.lock().unwrap().channel.clone();
+    assert_eq!(ch["status"]["slots"], json!([]));
+}
+
+#[tokio::test]
+async fn a_stolen_slot_aborts_before_cordon_and_flip() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    // Right after our claim lands, another agent instance takes the slot over (new token).
+    world.lock().unwrap().hook = Some(Box::new(|req: &str, ch: &mut Value| {
+        if req.starts_with("GET") && req.ends_with("/updatechannels/stable") {
+            if let Some(s) = ch["status"]["slots"]
+                .as_array_mut()
+                .and_then(|a| a.first_mut())
+            {
+                if s["phase"] == "Claimed" {
+                    s["token"] = json!("someone-else");
+                }
+            }
+        }
+    }));
+    let _ = agent.reconcile().await.unwrap(); // stage
+    let _ = agent.reconcile().await.unwrap(); // claim
+    let _ = agent.reconcile().await.unwrap(); // fence fails or foreign slot
+    let l = log.lock().unwrap().clone();
+    assert!(
+        !l.iter().any(|x| x.contains("unschedulable=true")),
+        "cordoned without the slot: {l:#?}"
+    );
+    assert!(
+        !l.iter()
+            .any(|x| x.contains("node: activate") || x.contains("node: reboot")),
+        "{l:#?}"
+    );
+    pos(&l, "event: SlotLost");
+}
+
+#[tokio::test]
+async fn failed_health_check_records_failure_reboots_back_and_pauses() {
+    let (agent, world, node, log) = setup(
+        ConfirmResult::RolledBack("kubelet did not start".into()),
+        false,
+    );
+    settle(&agent).await;
+    node.boot(true);
+    log.lock().unwrap().clear();
+    settle(&agent).await;
+    {
+        let l = log.lock().unwrap().clone();
+        let confirm = pos(&l, "node: confirm");
+        let recorded = pos(&l, "slots=[n1:RollingBack] failures=1");
+        let reboot = pos(&l, "node: reboot");
+        assert!(confirm < recorded && recorded < reboot, "{l:#?}");
+        pos(&l, "event: HealthCheckFailed");
+    }
+    // Back on v1 (the slot was marked bad by the rollback).
+    {
+        let mut s = node.status.lock().unwrap();
+        s.booted_version = Some("v1".into());
+        s.booted_on_trial = false;
+        s.inactive = Inactive::Failed("v2".into());
+    }
+    log.lock().unwrap().clear();
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    let uncordon = pos(&l, "unschedulable=false");
+    let release = pos(&l, "slots=[] failures=1");
+    assert!(uncordon < release, "{l:#?}");
+    let ch = world.lock().unwrap().channel.clone();
+    let paused = ch["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["type"] == "Paused" && c["status"] == "True");
+    assert!(
+        paused,
+        "maxFailures 1 reached but not Paused: {}",
+        ch["status"]
+    );
+    // And the node does not try v2 again.
+    log.lock().unwrap().clear();
+    settle(&agent).await;
+    assert!(!log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|x| x.contains("node: stage") || x.contains("slots=[n1")));
+}
+
+#[tokio::test]
+async fn bootloader_fallback_is_recorded_as_a_failure() {
+    let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
+    settle(&agent).await;
+    node.boot(false); // the loader fell back to v1
+    log.lock().unwrap().clear();
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    pos(&l, "event: RolledBack");
+    pos(&l, "slots=[] failures=1");
+    pos(&l, "unschedulable=false");
+    let ch = world.lock().unwrap().channel.clone();
+    assert_eq!(ch["status"]["failures"][0]["node"], "n1");
+    assert_eq!(ch["status"]["failures"][0]["version"], "v2");
+}
