@@ -79,7 +79,12 @@ fn emu_cfg(max: u8) -> String {
         } else if line.contains("--id k3os-B") {
             slot = "B";
         }
-        if line.trim_start().starts_with("linux ") {
+        if let Some(args) = line.trim_start().strip_prefix("linux ") {
+            // One word per line (the emulated terminal wraps at 80 columns): the words GRUB
+            // hands `linux`, which joins them with spaces into the kernel command line.
+            out.push_str(&format!(
+                "  for k3os_w in {args}; do echo \"K3OS-ARG ${{k3os_w}}\"; done\n"
+            ));
             out.push_str(&format!(
                 "  echo \"K3OS-BOOTED {slot} copy=${{k3os_copy}}\"\n"
             ));
@@ -94,6 +99,8 @@ fn emu_cfg(max: u8) -> String {
 }
 
 struct Emu {
+    /// The booted entry's kernel path and arguments, as GRUB expanded them, space-joined.
+    linux: String,
     /// `K3OS-SEEN` line: primary, A state, A tries, B state, B tries after range checks.
     seen: String,
     booted: Slot,
@@ -187,7 +194,16 @@ fn emu_boot(grub_dir: &Path, max: u8) -> Emu {
                 .map(|i| l[i + "K3OS-SEEN ".len()..].trim().to_string())
         })
         .unwrap_or_else(|| panic!("grub-emu printed no K3OS-SEEN line:\n{stdout}"));
+    let linux = stdout
+        .split(['\n', '\r'])
+        .filter_map(|l| {
+            l.find("K3OS-ARG ")
+                .map(|i| l[i + "K3OS-ARG ".len()..].trim_end().to_string())
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
     Emu {
+        linux,
         seen,
         booted,
         copy,
@@ -297,6 +313,10 @@ fn grub_emu_trial_sequence_falls_back_after_max_tries() {
         }
     }
     assert_eq!(boots, [Slot::B, Slot::B, Slot::B, Slot::A, Slot::A]);
+    assert_eq!(
+        emu_boot(d.path(), max).linux,
+        "/a/vmlinuz root=/dev/vda4 ro console=ttyS0,115200 k3os.mode=disk k3os.slot=A panic=10"
+    );
     assert_eq!(
         g.read().unwrap(),
         BootEnv {
