@@ -165,7 +165,9 @@ struct GhRel {
     assets: Vec<String>,
 }
 
-fn releases_json(base: &str, rels: &[GhRel]) -> String {
+/// The `GET /repos/OWNER/REPO/releases` answer for `rels` (assets under `root/dl/<tag>/`),
+/// every asset uploaded at `stamp`.
+fn releases_json(base: &str, root: &Path, rels: &[GhRel], stamp: &str) -> String {
     let items: Vec<serde_json::Value> = rels
         .iter()
         .enumerate()
@@ -183,6 +185,8 @@ fn releases_json(base: &str, rels: &[GhRel]) -> String {
                     "name": a,
                     "content_type": "application/octet-stream",
                     "state": "uploaded",
+                    "size": fs::metadata(root.join("dl").join(r.tag).join(a)).unwrap().len(),
+                    "updated_at": stamp,
                     "browser_download_url": format!("{base}dl/{}/{a}", r.tag),
                 })).collect::<Vec<_>>(),
             })
@@ -211,7 +215,8 @@ fn github_releases_resolution() {
     let (key, trust) = keys(t.path(), "gh");
     let root = t.path().join("site");
     fs::create_dir_all(root.join("api/repos/acme/nodeos")).unwrap();
-    let srv = Server::start(&root);
+    let log = t.path().join("requests.log");
+    let srv = Server::start_logged(&root, &log);
     let build = t.path().join("build");
 
     // v1: single-arch release with plain asset names.
@@ -266,6 +271,9 @@ fn github_releases_resolution() {
         Some(4),
     );
     let v4 = publish(&build.join("v4"), &root.join("dl/v4.0.0"), "");
+    // v0.9.0: an old release whose manifest asset is garbage; it must not block `latest`.
+    fs::create_dir_all(root.join("dl/v0.9.0")).unwrap();
+    fs::write(root.join("dl/v0.9.0/manifest.json"), "<html>oops</html>").unwrap();
     let rels = [
         GhRel {
             tag: "v4.0.0",
@@ -291,10 +299,16 @@ fn github_releases_resolution() {
             prerelease: false,
             assets: v1,
         },
+        GhRel {
+            tag: "v0.9.0",
+            draft: false,
+            prerelease: false,
+            assets: vec![MANIFEST_FILE.to_string()],
+        },
     ];
     fs::write(
         root.join("api/repos/acme/nodeos/releases"),
-        releases_json(&srv.url, &rels),
+        releases_json(&srv.url, &root, &rels, "2026-12-01T10:00:00Z"),
     )
     .unwrap();
     std::env::set_var(channel::GITHUB_API_ENV, format!("{}api", srv.url));
@@ -321,6 +335,41 @@ fn github_releases_resolution() {
     .unwrap();
     assert_eq!(rootfs, fs::read(build.join("v2x/rootfs.squashfs")).unwrap());
 
+    // Manifests are fetched once per process: a second resolution (an agent's next poll) only
+    // asks the API.
+    let manifest_gets = || {
+        fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("manifest.json ->"))
+            .count()
+    };
+    let first = manifest_gets();
+    assert_eq!(channel::resolve(ch, None, Arch::X86_64).unwrap(), latest);
+    assert_eq!(manifest_gets(), first, "manifests were downloaded again");
+    // Re-uploaded assets (new updated_at) are fetched again.
+    let api_file = root.join("api/repos/acme/nodeos/releases");
+    fs::write(
+        &api_file,
+        releases_json(&srv.url, &root, &rels, "2026-12-02T09:00:00Z"),
+    )
+    .unwrap();
+    assert_eq!(channel::resolve(ch, None, Arch::X86_64).unwrap(), latest);
+    assert_eq!(
+        manifest_gets(),
+        first + 3,
+        "re-uploaded manifests were not fetched again"
+    );
+
+    // Asked for by name, the broken release is an error naming its manifest URL.
+    let e = channel::resolve(ch, Some("v0.9.0"), Arch::X86_64)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("dl/v0.9.0/manifest.json") && e.contains("not valid JSON"),
+        "{e}"
+    );
+
     let arm = channel::resolve(ch, Some("latest"), Arch::Aarch64).unwrap();
     assert_eq!((arm.version.as_str(), arm.generation), ("v2.0.0", 2));
     assert_eq!(
@@ -340,6 +389,7 @@ fn github_releases_resolution() {
     );
     let e = channel::resolve(ch, Some("v4.0.0"), Arch::X86_64).unwrap_err();
     assert!(matches!(e, ChannelError::NotFound { .. }), "{e}");
+    assert!(e.to_string().contains("skipped v0.9.0"), "{e}");
     let e = channel::resolve(ch, Some("v1.0.0"), Arch::Aarch64)
         .unwrap_err()
         .to_string();

@@ -16,7 +16,11 @@
 //!   named `A-X` if there is one (`x86_64-manifest.json`, `aarch64-rootfs.squashfs`; the aliases
 //!   `amd64-`/`arm64-` also work), else the asset named `X`. Drafts are never used; prereleases
 //!   only when asked for by version. Its "generation" comes from the release's manifest, which
-//!   is fetched (and later verified by staging) for that purpose.
+//!   is fetched (and later verified by staging) for that purpose; fetched manifests are cached
+//!   in-process per asset (URL, id, size, `updated_at`) so a polling agent downloads each one
+//!   once. A release whose manifest is missing (404) or malformed is skipped by `latest` and
+//!   `list` (logged, and named if nothing else matches) but is an error when asked for by name;
+//!   transport errors always fail the resolution.
 //!
 //! Every HTTP access goes through [`crate::http::client`]. Indexes and manifests are small, so
 //! they are read whole, with a size cap.
@@ -364,13 +368,19 @@ pub fn list(channel: &str) -> Result<Index, ChannelError> {
             let mut entries = Vec::new();
             for r in releases.iter().filter(|r| !r.draft) {
                 for arch in [Arch::X86_64, Arch::Aarch64] {
-                    if let Some(found) = gh.manifest_for(r, arch)? {
-                        entries.push(IndexEntry {
+                    match gh.manifest_for(r, arch) {
+                        Ok(Some(found)) => entries.push(IndexEntry {
                             version: found.manifest.version,
                             generation: found.manifest.generation,
                             arch,
                             path: r.tag_name.clone(),
-                        });
+                        }),
+                        Ok(None) => {}
+                        Err(e) if !skippable(&e) => return Err(e),
+                        // Unusable releases are not listed; resolving them by name says why.
+                        Err(e) => {
+                            log::warn!("channel {channel}: skipping release {}: {e}", r.tag_name)
+                        }
                     }
                 }
             }
@@ -445,6 +455,7 @@ pub fn resolve(
             let releases = gh.releases()?;
             let mut best: Option<(GhFound, &GhRelease)> = None;
             let mut seen = Vec::new();
+            let mut skipped = Vec::new();
             for r in releases.iter().filter(|r| !r.draft) {
                 let explicit = matches!(version, Some(v) if v != "latest");
                 if r.prerelease && !explicit {
@@ -459,8 +470,19 @@ pub fn resolve(
                         continue;
                     }
                 }
-                let Some(found) = gh.manifest_for(r, arch)? else {
-                    continue;
+                // An unreadable old release must not block `latest`: skip it (and say so).
+                let found = match gh.manifest_for(r, arch) {
+                    Ok(Some(found)) => found,
+                    Ok(None) => continue,
+                    // Asked for by its tag: say what is wrong with it.
+                    Err(e) if version == Some(r.tag_name.as_str()) || !skippable(&e) => {
+                        return Err(e)
+                    }
+                    Err(e) => {
+                        log::warn!("channel {channel}: skipping release {}: {e}", r.tag_name);
+                        skipped.push(format!("{}: {e}", r.tag_name));
+                        continue;
+                    }
                 };
                 seen.push(IndexEntry {
                     version: found.manifest.version.clone(),
@@ -484,7 +506,13 @@ pub fn resolve(
             }
             let Some((found, _)) = best else {
                 sort_newest_first(&mut seen);
-                return Err(not_found(&Index { releases: seen }));
+                let mut e = not_found(&Index { releases: seen });
+                if let ChannelError::NotFound { available, .. } = &mut e {
+                    for s in &skipped {
+                        available.push_str(&format!("; skipped {s}"));
+                    }
+                }
+                return Err(e);
             };
             Ok(ResolvedRelease {
                 version: found.manifest.version,
@@ -494,6 +522,18 @@ pub fn resolve(
                 source: Source::Assets(found.assets),
             })
         }
+    }
+}
+
+/// A release whose manifest is broken or gone is skipped by `latest`; a transport failure is
+/// not (skipping a newest release because of a network blip would pick an older one).
+fn skippable(e: &ChannelError) -> bool {
+    match e {
+        ChannelError::Manifest { .. }
+        | ChannelError::Parse { .. }
+        | ChannelError::TooLarge { .. } => true,
+        ChannelError::Status { status, .. } => matches!(status, 404 | 410),
+        _ => false,
     }
 }
 
@@ -589,7 +629,23 @@ struct GhRelease {
 struct GhAsset {
     name: String,
     browser_download_url: String,
+    #[serde(default)]
+    id: u64,
+    #[serde(default)]
+    size: u64,
+    #[serde(default)]
+    updated_at: Option<String>,
 }
+
+/// Identity of a manifest asset's content: GitHub gives a re-uploaded asset a new id and
+/// `updated_at`, so an unchanged key means unchanged bytes.
+type AssetKey = (String, u64, u64, Option<String>);
+
+/// Manifests already fetched by this process (the agent polls a channel repeatedly; without
+/// this every poll would download the manifest of every release). Bounded; cleared when full.
+static MANIFEST_CACHE: std::sync::Mutex<BTreeMap<AssetKey, Vec<u8>>> =
+    std::sync::Mutex::new(BTreeMap::new());
+const MANIFEST_CACHE_MAX: usize = 1024;
 
 struct GhFound {
     manifest: Manifest,
@@ -655,6 +711,7 @@ impl GitHub {
             Arch::Aarch64 => &["x86_64-", "amd64-"],
         };
         let mut assets = BTreeMap::new();
+        let mut manifest_asset: Option<&GhAsset> = None;
         // Plain names first, then arch-specific ones overwrite them.
         for a in &release.assets {
             if !other_prefixes
@@ -663,19 +720,48 @@ impl GitHub {
                 .any(|p| a.name.starts_with(p))
             {
                 assets.insert(a.name.clone(), a.browser_download_url.clone());
+                if a.name == MANIFEST_FILE {
+                    manifest_asset = Some(a);
+                }
             }
         }
         for p in prefixes.iter().rev() {
             for a in &release.assets {
                 if let Some(name) = a.name.strip_prefix(p) {
                     assets.insert(name.to_string(), a.browser_download_url.clone());
+                    if name == MANIFEST_FILE {
+                        manifest_asset = Some(a);
+                    }
                 }
             }
         }
-        let Some(manifest_url) = assets.get(MANIFEST_FILE).cloned() else {
+        let Some(asset) = manifest_asset else {
             return Ok(None);
         };
-        let bytes = get_small(&self.client, &manifest_url)?;
+        let manifest_url = asset.browser_download_url.clone();
+        let key: AssetKey = (
+            manifest_url.clone(),
+            asset.id,
+            asset.size,
+            asset.updated_at.clone(),
+        );
+        let cached = MANIFEST_CACHE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        let bytes = match cached {
+            Some(b) => b,
+            None => {
+                let b = get_small(&self.client, &manifest_url)?;
+                let mut cache = MANIFEST_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+                if cache.len() >= MANIFEST_CACHE_MAX {
+                    cache.clear();
+                }
+                cache.insert(key, b.clone());
+                b
+            }
+        };
         let manifest = Manifest::parse(&bytes).map_err(|source| ChannelError::Manifest {
             location: manifest_url.clone(),
             source,

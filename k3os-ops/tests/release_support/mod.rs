@@ -22,12 +22,26 @@ pub struct Server {
 
 impl Server {
     pub fn start(dir: &Path) -> Server {
+        Self::spawn(dir, Stdio::null())
+    }
+
+    /// Like [`Server::start`], with the per-request log (stderr) appended to `log`.
+    pub fn start_logged(dir: &Path, log: &Path) -> Server {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        Self::spawn(dir, Stdio::from(f))
+    }
+
+    fn spawn(dir: &Path, stderr: Stdio) -> Server {
         let mut child = Command::new(bin())
             .args(["release", "serve"])
             .arg(dir)
             .args(["--listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn k3os-ops release serve");
         let mut line = String::new();
