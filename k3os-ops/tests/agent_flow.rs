@@ -478,3 +478,35 @@ async fn bootloader_fallback_is_recorded_as_a_failure() {
     assert_eq!(ch["status"]["failures"][0]["node"], "n1");
     assert_eq!(ch["status"]["failures"][0]["version"], "v2");
 }
+
+#[tokio::test]
+async fn a_claim_held_through_a_long_silence_is_replaced_by_a_fresh_one() {
+    let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
+    node.status.lock().unwrap().inactive = Inactive::Staged("v2".into());
+    {
+        let mut w = world.lock().unwrap();
+        w.channel["status"]["slots"] = json!([{"node": "n1", "token": "old", "claimedAt": "2026-12-01T00:00:00Z",
+                                               "phase": "Claimed", "version": "v2"}]);
+        w.node["metadata"]["annotations"]["k3os.io/update-token"] = json!("old");
+    }
+    // The agent (re)started after its Lease had been silent for 20 minutes (rebootTimeout 15m).
+    agent.set_startup_silence(Some(Duration::from_secs(1200)));
+    assert_eq!(agent.reconcile().await.unwrap(), Next::Again);
+    let l = log.lock().unwrap().clone();
+    pos(&l, "event: ClaimForfeit");
+    assert!(
+        !l.iter().any(|x| x.contains("unschedulable=true")),
+        "{l:#?}"
+    );
+    let w = world.lock().unwrap();
+    let token = w.channel["status"]["slots"][0]["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(token, "old", "the old claim must be replaced");
+    assert_eq!(w.channel["status"]["slots"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        w.node["metadata"]["annotations"]["k3os.io/update-token"],
+        json!(token)
+    );
+}
