@@ -171,9 +171,7 @@ impl Updater {
         let boot_dir = cfg.layout.boot_dir().to_path_buf();
         let boot: Box<dyn Bootloader> = match cfg.bootloader {
             BootloaderKind::Grub => Box::new(bootconfig::grub::GrubBootloader::new(boot_dir.join("grub"), cfg.tries)),
-            BootloaderKind::Syslinux => {
-                return Err(Error::Layout(format!("PENDING-BOOTCONFIG {}", boot_dir.display())))
-            }
+            BootloaderKind::Syslinux => Box::new(bootconfig::syslinux::SyslinuxBootloader::new(boot_dir.join("syslinux"))),
         };
         Ok(Self::with_parts(cfg, layout, boot))
     }
