@@ -20,10 +20,9 @@ use crate::manifest::{
 use crate::signing::{self, SigningError};
 use crate::updater::{NoProgress, Progress};
 
-/// Output file names inside a release directory.
-pub const ROOTFS_FILE: &str = "rootfs.squashfs";
-pub const KERNEL_FILE: &str = "vmlinuz";
-pub const INITRD_FILE: &str = "initrd";
+/// Output file names inside a release directory: the same names a slot uses on the boot
+/// partition (one definition, in [`crate::layout`]).
+pub use crate::layout::{INITRD_FILE, KERNEL_FILE, ROOTFS_FILE};
 
 /// Magic at offset 0 of a squashfs image ("hsqs", little endian).
 const SQUASHFS_MAGIC: &[u8; 4] = b"hsqs";
