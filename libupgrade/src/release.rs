@@ -92,7 +92,7 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ReleaseError + '_ {
 /// Create a signed release in `opts.out_dir` and return its manifest.
 ///
 /// Generation, when not given: if the output directory's parent is a channel (holds
-/// `index.json`), a release of the same version for another architecture lends its generation
+/// `index.json`; its release subdirectories are scanned, so a stale index does not matter), a release of the same version for another architecture lends its generation
 /// (one version = one generation across architectures); otherwise it is one more than the
 /// highest generation in the channel. Outside a channel a generation is required.
 pub fn create(opts: &CreateOptions) -> Result<Manifest, ReleaseError> {
@@ -134,31 +134,32 @@ pub fn create_with_progress(
     }
 
     let channel_dir = enclosing_channel(&opts.out_dir);
-    let generation = match (opts.generation, &channel_dir) {
+    // The releases actually present (not a possibly stale index.json).
+    let channel_index = channel_dir
+        .as_deref()
+        .map(channel::build_index)
+        .transpose()?;
+    let generation = match (opts.generation, &channel_index) {
         (Some(g), _) => g,
-        (None, Some(ch)) => {
-            let index = channel::read_local_index(ch)?;
-            match index.releases.iter().find(|e| e.version == opts.version) {
-                Some(e) => e.generation,
-                None => {
-                    index
-                        .releases
-                        .iter()
-                        .map(|e| e.generation)
-                        .max()
-                        .unwrap_or(0)
-                        + 1
-                }
+        (None, Some(index)) => match index.releases.iter().find(|e| e.version == opts.version) {
+            Some(e) => e.generation,
+            None => {
+                index
+                    .releases
+                    .iter()
+                    .map(|e| e.generation)
+                    .max()
+                    .unwrap_or(0)
+                    + 1
             }
-        }
+        },
         (None, None) => {
             return Err(ReleaseError::GenerationRequired {
                 out_dir: opts.out_dir.clone(),
             })
         }
     };
-    if let Some(ch) = &channel_dir {
-        let index = channel::read_local_index(ch)?;
+    if let (Some(ch), Some(index)) = (&channel_dir, &channel_index) {
         let own = opts
             .out_dir
             .file_name()
@@ -580,5 +581,17 @@ mod tests {
                 ("v1", 1, Arch::X86_64, "v1/")
             ]
         );
+        // A release copied into the channel without re-indexing still counts.
+        create(&f.opts(&f.t.path().join("elsewhere"), "v7", Arch::X86_64, Some(7))).unwrap();
+        fs::create_dir(ch.join("v7")).unwrap();
+        for e in fs::read_dir(f.t.path().join("elsewhere")).unwrap() {
+            let e = e.unwrap();
+            fs::copy(e.path(), ch.join("v7").join(e.file_name())).unwrap();
+        }
+        let m8 = create(&f.opts(&ch.join("v8"), "v8", Arch::X86_64, None)).unwrap();
+        assert_eq!(m8.generation, 8);
+        let index = channel::read_local_index(&ch).unwrap();
+        assert_eq!(index.releases[0].path, "v8/");
+        assert_eq!(index.releases[1].path, "v7/");
     }
 }
