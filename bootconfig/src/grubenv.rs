@@ -125,11 +125,9 @@ impl GrubEnv {
         let mut p = SIGNATURE.len();
         while p < bytes.len() {
             if bytes[p] == b'#' {
-                match bytes[p..].iter().position(|&b| b == b'\n') {
-                    Some(n) => p += n + 1,
-                    // Trailing padding without a final newline is the normal end of a block.
-                    None => break,
-                }
+                // Like GRUB, a backslash escapes the next byte even in a comment; trailing
+                // padding without a final newline is the normal end of a block.
+                p = find_next_line(bytes, p);
                 continue;
             }
             let line_start = p;
@@ -249,6 +247,18 @@ impl GrubEnv {
     }
 }
 
+/// GRUB's `find_next_line`: the index after the next newline, skipping backslash escapes.
+fn find_next_line(bytes: &[u8], mut p: usize) -> usize {
+    while p < bytes.len() {
+        match bytes[p] {
+            b'\\' => p += 2,
+            b'\n' => break,
+            _ => p += 1,
+        }
+    }
+    p + 1
+}
+
 /// The result of GRUB's `load_env` on a block that carries the signature.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Loaded {
@@ -285,10 +295,7 @@ pub fn grub_load(bytes: &[u8]) -> Option<Loaded> {
     };
     while p < pend {
         if bytes[p] == b'#' {
-            while p < pend && bytes[p] != b'\n' {
-                p += 1;
-            }
-            p += 1;
+            p = find_next_line(bytes, p);
             continue;
         }
         let name_start = p;
@@ -390,10 +397,7 @@ pub fn grub_set_in_place(buf: &mut [u8], name: &str, value: &str) -> bool {
             found = true;
             break;
         }
-        while p < pend && buf[p] != b'\n' {
-            p += 1;
-        }
-        p += 1;
+        p = find_next_line(buf, p);
     }
     if !found {
         if pend - space < nl + 1 + vl + 1 {

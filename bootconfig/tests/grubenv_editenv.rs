@@ -105,3 +105,30 @@ fn editenv_edits_of_a_rust_block_match_rust_edits() {
     assert_eq!(GrubEnv::parse(&theirs).unwrap(), env);
     assert_eq!(env.to_bytes().unwrap(), theirs);
 }
+
+/// `grub_set_in_place` (the model of GRUB's `save_env` edit) against grub-editenv, which runs
+/// the same `grub_envblk_set`: byte-identical blocks after tricky edits.
+#[test]
+fn in_place_set_model_matches_editenv_byte_for_byte() {
+    use bootconfig::grubenv::grub_set_in_place;
+    let d = tempfile::tempdir().unwrap();
+    let f = d.path().join("env");
+    editenv(&f, &["create"]);
+    let mut model = std::fs::read(&f).unwrap();
+    let edits = [
+        ("A", "\nV="),
+        ("V", ""),
+        ("K3OS_A", "good"),
+        ("A", "x\\"),
+        ("K3OS_A", "try"),
+        ("V", "longer value here"),
+        ("A", ""),
+        ("K3OS_A_TRIES", "3"),
+        ("K3OS_A_TRIES", "2"),
+    ];
+    for (k, v) in edits {
+        editenv(&f, &["set", &format!("{k}={v}")]);
+        assert!(grub_set_in_place(&mut model, k, v));
+        assert_eq!(model, std::fs::read(&f).unwrap(), "after set {k}={v:?}");
+    }
+}
