@@ -12,7 +12,11 @@ mod upgrade;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "k3os-ops", version, about = "A/B image updates for k3OS-style nodes")]
+#[command(
+    name = "k3os-ops",
+    version,
+    about = "A/B image updates for k3OS-style nodes"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

@@ -79,20 +79,32 @@ pub fn run(args: SlotArgs) -> anyhow::Result<()> {
                         println!("slot {}: {}", d.slot, d.why);
                     }
                     for c in &rep.checks {
-                        println!("check {}: {} {}", c.name, if c.ok { "ok" } else { "FAILED" }, c.detail);
+                        println!(
+                            "check {}: {} {}",
+                            c.name,
+                            if c.ok { "ok" } else { "FAILED" },
+                            c.detail
+                        );
                     }
                     println!(
                         "slot {} ({}) is good{}",
                         rep.slot,
                         rep.version.as_deref().unwrap_or("unknown version"),
-                        if rep.newly_good { " (confirmed now)" } else { "" }
+                        if rep.newly_good {
+                            " (confirmed now)"
+                        } else {
+                            ""
+                        }
                     );
                 }
                 Err(_) => {}
             }
             r.context("confirm")?;
         }
-        SlotCmd::Rollback { reason, reboot: now } => {
+        SlotCmd::Rollback {
+            reason,
+            reboot: now,
+        } => {
             let to = u.rollback(&reason)?;
             println!("slot {to} boots next");
             if now {
@@ -108,7 +120,10 @@ pub fn run(args: SlotArgs) -> anyhow::Result<()> {
 }
 
 fn ago(at: u64) -> String {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let d = now.saturating_sub(at);
     match d {
         0..=119 => format!("{d}s ago"),
@@ -120,7 +135,10 @@ fn ago(at: u64) -> String {
 /// The human status view.
 pub fn render_status(st: &Status) -> String {
     let mut out = String::new();
-    let booted = st.booted.map(|s| s.to_string()).unwrap_or_else(|| "unknown".into());
+    let booted = st
+        .booted
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| "unknown".into());
     out.push_str(&format!("=== System Info ===\nBootloader: {}\nLayout:     {}\nBooted:     slot {booted}\nNext boot:  slot {}\n\n=== Slot States ===\n", st.bootloader, st.layout, st.next_boot));
     for s in &st.slots {
         let mark = if s.booted { "x" } else { " " };
@@ -131,16 +149,34 @@ pub fn render_status(st: &Status) -> String {
             if s.booted { ", booted" } else { "" },
             if s.next_boot { ", next boot" } else { "" }
         ));
-        out.push_str(&format!("      version:    {}\n", s.version.as_deref().unwrap_or("-")));
-        out.push_str(&format!("      generation: {}\n", s.generation.map(|g| g.to_string()).unwrap_or_else(|| "-".into())));
+        out.push_str(&format!(
+            "      version:    {}\n",
+            s.version.as_deref().unwrap_or("-")
+        ));
+        out.push_str(&format!(
+            "      generation: {}\n",
+            s.generation
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "-".into())
+        ));
         let boot = match s.boot {
             bootconfig::SlotBoot::Good => "good".to_string(),
             bootconfig::SlotBoot::Bad => "bad".to_string(),
-            bootconfig::SlotBoot::Trying { tries_left } => format!("trying, {tries_left} tries left"),
+            bootconfig::SlotBoot::Trying { tries_left } => {
+                format!("trying, {tries_left} tries left")
+            }
         };
-        out.push_str(&format!("      boot:       {boot}{}\n", if s.primary { " (primary)" } else { "" }));
+        out.push_str(&format!(
+            "      boot:       {boot}{}\n",
+            if s.primary { " (primary)" } else { "" }
+        ));
         if let Some(d) = &s.last_decision {
-            out.push_str(&format!("      last:       {:?} {}: {}\n", d.event, ago(d.at), d.why));
+            out.push_str(&format!(
+                "      last:       {:?} {}: {}\n",
+                d.event,
+                ago(d.at),
+                d.why
+            ));
         }
     }
     out

@@ -65,11 +65,17 @@ struct Bar {
 
 impl Bar {
     fn new(hidden: bool) -> Bar {
-        let bar = if hidden { ProgressBar::hidden() } else { ProgressBar::new(0) };
+        let bar = if hidden {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(0)
+        };
         bar.set_style(
-            ProgressStyle::with_template("{msg:28} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-                .expect("valid template")
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "{msg:28} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
         );
         Bar { bar }
     }
@@ -97,16 +103,26 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
         (None, Some(ch)) => {
             let r = libupgrade::channel::resolve(ch, Some(&args.version), Arch::host())
                 .with_context(|| format!("resolving {} in channel {ch}", args.version))?;
-            eprintln!("channel {ch}: {} resolves to {} (generation {}) at {}", args.version, r.version, r.generation, r.location);
+            eprintln!(
+                "channel {ch}: {} resolves to {} (generation {}) at {}",
+                args.version, r.version, r.generation, r.location
+            );
             r.source
         }
         (None, None) => bail!("give --source or --channel"),
     };
-    let opts = StageOptions { allow_downgrade: args.allow_downgrade, trust_dir: args.trust_dir.clone(), retry_delay: Duration::from_secs(1) };
+    let opts = StageOptions {
+        allow_downgrade: args.allow_downgrade,
+        trust_dir: args.trust_dir.clone(),
+        retry_delay: Duration::from_secs(1),
+    };
     let bar = Bar::new(args.quiet);
     let r = u.stage(&source, &opts, &bar)?;
     if r.already_staged {
-        println!("slot {} already holds {} (generation {})", r.slot, r.version, r.generation);
+        println!(
+            "slot {} already holds {} (generation {})",
+            r.slot, r.version, r.generation
+        );
     } else {
         println!(
             "staged {} (generation {}, signed by {}) into slot {}{}",
@@ -114,14 +130,21 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
             r.generation,
             r.signed_by,
             r.slot,
-            if r.resumed { ", resuming an interrupted download" } else { "" }
+            if r.resumed {
+                ", resuming an interrupted download"
+            } else {
+                ""
+            }
         );
     }
     if args.stage_only {
         return Ok(());
     }
     let slot = u.activate()?;
-    println!("activated slot {slot}: {} will try it on the next boot", u.bootloader().name());
+    println!(
+        "activated slot {slot}: {} will try it on the next boot",
+        u.bootloader().name()
+    );
     if args.reboot {
         println!("rebooting");
         crate::slot::reboot()?;

@@ -37,7 +37,11 @@ impl Bootloader for NullLoader {
         3
     }
     fn read(&self) -> bootconfig::Result<BootEnv> {
-        Ok(BootEnv { primary: Slot::A, a: SlotBoot::Good, b: SlotBoot::Bad })
+        Ok(BootEnv {
+            primary: Slot::A,
+            a: SlotBoot::Good,
+            b: SlotBoot::Bad,
+        })
     }
     fn mark_bad(&self, _: Slot) -> bootconfig::Result<()> {
         Ok(())
@@ -54,7 +58,10 @@ fn config(work: &Path, disk: &Path) -> Config {
     Config {
         bootloader: BootloaderKind::Grub,
         tries: 3,
-        layout: LayoutConfig::Gpt { disk: disk.to_path_buf(), boot_dir: work.join("boot") },
+        layout: LayoutConfig::Gpt {
+            disk: disk.to_path_buf(),
+            boot_dir: work.join("boot"),
+        },
         state_dir: work.join("state"),
         trust_dir: work.join("trust"),
         health_dir: work.join("health.d"),
@@ -73,7 +80,13 @@ fn child(work: &Path) {
     let cfg = config(work, &disk);
     let layout = GptLayout::open(&disk, &work.join("boot")).expect("GPT");
     let u = Updater::with_parts(cfg, Box::new(layout), Box::new(NullLoader));
-    let r = u.stage(&Source::Path(work.join("rel")), &StageOptions::default(), &NoProgress).expect("stage");
+    let r = u
+        .stage(
+            &Source::Path(work.join("rel")),
+            &StageOptions::default(),
+            &NoProgress,
+        )
+        .expect("stage");
     assert!(!r.already_staged);
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
@@ -88,8 +101,13 @@ fn main() {
         child(Path::new(&w));
         return;
     }
-    let size_mib: u64 = std::env::var("BENCH_SIZE_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(1024);
-    let base = std::env::var_os("BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let size_mib: u64 = std::env::var("BENCH_SIZE_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let base = std::env::var_os("BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     let tmp = tempfile::tempdir_in(base).unwrap();
     let work = tmp.path();
     println!("stage bench: {size_mib} MiB rootfs in {}", work.display());
@@ -97,9 +115,19 @@ fn main() {
     // Release: uncompressed squashfs of random data (so the bytes are incompressible).
     let tree = work.join("tree");
     std::fs::create_dir_all(&tree).unwrap();
-    sh(Command::new("dd").args(["if=/dev/urandom", "bs=1M", "status=none"]).arg(format!("of={}", tree.join("payload").display())).arg(format!("count={size_mib}")));
+    sh(Command::new("dd")
+        .args(["if=/dev/urandom", "bs=1M", "status=none"])
+        .arg(format!("of={}", tree.join("payload").display()))
+        .arg(format!("count={size_mib}")));
     let sq = work.join("rootfs.squashfs");
-    sh(Command::new("mksquashfs").arg(&tree).arg(&sq).args(["-noappend", "-quiet", "-noI", "-noD", "-noF", "-noX"]));
+    sh(Command::new("mksquashfs").arg(&tree).arg(&sq).args([
+        "-noappend",
+        "-quiet",
+        "-noI",
+        "-noD",
+        "-noF",
+        "-noX",
+    ]));
     std::fs::remove_dir_all(&tree).unwrap();
     std::fs::write(work.join("k"), vec![1u8; 4 << 20]).unwrap();
     std::fs::write(work.join("i"), vec![2u8; 4 << 20]).unwrap();
@@ -125,14 +153,29 @@ fn main() {
     // Disk image: rootfs-a, rootfs-b sized for the image; sparse.
     let part = (len / MIB + 8) * MIB;
     let disk = work.join("disk.img");
-    let f = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&disk).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&disk)
+        .unwrap();
     f.set_len(2 * part + 4 * MIB).unwrap();
     let mut f2 = f.try_clone().unwrap();
-    gpt::mbr::ProtectiveMBR::with_lb_size(u32::try_from((2 * part + 4 * MIB) / 512 - 1).unwrap_or(u32::MAX)).overwrite_lba0(&mut f2).unwrap();
-    let mut g = gpt::GptConfig::new().writable(true).create_from_device(f, None).unwrap();
+    gpt::mbr::ProtectiveMBR::with_lb_size(
+        u32::try_from((2 * part + 4 * MIB) / 512 - 1).unwrap_or(u32::MAX),
+    )
+    .overwrite_lba0(&mut f2)
+    .unwrap();
+    let mut g = gpt::GptConfig::new()
+        .writable(true)
+        .create_from_device(f, None)
+        .unwrap();
     let mut b_offset = 0;
     for name in ["rootfs-a", "rootfs-b"] {
-        let id = g.add_partition(name, part, gpt::partition_types::LINUX_FS, 0, Some(2048)).unwrap();
+        let id = g
+            .add_partition(name, part, gpt::partition_types::LINUX_FS, 0, Some(2048))
+            .unwrap();
         b_offset = g.partitions()[&id].first_lba * 512;
     }
     g.write().unwrap();
@@ -156,21 +199,45 @@ fn main() {
                 .arg(format!("of={}", work.join("boot").join(small).display()))
                 .args(["bs=1M", "conv=fsync", "status=none"]));
         }
-        sh(Command::new("sha256sum").arg(&rootfs).arg(work.join("rel/vmlinuz")).arg(work.join("rel/initrd")).stdout(std::process::Stdio::null()));
+        sh(Command::new("sha256sum")
+            .arg(&rootfs)
+            .arg(work.join("rel/vmlinuz"))
+            .arg(work.join("rel/initrd"))
+            .stdout(std::process::Stdio::null()));
         best_ref = best_ref.min(t.elapsed().as_secs_f64());
 
         let _ = std::fs::remove_dir_all(work.join("state"));
         let t = Instant::now();
-        let out = Command::new(std::env::current_exe().unwrap()).env("BENCH_STAGE_CHILD", work).output().unwrap();
+        let out = Command::new(std::env::current_exe().unwrap())
+            .env("BENCH_STAGE_CHILD", work)
+            .output()
+            .unwrap();
         let secs = t.elapsed().as_secs_f64();
-        assert!(out.status.success(), "stage child failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "stage child failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         best_ours = best_ours.min(secs);
         let text = String::from_utf8_lossy(&out.stdout);
-        rss = text.lines().find_map(|l| l.strip_prefix("MAXRSS_KIB ")).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
+        rss = text
+            .lines()
+            .find_map(|l| l.strip_prefix("MAXRSS_KIB "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
     }
     let mib = len as f64 / MIB as f64;
-    println!("reference dd+sha256sum: {best_ref:.2} s ({:.0} MiB/s)", mib / best_ref);
-    println!("libupgrade stage:       {best_ours:.2} s ({:.0} MiB/s)", mib / best_ours);
+    println!(
+        "reference dd+sha256sum: {best_ref:.2} s ({:.0} MiB/s)",
+        mib / best_ref
+    );
+    println!(
+        "libupgrade stage:       {best_ours:.2} s ({:.0} MiB/s)",
+        mib / best_ours
+    );
     println!("ratio = {:.2} (target <= 1.2)", best_ours / best_ref);
-    println!("peak RSS of the staging process = {:.1} MiB (target < 64 MiB)", rss as f64 / 1024.0);
+    println!(
+        "peak RSS of the staging process = {:.1} MiB (target < 64 MiB)",
+        rss as f64 / 1024.0
+    );
 }

@@ -16,7 +16,9 @@ mod imp {
 
     pub fn hit(name: &str) {
         let n = COUNT.fetch_add(1, Ordering::SeqCst) + 1;
-        let stop = std::env::var("K3OS_OPS_BARRIER_STOP").ok().and_then(|v| v.trim().parse::<u64>().ok());
+        let stop = std::env::var("K3OS_OPS_BARRIER_STOP")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok());
         let mut err = std::io::stderr().lock();
         let _ = writeln!(err, "K3OS-BARRIER {n} {name}");
         if stop == Some(n) {

@@ -18,7 +18,7 @@
 //!   only when asked for by version. Its "generation" comes from the release's manifest, which
 //!   is fetched (and later verified by staging) for that purpose; fetched manifests are cached
 //!   in-process per asset (URL, id, size, `updated_at`) so a polling agent downloads each one
-//!   once. A release whose manifest is missing (404) or malformed is skipped by `latest` and
+//!   once, and API pages are re-requested with `If-None-Match` (a 304 costs no rate limit). A release whose manifest is missing (404) or malformed is skipped by `latest` and
 //!   `list` (logged, and named if nothing else matches) but is an error when asked for by name;
 //!   transport errors always fail the resolution.
 //!
@@ -544,12 +544,23 @@ fn client(url: &str) -> Result<reqwest::blocking::Client, ChannelError> {
     })
 }
 
-/// GET a small document (index, manifest, API page); returns the body and the `Link` header.
-fn get_small_with_link(
+/// A fetched document and the response headers that matter here.
+#[derive(Debug, Clone)]
+struct Doc {
+    body: Vec<u8>,
+    /// RFC 8288 `Link` header (GitHub pagination).
+    link: Option<String>,
+    etag: Option<String>,
+}
+
+/// GET a small document (index, manifest, API page). With `if_none_match`, a `304 Not
+/// Modified` answer gives `Ok(None)`.
+fn get_doc(
     client: &reqwest::blocking::Client,
     url: &str,
     accept: Option<&str>,
-) -> Result<(Vec<u8>, Option<String>), ChannelError> {
+    if_none_match: Option<&str>,
+) -> Result<Option<Doc>, ChannelError> {
     let http = |source| ChannelError::Http {
         url: url.to_string(),
         source,
@@ -558,18 +569,26 @@ fn get_small_with_link(
     if let Some(a) = accept {
         req = req.header(reqwest::header::ACCEPT, a);
     }
+    if let Some(tag) = if_none_match {
+        req = req.header(reqwest::header::IF_NONE_MATCH, tag);
+    }
     let resp = req.send().map_err(http)?;
+    if if_none_match.is_some() && resp.status() == reqwest::StatusCode::NOT_MODIFIED {
+        return Ok(None);
+    }
     if !resp.status().is_success() {
         return Err(ChannelError::Status {
             url: url.to_string(),
             status: resp.status().as_u16(),
         });
     }
-    let link = resp
-        .headers()
-        .get(reqwest::header::LINK)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
+    let header = |name: reqwest::header::HeaderName| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let (link, etag) = (header(reqwest::header::LINK), header(reqwest::header::ETAG));
     if resp.content_length().is_some_and(|n| n > MAX_DOC) {
         return Err(ChannelError::TooLarge {
             what: url.to_string(),
@@ -587,11 +606,12 @@ fn get_small_with_link(
             what: url.to_string(),
         });
     }
-    Ok((body, link))
+    Ok(Some(Doc { body, link, etag }))
 }
 
 fn get_small(client: &reqwest::blocking::Client, url: &str) -> Result<Vec<u8>, ChannelError> {
-    Ok(get_small_with_link(client, url, None)?.0)
+    let doc = get_doc(client, url, None, None)?.expect("no conditional request was made");
+    Ok(doc.body)
 }
 
 /// The `rel="next"` target of an RFC 8288 `Link` header.
@@ -647,6 +667,10 @@ static MANIFEST_CACHE: std::sync::Mutex<BTreeMap<AssetKey, Vec<u8>>> =
     std::sync::Mutex::new(BTreeMap::new());
 const MANIFEST_CACHE_MAX: usize = 1024;
 
+/// Releases API pages by URL, with their ETag, for conditional re-requests.
+static API_CACHE: std::sync::Mutex<BTreeMap<String, Doc>> = std::sync::Mutex::new(BTreeMap::new());
+const API_CACHE_MAX: usize = 64;
+
 struct GhFound {
     manifest: Manifest,
     manifest_url: String,
@@ -679,8 +703,33 @@ impl GitHub {
         );
         let mut all = Vec::new();
         for _ in 0..MAX_PAGES {
-            let (body, link) =
-                get_small_with_link(&self.client, &url, Some("application/vnd.github+json"))?;
+            // Conditional requests: a 304 does not count against GitHub's rate limit, and an
+            // agent polls the same pages over and over.
+            let cached = API_CACHE
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&url)
+                .cloned();
+            let Doc { body, link, .. } = match get_doc(
+                &self.client,
+                &url,
+                Some("application/vnd.github+json"),
+                cached.as_ref().and_then(|d| d.etag.as_deref()),
+            )? {
+                Some(doc) => {
+                    let mut cache = API_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+                    if doc.etag.is_some() {
+                        if cache.len() >= API_CACHE_MAX {
+                            cache.clear();
+                        }
+                        cache.insert(url.clone(), doc.clone());
+                    } else {
+                        cache.remove(&url);
+                    }
+                    doc
+                }
+                None => cached.expect("304 only answers a conditional request"),
+            };
             let page: Vec<GhRelease> =
                 serde_json::from_slice(&body).map_err(|source| ChannelError::Parse {
                     what: url.clone(),

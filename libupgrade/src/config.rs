@@ -133,21 +133,30 @@ impl Config {
     /// Parse a configuration file.
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io("read config", path, e))?;
-        Self::parse(&text).map_err(|what| Error::Config { path: path.to_path_buf(), what })
+        Self::parse(&text).map_err(|what| Error::Config {
+            path: path.to_path_buf(),
+            what,
+        })
     }
 
     /// Parse configuration text; the error says which key is wrong.
     pub fn parse(text: &str) -> std::result::Result<Config, String> {
         let c: Config = toml::from_str(text).map_err(|e| e.to_string())?;
         if c.tries == 0 || c.tries > crate::MAX_TRIES {
-            return Err(format!("tries = {} is out of range 1..={}", c.tries, crate::MAX_TRIES));
+            return Err(format!(
+                "tries = {} is out of range 1..={}",
+                c.tries,
+                crate::MAX_TRIES
+            ));
         }
         Ok(c)
     }
 
     /// The configuration named by `K3OS_OPS_CONFIG`, else [`DEFAULT_CONFIG`].
     pub fn from_env() -> Result<Config> {
-        let path = std::env::var_os(CONFIG_ENV).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+        let path = std::env::var_os(CONFIG_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
         Self::load(&path)
     }
 }
@@ -169,13 +178,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.bootloader, BootloaderKind::Grub);
-        assert_eq!(c.layout, LayoutConfig::Gpt { disk: "/dev/vda".into(), boot_dir: "/boot".into() });
+        assert_eq!(
+            c.layout,
+            LayoutConfig::Gpt {
+                disk: "/dev/vda".into(),
+                boot_dir: "/boot".into()
+            }
+        );
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/k3os-ops"));
     }
 
     #[test]
     fn names_the_bad_key() {
-        let e = Config::parse("bootloader = \"lilo\"\n[layout]\nkind=\"gpt\"\ndisk=\"/d\"\nboot_dir=\"/b\"\n").unwrap_err();
+        let e = Config::parse(
+            "bootloader = \"lilo\"\n[layout]\nkind=\"gpt\"\ndisk=\"/d\"\nboot_dir=\"/b\"\n",
+        )
+        .unwrap_err();
         assert!(e.contains("lilo"), "{e}");
         let e = Config::parse("bootloader = \"grub\"\ntries = 0\n[layout]\nkind=\"gpt\"\ndisk=\"/d\"\nboot_dir=\"/b\"\n")
             .unwrap_err();

@@ -33,7 +33,11 @@ pub enum Error {
     #[error("signature of {location}: {what}")]
     Signature { location: String, what: String },
     #[error("release {version} has generation {found}, older than the installed generation {installed}; pass allow-downgrade to install it anyway")]
-    Downgrade { version: String, found: u64, installed: u64 },
+    Downgrade {
+        version: String,
+        found: u64,
+        installed: u64,
+    },
     #[error("fetch {location}: {what}")]
     Fetch {
         location: String,
@@ -42,11 +46,26 @@ pub enum Error {
         retryable: bool,
     },
     #[error("{artifact} ({location}): sha256 mismatch: expected {expected}, found {found}")]
-    Checksum { artifact: Artifact, location: String, expected: String, found: String },
+    Checksum {
+        artifact: Artifact,
+        location: String,
+        expected: String,
+        found: String,
+    },
     #[error("{artifact} ({location}): size mismatch: expected {expected} bytes, got {found}")]
-    Size { artifact: Artifact, location: String, expected: u64, found: u64 },
+    Size {
+        artifact: Artifact,
+        location: String,
+        expected: u64,
+        found: u64,
+    },
     #[error("{artifact} needs {needed} bytes but {target} has room for {available}")]
-    NoSpace { artifact: Artifact, target: String, needed: u64, available: u64 },
+    NoSpace {
+        artifact: Artifact,
+        target: String,
+        needed: u64,
+        available: u64,
+    },
     #[error("slot layout: {0}")]
     Layout(String),
     #[error("rootfs of slot {slot} is not a valid squashfs: {what}")]
@@ -56,15 +75,27 @@ pub enum Error {
     #[error("slot {slot} is the booted slot; it is never written or invalidated while running")]
     SlotBusy { slot: Slot },
     #[error("slot {slot} is {state}, expected {expected}")]
-    SlotState { slot: Slot, state: SlotState, expected: &'static str },
+    SlotState {
+        slot: Slot,
+        state: SlotState,
+        expected: &'static str,
+    },
     #[error("health check failed on slot {slot}: {failures}")]
-    HealthCheck { slot: Slot, failures: String, rolled_back: bool },
+    HealthCheck {
+        slot: Slot,
+        failures: String,
+        rolled_back: bool,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub(crate) fn io(op: &'static str, path: impl AsRef<Path>, source: std::io::Error) -> Error {
-        Error::Io { op, path: path.as_ref().to_path_buf(), source }
+        Error::Io {
+            op,
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
     }
 }

@@ -34,11 +34,17 @@ impl Source {
     pub fn parse(s: &str) -> Source {
         if s.starts_with("http://") || s.starts_with("https://") {
             let base = s.strip_suffix(crate::manifest::MANIFEST_FILE).unwrap_or(s);
-            let base = if base.ends_with('/') { base.to_string() } else { format!("{base}/") };
+            let base = if base.ends_with('/') {
+                base.to_string()
+            } else {
+                format!("{base}/")
+            };
             Source::Url(base)
         } else {
             let p = PathBuf::from(s);
-            if p.file_name().is_some_and(|n| n == crate::manifest::MANIFEST_FILE) {
+            if p.file_name()
+                .is_some_and(|n| n == crate::manifest::MANIFEST_FILE)
+            {
                 Source::Path(p.parent().map(Path::to_path_buf).unwrap_or_default())
             } else {
                 Source::Path(p)
@@ -51,7 +57,10 @@ impl Source {
         match self {
             Source::Path(dir) => dir.join(name).display().to_string(),
             Source::Url(base) => format!("{base}{name}"),
-            Source::Assets(map) => map.get(name).cloned().unwrap_or_else(|| format!("<no asset named {name}>")),
+            Source::Assets(map) => map
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| format!("<no asset named {name}>")),
         }
     }
 
@@ -60,9 +69,15 @@ impl Source {
         let loc = self.location(name);
         let (mut r, _) = self.open(name, 0)?;
         let mut buf = Vec::new();
-        (&mut r).take(SMALL_MAX + 1).read_to_end(&mut buf).map_err(|e| fetch_err(&loc, format!("read failed: {e}")))?;
+        (&mut r)
+            .take(SMALL_MAX + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| fetch_err(&loc, format!("read failed: {e}")))?;
         if buf.len() as u64 > SMALL_MAX {
-            return Err(fetch_err(&loc, format!("larger than {SMALL_MAX} bytes; not a manifest or signature")));
+            return Err(fetch_err(
+                &loc,
+                format!("larger than {SMALL_MAX} bytes; not a manifest or signature"),
+            ));
         }
         Ok(buf)
     }
@@ -73,8 +88,10 @@ impl Source {
         match self {
             Source::Path(dir) => {
                 let p = dir.join(name);
-                let mut f = File::open(&p).map_err(|e| fetch_err(&loc, format!("cannot open: {e}")))?;
-                f.seek(SeekFrom::Start(offset)).map_err(|e| fetch_err(&loc, format!("cannot seek to {offset}: {e}")))?;
+                let mut f =
+                    File::open(&p).map_err(|e| fetch_err(&loc, format!("cannot open: {e}")))?;
+                f.seek(SeekFrom::Start(offset))
+                    .map_err(|e| fetch_err(&loc, format!("cannot seek to {offset}: {e}")))?;
                 Ok((Box::new(f), loc))
             }
             Source::Url(_) | Source::Assets(_) => {
@@ -88,21 +105,32 @@ impl Source {
 }
 
 fn fetch_err(loc: &str, what: String) -> Error {
-    Error::Fetch { location: loc.to_string(), what, retryable: false }
+    Error::Fetch {
+        location: loc.to_string(),
+        what,
+        retryable: false,
+    }
 }
 
 fn retryable_err(loc: &str, what: String) -> Error {
-    Error::Fetch { location: loc.to_string(), what, retryable: true }
+    Error::Fetch {
+        location: loc.to_string(),
+        what,
+        retryable: true,
+    }
 }
 
 /// GET `url` from `offset` on, with `Range` when `offset > 0`.
 fn http_open(url: &str, offset: u64) -> Result<Box<dyn Read + Send>> {
-    let client = crate::http::client().map_err(|e| fetch_err(url, format!("cannot build an HTTP client: {e}")))?;
+    let client = crate::http::client()
+        .map_err(|e| fetch_err(url, format!("cannot build an HTTP client: {e}")))?;
     let mut req = client.get(url);
     if offset > 0 {
         req = req.header(reqwest::header::RANGE, format!("bytes={offset}-"));
     }
-    let resp = req.send().map_err(|e| retryable_err(url, format!("request failed: {e}")))?;
+    let resp = req
+        .send()
+        .map_err(|e| retryable_err(url, format!("request failed: {e}")))?;
     let status = resp.status();
     match status.as_u16() {
         206 if offset > 0 => {
@@ -142,9 +170,18 @@ mod tests {
 
     #[test]
     fn parse_sources() {
-        assert_eq!(Source::parse("http://h/r/v2"), Source::Url("http://h/r/v2/".into()));
-        assert_eq!(Source::parse("https://h/r/v2/manifest.json"), Source::Url("https://h/r/v2/".into()));
-        assert_eq!(Source::parse("/srv/v2/manifest.json"), Source::Path("/srv/v2".into()));
+        assert_eq!(
+            Source::parse("http://h/r/v2"),
+            Source::Url("http://h/r/v2/".into())
+        );
+        assert_eq!(
+            Source::parse("https://h/r/v2/manifest.json"),
+            Source::Url("https://h/r/v2/".into())
+        );
+        assert_eq!(
+            Source::parse("/srv/v2/manifest.json"),
+            Source::Path("/srv/v2".into())
+        );
         assert_eq!(Source::parse("rel"), Source::Path("rel".into()));
     }
 

@@ -46,7 +46,8 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
             Some(MountEntry {
                 dev: (maj.parse().ok()?, min.parse().ok()?),
                 mount_point: unescape(l.get(4)?),
-                read_only: opts.split(',').any(|o| o == "ro") || r.get(2).is_some_and(|s| s.split(',').any(|o| o == "ro")),
+                read_only: opts.split(',').any(|o| o == "ro")
+                    || r.get(2).is_some_and(|s| s.split(',').any(|o| o == "ro")),
                 fstype: r.first()?.to_string(),
                 source: unescape(r.get(1).unwrap_or(&"")),
             })
@@ -55,7 +56,10 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
 }
 
 fn unescape(s: &str) -> String {
-    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
 }
 
 /// Parse a `KEY=value` release file (`VERSION=`, `GENERATION=`), quotes optional.
@@ -76,12 +80,20 @@ pub fn parse_release_file(text: &str) -> (Option<String>, Option<u64>) {
 }
 
 /// Run every executable in `dir` (name order) with `timeout` each.
-pub fn run_check_dir(dir: &Path, timeout: Duration, env: &[(&str, String)]) -> Result<Vec<CheckResult>> {
+pub fn run_check_dir(
+    dir: &Path,
+    timeout: Duration,
+    env: &[(&str, String)],
+) -> Result<Vec<CheckResult>> {
     let mut checks: Vec<PathBuf> = match std::fs::read_dir(dir) {
         Ok(rd) => rd
             .flatten()
             .map(|e| e.path())
-            .filter(|p| std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false))
+            .filter(|p| {
+                std::fs::metadata(p)
+                    .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                    .unwrap_or(false)
+            })
             .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(Error::io("read health check directory", dir, e)),
@@ -91,15 +103,26 @@ pub fn run_check_dir(dir: &Path, timeout: Duration, env: &[(&str, String)]) -> R
 }
 
 fn run_check(path: &Path, timeout: Duration, env: &[(&str, String)]) -> CheckResult {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let mut cmd = Command::new(path);
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => return CheckResult { name, ok: false, detail: format!("cannot run {}: {e}", path.display()) },
+        Err(e) => {
+            return CheckResult {
+                name,
+                ok: false,
+                detail: format!("cannot run {}: {e}", path.display()),
+            }
+        }
     };
     // Drain output on threads so a chatty check cannot block on a full pipe.
     let drain = |r: Option<Box<dyn Read + Send>>| {
@@ -111,8 +134,18 @@ fn run_check(path: &Path, timeout: Duration, env: &[(&str, String)]) -> CheckRes
             String::from_utf8_lossy(&s).into_owned()
         })
     };
-    let out = drain(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
-    let err = drain(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
     let start = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -126,13 +159,29 @@ fn run_check(path: &Path, timeout: Duration, env: &[(&str, String)]) -> CheckRes
             Err(e) => break Err(format!("wait failed: {e}")),
         }
     };
-    let output = format!("{}{}", out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    let output = format!(
+        "{}{}",
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default()
+    );
     let tail: Vec<&str> = output.lines().rev().take(3).collect();
     let tail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
     match status {
-        Ok(st) if st.success() => CheckResult { name, ok: true, detail: tail },
-        Ok(st) => CheckResult { name, ok: false, detail: format!("{st}: {tail}") },
-        Err(why) => CheckResult { name, ok: false, detail: format!("{why}: {tail}") },
+        Ok(st) if st.success() => CheckResult {
+            name,
+            ok: true,
+            detail: tail,
+        },
+        Ok(st) => CheckResult {
+            name,
+            ok: false,
+            detail: format!("{st}: {tail}"),
+        },
+        Err(why) => CheckResult {
+            name,
+            ok: false,
+            detail: format!("{why}: {tail}"),
+        },
     }
 }
 
@@ -155,7 +204,10 @@ mod tests {
 
     #[test]
     fn release_file() {
-        assert_eq!(parse_release_file("VERSION=\"v2\"\nGENERATION=2\n"), (Some("v2".into()), Some(2)));
+        assert_eq!(
+            parse_release_file("VERSION=\"v2\"\nGENERATION=2\n"),
+            (Some("v2".into()), Some(2))
+        );
     }
 
     #[test]
@@ -170,11 +222,27 @@ mod tests {
         write("20-fail", "echo disk is sad >&2; exit 3");
         write("30-slow", "sleep 5");
         std::fs::write(d.path().join("40-not-executable"), "exit 1").unwrap();
-        let r = run_check_dir(d.path(), Duration::from_millis(500), &[("K3OS_SLOT", "B".into())]).unwrap();
-        assert_eq!(r.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["10-ok", "20-fail", "30-slow"]);
+        let r = run_check_dir(
+            d.path(),
+            Duration::from_millis(500),
+            &[("K3OS_SLOT", "B".into())],
+        )
+        .unwrap();
+        assert_eq!(
+            r.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            ["10-ok", "20-fail", "30-slow"]
+        );
         assert!(r[0].ok, "{:?}", r[0]);
-        assert!(!r[1].ok && r[1].detail.contains("disk is sad") && r[1].detail.contains('3'), "{:?}", r[1]);
+        assert!(
+            !r[1].ok && r[1].detail.contains("disk is sad") && r[1].detail.contains('3'),
+            "{:?}",
+            r[1]
+        );
         assert!(!r[2].ok && r[2].detail.contains("timed out"), "{:?}", r[2]);
-        assert!(run_check_dir(&d.path().join("missing"), Duration::from_secs(1), &[]).unwrap().is_empty());
+        assert!(
+            run_check_dir(&d.path().join("missing"), Duration::from_secs(1), &[])
+                .unwrap()
+                .is_empty()
+        );
     }
 }

@@ -82,20 +82,28 @@ impl Target {
     pub fn write_at(&self, pos: u64, buf: &[u8]) -> Result<()> {
         let end = pos + buf.len() as u64;
         if end > self.capacity {
-            return Err(Error::Layout(format!("write to {} at {pos}..{end} exceeds its {} bytes", self.display, self.capacity)));
+            return Err(Error::Layout(format!(
+                "write to {} at {pos}..{end} exceeds its {} bytes",
+                self.display, self.capacity
+            )));
         }
-        self.file.write_all_at(buf, self.offset + pos).map_err(|e| Error::io("write", &self.display, e))
+        self.file
+            .write_all_at(buf, self.offset + pos)
+            .map_err(|e| Error::io("write", &self.display, e))
     }
 
     /// Make what was written so far durable.
     pub fn sync(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| Error::io("fsync", &self.display, e))
+        self.file
+            .sync_data()
+            .map_err(|e| Error::io("fsync", &self.display, e))
     }
 
     /// A reader over the first `len` bytes (resume re-hashing, image checks).
     pub fn reader(&self, len: u64) -> Result<impl Read + '_> {
         let mut f = &self.file;
-        f.seek(SeekFrom::Start(self.offset)).map_err(|e| Error::io("seek", &self.display, e))?;
+        f.seek(SeekFrom::Start(self.offset))
+            .map_err(|e| Error::io("seek", &self.display, e))?;
         Ok(f.take(len))
     }
 
@@ -104,14 +112,20 @@ impl Target {
     pub fn existing_len(&self) -> Result<u64> {
         match self.finish {
             Finish::Raw => Ok(0),
-            Finish::Rename { .. } => self.file.metadata().map(|m| m.len()).map_err(|e| Error::io("stat", &self.display, e)),
+            Finish::Rename { .. } => self
+                .file
+                .metadata()
+                .map(|m| m.len())
+                .map_err(|e| Error::io("stat", &self.display, e)),
         }
     }
 
     /// Truncate a file target to `len` (a resumed download drops bytes past its checkpoint).
     pub fn truncate(&self, len: u64) -> Result<()> {
         if let Finish::Rename { .. } = self.finish {
-            self.file.set_len(len).map_err(|e| Error::io("truncate", &self.display, e))?;
+            self.file
+                .set_len(len)
+                .map_err(|e| Error::io("truncate", &self.display, e))?;
         }
         Ok(())
     }
@@ -141,7 +155,14 @@ pub trait Layout: Send + Sync {
     /// Open the place `artifact` of `slot` is written to. `size` is the artifact's size; a
     /// target too small is refused here with [`Error::NoSpace`] before anything is written.
     /// `resume`: keep what a previous attempt wrote (file targets keep their partial file).
-    fn target(&self, slot: Slot, version: &str, artifact: Artifact, size: u64, resume: bool) -> Result<Target>;
+    fn target(
+        &self,
+        slot: Slot,
+        version: &str,
+        artifact: Artifact,
+        size: u64,
+        resume: bool,
+    ) -> Result<Target>;
     /// Bytes available for `artifact` of `slot` before anything is written (a partition's
     /// size, or the free space of the filesystem that will hold the file).
     fn capacity(&self, slot: Slot, artifact: Artifact) -> Result<u64>;
@@ -179,7 +200,11 @@ fn file_target(dir: &Path, name: &str, size: u64, resume: bool) -> Result<Target
     std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
     let tmp = dir.join(format!(".{name}.partial"));
     let dst = dir.join(name);
-    let keep = if resume { std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0) } else { 0 };
+    let keep = if resume {
+        std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0)
+    } else {
+        0
+    };
     let available = free_bytes(dir)? + keep;
     // Room for the new file while the old one still exists (replaced only by the rename).
     if size > available {
@@ -191,7 +216,13 @@ fn file_target(dir: &Path, name: &str, size: u64, resume: bool) -> Result<Target
         });
     }
     let file = open_rw(&tmp, true, !resume)?;
-    Ok(Target { file, display: tmp.display().to_string(), offset: 0, capacity: size, finish: Finish::Rename { tmp, dst } })
+    Ok(Target {
+        file,
+        display: tmp.display().to_string(),
+        offset: 0,
+        capacity: size,
+        finish: Finish::Rename { tmp, dst },
+    })
 }
 
 fn artifact_of(name: &str) -> Artifact {
@@ -239,12 +270,25 @@ impl GptLayout {
                 .partitions()
                 .iter()
                 .find(|(_, p)| p.is_used() && p.name == name)
-                .ok_or_else(|| Error::Layout(format!("{}: no GPT partition named '{name}'", disk.display())))?;
+                .ok_or_else(|| {
+                    Error::Layout(format!(
+                        "{}: no GPT partition named '{name}'",
+                        disk.display()
+                    ))
+                })?;
             let start = p.first_lba * lb;
             let len = (p.last_lba + 1 - p.first_lba) * lb;
-            Ok(PartRange { number: *num, start, len })
+            Ok(PartRange {
+                number: *num,
+                start,
+                len,
+            })
         };
-        Ok(GptLayout { disk: disk.to_path_buf(), boot_dir: boot_dir.to_path_buf(), rootfs: [find(PART_ROOTFS_A)?, find(PART_ROOTFS_B)?] })
+        Ok(GptLayout {
+            disk: disk.to_path_buf(),
+            boot_dir: boot_dir.to_path_buf(),
+            rootfs: [find(PART_ROOTFS_A)?, find(PART_ROOTFS_B)?],
+        })
     }
 
     pub fn rootfs_range(&self, slot: Slot) -> PartRange {
@@ -257,7 +301,11 @@ impl GptLayout {
         if !meta.file_type().is_block_device() {
             return None;
         }
-        let name = std::fs::canonicalize(&self.disk).ok()?.file_name()?.to_string_lossy().into_owned();
+        let name = std::fs::canonicalize(&self.disk)
+            .ok()?
+            .file_name()?
+            .to_string_lossy()
+            .into_owned();
         let sys = Path::new("/sys/class/block").join(&name);
         for entry in std::fs::read_dir(&sys).ok()?.flatten() {
             let p = entry.path().join("partition");
@@ -294,14 +342,25 @@ impl Layout for GptLayout {
         )
     }
 
-    fn target(&self, slot: Slot, _version: &str, artifact: Artifact, size: u64, resume: bool) -> Result<Target> {
+    fn target(
+        &self,
+        slot: Slot,
+        _version: &str,
+        artifact: Artifact,
+        size: u64,
+        resume: bool,
+    ) -> Result<Target> {
         match artifact {
             Artifact::Rootfs => {
                 let (path, offset, len) = self.rootfs_access(slot);
                 if size > len {
                     return Err(Error::NoSpace {
                         artifact,
-                        target: format!("partition {} ({})", rootfs_part_name(slot), path.display()),
+                        target: format!(
+                            "partition {} ({})",
+                            rootfs_part_name(slot),
+                            path.display()
+                        ),
                         needed: size,
                         available: len,
                     });
@@ -315,7 +374,12 @@ impl Layout for GptLayout {
                     finish: Finish::Raw,
                 })
             }
-            a => file_target(&self.boot_dir.join(slot.lower()), kernel_file_name(a), size, resume),
+            a => file_target(
+                &self.boot_dir.join(slot.lower()),
+                kernel_file_name(a),
+                size,
+                resume,
+            ),
         }
     }
 
@@ -324,7 +388,9 @@ impl Layout for GptLayout {
             Artifact::Rootfs => Ok(self.rootfs_range(slot).len),
             _ => {
                 let dir = self.boot_dir.join(slot.lower());
-                let old = std::fs::metadata(dir.join(kernel_file_name(artifact))).map(|m| m.len()).unwrap_or(0);
+                let old = std::fs::metadata(dir.join(kernel_file_name(artifact)))
+                    .map(|m| m.len())
+                    .unwrap_or(0);
                 Ok(free_bytes(if dir.exists() { &dir } else { &self.boot_dir })? + old)
             }
         }
@@ -349,8 +415,13 @@ impl Layout for GptLayout {
                 r.number
             )));
         };
-        let rdev = std::fs::metadata(&part).map_err(|e| Error::io("stat", &part, e))?.rdev();
-        Ok((nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32) == dev)
+        let rdev = std::fs::metadata(&part)
+            .map_err(|e| Error::io("stat", &part, e))?
+            .rdev();
+        Ok((
+            nix::sys::stat::major(rdev) as u32,
+            nix::sys::stat::minor(rdev) as u32,
+        ) == dev)
     }
 }
 
@@ -363,16 +434,25 @@ pub struct DirLayout {
 
 impl DirLayout {
     pub fn new(root: &Path, boot_dir: &Path) -> DirLayout {
-        DirLayout { root: root.to_path_buf(), boot_dir: boot_dir.to_path_buf() }
+        DirLayout {
+            root: root.to_path_buf(),
+            boot_dir: boot_dir.to_path_buf(),
+        }
     }
 
     fn kind_dir(&self, a: Artifact) -> PathBuf {
-        self.root.join(if a == Artifact::Rootfs { "rootfs" } else { "kernel" })
+        self.root.join(if a == Artifact::Rootfs {
+            "rootfs"
+        } else {
+            "kernel"
+        })
     }
 
     /// The version a slot link points at, if any.
     pub fn linked_version(&self, kind_dir: &Path, slot: Slot) -> Option<String> {
-        std::fs::read_link(kind_dir.join(slot.lower())).ok().map(|p| p.to_string_lossy().into_owned())
+        std::fs::read_link(kind_dir.join(slot.lower()))
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned())
     }
 
     /// Point `dir/name` at `to`, atomically (temp link + rename + fsync dir).
@@ -388,23 +468,36 @@ impl DirLayout {
     }
 
     fn check_version_name(version: &str) -> Result<()> {
-        if version.is_empty() || version.starts_with('.') || version.contains('/') || version == "a" || version == "b"
-            || version == "current" || version == "previous"
+        if version.is_empty()
+            || version.starts_with('.')
+            || version.contains('/')
+            || version == "a"
+            || version == "b"
+            || version == "current"
+            || version == "previous"
         {
-            return Err(Error::Layout(format!("version '{version}' cannot name a directory in a dir layout")));
+            return Err(Error::Layout(format!(
+                "version '{version}' cannot name a directory in a dir layout"
+            )));
         }
         Ok(())
     }
 
     /// Remove version directories no slot link points at.
     fn collect_garbage(&self, kind_dir: &Path) -> Result<()> {
-        let keep: Vec<String> = Slot::ALL.iter().filter_map(|s| self.linked_version(kind_dir, *s)).collect();
-        let Ok(rd) = std::fs::read_dir(kind_dir) else { return Ok(()) };
+        let keep: Vec<String> = Slot::ALL
+            .iter()
+            .filter_map(|s| self.linked_version(kind_dir, *s))
+            .collect();
+        let Ok(rd) = std::fs::read_dir(kind_dir) else {
+            return Ok(());
+        };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let is_dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
             if is_dir && !keep.contains(&name) && !name.starts_with('.') {
-                std::fs::remove_dir_all(e.path()).map_err(|err| Error::io("remove old version", e.path(), err))?;
+                std::fs::remove_dir_all(e.path())
+                    .map_err(|err| Error::io("remove old version", e.path(), err))?;
             }
         }
         Ok(())
@@ -413,10 +506,20 @@ impl DirLayout {
 
 impl Layout for DirLayout {
     fn describe(&self) -> String {
-        format!("dir in {} (k3OS style; slot links a/b, current/previous)", self.root.display())
+        format!(
+            "dir in {} (k3OS style; slot links a/b, current/previous)",
+            self.root.display()
+        )
     }
 
-    fn target(&self, slot: Slot, version: &str, artifact: Artifact, size: u64, resume: bool) -> Result<Target> {
+    fn target(
+        &self,
+        slot: Slot,
+        version: &str,
+        artifact: Artifact,
+        size: u64,
+        resume: bool,
+    ) -> Result<Target> {
         Self::check_version_name(version)?;
         let kind = self.kind_dir(artifact);
         if self.linked_version(&kind, slot.other()).as_deref() == Some(version) {
@@ -426,7 +529,12 @@ impl Layout for DirLayout {
                 kind.join(version).display()
             )));
         }
-        file_target(&kind.join(version), kernel_file_name(artifact), size, resume)
+        file_target(
+            &kind.join(version),
+            kernel_file_name(artifact),
+            size,
+            resume,
+        )
     }
 
     fn capacity(&self, _slot: Slot, artifact: Artifact) -> Result<u64> {
@@ -446,7 +554,10 @@ impl Layout for DirLayout {
     }
 
     fn open_rootfs(&self, _slot: Slot, version: &str) -> Result<(File, u64, u64)> {
-        let p = self.kind_dir(Artifact::Rootfs).join(version).join(ROOTFS_FILE);
+        let p = self
+            .kind_dir(Artifact::Rootfs)
+            .join(version)
+            .join(ROOTFS_FILE);
         let f = File::open(&p).map_err(|e| Error::io("open", &p, e))?;
         let len = f.metadata().map_err(|e| Error::io("stat", &p, e))?.len();
         Ok((f, 0, len))
@@ -454,11 +565,20 @@ impl Layout for DirLayout {
 
     fn is_rootfs_of(&self, slot: Slot, _dev: (u32, u32), source: &str) -> Result<bool> {
         // The initrd loop-mounts the slot's rootfs file: compare the loop device's backing file.
-        let loopname = Path::new(source).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let backing = Path::new("/sys/block").join(&loopname).join("loop/backing_file");
+        let loopname = Path::new(source)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let backing = Path::new("/sys/block")
+            .join(&loopname)
+            .join("loop/backing_file");
         let file = std::fs::read_to_string(&backing).map_err(|e| Error::io("read", &backing, e))?;
-        let expected = std::fs::canonicalize(self.kind_dir(Artifact::Rootfs).join(slot.lower()).join(ROOTFS_FILE))
-            .map_err(|e| Error::io("resolve", self.root.join("rootfs"), e))?;
+        let expected = std::fs::canonicalize(
+            self.kind_dir(Artifact::Rootfs)
+                .join(slot.lower())
+                .join(ROOTFS_FILE),
+        )
+        .map_err(|e| Error::io("resolve", self.root.join("rootfs"), e))?;
         Ok(Path::new(file.trim()) == expected)
     }
 
@@ -489,10 +609,19 @@ mod tests {
             }
             l.commit(slot, ver).unwrap();
         }
-        assert_eq!(std::fs::read(t.path().join("rootfs/b/rootfs.squashfs")).unwrap(), b"v2");
-        assert_eq!(std::fs::read(t.path().join("kernel/a/vmlinuz")).unwrap(), b"v1");
+        assert_eq!(
+            std::fs::read(t.path().join("rootfs/b/rootfs.squashfs")).unwrap(),
+            b"v2"
+        );
+        assert_eq!(
+            std::fs::read(t.path().join("kernel/a/vmlinuz")).unwrap(),
+            b"v1"
+        );
         // Staging B with the version A runs is refused.
-        let e = l.target(Slot::B, "v1", Artifact::Rootfs, 3, false).unwrap_err().to_string();
+        let e = l
+            .target(Slot::B, "v1", Artifact::Rootfs, 3, false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("active slot"), "{e}");
         // Replacing B's v2 by v3 removes v2 once nothing links to it, and keeps v1.
         for a in Artifact::ALL {
@@ -504,9 +633,18 @@ mod tests {
         assert!(!t.path().join("rootfs/v2").exists());
         assert!(t.path().join("rootfs/v1/rootfs.squashfs").exists());
         l.confirmed(Slot::B).unwrap();
-        assert_eq!(std::fs::read_link(t.path().join("kernel/current")).unwrap(), Path::new("b"));
-        assert_eq!(std::fs::read(t.path().join("kernel/current/vmlinuz")).unwrap(), b"v3!");
-        assert_eq!(std::fs::read(t.path().join("kernel/previous/vmlinuz")).unwrap(), b"v1");
+        assert_eq!(
+            std::fs::read_link(t.path().join("kernel/current")).unwrap(),
+            Path::new("b")
+        );
+        assert_eq!(
+            std::fs::read(t.path().join("kernel/current/vmlinuz")).unwrap(),
+            b"v3!"
+        );
+        assert_eq!(
+            std::fs::read(t.path().join("kernel/previous/vmlinuz")).unwrap(),
+            b"v1"
+        );
     }
 
     #[test]

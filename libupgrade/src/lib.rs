@@ -36,4 +36,6 @@ pub use error::{Error, Result};
 pub use fetch::Source;
 pub use manifest::{Arch, Artifact, Manifest};
 pub use state::SlotState;
-pub use updater::{ConfirmReport, NoProgress, Progress, StageOptions, StageReport, Status, Updater};
+pub use updater::{
+    ConfirmReport, NoProgress, Progress, StageOptions, StageReport, Status, Updater,
+};

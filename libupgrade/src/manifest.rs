@@ -54,7 +54,9 @@ impl FromStr for Arch {
         match s {
             "x86_64" | "amd64" => Ok(Arch::X86_64),
             "aarch64" | "arm64" => Ok(Arch::Aarch64),
-            other => Err(format!("unknown architecture '{other}': expected x86_64 or aarch64")),
+            other => Err(format!(
+                "unknown architecture '{other}': expected x86_64 or aarch64"
+            )),
         }
     }
 }
@@ -139,7 +141,11 @@ pub enum ManifestError {
     #[error("manifest format {found} is not supported (this build reads format {FORMAT})")]
     Format { found: u32 },
     #[error("release {version} is built for {found}, this node is {expected}")]
-    Arch { version: String, expected: Arch, found: Arch },
+    Arch {
+        version: String,
+        expected: Arch,
+        found: Arch,
+    },
     #[error("manifest field {field}: {what}")]
     Field { field: String, what: String },
 }
@@ -162,7 +168,11 @@ impl Manifest {
     /// Refuse a manifest for another architecture.
     pub fn check_arch(&self, expected: Arch) -> Result<(), ManifestError> {
         if self.arch != expected {
-            return Err(ManifestError::Arch { version: self.version.clone(), expected, found: self.arch });
+            return Err(ManifestError::Arch {
+                version: self.version.clone(),
+                expected,
+                found: self.arch,
+            });
         }
         Ok(())
     }
@@ -171,21 +181,49 @@ impl Manifest {
         if self.format != FORMAT {
             return Err(ManifestError::Format { found: self.format });
         }
-        let field = |f: &str, what: &str| ManifestError::Field { field: f.to_string(), what: what.to_string() };
-        if self.version.is_empty() || self.version.len() > 128 || !self.version.chars().all(|c| c.is_ascii_graphic()) {
-            return Err(field("version", "must be 1-128 printable ASCII characters without spaces"));
+        let field = |f: &str, what: &str| ManifestError::Field {
+            field: f.to_string(),
+            what: what.to_string(),
+        };
+        if self.version.is_empty()
+            || self.version.len() > 128
+            || !self.version.chars().all(|c| c.is_ascii_graphic())
+        {
+            return Err(field(
+                "version",
+                "must be 1-128 printable ASCII characters without spaces",
+            ));
         }
         for a in Artifact::ALL {
             let e = self.files.get(a);
             let name = format!("files.{a}");
-            if e.path.is_empty() || e.path.contains('/') || e.path.contains('\\') || e.path == "." || e.path == ".." {
-                return Err(field(&format!("{name}.path"), &format!("'{}' is not a plain file name", e.path)));
+            if e.path.is_empty()
+                || e.path.contains('/')
+                || e.path.contains('\\')
+                || e.path == "."
+                || e.path == ".."
+            {
+                return Err(field(
+                    &format!("{name}.path"),
+                    &format!("'{}' is not a plain file name", e.path),
+                ));
             }
-            if e.sha256.len() != 64 || !e.sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-                return Err(field(&format!("{name}.sha256"), &format!("'{}' is not 64 lower-case hex digits", e.sha256)));
+            if e.sha256.len() != 64
+                || !e
+                    .sha256
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            {
+                return Err(field(
+                    &format!("{name}.sha256"),
+                    &format!("'{}' is not 64 lower-case hex digits", e.sha256),
+                ));
             }
             if e.size == 0 {
-                return Err(field(&format!("{name}.size"), "is 0: an empty artifact cannot boot"));
+                return Err(field(
+                    &format!("{name}.size"),
+                    "is 0: an empty artifact cannot boot",
+                ));
             }
         }
         Ok(())
@@ -197,13 +235,21 @@ mod tests {
     use super::*;
 
     pub(crate) fn sample() -> Manifest {
-        let e = |p: &str| FileEntry { path: p.into(), size: 10, sha256: "ab".repeat(32) };
+        let e = |p: &str| FileEntry {
+            path: p.into(),
+            size: 10,
+            sha256: "ab".repeat(32),
+        };
         Manifest {
             format: FORMAT,
             version: "v2".into(),
             arch: Arch::X86_64,
             generation: 2,
-            files: Files { rootfs: e("rootfs.squashfs"), kernel: e("vmlinuz"), initrd: e("initrd") },
+            files: Files {
+                rootfs: e("rootfs.squashfs"),
+                kernel: e("vmlinuz"),
+                initrd: e("initrd"),
+            },
         }
     }
 
@@ -226,7 +272,10 @@ mod tests {
 
         let mut bad = sample();
         bad.files.rootfs.sha256 = "xyz".into();
-        assert!(Manifest::parse(&bad.to_bytes()).unwrap_err().to_string().contains("files.rootfs.sha256"));
+        assert!(Manifest::parse(&bad.to_bytes())
+            .unwrap_err()
+            .to_string()
+            .contains("files.rootfs.sha256"));
 
         let json = String::from_utf8(sample().to_bytes()).unwrap();
         let missing = json.replace("\"initrd\": {", "\"initrd_gone\": {");

@@ -72,7 +72,13 @@ pub struct SlotRecord {
 
 impl SlotRecord {
     pub fn empty() -> SlotRecord {
-        SlotRecord { state: SlotState::Empty, version: None, generation: None, manifest_sha256: None, since: 0 }
+        SlotRecord {
+            state: SlotState::Empty,
+            version: None,
+            generation: None,
+            manifest_sha256: None,
+            since: 0,
+        }
     }
 }
 
@@ -125,12 +131,21 @@ impl Default for State {
         for s in Slot::ALL {
             slots.insert(s, SlotRecord::empty());
         }
-        State { format: FORMAT, slots, history: Vec::new(), activation: None, last_boot_id: None }
+        State {
+            format: FORMAT,
+            slots,
+            history: Vec::new(),
+            activation: None,
+            last_boot_id: None,
+        }
     }
 }
 
 pub(crate) fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 impl State {
@@ -152,10 +167,24 @@ impl State {
     }
 
     /// Append a decision to the log.
-    pub fn log(&mut self, slot: Slot, event: Event, version: Option<String>, generation: Option<u64>, why: impl Into<String>) {
+    pub fn log(
+        &mut self,
+        slot: Slot,
+        event: Event,
+        version: Option<String>,
+        generation: Option<u64>,
+        why: impl Into<String>,
+    ) {
         let why = why.into();
         log::info!("slot {slot} {event:?} (version {version:?}, generation {generation:?}): {why}");
-        self.history.push(Decision { at: now(), slot, event, version, generation, why });
+        self.history.push(Decision {
+            at: now(),
+            slot,
+            event,
+            version,
+            generation,
+            why,
+        });
         if self.history.len() > HISTORY {
             let drop = self.history.len() - HISTORY;
             self.history.drain(..drop);
@@ -176,7 +205,9 @@ pub struct StateStore {
 
 impl StateStore {
     pub fn new(state_dir: &Path) -> StateStore {
-        StateStore { path: state_dir.join(STATE_FILE) }
+        StateStore {
+            path: state_dir.join(STATE_FILE),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -188,8 +219,10 @@ impl StateStore {
     pub fn load(&self) -> Result<State> {
         match std::fs::read(&self.path) {
             Ok(bytes) => {
-                let st: State = serde_json::from_slice(&bytes)
-                    .map_err(|e| Error::State { path: self.path.clone(), what: format!("not valid state JSON: {e}") })?;
+                let st: State = serde_json::from_slice(&bytes).map_err(|e| Error::State {
+                    path: self.path.clone(),
+                    what: format!("not valid state JSON: {e}"),
+                })?;
                 if st.format != FORMAT {
                     return Err(Error::State {
                         path: self.path.clone(),
@@ -235,7 +268,10 @@ mod tests {
         assert_eq!(back, st);
         assert_eq!(back.history.len(), HISTORY);
         assert_eq!(back.last_decision(Slot::B).unwrap().why, "n99");
-        assert_eq!(back.last_decision(Slot::B).unwrap().version.as_deref(), Some("v2"));
+        assert_eq!(
+            back.last_decision(Slot::B).unwrap().version.as_deref(),
+            Some("v2")
+        );
     }
 
     #[test]

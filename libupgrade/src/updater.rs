@@ -74,7 +74,11 @@ pub struct StageOptions {
 
 impl Default for StageOptions {
     fn default() -> Self {
-        StageOptions { allow_downgrade: false, trust_dir: None, retry_delay: Duration::from_secs(1) }
+        StageOptions {
+            allow_downgrade: false,
+            trust_dir: None,
+            retry_delay: Duration::from_secs(1),
+        }
     }
 }
 
@@ -170,8 +174,13 @@ impl Updater {
         };
         let boot_dir = cfg.layout.boot_dir().to_path_buf();
         let boot: Box<dyn Bootloader> = match cfg.bootloader {
-            BootloaderKind::Grub => Box::new(bootconfig::grub::GrubBootloader::new(boot_dir.join("grub"), cfg.tries)),
-            BootloaderKind::Syslinux => Box::new(bootconfig::syslinux::SyslinuxBootloader::new(boot_dir.join("syslinux"))),
+            BootloaderKind::Grub => Box::new(bootconfig::grub::GrubBootloader::new(
+                boot_dir.join("grub"),
+                cfg.tries,
+            )),
+            BootloaderKind::Syslinux => Box::new(bootconfig::syslinux::SyslinuxBootloader::new(
+                boot_dir.join("syslinux"),
+            )),
         };
         Ok(Self::with_parts(cfg, layout, boot))
     }
@@ -179,7 +188,12 @@ impl Updater {
     /// Assemble from explicit parts (tests, other layouts).
     pub fn with_parts(cfg: Config, layout: Box<dyn Layout>, boot: Box<dyn Bootloader>) -> Updater {
         let store = StateStore::new(&cfg.state_dir);
-        Updater { cfg, layout, boot, store }
+        Updater {
+            cfg,
+            layout,
+            boot,
+            store,
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -193,16 +207,22 @@ impl Updater {
     /// The slot this system booted from (`k3os.slot=` on the kernel command line).
     pub fn booted_slot(&self) -> Result<Slot> {
         let p = &self.cfg.proc_cmdline;
-        let cmdline = std::fs::read_to_string(p).map_err(|e| Error::io("read kernel command line", p, e))?;
+        let cmdline =
+            std::fs::read_to_string(p).map_err(|e| Error::io("read kernel command line", p, e))?;
         let v = cmdline
             .split_whitespace()
             .find_map(|w| w.strip_prefix("k3os.slot="))
-            .ok_or_else(|| Error::UnknownBootedSlot(format!("{} has no k3os.slot= parameter", p.display())))?;
-        v.parse().map_err(|e| Error::UnknownBootedSlot(format!("{}: {e}", p.display())))
+            .ok_or_else(|| {
+                Error::UnknownBootedSlot(format!("{} has no k3os.slot= parameter", p.display()))
+            })?;
+        v.parse()
+            .map_err(|e| Error::UnknownBootedSlot(format!("{}: {e}", p.display())))
     }
 
     fn boot_id(&self) -> String {
-        std::fs::read_to_string(&self.cfg.boot_id_file).map(|s| s.trim().to_string()).unwrap_or_default()
+        std::fs::read_to_string(&self.cfg.boot_id_file)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
     }
 
     /// Load the state; on a node's first run, record the booted slot from its release file.
@@ -219,7 +239,10 @@ impl Updater {
                     b,
                     SlotState::Good,
                     Event::Bootstrap,
-                    format!("first run: slot {b} is the installed system (from {})", self.cfg.release_file.display()),
+                    format!(
+                        "first run: slot {b} is the installed system (from {})",
+                        self.cfg.release_file.display()
+                    ),
                 );
             }
         }
@@ -254,7 +277,13 @@ impl Updater {
                 }
             })
             .collect();
-        Ok(Status { booted, next_boot: next, bootloader: self.boot.name().to_string(), layout: self.layout.describe(), slots })
+        Ok(Status {
+            booted,
+            next_boot: next,
+            bootloader: self.boot.name().to_string(),
+            layout: self.layout.describe(),
+            slots,
+        })
     }
 
     fn load_partial(&self) -> Option<Partial> {
@@ -264,7 +293,7 @@ impl Updater {
 
     fn save_partial(&self, p: &Partial) -> Result<()> {
         let bytes = serde_json::to_vec(p).expect("checkpoint serializes");
-        bootconfig::atomic::write_atomic(&self.cfg.state_dir.join(PARTIAL_FILE), &bytes)?;
+        bootconfig::atomic::write_atomic(self.cfg.state_dir.join(PARTIAL_FILE), &bytes)?;
         crate::barrier::hit("stage:checkpoint");
         Ok(())
     }
@@ -282,7 +311,12 @@ impl Updater {
     }
 
     /// Fetch, verify and write the release at `source` into the inactive slot.
-    pub fn stage(&self, source: &Source, opts: &StageOptions, progress: &dyn Progress) -> Result<StageReport> {
+    pub fn stage(
+        &self,
+        source: &Source,
+        opts: &StageOptions,
+        progress: &dyn Progress,
+    ) -> Result<StageReport> {
         let booted = self.booted_slot()?;
         let target = booted.other();
         let mut st = self.load(Some(booted))?;
@@ -290,18 +324,34 @@ impl Updater {
         // Everything about the release is checked before a byte is written.
         let mloc = source.location(MANIFEST_FILE);
         let mbytes = source.read_small(MANIFEST_FILE)?;
-        let sig = source.read_small(SIGNATURE_FILE).map_err(|e| Error::Signature {
-            location: mloc.clone(),
-            what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
-        })?;
+        let sig = source
+            .read_small(SIGNATURE_FILE)
+            .map_err(|e| Error::Signature {
+                location: mloc.clone(),
+                what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
+            })?;
         let trust = opts.trust_dir.as_deref().unwrap_or(&self.cfg.trust_dir);
-        let key = crate::signing::verify(&mbytes, &sig, trust)
-            .map_err(|e| Error::Signature { location: mloc.clone(), what: e.to_string() })?;
-        let manifest = Manifest::parse(&mbytes).map_err(|source| Error::Manifest { location: mloc.clone(), source })?;
-        manifest.check_arch(Arch::host()).map_err(|source| Error::Manifest { location: mloc.clone(), source })?;
+        let key = crate::signing::verify(&mbytes, &sig, trust).map_err(|e| Error::Signature {
+            location: mloc.clone(),
+            what: e.to_string(),
+        })?;
+        let manifest = Manifest::parse(&mbytes).map_err(|source| Error::Manifest {
+            location: mloc.clone(),
+            source,
+        })?;
+        manifest
+            .check_arch(Arch::host())
+            .map_err(|source| Error::Manifest {
+                location: mloc.clone(),
+                source,
+            })?;
         if let Some(installed) = st.slot(booted).generation {
             if manifest.generation < installed && !opts.allow_downgrade {
-                return Err(Error::Downgrade { version: manifest.version.clone(), found: manifest.generation, installed });
+                return Err(Error::Downgrade {
+                    version: manifest.version.clone(),
+                    found: manifest.generation,
+                    installed,
+                });
             }
         }
         // Refuse what cannot fit before the slot is touched (a full disk is not a reason to
@@ -310,17 +360,28 @@ impl Updater {
         for a in Artifact::ALL {
             let need = manifest.files.get(a).size;
             let cap = self.layout.capacity(target, a)?;
-            let need_here = if a == Artifact::Rootfs { need } else { shared_need + need };
+            let need_here = if a == Artifact::Rootfs {
+                need
+            } else {
+                shared_need + need
+            };
             if a != Artifact::Rootfs {
                 shared_need += need;
             }
             if need_here > cap {
-                return Err(Error::NoSpace { artifact: a, target: format!("slot {target} ({})", self.layout.describe()), needed: need_here, available: cap });
+                return Err(Error::NoSpace {
+                    artifact: a,
+                    target: format!("slot {target} ({})", self.layout.describe()),
+                    needed: need_here,
+                    available: cap,
+                });
             }
         }
         let msha = sha256_hex(&mbytes);
         let rec = st.slot(target);
-        if matches!(rec.state, SlotState::Staged | SlotState::Trying) && rec.manifest_sha256.as_deref() == Some(msha.as_str()) {
+        if matches!(rec.state, SlotState::Staged | SlotState::Trying)
+            && rec.manifest_sha256.as_deref() == Some(msha.as_str())
+        {
             return Ok(StageReport {
                 slot: target,
                 version: manifest.version,
@@ -332,9 +393,11 @@ impl Updater {
             });
         }
 
-        let resumable = self
-            .load_partial()
-            .filter(|p| p.slot == target && p.manifest_sha256 == msha && st.slot(target).state == SlotState::Invalid);
+        let resumable = self.load_partial().filter(|p| {
+            p.slot == target
+                && p.manifest_sha256 == msha
+                && st.slot(target).state == SlotState::Invalid
+        });
         let resumed = resumable.is_some();
         let mut partial = match resumable {
             Some(p) => p,
@@ -349,10 +412,18 @@ impl Updater {
                     target,
                     SlotState::Invalid,
                     Event::StageStarted,
-                    format!("writing {} (generation {}) from {}, signed by {key}", manifest.version, manifest.generation, mloc),
+                    format!(
+                        "writing {} (generation {}) from {}, signed by {key}",
+                        manifest.version, manifest.generation, mloc
+                    ),
                 );
                 self.store.save(&st, "stage:slot-invalid")?;
-                let p = Partial { slot: target, manifest_sha256: msha.clone(), done: Vec::new(), current: None };
+                let p = Partial {
+                    slot: target,
+                    manifest_sha256: msha.clone(),
+                    done: Vec::new(),
+                    current: None,
+                };
                 self.save_partial(&p)?;
                 p
             }
@@ -363,10 +434,19 @@ impl Updater {
             Ok(n) => n,
             Err(e) => {
                 // A bad checksum or size means the bytes held are wrong: start over next time.
-                if matches!(e, Error::Checksum { .. } | Error::Size { .. } | Error::BadImage { .. }) {
+                if matches!(
+                    e,
+                    Error::Checksum { .. } | Error::Size { .. } | Error::BadImage { .. }
+                ) {
                     self.clear_partial()?;
                 }
-                st.log(target, Event::StageFailed, Some(manifest.version.clone()), Some(manifest.generation), e.to_string());
+                st.log(
+                    target,
+                    Event::StageFailed,
+                    Some(manifest.version.clone()),
+                    Some(manifest.generation),
+                    e.to_string(),
+                );
                 self.store.save(&st, "stage:failed-recorded")?;
                 return Err(e);
             }
@@ -376,7 +456,12 @@ impl Updater {
             target,
             SlotState::Staged,
             Event::Staged,
-            format!("{} (generation {}) written and verified{}", manifest.version, manifest.generation, if resumed { ", resumed" } else { "" }),
+            format!(
+                "{} (generation {}) written and verified{}",
+                manifest.version,
+                manifest.generation,
+                if resumed { ", resumed" } else { "" }
+            ),
         );
         self.store.save(&st, "stage:slot-staged")?;
         self.clear_partial()?;
@@ -409,7 +494,8 @@ impl Updater {
                 Some((ca, pos)) if ca == a => pos,
                 _ => 0,
             };
-            written += self.write_artifact(source, m, slot, a, resume_at, partial, opts, progress)?;
+            written +=
+                self.write_artifact(source, m, slot, a, resume_at, partial, opts, progress)?;
             partial.done.push(a);
             partial.current = None;
             self.save_partial(partial)?;
@@ -432,7 +518,9 @@ impl Updater {
     ) -> Result<u64> {
         let entry = m.files.get(a);
         let size = entry.size;
-        let target = self.layout.target(slot, &m.version, a, size, resume_at > 0)?;
+        let target = self
+            .layout
+            .target(slot, &m.version, a, size, resume_at > 0)?;
         let mut hasher = Sha256::new();
         // Resume: trust only what the checkpoint says was synced, and re-hash it from disk.
         let mut pos = resume_at.min(size);
@@ -445,7 +533,9 @@ impl Updater {
             let mut buf = vec![0u8; BUF];
             let mut n_total = 0;
             loop {
-                let n = r.read(&mut buf).map_err(|e| Error::io("re-read for resume", target.display(), e))?;
+                let n = r
+                    .read(&mut buf)
+                    .map_err(|e| Error::io("re-read for resume", target.display(), e))?;
                 if n == 0 {
                     break;
                 }
@@ -453,7 +543,10 @@ impl Updater {
                 n_total += n as u64;
             }
             if n_total != pos {
-                return Err(Error::Layout(format!("{}: could re-read only {n_total} of {pos} bytes to resume", target.display())));
+                return Err(Error::Layout(format!(
+                    "{}: could re-read only {n_total} of {pos} bytes to resume",
+                    target.display()
+                )));
             }
         }
         progress.begin(&format!("{a} ({})", entry.path), size, pos);
@@ -469,9 +562,17 @@ impl Updater {
             let opened = source.open(&entry.path, pos);
             let (mut r, loc) = match opened {
                 Ok(x) => x,
-                Err(Error::Fetch { retryable: true, what, .. }) if failures < self.cfg.download_retries => {
+                Err(Error::Fetch {
+                    retryable: true,
+                    what,
+                    ..
+                }) if failures < self.cfg.download_retries => {
                     failures += 1;
-                    log::warn!("{}: {what}; attempt {failures}/{} in {delay:?}", source.location(&entry.path), self.cfg.download_retries);
+                    log::warn!(
+                        "{}: {what}; attempt {failures}/{} in {delay:?}",
+                        source.location(&entry.path),
+                        self.cfg.download_retries
+                    );
                     last_err = what;
                     std::thread::sleep(delay);
                     delay = (delay * 2).min(Duration::from_secs(30));
@@ -512,7 +613,12 @@ impl Updater {
             }
             if pos < size {
                 if is_local {
-                    return Err(Error::Size { artifact: a, location: loc, expected: size, found: pos });
+                    return Err(Error::Size {
+                        artifact: a,
+                        location: loc,
+                        expected: size,
+                        found: pos,
+                    });
                 }
                 if pos > before {
                     failures = 0;
@@ -542,7 +648,12 @@ impl Updater {
         progress.end();
         let found = hex::encode(hasher.finalize());
         if found != entry.sha256 {
-            return Err(Error::Checksum { artifact: a, location: source.location(&entry.path), expected: entry.sha256.clone(), found });
+            return Err(Error::Checksum {
+                artifact: a,
+                location: source.location(&entry.path),
+                expected: entry.sha256.clone(),
+                found,
+            });
         }
         target.finish()?;
         crate::barrier::hit("stage:artifact-complete");
@@ -555,16 +666,32 @@ impl Updater {
     fn check_rootfs(&self, slot: Slot, version: &str, size: u64) -> Result<()> {
         let (f, offset, _len) = self.layout.open_rootfs(slot, version)?;
         let mut sb = [0u8; 96];
-        f.read_exact_at(&mut sb, offset).map_err(|e| Error::BadImage { slot, what: format!("cannot read the superblock: {e}") })?;
+        f.read_exact_at(&mut sb, offset)
+            .map_err(|e| Error::BadImage {
+                slot,
+                what: format!("cannot read the superblock: {e}"),
+            })?;
         if &sb[0..4] != b"hsqs" {
-            return Err(Error::BadImage { slot, what: format!("no squashfs magic (found {:02x?})", &sb[0..4]) });
+            return Err(Error::BadImage {
+                slot,
+                what: format!("no squashfs magic (found {:02x?})", &sb[0..4]),
+            });
         }
         let used = u64::from_le_bytes(sb[40..48].try_into().expect("8 bytes"));
         let reader = BufReader::with_capacity(64 << 10, f);
-        backhand::FilesystemReader::from_reader_with_offset(reader, offset)
-            .map_err(|e| Error::BadImage { slot, what: e.to_string() })?;
+        backhand::FilesystemReader::from_reader_with_offset(reader, offset).map_err(|e| {
+            Error::BadImage {
+                slot,
+                what: e.to_string(),
+            }
+        })?;
         if used > size {
-            return Err(Error::BadImage { slot, what: format!("superblock says {used} bytes used, manifest says the image has {size}") });
+            return Err(Error::BadImage {
+                slot,
+                what: format!(
+                    "superblock says {used} bytes used, manifest says the image has {size}"
+                ),
+            });
         }
         Ok(())
     }
@@ -585,7 +712,11 @@ impl Updater {
         let mut st = self.load(Some(booted))?;
         let state = st.slot(slot).state;
         if !matches!(state, SlotState::Staged | SlotState::Good) {
-            return Err(Error::SlotState { slot, state, expected: "staged or good" });
+            return Err(Error::SlotState {
+                slot,
+                state,
+                expected: "staged or good",
+            });
         }
         let tries = self.cfg.tries.min(self.boot.max_tries());
         st.transition(
@@ -594,7 +725,12 @@ impl Updater {
             Event::Activated,
             format!("{} will try slot {slot} {tries} time(s) from the next boot; slot {booted} is the fallback", self.boot.name()),
         );
-        st.activation = Some(Activation { slot, boot_id: self.boot_id(), tries, at: now() });
+        st.activation = Some(Activation {
+            slot,
+            boot_id: self.boot_id(),
+            tries,
+            at: now(),
+        });
         self.store.save(&st, "activate:state-trying")?;
         self.boot.try_slot(slot, tries)?;
         crate::barrier::hit("activate:bootloader-flipped");
@@ -610,7 +746,11 @@ impl Updater {
         let mut st = self.load(Some(booted))?;
         let env = self.boot.read()?;
         let mut other_decision = None;
-        let mut dirty = st.slot(booted).since != 0 && st.history.last().is_some_and(|d| d.event == Event::Bootstrap);
+        let mut dirty = st.slot(booted).since != 0
+            && st
+                .history
+                .last()
+                .is_some_and(|d| d.event == Event::Bootstrap);
 
         if let Some(act) = st.activation.clone() {
             if act.slot == other && act.boot_id != bid {
@@ -649,8 +789,15 @@ impl Updater {
         if st.last_boot_id.as_deref() != Some(bid.as_str()) {
             let rec = st.slot(booted);
             let why = match env.get(booted) {
-                SlotBoot::Trying { tries_left } => format!("booted slot {booted} ({}) on trial, {tries_left} tries left", rec.state),
-                b => format!("booted slot {booted} ({}, bootloader: {})", rec.state, boot_word(b)),
+                SlotBoot::Trying { tries_left } => format!(
+                    "booted slot {booted} ({}) on trial, {tries_left} tries left",
+                    rec.state
+                ),
+                b => format!(
+                    "booted slot {booted} ({}, bootloader: {})",
+                    rec.state,
+                    boot_word(b)
+                ),
             };
             let (v, g) = (rec.version.clone(), rec.generation);
             st.log(booted, Event::Booted, v, g, why);
@@ -663,29 +810,53 @@ impl Updater {
 
         let state = st.slot(booted).state;
         if matches!(state, SlotState::Empty | SlotState::Invalid) {
-            return Err(Error::SlotState { slot: booted, state, expected: "staged, trying or good (its content is not known to be complete)" });
+            return Err(Error::SlotState {
+                slot: booted,
+                state,
+                expected: "staged, trying or good (its content is not known to be complete)",
+            });
         }
         let checks = self.health(booted, &st)?;
-        let failed: Vec<String> = checks.iter().filter(|c| !c.ok).map(|c| format!("{}: {}", c.name, c.detail)).collect();
+        let failed: Vec<String> = checks
+            .iter()
+            .filter(|c| !c.ok)
+            .map(|c| format!("{}: {}", c.name, c.detail))
+            .collect();
         if failed.is_empty() {
             let newly_good = state != SlotState::Good;
             // Re-assert a good slot in the loader (e.g. after a fallback left the exhausted slot
             // primary), but never over a trial that was activated in this boot and waits for
             // its reboot.
             let trial_pending = st.activation.as_ref().is_some_and(|a| a.slot == other);
-            if newly_good || (!trial_pending && (env.primary != booted || env.get(booted) != SlotBoot::Good)) {
+            if newly_good
+                || (!trial_pending && (env.primary != booted || env.get(booted) != SlotBoot::Good))
+            {
                 self.boot.mark_good(booted)?;
                 crate::barrier::hit("confirm:bootloader-good");
                 self.layout.confirmed(booted)?;
             }
             if newly_good {
-                st.transition(booted, SlotState::Good, Event::Confirmed, format!("{} health checks passed; slot {booted} is good", checks.len()));
+                st.transition(
+                    booted,
+                    SlotState::Good,
+                    Event::Confirmed,
+                    format!(
+                        "{} health checks passed; slot {booted} is good",
+                        checks.len()
+                    ),
+                );
                 if st.activation.as_ref().is_some_and(|a| a.slot == booted) {
                     st.activation = None;
                 }
                 self.store.save(&st, "confirm:state-good")?;
             }
-            return Ok(ConfirmReport { slot: booted, version: st.slot(booted).version.clone(), newly_good, checks, other_slot: other_decision.clone() });
+            return Ok(ConfirmReport {
+                slot: booted,
+                version: st.slot(booted).version.clone(),
+                newly_good,
+                checks,
+                other_slot: other_decision.clone(),
+            });
         }
         let failures = failed.join("; ");
         if state != SlotState::Good && st.slot(other).state == SlotState::Good {
@@ -693,10 +864,19 @@ impl Updater {
             crate::barrier::hit("confirm:rollback-other-good");
             self.boot.mark_bad(booted)?;
             crate::barrier::hit("confirm:rollback-booted-bad");
-            st.transition(booted, SlotState::Bad, Event::HealthFailed, format!("health checks failed ({failures}); rolled back to slot {other}"));
+            st.transition(
+                booted,
+                SlotState::Bad,
+                Event::HealthFailed,
+                format!("health checks failed ({failures}); rolled back to slot {other}"),
+            );
             st.activation = None;
             self.store.save(&st, "confirm:rolled-back")?;
-            return Err(Error::HealthCheck { slot: booted, failures, rolled_back: true });
+            return Err(Error::HealthCheck {
+                slot: booted,
+                failures,
+                rolled_back: true,
+            });
         }
         let why = if state == SlotState::Good {
             format!("health checks failed ({failures}); slot {booted} was already good, not rolling back")
@@ -706,7 +886,11 @@ impl Updater {
         let (v, g) = (st.slot(booted).version.clone(), st.slot(booted).generation);
         st.log(booted, Event::HealthFailed, v, g, why);
         self.store.save(&st, "confirm:failure-recorded")?;
-        Err(Error::HealthCheck { slot: booted, failures, rolled_back: false })
+        Err(Error::HealthCheck {
+            slot: booted,
+            failures,
+            rolled_back: false,
+        })
     }
 
     fn health(&self, slot: Slot, st: &State) -> Result<Vec<CheckResult>> {
@@ -715,14 +899,25 @@ impl Updater {
         if self.cfg.builtin_health_check {
             out.push(self.rootfs_check(slot, version.as_deref()));
         }
-        let env = [("K3OS_SLOT", slot.to_string()), ("K3OS_VERSION", version.unwrap_or_default())];
-        out.extend(health::run_check_dir(&self.cfg.health_dir, Duration::from_secs(self.cfg.health_timeout_secs), &env)?);
+        let env = [
+            ("K3OS_SLOT", slot.to_string()),
+            ("K3OS_VERSION", version.unwrap_or_default()),
+        ];
+        out.extend(health::run_check_dir(
+            &self.cfg.health_dir,
+            Duration::from_secs(self.cfg.health_timeout_secs),
+            &env,
+        )?);
         Ok(out)
     }
 
     fn rootfs_check(&self, slot: Slot, version: Option<&str>) -> CheckResult {
         let name = "rootfs".to_string();
-        let fail = |detail: String| CheckResult { name: name.clone(), ok: false, detail };
+        let fail = |detail: String| CheckResult {
+            name: name.clone(),
+            ok: false,
+            detail,
+        };
         let text = match std::fs::read_to_string(&self.cfg.mountinfo) {
             Ok(t) => t,
             Err(e) => return fail(format!("cannot read {}: {e}", self.cfg.mountinfo.display())),
@@ -737,19 +932,33 @@ impl Updater {
             }
         }
         let Some(m) = found else {
-            return fail(format!("no squashfs from slot {slot}'s rootfs is mounted ({})", self.cfg.mountinfo.display()));
+            return fail(format!(
+                "no squashfs from slot {slot}'s rootfs is mounted ({})",
+                self.cfg.mountinfo.display()
+            ));
         };
         if !m.read_only {
-            return fail(format!("slot {slot}'s rootfs is mounted read-write at {}", m.mount_point));
+            return fail(format!(
+                "slot {slot}'s rootfs is mounted read-write at {}",
+                m.mount_point
+            ));
         }
         let rel = std::fs::read_to_string(&self.cfg.release_file).unwrap_or_default();
         let (running, _) = health::parse_release_file(&rel);
         match (version, running.as_deref()) {
-            (Some(want), Some(have)) if want != have => {
-                fail(format!("{} says version {have}, slot {slot} should hold {want}", self.cfg.release_file.display()))
-            }
-            (Some(_), None) => fail(format!("{} names no VERSION", self.cfg.release_file.display())),
-            _ => CheckResult { name, ok: true, detail: format!("{} mounted read-only at {}", m.source, m.mount_point) },
+            (Some(want), Some(have)) if want != have => fail(format!(
+                "{} says version {have}, slot {slot} should hold {want}",
+                self.cfg.release_file.display()
+            )),
+            (Some(_), None) => fail(format!(
+                "{} names no VERSION",
+                self.cfg.release_file.display()
+            )),
+            _ => CheckResult {
+                name,
+                ok: true,
+                detail: format!("{} mounted read-only at {}", m.source, m.mount_point),
+            },
         }
     }
 
@@ -761,13 +970,22 @@ impl Updater {
         let mut st = self.load(Some(booted))?;
         let state = st.slot(other).state;
         if state != SlotState::Good {
-            return Err(Error::SlotState { slot: other, state, expected: "good (the slot to roll back to)" });
+            return Err(Error::SlotState {
+                slot: other,
+                state,
+                expected: "good (the slot to roll back to)",
+            });
         }
         self.boot.mark_good(other)?;
         crate::barrier::hit("rollback:other-good");
         self.boot.mark_bad(booted)?;
         crate::barrier::hit("rollback:booted-bad");
-        st.transition(booted, SlotState::Bad, Event::RolledBack, format!("rolled back to slot {other}: {reason}"));
+        st.transition(
+            booted,
+            SlotState::Bad,
+            Event::RolledBack,
+            format!("rolled back to slot {other}: {reason}"),
+        );
         st.activation = None;
         self.store.save(&st, "rollback:state")?;
         Ok(other)

@@ -32,7 +32,10 @@ impl Node {
         let cfg = Config {
             bootloader: BootloaderKind::Grub,
             tries: 3,
-            layout: LayoutConfig::Dir { root: p.join("system"), boot_dir: p.join("boot") },
+            layout: LayoutConfig::Dir {
+                root: p.join("system"),
+                boot_dir: p.join("boot"),
+            },
             state_dir: p.join("state"),
             trust_dir: trust.to_path_buf(),
             health_dir: p.join("health.d"),
@@ -47,12 +50,23 @@ impl Node {
         std::fs::write(&cfg.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
         boot_as(&cfg, Slot::A, "boot-0");
         std::fs::create_dir_all(p.join("system")).unwrap();
-        Node { dir, cfg, loader: ModelLoader::new(), boots: 0 }
+        Node {
+            dir,
+            cfg,
+            loader: ModelLoader::new(),
+            boots: 0,
+        }
     }
 
     fn updater(&self) -> Updater {
-        let LayoutConfig::Dir { root, boot_dir } = &self.cfg.layout else { unreachable!() };
-        Updater::with_parts(self.cfg.clone(), Box::new(DirLayout::new(root, boot_dir)), Box::new(self.loader.clone()))
+        let LayoutConfig::Dir { root, boot_dir } = &self.cfg.layout else {
+            unreachable!()
+        };
+        Updater::with_parts(
+            self.cfg.clone(),
+            Box::new(DirLayout::new(root, boot_dir)),
+            Box::new(self.loader.clone()),
+        )
     }
 
     /// Power-cycle: the loader picks a slot (counting tries), the "kernel" boots it.
@@ -67,7 +81,15 @@ impl Node {
         let d = &self.cfg.health_dir;
         std::fs::create_dir_all(d).unwrap();
         let p = d.join("50-app");
-        std::fs::write(&p, if ok { "#!/bin/sh\nexit 0\n" } else { "#!/bin/sh\necho app is down >&2\nexit 1\n" }).unwrap();
+        std::fs::write(
+            &p,
+            if ok {
+                "#!/bin/sh\nexit 0\n"
+            } else {
+                "#!/bin/sh\necho app is down >&2\nexit 1\n"
+            },
+        )
+        .unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 }
@@ -79,7 +101,8 @@ fn staged_node(version: &str) -> (Node, Keys, tempfile::TempDir) {
     let node = Node::new(&k.trust);
     let u = node.updater();
     u.confirm().expect("first boot confirms");
-    u.stage(&Source::Path(rel), &StageOptions::default(), &NoProgress).unwrap();
+    u.stage(&Source::Path(rel), &StageOptions::default(), &NoProgress)
+        .unwrap();
     (node, k, rels)
 }
 
@@ -99,13 +122,26 @@ fn activate_reboot_confirm_makes_the_new_slot_good_and_keeps_the_old_as_fallback
     let st = node.updater().status().unwrap();
     assert_eq!((st.booted, st.next_boot), (Some(Slot::B), Slot::B));
     assert_eq!(st.slots[1].state, SlotState::Good);
-    assert_eq!(st.slots[0].state, SlotState::Good, "the old slot stays as the fallback");
-    assert_eq!(st.slots[1].last_decision.as_ref().unwrap().event, Event::Confirmed);
+    assert_eq!(
+        st.slots[0].state,
+        SlotState::Good,
+        "the old slot stays as the fallback"
+    );
+    assert_eq!(
+        st.slots[1].last_decision.as_ref().unwrap().event,
+        Event::Confirmed
+    );
     assert_eq!(node.reboot(), Slot::B, "a confirmed slot keeps booting");
     // The k3OS-style links follow the confirmed slot.
     let root = node.dir.path().join("system");
-    assert_eq!(std::fs::read_link(root.join("kernel/current")).unwrap(), Path::new("b"));
-    assert_eq!(std::fs::read_link(root.join("rootfs/previous")).unwrap(), Path::new("a"));
+    assert_eq!(
+        std::fs::read_link(root.join("kernel/current")).unwrap(),
+        Path::new("b")
+    );
+    assert_eq!(
+        std::fs::read_link(root.join("rootfs/previous")).unwrap(),
+        Path::new("a")
+    );
 }
 
 #[test]
@@ -116,7 +152,11 @@ fn a_slot_that_never_confirms_runs_out_of_tries_and_the_fallback_is_recorded() {
         assert_eq!(node.reboot(), Slot::B, "tries left: B boots");
         // v2 hangs before confirm: nothing runs; the watchdog resets.
     }
-    assert_eq!(node.reboot(), Slot::A, "after 3 tries the loader falls back");
+    assert_eq!(
+        node.reboot(),
+        Slot::A,
+        "after 3 tries the loader falls back"
+    );
     let r = node.updater().confirm().unwrap();
     let d = r.other_slot.expect("the failed trial is settled");
     assert_eq!(d.event, Event::FallbackTaken);
@@ -124,7 +164,10 @@ fn a_slot_that_never_confirms_runs_out_of_tries_and_the_fallback_is_recorded() {
     let st = node.updater().status().unwrap();
     assert_eq!(st.slots[1].state, SlotState::Bad);
     assert_eq!(st.slots[1].boot, SlotBoot::Bad);
-    assert_eq!(st.slots[1].last_decision.as_ref().unwrap().generation, Some(2));
+    assert_eq!(
+        st.slots[1].last_decision.as_ref().unwrap().generation,
+        Some(2)
+    );
     assert_eq!(st.next_boot, Slot::A);
     assert_eq!(node.reboot(), Slot::A);
 }
@@ -136,14 +179,27 @@ fn a_failed_health_check_rolls_back_without_waiting_for_tries() {
     assert_eq!(node.reboot(), Slot::B);
     node.set_health(false);
     let e = node.updater().confirm().unwrap_err();
-    assert!(matches!(e, Error::HealthCheck { slot: Slot::B, rolled_back: true, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::HealthCheck {
+                slot: Slot::B,
+                rolled_back: true,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("app is down"), "{e}");
     assert_eq!(node.reboot(), Slot::A, "rolled back on the very next boot");
     node.set_health(true);
     node.updater().confirm().unwrap();
     let st = node.updater().status().unwrap();
     assert_eq!(st.slots[1].state, SlotState::Bad);
-    assert_eq!(st.slots[1].last_decision.as_ref().unwrap().event, Event::HealthFailed);
+    assert_eq!(
+        st.slots[1].last_decision.as_ref().unwrap().event,
+        Event::HealthFailed
+    );
     assert_eq!(st.slots[0].state, SlotState::Good);
 }
 
@@ -158,7 +214,10 @@ fn an_activation_cut_before_the_bootloader_flip_leaves_the_slot_staged() {
     node.updater().confirm().unwrap();
     let st = node.updater().status().unwrap();
     assert_eq!(st.slots[1].state, SlotState::Staged);
-    assert_eq!(st.slots[1].last_decision.as_ref().unwrap().event, Event::ActivationLost);
+    assert_eq!(
+        st.slots[1].last_decision.as_ref().unwrap().event,
+        Event::ActivationLost
+    );
     // And it can be activated again.
     node.updater().activate().unwrap();
     assert_eq!(node.reboot(), Slot::B);
@@ -168,8 +227,17 @@ fn an_activation_cut_before_the_bootloader_flip_leaves_the_slot_staged() {
 fn manual_rollback_and_guards() {
     let (mut node, _k, _r) = staged_node("v2");
     let u = node.updater();
-    assert!(matches!(u.activate_slot(Slot::A), Err(Error::SlotBusy { slot: Slot::A })));
-    assert!(matches!(u.rollback("no"), Err(Error::SlotState { slot: Slot::B, .. })), "B is only staged");
+    assert!(matches!(
+        u.activate_slot(Slot::A),
+        Err(Error::SlotBusy { slot: Slot::A })
+    ));
+    assert!(
+        matches!(
+            u.rollback("no"),
+            Err(Error::SlotState { slot: Slot::B, .. })
+        ),
+        "B is only staged"
+    );
     u.activate().unwrap();
     node.reboot();
     std::fs::write(&node.cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
@@ -178,5 +246,10 @@ fn manual_rollback_and_guards() {
     assert_eq!(node.reboot(), Slot::A);
     let st = node.updater().status().unwrap();
     assert_eq!(st.slots[1].state, SlotState::Bad);
-    assert!(st.slots[1].last_decision.as_ref().unwrap().why.contains("operator asked"));
+    assert!(st.slots[1]
+        .last_decision
+        .as_ref()
+        .unwrap()
+        .why
+        .contains("operator asked"));
 }

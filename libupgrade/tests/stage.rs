@@ -19,12 +19,24 @@ fn updater(disk: &TestDisk, cfg: libupgrade::Config, loader: &ModelLoader) -> Up
 }
 
 fn fast() -> StageOptions {
-    StageOptions { retry_delay: Duration::from_millis(20), ..StageOptions::default() }
+    StageOptions {
+        retry_delay: Duration::from_millis(20),
+        ..StageOptions::default()
+    }
 }
 
 fn assert_tree_eq(a: &Path, b: &Path) {
-    let out = std::process::Command::new("diff").arg("-r").arg(a).arg(b).output().unwrap();
-    assert!(out.status.success(), "trees differ: {}", String::from_utf8_lossy(&out.stdout));
+    let out = std::process::Command::new("diff")
+        .arg("-r")
+        .arg(a)
+        .arg(b)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "trees differ: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 /// Stage `rel` and prove the slot holds exactly the release: mount rootfs-b read-only and
@@ -34,8 +46,14 @@ fn assert_staged(disk: &TestDisk, rel: &Path, tree: &Path) {
     let (_lp, m) = disk.mount_rootfs("rootfs-b", &mnt);
     assert_tree_eq(tree, &mnt);
     sys_mount::Unmount::unmount(&m, sys_mount::UnmountFlags::empty()).unwrap();
-    assert_eq!(std::fs::read(disk.boot_dir.join("b/vmlinuz")).unwrap(), std::fs::read(rel.join("vmlinuz")).unwrap());
-    assert_eq!(std::fs::read(disk.boot_dir.join("b/initrd")).unwrap(), std::fs::read(rel.join("initrd")).unwrap());
+    assert_eq!(
+        std::fs::read(disk.boot_dir.join("b/vmlinuz")).unwrap(),
+        std::fs::read(rel.join("vmlinuz")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(disk.boot_dir.join("b/initrd")).unwrap(),
+        std::fs::read(rel.join("initrd")).unwrap()
+    );
 }
 
 #[test]
@@ -49,18 +67,39 @@ fn stage_from_a_directory_writes_the_inactive_slot_only() {
     let u = updater(&disk, cfg, &loader);
     let a_before = disk.part_bytes("rootfs-a", 4 * MIB);
 
-    let r = u.stage(&Source::Path(rel.clone()), &fast(), &NoProgress).unwrap();
-    assert_eq!((r.slot, r.version.as_str(), r.generation, r.already_staged), (Slot::B, "v2", 2, false));
+    let r = u
+        .stage(&Source::Path(rel.clone()), &fast(), &NoProgress)
+        .unwrap();
+    assert_eq!(
+        (r.slot, r.version.as_str(), r.generation, r.already_staged),
+        (Slot::B, "v2", 2, false)
+    );
     assert_staged(&disk, &rel, &rels.path().join("v2.tree"));
-    assert_eq!(disk.part_bytes("rootfs-a", 4 * MIB), a_before, "the active slot was written");
+    assert_eq!(
+        disk.part_bytes("rootfs-a", 4 * MIB),
+        a_before,
+        "the active slot was written"
+    );
 
     let st = u.status().unwrap();
     assert_eq!(st.booted, Some(Slot::A));
     assert_eq!(st.slots[1].state, SlotState::Staged);
-    assert_eq!(st.slots[0].state, SlotState::Good, "slot A was bootstrapped from its release file");
-    assert_eq!(st.next_boot, Slot::A, "staging alone never changes what boots");
+    assert_eq!(
+        st.slots[0].state,
+        SlotState::Good,
+        "slot A was bootstrapped from its release file"
+    );
+    assert_eq!(
+        st.next_boot,
+        Slot::A,
+        "staging alone never changes what boots"
+    );
     // Staging the same release again is a no-op.
-    assert!(u.stage(&Source::Path(rel), &fast(), &NoProgress).unwrap().already_staged);
+    assert!(
+        u.stage(&Source::Path(rel), &fast(), &NoProgress)
+            .unwrap()
+            .already_staged
+    );
 }
 
 #[test]
@@ -72,11 +111,20 @@ fn http_stage_survives_dropped_connections_and_resumes_with_range() {
     let srv = TestServer::start(rels.path().to_path_buf(), 3);
     let loader = ModelLoader::new();
     let u = updater(&disk, disk.config(&k.trust), &loader);
-    let r = u.stage(&Source::parse(&format!("{}v2/", srv.base)), &fast(), &NoProgress).unwrap();
+    let r = u
+        .stage(
+            &Source::parse(&format!("{}v2/", srv.base)),
+            &fast(),
+            &NoProgress,
+        )
+        .unwrap();
     assert!(!r.resumed);
     assert_staged(&disk, &rel, &rels.path().join("v2.tree"));
     let reqs = srv.requests.lock().unwrap().clone();
-    assert!(reqs.iter().any(|r| r.contains("rootfs.squashfs Some(")), "no Range request was made: {reqs:?}");
+    assert!(
+        reqs.iter().any(|r| r.contains("rootfs.squashfs Some(")),
+        "no Range request was made: {reqs:?}"
+    );
     assert_eq!(srv.drops.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
 
@@ -94,24 +142,51 @@ fn a_restarted_process_resumes_from_the_checkpoint_instead_of_starting_over() {
     let u = updater(&disk, cfg.clone(), &loader);
     let src = Source::parse(&format!("{}v2", srv.base));
     let e = u.stage(&src, &fast(), &NoProgress).unwrap_err();
-    assert!(matches!(e, Error::Fetch { retryable: true, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Fetch {
+                retryable: true,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("rootfs.squashfs"), "{e}");
     assert_eq!(u.status().unwrap().slots[1].state, SlotState::Invalid);
-    assert_eq!(loader.0.lock().unwrap().b, SlotBoot::Bad, "a half-written slot must be bad in the loader");
+    assert_eq!(
+        loader.0.lock().unwrap().b,
+        SlotBoot::Bad,
+        "a half-written slot must be bad in the loader"
+    );
 
     // "Restart": a new Updater, as after a reboot or agent restart.
     cfg.download_retries = 5;
     let u2 = updater(&disk, cfg, &loader);
     let r = u2.stage(&src, &fast(), &NoProgress).unwrap();
     assert!(r.resumed, "did not resume");
-    let total = std::fs::metadata(rel.join("rootfs.squashfs")).unwrap().len();
-    assert!(r.bytes_written < total, "resumed run rewrote everything ({} of {total})", r.bytes_written);
+    let total = std::fs::metadata(rel.join("rootfs.squashfs"))
+        .unwrap()
+        .len();
+    assert!(
+        r.bytes_written < total,
+        "resumed run rewrote everything ({} of {total})",
+        r.bytes_written
+    );
     let reqs = srv.requests.lock().unwrap().clone();
     let resumed_at: Vec<u64> = reqs
         .iter()
-        .filter_map(|r| r.strip_prefix("/v2/rootfs.squashfs Some(")?.strip_suffix(')')?.parse().ok())
+        .filter_map(|r| {
+            r.strip_prefix("/v2/rootfs.squashfs Some(")?
+                .strip_suffix(')')?
+                .parse()
+                .ok()
+        })
         .collect();
-    assert!(matches!(resumed_at[..], [n] if n >= 16 * MIB && n < total), "{reqs:?}");
+    assert!(
+        matches!(resumed_at[..], [n] if n >= 16 * MIB && n < total),
+        "{reqs:?}"
+    );
     assert_staged(&disk, &rel, &rels.path().join("v2.tree"));
 }
 
@@ -128,7 +203,11 @@ fn rejected_releases_write_nothing() {
     let b_before = disk.part_bytes("rootfs-b", MIB);
     let env_before = loader.0.lock().unwrap().clone();
 
-    let foreign = if Arch::host() == Arch::X86_64 { Arch::Aarch64 } else { Arch::X86_64 };
+    let foreign = if Arch::host() == Arch::X86_64 {
+        Arch::Aarch64
+    } else {
+        Arch::X86_64
+    };
     let wrong_arch = make_release(&k, rels.path(), "v2-arch", 2, 1000, foreign);
     let wrong_key = make_release(&other, rels.path(), "v2-key", 2, 1000, Arch::host());
     let unsigned = make_release(&k, rels.path(), "v2-unsigned", 2, 1000, Arch::host());
@@ -136,8 +215,19 @@ fn rejected_releases_write_nothing() {
     let old = make_release(&k, rels.path(), "v0", 0, 1000, Arch::host());
     let tampered_manifest = make_release(&k, rels.path(), "v2-tm", 2, 1000, Arch::host());
     let m = std::fs::read_to_string(tampered_manifest.join("manifest.json")).unwrap();
-    std::fs::write(tampered_manifest.join("manifest.json"), m.replace("\"generation\": 2", "\"generation\": 9")).unwrap();
-    let huge = make_release(&k, rels.path(), "v2-huge", 2, 30 * MIB as usize, Arch::host());
+    std::fs::write(
+        tampered_manifest.join("manifest.json"),
+        m.replace("\"generation\": 2", "\"generation\": 9"),
+    )
+    .unwrap();
+    let huge = make_release(
+        &k,
+        rels.path(),
+        "v2-huge",
+        2,
+        30 * MIB as usize,
+        Arch::host(),
+    );
 
     // Bootstrap the state as a node does on its first boot.
     u.confirm().ok();
@@ -152,18 +242,55 @@ fn rejected_releases_write_nothing() {
         (&huge, "rootfs needs"),
     ];
     for (rel, want) in cases {
-        let e = u.stage(&Source::Path(rel.to_path_buf()), &fast(), &NoProgress).unwrap_err().to_string();
-        assert!(e.contains(want), "{}: error '{e}' does not mention '{want}'", rel.display());
-        assert_eq!(std::fs::read(disk.state_dir.join("state.json")).unwrap(), state_before, "{}: state changed", rel.display());
-        assert_eq!(*loader.0.lock().unwrap(), env_before, "{}: bootloader changed", rel.display());
-        assert_eq!(disk.part_bytes("rootfs-b", MIB), b_before, "{}: slot B written", rel.display());
+        let e = u
+            .stage(&Source::Path(rel.to_path_buf()), &fast(), &NoProgress)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(want),
+            "{}: error '{e}' does not mention '{want}'",
+            rel.display()
+        );
+        assert_eq!(
+            std::fs::read(disk.state_dir.join("state.json")).unwrap(),
+            state_before,
+            "{}: state changed",
+            rel.display()
+        );
+        assert_eq!(
+            *loader.0.lock().unwrap(),
+            env_before,
+            "{}: bootloader changed",
+            rel.display()
+        );
+        assert_eq!(
+            disk.part_bytes("rootfs-b", MIB),
+            b_before,
+            "{}: slot B written",
+            rel.display()
+        );
     }
     // The downgrade goes through when explicitly allowed.
-    let opts = StageOptions { allow_downgrade: true, ..fast() };
-    assert_eq!(u.stage(&Source::Path(old), &opts, &NoProgress).unwrap().generation, 0);
+    let opts = StageOptions {
+        allow_downgrade: true,
+        ..fast()
+    };
+    assert_eq!(
+        u.stage(&Source::Path(old), &opts, &NoProgress)
+            .unwrap()
+            .generation,
+        0
+    );
     // 404 names the file.
     let srv = TestServer::start(rels.path().to_path_buf(), 0);
-    let e = u.stage(&Source::parse(&format!("{}nope/", srv.base)), &fast(), &NoProgress).unwrap_err().to_string();
+    let e = u
+        .stage(
+            &Source::parse(&format!("{}nope/", srv.base)),
+            &fast(),
+            &NoProgress,
+        )
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("nope/manifest.json") && e.contains("404"), "{e}");
 }
 
@@ -184,30 +311,68 @@ fn corrupt_or_truncated_artifacts_leave_the_slot_invalid() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
     std::fs::write(&p, &bytes).unwrap();
-    let e = u.stage(&Source::Path(bad.clone()), &fast(), &NoProgress).unwrap_err();
+    let e = u
+        .stage(&Source::Path(bad.clone()), &fast(), &NoProgress)
+        .unwrap_err();
     let msg = e.to_string();
-    assert!(matches!(e, Error::Checksum { .. }) && msg.contains("rootfs") && msg.contains("expected") && msg.contains("found"), "{msg}");
+    assert!(
+        matches!(e, Error::Checksum { .. })
+            && msg.contains("rootfs")
+            && msg.contains("expected")
+            && msg.contains("found"),
+        "{msg}"
+    );
     assert_eq!(u.status().unwrap().slots[1].state, SlotState::Invalid);
     assert_eq!(loader.0.lock().unwrap().b, SlotBoot::Bad);
     assert!(u.activate().is_err(), "an invalid slot was activated");
     assert_eq!(disk.part_bytes("rootfs-a", MIB), a_before);
 
-    let short = make_release(&k, rels.path(), "v2-short", 2, 2 * MIB as usize, Arch::host());
+    let short = make_release(
+        &k,
+        rels.path(),
+        "v2-short",
+        2,
+        2 * MIB as usize,
+        Arch::host(),
+    );
     let p = short.join("initrd");
     let len = std::fs::metadata(&p).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(len / 2).unwrap();
-    let e = u.stage(&Source::Path(short.clone()), &fast(), &NoProgress).unwrap_err();
-    assert!(matches!(e, Error::Size { found, expected, .. } if found == len / 2 && expected == len), "{e}");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let e = u
+        .stage(&Source::Path(short.clone()), &fast(), &NoProgress)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Size { found, expected, .. } if found == len / 2 && expected == len),
+        "{e}"
+    );
     assert_eq!(u.status().unwrap().slots[1].state, SlotState::Invalid);
-    assert!(!disk.boot_dir.join("b/initrd").exists(), "a truncated initrd was put in place");
+    assert!(
+        !disk.boot_dir.join("b/initrd").exists(),
+        "a truncated initrd was put in place"
+    );
 
     // Over HTTP, a file that keeps ending early exhausts the retries with a clear error.
     let srv = TestServer::start(rels.path().to_path_buf(), 0);
     let mut cfg = disk.config(&k.trust);
     cfg.download_retries = 2;
     let u = updater(&disk, cfg, &loader);
-    let e = u.stage(&Source::parse(&format!("{}v2-short/", srv.base)), &fast(), &NoProgress).unwrap_err().to_string();
-    assert!(e.contains("initrd") && e.contains("gave up after 3 attempts"), "{e}");
+    let e = u
+        .stage(
+            &Source::parse(&format!("{}v2-short/", srv.base)),
+            &fast(),
+            &NoProgress,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("initrd") && e.contains("gave up after 3 attempts"),
+        "{e}"
+    );
     assert_eq!(disk.part_bytes("rootfs-a", MIB), a_before);
 }
 
@@ -228,7 +393,11 @@ fn a_release_that_is_not_a_squashfs_is_refused_before_it_is_staged() {
     let entry = |src: &Path, name: &str| {
         std::fs::copy(src, dir.join(name)).unwrap();
         let (size, sha256) = libupgrade::release::sha256_file(src).unwrap();
-        libupgrade::manifest::FileEntry { path: name.into(), size, sha256 }
+        libupgrade::manifest::FileEntry {
+            path: name.into(),
+            size,
+            sha256,
+        }
     };
     let m = libupgrade::Manifest {
         format: libupgrade::manifest::FORMAT,
@@ -242,11 +411,100 @@ fn a_release_that_is_not_a_squashfs_is_refused_before_it_is_staged() {
         },
     };
     std::fs::write(dir.join("manifest.json"), m.to_bytes()).unwrap();
-    std::fs::write(dir.join("manifest.json.sig"), libupgrade::signing::sign(&m.to_bytes(), &k.secret).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("manifest.json.sig"),
+        libupgrade::signing::sign(&m.to_bytes(), &k.secret).unwrap(),
+    )
+    .unwrap();
     let loader = ModelLoader::new();
     let u = updater(&disk, disk.config(&k.trust), &loader);
-    let e = u.stage(&Source::Path(dir), &fast(), &NoProgress).unwrap_err();
+    let e = u
+        .stage(&Source::Path(dir), &fast(), &NoProgress)
+        .unwrap_err();
     assert!(matches!(e, Error::BadImage { slot: Slot::B, .. }), "{e}");
     assert!(e.to_string().contains("squashfs"), "{e}");
     assert_eq!(u.status().unwrap().slots[1].state, SlotState::Invalid);
+}
+
+/// The whole cycle on the disk with the real GRUB backend (two env copies on the ext4 boot
+/// partition): each "power-on" runs bootconfig's model of our grub.cfg, including the countdown
+/// writes GRUB's save_env performs, which bootconfig checks against the real GRUB (grub-emu).
+#[test]
+fn grub_on_disk_trial_confirm_and_fallback() {
+    use bootconfig::grub::{simulate_boot, GrubBootloader};
+    use bootconfig::BootEnv;
+    let disk = TestDisk::new(24 * MIB);
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let v2 = make_release(&k, rels.path(), "v2", 2, MIB as usize, Arch::host());
+    let v3 = make_release(&k, rels.path(), "v3", 3, MIB as usize, Arch::host());
+    let grub_dir = disk.boot_dir.join("grub");
+    std::fs::create_dir_all(&grub_dir).unwrap();
+    let entry = |s: &str| bootconfig::BootEntry {
+        kernel: format!("/{s}/vmlinuz"),
+        initrd: format!("/{s}/initrd"),
+        cmdline: format!("root=PARTLABEL=rootfs-{s} ro"),
+    };
+    let grub_cfg = bootconfig::grub::GrubConfig {
+        entries: [entry("a"), entry("b")],
+        max_tries: 3,
+        timeout_secs: 0,
+        serial: true,
+        panic_secs: 5,
+    };
+    std::fs::write(
+        grub_dir.join("grub.cfg"),
+        bootconfig::grub::render_cfg(&grub_cfg),
+    )
+    .unwrap();
+    GrubBootloader::new(&grub_dir, 3)
+        .install(&BootEnv {
+            primary: Slot::A,
+            a: SlotBoot::Good,
+            b: SlotBoot::Bad,
+        })
+        .unwrap();
+    let cfg = disk.config(&k.trust);
+    let mk = || Updater::open(cfg.clone()).expect("open the node from its config");
+    let mut boots = 0;
+    let mut power_on = |cfg: &libupgrade::Config| {
+        let sim = simulate_boot(&grub_dir, 3).unwrap();
+        for op in &sim.countdown {
+            op.apply().unwrap();
+        }
+        boots += 1;
+        boot_as(cfg, sim.choice, &format!("boot-{boots}"));
+        sim.choice
+    };
+
+    mk().confirm().unwrap();
+    mk().stage(&Source::Path(v2), &fast(), &NoProgress).unwrap();
+    mk().activate().unwrap();
+    assert_eq!(mk().status().unwrap().slots[1].tries_left, Some(3));
+    assert_eq!(power_on(&cfg), Slot::B);
+    assert_eq!(
+        mk().status().unwrap().slots[1].tries_left,
+        Some(2),
+        "GRUB counted one try"
+    );
+    std::fs::write(&cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
+    mk().confirm().unwrap();
+    assert_eq!(power_on(&cfg), Slot::B, "confirmed B keeps booting");
+    assert_eq!(mk().status().unwrap().slots[1].boot, SlotBoot::Good);
+
+    // v3 into A; it never confirms: three tries, then GRUB falls back to B.
+    mk().stage(&Source::Path(v3), &fast(), &NoProgress).unwrap();
+    mk().activate().unwrap();
+    for _ in 0..3 {
+        assert_eq!(power_on(&cfg), Slot::A);
+    }
+    assert_eq!(power_on(&cfg), Slot::B);
+    let r = mk().confirm().unwrap();
+    assert!(r.other_slot.unwrap().why.contains("3 of 3 tries"));
+    let st = mk().status().unwrap();
+    assert_eq!(
+        (st.slots[0].state, st.slots[0].boot),
+        (SlotState::Bad, SlotBoot::Bad)
+    );
+    assert_eq!(st.next_boot, Slot::B);
 }
