@@ -49,3 +49,15 @@ lint:
 # Stage throughput and peak RSS against dd + sha256sum (BENCH_SIZE_MIB=1024 by default).
 bench:
     cargo bench -p libupgrade --bench stage
+
+# --- vm-tests (owned by vm-tests/) ---------------------------------------------------------
+# QEMU scenarios on the disks from `just images-*`; console logs in vm-tests/out/<target>/<scenario>/.
+
+# One scenario on one target, e.g. `just vm-test powercut x86_64-grub-bios --all-barriers`
+# (scenarios: upgrade fallback-panic fallback-noconfirm badhealth powercut all; target "all" too).
+vm-test scenario="upgrade" target="x86_64-grub-bios" *flags="":
+    cargo run -p vm-tests --release -- run {{scenario}} {{target}} {{flags}}
+
+# The full matrix: every scenario on every target (the ignored tests included).
+vm-test-all:
+    cargo test -p vm-tests -- --include-ignored --nocapture

@@ -33,7 +33,9 @@ for arg in $cmdline; do
     console=*) c=${arg#console=}; console=${c%%,*} ;;
     esac
 done
-version=$(cat /etc/k3os-release)
+VERSION=unknown
+. /etc/k3os-release
+version=$VERSION
 tty=/dev/${console:-console}
 [ -c "$tty" ] || tty=/dev/console
 
@@ -60,6 +62,9 @@ else
     export K3OS_OPS_CONFIG=/etc/k3os-ops/config.grub.toml
 fi
 echo "export K3OS_OPS_CONFIG=$K3OS_OPS_CONFIG" >/run/k3os-ops.env
+# /etc/k3os-ops/config.toml links here, for tools started without the variable.
+mkdir -p /run/k3os-ops
+ln -sf "$K3OS_OPS_CONFIG" /run/k3os-ops/config.toml
 
 echo "K3OS-BOOTED slot=$slot version=$version"
 

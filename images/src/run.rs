@@ -55,14 +55,21 @@ impl Cmd {
         self.cmd.stdin(if self.stdin.is_some() { Stdio::piped() } else { Stdio::null() });
         let mut child =
             self.cmd.spawn().map_err(|source| Error::Spawn { cmd: self.shown.clone(), source })?;
-        if let Some(bytes) = self.stdin.take() {
+        // Feed stdin from a thread while stdout is drained, or a filter (gzip) whose output
+        // pipe fills up would block forever waiting for us to read.
+        let feeder = self.stdin.take().map(|bytes| {
             let mut si = child.stdin.take().expect("stdin was piped");
             // A tool that exits early closes its stdin; the exit status reports why.
-            let _ = si.write_all(&bytes);
-        }
+            std::thread::spawn(move || {
+                let _ = si.write_all(&bytes);
+            })
+        });
         let out = child
             .wait_with_output()
             .map_err(|source| Error::Spawn { cmd: self.shown.clone(), source })?;
+        if let Some(f) = feeder {
+            let _ = f.join();
+        }
         if !out.status.success() {
             let mut stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
             if stderr.is_empty() {
@@ -76,5 +83,25 @@ impl Cmd {
     /// Run and return stdout as trimmed UTF-8.
     pub fn output(self) -> Result<String> {
         Ok(String::from_utf8_lossy(&self.run()?).trim().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_stdin_through_a_filter_does_not_deadlock() {
+        let data: Vec<u8> = (0..4_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let out = Cmd::new("cat").stdin(data.clone()).run().unwrap();
+        assert_eq!(out, data);
+    }
+
+    #[test]
+    fn failure_names_command_and_stderr() {
+        let e = Cmd::new("sh").args(["-c", "echo nope >&2; exit 3"]).run().unwrap_err().to_string();
+        assert!(e.contains("sh -c") && e.contains("nope") && e.contains("3"), "{e}");
+        let e = Cmd::new("/nonexistent/tool").run().unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/tool"), "{e}");
     }
 }
