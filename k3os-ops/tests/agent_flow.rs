@@ -25,6 +25,8 @@ struct World {
     node: Value,
     channel: Value,
     rv: u64,
+    /// Pods on the node (for the drain).
+    pods: Vec<Value>,
     /// Called before answering each request (to inject concurrent changes).
     #[allow(clippy::type_complexity)]
     hook: Option<Box<dyn FnMut(&str, &mut Value) + Send>>,
@@ -99,7 +101,7 @@ async fn serve(
             }
             (Method::GET, "/api/v1/pods") => respond(
                 200,
-                &json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []}),
+                &json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": w.pods}),
             ),
             (Method::GET, CH) => {
                 let mut ch = w.channel.clone();
@@ -254,6 +256,7 @@ fn setup(
             "status": {"slots": [], "failures": [], "conditions": []}
         }),
         rv: 1,
+        pods: Vec::new(),
         hook: None,
     }));
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -509,4 +512,65 @@ async fn a_claim_held_through_a_long_silence_is_replaced_by_a_fresh_one() {
         w.node["metadata"]["annotations"]["k3os.io/update-token"],
         json!(token)
     );
+}
+
+#[tokio::test]
+async fn a_refused_drain_uncordons_releases_and_backs_off() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    world.lock().unwrap().pods.push(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "bare", "namespace": "apps", "uid": "u1"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "busybox"}]},
+        "status": {"phase": "Running"}
+    }));
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    let cordon = pos(&l, "unschedulable=true");
+    let failed = pos(&l, "event: DrainFailed");
+    let uncordon = pos(&l, "unschedulable=false");
+    assert!(cordon < failed && failed < uncordon, "{l:#?}");
+    assert!(!l.iter().any(|x| x.contains("node: activate")), "{l:#?}");
+    assert_eq!(world.lock().unwrap().channel["status"]["slots"], json!([]));
+    // The next pass does not cordon again at once.
+    log.lock().unwrap().clear();
+    settle(&agent).await;
+    assert!(!log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|x| x.contains("unschedulable=true") || x.contains("slots=[n1")));
+    assert_eq!(
+        annotation(&world, "k3os.io/update-phase").as_deref(),
+        Some("BackingOff")
+    );
+}
+
+#[tokio::test]
+async fn a_cordon_left_by_an_interrupted_update_is_undone() {
+    let (agent, world, node, log) = setup(
+        ConfirmResult::RolledBack("kubelet did not start".into()),
+        false,
+    );
+    settle(&agent).await;
+    // The reboot took longer than rebootTimeout: another agent reclaimed the slot.
+    world.lock().unwrap().channel["status"]["slots"] = json!([]);
+    node.boot(true);
+    settle(&agent).await;
+    // Health check failed without a slot: failure recorded, rebooted back.
+    {
+        let l = log.lock().unwrap().clone();
+        pos(&l, "slots=[] failures=1");
+        pos(&l, "node: reboot");
+    }
+    {
+        let mut s = node.status.lock().unwrap();
+        s.booted_version = Some("v1".into());
+        s.booted_on_trial = false;
+        s.inactive = Inactive::Failed("v2".into());
+    }
+    log.lock().unwrap().clear();
+    settle(&agent).await;
+    pos(&log.lock().unwrap(), "unschedulable=false");
+    assert_eq!(world.lock().unwrap().node["spec"]["unschedulable"], false);
+    assert_eq!(annotation(&world, "k3os.io/update-cordoned"), None);
 }

@@ -46,8 +46,20 @@ pub const ANN_CORDONED: &str = "k3os.io/update-cordoned";
 /// Seconds a node liveness Lease is declared valid (informational: staleness is judged by
 /// observers against `spec.rebootTimeout` on their own clocks).
 const NODE_LEASE_SECS: i32 = 60;
-/// How often the node Lease is renewed and dead slots are looked for.
-const LIVENESS_PERIOD: Duration = Duration::from_secs(10);
+/// How often the node Lease is renewed.
+const LIVENESS_PERIOD: Duration = Duration::from_secs(15);
+/// Bounds of the period between looks for dead slot holders.
+const MIN_RECLAIM_PERIOD: Duration = Duration::from_secs(10);
+const MAX_RECLAIM_PERIOD: Duration = Duration::from_secs(120);
+
+/// Period between looks for dead holders: a quarter of the shortest reboot timeout, within
+/// [10 s, 120 s], ±25 % jitter. Every agent looks (any may reclaim), so on a large fleet this
+/// bounds the reads (two per held slot per look) while detection stays within a fraction of
+/// the timeout.
+fn reclaim_period(shortest_reboot_timeout: Duration) -> Duration {
+    let base = (shortest_reboot_timeout / 4).clamp(MIN_RECLAIM_PERIOD, MAX_RECLAIM_PERIOD);
+    base.mul_f64(rand::thread_rng().gen_range(0.75..1.25))
+}
 /// Least time between two writes of the stage progress annotation.
 const PROGRESS_PERIOD: Duration = Duration::from_secs(15);
 /// How long after a healthy boot the Node may take to report Ready.
@@ -68,6 +80,12 @@ pub struct Agent {
     stage_failures: AtomicU64,
     /// Earliest next stage attempt (unix seconds).
     stage_not_before: AtomicU64,
+    /// Aborted disruptions (drain/activate failed, slot lost) in a row, for back-off.
+    claim_failures: AtomicU64,
+    /// Earliest next claim (unix seconds).
+    claim_not_before: AtomicU64,
+    /// UID of this node, for Event references.
+    node_uid: Mutex<Option<String>>,
     last_note: Mutex<Option<String>>,
     /// How long this node's Lease had not been renewed when the agent started (`None`: no
     /// Lease). Taken by the first reconcile that finds a held slot: a claim held through a
@@ -110,6 +128,9 @@ impl Agent {
             drain_retry: Duration::from_secs(5),
             stage_failures: AtomicU64::new(0),
             stage_not_before: AtomicU64::new(0),
+            claim_failures: AtomicU64::new(0),
+            claim_not_before: AtomicU64::new(0),
+            node_uid: Mutex::new(None),
             last_note: Mutex::new(None),
             startup_silence: Mutex::new(None),
         }
@@ -135,9 +156,20 @@ impl Agent {
             name: Some(self.node.clone()),
             ..Default::default()
         };
-        if let Ok(n) = self.nodes().get(&self.node).await {
-            r.uid = n.metadata.uid;
-        }
+        let cached = self.node_uid.lock().expect("not poisoned").clone();
+        r.uid = match cached {
+            Some(uid) => Some(uid),
+            None => {
+                let uid = self
+                    .nodes()
+                    .get(&self.node)
+                    .await
+                    .ok()
+                    .and_then(|n| n.metadata.uid);
+                self.node_uid.lock().expect("not poisoned").clone_from(&uid);
+                uid
+            }
+        };
         r
     }
 
@@ -279,6 +311,21 @@ impl Agent {
         };
         let action = decide(&channel, &view, Utc::now());
         tracing::debug!(?action, channel = %name, "decided");
+        // A cordon of ours outlives the slot only after an interrupted update (slot reclaimed
+        // while rebooting, health rollback without a slot): undo it as soon as no step of an
+        // update needs it.
+        let slot_action = matches!(
+            action,
+            Action::Continue { .. }
+                | Action::Confirm { .. }
+                | Action::RolledBack { .. }
+                | Action::FinishRollback
+                | Action::Release { .. }
+                | Action::Claim { .. }
+        );
+        if !slot_action && annotations.get(ANN_CORDONED).is_some_and(|v| v == "true") {
+            self.undo_cordon().await?;
+        }
         self.execute(&channel, &view, action).await
     }
 
@@ -355,6 +402,19 @@ impl Agent {
                 Ok(Next::Wait)
             }
             Action::Claim { version } => {
+                let now_s = Utc::now().timestamp().max(0) as u64;
+                let not_before = self.claim_not_before.load(Ordering::Relaxed);
+                if now_s < not_before {
+                    self.phase(
+                        "BackingOff",
+                        &format!(
+                            "the last update attempt was aborted; next claim in {}s",
+                            not_before - now_s
+                        ),
+                    )
+                    .await?;
+                    return Ok(Next::Wait);
+                }
                 let token = format!(
                     "{:016x}{:016x}",
                     rand::thread_rng().gen::<u64>(),
@@ -554,6 +614,15 @@ impl Agent {
         }
     }
 
+    /// After an aborted disruption: wait 5 min, doubling per abort in a row, up to 1 h, before
+    /// claiming again (a drain that is refused must not cordon the node every resync).
+    fn back_off_claims(&self) {
+        let n = self.claim_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let secs = (300u64 << n.min(4)).min(3600);
+        let now_s = Utc::now().timestamp().max(0) as u64;
+        self.claim_not_before.store(now_s + secs, Ordering::Relaxed);
+    }
+
     /// Uncordon if (and only if) this agent cordoned the node.
     async fn undo_cordon(&self) -> anyhow::Result<()> {
         let node = self.nodes().get(&self.node).await?;
@@ -579,6 +648,7 @@ impl Agent {
 
     /// Abort after losing the slot: undo our cordon, tell why.
     async fn abort_lost(&self, ch: &UpdateChannel, step: &str) -> anyhow::Result<Next> {
+        self.back_off_claims();
         self.undo_cordon().await?;
         self.phase("Aborted", &format!("lost the update slot before {step}"))
             .await?;
@@ -651,6 +721,7 @@ impl Agent {
                     .await;
                 }
                 Err(e) => {
+                    self.back_off_claims();
                     self.event(
                         Some(ch),
                         true,
@@ -689,6 +760,7 @@ impl Agent {
             FenceOutcome::Lost => return self.abort_lost(ch, "the bootloader flip").await,
         }
         if let Err(e) = self.blocking(|ops| ops.activate()).await {
+            self.back_off_claims();
             self.event(Some(ch), true, "ActivateFailed", format!("{e:#}"))
                 .await;
             self.undo_cordon().await?;
@@ -766,6 +838,7 @@ impl Agent {
         };
         match verdict {
             ConfirmResult::Healthy => {
+                self.claim_failures.store(0, Ordering::Relaxed);
                 self.undo_cordon().await?;
                 if held {
                     slots::release(store, &self.node, token, Utc::now()).await?;
@@ -862,6 +935,7 @@ async fn renew_node_lease(client: Client, namespace: String, node: String) {
 async fn reclaim_loop(agent: Arc<Agent>) {
     let mut observers: BTreeMap<String, LivenessObserver> = BTreeMap::new();
     loop {
+        let mut shortest = MAX_RECLAIM_PERIOD * 4;
         let api: Api<UpdateChannel> = Api::namespaced(agent.client.clone(), &agent.namespace);
         match api.list(&ListParams::default()).await {
             Ok(list) => {
@@ -870,6 +944,7 @@ async fn reclaim_loop(agent: Arc<Agent>) {
                     let Ok(policy) = Policy::from_spec(&ch.spec) else {
                         continue;
                     };
+                    shortest = shortest.min(policy.reboot_timeout);
                     let obs = observers.entry(name.clone()).or_default();
                     let store = agent.store(&name);
                     match slots::reclaim_dead(
@@ -916,7 +991,7 @@ async fn reclaim_loop(agent: Arc<Agent>) {
             }
             Err(e) => tracing::warn!("list UpdateChannels: {e}"),
         }
-        tokio::time::sleep(LIVENESS_PERIOD).await;
+        tokio::time::sleep(reclaim_period(shortest)).await;
     }
 }
 
