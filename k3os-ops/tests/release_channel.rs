@@ -347,6 +347,20 @@ fn github_releases_resolution() {
     let first = manifest_gets();
     assert_eq!(channel::resolve(ch, None, Arch::X86_64).unwrap(), latest);
     assert_eq!(manifest_gets(), first, "manifests were downloaded again");
+    let api_lines = || {
+        fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("/api/repos/acme/nodeos/releases ->"))
+            .map(|l| l.rsplit(' ').next().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        api_lines().last().map(String::as_str),
+        Some("304"),
+        "the API page was not re-requested conditionally: {:?}",
+        api_lines()
+    );
     // Re-uploaded assets (new updated_at) are fetched again.
     let api_file = root.join("api/repos/acme/nodeos/releases");
     fs::write(
