@@ -24,20 +24,26 @@ enum ReleaseCmd {
     /// Make an ed25519 key pair: DIR/NAME.key (secret, mode 0600) and DIR/NAME.pub (copy this
     /// into each node's trust dir).
     Keygen {
+        /// Directory for the key files (created if missing).
         #[arg(short = 'o', long = "out")]
         out: PathBuf,
+        /// Base name of the key files.
         #[arg(long, default_value = "release")]
         name: String,
     },
     /// Create a signed release directory (rootfs.squashfs, vmlinuz, initrd, manifest.json,
     /// manifest.json.sig). Inside a channel directory the index is updated too.
     Create {
+        /// The root filesystem, a squashfs image.
         #[arg(long)]
         rootfs: PathBuf,
+        /// The kernel image (becomes vmlinuz).
         #[arg(long)]
         kernel: PathBuf,
+        /// The initramfs (becomes initrd).
         #[arg(long)]
         initrd: PathBuf,
+        /// Version string shown to operators (1-128 printable ASCII characters, no spaces).
         #[arg(long)]
         version: String,
         /// x86_64 (amd64) or aarch64 (arm64).
@@ -46,9 +52,10 @@ enum ReleaseCmd {
         /// Secret key file made by `release keygen`.
         #[arg(long)]
         key: PathBuf,
+        /// Release directory to write (created; must not already hold a release).
         #[arg(short = 'o', long = "out")]
         out: PathBuf,
-        /// Required unless -o is a subdirectory of a channel (a directory holding index.json).
+        /// Monotonic release number nodes compare to refuse downgrades. Required unless -o is a subdirectory of a channel (a directory holding index.json).
         #[arg(long)]
         generation: Option<u64>,
     },
