@@ -3,6 +3,7 @@
 #
 #   smoke.sh <x86_64|aarch64> <grub-bios|grub-efi|extlinux> [timeout_secs] [http_port]
 #
+# DISK=<path> boots that disk image instead (same arch/variant recipe).
 # Boots a scratch copy of images/out/<arch>/disk-<variant>.img (the original stays pristine),
 # serial console to images/out/<arch>/smoke-<variant>.log, and succeeds once K3OS-BOOTED and
 # K3OS-READY were printed and the workload answers "alive" on the forwarded port. Prints the
@@ -15,7 +16,7 @@ timeout=${3:-180}
 port=${4:-18080}
 here=$(cd "$(dirname "$0")" && pwd)
 out=$here/../out/$arch
-disk=$out/disk-$variant.img
+disk=${DISK:-$out/disk-$variant.img}
 [ -f "$disk" ] || { echo "smoke: $disk does not exist (run just images-$arch)" >&2; exit 1; }
 scratch=$(mktemp -d "$out/.smoke.XXXXXX")
 log=$out/smoke-$variant.log
