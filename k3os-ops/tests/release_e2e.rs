@@ -399,3 +399,103 @@ fn create_on_a_full_disk_fails_cleanly() {
     );
     assert!(left.is_empty(), "partial files left behind: {left:?}");
 }
+
+/// A release published as GitHub release assets (arch-prefixed names, per-file URLs) stages
+/// into a real slot through `github-releases://`.
+#[test]
+fn github_release_assets_stage_into_a_slot() {
+    common::require_root();
+    let t = tempfile::tempdir().unwrap();
+    let work = t.path().join("work");
+    fs::create_dir_all(&work).unwrap();
+    k3os_ops(&[
+        "release",
+        "keygen",
+        "-o",
+        &t.path().join("keys").display().to_string(),
+    ]);
+    let trust = t.path().join("trust.d");
+    fs::create_dir_all(&trust).unwrap();
+    fs::copy(t.path().join("keys/release.pub"), trust.join("release.pub")).unwrap();
+    let rel = t.path().join("rel");
+    create(
+        &work,
+        &t.path().join("keys/release.key"),
+        &rel,
+        "v8",
+        Arch::host().as_str(),
+        8,
+    );
+
+    let site = t.path().join("site");
+    let dl = site.join("dl/v8");
+    fs::create_dir_all(&dl).unwrap();
+    fs::create_dir_all(site.join("api/repos/acme/nodeos")).unwrap();
+    let srv = Server::start(&site);
+    let mut assets = Vec::new();
+    for e in fs::read_dir(&rel).unwrap() {
+        let e = e.unwrap();
+        let name = format!(
+            "{}-{}",
+            Arch::host().as_str(),
+            e.file_name().to_string_lossy()
+        );
+        fs::copy(e.path(), dl.join(&name)).unwrap();
+        assets.push(serde_json::json!({
+            "name": name,
+            "browser_download_url": format!("{}dl/v8/{name}", srv.url),
+        }));
+    }
+    let api = serde_json::json!([{ "tag_name": "v8", "draft": false, "prerelease": false, "assets": assets }]);
+    fs::write(site.join("api/repos/acme/nodeos/releases"), api.to_string()).unwrap();
+    std::env::set_var(channel::GITHUB_API_ENV, format!("{}api", srv.url));
+
+    let disk = TestDisk::new(24 * MIB);
+    let cfg = disk.config(&trust);
+    let grub_dir = disk.boot_dir.join("grub");
+    fs::create_dir_all(&grub_dir).unwrap();
+    let grub = GrubBootloader::new(&grub_dir, 3);
+    grub.install(&BootEnv {
+        primary: Slot::A,
+        a: SlotBoot::Good,
+        b: SlotBoot::Bad,
+    })
+    .unwrap();
+    let layout = GptLayout::open(&disk.disk.path, &disk.boot_dir).unwrap();
+    let node = Updater::with_parts(cfg, Box::new(layout), Box::new(grub.clone()));
+
+    let resolved = channel::resolve("github-releases://acme/nodeos", None, Arch::host()).unwrap();
+    assert!(
+        matches!(resolved.source, Source::Assets(_)),
+        "{:?}",
+        resolved.source
+    );
+    let opts = StageOptions {
+        retry_delay: Duration::from_millis(20),
+        ..StageOptions::default()
+    };
+    let r = node.stage(&resolved.source, &opts, &NoProgress).unwrap();
+    assert_eq!(
+        (r.slot, r.version.as_str(), r.generation),
+        (Slot::B, "v8", 8)
+    );
+    let mnt = t.path().join("mnt-b");
+    let (_lp, m) = disk.mount_rootfs("rootfs-b", &mnt);
+    let diff = Command::new("diff")
+        .arg("-r")
+        .arg(work.join("v8.tree"))
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    sys_mount::Unmount::unmount(&m, sys_mount::UnmountFlags::empty()).unwrap();
+    assert!(
+        diff.status.success(),
+        "slot B differs from the release: {}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+    assert_eq!(
+        fs::read(disk.boot_dir.join("b/vmlinuz")).unwrap(),
+        fs::read(rel.join("vmlinuz")).unwrap()
+    );
+    assert_eq!(node.status().unwrap().slots[1].state, SlotState::Staged);
+}
