@@ -84,7 +84,7 @@ impl LibupgradeNode {
             None => libupgrade::Config::from_env()?,
         };
         let updater = libupgrade::Updater::open(cfg)?;
-        let reboot_cmd = match std::env::var(REBOOT_CMD_ENV) {
+        let reboot_cmd: Vec<String> = match std::env::var(REBOOT_CMD_ENV) {
             Ok(s) if !s.trim().is_empty() => s.split_whitespace().map(String::from).collect(),
             _ => [
                 "nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--", "reboot",
@@ -93,10 +93,15 @@ impl LibupgradeNode {
             .map(|s| s.to_string())
             .collect(),
         };
-        Ok(LibupgradeNode {
+        Ok(LibupgradeNode::new(updater, reboot_cmd))
+    }
+
+    /// Over an already opened updater, with an explicit reboot command.
+    pub fn new(updater: libupgrade::Updater, reboot_cmd: Vec<String>) -> LibupgradeNode {
+        LibupgradeNode {
             updater,
             reboot_cmd,
-        })
+        }
     }
 }
 
