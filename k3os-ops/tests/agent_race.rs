@@ -42,6 +42,8 @@ struct Inner {
     writes: u64,
     conflicts: u64,
     claims: u64,
+    /// Slots removed by an agent other than their holder.
+    reclaimed: u64,
     max_seen: usize,
 }
 
@@ -123,6 +125,7 @@ impl ChannelStore for Mem {
                         .iter()
                         .any(|s| s.node == b.node && s.token == b.token);
                     if gone && b.node != self.me {
+                        g.reclaimed += 1;
                         let deleted = !g.nodes.contains(&b.node);
                         let silent = g.leases.get(&b.node).is_none_or(|(_, at)| {
                             now.saturating_duration_since(*at) >= REBOOT_TIMEOUT
@@ -314,6 +317,8 @@ struct Report {
     writes: u64,
     conflicts: u64,
     claims: u64,
+    /// Slots removed by an agent other than their holder.
+    reclaimed: u64,
     max_seen: usize,
 }
 
@@ -360,6 +365,7 @@ async fn simulate(sc: Arc<Scenario>) -> Report {
         writes: 0,
         conflicts: 0,
         claims: 0,
+        reclaimed: 0,
         max_seen: 0,
     }));
     let stop = Arc::new(AtomicBool::new(false));
@@ -493,6 +499,7 @@ async fn simulate(sc: Arc<Scenario>) -> Report {
         writes: g.writes,
         conflicts: g.conflicts,
         claims: g.claims,
+        reclaimed: g.reclaimed,
         max_seen: g.max_seen,
     }
 }
@@ -525,6 +532,8 @@ fn check_common(r: &Report, sc_desc: &str) {
 #[test]
 fn good_release_rolls_out_under_crashes_and_deletions() {
     let mut conflicts = 0;
+    let mut writes = 0;
+    let mut reclaimed = 0;
     let mut max_seen = 0;
     for seed in 0..40u64 {
         let concurrency = 1 + (seed % 5) as u32;
@@ -545,14 +554,21 @@ fn good_release_rolls_out_under_crashes_and_deletions() {
         }
         assert!(r.max_seen <= concurrency as usize);
         conflicts += r.conflicts;
+        writes += r.writes;
+        reclaimed += r.reclaimed;
         max_seen = max_seen.max(r.max_seen);
     }
+    eprintln!("race model: 40 runs x {N} agents, {conflicts} CAS conflicts, {writes} status writes, {reclaimed} slots reclaimed");
     // The model must actually race: CAS conflicts happened and slots were filled.
     assert!(
         conflicts > 0,
         "no CAS conflict in any run: the model does not exercise the race"
     );
     assert!(max_seen >= 2, "concurrency > 1 was never used");
+    assert!(
+        reclaimed > 0,
+        "no dead slot was ever reclaimed: the crashes did not hit holders"
+    );
 }
 
 #[test]
