@@ -8,10 +8,25 @@ use std::io::{self, Write};
 
 /// One archive member.
 pub enum Entry {
-    Dir { path: String, mode: u32 },
-    File { path: String, mode: u32, data: Vec<u8> },
-    Symlink { path: String, target: String },
-    CharDev { path: String, mode: u32, major: u32, minor: u32 },
+    Dir {
+        path: String,
+        mode: u32,
+    },
+    File {
+        path: String,
+        mode: u32,
+        data: Vec<u8>,
+    },
+    Symlink {
+        path: String,
+        target: String,
+    },
+    CharDev {
+        path: String,
+        mode: u32,
+        major: u32,
+        minor: u32,
+    },
 }
 
 const S_IFDIR: u32 = 0o040000;
@@ -69,9 +84,12 @@ pub fn write<W: Write>(w: &mut W, entries: &[Entry]) -> io::Result<()> {
                 w.write_all(target.as_bytes())?;
                 pad4(w, target.len())?;
             }
-            Entry::CharDev { path, mode, major, minor } => {
-                header(w, ino, S_IFCHR | mode, 1, 0, (*major, *minor), path)?
-            }
+            Entry::CharDev {
+                path,
+                mode,
+                major,
+                minor,
+            } => header(w, ino, S_IFCHR | mode, 1, 0, (*major, *minor), path)?,
         }
     }
     header(w, 0, 0, 1, 0, (0, 0), "TRAILER!!!")
@@ -86,11 +104,29 @@ mod tests {
     #[test]
     fn gnu_cpio_lists_and_extracts_it() {
         let entries = vec![
-            Entry::Dir { path: "bin".into(), mode: 0o755 },
-            Entry::File { path: "bin/hello".into(), mode: 0o755, data: b"#!/bin/sh\necho hi\n".to_vec() },
-            Entry::Symlink { path: "init".into(), target: "bin/hello".into() },
-            Entry::Dir { path: "dev".into(), mode: 0o755 },
-            Entry::CharDev { path: "dev/console".into(), mode: 0o600, major: 5, minor: 1 },
+            Entry::Dir {
+                path: "bin".into(),
+                mode: 0o755,
+            },
+            Entry::File {
+                path: "bin/hello".into(),
+                mode: 0o755,
+                data: b"#!/bin/sh\necho hi\n".to_vec(),
+            },
+            Entry::Symlink {
+                path: "init".into(),
+                target: "bin/hello".into(),
+            },
+            Entry::Dir {
+                path: "dev".into(),
+                mode: 0o755,
+            },
+            Entry::CharDev {
+                path: "dev/console".into(),
+                mode: 0o600,
+                major: 5,
+                minor: 1,
+            },
         ];
         let mut buf = Vec::new();
         write(&mut buf, &entries).unwrap();
@@ -106,19 +142,34 @@ mod tests {
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success());
         let listing = String::from_utf8(out.stdout).unwrap();
-        for want in ["bin/hello", "init -> bin/hello", "dev/console", "crw-------"] {
+        for want in [
+            "bin/hello",
+            "init -> bin/hello",
+            "dev/console",
+            "crw-------",
+        ] {
             assert!(listing.contains(want), "missing {want} in:\n{listing}");
         }
 
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new("cpio")
-            .args(["-i", "-d", "--quiet", "--no-absolute-filenames", "--nonmatching", "dev/console"])
+            .args([
+                "-i",
+                "-d",
+                "--quiet",
+                "--no-absolute-filenames",
+                "--nonmatching",
+                "dev/console",
+            ])
             .current_dir(dir.path())
             .stdin(Stdio::piped())
             .spawn()
             .unwrap();
         child.stdin.take().unwrap().write_all(&buf).unwrap();
         assert!(child.wait().unwrap().success());
-        assert_eq!(std::fs::read(dir.path().join("bin/hello")).unwrap(), b"#!/bin/sh\necho hi\n");
+        assert_eq!(
+            std::fs::read(dir.path().join("bin/hello")).unwrap(),
+            b"#!/bin/sh\necho hi\n"
+        );
     }
 }

@@ -38,11 +38,19 @@ impl Debs {
         kvers.sort();
         let kver = match kvers.as_slice() {
             [one] => one.clone(),
-            [] => return Err(missing(&mods, &format!("no kernel release ending in {suffix}"))),
+            [] => {
+                return Err(missing(
+                    &mods,
+                    &format!("no kernel release ending in {suffix}"),
+                ))
+            }
             many => {
                 return Err(Error::Input {
                     path: mods,
-                    what: format!("more than one kernel release extracted: {}", many.join(", ")),
+                    what: format!(
+                        "more than one kernel release extracted: {}",
+                        many.join(", ")
+                    ),
                 })
             }
         };
@@ -51,7 +59,10 @@ impl Debs {
         let busybox = root.join("bin/busybox");
         for (p, what) in [
             (&vmlinuz, "no kernel image"),
-            (&modules_dir.join("modules.dep"), "no modules.dep (depmod not run)"),
+            (
+                &modules_dir.join("modules.dep"),
+                "no modules.dep (depmod not run)",
+            ),
             (&busybox, "no static busybox (busybox-static)"),
         ] {
             if !p.is_file() {
@@ -62,26 +73,48 @@ impl Debs {
             libupgrade::manifest::Arch::Aarch64 => {
                 let d = root.join("usr/lib/grub/arm64-efi");
                 if !d.join("kernel.img").is_file() {
-                    return Err(missing(&d, "no GRUB arm64-efi modules (grub-efi-arm64-bin)"));
+                    return Err(missing(
+                        &d,
+                        "no GRUB arm64-efi modules (grub-efi-arm64-bin)",
+                    ));
                 }
                 Some(d)
             }
             libupgrade::manifest::Arch::X86_64 => None,
         };
-        Ok(Debs { root: root.to_path_buf(), kver, vmlinuz, modules_dir, busybox, grub_arm64_efi })
+        Ok(Debs {
+            root: root.to_path_buf(),
+            kver,
+            vmlinuz,
+            modules_dir,
+            busybox,
+            grub_arm64_efi,
+        })
     }
 
     /// Applet paths busybox installs (`bin/sh`, `sbin/reboot`, ...), asked from the binary itself.
     pub fn busybox_applets(&self, target: Target) -> Result<Vec<String>> {
         let out = match target.host_runner() {
-            None => crate::run::Cmd::new(&self.busybox).arg("--list-full").output()?,
-            Some(qemu) => crate::run::Cmd::new(qemu).arg(&self.busybox).arg("--list-full").output()?,
+            None => crate::run::Cmd::new(&self.busybox)
+                .arg("--list-full")
+                .output()?,
+            Some(qemu) => crate::run::Cmd::new(qemu)
+                .arg(&self.busybox)
+                .arg("--list-full")
+                .output()?,
         };
-        let applets: Vec<String> = out.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect();
+        let applets: Vec<String> = out
+            .lines()
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect();
         if !applets.iter().any(|a| a == "bin/sh") {
             return Err(Error::Input {
                 path: self.busybox.clone(),
-                what: format!("`busybox --list-full` lists no bin/sh ({} applets)", applets.len()),
+                what: format!(
+                    "`busybox --list-full` lists no bin/sh ({} applets)",
+                    applets.len()
+                ),
             });
         }
         Ok(applets)

@@ -23,7 +23,9 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use gpt::partition_types::{Type, BIOS, EFI, LINUX_FS};
-use libupgrade::layout::{PART_BIOS_BOOT, PART_BOOT, PART_ESP, PART_ROOTFS_A, PART_ROOTFS_B, PART_STATE};
+use libupgrade::layout::{
+    PART_BIOS_BOOT, PART_BOOT, PART_ESP, PART_ROOTFS_A, PART_ROOTFS_B, PART_STATE,
+};
 
 use crate::debs::Debs;
 use crate::error::{Error, IoContext, Result};
@@ -48,7 +50,11 @@ pub enum BootVariant {
 }
 
 impl BootVariant {
-    pub const ALL: [BootVariant; 3] = [BootVariant::GrubBios, BootVariant::GrubEfi, BootVariant::Extlinux];
+    pub const ALL: [BootVariant; 3] = [
+        BootVariant::GrubBios,
+        BootVariant::GrubEfi,
+        BootVariant::Extlinux,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -62,7 +68,9 @@ impl BootVariant {
         Self::ALL
             .into_iter()
             .find(|v| v.name() == s)
-            .ok_or_else(|| format!("unknown boot variant '{s}': expected grub-bios, grub-efi or extlinux"))
+            .ok_or_else(|| {
+                format!("unknown boot variant '{s}': expected grub-bios, grub-efi or extlinux")
+            })
     }
 
     /// Variants that exist for `target` (arm64 has no legacy BIOS).
@@ -113,7 +121,13 @@ pub struct Sizes {
 
 impl Default for Sizes {
     fn default() -> Self {
-        Sizes { bios_boot: MIB, esp: 32 * MIB, boot: 128 * MIB, rootfs: 64 * MIB, state: 64 * MIB }
+        Sizes {
+            bios_boot: MIB,
+            esp: 32 * MIB,
+            boot: 128 * MIB,
+            rootfs: 64 * MIB,
+            state: 64 * MIB,
+        }
     }
 }
 
@@ -143,8 +157,19 @@ pub fn layout(sizes: Sizes, variant: BootVariant) -> (Vec<Part>, u64) {
     for (i, (name, kind, size)) in table.into_iter().enumerate() {
         let size = size.div_ceil(MIB) * MIB;
         // Legacy-BIOS-bootable attribute (bit 2): gptmbr.bin boots the partition carrying it.
-        let flags = if name == PART_BOOT && variant == BootVariant::Extlinux { 1 << 2 } else { 0 };
-        parts.push(Part { number: i as u32 + 1, name, kind, first_lba: at / SECTOR, sectors: size / SECTOR, flags });
+        let flags = if name == PART_BOOT && variant == BootVariant::Extlinux {
+            1 << 2
+        } else {
+            0
+        };
+        parts.push(Part {
+            number: i as u32 + 1,
+            name,
+            kind,
+            first_lba: at / SECTOR,
+            sectors: size / SECTOR,
+            flags,
+        });
         at += size;
     }
     (parts, at + MIB)
@@ -172,7 +197,8 @@ fn write_part(disk: &mut File, disk_path: &Path, part: &Part, src: &Path) -> Res
             break;
         }
         if buf[..n].iter().any(|b| *b != 0) {
-            disk.seek(SeekFrom::Start(part.offset() + pos)).ctx("seek", disk_path)?;
+            disk.seek(SeekFrom::Start(part.offset() + pos))
+                .ctx("seek", disk_path)?;
             disk.write_all(&buf[..n]).ctx("write", disk_path)?;
         }
         pos += n as u64;
@@ -194,10 +220,18 @@ pub struct DiskSpec<'a> {
 pub fn assemble(spec: &DiskSpec, out: &Path) -> Result<()> {
     let dir = out.parent().unwrap_or(Path::new("."));
     fs::create_dir_all(dir).ctx("create directory", dir)?;
-    let tmp = tempfile::Builder::new().prefix(".disk.").tempdir_in(dir).ctx("create temp dir in", dir)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".disk.")
+        .tempdir_in(dir)
+        .ctx("create temp dir in", dir)?;
     let work = tmp.path();
     let (parts, total) = layout(spec.sizes, spec.variant);
-    let part = |name: &str| parts.iter().find(|p| p.name == name).expect("layout has every partition");
+    let part = |name: &str| {
+        parts
+            .iter()
+            .find(|p| p.name == name)
+            .expect("layout has every partition")
+    };
 
     // Partition images.
     let mut images: Vec<(&Part, PathBuf)> = Vec::new();
@@ -219,19 +253,41 @@ pub fn assemble(spec: &DiskSpec, out: &Path) -> Result<()> {
 
     // The disk: sparse file, GPT, protective MBR with boot code, partition contents.
     let disk_path = work.join("disk.img");
-    let disk = OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&disk_path).ctx("create", &disk_path)?;
+    let disk = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&disk_path)
+        .ctx("create", &disk_path)?;
     disk.set_len(total).ctx("size", &disk_path)?;
     let mut gdisk = gpt::GptConfig::new()
         .writable(true)
         .logical_block_size(gpt::disk::LogicalBlockSize::Lb512)
         .create_from_device(disk, None)
-        .map_err(|source| Error::Gpt { path: disk_path.clone(), source })?;
+        .map_err(|source| Error::Gpt {
+            path: disk_path.clone(),
+            source,
+        })?;
     for p in &parts {
         gdisk
-            .add_partition_at(p.name, p.number, p.first_lba, p.sectors, p.kind.clone(), p.flags)
-            .map_err(|source| Error::Gpt { path: disk_path.clone(), source })?;
+            .add_partition_at(
+                p.name,
+                p.number,
+                p.first_lba,
+                p.sectors,
+                p.kind.clone(),
+                p.flags,
+            )
+            .map_err(|source| Error::Gpt {
+                path: disk_path.clone(),
+                source,
+            })?;
     }
-    let mut disk = gdisk.write().map_err(|source| Error::Gpt { path: disk_path.clone(), source })?;
+    let mut disk = gdisk.write().map_err(|source| Error::Gpt {
+        path: disk_path.clone(),
+        source,
+    })?;
     let lbas = u32::try_from(total / SECTOR - 1).unwrap_or(u32::MAX);
     let mut mbr = gpt::mbr::ProtectiveMBR::with_lb_size(lbas);
     match spec.variant {
@@ -243,7 +299,12 @@ pub fn assemble(spec: &DiskSpec, out: &Path) -> Result<()> {
         }
         BootVariant::GrubEfi => {}
     }
-    mbr.overwrite_lba0(&mut disk).map_err(|e| Error::Layout(format!("{}: writing the protective MBR: {e}", disk_path.display())))?;
+    mbr.overwrite_lba0(&mut disk).map_err(|e| {
+        Error::Layout(format!(
+            "{}: writing the protective MBR: {e}",
+            disk_path.display()
+        ))
+    })?;
     for (p, img) in &images {
         write_part(&mut disk, &disk_path, p, img)?;
     }
@@ -256,12 +317,26 @@ pub fn assemble(spec: &DiskSpec, out: &Path) -> Result<()> {
 
 /// Read the table back (as libupgrade does) and check every partition's name and range.
 pub fn verify(disk: &Path, parts: &[Part]) -> Result<()> {
-    let g = gpt::GptConfig::new().writable(false).open(disk).map_err(|source| Error::Gpt { path: disk.to_path_buf(), source })?;
+    let g = gpt::GptConfig::new()
+        .writable(false)
+        .open(disk)
+        .map_err(|source| Error::Gpt {
+            path: disk.to_path_buf(),
+            source,
+        })?;
     for p in parts {
         let found = g.partitions().get(&p.number).ok_or_else(|| {
-            Error::Layout(format!("{}: partition {} ({}) missing after writing", disk.display(), p.number, p.name))
+            Error::Layout(format!(
+                "{}: partition {} ({}) missing after writing",
+                disk.display(),
+                p.number,
+                p.name
+            ))
         })?;
-        if found.name != p.name || found.first_lba != p.first_lba || found.last_lba != p.first_lba + p.sectors - 1 {
+        if found.name != p.name
+            || found.first_lba != p.first_lba
+            || found.last_lba != p.first_lba + p.sectors - 1
+        {
             return Err(Error::Layout(format!(
                 "{}: partition {} reads back as '{}' {}..{}, expected '{}' {}..{}",
                 disk.display(),
@@ -279,7 +354,13 @@ pub fn verify(disk: &Path, parts: &[Part]) -> Result<()> {
 }
 
 /// `mkfs.ext4` an image file of `size` bytes, optionally filled from `dir`.
-pub fn mkfs_ext4(img: &Path, size: u64, label: &str, dir: Option<&Path>, features: &[&str]) -> Result<()> {
+pub fn mkfs_ext4(
+    img: &Path,
+    size: u64,
+    label: &str,
+    dir: Option<&Path>,
+    features: &[&str],
+) -> Result<()> {
     let _ = fs::remove_file(img);
     let mut c = Cmd::new("mkfs.ext4").args(["-q", "-F", "-L", label, "-E", "root_owner=0:0"]);
     if !features.is_empty() {
@@ -295,11 +376,23 @@ pub fn mkfs_ext4(img: &Path, size: u64, label: &str, dir: Option<&Path>, feature
 /// The ESP: vfat; with the GRUB EFI binary for the grub-efi variant.
 fn make_esp(spec: &DiskSpec, img: &Path, size: u64, work: &Path) -> Result<()> {
     let _ = fs::remove_file(img);
-    Cmd::new("mkfs.vfat").args(["-C", "-n", "ESP"]).arg(img).arg((size / 1024).to_string()).run()?;
+    Cmd::new("mkfs.vfat")
+        .args(["-C", "-n", "ESP"])
+        .arg(img)
+        .arg((size / 1024).to_string())
+        .run()?;
     if spec.variant == BootVariant::GrubEfi {
         let efi = work.join(spec.target.efi_boot_file());
-        grubimg::efi_image(spec.target, &grubimg::efi_dir(spec.target, spec.debs.grub_arm64_efi.as_deref())?, &efi)?;
-        Cmd::new("mmd").arg("-i").arg(img).args(["::/EFI", "::/EFI/BOOT"]).run()?;
+        grubimg::efi_image(
+            spec.target,
+            &grubimg::efi_dir(spec.target, spec.debs.grub_arm64_efi.as_deref())?,
+            &efi,
+        )?;
+        Cmd::new("mmd")
+            .arg("-i")
+            .arg(img)
+            .args(["::/EFI", "::/EFI/BOOT"])
+            .run()?;
         Cmd::new("mcopy")
             .arg("-i")
             .arg(img)
@@ -318,7 +411,10 @@ mod tests {
     fn layout_is_aligned_contiguous_and_numbered() {
         let (parts, total) = layout(Sizes::for_largest_rootfs(100 * MIB), BootVariant::Extlinux);
         let names: Vec<&str> = parts.iter().map(|p| p.name).collect();
-        assert_eq!(names, ["bios-boot", "esp", "boot", "rootfs-a", "rootfs-b", "state"]);
+        assert_eq!(
+            names,
+            ["bios-boot", "esp", "boot", "rootfs-a", "rootfs-b", "state"]
+        );
         for (i, p) in parts.iter().enumerate() {
             assert_eq!(p.number, i as u32 + 1);
             assert_eq!(p.offset() % MIB, 0);
@@ -326,8 +422,16 @@ mod tests {
                 assert_eq!(parts[i - 1].offset() + parts[i - 1].len(), p.offset());
             }
         }
-        assert_eq!(parts[3].len(), 125 * MIB, "100 MiB rootfs gets a quarter spare");
-        assert_eq!(parts[2].flags, 1 << 2, "extlinux boot partition is legacy-BIOS bootable");
+        assert_eq!(
+            parts[3].len(),
+            125 * MIB,
+            "100 MiB rootfs gets a quarter spare"
+        );
+        assert_eq!(
+            parts[2].flags,
+            1 << 2,
+            "extlinux boot partition is legacy-BIOS bootable"
+        );
         assert_eq!(total, parts[5].offset() + parts[5].len() + MIB);
         let (small, _) = layout(Sizes::for_largest_rootfs(10 * MIB), BootVariant::GrubBios);
         assert_eq!(small[3].len(), 64 * MIB);

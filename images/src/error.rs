@@ -18,7 +18,11 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("`{cmd}` failed with {status}: {stderr}")]
-    Command { cmd: String, status: String, stderr: String },
+    Command {
+        cmd: String,
+        status: String,
+        stderr: String,
+    },
     #[error("{path}: {what}")]
     Input { path: PathBuf, what: String },
     #[error("disk layout: {0}")]
@@ -46,6 +50,10 @@ pub(crate) trait IoContext<T> {
 
 impl<T> IoContext<T> for std::io::Result<T> {
     fn ctx(self, op: &'static str, path: impl Into<PathBuf>) -> Result<T> {
-        self.map_err(|source| Error::Io { op, path: path.into(), source })
+        self.map_err(|source| Error::Io {
+            op,
+            path: path.into(),
+            source,
+        })
     }
 }

@@ -23,8 +23,21 @@ use crate::target::Target;
 pub const PREFIX: &str = "(hd0,gpt3)/grub";
 
 /// Modules built into every image (the rest load from the prefix).
-const MODULES: &[&str] =
-    &["part_gpt", "ext2", "normal", "linux", "echo", "test", "loadenv", "configfile", "serial", "terminal", "sleep", "reboot", "halt"];
+const MODULES: &[&str] = &[
+    "part_gpt",
+    "ext2",
+    "normal",
+    "linux",
+    "echo",
+    "test",
+    "loadenv",
+    "configfile",
+    "serial",
+    "terminal",
+    "sleep",
+    "reboot",
+    "halt",
+];
 
 /// Offset in boot.img of the LBA of core.img's first sector.
 const BOOT_KERNEL_SECTOR: usize = 0x5c;
@@ -37,16 +50,23 @@ pub const I386_PC_DIR: &str = "/usr/lib/grub/i386-pc";
 pub fn efi_dir(target: Target, arm64_efi: Option<&Path>) -> Result<PathBuf> {
     match target.arch {
         libupgrade::manifest::Arch::X86_64 => Ok(PathBuf::from("/usr/lib/grub/x86_64-efi")),
-        libupgrade::manifest::Arch::Aarch64 => arm64_efi.map(Path::to_path_buf).ok_or_else(|| Error::Input {
-            path: PathBuf::from("usr/lib/grub/arm64-efi"),
-            what: "the grub-efi-arm64-bin package is not extracted".into(),
-        }),
+        libupgrade::manifest::Arch::Aarch64 => {
+            arm64_efi
+                .map(Path::to_path_buf)
+                .ok_or_else(|| Error::Input {
+                    path: PathBuf::from("usr/lib/grub/arm64-efi"),
+                    what: "the grub-efi-arm64-bin package is not extracted".into(),
+                })
+        }
     }
 }
 
 fn mkimage(format: &str, dir: &Path, out: &Path, extra: &[&str]) -> Result<()> {
     if !dir.join("kernel.img").is_file() {
-        return Err(Error::Input { path: dir.to_path_buf(), what: format!("no GRUB {format} modules (kernel.img missing)") });
+        return Err(Error::Input {
+            path: dir.to_path_buf(),
+            what: format!("no GRUB {format} modules (kernel.img missing)"),
+        });
     }
     Cmd::new("grub-mkimage")
         .args(["-O", format, "-p", PREFIX, "-d"])
@@ -62,7 +82,10 @@ fn mkimage(format: &str, dir: &Path, out: &Path, extra: &[&str]) -> Result<()> {
 pub fn bios_core(out: &Path, core_lba: u64) -> Result<()> {
     mkimage("i386-pc", Path::new(I386_PC_DIR), out, &["biosdisk"])?;
     let mut core = fs::read(out).ctx("read", out)?;
-    patch_core(&mut core, core_lba).map_err(|what| Error::Input { path: out.to_path_buf(), what })?;
+    patch_core(&mut core, core_lba).map_err(|what| Error::Input {
+        path: out.to_path_buf(),
+        what,
+    })?;
     fs::write(out, core).ctx("write", out)
 }
 
@@ -75,7 +98,10 @@ pub fn efi_image(target: Target, dir: &Path, out: &Path) -> Result<()> {
 pub fn patch_core(core: &mut [u8], core_lba: u64) -> std::result::Result<(), String> {
     let sectors = core.len().div_ceil(512);
     if sectors < 2 {
-        return Err(format!("core.img is {} bytes: too small to be a GRUB i386-pc core image", core.len()));
+        return Err(format!(
+            "core.img is {} bytes: too small to be a GRUB i386-pc core image",
+            core.len()
+        ));
     }
     let len = u16::from_le_bytes([core[CORE_BLOCKLIST + 8], core[CORE_BLOCKLIST + 9]]) as usize;
     if len != sectors - 1 {
@@ -98,7 +124,10 @@ pub fn bios_mbr_code(core_lba: u64) -> Result<[u8; 440]> {
 
 pub fn mbr_code_from(boot_img: &[u8], core_lba: u64) -> std::result::Result<[u8; 440], String> {
     if boot_img.len() != 512 || boot_img[510..512] != [0x55, 0xaa] {
-        return Err(format!("expected a 512-byte boot sector ending in 55 aa, found {} bytes", boot_img.len()));
+        return Err(format!(
+            "expected a 512-byte boot sector ending in 55 aa, found {} bytes",
+            boot_img.len()
+        ));
     }
     let mut code = [0u8; 440];
     code.copy_from_slice(&boot_img[..440]);
@@ -128,9 +157,14 @@ mod tests {
         let mut core = vec![0u8; 512 * 5];
         core[CORE_BLOCKLIST + 8] = 4;
         patch_core(&mut core, 2048).unwrap();
-        assert_eq!(u64::from_le_bytes(core[CORE_BLOCKLIST..CORE_BLOCKLIST + 8].try_into().unwrap()), 2049);
+        assert_eq!(
+            u64::from_le_bytes(core[CORE_BLOCKLIST..CORE_BLOCKLIST + 8].try_into().unwrap()),
+            2049
+        );
         let mut bad = vec![0u8; 512 * 5];
-        assert!(patch_core(&mut bad, 2048).unwrap_err().contains("expected 4"));
+        assert!(patch_core(&mut bad, 2048)
+            .unwrap_err()
+            .contains("expected 4"));
     }
 
     #[test]
@@ -139,9 +173,22 @@ mod tests {
         let core = dir.path().join("core.img");
         bios_core(&core, 2048).expect("grub-pc-bin must be installed (see environment notes)");
         let bytes = fs::read(&core).unwrap();
-        assert_eq!(u64::from_le_bytes(bytes[CORE_BLOCKLIST..CORE_BLOCKLIST + 8].try_into().unwrap()), 2049);
-        assert!(bytes.len() < 1024 * 1024, "core.img must fit the 1 MiB bios-boot partition");
+        assert_eq!(
+            u64::from_le_bytes(
+                bytes[CORE_BLOCKLIST..CORE_BLOCKLIST + 8]
+                    .try_into()
+                    .unwrap()
+            ),
+            2049
+        );
+        assert!(
+            bytes.len() < 1024 * 1024,
+            "core.img must fit the 1 MiB bios-boot partition"
+        );
         let code = bios_mbr_code(2048).unwrap();
-        assert_eq!(u64::from_le_bytes(code[0x5c..0x64].try_into().unwrap()), 2048);
+        assert_eq!(
+            u64::from_le_bytes(code[0x5c..0x64].try_into().unwrap()),
+            2048
+        );
     }
 }

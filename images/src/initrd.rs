@@ -54,21 +54,33 @@ pub fn build(debs: &Debs, target: Target, kind: InitKind, out: &Path) -> Result<
     let modules = module_list(debs, target)?;
 
     let mut files: Vec<(String, Entry)> = Vec::new();
-    files.push(("bin/busybox".into(), Entry::File {
-        path: "bin/busybox".into(),
-        mode: 0o755,
-        data: read(&debs.busybox)?,
-    }));
+    files.push((
+        "bin/busybox".into(),
+        Entry::File {
+            path: "bin/busybox".into(),
+            mode: 0o755,
+            data: read(&debs.busybox)?,
+        },
+    ));
     for a in &applets {
         if a == "bin/busybox" || a == "linuxrc" {
             continue;
         }
-        files.push((a.clone(), Entry::Symlink { path: a.clone(), target: "/bin/busybox".into() }));
+        files.push((
+            a.clone(),
+            Entry::Symlink {
+                path: a.clone(),
+                target: "/bin/busybox".into(),
+            },
+        ));
     }
     let mut load_order = String::new();
     for m in &modules {
         let src = debs.modules_dir.join(m);
-        let base = Path::new(m).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let base = Path::new(m)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if !base.ends_with(".ko") {
             return Err(Error::Input {
                 path: src,
@@ -76,20 +88,37 @@ pub fn build(debs: &Debs, target: Target, kind: InitKind, out: &Path) -> Result<
             });
         }
         let path = format!("lib/modules/{base}");
-        files.push((path.clone(), Entry::File { path, mode: 0o644, data: read(&src)? }));
+        files.push((
+            path.clone(),
+            Entry::File {
+                path,
+                mode: 0o644,
+                data: read(&src)?,
+            },
+        ));
         load_order.push_str(&base);
         load_order.push('\n');
     }
-    files.push(("etc/modules".into(), Entry::File {
-        path: "etc/modules".into(),
-        mode: 0o644,
-        data: load_order.into_bytes(),
-    }));
+    files.push((
+        "etc/modules".into(),
+        Entry::File {
+            path: "etc/modules".into(),
+            mode: 0o644,
+            data: load_order.into_bytes(),
+        },
+    ));
     let init = match kind {
         InitKind::Normal => INIT,
         InitKind::Panic => INIT_PANIC,
     };
-    files.push(("init".into(), Entry::File { path: "init".into(), mode: 0o755, data: init.as_bytes().to_vec() }));
+    files.push((
+        "init".into(),
+        Entry::File {
+            path: "init".into(),
+            mode: 0o755,
+            data: init.as_bytes().to_vec(),
+        },
+    ));
 
     let mut entries = Vec::new();
     let mut dirs = parents(files.iter().map(|(p, _)| p.as_str()));
@@ -100,22 +129,42 @@ pub fn build(debs: &Debs, target: Target, kind: InitKind, out: &Path) -> Result<
     }
     dirs.sort();
     for d in dirs {
-        entries.push(Entry::Dir { path: d, mode: 0o755 });
+        entries.push(Entry::Dir {
+            path: d,
+            mode: 0o755,
+        });
     }
-    entries.push(Entry::CharDev { path: "dev/console".into(), mode: 0o600, major: 5, minor: 1 });
-    entries.push(Entry::CharDev { path: "dev/null".into(), mode: 0o666, major: 1, minor: 3 });
+    entries.push(Entry::CharDev {
+        path: "dev/console".into(),
+        mode: 0o600,
+        major: 5,
+        minor: 1,
+    });
+    entries.push(Entry::CharDev {
+        path: "dev/null".into(),
+        mode: 0o666,
+        major: 1,
+        minor: 3,
+    });
     files.sort_by(|a, b| a.0.cmp(&b.0));
     entries.extend(files.into_iter().map(|(_, e)| e));
 
     let mut cpio = Vec::new();
     crate::cpio::write(&mut cpio, &entries).ctx("build cpio for", out)?;
-    let gz = Cmd::new("gzip").args(["-n", "-9", "-c"]).stdin(cpio).run()?;
+    let gz = Cmd::new("gzip")
+        .args(["-n", "-9", "-c"])
+        .stdin(cpio)
+        .run()?;
     std::fs::write(out, gz).ctx("write", out)?;
     eprintln!(
         "k3os-images: initrd {} ({} modules: {})",
         out.display(),
         modules.len(),
-        modules.iter().map(|m| module_name(m)).collect::<Vec<_>>().join(" ")
+        modules
+            .iter()
+            .map(|m| module_name(m))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     Ok(())
 }

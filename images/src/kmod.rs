@@ -36,7 +36,10 @@ impl ModDeps {
             }
             let (path, deps) = line.split_once(':').ok_or_else(|| Error::Input {
                 path: file.clone(),
-                what: format!("line {}: expected '<module path>: <deps>', found '{line}'", n + 1),
+                what: format!(
+                    "line {}: expected '<module path>: <deps>', found '{line}'",
+                    n + 1
+                ),
             })?;
             let deps = deps.split_whitespace().map(module_name).collect();
             by_name.insert(module_name(path), (path.trim().to_string(), deps));
@@ -74,7 +77,9 @@ impl ModDeps {
         }
         let (path, deps) = self.by_name.get(name).ok_or_else(|| Error::Input {
             path: self.file.clone(),
-            what: format!("module {name} is not listed (neither a module of this kernel nor a dependency)"),
+            what: format!(
+                "module {name} is not listed (neither a module of this kernel nor a dependency)"
+            ),
         })?;
         stack.push(name.to_string());
         for d in deps.iter().rev() {
@@ -134,7 +139,10 @@ kernel/crypto/crc32c_generic.ko:
 
     #[test]
     fn malformed_line_is_refused() {
-        let e = ModDeps::parse("m".into(), "no colon here\n").err().unwrap().to_string();
+        let e = ModDeps::parse("m".into(), "no colon here\n")
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("line 1"), "{e}");
     }
 }

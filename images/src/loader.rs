@@ -38,13 +38,21 @@ pub fn entry(target: Target, slot: Slot) -> BootEntry {
     BootEntry {
         kernel: format!("/{}/{KERNEL_FILE}", slot.lower()),
         initrd: format!("/{}/{INITRD_FILE}", slot.lower()),
-        cmdline: format!("root=PARTLABEL={} ro console={}", rootfs_part_name(slot), target.console()),
+        cmdline: format!(
+            "root=PARTLABEL={} ro console={}",
+            rootfs_part_name(slot),
+            target.console()
+        ),
     }
 }
 
 /// The loader state a fresh disk starts in: A installed and good, B empty and never chosen.
 pub fn initial_env() -> BootEnv {
-    BootEnv { primary: Slot::A, a: SlotBoot::Good, b: SlotBoot::Bad }
+    BootEnv {
+        primary: Slot::A,
+        a: SlotBoot::Good,
+        b: SlotBoot::Bad,
+    }
 }
 
 pub fn grub_config(target: Target) -> GrubConfig {
@@ -70,12 +78,19 @@ pub fn syslinux_config(target: Target) -> SyslinuxConfig {
 /// Fingerprint of what the boot partition and boot code are made from, besides the release.
 pub fn fingerprint(spec: &DiskSpec) -> Result<String> {
     let mut st = Stamp::new();
-    st.param("arch", spec.target.arch.as_str()).param("variant", spec.variant.name());
+    st.param("arch", spec.target.arch.as_str())
+        .param("variant", spec.variant.name());
     match spec.variant {
         BootVariant::GrubBios => {
             st.param("cfg", render_cfg(&grub_config(spec.target)));
-            st.file("kernel.img", &Path::new(grubimg::I386_PC_DIR).join("kernel.img"))?;
-            st.file("boot.img", &Path::new(grubimg::I386_PC_DIR).join("boot.img"))?;
+            st.file(
+                "kernel.img",
+                &Path::new(grubimg::I386_PC_DIR).join("kernel.img"),
+            )?;
+            st.file(
+                "boot.img",
+                &Path::new(grubimg::I386_PC_DIR).join("boot.img"),
+            )?;
         }
         BootVariant::GrubEfi => {
             st.param("cfg", render_cfg(&grub_config(spec.target)));
@@ -85,7 +100,10 @@ pub fn fingerprint(spec: &DiskSpec) -> Result<String> {
         BootVariant::Extlinux => {
             st.param("conf", render_conf(&syslinux_config(spec.target)));
             st.file("gptmbr", Path::new(GPTMBR))?;
-            st.file("ldlinux", Path::new("/usr/lib/syslinux/modules/bios/ldlinux.c32"))?;
+            st.file(
+                "ldlinux",
+                Path::new("/usr/lib/syslinux/modules/bios/ldlinux.c32"),
+            )?;
         }
     }
     Ok(st.hex())
@@ -95,7 +113,10 @@ pub fn fingerprint(spec: &DiskSpec) -> Result<String> {
 pub fn gptmbr_code() -> Result<[u8; 440]> {
     let b = fs::read(GPTMBR).ctx("read", GPTMBR)?;
     if b.len() != 440 {
-        return Err(Error::Input { path: GPTMBR.into(), what: format!("expected 440 bytes of MBR code, found {}", b.len()) });
+        return Err(Error::Input {
+            path: GPTMBR.into(),
+            what: format!("expected 440 bytes of MBR code, found {}", b.len()),
+        });
     }
     let mut code = [0u8; 440];
     code.copy_from_slice(&b);
@@ -124,8 +145,15 @@ struct LoopMount {
 impl LoopMount {
     fn new(img: &Path, dir: &Path) -> Result<LoopMount> {
         fs::create_dir_all(dir).ctx("create directory", dir)?;
-        Cmd::new("mount").args(["-o", "loop", "-t", "ext4"]).arg(img).arg(dir).run()?;
-        Ok(LoopMount { dir: dir.to_path_buf(), mounted: true })
+        Cmd::new("mount")
+            .args(["-o", "loop", "-t", "ext4"])
+            .arg(img)
+            .arg(dir)
+            .run()?;
+        Ok(LoopMount {
+            dir: dir.to_path_buf(),
+            mounted: true,
+        })
     }
 
     fn unmount(mut self) -> Result<()> {
@@ -147,7 +175,8 @@ impl Drop for LoopMount {
 pub fn boot_partition(spec: &DiskSpec, img: &Path, size: u64, work: &Path) -> Result<()> {
     let stage = work.join("boot");
     for slot in Slot::ALL {
-        fs::create_dir_all(stage.join(slot.lower())).ctx("create directory", stage.join(slot.lower()))?;
+        fs::create_dir_all(stage.join(slot.lower()))
+            .ctx("create directory", stage.join(slot.lower()))?;
     }
     let a = stage.join(Slot::A.lower());
     fs::copy(&spec.slot_a.kernel, a.join(KERNEL_FILE)).ctx("copy", &spec.slot_a.kernel)?;
@@ -166,7 +195,10 @@ pub fn boot_partition(spec: &DiskSpec, img: &Path, size: u64, work: &Path) -> Re
             fs::write(&cfg, render_cfg(&grub_config(spec.target))).ctx("write", &cfg)?;
             GrubBootloader::new(&grub, GRUB_TRIES)
                 .install(&initial_env())
-                .map_err(|source| Error::Boot { path: grub.clone(), source })?;
+                .map_err(|source| Error::Boot {
+                    path: grub.clone(),
+                    source,
+                })?;
             mkfs_ext4(img, size, "boot", Some(&stage), &[])
         }
         BootVariant::Extlinux => {
@@ -180,7 +212,10 @@ pub fn boot_partition(spec: &DiskSpec, img: &Path, size: u64, work: &Path) -> Re
             fs::write(&conf, render_conf(&syslinux_config(spec.target))).ctx("write", &conf)?;
             SyslinuxBootloader::new(&sys)
                 .install(&initial_env())
-                .map_err(|source| Error::Boot { path: sys.clone(), source })?;
+                .map_err(|source| Error::Boot {
+                    path: sys.clone(),
+                    source,
+                })?;
             Cmd::new("sync").arg("-f").arg(&conf).run()?;
             mnt.unmount()
         }

@@ -14,7 +14,10 @@ use k3os_images::target::Target;
 use libupgrade::manifest::Arch;
 
 #[derive(Parser)]
-#[command(name = "k3os-images", about = "Build the A/B test releases and disk images")]
+#[command(
+    name = "k3os-images",
+    about = "Build the A/B test releases and disk images"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Command,
@@ -52,19 +55,45 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
-        Command::Build { arch, debs, k3os_ops, tool, out, releases, boots, slot_a } => {
+        Command::Build {
+            arch,
+            debs,
+            k3os_ops,
+            tool,
+            out,
+            releases,
+            boots,
+            slot_a,
+        } => {
             let t0 = Instant::now();
             let target = Target::new(arch);
             let debs = Debs::locate(&debs, target)?;
             let keys = out.join("keys");
             let (secret, public) = ensure_keys(&tool, &keys).context("test signing key")?;
             let arch_out = out.join(arch.as_str());
-            let builder = ReleaseBuilder { target, debs: debs.clone(), k3os_ops, tool: tool.clone(), out: arch_out.clone(), keys };
-            let releases = if releases.is_empty() { ReleaseSpec::standard() } else { releases };
+            let builder = ReleaseBuilder {
+                target,
+                debs: debs.clone(),
+                k3os_ops,
+                tool: tool.clone(),
+                out: arch_out.clone(),
+                keys,
+            };
+            let releases = if releases.is_empty() {
+                ReleaseSpec::standard()
+            } else {
+                releases
+            };
             let mut built = Vec::new();
             for spec in &releases {
-                let r = builder.build(spec, &secret, &public).with_context(|| format!("release {}", spec.version))?;
-                eprintln!("k3os-images: release {} -> {}", spec.version, r.dir.display());
+                let r = builder
+                    .build(spec, &secret, &public)
+                    .with_context(|| format!("release {}", spec.version))?;
+                eprintln!(
+                    "k3os-images: release {} -> {}",
+                    spec.version,
+                    r.dir.display()
+                );
                 built.push(r);
             }
             // No channel index here: the failure variants share generation 2 with v2 on purpose,
@@ -73,35 +102,64 @@ fn main() -> anyhow::Result<()> {
 
             let slot_a_release = match built.iter().find(|r| r.spec.version == slot_a) {
                 Some(r) => r.clone(),
-                None => builder.build(&ReleaseSpec::parse(&slot_a).map_err(anyhow::Error::msg)?, &secret, &public)?,
+                None => builder.build(
+                    &ReleaseSpec::parse(&slot_a).map_err(anyhow::Error::msg)?,
+                    &secret,
+                    &public,
+                )?,
             };
             let mut largest = 0;
             for r in &built {
-                largest = largest.max(std::fs::metadata(&r.rootfs).with_context(|| r.rootfs.display().to_string())?.len());
+                largest = largest.max(
+                    std::fs::metadata(&r.rootfs)
+                        .with_context(|| r.rootfs.display().to_string())?
+                        .len(),
+                );
             }
             let sizes = Sizes::for_largest_rootfs(largest);
-            let boots = if boots.is_empty() { BootVariant::for_target(target) } else { boots };
+            let boots = if boots.is_empty() {
+                BootVariant::for_target(target)
+            } else {
+                boots
+            };
             for variant in boots {
-                let spec = DiskSpec { target, variant, sizes, slot_a: &slot_a_release, debs: &debs };
+                let spec = DiskSpec {
+                    target,
+                    variant,
+                    sizes,
+                    slot_a: &slot_a_release,
+                    debs: &debs,
+                };
                 let img = arch_out.join(format!("disk-{}.img", variant.name()));
                 let mut st = Stamp::new();
                 st.param("variant", variant.name())
                     .param("sizes", format!("{sizes:?}"))
                     .param("loader", k3os_images::loader::fingerprint(&spec)?)
-                    .file("manifest", &slot_a_release.dir.join(libupgrade::manifest::MANIFEST_FILE))?;
+                    .file(
+                        "manifest",
+                        &slot_a_release.dir.join(libupgrade::manifest::MANIFEST_FILE),
+                    )?;
                 if st.is_fresh(&img) {
                     eprintln!("k3os-images: disk {} is up to date", img.display());
                 } else {
                     Stamp::invalidate(&img)?;
-                    disk::assemble(&spec, &img).with_context(|| format!("disk {}", img.display()))?;
+                    disk::assemble(&spec, &img)
+                        .with_context(|| format!("disk {}", img.display()))?;
                     st.record(&img)?;
                     eprintln!("k3os-images: disk {} built", img.display());
                 }
             }
             println!("releases: {}", releases_dir.display());
             println!("disks:    {}/disk-*.img", arch_out.display());
-            println!("keys:     {} (public: {})", out.join("keys").display(), public.display());
-            eprintln!("k3os-images: {arch} done in {:.1}s", t0.elapsed().as_secs_f64());
+            println!(
+                "keys:     {} (public: {})",
+                out.join("keys").display(),
+                public.display()
+            );
+            eprintln!(
+                "k3os-images: {arch} done in {:.1}s",
+                t0.elapsed().as_secs_f64()
+            );
             Ok(())
         }
     }

@@ -56,14 +56,24 @@ impl ReleaseSpec {
             Some((b, "panic")) => (b, Variant::Panic),
             Some((b, "noconfirm")) => (b, Variant::NoConfirm),
             Some((b, "badhealth")) => (b, Variant::BadHealth),
-            Some((_, v)) => return Err(format!("release '{version}': unknown variant '{v}' (panic, noconfirm, badhealth)")),
+            Some((_, v)) => {
+                return Err(format!(
+                    "release '{version}': unknown variant '{v}' (panic, noconfirm, badhealth)"
+                ))
+            }
         };
         let generation = base
             .strip_prefix('v')
             .and_then(|n| n.parse::<u64>().ok())
             .filter(|n| *n > 0)
-            .ok_or_else(|| format!("release '{version}': expected v<generation>[-variant], e.g. v2-panic"))?;
-        Ok(ReleaseSpec { version: version.to_string(), generation, variant })
+            .ok_or_else(|| {
+                format!("release '{version}': expected v<generation>[-variant], e.g. v2-panic")
+            })?;
+        Ok(ReleaseSpec {
+            version: version.to_string(),
+            generation,
+            variant,
+        })
     }
 
     /// The releases the test disks and the VM tests use.
@@ -118,7 +128,10 @@ pub fn ensure_keys(tool: &Path, keys: &Path) -> Result<(PathBuf, PathBuf)> {
         return Ok(found);
     }
     fs::create_dir_all(keys).ctx("create directory", keys)?;
-    Cmd::new(tool).args(["release", "keygen", "-o"]).arg(keys).run()?;
+    Cmd::new(tool)
+        .args(["release", "keygen", "-o"])
+        .arg(keys)
+        .run()?;
     find().ok_or_else(|| Error::Input {
         path: keys.to_path_buf(),
         what: "`k3os-ops release keygen` left no *.key and *.pub pair here".into(),
@@ -144,10 +157,21 @@ impl ReleaseBuilder {
 
         // Initrd.
         let initrd = work.join(libupgrade::layout::INITRD_FILE);
-        let kind = if spec.variant == Variant::Panic { InitKind::Panic } else { InitKind::Normal };
+        let kind = if spec.variant == Variant::Panic {
+            InitKind::Panic
+        } else {
+            InitKind::Normal
+        };
         let mut st = Stamp::new();
         st.param("arch", t.arch.as_str())
-            .param("init", if kind == InitKind::Panic { initrd::INIT_PANIC } else { initrd::INIT })
+            .param(
+                "init",
+                if kind == InitKind::Panic {
+                    initrd::INIT_PANIC
+                } else {
+                    initrd::INIT
+                },
+            )
             .param("modules", initrd::module_list(d, t)?.join("\n"))
             .param("kver", &d.kver)
             .file("busybox", &d.busybox)?;
@@ -206,7 +230,13 @@ impl ReleaseBuilder {
                 .arg(&kernel)
                 .arg("--initrd")
                 .arg(&initrd)
-                .args(["--version", &spec.version, "--arch", t.arch.as_str(), "--generation"])
+                .args([
+                    "--version",
+                    &spec.version,
+                    "--arch",
+                    t.arch.as_str(),
+                    "--generation",
+                ])
                 .arg(spec.generation.to_string())
                 .arg("--key")
                 .arg(secret)
@@ -215,7 +245,10 @@ impl ReleaseBuilder {
                 .run()?;
             for f in [MANIFEST_FILE, SIGNATURE_FILE] {
                 if !dir.join(f).is_file() {
-                    return Err(Error::Input { path: dir.join(f), what: "`k3os-ops release create` did not write it".into() });
+                    return Err(Error::Input {
+                        path: dir.join(f),
+                        what: "`k3os-ops release create` did not write it".into(),
+                    });
                 }
             }
             st.record(&manifest)?;
@@ -239,10 +272,18 @@ mod tests {
         let s = ReleaseSpec::parse("v2-noconfirm").unwrap();
         assert_eq!((s.generation, s.variant), (2, Variant::NoConfirm));
         assert_eq!(ReleaseSpec::parse("v3").unwrap().variant, Variant::Normal);
-        assert!(ReleaseSpec::parse("v2-weird").unwrap_err().contains("weird"));
+        assert!(ReleaseSpec::parse("v2-weird")
+            .unwrap_err()
+            .contains("weird"));
         assert!(ReleaseSpec::parse("x2").is_err());
         assert!(ReleaseSpec::parse("v0").is_err());
-        let std: Vec<String> = ReleaseSpec::standard().into_iter().map(|s| s.version).collect();
-        assert_eq!(std, ["v1", "v2", "v3", "v2-panic", "v2-noconfirm", "v2-badhealth"]);
+        let std: Vec<String> = ReleaseSpec::standard()
+            .into_iter()
+            .map(|s| s.version)
+            .collect();
+        assert_eq!(
+            std,
+            ["v1", "v2", "v3", "v2-panic", "v2-noconfirm", "v2-badhealth"]
+        );
     }
 }

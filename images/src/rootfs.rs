@@ -38,7 +38,10 @@ pub fn node_config(bootloader: &str, tries: u8) -> String {
 
 /// `/etc/k3os-release`: `KEY=value` lines as libupgrade's health check parses them.
 pub fn release_file(spec: &ReleaseSpec) -> String {
-    format!("VERSION=\"{}\"\nGENERATION={}\n", spec.version, spec.generation)
+    format!(
+        "VERSION=\"{}\"\nGENERATION={}\n",
+        spec.version, spec.generation
+    )
 }
 
 const BADHEALTH_CHECK: &str = "#!/bin/sh\n\
@@ -62,34 +65,81 @@ fn link(target: &str, path: &Path) -> Result<()> {
 }
 
 /// Populate `dir` (empty) with the rootfs tree.
-pub fn populate(dir: &Path, debs: &Debs, target: Target, k3os_ops: &Path, trust_pub: &Path, spec: &ReleaseSpec) -> Result<()> {
-    for d in ["proc", "sys", "dev", "boot", "tmp", "run", "var", "root", "mnt", "usr/bin", "usr/sbin", "etc/k3os-ops/health.d"] {
+pub fn populate(
+    dir: &Path,
+    debs: &Debs,
+    target: Target,
+    k3os_ops: &Path,
+    trust_pub: &Path,
+    spec: &ReleaseSpec,
+) -> Result<()> {
+    for d in [
+        "proc",
+        "sys",
+        "dev",
+        "boot",
+        "tmp",
+        "run",
+        "var",
+        "root",
+        "mnt",
+        "usr/bin",
+        "usr/sbin",
+        "etc/k3os-ops/health.d",
+    ] {
         fs::create_dir_all(dir.join(d)).ctx("create directory", dir.join(d))?;
     }
-    write(&dir.join("bin/busybox"), fs::read(&debs.busybox).ctx("read", &debs.busybox)?, 0o755)?;
+    write(
+        &dir.join("bin/busybox"),
+        fs::read(&debs.busybox).ctx("read", &debs.busybox)?,
+        0o755,
+    )?;
     for a in debs.busybox_applets(target)? {
         if a == "bin/busybox" || a == "linuxrc" || a == "sbin/init" {
             continue;
         }
         link("/bin/busybox", &dir.join(&a))?;
     }
-    write(&dir.join("usr/bin/k3os-ops"), fs::read(k3os_ops).ctx("read", k3os_ops)?, 0o755)?;
+    write(
+        &dir.join("usr/bin/k3os-ops"),
+        fs::read(k3os_ops).ctx("read", k3os_ops)?,
+        0o755,
+    )?;
     write(&dir.join("sbin/init"), INIT, 0o755)?;
     write(&dir.join("etc/udhcpc/default.script"), UDHCPC_SCRIPT, 0o755)?;
     write(&dir.join("etc/profile"), PROFILE, 0o644)?;
-    write(&dir.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n", 0o644)?;
+    write(
+        &dir.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\n",
+        0o644,
+    )?;
     write(&dir.join("etc/group"), "root:x:0:\n", 0o644)?;
     write(&dir.join("etc/hostname"), "k3os-node\n", 0o644)?;
     link("/run/resolv.conf", &dir.join("etc/resolv.conf"))?;
     write(&dir.join("srv/www/index.html"), "alive\n", 0o644)?;
     write(&dir.join("etc/k3os-release"), release_file(spec), 0o644)?;
     let ops = dir.join("etc/k3os-ops");
-    write(&ops.join("config.grub.toml"), node_config("grub", GRUB_TRIES), 0o644)?;
-    write(&ops.join("config.syslinux.toml"), node_config("syslinux", 1), 0o644)?;
+    write(
+        &ops.join("config.grub.toml"),
+        node_config("grub", GRUB_TRIES),
+        0o644,
+    )?;
+    write(
+        &ops.join("config.syslinux.toml"),
+        node_config("syslinux", 1),
+        0o644,
+    )?;
     // Tools run without K3OS_OPS_CONFIG get the one init chose for this boot.
     link("/run/k3os-ops/config.toml", &ops.join("config.toml"))?;
-    let key_name = trust_pub.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "release.pub".into());
-    write(&ops.join("trust.d").join(key_name), fs::read(trust_pub).ctx("read", trust_pub)?, 0o644)?;
+    let key_name = trust_pub
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "release.pub".into());
+    write(
+        &ops.join("trust.d").join(key_name),
+        fs::read(trust_pub).ctx("read", trust_pub)?,
+        0o644,
+    )?;
     match spec.variant {
         Variant::Normal | Variant::Panic => {}
         Variant::BadHealth => write(&ops.join("health.d/10-badhealth"), BADHEALTH_CHECK, 0o755)?,
@@ -100,8 +150,18 @@ pub fn populate(dir: &Path, debs: &Debs, target: Target, k3os_ops: &Path, trust_
 
 /// Build `out` (squashfs, zstd: fast to decompress under TCG, supported by the Debian kernel
 /// and by libupgrade's backhand reader).
-pub fn build(debs: &Debs, target: Target, k3os_ops: &Path, trust_pub: &Path, spec: &ReleaseSpec, out: &Path) -> Result<()> {
-    let tmp = tempfile::Builder::new().prefix("rootfs.").tempdir_in(out.parent().unwrap_or(Path::new("."))).ctx("create temp dir near", out)?;
+pub fn build(
+    debs: &Debs,
+    target: Target,
+    k3os_ops: &Path,
+    trust_pub: &Path,
+    spec: &ReleaseSpec,
+    out: &Path,
+) -> Result<()> {
+    let tmp = tempfile::Builder::new()
+        .prefix("rootfs.")
+        .tempdir_in(out.parent().unwrap_or(Path::new(".")))
+        .ctx("create temp dir near", out)?;
     let tree = tmp.path().join("tree");
     fs::create_dir(&tree).ctx("create directory", &tree)?;
     populate(&tree, debs, target, k3os_ops, trust_pub, spec)?;
@@ -109,7 +169,18 @@ pub fn build(debs: &Debs, target: Target, k3os_ops: &Path, trust_pub: &Path, spe
     Cmd::new("mksquashfs")
         .arg(&tree)
         .arg(out)
-        .args(["-noappend", "-all-root", "-no-xattrs", "-comp", "zstd", "-mkfs-time", "0", "-all-time", "0", "-quiet"])
+        .args([
+            "-noappend",
+            "-all-root",
+            "-no-xattrs",
+            "-comp",
+            "zstd",
+            "-mkfs-time",
+            "0",
+            "-all-time",
+            "0",
+            "-quiet",
+        ])
         .run()?;
     Ok(())
 }

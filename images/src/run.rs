@@ -17,7 +17,11 @@ pub struct Cmd {
 impl Cmd {
     pub fn new(program: impl AsRef<OsStr>) -> Cmd {
         let p = program.as_ref();
-        Cmd { cmd: Command::new(p), shown: p.to_string_lossy().into_owned(), stdin: None }
+        Cmd {
+            cmd: Command::new(p),
+            shown: p.to_string_lossy().into_owned(),
+            stdin: None,
+        }
     }
 
     pub fn arg(mut self, a: impl AsRef<OsStr>) -> Cmd {
@@ -52,9 +56,15 @@ impl Cmd {
     /// Run to completion; returns stdout.
     pub fn run(mut self) -> Result<Vec<u8>> {
         self.cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        self.cmd.stdin(if self.stdin.is_some() { Stdio::piped() } else { Stdio::null() });
-        let mut child =
-            self.cmd.spawn().map_err(|source| Error::Spawn { cmd: self.shown.clone(), source })?;
+        self.cmd.stdin(if self.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+        let mut child = self.cmd.spawn().map_err(|source| Error::Spawn {
+            cmd: self.shown.clone(),
+            source,
+        })?;
         // Feed stdin from a thread while stdout is drained, or a filter (gzip) whose output
         // pipe fills up would block forever waiting for us to read.
         let feeder = self.stdin.take().map(|bytes| {
@@ -64,9 +74,10 @@ impl Cmd {
                 let _ = si.write_all(&bytes);
             })
         });
-        let out = child
-            .wait_with_output()
-            .map_err(|source| Error::Spawn { cmd: self.shown.clone(), source })?;
+        let out = child.wait_with_output().map_err(|source| Error::Spawn {
+            cmd: self.shown.clone(),
+            source,
+        })?;
         if let Some(f) = feeder {
             let _ = f.join();
         }
@@ -75,7 +86,11 @@ impl Cmd {
             if stderr.is_empty() {
                 stderr = String::from_utf8_lossy(&out.stdout).trim().to_string();
             }
-            return Err(Error::Command { cmd: self.shown, status: out.status.to_string(), stderr });
+            return Err(Error::Command {
+                cmd: self.shown,
+                status: out.status.to_string(),
+                stderr,
+            });
         }
         Ok(out.stdout)
     }
@@ -92,15 +107,24 @@ mod tests {
 
     #[test]
     fn large_stdin_through_a_filter_does_not_deadlock() {
-        let data: Vec<u8> = (0..4_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let data: Vec<u8> = (0..4_000_000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
         let out = Cmd::new("cat").stdin(data.clone()).run().unwrap();
         assert_eq!(out, data);
     }
 
     #[test]
     fn failure_names_command_and_stderr() {
-        let e = Cmd::new("sh").args(["-c", "echo nope >&2; exit 3"]).run().unwrap_err().to_string();
-        assert!(e.contains("sh -c") && e.contains("nope") && e.contains("3"), "{e}");
+        let e = Cmd::new("sh")
+            .args(["-c", "echo nope >&2; exit 3"])
+            .run()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("sh -c") && e.contains("nope") && e.contains("3"),
+            "{e}"
+        );
         let e = Cmd::new("/nonexistent/tool").run().unwrap_err().to_string();
         assert!(e.contains("/nonexistent/tool"), "{e}");
     }

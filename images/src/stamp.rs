@@ -67,7 +67,9 @@ impl Stamp {
     /// True when `output` exists and was recorded with this fingerprint.
     pub fn is_fresh(&self, output: &Path) -> bool {
         output.exists()
-            && fs::read_to_string(Self::stamp_path(output)).map(|s| s.trim() == self.hex()).unwrap_or(false)
+            && fs::read_to_string(Self::stamp_path(output))
+                .map(|s| s.trim() == self.hex())
+                .unwrap_or(false)
     }
 
     /// Remove the record (before rebuilding `output`), so a half-built output is never fresh.

@@ -58,7 +58,14 @@ impl Target {
     /// virtio PCI transport, disk and NIC; squashfs for the root; ext4 (and the crc32c
     /// implementation its checksums request) for /boot and the state partition.
     pub fn initrd_modules(self) -> &'static [&'static str] {
-        &["crc32c_generic", "virtio_pci", "virtio_blk", "virtio_net", "squashfs", "ext4"]
+        &[
+            "crc32c_generic",
+            "virtio_pci",
+            "virtio_blk",
+            "virtio_net",
+            "squashfs",
+            "ext4",
+        ]
     }
 
     /// How to execute a binary of this architecture on the build host (for `busybox
