@@ -178,7 +178,13 @@ impl NodeOps for FakeNode {
     fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {
         Ok("v2".into())
     }
-    fn stage(&self, _: &str, version: &str, p: &dyn StageProgress) -> Result<(), NodeError> {
+    fn stage(
+        &self,
+        _: &str,
+        version: &str,
+        _: bool,
+        p: &dyn StageProgress,
+    ) -> Result<(), NodeError> {
         p.begin("rootfs", 100, 0);
         p.advance(100);
         p.end();

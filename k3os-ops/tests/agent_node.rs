@@ -145,6 +145,10 @@ struct Rig {
 
 impl Rig {
     fn new(tries: u8) -> Rig {
+        Rig::with_generation(tries, 1)
+    }
+
+    fn with_generation(tries: u8, booted_generation: u64) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
         let (secret, public) = libupgrade::signing::generate_keypair(p, "publisher").unwrap();
@@ -175,7 +179,11 @@ impl Rig {
         std::fs::create_dir_all(p.join("system")).unwrap();
         std::fs::create_dir_all(p.join("boot")).unwrap();
         std::fs::create_dir_all(&cfg.health_dir).unwrap();
-        std::fs::write(&cfg.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
+        std::fs::write(
+            &cfg.release_file,
+            format!("VERSION=v1\nGENERATION={booted_generation}\n"),
+        )
+        .unwrap();
         let loader = Loader(Arc::new(Mutex::new(BootEnv {
             primary: Slot::A,
             a: SlotBoot::Good,
@@ -229,7 +237,7 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
 
     assert_eq!(node.resolve_latest(&rig.channel).unwrap(), "v2");
     let progress = Progress(Mutex::new(Vec::new()));
-    node.stage(&rig.channel, "v2", &progress).unwrap();
+    node.stage(&rig.channel, "v2", false, &progress).unwrap();
     assert!(
         progress
             .0
@@ -270,7 +278,7 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
 fn a_spent_trial_reads_as_failed_so_the_agent_records_a_rollback() {
     let mut rig = Rig::new(1);
     let node = rig.node();
-    node.stage(&rig.channel, "v2", &Progress(Mutex::new(Vec::new())))
+    node.stage(&rig.channel, "v2", false, &Progress(Mutex::new(Vec::new())))
         .unwrap();
     node.activate().unwrap();
     assert_eq!(rig.reboot(), Slot::B); // the one try, never confirmed
@@ -285,10 +293,29 @@ fn errors_name_the_channel_and_the_command() {
     let rig = Rig::new(3);
     let node = rig.node();
     let e = node
-        .stage(&rig.channel, "v9", &Progress(Mutex::new(Vec::new())))
+        .stage(&rig.channel, "v9", false, &Progress(Mutex::new(Vec::new())))
         .unwrap_err()
         .to_string();
     assert!(e.contains(&rig.channel) && e.contains("v9"), "{e}");
     let e = node.reboot().unwrap_err().to_string();
     assert!(e.contains("false") && e.contains("failed"), "{e}");
+}
+
+#[test]
+fn a_downgrade_needs_an_explicit_pin() {
+    // The node runs generation 5; the channel's v2 is generation 2.
+    let rig = Rig::with_generation(3, 5);
+    let node = rig.node();
+    let progress = Progress(Mutex::new(Vec::new()));
+    let e = node
+        .stage(&rig.channel, "v2", false, &progress)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("generation"), "{e}");
+    assert_eq!(node.status().unwrap().inactive, Inactive::Empty);
+    node.stage(&rig.channel, "v2", true, &progress).unwrap();
+    assert_eq!(
+        node.status().unwrap().inactive,
+        Inactive::Staged("v2".into())
+    );
 }

@@ -561,7 +561,8 @@ impl Agent {
         let url = ch.spec.url.clone();
         let v = version.to_string();
         let p = progress.clone();
-        let work = self.blocking(move |ops| ops.stage(&url, &v, p.as_ref()));
+        let pinned = ch.spec.pinned_version().is_some();
+        let work = self.blocking(move |ops| ops.stage(&url, &v, pinned, p.as_ref()));
         tokio::pin!(work);
         // The annotation is written at most every PROGRESS_PERIOD (the Node object is shared
         // with the kubelet; a byte counter must not flood the API server).
@@ -822,6 +823,15 @@ impl Agent {
     ) -> anyhow::Result<Next> {
         self.phase("Confirming", &format!("checking health of {version}"))
             .await?;
+        self.event(
+            Some(ch),
+            false,
+            "Confirming",
+            format!(
+                "booted {version} on trial; waiting for Node Ready and running the health checks"
+            ),
+        )
+        .await;
         let start = tokio::time::Instant::now();
         let mut ready = self.node_ready().await?;
         while !ready && start.elapsed() < READY_WAIT {

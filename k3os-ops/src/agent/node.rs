@@ -49,10 +49,13 @@ pub trait NodeOps: Send + Sync + 'static {
     fn resolve_latest(&self, channel: &str) -> Result<String, NodeError>;
     /// Download, verify and write `version` from `channel` into the inactive slot; resumes a
     /// partial download. Never touches the booted slot or the bootloader's choice.
+    /// `allow_downgrade`: accept a release older (by generation) than the running one — the
+    /// agent passes true only when the channel pins that version explicitly.
     fn stage(
         &self,
         channel: &str,
         version: &str,
+        allow_downgrade: bool,
         progress: &dyn StageProgress,
     ) -> Result<(), NodeError>;
     /// Make the bootloader try the staged slot at the next boot.
@@ -165,6 +168,7 @@ impl NodeOps for LibupgradeNode {
         &self,
         channel: &str,
         version: &str,
+        allow_downgrade: bool,
         progress: &dyn StageProgress,
     ) -> Result<(), NodeError> {
         let rel = libupgrade::channel::resolve(channel, Some(version), libupgrade::Arch::host())
@@ -178,7 +182,10 @@ impl NodeOps for LibupgradeNode {
             .updater
             .stage(
                 &rel.source,
-                &libupgrade::StageOptions::default(),
+                &libupgrade::StageOptions {
+                    allow_downgrade,
+                    ..libupgrade::StageOptions::default()
+                },
                 &ProgressAdapter(progress),
             )
             .map_err(|e| NodeError::new("stage", e))?;
