@@ -42,6 +42,8 @@ pub fn all_envs(max: u8) -> Vec<BootEnv> {
     out
 }
 
+pub mod qemu;
+
 /// Byte counts at which a write is cut: the byte-boundary classes of the brief. `usize::MAX`
 /// means "complete" (for a replacement: complete but not renamed).
 pub const CUTS: [usize; 8] = [0, 1, 511, 512, 513, 1023, 1024, usize::MAX];
