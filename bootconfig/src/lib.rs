@@ -2,18 +2,30 @@
 //! slot that is on trial has left, and the bootloader configuration that implements that choice.
 //!
 //! Two backends implement [`Bootloader`]:
-//! - [`grub`]: stock Debian GRUB, no patched modules. Our own `grub.cfg` fragment and a pair of
-//!   1024-byte environment blocks (see [`grubenv`]) written with an `editing` marker so a torn
-//!   write is never chosen; N tries counted down in GRUB script.
+//! - [`grub`]: stock Debian GRUB, no patched modules. The complete `grub.cfg`
+//!   ([`grub::render_cfg`]) and two copies of a 1024-byte environment block ([`grubenv`]), each
+//!   guarded by an `editing` lock block, so a torn copy is never used; N tries counted down by the
+//!   script itself with an if-chain and `save_env`.
 //! - [`syslinux`]: extlinux/syslinux. One try only: the trial slot is booted through the ADV
-//!   "boot once" record (as `extlinux --once` writes it); `DEFAULT` is rewritten (atomically)
-//!   only when the slot is confirmed. A panicking kernel (`panic=N` on the command line) or a
-//!   watchdog reset falls back to `DEFAULT`.
+//!   "boot once" record (byte-identical to what `extlinux --once` writes); `DEFAULT` in
+//!   `extlinux.conf` is rewritten (atomically) when the slot is confirmed. A panicking kernel
+//!   (`panic=N` on the command line) or a watchdog reset falls back to `DEFAULT`.
+//!
+//! [`atomic`] holds the two write primitives everything here (and `libupgrade`) uses: atomic
+//! replacement (temp + fsync + rename + dir fsync) for files found by name, and in-place
+//! overwrite for files a loader addresses by block list.
 //!
 //! The library above (`libupgrade`) decides *when* to call these; this crate decides *how* the
 //! loader is told, and guarantees that every write is power-cut safe: at any instant of a write,
 //! the loader's choice is a slot that was bootable before the write or the one being installed
 //! after it completed.
+//!
+//! Tests (all run on the build host; they fail, naming the missing tool, rather than skip):
+//! `grubenv_editenv` (byte compatibility with `grub-editenv`), `grub_real` (`grub-script-check`;
+//! the real GRUB script engine in `grub-emu` on ext4 images, including torn env files),
+//! `extlinux_real` (ADV bytes vs `extlinux --once/--clear-once` on a loop-mounted ext4),
+//! `power_cut` (a cut at every byte class and every changed byte of every write, from every
+//! state), `grub_qemu` / `syslinux_qemu` (real BIOS boots in QEMU), `props` (property tests).
 
 pub mod atomic;
 pub mod grub;
