@@ -350,3 +350,40 @@ fn unselected_nodes_and_invalid_specs() {
     }
     assert!(Policy::from_spec(&channel(Some("v2")).spec).is_ok());
 }
+
+#[test]
+fn a_claim_not_started_before_the_window_closed_is_given_back() {
+    let mut ch = channel(Some("v2"));
+    // Saturday 23:00 UTC for 2h; drain 10m + reboot 15m needed.
+    ch.spec.window = Some(spec(1 << 5, 23 * 60, 120, None));
+    held(&mut ch, SlotPhase::Claimed);
+    let node = staged_node("v2");
+    let sat_2330 = at(Utc
+        .with_ymd_and_hms(2026, 12, 5, 23, 30, 0)
+        .unwrap()
+        .timestamp());
+    let sun_0050 = at(Utc
+        .with_ymd_and_hms(2026, 12, 6, 0, 50, 0)
+        .unwrap()
+        .timestamp());
+    assert_eq!(
+        decide(&ch, &node, sat_2330),
+        Action::Continue {
+            phase: SlotPhase::Claimed,
+            version: "v2".into()
+        }
+    );
+    assert!(matches!(
+        decide(&ch, &node, sun_0050),
+        Action::Release { .. }
+    ));
+    // Once disruption started it is finished, window or not.
+    ch.status.as_mut().unwrap().slots[0].phase = SlotPhase::Draining;
+    assert_eq!(
+        decide(&ch, &node, sun_0050),
+        Action::Continue {
+            phase: SlotPhase::Draining,
+            version: "v2".into()
+        }
+    );
+}

@@ -186,6 +186,12 @@ pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> A
                     Action::Release {
                         reason: format!("{version} is no longer staged in the inactive slot"),
                     }
+                } else if slot.phase == SlotPhase::Claimed && !fits_window(channel, now) {
+                    // Nothing disrupted yet (e.g. the agent restarted late): do not start an
+                    // update the rest of the window cannot hold.
+                    Action::Release {
+                        reason: "the window closed before the update started".into(),
+                    }
                 } else {
                     Action::Continue {
                         phase: slot.phase,
@@ -260,15 +266,31 @@ pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> A
         return Action::Paused { version: target };
     }
     if let Some(window) = &policy.window {
-        let needed = chrono::Duration::from_std(policy.needed()).unwrap_or(chrono::Duration::MAX);
-        let fits = window
-            .open_until(now)
-            .is_some_and(|end| end - now >= needed);
-        if !fits {
+        if !window_fits(window, &policy, now) {
             return Action::WaitForWindow {
                 next: window.next_start(now),
             };
         }
     }
     Action::Claim { version: target }
+}
+
+/// Whether an update started at `now` ends inside the window (drain + reboot timeouts).
+fn window_fits(window: &Window, policy: &Policy, now: DateTime<Utc>) -> bool {
+    let needed = chrono::Duration::from_std(policy.needed()).unwrap_or(chrono::Duration::MAX);
+    window
+        .open_until(now)
+        .is_some_and(|end| end - now >= needed)
+}
+
+/// [`window_fits`] for a channel; no window, or a spec that does not parse, holds nothing
+/// back here (an invalid spec stops claims before they happen).
+fn fits_window(channel: &UpdateChannel, now: DateTime<Utc>) -> bool {
+    match Policy::from_spec(&channel.spec) {
+        Ok(policy) => match &policy.window {
+            Some(w) => window_fits(w, &policy, now),
+            None => true,
+        },
+        Err(_) => true,
+    }
 }
