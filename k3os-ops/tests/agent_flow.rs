@@ -580,3 +580,25 @@ async fn a_cordon_left_by_an_interrupted_update_is_undone() {
     assert_eq!(world.lock().unwrap().node["spec"]["unschedulable"], false);
     assert_eq!(annotation(&world, "k3os.io/update-cordoned"), None);
 }
+
+#[tokio::test]
+async fn a_slot_of_this_node_under_another_token_is_taken_over_in_place() {
+    let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
+    node.status.lock().unwrap().inactive = Inactive::Staged("v2".into());
+    {
+        let mut w = world.lock().unwrap();
+        w.channel["status"]["slots"] = json!([{"node": "n1", "token": "earlier-instance",
+            "claimedAt": "2026-12-01T00:00:00Z", "phase": "Claimed", "version": "v2"}]);
+        w.node["metadata"]["annotations"]["k3os.io/update-token"] = json!("mine");
+    }
+    assert_eq!(agent.reconcile().await.unwrap(), Next::Again);
+    pos(&log.lock().unwrap(), "event: SlotTakenOver");
+    let w = world.lock().unwrap();
+    let slots = w.channel["status"]["slots"].as_array().unwrap().clone();
+    assert_eq!(slots.len(), 1, "{slots:?}");
+    assert_ne!(slots[0]["token"], "earlier-instance");
+    assert_eq!(
+        slots[0]["token"],
+        w.node["metadata"]["annotations"]["k3os.io/update-token"]
+    );
+}

@@ -309,7 +309,21 @@ impl Agent {
             token: annotations.get(ANN_TOKEN).cloned(),
             update,
         };
-        let action = decide(&channel, &view, Utc::now());
+        let mut action = decide(&channel, &view, Utc::now());
+        // The start-up silence matters only for the slot held when the agent started.
+        let silence = self.startup_silence.lock().expect("not poisoned").take();
+        if let Action::Continue {
+            phase: SlotPhase::Claimed | SlotPhase::Draining,
+            version,
+        } = &action
+        {
+            if forfeit(&channel, silence) {
+                self.event(Some(&channel), true, "ClaimForfeit", "this agent was silent too long while holding a slot; claiming afresh with a new token".into()).await;
+                action = Action::Claim {
+                    version: version.clone(),
+                };
+            }
+        }
         tracing::debug!(?action, channel = %name, "decided");
         // A cordon of ours outlives the slot only after an interrupted update (slot reclaimed
         // while rebooting, health rollback without a slot): undo it as soon as no step of an
@@ -351,7 +365,18 @@ impl Agent {
                     .await;
                 }
                 if let IdleReason::ForeignSlot = &reason {
-                    self.event_once(Some(ch), true, "ForeignSlot", "the channel holds a slot for this node under another token (another agent instance); waiting".into()).await;
+                    // Only one agent runs per node; a slot of this node under another token
+                    // belongs to an earlier instance (or one whose claim outlived its token
+                    // annotation). Take it over in place: the fence stops that instance.
+                    self.event(Some(ch), true, "SlotTakenOver", "the channel holds a slot for this node under another token (an earlier agent instance); taking it over".into()).await;
+                    let version = ch
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.slot_of(&self.node))
+                        .and_then(|s| s.version.clone())
+                        .or_else(|| ch.target_version())
+                        .unwrap_or_default();
+                    return Box::pin(self.execute(ch, view, Action::Claim { version })).await;
                 }
                 if reason == IdleReason::UpToDate {
                     self.annotate(&[
@@ -445,13 +470,6 @@ impl Agent {
                     ClaimOutcome::TargetChanged(_) => Ok(Next::Again),
                 }
             }
-            Action::Continue {
-                phase: SlotPhase::Claimed | SlotPhase::Draining,
-                version,
-            } if self.forfeit(ch) => {
-                self.event(Some(ch), true, "ClaimForfeit", "this agent was silent too long while holding a slot; claiming afresh with a new token".into()).await;
-                Box::pin(self.execute(ch, view, Action::Claim { version })).await
-            }
             Action::Continue { phase, version } => match phase {
                 SlotPhase::Claimed | SlotPhase::Draining => {
                     self.disrupt(ch, &store, view, &token, &version).await
@@ -519,16 +537,6 @@ impl Agent {
                 Ok(Next::Again)
             }
         }
-    }
-
-    /// Whether a held claim is forfeit after a long silence before start-up (see
-    /// `startup_silence`); consumes the start-up record.
-    fn forfeit(&self, ch: &UpdateChannel) -> bool {
-        let silence = self.startup_silence.lock().expect("not poisoned").take();
-        let Ok(policy) = Policy::from_spec(&ch.spec) else {
-            return false;
-        };
-        silence.is_some_and(|s| s >= policy.reboot_timeout / 2)
     }
 
     async fn stage(&self, ch: &UpdateChannel, version: &str) -> anyhow::Result<Next> {
@@ -885,6 +893,15 @@ impl Agent {
             }
         }
     }
+}
+
+/// Whether a claim held when the agent started is forfeit: the node's Lease had been silent
+/// for half the reboot timeout or more, so other agents may already be reclaiming it.
+fn forfeit(ch: &UpdateChannel, silence: Option<Duration>) -> bool {
+    let Ok(policy) = Policy::from_spec(&ch.spec) else {
+        return false;
+    };
+    silence.is_some_and(|s| s >= policy.reboot_timeout / 2)
 }
 
 /// Stage progress turned into a short text, sent to the loop that writes the annotation.
