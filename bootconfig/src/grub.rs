@@ -15,7 +15,10 @@
 //! Mark copy 1 editing (`lock1`: `K3OS_EDITING=1`), write `env1`, unmark; then the same for
 //! copy 2. All four files are written in place (same blocks, same 1024-byte size) because
 //! GRUB's `save_env` writes through the file's block list; a missing or wrongly sized file is
-//! recreated with an atomic replace instead. GRUB only writes a copy whose lock reads exactly
+//! recreated with an atomic replace instead. One refinement of the order: when GRUB reads copy
+//! 1 and copy 2 is damaged (lock not `0`, env not loading, or a file of the wrong size), Rust
+//! writes copy 2 first, so the copy GRUB reads is never marked editing while the other copy is
+//! unusable. GRUB only writes a copy whose lock reads exactly
 //! `0` (a copy whose write was interrupted is left for the next Rust write, which rewrites both
 //! copies completely) and unmarks a copy only when `save_env` on it succeeded.
 //!
@@ -281,6 +284,10 @@ pub struct BootSim {
     pub choice: Slot,
     /// The writes GRUB's `save_env` performs before booting (countdown), in order.
     pub countdown: Vec<WriteOp>,
+    /// Per copy: its lock reads exactly `0`, its env loads, and both files have the size
+    /// `save_env` needs. A writer must not mark the copy in use editing while the other copy
+    /// is not usable.
+    pub usable: [bool; 2],
 }
 
 fn read_opt(path: &Path) -> Result<Option<Vec<u8>>> {
@@ -378,6 +385,17 @@ pub fn simulate_boot(grub_dir: &Path, max_tries: u8) -> Result<BootSim> {
                 l
             }))
     };
+    let sized = |name: String| -> bool {
+        std::fs::metadata(file(name)).is_ok_and(|m| m.is_file() && m.len() == ENV_SIZE as u64)
+    };
+    let mut usable = [false; 2];
+    for (n, u) in usable.iter_mut().enumerate() {
+        let n1 = n as u8 + 1;
+        *u = locks[n] == "0"
+            && sized(format!("lock{n1}"))
+            && sized(format!("env{n1}"))
+            && load(n1)?.is_some();
+    }
     let mut copy = None;
     let mut vars = None;
     if locks[0] == "0" {
@@ -451,6 +469,7 @@ pub fn simulate_boot(grub_dir: &Path, max_tries: u8) -> Result<BootSim> {
         seen,
         choice,
         countdown,
+        usable,
     })
 }
 
@@ -588,8 +607,15 @@ impl GrubBootloader {
                 WriteOp::Replace { path, data }
             })
         };
+        // Copy 1 then copy 2, except when GRUB uses copy 1 and copy 2 is damaged: then copy 2
+        // is repaired first, so the copy GRUB reads is never marked editing while the other one
+        // is unusable.
+        let order = match simulate_boot(&self.grub_dir, self.max_tries) {
+            Ok(sim) if sim.copy == Some(1) && !sim.usable[1] => [2, 1],
+            _ => [1, 2],
+        };
         let mut ops = Vec::new();
-        for n in 1..=2 {
+        for n in order {
             let lock = dir.join(format!("lock{n}"));
             let env = dir.join(format!("env{n}"));
             ops.push(write(
