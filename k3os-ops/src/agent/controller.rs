@@ -627,7 +627,7 @@ impl Agent {
     /// claiming again (a drain that is refused must not cordon the node every resync).
     fn back_off_claims(&self) {
         let n = self.claim_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        let secs = (300u64 << n.min(4)).min(3600);
+        let secs = (300u64 << (n - 1).min(4)).min(3600);
         let now_s = Utc::now().timestamp().max(0) as u64;
         self.claim_not_before.store(now_s + secs, Ordering::Relaxed);
     }

@@ -94,8 +94,9 @@ pub enum IdleReason {
     UpToDate,
     /// This node already failed with the target version; it will not retry it.
     FailedHere(String),
-    /// The channel holds a slot for this node under another token (another agent instance on
-    /// this node claimed it); leave it to that instance or to reclamation.
+    /// The channel holds a slot for this node under another token (an earlier agent instance
+    /// on this node claimed it); the controller takes it over in place, which fences that
+    /// instance out.
     ForeignSlot,
 }
 
