@@ -15,7 +15,7 @@
 //! - `ldlinux.sys`: its last 1024 bytes are the ADV, two checksummed 512-byte copies. Written in
 //!   place (the loader writes the ADV to sectors recorded at install time, so the file's blocks
 //!   must never move; the immutable flag extlinux sets is lifted for the write): copy 0, fsync,
-//!   then copy 1, fsync. The loader, like `extlinux`, uses copy 0 if its checksum holds, else
+//!   then copy 1, fsync (a damaged copy 1 is repaired first). The loader, like `extlinux`, uses copy 0 if its checksum holds, else
 //!   copy 1, else an empty ADV — so a torn copy is never used.
 //!
 //! # Reading
@@ -482,16 +482,18 @@ impl SyslinuxBootloader {
         let mut adv_ops = Vec::new();
         if adv.0 != raw {
             let path = self.ldlinux_path();
-            adv_ops.push(WriteOp::InPlace {
-                path: path.clone(),
-                offset: adv_off,
-                data: adv.0[..ADV_SIZE].to_vec(),
-            });
-            adv_ops.push(WriteOp::InPlace {
-                path,
-                offset: adv_off + ADV_SIZE as u64,
-                data: adv.0[ADV_SIZE..].to_vec(),
-            });
+            for c in 0..2 {
+                adv_ops.push(WriteOp::InPlace {
+                    path: path.clone(),
+                    offset: adv_off + (c * ADV_SIZE) as u64,
+                    data: adv.0[c * ADV_SIZE..(c + 1) * ADV_SIZE].to_vec(),
+                });
+            }
+            // Copy 0 first, unless only copy 0 is valid now: then the damaged copy 1 is repaired
+            // first, so a torn copy 0 never leaves no valid copy at all.
+            if Adv::copy_valid(&raw[..ADV_SIZE]) && !Adv::copy_valid(&raw[ADV_SIZE..]) {
+                adv_ops.reverse();
+            }
         }
         let conf_ops = if conf_new != text {
             vec![WriteOp::Replace {
