@@ -95,7 +95,12 @@ fn main() -> anyhow::Result<()> {
                 println!("{l}");
             }
             if !failed.is_empty() {
-                anyhow::bail!("{} scenario(s) failed: {}", failed.len(), failed.join(", "));
+                eprintln!(
+                    "vm-tests: {} scenario(s) failed: {}",
+                    failed.len(),
+                    failed.join(", ")
+                );
+                std::process::exit(1);
             }
         }
     }

@@ -57,16 +57,16 @@ impl Target {
         }
     }
 
-    /// `images/out/<arch>/disk-<variant>.img` under the workspace root.
+    /// `images/out/<arch>/disk-<variant>.img` under the workspace root (see [`images_dir`]).
     pub fn disk(self, root: &Path) -> PathBuf {
-        root.join("images/out")
+        images_dir(root)
             .join(self.arch())
             .join(format!("disk-{}.img", self.variant()))
     }
 
-    /// `images/out/<arch>/releases` under the workspace root.
+    /// `images/out/<arch>/releases` under the workspace root (see [`images_dir`]).
     pub fn releases(self, root: &Path) -> PathBuf {
-        root.join("images/out").join(self.arch()).join("releases")
+        images_dir(root).join(self.arch()).join("releases")
     }
 
     /// UEFI firmware (code, pristine variable store), if this target boots through UEFI.
@@ -320,6 +320,15 @@ pub fn which(prog: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join(prog))
         .find(|p| p.is_file())
+}
+
+/// The images output tree: `VM_TESTS_IMAGES` (relative to the workspace root unless absolute),
+/// else `<root>/images/out`.
+pub fn images_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("VM_TESTS_IMAGES") {
+        Some(d) => root.join(d),
+        None => root.join("images/out"),
+    }
 }
 
 /// The workspace root: `VM_TESTS_ROOT`, else the parent of this crate's directory.
