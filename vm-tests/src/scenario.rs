@@ -630,6 +630,8 @@ impl Scenario {
             let (i, line) = vm.expect_any(pats, BOOT)?;
             if i == 1 {
                 attempts += 1;
+                // panic=5 reboots the machine: one more boot.
+                self.boots += 1;
                 self.note(format!(
                     "{}: attempt {attempts} of B panicked in the initrd ({:.1}s)",
                     vm.name(),
