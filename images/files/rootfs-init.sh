@@ -6,13 +6,26 @@
 # installed on /boot, prints K3OS-BOOTED, confirms the slot (K3OS-CONFIRM ok|failed; on failure
 # k3os-ops has already rolled back, init prints K3OS-ROLLBACK and reboots), brings up eth0,
 # starts the workload (httpd on :80 serving "alive"), prints K3OS-READY and runs a root shell on
-# the serial console for the test harness.
+# the serial console for the test harness. `reboot`, `halt` and `poweroff` (busybox: a signal to
+# PID 1) print K3OS-SHUTDOWN <how>, unmount /boot and the state partition, and do it.
 #
 # /etc/k3os-ops/mode selects a failure variant: "noconfirm" never confirms (prints
 # K3OS-NOCONFIRM and keeps running until the harness resets the VM, like a watchdog).
 export PATH=/sbin:/bin:/usr/sbin:/usr/bin
 export HOME=/root
 umask 022
+
+# busybox reboot/halt/poweroff (which k3os-ops runs) signal PID 1: TERM, USR1, USR2.
+shutdown() {
+    echo "K3OS-SHUTDOWN $1"
+    sync
+    umount /boot /var/lib/k3os-ops 2>/dev/null || mount -o remount,ro /boot 2>/dev/null
+    "$1" -f
+    sleep 60
+}
+trap 'shutdown reboot' TERM
+trap 'shutdown halt' USR1
+trap 'shutdown poweroff' USR2
 
 mounted() { grep -q " $1 " /proc/mounts; }
 mount -t proc proc /proc 2>/dev/null
@@ -76,10 +89,7 @@ elif k3os-ops slot confirm; then
 else
     echo "K3OS-CONFIRM failed"
     echo "K3OS-ROLLBACK"
-    sync
-    umount /boot /var/lib/k3os-ops 2>/dev/null
-    reboot -f
-    sleep 60
+    shutdown reboot
 fi
 
 ip link set lo up
@@ -94,7 +104,10 @@ fi
 httpd -p 80 -h /srv/www
 
 echo "K3OS-READY"
+# The shell runs as a background job so that `wait` (unlike a foreground command) is
+# interrupted by the signals above and the shutdown trap runs at once.
 while true; do
-    setsid sh -c "exec sh -l <$tty >$tty 2>&1"
+    setsid sh -c "exec sh -l <$tty >$tty 2>&1" &
+    wait $!
     sleep 1
 done
