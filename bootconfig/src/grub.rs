@@ -244,10 +244,14 @@ pub fn render_cfg(cfg: &GrubConfig) -> String {
     w("");
     w("set default=\"k3os-${k3os_boot}\"");
     w("unset fallback");
+    // GRUB 2.06 (Debian 12) takes `fallback` as a menu entry *number* only (ids and titles are a
+    // downstream Red Hat patch): with an id the fallback silently never happens. The entries
+    // below are emitted in Slot::ALL order, so the other slot's index is its entry number.
     for slot in Slot::ALL {
         let o = slot.other();
+        let index = Slot::ALL.iter().position(|s| *s == o).expect("slot in ALL");
         w(&format!(
-            "if [ \"${{k3os_boot}}\" = \"{slot}\" ]; then if [ \"${{{}}}\" != \"bad\" ]; then set fallback=\"k3os-{o}\"; fi; fi",
+            "if [ \"${{k3os_boot}}\" = \"{slot}\" ]; then if [ \"${{{}}}\" != \"bad\" ]; then set fallback=\"{index}\"; fi; fi",
             state_var(o)
         ));
     }

@@ -34,5 +34,7 @@ pub fn client() -> Result<reqwest::blocking::Client, reqwest::Error> {
             .timeout(Duration::from_secs(60))
             .user_agent(concat!("libupgrade/", env!("CARGO_PKG_VERSION")))
     };
-    builder().build().or_else(|_| builder().tls_certs_only([]).build())
+    builder()
+        .build()
+        .or_else(|_| builder().tls_certs_only([]).build())
 }

@@ -396,7 +396,22 @@ impl Layout for GptLayout {
         }
     }
 
+    /// The kernel and initrd were renamed into `boot_dir` and fsynced, but on a journalling
+    /// filesystem that only puts the new directory entries into the journal, and GRUB reads
+    /// the filesystem without replaying it: after a power cut it finds no `/b/vmlinuz` (seen in
+    /// the vm-tests power-cut run at `activate:bootloader-flipped`). `syncfs` makes ext4 write
+    /// its committed metadata to its home location, so the slot is bootable before it is
+    /// recorded as staged.
     fn commit(&self, _slot: Slot, _version: &str) -> Result<()> {
+        let dir = File::open(&self.boot_dir).map_err(|e| Error::io("open", &self.boot_dir, e))?;
+        // SAFETY: syncfs only reads the file descriptor, which `dir` keeps open.
+        if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } != 0 {
+            return Err(Error::io(
+                "syncfs (flush kernels to where the bootloader reads them)",
+                &self.boot_dir,
+                std::io::Error::last_os_error(),
+            ));
+        }
         Ok(())
     }
 
