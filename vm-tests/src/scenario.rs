@@ -34,6 +34,8 @@ const BOOT: Duration = Duration::from_secs(300);
 const READY: Duration = Duration::from_secs(180);
 const CMD: Duration = Duration::from_secs(120);
 const DOWNLOAD: Duration = Duration::from_secs(900);
+/// GRUB could load neither entry and waits in its menu: the node is stuck (a truck roll).
+const GRUB_STUCK: &str = "Failed to boot both default and fallback entries";
 /// Rate of the release server while the upgrade scenario watches the workload.
 const SLOW_RATE: u64 = 1 << 20;
 
@@ -318,7 +320,12 @@ impl Scenario {
         let t0 = vm.elapsed();
         let line = vm.expect_not(
             "K3OS-BOOTED",
-            &["K3OS-INITRD-FAILED", "K3OS-INITRD-PANIC", "Kernel panic"],
+            &[
+                "K3OS-INITRD-FAILED",
+                "K3OS-INITRD-PANIC",
+                "Kernel panic",
+                GRUB_STUCK,
+            ],
             BOOT,
         )?;
         let (slot, version) = parse_booted(&line)
@@ -623,12 +630,19 @@ impl Scenario {
         let mut attempts = 0u32;
         loop {
             let pats: &[&str] = if noconfirm {
-                &["K3OS-BOOTED"]
+                &["K3OS-BOOTED", GRUB_STUCK]
             } else {
-                &["K3OS-BOOTED", "K3OS-INITRD-PANIC"]
+                &["K3OS-BOOTED", GRUB_STUCK, "K3OS-INITRD-PANIC"]
             };
             let (i, line) = vm.expect_any(pats, BOOT)?;
             if i == 1 {
+                return Err(self.fail(format!(
+                    "{}: the bootloader is stuck: `{line}` (console log {})",
+                    vm.name(),
+                    vm.log().display()
+                )));
+            }
+            if i == 2 {
                 attempts += 1;
                 // panic=5 reboots the machine: one more boot.
                 self.boots += 1;
