@@ -30,6 +30,7 @@
 pub mod atomic;
 pub mod grub;
 pub mod grubenv;
+pub mod memory;
 pub mod slot;
 pub mod syslinux;
 

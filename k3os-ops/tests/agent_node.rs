@@ -9,66 +9,17 @@ mod agent;
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use agent::decide::{Inactive, NodeUpdateStatus};
 use agent::node::{ConfirmResult, LibupgradeNode, NodeOps, StageProgress};
-use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
+use bootconfig::Slot;
 use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::layout::DirLayout;
 use libupgrade::manifest::Arch;
 
 /// Boot environment in memory; `power_on` counts a trial down like the GRUB script.
-#[derive(Clone)]
-struct Loader(Arc<Mutex<BootEnv>>);
-
-impl Loader {
-    fn power_on(&self) -> Slot {
-        let mut env = self.0.lock().unwrap();
-        let s = env.next_boot();
-        if let SlotBoot::Trying { tries_left } = env.get(s) {
-            env.set(
-                s,
-                SlotBoot::Trying {
-                    tries_left: tries_left.saturating_sub(1),
-                },
-            );
-        }
-        s
-    }
-}
-
-impl Bootloader for Loader {
-    fn name(&self) -> &'static str {
-        "test-loader"
-    }
-    fn max_tries(&self) -> u8 {
-        3
-    }
-    fn read(&self) -> bootconfig::Result<BootEnv> {
-        Ok(self.0.lock().unwrap().clone())
-    }
-    fn mark_bad(&self, slot: Slot) -> bootconfig::Result<()> {
-        let mut env = self.0.lock().unwrap();
-        env.set(slot, SlotBoot::Bad);
-        if env.primary == slot {
-            env.primary = slot.other();
-        }
-        Ok(())
-    }
-    fn try_slot(&self, slot: Slot, tries: u8) -> bootconfig::Result<()> {
-        let mut env = self.0.lock().unwrap();
-        env.set(slot, SlotBoot::Trying { tries_left: tries });
-        env.primary = slot;
-        Ok(())
-    }
-    fn mark_good(&self, slot: Slot) -> bootconfig::Result<()> {
-        let mut env = self.0.lock().unwrap();
-        env.set(slot, SlotBoot::Good);
-        env.primary = slot;
-        Ok(())
-    }
-}
+type Loader = bootconfig::memory::MemoryBootloader;
 
 struct Progress(Mutex<Vec<String>>);
 
@@ -184,11 +135,7 @@ impl Rig {
             format!("VERSION=v1\nGENERATION={booted_generation}\n"),
         )
         .unwrap();
-        let loader = Loader(Arc::new(Mutex::new(BootEnv {
-            primary: Slot::A,
-            a: SlotBoot::Good,
-            b: SlotBoot::Bad,
-        })));
+        let loader = Loader::new(3);
         let mut rig = Rig {
             channel: channel.display().to_string(),
             _dir: dir,

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
+use bootconfig::memory::MemoryBootloader;
 use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::layout::GptLayout;
 use libupgrade::{NoProgress, Source, StageOptions, Updater};
@@ -25,33 +25,6 @@ const MIB: u64 = 1 << 20;
 fn sh(cmd: &mut Command) {
     let st = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(st.success(), "{cmd:?} failed");
-}
-
-/// A loader that accepts every call: this measures the data path, not GRUB's env writes.
-struct NullLoader;
-impl Bootloader for NullLoader {
-    fn name(&self) -> &'static str {
-        "null"
-    }
-    fn max_tries(&self) -> u8 {
-        3
-    }
-    fn read(&self) -> bootconfig::Result<BootEnv> {
-        Ok(BootEnv {
-            primary: Slot::A,
-            a: SlotBoot::Good,
-            b: SlotBoot::Bad,
-        })
-    }
-    fn mark_bad(&self, _: Slot) -> bootconfig::Result<()> {
-        Ok(())
-    }
-    fn try_slot(&self, _: Slot, _: u8) -> bootconfig::Result<()> {
-        Ok(())
-    }
-    fn mark_good(&self, _: Slot) -> bootconfig::Result<()> {
-        Ok(())
-    }
 }
 
 fn config(work: &Path, disk: &Path) -> Config {
@@ -79,7 +52,7 @@ fn child(work: &Path) {
     let disk = work.join("disk.img");
     let cfg = config(work, &disk);
     let layout = GptLayout::open(&disk, &work.join("boot")).expect("GPT");
-    let u = Updater::with_parts(cfg, Box::new(layout), Box::new(NullLoader));
+    let u = Updater::with_parts(cfg, Box::new(layout), Box::new(MemoryBootloader::new(3)));
     let r = u
         .stage(
             &Source::Path(work.join("rel")),

@@ -53,7 +53,7 @@ impl Node {
         Node {
             dir,
             cfg,
-            loader: ModelLoader::new(),
+            loader: ModelLoader::new(9),
             boots: 0,
         }
     }
@@ -72,7 +72,7 @@ impl Node {
     /// Power-cycle: the loader picks a slot (counting tries), the "kernel" boots it.
     fn reboot(&mut self) -> Slot {
         self.boots += 1;
-        let s = self.loader.boot();
+        let s = self.loader.power_on();
         boot_as(&self.cfg, s, &format!("boot-{}", self.boots));
         s
     }
@@ -209,7 +209,7 @@ fn an_activation_cut_before_the_bootloader_flip_leaves_the_slot_staged() {
     let u = node.updater();
     u.activate().unwrap();
     // Simulate the power cut between the state write and the bootloader write: undo the flip.
-    node.loader.mark_good_for_test(Slot::A);
+    reset_loader(&node.loader, Slot::A);
     assert_eq!(node.reboot(), Slot::A);
     node.updater().confirm().unwrap();
     let st = node.updater().status().unwrap();

@@ -63,7 +63,7 @@ fn stage_from_a_directory_writes_the_inactive_slot_only() {
     let rels = tempfile::tempdir().unwrap();
     let rel = make_release(&k, rels.path(), "v2", 2, 3 * MIB as usize, Arch::host());
     let cfg = disk.config(&k.trust);
-    let loader = ModelLoader::new();
+    let loader = ModelLoader::new(9);
     let u = updater(&disk, cfg, &loader);
     let a_before = disk.part_bytes("rootfs-a", 4 * MIB);
 
@@ -109,7 +109,7 @@ fn http_stage_survives_dropped_connections_and_resumes_with_range() {
     let rels = tempfile::tempdir().unwrap();
     let rel = make_release(&k, rels.path(), "v2", 2, 6 * MIB as usize, Arch::host());
     let srv = TestServer::start(rels.path().to_path_buf(), 3);
-    let loader = ModelLoader::new();
+    let loader = ModelLoader::new(9);
     let u = updater(&disk, disk.config(&k.trust), &loader);
     let r = u
         .stage(
@@ -136,7 +136,7 @@ fn a_restarted_process_resumes_from_the_checkpoint_instead_of_starting_over() {
     // Larger than one 16 MiB checkpoint, so the first attempt leaves a durable checkpoint.
     let rel = make_release(&k, rels.path(), "v2", 2, 40 * MIB as usize, Arch::host());
     let srv = TestServer::start(rels.path().to_path_buf(), 1);
-    let loader = ModelLoader::new();
+    let loader = ModelLoader::new(9);
     let mut cfg = disk.config(&k.trust);
     cfg.download_retries = 0;
     let u = updater(&disk, cfg.clone(), &loader);
@@ -155,7 +155,7 @@ fn a_restarted_process_resumes_from_the_checkpoint_instead_of_starting_over() {
     assert!(e.to_string().contains("rootfs.squashfs"), "{e}");
     assert_eq!(u.status().unwrap().slots[1].state, SlotState::Invalid);
     assert_eq!(
-        loader.0.lock().unwrap().b,
+        loader.env().b,
         SlotBoot::Bad,
         "a half-written slot must be bad in the loader"
     );
@@ -197,11 +197,11 @@ fn rejected_releases_write_nothing() {
     let k = keys();
     let other = keys();
     let rels = tempfile::tempdir().unwrap();
-    let loader = ModelLoader::new();
+    let loader = ModelLoader::new(9);
     let cfg = disk.config(&k.trust);
     let u = updater(&disk, cfg.clone(), &loader);
     let b_before = disk.part_bytes("rootfs-b", MIB);
-    let env_before = loader.0.lock().unwrap().clone();
+    let env_before = loader.env().clone();
 
     let foreign = if Arch::host() == Arch::X86_64 {
         Arch::Aarch64
@@ -258,7 +258,7 @@ fn rejected_releases_write_nothing() {
             rel.display()
         );
         assert_eq!(
-            *loader.0.lock().unwrap(),
+            *loader.env(),
             env_before,
             "{}: bootloader changed",
             rel.display()
@@ -301,7 +301,7 @@ fn corrupt_or_truncated_artifacts_leave_the_slot_invalid() {
     let disk = TestDisk::new(24 * MIB);
     let k = keys();
     let rels = tempfile::tempdir().unwrap();
-    let loader = ModelLoader::new();
+    let loader = ModelLoader::new(9);
     let u = updater(&disk, disk.config(&k.trust), &loader);
     let a_before = disk.part_bytes("rootfs-a", MIB);
 
@@ -323,7 +323,7 @@ fn corrupt_or_truncated_artifacts_leave_the_slot_invalid() {
         "{msg}"
     );
     assert_eq!(u.status().unwrap().slots[1].state, SlotState::Invalid);
-    assert_eq!(loader.0.lock().unwrap().b, SlotBoot::Bad);
+    assert_eq!(loader.env().b, SlotBoot::Bad);
     assert!(u.activate().is_err(), "an invalid slot was activated");
     assert_eq!(disk.part_bytes("rootfs-a", MIB), a_before);
 
@@ -416,7 +416,7 @@ fn a_release_that_is_not_a_squashfs_is_refused_before_it_is_staged() {
         libupgrade::signing::sign(&m.to_bytes(), &k.secret).unwrap(),
     )
     .unwrap();
-    let loader = ModelLoader::new();
+    let loader = ModelLoader::new(9);
     let u = updater(&disk, disk.config(&k.trust), &loader);
     let e = u
         .stage(&Source::Path(dir), &fast(), &NoProgress)

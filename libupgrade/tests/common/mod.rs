@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
+use bootconfig::{Slot, SlotBoot};
 use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::manifest::Arch;
 
@@ -395,74 +395,13 @@ fn serve(s: TcpStream, root: &Path, drops: &AtomicUsize, log: &Mutex<Vec<String>
     }
 }
 
-/// An in-memory bootloader that behaves like our GRUB script: `boot()` picks the slot, counting
-/// a trial slot's tries down first.
-#[derive(Clone)]
-pub struct ModelLoader(pub Arc<Mutex<BootEnv>>);
+/// The in-memory loader with our GRUB script's rules; `boot()` is a power-on.
+pub type ModelLoader = bootconfig::memory::MemoryBootloader;
 
-impl ModelLoader {
-    pub fn new() -> ModelLoader {
-        ModelLoader(Arc::new(Mutex::new(BootEnv {
-            primary: Slot::A,
-            a: SlotBoot::Good,
-            b: SlotBoot::Bad,
-        })))
-    }
-
-    /// Put the loader back to "A good and primary, B bad" (as before an activation).
-    pub fn mark_good_for_test(&self, slot: Slot) {
-        let mut env = self.0.lock().unwrap();
-        env.primary = slot;
-        env.set(slot, SlotBoot::Good);
-        env.set(slot.other(), SlotBoot::Bad);
-    }
-
-    /// Power on: the slot the loader boots, after counting down a trial.
-    pub fn boot(&self) -> Slot {
-        let mut env = self.0.lock().unwrap();
-        let s = env.next_boot();
-        if let SlotBoot::Trying { tries_left } = env.get(s) {
-            if tries_left > 0 {
-                env.set(
-                    s,
-                    SlotBoot::Trying {
-                        tries_left: tries_left - 1,
-                    },
-                );
-            }
-        }
-        s
-    }
-}
-
-impl Bootloader for ModelLoader {
-    fn name(&self) -> &'static str {
-        "model"
-    }
-    fn max_tries(&self) -> u8 {
-        9
-    }
-    fn read(&self) -> bootconfig::Result<BootEnv> {
-        Ok(self.0.lock().unwrap().clone())
-    }
-    fn mark_bad(&self, slot: Slot) -> bootconfig::Result<()> {
-        let mut env = self.0.lock().unwrap();
-        env.set(slot, SlotBoot::Bad);
-        if env.primary == slot {
-            env.primary = slot.other();
-        }
-        Ok(())
-    }
-    fn try_slot(&self, slot: Slot, tries: u8) -> bootconfig::Result<()> {
-        let mut env = self.0.lock().unwrap();
-        env.set(slot, SlotBoot::Trying { tries_left: tries });
-        env.primary = slot;
-        Ok(())
-    }
-    fn mark_good(&self, slot: Slot) -> bootconfig::Result<()> {
-        let mut env = self.0.lock().unwrap();
-        env.set(slot, SlotBoot::Good);
-        env.primary = slot;
-        Ok(())
-    }
+/// Put the loader back to "`slot` good and primary, the other bad" (as before an activation).
+pub fn reset_loader(l: &ModelLoader, slot: Slot) {
+    let mut env = l.env();
+    env.primary = slot;
+    env.set(slot, SlotBoot::Good);
+    env.set(slot.other(), SlotBoot::Bad);
 }

@@ -1,0 +1,110 @@
+//! An in-memory [`Bootloader`] with the same choice and countdown rules as the real loaders'
+//! scripts ([`BootEnv::next_boot`], one try consumed per power-on). For tests of code that
+//! drives a bootloader — the update state machine, the agent — without boot files; the real
+//! backends are proven against GRUB, extlinux and QEMU in this crate's own tests.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::{BootEnv, Bootloader, Result, Slot, SlotBoot};
+
+/// Shared boot environment in memory; clones see the same state.
+#[derive(Debug, Clone)]
+pub struct MemoryBootloader {
+    env: Arc<Mutex<BootEnv>>,
+    max_tries: u8,
+}
+
+impl MemoryBootloader {
+    /// Starts as an installed node: A good and primary, B bad.
+    pub fn new(max_tries: u8) -> MemoryBootloader {
+        MemoryBootloader {
+            env: Arc::new(Mutex::new(BootEnv {
+                primary: Slot::A,
+                a: SlotBoot::Good,
+                b: SlotBoot::Bad,
+            })),
+            max_tries,
+        }
+    }
+
+    /// The environment, for inspection or to simulate a write that never happened.
+    pub fn env(&self) -> MutexGuard<'_, BootEnv> {
+        self.env.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Power on: the slot the loader boots, after counting down a trial's tries.
+    pub fn power_on(&self) -> Slot {
+        let mut env = self.env();
+        let s = env.next_boot();
+        if let SlotBoot::Trying { tries_left } = env.get(s) {
+            env.set(
+                s,
+                SlotBoot::Trying {
+                    tries_left: tries_left.saturating_sub(1),
+                },
+            );
+        }
+        s
+    }
+}
+
+impl Bootloader for MemoryBootloader {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    fn max_tries(&self) -> u8 {
+        self.max_tries
+    }
+    fn read(&self) -> Result<BootEnv> {
+        Ok(self.env().clone())
+    }
+    fn mark_bad(&self, slot: Slot) -> Result<()> {
+        let mut env = self.env();
+        env.set(slot, SlotBoot::Bad);
+        if env.primary == slot {
+            env.primary = slot.other();
+        }
+        Ok(())
+    }
+    fn try_slot(&self, slot: Slot, tries: u8) -> Result<()> {
+        let mut env = self.env();
+        env.set(
+            slot,
+            SlotBoot::Trying {
+                tries_left: tries.min(self.max_tries),
+            },
+        );
+        env.primary = slot;
+        Ok(())
+    }
+    fn mark_good(&self, slot: Slot) -> Result<()> {
+        let mut env = self.env();
+        env.set(slot, SlotBoot::Good);
+        env.primary = slot;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trial_gets_its_tries_then_falls_back() {
+        let l = MemoryBootloader::new(3);
+        l.try_slot(Slot::B, 9).unwrap();
+        assert_eq!(
+            l.read().unwrap().b,
+            SlotBoot::Trying { tries_left: 3 },
+            "clamped to max_tries"
+        );
+        assert_eq!(
+            [l.power_on(), l.power_on(), l.power_on(), l.power_on()],
+            [Slot::B, Slot::B, Slot::B, Slot::A]
+        );
+        l.mark_good(Slot::B).unwrap();
+        assert_eq!(l.power_on(), Slot::B);
+        l.mark_bad(Slot::B).unwrap();
+        assert_eq!(l.read().unwrap().primary, Slot::A);
+    }
+}
