@@ -55,9 +55,11 @@ bench:
 
 # One scenario on one target, e.g. `just vm-test powercut x86_64-grub-bios --all-barriers`
 # (scenarios: upgrade fallback-panic fallback-noconfirm badhealth powercut all; target "all" too).
+# VM_TESTS_IMAGES=<dir> boots another images tree; VM_TESTS_ACCEL=tcg|kvm skips the KVM probe.
 vm-test scenario="upgrade" target="x86_64-grub-bios" *flags="":
-    cargo run -p vm-tests --release -- run {{scenario}} {{target}} {{flags}}
+    cargo run -p vm-tests -- run {{scenario}} {{target}} {{flags}}
 
 # The full matrix: every scenario on every target (the ignored tests included).
+# VM_TESTS_ALL_BARRIERS=1 also cuts the power at every barrier instead of a sample.
 vm-test-all:
-    cargo test -p vm-tests -- --include-ignored --nocapture
+    cargo test -p vm-tests -- --include-ignored --nocapture --test-threads 1
