@@ -54,7 +54,7 @@ bench:
 # QEMU scenarios on the disks from `just images-*`; console logs in vm-tests/out/<target>/<scenario>/.
 
 # One scenario on one target, e.g. `just vm-test powercut x86_64-grub-bios --all-barriers`
-# (scenarios: upgrade fallback-panic fallback-noconfirm badhealth powercut all; target "all" too).
+# (scenarios: upgrade fallback-panic fallback-noconfirm badhealth powercut missing-kernel all; target "all" too).
 # VM_TESTS_IMAGES=<dir> boots another images tree; VM_TESTS_ACCEL=tcg|kvm skips the KVM probe.
 vm-test scenario="upgrade" target="x86_64-grub-bios" *flags="":
     cargo run -p vm-tests -- run {{scenario}} {{target}} {{flags}}

@@ -22,7 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a scenario (upgrade, fallback-panic, fallback-noconfirm, badhealth, powercut, all) on a
+    /// Run a scenario (upgrade, fallback-panic, fallback-noconfirm, badhealth, powercut,
+    /// missing-kernel, all) on a
     /// target (x86_64-grub-bios, x86_64-grub-efi, x86_64-extlinux, aarch64-grub-efi, all).
     Run {
         scenario: String,

@@ -11,6 +11,9 @@
 //!   slot with slot B either complete (re-stage reports it already staged, and it boots) or
 //!   not bootable (and a new upgrade recovers).
 //!
+//! - `missing-kernel`: v2 is activated, then its kernel is deleted from /boot; the bootloader
+//!   cannot load B and must fall back to A by itself (no human at the GRUB menu).
+//!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
 
@@ -47,15 +50,17 @@ pub enum ScenarioKind {
     FallbackNoConfirm,
     BadHealth,
     PowerCut,
+    MissingKernel,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 5] = [
+    pub const ALL: [ScenarioKind; 6] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
         ScenarioKind::BadHealth,
         ScenarioKind::PowerCut,
+        ScenarioKind::MissingKernel,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +70,7 @@ impl ScenarioKind {
             ScenarioKind::FallbackNoConfirm => "fallback-noconfirm",
             ScenarioKind::BadHealth => "badhealth",
             ScenarioKind::PowerCut => "powercut",
+            ScenarioKind::MissingKernel => "missing-kernel",
         }
     }
 }
@@ -221,6 +227,7 @@ impl Scenario {
             ScenarioKind::FallbackNoConfirm => self.fallback(true)?,
             ScenarioKind::BadHealth => self.badhealth()?,
             ScenarioKind::PowerCut => self.powercut()?,
+            ScenarioKind::MissingKernel => self.missing_kernel()?,
         }
         if !self.opts.keep {
             for e in std::fs::read_dir(&self.out)
@@ -760,6 +767,42 @@ impl Scenario {
         self.note(format!("{}: B failed its health check and rolled back after one boot of {tries} tries ({:.1}s)", vm.name(), t0.elapsed().as_secs_f64()));
         self.ready(&mut vm)?;
         self.explain_failed_b(&mut vm, version, &[Event::HealthFailed, Event::RolledBack])?;
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- missing kernel
+
+    fn missing_kernel(&mut self) -> Result<()> {
+        let srv = self.server(0)?;
+        let mut node = self.node("node")?;
+        let mut vm = self.power_on(&mut node)?;
+        self.expect_boot(&mut vm, Slot::A, "v1")?;
+        self.ready(&mut vm)?;
+        self.upgrade_to(&mut vm, &srv, "v2", "")?;
+        vm.run_ok("rm /boot/b/vmlinuz && sync", CMD)?;
+        self.reboot(&mut vm)?;
+        let t0 = Instant::now();
+        let (slot, version) = self.booted(&mut vm)?;
+        self.check(slot == Slot::A && version == "v1", || {
+            format!("with B's kernel gone the node booted {slot} {version}, expected A v1")
+        })?;
+        self.note(format!(
+            "{}: B's kernel missing, the bootloader fell back to A v1 ({:.1}s)",
+            vm.name(),
+            t0.elapsed().as_secs_f64()
+        ));
+        self.ready(&mut vm)?;
+        let st = self.status(&mut vm)?;
+        let b = sl(&st, Slot::B);
+        self.check(st.next_boot == Slot::A, || {
+            format!("after the fallback B still boots next: {b:?}")
+        })?;
+        if let Some(d) = &b.last_decision {
+            self.note(format!(
+                "slot status on v1: B is {}, {:?}: {}",
+                b.state, d.event, d.why
+            ));
+        }
         Ok(())
     }
 

@@ -97,3 +97,20 @@ matrix_test!(
 );
 matrix_test!(aarch64_grub_efi_badhealth, BadHealth, Aarch64GrubEfi);
 matrix_test!(aarch64_grub_efi_powercut, PowerCut, Aarch64GrubEfi);
+
+matrix_test!(
+    x86_64_grub_bios_missing_kernel,
+    MissingKernel,
+    X86_64GrubBios
+);
+matrix_test!(x86_64_grub_efi_missing_kernel, MissingKernel, X86_64GrubEfi);
+matrix_test!(
+    x86_64_extlinux_missing_kernel,
+    MissingKernel,
+    X86_64Extlinux
+);
+matrix_test!(
+    aarch64_grub_efi_missing_kernel,
+    MissingKernel,
+    Aarch64GrubEfi
+);
