@@ -41,6 +41,11 @@ test: setup lint images
     cargo test --workspace --exclude vm-tests
     cargo test -p vm-tests -- --nocapture --test-threads 1
 
+# The main job: build the x86_64 images, boot a VM, show `slot status`, upgrade v1 -> v2 over
+# HTTP, reboot into slot B and show `slot status` again.
+demo: setup images-x86_64
+    cargo run -q -p vm-tests --bin demo
+
 # Formatting and clippy, warnings are errors.
 lint:
     cargo fmt --all --check
