@@ -841,7 +841,7 @@ impl Updater {
                     SlotState::Good,
                     Event::Confirmed,
                     format!(
-                        "{} health checks passed; slot {booted} is good",
+                        "{} health check(s) passed; slot {booted} is good",
                         checks.len()
                     ),
                 );
