@@ -120,6 +120,12 @@ impl Target {
         }
     }
 
+    /// True for a file target (temp file renamed into place), whose [`Target::existing_len`]
+    /// is what is really there; false for a raw partition.
+    pub fn is_file(&self) -> bool {
+        matches!(self.finish, Finish::Rename { .. })
+    }
+
     /// Truncate a file target to `len` (a resumed download drops bytes past its checkpoint).
     pub fn truncate(&self, len: u64) -> Result<()> {
         if let Finish::Rename { .. } = self.finish {
