@@ -508,3 +508,39 @@ fn grub_on_disk_trial_confirm_and_fallback() {
     );
     assert_eq!(st.next_boot, Slot::B);
 }
+
+/// A cut after an artifact's temp file was renamed into place but before the checkpoint
+/// recorded it: the checkpoint still says "kernel, N bytes" while no temp file exists. Resume
+/// must start that file over, not extend a missing file with zeros (found by the QEMU
+/// power-cut scenario at the `artifact-renamed` barrier).
+#[test]
+fn resume_after_a_cut_between_rename_and_checkpoint_starts_the_file_over() {
+    let disk = TestDisk::new(24 * MIB);
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    // A tiny rootfs (under the server's 64 KiB drop threshold), so the dropped body is the kernel.
+    let rel = make_release(&k, rels.path(), "v2", 2, 1000, Arch::host());
+    let srv = TestServer::start(rels.path().to_path_buf(), 1);
+    let loader = ModelLoader::new(9);
+    let mut cfg = disk.config(&k.trust);
+    cfg.download_retries = 0;
+    let src = Source::parse(&format!("{}v2/", srv.base));
+    let e = updater(&disk, cfg.clone(), &loader)
+        .stage(&src, &fast(), &NoProgress)
+        .unwrap_err();
+    assert!(e.to_string().contains("vmlinuz"), "{e}");
+    let tmp = disk.boot_dir.join("b/.vmlinuz.partial");
+    assert!(
+        std::fs::metadata(&tmp).unwrap().len() > 0,
+        "the interrupted kernel left no partial file"
+    );
+    // The power cut: the file went into place, the checkpoint never heard of it.
+    std::fs::rename(&tmp, disk.boot_dir.join("b/vmlinuz")).unwrap();
+
+    cfg.download_retries = 3;
+    let r = updater(&disk, cfg, &loader)
+        .stage(&src, &fast(), &NoProgress)
+        .unwrap();
+    assert!(r.resumed);
+    assert_staged(&disk, &rel, &rels.path().join("v2.tree"));
+}
