@@ -837,9 +837,9 @@ impl Scenario {
         for k in ks {
             let name = &barriers[(k - 1) as usize].1;
             let t0 = Instant::now();
-            self.cut_at(&srv, k, name)?;
+            let hit = self.cut_at(&srv, k, name)?;
             self.note(format!(
-                "cut at barrier {k} ({name}): recovered and verified in {:.1}s",
+                "cut at barrier {k} ({hit}): recovered and verified in {:.1}s",
                 t0.elapsed().as_secs_f64()
             ));
         }
@@ -847,7 +847,8 @@ impl Scenario {
     }
 
     /// Cut the power at barrier `k` of the v2 upgrade, then check the node and slot B.
-    fn cut_at(&mut self, srv: &ReleaseServer, k: u64, name: &str) -> Result<()> {
+    /// Returns the name of the barrier the upgrade actually stopped at.
+    fn cut_at(&mut self, srv: &ReleaseServer, k: u64, name: &str) -> Result<String> {
         let mut node = self.node(&format!("cut-{k:02}"))?;
         let mut vm = self.power_on(&mut node)?;
         self.expect_boot(&mut vm, Slot::A, "v1")?;
@@ -951,7 +952,7 @@ impl Scenario {
                 self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))?;
             }
         }
-        Ok(())
+        Ok(hit)
     }
 }
 
