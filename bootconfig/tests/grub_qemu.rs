@@ -24,24 +24,7 @@ use common::run_ok;
 /// LBA 2 onwards), and the ext4 partition made from `root` at 1 MiB.
 fn make_disk(disk: &Path, root: &Path, core: &Path) {
     let _ = std::fs::remove_file(disk);
-    run_ok(
-        "truncate",
-        "coreutils",
-        &["-s", "64M", disk.to_str().unwrap()],
-    );
-    let mut sfdisk = std::process::Command::new("sfdisk")
-        .args(["-q", disk.to_str().unwrap()])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("sfdisk (package fdisk) is needed");
-    use std::io::Write;
-    sfdisk
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"label: dos\nstart=2048, type=83, bootable\n")
-        .unwrap();
-    assert!(sfdisk.wait().unwrap().success(), "sfdisk failed");
+    common::qemu::dos_disk(disk);
     let d = format!("of={}", disk.display());
     run_ok(
         "dd",

@@ -63,24 +63,7 @@ fn syslinux_boots_a_trial_once_falls_back_and_keeps_a_confirmed_slot() {
     let disk = w.join("disk.img");
     let mnt = w.join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    run_ok(
-        "truncate",
-        "coreutils",
-        &["-s", "64M", disk.to_str().unwrap()],
-    );
-    let mut sfdisk = std::process::Command::new("sfdisk")
-        .args(["-q", disk.to_str().unwrap()])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("sfdisk (package fdisk) is needed");
-    use std::io::Write;
-    sfdisk
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"label: dos\nstart=2048, type=83, bootable\n")
-        .unwrap();
-    assert!(sfdisk.wait().unwrap().success(), "sfdisk failed");
+    common::qemu::dos_disk(&disk);
     run_ok(
         "dd",
         "coreutils",

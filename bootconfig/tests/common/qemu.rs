@@ -144,3 +144,25 @@ pub fn boot(disk: &Path) -> (Slot, bool) {
         .unwrap();
     (slot, text.contains("K3OS-PANICKING"))
 }
+
+/// A 64 MiB disk image file with an MBR and one bootable Linux partition at [`PART_OFFSET`].
+pub fn dos_disk(disk: &Path) {
+    super::run_ok(
+        "truncate",
+        "coreutils",
+        &["-s", "64M", disk.to_str().unwrap()],
+    );
+    let mut sfdisk = std::process::Command::new("sfdisk")
+        .args(["-q", disk.to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("sfdisk (package fdisk) is needed");
+    use std::io::Write;
+    sfdisk
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"label: dos\nstart=2048, type=83, bootable\n")
+        .unwrap();
+    assert!(sfdisk.wait().unwrap().success(), "sfdisk failed");
+}
