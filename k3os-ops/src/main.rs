@@ -5,6 +5,7 @@
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
 mod agent;
+mod progress;
 mod release;
 mod report;
 mod slot;
