@@ -1,9 +1,7 @@
 //! The committed `deploy/crd.yaml` must be exactly what the types generate
 //! (`k3os-ops agent crd > k3os-ops/deploy/crd.yaml` after changing `src/agent/crd.rs`).
 
-#[allow(dead_code, unused_imports)]
-#[path = "../src/agent/mod.rs"]
-mod agent;
+use k3os_ops::agent;
 
 use agent::crd::{crd_yaml, UpdateChannel};
 

@@ -4,9 +4,7 @@
 //! fence (CAS of our slot's phase) before cordon, before the bootloader flip, before reboot;
 //! uncordon only of our own cordon; release after confirm; failures pause the channel.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../src/agent/mod.rs"]
-mod agent;
+use k3os_ops::agent;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -15,8 +15,7 @@
 //! [`slots::ChannelStore`] trait), [`kube_store`] (that trait over kube-rs), [`drain`]
 //! (cordon/evict), [`node`] (the node-side trait over libupgrade), [`controller`] (the loop).
 //!
-//! This module is also compiled into the `tests/agent_*.rs` integration tests with
-//! `#[path]`, so it uses nothing from the binary outside `agent/`.
+//! Integration tests reach it as `k3os_ops::agent` (the library target).
 
 pub mod controller;
 pub mod crd;
