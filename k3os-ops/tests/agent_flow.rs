@@ -25,6 +25,10 @@ struct World {
     rv: u64,
     /// Pods on the node (for the drain).
     pods: Vec<Value>,
+    /// Leases by name (node liveness and poller Leases).
+    leases: std::collections::BTreeMap<String, Value>,
+    /// Other nodes that exist (for reclaim's Node-deleted check).
+    other_nodes: Vec<String>,
     /// Called before answering each request (to inject concurrent changes).
     #[allow(clippy::type_complexity)]
     hook: Option<Box<dyn FnMut(&str, &mut Value) + Send>>,
@@ -50,6 +54,7 @@ fn merge(target: &mut Value, patch: &Value) {
 }
 
 const CH: &str = "/apis/k3os.io/v1/namespaces/k3os-system/updatechannels";
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/k3os-system/leases";
 
 fn respond(status: u16, body: &Value) -> Response<Body> {
     Response::builder()
@@ -104,10 +109,57 @@ async fn serve(
             (Method::GET, CH) => {
                 let mut ch = w.channel.clone();
                 ch["metadata"]["resourceVersion"] = json!(rv);
+                // A null channel: none exists (yet).
+                let items = if ch["spec"].is_null() {
+                    vec![]
+                } else {
+                    vec![ch]
+                };
                 respond(
                     200,
-                    &json!({"kind": "UpdateChannelList", "apiVersion": "k3os.io/v1", "metadata": {}, "items": [ch]}),
+                    &json!({"kind": "UpdateChannelList", "apiVersion": "k3os.io/v1", "metadata": {}, "items": items}),
                 )
+            }
+            (Method::GET, p) if p.starts_with("/api/v1/nodes/") => {
+                let n = p.trim_start_matches("/api/v1/nodes/");
+                if w.other_nodes.iter().any(|o| o == n) {
+                    respond(
+                        200,
+                        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}}),
+                    )
+                } else {
+                    respond(404, &not_found(p))
+                }
+            }
+            (m, p) if p.starts_with(LEASES) => {
+                let name = p
+                    .trim_start_matches(LEASES)
+                    .trim_start_matches('/')
+                    .to_string();
+                match m {
+                    Method::GET => match w.leases.get(&name) {
+                        Some(l) => respond(200, l),
+                        None => respond(404, &not_found(p)),
+                    },
+                    Method::POST => {
+                        let mut l = body.clone();
+                        l["metadata"]["resourceVersion"] = json!("1");
+                        let n = l["metadata"]["name"].as_str().unwrap().to_string();
+                        w.leases.insert(n, l.clone());
+                        respond(201, &l)
+                    }
+                    Method::PUT => {
+                        let mut l = body.clone();
+                        let v = l["metadata"]["resourceVersion"]
+                            .as_str()
+                            .and_then(|v| v.parse::<u64>().ok())
+                            .unwrap_or(0);
+                        l["metadata"]["resourceVersion"] = json!((v + 1).to_string());
+                        w.leases.insert(name, l.clone());
+                        respond(200, &l)
+                    }
+                    _ => respond(405, &not_found(p)),
+                }
             }
             (Method::GET, p) if p == format!("{CH}/stable") => {
                 let mut ch = w.channel.clone();
@@ -261,6 +313,8 @@ fn setup(
         }),
         rv: 1,
         pods: Vec::new(),
+        leases: Default::default(),
+        other_nodes: vec!["n2".into()],
         hook: None,
     }));
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -598,5 +652,107 @@ async fn a_slot_of_this_node_under_another_token_is_taken_over_in_place() {
     assert_eq!(
         slots[0]["token"],
         w.node["metadata"]["annotations"]["k3os.io/update-token"]
+    );
+}
+
+/// Issue 11 bug 5: a node whose slot was reclaimed while it was cordoned (by us) must not
+/// stay cordoned while it waits for a new slot (at concurrency 1 another node holds it).
+#[tokio::test]
+async fn a_node_waiting_for_a_slot_is_not_left_cordoned() {
+    let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
+    node.status.lock().unwrap().inactive = Inactive::Staged("v2".into());
+    {
+        let mut w = world.lock().unwrap();
+        w.channel["status"]["slots"] = json!([{"node": "n2", "token": "t2",
+            "claimedAt": "2026-12-01T00:00:00Z", "phase": "Draining", "version": "v2"}]);
+        w.node["spec"]["unschedulable"] = json!(true);
+        w.node["metadata"]["annotations"]["k3os.io/update-cordoned"] = json!("true");
+    }
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    pos(&l, "unschedulable=false");
+    assert_eq!(world.lock().unwrap().node["spec"]["unschedulable"], false);
+    assert_eq!(annotation(&world, "k3os.io/update-cordoned"), None);
+}
+
+/// Issue 11 bug 7: reclaim's looks follow `rebootTimeout` from the moment a channel exists.
+/// A holder silent since before the channel appeared, with `rebootTimeout: 30s`, is reclaimed
+/// within the timeout plus one look period (today's first look came 120 s ±25 % after start,
+/// whatever the timeout: 140–150 s measured).
+#[tokio::test(start_paused = true)]
+async fn a_dead_holder_is_reclaimed_soon_after_reboot_timeout() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    let channel = {
+        let mut w = world.lock().unwrap();
+        w.leases.insert(
+            "k3os-upgrade-node-n2".into(),
+            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                   "metadata": {"name": "k3os-upgrade-node-n2", "resourceVersion": "7"},
+                   "spec": {"holderIdentity": "n2", "renewTime": "2026-12-01T00:00:00.000000Z"}}),
+        );
+        w.channel["spec"]["rebootTimeout"] = json!("30s");
+        w.channel["status"]["slots"] = json!([{"node": "n2", "token": "t2",
+            "claimedAt": "2026-12-01T00:00:00Z", "phase": "Draining", "version": "v2"}]);
+        std::mem::replace(&mut w.channel, Value::Null)
+    };
+    let agent = Arc::new(agent);
+    let task = tokio::spawn(agent::controller::reclaim_loop(agent.clone()));
+    // The agent started before the channel was created.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    world.lock().unwrap().channel = channel;
+    let appeared = tokio::time::Instant::now();
+    let mut reclaimed = None;
+    for _ in 0..400 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if world.lock().unwrap().channel["status"]["slots"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+        {
+            reclaimed = Some(appeared.elapsed());
+            break;
+        }
+    }
+    task.abort();
+    let took = reclaimed.expect("the dead holder's slot was never reclaimed");
+    // First look within one period (<= 12.5 s), silence judged from there: 30 s + 2 periods.
+    assert!(
+        took <= Duration::from_secs(56),
+        "reclaimed {took:?} after the channel appeared (rebootTimeout 30s)"
+    );
+    pos(&log.lock().unwrap(), "event: SlotReclaimed");
+}
+
+/// Issue 11 bug 6: `version: latest` is resolved as soon as a channel appears, not on the
+/// next poll tick (default 900 s; the channel sat idle up to 15 minutes).
+#[tokio::test(start_paused = true)]
+async fn latest_is_resolved_soon_after_a_channel_appears() {
+    let (agent, world, _node, _log) = setup(ConfirmResult::Healthy, false);
+    let channel = {
+        let mut w = world.lock().unwrap();
+        w.channel["spec"]["version"] = json!("latest");
+        std::mem::replace(&mut w.channel, Value::Null)
+    };
+    let agent = Arc::new(agent);
+    let task = tokio::spawn(agent::controller::poll_loop(
+        agent.clone(),
+        Duration::from_secs(900),
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    world.lock().unwrap().channel = channel;
+    let appeared = tokio::time::Instant::now();
+    let mut resolved = None;
+    for _ in 0..1000 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if world.lock().unwrap().channel["status"]["latestVersion"] == "v2" {
+            resolved = Some(appeared.elapsed());
+            break;
+        }
+    }
+    task.abort();
+    let took = resolved.expect("latest was never resolved");
+    assert!(
+        took <= Duration::from_secs(15),
+        "latest resolved {took:?} after the channel appeared (poll period 900 s)"
     );
 }

@@ -53,13 +53,19 @@ const MIN_RECLAIM_PERIOD: Duration = Duration::from_secs(10);
 const MAX_RECLAIM_PERIOD: Duration = Duration::from_secs(120);
 
 /// Period between looks for dead holders: a quarter of the shortest reboot timeout, within
-/// [10 s, 120 s], ±25 % jitter. Every agent looks (any may reclaim), so on a large fleet this
-/// bounds the reads (two per held slot per look) while detection stays within a fraction of
-/// the timeout.
-fn reclaim_period(shortest_reboot_timeout: Duration) -> Duration {
-    let base = (shortest_reboot_timeout / 4).clamp(MIN_RECLAIM_PERIOD, MAX_RECLAIM_PERIOD);
+/// [10 s, 120 s], ±25 % jitter; the shortest period while no valid channel exists (so a channel
+/// created after the agent started is looked at within seconds, not after the 2-minute cap).
+/// Every agent looks (any may reclaim), so on a large fleet this bounds the reads (two per
+/// held slot per look) while detection stays within a fraction of the timeout.
+pub fn reclaim_period(shortest_reboot_timeout: Option<Duration>) -> Duration {
+    let base = shortest_reboot_timeout
+        .map_or(MIN_RECLAIM_PERIOD, |t| t / 4)
+        .clamp(MIN_RECLAIM_PERIOD, MAX_RECLAIM_PERIOD);
     base.mul_f64(rand::thread_rng().gen_range(0.75..1.25))
 }
+/// How often the poller looks for new or changed channels (a list), so `latest` is resolved
+/// within seconds of a channel's creation or spec change instead of on the next poll tick.
+const POLL_LOOK_PERIOD: Duration = Duration::from_secs(10);
 /// Least time between two writes of the stage progress annotation.
 const PROGRESS_PERIOD: Duration = Duration::from_secs(15);
 /// How long after a healthy boot the Node may take to report Ready.
@@ -326,8 +332,10 @@ impl Agent {
         }
         tracing::debug!(?action, channel = %name, "decided");
         // A cordon of ours outlives the slot only after an interrupted update (slot reclaimed
-        // while rebooting, health rollback without a slot): undo it as soon as no step of an
-        // update needs it.
+        // while draining or rebooting, health rollback without a slot): undo it as soon as no
+        // step of a held slot needs it. `Claim` is not such a step: a node without a slot is
+        // never left cordoned by us while it waits for one (disruption stays bounded by
+        // `concurrency`); the next claim cordons again after fencing.
         let slot_action = matches!(
             action,
             Action::Continue { .. }
@@ -335,7 +343,7 @@ impl Agent {
                 | Action::RolledBack { .. }
                 | Action::FinishRollback
                 | Action::Release { .. }
-                | Action::Claim { .. }
+                | Action::Idle(IdleReason::ForeignSlot)
         );
         if !slot_action && annotations.get(ANN_CORDONED).is_some_and(|v| v == "true") {
             self.undo_cordon().await?;
@@ -959,10 +967,10 @@ async fn renew_node_lease(client: Client, namespace: String, node: String) {
 }
 
 /// Reclaim dead holders' slots in every channel, forever.
-async fn reclaim_loop(agent: Arc<Agent>) {
+pub async fn reclaim_loop(agent: Arc<Agent>) {
     let mut observers: BTreeMap<String, LivenessObserver> = BTreeMap::new();
     loop {
-        let mut shortest = MAX_RECLAIM_PERIOD * 4;
+        let mut shortest: Option<Duration> = None;
         let api: Api<UpdateChannel> = Api::namespaced(agent.client.clone(), &agent.namespace);
         match api.list(&ListParams::default()).await {
             Ok(list) => {
@@ -971,7 +979,9 @@ async fn reclaim_loop(agent: Arc<Agent>) {
                     let Ok(policy) = Policy::from_spec(&ch.spec) else {
                         continue;
                     };
-                    shortest = shortest.min(policy.reboot_timeout);
+                    shortest = Some(shortest.map_or(policy.reboot_timeout, |s: Duration| {
+                        s.min(policy.reboot_timeout)
+                    }));
                     let obs = observers.entry(name.clone()).or_default();
                     let store = agent.store(&name);
                     match slots::reclaim_dead(
@@ -1022,18 +1032,38 @@ async fn reclaim_loop(agent: Arc<Agent>) {
     }
 }
 
-/// Resolve `latest` for each channel whose poller Lease this node holds, forever.
-async fn poll_loop(agent: Arc<Agent>, period: Duration) {
+/// Resolve `latest` for each channel whose poller Lease this node holds, forever: every
+/// `period`, and at once (within [`POLL_LOOK_PERIOD`]) when a channel appears or its spec
+/// changes (new `metadata.generation`).
+pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
     let leases: Api<Lease> = Api::namespaced(agent.client.clone(), &agent.namespace);
     let lease_secs = i32::try_from(period.as_secs().saturating_mul(3)).unwrap_or(i32::MAX);
+    // Per channel: (uid, generation) last looked at, and when.
+    let mut looked: BTreeMap<String, ((Option<String>, Option<i64>), tokio::time::Instant)> =
+        BTreeMap::new();
     loop {
         let api: Api<UpdateChannel> = Api::namespaced(agent.client.clone(), &agent.namespace);
         if let Ok(list) = api.list(&ListParams::default()).await {
+            let names: Vec<String> = list
+                .items
+                .iter()
+                .filter_map(|c| c.metadata.name.clone())
+                .collect();
+            looked.retain(|n, _| names.contains(n));
             for ch in list.items {
                 if ch.spec.pinned_version().is_some() {
                     continue;
                 }
                 let name = ch.metadata.name.clone().unwrap_or_default();
+                let key = (ch.metadata.uid.clone(), ch.metadata.generation);
+                let now = tokio::time::Instant::now();
+                let due = looked
+                    .get(&name)
+                    .is_none_or(|(k, at)| *k != key || now.duration_since(*at) >= period);
+                if !due {
+                    continue;
+                }
+                looked.insert(name.clone(), (key, now));
                 match acquire_lease(&leases, &poller_lease_name(&name), &agent.node, lease_secs)
                     .await
                 {
@@ -1075,7 +1105,7 @@ async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                 }
             }
         }
-        tokio::time::sleep(period).await;
+        tokio::time::sleep(period.min(POLL_LOOK_PERIOD)).await;
     }
 }
 
@@ -1090,7 +1120,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         "the node name is required: --node-name or NODE_NAME (DaemonSet: fieldRef spec.nodeName)",
     )?;
     libupgrade::http::install_crypto_provider();
-    let client = Client::try_default()
+    let client = super::client::infer()
         .await
         .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
     let ops: Arc<dyn NodeOps> = Arc::new(super::node::LibupgradeNode::open(args.config.clone())?);
