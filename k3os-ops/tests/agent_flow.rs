@@ -94,6 +94,9 @@ async fn serve(
         }
         let rv = w.rv.to_string();
         let resp = match (method.clone(), path.as_str()) {
+            (Method::GET, "/api/v1/nodes/n1") if w.node.is_null() => {
+                respond(404, &not_found("nodes \"n1\""))
+            }
             (Method::GET, "/api/v1/nodes/n1") => respond(200, &w.node),
             (Method::PATCH, "/api/v1/nodes/n1") => {
                 if let Some(u) = body.pointer("/spec/unschedulable") {
@@ -198,9 +201,15 @@ async fn serve(
                 }
             }
             (Method::POST, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
-                log.lock()
-                    .unwrap()
-                    .push(format!("event: {}", body["reason"].as_str().unwrap_or("?")));
+                let mut l = log.lock().unwrap();
+                l.push(format!("event: {}", body["reason"].as_str().unwrap_or("?")));
+                l.push(format!(
+                    "event-on: {} {}/{}: {}",
+                    body["regarding"]["kind"].as_str().unwrap_or("?"),
+                    body["regarding"]["namespace"].as_str().unwrap_or("-"),
+                    body["regarding"]["name"].as_str().unwrap_or("?"),
+                    body["note"].as_str().unwrap_or("")
+                ));
                 respond(201, &body)
             }
             _ => {
@@ -754,5 +763,65 @@ async fn latest_is_resolved_soon_after_a_channel_appears() {
     assert!(
         took <= Duration::from_secs(15),
         "latest resolved {took:?} after the channel appeared (poll period 900 s)"
+    );
+}
+
+/// Issue 11 bug 8: a second event with the same reason but new text is a new Event with that
+/// text (the recorder merged it into the first and kept the stale text), and events about a
+/// channel are also published regarding the UpdateChannel (`kubectl describe upchan`).
+#[tokio::test]
+async fn events_carry_fresh_text_and_land_on_the_channel_too() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    let ch: agent::crd::UpdateChannel =
+        serde_json::from_value(world.lock().unwrap().channel.clone()).unwrap();
+    agent
+        .event(
+            Some(&ch),
+            false,
+            "WaitingForSlot",
+            "all slots taken by n2".into(),
+        )
+        .await;
+    agent
+        .event(
+            Some(&ch),
+            false,
+            "WaitingForSlot",
+            "all slots taken by n3".into(),
+        )
+        .await;
+    let l = log.lock().unwrap().clone();
+    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    for who in ["n2", "n3"] {
+        pos(
+            &l,
+            &format!("event-on: Node -/n1: all slots taken by {who}"),
+        );
+        pos(
+            &l,
+            &format!("event-on: UpdateChannel k3os-system/stable: all slots taken by {who}"),
+        );
+    }
+}
+
+/// Issue 11 bug 10: ReconcileError events carry the error chain as text, no Rust debug dump
+/// of kube's ErrorResponse.
+#[tokio::test]
+async fn reconcile_errors_are_reported_without_debug_dumps() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    // The own Node vanished: the API answers 404 with a Status.
+    world.lock().unwrap().node = Value::Null;
+    world.lock().unwrap().hook = Some(Box::new(|_, _| {}));
+    let e = agent.reconcile().await.expect_err("own Node is missing");
+    agent.report_error(&e).await;
+    let l = log.lock().unwrap().clone();
+    let line = l
+        .iter()
+        .find(|x| x.starts_with("event-on: Node -/n1: "))
+        .unwrap_or_else(|| panic!("no ReconcileError event: {l:#?}"));
+    assert!(line.contains("read own Node n1"), "{line}");
+    assert!(
+        !line.contains("ErrorResponse") && !line.contains("Status {") && !line.contains("{ "),
+        "debug dump in the event: {line}"
     );
 }

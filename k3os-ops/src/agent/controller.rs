@@ -19,7 +19,6 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use rand::Rng;
@@ -79,7 +78,7 @@ pub struct Agent {
     /// `namespace/name` of this agent's pod.
     pub self_pod: Option<String>,
     pub ops: Arc<dyn NodeOps>,
-    pub recorder: Recorder,
+    pub events: super::events::Publisher,
     /// Pause between drain rounds (PDB retries).
     pub drain_retry: Duration,
     /// Stage failures in a row, for back-off.
@@ -117,20 +116,14 @@ impl Agent {
         self_pod: Option<String>,
         ops: Arc<dyn NodeOps>,
     ) -> Agent {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "k3os-ops-agent".into(),
-                instance: Some(node.to_string()),
-            },
-        );
+        let events = super::events::Publisher::new(client.clone(), node);
         Agent {
             client,
             namespace: namespace.to_string(),
             node: node.to_string(),
             self_pod,
             ops,
-            recorder,
+            events,
             drain_retry: Duration::from_secs(5),
             stage_failures: AtomicU64::new(0),
             stage_not_before: AtomicU64::new(0),
@@ -179,8 +172,9 @@ impl Agent {
         r
     }
 
-    /// Publish a Kubernetes Event about this node (and the channel, as related object).
-    /// Event failures are logged, never fatal.
+    /// Publish a Kubernetes Event about this node and, with a channel, the same Event
+    /// regarding the channel (each as the other's related object). Failures are logged, never
+    /// fatal.
     pub async fn event(
         &self,
         channel: Option<&UpdateChannel>,
@@ -193,21 +187,37 @@ impl Agent {
         } else {
             tracing::info!(reason, "{note}");
         }
-        let ev = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.to_string(),
-            note: Some(note.chars().take(1000).collect()),
-            action: reason.to_string(),
-            secondary: channel.map(|c| c.object_ref(&())),
+        let n = super::events::Note {
+            warning,
+            reason,
+            note: &note,
         };
-        let regarding = self.node_ref().await;
-        if let Err(e) = self.recorder.publish(&ev, &regarding).await {
-            tracing::warn!("could not publish event {reason}: {e}");
+        let node = self.node_ref().await;
+        let channel = channel.map(|c| c.object_ref(&()));
+        if let Err(e) = self.events.publish(&node, channel.as_ref(), &n).await {
+            tracing::warn!(
+                "could not publish event {reason} on Node {}: {}",
+                self.node,
+                super::errors::kube_message(&e)
+            );
         }
+        if let Some(ch) = &channel {
+            if let Err(e) = self.events.publish(ch, Some(&node), &n).await {
+                tracing::warn!(
+                    "could not publish event {reason} on UpdateChannel {}: {}",
+                    ch.name.as_deref().unwrap_or_default(),
+                    super::errors::kube_message(&e)
+                );
+            }
+        }
+    }
+
+    /// Log a failed reconciliation and publish it (once per distinct text) as a
+    /// `ReconcileError` event: the error chain as `Display` text, never a debug dump.
+    pub async fn report_error(&self, e: &anyhow::Error) {
+        let text = super::errors::anyhow_message(e);
+        tracing::error!("reconcile: {text}");
+        self.event_once(None, true, "ReconcileError", text).await;
     }
 
     /// Emit an event only when the note differs from the last one (for waiting states that
@@ -622,8 +632,10 @@ impl Agent {
                 let backoff = (60u64 << n.min(6)).min(3600);
                 self.stage_not_before
                     .store(now_s + backoff, Ordering::Relaxed);
-                let msg =
-                    format!("staging {version} failed (attempt {n}, next in {backoff}s): {e:#}");
+                let msg = format!(
+                    "staging {version} failed (attempt {n}, next in {backoff}s): {}",
+                    super::errors::anyhow_message(&e)
+                );
                 self.phase("StageFailed", &msg).await?;
                 self.event(Some(ch), true, "StageFailed", msg).await;
                 Ok(Next::Wait)
@@ -778,11 +790,17 @@ impl Agent {
         }
         if let Err(e) = self.blocking(|ops| ops.activate()).await {
             self.back_off_claims();
-            self.event(Some(ch), true, "ActivateFailed", format!("{e:#}"))
-                .await;
+            self.event(
+                Some(ch),
+                true,
+                "ActivateFailed",
+                super::errors::anyhow_message(&e),
+            )
+            .await;
             self.undo_cordon().await?;
             slots::release(store, &self.node, token, Utc::now()).await?;
-            self.phase("ActivateFailed", &format!("{e:#}")).await?;
+            self.phase("ActivateFailed", &super::errors::anyhow_message(&e))
+                .await?;
             return Ok(Next::Wait);
         }
         self.event(
@@ -1039,8 +1057,8 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
     let leases: Api<Lease> = Api::namespaced(agent.client.clone(), &agent.namespace);
     let lease_secs = i32::try_from(period.as_secs().saturating_mul(3)).unwrap_or(i32::MAX);
     // Per channel: (uid, generation) last looked at, and when.
-    let mut looked: BTreeMap<String, ((Option<String>, Option<i64>), tokio::time::Instant)> =
-        BTreeMap::new();
+    type Seen = (Option<String>, Option<i64>);
+    let mut looked: BTreeMap<String, (Seen, tokio::time::Instant)> = BTreeMap::new();
     loop {
         let api: Api<UpdateChannel> = Api::namespaced(agent.client.clone(), &agent.namespace);
         if let Ok(list) = api.list(&ListParams::default()).await {
@@ -1201,10 +1219,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             Ok(Next::Wait) => errors = 0,
             Err(e) => {
                 errors += 1;
-                tracing::error!("reconcile: {e:#}");
-                agent
-                    .event_once(None, true, "ReconcileError", format!("{e:#}"))
-                    .await;
+                agent.report_error(&e).await;
             }
         }
         let pause = resync * errors.clamp(1, 10);

@@ -38,7 +38,10 @@ pub enum DrainError {
         /// 429 answers of the Eviction API seen before giving up.
         budget_retries: u32,
     },
-    #[error("drain of node {node}: {what}: {source}")]
+    #[error(
+        "drain of node {node}: {what}: {}",
+        super::errors::kube_message(source)
+    )]
     Api {
         node: String,
         what: String,

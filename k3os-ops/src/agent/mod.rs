@@ -23,6 +23,8 @@ pub mod crd;
 pub mod decide;
 pub mod drain;
 pub mod duration;
+pub mod errors;
+pub mod events;
 pub mod kube_store;
 pub mod node;
 pub mod slots;
