@@ -825,3 +825,22 @@ async fn reconcile_errors_are_reported_without_debug_dumps() {
         "debug dump in the event: {line}"
     );
 }
+
+/// Issue 11 bug 9: the Updating printer column (`.status.updating`) lists every holder, not
+/// only the first (`.status.slots[*].node` shows one).
+#[tokio::test]
+async fn status_updating_lists_every_holder() {
+    let (agent, world, node, _log) = setup(ConfirmResult::Healthy, false);
+    node.status.lock().unwrap().inactive = Inactive::Staged("v2".into());
+    {
+        let mut w = world.lock().unwrap();
+        w.channel["spec"]["concurrency"] = json!(2);
+        w.channel["status"]["slots"] = json!([{"node": "n2", "token": "t2",
+            "claimedAt": "2026-12-01T00:00:00Z", "phase": "Draining", "version": "v2"}]);
+    }
+    assert_eq!(agent.reconcile().await.unwrap(), Next::Again);
+    assert_eq!(
+        world.lock().unwrap().channel["status"]["updating"],
+        json!("n2,n1")
+    );
+}
