@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 
 use crate::atomic::WriteOp;
 pub use crate::BootEntry;
-use crate::{BootEnv, Bootloader, Error, Result, Slot, SlotBoot};
+use crate::{BootEnv, Bootloader, Damage, Error, Integrity, Result, Slot, SlotBoot};
 
 pub const CONF_FILE: &str = "extlinux.conf";
 pub const LDLINUX_FILE: &str = "ldlinux.sys";
@@ -607,6 +607,50 @@ impl Bootloader for SyslinuxBootloader {
         self.update(|env| {
             env.primary = slot;
             env.set(slot, SlotBoot::Good);
+        })
+    }
+
+    /// The ADV copies (checksummed; the loader uses copy 0 if valid, else copy 1) and the
+    /// conf's state line.
+    fn integrity(&self) -> Result<Integrity> {
+        let text = self.read_conf()?;
+        let (raw, _) = self.read_adv_raw()?;
+        let ld = self.ldlinux_path();
+        let valid = [
+            Adv::copy_valid(&raw[..ADV_SIZE]),
+            Adv::copy_valid(&raw[ADV_SIZE..]),
+        ];
+        let mut damaged = Vec::new();
+        for (c, ok) in valid.iter().enumerate() {
+            if !ok {
+                damaged.push(Damage {
+                    record: format!("ADV copy {c}"),
+                    path: ld.clone(),
+                    what: "magic or checksum wrong (the next write repairs it)".into(),
+                });
+            }
+        }
+        if parse_conf(&text).state.is_none() {
+            damaged.push(Damage {
+                record: "state line".into(),
+                path: self.conf_path(),
+                what: format!(
+                    "no valid `{STATE_PREFIX}` line: read as DEFAULT good and the other slot bad"
+                ),
+            });
+        }
+        let adv = match valid {
+            [true, _] => "ADV copy 0".to_string(),
+            [false, true] => "ADV copy 1".to_string(),
+            [false, false] => "no valid ADV copy (no boot-once)".to_string(),
+        };
+        Ok(Integrity {
+            in_use: format!(
+                "{} and {adv} of {}",
+                self.conf_path().display(),
+                ld.display()
+            ),
+            damaged,
         })
     }
 }

@@ -3,11 +3,25 @@
 
 use std::path::{Path, PathBuf};
 
-use super::model::{env_block, simulate_boot, BootSim};
-use super::{ENV_DIR, MAX_TRIES_MARKER, VAR_EDITING};
+use super::model::{env_block, good_block, simulate_boot, BootSim, EnvSource};
+use super::{ENV_DIR, GOOD_FILE, MAX_TRIES_MARKER, VAR_EDITING};
 use crate::atomic::WriteOp;
 use crate::grubenv::{GrubEnv, ENV_SIZE};
-use crate::{BootEnv, Bootloader, Error, Result, Slot, SlotBoot};
+use crate::{BootEnv, Bootloader, Error, Integrity, Result, Slot, SlotBoot};
+
+/// The slot the last-good record should name after a write of `new`, when it named `current`:
+/// the primary if it is (newly) good, else `current` while it stays good, else the other good
+/// slot, else none.
+fn last_good_after(current: Option<Slot>, new: &BootEnv) -> Option<Slot> {
+    let good = |s: Slot| new.get(s) == SlotBoot::Good;
+    if good(new.primary) {
+        Some(new.primary)
+    } else if let Some(c) = current.filter(|&c| good(c)) {
+        Some(c)
+    } else {
+        Slot::ALL.into_iter().find(|&s| good(s))
+    }
+}
 
 /// [`Bootloader`] on stock GRUB; see the module docs for the files and the protocol.
 #[derive(Debug, Clone)]
@@ -18,7 +32,7 @@ pub struct GrubBootloader {
 
 impl GrubBootloader {
     /// `grub_dir` holds `grub.cfg` (on a node `/boot/grub`); `max_tries` must equal the
-    /// [`GrubConfig::max_tries`] the installed `grub.cfg` was rendered with (0 counts as 1).
+    /// [`GrubConfig::max_tries`](super::GrubConfig::max_tries) the installed `grub.cfg` was rendered with (0 counts as 1).
     pub fn new(grub_dir: impl Into<PathBuf>, max_tries: u8) -> Self {
         Self {
             grub_dir: grub_dir.into(),
@@ -143,12 +157,14 @@ impl GrubBootloader {
                 WriteOp::Replace { path, data }
             })
         };
-        // Copy 1 then copy 2, except when GRUB uses copy 1 and copy 2 is damaged: then copy 2
-        // is repaired first, so the copy GRUB reads is never marked editing while the other one
-        // is unusable.
-        let order = match simulate_boot(&self.grub_dir, self.max_tries) {
-            Ok(sim) if sim.copy == Some(1) && !sim.usable[1] => [2, 1],
-            _ => [1, 2],
+        // Copy 1 then copy 2, except when GRUB uses copy 1 and copy 2 is not usable: then copy
+        // 2 is repaired first, so the copy GRUB reads is never marked editing while the other
+        // one is damaged.
+        let sim = simulate_boot(&self.grub_dir, self.max_tries)?;
+        let order = if sim.source == EnvSource::Copy(1) && !sim.usable[1] {
+            [2, 1]
+        } else {
+            [1, 2]
         };
         let mut ops = Vec::new();
         for n in order {
@@ -166,6 +182,19 @@ impl GrubBootloader {
                 offset: 0,
                 data,
             });
+        }
+        // The last-good record: rewritten only when the slot it names changes (or it is
+        // damaged); before the copies when that slot stops being good, after them otherwise.
+        let current = sim.last_good.flatten();
+        let target = last_good_after(current, new);
+        if sim.last_good != Some(target) || !sim.last_good_canonical {
+            let path = dir.join(GOOD_FILE);
+            let op = write(path.clone(), block(good_block(target), &path)?)?;
+            if current.is_some_and(|c| new.get(c) != SlotBoot::Good) {
+                ops.insert(0, op);
+            } else {
+                ops.push(op);
+            }
         }
         Ok(ops)
     }
@@ -195,15 +224,17 @@ impl Bootloader for GrubBootloader {
     }
 
     /// The state GRUB's script would see (safe interpretation of torn/damaged copies); an
-    /// error naming both env files when neither loads.
+    /// error naming both env files when neither copy is intact and there is no intact
+    /// last-good record either (nothing installed). An intact record naming no slot reads as
+    /// GRUB's defaults (primary A, both bad), so a write can still repair the copies.
     fn read(&self) -> Result<BootEnv> {
         let sim = self.simulate_boot()?;
-        if sim.copy.is_none() {
+        if sim.source == EnvSource::Nothing && sim.last_good.is_none() {
             let dir = self.grub_dir.join(ENV_DIR);
             return Err(Error::Missing {
                 path: dir.join("env1"),
                 what: format!(
-                    "neither env copy loads (expected GRUB environment blocks at {} and {}); run install first",
+                    "neither env copy is intact (expected GRUB environment blocks at {} and {}) and there is no last-good record; run install first",
                     dir.join("env1").display(),
                     dir.join("env2").display()
                 ),
@@ -230,6 +261,10 @@ impl Bootloader for GrubBootloader {
             env.primary = slot;
             env.set(slot, SlotBoot::Good);
         })
+    }
+
+    fn integrity(&self) -> Result<Integrity> {
+        Ok(self.simulate_boot()?.integrity)
     }
 }
 
@@ -294,7 +329,7 @@ mod tests {
             g.install(&env).unwrap();
             assert_eq!(g.read().unwrap(), env);
             let sim = g.simulate_boot().unwrap();
-            assert_eq!(sim.copy, Some(1));
+            assert_eq!(sim.source, EnvSource::Copy(1));
             assert_eq!(sim.choice, env.next_boot(), "{env:?}");
         }
     }
@@ -410,6 +445,8 @@ mod tests {
             ("K3OS_A_TRIES", "1"),
             ("K3OS_B", "try"),
             ("K3OS_B_TRIES", "4"),
+            // Intact as a copy (the check repeats the values): only the range checks act.
+            ("K3OS_CHECK", "b:Good:1:try:4"),
         ]);
         for n in [1, 2] {
             std::fs::write(
