@@ -157,7 +157,7 @@ impl Stager<'_> {
             if need_here > cap {
                 return Err(Error::NoSpace {
                     artifact: a,
-                    target: format!("slot {target} ({})", self.layout.describe()),
+                    target: format!("slot {target}: {}", self.layout.place(target, a)),
                     needed: need_here,
                     available: cap,
                 });
