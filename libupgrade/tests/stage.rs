@@ -239,7 +239,7 @@ fn rejected_releases_write_nothing() {
         (&unsigned, "not signed"),
         (&old, "older than the installed generation 1"),
         (&tampered_manifest, "signature"),
-        (&huge, "rootfs needs"),
+        (&huge, "not enough space for the rootfs"),
     ];
     for (rel, want) in cases {
         let e = u

@@ -395,7 +395,9 @@ fn serve(s: TcpStream, root: &Path, drops: &AtomicUsize, log: &Mutex<Vec<String>
     }
 }
 
-/// The in-memory loader with our GRUB script's rules; `boot()` is a power-on.
+pub mod loaders;
+
+/// The in-memory loader with our GRUB script's rules; `power_on()` boots.
 pub type ModelLoader = bootconfig::memory::MemoryBootloader;
 
 /// Put the loader back to "`slot` good and primary, the other bad" (as before an activation).
