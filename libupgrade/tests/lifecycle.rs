@@ -388,3 +388,96 @@ fn confirm_repairs_damaged_loader_records_of_a_good_slot() {
         );
     }
 }
+
+/// `<state_dir>/barrier-stop` stops the next confirm at that barrier (power cuts during the
+/// confirm of the next boot). Run in a child process: the stop never returns. The child is
+/// this test binary itself, asked through an environment variable to run one confirm.
+#[test]
+fn a_barrier_stop_file_stops_the_next_confirm_once() {
+    if let Ok(dir) = std::env::var("K3OS_TEST_CONFIRM_CHILD") {
+        let cfg: Config = serde_json::from_str(&std::fs::read_to_string(dir).unwrap()).unwrap();
+        let LayoutConfig::Dir { root, boot_dir } = &cfg.layout else {
+            unreachable!()
+        };
+        let loader = RealLoader {
+            kind: Kind::Grub,
+            dir: cfg.state_dir.parent().unwrap().join("loader"),
+            tries: 3,
+        };
+        let u = Updater::with_parts(
+            cfg.clone(),
+            Box::new(DirLayout::new(root, boot_dir)),
+            loader.backend(),
+        );
+        u.confirm().unwrap();
+        println!("CONFIRM-DONE");
+        return;
+    }
+    let (mut node, _k, _r) = staged_node("v2", Kind::Grub);
+    node.updater().activate().unwrap();
+    assert_eq!(node.reboot(), Slot::B);
+    std::fs::write(&node.cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
+    let cfg_file = node.dir.path().join("cfg.json");
+    std::fs::write(&cfg_file, serde_json::to_vec(&node.cfg).unwrap()).unwrap();
+    std::fs::write(node.cfg.state_dir.join("barrier-stop"), "2\n").unwrap();
+    let run = || {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_barrier_stop_file_stops_the_next_confirm_once",
+                "--nocapture",
+            ])
+            .env("K3OS_TEST_CONFIRM_CHILD", &cfg_file)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A stopped child sleeps forever: watch its stderr for the stop, then cut its power.
+        let mut stderr = child.stderr.take().unwrap();
+        let err = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let reader = {
+            let err = err.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = std::io::Read::read(&mut stderr, &mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    err.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline
+            && child.try_wait().unwrap().is_none()
+            && !String::from_utf8_lossy(&err.lock().unwrap()).contains("K3OS-BARRIER-STOP")
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        reader.join().unwrap();
+        let err = String::from_utf8_lossy(&err.lock().unwrap()).into_owned();
+        (String::from_utf8_lossy(&out.stdout).into_owned(), err)
+    };
+    let (out, err) = run();
+    assert!(
+        err.contains("K3OS-BARRIER-STOP 2 "),
+        "stopped at barrier 2: {out}{err}"
+    );
+    assert!(!out.contains("CONFIRM-DONE"), "{out}");
+    assert!(
+        !node.cfg.state_dir.join("barrier-stop").exists(),
+        "consumed"
+    );
+    let (out, err) = run();
+    assert!(
+        out.contains("CONFIRM-DONE"),
+        "the next confirm runs through: {out}{err}"
+    );
+    assert!(!err.contains("K3OS-BARRIER-STOP"), "{err}");
+    assert_eq!(
+        node.updater().status().unwrap().slots[1].state,
+        SlotState::Good
+    );
+}
