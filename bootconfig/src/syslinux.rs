@@ -28,10 +28,25 @@
 //! bad.
 //!
 //! # Writing
-//! Every transaction computes the new conf and the new boot-once record; it writes the conf
-//! first unless the intermediate state (new conf, old ADV) would boot a slot that is neither the
-//! old nor the new choice, in which case the ADV goes first. Either way a power cut at any byte
-//! leaves the loader booting the old or the new choice (see the power-cut tests).
+//! Every transaction computes the new conf and the new boot-once record. A transaction that
+//! arms a trial (`try_slot`) writes the ADV first: the intermediate state (old conf, new
+//! boot-once) boots the trial slot and reads as the new state. Written the other way round, a
+//! cut between the two (new conf saying `try`, no boot-once yet) read as a trial already spent:
+//! the loader booted the fallback and the next `confirm` recorded a fallback for a slot that
+//! never booted — the trial was lost. Other transactions write the conf first unless the
+//! intermediate state (new conf, old ADV) would boot a slot that is neither the old nor the new
+//! choice. Either way a power cut at any byte leaves the loader booting the old or the new
+//! choice, and a cut in `try_slot` never reads as a spent trial (see the power-cut tests).
+//!
+//! # Integrity (what a torn or damaged pair does)
+//! - `extlinux.conf` is replaced atomically: it is the old or the new file, never torn. A conf
+//!   without a valid state line reads as `DEFAULT` good and the other slot bad
+//!   (`integrity()` reports it).
+//! - Each ADV copy is checksummed; a torn or damaged copy is invalid, the loader uses the other
+//!   one (copy 0 first), and the next write rewrites both, the damaged one first. With both
+//!   copies invalid the loader sees no boot-once: it boots `DEFAULT`, the last confirmed slot.
+//! - The pair: a cut between the two writes boots the old or the new choice (above); the next
+//!   write of any transaction restores a consistent pair.
 
 use std::path::{Path, PathBuf};
 
@@ -503,14 +518,25 @@ impl SyslinuxBootloader {
         } else {
             vec![]
         };
+        // The order: the state between the two writes must boot the old or the new choice. A
+        // new trial is armed ADV first: (old conf, new boot-once) boots the trial slot and reads
+        // exactly as the new state, whereas (new conf, no boot-once yet) would read as a trial
+        // already spent and boot the fallback: the trial would be lost and, on the next boot,
+        // taken for a fallback.
+        let old_default = parse_conf(&text).default.as_deref().and_then(slot_of_label);
+        let adv_first_mid = once_new.or(old_default);
         let conf_first_mid = old.once.unwrap_or(default_new);
-        Ok(
-            if conf_first_mid == old.choice || conf_first_mid == choice_new {
-                conf_ops.into_iter().chain(adv_ops).collect()
-            } else {
-                adv_ops.into_iter().chain(conf_ops).collect()
-            },
-        )
+        let ok = |mid: Option<Slot>| mid == Some(old.choice) || mid == Some(choice_new);
+        let adv_first = if once_new.is_some() && ok(adv_first_mid) {
+            true
+        } else {
+            !ok(Some(conf_first_mid))
+        };
+        Ok(if adv_first {
+            adv_ops.into_iter().chain(conf_ops).collect()
+        } else {
+            conf_ops.into_iter().chain(adv_ops).collect()
+        })
     }
 
     fn commit(&self, new: &BootEnv) -> Result<()> {

@@ -199,12 +199,27 @@ fn syslinux_writes_cut_anywhere_boot_old_or_new() {
                                 ops[i].path().display(),
                                 v.choice
                             );
+                            if let Call::Try(slot, _) = call {
+                                // A trial is never lost to a cut: it reads as pending (or not
+                                // yet armed), never as spent.
+                                assert!(
+                                    v.env == old.env || v.env == new.env,
+                                    "{old:?} {call:?} op {i} ({}) cut {cut}: reads {:?}",
+                                    ops[i].path().display(),
+                                    v.env
+                                );
+                                assert!(
+                                    v.env.get(slot) != SlotBoot::Trying { tries_left: 0 }
+                                        || old.env.get(slot) == SlotBoot::Trying { tries_left: 0 }
+                                );
+                            }
                             perform(&ss, call);
                             assert_eq!(
                                 ss.view().unwrap(),
                                 new,
                                 "repeating {call:?} after the cut completes it"
                             );
+                            assert!(ss.integrity().unwrap().damaged.is_empty());
                             cases += 1;
                         }
                     }
