@@ -3,22 +3,20 @@
 //! rollback; an activation cut short before the bootloader flip → slot stays staged; a damaged
 //! GRUB env copy (issue 9). Uses the k3OS-style dir layout (real squashfs files, symlink
 //! switching) and each real bootloader backend (GRUB, syslinux) on temp dirs, powered on the
-//! way the loader boots (common::loaders); every scenario runs on both.
-
-mod common;
+//! way the loader boots (testkit::loaders); every scenario runs on both.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use bootconfig::{Slot, SlotBoot};
-use common::loaders::{Kind, RealLoader, KINDS};
-use common::*;
 use libupgrade::assess::{OtherSlot, Outcome};
 use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::layout::DirLayout;
 use libupgrade::manifest::Arch;
 use libupgrade::state::Event;
 use libupgrade::{Error, NoProgress, SlotState, Source, StageOptions, Updater};
+use testkit::loaders::{Kind, RealLoader, KINDS};
+use testkit::*;
 
 struct Node {
     dir: tempfile::TempDir,
@@ -31,27 +29,14 @@ impl Node {
     fn new(trust: &Path, kind: Kind) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        let cfg = Config {
-            bootloader: match kind {
+        let cfg = dir_config(
+            p,
+            trust,
+            match kind {
                 Kind::Grub => BootloaderKind::Grub,
                 Kind::Syslinux => BootloaderKind::Syslinux,
             },
-            tries: 3,
-            layout: LayoutConfig::Dir {
-                root: p.join("system"),
-                boot_dir: p.join("boot"),
-            },
-            state_dir: p.join("state"),
-            trust_dir: trust.to_path_buf(),
-            health_dir: p.join("health.d"),
-            health_timeout_secs: 5,
-            download_retries: 0,
-            proc_cmdline: p.join("cmdline"),
-            release_file: p.join("k3os-release"),
-            mountinfo: p.join("mountinfo"),
-            boot_id_file: p.join("boot_id"),
-            builtin_health_check: false,
-        };
+        );
         std::fs::write(&cfg.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
         boot_as(&cfg, Slot::A, "boot-0");
         std::fs::create_dir_all(p.join("system")).unwrap();
