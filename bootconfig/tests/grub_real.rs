@@ -528,3 +528,38 @@ fn grub_emu_power_cut_during_grub_countdown() {
     }
     assert!(runs > 6 * 8);
 }
+
+/// Two faults under the real GRUB: copy 2 damaged, then GRUB's own countdown into copy 1 torn
+/// at every byte class. GRUB agrees with the model and boots the trial slot (copy 1 intact,
+/// before or after the countdown) or the last confirmed slot — never a slot marked bad.
+#[test]
+fn grub_emu_countdown_cut_with_the_other_copy_damaged() {
+    let max = 3;
+    let base = tempfile::tempdir().unwrap();
+    let g = GrubBootloader::new(base.path(), max);
+    g.install(&BootEnv {
+        primary: Slot::A,
+        a: SlotBoot::Good,
+        b: SlotBoot::Bad,
+    })
+    .unwrap();
+    g.try_slot(Slot::B, 2).unwrap();
+    damage(
+        &base.path().join("k3os/env2"),
+        b"K3OS_B_TRIES=2",
+        b"K3OS_B_TRIES=9",
+    );
+    let sim = simulate_boot(base.path(), max).unwrap();
+    assert_eq!(sim.choice, Slot::B);
+    assert_eq!(sim.countdown.len(), 3, "copy 1 only: lock, env, lock");
+    let mut runs = 0;
+    for i in 0..sim.countdown.len() {
+        for cut in common::CUTS {
+            let st = after_cut(base.path(), &sim.countdown, i, cut);
+            let booted = check_against_model(st.path(), max);
+            assert!(booted == Slot::B || booted == Slot::A, "op {i} cut {cut}");
+            runs += 1;
+        }
+    }
+    assert_eq!(runs, 24);
+}
