@@ -27,8 +27,9 @@
 //! `extlinux_real` (ADV bytes vs `extlinux --once/--clear-once` on a loop-mounted ext4),
 //! `power_cut` (a cut at every byte class and every changed byte of every write, from every
 //! state), `integrity` (damage to any bytes of one env copy, lock or the last-good record, both
-//! copies damaged, GRUB's countdown torn with the other copy damaged), `memory_vs_grub` (the in-memory loader follows the GRUB backend's rules), `grub_qemu` /
-//! `syslinux_qemu` (real BIOS boots in QEMU), `props` (property tests).
+//! copies damaged, GRUB's countdown torn with the other copy damaged), `memory_vs_grub` (the
+//! in-memory loader follows the GRUB backend's rules), `grub_qemu` / `syslinux_qemu` (real BIOS
+//! boots in QEMU), `props` (property tests).
 
 pub mod atomic;
 pub mod grub;
