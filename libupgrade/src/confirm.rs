@@ -1,15 +1,17 @@
-//! Boot assessment: run on every boot, settle the other slot's trial (a fallback the bootloader
-//! took, or an activation that never reached it), record why this slot booted, run the health
-//! checks and mark the booted slot good or roll back.
+//! Boot assessment, the executor side: gather the inputs of [`crate::assess::assess`] (state,
+//! bootloader view and integrity, observed boot, health results — built-in, `health.d` and
+//! the caller's [`HealthCheck`]s, all before the single bless point) and carry out its effects
+//! in order. Every decision is in [`crate::assess`].
 
 use std::time::Duration;
 
-use bootconfig::{Slot, SlotBoot};
+use bootconfig::Slot;
 use serde::{Deserialize, Serialize};
 
+use crate::assess::{self, Effect, LoaderOp, LoaderView, ObservedBoot, Outcome, Verdict};
 use crate::error::{Error, Result};
-use crate::health::{self, CheckResult};
-use crate::state::{Decision, Event, SlotState, State};
+use crate::health::{self, CheckResult, HealthCheck};
+use crate::state::{Decision, State};
 use crate::updater::Updater;
 
 /// What [`Updater::confirm`] found.
@@ -22,163 +24,93 @@ pub struct ConfirmReport {
     pub checks: Vec<CheckResult>,
     /// What was decided about the other slot's pending trial, if anything.
     pub other_slot: Option<Decision>,
+    /// The full verdict (also stored in the state file, see [`crate::assess`]).
+    pub verdict: Verdict,
 }
 
 impl Updater {
     /// Run on every boot: settle the other slot's trial, then check the booted slot's health
     /// and mark it good, or roll back when it fails and the other slot is good.
     pub fn confirm(&self) -> Result<ConfirmReport> {
+        self.confirm_with(&[])
+    }
+
+    /// [`Self::confirm`] with more checks registered by the caller (e.g. the agent's
+    /// Node-Ready): they run with the built-in and `health.d` checks, before the bless.
+    pub fn confirm_with(&self, extra: &[&dyn HealthCheck]) -> Result<ConfirmReport> {
+        // A power-cut test may have left a barrier to stop at in this confirm (crate::barrier).
+        crate::barrier::arm_from_state_dir(&self.cfg.state_dir)?;
         let booted = self.booted_slot()?;
-        let other = booted.other();
-        let bid = self.boot_id();
-        let mut st = self.load(Some(booted))?;
-        let env = self.boot.read()?;
-        let mut other_decision = None;
-        let mut dirty = st.slot(booted).since != 0
-            && st
-                .history
-                .last()
-                .is_some_and(|d| d.event == Event::Bootstrap);
-
-        if let Some(act) = st.activation.clone() {
-            if act.slot == other && act.boot_id != bid {
-                if st.slot(other).state == SlotState::Trying {
-                    match env.get(other) {
-                        SlotBoot::Trying { tries_left } => {
-                            let used = act.tries.saturating_sub(tries_left);
-                            st.transition(
-                                other,
-                                SlotState::Bad,
-                                Event::FallbackTaken,
-                                format!(
-                                    "slot {other} did not confirm: {} booted {booted} after {used} of {} tries of {other} ({tries_left} left)",
-                                    self.boot.name(),
-                                    act.tries
-                                ),
-                            );
-                            self.boot.mark_bad(other)?;
-                            crate::barrier::hit("confirm:fallback-marked-bad");
-                        }
-                        _ => {
-                            st.transition(
-                                other,
-                                SlotState::Staged,
-                                Event::ActivationLost,
-                                format!("activation of slot {other} never reached {} (interrupted?); it stays staged", self.boot.name()),
-                            );
-                        }
-                    }
-                    other_decision = st.last_decision(other).cloned();
-                }
-                st.activation = None;
-                dirty = true;
-            }
-        }
-        if st.last_boot_id.as_deref() != Some(bid.as_str()) {
-            let rec = st.slot(booted);
-            let why = match env.get(booted) {
-                SlotBoot::Trying { tries_left } => format!(
-                    "booted slot {booted} ({}) on trial, {tries_left} tries left",
-                    rec.state
-                ),
-                b => format!(
-                    "booted slot {booted} ({}, bootloader: {})",
-                    rec.state,
-                    boot_word(b)
-                ),
-            };
-            let (v, g) = (rec.version.clone(), rec.generation);
-            st.log(booted, Event::Booted, v, g, why);
-            st.last_boot_id = Some(bid.clone());
-            dirty = true;
-        }
-        if dirty {
-            self.store.save(&st, "confirm:boot-recorded")?;
-        }
-
-        let state = st.slot(booted).state;
-        if matches!(state, SlotState::Empty | SlotState::Invalid) {
-            return Err(Error::SlotState {
-                slot: booted,
-                state,
-                expected: "staged, trying or good (its content is not known to be complete)",
-            });
-        }
-        let checks = self.health(booted, &st)?;
-        let failed: Vec<String> = checks
-            .iter()
-            .filter(|c| !c.ok)
-            .map(|c| format!("{}: {}", c.name, c.detail))
-            .collect();
-        if failed.is_empty() {
-            let newly_good = state != SlotState::Good;
-            // Re-assert a good slot in the loader (e.g. after a fallback left the exhausted slot
-            // primary), but never over a trial that was activated in this boot and waits for
-            // its reboot.
-            let trial_pending = st.activation.as_ref().is_some_and(|a| a.slot == other);
-            if newly_good
-                || (!trial_pending && (env.primary != booted || env.get(booted) != SlotBoot::Good))
-            {
-                self.boot.mark_good(booted)?;
-                crate::barrier::hit("confirm:bootloader-good");
-                self.layout.confirmed(booted)?;
-            }
-            if newly_good {
-                st.transition(
-                    booted,
-                    SlotState::Good,
-                    Event::Confirmed,
-                    format!(
-                        "{} health check(s) passed; slot {booted} is good",
-                        checks.len()
-                    ),
-                );
-                if st.activation.as_ref().is_some_and(|a| a.slot == booted) {
-                    st.activation = None;
-                }
-                self.store.save(&st, "confirm:state-good")?;
-            }
-            return Ok(ConfirmReport {
-                slot: booted,
-                version: st.slot(booted).version.clone(),
-                newly_good,
-                checks,
-                other_slot: other_decision.clone(),
-            });
-        }
-        let failures = failed.join("; ");
-        if state != SlotState::Good && st.slot(other).state == SlotState::Good {
-            self.boot.mark_good(other)?;
-            crate::barrier::hit("confirm:rollback-other-good");
-            self.boot.mark_bad(booted)?;
-            crate::barrier::hit("confirm:rollback-booted-bad");
-            st.transition(
-                booted,
-                SlotState::Bad,
-                Event::HealthFailed,
-                format!("health checks failed ({failures}); rolled back to slot {other}"),
-            );
-            st.activation = None;
-            self.store.save(&st, "confirm:rolled-back")?;
-            return Err(Error::HealthCheck {
-                slot: booted,
-                failures,
-                rolled_back: true,
-            });
-        }
-        let why = if state == SlotState::Good {
-            format!("health checks failed ({failures}); slot {booted} was already good, not rolling back")
-        } else {
-            format!("health checks failed ({failures}); slot {other} is not good, nothing to roll back to")
-        };
-        let (v, g) = (st.slot(booted).version.clone(), st.slot(booted).generation);
-        st.log(booted, Event::HealthFailed, v, g, why);
-        self.store.save(&st, "confirm:failure-recorded")?;
-        Err(Error::HealthCheck {
+        let boot = ObservedBoot {
             slot: booted,
-            failures,
-            rolled_back: false,
-        })
+            boot_id: self.boot_id(),
+        };
+        let st = self.load(Some(booted))?;
+        let loader = LoaderView {
+            name: self.boot.name().to_string(),
+            env: self.boot.read()?,
+            integrity: self.boot.integrity()?,
+        };
+        let checks = if assess::assessable(&st, booted) {
+            let mut c = self.health(booted, &st)?;
+            let version = st.slot(booted).version.clone();
+            c.extend(extra.iter().map(|h| h.check(booted, version.as_deref())));
+            c
+        } else {
+            Vec::new()
+        };
+        let was_good = st.slot(booted).state == crate::state::SlotState::Good;
+        let a = assess::assess(&st, &loader, &boot, &checks);
+        for effect in &a.effects {
+            match effect {
+                Effect::Loader { op, barrier } => {
+                    match *op {
+                        LoaderOp::MarkGood(s) => self.boot.mark_good(s)?,
+                        LoaderOp::MarkBad(s) => self.boot.mark_bad(s)?,
+                    }
+                    crate::barrier::hit(barrier);
+                }
+                Effect::LayoutConfirmed(s) => self.layout.confirmed(*s)?,
+                Effect::SaveState { state, barrier } => self.store.save(state, barrier)?,
+            }
+        }
+        let v = a.verdict;
+        let failures = || {
+            v.checks
+                .iter()
+                .filter(|c| !c.ok)
+                .map(|c| format!("{}: {}", c.name, c.detail))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        match &v.outcome {
+            Outcome::Blessed | Outcome::Good => Ok(ConfirmReport {
+                slot: booted,
+                version: v.version.clone(),
+                newly_good: !was_good,
+                checks: v.checks.clone(),
+                other_slot: v
+                    .other_slot
+                    .as_ref()
+                    .and_then(|o| a.state.last_decision(o.slot()).cloned()),
+                verdict: v,
+            }),
+            Outcome::RolledBack { .. } => Err(Error::HealthCheck {
+                slot: booted,
+                failures: failures(),
+                rolled_back: true,
+            }),
+            Outcome::Unhealthy => Err(Error::HealthCheck {
+                slot: booted,
+                failures: failures(),
+                rolled_back: false,
+            }),
+            Outcome::NotAssessable { state } => Err(Error::SlotState {
+                slot: booted,
+                state: *state,
+                expected: "staged, trying or good (its content is not known to be complete)",
+            }),
+        }
     }
 
     fn health(&self, slot: Slot, st: &State) -> Result<Vec<CheckResult>> {
@@ -248,13 +180,5 @@ impl Updater {
                 detail: format!("{} mounted read-only at {}", m.source, m.mount_point),
             },
         }
-    }
-}
-
-fn boot_word(b: SlotBoot) -> &'static str {
-    match b {
-        SlotBoot::Good => "good",
-        SlotBoot::Trying { .. } => "trying",
-        SlotBoot::Bad => "bad",
     }
 }

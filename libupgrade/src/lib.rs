@@ -12,8 +12,10 @@
 //! [`layout`] (where slot bytes live: GPT partitions or k3OS-style files), [`state`] (the
 //! slot records and decision log), [`health`] (checks), [`updater`] (the state machine, a
 //! thin executor), [`stage`] (the fetch/verify/write pipeline), [`checkpoint`] (resumable
-//! downloads), [`confirm`] (boot assessment on every boot), [`barrier`] (write barriers for power-cut tests), [`http`] (the HTTP client).
+//! downloads), [`assess`] (the pure boot-assessment core and its [`Verdict`]), [`confirm`]
+//! (its executor, on every boot), [`barrier`] (write barriers for power-cut tests), [`http`] (the HTTP client).
 
+pub mod assess;
 pub mod barrier;
 pub mod channel;
 pub mod checkpoint;
@@ -34,6 +36,7 @@ pub mod updater;
 /// Largest number of tries a slot can be given (GRUB counts down with an explicit if-chain).
 pub const MAX_TRIES: u8 = 9;
 
+pub use assess::{Outcome, Verdict};
 pub use bootconfig::Slot;
 pub use config::Config;
 pub use error::{Error, Result};

@@ -55,6 +55,12 @@ pub struct Status {
     pub bootloader: String,
     pub layout: String,
     pub slots: Vec<SlotStatus>,
+    /// The loader's records: the one it will use at the next boot and every damaged one
+    /// (e.g. `copy 1` of GRUB's env, naming the file and what is wrong).
+    pub loader_integrity: bootconfig::Integrity,
+    /// The boot assessment of the running boot, once `confirm` ran in it (see
+    /// [`crate::assess`]): outcome, reason, and whether a fallback was taken.
+    pub verdict: Option<crate::assess::Verdict>,
 }
 
 /// A pending activation: which slot, and in which boot it was activated.
@@ -186,12 +192,15 @@ impl Updater {
                 }
             })
             .collect();
+        let bid = self.boot_id();
         Ok(Status {
             booted,
             next_boot: next,
             bootloader: self.boot.name().to_string(),
             layout: self.layout.describe(),
             slots,
+            loader_integrity: self.boot.integrity()?,
+            verdict: st.verdict.clone().filter(|v| v.boot_id == bid),
         })
     }
 
