@@ -38,8 +38,6 @@ impl Updater {
     /// [`Self::confirm`] with more checks registered by the caller (e.g. the agent's
     /// Node-Ready): they run with the built-in and `health.d` checks, before the bless.
     pub fn confirm_with(&self, extra: &[&dyn HealthCheck]) -> Result<ConfirmReport> {
-        // A power-cut test may have left a barrier to stop at in this confirm (crate::barrier).
-        crate::barrier::arm_from_state_dir(&self.cfg.state_dir)?;
         let booted = self.booted_slot()?;
         let boot = ObservedBoot {
             slot: booted,
