@@ -141,6 +141,14 @@ pub fn event_name(e: libupgrade::state::Event) -> String {
     }
 }
 
+/// A boot outcome as `--json` spells it (`blessed`, `rolled-back`).
+fn outcome_name(o: &libupgrade::assess::Outcome) -> String {
+    match serde_json::to_value(o) {
+        Ok(v) => v["kind"].as_str().unwrap_or("unknown").to_string(),
+        Err(_) => format!("{o:?}"),
+    }
+}
+
 /// The human status view.
 pub fn render_status(st: &Status) -> String {
     let mut out = String::new();
@@ -148,7 +156,28 @@ pub fn render_status(st: &Status) -> String {
         .booted
         .map(|s| s.to_string())
         .unwrap_or_else(|| "unknown".into());
-    out.push_str(&format!("=== System Info ===\nBootloader: {}\nLayout:     {}\nBooted:     slot {booted}\nNext boot:  slot {}\n\n=== Slot States ===\n", st.bootloader, st.layout, st.next_boot));
+    out.push_str(&format!(
+        "=== System Info ===\nBootloader: {}\nLayout:     {}\nBooted:     slot {booted}\nNext boot:  slot {}\nLoader reads: {}\n",
+        st.bootloader, st.layout, st.next_boot, st.loader_integrity.in_use
+    ));
+    for d in &st.loader_integrity.damaged {
+        out.push_str(&format!(
+            "WARNING: {} ({}) is damaged: {}; the loader uses {} and the next write by k3os-ops rewrites every copy\n",
+            d.record,
+            d.path.display(),
+            d.what,
+            st.loader_integrity.in_use
+        ));
+    }
+    if let Some(v) = &st.verdict {
+        out.push_str(&format!(
+            "This boot:  slot {} {}: {}\n",
+            v.slot,
+            outcome_name(&v.outcome),
+            v.reason
+        ));
+    }
+    out.push_str("\n=== Slot States ===\n");
     for s in &st.slots {
         let mark = if s.booted { "x" } else { " " };
         out.push_str(&format!(

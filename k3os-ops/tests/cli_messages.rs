@@ -241,3 +241,47 @@ fn a_full_disk_names_the_place_and_sizes_people_read() {
     );
     assert_no_repeats(&line);
 }
+
+/// The bug of the boot-integrity issue, seen through the CLI: one env copy damaged so that it
+/// still parses (`K3OS_A=good` -> `K3OS_A=gXod`) must not demote the running, confirmed slot,
+/// and `slot status` must name the damaged copy and the one the loader reads.
+#[test]
+fn status_names_a_damaged_env_copy_and_the_copy_in_use() {
+    let n = Node::new();
+    let env1 = n.path().join("boot/grub/k3os/env1");
+    let text = fs::read(&env1).unwrap();
+    let at = text
+        .windows(b"K3OS_A=good".len())
+        .position(|w| w == b"K3OS_A=good")
+        .expect("env1 holds K3OS_A=good");
+    let mut damaged = text.clone();
+    damaged[at + "K3OS_A=g".len()] = b'X';
+    fs::write(&env1, &damaged).unwrap();
+
+    let out = n.ops(&["slot", "status"]);
+    let human = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{human}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        human.contains("WARNING: copy 1") && human.contains("env1") && human.contains("is damaged"),
+        "status does not name the damaged copy:\n{human}"
+    );
+    assert!(
+        human.contains("Loader reads: copy 2"),
+        "status does not say the loader reads copy 2:\n{human}"
+    );
+    assert!(
+        human.contains("[x] slot A (good, booted"),
+        "the confirmed running slot must stay good:\n{human}"
+    );
+
+    // The next write restores both copies from the intact state; B stays bad.
+    let out = n.ops(&["slot", "mark-bad", "b"]);
+    assert!(out.status.success(), "{out:?}");
+    let human = String::from_utf8_lossy(&n.ops(&["slot", "status"]).stdout).into_owned();
+    assert!(!human.contains("WARNING"), "{human}");
+    assert!(human.contains("Next boot:  slot A"), "{human}");
+}
