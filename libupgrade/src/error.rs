@@ -59,6 +59,21 @@ pub enum Error {
         expected: u64,
         found: u64,
     },
+    #[error("{artifact} ({location}): chunk {chunk} at byte {offset} has sha256 {found}, the signed chunk index says {expected}; refused before writing it")]
+    ChunkDigest {
+        artifact: Artifact,
+        location: String,
+        chunk: usize,
+        offset: u64,
+        expected: String,
+        found: String,
+    },
+    #[error("{artifact}: chunk index {location}: {what}")]
+    ChunkIndex {
+        artifact: Artifact,
+        location: String,
+        what: String,
+    },
     #[error("{artifact} needs {needed} bytes but {target} has room for {available}")]
     NoSpace {
         artifact: Artifact,

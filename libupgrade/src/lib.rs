@@ -8,13 +8,14 @@
 //!
 //! Modules: [`config`] (node configuration), [`manifest`] (what a release contains),
 //! [`signing`] (ed25519 release signatures), [`channel`] (release indexes, `latest`),
-//! [`release`] (creating releases), [`fetch`] (reading releases from paths and URLs, resumable),
+//! [`release`] (creating releases), [`chunk`] (chunk indexes, delta and resumable transfer), [`fetch`] (reading releases from paths and URLs, resumable),
 //! [`layout`] (where slot bytes live: GPT partitions or k3OS-style files), [`state`] (the
 //! slot records and decision log), [`health`] (checks), [`updater`] (the state machine),
 //! [`barrier`] (write barriers for power-cut tests), [`http`] (the HTTP client).
 
 pub mod barrier;
 pub mod channel;
+pub mod chunk;
 pub mod config;
 pub mod error;
 pub mod fetch;
