@@ -397,6 +397,7 @@ fn a_release_that_is_not_a_squashfs_is_refused_before_it_is_staged() {
             path: name.into(),
             size,
             sha256,
+            chunks: None,
         }
     };
     let m = libupgrade::Manifest {
