@@ -18,9 +18,9 @@ images-build arch:
     #!/bin/sh
     set -eu
     images/scripts/fetch-debs.sh {{arch}} >/dev/null
-    cargo build --release -p k3os-ops --features fault-injection --target x86_64-unknown-linux-musl
+    cargo build --release -p k3os-ops --target x86_64-unknown-linux-musl
     if [ "{{arch}}" != x86_64 ]; then
-        cargo build --release -p k3os-ops --features fault-injection --target {{arch}}-unknown-linux-musl
+        cargo build --release -p k3os-ops --target {{arch}}-unknown-linux-musl
     fi
     cargo build -p k3os-images
     target/debug/k3os-images build --arch {{arch}} \

@@ -5,7 +5,9 @@
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
 mod agent;
+mod progress;
 mod release;
+mod report;
 mod slot;
 mod upgrade;
 
@@ -34,12 +36,19 @@ enum Cmd {
     Slot(slot::SlotArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    match cli.cmd {
+    let result = match cli.cmd {
         Cmd::Release(args) => release::run(args),
         Cmd::Agent(args) => agent::run(args),
         Cmd::Upgrade(args) => upgrade::run(args),
         Cmd::Slot(args) => slot::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", report::render(&e));
+            std::process::ExitCode::FAILURE
+        }
     }
 }

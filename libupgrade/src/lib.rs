@@ -10,13 +10,16 @@
 //! [`signing`] (ed25519 release signatures), [`channel`] (release indexes, `latest`),
 //! [`release`] (creating releases), [`chunk`] (chunk indexes, delta and resumable transfer), [`fetch`] (reading releases from paths and URLs, resumable),
 //! [`layout`] (where slot bytes live: GPT partitions or k3OS-style files), [`state`] (the
-//! slot records and decision log), [`health`] (checks), [`updater`] (the state machine),
-//! [`barrier`] (write barriers for power-cut tests), [`http`] (the HTTP client).
+//! slot records and decision log), [`health`] (checks), [`updater`] (the state machine, a
+//! thin executor), [`stage`] (the fetch/verify/write pipeline), [`checkpoint`] (resumable
+//! downloads), [`confirm`] (boot assessment on every boot), [`barrier`] (write barriers for power-cut tests), [`http`] (the HTTP client).
 
 pub mod barrier;
 pub mod channel;
+pub mod checkpoint;
 pub mod chunk;
 pub mod config;
+pub mod confirm;
 pub mod error;
 pub mod fetch;
 pub mod health;
@@ -25,6 +28,7 @@ pub mod layout;
 pub mod manifest;
 pub mod release;
 pub mod signing;
+pub mod stage;
 pub mod state;
 pub mod updater;
 

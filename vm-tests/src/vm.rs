@@ -262,6 +262,47 @@ impl Vm {
         Ok(CmdOutput { rc, output })
     }
 
+    /// [`Vm::run_ok`], handing each line of output to `each` as the guest prints it (for a
+    /// live view of a long command, e.g. the download progress in `just demo`).
+    pub fn run_streamed(
+        &mut self,
+        cmd: &str,
+        timeout: Duration,
+        mut each: impl FnMut(&str),
+    ) -> Result<()> {
+        self.cmd_seq += 1;
+        let n = self.cmd_seq;
+        let begin = format!("@@B{n}@@");
+        let end = format!("@@E{n}@@ rc=");
+        self.send_line(&format!(
+            "echo @@B$(({n}))@@; {{ {cmd}\n}}; echo \"@@E$(({n}))@@ rc=$?\""
+        ))?;
+        self.expect(&begin, timeout)?;
+        let mut output = String::new();
+        loop {
+            let (i, line) = self.expect_any(&[&end, "\n"], timeout)?;
+            if i == 0 {
+                let rc = line
+                    .rsplit("rc=")
+                    .next()
+                    .and_then(|s| s.trim().parse::<i32>().ok())
+                    .unwrap_or(-1);
+                if rc != 0 {
+                    return Err(Error::Command {
+                        vm: self.name.clone(),
+                        cmd: cmd.into(),
+                        rc,
+                        output,
+                    });
+                }
+                return Ok(());
+            }
+            each(&line);
+            output.push_str(&line);
+            output.push('\n');
+        }
+    }
+
     /// Wait until the guest shell answers: the shell on the console may open its tty a moment
     /// after `K3OS-READY`, and input typed before that is lost, so probe with short timeouts.
     pub fn wait_shell(&mut self, timeout: Duration) -> Result<()> {
