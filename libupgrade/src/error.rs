@@ -59,7 +59,7 @@ pub enum Error {
         expected: u64,
         found: u64,
     },
-    #[error("{artifact} ({location}): chunk {chunk} at byte {offset} has sha256 {found}, the signed chunk index says {expected}; refused before writing it")]
+    #[error("{artifact} ({location}): chunk {chunk} at byte {offset}: sha256 mismatch: expected {expected} (signed chunk index), found {found}; refused before writing it")]
     ChunkDigest {
         artifact: Artifact,
         location: String,
