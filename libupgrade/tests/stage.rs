@@ -383,7 +383,8 @@ fn corrupt_or_truncated_artifacts_leave_the_slot_invalid() {
     );
     let reqs = srv.requests.lock().unwrap().clone();
     assert!(
-        reqs.iter().all(|r| r.ends_with("None") || r.ends_with("Some((0, Some(0)))")),
+        reqs.iter()
+            .all(|r| r.ends_with("None") || r.ends_with("Some((0, Some(0)))")),
         "only the manifest, signature and byte-0 probes were requested: {reqs:?}"
     );
     assert_eq!(disk.part_bytes("rootfs-a", MIB), a_before);
