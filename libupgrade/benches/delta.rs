@@ -23,10 +23,18 @@
 
 use std::collections::HashSet;
 use std::fs;
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
+
+use bootconfig::memory::MemoryBootloader;
+use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
+use libupgrade::layout::GptLayout;
+use libupgrade::{NoProgress, Source, StageOptions, Updater};
 
 use libupgrade::chunk::local::{find_local, LocalFile};
 use libupgrade::chunk::plan::plan;
@@ -35,6 +43,7 @@ use libupgrade::chunk::{ChunkIndex, ChunkParams};
 /// HTTP request + response headers per range request (measured with `release serve`: ~120 B
 /// request, ~180 B response).
 const HEADER_BYTES: u64 = 300;
+const MIB: u64 = 1 << 20;
 
 /// The image options the images crate uses (reproducible: fixed times, root-owned, no xattrs).
 const BASE: &[&str] = &[
@@ -196,6 +205,13 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    if let (Ok(w), Ok(url)) = (
+        std::env::var("BENCH_DELTA_CHILD"),
+        std::env::var("BENCH_DELTA_URL"),
+    ) {
+        child(Path::new(&w), &url);
+        return;
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()
@@ -265,6 +281,7 @@ fn main() {
         );
     }
 
+    let mut stages = Vec::new();
     println!(
         "\n== per pair (mksquashfs {}), ratios of the v2 image ==",
         rec.join(" ")
@@ -289,5 +306,231 @@ fn main() {
             pct(k, size),
             pct(x, size)
         );
+        stages.push((name, v1, v2, size));
     }
+
+    println!("\n== real stage into a file-backed GPT disk, from a local HTTP server ==");
+    let keys = w.join("keys");
+    let (secret, public) = libupgrade::signing::generate_keypair(&keys, "bench").unwrap();
+    fs::create_dir_all(w.join("trust")).unwrap();
+    fs::copy(&public, w.join("trust/bench.pub")).unwrap();
+    fs::write(w.join("k"), pseudo(8 << 20, 1)).unwrap();
+    fs::write(w.join("i"), pseudo(16 << 20, 2)).unwrap();
+    let (base, sent) = serve_dir(w.to_path_buf());
+    for (name, v1, v2, size) in &stages {
+        let _ = fs::remove_dir_all(w.join("rel"));
+        libupgrade::release::create(&libupgrade::release::CreateOptions {
+            rootfs: v2.clone(),
+            kernel: w.join("k"),
+            initrd: w.join("i"),
+            version: "v2".into(),
+            arch: libupgrade::Arch::host(),
+            secret_key: secret.clone(),
+            out_dir: w.join("rel"),
+            generation: Some(2),
+        })
+        .unwrap();
+        let (secs, wire, fetched, rss) = stage_run(w, Some(v1), &base, &sent);
+        println!(
+            "{name:<8} delta: {secs:6.2} s, on the wire {} of the v2 image ({fetched} payload bytes fetched), peak RSS {:.1} MiB",
+            pct(wire, *size),
+            rss as f64 / 1024.0
+        );
+        let (secs, wire, _, rss) = stage_run(w, None, &base, &sent);
+        println!(
+            "{name:<8} full:  {secs:6.2} s, on the wire {} (slot A empty: nothing to reuse), peak RSS {:.1} MiB",
+            pct(wire, *size),
+            rss as f64 / 1024.0
+        );
+    }
+}
+
+fn pseudo(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+// ---- the real stage: v2 from a local HTTP server into slot B, slot A running v1 ----
+
+/// A static file server on 127.0.0.1 (GET, `Range: bytes=a-b`), counting the bytes it sends.
+fn serve_dir(root: PathBuf) -> (String, Arc<AtomicU64>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}/", l.local_addr().unwrap());
+    let sent = Arc::new(AtomicU64::new(0));
+    let s2 = sent.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            let (root, sent) = (root.clone(), s2.clone());
+            std::thread::spawn(move || {
+                let mut rd = BufReader::new(c.try_clone().unwrap());
+                let mut w = c;
+                loop {
+                    let mut line = String::new();
+                    if rd.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+                    let mut range: Option<(u64, Option<u64>)> = None;
+                    loop {
+                        let mut h = String::new();
+                        if rd.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                            break;
+                        }
+                        if let Some(v) = h.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                            let (a, b) = v.trim().split_once('-').unwrap();
+                            range = Some((a.parse().unwrap(), b.parse().ok()));
+                        }
+                    }
+                    let Ok(mut f) = fs::File::open(root.join(path.trim_start_matches('/'))) else {
+                        let _ = w.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+                        continue;
+                    };
+                    let len = f.metadata().unwrap().len();
+                    let (a, b) = match range {
+                        Some((a, b)) => (a, b.map_or(len, |b| b + 1).min(len)),
+                        None => (0, len),
+                    };
+                    let head = match range {
+                        Some(_) => format!("HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {a}-{}/{len}\r\n\r\n", b - a, b - 1),
+                        None => format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n"),
+                    };
+                    if w.write_all(head.as_bytes()).is_err() {
+                        return;
+                    }
+                    f.seek(SeekFrom::Start(a)).unwrap();
+                    let n = std::io::copy(&mut (&mut f).take(b - a), &mut w).unwrap_or(0);
+                    sent.fetch_add(head.len() as u64 + n, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (base, sent)
+}
+
+fn config(work: &Path) -> Config {
+    Config {
+        bootloader: BootloaderKind::Grub,
+        tries: 3,
+        layout: LayoutConfig::Gpt {
+            disk: work.join("disk.img"),
+            boot_dir: work.join("boot"),
+        },
+        state_dir: work.join("state"),
+        trust_dir: work.join("trust"),
+        health_dir: work.join("health.d"),
+        health_timeout_secs: 5,
+        download_retries: 3,
+        proc_cmdline: work.join("cmdline"),
+        release_file: work.join("release"),
+        mountinfo: work.join("mountinfo"),
+        boot_id_file: work.join("boot_id"),
+        builtin_health_check: false,
+    }
+}
+
+/// In the child: stage from `url`, print the report and the peak RSS.
+fn child(work: &Path, url: &str) {
+    let cfg = config(work);
+    let layout = GptLayout::open(&work.join("disk.img"), &work.join("boot")).expect("GPT");
+    let u = Updater::with_parts(cfg, Box::new(layout), Box::new(MemoryBootloader::new(3)));
+    let r = u
+        .stage(&Source::parse(url), &StageOptions::default(), &NoProgress)
+        .expect("stage");
+    assert!(!r.already_staged);
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    println!("FETCHED {} REUSED {}", r.bytes_fetched, r.bytes_reused);
+    println!("MAXRSS_KIB {}", ru.ru_maxrss);
+}
+
+/// A GPT disk image file with rootfs-a/rootfs-b of `part` bytes; returns rootfs-a's offset.
+fn make_disk(work: &Path, part: u64) -> u64 {
+    let disk = work.join("disk.img");
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&disk)
+        .unwrap();
+    let total = 2 * part + 4 * MIB;
+    f.set_len(total).unwrap();
+    let mut f2 = f.try_clone().unwrap();
+    gpt::mbr::ProtectiveMBR::with_lb_size(u32::try_from(total / 512 - 1).unwrap_or(u32::MAX))
+        .overwrite_lba0(&mut f2)
+        .unwrap();
+    let mut g = gpt::GptConfig::new()
+        .writable(true)
+        .create_from_device(f, None)
+        .unwrap();
+    let mut a_offset = None;
+    for name in ["rootfs-a", "rootfs-b"] {
+        let id = g
+            .add_partition(name, part, gpt::partition_types::LINUX_FS, 0, Some(2048))
+            .unwrap();
+        a_offset.get_or_insert(g.partitions()[&id].first_lba * 512);
+    }
+    g.write().unwrap();
+    a_offset.unwrap()
+}
+
+/// Stage `v2` (signed release in `work/rel`) with slot A holding `v1` (None: empty slot A, a
+/// full download). Returns (seconds, bytes on the wire, fetched, peak RSS KiB).
+fn stage_run(work: &Path, v1: Option<&Path>, base: &str, sent: &AtomicU64) -> (f64, u64, u64, u64) {
+    let v2 = work.join("rel/rootfs.squashfs");
+    let size = fs::metadata(&v2)
+        .unwrap()
+        .len()
+        .max(v1.map_or(0, |p| fs::metadata(p).unwrap().len()));
+    let a = make_disk(work, (size / MIB + 8) * MIB);
+    let _ = fs::remove_dir_all(work.join("state"));
+    let _ = fs::remove_dir_all(work.join("boot"));
+    fs::create_dir_all(work.join("boot/a")).unwrap();
+    for f in ["vmlinuz", "initrd"] {
+        fs::copy(work.join("rel").join(f), work.join("boot/a").join(f)).unwrap();
+    }
+    if let Some(v1) = v1 {
+        let img = fs::OpenOptions::new()
+            .write(true)
+            .open(work.join("disk.img"))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&img, &fs::read(v1).unwrap(), a).unwrap();
+    }
+    fs::write(work.join("cmdline"), "k3os.slot=A").unwrap();
+    fs::write(work.join("release"), "VERSION=v1\nGENERATION=1\n").unwrap();
+    sh(&mut Command::new("sync"));
+    let before = sent.load(Ordering::SeqCst);
+    let t = Instant::now();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env("BENCH_DELTA_CHILD", work)
+        .env("BENCH_DELTA_URL", format!("{base}rel/"))
+        .output()
+        .unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "stage child failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |k: &str| {
+        text.split_whitespace()
+            .skip_while(|w| *w != k)
+            .nth(1)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (
+        secs,
+        sent.load(Ordering::SeqCst) - before,
+        field("FETCHED"),
+        field("MAXRSS_KIB"),
+    )
 }
