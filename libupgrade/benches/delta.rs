@@ -71,14 +71,34 @@ fn sh(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn squashfs(tree: &Path, out: &Path, extra: &[&str]) -> u64 {
-    let _ = fs::remove_file(out);
-    sh(Command::new("mksquashfs")
-        .arg(tree)
-        .arg(out)
-        .args(BASE)
-        .args(extra));
-    fs::metadata(out).unwrap().len()
+/// The squashfs of `tree` with `extra` options, cached in `images` by tree and options (the
+/// trees only change when delta-debs.sh re-extracts them, which removes the cache).
+fn squashfs(images: &Path, tree: &Path, extra: &[&str]) -> PathBuf {
+    let name = format!(
+        "{}{}.sq",
+        tree.file_name().unwrap().to_string_lossy(),
+        extra.concat().replace('-', "_")
+    );
+    let out = images.join(name);
+    let stamp = fs::metadata(tree.with_extension("debs"))
+        .and_then(|m| m.modified())
+        .ok();
+    let fresh = fs::metadata(&out).and_then(|m| m.modified()).ok();
+    if fresh.is_none() || fresh < stamp {
+        let tmp = out.with_extension("tmp");
+        let _ = fs::remove_file(&tmp);
+        sh(Command::new("mksquashfs")
+            .arg(tree)
+            .arg(&tmp)
+            .args(BASE)
+            .args(extra));
+        fs::rename(&tmp, &out).unwrap();
+    }
+    out
+}
+
+fn len(p: &Path) -> u64 {
+    fs::metadata(p).unwrap().len()
 }
 
 fn local(path: &Path) -> LocalFile {
@@ -230,6 +250,8 @@ fn main() {
     }
     let work = tempfile::tempdir_in(&cache).unwrap();
     let w = work.path();
+    let images = cache.join("images");
+    fs::create_dir_all(&images).unwrap();
     let pairs = [
         ("monthly", "monthly-v1", "monthly-v2"),
         ("major", "monthly-v2", "major-v2"),
@@ -240,18 +262,16 @@ fn main() {
         "{:<34} {:>10} {:>9} {:>9}",
         "options", "v2 bytes", "ours", "4K-blocks"
     );
-    let variants: [&[&str]; 5] = [
+    let variants: [&[&str]; 4] = [
         &[],
         &["-b", "64K"],
         &["-no-fragments"],
         &["-b", "64K", "-no-fragments"],
-        &["-b", "1M"],
     ];
     for extra in variants {
-        let v1 = w.join("v1.sq");
-        let v2 = w.join("v2.sq");
-        squashfs(&trees.join("monthly-v1"), &v1, extra);
-        let size = squashfs(&trees.join("monthly-v2"), &v2, extra);
+        let v1 = squashfs(&images, &trees.join("monthly-v1"), extra);
+        let v2 = squashfs(&images, &trees.join("monthly-v2"), extra);
+        let size = len(&v2);
         let (o, _) = ours(&v1, &v2, ChunkParams::DEFAULT);
         let b = blocks4k(&v1, &v2);
         let name = if extra.is_empty() {
@@ -267,10 +287,9 @@ fn main() {
         "\n== chunk size (monthly pair, mksquashfs {}) ==",
         rec.join(" ")
     );
-    let v1 = w.join("v1.sq");
-    let v2 = w.join("v2.sq");
-    squashfs(&trees.join("monthly-v1"), &v1, rec);
-    let size = squashfs(&trees.join("monthly-v2"), &v2, rec);
+    let v1 = squashfs(&images, &trees.join("monthly-v1"), rec);
+    let v2 = squashfs(&images, &trees.join("monthly-v2"), rec);
+    let size = len(&v2);
     for kib in [32u32, 64, 128] {
         let t = Instant::now();
         let (o, reqs) = ours(&v1, &v2, ChunkParams::with_avg(kib << 10));
@@ -291,10 +310,9 @@ fn main() {
         "pair", "v2 bytes", "ours", "casync", "4K-blocks", "xdelta3"
     );
     for (name, a, b) in pairs {
-        let v1 = w.join(format!("{name}-v1.sq"));
-        let v2 = w.join(format!("{name}-v2.sq"));
-        squashfs(&trees.join(a), &v1, rec);
-        let size = squashfs(&trees.join(b), &v2, rec);
+        let v1 = squashfs(&images, &trees.join(a), rec);
+        let v2 = squashfs(&images, &trees.join(b), rec);
+        let size = len(&v2);
         let (o, _) = ours(&v1, &v2, ChunkParams::DEFAULT);
         let c = casync(w, &v1, &v2);
         let k = blocks4k(&v1, &v2);
