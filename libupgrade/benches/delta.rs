@@ -257,47 +257,53 @@ fn main() {
         ("major", "monthly-v2", "major-v2"),
     ];
 
-    println!("== mksquashfs options (monthly pair; ours at 64 KiB chunks) ==");
-    println!(
-        "{:<34} {:>10} {:>9} {:>9}",
-        "options", "v2 bytes", "ours", "4K-blocks"
-    );
-    let variants: [&[&str]; 4] = [
-        &[],
-        &["-b", "64K"],
-        &["-no-fragments"],
-        &["-b", "64K", "-no-fragments"],
-    ];
-    for extra in variants {
-        let v1 = squashfs(&images, &trees.join("monthly-v1"), extra);
-        let v2 = squashfs(&images, &trees.join("monthly-v2"), extra);
-        let size = len(&v2);
-        let (o, _) = ours(&v1, &v2, ChunkParams::DEFAULT);
-        let b = blocks4k(&v1, &v2);
-        let name = if extra.is_empty() {
-            "(default: -b 128K, fragments)".to_string()
-        } else {
-            extra.join(" ")
-        };
-        println!("{name:<34} {size:>10} {} {}", pct(o, size), pct(b, size));
+    // BENCH_DELTA_SECTIONS=options,chunks,pairs,stage (default: all) runs a subset.
+    let sections = std::env::var("BENCH_DELTA_SECTIONS").unwrap_or_default();
+    let want = |s: &str| sections.is_empty() || sections.split(',').any(|x| x == s);
+    if want("options") {
+        println!("== mksquashfs options (monthly pair; ours at 64 KiB chunks) ==");
+        println!(
+            "{:<34} {:>10} {:>9} {:>9}",
+            "options", "v2 bytes", "ours", "4K-blocks"
+        );
+        let variants: [&[&str]; 4] = [
+            &[],
+            &["-b", "64K"],
+            &["-no-fragments"],
+            &["-b", "64K", "-no-fragments"],
+        ];
+        for extra in variants {
+            let v1 = squashfs(&images, &trees.join("monthly-v1"), extra);
+            let v2 = squashfs(&images, &trees.join("monthly-v2"), extra);
+            let size = len(&v2);
+            let (o, _) = ours(&v1, &v2, ChunkParams::DEFAULT);
+            let b = blocks4k(&v1, &v2);
+            let name = if extra.is_empty() {
+                "(default: -b 128K, fragments)".to_string()
+            } else {
+                extra.join(" ")
+            };
+            println!("{name:<34} {size:>10} {} {}", pct(o, size), pct(b, size));
+        }
     }
-
     let rec: &[&str] = &["-b", "64K", "-no-fragments"];
     println!(
         "\n== chunk size (monthly pair, mksquashfs {}) ==",
         rec.join(" ")
     );
-    let v1 = squashfs(&images, &trees.join("monthly-v1"), rec);
-    let v2 = squashfs(&images, &trees.join("monthly-v2"), rec);
-    let size = len(&v2);
-    for kib in [32u32, 64, 128] {
-        let t = Instant::now();
-        let (o, reqs) = ours(&v1, &v2, ChunkParams::with_avg(kib << 10));
-        println!(
+    if want("chunks") {
+        let v1 = squashfs(&images, &trees.join("monthly-v1"), rec);
+        let v2 = squashfs(&images, &trees.join("monthly-v2"), rec);
+        let size = len(&v2);
+        for kib in [32u32, 64, 128] {
+            let t = Instant::now();
+            let (o, reqs) = ours(&v1, &v2, ChunkParams::with_avg(kib << 10));
+            println!(
             "avg {kib:>3} KiB: fetched {} ({o} bytes, {reqs} range requests, index+plan {:.1} s)",
             pct(o, size),
             t.elapsed().as_secs_f64()
         );
+        }
     }
 
     let mut stages = Vec::new();
@@ -313,6 +319,10 @@ fn main() {
         let v1 = squashfs(&images, &trees.join(a), rec);
         let v2 = squashfs(&images, &trees.join(b), rec);
         let size = len(&v2);
+        stages.push((name, v1.clone(), v2.clone(), size));
+        if !want("pairs") {
+            continue;
+        }
         let (o, _) = ours(&v1, &v2, ChunkParams::DEFAULT);
         let c = casync(w, &v1, &v2);
         let k = blocks4k(&v1, &v2);
@@ -324,7 +334,9 @@ fn main() {
             pct(k, size),
             pct(x, size)
         );
-        stages.push((name, v1, v2, size));
+    }
+    if !want("stage") {
+        return;
     }
 
     println!("\n== real stage into a file-backed GPT disk, from a local HTTP server ==");
@@ -359,6 +371,12 @@ fn main() {
             "{name:<8} full:  {secs:6.2} s, on the wire {} (slot A empty: nothing to reuse), peak RSS {:.1} MiB",
             pct(wire, *size),
             rss as f64 / 1024.0
+        );
+        let (secs, svc, cli) = rauc_install(w, v2);
+        println!(
+            "{name:<8} rauc install (plain bundle, local file, into a file slot): {secs:6.2} s, peak RSS service {:.1} MiB + client {:.1} MiB",
+            svc as f64 / 1024.0,
+            cli as f64 / 1024.0
         );
     }
 }
@@ -451,6 +469,128 @@ fn config(work: &Path) -> Config {
         boot_id_file: work.join("boot_id"),
         builtin_health_check: false,
     }
+}
+
+/// `rauc install` of a plain bundle holding `image` into a file-backed slot B (slot A booted,
+/// noop bootloader), through a private D-Bus system bus and `rauc service`. Returns (seconds of
+/// `rauc install`, peak RSS of the service in KiB, peak RSS of the `rauc install` client).
+fn rauc_install(work: &Path, image: &Path) -> (f64, u64, u64) {
+    let r = work.join("rauc");
+    let _ = fs::remove_dir_all(&r);
+    fs::create_dir_all(r.join("bundle")).unwrap();
+    fs::create_dir_all(r.join("mnt")).unwrap();
+    fs::write(
+        r.join("bus.conf"),
+        format!(
+            r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN" "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig><type>system</type><listen>unix:path={}/bus</listen><auth>EXTERNAL</auth>
+<policy context="default"><allow user="*"/><allow own="*"/><allow send_type="method_call"/>
+<allow send_destination="*"/><allow receive_sender="*"/></policy></busconfig>
+"#,
+            r.display()
+        ),
+    )
+    .unwrap();
+    sh(Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "10",
+            "-subj",
+            "/CN=bench",
+        ])
+        .arg("-keyout")
+        .arg(r.join("key.pem"))
+        .arg("-out")
+        .arg(r.join("cert.pem"))
+        .stderr(std::process::Stdio::null()));
+    let slot_len = (len(image) / MIB + 8) * MIB;
+    for s in ["slotA.img", "slotB.img"] {
+        fs::File::create(r.join(s))
+            .unwrap()
+            .set_len(slot_len)
+            .unwrap();
+    }
+    fs::write(
+        r.join("system.conf"),
+        format!(
+            "[system]\ncompatible=k3os-bench\nbootloader=noop\nmountprefix={0}/mnt\n[keyring]\npath={0}/cert.pem\n\
+             [slot.rootfs.0]\ndevice={0}/slotA.img\ntype=raw\nbootname=A\n\
+             [slot.rootfs.1]\ndevice={0}/slotB.img\ntype=raw\nbootname=B\n",
+            r.display()
+        ),
+    )
+    .unwrap();
+    fs::copy(image, r.join("bundle/rootfs.img")).unwrap();
+    fs::write(
+        r.join("bundle/manifest.raucm"),
+        "[update]\ncompatible=k3os-bench\nversion=2\n[bundle]\nformat=plain\n[image.rootfs]\nfilename=rootfs.img\n",
+    )
+    .unwrap();
+    sh(Command::new("rauc")
+        .arg("bundle")
+        .arg(format!("--cert={}", r.join("cert.pem").display()))
+        .arg(format!("--key={}", r.join("key.pem").display()))
+        .arg(r.join("bundle"))
+        .arg(r.join("b.raucb")));
+    let bus = format!("unix:path={}/bus", r.display());
+    let mut dbus = Command::new("dbus-daemon")
+        .arg(format!("--config-file={}", r.join("bus.conf").display()))
+        .arg("--nofork")
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut svc = Command::new("rauc")
+        .arg("service")
+        .arg(format!("--conf={}", r.join("system.conf").display()))
+        .arg("--override-boot-slot=A")
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &bus)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    sh(&mut Command::new("sync"));
+    let t = Instant::now();
+    let out = Command::new("/usr/bin/time")
+        .args(["-f", "MAXRSS_KIB %M", "rauc", "install"])
+        .arg(r.join("b.raucb"))
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &bus)
+        .output()
+        .unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    let hwm = fs::read_to_string(format!("/proc/{}/status", svc.id()))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    let _ = svc.kill();
+    let _ = svc.wait();
+    let _ = dbus.kill();
+    let _ = dbus.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "rauc install failed: {err}");
+    let mut got = vec![0u8; len(image) as usize];
+    std::os::unix::fs::FileExt::read_exact_at(
+        &fs::File::open(r.join("slotB.img")).unwrap(),
+        &mut got,
+        0,
+    )
+    .unwrap();
+    assert!(
+        got == fs::read(image).unwrap(),
+        "rauc did not write the image into slot B"
+    );
+    let cli = err
+        .lines()
+        .find_map(|l| l.strip_prefix("MAXRSS_KIB "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    (secs, hwm, cli)
 }
 
 /// In the child: stage from `url`, print the report and the peak RSS.
