@@ -17,27 +17,12 @@ cache=${1:?usage: delta-debs.sh CACHE_DIR}
 mkdir -p "$cache/debs" "$cache/trees"
 cache=$(cd "$cache" && pwd)
 
-BOOKWORM="libc6 libc-bin libgcc-s1 libstdc++6 zlib1g liblzma5 libzstd1 libbz2-1.0 libssl3 openssl
-ca-certificates systemd libsystemd0 libudev1 udev dbus libdbus-1-3 bash coreutils util-linux mount
-libmount1 libblkid1 libuuid1 e2fsprogs perl-base perl-modules-5.36 libperl5.36 python3.11-minimal
-libpython3.11-minimal libpython3.11-stdlib python3.11 curl libcurl4 libnghttp2-14 libssh2-1 tzdata
-openssh-server openssh-client openssh-sftp-server vim-tiny iproute2 iptables libip4tc2 libip6tc2
-libxtables12 nftables libnftables1 libnftnl11 libmnl0 gzip tar sed grep findutils procps libproc2-0
-kmod libkmod2 sudo less git git-man libexpat1 libxml2 libglib2.0-0 libgnutls30 libp11-kit0
-libtasn1-6 libnettle8 libhogweed6 libgmp10 libidn2-0 libunistring2 runc containerd conntrack socat
-ethtool"
-# A realistic month of security updates: these move to their newest version in monthly-v2.
-BUMP="libssl3 openssl systemd libsystemd0 libudev1 udev openssh-server openssh-client
-openssh-sftp-server libxml2 libexpat1 curl libcurl4"
-TRIXIE="libc6 libc-bin libgcc-s1 libstdc++6 zlib1g liblzma5 libzstd1 libbz2-1.0 libssl3t64 openssl
-ca-certificates systemd libsystemd0 libudev1 udev dbus libdbus-1-3 bash coreutils util-linux mount
-libmount1 libblkid1 libuuid1 e2fsprogs perl-base perl-modules-5.40 libperl5.40 python3.13-minimal
-libpython3.13-minimal libpython3.13-stdlib python3.13 curl libcurl4t64 libnghttp2-14 libssh2-1t64
-tzdata openssh-server openssh-client openssh-sftp-server vim-tiny iproute2 iptables libip4tc2
-libip6tc2 libxtables12 nftables libnftables1 libnftnl11 libmnl0 gzip tar sed grep findutils procps
-libproc2-0 kmod libkmod2 sudo less git git-man libexpat1 libxml2 libglib2.0-0t64 libgnutls30t64
-libp11-kit0 libtasn1-6 libnettle8t64 libhogweed6t64 libgmp10 libidn2-0 libunistring5 runc
-containerd conntrack socat ethtool"
+here=$(cd "$(dirname "$0")" && pwd)
+# The package sets live in delta-packages.txt (data, not commands).
+section() { awk -v s="[$1]" '$0 == s { on = 1; next } /^\[/ { on = 0 } on && !/^#/' "$here/delta-packages.txt" | tr '\n' ' '; }
+BOOKWORM=$(section bookworm)
+BUMP=$(section bump)
+TRIXIE=$(section trixie)
 
 # apt with an optional private configuration (trixie); APT_OPTS is word-split on purpose.
 APT_OPTS="-o APT::Architectures=amd64 -o APT::Sandbox::User=root"
