@@ -49,7 +49,10 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
         "the shell builtin in the scripts (procps' /usr/bin/kill is never called)",
     ),
     ("zstd", "a mksquashfs -comp argument, never run"),
-    ("make", "the casync subcommand in benches/delta.rs (casync make), never run"),
+    (
+        "make",
+        "the casync subcommand in benches/delta.rs (casync make), never run",
+    ),
     (
         "init",
         "a file name in the test initramfs, never run on the host",
