@@ -366,6 +366,12 @@ impl Stager<'_> {
             };
             let bytes = self.retrying(opts, || source.read_capped(&r.path, r.size))?;
             let sha = sha256_hex(&bytes);
+            if bytes.len() as u64 > r.size {
+                return Err(bad(format!(
+                    "larger than the {} bytes the signed manifest says",
+                    r.size
+                )));
+            }
             if bytes.len() as u64 != r.size || sha != r.sha256 {
                 return Err(bad(format!(
                     "{} bytes with sha256 {sha}, the signed manifest says {} bytes with sha256 {}",
