@@ -151,8 +151,8 @@ pub fn populate(
 /// mksquashfs options of every slot image: reproducible (mksquashfs sorts each directory
 /// itself; every inode gets time 0 and owner root, the superblock time 0, no xattrs), so an
 /// unchanged file yields the same bytes in the next version and the chunk index finds them.
-/// zstd: fast to decompress under TCG, supported by the Debian kernel and libupgrade's backhand
-/// reader. `-no-fragments`: measured by `just bench-delta` on real Debian images (README, "Delta
+/// zstd: fast to decompress under TCG and supported by the Debian kernel.
+/// `-no-fragments`: measured by `just bench-delta` on real Debian images (README, "Delta
 /// updates"): fragments pack the tails of many files into shared blocks, so one changed file
 /// changes blocks its neighbours share; without them a monthly update fetched the fewest bytes
 /// (the image grows ~3%). `-b 64K` (RAUC's advice for 4 KiB block hashing) did not help

@@ -28,6 +28,7 @@ pub mod layout;
 pub mod manifest;
 pub mod release;
 pub mod signing;
+pub mod sqcheck;
 pub mod stage;
 pub mod state;
 pub mod updater;

@@ -21,7 +21,7 @@
 //! [`Updater::stage`](crate::Updater::stage) finds the booted slot and loads the state, then
 //! runs a [`Stager`] borrowing the updater's parts.
 
-use std::io::{BufReader, Read};
+use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -734,40 +734,24 @@ impl Stager<'_> {
         }
     }
 
-    /// The written rootfs must be a squashfs (superblock, inode and directory tables parse, via
-    /// the pure-Rust `backhand` crate: squashfs-ng links the C libsquashfs, which has no static
-    /// musl/aarch64 build for the node binary) whose used bytes fit what the manifest declared.
+    /// The written rootfs must be a squashfs whose used bytes fit what the manifest declared
+    /// ([`crate::sqcheck`]: structural, constant memory).
     fn check_rootfs(&self, slot: Slot, version: &str, size: u64) -> Result<()> {
-        let (f, offset, _len) = self.layout.open_rootfs(slot, version)?;
-        let mut sb = [0u8; 96];
-        f.read_exact_at(&mut sb, offset)
-            .map_err(|e| Error::BadImage {
-                slot,
-                what: format!("cannot read the superblock: {e}"),
-            })?;
-        if &sb[0..4] != b"hsqs" {
-            return Err(Error::BadImage {
-                slot,
-                what: format!("no squashfs magic (found {:02x?})", &sb[0..4]),
-            });
-        }
-        let used = u64::from_le_bytes(sb[40..48].try_into().expect("8 bytes"));
-        let reader = BufReader::with_capacity(64 << 10, f);
-        backhand::FilesystemReader::from_reader_with_offset(reader, offset).map_err(|e| {
-            Error::BadImage {
-                slot,
-                what: e.to_string(),
-            }
-        })?;
-        if used > size {
-            return Err(Error::BadImage {
-                slot,
-                what: format!(
-                    "superblock says {used} bytes used, manifest says the image has {size}"
-                ),
-            });
-        }
-        Ok(())
+        let (f, offset, len) = self.layout.open_rootfs(slot, version)?;
+        crate::sqcheck::check(
+            |pos, buf| {
+                if pos + buf.len() as u64 > len {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("read at {pos} past the slot's {len} bytes"),
+                    ));
+                }
+                f.read_exact_at(buf, offset + pos)
+            },
+            size,
+        )
+        .map(|_| ())
+        .map_err(|what| Error::BadImage { slot, what })
     }
 }
 
