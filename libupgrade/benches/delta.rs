@@ -602,10 +602,16 @@ fn child(work: &Path, url: &str) {
         .stage(&Source::parse(url), &StageOptions::default(), &NoProgress)
         .expect("stage");
     assert!(!r.already_staged);
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    // VmHWM, not getrusage's ru_maxrss: the latter keeps the parent's peak from before exec
+    // (the forked copy of its memory), which made this child look as large as the bench.
+    let hwm: u64 = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
     println!("FETCHED {} REUSED {}", r.bytes_fetched, r.bytes_reused);
-    println!("MAXRSS_KIB {}", ru.ru_maxrss);
+    println!("MAXRSS_KIB {hwm}");
 }
 
 /// A GPT disk image file with rootfs-a/rootfs-b of `part` bytes; returns rootfs-a's offset.
