@@ -2,14 +2,10 @@
 //!
 //! Subcommands: `upgrade` (one-shot), `slot …` (manual status/activate/confirm/rollback),
 //! `release …` (create, sign and serve releases), `agent` (the Kubernetes controller).
-//! Each subcommand lives in its own module; this file only parses arguments and dispatches.
+//! Each subcommand lives in its own module of the `k3os_ops` library; this file only parses
+//! arguments and dispatches.
 
-mod agent;
-mod progress;
-mod release;
-mod report;
-mod slot;
-mod upgrade;
+use k3os_ops::{agent, release, report, slot, upgrade};
 
 use clap::{Parser, Subcommand};
 

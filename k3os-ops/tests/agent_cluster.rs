@@ -9,9 +9,7 @@
 //! `k3os-agent-test-<random>` that they delete afterwards, and need cluster-admin. Without
 //! KUBECONFIG they fail saying so.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../src/agent/mod.rs"]
-mod agent;
+use k3os_ops::agent;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

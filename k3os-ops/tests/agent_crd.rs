@@ -1,9 +1,7 @@
 //! The committed `deploy/crd.yaml` must be exactly what the types generate
 //! (`k3os-ops agent crd > k3os-ops/deploy/crd.yaml` after changing `src/agent/crd.rs`).
 
-#[allow(dead_code, unused_imports)]
-#[path = "../src/agent/mod.rs"]
-mod agent;
+use k3os_ops::agent;
 
 use agent::crd::{crd_yaml, UpdateChannel};
 
@@ -94,4 +92,57 @@ spec:
         "'latest' must follow status.latestVersion"
     );
     assert_eq!(ch.target_version(), None);
+}
+
+/// Issue 11 bugs 3, 9, 10: the server validates what it can. No `format: uint32` (a warning on
+/// every apply), integer bounds, duration patterns, CEL rules for rebootTimeout > 0 and the
+/// window; the Updating column shows every holder.
+#[test]
+fn crd_schema_bounds_and_validates_the_spec() {
+    let text = crd_yaml();
+    assert!(!text.contains("uint32"), "format uint32 left in the CRD");
+    let doc: serde_yaml::Value = serde_yaml::from_str(text.split_once("---\n").unwrap().1).unwrap();
+    let v = &doc["spec"]["versions"][0];
+    let spec = &v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert_eq!(spec["concurrency"]["minimum"].as_f64(), Some(1.0));
+    assert!(
+        spec["concurrency"]["maximum"]
+            .as_f64()
+            .is_some_and(|m| m < f64::from(u32::MAX)),
+        "concurrency needs a maximum below u32::MAX: {:?}",
+        spec["concurrency"]
+    );
+    assert!(spec["maxFailures"]["maximum"].as_f64().is_some());
+    let rules = |v: &serde_yaml::Value| -> Vec<String> {
+        v["x-kubernetes-validations"]
+            .as_sequence()
+            .map(|s| {
+                s.iter()
+                    .map(|r| r["rule"].as_str().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for (what, field) in [
+        ("rebootTimeout", &spec["rebootTimeout"]),
+        ("drain.timeout", &spec["drain"]["properties"]["timeout"]),
+        ("window.length", &spec["window"]["properties"]["length"]),
+    ] {
+        assert!(field["pattern"].is_string(), "{what} has no pattern");
+        assert!(!rules(field).is_empty(), "{what} has no CEL rule");
+        assert!(
+            field["maxLength"].is_number(),
+            "{what}: CEL needs maxLength"
+        );
+    }
+    let window = &spec["window"]["properties"];
+    for f in ["start", "timeZone"] {
+        assert!(!rules(&window[f]).is_empty(), "window.{f} has no CEL rule");
+    }
+    // The patterns the server applies agree with the agent's own parser.
+    let pat = &spec["rebootTimeout"]["pattern"];
+    assert_eq!(pat.as_str(), Some(k3os_ops::agent::crd::DURATION_PATTERN));
+    let cols = v["additionalPrinterColumns"].as_sequence().unwrap();
+    let updating = cols.iter().find(|c| c["name"] == "Updating").unwrap();
+    assert_eq!(updating["jsonPath"], ".status.updating");
 }

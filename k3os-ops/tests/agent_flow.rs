@@ -4,9 +4,7 @@
 //! fence (CAS of our slot's phase) before cordon, before the bootloader flip, before reboot;
 //! uncordon only of our own cordon; release after confirm; failures pause the channel.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../src/agent/mod.rs"]
-mod agent;
+use k3os_ops::agent;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,6 +25,10 @@ struct World {
     rv: u64,
     /// Pods on the node (for the drain).
     pods: Vec<Value>,
+    /// Leases by name (node liveness and poller Leases).
+    leases: std::collections::BTreeMap<String, Value>,
+    /// Other nodes that exist (for reclaim's Node-deleted check).
+    other_nodes: Vec<String>,
     /// Called before answering each request (to inject concurrent changes).
     #[allow(clippy::type_complexity)]
     hook: Option<Box<dyn FnMut(&str, &mut Value) + Send>>,
@@ -52,6 +54,7 @@ fn merge(target: &mut Value, patch: &Value) {
 }
 
 const CH: &str = "/apis/k3os.io/v1/namespaces/k3os-system/updatechannels";
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/k3os-system/leases";
 
 fn respond(status: u16, body: &Value) -> Response<Body> {
     Response::builder()
@@ -91,6 +94,9 @@ async fn serve(
         }
         let rv = w.rv.to_string();
         let resp = match (method.clone(), path.as_str()) {
+            (Method::GET, "/api/v1/nodes/n1") if w.node.is_null() => {
+                respond(404, &not_found("nodes \"n1\""))
+            }
             (Method::GET, "/api/v1/nodes/n1") => respond(200, &w.node),
             (Method::PATCH, "/api/v1/nodes/n1") => {
                 if let Some(u) = body.pointer("/spec/unschedulable") {
@@ -106,10 +112,57 @@ async fn serve(
             (Method::GET, CH) => {
                 let mut ch = w.channel.clone();
                 ch["metadata"]["resourceVersion"] = json!(rv);
+                // A null channel: none exists (yet).
+                let items = if ch["spec"].is_null() {
+                    vec![]
+                } else {
+                    vec![ch]
+                };
                 respond(
                     200,
-                    &json!({"kind": "UpdateChannelList", "apiVersion": "k3os.io/v1", "metadata": {}, "items": [ch]}),
+                    &json!({"kind": "UpdateChannelList", "apiVersion": "k3os.io/v1", "metadata": {}, "items": items}),
                 )
+            }
+            (Method::GET, p) if p.starts_with("/api/v1/nodes/") => {
+                let n = p.trim_start_matches("/api/v1/nodes/");
+                if w.other_nodes.iter().any(|o| o == n) {
+                    respond(
+                        200,
+                        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}}),
+                    )
+                } else {
+                    respond(404, &not_found(p))
+                }
+            }
+            (m, p) if p.starts_with(LEASES) => {
+                let name = p
+                    .trim_start_matches(LEASES)
+                    .trim_start_matches('/')
+                    .to_string();
+                match m {
+                    Method::GET => match w.leases.get(&name) {
+                        Some(l) => respond(200, l),
+                        None => respond(404, &not_found(p)),
+                    },
+                    Method::POST => {
+                        let mut l = body.clone();
+                        l["metadata"]["resourceVersion"] = json!("1");
+                        let n = l["metadata"]["name"].as_str().unwrap().to_string();
+                        w.leases.insert(n, l.clone());
+                        respond(201, &l)
+                    }
+                    Method::PUT => {
+                        let mut l = body.clone();
+                        let v = l["metadata"]["resourceVersion"]
+                            .as_str()
+                            .and_then(|v| v.parse::<u64>().ok())
+                            .unwrap_or(0);
+                        l["metadata"]["resourceVersion"] = json!((v + 1).to_string());
+                        w.leases.insert(name, l.clone());
+                        respond(200, &l)
+                    }
+                    _ => respond(405, &not_found(p)),
+                }
             }
             (Method::GET, p) if p == format!("{CH}/stable") => {
                 let mut ch = w.channel.clone();
@@ -148,9 +201,15 @@ async fn serve(
                 }
             }
             (Method::POST, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
-                log.lock()
-                    .unwrap()
-                    .push(format!("event: {}", body["reason"].as_str().unwrap_or("?")));
+                let mut l = log.lock().unwrap();
+                l.push(format!("event: {}", body["reason"].as_str().unwrap_or("?")));
+                l.push(format!(
+                    "event-on: {} {}/{}: {}",
+                    body["regarding"]["kind"].as_str().unwrap_or("?"),
+                    body["regarding"]["namespace"].as_str().unwrap_or("-"),
+                    body["regarding"]["name"].as_str().unwrap_or("?"),
+                    body["note"].as_str().unwrap_or("")
+                ));
                 respond(201, &body)
             }
             _ => {
@@ -263,6 +322,8 @@ fn setup(
         }),
         rv: 1,
         pods: Vec::new(),
+        leases: Default::default(),
+        other_nodes: vec!["n2".into()],
         hook: None,
     }));
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -600,5 +661,186 @@ async fn a_slot_of_this_node_under_another_token_is_taken_over_in_place() {
     assert_eq!(
         slots[0]["token"],
         w.node["metadata"]["annotations"]["k3os.io/update-token"]
+    );
+}
+
+/// Issue 11 bug 5: a node whose slot was reclaimed while it was cordoned (by us) must not
+/// stay cordoned while it waits for a new slot (at concurrency 1 another node holds it).
+#[tokio::test]
+async fn a_node_waiting_for_a_slot_is_not_left_cordoned() {
+    let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
+    node.status.lock().unwrap().inactive = Inactive::Staged("v2".into());
+    {
+        let mut w = world.lock().unwrap();
+        w.channel["status"]["slots"] = json!([{"node": "n2", "token": "t2",
+            "claimedAt": "2026-12-01T00:00:00Z", "phase": "Draining", "version": "v2"}]);
+        w.node["spec"]["unschedulable"] = json!(true);
+        w.node["metadata"]["annotations"]["k3os.io/update-cordoned"] = json!("true");
+    }
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    pos(&l, "unschedulable=false");
+    assert_eq!(world.lock().unwrap().node["spec"]["unschedulable"], false);
+    assert_eq!(annotation(&world, "k3os.io/update-cordoned"), None);
+}
+
+/// Issue 11 bug 7: reclaim's looks follow `rebootTimeout` from the moment a channel exists.
+/// A holder silent since before the channel appeared, with `rebootTimeout: 30s`, is reclaimed
+/// within the timeout plus one look period (today's first look came 120 s ±25 % after start,
+/// whatever the timeout: 140–150 s measured).
+#[tokio::test(start_paused = true)]
+async fn a_dead_holder_is_reclaimed_soon_after_reboot_timeout() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    let channel = {
+        let mut w = world.lock().unwrap();
+        w.leases.insert(
+            "k3os-upgrade-node-n2".into(),
+            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                   "metadata": {"name": "k3os-upgrade-node-n2", "resourceVersion": "7"},
+                   "spec": {"holderIdentity": "n2", "renewTime": "2026-12-01T00:00:00.000000Z"}}),
+        );
+        w.channel["spec"]["rebootTimeout"] = json!("30s");
+        w.channel["status"]["slots"] = json!([{"node": "n2", "token": "t2",
+            "claimedAt": "2026-12-01T00:00:00Z", "phase": "Draining", "version": "v2"}]);
+        std::mem::replace(&mut w.channel, Value::Null)
+    };
+    let agent = Arc::new(agent);
+    let task = tokio::spawn(agent::controller::reclaim_loop(agent.clone()));
+    // The agent started before the channel was created.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    world.lock().unwrap().channel = channel;
+    let appeared = tokio::time::Instant::now();
+    let mut reclaimed = None;
+    for _ in 0..400 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if world.lock().unwrap().channel["status"]["slots"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+        {
+            reclaimed = Some(appeared.elapsed());
+            break;
+        }
+    }
+    task.abort();
+    let took = reclaimed.expect("the dead holder's slot was never reclaimed");
+    // First look within one period (<= 12.5 s), silence judged from there: 30 s + 2 periods.
+    assert!(
+        took <= Duration::from_secs(56),
+        "reclaimed {took:?} after the channel appeared (rebootTimeout 30s)"
+    );
+    pos(&log.lock().unwrap(), "event: SlotReclaimed");
+}
+
+/// Issue 11 bug 6: `version: latest` is resolved as soon as a channel appears, not on the
+/// next poll tick (default 900 s; the channel sat idle up to 15 minutes).
+#[tokio::test(start_paused = true)]
+async fn latest_is_resolved_soon_after_a_channel_appears() {
+    let (agent, world, _node, _log) = setup(ConfirmResult::Healthy, false);
+    let channel = {
+        let mut w = world.lock().unwrap();
+        w.channel["spec"]["version"] = json!("latest");
+        std::mem::replace(&mut w.channel, Value::Null)
+    };
+    let agent = Arc::new(agent);
+    let task = tokio::spawn(agent::controller::poll_loop(
+        agent.clone(),
+        Duration::from_secs(900),
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    world.lock().unwrap().channel = channel;
+    let appeared = tokio::time::Instant::now();
+    let mut resolved = None;
+    for _ in 0..1000 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if world.lock().unwrap().channel["status"]["latestVersion"] == "v2" {
+            resolved = Some(appeared.elapsed());
+            break;
+        }
+    }
+    task.abort();
+    let took = resolved.expect("latest was never resolved");
+    assert!(
+        took <= Duration::from_secs(15),
+        "latest resolved {took:?} after the channel appeared (poll period 900 s)"
+    );
+}
+
+/// Issue 11 bug 8: a second event with the same reason but new text is a new Event with that
+/// text (the recorder merged it into the first and kept the stale text), and events about a
+/// channel are also published regarding the UpdateChannel (`kubectl describe upchan`).
+#[tokio::test]
+async fn events_carry_fresh_text_and_land_on_the_channel_too() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    let ch: agent::crd::UpdateChannel =
+        serde_json::from_value(world.lock().unwrap().channel.clone()).unwrap();
+    agent
+        .event(
+            Some(&ch),
+            false,
+            "WaitingForSlot",
+            "all slots taken by n2".into(),
+        )
+        .await;
+    agent
+        .event(
+            Some(&ch),
+            false,
+            "WaitingForSlot",
+            "all slots taken by n3".into(),
+        )
+        .await;
+    let l = log.lock().unwrap().clone();
+    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    for who in ["n2", "n3"] {
+        pos(
+            &l,
+            &format!("event-on: Node -/n1: all slots taken by {who}"),
+        );
+        pos(
+            &l,
+            &format!("event-on: UpdateChannel k3os-system/stable: all slots taken by {who}"),
+        );
+    }
+}
+
+/// Issue 11 bug 10: ReconcileError events carry the error chain as text, no Rust debug dump
+/// of kube's ErrorResponse.
+#[tokio::test]
+async fn reconcile_errors_are_reported_without_debug_dumps() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    // The own Node vanished: the API answers 404 with a Status.
+    world.lock().unwrap().node = Value::Null;
+    world.lock().unwrap().hook = Some(Box::new(|_, _| {}));
+    let e = agent.reconcile().await.expect_err("own Node is missing");
+    agent.report_error(&e).await;
+    let l = log.lock().unwrap().clone();
+    let line = l
+        .iter()
+        .find(|x| x.starts_with("event-on: Node -/n1: "))
+        .unwrap_or_else(|| panic!("no ReconcileError event: {l:#?}"));
+    assert!(line.contains("read own Node n1"), "{line}");
+    assert!(
+        !line.contains("ErrorResponse") && !line.contains("Status {") && !line.contains("{ "),
+        "debug dump in the event: {line}"
+    );
+}
+
+/// Issue 11 bug 9: the Updating printer column (`.status.updating`) lists every holder, not
+/// only the first (`.status.slots[*].node` shows one).
+#[tokio::test]
+async fn status_updating_lists_every_holder() {
+    let (agent, world, node, _log) = setup(ConfirmResult::Healthy, false);
+    node.status.lock().unwrap().inactive = Inactive::Staged("v2".into());
+    {
+        let mut w = world.lock().unwrap();
+        w.channel["spec"]["concurrency"] = json!(2);
+        w.channel["status"]["slots"] = json!([{"node": "n2", "token": "t2",
+            "claimedAt": "2026-12-01T00:00:00Z", "phase": "Draining", "version": "v2"}]);
+    }
+    assert_eq!(agent.reconcile().await.unwrap(), Next::Again);
+    assert_eq!(
+        world.lock().unwrap().channel["status"]["updating"],
+        json!("n2,n1")
     );
 }

@@ -6,9 +6,7 @@
 //! - 404 Node: a deleted holder's slot is reclaimed; the agent's own Node missing is an error
 //!   naming it.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../src/agent/mod.rs"]
-mod agent;
+use k3os_ops::agent;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -3,9 +3,7 @@
 //! bootloader that counts tries. Checks what the decision logic relies on: versions, staged
 //! vs activated vs failed slots, trial boots and their confirmation.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../src/agent/mod.rs"]
-mod agent;
+use k3os_ops::agent;
 
 use std::path::Path;
 use std::process::Command;

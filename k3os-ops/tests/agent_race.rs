@@ -13,9 +13,7 @@
 //! every surviving agent finished, and with a bad release the channel ended `Paused` after at
 //! most `maxFailures + concurrency - 1` failures.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../src/agent/mod.rs"]
-mod agent;
+use k3os_ops::agent;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};

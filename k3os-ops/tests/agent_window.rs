@@ -1,9 +1,7 @@
 //! Property tests of maintenance windows and of `decide` (windows across midnight, week
 //! wrap and daylight-saving changes; claims only when the rest of the window is long enough).
 
-#[allow(dead_code, unused_imports)]
-#[path = "../src/agent/mod.rs"]
-mod agent;
+use k3os_ops::agent;
 
 use std::collections::BTreeMap;
 

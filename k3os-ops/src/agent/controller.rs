@@ -19,7 +19,6 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use rand::Rng;
@@ -53,13 +52,19 @@ const MIN_RECLAIM_PERIOD: Duration = Duration::from_secs(10);
 const MAX_RECLAIM_PERIOD: Duration = Duration::from_secs(120);
 
 /// Period between looks for dead holders: a quarter of the shortest reboot timeout, within
-/// [10 s, 120 s], ±25 % jitter. Every agent looks (any may reclaim), so on a large fleet this
-/// bounds the reads (two per held slot per look) while detection stays within a fraction of
-/// the timeout.
-fn reclaim_period(shortest_reboot_timeout: Duration) -> Duration {
-    let base = (shortest_reboot_timeout / 4).clamp(MIN_RECLAIM_PERIOD, MAX_RECLAIM_PERIOD);
+/// [10 s, 120 s], ±25 % jitter; the shortest period while no valid channel exists (so a channel
+/// created after the agent started is looked at within seconds, not after the 2-minute cap).
+/// Every agent looks (any may reclaim), so on a large fleet this bounds the reads (two per
+/// held slot per look) while detection stays within a fraction of the timeout.
+pub fn reclaim_period(shortest_reboot_timeout: Option<Duration>) -> Duration {
+    let base = shortest_reboot_timeout
+        .map_or(MIN_RECLAIM_PERIOD, |t| t / 4)
+        .clamp(MIN_RECLAIM_PERIOD, MAX_RECLAIM_PERIOD);
     base.mul_f64(rand::thread_rng().gen_range(0.75..1.25))
 }
+/// How often the poller looks for new or changed channels (a list), so `latest` is resolved
+/// within seconds of a channel's creation or spec change instead of on the next poll tick.
+const POLL_LOOK_PERIOD: Duration = Duration::from_secs(10);
 /// Least time between two writes of the stage progress annotation.
 const PROGRESS_PERIOD: Duration = Duration::from_secs(15);
 /// How long after a healthy boot the Node may take to report Ready.
@@ -73,7 +78,7 @@ pub struct Agent {
     /// `namespace/name` of this agent's pod.
     pub self_pod: Option<String>,
     pub ops: Arc<dyn NodeOps>,
-    pub recorder: Recorder,
+    pub events: super::events::Publisher,
     /// Pause between drain rounds (PDB retries).
     pub drain_retry: Duration,
     /// Stage failures in a row, for back-off.
@@ -111,20 +116,14 @@ impl Agent {
         self_pod: Option<String>,
         ops: Arc<dyn NodeOps>,
     ) -> Agent {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "k3os-ops-agent".into(),
-                instance: Some(node.to_string()),
-            },
-        );
+        let events = super::events::Publisher::new(client.clone(), node);
         Agent {
             client,
             namespace: namespace.to_string(),
             node: node.to_string(),
             self_pod,
             ops,
-            recorder,
+            events,
             drain_retry: Duration::from_secs(5),
             stage_failures: AtomicU64::new(0),
             stage_not_before: AtomicU64::new(0),
@@ -173,8 +172,9 @@ impl Agent {
         r
     }
 
-    /// Publish a Kubernetes Event about this node (and the channel, as related object).
-    /// Event failures are logged, never fatal.
+    /// Publish a Kubernetes Event about this node and, with a channel, the same Event
+    /// regarding the channel (each as the other's related object). Failures are logged, never
+    /// fatal.
     pub async fn event(
         &self,
         channel: Option<&UpdateChannel>,
@@ -187,21 +187,37 @@ impl Agent {
         } else {
             tracing::info!(reason, "{note}");
         }
-        let ev = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.to_string(),
-            note: Some(note.chars().take(1000).collect()),
-            action: reason.to_string(),
-            secondary: channel.map(|c| c.object_ref(&())),
+        let n = super::events::Note {
+            warning,
+            reason,
+            note: &note,
         };
-        let regarding = self.node_ref().await;
-        if let Err(e) = self.recorder.publish(&ev, &regarding).await {
-            tracing::warn!("could not publish event {reason}: {e}");
+        let node = self.node_ref().await;
+        let channel = channel.map(|c| c.object_ref(&()));
+        if let Err(e) = self.events.publish(&node, channel.as_ref(), &n).await {
+            tracing::warn!(
+                "could not publish event {reason} on Node {}: {}",
+                self.node,
+                super::errors::kube_message(&e)
+            );
         }
+        if let Some(ch) = &channel {
+            if let Err(e) = self.events.publish(ch, Some(&node), &n).await {
+                tracing::warn!(
+                    "could not publish event {reason} on UpdateChannel {}: {}",
+                    ch.name.as_deref().unwrap_or_default(),
+                    super::errors::kube_message(&e)
+                );
+            }
+        }
+    }
+
+    /// Log a failed reconciliation and publish it (once per distinct text) as a
+    /// `ReconcileError` event: the error chain as `Display` text, never a debug dump.
+    pub async fn report_error(&self, e: &anyhow::Error) {
+        let text = super::errors::anyhow_message(e);
+        tracing::error!("reconcile: {text}");
+        self.event_once(None, true, "ReconcileError", text).await;
     }
 
     /// Emit an event only when the note differs from the last one (for waiting states that
@@ -326,8 +342,10 @@ impl Agent {
         }
         tracing::debug!(?action, channel = %name, "decided");
         // A cordon of ours outlives the slot only after an interrupted update (slot reclaimed
-        // while rebooting, health rollback without a slot): undo it as soon as no step of an
-        // update needs it.
+        // while draining or rebooting, health rollback without a slot): undo it as soon as no
+        // step of a held slot needs it. `Claim` is not such a step: a node without a slot is
+        // never left cordoned by us while it waits for one (disruption stays bounded by
+        // `concurrency`); the next claim cordons again after fencing.
         let slot_action = matches!(
             action,
             Action::Continue { .. }
@@ -335,7 +353,7 @@ impl Agent {
                 | Action::RolledBack { .. }
                 | Action::FinishRollback
                 | Action::Release { .. }
-                | Action::Claim { .. }
+                | Action::Idle(IdleReason::ForeignSlot)
         );
         if !slot_action && annotations.get(ANN_CORDONED).is_some_and(|v| v == "true") {
             self.undo_cordon().await?;
@@ -614,8 +632,10 @@ impl Agent {
                 let backoff = (60u64 << n.min(6)).min(3600);
                 self.stage_not_before
                     .store(now_s + backoff, Ordering::Relaxed);
-                let msg =
-                    format!("staging {version} failed (attempt {n}, next in {backoff}s): {e:#}");
+                let msg = format!(
+                    "staging {version} failed (attempt {n}, next in {backoff}s): {}",
+                    super::errors::anyhow_message(&e)
+                );
                 self.phase("StageFailed", &msg).await?;
                 self.event(Some(ch), true, "StageFailed", msg).await;
                 Ok(Next::Wait)
@@ -770,11 +790,17 @@ impl Agent {
         }
         if let Err(e) = self.blocking(|ops| ops.activate()).await {
             self.back_off_claims();
-            self.event(Some(ch), true, "ActivateFailed", format!("{e:#}"))
-                .await;
+            self.event(
+                Some(ch),
+                true,
+                "ActivateFailed",
+                super::errors::anyhow_message(&e),
+            )
+            .await;
             self.undo_cordon().await?;
             slots::release(store, &self.node, token, Utc::now()).await?;
-            self.phase("ActivateFailed", &format!("{e:#}")).await?;
+            self.phase("ActivateFailed", &super::errors::anyhow_message(&e))
+                .await?;
             return Ok(Next::Wait);
         }
         self.event(
@@ -959,10 +985,10 @@ async fn renew_node_lease(client: Client, namespace: String, node: String) {
 }
 
 /// Reclaim dead holders' slots in every channel, forever.
-async fn reclaim_loop(agent: Arc<Agent>) {
+pub async fn reclaim_loop(agent: Arc<Agent>) {
     let mut observers: BTreeMap<String, LivenessObserver> = BTreeMap::new();
     loop {
-        let mut shortest = MAX_RECLAIM_PERIOD * 4;
+        let mut shortest: Option<Duration> = None;
         let api: Api<UpdateChannel> = Api::namespaced(agent.client.clone(), &agent.namespace);
         match api.list(&ListParams::default()).await {
             Ok(list) => {
@@ -971,7 +997,9 @@ async fn reclaim_loop(agent: Arc<Agent>) {
                     let Ok(policy) = Policy::from_spec(&ch.spec) else {
                         continue;
                     };
-                    shortest = shortest.min(policy.reboot_timeout);
+                    shortest = Some(shortest.map_or(policy.reboot_timeout, |s: Duration| {
+                        s.min(policy.reboot_timeout)
+                    }));
                     let obs = observers.entry(name.clone()).or_default();
                     let store = agent.store(&name);
                     match slots::reclaim_dead(
@@ -1022,18 +1050,38 @@ async fn reclaim_loop(agent: Arc<Agent>) {
     }
 }
 
-/// Resolve `latest` for each channel whose poller Lease this node holds, forever.
-async fn poll_loop(agent: Arc<Agent>, period: Duration) {
+/// Resolve `latest` for each channel whose poller Lease this node holds, forever: every
+/// `period`, and at once (within [`POLL_LOOK_PERIOD`]) when a channel appears or its spec
+/// changes (new `metadata.generation`).
+pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
     let leases: Api<Lease> = Api::namespaced(agent.client.clone(), &agent.namespace);
     let lease_secs = i32::try_from(period.as_secs().saturating_mul(3)).unwrap_or(i32::MAX);
+    // Per channel: (uid, generation) last looked at, and when.
+    type Seen = (Option<String>, Option<i64>);
+    let mut looked: BTreeMap<String, (Seen, tokio::time::Instant)> = BTreeMap::new();
     loop {
         let api: Api<UpdateChannel> = Api::namespaced(agent.client.clone(), &agent.namespace);
         if let Ok(list) = api.list(&ListParams::default()).await {
+            let names: Vec<String> = list
+                .items
+                .iter()
+                .filter_map(|c| c.metadata.name.clone())
+                .collect();
+            looked.retain(|n, _| names.contains(n));
             for ch in list.items {
                 if ch.spec.pinned_version().is_some() {
                     continue;
                 }
                 let name = ch.metadata.name.clone().unwrap_or_default();
+                let key = (ch.metadata.uid.clone(), ch.metadata.generation);
+                let now = tokio::time::Instant::now();
+                let due = looked
+                    .get(&name)
+                    .is_none_or(|(k, at)| *k != key || now.duration_since(*at) >= period);
+                if !due {
+                    continue;
+                }
+                looked.insert(name.clone(), (key, now));
                 match acquire_lease(&leases, &poller_lease_name(&name), &agent.node, lease_secs)
                     .await
                 {
@@ -1075,7 +1123,7 @@ async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                 }
             }
         }
-        tokio::time::sleep(period).await;
+        tokio::time::sleep(period.min(POLL_LOOK_PERIOD)).await;
     }
 }
 
@@ -1090,7 +1138,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         "the node name is required: --node-name or NODE_NAME (DaemonSet: fieldRef spec.nodeName)",
     )?;
     libupgrade::http::install_crypto_provider();
-    let client = Client::try_default()
+    let client = super::client::infer()
         .await
         .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
     let ops: Arc<dyn NodeOps> = Arc::new(super::node::LibupgradeNode::open(args.config.clone())?);
@@ -1171,10 +1219,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             Ok(Next::Wait) => errors = 0,
             Err(e) => {
                 errors += 1;
-                tracing::error!("reconcile: {e:#}");
-                agent
-                    .event_once(None, true, "ReconcileError", format!("{e:#}"))
-                    .await;
+                agent.report_error(&e).await;
             }
         }
         let pause = resync * errors.clamp(1, 10);

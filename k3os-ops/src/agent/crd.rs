@@ -42,8 +42,8 @@ use serde::{Deserialize, Serialize};
     printcolumn(
         name = "Updating",
         type_ = "string",
-        json_path = ".status.slots[*].node",
-        description = "nodes holding an update slot"
+        json_path = ".status.updating",
+        description = "nodes holding an update slot (all of them, comma-separated)"
     ),
     printcolumn(
         name = "Concurrency",
@@ -67,7 +67,7 @@ pub struct UpdateChannelSpec {
     pub version: Option<String>,
     /// How many nodes may be disrupted (cordoned, drained, rebooting) at once. Default 1.
     #[serde(default = "default_concurrency")]
-    #[schemars(range(min = 1))]
+    #[schemars(schema_with = "concurrency_schema")]
     pub concurrency: u32,
     /// Label selector (matchLabels semantics) for the nodes this channel updates; empty
     /// selects every node.
@@ -82,10 +82,12 @@ pub struct UpdateChannelSpec {
     /// How long a node may be silent (its Lease not renewed) while holding a slot before
     /// another agent reclaims the slot, e.g. `15m`. Default `15m`.
     #[serde(default = "default_reboot_timeout")]
+    #[schemars(schema_with = "reboot_timeout_schema")]
     pub reboot_timeout: String,
     /// After this many failed updates of one version new claims pause (condition `Paused`).
     /// `0` never pauses. Default 1.
     #[serde(default = "default_max_failures")]
+    #[schemars(schema_with = "max_failures_schema")]
     pub max_failures: u32,
 }
 
@@ -98,13 +100,17 @@ pub struct WindowSpec {
     /// Days the window starts on: `mon`…`sun` (or full English names, any case); empty means
     /// every day.
     #[serde(default)]
+    #[schemars(schema_with = "days_schema")]
     pub days: Vec<String>,
     /// Local start time `HH:MM` (24 h).
+    #[schemars(schema_with = "start_schema")]
     pub start: String,
     /// Length of the window, e.g. `2h`, `90m`, `1h30m` (at most 7 days).
+    #[schemars(schema_with = "window_length_schema")]
     pub length: String,
     /// IANA time zone of `start`, e.g. `Europe/Berlin`; default `UTC`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_zone_schema")]
     pub time_zone: Option<String>,
 }
 
@@ -118,9 +124,11 @@ pub struct DrainSpec {
     /// Give up draining after this long, e.g. `10m` (the update is then abandoned and the
     /// node uncordoned). Default `10m`.
     #[serde(default = "default_drain_timeout")]
+    #[schemars(schema_with = "drain_timeout_schema")]
     pub timeout: String,
     /// Grace period in seconds handed to evicted pods; absent uses each pod's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "grace_period_schema")]
     pub grace_period: Option<i64>,
     /// Leave DaemonSet pods in place (they would be recreated at once). Default true.
     #[serde(default = "default_true")]
@@ -180,9 +188,13 @@ pub struct UpdateChannelStatus {
     /// subresource) to lift a pause.
     #[serde(default)]
     pub failures: Vec<FailureRecord>,
-    /// `LatestResolved`, `Degraded`, `Paused`.
+    /// `LatestResolved`, `Degraded`, `Paused`, `Invalid`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The nodes holding a slot, comma-separated (the `Updating` printer column; kept equal
+    /// to `slots` by every status write).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updating: Option<String>,
     /// The `metadata.generation` of the spec this status was last written against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -252,6 +264,8 @@ pub struct Condition {
 pub const COND_LATEST_RESOLVED: &str = "LatestResolved";
 pub const COND_DEGRADED: &str = "Degraded";
 pub const COND_PAUSED: &str = "Paused";
+/// The channel's spec cannot be used (does not decode or does not validate); set by the agents.
+pub const COND_INVALID: &str = "Invalid";
 
 impl UpdateChannelStatus {
     /// Set a condition, keeping its transition time when the status does not change.
@@ -334,6 +348,114 @@ impl UpdateChannel {
             .iter()
             .all(|(k, v)| labels.get(k) == Some(v))
     }
+}
+
+// --- schemas the server validates --------------------------------------------------------
+// Hand-written where the derived one is wrong or weak: unsigned integers derive `format:
+// uint32` (a warning on every apply, and no maximum: `concurrency: 5000000000` was stored and
+// then broke every agent's list), and the duration/time strings get patterns and CEL rules so
+// the API server rejects what the agent would reject (issue 11, bugs 3 and 10). Strings
+// checked by CEL carry a `maxLength`, which keeps the rules' estimated cost within the budget.
+
+/// Pattern of the spec's short durations (`90s`, `15m`, `1h30m`, `2d`; see `duration.rs`).
+pub const DURATION_PATTERN: &str = "^ *([0-9]+[smhd])+ *$";
+
+fn int_schema(min: i64, max: i64, default: i64) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "integer",
+        "minimum": min,
+        "maximum": max,
+        "default": default,
+    })
+}
+
+fn concurrency_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    int_schema(1, 10_000, 1)
+}
+
+fn max_failures_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    int_schema(0, 10_000, 1)
+}
+
+fn grace_period_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "integer",
+        "format": "int64",
+        "minimum": 0,
+        "maximum": 86_400,
+        "nullable": true,
+    })
+}
+
+fn duration_schema(field: &str, default: &str) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "maxLength": 32,
+        "pattern": DURATION_PATTERN,
+        "default": default,
+        "x-kubernetes-validations": [{
+            "rule": "self.matches('[1-9]')",
+            "message": format!("{field} must be greater than 0"),
+        }],
+    })
+}
+
+fn reboot_timeout_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    duration_schema("rebootTimeout", "15m")
+}
+
+fn drain_timeout_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    duration_schema("drain.timeout", "10m")
+}
+
+fn window_length_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "maxLength": 32,
+        "pattern": DURATION_PATTERN,
+        "x-kubernetes-validations": [{
+            "rule": "self.matches('[1-9]')",
+            "message": "window.length must be greater than 0 (and at most 7d)",
+        }],
+    })
+}
+
+fn start_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "maxLength": 8,
+        "x-kubernetes-validations": [{
+            "rule": "self.matches('^ *([01]?[0-9]|2[0-3]):[0-5][0-9] *$')",
+            "message": "window.start must be HH:MM (00:00 to 23:59)",
+        }],
+    })
+}
+
+fn time_zone_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "maxLength": 64,
+        "nullable": true,
+        "x-kubernetes-validations": [{
+            "rule": "self == '' || self.matches('^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$')",
+            "message": "window.timeZone must be an IANA time zone name such as Europe/Berlin or UTC",
+        }],
+    })
+}
+
+fn days_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 7,
+        "items": {
+            "type": "string",
+            "maxLength": 9,
+            "x-kubernetes-validations": [{
+                "rule": "self.lowerAscii() in ['mon', 'tue', 'wed', 'thu', 'fri', 'sat', 'sun', 'monday', 'tuesday', 'wednesday', 'thursday', 'friday', 'saturday', 'sunday']",
+                "message": "window.days: mon…sun or full English day names",
+            }],
+        },
+    })
 }
 
 /// The CRD as YAML, exactly as committed in `deploy/crd.yaml`.

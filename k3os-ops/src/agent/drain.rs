@@ -27,13 +27,21 @@ pub enum DrainError {
         "spec.drain.podSelector: '{0}' is not a label selector (k=v, k!=v, k, !k joined by commas)"
     )]
     Selector(String),
-    #[error("drain of node {node} timed out after {timeout:?}; still present: {pods}")]
+    #[error(
+        "drain of node {node} timed out after {}s ({budget_retries} evictions refused by a disruption budget); still present: {pods}",
+        timeout.as_secs()
+    )]
     Timeout {
         node: String,
         timeout: Duration,
         pods: String,
+        /// 429 answers of the Eviction API seen before giving up.
+        budget_retries: u32,
     },
-    #[error("drain of node {node}: {what}: {source}")]
+    #[error(
+        "drain of node {node}: {what}: {}",
+        super::errors::kube_message(source)
+    )]
     Api {
         node: String,
         what: String,
@@ -272,7 +280,16 @@ pub async fn drain(
     loop {
         let mut still = Vec::new();
         for (ns, name, uid) in to_evict {
-            match evict(client, &ns, &name, spec.grace_period).await {
+            // One request never outlives the drain's deadline (a stuck or retried request
+            // would otherwise hold the node cordoned past `drain.timeout`).
+            let answer =
+                tokio::time::timeout_at(deadline, evict(client, &ns, &name, spec.grace_period))
+                    .await;
+            let Ok(answer) = answer else {
+                still.push((ns, name, uid));
+                continue;
+            };
+            match answer {
                 Ok(_) => {
                     report.evicted.push(format!("{ns}/{name}"));
                     to_vanish.push((ns, name, uid));
@@ -309,6 +326,7 @@ pub async fn drain(
                 node: node.to_string(),
                 timeout,
                 pods: pods.join(", "),
+                budget_retries: report.budget_retries,
             });
         }
         tokio::time::sleep(retry).await;

@@ -27,7 +27,7 @@ pub fn store_error(e: kube::Error) -> StoreError {
     match &e {
         kube::Error::Api(s) if s.is_conflict() => StoreError::Conflict,
         kube::Error::Api(s) if s.is_not_found() => StoreError::NotFound(s.message.clone()),
-        _ => StoreError::Other(e.to_string()),
+        _ => StoreError::Other(super::errors::kube_message(&e)),
     }
 }
 

@@ -15,14 +15,16 @@
 //! [`slots::ChannelStore`] trait), [`kube_store`] (that trait over kube-rs), [`drain`]
 //! (cordon/evict), [`node`] (the node-side trait over libupgrade), [`controller`] (the loop).
 //!
-//! This module is also compiled into the `tests/agent_*.rs` integration tests with
-//! `#[path]`, so it uses nothing from the binary outside `agent/`.
+//! Integration tests reach it as `k3os_ops::agent` (the library target).
 
+pub mod client;
 pub mod controller;
 pub mod crd;
 pub mod decide;
 pub mod drain;
 pub mod duration;
+pub mod errors;
+pub mod events;
 pub mod kube_store;
 pub mod node;
 pub mod slots;

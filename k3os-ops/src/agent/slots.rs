@@ -92,14 +92,16 @@ fn jitter(attempt: u32) -> Duration {
     Duration::from_millis(rand::thread_rng().gen_range(20..=cap))
 }
 
-/// Keep the derived conditions in line with the status: `Paused` and `Degraded` for the
-/// channel's current target.
+/// Keep the derived fields in line with the status: `Paused` and `Degraded` for the
+/// channel's current target, and `updating` (all slot holders) for the printer column.
 pub fn refresh_conditions(ch: &mut UpdateChannel, now: DateTime<Utc>) {
     let target = ch.target_version();
     let paused = target.as_deref().is_some_and(|v| ch.paused_for(v));
     let max = ch.spec.max_failures;
     let generation = ch.metadata.generation;
     let status = ch.status.get_or_insert_with(UpdateChannelStatus::default);
+    let holders: Vec<&str> = status.slots.iter().map(|s| s.node.as_str()).collect();
+    status.updating = (!holders.is_empty()).then(|| holders.join(","));
     let failed = target
         .as_deref()
         .map(|v| status.failures_for(v))

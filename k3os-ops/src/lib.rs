@@ -1,0 +1,15 @@
+//! `k3os-ops` as a library: the subcommands' modules, so integration tests (and the binary's
+//! thin dispatcher in `main.rs`) use `k3os_ops::…` instead of compiling sources via `#[path]`.
+//!
+//! - [`agent`]: the Kubernetes UpdateChannel controller (`k3os-ops agent`);
+//! - [`upgrade`]: one-shot stage/activate/reboot (`k3os-ops upgrade`);
+//! - [`slot`]: manual A/B slot steering (`k3os-ops slot …`);
+//! - [`release`]: create, sign, index, verify and serve releases (`k3os-ops release …`);
+//! - [`progress`]: how `upgrade` shows a download; [`report`]: how a failed command prints.
+
+pub mod agent;
+pub mod progress;
+pub mod release;
+pub mod report;
+pub mod slot;
+pub mod upgrade;
