@@ -55,6 +55,13 @@ lint:
 bench:
     cargo bench -p libupgrade --bench stage
 
+# Delta updates on real Debian squashfs images (monthly and major pairs): bytes fetched by us vs
+# casync, 4 KiB blocks (RAUC block-hash-index) and xdelta3, mksquashfs options, chunk sizes, and
+# the real stage's time and RSS. Downloads ~300 MB of .debs once into .cache/delta. Not in CI.
+bench-delta:
+    libupgrade/benches/delta-debs.sh .cache/delta
+    cargo bench -p libupgrade --bench delta
+
 # --- vm-tests (owned by vm-tests/) ---------------------------------------------------------
 # QEMU scenarios on the disks from `just images-*`; console logs in vm-tests/out/<target>/<scenario>/.
 

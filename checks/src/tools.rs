@@ -50,6 +50,10 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
     ),
     ("zstd", "a mksquashfs -comp argument, never run"),
     (
+        "make",
+        "the casync subcommand in benches/delta.rs (casync make), never run",
+    ),
+    (
         "init",
         "a file name in the test initramfs, never run on the host",
     ),

@@ -38,9 +38,12 @@ pub fn reporter(mode: ProgressMode) -> Box<dyn Progress> {
     }
 }
 
-/// A progress bar per artifact, on stderr.
+/// A progress bar per artifact, on stderr; its message counts bytes fetched vs reused.
 struct Bar {
     bar: ProgressBar,
+    what: Mutex<String>,
+    /// (fetched, reused) of the current artifact.
+    split: Mutex<(u64, u64)>,
 }
 
 impl Bar {
@@ -53,7 +56,20 @@ impl Bar {
             .expect("valid template")
             .progress_chars("=> "),
         );
-        Bar { bar }
+        Bar {
+            bar,
+            what: Mutex::new(String::new()),
+            split: Mutex::new((0, 0)),
+        }
+    }
+
+    fn show_split(&self, fetched: u64, reused: u64) {
+        let what = self.what.lock().unwrap_or_else(|p| p.into_inner());
+        self.bar.set_message(format!(
+            "{what} {} new, {} reused",
+            Size(fetched),
+            Size(reused)
+        ));
     }
 }
 
@@ -63,12 +79,30 @@ impl Progress for Bar {
         self.bar.set_length(total);
         self.bar.set_position(already);
         self.bar.set_message(what.to_string());
+        *self.what.lock().unwrap_or_else(|p| p.into_inner()) = what.to_string();
+        *self.split.lock().unwrap_or_else(|p| p.into_inner()) = (0, 0);
     }
     fn advance(&self, bytes: u64) {
         self.bar.inc(bytes);
     }
     fn end(&self) {
         self.bar.finish();
+    }
+    fn fetched(&self, bytes: u64) {
+        let (f, r) = {
+            let mut s = self.split.lock().unwrap_or_else(|p| p.into_inner());
+            s.0 += bytes;
+            *s
+        };
+        self.show_split(f, r);
+    }
+    fn reused(&self, bytes: u64) {
+        let (f, r) = {
+            let mut s = self.split.lock().unwrap_or_else(|p| p.into_inner());
+            s.1 += bytes;
+            *s
+        };
+        self.show_split(f, r);
     }
 }
 
@@ -81,6 +115,9 @@ struct LineState {
     already: u64,
     /// Last tenth printed.
     tenth: u64,
+    /// Of `done`, bytes fetched over the network and reused from the node (chunked releases).
+    fetched: u64,
+    reused: u64,
     started: Option<Instant>,
 }
 
@@ -109,8 +146,13 @@ fn line(st: &LineState) -> String {
     } else {
         String::new()
     };
+    let split = if st.fetched + st.reused > 0 {
+        format!("; {} fetched, {} reused", Size(st.fetched), Size(st.reused))
+    } else {
+        String::new()
+    };
     format!(
-        "{}: {:3}% ({} of {}{rate})",
+        "{}: {:3}% ({} of {}{rate}{split})",
         st.what,
         st.tenth * 10,
         Size(st.done),
@@ -128,6 +170,8 @@ impl Progress for Lines {
             already,
             tenth: tenth(already, total),
             started: Some(Instant::now()),
+            fetched: 0,
+            reused: 0,
         };
         let mut err = std::io::stderr().lock();
         let _ = writeln!(err, "{}", line(&st));
@@ -140,6 +184,12 @@ impl Progress for Lines {
             st.tenth = t;
             let _ = writeln!(std::io::stderr().lock(), "{}", line(&st));
         }
+    }
+    fn fetched(&self, bytes: u64) {
+        self.st.lock().unwrap_or_else(|p| p.into_inner()).fetched += bytes;
+    }
+    fn reused(&self, bytes: u64) {
+        self.st.lock().unwrap_or_else(|p| p.into_inner()).reused += bytes;
     }
     fn end(&self) {
         let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
@@ -176,7 +226,18 @@ mod tests {
             already: 0,
             tenth: 5,
             started: None,
+            fetched: 0,
+            reused: 0,
         };
         assert_eq!(line(&st), "rootfs:  50% (32.0 MiB of 64.0 MiB)");
+        let st = LineState {
+            fetched: 4 << 20,
+            reused: 28 << 20,
+            ..st
+        };
+        assert_eq!(
+            line(&st),
+            "rootfs:  50% (32.0 MiB of 64.0 MiB; 4.0 MiB fetched, 28.0 MiB reused)"
+        );
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use libupgrade::error::Size;
 use libupgrade::{Arch, Config, Source, StageOptions, Updater};
 
 use crate::progress::{reporter, ProgressMode};
@@ -61,6 +62,37 @@ pub struct UpgradeArgs {
     /// `lines`, `none`.
     #[arg(long, value_enum, default_value = "auto")]
     pub progress: ProgressMode,
+    /// Cap the download bandwidth, bytes per second with an optional binary suffix:
+    /// `500K`, `2M`, `1.5MiB` (a site's thin link is shared with production traffic).
+    #[arg(long, value_parser = parse_rate)]
+    pub max_rate: Option<u64>,
+}
+
+/// `2M`, `512K`, `1.5MiB/s`, `100000` → bytes per second (K/M/G are powers of 1024).
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix("/s").unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, mul) = match t.char_indices().last() {
+        Some((i, c)) if c.eq_ignore_ascii_case(&'k') => (&t[..i], 1u64 << 10),
+        Some((i, c)) if c.eq_ignore_ascii_case(&'m') => (&t[..i], 1 << 20),
+        Some((i, c)) if c.eq_ignore_ascii_case(&'g') => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a rate like 500K, 2M or 1.5MiB (bytes per second)"))?;
+    let rate = (v * mul as f64) as u64;
+    if !(v.is_finite() && rate >= 1024) {
+        return Err(format!(
+            "'{s}': a rate below 1 KiB/s would never finish an image"
+        ));
+    }
+    Ok(rate)
 }
 
 pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
@@ -82,6 +114,7 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
         allow_downgrade: args.allow_downgrade,
         trust_dir: args.trust_dir.clone(),
         retry_delay: Duration::from_secs(1),
+        max_rate: args.max_rate,
     };
     let progress = reporter(if args.quiet {
         ProgressMode::None
@@ -107,6 +140,11 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
                 ""
             }
         );
+        println!(
+            "  {} fetched, {} reused (running slot or an earlier attempt)",
+            Size(r.bytes_fetched),
+            Size(r.bytes_reused)
+        );
     }
     if args.stage_only {
         return Ok(());
@@ -121,4 +159,20 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
         crate::slot::reboot()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rate;
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("2M"), Ok(2 << 20));
+        assert_eq!(parse_rate("512K"), Ok(512 << 10));
+        assert_eq!(parse_rate("1.5MiB/s"), Ok(3 << 19));
+        assert_eq!(parse_rate("100000"), Ok(100_000));
+        assert_eq!(parse_rate("1g"), Ok(1 << 30));
+        assert!(parse_rate("fast").unwrap_err().contains("'fast'"));
+        assert!(parse_rate("10").is_err());
+    }
 }

@@ -273,14 +273,15 @@ fn create_serve_stage_and_every_rejection_writes_nothing() {
         .to_string();
     assert!(e.contains(&trust.display().to_string()), "{e}");
 
-    // A flipped byte in the rootfs: caught by its sha256 while staging; never activatable.
+    // A flipped byte in the rootfs: caught by its chunk's sha256 (signed through the chunk
+    // index) before that chunk is written; never activatable.
     let e = node
         .stage(&url("bad/rootfs-flipped"), &opts, &NoProgress)
         .unwrap_err();
     assert!(
         matches!(
             e,
-            Error::Checksum {
+            Error::ChunkDigest {
                 artifact: libupgrade::Artifact::Rootfs,
                 ..
             }

@@ -61,9 +61,15 @@ fn child(work: &Path) {
         )
         .expect("stage");
     assert!(!r.already_staged);
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    println!("MAXRSS_KIB {}", ru.ru_maxrss);
+    // VmHWM, not getrusage's ru_maxrss: the latter keeps the parent's peak from before exec
+    // (the forked copy of its memory), which made this child look as large as the bench.
+    let hwm: u64 = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    println!("MAXRSS_KIB {hwm}");
 }
 
 fn main() {

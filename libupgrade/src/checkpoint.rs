@@ -40,6 +40,11 @@ pub(crate) struct Partial {
     pub manifest_sha256: String,
     pub done: Vec<Artifact>,
     pub current: Option<(Artifact, u64)>,
+    /// Bytes fetched and reused by the attempts so far (artifacts completed).
+    #[serde(default)]
+    pub fetched: u64,
+    #[serde(default)]
+    pub reused: u64,
 }
 
 impl Partial {

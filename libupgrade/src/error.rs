@@ -59,6 +59,21 @@ pub enum Error {
         expected: u64,
         found: u64,
     },
+    #[error("{artifact} ({location}): chunk {chunk} at byte {offset}: sha256 mismatch: expected {expected} (signed chunk index), found {found}; refused before writing it")]
+    ChunkDigest {
+        artifact: Artifact,
+        location: String,
+        chunk: usize,
+        offset: u64,
+        expected: String,
+        found: String,
+    },
+    #[error("{artifact}: chunk index {location}: {what}")]
+    ChunkIndex {
+        artifact: Artifact,
+        location: String,
+        what: String,
+    },
     #[error("not enough space for the {artifact}: it needs {} but {target} has room for only {}", Size(*.needed), Size(*.available))]
     NoSpace {
         artifact: Artifact,

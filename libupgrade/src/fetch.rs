@@ -6,6 +6,11 @@
 //! request instead of starting over: on a remote node behind a slow link that is the difference
 //! between an upgrade and no upgrade. A server that ignores `Range` (answers 200) is handled by
 //! skipping the bytes already held.
+//!
+//! Before a stage writes anything it [`Source::probe`]s every artifact (one ranged GET of byte
+//! 0 each: works on any static server, GitHub's redirected asset URLs included, where a HEAD
+//! against the signed S3 URL is refused) so a missing file or a wrong size fails in seconds.
+//! Chunked transfers read exact byte ranges with [`Source::open_range`].
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -26,6 +31,14 @@ pub enum Source {
     Url(String),
     /// File name → URL (release assets that do not share one directory).
     Assets(BTreeMap<String, String>),
+}
+
+/// What the server (or the local directory) says about a file before it is downloaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    pub size: u64,
+    /// The server answers `Range` requests with 206 (local files always can).
+    pub ranges: bool,
 }
 
 impl Source {
@@ -80,6 +93,57 @@ impl Source {
             ));
         }
         Ok(buf)
+    }
+
+    /// Read file `name` whole, but never more than `max + 1` bytes (a chunk index of a
+    /// declared size: one byte more tells the caller it is larger than declared).
+    pub fn read_capped(&self, name: &str, max: u64) -> Result<Vec<u8>> {
+        let loc = self.location(name);
+        let (r, _) = self.open(name, 0)?;
+        let mut buf = Vec::new();
+        r.take(max + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| retryable_err(&loc, format!("read failed: {e}")))?;
+        Ok(buf)
+    }
+
+    /// Does file `name` exist, how large is it, can it be read by range? One ranged GET of
+    /// byte 0 (or a `stat`); the body is never read.
+    pub fn probe(&self, name: &str) -> Result<Probe> {
+        let loc = self.location(name);
+        match self {
+            Source::Path(dir) => {
+                let md = std::fs::metadata(dir.join(name))
+                    .map_err(|e| fetch_err(&loc, format!("cannot stat: {e}")))?;
+                Ok(Probe {
+                    size: md.len(),
+                    ranges: true,
+                })
+            }
+            Source::Url(_) | Source::Assets(_) => {
+                if matches!(self, Source::Assets(m) if !m.contains_key(name)) {
+                    return Err(fetch_err(&loc, "the release has no such asset".into()));
+                }
+                http_probe(&loc)
+            }
+        }
+    }
+
+    /// Exactly bytes `start..stop` of file `name`.
+    pub fn open_range(&self, name: &str, start: u64, stop: u64) -> Result<Box<dyn Read + Send>> {
+        let loc = self.location(name);
+        match self {
+            Source::Path(_) => {
+                let (r, _) = self.open(name, start)?;
+                Ok(Box::new(r.take(stop - start)))
+            }
+            Source::Url(_) | Source::Assets(_) => {
+                if matches!(self, Source::Assets(m) if !m.contains_key(name)) {
+                    return Err(fetch_err(&loc, "the release has no such asset".into()));
+                }
+                http_range(&loc, start, stop)
+            }
+        }
     }
 
     /// A stream of file `name` from byte `offset` on.
@@ -164,6 +228,98 @@ fn http_open(url: &str, offset: u64) -> Result<Box<dyn Read + Send>> {
     }
 }
 
+fn status_err(url: &str, status: reqwest::StatusCode) -> Error {
+    match status.as_u16() {
+        404 | 410 => fetch_err(url, format!("HTTP {status}: the file is not on the server")),
+        s if s >= 500 || s == 408 || s == 429 => retryable_err(url, format!("HTTP {status}")),
+        _ => fetch_err(url, format!("HTTP {status}")),
+    }
+}
+
+/// `Content-Range: bytes A-B/T` → (A, T).
+fn content_range(resp: &reqwest::blocking::Response) -> Option<(u64, Option<u64>)> {
+    let v = resp
+        .headers()
+        .get(reqwest::header::CONTENT_RANGE)?
+        .to_str()
+        .ok()?
+        .strip_prefix("bytes ")?;
+    let (span, total) = v.split_once('/')?;
+    let start = span.split('-').next()?.trim().parse().ok()?;
+    Some((start, total.trim().parse().ok()))
+}
+
+fn http_probe(url: &str) -> Result<Probe> {
+    let client = crate::http::client()
+        .map_err(|e| fetch_err(url, format!("cannot build an HTTP client: {e}")))?;
+    let resp = client
+        .get(url)
+        .header(reqwest::header::RANGE, "bytes=0-0")
+        .send()
+        .map_err(|e| retryable_err(url, format!("request failed: {e}")))?;
+    let status = resp.status();
+    match status.as_u16() {
+        206 => match content_range(&resp) {
+            Some((0, Some(size))) => Ok(Probe { size, ranges: true }),
+            other => Err(fetch_err(
+                url,
+                format!("asked for byte 0, server answered 206 with Content-Range {other:?}"),
+            )),
+        },
+        200 => match resp.content_length() {
+            Some(size) => Ok(Probe {
+                size,
+                ranges: false,
+            }),
+            None => Err(fetch_err(
+                url,
+                "server answered 200 without a Content-Length and ignores Range; cannot check the size".into(),
+            )),
+        },
+        // An empty file: 0 is past its end.
+        416 => Ok(Probe {
+            size: 0,
+            ranges: true,
+        }),
+        _ => Err(status_err(url, status)),
+    }
+}
+
+fn http_range(url: &str, start: u64, stop: u64) -> Result<Box<dyn Read + Send>> {
+    let client = crate::http::client()
+        .map_err(|e| fetch_err(url, format!("cannot build an HTTP client: {e}")))?;
+    let resp = client
+        .get(url)
+        .header(
+            reqwest::header::RANGE,
+            format!("bytes={start}-{}", stop - 1),
+        )
+        .send()
+        .map_err(|e| retryable_err(url, format!("request failed: {e}")))?;
+    let status = resp.status();
+    match status.as_u16() {
+        206 => match content_range(&resp) {
+            Some((s, _)) if s == start => Ok(Box::new(resp.take(stop - start))),
+            other => Err(fetch_err(
+                url,
+                format!("asked for bytes {start}..{stop}, server sent Content-Range {other:?}"),
+            )),
+        },
+        200 => {
+            // The server ignores Range (the probe normally catches this and the plan streams).
+            let mut r: Box<dyn Read + Send> = Box::new(resp);
+            let skipped = std::io::copy(&mut (&mut r).take(start), &mut std::io::sink())
+                .map_err(|e| retryable_err(url, format!("skipping {start} bytes: {e}")))?;
+            if skipped != start {
+                return Err(fetch_err(url, format!("file ended after {skipped} bytes, before byte {start}")));
+            }
+            Ok(Box::new(r.take(stop - start)))
+        }
+        416 => Err(fetch_err(url, format!("bytes {start}..{stop} are past the end of the file (416): it is shorter than the manifest says"))),
+        _ => Err(status_err(url, status)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +352,19 @@ mod tests {
         assert_eq!(v, "456789");
         let e = s.open("nope", 0).err().unwrap().to_string();
         assert!(e.contains("nope"), "{e}");
+        assert_eq!(
+            s.probe("f").unwrap(),
+            Probe {
+                size: 10,
+                ranges: true
+            }
+        );
+        let mut v = String::new();
+        s.open_range("f", 2, 5)
+            .unwrap()
+            .read_to_string(&mut v)
+            .unwrap();
+        assert_eq!(v, "234");
+        assert!(s.probe("nope").unwrap_err().to_string().contains("nope"));
     }
 }

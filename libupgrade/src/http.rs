@@ -5,10 +5,14 @@
 //! static musl node binary without OpenSSL, and with the same provider kube-rs uses.
 //! Server certificates are verified against the platform's roots via rustls-platform-verifier.
 
-use std::sync::Once;
+use std::sync::{Mutex, Once};
 use std::time::Duration;
 
 static PROVIDER: Once = Once::new();
+/// The client, built once: building one loads the platform's certificate verifier and starts
+/// the blocking client's runtime thread (tens of milliseconds), far too slow per range request
+/// of a chunked download; a shared client also keeps connections alive between requests.
+static CLIENT: Mutex<Option<reqwest::blocking::Client>> = Mutex::new(None);
 
 /// Install `ring` as the process-wide rustls provider (idempotent).
 pub fn install_crypto_provider() {
@@ -26,6 +30,16 @@ pub fn install_crypto_provider() {
 /// gets a client: plain `http://` works and every `https://` server fails verification (no
 /// trusted roots) instead of every request failing with "builder error".
 pub fn client() -> Result<reqwest::blocking::Client, reqwest::Error> {
+    let mut cached = CLIENT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = cached.as_ref() {
+        return Ok(c.clone());
+    }
+    let c = build()?;
+    *cached = Some(c.clone());
+    Ok(c)
+}
+
+fn build() -> Result<reqwest::blocking::Client, reqwest::Error> {
     install_crypto_provider();
     let builder = || {
         reqwest::blocking::Client::builder()

@@ -92,6 +92,21 @@ impl Target {
             .map_err(|e| Error::io("write", &self.display, e))
     }
 
+    /// Read exactly `buf.len()` bytes at `pos` (relative to the artifact's start).
+    pub fn read_at(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
+        if pos + buf.len() as u64 > self.capacity {
+            return Err(Error::Layout(format!(
+                "read of {} at {pos}..{} exceeds its {} bytes",
+                self.display,
+                pos + buf.len() as u64,
+                self.capacity
+            )));
+        }
+        self.file
+            .read_exact_at(buf, self.offset + pos)
+            .map_err(|e| Error::io("read", &self.display, e))
+    }
+
     /// Make what was written so far durable.
     pub fn sync(&self) -> Result<()> {
         self.file
@@ -180,6 +195,22 @@ pub trait Layout: Send + Sync {
     /// Open the rootfs of `version` written for `slot`, for reading: (file, byte offset,
     /// length available).
     fn open_rootfs(&self, slot: Slot, version: &str) -> Result<(File, u64, u64)>;
+    /// Open `artifact` of `slot` as installed (`version`) for reading: (file, byte offset,
+    /// length available). The stage pipeline reads the running slot through it to find the
+    /// chunks a node already holds.
+    fn open_artifact(
+        &self,
+        slot: Slot,
+        version: &str,
+        artifact: Artifact,
+    ) -> Result<(File, u64, u64)> {
+        match artifact {
+            Artifact::Rootfs => self.open_rootfs(slot, version),
+            a => Err(Error::Layout(format!(
+                "{a} of slot {slot} cannot be read back from this layout"
+            ))),
+        }
+    }
     /// Is the filesystem mounted from `source` (mountinfo's major:minor and source) the slot's rootfs?
     fn is_rootfs_of(&self, slot: Slot, dev: (u32, u32), source: &str) -> Result<bool>;
     /// Called when `slot` is confirmed good (DirLayout updates `current`/`previous`).
@@ -232,6 +263,13 @@ fn file_target(dir: &Path, name: &str, size: u64, resume: bool) -> Result<Target
         capacity: size,
         finish: Finish::Rename { tmp, dst },
     })
+}
+
+/// A whole file for reading: (file, 0, its length).
+fn open_whole(p: &Path) -> Result<(File, u64, u64)> {
+    let f = File::open(p).map_err(|e| Error::io("open", p, e))?;
+    let len = f.metadata().map_err(|e| Error::io("stat", p, e))?.len();
+    Ok((f, 0, len))
 }
 
 fn artifact_of(name: &str) -> Artifact {
@@ -440,6 +478,18 @@ impl Layout for GptLayout {
         Ok((f, offset, len))
     }
 
+    fn open_artifact(
+        &self,
+        slot: Slot,
+        version: &str,
+        artifact: Artifact,
+    ) -> Result<(File, u64, u64)> {
+        match artifact {
+            Artifact::Rootfs => self.open_rootfs(slot, version),
+            a => open_whole(&self.boot_dir.join(slot.lower()).join(kernel_file_name(a))),
+        }
+    }
+
     fn is_rootfs_of(&self, slot: Slot, dev: (u32, u32), _source: &str) -> Result<bool> {
         let r = self.rootfs_range(slot);
         let Some(part) = self.part_device(r.number) else {
@@ -596,9 +646,22 @@ impl Layout for DirLayout {
             .kind_dir(Artifact::Rootfs)
             .join(version)
             .join(ROOTFS_FILE);
-        let f = File::open(&p).map_err(|e| Error::io("open", &p, e))?;
-        let len = f.metadata().map_err(|e| Error::io("stat", &p, e))?.len();
-        Ok((f, 0, len))
+        open_whole(&p)
+    }
+
+    fn open_artifact(
+        &self,
+        _slot: Slot,
+        version: &str,
+        artifact: Artifact,
+    ) -> Result<(File, u64, u64)> {
+        Self::check_version_name(version)?;
+        open_whole(
+            &self
+                .kind_dir(artifact)
+                .join(version)
+                .join(kernel_file_name(artifact)),
+        )
     }
 
     fn is_rootfs_of(&self, slot: Slot, _dev: (u32, u32), source: &str) -> Result<bool> {

@@ -8,7 +8,7 @@
 //!
 //! Modules: [`config`] (node configuration), [`manifest`] (what a release contains),
 //! [`signing`] (ed25519 release signatures), [`channel`] (release indexes, `latest`),
-//! [`release`] (creating releases), [`fetch`] (reading releases from paths and URLs, resumable),
+//! [`release`] (creating releases), [`chunk`] (chunk indexes, delta and resumable transfer), [`fetch`] (reading releases from paths and URLs, resumable),
 //! [`layout`] (where slot bytes live: GPT partitions or k3OS-style files), [`state`] (the
 //! slot records and decision log), [`health`] (checks), [`updater`] (the state machine, a
 //! thin executor), [`stage`] (the fetch/verify/write pipeline), [`checkpoint`] (resumable
@@ -19,6 +19,7 @@ pub mod assess;
 pub mod barrier;
 pub mod channel;
 pub mod checkpoint;
+pub mod chunk;
 pub mod config;
 pub mod confirm;
 pub mod error;
@@ -29,6 +30,7 @@ pub mod layout;
 pub mod manifest;
 pub mod release;
 pub mod signing;
+pub mod sqcheck;
 pub mod stage;
 pub mod state;
 pub mod updater;

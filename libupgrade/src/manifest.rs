@@ -99,6 +99,20 @@ pub struct FileEntry {
     pub size: u64,
     /// Lower-case hex sha256 of the whole file.
     pub sha256: String,
+    /// The file's chunk index (see [`crate::chunk::index`]), if the release has one. Covered
+    /// by the manifest's signature through its sha256; a release without one installs by
+    /// full download, and nodes that predate chunking ignore the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<IndexRef>,
+}
+
+/// Where an artifact's chunk index is and what it must hash to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexRef {
+    /// Plain file name in the release directory (`rootfs.squashfs.chunks`).
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
 }
 
 /// The files of a release, one per [`Artifact`]; all three are required.
@@ -132,6 +146,20 @@ pub struct Manifest {
     pub generation: u64,
     pub files: Files,
 }
+
+/// A plain file name: no `/`, no `\\`, not `.` or `..`, not empty.
+fn plain_name(p: &str) -> bool {
+    !(p.is_empty() || p.contains('/') || p.contains('\\') || p == "." || p == "..")
+}
+
+fn hex64(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Largest chunk index accepted (a 16 GiB image at 32 KiB chunks needs ~18 MiB).
+pub const MAX_INDEX_SIZE: u64 = 64 << 20;
 
 /// Why a manifest was refused.
 #[derive(Debug, thiserror::Error)]
@@ -197,23 +225,13 @@ impl Manifest {
         for a in Artifact::ALL {
             let e = self.files.get(a);
             let name = format!("files.{a}");
-            if e.path.is_empty()
-                || e.path.contains('/')
-                || e.path.contains('\\')
-                || e.path == "."
-                || e.path == ".."
-            {
+            if !plain_name(&e.path) {
                 return Err(field(
                     &format!("{name}.path"),
                     &format!("'{}' is not a plain file name", e.path),
                 ));
             }
-            if e.sha256.len() != 64
-                || !e
-                    .sha256
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-            {
+            if !hex64(&e.sha256) {
                 return Err(field(
                     &format!("{name}.sha256"),
                     &format!("'{}' is not 64 lower-case hex digits", e.sha256),
@@ -224,6 +242,31 @@ impl Manifest {
                     &format!("{name}.size"),
                     "is 0: an empty artifact cannot boot",
                 ));
+            }
+            if let Some(c) = &e.chunks {
+                let name = format!("{name}.chunks");
+                if !plain_name(&c.path)
+                    || Artifact::ALL
+                        .iter()
+                        .any(|o| self.files.get(*o).path == c.path)
+                {
+                    return Err(field(
+                        &format!("{name}.path"),
+                        &format!("'{}' is not a plain file name of its own", c.path),
+                    ));
+                }
+                if !hex64(&c.sha256) {
+                    return Err(field(
+                        &format!("{name}.sha256"),
+                        &format!("'{}' is not 64 lower-case hex digits", c.sha256),
+                    ));
+                }
+                if c.size == 0 || c.size > MAX_INDEX_SIZE {
+                    return Err(field(
+                        &format!("{name}.size"),
+                        &format!("{} is not within 1..={MAX_INDEX_SIZE}", c.size),
+                    ));
+                }
             }
         }
         Ok(())
@@ -239,6 +282,7 @@ mod tests {
             path: p.into(),
             size: 10,
             sha256: "ab".repeat(32),
+            chunks: None,
         };
         Manifest {
             format: FORMAT,
@@ -257,6 +301,28 @@ mod tests {
     fn round_trip() {
         let m = sample();
         assert_eq!(Manifest::parse(&m.to_bytes()).unwrap(), m);
+    }
+
+    #[test]
+    fn chunk_index_refs_are_optional_and_checked() {
+        let m = sample();
+        let text = String::from_utf8(m.to_bytes()).unwrap();
+        assert!(!text.contains("chunks"), "no index, no field: {text}");
+        let mut c = sample();
+        c.files.rootfs.chunks = Some(IndexRef {
+            path: "rootfs.squashfs.chunks".into(),
+            size: 76,
+            sha256: "cd".repeat(32),
+        });
+        assert_eq!(Manifest::parse(&c.to_bytes()).unwrap(), c);
+        let mut bad = c.clone();
+        bad.files.rootfs.chunks.as_mut().unwrap().path = "vmlinuz".into();
+        let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
+        assert!(e.contains("files.rootfs.chunks.path"), "{e}");
+        let mut bad = c;
+        bad.files.rootfs.chunks.as_mut().unwrap().size = MAX_INDEX_SIZE + 1;
+        let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
+        assert!(e.contains("files.rootfs.chunks.size"), "{e}");
     }
 
     #[test]

@@ -6,6 +6,10 @@
 //! `manifest.json` and its signature last, and — when the output directory sits inside a
 //! channel (its parent holds `index.json`) — picks the generation and rebuilds the channel
 //! index. A half-written release therefore never appears in a channel's index.
+//!
+//! Each artifact also gets a chunk index (`<file>.chunks`, see [`crate::chunk`]), cut in the same
+//! single pass as the copy and the hash, and referenced with its sha256 from the signed manifest:
+//! nodes fetch only the chunks they lack with HTTP `Range` requests against the plain files.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -14,8 +18,10 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::channel::{self, ChannelError};
+use crate::chunk::{ChunkEntry, ChunkIndex, ChunkParams, IndexError};
 use crate::manifest::{
-    Arch, FileEntry, Files, Manifest, ManifestError, FORMAT, MANIFEST_FILE, SIGNATURE_FILE,
+    Arch, FileEntry, Files, IndexRef, Manifest, ManifestError, FORMAT, MANIFEST_FILE,
+    SIGNATURE_FILE,
 };
 use crate::signing::{self, SigningError};
 use crate::updater::{NoProgress, Progress};
@@ -72,6 +78,8 @@ pub enum ReleaseError {
     Signing(#[from] SigningError),
     #[error(transparent)]
     Channel(#[from] ChannelError),
+    #[error("chunk index of {path}: {what}")]
+    ChunkIndex { path: PathBuf, what: String },
     #[error("{path}: expected {expected_size} bytes with sha256 {expected_sha256}, found {found_size} bytes with sha256 {found_sha256}")]
     FileMismatch {
         path: PathBuf,
@@ -104,6 +112,22 @@ pub fn create_with_progress(
     opts: &CreateOptions,
     progress: &dyn Progress,
 ) -> Result<Manifest, ReleaseError> {
+    create_with(opts, Some(ChunkParams::DEFAULT), progress)
+}
+
+/// [`create_with_progress`] with a choice of chunk parameters; `None` writes no chunk indexes
+/// (nodes then always download whole files).
+pub fn create_with(
+    opts: &CreateOptions,
+    chunking: Option<ChunkParams>,
+    progress: &dyn Progress,
+) -> Result<Manifest, ReleaseError> {
+    if let Some(p) = chunking {
+        p.check().map_err(|e| ReleaseError::ChunkIndex {
+            path: opts.out_dir.clone(),
+            what: e.to_string(),
+        })?;
+    }
     // Everything that can be checked cheaply is checked before a byte is copied.
     let key = signing::load_secret_key(&opts.secret_key)?;
     let inputs = [
@@ -182,6 +206,7 @@ pub fn create_with_progress(
         path: p.into(),
         size: 1,
         sha256: "0".repeat(64),
+        chunks: None,
     };
     // Validate version and the rest of the manifest before copying.
     let mut manifest = Manifest {
@@ -198,9 +223,10 @@ pub fn create_with_progress(
     Manifest::parse(&manifest.to_bytes())?;
 
     fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
-    manifest.files.rootfs = copy_hashed(&opts.rootfs, &opts.out_dir, ROOTFS_FILE, progress)?;
-    manifest.files.kernel = copy_hashed(&opts.kernel, &opts.out_dir, KERNEL_FILE, progress)?;
-    manifest.files.initrd = copy_hashed(&opts.initrd, &opts.out_dir, INITRD_FILE, progress)?;
+    let copy = |src: &Path, name: &str| copy_hashed(src, &opts.out_dir, name, chunking, progress);
+    manifest.files.rootfs = copy(&opts.rootfs, ROOTFS_FILE)?;
+    manifest.files.kernel = copy(&opts.kernel, KERNEL_FILE)?;
+    manifest.files.initrd = copy(&opts.initrd, INITRD_FILE)?;
 
     let bytes = manifest.to_bytes();
     Manifest::parse(&bytes)?;
@@ -250,8 +276,58 @@ pub fn verify_dir(
                 found_sha256,
             });
         }
+        if let Some(r) = &e.chunks {
+            verify_chunk_index(dir, r, &path, e.size)?;
+        }
     }
     Ok((manifest, key))
+}
+
+/// The index file matches its manifest entry, describes exactly `size` bytes, and every chunk's
+/// digest matches the artifact's bytes.
+fn verify_chunk_index(
+    dir: &Path,
+    r: &IndexRef,
+    artifact: &Path,
+    size: u64,
+) -> Result<(), ReleaseError> {
+    let ipath = dir.join(&r.path);
+    let bytes = fs::read(&ipath).map_err(io_err(&ipath))?;
+    let sha = hex::encode(Sha256::digest(&bytes));
+    if bytes.len() as u64 != r.size || sha != r.sha256 {
+        return Err(ReleaseError::FileMismatch {
+            path: ipath,
+            expected_size: r.size,
+            expected_sha256: r.sha256.clone(),
+            found_size: bytes.len() as u64,
+            found_sha256: sha,
+        });
+    }
+    let bad = |what: String| ReleaseError::ChunkIndex {
+        path: artifact.to_path_buf(),
+        what,
+    };
+    let index = ChunkIndex::parse(&bytes).map_err(|e| bad(e.to_string()))?;
+    if index.size() != size {
+        return Err(bad(format!(
+            "describes {} bytes, the file has {size}",
+            index.size()
+        )));
+    }
+    let mut f = fs::File::open(artifact).map_err(io_err(artifact))?;
+    let mut buf = vec![0u8; index.params.max as usize];
+    for (i, c) in index.chunks.iter().enumerate() {
+        let data = &mut buf[..c.len as usize];
+        f.read_exact(data).map_err(io_err(artifact))?;
+        if crate::chunk::digest(data) != c.digest {
+            return Err(bad(format!(
+                "chunk {i} (bytes {}..{}) does not match the file",
+                c.offset,
+                c.end()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The channel directory that encloses `out_dir`, if its parent holds an index.
@@ -285,63 +361,144 @@ fn check_squashfs(path: &Path) -> Result<(), ReleaseError> {
 }
 
 /// Stream `src` into `dir/name` (via a temporary file, removed on failure), hashing as it goes.
+/// Also writes `dir/name.chunks` (before the artifact is renamed into place) when chunking.
 fn copy_hashed(
     src: &Path,
     dir: &Path,
     name: &str,
+    chunking: Option<ChunkParams>,
     progress: &dyn Progress,
 ) -> Result<FileEntry, ReleaseError> {
     let dst = dir.join(name);
     let tmp = dir.join(format!(".{name}.part"));
-    let result = copy_hashed_to(src, &tmp, name, progress);
+    let result = copy_hashed_to(src, &tmp, name, chunking, progress);
     progress.end();
-    let entry = match result {
+    let (mut entry, index) = match result {
         Ok(e) => e,
         Err(e) => {
             let _ = fs::remove_file(&tmp);
             return Err(e);
         }
     };
+    if let Some(index) = index {
+        let iname = format!("{name}.chunks");
+        let bytes = index.to_bytes();
+        write_atomic(dir, &iname, &bytes)?;
+        entry.chunks = Some(IndexRef {
+            path: iname,
+            size: bytes.len() as u64,
+            sha256: hex::encode(Sha256::digest(&bytes)),
+        });
+    }
     fs::rename(&tmp, &dst).map_err(io_err(&dst))?;
     Ok(entry)
 }
+
+/// Reads `input`, hashing every byte, writing it to `output` and reporting progress: the one
+/// pass that copies, hashes and (when chunking reads through it) chunks an artifact.
+struct Tee<'a> {
+    input: fs::File,
+    output: fs::File,
+    hasher: Sha256,
+    size: u64,
+    progress: &'a dyn Progress,
+}
+
+impl Read for Tee<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = loop {
+            match self.input.read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => break r?,
+            }
+        };
+        self.hasher.update(&buf[..n]);
+        // An output error is tagged so it is reported against the output path.
+        self.output
+            .write_all(&buf[..n])
+            .map_err(|e| io::Error::new(e.kind(), OutputError(e)))?;
+        self.size += n as u64;
+        self.progress.advance(n as u64);
+        Ok(n)
+    }
+}
+
+#[derive(Debug)]
+struct OutputError(io::Error);
+
+impl std::fmt::Display for OutputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for OutputError {}
 
 fn copy_hashed_to(
     src: &Path,
     tmp: &Path,
     name: &str,
+    chunking: Option<ChunkParams>,
     progress: &dyn Progress,
-) -> Result<FileEntry, ReleaseError> {
-    let mut input = fs::File::open(src).map_err(io_err(src))?;
+) -> Result<(FileEntry, Option<ChunkIndex>), ReleaseError> {
+    let input = fs::File::open(src).map_err(io_err(src))?;
     let total = input.metadata().map_err(io_err(src))?.len();
-    let mut output = fs::File::create(tmp).map_err(io_err(tmp))?;
+    let output = fs::File::create(tmp).map_err(io_err(tmp))?;
     progress.begin(name, total, 0);
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; COPY_BUF];
-    let mut size = 0u64;
-    loop {
-        let n = match input.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                return Err(ReleaseError::Io {
-                    path: src.to_path_buf(),
-                    source: e,
-                })
-            }
+    let mut tee = Tee {
+        input,
+        output,
+        hasher: Sha256::new(),
+        size: 0,
+        progress,
+    };
+    let which = |e: io::Error| {
+        let path = if e.get_ref().is_some_and(|i| i.is::<OutputError>()) {
+            tmp
+        } else {
+            src
         };
-        hasher.update(&buf[..n]);
-        output.write_all(&buf[..n]).map_err(io_err(tmp))?;
-        size += n as u64;
-        progress.advance(n as u64);
-    }
-    output.sync_all().map_err(io_err(tmp))?;
-    Ok(FileEntry {
-        path: name.to_string(),
-        size,
-        sha256: hex::encode(hasher.finalize()),
-    })
+        ReleaseError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }
+    };
+    let index = match chunking {
+        None => {
+            let mut buf = vec![0u8; COPY_BUF];
+            while tee.read(&mut buf).map_err(which)? > 0 {}
+            None
+        }
+        Some(params) => {
+            let mut chunks = Vec::new();
+            crate::chunk::index::for_each_chunk(&mut tee, params, |offset, data| {
+                chunks.push(ChunkEntry {
+                    offset,
+                    len: data.len() as u32,
+                    digest: crate::chunk::digest(data),
+                });
+                Ok(())
+            })
+            .map_err(|e| match e {
+                IndexError::Io(e) => which(e),
+                IndexError::Invalid(what) => ReleaseError::ChunkIndex {
+                    path: src.to_path_buf(),
+                    what,
+                },
+            })?;
+            Some(ChunkIndex { params, chunks })
+        }
+    };
+    tee.output.sync_all().map_err(io_err(tmp))?;
+    Ok((
+        FileEntry {
+            path: name.to_string(),
+            size: tee.size,
+            sha256: hex::encode(tee.hasher.finalize()),
+            chunks: None,
+        },
+        index,
+    ))
 }
 
 /// Write `dir/name` via a temporary file + fsync + rename.
@@ -381,6 +538,7 @@ pub fn sha256_file(path: &Path) -> io::Result<(u64, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::manifest::Artifact;
 
     struct Fixture {
         t: tempfile::TempDir,
@@ -461,7 +619,19 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names.len(), 5, "{names:?}");
+        assert_eq!(names.len(), 8, "{names:?}");
+        let ix = m.files.rootfs.chunks.as_ref().expect("rootfs chunk index");
+        let index = ChunkIndex::parse(&fs::read(out.join(&ix.path)).unwrap()).unwrap();
+        assert_eq!(index.size(), m.files.rootfs.size);
+        assert_eq!(index.params, ChunkParams::DEFAULT);
+        assert_eq!(
+            index,
+            ChunkIndex::build(
+                fs::File::open(out.join(ROOTFS_FILE)).unwrap(),
+                ChunkParams::DEFAULT
+            )
+            .unwrap()
+        );
         // A second create into the same directory is refused and changes nothing.
         let e = create(&f.opts(&out, "v1.0.1", Arch::X86_64, Some(8))).unwrap_err();
         assert!(matches!(e, ReleaseError::Exists { .. }), "{e}");
@@ -519,6 +689,56 @@ mod tests {
             matches!(e, ReleaseError::Signing(SigningError::Unsigned { .. })),
             "{e}"
         );
+    }
+
+    #[test]
+    fn verify_dir_catches_an_index_that_does_not_match_its_file() {
+        let f = fixture();
+        let out = f.t.path().join("rel");
+        // Sign a manifest whose rootfs index was made for other bytes (a publisher bug).
+        let m = create(&f.opts(&out, "v1", Arch::X86_64, Some(1))).unwrap();
+        let mut other = fs::read(out.join(ROOTFS_FILE)).unwrap();
+        other[2_000_000] ^= 1;
+        let bytes = ChunkIndex::build(&other[..], ChunkParams::DEFAULT)
+            .unwrap()
+            .to_bytes();
+        let r = m.files.rootfs.chunks.clone().unwrap();
+        fs::write(out.join(&r.path), &bytes).unwrap();
+        let mut m2 = m.clone();
+        m2.files.rootfs.chunks = Some(IndexRef {
+            sha256: hex::encode(Sha256::digest(&bytes)),
+            size: bytes.len() as u64,
+            ..r
+        });
+        let key = signing::load_secret_key(&f.key).unwrap();
+        fs::write(
+            out.join(SIGNATURE_FILE),
+            signing::sign_with(&m2.to_bytes(), &key),
+        )
+        .unwrap();
+        fs::write(out.join(MANIFEST_FILE), m2.to_bytes()).unwrap();
+        let e = verify_dir(&out, &f.trust).unwrap_err().to_string();
+        assert!(
+            e.contains("chunk index of") && e.contains("does not match"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn without_chunking_no_index_is_written() {
+        let f = fixture();
+        let out = f.t.path().join("rel");
+        let m = create_with(
+            &f.opts(&out, "v1", Arch::X86_64, Some(1)),
+            None,
+            &NoProgress,
+        )
+        .unwrap();
+        assert!(Artifact::ALL
+            .iter()
+            .all(|a| m.files.get(*a).chunks.is_none()));
+        assert_eq!(fs::read_dir(&out).unwrap().count(), 5);
+        verify_dir(&out, &f.trust).unwrap();
     }
 
     #[test]

@@ -68,6 +68,19 @@ pub struct SlotRecord {
     pub manifest_sha256: Option<String>,
     /// Unix seconds of the last state change.
     pub since: u64,
+    /// How the bytes of the release staged into this slot were obtained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<TransferStats>,
+}
+
+/// Bytes of one update by origin: `fetched` over the network (all attempts that recorded it),
+/// `reused` copied from what the node already held (the running slot; chunks an interrupted
+/// attempt left in the target count as fetched by that attempt), out of `total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TransferStats {
+    pub fetched: u64,
+    pub reused: u64,
+    pub total: u64,
 }
 
 impl SlotRecord {
@@ -78,6 +91,7 @@ impl SlotRecord {
             generation: None,
             manifest_sha256: None,
             since: 0,
+            transfer: None,
         }
     }
 }

@@ -45,6 +45,9 @@ pub struct SlotStatus {
     pub next_boot: bool,
     pub primary: bool,
     pub last_decision: Option<Decision>,
+    /// Bytes fetched vs reused by the update that staged this slot (None: staged before
+    /// chunked updates, or never staged by this node).
+    pub transfer: Option<crate::state::TransferStats>,
 }
 
 /// Status of the node, for `slot status`.
@@ -189,6 +192,7 @@ impl Updater {
                     next_boot: next == s,
                     primary: env.primary == s,
                     last_decision: st.last_decision(s).cloned(),
+                    transfer: r.transfer,
                 }
             })
             .collect();

@@ -360,7 +360,9 @@ fn serve(s: TcpStream, root: &Path, drops: &AtomicUsize, log: &Mutex<Vec<String>
                 break;
             }
             if let Some(v) = h.to_ascii_lowercase().strip_prefix("range: bytes=") {
-                range = v.trim().trim_end_matches('-').parse::<u64>().ok();
+                // `a-` or `a-b` (inclusive).
+                let (a, b) = v.trim().split_once('-').unwrap_or((v.trim(), ""));
+                range = a.parse::<u64>().ok().map(|a| (a, b.parse::<u64>().ok()));
             }
         }
         log.lock().unwrap().push(format!("{path} {range:?}"));
@@ -369,14 +371,18 @@ fn serve(s: TcpStream, root: &Path, drops: &AtomicUsize, log: &Mutex<Vec<String>
             let _ = w.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
             continue;
         };
-        let start = range.unwrap_or(0).min(data.len() as u64) as usize;
-        let body = &data[start..];
+        let start = range.map_or(0, |r| r.0).min(data.len() as u64) as usize;
+        let stop = range
+            .and_then(|r| r.1)
+            .map_or(data.len(), |b| (b as usize + 1).min(data.len()))
+            .max(start);
+        let body = &data[start..stop];
         let head = if range.is_some() {
             format!(
                 "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {}-{}/{}\r\n\r\n",
                 body.len(),
                 start,
-                data.len().saturating_sub(1),
+                stop.saturating_sub(1),
                 data.len()
             )
         } else {

@@ -58,6 +58,13 @@ enum ReleaseCmd {
         /// Monotonic release number nodes compare to refuse downgrades. Required unless -o is a subdirectory of a channel (a directory holding index.json).
         #[arg(long)]
         generation: Option<u64>,
+        /// Average chunk size of the chunk indexes (KiB; min = avg/4, max = avg×4). Nodes fetch
+        /// only the chunks they lack; 32 KiB measured best on Debian squashfs images.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        chunk_avg_kib: u32,
+        /// Write no chunk indexes: nodes download whole files (releases of earlier versions).
+        #[arg(long, conflicts_with = "chunk_avg_kib")]
+        no_chunks: bool,
     },
     /// (Re)build DIR/index.json from the release subdirectories of DIR.
     Index { dir: PathBuf },
@@ -106,7 +113,11 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
             key,
             out,
             generation,
+            chunk_avg_kib,
+            no_chunks,
         } => {
+            let chunking =
+                (!no_chunks).then(|| libupgrade::chunk::ChunkParams::with_avg(chunk_avg_kib << 10));
             let opts = release::CreateOptions {
                 rootfs,
                 kernel,
@@ -118,7 +129,7 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
                 generation,
             };
             let bar = Bar::new();
-            let m = release::create_with_progress(&opts, &bar)
+            let m = release::create_with(&opts, chunking, &bar)
                 .with_context(|| format!("creating release in {}", out.display()))?;
             println!(
                 "created release {} ({}, generation {}) in {}",
@@ -130,6 +141,9 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
             for a in libupgrade::manifest::Artifact::ALL {
                 let f = m.files.get(a);
                 println!("  {:<16} {:>12} bytes  sha256 {}", f.path, f.size, f.sha256);
+                if let Some(c) = &f.chunks {
+                    println!("  {:<16} {:>12} bytes  (chunk index)", c.path, c.size);
+                }
             }
         }
         ReleaseCmd::Index { dir } => {

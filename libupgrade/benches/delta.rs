@@ -1,0 +1,700 @@
+//! Delta benchmark on real data (`just bench-delta`; not part of CI).
+//!
+//! Inputs: root trees extracted from real Debian packages by `benches/delta-debs.sh` into
+//! `$BENCH_DELTA_CACHE/trees` (default `<workspace>/.cache/delta/trees`):
+//! - monthly: `monthly-v1` → `monthly-v2` (same bookworm package set, a handful of packages at
+//!   their next security/point-release version);
+//! - major: `monthly-v2` → `major-v2` (the same roles from trixie).
+//!
+//! For each pair it builds both rootfs squashfs images with the same mksquashfs options and
+//! prints, as ratios of the v2 image size:
+//! - ours: bytes a node fetches (the chunks of v2 its running v1 lacks, the chunk index, and
+//!   ~300 bytes of HTTP headers per range request) as planned by `libupgrade::chunk`;
+//! - casync (default chunking, zstd): the compressed chunks in v2's store that v1's lacks, plus
+//!   v2's .caibx;
+//! - 4 KiB blocks: v2's 4 KiB blocks whose sha256 is not among v1's (what RAUC 1.8's
+//!   `block-hash-index` adaptive mode fetches; computed directly because RAUC's adaptive
+//!   install needs a streaming verity bundle served to a D-Bus service, not files);
+//! - xdelta3 -9 patch size (the per-pair lower anchor);
+//!
+//! then the same with several mksquashfs options and chunk sizes (monthly pair), and the real
+//! stage of each v2 from a local HTTP server into a file-backed GPT disk whose running slot holds
+//! v1 (bytes on the wire counted by the server, wall time, child peak RSS).
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bootconfig::memory::MemoryBootloader;
+use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
+use libupgrade::layout::GptLayout;
+use libupgrade::{NoProgress, Source, StageOptions, Updater};
+
+use libupgrade::chunk::local::{find_local, LocalFile};
+use libupgrade::chunk::plan::plan;
+use libupgrade::chunk::{ChunkIndex, ChunkParams};
+
+/// HTTP request + response headers per range request (measured with `release serve`: ~120 B
+/// request, ~180 B response).
+const HEADER_BYTES: u64 = 300;
+const MIB: u64 = 1 << 20;
+
+/// The image options the images crate uses (reproducible: fixed times, root-owned, no xattrs).
+const BASE: &[&str] = &[
+    "-noappend",
+    "-quiet",
+    "-all-root",
+    "-no-xattrs",
+    "-comp",
+    "zstd",
+    "-mkfs-time",
+    "0",
+    "-all-time",
+    "0",
+];
+
+fn sh(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e} (run scripts/setup.sh)"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The squashfs of `tree` with `extra` options, cached in `images` by tree and options (the
+/// trees only change when delta-debs.sh re-extracts them, which removes the cache).
+fn squashfs(images: &Path, tree: &Path, extra: &[&str]) -> PathBuf {
+    let name = format!(
+        "{}{}.sq",
+        tree.file_name().unwrap().to_string_lossy(),
+        extra.concat().replace('-', "_")
+    );
+    let out = images.join(name);
+    let stamp = fs::metadata(tree.with_extension("debs"))
+        .and_then(|m| m.modified())
+        .ok();
+    let fresh = fs::metadata(&out).and_then(|m| m.modified()).ok();
+    if fresh.is_none() || fresh < stamp {
+        let tmp = out.with_extension("tmp");
+        let _ = fs::remove_file(&tmp);
+        sh(Command::new("mksquashfs")
+            .arg(tree)
+            .arg(&tmp)
+            .args(BASE)
+            .args(extra));
+        fs::rename(&tmp, &out).unwrap();
+    }
+    out
+}
+
+fn len(p: &Path) -> u64 {
+    fs::metadata(p).unwrap().len()
+}
+
+fn local(path: &Path) -> LocalFile {
+    let file = fs::File::open(path).unwrap();
+    let len = file.metadata().unwrap().len();
+    LocalFile {
+        file,
+        offset: 0,
+        len,
+        name: path.display().to_string(),
+    }
+}
+
+/// (bytes a node fetches, range requests)
+fn ours(v1: &Path, v2: &Path, params: ChunkParams) -> (u64, usize) {
+    let index = ChunkIndex::build(fs::File::open(v2).unwrap(), params).unwrap();
+    let n = index.chunks.len();
+    let found = find_local(&index, &vec![true; n], &[local(v1)]).unwrap();
+    let p = plan(&index, &vec![false; n], &found);
+    let bytes =
+        p.fetch_bytes + index.to_bytes().len() as u64 + HEADER_BYTES * (p.ranges.len() as u64 + 1);
+    (bytes, p.ranges.len())
+}
+
+fn dir_size(d: &Path, names: &mut Vec<(String, u64)>) {
+    for e in fs::read_dir(d).unwrap() {
+        let e = e.unwrap();
+        let md = e.metadata().unwrap();
+        if md.is_dir() {
+            dir_size(&e.path(), names);
+        } else {
+            names.push((e.file_name().to_string_lossy().into_owned(), md.len()));
+        }
+    }
+}
+
+fn casync(work: &Path, v1: &Path, v2: &Path) -> u64 {
+    let mut stores = Vec::new();
+    for (i, img) in [v1, v2].iter().enumerate() {
+        let store = work.join(format!("castr{i}"));
+        let _ = fs::remove_dir_all(&store);
+        let idx = work.join(format!("v{i}.caibx"));
+        sh(Command::new("casync")
+            .arg("make")
+            .arg(format!("--store={}", store.display()))
+            .arg(&idx)
+            .arg(img));
+        let mut names = Vec::new();
+        dir_size(&store, &mut names);
+        stores.push((names, fs::metadata(&idx).unwrap().len()));
+    }
+    let have: HashSet<&String> = stores[0].0.iter().map(|(n, _)| n).collect();
+    let missing: u64 = stores[1]
+        .0
+        .iter()
+        .filter(|(n, _)| !have.contains(n))
+        .map(|(_, s)| s)
+        .sum();
+    missing + stores[1].1
+}
+
+fn blocks4k(v1: &Path, v2: &Path) -> u64 {
+    let hashes = |p: &Path, mut f: Box<dyn FnMut([u8; 32], usize)>| {
+        let mut r = std::io::BufReader::with_capacity(1 << 20, fs::File::open(p).unwrap());
+        let mut b = [0u8; 4096];
+        loop {
+            let mut n = 0;
+            while n < 4096 {
+                match r.read(&mut b[n..]).unwrap() {
+                    0 => break,
+                    k => n += k,
+                }
+            }
+            if n == 0 {
+                break;
+            }
+            b[n..].fill(0);
+            f(libupgrade::chunk::digest(&b), n);
+        }
+    };
+    let have = std::rc::Rc::new(std::cell::RefCell::new(HashSet::new()));
+    let h = have.clone();
+    hashes(
+        v1,
+        Box::new(move |d, _| {
+            h.borrow_mut().insert(d);
+        }),
+    );
+    let missing = std::rc::Rc::new(std::cell::Cell::new(0u64));
+    let m = missing.clone();
+    hashes(
+        v2,
+        Box::new(move |d, n| {
+            if !have.borrow().contains(&d) {
+                m.set(m.get() + n as u64);
+            }
+        }),
+    );
+    missing.get()
+}
+
+fn xdelta(work: &Path, v1: &Path, v2: &Path) -> u64 {
+    let patch = work.join("patch.xd3");
+    let window = fs::metadata(v1)
+        .unwrap()
+        .len()
+        .next_power_of_two()
+        .max(1 << 20);
+    sh(Command::new("xdelta3")
+        .args(["-e", "-9", "-f", "-B"])
+        .arg(window.to_string())
+        .arg("-s")
+        .arg(v1)
+        .arg(v2)
+        .arg(&patch));
+    fs::metadata(&patch).unwrap().len()
+}
+
+fn pct(x: u64, of: u64) -> String {
+    format!("{:6.1}%", 100.0 * x as f64 / of as f64)
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    if let (Ok(w), Ok(url)) = (
+        std::env::var("BENCH_DELTA_CHILD"),
+        std::env::var("BENCH_DELTA_URL"),
+    ) {
+        child(Path::new(&w), &url);
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let cache = std::env::var_os("BENCH_DELTA_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".cache/delta"));
+    let trees = cache.join("trees");
+    for t in ["monthly-v1", "monthly-v2", "major-v2"] {
+        assert!(
+            trees.join(t).is_dir(),
+            "{} missing: run libupgrade/benches/delta-debs.sh {} first (just bench-delta does)",
+            trees.join(t).display(),
+            cache.display()
+        );
+    }
+    let work = tempfile::tempdir_in(&cache).unwrap();
+    let w = work.path();
+    let images = cache.join("images");
+    fs::create_dir_all(&images).unwrap();
+    let pairs = [
+        ("monthly", "monthly-v1", "monthly-v2"),
+        ("major", "monthly-v2", "major-v2"),
+    ];
+
+    // BENCH_DELTA_SECTIONS=options,chunks,pairs,stage (default: all) runs a subset.
+    let sections = std::env::var("BENCH_DELTA_SECTIONS").unwrap_or_default();
+    let want = |s: &str| sections.is_empty() || sections.split(',').any(|x| x == s);
+    if want("options") {
+        println!("== mksquashfs options (monthly pair; ours at the default chunk size) ==");
+        println!(
+            "{:<34} {:>10} {:>9} {:>9}",
+            "options", "v2 bytes", "ours", "4K-blocks"
+        );
+        let variants: [&[&str]; 4] = [
+            &[],
+            &["-b", "64K"],
+            &["-no-fragments"],
+            &["-b", "64K", "-no-fragments"],
+        ];
+        for extra in variants {
+            let v1 = squashfs(&images, &trees.join("monthly-v1"), extra);
+            let v2 = squashfs(&images, &trees.join("monthly-v2"), extra);
+            let size = len(&v2);
+            let (o, _) = ours(&v1, &v2, ChunkParams::DEFAULT);
+            let b = blocks4k(&v1, &v2);
+            let name = if extra.is_empty() {
+                "(default: -b 128K, fragments)".to_string()
+            } else {
+                extra.join(" ")
+            };
+            println!("{name:<34} {size:>10} {} {}", pct(o, size), pct(b, size));
+        }
+    }
+    let rec: &[&str] = &["-no-fragments"];
+    println!(
+        "\n== chunk size (monthly pair, mksquashfs {}) ==",
+        rec.join(" ")
+    );
+    if want("chunks") {
+        let v1 = squashfs(&images, &trees.join("monthly-v1"), rec);
+        let v2 = squashfs(&images, &trees.join("monthly-v2"), rec);
+        let size = len(&v2);
+        for kib in [32u32, 64, 128] {
+            let t = Instant::now();
+            let (o, reqs) = ours(&v1, &v2, ChunkParams::with_avg(kib << 10));
+            println!(
+            "avg {kib:>3} KiB: fetched {} ({o} bytes, {reqs} range requests, index+plan {:.1} s)",
+            pct(o, size),
+            t.elapsed().as_secs_f64()
+        );
+        }
+    }
+
+    let mut stages = Vec::new();
+    println!(
+        "\n== per pair (mksquashfs {}), ratios of the v2 image ==",
+        rec.join(" ")
+    );
+    println!(
+        "{:<8} {:>11} {:>9} {:>9} {:>10} {:>9}",
+        "pair", "v2 bytes", "ours", "casync", "4K-blocks", "xdelta3"
+    );
+    for (name, a, b) in pairs {
+        let v1 = squashfs(&images, &trees.join(a), rec);
+        let v2 = squashfs(&images, &trees.join(b), rec);
+        let size = len(&v2);
+        stages.push((name, v1.clone(), v2.clone(), size));
+        if !want("pairs") {
+            continue;
+        }
+        let (o, _) = ours(&v1, &v2, ChunkParams::DEFAULT);
+        let c = casync(w, &v1, &v2);
+        let k = blocks4k(&v1, &v2);
+        let x = xdelta(w, &v1, &v2);
+        println!(
+            "{name:<8} {size:>11} {} {} {}  {}",
+            pct(o, size),
+            pct(c, size),
+            pct(k, size),
+            pct(x, size)
+        );
+    }
+    if !want("stage") {
+        return;
+    }
+
+    println!("\n== real stage into a file-backed GPT disk, from a local HTTP server ==");
+    let keys = w.join("keys");
+    let (secret, public) = libupgrade::signing::generate_keypair(&keys, "bench").unwrap();
+    fs::create_dir_all(w.join("trust")).unwrap();
+    fs::copy(&public, w.join("trust/bench.pub")).unwrap();
+    fs::write(w.join("k"), pseudo(8 << 20, 1)).unwrap();
+    fs::write(w.join("i"), pseudo(16 << 20, 2)).unwrap();
+    let (base, sent) = serve_dir(w.to_path_buf());
+    for (name, v1, v2, size) in &stages {
+        let _ = fs::remove_dir_all(w.join("rel"));
+        libupgrade::release::create(&libupgrade::release::CreateOptions {
+            rootfs: v2.clone(),
+            kernel: w.join("k"),
+            initrd: w.join("i"),
+            version: "v2".into(),
+            arch: libupgrade::Arch::host(),
+            secret_key: secret.clone(),
+            out_dir: w.join("rel"),
+            generation: Some(2),
+        })
+        .unwrap();
+        let (secs, wire, fetched, rss) = stage_run(w, Some(v1), &base, &sent);
+        println!(
+            "{name:<8} delta: {secs:6.2} s, on the wire {} of the v2 image ({fetched} payload bytes fetched), peak RSS {:.1} MiB",
+            pct(wire, *size),
+            rss as f64 / 1024.0
+        );
+        let (secs, wire, _, rss) = stage_run(w, None, &base, &sent);
+        println!(
+            "{name:<8} full:  {secs:6.2} s, on the wire {} (slot A empty: nothing to reuse), peak RSS {:.1} MiB",
+            pct(wire, *size),
+            rss as f64 / 1024.0
+        );
+        let (secs, svc, cli) = rauc_install(w, v2);
+        println!(
+            "{name:<8} rauc install (plain bundle, local file, into a file slot): {secs:6.2} s, peak RSS service {:.1} MiB + client {:.1} MiB",
+            svc as f64 / 1024.0,
+            cli as f64 / 1024.0
+        );
+    }
+}
+
+fn pseudo(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+// ---- the real stage: v2 from a local HTTP server into slot B, slot A running v1 ----
+
+/// A static file server on 127.0.0.1 (GET, `Range: bytes=a-b`), counting the bytes it sends.
+fn serve_dir(root: PathBuf) -> (String, Arc<AtomicU64>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}/", l.local_addr().unwrap());
+    let sent = Arc::new(AtomicU64::new(0));
+    let s2 = sent.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            let (root, sent) = (root.clone(), s2.clone());
+            std::thread::spawn(move || {
+                let mut rd = BufReader::new(c.try_clone().unwrap());
+                let mut w = c;
+                loop {
+                    let mut line = String::new();
+                    if rd.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+                    let mut range: Option<(u64, Option<u64>)> = None;
+                    loop {
+                        let mut h = String::new();
+                        if rd.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                            break;
+                        }
+                        if let Some(v) = h.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                            let (a, b) = v.trim().split_once('-').unwrap();
+                            range = Some((a.parse().unwrap(), b.parse().ok()));
+                        }
+                    }
+                    let Ok(mut f) = fs::File::open(root.join(path.trim_start_matches('/'))) else {
+                        let _ = w.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+                        continue;
+                    };
+                    let len = f.metadata().unwrap().len();
+                    let (a, b) = match range {
+                        Some((a, b)) => (a, b.map_or(len, |b| b + 1).min(len)),
+                        None => (0, len),
+                    };
+                    let head = match range {
+                        Some(_) => format!("HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {a}-{}/{len}\r\n\r\n", b - a, b - 1),
+                        None => format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n"),
+                    };
+                    if w.write_all(head.as_bytes()).is_err() {
+                        return;
+                    }
+                    f.seek(SeekFrom::Start(a)).unwrap();
+                    let n = std::io::copy(&mut (&mut f).take(b - a), &mut w).unwrap_or(0);
+                    sent.fetch_add(head.len() as u64 + n, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (base, sent)
+}
+
+fn config(work: &Path) -> Config {
+    Config {
+        bootloader: BootloaderKind::Grub,
+        tries: 3,
+        layout: LayoutConfig::Gpt {
+            disk: work.join("disk.img"),
+            boot_dir: work.join("boot"),
+        },
+        state_dir: work.join("state"),
+        trust_dir: work.join("trust"),
+        health_dir: work.join("health.d"),
+        health_timeout_secs: 5,
+        download_retries: 3,
+        proc_cmdline: work.join("cmdline"),
+        release_file: work.join("release"),
+        mountinfo: work.join("mountinfo"),
+        boot_id_file: work.join("boot_id"),
+        builtin_health_check: false,
+    }
+}
+
+/// `rauc install` of a plain bundle holding `image` into a file-backed slot B (slot A booted,
+/// noop bootloader), through a private D-Bus system bus and `rauc service`. Returns (seconds of
+/// `rauc install`, peak RSS of the service in KiB, peak RSS of the `rauc install` client).
+fn rauc_install(work: &Path, image: &Path) -> (f64, u64, u64) {
+    let r = work.join("rauc");
+    let _ = fs::remove_dir_all(&r);
+    fs::create_dir_all(r.join("bundle")).unwrap();
+    fs::create_dir_all(r.join("mnt")).unwrap();
+    fs::write(
+        r.join("bus.conf"),
+        format!(
+            r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN" "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig><type>system</type><listen>unix:path={}/bus</listen><auth>EXTERNAL</auth>
+<policy context="default"><allow user="*"/><allow own="*"/><allow send_type="method_call"/>
+<allow send_destination="*"/><allow receive_sender="*"/></policy></busconfig>
+"#,
+            r.display()
+        ),
+    )
+    .unwrap();
+    sh(Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "10",
+            "-subj",
+            "/CN=bench",
+        ])
+        .arg("-keyout")
+        .arg(r.join("key.pem"))
+        .arg("-out")
+        .arg(r.join("cert.pem"))
+        .stderr(std::process::Stdio::null()));
+    let slot_len = (len(image) / MIB + 8) * MIB;
+    for s in ["slotA.img", "slotB.img"] {
+        fs::File::create(r.join(s))
+            .unwrap()
+            .set_len(slot_len)
+            .unwrap();
+    }
+    fs::write(
+        r.join("system.conf"),
+        format!(
+            "[system]\ncompatible=k3os-bench\nbootloader=noop\nmountprefix={0}/mnt\n[keyring]\npath={0}/cert.pem\n\
+             [slot.rootfs.0]\ndevice={0}/slotA.img\ntype=raw\nbootname=A\n\
+             [slot.rootfs.1]\ndevice={0}/slotB.img\ntype=raw\nbootname=B\n",
+            r.display()
+        ),
+    )
+    .unwrap();
+    fs::copy(image, r.join("bundle/rootfs.img")).unwrap();
+    fs::write(
+        r.join("bundle/manifest.raucm"),
+        "[update]\ncompatible=k3os-bench\nversion=2\n[bundle]\nformat=plain\n[image.rootfs]\nfilename=rootfs.img\n",
+    )
+    .unwrap();
+    sh(Command::new("rauc")
+        .arg("bundle")
+        .arg(format!("--cert={}", r.join("cert.pem").display()))
+        .arg(format!("--key={}", r.join("key.pem").display()))
+        .arg(r.join("bundle"))
+        .arg(r.join("b.raucb")));
+    let bus = format!("unix:path={}/bus", r.display());
+    let mut dbus = Command::new("dbus-daemon")
+        .arg(format!("--config-file={}", r.join("bus.conf").display()))
+        .arg("--nofork")
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut svc = Command::new("rauc")
+        .arg("service")
+        .arg(format!("--conf={}", r.join("system.conf").display()))
+        .arg("--override-boot-slot=A")
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &bus)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    sh(&mut Command::new("sync"));
+    let t = Instant::now();
+    let out = Command::new("/usr/bin/time")
+        .args(["-f", "MAXRSS_KIB %M", "rauc", "install"])
+        .arg(r.join("b.raucb"))
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &bus)
+        .output()
+        .unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    let hwm = fs::read_to_string(format!("/proc/{}/status", svc.id()))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    let _ = svc.kill();
+    let _ = svc.wait();
+    let _ = dbus.kill();
+    let _ = dbus.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "rauc install failed: {err}");
+    let mut got = vec![0u8; len(image) as usize];
+    std::os::unix::fs::FileExt::read_exact_at(
+        &fs::File::open(r.join("slotB.img")).unwrap(),
+        &mut got,
+        0,
+    )
+    .unwrap();
+    assert!(
+        got == fs::read(image).unwrap(),
+        "rauc did not write the image into slot B"
+    );
+    let cli = err
+        .lines()
+        .find_map(|l| l.strip_prefix("MAXRSS_KIB "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    (secs, hwm, cli)
+}
+
+/// In the child: stage from `url`, print the report and the peak RSS.
+fn child(work: &Path, url: &str) {
+    let cfg = config(work);
+    let layout = GptLayout::open(&work.join("disk.img"), &work.join("boot")).expect("GPT");
+    let u = Updater::with_parts(cfg, Box::new(layout), Box::new(MemoryBootloader::new(3)));
+    let r = u
+        .stage(&Source::parse(url), &StageOptions::default(), &NoProgress)
+        .expect("stage");
+    assert!(!r.already_staged);
+    // VmHWM, not getrusage's ru_maxrss: the latter keeps the parent's peak from before exec
+    // (the forked copy of its memory), which made this child look as large as the bench.
+    let hwm: u64 = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    println!("FETCHED {} REUSED {}", r.bytes_fetched, r.bytes_reused);
+    println!("MAXRSS_KIB {hwm}");
+}
+
+/// A GPT disk image file with rootfs-a/rootfs-b of `part` bytes; returns rootfs-a's offset.
+fn make_disk(work: &Path, part: u64) -> u64 {
+    let disk = work.join("disk.img");
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&disk)
+        .unwrap();
+    let total = 2 * part + 4 * MIB;
+    f.set_len(total).unwrap();
+    let mut f2 = f.try_clone().unwrap();
+    gpt::mbr::ProtectiveMBR::with_lb_size(u32::try_from(total / 512 - 1).unwrap_or(u32::MAX))
+        .overwrite_lba0(&mut f2)
+        .unwrap();
+    let mut g = gpt::GptConfig::new()
+        .writable(true)
+        .create_from_device(f, None)
+        .unwrap();
+    let mut a_offset = None;
+    for name in ["rootfs-a", "rootfs-b"] {
+        let id = g
+            .add_partition(name, part, gpt::partition_types::LINUX_FS, 0, Some(2048))
+            .unwrap();
+        a_offset.get_or_insert(g.partitions()[&id].first_lba * 512);
+    }
+    g.write().unwrap();
+    a_offset.unwrap()
+}
+
+/// Stage `v2` (signed release in `work/rel`) with slot A holding `v1` (None: empty slot A, a
+/// full download). Returns (seconds, bytes on the wire, fetched, peak RSS KiB).
+fn stage_run(work: &Path, v1: Option<&Path>, base: &str, sent: &AtomicU64) -> (f64, u64, u64, u64) {
+    let v2 = work.join("rel/rootfs.squashfs");
+    let size = fs::metadata(&v2)
+        .unwrap()
+        .len()
+        .max(v1.map_or(0, |p| fs::metadata(p).unwrap().len()));
+    let a = make_disk(work, (size / MIB + 8) * MIB);
+    let _ = fs::remove_dir_all(work.join("state"));
+    let _ = fs::remove_dir_all(work.join("boot"));
+    fs::create_dir_all(work.join("boot/a")).unwrap();
+    for f in ["vmlinuz", "initrd"] {
+        fs::copy(work.join("rel").join(f), work.join("boot/a").join(f)).unwrap();
+    }
+    if let Some(v1) = v1 {
+        let img = fs::OpenOptions::new()
+            .write(true)
+            .open(work.join("disk.img"))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&img, &fs::read(v1).unwrap(), a).unwrap();
+    }
+    fs::write(work.join("cmdline"), "k3os.slot=A").unwrap();
+    fs::write(work.join("release"), "VERSION=v1\nGENERATION=1\n").unwrap();
+    sh(&mut Command::new("sync"));
+    let before = sent.load(Ordering::SeqCst);
+    let t = Instant::now();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env("BENCH_DELTA_CHILD", work)
+        .env("BENCH_DELTA_URL", format!("{base}rel/"))
+        .output()
+        .unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "stage child failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |k: &str| {
+        text.split_whitespace()
+            .skip_while(|w| *w != k)
+            .nth(1)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (
+        secs,
+        sent.load(Ordering::SeqCst) - before,
+        field("FETCHED"),
+        field("MAXRSS_KIB"),
+    )
+}

@@ -1,0 +1,217 @@
+//! A bounded-memory structural check of a squashfs image, run on every staged rootfs.
+//!
+//! The bytes written were already verified chunk by chunk and as a whole against the signed
+//! manifest; this check guards against a publisher signing something that is not a mountable
+//! squashfs. It reads the superblock, checks its fields against each other, walks the chain of
+//! metadata blocks of the inode table (each header's length must be 1..=8192 and the chain must
+//! end exactly where the directory table starts, with the root inode on a block boundary of it)
+//! and the id table's lookup pointers. Memory stays constant whatever the image holds: parsing
+//! every inode and directory with `backhand` (what this replaced) took 92 MiB for a 120 MiB
+//! Debian image with 15 k files, past the 64 MiB stage budget.
+
+use std::io;
+
+const METADATA_MAX: u64 = 8192;
+
+/// The fields of a squashfs 4.0 superblock this check uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Superblock {
+    pub inode_count: u32,
+    pub block_size: u32,
+    pub compression: u16,
+    pub id_count: u16,
+    pub root_inode: u64,
+    pub bytes_used: u64,
+    pub id_table_start: u64,
+    pub inode_table_start: u64,
+    pub directory_table_start: u64,
+}
+
+/// Parse and cross-check the first 96 bytes.
+pub fn superblock(b: &[u8; 96]) -> Result<Superblock, String> {
+    if &b[0..4] != b"hsqs" {
+        return Err(format!("no squashfs magic (found {:02x?})", &b[0..4]));
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+    let sb = Superblock {
+        inode_count: u32_at(4),
+        block_size: u32_at(12),
+        compression: u16_at(20),
+        id_count: u16_at(26),
+        root_inode: u64_at(32),
+        bytes_used: u64_at(40),
+        id_table_start: u64_at(48),
+        inode_table_start: u64_at(64),
+        directory_table_start: u64_at(72),
+    };
+    let (major, minor, log) = (u16_at(28), u16_at(30), u16_at(22));
+    if (major, minor) != (4, 0) {
+        return Err(format!("squashfs version {major}.{minor}, expected 4.0"));
+    }
+    if !(12..=20).contains(&log) || sb.block_size != 1 << log {
+        return Err(format!(
+            "block size {} does not match block_log {log} (4 KiB..1 MiB)",
+            sb.block_size
+        ));
+    }
+    if !(1..=6).contains(&sb.compression) {
+        return Err(format!("unknown compression id {}", sb.compression));
+    }
+    if sb.inode_count == 0 || sb.id_count == 0 {
+        return Err("no inodes or no ids".into());
+    }
+    if !(96 <= sb.inode_table_start
+        && sb.inode_table_start < sb.directory_table_start
+        && sb.directory_table_start < sb.id_table_start
+        && sb.id_table_start < sb.bytes_used)
+    {
+        return Err(format!(
+            "tables out of order: inodes at {}, directories at {}, ids at {}, {} bytes used",
+            sb.inode_table_start, sb.directory_table_start, sb.id_table_start, sb.bytes_used
+        ));
+    }
+    if sb.root_inode & 0xffff >= METADATA_MAX {
+        return Err(format!(
+            "root inode offset {} is past a metadata block",
+            sb.root_inode & 0xffff
+        ));
+    }
+    Ok(sb)
+}
+
+/// Check the image read through `read_at(pos, buf)` (exact reads relative to the image start);
+/// `size` is the image's size from the manifest.
+pub fn check(
+    read_at: impl Fn(u64, &mut [u8]) -> io::Result<()>,
+    size: u64,
+) -> Result<Superblock, String> {
+    let mut b = [0u8; 96];
+    read_at(0, &mut b).map_err(|e| format!("cannot read the superblock: {e}"))?;
+    let sb = superblock(&b)?;
+    if sb.bytes_used > size {
+        return Err(format!(
+            "superblock says {} bytes used, manifest says the image has {size}",
+            sb.bytes_used
+        ));
+    }
+    // The inode table: a chain of metadata blocks ending where the directory table starts.
+    let root_block = sb.inode_table_start + (sb.root_inode >> 16);
+    let mut pos = sb.inode_table_start;
+    let mut root_seen = false;
+    while pos < sb.directory_table_start {
+        root_seen |= pos == root_block;
+        let mut h = [0u8; 2];
+        read_at(pos, &mut h).map_err(|e| format!("cannot read the inode table at {pos}: {e}"))?;
+        let len = u64::from(u16::from_le_bytes(h) & 0x7fff);
+        if len == 0 || len > METADATA_MAX {
+            return Err(format!("inode table block at {pos} claims {len} bytes"));
+        }
+        pos += 2 + len;
+    }
+    if pos != sb.directory_table_start {
+        return Err(format!(
+            "the inode table runs to {pos}, past the directory table at {}",
+            sb.directory_table_start
+        ));
+    }
+    if !root_seen {
+        return Err(format!(
+            "the root inode (block at {root_block}) is not on an inode table block"
+        ));
+    }
+    // The id table: pointers to its metadata blocks, between the directories and itself.
+    let blocks = (u64::from(sb.id_count) * 4).div_ceil(METADATA_MAX);
+    if sb.id_table_start + blocks * 8 > sb.bytes_used {
+        return Err("the id table lookup runs past the image".into());
+    }
+    for i in 0..blocks {
+        let mut p = [0u8; 8];
+        read_at(sb.id_table_start + i * 8, &mut p)
+            .map_err(|e| format!("cannot read the id table: {e}"))?;
+        let at = u64::from_le_bytes(p);
+        if !(sb.directory_table_start..sb.id_table_start).contains(&at) {
+            return Err(format!(
+                "id table block {i} points at {at}, outside the tables"
+            ));
+        }
+    }
+    Ok(sb)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(dir: &std::path::Path) -> Vec<u8> {
+        let tree = dir.join("tree");
+        std::fs::create_dir_all(tree.join("etc")).unwrap();
+        for i in 0..300 {
+            std::fs::write(
+                tree.join("etc").join(format!("f{i}")),
+                format!("file {i}\n").repeat(i),
+            )
+            .unwrap();
+        }
+        let out = dir.join("x.sq");
+        let st = std::process::Command::new("mksquashfs")
+            .arg(&tree)
+            .arg(&out)
+            .args(["-noappend", "-quiet", "-comp", "gzip"])
+            .status()
+            .expect("mksquashfs (scripts/setup.sh installs squashfs-tools)");
+        assert!(st.success());
+        std::fs::read(out).unwrap()
+    }
+
+    fn run(img: &[u8]) -> Result<Superblock, String> {
+        check(
+            |pos, buf| {
+                let s = img
+                    .get(pos as usize..pos as usize + buf.len())
+                    .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "past the end"))?;
+                buf.copy_from_slice(s);
+                Ok(())
+            },
+            img.len() as u64,
+        )
+    }
+
+    #[test]
+    fn a_real_image_passes_and_damage_is_named() {
+        let t = tempfile::tempdir().unwrap();
+        let img = image(t.path());
+        let sb = run(&img).unwrap();
+        assert_eq!(sb.inode_count, 302);
+
+        let mut bad = img.clone();
+        bad[0] = b'x';
+        assert!(run(&bad).unwrap_err().contains("magic"));
+        let mut bad = img.clone();
+        bad[12] ^= 1; // block size
+        assert!(run(&bad).unwrap_err().contains("block size"));
+        // Corrupt the first inode table block header.
+        let mut bad = img.clone();
+        let at = sb.inode_table_start as usize;
+        bad[at] = 0;
+        bad[at + 1] = 0x80; // length 0, uncompressed
+        assert!(
+            run(&bad).unwrap_err().contains("inode table block"),
+            "{:?}",
+            run(&bad)
+        );
+        // Truncated image: the manifest says fewer bytes than the superblock uses.
+        assert!(check(
+            |p, b| {
+                b.copy_from_slice(&img[p as usize..p as usize + b.len()]);
+                Ok(())
+            },
+            1000
+        )
+        .unwrap_err()
+        .contains("bytes used"));
+        let junk: Vec<u8> = (0..100_000u32).map(|i| (i * 7919 % 251) as u8).collect();
+        assert!(run(&junk).is_err());
+    }
+}

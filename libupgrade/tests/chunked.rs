@@ -1,0 +1,554 @@
+//! Chunked staging on a real GPT disk image against a real (throttled, byte-counting) HTTP
+//! server: delta from the running slot, a chunk missing locally, a tampered chunk on the
+//! server, an index that does not match its manifest, a 404 found by the preflight, the rate
+//! cap, and `kill -9` at random points with the bytes on the wire bounded by the release size
+//! plus 1 MiB.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use libupgrade::layout::GptLayout;
+use libupgrade::manifest::Arch;
+use libupgrade::{Error, NoProgress, SlotState, Source, StageOptions, Updater};
+
+fn updater(disk: &TestDisk, cfg: libupgrade::Config) -> Updater {
+    let layout = GptLayout::open(&disk.disk.path, &disk.boot_dir).expect("GPT of the test disk");
+    Updater::with_parts(cfg, Box::new(layout), Box::new(ModelLoader::new(9)))
+}
+
+fn fast() -> StageOptions {
+    StageOptions {
+        retry_delay: Duration::from_millis(20),
+        ..StageOptions::default()
+    }
+}
+
+/// A static server for `root`: GET with `Range: bytes=a-b` / `a-`, 404, keep-alive; counts every
+/// byte it writes (headers included) and sends bodies at `rate` bytes/s (0 = unthrottled).
+struct Server {
+    base: String,
+    sent: Arc<AtomicU64>,
+}
+
+impl Server {
+    fn start(root: &Path, rate: u64) -> Server {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}/", l.local_addr().unwrap());
+        let sent = Arc::new(AtomicU64::new(0));
+        let (s2, root) = (sent.clone(), root.to_path_buf());
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let (s, root) = (s2.clone(), root.clone());
+                std::thread::spawn(move || serve(c, &root, rate, &s));
+            }
+        });
+        Server { base, sent }
+    }
+
+    fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+}
+
+fn serve(c: TcpStream, root: &Path, rate: u64, sent: &AtomicU64) {
+    let mut rd = BufReader::new(c.try_clone().unwrap());
+    let mut w = c;
+    loop {
+        let mut line = String::new();
+        if rd.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+        let mut range: Option<(u64, Option<u64>)> = None;
+        loop {
+            let mut h = String::new();
+            if rd.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                break;
+            }
+            if let Some(v) = h.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                let (a, b) = v.trim().split_once('-').unwrap();
+                range = Some((a.parse().unwrap(), b.parse().ok()));
+            }
+        }
+        let Ok(data) = std::fs::read(root.join(path.trim_start_matches('/'))) else {
+            let msg = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n";
+            sent.fetch_add(msg.len() as u64, Ordering::SeqCst);
+            let _ = w.write_all(msg);
+            continue;
+        };
+        let (start, stop) = match range {
+            Some((a, b)) => (
+                a as usize,
+                b.map_or(data.len(), |b| b as usize + 1).min(data.len()),
+            ),
+            None => (0, data.len()),
+        };
+        let head = match range {
+            Some(_) => format!(
+                "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {start}-{}/{}\r\n\r\n",
+                stop - start,
+                stop - 1,
+                data.len()
+            ),
+            None => format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", data.len()),
+        };
+        if w.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        sent.fetch_add(head.len() as u64, Ordering::SeqCst);
+        // 16 KiB pieces, paced: what a slow link looks like to the client.
+        let t0 = Instant::now();
+        let mut done = 0u64;
+        for piece in data[start..stop].chunks(16 << 10) {
+            if rate > 0 {
+                let due = Duration::from_secs_f64(done as f64 / rate as f64);
+                if let Some(d) = due.checked_sub(t0.elapsed()) {
+                    std::thread::sleep(d);
+                }
+            }
+            if w.write_all(piece).is_err() {
+                return;
+            }
+            sent.fetch_add(piece.len() as u64, Ordering::SeqCst);
+            done += piece.len() as u64;
+        }
+    }
+}
+
+/// A signed release whose rootfs is a squashfs of `payload` (plus a release file), with
+/// kernel and initrd blobs derived from `seed` and `initrd_seed`. Returns the release directory.
+fn release_with(
+    k: &Keys,
+    out: &Path,
+    version: &str,
+    generation: u64,
+    payload: &[u8],
+    seed: u64,
+    initrd_seed: u64,
+) -> PathBuf {
+    let work = tempfile::tempdir().unwrap();
+    let tree = work.path().join("tree");
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::create_dir_all(tree.join("usr/share")).unwrap();
+    std::fs::write(
+        tree.join("etc/k3os-release"),
+        format!("VERSION={version}\nGENERATION={generation}\n"),
+    )
+    .unwrap();
+    std::fs::write(tree.join("usr/share/payload"), payload).unwrap();
+    let sq = work.path().join("rootfs.squashfs");
+    run(Command::new("mksquashfs").arg(&tree).arg(&sq).args([
+        "-noappend",
+        "-quiet",
+        "-all-root",
+        "-comp",
+        "gzip",
+        "-mkfs-time",
+        "0",
+        "-all-time",
+        "0",
+    ]));
+    let kernel = work.path().join("vmlinuz");
+    let initrd = work.path().join("initrd");
+    std::fs::write(&kernel, pseudo_random(600_000, seed + 100)).unwrap();
+    std::fs::write(&initrd, pseudo_random(400_000, initrd_seed)).unwrap();
+    let dir = out.join(version);
+    libupgrade::release::create(&libupgrade::release::CreateOptions {
+        rootfs: sq,
+        kernel,
+        initrd,
+        version: version.into(),
+        arch: Arch::host(),
+        secret_key: k.secret.clone(),
+        out_dir: dir.clone(),
+        generation: Some(generation),
+    })
+    .unwrap();
+    dir
+}
+
+fn release(
+    k: &Keys,
+    out: &Path,
+    version: &str,
+    generation: u64,
+    payload: &[u8],
+    seed: u64,
+) -> PathBuf {
+    release_with(k, out, version, generation, payload, seed, seed + 200)
+}
+
+fn size_of(dir: &Path) -> u64 {
+    ["rootfs.squashfs", "vmlinuz", "initrd"]
+        .iter()
+        .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
+        .sum()
+}
+
+/// Put release `rel` into slot A (as if installed), the booted slot.
+fn install_in_a(disk: &TestDisk, rel: &Path) {
+    let (off, _) = disk.parts["rootfs-a"];
+    let img = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&disk.image)
+        .unwrap();
+    img.write_all_at(&std::fs::read(rel.join("rootfs.squashfs")).unwrap(), off)
+        .unwrap();
+    img.sync_all().unwrap();
+    std::fs::create_dir_all(disk.boot_dir.join("a")).unwrap();
+    for f in ["vmlinuz", "initrd"] {
+        std::fs::copy(rel.join(f), disk.boot_dir.join("a").join(f)).unwrap();
+    }
+}
+
+/// Slot B holds exactly `rel`.
+fn assert_b_is(disk: &TestDisk, rel: &Path) {
+    let rootfs = std::fs::read(rel.join("rootfs.squashfs")).unwrap();
+    assert!(
+        disk.part_bytes("rootfs-b", rootfs.len() as u64) == rootfs,
+        "rootfs-b differs"
+    );
+    for f in ["vmlinuz", "initrd"] {
+        assert_eq!(
+            std::fs::read(disk.boot_dir.join("b").join(f)).unwrap(),
+            std::fs::read(rel.join(f)).unwrap(),
+            "b/{f}"
+        );
+    }
+}
+
+/// v1 and a "monthly" v2: the same payload with three 40 KiB regions rewritten.
+fn v1_v2(k: &Keys, out: &Path, size: usize) -> (PathBuf, PathBuf) {
+    let p1 = pseudo_random(size, 11);
+    let mut p2 = p1.clone();
+    for (i, at) in [size / 5, size / 2, size * 4 / 5].into_iter().enumerate() {
+        p2[at..at + 40_000].copy_from_slice(&pseudo_random(40_000, 50 + i as u64));
+    }
+    // The kernel stays, the initrd changes.
+    let v1 = release_with(k, out, "v1", 1, &p1, 1, 201);
+    let v2 = release_with(k, out, "v2", 2, &p2, 1, 999);
+    (v1, v2)
+}
+
+#[test]
+fn delta_from_the_running_slot_fetches_only_changed_chunks_and_a_locally_damaged_one() {
+    let disk = TestDisk::new(24 * MIB);
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let (v1, v2) = v1_v2(&k, rels.path(), 16 << 20);
+    install_in_a(&disk, &v1);
+    // Damage slot A where v2 is unchanged (30% into the image): that chunk must be fetched.
+    let (off, _) = disk.parts["rootfs-a"];
+    let img = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&disk.image)
+        .unwrap();
+    img.write_all_at(b"damaged", off + (16 << 20) * 3 / 10)
+        .unwrap();
+    img.sync_all().unwrap();
+
+    let srv = Server::start(rels.path(), 0);
+    let u = updater(&disk, disk.config(&k.trust));
+    let r = u
+        .stage(
+            &Source::parse(&format!("{}v2", srv.base)),
+            &fast(),
+            &NoProgress,
+        )
+        .unwrap();
+    assert_b_is(&disk, &v2);
+    let total = size_of(&v2);
+    // The rootfs regions and the whole new initrd; each changed region costs at most the
+    // chunks it touches (≤ 2 max-size chunks), the damaged one chunk.
+    let changed = 3 * 40_000 + 400_000;
+    let max = u64::from(libupgrade::chunk::ChunkParams::DEFAULT.max);
+    assert!(
+        r.bytes_fetched <= changed + 7 * max,
+        "fetched {} of {total}",
+        r.bytes_fetched
+    );
+    assert!(r.bytes_fetched > 400_000, "the new initrd must be fetched");
+    assert_eq!(r.bytes_fetched + r.bytes_reused, total);
+    assert!(
+        srv.sent() <= r.bytes_fetched + 64 * 1024 + 40_000,
+        "{} on the wire",
+        srv.sent()
+    );
+    let st = u.status().unwrap();
+    let t = st.slots[1].transfer.expect("transfer recorded for slot B");
+    assert_eq!(
+        (t.fetched, t.reused, t.total),
+        (r.bytes_fetched, r.bytes_reused, total)
+    );
+    let d = st.slots[1].last_decision.as_ref().unwrap();
+    assert!(
+        d.why.contains("fetched") && d.why.contains("reused"),
+        "{}",
+        d.why
+    );
+}
+
+#[test]
+fn a_tampered_chunk_on_the_server_never_reaches_the_slot() {
+    let disk = TestDisk::new(24 * MIB);
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(8 << 20, 3), 2);
+    // Tamper after signing, in the middle of the image.
+    let p = rel.join("rootfs.squashfs");
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    let at = std::fs::metadata(&p).unwrap().len() / 2;
+    f.write_all_at(b"EVIL-BYTES", at).unwrap();
+    let srv = Server::start(rels.path(), 0);
+    let u = updater(&disk, disk.config(&k.trust));
+    let e = u
+        .stage(
+            &Source::parse(&format!("{}v2", srv.base)),
+            &fast(),
+            &NoProgress,
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::ChunkDigest { .. }), "{e}");
+    assert!(e.to_string().contains("refused before writing"), "{e}");
+    let b = disk.part_bytes("rootfs-b", at + 10);
+    assert_ne!(
+        &b[at as usize..],
+        b"EVIL-BYTES",
+        "the tampered chunk was written"
+    );
+    assert_eq!(u.status().unwrap().slots[1].state, SlotState::Invalid);
+}
+
+#[test]
+fn an_index_that_does_not_match_its_manifest_is_a_clear_error_before_any_write() {
+    let disk = TestDisk::new(24 * MIB);
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(4 << 20, 4), 2);
+    let u = updater(&disk, disk.config(&k.trust));
+    u.confirm().ok();
+    let state_before = std::fs::read(disk.state_dir.join("state.json")).unwrap();
+    let b_before = disk.part_bytes("rootfs-b", MIB);
+
+    // 1. The index file was replaced on the server after signing.
+    let ipath = rel.join("vmlinuz.chunks");
+    let good = std::fs::read(&ipath).unwrap();
+    let other = libupgrade::chunk::ChunkIndex::build(
+        &pseudo_random(600_000, 77)[..],
+        libupgrade::chunk::ChunkParams::DEFAULT,
+    )
+    .unwrap()
+    .to_bytes();
+    std::fs::write(&ipath, &other).unwrap();
+    let e = u
+        .stage(&Source::Path(rel.clone()), &fast(), &NoProgress)
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::ChunkIndex { .. }), "{msg}");
+    assert!(
+        msg.contains("kernel")
+            && msg.contains("vmlinuz.chunks")
+            && msg.contains("signed manifest says"),
+        "{msg}"
+    );
+    std::fs::write(&ipath, &good).unwrap();
+
+    // 2. A publisher signed an index for a file of another size.
+    let m_bytes = std::fs::read(rel.join("manifest.json")).unwrap();
+    let mut m = libupgrade::Manifest::parse(&m_bytes).unwrap();
+    let short = libupgrade::chunk::ChunkIndex::build(
+        &std::fs::read(rel.join("vmlinuz")).unwrap()[..500_000],
+        libupgrade::chunk::ChunkParams::DEFAULT,
+    )
+    .unwrap()
+    .to_bytes();
+    std::fs::write(&ipath, &short).unwrap();
+    let r = m.files.kernel.chunks.as_mut().unwrap();
+    r.size = short.len() as u64;
+    r.sha256 = hex_sha256(&short);
+    std::fs::write(rel.join("manifest.json"), m.to_bytes()).unwrap();
+    std::fs::write(
+        rel.join("manifest.json.sig"),
+        libupgrade::signing::sign(&m.to_bytes(), &k.secret).unwrap(),
+    )
+    .unwrap();
+    let e = u
+        .stage(&Source::Path(rel.clone()), &fast(), &NoProgress)
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("describes 500000 bytes") && msg.contains("600000"),
+        "{msg}"
+    );
+
+    assert_eq!(
+        std::fs::read(disk.state_dir.join("state.json")).unwrap(),
+        state_before
+    );
+    assert_eq!(disk.part_bytes("rootfs-b", MIB), b_before);
+}
+
+fn hex_sha256(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+#[test]
+fn a_missing_artifact_fails_the_preflight_in_seconds_and_writes_nothing() {
+    let disk = TestDisk::new(24 * MIB);
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(12 << 20, 5), 2);
+    std::fs::remove_file(rel.join("initrd")).unwrap();
+    let srv = Server::start(rels.path(), 1 << 20); // 1 MiB/s: a full download would take 13 s
+    let u = updater(&disk, disk.config(&k.trust)); // 20 retries configured: a 404 is not retried
+    u.confirm().ok();
+    let state_before = std::fs::read(disk.state_dir.join("state.json")).unwrap();
+    let t = Instant::now();
+    let e = u
+        .stage(
+            &Source::parse(&format!("{}v2", srv.base)),
+            &fast(),
+            &NoProgress,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(e.contains("initrd") && e.contains("404"), "{e}");
+    assert_eq!(
+        std::fs::read(disk.state_dir.join("state.json")).unwrap(),
+        state_before
+    );
+    assert!(
+        srv.sent() < 200_000,
+        "{} bytes sent before the 404 was found",
+        srv.sent()
+    );
+}
+
+#[test]
+fn max_rate_caps_the_download() {
+    let disk = TestDisk::new(24 * MIB);
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(6 << 20, 6), 2);
+    let srv = Server::start(rels.path(), 0);
+    let u = updater(&disk, disk.config(&k.trust));
+    let t = Instant::now();
+    let opts = StageOptions {
+        max_rate: Some(2 << 20),
+        ..fast()
+    };
+    u.stage(
+        &Source::parse(&format!("{}v2", srv.base)),
+        &opts,
+        &NoProgress,
+    )
+    .unwrap();
+    // ~7 MiB at 2 MiB/s after a 2 MiB burst: at least 2.3 s.
+    let s = t.elapsed().as_secs_f64();
+    assert!(s >= 2.3, "{s} s for {} bytes", size_of(&rel));
+    assert_b_is(&disk, &rel);
+}
+
+/// Env var that turns this test binary into the stage child of the kill test.
+const CHILD: &str = "LIBUPGRADE_CHUNKED_CHILD";
+
+#[test]
+fn kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib() {
+    if let Ok(spec) = std::env::var(CHILD) {
+        // Child: stage from the URL with the config given, as `k3os-ops upgrade` would.
+        let (cfg, url): (libupgrade::Config, String) = serde_json::from_str(&spec).unwrap();
+        let layout = libupgrade::layout::GptLayout::open(
+            match &cfg.layout {
+                libupgrade::config::LayoutConfig::Gpt { disk, .. } => disk,
+                _ => unreachable!(),
+            },
+            cfg.layout.boot_dir(),
+        )
+        .unwrap();
+        let u = Updater::with_parts(cfg, Box::new(layout), Box::new(ModelLoader::new(9)));
+        let t = Instant::now();
+        let r = u.stage(&Source::parse(&url), &fast(), &NoProgress);
+        eprintln!("child: {r:?} after {:?}", t.elapsed());
+        r.unwrap();
+        return;
+    }
+    let disk = TestDisk::new(40 * MIB);
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(24 << 20, 8), 2);
+    let total = size_of(&rel);
+    // 4 MiB/s: ~6.5 s for the release; a child needs ~0.8 s (debug build) before its first
+    // chunk, so five kills 0.7..2.2 s after each start land anywhere from the preflight to
+    // deep inside the download without the release completing.
+    let srv = Server::start(rels.path(), 4 << 20);
+    let cfg = disk.config(&k.trust);
+    let url = format!("{}v2", srv.base);
+    let spec = serde_json::to_string(&(&cfg, &url)).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ std::process::id() as u64;
+    let mut kills = Vec::new();
+    for _ in 0..5 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let after = Duration::from_millis(
+            std::env::var("KILL_AFTER_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(700 + rng % 1500),
+        );
+        let mut child = Command::new(&exe)
+            .args([
+                "--exact",
+                "kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib",
+                "--nocapture",
+            ])
+            .env(CHILD, &spec)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(after);
+        let before = srv.sent();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        child.wait().unwrap();
+        kills.push((after, before));
+    }
+    // The final run, in this process, completes.
+    eprintln!(
+        "kills (after, bytes sent then): {kills:?}; checkpoint: {:?}",
+        std::fs::read_to_string(disk.state_dir.join("download.json"))
+    );
+    let u = updater(&disk, cfg);
+    let r = u.stage(&Source::parse(&url), &fast(), &NoProgress).unwrap();
+    assert!(r.resumed);
+    assert_b_is(&disk, &rel);
+    let sent = srv.sent();
+    eprintln!("release {total} bytes, sent {sent} over 5 kills at {kills:?}");
+    assert!(
+        kills.iter().any(|(_, b)| *b > 1 << 20),
+        "no kill landed in the download: {kills:?}"
+    );
+    assert!(
+        sent <= total + MIB,
+        "sent {sent} bytes for a {total}-byte release (+{} over the size) with kills at {kills:?}",
+        sent as i64 - total as i64
+    );
+}
