@@ -18,13 +18,13 @@ use chrono::Utc;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use rand::Rng;
 use serde_json::json;
 
-use super::crd::{SlotPhase, UpdateChannel};
+use super::crd::{SlotPhase, UpdateChannel, COND_INVALID};
 use super::decide::{decide, Action, IdleReason, NodeView, Policy};
 use super::drain;
 use super::kube_store::{
@@ -92,6 +92,8 @@ pub struct Agent {
     /// UID of this node, for Event references.
     node_uid: Mutex<Option<String>>,
     last_note: Mutex<Option<String>>,
+    /// The last ChannelConflict note published (reported again only when it changes).
+    last_conflict: Mutex<Option<String>>,
     /// How long this node's Lease had not been renewed when the agent started (`None`: no
     /// Lease). Taken by the first reconcile that finds a held slot: a claim held through a
     /// silence of half the reboot timeout may already be judged dead by other agents, so it is
@@ -131,6 +133,7 @@ impl Agent {
             claim_not_before: AtomicU64::new(0),
             node_uid: Mutex::new(None),
             last_note: Mutex::new(None),
+            last_conflict: Mutex::new(None),
             startup_silence: Mutex::new(None),
         }
     }
@@ -275,21 +278,122 @@ impl Agent {
         Ok(tokio::task::spawn_blocking(move || f(ops.as_ref())).await??)
     }
 
-    /// Pick the channel for this node: the one holding a slot for it, else the first (by
-    /// name) whose nodeSelector matches.
-    fn pick<'a>(
+    /// Write the `Invalid` condition of channel `name` (`Some(problem)`: True, `None`:
+    /// False) unless it already says so; a merge patch of the status carrying the
+    /// resourceVersion read, so concurrent agents write it once. Returns whether this agent
+    /// wrote it (and so reports it as an Event).
+    async fn set_invalid(
         &self,
-        channels: &'a [UpdateChannel],
-        labels: &BTreeMap<String, String>,
-    ) -> Option<&'a UpdateChannel> {
-        channels
+        name: &str,
+        resource_version: Option<&str>,
+        conditions: &serde_json::Value,
+        problem: Option<&str>,
+    ) -> bool {
+        let current: Vec<serde_json::Value> = conditions.as_array().cloned().unwrap_or_default();
+        let old = current.iter().find(|c| c["type"] == COND_INVALID);
+        let status = if problem.is_some() { "True" } else { "False" };
+        let message = problem.unwrap_or_default();
+        match old {
+            Some(c) if c["status"] == status && c["message"] == message => return false,
+            None if problem.is_none() => return false,
+            _ => {}
+        }
+        let mut next: Vec<serde_json::Value> = current
             .iter()
-            .find(|c| {
-                c.status
+            .filter(|c| c["type"] != COND_INVALID)
+            .cloned()
+            .collect();
+        next.push(json!({
+            "type": COND_INVALID,
+            "status": status,
+            "reason": if problem.is_some() { "InvalidSpec" } else { "ValidSpec" },
+            "message": message,
+            "lastTransitionTime": Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        }));
+        let patch = json!({
+            "metadata": {"resourceVersion": resource_version},
+            "status": {"conditions": next},
+        });
+        let api = super::channels::dynamic_api(self.client.clone(), &self.namespace);
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(
+                    "set condition Invalid of UpdateChannel {}/{name}: {}",
+                    self.namespace,
+                    super::errors::kube_message(&e)
+                );
+                false
+            }
+        }
+    }
+
+    /// Report channels that do not decode or do not validate on the channel itself
+    /// (condition `Invalid` + an Event, by the one agent whose write lands), and clear the
+    /// condition of channels that are valid again.
+    async fn report_channels(&self, listed: &super::channels::Listed) {
+        for bad in &listed.bad {
+            let problem = format!("UpdateChannel {}: {}", bad.name, bad.error);
+            if self
+                .set_invalid(
+                    &bad.name,
+                    bad.resource_version.as_deref(),
+                    &bad.conditions,
+                    Some(&problem),
+                )
+                .await
+            {
+                let regarding = ObjectReference {
+                    api_version: Some("k3os.io/v1".into()),
+                    kind: Some("UpdateChannel".into()),
+                    name: Some(bad.name.clone()),
+                    namespace: Some(self.namespace.clone()),
+                    ..Default::default()
+                };
+                tracing::warn!(reason = "InvalidChannel", "{problem}");
+                let n = super::events::Note {
+                    warning: true,
+                    reason: "InvalidChannel",
+                    note: &problem,
+                };
+                if let Err(e) = self.events.publish(&regarding, None, &n).await {
+                    tracing::warn!(
+                        "could not publish event InvalidChannel on UpdateChannel {}: {}",
+                        bad.name,
+                        super::errors::kube_message(&e)
+                    );
+                }
+            }
+        }
+        for ch in &listed.channels {
+            let name = ch.metadata.name.clone().unwrap_or_default();
+            let problem = Policy::from_spec(&ch.spec)
+                .err()
+                .map(|e| format!("UpdateChannel {name}: {e}"));
+            let conditions = serde_json::to_value(
+                ch.status
                     .as_ref()
-                    .is_some_and(|s| s.slot_of(&self.node).is_some())
-            })
-            .or_else(|| channels.iter().find(|c| c.selects(labels)))
+                    .map(|s| s.conditions.clone())
+                    .unwrap_or_default(),
+            )
+            .unwrap_or_default();
+            if self
+                .set_invalid(
+                    &name,
+                    ch.metadata.resource_version.as_deref(),
+                    &conditions,
+                    problem.as_deref(),
+                )
+                .await
+            {
+                if let Some(p) = problem {
+                    self.event(Some(ch), true, "InvalidChannel", p).await;
+                }
+            }
+        }
     }
 
     /// One decision and its execution.
@@ -299,18 +403,38 @@ impl Agent {
             .get(&self.node)
             .await
             .with_context(|| format!("read own Node {}", self.node))?;
-        let channels_api: Api<UpdateChannel> =
-            Api::namespaced(self.client.clone(), &self.namespace);
-        let mut channels = channels_api
-            .list(&ListParams::default())
+        let listed = super::channels::list(&self.client, &self.namespace)
             .await
-            .with_context(|| format!("list UpdateChannels in namespace {}", self.namespace))?
-            .items;
-        channels.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            .with_context(|| format!("list UpdateChannels in namespace {}", self.namespace))?;
+        self.report_channels(&listed).await;
         let labels = node.metadata.labels.clone().unwrap_or_default();
-        let Some(channel) = self.pick(&channels, &labels).cloned() else {
+        let Some(picked) = super::channels::pick(&self.node, &listed.channels, &labels) else {
             return Ok(Next::Wait);
         };
+        if !picked.losers.is_empty() {
+            let losers: Vec<String> = picked
+                .losers
+                .iter()
+                .map(|(n, why)| format!("{n} ({why})"))
+                .collect();
+            let note = format!(
+                "several UpdateChannels select this node; {} wins because {}; not used: {}",
+                picked.channel.metadata.name.as_deref().unwrap_or_default(),
+                picked.why,
+                losers.join(", ")
+            );
+            let fresh = {
+                let mut last = self.last_conflict.lock().expect("not poisoned");
+                let fresh = last.as_deref() != Some(note.as_str());
+                *last = Some(note.clone());
+                fresh
+            };
+            if fresh {
+                self.event(Some(picked.channel), true, "ChannelConflict", note)
+                    .await;
+            }
+        }
+        let channel = picked.channel.clone();
         let name = channel.metadata.name.clone().unwrap_or_default();
         let annotations = node.metadata.annotations.clone().unwrap_or_default();
         let update = self.blocking(|ops| ops.status()).await?;
@@ -989,10 +1113,9 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
     let mut observers: BTreeMap<String, LivenessObserver> = BTreeMap::new();
     loop {
         let mut shortest: Option<Duration> = None;
-        let api: Api<UpdateChannel> = Api::namespaced(agent.client.clone(), &agent.namespace);
-        match api.list(&ListParams::default()).await {
+        match super::channels::list(&agent.client, &agent.namespace).await {
             Ok(list) => {
-                for ch in list.items {
+                for ch in list.channels {
                     let name = ch.metadata.name.clone().unwrap_or_default();
                     let Ok(policy) = Policy::from_spec(&ch.spec) else {
                         continue;
@@ -1044,7 +1167,7 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
                     }
                 }
             }
-            Err(e) => tracing::warn!("list UpdateChannels: {e}"),
+            Err(e) => tracing::warn!("list UpdateChannels: {}", super::errors::kube_message(&e)),
         }
         tokio::time::sleep(reclaim_period(shortest)).await;
     }
@@ -1060,15 +1183,14 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
     type Seen = (Option<String>, Option<i64>);
     let mut looked: BTreeMap<String, (Seen, tokio::time::Instant)> = BTreeMap::new();
     loop {
-        let api: Api<UpdateChannel> = Api::namespaced(agent.client.clone(), &agent.namespace);
-        if let Ok(list) = api.list(&ListParams::default()).await {
+        if let Ok(list) = super::channels::list(&agent.client, &agent.namespace).await {
             let names: Vec<String> = list
-                .items
+                .channels
                 .iter()
                 .filter_map(|c| c.metadata.name.clone())
                 .collect();
             looked.retain(|n, _| names.contains(n));
-            for ch in list.items {
+            for ch in list.channels {
                 if ch.spec.pinned_version().is_some() {
                     continue;
                 }
@@ -1178,7 +1300,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 
     // Wake on any change of the channels or of this Node; resync periodically regardless.
     let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let channels: Api<UpdateChannel> = Api::namespaced(client.clone(), &args.namespace);
+    // Untyped, so one malformed channel does not stop the wake-ups (it is reported by the
+    // reconcile's list).
+    let channels = super::channels::dynamic_api(client.clone(), &args.namespace);
     let tx = wake_tx.clone();
     tokio::spawn(async move {
         let mut s = watcher(channels, watcher::Config::default()).boxed();

@@ -17,6 +17,7 @@
 //!
 //! Integration tests reach it as `k3os_ops::agent` (the library target).
 
+pub mod channels;
 pub mod client;
 pub mod controller;
 pub mod crd;
