@@ -1006,3 +1006,79 @@ async fn a_zero_reboot_timeout_is_invalid() {
     );
     assert!(!l.iter().any(|x| x.contains("slots=[n1")), "{l:#?}");
 }
+
+/// GET `path` from `addr` over a real loopback socket: (status, body).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out.split_once("\r\n\r\n").unwrap().1.to_string();
+    (status, body)
+}
+
+/// The sample of `name` whose labels include all of `labels`.
+fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.split(['{', ' ']).next() == Some(name) && labels.iter().all(|x| l.contains(x)))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// /metrics (Prometheus text), /healthz and /readyz over a loopback socket, after the happy
+/// path up to the reboot.
+#[tokio::test]
+async fn metrics_and_probes_over_a_real_socket() {
+    let (agent, _world, _node, _log) = setup(ConfirmResult::Healthy, false);
+    let addr = agent::metrics::spawn("127.0.0.1:0".parse().unwrap(), agent.metrics.clone())
+        .await
+        .unwrap();
+    assert_eq!(http_get(addr, "/healthz").await.0, 200);
+    assert_eq!(
+        http_get(addr, "/readyz").await.0,
+        503,
+        "ready before any reconcile"
+    );
+    settle(&agent).await;
+    assert_eq!(http_get(addr, "/readyz").await.0, 200);
+    let (status, text) = http_get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let node = "node=\"n1\"";
+    let get = |name: &str, labels: &[&str]| {
+        let mut all = labels.to_vec();
+        all.push(node);
+        sample(&text, name, &all).unwrap_or_else(|| panic!("{name} {labels:?} missing:\n{text}"))
+    };
+    assert_eq!(get("k3os_ops_update_phase", &["phase=\"Rebooting\""]), 1.0);
+    assert_eq!(get("k3os_ops_update_phase", &["phase=\"Claimed\""]), 0.0);
+    assert_eq!(
+        get(
+            "k3os_ops_version_info",
+            &["slot=\"booted\"", "version=\"v1\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        get(
+            "k3os_ops_version_info",
+            &["slot=\"staged\"", "version=\"v2\""]
+        ),
+        1.0
+    );
+    assert_eq!(get("k3os_ops_downloaded_bytes_total", &[]), 100.0);
+    assert_eq!(get("k3os_ops_drain_duration_seconds_count", &[]), 1.0);
+    assert!(get("k3os_ops_slot_held_seconds", &[]) >= 0.0);
+    for c in [
+        "k3os_ops_update_failures_total",
+        "k3os_ops_rollbacks_total",
+        "k3os_ops_reclaims_total",
+        "k3os_ops_reconcile_errors_total",
+    ] {
+        assert_eq!(get(c, &[]), 0.0, "{c}");
+    }
+    assert_eq!(http_get(addr, "/nope").await.0, 404);
+}

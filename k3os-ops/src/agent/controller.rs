@@ -30,6 +30,7 @@ use super::drain;
 use super::kube_store::{
     acquire_lease, node_lease_name, poller_lease_name, KubeChannelStore, LeaseOutcome,
 };
+use super::metrics::Outcome;
 use super::node::{ConfirmResult, NodeOps, StageProgress};
 use super::slots::{self, ClaimOutcome, FenceOutcome, LivenessObserver};
 use super::AgentArgs;
@@ -79,6 +80,8 @@ pub struct Agent {
     pub self_pod: Option<String>,
     pub ops: Arc<dyn NodeOps>,
     pub events: super::events::Publisher,
+    /// Prometheus metrics of this agent (served by [`super::metrics::serve`]).
+    pub metrics: Arc<super::metrics::Metrics>,
     /// Pause between drain rounds (PDB retries).
     pub drain_retry: Duration,
     /// Stage failures in a row, for back-off.
@@ -126,6 +129,7 @@ impl Agent {
             self_pod,
             ops,
             events,
+            metrics: Arc::new(super::metrics::Metrics::new(node)),
             drain_retry: Duration::from_secs(5),
             stage_failures: AtomicU64::new(0),
             stage_not_before: AtomicU64::new(0),
@@ -219,6 +223,7 @@ impl Agent {
     /// `ReconcileError` event: the error chain as `Display` text, never a debug dump.
     pub async fn report_error(&self, e: &anyhow::Error) {
         let text = super::errors::anyhow_message(e);
+        self.metrics.reconciled(false);
         tracing::error!("reconcile: {text}");
         self.event_once(None, true, "ReconcileError", text).await;
     }
@@ -245,6 +250,9 @@ impl Agent {
 
     /// Merge `annotations` into the Node's (a `None` value removes the key).
     pub async fn annotate(&self, annotations: &[(&str, Option<&str>)]) -> anyhow::Result<()> {
+        if let Some((_, Some(phase))) = annotations.iter().find(|(k, _)| *k == ANN_PHASE) {
+            self.metrics.set_phase(phase);
+        }
         let map: serde_json::Map<String, serde_json::Value> = annotations
             .iter()
             .map(|(k, v)| {
@@ -438,6 +446,23 @@ impl Agent {
         let name = channel.metadata.name.clone().unwrap_or_default();
         let annotations = node.metadata.annotations.clone().unwrap_or_default();
         let update = self.blocking(|ops| ops.status()).await?;
+        let staged = match &update.inactive {
+            super::decide::Inactive::Staged(v) | super::decide::Inactive::Activated(v) => {
+                Some(v.as_str())
+            }
+            _ => None,
+        };
+        self.metrics
+            .set_versions(update.booted_version.as_deref(), staged);
+        let held = channel
+            .status
+            .as_ref()
+            .and_then(|s| s.slot_of(&self.node))
+            .map_or(0.0, |s| {
+                (Utc::now() - s.claimed_at).num_milliseconds().max(0) as f64 / 1000.0
+            });
+        self.metrics.set_slot_held(held);
+        self.metrics.reconciled(true);
         let view = NodeView {
             name: self.node.clone(),
             labels,
@@ -639,6 +664,8 @@ impl Agent {
                 self.event(Some(ch), true, "RolledBack", reason.clone())
                     .await;
                 self.undo_cordon().await?;
+                self.metrics.count(Outcome::Failure);
+                self.metrics.count(Outcome::Rollback);
                 slots::record_failure(
                     &store,
                     &self.node,
@@ -707,7 +734,7 @@ impl Agent {
         .await;
         let (tx, mut rx) = tokio::sync::watch::channel(String::new());
         rx.mark_unchanged();
-        let progress = Arc::new(AnnotationProgress::new(tx));
+        let progress = Arc::new(AnnotationProgress::new(tx, self.metrics.clone()));
         let url = ch.spec.url.clone();
         let v = version.to_string();
         let p = progress.clone();
@@ -850,7 +877,8 @@ impl Agent {
                 "evicting pods through the Eviction API".into(),
             )
             .await;
-            match drain::drain(
+            let drain_started = tokio::time::Instant::now();
+            let drained = drain::drain(
                 &self.client,
                 &self.node,
                 &ch.spec.drain,
@@ -858,8 +886,10 @@ impl Agent {
                 policy.drain_timeout,
                 self.drain_retry,
             )
-            .await
-            {
+            .await;
+            self.metrics
+                .observe_drain(drain_started.elapsed().as_secs_f64());
+            match drained {
                 Ok(r) => {
                     self.event(
                         Some(ch),
@@ -1027,6 +1057,8 @@ impl Agent {
                 Ok(Next::Again)
             }
             ConfirmResult::RolledBack(reason) => {
+                self.metrics.count(Outcome::Failure);
+                self.metrics.count(Outcome::Rollback);
                 let t = held.then_some(token);
                 slots::record_failure(store, &self.node, t, version, &reason, true, Utc::now())
                     .await?;
@@ -1057,13 +1089,15 @@ fn forfeit(ch: &UpdateChannel, silence: Option<Duration>) -> bool {
 /// Stage progress turned into a short text, sent to the loop that writes the annotation.
 struct AnnotationProgress {
     tx: tokio::sync::watch::Sender<String>,
+    metrics: Arc<super::metrics::Metrics>,
     state: Mutex<(String, u64, u64)>,
 }
 
 impl AnnotationProgress {
-    fn new(tx: tokio::sync::watch::Sender<String>) -> Self {
+    fn new(tx: tokio::sync::watch::Sender<String>, metrics: Arc<super::metrics::Metrics>) -> Self {
         AnnotationProgress {
             tx,
+            metrics,
             state: Mutex::new((String::new(), 0, 0)),
         }
     }
@@ -1085,6 +1119,7 @@ impl StageProgress for AnnotationProgress {
         self.send();
     }
     fn advance(&self, bytes: u64) {
+        self.metrics.add_downloaded(bytes);
         self.state.lock().expect("not poisoned").1 += bytes;
         self.send();
     }
@@ -1137,6 +1172,7 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
                     {
                         Ok(done) => {
                             for r in done {
+                                agent.metrics.count(Outcome::Reclaim);
                                 let why = match r.reason {
                                     slots::DeadReason::NodeDeleted => {
                                         "its Node was deleted".to_string()
@@ -1259,6 +1295,17 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let node = args.node_name.clone().context(
         "the node name is required: --node-name or NODE_NAME (DaemonSet: fieldRef spec.nodeName)",
     )?;
+    // The start-up line (the image test waits for it). /proc/cmdline is read from the
+    // container's own /proc: the kernel command line is not namespaced.
+    let cmdline = std::fs::read_to_string("/proc/cmdline")
+        .map(|c| format!("{} bytes", c.trim_end().len()))
+        .unwrap_or_else(|e| format!("unreadable: {e}"));
+    tracing::info!(
+        "k3os-ops agent {} starting on node {node} (namespace {}, kernel command line {cmdline}, metrics on {})",
+        env!("CARGO_PKG_VERSION"),
+        args.namespace,
+        args.metrics_addr
+    );
     libupgrade::http::install_crypto_provider();
     let client = super::client::infer()
         .await
@@ -1287,6 +1334,15 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         });
     agent.set_startup_silence(silence);
 
+    let bound = super::metrics::spawn(args.metrics_addr, agent.metrics.clone())
+        .await
+        .with_context(|| {
+            format!(
+                "listen on {} for /metrics, /healthz, /readyz",
+                args.metrics_addr
+            )
+        })?;
+    tracing::info!("serving /metrics, /healthz and /readyz on {bound}");
     tokio::spawn(renew_node_lease(
         client.clone(),
         args.namespace.clone(),

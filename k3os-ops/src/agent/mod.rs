@@ -27,6 +27,7 @@ pub mod duration;
 pub mod errors;
 pub mod events;
 pub mod kube_store;
+pub mod metrics;
 pub mod node;
 pub mod slots;
 pub mod window;
@@ -58,6 +59,9 @@ pub struct AgentArgs {
     /// Seconds between polls of the channel's newest release (poller Lease holder only).
     #[arg(long, default_value_t = 900)]
     pub poll_secs: u64,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` listener.
+    #[arg(long, env = "K3OS_OPS_METRICS_ADDR", default_value = "0.0.0.0:9479")]
+    pub metrics_addr: std::net::SocketAddr,
 }
 
 #[derive(Debug, Subcommand)]
