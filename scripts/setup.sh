@@ -8,7 +8,7 @@ export DEBIAN_FRONTEND=noninteractive
 PKGS="qemu-system-x86 qemu-system-arm qemu-utils squashfs-tools squashfs-tools-ng grub-pc-bin grub-efi-amd64-bin
 grub-common grub2-common syslinux extlinux syslinux-common isolinux ovmf qemu-efi-aarch64 gdisk dosfstools mtools
 busybox-static gcc-aarch64-linux-gnu libc6-dev-arm64-cross fdisk e2fsprogs cpio kmod libclang-dev clang pkg-config
-musl-tools qemu-user-static binfmt-support diffutils"
+musl-tools qemu-user-static binfmt-support diffutils runc skopeo"
 
 missing=""
 for p in $PKGS; do

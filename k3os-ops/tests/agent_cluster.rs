@@ -167,3 +167,91 @@ async fn cluster_slot_of_a_missing_node_is_reclaimed() {
     assert_eq!(done.len(), 1);
     assert!(st.slots.is_empty());
 }
+
+/// The CRD's schema makes the server refuse what the agent would refuse (issue 11 bugs 3 and
+/// 10: bounds, duration patterns and the CEL rules, which only a real server evaluates), and
+/// accepts a full valid spec.
+#[tokio::test]
+#[ignore = "needs a real cluster: KUBECONFIG"]
+async fn cluster_schema_refuses_invalid_specs() {
+    use kube::api::{ApiResource, DynamicObject};
+    let client = client().await;
+    let ns = setup(&client, 1).await;
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &ApiResource::erase::<UpdateChannel>(&()),
+    );
+    let channel = |name: &str, spec: serde_json::Value| -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
+            "metadata": {"name": name}, "spec": spec,
+        }))
+        .unwrap()
+    };
+    let base = serde_json::json!({"url": "https://releases.example/"});
+    let with = |k: &str, v: serde_json::Value| {
+        let mut s = base.clone();
+        s[k] = v;
+        s
+    };
+    let window = |w: serde_json::Value| with("window", w);
+    let bad = [
+        (
+            "huge",
+            with("concurrency", serde_json::json!(5_000_000_000u64)),
+        ),
+        (
+            "zero-concurrency",
+            with("concurrency", serde_json::json!(0)),
+        ),
+        (
+            "zero-reboot",
+            with("rebootTimeout", serde_json::json!("0s")),
+        ),
+        (
+            "bad-reboot",
+            with("rebootTimeout", serde_json::json!("soon")),
+        ),
+        (
+            "zero-drain",
+            with("drain", serde_json::json!({"timeout": "0m"})),
+        ),
+        (
+            "start-25",
+            window(serde_json::json!({"start": "25:00", "length": "2h"})),
+        ),
+        (
+            "zero-length",
+            window(serde_json::json!({"start": "01:00", "length": "0h"})),
+        ),
+        (
+            "bad-zone",
+            window(
+                serde_json::json!({"start": "01:00", "length": "2h", "timeZone": "Not a zone!"}),
+            ),
+        ),
+        (
+            "bad-day",
+            window(serde_json::json!({"start": "01:00", "length": "2h", "days": ["funday"]})),
+        ),
+    ];
+    let mut accepted = Vec::new();
+    for (name, spec) in bad {
+        match api
+            .create(&PostParams::default(), &channel(name, spec))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 422 => {}
+            other => accepted.push(format!("{name}: {other:?}")),
+        }
+    }
+    let good = window(serde_json::json!({"start": "23:30", "length": "1h30m",
+        "timeZone": "Europe/Berlin", "days": ["Sat", "sunday"]}));
+    let ok = api
+        .create(&PostParams::default(), &channel("good", good))
+        .await;
+    teardown(&client, &ns).await;
+    assert!(accepted.is_empty(), "the server accepted: {accepted:#?}");
+    ok.expect("a valid channel is accepted");
+}
