@@ -18,9 +18,9 @@ images-build arch:
     #!/bin/sh
     set -eu
     images/scripts/fetch-debs.sh {{arch}} >/dev/null
-    cargo build --release -p k3os-ops --features fault-injection --target x86_64-unknown-linux-musl
+    cargo build --release -p k3os-ops --target x86_64-unknown-linux-musl
     if [ "{{arch}}" != x86_64 ]; then
-        cargo build --release -p k3os-ops --features fault-injection --target {{arch}}-unknown-linux-musl
+        cargo build --release -p k3os-ops --target {{arch}}-unknown-linux-musl
     fi
     cargo build -p k3os-images
     target/debug/k3os-images build --arch {{arch}} \
@@ -39,7 +39,7 @@ setup:
 # tools), then the default QEMU scenarios. This is what CI runs.
 test: setup lint images
     cargo test --workspace --exclude vm-tests
-    cargo test -p vm-tests -- --nocapture --test-threads 1
+    cargo test -p vm-tests -- --nocapture --test-threads 2
 
 # The main job: build the x86_64 images, boot a VM, show `slot status`, upgrade v1 -> v2 over
 # HTTP, reboot into slot B and show `slot status` again.
@@ -88,4 +88,4 @@ vm-test scenario="upgrade" target="x86_64-grub-bios" *flags="":
 # The full matrix: every scenario on every target (the ignored tests included).
 # VM_TESTS_ALL_BARRIERS=1 also cuts the power at every barrier instead of a sample.
 vm-test-all:
-    cargo test -p vm-tests -- --include-ignored --nocapture --test-threads 1
+    cargo test -p vm-tests -- --include-ignored --nocapture --test-threads 2

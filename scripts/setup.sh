@@ -4,26 +4,28 @@
 # Idempotent; safe to run again.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
+# Wait for another apt/dpkg (unattended-upgrades, a second setup run) instead of failing with exit 100.
+APT_WAIT=(-o DPkg::Lock::Timeout=600)
 
 PKGS="qemu-system-x86 qemu-system-arm qemu-utils squashfs-tools squashfs-tools-ng grub-pc-bin grub-efi-amd64-bin
 grub-common grub2-common syslinux extlinux syslinux-common isolinux ovmf qemu-efi-aarch64 gdisk dosfstools mtools
-busybox-static gcc-aarch64-linux-gnu libc6-dev-arm64-cross fdisk e2fsprogs cpio kmod libclang-dev clang pkg-config
-musl-tools qemu-user-static binfmt-support diffutils runc skopeo"
+busybox-static gcc-aarch64-linux-gnu libc6-dev-arm64-cross fdisk e2fsprogs cpio kmod libclang-dev clang pkgconf
+musl-tools qemu-user-static binfmt-support diffutils grub-emu openssl curl bc runc skopeo"
 
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
 if [ -n "$missing" ]; then
-    apt-get update -qq
+    apt-get "${APT_WAIT[@]}" update -qq
     # One call per package: a single bulk call was seen to fail in the resolver on these
     # machines while every package installs fine on its own.
     for p in $missing; do
-        apt-get install -y -qq --no-install-recommends "$p" >/dev/null
+        apt-get "${APT_WAIT[@]}" install -y -qq --no-install-recommends "$p" >/dev/null
     done
 fi
 # The arm64 kernel, busybox and GRUB come from Debian's arm64 archive (multiarch).
-dpkg --print-foreign-architectures | grep -qx arm64 || { dpkg --add-architecture arm64; apt-get update -qq; }
+dpkg --print-foreign-architectures | grep -qx arm64 || { dpkg --add-architecture arm64; apt-get "${APT_WAIT[@]}" update -qq; }
 
 rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl >/dev/null
 command -v just >/dev/null || [ -x "$HOME/.cargo/bin/just" ] || cargo install just --locked

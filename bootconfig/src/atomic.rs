@@ -53,7 +53,15 @@ fn parent_dir(path: &Path) -> PathBuf {
 }
 
 /// Replace `path` with `bytes` atomically: temp file in the same directory, write, fsync,
-/// rename over `path`, fsync the directory. The file gets mode 0644.
+/// rename over `path`, fsync the directory, then `syncfs` the filesystem. The file gets mode
+/// 0644.
+///
+/// Why `syncfs`: fsync of the directory makes the rename durable *in the ext4 journal*, but
+/// GRUB and syslinux read the filesystem without replaying the journal. After a power cut
+/// right after the rename they still found the old directory entry (vm-tests powercut on
+/// extlinux, cut at `confirm:state-good`: the node booted the old slot while Linux, which
+/// replays the journal, saw the new `extlinux.conf`). `syncfs` writes the committed metadata
+/// to its home location, so what the loader reads is what was renamed.
 pub fn write_atomic(path: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
     let path = path.as_ref();
     let tmp = temp_path(path)?;
@@ -73,7 +81,25 @@ pub fn write_atomic(path: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
         path: path.to_path_buf(),
         source,
     })?;
-    fsync_dir(parent_dir(path))
+    let dir = parent_dir(path);
+    fsync_dir(&dir)?;
+    syncfs(&dir)
+}
+
+/// Flush the whole filesystem holding `dir`, journal checkpoint included (see [`write_atomic`]).
+pub fn syncfs(dir: impl AsRef<Path>) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let dir = dir.as_ref();
+    let f = File::open(dir).map_err(io("open directory", dir))?;
+    // SAFETY: syncfs only reads the file descriptor, which `f` keeps open for the call.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+        return Err(Error::Io {
+            op: "syncfs the filesystem of",
+            path: dir.to_path_buf(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
 }
 
 /// fsync a directory, making renames and creations in it durable.

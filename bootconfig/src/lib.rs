@@ -4,8 +4,9 @@
 //! Two backends implement [`Bootloader`]:
 //! - [`grub`]: stock Debian GRUB, no patched modules. The complete `grub.cfg`
 //!   ([`grub::render_cfg`]) and two copies of a 1024-byte environment block ([`grubenv`]), each
-//!   guarded by an `editing` lock block, so a torn copy is never used; N tries counted down by the
-//!   script itself with an if-chain and `save_env`.
+//!   guarded by an `editing` lock block and carrying its values twice, so a torn or damaged copy
+//!   is never used (damaged as a whole); a last-good record for when both copies are damaged;
+//!   N tries counted down by the script itself with an if-chain and `save_env`.
 //! - [`syslinux`]: extlinux/syslinux. One try only: the trial slot is booted through the ADV
 //!   "boot once" record (byte-identical to what `extlinux --once` writes); `DEFAULT` in
 //!   `extlinux.conf` is rewritten (atomically) when the slot is confirmed. A panicking kernel
@@ -25,7 +26,10 @@
 //! the real GRUB script engine in `grub-emu` on ext4 images, including torn env files),
 //! `extlinux_real` (ADV bytes vs `extlinux --once/--clear-once` on a loop-mounted ext4),
 //! `power_cut` (a cut at every byte class and every changed byte of every write, from every
-//! state), `grub_qemu` / `syslinux_qemu` (real BIOS boots in QEMU), `props` (property tests).
+//! state), `integrity` (damage to any bytes of one env copy, lock or the last-good record, both
+//! copies damaged, GRUB's countdown torn with the other copy damaged), `memory_vs_grub` (the
+//! in-memory loader follows the GRUB backend's rules), `grub_qemu` / `syslinux_qemu` (real BIOS
+//! boots in QEMU), `props` (property tests).
 
 pub mod atomic;
 pub mod grub;
@@ -98,6 +102,28 @@ impl BootEnv {
     }
 }
 
+/// How intact the loader's own records are (env copies, ADV copies, last-good record), for
+/// `slot status`: which record the loader will take its state from at the next boot, and
+/// every record that is damaged or mid-write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Integrity {
+    /// The record the loader uses, naming its file (e.g. `copy 2 (/boot/grub/k3os/env2)`).
+    pub in_use: String,
+    /// Damaged, missing or mid-write records; empty when everything is intact. The next write
+    /// of any kind rewrites all of them.
+    pub damaged: Vec<Damage>,
+}
+
+/// One damaged record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Damage {
+    /// Which record, e.g. `copy 1`, `copy 1 lock`, `last-good record`, `ADV copy 0`.
+    pub record: String,
+    pub path: std::path::PathBuf,
+    /// What is wrong with it.
+    pub what: String,
+}
+
 /// One slot's boot files and kernel command line, as the loader sees them (paths relative to
 /// the boot partition's root, e.g. `/a/vmlinuz`). The backends append `k3os.slot=A|B` and
 /// `panic=<secs>` to `cmdline` themselves.
@@ -152,6 +178,8 @@ pub trait Bootloader: Send + Sync {
     fn try_slot(&self, slot: Slot, tries: u8) -> Result<()>;
     /// Make `slot` the confirmed primary; the other slot keeps its state as the fallback.
     fn mark_good(&self, slot: Slot) -> Result<()>;
+    /// Which of the loader's records are damaged and which one it will use.
+    fn integrity(&self) -> Result<Integrity>;
 }
 
 #[cfg(test)]

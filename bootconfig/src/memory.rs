@@ -1,11 +1,13 @@
-//! An in-memory [`Bootloader`] with the same choice and countdown rules as the real loaders'
-//! scripts ([`BootEnv::next_boot`], one try consumed per power-on). For tests of code that
-//! drives a bootloader — the update state machine, the agent — without boot files; the real
-//! backends are proven against GRUB, extlinux and QEMU in this crate's own tests.
+//! An in-memory [`Bootloader`] with the same rules as the GRUB backend: choice by
+//! [`BootEnv::next_boot`], one try consumed per power-on, `mark_bad` leaves the primary where
+//! it is, `try_slot` clamps tries into `1..=max_tries`. For tests of code that drives a
+//! bootloader without boot files (the agent); `libupgrade`'s own tests run against the real
+//! GRUB and syslinux backends on temp dirs, and `tests/memory_vs_grub.rs` holds this model to
+//! the GRUB backend transaction by transaction.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::{BootEnv, Bootloader, Result, Slot, SlotBoot};
+use crate::{BootEnv, Bootloader, Integrity, Result, Slot, SlotBoot};
 
 /// Shared boot environment in memory; clones see the same state.
 #[derive(Debug, Clone)]
@@ -59,11 +61,7 @@ impl Bootloader for MemoryBootloader {
         Ok(self.env().clone())
     }
     fn mark_bad(&self, slot: Slot) -> Result<()> {
-        let mut env = self.env();
-        env.set(slot, SlotBoot::Bad);
-        if env.primary == slot {
-            env.primary = slot.other();
-        }
+        self.env().set(slot, SlotBoot::Bad);
         Ok(())
     }
     fn try_slot(&self, slot: Slot, tries: u8) -> Result<()> {
@@ -71,7 +69,7 @@ impl Bootloader for MemoryBootloader {
         env.set(
             slot,
             SlotBoot::Trying {
-                tries_left: tries.min(self.max_tries),
+                tries_left: tries.clamp(1, self.max_tries.max(1)),
             },
         );
         env.primary = slot;
@@ -82,6 +80,12 @@ impl Bootloader for MemoryBootloader {
         env.set(slot, SlotBoot::Good);
         env.primary = slot;
         Ok(())
+    }
+    fn integrity(&self) -> Result<Integrity> {
+        Ok(Integrity {
+            in_use: "memory".into(),
+            damaged: Vec::new(),
+        })
     }
 }
 
@@ -105,6 +109,13 @@ mod tests {
         l.mark_good(Slot::B).unwrap();
         assert_eq!(l.power_on(), Slot::B);
         l.mark_bad(Slot::B).unwrap();
-        assert_eq!(l.read().unwrap().primary, Slot::A);
+        assert_eq!(
+            l.read().unwrap().primary,
+            Slot::B,
+            "like GRUB: the primary stays"
+        );
+        assert_eq!(l.power_on(), Slot::A, "a bad primary is skipped");
+        l.try_slot(Slot::B, 0).unwrap();
+        assert_eq!(l.read().unwrap().b, SlotBoot::Trying { tries_left: 1 });
     }
 }

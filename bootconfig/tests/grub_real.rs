@@ -109,7 +109,7 @@ struct Emu {
     files: Vec<(String, Option<Vec<u8>>)>,
 }
 
-const FILES: [&str; 4] = ["lock1", "env1", "lock2", "env2"];
+const FILES: [&str; 5] = ["lock1", "env1", "lock2", "env2", "good"];
 
 /// Boot grub-emu on an ext4 image whose /grub holds the k3os/ files of `grub_dir`.
 fn emu_boot(grub_dir: &Path, max: u8) -> Emu {
@@ -228,7 +228,7 @@ fn read_files(grub_dir: &Path) -> Vec<(String, Option<Vec<u8>>)> {
 fn check_against_model(grub_dir: &Path, max: u8) -> Slot {
     let sim = simulate_boot(grub_dir, max).unwrap();
     let emu = emu_boot(grub_dir, max);
-    let copy = sim.copy.map_or("none".to_string(), |c| c.to_string());
+    let copy = sim.source.to_string();
     let word = |s: SlotBoot| match s {
         SlotBoot::Good => ("good", 0),
         SlotBoot::Trying { tries_left } => ("try", tries_left),
@@ -358,11 +358,85 @@ fn grub_emu_handles_missing_and_garbage_env_files() {
     )
     .unwrap();
     assert_eq!(check_against_model(d.path(), max), Slot::B);
-    // Everything gone: defaults (primary A, both bad) still boot something.
+    // Both copies gone: the last-good record (B, confirmed by install) boots.
     for f in ["env1", "env2", "lock1", "lock2"] {
         std::fs::remove_file(k.join(f)).unwrap();
     }
+    assert_eq!(check_against_model(d.path(), max), Slot::B);
+    // Everything gone: defaults (primary A, both bad) still boot something.
+    std::fs::remove_file(k.join("good")).unwrap();
     assert_eq!(check_against_model(d.path(), max), Slot::A);
+}
+
+fn damage(path: &Path, from: &[u8], to: &[u8]) {
+    let mut b = std::fs::read(path).unwrap();
+    let i = b
+        .windows(from.len())
+        .position(|w| w == from)
+        .unwrap_or_else(|| panic!("{} holds no {:?}", path.display(), from));
+    b[i..i + to.len()].copy_from_slice(to);
+    std::fs::write(path, b).unwrap();
+}
+
+/// Issue 9's bug under the real GRUB: `K3OS_A=good` → `K3OS_A=gXod` in env1 (still loadable).
+/// GRUB takes copy 2 and boots the trial slot, counting down in copy 2 only; with copy 2
+/// damaged as well it boots the slot last confirmed good.
+#[test]
+fn grub_emu_a_damaged_copy_is_not_used_and_both_damaged_boot_the_last_good_slot() {
+    let max = 3;
+    let d = tempfile::tempdir().unwrap();
+    let g = GrubBootloader::new(d.path(), max);
+    g.install(&BootEnv {
+        primary: Slot::A,
+        a: SlotBoot::Good,
+        b: SlotBoot::Bad,
+    })
+    .unwrap();
+    g.try_slot(Slot::B, 3).unwrap();
+    let k = d.path().join("k3os");
+    damage(&k.join("env1"), b"K3OS_A=good", b"K3OS_A=gXod");
+    let emu = emu_boot(d.path(), max);
+    assert_eq!((emu.booted, emu.copy.as_str()), (Slot::B, "2"));
+    assert_eq!(emu.seen, "B good 0 try 3");
+    assert_eq!(check_against_model(d.path(), max), Slot::B);
+    damage(&k.join("env2"), b"K3OS_B_TRIES=3", b"K3OS_B_TRIES=7");
+    let emu = emu_boot(d.path(), max);
+    assert_eq!((emu.booted, emu.copy.as_str()), (Slot::A, "good"));
+    assert_eq!(emu.seen, "A good 0 bad 0");
+    assert_eq!(check_against_model(d.path(), max), Slot::A);
+    // The next Rust write restores both copies from the state GRUB used.
+    g.mark_bad(Slot::B).unwrap();
+    assert!(g.integrity().unwrap().damaged.is_empty());
+    let emu = emu_boot(d.path(), max);
+    assert_eq!((emu.booted, emu.copy.as_str()), (Slot::A, "1"));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+    /// Random damage to random bytes of one env copy or lock (aimed at the names and values),
+    /// from a random state: the real GRUB agrees with the model byte for byte and boots what
+    /// it booted before the damage (the other copy holds the same state).
+    #[test]
+    fn grub_emu_damage_to_one_copy_boots_as_before(
+        env_index in 0usize..all_envs(2).len(),
+        file in proptest::sample::select(vec!["env1", "env2", "lock1", "lock2"]),
+        hits in proptest::collection::vec((0usize..160, proptest::prelude::any::<u8>()), 1..4),
+    ) {
+        let max = 2;
+        let env = all_envs(max)[env_index].clone();
+        let d = tempfile::tempdir().unwrap();
+        let g = GrubBootloader::new(d.path(), max);
+        g.install(&env).unwrap();
+        let path = d.path().join("k3os").join(file);
+        let mut b = std::fs::read(&path).unwrap();
+        for (i, x) in hits {
+            b[i] = x;
+        }
+        std::fs::write(&path, b).unwrap();
+        let booted = check_against_model(d.path(), max);
+        proptest::prop_assert_eq!(booted, env.next_boot(), "{:?}", env);
+    }
 }
 
 /// A power cut at every byte class of every write of each Rust transaction, judged by the
@@ -453,4 +527,39 @@ fn grub_emu_power_cut_during_grub_countdown() {
         }
     }
     assert!(runs > 6 * 8);
+}
+
+/// Two faults under the real GRUB: copy 2 damaged, then GRUB's own countdown into copy 1 torn
+/// at every byte class. GRUB agrees with the model and boots the trial slot (copy 1 intact,
+/// before or after the countdown) or the last confirmed slot — never a slot marked bad.
+#[test]
+fn grub_emu_countdown_cut_with_the_other_copy_damaged() {
+    let max = 3;
+    let base = tempfile::tempdir().unwrap();
+    let g = GrubBootloader::new(base.path(), max);
+    g.install(&BootEnv {
+        primary: Slot::A,
+        a: SlotBoot::Good,
+        b: SlotBoot::Bad,
+    })
+    .unwrap();
+    g.try_slot(Slot::B, 2).unwrap();
+    damage(
+        &base.path().join("k3os/env2"),
+        b"K3OS_B_TRIES=2",
+        b"K3OS_B_TRIES=9",
+    );
+    let sim = simulate_boot(base.path(), max).unwrap();
+    assert_eq!(sim.choice, Slot::B);
+    assert_eq!(sim.countdown.len(), 3, "copy 1 only: lock, env, lock");
+    let mut runs = 0;
+    for i in 0..sim.countdown.len() {
+        for cut in common::CUTS {
+            let st = after_cut(base.path(), &sim.countdown, i, cut);
+            let booted = check_against_model(st.path(), max);
+            assert!(booted == Slot::B || booted == Slot::A, "op {i} cut {cut}");
+            runs += 1;
+        }
+    }
+    assert_eq!(runs, 24);
 }

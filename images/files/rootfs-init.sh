@@ -81,6 +81,21 @@ ln -sf "$K3OS_OPS_CONFIG" /run/k3os-ops/config.toml
 
 echo "K3OS-BOOTED slot=$slot version=$version"
 
+# Power-cut tests (vm-tests powercut, confirm phase): a one-shot request on the state partition
+# makes this boot's confirm announce its write barriers ("announce") or stop dead at barrier k
+# ("stop k") so the harness can cut the power there. The request is removed, and the removal
+# synced, before confirm runs: the boot after the cut confirms normally.
+barrier_req=/var/lib/k3os-ops/barrier-request
+if [ -f "$barrier_req" ]; then
+    read -r what k <"$barrier_req" || true
+    rm -f "$barrier_req"
+    sync
+    case "$what" in
+    announce) export K3OS_OPS_BARRIERS=1 ;;
+    stop) export K3OS_OPS_BARRIER_STOP="$k" ;;
+    esac
+fi
+
 mode=$(cat /etc/k3os-ops/mode 2>/dev/null)
 if [ "$mode" = noconfirm ]; then
     echo "K3OS-NOCONFIRM"
@@ -91,6 +106,7 @@ else
     echo "K3OS-ROLLBACK"
     shutdown reboot
 fi
+unset K3OS_OPS_BARRIERS K3OS_OPS_BARRIER_STOP
 
 ip link set lo up
 if ip link show eth0 >/dev/null 2>&1; then

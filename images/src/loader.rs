@@ -33,13 +33,15 @@ pub const PANIC_SECS: u32 = 5;
 pub const GPTMBR: &str = "/usr/lib/syslinux/mbr/gptmbr.bin";
 
 /// Kernel and initrd paths of `slot` as the loader sees them, and its command line (the
-/// loader configuration appends `k3os.slot=` and `panic=`).
+/// loader configuration appends `k3os.slot=` and `panic=`). `quiet`: under TCG every console
+/// byte is an emulated UART write, and the ~550 lines of a normal boot log cost boot time in
+/// every scenario; panics (KERN_EMERG) and the init's K3OS-* markers still reach the console.
 pub fn entry(target: Target, slot: Slot) -> BootEntry {
     BootEntry {
         kernel: format!("/{}/{KERNEL_FILE}", slot.lower()),
         initrd: format!("/{}/{INITRD_FILE}", slot.lower()),
         cmdline: format!(
-            "root=PARTLABEL={} ro console={}",
+            "root=PARTLABEL={} ro console={} quiet",
             rootfs_part_name(slot),
             target.console()
         ),

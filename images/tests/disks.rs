@@ -48,7 +48,7 @@ fn k3os_ops() -> PathBuf {
     let p = repo().join("target/x86_64-unknown-linux-musl/release/k3os-ops");
     assert!(
         p.is_file(),
-        "{} is missing: build it first with `cargo build --release -p k3os-ops --features fault-injection --target x86_64-unknown-linux-musl` (or `just images-x86_64`)",
+        "{} is missing: build it first with `cargo build --release -p k3os-ops --target x86_64-unknown-linux-musl` (or `just images-x86_64`)",
         p.display()
     );
     p

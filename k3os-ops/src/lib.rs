@@ -4,9 +4,12 @@
 //! - [`agent`]: the Kubernetes UpdateChannel controller (`k3os-ops agent`);
 //! - [`upgrade`]: one-shot stage/activate/reboot (`k3os-ops upgrade`);
 //! - [`slot`]: manual A/B slot steering (`k3os-ops slot …`);
-//! - [`release`]: create, sign, index, verify and serve releases (`k3os-ops release …`).
+//! - [`release`]: create, sign, index, verify and serve releases (`k3os-ops release …`);
+//! - [`progress`]: how `upgrade` shows a download; [`report`]: how a failed command prints.
 
 pub mod agent;
+pub mod progress;
 pub mod release;
+pub mod report;
 pub mod slot;
 pub mod upgrade;

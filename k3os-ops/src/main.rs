@@ -5,7 +5,7 @@
 //! Each subcommand lives in its own module of the `k3os_ops` library; this file only parses
 //! arguments and dispatches.
 
-use k3os_ops::{agent, release, slot, upgrade};
+use k3os_ops::{agent, release, report, slot, upgrade};
 
 use clap::{Parser, Subcommand};
 
@@ -32,12 +32,19 @@ enum Cmd {
     Slot(slot::SlotArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    match cli.cmd {
+    let result = match cli.cmd {
         Cmd::Release(args) => release::run(args),
         Cmd::Agent(args) => agent::run(args),
         Cmd::Upgrade(args) => upgrade::run(args),
         Cmd::Slot(args) => slot::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", report::render(&e));
+            std::process::ExitCode::FAILURE
+        }
     }
 }

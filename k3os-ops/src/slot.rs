@@ -99,7 +99,7 @@ pub fn run(args: SlotArgs) -> anyhow::Result<()> {
                 }
                 Err(_) => {}
             }
-            r.context("confirm")?;
+            r.context("slot confirm")?;
         }
         SlotCmd::Rollback {
             reason,
@@ -129,6 +129,15 @@ fn ago(at: u64) -> String {
         0..=119 => format!("{d}s ago"),
         120..=7199 => format!("{}m ago", d / 60),
         _ => format!("{}h ago", d / 3600),
+    }
+}
+
+/// An event's name as `--json` spells it (`marked-bad`, `health-failed`): one vocabulary for
+/// people and scripts, taken from the state file's own serde names.
+pub fn event_name(e: libupgrade::state::Event) -> String {
+    match serde_json::to_value(e) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => format!("{e:?}"),
     }
 }
 
@@ -172,8 +181,8 @@ pub fn render_status(st: &Status) -> String {
         ));
         if let Some(d) = &s.last_decision {
             out.push_str(&format!(
-                "      last:       {:?} {}: {}\n",
-                d.event,
+                "      last:       {} {}: {}\n",
+                event_name(d.event),
                 ago(d.at),
                 d.why
             ));
@@ -191,4 +200,17 @@ pub fn reboot() -> anyhow::Result<()> {
     }
     nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT).context("reboot(2)")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libupgrade::state::Event;
+
+    #[test]
+    fn events_read_the_same_in_both_views() {
+        assert_eq!(event_name(Event::MarkedBad), "marked-bad");
+        assert_eq!(event_name(Event::HealthFailed), "health-failed");
+        assert_eq!(event_name(Event::FallbackTaken), "fallback-taken");
+    }
 }

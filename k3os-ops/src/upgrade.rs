@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
-use libupgrade::{Arch, Config, Progress, Source, StageOptions, Updater};
+use libupgrade::{Arch, Config, Source, StageOptions, Updater};
+
+use crate::progress::{reporter, ProgressMode};
 
 /// Where the node configuration comes from (shared by `upgrade` and `slot`).
 #[derive(Args, Debug, Clone)]
@@ -53,47 +54,13 @@ pub struct UpgradeArgs {
     /// Use this trust directory instead of the configured one.
     #[arg(long)]
     pub trust_dir: Option<PathBuf>,
-    /// No progress bar (logs only).
+    /// No progress output (the same as `--progress none`).
     #[arg(long)]
     pub quiet: bool,
-}
-
-/// A progress bar per artifact, on stderr.
-struct Bar {
-    bar: ProgressBar,
-}
-
-impl Bar {
-    fn new(hidden: bool) -> Bar {
-        let bar = if hidden {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::new(0)
-        };
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{msg:28} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
-        );
-        Bar { bar }
-    }
-}
-
-impl Progress for Bar {
-    fn begin(&self, what: &str, total: u64, already: u64) {
-        self.bar.reset();
-        self.bar.set_length(total);
-        self.bar.set_position(already);
-        self.bar.set_message(what.to_string());
-    }
-    fn advance(&self, bytes: u64) {
-        self.bar.inc(bytes);
-    }
-    fn end(&self) {
-        self.bar.finish();
-    }
+    /// How to show the download: a bar on a terminal, lines elsewhere (`auto`), or `bar`,
+    /// `lines`, `none`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub progress: ProgressMode,
 }
 
 pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
@@ -116,8 +83,12 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
         trust_dir: args.trust_dir.clone(),
         retry_delay: Duration::from_secs(1),
     };
-    let bar = Bar::new(args.quiet);
-    let r = u.stage(&source, &opts, &bar)?;
+    let progress = reporter(if args.quiet {
+        ProgressMode::None
+    } else {
+        args.progress
+    });
+    let r = u.stage(&source, &opts, progress.as_ref())?;
     if r.already_staged {
         println!(
             "slot {} already holds {} (generation {})",

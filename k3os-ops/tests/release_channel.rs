@@ -64,7 +64,7 @@ fn cli_channel_create_index_resolve_over_http() {
     // Outside a channel the generation is required, and nothing is written.
     let (ok, _, err) = create(&p("loose"), "v1", "x86_64", None);
     assert!(!ok);
-    assert!(err.contains("pass a generation"), "{err}");
+    assert!(err.contains("pass --generation N"), "{err}");
     assert!(!t.path().join("loose").exists());
 
     let chan = p("chan");

@@ -5,10 +5,8 @@
 //! the rootfs is caught while staging and the slot can never be activated.
 //!
 //! Needs root, loop devices and mksquashfs (as CI has); without them the test fails saying so.
-//! The disk fixture is libupgrade's own (`libupgrade/tests/common`), shared rather than copied.
+//! The disk fixture is the workspace's shared one (`testkit`).
 
-#[path = "../../libupgrade/tests/common/mod.rs"]
-mod common;
 mod release_support;
 
 use std::collections::BTreeMap;
@@ -19,11 +17,11 @@ use std::time::Duration;
 
 use bootconfig::grub::GrubBootloader;
 use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
-use common::{TestDisk, MIB};
 use libupgrade::layout::GptLayout;
 use libupgrade::manifest::{Arch, MANIFEST_FILE, SIGNATURE_FILE};
 use libupgrade::{channel, Error, NoProgress, SlotState, Source, StageOptions, Updater};
 use release_support::{bin, Server};
+use testkit::{TestDisk, MIB};
 
 fn k3os_ops(args: &[&str]) -> String {
     let out = Command::new(bin())
@@ -51,19 +49,19 @@ fn inputs(work: &Path, version: &str, generation: u64) -> [String; 3] {
     .unwrap();
     fs::write(
         tree.join("payload"),
-        common::pseudo_random(2 * MIB as usize, generation),
+        testkit::pseudo_random(2 * MIB as usize, generation),
     )
     .unwrap();
     let sq = work.join(format!("{version}.squashfs"));
-    common::run(Command::new("mksquashfs").arg(&tree).arg(&sq).args([
+    testkit::run(Command::new("mksquashfs").arg(&tree).arg(&sq).args([
         "-noappend",
         "-quiet",
         "-all-root",
     ]));
     let k = work.join(format!("{version}.vmlinuz"));
-    fs::write(&k, common::pseudo_random(300_000, generation + 10)).unwrap();
+    fs::write(&k, testkit::pseudo_random(300_000, generation + 10)).unwrap();
     let i = work.join(format!("{version}.initrd"));
-    fs::write(&i, common::pseudo_random(100_000, generation + 20)).unwrap();
+    fs::write(&i, testkit::pseudo_random(100_000, generation + 20)).unwrap();
     [sq, k, i].map(|p| p.display().to_string())
 }
 
@@ -133,7 +131,7 @@ type ErrorKind = fn(&Error) -> bool;
 
 #[test]
 fn create_serve_stage_and_every_rejection_writes_nothing() {
-    common::require_root();
+    testkit::require_root();
     let t = tempfile::tempdir().unwrap();
     let p = |s: &str| t.path().join(s);
     let work = p("work");
@@ -346,7 +344,7 @@ fn create_serve_stage_and_every_rejection_writes_nothing() {
 
 #[test]
 fn create_on_a_full_disk_fails_cleanly() {
-    common::require_root();
+    testkit::require_root();
     let t = tempfile::tempdir().unwrap();
     let (key, _trust) = release_support::keys(t.path(), "k");
     let inputs = release_support::fake_inputs(&t.path().join("in"), "big");
@@ -404,7 +402,7 @@ fn create_on_a_full_disk_fails_cleanly() {
 /// into a real slot through `github-releases://`.
 #[test]
 fn github_release_assets_stage_into_a_slot() {
-    common::require_root();
+    testkit::require_root();
     let t = tempfile::tempdir().unwrap();
     let work = t.path().join("work");
     fs::create_dir_all(&work).unwrap();

@@ -32,7 +32,7 @@ pub enum Error {
     },
     #[error("signature of {location}: {what}")]
     Signature { location: String, what: String },
-    #[error("release {version} has generation {found}, older than the installed generation {installed}; pass allow-downgrade to install it anyway")]
+    #[error("release {version} has generation {found}, older than the installed generation {installed}; pass --allow-downgrade (k3os-ops upgrade) to install it anyway")]
     Downgrade {
         version: String,
         found: u64,
@@ -59,7 +59,7 @@ pub enum Error {
         expected: u64,
         found: u64,
     },
-    #[error("{artifact} needs {needed} bytes but {target} has room for {available}")]
+    #[error("not enough space for the {artifact}: it needs {} but {target} has room for only {}", Size(*.needed), Size(*.available))]
     NoSpace {
         artifact: Artifact,
         target: String,
@@ -97,5 +97,60 @@ impl Error {
             path: path.as_ref().to_path_buf(),
             source,
         }
+    }
+}
+
+/// A byte count for people: `512 B`, `4.0 KiB`, `12.5 MiB`, `1.50 GiB`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl std::fmt::Display for Size {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+        for (unit, n) in UNITS {
+            if self.0 >= n {
+                let v = self.0 as f64 / n as f64;
+                return if unit == "GiB" {
+                    write!(f, "{v:.2} {unit}")
+                } else {
+                    write!(f, "{v:.1} {unit}")
+                };
+            }
+        }
+        write!(f, "{} B", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_like_df_h() {
+        assert_eq!(Size(0).to_string(), "0 B");
+        assert_eq!(Size(1023).to_string(), "1023 B");
+        assert_eq!(Size(4096).to_string(), "4.0 KiB");
+        assert_eq!(Size(12 * (1 << 20) + (1 << 19)).to_string(), "12.5 MiB");
+        assert_eq!(Size(3 * (1 << 29)).to_string(), "1.50 GiB");
+    }
+
+    #[test]
+    fn messages_a_user_acts_on() {
+        let e = Error::NoSpace {
+            artifact: Artifact::Rootfs,
+            target: "slot B: partition rootfs-b (/dev/vda5)".into(),
+            needed: 300 << 20,
+            available: 256 << 20,
+        };
+        assert_eq!(
+            e.to_string(),
+            "not enough space for the rootfs: it needs 300.0 MiB but slot B: partition rootfs-b (/dev/vda5) has room for only 256.0 MiB"
+        );
+        let e = Error::Downgrade {
+            version: "v1".into(),
+            found: 1,
+            installed: 2,
+        };
+        assert!(e.to_string().contains("pass --allow-downgrade"), "{e}");
     }
 }

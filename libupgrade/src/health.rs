@@ -24,6 +24,14 @@ pub struct CheckResult {
     pub detail: String,
 }
 
+/// A check registered by the caller of `confirm` (e.g. the agent's Node-Ready). It runs with
+/// the built-in and `health.d` checks, before the single bless point; a failure counts like
+/// any other check's.
+pub trait HealthCheck {
+    /// Check `slot`, which should hold `version`.
+    fn check(&self, slot: bootconfig::Slot, version: Option<&str>) -> CheckResult;
+}
+
 /// One line of /proc/self/mountinfo that matters here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {

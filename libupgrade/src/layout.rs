@@ -172,6 +172,9 @@ pub trait Layout: Send + Sync {
     /// Bytes available for `artifact` of `slot` before anything is written (a partition's
     /// size, or the free space of the filesystem that will hold the file).
     fn capacity(&self, slot: Slot, artifact: Artifact) -> Result<u64>;
+    /// Where [`Layout::capacity`] is measured, for an operator: "partition rootfs-b
+    /// (/dev/vda5)", "the filesystem of /boot/b".
+    fn place(&self, slot: Slot, artifact: Artifact) -> String;
     /// After every artifact is verified: make the slot point at what was written.
     fn commit(&self, slot: Slot, version: &str) -> Result<()>;
     /// Open the rootfs of `version` written for `slot`, for reading: (file, byte offset,
@@ -216,7 +219,7 @@ fn file_target(dir: &Path, name: &str, size: u64, resume: bool) -> Result<Target
     if size > available {
         return Err(Error::NoSpace {
             artifact: artifact_of(name),
-            target: dir.display().to_string(),
+            target: format!("the filesystem of {}", dir.display()),
             needed: size,
             available,
         });
@@ -362,11 +365,7 @@ impl Layout for GptLayout {
                 if size > len {
                     return Err(Error::NoSpace {
                         artifact,
-                        target: format!(
-                            "partition {} ({})",
-                            rootfs_part_name(slot),
-                            path.display()
-                        ),
+                        target: format!("slot {slot}: {}", self.place(slot, artifact)),
                         needed: size,
                         available: len,
                     });
@@ -385,6 +384,20 @@ impl Layout for GptLayout {
                 kernel_file_name(a),
                 size,
                 resume,
+            ),
+        }
+    }
+
+    fn place(&self, slot: Slot, artifact: Artifact) -> String {
+        match artifact {
+            Artifact::Rootfs => format!(
+                "partition {} ({})",
+                rootfs_part_name(slot),
+                self.rootfs_access(slot).0.display()
+            ),
+            _ => format!(
+                "the filesystem of {}",
+                self.boot_dir.join(slot.lower()).display()
             ),
         }
     }
@@ -561,6 +574,10 @@ impl Layout for DirLayout {
     fn capacity(&self, _slot: Slot, artifact: Artifact) -> Result<u64> {
         let kind = self.kind_dir(artifact);
         free_bytes(if kind.exists() { &kind } else { &self.root })
+    }
+
+    fn place(&self, _slot: Slot, artifact: Artifact) -> String {
+        format!("the filesystem of {}", self.kind_dir(artifact).display())
     }
 
     fn commit(&self, slot: Slot, version: &str) -> Result<()> {

@@ -10,12 +10,17 @@
 //! [`signing`] (ed25519 release signatures), [`channel`] (release indexes, `latest`),
 //! [`release`] (creating releases), [`fetch`] (reading releases from paths and URLs, resumable),
 //! [`layout`] (where slot bytes live: GPT partitions or k3OS-style files), [`state`] (the
-//! slot records and decision log), [`health`] (checks), [`updater`] (the state machine),
-//! [`barrier`] (write barriers for power-cut tests), [`http`] (the HTTP client).
+//! slot records and decision log), [`health`] (checks), [`updater`] (the state machine, a
+//! thin executor), [`stage`] (the fetch/verify/write pipeline), [`checkpoint`] (resumable
+//! downloads), [`assess`] (the pure boot-assessment core and its [`Verdict`]), [`confirm`]
+//! (its executor, on every boot), [`barrier`] (write barriers for power-cut tests), [`http`] (the HTTP client).
 
+pub mod assess;
 pub mod barrier;
 pub mod channel;
+pub mod checkpoint;
 pub mod config;
+pub mod confirm;
 pub mod error;
 pub mod fetch;
 pub mod health;
@@ -24,12 +29,14 @@ pub mod layout;
 pub mod manifest;
 pub mod release;
 pub mod signing;
+pub mod stage;
 pub mod state;
 pub mod updater;
 
 /// Largest number of tries a slot can be given (GRUB counts down with an explicit if-chain).
 pub const MAX_TRIES: u8 = 9;
 
+pub use assess::{Outcome, Verdict};
 pub use bootconfig::Slot;
 pub use config::Config;
 pub use error::{Error, Result};

@@ -56,7 +56,7 @@ pub enum ReleaseError {
     NotSquashfs { path: PathBuf, found: Vec<u8> },
     #[error("{out_dir} already holds a release ({MANIFEST_FILE} exists); remove it or choose another directory")]
     Exists { out_dir: PathBuf },
-    #[error("no generation given and {out_dir} is not inside a channel (no index.json in its parent directory): pass a generation")]
+    #[error("no generation given and {out_dir} is not inside a channel (no index.json in its parent directory): pass --generation N (release create)")]
     GenerationRequired { out_dir: PathBuf },
     #[error("generation {generation} for {arch} is already used by release {other_version} ({other_path}) in channel {channel}")]
     GenerationTaken {

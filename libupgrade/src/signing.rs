@@ -3,12 +3,13 @@
 //! This module owns the on-disk formats of keys and signatures and the trust decision a node
 //! makes before it stages a release. It uses `ed25519-dalek` (already a workspace dependency)
 //! rather than a minisign crate: one well-reviewed primitive, no extra dependency in the node
-//! binary, and keys in standard PKCS#8 / SPKI PEM that `openssl pkey` reads and writes, so a
-//! publisher can keep their key in existing tooling (HSM export, `openssl genpkey -algorithm
-//! ed25519`).
+//! binary, and keys in standard PKCS#8 v1 / SPKI PEM — the formats `openssl genpkey -algorithm
+//! ed25519` writes and `openssl pkey` reads (tested against Debian 12's OpenSSL 3.0 in
+//! `k3os-ops/tests/release_openssl.rs`), so a publisher can keep their key in existing tooling
+//! (HSM export, openssl) and check a signature with `openssl pkeyutl -verify -rawin`.
 //!
 //! Formats:
-//! - secret key `<name>.key`: PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`), created mode 0600 and
+//! - secret key `<name>.key`: PKCS#8 v1 PEM (`-----BEGIN PRIVATE KEY-----`), created mode 0600 and
 //!   never overwritten.
 //! - public key `<name>.pub`: SPKI PEM (`-----BEGIN PUBLIC KEY-----`). A node's trust dir is a
 //!   directory of such `*.pub` files; other files in it are ignored.
@@ -25,7 +26,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
-use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
+use ed25519_dalek::pkcs8::spki::der::zeroize::Zeroizing;
+use ed25519_dalek::pkcs8::{
+    DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey, KeypairBytes,
+};
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -123,12 +127,10 @@ pub fn generate_keypair(dir: &Path, name: &str) -> Result<(PathBuf, PathBuf), Si
         }
     }
     let key = SigningKey::generate(&mut rand::rngs::OsRng);
-    let secret_pem = key
-        .to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
-        .map_err(|e| SigningError::SecretKey {
-            path: secret_path.clone(),
-            why: e.to_string(),
-        })?;
+    let secret_pem = secret_key_pem(&key).map_err(|e| SigningError::SecretKey {
+        path: secret_path.clone(),
+        why: e.to_string(),
+    })?;
     let public_pem = key
         .verifying_key()
         .to_public_key_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
@@ -143,6 +145,19 @@ pub fn generate_keypair(dir: &Path, name: &str) -> Result<(PathBuf, PathBuf), Si
         return Err(e);
     }
     Ok((secret_path, public_path))
+}
+
+/// The secret key as PKCS#8 **v1** PEM (RFC 8410 `PrivateKeyInfo`, no embedded public key).
+///
+/// `SigningKey::to_pkcs8_pem` writes PKCS#8 v2 (`OneAsymmetricKey` with the public key), which
+/// OpenSSL 3.0 (Debian 12) refuses with "unsupported"; v1 is what `openssl genpkey -algorithm
+/// ed25519` writes and what every tool reads. The public key is derived from the seed anyway.
+fn secret_key_pem(key: &SigningKey) -> Result<Zeroizing<String>, ed25519_dalek::pkcs8::Error> {
+    let v1 = KeypairBytes {
+        secret_key: key.to_bytes(),
+        public_key: None,
+    };
+    v1.to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
 }
 
 /// Create a new file (never overwrite) with `mode`, write and fsync it.

@@ -123,6 +123,9 @@ pub struct State {
     /// The boot in which `confirm` last ran (one `booted` decision per boot).
     #[serde(default)]
     pub last_boot_id: Option<String>,
+    /// The last boot assessment's verdict (see [`crate::assess`]).
+    #[serde(default)]
+    pub verdict: Option<crate::assess::Verdict>,
 }
 
 impl Default for State {
@@ -137,6 +140,7 @@ impl Default for State {
             history: Vec::new(),
             activation: None,
             last_boot_id: None,
+            verdict: None,
         }
     }
 }

@@ -1,59 +1,50 @@
 //! The boot-assessment state machine across simulated reboots: activate → trial boot →
 //! confirm; tries running out → fallback recorded with its reason; failed health check →
-//! rollback; an activation cut short before the bootloader flip → slot stays staged. Uses the
-//! k3OS-style dir layout (real squashfs files, symlink switching) and an in-memory bootloader
-//! that counts tries like our GRUB script; the real loaders are proven in bootconfig's tests
-//! and in the QEMU scenarios.
-
-mod common;
+//! rollback; an activation cut short before the bootloader flip → slot stays staged; a damaged
+//! GRUB env copy (issue 9). Uses the k3OS-style dir layout (real squashfs files, symlink
+//! switching) and each real bootloader backend (GRUB, syslinux) on temp dirs, powered on the
+//! way the loader boots (testkit::loaders); every scenario runs on both.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use bootconfig::{Slot, SlotBoot};
-use common::*;
+use libupgrade::assess::{OtherSlot, Outcome};
 use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::layout::DirLayout;
 use libupgrade::manifest::Arch;
 use libupgrade::state::Event;
 use libupgrade::{Error, NoProgress, SlotState, Source, StageOptions, Updater};
+use testkit::loaders::{Kind, RealLoader, KINDS};
+use testkit::*;
 
 struct Node {
     dir: tempfile::TempDir,
     cfg: Config,
-    loader: ModelLoader,
+    loader: RealLoader,
     boots: u32,
 }
 
 impl Node {
-    fn new(trust: &Path) -> Node {
+    fn new(trust: &Path, kind: Kind) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        let cfg = Config {
-            bootloader: BootloaderKind::Grub,
-            tries: 3,
-            layout: LayoutConfig::Dir {
-                root: p.join("system"),
-                boot_dir: p.join("boot"),
+        let cfg = dir_config(
+            p,
+            trust,
+            match kind {
+                Kind::Grub => BootloaderKind::Grub,
+                Kind::Syslinux => BootloaderKind::Syslinux,
             },
-            state_dir: p.join("state"),
-            trust_dir: trust.to_path_buf(),
-            health_dir: p.join("health.d"),
-            health_timeout_secs: 5,
-            download_retries: 0,
-            proc_cmdline: p.join("cmdline"),
-            release_file: p.join("k3os-release"),
-            mountinfo: p.join("mountinfo"),
-            boot_id_file: p.join("boot_id"),
-            builtin_health_check: false,
-        };
+        );
         std::fs::write(&cfg.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
         boot_as(&cfg, Slot::A, "boot-0");
         std::fs::create_dir_all(p.join("system")).unwrap();
+        let loader = RealLoader::install(kind, &p.join("loader"), 3);
         Node {
             dir,
             cfg,
-            loader: ModelLoader::new(9),
+            loader,
             boots: 0,
         }
     }
@@ -65,7 +56,7 @@ impl Node {
         Updater::with_parts(
             self.cfg.clone(),
             Box::new(DirLayout::new(root, boot_dir)),
-            Box::new(self.loader.clone()),
+            self.loader.backend(),
         )
     }
 
@@ -94,11 +85,11 @@ impl Node {
     }
 }
 
-fn staged_node(version: &str) -> (Node, Keys, tempfile::TempDir) {
+fn staged_node(version: &str, kind: Kind) -> (Node, Keys, tempfile::TempDir) {
     let k = keys();
     let rels = tempfile::tempdir().unwrap();
     let rel = make_release(&k, rels.path(), version, 2, 4096, Arch::host());
-    let node = Node::new(&k.trust);
+    let node = Node::new(&k.trust, kind);
     let u = node.updater();
     u.confirm().expect("first boot confirms");
     u.stage(&Source::Path(rel), &StageOptions::default(), &NoProgress)
@@ -108,7 +99,13 @@ fn staged_node(version: &str) -> (Node, Keys, tempfile::TempDir) {
 
 #[test]
 fn activate_reboot_confirm_makes_the_new_slot_good_and_keeps_the_old_as_fallback() {
-    let (mut node, _k, _r) = staged_node("v2");
+    for kind in KINDS {
+        activate_reboot_confirm_makes_the_new_slot_good_and_keeps_the_old_as_fallback_on(kind);
+    }
+}
+
+fn activate_reboot_confirm_makes_the_new_slot_good_and_keeps_the_old_as_fallback_on(kind: Kind) {
+    let (mut node, _k, _r) = staged_node("v2", kind);
     let u = node.updater();
     assert_eq!(u.activate().unwrap(), Slot::B);
     // confirm in the same boot must not treat the pending trial as failed.
@@ -119,6 +116,11 @@ fn activate_reboot_confirm_makes_the_new_slot_good_and_keeps_the_old_as_fallback
     std::fs::write(&node.cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
     let r = node.updater().confirm().unwrap();
     assert!(r.newly_good);
+    assert_eq!(r.verdict.outcome, Outcome::Blessed);
+    assert_eq!(
+        node.updater().status().unwrap().verdict.unwrap().outcome,
+        Outcome::Blessed
+    );
     let st = node.updater().status().unwrap();
     assert_eq!((st.booted, st.next_boot), (Some(Slot::B), Slot::B));
     assert_eq!(st.slots[1].state, SlotState::Good);
@@ -146,21 +148,44 @@ fn activate_reboot_confirm_makes_the_new_slot_good_and_keeps_the_old_as_fallback
 
 #[test]
 fn a_slot_that_never_confirms_runs_out_of_tries_and_the_fallback_is_recorded() {
-    let (mut node, _k, _r) = staged_node("v2");
+    for kind in KINDS {
+        a_slot_that_never_confirms_runs_out_of_tries_and_the_fallback_is_recorded_on(kind);
+    }
+}
+
+fn a_slot_that_never_confirms_runs_out_of_tries_and_the_fallback_is_recorded_on(kind: Kind) {
+    let (mut node, _k, _r) = staged_node("v2", kind);
     node.updater().activate().unwrap();
-    for _ in 0..3 {
-        assert_eq!(node.reboot(), Slot::B, "tries left: B boots");
+    let t = node.loader.tries;
+    for _ in 0..t {
+        assert_eq!(node.reboot(), Slot::B, "{kind:?}: tries left: B boots");
         // v2 hangs before confirm: nothing runs; the watchdog resets.
     }
     assert_eq!(
         node.reboot(),
         Slot::A,
-        "after 3 tries the loader falls back"
+        "{kind:?}: after {t} tries the loader falls back"
     );
     let r = node.updater().confirm().unwrap();
     let d = r.other_slot.expect("the failed trial is settled");
     assert_eq!(d.event, Event::FallbackTaken);
-    assert!(d.why.contains("3 of 3 tries"), "{}", d.why);
+    assert!(d.why.contains(&format!("{t} of {t} tries")), "{}", d.why);
+    assert_eq!(
+        r.verdict.other_slot,
+        Some(OtherSlot::FallbackTaken {
+            slot: Slot::B,
+            used: t,
+            tries: t
+        })
+    );
+    let v = node
+        .updater()
+        .status()
+        .unwrap()
+        .verdict
+        .expect("verdict of this boot");
+    assert_eq!(v.outcome, Outcome::Good);
+    assert!(v.other_slot.is_some(), "the agent reads the fallback here");
     let st = node.updater().status().unwrap();
     assert_eq!(st.slots[1].state, SlotState::Bad);
     assert_eq!(st.slots[1].boot, SlotBoot::Bad);
@@ -174,7 +199,13 @@ fn a_slot_that_never_confirms_runs_out_of_tries_and_the_fallback_is_recorded() {
 
 #[test]
 fn a_failed_health_check_rolls_back_without_waiting_for_tries() {
-    let (mut node, _k, _r) = staged_node("v2");
+    for kind in KINDS {
+        a_failed_health_check_rolls_back_without_waiting_for_tries_on(kind);
+    }
+}
+
+fn a_failed_health_check_rolls_back_without_waiting_for_tries_on(kind: Kind) {
+    let (mut node, _k, _r) = staged_node("v2", kind);
     node.updater().activate().unwrap();
     assert_eq!(node.reboot(), Slot::B);
     node.set_health(false);
@@ -205,11 +236,18 @@ fn a_failed_health_check_rolls_back_without_waiting_for_tries() {
 
 #[test]
 fn an_activation_cut_before_the_bootloader_flip_leaves_the_slot_staged() {
-    let (mut node, _k, _r) = staged_node("v2");
+    for kind in KINDS {
+        an_activation_cut_before_the_bootloader_flip_leaves_the_slot_staged_on(kind);
+    }
+}
+
+fn an_activation_cut_before_the_bootloader_flip_leaves_the_slot_staged_on(kind: Kind) {
+    let (mut node, _k, _r) = staged_node("v2", kind);
     let u = node.updater();
+    let before = node.loader.snapshot();
     u.activate().unwrap();
     // Simulate the power cut between the state write and the bootloader write: undo the flip.
-    reset_loader(&node.loader, Slot::A);
+    node.loader.restore(&before);
     assert_eq!(node.reboot(), Slot::A);
     node.updater().confirm().unwrap();
     let st = node.updater().status().unwrap();
@@ -225,7 +263,13 @@ fn an_activation_cut_before_the_bootloader_flip_leaves_the_slot_staged() {
 
 #[test]
 fn manual_rollback_and_guards() {
-    let (mut node, _k, _r) = staged_node("v2");
+    for kind in KINDS {
+        manual_rollback_and_guards_on(kind);
+    }
+}
+
+fn manual_rollback_and_guards_on(kind: Kind) {
+    let (mut node, _k, _r) = staged_node("v2", kind);
     let u = node.updater();
     assert!(matches!(
         u.activate_slot(Slot::A),
@@ -252,4 +296,80 @@ fn manual_rollback_and_guards() {
         .unwrap()
         .why
         .contains("operator asked"));
+}
+
+/// Issue 9 through the library: A good and running, B on trial, `K3OS_A=good` damaged to
+/// `K3OS_A=gXod` in GRUB's env1. Status reports A good and names the damaged copy and the copy
+/// in use; `mark_bad(B)` keeps A as the next boot and restores both copies.
+#[test]
+fn a_damaged_grub_env_copy_is_reported_and_never_costs_the_fallback() {
+    let (node, _k, _r) = staged_node("v2", Kind::Grub);
+    node.updater().activate().unwrap();
+    let env1 = node.loader.dir.join("k3os/env1");
+    let mut b = std::fs::read(&env1).unwrap();
+    let i = b.windows(11).position(|w| w == b"K3OS_A=good").unwrap();
+    b[i + 8] = b'X';
+    std::fs::write(&env1, b).unwrap();
+    let st = node.updater().status().unwrap();
+    assert_eq!(st.slots[0].boot, SlotBoot::Good, "A reads good");
+    assert_eq!(st.next_boot, Slot::B, "B's trial is intact");
+    assert_eq!(
+        st.loader_integrity.damaged.len(),
+        1,
+        "{:?}",
+        st.loader_integrity
+    );
+    assert_eq!(st.loader_integrity.damaged[0].path, env1);
+    assert!(
+        st.loader_integrity.in_use.contains("env2"),
+        "{:?}",
+        st.loader_integrity
+    );
+    node.updater().mark_bad(Slot::B, "operator").unwrap();
+    let st = node.updater().status().unwrap();
+    assert_eq!(st.next_boot, Slot::A, "the good slot stays the next boot");
+    assert_eq!(st.slots[0].boot, SlotBoot::Good);
+    assert_eq!(st.slots[1].boot, SlotBoot::Bad);
+    assert!(
+        st.loader_integrity.damaged.is_empty(),
+        "both copies restored"
+    );
+}
+
+/// A good slot whose loader records are damaged is re-asserted by the next confirm, which
+/// rewrites them (no pending trial).
+#[test]
+fn confirm_repairs_damaged_loader_records_of_a_good_slot() {
+    for kind in KINDS {
+        let (node, _k, _r) = staged_node("v2", kind);
+        let (file, at) = match kind {
+            Kind::Grub => ("k3os/env2", 30),
+            Kind::Syslinux => ("ldlinux.sys", 4096 + 512 + 8),
+        };
+        let p = node.loader.dir.join(file);
+        let mut b = std::fs::read(&p).unwrap();
+        b[at] ^= 0x55;
+        std::fs::write(&p, b).unwrap();
+        assert_eq!(
+            node.updater()
+                .status()
+                .unwrap()
+                .loader_integrity
+                .damaged
+                .len(),
+            1,
+            "{kind:?}"
+        );
+        let r = node.updater().confirm().unwrap();
+        assert_eq!(r.verdict.loader_damage.len(), 1, "{kind:?}");
+        assert!(
+            node.updater()
+                .status()
+                .unwrap()
+                .loader_integrity
+                .damaged
+                .is_empty(),
+            "{kind:?}"
+        );
+    }
 }

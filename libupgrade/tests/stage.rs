@@ -2,16 +2,14 @@
 //! file and HTTP sources (with connections dropped half way and a process restart), and every
 //! rejection leaving the active slot untouched.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
 use bootconfig::{Slot, SlotBoot};
-use common::*;
 use libupgrade::layout::GptLayout;
 use libupgrade::manifest::Arch;
 use libupgrade::{Error, NoProgress, SlotState, Source, StageOptions, Updater};
+use testkit::*;
 
 fn updater(disk: &TestDisk, cfg: libupgrade::Config, loader: &ModelLoader) -> Updater {
     let layout = GptLayout::open(&disk.disk.path, &disk.boot_dir).expect("GPT of the test disk");
@@ -239,7 +237,7 @@ fn rejected_releases_write_nothing() {
         (&unsigned, "not signed"),
         (&old, "older than the installed generation 1"),
         (&tampered_manifest, "signature"),
-        (&huge, "rootfs needs"),
+        (&huge, "not enough space for the rootfs"),
     ];
     for (rel, want) in cases {
         let e = u

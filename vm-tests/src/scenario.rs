@@ -416,10 +416,22 @@ impl Scenario {
         version: &str,
         extra: &str,
     ) -> Result<String> {
+        self.upgrade_to_env(vm, srv, version, "", extra)
+    }
+
+    /// [`Self::upgrade_to`] with `env` (`NAME=value …`) set for the k3os-ops process.
+    fn upgrade_to_env(
+        &mut self,
+        vm: &mut Vm,
+        srv: &ReleaseServer,
+        version: &str,
+        env: &str,
+        extra: &str,
+    ) -> Result<String> {
         let t0 = Instant::now();
         let out = vm.run_ok(
             &format!(
-                "k3os-ops upgrade --quiet {extra} --source {}",
+                "{env} k3os-ops upgrade --quiet {extra} --source {}",
                 srv.guest_url(version)
             ),
             DOWNLOAD,
@@ -815,10 +827,14 @@ impl Scenario {
         let mut vm = self.power_on(&mut node)?;
         self.expect_boot(&mut vm, Slot::A, "v1")?;
         self.ready(&mut vm)?;
-        let out = self.upgrade_to(&mut vm, &srv, "v2", "")?;
+        let out = self.upgrade_to_env(&mut vm, &srv, "v2", "K3OS_OPS_BARRIERS=1", "")?;
         drop(vm);
         let barriers = parse_barriers(&out);
-        self.check(!barriers.is_empty(), || format!("the upgrade printed no K3OS-BARRIER lines (is k3os-ops built with fault-injection?):\n{out}"))?;
+        self.check(!barriers.is_empty(), || {
+            format!(
+                "the upgrade printed no K3OS-BARRIER lines (K3OS_OPS_BARRIERS=1 was set):\n{out}"
+            )
+        })?;
         for (i, (n, _)) in barriers.iter().enumerate() {
             self.check(*n == i as u64 + 1, || {
                 format!("barrier numbers are not 1..N: {barriers:?}")
@@ -843,7 +859,136 @@ impl Scenario {
                 t0.elapsed().as_secs_f64()
             ));
         }
+        self.powercut_confirm(&srv)
+    }
+
+    /// Power cuts during `confirm` on the first boot of the new slot. init takes a one-shot
+    /// request from the state partition (`/var/lib/k3os-ops/barrier-request`: `announce` or
+    /// `stop k`, see images/files/rootfs-init.sh), so the cut lands inside the boot-time
+    /// confirm. A dry run counts confirm's barriers; then the first and the last (every one
+    /// with `--all-barriers`) are cut.
+    fn powercut_confirm(&mut self, srv: &ReleaseServer) -> Result<()> {
+        let mut node = self.node("confirm-dry-run")?;
+        let mut vm = self.activated_v2(&mut node, srv, "announce")?;
+        self.expect_boot(&mut vm, Slot::B, "v2")?;
+        let mut barriers = Vec::new();
+        loop {
+            let (i, line) = vm.expect_any(
+                &["K3OS-BARRIER ", "K3OS-CONFIRM ok", "K3OS-CONFIRM failed"],
+                READY,
+            )?;
+            match i {
+                0 => barriers.extend(parse_barriers(&line)),
+                1 => break,
+                _ => return Err(self.fail(format!("confirm of v2 failed in the dry run: {line}"))),
+            }
+        }
+        drop(vm);
+        self.check(!barriers.is_empty(), || {
+            "confirm printed no K3OS-BARRIER lines for barrier-request `announce`".to_string()
+        })?;
+        let total = barriers.len() as u64;
+        let ks: Vec<u64> = if self.opts.all_barriers {
+            (1..=total).collect()
+        } else {
+            let mut v = vec![1, total];
+            v.dedup();
+            v
+        };
+        self.note(format!(
+            "confirm has {total} barriers: {}; cutting at {ks:?}",
+            barriers
+                .iter()
+                .map(|(n, name)| format!("{n}:{name}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+        for k in ks {
+            let name = barriers[(k - 1) as usize].1.clone();
+            let t0 = Instant::now();
+            self.cut_confirm_at(srv, k, &name)?;
+            self.note(format!(
+                "confirm cut at barrier {k} ({name}): recovered and verified in {:.1}s",
+                t0.elapsed().as_secs_f64()
+            ));
+        }
         Ok(())
+    }
+
+    /// A fresh node on v1 that staged and activated v2, with `request` left for the next
+    /// boot's init; rebooted (the returned guest is booting).
+    fn activated_v2(&mut self, node: &mut Node, srv: &ReleaseServer, request: &str) -> Result<Vm> {
+        let mut vm = self.power_on(node)?;
+        self.expect_boot(&mut vm, Slot::A, "v1")?;
+        self.ready(&mut vm)?;
+        self.upgrade_to(&mut vm, srv, "v2", "")?;
+        vm.run_ok(
+            &format!("echo '{request}' >/var/lib/k3os-ops/barrier-request && sync"),
+            CMD,
+        )?;
+        self.reboot(&mut vm)?;
+        Ok(vm)
+    }
+
+    /// Cut the power at barrier `k` of the boot-time confirm of v2, then check the node comes
+    /// up on a confirmed slot and that B ends good (booted) or recoverable.
+    fn cut_confirm_at(&mut self, srv: &ReleaseServer, k: u64, name: &str) -> Result<()> {
+        let mut node = self.node(&format!("confirm-cut-{k:02}"))?;
+        let mut vm = self.activated_v2(&mut node, srv, &format!("stop {k}"))?;
+        self.expect_boot(&mut vm, Slot::B, "v2")?;
+        vm.expect_not(
+            &format!("K3OS-BARRIER-STOP {k} "),
+            &["K3OS-CONFIRM ok", "K3OS-CONFIRM failed"],
+            READY,
+        )?;
+        vm.power_cut()?;
+
+        let mut vm = self.power_on(&mut node)?;
+        let (slot, version) = self.booted(&mut vm)?;
+        self.ready(&mut vm)?;
+        let st = self.status(&mut vm)?;
+        let b = sl(&st, Slot::B).clone();
+        self.note(format!(
+            "confirm cut at {k} ({name}): came up on {slot} {version}; B is {} / bootloader {:?}",
+            b.state, b.boot
+        ));
+        self.check(sl(&st, slot).state == SlotState::Good, || {
+            format!(
+                "the booted slot {slot} is {} after confirm",
+                sl(&st, slot).state
+            )
+        })?;
+        match slot {
+            Slot::B => {
+                self.check(version == "v2", || format!("B runs {version}"))?;
+                self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))
+            }
+            Slot::A => {
+                // The trial was spent (syslinux's one try) or given up: never blessed, never
+                // booted next, and a new upgrade brings v2 back.
+                self.check(version == "v1", || format!("A runs {version}"))?;
+                self.check(
+                    b.state != SlotState::Good && st.next_boot == Slot::A,
+                    || {
+                        format!(
+                            "booted A but B is {} and boots next: {}",
+                            b.state, st.next_boot
+                        )
+                    },
+                )?;
+                let out = self.upgrade_to(&mut vm, srv, "v2", "")?;
+                self.check(out.contains("activated slot B"), || {
+                    format!(
+                        "re-running the upgrade after the confirm cut did not activate B:\n{out}"
+                    )
+                })?;
+                self.reboot(&mut vm)?;
+                self.expect_boot(&mut vm, Slot::B, "v2")?;
+                self.ready(&mut vm)?;
+                let st = self.status(&mut vm)?;
+                self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))
+            }
+        }
     }
 
     /// Cut the power at barrier `k` of the v2 upgrade, then check the node and slot B.

@@ -234,17 +234,40 @@ impl Vm {
             })
     }
 
-    /// Run `cmd` in the guest's root shell and wait for it; its output and exit code are framed
-    /// by markers that only the shell's expansion produces (the echoed input cannot match).
-    pub fn run(&mut self, cmd: &str, timeout: Duration) -> Result<CmdOutput> {
+    /// Send `cmd` to the guest's root shell framed by markers that only the shell's expansion
+    /// produces (the echoed input cannot match), wait for the start marker and return the end
+    /// marker (`@@E<n>@@ rc=`).
+    fn start_cmd(&mut self, cmd: &str, timeout: Duration) -> Result<String> {
         self.cmd_seq += 1;
         let n = self.cmd_seq;
-        let begin = format!("@@B{n}@@");
-        let end = format!("@@E{n}@@ rc=");
         self.send_line(&format!(
             "echo @@B$(({n}))@@; {{ {cmd}\n}}; echo \"@@E$(({n}))@@ rc=$?\""
         ))?;
-        self.expect(&begin, timeout)?;
+        self.expect(&format!("@@B{n}@@"), timeout)?;
+        Ok(format!("@@E{n}@@ rc="))
+    }
+
+    /// The exit code on an end-marker line (-1 if unreadable).
+    fn rc_of(end_line: &str) -> i32 {
+        end_line
+            .rsplit("rc=")
+            .next()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .unwrap_or(-1)
+    }
+
+    fn command_failed(&self, cmd: &str, rc: i32, output: String) -> Error {
+        Error::Command {
+            vm: self.name.clone(),
+            cmd: cmd.into(),
+            rc,
+            output,
+        }
+    }
+
+    /// Run `cmd` in the guest's root shell and wait for it.
+    pub fn run(&mut self, cmd: &str, timeout: Duration) -> Result<CmdOutput> {
+        let end = self.start_cmd(cmd, timeout)?;
         let from = self.cursor;
         let line = self.expect(&end, timeout)?;
         let con = self.console.0.lock().expect("console lock");
@@ -254,12 +277,34 @@ impl Vm {
             .unwrap_or(from);
         let output = String::from_utf8_lossy(&con.data[from..upto.max(from)]).replace('\r', "");
         drop(con);
-        let rc = line
-            .rsplit("rc=")
-            .next()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-            .unwrap_or(-1);
-        Ok(CmdOutput { rc, output })
+        Ok(CmdOutput {
+            rc: Self::rc_of(&line),
+            output,
+        })
+    }
+
+    /// [`Vm::run_ok`], handing each line of output to `each` as the guest prints it (for a
+    /// live view of a long command, e.g. the download progress in `just demo`).
+    pub fn run_streamed(
+        &mut self,
+        cmd: &str,
+        timeout: Duration,
+        mut each: impl FnMut(&str),
+    ) -> Result<()> {
+        let end = self.start_cmd(cmd, timeout)?;
+        let mut output = String::new();
+        loop {
+            let (i, line) = self.expect_any(&[&end, "\n"], timeout)?;
+            if i == 0 {
+                return match Self::rc_of(&line) {
+                    0 => Ok(()),
+                    rc => Err(self.command_failed(cmd, rc, output)),
+                };
+            }
+            each(&line);
+            output.push_str(&line);
+            output.push('\n');
+        }
     }
 
     /// Wait until the guest shell answers: the shell on the console may open its tty a moment
@@ -279,12 +324,7 @@ impl Vm {
     pub fn run_ok(&mut self, cmd: &str, timeout: Duration) -> Result<String> {
         let out = self.run(cmd, timeout)?;
         if out.rc != 0 {
-            return Err(Error::Command {
-                vm: self.name.clone(),
-                cmd: cmd.into(),
-                rc: out.rc,
-                output: out.output,
-            });
+            return Err(self.command_failed(cmd, out.rc, out.output));
         }
         Ok(out.output)
     }

@@ -111,9 +111,9 @@ pub fn scratch() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
 
-/// The cut points for `ops[i]`: the byte-boundary classes of [`CUTS`] plus every byte offset
-/// inside the range where the write changes the file (there a cut leaves a mix of old and new
-/// bytes; the fixed classes alone may all fall into unchanged padding).
+/// The cut points for `ops[i]`: the byte-boundary classes of [`CUTS`] plus every distinct state
+/// a cut inside the range where the write changes the file leaves (there a cut leaves a mix
+/// of old and new bytes; the fixed classes alone may all fall into unchanged padding).
 pub fn cuts_for(base: &Path, ops: &[bootconfig::atomic::WriteOp], i: usize) -> Vec<usize> {
     use bootconfig::atomic::WriteOp;
     let st = scratch();
@@ -126,8 +126,12 @@ pub fn cuts_for(base: &Path, ops: &[bootconfig::atomic::WriteOp], i: usize) -> V
         let cur = std::fs::read(rebase(&ops[i], base, st.path()).path()).unwrap();
         let cur = &cur[offset as usize..offset as usize + data.len()];
         let diff: Vec<usize> = (0..data.len()).filter(|&k| cur[k] != data[k]).collect();
-        if let (Some(&first), Some(&last)) = (diff.first(), diff.last()) {
-            cuts.extend(first..=last + 1);
+        // A cut after k bytes leaves new[..k] + old[k..]: cutting at k and k+1 gives the same
+        // bytes unless byte k changes, so the distinct states are the cut at the first changed
+        // byte and the cut just after each changed byte.
+        if let Some(&first) = diff.first() {
+            cuts.push(first);
+            cuts.extend(diff.iter().map(|&k| k + 1));
         }
     }
     cuts.sort_unstable();

@@ -80,11 +80,14 @@ fn main() -> anyhow::Result<()> {
         "k3os-ops upgrade --source {}",
         srv.guest_url("v2")
     ));
-    let out = vm.run_ok(
-        &format!("k3os-ops upgrade --quiet --source {}", srv.guest_url("v2")),
+    vm.run_streamed(
+        &format!(
+            "k3os-ops upgrade --progress lines --source {}",
+            srv.guest_url("v2")
+        ),
         UPGRADE,
+        |line| println!("{line}"),
     )?;
-    print!("{out}");
     print!("{}", vm.run_ok("k3os-ops slot status", CMD)?);
 
     banner("reboot");

@@ -1,8 +1,9 @@
-//! Test fixtures shared by libupgrade's integration tests: real GPT disk image files attached
-//! with `loopdev`, ext4 filesystems made with mkfs.ext4 and mounted with `sys-mount`, real
-//! squashfs images from mksquashfs, signed releases, a Range-capable HTTP server that can drop
-//! connections half way, and an in-memory bootloader that models GRUB's try counting.
-#![allow(dead_code)]
+//! Test fixtures shared by the workspace's integration tests (libupgrade's and k3os-ops'), one
+//! home instead of copies and `#[path]` includes: real GPT disk image files attached with
+//! `loopdev`, ext4 filesystems made with mkfs.ext4 and mounted with `sys-mount`, real squashfs
+//! images from mksquashfs, signed releases, a Range-capable HTTP server that can drop
+//! connections half way, a [`Config`] for a node under a temp root ([`dir_config`]), and the
+//! real bootloader backends on temp dirs ([`loaders`]).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -12,9 +13,11 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bootconfig::{Slot, SlotBoot};
+use bootconfig::Slot;
 use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::manifest::Arch;
+
+pub mod loaders;
 
 /// Loop device setup is racy between threads (find free → attach): serialize it.
 static LOOP_LOCK: Mutex<()> = Mutex::new(());
@@ -395,13 +398,31 @@ fn serve(s: TcpStream, root: &Path, drops: &AtomicUsize, log: &Mutex<Vec<String>
     }
 }
 
-/// The in-memory loader with our GRUB script's rules; `boot()` is a power-on.
+/// The in-memory loader with GRUB's rules (stage tests, where the loader only matters for
+/// `mark_bad`); boot-assessment tests use the real backends of [`loaders`].
 pub type ModelLoader = bootconfig::memory::MemoryBootloader;
 
-/// Put the loader back to "`slot` good and primary, the other bad" (as before an activation).
-pub fn reset_loader(l: &ModelLoader, slot: Slot) {
-    let mut env = l.env();
-    env.primary = slot;
-    env.set(slot, SlotBoot::Good);
-    env.set(slot.other(), SlotBoot::Bad);
+/// A node under the temp root `p`: k3OS-style dir layout (`p/system`, boot files in
+/// `p/boot`), state in `p/state`, health checks in `p/health.d`, and the files the kernel
+/// would provide (`cmdline`, `boot_id`, `mountinfo`, `k3os-release`) as plain files; the
+/// built-in rootfs check is off (nothing is mounted).
+pub fn dir_config(p: &Path, trust: &Path, bootloader: BootloaderKind) -> Config {
+    Config {
+        bootloader,
+        tries: 3,
+        layout: LayoutConfig::Dir {
+            root: p.join("system"),
+            boot_dir: p.join("boot"),
+        },
+        state_dir: p.join("state"),
+        trust_dir: trust.to_path_buf(),
+        health_dir: p.join("health.d"),
+        health_timeout_secs: 5,
+        download_retries: 0,
+        proc_cmdline: p.join("cmdline"),
+        release_file: p.join("k3os-release"),
+        mountinfo: p.join("mountinfo"),
+        boot_id_file: p.join("boot_id"),
+        builtin_health_check: false,
+    }
 }

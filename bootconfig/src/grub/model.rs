@@ -1,0 +1,398 @@
+//! What GRUB's script sees and does at one boot, read from the files on disk: the one reader
+//! both the tests (against the real GRUB in `grub-emu`) and [`super::GrubBootloader`] use. See
+//! the module docs of [`crate::grub`] for the rules.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::{
+    check_value, env_var_names, state_var, tries_var, ENV_DIR, GOOD_FILE, VAR_CHECK, VAR_EDITING,
+    VAR_GOOD, VAR_GOOD_AGAIN, VAR_PRIMARY,
+};
+use crate::atomic::WriteOp;
+use crate::grubenv::{grub_load, grub_set_in_place, GrubEnv, Loaded, ENV_SIZE};
+use crate::{BootEnv, Damage, Error, Integrity, Result, Slot, SlotBoot};
+
+/// Where the script took the state from (its `k3os_copy` variable prints the same words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvSource {
+    /// Env copy 1 or 2.
+    Copy(u8),
+    /// Both copies damaged: the last-good record named this slot.
+    LastGood(Slot),
+    /// Nothing usable: defaults (primary A, both bad).
+    Nothing,
+}
+
+impl fmt::Display for EnvSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EnvSource::Copy(n) => write!(f, "{n}"),
+            EnvSource::LastGood(_) => f.write_str("good"),
+            EnvSource::Nothing => f.write_str("none"),
+        }
+    }
+}
+
+/// What GRUB's script sees and does at one boot, modelled from the files on disk. Tests compare
+/// it with the real GRUB (`grub-emu`); [`super::GrubBootloader`] is built on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootSim {
+    /// Where the state came from.
+    pub source: EnvSource,
+    /// The state after range checks, before the countdown.
+    pub seen: BootEnv,
+    /// The slot booted.
+    pub choice: Slot,
+    /// The writes GRUB's `save_env` performs before booting (countdown), in order.
+    pub countdown: Vec<WriteOp>,
+    /// Per copy: intact (loads, check matches).
+    pub intact: [bool; 2],
+    /// Per copy: intact, its lock reads exactly `0`, and both files have the size `save_env`
+    /// needs. A writer must not mark the copy in use editing while the other copy is not
+    /// usable.
+    pub usable: [bool; 2],
+    /// What the last-good record says: `Some(Some(slot))`, `Some(None)` for an intact record
+    /// naming no slot, `None` when it is missing or damaged.
+    pub last_good: Option<Option<Slot>>,
+    /// The last-good file holds exactly what a write of its slot produces.
+    pub last_good_canonical: bool,
+    /// Damaged records and the one in use, for `slot status`.
+    pub integrity: Integrity,
+}
+
+pub(super) fn read_opt(path: &Path) -> Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(Error::Io {
+            op: "read",
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn range_check(get: impl Fn(&str) -> Option<String>, max: u8) -> BootEnv {
+    let primary = if get(VAR_PRIMARY).as_deref() == Some("B") {
+        Slot::B
+    } else {
+        Slot::A
+    };
+    let state = |slot: Slot| {
+        let tries = get(&tries_var(slot))
+            .and_then(|t| (0..=max).find(|n| n.to_string() == t))
+            .unwrap_or(0);
+        match get(&state_var(slot)).as_deref() {
+            Some("good") => SlotBoot::Good,
+            Some("try") => SlotBoot::Trying { tries_left: tries },
+            _ => SlotBoot::Bad,
+        }
+    };
+    BootEnv {
+        primary,
+        a: state(Slot::A),
+        b: state(Slot::B),
+    }
+}
+
+/// The script's choice, written out the way the script does it (not via `next_boot`, so the
+/// tests comparing the two mean something).
+fn script_choice(env: &BootEnv) -> Slot {
+    let ok = |s: Slot| match env.get(s) {
+        SlotBoot::Good => true,
+        SlotBoot::Trying { tries_left } => tries_left != 0,
+        SlotBoot::Bad => false,
+    };
+    let (p, o) = (env.primary, env.primary.other());
+    if ok(p) {
+        p
+    } else if ok(o) {
+        o
+    } else if env.get(p) != SlotBoot::Bad {
+        p
+    } else if env.get(o) != SlotBoot::Bad {
+        o
+    } else {
+        p
+    }
+}
+
+/// The variables of one copy holding `env`, check last (the order of the script's `save_env`).
+pub(super) fn env_block(env: &BootEnv) -> GrubEnv {
+    let mut g = GrubEnv::new();
+    g.set(VAR_PRIMARY, env.primary.letter());
+    for slot in Slot::ALL {
+        let (state, tries) = match env.get(slot) {
+            SlotBoot::Good => ("good", 0),
+            SlotBoot::Trying { tries_left } => ("try", tries_left),
+            SlotBoot::Bad => ("bad", 0),
+        };
+        g.set(state_var(slot), state);
+        g.set(tries_var(slot), tries.to_string());
+    }
+    let check = check_value(|k| g.get(k).map(str::to_string));
+    g.set(VAR_CHECK, check);
+    g
+}
+
+/// The last-good record naming `slot` (`none` for no slot).
+pub(super) fn good_block(slot: Option<Slot>) -> GrubEnv {
+    let v = slot.map_or("none", Slot::letter);
+    GrubEnv::from_pairs([(VAR_GOOD, v), (VAR_GOOD_AGAIN, v)])
+}
+
+fn sized(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == ENV_SIZE as u64)
+}
+
+/// One env copy as the script reads it: its lock value, and its variables when intact, or why
+/// it is damaged.
+fn read_copy(dir: &Path, n: u8, damaged: &mut Vec<Damage>) -> Result<(String, Option<Loaded>)> {
+    let names = env_var_names();
+    let lock_path = dir.join(format!("lock{n}"));
+    let env_path = dir.join(format!("env{n}"));
+    let lock_raw = read_opt(&lock_path)?;
+    let lock_loaded = lock_raw.as_deref().and_then(grub_load);
+    // The script presets K3OS_EDITING=1, so an unloadable lock (or one without the variable)
+    // reads as editing.
+    let lock = lock_loaded
+        .as_ref()
+        .and_then(|l| l.get(VAR_EDITING).map(str::to_string))
+        .unwrap_or_else(|| "1".into());
+    let env_raw = read_opt(&env_path)?;
+    let env = env_raw.as_deref().and_then(grub_load).map(|mut l| {
+        l.vars
+            .retain(|(k, _)| names.contains(k) || k.as_str() == VAR_CHECK);
+        l
+    });
+    let problem = match (&env_raw, &env) {
+        (None, _) => Some("missing".to_string()),
+        (Some(_), None) => Some("not a GRUB environment block (no signature)".to_string()),
+        (Some(_), Some(l)) => {
+            let want = check_value(|k| l.get(k).map(str::to_string));
+            match l.get(VAR_CHECK) {
+                Some(c) if c == want => None,
+                Some(c) => Some(format!(
+                    "damaged: {VAR_CHECK}={c:?} does not match its values {want:?}; none of them is used"
+                )),
+                None => Some(format!(
+                    "damaged: no {VAR_CHECK} to confirm its values {want:?}; none of them is used"
+                )),
+            }
+        }
+    };
+    if let Some(what) = &problem {
+        damaged.push(Damage {
+            record: format!("copy {n}"),
+            path: env_path.clone(),
+            what: what.clone(),
+        });
+    } else if !sized(&env_path) {
+        damaged.push(Damage {
+            record: format!("copy {n}"),
+            path: env_path.clone(),
+            what: format!("not {ENV_SIZE} bytes (the next write replaces it)"),
+        });
+    } else if let (Some(raw), Some(l)) = (&env_raw, &env) {
+        // Values intact, but other bytes (padding, comments) damaged: GRUB reads it, its own
+        // save_env may fail on it; the next Rust write rewrites it.
+        let canonical = GrubEnv::from_pairs(
+            names
+                .iter()
+                .chain([&VAR_CHECK.to_string()])
+                .filter_map(|k| l.get(k).map(|v| (k.clone(), v.to_string()))),
+        )
+        .to_bytes()
+        .ok();
+        if canonical.as_deref() != Some(raw.as_slice()) {
+            damaged.push(Damage {
+                record: format!("copy {n}"),
+                path: env_path.clone(),
+                what: "values intact, other bytes damaged (the next write rewrites it)".into(),
+            });
+        }
+    }
+    if lock != "0" {
+        let what = match (&lock_raw, &lock_loaded) {
+            (None, _) => "missing (counts as editing)".to_string(),
+            (Some(_), None) => "not a GRUB environment block (counts as editing)".to_string(),
+            _ => format!(
+                "marked editing ({VAR_EDITING}={lock:?}): a write of this copy did not finish"
+            ),
+        };
+        damaged.push(Damage {
+            record: format!("copy {n} lock"),
+            path: lock_path,
+            what,
+        });
+    } else if GrubEnv::from_pairs([(VAR_EDITING, "0")]).to_bytes().ok() != lock_raw {
+        damaged.push(Damage {
+            record: format!("copy {n} lock"),
+            path: lock_path,
+            what: "reads as not editing, other bytes damaged or wrong size (the next write rewrites it)"
+                .into(),
+        });
+    }
+    Ok((lock, if problem.is_none() { env } else { None }))
+}
+
+/// Model GRUB's boot-time script on the files under `grub_dir` (see the module docs).
+pub fn simulate_boot(grub_dir: &Path, max_tries: u8) -> Result<BootSim> {
+    let max = max_tries.max(1);
+    let dir = grub_dir.join(ENV_DIR);
+    let file = |name: String| dir.join(name);
+    let mut damaged = Vec::new();
+    let (lock1, env1) = read_copy(&dir, 1, &mut damaged)?;
+    let (lock2, env2) = read_copy(&dir, 2, &mut damaged)?;
+    let locks = [lock1, lock2];
+    let envs = [env1, env2];
+    let intact = [envs[0].is_some(), envs[1].is_some()];
+    let mut usable = [false; 2];
+    for (i, u) in usable.iter_mut().enumerate() {
+        let n = i + 1;
+        *u = intact[i]
+            && locks[i] == "0"
+            && sized(&file(format!("lock{n}")))
+            && sized(&file(format!("env{n}")));
+    }
+
+    let good_path = file(GOOD_FILE.to_string());
+    let good_raw = read_opt(&good_path)?;
+    let last_good = good_raw.as_deref().and_then(grub_load).and_then(|g| {
+        let v = g.get(VAR_GOOD)?;
+        if g.get(VAR_GOOD_AGAIN) != Some(v) {
+            return None;
+        }
+        match v {
+            "A" => Some(Some(Slot::A)),
+            "B" => Some(Some(Slot::B)),
+            "none" => Some(None),
+            _ => None,
+        }
+    });
+    let last_good_canonical = good_block(last_good.flatten()).to_bytes().ok() == good_raw;
+    if last_good.is_none() {
+        damaged.push(Damage {
+            record: "last-good record".into(),
+            path: good_path.clone(),
+            what: if good_raw.is_none() {
+                "missing (needed only when both copies are damaged)".into()
+            } else {
+                format!("damaged: {VAR_GOOD} and {VAR_GOOD_AGAIN} do not agree on A, B or none")
+            },
+        });
+    } else if good_block(last_good.flatten()).to_bytes().ok() != good_raw {
+        damaged.push(Damage {
+            record: "last-good record".into(),
+            path: good_path.clone(),
+            what: "its slot reads intact, other bytes damaged or wrong size (the next write rewrites it)".into(),
+        });
+    }
+
+    let copy = if intact[0] && locks[0] == "0" {
+        Some(1u8)
+    } else if intact[1] {
+        Some(2)
+    } else if intact[0] {
+        Some(1)
+    } else {
+        None
+    };
+    let env_path = |n: u8| -> PathBuf { file(format!("env{n}")) };
+    let (source, seen, in_use) = match (copy, last_good.flatten()) {
+        (Some(n), _) => {
+            let l = envs[n as usize - 1].as_ref().expect("intact copy loaded");
+            (
+                EnvSource::Copy(n),
+                range_check(|k| l.get(k).map(str::to_string), max),
+                format!("copy {n} ({})", env_path(n).display()),
+            )
+        }
+        (None, Some(g)) => (
+            EnvSource::LastGood(g),
+            BootEnv {
+                primary: g,
+                a: if g == Slot::A {
+                    SlotBoot::Good
+                } else {
+                    SlotBoot::Bad
+                },
+                b: if g == Slot::B {
+                    SlotBoot::Good
+                } else {
+                    SlotBoot::Bad
+                },
+            },
+            format!(
+                "last-good record ({}): both copies are damaged, GRUB boots slot {g}, the last confirmed one",
+                good_path.display()
+            ),
+        ),
+        (None, None) => (
+            EnvSource::Nothing,
+            range_check(|_| None, max),
+            "none: no intact env copy and no last-good record; GRUB boots slot A".to_string(),
+        ),
+    };
+    let choice = script_choice(&seen);
+    let mut after = seen.clone();
+    let mut countdown = Vec::new();
+    if let SlotBoot::Trying { tries_left } = seen.get(choice) {
+        if (1..=max).contains(&tries_left) {
+            after.set(
+                choice,
+                SlotBoot::Trying {
+                    tries_left: tries_left - 1,
+                },
+            );
+            let block = env_block(&after);
+            for n in 1..=2u8 {
+                if !intact[n as usize - 1] {
+                    continue;
+                }
+                let lock_path = file(format!("lock{n}"));
+                let Some(mut lock) = read_opt(&lock_path)? else {
+                    continue;
+                };
+                if !grub_set_in_place(&mut lock, VAR_EDITING, "1") {
+                    continue;
+                }
+                countdown.push(WriteOp::InPlace {
+                    path: lock_path.clone(),
+                    offset: 0,
+                    data: lock.clone(),
+                });
+                let Some(mut env) = read_opt(&env_path(n))? else {
+                    continue;
+                };
+                if !block.iter().all(|(k, v)| grub_set_in_place(&mut env, k, v)) {
+                    continue;
+                }
+                countdown.push(WriteOp::InPlace {
+                    path: env_path(n),
+                    offset: 0,
+                    data: env,
+                });
+                if grub_set_in_place(&mut lock, VAR_EDITING, "0") {
+                    countdown.push(WriteOp::InPlace {
+                        path: lock_path,
+                        offset: 0,
+                        data: lock,
+                    });
+                }
+            }
+        }
+    }
+    Ok(BootSim {
+        source,
+        seen,
+        choice,
+        countdown,
+        intact,
+        usable,
+        last_good,
+        last_good_canonical,
+        integrity: Integrity { in_use, damaged },
+    })
+}

@@ -1,0 +1,17 @@
+//! Checks that keep a fresh clone working on a fresh Debian 12 machine.
+//!
+//! CI runs on the developer's machine, where a package installed by hand hides a missing
+//! install step (it happened: `grub-emu` was never installed by `scripts/setup.sh`, and
+//! `just test` failed on the first fresh machine). [`tools`] finds every external command the
+//! repository's tests, recipes and scripts name, and says which Debian package provides it on
+//! this machine; the test in `tests/setup_installs_every_tool.rs` fails naming each command
+//! whose package is neither installed by `scripts/setup.sh` nor part of every Debian system
+//! (`Essential: yes` or `Priority: required`).
+//!
+//! How a command is found: every string literal of the Rust sources and every word of the
+//! shell scripts and the justfile that names an executable on `PATH` (so words that are not
+//! commands drop out by themselves), and its package by `dpkg -S`. Text is scanned, not
+//! parsed: a literal like `"file"` in Rust names the `file` command as far as this check knows;
+//! such words go into [`tools::NOT_HOST_COMMANDS`] with the reason.
+
+pub mod tools;

@@ -1,0 +1,397 @@
+//! The boot-assessment core: one pure function, [`assess`], decides everything `confirm` does
+//! on a boot — from the state file, the bootloader's view (state and integrity of its records),
+//! the observed boot (slot and boot id) and the health results — and returns the new state,
+//! the ordered effects (loader writes and state saves, each with its write barrier) and the
+//! [`Verdict`] with its reason. [`Updater::confirm_with`](crate::Updater::confirm_with) only
+//! gathers the inputs and executes the effects in order.
+//!
+//! # The rules
+//! 1. **Settle the other slot's trial.** If the other slot was activated in an earlier boot and
+//!    we are not running it, the bootloader fell back: with the loader still counting it
+//!    (`Trying`), it is marked bad with the tries it used ([`OtherSlot::FallbackTaken`]);
+//!    otherwise the activation never reached the loader and the slot goes back to staged
+//!    ([`OtherSlot::ActivationLost`]).
+//! 2. **Record the boot** once per boot id: which slot, its state and the loader's view.
+//! 3. **Assess the booted slot** — only a slot whose content is known complete (staged, trying
+//!    or good) — from every health result (built-in, `health.d`, checks registered by the
+//!    caller such as the agent's Node-Ready): all run *before* this single bless point.
+//!    - all pass: the slot is blessed (state and loader good, [`Outcome::Blessed`]) or stays
+//!      good ([`Outcome::Good`]; the loader is re-asserted, repairing damaged loader records,
+//!      unless a trial activated in this boot waits for its reboot);
+//!    - a check fails on a slot not yet blessed and the other slot is good: roll back
+//!      ([`Outcome::RolledBack`]);
+//!    - a check fails on a blessed slot, or with nothing to roll back to: recorded, nothing
+//!      changes ([`Outcome::Unhealthy`]). **After a bless nothing rolls back silently**: only an
+//!      explicit `rollback` leaves a good slot.
+//!
+//! # Where the agent reads the verdict
+//! Every assessment stores its [`Verdict`] in the state file (`State::verdict`);
+//! [`Status::verdict`](crate::Status::verdict) returns it when it is about the running boot.
+//! `verdict.other_slot` says whether a fallback was taken (and with which tries), so nobody
+//! re-derives it from slot states.
+//!
+//! Timestamps in the new state come from the clock (`State::transition`); everything else is a
+//! function of the inputs.
+
+use bootconfig::{BootEnv, Damage, Integrity, Slot, SlotBoot};
+use serde::{Deserialize, Serialize};
+
+use crate::health::CheckResult;
+use crate::state::{Event, SlotState, State};
+
+/// The boot being assessed, as observed at the edge (kernel command line, boot id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedBoot {
+    /// `k3os.slot=` of the running kernel.
+    pub slot: Slot,
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub boot_id: String,
+}
+
+/// The bootloader as read now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoaderView {
+    /// Loader name for the log (`grub`, `syslinux`).
+    pub name: String,
+    /// The state the loader will act on (from its intact record).
+    pub env: BootEnv,
+    /// Which records are damaged and which one is in use.
+    pub integrity: Integrity,
+}
+
+/// A bootloader write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LoaderOp {
+    MarkGood(Slot),
+    MarkBad(Slot),
+}
+
+/// One effect, in the order it must happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Write the loader, then announce `barrier`.
+    Loader { op: LoaderOp, barrier: &'static str },
+    /// Tell the layout the slot is confirmed (e.g. k3OS symlinks).
+    LayoutConfirmed(Slot),
+    /// Save this state, then announce `barrier`.
+    SaveState {
+        state: Box<State>,
+        barrier: &'static str,
+    },
+}
+
+/// What was decided about the other slot's pending trial.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum OtherSlot {
+    /// The loader fell back from `slot` after `used` of `tries` tries.
+    FallbackTaken { slot: Slot, used: u8, tries: u8 },
+    /// The activation of `slot` never reached the loader; it stays staged.
+    ActivationLost { slot: Slot },
+}
+
+impl OtherSlot {
+    pub fn slot(&self) -> Slot {
+        match self {
+            OtherSlot::FallbackTaken { slot, .. } | OtherSlot::ActivationLost { slot } => *slot,
+        }
+    }
+}
+
+/// What became of the booted slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Outcome {
+    /// All checks passed: newly marked good (the single bless point).
+    Blessed,
+    /// All checks passed; it already was good.
+    Good,
+    /// A check failed before the bless; the loader boots `to` next.
+    RolledBack { to: Slot },
+    /// A check failed and nothing changes (the slot was already blessed, or the other slot is
+    /// not good to roll back to).
+    Unhealthy,
+    /// The slot's content is not known to be complete (empty or invalid): not assessed.
+    NotAssessable { state: SlotState },
+}
+
+/// The verdict on one boot: consumed by `confirm`'s caller and by the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub boot_id: String,
+    pub slot: Slot,
+    pub version: Option<String>,
+    pub outcome: Outcome,
+    /// Why, in one sentence (also logged in the state file's history).
+    pub reason: String,
+    /// The other slot's trial, settled in this boot.
+    pub other_slot: Option<OtherSlot>,
+    pub checks: Vec<CheckResult>,
+    /// Damaged loader records seen in this boot (repaired by a loader write of the assessment
+    /// when the slot is good and no trial is pending).
+    pub loader_damage: Vec<Damage>,
+}
+
+impl Verdict {
+    /// The booted slot is good after this assessment.
+    pub fn healthy(&self) -> bool {
+        matches!(self.outcome, Outcome::Blessed | Outcome::Good)
+    }
+}
+
+/// The result of [`assess`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assessment {
+    /// The state after every effect (also the state of the last `SaveState`, if any).
+    pub state: State,
+    pub effects: Vec<Effect>,
+    pub verdict: Verdict,
+}
+
+/// Whether the health checks are needed: the booted slot's content is known complete.
+pub fn assessable(state: &State, booted: Slot) -> bool {
+    !matches!(
+        state.slot(booted).state,
+        SlotState::Empty | SlotState::Invalid
+    )
+}
+
+fn boot_word(b: SlotBoot) -> &'static str {
+    match b {
+        SlotBoot::Good => "good",
+        SlotBoot::Trying { .. } => "trying",
+        SlotBoot::Bad => "bad",
+    }
+}
+
+/// Decide one boot's assessment; see the module docs for the rules.
+pub fn assess(
+    state: &State,
+    loader: &LoaderView,
+    boot: &ObservedBoot,
+    checks: &[CheckResult],
+) -> Assessment {
+    let booted = boot.slot;
+    let other = booted.other();
+    let bid = boot.boot_id.as_str();
+    let env = &loader.env;
+    let mut st = state.clone();
+    let mut effects = Vec::new();
+    let mut other_slot = None;
+    // A first run bootstraps the booted slot in memory (Updater::load): save it.
+    let mut dirty = st.slot(booted).since != 0
+        && st
+            .history
+            .last()
+            .is_some_and(|d| d.event == Event::Bootstrap);
+
+    // 1. The other slot's trial.
+    if let Some(act) = st.activation.clone() {
+        if act.slot == other && act.boot_id != bid {
+            if st.slot(other).state == SlotState::Trying {
+                match env.get(other) {
+                    SlotBoot::Trying { tries_left } => {
+                        let used = act.tries.saturating_sub(tries_left);
+                        st.transition(
+                            other,
+                            SlotState::Bad,
+                            Event::FallbackTaken,
+                            format!(
+                                "slot {other} did not confirm: {} booted {booted} after {used} of {} tries of {other} ({tries_left} left)",
+                                loader.name, act.tries
+                            ),
+                        );
+                        effects.push(Effect::Loader {
+                            op: LoaderOp::MarkBad(other),
+                            barrier: "confirm:fallback-marked-bad",
+                        });
+                        other_slot = Some(OtherSlot::FallbackTaken {
+                            slot: other,
+                            used,
+                            tries: act.tries,
+                        });
+                    }
+                    _ => {
+                        st.transition(
+                            other,
+                            SlotState::Staged,
+                            Event::ActivationLost,
+                            format!("activation of slot {other} never reached {} (interrupted?); it stays staged", loader.name),
+                        );
+                        other_slot = Some(OtherSlot::ActivationLost { slot: other });
+                    }
+                }
+            }
+            st.activation = None;
+            dirty = true;
+        }
+    }
+
+    // 2. One `booted` record per boot.
+    if st.last_boot_id.as_deref() != Some(bid) {
+        let rec = st.slot(booted);
+        let why = match env.get(booted) {
+            SlotBoot::Trying { tries_left } => format!(
+                "booted slot {booted} ({}) on trial, {tries_left} tries left",
+                rec.state
+            ),
+            b => format!(
+                "booted slot {booted} ({}, bootloader: {})",
+                rec.state,
+                boot_word(b)
+            ),
+        };
+        let (v, g) = (rec.version.clone(), rec.generation);
+        st.log(booted, Event::Booted, v, g, why);
+        st.last_boot_id = Some(bid.to_string());
+        dirty = true;
+    }
+
+    let state_now = st.slot(booted).state;
+    let mut verdict = Verdict {
+        boot_id: bid.to_string(),
+        slot: booted,
+        version: st.slot(booted).version.clone(),
+        outcome: Outcome::Good,
+        reason: String::new(),
+        other_slot,
+        checks: checks.to_vec(),
+        loader_damage: loader.integrity.damaged.clone(),
+    };
+
+    // 3. The booted slot.
+    if !assessable(&st, booted) {
+        verdict.outcome = Outcome::NotAssessable { state: state_now };
+        verdict.reason = format!(
+            "slot {booted} is {state_now}: its content is not known to be complete; not assessed"
+        );
+        return finish(st, effects, verdict, dirty, "confirm:boot-recorded");
+    }
+    if dirty {
+        effects.push(Effect::SaveState {
+            state: Box::new(st.clone()),
+            barrier: "confirm:boot-recorded",
+        });
+        dirty = false;
+    }
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    if failed.is_empty() {
+        let newly_good = state_now != SlotState::Good;
+        // Re-assert a good slot in the loader (after a fallback left the exhausted slot
+        // primary, or to rewrite damaged records), but never over a trial that was activated
+        // in this boot and waits for its reboot.
+        let trial_pending = st.activation.as_ref().is_some_and(|a| a.slot == other);
+        let loader_stale = env.primary != booted
+            || env.get(booted) != SlotBoot::Good
+            || !loader.integrity.damaged.is_empty();
+        if newly_good || (!trial_pending && loader_stale) {
+            effects.push(Effect::Loader {
+                op: LoaderOp::MarkGood(booted),
+                barrier: "confirm:bootloader-good",
+            });
+            effects.push(Effect::LayoutConfirmed(booted));
+        }
+        let reason = format!(
+            "{} health check(s) passed; slot {booted} is good",
+            checks.len()
+        );
+        if newly_good {
+            st.transition(booted, SlotState::Good, Event::Confirmed, reason.clone());
+            if st.activation.as_ref().is_some_and(|a| a.slot == booted) {
+                st.activation = None;
+            }
+            dirty = true;
+            verdict.outcome = Outcome::Blessed;
+        }
+        verdict.reason = reason;
+        return finish(st, effects, verdict, dirty, "confirm:state-good");
+    }
+    let failures = failed.join("; ");
+    if state_now != SlotState::Good && st.slot(other).state == SlotState::Good {
+        let reason = format!("health checks failed ({failures}); rolled back to slot {other}");
+        // Already rolled back (by an earlier run in this boot): nothing more to do.
+        let done = state_now == SlotState::Bad
+            && env.get(booted) == SlotBoot::Bad
+            && env.next_boot() == other;
+        if !done {
+            effects.push(Effect::Loader {
+                op: LoaderOp::MarkGood(other),
+                barrier: "confirm:rollback-other-good",
+            });
+            effects.push(Effect::Loader {
+                op: LoaderOp::MarkBad(booted),
+                barrier: "confirm:rollback-booted-bad",
+            });
+            st.transition(booted, SlotState::Bad, Event::HealthFailed, reason.clone());
+            st.activation = None;
+        }
+        verdict.outcome = Outcome::RolledBack { to: other };
+        verdict.reason = reason;
+        return finish(st, effects, verdict, !done, "confirm:rolled-back");
+    }
+    let reason = if state_now == SlotState::Good {
+        format!(
+            "health checks failed ({failures}); slot {booted} was already good, not rolling back"
+        )
+    } else {
+        format!(
+            "health checks failed ({failures}); slot {other} is not good, nothing to roll back to"
+        )
+    };
+    let (v, g) = (st.slot(booted).version.clone(), st.slot(booted).generation);
+    // Logged once per distinct failure, not on every retry of the same checks in one boot.
+    let repeated = state
+        .verdict
+        .as_ref()
+        .is_some_and(|p| p.boot_id == bid && p.reason == reason);
+    if !repeated {
+        st.log(booted, Event::HealthFailed, v, g, reason.clone());
+    }
+    verdict.outcome = Outcome::Unhealthy;
+    verdict.reason = reason;
+    finish(st, effects, verdict, !repeated, "confirm:failure-recorded")
+}
+
+/// Store the verdict and add the final save when anything changed. A verdict about the same
+/// boot accumulates: a fallback settled or loader damage seen by an earlier run in this boot,
+/// and a bless by it, stay in the verdict of the boot.
+fn finish(
+    mut st: State,
+    mut effects: Vec<Effect>,
+    mut verdict: Verdict,
+    dirty: bool,
+    barrier: &'static str,
+) -> Assessment {
+    if let Some(prev) = st
+        .verdict
+        .as_ref()
+        .filter(|p| p.boot_id == verdict.boot_id && p.slot == verdict.slot)
+    {
+        if verdict.other_slot.is_none() {
+            verdict.other_slot = prev.other_slot.clone();
+        }
+        if verdict.loader_damage.is_empty() {
+            verdict.loader_damage = prev.loader_damage.clone();
+        }
+        if verdict.outcome == Outcome::Good && prev.outcome == Outcome::Blessed {
+            verdict.outcome = Outcome::Blessed;
+        }
+    }
+    let changed = st.verdict.as_ref() != Some(&verdict);
+    st.verdict = Some(verdict.clone());
+    if dirty || changed {
+        effects.push(Effect::SaveState {
+            state: Box::new(st.clone()),
+            barrier,
+        });
+    }
+    Assessment {
+        state: st,
+        effects,
+        verdict,
+    }
+}

@@ -1,0 +1,182 @@
+//! Boot assessment, the executor side: gather the inputs of [`crate::assess::assess`] (state,
+//! bootloader view and integrity, observed boot, health results — built-in, `health.d` and
+//! the caller's [`HealthCheck`]s, all before the single bless point) and carry out its effects
+//! in order. Every decision is in [`crate::assess`].
+
+use std::time::Duration;
+
+use bootconfig::Slot;
+use serde::{Deserialize, Serialize};
+
+use crate::assess::{self, Effect, LoaderOp, LoaderView, ObservedBoot, Outcome, Verdict};
+use crate::error::{Error, Result};
+use crate::health::{self, CheckResult, HealthCheck};
+use crate::state::{Decision, State};
+use crate::updater::Updater;
+
+/// What [`Updater::confirm`] found.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConfirmReport {
+    pub slot: Slot,
+    pub version: Option<String>,
+    /// Newly marked good by this call (false: it already was).
+    pub newly_good: bool,
+    pub checks: Vec<CheckResult>,
+    /// What was decided about the other slot's pending trial, if anything.
+    pub other_slot: Option<Decision>,
+    /// The full verdict (also stored in the state file, see [`crate::assess`]).
+    pub verdict: Verdict,
+}
+
+impl Updater {
+    /// Run on every boot: settle the other slot's trial, then check the booted slot's health
+    /// and mark it good, or roll back when it fails and the other slot is good.
+    pub fn confirm(&self) -> Result<ConfirmReport> {
+        self.confirm_with(&[])
+    }
+
+    /// [`Self::confirm`] with more checks registered by the caller (e.g. the agent's
+    /// Node-Ready): they run with the built-in and `health.d` checks, before the bless.
+    pub fn confirm_with(&self, extra: &[&dyn HealthCheck]) -> Result<ConfirmReport> {
+        let booted = self.booted_slot()?;
+        let boot = ObservedBoot {
+            slot: booted,
+            boot_id: self.boot_id(),
+        };
+        let st = self.load(Some(booted))?;
+        let loader = LoaderView {
+            name: self.boot.name().to_string(),
+            env: self.boot.read()?,
+            integrity: self.boot.integrity()?,
+        };
+        let checks = if assess::assessable(&st, booted) {
+            let mut c = self.health(booted, &st)?;
+            let version = st.slot(booted).version.clone();
+            c.extend(extra.iter().map(|h| h.check(booted, version.as_deref())));
+            c
+        } else {
+            Vec::new()
+        };
+        let was_good = st.slot(booted).state == crate::state::SlotState::Good;
+        let a = assess::assess(&st, &loader, &boot, &checks);
+        for effect in &a.effects {
+            match effect {
+                Effect::Loader { op, barrier } => {
+                    match *op {
+                        LoaderOp::MarkGood(s) => self.boot.mark_good(s)?,
+                        LoaderOp::MarkBad(s) => self.boot.mark_bad(s)?,
+                    }
+                    crate::barrier::hit(barrier);
+                }
+                Effect::LayoutConfirmed(s) => self.layout.confirmed(*s)?,
+                Effect::SaveState { state, barrier } => self.store.save(state, barrier)?,
+            }
+        }
+        let v = a.verdict;
+        let failures = || {
+            v.checks
+                .iter()
+                .filter(|c| !c.ok)
+                .map(|c| format!("{}: {}", c.name, c.detail))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        match &v.outcome {
+            Outcome::Blessed | Outcome::Good => Ok(ConfirmReport {
+                slot: booted,
+                version: v.version.clone(),
+                newly_good: !was_good,
+                checks: v.checks.clone(),
+                other_slot: v
+                    .other_slot
+                    .as_ref()
+                    .and_then(|o| a.state.last_decision(o.slot()).cloned()),
+                verdict: v,
+            }),
+            Outcome::RolledBack { .. } => Err(Error::HealthCheck {
+                slot: booted,
+                failures: failures(),
+                rolled_back: true,
+            }),
+            Outcome::Unhealthy => Err(Error::HealthCheck {
+                slot: booted,
+                failures: failures(),
+                rolled_back: false,
+            }),
+            Outcome::NotAssessable { state } => Err(Error::SlotState {
+                slot: booted,
+                state: *state,
+                expected: "staged, trying or good (its content is not known to be complete)",
+            }),
+        }
+    }
+
+    fn health(&self, slot: Slot, st: &State) -> Result<Vec<CheckResult>> {
+        let mut out = Vec::new();
+        let version = st.slot(slot).version.clone();
+        if self.cfg.builtin_health_check {
+            out.push(self.rootfs_check(slot, version.as_deref()));
+        }
+        let env = [
+            ("K3OS_SLOT", slot.to_string()),
+            ("K3OS_VERSION", version.unwrap_or_default()),
+        ];
+        out.extend(health::run_check_dir(
+            &self.cfg.health_dir,
+            Duration::from_secs(self.cfg.health_timeout_secs),
+            &env,
+        )?);
+        Ok(out)
+    }
+
+    fn rootfs_check(&self, slot: Slot, version: Option<&str>) -> CheckResult {
+        let name = "rootfs".to_string();
+        let fail = |detail: String| CheckResult {
+            name: name.clone(),
+            ok: false,
+            detail,
+        };
+        let text = match std::fs::read_to_string(&self.cfg.mountinfo) {
+            Ok(t) => t,
+            Err(e) => return fail(format!("cannot read {}: {e}", self.cfg.mountinfo.display())),
+        };
+        let mounts = health::parse_mountinfo(&text);
+        let mut found = None;
+        for m in mounts.iter().filter(|m| m.fstype == "squashfs") {
+            match self.layout.is_rootfs_of(slot, m.dev, &m.source) {
+                Ok(true) => found = Some(m.clone()),
+                Ok(false) => {}
+                Err(e) => return fail(e.to_string()),
+            }
+        }
+        let Some(m) = found else {
+            return fail(format!(
+                "no squashfs from slot {slot}'s rootfs is mounted ({})",
+                self.cfg.mountinfo.display()
+            ));
+        };
+        if !m.read_only {
+            return fail(format!(
+                "slot {slot}'s rootfs is mounted read-write at {}",
+                m.mount_point
+            ));
+        }
+        let rel = std::fs::read_to_string(&self.cfg.release_file).unwrap_or_default();
+        let (running, _) = health::parse_release_file(&rel);
+        match (version, running.as_deref()) {
+            (Some(want), Some(have)) if want != have => fail(format!(
+                "{} says version {have}, slot {slot} should hold {want}",
+                self.cfg.release_file.display()
+            )),
+            (Some(_), None) => fail(format!(
+                "{} names no VERSION",
+                self.cfg.release_file.display()
+            )),
+            _ => CheckResult {
+                name,
+                ok: true,
+                detail: format!("{} mounted read-only at {}", m.source, m.mount_point),
+            },
+        }
+    }
+}
