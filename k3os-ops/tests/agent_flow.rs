@@ -571,6 +571,15 @@ async fn failed_health_check_records_failure_reboots_back_and_pauses() {
         .unwrap()
         .iter()
         .any(|x| x.contains("node: stage") || x.contains("slots=[n1")));
+    // The failure and the rollback are counted in the metrics.
+    let text = agent.metrics.encode();
+    for c in ["k3os_ops_update_failures_total", "k3os_ops_rollbacks_total"] {
+        assert_eq!(
+            sample(&text, c, &["node=\"n1\""]),
+            Some(1.0),
+            "{c}:\n{text}"
+        );
+    }
 }
 
 #[tokio::test]
