@@ -62,6 +62,27 @@ bench-delta:
     libupgrade/benches/delta-debs.sh .cache/delta
     cargo bench -p libupgrade --bench delta
 
+# --- agent image (owned by k3os-ops/) -------------------------------------------------------
+# The agent's container image as an OCI archive (image index: amd64 + arm64) at
+# $CARGO_TARGET_DIR/oci/k3os-ops.oci.tar (default target/), written by k3os-ops' own k3os-oci
+# from the static musl release binaries; no container daemon. Load it on a k3s node with
+# `k3s ctr images import k3os-ops.oci.tar`, or push it with skopeo (see README).
+image:
+    #!/bin/sh
+    set -eu
+    t="${CARGO_TARGET_DIR:-target}"
+    cargo build --release -p k3os-ops --target x86_64-unknown-linux-musl
+    cargo build --release -p k3os-ops --target aarch64-unknown-linux-musl
+    cargo run -q -p k3os-ops --bin k3os-oci -- --out "$t/oci/k3os-ops.oci.tar" \
+        --ref docker.io/library/k3os-ops:0.1.0 \
+        --binary amd64="$t/x86_64-unknown-linux-musl/release/k3os-ops" \
+        --binary arm64="$t/aarch64-unknown-linux-musl/release/k3os-ops"
+
+# The image's tests: skopeo validates the archive (both platforms), runc runs the amd64 image
+# with the DaemonSet's mounts up to the agent's start-up line (root, runc, skopeo).
+image-test: image
+    cargo test -p k3os-ops --test agent_image -- --ignored --test-threads 1
+
 # --- vm-tests (owned by vm-tests/) ---------------------------------------------------------
 # QEMU scenarios on the disks from `just images-*`; console logs in vm-tests/out/<target>/<scenario>/.
 

@@ -144,6 +144,13 @@ fn daemonset_is_privileged_with_the_host_mounts() {
             "mount {m} is inside /proc or /sys: runc refuses it"
         );
     }
+    // Probes on the agent's listener (agent/metrics.rs, default 0.0.0.0:9479).
+    let port = &c["ports"][0];
+    assert_eq!(port["containerPort"].as_u64(), Some(9479));
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(c[probe]["httpGet"]["path"], path, "{probe}");
+        assert_eq!(c[probe]["httpGet"]["port"], port["name"], "{probe}");
+    }
     let host: Vec<&str> = pod["volumes"]
         .as_sequence()
         .unwrap()

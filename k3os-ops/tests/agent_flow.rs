@@ -29,6 +29,8 @@ struct World {
     leases: std::collections::BTreeMap<String, Value>,
     /// Other nodes that exist (for reclaim's Node-deleted check).
     other_nodes: Vec<String>,
+    /// More channels listed after `channel` (raw: they may not decode).
+    extra_channels: Vec<Value>,
     /// Called before answering each request (to inject concurrent changes).
     #[allow(clippy::type_complexity)]
     hook: Option<Box<dyn FnMut(&str, &mut Value) + Send>>,
@@ -113,11 +115,12 @@ async fn serve(
                 let mut ch = w.channel.clone();
                 ch["metadata"]["resourceVersion"] = json!(rv);
                 // A null channel: none exists (yet).
-                let items = if ch["spec"].is_null() {
+                let mut items = if ch["spec"].is_null() {
                     vec![]
                 } else {
                     vec![ch]
                 };
+                items.extend(w.extra_channels.iter().cloned());
                 respond(
                     200,
                     &json!({"kind": "UpdateChannelList", "apiVersion": "k3os.io/v1", "metadata": {}, "items": items}),
@@ -198,6 +201,42 @@ async fn serve(
                     let mut ch = w.channel.clone();
                     ch["metadata"]["resourceVersion"] = json!(w.rv.to_string());
                     respond(200, &ch)
+                }
+            }
+            (Method::PATCH, p) if p.starts_with(CH) && p.ends_with("/status") => {
+                let name = p
+                    .trim_start_matches(CH)
+                    .trim_start_matches('/')
+                    .trim_end_matches("/status")
+                    .to_string();
+                let cond = body["status"]["conditions"]
+                    .as_array()
+                    .and_then(|c| c.iter().find(|c| c["type"] == "Invalid"))
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                log.lock().unwrap().push(format!(
+                    "api: patch-status {name} Invalid={} {}",
+                    cond["status"].as_str().unwrap_or("-"),
+                    cond["message"].as_str().unwrap_or("")
+                ));
+                let target = if name == "stable" {
+                    Some(&mut w.channel)
+                } else {
+                    w.extra_channels
+                        .iter_mut()
+                        .find(|c| c["metadata"]["name"] == name.as_str())
+                };
+                match target {
+                    Some(t) => {
+                        let mut b = body.clone();
+                        b["metadata"] = Value::Null;
+                        b.as_object_mut().unwrap().remove("metadata");
+                        merge(t, &b);
+                        let out = t.clone();
+                        w.rv += 1;
+                        respond(200, &out)
+                    }
+                    None => respond(404, &not_found(p)),
                 }
             }
             (Method::POST, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
@@ -324,6 +363,7 @@ fn setup(
         pods: Vec::new(),
         leases: Default::default(),
         other_nodes: vec!["n2".into()],
+        extra_channels: Vec::new(),
         hook: None,
     }));
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -531,6 +571,15 @@ async fn failed_health_check_records_failure_reboots_back_and_pauses() {
         .unwrap()
         .iter()
         .any(|x| x.contains("node: stage") || x.contains("slots=[n1")));
+    // The failure and the rollback are counted in the metrics.
+    let text = agent.metrics.encode();
+    for c in ["k3os_ops_update_failures_total", "k3os_ops_rollbacks_total"] {
+        assert_eq!(
+            sample(&text, c, &["node=\"n1\""]),
+            Some(1.0),
+            "{c}:\n{text}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -843,4 +892,202 @@ async fn status_updating_lists_every_holder() {
         world.lock().unwrap().channel["status"]["updating"],
         json!("n2,n1")
     );
+}
+
+fn extra_channel(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
+        "metadata": {"name": name, "namespace": "k3os-system", "uid": format!("{name}-uid"),
+                     "generation": 1, "resourceVersion": "5"},
+        "spec": spec,
+        "status": {"slots": [], "failures": [], "conditions": []}
+    })
+}
+
+/// Issue 11 bug 3: a channel that does not decode (`concurrency: 5000000000`, stored before
+/// the schema had a maximum) is reported on that channel (condition Invalid + Event) and the
+/// node goes on with the valid channel; before, every list failed for every agent.
+#[tokio::test]
+async fn a_malformed_channel_is_reported_and_the_others_go_on() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    world.lock().unwrap().extra_channels.push(extra_channel(
+        "zzz-huge",
+        json!({"url": "https://x/", "concurrency": 5_000_000_000u64, "nodeSelector": {"pool": "edge"}}),
+    ));
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    pos(&l, "node: stage v2");
+    pos(
+        &l,
+        "api: patch-status zzz-huge Invalid=True UpdateChannel zzz-huge: does not decode",
+    );
+    pos(
+        &l,
+        "event-on: UpdateChannel k3os-system/zzz-huge: UpdateChannel zzz-huge",
+    );
+    // Reported once: the condition is in place, the next reconciles do not rewrite it.
+    let writes = l
+        .iter()
+        .filter(|x| x.contains("patch-status zzz-huge"))
+        .count();
+    assert_eq!(writes, 1, "{l:#?}");
+}
+
+/// Issue 11 bug 4: an invalid channel that sorts first by name does not shadow a valid one
+/// selecting the same node; the conflict is reported and the invalid channel gets its
+/// condition.
+#[tokio::test]
+async fn an_invalid_channel_does_not_shadow_a_valid_one() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    // Listed first by name, selects the node, window start 25:00.
+    {
+        let mut w = world.lock().unwrap();
+        let bad = extra_channel(
+            "aaa-broken",
+            json!({"url": "https://x/", "version": "v9", "nodeSelector": {"pool": "edge"},
+                   "window": {"start": "25:00", "length": "2h"}}),
+        );
+        w.extra_channels.push(bad);
+    }
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    pos(&l, "node: stage v2");
+    pos(&l, "event: ChannelConflict");
+    pos(&l, "api: patch-status aaa-broken Invalid=True");
+    let conflict = l
+        .iter()
+        .find(|x| x.starts_with("event-on: Node -/n1: several UpdateChannels"))
+        .unwrap();
+    assert!(
+        conflict.contains("stable wins") && conflict.contains("aaa-broken (invalid"),
+        "{conflict}"
+    );
+}
+
+/// The precedence rule among valid channels: the most specific nodeSelector wins, then the
+/// smallest name (documented in agent/channels.rs).
+#[test]
+fn the_most_specific_valid_channel_wins() {
+    use agent::crd::UpdateChannel;
+    let ch = |name: &str, sel: Value| -> UpdateChannel {
+        serde_json::from_value(extra_channel(
+            name,
+            json!({"url": "u", "nodeSelector": sel}),
+        ))
+        .unwrap()
+    };
+    let labels: std::collections::BTreeMap<String, String> = [
+        ("pool".to_string(), "edge".to_string()),
+        ("zone".into(), "a".into()),
+    ]
+    .into();
+    let chans = vec![
+        ch("a-all", json!({})),
+        ch("b-pool", json!({"pool": "edge"})),
+        ch("c-pool-zone", json!({"pool": "edge", "zone": "a"})),
+        ch("d-other", json!({"pool": "core"})),
+    ];
+    let p = agent::channels::pick("n1", &chans, &labels).unwrap();
+    assert_eq!(p.channel.metadata.name.as_deref(), Some("c-pool-zone"));
+    let losers: Vec<&str> = p.losers.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(losers, ["a-all", "b-pool"]);
+    let tie = vec![
+        ch("y", json!({"pool": "edge"})),
+        ch("x", json!({"pool": "edge"})),
+    ];
+    let p = agent::channels::pick("n1", &tie, &labels).unwrap();
+    assert_eq!(p.channel.metadata.name.as_deref(), Some("x"));
+}
+
+/// Issue 11 bug 10: `rebootTimeout: 0s` is refused by the agent too (the CRD's CEL rule
+/// refuses it at the server): the channel is marked Invalid and nothing is disrupted.
+#[tokio::test]
+async fn a_zero_reboot_timeout_is_invalid() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    world.lock().unwrap().channel["spec"]["rebootTimeout"] = json!("0s");
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    pos(
+        &l,
+        "api: patch-status stable Invalid=True UpdateChannel stable: spec.rebootTimeout",
+    );
+    assert!(!l.iter().any(|x| x.contains("slots=[n1")), "{l:#?}");
+}
+
+/// GET `path` from `addr` over a real loopback socket: (status, body).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out.split_once("\r\n\r\n").unwrap().1.to_string();
+    (status, body)
+}
+
+/// The sample of `name` whose labels include all of `labels`.
+fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.split(['{', ' ']).next() == Some(name) && labels.iter().all(|x| l.contains(x)))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// /metrics (Prometheus text), /healthz and /readyz over a loopback socket, after the happy
+/// path up to the reboot.
+#[tokio::test]
+async fn metrics_and_probes_over_a_real_socket() {
+    let (agent, _world, _node, _log) = setup(ConfirmResult::Healthy, false);
+    let addr = agent::metrics::spawn("127.0.0.1:0".parse().unwrap(), agent.metrics.clone())
+        .await
+        .unwrap();
+    assert_eq!(http_get(addr, "/healthz").await.0, 200);
+    assert_eq!(
+        http_get(addr, "/readyz").await.0,
+        503,
+        "ready before any reconcile"
+    );
+    settle(&agent).await;
+    assert_eq!(http_get(addr, "/readyz").await.0, 200);
+    let (status, text) = http_get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let node = "node=\"n1\"";
+    let get = |name: &str, labels: &[&str]| {
+        let mut all = labels.to_vec();
+        all.push(node);
+        sample(&text, name, &all).unwrap_or_else(|| panic!("{name} {labels:?} missing:\n{text}"))
+    };
+    assert_eq!(get("k3os_ops_update_phase", &["phase=\"Rebooting\""]), 1.0);
+    assert_eq!(get("k3os_ops_update_phase", &["phase=\"Claimed\""]), 0.0);
+    assert_eq!(
+        get(
+            "k3os_ops_version_info",
+            &["slot=\"booted\"", "version=\"v1\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        get(
+            "k3os_ops_version_info",
+            &["slot=\"staged\"", "version=\"v2\""]
+        ),
+        1.0
+    );
+    assert_eq!(get("k3os_ops_downloaded_bytes_total", &[]), 100.0);
+    assert_eq!(get("k3os_ops_drain_duration_seconds_count", &[]), 1.0);
+    assert!(get("k3os_ops_slot_held_seconds", &[]) >= 0.0);
+    for c in [
+        "k3os_ops_update_failures_total",
+        "k3os_ops_rollbacks_total",
+        "k3os_ops_reclaims_total",
+        "k3os_ops_reconcile_errors_total",
+    ] {
+        assert_eq!(get(c, &[]), 0.0, "{c}");
+    }
+    assert_eq!(http_get(addr, "/nope").await.0, 404);
 }

@@ -34,6 +34,18 @@ impl Policy {
             .map_err(|e| e.to_string())?;
         let drain_timeout = duration::parse("spec.drain.timeout", &spec.drain.timeout)
             .map_err(|e| e.to_string())?;
+        if reboot_timeout.is_zero() {
+            return Err(format!(
+                "spec.rebootTimeout: '{}' must be greater than 0 (a zero timeout would reclaim every slot at once)",
+                spec.reboot_timeout
+            ));
+        }
+        if drain_timeout.is_zero() {
+            return Err(format!(
+                "spec.drain.timeout: '{}' must be greater than 0",
+                spec.drain.timeout
+            ));
+        }
         if spec.concurrency == 0 {
             return Err("spec.concurrency: must be at least 1".into());
         }

@@ -13,10 +13,24 @@
 //! Module map: [`crd`] (the resource types), [`window`] and [`duration`] (spec parsing),
 //! [`decide`] (pure next-step logic), [`slots`] (the CAS slot protocol over the
 //! [`slots::ChannelStore`] trait), [`kube_store`] (that trait over kube-rs), [`drain`]
-//! (cordon/evict), [`node`] (the node-side trait over libupgrade), [`controller`] (the loop).
+//! (cordon/evict), [`node`] (the node-side trait over libupgrade), [`channels`] (decoding
+//! channels one by one, which channel wins), [`controller`] (one reconcile and the agent's
+//! state), [`steps`] (stage, drain, flip + reboot, confirm), [`invalid`] (reporting unusable
+//! channels), [`background`] (Lease renewal, reclaim, `latest` poller), [`run`] (process
+//! wiring and the error policy), [`client`] (kube client without the hidden retry layer),
+//! [`events`], [`errors`] (Display text of errors), [`metrics`] (/metrics, /healthz, /readyz),
+//! [`progress`] (stage progress annotation).
+//!
+//! Error policy: the steps return typed errors (`SlotError`, `DrainError`, `NodeError`,
+//! `WindowError`, `DurationError`) wrapped with context; every error ends in
+//! [`run`]'s loop, which logs it and publishes it once per text as a `ReconcileError` Event
+//! ([`errors::message`] renders the chain as Display text), backs off and retries. Nothing
+//! below `run` exits the process.
 //!
 //! Integration tests reach it as `k3os_ops::agent` (the library target).
 
+pub mod background;
+pub mod channels;
 pub mod client;
 pub mod controller;
 pub mod crd;
@@ -25,9 +39,14 @@ pub mod drain;
 pub mod duration;
 pub mod errors;
 pub mod events;
+pub mod invalid;
 pub mod kube_store;
+pub mod metrics;
 pub mod node;
+pub mod progress;
+pub mod run;
 pub mod slots;
+pub mod steps;
 pub mod window;
 
 use std::path::PathBuf;
@@ -57,6 +76,9 @@ pub struct AgentArgs {
     /// Seconds between polls of the channel's newest release (poller Lease holder only).
     #[arg(long, default_value_t = 900)]
     pub poll_secs: u64,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` listener.
+    #[arg(long, env = "K3OS_OPS_METRICS_ADDR", default_value = "0.0.0.0:9479")]
+    pub metrics_addr: std::net::SocketAddr,
 }
 
 #[derive(Debug, Subcommand)]
@@ -76,5 +98,5 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(controller::run(args))
+    rt.block_on(run::run(args))
 }

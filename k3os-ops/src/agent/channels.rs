@@ -1,0 +1,157 @@
+//! Listing UpdateChannels one by one, and which channel updates a node.
+//!
+//! **Decoding.** The channels are listed untyped and decoded one at a time: a malformed
+//! object (e.g. `concurrency: 5000000000`, stored before the schema had a maximum) is set
+//! aside as a [`BadChannel`] and reported on that channel, while the others go on (issue 11,
+//! bug 3: one such object made every list fail in every agent).
+//!
+//! **Precedence** ([`pick`], issue 11 bug 4). When several channels select a node:
+//! 1. a channel holding a slot for the node wins (its update must finish or be released);
+//! 2. otherwise only *valid* channels compete (the spec decodes and its durations, window and
+//!    concurrency validate): an invalid channel never shadows a valid one;
+//! 3. among them the most specific `nodeSelector` (most labels) wins, then the smallest name;
+//! 4. with no valid candidate, the first invalid one by name is picked, so its problem is
+//!    reported on the node.
+//!
+//! Every losing candidate is returned, so the caller reports the conflict.
+
+use std::collections::BTreeMap;
+
+use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::{Api, Client};
+
+use super::crd::UpdateChannel;
+use super::decide::Policy;
+
+/// A channel object that does not decode into [`UpdateChannel`].
+#[derive(Debug, Clone)]
+pub struct BadChannel {
+    pub name: String,
+    pub resource_version: Option<String>,
+    /// `status.conditions` as stored (kept when the `Invalid` condition is written).
+    pub conditions: serde_json::Value,
+    /// The decoding error, naming the field.
+    pub error: String,
+}
+
+/// The channels of a namespace, decoded one by one, sorted by name.
+#[derive(Debug, Clone, Default)]
+pub struct Listed {
+    pub channels: Vec<UpdateChannel>,
+    pub bad: Vec<BadChannel>,
+}
+
+/// The untyped API of UpdateChannels in `namespace`.
+pub fn dynamic_api(client: Client, namespace: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::erase::<UpdateChannel>(&());
+    Api::namespaced_with(client, namespace, &ar)
+}
+
+/// Decode one listed object.
+pub fn decode(obj: DynamicObject) -> Result<UpdateChannel, BadChannel> {
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    let resource_version = obj.metadata.resource_version.clone();
+    let conditions = obj
+        .data
+        .pointer("/status/conditions")
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    let value = serde_json::to_value(&obj).map_err(|e| BadChannel {
+        name: name.clone(),
+        resource_version: resource_version.clone(),
+        conditions: conditions.clone(),
+        error: e.to_string(),
+    })?;
+    serde_json::from_value::<UpdateChannel>(value).map_err(|e| BadChannel {
+        name,
+        resource_version,
+        conditions,
+        error: format!("does not decode: {e}"),
+    })
+}
+
+/// List the UpdateChannels of `namespace`, decoding each on its own.
+pub async fn list(client: &Client, namespace: &str) -> Result<Listed, kube::Error> {
+    let objs = dynamic_api(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await?;
+    let mut out = Listed::default();
+    for obj in objs.items {
+        match decode(obj) {
+            Ok(ch) => out.channels.push(ch),
+            Err(bad) => out.bad.push(bad),
+        }
+    }
+    out.channels
+        .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    out.bad.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// The outcome of [`pick`].
+#[derive(Debug, Clone)]
+pub struct Picked<'a> {
+    pub channel: &'a UpdateChannel,
+    /// Why it won (for the conflict report).
+    pub why: &'static str,
+    /// Other channels selecting the node, with why each lost.
+    pub losers: Vec<(String, String)>,
+}
+
+fn name(c: &UpdateChannel) -> &str {
+    c.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// The channel for `node` with `labels` among `channels` (see the module docs for the rule).
+pub fn pick<'a>(
+    node: &str,
+    channels: &'a [UpdateChannel],
+    labels: &BTreeMap<String, String>,
+) -> Option<Picked<'a>> {
+    let holding = channels
+        .iter()
+        .find(|c| c.status.as_ref().is_some_and(|s| s.slot_of(node).is_some()));
+    let selecting: Vec<&UpdateChannel> = channels.iter().filter(|c| c.selects(labels)).collect();
+    let invalid = |c: &UpdateChannel| Policy::from_spec(&c.spec).err();
+    let mut valid: Vec<&UpdateChannel> = selecting
+        .iter()
+        .copied()
+        .filter(|c| invalid(c).is_none())
+        .collect();
+    valid.sort_by(|a, b| {
+        b.spec
+            .node_selector
+            .len()
+            .cmp(&a.spec.node_selector.len())
+            .then_with(|| name(a).cmp(name(b)))
+    });
+    let (winner, why) = if let Some(h) = holding {
+        (h, "it holds an update slot for this node")
+    } else if let Some(v) = valid.first() {
+        (
+            *v,
+            "the valid channel with the most specific nodeSelector (then the smallest name)",
+        )
+    } else {
+        (*selecting.first()?, "no valid channel selects this node")
+    };
+    let losers = selecting
+        .iter()
+        .filter(|c| name(c) != name(winner))
+        .map(|c| {
+            let reason = match invalid(c) {
+                Some(e) => format!("invalid: {e}"),
+                None => format!(
+                    "valid, nodeSelector of {} label(s)",
+                    c.spec.node_selector.len()
+                ),
+            };
+            (name(c).to_string(), reason)
+        })
+        .collect();
+    Some(Picked {
+        channel: winner,
+        why,
+        losers,
+    })
+}

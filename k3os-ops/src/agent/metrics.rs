@@ -1,0 +1,334 @@
+//! The agent's Prometheus metrics and its small HTTP listener (`/metrics`, `/healthz`,
+//! `/readyz`).
+//!
+//! Metrics are kept with the `prometheus-client` crate (the Prometheus project's own Rust
+//! client: typed metric families, OpenMetrics/Prometheus text encoding) in one [`Metrics`]
+//! registry per agent, every series labelled with the node. The listener is hyper 1's HTTP/1
+//! server, already in this binary for `release serve` (well kept, the stack kube itself uses),
+//! so no second HTTP stack is linked for three fixed routes.
+//!
+//! - `/healthz` (liveness): 200 while the process' runtime answers. Deliberately not tied to
+//!   reconcile progress: a stage of a large release runs inside one reconcile for many minutes
+//!   and must not be killed for it.
+//! - `/readyz` (readiness): 200 once a reconcile has read this node and its channels from the
+//!   API server, 503 before and after [`NOT_READY_AFTER_ERRORS`] failed reconciles in a row.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Failed reconciles in a row after which `/readyz` answers 503.
+pub const NOT_READY_AFTER_ERRORS: u32 = 3;
+
+/// The phases the agent reports (the `k3os.io/update-phase` annotation values); each is a
+/// series of `k3os_ops_update_phase`, 1 for the current one.
+pub const PHASES: &[&str] = &[
+    "UpToDate",
+    "Staging",
+    "Staged",
+    "StageFailed",
+    "WaitingForWindow",
+    "WaitingForSlot",
+    "BackingOff",
+    "Paused",
+    "Claimed",
+    "Draining",
+    "DrainFailed",
+    "ActivateFailed",
+    "Aborted",
+    "Rebooting",
+    "Confirming",
+    "RollingBack",
+    "Failed",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabels {
+    /// `booted` or `staged`.
+    slot: String,
+    version: String,
+}
+
+/// Counters of notable outcomes.
+#[derive(Clone, Copy, Debug)]
+pub enum Outcome {
+    /// An update of this node failed (recorded in the channel's status).
+    Failure,
+    /// This node came back on (or went back to) its old slot.
+    Rollback,
+    /// This agent reclaimed a dead holder's slot.
+    Reclaim,
+    /// A reconcile returned an error.
+    ReconcileError,
+}
+
+/// All metrics of one agent.
+pub struct Metrics {
+    registry: Registry,
+    phase: Family<PhaseLabels, Gauge>,
+    current_phase: Mutex<Option<String>>,
+    version: Family<VersionLabels, Gauge>,
+    versions: Mutex<(Option<String>, Option<String>)>,
+    downloaded: Counter,
+    slot_held: Gauge<f64, AtomicU64>,
+    drain: Histogram,
+    failures: Counter,
+    rollbacks: Counter,
+    reclaims: Counter,
+    reconcile_errors: Counter,
+    ready: AtomicBool,
+    errors_in_row: AtomicU32,
+}
+
+impl Metrics {
+    /// A registry whose series all carry `node="<node>"`.
+    pub fn new(node: &str) -> Metrics {
+        let mut registry = Registry::with_prefix_and_labels(
+            "k3os_ops",
+            [(
+                std::borrow::Cow::Borrowed("node"),
+                std::borrow::Cow::Owned(node.to_string()),
+            )]
+            .into_iter(),
+        );
+        let phase = Family::<PhaseLabels, Gauge>::default();
+        registry.register(
+            "update_phase",
+            "Current update phase of this node (1 for the current phase, 0 for the others)",
+            phase.clone(),
+        );
+        let version = Family::<VersionLabels, Gauge>::default();
+        registry.register(
+            "version_info",
+            "Release versions on this node: slot=booted (running) and slot=staged (inactive slot, verified)",
+            version.clone(),
+        );
+        let downloaded = Counter::default();
+        registry.register(
+            "downloaded_bytes",
+            "Bytes of release artifacts written while staging",
+            downloaded.clone(),
+        );
+        let slot_held = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "slot_held_seconds",
+            "Seconds this node has held its update slot (0 without a slot)",
+            slot_held.clone(),
+        );
+        let drain = Histogram::new([5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0]);
+        registry.register(
+            "drain_duration_seconds",
+            "Duration of drains of this node (successful or not)",
+            drain.clone(),
+        );
+        let failures = Counter::default();
+        registry.register(
+            "update_failures",
+            "Failed updates of this node",
+            failures.clone(),
+        );
+        let rollbacks = Counter::default();
+        registry.register(
+            "rollbacks",
+            "Returns of this node to its old slot",
+            rollbacks.clone(),
+        );
+        let reclaims = Counter::default();
+        registry.register(
+            "reclaims",
+            "Slots of dead holders reclaimed by this agent",
+            reclaims.clone(),
+        );
+        let reconcile_errors = Counter::default();
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that ended in an error",
+            reconcile_errors.clone(),
+        );
+        for p in PHASES {
+            phase
+                .get_or_create(&PhaseLabels {
+                    phase: p.to_string(),
+                })
+                .set(0);
+        }
+        Metrics {
+            registry,
+            phase,
+            current_phase: Mutex::new(None),
+            version,
+            versions: Mutex::new((None, None)),
+            downloaded,
+            slot_held,
+            drain,
+            failures,
+            rollbacks,
+            reclaims,
+            reconcile_errors,
+            ready: AtomicBool::new(false),
+            errors_in_row: AtomicU32::new(0),
+        }
+    }
+
+    /// The node entered `phase`.
+    pub fn set_phase(&self, phase: &str) {
+        let mut cur = self.current_phase.lock().expect("not poisoned");
+        if let Some(old) = cur.as_deref() {
+            self.phase
+                .get_or_create(&PhaseLabels {
+                    phase: old.to_string(),
+                })
+                .set(0);
+        }
+        self.phase
+            .get_or_create(&PhaseLabels {
+                phase: phase.to_string(),
+            })
+            .set(1);
+        *cur = Some(phase.to_string());
+    }
+
+    /// The booted and the staged version (`None`: unknown / nothing staged).
+    pub fn set_versions(&self, booted: Option<&str>, staged: Option<&str>) {
+        let mut cur = self.versions.lock().expect("not poisoned");
+        for (slot, old, new) in [
+            ("booted", cur.0.as_deref(), booted),
+            ("staged", cur.1.as_deref(), staged),
+        ] {
+            if old == new {
+                continue;
+            }
+            if let Some(o) = old {
+                self.version.remove(&VersionLabels {
+                    slot: slot.into(),
+                    version: o.into(),
+                });
+            }
+            if let Some(n) = new {
+                self.version
+                    .get_or_create(&VersionLabels {
+                        slot: slot.into(),
+                        version: n.into(),
+                    })
+                    .set(1);
+            }
+        }
+        *cur = (booted.map(String::from), staged.map(String::from));
+    }
+
+    pub fn add_downloaded(&self, bytes: u64) {
+        self.downloaded.inc_by(bytes);
+    }
+
+    pub fn set_slot_held(&self, seconds: f64) {
+        self.slot_held.set(seconds);
+    }
+
+    pub fn observe_drain(&self, seconds: f64) {
+        self.drain.observe(seconds);
+    }
+
+    pub fn count(&self, o: Outcome) {
+        match o {
+            Outcome::Failure => &self.failures,
+            Outcome::Rollback => &self.rollbacks,
+            Outcome::Reclaim => &self.reclaims,
+            Outcome::ReconcileError => &self.reconcile_errors,
+        }
+        .inc();
+    }
+
+    /// A reconcile finished: `ok` marks the agent ready, errors count towards unready.
+    pub fn reconciled(&self, ok: bool) {
+        if ok {
+            self.errors_in_row.store(0, Ordering::Relaxed);
+            self.ready.store(true, Ordering::Relaxed);
+        } else {
+            self.count(Outcome::ReconcileError);
+            let n = self.errors_in_row.fetch_add(1, Ordering::Relaxed) + 1;
+            if n >= NOT_READY_AFTER_ERRORS {
+                self.ready.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// The answer to one request: (status, content type, body).
+pub fn route(metrics: &Metrics, path: &str) -> (u16, &'static str, String) {
+    match path {
+        "/metrics" => (
+            200,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.encode(),
+        ),
+        "/healthz" => (200, "text/plain", "ok\n".into()),
+        "/readyz" if metrics.is_ready() => (200, "text/plain", "ready\n".into()),
+        "/readyz" => (
+            503,
+            "text/plain",
+            "not ready: no successful reconcile yet, or the last ones failed\n".into(),
+        ),
+        _ => (404, "text/plain", "not found\n".into()),
+    }
+}
+
+/// Serve [`route`] on `listener` forever (one task per connection).
+pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Metrics>) {
+    use hyper::service::service_fn;
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let (status, ctype, body) = route(&metrics, req.uri().path());
+                let resp = hyper::Response::builder()
+                    .status(status)
+                    .header("content-type", ctype)
+                    .body(body)
+                    .expect("static response parts are valid");
+                async move { Ok::<_, std::convert::Infallible>(resp) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await;
+        });
+    }
+}
+
+/// Bind `addr` and serve in the background; returns the bound address.
+pub async fn spawn(
+    addr: SocketAddr,
+    metrics: std::sync::Arc<Metrics>,
+) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(serve(listener, metrics));
+    Ok(bound)
+}

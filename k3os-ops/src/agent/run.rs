@@ -1,0 +1,142 @@
+//! `k3os-ops agent`'s main: logging, the start-up line, the Kubernetes client, the metrics
+//! listener, the background tasks, the watchers that wake the loop, and the reconcile loop
+//! with its single error policy (log + `ReconcileError` event once per text, back off up to
+//! 10 resync periods, never exit on a reconcile error).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::watcher;
+use kube::Api;
+
+use super::background::{poll_loop, reclaim_loop, renew_node_lease};
+use super::controller::{Agent, Next};
+use super::kube_store::node_lease_name;
+use super::node::NodeOps;
+use super::AgentArgs;
+
+/// Run the agent until a fatal error.
+pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let node = args.node_name.clone().context(
+        "the node name is required: --node-name or NODE_NAME (DaemonSet: fieldRef spec.nodeName)",
+    )?;
+    // The start-up line (the image test waits for it). /proc/cmdline is read from the
+    // container's own /proc: the kernel command line is not namespaced.
+    let cmdline = std::fs::read_to_string("/proc/cmdline")
+        .map(|c| format!("{} bytes", c.trim_end().len()))
+        .unwrap_or_else(|e| format!("unreadable: {e}"));
+    tracing::info!(
+        "k3os-ops agent {} starting on node {node} (namespace {}, kernel command line {cmdline}, metrics on {})",
+        env!("CARGO_PKG_VERSION"),
+        args.namespace,
+        args.metrics_addr
+    );
+    libupgrade::http::install_crypto_provider();
+    let client = super::client::infer()
+        .await
+        .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
+    let ops: Arc<dyn NodeOps> = Arc::new(super::node::LibupgradeNode::open(args.config.clone())?);
+    let self_pod = args
+        .pod_name
+        .as_ref()
+        .map(|p| format!("{}/{p}", args.namespace));
+    let agent = Arc::new(Agent::new(
+        client.clone(),
+        &args.namespace,
+        &node,
+        self_pod,
+        ops,
+    ));
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &args.namespace);
+    let silence = leases
+        .get_opt(&node_lease_name(&node))
+        .await
+        .with_context(|| format!("read Lease {}/{}", args.namespace, node_lease_name(&node)))?
+        .and_then(|l| l.spec?.renew_time)
+        .map(|t| {
+            let age = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
+            Duration::from_secs_f64(age.as_secs_f64().max(0.0))
+        });
+    agent.set_startup_silence(silence);
+
+    let bound = super::metrics::spawn(args.metrics_addr, agent.metrics.clone())
+        .await
+        .with_context(|| {
+            format!(
+                "listen on {} for /metrics, /healthz, /readyz",
+                args.metrics_addr
+            )
+        })?;
+    tracing::info!("serving /metrics, /healthz and /readyz on {bound}");
+    tokio::spawn(renew_node_lease(
+        client.clone(),
+        args.namespace.clone(),
+        node.clone(),
+    ));
+    tokio::spawn(reclaim_loop(agent.clone()));
+    tokio::spawn(poll_loop(
+        agent.clone(),
+        Duration::from_secs(args.poll_secs.max(30)),
+    ));
+
+    // Wake on any change of the channels or of this Node; resync periodically regardless.
+    let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
+    // Untyped, so one malformed channel does not stop the wake-ups (it is reported by the
+    // reconcile's list).
+    let channels = super::channels::dynamic_api(client.clone(), &args.namespace);
+    let tx = wake_tx.clone();
+    tokio::spawn(async move {
+        let mut s = watcher(channels, watcher::Config::default()).boxed();
+        while let Some(ev) = s.next().await {
+            if ev.is_ok() {
+                let _ = tx.try_send(());
+            }
+        }
+    });
+    let nodes: Api<Node> = Api::all(client.clone());
+    let tx = wake_tx;
+    let field = format!("metadata.name={node}");
+    tokio::spawn(async move {
+        let mut s = watcher(nodes, watcher::Config::default().fields(&field)).boxed();
+        while let Some(ev) = s.next().await {
+            if ev.is_ok() {
+                let _ = tx.try_send(());
+            }
+        }
+    });
+
+    agent
+        .event(
+            None,
+            false,
+            "AgentStarted",
+            format!("k3os-ops agent {} started", env!("CARGO_PKG_VERSION")),
+        )
+        .await;
+    let resync = Duration::from_secs(args.resync_secs.max(5));
+    let mut errors = 0u32;
+    loop {
+        match agent.reconcile().await {
+            Ok(Next::Again) => {
+                errors = 0;
+                continue;
+            }
+            Ok(Next::Wait) => errors = 0,
+            Err(e) => {
+                errors += 1;
+                agent.report_error(&e).await;
+            }
+        }
+        let pause = resync * errors.clamp(1, 10);
+        let _ = tokio::time::timeout(pause, wake_rx.recv()).await;
+    }
+}

@@ -1,0 +1,390 @@
+//! The disruptive steps of an update, in order: stage (no disruption), cordon + drain
+//! ([`Agent::disrupt`]), bootloader flip + reboot ([`Agent::flip_and_reboot`]), and after the
+//! boot the health verdict ([`Agent::confirm`]). Each disruptive step first fences on the
+//! slot's token (CAS of its phase) and aborts if the slot was lost.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::controller::*;
+use super::crd::{SlotPhase, UpdateChannel};
+use super::decide::{NodeView, Policy};
+use super::drain;
+use super::kube_store::KubeChannelStore;
+use super::metrics::Outcome;
+use super::node::ConfirmResult;
+use super::progress::AnnotationProgress;
+use super::slots::{self, FenceOutcome};
+
+impl Agent {
+    pub(super) async fn stage(&self, ch: &UpdateChannel, version: &str) -> anyhow::Result<Next> {
+        let now_s = Utc::now().timestamp().max(0) as u64;
+        if now_s < self.stage_not_before.load(Ordering::Relaxed) {
+            return Ok(Next::Wait);
+        }
+        self.annotate(&[
+            (ANN_PHASE, Some("Staging")),
+            (ANN_TARGET, Some(version)),
+            (
+                ANN_MESSAGE,
+                Some("downloading and verifying into the inactive slot"),
+            ),
+        ])
+        .await?;
+        self.event(
+            Some(ch),
+            false,
+            "Staging",
+            format!(
+                "staging {version} from {} into the inactive slot",
+                ch.spec.url
+            ),
+        )
+        .await;
+        let (tx, mut rx) = tokio::sync::watch::channel(String::new());
+        rx.mark_unchanged();
+        let progress = Arc::new(AnnotationProgress::new(tx, self.metrics.clone()));
+        let url = ch.spec.url.clone();
+        let v = version.to_string();
+        let p = progress.clone();
+        let pinned = ch.spec.pinned_version().is_some();
+        let work = self.blocking(move |ops| ops.stage(&url, &v, pinned, p.as_ref()));
+        tokio::pin!(work);
+        // The annotation is written at most every PROGRESS_PERIOD (the Node object is shared
+        // with the kubelet; a byte counter must not flood the API server).
+        let mut last_write: Option<tokio::time::Instant> = None;
+        let mut ticker = tokio::time::interval(PROGRESS_PERIOD);
+        let result = loop {
+            tokio::select! {
+                r = &mut work => break r,
+                _ = ticker.tick() => {
+                    let due = last_write.is_none_or(|t| t.elapsed() >= PROGRESS_PERIOD);
+                    if due && rx.has_changed().unwrap_or(false) {
+                        let text = rx.borrow_and_update().clone();
+                        if let Err(e) = self.annotate(&[(ANN_PROGRESS, Some(&text))]).await {
+                            tracing::warn!("progress annotation: {e:#}");
+                        }
+                        last_write = Some(tokio::time::Instant::now());
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(()) => {
+                self.stage_failures.store(0, Ordering::Relaxed);
+                self.annotate(&[
+                    (ANN_PHASE, Some("Staged")),
+                    (ANN_PROGRESS, None),
+                    (ANN_MESSAGE, Some("verified and staged")),
+                ])
+                .await?;
+                self.event(
+                    Some(ch),
+                    false,
+                    "Staged",
+                    format!("{version} verified and staged in the inactive slot"),
+                )
+                .await;
+                Ok(Next::Again)
+            }
+            Err(e) => {
+                let n = self.stage_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                let backoff = (60u64 << n.min(6)).min(3600);
+                self.stage_not_before
+                    .store(now_s + backoff, Ordering::Relaxed);
+                let msg = format!(
+                    "staging {version} failed (attempt {n}, next in {backoff}s): {}",
+                    super::errors::anyhow_message(&e)
+                );
+                self.phase("StageFailed", &msg).await?;
+                self.event(Some(ch), true, "StageFailed", msg).await;
+                Ok(Next::Wait)
+            }
+        }
+    }
+
+    /// After an aborted disruption: wait 5 min, doubling per abort in a row, up to 1 h, before
+    /// claiming again (a drain that is refused must not cordon the node every resync).
+    pub(super) fn back_off_claims(&self) {
+        let n = self.claim_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let secs = (300u64 << (n - 1).min(4)).min(3600);
+        let now_s = Utc::now().timestamp().max(0) as u64;
+        self.claim_not_before.store(now_s + secs, Ordering::Relaxed);
+    }
+
+    /// Uncordon if (and only if) this agent cordoned the node.
+    pub(super) async fn undo_cordon(&self) -> anyhow::Result<()> {
+        let node = self.nodes().get(&self.node).await?;
+        let ours = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANN_CORDONED))
+            .is_some_and(|v| v == "true");
+        if ours {
+            drain::set_unschedulable(&self.nodes(), &self.node, false).await?;
+            self.annotate(&[(ANN_CORDONED, None)]).await?;
+            self.event(
+                None,
+                false,
+                "Uncordoned",
+                "uncordoned the node (the agent had cordoned it)".into(),
+            )
+            .await;
+        }
+        Ok(())
+    }
+
+    /// Abort after losing the slot: undo our cordon, tell why.
+    pub(super) async fn abort_lost(&self, ch: &UpdateChannel, step: &str) -> anyhow::Result<Next> {
+        self.back_off_claims();
+        self.undo_cordon().await?;
+        self.phase("Aborted", &format!("lost the update slot before {step}"))
+            .await?;
+        self.event(Some(ch), true, "SlotLost", format!("the update slot is gone or carries another token; aborted before {step} and undid the cordon")).await;
+        Ok(Next::Again)
+    }
+
+    pub(super) async fn disrupt(
+        &self,
+        ch: &UpdateChannel,
+        store: &KubeChannelStore,
+        view: &NodeView,
+        token: &str,
+        version: &str,
+    ) -> anyhow::Result<Next> {
+        let policy = Policy::from_spec(&ch.spec).map_err(anyhow::Error::msg)?;
+        let entry = match slots::fence(
+            store,
+            &self.node,
+            token,
+            SlotPhase::Draining,
+            Some(view.unschedulable),
+            Utc::now(),
+        )
+        .await?
+        {
+            FenceOutcome::Held(e) => e,
+            FenceOutcome::Lost => return self.abort_lost(ch, "cordon").await,
+        };
+        if !entry.was_unschedulable.unwrap_or(false) && !view.unschedulable {
+            self.annotate(&[(ANN_CORDONED, Some("true"))]).await?;
+            drain::set_unschedulable(&self.nodes(), &self.node, true).await?;
+            self.event(Some(ch), false, "Cordoned", "cordoned the node".into())
+                .await;
+        }
+        if !ch.spec.drain.skip {
+            self.phase(
+                "Draining",
+                &format!("evicting pods (timeout {:?})", policy.drain_timeout),
+            )
+            .await?;
+            self.event(
+                Some(ch),
+                false,
+                "Draining",
+                "evicting pods through the Eviction API".into(),
+            )
+            .await;
+            let drain_started = tokio::time::Instant::now();
+            let drained = drain::drain(
+                &self.client,
+                &self.node,
+                &ch.spec.drain,
+                self.self_pod.as_deref(),
+                policy.drain_timeout,
+                self.drain_retry,
+            )
+            .await;
+            self.metrics
+                .observe_drain(drain_started.elapsed().as_secs_f64());
+            match drained {
+                Ok(r) => {
+                    self.event(
+                        Some(ch),
+                        false,
+                        "Drained",
+                        format!(
+                            "evicted {} pod(s) ({} disruption-budget retries)",
+                            r.evicted.len(),
+                            r.budget_retries
+                        ),
+                    )
+                    .await;
+                }
+                Err(e) => {
+                    self.back_off_claims();
+                    self.event(
+                        Some(ch),
+                        true,
+                        "DrainFailed",
+                        format!("{e}; giving up this update attempt"),
+                    )
+                    .await;
+                    self.undo_cordon().await?;
+                    slots::release(store, &self.node, token, Utc::now()).await?;
+                    self.phase("DrainFailed", &e.to_string()).await?;
+                    return Ok(Next::Wait);
+                }
+            }
+        }
+        self.flip_and_reboot(ch, store, token, version).await
+    }
+
+    pub(super) async fn flip_and_reboot(
+        &self,
+        ch: &UpdateChannel,
+        store: &KubeChannelStore,
+        token: &str,
+        version: &str,
+    ) -> anyhow::Result<Next> {
+        match slots::fence(
+            store,
+            &self.node,
+            token,
+            SlotPhase::Rebooting,
+            None,
+            Utc::now(),
+        )
+        .await?
+        {
+            FenceOutcome::Held(_) => {}
+            FenceOutcome::Lost => return self.abort_lost(ch, "the bootloader flip").await,
+        }
+        if let Err(e) = self.blocking(|ops| ops.activate()).await {
+            self.back_off_claims();
+            self.event(
+                Some(ch),
+                true,
+                "ActivateFailed",
+                super::errors::anyhow_message(&e),
+            )
+            .await;
+            self.undo_cordon().await?;
+            slots::release(store, &self.node, token, Utc::now()).await?;
+            self.phase("ActivateFailed", &super::errors::anyhow_message(&e))
+                .await?;
+            return Ok(Next::Wait);
+        }
+        self.event(
+            Some(ch),
+            false,
+            "Activated",
+            format!("the bootloader tries {version} at the next boot"),
+        )
+        .await;
+        // Last fence before the point of no return.
+        match slots::fence(
+            store,
+            &self.node,
+            token,
+            SlotPhase::Rebooting,
+            None,
+            Utc::now(),
+        )
+        .await?
+        {
+            FenceOutcome::Held(_) => {}
+            FenceOutcome::Lost => return self.abort_lost(ch, "the reboot").await,
+        }
+        self.phase("Rebooting", &format!("rebooting into {version}"))
+            .await?;
+        self.event(
+            Some(ch),
+            false,
+            "Rebooting",
+            format!("syncing and rebooting into {version}"),
+        )
+        .await;
+        self.blocking(|ops| ops.reboot()).await?;
+        Ok(Next::Wait)
+    }
+
+    pub(super) async fn node_ready(&self) -> anyhow::Result<bool> {
+        let node = self.nodes().get(&self.node).await?;
+        Ok(node
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"))
+    }
+
+    pub(super) async fn confirm(
+        &self,
+        ch: &UpdateChannel,
+        store: &KubeChannelStore,
+        token: &str,
+        version: &str,
+        held: bool,
+    ) -> anyhow::Result<Next> {
+        self.phase("Confirming", &format!("checking health of {version}"))
+            .await?;
+        self.event(
+            Some(ch),
+            false,
+            "Confirming",
+            format!(
+                "booted {version} on trial; waiting for Node Ready and running the health checks"
+            ),
+        )
+        .await;
+        let start = tokio::time::Instant::now();
+        let mut ready = self.node_ready().await?;
+        while !ready && start.elapsed() < READY_WAIT {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            ready = self.node_ready().await?;
+        }
+        let verdict = if ready {
+            self.blocking(|ops| ops.confirm()).await?
+        } else {
+            let reason = format!("Node not Ready within {READY_WAIT:?} after booting {version}");
+            let r = reason.clone();
+            self.blocking(move |ops| ops.rollback(&r)).await?;
+            ConfirmResult::RolledBack(reason)
+        };
+        match verdict {
+            ConfirmResult::Healthy => {
+                self.claim_failures.store(0, Ordering::Relaxed);
+                self.undo_cordon().await?;
+                if held {
+                    slots::release(store, &self.node, token, Utc::now()).await?;
+                }
+                self.annotate(&[
+                    (ANN_PHASE, Some("UpToDate")),
+                    (ANN_MESSAGE, Some(&format!("running {version}"))),
+                    (ANN_PROGRESS, None),
+                ])
+                .await?;
+                self.event(
+                    Some(ch),
+                    false,
+                    "UpdateSucceeded",
+                    format!("{version} is healthy and confirmed; slot released"),
+                )
+                .await;
+                Ok(Next::Again)
+            }
+            ConfirmResult::RolledBack(reason) => {
+                self.metrics.count(Outcome::Failure);
+                self.metrics.count(Outcome::Rollback);
+                let t = held.then_some(token);
+                slots::record_failure(store, &self.node, t, version, &reason, true, Utc::now())
+                    .await?;
+                self.phase("RollingBack", &reason).await?;
+                self.event(
+                    Some(ch),
+                    true,
+                    "HealthCheckFailed",
+                    format!("{version}: {reason}; rebooting back"),
+                )
+                .await;
+                self.blocking(|ops| ops.reboot()).await?;
+                Ok(Next::Wait)
+            }
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! `k3os-oci`: writes the k3os-ops agent's container image as an OCI image archive, without a
+//! container daemon or image builder.
+//!
+//! The image is one layer holding the static musl `k3os-ops` binary at `/usr/bin/k3os-ops`
+//! (plus `/tmp`), entrypoint `k3os-ops agent`, one image per architecture under an OCI image
+//! index (multi-arch). The archive is a tar of an OCI image layout (`oci-layout`, `index.json`,
+//! `blobs/sha256/…`); `index.json` names the index with `org.opencontainers.image.ref.name`
+//! and `io.containerd.image.name` set to the full reference, which `skopeo` (oci-archive:) and
+//! containerd's `ctr images import` (k3s) both use.
+//!
+//! Written here rather than with umoci/buildah: the layout is four JSON documents and a
+//! gzipped tar (the `tar` and `flate2` crates), umoci cannot build a multi-platform index, and
+//! our own code keeps the output reproducible (fixed mtimes, owners and order), so the same
+//! binaries give the same digests.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+#[derive(Parser)]
+#[command(about = "Write the k3os-ops agent image (OCI image index) as an OCI archive")]
+struct Args {
+    /// Output archive, e.g. target/oci/k3os-ops.oci.tar.
+    #[arg(long)]
+    out: PathBuf,
+    /// Image reference recorded in the archive, e.g. docker.io/library/k3os-ops:0.1.0.
+    #[arg(long = "ref")]
+    reference: String,
+    /// ARCH=PATH of a static k3os-ops binary, ARCH an OCI architecture (amd64, arm64).
+    /// Repeat for each platform.
+    #[arg(long = "binary", required = true)]
+    binaries: Vec<String>,
+}
+
+const MT_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const MT_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const MT_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+const MT_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+
+/// Content-addressed blobs of the layout.
+#[derive(Default)]
+struct Blobs(Vec<(String, Vec<u8>)>);
+
+impl Blobs {
+    /// Store `data`; returns its descriptor (`mediaType`, `digest`, `size`).
+    fn add(&mut self, media_type: &str, data: Vec<u8>) -> Value {
+        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&data)));
+        let d = json!({"mediaType": media_type, "digest": digest, "size": data.len()});
+        if !self.0.iter().any(|(k, _)| *k == digest) {
+            self.0.push((digest, data));
+        }
+        d
+    }
+
+    fn add_json(&mut self, media_type: &str, v: &Value) -> Value {
+        self.add(media_type, serde_json::to_vec(v).expect("json"))
+    }
+}
+
+fn header(path: &str, mode: u32, size: u64, kind: tar::EntryType) -> tar::Header {
+    let mut h = tar::Header::new_ustar();
+    h.set_path(path).expect("short path");
+    h.set_mode(mode);
+    h.set_size(size);
+    h.set_entry_type(kind);
+    h.set_mtime(0);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_cksum();
+    h
+}
+
+/// The root filesystem layer: (uncompressed tar, gzip of it).
+fn layer(binary: &Path) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+    let bin = std::fs::read(binary).with_context(|| format!("read {}", binary.display()))?;
+    let mut b = tar::Builder::new(Vec::new());
+    for dir in ["usr/", "usr/bin/"] {
+        b.append(&header(dir, 0o755, 0, tar::EntryType::Directory), &[][..])?;
+    }
+    b.append(
+        &header("tmp/", 0o1777, 0, tar::EntryType::Directory),
+        &[][..],
+    )?;
+    b.append(
+        &header(
+            "usr/bin/k3os-ops",
+            0o755,
+            bin.len() as u64,
+            tar::EntryType::Regular,
+        ),
+        &bin[..],
+    )?;
+    let raw = b.into_inner()?;
+    let mut gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(Vec::new(), flate2::Compression::default());
+    gz.write_all(&raw)?;
+    Ok((raw, gz.finish()?))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut blobs = Blobs::default();
+    let mut manifests = Vec::new();
+    for spec in &args.binaries {
+        let Some((arch, path)) = spec.split_once('=') else {
+            bail!("--binary {spec}: expected ARCH=PATH, e.g. amd64=target/x86_64-unknown-linux-musl/release/k3os-ops");
+        };
+        if !["amd64", "arm64"].contains(&arch) {
+            bail!("--binary {spec}: architecture {arch} is not amd64 or arm64");
+        }
+        let (raw, gz) = layer(Path::new(path))?;
+        let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&raw)));
+        let layer = blobs.add(MT_LAYER, gz);
+        let config = json!({
+            "created": "1970-01-01T00:00:00Z",
+            "architecture": arch,
+            "os": "linux",
+            "config": {
+                "Entrypoint": ["/usr/bin/k3os-ops"],
+                "Cmd": ["agent"],
+                "Env": ["PATH=/usr/bin"],
+                "Labels": {"org.opencontainers.image.title": "k3os-ops agent"},
+            },
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "k3os-oci: static musl k3os-ops"}],
+        });
+        let config = blobs.add_json(MT_CONFIG, &config);
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": MT_MANIFEST,
+            "config": config,
+            "layers": [layer],
+        });
+        let mut d = blobs.add_json(MT_MANIFEST, &manifest);
+        d["platform"] = json!({"architecture": arch, "os": "linux"});
+        manifests.push(d);
+    }
+    let index = json!({"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": manifests});
+    let mut top = blobs.add_json(MT_INDEX, &index);
+    top["annotations"] = json!({
+        "org.opencontainers.image.ref.name": args.reference,
+        "io.containerd.image.name": args.reference,
+    });
+    let layout_index = json!({"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": [top]});
+
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    let tmp = args.out.with_extension("tmp");
+    let file = std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+    let mut t = tar::Builder::new(std::io::BufWriter::new(file));
+    let file_header =
+        |path: &str, data: &[u8]| header(path, 0o644, data.len() as u64, tar::EntryType::Regular);
+    let layout = br#"{"imageLayoutVersion":"1.0.0"}"#;
+    t.append(&file_header("oci-layout", layout), &layout[..])?;
+    for dir in ["blobs/", "blobs/sha256/"] {
+        t.append(&header(dir, 0o755, 0, tar::EntryType::Directory), &[][..])?;
+    }
+    let index = serde_json::to_vec(&layout_index).expect("json");
+    t.append(&file_header("index.json", &index), &index[..])?;
+    for (digest, data) in &blobs.0 {
+        let path = format!("blobs/sha256/{}", digest.trim_start_matches("sha256:"));
+        t.append(&file_header(&path, data), &data[..])?;
+    }
+    t.into_inner()?
+        .into_inner()
+        .map_err(|e| e.into_error())?
+        .sync_all()?;
+    std::fs::rename(&tmp, &args.out)
+        .with_context(|| format!("rename {} to {}", tmp.display(), args.out.display()))?;
+    println!(
+        "{}: {} ({} platform(s), index {})",
+        args.out.display(),
+        args.reference,
+        args.binaries.len(),
+        top["digest"].as_str().unwrap_or_default()
+    );
+    Ok(())
+}
