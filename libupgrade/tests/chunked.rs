@@ -4,7 +4,6 @@
 //! cap, and `kill -9` at random points with the bytes on the wire bounded by the release size
 //! plus 1 MiB.
 
-mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -15,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
 use libupgrade::layout::GptLayout;
 use libupgrade::manifest::Arch;
 use libupgrade::{Error, NoProgress, SlotState, Source, StageOptions, Updater};
