@@ -491,26 +491,27 @@ fn kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib() {
     let rels = tempfile::tempdir().unwrap();
     let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(24 << 20, 8), 2);
     let total = size_of(&rel);
-    // 4 MiB/s: ~6.5 s for the release; a child needs ~0.8 s (debug build) before its first
-    // chunk, so five kills 0.7..2.2 s after each start land anywhere from the preflight to
-    // deep inside the download without the release completing.
-    let srv = Server::start(rels.path(), 4 << 20);
+    // 8 MiB/s: a slow link, so a kill lands where the counter says.
+    let srv = Server::start(rels.path(), 8 << 20);
     let cfg = disk.config(&k.trust);
     let url = format!("{}v2", srv.base);
     let spec = serde_json::to_string(&(&cfg, &url)).unwrap();
     let exe = std::env::current_exe().unwrap();
+    // Kill points: random amounts of bytes on the wire, each further into the release than the
+    // last (the first may land in the preflight), so the kills spread over the whole transfer
+    // whatever the machine's speed; after each kill a new child resumes.
     let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ std::process::id() as u64;
+    let mut points: Vec<u64> = (0..5)
+        .map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % (total * 9 / 10)
+        })
+        .collect();
+    points.sort_unstable();
     let mut kills = Vec::new();
-    for _ in 0..5 {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let after = Duration::from_millis(
-            std::env::var("KILL_AFTER_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(700 + rng % 1500),
-        );
+    for point in points {
         let mut child = Command::new(&exe)
             .args([
                 "--exact",
@@ -520,7 +521,13 @@ fn kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib() {
             .env(CHILD, &spec)
             .spawn()
             .unwrap();
-        std::thread::sleep(after);
+        let t = Instant::now();
+        while srv.sent() < point && t.elapsed() < Duration::from_secs(60) {
+            if child.try_wait().unwrap().is_some() {
+                panic!("the stage child ended before the kill point {point}");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         let before = srv.sent();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(child.id() as i32),
@@ -528,11 +535,11 @@ fn kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib() {
         )
         .unwrap();
         child.wait().unwrap();
-        kills.push((after, before));
+        kills.push(before);
     }
     // The final run, in this process, completes.
     eprintln!(
-        "kills (after, bytes sent then): {kills:?}; checkpoint: {:?}",
+        "kills at bytes sent: {kills:?}; checkpoint: {:?}",
         std::fs::read_to_string(disk.state_dir.join("download.json"))
     );
     let u = updater(&disk, cfg);
@@ -542,7 +549,7 @@ fn kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib() {
     let sent = srv.sent();
     eprintln!("release {total} bytes, sent {sent} over 5 kills at {kills:?}");
     assert!(
-        kills.iter().any(|(_, b)| *b > 1 << 20),
+        kills.iter().any(|b| *b > 1 << 20),
         "no kill landed in the download: {kills:?}"
     );
     assert!(
