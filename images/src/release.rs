@@ -195,6 +195,8 @@ impl ReleaseBuilder {
             .param("udhcpc", rootfs::UDHCPC_SCRIPT)
             .param("profile", rootfs::PROFILE)
             .param("config", rootfs::node_config("grub", rootfs::GRUB_TRIES))
+            .param("app", format!("{} {}", rootfs::APP_FILE, rootfs::APP_BYTES))
+            .param("mksquashfs", rootfs::MKSQUASHFS_OPTS.join(" "))
             .file("busybox", &d.busybox)?
             .file("k3os-ops", &self.k3os_ops)?
             .file("trust", public)?;

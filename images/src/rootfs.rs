@@ -64,6 +64,29 @@ fn link(target: &str, path: &Path) -> Result<()> {
     symlink(target, path).ctx("symlink", path)
 }
 
+/// The "application" each release ships: incompressible bytes that differ between generations
+/// (the variants of one generation share them). It makes the test releases look like a real
+/// update to the delta path — most of the image (kernel, initrd, busybox, k3os-ops) is unchanged
+/// and reused from the running slot, a few MiB are new and fetched — and gives the `upgrade`
+/// scenario a download long enough to poll the workload during it.
+pub const APP_FILE: &str = "srv/app/payload.bin";
+/// Size of [`APP_FILE`].
+pub const APP_BYTES: usize = 4 << 20;
+
+/// [`APP_FILE`]'s content for `generation` (xorshift64*, seeded by the generation).
+pub fn app_payload(generation: u64) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ generation.wrapping_mul(0xd134_2543_de82_ef95);
+    let mut out = Vec::with_capacity(APP_BYTES);
+    while out.len() < APP_BYTES {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(APP_BYTES);
+    out
+}
+
 /// Populate `dir` (empty) with the rootfs tree.
 pub fn populate(
     dir: &Path,
@@ -117,6 +140,7 @@ pub fn populate(
     write(&dir.join("etc/hostname"), "k3os-node\n", 0o644)?;
     link("/run/resolv.conf", &dir.join("etc/resolv.conf"))?;
     write(&dir.join("srv/www/index.html"), "alive\n", 0o644)?;
+    write(&dir.join(APP_FILE), app_payload(spec.generation), 0o644)?;
     write(&dir.join("etc/k3os-release"), release_file(spec), 0o644)?;
     let ops = dir.join("etc/k3os-ops");
     write(

@@ -6,6 +6,7 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use libupgrade::error::Size;
 use libupgrade::updater::Status;
 use libupgrade::Slot;
 
@@ -197,6 +198,14 @@ pub fn render_status(st: &Status) -> String {
                 .map(|g| g.to_string())
                 .unwrap_or_else(|| "-".into())
         ));
+        if let Some(t) = &s.transfer {
+            out.push_str(&format!(
+                "      update:     {} fetched, {} reused of {}\n",
+                Size(t.fetched),
+                Size(t.reused),
+                Size(t.total)
+            ));
+        }
         let boot = match s.boot {
             bootconfig::SlotBoot::Good => "good".to_string(),
             bootconfig::SlotBoot::Bad => "bad".to_string(),

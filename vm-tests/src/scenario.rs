@@ -550,6 +550,7 @@ impl Scenario {
         srv.set_rate(0);
         let st = self.status(&mut vm)?;
         self.check_slot(&st, Slot::B, SlotState::Trying, Some("v2"))?;
+        self.check_delta(&st, srv.bytes_sent())?;
         self.check(st.next_boot == Slot::B, || {
             format!("next boot is {}, expected B", st.next_boot)
         })?;
@@ -595,6 +596,35 @@ impl Scenario {
         self.check_slot(&st, Slot::A, SlotState::Good, Some("v3"))?;
         self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))?;
         Ok(())
+    }
+
+    /// v1 -> v2 took the delta path: what the running slot already held (kernel, initrd, most of
+    /// the rootfs) was copied, only the rest (v2's new application payload, a few chunks of
+    /// metadata) crossed the wire, and the server saw no more than that plus the manifest,
+    /// indexes and probes.
+    fn check_delta(&mut self, st: &Status, served: u64) -> Result<()> {
+        let Some(t) = sl(st, Slot::B).transfer else {
+            return Err(self.fail("slot status records no transfer for B".to_string()));
+        };
+        self.note(format!(
+            "delta v1 -> v2: fetched {} and reused {} of {} bytes ({:.1}% fetched); the server sent {served}",
+            t.fetched,
+            t.reused,
+            t.total,
+            100.0 * t.fetched as f64 / t.total.max(1) as f64
+        ));
+        self.check(t.reused > 0 && t.fetched * 2 < t.total, || {
+            format!("the delta path reused too little: {t:?}")
+        })?;
+        self.check(t.fetched + t.reused >= t.total, || {
+            format!("fetched + reused does not cover the release: {t:?}")
+        })?;
+        self.check(served <= t.fetched + (512 << 10), || {
+            format!(
+                "the server sent {served} bytes, more than the {} fetched + 512 KiB of manifest, indexes and probes",
+                t.fetched
+            )
+        })
     }
 
     fn check_slot(
