@@ -4,7 +4,6 @@
 //! cap, and `kill -9` at random points with the bytes on the wire bounded by the release size
 //! plus 1 MiB.
 
-
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::FileExt;
@@ -14,10 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use testkit::*;
 use libupgrade::layout::GptLayout;
 use libupgrade::manifest::Arch;
 use libupgrade::{Error, NoProgress, SlotState, Source, StageOptions, Updater};
+use testkit::*;
 
 fn updater(disk: &TestDisk, cfg: libupgrade::Config) -> Updater {
     let layout = GptLayout::open(&disk.disk.path, &disk.boot_dir).expect("GPT of the test disk");
