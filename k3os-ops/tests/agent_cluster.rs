@@ -256,6 +256,7 @@ async fn setup(client: &Client, concurrency: u32) -> String {
             drain: DrainSpec::default(),
             reboot_timeout: "1m".into(),
             max_failures: 1,
+            max_rate: None,
         },
     );
     chans

@@ -281,15 +281,19 @@ impl NodeOps for FakeNode {
         _: &str,
         version: &str,
         _: bool,
+        max_rate: Option<u64>,
         p: &dyn StageProgress,
     ) -> Result<(), NodeError> {
         p.begin("rootfs", 100, 0);
         p.advance(100);
         p.end();
+        let cap = max_rate
+            .map(|r| format!(" capped at {r} B/s"))
+            .unwrap_or_default();
         self.log
             .lock()
             .unwrap()
-            .push(format!("node: stage {version}"));
+            .push(format!("node: stage {version}{cap}"));
         self.status.lock().unwrap().inactive = Inactive::Staged(version.into());
         Ok(())
     }
@@ -1090,4 +1094,17 @@ async fn metrics_and_probes_over_a_real_socket() {
         assert_eq!(get(c, &[]), 0.0, "{c}");
     }
     assert_eq!(http_get(addr, "/nope").await.0, 404);
+}
+
+#[tokio::test]
+async fn the_channels_max_rate_caps_the_stage() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    world.lock().unwrap().channel["spec"]["maxRate"] = json!("2M");
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    assert!(
+        l.iter()
+            .any(|x| x == "node: stage v2 capped at 2097152 B/s"),
+        "spec.maxRate did not reach the stage: {l:#?}"
+    );
 }

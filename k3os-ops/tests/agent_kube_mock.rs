@@ -434,7 +434,14 @@ impl NodeOps for FakeNode {
     fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {
         Ok("v2".into())
     }
-    fn stage(&self, _: &str, _: &str, _: bool, _: &dyn StageProgress) -> Result<(), NodeError> {
+    fn stage(
+        &self,
+        _: &str,
+        _: &str,
+        _: bool,
+        _: Option<u64>,
+        _: &dyn StageProgress,
+    ) -> Result<(), NodeError> {
         Err(NodeError::new("stage", "not expected in this test"))
     }
     fn activate(&self) -> Result<(), NodeError> {

@@ -182,7 +182,8 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
 
     assert_eq!(node.resolve_latest(&rig.channel).unwrap(), "v2");
     let progress = Progress(Mutex::new(Vec::new()));
-    node.stage(&rig.channel, "v2", false, &progress).unwrap();
+    node.stage(&rig.channel, "v2", false, None, &progress)
+        .unwrap();
     assert!(
         progress
             .0
@@ -223,8 +224,14 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
 fn a_spent_trial_reads_as_failed_so_the_agent_records_a_rollback() {
     let mut rig = Rig::new(1);
     let node = rig.node();
-    node.stage(&rig.channel, "v2", false, &Progress(Mutex::new(Vec::new())))
-        .unwrap();
+    node.stage(
+        &rig.channel,
+        "v2",
+        false,
+        None,
+        &Progress(Mutex::new(Vec::new())),
+    )
+    .unwrap();
     node.activate().unwrap();
     assert_eq!(rig.reboot(), Slot::B); // the one try, never confirmed
     assert_eq!(rig.reboot(), Slot::A); // the loader falls back
@@ -238,7 +245,13 @@ fn errors_name_the_channel_and_the_command() {
     let rig = Rig::new(3);
     let node = rig.node();
     let e = node
-        .stage(&rig.channel, "v9", false, &Progress(Mutex::new(Vec::new())))
+        .stage(
+            &rig.channel,
+            "v9",
+            false,
+            None,
+            &Progress(Mutex::new(Vec::new())),
+        )
         .unwrap_err()
         .to_string();
     assert!(e.contains(&rig.channel) && e.contains("v9"), "{e}");
@@ -253,12 +266,13 @@ fn a_downgrade_needs_an_explicit_pin() {
     let node = rig.node();
     let progress = Progress(Mutex::new(Vec::new()));
     let e = node
-        .stage(&rig.channel, "v2", false, &progress)
+        .stage(&rig.channel, "v2", false, None, &progress)
         .unwrap_err()
         .to_string();
     assert!(e.contains("generation"), "{e}");
     assert_eq!(node.status().unwrap().inactive, Inactive::Empty);
-    node.stage(&rig.channel, "v2", true, &progress).unwrap();
+    node.stage(&rig.channel, "v2", true, None, &progress)
+        .unwrap();
     assert_eq!(
         node.status().unwrap().inactive,
         Inactive::Staged("v2".into())

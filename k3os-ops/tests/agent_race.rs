@@ -342,6 +342,7 @@ async fn simulate(sc: Arc<Scenario>) -> Report {
             drain: DrainSpec::default(),
             reboot_timeout: "10s".into(),
             max_failures: sc.max_failures,
+            max_rate: None,
         },
     );
     ch.status = Some(UpdateChannelStatus::default());

@@ -183,6 +183,7 @@ fn channel(version: Option<&str>) -> UpdateChannel {
             drain: DrainSpec::default(),
             reboot_timeout: "15m".into(),
             max_failures: 1,
+            max_rate: None,
         },
     );
     ch.status = Some(UpdateChannelStatus::default());

@@ -89,6 +89,12 @@ pub struct UpdateChannelSpec {
     #[serde(default = "default_max_failures")]
     #[schemars(schema_with = "max_failures_schema")]
     pub max_failures: u32,
+    /// Cap on each node's download bandwidth while staging, bytes per second with an optional
+    /// binary suffix (`500K`, `2M`, `1.5MiB`): a remote site's thin link is shared with
+    /// production traffic. Absent: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "max_rate_schema")]
+    pub max_rate: Option<String>,
 }
 
 /// A maintenance window: starts at `start` local time on each of `days` and lasts `length`.
@@ -397,6 +403,16 @@ fn duration_schema(field: &str, default: &str) -> schemars::Schema {
             "rule": "self.matches('[1-9]')",
             "message": format!("{field} must be greater than 0"),
         }],
+    })
+}
+
+/// `spec.maxRate`: the same grammar as `k3os-ops upgrade --max-rate` (checked again by the
+/// agent, which also refuses rates below 1 KiB/s).
+fn max_rate_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "maxLength": 32,
+        "pattern": r"^[0-9]+(\.[0-9]+)?([KkMmGg](i?B)?|B)?(/s)?$",
     })
 }
 

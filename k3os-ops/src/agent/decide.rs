@@ -21,6 +21,8 @@ pub struct Policy {
     pub window: Option<Window>,
     pub reboot_timeout: Duration,
     pub drain_timeout: Duration,
+    /// `spec.maxRate` in bytes per second.
+    pub max_rate: Option<u64>,
 }
 
 impl Policy {
@@ -49,10 +51,17 @@ impl Policy {
         if spec.concurrency == 0 {
             return Err("spec.concurrency: must be at least 1".into());
         }
+        let max_rate = spec
+            .max_rate
+            .as_deref()
+            .map(crate::upgrade::parse_rate)
+            .transpose()
+            .map_err(|e| format!("spec.maxRate: {e}"))?;
         Ok(Policy {
             window,
             reboot_timeout,
             drain_timeout,
+            max_rate,
         })
     }
 

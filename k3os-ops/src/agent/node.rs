@@ -51,11 +51,13 @@ pub trait NodeOps: Send + Sync + 'static {
     /// partial download. Never touches the booted slot or the bootloader's choice.
     /// `allow_downgrade`: accept a release older (by generation) than the running one — the
     /// agent passes true only when the channel pins that version explicitly.
+    /// `max_rate`: the channel's download cap in bytes per second (`spec.maxRate`).
     fn stage(
         &self,
         channel: &str,
         version: &str,
         allow_downgrade: bool,
+        max_rate: Option<u64>,
         progress: &dyn StageProgress,
     ) -> Result<(), NodeError>;
     /// Make the bootloader try the staged slot at the next boot.
@@ -169,6 +171,7 @@ impl NodeOps for LibupgradeNode {
         channel: &str,
         version: &str,
         allow_downgrade: bool,
+        max_rate: Option<u64>,
         progress: &dyn StageProgress,
     ) -> Result<(), NodeError> {
         let rel = libupgrade::channel::resolve(channel, Some(version), libupgrade::Arch::host())
@@ -184,6 +187,7 @@ impl NodeOps for LibupgradeNode {
                 &rel.source,
                 &libupgrade::StageOptions {
                     allow_downgrade,
+                    max_rate,
                     ..libupgrade::StageOptions::default()
                 },
                 &ProgressAdapter(progress),

@@ -434,6 +434,20 @@ pub async fn reclaim_dead<S: ChannelStore>(
             dead.push((slot.clone(), DeadReason::LeaseStale(silent)));
         }
     }
+    // Look again right before the write: a holder that renewed since the observation above is
+    // alive, and removing its slot would let another node start while it still reboots
+    // (fencing would stop it only at its next write).
+    let mut confirmed = Vec::with_capacity(dead.len());
+    for (slot, reason) in dead {
+        if let DeadReason::LeaseStale(_) = reason {
+            let again = store.lease_marker(&slot.node).await.map_err(err)?;
+            if observer.observe(&slot.node, again, mono_now) < reboot_timeout {
+                continue;
+            }
+        }
+        confirmed.push((slot, reason));
+    }
+    let dead = confirmed;
     if dead.is_empty() {
         return Ok(Vec::new());
     }

@@ -51,7 +51,14 @@ impl Agent {
         let v = version.to_string();
         let p = progress.clone();
         let pinned = ch.spec.pinned_version().is_some();
-        let work = self.blocking(move |ops| ops.stage(&url, &v, pinned, p.as_ref()));
+        // Validated with the rest of the spec before any action (an invalid maxRate makes the
+        // channel Invalid), so a parse error here cannot happen; no cap rather than a panic.
+        let max_rate = ch
+            .spec
+            .max_rate
+            .as_deref()
+            .and_then(|r| crate::upgrade::parse_rate(r).ok());
+        let work = self.blocking(move |ops| ops.stage(&url, &v, pinned, max_rate, p.as_ref()));
         tokio::pin!(work);
         // The annotation is written at most every PROGRESS_PERIOD (the Node object is shared
         // with the kubelet; a byte counter must not flood the API server).
