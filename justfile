@@ -36,8 +36,9 @@ setup:
     bash scripts/setup.sh
 
 # The whole test suite: lint, unit + integration tests (loop devices, mounts, GRUB and extlinux
-# tools), then the default QEMU scenarios. This is what CI runs.
-test: setup lint images
+# tools), the agent's container image (skopeo, runc), then the default QEMU scenarios. This is
+# what CI runs.
+test: setup lint images image-test
     cargo test --workspace --exclude vm-tests
     cargo test -p vm-tests -- --nocapture --test-threads 2
 
