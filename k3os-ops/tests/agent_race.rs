@@ -29,6 +29,8 @@ use tokio::time::Instant;
 
 const N: usize = 20;
 const REBOOT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a reclaim pass can take in this model (store delays are 0-40 ms each).
+const RECLAIM_GRACE: Duration = Duration::from_secs(1);
 const VERSION: &str = "v2";
 
 struct Inner {
@@ -36,6 +38,9 @@ struct Inner {
     rv: u64,
     nodes: HashSet<String>,
     leases: HashMap<String, (u64, Instant)>,
+    /// When a node renewed its Lease after a silence of REBOOT_TIMEOUT or more (it came back
+    /// from a slow reboot): a reclaim already under way when it came back was judged right.
+    returns: HashMap<String, Instant>,
     violations: Vec<String>,
     writes: u64,
     conflicts: u64,
@@ -125,9 +130,17 @@ impl ChannelStore for Mem {
                     if gone && b.node != self.me {
                         g.reclaimed += 1;
                         let deleted = !g.nodes.contains(&b.node);
-                        let silent = g.leases.get(&b.node).is_none_or(|(_, at)| {
-                            now.saturating_duration_since(*at) >= REBOOT_TIMEOUT
-                        });
+                        // A reclaim pass takes a few store round trips (at most ~10 delays of
+                        // 40 ms): a holder that came back within that grace after being silent
+                        // for the whole timeout was dead when the reclaimer looked.
+                        let came_back_during_the_write = g
+                            .returns
+                            .get(&b.node)
+                            .is_some_and(|t| now.saturating_duration_since(*t) < RECLAIM_GRACE);
+                        let silent = came_back_during_the_write
+                            || g.leases.get(&b.node).is_none_or(|(_, at)| {
+                                now.saturating_duration_since(*at) >= REBOOT_TIMEOUT
+                            });
                         if !deleted && !silent {
                             v.push(format!("{} removed the live slot of {}", self.me, b.node));
                         }
@@ -296,12 +309,17 @@ async fn renew(inner: Arc<Mutex<Inner>>, node: Arc<Node>) {
     loop {
         if node.renewing.load(Ordering::SeqCst) {
             let mut g = inner.lock().unwrap();
-            let e = g
+            let now = Instant::now();
+            let back = g
                 .leases
-                .entry(node.name.clone())
-                .or_insert((0, Instant::now()));
+                .get(&node.name)
+                .is_some_and(|(_, at)| now.saturating_duration_since(*at) >= REBOOT_TIMEOUT);
+            if back {
+                g.returns.insert(node.name.clone(), now);
+            }
+            let e = g.leases.entry(node.name.clone()).or_insert((0, now));
             e.0 += 1;
-            e.1 = Instant::now();
+            e.1 = now;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
@@ -360,6 +378,7 @@ async fn simulate(sc: Arc<Scenario>) -> Report {
         rv: 1,
         nodes: nodes.iter().map(|n| n.name.clone()).collect(),
         leases: HashMap::new(),
+        returns: HashMap::new(),
         violations: Vec::new(),
         writes: 0,
         conflicts: 0,
