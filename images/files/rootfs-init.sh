@@ -3,7 +3,8 @@
 #
 # Mounts the kernel filesystems, /boot (PARTLABEL=boot) and the state partition
 # (PARTLABEL=state at /var/lib/k3os-ops), picks the k3os-ops config matching the bootloader
-# installed on /boot, prints K3OS-BOOTED, confirms the slot (K3OS-CONFIRM ok|failed; on failure
+# installed on /boot, prints K3OS-BOOTED, confirms the slot (K3OS-CONFIRM ok|failed|pending; pending:
+# the activation awaits the agent's Node-Ready, `slot await-bless` runs in the background; on failure
 # k3os-ops has already rolled back, init prints K3OS-ROLLBACK and reboots), brings up eth0,
 # starts the workload (httpd on :80 serving "alive"), prints K3OS-READY and runs a root shell on
 # the serial console for the test harness. `reboot`, `halt` and `poweroff` (busybox: a signal to
@@ -97,14 +98,25 @@ if [ -f "$barrier_req" ]; then
 fi
 
 mode=$(cat /etc/k3os-ops/mode 2>/dev/null)
+confirm_rc=0
 if [ "$mode" = noconfirm ]; then
     echo "K3OS-NOCONFIRM"
-elif k3os-ops slot confirm; then
-    echo "K3OS-CONFIRM ok"
 else
-    echo "K3OS-CONFIRM failed"
-    echo "K3OS-ROLLBACK"
-    shutdown reboot
+    k3os-ops slot confirm || confirm_rc=$?
+    case "$confirm_rc" in
+    0) echo "K3OS-CONFIRM ok" ;;
+    75)
+        # The activation awaits checks only its caller can report (the agent's Node-Ready):
+        # the slot stays on trial; await-bless rolls back if they do not come in time.
+        echo "K3OS-CONFIRM pending"
+        k3os-ops slot await-bless --reboot </dev/null >/dev/console 2>&1 &
+        ;;
+    *)
+        echo "K3OS-CONFIRM failed"
+        echo "K3OS-ROLLBACK"
+        shutdown reboot
+        ;;
+    esac
 fi
 unset K3OS_OPS_BARRIERS K3OS_OPS_BARRIER_STOP
 

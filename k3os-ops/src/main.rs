@@ -44,7 +44,7 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", report::render(&e));
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(report::exit_code(&e))
         }
     }
 }

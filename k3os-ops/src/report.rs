@@ -10,6 +10,26 @@ pub fn render(err: &anyhow::Error) -> String {
     join_chain(err.chain().map(|e| e.to_string()))
 }
 
+/// `EX_TEMPFAIL` (sysexits.h): the command did what it could and the rest must come later,
+/// e.g. `slot confirm` on a trial boot that waits for the agent's Node-Ready.
+pub const EXIT_PENDING: u8 = 75;
+
+/// The exit status for a failed command: [`EXIT_PENDING`] for a bless that waits for awaited
+/// checks, 1 for everything else.
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    let pending = err.chain().any(|e| {
+        matches!(
+            e.downcast_ref::<libupgrade::Error>(),
+            Some(libupgrade::Error::BlessPending { .. })
+        )
+    });
+    if pending {
+        EXIT_PENDING
+    } else {
+        1
+    }
+}
+
 fn join_chain(messages: impl IntoIterator<Item = String>) -> String {
     let mut line = String::new();
     for m in messages {

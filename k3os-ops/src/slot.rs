@@ -7,7 +7,8 @@
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use libupgrade::error::Size;
-use libupgrade::updater::Status;
+use libupgrade::health::{CheckResult, HealthCheck};
+use libupgrade::updater::{AwaitedChecks, Status};
 use libupgrade::Slot;
 
 use crate::upgrade::ConfigArg;
@@ -28,11 +29,42 @@ pub enum SlotCmd {
         json: bool,
     },
     /// Try a slot on the next boot (default: the inactive one, which must be staged or good).
-    Activate { slot: Option<Slot> },
+    Activate {
+        slot: Option<Slot>,
+        /// A check the trial boot must have reported (`slot confirm --passed NAME`) before it
+        /// is marked good, like a unit ordered before systemd's boot-complete.target; the
+        /// agent awaits `node-ready`. Repeatable.
+        #[arg(long = "await", value_name = "NAME")]
+        awaits: Vec<String>,
+        /// How long after the trial boot the awaited checks may take before `slot
+        /// await-bless` counts them failed and rolls back.
+        #[arg(
+            long,
+            value_name = "SECONDS",
+            default_value_t = 600,
+            requires = "awaits"
+        )]
+        within_secs: u64,
+    },
     /// Run the health checks on the booted slot and mark it good (rolls back on failure).
+    /// Exits 75 when the slot passed but checks its activation awaits are not reported yet.
     Confirm {
         #[arg(long)]
         json: bool,
+        /// Report a check that passed, observed by the caller (e.g. `node-ready`). Repeatable.
+        #[arg(long, value_name = "NAME")]
+        passed: Vec<String>,
+        /// Report a check that failed: `NAME=why`. Repeatable.
+        #[arg(long, value_name = "NAME=WHY")]
+        failed: Vec<String>,
+    },
+    /// On a trial boot waiting for awaited checks (`slot confirm` exited 75): wait until they
+    /// are reported; when they are not within the activation's limit, count them failed,
+    /// which rolls back to the good slot. init starts it in the background.
+    AwaitBless {
+        /// Reboot right away when it rolls back.
+        #[arg(long)]
+        reboot: bool,
     },
     /// Leave the booted slot for the other (good) one on the next boot.
     Rollback {
@@ -61,18 +93,39 @@ pub fn run(args: SlotArgs) -> anyhow::Result<()> {
                 print!("{}", render_status(&st));
             }
         }
-        SlotCmd::Activate { slot } => {
+        SlotCmd::Activate {
+            slot,
+            awaits,
+            within_secs,
+        } => {
             let s = match slot {
-                Some(s) => {
-                    u.activate_slot(s)?;
-                    s
-                }
-                None => u.activate()?,
+                Some(s) => s,
+                None => u.booted_slot()?.other(),
             };
-            println!("slot {s} will be tried on the next boot");
+            let awaited = (!awaits.is_empty()).then(|| AwaitedChecks {
+                names: awaits.clone(),
+                within_secs,
+            });
+            u.activate_awaiting(s, awaited)?;
+            if awaits.is_empty() {
+                println!("slot {s} will be tried on the next boot");
+            } else {
+                println!(
+                    "slot {s} will be tried on the next boot and marked good only after {} is reported (within {within_secs} s)",
+                    awaits.join(", ")
+                );
+            }
         }
-        SlotCmd::Confirm { json } => {
-            let r = u.confirm();
+        SlotCmd::AwaitBless { reboot: now } => return await_bless(&u, now),
+        SlotCmd::Confirm {
+            json,
+            passed,
+            failed,
+        } => {
+            let reported = reported_checks(&passed, &failed)?;
+            let refs: Vec<&dyn HealthCheck> =
+                reported.iter().map(|c| c as &dyn HealthCheck).collect();
+            let r = u.confirm_with(&refs);
             match &r {
                 Ok(rep) if json => println!("{}", serde_json::to_string_pretty(rep)?),
                 Ok(rep) => {
@@ -118,6 +171,77 @@ pub fn run(args: SlotArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--passed NAME` and `--failed NAME=WHY` as check results.
+fn reported_checks(passed: &[String], failed: &[String]) -> anyhow::Result<Vec<CheckResult>> {
+    let mut out: Vec<CheckResult> = passed
+        .iter()
+        .map(|n| CheckResult {
+            name: n.clone(),
+            ok: true,
+            detail: "reported passed by the caller".into(),
+        })
+        .collect();
+    for f in failed {
+        let Some((name, why)) = f
+            .split_once('=')
+            .filter(|(n, w)| !n.is_empty() && !w.is_empty())
+        else {
+            anyhow::bail!(
+                "--failed {f:?}: expected NAME=WHY, e.g. --failed node-ready='not Ready after 5m'"
+            );
+        };
+        out.push(CheckResult {
+            name: name.to_string(),
+            ok: false,
+            detail: why.to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// `slot await-bless`: poll this boot's verdict until it is no longer pending; at the
+/// activation's limit, count the awaited checks failed (the library decides, under its lock).
+fn await_bless(u: &libupgrade::Updater, reboot_now: bool) -> anyhow::Result<()> {
+    use libupgrade::assess::Outcome;
+    let start = std::time::Instant::now();
+    loop {
+        let st = u.status()?;
+        let Some(v) = st.verdict else {
+            anyhow::bail!("this boot was not assessed yet: run `k3os-ops slot confirm` first");
+        };
+        let Outcome::Pending {
+            waiting_for,
+            within_secs,
+        } = &v.outcome
+        else {
+            println!("slot {}: {}", v.slot, v.reason);
+            return Ok(());
+        };
+        let limit = std::time::Duration::from_secs(*within_secs);
+        if start.elapsed() < limit {
+            let left = limit - start.elapsed();
+            std::thread::sleep(left.min(std::time::Duration::from_secs(2)));
+            continue;
+        }
+        let why = format!("not reported within {within_secs} s of the boot");
+        match u.fail_awaited(&why) {
+            Ok(None) => continue,
+            Ok(Some(rep)) => {
+                println!("slot {}: {}", rep.slot, rep.verdict.reason);
+                return Ok(());
+            }
+            Err(e @ libupgrade::Error::HealthCheck { rolled_back, .. }) => {
+                println!("{e}; waited for {}", waiting_for.join(", "));
+                if rolled_back && reboot_now {
+                    reboot()?;
+                }
+                return Err(anyhow::Error::new(e).context("slot await-bless"));
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("slot await-bless")),
+        }
+    }
 }
 
 fn ago(at: u64) -> String {

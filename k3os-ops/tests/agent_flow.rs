@@ -297,7 +297,11 @@ impl NodeOps for FakeNode {
         self.status.lock().unwrap().inactive = Inactive::Staged(version.into());
         Ok(())
     }
-    fn activate(&self) -> Result<(), NodeError> {
+    fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {
+        assert!(
+            node_ready_within >= std::time::Duration::from_secs(600),
+            "the trial must leave time to boot, start k3s and report Node-Ready: {node_ready_within:?}"
+        );
         self.log.lock().unwrap().push("node: activate".into());
         let mut s = self.status.lock().unwrap();
         if let Inactive::Staged(v) = s.inactive.clone() {
@@ -305,18 +309,21 @@ impl NodeOps for FakeNode {
         }
         Ok(())
     }
-    fn confirm(&self) -> Result<ConfirmResult, NodeError> {
-        self.log.lock().unwrap().push("node: confirm".into());
+    fn confirm(
+        &self,
+        node_ready: libupgrade::health::CheckResult,
+    ) -> Result<ConfirmResult, NodeError> {
+        assert_eq!(node_ready.name, agent::node::NODE_READY);
+        self.log.lock().unwrap().push(format!(
+            "node: confirm with node-ready {}",
+            if node_ready.ok { "ok" } else { "failed" }
+        ));
         let mut s = self.status.lock().unwrap();
         match &self.confirm {
             ConfirmResult::Healthy => s.booted_on_trial = false,
-            ConfirmResult::RolledBack(_) => {}
+            ConfirmResult::RolledBack(_) | ConfirmResult::Unhealthy(_) => {}
         }
         Ok(self.confirm.clone())
-    }
-    fn rollback(&self, _: &str) -> Result<(), NodeError> {
-        self.log.lock().unwrap().push("node: rollback".into());
-        Ok(())
     }
     fn reboot(&self) -> Result<(), NodeError> {
         self.log.lock().unwrap().push("node: reboot".into());
@@ -464,7 +471,7 @@ async fn happy_path_stages_claims_fences_cordons_flips_reboots_confirms_releases
     log.lock().unwrap().clear();
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
-    let confirm = pos(&l, "node: confirm");
+    let confirm = pos(&l, "node: confirm with node-ready ok");
     let uncordon = pos(&l, "unschedulable=false");
     let release = pos(&l, "slots=[]");
     assert!(confirm < uncordon && uncordon < release, "{l:#?}");
@@ -537,7 +544,7 @@ async fn failed_health_check_records_failure_reboots_back_and_pauses() {
     settle(&agent).await;
     {
         let l = log.lock().unwrap().clone();
-        let confirm = pos(&l, "node: confirm");
+        let confirm = pos(&l, "node: confirm with node-ready ok");
         let recorded = pos(&l, "slots=[n1:RollingBack] failures=1");
         let reboot = pos(&l, "node: reboot");
         assert!(confirm < recorded && recorded < reboot, "{l:#?}");

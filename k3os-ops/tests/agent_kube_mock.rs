@@ -444,14 +444,11 @@ impl NodeOps for FakeNode {
     ) -> Result<(), NodeError> {
         Err(NodeError::new("stage", "not expected in this test"))
     }
-    fn activate(&self) -> Result<(), NodeError> {
+    fn activate(&self, _: std::time::Duration) -> Result<(), NodeError> {
         Err(NodeError::new("activate", "not expected in this test"))
     }
-    fn confirm(&self) -> Result<ConfirmResult, NodeError> {
+    fn confirm(&self, _: libupgrade::health::CheckResult) -> Result<ConfirmResult, NodeError> {
         Err(NodeError::new("confirm", "not expected in this test"))
-    }
-    fn rollback(&self, _: &str) -> Result<(), NodeError> {
-        Err(NodeError::new("rollback", "not expected in this test"))
     }
     fn reboot(&self) -> Result<(), NodeError> {
         Err(NodeError::new("reboot", "not expected in this test"))

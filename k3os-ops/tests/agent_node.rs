@@ -1,18 +1,22 @@
 //! The agent's node side over the real `libupgrade::Updater`: k3OS-style dir layout in a
 //! temp dir, real signed releases (mksquashfs) in a local channel, and a small in-memory
 //! bootloader that counts tries. Checks what the decision logic relies on: versions, staged
-//! vs activated vs failed slots, trial boots and their confirmation.
+//! vs activated vs failed slots, trial boots and their confirmation — Node-Ready as a health
+//! check of the boot-assessment core, awaited before its single bless point, never a second
+//! rollback path.
 
 use k3os_ops::agent;
 
 use std::path::Path;
 use std::process::Command;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use agent::decide::{Inactive, NodeUpdateStatus};
 use agent::node::{ConfirmResult, LibupgradeNode, NodeOps, StageProgress};
 use bootconfig::Slot;
 use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
+use libupgrade::health::CheckResult;
 use libupgrade::layout::DirLayout;
 use libupgrade::manifest::Arch;
 
@@ -142,6 +146,7 @@ impl Rig {
             boots: 0,
         };
         rig.boot_into(Slot::A);
+        rig.init_confirm().expect("first boot on v1");
         rig
     }
 
@@ -158,16 +163,61 @@ impl Rig {
         s
     }
 
-    fn node(&self) -> LibupgradeNode {
+    fn updater(&self) -> libupgrade::Updater {
         let LayoutConfig::Dir { root, boot_dir } = &self.cfg.layout else {
             unreachable!()
         };
-        let updater = libupgrade::Updater::with_parts(
+        libupgrade::Updater::with_parts(
             self.cfg.clone(),
             Box::new(DirLayout::new(root, boot_dir)),
             Box::new(self.loader.clone()),
-        );
-        LibupgradeNode::new(updater, vec!["false".into()])
+        )
+    }
+
+    fn node(&self) -> LibupgradeNode {
+        LibupgradeNode::new(self.updater(), vec!["false".into()])
+    }
+
+    /// What init runs first thing on every boot: `k3os-ops slot confirm`.
+    fn init_confirm(&self) -> libupgrade::Result<libupgrade::ConfirmReport> {
+        self.updater().confirm()
+    }
+
+    /// Stage v2 as the agent does.
+    fn stage_v2(&self) {
+        let node = self.node();
+        node.stage(
+            &self.channel,
+            "v2",
+            false,
+            None,
+            &Progress(Mutex::new(Vec::new())),
+        )
+        .unwrap();
+    }
+}
+
+const LIMIT: Duration = Duration::from_secs(900);
+
+fn node_ready(ok: bool) -> CheckResult {
+    CheckResult {
+        name: agent::node::NODE_READY.into(),
+        ok,
+        detail: if ok {
+            "Ready".into()
+        } else {
+            "the Node was not Ready within 300s".into()
+        },
+    }
+}
+
+/// The boot-time confirm leaves a trial the agent activated on trial: Node-Ready is awaited.
+fn assert_pending(r: libupgrade::Result<libupgrade::ConfirmReport>) {
+    match r {
+        Err(libupgrade::Error::BlessPending { waiting_for, .. }) => {
+            assert_eq!(waiting_for, agent::node::NODE_READY)
+        }
+        other => panic!("the boot-time confirm must wait for node-ready: {other:?}"),
     }
 }
 
@@ -198,13 +248,16 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
         Inactive::Staged("v2".into())
     );
 
-    node.activate().unwrap();
+    node.activate(LIMIT).unwrap();
     assert_eq!(
         node.status().unwrap().inactive,
         Inactive::Activated("v2".into())
     );
 
     assert_eq!(rig.reboot(), Slot::B);
+    let e = rig.node().status().unwrap_err().to_string();
+    assert!(e.contains("not assessed"), "{e}");
+    assert_pending(rig.init_confirm());
     let node = rig.node();
     let st = node.status().unwrap();
     assert_eq!(
@@ -216,25 +269,123 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
         },
         "after the trial boot"
     );
-    assert_eq!(node.confirm().unwrap(), ConfirmResult::Healthy);
+    assert_eq!(
+        node.confirm(node_ready(true)).unwrap(),
+        ConfirmResult::Healthy
+    );
     assert!(!node.status().unwrap().booted_on_trial);
+    let v = rig.updater().status().unwrap().verdict.unwrap();
+    assert_eq!(v.outcome, libupgrade::Outcome::Blessed, "{v:?}");
+    assert!(
+        v.checks.iter().any(|c| c.name == "node-ready" && c.ok),
+        "{v:?}"
+    );
+    assert_eq!(rig.reboot(), Slot::B, "blessed: B stays");
+}
+
+#[test]
+fn node_not_ready_is_a_failed_health_check_and_the_core_rolls_back() {
+    let mut rig = Rig::new(3);
+    rig.stage_v2();
+    rig.node().activate(LIMIT).unwrap();
+    assert_eq!(rig.reboot(), Slot::B);
+    assert_pending(rig.init_confirm());
+    let r = rig.node().confirm(node_ready(false)).unwrap();
+    let ConfirmResult::RolledBack(why) = r else {
+        panic!("not Ready before the bless must roll back: {r:?}")
+    };
+    assert!(
+        why.contains("node-ready") && why.contains("not Ready"),
+        "{why}"
+    );
+    let v = rig.updater().status().unwrap().verdict.unwrap();
+    assert_eq!(
+        v.outcome,
+        libupgrade::Outcome::RolledBack { to: Slot::A },
+        "{v:?}"
+    );
+    assert_eq!(rig.reboot(), Slot::A, "the loader returns to A");
+    rig.init_confirm().expect("A is good");
+    let st = rig.node().status().unwrap();
+    assert_eq!(st.booted_version.as_deref(), Some("v1"), "{st:?}");
+    assert_eq!(st.inactive, Inactive::Failed("v2".into()), "{st:?}");
+}
+
+#[test]
+fn after_the_bless_node_not_ready_is_recorded_and_nothing_rolls_back() {
+    let mut rig = Rig::new(3);
+    rig.stage_v2();
+    // Activated by hand (`k3os-ops upgrade`): nothing awaited, init blesses at boot.
+    rig.updater().activate().unwrap();
+    assert_eq!(rig.reboot(), Slot::B);
+    let rep = rig.init_confirm().expect("blessed at boot");
+    assert!(rep.newly_good);
+    let r = rig.node().confirm(node_ready(false)).unwrap();
+    let ConfirmResult::Unhealthy(why) = r else {
+        panic!("a blessed slot is never rolled back silently: {r:?}")
+    };
+    assert!(why.contains("node-ready"), "{why}");
+    assert_eq!(rig.reboot(), Slot::B, "B stays the good slot");
+}
+
+#[test]
+fn an_unreported_node_ready_fails_at_its_limit_and_rolls_back() {
+    let mut rig = Rig::new(3);
+    rig.stage_v2();
+    rig.node().activate(LIMIT).unwrap();
+    assert_eq!(rig.reboot(), Slot::B);
+    assert_pending(rig.init_confirm());
+    // What `slot await-bless` does at the limit (k3s or the agent never came up).
+    match rig
+        .updater()
+        .fail_awaited("not reported within 900 s of the boot")
+    {
+        Err(libupgrade::Error::HealthCheck {
+            rolled_back: true,
+            failures,
+            ..
+        }) => assert!(failures.contains("node-ready: not reported"), "{failures}"),
+        other => panic!("expected a rollback: {other:?}"),
+    }
+    // Reported too late: the core has decided, the agent carries out its verdict.
+    let r = rig.node().confirm(node_ready(true)).unwrap();
+    assert!(matches!(r, ConfirmResult::RolledBack(_)), "{r:?}");
+    assert_eq!(rig.reboot(), Slot::A);
+}
+
+#[test]
+fn a_report_in_time_leaves_nothing_for_the_limit() {
+    let mut rig = Rig::new(3);
+    rig.stage_v2();
+    rig.node().activate(LIMIT).unwrap();
+    assert_eq!(rig.reboot(), Slot::B);
+    assert_pending(rig.init_confirm());
+    assert_eq!(
+        rig.node().confirm(node_ready(true)).unwrap(),
+        ConfirmResult::Healthy
+    );
+    assert!(rig.updater().fail_awaited("too late").unwrap().is_none());
+    assert_eq!(rig.reboot(), Slot::B);
 }
 
 #[test]
 fn a_spent_trial_reads_as_failed_so_the_agent_records_a_rollback() {
     let mut rig = Rig::new(1);
-    let node = rig.node();
-    node.stage(
-        &rig.channel,
-        "v2",
-        false,
-        None,
-        &Progress(Mutex::new(Vec::new())),
-    )
-    .unwrap();
-    node.activate().unwrap();
-    assert_eq!(rig.reboot(), Slot::B); // the one try, never confirmed
+    rig.stage_v2();
+    rig.node().activate(LIMIT).unwrap();
+    assert_eq!(rig.reboot(), Slot::B); // the one try, never blessed (hangs before Ready)
+    assert_pending(rig.init_confirm());
     assert_eq!(rig.reboot(), Slot::A); // the loader falls back
+    rig.init_confirm().expect("A is good");
+    let u = rig.updater().status().unwrap();
+    let v = u.verdict.clone().unwrap();
+    assert!(
+        matches!(
+            v.other_slot,
+            Some(libupgrade::assess::OtherSlot::FallbackTaken { slot: Slot::B, .. })
+        ),
+        "the core records the fallback: {v:?}"
+    );
     let st = rig.node().status().unwrap();
     assert_eq!(st.booted_version.as_deref(), Some("v1"), "{st:?}");
     assert_eq!(st.inactive, Inactive::Failed("v2".into()), "{st:?}");

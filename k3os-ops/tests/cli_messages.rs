@@ -285,3 +285,123 @@ fn status_names_a_damaged_env_copy_and_the_copy_in_use() {
     assert!(!human.contains("WARNING"), "{human}");
     assert!(human.contains("Next boot:  slot A"), "{human}");
 }
+
+impl Node {
+    /// v2 staged into B and activated awaiting `node-ready` (as the agent does), then a
+    /// "reboot" into B: the kernel command line and boot id change.
+    fn trial_awaiting_node_ready(&self, within_secs: &str) {
+        // A real squashfs: staging checks the image it wrote.
+        let tree = self.path().join("v2.tree/etc");
+        fs::create_dir_all(&tree).unwrap();
+        fs::write(tree.join("k3os-release"), "VERSION=v2\nGENERATION=6\n").unwrap();
+        let inputs = fake_inputs(&self.path().join("v2.in"), "v2");
+        let _ = fs::remove_file(&inputs.0);
+        let out = Command::new("mksquashfs")
+            .arg(self.path().join("v2.tree"))
+            .arg(&inputs.0)
+            .args(["-noappend", "-quiet", "-all-root"])
+            .output()
+            .expect("mksquashfs (squashfs-tools, installed by scripts/setup.sh)");
+        assert!(out.status.success(), "{out:?}");
+        let rel = self.path().join("v2");
+        create(
+            &inputs,
+            &self.path().join("keys/node.key"),
+            &rel,
+            "v2",
+            Arch::host(),
+            Some(6),
+        );
+        let out = self.ops(&["upgrade", "--stage-only", "--source", rel.to_str().unwrap()]);
+        assert!(out.status.success(), "{out:?}");
+        let out = self.ops(&[
+            "slot",
+            "activate",
+            "--await",
+            "node-ready",
+            "--within-secs",
+            within_secs,
+        ]);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains("only after node-ready is reported"),
+            "{out:?}"
+        );
+        fs::write(self.path().join("cmdline"), "ro k3os.slot=B\n").unwrap();
+        fs::write(self.path().join("boot_id"), "boot-2\n").unwrap();
+    }
+
+    fn status_text(&self) -> String {
+        String::from_utf8_lossy(&self.ops(&["slot", "status"]).stdout).into_owned()
+    }
+}
+
+/// The boot-time confirm of a trial that awaits the agent's Node-Ready exits 75 (init starts
+/// `await-bless` then) and says what it waits for; the report blesses it.
+#[test]
+fn a_trial_awaiting_node_ready_is_pending_until_it_is_reported() {
+    let n = Node::new();
+    n.trial_awaiting_node_ready("600");
+    let out = n.ops(&["slot", "confirm"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not marked good yet: waiting for node-ready") && err.contains("within 600 s"),
+        "{err}"
+    );
+    let st = n.status_text();
+    assert!(
+        st.contains("This boot:  slot B pending") && st.contains("[x] slot B (trying, booted"),
+        "{st}"
+    );
+    let out = n.ops(&["slot", "confirm", "--passed", "node-ready"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("slot B (v2) is good (confirmed now)"),
+        "{out:?}"
+    );
+    // Nothing is pending any more: await-bless returns at once.
+    let out = n.ops(&["slot", "await-bless"]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Not reported within the limit (k3s or the agent broken in the new version): await-bless
+/// counts node-ready failed and the core rolls back to the good slot.
+#[test]
+fn await_bless_rolls_back_when_node_ready_never_comes() {
+    let n = Node::new();
+    n.trial_awaiting_node_ready("2");
+    let out = n.ops(&["slot", "confirm"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let t0 = std::time::Instant::now();
+    let line = n.fails(&["slot", "await-bless"]);
+    assert!(t0.elapsed() >= std::time::Duration::from_secs(2));
+    assert!(
+        line.contains("node-ready: not reported within 2 s of the boot"),
+        "{line}"
+    );
+    let st = n.status_text();
+    assert!(
+        st.contains("Next boot:  slot A") && st.contains("slot B (bad, booted"),
+        "{st}"
+    );
+    assert!(st.contains("rolled-back"), "{st}");
+}
+
+#[test]
+fn a_failed_report_is_a_failed_check_named_by_the_caller() {
+    let n = Node::new();
+    n.trial_awaiting_node_ready("600");
+    let line = n.fails(&[
+        "slot",
+        "confirm",
+        "--failed",
+        "node-ready=kubelet never registered",
+    ]);
+    assert!(
+        line.contains("node-ready: kubelet never registered"),
+        "{line}"
+    );
+    let line = n.fails(&["slot", "confirm", "--failed", "node-ready"]);
+    assert!(line.contains("expected NAME=WHY"), "{line}");
+}

@@ -24,6 +24,11 @@
 //!      changes ([`Outcome::Unhealthy`]). **After a bless nothing rolls back silently**: only an
 //!      explicit `rollback` leaves a good slot.
 //!
+//! 4. **Awaited checks.** An activation may name checks only its caller can run on the trial
+//!    boot (the agent's Node-Ready; [`crate::updater::AwaitedChecks`]). Until they are reported
+//!    the slot is not blessed ([`Outcome::Pending`]): it stays on trial, the loader keeps
+//!    counting, and a failure of any check reported meanwhile rolls back as in rule 3.
+//!
 //! # Where the agent reads the verdict
 //! Every assessment stores its [`Verdict`] in the state file (`State::verdict`);
 //! [`Status::verdict`](crate::Status::verdict) returns it when it is about the running boot.
@@ -113,6 +118,12 @@ pub enum Outcome {
     Unhealthy,
     /// The slot's content is not known to be complete (empty or invalid): not assessed.
     NotAssessable { state: SlotState },
+    /// Every check run so far passed, but checks its activation awaits (see
+    /// [`crate::updater::AwaitedChecks`]) were not reported: still on trial, not blessed.
+    Pending {
+        waiting_for: Vec<String>,
+        within_secs: u64,
+    },
 }
 
 /// The verdict on one boot: consumed by `confirm`'s caller and by the agent.
@@ -274,11 +285,53 @@ pub fn assess(
         });
         dirty = false;
     }
+    // A rollback decided earlier in this boot stands: checks reported later (the agent's
+    // Node-Ready after `await-bless` gave up on it) do not undo it.
+    if let Some(prev) = state.verdict.as_ref().filter(|p| {
+        p.boot_id == bid && p.slot == booted && matches!(p.outcome, Outcome::RolledBack { .. })
+    }) {
+        if state_now == SlotState::Bad {
+            verdict.outcome = prev.outcome.clone();
+            verdict.reason = prev.reason.clone();
+            verdict.checks = prev.checks.clone();
+            return finish(st, effects, verdict, dirty, "confirm:rolled-back");
+        }
+    }
     let failed: Vec<String> = checks
         .iter()
         .filter(|c| !c.ok)
         .map(|c| format!("{}: {}", c.name, c.detail))
         .collect();
+    // Checks the activation awaits from its caller (the agent's Node-Ready) that were not
+    // reported: no bless yet, whatever else passed. A failure reported by any check is
+    // decisive at once (below).
+    let waiting_for: Vec<String> = match st.activation.as_ref() {
+        Some(a) if a.slot == booted && state_now != SlotState::Good => a
+            .awaits
+            .iter()
+            .flat_map(|w| w.names.iter())
+            .filter(|n| !checks.iter().any(|c| &c.name == *n))
+            .cloned()
+            .collect(),
+        _ => Vec::new(),
+    };
+    if failed.is_empty() && !waiting_for.is_empty() {
+        let within_secs = st
+            .activation
+            .as_ref()
+            .and_then(|a| a.awaits.as_ref())
+            .map_or(0, |w| w.within_secs);
+        verdict.reason = format!(
+            "{} health check(s) passed; slot {booted} stays on trial until {} is reported (within {within_secs} s of the boot)",
+            checks.len(),
+            waiting_for.join(", ")
+        );
+        verdict.outcome = Outcome::Pending {
+            waiting_for,
+            within_secs,
+        };
+        return finish(st, effects, verdict, dirty, "confirm:pending-recorded");
+    }
     if failed.is_empty() {
         let newly_good = state_now != SlotState::Good;
         // Re-assert a good slot in the loader (after a fallback left the exhausted slot

@@ -37,7 +37,47 @@ impl Updater {
 
     /// [`Self::confirm`] with more checks registered by the caller (e.g. the agent's
     /// Node-Ready): they run with the built-in and `health.d` checks, before the bless.
+    /// Checks the activation awaits ([`crate::updater::AwaitedChecks`]) and that are not
+    /// among them leave the slot on trial: [`Error::BlessPending`].
     pub fn confirm_with(&self, extra: &[&dyn HealthCheck]) -> Result<ConfirmReport> {
+        // The boot-time confirm, `slot await-bless` and the agent may assess the same boot at
+        // once: one at a time, each from the state the previous one saved.
+        let _lock = self.store.lock()?;
+        self.assess_locked(extra)
+    }
+
+    /// If this boot's assessment is still [`Outcome::Pending`], report the awaited checks
+    /// as failed (`detail` says why, e.g. the time limit passed) and assess: a rollback when
+    /// the other slot is good. `Ok(None)`: nothing is pending any more (the caller reported
+    /// in time, or the boot was assessed otherwise); decided under the same lock as
+    /// [`Self::confirm_with`], so a report that just made it is never overruled.
+    pub fn fail_awaited(&self, detail: &str) -> Result<Option<ConfirmReport>> {
+        let _lock = self.store.lock()?;
+        let booted = self.booted_slot()?;
+        let bid = self.boot_id();
+        let st = self.load(Some(booted))?;
+        let waiting = match st.verdict {
+            Some(Verdict {
+                outcome: Outcome::Pending { waiting_for, .. },
+                boot_id,
+                slot,
+                ..
+            }) if boot_id == bid && slot == booted => waiting_for,
+            _ => return Ok(None),
+        };
+        let failed: Vec<CheckResult> = waiting
+            .into_iter()
+            .map(|name| CheckResult {
+                name,
+                ok: false,
+                detail: detail.to_string(),
+            })
+            .collect();
+        let refs: Vec<&dyn HealthCheck> = failed.iter().map(|c| c as &dyn HealthCheck).collect();
+        self.assess_locked(&refs).map(Some)
+    }
+
+    fn assess_locked(&self, extra: &[&dyn HealthCheck]) -> Result<ConfirmReport> {
         let booted = self.booted_slot()?;
         let boot = ObservedBoot {
             slot: booted,
@@ -102,6 +142,14 @@ impl Updater {
                 slot: booted,
                 failures: failures(),
                 rolled_back: false,
+            }),
+            Outcome::Pending {
+                waiting_for,
+                within_secs,
+            } => Err(Error::BlessPending {
+                slot: booted,
+                waiting_for: waiting_for.join(", "),
+                within_secs: *within_secs,
             }),
             Outcome::NotAssessable { state } => Err(Error::SlotState {
                 slot: booted,

@@ -101,6 +101,14 @@ pub enum Error {
         failures: String,
         rolled_back: bool,
     },
+    #[error("slot {slot} passed its health checks but is not marked good yet: waiting for {waiting_for} (to be reported within {within_secs} s of the boot, e.g. by the agent); a reboot before then counts as a failed try")]
+    BlessPending {
+        slot: Slot,
+        waiting_for: String,
+        within_secs: u64,
+    },
+    #[error("invalid request: {0}")]
+    Usage(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

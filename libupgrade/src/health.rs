@@ -32,6 +32,13 @@ pub trait HealthCheck {
     fn check(&self, slot: bootconfig::Slot, version: Option<&str>) -> CheckResult;
 }
 
+/// A result the caller already has (e.g. the agent's Node-Ready, observed in the cluster).
+impl HealthCheck for CheckResult {
+    fn check(&self, _: bootconfig::Slot, _: Option<&str>) -> CheckResult {
+        self.clone()
+    }
+}
+
 /// One line of /proc/self/mountinfo that matters here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {

@@ -232,6 +232,23 @@ impl StateStore {
         &self.path
     }
 
+    /// An exclusive advisory lock (`flock`) next to the state file, held until the guard is
+    /// dropped: for read-decide-write sequences that several processes may run at once.
+    pub fn lock(&self) -> Result<nix::fcntl::Flock<std::fs::File>> {
+        let path = self.path.with_extension("lock");
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("create state dir", dir, e))?;
+        }
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io("open lock", &path, e))?;
+        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| Error::io("lock", &path, std::io::Error::from(e)))
+    }
+
     /// Load the state; a missing file is a fresh node (both slots empty). A file that exists
     /// but does not parse is an error: guessing could lose the record of the good slot.
     pub fn load(&self) -> Result<State> {

@@ -73,6 +73,24 @@ pub struct Activation {
     pub boot_id: String,
     pub tries: u8,
     pub at: u64,
+    /// Checks the activating caller will report on the trial boot, before which the slot is
+    /// not blessed (see [`AwaitedChecks`]). None: the boot-time `confirm` blesses on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaits: Option<AwaitedChecks>,
+}
+
+/// Health checks that only the activating caller can run on the trial boot — the agent's
+/// Node-Ready, which needs the cluster — and that must pass before the single bless point,
+/// like a systemd unit ordered before `boot-complete.target`. Until they are reported, the
+/// boot-time `confirm` leaves the slot on trial ([`crate::assess::Outcome::Pending`]): a reboot
+/// then costs a try, and `slot await-bless` rolls back when they are not reported within
+/// `within_secs` of the boot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AwaitedChecks {
+    /// Check names, as the caller's [`crate::HealthCheck`]s report them (e.g. `node-ready`).
+    pub names: Vec<String>,
+    /// How long after the trial boot they may take before they count as failed.
+    pub within_secs: u64,
 }
 
 /// The updater of one node.
@@ -235,6 +253,20 @@ impl Updater {
 
     /// Try `slot` (staged, or a good fallback switched to by hand) on the next boot.
     pub fn activate_slot(&self, slot: Slot) -> Result<()> {
+        self.activate_awaiting(slot, None)
+    }
+
+    /// [`Self::activate_slot`], and the trial boot is not blessed before the caller reports
+    /// `awaits` through [`Self::confirm_with`] (see [`AwaitedChecks`]).
+    pub fn activate_awaiting(&self, slot: Slot, awaits: Option<AwaitedChecks>) -> Result<()> {
+        if let Some(a) = &awaits {
+            if a.names.is_empty() || a.within_secs == 0 {
+                return Err(Error::Usage(format!(
+                    "awaited checks need at least one name and a time limit above 0 s (got {:?} within {} s)",
+                    a.names, a.within_secs
+                )));
+            }
+        }
         let booted = self.booted_slot()?;
         if slot == booted {
             return Err(Error::SlotBusy { slot });
@@ -260,6 +292,7 @@ impl Updater {
             boot_id: self.boot_id(),
             tries,
             at: now(),
+            awaits,
         });
         self.store.save(&st, "activate:state-trying")?;
         self.boot.try_slot(slot, tries)?;

@@ -6,7 +6,7 @@ use bootconfig::{BootEnv, Damage, Integrity, Slot, SlotBoot};
 use libupgrade::assess::{assess, Effect, LoaderOp, LoaderView, ObservedBoot, OtherSlot, Outcome};
 use libupgrade::health::CheckResult;
 use libupgrade::state::{Event, State};
-use libupgrade::updater::Activation;
+use libupgrade::updater::{Activation, AwaitedChecks};
 use libupgrade::SlotState;
 use proptest::prelude::*;
 
@@ -48,7 +48,15 @@ struct Input {
 fn input() -> impl Strategy<Value = Input> {
     (
         (slot_state(), slot_state()),
-        proptest::option::of((slot(), boot_id(), 1u8..=3)),
+        proptest::option::of((
+            slot(),
+            boot_id(),
+            1u8..=3,
+            proptest::option::of(proptest::sample::subsequence(
+                vec!["c0", "c1", "node-ready"],
+                1..=2,
+            )),
+        )),
         proptest::option::of(boot_id()),
         (slot(), slot_boot(), slot_boot(), any::<bool>()),
         slot(),
@@ -63,11 +71,15 @@ fn input() -> impl Strategy<Value = Input> {
                     r.version = Some(format!("v-{s}"));
                     r.since = 1;
                 }
-                state.activation = act.map(|(slot, boot_id, tries)| Activation {
+                state.activation = act.map(|(slot, boot_id, tries, awaits)| Activation {
                     slot,
                     boot_id,
                     tries,
                     at: 1,
+                    awaits: awaits.map(|names| AwaitedChecks {
+                        names: names.into_iter().map(String::from).collect(),
+                        within_secs: 600,
+                    }),
                 });
                 state.last_boot_id = last;
                 let integrity = Integrity {
@@ -155,11 +167,35 @@ proptest! {
             prop_assert_eq!(&a.verdict.outcome, &Outcome::NotAssessable { state: before });
             prop_assert!(!ops.contains(&LoaderOp::MarkGood(booted)));
         }
-        // The single bless point: blessed iff every check passed on an unblessed, complete slot.
+        // Checks the booted slot's activation awaits from its caller and that were not
+        // reported (only while it is not blessed).
+        let missing: Vec<String> = match &i.state.activation {
+            Some(act) if act.slot == booted && before != SlotState::Good => act
+                .awaits
+                .iter()
+                .flat_map(|w| w.names.iter())
+                .filter(|n| !i.checks.iter().any(|c| &c.name == *n))
+                .cloned()
+                .collect(),
+            _ => vec![],
+        };
+        // The single bless point: blessed iff every check passed on an unblessed, complete slot
+        // and every awaited check was among them.
+        let complete = matches!(before, SlotState::Staged | SlotState::Trying | SlotState::Bad);
         prop_assert_eq!(
             a.verdict.outcome == Outcome::Blessed,
-            all_ok && matches!(before, SlotState::Staged | SlotState::Trying | SlotState::Bad)
+            all_ok && complete && missing.is_empty()
         );
+        // Awaited checks not reported: on trial still, the loader untouched for this slot; a
+        // failure of a reported check is decisive at once.
+        let pending = matches!(a.verdict.outcome, Outcome::Pending { .. });
+        prop_assert_eq!(pending, all_ok && complete && !missing.is_empty());
+        if let Outcome::Pending { waiting_for, .. } = &a.verdict.outcome {
+            prop_assert_eq!(waiting_for, &missing);
+            prop_assert_eq!(after, before);
+            prop_assert!(!ops.contains(&LoaderOp::MarkGood(booted)));
+            prop_assert!(!ops.contains(&LoaderOp::MarkBad(booted)));
+        }
         if a.verdict.outcome == Outcome::Blessed {
             prop_assert_eq!(after, SlotState::Good);
             let g = a.effects.iter().position(|e| matches!(e, Effect::Loader { op: LoaderOp::MarkGood(s), .. } if *s == booted));
@@ -228,6 +264,18 @@ proptest! {
             None => prop_assert_eq!(&a.state, &i.state),
         }
         prop_assert_eq!(a.state.verdict.as_ref(), Some(&a.verdict));
+        // A rollback stands for the rest of the boot: checks that pass later change nothing.
+        if matches!(a.verdict.outcome, Outcome::RolledBack { .. }) {
+            let passing: Vec<CheckResult> = i
+                .checks
+                .iter()
+                .map(|c| CheckResult { ok: true, ..c.clone() })
+                .chain([CheckResult { name: "node-ready".into(), ok: true, detail: "late".into() }])
+                .collect();
+            let late = assess(&a.state, &apply(&i.loader, &ops), &i.boot, &passing);
+            prop_assert_eq!(&late.verdict.outcome, &a.verdict.outcome);
+            prop_assert!(late.effects.is_empty(), "late checks: {:?}", late.effects);
+        }
         // Idempotent: once its effects happened, assessing the same boot again does nothing.
         let again = assess(&a.state, &apply(&i.loader, &ops), &i.boot, &i.checks);
         prop_assert!(again.effects.is_empty(), "second run: {:?}", again.effects);

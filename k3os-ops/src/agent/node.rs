@@ -32,14 +32,23 @@ pub trait StageProgress: Send + Sync {
     fn end(&self);
 }
 
-/// Outcome of the post-boot health checks.
+/// The boot-assessment core's verdict on the trial boot (`libupgrade::assess`), as the agent
+/// acts on it. The agent never decides this itself: it reports Node-Ready as one health check
+/// and carries out what the verdict says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfirmResult {
     /// The booted slot is confirmed good.
     Healthy,
-    /// The checks failed; the slot was marked bad and the other slot made the next boot.
+    /// The checks failed before the bless; the slot was marked bad and the other slot made the
+    /// next boot: reboot into it.
     RolledBack(String),
+    /// The checks failed on a slot that is already blessed (or with no good slot to return
+    /// to): recorded, nothing rolls back.
+    Unhealthy(String),
 }
+
+/// The name of the agent's health check, awaited by the activations it makes.
+pub const NODE_READY: &str = "node-ready";
 
 /// What the agent needs from the node.
 pub trait NodeOps: Send + Sync + 'static {
@@ -60,12 +69,16 @@ pub trait NodeOps: Send + Sync + 'static {
         max_rate: Option<u64>,
         progress: &dyn StageProgress,
     ) -> Result<(), NodeError>;
-    /// Make the bootloader try the staged slot at the next boot.
-    fn activate(&self) -> Result<(), NodeError>;
-    /// Run the health checks on the booted slot and confirm it (or roll it back).
-    fn confirm(&self) -> Result<ConfirmResult, NodeError>;
-    /// Mark the booted (trial) slot bad so the next boot returns to the other one.
-    fn rollback(&self, reason: &str) -> Result<(), NodeError>;
+    /// Make the bootloader try the staged slot at the next boot; the trial boot is not blessed
+    /// before [`Self::confirm`] reports [`NODE_READY`], and counts as failed when that does not
+    /// happen within `node_ready_within` of the boot.
+    fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError>;
+    /// Assess the booted slot with `node_ready` among its health checks (all of them before
+    /// the single bless point) and return the verdict.
+    fn confirm(
+        &self,
+        node_ready: libupgrade::health::CheckResult,
+    ) -> Result<ConfirmResult, NodeError>;
     /// Flush file systems and reboot. Returns only on failure (or in fakes).
     fn reboot(&self) -> Result<(), NodeError>;
 }
@@ -124,10 +137,11 @@ pub fn summarize(status: &libupgrade::Status) -> NodeUpdateStatus {
         Some(o) => match (o.state, o.version.clone()) {
             (_, None) | (SlotState::Empty | SlotState::Invalid, _) => Inactive::Empty,
             (SlotState::Staged | SlotState::Good, Some(v)) => Inactive::Staged(v),
-            // On trial and still the loader's next choice: activated, reboot pending. A trial
-            // the loader no longer picks was spent (the node fell back): failed.
-            (SlotState::Trying, Some(v)) if o.next_boot => Inactive::Activated(v),
-            (SlotState::Trying | SlotState::Bad, Some(v)) => Inactive::Failed(v),
+            // This boot's assessment (which `status` requires) settled every spent trial: a
+            // fallback made it bad (`verdict.other_slot`). Still on trial means activated in
+            // this boot, reboot pending.
+            (SlotState::Trying, Some(v)) => Inactive::Activated(v),
+            (SlotState::Bad, Some(v)) => Inactive::Failed(v),
         },
     };
     NodeUpdateStatus {
@@ -157,6 +171,14 @@ impl NodeOps for LibupgradeNode {
             .updater
             .status()
             .map_err(|e| NodeError::new("status", e))?;
+        // The slot states mean what the boot-assessment core made of this boot; before it ran
+        // (init runs `slot confirm` first thing) a spent trial still reads as on trial.
+        if st.verdict.is_none() {
+            return Err(NodeError::new(
+                "status",
+                "this boot was not assessed yet (`k3os-ops slot confirm` has not run since the node booted)",
+            ));
+        }
         Ok(summarize(&st))
     }
 
@@ -205,30 +227,35 @@ impl NodeOps for LibupgradeNode {
         Ok(())
     }
 
-    fn activate(&self) -> Result<(), NodeError> {
+    fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {
+        let err = |e| NodeError::new("activate", e);
+        let booted = self.updater.booted_slot().map_err(err)?;
+        let awaits = libupgrade::updater::AwaitedChecks {
+            names: vec![NODE_READY.to_string()],
+            within_secs: node_ready_within.as_secs().max(1),
+        };
         self.updater
-            .activate()
-            .map(|_| ())
-            .map_err(|e| NodeError::new("activate", e))
+            .activate_awaiting(booted.other(), Some(awaits))
+            .map_err(err)
     }
 
-    fn confirm(&self) -> Result<ConfirmResult, NodeError> {
-        match self.updater.confirm() {
+    fn confirm(
+        &self,
+        node_ready: libupgrade::health::CheckResult,
+    ) -> Result<ConfirmResult, NodeError> {
+        match self.updater.confirm_with(&[&node_ready]) {
             Ok(_) => Ok(ConfirmResult::Healthy),
             Err(libupgrade::Error::HealthCheck {
                 failures,
-                rolled_back: true,
+                rolled_back,
                 ..
-            }) => Ok(ConfirmResult::RolledBack(failures)),
+            }) => Ok(if rolled_back {
+                ConfirmResult::RolledBack(failures)
+            } else {
+                ConfirmResult::Unhealthy(failures)
+            }),
             Err(e) => Err(NodeError::new("confirm", e)),
         }
-    }
-
-    fn rollback(&self, reason: &str) -> Result<(), NodeError> {
-        self.updater
-            .rollback(reason)
-            .map(|_| ())
-            .map_err(|e| NodeError::new("rollback", e))
     }
 
     fn reboot(&self) -> Result<(), NodeError> {

@@ -15,9 +15,10 @@ use super::decide::{NodeView, Policy};
 use super::drain;
 use super::kube_store::KubeChannelStore;
 use super::metrics::Outcome;
-use super::node::ConfirmResult;
+use super::node::{ConfirmResult, NODE_READY};
 use super::progress::AnnotationProgress;
 use super::slots::{self, FenceOutcome};
+use libupgrade::health::CheckResult;
 
 impl Agent {
     pub(super) async fn stage(&self, ch: &UpdateChannel, version: &str) -> anyhow::Result<Next> {
@@ -145,6 +146,30 @@ impl Agent {
         Ok(())
     }
 
+    /// Fence the slot at `Rebooting` before `step`: `Some(next)` when it was lost and the
+    /// update aborted ([`Self::abort_lost`]).
+    async fn fence_rebooting_or_abort(
+        &self,
+        ch: &UpdateChannel,
+        store: &KubeChannelStore,
+        token: &str,
+        step: &str,
+    ) -> anyhow::Result<Option<Next>> {
+        let fenced = slots::fence(
+            store,
+            &self.node,
+            token,
+            SlotPhase::Rebooting,
+            None,
+            Utc::now(),
+        )
+        .await?;
+        match fenced {
+            FenceOutcome::Held(_) => Ok(None),
+            FenceOutcome::Lost => self.abort_lost(ch, step).await.map(Some),
+        }
+    }
+
     /// Abort after losing the slot: undo our cordon, tell why.
     pub(super) async fn abort_lost(&self, ch: &UpdateChannel, step: &str) -> anyhow::Result<Next> {
         self.back_off_claims();
@@ -248,20 +273,18 @@ impl Agent {
         token: &str,
         version: &str,
     ) -> anyhow::Result<Next> {
-        match slots::fence(
-            store,
-            &self.node,
-            token,
-            SlotPhase::Rebooting,
-            None,
-            Utc::now(),
-        )
-        .await?
+        if let Some(next) = self
+            .fence_rebooting_or_abort(ch, store, token, "the bootloader flip")
+            .await?
         {
-            FenceOutcome::Held(_) => {}
-            FenceOutcome::Lost => return self.abort_lost(ch, "the bootloader flip").await,
+            return Ok(next);
         }
-        if let Err(e) = self.blocking(|ops| ops.activate()).await {
+        let policy = Policy::from_spec(&ch.spec).map_err(anyhow::Error::msg)?;
+        // The trial boot waits for our Node-Ready before it is blessed; when we do not report
+        // it by then (k3s or the agent broken in the new version), `slot await-bless` on the
+        // node counts it failed and rolls back.
+        let within = node_ready_limit(policy.reboot_timeout);
+        if let Err(e) = self.blocking(move |ops| ops.activate(within)).await {
             self.back_off_claims();
             self.event(
                 Some(ch),
@@ -284,18 +307,11 @@ impl Agent {
         )
         .await;
         // Last fence before the point of no return.
-        match slots::fence(
-            store,
-            &self.node,
-            token,
-            SlotPhase::Rebooting,
-            None,
-            Utc::now(),
-        )
-        .await?
+        if let Some(next) = self
+            .fence_rebooting_or_abort(ch, store, token, "the reboot")
+            .await?
         {
-            FenceOutcome::Held(_) => {}
-            FenceOutcome::Lost => return self.abort_lost(ch, "the reboot").await,
+            return Ok(next);
         }
         self.phase("Rebooting", &format!("rebooting into {version}"))
             .await?;
@@ -345,14 +361,19 @@ impl Agent {
             tokio::time::sleep(Duration::from_secs(5)).await;
             ready = self.node_ready().await?;
         }
-        let verdict = if ready {
-            self.blocking(|ops| ops.confirm()).await?
-        } else {
-            let reason = format!("Node not Ready within {READY_WAIT:?} after booting {version}");
-            let r = reason.clone();
-            self.blocking(move |ops| ops.rollback(&r)).await?;
-            ConfirmResult::RolledBack(reason)
+        // Node-Ready is one health check of the boot-assessment core, reported before its
+        // single bless point; the core decides (bless, roll back, or — on a slot blessed
+        // already — record only) and we carry out its verdict.
+        let node_ready = CheckResult {
+            name: NODE_READY.into(),
+            ok: ready,
+            detail: if ready {
+                "the Node's Ready condition is True".into()
+            } else {
+                format!("the Node was not Ready within {READY_WAIT:?} after booting {version}")
+            },
         };
+        let verdict = self.blocking(move |ops| ops.confirm(node_ready)).await?;
         match verdict {
             ConfirmResult::Healthy => {
                 self.claim_failures.store(0, Ordering::Relaxed);
@@ -392,6 +413,34 @@ impl Agent {
                 self.blocking(|ops| ops.reboot()).await?;
                 Ok(Next::Wait)
             }
+            ConfirmResult::Unhealthy(reason) => {
+                // Blessed already (or nothing good to return to): nothing rolls back after
+                // a bless. Record the failure so the channel's budget sees it, give the node
+                // back and release the slot.
+                self.metrics.count(Outcome::Failure);
+                // Uncordon first: a node is never left cordoned by us without a slot.
+                self.undo_cordon().await?;
+                let t = held.then_some(token);
+                // Recorded with the token, the slot is released in the same write.
+                slots::record_failure(store, &self.node, t, version, &reason, false, Utc::now())
+                    .await?;
+                self.phase("Unhealthy", &reason).await?;
+                self.event(
+                    Some(ch),
+                    true,
+                    "HealthCheckFailed",
+                    format!("{version}: {reason}; not rolling back"),
+                )
+                .await;
+                Ok(Next::Wait)
+            }
         }
     }
+}
+
+/// How long the trial boot may take to report Node-Ready before the node rolls back by
+/// itself: the channel's reboot timeout, and never less than our own Ready wait plus time to
+/// boot and start k3s and the agent.
+pub(super) fn node_ready_limit(reboot_timeout: Duration) -> Duration {
+    reboot_timeout.max(READY_WAIT + Duration::from_secs(300))
 }
