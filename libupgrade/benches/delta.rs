@@ -23,12 +23,10 @@
 
 use std::collections::HashSet;
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::net::TcpListener;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use bootconfig::memory::MemoryBootloader;
@@ -344,9 +342,10 @@ fn main() {
     let (secret, public) = libupgrade::signing::generate_keypair(&keys, "bench").unwrap();
     fs::create_dir_all(w.join("trust")).unwrap();
     fs::copy(&public, w.join("trust/bench.pub")).unwrap();
-    fs::write(w.join("k"), pseudo(8 << 20, 1)).unwrap();
-    fs::write(w.join("i"), pseudo(16 << 20, 2)).unwrap();
-    let (base, sent) = serve_dir(w.to_path_buf());
+    fs::write(w.join("k"), testkit::pseudo_random(8 << 20, 1)).unwrap();
+    fs::write(w.join("i"), testkit::pseudo_random(16 << 20, 2)).unwrap();
+    let srv = testkit::TestServer::start(w.to_path_buf(), 0);
+    let (base, sent) = (srv.base.clone(), srv.sent_counter());
     for (name, v1, v2, size) in &stages {
         let _ = fs::remove_dir_all(w.join("rel"));
         libupgrade::release::create(&libupgrade::release::CreateOptions {
@@ -381,74 +380,7 @@ fn main() {
     }
 }
 
-fn pseudo(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
 // ---- the real stage: v2 from a local HTTP server into slot B, slot A running v1 ----
-
-/// A static file server on 127.0.0.1 (GET, `Range: bytes=a-b`), counting the bytes it sends.
-fn serve_dir(root: PathBuf) -> (String, Arc<AtomicU64>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let base = format!("http://{}/", l.local_addr().unwrap());
-    let sent = Arc::new(AtomicU64::new(0));
-    let s2 = sent.clone();
-    std::thread::spawn(move || {
-        for c in l.incoming().flatten() {
-            let (root, sent) = (root.clone(), s2.clone());
-            std::thread::spawn(move || {
-                let mut rd = BufReader::new(c.try_clone().unwrap());
-                let mut w = c;
-                loop {
-                    let mut line = String::new();
-                    if rd.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
-                    let mut range: Option<(u64, Option<u64>)> = None;
-                    loop {
-                        let mut h = String::new();
-                        if rd.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-                            break;
-                        }
-                        if let Some(v) = h.to_ascii_lowercase().strip_prefix("range: bytes=") {
-                            let (a, b) = v.trim().split_once('-').unwrap();
-                            range = Some((a.parse().unwrap(), b.parse().ok()));
-                        }
-                    }
-                    let Ok(mut f) = fs::File::open(root.join(path.trim_start_matches('/'))) else {
-                        let _ = w.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
-                        continue;
-                    };
-                    let len = f.metadata().unwrap().len();
-                    let (a, b) = match range {
-                        Some((a, b)) => (a, b.map_or(len, |b| b + 1).min(len)),
-                        None => (0, len),
-                    };
-                    let head = match range {
-                        Some(_) => format!("HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {a}-{}/{len}\r\n\r\n", b - a, b - 1),
-                        None => format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n"),
-                    };
-                    if w.write_all(head.as_bytes()).is_err() {
-                        return;
-                    }
-                    f.seek(SeekFrom::Start(a)).unwrap();
-                    let n = std::io::copy(&mut (&mut f).take(b - a), &mut w).unwrap_or(0);
-                    sent.fetch_add(head.len() as u64 + n, Ordering::SeqCst);
-                }
-            });
-        }
-    });
-    (base, sent)
-}
 
 fn config(work: &Path) -> Config {
     Config {

@@ -4,13 +4,9 @@
 //! cap, and `kill -9` at random points with the bytes on the wire bounded by the release size
 //! plus 1 MiB.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use libupgrade::layout::GptLayout;
@@ -27,98 +23,6 @@ fn fast() -> StageOptions {
     StageOptions {
         retry_delay: Duration::from_millis(20),
         ..StageOptions::default()
-    }
-}
-
-/// A static server for `root`: GET with `Range: bytes=a-b` / `a-`, 404, keep-alive; counts every
-/// byte it writes (headers included) and sends bodies at `rate` bytes/s (0 = unthrottled).
-struct Server {
-    base: String,
-    sent: Arc<AtomicU64>,
-}
-
-impl Server {
-    fn start(root: &Path, rate: u64) -> Server {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = format!("http://{}/", l.local_addr().unwrap());
-        let sent = Arc::new(AtomicU64::new(0));
-        let (s2, root) = (sent.clone(), root.to_path_buf());
-        std::thread::spawn(move || {
-            for c in l.incoming().flatten() {
-                let (s, root) = (s2.clone(), root.clone());
-                std::thread::spawn(move || serve(c, &root, rate, &s));
-            }
-        });
-        Server { base, sent }
-    }
-
-    fn sent(&self) -> u64 {
-        self.sent.load(Ordering::SeqCst)
-    }
-}
-
-fn serve(c: TcpStream, root: &Path, rate: u64, sent: &AtomicU64) {
-    let mut rd = BufReader::new(c.try_clone().unwrap());
-    let mut w = c;
-    loop {
-        let mut line = String::new();
-        if rd.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
-        let mut range: Option<(u64, Option<u64>)> = None;
-        loop {
-            let mut h = String::new();
-            if rd.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-                break;
-            }
-            if let Some(v) = h.to_ascii_lowercase().strip_prefix("range: bytes=") {
-                let (a, b) = v.trim().split_once('-').unwrap();
-                range = Some((a.parse().unwrap(), b.parse().ok()));
-            }
-        }
-        let Ok(data) = std::fs::read(root.join(path.trim_start_matches('/'))) else {
-            let msg = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n";
-            sent.fetch_add(msg.len() as u64, Ordering::SeqCst);
-            let _ = w.write_all(msg);
-            continue;
-        };
-        let (start, stop) = match range {
-            Some((a, b)) => (
-                a as usize,
-                b.map_or(data.len(), |b| b as usize + 1).min(data.len()),
-            ),
-            None => (0, data.len()),
-        };
-        let head = match range {
-            Some(_) => format!(
-                "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {start}-{}/{}\r\n\r\n",
-                stop - start,
-                stop - 1,
-                data.len()
-            ),
-            None => format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", data.len()),
-        };
-        if w.write_all(head.as_bytes()).is_err() {
-            return;
-        }
-        sent.fetch_add(head.len() as u64, Ordering::SeqCst);
-        // 16 KiB pieces, paced: what a slow link looks like to the client.
-        let t0 = Instant::now();
-        let mut done = 0u64;
-        for piece in data[start..stop].chunks(16 << 10) {
-            if rate > 0 {
-                let due = Duration::from_secs_f64(done as f64 / rate as f64);
-                if let Some(d) = due.checked_sub(t0.elapsed()) {
-                    std::thread::sleep(d);
-                }
-            }
-            if w.write_all(piece).is_err() {
-                return;
-            }
-            sent.fetch_add(piece.len() as u64, Ordering::SeqCst);
-            done += piece.len() as u64;
-        }
     }
 }
 
@@ -254,7 +158,7 @@ fn delta_from_the_running_slot_fetches_only_changed_chunks_and_a_locally_damaged
         .unwrap();
     img.sync_all().unwrap();
 
-    let srv = Server::start(rels.path(), 0);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
     let u = updater(&disk, disk.config(&k.trust));
     let r = u
         .stage(
@@ -306,7 +210,7 @@ fn a_tampered_chunk_on_the_server_never_reaches_the_slot() {
     let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
     let at = std::fs::metadata(&p).unwrap().len() / 2;
     f.write_all_at(b"EVIL-BYTES", at).unwrap();
-    let srv = Server::start(rels.path(), 0);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
     let u = updater(&disk, disk.config(&k.trust));
     let e = u
         .stage(
@@ -407,7 +311,7 @@ fn a_missing_artifact_fails_the_preflight_in_seconds_and_writes_nothing() {
     let rels = tempfile::tempdir().unwrap();
     let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(12 << 20, 5), 2);
     std::fs::remove_file(rel.join("initrd")).unwrap();
-    let srv = Server::start(rels.path(), 1 << 20); // 1 MiB/s: a full download would take 13 s
+    let srv = TestServer::paced(rels.path().to_path_buf(), 1 << 20); // 1 MiB/s: a full download would take 13 s
     let u = updater(&disk, disk.config(&k.trust)); // 20 retries configured: a 404 is not retried
     u.confirm().ok();
     let state_before = std::fs::read(disk.state_dir.join("state.json")).unwrap();
@@ -443,7 +347,7 @@ fn max_rate_caps_the_download() {
     let k = keys();
     let rels = tempfile::tempdir().unwrap();
     let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(6 << 20, 6), 2);
-    let srv = Server::start(rels.path(), 0);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
     let u = updater(&disk, disk.config(&k.trust));
     let t = Instant::now();
     let opts = StageOptions {
@@ -491,7 +395,7 @@ fn kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib() {
     let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(24 << 20, 8), 2);
     let total = size_of(&rel);
     // 8 MiB/s: a slow link, so a kill lands where the counter says.
-    let srv = Server::start(rels.path(), 8 << 20);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 8 << 20);
     let cfg = disk.config(&k.trust);
     let url = format!("{}v2", srv.base);
     let spec = serde_json::to_string(&(&cfg, &url)).unwrap();

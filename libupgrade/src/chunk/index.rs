@@ -215,16 +215,9 @@ pub(crate) fn tests_noise(n: usize, seed: u64) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    /// The workspace's one test-bytes generator (testkit, a dev-dependency).
     pub(super) fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect()
+        testkit::pseudo_random(n, seed)
     }
 
     #[test]
