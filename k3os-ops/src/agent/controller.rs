@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
 use chrono::Utc;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Patch, PatchParams};
@@ -24,6 +23,7 @@ use serde_json::json;
 
 use super::crd::{SlotPhase, UpdateChannel};
 use super::decide::{decide, Action, IdleReason, NodeView, Policy};
+use super::errors::{AgentError, KubeContext};
 use super::kube_store::KubeChannelStore;
 use super::metrics::Outcome;
 use super::node::NodeOps;
@@ -194,8 +194,8 @@ impl Agent {
 
     /// Log a failed reconciliation and publish it (once per distinct text) as a
     /// `ReconcileError` event: the error chain as `Display` text, never a debug dump.
-    pub async fn report_error(&self, e: &anyhow::Error) {
-        let text = super::errors::anyhow_message(e);
+    pub async fn report_error(&self, e: &AgentError) {
+        let text = super::errors::message(e);
         self.metrics.reconciled(false);
         tracing::error!("reconcile: {text}");
         self.event_once(None, true, "ReconcileError", text).await;
@@ -222,7 +222,7 @@ impl Agent {
     }
 
     /// Merge `annotations` into the Node's (a `None` value removes the key).
-    pub async fn annotate(&self, annotations: &[(&str, Option<&str>)]) -> anyhow::Result<()> {
+    pub async fn annotate(&self, annotations: &[(&str, Option<&str>)]) -> Result<(), AgentError> {
         if let Some((_, Some(phase))) = annotations.iter().find(|(k, _)| *k == ANN_PHASE) {
             self.metrics.set_phase(phase);
         }
@@ -242,11 +242,11 @@ impl Agent {
                 &Patch::Merge(json!({"metadata": {"annotations": map}})),
             )
             .await
-            .with_context(|| format!("annotate Node {}", self.node))?;
+            .kube_ctx(|| format!("annotate Node {}", self.node))?;
         Ok(())
     }
 
-    pub(super) async fn phase(&self, phase: &str, message: &str) -> anyhow::Result<()> {
+    pub(super) async fn phase(&self, phase: &str, message: &str) -> Result<(), AgentError> {
         self.annotate(&[(ANN_PHASE, Some(phase)), (ANN_MESSAGE, Some(message))])
             .await
     }
@@ -254,21 +254,21 @@ impl Agent {
     pub(super) async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&dyn NodeOps) -> Result<T, super::node::NodeError> + Send + 'static,
-    ) -> anyhow::Result<T> {
+    ) -> Result<T, AgentError> {
         let ops = self.ops.clone();
         Ok(tokio::task::spawn_blocking(move || f(ops.as_ref())).await??)
     }
 
     /// One decision and its execution.
-    pub async fn reconcile(&self) -> anyhow::Result<Next> {
+    pub async fn reconcile(&self) -> Result<Next, AgentError> {
         let node = self
             .nodes()
             .get(&self.node)
             .await
-            .with_context(|| format!("read own Node {}", self.node))?;
+            .kube_ctx(|| format!("read own Node {}", self.node))?;
         let listed = super::channels::list(&self.client, &self.namespace)
             .await
-            .with_context(|| format!("list UpdateChannels in namespace {}", self.namespace))?;
+            .kube_ctx(|| format!("list UpdateChannels in namespace {}", self.namespace))?;
         self.report_channels(&listed).await;
         let labels = node.metadata.labels.clone().unwrap_or_default();
         let Some(picked) = super::channels::pick(&self.node, &listed.channels, &labels) else {
@@ -370,7 +370,7 @@ impl Agent {
         ch: &UpdateChannel,
         view: &NodeView,
         action: Action,
-    ) -> anyhow::Result<Next> {
+    ) -> Result<Next, AgentError> {
         let name = ch.metadata.name.clone().unwrap_or_default();
         let store = self.store(&name);
         let now = Utc::now;

@@ -1,7 +1,8 @@
 //! `k3os-ops agent`'s main: logging, the start-up line, the Kubernetes client, the metrics
 //! listener, the background tasks, the watchers that wake the loop, and the reconcile loop
-//! with its single error policy (log + `ReconcileError` event once per text, back off up to
-//! 10 resync periods, never exit on a reconcile error).
+//! with its single error policy ([`super::errors::AgentError::retry`]: a lost compare-and-swap
+//! reconciles again at once; anything else is logged, published as a `ReconcileError` event once
+//! per text and backed off up to 10 resync periods; never exit on a reconcile error).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use kube::Api;
 
 use super::background::{poll_loop, reclaim_loop, renew_node_lease};
 use super::controller::{Agent, Next};
+use super::errors::Retry;
 use super::kube_store::node_lease_name;
 use super::node::NodeOps;
 use super::AgentArgs;
@@ -123,15 +125,22 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         )
         .await;
     let resync = Duration::from_secs(args.resync_secs.max(5));
-    let mut errors = 0u32;
+    let (mut errors, mut conflicts) = (0u32, 0u32);
     loop {
         match agent.reconcile().await {
             Ok(Next::Again) => {
-                errors = 0;
+                (errors, conflicts) = (0, 0);
                 continue;
             }
-            Ok(Next::Wait) => errors = 0,
+            Ok(Next::Wait) => (errors, conflicts) = (0, 0),
+            // A few at once; a conflict that keeps coming back is reported and backed off.
+            Err(e) if e.retry() == Retry::Now && conflicts < 5 => {
+                conflicts += 1;
+                tracing::debug!("reconcile again at once: {}", super::errors::message(&e));
+                continue;
+            }
             Err(e) => {
+                conflicts = 0;
                 errors += 1;
                 agent.report_error(&e).await;
             }

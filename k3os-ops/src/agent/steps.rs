@@ -8,11 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use kube::ResourceExt;
 
 use super::controller::*;
 use super::crd::{SlotPhase, UpdateChannel};
 use super::decide::{NodeView, Policy};
 use super::drain;
+use super::errors::{AgentError, KubeContext};
 use super::kube_store::KubeChannelStore;
 use super::metrics::Outcome;
 use super::node::{ConfirmResult, NODE_READY};
@@ -21,7 +23,11 @@ use super::slots::{self, FenceOutcome};
 use libupgrade::health::CheckResult;
 
 impl Agent {
-    pub(super) async fn stage(&self, ch: &UpdateChannel, version: &str) -> anyhow::Result<Next> {
+    pub(super) async fn stage(
+        &self,
+        ch: &UpdateChannel,
+        version: &str,
+    ) -> Result<Next, AgentError> {
         let now_s = Utc::now().timestamp().max(0) as u64;
         if now_s < self.stage_not_before.load(Ordering::Relaxed) {
             return Ok(Next::Wait);
@@ -105,7 +111,7 @@ impl Agent {
                     .store(now_s + backoff, Ordering::Relaxed);
                 let msg = format!(
                     "staging {version} failed (attempt {n}, next in {backoff}s): {}",
-                    super::errors::anyhow_message(&e)
+                    super::errors::message(&e)
                 );
                 self.phase("StageFailed", &msg).await?;
                 self.event(Some(ch), true, "StageFailed", msg).await;
@@ -124,8 +130,12 @@ impl Agent {
     }
 
     /// Uncordon if (and only if) this agent cordoned the node.
-    pub(super) async fn undo_cordon(&self) -> anyhow::Result<()> {
-        let node = self.nodes().get(&self.node).await?;
+    pub(super) async fn undo_cordon(&self) -> Result<(), AgentError> {
+        let node = self
+            .nodes()
+            .get(&self.node)
+            .await
+            .kube_ctx(|| format!("read own Node {}", self.node))?;
         let ours = node
             .metadata
             .annotations
@@ -154,7 +164,7 @@ impl Agent {
         store: &KubeChannelStore,
         token: &str,
         step: &str,
-    ) -> anyhow::Result<Option<Next>> {
+    ) -> Result<Option<Next>, AgentError> {
         let fenced = slots::fence(
             store,
             &self.node,
@@ -171,7 +181,11 @@ impl Agent {
     }
 
     /// Abort after losing the slot: undo our cordon, tell why.
-    pub(super) async fn abort_lost(&self, ch: &UpdateChannel, step: &str) -> anyhow::Result<Next> {
+    pub(super) async fn abort_lost(
+        &self,
+        ch: &UpdateChannel,
+        step: &str,
+    ) -> Result<Next, AgentError> {
         self.back_off_claims();
         self.undo_cordon().await?;
         self.phase("Aborted", &format!("lost the update slot before {step}"))
@@ -187,8 +201,11 @@ impl Agent {
         view: &NodeView,
         token: &str,
         version: &str,
-    ) -> anyhow::Result<Next> {
-        let policy = Policy::from_spec(&ch.spec).map_err(anyhow::Error::msg)?;
+    ) -> Result<Next, AgentError> {
+        let policy = Policy::from_spec(&ch.spec).map_err(|what| AgentError::Spec {
+            channel: ch.name_any(),
+            what,
+        })?;
         let entry = match slots::fence(
             store,
             &self.node,
@@ -272,30 +289,28 @@ impl Agent {
         store: &KubeChannelStore,
         token: &str,
         version: &str,
-    ) -> anyhow::Result<Next> {
+    ) -> Result<Next, AgentError> {
         if let Some(next) = self
             .fence_rebooting_or_abort(ch, store, token, "the bootloader flip")
             .await?
         {
             return Ok(next);
         }
-        let policy = Policy::from_spec(&ch.spec).map_err(anyhow::Error::msg)?;
+        let policy = Policy::from_spec(&ch.spec).map_err(|what| AgentError::Spec {
+            channel: ch.name_any(),
+            what,
+        })?;
         // The trial boot waits for our Node-Ready before it is blessed; when we do not report
         // it by then (k3s or the agent broken in the new version), `slot await-bless` on the
         // node counts it failed and rolls back.
         let within = node_ready_limit(policy.reboot_timeout);
         if let Err(e) = self.blocking(move |ops| ops.activate(within)).await {
             self.back_off_claims();
-            self.event(
-                Some(ch),
-                true,
-                "ActivateFailed",
-                super::errors::anyhow_message(&e),
-            )
-            .await;
+            self.event(Some(ch), true, "ActivateFailed", super::errors::message(&e))
+                .await;
             self.undo_cordon().await?;
             slots::release(store, &self.node, token, Utc::now()).await?;
-            self.phase("ActivateFailed", &super::errors::anyhow_message(&e))
+            self.phase("ActivateFailed", &super::errors::message(&e))
                 .await?;
             return Ok(Next::Wait);
         }
@@ -326,8 +341,12 @@ impl Agent {
         Ok(Next::Wait)
     }
 
-    pub(super) async fn node_ready(&self) -> anyhow::Result<bool> {
-        let node = self.nodes().get(&self.node).await?;
+    pub(super) async fn node_ready(&self) -> Result<bool, AgentError> {
+        let node = self
+            .nodes()
+            .get(&self.node)
+            .await
+            .kube_ctx(|| format!("read own Node {} for its Ready condition", self.node))?;
         Ok(node
             .status
             .and_then(|s| s.conditions)
@@ -343,7 +362,7 @@ impl Agent {
         token: &str,
         version: &str,
         held: bool,
-    ) -> anyhow::Result<Next> {
+    ) -> Result<Next, AgentError> {
         self.phase("Confirming", &format!("checking health of {version}"))
             .await?;
         self.event(
