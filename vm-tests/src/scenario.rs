@@ -13,6 +13,10 @@
 //!
 //! - `missing-kernel`: v2 is activated, then its kernel is deleted from /boot; the bootloader
 //!   cannot load B and must fall back to A by itself (no human at the GRUB menu).
+//! - `awaited-check`: v2 activated awaiting `node-ready` (as the agent activates): the
+//!   boot-time confirm leaves B pending; unreported, init's background `slot await-bless`
+//!   rolls back and reboots into A at the limit; reported (`slot confirm --passed`), B is
+//!   blessed and stays.
 //!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
@@ -51,16 +55,18 @@ pub enum ScenarioKind {
     BadHealth,
     PowerCut,
     MissingKernel,
+    AwaitedCheck,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 6] = [
+    pub const ALL: [ScenarioKind; 7] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
         ScenarioKind::BadHealth,
         ScenarioKind::PowerCut,
         ScenarioKind::MissingKernel,
+        ScenarioKind::AwaitedCheck,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +77,7 @@ impl ScenarioKind {
             ScenarioKind::BadHealth => "badhealth",
             ScenarioKind::PowerCut => "powercut",
             ScenarioKind::MissingKernel => "missing-kernel",
+            ScenarioKind::AwaitedCheck => "awaited-check",
         }
     }
 }
@@ -228,6 +235,7 @@ impl Scenario {
             ScenarioKind::BadHealth => self.badhealth()?,
             ScenarioKind::PowerCut => self.powercut()?,
             ScenarioKind::MissingKernel => self.missing_kernel()?,
+            ScenarioKind::AwaitedCheck => self.awaited_check()?,
         }
         if !self.opts.keep {
             for e in std::fs::read_dir(&self.out)
@@ -845,6 +853,92 @@ impl Scenario {
                 b.state, d.event, d.why
             ));
         }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- awaited check
+
+    /// Stage v2 and activate it awaiting `node-ready` within `limit_secs`, as the agent does;
+    /// then reboot and wait until the boot-time confirm of B says it is pending.
+    fn pending_trial(&mut self, vm: &mut Vm, srv: &ReleaseServer, limit_secs: u64) -> Result<()> {
+        self.upgrade_to(vm, srv, "v2", "--stage-only")?;
+        vm.run_ok(
+            &format!("k3os-ops slot activate --await node-ready --within-secs {limit_secs}"),
+            CMD,
+        )?;
+        self.reboot(vm)?;
+        self.expect_boot(vm, Slot::B, "v2")?;
+        vm.expect_not(
+            "K3OS-CONFIRM pending",
+            &["K3OS-CONFIRM ok", "K3OS-CONFIRM failed", "Kernel panic"],
+            READY,
+        )?;
+        vm.expect_not("K3OS-READY", &["Kernel panic"], READY)?;
+        vm.wait_shell(CMD)?;
+        let st = self.status(vm)?;
+        let outcome = st.verdict.as_ref().map(|v| v.outcome.clone());
+        self.check(
+            matches!(outcome, Some(libupgrade::Outcome::Pending { .. }))
+                && sl(&st, Slot::B).state == SlotState::Trying,
+            || format!("B must be on trial, its bless pending: {st:?}"),
+        )
+    }
+
+    fn awaited_check(&mut self) -> Result<()> {
+        // Long enough for the shell and one `slot status` under TCG before it strikes.
+        const LIMIT: u64 = 45;
+        let srv = self.server(0)?;
+        let mut node = self.node("node")?;
+        let mut vm = self.power_on(&mut node)?;
+        self.expect_boot(&mut vm, Slot::A, "v1")?;
+        self.ready(&mut vm)?;
+
+        // Never reported (k3s or the agent broken in v2): rolled back at the limit, by itself.
+        self.pending_trial(&mut vm, &srv, LIMIT)?;
+        let t0 = Instant::now();
+        vm.expect_not(
+            "K3OS-SHUTDOWN reboot",
+            &["Kernel panic"],
+            Duration::from_secs(LIMIT) + READY,
+        )?;
+        self.boots += 1;
+        self.expect_boot(&mut vm, Slot::A, "v1")?;
+        self.note(format!(
+            "{}: node-ready never reported: await-bless rolled back and rebooted into A {:.1}s after B's shell was ready (limit {LIMIT} s)",
+            vm.name(),
+            t0.elapsed().as_secs_f64()
+        ));
+        self.ready(&mut vm)?;
+        let st = self.status(&mut vm)?;
+        let b = sl(&st, Slot::B);
+        let why = b
+            .last_decision
+            .as_ref()
+            .map(|d| d.why.clone())
+            .unwrap_or_default();
+        self.check(
+            b.state == SlotState::Bad
+                && st.next_boot == Slot::A
+                && why.contains(&format!("node-ready: not reported within {LIMIT} s")),
+            || format!("B must be bad, with the missing node-ready as the reason: {b:?}"),
+        )?;
+        self.note(format!("slot status on v1: B is {}: {why}", b.state));
+
+        // Reported in time: blessed, and it stays.
+        self.pending_trial(&mut vm, &srv, 600)?;
+        let out = vm.run_ok("k3os-ops slot confirm --passed node-ready", CMD)?;
+        self.check(out.contains("slot B (v2) is good (confirmed now)"), || {
+            format!("the report must bless B: {out}")
+        })?;
+        self.reboot(&mut vm)?;
+        self.expect_boot(&mut vm, Slot::B, "v2")?;
+        self.ready(&mut vm)?;
+        let st = self.status(&mut vm)?;
+        self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))?;
+        self.note(format!(
+            "{}: node-ready reported: B blessed, booted again as good",
+            vm.name()
+        ));
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 //!
 //! | target | default scenarios |
 //! |---|---|
-//! | x86_64 GRUB BIOS | upgrade, fallback-panic, powercut (sampled), missing-kernel |
+//! | x86_64 GRUB BIOS | upgrade, fallback-panic, powercut (sampled), missing-kernel, awaited-check |
 //! | x86_64 GRUB UEFI | upgrade, fallback-noconfirm |
 //! | x86_64 extlinux | upgrade, fallback-panic, badhealth |
 //! | aarch64 GRUB UEFI | upgrade, fallback-panic |
@@ -113,6 +113,7 @@ matrix_test!(
     X86_64GrubBios
 );
 matrix_test!(x86_64_grub_bios_badhealth, BadHealth, X86_64GrubBios);
+default_test!(x86_64_grub_bios_awaited_check, AwaitedCheck, X86_64GrubBios);
 
 // x86_64 GRUB UEFI (OVMF)
 default_test!(x86_64_grub_efi_upgrade, Upgrade, X86_64GrubEfi);
@@ -125,6 +126,7 @@ matrix_test!(x86_64_grub_efi_fallback_panic, FallbackPanic, X86_64GrubEfi);
 matrix_test!(x86_64_grub_efi_badhealth, BadHealth, X86_64GrubEfi);
 matrix_test!(x86_64_grub_efi_powercut, PowerCut, X86_64GrubEfi);
 matrix_test!(x86_64_grub_efi_missing_kernel, MissingKernel, X86_64GrubEfi);
+matrix_test!(x86_64_grub_efi_awaited_check, AwaitedCheck, X86_64GrubEfi);
 
 // x86_64 extlinux (syslinux ADV, one try)
 default_test!(x86_64_extlinux_upgrade, Upgrade, X86_64Extlinux);
@@ -145,6 +147,7 @@ matrix_test!(
     MissingKernel,
     X86_64Extlinux
 );
+matrix_test!(x86_64_extlinux_awaited_check, AwaitedCheck, X86_64Extlinux);
 
 // aarch64 GRUB UEFI (AAVMF)
 default_test!(aarch64_grub_efi_upgrade, Upgrade, Aarch64GrubEfi);
@@ -165,3 +168,4 @@ matrix_test!(
     MissingKernel,
     Aarch64GrubEfi
 );
+matrix_test!(aarch64_grub_efi_awaited_check, AwaitedCheck, Aarch64GrubEfi);
