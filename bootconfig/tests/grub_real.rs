@@ -14,7 +14,7 @@ use bootconfig::grub::{
     render_cfg, simulate_boot, BootEntry, GrubBootloader, GrubConfig, MENU_MARKER,
 };
 use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
-use common::{after_cut, all_envs, copy_tree, cuts_for, run, run_ok};
+use common::{after_cut, all_envs, copy_tree, cuts_for, damage, run, run_ok};
 
 fn cfg(max_tries: u8, serial: bool, timeout_secs: u32) -> GrubConfig {
     let e = |s: &str, dev: u8| BootEntry {
@@ -366,16 +366,6 @@ fn grub_emu_handles_missing_and_garbage_env_files() {
     // Everything gone: defaults (primary A, both bad) still boot something.
     std::fs::remove_file(k.join("good")).unwrap();
     assert_eq!(check_against_model(d.path(), max), Slot::A);
-}
-
-fn damage(path: &Path, from: &[u8], to: &[u8]) {
-    let mut b = std::fs::read(path).unwrap();
-    let i = b
-        .windows(from.len())
-        .position(|w| w == from)
-        .unwrap_or_else(|| panic!("{} holds no {:?}", path.display(), from));
-    b[i..i + to.len()].copy_from_slice(to);
-    std::fs::write(path, b).unwrap();
 }
 
 /// Issue 9's bug under the real GRUB: `K3OS_A=good` → `K3OS_A=gXod` in env1 (still loadable).

@@ -9,17 +9,8 @@ use std::path::Path;
 
 use bootconfig::grub::{EnvSource, GrubBootloader};
 use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
+use common::damage;
 use proptest::prelude::*;
-
-fn damage(path: &Path, from: &[u8], to: &[u8]) {
-    let mut b = std::fs::read(path).unwrap();
-    let i = b
-        .windows(from.len())
-        .position(|w| w == from)
-        .unwrap_or_else(|| panic!("{} holds no {:?}", path.display(), from));
-    b[i..i + to.len()].copy_from_slice(to);
-    std::fs::write(path, b).unwrap();
-}
 
 /// A good and running, B on trial (activated, not yet booted).
 fn a_good_b_on_trial(dir: &Path) -> GrubBootloader {

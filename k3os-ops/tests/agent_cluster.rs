@@ -221,8 +221,8 @@ mod envtest {
     }
 }
 
-/// Install the CRD, create a namespace and a channel; returns the namespace.
-async fn setup(client: &Client, concurrency: u32) -> String {
+/// Install (server-side apply) the UpdateChannel CRD and wait until it is established.
+async fn install_crd(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     crds.patch(
         "updatechannels.k3os.io",
@@ -240,10 +240,16 @@ async fn setup(client: &Client, concurrency: u32) -> String {
             .iter()
             .any(|c| c.type_ == "Established" && c.status == "True");
         if established {
-            break;
+            return;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    panic!("the UpdateChannel CRD was not established within 30 s");
+}
+
+/// Install the CRD, create a namespace and a channel; returns the namespace.
+async fn setup(client: &Client, concurrency: u32) -> String {
+    install_crd(client).await;
     let ns = format!("k3os-agent-test-{:08x}", rand::thread_rng().gen::<u32>());
     let nss: Api<Namespace> = Api::all(client.clone());
     let mut n = Namespace::default();
@@ -494,14 +500,7 @@ async fn cluster_agent_service_account_is_enough() {
     let admin = client().await;
     apply_manifest(&admin, "namespace.yaml").await;
     apply_manifest(&admin, "rbac.yaml").await;
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    crds.patch(
-        "updatechannels.k3os.io",
-        &PatchParams::apply("k3os-ops-test").force(),
-        &Patch::Apply(UpdateChannel::crd()),
-    )
-    .await
-    .expect("apply CRD");
+    install_crd(&admin).await;
     let tag = format!("{:08x}", rand::thread_rng().gen::<u32>());
     let channel = format!("sa-test-{tag}");
     let node = format!("sa-test-node-{tag}");

@@ -138,3 +138,15 @@ pub fn cuts_for(base: &Path, ops: &[bootconfig::atomic::WriteOp], i: usize) -> V
     cuts.dedup();
     cuts
 }
+
+/// Overwrite the first occurrence of `from` in the file with `to` (same length or shorter):
+/// byte damage that keeps the file's size, as flash and SD media do it.
+pub fn damage(path: &Path, from: &[u8], to: &[u8]) {
+    let mut b = std::fs::read(path).unwrap();
+    let i = b
+        .windows(from.len())
+        .position(|w| w == from)
+        .unwrap_or_else(|| panic!("{} holds no {:?}", path.display(), from));
+    b[i..i + to.len()].copy_from_slice(to);
+    std::fs::write(path, b).unwrap();
+}
