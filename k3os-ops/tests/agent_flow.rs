@@ -1,5 +1,6 @@
-//! The controller's per-node flow end to end, against a small stateful fake API server behind
-//! tower-test's mock service and a fake node (the `NodeOps` trait). One log records both the
+//! The controller's per-node flow end to end, against the small stateful fake API server of
+//! `fake_api` (shared with the fleet test) behind tower-test's mock service and a fake node
+//! (the `NodeOps` trait). One log records both the
 //! API writes and the node calls in order, so the tests check the ordering guarantees:
 //! fence (CAS of our slot's phase) before cordon, before the bootloader flip, before reboot;
 //! uncordon only of our own cordon; release after confirm; failures pause the channel.
@@ -12,256 +13,10 @@ use std::time::Duration;
 use agent::controller::{Agent, Next};
 use agent::decide::{Inactive, NodeUpdateStatus};
 use agent::node::{ConfirmResult, NodeError, NodeOps, StageProgress};
-use http::{Method, Request, Response};
-use kube::client::Body;
-use kube::Client;
+use fake_api::{Log, World};
 use serde_json::{json, Value};
 
-type Log = Arc<Mutex<Vec<String>>>;
-
-struct World {
-    node: Value,
-    channel: Value,
-    rv: u64,
-    /// Pods on the node (for the drain).
-    pods: Vec<Value>,
-    /// Leases by name (node liveness and poller Leases).
-    leases: std::collections::BTreeMap<String, Value>,
-    /// Other nodes that exist (for reclaim's Node-deleted check).
-    other_nodes: Vec<String>,
-    /// More channels listed after `channel` (raw: they may not decode).
-    extra_channels: Vec<Value>,
-    /// Called before answering each request (to inject concurrent changes).
-    #[allow(clippy::type_complexity)]
-    hook: Option<Box<dyn FnMut(&str, &mut Value) + Send>>,
-}
-
-fn merge(target: &mut Value, patch: &Value) {
-    match patch {
-        Value::Object(p) => {
-            if !target.is_object() {
-                *target = json!({});
-            }
-            let t = target.as_object_mut().unwrap();
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        other => *target = other.clone(),
-    }
-}
-
-const CH: &str = "/apis/k3os.io/v1/namespaces/k3os-system/updatechannels";
-const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/k3os-system/leases";
-
-fn respond(status: u16, body: &Value) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Body::from(serde_json::to_vec(body).unwrap()))
-        .unwrap()
-}
-
-fn not_found(what: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404, "message": format!("{what} not found")})
-}
-
-async fn serve(
-    mut h: tower_test::mock::Handle<Request<Body>, Response<Body>>,
-    world: Arc<Mutex<World>>,
-    log: Log,
-) {
-    while let Some((req, send)) = h.next_request().await {
-        let method = req.method().clone();
-        let path = req.uri().path().to_string();
-        let bytes = req.into_body().collect_bytes().await.unwrap();
-        let body: Value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap()
-        };
-        let mut guard = world.lock().unwrap();
-        let w = &mut *guard;
-        if let Some(hook) = w.hook.as_mut() {
-            let mut ch = w.channel.clone();
-            hook(&format!("{method} {path}"), &mut ch);
-            if ch != w.channel {
-                w.channel = ch;
-                w.rv += 1;
-            }
-        }
-        let rv = w.rv.to_string();
-        let resp = match (method.clone(), path.as_str()) {
-            (Method::GET, "/api/v1/nodes/n1") if w.node.is_null() => {
-                respond(404, &not_found("nodes \"n1\""))
-            }
-            (Method::GET, "/api/v1/nodes/n1") => respond(200, &w.node),
-            (Method::PATCH, "/api/v1/nodes/n1") => {
-                if let Some(u) = body.pointer("/spec/unschedulable") {
-                    log.lock().unwrap().push(format!("api: unschedulable={u}"));
-                }
-                merge(&mut w.node, &body);
-                respond(200, &w.node)
-            }
-            (Method::GET, "/api/v1/pods") => respond(
-                200,
-                &json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": w.pods}),
-            ),
-            (Method::GET, CH) => {
-                let mut ch = w.channel.clone();
-                ch["metadata"]["resourceVersion"] = json!(rv);
-                // A null channel: none exists (yet).
-                let mut items = if ch["spec"].is_null() {
-                    vec![]
-                } else {
-                    vec![ch]
-                };
-                items.extend(w.extra_channels.iter().cloned());
-                respond(
-                    200,
-                    &json!({"kind": "UpdateChannelList", "apiVersion": "k3os.io/v1", "metadata": {}, "items": items}),
-                )
-            }
-            (Method::GET, p) if p.starts_with("/api/v1/nodes/") => {
-                let n = p.trim_start_matches("/api/v1/nodes/");
-                if w.other_nodes.iter().any(|o| o == n) {
-                    respond(
-                        200,
-                        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}}),
-                    )
-                } else {
-                    respond(404, &not_found(p))
-                }
-            }
-            (m, p) if p.starts_with(LEASES) => {
-                let name = p
-                    .trim_start_matches(LEASES)
-                    .trim_start_matches('/')
-                    .to_string();
-                match m {
-                    Method::GET => match w.leases.get(&name) {
-                        Some(l) => respond(200, l),
-                        None => respond(404, &not_found(p)),
-                    },
-                    Method::POST => {
-                        let mut l = body.clone();
-                        l["metadata"]["resourceVersion"] = json!("1");
-                        let n = l["metadata"]["name"].as_str().unwrap().to_string();
-                        w.leases.insert(n, l.clone());
-                        respond(201, &l)
-                    }
-                    Method::PUT => {
-                        let mut l = body.clone();
-                        let v = l["metadata"]["resourceVersion"]
-                            .as_str()
-                            .and_then(|v| v.parse::<u64>().ok())
-                            .unwrap_or(0);
-                        l["metadata"]["resourceVersion"] = json!((v + 1).to_string());
-                        w.leases.insert(name, l.clone());
-                        respond(200, &l)
-                    }
-                    _ => respond(405, &not_found(p)),
-                }
-            }
-            (Method::GET, p) if p == format!("{CH}/stable") => {
-                let mut ch = w.channel.clone();
-                ch["metadata"]["resourceVersion"] = json!(rv);
-                respond(200, &ch)
-            }
-            (Method::PUT, p) if p == format!("{CH}/stable/status") => {
-                if body["metadata"]["resourceVersion"] != json!(rv) {
-                    respond(
-                        409,
-                        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Conflict", "code": 409, "message": "modified"}),
-                    )
-                } else {
-                    let slots: Vec<String> = body["status"]["slots"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|s| {
-                            format!(
-                                "{}:{}",
-                                s["node"].as_str().unwrap(),
-                                s["phase"].as_str().unwrap()
-                            )
-                        })
-                        .collect();
-                    let failures = body["status"]["failures"].as_array().map_or(0, Vec::len);
-                    log.lock().unwrap().push(format!(
-                        "api: slots=[{}] failures={failures}",
-                        slots.join(",")
-                    ));
-                    w.channel["status"] = body["status"].clone();
-                    w.rv += 1;
-                    let mut ch = w.channel.clone();
-                    ch["metadata"]["resourceVersion"] = json!(w.rv.to_string());
-                    respond(200, &ch)
-                }
-            }
-            (Method::PATCH, p) if p.starts_with(CH) && p.ends_with("/status") => {
-                let name = p
-                    .trim_start_matches(CH)
-                    .trim_start_matches('/')
-                    .trim_end_matches("/status")
-                    .to_string();
-                let cond = body["status"]["conditions"]
-                    .as_array()
-                    .and_then(|c| c.iter().find(|c| c["type"] == "Invalid"))
-                    .cloned()
-                    .unwrap_or(Value::Null);
-                log.lock().unwrap().push(format!(
-                    "api: patch-status {name} Invalid={} {}",
-                    cond["status"].as_str().unwrap_or("-"),
-                    cond["message"].as_str().unwrap_or("")
-                ));
-                let target = if name == "stable" {
-                    Some(&mut w.channel)
-                } else {
-                    w.extra_channels
-                        .iter_mut()
-                        .find(|c| c["metadata"]["name"] == name.as_str())
-                };
-                match target {
-                    Some(t) => {
-                        let mut b = body.clone();
-                        b["metadata"] = Value::Null;
-                        b.as_object_mut().unwrap().remove("metadata");
-                        merge(t, &b);
-                        let out = t.clone();
-                        w.rv += 1;
-                        respond(200, &out)
-                    }
-                    None => respond(404, &not_found(p)),
-                }
-            }
-            (Method::POST, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
-                let mut l = log.lock().unwrap();
-                l.push(format!("event: {}", body["reason"].as_str().unwrap_or("?")));
-                l.push(format!(
-                    "event-on: {} {}/{}: {}",
-                    body["regarding"]["kind"].as_str().unwrap_or("?"),
-                    body["regarding"]["namespace"].as_str().unwrap_or("-"),
-                    body["regarding"]["name"].as_str().unwrap_or("?"),
-                    body["note"].as_str().unwrap_or("")
-                ));
-                respond(201, &body)
-            }
-            _ => {
-                log.lock()
-                    .unwrap()
-                    .push(format!("UNEXPECTED {method} {path}"));
-                respond(404, &not_found(&path))
-            }
-        };
-        drop(guard);
-        send.send_response(resp);
-    }
-}
+mod fake_api;
 
 struct FakeNode {
     status: Mutex<NodeUpdateStatus>,
@@ -356,30 +111,22 @@ fn setup(
     unschedulable: bool,
 ) -> (Agent, Arc<Mutex<World>>, Arc<FakeNode>, Log) {
     let log: Log = Arc::default();
-    let world = Arc::new(Mutex::new(World {
-        node: json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "n1", "uid": "node-uid", "labels": {"pool": "edge"}, "annotations": {}},
-            "spec": {"unschedulable": unschedulable},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
-        }),
-        channel: json!({
+    let mut n1 = fake_api::ready_node("n1", json!({"pool": "edge"}));
+    n1["metadata"]["uid"] = json!("node-uid");
+    n1["spec"]["unschedulable"] = json!(unschedulable);
+    // n2 exists (for reclaim's Node-deleted check).
+    let n2 = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}});
+    let world = Arc::new(Mutex::new(World::new(
+        [n1, n2],
+        json!({
             "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
             "metadata": {"name": "stable", "namespace": "k3os-system", "uid": "ch-uid", "generation": 1},
             "spec": {"url": "https://releases.example/", "version": "v2", "concurrency": 1, "maxFailures": 1,
                      "nodeSelector": {"pool": "edge"}},
             "status": {"slots": [], "failures": [], "conditions": []}
         }),
-        rv: 1,
-        pods: Vec::new(),
-        leases: Default::default(),
-        other_nodes: vec!["n2".into()],
-        extra_channels: Vec::new(),
-        hook: None,
-    }));
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    tokio::spawn(serve(handle, world.clone(), log.clone()));
-    let client = Client::new(svc, "default");
+    )));
+    let client = fake_api::client(&world, &log);
     let node = Arc::new(FakeNode {
         status: Mutex::new(NodeUpdateStatus {
             booted_version: Some("v1".into()),
@@ -417,7 +164,7 @@ fn pos(log: &[String], what: &str) -> usize {
 }
 
 fn annotation(world: &Arc<Mutex<World>>, key: &str) -> Option<String> {
-    world.lock().unwrap().node["metadata"]["annotations"][key]
+    world.lock().unwrap().node("n1")["metadata"]["annotations"][key]
         .as_str()
         .map(String::from)
 }
@@ -481,7 +228,10 @@ async fn happy_path_stages_claims_fences_cordons_flips_reboots_confirms_releases
         Some("UpToDate")
     );
     assert_eq!(annotation(&world, "k3os.io/update-cordoned"), None);
-    assert_eq!(world.lock().unwrap().node["spec"]["unschedulable"], false);
+    assert_eq!(
+        world.lock().unwrap().node("n1")["spec"]["unschedulable"],
+        false
+    );
 }
 
 #[tokio::test]
@@ -495,7 +245,10 @@ async fn a_node_cordoned_by_its_admin_stays_cordoned() {
         !l.iter().any(|x| x.contains("unschedulable=")),
         "touched an admin's cordon: {l:#?}"
     );
-    assert_eq!(world.lock().unwrap().node["spec"]["unschedulable"], true);
+    assert_eq!(
+        world.lock().unwrap().node("n1")["spec"]["unschedulable"],
+        true
+    );
     let ch = world.lock().unwrap().channel.clone();
     assert_eq!(ch["status"]["slots"], json!([]));
 }
@@ -617,7 +370,7 @@ async fn a_claim_held_through_a_long_silence_is_replaced_by_a_fresh_one() {
         let mut w = world.lock().unwrap();
         w.channel["status"]["slots"] = json!([{"node": "n1", "token": "old", "claimedAt": "2026-12-01T00:00:00Z",
                                                "phase": "Claimed", "version": "v2"}]);
-        w.node["metadata"]["annotations"]["k3os.io/update-token"] = json!("old");
+        w.node_mut("n1")["metadata"]["annotations"]["k3os.io/update-token"] = json!("old");
     }
     // The agent (re)started after its Lease had been silent for 20 minutes (rebootTimeout 15m).
     agent.set_startup_silence(Some(Duration::from_secs(1200)));
@@ -636,7 +389,7 @@ async fn a_claim_held_through_a_long_silence_is_replaced_by_a_fresh_one() {
     assert_ne!(token, "old", "the old claim must be replaced");
     assert_eq!(w.channel["status"]["slots"].as_array().unwrap().len(), 1);
     assert_eq!(
-        w.node["metadata"]["annotations"]["k3os.io/update-token"],
+        w.node("n1")["metadata"]["annotations"]["k3os.io/update-token"],
         json!(token)
     );
 }
@@ -698,7 +451,10 @@ async fn a_cordon_left_by_an_interrupted_update_is_undone() {
     log.lock().unwrap().clear();
     settle(&agent).await;
     pos(&log.lock().unwrap(), "unschedulable=false");
-    assert_eq!(world.lock().unwrap().node["spec"]["unschedulable"], false);
+    assert_eq!(
+        world.lock().unwrap().node("n1")["spec"]["unschedulable"],
+        false
+    );
     assert_eq!(annotation(&world, "k3os.io/update-cordoned"), None);
 }
 
@@ -710,7 +466,7 @@ async fn a_slot_of_this_node_under_another_token_is_taken_over_in_place() {
         let mut w = world.lock().unwrap();
         w.channel["status"]["slots"] = json!([{"node": "n1", "token": "earlier-instance",
             "claimedAt": "2026-12-01T00:00:00Z", "phase": "Claimed", "version": "v2"}]);
-        w.node["metadata"]["annotations"]["k3os.io/update-token"] = json!("mine");
+        w.node_mut("n1")["metadata"]["annotations"]["k3os.io/update-token"] = json!("mine");
     }
     assert_eq!(agent.reconcile().await.unwrap(), Next::Again);
     pos(&log.lock().unwrap(), "event: SlotTakenOver");
@@ -720,7 +476,7 @@ async fn a_slot_of_this_node_under_another_token_is_taken_over_in_place() {
     assert_ne!(slots[0]["token"], "earlier-instance");
     assert_eq!(
         slots[0]["token"],
-        w.node["metadata"]["annotations"]["k3os.io/update-token"]
+        w.node("n1")["metadata"]["annotations"]["k3os.io/update-token"]
     );
 }
 
@@ -734,13 +490,16 @@ async fn a_node_waiting_for_a_slot_is_not_left_cordoned() {
         let mut w = world.lock().unwrap();
         w.channel["status"]["slots"] = json!([{"node": "n2", "token": "t2",
             "claimedAt": "2026-12-01T00:00:00Z", "phase": "Draining", "version": "v2"}]);
-        w.node["spec"]["unschedulable"] = json!(true);
-        w.node["metadata"]["annotations"]["k3os.io/update-cordoned"] = json!("true");
+        w.node_mut("n1")["spec"]["unschedulable"] = json!(true);
+        w.node_mut("n1")["metadata"]["annotations"]["k3os.io/update-cordoned"] = json!("true");
     }
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
     pos(&l, "unschedulable=false");
-    assert_eq!(world.lock().unwrap().node["spec"]["unschedulable"], false);
+    assert_eq!(
+        world.lock().unwrap().node("n1")["spec"]["unschedulable"],
+        false
+    );
     assert_eq!(annotation(&world, "k3os.io/update-cordoned"), None);
 }
 
@@ -870,7 +629,7 @@ async fn events_carry_fresh_text_and_land_on_the_channel_too() {
 async fn reconcile_errors_are_reported_without_debug_dumps() {
     let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
     // The own Node vanished: the API answers 404 with a Status.
-    world.lock().unwrap().node = Value::Null;
+    world.lock().unwrap().nodes.remove("n1");
     world.lock().unwrap().hook = Some(Box::new(|_, _| {}));
     let e = agent.reconcile().await.expect_err("own Node is missing");
     agent.report_error(&e).await;

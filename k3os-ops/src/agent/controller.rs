@@ -57,6 +57,11 @@ pub struct Agent {
     pub metrics: Arc<super::metrics::Metrics>,
     /// Pause between drain rounds (PDB retries).
     pub drain_retry: Duration,
+    /// How long after the trial boot the Node may take to report Ready before Node-Ready is
+    /// reported failed (default 300 s; tests shorten it).
+    pub node_ready_wait: Duration,
+    /// Pause between two looks at the Node's Ready condition during that wait.
+    pub node_ready_poll: Duration,
     /// Stage failures in a row, for back-off.
     pub(super) stage_failures: AtomicU64,
     /// Earliest next stage attempt (unix seconds).
@@ -104,6 +109,8 @@ impl Agent {
             events,
             metrics: Arc::new(super::metrics::Metrics::new(node)),
             drain_retry: Duration::from_secs(5),
+            node_ready_wait: READY_WAIT,
+            node_ready_poll: Duration::from_secs(5),
             stage_failures: AtomicU64::new(0),
             stage_not_before: AtomicU64::new(0),
             claim_failures: AtomicU64::new(0),

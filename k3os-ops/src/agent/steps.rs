@@ -303,7 +303,7 @@ impl Agent {
         // The trial boot waits for our Node-Ready before it is blessed; when we do not report
         // it by then (k3s or the agent broken in the new version), `slot await-bless` on the
         // node counts it failed and rolls back.
-        let within = node_ready_limit(policy.reboot_timeout);
+        let within = node_ready_limit(policy.reboot_timeout, self.node_ready_wait);
         if let Err(e) = self.blocking(move |ops| ops.activate(within)).await {
             self.back_off_claims();
             self.event(Some(ch), true, "ActivateFailed", super::errors::message(&e))
@@ -376,8 +376,8 @@ impl Agent {
         .await;
         let start = tokio::time::Instant::now();
         let mut ready = self.node_ready().await?;
-        while !ready && start.elapsed() < READY_WAIT {
-            tokio::time::sleep(Duration::from_secs(5)).await;
+        while !ready && start.elapsed() < self.node_ready_wait {
+            tokio::time::sleep(self.node_ready_poll).await;
             ready = self.node_ready().await?;
         }
         // Node-Ready is one health check of the boot-assessment core, reported before its
@@ -389,7 +389,10 @@ impl Agent {
             detail: if ready {
                 "the Node's Ready condition is True".into()
             } else {
-                format!("the Node was not Ready within {READY_WAIT:?} after booting {version}")
+                format!(
+                    "the Node was not Ready within {:?} after booting {version}",
+                    self.node_ready_wait
+                )
             },
         };
         let verdict = self.blocking(move |ops| ops.confirm(node_ready)).await?;
@@ -460,6 +463,6 @@ impl Agent {
 /// How long the trial boot may take to report Node-Ready before the node rolls back by
 /// itself: the channel's reboot timeout, and never less than our own Ready wait plus time to
 /// boot and start k3s and the agent.
-pub(super) fn node_ready_limit(reboot_timeout: Duration) -> Duration {
-    reboot_timeout.max(READY_WAIT + Duration::from_secs(300))
+pub(super) fn node_ready_limit(reboot_timeout: Duration, ready_wait: Duration) -> Duration {
+    reboot_timeout.max(ready_wait + Duration::from_secs(300))
 }

@@ -1,0 +1,851 @@
+//! The agent fleet (issue 11): three agents, one per node, update the nodes from v1 to v2
+//! through one shared fake API server (`fake_api`), each with a kube client of its own, each
+//! over a real [`LibupgradeNode`]: a real `libupgrade::Updater` over a k3OS dir layout in its
+//! own temp dir, a real signed v2 release (mksquashfs) in a local channel, and the in-memory
+//! bootloader that counts tries like GRUB. The cluster holds a web app of three replicas (one
+//! per node) guarded by a PodDisruptionBudget of `minAvailable: 2`; the fake's Eviction API
+//! refuses (429) what would break it, and evicted pods come back on another schedulable node.
+//!
+//! Reboots are simulated by the test's driver. A node's `reboot()` hands a request to the
+//! driver and blocks; the driver then ends that node's agent (its reconcile loop, Lease
+//! renewal and reclaim loop: the process dies with the node), checks that no workload is left
+//! on the node, marks the Node NotReady, power-cycles through the loader (new command line
+//! and boot id), runs what init runs at every boot (`slot confirm`: on a trial it must report
+//! pending, Node-Ready awaited; on a good slot it passes), and starts a fresh agent for the
+//! node, which goes on from the persisted state (slot, annotations, the slots on disk). The
+//! agent is a pod, so the kubelet runs before it: back on a good slot the Node is Ready before
+//! the agent starts; on a trial of a good version the kubelet reports Ready once the agent
+//! waits for it (phase `Confirming`), so the agent's wait is exercised.
+//!
+//! Invariants, checked by an observer on *every* state the fake world passes through (after
+//! every answered request, every simulated cluster step and every change by the driver), not by
+//! periodic sampling:
+//! 1. at most `spec.concurrency` slot holders, no node twice;
+//! 2. a node is cordoned only while it holds a slot past its Draining fence. The agent fences
+//!    its slot to `Draining` (a CAS) before it marks `k3os.io/update-cordoned` and cordons, and
+//!    on every way out it uncordons, then drops the mark, then releases the slot (or records the
+//!    failure that releases it): `unschedulable ⇒ update-cordoned ⇒ slot phase ∈ {Draining,
+//!    Rebooting, RollingBack}`, with no exception in this test (the one other way out, another
+//!    agent reclaiming the slot of a holder silent for `rebootTimeout`, never happens here);
+//! 3. a node that is down (NotReady: rebooting, or its new version not Ready) holds a slot at
+//!    `Rebooting` or `RollingBack`;
+//! 4. the PodDisruptionBudget holds: at least 2 of the web pods are available (Ready, not
+//!    terminating, on a Ready node);
+//!
+//! and by the driver when a node reboots: no workload pod is left running on it. At the end
+//! every node that updated held one slot under one token throughout (no claim was lost to a
+//! stale write and made again).
+//!
+//! Slots are contended on purpose: the fake holds the first three status writes until all
+//! three have arrived, so the three agents' claims race on one resourceVersion (all but one get
+//! 409 and decide again; the tests assert the conflicts happened), and the first power cycle
+//! waits until every agent has staged and tried to claim, so more nodes want a slot than there
+//! are slots while it is held; the tests assert that the peak number of holders reached
+//! `concurrency`.
+//!
+//! Scenarios: the happy rollout at concurrency 1 and 2 (every node ends on v2 blessed by the
+//! boot-assessment core, uncordoned, the channel without holders or failures), and a v2 whose
+//! Node never becomes Ready on the first node that boots it (that agent reports Node-Ready
+//! failed, the core rolls back, the driver's next power cycle brings the node back to v1 with
+//! B bad, the failure is recorded, the channel pauses at `maxFailures: 1`, and the other two
+//! nodes never claim, cordon or reboot).
+
+mod fake_api;
+
+use k3os_ops::agent;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agent::controller::{Agent, Next, ANN_CORDONED, ANN_PHASE};
+use agent::decide::NodeUpdateStatus;
+use agent::node::{ConfirmResult, LibupgradeNode, NodeError, NodeOps, StageProgress};
+use bootconfig::Slot;
+use fake_api::{Log, Pdb, World, NS};
+use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
+use libupgrade::layout::DirLayout;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+const NODES: usize = 3;
+/// The agents' resync period (they also wake on every change of a Node or a channel).
+const RESYNC: Duration = Duration::from_millis(200);
+/// The whole rollout must end within this.
+const DEADLINE: Duration = Duration::from_secs(25);
+
+fn node_name(i: usize) -> String {
+    format!("node-{}", i + 1)
+}
+
+// --- the node side ------------------------------------------------------------------------
+
+/// One node's disk and boot environment: a k3OS dir layout in a temp dir, booted on v1 from
+/// slot A, trusting the publisher's key.
+struct NodeRig {
+    _dir: tempfile::TempDir,
+    cfg: Config,
+    loader: bootconfig::memory::MemoryBootloader,
+    boots: u32,
+}
+
+impl NodeRig {
+    fn new(trust: &Path) -> NodeRig {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        let cfg = testkit::dir_config(p, trust, BootloaderKind::Grub);
+        for d in ["system", "boot", "health.d"] {
+            std::fs::create_dir_all(p.join(d)).unwrap();
+        }
+        std::fs::write(&cfg.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
+        let loader = bootconfig::memory::MemoryBootloader::new(cfg.tries);
+        let mut rig = NodeRig {
+            _dir: dir,
+            cfg,
+            loader,
+            boots: 0,
+        };
+        rig.boot_into(Slot::A);
+        rig.init_confirm().expect("first boot on v1");
+        rig
+    }
+
+    fn boot_into(&mut self, slot: Slot) {
+        self.boots += 1;
+        testkit::boot_as(&self.cfg, slot, &format!("boot-{}", self.boots));
+    }
+
+    /// Power-cycle through the loader (a trial costs a try): the slot booted.
+    fn power_cycle(&mut self) -> Slot {
+        let s = self.loader.power_on();
+        self.boot_into(s);
+        s
+    }
+
+    fn updater(&self) -> libupgrade::Updater {
+        let LayoutConfig::Dir { root, boot_dir } = &self.cfg.layout else {
+            unreachable!()
+        };
+        libupgrade::Updater::with_parts(
+            self.cfg.clone(),
+            Box::new(DirLayout::new(root, boot_dir)),
+            Box::new(self.loader.clone()),
+        )
+    }
+
+    /// What init runs first thing on every boot: `k3os-ops slot confirm`.
+    fn init_confirm(&self) -> libupgrade::Result<libupgrade::ConfirmReport> {
+        self.updater().confirm()
+    }
+}
+
+/// A node's request to reboot; dropping `done` lets the blocked `reboot()` return.
+struct RebootRequest {
+    node: usize,
+    done: std::sync::mpsc::Sender<()>,
+}
+
+/// The real [`LibupgradeNode`], except that `reboot()` asks the driver for a power cycle and
+/// blocks until the driver has ended this agent; Node-Ready reports are recorded.
+struct FleetNode {
+    node: usize,
+    real: LibupgradeNode,
+    power: mpsc::UnboundedSender<RebootRequest>,
+    reports: Log,
+}
+
+impl NodeOps for FleetNode {
+    fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
+        self.real.status()
+    }
+    fn resolve_latest(&self, channel: &str) -> Result<String, NodeError> {
+        self.real.resolve_latest(channel)
+    }
+    fn stage(
+        &self,
+        channel: &str,
+        version: &str,
+        allow_downgrade: bool,
+        max_rate: Option<u64>,
+        progress: &dyn StageProgress,
+    ) -> Result<(), NodeError> {
+        self.real
+            .stage(channel, version, allow_downgrade, max_rate, progress)
+    }
+    fn activate(&self, node_ready_within: Duration) -> Result<(), NodeError> {
+        self.real.activate(node_ready_within)
+    }
+    fn confirm(
+        &self,
+        node_ready: libupgrade::health::CheckResult,
+    ) -> Result<ConfirmResult, NodeError> {
+        let line = format!(
+            "{}: {} ok={} ({})",
+            node_name(self.node),
+            node_ready.name,
+            node_ready.ok,
+            node_ready.detail
+        );
+        let verdict = self.real.confirm(node_ready);
+        self.reports
+            .lock()
+            .unwrap()
+            .push(format!("{line} -> {verdict:?}"));
+        verdict
+    }
+    fn reboot(&self) -> Result<(), NodeError> {
+        let (done, ended) = std::sync::mpsc::channel();
+        self.power
+            .send(RebootRequest {
+                node: self.node,
+                done,
+            })
+            .expect("the driver is running");
+        // Returns once the driver dropped `done`, after it aborted this agent: nobody sees it.
+        let _ = ended.recv();
+        Err(NodeError::new(
+            "reboot",
+            "the simulated power cycle ended this agent",
+        ))
+    }
+}
+
+// --- the invariants -----------------------------------------------------------------------
+
+/// What the observer saw, over every state of the world.
+#[derive(Default)]
+struct Monitor {
+    concurrency: usize,
+    samples: u64,
+    violations: Vec<String>,
+    peak_holders: usize,
+    /// Per node, the slot tokens it held, in order (a node that held one slot throughout its
+    /// update has one).
+    claims: BTreeMap<String, Vec<String>>,
+    ever_cordoned: BTreeSet<String>,
+    least_available: Option<usize>,
+}
+
+/// Slot holders of the channel: (node, phase, token).
+fn holders(w: &World) -> Vec<(String, String, String)> {
+    let field = |s: &Value, k: &str| s[k].as_str().unwrap_or("?").to_string();
+    w.channel["status"]["slots"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| (field(s, "node"), field(s, "phase"), field(s, "token")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn annotation<'a>(node: &'a Value, key: &str) -> Option<&'a str> {
+    node["metadata"]["annotations"][key].as_str()
+}
+
+/// One line per node and the slots, for failure messages.
+fn summary(w: &World) -> String {
+    let slots: Vec<String> = holders(w)
+        .into_iter()
+        .map(|(n, p, _)| format!("{n}:{p}"))
+        .collect();
+    let mut out = format!("slots {slots:?}");
+    for (name, n) in &w.nodes {
+        out.push_str(&format!(
+            "; {name}: ready={} unschedulable={} cordoned-mark={:?} phase={:?} pods={:?}",
+            fake_api::node_ready(n),
+            n["spec"]["unschedulable"],
+            annotation(n, ANN_CORDONED),
+            annotation(n, ANN_PHASE),
+            w.workload_on(name)
+        ));
+    }
+    out
+}
+
+impl Monitor {
+    fn violation(&mut self, w: &World, what: String) {
+        if self.violations.len() < 10 {
+            self.violations
+                .push(format!("sample {}: {what}\n  {}", self.samples, summary(w)));
+        }
+    }
+
+    fn sample(&mut self, w: &World) {
+        self.samples += 1;
+        let held = holders(w);
+        self.peak_holders = self.peak_holders.max(held.len());
+        if held.len() > self.concurrency {
+            self.violation(
+                w,
+                format!(
+                    "{} slot holders, concurrency {}",
+                    held.len(),
+                    self.concurrency
+                ),
+            );
+        }
+        let distinct: BTreeSet<&str> = held.iter().map(|(n, _, _)| n.as_str()).collect();
+        if distinct.len() != held.len() {
+            self.violation(w, "a node holds two slots".into());
+        }
+        for (node, _, token) in &held {
+            let tokens = self.claims.entry(node.clone()).or_default();
+            if tokens.last() != Some(token) {
+                tokens.push(token.clone());
+            }
+        }
+        for (name, node) in &w.nodes {
+            let phase = held
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .map(|(_, p, _)| p.as_str());
+            let cordoned = node["spec"]["unschedulable"] == true;
+            let marked = annotation(node, ANN_CORDONED) == Some("true");
+            if cordoned {
+                self.ever_cordoned.insert(name.clone());
+            }
+            if cordoned && !marked {
+                self.violation(w, format!("{name} is cordoned without update-cordoned"));
+            }
+            if marked && !matches!(phase, Some("Draining" | "Rebooting" | "RollingBack")) {
+                self.violation(
+                    w,
+                    format!("{name} is marked cordoned by the agent with slot phase {phase:?}"),
+                );
+            }
+            if !fake_api::node_ready(node) && !matches!(phase, Some("Rebooting" | "RollingBack")) {
+                self.violation(w, format!("{name} is down with slot phase {phase:?}"));
+            }
+        }
+        for pdb in &w.pdbs {
+            let available = w.available(pdb);
+            self.least_available =
+                Some(self.least_available.map_or(available, |l| l.min(available)));
+            if available < pdb.min_available {
+                self.violation(
+                    w,
+                    format!(
+                        "PodDisruptionBudget {} violated: {available} available, minAvailable {}",
+                        pdb.name, pdb.min_available
+                    ),
+                );
+            }
+        }
+    }
+}
+
+// --- the fleet and its driver -------------------------------------------------------------
+
+struct Scenario {
+    concurrency: u32,
+    /// The agents' wait for Node Ready after a trial boot.
+    ready_wait: Duration,
+    /// The Node of the first node that boots v2 never becomes Ready.
+    first_trial_never_ready: bool,
+}
+
+struct Fleet {
+    scenario: Scenario,
+    world: Arc<Mutex<World>>,
+    log: Log,
+    /// Node-Ready reports of the agents and the core's verdicts.
+    reports: Log,
+    monitor: Arc<Mutex<Monitor>>,
+    _publisher: testkit::Keys,
+    _channel_dir: tempfile::TempDir,
+    rigs: Vec<NodeRig>,
+    /// The tasks of each node's running agent (`None` while it is down).
+    agents: Vec<Option<Vec<JoinHandle<()>>>>,
+    cluster: JoinHandle<()>,
+    power: mpsc::UnboundedSender<RebootRequest>,
+    requests: mpsc::UnboundedReceiver<RebootRequest>,
+    reboots: Vec<u32>,
+    /// Nodes booted into a good trial whose kubelet reports Ready once their agent waits.
+    awaiting_ready: Vec<bool>,
+    /// The node whose v2 never became Ready.
+    bad: Option<usize>,
+    /// Every agent has staged and tried to claim (the first power cycle waits for it).
+    contended: bool,
+}
+
+/// What run.rs's loop does with one agent, waking on changes instead of watches.
+async fn agent_loop(agent: Arc<Agent>, mut wake: watch::Receiver<u64>) {
+    let mut errors = 0u32;
+    loop {
+        match agent.reconcile().await {
+            Ok(Next::Again) => {
+                errors = 0;
+                continue;
+            }
+            Ok(Next::Wait) => errors = 0,
+            Err(e) => {
+                errors += 1;
+                agent.report_error(&e).await;
+            }
+        }
+        let _ = tokio::time::timeout(RESYNC * errors.clamp(1, 10), wake.changed()).await;
+    }
+}
+
+impl Fleet {
+    fn new(scenario: Scenario) -> Fleet {
+        let publisher = testkit::keys();
+        let channel_dir = tempfile::tempdir().unwrap();
+        testkit::make_release(
+            &publisher,
+            channel_dir.path(),
+            "v2",
+            2,
+            4096,
+            libupgrade::manifest::Arch::host(),
+        );
+        libupgrade::channel::write_index(channel_dir.path()).unwrap();
+        let channel_url = channel_dir.path().display().to_string();
+        let rigs: Vec<NodeRig> = (0..NODES).map(|_| NodeRig::new(&publisher.trust)).collect();
+
+        let nodes = (0..NODES).map(|i| {
+            fake_api::ready_node(
+                &node_name(i),
+                json!({"kubernetes.io/hostname": node_name(i)}),
+            )
+        });
+        let channel = json!({
+            "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
+            "metadata": {"name": "stable", "namespace": NS, "uid": "ch-uid", "generation": 1},
+            "spec": {"url": channel_url, "version": "v2", "concurrency": scenario.concurrency,
+                     "maxFailures": 1, "rebootTimeout": "2m", "drain": {"timeout": "20s"}},
+            "status": {"slots": [], "failures": [], "conditions": []}
+        });
+        let mut world = World::new(nodes, channel);
+        world.hold_first_status_writes(NODES);
+        for i in 0..NODES {
+            let node = node_name(i);
+            world.pods.push(fake_api::running_pod(
+                "apps",
+                &format!("web-{}", i + 1),
+                json!({"app": "web"}),
+                "ReplicaSet",
+                "web",
+                &node,
+            ));
+            world.pods.push(fake_api::running_pod(
+                NS,
+                &format!("k3os-ops-agent-{node}"),
+                json!({"app": "k3os-ops-agent"}),
+                "DaemonSet",
+                "k3os-ops-agent",
+                &node,
+            ));
+        }
+        world.pdbs.push(Pdb {
+            name: "web".into(),
+            namespace: "apps".into(),
+            selector: [("app".to_string(), "web".to_string())].into(),
+            min_available: 2,
+        });
+        let monitor = Arc::new(Mutex::new(Monitor {
+            concurrency: scenario.concurrency as usize,
+            ..Monitor::default()
+        }));
+        let m = monitor.clone();
+        world.observer = Some(Box::new(move |w: &World| m.lock().unwrap().sample(w)));
+        world.observe();
+        let world = Arc::new(Mutex::new(world));
+        let cluster = tokio::spawn(fake_api::run_cluster(
+            world.clone(),
+            Duration::from_millis(5),
+        ));
+        let (power, requests) = mpsc::unbounded_channel();
+        let mut fleet = Fleet {
+            scenario,
+            world,
+            log: Log::default(),
+            reports: Log::default(),
+            monitor,
+            _publisher: publisher,
+            _channel_dir: channel_dir,
+            rigs,
+            agents: (0..NODES).map(|_| None).collect(),
+            cluster,
+            power,
+            requests,
+            reboots: vec![0; NODES],
+            awaiting_ready: vec![false; NODES],
+            bad: None,
+            contended: false,
+        };
+        for i in 0..NODES {
+            fleet.start_agent(i, None);
+        }
+        fleet
+    }
+
+    /// Start node `i`'s agent as the DaemonSet would after a boot: its reconcile loop, its
+    /// Lease renewal and its reclaim loop, with a kube client of its own.
+    fn start_agent(&mut self, i: usize, silence: Option<Duration>) {
+        let name = node_name(i);
+        let client = fake_api::client(&self.world, &self.log);
+        let ops = Arc::new(FleetNode {
+            node: i,
+            real: LibupgradeNode::new(self.rigs[i].updater(), vec!["false".into()]),
+            power: self.power.clone(),
+            reports: self.reports.clone(),
+        });
+        let mut agent = Agent::new(
+            client.clone(),
+            NS,
+            &name,
+            Some(format!("{NS}/k3os-ops-agent-{name}")),
+            ops,
+        );
+        agent.drain_retry = Duration::from_millis(20);
+        agent.node_ready_wait = self.scenario.ready_wait;
+        agent.node_ready_poll = Duration::from_millis(20);
+        agent.set_startup_silence(silence);
+        let agent = Arc::new(agent);
+        let wake = self.world.lock().unwrap().subscribe();
+        self.agents[i] = Some(vec![
+            tokio::spawn(agent_loop(agent.clone(), wake)),
+            tokio::spawn(agent::background::renew_node_lease(client, NS.into(), name)),
+            tokio::spawn(agent::controller::reclaim_loop(agent)),
+        ]);
+    }
+
+    async fn stop_agent(&mut self, i: usize) {
+        for t in self.agents[i].take().unwrap_or_default() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+
+    fn phase(&self, i: usize) -> Option<String> {
+        annotation(self.world.lock().unwrap().node(&node_name(i)), ANN_PHASE).map(String::from)
+    }
+
+    fn violation(&self, what: String) {
+        let w = self.world.lock().unwrap();
+        self.monitor.lock().unwrap().violation(&w, what);
+    }
+
+    /// The node asked to reboot: end its agent, power-cycle it, run init's confirm and start
+    /// a fresh agent.
+    async fn power_cycle(&mut self, req: RebootRequest) {
+        let i = req.node;
+        let name = node_name(i);
+        let off = Instant::now();
+        // The agent dies with the node; then its blocked reboot() may return into nothing.
+        self.stop_agent(i).await;
+        drop(req.done);
+        let left = self.world.lock().unwrap().workload_on(&name);
+        if !left.is_empty() {
+            self.violation(format!("{name} rebooted with {left:?} still running on it"));
+        }
+        self.world.lock().unwrap().set_node_ready(&name, false);
+        self.reboots[i] += 1;
+        let slot = self.rigs[i].power_cycle();
+        let trial = match (slot, self.rigs[i].init_confirm()) {
+            // Nodes start on A: B is the new version, booted on trial.
+            (Slot::B, Err(libupgrade::Error::BlessPending { waiting_for, .. })) => {
+                assert_eq!(waiting_for, agent::node::NODE_READY, "{name}");
+                true
+            }
+            (Slot::A, Ok(_)) => false,
+            (slot, other) => panic!(
+                "{name} booted {slot}: init's confirm must wait for node-ready on the trial and pass on A: {other:?}"
+            ),
+        };
+        // The agent is a pod: the kubelet runs before it. Back on a good slot the Node is Ready
+        // at once; on a trial the kubelet reports Ready once the agent waits for it (or never).
+        if !trial {
+            self.world.lock().unwrap().set_node_ready(&name, true);
+        } else if self.scenario.first_trial_never_ready && self.bad.is_none() {
+            self.bad = Some(i);
+        } else {
+            self.awaiting_ready[i] = true;
+        }
+        self.start_agent(i, Some(off.elapsed()));
+    }
+
+    /// Drive the fleet until `done` holds for the world (checked after every change).
+    async fn run_until(&mut self, what: &str, done: impl Fn(&Fleet) -> bool) {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let mut wake = self.world.lock().unwrap().subscribe();
+        loop {
+            let first = self.monitor.lock().unwrap().violations.first().cloned();
+            if let Some(v) = first {
+                panic!("{v}\nlog tail:\n{}", self.log_tail());
+            }
+            for i in 0..NODES {
+                if self.awaiting_ready[i] && self.phase(i).as_deref() == Some("Confirming") {
+                    self.awaiting_ready[i] = false;
+                    self.world
+                        .lock()
+                        .unwrap()
+                        .set_node_ready(&node_name(i), true);
+                }
+            }
+            if !self.contended {
+                self.contended = (0..NODES).all(|i| {
+                    !matches!(self.phase(i).as_deref(), None | Some("Staging" | "Staged"))
+                });
+            }
+            if done(self) {
+                return;
+            }
+            let contended = self.contended;
+            let request = tokio::select! {
+                Some(req) = self.requests.recv(), if contended => Some(req),
+                _ = wake.changed() => None,
+                _ = tokio::time::sleep_until(deadline) => {
+                    let state = summary(&self.world.lock().unwrap());
+                    panic!(
+                        "{what}: not reached within {DEADLINE:?}\n{state}\nlog tail:\n{}",
+                        self.log_tail()
+                    )
+                }
+            };
+            if let Some(req) = request {
+                self.power_cycle(req).await;
+            }
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let l = self.log.lock().unwrap();
+        l[l.len().saturating_sub(60)..].join("\n")
+    }
+
+    /// Stop every agent and the simulated cluster; the invariants held throughout.
+    async fn stop(&mut self) {
+        for i in 0..NODES {
+            self.stop_agent(i).await;
+        }
+        self.cluster.abort();
+        let m = self.monitor.lock().unwrap();
+        assert!(m.violations.is_empty(), "{}", m.violations.join("\n"));
+        let l = self.log.lock().unwrap();
+        let bad: Vec<&String> = l
+            .iter()
+            .filter(|x| x.starts_with("UNEXPECTED") || x.contains("ReconcileError"))
+            .collect();
+        assert!(bad.is_empty(), "{bad:#?}");
+    }
+
+    /// The real Updater's status of node `i` (both slots, this boot's verdict).
+    fn slots(&self, i: usize) -> libupgrade::updater::Status {
+        self.rigs[i].updater().status().unwrap()
+    }
+
+    fn channel(&self) -> Value {
+        self.world.lock().unwrap().channel.clone()
+    }
+}
+
+fn condition(channel: &Value, kind: &str) -> Option<String> {
+    channel["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)?["status"]
+        .as_str()
+        .map(String::from)
+}
+
+fn slot_of(st: &libupgrade::updater::Status, slot: Slot) -> &libupgrade::updater::SlotStatus {
+    st.slots.iter().find(|s| s.slot == slot).unwrap()
+}
+
+async fn rollout(concurrency: u32) {
+    let started = Instant::now();
+    let mut fleet = Fleet::new(Scenario {
+        concurrency,
+        ready_wait: Duration::from_secs(20),
+        first_trial_never_ready: false,
+    });
+    fleet
+        .run_until("every node UpToDate and no slot held", |f| {
+            (0..NODES).all(|i| f.phase(i).as_deref() == Some("UpToDate"))
+                && holders(&f.world.lock().unwrap()).is_empty()
+        })
+        .await;
+    fleet.stop().await;
+
+    let m = fleet.monitor.lock().unwrap();
+    assert_eq!(
+        m.peak_holders, concurrency as usize,
+        "the slots were contended, so the peak is the bound"
+    );
+    for (node, tokens) in &m.claims {
+        assert_eq!(
+            tokens.len(),
+            1,
+            "{node} held slots under {} tokens: a claim was lost and made again",
+            tokens.len()
+        );
+    }
+    assert_eq!(m.claims.len(), NODES);
+    assert_eq!(
+        m.least_available,
+        Some(2),
+        "the budget was used to its limit"
+    );
+    drop(m);
+    let w = fleet.world.lock().unwrap();
+    assert!(
+        w.conflicts as usize >= NODES - 1,
+        "the first claims raced on one resourceVersion: all but one must have got 409, got {}",
+        w.conflicts
+    );
+    assert!(
+        w.evictions_refused > 0,
+        "the PodDisruptionBudget never refused an eviction: the drain's 429 path was not exercised"
+    );
+    drop(w);
+    let log = fleet.log.lock().unwrap().clone();
+    assert!(
+        log.iter().any(|l| l == "event: WaitingForSlot"),
+        "no agent ever waited for a slot"
+    );
+    let ch = fleet.channel();
+    assert_eq!(ch["status"]["slots"], json!([]), "{}", ch["status"]);
+    assert_eq!(ch["status"]["failures"], json!([]), "{}", ch["status"]);
+    assert_eq!(condition(&ch, "Paused").as_deref(), Some("False"));
+    assert_eq!(fleet.reboots, vec![1; NODES], "one reboot per node");
+    let reports = fleet.reports.lock().unwrap().clone();
+    for i in 0..NODES {
+        let name = node_name(i);
+        let node = fleet.world.lock().unwrap().node(&name).clone();
+        assert_eq!(node["spec"]["unschedulable"], false, "{name}");
+        assert_eq!(annotation(&node, ANN_CORDONED), None, "{name}");
+        assert!(fake_api::node_ready(&node), "{name}");
+        let st = fleet.slots(i);
+        let b = slot_of(&st, Slot::B);
+        assert_eq!(st.booted, Some(Slot::B), "{name}: {st:#?}");
+        assert_eq!(b.version.as_deref(), Some("v2"), "{name}: {st:#?}");
+        assert_eq!(b.state, libupgrade::SlotState::Good, "{name}: {st:#?}");
+        let verdict = st.verdict.as_ref().unwrap();
+        assert_eq!(
+            verdict.outcome,
+            libupgrade::Outcome::Blessed,
+            "{name}: {verdict:?}"
+        );
+        assert!(
+            verdict
+                .checks
+                .iter()
+                .any(|c| c.name == agent::node::NODE_READY && c.ok),
+            "{name}: {verdict:?}"
+        );
+        assert!(
+            reports
+                .iter()
+                .any(|r| r.starts_with(&format!("{name}: node-ready ok=true"))
+                    && r.ends_with("-> Ok(Healthy)")),
+            "{name}: {reports:#?}"
+        );
+        // The bless is in the loader: the next power-on stays on B.
+        assert_eq!(fleet.rigs[i].power_cycle(), Slot::B, "{name}");
+        fleet.rigs[i].init_confirm().expect("B is good");
+    }
+    let samples = fleet.monitor.lock().unwrap().samples;
+    let refused = fleet.world.lock().unwrap().evictions_refused;
+    eprintln!(
+        "concurrency {concurrency}: {samples} states sampled, {refused} evictions refused by the budget, {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_update_one_at_a_time_under_a_disruption_budget() {
+    rollout(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_update_two_at_a_time_under_a_disruption_budget() {
+    rollout(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
+    let started = Instant::now();
+    let mut fleet = Fleet::new(Scenario {
+        concurrency: 1,
+        ready_wait: Duration::from_secs(1),
+        first_trial_never_ready: true,
+    });
+    fleet
+        .run_until("the failed node back on v1 and the others paused", |f| {
+            let Some(bad) = f.bad else { return false };
+            (0..NODES).all(|i| {
+                let want = if i == bad { "Failed" } else { "Paused" };
+                f.phase(i).as_deref() == Some(want)
+            }) && holders(&f.world.lock().unwrap()).is_empty()
+        })
+        .await;
+    fleet.stop().await;
+    let bad = fleet.bad.unwrap();
+    let bad_name = node_name(bad);
+
+    // The agent reported Node-Ready failed; the core rolled back.
+    let reports = fleet.reports.lock().unwrap().clone();
+    assert_eq!(reports.len(), 1, "{reports:#?}");
+    assert!(
+        reports[0].starts_with(&format!("{bad_name}: node-ready ok=false"))
+            && reports[0].contains("RolledBack"),
+        "{reports:#?}"
+    );
+    // Back on v1 after the driver's next power cycle, B bad.
+    assert_eq!(fleet.reboots[bad], 2, "into v2 and back");
+    let st = fleet.slots(bad);
+    assert_eq!(st.booted, Some(Slot::A), "{st:#?}");
+    assert_eq!(slot_of(&st, Slot::A).version.as_deref(), Some("v1"));
+    assert_eq!(slot_of(&st, Slot::A).state, libupgrade::SlotState::Good);
+    assert_eq!(slot_of(&st, Slot::B).version.as_deref(), Some("v2"));
+    assert_eq!(slot_of(&st, Slot::B).state, libupgrade::SlotState::Bad);
+
+    // The failure is recorded and the channel paused.
+    let ch = fleet.channel();
+    let failures = ch["status"]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{}", ch["status"]);
+    assert_eq!(failures[0]["node"], bad_name.as_str());
+    assert_eq!(failures[0]["version"], "v2");
+    assert!(
+        failures[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains(agent::node::NODE_READY),
+        "{}",
+        failures[0]
+    );
+    assert_eq!(ch["status"]["slots"], json!([]));
+    assert_eq!(condition(&ch, "Paused").as_deref(), Some("True"));
+
+    // The others never proceeded: no slot, no cordon, no reboot, still on v1 (v2 staged).
+    let m = fleet.monitor.lock().unwrap();
+    assert_eq!(
+        m.claims.keys().collect::<Vec<_>>(),
+        [&bad_name],
+        "{:?}",
+        m.claims
+    );
+    assert_eq!(m.claims[&bad_name].len(), 1, "{:?}", m.claims);
+    assert_eq!(m.ever_cordoned, BTreeSet::from([bad_name.clone()]));
+    drop(m);
+    assert!(fleet.world.lock().unwrap().conflicts as usize >= NODES - 1);
+    for i in (0..NODES).filter(|i| *i != bad) {
+        let name = node_name(i);
+        assert_eq!(fleet.reboots[i], 0, "{name}");
+        let st = fleet.slots(i);
+        assert_eq!(st.booted, Some(Slot::A), "{name}: {st:#?}");
+        assert_eq!(slot_of(&st, Slot::A).version.as_deref(), Some("v1"));
+        assert_eq!(slot_of(&st, Slot::B).state, libupgrade::SlotState::Staged);
+    }
+    for i in 0..NODES {
+        let node = fleet.world.lock().unwrap().node(&node_name(i)).clone();
+        assert_eq!(node["spec"]["unschedulable"], false, "{}", node_name(i));
+        assert!(fake_api::node_ready(&node), "{}", node_name(i));
+    }
+    eprintln!("never Ready: {:?}", started.elapsed());
+}

@@ -1,0 +1,757 @@
+//! A small stateful fake of the Kubernetes API server for the agent's tests, behind
+//! tower-test's mock service (`kube::Client::new(mock, …)`), shared by `agent_flow.rs` (one
+//! node) and `agent_fleet.rs` (three nodes) through `mod fake_api;`.
+//!
+//! What it serves, with a real server's semantics where the agent depends on them:
+//! - Nodes: GET, merge PATCH.
+//! - `UpdateChannel`s of `k3os-system`: list, GET, PUT of the status subresource as a
+//!   resourceVersion compare-and-swap (409 on a stale resourceVersion, 422 without one; a
+//!   write that changes nothing keeps the resourceVersion), merge PATCH of the status.
+//! - Leases of `k3os-system`: GET, POST (409 when it exists), PUT with the same CAS.
+//! - Pods: the list by `spec.nodeName` field selector, GET, and the Eviction API honouring
+//!   [`Pdb`]s: 429 while evicting a pod would leave fewer than `minAvailable` available pods
+//!   of a budget (available: Ready, not terminating, on a Ready Node).
+//! - Events (`events.k8s.io/v1`): POST, recorded in the log.
+//!
+//! [`World::tick`] plays the rest of the cluster for evicted pods: the kubelet removes an
+//! evicted pod after [`World::termination`], its ReplicaSet creates a replacement at once, the
+//! scheduler binds it to the schedulable Ready Node with the fewest pods, and it turns Ready
+//! [`World::startup`] later. [`run_cluster`] ticks it in the background.
+//!
+//! [`World::hold_first_status_writes`] makes the first status writes of several agents race on
+//! one resourceVersion, whatever the timing of the steps before them.
+//!
+//! Every answered request and every cluster step is shown to [`World::observer`] (when set),
+//! so a test sees every state the world passes through. Real changes of Nodes and channels
+//! bump [`World::subscribe`]'s counter, standing in for the agent's watches. The log records
+//! Node cordons, slot writes, status patches, Events and any request the fake does not know
+//! (`UNEXPECTED …`), in order.
+
+// Each test binary uses its own part of the fake.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{Method, Request, Response};
+use kube::client::Body;
+use kube::Client;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+pub type Log = Arc<Mutex<Vec<String>>>;
+/// Called with `"METHOD path"` and the channel `stable` before each request is answered.
+pub type Hook = Box<dyn FnMut(&str, &mut Value) + Send>;
+/// Called with the world after every answered request and every cluster step.
+pub type Observer = Box<dyn FnMut(&World) + Send>;
+
+/// The agent's namespace (channels, Leases).
+pub const NS: &str = "k3os-system";
+const CHANNELS: &str = "/apis/k3os.io/v1/namespaces/k3os-system/updatechannels/";
+
+/// A PodDisruptionBudget: pods of `namespace` carrying all of `selector`'s labels.
+#[derive(Debug, Clone)]
+pub struct Pdb {
+    pub name: String,
+    pub namespace: String,
+    pub selector: BTreeMap<String, String>,
+    pub min_available: usize,
+}
+
+/// A step the simulated cluster takes at a later time.
+#[derive(Debug, Clone)]
+enum Due {
+    /// The kubelet finished terminating the pod of this uid.
+    Gone(String),
+    /// The pod of this uid passed its readiness probe.
+    Ready(String),
+}
+
+pub struct World {
+    /// Nodes by name.
+    pub nodes: BTreeMap<String, Value>,
+    /// The channel `stable` (`Value::Null`: none exists yet).
+    pub channel: Value,
+    /// More channels listed after `channel` (raw: they may not decode).
+    pub extra_channels: Vec<Value>,
+    pub pods: Vec<Value>,
+    pub pdbs: Vec<Pdb>,
+    /// Leases of `k3os-system` by name (node liveness and poller Leases).
+    pub leases: BTreeMap<String, Value>,
+    /// See [`Hook`] (to inject concurrent changes).
+    pub hook: Option<Hook>,
+    /// See [`Observer`].
+    pub observer: Option<Observer>,
+    /// Evictions answered 429 because of a disruption budget.
+    pub evictions_refused: u32,
+    /// Channel status writes answered 409 (stale resourceVersion).
+    pub conflicts: u32,
+    /// How long an evicted pod takes to terminate.
+    pub termination: Duration,
+    /// How long a scheduled replacement takes to become Ready.
+    pub startup: Duration,
+    /// The last resourceVersion handed out (one counter for every object, as in etcd).
+    rv: u64,
+    /// See [`World::hold_first_status_writes`]: how many more writes to hold, and the barrier.
+    held_writes: Option<(usize, Arc<tokio::sync::Barrier>)>,
+    due: Vec<(Instant, Due)>,
+    /// For names and uids of replacement pods.
+    serial: u64,
+    changes: watch::Sender<u64>,
+}
+
+/// Merge-patch semantics (RFC 7386): objects merge, `null` removes, anything else replaces.
+pub fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().unwrap();
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+fn respond(status: u16, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(body).unwrap()))
+        .unwrap()
+}
+
+fn failure(code: u16, reason: &str, message: &str) -> Response<Body> {
+    respond(
+        code,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "reason": reason, "code": code, "message": message}),
+    )
+}
+
+fn not_found(what: &str) -> Response<Body> {
+    failure(404, "NotFound", &format!("{what} not found"))
+}
+
+fn conflict(what: &str) -> Response<Body> {
+    failure(
+        409,
+        "Conflict",
+        &format!("Operation cannot be fulfilled on {what}: the object has been modified; please apply your changes to the latest version and try again"),
+    )
+}
+
+/// Whether a Node's `Ready` condition is `True`.
+pub fn node_ready(node: &Value) -> bool {
+    node["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// A Node with the given labels, schedulable and Ready.
+pub fn ready_node(name: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "uid": format!("{name}-uid"), "labels": labels, "annotations": {}},
+        "spec": {"unschedulable": false},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+    })
+}
+
+fn pod_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+fn terminating(pod: &Value) -> bool {
+    !pod["metadata"]["deletionTimestamp"].is_null()
+}
+
+fn controller_kind(pod: &Value) -> Option<&str> {
+    pod["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|o| o["controller"] == true)?["kind"]
+        .as_str()
+}
+
+/// A Running, Ready pod of `owner_kind` `owner` bound to `node`.
+pub fn running_pod(
+    namespace: &str,
+    name: &str,
+    labels: Value,
+    owner_kind: &str,
+    owner: &str,
+    node: &str,
+) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("{namespace}-{name}-uid"),
+                     "labels": labels,
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": owner_kind, "name": owner,
+                                          "uid": format!("{owner}-uid"), "controller": true}]},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    })
+}
+
+/// The `%XX` escapes of a query string decoded (`+` is not used by kube's encoder).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8(out).unwrap()
+}
+
+impl World {
+    /// `nodes` and the channel `stable` (`Value::Null` for none), no pods, no Leases.
+    pub fn new(nodes: impl IntoIterator<Item = Value>, channel: Value) -> World {
+        let mut w = World {
+            nodes: BTreeMap::new(),
+            channel,
+            extra_channels: Vec::new(),
+            pods: Vec::new(),
+            pdbs: Vec::new(),
+            leases: BTreeMap::new(),
+            hook: None,
+            observer: None,
+            evictions_refused: 0,
+            conflicts: 0,
+            held_writes: None,
+            termination: Duration::from_millis(50),
+            startup: Duration::from_millis(200),
+            rv: 0,
+            due: Vec::new(),
+            serial: 0,
+            changes: watch::channel(0).0,
+        };
+        for n in nodes {
+            let name = n["metadata"]["name"].as_str().unwrap().to_string();
+            w.nodes.insert(name, n);
+        }
+        w.stamp_channels();
+        w
+    }
+
+    pub fn node(&self, name: &str) -> &Value {
+        &self.nodes[name]
+    }
+
+    pub fn node_mut(&mut self, name: &str) -> &mut Value {
+        self.nodes.get_mut(name).unwrap()
+    }
+
+    /// A counter bumped on every real change of a Node or a channel (the agent's watches).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Set the `Ready` condition of `node` (the kubelet going away or coming back).
+    pub fn set_node_ready(&mut self, node: &str, ready: bool) {
+        let rv = self.next_rv();
+        let n = self.node_mut(node);
+        n["status"]["conditions"] =
+            json!([{"type": "Ready", "status": if ready { "True" } else { "False" }}]);
+        n["metadata"]["resourceVersion"] = json!(rv);
+        self.notify();
+        self.observe();
+    }
+
+    /// Whether `pod` counts for a disruption budget: Ready, not terminating, on a Ready Node.
+    pub fn pod_available(&self, pod: &Value) -> bool {
+        pod_ready(pod)
+            && !terminating(pod)
+            && pod["spec"]["nodeName"]
+                .as_str()
+                .and_then(|n| self.nodes.get(n))
+                .is_some_and(node_ready)
+    }
+
+    pub fn pdb_selects(pdb: &Pdb, pod: &Value) -> bool {
+        pod["metadata"]["namespace"] == pdb.namespace.as_str()
+            && pdb
+                .selector
+                .iter()
+                .all(|(k, v)| pod["metadata"]["labels"][k] == v.as_str())
+    }
+
+    /// Available pods of `pdb`.
+    pub fn available(&self, pdb: &Pdb) -> usize {
+        self.pods
+            .iter()
+            .filter(|p| Self::pdb_selects(pdb, p) && self.pod_available(p))
+            .count()
+    }
+
+    /// Pods bound to `node` and not terminating, except DaemonSet pods.
+    pub fn workload_on(&self, node: &str) -> Vec<String> {
+        self.pods
+            .iter()
+            .filter(|p| {
+                p["spec"]["nodeName"] == node
+                    && !terminating(p)
+                    && controller_kind(p) != Some("DaemonSet")
+            })
+            .map(|p| {
+                format!(
+                    "{}/{}",
+                    p["metadata"]["namespace"].as_str().unwrap(),
+                    p["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    }
+
+    /// Hold the first `n` channel status writes (PUT) until all `n` have arrived, then answer
+    /// them: `n` agents' first compare-and-swaps (their claims) then carry the same
+    /// resourceVersion, however their stages were timed, and all but one must get 409.
+    pub fn hold_first_status_writes(&mut self, n: usize) {
+        self.held_writes = Some((n, Arc::new(tokio::sync::Barrier::new(n))));
+    }
+
+    /// The barrier a status write arriving now must wait at, if it is one of the held ones.
+    fn hold(&mut self) -> Option<Arc<tokio::sync::Barrier>> {
+        let (left, barrier) = self.held_writes.as_mut()?;
+        *left -= 1;
+        let b = barrier.clone();
+        if *left == 0 {
+            self.held_writes = None;
+        }
+        Some(b)
+    }
+
+    fn next_rv(&mut self) -> String {
+        self.rv += 1;
+        self.rv.to_string()
+    }
+
+    fn notify(&mut self) {
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Show the world to the observer.
+    pub fn observe(&mut self) {
+        if let Some(mut o) = self.observer.take() {
+            o(self);
+            self.observer = Some(o);
+        }
+    }
+
+    /// Give every channel without a resourceVersion one (tests write channels directly).
+    fn stamp_channels(&mut self) {
+        let mut rv = self.rv;
+        for c in std::iter::once(&mut self.channel).chain(self.extra_channels.iter_mut()) {
+            if !c.is_null() && c["metadata"]["resourceVersion"].is_null() {
+                rv += 1;
+                c["metadata"]["resourceVersion"] = json!(rv.to_string());
+            }
+        }
+        self.rv = rv;
+    }
+
+    fn channel_mut(&mut self, name: &str) -> Option<&mut Value> {
+        std::iter::once(&mut self.channel)
+            .chain(self.extra_channels.iter_mut())
+            .find(|c| !c["spec"].is_null() && c["metadata"]["name"] == name)
+    }
+
+    /// Evict `namespace/name` through the Eviction API.
+    fn evict(&mut self, namespace: &str, name: &str) -> Response<Body> {
+        let Some(i) = self
+            .pods
+            .iter()
+            .position(|p| p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name)
+        else {
+            return not_found(&format!("pods \"{name}\""));
+        };
+        let pod = self.pods[i].clone();
+        let done = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
+        if terminating(&pod) {
+            return respond(201, &done);
+        }
+        let refused = self
+            .pdbs
+            .iter()
+            .filter(|b| self.pod_available(&pod) && Self::pdb_selects(b, &pod))
+            .map(|b| (b, self.available(b)))
+            .find(|(b, healthy)| *healthy <= b.min_available)
+            .map(|(b, healthy)| {
+                format!(
+                    "The disruption budget {} needs {} healthy pods and has {healthy} currently",
+                    b.name, b.min_available
+                )
+            });
+        if let Some(cause) = refused {
+            self.evictions_refused += 1;
+            return respond(
+                429,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "reason": "TooManyRequests", "code": 429,
+                        "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+                        "details": {"causes": [{"reason": "DisruptionBudget", "message": cause}]}}),
+            );
+        }
+        let now = Instant::now();
+        let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+        self.pods[i]["metadata"]["deletionTimestamp"] = json!(chrono::Utc::now().to_rfc3339());
+        self.due.push((now + self.termination, Due::Gone(uid)));
+        if controller_kind(&pod) == Some("ReplicaSet") {
+            self.serial += 1;
+            let owner = pod["metadata"]["ownerReferences"][0]["name"]
+                .as_str()
+                .unwrap();
+            let mut new = pod.clone();
+            let new_name = format!("{owner}-r{}", self.serial);
+            new["metadata"]["uid"] = json!(format!("{namespace}-{new_name}-uid"));
+            new["metadata"]["name"] = json!(new_name);
+            new["spec"]["nodeName"] = Value::Null;
+            new["status"] =
+                json!({"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]});
+            self.pods.push(new);
+        }
+        respond(201, &done)
+    }
+
+    /// The schedulable Ready Node with the fewest workload pods (then the smallest name).
+    fn pick_node(&self) -> Option<String> {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| node_ready(n) && n["spec"]["unschedulable"] != true)
+            .min_by_key(|(name, _)| (self.workload_on(name).len(), (*name).clone()))
+            .map(|(name, _)| name.clone())
+    }
+
+    /// One step of the simulated kubelets, ReplicaSet and scheduler at `now`; whether anything
+    /// changed.
+    pub fn tick(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        let (ripe, later): (Vec<_>, Vec<_>) = self.due.drain(..).partition(|(at, _)| *at <= now);
+        self.due = later;
+        for (_, due) in ripe {
+            changed = true;
+            match due {
+                Due::Gone(uid) => self.pods.retain(|p| p["metadata"]["uid"] != uid.as_str()),
+                Due::Ready(uid) => {
+                    if let Some(p) = self
+                        .pods
+                        .iter_mut()
+                        .find(|p| p["metadata"]["uid"] == uid.as_str())
+                    {
+                        p["status"] = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+                    }
+                }
+            }
+        }
+        while let Some(i) = self
+            .pods
+            .iter()
+            .position(|p| p["spec"]["nodeName"].is_null() && !terminating(p))
+        {
+            let Some(node) = self.pick_node() else { break };
+            let uid = self.pods[i]["metadata"]["uid"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            self.pods[i]["spec"]["nodeName"] = json!(node);
+            self.pods[i]["status"]["phase"] = json!("Running");
+            self.due.push((now + self.startup, Due::Ready(uid)));
+            changed = true;
+        }
+        changed
+    }
+}
+
+/// Tick the simulated cluster every `period`, forever.
+pub async fn run_cluster(world: Arc<Mutex<World>>, period: Duration) {
+    loop {
+        {
+            let mut w = world.lock().unwrap();
+            if w.tick(Instant::now()) {
+                w.observe();
+            }
+        }
+        tokio::time::sleep(period).await;
+    }
+}
+
+/// A kube client of its own over the shared world (its own serving task).
+pub fn client(world: &Arc<Mutex<World>>, log: &Log) -> Client {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(serve(handle, world.clone(), log.clone()));
+    Client::new(svc, "default")
+}
+
+/// Answer the requests of one mock client from `world` until the client is dropped.
+pub async fn serve(
+    mut h: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    world: Arc<Mutex<World>>,
+    log: Log,
+) {
+    while let Some((req, send)) = h.next_request().await {
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let query = percent_decode(req.uri().query().unwrap_or(""));
+        let bytes = req.into_body().collect_bytes().await.unwrap();
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        if method == Method::PUT && path.starts_with(CHANNELS) && path.ends_with("/status") {
+            let held = world.lock().unwrap().hold();
+            if let Some(barrier) = held {
+                barrier.wait().await;
+            }
+        }
+        let mut guard = world.lock().unwrap();
+        let w = &mut *guard;
+        w.stamp_channels();
+        if let Some(hook) = w.hook.as_mut() {
+            let mut ch = w.channel.clone();
+            hook(&format!("{method} {path}"), &mut ch);
+            if ch != w.channel {
+                ch["metadata"]["resourceVersion"] = json!(w.next_rv());
+                w.channel = ch;
+                w.notify();
+            }
+        }
+        let resp = answer(w, &log, &method, &path, &query, &body);
+        w.observe();
+        drop(guard);
+        send.send_response(resp);
+    }
+}
+
+fn answer(
+    w: &mut World,
+    log: &Log,
+    method: &Method,
+    path: &str,
+    query: &str,
+    body: &Value,
+) -> Response<Body> {
+    let seg: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match (method.clone(), seg.as_slice()) {
+        (Method::GET, ["api", "v1", "nodes", name]) => match w.nodes.get(*name) {
+            Some(n) => respond(200, n),
+            None => not_found(&format!("nodes \"{name}\"")),
+        },
+        (Method::PATCH, ["api", "v1", "nodes", name]) => {
+            let rv = w.next_rv();
+            let Some(node) = w.nodes.get_mut(*name) else {
+                return not_found(&format!("nodes \"{name}\""));
+            };
+            if let Some(u) = body.pointer("/spec/unschedulable") {
+                log.lock()
+                    .unwrap()
+                    .push(format!("api: node {name} unschedulable={u}"));
+            }
+            let before = node.clone();
+            merge(node, body);
+            let changed = *node != before;
+            if changed {
+                node["metadata"]["resourceVersion"] = json!(rv);
+            }
+            let out = node.clone();
+            if changed {
+                w.notify();
+            }
+            respond(200, &out)
+        }
+        (Method::GET, ["api", "v1", "pods"]) => {
+            let on = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("fieldSelector=spec.nodeName="));
+            let items: Vec<&Value> = w
+                .pods
+                .iter()
+                .filter(|p| on.is_none_or(|n| p["spec"]["nodeName"] == n))
+                .collect();
+            respond(
+                200,
+                &json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
+            )
+        }
+        (Method::GET, ["api", "v1", "namespaces", ns, "pods", name]) => {
+            match w
+                .pods
+                .iter()
+                .find(|p| p["metadata"]["namespace"] == *ns && p["metadata"]["name"] == *name)
+            {
+                Some(p) => respond(200, p),
+                None => not_found(&format!("pods \"{name}\"")),
+            }
+        }
+        (Method::POST, ["api", "v1", "namespaces", ns, "pods", name, "eviction"]) => {
+            w.evict(ns, name)
+        }
+        (Method::GET, ["apis", "k3os.io", "v1", "namespaces", NS, "updatechannels"]) => {
+            let items: Vec<&Value> = std::iter::once(&w.channel)
+                .filter(|c| !c["spec"].is_null())
+                .chain(w.extra_channels.iter())
+                .collect();
+            respond(
+                200,
+                &json!({"kind": "UpdateChannelList", "apiVersion": "k3os.io/v1", "metadata": {}, "items": items}),
+            )
+        }
+        (Method::GET, ["apis", "k3os.io", "v1", "namespaces", NS, "updatechannels", name]) => {
+            match w.channel_mut(name) {
+                Some(c) => respond(200, c),
+                None => not_found(&format!("updatechannels.k3os.io \"{name}\"")),
+            }
+        }
+        (
+            Method::PUT,
+            ["apis", "k3os.io", "v1", "namespaces", NS, "updatechannels", name, "status"],
+        ) => {
+            let rv = w.next_rv();
+            let Some(ch) = w.channel_mut(name) else {
+                return not_found(&format!("updatechannels.k3os.io \"{name}\""));
+            };
+            let sent = &body["metadata"]["resourceVersion"];
+            if sent.is_null() {
+                return failure(
+                    422,
+                    "Invalid",
+                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+                );
+            }
+            if *sent != ch["metadata"]["resourceVersion"] {
+                w.conflicts += 1;
+                return conflict(&format!("updatechannels.k3os.io \"{name}\""));
+            }
+            let slots: Vec<String> = body["status"]["slots"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{}:{}",
+                        s["node"].as_str().unwrap(),
+                        s["phase"].as_str().unwrap()
+                    )
+                })
+                .collect();
+            let failures = body["status"]["failures"].as_array().map_or(0, Vec::len);
+            log.lock().unwrap().push(format!(
+                "api: slots=[{}] failures={failures}",
+                slots.join(",")
+            ));
+            if ch["status"] == body["status"] {
+                return respond(200, ch);
+            }
+            ch["status"] = body["status"].clone();
+            ch["metadata"]["resourceVersion"] = json!(rv);
+            let out = ch.clone();
+            w.notify();
+            respond(200, &out)
+        }
+        (
+            Method::PATCH,
+            ["apis", "k3os.io", "v1", "namespaces", NS, "updatechannels", name, "status"],
+        ) => {
+            let cond = body["status"]["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "Invalid"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            log.lock().unwrap().push(format!(
+                "api: patch-status {name} Invalid={} {}",
+                cond["status"].as_str().unwrap_or("-"),
+                cond["message"].as_str().unwrap_or("")
+            ));
+            let rv = w.next_rv();
+            let Some(ch) = w.channel_mut(name) else {
+                return not_found(&format!("updatechannels.k3os.io \"{name}\""));
+            };
+            let mut patch = body.clone();
+            patch.as_object_mut().unwrap().remove("metadata");
+            merge(ch, &patch);
+            ch["metadata"]["resourceVersion"] = json!(rv);
+            let out = ch.clone();
+            w.notify();
+            respond(200, &out)
+        }
+        (m, ["apis", "coordination.k8s.io", "v1", "namespaces", NS, "leases", rest @ ..]) => {
+            let what = |n: &str| format!("leases.coordination.k8s.io \"{n}\"");
+            let rv = w.next_rv();
+            match (m, rest) {
+                (Method::GET, [name]) => match w.leases.get(*name) {
+                    Some(l) => respond(200, l),
+                    None => not_found(&what(name)),
+                },
+                (Method::POST, []) => {
+                    let mut l = body.clone();
+                    let name = l["metadata"]["name"].as_str().unwrap().to_string();
+                    if w.leases.contains_key(&name) {
+                        return failure(
+                            409,
+                            "AlreadyExists",
+                            &format!("{} already exists", what(&name)),
+                        );
+                    }
+                    l["metadata"]["resourceVersion"] = json!(rv);
+                    w.leases.insert(name, l.clone());
+                    respond(201, &l)
+                }
+                (Method::PUT, [name]) => {
+                    let Some(stored) = w.leases.get_mut(*name) else {
+                        return not_found(&what(name));
+                    };
+                    if body["metadata"]["resourceVersion"] != stored["metadata"]["resourceVersion"]
+                    {
+                        return conflict(&what(name));
+                    }
+                    let mut l = body.clone();
+                    l["metadata"]["resourceVersion"] = json!(rv);
+                    *stored = l.clone();
+                    respond(200, &l)
+                }
+                _ => unexpected(log, method, path),
+            }
+        }
+        (Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
+            let mut l = log.lock().unwrap();
+            l.push(format!("event: {}", body["reason"].as_str().unwrap_or("?")));
+            l.push(format!(
+                "event-on: {} {}/{}: {}",
+                body["regarding"]["kind"].as_str().unwrap_or("?"),
+                body["regarding"]["namespace"].as_str().unwrap_or("-"),
+                body["regarding"]["name"].as_str().unwrap_or("?"),
+                body["note"].as_str().unwrap_or("")
+            ));
+            respond(201, body)
+        }
+        _ => unexpected(log, method, path),
+    }
+}
+
+fn unexpected(log: &Log, method: &Method, path: &str) -> Response<Body> {
+    log.lock()
+        .unwrap()
+        .push(format!("UNEXPECTED {method} {path}"));
+    not_found(path)
+}
