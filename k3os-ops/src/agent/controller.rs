@@ -62,6 +62,11 @@ pub struct Agent {
     pub node_ready_wait: Duration,
     /// Pause between two looks at the Node's Ready condition during that wait.
     pub node_ready_poll: Duration,
+    /// When the host booted (`btime` of /proc/stat, set at start-up): a Ready condition last
+    /// heard before it was posted by the kubelet of the previous boot (a reboot shorter than
+    /// the node controller's grace period leaves it standing) and does not count. None: not
+    /// known, every Ready=True counts.
+    pub booted_at: Option<k8s_openapi::jiff::Timestamp>,
     /// Stage failures in a row, for back-off.
     pub(super) stage_failures: AtomicU64,
     /// Earliest next stage attempt (unix seconds).
@@ -111,6 +116,7 @@ impl Agent {
             drain_retry: Duration::from_secs(5),
             node_ready_wait: READY_WAIT,
             node_ready_poll: Duration::from_secs(5),
+            booted_at: None,
             stage_failures: AtomicU64::new(0),
             stage_not_before: AtomicU64::new(0),
             claim_failures: AtomicU64::new(0),

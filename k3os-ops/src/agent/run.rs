@@ -51,13 +51,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .pod_name
         .as_ref()
         .map(|p| format!("{}/{p}", args.namespace));
-    let agent = Arc::new(Agent::new(
-        client.clone(),
-        &args.namespace,
-        &node,
-        self_pod,
-        ops,
-    ));
+    let mut agent = Agent::new(client.clone(), &args.namespace, &node, self_pod, ops);
+    agent.booted_at = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| super::steps::host_boot_time(&s));
+    let agent = Arc::new(agent);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &args.namespace);
     let silence = leases
         .get_opt(&node_lease_name(&node))

@@ -347,12 +347,8 @@ impl Agent {
             .get(&self.node)
             .await
             .kube_ctx(|| format!("read own Node {} for its Ready condition", self.node))?;
-        Ok(node
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True"))
+        let conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
+        Ok(ready_in_this_boot(&conditions, self.booted_at))
     }
 
     pub(super) async fn confirm(
@@ -460,9 +456,76 @@ impl Agent {
     }
 }
 
+/// The Node is Ready, said by the kubelet of this boot: Ready=True, and — when the boot time
+/// is known — last heard from after it (the condition of the previous boot stays until the
+/// new kubelet posts, and the node controller marks it Unknown only after its grace period).
+pub fn ready_in_this_boot(
+    conditions: &[k8s_openapi::api::core::v1::NodeCondition],
+    booted_at: Option<k8s_openapi::jiff::Timestamp>,
+) -> bool {
+    conditions.iter().any(|c| {
+        c.type_ == "Ready"
+            && c.status == "True"
+            && match (booted_at, &c.last_heartbeat_time) {
+                (Some(boot), Some(heard)) => heard.0 >= boot,
+                _ => true,
+            }
+    })
+}
+
+/// The host's boot time: `btime` of /proc/stat (the kernel's, not namespaced by containers).
+pub fn host_boot_time(proc_stat: &str) -> Option<k8s_openapi::jiff::Timestamp> {
+    let secs: i64 = proc_stat
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    k8s_openapi::jiff::Timestamp::from_second(secs).ok()
+}
+
 /// How long the trial boot may take to report Node-Ready before the node rolls back by
 /// itself: the channel's reboot timeout, and never less than our own Ready wait plus time to
 /// boot and start k3s and the agent.
 pub(super) fn node_ready_limit(reboot_timeout: Duration, ready_wait: Duration) -> Duration {
     reboot_timeout.max(ready_wait + Duration::from_secs(300))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeCondition;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn ready(status: &str, heard: Option<i64>) -> NodeCondition {
+        NodeCondition {
+            type_: "Ready".into(),
+            status: status.into(),
+            last_heartbeat_time: heard.map(|s| Time(Timestamp::from_second(s).unwrap())),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_ready_condition_from_before_the_boot_does_not_count() {
+        let boot = Some(Timestamp::from_second(1_000).unwrap());
+        assert!(!ready_in_this_boot(&[ready("True", Some(990))], boot));
+        assert!(ready_in_this_boot(&[ready("True", Some(1_010))], boot));
+        assert!(!ready_in_this_boot(&[ready("False", Some(1_010))], boot));
+        // Unknown boot time or heartbeat: the condition alone decides.
+        assert!(ready_in_this_boot(&[ready("True", Some(990))], None));
+        assert!(ready_in_this_boot(&[ready("True", None)], boot));
+        assert!(!ready_in_this_boot(&[], boot));
+    }
+
+    #[test]
+    fn boot_time_comes_from_proc_stat() {
+        let stat = "cpu  1 2 3\nintr 5\nbtime 1764720000\nprocesses 9\n";
+        assert_eq!(
+            host_boot_time(stat),
+            Some(Timestamp::from_second(1_764_720_000).unwrap())
+        );
+        assert_eq!(host_boot_time("cpu 1\n"), None);
+    }
 }
