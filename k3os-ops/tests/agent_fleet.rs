@@ -55,7 +55,6 @@ mod fake_api;
 use k3os_ops::agent;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,8 +63,6 @@ use agent::decide::NodeUpdateStatus;
 use agent::node::{ConfirmResult, LibupgradeNode, NodeError, NodeOps, StageProgress};
 use bootconfig::Slot;
 use fake_api::{Log, Pdb, World, NS};
-use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
-use libupgrade::layout::DirLayout;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -82,64 +79,8 @@ fn node_name(i: usize) -> String {
 
 // --- the node side ------------------------------------------------------------------------
 
-/// One node's disk and boot environment: a k3OS dir layout in a temp dir, booted on v1 from
-/// slot A, trusting the publisher's key.
-struct NodeRig {
-    _dir: tempfile::TempDir,
-    cfg: Config,
-    loader: bootconfig::memory::MemoryBootloader,
-    boots: u32,
-}
-
-impl NodeRig {
-    fn new(trust: &Path) -> NodeRig {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path();
-        let cfg = testkit::dir_config(p, trust, BootloaderKind::Grub);
-        for d in ["system", "boot", "health.d"] {
-            std::fs::create_dir_all(p.join(d)).unwrap();
-        }
-        std::fs::write(&cfg.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
-        let loader = bootconfig::memory::MemoryBootloader::new(cfg.tries);
-        let mut rig = NodeRig {
-            _dir: dir,
-            cfg,
-            loader,
-            boots: 0,
-        };
-        rig.boot_into(Slot::A);
-        rig.init_confirm().expect("first boot on v1");
-        rig
-    }
-
-    fn boot_into(&mut self, slot: Slot) {
-        self.boots += 1;
-        testkit::boot_as(&self.cfg, slot, &format!("boot-{}", self.boots));
-    }
-
-    /// Power-cycle through the loader (a trial costs a try): the slot booted.
-    fn power_cycle(&mut self) -> Slot {
-        let s = self.loader.power_on();
-        self.boot_into(s);
-        s
-    }
-
-    fn updater(&self) -> libupgrade::Updater {
-        let LayoutConfig::Dir { root, boot_dir } = &self.cfg.layout else {
-            unreachable!()
-        };
-        libupgrade::Updater::with_parts(
-            self.cfg.clone(),
-            Box::new(DirLayout::new(root, boot_dir)),
-            Box::new(self.loader.clone()),
-        )
-    }
-
-    /// What init runs first thing on every boot: `k3os-ops slot confirm`.
-    fn init_confirm(&self) -> libupgrade::Result<libupgrade::ConfirmReport> {
-        self.updater().confirm()
-    }
-}
+/// One node's disk and boot environment (testkit's simulated node), booted on v1 from slot A.
+type NodeRig = testkit::sim::SimNode;
 
 /// A node's request to reboot; dropping `done` lets the blocked `reboot()` return.
 struct RebootRequest {
@@ -404,7 +345,9 @@ impl Fleet {
         );
         libupgrade::channel::write_index(channel_dir.path()).unwrap();
         let channel_url = channel_dir.path().display().to_string();
-        let rigs: Vec<NodeRig> = (0..NODES).map(|_| NodeRig::new(&publisher.trust)).collect();
+        let rigs: Vec<NodeRig> = (0..NODES)
+            .map(|_| NodeRig::new(&publisher.trust, 3, 1))
+            .collect();
 
         let nodes = (0..NODES).map(|i| {
             fake_api::ready_node(

@@ -15,13 +15,8 @@ use std::time::Duration;
 use agent::decide::{Inactive, NodeUpdateStatus};
 use agent::node::{ConfirmResult, LibupgradeNode, NodeOps, StageProgress};
 use bootconfig::Slot;
-use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::health::CheckResult;
-use libupgrade::layout::DirLayout;
 use libupgrade::manifest::Arch;
-
-/// Boot environment in memory; `power_on` counts a trial down like the GRUB script.
-type Loader = bootconfig::memory::MemoryBootloader;
 
 struct Progress(Mutex<Vec<String>>);
 
@@ -88,12 +83,12 @@ fn release(channel: &Path, secret: &Path, version: &str, generation: u64) {
     libupgrade::channel::write_index(channel).expect("write index");
 }
 
+/// A simulated node (testkit) and the channel with v2 it updates from.
 struct Rig {
-    _dir: tempfile::TempDir,
-    cfg: Config,
-    loader: Loader,
+    /// The publisher's keys, the node's trust dir and the channel.
+    _publisher: tempfile::TempDir,
+    node: testkit::sim::SimNode,
     channel: String,
-    boots: u32,
 }
 
 impl Rig {
@@ -102,8 +97,8 @@ impl Rig {
     }
 
     fn with_generation(tries: u8, booted_generation: u64) -> Rig {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path();
+        let publisher = tempfile::tempdir().unwrap();
+        let p = publisher.path();
         let (secret, public) = libupgrade::signing::generate_keypair(p, "publisher").unwrap();
         let trust = p.join("trust.d");
         std::fs::create_dir_all(&trust).unwrap();
@@ -111,67 +106,20 @@ impl Rig {
         let channel = p.join("channel");
         std::fs::create_dir_all(&channel).unwrap();
         release(&channel, &secret, "v2", 2);
-        let cfg = Config {
-            bootloader: BootloaderKind::Grub,
-            tries,
-            layout: LayoutConfig::Dir {
-                root: p.join("system"),
-                boot_dir: p.join("boot"),
-            },
-            state_dir: p.join("state"),
-            trust_dir: trust,
-            health_dir: p.join("health.d"),
-            health_timeout_secs: 5,
-            download_retries: 0,
-            proc_cmdline: p.join("cmdline"),
-            release_file: p.join("k3os-release"),
-            mountinfo: p.join("mountinfo"),
-            boot_id_file: p.join("boot_id"),
-            builtin_health_check: false,
-        };
-        std::fs::create_dir_all(p.join("system")).unwrap();
-        std::fs::create_dir_all(p.join("boot")).unwrap();
-        std::fs::create_dir_all(&cfg.health_dir).unwrap();
-        std::fs::write(
-            &cfg.release_file,
-            format!("VERSION=v1\nGENERATION={booted_generation}\n"),
-        )
-        .unwrap();
-        let loader = Loader::new(3);
-        let mut rig = Rig {
+        Rig {
+            node: testkit::sim::SimNode::new(&trust, tries, booted_generation),
             channel: channel.display().to_string(),
-            _dir: dir,
-            cfg,
-            loader,
-            boots: 0,
-        };
-        rig.boot_into(Slot::A);
-        rig.init_confirm().expect("first boot on v1");
-        rig
-    }
-
-    fn boot_into(&mut self, slot: Slot) {
-        self.boots += 1;
-        std::fs::write(&self.cfg.proc_cmdline, format!("ro k3os.slot={slot}\n")).unwrap();
-        std::fs::write(&self.cfg.boot_id_file, format!("boot-{}\n", self.boots)).unwrap();
+            _publisher: publisher,
+        }
     }
 
     /// Power-cycle through the loader.
     fn reboot(&mut self) -> Slot {
-        let s = self.loader.power_on();
-        self.boot_into(s);
-        s
+        self.node.power_cycle()
     }
 
     fn updater(&self) -> libupgrade::Updater {
-        let LayoutConfig::Dir { root, boot_dir } = &self.cfg.layout else {
-            unreachable!()
-        };
-        libupgrade::Updater::with_parts(
-            self.cfg.clone(),
-            Box::new(DirLayout::new(root, boot_dir)),
-            Box::new(self.loader.clone()),
-        )
+        self.node.updater()
     }
 
     fn node(&self) -> LibupgradeNode {
@@ -180,7 +128,7 @@ impl Rig {
 
     /// What init runs first thing on every boot: `k3os-ops slot confirm`.
     fn init_confirm(&self) -> libupgrade::Result<libupgrade::ConfirmReport> {
-        self.updater().confirm()
+        self.node.init_confirm()
     }
 
     /// Stage v2 as the agent does.

@@ -18,6 +18,7 @@ use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::manifest::Arch;
 
 pub mod loaders;
+pub mod sim;
 
 /// Loop device setup is racy between threads (find free → attach): serialize it.
 static LOOP_LOCK: Mutex<()> = Mutex::new(());
