@@ -37,45 +37,18 @@ fn release_with(
     seed: u64,
     initrd_seed: u64,
 ) -> PathBuf {
-    let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("tree");
-    std::fs::create_dir_all(tree.join("etc")).unwrap();
-    std::fs::create_dir_all(tree.join("usr/share")).unwrap();
-    std::fs::write(
-        tree.join("etc/k3os-release"),
-        format!("VERSION={version}\nGENERATION={generation}\n"),
+    signed_release(
+        k,
+        out,
+        &ReleaseInputs {
+            version,
+            generation,
+            payload,
+            kernel: pseudo_random(600_000, seed + 100),
+            initrd: pseudo_random(400_000, initrd_seed),
+            arch: Arch::host(),
+        },
     )
-    .unwrap();
-    std::fs::write(tree.join("usr/share/payload"), payload).unwrap();
-    let sq = work.path().join("rootfs.squashfs");
-    run(Command::new("mksquashfs").arg(&tree).arg(&sq).args([
-        "-noappend",
-        "-quiet",
-        "-all-root",
-        "-comp",
-        "gzip",
-        "-mkfs-time",
-        "0",
-        "-all-time",
-        "0",
-    ]));
-    let kernel = work.path().join("vmlinuz");
-    let initrd = work.path().join("initrd");
-    std::fs::write(&kernel, pseudo_random(600_000, seed + 100)).unwrap();
-    std::fs::write(&initrd, pseudo_random(400_000, initrd_seed)).unwrap();
-    let dir = out.join(version);
-    libupgrade::release::create(&libupgrade::release::CreateOptions {
-        rootfs: sq,
-        kernel,
-        initrd,
-        version: version.into(),
-        arch: Arch::host(),
-        secret_key: k.secret.clone(),
-        out_dir: dir.clone(),
-        generation: Some(generation),
-    })
-    .unwrap();
-    dir
 }
 
 fn release(
