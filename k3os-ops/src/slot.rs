@@ -98,15 +98,11 @@ pub fn run(args: SlotArgs) -> anyhow::Result<()> {
             awaits,
             within_secs,
         } => {
-            let s = match slot {
-                Some(s) => s,
-                None => u.booted_slot()?.other(),
-            };
             let awaited = (!awaits.is_empty()).then(|| AwaitedChecks {
                 names: awaits.clone(),
                 within_secs,
             });
-            u.activate_awaiting(s, awaited)?;
+            let s = u.activate_awaiting(slot, awaited)?;
             if awaits.is_empty() {
                 println!("slot {s} will be tried on the next boot");
             } else {

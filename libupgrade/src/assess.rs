@@ -305,22 +305,19 @@ pub fn assess(
     // Checks the activation awaits from its caller (the agent's Node-Ready) that were not
     // reported: no bless yet, whatever else passed. A failure reported by any check is
     // decisive at once (below).
-    let waiting_for: Vec<String> = match st.activation.as_ref() {
-        Some(a) if a.slot == booted && state_now != SlotState::Good => a
-            .awaits
-            .iter()
-            .flat_map(|w| w.names.iter())
-            .filter(|n| !checks.iter().any(|c| &c.name == *n))
-            .cloned()
-            .collect(),
-        _ => Vec::new(),
-    };
-    if failed.is_empty() && !waiting_for.is_empty() {
-        let within_secs = st
-            .activation
-            .as_ref()
-            .and_then(|a| a.awaits.as_ref())
-            .map_or(0, |w| w.within_secs);
+    let awaited = st
+        .activation
+        .as_ref()
+        .filter(|a| a.slot == booted && state_now != SlotState::Good)
+        .and_then(|a| a.awaits.as_ref());
+    let waiting_for: Vec<String> = awaited
+        .iter()
+        .flat_map(|w| w.names.iter())
+        .filter(|n| !checks.iter().any(|c| &c.name == *n))
+        .cloned()
+        .collect();
+    if let Some(w) = awaited.filter(|_| failed.is_empty() && !waiting_for.is_empty()) {
+        let within_secs = w.within_secs;
         verdict.reason = format!(
             "{} health check(s) passed; slot {booted} stays on trial until {} is reported (within {within_secs} s of the boot)",
             checks.len(),

@@ -246,19 +246,22 @@ impl Updater {
 
     /// Tell the bootloader to try the staged inactive slot on the next boot.
     pub fn activate(&self) -> Result<Slot> {
-        let booted = self.booted_slot()?;
-        self.activate_slot(booted.other())?;
-        Ok(booted.other())
+        self.activate_awaiting(None, None)
     }
 
     /// Try `slot` (staged, or a good fallback switched to by hand) on the next boot.
     pub fn activate_slot(&self, slot: Slot) -> Result<()> {
-        self.activate_awaiting(slot, None)
+        self.activate_awaiting(Some(slot), None).map(|_| ())
     }
 
-    /// [`Self::activate_slot`], and the trial boot is not blessed before the caller reports
-    /// `awaits` through [`Self::confirm_with`] (see [`AwaitedChecks`]).
-    pub fn activate_awaiting(&self, slot: Slot, awaits: Option<AwaitedChecks>) -> Result<()> {
+    /// Try `slot` (None: the inactive one) on the next boot, and with `awaits` do not bless
+    /// the trial boot before the caller reports them through [`Self::confirm_with`] (see
+    /// [`AwaitedChecks`]). Returns the slot activated.
+    pub fn activate_awaiting(
+        &self,
+        slot: Option<Slot>,
+        awaits: Option<AwaitedChecks>,
+    ) -> Result<Slot> {
         if let Some(a) = &awaits {
             if a.names.is_empty() || a.within_secs == 0 {
                 return Err(Error::Usage(format!(
@@ -268,6 +271,7 @@ impl Updater {
             }
         }
         let booted = self.booted_slot()?;
+        let slot = slot.unwrap_or(booted.other());
         if slot == booted {
             return Err(Error::SlotBusy { slot });
         }
@@ -297,7 +301,7 @@ impl Updater {
         self.store.save(&st, "activate:state-trying")?;
         self.boot.try_slot(slot, tries)?;
         crate::barrier::hit("activate:bootloader-flipped");
-        Ok(())
+        Ok(slot)
     }
 
     /// Leave the booted slot for the other one, which must be good; the booted slot is marked

@@ -7,6 +7,10 @@
 //! answer as `message (Reason, code)`; [`message`] walks an error chain and uses it for every
 //! kube error in the chain.
 
+use super::drain::DrainError;
+use super::node::NodeError;
+use super::slots::{SlotError, StoreError};
+
 /// One kube error as text without debug output.
 pub fn kube_message(e: &kube::Error) -> String {
     match e {
@@ -42,10 +46,6 @@ pub fn message(e: &(dyn std::error::Error + 'static)) -> String {
     }
     parts.join(": ")
 }
-
-use super::drain::DrainError;
-use super::node::NodeError;
-use super::slots::{SlotError, StoreError};
 
 /// What went wrong in one reconcile. Every variant names the object or operation; the reconcile
 /// loop (agent/run.rs) applies one policy to all of them: [`AgentError::retry`].

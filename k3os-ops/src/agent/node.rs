@@ -228,15 +228,14 @@ impl NodeOps for LibupgradeNode {
     }
 
     fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {
-        let err = |e| NodeError::new("activate", e);
-        let booted = self.updater.booted_slot().map_err(err)?;
         let awaits = libupgrade::updater::AwaitedChecks {
             names: vec![NODE_READY.to_string()],
             within_secs: node_ready_within.as_secs().max(1),
         };
         self.updater
-            .activate_awaiting(booted.other(), Some(awaits))
-            .map_err(err)
+            .activate_awaiting(None, Some(awaits))
+            .map(|_| ())
+            .map_err(|e| NodeError::new("activate", e))
     }
 
     fn confirm(

@@ -202,10 +202,7 @@ impl Agent {
         token: &str,
         version: &str,
     ) -> Result<Next, AgentError> {
-        let policy = Policy::from_spec(&ch.spec).map_err(|what| AgentError::Spec {
-            channel: ch.name_any(),
-            what,
-        })?;
+        let policy = channel_policy(ch)?;
         let entry = match slots::fence(
             store,
             &self.node,
@@ -296,10 +293,7 @@ impl Agent {
         {
             return Ok(next);
         }
-        let policy = Policy::from_spec(&ch.spec).map_err(|what| AgentError::Spec {
-            channel: ch.name_any(),
-            what,
-        })?;
+        let policy = channel_policy(ch)?;
         // The trial boot waits for our Node-Ready before it is blessed; when we do not report
         // it by then (k3s or the agent broken in the new version), `slot await-bless` on the
         // node counts it failed and rolls back.
@@ -454,6 +448,14 @@ impl Agent {
             }
         }
     }
+}
+
+/// The channel's spec as a [`Policy`], or the error naming the channel.
+fn channel_policy(ch: &UpdateChannel) -> Result<Policy, AgentError> {
+    Policy::from_spec(&ch.spec).map_err(|what| AgentError::Spec {
+        channel: ch.name_any(),
+        what,
+    })
 }
 
 /// The Node is Ready, said by the kubelet of this boot: Ready=True, and — when the boot time
