@@ -369,6 +369,14 @@ impl Scenario {
         })
     }
 
+    /// Power `node` on, fresh from its image: it must boot A v1, confirm and be ready.
+    fn boot_v1(&mut self, node: &mut Node) -> Result<Vm> {
+        let mut vm = self.power_on(node)?;
+        self.expect_boot(&mut vm, Slot::A, "v1")?;
+        self.ready(&mut vm)?;
+        Ok(vm)
+    }
+
     /// Wait for `K3OS-CONFIRM ok` and `K3OS-READY`, then for the shell to answer.
     fn ready(&mut self, vm: &mut Vm) -> Result<()> {
         let t0 = vm.elapsed();
@@ -457,9 +465,7 @@ impl Scenario {
     fn upgrade(&mut self) -> Result<()> {
         let srv = self.server(SLOW_RATE)?;
         let mut node = self.node("node")?;
-        let mut vm = self.power_on(&mut node)?;
-        self.expect_boot(&mut vm, Slot::A, "v1")?;
-        self.ready(&mut vm)?;
+        let mut vm = self.boot_v1(&mut node)?;
         let st = self.status(&mut vm)?;
         self.check_slot(&st, Slot::A, SlotState::Good, Some("v1"))?;
         self.check(st.booted == Some(Slot::A), || {
@@ -667,9 +673,7 @@ impl Scenario {
         };
         let srv = self.server(0)?;
         let mut node = self.node("node")?;
-        let mut vm = self.power_on(&mut node)?;
-        self.expect_boot(&mut vm, Slot::A, "v1")?;
-        self.ready(&mut vm)?;
+        let mut vm = self.boot_v1(&mut node)?;
         self.upgrade_to(&mut vm, &srv, version, "")?;
         let st = self.status(&mut vm)?;
         self.check_slot(&st, Slot::B, SlotState::Trying, Some(version))?;
@@ -797,9 +801,7 @@ impl Scenario {
         let version = "v2-badhealth";
         let srv = self.server(0)?;
         let mut node = self.node("node")?;
-        let mut vm = self.power_on(&mut node)?;
-        self.expect_boot(&mut vm, Slot::A, "v1")?;
-        self.ready(&mut vm)?;
+        let mut vm = self.boot_v1(&mut node)?;
         self.upgrade_to(&mut vm, &srv, version, "")?;
         let st = self.status(&mut vm)?;
         let tries = sl(&st, Slot::B).tries_left.unwrap_or(0);
@@ -825,9 +827,7 @@ impl Scenario {
     fn missing_kernel(&mut self) -> Result<()> {
         let srv = self.server(0)?;
         let mut node = self.node("node")?;
-        let mut vm = self.power_on(&mut node)?;
-        self.expect_boot(&mut vm, Slot::A, "v1")?;
-        self.ready(&mut vm)?;
+        let mut vm = self.boot_v1(&mut node)?;
         self.upgrade_to(&mut vm, &srv, "v2", "")?;
         vm.run_ok("rm /boot/b/vmlinuz && sync", CMD)?;
         self.reboot(&mut vm)?;
@@ -889,9 +889,7 @@ impl Scenario {
         const LIMIT: u64 = 45;
         let srv = self.server(0)?;
         let mut node = self.node("node")?;
-        let mut vm = self.power_on(&mut node)?;
-        self.expect_boot(&mut vm, Slot::A, "v1")?;
-        self.ready(&mut vm)?;
+        let mut vm = self.boot_v1(&mut node)?;
 
         // Never reported (k3s or the agent broken in v2): rolled back at the limit, by itself.
         self.pending_trial(&mut vm, &srv, LIMIT)?;
@@ -948,9 +946,7 @@ impl Scenario {
         let srv = self.server(0)?;
         // Dry run: count the barriers of a complete upgrade.
         let mut node = self.node("dry-run")?;
-        let mut vm = self.power_on(&mut node)?;
-        self.expect_boot(&mut vm, Slot::A, "v1")?;
-        self.ready(&mut vm)?;
+        let mut vm = self.boot_v1(&mut node)?;
         let out = self.upgrade_to_env(&mut vm, &srv, "v2", "K3OS_OPS_BARRIERS=1", "")?;
         drop(vm);
         let barriers = parse_barriers(&out);
@@ -1042,9 +1038,7 @@ impl Scenario {
     /// A fresh node on v1 that staged and activated v2, with `request` left for the next
     /// boot's init; rebooted (the returned guest is booting).
     fn activated_v2(&mut self, node: &mut Node, srv: &ReleaseServer, request: &str) -> Result<Vm> {
-        let mut vm = self.power_on(node)?;
-        self.expect_boot(&mut vm, Slot::A, "v1")?;
-        self.ready(&mut vm)?;
+        let mut vm = self.boot_v1(node)?;
         self.upgrade_to(&mut vm, srv, "v2", "")?;
         vm.run_ok(
             &format!("echo '{request}' >/var/lib/k3os-ops/barrier-request && sync"),
@@ -1119,9 +1113,7 @@ impl Scenario {
     /// Returns the name of the barrier the upgrade actually stopped at.
     fn cut_at(&mut self, srv: &ReleaseServer, k: u64, name: &str) -> Result<String> {
         let mut node = self.node(&format!("cut-{k:02}"))?;
-        let mut vm = self.power_on(&mut node)?;
-        self.expect_boot(&mut vm, Slot::A, "v1")?;
-        self.ready(&mut vm)?;
+        let mut vm = self.boot_v1(&mut node)?;
         vm.send_line(&format!(
             "K3OS_OPS_BARRIER_STOP={k} k3os-ops upgrade --quiet --source {}; echo \"@@NOSTOP$(({k}))@@ rc=$?\"",
             srv.guest_url("v2")
