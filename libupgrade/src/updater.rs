@@ -27,7 +27,8 @@ use crate::fetch::Source;
 use crate::health;
 use crate::layout::{DirLayout, GptLayout, Layout};
 use crate::stage::Stager;
-use crate::state::{now, Decision, Event, SlotState, State, StateStore};
+use crate::state::store::StateStore;
+use crate::state::{now, Decision, Event, SlotState, State};
 
 pub use crate::confirm::ConfirmReport;
 pub use crate::stage::{NoProgress, Progress, StageOptions, StageReport};
@@ -69,32 +70,7 @@ pub struct Status {
     pub verdict: Option<crate::assess::Verdict>,
 }
 
-/// A pending activation: which slot, and in which boot it was activated.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Activation {
-    pub slot: Slot,
-    pub boot_id: String,
-    pub tries: u8,
-    pub at: u64,
-    /// Checks the activating caller will report on the trial boot, before which the slot is
-    /// not blessed (see [`AwaitedChecks`]). None: the boot-time `confirm` blesses on its own.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub awaits: Option<AwaitedChecks>,
-}
-
-/// Health checks that only the activating caller can run on the trial boot — the agent's
-/// Node-Ready, which needs the cluster — and that must pass before the single bless point,
-/// like a systemd unit ordered before `boot-complete.target`. Until they are reported, the
-/// boot-time `confirm` leaves the slot on trial ([`crate::assess::Outcome::Pending`]): a reboot
-/// then costs a try, and `slot await-bless` rolls back when they are not reported within
-/// `within_secs` of the boot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AwaitedChecks {
-    /// Check names, as the caller's [`crate::HealthCheck`]s report them (e.g. `node-ready`).
-    pub names: Vec<String>,
-    /// How long after the trial boot they may take before they count as failed.
-    pub within_secs: u64,
-}
+pub use crate::state::{Activation, AwaitedChecks};
 
 /// The updater of one node.
 pub struct Updater {

@@ -8,7 +8,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use libupgrade::state::{Event, SlotState, StateStore, STATE_FILE};
+use libupgrade::state::store::StateStore;
+use libupgrade::state::{Event, SlotState, STATE_FILE};
 use libupgrade::Slot;
 
 fn v010() -> Vec<u8> {

@@ -38,8 +38,9 @@ use crate::error::{Error, Result};
 use crate::fetch::Source;
 use crate::layout::Layout;
 use crate::manifest::{Artifact, Manifest};
+use crate::state::store::StateStore;
 use crate::state::TransferStats;
-use crate::state::{Event, SlotState, State, StateStore};
+use crate::state::{Event, SlotState, State};
 
 mod chunked;
 mod plan;

@@ -12,14 +12,10 @@
 //!                     └──────── next stage ◀── Bad ◀─ checks fail / tries run out / rollback
 //! ```
 
+use bootconfig::{Damage, Slot};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
-
-use bootconfig::Slot;
-use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
 
 /// File name of the state file inside the state directory.
 pub const STATE_FILE: &str = "state.json";
@@ -32,7 +28,7 @@ pub const STATE_FILE: &str = "state.json";
 /// the number and is rolled out in two releases (the first reads both and writes the old).
 const FORMAT: u32 = 1;
 /// Decisions kept in the log (oldest dropped first).
-const HISTORY: usize = 64;
+pub(crate) const HISTORY: usize = 64;
 
 /// What a slot holds, as far as the updater knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,13 +136,13 @@ pub struct State {
     pub history: Vec<Decision>,
     /// A slot handed to the bootloader for trial and not yet settled.
     #[serde(default)]
-    pub activation: Option<crate::updater::Activation>,
+    pub activation: Option<Activation>,
     /// The boot in which `confirm` last ran (one `booted` decision per boot).
     #[serde(default)]
     pub last_boot_id: Option<String>,
     /// The last boot assessment's verdict (see [`crate::assess`]).
     #[serde(default)]
-    pub verdict: Option<crate::assess::Verdict>,
+    pub verdict: Option<Verdict>,
 }
 
 impl Default for State {
@@ -222,115 +218,97 @@ impl State {
     }
 }
 
-/// Reads and atomically replaces the state file.
-#[derive(Debug, Clone)]
-pub struct StateStore {
-    path: PathBuf,
+/// The outcome of one check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckResult {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
 }
 
-impl StateStore {
-    pub fn new(state_dir: &Path) -> StateStore {
-        StateStore {
-            path: state_dir.join(STATE_FILE),
-        }
-    }
+/// A pending activation: which slot, and in which boot it was activated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Activation {
+    pub slot: Slot,
+    pub boot_id: String,
+    pub tries: u8,
+    pub at: u64,
+    /// Checks the activating caller will report on the trial boot, before which the slot is
+    /// not blessed (see [`AwaitedChecks`]). None: the boot-time `confirm` blesses on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaits: Option<AwaitedChecks>,
+}
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
+/// Health checks that only the activating caller can run on the trial boot — the agent's
+/// Node-Ready, which needs the cluster — and that must pass before the single bless point,
+/// like a systemd unit ordered before `boot-complete.target`. Until they are reported, the
+/// boot-time `confirm` leaves the slot on trial ([`crate::assess::Outcome::Pending`]): a reboot
+/// then costs a try, and `slot await-bless` rolls back when they are not reported within
+/// `within_secs` of the boot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AwaitedChecks {
+    /// Check names, as the caller's [`crate::HealthCheck`]s report them (e.g. `node-ready`).
+    pub names: Vec<String>,
+    /// How long after the trial boot they may take before they count as failed.
+    pub within_secs: u64,
+}
 
-    /// An exclusive advisory lock (`flock`) next to the state file, held until the guard is
-    /// dropped: for read-decide-write sequences that several processes may run at once.
-    pub fn lock(&self) -> Result<nix::fcntl::Flock<std::fs::File>> {
-        let path = self.path.with_extension("lock");
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io("create state dir", dir, e))?;
-        }
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io("open lock", &path, e))?;
-        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| Error::io("lock", &path, std::io::Error::from(e)))
-    }
+/// What was decided about the other slot's pending trial.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum OtherSlot {
+    /// The loader fell back from `slot` after `used` of `tries` tries.
+    FallbackTaken { slot: Slot, used: u8, tries: u8 },
+    /// The activation of `slot` never reached the loader; it stays staged.
+    ActivationLost { slot: Slot },
+}
 
-    /// Load the state; a missing file is a fresh node (both slots empty). A file that exists
-    /// but does not parse is an error: guessing could lose the record of the good slot.
-    pub fn load(&self) -> Result<State> {
-        #[derive(Deserialize)]
-        struct Head {
-            format: u32,
+impl OtherSlot {
+    pub fn slot(&self) -> Slot {
+        match self {
+            OtherSlot::FallbackTaken { slot, .. } | OtherSlot::ActivationLost { slot } => *slot,
         }
-        match std::fs::read(&self.path) {
-            Ok(bytes) => {
-                let invalid = |e: serde_json::Error| Error::State {
-                    path: self.path.clone(),
-                    what: format!("not valid state JSON: {e}"),
-                };
-                // The format first: a newer file may not parse as this build's types at all.
-                let head: Head = serde_json::from_slice(&bytes).map_err(invalid)?;
-                if head.format != FORMAT {
-                    return Err(Error::State {
-                        path: self.path.clone(),
-                        what: if head.format > FORMAT {
-                            format!("format {} is newer than this build of k3os-ops reads (format {FORMAT}); nothing was rewritten: upgrade k3os-ops first", head.format)
-                        } else {
-                            format!("format {} does not exist (formats start at 1)", head.format)
-                        },
-                    });
-                }
-                serde_json::from_slice(&bytes).map_err(invalid)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::default()),
-            Err(e) => Err(Error::io("read state", &self.path, e)),
-        }
-    }
-
-    /// Replace the state file atomically, then announce the write barrier `barrier`.
-    pub fn save(&self, st: &State, barrier: &str) -> Result<()> {
-        let mut bytes = serde_json::to_vec_pretty(st).expect("state serializes");
-        bytes.push(b'\n');
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io("create state dir", dir, e))?;
-        }
-        bootconfig::atomic::write_atomic(&self.path, &bytes)?;
-        crate::barrier::hit(barrier);
-        Ok(())
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn save_load_round_trip_and_history_bound() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = StateStore::new(dir.path());
-        let mut st = store.load().unwrap();
-        assert_eq!(st.slot(Slot::A).state, SlotState::Empty);
-        st.slot_mut(Slot::B).version = Some("v2".into());
-        for i in 0..100 {
-            st.transition(Slot::B, SlotState::Staged, Event::Staged, format!("n{i}"));
-        }
-        store.save(&st, "test").unwrap();
-        let back = store.load().unwrap();
-        assert_eq!(back, st);
-        assert_eq!(back.history.len(), HISTORY);
-        assert_eq!(back.last_decision(Slot::B).unwrap().why, "n99");
-        assert_eq!(
-            back.last_decision(Slot::B).unwrap().version.as_deref(),
-            Some("v2")
-        );
-    }
-
-    #[test]
-    fn corrupt_state_is_an_error_not_a_fresh_node() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(STATE_FILE), b"{\"format\":1,\"slots\":").unwrap();
-        let e = StateStore::new(dir.path()).load().unwrap_err().to_string();
-        assert!(e.contains("state.json") && e.contains("not valid"), "{e}");
-    }
+/// What became of the booted slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Outcome {
+    /// All checks passed: newly marked good (the single bless point).
+    Blessed,
+    /// All checks passed; it already was good.
+    Good,
+    /// A check failed before the bless; the loader boots `to` next.
+    RolledBack { to: Slot },
+    /// A check failed and nothing changes (the slot was already blessed, or the other slot is
+    /// not good to roll back to).
+    Unhealthy,
+    /// The slot's content is not known to be complete (empty or invalid): not assessed.
+    NotAssessable { state: SlotState },
+    /// Every check run so far passed, but checks its activation awaits (see
+    /// [`crate::updater::AwaitedChecks`]) were not reported: still on trial, not blessed.
+    Pending {
+        waiting_for: Vec<String>,
+        within_secs: u64,
+    },
 }
+
+/// The verdict on one boot: consumed by `confirm`'s caller and by the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub boot_id: String,
+    pub slot: Slot,
+    pub version: Option<String>,
+    pub outcome: Outcome,
+    /// Why, in one sentence (also logged in the state file's history).
+    pub reason: String,
+    /// The other slot's trial, settled in this boot.
+    pub other_slot: Option<OtherSlot>,
+    pub checks: Vec<CheckResult>,
+    /// Damaged loader records seen in this boot (repaired by a loader write of the assessment
+    /// when the slot is good and no trial is pending).
+    pub loader_damage: Vec<Damage>,
+}
+
+pub mod store;
