@@ -153,6 +153,56 @@ impl NodeOps for FleetNode {
     }
 }
 
+/// No progress display (the test stages the v0.1.0 starting point directly).
+struct NoProgress;
+
+impl StageProgress for NoProgress {
+    fn begin(&self, _: &str, _: u64, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn end(&self) {}
+}
+
+/// A JSON fixture written by the v0.1.0 agent (see tests/fixtures/v0.1.0/README.md).
+fn v010_fixture(name: &str) -> Value {
+    let path = format!(
+        "{}/tests/fixtures/v0.1.0/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The world as the v0.1.0 agents left it mid-rollout: their channel status, Node annotations
+/// and cordon, and Leases, exactly as written; only the release URL points at this test's
+/// channel. node-1 is down (rebooting).
+fn v010_world(channel_url: &str) -> World {
+    let mut channel = v010_fixture("updatechannel.json");
+    channel["spec"]["url"] = json!(channel_url);
+    channel["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    let nodes: Vec<Value> = (0..NODES)
+        .map(|i| {
+            let mut n = v010_fixture(&format!("{}.json", node_name(i)));
+            n["metadata"]
+                .as_object_mut()
+                .unwrap()
+                .remove("resourceVersion");
+            n
+        })
+        .collect();
+    let mut w = World::new(nodes, channel);
+    for i in 0..=NODES {
+        // node-0 (the earlier failure) is gone from the cluster; its Lease is left over.
+        let name = format!("k3os-upgrade-node-node-{i}");
+        w.leases
+            .insert(name.clone(), v010_fixture(&format!("lease-{name}.json")));
+    }
+    w.set_node_ready(&node_name(0), false);
+    w
+}
+
 // --- the invariants -----------------------------------------------------------------------
 
 /// What the observer saw, over every state of the world.
@@ -281,7 +331,13 @@ impl Monitor {
 // --- the fleet and its driver -------------------------------------------------------------
 
 struct Scenario {
+    /// Ignored with `from_v010` (the fixture's channel says 1).
     concurrency: u32,
+    /// Start mid-rollout from what the v0.1.0 agent wrote (tests/fixtures/v0.1.0): node-1
+    /// holds the slot and is rebooting into v2 (activated by v0.1.0, which awaited no check),
+    /// node-2 and node-3 have staged v2 and wait; the DaemonSet has just been rolled to this
+    /// agent, so every node runs the current one from now on.
+    from_v010: bool,
     /// The agents' wait for Node Ready after a trial boot.
     ready_wait: Duration,
     /// The Node of the first node that boots v2 never becomes Ready.
@@ -310,6 +366,9 @@ struct Fleet {
     bad: Option<usize>,
     /// Every agent has staged and tried to claim (the first power cycle waits for it).
     contended: bool,
+    /// The node whose trial was activated by the v0.1.0 agent (blessed by init's confirm at
+    /// boot: that activation awaited no check).
+    v010_trial: Option<usize>,
 }
 
 /// What run.rs's loop does with one agent, waking on changes instead of watches.
@@ -362,17 +421,29 @@ impl Fleet {
                      "maxFailures": 1, "rebootTimeout": "2m", "drain": {"timeout": "20s"}},
             "status": {"slots": [], "failures": [], "conditions": []}
         });
-        let mut world = World::new(nodes, channel);
-        world.hold_first_status_writes(NODES);
+        let mut world = if scenario.from_v010 {
+            v010_world(&channel_url)
+        } else {
+            let mut w = World::new(nodes, channel);
+            w.hold_first_status_writes(NODES);
+            w
+        };
         for i in 0..NODES {
             let node = node_name(i);
+            // From v0.1.0, node-1 was drained before its reboot: its web pod was rescheduled
+            // onto the node with the fewest pods then (node-2).
+            let web_on = if scenario.from_v010 && i == 0 {
+                node_name(1)
+            } else {
+                node.clone()
+            };
             world.pods.push(fake_api::running_pod(
                 "apps",
                 &format!("web-{}", i + 1),
                 json!({"app": "web"}),
                 "ReplicaSet",
                 "web",
-                &node,
+                &web_on,
             ));
             world.pods.push(fake_api::running_pod(
                 NS,
@@ -390,7 +461,11 @@ impl Fleet {
             min_available: 2,
         });
         let monitor = Arc::new(Mutex::new(Monitor {
-            concurrency: scenario.concurrency as usize,
+            concurrency: if scenario.from_v010 {
+                1
+            } else {
+                scenario.concurrency as usize
+            },
             ..Monitor::default()
         }));
         let m = monitor.clone();
@@ -419,9 +494,28 @@ impl Fleet {
             awaiting_ready: vec![false; NODES],
             bad: None,
             contended: false,
+            v010_trial: None,
         };
-        for i in 0..NODES {
-            fleet.start_agent(i, None);
+        if fleet.scenario.from_v010 {
+            // What the v0.1.0 agents did on the nodes: v2 staged everywhere, activated on
+            // node-1 (plain `activate`: v0.1.0 awaited no check), whose reboot is under way.
+            for i in 0..NODES {
+                let node = LibupgradeNode::new(fleet.rigs[i].updater(), vec!["false".into()]);
+                node.stage(&channel_url, "v2", false, None, &NoProgress)
+                    .unwrap();
+            }
+            fleet.rigs[0].updater().activate().unwrap();
+            fleet.v010_trial = Some(0);
+            fleet.contended = true;
+            for i in 1..NODES {
+                fleet.start_agent(i, None);
+            }
+            let (done, _ended) = std::sync::mpsc::channel();
+            fleet.power.send(RebootRequest { node: 0, done }).unwrap();
+        } else {
+            for i in 0..NODES {
+                fleet.start_agent(i, None);
+            }
         }
         fleet
     }
@@ -489,7 +583,13 @@ impl Fleet {
         self.world.lock().unwrap().set_node_ready(&name, false);
         self.reboots[i] += 1;
         let slot = self.rigs[i].power_cycle();
+        let v010 = self.v010_trial == Some(i);
         let trial = match (slot, self.rigs[i].init_confirm()) {
+            // A trial activated by v0.1.0 awaited no check: init's confirm blesses it.
+            (Slot::B, Ok(r)) if v010 && r.verdict.outcome == libupgrade::Outcome::Blessed => {
+                self.v010_trial = None;
+                false
+            }
             // Nodes start on A: B is the new version, booted on trial.
             (Slot::B, Err(libupgrade::Error::BlessPending { waiting_for, .. })) => {
                 assert_eq!(waiting_for, agent::node::NODE_READY, "{name}");
@@ -606,6 +706,7 @@ async fn rollout(concurrency: u32) {
         concurrency,
         ready_wait: Duration::from_secs(20),
         first_trial_never_ready: false,
+        from_v010: false,
     });
     fleet
         .run_until("every node UpToDate and no slot held", |f| {
@@ -717,6 +818,7 @@ async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
         concurrency: 1,
         ready_wait: Duration::from_secs(1),
         first_trial_never_ready: true,
+        from_v010: false,
     });
     fleet
         .run_until("the failed node back on v1 and the others paused", |f| {
@@ -791,4 +893,119 @@ async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
         assert!(fake_api::node_ready(&node), "{}", node_name(i));
     }
     eprintln!("never Ready: {:?}", started.elapsed());
+}
+
+/// Issue 14 item 6: the DaemonSet is rolled from v0.1.0's agent to this one in the middle of a
+/// rollout. The world starts as the v0.1.0 agents left it (fixtures produced by running the
+/// v0.1.0 code): node-1 holds the slot at `Rebooting` under a v0.1.0 token and is down,
+/// node-2 and node-3 have staged v2 and wait, an earlier failure of node-0 is recorded. The
+/// current agents honour node-1's claim (nobody else claims while it is held, its token is
+/// never replaced), node-1's current agent finishes it, the others follow one at a time, and
+/// every write migrates the status to format 2. A write under the v0.1.0 token after the
+/// release is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
+    let old = v010_fixture("updatechannel.json");
+    let old_slots = old["status"]["slots"].as_array().unwrap().clone();
+    assert_eq!(old_slots.len(), 1, "{old_slots:?}");
+    assert_eq!(old_slots[0]["node"], "node-1");
+    assert_eq!(old_slots[0]["phase"], "Rebooting");
+    assert!(
+        old["status"].get("formatVersion").is_none(),
+        "v0.1.0 wrote no format marker"
+    );
+    let old_token = old_slots[0]["token"].as_str().unwrap().to_string();
+    let old_failures = old["status"]["failures"].clone();
+    assert_eq!(old_failures.as_array().unwrap().len(), 1, "{old_failures}");
+
+    let mut fleet = Fleet::new(Scenario {
+        concurrency: 1,
+        ready_wait: Duration::from_secs(20),
+        first_trial_never_ready: false,
+        from_v010: true,
+    });
+    fleet
+        .run_until("every node UpToDate and no slot held", |f| {
+            (0..NODES).all(|i| f.phase(i).as_deref() == Some("UpToDate"))
+                && holders(&f.world.lock().unwrap()).is_empty()
+        })
+        .await;
+    fleet.stop().await;
+
+    {
+        let m = fleet.monitor.lock().unwrap();
+        assert_eq!(
+            m.claims.get("node-1"),
+            Some(&vec![old_token.clone()]),
+            "node-1's v0.1.0 claim must be honoured under its own token, not dropped or claimed again"
+        );
+        for n in ["node-2", "node-3"] {
+            assert_eq!(
+                m.claims.get(n).map(Vec::len),
+                Some(1),
+                "{n}: {:?}",
+                m.claims
+            );
+        }
+        assert_eq!(m.peak_holders, 1);
+    }
+    // node-2 and node-3 did not claim before node-1's v0.1.0 slot was released.
+    let log = fleet.log.lock().unwrap().clone();
+    let first_release = log
+        .iter()
+        .position(|l| l.starts_with("api: slots=[]"))
+        .expect("node-1 released its slot");
+    assert!(
+        !log[..first_release]
+            .iter()
+            .any(|l| l.starts_with("api: slots=")
+                && (l.contains("node-2:") || l.contains("node-3:"))),
+        "a slot was claimed while node-1's v0.1.0 claim was held: {log:#?}"
+    );
+    assert!(log.iter().any(|l| l == "event: WaitingForSlot"));
+
+    let ch = fleet.channel();
+    assert_eq!(ch["status"]["formatVersion"], 2, "{}", ch["status"]);
+    assert_eq!(ch["status"]["slots"], json!([]));
+    assert_eq!(
+        ch["status"]["failures"], old_failures,
+        "the v0.1.0 failure record is kept as it was"
+    );
+    assert_eq!(fleet.reboots, vec![1; NODES], "one reboot per node");
+    for i in 0..NODES {
+        let name = node_name(i);
+        let node = fleet.world.lock().unwrap().node(&name).clone();
+        assert_eq!(node["spec"]["unschedulable"], false, "{name}");
+        assert_eq!(annotation(&node, ANN_CORDONED), None, "{name}");
+        assert_eq!(
+            annotation(&node, agent::format::ANN_FORMAT),
+            Some("2"),
+            "{name}: the annotations were migrated"
+        );
+        let st = fleet.slots(i);
+        assert_eq!(st.booted, Some(Slot::B), "{name}: {st:#?}");
+        assert_eq!(slot_of(&st, Slot::B).version.as_deref(), Some("v2"));
+        assert_eq!(slot_of(&st, Slot::B).state, libupgrade::SlotState::Good);
+    }
+
+    // A zombie v0.1.0 agent of node-1 writing under its old token changes nothing.
+    let client = fake_api::client(&fleet.world, &fleet.log);
+    let store = agent::kube_store::KubeChannelStore::new(client, NS, "stable");
+    let before = fleet.channel();
+    let fenced = agent::slots::fence(
+        &store,
+        "node-1",
+        &old_token,
+        agent::crd::SlotPhase::Rebooting,
+        None,
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(fenced, agent::slots::FenceOutcome::Lost);
+    let released = agent::slots::release(&store, "node-1", &old_token, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert!(!released);
+    assert_eq!(fleet.channel(), before, "a stale-token write was accepted");
 }

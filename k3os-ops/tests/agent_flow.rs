@@ -874,3 +874,84 @@ async fn the_channels_max_rate_caps_the_stage() {
         "spec.maxRate did not reach the stage: {l:#?}"
     );
 }
+
+/// Issue 14 item 6: a channel whose status is in a newer format than this agent knows is
+/// refused — reported once (naming both formats), never used, nothing written to it.
+#[tokio::test]
+async fn a_channel_status_of_a_newer_format_is_refused_and_not_written() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    {
+        let mut w = world.lock().unwrap();
+        w.channel["status"] = json!({
+            "formatVersion": 3,
+            "slots": [{"node": "n2", "token": "t", "claimedAt": "2026-12-03T10:00:00Z",
+                       "phase": "Verifying", "version": "v2", "lease": {"renewals": 4}}],
+            "failures": [], "conditions": []
+        });
+    }
+    let before = world.lock().unwrap().channel.clone();
+    for _ in 0..3 {
+        assert_eq!(agent.reconcile().await.unwrap(), Next::Wait);
+    }
+    let l = log.lock().unwrap().clone();
+    assert!(
+        !l.iter()
+            .any(|x| x.starts_with("api: slots=") || x.starts_with("api: patch-status")),
+        "wrote to a newer-format channel: {l:#?}"
+    );
+    assert!(!l.iter().any(|x| x.contains("node: stage")), "{l:#?}");
+    assert_eq!(world.lock().unwrap().channel, before);
+    let notes: Vec<&String> = l
+        .iter()
+        .filter(|x| x.starts_with("event-on: UpdateChannel k3os-system/stable: "))
+        .collect();
+    assert_eq!(notes.len(), 1, "reported once: {l:#?}");
+    assert!(
+        notes[0].contains("format 3") && notes[0].contains("format 2"),
+        "{}",
+        notes[0]
+    );
+    assert!(!l.iter().any(|x| x.contains("ReconcileError")), "{l:#?}");
+}
+
+/// Issue 14 item 6: Node annotations written by a newer agent are refused: nothing is
+/// written to the Node or the channel, and it is reported once.
+#[tokio::test]
+async fn node_annotations_of_a_newer_format_are_refused_and_not_written() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    world.lock().unwrap().node_mut("n1")["metadata"]["annotations"] =
+        json!({"k3os.io/update-format": "3", "k3os.io/update-phase": "Verifying"});
+    let before = world.lock().unwrap().node("n1").clone();
+    let channel_before = world.lock().unwrap().channel.clone();
+    for _ in 0..3 {
+        assert_eq!(agent.reconcile().await.unwrap(), Next::Wait);
+    }
+    let l = log.lock().unwrap().clone();
+    assert_eq!(world.lock().unwrap().node("n1"), &before);
+    assert_eq!(world.lock().unwrap().channel, channel_before);
+    assert!(!l.iter().any(|x| x.contains("node: stage")), "{l:#?}");
+    let notes: Vec<&String> = l
+        .iter()
+        .filter(|x| x.starts_with("event-on: Node -/n1: "))
+        .collect();
+    assert_eq!(notes.len(), 1, "{l:#?}");
+    assert!(
+        notes[0].contains("format 3") && notes[0].contains("format 2"),
+        "{}",
+        notes[0]
+    );
+}
+
+/// Every annotation patch states its format; a status written over v0.1.0's (no marker) is
+/// stamped with format 2.
+#[tokio::test]
+async fn writes_carry_the_current_formats() {
+    let (agent, world, _node, _log) = setup(ConfirmResult::Healthy, false);
+    settle(&agent).await;
+    assert_eq!(
+        annotation(&world, "k3os.io/update-format").as_deref(),
+        Some("2")
+    );
+    let ch = world.lock().unwrap().channel.clone();
+    assert_eq!(ch["status"]["formatVersion"], 2, "{}", ch["status"]);
+}

@@ -8,7 +8,8 @@
 //! channel): `update-phase`, `update-target`, `update-progress`, `update-message`,
 //! `update-token` (the claim token, written before the claim so a restarted agent finds its
 //! slot) and `update-cordoned` (set just before this agent cordons, so only a cordon of ours is
-//! undone).
+//! undone), with their format in `update-format` ([`super::format`]): annotations of a newer
+//! format stop this agent on the node (reported once, nothing written).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,6 +25,7 @@ use serde_json::json;
 use super::crd::{SlotPhase, UpdateChannel};
 use super::decide::{decide, Action, IdleReason, NodeView, Policy};
 use super::errors::{AgentError, KubeContext};
+use super::format::{ANN_FORMAT, NODE_FORMAT};
 use super::kube_store::KubeChannelStore;
 use super::metrics::Outcome;
 use super::node::NodeOps;
@@ -85,6 +87,8 @@ pub struct Agent {
     /// silence of half the reboot timeout may already be judged dead by other agents, so it is
     /// forfeit and replaced by a fresh claim (a fresh token).
     pub(super) startup_silence: Mutex<Option<Duration>>,
+    /// Format refusals already reported (each text once per agent process).
+    pub(super) format_reported: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// What the loop does after a step.
@@ -125,6 +129,7 @@ impl Agent {
             last_note: Mutex::new(None),
             last_conflict: Mutex::new(None),
             startup_silence: Mutex::new(None),
+            format_reported: Mutex::new(std::collections::BTreeSet::new()),
         }
     }
 
@@ -239,7 +244,7 @@ impl Agent {
         if let Some((_, Some(phase))) = annotations.iter().find(|(k, _)| *k == ANN_PHASE) {
             self.metrics.set_phase(phase);
         }
-        let map: serde_json::Map<String, serde_json::Value> = annotations
+        let mut map: serde_json::Map<String, serde_json::Value> = annotations
             .iter()
             .map(|(k, v)| {
                 (
@@ -248,6 +253,8 @@ impl Agent {
                 )
             })
             .collect();
+        // Every patch states the format of the annotations it leaves behind.
+        map.insert(ANN_FORMAT.into(), json!(NODE_FORMAT.to_string()));
         self.nodes()
             .patch(
                 &self.node,
@@ -272,6 +279,43 @@ impl Agent {
         Ok(tokio::task::spawn_blocking(move || f(ops.as_ref())).await??)
     }
 
+    /// Report a format this agent cannot read, once per text: a warning Event regarding
+    /// `regarding` (the Node when `None`), and regarding the Node too.
+    pub(super) async fn report_format(
+        &self,
+        regarding: Option<ObjectReference>,
+        e: &super::format::FormatError,
+    ) {
+        let text = e.to_string();
+        if !self
+            .format_reported
+            .lock()
+            .expect("not poisoned")
+            .insert(text.clone())
+        {
+            return;
+        }
+        tracing::error!(reason = "UnknownFormat", "{text}");
+        let n = super::events::Note {
+            warning: true,
+            reason: "UnknownFormat",
+            note: &text,
+        };
+        let node = self.node_ref().await;
+        let targets: Vec<(ObjectReference, Option<&ObjectReference>)> = match &regarding {
+            Some(r) => vec![(r.clone(), Some(&node)), (node.clone(), Some(r))],
+            None => vec![(node.clone(), None)],
+        };
+        for (target, related) in targets {
+            if let Err(err) = self.events.publish(&target, related, &n).await {
+                tracing::warn!(
+                    "could not publish event UnknownFormat: {}",
+                    super::errors::kube_message(&err)
+                );
+            }
+        }
+    }
+
     /// One decision and its execution.
     pub async fn reconcile(&self) -> Result<Next, AgentError> {
         let node = self
@@ -279,9 +323,26 @@ impl Agent {
             .get(&self.node)
             .await
             .kube_ctx(|| format!("read own Node {}", self.node))?;
+        // Annotations of a newer agent than this one: touch nothing on this node.
+        let annotations = node.metadata.annotations.clone().unwrap_or_default();
+        let what = format!("the k3os.io/update-* annotations of Node {}", self.node);
+        if let Err(e) = super::format::node_format(&what, &annotations) {
+            self.report_format(None, &e).await;
+            return Ok(Next::Wait);
+        }
         let listed = super::channels::list(&self.client, &self.namespace)
             .await
             .kube_ctx(|| format!("list UpdateChannels in namespace {}", self.namespace))?;
+        for newer in &listed.newer {
+            let regarding = ObjectReference {
+                api_version: Some("k3os.io/v1".into()),
+                kind: Some("UpdateChannel".into()),
+                name: Some(newer.name.clone()),
+                namespace: Some(self.namespace.clone()),
+                ..Default::default()
+            };
+            self.report_format(Some(regarding), &newer.error).await;
+        }
         self.report_channels(&listed).await;
         let labels = node.metadata.labels.clone().unwrap_or_default();
         let Some(picked) = super::channels::pick(&self.node, &listed.channels, &labels) else {
@@ -312,7 +373,6 @@ impl Agent {
         }
         let channel = picked.channel.clone();
         let name = channel.metadata.name.clone().unwrap_or_default();
-        let annotations = node.metadata.annotations.clone().unwrap_or_default();
         let update = self.blocking(|ops| ops.status()).await?;
         let staged = match &update.inactive {
             super::decide::Inactive::Staged(v) | super::decide::Inactive::Activated(v) => {

@@ -18,7 +18,8 @@
 //! state), [`steps`] (stage, drain, flip + reboot, confirm), [`invalid`] (reporting unusable
 //! channels), [`background`] (Lease renewal, reclaim, `latest` poller), [`run`] (process
 //! wiring and the error policy), [`client`] (kube client without the hidden retry layer),
-//! [`events`], [`errors`] (Display text of errors), [`metrics`] (/metrics, /healthz, /readyz),
+//! [`events`], [`format`] (versions and migrations of everything the agent stores),
+//! [`errors`] (Display text of errors), [`metrics`] (/metrics, /healthz, /readyz),
 //! [`progress`] (stage progress annotation).
 //!
 //! Error policy: the steps return typed errors (`SlotError`, `DrainError`, `NodeError`,
@@ -39,6 +40,7 @@ pub mod drain;
 pub mod duration;
 pub mod errors;
 pub mod events;
+pub mod format;
 pub mod invalid;
 pub mod kube_store;
 pub mod metrics;

@@ -1,5 +1,11 @@
 //! Update slots: the only place that writes an `UpdateChannel`'s status.
 //!
+//! Every write is a compare-and-swap of the whole status, stamped with this agent's status
+//! format; a status of a newer format is never written ([`SlotError::Format`]), one of an
+//! older format (v0.1.0's has no marker) is read as such and migrated by the write (see
+//! [`super::format`]). A slot claimed by an agent of an older release is the same claim: it
+//! counts against `concurrency` and only its token moves or releases it.
+//!
 //! Every write is a compare-and-swap: read the channel, change a copy, `replace_status` with
 //! the `resourceVersion` that was read; on a conflict, re-read after a random pause and decide
 //! again. Merge patches and server-side apply are never used for the slot list: two agents
@@ -22,6 +28,7 @@ use super::crd::{
     FailureRecord, SlotEntry, SlotPhase, UpdateChannel, UpdateChannelStatus, COND_DEGRADED,
     COND_LATEST_RESOLVED, COND_PAUSED,
 };
+use super::format::{self, FormatError, STATUS_FORMAT};
 
 /// Failure of one store call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +57,9 @@ pub enum SlotError {
         "UpdateChannel {channel}: still conflicting after {attempts} compare-and-swap attempts"
     )]
     Contention { channel: String, attempts: u32 },
+    /// The stored status is in a format newer than this agent knows: nothing was written.
+    #[error(transparent)]
+    Format(#[from] FormatError),
 }
 
 /// The storage the slot protocol needs: one channel with linearizable resourceVersion CAS on
@@ -140,6 +150,15 @@ pub fn refresh_conditions(ch: &mut UpdateChannel, now: DateTime<Utc>) {
         now,
     );
     status.observed_generation = generation;
+    // Whatever format was read (v0.1.0 wrote none), the write is in this agent's.
+    status.format_version = Some(u64::from(STATUS_FORMAT));
+}
+
+/// Refuse a status this agent does not know (newer format): it is never rewritten.
+fn known_format(channel: &str, ch: &UpdateChannel) -> Result<(), SlotError> {
+    let found = ch.status.as_ref().and_then(|s| s.format_version);
+    format::check_status(&format!("the status of UpdateChannel {channel}"), found)?;
+    Ok(())
 }
 
 async fn cas<S, T>(
@@ -157,6 +176,7 @@ where
     };
     for attempt in 0..MAX_ATTEMPTS {
         let current = store.read().await.map_err(err)?;
+        known_format(&channel, &current)?;
         let mut status = current.status.clone().unwrap_or_default();
         let value = match body(&current, &mut status) {
             Step::Done(v) => return Ok(v),
@@ -420,6 +440,7 @@ pub async fn reclaim_dead<S: ChannelStore>(
         source,
     };
     let current = store.read().await.map_err(err)?;
+    known_format(&channel, &current)?;
     let slots = current.status.map(|s| s.slots).unwrap_or_default();
     observer.retain(|n| slots.iter().any(|s| s.node == n));
     let mut dead: Vec<(SlotEntry, DeadReason)> = Vec::new();
