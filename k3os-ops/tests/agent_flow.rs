@@ -132,6 +132,7 @@ fn setup(
             booted_version: Some("v1".into()),
             booted_on_trial: false,
             inactive: Inactive::Empty,
+            failed_trial: None,
         }),
         confirm,
         log: log.clone(),
@@ -872,6 +873,56 @@ async fn the_channels_max_rate_caps_the_stage() {
         l.iter()
             .any(|x| x == "node: stage v2 capped at 2097152 B/s"),
         "spec.maxRate did not reach the stage: {l:#?}"
+    );
+}
+
+/// Events regarding the channel, as `(reason, note)`, in order.
+fn channel_events(log: &[String]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for w in log.windows(2) {
+        if let (Some(reason), Some(rest)) = (
+            w[0].strip_prefix("event: "),
+            w[1].strip_prefix("event-on: UpdateChannel k3os-system/stable: "),
+        ) {
+            out.push((reason.to_string(), rest.to_string()));
+        }
+    }
+    out
+}
+
+/// Issue 18 bug 1: a trial whose health checks failed at boot (the boot-time confirm rolled
+/// back) is reported as what the boot-assessment core recorded — `health-failed` with the
+/// check's output — not as a bootloader fallback guessed from the slot that booted.
+#[tokio::test]
+async fn a_boot_time_health_failure_is_reported_with_the_cores_reason() {
+    let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
+    settle(&agent).await;
+    {
+        let mut s = node.status.lock().unwrap();
+        s.inactive = Inactive::Failed("v2".into());
+        s.failed_trial = Some(agent::decide::TrialFailure {
+            event: "health-failed".into(),
+            reason: "health checks failed (10-etcd: etcd quorum lost on v2); rolled back to slot A"
+                .into(),
+        });
+    }
+    log.lock().unwrap().clear();
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    pos(&l, "event: HealthCheckFailed");
+    assert!(!l.iter().any(|x| x == "event: RolledBack"), "{l:#?}");
+    let ch = world.lock().unwrap().channel.clone();
+    let reason = ch["status"]["failures"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(reason.contains("etcd quorum lost on v2"), "{reason}");
+    assert!(!reason.contains("bootloader fell back"), "{reason}");
+    let ev = channel_events(&l);
+    assert!(
+        ev.iter()
+            .any(|(r, n)| r == "HealthCheckFailed" && n.contains("etcd quorum lost on v2")),
+        "{ev:#?}"
     );
 }
 

@@ -588,9 +588,11 @@ impl Agent {
                 self.confirm(ch, &store, &token, &version, held).await
             }
             Action::RolledBack { version } => {
-                let reason = format!("the node came back on its old slot instead of {version} (the bootloader fell back)");
-                self.event(Some(ch), true, "RolledBack", reason.clone())
-                    .await;
+                // The boot-assessment core recorded why (its verdict and decision log): report
+                // that, not a guess from which slot booted.
+                let (event, reason) =
+                    rolled_back_reason(&version, view.update.failed_trial.as_ref());
+                self.event(Some(ch), true, event, reason.clone()).await;
                 self.undo_cordon().await?;
                 self.metrics.count(Outcome::Failure);
                 self.metrics.count(Outcome::Rollback);
@@ -637,6 +639,32 @@ impl Agent {
     }
 }
 
+/// The Event reason and the failure text for a node back on its old slot after trying
+/// `version`, from what the boot-assessment core recorded about the failed trial.
+pub fn rolled_back_reason(
+    version: &str,
+    recorded: Option<&super::decide::TrialFailure>,
+) -> (&'static str, String) {
+    use super::decide::{FALLBACK_TAKEN, HEALTH_FAILED};
+    match recorded {
+        Some(f) if f.event == HEALTH_FAILED => (
+            "HealthCheckFailed",
+            format!("{version} failed its health checks on this node and was rolled back: {}", f.reason),
+        ),
+        Some(f) if f.event == FALLBACK_TAKEN => (
+            "RolledBack",
+            format!("the node came back on its old slot instead of {version} (the bootloader fell back: {})", f.reason),
+        ),
+        Some(f) => (
+            "RolledBack",
+            format!("the node came back on its old slot instead of {version} ({}: {})", f.event, f.reason),
+        ),
+        None => (
+            "RolledBack",
+            format!("the node came back on its old slot instead of {version} (the bootloader fell back)"),
+        ),
+    }
+}
 /// Whether a claim held when the agent started is forfeit: the node's Lease had been silent
 /// for half the reboot timeout or more, so other agents may already be reclaiming it.
 fn forfeit(ch: &UpdateChannel, silence: Option<Duration>) -> bool {

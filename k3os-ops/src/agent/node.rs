@@ -125,7 +125,7 @@ impl LibupgradeNode {
 
 /// Map libupgrade's two-slot status onto what the decision needs.
 pub fn summarize(status: &libupgrade::Status) -> NodeUpdateStatus {
-    use super::decide::Inactive;
+    use super::decide::{Inactive, TrialFailure};
     use libupgrade::SlotState;
     let booted = status.slots.iter().find(|s| s.booted);
     let other = status
@@ -144,10 +144,22 @@ pub fn summarize(status: &libupgrade::Status) -> NodeUpdateStatus {
             (SlotState::Bad, Some(v)) => Inactive::Failed(v),
         },
     };
+    // A failed trial: what the core recorded about it (its last decision on that slot).
+    let failed_trial = match (&inactive, other) {
+        (Inactive::Failed(_), Some(o)) => o.last_decision.as_ref().map(|d| TrialFailure {
+            event: serde_json::to_value(d.event)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+            reason: d.why.clone(),
+        }),
+        _ => None,
+    };
     NodeUpdateStatus {
         booted_version: booted.and_then(|b| b.version.clone()),
         booted_on_trial: booted.is_some_and(|b| b.state == SlotState::Trying),
         inactive,
+        failed_trial,
     }
 }
 
