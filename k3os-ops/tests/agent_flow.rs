@@ -20,12 +20,17 @@ mod fake_api;
 
 struct FakeNode {
     status: Mutex<NodeUpdateStatus>,
+    /// When set, `status` fails with it (e.g. the boot not assessed yet).
+    status_error: Mutex<Option<NodeError>>,
     confirm: ConfirmResult,
     log: Log,
 }
 
 impl NodeOps for FakeNode {
     fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
+        if let Some(e) = self.status_error.lock().unwrap().clone() {
+            return Err(e);
+        }
         Ok(self.status.lock().unwrap().clone())
     }
     fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {
@@ -134,6 +139,7 @@ fn setup(
             inactive: Inactive::Empty,
             failed_trial: None,
         }),
+        status_error: Mutex::new(None),
         confirm,
         log: log.clone(),
     });
@@ -924,6 +930,63 @@ async fn a_boot_time_health_failure_is_reported_with_the_cores_reason() {
             .any(|(r, n)| r == "HealthCheckFailed" && n.contains("etcd quorum lost on v2")),
         "{ev:#?}"
     );
+}
+
+/// Issue 18 bug 4: a boot not assessed yet (init's `slot confirm` did not run) is reported
+/// once, as a Node condition and an Event naming the command to run; the agent then waits
+/// without errors, and clears the condition once the boot is assessed.
+#[tokio::test]
+async fn a_boot_not_assessed_yet_is_reported_once_and_waited_for() {
+    let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
+    *node.status_error.lock().unwrap() = Some(NodeError::new(
+        agent::node::NOT_ASSESSED,
+        agent::node::NOT_ASSESSED_HELP,
+    ));
+    for _ in 0..3 {
+        assert_eq!(agent.reconcile().await.expect("not an error"), Next::Wait);
+    }
+    let l = log.lock().unwrap().clone();
+    assert!(!l.iter().any(|x| x.contains("ReconcileError")), "{l:#?}");
+    let conds: Vec<&String> = l
+        .iter()
+        .filter(|x| x.contains("condition K3osBootAssessed"))
+        .collect();
+    assert_eq!(conds.len(), 1, "{l:#?}");
+    assert!(
+        conds[0].contains("K3osBootAssessed=False") && conds[0].contains("k3os-ops slot confirm"),
+        "{}",
+        conds[0]
+    );
+    let events: Vec<&String> = l
+        .iter()
+        .filter(|x| *x == "event: BootNotAssessed")
+        .collect();
+    assert_eq!(
+        events.len(),
+        2,
+        "one on the Node, one on the channel: {l:#?}"
+    );
+    assert!(
+        l.iter()
+            .any(|x| x.starts_with("event-on: Node -/n1: ") && x.contains("k3os-ops slot confirm")),
+        "{l:#?}"
+    );
+    assert_eq!(
+        annotation(&world, "k3os.io/update-phase").as_deref(),
+        Some("NotAssessed")
+    );
+    // Assessed: the condition turns True once, and the update goes on.
+    *node.status_error.lock().unwrap() = None;
+    log.lock().unwrap().clear();
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    let conds: Vec<&String> = l
+        .iter()
+        .filter(|x| x.contains("condition K3osBootAssessed"))
+        .collect();
+    assert_eq!(conds.len(), 1, "{l:#?}");
+    assert!(conds[0].contains("K3osBootAssessed=True"), "{}", conds[0]);
+    pos(&l, "node: stage v2");
 }
 
 /// Issue 14 item 6: a channel whose status is in a newer format than this agent knows is

@@ -87,6 +87,8 @@ pub struct Agent {
     /// silence of half the reboot timeout may already be judged dead by other agents, so it is
     /// forfeit and replaced by a fresh claim (a fresh token).
     pub(super) startup_silence: Mutex<Option<Duration>>,
+    /// This boot's not-yet-assessed state was reported (condition + Event) by this process.
+    pub(super) not_assessed_reported: std::sync::atomic::AtomicBool,
     /// Format refusals already reported (each text once per agent process).
     pub(super) format_reported: Mutex<std::collections::BTreeSet<String>>,
 }
@@ -130,6 +132,7 @@ impl Agent {
             last_conflict: Mutex::new(None),
             startup_silence: Mutex::new(None),
             format_reported: Mutex::new(std::collections::BTreeSet::new()),
+            not_assessed_reported: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -316,6 +319,59 @@ impl Agent {
         }
     }
 
+    /// Set this Node's [`COND_BOOT_ASSESSED`] condition (strategic merge on `status.conditions`,
+    /// keyed by type: the kubelet's conditions stay).
+    async fn set_assessed_condition(&self, ok: bool, message: &str) -> Result<(), AgentError> {
+        let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let patch = json!({"status": {"conditions": [{
+            "type": COND_BOOT_ASSESSED,
+            "status": if ok { "True" } else { "False" },
+            "reason": if ok { "Assessed" } else { "NotAssessed" },
+            "message": message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }]}});
+        self.nodes()
+            .patch_status(
+                &self.node,
+                &PatchParams::default(),
+                &Patch::Strategic(patch),
+            )
+            .await
+            .kube_ctx(|| format!("set condition {COND_BOOT_ASSESSED} of Node {}", self.node))?;
+        Ok(())
+    }
+
+    /// This boot was not assessed yet: say so once (Node condition, Event, phase) and wait.
+    async fn report_not_assessed(
+        &self,
+        node: &Node,
+        channel: Option<&UpdateChannel>,
+        e: &super::node::NodeError,
+    ) -> Result<(), AgentError> {
+        if self.not_assessed_reported.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        let text = e.message.clone();
+        if assessed_condition(node) != Some(false) {
+            self.set_assessed_condition(false, &text).await?;
+        }
+        self.phase("NotAssessed", &text).await?;
+        self.event(channel, true, "BootNotAssessed", text).await;
+        Ok(())
+    }
+
+    /// The boot is assessed: turn a `False` [`COND_BOOT_ASSESSED`] (of this or an earlier
+    /// process) `True`.
+    async fn clear_not_assessed(&self, node: &Node) -> Result<(), AgentError> {
+        self.not_assessed_reported.store(false, Ordering::Relaxed);
+        if assessed_condition(node) == Some(false) {
+            self.set_assessed_condition(true, "this boot was assessed by the boot-assessment core")
+                .await?;
+        }
+        Ok(())
+    }
+
     /// One decision and its execution.
     pub async fn reconcile(&self) -> Result<Next, AgentError> {
         let node = self
@@ -373,7 +429,14 @@ impl Agent {
         }
         let channel = picked.channel.clone();
         let name = channel.metadata.name.clone().unwrap_or_default();
-        let update = self.blocking(|ops| ops.status()).await?;
+        let update = match self.blocking(|ops| ops.status()).await {
+            Err(AgentError::Node(e)) if e.is_not_assessed() => {
+                self.report_not_assessed(&node, Some(&channel), &e).await?;
+                return Ok(Next::Wait);
+            }
+            other => other?,
+        };
+        self.clear_not_assessed(&node).await?;
         let staged = match &update.inactive {
             super::decide::Inactive::Staged(v) | super::decide::Inactive::Activated(v) => {
                 Some(v.as_str())
@@ -639,6 +702,21 @@ impl Agent {
     }
 }
 
+/// The Node condition saying whether this boot was assessed (`k3os-ops slot confirm` ran);
+/// written `False` while the agent waits for it.
+pub const COND_BOOT_ASSESSED: &str = "K3osBootAssessed";
+
+/// The [`COND_BOOT_ASSESSED`] condition of `node`, if present.
+fn assessed_condition(node: &Node) -> Option<bool> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == COND_BOOT_ASSESSED)
+        .map(|c| c.status == "True")
+}
+
 /// The Event reason and the failure text for a node back on its old slot after trying
 /// `version`, from what the boot-assessment core recorded about the failed trial.
 pub fn rolled_back_reason(
@@ -665,6 +743,7 @@ pub fn rolled_back_reason(
         ),
     }
 }
+
 /// Whether a claim held when the agent started is forfeit: the node's Lease had been silent
 /// for half the reboot timeout or more, so other agents may already be reclaiming it.
 fn forfeit(ch: &UpdateChannel, silence: Option<Duration>) -> bool {

@@ -26,7 +26,11 @@
 //! `WindowError`, `DurationError`) wrapped with context; every error ends in
 //! [`run`]'s loop, which logs it and publishes it once per text as a `ReconcileError` Event
 //! ([`errors::message`] renders the chain as Display text), backs off and retries. Nothing
-//! below `run` exits the process.
+//! below `run` exits the process. Two states are not errors and are reported once, then
+//! waited out quietly: a boot not assessed yet (`k3os-ops slot confirm` did not run; Node
+//! condition `K3osBootAssessed=False` and a `BootNotAssessed` Event naming the command), and
+//! an object in a newer format than this agent knows ([`format`]; an `UnknownFormat` Event,
+//! nothing written to it).
 //!
 //! Integration tests reach it as `k3os_ops::agent` (the library target).
 

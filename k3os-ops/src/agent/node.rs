@@ -6,16 +6,27 @@
 
 use super::decide::NodeUpdateStatus;
 
+/// [`NodeError::op`] of a status read before this boot's assessment ran: not a failure, the
+/// agent reports it once and waits.
+pub const NOT_ASSESSED: &str = "not-assessed";
+/// What to do about [`NOT_ASSESSED`].
+pub const NOT_ASSESSED_HELP: &str = "this boot was not assessed yet: `k3os-ops slot confirm` has not run since the node booted (init runs it first thing at every boot); run `k3os-ops slot confirm` on the node. The agent waits until it has run";
+
 /// A node-side failure; the message names the file, URL or check that failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{op}: {message}")]
 pub struct NodeError {
-    /// `status`, `stage`, `activate`, `confirm`, `reboot`, `resolve`.
+    /// `status`, `stage`, `activate`, `confirm`, `reboot`, `resolve`, or [`NOT_ASSESSED`].
     pub op: &'static str,
     pub message: String,
 }
 
 impl NodeError {
+    /// This boot was not assessed yet (see [`NOT_ASSESSED`]).
+    pub fn is_not_assessed(&self) -> bool {
+        self.op == NOT_ASSESSED
+    }
+
     pub fn new(op: &'static str, message: impl std::fmt::Display) -> Self {
         NodeError {
             op,
@@ -186,10 +197,7 @@ impl NodeOps for LibupgradeNode {
         // The slot states mean what the boot-assessment core made of this boot; before it ran
         // (init runs `slot confirm` first thing) a spent trial still reads as on trial.
         if st.verdict.is_none() {
-            return Err(NodeError::new(
-                "status",
-                "this boot was not assessed yet (`k3os-ops slot confirm` has not run since the node booted)",
-            ));
+            return Err(NodeError::new(NOT_ASSESSED, NOT_ASSESSED_HELP));
         }
         Ok(summarize(&st))
     }
