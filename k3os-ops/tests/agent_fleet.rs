@@ -26,11 +26,14 @@
 //!    on every way out it uncordons, then drops the mark, then releases the slot (or records the
 //!    failure that releases it): `unschedulable ⇒ update-cordoned ⇒ slot phase ∈ {Draining,
 //!    Rebooting, RollingBack}`, with no exception in this test (the one other way out, another
-//!    agent reclaiming the slot of a holder silent for `rebootTimeout`, never happens here);
+//!    agent reclaiming the slot of a holder silent for `rebootTimeout`, undoes the dead
+//!    holder's cordon and mark before it frees the slot when the holder died before its flip);
 //! 3. a node that is down (NotReady: rebooting, or its new version not Ready) holds a slot at
 //!    `Rebooting` or `RollingBack`;
 //! 4. the PodDisruptionBudget holds: at least 2 of the web pods are available (Ready, not
 //!    terminating, on a Ready node);
+//! 5. never more Ready nodes cordoned than `spec.concurrency` (a node that is down is not
+//!    counted: it is disrupted by being down, see 3);
 //!
 //! and by the driver when a node reboots: no workload pod is left running on it. At the end
 //! every node that updated held one slot under one token throughout (no claim was lost to a
@@ -48,7 +51,10 @@
 //! Node never becomes Ready on the first node that boots it (that agent reports Node-Ready
 //! failed, the core rolls back, the driver's next power cycle brings the node back to v1 with
 //! B bad, the failure is recorded, the channel pauses at `maxFailures: 1`, and the other two
-//! nodes never claim, cordon or reboot).
+//! nodes never claim, cordon or reboot); a holder whose agent dies for good while Draining
+//! (reclaimed after rebootTimeout, uncordoned by the reclaimer, issue 18 bug 3); and the
+//! DaemonSet rolled from the v0.1.0 agent mid-rollout, starting from what v0.1.0 wrote
+//! (tests/fixtures/v0.1.0; issue 14 item 6).
 
 mod fake_api;
 
@@ -311,6 +317,20 @@ impl Monitor {
                 self.violation(w, format!("{name} is down with slot phase {phase:?}"));
             }
         }
+        let cordoned_up = w
+            .nodes
+            .values()
+            .filter(|n| n["spec"]["unschedulable"] == true && fake_api::node_ready(n))
+            .count();
+        if cordoned_up > self.concurrency {
+            self.violation(
+                w,
+                format!(
+                    "{cordoned_up} Ready nodes cordoned at once, concurrency {}",
+                    self.concurrency
+                ),
+            );
+        }
         for pdb in &w.pdbs {
             let available = w.available(pdb);
             self.least_available =
@@ -338,6 +358,10 @@ struct Scenario {
     /// node-2 and node-3 have staged v2 and wait; the DaemonSet has just been rolled to this
     /// agent, so every node runs the current one from now on.
     from_v010: bool,
+    /// Every node also runs a single-replica `db` pod whose budget never allows its eviction
+    /// (drains stall), and the agent of the first node seen `Draining` is ended for good
+    /// (its Node stays Ready: only the agent is gone). rebootTimeout 3s.
+    dies_while_draining: bool,
     /// The agents' wait for Node Ready after a trial boot.
     ready_wait: Duration,
     /// The Node of the first node that boots v2 never becomes Ready.
@@ -366,6 +390,8 @@ struct Fleet {
     bad: Option<usize>,
     /// Every agent has staged and tried to claim (the first power cycle waits for it).
     contended: bool,
+    /// With `dies_while_draining`: the node whose agent was ended for good.
+    victim: Option<usize>,
     /// The node whose trial was activated by the v0.1.0 agent (blessed by init's confirm at
     /// boot: that activation awaited no check).
     v010_trial: Option<usize>,
@@ -418,7 +444,9 @@ impl Fleet {
             "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
             "metadata": {"name": "stable", "namespace": NS, "uid": "ch-uid", "generation": 1},
             "spec": {"url": channel_url, "version": "v2", "concurrency": scenario.concurrency,
-                     "maxFailures": 1, "rebootTimeout": "2m", "drain": {"timeout": "20s"}},
+                     "maxFailures": 1,
+                     "rebootTimeout": if scenario.dies_while_draining { "3s" } else { "2m" },
+                     "drain": {"timeout": "20s"}},
             "status": {"slots": [], "failures": [], "conditions": []}
         });
         let mut world = if scenario.from_v010 {
@@ -453,6 +481,25 @@ impl Fleet {
                 "k3os-ops-agent",
                 &node,
             ));
+        }
+        if scenario.dies_while_draining {
+            for i in 0..NODES {
+                let name = format!("db-{}", i + 1);
+                world.pods.push(fake_api::running_pod(
+                    "apps",
+                    &name,
+                    json!({"app": &name}),
+                    "StatefulSet",
+                    &name,
+                    &node_name(i),
+                ));
+                world.pdbs.push(Pdb {
+                    name: name.clone(),
+                    namespace: "apps".into(),
+                    selector: [("app".to_string(), name)].into(),
+                    min_available: 1,
+                });
+            }
         }
         world.pdbs.push(Pdb {
             name: "web".into(),
@@ -494,6 +541,7 @@ impl Fleet {
             awaiting_ready: vec![false; NODES],
             bad: None,
             contended: false,
+            victim: None,
             v010_trial: None,
         };
         if fleet.scenario.from_v010 {
@@ -614,7 +662,13 @@ impl Fleet {
 
     /// Drive the fleet until `done` holds for the world (checked after every change).
     async fn run_until(&mut self, what: &str, done: impl Fn(&Fleet) -> bool) {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
+        // Reclaiming a dead holder takes two looks of the reclaim loop (10 s apart at least).
+        let limit = if self.scenario.dies_while_draining {
+            DEADLINE * 3
+        } else {
+            DEADLINE
+        };
+        let deadline = tokio::time::Instant::now() + limit;
         let mut wake = self.world.lock().unwrap().subscribe();
         loop {
             let first = self.monitor.lock().unwrap().violations.first().cloned();
@@ -628,6 +682,13 @@ impl Fleet {
                         .lock()
                         .unwrap()
                         .set_node_ready(&node_name(i), true);
+                }
+            }
+            if self.scenario.dies_while_draining && self.victim.is_none() {
+                if let Some(i) = (0..NODES).find(|i| self.phase(*i).as_deref() == Some("Draining"))
+                {
+                    self.stop_agent(i).await;
+                    self.victim = Some(i);
                 }
             }
             if !self.contended {
@@ -645,7 +706,7 @@ impl Fleet {
                 _ = tokio::time::sleep_until(deadline) => {
                     let state = summary(&self.world.lock().unwrap());
                     panic!(
-                        "{what}: not reached within {DEADLINE:?}\n{state}\nlog tail:\n{}",
+                        "{what}: not reached within {limit:?}\n{state}\nlog tail:\n{}",
                         self.log_tail()
                     )
                 }
@@ -707,6 +768,7 @@ async fn rollout(concurrency: u32) {
         ready_wait: Duration::from_secs(20),
         first_trial_never_ready: false,
         from_v010: false,
+        dies_while_draining: false,
     });
     fleet
         .run_until("every node UpToDate and no slot held", |f| {
@@ -819,6 +881,7 @@ async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
         ready_wait: Duration::from_secs(1),
         first_trial_never_ready: true,
         from_v010: false,
+        dies_while_draining: false,
     });
     fleet
         .run_until("the failed node back on v1 and the others paused", |f| {
@@ -923,6 +986,7 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
         ready_wait: Duration::from_secs(20),
         first_trial_never_ready: false,
         from_v010: true,
+        dies_while_draining: false,
     });
     fleet
         .run_until("every node UpToDate and no slot held", |f| {
@@ -1008,4 +1072,58 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
         .unwrap();
     assert!(!released);
     assert_eq!(fleet.channel(), before, "a stale-token write was accepted");
+}
+
+/// Issue 18 bug 3: a holder whose agent dies for good while Draining (its Node stays up,
+/// cordoned by it) is reclaimed after rebootTimeout, and the reclaimer undoes that cordon
+/// before it frees the slot: the node was only cordoned for an update that is now abandoned,
+/// and at concurrency 1 the next node cordons only once the first is schedulable again
+/// (invariant 5: never more Ready nodes cordoned than `concurrency`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_dies_while_draining_is_uncordoned_by_the_reclaimer() {
+    let mut fleet = Fleet::new(Scenario {
+        concurrency: 1,
+        ready_wait: Duration::from_secs(20),
+        first_trial_never_ready: false,
+        from_v010: false,
+        dies_while_draining: true,
+    });
+    fleet
+        .run_until(
+            "the dead holder reclaimed and the next node draining",
+            |f| {
+                let Some(v) = f.victim else { return false };
+                (0..NODES).any(|i| i != v && f.phase(i).as_deref() == Some("Draining"))
+            },
+        )
+        .await;
+    let victim = node_name(fleet.victim.unwrap());
+    fleet.stop().await;
+    let node = fleet.world.lock().unwrap().node(&victim).clone();
+    assert_eq!(
+        node["spec"]["unschedulable"], false,
+        "{victim} left cordoned"
+    );
+    assert_eq!(annotation(&node, ANN_CORDONED), None, "{victim}");
+    let ch = fleet.channel();
+    assert!(
+        !holders(&fleet.world.lock().unwrap())
+            .iter()
+            .any(|(n, _, _)| *n == victim),
+        "{}",
+        ch["status"]
+    );
+    assert_eq!(
+        ch["status"]["failures"],
+        json!([]),
+        "dying before the flip is no failure of the version"
+    );
+    let log = fleet.log.lock().unwrap().clone();
+    assert!(
+        log.iter().any(|l| l.starts_with("event-on: UpdateChannel")
+            && l.contains(&format!("reclaimed the slot of node {victim}"))
+            && l.contains("uncordoned it")),
+        "{log:#?}"
+    );
+    assert!(fleet.reboots.iter().all(|r| *r == 0), "{:?}", fleet.reboots);
 }

@@ -90,10 +90,12 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
                                         format!("its Lease was not renewed for {}s", d.as_secs())
                                     }
                                 };
-                                let failure = if r.failure_recorded {
-                                    " (recorded as a failure of its version)"
-                                } else {
-                                    ""
+                                let failure = match (r.failure_recorded, r.uncordoned) {
+                                    (true, _) => " (recorded as a failure of its version)",
+                                    (false, true) => {
+                                        " and uncordoned it (it died before its bootloader flip; its update is abandoned)"
+                                    }
+                                    (false, false) => "",
                                 };
                                 agent
                                     .event(

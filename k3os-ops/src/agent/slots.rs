@@ -12,6 +12,21 @@
 //! could each add themselves to a list that had room for one, and the count would exceed
 //! `spec.concurrency`.
 //!
+//! **Dead holders** ([`reclaim_dead`]): a slot whose Node is deleted, or whose holder's Lease
+//! went unrenewed for `rebootTimeout` on the observer's own clock, is taken back. What the
+//! reclaimer does with the holder's node depends on how far it got:
+//! - before its bootloader flip (`Claimed`, `Draining`): nothing irreversible happened, so its
+//!   update is abandoned as if its drain had timed out: the reclaimer undoes the holder's own
+//!   cordon (only when the node carries the holder's `k3os.io/update-cordoned` mark, never an
+//!   admin's cordon), then frees the slot. Leaving it cordoned would disrupt one node more
+//!   than `concurrency` allows once the next node cordons; that is what kured and
+//!   system-upgrade-controller users expect too: a node their tool cordoned comes back once
+//!   the tool gives up on it. A node that is really down is still not scheduled to (the node
+//!   controller taints NotReady nodes), and its failure is not the version's: none is recorded.
+//! - after the flip (`Rebooting`, `RollingBack`): the node is down or hung in the new version;
+//!   it stays cordoned, and the silence is recorded as a failure of that version, so a release
+//!   that hangs at boot pauses the rollout instead of taking down one node after another.
+//!
 //! The functions here are generic over [`ChannelStore`], which the kube client implements
 //! ([`super::kube_store`]) and the race-model test implements in memory, so the model drives
 //! exactly this code.
@@ -83,6 +98,9 @@ pub trait ChannelStore: Send + Sync {
         &self,
         node: &str,
     ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
+    /// Undo the cordon the agent of `node` made, if its mark (`k3os.io/update-cordoned`) is
+    /// set: uncordon, then drop the mark. Returns whether it did (used on dead holders).
+    fn undo_cordon(&self, node: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// How many times a CAS is retried on conflict before giving up (the caller retries later).
@@ -420,10 +438,13 @@ pub struct Reclaimed {
     pub reason: DeadReason,
     /// A failure was recorded (the holder went silent while rebooting into a new version).
     pub failure_recorded: bool,
+    /// The holder's own cordon was undone (it died before its bootloader flip).
+    pub uncordoned: bool,
 }
 
 /// Take back slots whose Node is deleted or whose Lease has not been renewed for
-/// `reboot_timeout` on our own clock (`mono_now`). `me` is never reclaimed. A holder that
+/// `reboot_timeout` on our own clock (`mono_now`). `me` is never reclaimed. A holder that died
+/// before its bootloader flip gets its cordon undone first (see the body). A holder that
 /// went silent after its bootloader flip counts as a failure of its version: a release that
 /// hangs at boot must pause the rollout instead of taking down one node after another.
 pub async fn reclaim_dead<S: ChannelStore>(
@@ -472,6 +493,22 @@ pub async fn reclaim_dead<S: ChannelStore>(
     if dead.is_empty() {
         return Ok(Vec::new());
     }
+    // A holder that died before its bootloader flip (Claimed, Draining) abandoned its update
+    // with nothing irreversible done, like a drain that timed out: undo its cordon (only one
+    // it marked as its own, and never an admin's) before its slot is freed, so the node that
+    // claims next is the only one we keep cordoned. A holder silent after its flip
+    // (Rebooting, RollingBack) is down or hung: it stays cordoned and counts as a failure.
+    let mut uncordoned = Vec::new();
+    for (slot, reason) in &dead {
+        let before_flip = matches!(slot.phase, SlotPhase::Claimed | SlotPhase::Draining);
+        if matches!(reason, DeadReason::LeaseStale(_))
+            && before_flip
+            && slot.was_unschedulable != Some(true)
+            && store.undo_cordon(&slot.node).await.map_err(err)?
+        {
+            uncordoned.push(slot.node.clone());
+        }
+    }
     cas(store, now, |_, st| {
         let mut out = Vec::new();
         for (slot, reason) in &dead {
@@ -503,10 +540,12 @@ pub async fn reclaim_dead<S: ChannelStore>(
                     failure_recorded = true;
                 }
             }
+            let undone = uncordoned.contains(&entry.node);
             out.push(Reclaimed {
                 slot: entry,
                 reason: reason.clone(),
                 failure_recorded,
+                uncordoned: undone,
             });
         }
         if out.is_empty() {
