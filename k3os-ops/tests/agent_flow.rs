@@ -932,6 +932,29 @@ async fn a_boot_time_health_failure_is_reported_with_the_cores_reason() {
     );
 }
 
+/// Issue 18 bug 5: the channel carries an Event for every claim, release, failure and pause
+/// (`kubectl describe upchan`), not only some of them.
+#[tokio::test]
+async fn the_channel_gets_an_event_per_claim_release_failure_and_pause() {
+    let (agent, _world, node, log) = setup(ConfirmResult::Healthy, false);
+    settle(&agent).await;
+    node.boot(false); // the loader fell back: a failure at maxFailures 1
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    let ev = channel_events(&l);
+    let reasons: Vec<&str> = ev.iter().map(|(r, _)| r.as_str()).collect();
+    for want in ["SlotClaimed", "RolledBack", "SlotReleased", "ChannelPaused"] {
+        assert_eq!(
+            reasons.iter().filter(|r| **r == want).count(),
+            1,
+            "{want} regarding the channel: {reasons:?}"
+        );
+    }
+    let claimed = reasons.iter().position(|r| *r == "SlotClaimed").unwrap();
+    let released = reasons.iter().position(|r| *r == "SlotReleased").unwrap();
+    assert!(claimed < released, "{reasons:?}");
+}
+
 /// Issue 18 bug 4: a boot not assessed yet (init's `slot confirm` did not run) is reported
 /// once, as a Node condition and an Event naming the command to run; the agent then waits
 /// without errors, and clears the condition once the boot is assessed.

@@ -108,6 +108,13 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
                                         ),
                                     )
                                     .await;
+                                if let (true, Some(v)) = (r.paused, r.slot.version.as_deref()) {
+                                    let out = slots::FailureOutcome {
+                                        released: false,
+                                        paused: true,
+                                    };
+                                    agent.failure_recorded(&ch, v, out, "").await;
+                                }
                             }
                         }
                         Err(e) => tracing::warn!("reclaim in {name}: {e}"),

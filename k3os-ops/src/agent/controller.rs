@@ -213,6 +213,43 @@ impl Agent {
         }
     }
 
+    /// A `SlotReleased` Event (on the Node and the channel) when our slot was released.
+    pub(super) async fn slot_released(&self, ch: &UpdateChannel, released: bool, why: &str) {
+        if released {
+            self.event(
+                Some(ch),
+                false,
+                "SlotReleased",
+                format!("released the update slot: {why}"),
+            )
+            .await;
+        }
+    }
+
+    /// Events for a recorded failure's effects on the channel: the slot released with it
+    /// (`SlotReleased`) and the pause it caused (`ChannelPaused`).
+    pub(super) async fn failure_recorded(
+        &self,
+        ch: &UpdateChannel,
+        version: &str,
+        out: slots::FailureOutcome,
+        why: &str,
+    ) {
+        self.slot_released(ch, out.released, why).await;
+        if out.paused {
+            self.event(
+                Some(ch),
+                true,
+                "ChannelPaused",
+                format!(
+                    "{version} failed on {} node(s), reaching maxFailures {}: new claims are paused (remove status.failures entries to resume)",
+                    ch.spec.max_failures, ch.spec.max_failures
+                ),
+            )
+            .await;
+        }
+    }
+
     /// Log a failed reconciliation and publish it (once per distinct text) as a
     /// `ReconcileError` event: the error chain as `Display` text, never a debug dump.
     pub async fn report_error(&self, e: &AgentError) {
@@ -659,7 +696,7 @@ impl Agent {
                 self.undo_cordon().await?;
                 self.metrics.count(Outcome::Failure);
                 self.metrics.count(Outcome::Rollback);
-                slots::record_failure(
+                let out = slots::record_failure(
                     &store,
                     &self.node,
                     Some(&token),
@@ -669,33 +706,36 @@ impl Agent {
                     now(),
                 )
                 .await?;
+                self.failure_recorded(
+                    ch,
+                    &version,
+                    out,
+                    "back on the old slot after a failed update",
+                )
+                .await;
                 self.phase("Failed", &reason).await?;
                 Ok(Next::Again)
             }
             Action::FinishRollback => {
                 self.undo_cordon().await?;
-                slots::release(&store, &self.node, &token, now()).await?;
+                let released = slots::release(&store, &self.node, &token, now()).await?;
                 self.phase("Failed", "back on the old slot after a failed update")
                     .await?;
                 self.event(
                     Some(ch),
                     true,
                     "RollbackFinished",
-                    "back on the old slot; slot released".into(),
+                    "back on the old slot".into(),
                 )
                 .await;
+                self.slot_released(ch, released, "back on the old slot after a failed update")
+                    .await;
                 Ok(Next::Again)
             }
             Action::Release { reason } => {
                 self.undo_cordon().await?;
-                slots::release(&store, &self.node, &token, now()).await?;
-                self.event(
-                    Some(ch),
-                    false,
-                    "SlotReleased",
-                    format!("released the update slot: {reason}"),
-                )
-                .await;
+                let released = slots::release(&store, &self.node, &token, now()).await?;
+                self.slot_released(ch, released, &reason).await;
                 Ok(Next::Again)
             }
         }

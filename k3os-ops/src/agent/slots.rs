@@ -343,6 +343,27 @@ pub async fn release<S: ChannelStore>(
     .await
 }
 
+/// What [`record_failure`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FailureOutcome {
+    /// Our slot was released by the same write.
+    pub released: bool,
+    /// This write paused new claims (the failures of the channel's target reached
+    /// `maxFailures`).
+    pub paused: bool,
+}
+
+/// Whether the failures of `version` in `st` pause the channel's claims now (they did not in
+/// the status `ch` was read with).
+fn pauses(ch: &UpdateChannel, st: &UpdateChannelStatus, version: &str) -> bool {
+    let max = ch.spec.max_failures as usize;
+    let before = ch.paused_for(version);
+    max > 0
+        && !before
+        && ch.target_version().as_deref() == Some(version)
+        && st.failures_for(version) >= max
+}
+
 /// Record that `node` failed to update to `version`. With `token`, our slot is also moved to
 /// `RollingBack` (when `keep_slot`) or released. Recording the same node+version twice keeps
 /// one record.
@@ -354,8 +375,9 @@ pub async fn record_failure<S: ChannelStore>(
     reason: &str,
     keep_slot: bool,
     now: DateTime<Utc>,
-) -> Result<(), SlotError> {
-    cas(store, now, |_, st| {
+) -> Result<FailureOutcome, SlotError> {
+    cas(store, now, |ch, st| {
+        let mut out = FailureOutcome::default();
         let mut changed = false;
         if !st
             .failures
@@ -385,13 +407,15 @@ pub async fn record_failure<S: ChannelStore>(
             } else {
                 let before = st.slots.len();
                 st.slots.retain(|s| !(s.node == node && s.token == token));
-                changed |= st.slots.len() != before;
+                out.released = st.slots.len() != before;
+                changed |= out.released;
             }
         }
+        out.paused = pauses(ch, st, version);
         if changed {
-            Step::Write(())
+            Step::Write(out)
         } else {
-            Step::Done(())
+            Step::Done(FailureOutcome::default())
         }
     })
     .await
@@ -440,6 +464,8 @@ pub struct Reclaimed {
     pub failure_recorded: bool,
     /// The holder's own cordon was undone (it died before its bootloader flip).
     pub uncordoned: bool,
+    /// The failure recorded paused new claims.
+    pub paused: bool,
 }
 
 /// Take back slots whose Node is deleted or whose Lease has not been renewed for
@@ -509,7 +535,7 @@ pub async fn reclaim_dead<S: ChannelStore>(
             uncordoned.push(slot.node.clone());
         }
     }
-    cas(store, now, |_, st| {
+    cas(store, now, |ch, st| {
         let mut out = Vec::new();
         for (slot, reason) in &dead {
             // Only the exact claim we judged dead: a fresh claim by the same node survives.
@@ -541,11 +567,16 @@ pub async fn reclaim_dead<S: ChannelStore>(
                 }
             }
             let undone = uncordoned.contains(&entry.node);
+            let paused = failure_recorded
+                && entry.version.as_deref().is_some_and(|v| {
+                    pauses(ch, st, v) && !out.iter().any(|r: &Reclaimed| r.paused)
+                });
             out.push(Reclaimed {
                 slot: entry,
                 reason: reason.clone(),
                 failure_recorded,
                 uncordoned: undone,
+                paused,
             });
         }
         if out.is_empty() {
