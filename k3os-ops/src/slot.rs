@@ -281,6 +281,15 @@ pub fn render_status(st: &Status) -> String {
         "=== System Info ===\nBootloader: {}\nLayout:     {}\nBooted:     slot {booted}\nNext boot:  slot {}\nLoader reads: {}\n",
         st.bootloader, st.layout, st.next_boot, st.loader_integrity.in_use
     ));
+    let sc = &st.boot_script;
+    out.push_str(&format!(
+        "Boot script: {} {} ({}; this build reads up to version {})\n",
+        sc.kind,
+        sc.installed
+            .map_or("not installed".to_string(), |v| format!("version {v}")),
+        sc.path.display(),
+        sc.newest_known
+    ));
     for d in &st.loader_integrity.damaged {
         out.push_str(&format!(
             "WARNING: {} ({}) is damaged: {}; the loader uses {} and the next write by k3os-ops rewrites every copy\n",

@@ -78,6 +78,7 @@ fn release(channel: &Path, secret: &Path, version: &str, generation: u64) {
         secret_key: secret.to_path_buf(),
         out_dir: channel.join(version),
         generation: Some(generation),
+        scripts: Vec::new(),
     })
     .expect("release create");
     libupgrade::channel::write_index(channel).expect("write index");

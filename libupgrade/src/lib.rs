@@ -13,10 +13,13 @@
 //! slot records and decision log), [`health`] (checks), [`updater`] (the state machine, a
 //! thin executor), [`stage`] (the fetch/verify/write pipeline), [`checkpoint`] (resumable
 //! downloads), [`assess`] (the pure boot-assessment core and its [`Verdict`]), [`confirm`]
-//! (its executor, on every boot), [`barrier`] (write barriers for power-cut tests), [`http`] (the HTTP client).
+//! (its executor, on every boot), [`barrier`] (write barriers for power-cut tests), [`http`] (the HTTP client),
+//! [`slotfiles`] (the manifest and boot scripts kept per staged slot), [`bootscript`] (the
+//! pure decision which boot script an activation leaves installed).
 
 pub mod assess;
 pub mod barrier;
+pub mod bootscript;
 pub mod channel;
 pub mod checkpoint;
 pub mod chunk;
@@ -30,6 +33,7 @@ pub mod layout;
 pub mod manifest;
 pub mod release;
 pub mod signing;
+pub mod slotfiles;
 pub mod sqcheck;
 pub mod stage;
 pub mod state;

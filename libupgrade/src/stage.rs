@@ -209,8 +209,10 @@ impl Stager<'_> {
                 bytes_reused: 0,
             });
         }
-        // Every file exists with the right size, every chunk index matches: before any write.
+        // Every file exists with the right size, every chunk index and boot script matches:
+        // before any write.
         let indexes = self.preflight(source, &manifest, opts)?;
+        let scripts = self.fetch_scripts(source, &manifest, opts)?;
 
         let resumable = Partial::load(&self.cfg.state_dir).filter(|p| {
             p.slot == target
@@ -223,6 +225,7 @@ impl Stager<'_> {
             None => {
                 self.boot.mark_bad(target)?;
                 crate::barrier::hit("stage:bootloader-marked-bad");
+                crate::slotfiles::clear(&self.cfg.state_dir, target)?;
                 let rec = st.slot_mut(target);
                 rec.version = Some(manifest.version.clone());
                 rec.generation = Some(manifest.generation);
@@ -295,6 +298,7 @@ impl Stager<'_> {
             reused: partial.reused,
             total,
         };
+        crate::slotfiles::save(&self.cfg.state_dir, target, &mbytes, &scripts)?;
         st.slot_mut(target).transfer = Some(stats);
         st.transition(
             target,
@@ -391,6 +395,36 @@ impl Stager<'_> {
                 )));
             }
             out.push(Some(index));
+        }
+        Ok(out)
+    }
+
+    /// Fetch every boot script the manifest names and check it against its signed size and
+    /// sha256 (they are small: read whole, capped at the signed size).
+    fn fetch_scripts(
+        &self,
+        source: &Source,
+        m: &Manifest,
+        opts: &StageOptions,
+    ) -> Result<Vec<(crate::manifest::ScriptFile, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for sc in m.boot.iter().flat_map(|b| &b.scripts) {
+            let bytes = self.retrying(opts, || source.read_capped(&sc.path, sc.size))?;
+            let sha = sha256_hex(&bytes);
+            if bytes.len() as u64 != sc.size || sha != sc.sha256 {
+                return Err(Error::Fetch {
+                    location: source.location(&sc.path),
+                    what: format!(
+                        "boot script ({}): {} bytes with sha256 {sha}, the signed manifest says {} bytes with sha256 {}",
+                        sc.kind,
+                        bytes.len(),
+                        sc.size,
+                        sc.sha256
+                    ),
+                    retryable: false,
+                });
+            }
+            out.push((sc.clone(), bytes));
         }
         Ok(out)
     }

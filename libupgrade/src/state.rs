@@ -23,6 +23,13 @@ use crate::error::{Error, Result};
 
 /// File name of the state file inside the state directory.
 pub const STATE_FILE: &str = "state.json";
+/// The state file's format. Format 1 is what v0.1.0 wrote, and both slots of a node may run
+/// different releases that read and write the same file (a v0.2.0 trial falls back to a v0.1.0
+/// slot), so format 1 only grows in ways every format-1 reader accepts: new fields are
+/// optional (serde defaults; older readers skip unknown fields) and no enum gains a variant
+/// (an older reader would refuse the whole file). `tests/state_formats.rs` holds the current
+/// types to that against v0.1.0's own output. A change that cannot follow these rules bumps
+/// the number and is rolled out in two releases (the first reads both and writes the old).
 const FORMAT: u32 = 1;
 /// Decisions kept in the log (oldest dropped first).
 const HISTORY: usize = 64;
@@ -252,19 +259,29 @@ impl StateStore {
     /// Load the state; a missing file is a fresh node (both slots empty). A file that exists
     /// but does not parse is an error: guessing could lose the record of the good slot.
     pub fn load(&self) -> Result<State> {
+        #[derive(Deserialize)]
+        struct Head {
+            format: u32,
+        }
         match std::fs::read(&self.path) {
             Ok(bytes) => {
-                let st: State = serde_json::from_slice(&bytes).map_err(|e| Error::State {
+                let invalid = |e: serde_json::Error| Error::State {
                     path: self.path.clone(),
                     what: format!("not valid state JSON: {e}"),
-                })?;
-                if st.format != FORMAT {
+                };
+                // The format first: a newer file may not parse as this build's types at all.
+                let head: Head = serde_json::from_slice(&bytes).map_err(invalid)?;
+                if head.format != FORMAT {
                     return Err(Error::State {
                         path: self.path.clone(),
-                        what: format!("format {} is not supported (expected {FORMAT})", st.format),
+                        what: if head.format > FORMAT {
+                            format!("format {} is newer than this build of k3os-ops reads (format {FORMAT}); nothing was rewritten: upgrade k3os-ops first", head.format)
+                        } else {
+                            format!("format {} does not exist (formats start at 1)", head.format)
+                        },
                     });
                 }
-                Ok(st)
+                serde_json::from_slice(&bytes).map_err(invalid)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::default()),
             Err(e) => Err(Error::io("read state", &self.path, e)),

@@ -15,6 +15,7 @@
 //!   the tries it used. Then the booted slot's health checks run: pass → bootloader and state
 //!   mark it good; fail → roll back to the other slot if that one is good.
 
+use crate::manifest::ScriptKind;
 use std::path::Path;
 
 use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
@@ -61,6 +62,8 @@ pub struct Status {
     /// The loader's records: the one it will use at the next boot and every damaged one
     /// (e.g. `copy 1` of GRUB's env, naming the file and what is wrong).
     pub loader_integrity: bootconfig::Integrity,
+    /// The loader's installed boot script and its version, and the newest this build knows.
+    pub boot_script: bootconfig::ScriptInfo,
     /// The boot assessment of the running boot, once `confirm` ran in it (see
     /// [`crate::assess`]): outcome, reason, and whether a fallback was taken.
     pub verdict: Option<crate::assess::Verdict>,
@@ -101,6 +104,20 @@ pub struct Updater {
     pub(crate) store: StateStore,
 }
 
+/// The loader `cfg` names, on its directory under the boot partition (`grub/`, `syslinux/`).
+pub fn loader_for(cfg: &Config) -> Box<dyn Bootloader> {
+    let boot_dir = cfg.layout.boot_dir();
+    match cfg.bootloader {
+        BootloaderKind::Grub => Box::new(bootconfig::grub::GrubBootloader::new(
+            boot_dir.join("grub"),
+            cfg.tries,
+        )),
+        BootloaderKind::Syslinux => Box::new(bootconfig::syslinux::SyslinuxBootloader::new(
+            boot_dir.join("syslinux"),
+        )),
+    }
+}
+
 impl Updater {
     /// Open the node described by `cfg`: read the GPT (or the dir layout) and pick the loader.
     pub fn open(cfg: Config) -> Result<Updater> {
@@ -108,16 +125,7 @@ impl Updater {
             LayoutConfig::Gpt { disk, boot_dir } => Box::new(GptLayout::open(disk, boot_dir)?),
             LayoutConfig::Dir { root, boot_dir } => Box::new(DirLayout::new(root, boot_dir)),
         };
-        let boot_dir = cfg.layout.boot_dir().to_path_buf();
-        let boot: Box<dyn Bootloader> = match cfg.bootloader {
-            BootloaderKind::Grub => Box::new(bootconfig::grub::GrubBootloader::new(
-                boot_dir.join("grub"),
-                cfg.tries,
-            )),
-            BootloaderKind::Syslinux => Box::new(bootconfig::syslinux::SyslinuxBootloader::new(
-                boot_dir.join("syslinux"),
-            )),
-        };
+        let boot = loader_for(&cfg);
         Ok(Self::with_parts(cfg, layout, boot))
     }
 
@@ -222,6 +230,7 @@ impl Updater {
             layout: self.layout.describe(),
             slots,
             loader_integrity: self.boot.integrity()?,
+            boot_script: self.boot.script()?,
             verdict: st.verdict.clone().filter(|v| v.boot_id == bid),
         })
     }
@@ -284,12 +293,17 @@ impl Updater {
                 expected: "staged or good",
             });
         }
+        let script = self.script_for(slot)?;
         let tries = self.cfg.tries.min(self.boot.max_tries());
+        let note = script
+            .as_ref()
+            .map(|(kind, v, _)| format!("; installs its {kind} version {v}"))
+            .unwrap_or_default();
         st.transition(
             slot,
             SlotState::Trying,
             Event::Activated,
-            format!("{} will try slot {slot} {tries} time(s) from the next boot; slot {booted} is the fallback", self.boot.name()),
+            format!("{} will try slot {slot} {tries} time(s) from the next boot; slot {booted} is the fallback{note}", self.boot.name()),
         );
         st.activation = Some(Activation {
             slot,
@@ -299,9 +313,39 @@ impl Updater {
             awaits,
         });
         self.store.save(&st, "activate:state-trying")?;
+        if let Some((_, _, text)) = script {
+            self.boot.install_script(&text)?;
+            crate::barrier::hit("activate:script-installed");
+        }
         self.boot.try_slot(slot, tries)?;
         crate::barrier::hit("activate:bootloader-flipped");
         Ok(slot)
+    }
+
+    /// The boot script to install when activating `slot` ([`crate::bootscript::decide`] on
+    /// the loader's installed script and the release kept for `slot`), with its version; an
+    /// error, before anything is written, when the release cannot run under any script.
+    fn script_for(&self, slot: Slot) -> Result<Option<(ScriptKind, u32, String)>> {
+        let info = self.boot.script()?;
+        let m = crate::slotfiles::manifest(&self.cfg.state_dir, slot)?;
+        let reads = m.as_ref().map_or(1, |m| m.reads(info.kind));
+        let carried = m.as_ref().and_then(|m| m.script(info.kind));
+        let step = crate::bootscript::decide(
+            info.kind,
+            info.installed,
+            info.newest_known,
+            reads,
+            carried.map(|c| c.version),
+        )
+        .map_err(|source| Error::BootScript { slot, source })?;
+        match (step, carried) {
+            (crate::bootscript::ScriptStep::Install(v), Some(sc)) => Ok(Some((
+                info.kind,
+                v,
+                crate::slotfiles::script(&self.cfg.state_dir, slot, sc)?,
+            ))),
+            _ => Ok(None),
+        }
     }
 
     /// Leave the booted slot for the other one, which must be good; the booted slot is marked

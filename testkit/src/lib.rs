@@ -260,6 +260,16 @@ pub struct ReleaseInputs<'a> {
 /// sign it as release `inputs.version` in `out`; the source tree is kept beside it as
 /// `<version>.tree` for content comparisons. Returns the release directory.
 pub fn signed_release(keys: &Keys, out: &Path, inputs: &ReleaseInputs) -> PathBuf {
+    signed_release_with(keys, out, inputs, Vec::new())
+}
+
+/// [`signed_release`] carrying boot `scripts`.
+pub fn signed_release_with(
+    keys: &Keys,
+    out: &Path,
+    inputs: &ReleaseInputs,
+    scripts: Vec<libupgrade::release::BootScript>,
+) -> PathBuf {
     let version = inputs.version;
     let work = tempfile::tempdir().unwrap();
     let tree = work.path().join("tree");
@@ -297,6 +307,7 @@ pub fn signed_release(keys: &Keys, out: &Path, inputs: &ReleaseInputs) -> PathBu
         secret_key: keys.secret.clone(),
         out_dir: dir.clone(),
         generation: Some(inputs.generation),
+        scripts,
     })
     .expect("release create");
     let keep = out.join(format!("{version}.tree"));
