@@ -64,6 +64,10 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
         "activate",
         "a subcommand name (k3os-ops slot activate), never run",
     ),
+    (
+        "as",
+        "a word in Rust comments inside shell heredocs (bootconfig/tests/fixtures/v0.1.0/make.sh); binutils' assembler is never run",
+    ),
 ];
 
 /// Words that name a program some test runs, but never from `PATH`: the test takes it from a
