@@ -54,7 +54,8 @@
 //! nodes never claim, cordon or reboot); a holder whose agent dies for good while Draining
 //! (reclaimed after rebootTimeout, uncordoned by the reclaimer, issue 18 bug 3); and the
 //! DaemonSet rolled from the v0.1.0 agent mid-rollout, starting from what v0.1.0 wrote
-//! (tests/fixtures/v0.1.0; issue 14 item 6).
+//! (tests/fixtures/v0.1.0; issue 14 item 6), with the v0.1.0 holder coming back and finishing,
+//! or never coming back (reclaimed only after rebootTimeout, as a failure).
 
 mod fake_api;
 
@@ -223,6 +224,11 @@ struct Monitor {
     claims: BTreeMap<String, Vec<String>>,
     ever_cordoned: BTreeSet<String>,
     least_available: Option<usize>,
+    /// Nodes given up for dead after their bootloader flip: once their slot is reclaimed they
+    /// stay down and cordoned by design (slots.rs), so invariants 2 and 3 skip them then.
+    abandoned: BTreeSet<String>,
+    /// When each node was first seen without the slot it held.
+    released_at: BTreeMap<String, Instant>,
 }
 
 /// Slot holders of the channel: (node, phase, token).
@@ -294,6 +300,11 @@ impl Monitor {
                 tokens.push(token.clone());
             }
         }
+        for node in self.claims.keys() {
+            if !held.iter().any(|(n, _, _)| n == node) && !self.released_at.contains_key(node) {
+                self.released_at.insert(node.clone(), Instant::now());
+            }
+        }
         for (name, node) in &w.nodes {
             let phase = held
                 .iter()
@@ -303,6 +314,9 @@ impl Monitor {
             let marked = annotation(node, ANN_CORDONED) == Some("true");
             if cordoned {
                 self.ever_cordoned.insert(name.clone());
+            }
+            if phase.is_none() && self.abandoned.contains(name) {
+                continue;
             }
             if cordoned && !marked {
                 self.violation(w, format!("{name} is cordoned without update-cordoned"));
@@ -362,6 +376,9 @@ struct Scenario {
     /// (drains stall), and the agent of the first node seen `Draining` is ended for good
     /// (its Node stays Ready: only the agent is gone). rebootTimeout 3s.
     dies_while_draining: bool,
+    /// With `from_v010`: node-1, rebooting under the v0.1.0 agent, never comes back (its
+    /// Lease stays as v0.1.0 last wrote it). rebootTimeout 3s, maxFailures 3.
+    v010_holder_never_returns: bool,
     /// The agents' wait for Node Ready after a trial boot.
     ready_wait: Duration,
     /// The Node of the first node that boots v2 never becomes Ready.
@@ -450,7 +467,12 @@ impl Fleet {
             "status": {"slots": [], "failures": [], "conditions": []}
         });
         let mut world = if scenario.from_v010 {
-            v010_world(&channel_url)
+            let mut w = v010_world(&channel_url);
+            if scenario.v010_holder_never_returns {
+                w.channel["spec"]["rebootTimeout"] = json!("3s");
+                w.channel["spec"]["maxFailures"] = json!(3);
+            }
+            w
         } else {
             let mut w = World::new(nodes, channel);
             w.hold_first_status_writes(NODES);
@@ -507,7 +529,13 @@ impl Fleet {
             selector: [("app".to_string(), "web".to_string())].into(),
             min_available: 2,
         });
+        let abandoned = if scenario.v010_holder_never_returns {
+            BTreeSet::from([node_name(0)])
+        } else {
+            BTreeSet::new()
+        };
         let monitor = Arc::new(Mutex::new(Monitor {
+            abandoned,
             concurrency: if scenario.from_v010 {
                 1
             } else {
@@ -558,8 +586,10 @@ impl Fleet {
             for i in 1..NODES {
                 fleet.start_agent(i, None);
             }
-            let (done, _ended) = std::sync::mpsc::channel();
-            fleet.power.send(RebootRequest { node: 0, done }).unwrap();
+            if !fleet.scenario.v010_holder_never_returns {
+                let (done, _ended) = std::sync::mpsc::channel();
+                fleet.power.send(RebootRequest { node: 0, done }).unwrap();
+            }
         } else {
             for i in 0..NODES {
                 fleet.start_agent(i, None);
@@ -663,7 +693,8 @@ impl Fleet {
     /// Drive the fleet until `done` holds for the world (checked after every change).
     async fn run_until(&mut self, what: &str, done: impl Fn(&Fleet) -> bool) {
         // Reclaiming a dead holder takes two looks of the reclaim loop (10 s apart at least).
-        let limit = if self.scenario.dies_while_draining {
+        let limit = if self.scenario.dies_while_draining || self.scenario.v010_holder_never_returns
+        {
             DEADLINE * 3
         } else {
             DEADLINE
@@ -769,6 +800,7 @@ async fn rollout(concurrency: u32) {
         first_trial_never_ready: false,
         from_v010: false,
         dies_while_draining: false,
+        v010_holder_never_returns: false,
     });
     fleet
         .run_until("every node UpToDate and no slot held", |f| {
@@ -882,6 +914,7 @@ async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
         first_trial_never_ready: true,
         from_v010: false,
         dies_while_draining: false,
+        v010_holder_never_returns: false,
     });
     fleet
         .run_until("the failed node back on v1 and the others paused", |f| {
@@ -987,6 +1020,7 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
         first_trial_never_ready: false,
         from_v010: true,
         dies_while_draining: false,
+        v010_holder_never_returns: false,
     });
     fleet
         .run_until("every node UpToDate and no slot held", |f| {
@@ -1087,6 +1121,7 @@ async fn a_holder_that_dies_while_draining_is_uncordoned_by_the_reclaimer() {
         first_trial_never_ready: false,
         from_v010: false,
         dies_while_draining: true,
+        v010_holder_never_returns: false,
     });
     fleet
         .run_until(
@@ -1126,4 +1161,101 @@ async fn a_holder_that_dies_while_draining_is_uncordoned_by_the_reclaimer() {
         "{log:#?}"
     );
     assert!(fleet.reboots.iter().all(|r| *r == 0), "{:?}", fleet.reboots);
+}
+
+/// Issue 14 item 6, the other way a v0.1.0 claim ends: node-1, rebooting under the v0.1.0
+/// agent, never comes back. Its v0.1.0 Lease (renewTime long past) is judged by the current
+/// agents on their own clocks, so the slot is honoured for at least rebootTimeout after they
+/// start watching it — nobody claims meanwhile — and then reclaimed as a failure of v2 (it
+/// went silent after its flip), node-1 staying down and cordoned; node-2 and node-3 then
+/// update one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v010_holder_that_never_returns_is_reclaimed_only_after_reboot_timeout() {
+    let old = v010_fixture("updatechannel.json");
+    let old_token = old["status"]["slots"][0]["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut fleet = Fleet::new(Scenario {
+        concurrency: 1,
+        ready_wait: Duration::from_secs(20),
+        first_trial_never_ready: false,
+        from_v010: true,
+        dies_while_draining: false,
+        v010_holder_never_returns: true,
+    });
+    // The current agents have just started (at the end of Fleet::new).
+    let started = Instant::now();
+    fleet
+        .run_until("node-2 and node-3 UpToDate and no slot held", |f| {
+            (1..NODES).all(|i| f.phase(i).as_deref() == Some("UpToDate"))
+                && holders(&f.world.lock().unwrap()).is_empty()
+        })
+        .await;
+    fleet.stop().await;
+    {
+        let m = fleet.monitor.lock().unwrap();
+        assert_eq!(
+            m.claims.get("node-1"),
+            Some(&vec![old_token.clone()]),
+            "{:?}",
+            m.claims
+        );
+        let held_for = m.released_at["node-1"].duration_since(started);
+        assert!(
+            held_for >= Duration::from_secs(3),
+            "node-1's v0.1.0 slot was reclaimed {held_for:?} after the agents started, before rebootTimeout (3s)"
+        );
+        for n in ["node-2", "node-3"] {
+            assert_eq!(
+                m.claims.get(n).map(Vec::len),
+                Some(1),
+                "{n}: {:?}",
+                m.claims
+            );
+            assert!(
+                m.released_at.get("node-1") <= m.released_at.get(n),
+                "{n} released before node-1's slot was reclaimed"
+            );
+        }
+        assert_eq!(m.peak_holders, 1);
+    }
+    let log = fleet.log.lock().unwrap().clone();
+    let reclaimed = log
+        .iter()
+        .position(|l| l.starts_with("api: slots=[]"))
+        .expect("node-1's slot reclaimed");
+    assert!(
+        !log[..reclaimed]
+            .iter()
+            .any(|l| l.starts_with("api: slots=")
+                && (l.contains("node-2:") || l.contains("node-3:"))),
+        "a slot was claimed while node-1's v0.1.0 claim was held: {log:#?}"
+    );
+    let ch = fleet.channel();
+    let failures = ch["status"]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 2, "{}", ch["status"]);
+    assert_eq!(failures[1]["node"], "node-1");
+    assert_eq!(failures[1]["version"], "v2");
+    assert!(
+        failures[1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("rebootTimeout"),
+        "{}",
+        failures[1]
+    );
+    assert_eq!(ch["status"]["formatVersion"], 2);
+    assert_eq!(fleet.reboots, vec![0, 1, 1]);
+    let w = fleet.world.lock().unwrap();
+    let n1 = w.node("node-1");
+    assert_eq!(
+        n1["spec"]["unschedulable"], true,
+        "down after its flip: stays cordoned"
+    );
+    assert!(!fake_api::node_ready(n1));
+    for i in 1..NODES {
+        let n = w.node(&node_name(i));
+        assert_eq!(n["spec"]["unschedulable"], false, "{}", node_name(i));
+    }
 }
