@@ -85,11 +85,15 @@ impl ChannelStore for KubeChannelStore {
         let Some(n) = self.nodes.get_opt(node).await.map_err(store_error)? else {
             return Ok(false);
         };
-        let ours = n
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(super::controller::ANN_CORDONED))
+        let annotations = n.metadata.annotations.unwrap_or_default();
+        let what = format!("the k3os.io/update-* annotations of Node {node}");
+        if let Err(e) = super::format::node_format(&what, &annotations) {
+            // Written by a newer agent: not ours to rewrite (see agent/format.rs).
+            tracing::warn!("not undoing the cordon of a dead holder: {e}");
+            return Ok(false);
+        }
+        let ours = annotations
+            .get(super::controller::ANN_CORDONED)
             .is_some_and(|v| v == "true");
         if !ours {
             return Ok(false);
