@@ -14,7 +14,7 @@
 //! thin executor), [`stage`] (the fetch/verify/write pipeline), [`checkpoint`] (resumable
 //! downloads), [`assess`] (the pure boot-assessment core and its [`Verdict`]), [`confirm`]
 //! (its executor, on every boot), [`barrier`] (write barriers for power-cut tests), [`http`] (the HTTP client),
-//! [`slotfiles`] (the manifest and boot scripts kept per staged slot), [`bootscript`] (the
+//! [`retry`] (the one backoff policy of every transfer loop), [`slotfiles`] (the manifest and boot scripts kept per staged slot), [`bootscript`] (the
 //! pure decision which boot script an activation leaves installed).
 
 pub mod assess;
@@ -32,6 +32,7 @@ pub mod http;
 pub mod layout;
 pub mod manifest;
 pub mod release;
+pub mod retry;
 pub mod signing;
 pub mod slotfiles;
 pub mod sqcheck;
