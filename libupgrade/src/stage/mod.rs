@@ -40,7 +40,7 @@ use crate::layout::Layout;
 use crate::manifest::{Artifact, Manifest};
 use crate::state::store::StateStore;
 use crate::state::TransferStats;
-use crate::state::{Event, SlotState, State};
+use crate::state::{Event, State};
 
 mod chunked;
 mod plan;
@@ -196,7 +196,6 @@ impl Stager<'_> {
         rec.manifest_sha256 = Some(v.sha256.clone());
         st.transition(
             target,
-            SlotState::Invalid,
             Event::StageStarted,
             format!(
                 "writing {} (generation {}) from {}, signed by {}",
@@ -308,7 +307,6 @@ impl Stager<'_> {
         st.slot_mut(target).transfer = Some(stats);
         st.transition(
             target,
-            SlotState::Staged,
             Event::Staged,
             format!(
                 "{} (generation {}) written and verified{}; {} fetched, {} reused of {}",

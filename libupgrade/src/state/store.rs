@@ -101,7 +101,9 @@ mod tests {
         assert_eq!(st.slot(Slot::A).state, SlotState::Empty);
         st.slot_mut(Slot::B).version = Some("v2".into());
         for i in 0..100 {
-            st.transition(Slot::B, SlotState::Staged, Event::Staged, format!("n{i}"));
+            // Invalid -> staged, again and again (each edge from a state it may leave).
+            st.transition(Slot::B, Event::StageStarted, format!("m{i}"));
+            st.transition(Slot::B, Event::Staged, format!("n{i}"));
         }
         store.save(&st, "test").unwrap();
         let back = store.load().unwrap();
