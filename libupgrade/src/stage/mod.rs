@@ -19,9 +19,9 @@
 //! resuming from the checkpointed position as before.
 //!
 //! [`Updater::stage`](crate::Updater::stage) finds the booted slot and loads the state, then
-//! runs a [`Stager`] borrowing the updater's parts. One way through it: [`verify`] (the
-//! release, then the server) → [`plan`] (pure: what to write, how) → the executors
-//! ([`chunked`], [`stream`]) → commit. Retries everywhere follow [`crate::retry`].
+//! runs a `Stager` borrowing the updater's parts. One way through it: `verify` (the
+//! release, then the server) → `plan` (pure: what to write, how) → the executors
+//! (`chunked`, `stream`) → commit. Retries everywhere follow [`crate::retry`].
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -133,8 +133,8 @@ pub(crate) struct Stager<'a> {
 impl Stager<'_> {
     /// Fetch, verify and write the release at `source` into the slot that is not `booted`;
     /// `st` is the state as loaded for this boot. Verify, plan, execute, commit: everything
-    /// about the release is checked before a byte is written ([`verify`]), the writes are
-    /// decided once ([`plan`]) and carried out per artifact by its executor.
+    /// about the release is checked before a byte is written (`verify`), the writes are
+    /// decided once (`plan`) and carried out per artifact by its executor.
     pub fn stage(
         &self,
         booted: Slot,
