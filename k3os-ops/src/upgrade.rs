@@ -84,6 +84,7 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 
 pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
+    let mut expect_version = None;
     let source = match (&args.source, &args.channel) {
         (Some(s), _) => Source::parse(s),
         (None, Some(ch)) => {
@@ -93,6 +94,8 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
                 "channel {ch}: {} resolves to {} (generation {}) at {}",
                 args.version, r.version, r.generation, r.location
             );
+            // The signed manifest must be the release the channel named.
+            expect_version = Some(r.version.clone());
             r.source
         }
         (None, None) => bail!("give --source or --channel"),
@@ -102,6 +105,7 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
         trust_dir: args.trust_dir.clone(),
         retry_delay: Duration::from_secs(1),
         max_rate: args.max_rate,
+        expect_version,
     };
     let progress = reporter(if args.quiet {
         ProgressMode::None

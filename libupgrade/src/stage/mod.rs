@@ -85,6 +85,9 @@ pub struct StageOptions {
     pub retry_delay: Duration,
     /// Cap on download bandwidth, bytes per second (None: as fast as the link allows).
     pub max_rate: Option<u64>,
+    /// The version asked for (a channel's entry, `upgrade --version`): the signed manifest
+    /// must name exactly it, so a channel or mirror cannot hand over another signed release.
+    pub expect_version: Option<String>,
 }
 
 impl Default for StageOptions {
@@ -94,6 +97,7 @@ impl Default for StageOptions {
             trust_dir: None,
             retry_delay: Duration::from_secs(1),
             max_rate: None,
+            expect_version: None,
         }
     }
 }

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::fetch::Source;
 use crate::manifest::{Arch, Artifact, Manifest, ScriptFile, MANIFEST_FILE, SIGNATURE_FILE};
 use crate::retry::{retrying, Backoff};
-use crate::state::State;
+use crate::state::{SlotState, State};
 use bootconfig::Slot;
 
 /// A release whose signature, manifest, architecture, generation and size were checked.
@@ -37,6 +37,45 @@ impl Preflight {
     pub fn has_index(&self) -> [bool; 3] {
         [0, 1, 2].map(|k| self.indexes[k].is_some())
     }
+}
+
+/// The generation floor: never older than the running release, nor than a release already
+/// staged (or on trial) in the target slot; the running generation again only as the very
+/// same build (its manifest's sha256), since one generation names one build.
+fn check_generation(st: &State, booted: Slot, m: &Manifest, sha256: &str) -> Result<()> {
+    let running = st.slot(booted);
+    if let Some(installed) = running.generation {
+        if m.generation < installed {
+            return Err(Error::Downgrade {
+                version: m.version.clone(),
+                found: m.generation,
+                installed,
+            });
+        }
+        if m.generation == installed {
+            if let Some(r) = running.manifest_sha256.as_deref().filter(|r| *r != sha256) {
+                return Err(Error::SameGenerationOtherBuild {
+                    version: m.version.clone(),
+                    generation: installed,
+                    found: sha256.to_string(),
+                    running: r.to_string(),
+                });
+            }
+        }
+    }
+    let target = st.slot(booted.other());
+    if let (SlotState::Staged | SlotState::Trying, Some(staged)) = (target.state, target.generation)
+    {
+        if m.generation < staged {
+            return Err(Error::OlderThanStaged {
+                version: m.version.clone(),
+                found: m.generation,
+                staged,
+                slot: booted.other(),
+            });
+        }
+    }
+    Ok(())
 }
 
 impl Stager<'_> {
@@ -77,18 +116,22 @@ impl Stager<'_> {
                 location: mloc.clone(),
                 source,
             })?;
-        if let Some(installed) = st.slot(booted).generation {
-            if manifest.generation < installed && !opts.allow_downgrade {
-                return Err(Error::Downgrade {
-                    version: manifest.version.clone(),
-                    found: manifest.generation,
-                    installed,
+        if let Some(want) = &opts.expect_version {
+            if manifest.version != *want {
+                return Err(Error::VersionMismatch {
+                    location: mloc,
+                    asked: want.clone(),
+                    found: manifest.version,
                 });
             }
         }
+        let sha256 = sha256_hex(&mbytes);
+        if !opts.allow_downgrade {
+            check_generation(st, booted, &manifest, &sha256)?;
+        }
         self.check_space(target, &manifest)?;
         Ok(Verified {
-            sha256: sha256_hex(&mbytes),
+            sha256,
             bytes: mbytes,
             manifest,
             key: key.to_string(),
