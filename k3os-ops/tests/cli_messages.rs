@@ -625,7 +625,7 @@ fn a_channel_entry_that_holds_another_signed_release_is_refused() {
             && line.contains("nothing was written"),
         "{line}"
     );
-    assert_no_repeats(&line);
+    assert_no_repeats(line);
     let st = n.ok(&["slot", "status", "--json"]);
     assert!(!st.contains("\"v6\""), "slot B untouched: {st}");
 }
