@@ -53,6 +53,39 @@ pub struct UpgradeArgs {
     /// `500K`, `2M`, `1.5MiB` (a site's thin link is shared with production traffic).
     #[arg(long, value_parser = parse_rate)]
     pub max_rate: Option<u64>,
+    /// How long this attempt keeps retrying a failing server or link before it gives up
+    /// (`90s`, `45m`, `6h`, `2d`, or `forever`); the final error says what failed last.
+    #[arg(long, default_value = "6h", value_parser = parse_retry_for)]
+    pub retry_for: RetryFor,
+    /// Cut and retry a response slower than this many bytes per second over a minute (a
+    /// server holding the node with a trickle); 0 turns the rule off.
+    #[arg(long, default_value_t = libupgrade::stage::MinRate::DEFAULT.bytes_per_sec)]
+    pub min_rate: u64,
+}
+
+/// `--retry-for`: a duration, or for ever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryFor(pub Option<Duration>);
+
+/// `90s`, `45m`, `6h`, `2d`, a plain number of seconds, or `forever`.
+pub fn parse_retry_for(s: &str) -> Result<RetryFor, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("forever") {
+        return Ok(RetryFor(None));
+    }
+    let (num, unit) = match t.char_indices().last() {
+        Some((i, 's')) => (&t[..i], 1),
+        Some((i, 'm')) => (&t[..i], 60),
+        Some((i, 'h')) => (&t[..i], 3600),
+        Some((i, 'd')) => (&t[..i], 86400),
+        _ => (t, 1),
+    };
+    match num.trim().parse::<u64>() {
+        Ok(n) if n > 0 => Ok(RetryFor(Some(Duration::from_secs(n * unit)))),
+        _ => Err(format!(
+            "'{s}' is not a duration like 90s, 45m, 6h or 2d (or `forever`)"
+        )),
+    }
 }
 
 /// `2M`, `512K`, `1.5MiB/s`, `100000` → bytes per second (K/M/G are powers of 1024).
@@ -106,6 +139,11 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
         retry_delay: Duration::from_secs(1),
         max_rate: args.max_rate,
         expect_version,
+        retry_for: args.retry_for.0,
+        min_rate: (args.min_rate > 0).then_some(libupgrade::stage::MinRate {
+            bytes_per_sec: args.min_rate,
+            ..libupgrade::stage::MinRate::DEFAULT
+        }),
     };
     let progress = reporter(if args.quiet {
         ProgressMode::None
@@ -155,6 +193,22 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::parse_rate;
+
+    #[test]
+    fn retry_for_durations() {
+        use super::{parse_retry_for, RetryFor};
+        use std::time::Duration;
+        assert_eq!(
+            parse_retry_for("6h"),
+            Ok(RetryFor(Some(Duration::from_secs(21600))))
+        );
+        assert_eq!(
+            parse_retry_for("90s"),
+            Ok(RetryFor(Some(Duration::from_secs(90))))
+        );
+        assert_eq!(parse_retry_for("forever"), Ok(RetryFor(None)));
+        assert!(parse_retry_for("0").is_err() && parse_retry_for("soon").is_err());
+    }
 
     #[test]
     fn rates() {

@@ -176,6 +176,28 @@ fn fetch_err(loc: &str, what: String) -> Error {
     }
 }
 
+/// What went wrong with a request, in words: "timed out after N s" for the client's timeouts,
+/// else the error and its causes (reqwest's own text stops at "error sending request").
+fn request_failed(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        return format!(
+            "request timed out after {} s without progress",
+            crate::http::READ_TIMEOUT.as_secs()
+        );
+    }
+    let mut what = format!("request failed: {e}");
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !what.contains(&t) {
+            what.push_str(": ");
+            what.push_str(&t);
+        }
+        cause = c.source();
+    }
+    what
+}
+
 fn retryable_err(loc: &str, what: String) -> Error {
     Error::Fetch {
         location: loc.to_string(),
@@ -194,7 +216,7 @@ fn http_open(url: &str, offset: u64) -> Result<Box<dyn Read + Send>> {
     }
     let resp = req
         .send()
-        .map_err(|e| retryable_err(url, format!("request failed: {e}")))?;
+        .map_err(|e| retryable_err(url, request_failed(&e)))?;
     let status = resp.status();
     match status.as_u16() {
         206 if offset > 0 => {
@@ -256,7 +278,7 @@ fn http_probe(url: &str) -> Result<Probe> {
         .get(url)
         .header(reqwest::header::RANGE, "bytes=0-0")
         .send()
-        .map_err(|e| retryable_err(url, format!("request failed: {e}")))?;
+        .map_err(|e| retryable_err(url, request_failed(&e)))?;
     let status = resp.status();
     match status.as_u16() {
         206 => match content_range(&resp) {
@@ -295,7 +317,7 @@ fn http_range(url: &str, start: u64, stop: u64) -> Result<Box<dyn Read + Send>> 
             format!("bytes={start}-{}", stop - 1),
         )
         .send()
-        .map_err(|e| retryable_err(url, format!("request failed: {e}")))?;
+        .map_err(|e| retryable_err(url, request_failed(&e)))?;
     let status = resp.status();
     match status.as_u16() {
         206 => match content_range(&resp) {

@@ -224,6 +224,7 @@ impl Updater {
             layout: self.layout.as_ref(),
             boot: self.boot.as_ref(),
             store: &self.store,
+            deadline: opts.retry_for.map(|d| std::time::Instant::now() + d),
         }
         .stage(booted, st, source, opts, progress)
     }

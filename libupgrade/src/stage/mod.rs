@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Partial;
+pub use crate::chunk::rate::MinRate;
 use crate::chunk::rate::RateLimit;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -88,6 +89,28 @@ pub struct StageOptions {
     /// The version asked for (a channel's entry, `upgrade --version`): the signed manifest
     /// must name exactly it, so a channel or mirror cannot hand over another signed release.
     pub expect_version: Option<String>,
+    /// How long one stage attempt keeps retrying transient failures (None: for ever, only
+    /// when asked); the final error names the URL, the last error, the attempts and the time.
+    pub retry_for: Option<Duration>,
+    /// Responses slower than this over a whole window are cut and retried (None: no floor;
+    /// lowered to half of `max_rate` when a cap is set).
+    pub min_rate: Option<MinRate>,
+}
+
+/// `StageOptions::retry_for`'s default: a few hours, what a thin link may need to come back.
+pub const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(6 * 3600);
+
+impl StageOptions {
+    /// The minimum-rate rule in force: never above half the bandwidth cap.
+    pub fn min_rate_rule(&self) -> Option<MinRate> {
+        self.min_rate.map(|r| match self.max_rate {
+            Some(cap) => MinRate {
+                bytes_per_sec: r.bytes_per_sec.min(cap / 2),
+                ..r
+            },
+            None => r,
+        })
+    }
 }
 
 impl Default for StageOptions {
@@ -98,6 +121,8 @@ impl Default for StageOptions {
             retry_delay: Duration::from_secs(1),
             max_rate: None,
             expect_version: None,
+            retry_for: Some(DEFAULT_RETRY_FOR),
+            min_rate: Some(MinRate::DEFAULT),
         }
     }
 }
@@ -132,6 +157,8 @@ pub(crate) struct Stager<'a> {
     pub layout: &'a dyn Layout,
     pub boot: &'a dyn Bootloader,
     pub store: &'a StateStore,
+    /// When this stage attempt stops retrying (`StageOptions::retry_for` from its start).
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Stager<'_> {

@@ -81,7 +81,7 @@ fn check_generation(st: &State, booted: Slot, m: &Manifest, sha256: &str) -> Res
 impl Stager<'_> {
     /// The one backoff policy for this stage's transfers.
     pub(super) fn backoff(&self, opts: &StageOptions) -> Backoff {
-        Backoff::new(opts.retry_delay, self.cfg.download_retries)
+        Backoff::new(opts.retry_delay, self.cfg.download_retries).until(self.deadline)
     }
 
     /// Read and check the release at `source` for the slot that is not `booted`.
@@ -94,12 +94,13 @@ impl Stager<'_> {
     ) -> Result<Verified> {
         let target = booted.other();
         let mloc = source.location(MANIFEST_FILE);
-        let mbytes = source.read_small(MANIFEST_FILE)?;
-        let sig = source
-            .read_small(SIGNATURE_FILE)
-            .map_err(|e| Error::Signature {
-                location: mloc.clone(),
-                what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
+        let mbytes = retrying(self.backoff(opts), || source.read_small(MANIFEST_FILE))?;
+        let sig =
+            retrying(self.backoff(opts), || source.read_small(SIGNATURE_FILE)).map_err(|e| {
+                Error::Signature {
+                    location: mloc.clone(),
+                    what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
+                }
             })?;
         let trust = opts.trust_dir.as_deref().unwrap_or(&self.cfg.trust_dir);
         let key = crate::signing::verify(&mbytes, &sig, trust).map_err(|e| Error::Signature {
