@@ -228,7 +228,11 @@ fn http_open(url: &str, offset: u64) -> Result<Box<dyn Read + Send>> {
                 .and_then(|v| v.split('-').next())
                 .and_then(|v| v.parse::<u64>().ok());
             if start != Some(offset) {
-                return Err(fetch_err(url, format!("asked for bytes from {offset}, server sent a range starting at {start:?}")));
+                let what = match start {
+                    Some(s) => format!("asked for bytes from {offset}, server sent a range starting at byte {s}"),
+                    None => format!("asked for bytes from {offset}, server answered 206 with {}", content_range_text(&resp)),
+                };
+                return Err(fetch_err(url, what));
             }
             Ok(Box::new(resp))
         }
@@ -245,20 +249,43 @@ fn http_open(url: &str, offset: u64) -> Result<Box<dyn Read + Send>> {
             Ok(r)
         }
         416 => Err(fetch_err(url, format!("server says offset {offset} is past the end of the file (416): the file is shorter than the manifest says"))),
-        s if s >= 500 || s == 408 || s == 429 => Err(retryable_err(url, format!("HTTP {status}"))),
-        _ => Err(fetch_err(url, format!("HTTP {status}"))),
+        _ => Err(status_err(url, &resp)),
     }
 }
 
-fn status_err(url: &str, status: reqwest::StatusCode) -> Error {
+/// The error for an answer that is not the file: 404/410 and refused redirects fail at once
+/// (no retry can fix them), 5xx, 408 and 429 are retried.
+fn status_err(url: &str, resp: &reqwest::blocking::Response) -> Error {
+    let status = resp.status();
     match status.as_u16() {
         404 | 410 => fetch_err(url, format!("HTTP {status}: the file is not on the server")),
         s if s >= 500 || s == 408 || s == 429 => retryable_err(url, format!("HTTP {status}")),
+        300..=399 => {
+            let to = resp
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+            fetch_err(
+                url,
+                match to {
+                    Some(to) => format!("HTTP {status}: redirect to '{to}' refused (only http and https redirects are followed, at most 10)"),
+                    None => format!("HTTP {status} without a Location to follow"),
+                },
+            )
+        }
         _ => fetch_err(url, format!("HTTP {status}")),
     }
 }
 
 /// `Content-Range: bytes A-B/T` → (A, T).
+/// The raw `Content-Range` header for messages: quoted, or "no Content-Range".
+fn content_range_text(resp: &reqwest::blocking::Response) -> String {
+    match resp.headers().get(reqwest::header::CONTENT_RANGE) {
+        Some(v) => format!("Content-Range '{}'", String::from_utf8_lossy(v.as_bytes())),
+        None => "no Content-Range".into(),
+    }
+}
+
 fn content_range(resp: &reqwest::blocking::Response) -> Option<(u64, Option<u64>)> {
     let v = resp
         .headers()
@@ -285,7 +312,10 @@ fn http_probe(url: &str) -> Result<Probe> {
             Some((0, Some(size))) => Ok(Probe { size, ranges: true }),
             other => Err(fetch_err(
                 url,
-                format!("asked for byte 0, server answered 206 with Content-Range {other:?}"),
+                match other {
+                    Some((start, Some(total))) => format!("asked for byte 0, server answered 206 with bytes from {start} of {total}"),
+                    _ => format!("asked for byte 0, server answered 206 with {}", content_range_text(&resp)),
+                },
             )),
         },
         200 => match resp.content_length() {
@@ -303,7 +333,7 @@ fn http_probe(url: &str) -> Result<Probe> {
             size: 0,
             ranges: true,
         }),
-        _ => Err(status_err(url, status)),
+        _ => Err(status_err(url, &resp)),
     }
 }
 
@@ -324,7 +354,10 @@ fn http_range(url: &str, start: u64, stop: u64) -> Result<Box<dyn Read + Send>> 
             Some((s, _)) if s == start => Ok(Box::new(resp.take(stop - start))),
             other => Err(fetch_err(
                 url,
-                format!("asked for bytes {start}..{stop}, server sent Content-Range {other:?}"),
+                match other {
+                    Some((got, _)) => format!("asked for bytes {start}..{stop}, server sent a range starting at byte {got}"),
+                    None => format!("asked for bytes {start}..{stop}, server sent {}", content_range_text(&resp)),
+                },
             )),
         },
         200 => {
@@ -338,7 +371,7 @@ fn http_range(url: &str, start: u64, stop: u64) -> Result<Box<dyn Read + Send>> 
             Ok(Box::new(r.take(stop - start)))
         }
         416 => Err(fetch_err(url, format!("bytes {start}..{stop} are past the end of the file (416): it is shorter than the manifest says"))),
-        _ => Err(status_err(url, status)),
+        _ => Err(status_err(url, &resp)),
     }
 }
 

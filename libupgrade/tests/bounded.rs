@@ -90,3 +90,48 @@ fn a_server_that_never_answers_ends_at_the_deadline_naming_url_error_attempts_an
         "{e}"
     );
 }
+
+/// One-shot server answering every request with `response` (127.0.0.1 only), for `n` requests.
+fn canned(response: &'static str, n: usize) -> String {
+    use std::io::{Read, Write};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}/", l.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for s in l.incoming().take(n) {
+            let Ok(mut s) = s else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(response.as_bytes());
+        }
+    });
+    base
+}
+
+#[test]
+fn a_redirect_to_another_scheme_fails_at_once_naming_its_target() {
+    let k = keys();
+    let base = canned(
+        "HTTP/1.1 302 Found\r\nLocation: file:///etc/passwd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        4,
+    );
+    let mut node = SimNode::new(&k.trust, 3, 1);
+    node.cfg.download_retries = 1000;
+    let t = Instant::now();
+    let e = node
+        .updater()
+        .stage(
+            &Source::parse(&format!("{base}v2")),
+            &opts(Duration::from_secs(60), None),
+            &NoProgress,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "a permanent answer is not retried"
+    );
+    assert!(
+        e.contains("redirect to 'file:///etc/passwd' refused") && !e.contains("Some("),
+        "{e}"
+    );
+}
