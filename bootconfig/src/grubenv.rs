@@ -121,6 +121,14 @@ impl GrubEnv {
                 String::from_utf8_lossy(&bytes[..bytes.len().min(SIGNATURE.len())]).into_owned();
             return Err(EnvBlockError::Signature { found });
         }
+        if bytes.len() == SIGNATURE.len() {
+            // GRUB's `grub_envblk_open` needs more than the signature (`sizeof` counts its NUL):
+            // `load_env` and `grub-editenv` refuse this block, so it must not read as empty.
+            return Err(EnvBlockError::Broken {
+                offset: bytes.len(),
+                what: "nothing after the signature: GRUB refuses a block no longer than it (truncated block)".into(),
+            });
+        }
         let mut env = GrubEnv::new();
         let mut p = SIGNATURE.len();
         while p < bytes.len() {
@@ -470,6 +478,15 @@ mod tests {
             GrubEnv::parse(&good[..HEADER.len() + 5]).unwrap().get("k"),
             Some("v")
         );
+    }
+
+    #[test]
+    fn a_block_of_only_the_signature_is_refused_as_grub_does() {
+        // Found by fuzz/ (target `grubenv`): GRUB and `grub-editenv` refuse it ("invalid
+        // environment block"); the strict reader read it as an empty env.
+        let e = GrubEnv::parse(SIGNATURE.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("truncated"), "{e}");
+        assert_eq!(grub_load(SIGNATURE.as_bytes()), None);
     }
 
     #[test]
