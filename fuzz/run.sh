@@ -33,7 +33,7 @@ for t in "${targets[@]}"; do
     # -jobs=1 -workers=1: one fuzzing process (libFuzzer logs it to fuzz-0.log in its cwd).
     (cd "$work" && timeout --kill-after=30 $((secs + 120)) nice -n 10 "$OLDPWD/$bin/$t" \
         -jobs=1 -workers=1 -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
-        -malloc_limit_mb=512 -print_final_stats=1 \
+        -malloc_limit_mb=512 -print_final_stats=1 -detect_leaks=0 \
         -artifact_prefix="$OLDPWD/artifacts/$t/" \
         "$OLDPWD/corpus/$t" "$OLDPWD/seeds/$t") || rc=$?
     log="$work/fuzz-0.log"
