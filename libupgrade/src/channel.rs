@@ -773,12 +773,7 @@ impl GitHub {
                 }
                 None => cached.expect("304 only answers a conditional request"),
             };
-            let page: Vec<GhRelease> =
-                serde_json::from_slice(&body).map_err(|source| ChannelError::Parse {
-                    what: url.clone(),
-                    source,
-                })?;
-            all.extend(page);
+            all.extend(parse_page(&body, &url)?);
             match link.as_deref().and_then(next_link) {
                 Some(next) if next != url => url = next,
                 _ => break,
@@ -794,39 +789,7 @@ impl GitHub {
         release: &GhRelease,
         arch: Arch,
     ) -> Result<Option<GhFound>, ChannelError> {
-        let prefixes: &[&str] = match arch {
-            Arch::X86_64 => &["x86_64-", "amd64-"],
-            Arch::Aarch64 => &["aarch64-", "arm64-"],
-        };
-        let other_prefixes: &[&str] = match arch {
-            Arch::X86_64 => &["aarch64-", "arm64-"],
-            Arch::Aarch64 => &["x86_64-", "amd64-"],
-        };
-        let mut assets = BTreeMap::new();
-        let mut manifest_asset: Option<&GhAsset> = None;
-        // Plain names first, then arch-specific ones overwrite them.
-        for a in &release.assets {
-            if !other_prefixes
-                .iter()
-                .chain(prefixes)
-                .any(|p| a.name.starts_with(p))
-            {
-                assets.insert(a.name.clone(), a.browser_download_url.clone());
-                if a.name == MANIFEST_FILE {
-                    manifest_asset = Some(a);
-                }
-            }
-        }
-        for p in prefixes.iter().rev() {
-            for a in &release.assets {
-                if let Some(name) = a.name.strip_prefix(p) {
-                    assets.insert(name.to_string(), a.browser_download_url.clone());
-                    if name == MANIFEST_FILE {
-                        manifest_asset = Some(a);
-                    }
-                }
-            }
-        }
+        let (assets, manifest_asset) = release_assets(release, arch);
         let Some(asset) = manifest_asset else {
             return Ok(None);
         };
@@ -867,6 +830,102 @@ impl GitHub {
             manifest_url,
             assets,
         }))
+    }
+}
+
+/// One page of the GitHub releases API.
+fn parse_page(body: &[u8], url: &str) -> Result<Vec<GhRelease>, ChannelError> {
+    serde_json::from_slice(body).map_err(|source| ChannelError::Parse {
+        what: url.to_string(),
+        source,
+    })
+}
+
+/// The file-name → URL map of `release` for `arch` (arch-prefixed assets win over plain
+/// ones), and its manifest asset if it has one for `arch`.
+fn release_assets(release: &GhRelease, arch: Arch) -> (BTreeMap<String, String>, Option<&GhAsset>) {
+    let prefixes: &[&str] = match arch {
+        Arch::X86_64 => &["x86_64-", "amd64-"],
+        Arch::Aarch64 => &["aarch64-", "arm64-"],
+    };
+    let other_prefixes: &[&str] = match arch {
+        Arch::X86_64 => &["aarch64-", "arm64-"],
+        Arch::Aarch64 => &["x86_64-", "amd64-"],
+    };
+    let mut assets = BTreeMap::new();
+    let mut manifest_asset: Option<&GhAsset> = None;
+    // Plain names first, then arch-specific ones overwrite them.
+    for a in &release.assets {
+        if !other_prefixes
+            .iter()
+            .chain(prefixes)
+            .any(|p| a.name.starts_with(p))
+        {
+            assets.insert(a.name.clone(), a.browser_download_url.clone());
+            if a.name == MANIFEST_FILE {
+                manifest_asset = Some(a);
+            }
+        }
+    }
+    for p in prefixes.iter().rev() {
+        for a in &release.assets {
+            if let Some(name) = a.name.strip_prefix(p) {
+                assets.insert(name.to_string(), a.browser_download_url.clone());
+                if name == MANIFEST_FILE {
+                    manifest_asset = Some(a);
+                }
+            }
+        }
+    }
+    (assets, manifest_asset)
+}
+
+/// For the fuzz targets (`fuzz/`, feature `fuzzing`): what a node takes from one GitHub
+/// releases API page and its `Link` header, through the same functions `resolve` and `list`
+/// use.
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    use super::*;
+
+    /// One release of a page as the node sees it.
+    #[derive(Debug)]
+    pub struct PageRelease {
+        pub tag_name: String,
+        pub draft: bool,
+        pub prerelease: bool,
+        /// Every asset's (name, URL).
+        pub assets: Vec<(String, String)>,
+        /// Per architecture: the file-name → URL map and the manifest asset's URL.
+        pub files: Vec<(Arch, BTreeMap<String, String>, Option<String>)>,
+    }
+
+    /// Parse a page and its `Link` header.
+    pub fn github_page(
+        body: &[u8],
+        link: &str,
+    ) -> Result<(Vec<PageRelease>, Option<String>), ChannelError> {
+        let page = parse_page(body, "fuzz")?;
+        let releases = page
+            .iter()
+            .map(|r| PageRelease {
+                tag_name: r.tag_name.clone(),
+                draft: r.draft,
+                prerelease: r.prerelease,
+                assets: r
+                    .assets
+                    .iter()
+                    .map(|a| (a.name.clone(), a.browser_download_url.clone()))
+                    .collect(),
+                files: [Arch::X86_64, Arch::Aarch64]
+                    .into_iter()
+                    .map(|arch| {
+                        let (m, a) = release_assets(r, arch);
+                        (arch, m, a.map(|a| a.browser_download_url.clone()))
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok((releases, next_link(link)))
     }
 }
 
