@@ -220,6 +220,30 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The one shape of every transaction of a backend here: read the state the loader will see,
+/// change it, bring it within what the installed loader accepts, plan the writes, apply them.
+pub(crate) trait Planned: Bootloader {
+    /// The writes that make `new` the state, in the order they must happen.
+    fn plan_writes(&self, new: &BootEnv) -> Result<Vec<atomic::WriteOp>>;
+    /// `env` within what the installed loader accepts (GRUB: tries clamped to its script).
+    fn accept(&self, env: BootEnv) -> BootEnv {
+        env
+    }
+    /// Make `env` the state.
+    fn commit(&self, env: &BootEnv) -> Result<()> {
+        atomic::apply_all(&self.plan_writes(&self.accept(env.clone()))?)
+    }
+    /// Read, change with `f`, commit.
+    fn update(&self, f: impl FnOnce(&mut BootEnv)) -> Result<()>
+    where
+        Self: Sized,
+    {
+        let mut env = self.read()?;
+        f(&mut env);
+        self.commit(&env)
+    }
+}
+
 /// A bootloader that can be told which A/B slot to boot.
 ///
 /// Every method is a complete, power-cut-safe transaction: if power fails during it, the next
