@@ -351,7 +351,10 @@ mod tests {
         verify(MANIFEST, &sig, &trust).expect("the good key still verifies");
         fs::remove_file(trust.join("release.pub")).unwrap();
         let e = verify(MANIFEST, &sig, &trust).unwrap_err().to_string();
-        assert!(e.contains("empty.pub"), "with no good key the bad file is named: {e}");
+        assert!(
+            e.contains("empty.pub"),
+            "with no good key the bad file is named: {e}"
+        );
     }
 
     #[test]
