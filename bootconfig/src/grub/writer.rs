@@ -3,11 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
+use super::env::{GrubEnv, ENV_SIZE};
 use super::model::{env_block, good_block, read_opt, simulate_boot, BootSim, EnvSource};
 use super::version::{installed, GrubScript, CFG_FILE};
 use super::{ENV_DIR, GOOD_FILE, MAX_TRIES_MARKER, MENU_MARKER, VAR_EDITING};
 use crate::atomic::WriteOp;
-use crate::grubenv::{GrubEnv, ENV_SIZE};
 use crate::{
     BootEnv, Bootloader, Error, Integrity, Planned, Result, ScriptInfo, ScriptKind, Slot, SlotBoot,
 };
