@@ -3,7 +3,7 @@
 //!
 //! Two backends implement [`Bootloader`]:
 //! - [`grub`]: stock Debian GRUB, no patched modules. The complete `grub.cfg`
-//!   ([`grub::render_cfg`]) and two copies of a 1024-byte environment block ([`grub::env`]), each
+//!   ([`grub::render_cfg`]) and two copies of a 1024-byte environment block ([`grub::env`](mod@grub::env)), each
 //!   guarded by an `editing` lock block and carrying its values twice, so a torn or damaged copy
 //!   is never used (damaged as a whole); a last-good record for when both copies are damaged;
 //!   N tries counted down by the script itself with an if-chain and `save_env`.
@@ -43,7 +43,7 @@
 
 pub mod atomic;
 pub mod grub;
-/// The GRUB environment block format, at its old path (it lives in [`grub::env`]).
+/// The GRUB environment block format, at its old path (it lives in [`grub::env`](mod@grub::env)).
 pub use grub::env as grubenv;
 pub mod memory;
 pub mod slot;
