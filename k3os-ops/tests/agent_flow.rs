@@ -697,7 +697,7 @@ async fn a_malformed_channel_is_reported_and_the_others_go_on() {
     pos(&l, "node: stage v2");
     pos(
         &l,
-        "api: patch-status zzz-huge Invalid=True UpdateChannel zzz-huge: does not decode",
+        "api: condition zzz-huge Invalid=True UpdateChannel zzz-huge: does not decode",
     );
     pos(
         &l,
@@ -706,7 +706,7 @@ async fn a_malformed_channel_is_reported_and_the_others_go_on() {
     // Reported once: the condition is in place, the next reconciles do not rewrite it.
     let writes = l
         .iter()
-        .filter(|x| x.contains("patch-status zzz-huge"))
+        .filter(|x| x.contains("condition zzz-huge"))
         .count();
     assert_eq!(writes, 1, "{l:#?}");
 }
@@ -732,7 +732,7 @@ async fn an_invalid_channel_does_not_shadow_a_valid_one() {
     assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
     pos(&l, "node: stage v2");
     pos(&l, "event: ChannelConflict");
-    pos(&l, "api: patch-status aaa-broken Invalid=True");
+    pos(&l, "api: condition aaa-broken Invalid=True");
     let conflict = l
         .iter()
         .find(|x| x.starts_with("event-on: Node -/n1: several UpdateChannels"))
@@ -788,7 +788,7 @@ async fn a_zero_reboot_timeout_is_invalid() {
     let l = log.lock().unwrap().clone();
     pos(
         &l,
-        "api: patch-status stable Invalid=True UpdateChannel stable: spec.rebootTimeout",
+        "api: condition stable Invalid=True UpdateChannel stable: spec.rebootTimeout",
     );
     assert!(!l.iter().any(|x| x.contains("slots=[n1")), "{l:#?}");
 }
@@ -1033,7 +1033,7 @@ async fn a_channel_status_of_a_newer_format_is_refused_and_not_written() {
     let l = log.lock().unwrap().clone();
     assert!(
         !l.iter()
-            .any(|x| x.starts_with("api: slots=") || x.starts_with("api: patch-status")),
+            .any(|x| x.starts_with("api: slots=") || x.starts_with("api: condition")),
         "wrote to a newer-format channel: {l:#?}"
     );
     assert!(!l.iter().any(|x| x.contains("node: stage")), "{l:#?}");

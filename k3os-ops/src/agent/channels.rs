@@ -32,9 +32,9 @@ use super::decide::Policy;
 #[derive(Debug, Clone)]
 pub struct BadChannel {
     pub name: String,
-    pub resource_version: Option<String>,
-    /// `status.conditions` as stored (kept when the `Invalid` condition is written).
-    pub conditions: serde_json::Value,
+    /// The object as read (its status and resourceVersion are what the `Invalid` condition's
+    /// compare-and-swap write starts from).
+    pub object: serde_json::Value,
     /// The decoding error, naming the field.
     pub error: String,
 }
@@ -64,22 +64,14 @@ pub fn dynamic_api(client: Client, namespace: &str) -> Api<DynamicObject> {
 /// Decode one listed object.
 pub fn decode(obj: DynamicObject) -> Result<UpdateChannel, BadChannel> {
     let name = obj.metadata.name.clone().unwrap_or_default();
-    let resource_version = obj.metadata.resource_version.clone();
-    let conditions = obj
-        .data
-        .pointer("/status/conditions")
-        .cloned()
-        .unwrap_or(serde_json::Value::Null);
     let value = serde_json::to_value(&obj).map_err(|e| BadChannel {
         name: name.clone(),
-        resource_version: resource_version.clone(),
-        conditions: conditions.clone(),
+        object: serde_json::Value::Null,
         error: e.to_string(),
     })?;
-    serde_json::from_value::<UpdateChannel>(value).map_err(|e| BadChannel {
+    serde_json::from_value::<UpdateChannel>(value.clone()).map_err(|e| BadChannel {
         name,
-        resource_version,
-        conditions,
+        object: value,
         error: format!("does not decode: {e}"),
     })
 }
