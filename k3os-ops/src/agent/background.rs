@@ -121,7 +121,7 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
                     }
                 }
             }
-            Err(e) => tracing::warn!("list UpdateChannels: {}", super::errors::kube_message(&e)),
+            Err(e) => tracing::warn!("list UpdateChannels: {}", super::client::kube_message(&e)),
         }
         tokio::time::sleep(reclaim_period(shortest)).await;
     }

@@ -2,15 +2,16 @@
 //!
 //! **Decoding.** The channels are listed untyped and decoded one at a time: a malformed
 //! object (e.g. `concurrency: 5000000000`, stored before the schema had a maximum) is set
-//! aside as a [`BadChannel`] and reported on that channel, while the others go on (issue 11,
-//! bug 3: one such object made every list fail in every agent).
+//! aside as a [`BadChannel`] and reported on that channel, while the others go on (decoding
+//! the list as a whole, one such object made every list fail in every agent).
 //!
 //! **Formats.** Before decoding, each channel's `status.formatVersion` is checked
 //! ([`super::format`]): a newer format than this agent knows is set aside as a
 //! [`NewerChannel`] (reported, never used nor written, not even its `Invalid` condition),
 //! since today's types may misread it.
 //!
-//! **Precedence** ([`pick`], issue 11 bug 4). When several channels select a node:
+//! **Precedence** ([`pick`]; an invalid channel sorting first by name must not shadow a
+//! valid one). When several channels select a node:
 //! 1. a channel holding a slot for the node wins (its update must finish or be released);
 //! 2. otherwise only *valid* channels compete (the spec decodes and its durations, window and
 //!    concurrency validate): an invalid channel never shadows a valid one;

@@ -29,15 +29,12 @@ use super::format::{ANN_FORMAT, NODE_FORMAT};
 use super::kube_store::KubeChannelStore;
 use super::metrics::Outcome;
 use super::node::NodeOps;
+pub use super::phase::Phase;
 use super::slots::{self, ClaimOutcome};
 
-/// Node annotation keys.
-pub const ANN_PHASE: &str = "k3os.io/update-phase";
-pub const ANN_TARGET: &str = "k3os.io/update-target";
-pub const ANN_PROGRESS: &str = "k3os.io/update-progress";
-pub const ANN_MESSAGE: &str = "k3os.io/update-message";
-pub const ANN_TOKEN: &str = "k3os.io/update-token";
-pub const ANN_CORDONED: &str = "k3os.io/update-cordoned";
+pub use super::format::{
+    ANN_CORDONED, ANN_MESSAGE, ANN_PHASE, ANN_PROGRESS, ANN_TARGET, ANN_TOKEN,
+};
 
 pub use super::background::{poll_loop, reclaim_loop, reclaim_period};
 
@@ -279,11 +276,20 @@ impl Agent {
         self.event(channel, warning, reason, note).await;
     }
 
+    /// Set this node's phase (annotation and metric) together with `annotations`.
+    pub async fn annotate_phase(
+        &self,
+        phase: Phase,
+        annotations: &[(&str, Option<&str>)],
+    ) -> Result<(), AgentError> {
+        let mut all = vec![(ANN_PHASE, Some(phase.as_str()))];
+        all.extend_from_slice(annotations);
+        self.metrics.set_phase(phase);
+        self.annotate(&all).await
+    }
+
     /// Merge `annotations` into the Node's (a `None` value removes the key).
     pub async fn annotate(&self, annotations: &[(&str, Option<&str>)]) -> Result<(), AgentError> {
-        if let Some((_, Some(phase))) = annotations.iter().find(|(k, _)| *k == ANN_PHASE) {
-            self.metrics.set_phase(phase);
-        }
         let mut map: serde_json::Map<String, serde_json::Value> = annotations
             .iter()
             .map(|(k, v)| {
@@ -306,8 +312,8 @@ impl Agent {
         Ok(())
     }
 
-    pub(super) async fn phase(&self, phase: &str, message: &str) -> Result<(), AgentError> {
-        self.annotate(&[(ANN_PHASE, Some(phase)), (ANN_MESSAGE, Some(message))])
+    pub(super) async fn phase(&self, phase: Phase, message: &str) -> Result<(), AgentError> {
+        self.annotate_phase(phase, &[(ANN_MESSAGE, Some(message))])
             .await
     }
 
@@ -393,7 +399,7 @@ impl Agent {
         if assessed_condition(node) != Some(false) {
             self.set_assessed_condition(false, &text).await?;
         }
-        self.phase("NotAssessed", &text).await?;
+        self.phase(Phase::NotAssessed, &text).await?;
         self.event(channel, true, "BootNotAssessed", text).await;
         Ok(())
     }
@@ -574,11 +580,10 @@ impl Agent {
                     return Box::pin(self.execute(ch, view, Action::Claim { version })).await;
                 }
                 if reason == IdleReason::UpToDate {
-                    self.annotate(&[
-                        (ANN_PHASE, Some("UpToDate")),
-                        (ANN_PROGRESS, None),
-                        (ANN_MESSAGE, None),
-                    ])
+                    self.annotate_phase(
+                        Phase::UpToDate,
+                        &[(ANN_PROGRESS, None), (ANN_MESSAGE, None)],
+                    )
                     .await?;
                 }
                 Ok(Next::Wait)
@@ -596,7 +601,7 @@ impl Agent {
             Action::Stage { version } => self.stage(ch, &version).await,
             Action::Paused { version } => {
                 self.phase(
-                    "Paused",
+                    Phase::Paused,
                     &format!("claims paused: too many failures of {version}"),
                 )
                 .await?;
@@ -616,7 +621,7 @@ impl Agent {
                         "staged; the window is too short for drain timeout + reboot timeout".into()
                     }
                 };
-                self.phase("WaitingForWindow", &msg).await?;
+                self.phase(Phase::WaitingForWindow, &msg).await?;
                 self.event_once(Some(ch), false, "WaitingForWindow", msg)
                     .await;
                 Ok(Next::Wait)
@@ -626,7 +631,7 @@ impl Agent {
                 let not_before = self.claim_not_before.load(Ordering::Relaxed);
                 if now_s < not_before {
                     self.phase(
-                        "BackingOff",
+                        Phase::BackingOff,
                         &format!(
                             "the last update attempt was aborted; next claim in {}s",
                             not_before - now_s
@@ -643,8 +648,11 @@ impl Agent {
                 self.annotate(&[(ANN_TOKEN, Some(&token))]).await?;
                 match slots::claim(&store, &self.node, &token, &version, now()).await? {
                     ClaimOutcome::Claimed | ClaimOutcome::AlreadyHeld => {
-                        self.phase("Claimed", &format!("holding an update slot for {version}"))
-                            .await?;
+                        self.phase(
+                            Phase::Claimed,
+                            &format!("holding an update slot for {version}"),
+                        )
+                        .await?;
                         self.event(
                             Some(ch),
                             false,
@@ -656,7 +664,7 @@ impl Agent {
                     }
                     ClaimOutcome::Full(holders) => {
                         let msg = format!("all slots taken by {}", holders.join(", "));
-                        self.phase("WaitingForSlot", &msg).await?;
+                        self.phase(Phase::WaitingForSlot, &msg).await?;
                         self.event_once(Some(ch), false, "WaitingForSlot", msg)
                             .await;
                         Ok(Next::Wait)
@@ -671,8 +679,11 @@ impl Agent {
                 }
                 SlotPhase::Rebooting => self.flip_and_reboot(ch, &store, &token, &version).await,
                 SlotPhase::RollingBack => {
-                    self.phase("RollingBack", &format!("rebooting back from {version}"))
-                        .await?;
+                    self.phase(
+                        Phase::RollingBack,
+                        &format!("rebooting back from {version}"),
+                    )
+                    .await?;
                     self.event(
                         Some(ch),
                         true,
@@ -713,13 +724,13 @@ impl Agent {
                     "back on the old slot after a failed update",
                 )
                 .await;
-                self.phase("Failed", &reason).await?;
+                self.phase(Phase::Failed, &reason).await?;
                 Ok(Next::Again)
             }
             Action::FinishRollback => {
                 self.undo_cordon().await?;
                 let released = slots::release(&store, &self.node, &token, now()).await?;
-                self.phase("Failed", "back on the old slot after a failed update")
+                self.phase(Phase::Failed, "back on the old slot after a failed update")
                     .await?;
                 self.event(
                     Some(ch),

@@ -368,7 +368,7 @@ impl UpdateChannel {
 // Hand-written where the derived one is wrong or weak: unsigned integers derive `format:
 // uint32` (a warning on every apply, and no maximum: `concurrency: 5000000000` was stored and
 // then broke every agent's list), and the duration/time strings get patterns and CEL rules so
-// the API server rejects what the agent would reject (issue 11, bugs 3 and 10). Strings
+// the API server rejects what the agent would reject (a malformed or zero duration). Strings
 // checked by CEL carry a `maxLength`, which keeps the rules' estimated cost within the budget.
 
 /// Pattern of the spec's short durations (`90s`, `15m`, `1h30m`, `2d`; see `duration.rs`).

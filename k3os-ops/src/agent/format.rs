@@ -50,6 +50,13 @@ pub const NODE_FORMAT: u32 = 2;
 /// Node annotation format of v0.1.0, which wrote no marker.
 pub const NODE_FORMAT_V010: u32 = 1;
 /// Node annotation holding [`NODE_FORMAT`].
+/// Node annotation keys of formats 1 and 2 (see the module docs).
+pub const ANN_PHASE: &str = "k3os.io/update-phase";
+pub const ANN_TARGET: &str = "k3os.io/update-target";
+pub const ANN_PROGRESS: &str = "k3os.io/update-progress";
+pub const ANN_MESSAGE: &str = "k3os.io/update-message";
+pub const ANN_TOKEN: &str = "k3os.io/update-token";
+pub const ANN_CORDONED: &str = "k3os.io/update-cordoned";
 pub const ANN_FORMAT: &str = "k3os.io/update-format";
 
 /// A format this agent cannot read.

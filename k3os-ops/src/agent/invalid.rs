@@ -15,10 +15,10 @@ use kube::api::{DynamicObject, PostParams};
 use kube::Api;
 use serde_json::{json, Value};
 
+use super::client::kube_message;
 use super::controller::Agent;
 use super::crd::COND_INVALID;
 use super::decide::Policy;
-use super::errors::kube_message;
 
 /// Why the `Invalid` condition could not be written.
 #[derive(Debug, thiserror::Error)]

@@ -49,6 +49,7 @@ pub mod invalid;
 pub mod kube_store;
 pub mod metrics;
 pub mod node;
+pub mod phase;
 pub mod progress;
 pub mod run;
 pub mod slots;

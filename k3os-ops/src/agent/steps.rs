@@ -32,14 +32,16 @@ impl Agent {
         if now_s < self.stage_not_before.load(Ordering::Relaxed) {
             return Ok(Next::Wait);
         }
-        self.annotate(&[
-            (ANN_PHASE, Some("Staging")),
-            (ANN_TARGET, Some(version)),
-            (
-                ANN_MESSAGE,
-                Some("downloading and verifying into the inactive slot"),
-            ),
-        ])
+        self.annotate_phase(
+            Phase::Staging,
+            &[
+                (ANN_TARGET, Some(version)),
+                (
+                    ANN_MESSAGE,
+                    Some("downloading and verifying into the inactive slot"),
+                ),
+            ],
+        )
         .await?;
         self.event(
             Some(ch),
@@ -89,11 +91,13 @@ impl Agent {
         match result {
             Ok(()) => {
                 self.stage_failures.store(0, Ordering::Relaxed);
-                self.annotate(&[
-                    (ANN_PHASE, Some("Staged")),
-                    (ANN_PROGRESS, None),
-                    (ANN_MESSAGE, Some("verified and staged")),
-                ])
+                self.annotate_phase(
+                    Phase::Staged,
+                    &[
+                        (ANN_PROGRESS, None),
+                        (ANN_MESSAGE, Some("verified and staged")),
+                    ],
+                )
                 .await?;
                 self.event(
                     Some(ch),
@@ -113,7 +117,7 @@ impl Agent {
                     "staging {version} failed (attempt {n}, next in {backoff}s): {}",
                     super::errors::message(&e)
                 );
-                self.phase("StageFailed", &msg).await?;
+                self.phase(Phase::StageFailed, &msg).await?;
                 self.event(Some(ch), true, "StageFailed", msg).await;
                 Ok(Next::Wait)
             }
@@ -188,8 +192,11 @@ impl Agent {
     ) -> Result<Next, AgentError> {
         self.back_off_claims();
         self.undo_cordon().await?;
-        self.phase("Aborted", &format!("lost the update slot before {step}"))
-            .await?;
+        self.phase(
+            Phase::Aborted,
+            &format!("lost the update slot before {step}"),
+        )
+        .await?;
         self.event(Some(ch), true, "SlotLost", format!("the update slot is gone or carries another token; aborted before {step} and undid the cordon")).await;
         Ok(Next::Again)
     }
@@ -224,7 +231,7 @@ impl Agent {
         }
         if !ch.spec.drain.skip {
             self.phase(
-                "Draining",
+                Phase::Draining,
                 &format!("evicting pods (timeout {:?})", policy.drain_timeout),
             )
             .await?;
@@ -273,7 +280,7 @@ impl Agent {
                     self.undo_cordon().await?;
                     let released = slots::release(store, &self.node, token, Utc::now()).await?;
                     self.slot_released(ch, released, "the drain failed").await;
-                    self.phase("DrainFailed", &e.to_string()).await?;
+                    self.phase(Phase::DrainFailed, &e.to_string()).await?;
                     return Ok(Next::Wait);
                 }
             }
@@ -307,7 +314,7 @@ impl Agent {
             let released = slots::release(store, &self.node, token, Utc::now()).await?;
             self.slot_released(ch, released, "the bootloader flip failed")
                 .await;
-            self.phase("ActivateFailed", &super::errors::message(&e))
+            self.phase(Phase::ActivateFailed, &super::errors::message(&e))
                 .await?;
             return Ok(Next::Wait);
         }
@@ -325,7 +332,7 @@ impl Agent {
         {
             return Ok(next);
         }
-        self.phase("Rebooting", &format!("rebooting into {version}"))
+        self.phase(Phase::Rebooting, &format!("rebooting into {version}"))
             .await?;
         self.event(
             Some(ch),
@@ -356,7 +363,7 @@ impl Agent {
         version: &str,
         held: bool,
     ) -> Result<Next, AgentError> {
-        self.phase("Confirming", &format!("checking health of {version}"))
+        self.phase(Phase::Confirming, &format!("checking health of {version}"))
             .await?;
         self.event(
             Some(ch),
@@ -394,11 +401,13 @@ impl Agent {
                 self.claim_failures.store(0, Ordering::Relaxed);
                 self.undo_cordon().await?;
                 let released = held && slots::release(store, &self.node, token, Utc::now()).await?;
-                self.annotate(&[
-                    (ANN_PHASE, Some("UpToDate")),
-                    (ANN_MESSAGE, Some(&format!("running {version}"))),
-                    (ANN_PROGRESS, None),
-                ])
+                self.annotate_phase(
+                    Phase::UpToDate,
+                    &[
+                        (ANN_MESSAGE, Some(&format!("running {version}"))),
+                        (ANN_PROGRESS, None),
+                    ],
+                )
                 .await?;
                 self.event(
                     Some(ch),
@@ -418,7 +427,7 @@ impl Agent {
                 let out =
                     slots::record_failure(store, &self.node, t, version, &reason, true, Utc::now())
                         .await?;
-                self.phase("RollingBack", &reason).await?;
+                self.phase(Phase::RollingBack, &reason).await?;
                 self.event(
                     Some(ch),
                     true,
@@ -449,7 +458,7 @@ impl Agent {
                     Utc::now(),
                 )
                 .await?;
-                self.phase("Unhealthy", &reason).await?;
+                self.phase(Phase::Unhealthy, &reason).await?;
                 self.event(
                     Some(ch),
                     true,
