@@ -150,7 +150,7 @@ fn setup(
         Some("k3os-system/agent-x".into()),
         node.clone(),
     );
-    agent.drain_retry = Duration::from_millis(10);
+    agent.settings.drain_retry = Duration::from_millis(10);
     (agent, world, node, log)
 }
 
@@ -343,7 +343,7 @@ async fn failed_health_check_records_failure_reboots_back_and_pauses() {
         .iter()
         .any(|x| x.contains("node: stage") || x.contains("slots=[n1")));
     // The failure and the rollback are counted in the metrics.
-    let text = agent.metrics.encode();
+    let text = agent.clients.metrics.encode();
     for c in ["k3os_ops_update_failures_total", "k3os_ops_rollbacks_total"] {
         assert_eq!(
             sample(&text, c, &["node=\"n1\""]),
@@ -748,12 +748,14 @@ async fn an_invalid_channel_does_not_shadow_a_valid_one() {
 #[test]
 fn the_most_specific_valid_channel_wins() {
     use agent::crd::UpdateChannel;
-    let ch = |name: &str, sel: Value| -> UpdateChannel {
-        serde_json::from_value(extra_channel(
-            name,
-            json!({"url": "u", "nodeSelector": sel}),
-        ))
-        .unwrap()
+    let ch = |name: &str, sel: Value| -> agent::channels::Channel {
+        agent::channels::Channel::new(
+            serde_json::from_value::<UpdateChannel>(extra_channel(
+                name,
+                json!({"url": "u", "nodeSelector": sel}),
+            ))
+            .unwrap(),
+        )
     };
     let labels: std::collections::BTreeMap<String, String> = [
         ("pool".to_string(), "edge".to_string()),
@@ -820,9 +822,12 @@ fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
 #[tokio::test]
 async fn metrics_and_probes_over_a_real_socket() {
     let (agent, _world, _node, _log) = setup(ConfirmResult::Healthy, false);
-    let addr = agent::metrics::spawn("127.0.0.1:0".parse().unwrap(), agent.metrics.clone())
-        .await
-        .unwrap();
+    let addr = agent::metrics::spawn(
+        "127.0.0.1:0".parse().unwrap(),
+        agent.clients.metrics.clone(),
+    )
+    .await
+    .unwrap();
     assert_eq!(http_get(addr, "/healthz").await.0, 200);
     assert_eq!(
         http_get(addr, "/readyz").await.0,

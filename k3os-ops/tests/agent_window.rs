@@ -196,6 +196,8 @@ fn staged_node(version: &str) -> NodeView {
         labels: BTreeMap::new(),
         unschedulable: false,
         token: Some("tok".into()),
+        cordoned_by_us: false,
+        silent_at_start: None,
         update: NodeUpdateStatus {
             booted_version: Some("v1".into()),
             booted_on_trial: false,

@@ -16,9 +16,8 @@ use kube::Api;
 use serde_json::{json, Value};
 
 use super::client::kube_message;
-use super::controller::Agent;
+use super::context::Agent;
 use super::crd::COND_INVALID;
-use super::decide::Policy;
 
 /// Why the `Invalid` condition could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -111,64 +110,64 @@ pub async fn write_invalid(
     }
 }
 
-impl Agent {
-    /// [`write_invalid`], a failure logged (the next reconcile tries again).
-    async fn set_invalid(&self, object: &Value, problem: Option<&str>) -> bool {
-        let api = super::channels::dynamic_api(self.client.clone(), &self.namespace);
-        match write_invalid(&api, object, problem, Utc::now()).await {
-            Ok(wrote) => wrote,
-            Err(e) => {
-                tracing::warn!("{e}");
-                false
+/// [`write_invalid`], a failure logged (the next reconcile tries again).
+async fn set_invalid(cx: &Agent, object: &Value, problem: Option<&str>) -> bool {
+    let api = super::channels::dynamic_api(cx.clients.client.clone(), &cx.settings.namespace);
+    match write_invalid(&api, object, problem, Utc::now()).await {
+        Ok(wrote) => wrote,
+        Err(e) => {
+            tracing::warn!("{e}");
+            false
+        }
+    }
+}
+
+/// Report channels that do not decode or do not validate on the channel itself
+/// (condition `Invalid` + an Event, by the one agent whose write lands), and clear the
+/// condition of channels that are valid again.
+pub(super) async fn report_channels(cx: &Agent, listed: &super::channels::Listed) {
+    for bad in &listed.bad {
+        let problem = format!("UpdateChannel {}: {}", bad.name, bad.error);
+        if set_invalid(cx, &bad.object, Some(&problem)).await {
+            let regarding = ObjectReference {
+                api_version: Some("k3os.io/v1".into()),
+                kind: Some("UpdateChannel".into()),
+                name: Some(bad.name.clone()),
+                namespace: Some(cx.settings.namespace.clone()),
+                ..Default::default()
+            };
+            tracing::warn!(reason = "InvalidChannel", "{problem}");
+            let n = super::events::Note {
+                warning: true,
+                reason: "InvalidChannel",
+                note: &problem,
+            };
+            if let Err(e) = cx.clients.events.publish(&regarding, None, &n).await {
+                tracing::warn!(
+                    "could not publish event InvalidChannel on UpdateChannel {}: {}",
+                    bad.name,
+                    kube_message(&e)
+                );
             }
         }
     }
-
-    /// Report channels that do not decode or do not validate on the channel itself
-    /// (condition `Invalid` + an Event, by the one agent whose write lands), and clear the
-    /// condition of channels that are valid again.
-    pub(super) async fn report_channels(&self, listed: &super::channels::Listed) {
-        for bad in &listed.bad {
-            let problem = format!("UpdateChannel {}: {}", bad.name, bad.error);
-            if self.set_invalid(&bad.object, Some(&problem)).await {
-                let regarding = ObjectReference {
-                    api_version: Some("k3os.io/v1".into()),
-                    kind: Some("UpdateChannel".into()),
-                    name: Some(bad.name.clone()),
-                    namespace: Some(self.namespace.clone()),
-                    ..Default::default()
-                };
-                tracing::warn!(reason = "InvalidChannel", "{problem}");
-                let n = super::events::Note {
-                    warning: true,
-                    reason: "InvalidChannel",
-                    note: &problem,
-                };
-                if let Err(e) = self.events.publish(&regarding, None, &n).await {
-                    tracing::warn!(
-                        "could not publish event InvalidChannel on UpdateChannel {}: {}",
-                        bad.name,
-                        kube_message(&e)
-                    );
-                }
+    for ch in &listed.channels {
+        let name = ch.metadata.name.clone().unwrap_or_default();
+        let problem = ch
+            .policy
+            .as_ref()
+            .err()
+            .map(|e| format!("UpdateChannel {name}: {e}"));
+        let object = match serde_json::to_value(&ch.resource) {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!("set condition Invalid of UpdateChannel {name}: {e}");
+                continue;
             }
-        }
-        for ch in &listed.channels {
-            let name = ch.metadata.name.clone().unwrap_or_default();
-            let problem = Policy::from_spec(&ch.spec)
-                .err()
-                .map(|e| format!("UpdateChannel {name}: {e}"));
-            let object = match serde_json::to_value(ch) {
-                Ok(o) => o,
-                Err(e) => {
-                    tracing::warn!("set condition Invalid of UpdateChannel {name}: {e}");
-                    continue;
-                }
-            };
-            if self.set_invalid(&object, problem.as_deref()).await {
-                if let Some(p) = problem {
-                    self.event(Some(ch), true, "InvalidChannel", p).await;
-                }
+        };
+        if set_invalid(cx, &object, problem.as_deref()).await {
+            if let Some(p) = problem {
+                cx.event(Some(ch), true, "InvalidChannel", p).await;
             }
         }
     }

@@ -34,9 +34,12 @@
 //!
 //! Integration tests reach it as `k3os_ops::agent` (the library target).
 
+pub mod actions;
+pub mod assessment;
 pub mod background;
 pub mod channels;
 pub mod client;
+pub mod context;
 pub mod controller;
 pub mod crd;
 pub mod decide;
@@ -53,6 +56,7 @@ pub mod phase;
 pub mod progress;
 pub mod run;
 pub mod slots;
+pub mod spec;
 pub mod steps;
 pub mod window;
 

@@ -52,7 +52,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|p| format!("{}/{p}", args.namespace));
     let mut agent = Agent::new(client.clone(), &args.namespace, &node, self_pod, ops);
-    agent.booted_at = std::fs::read_to_string("/proc/stat")
+    agent.settings.booted_at = std::fs::read_to_string("/proc/stat")
         .ok()
         .and_then(|s| super::steps::host_boot_time(&s));
     let agent = Arc::new(agent);
@@ -68,7 +68,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         });
     agent.set_startup_silence(silence);
 
-    let bound = super::metrics::spawn(args.metrics_addr, agent.metrics.clone())
+    let bound = super::metrics::spawn(args.metrics_addr, agent.clients.metrics.clone())
         .await
         .with_context(|| {
             format!(
