@@ -52,36 +52,7 @@ pub(super) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Nex
         ),
     )
     .await;
-    let (tx, mut rx) = tokio::sync::watch::channel(String::new());
-    rx.mark_unchanged();
-    let progress = Arc::new(AnnotationProgress::new(tx, cx.clients.metrics.clone()));
-    let url = ch.spec.url.clone();
-    let v = version.to_string();
-    let p = progress.clone();
-    let pinned = ch.spec.pinned_version().is_some();
-    // An invalid spec (maxRate included) never gets here: decide() stops at Invalid.
-    let max_rate = ch.policy.as_ref().ok().and_then(|p| p.max_rate);
-    let work = cx.blocking(move |ops| ops.stage(&url, &v, pinned, max_rate, p.as_ref()));
-    tokio::pin!(work);
-    // The annotation is written at most every PROGRESS_PERIOD (the Node object is shared
-    // with the kubelet; a byte counter must not flood the API server).
-    let mut last_write: Option<tokio::time::Instant> = None;
-    let mut ticker = tokio::time::interval(PROGRESS_PERIOD);
-    let result = loop {
-        tokio::select! {
-            r = &mut work => break r,
-            _ = ticker.tick() => {
-                let due = last_write.is_none_or(|t| t.elapsed() >= PROGRESS_PERIOD);
-                if due && rx.has_changed().unwrap_or(false) {
-                    let text = rx.borrow_and_update().clone();
-                    if let Err(e) = cx.annotate(&[(ANN_PROGRESS, Some(&text))]).await {
-                        tracing::warn!("progress annotation: {e:#}");
-                    }
-                    last_write = Some(tokio::time::Instant::now());
-                }
-            }
-        }
-    };
+    let result = stage_with_progress(cx, ch, version).await;
     match result {
         Ok(()) => {
             cx.memory.stage_failures.store(0, Ordering::Relaxed);
@@ -115,6 +86,40 @@ pub(super) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Nex
             cx.phase(Phase::StageFailed, &msg).await?;
             cx.event(Some(ch), true, "StageFailed", msg).await;
             Ok(Next::Wait)
+        }
+    }
+}
+
+/// Run libupgrade's stage of `version`, writing its progress annotation on the way.
+async fn stage_with_progress(cx: &Agent, ch: &Channel, version: &str) -> Result<(), AgentError> {
+    let (tx, mut rx) = tokio::sync::watch::channel(String::new());
+    rx.mark_unchanged();
+    let progress = Arc::new(AnnotationProgress::new(tx, cx.clients.metrics.clone()));
+    let url = ch.spec.url.clone();
+    let v = version.to_string();
+    let p = progress.clone();
+    let pinned = ch.spec.pinned_version().is_some();
+    // An invalid spec (maxRate included) never gets here: decide() stops at Invalid.
+    let max_rate = ch.policy.as_ref().ok().and_then(|p| p.max_rate);
+    let work = cx.blocking(move |ops| ops.stage(&url, &v, pinned, max_rate, p.as_ref()));
+    tokio::pin!(work);
+    // The annotation is written at most every PROGRESS_PERIOD (the Node object is shared
+    // with the kubelet; a byte counter must not flood the API server).
+    let mut last_write: Option<tokio::time::Instant> = None;
+    let mut ticker = tokio::time::interval(PROGRESS_PERIOD);
+    loop {
+        tokio::select! {
+            r = &mut work => break r,
+            _ = ticker.tick() => {
+                let due = last_write.is_none_or(|t| t.elapsed() >= PROGRESS_PERIOD);
+                if due && rx.has_changed().unwrap_or(false) {
+                    let text = rx.borrow_and_update().clone();
+                    if let Err(e) = cx.annotate(&[(ANN_PROGRESS, Some(&text))]).await {
+                        tracing::warn!("progress annotation: {e:#}");
+                    }
+                    last_write = Some(tokio::time::Instant::now());
+                }
+            }
         }
     }
 }
@@ -222,64 +227,77 @@ pub(super) async fn disrupt(
         cx.event(Some(ch), false, "Cordoned", "cordoned the node".into())
             .await;
     }
-    if !ch.spec.drain.skip {
-        cx.phase(
-            Phase::Draining,
-            &format!("evicting pods (timeout {:?})", policy.drain_timeout),
-        )
-        .await?;
-        cx.event(
-            Some(ch),
-            false,
-            "Draining",
-            "evicting pods through the Eviction API".into(),
-        )
-        .await;
-        let drain_started = tokio::time::Instant::now();
-        let drained = drain::drain(
-            &cx.clients.client,
-            &cx.settings.node,
-            &ch.spec.drain,
-            cx.settings.self_pod.as_deref(),
-            policy.drain_timeout,
-            cx.settings.drain_retry,
-        )
-        .await;
-        cx.clients
-            .metrics
-            .observe_drain(drain_started.elapsed().as_secs_f64());
-        match drained {
-            Ok(r) => {
-                cx.event(
-                    Some(ch),
-                    false,
-                    "Drained",
-                    format!(
-                        "evicted {} pod(s) ({} disruption-budget retries)",
-                        r.evicted.len(),
-                        r.budget_retries
-                    ),
-                )
-                .await;
-            }
-            Err(e) => {
-                back_off_claims(cx);
-                cx.event(
-                    Some(ch),
-                    true,
-                    "DrainFailed",
-                    format!("{e}; giving up this update attempt"),
-                )
-                .await;
-                undo_cordon(cx).await?;
-                let released = slots::release(store, &cx.settings.node, token, Utc::now()).await?;
-                cx.slot_released(ch, released, "the drain failed").await;
-                cx.phase(Phase::DrainFailed, &e.to_string()).await?;
-                return Ok(Next::Wait);
-            }
-        }
+    if !ch.spec.drain.skip && !drain_or_give_up(cx, ch, store, token, policy).await? {
+        return Ok(Next::Wait);
     }
     flip_and_reboot(cx, ch, store, token, version).await
+}
+
+/// Drain the node; when the drain fails, give this update attempt up (back off, uncordon,
+/// release the slot) and answer `false`.
+async fn drain_or_give_up(
+    cx: &Agent,
+    ch: &Channel,
+    store: &KubeChannelStore,
+    token: &str,
+    policy: &Policy,
+) -> Result<bool, AgentError> {
+    cx.phase(
+        Phase::Draining,
+        &format!("evicting pods (timeout {:?})", policy.drain_timeout),
+    )
+    .await?;
+    cx.event(
+        Some(ch),
+        false,
+        "Draining",
+        "evicting pods through the Eviction API".into(),
+    )
+    .await;
+    let drain_started = tokio::time::Instant::now();
+    let drained = drain::drain(
+        &cx.clients.client,
+        &cx.settings.node,
+        &ch.spec.drain,
+        cx.settings.self_pod.as_deref(),
+        policy.drain_timeout,
+        cx.settings.drain_retry,
+    )
+    .await;
+    cx.clients
+        .metrics
+        .observe_drain(drain_started.elapsed().as_secs_f64());
+    match drained {
+        Ok(r) => {
+            cx.event(
+                Some(ch),
+                false,
+                "Drained",
+                format!(
+                    "evicted {} pod(s) ({} disruption-budget retries)",
+                    r.evicted.len(),
+                    r.budget_retries
+                ),
+            )
+            .await;
+            Ok(true)
+        }
+        Err(e) => {
+            back_off_claims(cx);
+            cx.event(
+                Some(ch),
+                true,
+                "DrainFailed",
+                format!("{e}; giving up this update attempt"),
+            )
+            .await;
+            undo_cordon(cx).await?;
+            let released = slots::release(store, &cx.settings.node, token, Utc::now()).await?;
+            cx.slot_released(ch, released, "the drain failed").await;
+            cx.phase(Phase::DrainFailed, &e.to_string()).await?;
+            Ok(false)
+        }
+    }
 }
 
 pub(super) async fn flip_and_reboot(
@@ -362,16 +380,30 @@ pub(super) async fn confirm(
         format!("booted {version} on trial; waiting for Node Ready and running the health checks"),
     )
     .await;
+    // Node-Ready is one health check of the boot-assessment core, reported before its
+    // single bless point; the core decides (bless, roll back, or — on a slot blessed
+    // already — record only) and we carry out its verdict.
+    let node_ready = await_node_ready(cx, version).await?;
+    let verdict = cx.blocking(move |ops| ops.confirm(node_ready)).await?;
+    let token = held.then_some(token);
+    match verdict {
+        ConfirmResult::Healthy => confirmed(cx, ch, store, token, version).await,
+        ConfirmResult::RolledBack(reason) => {
+            rolled_back(cx, ch, store, token, version, &reason).await
+        }
+        ConfirmResult::Unhealthy(reason) => unhealthy(cx, ch, store, token, version, &reason).await,
+    }
+}
+
+/// Wait up to the Ready wait for the Node to be Ready in this boot: the Node-Ready check.
+async fn await_node_ready(cx: &Agent, version: &str) -> Result<CheckResult, AgentError> {
     let start = tokio::time::Instant::now();
     let mut ready = node_ready(cx).await?;
     while !ready && start.elapsed() < cx.settings.node_ready_wait {
         tokio::time::sleep(cx.settings.node_ready_poll).await;
         ready = node_ready(cx).await?;
     }
-    // Node-Ready is one health check of the boot-assessment core, reported before its
-    // single bless point; the core decides (bless, roll back, or — on a slot blessed
-    // already — record only) and we carry out its verdict.
-    let node_ready = CheckResult {
+    Ok(CheckResult {
         name: NODE_READY.into(),
         ok: ready,
         detail: if ready {
@@ -382,91 +414,96 @@ pub(super) async fn confirm(
                 cx.settings.node_ready_wait
             )
         },
+    })
+}
+
+/// The core blessed `version`: uncordon, release the slot (`token`: held).
+async fn confirmed(
+    cx: &Agent,
+    ch: &Channel,
+    store: &KubeChannelStore,
+    token: Option<&str>,
+    version: &str,
+) -> Result<Next, AgentError> {
+    cx.memory.claim_failures.store(0, Ordering::Relaxed);
+    undo_cordon(cx).await?;
+    let released = match token {
+        Some(t) => slots::release(store, &cx.settings.node, t, Utc::now()).await?,
+        None => false,
     };
-    let verdict = cx.blocking(move |ops| ops.confirm(node_ready)).await?;
-    match verdict {
-        ConfirmResult::Healthy => {
-            cx.memory.claim_failures.store(0, Ordering::Relaxed);
-            undo_cordon(cx).await?;
-            let released =
-                held && slots::release(store, &cx.settings.node, token, Utc::now()).await?;
-            cx.annotate_phase(
-                Phase::UpToDate,
-                &[
-                    (ANN_MESSAGE, Some(&format!("running {version}"))),
-                    (ANN_PROGRESS, None),
-                ],
-            )
-            .await?;
-            cx.event(
-                Some(ch),
-                false,
-                "UpdateSucceeded",
-                format!("{version} is healthy and confirmed"),
-            )
-            .await;
-            cx.slot_released(ch, released, &format!("{version} is healthy and confirmed"))
-                .await;
-            Ok(Next::Again)
-        }
-        ConfirmResult::RolledBack(reason) => {
-            cx.clients.metrics.count(Outcome::Failure);
-            cx.clients.metrics.count(Outcome::Rollback);
-            let t = held.then_some(token);
-            let out = slots::record_failure(
-                store,
-                &cx.settings.node,
-                t,
-                version,
-                &reason,
-                true,
-                Utc::now(),
-            )
-            .await?;
-            cx.phase(Phase::RollingBack, &reason).await?;
-            cx.event(
-                Some(ch),
-                true,
-                "HealthCheckFailed",
-                format!("{version}: {reason}; rebooting back"),
-            )
-            .await;
-            cx.failure_recorded(ch, version, out, "").await;
-            cx.blocking(|ops| ops.reboot()).await?;
-            Ok(Next::Wait)
-        }
-        ConfirmResult::Unhealthy(reason) => {
-            // Blessed already (or nothing good to return to): nothing rolls back after
-            // a bless. Record the failure so the channel's budget sees it, give the node
-            // back and release the slot.
-            cx.clients.metrics.count(Outcome::Failure);
-            // Uncordon first: a node is never left cordoned by us without a slot.
-            undo_cordon(cx).await?;
-            let t = held.then_some(token);
-            // Recorded with the token, the slot is released in the same write.
-            let out = slots::record_failure(
-                store,
-                &cx.settings.node,
-                t,
-                version,
-                &reason,
-                false,
-                Utc::now(),
-            )
-            .await?;
-            cx.phase(Phase::Unhealthy, &reason).await?;
-            cx.event(
-                Some(ch),
-                true,
-                "HealthCheckFailed",
-                format!("{version}: {reason}; not rolling back"),
-            )
-            .await;
-            cx.failure_recorded(ch, version, out, &format!("{version} is unhealthy"))
-                .await;
-            Ok(Next::Wait)
-        }
-    }
+    cx.annotate_phase(
+        Phase::UpToDate,
+        &[
+            (ANN_MESSAGE, Some(&format!("running {version}"))),
+            (ANN_PROGRESS, None),
+        ],
+    )
+    .await?;
+    cx.event(
+        Some(ch),
+        false,
+        "UpdateSucceeded",
+        format!("{version} is healthy and confirmed"),
+    )
+    .await;
+    cx.slot_released(ch, released, &format!("{version} is healthy and confirmed"))
+        .await;
+    Ok(Next::Again)
+}
+
+/// The core rolled back (health failed before the bless): record it, reboot back.
+async fn rolled_back(
+    cx: &Agent,
+    ch: &Channel,
+    store: &KubeChannelStore,
+    token: Option<&str>,
+    version: &str,
+    reason: &str,
+) -> Result<Next, AgentError> {
+    cx.clients.metrics.count(Outcome::Failure);
+    cx.clients.metrics.count(Outcome::Rollback);
+    let node = &cx.settings.node;
+    let out = slots::record_failure(store, node, token, version, reason, true, Utc::now()).await?;
+    cx.phase(Phase::RollingBack, reason).await?;
+    cx.event(
+        Some(ch),
+        true,
+        "HealthCheckFailed",
+        format!("{version}: {reason}; rebooting back"),
+    )
+    .await;
+    cx.failure_recorded(ch, version, out, "").await;
+    cx.blocking(|ops| ops.reboot()).await?;
+    Ok(Next::Wait)
+}
+
+/// Blessed already (or nothing good to return to): nothing rolls back after a bless. Record
+/// the failure so the channel's budget sees it, give the node back and release the slot.
+async fn unhealthy(
+    cx: &Agent,
+    ch: &Channel,
+    store: &KubeChannelStore,
+    token: Option<&str>,
+    version: &str,
+    reason: &str,
+) -> Result<Next, AgentError> {
+    cx.clients.metrics.count(Outcome::Failure);
+    // Uncordon first: a node is never left cordoned by us without a slot.
+    undo_cordon(cx).await?;
+    // Recorded with the token, the slot is released in the same write.
+    let node = &cx.settings.node;
+    let out = slots::record_failure(store, node, token, version, reason, false, Utc::now()).await?;
+    cx.phase(Phase::Unhealthy, reason).await?;
+    cx.event(
+        Some(ch),
+        true,
+        "HealthCheckFailed",
+        format!("{version}: {reason}; not rolling back"),
+    )
+    .await;
+    cx.failure_recorded(ch, version, out, &format!("{version} is unhealthy"))
+        .await;
+    Ok(Next::Wait)
 }
 
 /// The channel's parsed spec, or the error naming the channel.
