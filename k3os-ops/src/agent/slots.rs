@@ -489,14 +489,47 @@ pub async fn reclaim_dead<S: ChannelStore>(
     let current = store.read().await.map_err(err)?;
     known_format(&channel, &current)?;
     let slots = current.status.map(|s| s.slots).unwrap_or_default();
+    let dead = find_dead(store, me, &slots, observer, reboot_timeout, mono_now)
+        .await
+        .map_err(err)?;
+    if dead.is_empty() {
+        return Ok(Vec::new());
+    }
+    // A holder that died before its bootloader flip (Claimed, Draining) abandoned its update
+    // with nothing irreversible done, like a drain that timed out: undo its cordon (only one
+    // it marked as its own, and never an admin's) before its slot is freed, so the node that
+    // claims next is the only one we keep cordoned. A holder silent after its flip
+    // (Rebooting, RollingBack) is down or hung: it stays cordoned and counts as a failure.
+    let uncordoned = undo_cordons_before_flip(store, &dead).await.map_err(err)?;
+    cas(store, now, |ch, st| {
+        let out = remove_dead(ch, st, &dead, &uncordoned, now);
+        if out.is_empty() {
+            Step::Done(out)
+        } else {
+            Step::Write(out)
+        }
+    })
+    .await
+}
+
+/// The holders of `slots` (but `me`) whose Node is deleted or whose Lease went unrenewed
+/// for `reboot_timeout`, looked at twice.
+async fn find_dead<S: ChannelStore>(
+    store: &S,
+    me: &str,
+    slots: &[SlotEntry],
+    observer: &mut LivenessObserver,
+    reboot_timeout: Duration,
+    mono_now: Instant,
+) -> Result<Vec<(SlotEntry, DeadReason)>, StoreError> {
     observer.retain(|n| slots.iter().any(|s| s.node == n));
     let mut dead: Vec<(SlotEntry, DeadReason)> = Vec::new();
     for slot in slots.iter().filter(|s| s.node != me) {
-        if !store.node_exists(&slot.node).await.map_err(err)? {
+        if !store.node_exists(&slot.node).await? {
             dead.push((slot.clone(), DeadReason::NodeDeleted));
             continue;
         }
-        let marker = store.lease_marker(&slot.node).await.map_err(err)?;
+        let marker = store.lease_marker(&slot.node).await?;
         let silent = observer.observe(&slot.node, marker, mono_now);
         if silent >= reboot_timeout {
             dead.push((slot.clone(), DeadReason::LeaseStale(silent)));
@@ -508,84 +541,87 @@ pub async fn reclaim_dead<S: ChannelStore>(
     let mut confirmed = Vec::with_capacity(dead.len());
     for (slot, reason) in dead {
         if let DeadReason::LeaseStale(_) = reason {
-            let again = store.lease_marker(&slot.node).await.map_err(err)?;
+            let again = store.lease_marker(&slot.node).await?;
             if observer.observe(&slot.node, again, mono_now) < reboot_timeout {
                 continue;
             }
         }
         confirmed.push((slot, reason));
     }
-    let dead = confirmed;
-    if dead.is_empty() {
-        return Ok(Vec::new());
-    }
-    // A holder that died before its bootloader flip (Claimed, Draining) abandoned its update
-    // with nothing irreversible done, like a drain that timed out: undo its cordon (only one
-    // it marked as its own, and never an admin's) before its slot is freed, so the node that
-    // claims next is the only one we keep cordoned. A holder silent after its flip
-    // (Rebooting, RollingBack) is down or hung: it stays cordoned and counts as a failure.
+    Ok(confirmed)
+}
+
+/// Undo the cordon of holders that died before their bootloader flip; the nodes uncordoned.
+async fn undo_cordons_before_flip<S: ChannelStore>(
+    store: &S,
+    dead: &[(SlotEntry, DeadReason)],
+) -> Result<Vec<String>, StoreError> {
     let mut uncordoned = Vec::new();
-    for (slot, reason) in &dead {
+    for (slot, reason) in dead {
         let before_flip = matches!(slot.phase, SlotPhase::Claimed | SlotPhase::Draining);
         if matches!(reason, DeadReason::LeaseStale(_))
             && before_flip
             && slot.was_unschedulable != Some(true)
-            && store.undo_cordon(&slot.node).await.map_err(err)?
+            && store.undo_cordon(&slot.node).await?
         {
             uncordoned.push(slot.node.clone());
         }
     }
-    cas(store, now, |ch, st| {
-        let mut out = Vec::new();
-        for (slot, reason) in &dead {
-            // Only the exact claim we judged dead: a fresh claim by the same node survives.
-            let Some(i) = st
-                .slots
+    Ok(uncordoned)
+}
+
+/// Remove the `dead` claims from `st` (a failure recorded for a holder hung after its flip).
+fn remove_dead(
+    ch: &UpdateChannel,
+    st: &mut UpdateChannelStatus,
+    dead: &[(SlotEntry, DeadReason)],
+    uncordoned: &[String],
+    now: DateTime<Utc>,
+) -> Vec<Reclaimed> {
+    let mut out = Vec::new();
+    for (slot, reason) in dead {
+        // Only the exact claim we judged dead: a fresh claim by the same node survives.
+        let Some(i) = st
+            .slots
+            .iter()
+            .position(|s| s.node == slot.node && s.token == slot.token)
+        else {
+            continue;
+        };
+        let entry = st.slots.remove(i);
+        let hung = matches!(reason, DeadReason::LeaseStale(_))
+            && matches!(entry.phase, SlotPhase::Rebooting | SlotPhase::RollingBack);
+        let mut failure_recorded = false;
+        if let (true, Some(v)) = (hung, entry.version.as_ref()) {
+            if !st
+                .failures
                 .iter()
-                .position(|s| s.node == slot.node && s.token == slot.token)
-            else {
-                continue;
-            };
-            let entry = st.slots.remove(i);
-            let hung = matches!(reason, DeadReason::LeaseStale(_))
-                && matches!(entry.phase, SlotPhase::Rebooting | SlotPhase::RollingBack);
-            let mut failure_recorded = false;
-            if let (true, Some(v)) = (hung, entry.version.as_ref()) {
-                if !st
-                    .failures
-                    .iter()
-                    .any(|f| f.node == entry.node && f.version == *v)
-                {
-                    st.failures.push(FailureRecord {
-                        node: entry.node.clone(),
-                        version: v.clone(),
-                        at: now,
-                        reason: "did not come back within rebootTimeout after rebooting into it"
-                            .into(),
-                    });
-                    failure_recorded = true;
-                }
-            }
-            let undone = uncordoned.contains(&entry.node);
-            let paused = failure_recorded
-                && entry.version.as_deref().is_some_and(|v| {
-                    pauses(ch, st, v) && !out.iter().any(|r: &Reclaimed| r.paused)
+                .any(|f| f.node == entry.node && f.version == *v)
+            {
+                st.failures.push(FailureRecord {
+                    node: entry.node.clone(),
+                    version: v.clone(),
+                    at: now,
+                    reason: "did not come back within rebootTimeout after rebooting into it".into(),
                 });
-            out.push(Reclaimed {
-                slot: entry,
-                reason: reason.clone(),
-                failure_recorded,
-                uncordoned: undone,
-                paused,
-            });
+                failure_recorded = true;
+            }
         }
-        if out.is_empty() {
-            Step::Done(out)
-        } else {
-            Step::Write(out)
-        }
-    })
-    .await
+        let undone = uncordoned.contains(&entry.node);
+        let paused = failure_recorded
+            && entry
+                .version
+                .as_deref()
+                .is_some_and(|v| pauses(ch, st, v) && !out.iter().any(|r: &Reclaimed| r.paused));
+        out.push(Reclaimed {
+            slot: entry,
+            reason: reason.clone(),
+            failure_recorded,
+            uncordoned: undone,
+            paused,
+        });
+    }
+    out
 }
 
 /// Write the poller's result: `status.latestVersion` and the `LatestResolved` condition.
