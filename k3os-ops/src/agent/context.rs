@@ -2,8 +2,8 @@
 //! [`Settings`] (fixed at start-up), its [`Clients`] (Kubernetes, the node's slots, Events,
 //! metrics) and its [`Memory`] (what one process remembers between reconciles: back-offs,
 //! reports already made), and the few effects every step shares: annotating the Node
-//! ([`Agent::annotate_phase`]), Events ([`Agent::event`], [`Agent::event_once`]), blocking
-//! calls into libupgrade ([`Agent::blocking`]).
+//! ([`Agent::annotate_phase`]), Events ([`Agent::event`], `Agent::event_once`), blocking
+//! calls into libupgrade (`Agent::blocking`).
 //!
 //! Per-node progress lives on the Node as `k3os.io/update-*` annotations (never on the shared
 //! channel): `update-phase` ([`Phase`]), `update-target`, `update-progress`, `update-message`,
