@@ -8,8 +8,7 @@ use chrono::{DateTime, Utc};
 use rand::Rng;
 
 use super::channels::Channel;
-use super::context::Agent;
-use super::controller::Next;
+use super::context::{Agent, Next};
 use super::decide::{IdleReason, NodeView, TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED};
 use super::errors::AgentError;
 use super::format::{ANN_MESSAGE, ANN_PROGRESS, ANN_TOKEN};

@@ -11,7 +11,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use rand::Rng;
 
-use super::controller::Agent;
+use super::context::Agent;
 use super::kube_store::{acquire_lease, node_lease_name, poller_lease_name, LeaseOutcome};
 use super::metrics::Outcome;
 use super::slots::{self, LivenessObserver};

@@ -91,6 +91,15 @@ pub struct Memory {
     pub(super) format_reported: Mutex<BTreeSet<String>>,
 }
 
+/// What the loop does after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Decide again at once (state moved on).
+    Again,
+    /// Wait for a change or the resync period.
+    Wait,
+}
+
 /// Everything the loop needs.
 pub struct Agent {
     pub settings: Settings,

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use super::actions;
 use super::assessment;
 use super::channels::{Channel, Listed, Picked};
-pub use super::context::Agent;
+pub use super::context::{Agent, Next};
 use super::crd::SlotPhase;
 use super::decide::{Action, Inactive, NodeView};
 use super::errors::{AgentError, KubeContext};
@@ -24,15 +24,6 @@ pub use super::format::{
     ANN_CORDONED, ANN_MESSAGE, ANN_PHASE, ANN_PROGRESS, ANN_TARGET, ANN_TOKEN,
 };
 pub use super::phase::Phase;
-
-/// What the loop does after a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
-    /// Decide again at once (state moved on).
-    Again,
-    /// Wait for a change or the resync period.
-    Wait,
-}
 
 impl Agent {
     /// One decision and its execution.

@@ -1,6 +1,6 @@
-//! The disruptive steps of an update, in order: stage (no disruption), cordon + drain
-//! ([`Agent::disrupt`]), bootloader flip + reboot ([`Agent::flip_and_reboot`]), and after the
-//! boot the health verdict ([`Agent::confirm`]). Each disruptive step first fences on the
+//! The stage and the disruptive steps of an update, in order, each a function over the
+//! [`Agent`] context: stage (no disruption), cordon + drain (`disrupt`), bootloader flip +
+//! reboot (`flip_and_reboot`), and after the boot the health verdict (`confirm`). Each disruptive step first fences on the
 //! slot's token (CAS of its phase) and aborts if the slot was lost.
 
 use std::sync::atomic::Ordering;
@@ -11,8 +11,7 @@ use chrono::Utc;
 use kube::ResourceExt;
 
 use super::channels::Channel;
-use super::context::{Agent, PROGRESS_PERIOD};
-use super::controller::Next;
+use super::context::{Agent, Next, PROGRESS_PERIOD};
 use super::crd::SlotPhase;
 use super::decide::{NodeView, Policy};
 use super::drain;
