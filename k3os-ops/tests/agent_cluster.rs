@@ -270,6 +270,8 @@ async fn setup(client: &Client, concurrency: u32) -> String {
             reboot_timeout: "1m".into(),
             max_failures: 1,
             max_rate: None,
+            paused: false,
+            resumed_at: None,
         },
     );
     chans

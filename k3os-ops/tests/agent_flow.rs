@@ -1097,3 +1097,24 @@ async fn writes_carry_the_current_formats() {
     let ch = world.lock().unwrap().channel.clone();
     assert_eq!(ch["status"]["formatVersion"], 2, "{}", ch["status"]);
 }
+
+/// `spec.paused: true` stops new claims at once: the node stages, reports `Paused`, writes
+/// no slot; the channel's `Paused` condition says why. Unpausing lets it claim and update.
+#[tokio::test]
+async fn spec_paused_stops_claims_until_unpaused() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    world.lock().unwrap().channel["spec"]["paused"] = json!(true);
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    pos(&l, "node: stage v2");
+    pos(&l, "spec.paused is true");
+    assert!(!l.iter().any(|x| x.contains("slots=[n1")), "{l:#?}");
+    let phase =
+        world.lock().unwrap().node("n1")["metadata"]["annotations"]["k3os.io/update-phase"].clone();
+    assert_eq!(phase, json!("Paused"));
+    world.lock().unwrap().channel["spec"]["paused"] = json!(false);
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    pos(&l, "slots=[n1:Claimed]");
+}

@@ -98,6 +98,27 @@ pub(super) async fn tick_paused(
     Ok(Next::Wait)
 }
 
+/// Claims are stopped by `spec.paused`.
+pub(super) async fn tick_paused_by_spec(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+) -> Result<Next, AgentError> {
+    cx.phase(
+        Phase::Paused,
+        &format!("{version} staged; claims paused by spec.paused"),
+    )
+    .await?;
+    cx.event_once(
+        Some(ch),
+        false,
+        "Paused",
+        format!("not updating to {version}: spec.paused is true"),
+    )
+    .await;
+    Ok(Next::Wait)
+}
+
 /// Staged, outside the window (or too late in it).
 pub(super) async fn tick_wait_for_window(
     cx: &Agent,

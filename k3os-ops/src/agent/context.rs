@@ -254,8 +254,10 @@ impl Agent {
                 true,
                 "ChannelPaused",
                 format!(
-                    "{version} failed on {} node(s), reaching maxFailures {}: new claims are paused (remove status.failures entries to resume)",
-                    ch.spec.max_failures, ch.spec.max_failures
+                    "{version} failed on {} node(s), reaching maxFailures {}: new claims are paused. {}",
+                    ch.spec.max_failures,
+                    ch.spec.max_failures,
+                    super::slots::resume_hint(ch.metadata.name.as_deref().unwrap_or_default())
                 ),
             )
             .await;

@@ -186,6 +186,7 @@ pub(super) async fn execute(
         Action::Invalid(msg) => actions::tick_invalid(cx, ch, &msg).await,
         Action::Stage { version } => steps::stage(cx, ch, &version).await,
         Action::Paused { version } => actions::tick_paused(cx, ch, &version).await,
+        Action::PausedBySpec { version } => actions::tick_paused_by_spec(cx, ch, &version).await,
         Action::WaitForWindow { next } => actions::tick_wait_for_window(cx, ch, next).await,
         Action::Claim { version } => actions::tick_claim(cx, ch, &store, &version).await,
         Action::Forfeit { version } => actions::tick_forfeit(cx, ch, &store, &version).await,

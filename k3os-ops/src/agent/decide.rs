@@ -103,6 +103,10 @@ pub enum Action {
     Paused {
         version: String,
     },
+    /// Claims are stopped by `spec.paused` (`version` is staged and waits).
+    PausedBySpec {
+        version: String,
+    },
     /// Outside the window, or too late in it to finish; `next` is the next window start.
     WaitForWindow {
         next: Option<DateTime<Utc>>,
@@ -311,6 +315,9 @@ fn next_action(
     match &node.update.inactive {
         Inactive::Staged(v) | Inactive::Activated(v) if *v == target => {}
         _ => return Action::Stage { version: target },
+    }
+    if channel.spec.paused {
+        return Action::PausedBySpec { version: target };
     }
     if channel.paused_for(&target) {
         return Action::Paused { version: target };

@@ -124,28 +124,30 @@ fn jitter(attempt: u32) -> Duration {
 /// channel's current target, and `updating` (all slot holders) for the printer column.
 pub fn refresh_conditions(ch: &mut UpdateChannel, now: DateTime<Utc>) {
     let target = ch.target_version();
-    let paused = target.as_deref().is_some_and(|v| ch.paused_for(v));
+    let paused_by_failures = target.as_deref().is_some_and(|v| ch.paused_for(v));
+    let paused = paused_by_failures || ch.spec.paused;
     let max = ch.spec.max_failures;
+    let failed = match (target.as_deref(), ch.status.as_ref()) {
+        (Some(v), Some(st)) => ch.counted_failures(st, v),
+        _ => 0,
+    };
+    let name = ch.metadata.name.clone().unwrap_or_default();
     let generation = ch.metadata.generation;
     let status = ch.status.get_or_insert_with(UpdateChannelStatus::default);
     let holders: Vec<&str> = status.slots.iter().map(|s| s.node.as_str()).collect();
     status.updating = (!holders.is_empty()).then(|| holders.join(","));
-    let failed = target
-        .as_deref()
-        .map(|v| status.failures_for(v))
-        .unwrap_or(0);
     let tv = target.unwrap_or_default();
-    status.set_condition(
-        COND_PAUSED,
-        paused,
-        if paused { "TooManyFailures" } else { "Running" },
-        if paused {
-            format!("{failed} node(s) failed to update to {tv} (maxFailures {max}); new claims are paused. Remove status.failures entries to resume.")
-        } else {
-            String::new()
-        },
-        now,
-    );
+    let (reason, message) = if paused_by_failures {
+        ("TooManyFailures", format!("{failed} node(s) failed to update to {tv} (maxFailures {max}); new claims are paused. {}", resume_hint(&name)))
+    } else if paused {
+        (
+            "PausedBySpec",
+            "spec.paused is true; new claims are paused".to_string(),
+        )
+    } else {
+        ("Running", String::new())
+    };
+    status.set_condition(COND_PAUSED, paused, reason, message, now);
     status.set_condition(
         COND_DEGRADED,
         failed > 0,
@@ -252,7 +254,7 @@ pub async fn claim<S: ChannelStore>(
         if target.as_deref() != Some(version) {
             return Step::Done(ClaimOutcome::TargetChanged(target));
         }
-        if ch.paused_for(version) {
+        if ch.spec.paused || ch.paused_for(version) {
             return Step::Done(ClaimOutcome::Paused);
         }
         if st.slots.len() >= ch.spec.concurrency.max(1) as usize {
@@ -356,12 +358,14 @@ pub struct FailureOutcome {
 /// Whether the failures of `version` in `st` pause the channel's claims now (they did not in
 /// the status `ch` was read with).
 fn pauses(ch: &UpdateChannel, st: &UpdateChannelStatus, version: &str) -> bool {
-    let max = ch.spec.max_failures as usize;
-    let before = ch.paused_for(version);
-    max > 0
-        && !before
+    !ch.paused_for(version)
         && ch.target_version().as_deref() == Some(version)
-        && st.failures_for(version) >= max
+        && ch.failures_pause(st, version)
+}
+
+/// How to resume channel `name` after a pause by failures: one `kubectl patch`.
+pub fn resume_hint(name: &str) -> String {
+    format!("Resume with: kubectl patch upchan {name} --type merge -p \"{{\\\"spec\\\":{{\\\"resumedAt\\\":\\\"$(date -u +%FT%TZ)\\\"}}}}\"")
 }
 
 /// Record that `node` failed to update to `version`. With `token`, our slot is also moved to
