@@ -270,6 +270,8 @@ async fn setup(client: &Client, concurrency: u32) -> String {
             reboot_timeout: "1m".into(),
             max_failures: 1,
             max_rate: None,
+            paused: false,
+            resumed_at: None,
         },
     );
     chans
@@ -590,6 +592,24 @@ async fn cluster_agent_service_account_is_enough() {
             .map(|_| ())
             .map_err(|e| format!("{e:?}")),
     );
+    // The Invalid condition (invalid.rs): a PUT of updatechannels/status too, never a patch.
+    let dynamic = agent::channels::dynamic_api(agent.clone(), NS);
+    let invalid = match dynamic.get(&channel).await {
+        Ok(obj) => match serde_json::to_value(&obj) {
+            Ok(raw) => agent::invalid::write_invalid(
+                &dynamic,
+                &raw,
+                Some("service account test"),
+                chrono::Utc::now(),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        },
+        Err(e) => Err(e.to_string()),
+    };
+    check("invalid condition", invalid);
     // Its Node: read, annotate, cordon and uncordon.
     let agent_nodes: Api<Node> = Api::all(agent.clone());
     check(

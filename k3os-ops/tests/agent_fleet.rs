@@ -616,9 +616,9 @@ impl Fleet {
             Some(format!("{NS}/k3os-ops-agent-{name}")),
             ops,
         );
-        agent.drain_retry = Duration::from_millis(20);
-        agent.node_ready_wait = self.scenario.ready_wait;
-        agent.node_ready_poll = Duration::from_millis(20);
+        agent.settings.drain_retry = Duration::from_millis(20);
+        agent.settings.node_ready_wait = self.scenario.ready_wait;
+        agent.settings.node_ready_poll = Duration::from_millis(20);
         agent.set_startup_silence(silence);
         let agent = Arc::new(agent);
         let wake = self.world.lock().unwrap().subscribe();

@@ -150,7 +150,7 @@ fn setup(
         Some("k3os-system/agent-x".into()),
         node.clone(),
     );
-    agent.drain_retry = Duration::from_millis(10);
+    agent.settings.drain_retry = Duration::from_millis(10);
     (agent, world, node, log)
 }
 
@@ -343,7 +343,7 @@ async fn failed_health_check_records_failure_reboots_back_and_pauses() {
         .iter()
         .any(|x| x.contains("node: stage") || x.contains("slots=[n1")));
     // The failure and the rollback are counted in the metrics.
-    let text = agent.metrics.encode();
+    let text = agent.clients.metrics.encode();
     for c in ["k3os_ops_update_failures_total", "k3os_ops_rollbacks_total"] {
         assert_eq!(
             sample(&text, c, &["node=\"n1\""]),
@@ -697,7 +697,7 @@ async fn a_malformed_channel_is_reported_and_the_others_go_on() {
     pos(&l, "node: stage v2");
     pos(
         &l,
-        "api: patch-status zzz-huge Invalid=True UpdateChannel zzz-huge: does not decode",
+        "api: condition zzz-huge Invalid=True UpdateChannel zzz-huge: does not decode",
     );
     pos(
         &l,
@@ -706,7 +706,7 @@ async fn a_malformed_channel_is_reported_and_the_others_go_on() {
     // Reported once: the condition is in place, the next reconciles do not rewrite it.
     let writes = l
         .iter()
-        .filter(|x| x.contains("patch-status zzz-huge"))
+        .filter(|x| x.contains("condition zzz-huge"))
         .count();
     assert_eq!(writes, 1, "{l:#?}");
 }
@@ -732,7 +732,7 @@ async fn an_invalid_channel_does_not_shadow_a_valid_one() {
     assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
     pos(&l, "node: stage v2");
     pos(&l, "event: ChannelConflict");
-    pos(&l, "api: patch-status aaa-broken Invalid=True");
+    pos(&l, "api: condition aaa-broken Invalid=True");
     let conflict = l
         .iter()
         .find(|x| x.starts_with("event-on: Node -/n1: several UpdateChannels"))
@@ -748,12 +748,14 @@ async fn an_invalid_channel_does_not_shadow_a_valid_one() {
 #[test]
 fn the_most_specific_valid_channel_wins() {
     use agent::crd::UpdateChannel;
-    let ch = |name: &str, sel: Value| -> UpdateChannel {
-        serde_json::from_value(extra_channel(
-            name,
-            json!({"url": "u", "nodeSelector": sel}),
-        ))
-        .unwrap()
+    let ch = |name: &str, sel: Value| -> agent::channels::Channel {
+        agent::channels::Channel::new(
+            serde_json::from_value::<UpdateChannel>(extra_channel(
+                name,
+                json!({"url": "u", "nodeSelector": sel}),
+            ))
+            .unwrap(),
+        )
     };
     let labels: std::collections::BTreeMap<String, String> = [
         ("pool".to_string(), "edge".to_string()),
@@ -788,7 +790,7 @@ async fn a_zero_reboot_timeout_is_invalid() {
     let l = log.lock().unwrap().clone();
     pos(
         &l,
-        "api: patch-status stable Invalid=True UpdateChannel stable: spec.rebootTimeout",
+        "api: condition stable Invalid=True UpdateChannel stable: spec.rebootTimeout",
     );
     assert!(!l.iter().any(|x| x.contains("slots=[n1")), "{l:#?}");
 }
@@ -820,9 +822,12 @@ fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
 #[tokio::test]
 async fn metrics_and_probes_over_a_real_socket() {
     let (agent, _world, _node, _log) = setup(ConfirmResult::Healthy, false);
-    let addr = agent::metrics::spawn("127.0.0.1:0".parse().unwrap(), agent.metrics.clone())
-        .await
-        .unwrap();
+    let addr = agent::metrics::spawn(
+        "127.0.0.1:0".parse().unwrap(),
+        agent.clients.metrics.clone(),
+    )
+    .await
+    .unwrap();
     assert_eq!(http_get(addr, "/healthz").await.0, 200);
     assert_eq!(
         http_get(addr, "/readyz").await.0,
@@ -1033,7 +1038,7 @@ async fn a_channel_status_of_a_newer_format_is_refused_and_not_written() {
     let l = log.lock().unwrap().clone();
     assert!(
         !l.iter()
-            .any(|x| x.starts_with("api: slots=") || x.starts_with("api: patch-status")),
+            .any(|x| x.starts_with("api: slots=") || x.starts_with("api: condition")),
         "wrote to a newer-format channel: {l:#?}"
     );
     assert!(!l.iter().any(|x| x.contains("node: stage")), "{l:#?}");
@@ -1091,4 +1096,25 @@ async fn writes_carry_the_current_formats() {
     );
     let ch = world.lock().unwrap().channel.clone();
     assert_eq!(ch["status"]["formatVersion"], 2, "{}", ch["status"]);
+}
+
+/// `spec.paused: true` stops new claims at once: the node stages, reports `Paused`, writes
+/// no slot; the channel's `Paused` condition says why. Unpausing lets it claim and update.
+#[tokio::test]
+async fn spec_paused_stops_claims_until_unpaused() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    world.lock().unwrap().channel["spec"]["paused"] = json!(true);
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    pos(&l, "node: stage v2");
+    pos(&l, "spec.paused is true");
+    assert!(!l.iter().any(|x| x.contains("slots=[n1")), "{l:#?}");
+    let phase =
+        world.lock().unwrap().node("n1")["metadata"]["annotations"]["k3os.io/update-phase"].clone();
+    assert_eq!(phase, json!("Paused"));
+    world.lock().unwrap().channel["spec"]["paused"] = json!(false);
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    pos(&l, "slots=[n1:Claimed]");
 }

@@ -367,6 +367,8 @@ async fn simulate(sc: Arc<Scenario>) -> Report {
             reboot_timeout: "10s".into(),
             max_failures: sc.max_failures,
             max_rate: None,
+            paused: false,
+            resumed_at: None,
         },
     );
     ch.status = Some(UpdateChannelStatus::default());

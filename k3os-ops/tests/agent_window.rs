@@ -184,6 +184,8 @@ fn channel(version: Option<&str>) -> UpdateChannel {
             reboot_timeout: "15m".into(),
             max_failures: 1,
             max_rate: None,
+            paused: false,
+            resumed_at: None,
         },
     );
     ch.status = Some(UpdateChannelStatus::default());
@@ -196,6 +198,8 @@ fn staged_node(version: &str) -> NodeView {
         labels: BTreeMap::new(),
         unschedulable: false,
         token: Some("tok".into()),
+        cordoned_by_us: false,
+        silent_at_start: None,
         update: NodeUpdateStatus {
             booted_version: Some("v1".into()),
             booted_on_trial: false,
@@ -385,5 +389,76 @@ fn a_claim_not_started_before_the_window_closed_is_given_back() {
             phase: SlotPhase::Draining,
             version: "v2".into()
         }
+    );
+}
+
+/// `spec.paused` stops new claims at once (the staged node waits), and a held slot carries on.
+#[test]
+fn spec_paused_stops_new_claims_but_not_a_held_slot() {
+    let now = at(T0);
+    let node = staged_node("v2");
+    let mut ch = channel(Some("v2"));
+    ch.spec.paused = true;
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::PausedBySpec {
+            version: "v2".into()
+        }
+    );
+    held(&mut ch, SlotPhase::Draining);
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Continue {
+            phase: SlotPhase::Draining,
+            version: "v2".into()
+        }
+    );
+}
+
+/// A channel paused by failures resumes with `spec.resumedAt` (one `kubectl patch`): the
+/// failures recorded before it no longer count, new failures count again, and the node that
+/// failed still does not retry the version.
+#[test]
+fn resumed_at_resumes_a_channel_paused_by_failures() {
+    let now = at(T0);
+    let node = staged_node("v2");
+    let mut ch = channel(Some("v2"));
+    ch.status.as_mut().unwrap().failures.push(FailureRecord {
+        node: "n9".into(),
+        version: "v2".into(),
+        at: at(T0) - Duration::hours(2),
+        reason: "health".into(),
+    });
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Paused {
+            version: "v2".into()
+        }
+    );
+    ch.spec.resumed_at = Some(at(T0) - Duration::hours(1));
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Claim {
+            version: "v2".into()
+        }
+    );
+    ch.status.as_mut().unwrap().failures.push(FailureRecord {
+        node: "n8".into(),
+        version: "v2".into(),
+        at: at(T0) - Duration::minutes(5),
+        reason: "health".into(),
+    });
+    assert_eq!(
+        decide(&ch, &node, now),
+        Action::Paused {
+            version: "v2".into()
+        }
+    );
+    let mut failed = staged_node("v2");
+    failed.name = "n9".into();
+    ch.status.as_mut().unwrap().failures.pop();
+    assert_eq!(
+        decide(&ch, &failed, now),
+        Action::Idle(agent::decide::IdleReason::FailedHere("v2".into()))
     );
 }

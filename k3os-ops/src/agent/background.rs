@@ -11,8 +11,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use rand::Rng;
 
-use super::controller::Agent;
-use super::decide::Policy;
+use super::context::Agent;
 use super::kube_store::{acquire_lease, node_lease_name, poller_lease_name, LeaseOutcome};
 use super::metrics::Outcome;
 use super::slots::{self, LivenessObserver};
@@ -57,11 +56,11 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
     let mut observers: BTreeMap<String, LivenessObserver> = BTreeMap::new();
     loop {
         let mut shortest: Option<Duration> = None;
-        match super::channels::list(&agent.client, &agent.namespace).await {
+        match super::channels::list(&agent.clients.client, &agent.settings.namespace).await {
             Ok(list) => {
                 for ch in list.channels {
                     let name = ch.metadata.name.clone().unwrap_or_default();
-                    let Ok(policy) = Policy::from_spec(&ch.spec) else {
+                    let Ok(policy) = &ch.policy else {
                         continue;
                     };
                     shortest = Some(shortest.map_or(policy.reboot_timeout, |s: Duration| {
@@ -71,7 +70,7 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
                     let store = agent.store(&name);
                     match slots::reclaim_dead(
                         &store,
-                        &agent.node,
+                        &agent.settings.node,
                         obs,
                         policy.reboot_timeout,
                         tokio::time::Instant::now(),
@@ -81,7 +80,7 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
                     {
                         Ok(done) => {
                             for r in done {
-                                agent.metrics.count(Outcome::Reclaim);
+                                agent.clients.metrics.count(Outcome::Reclaim);
                                 let why = match r.reason {
                                     slots::DeadReason::NodeDeleted => {
                                         "its Node was deleted".to_string()
@@ -121,7 +120,7 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
                     }
                 }
             }
-            Err(e) => tracing::warn!("list UpdateChannels: {}", super::errors::kube_message(&e)),
+            Err(e) => tracing::warn!("list UpdateChannels: {}", super::client::kube_message(&e)),
         }
         tokio::time::sleep(reclaim_period(shortest)).await;
     }
@@ -131,13 +130,16 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
 /// `period`, and at once (within [`POLL_LOOK_PERIOD`]) when a channel appears or its spec
 /// changes (new `metadata.generation`).
 pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
-    let leases: Api<Lease> = Api::namespaced(agent.client.clone(), &agent.namespace);
+    let leases: Api<Lease> =
+        Api::namespaced(agent.clients.client.clone(), &agent.settings.namespace);
     let lease_secs = i32::try_from(period.as_secs().saturating_mul(3)).unwrap_or(i32::MAX);
     // Per channel: (uid, generation) last looked at, and when.
     type Seen = (Option<String>, Option<i64>);
     let mut looked: BTreeMap<String, (Seen, tokio::time::Instant)> = BTreeMap::new();
     loop {
-        if let Ok(list) = super::channels::list(&agent.client, &agent.namespace).await {
+        if let Ok(list) =
+            super::channels::list(&agent.clients.client, &agent.settings.namespace).await
+        {
             let names: Vec<String> = list
                 .channels
                 .iter()
@@ -158,8 +160,13 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                     continue;
                 }
                 looked.insert(name.clone(), (key, now));
-                match acquire_lease(&leases, &poller_lease_name(&name), &agent.node, lease_secs)
-                    .await
+                match acquire_lease(
+                    &leases,
+                    &poller_lease_name(&name),
+                    &agent.settings.node,
+                    lease_secs,
+                )
+                .await
                 {
                     Ok(LeaseOutcome::Held) => {}
                     Ok(LeaseOutcome::HeldBy(_)) => continue,

@@ -2,15 +2,16 @@
 //!
 //! **Decoding.** The channels are listed untyped and decoded one at a time: a malformed
 //! object (e.g. `concurrency: 5000000000`, stored before the schema had a maximum) is set
-//! aside as a [`BadChannel`] and reported on that channel, while the others go on (issue 11,
-//! bug 3: one such object made every list fail in every agent).
+//! aside as a [`BadChannel`] and reported on that channel, while the others go on (decoding
+//! the list as a whole, one such object made every list fail in every agent).
 //!
 //! **Formats.** Before decoding, each channel's `status.formatVersion` is checked
 //! ([`super::format`]): a newer format than this agent knows is set aside as a
 //! [`NewerChannel`] (reported, never used nor written, not even its `Invalid` condition),
 //! since today's types may misread it.
 //!
-//! **Precedence** ([`pick`], issue 11 bug 4). When several channels select a node:
+//! **Precedence** ([`pick`]; an invalid channel sorting first by name must not shadow a
+//! valid one). When several channels select a node:
 //! 1. a channel holding a slot for the node wins (its update must finish or be released);
 //! 2. otherwise only *valid* channels compete (the spec decodes and its durations, window and
 //!    concurrency validate): an invalid channel never shadows a valid one;
@@ -26,15 +27,42 @@ use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::{Api, Client};
 
 use super::crd::UpdateChannel;
-use super::decide::Policy;
+use super::spec::Policy;
+
+/// A channel decoded and its spec parsed, once per reconcile: what every decision and step
+/// reads (it derefs to the resource).
+#[derive(Debug, Clone)]
+pub struct Channel {
+    pub resource: UpdateChannel,
+    /// The parsed spec, or the message naming the field that makes the channel invalid.
+    pub policy: Result<Policy, String>,
+}
+
+impl Channel {
+    pub fn new(resource: UpdateChannel) -> Channel {
+        let policy = Policy::from_spec(&resource.spec);
+        Channel { resource, policy }
+    }
+
+    pub fn name(&self) -> &str {
+        self.resource.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for Channel {
+    type Target = UpdateChannel;
+    fn deref(&self) -> &UpdateChannel {
+        &self.resource
+    }
+}
 
 /// A channel object that does not decode into [`UpdateChannel`].
 #[derive(Debug, Clone)]
 pub struct BadChannel {
     pub name: String,
-    pub resource_version: Option<String>,
-    /// `status.conditions` as stored (kept when the `Invalid` condition is written).
-    pub conditions: serde_json::Value,
+    /// The object as read (its status and resourceVersion are what the `Invalid` condition's
+    /// compare-and-swap write starts from).
+    pub object: serde_json::Value,
     /// The decoding error, naming the field.
     pub error: String,
 }
@@ -50,7 +78,7 @@ pub struct NewerChannel {
 /// The channels of a namespace, decoded one by one, sorted by name.
 #[derive(Debug, Clone, Default)]
 pub struct Listed {
-    pub channels: Vec<UpdateChannel>,
+    pub channels: Vec<Channel>,
     pub bad: Vec<BadChannel>,
     pub newer: Vec<NewerChannel>,
 }
@@ -64,22 +92,14 @@ pub fn dynamic_api(client: Client, namespace: &str) -> Api<DynamicObject> {
 /// Decode one listed object.
 pub fn decode(obj: DynamicObject) -> Result<UpdateChannel, BadChannel> {
     let name = obj.metadata.name.clone().unwrap_or_default();
-    let resource_version = obj.metadata.resource_version.clone();
-    let conditions = obj
-        .data
-        .pointer("/status/conditions")
-        .cloned()
-        .unwrap_or(serde_json::Value::Null);
     let value = serde_json::to_value(&obj).map_err(|e| BadChannel {
         name: name.clone(),
-        resource_version: resource_version.clone(),
-        conditions: conditions.clone(),
+        object: serde_json::Value::Null,
         error: e.to_string(),
     })?;
-    serde_json::from_value::<UpdateChannel>(value).map_err(|e| BadChannel {
+    serde_json::from_value::<UpdateChannel>(value.clone()).map_err(|e| BadChannel {
         name,
-        resource_version,
-        conditions,
+        object: value,
         error: format!("does not decode: {e}"),
     })
 }
@@ -98,12 +118,11 @@ pub async fn list(client: &Client, namespace: &str) -> Result<Listed, kube::Erro
             continue;
         }
         match decode(obj) {
-            Ok(ch) => out.channels.push(ch),
+            Ok(ch) => out.channels.push(Channel::new(ch)),
             Err(bad) => out.bad.push(bad),
         }
     }
-    out.channels
-        .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    out.channels.sort_by(|a, b| a.name().cmp(b.name()));
     out.bad.sort_by(|a, b| a.name.cmp(&b.name));
     out.newer.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
@@ -112,39 +131,34 @@ pub async fn list(client: &Client, namespace: &str) -> Result<Listed, kube::Erro
 /// The outcome of [`pick`].
 #[derive(Debug, Clone)]
 pub struct Picked<'a> {
-    pub channel: &'a UpdateChannel,
+    pub channel: &'a Channel,
     /// Why it won (for the conflict report).
     pub why: &'static str,
     /// Other channels selecting the node, with why each lost.
     pub losers: Vec<(String, String)>,
 }
 
-fn name(c: &UpdateChannel) -> &str {
-    c.metadata.name.as_deref().unwrap_or_default()
-}
-
 /// The channel for `node` with `labels` among `channels` (see the module docs for the rule).
 pub fn pick<'a>(
     node: &str,
-    channels: &'a [UpdateChannel],
+    channels: &'a [Channel],
     labels: &BTreeMap<String, String>,
 ) -> Option<Picked<'a>> {
     let holding = channels
         .iter()
         .find(|c| c.status.as_ref().is_some_and(|s| s.slot_of(node).is_some()));
-    let selecting: Vec<&UpdateChannel> = channels.iter().filter(|c| c.selects(labels)).collect();
-    let invalid = |c: &UpdateChannel| Policy::from_spec(&c.spec).err();
-    let mut valid: Vec<&UpdateChannel> = selecting
+    let selecting: Vec<&Channel> = channels.iter().filter(|c| c.selects(labels)).collect();
+    let mut valid: Vec<&Channel> = selecting
         .iter()
         .copied()
-        .filter(|c| invalid(c).is_none())
+        .filter(|c| c.policy.is_ok())
         .collect();
     valid.sort_by(|a, b| {
         b.spec
             .node_selector
             .len()
             .cmp(&a.spec.node_selector.len())
-            .then_with(|| name(a).cmp(name(b)))
+            .then_with(|| a.name().cmp(b.name()))
     });
     let (winner, why) = if let Some(h) = holding {
         (h, "it holds an update slot for this node")
@@ -158,16 +172,16 @@ pub fn pick<'a>(
     };
     let losers = selecting
         .iter()
-        .filter(|c| name(c) != name(winner))
+        .filter(|c| c.name() != winner.name())
         .map(|c| {
-            let reason = match invalid(c) {
-                Some(e) => format!("invalid: {e}"),
-                None => format!(
+            let reason = match &c.policy {
+                Err(e) => format!("invalid: {e}"),
+                Ok(_) => format!(
                     "valid, nodeSelector of {} label(s)",
                     c.spec.node_selector.len()
                 ),
             };
-            (name(c).to_string(), reason)
+            (c.name().to_string(), reason)
         })
         .collect();
     Some(Picked {

@@ -98,6 +98,16 @@ pub struct UpdateChannelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "max_rate_schema")]
     pub max_rate: Option<String>,
+    /// `true` stops new claims at once (a node holding a slot finishes its update or rolls
+    /// back); staging goes on. Default `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+    /// Failures recorded at or before this time no longer count towards `maxFailures`: the way
+    /// to resume a channel paused by failures (`kubectl patch upchan NAME --type merge -p
+    /// "{\"spec\":{\"resumedAt\":\"$(date -u +%FT%TZ)\"}}"`). The failed nodes still do not
+    /// retry the version they failed with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_at: Option<DateTime<Utc>>,
 }
 
 /// A maintenance window: starts at `start` local time on each of `days` and lasts `length`.
@@ -345,14 +355,29 @@ impl UpdateChannel {
         }
     }
 
-    /// Whether new claims are paused: `maxFailures` failures of the target version.
+    /// Whether new claims are paused by failures: `maxFailures` failures of the target
+    /// version recorded after `spec.resumedAt`.
     pub fn paused_for(&self, version: &str) -> bool {
+        self.status
+            .as_ref()
+            .is_some_and(|s| self.failures_pause(s, version))
+    }
+
+    /// The failures of `version` in `status` that count towards `maxFailures` (those after
+    /// `spec.resumedAt`).
+    pub fn counted_failures(&self, status: &UpdateChannelStatus, version: &str) -> usize {
+        status
+            .failures
+            .iter()
+            .filter(|f| f.version == version)
+            .filter(|f| self.spec.resumed_at.is_none_or(|r| f.at > r))
+            .count()
+    }
+
+    /// Whether the failures of `version` in `status` pause new claims.
+    pub fn failures_pause(&self, status: &UpdateChannelStatus, version: &str) -> bool {
         let max = self.spec.max_failures;
-        max > 0
-            && self
-                .status
-                .as_ref()
-                .is_some_and(|s| s.failures_for(version) >= max as usize)
+        max > 0 && self.counted_failures(status, version) >= max as usize
     }
 
     /// Whether the channel selects a node with these labels.
@@ -368,7 +393,7 @@ impl UpdateChannel {
 // Hand-written where the derived one is wrong or weak: unsigned integers derive `format:
 // uint32` (a warning on every apply, and no maximum: `concurrency: 5000000000` was stored and
 // then broke every agent's list), and the duration/time strings get patterns and CEL rules so
-// the API server rejects what the agent would reject (issue 11, bugs 3 and 10). Strings
+// the API server rejects what the agent would reject (a malformed or zero duration). Strings
 // checked by CEL carry a `maxLength`, which keeps the rules' estimated cost within the budget.
 
 /// Pattern of the spec's short durations (`90s`, `15m`, `1h30m`, `2d`; see `duration.rs`).

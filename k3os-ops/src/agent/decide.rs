@@ -11,66 +11,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::crd::{SlotPhase, UpdateChannel, UpdateChannelSpec};
-use super::duration;
-use super::window::Window;
-
-/// The channel's spec, parsed and checked.
-#[derive(Debug, Clone)]
-pub struct Policy {
-    pub window: Option<Window>,
-    pub reboot_timeout: Duration,
-    pub drain_timeout: Duration,
-    /// `spec.maxRate` in bytes per second.
-    pub max_rate: Option<u64>,
-}
-
-impl Policy {
-    /// Parse the durations and the window; the error names the field.
-    pub fn from_spec(spec: &UpdateChannelSpec) -> Result<Policy, String> {
-        let window = match &spec.window {
-            Some(w) => Some(Window::parse(w).map_err(|e| e.to_string())?),
-            None => None,
-        };
-        let reboot_timeout = duration::parse("spec.rebootTimeout", &spec.reboot_timeout)
-            .map_err(|e| e.to_string())?;
-        let drain_timeout = duration::parse("spec.drain.timeout", &spec.drain.timeout)
-            .map_err(|e| e.to_string())?;
-        if reboot_timeout.is_zero() {
-            return Err(format!(
-                "spec.rebootTimeout: '{}' must be greater than 0 (a zero timeout would reclaim every slot at once)",
-                spec.reboot_timeout
-            ));
-        }
-        if drain_timeout.is_zero() {
-            return Err(format!(
-                "spec.drain.timeout: '{}' must be greater than 0",
-                spec.drain.timeout
-            ));
-        }
-        if spec.concurrency == 0 {
-            return Err("spec.concurrency: must be at least 1".into());
-        }
-        let max_rate = spec
-            .max_rate
-            .as_deref()
-            .map(crate::upgrade::parse_rate)
-            .transpose()
-            .map_err(|e| format!("spec.maxRate: {e}"))?;
-        Ok(Policy {
-            window,
-            reboot_timeout,
-            drain_timeout,
-            max_rate,
-        })
-    }
-
-    /// How long a claimed update may take from claim to the node being back: the drain
-    /// timeout plus the reboot timeout. A claim must leave this much of the window.
-    pub fn needed(&self) -> Duration {
-        self.drain_timeout + self.reboot_timeout
-    }
-}
+use super::crd::{SlotPhase, UpdateChannel};
+pub use super::spec::Policy;
 
 /// State of the slot the node is *not* running from, as libupgrade reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -125,6 +67,11 @@ pub struct NodeView {
     pub unschedulable: bool,
     /// The token this node's agent claimed with (persisted on the Node), if any.
     pub token: Option<String>,
+    /// The node carries this agent's cordon mark (`k3os.io/update-cordoned: "true"`).
+    pub cordoned_by_us: bool,
+    /// How long this node's Lease had gone unrenewed when this agent process started, known
+    /// only to its first decision (`None` after it, or with no Lease).
+    pub silent_at_start: Option<Duration>,
     pub update: NodeUpdateStatus,
 }
 
@@ -156,12 +103,22 @@ pub enum Action {
     Paused {
         version: String,
     },
+    /// Claims are stopped by `spec.paused` (`version` is staged and waits).
+    PausedBySpec {
+        version: String,
+    },
     /// Outside the window, or too late in it to finish; `next` is the next window start.
     WaitForWindow {
         next: Option<DateTime<Utc>>,
     },
     /// Claim an update slot to install the staged `version`.
     Claim {
+        version: String,
+    },
+    /// The slot held when this agent started (before any disruption) is forfeit: the node was
+    /// silent for half the reboot timeout, so other agents may be reclaiming it; claim afresh
+    /// with a new token.
+    Forfeit {
         version: String,
     },
     /// Holding a slot at `phase`: carry on from there (drain / activate+reboot / reboot back).
@@ -189,8 +146,54 @@ pub enum Action {
     },
 }
 
-/// Decide the next step for `node` under `channel` at `now`.
+/// The next step and what must happen before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// Undo this agent's cordon first: it outlives the slot only after an interrupted update
+    /// (slot reclaimed while draining or rebooting, health rollback without a slot), and no
+    /// step of a held slot needs it. A [`Action::Claim`] is not such a step: a node without a
+    /// slot is never left cordoned by us while it waits for one (disruption stays bounded by
+    /// `concurrency`); the next claim cordons again after fencing.
+    pub undo_cordon: bool,
+    pub action: Action,
+}
+
+/// [`step`]'s action, parsing the channel's policy itself (for callers without a
+/// [`super::channels::Channel`]).
 pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> Action {
+    step(channel, &Policy::from_spec(&channel.spec), node, now).action
+}
+
+/// Decide the next step for `node` under `channel` (whose spec parsed into `policy`) at `now`.
+pub fn step(
+    channel: &UpdateChannel,
+    policy: &Result<Policy, String>,
+    node: &NodeView,
+    now: DateTime<Utc>,
+) -> Step {
+    let action = next_action(channel, policy, node, now);
+    let slot_action = matches!(
+        action,
+        Action::Continue { .. }
+            | Action::Confirm { .. }
+            | Action::RolledBack { .. }
+            | Action::FinishRollback
+            | Action::Release { .. }
+            | Action::Idle(IdleReason::ForeignSlot)
+    );
+    Step {
+        undo_cordon: node.cordoned_by_us && !slot_action,
+        action,
+    }
+}
+
+/// The decision table.
+fn next_action(
+    channel: &UpdateChannel,
+    policy: &Result<Policy, String>,
+    node: &NodeView,
+    now: DateTime<Utc>,
+) -> Action {
     let status = channel.status.clone().unwrap_or_default();
     let target = channel.target_version();
     let booted = node.update.booted_version.as_deref();
@@ -229,12 +232,20 @@ pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> A
                     Action::Release {
                         reason: format!("{version} is no longer staged in the inactive slot"),
                     }
-                } else if slot.phase == SlotPhase::Claimed && !fits_window(channel, now) {
+                } else if slot.phase == SlotPhase::Claimed
+                    && policy.as_ref().is_ok_and(|p| !p.fits_window(now))
+                {
                     // Nothing disrupted yet (e.g. the agent restarted late): do not start an
-                    // update the rest of the window cannot hold.
+                    // update the rest of the window cannot hold. (An invalid spec holds
+                    // nothing back here: it stops claims before they happen.)
                     Action::Release {
                         reason: "the window closed before the update started".into(),
                     }
+                } else if policy.as_ref().is_ok_and(|p| {
+                    node.silent_at_start
+                        .is_some_and(|s| s >= p.reboot_timeout / 2)
+                }) {
+                    Action::Forfeit { version }
                 } else {
                     Action::Continue {
                         phase: slot.phase,
@@ -276,9 +287,9 @@ pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> A
     if !channel.selects(&node.labels) {
         return Action::Idle(IdleReason::NotSelected);
     }
-    let policy = match Policy::from_spec(&channel.spec) {
+    let policy = match policy {
         Ok(p) => p,
-        Err(e) => return Action::Invalid(e),
+        Err(e) => return Action::Invalid(e.clone()),
     };
     let Some(target) = target else {
         return Action::Idle(IdleReason::NoTarget);
@@ -305,35 +316,18 @@ pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> A
         Inactive::Staged(v) | Inactive::Activated(v) if *v == target => {}
         _ => return Action::Stage { version: target },
     }
+    if channel.spec.paused {
+        return Action::PausedBySpec { version: target };
+    }
     if channel.paused_for(&target) {
         return Action::Paused { version: target };
     }
     if let Some(window) = &policy.window {
-        if !window_fits(window, &policy, now) {
+        if !policy.fits_window(now) {
             return Action::WaitForWindow {
                 next: window.next_start(now),
             };
         }
     }
     Action::Claim { version: target }
-}
-
-/// Whether an update started at `now` ends inside the window (drain + reboot timeouts).
-fn window_fits(window: &Window, policy: &Policy, now: DateTime<Utc>) -> bool {
-    let needed = chrono::Duration::from_std(policy.needed()).unwrap_or(chrono::Duration::MAX);
-    window
-        .open_until(now)
-        .is_some_and(|end| end - now >= needed)
-}
-
-/// [`window_fits`] for a channel; no window, or a spec that does not parse, holds nothing
-/// back here (an invalid spec stops claims before they happen).
-fn fits_window(channel: &UpdateChannel, now: DateTime<Utc>) -> bool {
-    match Policy::from_spec(&channel.spec) {
-        Ok(policy) => match &policy.window {
-            Some(w) => window_fits(w, &policy, now),
-            None => true,
-        },
-        Err(_) => true,
-    }
 }

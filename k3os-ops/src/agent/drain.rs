@@ -40,7 +40,7 @@ pub enum DrainError {
     },
     #[error(
         "drain of node {node}: {what}: {}",
-        super::errors::kube_message(source)
+        super::client::kube_message(source)
     )]
     Api {
         node: String,

@@ -3,28 +3,14 @@
 //! of `Display` text, causes joined by `: `.
 //!
 //! kube's `Error::Api` displays as `ApiError: msg (ErrorResponse { … })`, a Rust debug dump
-//! that ended up in `ReconcileError` events (issue 11, bug 10). [`kube_message`] renders an API
-//! answer as `message (Reason, code)`; [`message`] walks an error chain and uses it for every
-//! kube error in the chain.
+//! that is unreadable in a `ReconcileError` event (`kubectl describe` shows it verbatim).
+//! [`kube_message`] ([`super::client`]) renders an API answer as `message (Reason, code)`;
+//! [`message`] walks an error chain and uses it for every kube error in the chain.
 
+pub use super::client::kube_message;
 use super::drain::DrainError;
 use super::node::NodeError;
 use super::slots::{SlotError, StoreError};
-
-/// One kube error as text without debug output.
-pub fn kube_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => {
-            let reason = if s.reason.is_empty() {
-                "Failure"
-            } else {
-                s.reason.as_str()
-            };
-            format!("{} ({reason}, HTTP {})", s.message, s.code)
-        }
-        other => other.to_string(),
-    }
-}
 
 /// The whole chain of `e`, outermost first, as `a: b: c` (kube errors via [`kube_message`]).
 pub fn message(e: &(dyn std::error::Error + 'static)) -> String {

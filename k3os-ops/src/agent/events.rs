@@ -2,7 +2,7 @@
 //!
 //! Not kube-runtime's `Recorder`: it keys its series cache by (reason, action, type, objects)
 //! without the message, so a second event with the same reason but new text only bumped the
-//! first one's count and `kubectl describe` kept showing the stale text (issue 11, bug 8).
+//! first one's count and `kubectl describe` kept showing the stale text.
 //! Repeats of the *same* text are already suppressed by the caller (`Agent::event_once`), so
 //! plain creates stay few. Each event about a channel is published twice: regarding the Node
 //! (`kubectl describe node`) and regarding the UpdateChannel (`kubectl describe upchan`).

@@ -22,6 +22,14 @@
 //!   own types, which drops both fields again: the result is a correct format-1 status, and
 //!   the next write of a current agent migrates it again.
 //!
+//! **`UpdateChannel` spec** — written by humans, not versioned by a marker: fields are only
+//! ever added, optional, with a default that keeps the earlier meaning. Since v0.1.0:
+//! `paused` (default `false`: claims as before) and `resumedAt` (absent: every failure counts,
+//! as before). An agent of an earlier release ignores both: during a DaemonSet roll it may
+//! still claim on a paused channel, and it stays paused by failures that `resumedAt` forgave
+//! until it is replaced. Neither changes the status format: the `Paused` condition keeps its
+//! meaning (claims are paused) and gains the reason `PausedBySpec`.
+//!
 //! **Node annotations** — marker `k3os.io/update-format` (a decimal string), current
 //! [`NODE_FORMAT`], written in every annotation patch of the agent:
 //! - format 1 (v0.1.0; no marker): `k3os.io/update-phase`, `update-target`, `update-progress`,
@@ -50,6 +58,13 @@ pub const NODE_FORMAT: u32 = 2;
 /// Node annotation format of v0.1.0, which wrote no marker.
 pub const NODE_FORMAT_V010: u32 = 1;
 /// Node annotation holding [`NODE_FORMAT`].
+/// Node annotation keys of formats 1 and 2 (see the module docs).
+pub const ANN_PHASE: &str = "k3os.io/update-phase";
+pub const ANN_TARGET: &str = "k3os.io/update-target";
+pub const ANN_PROGRESS: &str = "k3os.io/update-progress";
+pub const ANN_MESSAGE: &str = "k3os.io/update-message";
+pub const ANN_TOKEN: &str = "k3os.io/update-token";
+pub const ANN_CORDONED: &str = "k3os.io/update-cordoned";
 pub const ANN_FORMAT: &str = "k3os.io/update-format";
 
 /// A format this agent cannot read.

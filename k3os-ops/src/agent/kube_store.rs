@@ -27,7 +27,7 @@ pub fn store_error(e: kube::Error) -> StoreError {
     match &e {
         kube::Error::Api(s) if s.is_conflict() => StoreError::Conflict,
         kube::Error::Api(s) if s.is_not_found() => StoreError::NotFound(s.message.clone()),
-        _ => StoreError::Other(super::errors::kube_message(&e)),
+        _ => StoreError::Other(super::client::kube_message(&e)),
     }
 }
 
@@ -93,7 +93,7 @@ impl ChannelStore for KubeChannelStore {
             return Ok(false);
         }
         let ours = annotations
-            .get(super::controller::ANN_CORDONED)
+            .get(super::format::ANN_CORDONED)
             .is_some_and(|v| v == "true");
         if !ours {
             return Ok(false);
@@ -108,7 +108,7 @@ impl ChannelStore for KubeChannelStore {
             .await
             .map_err(store_error)?;
         let annotations = serde_json::json!({
-            super::controller::ANN_CORDONED: null,
+            super::format::ANN_CORDONED: null,
             super::format::ANN_FORMAT: super::format::NODE_FORMAT.to_string(),
         });
         self.nodes

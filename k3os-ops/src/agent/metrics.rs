@@ -29,27 +29,7 @@ pub const NOT_READY_AFTER_ERRORS: u32 = 3;
 
 /// The phases the agent reports (the `k3os.io/update-phase` annotation values); each is a
 /// series of `k3os_ops_update_phase`, 1 for the current one.
-pub const PHASES: &[&str] = &[
-    "UpToDate",
-    "Staging",
-    "Staged",
-    "StageFailed",
-    "WaitingForWindow",
-    "WaitingForSlot",
-    "BackingOff",
-    "Paused",
-    "Claimed",
-    "Draining",
-    "DrainFailed",
-    "ActivateFailed",
-    "Aborted",
-    "Rebooting",
-    "Confirming",
-    "RollingBack",
-    "Failed",
-    "Unhealthy",
-    "NotAssessed",
-];
+pub const PHASES: [super::phase::Phase; 19] = super::phase::Phase::ALL;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
@@ -162,7 +142,7 @@ impl Metrics {
         for p in PHASES {
             phase
                 .get_or_create(&PhaseLabels {
-                    phase: p.to_string(),
+                    phase: p.as_str().to_string(),
                 })
                 .set(0);
         }
@@ -185,7 +165,8 @@ impl Metrics {
     }
 
     /// The node entered `phase`.
-    pub fn set_phase(&self, phase: &str) {
+    pub fn set_phase(&self, phase: super::phase::Phase) {
+        let phase = phase.as_str();
         let mut cur = self.current_phase.lock().expect("not poisoned");
         if let Some(old) = cur.as_deref() {
             self.phase

@@ -10,17 +10,44 @@
 //! 6. renew its node Lease; reclaim slots of deleted or silent nodes;
 //! 7. one agent (poller Lease holder) resolves `latest` into `status.latestVersion`.
 //!
-//! Module map: [`crd`] (the resource types), [`window`] and [`duration`] (spec parsing),
-//! [`decide`] (pure next-step logic), [`slots`] (the CAS slot protocol over the
-//! [`slots::ChannelStore`] trait), [`kube_store`] (that trait over kube-rs), [`drain`]
-//! (cordon/evict), [`node`] (the node-side trait over libupgrade), [`channels`] (decoding
-//! channels one by one, which channel wins), [`controller`] (one reconcile and the agent's
-//! state), [`steps`] (stage, drain, flip + reboot, confirm), [`invalid`] (reporting unusable
-//! channels), [`background`] (Lease renewal, reclaim, `latest` poller), [`run`] (process
-//! wiring and the error policy), [`client`] (kube client without the hidden retry layer),
-//! [`events`], [`format`] (versions and migrations of everything the agent stores),
-//! [`errors`] (Display text of errors), [`metrics`] (/metrics, /healthz, /readyz),
-//! [`progress`] (stage progress annotation).
+//! ## Architecture
+//!
+//! Data flows one way through one reconcile (`run` → `controller` → `decide` → the action's
+//! function → the stores), and every module below a line uses only modules below it:
+//!
+//! ```text
+//! run            process wiring: client, metrics listener, background tasks, watchers, loop
+//!  │              + background (node Lease, reclaim of dead holders, `latest` poller)
+//! controller     read: own Node, channels (channels), this node's slots (node) → NodeView
+//!  │             decide: decide::step(channel, policy, view, now) → Step (pure, no I/O)
+//!  │             dispatch: one match, one function per Action
+//! actions, steps tick_* (wait, claim, forfeit, release, record a failure) | stage, cordon +
+//!  │             drain, flip + reboot, confirm — each fences on its token first
+//!  │              + invalid (the Invalid condition), assessment (boot not assessed yet)
+//! context        Agent = Settings + Clients + Memory; annotate_phase, events, blocking calls
+//! slots, drain,  the effects: CAS of the channel status (slots over kube_store), cordon and
+//! node, events   Eviction API (drain), libupgrade (node), Events (events)
+//! decide, spec,  pure: the decision table, the parsed spec (Policy), windows, durations
+//! window, ...
+//! crd, format,   types and wire formats: the resource, format versions and migrations,
+//! phase, client  the Phase enum, the kube client and how its errors read
+//! ```
+//!
+//! Module map: [`crd`] (the resource types), [`spec`] (a channel's spec parsed once into a
+//! [`spec::Policy`]), [`window`] and [`duration`] (spec parsing), [`decide`] (pure next-step
+//! logic), [`slots`] (the CAS slot protocol over the [`slots::ChannelStore`] trait),
+//! [`kube_store`] (that trait over kube-rs), [`drain`] (cordon/evict), [`node`] (the
+//! node-side trait over libupgrade), [`channels`] (decoding channels one by one with their
+//! policy, which channel wins), [`controller`] (one reconcile: read, decide, dispatch),
+//! [`context`] (the [`context::Agent`] handed to every step), [`actions`] (the waiting and
+//! bookkeeping actions), [`steps`] (stage, drain, flip + reboot, confirm), [`invalid`]
+//! (reporting unusable channels), [`assessment`] (a boot not assessed yet), [`background`]
+//! (Lease renewal, reclaim, `latest` poller), [`run`] (process wiring and the error policy),
+//! [`client`] (kube client without the hidden retry layer, kube error text), [`events`],
+//! [`format`] (versions and migrations of everything the agent stores, the annotation keys),
+//! [`phase`] (the update phases of annotations and metrics), [`errors`] (Display text of
+//! errors), [`metrics`] (/metrics, /healthz, /readyz), [`progress`] (stage progress
+//! annotation).
 //!
 //! Error policy: the steps return typed errors (`SlotError`, `DrainError`, `NodeError`,
 //! `WindowError`, `DurationError`) wrapped with context; every error ends in
@@ -34,9 +61,12 @@
 //!
 //! Integration tests reach it as `k3os_ops::agent` (the library target).
 
+pub mod actions;
+pub mod assessment;
 pub mod background;
 pub mod channels;
 pub mod client;
+pub mod context;
 pub mod controller;
 pub mod crd;
 pub mod decide;
@@ -49,9 +79,11 @@ pub mod invalid;
 pub mod kube_store;
 pub mod metrics;
 pub mod node;
+pub mod phase;
 pub mod progress;
 pub mod run;
 pub mod slots;
+pub mod spec;
 pub mod steps;
 pub mod window;
 

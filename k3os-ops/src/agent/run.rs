@@ -12,7 +12,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher;
-use kube::Api;
+use kube::{Api, Client};
 
 use super::background::{poll_loop, reclaim_loop, renew_node_lease};
 use super::controller::{Agent, Next};
@@ -43,32 +43,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         args.metrics_addr
     );
     libupgrade::http::install_crypto_provider();
-    let client = super::client::infer()
-        .await
-        .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
-    let ops: Arc<dyn NodeOps> = Arc::new(super::node::LibupgradeNode::open(args.config.clone())?);
-    let self_pod = args
-        .pod_name
-        .as_ref()
-        .map(|p| format!("{}/{p}", args.namespace));
-    let mut agent = Agent::new(client.clone(), &args.namespace, &node, self_pod, ops);
-    agent.booted_at = std::fs::read_to_string("/proc/stat")
-        .ok()
-        .and_then(|s| super::steps::host_boot_time(&s));
-    let agent = Arc::new(agent);
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &args.namespace);
-    let silence = leases
-        .get_opt(&node_lease_name(&node))
-        .await
-        .with_context(|| format!("read Lease {}/{}", args.namespace, node_lease_name(&node)))?
-        .and_then(|l| l.spec?.renew_time)
-        .map(|t| {
-            let age = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
-            Duration::from_secs_f64(age.as_secs_f64().max(0.0))
-        });
-    agent.set_startup_silence(silence);
-
-    let bound = super::metrics::spawn(args.metrics_addr, agent.metrics.clone())
+    let (client, agent) = start_agent(&args, &node).await?;
+    let bound = super::metrics::spawn(args.metrics_addr, agent.clients.metrics.clone())
         .await
         .with_context(|| {
             format!(
@@ -88,11 +64,62 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         Duration::from_secs(args.poll_secs.max(30)),
     ));
 
+    let mut wake_rx = spawn_watchers(&client, &args.namespace, &node);
+    agent
+        .event(
+            None,
+            false,
+            "AgentStarted",
+            format!("k3os-ops agent {} started", env!("CARGO_PKG_VERSION")),
+        )
+        .await;
+    reconcile_loop(
+        &agent,
+        Duration::from_secs(args.resync_secs.max(5)),
+        &mut wake_rx,
+    )
+    .await
+}
+
+/// The Kubernetes client and the agent, with this host's boot time and how long its Lease
+/// was silent before this start.
+async fn start_agent(args: &AgentArgs, node: &str) -> anyhow::Result<(Client, Arc<Agent>)> {
+    let node = node.to_string();
+    let client = super::client::infer()
+        .await
+        .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
+    let ops: Arc<dyn NodeOps> = Arc::new(super::node::LibupgradeNode::open(args.config.clone())?);
+    let self_pod = args
+        .pod_name
+        .as_ref()
+        .map(|p| format!("{}/{p}", args.namespace));
+    let mut agent = Agent::new(client.clone(), &args.namespace, &node, self_pod, ops);
+    agent.settings.booted_at = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| super::steps::host_boot_time(&s));
+    let agent = Arc::new(agent);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &args.namespace);
+    let silence = leases
+        .get_opt(&node_lease_name(&node))
+        .await
+        .with_context(|| format!("read Lease {}/{}", args.namespace, node_lease_name(&node)))?
+        .and_then(|l| l.spec?.renew_time)
+        .map(|t| {
+            let age = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
+            Duration::from_secs_f64(age.as_secs_f64().max(0.0))
+        });
+    agent.set_startup_silence(silence);
+
+    Ok((client, agent))
+}
+
+/// Watchers of the channels and of this Node, each change a wake-up of the loop.
+fn spawn_watchers(client: &Client, namespace: &str, node: &str) -> tokio::sync::mpsc::Receiver<()> {
     // Wake on any change of the channels or of this Node; resync periodically regardless.
-    let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let (wake_tx, wake_rx) = tokio::sync::mpsc::channel::<()>(1);
     // Untyped, so one malformed channel does not stop the wake-ups (it is reported by the
     // reconcile's list).
-    let channels = super::channels::dynamic_api(client.clone(), &args.namespace);
+    let channels = super::channels::dynamic_api(client.clone(), namespace);
     let tx = wake_tx.clone();
     tokio::spawn(async move {
         let mut s = watcher(channels, watcher::Config::default()).boxed();
@@ -114,15 +141,15 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         }
     });
 
-    agent
-        .event(
-            None,
-            false,
-            "AgentStarted",
-            format!("k3os-ops agent {} started", env!("CARGO_PKG_VERSION")),
-        )
-        .await;
-    let resync = Duration::from_secs(args.resync_secs.max(5));
+    wake_rx
+}
+
+/// Reconcile forever with the one error policy (see the module docs).
+async fn reconcile_loop(
+    agent: &Agent,
+    resync: Duration,
+    wake_rx: &mut tokio::sync::mpsc::Receiver<()>,
+) -> ! {
     let (mut errors, mut conflicts) = (0u32, 0u32);
     loop {
         match agent.reconcile().await {

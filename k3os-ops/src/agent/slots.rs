@@ -124,28 +124,30 @@ fn jitter(attempt: u32) -> Duration {
 /// channel's current target, and `updating` (all slot holders) for the printer column.
 pub fn refresh_conditions(ch: &mut UpdateChannel, now: DateTime<Utc>) {
     let target = ch.target_version();
-    let paused = target.as_deref().is_some_and(|v| ch.paused_for(v));
+    let paused_by_failures = target.as_deref().is_some_and(|v| ch.paused_for(v));
+    let paused = paused_by_failures || ch.spec.paused;
     let max = ch.spec.max_failures;
+    let failed = match (target.as_deref(), ch.status.as_ref()) {
+        (Some(v), Some(st)) => ch.counted_failures(st, v),
+        _ => 0,
+    };
+    let name = ch.metadata.name.clone().unwrap_or_default();
     let generation = ch.metadata.generation;
     let status = ch.status.get_or_insert_with(UpdateChannelStatus::default);
     let holders: Vec<&str> = status.slots.iter().map(|s| s.node.as_str()).collect();
     status.updating = (!holders.is_empty()).then(|| holders.join(","));
-    let failed = target
-        .as_deref()
-        .map(|v| status.failures_for(v))
-        .unwrap_or(0);
     let tv = target.unwrap_or_default();
-    status.set_condition(
-        COND_PAUSED,
-        paused,
-        if paused { "TooManyFailures" } else { "Running" },
-        if paused {
-            format!("{failed} node(s) failed to update to {tv} (maxFailures {max}); new claims are paused. Remove status.failures entries to resume.")
-        } else {
-            String::new()
-        },
-        now,
-    );
+    let (reason, message) = if paused_by_failures {
+        ("TooManyFailures", format!("{failed} node(s) failed to update to {tv} (maxFailures {max}); new claims are paused. {}", resume_hint(&name)))
+    } else if paused {
+        (
+            "PausedBySpec",
+            "spec.paused is true; new claims are paused".to_string(),
+        )
+    } else {
+        ("Running", String::new())
+    };
+    status.set_condition(COND_PAUSED, paused, reason, message, now);
     status.set_condition(
         COND_DEGRADED,
         failed > 0,
@@ -252,7 +254,7 @@ pub async fn claim<S: ChannelStore>(
         if target.as_deref() != Some(version) {
             return Step::Done(ClaimOutcome::TargetChanged(target));
         }
-        if ch.paused_for(version) {
+        if ch.spec.paused || ch.paused_for(version) {
             return Step::Done(ClaimOutcome::Paused);
         }
         if st.slots.len() >= ch.spec.concurrency.max(1) as usize {
@@ -356,12 +358,14 @@ pub struct FailureOutcome {
 /// Whether the failures of `version` in `st` pause the channel's claims now (they did not in
 /// the status `ch` was read with).
 fn pauses(ch: &UpdateChannel, st: &UpdateChannelStatus, version: &str) -> bool {
-    let max = ch.spec.max_failures as usize;
-    let before = ch.paused_for(version);
-    max > 0
-        && !before
+    !ch.paused_for(version)
         && ch.target_version().as_deref() == Some(version)
-        && st.failures_for(version) >= max
+        && ch.failures_pause(st, version)
+}
+
+/// How to resume channel `name` after a pause by failures: one `kubectl patch`.
+pub fn resume_hint(name: &str) -> String {
+    format!("Resume with: kubectl patch upchan {name} --type merge -p \"{{\\\"spec\\\":{{\\\"resumedAt\\\":\\\"$(date -u +%FT%TZ)\\\"}}}}\"")
 }
 
 /// Record that `node` failed to update to `version`. With `token`, our slot is also moved to
@@ -489,14 +493,47 @@ pub async fn reclaim_dead<S: ChannelStore>(
     let current = store.read().await.map_err(err)?;
     known_format(&channel, &current)?;
     let slots = current.status.map(|s| s.slots).unwrap_or_default();
+    let dead = find_dead(store, me, &slots, observer, reboot_timeout, mono_now)
+        .await
+        .map_err(err)?;
+    if dead.is_empty() {
+        return Ok(Vec::new());
+    }
+    // A holder that died before its bootloader flip (Claimed, Draining) abandoned its update
+    // with nothing irreversible done, like a drain that timed out: undo its cordon (only one
+    // it marked as its own, and never an admin's) before its slot is freed, so the node that
+    // claims next is the only one we keep cordoned. A holder silent after its flip
+    // (Rebooting, RollingBack) is down or hung: it stays cordoned and counts as a failure.
+    let uncordoned = undo_cordons_before_flip(store, &dead).await.map_err(err)?;
+    cas(store, now, |ch, st| {
+        let out = remove_dead(ch, st, &dead, &uncordoned, now);
+        if out.is_empty() {
+            Step::Done(out)
+        } else {
+            Step::Write(out)
+        }
+    })
+    .await
+}
+
+/// The holders of `slots` (but `me`) whose Node is deleted or whose Lease went unrenewed
+/// for `reboot_timeout`, looked at twice.
+async fn find_dead<S: ChannelStore>(
+    store: &S,
+    me: &str,
+    slots: &[SlotEntry],
+    observer: &mut LivenessObserver,
+    reboot_timeout: Duration,
+    mono_now: Instant,
+) -> Result<Vec<(SlotEntry, DeadReason)>, StoreError> {
     observer.retain(|n| slots.iter().any(|s| s.node == n));
     let mut dead: Vec<(SlotEntry, DeadReason)> = Vec::new();
     for slot in slots.iter().filter(|s| s.node != me) {
-        if !store.node_exists(&slot.node).await.map_err(err)? {
+        if !store.node_exists(&slot.node).await? {
             dead.push((slot.clone(), DeadReason::NodeDeleted));
             continue;
         }
-        let marker = store.lease_marker(&slot.node).await.map_err(err)?;
+        let marker = store.lease_marker(&slot.node).await?;
         let silent = observer.observe(&slot.node, marker, mono_now);
         if silent >= reboot_timeout {
             dead.push((slot.clone(), DeadReason::LeaseStale(silent)));
@@ -508,84 +545,87 @@ pub async fn reclaim_dead<S: ChannelStore>(
     let mut confirmed = Vec::with_capacity(dead.len());
     for (slot, reason) in dead {
         if let DeadReason::LeaseStale(_) = reason {
-            let again = store.lease_marker(&slot.node).await.map_err(err)?;
+            let again = store.lease_marker(&slot.node).await?;
             if observer.observe(&slot.node, again, mono_now) < reboot_timeout {
                 continue;
             }
         }
         confirmed.push((slot, reason));
     }
-    let dead = confirmed;
-    if dead.is_empty() {
-        return Ok(Vec::new());
-    }
-    // A holder that died before its bootloader flip (Claimed, Draining) abandoned its update
-    // with nothing irreversible done, like a drain that timed out: undo its cordon (only one
-    // it marked as its own, and never an admin's) before its slot is freed, so the node that
-    // claims next is the only one we keep cordoned. A holder silent after its flip
-    // (Rebooting, RollingBack) is down or hung: it stays cordoned and counts as a failure.
+    Ok(confirmed)
+}
+
+/// Undo the cordon of holders that died before their bootloader flip; the nodes uncordoned.
+async fn undo_cordons_before_flip<S: ChannelStore>(
+    store: &S,
+    dead: &[(SlotEntry, DeadReason)],
+) -> Result<Vec<String>, StoreError> {
     let mut uncordoned = Vec::new();
-    for (slot, reason) in &dead {
+    for (slot, reason) in dead {
         let before_flip = matches!(slot.phase, SlotPhase::Claimed | SlotPhase::Draining);
         if matches!(reason, DeadReason::LeaseStale(_))
             && before_flip
             && slot.was_unschedulable != Some(true)
-            && store.undo_cordon(&slot.node).await.map_err(err)?
+            && store.undo_cordon(&slot.node).await?
         {
             uncordoned.push(slot.node.clone());
         }
     }
-    cas(store, now, |ch, st| {
-        let mut out = Vec::new();
-        for (slot, reason) in &dead {
-            // Only the exact claim we judged dead: a fresh claim by the same node survives.
-            let Some(i) = st
-                .slots
+    Ok(uncordoned)
+}
+
+/// Remove the `dead` claims from `st` (a failure recorded for a holder hung after its flip).
+fn remove_dead(
+    ch: &UpdateChannel,
+    st: &mut UpdateChannelStatus,
+    dead: &[(SlotEntry, DeadReason)],
+    uncordoned: &[String],
+    now: DateTime<Utc>,
+) -> Vec<Reclaimed> {
+    let mut out = Vec::new();
+    for (slot, reason) in dead {
+        // Only the exact claim we judged dead: a fresh claim by the same node survives.
+        let Some(i) = st
+            .slots
+            .iter()
+            .position(|s| s.node == slot.node && s.token == slot.token)
+        else {
+            continue;
+        };
+        let entry = st.slots.remove(i);
+        let hung = matches!(reason, DeadReason::LeaseStale(_))
+            && matches!(entry.phase, SlotPhase::Rebooting | SlotPhase::RollingBack);
+        let mut failure_recorded = false;
+        if let (true, Some(v)) = (hung, entry.version.as_ref()) {
+            if !st
+                .failures
                 .iter()
-                .position(|s| s.node == slot.node && s.token == slot.token)
-            else {
-                continue;
-            };
-            let entry = st.slots.remove(i);
-            let hung = matches!(reason, DeadReason::LeaseStale(_))
-                && matches!(entry.phase, SlotPhase::Rebooting | SlotPhase::RollingBack);
-            let mut failure_recorded = false;
-            if let (true, Some(v)) = (hung, entry.version.as_ref()) {
-                if !st
-                    .failures
-                    .iter()
-                    .any(|f| f.node == entry.node && f.version == *v)
-                {
-                    st.failures.push(FailureRecord {
-                        node: entry.node.clone(),
-                        version: v.clone(),
-                        at: now,
-                        reason: "did not come back within rebootTimeout after rebooting into it"
-                            .into(),
-                    });
-                    failure_recorded = true;
-                }
-            }
-            let undone = uncordoned.contains(&entry.node);
-            let paused = failure_recorded
-                && entry.version.as_deref().is_some_and(|v| {
-                    pauses(ch, st, v) && !out.iter().any(|r: &Reclaimed| r.paused)
+                .any(|f| f.node == entry.node && f.version == *v)
+            {
+                st.failures.push(FailureRecord {
+                    node: entry.node.clone(),
+                    version: v.clone(),
+                    at: now,
+                    reason: "did not come back within rebootTimeout after rebooting into it".into(),
                 });
-            out.push(Reclaimed {
-                slot: entry,
-                reason: reason.clone(),
-                failure_recorded,
-                uncordoned: undone,
-                paused,
-            });
+                failure_recorded = true;
+            }
         }
-        if out.is_empty() {
-            Step::Done(out)
-        } else {
-            Step::Write(out)
-        }
-    })
-    .await
+        let undone = uncordoned.contains(&entry.node);
+        let paused = failure_recorded
+            && entry
+                .version
+                .as_deref()
+                .is_some_and(|v| pauses(ch, st, v) && !out.iter().any(|r: &Reclaimed| r.paused));
+        out.push(Reclaimed {
+            slot: entry,
+            reason: reason.clone(),
+            failure_recorded,
+            uncordoned: undone,
+            paused,
+        });
+    }
+    out
 }
 
 /// Write the poller's result: `status.latestVersion` and the `LatestResolved` condition.

@@ -7,7 +7,8 @@
 //!   (the strategic merge the API server applies to them).
 //! - `UpdateChannel`s of `k3os-system`: list, GET, PUT of the status subresource as a
 //!   resourceVersion compare-and-swap (409 on a stale resourceVersion, 422 without one; a
-//!   write that changes nothing keeps the resourceVersion), merge PATCH of the status.
+//!   write that changes nothing keeps the resourceVersion); a PATCH of the status is answered
+//!   403, as deploy/rbac.yaml (get and update only) makes a real server answer it.
 //! - Leases of `k3os-system`: GET, POST (409 when it exists), PUT with the same CAS.
 //! - Pods: the list by `spec.nodeName` field selector, GET, and the Eviction API honouring
 //!   [`Pdb`]s: 429 while evicting a pod would leave fewer than `minAvailable` available pods
@@ -25,7 +26,7 @@
 //! Every answered request and every cluster step is shown to [`World::observer`] (when set),
 //! so a test sees every state the world passes through. Real changes of Nodes and channels
 //! bump [`World::subscribe`]'s counter, standing in for the agent's watches. The log records
-//! Node cordons, slot writes, status patches, Events and any request the fake does not know
+//! Node cordons, slot writes, `Invalid` condition writes, Events and any request the fake does not know
 //! (`UNEXPECTED …`), in order.
 
 // Each test binary uses its own part of the fake.
@@ -682,23 +683,41 @@ fn answer(
                 w.conflicts += 1;
                 return conflict(&format!("updatechannels.k3os.io \"{name}\""));
             }
-            let slots: Vec<String> = body["status"]["slots"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| {
-                    format!(
-                        "{}:{}",
-                        s["node"].as_str().unwrap(),
-                        s["phase"].as_str().unwrap()
-                    )
-                })
-                .collect();
-            let failures = body["status"]["failures"].as_array().map_or(0, Vec::len);
-            log.lock().unwrap().push(format!(
-                "api: slots=[{}] failures={failures}",
-                slots.join(",")
-            ));
+            let invalid = |status: &Value| {
+                status["conditions"]
+                    .as_array()
+                    .and_then(|c| c.iter().find(|c| c["type"] == "Invalid"))
+                    .cloned()
+                    .unwrap_or(Value::Null)
+            };
+            let cond = invalid(&body["status"]);
+            if cond != invalid(&ch["status"]) {
+                // The Invalid condition (invalid.rs): the only status write that changes it.
+                log.lock().unwrap().push(format!(
+                    "api: condition {name} Invalid={} {}",
+                    cond["status"].as_str().unwrap_or("-"),
+                    cond["message"].as_str().unwrap_or("")
+                ));
+            } else {
+                let slots: Vec<String> = body["status"]["slots"]
+                    .as_array()
+                    .map(Vec::as_slice)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "{}:{}",
+                            s["node"].as_str().unwrap(),
+                            s["phase"].as_str().unwrap()
+                        )
+                    })
+                    .collect();
+                let failures = body["status"]["failures"].as_array().map_or(0, Vec::len);
+                log.lock().unwrap().push(format!(
+                    "api: slots=[{}] failures={failures}",
+                    slots.join(",")
+                ));
+            }
             if ch["status"] == body["status"] {
                 return respond(200, ch);
             }
@@ -712,27 +731,16 @@ fn answer(
             Method::PATCH,
             ["apis", "k3os.io", "v1", "namespaces", NS, "updatechannels", name, "status"],
         ) => {
-            let cond = body["status"]["conditions"]
-                .as_array()
-                .and_then(|c| c.iter().find(|c| c["type"] == "Invalid"))
-                .cloned()
-                .unwrap_or(Value::Null);
+            // deploy/rbac.yaml grants updatechannels/status get and update only: a real API
+            // server answers a patch of it from the agent's ServiceAccount with 403.
             log.lock().unwrap().push(format!(
-                "api: patch-status {name} Invalid={} {}",
-                cond["status"].as_str().unwrap_or("-"),
-                cond["message"].as_str().unwrap_or("")
+                "UNEXPECTED PATCH updatechannels/{name}/status (forbidden)"
             ));
-            let rv = w.next_rv();
-            let Some(ch) = w.channel_mut(name) else {
-                return not_found(&format!("updatechannels.k3os.io \"{name}\""));
-            };
-            let mut patch = body.clone();
-            patch.as_object_mut().unwrap().remove("metadata");
-            merge(ch, &patch);
-            ch["metadata"]["resourceVersion"] = json!(rv);
-            let out = ch.clone();
-            w.notify();
-            respond(200, &out)
+            failure(
+                403,
+                "Forbidden",
+                &format!("updatechannels.k3os.io \"{name}\" is forbidden: User \"system:serviceaccount:k3os-system:k3os-ops-agent\" cannot patch resource \"updatechannels/status\" in API group \"k3os.io\" in the namespace \"k3os-system\""),
+            )
         }
         (m, ["apis", "coordination.k8s.io", "v1", "namespaces", NS, "leases", rest @ ..]) => {
             let what = |n: &str| format!("leases.coordination.k8s.io \"{n}\"");

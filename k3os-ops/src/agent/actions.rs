@@ -1,0 +1,332 @@
+//! The actions of [`super::decide::Action`] that wait or keep the books, one `tick_*`
+//! function each (the stage and the disruptive steps are in [`super::steps`]): report a
+//! waiting state, claim or give back a slot, record a failed update.
+
+use std::sync::atomic::Ordering;
+
+use chrono::{DateTime, Utc};
+use rand::Rng;
+
+use super::channels::Channel;
+use super::context::{Agent, Next};
+use super::decide::{IdleReason, NodeView, TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED};
+use super::errors::AgentError;
+use super::format::{ANN_MESSAGE, ANN_PROGRESS, ANN_TOKEN};
+use super::kube_store::KubeChannelStore;
+use super::metrics::Outcome;
+use super::phase::Phase;
+use super::slots::{self, ClaimOutcome};
+use super::steps;
+
+/// Nothing to do: say why where it helps; a slot of this node under another token (an earlier
+/// agent instance) is taken over in place.
+pub(super) async fn tick_idle(
+    cx: &Agent,
+    ch: &Channel,
+    reason: IdleReason,
+) -> Result<Next, AgentError> {
+    match reason {
+        IdleReason::FailedHere(v) => {
+            cx.event_once(
+                Some(ch),
+                true,
+                "NotRetrying",
+                format!("{v} failed on this node before; not retrying it"),
+            )
+            .await;
+        }
+        IdleReason::ForeignSlot => return tick_take_over(cx, ch).await,
+        IdleReason::UpToDate => {
+            cx.annotate_phase(
+                Phase::UpToDate,
+                &[(ANN_PROGRESS, None), (ANN_MESSAGE, None)],
+            )
+            .await?;
+        }
+        IdleReason::NotSelected | IdleReason::NoTarget => {}
+    }
+    Ok(Next::Wait)
+}
+
+/// Only one agent runs per node; a slot of this node under another token belongs to an
+/// earlier instance (or one whose claim outlived its token annotation). Take it over in
+/// place: the fence stops that instance.
+async fn tick_take_over(cx: &Agent, ch: &Channel) -> Result<Next, AgentError> {
+    cx.event(Some(ch), true, "SlotTakenOver", "the channel holds a slot for this node under another token (an earlier agent instance); taking it over".into()).await;
+    let version = ch
+        .status
+        .as_ref()
+        .and_then(|s| s.slot_of(&cx.settings.node))
+        .and_then(|s| s.version.clone())
+        .or_else(|| ch.target_version())
+        .unwrap_or_default();
+    let store = cx.store(ch.name());
+    tick_claim(cx, ch, &store, &version).await
+}
+
+/// The spec cannot be used: an Event naming the field (the condition is written by
+/// [`super::invalid`]).
+pub(super) async fn tick_invalid(cx: &Agent, ch: &Channel, msg: &str) -> Result<Next, AgentError> {
+    cx.event_once(
+        Some(ch),
+        true,
+        "InvalidChannel",
+        format!("UpdateChannel {}: {msg}", ch.name()),
+    )
+    .await;
+    Ok(Next::Wait)
+}
+
+/// Claims are paused by failures of `version`.
+pub(super) async fn tick_paused(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+) -> Result<Next, AgentError> {
+    cx.phase(
+        Phase::Paused,
+        &format!("claims paused: too many failures of {version}"),
+    )
+    .await?;
+    cx.event_once(
+        Some(ch),
+        true,
+        "Paused",
+        format!("not updating to {version}: the channel is paused after failures"),
+    )
+    .await;
+    Ok(Next::Wait)
+}
+
+/// Claims are stopped by `spec.paused`.
+pub(super) async fn tick_paused_by_spec(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+) -> Result<Next, AgentError> {
+    cx.phase(
+        Phase::Paused,
+        &format!("{version} staged; claims paused by spec.paused"),
+    )
+    .await?;
+    cx.event_once(
+        Some(ch),
+        false,
+        "Paused",
+        format!("not updating to {version}: spec.paused is true"),
+    )
+    .await;
+    Ok(Next::Wait)
+}
+
+/// Staged, outside the window (or too late in it).
+pub(super) async fn tick_wait_for_window(
+    cx: &Agent,
+    ch: &Channel,
+    next: Option<DateTime<Utc>>,
+) -> Result<Next, AgentError> {
+    let msg = match next {
+        Some(t) => format!("staged; waiting for the window starting {t}"),
+        None => "staged; the window is too short for drain timeout + reboot timeout".into(),
+    };
+    cx.phase(Phase::WaitingForWindow, &msg).await?;
+    cx.event_once(Some(ch), false, "WaitingForWindow", msg)
+        .await;
+    Ok(Next::Wait)
+}
+
+/// Claim an update slot with a fresh token (written on the Node first, so a restarted agent
+/// finds its slot), unless the last attempt's back-off still runs.
+pub(super) async fn tick_claim(
+    cx: &Agent,
+    ch: &Channel,
+    store: &KubeChannelStore,
+    version: &str,
+) -> Result<Next, AgentError> {
+    let now_s = Utc::now().timestamp().max(0) as u64;
+    let not_before = cx.memory.claim_not_before.load(Ordering::Relaxed);
+    if now_s < not_before {
+        cx.phase(
+            Phase::BackingOff,
+            &format!(
+                "the last update attempt was aborted; next claim in {}s",
+                not_before - now_s
+            ),
+        )
+        .await?;
+        return Ok(Next::Wait);
+    }
+    let token = format!(
+        "{:016x}{:016x}",
+        rand::thread_rng().gen::<u64>(),
+        rand::thread_rng().gen::<u64>()
+    );
+    cx.annotate(&[(ANN_TOKEN, Some(&token))]).await?;
+    match slots::claim(store, &cx.settings.node, &token, version, Utc::now()).await? {
+        ClaimOutcome::Claimed | ClaimOutcome::AlreadyHeld => {
+            cx.phase(
+                Phase::Claimed,
+                &format!("holding an update slot for {version}"),
+            )
+            .await?;
+            cx.event(
+                Some(ch),
+                false,
+                "SlotClaimed",
+                format!(
+                    "claimed an update slot of {} to install {version}",
+                    ch.name()
+                ),
+            )
+            .await;
+            Ok(Next::Again)
+        }
+        ClaimOutcome::Full(holders) => {
+            let msg = format!("all slots taken by {}", holders.join(", "));
+            cx.phase(Phase::WaitingForSlot, &msg).await?;
+            cx.event_once(Some(ch), false, "WaitingForSlot", msg).await;
+            Ok(Next::Wait)
+        }
+        ClaimOutcome::Paused => Ok(Next::Again),
+        ClaimOutcome::TargetChanged(_) => Ok(Next::Again),
+    }
+}
+
+/// The claim held through a long silence is given up for a fresh one.
+pub(super) async fn tick_forfeit(
+    cx: &Agent,
+    ch: &Channel,
+    store: &KubeChannelStore,
+    version: &str,
+) -> Result<Next, AgentError> {
+    cx.event(
+        Some(ch),
+        true,
+        "ClaimForfeit",
+        "this agent was silent too long while holding a slot; claiming afresh with a new token"
+            .into(),
+    )
+    .await;
+    tick_claim(cx, ch, store, version).await
+}
+
+/// The slot is `RollingBack` and the node still runs the failed `version`: reboot back.
+pub(super) async fn tick_reboot_back(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+) -> Result<Next, AgentError> {
+    cx.phase(
+        Phase::RollingBack,
+        &format!("rebooting back from {version}"),
+    )
+    .await?;
+    cx.event(
+        Some(ch),
+        true,
+        "RebootingBack",
+        format!("rebooting back from the failed {version}"),
+    )
+    .await;
+    cx.blocking(|ops| ops.reboot()).await?;
+    Ok(Next::Wait)
+}
+
+/// Back on the old slot after trying `version`: report why (as the boot-assessment core
+/// recorded it, not a guess from which slot booted), uncordon, record the failure.
+pub(super) async fn tick_rolled_back(
+    cx: &Agent,
+    ch: &Channel,
+    store: &KubeChannelStore,
+    view: &NodeView,
+    token: &str,
+    version: &str,
+) -> Result<Next, AgentError> {
+    let (event, reason) = rolled_back_reason(version, view.update.failed_trial.as_ref());
+    cx.event(Some(ch), true, event, reason.clone()).await;
+    steps::undo_cordon(cx).await?;
+    cx.clients.metrics.count(Outcome::Failure);
+    cx.clients.metrics.count(Outcome::Rollback);
+    let out = slots::record_failure(
+        store,
+        &cx.settings.node,
+        Some(token),
+        version,
+        &reason,
+        false,
+        Utc::now(),
+    )
+    .await?;
+    cx.failure_recorded(
+        ch,
+        version,
+        out,
+        "back on the old slot after a failed update",
+    )
+    .await;
+    cx.phase(Phase::Failed, &reason).await?;
+    Ok(Next::Again)
+}
+
+/// Back on the old slot after a rollback already recorded: uncordon and release.
+pub(super) async fn tick_finish_rollback(
+    cx: &Agent,
+    ch: &Channel,
+    store: &KubeChannelStore,
+    token: &str,
+) -> Result<Next, AgentError> {
+    steps::undo_cordon(cx).await?;
+    let released = slots::release(store, &cx.settings.node, token, Utc::now()).await?;
+    cx.phase(Phase::Failed, "back on the old slot after a failed update")
+        .await?;
+    cx.event(
+        Some(ch),
+        true,
+        "RollbackFinished",
+        "back on the old slot".into(),
+    )
+    .await;
+    cx.slot_released(ch, released, "back on the old slot after a failed update")
+        .await;
+    Ok(Next::Again)
+}
+
+/// A held slot with nothing left to do: uncordon and release.
+pub(super) async fn tick_release(
+    cx: &Agent,
+    ch: &Channel,
+    store: &KubeChannelStore,
+    token: &str,
+    reason: &str,
+) -> Result<Next, AgentError> {
+    steps::undo_cordon(cx).await?;
+    let released = slots::release(store, &cx.settings.node, token, Utc::now()).await?;
+    cx.slot_released(ch, released, reason).await;
+    Ok(Next::Again)
+}
+
+/// The Event reason and the failure text for a node back on its old slot after trying
+/// `version`, from what the boot-assessment core recorded about the failed trial.
+pub fn rolled_back_reason(
+    version: &str,
+    recorded: Option<&TrialFailure>,
+) -> (&'static str, String) {
+    match recorded {
+        Some(f) if f.event == HEALTH_FAILED => (
+            "HealthCheckFailed",
+            format!("{version} failed its health checks on this node and was rolled back: {}", f.reason),
+        ),
+        Some(f) if f.event == FALLBACK_TAKEN => (
+            "RolledBack",
+            format!("the node came back on its old slot instead of {version} (the bootloader fell back: {})", f.reason),
+        ),
+        Some(f) => (
+            "RolledBack",
+            format!("the node came back on its old slot instead of {version} ({}: {})", f.event, f.reason),
+        ),
+        None => (
+            "RolledBack",
+            format!("the node came back on its old slot instead of {version} (the bootloader fell back)"),
+        ),
+    }
+}

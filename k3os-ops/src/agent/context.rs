@@ -1,0 +1,382 @@
+//! The agent's context, what every step is handed (like controller-rs's `Context`): its
+//! [`Settings`] (fixed at start-up), its [`Clients`] (Kubernetes, the node's slots, Events,
+//! metrics) and its [`Memory`] (what one process remembers between reconciles: back-offs,
+//! reports already made), and the few effects every step shares: annotating the Node
+//! ([`Agent::annotate_phase`]), Events ([`Agent::event`], `Agent::event_once`), blocking
+//! calls into libupgrade (`Agent::blocking`).
+//!
+//! Per-node progress lives on the Node as `k3os.io/update-*` annotations (never on the shared
+//! channel): `update-phase` ([`Phase`]), `update-target`, `update-progress`, `update-message`,
+//! `update-token` (the claim token, written before the claim so a restarted agent finds its
+//! slot) and `update-cordoned` (set just before this agent cordons, so only a cordon of ours is
+//! undone), with their format in `update-format` ([`super::format`]).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, Resource};
+use serde_json::json;
+
+use super::crd::UpdateChannel;
+use super::errors::{AgentError, KubeContext};
+use super::format::{ANN_FORMAT, ANN_MESSAGE, ANN_PHASE, NODE_FORMAT};
+use super::kube_store::KubeChannelStore;
+use super::node::NodeOps;
+use super::phase::Phase;
+use super::slots;
+
+/// Least time between two writes of the stage progress annotation.
+pub const PROGRESS_PERIOD: Duration = Duration::from_secs(15);
+/// How long after a healthy boot the Node may take to report Ready.
+pub const READY_WAIT: Duration = Duration::from_secs(300);
+
+/// What an agent is fixed to at start-up.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub namespace: String,
+    pub node: String,
+    /// `namespace/name` of this agent's pod.
+    pub self_pod: Option<String>,
+    /// Pause between drain rounds (PDB retries).
+    pub drain_retry: Duration,
+    /// How long after the trial boot the Node may take to report Ready before Node-Ready is
+    /// reported failed (default 300 s; tests shorten it).
+    pub node_ready_wait: Duration,
+    /// Pause between two looks at the Node's Ready condition during that wait.
+    pub node_ready_poll: Duration,
+    /// When the host booted (`btime` of /proc/stat, set at start-up): a Ready condition last
+    /// heard before it was posted by the kubelet of the previous boot (a reboot shorter than
+    /// the node controller's grace period leaves it standing) and does not count. None: not
+    /// known, every Ready=True counts.
+    pub booted_at: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+/// Whom the agent talks to.
+pub struct Clients {
+    pub client: Client,
+    pub ops: Arc<dyn NodeOps>,
+    pub events: super::events::Publisher,
+    /// Prometheus metrics of this agent (served by [`super::metrics::serve`]).
+    pub metrics: Arc<super::metrics::Metrics>,
+}
+
+/// What one agent process remembers between reconciles (nothing here is needed to resume:
+/// that state is persisted on the channel, the Node and the slots).
+#[derive(Default)]
+pub struct Memory {
+    /// Stage failures in a row, for back-off.
+    pub(super) stage_failures: AtomicU64,
+    /// Earliest next stage attempt (unix seconds).
+    pub(super) stage_not_before: AtomicU64,
+    /// Aborted disruptions (drain/activate failed, slot lost) in a row, for back-off.
+    pub(super) claim_failures: AtomicU64,
+    /// Earliest next claim (unix seconds).
+    pub(super) claim_not_before: AtomicU64,
+    /// UID of this node, for Event references.
+    pub(super) node_uid: Mutex<Option<String>>,
+    pub(super) last_note: Mutex<Option<String>>,
+    /// The last ChannelConflict note published (reported again only when it changes).
+    pub(super) last_conflict: Mutex<Option<String>>,
+    /// How long this node's Lease had not been renewed when the agent started (`None`: no
+    /// Lease). Taken by the first reconcile (its decision may forfeit a held claim, see
+    /// [`super::decide::Action::Forfeit`]).
+    pub(super) startup_silence: Mutex<Option<Duration>>,
+    /// This boot's not-yet-assessed state was reported (condition + Event) by this process.
+    pub(super) not_assessed_reported: AtomicBool,
+    /// Format refusals already reported (each text once per agent process).
+    pub(super) format_reported: Mutex<BTreeSet<String>>,
+}
+
+/// What the loop does after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Decide again at once (state moved on).
+    Again,
+    /// Wait for a change or the resync period.
+    Wait,
+}
+
+/// Everything the loop needs.
+pub struct Agent {
+    pub settings: Settings,
+    pub clients: Clients,
+    pub(super) memory: Memory,
+}
+
+impl Agent {
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        node: &str,
+        self_pod: Option<String>,
+        ops: Arc<dyn NodeOps>,
+    ) -> Agent {
+        let events = super::events::Publisher::new(client.clone(), node);
+        Agent {
+            settings: Settings {
+                namespace: namespace.to_string(),
+                node: node.to_string(),
+                self_pod,
+                drain_retry: Duration::from_secs(5),
+                node_ready_wait: READY_WAIT,
+                node_ready_poll: Duration::from_secs(5),
+                booted_at: None,
+            },
+            clients: Clients {
+                client,
+                ops,
+                events,
+                metrics: Arc::new(super::metrics::Metrics::new(node)),
+            },
+            memory: Memory::default(),
+        }
+    }
+
+    pub fn set_startup_silence(&self, silence: Option<Duration>) {
+        *self.memory.startup_silence.lock().expect("not poisoned") = silence;
+    }
+
+    pub(super) fn nodes(&self) -> Api<Node> {
+        Api::all(self.clients.client.clone())
+    }
+
+    pub(super) fn store(&self, channel: &str) -> KubeChannelStore {
+        KubeChannelStore::new(
+            self.clients.client.clone(),
+            &self.settings.namespace,
+            channel,
+        )
+    }
+
+    pub(super) async fn node_ref(&self) -> ObjectReference {
+        let mut r = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.settings.node.clone()),
+            ..Default::default()
+        };
+        let cached = self.memory.node_uid.lock().expect("not poisoned").clone();
+        r.uid = match cached {
+            Some(uid) => Some(uid),
+            None => {
+                let uid = self
+                    .nodes()
+                    .get(&self.settings.node)
+                    .await
+                    .ok()
+                    .and_then(|n| n.metadata.uid);
+                self.memory
+                    .node_uid
+                    .lock()
+                    .expect("not poisoned")
+                    .clone_from(&uid);
+                uid
+            }
+        };
+        r
+    }
+
+    /// Publish a Kubernetes Event about this node and, with a channel, the same Event
+    /// regarding the channel (each as the other's related object). Failures are logged, never
+    /// fatal.
+    pub async fn event(
+        &self,
+        channel: Option<&UpdateChannel>,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        if warning {
+            tracing::warn!(reason, "{note}");
+        } else {
+            tracing::info!(reason, "{note}");
+        }
+        let n = super::events::Note {
+            warning,
+            reason,
+            note: &note,
+        };
+        let node = self.node_ref().await;
+        let channel = channel.map(|c| c.object_ref(&()));
+        if let Err(e) = self
+            .clients
+            .events
+            .publish(&node, channel.as_ref(), &n)
+            .await
+        {
+            tracing::warn!(
+                "could not publish event {reason} on Node {}: {}",
+                self.settings.node,
+                super::errors::kube_message(&e)
+            );
+        }
+        if let Some(ch) = &channel {
+            if let Err(e) = self.clients.events.publish(ch, Some(&node), &n).await {
+                tracing::warn!(
+                    "could not publish event {reason} on UpdateChannel {}: {}",
+                    ch.name.as_deref().unwrap_or_default(),
+                    super::errors::kube_message(&e)
+                );
+            }
+        }
+    }
+
+    /// A `SlotReleased` Event (on the Node and the channel) when our slot was released.
+    pub(super) async fn slot_released(&self, ch: &UpdateChannel, released: bool, why: &str) {
+        if released {
+            self.event(
+                Some(ch),
+                false,
+                "SlotReleased",
+                format!("released the update slot: {why}"),
+            )
+            .await;
+        }
+    }
+
+    /// Events for a recorded failure's effects on the channel: the slot released with it
+    /// (`SlotReleased`) and the pause it caused (`ChannelPaused`).
+    pub(super) async fn failure_recorded(
+        &self,
+        ch: &UpdateChannel,
+        version: &str,
+        out: slots::FailureOutcome,
+        why: &str,
+    ) {
+        self.slot_released(ch, out.released, why).await;
+        if out.paused {
+            self.event(
+                Some(ch),
+                true,
+                "ChannelPaused",
+                format!(
+                    "{version} failed on {} node(s), reaching maxFailures {}: new claims are paused. {}",
+                    ch.spec.max_failures,
+                    ch.spec.max_failures,
+                    super::slots::resume_hint(ch.metadata.name.as_deref().unwrap_or_default())
+                ),
+            )
+            .await;
+        }
+    }
+
+    /// Log a failed reconciliation and publish it (once per distinct text) as a
+    /// `ReconcileError` event: the error chain as `Display` text, never a debug dump.
+    pub async fn report_error(&self, e: &AgentError) {
+        let text = super::errors::message(e);
+        self.clients.metrics.reconciled(false);
+        tracing::error!("reconcile: {text}");
+        self.event_once(None, true, "ReconcileError", text).await;
+    }
+
+    /// Emit an event only when the note differs from the last one (for waiting states that
+    /// are re-decided every resync).
+    pub(super) async fn event_once(
+        &self,
+        channel: Option<&UpdateChannel>,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let key = format!("{reason}:{note}");
+        {
+            let mut last = self.memory.last_note.lock().expect("not poisoned");
+            if last.as_deref() == Some(key.as_str()) {
+                return;
+            }
+            *last = Some(key);
+        }
+        self.event(channel, warning, reason, note).await;
+    }
+
+    /// Set this node's phase (annotation and metric) together with `annotations`.
+    pub async fn annotate_phase(
+        &self,
+        phase: Phase,
+        annotations: &[(&str, Option<&str>)],
+    ) -> Result<(), AgentError> {
+        let mut all = vec![(ANN_PHASE, Some(phase.as_str()))];
+        all.extend_from_slice(annotations);
+        self.clients.metrics.set_phase(phase);
+        self.annotate(&all).await
+    }
+
+    /// Merge `annotations` into the Node's (a `None` value removes the key).
+    pub async fn annotate(&self, annotations: &[(&str, Option<&str>)]) -> Result<(), AgentError> {
+        let mut map: serde_json::Map<String, serde_json::Value> = annotations
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v.map_or(serde_json::Value::Null, |v| json!(v)),
+                )
+            })
+            .collect();
+        // Every patch states the format of the annotations it leaves behind.
+        map.insert(ANN_FORMAT.into(), json!(NODE_FORMAT.to_string()));
+        self.nodes()
+            .patch(
+                &self.settings.node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": map}})),
+            )
+            .await
+            .kube_ctx(|| format!("annotate Node {}", self.settings.node))?;
+        Ok(())
+    }
+
+    pub(super) async fn phase(&self, phase: Phase, message: &str) -> Result<(), AgentError> {
+        self.annotate_phase(phase, &[(ANN_MESSAGE, Some(message))])
+            .await
+    }
+
+    pub(super) async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn NodeOps) -> Result<T, super::node::NodeError> + Send + 'static,
+    ) -> Result<T, AgentError> {
+        let ops = self.clients.ops.clone();
+        Ok(tokio::task::spawn_blocking(move || f(ops.as_ref())).await??)
+    }
+
+    /// Report a format this agent cannot read, once per text: a warning Event regarding
+    /// `regarding` (the Node when `None`), and regarding the Node too.
+    pub(super) async fn report_format(
+        &self,
+        regarding: Option<ObjectReference>,
+        e: &super::format::FormatError,
+    ) {
+        let text = e.to_string();
+        if !self
+            .memory
+            .format_reported
+            .lock()
+            .expect("not poisoned")
+            .insert(text.clone())
+        {
+            return;
+        }
+        tracing::error!(reason = "UnknownFormat", "{text}");
+        let n = super::events::Note {
+            warning: true,
+            reason: "UnknownFormat",
+            note: &text,
+        };
+        let node = self.node_ref().await;
+        let targets: Vec<(ObjectReference, Option<&ObjectReference>)> = match &regarding {
+            Some(r) => vec![(r.clone(), Some(&node)), (node.clone(), Some(r))],
+            None => vec![(node.clone(), None)],
+        };
+        for (target, related) in targets {
+            if let Err(err) = self.clients.events.publish(&target, related, &n).await {
+                tracing::warn!(
+                    "could not publish event UnknownFormat: {}",
+                    super::errors::kube_message(&err)
+                );
+            }
+        }
+    }
+}
