@@ -75,7 +75,7 @@ image:
     cargo build --release -p k3os-ops --target x86_64-unknown-linux-musl
     cargo build --release -p k3os-ops --target aarch64-unknown-linux-musl
     cargo run -q -p k3os-ops --bin k3os-oci -- --out "$t/oci/k3os-ops.oci.tar" \
-        --ref docker.io/library/k3os-ops:0.1.0 \
+        --ref docker.io/library/k3os-ops:0.2.0 \
         --binary amd64="$t/x86_64-unknown-linux-musl/release/k3os-ops" \
         --binary arm64="$t/aarch64-unknown-linux-musl/release/k3os-ops"
 

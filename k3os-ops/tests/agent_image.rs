@@ -13,7 +13,7 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 
-const REFERENCE: &str = "docker.io/library/k3os-ops:0.1.0";
+const REFERENCE: &str = "docker.io/library/k3os-ops:0.2.0";
 
 fn archive() -> PathBuf {
     if let Ok(p) = std::env::var("K3OS_OPS_OCI_ARCHIVE") {

@@ -27,7 +27,7 @@ struct Args {
     /// Output archive, e.g. target/oci/k3os-ops.oci.tar.
     #[arg(long)]
     out: PathBuf,
-    /// Image reference recorded in the archive, e.g. docker.io/library/k3os-ops:0.1.0.
+    /// Image reference recorded in the archive, e.g. docker.io/library/k3os-ops:0.2.0.
     #[arg(long = "ref")]
     reference: String,
     /// ARCH=PATH of a static k3os-ops binary, ARCH an OCI architecture (amd64, arm64).
