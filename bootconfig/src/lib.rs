@@ -124,6 +124,47 @@ pub struct Damage {
     pub what: String,
 }
 
+/// Which boot script a loader runs (the file a release may carry a new version of).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScriptKind {
+    /// GRUB's `grub.cfg` ([`grub::render_cfg`], versions in [`grub::version`]).
+    GrubCfg,
+    /// syslinux's `extlinux.conf` ([`syslinux::render_conf`]).
+    ExtlinuxConf,
+}
+
+impl ScriptKind {
+    /// The file name the script is installed as (and carried in a release as).
+    pub fn file_name(self) -> &'static str {
+        match self {
+            ScriptKind::GrubCfg => grub::CFG_FILE,
+            ScriptKind::ExtlinuxConf => syslinux::CONF_FILE,
+        }
+    }
+}
+
+impl std::fmt::Display for ScriptKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ScriptKind::GrubCfg => "GRUB script",
+            ScriptKind::ExtlinuxConf => "extlinux.conf",
+        })
+    }
+}
+
+/// The boot script a loader runs now, for `slot status` and for deciding whether an
+/// activation may install a release's script.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScriptInfo {
+    pub kind: ScriptKind,
+    pub path: std::path::PathBuf,
+    /// The installed version; `None` when no script is installed.
+    pub installed: Option<u32>,
+    /// The newest version this build renders and reads.
+    pub newest_known: u32,
+}
+
 /// One slot's boot files and kernel command line, as the loader sees them (paths relative to
 /// the boot partition's root, e.g. `/a/vmlinuz`). The backends append `k3os.slot=A|B` and
 /// `panic=<secs>` to `cmdline` themselves.
@@ -154,6 +195,15 @@ pub enum Error {
         path: std::path::PathBuf,
         what: String,
     },
+    /// A file in a format newer than this build reads: refused, and nothing is rewritten
+    /// (rewriting it in an older format could break the newer `k3os-ops` that wrote it).
+    #[error("{path}: {what} version {found} is newer than this build of k3os-ops reads (up to version {known}); nothing was rewritten: upgrade k3os-ops first")]
+    NewerFormat {
+        path: std::path::PathBuf,
+        what: &'static str,
+        found: u32,
+        known: u32,
+    },
     #[error("{0}")]
     Unsupported(String),
 }
@@ -180,6 +230,14 @@ pub trait Bootloader: Send + Sync {
     fn mark_good(&self, slot: Slot) -> Result<()>;
     /// Which of the loader's records are damaged and which one it will use.
     fn integrity(&self) -> Result<Integrity>;
+    /// The installed boot script and its version; an error naming both versions when it is
+    /// newer than this build reads.
+    fn script(&self) -> Result<ScriptInfo>;
+    /// Replace the boot script with `text`, keeping the boot state, power-cut safely (at every
+    /// instant the installed script reads the installed state; see each backend's docs).
+    /// `Ok(false)` when `text` is installed already. Refused, with nothing written, when `text`
+    /// is not this loader's script or is newer than this build reads.
+    fn install_script(&self, text: &str) -> Result<bool>;
 }
 
 #[cfg(test)]

@@ -7,12 +7,14 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::{BootEnv, Bootloader, Integrity, Result, Slot, SlotBoot};
+use crate::grub::GrubScript;
+use crate::{BootEnv, Bootloader, Integrity, Result, ScriptInfo, ScriptKind, Slot, SlotBoot};
 
 /// Shared boot environment in memory; clones see the same state.
 #[derive(Debug, Clone)]
 pub struct MemoryBootloader {
     env: Arc<Mutex<BootEnv>>,
+    script: Arc<Mutex<GrubScript>>,
     max_tries: u8,
 }
 
@@ -25,8 +27,14 @@ impl MemoryBootloader {
                 a: SlotBoot::Good,
                 b: SlotBoot::Bad,
             })),
+            script: Arc::new(Mutex::new(GrubScript::CURRENT)),
             max_tries,
         }
+    }
+
+    /// Pretend the installed `grub.cfg` is `script` (a node made by an earlier release).
+    pub fn set_script(&self, script: GrubScript) {
+        *self.script.lock().unwrap_or_else(|e| e.into_inner()) = script;
     }
 
     /// The environment, for inspection or to simulate a write that never happened.
@@ -86,6 +94,27 @@ impl Bootloader for MemoryBootloader {
             in_use: "memory".into(),
             damaged: Vec::new(),
         })
+    }
+    fn script(&self) -> Result<ScriptInfo> {
+        Ok(ScriptInfo {
+            kind: ScriptKind::GrubCfg,
+            path: "memory/grub.cfg".into(),
+            installed: Some(
+                self.script
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .number(),
+            ),
+            newest_known: GrubScript::CURRENT.number(),
+        })
+    }
+    /// Takes the version from the text, as the GRUB backend does; the state is kept.
+    fn install_script(&self, text: &str) -> Result<bool> {
+        let v = GrubScript::of_cfg(std::path::Path::new("memory/grub.cfg"), text)?;
+        let mut s = self.script.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = *s != v;
+        *s = v;
+        Ok(changed)
     }
 }
 

@@ -55,10 +55,15 @@ fn render_cfg_passes_grub_script_check() {
     );
 }
 
-/// The rendered grub.cfg with each entry's `linux`/`initrd` replaced by a report and `halt`,
-/// so grub-emu boots the default entry through the real menu and stops.
-fn emu_cfg(max: u8) -> String {
-    let text = render_cfg(&cfg(max, false, 0));
+/// A rendered grub.cfg (`text`) with each entry's `linux`/`initrd` replaced by a report and
+/// `halt`, so grub-emu boots the default entry through the real menu and stops; serial
+/// commands (grub-emu has no serial port) dropped.
+fn emu_cfg(text: &str) -> String {
+    let text: String = text
+        .lines()
+        .filter(|l| !l.starts_with("serial ") && !l.starts_with("terminal_"))
+        .map(|l| format!("{l}\n"))
+        .collect();
     let (script, menu) = text
         .split_once(MENU_MARKER)
         .expect("render_cfg has the menu marker");
@@ -111,12 +116,16 @@ struct Emu {
 
 const FILES: [&str; 5] = ["lock1", "env1", "lock2", "env2", "good"];
 
-/// Boot grub-emu on an ext4 image whose /grub holds the k3os/ files of `grub_dir`.
+/// Boot grub-emu on an ext4 image whose /grub holds the k3os/ files of `grub_dir`, running the
+/// script `grub_dir/grub.cfg` when there is one (a node made by an earlier release), else
+/// today's [`render_cfg`].
 fn emu_boot(grub_dir: &Path, max: u8) -> Emu {
     let work = tempfile::tempdir().unwrap();
     let root = work.path().join("root");
     copy_tree(grub_dir, &root.join("grub"));
-    std::fs::write(root.join("grub/grub.cfg"), emu_cfg(max)).unwrap();
+    let text = std::fs::read_to_string(grub_dir.join("grub.cfg"))
+        .unwrap_or_else(|_| render_cfg(&cfg(max, false, 0)));
+    std::fs::write(root.join("grub/grub.cfg"), emu_cfg(&text)).unwrap();
     let img = work.path().join("disk.img");
     let img_s = img.to_str().unwrap();
     run_ok(
@@ -552,4 +561,63 @@ fn grub_emu_countdown_cut_with_the_other_copy_damaged() {
         }
     }
     assert_eq!(runs, 24);
+}
+
+/// The fixtures of a node made by v0.1.0 (its grub.cfg, its env copies), and the same node
+/// after today's Rust wrote it, under the real GRUB running v0.1.0's script: GRUB agrees with
+/// the model (script 1 rules, picked from the installed grub.cfg), counts down the way the
+/// model says, and every state Rust writes under script 1 boots `next_boot`.
+#[test]
+fn grub_emu_runs_the_v010_script_as_modelled() {
+    let max = 3;
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.1.0");
+    let v1_cfg = std::fs::read_to_string(fixtures.join("grub.cfg")).unwrap();
+    let mut runs = 0;
+    for (state, boots) in [
+        ("installed", Slot::A),
+        ("trying-b", Slot::B),
+        ("trying-b-counted", Slot::B),
+        ("good-b", Slot::B),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        copy_tree(&fixtures.join(state), d.path());
+        std::fs::write(d.path().join("grub.cfg"), &v1_cfg).unwrap();
+        assert_eq!(
+            simulate_boot(d.path(), max).unwrap().script,
+            bootconfig::grub::GrubScript::V1
+        );
+        assert_eq!(check_against_model(d.path(), max), boots, "{state}");
+        runs += 1;
+    }
+    // Today's writes (values, K3OS_CHECK, last-good record) under v0.1.0's script.
+    let d = tempfile::tempdir().unwrap();
+    copy_tree(&fixtures.join("installed"), d.path());
+    std::fs::write(d.path().join("grub.cfg"), &v1_cfg).unwrap();
+    let g = GrubBootloader::new(d.path(), max);
+    for env in all_envs(max).into_iter().step_by(7) {
+        g.install(&env).unwrap();
+        assert_eq!(
+            check_against_model(d.path(), max),
+            env.next_boot(),
+            "{env:?}"
+        );
+        runs += 1;
+    }
+    // A trial armed by today's Rust, counted down by v0.1.0's script to exhaustion.
+    g.install(&BootEnv {
+        primary: Slot::A,
+        a: SlotBoot::Good,
+        b: SlotBoot::Bad,
+    })
+    .unwrap();
+    g.try_slot(Slot::B, 3).unwrap();
+    let mut boots = Vec::new();
+    for _ in 0..4 {
+        boots.push(check_against_model(d.path(), max));
+        for op in simulate_boot(d.path(), max).unwrap().countdown {
+            op.apply().unwrap();
+        }
+    }
+    assert_eq!(boots, [Slot::B, Slot::B, Slot::B, Slot::A]);
+    assert!(runs > 8);
 }

@@ -44,10 +44,28 @@ fn perform(b: &dyn Bootloader, c: Call) {
 
 #[test]
 fn grub_rust_writes_cut_anywhere_boot_old_or_new() {
+    grub_rust_writes_cut_anywhere(None);
+}
+
+/// The same on a node still running v0.1.0's grub.cfg (script 1, read by its own rules): a
+/// v0.2.0 binary on a slot of a node that has not installed today's script yet.
+#[test]
+fn grub_rust_writes_under_the_v010_script_cut_anywhere_boot_old_or_new() {
+    let cfg = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.1.0/grub.cfg"),
+    )
+    .unwrap();
+    grub_rust_writes_cut_anywhere(Some(&cfg));
+}
+
+fn grub_rust_writes_cut_anywhere(script: Option<&str>) {
     let max = 2;
     let mut cases = 0;
     for before in all_envs(max) {
         let base = common::scratch();
+        if let Some(text) = script {
+            std::fs::write(base.path().join("grub.cfg"), text).unwrap();
+        }
         let g = GrubBootloader::new(base.path(), max);
         g.install(&before).unwrap();
         let old_choice = g.simulate_boot().unwrap().choice;

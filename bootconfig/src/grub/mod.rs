@@ -2,7 +2,10 @@
 //! environment files it reads and counts down.
 //!
 //! # Files (all under the GRUB directory, e.g. `/boot/grub`, found by GRUB via `$prefix`)
-//! - `grub.cfg`: [`render_cfg`]; installed by the image builder.
+//! - `grub.cfg`: [`render_cfg`], first line the script's version (`# k3os-grub-script: 2`;
+//!   v0.1.0's script has none): installed by `k3os-ops bootloader install`, and replaced by an
+//!   activation whose release carries a newer script ([`GrubBootloader::install_script`]). How
+//!   versions are read, migrated and rolled out: [`version`].
 //! - `k3os/env1`, `k3os/env2`: two copies of the boot state, each a 1024-byte GRUB environment
 //!   block ([`crate::grubenv`]) with `K3OS_PRIMARY=A|B`, `K3OS_A=good|try|bad`,
 //!   `K3OS_A_TRIES=0..=max`, `K3OS_B`, `K3OS_B_TRIES`, and the copy's integrity check
@@ -24,7 +27,8 @@
 //! its values are used. A torn write (a mix of old and new bytes) is damaged too, unless the
 //! mix equals a complete old or new block.
 //!
-//! # Reading (GRUB script, and [`GrubBootloader`]'s `read`, which follow the same rules)
+//! # Reading (GRUB script 2, and [`GrubBootloader`]'s `read`, which follow the same rules;
+//! script 1's rules are in [`version`])
 //! 1. copy 1 if it is intact and its lock reads exactly `K3OS_EDITING=0` (an unreadable lock
 //!    counts as editing);
 //! 2. else copy 2 if it is intact (whatever its lock says: an intact copy holds one complete
@@ -71,12 +75,14 @@ use crate::Slot;
 
 mod model;
 mod script;
+pub mod version;
 mod writer;
 
 pub use crate::BootEntry;
-pub use model::{simulate_boot, BootSim, EnvSource};
+pub use model::{simulate_boot, simulate_boot_with, BootSim, EnvSource};
 pub(crate) use script::kernel_args;
 pub use script::{render_cfg, GrubConfig};
+pub use version::{GrubScript, CFG_FILE, SCRIPT_MARKER};
 pub use writer::GrubBootloader;
 
 /// Subdirectory of the GRUB directory that holds the env copies and locks.

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use super::version::{installed, GrubScript};
 use super::{
     check_value, env_var_names, state_var, tries_var, ENV_DIR, GOOD_FILE, VAR_CHECK, VAR_EDITING,
     VAR_GOOD, VAR_GOOD_AGAIN, VAR_PRIMARY,
@@ -38,6 +39,8 @@ impl fmt::Display for EnvSource {
 /// it with the real GRUB (`grub-emu`); [`super::GrubBootloader`] is built on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootSim {
+    /// The installed script whose rules these are.
+    pub script: GrubScript,
     /// Where the state came from.
     pub source: EnvSource,
     /// The state after range checks, before the countdown.
@@ -46,7 +49,7 @@ pub struct BootSim {
     pub choice: Slot,
     /// The writes GRUB's `save_env` performs before booting (countdown), in order.
     pub countdown: Vec<WriteOp>,
-    /// Per copy: intact (loads, check matches).
+    /// Per copy: intact (loads; under script 2 also its check matches).
     pub intact: [bool; 2],
     /// Per copy: intact, its lock reads exactly `0`, and both files have the size `save_env`
     /// needs. A writer must not mark the copy in use editing while the other copy is not
@@ -146,9 +149,14 @@ fn sized(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == ENV_SIZE as u64)
 }
 
-/// One env copy as the script reads it: its lock value, and its variables when intact, or why
-/// it is damaged.
-fn read_copy(dir: &Path, n: u8, damaged: &mut Vec<Damage>) -> Result<(String, Option<Loaded>)> {
+/// One env copy as `script` reads it: its lock value, and its variables when intact, or why it
+/// is damaged. Script 1 has no check: a copy that loads is intact.
+fn read_copy(
+    dir: &Path,
+    n: u8,
+    script: GrubScript,
+    damaged: &mut Vec<Damage>,
+) -> Result<(String, Option<Loaded>)> {
     let names = env_var_names();
     let lock_path = dir.join(format!("lock{n}"));
     let env_path = dir.join(format!("env{n}"));
@@ -169,6 +177,7 @@ fn read_copy(dir: &Path, n: u8, damaged: &mut Vec<Damage>) -> Result<(String, Op
     let problem = match (&env_raw, &env) {
         (None, _) => Some("missing".to_string()),
         (Some(_), None) => Some("not a GRUB environment block (no signature)".to_string()),
+        (Some(_), Some(_)) if script == GrubScript::V1 => None,
         (Some(_), Some(l)) => {
             let want = check_value(|k| l.get(k).map(str::to_string));
             match l.get(VAR_CHECK) {
@@ -197,6 +206,7 @@ fn read_copy(dir: &Path, n: u8, damaged: &mut Vec<Damage>) -> Result<(String, Op
     } else if let (Some(raw), Some(l)) = (&env_raw, &env) {
         // Values intact, but other bytes (padding, comments) damaged: GRUB reads it, its own
         // save_env may fail on it; the next Rust write rewrites it.
+        // (Script 1's copies may lack the check: the canonical block holds what is there.)
         let canonical = GrubEnv::from_pairs(
             names
                 .iter()
@@ -237,14 +247,22 @@ fn read_copy(dir: &Path, n: u8, damaged: &mut Vec<Damage>) -> Result<(String, Op
     Ok((lock, if problem.is_none() { env } else { None }))
 }
 
-/// Model GRUB's boot-time script on the files under `grub_dir` (see the module docs).
+/// Model GRUB's boot-time script on the files under `grub_dir` (see the module docs), with the
+/// rules of the installed `grub.cfg`'s version ([`GrubScript::CURRENT`]'s when there is none;
+/// an error naming both versions when it is newer than this build).
 pub fn simulate_boot(grub_dir: &Path, max_tries: u8) -> Result<BootSim> {
+    let script = installed(grub_dir)?.unwrap_or(GrubScript::CURRENT);
+    simulate_boot_with(grub_dir, max_tries, script)
+}
+
+/// [`simulate_boot`] with the rules of `script`, whatever `grub.cfg` says.
+pub fn simulate_boot_with(grub_dir: &Path, max_tries: u8, script: GrubScript) -> Result<BootSim> {
     let max = max_tries.max(1);
     let dir = grub_dir.join(ENV_DIR);
     let file = |name: String| dir.join(name);
     let mut damaged = Vec::new();
-    let (lock1, env1) = read_copy(&dir, 1, &mut damaged)?;
-    let (lock2, env2) = read_copy(&dir, 2, &mut damaged)?;
+    let (lock1, env1) = read_copy(&dir, 1, script, &mut damaged)?;
+    let (lock2, env2) = read_copy(&dir, 2, script, &mut damaged)?;
     let locks = [lock1, lock2];
     let envs = [env1, env2];
     let intact = [envs[0].is_some(), envs[1].is_some()];
@@ -272,7 +290,9 @@ pub fn simulate_boot(grub_dir: &Path, max_tries: u8) -> Result<BootSim> {
         }
     });
     let last_good_canonical = good_block(last_good.flatten()).to_bytes().ok() == good_raw;
-    if last_good.is_none() {
+    if script == GrubScript::V1 {
+        // Script 1 never reads the record; Rust writes it so that script 2 finds it.
+    } else if last_good.is_none() {
         damaged.push(Damage {
             record: "last-good record".into(),
             path: good_path.clone(),
@@ -290,17 +310,20 @@ pub fn simulate_boot(grub_dir: &Path, max_tries: u8) -> Result<BootSim> {
         });
     }
 
+    // Script 1: copy 1 unless marked editing or unloadable, else copy 2 if it loads. Script
+    // 2 adds: else copy 1 if intact, else the last-good record.
     let copy = if intact[0] && locks[0] == "0" {
         Some(1u8)
     } else if intact[1] {
         Some(2)
-    } else if intact[0] {
+    } else if intact[0] && script != GrubScript::V1 {
         Some(1)
     } else {
         None
     };
+    let last_good_used = last_good.flatten().filter(|_| script != GrubScript::V1);
     let env_path = |n: u8| -> PathBuf { file(format!("env{n}")) };
-    let (source, seen, in_use) = match (copy, last_good.flatten()) {
+    let (source, seen, in_use) = match (copy, last_good_used) {
         (Some(n), _) => {
             let l = envs[n as usize - 1].as_ref().expect("intact copy loaded");
             (
@@ -332,7 +355,11 @@ pub fn simulate_boot(grub_dir: &Path, max_tries: u8) -> Result<BootSim> {
         (None, None) => (
             EnvSource::Nothing,
             range_check(|_| None, max),
-            "none: no intact env copy and no last-good record; GRUB boots slot A".to_string(),
+            if script == GrubScript::V1 {
+                "none: no env copy loads (grub.cfg is script 1, which has no last-good record); GRUB boots slot A".to_string()
+            } else {
+                "none: no intact env copy and no last-good record; GRUB boots slot A".to_string()
+            },
         ),
     };
     let choice = script_choice(&seen);
@@ -346,9 +373,18 @@ pub fn simulate_boot(grub_dir: &Path, max_tries: u8) -> Result<BootSim> {
                     tries_left: tries_left - 1,
                 },
             );
-            let block = env_block(&after);
+            // Script 2 saves the values and the check into every intact copy; script 1 saves
+            // the five values (not the check) into every copy whose lock reads `0`.
+            let mut block = env_block(&after);
+            if script == GrubScript::V1 {
+                block.remove(VAR_CHECK);
+            }
             for n in 1..=2u8 {
-                if !intact[n as usize - 1] {
+                let saves = match script {
+                    GrubScript::V1 => locks[n as usize - 1] == "0",
+                    GrubScript::V2 => intact[n as usize - 1],
+                };
+                if !saves {
                     continue;
                 }
                 let lock_path = file(format!("lock{n}"));
@@ -385,6 +421,7 @@ pub fn simulate_boot(grub_dir: &Path, max_tries: u8) -> Result<BootSim> {
         }
     }
     Ok(BootSim {
+        script,
         source,
         seen,
         choice,

@@ -3,11 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use super::model::{env_block, good_block, simulate_boot, BootSim, EnvSource};
-use super::{ENV_DIR, GOOD_FILE, MAX_TRIES_MARKER, VAR_EDITING};
+use super::model::{env_block, good_block, read_opt, simulate_boot, BootSim, EnvSource};
+use super::version::{installed, GrubScript, CFG_FILE};
+use super::{ENV_DIR, GOOD_FILE, MAX_TRIES_MARKER, MENU_MARKER, VAR_EDITING};
 use crate::atomic::WriteOp;
 use crate::grubenv::{GrubEnv, ENV_SIZE};
-use crate::{BootEnv, Bootloader, Error, Integrity, Result, Slot, SlotBoot};
+use crate::{
+    BootEnv, Bootloader, Error, Integrity, Result, ScriptInfo, ScriptKind, Slot, SlotBoot,
+};
 
 /// The slot the last-good record should name after a write of `new`, when it named `current`:
 /// the primary if it is (newly) good, else `current` while it stays good, else the other good
@@ -47,6 +50,73 @@ impl GrubBootloader {
     /// Create (or completely rewrite) the env copies and locks with `initial`, creating the
     /// `k3os/` directory if needed. Tries above `max_tries` are clamped.
     pub fn install(&self, initial: &BootEnv) -> Result<()> {
+        self.create_env_dir()?;
+        self.commit(&self.clamp(initial.clone()))
+    }
+
+    fn clamp(&self, env: BootEnv) -> BootEnv {
+        clamp_tries(env, self.effective_max_tries())
+    }
+
+    /// The installed script's version (`None`: no `grub.cfg`); an error naming both versions
+    /// when it is newer than this build reads.
+    pub fn script(&self) -> Result<Option<GrubScript>> {
+        installed(&self.grub_dir)
+    }
+
+    /// Install `cfg_text` as `grub.cfg`, keeping the boot state: see [`Self::plan_install_script`].
+    /// Returns whether anything was written.
+    pub fn install_script(&self, cfg_text: &str) -> Result<bool> {
+        let ops = self.plan_install_script(cfg_text)?;
+        for op in &ops {
+            op.apply()?;
+        }
+        Ok(!ops.is_empty())
+    }
+
+    /// The writes that install `cfg_text` as `grub.cfg` and keep the state GRUB reads now
+    /// (nothing when it is installed already): both env copies and the last-good record
+    /// rewritten completely, in the newest layout, under the rules of the script installed now
+    /// (so a cut among them is an ordinary power-cut-safe write); then `grub.cfg` replaced
+    /// atomically. Old script + new copies and new script + new copies both read the same
+    /// state (see [`super::version`]). Tries above what the new script accepts are lowered to
+    /// its limit. Refused, with nothing written, when `cfg_text` is newer than this build or
+    /// when no state can be read (nothing to keep: use [`Self::install_fresh`]).
+    pub fn plan_install_script(&self, cfg_text: &str) -> Result<Vec<WriteOp>> {
+        let path = self.grub_dir.join(CFG_FILE);
+        check_is_cfg(&path, cfg_text)?;
+        if read_opt(&path)?.as_deref() == Some(cfg_text.as_bytes()) {
+            return Ok(Vec::new());
+        }
+        let env = self.read()?;
+        self.plan_with_script(&env, &path, cfg_text)
+    }
+
+    /// Write `initial` and `cfg_text` on a GRUB directory that may hold nothing yet (image
+    /// builders, adopting a machine): the `k3os/` directory, both env copies with their
+    /// locks, the last-good record, then `grub.cfg`.
+    pub fn install_fresh(&self, initial: &BootEnv, cfg_text: &str) -> Result<()> {
+        self.create_env_dir()?;
+        let path = self.grub_dir.join(CFG_FILE);
+        check_is_cfg(&path, cfg_text)?;
+        for op in self.plan_with_script(initial, &path, cfg_text)? {
+            op.apply()?;
+        }
+        Ok(())
+    }
+
+    fn plan_with_script(&self, env: &BootEnv, path: &Path, cfg_text: &str) -> Result<Vec<WriteOp>> {
+        let new_max = max_tries_of(path, cfg_text)?.unwrap_or(self.max_tries);
+        let max = new_max.max(1).min(self.effective_max_tries());
+        let mut ops = self.plan(&clamp_tries(env.clone(), max))?;
+        ops.push(WriteOp::Replace {
+            path: path.to_path_buf(),
+            data: cfg_text.as_bytes().to_vec(),
+        });
+        Ok(ops)
+    }
+
+    fn create_env_dir(&self) -> Result<()> {
         let dir = self.grub_dir.join(ENV_DIR);
         if !self.grub_dir.is_dir() {
             return Err(Error::Missing {
@@ -59,50 +129,68 @@ impl GrubBootloader {
             path: dir.clone(),
             source,
         })?;
-        crate::atomic::fsync_dir(&self.grub_dir)?;
-        self.commit(&self.clamp(initial.clone()))
+        crate::atomic::fsync_dir(&self.grub_dir)
     }
+}
 
-    fn clamp(&self, mut env: BootEnv) -> BootEnv {
-        let max = self.effective_max_tries();
-        for slot in Slot::ALL {
-            if let SlotBoot::Trying { tries_left } = env.get(slot) {
-                env.set(
-                    slot,
-                    SlotBoot::Trying {
-                        tries_left: tries_left.min(max),
-                    },
-                );
-            }
+/// `text` is a `grub.cfg` rendered by [`super::render_cfg`] (its menu marker) of a version
+/// this build reads.
+fn check_is_cfg(path: &Path, text: &str) -> Result<GrubScript> {
+    if !text.lines().any(|l| l == MENU_MARKER) {
+        return Err(Error::Invalid {
+            path: path.to_path_buf(),
+            what: format!(
+                "the new script is not a grub.cfg rendered by k3os-ops (no {MENU_MARKER:?} line); nothing was written"
+            ),
+        });
+    }
+    GrubScript::of_cfg(path, text)
+}
+
+/// `env` with every trial's tries lowered to `max`.
+fn clamp_tries(mut env: BootEnv, max: u8) -> BootEnv {
+    for slot in Slot::ALL {
+        if let SlotBoot::Trying { tries_left } = env.get(slot) {
+            env.set(
+                slot,
+                SlotBoot::Trying {
+                    tries_left: tries_left.min(max),
+                },
+            );
         }
-        env
     }
+    env
+}
 
+/// The highest tries count a `grub.cfg`'s text accepts (its [`MAX_TRIES_MARKER`] line), `None`
+/// when it has no marker.
+fn max_tries_of(path: &Path, text: &str) -> Result<Option<u8>> {
+    let Some(v) = text.lines().find_map(|l| l.strip_prefix(MAX_TRIES_MARKER)) else {
+        return Ok(None);
+    };
+    v.trim()
+        .parse::<u8>()
+        .map(Some)
+        .map_err(|_| Error::Invalid {
+            path: path.to_path_buf(),
+            what: format!("expected a number 1..=255 after {MAX_TRIES_MARKER:?}, found {v:?}"),
+        })
+}
+
+impl GrubBootloader {
     /// The highest tries count the installed `grub.cfg` accepts (its [`MAX_TRIES_MARKER`]
     /// line), `None` when there is no `grub.cfg` or it has no marker.
     pub fn cfg_max_tries(&self) -> Result<Option<u8>> {
-        let path = self.grub_dir.join("grub.cfg");
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
-                return Err(Error::Io {
-                    op: "read",
-                    path,
-                    source,
-                })
-            }
-        };
-        let Some(v) = text.lines().find_map(|l| l.strip_prefix(MAX_TRIES_MARKER)) else {
-            return Ok(None);
-        };
-        v.trim()
-            .parse::<u8>()
-            .map(Some)
-            .map_err(|_| Error::Invalid {
+        let path = self.grub_dir.join(CFG_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => max_tries_of(&path, &text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(Error::Io {
+                op: "read",
                 path,
-                what: format!("expected a number 1..=255 after {MAX_TRIES_MARKER:?}, found {v:?}"),
-            })
+                source,
+            }),
+        }
     }
 
     /// `max_tries`, lowered to what the installed `grub.cfg` accepts when that is less (a
@@ -234,7 +322,7 @@ impl Bootloader for GrubBootloader {
             return Err(Error::Missing {
                 path: dir.join("env1"),
                 what: format!(
-                    "neither env copy is intact (expected GRUB environment blocks at {} and {}) and there is no last-good record; run install first",
+                    "neither env copy is intact (expected GRUB environment blocks at {} and {}) and there is no last-good record; write them with `k3os-ops bootloader install`",
                     dir.join("env1").display(),
                     dir.join("env2").display()
                 ),
@@ -265,6 +353,19 @@ impl Bootloader for GrubBootloader {
 
     fn integrity(&self) -> Result<Integrity> {
         Ok(self.simulate_boot()?.integrity)
+    }
+
+    fn script(&self) -> Result<ScriptInfo> {
+        Ok(ScriptInfo {
+            kind: ScriptKind::GrubCfg,
+            path: self.grub_dir.join(CFG_FILE),
+            installed: GrubBootloader::script(self)?.map(GrubScript::number),
+            newest_known: GrubScript::CURRENT.number(),
+        })
+    }
+
+    fn install_script(&self, text: &str) -> Result<bool> {
+        GrubBootloader::install_script(self, text)
     }
 }
 

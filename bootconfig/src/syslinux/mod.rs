@@ -56,14 +56,18 @@ use std::path::{Path, PathBuf};
 
 use crate::atomic::WriteOp;
 pub use crate::BootEntry;
-use crate::{BootEnv, Bootloader, Damage, Error, Integrity, Result, Slot, SlotBoot};
+use crate::{
+    BootEnv, Bootloader, Damage, Error, Integrity, Result, ScriptInfo, ScriptKind, Slot, SlotBoot,
+};
 
 mod adv;
 mod conf;
 
 pub use adv::{Adv, ADV_BOOTONCE, ADV_SIZE};
+pub use conf::{
+    conf_version, render_conf, SyslinuxConfig, CONF_MARKER, CONF_VERSION, STATE_PREFIX,
+};
 use conf::{parse_conf, rewrite_conf, slot_of_label};
-pub use conf::{render_conf, SyslinuxConfig, STATE_PREFIX};
 
 pub const CONF_FILE: &str = "extlinux.conf";
 pub const LDLINUX_FILE: &str = "ldlinux.sys";
@@ -102,7 +106,15 @@ impl SyslinuxBootloader {
         self.dir.join(LDLINUX_FILE)
     }
 
+    /// The conf's text; an error naming both versions when it is newer than this build reads.
     fn read_conf(&self) -> Result<String> {
+        let p = self.conf_path();
+        let text = self.read_conf_any()?;
+        conf_version(&p, &text)?;
+        Ok(text)
+    }
+
+    fn read_conf_any(&self) -> Result<String> {
         let p = self.conf_path();
         std::fs::read_to_string(&p).map_err(|source| match source.kind() {
             std::io::ErrorKind::NotFound => Error::Missing {
@@ -318,6 +330,46 @@ impl Bootloader for SyslinuxBootloader {
             env.primary = slot;
             env.set(slot, SlotBoot::Good);
         })
+    }
+
+    fn script(&self) -> Result<ScriptInfo> {
+        let path = self.conf_path();
+        let installed = match std::fs::metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            _ => Some(conf_version(&path, &self.read_conf_any()?)?),
+        };
+        Ok(ScriptInfo {
+            kind: ScriptKind::ExtlinuxConf,
+            path,
+            installed,
+            newest_known: CONF_VERSION,
+        })
+    }
+
+    /// The new conf with `DEFAULT` and the state line of the current state, in one atomic
+    /// replace: the ADV is not touched, and old or new conf each name the same state with it.
+    fn install_script(&self, text: &str) -> Result<bool> {
+        let path = self.conf_path();
+        conf_version(&path, text)?;
+        let parsed = parse_conf(text);
+        if parsed.default.as_deref().and_then(slot_of_label).is_none() {
+            return Err(Error::Invalid {
+                path,
+                what: "the new extlinux.conf has no `DEFAULT a` or `DEFAULT b` (not rendered by k3os-ops); nothing was written".into(),
+            });
+        }
+        let current = self.read_conf()?;
+        let env = self.read()?;
+        let new = rewrite_conf(text, fallback_choice(&env), &env);
+        if new == current {
+            return Ok(false);
+        }
+        WriteOp::Replace {
+            path,
+            data: new.into_bytes(),
+        }
+        .apply()?;
+        Ok(true)
     }
 
     /// The ADV copies (checksummed; the loader uses copy 0 if valid, else copy 1) and the

@@ -150,3 +150,23 @@ pub fn damage(path: &Path, from: &[u8], to: &[u8]) {
     b[i..i + to.len()].copy_from_slice(to);
     std::fs::write(path, b).unwrap();
 }
+
+/// Every file under `dir` with its bytes, sorted by path: to show that a refused call wrote
+/// nothing.
+pub fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                let bytes = std::fs::read(&p).unwrap();
+                out.push((p, bytes));
+            }
+        }
+    }
+    out.sort();
+    out
+}
