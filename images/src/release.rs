@@ -89,9 +89,9 @@ impl ReleaseSpec {
             "v2-badhealth",
             "v4-panic",
         ]
-            .iter()
-            .map(|v| ReleaseSpec::parse(v).expect("standard release names parse"))
-            .collect()
+        .iter()
+        .map(|v| ReleaseSpec::parse(v).expect("standard release names parse"))
+        .collect()
     }
 }
 
