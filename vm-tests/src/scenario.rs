@@ -1294,7 +1294,7 @@ impl Scenario {
         })?;
         let script_before = self.boot_script(&mut vm)?;
         self.note(format!(
-            "step 1: A v1 runs {}'s k3os-ops (sha256 {}), confirmed; boot script: {script_before}",
+            "step 1: A v1 runs {}'s k3os-ops (sha256 {}), confirmed; boot script version {script_before}",
             prev.version,
             &sum[..12]
         ));
@@ -1340,10 +1340,10 @@ impl Scenario {
         )?;
         let script_b = self.boot_script(&mut vm)?;
         self.check(script_b == script_before, || {
-            format!("B's boot-time confirm replaced the boot script (`{script_before}` -> `{script_b}`): B must be blessed under the previous release's script")
+            format!("B's boot-time confirm replaced the boot script (version {script_before} -> {script_b}): B must be blessed under the previous release's script")
         })?;
         self.note(format!(
-            "step 2: the old binary staged and activated v2; B v2 (current k3os-ops) booted under the previous boot script ({script_before}) and its confirm blessed it; confirm barriers {}; boot script now: {script_b}",
+            "step 2: the old binary staged and activated v2; B v2 (current k3os-ops) booted under the previous boot script (version {script_before}) and its confirm blessed it; confirm barriers {}; boot script still version {script_b}",
             fmt_barriers(&barriers)
         ));
 
@@ -1364,20 +1364,18 @@ impl Scenario {
         self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))?;
         let script_after = self.boot_script(&mut vm)?;
         let script_status = self.status_script_field(&mut vm)?;
-        if self.target.uses_grub() {
-            let current = self.current_script_marker();
-            if self.release_carries_script("v3")? {
-                self.check(script_after == current, || {
-                    format!("v3 carries the current boot script but after its activation the node runs `{script_after}`, expected `{current}`")
-                })?;
-            } else {
-                self.note(format!(
-                    "v3 carries no boot script (its manifest has no `boot` section): the node keeps `{script_after}` (current code renders `{current}`); not asserted"
-                ));
-            }
+        let current = self.current_script();
+        if self.release_carries_script("v3")? {
+            self.check(script_after == current, || {
+                format!("v3 carries the current boot script but after its activation the node runs version {script_after}, expected {current}")
+            })?;
+        } else {
+            self.note(format!(
+                "v3 carries no boot script (its manifest has no `boot` section): the node keeps version {script_after} (the current code renders {current}); not asserted"
+            ));
         }
         self.note(format!(
-            "step 3: the current binary upgraded to v3 into A, blessed; boot script: {script_after}; slot status reports: {script_status}"
+            "step 3: the current binary upgraded to v3 into A, blessed; boot script version {script_after}; slot status reports: {script_status}"
         ));
 
         // 4. A failing release (panics in its initrd) falls back to A v3 by itself.
@@ -1438,11 +1436,13 @@ impl Scenario {
             match i {
                 0 => barriers.extend(parse_barriers(&line)),
                 1 => break,
-                _ => return Err(self.fail(format!(
+                _ => {
+                    return Err(self.fail(format!(
                     "{}: the boot-time confirm did not bless the slot: `{line}` (console log {})",
                     vm.name(),
                     vm.log().display()
-                ))),
+                )))
+                }
             }
         }
         self.check(!barriers.is_empty(), || {
@@ -1534,30 +1534,32 @@ impl Scenario {
             .ok_or_else(|| self.fail(format!("no sha256 in `sha256sum k3os-ops`: {out}")))
     }
 
-    /// The boot script installed on /boot: GRUB's `# k3os-grub-script: N` marker line (`no
-    /// marker` for the first script, v0.1.0's), or extlinux.conf's `DEFAULT` line.
-    fn boot_script(&mut self, vm: &mut Vm) -> Result<String> {
-        let cmd = if self.target.uses_grub() {
-            "grep -m1 '^# k3os-grub-script:' /boot/grub/grub.cfg || echo 'no marker'"
+    /// The version of the boot script installed on /boot (`grub.cfg`, or `extlinux.conf`),
+    /// read from the guest's file by bootconfig's own rules (v0.1.0's scripts have no marker
+    /// line and are version 1).
+    fn boot_script(&mut self, vm: &mut Vm) -> Result<u32> {
+        let path = if self.target.uses_grub() {
+            "/boot/grub/grub.cfg"
         } else {
-            "grep -m1 -i '^default' /boot/syslinux/extlinux.conf || echo 'no DEFAULT'"
+            "/boot/syslinux/extlinux.conf"
         };
-        Ok(vm.run_ok(cmd, CMD)?.trim().to_string())
+        let text = vm.run_ok(&format!("cat {path}"), CMD)?;
+        let p = Path::new(path);
+        let v = if self.target.uses_grub() {
+            bootconfig::grub::GrubScript::of_cfg(p, &text).map(|v| v.number())
+        } else {
+            bootconfig::syslinux::conf_version(p, &text)
+        };
+        v.map_err(|e| self.fail(format!("{}: the installed {path}: {e}", vm.name())))
     }
 
-    /// The marker line of the GRUB script the current code installs on this target (what
-    /// [`Self::boot_script`] prints for it).
-    fn current_script_marker(&self) -> String {
-        let arch = match self.target.arch() {
-            "aarch64" => libupgrade::manifest::Arch::Aarch64,
-            _ => libupgrade::manifest::Arch::X86_64,
-        };
-        let cfg = k3os_images::loader::grub_config(k3os_images::target::Target::new(arch));
-        bootconfig::grub::render_cfg(&cfg)
-            .lines()
-            .find(|l| l.starts_with(bootconfig::grub::SCRIPT_MARKER.trim_end()))
-            .map(|l| l.trim().to_string())
-            .unwrap_or_else(|| "no marker".into())
+    /// The version of the boot script the current code renders for this target.
+    fn current_script(&self) -> u32 {
+        if self.target.uses_grub() {
+            bootconfig::grub::GrubScript::CURRENT.number()
+        } else {
+            bootconfig::syslinux::CONF_VERSION
+        }
     }
 
     /// Whether current release `version` carries a boot script for the node to install (a
