@@ -16,6 +16,16 @@
 //! replacement (temp + fsync + rename + dir fsync) for files found by name, and in-place
 //! overwrite for files a loader addresses by block list.
 //!
+//! # Architecture
+//! Every transaction has one shape: **read** the loader's files the way the loader will at
+//! the next boot (`grub::model` models the installed script, by its version; `syslinux`
+//! reads the conf and the ADV) → **plan** the writes from the new state (`Vec<WriteOp>`,
+//! ordered so a cut between any two leaves the old or the new choice) → **apply** them
+//! ([`atomic`]). Versions of the loader's own files: [`grub::version`] (the script decides
+//! how the env copies are read; a new script is installed only after the copies are
+//! rewritten under the old one) and `syslinux::conf_version`; newer versions are refused by
+//! name. [`memory`] is the in-memory twin for tests of code above.
+//!
 //! The library above (`libupgrade`) decides *when* to call these; this crate decides *how* the
 //! loader is told, and guarantees that every write is power-cut safe: at any instant of a write,
 //! the loader's choice is a slot that was bootable before the write or the one being installed

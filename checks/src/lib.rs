@@ -12,6 +12,9 @@
 //! shell scripts and the justfile that names an executable on `PATH` (so words that are not
 //! commands drop out by themselves), and its package by `dpkg -S`. Text is scanned, not
 //! parsed: a literal like `"file"` in Rust names the `file` command as far as this check knows;
-//! such words go into [`tools::NOT_HOST_COMMANDS`] with the reason.
+//! such words go into [`tools::NOT_HOST_COMMANDS`] with the reason. Programs a test takes
+//! from a directory an environment variable names, never from `PATH` (envtest's `etcd` and
+//! `kube-apiserver` from `$KUBEBUILDER_ASSETS`), go into [`tools::FROM_ASSETS`]: whether a
+//! package of that name is installed here must not change the verdict.
 
 pub mod tools;

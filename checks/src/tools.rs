@@ -64,7 +64,34 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
         "activate",
         "a subcommand name (k3os-ops slot activate), never run",
     ),
+    (
+        "as",
+        "a word in Rust comments inside shell heredocs (bootconfig/tests/fixtures/v0.1.0/make.sh); binutils' assembler is never run",
+    ),
 ];
+
+/// Words that name a program some test runs, but never from `PATH`: the test takes it from a
+/// directory an environment variable names, so whether a Debian package of the same name is
+/// installed here says nothing about a fresh machine. Each with where it comes from.
+pub const FROM_ASSETS: &[(&str, &str)] = &[
+    (
+        "etcd",
+        "k3os-ops/tests/agent_cluster.rs runs $KUBEBUILDER_ASSETS/etcd (controller-runtime's envtest binaries), not the etcd-server package's",
+    ),
+    (
+        "kube-apiserver",
+        "k3os-ops/tests/agent_cluster.rs runs $KUBEBUILDER_ASSETS/kube-apiserver (envtest binaries)",
+    ),
+];
+
+/// Whether the check judges `word` as a command run on the host from `PATH` (not one of
+/// [`NOT_HOST_COMMANDS`] or [`FROM_ASSETS`]).
+pub fn checked_on_host(word: &str) -> bool {
+    !NOT_HOST_COMMANDS
+        .iter()
+        .chain(FROM_ASSETS.iter())
+        .any(|(w, _)| *w == word)
+}
 
 /// Non-Debian executables every machine of ours has: the Rust toolchain (rustup) that
 /// README's fresh machine starts with.
@@ -245,9 +272,18 @@ pub struct Machine {
 
 impl Machine {
     pub fn new() -> Machine {
-        let mut path: Vec<PathBuf> = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).collect())
-            .unwrap_or_default();
+        Machine::with_path_first(&[])
+    }
+
+    /// [`Machine::new`] with `dirs` looked up before `PATH` (tests: commands installed by
+    /// hand).
+    pub fn with_path_first(dirs: &[PathBuf]) -> Machine {
+        let mut path: Vec<PathBuf> = dirs.to_vec();
+        path.extend(
+            std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        );
         // Tests may run with a trimmed PATH; the sbin dirs hold mkfs.*, losetup, sgdisk.
         for d in [
             "/usr/local/sbin",
@@ -387,6 +423,15 @@ mod tests {
         );
         assert!(!w.contains(&"wget".to_string()), "{w:?}");
         assert!(!w.iter().any(|x| x.starts_with('-')), "{w:?}");
+    }
+
+    #[test]
+    fn envtest_binaries_are_not_host_commands() {
+        for w in ["etcd", "kube-apiserver"] {
+            assert!(!checked_on_host(w), "{w}");
+        }
+        assert!(checked_on_host("mksquashfs"));
+        assert!(!checked_on_host("reboot"));
     }
 
     #[test]

@@ -8,23 +8,26 @@
 
 use std::path::Path;
 
-use checks::tools::{scan, setup_packages, verdict, Machine, Verdict, NOT_HOST_COMMANDS};
+use checks::tools::{checked_on_host, scan, setup_packages, verdict, Machine, Verdict};
 
 fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
 fn problems(setup_text: &str) -> Vec<String> {
+    problems_on(setup_text, &Machine::new())
+}
+
+fn problems_on(setup_text: &str, machine: &Machine) -> Vec<String> {
     let setup = setup_packages(setup_text);
     assert!(
         setup.len() > 10,
         "found only {setup:?} in scripts/setup.sh's PKGS=\"…\""
     );
-    let machine = Machine::new();
     let uses = scan(repo()).expect("scan the repository");
     let found: Vec<(&String, &checks::tools::Use, std::path::PathBuf)> = uses
         .iter()
-        .filter(|(word, _)| !NOT_HOST_COMMANDS.iter().any(|(w, _)| w == *word))
+        .filter(|(word, _)| checked_on_host(word))
         .filter_map(|(word, u)| machine.which(word).map(|exe| (word, u, exe)))
         .collect();
     let exes: Vec<_> = found.iter().map(|(_, _, e)| e.clone()).collect();
@@ -73,4 +76,34 @@ fn the_check_names_a_package_setup_sh_forgot() {
         p.contains("mksquashfs (") && p.contains("package squashfs-tools,"),
         "mksquashfs not reported:\n{p}"
     );
+}
+
+/// Issue 18 bug 6: the verdict does not depend on what was installed by hand. `etcd` and
+/// `kube-apiserver` (agent_cluster.rs runs them from $KUBEBUILDER_ASSETS) installed on this
+/// machine — as the etcd-server package would — are not reported, and neither are they when
+/// absent.
+#[test]
+fn envtest_binaries_installed_by_hand_do_not_change_the_verdict() {
+    let text = std::fs::read_to_string(repo().join("scripts/setup.sh")).unwrap();
+    let dir = std::env::temp_dir().join(format!("checks-by-hand-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for exe in ["etcd", "kube-apiserver"] {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join(exe);
+        std::fs::write(&p, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let machine = Machine::with_path_first(std::slice::from_ref(&dir));
+    assert!(machine.which("etcd").is_some_and(|p| p.starts_with(&dir)));
+    let with = problems_on(&text, &machine);
+    let without = problems(&text);
+    std::fs::remove_dir_all(&dir).unwrap();
+    for p in [&with, &without] {
+        assert!(
+            !p.iter()
+                .any(|l| l.starts_with("etcd ") || l.starts_with("kube-apiserver ")),
+            "{p:#?}"
+        );
+    }
+    assert_eq!(with, without, "the verdict depends on what is installed");
 }

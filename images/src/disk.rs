@@ -214,6 +214,8 @@ pub struct DiskSpec<'a> {
     /// Installed in slot A; slot B is empty.
     pub slot_a: &'a Release,
     pub debs: &'a Debs,
+    /// Host `k3os-ops`: writes the loader files (`bootloader install`).
+    pub tool: &'a Path,
 }
 
 /// Build the disk image at `out` (replaced atomically once complete).

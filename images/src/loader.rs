@@ -3,19 +3,23 @@
 //! slot A (the installed release) good and primary and slot B bad (empty) until an upgrade
 //! stages it.
 //!
-//! - GRUB: `grub/grub.cfg` from `bootconfig::grub::render_cfg`, the env files from
-//!   `GrubBootloader::install`, the platform's modules in `grub/<platform>/`; the ext4 is
-//!   made with `mkfs.ext4 -d` (no mount).
+//! The loader files are written by `k3os-ops bootloader install` (the host `--tool` binary)
+//! from [`boot_config`], the same boot config every release built here carries its scripts
+//! from (`release create --boot-config`): the image builder uses the command an operator
+//! adopting a machine would.
+//!
+//! - GRUB: `grub/grub.cfg`, the env copies, locks and last-good record, the platform's
+//!   modules in `grub/<platform>/`; the ext4 is made with `mkfs.ext4 -d` (no mount).
 //! - extlinux: `extlinux --install` needs the filesystem mounted, and (per the environment
 //!   notes) files placed by `mkfs.ext4 -d` fail to load, so the partition *image file* is
 //!   loop-mounted (never the disk), made with `-O ^64bit,^metadata_csum` which syslinux
-//!   requires; `syslinux/extlinux.conf` from `bootconfig::syslinux::render_conf`.
+//!   requires; then `syslinux/extlinux.conf` and the ADV record.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use bootconfig::grub::{render_cfg, GrubBootloader, GrubConfig};
-use bootconfig::syslinux::{render_conf, SyslinuxBootloader, SyslinuxConfig};
+use bootconfig::grub::{render_cfg, GrubConfig};
+use bootconfig::syslinux::{render_conf, SyslinuxConfig};
 use bootconfig::{BootEntry, BootEnv, Slot, SlotBoot};
 use libupgrade::layout::{rootfs_part_name, INITRD_FILE, KERNEL_FILE};
 
@@ -83,7 +87,9 @@ pub fn syslinux_config(target: Target) -> SyslinuxConfig {
 pub fn fingerprint(spec: &DiskSpec) -> Result<String> {
     let mut st = Stamp::new();
     st.param("arch", spec.target.arch.as_str())
-        .param("variant", spec.variant.name());
+        .param("variant", spec.variant.name())
+        .param("boot-config", boot_config(spec.target))
+        .file("bootloader-install", spec.tool)?;
     match spec.variant {
         BootVariant::GrubBios => {
             st.param("cfg", render_cfg(&grub_config(spec.target)));
@@ -175,6 +181,42 @@ impl Drop for LoopMount {
     }
 }
 
+/// The boot config (`k3os-ops bootloader`'s TOML, format 1) holding [`grub_config`] and
+/// [`syslinux_config`]: what disks are installed from and releases carry their scripts from.
+pub fn boot_config(target: Target) -> String {
+    let g = grub_config(target);
+    let s = syslinux_config(target);
+    let q = |v: &str| format!("{v:?}");
+    let mut t = format!("format = 1\npanic_secs = {}\n", g.panic_secs);
+    for (slot, e) in Slot::ALL.into_iter().zip(g.entries.iter()) {
+        t.push_str(&format!(
+            "[slots.{}]\nkernel = {}\ninitrd = {}\ncmdline = {}\n",
+            slot.lower(),
+            q(&e.kernel),
+            q(&e.initrd),
+            q(&e.cmdline)
+        ));
+    }
+    t.push_str(&format!(
+        "[grub]\nmax_tries = {}\ntimeout_secs = {}\nserial = {}\n[syslinux]\ntimeout_tenths = {}\nserial = {}\n",
+        g.max_tries, g.timeout_secs, g.serial, s.timeout_tenths, s.serial
+    ));
+    t
+}
+
+/// `k3os-ops bootloader install` of `loader` into `dir`, from [`boot_config`].
+fn bootloader_install(spec: &DiskSpec, loader: &str, dir: &Path, work: &Path) -> Result<()> {
+    let cfg = work.join("boot.toml");
+    fs::write(&cfg, boot_config(spec.target)).ctx("write", &cfg)?;
+    Cmd::new(spec.tool)
+        .args(["bootloader", "install", "--loader", loader, "--dir"])
+        .arg(dir)
+        .arg("--boot-config")
+        .arg(&cfg)
+        .run()?;
+    Ok(())
+}
+
 /// Build the `boot` partition image `img` of `size` bytes.
 pub fn boot_partition(spec: &DiskSpec, img: &Path, size: u64, work: &Path) -> Result<()> {
     let stage = work.join("boot");
@@ -195,14 +237,7 @@ pub fn boot_partition(spec: &DiskSpec, img: &Path, size: u64, work: &Path) -> Re
                 let dir = grubimg::efi_dir(spec.target, spec.debs.grub_arm64_efi.as_deref())?;
                 grubimg::copy_modules(&dir, &grub, spec.target.grub_efi_platform())?;
             }
-            let cfg = grub.join("grub.cfg");
-            fs::write(&cfg, render_cfg(&grub_config(spec.target))).ctx("write", &cfg)?;
-            GrubBootloader::new(&grub, GRUB_TRIES)
-                .install(&initial_env())
-                .map_err(|source| Error::Boot {
-                    path: grub.clone(),
-                    source,
-                })?;
+            bootloader_install(spec, "grub", &grub, work)?;
             mkfs_ext4(img, size, "boot", Some(&stage), &[])
         }
         BootVariant::Extlinux => {
@@ -212,15 +247,11 @@ pub fn boot_partition(spec: &DiskSpec, img: &Path, size: u64, work: &Path) -> Re
             let sys = mnt.dir.join("syslinux");
             fs::create_dir_all(&sys).ctx("create directory", &sys)?;
             Cmd::new("extlinux").arg("--install").arg(&sys).run()?;
-            let conf = sys.join("extlinux.conf");
-            fs::write(&conf, render_conf(&syslinux_config(spec.target))).ctx("write", &conf)?;
-            SyslinuxBootloader::new(&sys)
-                .install(&initial_env())
-                .map_err(|source| Error::Boot {
-                    path: sys.clone(),
-                    source,
-                })?;
-            Cmd::new("sync").arg("-f").arg(&conf).run()?;
+            bootloader_install(spec, "syslinux", &sys, work)?;
+            Cmd::new("sync")
+                .arg("-f")
+                .arg(sys.join("extlinux.conf"))
+                .run()?;
             mnt.unmount()
         }
     }

@@ -129,6 +129,7 @@ fn main() -> anyhow::Result<()> {
                     sizes,
                     slot_a: &slot_a_release,
                     debs: &debs,
+                    tool: &tool,
                 };
                 let img = arch_out.join(format!("disk-{}.img", variant.name()));
                 let mut st = Stamp::new();

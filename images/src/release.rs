@@ -226,7 +226,8 @@ impl ReleaseBuilder {
             .file("rootfs", &rootfs)?
             .file("kernel", &kernel)?
             .file("initrd", &initrd)?
-            .file("secret", secret)?;
+            .file("secret", secret)?
+            .param("boot-config", crate::loader::boot_config(t));
         if !(st.is_fresh(&manifest) && dir.join(SIGNATURE_FILE).is_file()) {
             Stamp::invalidate(&manifest)?;
             if dir.exists() {
@@ -235,6 +236,9 @@ impl ReleaseBuilder {
             if let Some(p) = dir.parent() {
                 fs::create_dir_all(p).ctx("create directory", p)?;
             }
+            // The release carries the scripts its disks are installed with.
+            let boot_cfg = work.join("boot.toml");
+            fs::write(&boot_cfg, crate::loader::boot_config(t)).ctx("write", &boot_cfg)?;
             Cmd::new(&self.tool)
                 .args(["release", "create", "--rootfs"])
                 .arg(&rootfs)
@@ -252,6 +256,8 @@ impl ReleaseBuilder {
                 .arg(spec.generation.to_string())
                 .arg("--key")
                 .arg(secret)
+                .arg("--boot-config")
+                .arg(&boot_cfg)
                 .arg("-o")
                 .arg(&dir)
                 .run()?;

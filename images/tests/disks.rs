@@ -140,6 +140,7 @@ fn x86_64_disks_are_what_nodes_expect_and_bios_grub_boots() {
             sizes: Sizes::default(),
             slot_a: &v1,
             debs: &debs,
+            tool: &ops,
         };
         disk::assemble(&spec, &img).unwrap();
 

@@ -5,9 +5,13 @@
 //! - [`upgrade`]: one-shot stage/activate/reboot (`k3os-ops upgrade`);
 //! - [`slot`]: manual A/B slot steering (`k3os-ops slot …`);
 //! - [`release`]: create, sign, index, verify and serve releases (`k3os-ops release …`);
+//! - [`bootloader`]: write a node's loader files and render boot scripts (`k3os-ops bootloader …`);
+//! - [`node`]: the node config argument and the reboot, shared by the node-side commands;
 //! - [`progress`]: how `upgrade` shows a download; [`report`]: how a failed command prints.
 
 pub mod agent;
+pub mod bootloader;
+pub mod node;
 pub mod progress;
 pub mod release;
 pub mod report;

@@ -1,11 +1,12 @@
 //! `k3os-ops`: the thin binary around `libupgrade`.
 //!
 //! Subcommands: `upgrade` (one-shot), `slot …` (manual status/activate/confirm/rollback),
-//! `release …` (create, sign and serve releases), `agent` (the Kubernetes controller).
+//! `release …` (create, sign and serve releases), `bootloader …` (install loader files),
+//! `agent` (the Kubernetes controller).
 //! Each subcommand lives in its own module of the `k3os_ops` library; this file only parses
 //! arguments and dispatches.
 
-use k3os_ops::{agent, release, report, slot, upgrade};
+use k3os_ops::{agent, bootloader, release, report, slot, upgrade};
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,8 @@ enum Cmd {
     Upgrade(upgrade::UpgradeArgs),
     /// Show and steer the A/B slots (status, activate, confirm, rollback, mark-bad).
     Slot(slot::SlotArgs),
+    /// Write a node's loader files (image builders, adopting a machine) and render boot scripts.
+    Bootloader(bootloader::BootloaderArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -39,6 +42,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Agent(args) => agent::run(args),
         Cmd::Upgrade(args) => upgrade::run(args),
         Cmd::Slot(args) => slot::run(args),
+        Cmd::Bootloader(args) => bootloader::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

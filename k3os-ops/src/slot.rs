@@ -11,7 +11,7 @@ use libupgrade::health::{CheckResult, HealthCheck};
 use libupgrade::updater::{AwaitedChecks, Status};
 use libupgrade::Slot;
 
-use crate::upgrade::ConfigArg;
+use crate::node::{reboot, ConfigArg};
 
 #[derive(Args, Debug)]
 pub struct SlotArgs {
@@ -281,6 +281,15 @@ pub fn render_status(st: &Status) -> String {
         "=== System Info ===\nBootloader: {}\nLayout:     {}\nBooted:     slot {booted}\nNext boot:  slot {}\nLoader reads: {}\n",
         st.bootloader, st.layout, st.next_boot, st.loader_integrity.in_use
     ));
+    let sc = &st.boot_script;
+    out.push_str(&format!(
+        "Boot script: {} {} ({}; this build reads up to version {})\n",
+        sc.kind,
+        sc.installed
+            .map_or("not installed".to_string(), |v| format!("version {v}")),
+        sc.path.display(),
+        sc.newest_known
+    ));
     for d in &st.loader_integrity.damaged {
         out.push_str(&format!(
             "WARNING: {} ({}) is damaged: {}; the loader uses {} and the next write by k3os-ops rewrites every copy\n",
@@ -347,17 +356,6 @@ pub fn render_status(st: &Status) -> String {
         }
     }
     out
-}
-
-/// Sync and reboot: the `reboot` command if there is one (a clean shutdown), else the syscall.
-pub fn reboot() -> anyhow::Result<()> {
-    nix::unistd::sync();
-    let clean = std::process::Command::new("reboot").status();
-    if matches!(clean, Ok(s) if s.success()) {
-        return Ok(());
-    }
-    nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT).context("reboot(2)")?;
-    Ok(())
 }
 
 #[cfg(test)]

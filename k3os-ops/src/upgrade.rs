@@ -8,24 +8,11 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use libupgrade::error::Size;
-use libupgrade::{Arch, Config, Source, StageOptions, Updater};
+use libupgrade::{Arch, Source, StageOptions};
+
+use crate::node::ConfigArg;
 
 use crate::progress::{reporter, ProgressMode};
-
-/// Where the node configuration comes from (shared by `upgrade` and `slot`).
-#[derive(Args, Debug, Clone)]
-pub struct ConfigArg {
-    /// Node configuration file.
-    #[arg(long, env = "K3OS_OPS_CONFIG", default_value = libupgrade::config::DEFAULT_CONFIG, global = true)]
-    pub config: PathBuf,
-}
-
-impl ConfigArg {
-    pub fn updater(&self) -> anyhow::Result<Updater> {
-        let cfg = Config::load(&self.config)?;
-        Ok(Updater::open(cfg)?)
-    }
-}
 
 #[derive(Args, Debug)]
 pub struct UpgradeArgs {
@@ -156,7 +143,7 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     );
     if args.reboot {
         println!("rebooting");
-        crate::slot::reboot()?;
+        crate::node::reboot()?;
     }
     Ok(())
 }

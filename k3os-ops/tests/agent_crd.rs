@@ -146,3 +146,97 @@ fn crd_schema_bounds_and_validates_the_spec() {
     let updating = cols.iter().find(|c| c["name"] == "Updating").unwrap();
     assert_eq!(updating["jsonPath"], ".status.updating");
 }
+
+fn v010_fixture(name: &str) -> serde_json::Value {
+    let path = format!(
+        "{}/tests/fixtures/v0.1.0/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Issue 14 item 6: the status the v0.1.0 agents wrote (no format marker) decodes into
+/// today's types as format 1 and means the same; the next write migrates it to format 2,
+/// keeping every field v0.1.0 wrote.
+#[test]
+fn a_v010_status_is_read_as_format_1_and_migrated_by_the_next_write() {
+    use k3os_ops::agent::{format, slots};
+    let raw = v010_fixture("updatechannel.json");
+    assert_eq!(
+        format::status_format("the fixture", &raw),
+        Ok(format::STATUS_FORMAT_V010)
+    );
+    let mut ch: UpdateChannel = serde_json::from_value(raw.clone()).unwrap();
+    let st = ch.status.clone().unwrap();
+    assert_eq!(st.format_version, None);
+    assert_eq!(st.slots.len(), 1);
+    let slot = &st.slots[0];
+    assert_eq!(slot.node, "node-1");
+    assert_eq!(slot.phase, agent::crd::SlotPhase::Rebooting);
+    assert_eq!(slot.token, raw["status"]["slots"][0]["token"]);
+    assert_eq!(slot.was_unschedulable, Some(false));
+    assert_eq!(slot.version.as_deref(), Some("v2"));
+    assert_eq!(st.failures_for("v2"), 1);
+    assert!(!ch.paused_for("v2"), "maxFailures 2, one failure");
+
+    slots::refresh_conditions(&mut ch, chrono::Utc::now());
+    let written = serde_json::to_value(&ch).unwrap();
+    assert_eq!(written["status"]["formatVersion"], 2);
+    assert_eq!(written["status"]["updating"], "node-1");
+    for key in ["slots", "failures", "latestVersion", "observedGeneration"] {
+        assert_eq!(
+            written["status"][key], raw["status"][key],
+            "status.{key} changed by the migration"
+        );
+    }
+    // Conditions keep their transition times (same status).
+    assert_eq!(written["status"]["conditions"], raw["status"]["conditions"]);
+}
+
+/// The CRD stays backward compatible with v0.1.0's: still served and stored as `v1`, and the
+/// status schema has every field v0.1.0 writes (the API server prunes unknown fields, so a
+/// field missing here would be dropped from what v0.1.0 agents write during the DaemonSet
+/// roll). Everything added since is optional.
+#[test]
+fn the_crd_keeps_every_field_v010_writes() {
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(crd_yaml().split_once("---\n").unwrap().1).unwrap();
+    let versions = doc["spec"]["versions"].as_sequence().unwrap();
+    assert_eq!(versions.len(), 1);
+    let v = &versions[0];
+    assert_eq!(v["name"], "v1");
+    assert_eq!(v["served"], true);
+    assert_eq!(v["storage"], true);
+    let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"];
+    fn covered(schema: &serde_yaml::Value, value: &serde_json::Value, path: &str) {
+        match value {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    let sub = &schema["properties"][k.as_str()];
+                    assert!(!sub.is_null(), "{path}.{k} is not in the CRD schema");
+                    covered(sub, v, &format!("{path}.{k}"));
+                }
+            }
+            serde_json::Value::Array(a) => {
+                for v in a {
+                    covered(&schema["items"], v, &format!("{path}[]"));
+                }
+            }
+            _ => {}
+        }
+    }
+    covered(
+        status,
+        &v010_fixture("updatechannel.json")["status"],
+        "status",
+    );
+    let required: Vec<&str> = status["required"]
+        .as_sequence()
+        .map(|r| r.iter().filter_map(|x| x.as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        !required.contains(&"formatVersion") && !required.contains(&"updating"),
+        "fields added after v0.1.0 must be optional: {required:?}"
+    );
+}

@@ -72,6 +72,7 @@ fn rbac_grants_what_the_agent_uses_and_no_more() {
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
         ("", "nodes", "patch"),
+        ("", "nodes/status", "patch"),
         ("", "pods", "list"),
         ("", "pods", "get"),
         ("", "pods/eviction", "create"),

@@ -26,11 +26,14 @@
 //!    on every way out it uncordons, then drops the mark, then releases the slot (or records the
 //!    failure that releases it): `unschedulable ⇒ update-cordoned ⇒ slot phase ∈ {Draining,
 //!    Rebooting, RollingBack}`, with no exception in this test (the one other way out, another
-//!    agent reclaiming the slot of a holder silent for `rebootTimeout`, never happens here);
+//!    agent reclaiming the slot of a holder silent for `rebootTimeout`, undoes the dead
+//!    holder's cordon and mark before it frees the slot when the holder died before its flip);
 //! 3. a node that is down (NotReady: rebooting, or its new version not Ready) holds a slot at
 //!    `Rebooting` or `RollingBack`;
 //! 4. the PodDisruptionBudget holds: at least 2 of the web pods are available (Ready, not
 //!    terminating, on a Ready node);
+//! 5. never more Ready nodes cordoned than `spec.concurrency` (a node that is down is not
+//!    counted: it is disrupted by being down, see 3);
 //!
 //! and by the driver when a node reboots: no workload pod is left running on it. At the end
 //! every node that updated held one slot under one token throughout (no claim was lost to a
@@ -48,7 +51,11 @@
 //! Node never becomes Ready on the first node that boots it (that agent reports Node-Ready
 //! failed, the core rolls back, the driver's next power cycle brings the node back to v1 with
 //! B bad, the failure is recorded, the channel pauses at `maxFailures: 1`, and the other two
-//! nodes never claim, cordon or reboot).
+//! nodes never claim, cordon or reboot); a holder whose agent dies for good while Draining
+//! (reclaimed after rebootTimeout, uncordoned by the reclaimer, issue 18 bug 3); and the
+//! DaemonSet rolled from the v0.1.0 agent mid-rollout, starting from what v0.1.0 wrote
+//! (tests/fixtures/v0.1.0; issue 14 item 6), with the v0.1.0 holder coming back and finishing,
+//! or never coming back (reclaimed only after rebootTimeout, as a failure).
 
 mod fake_api;
 
@@ -153,6 +160,56 @@ impl NodeOps for FleetNode {
     }
 }
 
+/// No progress display (the test stages the v0.1.0 starting point directly).
+struct NoProgress;
+
+impl StageProgress for NoProgress {
+    fn begin(&self, _: &str, _: u64, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn end(&self) {}
+}
+
+/// A JSON fixture written by the v0.1.0 agent (see tests/fixtures/v0.1.0/README.md).
+fn v010_fixture(name: &str) -> Value {
+    let path = format!(
+        "{}/tests/fixtures/v0.1.0/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The world as the v0.1.0 agents left it mid-rollout: their channel status, Node annotations
+/// and cordon, and Leases, exactly as written; only the release URL points at this test's
+/// channel. node-1 is down (rebooting).
+fn v010_world(channel_url: &str) -> World {
+    let mut channel = v010_fixture("updatechannel.json");
+    channel["spec"]["url"] = json!(channel_url);
+    channel["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    let nodes: Vec<Value> = (0..NODES)
+        .map(|i| {
+            let mut n = v010_fixture(&format!("{}.json", node_name(i)));
+            n["metadata"]
+                .as_object_mut()
+                .unwrap()
+                .remove("resourceVersion");
+            n
+        })
+        .collect();
+    let mut w = World::new(nodes, channel);
+    for i in 0..=NODES {
+        // node-0 (the earlier failure) is gone from the cluster; its Lease is left over.
+        let name = format!("k3os-upgrade-node-node-{i}");
+        w.leases
+            .insert(name.clone(), v010_fixture(&format!("lease-{name}.json")));
+    }
+    w.set_node_ready(&node_name(0), false);
+    w
+}
+
 // --- the invariants -----------------------------------------------------------------------
 
 /// What the observer saw, over every state of the world.
@@ -167,6 +224,11 @@ struct Monitor {
     claims: BTreeMap<String, Vec<String>>,
     ever_cordoned: BTreeSet<String>,
     least_available: Option<usize>,
+    /// Nodes given up for dead after their bootloader flip: once their slot is reclaimed they
+    /// stay down and cordoned by design (slots.rs), so invariants 2 and 3 skip them then.
+    abandoned: BTreeSet<String>,
+    /// When each node was first seen without the slot it held.
+    released_at: BTreeMap<String, Instant>,
 }
 
 /// Slot holders of the channel: (node, phase, token).
@@ -238,6 +300,11 @@ impl Monitor {
                 tokens.push(token.clone());
             }
         }
+        for node in self.claims.keys() {
+            if !held.iter().any(|(n, _, _)| n == node) && !self.released_at.contains_key(node) {
+                self.released_at.insert(node.clone(), Instant::now());
+            }
+        }
         for (name, node) in &w.nodes {
             let phase = held
                 .iter()
@@ -247,6 +314,9 @@ impl Monitor {
             let marked = annotation(node, ANN_CORDONED) == Some("true");
             if cordoned {
                 self.ever_cordoned.insert(name.clone());
+            }
+            if phase.is_none() && self.abandoned.contains(name) {
+                continue;
             }
             if cordoned && !marked {
                 self.violation(w, format!("{name} is cordoned without update-cordoned"));
@@ -260,6 +330,20 @@ impl Monitor {
             if !fake_api::node_ready(node) && !matches!(phase, Some("Rebooting" | "RollingBack")) {
                 self.violation(w, format!("{name} is down with slot phase {phase:?}"));
             }
+        }
+        let cordoned_up = w
+            .nodes
+            .values()
+            .filter(|n| n["spec"]["unschedulable"] == true && fake_api::node_ready(n))
+            .count();
+        if cordoned_up > self.concurrency {
+            self.violation(
+                w,
+                format!(
+                    "{cordoned_up} Ready nodes cordoned at once, concurrency {}",
+                    self.concurrency
+                ),
+            );
         }
         for pdb in &w.pdbs {
             let available = w.available(pdb);
@@ -281,7 +365,20 @@ impl Monitor {
 // --- the fleet and its driver -------------------------------------------------------------
 
 struct Scenario {
+    /// Ignored with `from_v010` (the fixture's channel says 1).
     concurrency: u32,
+    /// Start mid-rollout from what the v0.1.0 agent wrote (tests/fixtures/v0.1.0): node-1
+    /// holds the slot and is rebooting into v2 (activated by v0.1.0, which awaited no check),
+    /// node-2 and node-3 have staged v2 and wait; the DaemonSet has just been rolled to this
+    /// agent, so every node runs the current one from now on.
+    from_v010: bool,
+    /// Every node also runs a single-replica `db` pod whose budget never allows its eviction
+    /// (drains stall), and the agent of the first node seen `Draining` is ended for good
+    /// (its Node stays Ready: only the agent is gone). rebootTimeout 3s.
+    dies_while_draining: bool,
+    /// With `from_v010`: node-1, rebooting under the v0.1.0 agent, never comes back (its
+    /// Lease stays as v0.1.0 last wrote it). rebootTimeout 3s, maxFailures 3.
+    v010_holder_never_returns: bool,
     /// The agents' wait for Node Ready after a trial boot.
     ready_wait: Duration,
     /// The Node of the first node that boots v2 never becomes Ready.
@@ -310,6 +407,11 @@ struct Fleet {
     bad: Option<usize>,
     /// Every agent has staged and tried to claim (the first power cycle waits for it).
     contended: bool,
+    /// With `dies_while_draining`: the node whose agent was ended for good.
+    victim: Option<usize>,
+    /// The node whose trial was activated by the v0.1.0 agent (blessed by init's confirm at
+    /// boot: that activation awaited no check).
+    v010_trial: Option<usize>,
 }
 
 /// What run.rs's loop does with one agent, waking on changes instead of watches.
@@ -359,20 +461,39 @@ impl Fleet {
             "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
             "metadata": {"name": "stable", "namespace": NS, "uid": "ch-uid", "generation": 1},
             "spec": {"url": channel_url, "version": "v2", "concurrency": scenario.concurrency,
-                     "maxFailures": 1, "rebootTimeout": "2m", "drain": {"timeout": "20s"}},
+                     "maxFailures": 1,
+                     "rebootTimeout": if scenario.dies_while_draining { "3s" } else { "2m" },
+                     "drain": {"timeout": "20s"}},
             "status": {"slots": [], "failures": [], "conditions": []}
         });
-        let mut world = World::new(nodes, channel);
-        world.hold_first_status_writes(NODES);
+        let mut world = if scenario.from_v010 {
+            let mut w = v010_world(&channel_url);
+            if scenario.v010_holder_never_returns {
+                w.channel["spec"]["rebootTimeout"] = json!("3s");
+                w.channel["spec"]["maxFailures"] = json!(3);
+            }
+            w
+        } else {
+            let mut w = World::new(nodes, channel);
+            w.hold_first_status_writes(NODES);
+            w
+        };
         for i in 0..NODES {
             let node = node_name(i);
+            // From v0.1.0, node-1 was drained before its reboot: its web pod was rescheduled
+            // onto the node with the fewest pods then (node-2).
+            let web_on = if scenario.from_v010 && i == 0 {
+                node_name(1)
+            } else {
+                node.clone()
+            };
             world.pods.push(fake_api::running_pod(
                 "apps",
                 &format!("web-{}", i + 1),
                 json!({"app": "web"}),
                 "ReplicaSet",
                 "web",
-                &node,
+                &web_on,
             ));
             world.pods.push(fake_api::running_pod(
                 NS,
@@ -383,14 +504,43 @@ impl Fleet {
                 &node,
             ));
         }
+        if scenario.dies_while_draining {
+            for i in 0..NODES {
+                let name = format!("db-{}", i + 1);
+                world.pods.push(fake_api::running_pod(
+                    "apps",
+                    &name,
+                    json!({"app": &name}),
+                    "StatefulSet",
+                    &name,
+                    &node_name(i),
+                ));
+                world.pdbs.push(Pdb {
+                    name: name.clone(),
+                    namespace: "apps".into(),
+                    selector: [("app".to_string(), name)].into(),
+                    min_available: 1,
+                });
+            }
+        }
         world.pdbs.push(Pdb {
             name: "web".into(),
             namespace: "apps".into(),
             selector: [("app".to_string(), "web".to_string())].into(),
             min_available: 2,
         });
+        let abandoned = if scenario.v010_holder_never_returns {
+            BTreeSet::from([node_name(0)])
+        } else {
+            BTreeSet::new()
+        };
         let monitor = Arc::new(Mutex::new(Monitor {
-            concurrency: scenario.concurrency as usize,
+            abandoned,
+            concurrency: if scenario.from_v010 {
+                1
+            } else {
+                scenario.concurrency as usize
+            },
             ..Monitor::default()
         }));
         let m = monitor.clone();
@@ -419,9 +569,31 @@ impl Fleet {
             awaiting_ready: vec![false; NODES],
             bad: None,
             contended: false,
+            victim: None,
+            v010_trial: None,
         };
-        for i in 0..NODES {
-            fleet.start_agent(i, None);
+        if fleet.scenario.from_v010 {
+            // What the v0.1.0 agents did on the nodes: v2 staged everywhere, activated on
+            // node-1 (plain `activate`: v0.1.0 awaited no check), whose reboot is under way.
+            for i in 0..NODES {
+                let node = LibupgradeNode::new(fleet.rigs[i].updater(), vec!["false".into()]);
+                node.stage(&channel_url, "v2", false, None, &NoProgress)
+                    .unwrap();
+            }
+            fleet.rigs[0].updater().activate().unwrap();
+            fleet.v010_trial = Some(0);
+            fleet.contended = true;
+            for i in 1..NODES {
+                fleet.start_agent(i, None);
+            }
+            if !fleet.scenario.v010_holder_never_returns {
+                let (done, _ended) = std::sync::mpsc::channel();
+                fleet.power.send(RebootRequest { node: 0, done }).unwrap();
+            }
+        } else {
+            for i in 0..NODES {
+                fleet.start_agent(i, None);
+            }
         }
         fleet
     }
@@ -489,7 +661,13 @@ impl Fleet {
         self.world.lock().unwrap().set_node_ready(&name, false);
         self.reboots[i] += 1;
         let slot = self.rigs[i].power_cycle();
+        let v010 = self.v010_trial == Some(i);
         let trial = match (slot, self.rigs[i].init_confirm()) {
+            // A trial activated by v0.1.0 awaited no check: init's confirm blesses it.
+            (Slot::B, Ok(r)) if v010 && r.verdict.outcome == libupgrade::Outcome::Blessed => {
+                self.v010_trial = None;
+                false
+            }
             // Nodes start on A: B is the new version, booted on trial.
             (Slot::B, Err(libupgrade::Error::BlessPending { waiting_for, .. })) => {
                 assert_eq!(waiting_for, agent::node::NODE_READY, "{name}");
@@ -514,7 +692,14 @@ impl Fleet {
 
     /// Drive the fleet until `done` holds for the world (checked after every change).
     async fn run_until(&mut self, what: &str, done: impl Fn(&Fleet) -> bool) {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
+        // Reclaiming a dead holder takes two looks of the reclaim loop (10 s apart at least).
+        let limit = if self.scenario.dies_while_draining || self.scenario.v010_holder_never_returns
+        {
+            DEADLINE * 3
+        } else {
+            DEADLINE
+        };
+        let deadline = tokio::time::Instant::now() + limit;
         let mut wake = self.world.lock().unwrap().subscribe();
         loop {
             let first = self.monitor.lock().unwrap().violations.first().cloned();
@@ -528,6 +713,13 @@ impl Fleet {
                         .lock()
                         .unwrap()
                         .set_node_ready(&node_name(i), true);
+                }
+            }
+            if self.scenario.dies_while_draining && self.victim.is_none() {
+                if let Some(i) = (0..NODES).find(|i| self.phase(*i).as_deref() == Some("Draining"))
+                {
+                    self.stop_agent(i).await;
+                    self.victim = Some(i);
                 }
             }
             if !self.contended {
@@ -545,7 +737,7 @@ impl Fleet {
                 _ = tokio::time::sleep_until(deadline) => {
                     let state = summary(&self.world.lock().unwrap());
                     panic!(
-                        "{what}: not reached within {DEADLINE:?}\n{state}\nlog tail:\n{}",
+                        "{what}: not reached within {limit:?}\n{state}\nlog tail:\n{}",
                         self.log_tail()
                     )
                 }
@@ -606,6 +798,9 @@ async fn rollout(concurrency: u32) {
         concurrency,
         ready_wait: Duration::from_secs(20),
         first_trial_never_ready: false,
+        from_v010: false,
+        dies_while_draining: false,
+        v010_holder_never_returns: false,
     });
     fleet
         .run_until("every node UpToDate and no slot held", |f| {
@@ -717,6 +912,9 @@ async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
         concurrency: 1,
         ready_wait: Duration::from_secs(1),
         first_trial_never_ready: true,
+        from_v010: false,
+        dies_while_draining: false,
+        v010_holder_never_returns: false,
     });
     fleet
         .run_until("the failed node back on v1 and the others paused", |f| {
@@ -791,4 +989,273 @@ async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
         assert!(fake_api::node_ready(&node), "{}", node_name(i));
     }
     eprintln!("never Ready: {:?}", started.elapsed());
+}
+
+/// Issue 14 item 6: the DaemonSet is rolled from v0.1.0's agent to this one in the middle of a
+/// rollout. The world starts as the v0.1.0 agents left it (fixtures produced by running the
+/// v0.1.0 code): node-1 holds the slot at `Rebooting` under a v0.1.0 token and is down,
+/// node-2 and node-3 have staged v2 and wait, an earlier failure of node-0 is recorded. The
+/// current agents honour node-1's claim (nobody else claims while it is held, its token is
+/// never replaced), node-1's current agent finishes it, the others follow one at a time, and
+/// every write migrates the status to format 2. A write under the v0.1.0 token after the
+/// release is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
+    let old = v010_fixture("updatechannel.json");
+    let old_slots = old["status"]["slots"].as_array().unwrap().clone();
+    assert_eq!(old_slots.len(), 1, "{old_slots:?}");
+    assert_eq!(old_slots[0]["node"], "node-1");
+    assert_eq!(old_slots[0]["phase"], "Rebooting");
+    assert!(
+        old["status"].get("formatVersion").is_none(),
+        "v0.1.0 wrote no format marker"
+    );
+    let old_token = old_slots[0]["token"].as_str().unwrap().to_string();
+    let old_failures = old["status"]["failures"].clone();
+    assert_eq!(old_failures.as_array().unwrap().len(), 1, "{old_failures}");
+
+    let mut fleet = Fleet::new(Scenario {
+        concurrency: 1,
+        ready_wait: Duration::from_secs(20),
+        first_trial_never_ready: false,
+        from_v010: true,
+        dies_while_draining: false,
+        v010_holder_never_returns: false,
+    });
+    fleet
+        .run_until("every node UpToDate and no slot held", |f| {
+            (0..NODES).all(|i| f.phase(i).as_deref() == Some("UpToDate"))
+                && holders(&f.world.lock().unwrap()).is_empty()
+        })
+        .await;
+    fleet.stop().await;
+
+    {
+        let m = fleet.monitor.lock().unwrap();
+        assert_eq!(
+            m.claims.get("node-1"),
+            Some(&vec![old_token.clone()]),
+            "node-1's v0.1.0 claim must be honoured under its own token, not dropped or claimed again"
+        );
+        for n in ["node-2", "node-3"] {
+            assert_eq!(
+                m.claims.get(n).map(Vec::len),
+                Some(1),
+                "{n}: {:?}",
+                m.claims
+            );
+        }
+        assert_eq!(m.peak_holders, 1);
+    }
+    // node-2 and node-3 did not claim before node-1's v0.1.0 slot was released.
+    let log = fleet.log.lock().unwrap().clone();
+    let first_release = log
+        .iter()
+        .position(|l| l.starts_with("api: slots=[]"))
+        .expect("node-1 released its slot");
+    assert!(
+        !log[..first_release]
+            .iter()
+            .any(|l| l.starts_with("api: slots=")
+                && (l.contains("node-2:") || l.contains("node-3:"))),
+        "a slot was claimed while node-1's v0.1.0 claim was held: {log:#?}"
+    );
+    assert!(log.iter().any(|l| l == "event: WaitingForSlot"));
+
+    let ch = fleet.channel();
+    assert_eq!(ch["status"]["formatVersion"], 2, "{}", ch["status"]);
+    assert_eq!(ch["status"]["slots"], json!([]));
+    assert_eq!(
+        ch["status"]["failures"], old_failures,
+        "the v0.1.0 failure record is kept as it was"
+    );
+    assert_eq!(fleet.reboots, vec![1; NODES], "one reboot per node");
+    for i in 0..NODES {
+        let name = node_name(i);
+        let node = fleet.world.lock().unwrap().node(&name).clone();
+        assert_eq!(node["spec"]["unschedulable"], false, "{name}");
+        assert_eq!(annotation(&node, ANN_CORDONED), None, "{name}");
+        assert_eq!(
+            annotation(&node, agent::format::ANN_FORMAT),
+            Some("2"),
+            "{name}: the annotations were migrated"
+        );
+        let st = fleet.slots(i);
+        assert_eq!(st.booted, Some(Slot::B), "{name}: {st:#?}");
+        assert_eq!(slot_of(&st, Slot::B).version.as_deref(), Some("v2"));
+        assert_eq!(slot_of(&st, Slot::B).state, libupgrade::SlotState::Good);
+    }
+
+    // A zombie v0.1.0 agent of node-1 writing under its old token changes nothing.
+    let client = fake_api::client(&fleet.world, &fleet.log);
+    let store = agent::kube_store::KubeChannelStore::new(client, NS, "stable");
+    let before = fleet.channel();
+    let fenced = agent::slots::fence(
+        &store,
+        "node-1",
+        &old_token,
+        agent::crd::SlotPhase::Rebooting,
+        None,
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(fenced, agent::slots::FenceOutcome::Lost);
+    let released = agent::slots::release(&store, "node-1", &old_token, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert!(!released);
+    assert_eq!(fleet.channel(), before, "a stale-token write was accepted");
+}
+
+/// Issue 18 bug 3: a holder whose agent dies for good while Draining (its Node stays up,
+/// cordoned by it) is reclaimed after rebootTimeout, and the reclaimer undoes that cordon
+/// before it frees the slot: the node was only cordoned for an update that is now abandoned,
+/// and at concurrency 1 the next node cordons only once the first is schedulable again
+/// (invariant 5: never more Ready nodes cordoned than `concurrency`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_dies_while_draining_is_uncordoned_by_the_reclaimer() {
+    let mut fleet = Fleet::new(Scenario {
+        concurrency: 1,
+        ready_wait: Duration::from_secs(20),
+        first_trial_never_ready: false,
+        from_v010: false,
+        dies_while_draining: true,
+        v010_holder_never_returns: false,
+    });
+    fleet
+        .run_until(
+            "the dead holder reclaimed and the next node draining",
+            |f| {
+                let Some(v) = f.victim else { return false };
+                (0..NODES).any(|i| i != v && f.phase(i).as_deref() == Some("Draining"))
+            },
+        )
+        .await;
+    let victim = node_name(fleet.victim.unwrap());
+    fleet.stop().await;
+    let node = fleet.world.lock().unwrap().node(&victim).clone();
+    assert_eq!(
+        node["spec"]["unschedulable"], false,
+        "{victim} left cordoned"
+    );
+    assert_eq!(annotation(&node, ANN_CORDONED), None, "{victim}");
+    let ch = fleet.channel();
+    assert!(
+        !holders(&fleet.world.lock().unwrap())
+            .iter()
+            .any(|(n, _, _)| *n == victim),
+        "{}",
+        ch["status"]
+    );
+    assert_eq!(
+        ch["status"]["failures"],
+        json!([]),
+        "dying before the flip is no failure of the version"
+    );
+    let log = fleet.log.lock().unwrap().clone();
+    assert!(
+        log.iter().any(|l| l.starts_with("event-on: UpdateChannel")
+            && l.contains(&format!("reclaimed the slot of node {victim}"))
+            && l.contains("uncordoned it")),
+        "{log:#?}"
+    );
+    assert!(fleet.reboots.iter().all(|r| *r == 0), "{:?}", fleet.reboots);
+}
+
+/// Issue 14 item 6, the other way a v0.1.0 claim ends: node-1, rebooting under the v0.1.0
+/// agent, never comes back. Its v0.1.0 Lease (renewTime long past) is judged by the current
+/// agents on their own clocks, so the slot is honoured for at least rebootTimeout after they
+/// start watching it — nobody claims meanwhile — and then reclaimed as a failure of v2 (it
+/// went silent after its flip), node-1 staying down and cordoned; node-2 and node-3 then
+/// update one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v010_holder_that_never_returns_is_reclaimed_only_after_reboot_timeout() {
+    let old = v010_fixture("updatechannel.json");
+    let old_token = old["status"]["slots"][0]["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut fleet = Fleet::new(Scenario {
+        concurrency: 1,
+        ready_wait: Duration::from_secs(20),
+        first_trial_never_ready: false,
+        from_v010: true,
+        dies_while_draining: false,
+        v010_holder_never_returns: true,
+    });
+    // The current agents have just started (at the end of Fleet::new).
+    let started = Instant::now();
+    fleet
+        .run_until("node-2 and node-3 UpToDate and no slot held", |f| {
+            (1..NODES).all(|i| f.phase(i).as_deref() == Some("UpToDate"))
+                && holders(&f.world.lock().unwrap()).is_empty()
+        })
+        .await;
+    fleet.stop().await;
+    {
+        let m = fleet.monitor.lock().unwrap();
+        assert_eq!(
+            m.claims.get("node-1"),
+            Some(&vec![old_token.clone()]),
+            "{:?}",
+            m.claims
+        );
+        let held_for = m.released_at["node-1"].duration_since(started);
+        assert!(
+            held_for >= Duration::from_secs(3),
+            "node-1's v0.1.0 slot was reclaimed {held_for:?} after the agents started, before rebootTimeout (3s)"
+        );
+        for n in ["node-2", "node-3"] {
+            assert_eq!(
+                m.claims.get(n).map(Vec::len),
+                Some(1),
+                "{n}: {:?}",
+                m.claims
+            );
+            assert!(
+                m.released_at.get("node-1") <= m.released_at.get(n),
+                "{n} released before node-1's slot was reclaimed"
+            );
+        }
+        assert_eq!(m.peak_holders, 1);
+    }
+    let log = fleet.log.lock().unwrap().clone();
+    let reclaimed = log
+        .iter()
+        .position(|l| l.starts_with("api: slots=[]"))
+        .expect("node-1's slot reclaimed");
+    assert!(
+        !log[..reclaimed]
+            .iter()
+            .any(|l| l.starts_with("api: slots=")
+                && (l.contains("node-2:") || l.contains("node-3:"))),
+        "a slot was claimed while node-1's v0.1.0 claim was held: {log:#?}"
+    );
+    let ch = fleet.channel();
+    let failures = ch["status"]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 2, "{}", ch["status"]);
+    assert_eq!(failures[1]["node"], "node-1");
+    assert_eq!(failures[1]["version"], "v2");
+    assert!(
+        failures[1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("rebootTimeout"),
+        "{}",
+        failures[1]
+    );
+    assert_eq!(ch["status"]["formatVersion"], 2);
+    assert_eq!(fleet.reboots, vec![0, 1, 1]);
+    let w = fleet.world.lock().unwrap();
+    let n1 = w.node("node-1");
+    assert_eq!(
+        n1["spec"]["unschedulable"], true,
+        "down after its flip: stays cordoned"
+    );
+    assert!(!fake_api::node_ready(n1));
+    for i in 1..NODES {
+        let n = w.node(&node_name(i));
+        assert_eq!(n["spec"]["unschedulable"], false, "{}", node_name(i));
+    }
 }

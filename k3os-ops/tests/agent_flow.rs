@@ -20,12 +20,17 @@ mod fake_api;
 
 struct FakeNode {
     status: Mutex<NodeUpdateStatus>,
+    /// When set, `status` fails with it (e.g. the boot not assessed yet).
+    status_error: Mutex<Option<NodeError>>,
     confirm: ConfirmResult,
     log: Log,
 }
 
 impl NodeOps for FakeNode {
     fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
+        if let Some(e) = self.status_error.lock().unwrap().clone() {
+            return Err(e);
+        }
         Ok(self.status.lock().unwrap().clone())
     }
     fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {
@@ -132,7 +137,9 @@ fn setup(
             booted_version: Some("v1".into()),
             booted_on_trial: false,
             inactive: Inactive::Empty,
+            failed_trial: None,
         }),
+        status_error: Mutex::new(None),
         confirm,
         log: log.clone(),
     });
@@ -873,4 +880,215 @@ async fn the_channels_max_rate_caps_the_stage() {
             .any(|x| x == "node: stage v2 capped at 2097152 B/s"),
         "spec.maxRate did not reach the stage: {l:#?}"
     );
+}
+
+/// Events regarding the channel, as `(reason, note)`, in order.
+fn channel_events(log: &[String]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for w in log.windows(2) {
+        if let (Some(reason), Some(rest)) = (
+            w[0].strip_prefix("event: "),
+            w[1].strip_prefix("event-on: UpdateChannel k3os-system/stable: "),
+        ) {
+            out.push((reason.to_string(), rest.to_string()));
+        }
+    }
+    out
+}
+
+/// Issue 18 bug 1: a trial whose health checks failed at boot (the boot-time confirm rolled
+/// back) is reported as what the boot-assessment core recorded — `health-failed` with the
+/// check's output — not as a bootloader fallback guessed from the slot that booted.
+#[tokio::test]
+async fn a_boot_time_health_failure_is_reported_with_the_cores_reason() {
+    let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
+    settle(&agent).await;
+    {
+        let mut s = node.status.lock().unwrap();
+        s.inactive = Inactive::Failed("v2".into());
+        s.failed_trial = Some(agent::decide::TrialFailure {
+            event: "health-failed".into(),
+            reason: "health checks failed (10-etcd: etcd quorum lost on v2); rolled back to slot A"
+                .into(),
+        });
+    }
+    log.lock().unwrap().clear();
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    pos(&l, "event: HealthCheckFailed");
+    assert!(!l.iter().any(|x| x == "event: RolledBack"), "{l:#?}");
+    let ch = world.lock().unwrap().channel.clone();
+    let reason = ch["status"]["failures"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(reason.contains("etcd quorum lost on v2"), "{reason}");
+    assert!(!reason.contains("bootloader fell back"), "{reason}");
+    let ev = channel_events(&l);
+    assert!(
+        ev.iter()
+            .any(|(r, n)| r == "HealthCheckFailed" && n.contains("etcd quorum lost on v2")),
+        "{ev:#?}"
+    );
+}
+
+/// Issue 18 bug 5: the channel carries an Event for every claim, release, failure and pause
+/// (`kubectl describe upchan`), not only some of them.
+#[tokio::test]
+async fn the_channel_gets_an_event_per_claim_release_failure_and_pause() {
+    let (agent, _world, node, log) = setup(ConfirmResult::Healthy, false);
+    settle(&agent).await;
+    node.boot(false); // the loader fell back: a failure at maxFailures 1
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    let ev = channel_events(&l);
+    let reasons: Vec<&str> = ev.iter().map(|(r, _)| r.as_str()).collect();
+    for want in ["SlotClaimed", "RolledBack", "SlotReleased", "ChannelPaused"] {
+        assert_eq!(
+            reasons.iter().filter(|r| **r == want).count(),
+            1,
+            "{want} regarding the channel: {reasons:?}"
+        );
+    }
+    let claimed = reasons.iter().position(|r| *r == "SlotClaimed").unwrap();
+    let released = reasons.iter().position(|r| *r == "SlotReleased").unwrap();
+    assert!(claimed < released, "{reasons:?}");
+}
+
+/// Issue 18 bug 4: a boot not assessed yet (init's `slot confirm` did not run) is reported
+/// once, as a Node condition and an Event naming the command to run; the agent then waits
+/// without errors, and clears the condition once the boot is assessed.
+#[tokio::test]
+async fn a_boot_not_assessed_yet_is_reported_once_and_waited_for() {
+    let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
+    *node.status_error.lock().unwrap() = Some(NodeError::new(
+        agent::node::NOT_ASSESSED,
+        agent::node::NOT_ASSESSED_HELP,
+    ));
+    for _ in 0..3 {
+        assert_eq!(agent.reconcile().await.expect("not an error"), Next::Wait);
+    }
+    let l = log.lock().unwrap().clone();
+    assert!(!l.iter().any(|x| x.contains("ReconcileError")), "{l:#?}");
+    let conds: Vec<&String> = l
+        .iter()
+        .filter(|x| x.contains("condition K3osBootAssessed"))
+        .collect();
+    assert_eq!(conds.len(), 1, "{l:#?}");
+    assert!(
+        conds[0].contains("K3osBootAssessed=False") && conds[0].contains("k3os-ops slot confirm"),
+        "{}",
+        conds[0]
+    );
+    let events: Vec<&String> = l
+        .iter()
+        .filter(|x| *x == "event: BootNotAssessed")
+        .collect();
+    assert_eq!(
+        events.len(),
+        2,
+        "one on the Node, one on the channel: {l:#?}"
+    );
+    assert!(
+        l.iter()
+            .any(|x| x.starts_with("event-on: Node -/n1: ") && x.contains("k3os-ops slot confirm")),
+        "{l:#?}"
+    );
+    assert_eq!(
+        annotation(&world, "k3os.io/update-phase").as_deref(),
+        Some("NotAssessed")
+    );
+    // Assessed: the condition turns True once, and the update goes on.
+    *node.status_error.lock().unwrap() = None;
+    log.lock().unwrap().clear();
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    let conds: Vec<&String> = l
+        .iter()
+        .filter(|x| x.contains("condition K3osBootAssessed"))
+        .collect();
+    assert_eq!(conds.len(), 1, "{l:#?}");
+    assert!(conds[0].contains("K3osBootAssessed=True"), "{}", conds[0]);
+    pos(&l, "node: stage v2");
+}
+
+/// Issue 14 item 6: a channel whose status is in a newer format than this agent knows is
+/// refused — reported once (naming both formats), never used, nothing written to it.
+#[tokio::test]
+async fn a_channel_status_of_a_newer_format_is_refused_and_not_written() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    {
+        let mut w = world.lock().unwrap();
+        w.channel["status"] = json!({
+            "formatVersion": 3,
+            "slots": [{"node": "n2", "token": "t", "claimedAt": "2026-12-03T10:00:00Z",
+                       "phase": "Verifying", "version": "v2", "lease": {"renewals": 4}}],
+            "failures": [], "conditions": []
+        });
+    }
+    let before = world.lock().unwrap().channel.clone();
+    for _ in 0..3 {
+        assert_eq!(agent.reconcile().await.unwrap(), Next::Wait);
+    }
+    let l = log.lock().unwrap().clone();
+    assert!(
+        !l.iter()
+            .any(|x| x.starts_with("api: slots=") || x.starts_with("api: patch-status")),
+        "wrote to a newer-format channel: {l:#?}"
+    );
+    assert!(!l.iter().any(|x| x.contains("node: stage")), "{l:#?}");
+    assert_eq!(world.lock().unwrap().channel, before);
+    let notes: Vec<&String> = l
+        .iter()
+        .filter(|x| x.starts_with("event-on: UpdateChannel k3os-system/stable: "))
+        .collect();
+    assert_eq!(notes.len(), 1, "reported once: {l:#?}");
+    assert!(
+        notes[0].contains("format 3") && notes[0].contains("format 2"),
+        "{}",
+        notes[0]
+    );
+    assert!(!l.iter().any(|x| x.contains("ReconcileError")), "{l:#?}");
+}
+
+/// Issue 14 item 6: Node annotations written by a newer agent are refused: nothing is
+/// written to the Node or the channel, and it is reported once.
+#[tokio::test]
+async fn node_annotations_of_a_newer_format_are_refused_and_not_written() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    world.lock().unwrap().node_mut("n1")["metadata"]["annotations"] =
+        json!({"k3os.io/update-format": "3", "k3os.io/update-phase": "Verifying"});
+    let before = world.lock().unwrap().node("n1").clone();
+    let channel_before = world.lock().unwrap().channel.clone();
+    for _ in 0..3 {
+        assert_eq!(agent.reconcile().await.unwrap(), Next::Wait);
+    }
+    let l = log.lock().unwrap().clone();
+    assert_eq!(world.lock().unwrap().node("n1"), &before);
+    assert_eq!(world.lock().unwrap().channel, channel_before);
+    assert!(!l.iter().any(|x| x.contains("node: stage")), "{l:#?}");
+    let notes: Vec<&String> = l
+        .iter()
+        .filter(|x| x.starts_with("event-on: Node -/n1: "))
+        .collect();
+    assert_eq!(notes.len(), 1, "{l:#?}");
+    assert!(
+        notes[0].contains("format 3") && notes[0].contains("format 2"),
+        "{}",
+        notes[0]
+    );
+}
+
+/// Every annotation patch states its format; a status written over v0.1.0's (no marker) is
+/// stamped with format 2.
+#[tokio::test]
+async fn writes_carry_the_current_formats() {
+    let (agent, world, _node, _log) = setup(ConfirmResult::Healthy, false);
+    settle(&agent).await;
+    assert_eq!(
+        annotation(&world, "k3os.io/update-format").as_deref(),
+        Some("2")
+    );
+    let ch = world.lock().unwrap().channel.clone();
+    assert_eq!(ch["status"]["formatVersion"], 2, "{}", ch["status"]);
 }

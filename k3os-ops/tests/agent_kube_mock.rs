@@ -429,6 +429,7 @@ impl NodeOps for FakeNode {
             booted_version: Some("v1".into()),
             booted_on_trial: false,
             inactive: Inactive::Empty,
+            failed_trial: None,
         })
     }
     fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {

@@ -78,6 +78,7 @@ fn release(channel: &Path, secret: &Path, version: &str, generation: u64) {
         secret_key: secret.to_path_buf(),
         out_dir: channel.join(version),
         generation: Some(generation),
+        scripts: Vec::new(),
     })
     .expect("release create");
     libupgrade::channel::write_index(channel).expect("write index");
@@ -213,7 +214,8 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
         NodeUpdateStatus {
             booted_version: Some("v2".into()),
             booted_on_trial: true,
-            inactive: Inactive::Staged("v1".into())
+            inactive: Inactive::Staged("v1".into()),
+            failed_trial: None,
         },
         "after the trial boot"
     );
@@ -376,4 +378,62 @@ fn a_downgrade_needs_an_explicit_pin() {
         node.status().unwrap().inactive,
         Inactive::Staged("v2".into())
     );
+}
+
+/// Issue 18 bug 1: a health check of `health.d` fails on the new version at boot; the
+/// boot-time confirm rolls back. Back on the old slot, the agent's status carries what the
+/// core recorded (`health-failed` with the check's output), so the failure is reported as a
+/// failed health check, not as a bootloader fallback.
+#[test]
+fn a_boot_time_health_failure_reaches_the_agent_with_the_checks_output() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut rig = Rig::new(3);
+    let check = rig.node.path().join("health.d/10-etcd");
+    std::fs::write(
+        &check,
+        "#!/bin/sh\nif [ \"$K3OS_VERSION\" = v2 ]; then echo 'etcd quorum lost on v2' >&2; exit 1; fi\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&check, std::fs::Permissions::from_mode(0o755)).unwrap();
+    rig.stage_v2();
+    rig.node().activate(LIMIT).unwrap();
+    assert_eq!(rig.reboot(), Slot::B);
+    match rig.init_confirm() {
+        Err(libupgrade::Error::HealthCheck {
+            rolled_back: true, ..
+        }) => {}
+        other => panic!("the boot-time confirm must roll back: {other:?}"),
+    }
+    assert_eq!(rig.reboot(), Slot::A);
+    rig.init_confirm().expect("A is good");
+    let st = rig.node().status().unwrap();
+    assert_eq!(st.inactive, Inactive::Failed("v2".into()), "{st:?}");
+    let f = st.failed_trial.expect("the core's record of the failure");
+    assert_eq!(f.event, agent::decide::HEALTH_FAILED, "{f:?}");
+    assert!(f.reason.contains("etcd quorum lost on v2"), "{f:?}");
+    let (event, text) = agent::controller::rolled_back_reason("v2", Some(&f));
+    assert_eq!(event, "HealthCheckFailed");
+    assert!(
+        text.contains("etcd quorum lost on v2") && !text.contains("bootloader fell back"),
+        "{text}"
+    );
+}
+
+/// A spent trial the bootloader fell back from is reported as that (the core's
+/// `fallback-taken`).
+#[test]
+fn a_fallback_reaches_the_agent_as_a_fallback() {
+    let mut rig = Rig::new(1);
+    rig.stage_v2();
+    rig.node().activate(LIMIT).unwrap();
+    assert_eq!(rig.reboot(), Slot::B);
+    assert_pending(rig.init_confirm());
+    assert_eq!(rig.reboot(), Slot::A);
+    rig.init_confirm().expect("A is good");
+    let st = rig.node().status().unwrap();
+    let f = st.failed_trial.expect("the core's record of the fallback");
+    assert_eq!(f.event, agent::decide::FALLBACK_TAKEN, "{f:?}");
+    let (event, text) = agent::controller::rolled_back_reason("v2", Some(&f));
+    assert_eq!(event, "RolledBack");
+    assert!(text.contains("bootloader fell back"), "{text}");
 }

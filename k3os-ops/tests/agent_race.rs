@@ -169,6 +169,12 @@ impl ChannelStore for Mem {
         self.delay().await;
         Ok(self.lock().leases.get(node).map(|(n, _)| n.to_string()))
     }
+
+    async fn undo_cordon(&self, _node: &str) -> Result<bool, StoreError> {
+        // This model has slots and Leases, not cordons (the fleet test checks those).
+        self.delay().await;
+        Ok(false)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

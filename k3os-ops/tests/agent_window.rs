@@ -200,6 +200,7 @@ fn staged_node(version: &str) -> NodeView {
             booted_version: Some("v1".into()),
             booted_on_trial: false,
             inactive: Inactive::Staged(version.into()),
+            failed_trial: None,
         },
     }
 }

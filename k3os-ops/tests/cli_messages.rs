@@ -79,6 +79,17 @@ boot_dir = "{p}/boot"
             .unwrap()
     }
 
+    /// Run a command that must succeed; returns its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.ops(args);
+        assert!(
+            out.status.success(),
+            "k3os-ops {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Run a command that must fail; returns its stderr, checked to be one `error:` line.
     fn fails(&self, args: &[&str]) -> String {
         let out = self.ops(args);
@@ -404,4 +415,176 @@ fn a_failed_report_is_a_failed_check_named_by_the_caller() {
     );
     let line = n.fails(&["slot", "confirm", "--failed", "node-ready"]);
     assert!(line.contains("expected NAME=WHY"), "{line}");
+}
+
+/// The boot config `bootloader install` and `release create --boot-config` read.
+fn boot_config(p: &Path) -> PathBuf {
+    let f = p.join("boot.toml");
+    fs::write(
+        &f,
+        r#"format = 1
+panic_secs = 5
+[slots.a]
+kernel = "/a/vmlinuz"
+initrd = "/a/initrd"
+cmdline = "root=PARTLABEL=rootfs-a ro console=ttyS0 quiet"
+[slots.b]
+kernel = "/b/vmlinuz"
+initrd = "/b/initrd"
+cmdline = "root=PARTLABEL=rootfs-b ro console=ttyS0 quiet"
+[grub]
+max_tries = 3
+timeout_secs = 0
+serial = true
+[syslinux]
+timeout_tenths = 1
+serial = true
+"#,
+    )
+    .unwrap();
+    f
+}
+
+fn editenv(file: &Path, vars: &[&str]) {
+    let run = |args: &[&str]| {
+        let out = Command::new("grub-editenv")
+            .arg(file)
+            .args(args)
+            .output()
+            .expect("grub-editenv (Debian package grub-common) must be installed");
+        assert!(out.status.success(), "grub-editenv {args:?}: {out:?}");
+    };
+    run(&["create"]);
+    let mut set = vec!["set"];
+    set.extend_from_slice(vars);
+    run(&set);
+}
+
+/// The measurement of the upgrade-the-upgrader issue, through the binary: a GRUB node whose
+/// env copies hold only the five variables v0.1.0 wrote (made with Debian's grub-editenv, as
+/// an image builder with standard tools would) under v0.1.0's grub.cfg. `slot status` and
+/// `slot confirm` read it (it was refused as "neither env copy is intact" before);
+/// `bootloader install` keeps the state and moves the node to today's script.
+#[test]
+fn a_node_made_by_v010_is_read_and_migrated_by_bootloader_install() {
+    let n = Node::new();
+    let grub = n.path().join("boot/grub");
+    for f in ["env1", "env2", "lock1", "lock2", "good"] {
+        let _ = fs::remove_file(grub.join("k3os").join(f));
+    }
+    fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../bootconfig/tests/fixtures/v0.1.0/grub.cfg"),
+        grub.join("grub.cfg"),
+    )
+    .unwrap();
+    for c in ["env1", "env2"] {
+        editenv(
+            &grub.join("k3os").join(c),
+            &[
+                "K3OS_PRIMARY=A",
+                "K3OS_A=good",
+                "K3OS_A_TRIES=0",
+                "K3OS_B=bad",
+                "K3OS_B_TRIES=0",
+            ],
+        );
+    }
+    for l in ["lock1", "lock2"] {
+        editenv(&grub.join("k3os").join(l), &["K3OS_EDITING=0"]);
+    }
+    let out = n.ok(&["slot", "status"]);
+    assert!(out.contains("Boot script: GRUB script version 1"), "{out}");
+    assert!(!out.contains("WARNING"), "{out}");
+    n.ok(&["slot", "confirm"]);
+    let cfg = boot_config(n.path());
+    let out = n.ok(&[
+        "bootloader",
+        "install",
+        "--boot-config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("kept the boot state") && out.contains("was version 1"),
+        "{out}"
+    );
+    let out = n.ok(&["slot", "status"]);
+    assert!(out.contains("Boot script: GRUB script version 2"), "{out}");
+    assert!(!out.contains("WARNING"), "{out}");
+    let out = n.ok(&[
+        "bootloader",
+        "install",
+        "--boot-config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(out.contains("nothing written"), "{out}");
+    // A script newer than this build: every command refuses it, naming both versions.
+    let text = fs::read_to_string(grub.join("grub.cfg")).unwrap();
+    fs::write(
+        grub.join("grub.cfg"),
+        text.replace("k3os-grub-script: 2", "k3os-grub-script: 7"),
+    )
+    .unwrap();
+    let e = n.fails(&["slot", "status"]);
+    assert!(
+        e.contains("version 7")
+            && e.contains("up to version 2")
+            && e.contains("nothing was rewritten"),
+        "{e}"
+    );
+    let e = n.fails(&[
+        "bootloader",
+        "install",
+        "--boot-config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("version 7") && e.contains("up to version 2"),
+        "{e}"
+    );
+}
+
+/// A node with no loader files is told the real command that writes them, and that command
+/// writes them (A good and primary, B bad); `bootloader render` prints the same script.
+#[test]
+fn missing_loader_files_name_bootloader_install_which_writes_them() {
+    let n = Node::new();
+    let grub = n.path().join("boot/grub");
+    fs::remove_dir_all(grub.join("k3os")).unwrap();
+    let e = n.fails(&["slot", "status"]);
+    assert!(e.contains("k3os-ops bootloader install"), "{e}");
+    let cfg = boot_config(n.path());
+    let out = n.ok(&[
+        "bootloader",
+        "install",
+        "--boot-config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(out.contains("slot A good and primary, slot B bad"), "{out}");
+    let out = n.ok(&["slot", "status"]);
+    assert!(
+        out.contains("GRUB script version 2") && !out.contains("WARNING"),
+        "{out}"
+    );
+    let rendered = n.ok(&[
+        "bootloader",
+        "render",
+        "--boot-config",
+        cfg.to_str().unwrap(),
+        "--loader",
+        "grub",
+    ]);
+    assert_eq!(rendered, fs::read_to_string(grub.join("grub.cfg")).unwrap());
+    fs::write(&cfg, "format = 2\n").unwrap();
+    let e = n.fails(&[
+        "bootloader",
+        "render",
+        "--boot-config",
+        cfg.to_str().unwrap(),
+        "--loader",
+        "grub",
+    ]);
+    assert!(
+        e.contains("format 2 is newer") && e.contains("(format 1)"),
+        "{e}"
+    );
 }

@@ -357,6 +357,7 @@ fn main() {
             secret_key: secret.clone(),
             out_dir: w.join("rel"),
             generation: Some(2),
+            scripts: Vec::new(),
         })
         .unwrap();
         let (secs, wire, fetched, rss) = stage_run(w, Some(v1), &base, &sent);

@@ -123,6 +123,7 @@ fn main() {
         secret_key: secret,
         out_dir: work.join("rel"),
         generation: Some(2),
+        scripts: Vec::new(),
     })
     .unwrap();
     std::fs::remove_file(&sq).unwrap();

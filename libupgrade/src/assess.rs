@@ -38,11 +38,12 @@
 //! Timestamps in the new state come from the clock (`State::transition`); everything else is a
 //! function of the inputs.
 
-use bootconfig::{BootEnv, Damage, Integrity, Slot, SlotBoot};
+use bootconfig::{BootEnv, Integrity, Slot, SlotBoot};
 use serde::{Deserialize, Serialize};
 
 use crate::health::CheckResult;
 use crate::state::{Event, SlotState, State};
+pub use crate::state::{OtherSlot, Outcome, Verdict};
 
 /// The boot being assessed, as observed at the edge (kernel command line, boot id).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,64 +84,6 @@ pub enum Effect {
         state: Box<State>,
         barrier: &'static str,
     },
-}
-
-/// What was decided about the other slot's pending trial.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "kind")]
-pub enum OtherSlot {
-    /// The loader fell back from `slot` after `used` of `tries` tries.
-    FallbackTaken { slot: Slot, used: u8, tries: u8 },
-    /// The activation of `slot` never reached the loader; it stays staged.
-    ActivationLost { slot: Slot },
-}
-
-impl OtherSlot {
-    pub fn slot(&self) -> Slot {
-        match self {
-            OtherSlot::FallbackTaken { slot, .. } | OtherSlot::ActivationLost { slot } => *slot,
-        }
-    }
-}
-
-/// What became of the booted slot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "kind")]
-pub enum Outcome {
-    /// All checks passed: newly marked good (the single bless point).
-    Blessed,
-    /// All checks passed; it already was good.
-    Good,
-    /// A check failed before the bless; the loader boots `to` next.
-    RolledBack { to: Slot },
-    /// A check failed and nothing changes (the slot was already blessed, or the other slot is
-    /// not good to roll back to).
-    Unhealthy,
-    /// The slot's content is not known to be complete (empty or invalid): not assessed.
-    NotAssessable { state: SlotState },
-    /// Every check run so far passed, but checks its activation awaits (see
-    /// [`crate::updater::AwaitedChecks`]) were not reported: still on trial, not blessed.
-    Pending {
-        waiting_for: Vec<String>,
-        within_secs: u64,
-    },
-}
-
-/// The verdict on one boot: consumed by `confirm`'s caller and by the agent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Verdict {
-    pub boot_id: String,
-    pub slot: Slot,
-    pub version: Option<String>,
-    pub outcome: Outcome,
-    /// Why, in one sentence (also logged in the state file's history).
-    pub reason: String,
-    /// The other slot's trial, settled in this boot.
-    pub other_slot: Option<OtherSlot>,
-    pub checks: Vec<CheckResult>,
-    /// Damaged loader records seen in this boot (repaired by a loader write of the assessment
-    /// when the slot is good and no trial is pending).
-    pub loader_damage: Vec<Damage>,
 }
 
 impl Verdict {
@@ -203,10 +146,7 @@ pub fn assess(
                 match env.get(other) {
                     SlotBoot::Trying { tries_left } => {
                         let used = act.tries.saturating_sub(tries_left);
-                        st.transition(
-                            other,
-                            SlotState::Bad,
-                            Event::FallbackTaken,
+                        st.transition(other, Event::FallbackTaken,
                             format!(
                                 "slot {other} did not confirm: {} booted {booted} after {used} of {} tries of {other} ({tries_left} left)",
                                 loader.name, act.tries
@@ -223,10 +163,7 @@ pub fn assess(
                         });
                     }
                     _ => {
-                        st.transition(
-                            other,
-                            SlotState::Staged,
-                            Event::ActivationLost,
+                        st.transition(other, Event::ActivationLost,
                             format!("activation of slot {other} never reached {} (interrupted?); it stays staged", loader.name),
                         );
                         other_slot = Some(OtherSlot::ActivationLost { slot: other });
@@ -350,7 +287,7 @@ pub fn assess(
             checks.len()
         );
         if newly_good {
-            st.transition(booted, SlotState::Good, Event::Confirmed, reason.clone());
+            st.transition(booted, Event::Confirmed, reason.clone());
             if st.activation.as_ref().is_some_and(|a| a.slot == booted) {
                 st.activation = None;
             }
@@ -376,7 +313,7 @@ pub fn assess(
                 op: LoaderOp::MarkBad(booted),
                 barrier: "confirm:rollback-booted-bad",
             });
-            st.transition(booted, SlotState::Bad, Event::HealthFailed, reason.clone());
+            st.transition(booted, Event::HealthFailed, reason.clone());
             st.activation = None;
         }
         verdict.outcome = Outcome::RolledBack { to: other };

@@ -48,10 +48,27 @@ const MAX_DOC: u64 = 16 << 20;
 /// At most this many API pages are followed (100 releases each).
 const MAX_PAGES: usize = 20;
 
+/// The `index.json` format this build writes and the newest it reads. v0.1.0 wrote no
+/// `format` field (read as 1) and ignores it; format 1 grows only by optional fields.
+pub const INDEX_FORMAT: u32 = 1;
+
+fn index_format_v1() -> u32 {
+    1
+}
+
 /// A channel's list of releases, newest first.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Index {
+    /// [`INDEX_FORMAT`]; absent in indexes written by v0.1.0.
+    #[serde(default = "index_format_v1")]
+    pub format: u32,
     pub releases: Vec<IndexEntry>,
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Index::new(Vec::new())
+    }
 }
 
 /// One release of a channel.
@@ -83,6 +100,8 @@ pub struct ResolvedRelease {
 pub enum ChannelError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    #[error("{what} is index format {found}, newer than this build of k3os-ops reads (format {INDEX_FORMAT}); upgrade k3os-ops first")]
+    NewerIndex { what: String, found: u32 },
     #[error("{what} is not valid JSON of the expected shape: {source}")]
     Parse {
         what: String,
@@ -156,8 +175,32 @@ fn check_entry_path(path: &str) -> Result<(), ChannelError> {
 }
 
 impl Index {
+    /// An index of this build's format.
+    pub fn new(releases: Vec<IndexEntry>) -> Index {
+        Index {
+            format: INDEX_FORMAT,
+            releases,
+        }
+    }
+
     /// Parse an index document; entries are re-sorted newest first and their paths checked.
+    /// A newer format is refused before its entries are read.
     pub fn parse(bytes: &[u8], what: &str) -> Result<Index, ChannelError> {
+        #[derive(Deserialize)]
+        struct Head {
+            #[serde(default = "index_format_v1")]
+            format: u32,
+        }
+        let head: Head = serde_json::from_slice(bytes).map_err(|source| ChannelError::Parse {
+            what: what.to_string(),
+            source,
+        })?;
+        if head.format > INDEX_FORMAT {
+            return Err(ChannelError::NewerIndex {
+                what: what.to_string(),
+                found: head.format,
+            });
+        }
         let mut index: Index =
             serde_json::from_slice(bytes).map_err(|source| ChannelError::Parse {
                 what: what.to_string(),
@@ -255,7 +298,7 @@ pub fn build_index(dir: &Path) -> Result<Index, ChannelError> {
             });
         }
     }
-    Ok(Index { releases: entries })
+    Ok(Index::new(entries))
 }
 
 /// Rebuild and atomically write `DIR/index.json`; returns the new index.
@@ -385,7 +428,7 @@ pub fn list(channel: &str) -> Result<Index, ChannelError> {
                 }
             }
             sort_newest_first(&mut entries);
-            Ok(Index { releases: entries })
+            Ok(Index::new(entries))
         }
     }
 }
@@ -506,7 +549,7 @@ pub fn resolve(
             }
             let Some((found, _)) = best else {
                 sort_newest_first(&mut seen);
-                let mut e = not_found(&Index { releases: seen });
+                let mut e = not_found(&Index::new(seen));
                 if let ChannelError::NotFound { available, .. } = &mut e {
                     for s in &skipped {
                         available.push_str(&format!("; skipped {s}"));
@@ -831,6 +874,25 @@ impl GitHub {
 mod tests {
     use super::*;
 
+    #[test]
+    fn index_formats_old_and_newer() {
+        // v0.1.0 wrote no format field.
+        let old = br#"{"releases":[{"version":"v1","generation":1,"arch":"x86_64","path":"v1/"}]}"#;
+        let i = Index::parse(old, "index.json").unwrap();
+        assert_eq!(i.format, 1);
+        assert!(String::from_utf8(i.to_bytes())
+            .unwrap()
+            .contains("\"format\": 1"));
+        let newer = br#"{"format":2,"entries":{}}"#;
+        let e = Index::parse(newer, "channel x index.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("channel x index.json is index format 2") && e.contains("(format 1)"),
+            "{e}"
+        );
+    }
+
     fn entry(v: &str, g: u64, arch: Arch, path: &str) -> IndexEntry {
         IndexEntry {
             version: v.into(),
@@ -843,6 +905,7 @@ mod tests {
     #[test]
     fn index_sorted_newest_first_and_latest_per_arch() {
         let unsorted = Index {
+            format: INDEX_FORMAT,
             releases: vec![
                 entry("v1", 1, Arch::X86_64, "v1/"),
                 entry("v3-arm", 3, Arch::Aarch64, "v3a/"),
@@ -866,6 +929,7 @@ mod tests {
     fn index_paths_must_stay_inside_channel() {
         for bad in ["../x/", "/etc/", "http://evil/", "a/../../b", ""] {
             let i = Index {
+                format: INDEX_FORMAT,
                 releases: vec![entry("v1", 1, Arch::X86_64, bad)],
             };
             let e = Index::parse(&i.to_bytes(), "t").unwrap_err();
@@ -877,6 +941,7 @@ mod tests {
     fn local_channel_resolve_and_not_found() {
         let t = tempfile::tempdir().unwrap();
         let i = Index {
+            format: INDEX_FORMAT,
             releases: vec![
                 entry("v1", 1, Arch::X86_64, "v1/"),
                 entry("v2", 2, Arch::X86_64, "rel-2"),

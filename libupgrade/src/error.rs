@@ -107,6 +107,12 @@ pub enum Error {
         waiting_for: String,
         within_secs: u64,
     },
+    #[error("slot {slot} cannot be activated: {source}")]
+    BootScript {
+        slot: Slot,
+        #[source]
+        source: crate::bootscript::ScriptRefusal,
+    },
     #[error("invalid request: {0}")]
     Usage(String),
 }

@@ -12,17 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::{Error, Result};
 
-/// The outcome of one check.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CheckResult {
-    pub name: String,
-    pub ok: bool,
-    pub detail: String,
-}
+pub use crate::state::CheckResult;
 
 /// A check registered by the caller of `confirm` (e.g. the agent's Node-Ready). It runs with
 /// the built-in and `health.d` checks, before the single bless point; a failure counts like

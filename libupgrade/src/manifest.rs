@@ -10,12 +10,21 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub use bootconfig::ScriptKind;
+
 /// File name of the manifest inside a release directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// File name of the manifest's detached signature inside a release directory.
 pub const SIGNATURE_FILE: &str = "manifest.json.sig";
 /// The manifest format this library writes and understands.
+///
+/// Format 1 grows only by optional fields that older readers ignore (serde skips unknown
+/// fields; v0.1.0 reads every manifest written since): `files.*.chunks` and `boot` (v0.2.0).
+/// A change an older reader would misread bumps the number; a reader refuses a newer number,
+/// naming both.
 pub const FORMAT: u32 = 1;
+/// Largest boot script a release may carry.
+pub const MAX_SCRIPT_SIZE: u64 = 1 << 20;
 
 /// CPU architecture a release is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -133,6 +142,33 @@ impl Files {
     }
 }
 
+/// What a release's `k3os-ops` reads of the loader's files, and the boot scripts the release
+/// carries (see `bootconfig::grub::version`). Absent from releases made before v0.2.0:
+/// [`Manifest::reads`] then says 1 for every loader, and they carry no script.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct BootSupport {
+    /// Newest GRUB script version the release's `k3os-ops` reads (it reads every older one).
+    pub grub_script: u32,
+    /// Newest `extlinux.conf` version it reads.
+    pub extlinux_conf: u32,
+    /// Scripts the release carries, at most one per kind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scripts: Vec<ScriptFile>,
+}
+
+/// A boot script carried by a release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScriptFile {
+    pub kind: ScriptKind,
+    /// The script's version (its marker line says the same; checked when installed).
+    pub version: u32,
+    /// Plain file name in the release directory.
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
 /// A release manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -145,6 +181,9 @@ pub struct Manifest {
     /// to allow a downgrade.
     pub generation: u64,
     pub files: Files,
+    /// What the release reads of the loader's files and the scripts it carries (v0.2.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<BootSupport>,
 }
 
 /// A plain file name: no `/`, no `\\`, not `.` or `..`, not empty.
@@ -166,7 +205,7 @@ pub const MAX_INDEX_SIZE: u64 = 64 << 20;
 pub enum ManifestError {
     #[error("manifest is not valid JSON for format {FORMAT}: {0}")]
     Parse(#[from] serde_json::Error),
-    #[error("manifest format {found} is not supported (this build reads format {FORMAT})")]
+    #[error("manifest format {found} is newer than this build of k3os-ops reads (format {FORMAT}); upgrade k3os-ops first")]
     Format { found: u32 },
     #[error("release {version} is built for {found}, this node is {expected}")]
     Arch {
@@ -193,6 +232,22 @@ impl Manifest {
         v
     }
 
+    /// The newest version of `kind` this release's `k3os-ops` reads (1 for releases made
+    /// before v0.2.0, which predate versioned scripts).
+    pub fn reads(&self, kind: ScriptKind) -> u32 {
+        self.boot.as_ref().map_or(1, |b| match kind {
+            ScriptKind::GrubCfg => b.grub_script,
+            ScriptKind::ExtlinuxConf => b.extlinux_conf,
+        })
+    }
+
+    /// The script of `kind` this release carries.
+    pub fn script(&self, kind: ScriptKind) -> Option<&ScriptFile> {
+        self.boot
+            .as_ref()
+            .and_then(|b| b.scripts.iter().find(|s| s.kind == kind))
+    }
+
     /// Refuse a manifest for another architecture.
     pub fn check_arch(&self, expected: Arch) -> Result<(), ManifestError> {
         if self.arch != expected {
@@ -206,7 +261,7 @@ impl Manifest {
     }
 
     fn check(&self) -> Result<(), ManifestError> {
-        if self.format != FORMAT {
+        if self.format > FORMAT || self.format == 0 {
             return Err(ManifestError::Format { found: self.format });
         }
         let field = |f: &str, what: &str| ManifestError::Field {
@@ -269,6 +324,63 @@ impl Manifest {
                 }
             }
         }
+        self.check_boot()
+    }
+
+    fn check_boot(&self) -> Result<(), ManifestError> {
+        let Some(b) = &self.boot else {
+            return Ok(());
+        };
+        let field = |f: String, what: String| ManifestError::Field { field: f, what };
+        if b.grub_script == 0 || b.extlinux_conf == 0 {
+            return Err(field("boot".into(), "script versions start at 1".into()));
+        }
+        let mut names: Vec<&str> = Artifact::ALL
+            .iter()
+            .flat_map(|a| {
+                let e = self.files.get(*a);
+                [
+                    Some(e.path.as_str()),
+                    e.chunks.as_ref().map(|c| c.path.as_str()),
+                ]
+            })
+            .flatten()
+            .collect();
+        for (i, sc) in b.scripts.iter().enumerate() {
+            let name = format!("boot.scripts[{i}]");
+            if b.scripts[..i].iter().any(|o| o.kind == sc.kind) {
+                return Err(field(name, format!("a second {} script", sc.kind)));
+            }
+            if !plain_name(&sc.path) || names.contains(&sc.path.as_str()) {
+                return Err(field(
+                    format!("{name}.path"),
+                    format!("'{}' is not a plain file name of its own", sc.path),
+                ));
+            }
+            names.push(&sc.path);
+            if !hex64(&sc.sha256) {
+                return Err(field(
+                    format!("{name}.sha256"),
+                    format!("'{}' is not 64 lower-case hex digits", sc.sha256),
+                ));
+            }
+            if sc.size == 0 || sc.size > MAX_SCRIPT_SIZE {
+                return Err(field(
+                    format!("{name}.size"),
+                    format!("{} is not within 1..={MAX_SCRIPT_SIZE}", sc.size),
+                ));
+            }
+            let reads = self.reads(sc.kind);
+            if sc.version == 0 || sc.version > reads {
+                return Err(field(
+                    format!("{name}.version"),
+                    format!(
+                        "{}: the release's k3os-ops reads {} versions 1..={reads}",
+                        sc.version, sc.kind
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -294,7 +406,65 @@ mod tests {
                 kernel: e("vmlinuz"),
                 initrd: e("initrd"),
             },
+            boot: None,
         }
+    }
+
+    #[test]
+    fn boot_section_is_optional_and_checked() {
+        let m = sample();
+        assert_eq!(
+            m.reads(ScriptKind::GrubCfg),
+            1,
+            "a release made before v0.2.0"
+        );
+        let text = String::from_utf8(m.to_bytes()).unwrap();
+        assert!(!text.contains("boot"), "{text}");
+        let mut b = sample();
+        b.boot = Some(BootSupport {
+            grub_script: 2,
+            extlinux_conf: 1,
+            scripts: vec![ScriptFile {
+                kind: ScriptKind::GrubCfg,
+                version: 2,
+                path: "grub.cfg".into(),
+                size: 10,
+                sha256: "cd".repeat(32),
+            }],
+        });
+        assert_eq!(Manifest::parse(&b.to_bytes()).unwrap(), b);
+        assert_eq!(b.reads(ScriptKind::GrubCfg), 2);
+        assert_eq!(b.script(ScriptKind::GrubCfg).unwrap().version, 2);
+        let text = String::from_utf8(b.to_bytes()).unwrap();
+        assert!(
+            text.contains("\"grub-script\": 2") && text.contains("\"kind\": \"grub-cfg\""),
+            "{text}"
+        );
+        let mut bad = b.clone();
+        bad.boot.as_mut().unwrap().scripts[0].version = 3;
+        let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
+        assert!(
+            e.contains("boot.scripts[0].version") && e.contains("1..=2"),
+            "{e}"
+        );
+        let mut bad = b.clone();
+        bad.boot.as_mut().unwrap().scripts[0].path = "vmlinuz".into();
+        let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
+        assert!(e.contains("boot.scripts[0].path"), "{e}");
+        let mut bad = b.clone();
+        let dup = bad.boot.as_ref().unwrap().scripts[0].clone();
+        bad.boot.as_mut().unwrap().scripts.push(ScriptFile {
+            path: "other".into(),
+            ..dup
+        });
+        let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
+        assert!(e.contains("a second GRUB script"), "{e}");
+        // A newer manifest format is refused naming both.
+        let newer = String::from_utf8(m.to_bytes())
+            .unwrap()
+            .replace("\"format\": 1", "\"format\": 2");
+        let e = Manifest::parse(newer.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("format 2") && e.contains("format 1"), "{e}");
     }
 
     #[test]

@@ -20,8 +20,8 @@ use sha2::{Digest, Sha256};
 use crate::channel::{self, ChannelError};
 use crate::chunk::{ChunkEntry, ChunkIndex, ChunkParams, IndexError};
 use crate::manifest::{
-    Arch, FileEntry, Files, IndexRef, Manifest, ManifestError, FORMAT, MANIFEST_FILE,
-    SIGNATURE_FILE,
+    Arch, BootSupport, FileEntry, Files, IndexRef, Manifest, ManifestError, ScriptFile, ScriptKind,
+    FORMAT, MANIFEST_FILE, SIGNATURE_FILE,
 };
 use crate::signing::{self, SigningError};
 use crate::updater::{NoProgress, Progress};
@@ -49,6 +49,33 @@ pub struct CreateOptions {
     pub out_dir: PathBuf,
     /// Generation; `None` = derived from the enclosing channel (see [`create`]).
     pub generation: Option<u64>,
+    /// Boot scripts to carry (at most one per loader), as rendered by `bootconfig`: a node
+    /// installs one when it activates this release and both slots read its version.
+    pub scripts: Vec<BootScript>,
+}
+
+/// A boot script for [`CreateOptions::scripts`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootScript {
+    pub kind: ScriptKind,
+    pub text: String,
+}
+
+impl BootScript {
+    /// The script's version, from its marker line; refused when this build does not know it.
+    pub fn version(&self) -> Result<u32, ReleaseError> {
+        let path = Path::new(self.kind.file_name());
+        let v = match self.kind {
+            ScriptKind::GrubCfg => {
+                bootconfig::grub::GrubScript::of_cfg(path, &self.text).map(|v| v.number())
+            }
+            ScriptKind::ExtlinuxConf => bootconfig::syslinux::conf_version(path, &self.text),
+        };
+        v.map_err(|e| ReleaseError::Script {
+            kind: self.kind,
+            what: e.to_string(),
+        })
+    }
 }
 
 /// Why a release could not be created.
@@ -78,6 +105,8 @@ pub enum ReleaseError {
     Signing(#[from] SigningError),
     #[error(transparent)]
     Channel(#[from] ChannelError),
+    #[error("boot script ({kind}): {what}")]
+    Script { kind: ScriptKind, what: String },
     #[error("chunk index of {path}: {what}")]
     ChunkIndex { path: PathBuf, what: String },
     #[error("{path}: expected {expected_size} bytes with sha256 {expected_sha256}, found {found_size} bytes with sha256 {found_sha256}")]
@@ -219,7 +248,26 @@ pub fn create_with(
             kernel: placeholder(KERNEL_FILE),
             initrd: placeholder(INITRD_FILE),
         },
+        boot: Some(BootSupport {
+            grub_script: bootconfig::grub::GrubScript::CURRENT.number(),
+            extlinux_conf: bootconfig::syslinux::CONF_VERSION,
+            scripts: Vec::new(),
+        }),
     };
+    let mut scripts = Vec::new();
+    for sc in &opts.scripts {
+        let data = sc.text.as_bytes();
+        scripts.push(ScriptFile {
+            kind: sc.kind,
+            version: sc.version()?,
+            path: sc.kind.file_name().to_string(),
+            size: data.len() as u64,
+            sha256: hex::encode(Sha256::digest(data)),
+        });
+    }
+    if let Some(b) = manifest.boot.as_mut() {
+        b.scripts = scripts;
+    }
     Manifest::parse(&manifest.to_bytes())?;
 
     fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
@@ -227,6 +275,9 @@ pub fn create_with(
     manifest.files.rootfs = copy(&opts.rootfs, ROOTFS_FILE)?;
     manifest.files.kernel = copy(&opts.kernel, KERNEL_FILE)?;
     manifest.files.initrd = copy(&opts.initrd, INITRD_FILE)?;
+    for sc in &opts.scripts {
+        write_atomic(&opts.out_dir, sc.kind.file_name(), sc.text.as_bytes())?;
+    }
 
     let bytes = manifest.to_bytes();
     Manifest::parse(&bytes)?;
@@ -278,6 +329,19 @@ pub fn verify_dir(
         }
         if let Some(r) = &e.chunks {
             verify_chunk_index(dir, r, &path, e.size)?;
+        }
+    }
+    for sc in manifest.boot.iter().flat_map(|b| &b.scripts) {
+        let path = dir.join(&sc.path);
+        let (found_size, found_sha256) = sha256_file(&path).map_err(io_err(&path))?;
+        if found_size != sc.size || found_sha256 != sc.sha256 {
+            return Err(ReleaseError::FileMismatch {
+                path,
+                expected_size: sc.size,
+                expected_sha256: sc.sha256.clone(),
+                found_size,
+                found_sha256,
+            });
         }
     }
     Ok((manifest, key))
@@ -578,6 +642,7 @@ mod tests {
                 secret_key: self.key.clone(),
                 out_dir: out.to_path_buf(),
                 generation,
+                scripts: Vec::new(),
             }
         }
     }

@@ -15,6 +15,7 @@
 //!   the tries it used. Then the booted slot's health checks run: pass → bootloader and state
 //!   mark it good; fail → roll back to the other slot if that one is good.
 
+use crate::manifest::ScriptKind;
 use std::path::Path;
 
 use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
@@ -26,7 +27,8 @@ use crate::fetch::Source;
 use crate::health;
 use crate::layout::{DirLayout, GptLayout, Layout};
 use crate::stage::Stager;
-use crate::state::{now, Decision, Event, SlotState, State, StateStore};
+use crate::state::store::StateStore;
+use crate::state::{now, Decision, Event, SlotState, State};
 
 pub use crate::confirm::ConfirmReport;
 pub use crate::stage::{NoProgress, Progress, StageOptions, StageReport};
@@ -61,37 +63,14 @@ pub struct Status {
     /// The loader's records: the one it will use at the next boot and every damaged one
     /// (e.g. `copy 1` of GRUB's env, naming the file and what is wrong).
     pub loader_integrity: bootconfig::Integrity,
+    /// The loader's installed boot script and its version, and the newest this build knows.
+    pub boot_script: bootconfig::ScriptInfo,
     /// The boot assessment of the running boot, once `confirm` ran in it (see
     /// [`crate::assess`]): outcome, reason, and whether a fallback was taken.
     pub verdict: Option<crate::assess::Verdict>,
 }
 
-/// A pending activation: which slot, and in which boot it was activated.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Activation {
-    pub slot: Slot,
-    pub boot_id: String,
-    pub tries: u8,
-    pub at: u64,
-    /// Checks the activating caller will report on the trial boot, before which the slot is
-    /// not blessed (see [`AwaitedChecks`]). None: the boot-time `confirm` blesses on its own.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub awaits: Option<AwaitedChecks>,
-}
-
-/// Health checks that only the activating caller can run on the trial boot — the agent's
-/// Node-Ready, which needs the cluster — and that must pass before the single bless point,
-/// like a systemd unit ordered before `boot-complete.target`. Until they are reported, the
-/// boot-time `confirm` leaves the slot on trial ([`crate::assess::Outcome::Pending`]): a reboot
-/// then costs a try, and `slot await-bless` rolls back when they are not reported within
-/// `within_secs` of the boot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AwaitedChecks {
-    /// Check names, as the caller's [`crate::HealthCheck`]s report them (e.g. `node-ready`).
-    pub names: Vec<String>,
-    /// How long after the trial boot they may take before they count as failed.
-    pub within_secs: u64,
-}
+pub use crate::state::{Activation, AwaitedChecks};
 
 /// The updater of one node.
 pub struct Updater {
@@ -101,6 +80,20 @@ pub struct Updater {
     pub(crate) store: StateStore,
 }
 
+/// The loader `cfg` names, on its directory under the boot partition (`grub/`, `syslinux/`).
+pub fn loader_for(cfg: &Config) -> Box<dyn Bootloader> {
+    let boot_dir = cfg.layout.boot_dir();
+    match cfg.bootloader {
+        BootloaderKind::Grub => Box::new(bootconfig::grub::GrubBootloader::new(
+            boot_dir.join("grub"),
+            cfg.tries,
+        )),
+        BootloaderKind::Syslinux => Box::new(bootconfig::syslinux::SyslinuxBootloader::new(
+            boot_dir.join("syslinux"),
+        )),
+    }
+}
+
 impl Updater {
     /// Open the node described by `cfg`: read the GPT (or the dir layout) and pick the loader.
     pub fn open(cfg: Config) -> Result<Updater> {
@@ -108,16 +101,7 @@ impl Updater {
             LayoutConfig::Gpt { disk, boot_dir } => Box::new(GptLayout::open(disk, boot_dir)?),
             LayoutConfig::Dir { root, boot_dir } => Box::new(DirLayout::new(root, boot_dir)),
         };
-        let boot_dir = cfg.layout.boot_dir().to_path_buf();
-        let boot: Box<dyn Bootloader> = match cfg.bootloader {
-            BootloaderKind::Grub => Box::new(bootconfig::grub::GrubBootloader::new(
-                boot_dir.join("grub"),
-                cfg.tries,
-            )),
-            BootloaderKind::Syslinux => Box::new(bootconfig::syslinux::SyslinuxBootloader::new(
-                boot_dir.join("syslinux"),
-            )),
-        };
+        let boot = loader_for(&cfg);
         Ok(Self::with_parts(cfg, layout, boot))
     }
 
@@ -173,7 +157,6 @@ impl Updater {
                 rec.generation = generation;
                 st.transition(
                     b,
-                    SlotState::Good,
                     Event::Bootstrap,
                     format!(
                         "first run: slot {b} is the installed system (from {})",
@@ -222,6 +205,7 @@ impl Updater {
             layout: self.layout.describe(),
             slots,
             loader_integrity: self.boot.integrity()?,
+            boot_script: self.boot.script()?,
             verdict: st.verdict.clone().filter(|v| v.boot_id == bid),
         })
     }
@@ -284,12 +268,14 @@ impl Updater {
                 expected: "staged or good",
             });
         }
+        let script = self.script_for(slot)?;
         let tries = self.cfg.tries.min(self.boot.max_tries());
-        st.transition(
-            slot,
-            SlotState::Trying,
-            Event::Activated,
-            format!("{} will try slot {slot} {tries} time(s) from the next boot; slot {booted} is the fallback", self.boot.name()),
+        let note = script
+            .as_ref()
+            .map(|(kind, v, _)| format!("; installs its {kind} version {v}"))
+            .unwrap_or_default();
+        st.transition(slot, Event::Activated,
+            format!("{} will try slot {slot} {tries} time(s) from the next boot; slot {booted} is the fallback{note}", self.boot.name()),
         );
         st.activation = Some(Activation {
             slot,
@@ -299,9 +285,39 @@ impl Updater {
             awaits,
         });
         self.store.save(&st, "activate:state-trying")?;
+        if let Some((_, _, text)) = script {
+            self.boot.install_script(&text)?;
+            crate::barrier::hit("activate:script-installed");
+        }
         self.boot.try_slot(slot, tries)?;
         crate::barrier::hit("activate:bootloader-flipped");
         Ok(slot)
+    }
+
+    /// The boot script to install when activating `slot` ([`crate::bootscript::decide`] on
+    /// the loader's installed script and the release kept for `slot`), with its version; an
+    /// error, before anything is written, when the release cannot run under any script.
+    fn script_for(&self, slot: Slot) -> Result<Option<(ScriptKind, u32, String)>> {
+        let info = self.boot.script()?;
+        let m = crate::slotfiles::manifest(&self.cfg.state_dir, slot)?;
+        let reads = m.as_ref().map_or(1, |m| m.reads(info.kind));
+        let carried = m.as_ref().and_then(|m| m.script(info.kind));
+        let step = crate::bootscript::decide(
+            info.kind,
+            info.installed,
+            info.newest_known,
+            reads,
+            carried.map(|c| c.version),
+        )
+        .map_err(|source| Error::BootScript { slot, source })?;
+        match (step, carried) {
+            (crate::bootscript::ScriptStep::Install(v), Some(sc)) => Ok(Some((
+                info.kind,
+                v,
+                crate::slotfiles::script(&self.cfg.state_dir, slot, sc)?,
+            ))),
+            _ => Ok(None),
+        }
     }
 
     /// Leave the booted slot for the other one, which must be good; the booted slot is marked
@@ -324,7 +340,6 @@ impl Updater {
         crate::barrier::hit("rollback:booted-bad");
         st.transition(
             booted,
-            SlotState::Bad,
             Event::RolledBack,
             format!("rolled back to slot {other}: {reason}"),
         );
@@ -342,7 +357,7 @@ impl Updater {
         let mut st = self.load(Some(booted))?;
         self.boot.mark_bad(slot)?;
         crate::barrier::hit("mark-bad:bootloader");
-        st.transition(slot, SlotState::Bad, Event::MarkedBad, reason.to_string());
+        st.transition(slot, Event::MarkedBad, reason.to_string());
         if st.activation.as_ref().is_some_and(|a| a.slot == slot) {
             st.activation = None;
         }

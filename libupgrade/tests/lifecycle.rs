@@ -1,7 +1,9 @@
 //! The boot-assessment state machine across simulated reboots: activate → trial boot →
 //! confirm; tries running out → fallback recorded with its reason; failed health check →
 //! rollback; an activation cut short before the bootloader flip → slot stays staged; a damaged
-//! GRUB env copy (issue 9). Uses the k3OS-style dir layout (real squashfs files, symlink
+//! GRUB env copy (issue 9); a node whose loader files v0.1.0 wrote upgrades, installing today's
+//! boot script on the activation of a release that carries it, and refuses to activate a
+//! release older than its script. Uses the k3OS-style dir layout (real squashfs files, symlink
 //! switching) and each real bootloader backend (GRUB, syslinux) on temp dirs, powered on the
 //! way the loader boots (testkit::loaders); every scenario runs on both.
 
@@ -27,6 +29,15 @@ struct Node {
 
 impl Node {
     fn new(trust: &Path, kind: Kind) -> Node {
+        Node::with_loader(trust, kind, |dir| RealLoader::install(kind, dir, 3))
+    }
+
+    /// A node whose loader files were written by v0.1.0 (its script, its env copies).
+    fn v010(trust: &Path, kind: Kind) -> Node {
+        Node::with_loader(trust, kind, |dir| RealLoader::install_v010(kind, dir))
+    }
+
+    fn with_loader(trust: &Path, kind: Kind, install: impl FnOnce(&Path) -> RealLoader) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
         let cfg = dir_config(
@@ -40,7 +51,7 @@ impl Node {
         std::fs::write(&cfg.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
         boot_as(&cfg, Slot::A, "boot-0");
         std::fs::create_dir_all(p.join("system")).unwrap();
-        let loader = RealLoader::install(kind, &p.join("loader"), 3);
+        let loader = install(&p.join("loader"));
         Node {
             dir,
             cfg,
@@ -372,4 +383,110 @@ fn confirm_repairs_damaged_loader_records_of_a_good_slot() {
             "{kind:?}"
         );
     }
+}
+
+/// A node made by v0.1.0 (its grub.cfg / extlinux.conf, its env copies) running today's
+/// binary: it reads its loader files, stages a release carrying today's script, installs the
+/// script when it activates it (both slots read it), boots and blesses the new slot; a release
+/// made before v0.2.0 (reading only script 1) is then refused at activation, nothing written.
+#[test]
+fn a_v010_node_installs_the_new_script_on_activation_and_refuses_an_older_release() {
+    for kind in KINDS {
+        let k = keys();
+        let rels = tempfile::tempdir().unwrap();
+        let mut node = Node::v010(&k.trust, kind);
+        let u = node.updater();
+        assert_eq!(u.bootloader().script().unwrap().installed, Some(1));
+        u.confirm()
+            .expect("today's binary reads v0.1.0's loader files");
+        let (script_kind, text) = RealLoader::script_text(kind, 3);
+        let rel = signed_release_with(
+            &k,
+            rels.path(),
+            &ReleaseInputs {
+                version: "v2",
+                generation: 2,
+                payload: b"two",
+                kernel: pseudo_random(1000, 2),
+                initrd: pseudo_random(1000, 3),
+                arch: Arch::host(),
+            },
+            vec![libupgrade::release::BootScript {
+                kind: script_kind,
+                text: text.clone(),
+            }],
+        );
+        u.stage(&Source::Path(rel), &StageOptions::default(), &NoProgress)
+            .unwrap();
+        assert_eq!(u.activate().unwrap(), Slot::B);
+        let info = u.bootloader().script().unwrap();
+        assert_eq!(
+            info.installed,
+            Some(info.newest_known),
+            "{kind:?}: installed on activation"
+        );
+        let history = u.status().unwrap().slots[1].last_decision.clone().unwrap();
+        assert!(
+            history.why.contains("installs its"),
+            "{kind:?}: {history:?}"
+        );
+        assert_eq!(
+            node.reboot(),
+            Slot::B,
+            "{kind:?}: the trial boots under the new script"
+        );
+        std::fs::write(&node.cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
+        assert!(node.updater().confirm().unwrap().newly_good, "{kind:?}");
+        let st = node.updater().status().unwrap();
+        assert_eq!(
+            (st.slots[0].state, st.slots[1].state),
+            (SlotState::Good, SlotState::Good)
+        );
+        assert!(
+            st.loader_integrity.damaged.is_empty(),
+            "{kind:?}: {:?}",
+            st.loader_integrity
+        );
+
+        // A release made before v0.2.0 reads only version 1 of the loader's files.
+        let old = make_release(&k, rels.path(), "v3-old", 3, 4096, Arch::host());
+        strip_boot_section(&k, &old);
+        let u = node.updater();
+        u.stage(&Source::Path(old), &StageOptions::default(), &NoProgress)
+            .unwrap();
+        if kind == Kind::Syslinux {
+            // extlinux.conf is still version 1: both read it, the activation goes ahead.
+            assert_eq!(u.activate().unwrap(), Slot::A);
+            continue;
+        }
+        let before = node.loader.snapshot();
+        let e = u.activate().unwrap_err();
+        assert!(matches!(e, Error::BootScript { slot: Slot::A, .. }), "{e}");
+        let t = e.to_string();
+        assert!(
+            t.contains("GRUB script is version 2") && t.contains("up to 1"),
+            "{t}"
+        );
+        let mut after = node.loader.snapshot();
+        let mut before = before;
+        before.sort();
+        after.sort();
+        assert_eq!(after, before, "nothing written");
+        assert_eq!(u.status().unwrap().slots[0].state, SlotState::Staged);
+    }
+}
+
+/// Rewrite a release's manifest as a release made before v0.2.0 (no `boot` section), signed.
+fn strip_boot_section(k: &Keys, dir: &Path) {
+    let p = dir.join("manifest.json");
+    let mut m = libupgrade::Manifest::parse(&std::fs::read(&p).unwrap()).unwrap();
+    m.boot = None;
+    let bytes = m.to_bytes();
+    let key = libupgrade::signing::load_secret_key(&k.secret).unwrap();
+    std::fs::write(
+        dir.join("manifest.json.sig"),
+        libupgrade::signing::sign_with(&bytes, &key),
+    )
+    .unwrap();
+    std::fs::write(&p, bytes).unwrap();
 }

@@ -35,7 +35,73 @@ fn entry(s: &str) -> BootEntry {
     }
 }
 
+/// Where the files of a node made by v0.1.0 are kept (written by v0.1.0's own code).
+pub fn v010_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../bootconfig/tests/fixtures/v0.1.0")
+}
+
+fn grub_cfg(tries: u8) -> GrubConfig {
+    GrubConfig {
+        entries: [entry("a"), entry("b")],
+        max_tries: tries,
+        timeout_secs: 0,
+        serial: false,
+        panic_secs: 5,
+    }
+}
+
+fn syslinux_cfg() -> SyslinuxConfig {
+    SyslinuxConfig {
+        entries: [entry("a"), entry("b")],
+        primary: Slot::A,
+        timeout_tenths: 0,
+        serial: false,
+        panic_secs: 5,
+    }
+}
+
 impl RealLoader {
+    /// Today's boot script for this loader (what `release create` would carry).
+    pub fn script_text(kind: Kind, tries: u8) -> (bootconfig::ScriptKind, String) {
+        match kind {
+            Kind::Grub => (
+                bootconfig::ScriptKind::GrubCfg,
+                render_cfg(&grub_cfg(tries)),
+            ),
+            Kind::Syslinux => (
+                bootconfig::ScriptKind::ExtlinuxConf,
+                render_conf(&syslinux_cfg()),
+            ),
+        }
+    }
+
+    /// The loader files of a freshly installed v0.1.0 node (A good, B bad): its script
+    /// (`grub.cfg` without a version marker, `extlinux.conf`) and, for GRUB, its env copies.
+    pub fn install_v010(kind: Kind, dir: &Path) -> RealLoader {
+        std::fs::create_dir_all(dir.join("k3os")).unwrap();
+        let fx = v010_fixtures();
+        match kind {
+            Kind::Grub => {
+                std::fs::copy(fx.join("grub.cfg"), dir.join("grub.cfg")).unwrap();
+                for f in ["env1", "env2", "lock1", "lock2"] {
+                    std::fs::copy(fx.join("installed/k3os").join(f), dir.join("k3os").join(f))
+                        .unwrap();
+                }
+            }
+            Kind::Syslinux => {
+                std::fs::copy(fx.join("extlinux.conf"), dir.join("extlinux.conf")).unwrap();
+                let mut ld = vec![0xeb; 4096];
+                ld.extend_from_slice(&Adv::empty().0);
+                std::fs::write(dir.join("ldlinux.sys"), ld).unwrap();
+            }
+        }
+        RealLoader {
+            kind,
+            dir: dir.to_path_buf(),
+            tries: if kind == Kind::Syslinux { 1 } else { 3 },
+        }
+    }
+
     pub fn install(kind: Kind, dir: &Path, tries: u8) -> RealLoader {
         std::fs::create_dir_all(dir).unwrap();
         let initial = BootEnv {
@@ -50,25 +116,11 @@ impl RealLoader {
         };
         match kind {
             Kind::Grub => {
-                let cfg = GrubConfig {
-                    entries: [entry("a"), entry("b")],
-                    max_tries: tries,
-                    timeout_secs: 0,
-                    serial: false,
-                    panic_secs: 5,
-                };
-                std::fs::write(dir.join("grub.cfg"), render_cfg(&cfg)).unwrap();
+                std::fs::write(dir.join("grub.cfg"), render_cfg(&grub_cfg(tries))).unwrap();
                 GrubBootloader::new(dir, tries).install(&initial).unwrap();
             }
             Kind::Syslinux => {
-                let cfg = SyslinuxConfig {
-                    entries: [entry("a"), entry("b")],
-                    primary: Slot::A,
-                    timeout_tenths: 0,
-                    serial: false,
-                    panic_secs: 5,
-                };
-                std::fs::write(dir.join("extlinux.conf"), render_conf(&cfg)).unwrap();
+                std::fs::write(dir.join("extlinux.conf"), render_conf(&syslinux_cfg())).unwrap();
                 let mut ld = vec![0xeb; 4096];
                 ld.extend_from_slice(&Adv::empty().0);
                 std::fs::write(dir.join("ldlinux.sys"), ld).unwrap();

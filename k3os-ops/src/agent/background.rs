@@ -90,10 +90,12 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
                                         format!("its Lease was not renewed for {}s", d.as_secs())
                                     }
                                 };
-                                let failure = if r.failure_recorded {
-                                    " (recorded as a failure of its version)"
-                                } else {
-                                    ""
+                                let failure = match (r.failure_recorded, r.uncordoned) {
+                                    (true, _) => " (recorded as a failure of its version)",
+                                    (false, true) => {
+                                        " and uncordoned it (it died before its bootloader flip; its update is abandoned)"
+                                    }
+                                    (false, false) => "",
                                 };
                                 agent
                                     .event(
@@ -106,6 +108,13 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
                                         ),
                                     )
                                     .await;
+                                if let (true, Some(v)) = (r.paused, r.slot.version.as_deref()) {
+                                    let out = slots::FailureOutcome {
+                                        released: false,
+                                        paused: true,
+                                    };
+                                    agent.failure_recorded(&ch, v, out, "").await;
+                                }
                             }
                         }
                         Err(e) => tracing::warn!("reclaim in {name}: {e}"),

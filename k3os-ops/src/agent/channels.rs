@@ -5,6 +5,11 @@
 //! aside as a [`BadChannel`] and reported on that channel, while the others go on (issue 11,
 //! bug 3: one such object made every list fail in every agent).
 //!
+//! **Formats.** Before decoding, each channel's `status.formatVersion` is checked
+//! ([`super::format`]): a newer format than this agent knows is set aside as a
+//! [`NewerChannel`] (reported, never used nor written, not even its `Invalid` condition),
+//! since today's types may misread it.
+//!
 //! **Precedence** ([`pick`], issue 11 bug 4). When several channels select a node:
 //! 1. a channel holding a slot for the node wins (its update must finish or be released);
 //! 2. otherwise only *valid* channels compete (the spec decodes and its durations, window and
@@ -34,11 +39,20 @@ pub struct BadChannel {
     pub error: String,
 }
 
+/// A channel whose status is in a format newer than this agent knows: set aside unread and
+/// never written (see [`super::format`]).
+#[derive(Debug, Clone)]
+pub struct NewerChannel {
+    pub name: String,
+    pub error: super::format::FormatError,
+}
+
 /// The channels of a namespace, decoded one by one, sorted by name.
 #[derive(Debug, Clone, Default)]
 pub struct Listed {
     pub channels: Vec<UpdateChannel>,
     pub bad: Vec<BadChannel>,
+    pub newer: Vec<NewerChannel>,
 }
 
 /// The untyped API of UpdateChannels in `namespace`.
@@ -77,6 +91,12 @@ pub async fn list(client: &Client, namespace: &str) -> Result<Listed, kube::Erro
         .await?;
     let mut out = Listed::default();
     for obj in objs.items {
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let what = format!("the status of UpdateChannel {namespace}/{name}");
+        if let Err(error) = super::format::status_format(&what, &obj.data) {
+            out.newer.push(NewerChannel { name, error });
+            continue;
+        }
         match decode(obj) {
             Ok(ch) => out.channels.push(ch),
             Err(bad) => out.bad.push(bad),
@@ -85,6 +105,7 @@ pub async fn list(client: &Client, namespace: &str) -> Result<Listed, kube::Erro
     out.channels
         .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     out.bad.sort_by(|a, b| a.name.cmp(&b.name));
+    out.newer.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
 }
 

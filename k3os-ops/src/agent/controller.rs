@@ -8,7 +8,8 @@
 //! channel): `update-phase`, `update-target`, `update-progress`, `update-message`,
 //! `update-token` (the claim token, written before the claim so a restarted agent finds its
 //! slot) and `update-cordoned` (set just before this agent cordons, so only a cordon of ours is
-//! undone).
+//! undone), with their format in `update-format` ([`super::format`]): annotations of a newer
+//! format stop this agent on the node (reported once, nothing written).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,6 +25,7 @@ use serde_json::json;
 use super::crd::{SlotPhase, UpdateChannel};
 use super::decide::{decide, Action, IdleReason, NodeView, Policy};
 use super::errors::{AgentError, KubeContext};
+use super::format::{ANN_FORMAT, NODE_FORMAT};
 use super::kube_store::KubeChannelStore;
 use super::metrics::Outcome;
 use super::node::NodeOps;
@@ -85,6 +87,10 @@ pub struct Agent {
     /// silence of half the reboot timeout may already be judged dead by other agents, so it is
     /// forfeit and replaced by a fresh claim (a fresh token).
     pub(super) startup_silence: Mutex<Option<Duration>>,
+    /// This boot's not-yet-assessed state was reported (condition + Event) by this process.
+    pub(super) not_assessed_reported: std::sync::atomic::AtomicBool,
+    /// Format refusals already reported (each text once per agent process).
+    pub(super) format_reported: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// What the loop does after a step.
@@ -125,6 +131,8 @@ impl Agent {
             last_note: Mutex::new(None),
             last_conflict: Mutex::new(None),
             startup_silence: Mutex::new(None),
+            format_reported: Mutex::new(std::collections::BTreeSet::new()),
+            not_assessed_reported: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -205,6 +213,43 @@ impl Agent {
         }
     }
 
+    /// A `SlotReleased` Event (on the Node and the channel) when our slot was released.
+    pub(super) async fn slot_released(&self, ch: &UpdateChannel, released: bool, why: &str) {
+        if released {
+            self.event(
+                Some(ch),
+                false,
+                "SlotReleased",
+                format!("released the update slot: {why}"),
+            )
+            .await;
+        }
+    }
+
+    /// Events for a recorded failure's effects on the channel: the slot released with it
+    /// (`SlotReleased`) and the pause it caused (`ChannelPaused`).
+    pub(super) async fn failure_recorded(
+        &self,
+        ch: &UpdateChannel,
+        version: &str,
+        out: slots::FailureOutcome,
+        why: &str,
+    ) {
+        self.slot_released(ch, out.released, why).await;
+        if out.paused {
+            self.event(
+                Some(ch),
+                true,
+                "ChannelPaused",
+                format!(
+                    "{version} failed on {} node(s), reaching maxFailures {}: new claims are paused (remove status.failures entries to resume)",
+                    ch.spec.max_failures, ch.spec.max_failures
+                ),
+            )
+            .await;
+        }
+    }
+
     /// Log a failed reconciliation and publish it (once per distinct text) as a
     /// `ReconcileError` event: the error chain as `Display` text, never a debug dump.
     pub async fn report_error(&self, e: &AgentError) {
@@ -239,7 +284,7 @@ impl Agent {
         if let Some((_, Some(phase))) = annotations.iter().find(|(k, _)| *k == ANN_PHASE) {
             self.metrics.set_phase(phase);
         }
-        let map: serde_json::Map<String, serde_json::Value> = annotations
+        let mut map: serde_json::Map<String, serde_json::Value> = annotations
             .iter()
             .map(|(k, v)| {
                 (
@@ -248,6 +293,8 @@ impl Agent {
                 )
             })
             .collect();
+        // Every patch states the format of the annotations it leaves behind.
+        map.insert(ANN_FORMAT.into(), json!(NODE_FORMAT.to_string()));
         self.nodes()
             .patch(
                 &self.node,
@@ -272,6 +319,96 @@ impl Agent {
         Ok(tokio::task::spawn_blocking(move || f(ops.as_ref())).await??)
     }
 
+    /// Report a format this agent cannot read, once per text: a warning Event regarding
+    /// `regarding` (the Node when `None`), and regarding the Node too.
+    pub(super) async fn report_format(
+        &self,
+        regarding: Option<ObjectReference>,
+        e: &super::format::FormatError,
+    ) {
+        let text = e.to_string();
+        if !self
+            .format_reported
+            .lock()
+            .expect("not poisoned")
+            .insert(text.clone())
+        {
+            return;
+        }
+        tracing::error!(reason = "UnknownFormat", "{text}");
+        let n = super::events::Note {
+            warning: true,
+            reason: "UnknownFormat",
+            note: &text,
+        };
+        let node = self.node_ref().await;
+        let targets: Vec<(ObjectReference, Option<&ObjectReference>)> = match &regarding {
+            Some(r) => vec![(r.clone(), Some(&node)), (node.clone(), Some(r))],
+            None => vec![(node.clone(), None)],
+        };
+        for (target, related) in targets {
+            if let Err(err) = self.events.publish(&target, related, &n).await {
+                tracing::warn!(
+                    "could not publish event UnknownFormat: {}",
+                    super::errors::kube_message(&err)
+                );
+            }
+        }
+    }
+
+    /// Set this Node's [`COND_BOOT_ASSESSED`] condition (strategic merge on `status.conditions`,
+    /// keyed by type: the kubelet's conditions stay).
+    async fn set_assessed_condition(&self, ok: bool, message: &str) -> Result<(), AgentError> {
+        let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let patch = json!({"status": {"conditions": [{
+            "type": COND_BOOT_ASSESSED,
+            "status": if ok { "True" } else { "False" },
+            "reason": if ok { "Assessed" } else { "NotAssessed" },
+            "message": message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }]}});
+        self.nodes()
+            .patch_status(
+                &self.node,
+                &PatchParams::default(),
+                &Patch::Strategic(patch),
+            )
+            .await
+            .kube_ctx(|| format!("set condition {COND_BOOT_ASSESSED} of Node {}", self.node))?;
+        Ok(())
+    }
+
+    /// This boot was not assessed yet: say so once (Node condition, Event, phase) and wait.
+    async fn report_not_assessed(
+        &self,
+        node: &Node,
+        channel: Option<&UpdateChannel>,
+        e: &super::node::NodeError,
+    ) -> Result<(), AgentError> {
+        if self.not_assessed_reported.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        let text = e.message.clone();
+        if assessed_condition(node) != Some(false) {
+            self.set_assessed_condition(false, &text).await?;
+        }
+        self.phase("NotAssessed", &text).await?;
+        self.event(channel, true, "BootNotAssessed", text).await;
+        Ok(())
+    }
+
+    /// The boot is assessed: turn a `False` [`COND_BOOT_ASSESSED`] (of this or an earlier
+    /// process) `True`.
+    async fn clear_not_assessed(&self, node: &Node) -> Result<(), AgentError> {
+        self.not_assessed_reported.store(false, Ordering::Relaxed);
+        if assessed_condition(node) == Some(false) {
+            self.set_assessed_condition(true, "this boot was assessed by the boot-assessment core")
+                .await?;
+        }
+        Ok(())
+    }
+
     /// One decision and its execution.
     pub async fn reconcile(&self) -> Result<Next, AgentError> {
         let node = self
@@ -279,9 +416,26 @@ impl Agent {
             .get(&self.node)
             .await
             .kube_ctx(|| format!("read own Node {}", self.node))?;
+        // Annotations of a newer agent than this one: touch nothing on this node.
+        let annotations = node.metadata.annotations.clone().unwrap_or_default();
+        let what = format!("the k3os.io/update-* annotations of Node {}", self.node);
+        if let Err(e) = super::format::node_format(&what, &annotations) {
+            self.report_format(None, &e).await;
+            return Ok(Next::Wait);
+        }
         let listed = super::channels::list(&self.client, &self.namespace)
             .await
             .kube_ctx(|| format!("list UpdateChannels in namespace {}", self.namespace))?;
+        for newer in &listed.newer {
+            let regarding = ObjectReference {
+                api_version: Some("k3os.io/v1".into()),
+                kind: Some("UpdateChannel".into()),
+                name: Some(newer.name.clone()),
+                namespace: Some(self.namespace.clone()),
+                ..Default::default()
+            };
+            self.report_format(Some(regarding), &newer.error).await;
+        }
         self.report_channels(&listed).await;
         let labels = node.metadata.labels.clone().unwrap_or_default();
         let Some(picked) = super::channels::pick(&self.node, &listed.channels, &labels) else {
@@ -312,8 +466,14 @@ impl Agent {
         }
         let channel = picked.channel.clone();
         let name = channel.metadata.name.clone().unwrap_or_default();
-        let annotations = node.metadata.annotations.clone().unwrap_or_default();
-        let update = self.blocking(|ops| ops.status()).await?;
+        let update = match self.blocking(|ops| ops.status()).await {
+            Err(AgentError::Node(e)) if e.is_not_assessed() => {
+                self.report_not_assessed(&node, Some(&channel), &e).await?;
+                return Ok(Next::Wait);
+            }
+            other => other?,
+        };
+        self.clear_not_assessed(&node).await?;
         let staged = match &update.inactive {
             super::decide::Inactive::Staged(v) | super::decide::Inactive::Activated(v) => {
                 Some(v.as_str())
@@ -528,13 +688,15 @@ impl Agent {
                 self.confirm(ch, &store, &token, &version, held).await
             }
             Action::RolledBack { version } => {
-                let reason = format!("the node came back on its old slot instead of {version} (the bootloader fell back)");
-                self.event(Some(ch), true, "RolledBack", reason.clone())
-                    .await;
+                // The boot-assessment core recorded why (its verdict and decision log): report
+                // that, not a guess from which slot booted.
+                let (event, reason) =
+                    rolled_back_reason(&version, view.update.failed_trial.as_ref());
+                self.event(Some(ch), true, event, reason.clone()).await;
                 self.undo_cordon().await?;
                 self.metrics.count(Outcome::Failure);
                 self.metrics.count(Outcome::Rollback);
-                slots::record_failure(
+                let out = slots::record_failure(
                     &store,
                     &self.node,
                     Some(&token),
@@ -544,36 +706,81 @@ impl Agent {
                     now(),
                 )
                 .await?;
+                self.failure_recorded(
+                    ch,
+                    &version,
+                    out,
+                    "back on the old slot after a failed update",
+                )
+                .await;
                 self.phase("Failed", &reason).await?;
                 Ok(Next::Again)
             }
             Action::FinishRollback => {
                 self.undo_cordon().await?;
-                slots::release(&store, &self.node, &token, now()).await?;
+                let released = slots::release(&store, &self.node, &token, now()).await?;
                 self.phase("Failed", "back on the old slot after a failed update")
                     .await?;
                 self.event(
                     Some(ch),
                     true,
                     "RollbackFinished",
-                    "back on the old slot; slot released".into(),
+                    "back on the old slot".into(),
                 )
                 .await;
+                self.slot_released(ch, released, "back on the old slot after a failed update")
+                    .await;
                 Ok(Next::Again)
             }
             Action::Release { reason } => {
                 self.undo_cordon().await?;
-                slots::release(&store, &self.node, &token, now()).await?;
-                self.event(
-                    Some(ch),
-                    false,
-                    "SlotReleased",
-                    format!("released the update slot: {reason}"),
-                )
-                .await;
+                let released = slots::release(&store, &self.node, &token, now()).await?;
+                self.slot_released(ch, released, &reason).await;
                 Ok(Next::Again)
             }
         }
+    }
+}
+
+/// The Node condition saying whether this boot was assessed (`k3os-ops slot confirm` ran);
+/// written `False` while the agent waits for it.
+pub const COND_BOOT_ASSESSED: &str = "K3osBootAssessed";
+
+/// The [`COND_BOOT_ASSESSED`] condition of `node`, if present.
+fn assessed_condition(node: &Node) -> Option<bool> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == COND_BOOT_ASSESSED)
+        .map(|c| c.status == "True")
+}
+
+/// The Event reason and the failure text for a node back on its old slot after trying
+/// `version`, from what the boot-assessment core recorded about the failed trial.
+pub fn rolled_back_reason(
+    version: &str,
+    recorded: Option<&super::decide::TrialFailure>,
+) -> (&'static str, String) {
+    use super::decide::{FALLBACK_TAKEN, HEALTH_FAILED};
+    match recorded {
+        Some(f) if f.event == HEALTH_FAILED => (
+            "HealthCheckFailed",
+            format!("{version} failed its health checks on this node and was rolled back: {}", f.reason),
+        ),
+        Some(f) if f.event == FALLBACK_TAKEN => (
+            "RolledBack",
+            format!("the node came back on its old slot instead of {version} (the bootloader fell back: {})", f.reason),
+        ),
+        Some(f) => (
+            "RolledBack",
+            format!("the node came back on its old slot instead of {version} ({}: {})", f.event, f.reason),
+        ),
+        None => (
+            "RolledBack",
+            format!("the node came back on its old slot instead of {version} (the bootloader fell back)"),
+        ),
     }
 }
 

@@ -3,6 +3,9 @@
 //! The types are the single source of truth: the CRD in `deploy/crd.yaml` is generated from
 //! them by `k3os-ops agent crd` (a snapshot test keeps the committed file equal).
 //!
+//! The status is versioned (`status.formatVersion`); its formats and their migrations are
+//! documented in [`super::format`].
+//!
 //! Ownership of fields: humans write `spec`; the agents write only `status`, and only through
 //! compare-and-swap `replace_status` calls (see [`super::slots`]). The poller writes the newest
 //! release into `status.latestVersion`, never into `spec.version`, so `version: latest` keeps
@@ -204,6 +207,11 @@ pub struct UpdateChannelStatus {
     /// The `metadata.generation` of the spec this status was last written against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The format of this status (see `agent/format.rs`); absent: format 1, written by
+    /// k3os-ops v0.1.0. Every status write stamps the writer's format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "format_version_schema")]
+    pub format_version: Option<u64>,
 }
 
 /// One node's right to disrupt itself.
@@ -413,6 +421,15 @@ fn max_rate_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "type": "string",
         "maxLength": 32,
         "pattern": r"^[0-9]+(\.[0-9]+)?([KkMmGg](i?B)?|B)?(/s)?$",
+    })
+}
+
+fn format_version_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "integer",
+        "format": "int64",
+        "minimum": 1,
+        "nullable": true,
     })
 }
 

@@ -6,6 +6,10 @@
 //! Repeats of the *same* text are already suppressed by the caller (`Agent::event_once`), so
 //! plain creates stay few. Each event about a channel is published twice: regarding the Node
 //! (`kubectl describe node`) and regarding the UpdateChannel (`kubectl describe upchan`).
+//! The channel gets one per slot claim (`SlotClaimed`), per release (`SlotReleased`, whatever
+//! ended the hold; `SlotReclaimed` when another agent took it back), per failure
+//! (`RolledBack`, `HealthCheckFailed`, `DrainFailed`, `ActivateFailed`, …) and when a failure
+//! pauses the rollout (`ChannelPaused`).
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;

@@ -81,6 +81,49 @@ impl ChannelStore for KubeChannelStore {
         }
     }
 
+    async fn undo_cordon(&self, node: &str) -> Result<bool, StoreError> {
+        let Some(n) = self.nodes.get_opt(node).await.map_err(store_error)? else {
+            return Ok(false);
+        };
+        let annotations = n.metadata.annotations.unwrap_or_default();
+        let what = format!("the k3os.io/update-* annotations of Node {node}");
+        if let Err(e) = super::format::node_format(&what, &annotations) {
+            // Written by a newer agent: not ours to rewrite (see agent/format.rs).
+            tracing::warn!("not undoing the cordon of a dead holder: {e}");
+            return Ok(false);
+        }
+        let ours = annotations
+            .get(super::controller::ANN_CORDONED)
+            .is_some_and(|v| v == "true");
+        if !ours {
+            return Ok(false);
+        }
+        let pp = kube::api::PatchParams::default();
+        self.nodes
+            .patch(
+                node,
+                &pp,
+                &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": false}})),
+            )
+            .await
+            .map_err(store_error)?;
+        let annotations = serde_json::json!({
+            super::controller::ANN_CORDONED: null,
+            super::format::ANN_FORMAT: super::format::NODE_FORMAT.to_string(),
+        });
+        self.nodes
+            .patch(
+                node,
+                &pp,
+                &kube::api::Patch::Merge(
+                    serde_json::json!({"metadata": {"annotations": annotations}}),
+                ),
+            )
+            .await
+            .map_err(store_error)?;
+        Ok(true)
+    }
+
     async fn lease_marker(&self, node: &str) -> Result<Option<String>, StoreError> {
         match self.leases.get_opt(&node_lease_name(node)).await {
             Ok(Some(l)) => Ok(Some(format!(

@@ -47,6 +47,8 @@ pub const PHASES: &[&str] = &[
     "Confirming",
     "RollingBack",
     "Failed",
+    "Unhealthy",
+    "NotAssessed",
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

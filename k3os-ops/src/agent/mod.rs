@@ -18,14 +18,19 @@
 //! state), [`steps`] (stage, drain, flip + reboot, confirm), [`invalid`] (reporting unusable
 //! channels), [`background`] (Lease renewal, reclaim, `latest` poller), [`run`] (process
 //! wiring and the error policy), [`client`] (kube client without the hidden retry layer),
-//! [`events`], [`errors`] (Display text of errors), [`metrics`] (/metrics, /healthz, /readyz),
+//! [`events`], [`format`] (versions and migrations of everything the agent stores),
+//! [`errors`] (Display text of errors), [`metrics`] (/metrics, /healthz, /readyz),
 //! [`progress`] (stage progress annotation).
 //!
 //! Error policy: the steps return typed errors (`SlotError`, `DrainError`, `NodeError`,
 //! `WindowError`, `DurationError`) wrapped with context; every error ends in
 //! [`run`]'s loop, which logs it and publishes it once per text as a `ReconcileError` Event
 //! ([`errors::message`] renders the chain as Display text), backs off and retries. Nothing
-//! below `run` exits the process.
+//! below `run` exits the process. Two states are not errors and are reported once, then
+//! waited out quietly: a boot not assessed yet (`k3os-ops slot confirm` did not run; Node
+//! condition `K3osBootAssessed=False` and a `BootNotAssessed` Event naming the command), and
+//! an object in a newer format than this agent knows ([`format`]; an `UnknownFormat` Event,
+//! nothing written to it).
 //!
 //! Integration tests reach it as `k3os_ops::agent` (the library target).
 
@@ -39,6 +44,7 @@ pub mod drain;
 pub mod duration;
 pub mod errors;
 pub mod events;
+pub mod format;
 pub mod invalid;
 pub mod kube_store;
 pub mod metrics;

@@ -6,16 +6,27 @@
 
 use super::decide::NodeUpdateStatus;
 
+/// [`NodeError::op`] of a status read before this boot's assessment ran: not a failure, the
+/// agent reports it once and waits.
+pub const NOT_ASSESSED: &str = "not-assessed";
+/// What to do about [`NOT_ASSESSED`].
+pub const NOT_ASSESSED_HELP: &str = "this boot was not assessed yet: `k3os-ops slot confirm` has not run since the node booted (init runs it first thing at every boot); run `k3os-ops slot confirm` on the node. The agent waits until it has run";
+
 /// A node-side failure; the message names the file, URL or check that failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{op}: {message}")]
 pub struct NodeError {
-    /// `status`, `stage`, `activate`, `confirm`, `reboot`, `resolve`.
+    /// `status`, `stage`, `activate`, `confirm`, `reboot`, `resolve`, or [`NOT_ASSESSED`].
     pub op: &'static str,
     pub message: String,
 }
 
 impl NodeError {
+    /// This boot was not assessed yet (see [`NOT_ASSESSED`]).
+    pub fn is_not_assessed(&self) -> bool {
+        self.op == NOT_ASSESSED
+    }
+
     pub fn new(op: &'static str, message: impl std::fmt::Display) -> Self {
         NodeError {
             op,
@@ -125,7 +136,7 @@ impl LibupgradeNode {
 
 /// Map libupgrade's two-slot status onto what the decision needs.
 pub fn summarize(status: &libupgrade::Status) -> NodeUpdateStatus {
-    use super::decide::Inactive;
+    use super::decide::{Inactive, TrialFailure};
     use libupgrade::SlotState;
     let booted = status.slots.iter().find(|s| s.booted);
     let other = status
@@ -144,10 +155,22 @@ pub fn summarize(status: &libupgrade::Status) -> NodeUpdateStatus {
             (SlotState::Bad, Some(v)) => Inactive::Failed(v),
         },
     };
+    // A failed trial: what the core recorded about it (its last decision on that slot).
+    let failed_trial = match (&inactive, other) {
+        (Inactive::Failed(_), Some(o)) => o.last_decision.as_ref().map(|d| TrialFailure {
+            event: serde_json::to_value(d.event)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+            reason: d.why.clone(),
+        }),
+        _ => None,
+    };
     NodeUpdateStatus {
         booted_version: booted.and_then(|b| b.version.clone()),
         booted_on_trial: booted.is_some_and(|b| b.state == SlotState::Trying),
         inactive,
+        failed_trial,
     }
 }
 
@@ -174,10 +197,7 @@ impl NodeOps for LibupgradeNode {
         // The slot states mean what the boot-assessment core made of this boot; before it ran
         // (init runs `slot confirm` first thing) a spent trial still reads as on trial.
         if st.verdict.is_none() {
-            return Err(NodeError::new(
-                "status",
-                "this boot was not assessed yet (`k3os-ops slot confirm` has not run since the node booted)",
-            ));
+            return Err(NodeError::new(NOT_ASSESSED, NOT_ASSESSED_HELP));
         }
         Ok(summarize(&st))
     }

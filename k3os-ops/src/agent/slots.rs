@@ -1,10 +1,31 @@
 //! Update slots: the only place that writes an `UpdateChannel`'s status.
 //!
+//! Every write is a compare-and-swap of the whole status, stamped with this agent's status
+//! format; a status of a newer format is never written ([`SlotError::Format`]), one of an
+//! older format (v0.1.0's has no marker) is read as such and migrated by the write (see
+//! [`super::format`]). A slot claimed by an agent of an older release is the same claim: it
+//! counts against `concurrency` and only its token moves or releases it.
+//!
 //! Every write is a compare-and-swap: read the channel, change a copy, `replace_status` with
 //! the `resourceVersion` that was read; on a conflict, re-read after a random pause and decide
 //! again. Merge patches and server-side apply are never used for the slot list: two agents
 //! could each add themselves to a list that had room for one, and the count would exceed
 //! `spec.concurrency`.
+//!
+//! **Dead holders** ([`reclaim_dead`]): a slot whose Node is deleted, or whose holder's Lease
+//! went unrenewed for `rebootTimeout` on the observer's own clock, is taken back. What the
+//! reclaimer does with the holder's node depends on how far it got:
+//! - before its bootloader flip (`Claimed`, `Draining`): nothing irreversible happened, so its
+//!   update is abandoned as if its drain had timed out: the reclaimer undoes the holder's own
+//!   cordon (only when the node carries the holder's `k3os.io/update-cordoned` mark, never an
+//!   admin's cordon), then frees the slot. Leaving it cordoned would disrupt one node more
+//!   than `concurrency` allows once the next node cordons; that is what kured and
+//!   system-upgrade-controller users expect too: a node their tool cordoned comes back once
+//!   the tool gives up on it. A node that is really down is still not scheduled to (the node
+//!   controller taints NotReady nodes), and its failure is not the version's: none is recorded.
+//! - after the flip (`Rebooting`, `RollingBack`): the node is down or hung in the new version;
+//!   it stays cordoned, and the silence is recorded as a failure of that version, so a release
+//!   that hangs at boot pauses the rollout instead of taking down one node after another.
 //!
 //! The functions here are generic over [`ChannelStore`], which the kube client implements
 //! ([`super::kube_store`]) and the race-model test implements in memory, so the model drives
@@ -22,6 +43,7 @@ use super::crd::{
     FailureRecord, SlotEntry, SlotPhase, UpdateChannel, UpdateChannelStatus, COND_DEGRADED,
     COND_LATEST_RESOLVED, COND_PAUSED,
 };
+use super::format::{self, FormatError, STATUS_FORMAT};
 
 /// Failure of one store call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +72,9 @@ pub enum SlotError {
         "UpdateChannel {channel}: still conflicting after {attempts} compare-and-swap attempts"
     )]
     Contention { channel: String, attempts: u32 },
+    /// The stored status is in a format newer than this agent knows: nothing was written.
+    #[error(transparent)]
+    Format(#[from] FormatError),
 }
 
 /// The storage the slot protocol needs: one channel with linearizable resourceVersion CAS on
@@ -73,6 +98,9 @@ pub trait ChannelStore: Send + Sync {
         &self,
         node: &str,
     ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
+    /// Undo the cordon the agent of `node` made, if its mark (`k3os.io/update-cordoned`) is
+    /// set: uncordon, then drop the mark. Returns whether it did (used on dead holders).
+    fn undo_cordon(&self, node: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// How many times a CAS is retried on conflict before giving up (the caller retries later).
@@ -140,6 +168,15 @@ pub fn refresh_conditions(ch: &mut UpdateChannel, now: DateTime<Utc>) {
         now,
     );
     status.observed_generation = generation;
+    // Whatever format was read (v0.1.0 wrote none), the write is in this agent's.
+    status.format_version = Some(u64::from(STATUS_FORMAT));
+}
+
+/// Refuse a status this agent does not know (newer format): it is never rewritten.
+fn known_format(channel: &str, ch: &UpdateChannel) -> Result<(), SlotError> {
+    let found = ch.status.as_ref().and_then(|s| s.format_version);
+    format::check_status(&format!("the status of UpdateChannel {channel}"), found)?;
+    Ok(())
 }
 
 async fn cas<S, T>(
@@ -157,6 +194,7 @@ where
     };
     for attempt in 0..MAX_ATTEMPTS {
         let current = store.read().await.map_err(err)?;
+        known_format(&channel, &current)?;
         let mut status = current.status.clone().unwrap_or_default();
         let value = match body(&current, &mut status) {
             Step::Done(v) => return Ok(v),
@@ -305,6 +343,27 @@ pub async fn release<S: ChannelStore>(
     .await
 }
 
+/// What [`record_failure`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FailureOutcome {
+    /// Our slot was released by the same write.
+    pub released: bool,
+    /// This write paused new claims (the failures of the channel's target reached
+    /// `maxFailures`).
+    pub paused: bool,
+}
+
+/// Whether the failures of `version` in `st` pause the channel's claims now (they did not in
+/// the status `ch` was read with).
+fn pauses(ch: &UpdateChannel, st: &UpdateChannelStatus, version: &str) -> bool {
+    let max = ch.spec.max_failures as usize;
+    let before = ch.paused_for(version);
+    max > 0
+        && !before
+        && ch.target_version().as_deref() == Some(version)
+        && st.failures_for(version) >= max
+}
+
 /// Record that `node` failed to update to `version`. With `token`, our slot is also moved to
 /// `RollingBack` (when `keep_slot`) or released. Recording the same node+version twice keeps
 /// one record.
@@ -316,8 +375,9 @@ pub async fn record_failure<S: ChannelStore>(
     reason: &str,
     keep_slot: bool,
     now: DateTime<Utc>,
-) -> Result<(), SlotError> {
-    cas(store, now, |_, st| {
+) -> Result<FailureOutcome, SlotError> {
+    cas(store, now, |ch, st| {
+        let mut out = FailureOutcome::default();
         let mut changed = false;
         if !st
             .failures
@@ -347,13 +407,15 @@ pub async fn record_failure<S: ChannelStore>(
             } else {
                 let before = st.slots.len();
                 st.slots.retain(|s| !(s.node == node && s.token == token));
-                changed |= st.slots.len() != before;
+                out.released = st.slots.len() != before;
+                changed |= out.released;
             }
         }
+        out.paused = pauses(ch, st, version);
         if changed {
-            Step::Write(())
+            Step::Write(out)
         } else {
-            Step::Done(())
+            Step::Done(FailureOutcome::default())
         }
     })
     .await
@@ -400,10 +462,15 @@ pub struct Reclaimed {
     pub reason: DeadReason,
     /// A failure was recorded (the holder went silent while rebooting into a new version).
     pub failure_recorded: bool,
+    /// The holder's own cordon was undone (it died before its bootloader flip).
+    pub uncordoned: bool,
+    /// The failure recorded paused new claims.
+    pub paused: bool,
 }
 
 /// Take back slots whose Node is deleted or whose Lease has not been renewed for
-/// `reboot_timeout` on our own clock (`mono_now`). `me` is never reclaimed. A holder that
+/// `reboot_timeout` on our own clock (`mono_now`). `me` is never reclaimed. A holder that died
+/// before its bootloader flip gets its cordon undone first (see the body). A holder that
 /// went silent after its bootloader flip counts as a failure of its version: a release that
 /// hangs at boot must pause the rollout instead of taking down one node after another.
 pub async fn reclaim_dead<S: ChannelStore>(
@@ -420,6 +487,7 @@ pub async fn reclaim_dead<S: ChannelStore>(
         source,
     };
     let current = store.read().await.map_err(err)?;
+    known_format(&channel, &current)?;
     let slots = current.status.map(|s| s.slots).unwrap_or_default();
     observer.retain(|n| slots.iter().any(|s| s.node == n));
     let mut dead: Vec<(SlotEntry, DeadReason)> = Vec::new();
@@ -451,7 +519,23 @@ pub async fn reclaim_dead<S: ChannelStore>(
     if dead.is_empty() {
         return Ok(Vec::new());
     }
-    cas(store, now, |_, st| {
+    // A holder that died before its bootloader flip (Claimed, Draining) abandoned its update
+    // with nothing irreversible done, like a drain that timed out: undo its cordon (only one
+    // it marked as its own, and never an admin's) before its slot is freed, so the node that
+    // claims next is the only one we keep cordoned. A holder silent after its flip
+    // (Rebooting, RollingBack) is down or hung: it stays cordoned and counts as a failure.
+    let mut uncordoned = Vec::new();
+    for (slot, reason) in &dead {
+        let before_flip = matches!(slot.phase, SlotPhase::Claimed | SlotPhase::Draining);
+        if matches!(reason, DeadReason::LeaseStale(_))
+            && before_flip
+            && slot.was_unschedulable != Some(true)
+            && store.undo_cordon(&slot.node).await.map_err(err)?
+        {
+            uncordoned.push(slot.node.clone());
+        }
+    }
+    cas(store, now, |ch, st| {
         let mut out = Vec::new();
         for (slot, reason) in &dead {
             // Only the exact claim we judged dead: a fresh claim by the same node survives.
@@ -482,10 +566,17 @@ pub async fn reclaim_dead<S: ChannelStore>(
                     failure_recorded = true;
                 }
             }
+            let undone = uncordoned.contains(&entry.node);
+            let paused = failure_recorded
+                && entry.version.as_deref().is_some_and(|v| {
+                    pauses(ch, st, v) && !out.iter().any(|r: &Reclaimed| r.paused)
+                });
             out.push(Reclaimed {
                 slot: entry,
                 reason: reason.clone(),
                 failure_recorded,
+                uncordoned: undone,
+                paused,
             });
         }
         if out.is_empty() {

@@ -271,7 +271,8 @@ impl Agent {
                     )
                     .await;
                     self.undo_cordon().await?;
-                    slots::release(store, &self.node, token, Utc::now()).await?;
+                    let released = slots::release(store, &self.node, token, Utc::now()).await?;
+                    self.slot_released(ch, released, "the drain failed").await;
                     self.phase("DrainFailed", &e.to_string()).await?;
                     return Ok(Next::Wait);
                 }
@@ -303,7 +304,9 @@ impl Agent {
             self.event(Some(ch), true, "ActivateFailed", super::errors::message(&e))
                 .await;
             self.undo_cordon().await?;
-            slots::release(store, &self.node, token, Utc::now()).await?;
+            let released = slots::release(store, &self.node, token, Utc::now()).await?;
+            self.slot_released(ch, released, "the bootloader flip failed")
+                .await;
             self.phase("ActivateFailed", &super::errors::message(&e))
                 .await?;
             return Ok(Next::Wait);
@@ -390,9 +393,7 @@ impl Agent {
             ConfirmResult::Healthy => {
                 self.claim_failures.store(0, Ordering::Relaxed);
                 self.undo_cordon().await?;
-                if held {
-                    slots::release(store, &self.node, token, Utc::now()).await?;
-                }
+                let released = held && slots::release(store, &self.node, token, Utc::now()).await?;
                 self.annotate(&[
                     (ANN_PHASE, Some("UpToDate")),
                     (ANN_MESSAGE, Some(&format!("running {version}"))),
@@ -403,17 +404,20 @@ impl Agent {
                     Some(ch),
                     false,
                     "UpdateSucceeded",
-                    format!("{version} is healthy and confirmed; slot released"),
+                    format!("{version} is healthy and confirmed"),
                 )
                 .await;
+                self.slot_released(ch, released, &format!("{version} is healthy and confirmed"))
+                    .await;
                 Ok(Next::Again)
             }
             ConfirmResult::RolledBack(reason) => {
                 self.metrics.count(Outcome::Failure);
                 self.metrics.count(Outcome::Rollback);
                 let t = held.then_some(token);
-                slots::record_failure(store, &self.node, t, version, &reason, true, Utc::now())
-                    .await?;
+                let out =
+                    slots::record_failure(store, &self.node, t, version, &reason, true, Utc::now())
+                        .await?;
                 self.phase("RollingBack", &reason).await?;
                 self.event(
                     Some(ch),
@@ -422,6 +426,7 @@ impl Agent {
                     format!("{version}: {reason}; rebooting back"),
                 )
                 .await;
+                self.failure_recorded(ch, version, out, "").await;
                 self.blocking(|ops| ops.reboot()).await?;
                 Ok(Next::Wait)
             }
@@ -434,8 +439,16 @@ impl Agent {
                 self.undo_cordon().await?;
                 let t = held.then_some(token);
                 // Recorded with the token, the slot is released in the same write.
-                slots::record_failure(store, &self.node, t, version, &reason, false, Utc::now())
-                    .await?;
+                let out = slots::record_failure(
+                    store,
+                    &self.node,
+                    t,
+                    version,
+                    &reason,
+                    false,
+                    Utc::now(),
+                )
+                .await?;
                 self.phase("Unhealthy", &reason).await?;
                 self.event(
                     Some(ch),
@@ -444,6 +457,8 @@ impl Agent {
                     format!("{version}: {reason}; not rolling back"),
                 )
                 .await;
+                self.failure_recorded(ch, version, out, &format!("{version} is unhealthy"))
+                    .await;
                 Ok(Next::Wait)
             }
         }

@@ -65,6 +65,11 @@ enum ReleaseCmd {
         /// Write no chunk indexes: nodes download whole files (releases of earlier versions).
         #[arg(long, conflicts_with = "chunk_avg_kib")]
         no_chunks: bool,
+        /// Boot config (see `k3os-ops bootloader`): the release carries the GRUB and syslinux
+        /// scripts rendered from it, and a node installs its loader's script when it activates
+        /// the release (when both of its slots read that script's version).
+        #[arg(long)]
+        boot_config: Option<PathBuf>,
     },
     /// (Re)build DIR/index.json from the release subdirectories of DIR.
     Index { dir: PathBuf },
@@ -115,7 +120,12 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
             generation,
             chunk_avg_kib,
             no_chunks,
+            boot_config,
         } => {
+            let scripts = match &boot_config {
+                Some(p) => crate::bootloader::BootConfig::load(p)?.scripts(),
+                None => Vec::new(),
+            };
             let chunking =
                 (!no_chunks).then(|| libupgrade::chunk::ChunkParams::with_avg(chunk_avg_kib << 10));
             let opts = release::CreateOptions {
@@ -127,6 +137,7 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
                 secret_key: key,
                 out_dir: out.clone(),
                 generation,
+                scripts,
             };
             let bar = Bar::new();
             let m = release::create_with(&opts, chunking, &bar)
@@ -144,6 +155,12 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
                 if let Some(c) = &f.chunks {
                     println!("  {:<16} {:>12} bytes  (chunk index)", c.path, c.size);
                 }
+            }
+            for sc in m.boot.iter().flat_map(|b| &b.scripts) {
+                println!(
+                    "  {:<16} {:>12} bytes  ({} version {})",
+                    sc.path, sc.size, sc.kind, sc.version
+                );
             }
         }
         ReleaseCmd::Index { dir } => {

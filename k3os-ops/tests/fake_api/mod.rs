@@ -3,7 +3,8 @@
 //! node) and `agent_fleet.rs` (three nodes) through `mod fake_api;`.
 //!
 //! What it serves, with a real server's semantics where the agent depends on them:
-//! - Nodes: GET, merge PATCH.
+//! - Nodes: GET, merge PATCH; PATCH of the status subresource merging `conditions` by type
+//!   (the strategic merge the API server applies to them).
 //! - `UpdateChannel`s of `k3os-system`: list, GET, PUT of the status subresource as a
 //!   resourceVersion compare-and-swap (409 on a stale resourceVersion, 422 without one; a
 //!   write that changes nothing keeps the resourceVersion), merge PATCH of the status.
@@ -578,6 +579,44 @@ fn answer(
             if changed {
                 w.notify();
             }
+            respond(200, &out)
+        }
+        (Method::PATCH, ["api", "v1", "nodes", name, "status"]) => {
+            // Strategic merge as the API server does for Node conditions: by `type`.
+            let rv = w.next_rv();
+            let Some(node) = w.nodes.get_mut(*name) else {
+                return not_found(&format!("nodes \"{name}\""));
+            };
+            let mut patch = body.clone();
+            let conditions = patch
+                .pointer_mut("/status")
+                .and_then(|s| s.as_object_mut())
+                .and_then(|s| s.remove("conditions"));
+            for c in conditions
+                .and_then(|c| c.as_array().cloned())
+                .unwrap_or_default()
+            {
+                log.lock().unwrap().push(format!(
+                    "api: node {name} condition {}={} {}",
+                    c["type"].as_str().unwrap_or("?"),
+                    c["status"].as_str().unwrap_or("?"),
+                    c["message"].as_str().unwrap_or("")
+                ));
+                let list = node["status"]["conditions"]
+                    .as_array_mut()
+                    .map(std::mem::take)
+                    .unwrap_or_default();
+                let mut list: Vec<Value> = list
+                    .into_iter()
+                    .filter(|o| o["type"] != c["type"])
+                    .collect();
+                list.push(c);
+                node["status"]["conditions"] = Value::Array(list);
+            }
+            merge(node, &patch);
+            node["metadata"]["resourceVersion"] = json!(rv);
+            let out = node.clone();
+            w.notify();
             respond(200, &out)
         }
         (Method::GET, ["api", "v1", "pods"]) => {

@@ -107,6 +107,7 @@ pub fn create(
         secret_key: key.to_path_buf(),
         out_dir: out.to_path_buf(),
         generation,
+        scripts: Vec::new(),
     })
     .unwrap();
 }

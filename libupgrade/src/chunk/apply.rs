@@ -18,6 +18,7 @@ use super::rate::{Limited, RateLimit};
 use super::ChunkIndex;
 use crate::error::{Error, Result};
 use crate::manifest::Artifact;
+use crate::retry::Backoff;
 
 /// Where the chunks go (a slot's artifact).
 pub trait ChunkTarget {
@@ -81,8 +82,7 @@ pub fn apply(
     let mut buf = vec![0u8; index.params.max as usize];
     let mut stream: Option<(usize, Box<dyn Read + Send + '_>)> = None;
     let mut last_sync = Instant::now();
-    let mut failures = 0u32;
-    let mut delay = opts.retry_delay;
+    let mut backoff = Backoff::new(opts.retry_delay, opts.retries);
     let loc = remote.location();
     for (i, c) in index.chunks.iter().enumerate() {
         let data = &mut buf[..c.len as usize];
@@ -132,16 +132,16 @@ pub fn apply(
                             Err(Error::Fetch {
                                 retryable: true,
                                 what,
-                                ..
-                            }) if failures < opts.retries => {
-                                failures += 1;
-                                log::warn!(
-                                    "{loc}: {what}; attempt {failures}/{} in {delay:?}",
-                                    opts.retries
-                                );
-                                std::thread::sleep(delay);
-                                delay = (delay * 2).min(Duration::from_secs(30));
-                                continue;
+                                location,
+                            }) => {
+                                if backoff.wait(&loc, &what) {
+                                    continue;
+                                }
+                                return Err(Error::Fetch {
+                                    retryable: true,
+                                    what,
+                                    location,
+                                });
                             }
                             Err(e) => return Err(e),
                         }
@@ -151,30 +151,27 @@ pub fn apply(
                         Ok(()) => break,
                         Err(e) => {
                             stream = None;
-                            failures += 1;
                             let what = format!(
                                 "connection dropped in chunk {i} (bytes {}..{}): {e}",
                                 c.offset,
                                 c.end()
                             );
-                            if failures > opts.retries {
+                            let Some(delay) = backoff.failed() else {
                                 return Err(Error::Fetch {
                                     location: loc,
-                                    what: format!("{what}; gave up after {failures} attempts (a later run keeps every chunk already written)"),
+                                    what: format!("{what}; gave up after {} attempts (a later run keeps every chunk already written)", backoff.failures()),
                                     retryable: true,
                                 });
-                            }
+                            };
                             log::warn!(
                                 "{loc}: {what}; re-requesting from byte {} in {delay:?}",
                                 c.offset
                             );
                             std::thread::sleep(delay);
-                            delay = (delay * 2).min(Duration::from_secs(30));
                         }
                     }
                 }
-                failures = 0;
-                delay = opts.retry_delay;
+                backoff.progressed();
                 check(opts, &loc, i, c.offset, &c.digest, data)?;
                 target.write_at(c.offset, data)?;
                 t.fetched += len;

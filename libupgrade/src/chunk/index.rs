@@ -136,6 +136,14 @@ impl ChunkIndex {
     /// lengths adding up to the declared total.
     pub fn parse(b: &[u8]) -> Result<ChunkIndex, IndexError> {
         let bad = |w: String| Err(IndexError::Invalid(w));
+        // The magic's last byte is the format version ("K3CHUNK1"): a newer one is refused
+        // naming both, before anything else is read.
+        if b.len() >= 8 && b[..7] == MAGIC[..7] && b[7].is_ascii_digit() && b[7] > MAGIC[7] {
+            return bad(format!(
+                "chunk index version {} is newer than this build of k3os-ops reads (version {}); upgrade k3os-ops first",
+                b[7] as char, MAGIC[7] as char
+            ));
+        }
         if b.len() < HEADER || &b[..8] != MAGIC {
             return bad(format!(
                 "{} bytes without the K3CHUNK1 header",
@@ -244,6 +252,18 @@ mod tests {
             .filter(|c| !have.contains(&c.digest))
             .count();
         assert!(new <= 3, "{new} of {} chunks changed", ib.chunks.len());
+    }
+
+    #[test]
+    fn a_newer_index_version_is_refused_naming_both() {
+        let ix = ChunkIndex::build(&noise(50_000, 3)[..], ChunkParams::with_avg(8 << 10)).unwrap();
+        let mut b = ix.to_bytes();
+        b[7] = b'2';
+        let e = ChunkIndex::parse(&b).unwrap_err().to_string();
+        assert!(
+            e.contains("version 2 is newer") && e.contains("(version 1)"),
+            "{e}"
+        );
     }
 
     #[test]

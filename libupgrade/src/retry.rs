@@ -1,0 +1,138 @@
+//! The one retry policy of every transfer loop (probes, chunk indexes, boot scripts, streamed
+//! and chunked artifact downloads): a transient failure — a retryable [`Error::Fetch`] such as
+//! a dropped connection or a 5xx — is retried after a delay that starts at the stage's
+//! `retry_delay` and doubles up to [`MAX_DELAY`], at most `limit` times in a row; bytes that
+//! arrive reset both (a slow but moving download never gives up on a count).
+//!
+//! A small module rather than `backon`/`backoff`: the loops need "reset on progress" in the
+//! middle of a read loop and keep their own resumable position, which those crates' closure
+//! retry shapes do not fit without a second state machine beside theirs; the policy itself is
+//! these few lines, and one place to change it (bounded retrieval builds on it).
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// The longest wait between two attempts.
+pub const MAX_DELAY: Duration = Duration::from_secs(30);
+
+/// Failures in a row and the next delay.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    first: Duration,
+    delay: Duration,
+    failures: u32,
+    limit: u32,
+}
+
+impl Backoff {
+    /// Wait `first` after the first failure, at most `limit` failures in a row.
+    pub fn new(first: Duration, limit: u32) -> Backoff {
+        Backoff {
+            first,
+            delay: first,
+            failures: 0,
+            limit,
+        }
+    }
+
+    /// One more failure in a row: the delay to wait before the next attempt, or `None` once
+    /// more than `limit` failures happened in a row (give up).
+    pub fn failed(&mut self) -> Option<Duration> {
+        self.failures += 1;
+        if self.failures > self.limit {
+            return None;
+        }
+        let d = self.delay;
+        self.delay = (self.delay * 2).min(MAX_DELAY);
+        Some(d)
+    }
+
+    /// Bytes arrived: the next failure is the first in a row again.
+    pub fn progressed(&mut self) {
+        self.failures = 0;
+        self.delay = self.first;
+    }
+
+    /// Failures in a row so far.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// [`Self::failed`], then log `what` at `location` and sleep; false when giving up.
+    pub fn wait(&mut self, location: &str, what: &str) -> bool {
+        match self.failed() {
+            None => false,
+            Some(d) => {
+                log::warn!(
+                    "{location}: {what}; attempt {}/{} in {d:?}",
+                    self.failures,
+                    self.limit
+                );
+                std::thread::sleep(d);
+                true
+            }
+        }
+    }
+}
+
+/// Run `f` until it succeeds, fails for good, or fails transiently more than the backoff's
+/// limit in a row.
+pub fn retrying<T>(mut backoff: Backoff, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    loop {
+        match f() {
+            Err(Error::Fetch {
+                retryable: true,
+                location,
+                what,
+            }) if backoff.wait(&location, &what) => continue,
+            r => return r,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doubles_to_the_cap_gives_up_after_the_limit_and_resets_on_progress() {
+        let mut b = Backoff::new(Duration::from_secs(4), 5);
+        let delays: Vec<_> = std::iter::from_fn(|| b.failed()).collect();
+        assert_eq!(
+            delays,
+            [4, 8, 16, 30, 30].map(Duration::from_secs),
+            "five retries, capped at 30 s"
+        );
+        assert_eq!(b.failed(), None);
+        b.progressed();
+        assert_eq!(b.failures(), 0);
+        assert_eq!(b.failed(), Some(Duration::from_secs(4)));
+    }
+
+    #[test]
+    fn retrying_retries_only_transient_fetch_errors() {
+        let mut calls = 0;
+        let r: Result<()> = retrying(Backoff::new(Duration::ZERO, 2), || {
+            calls += 1;
+            Err(Error::Fetch {
+                location: "x".into(),
+                what: "dropped".into(),
+                retryable: true,
+            })
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 3, "the first attempt and two retries");
+        let mut calls = 0;
+        let r: Result<()> = retrying(Backoff::new(Duration::ZERO, 2), || {
+            calls += 1;
+            Err(Error::Fetch {
+                location: "x".into(),
+                what: "404".into(),
+                retryable: false,
+            })
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 1, "a permanent error fails at once");
+    }
+}

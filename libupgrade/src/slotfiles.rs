@@ -1,0 +1,87 @@
+//! What the node keeps of the release staged into each slot, beside the state file:
+//! `<state_dir>/slots/<a|b>/manifest.json` (the signed bytes staging verified) and the boot
+//! scripts the release carries (`grub.cfg`, `extlinux.conf`), each checked against the
+//! manifest again when read. An activation reads them to decide and install the boot script
+//! ([`crate::bootscript`]); a slot staged before v0.2.0 has none, and reads as a release that
+//! carries no script and reads version 1 of every loader file.
+//!
+//! Written by staging after every artifact is verified and before the slot is recorded as
+//! staged; removed when a stage of the slot starts. Every file is replaced atomically.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::manifest::{Manifest, ScriptFile, MANIFEST_FILE};
+use crate::Slot;
+
+fn dir(state_dir: &Path, slot: Slot) -> PathBuf {
+    state_dir.join("slots").join(slot.lower())
+}
+
+/// Forget what was kept for `slot` (a stage of it starts).
+pub fn clear(state_dir: &Path, slot: Slot) -> Result<()> {
+    let d = dir(state_dir, slot);
+    match std::fs::remove_dir_all(&d) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove", &d, e)),
+    }
+}
+
+/// Keep the manifest and the scripts (already verified against it) of the release staged
+/// into `slot`.
+pub fn save(
+    state_dir: &Path,
+    slot: Slot,
+    manifest: &[u8],
+    scripts: &[(ScriptFile, Vec<u8>)],
+) -> Result<()> {
+    let d = dir(state_dir, slot);
+    std::fs::create_dir_all(&d).map_err(|e| Error::io("create directory", &d, e))?;
+    for (sc, bytes) in scripts {
+        bootconfig::atomic::write_atomic(d.join(&sc.path), bytes)?;
+    }
+    bootconfig::atomic::write_atomic(d.join(MANIFEST_FILE), manifest)?;
+    Ok(())
+}
+
+/// The manifest of the release staged into `slot`, `None` when none was kept (staged before
+/// v0.2.0, or never staged).
+pub fn manifest(state_dir: &Path, slot: Slot) -> Result<Option<Manifest>> {
+    let p = dir(state_dir, slot).join(MANIFEST_FILE);
+    let bytes = match std::fs::read(&p) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("read", &p, e)),
+    };
+    Manifest::parse(&bytes)
+        .map(Some)
+        .map_err(|source| Error::Manifest {
+            location: p.display().to_string(),
+            source,
+        })
+}
+
+/// The text of script `sc` kept for `slot`, checked against the manifest's size and sha256.
+pub fn script(state_dir: &Path, slot: Slot, sc: &ScriptFile) -> Result<String> {
+    let p = dir(state_dir, slot).join(&sc.path);
+    let bytes = std::fs::read(&p).map_err(|e| Error::io("read", &p, e))?;
+    let sha = hex::encode(Sha256::digest(&bytes));
+    if bytes.len() as u64 != sc.size || sha != sc.sha256 {
+        return Err(Error::State {
+            path: p,
+            what: format!(
+                "{} bytes with sha256 {sha}, the staged manifest says {} bytes with sha256 {}: stage the release again",
+                bytes.len(),
+                sc.size,
+                sc.sha256
+            ),
+        });
+    }
+    String::from_utf8(bytes).map_err(|_| Error::State {
+        path: p,
+        what: "not UTF-8 text".into(),
+    })
+}

@@ -1,0 +1,236 @@
+//! Everything about a release checked before a byte of the slot is written: the signature
+//! against the trust dir, the manifest, the architecture, the generation floor and the space
+//! ([`Stager::verify`]); then on the server every artifact's presence and size, every chunk
+//! index and every boot script against the signed manifest ([`Stager::preflight`]).
+
+use super::{sha256_hex, StageOptions, Stager};
+use crate::chunk::ChunkIndex;
+use crate::error::{Error, Result};
+use crate::fetch::Source;
+use crate::manifest::{Arch, Artifact, Manifest, ScriptFile, MANIFEST_FILE, SIGNATURE_FILE};
+use crate::retry::{retrying, Backoff};
+use crate::state::State;
+use bootconfig::Slot;
+
+/// A release whose signature, manifest, architecture, generation and size were checked.
+pub(super) struct Verified {
+    pub manifest: Manifest,
+    /// The signed manifest bytes, and their sha256 (the release's identity).
+    pub bytes: Vec<u8>,
+    pub sha256: String,
+    /// Key id that signed it.
+    pub key: String,
+    /// Where the manifest was read, for messages.
+    pub location: String,
+}
+
+/// What the server holds of a verified release, checked before any write.
+pub(super) struct Preflight {
+    /// Per artifact ([`Artifact::ALL`] order): its chunk index, when it has one and the server
+    /// serves ranges.
+    pub indexes: Vec<Option<ChunkIndex>>,
+    /// The boot scripts the release carries, checked against the manifest.
+    pub scripts: Vec<(ScriptFile, Vec<u8>)>,
+}
+
+impl Preflight {
+    pub fn has_index(&self) -> [bool; 3] {
+        [0, 1, 2].map(|k| self.indexes[k].is_some())
+    }
+}
+
+impl Stager<'_> {
+    /// The one backoff policy for this stage's transfers.
+    pub(super) fn backoff(&self, opts: &StageOptions) -> Backoff {
+        Backoff::new(opts.retry_delay, self.cfg.download_retries)
+    }
+
+    /// Read and check the release at `source` for the slot that is not `booted`.
+    pub(super) fn verify(
+        &self,
+        booted: Slot,
+        st: &State,
+        source: &Source,
+        opts: &StageOptions,
+    ) -> Result<Verified> {
+        let target = booted.other();
+        let mloc = source.location(MANIFEST_FILE);
+        let mbytes = source.read_small(MANIFEST_FILE)?;
+        let sig = source
+            .read_small(SIGNATURE_FILE)
+            .map_err(|e| Error::Signature {
+                location: mloc.clone(),
+                what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
+            })?;
+        let trust = opts.trust_dir.as_deref().unwrap_or(&self.cfg.trust_dir);
+        let key = crate::signing::verify(&mbytes, &sig, trust).map_err(|e| Error::Signature {
+            location: mloc.clone(),
+            what: e.to_string(),
+        })?;
+        let manifest = Manifest::parse(&mbytes).map_err(|source| Error::Manifest {
+            location: mloc.clone(),
+            source,
+        })?;
+        manifest
+            .check_arch(Arch::host())
+            .map_err(|source| Error::Manifest {
+                location: mloc.clone(),
+                source,
+            })?;
+        if let Some(installed) = st.slot(booted).generation {
+            if manifest.generation < installed && !opts.allow_downgrade {
+                return Err(Error::Downgrade {
+                    version: manifest.version.clone(),
+                    found: manifest.generation,
+                    installed,
+                });
+            }
+        }
+        self.check_space(target, &manifest)?;
+        Ok(Verified {
+            sha256: sha256_hex(&mbytes),
+            bytes: mbytes,
+            manifest,
+            key: key.to_string(),
+            location: mloc,
+        })
+    }
+
+    /// Refuse what cannot fit before the slot is touched (a full disk is not a reason to
+    /// invalidate it). Artifacts sharing one filesystem must fit together.
+    fn check_space(&self, target: Slot, manifest: &Manifest) -> Result<()> {
+        let mut shared_need = 0u64;
+        for a in Artifact::ALL {
+            let need = manifest.files.get(a).size;
+            let cap = self.layout.capacity(target, a)?;
+            let need_here = if a == Artifact::Rootfs {
+                need
+            } else {
+                shared_need + need
+            };
+            if a != Artifact::Rootfs {
+                shared_need += need;
+            }
+            if need_here > cap {
+                return Err(Error::NoSpace {
+                    artifact: a,
+                    target: format!("slot {target}: {}", self.layout.place(target, a)),
+                    needed: need_here,
+                    available: cap,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every file exists with the right size, every chunk index and boot script matches.
+    pub(super) fn preflight(
+        &self,
+        source: &Source,
+        m: &Manifest,
+        opts: &StageOptions,
+    ) -> Result<Preflight> {
+        Ok(Preflight {
+            indexes: self.probe(source, m, opts)?,
+            scripts: self.fetch_scripts(source, m, opts)?,
+        })
+    }
+
+    /// Probe every artifact (exists, right size) and fetch and check every chunk index.
+    fn probe(
+        &self,
+        source: &Source,
+        m: &Manifest,
+        opts: &StageOptions,
+    ) -> Result<Vec<Option<ChunkIndex>>> {
+        let mut out = Vec::new();
+        for a in Artifact::ALL {
+            let e = m.files.get(a);
+            let probe = retrying(self.backoff(opts), || source.probe(&e.path))?;
+            if probe.size != e.size {
+                return Err(Error::Size {
+                    artifact: a,
+                    location: source.location(&e.path),
+                    expected: e.size,
+                    found: probe.size,
+                });
+            }
+            let Some(r) = &e.chunks else {
+                out.push(None);
+                continue;
+            };
+            if !probe.ranges {
+                log::warn!(
+                    "{}: the server ignores Range requests; {a} is downloaded whole",
+                    source.location(&e.path)
+                );
+                out.push(None);
+                continue;
+            }
+            let loc = source.location(&r.path);
+            let bad = |what: String| Error::ChunkIndex {
+                artifact: a,
+                location: loc.clone(),
+                what,
+            };
+            let bytes = retrying(self.backoff(opts), || source.read_capped(&r.path, r.size))?;
+            let sha = sha256_hex(&bytes);
+            if bytes.len() as u64 > r.size {
+                return Err(bad(format!(
+                    "larger than the {} bytes the signed manifest says",
+                    r.size
+                )));
+            }
+            if bytes.len() as u64 != r.size || sha != r.sha256 {
+                return Err(bad(format!(
+                    "{} bytes with sha256 {sha}, the signed manifest says {} bytes with sha256 {}",
+                    bytes.len(),
+                    r.size,
+                    r.sha256
+                )));
+            }
+            let index = ChunkIndex::parse(&bytes).map_err(|e| bad(e.to_string()))?;
+            if index.size() != e.size {
+                return Err(bad(format!(
+                    "describes {} bytes, the manifest says {} ({}) has {}",
+                    index.size(),
+                    a,
+                    e.path,
+                    e.size
+                )));
+            }
+            out.push(Some(index));
+        }
+        Ok(out)
+    }
+
+    /// Fetch every boot script the manifest names and check it against its signed size and
+    /// sha256 (they are small: read whole, capped at the signed size).
+    fn fetch_scripts(
+        &self,
+        source: &Source,
+        m: &Manifest,
+        opts: &StageOptions,
+    ) -> Result<Vec<(crate::manifest::ScriptFile, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for sc in m.boot.iter().flat_map(|b| &b.scripts) {
+            let bytes = retrying(self.backoff(opts), || source.read_capped(&sc.path, sc.size))?;
+            let sha = sha256_hex(&bytes);
+            if bytes.len() as u64 != sc.size || sha != sc.sha256 {
+                return Err(Error::Fetch {
+                    location: source.location(&sc.path),
+                    what: format!(
+                        "boot script ({}): {} bytes with sha256 {sha}, the signed manifest says {} bytes with sha256 {}",
+                        sc.kind,
+                        bytes.len(),
+                        sc.size,
+                        sc.sha256
+                    ),
+                    retryable: false,
+                });
+            }
+            out.push((sc.clone(), bytes));
+        }
+        Ok(out)
+    }
+}

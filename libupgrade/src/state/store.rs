@@ -1,0 +1,126 @@
+//! The state file on disk: read (a newer format refused before its body is read), replaced
+//! atomically, and locked for read-decide-write sequences.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{State, FORMAT, STATE_FILE};
+use crate::error::{Error, Result};
+
+/// Reads and atomically replaces the state file.
+#[derive(Debug, Clone)]
+pub struct StateStore {
+    path: PathBuf,
+}
+
+impl StateStore {
+    pub fn new(state_dir: &Path) -> StateStore {
+        StateStore {
+            path: state_dir.join(STATE_FILE),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// An exclusive advisory lock (`flock`) next to the state file, held until the guard is
+    /// dropped: for read-decide-write sequences that several processes may run at once.
+    pub fn lock(&self) -> Result<nix::fcntl::Flock<std::fs::File>> {
+        let path = self.path.with_extension("lock");
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("create state dir", dir, e))?;
+        }
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io("open lock", &path, e))?;
+        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| Error::io("lock", &path, std::io::Error::from(e)))
+    }
+
+    /// Load the state; a missing file is a fresh node (both slots empty). A file that exists
+    /// but does not parse is an error: guessing could lose the record of the good slot.
+    pub fn load(&self) -> Result<State> {
+        #[derive(Deserialize)]
+        struct Head {
+            format: u32,
+        }
+        match std::fs::read(&self.path) {
+            Ok(bytes) => {
+                let invalid = |e: serde_json::Error| Error::State {
+                    path: self.path.clone(),
+                    what: format!("not valid state JSON: {e}"),
+                };
+                // The format first: a newer file may not parse as this build's types at all.
+                let head: Head = serde_json::from_slice(&bytes).map_err(invalid)?;
+                if head.format != FORMAT {
+                    return Err(Error::State {
+                        path: self.path.clone(),
+                        what: if head.format > FORMAT {
+                            format!("format {} is newer than this build of k3os-ops reads (format {FORMAT}); nothing was rewritten: upgrade k3os-ops first", head.format)
+                        } else {
+                            format!("format {} does not exist (formats start at 1)", head.format)
+                        },
+                    });
+                }
+                serde_json::from_slice(&bytes).map_err(invalid)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::default()),
+            Err(e) => Err(Error::io("read state", &self.path, e)),
+        }
+    }
+
+    /// Replace the state file atomically, then announce the write barrier `barrier`.
+    pub fn save(&self, st: &State, barrier: &str) -> Result<()> {
+        let mut bytes = serde_json::to_vec_pretty(st).expect("state serializes");
+        bytes.push(b'\n');
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("create state dir", dir, e))?;
+        }
+        bootconfig::atomic::write_atomic(&self.path, &bytes)?;
+        crate::barrier::hit(barrier);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Event, SlotState, HISTORY};
+    use bootconfig::Slot;
+
+    #[test]
+    fn save_load_round_trip_and_history_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        let mut st = store.load().unwrap();
+        assert_eq!(st.slot(Slot::A).state, SlotState::Empty);
+        st.slot_mut(Slot::B).version = Some("v2".into());
+        for i in 0..100 {
+            // Invalid -> staged, again and again (each edge from a state it may leave).
+            st.transition(Slot::B, Event::StageStarted, format!("m{i}"));
+            st.transition(Slot::B, Event::Staged, format!("n{i}"));
+        }
+        store.save(&st, "test").unwrap();
+        let back = store.load().unwrap();
+        assert_eq!(back, st);
+        assert_eq!(back.history.len(), HISTORY);
+        assert_eq!(back.last_decision(Slot::B).unwrap().why, "n99");
+        assert_eq!(
+            back.last_decision(Slot::B).unwrap().version.as_deref(),
+            Some("v2")
+        );
+    }
+
+    #[test]
+    fn corrupt_state_is_an_error_not_a_fresh_node() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(STATE_FILE), b"{\"format\":1,\"slots\":").unwrap();
+        let e = StateStore::new(dir.path()).load().unwrap_err().to_string();
+        assert!(e.contains("state.json") && e.contains("not valid"), "{e}");
+    }
+}
