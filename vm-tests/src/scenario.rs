@@ -1339,6 +1339,12 @@ impl Scenario {
             || format!("booted {:?} next {}, expected B/B", st.booted, st.next_boot),
         )?;
         let script_b = self.boot_script(&mut vm)?;
+        self.check(st.boot_script.installed == Some(script_b), || {
+            format!(
+                "slot status says the installed boot script is {:?}, the file is version {script_b}",
+                st.boot_script
+            )
+        })?;
         self.check(script_b == script_before, || {
             format!("B's boot-time confirm replaced the boot script (version {script_before} -> {script_b}): B must be blessed under the previous release's script")
         })?;
@@ -1364,6 +1370,12 @@ impl Scenario {
         self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))?;
         let script_after = self.boot_script(&mut vm)?;
         let script_status = self.status_script_field(&mut vm)?;
+        self.check(st.boot_script.installed == Some(script_after), || {
+            format!(
+                "slot status says the installed boot script is {:?}, the file is version {script_after}",
+                st.boot_script
+            )
+        })?;
         let current = self.current_script();
         if self.release_carries_script("v3")? {
             self.check(script_after == current, || {
@@ -1371,7 +1383,7 @@ impl Scenario {
             })?;
         } else {
             self.note(format!(
-                "v3 carries no boot script (its manifest has no `boot` section): the node keeps version {script_after} (the current code renders {current}); not asserted"
+                "v3 carries no boot script (its manifest's boot.scripts has none for this loader): the node keeps version {script_after} (the current code renders {current}); not asserted"
             ));
         }
         self.note(format!(
@@ -1562,8 +1574,8 @@ impl Scenario {
         }
     }
 
-    /// Whether current release `version` carries a boot script for the node to install (a
-    /// `boot` section in its manifest).
+    /// Whether current release `version` carries this target's boot script for the node to
+    /// install (its manifest's `boot.scripts`).
     fn release_carries_script(&self, version: &str) -> Result<bool> {
         let m = self
             .target
@@ -1578,7 +1590,17 @@ impl Scenario {
                 std::io::Error::new(std::io::ErrorKind::InvalidData, e),
             )
         })?;
-        Ok(v.get("boot").is_some_and(|b| !b.is_null()))
+        let kind = if self.target.uses_grub() {
+            "grub-cfg"
+        } else {
+            "extlinux-conf"
+        };
+        Ok(v.pointer("/boot/scripts")
+            .and_then(|x| x.as_array())
+            .is_some_and(|a| {
+                a.iter()
+                    .any(|f| f.get("kind").and_then(|k| k.as_str()) == Some(kind))
+            }))
     }
 
     /// What the current binary's `slot status --json` says about the installed boot script
