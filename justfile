@@ -7,7 +7,7 @@
 # Build the x86_64 and aarch64 test releases and disks.
 images: images-x86_64 images-aarch64
 
-# x86_64: releases v1 v2 v3 (+ v2-panic, v2-noconfirm, v2-badhealth), disks grub-bios, grub-efi, extlinux.
+# x86_64: releases v1 v2 v3 (+ v2-panic, v2-noconfirm, v2-badhealth, v4-panic), disks grub-bios, grub-efi, extlinux.
 images-x86_64: (images-build "x86_64")
 
 # aarch64: the same releases, disk grub-efi (AAVMF).
@@ -29,6 +29,18 @@ images-build arch:
         --tool target/x86_64-unknown-linux-musl/release/k3os-ops \
         --out images/out
 
+# The previous release's disks and v1 (CHANGELOG.md's newest entry with a commit), built by that
+# release's own code from this repository's history (a git worktree in target/previous/<sha>)
+# into images/out/previous/<arch>/, trusting the current test key; cached by commit. For the VM
+# scenario upgrade-from-previous. A shallow clone fails saying `git fetch --unshallow`.
+images-previous: images (images-previous-build "x86_64 aarch64")
+
+# The same for x86_64 only (what `just test` needs: its default set boots x86_64 previous disks).
+images-previous-x86_64: images-x86_64 (images-previous-build "x86_64")
+
+images-previous-build arches:
+    images/scripts/build-previous.sh {{arches}}
+
 # --- project entry points ------------------------------------------------------------------
 
 # Install everything on a fresh Debian machine (root): packages, Rust targets, just.
@@ -38,7 +50,7 @@ setup:
 # The whole test suite: lint, unit + integration tests (loop devices, mounts, GRUB and extlinux
 # tools), the agent's container image (skopeo, runc), then the default QEMU scenarios. This is
 # what CI runs.
-test: setup lint images image-test
+test: setup lint images images-previous-x86_64 image-test
     cargo test --workspace --exclude vm-tests
     cargo test -p vm-tests -- --nocapture --test-threads 2
 
@@ -88,14 +100,15 @@ image-test: image
 # QEMU scenarios on the disks from `just images-*`; console logs in vm-tests/out/<target>/<scenario>/.
 
 # One scenario on one target, e.g. `just vm-test powercut x86_64-grub-bios --all-barriers`
-# (scenarios: upgrade fallback-panic fallback-noconfirm badhealth powercut missing-kernel all; target "all" too).
+# (scenarios: upgrade fallback-panic fallback-noconfirm badhealth powercut missing-kernel awaited-check
+# upgrade-from-previous all; target "all" too; upgrade-from-previous needs `just images-previous`).
 # VM_TESTS_IMAGES=<dir> boots another images tree; VM_TESTS_ACCEL=tcg|kvm skips the KVM probe.
 vm-test scenario="upgrade" target="x86_64-grub-bios" *flags="":
     cargo run -p vm-tests -- run {{scenario}} {{target}} {{flags}}
 
 # The full matrix: every scenario on every target (the ignored tests included).
 # VM_TESTS_ALL_BARRIERS=1 also cuts the power at every barrier instead of a sample.
-vm-test-all:
+vm-test-all: images-previous
     cargo test -p vm-tests -- --include-ignored --nocapture --test-threads 2
 
 # --- fuzzing (owned by fuzz/) ---------------------------------------------------------------

@@ -1,5 +1,6 @@
-//! Test releases: `v1`, `v2`, `v3` and the failure variants of `v2` (`-panic`, `-noconfirm`,
-//! `-badhealth`), each built to `out/<arch>/build/<version>/` and then signed into a release
+//! Test releases: `v1`, `v2`, `v3`, the failure variants of `v2` (`-panic`, `-noconfirm`,
+//! `-badhealth`) and `v4-panic` (a failing release newer than `v3`, for the upgrade from the
+//! previous release), each built to `out/<arch>/build/<version>/` and then signed into a release
 //! directory `out/<arch>/releases/<version>/` by `k3os-ops release create` (so the images use
 //! exactly the release format nodes verify). Every step is skipped when its inputs are
 //! unchanged (see [`crate::stamp`]).
@@ -76,12 +77,21 @@ impl ReleaseSpec {
         })
     }
 
-    /// The releases the test disks and the VM tests use.
+    /// The releases the test disks and the VM tests use. `v4-panic`: the scenario
+    /// `upgrade-from-previous` ends on v3 and needs a failing release of a higher generation.
     pub fn standard() -> Vec<ReleaseSpec> {
-        ["v1", "v2", "v3", "v2-panic", "v2-noconfirm", "v2-badhealth"]
-            .iter()
-            .map(|v| ReleaseSpec::parse(v).expect("standard release names parse"))
-            .collect()
+        [
+            "v1",
+            "v2",
+            "v3",
+            "v2-panic",
+            "v2-noconfirm",
+            "v2-badhealth",
+            "v4-panic",
+        ]
+        .iter()
+        .map(|v| ReleaseSpec::parse(v).expect("standard release names parse"))
+        .collect()
     }
 }
 
@@ -291,7 +301,15 @@ mod tests {
             .collect();
         assert_eq!(
             std,
-            ["v1", "v2", "v3", "v2-panic", "v2-noconfirm", "v2-badhealth"]
+            [
+                "v1",
+                "v2",
+                "v3",
+                "v2-panic",
+                "v2-noconfirm",
+                "v2-badhealth",
+                "v4-panic"
+            ]
         );
     }
 }

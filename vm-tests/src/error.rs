@@ -21,6 +21,9 @@ pub enum Error {
         path: PathBuf,
         hint: String,
     },
+    /// The clone lacks the commit of the previous release (shallow clone).
+    #[error("cannot run: this clone lacks the history of the previous release {version} (commit {commit}, named by CHANGELOG.md), which upgrade-from-previous builds from the repository's own history; fetch it with `git fetch --unshallow` (or `git fetch origin {commit}`), then `just images-previous`")]
+    NoHistory { version: String, commit: String },
     #[error("cannot start {program}: {source} ({hint})")]
     Spawn {
         program: String,

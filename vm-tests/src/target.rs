@@ -69,6 +69,80 @@ impl Target {
         images_dir(root).join(self.arch()).join("releases")
     }
 
+    /// `images/out/previous/<arch>/`: the previous release's disks and v1, built by its own code
+    /// (`just images-previous`, images/scripts/build-previous.sh).
+    pub fn previous_dir(self, root: &Path) -> PathBuf {
+        images_dir(root).join("previous").join(self.arch())
+    }
+
+    /// The previous release's disk of this target.
+    pub fn previous_disk(self, root: &Path) -> PathBuf {
+        self.previous_dir(root)
+            .join(format!("disk-{}.img", self.variant()))
+    }
+
+    /// Fail with the reason when the inputs of `upgrade-from-previous` are missing: the
+    /// previous release's disk (naming the release and, when this clone lacks its commit, how
+    /// to fetch the history) and the current releases it upgrades to.
+    pub fn check_previous_inputs(self, root: &Path) -> Result<()> {
+        let changelog = root.join("CHANGELOG.md");
+        let text =
+            std::fs::read_to_string(&changelog).map_err(|e| Error::io("read", &changelog, e))?;
+        let Some((version, commit)) = previous_release(&text) else {
+            return Err(Error::Missing {
+                what: "previous release (a `## vX.Y.Z — date — commit <sha>` entry)".into(),
+                path: changelog,
+                hint: "upgrade-from-previous needs a released version to upgrade from".into(),
+            });
+        };
+        let have_commit = Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(["cat-file", "-e", &format!("{commit}^{{commit}}")])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !have_commit {
+            return Err(Error::NoHistory { version, commit });
+        }
+        let disk = self.previous_disk(root);
+        if !disk.is_file() {
+            return Err(Error::Missing {
+                what: format!(
+                    "{} disk of the previous release {version} ({commit})",
+                    self.name()
+                ),
+                path: disk,
+                hint: format!(
+                    "build it with `just images-previous` (or `just images-previous-{}`)",
+                    self.arch()
+                ),
+            });
+        }
+        let sum = self.previous_dir(root).join("k3os-ops.sha256");
+        if !sum.is_file() {
+            return Err(Error::Missing {
+                what: format!("checksum of {version}'s k3os-ops"),
+                path: sum,
+                hint: "build it with `just images-previous`".into(),
+            });
+        }
+        for v in PREVIOUS_TARGETS {
+            let m = self
+                .releases(root)
+                .join(v)
+                .join(libupgrade::manifest::MANIFEST_FILE);
+            if !m.is_file() {
+                return Err(Error::Missing {
+                    what: format!("current release {v} manifest"),
+                    path: m,
+                    hint: format!("build it with `just images-{}`", self.arch()),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// UEFI firmware (code, pristine variable store), if this target boots through UEFI.
     pub fn firmware(self) -> Option<(PathBuf, PathBuf)> {
         match self {
@@ -108,7 +182,15 @@ impl Target {
             });
         }
         let rel = self.releases(root);
-        for v in ["v1", "v2", "v3", "v2-panic", "v2-noconfirm", "v2-badhealth"] {
+        for v in [
+            "v1",
+            "v2",
+            "v3",
+            "v2-panic",
+            "v2-noconfirm",
+            "v2-badhealth",
+            "v4-panic",
+        ] {
             let m = rel.join(v).join(libupgrade::manifest::MANIFEST_FILE);
             if !m.is_file() {
                 return Err(Error::Missing {
@@ -188,6 +270,30 @@ impl Target {
         }
         c
     }
+}
+
+/// The current-code releases `upgrade-from-previous` upgrades the previous release's node to.
+pub const PREVIOUS_TARGETS: [&str; 3] = ["v2", "v3", "v4-panic"];
+
+/// The previous release named by CHANGELOG.md: the newest `## vX.Y.Z — <date> — commit <sha>`
+/// entry that has a commit (the entry being developed has none) → (version, sha).
+pub fn previous_release(changelog: &str) -> Option<(String, String)> {
+    changelog.lines().find_map(|l| {
+        let rest = l.strip_prefix("## v")?;
+        let version: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        if version.split('.').count() != 3 || version.split('.').any(|p| p.is_empty()) {
+            return None;
+        }
+        let (_, sha) = l.trim_end().rsplit_once(" commit ")?;
+        let ok = sha.len() == 40
+            && sha
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+        ok.then(|| (format!("v{version}"), sha.to_string()))
+    })
 }
 
 impl fmt::Display for Target {
@@ -339,5 +445,31 @@ pub fn workspace_root() -> PathBuf {
             .parent()
             .expect("crate has a parent dir")
             .to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn previous_release_is_the_newest_entry_with_a_commit() {
+        let text = "# Changelog\n\nRule: …\n\n## v0.3.0 — unreleased\n\n## v0.2.0 — 2027-01-10 — commit 1111111111111111111111111111111111111111\n\n- x\n\n## v0.1.0 — 2026-12-02 — commit c063939740e017d9331b7c0795bd1c3e413ad5cd\n";
+        assert_eq!(
+            previous_release(text),
+            Some((
+                "v0.2.0".into(),
+                "1111111111111111111111111111111111111111".into()
+            ))
+        );
+        assert_eq!(previous_release("## v0.2.0 — unreleased\n"), None);
+        assert_eq!(
+            previous_release("## v0.1.0 — 2026-12-02 — commit c063939\n"),
+            None,
+            "short sha"
+        );
+        let real = std::fs::read_to_string(workspace_root().join("CHANGELOG.md")).unwrap();
+        let (v, sha) = previous_release(&real).expect("CHANGELOG.md names a previous release");
+        assert!(v.starts_with('v') && sha.len() == 40, "{v} {sha}");
     }
 }

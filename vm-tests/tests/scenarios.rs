@@ -5,9 +5,9 @@
 //!
 //! | target | default scenarios |
 //! |---|---|
-//! | x86_64 GRUB BIOS | upgrade, fallback-panic, powercut (sampled), missing-kernel, awaited-check |
+//! | x86_64 GRUB BIOS | upgrade, fallback-panic, powercut (sampled), missing-kernel, awaited-check, upgrade-from-previous |
 //! | x86_64 GRUB UEFI | upgrade, fallback-noconfirm |
-//! | x86_64 extlinux | upgrade, fallback-panic, badhealth |
+//! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous |
 //! | aarch64 GRUB UEFI | upgrade, fallback-panic |
 //!
 //! The rest of the matrix is `#[ignore]`d and runs with `just vm-test-all`
@@ -114,6 +114,11 @@ matrix_test!(
 );
 matrix_test!(x86_64_grub_bios_badhealth, BadHealth, X86_64GrubBios);
 default_test!(x86_64_grub_bios_awaited_check, AwaitedCheck, X86_64GrubBios);
+default_test!(
+    x86_64_grub_bios_upgrade_from_previous,
+    UpgradeFromPrevious,
+    X86_64GrubBios
+);
 
 // x86_64 GRUB UEFI (OVMF)
 default_test!(x86_64_grub_efi_upgrade, Upgrade, X86_64GrubEfi);
@@ -127,6 +132,11 @@ matrix_test!(x86_64_grub_efi_badhealth, BadHealth, X86_64GrubEfi);
 matrix_test!(x86_64_grub_efi_powercut, PowerCut, X86_64GrubEfi);
 matrix_test!(x86_64_grub_efi_missing_kernel, MissingKernel, X86_64GrubEfi);
 matrix_test!(x86_64_grub_efi_awaited_check, AwaitedCheck, X86_64GrubEfi);
+matrix_test!(
+    x86_64_grub_efi_upgrade_from_previous,
+    UpgradeFromPrevious,
+    X86_64GrubEfi
+);
 
 // x86_64 extlinux (syslinux ADV, one try)
 default_test!(x86_64_extlinux_upgrade, Upgrade, X86_64Extlinux);
@@ -148,6 +158,11 @@ matrix_test!(
     X86_64Extlinux
 );
 matrix_test!(x86_64_extlinux_awaited_check, AwaitedCheck, X86_64Extlinux);
+default_test!(
+    x86_64_extlinux_upgrade_from_previous,
+    UpgradeFromPrevious,
+    X86_64Extlinux
+);
 
 // aarch64 GRUB UEFI (AAVMF)
 default_test!(aarch64_grub_efi_upgrade, Upgrade, Aarch64GrubEfi);
@@ -169,3 +184,8 @@ matrix_test!(
     Aarch64GrubEfi
 );
 matrix_test!(aarch64_grub_efi_awaited_check, AwaitedCheck, Aarch64GrubEfi);
+matrix_test!(
+    aarch64_grub_efi_upgrade_from_previous,
+    UpgradeFromPrevious,
+    Aarch64GrubEfi
+);
