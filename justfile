@@ -97,3 +97,10 @@ vm-test scenario="upgrade" target="x86_64-grub-bios" *flags="":
 # VM_TESTS_ALL_BARRIERS=1 also cuts the power at every barrier instead of a sample.
 vm-test-all:
     cargo test -p vm-tests -- --include-ignored --nocapture --test-threads 2
+
+# --- fuzzing (owned by fuzz/) ---------------------------------------------------------------
+# Every fuzz target of fuzz/ for `secs` seconds each (one libFuzzer job each, under nice), then
+# the GRUB env corpora replayed against grub-editenv; fails on any crash, timeout or OOM. The
+# last line gives the executions per target. Not in CI (`just test`). See fuzz/README.md.
+fuzz secs="60" *targets="":
+    bash fuzz/run.sh {{secs}} {{targets}}

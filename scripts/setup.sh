@@ -30,4 +30,6 @@ dpkg --print-foreign-architectures | grep -qx arm64 || { dpkg --add-architecture
 
 rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl >/dev/null
 command -v just >/dev/null || [ -x "$HOME/.cargo/bin/just" ] || cargo install just --locked
+# `just fuzz` (fuzz/README.md): cargo-fuzz, run on the stable toolchain with RUSTC_BOOTSTRAP=1.
+command -v cargo-fuzz >/dev/null || [ -x "$HOME/.cargo/bin/cargo-fuzz" ] || cargo install cargo-fuzz --locked
 echo "setup: done"

@@ -52,6 +52,12 @@ fn parent_dir(path: &Path) -> PathBuf {
     }
 }
 
+/// Apply `ops` in order; the first failure stops (what was applied stays: every plan is
+/// ordered so that any prefix of it is a state the loader handles).
+pub fn apply_all(ops: &[WriteOp]) -> Result<()> {
+    ops.iter().try_for_each(WriteOp::apply)
+}
+
 /// Replace `path` with `bytes` atomically: temp file in the same directory, write, fsync,
 /// rename over `path`, fsync the directory, then `syncfs` the filesystem. The file gets mode
 /// 0644.

@@ -3,7 +3,7 @@
 //!
 //! Two backends implement [`Bootloader`]:
 //! - [`grub`]: stock Debian GRUB, no patched modules. The complete `grub.cfg`
-//!   ([`grub::render_cfg`]) and two copies of a 1024-byte environment block ([`grubenv`]), each
+//!   ([`grub::render_cfg`]) and two copies of a 1024-byte environment block ([`grub::env`](mod@grub::env)), each
 //!   guarded by an `editing` lock block and carrying its values twice, so a torn or damaged copy
 //!   is never used (damaged as a whole); a last-good record for when both copies are damaged;
 //!   N tries counted down by the script itself with an if-chain and `save_env`.
@@ -15,6 +15,16 @@
 //! [`atomic`] holds the two write primitives everything here (and `libupgrade`) uses: atomic
 //! replacement (temp + fsync + rename + dir fsync) for files found by name, and in-place
 //! overwrite for files a loader addresses by block list.
+//!
+//! # Architecture
+//! Every transaction has one shape: **read** the loader's files the way the loader will at
+//! the next boot (`grub::model` models the installed script, by its version; `syslinux`
+//! reads the conf and the ADV) → **plan** the writes from the new state (`Vec<WriteOp>`,
+//! ordered so a cut between any two leaves the old or the new choice) → **apply** them
+//! ([`atomic`]). Versions of the loader's own files: [`grub::version`] (the script decides
+//! how the env copies are read; a new script is installed only after the copies are
+//! rewritten under the old one) and `syslinux::conf_version`; newer versions are refused by
+//! name. [`memory`] is the in-memory twin for tests of code above.
 //!
 //! The library above (`libupgrade`) decides *when* to call these; this crate decides *how* the
 //! loader is told, and guarantees that every write is power-cut safe: at any instant of a write,
@@ -33,7 +43,8 @@
 
 pub mod atomic;
 pub mod grub;
-pub mod grubenv;
+/// The GRUB environment block format, at its old path (it lives in [`grub::env`](mod@grub::env)).
+pub use grub::env as grubenv;
 pub mod memory;
 pub mod slot;
 pub mod syslinux;
@@ -209,6 +220,30 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The one shape of every transaction of a backend here: read the state the loader will see,
+/// change it, bring it within what the installed loader accepts, plan the writes, apply them.
+pub(crate) trait Planned: Bootloader {
+    /// The writes that make `new` the state, in the order they must happen.
+    fn plan_writes(&self, new: &BootEnv) -> Result<Vec<atomic::WriteOp>>;
+    /// `env` within what the installed loader accepts (GRUB: tries clamped to its script).
+    fn accept(&self, env: BootEnv) -> BootEnv {
+        env
+    }
+    /// Make `env` the state.
+    fn commit(&self, env: &BootEnv) -> Result<()> {
+        atomic::apply_all(&self.plan_writes(&self.accept(env.clone()))?)
+    }
+    /// Read, change with `f`, commit.
+    fn update(&self, f: impl FnOnce(&mut BootEnv)) -> Result<()>
+    where
+        Self: Sized,
+    {
+        let mut env = self.read()?;
+        f(&mut env);
+        self.commit(&env)
+    }
+}
 
 /// A bootloader that can be told which A/B slot to boot.
 ///

@@ -6,10 +6,14 @@
 //! - [`slot`]: manual A/B slot steering (`k3os-ops slot …`);
 //! - [`release`]: create, sign, index, verify and serve releases (`k3os-ops release …`);
 //! - [`bootloader`]: write a node's loader files and render boot scripts (`k3os-ops bootloader …`);
+//! - [`logging`]: the library's warnings (each retry and why) on stderr for one-shot commands;
+//! - [`node`]: the node config argument and the reboot, shared by the node-side commands;
 //! - [`progress`]: how `upgrade` shows a download; [`report`]: how a failed command prints.
 
 pub mod agent;
 pub mod bootloader;
+pub mod logging;
+pub mod node;
 pub mod progress;
 pub mod release;
 pub mod report;

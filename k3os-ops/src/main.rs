@@ -6,7 +6,7 @@
 //! Each subcommand lives in its own module of the `k3os_ops` library; this file only parses
 //! arguments and dispatches.
 
-use k3os_ops::{agent, bootloader, release, report, slot, upgrade};
+use k3os_ops::{agent, bootloader, logging, release, report, slot, upgrade};
 
 use clap::{Parser, Subcommand};
 
@@ -37,6 +37,9 @@ enum Cmd {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Agent(_)) {
+        logging::init();
+    }
     let result = match cli.cmd {
         Cmd::Release(args) => release::run(args),
         Cmd::Agent(args) => agent::run(args),

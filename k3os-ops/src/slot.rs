@@ -11,7 +11,7 @@ use libupgrade::health::{CheckResult, HealthCheck};
 use libupgrade::updater::{AwaitedChecks, Status};
 use libupgrade::Slot;
 
-use crate::upgrade::ConfigArg;
+use crate::node::{reboot, ConfigArg};
 
 #[derive(Args, Debug)]
 pub struct SlotArgs {
@@ -356,17 +356,6 @@ pub fn render_status(st: &Status) -> String {
         }
     }
     out
-}
-
-/// Sync and reboot: the `reboot` command if there is one (a clean shutdown), else the syscall.
-pub fn reboot() -> anyhow::Result<()> {
-    nix::unistd::sync();
-    let clean = std::process::Command::new("reboot").status();
-    if matches!(clean, Ok(s) if s.success()) {
-        return Ok(());
-    }
-    nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT).context("reboot(2)")?;
-    Ok(())
 }
 
 #[cfg(test)]

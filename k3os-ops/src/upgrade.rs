@@ -8,24 +8,11 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use libupgrade::error::Size;
-use libupgrade::{Arch, Config, Source, StageOptions, Updater};
+use libupgrade::{Arch, Source, StageOptions};
+
+use crate::node::ConfigArg;
 
 use crate::progress::{reporter, ProgressMode};
-
-/// Where the node configuration comes from (shared by `upgrade` and `slot`).
-#[derive(Args, Debug, Clone)]
-pub struct ConfigArg {
-    /// Node configuration file.
-    #[arg(long, env = "K3OS_OPS_CONFIG", default_value = libupgrade::config::DEFAULT_CONFIG, global = true)]
-    pub config: PathBuf,
-}
-
-impl ConfigArg {
-    pub fn updater(&self) -> anyhow::Result<Updater> {
-        let cfg = Config::load(&self.config)?;
-        Ok(Updater::open(cfg)?)
-    }
-}
 
 #[derive(Args, Debug)]
 pub struct UpgradeArgs {
@@ -66,6 +53,39 @@ pub struct UpgradeArgs {
     /// `500K`, `2M`, `1.5MiB` (a site's thin link is shared with production traffic).
     #[arg(long, value_parser = parse_rate)]
     pub max_rate: Option<u64>,
+    /// How long this attempt keeps retrying a failing server or link before it gives up
+    /// (`90s`, `45m`, `6h`, `2d`, or `forever`); the final error says what failed last.
+    #[arg(long, default_value = "6h", value_parser = parse_retry_for)]
+    pub retry_for: RetryFor,
+    /// Cut and retry a response slower than this many bytes per second over a minute (a
+    /// server holding the node with a trickle); 0 turns the rule off.
+    #[arg(long, default_value_t = libupgrade::stage::MinRate::DEFAULT.bytes_per_sec)]
+    pub min_rate: u64,
+}
+
+/// `--retry-for`: a duration, or for ever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryFor(pub Option<Duration>);
+
+/// `90s`, `45m`, `6h`, `2d`, a plain number of seconds, or `forever`.
+pub fn parse_retry_for(s: &str) -> Result<RetryFor, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("forever") {
+        return Ok(RetryFor(None));
+    }
+    let (num, unit) = match t.char_indices().last() {
+        Some((i, 's')) => (&t[..i], 1),
+        Some((i, 'm')) => (&t[..i], 60),
+        Some((i, 'h')) => (&t[..i], 3600),
+        Some((i, 'd')) => (&t[..i], 86400),
+        _ => (t, 1),
+    };
+    match num.trim().parse::<u64>() {
+        Ok(n) if n > 0 => Ok(RetryFor(Some(Duration::from_secs(n * unit)))),
+        _ => Err(format!(
+            "'{s}' is not a duration like 90s, 45m, 6h or 2d (or `forever`)"
+        )),
+    }
 }
 
 /// `2M`, `512K`, `1.5MiB/s`, `100000` → bytes per second (K/M/G are powers of 1024).
@@ -97,6 +117,7 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 
 pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
+    let mut expect_version = None;
     let source = match (&args.source, &args.channel) {
         (Some(s), _) => Source::parse(s),
         (None, Some(ch)) => {
@@ -106,6 +127,8 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
                 "channel {ch}: {} resolves to {} (generation {}) at {}",
                 args.version, r.version, r.generation, r.location
             );
+            // The signed manifest must be the release the channel named.
+            expect_version = Some(r.version.clone());
             r.source
         }
         (None, None) => bail!("give --source or --channel"),
@@ -115,6 +138,12 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
         trust_dir: args.trust_dir.clone(),
         retry_delay: Duration::from_secs(1),
         max_rate: args.max_rate,
+        expect_version,
+        retry_for: args.retry_for.0,
+        min_rate: (args.min_rate > 0).then_some(libupgrade::stage::MinRate {
+            bytes_per_sec: args.min_rate,
+            ..libupgrade::stage::MinRate::DEFAULT
+        }),
     };
     let progress = reporter(if args.quiet {
         ProgressMode::None
@@ -156,7 +185,7 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     );
     if args.reboot {
         println!("rebooting");
-        crate::slot::reboot()?;
+        crate::node::reboot()?;
     }
     Ok(())
 }
@@ -164,6 +193,22 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::parse_rate;
+
+    #[test]
+    fn retry_for_durations() {
+        use super::{parse_retry_for, RetryFor};
+        use std::time::Duration;
+        assert_eq!(
+            parse_retry_for("6h"),
+            Ok(RetryFor(Some(Duration::from_secs(21600))))
+        );
+        assert_eq!(
+            parse_retry_for("90s"),
+            Ok(RetryFor(Some(Duration::from_secs(90))))
+        );
+        assert_eq!(parse_retry_for("forever"), Ok(RetryFor(None)));
+        assert!(parse_retry_for("0").is_err() && parse_retry_for("soon").is_err());
+    }
 
     #[test]
     fn rates() {

@@ -588,3 +588,85 @@ fn missing_loader_files_name_bootloader_install_which_writes_them() {
         "{e}"
     );
 }
+
+/// A channel whose `v7/` holds v6's correctly signed release (a mirror serving the wrong
+/// release): `upgrade --channel … --version v7` refuses it before writing, naming both.
+#[test]
+fn a_channel_entry_that_holds_another_signed_release_is_refused() {
+    let n = Node::new();
+    let ch = n.path().join("channel");
+    fs::create_dir_all(&ch).unwrap();
+    let v6 = n.release("v6", 6);
+    fs::rename(&v6, ch.join("v7")).unwrap();
+    fs::write(
+        ch.join("index.json"),
+        format!(
+            r#"{{"releases":[{{"version":"v7","generation":7,"arch":"{}","path":"v7/"}}]}}"#,
+            Arch::host()
+        ),
+    )
+    .unwrap();
+    let out = n.ops(&[
+        "upgrade",
+        "--stage-only",
+        "--channel",
+        ch.to_str().unwrap(),
+        "--version",
+        "v7",
+    ]);
+    assert!(!out.status.success());
+    // The resolution is reported first; then exactly one error line.
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    let line = errors[0];
+    assert!(
+        line.contains("the signed manifest is release v6, but v7 was asked for")
+            && line.contains("nothing was written"),
+        "{line}"
+    );
+    assert_no_repeats(line);
+    let st = n.ok(&["slot", "status", "--json"]);
+    assert!(!st.contains("\"v6\""), "slot B untouched: {st}");
+}
+
+/// A server that never answers: each retry is a warning line on stderr even with `--quiet`,
+/// and the attempt ends at `--retry-for` with one error naming the URL, the last error, the
+/// attempts and the time spent.
+#[test]
+fn retries_are_warned_even_when_quiet_and_end_at_retry_for() {
+    let n = Node::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/v2");
+    let t = std::time::Instant::now();
+    let out = n.ops(&[
+        "upgrade",
+        "--stage-only",
+        "--quiet",
+        "--source",
+        &url,
+        "--retry-for",
+        "3s",
+    ]);
+    assert!(!out.status.success());
+    assert!(t.elapsed() < std::time::Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let warnings = err.lines().filter(|l| l.starts_with("warning: ")).count();
+    assert!(warnings >= 1, "{err}");
+    assert!(
+        err.lines()
+            .filter(|l| l.starts_with("warning: "))
+            .all(|l| l.contains(&format!("127.0.0.1:{port}")) && l.contains("attempt")),
+        "{err}"
+    );
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        errors[0].contains("Connection refused") && errors[0].contains("deadline (--retry-for)"),
+        "{err}"
+    );
+}

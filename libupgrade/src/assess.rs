@@ -146,10 +146,7 @@ pub fn assess(
                 match env.get(other) {
                     SlotBoot::Trying { tries_left } => {
                         let used = act.tries.saturating_sub(tries_left);
-                        st.transition(
-                            other,
-                            SlotState::Bad,
-                            Event::FallbackTaken,
+                        st.transition(other, Event::FallbackTaken,
                             format!(
                                 "slot {other} did not confirm: {} booted {booted} after {used} of {} tries of {other} ({tries_left} left)",
                                 loader.name, act.tries
@@ -166,10 +163,7 @@ pub fn assess(
                         });
                     }
                     _ => {
-                        st.transition(
-                            other,
-                            SlotState::Staged,
-                            Event::ActivationLost,
+                        st.transition(other, Event::ActivationLost,
                             format!("activation of slot {other} never reached {} (interrupted?); it stays staged", loader.name),
                         );
                         other_slot = Some(OtherSlot::ActivationLost { slot: other });
@@ -293,7 +287,7 @@ pub fn assess(
             checks.len()
         );
         if newly_good {
-            st.transition(booted, SlotState::Good, Event::Confirmed, reason.clone());
+            st.transition(booted, Event::Confirmed, reason.clone());
             if st.activation.as_ref().is_some_and(|a| a.slot == booted) {
                 st.activation = None;
             }
@@ -319,7 +313,7 @@ pub fn assess(
                 op: LoaderOp::MarkBad(booted),
                 barrier: "confirm:rollback-booted-bad",
             });
-            st.transition(booted, SlotState::Bad, Event::HealthFailed, reason.clone());
+            st.transition(booted, Event::HealthFailed, reason.clone());
             st.activation = None;
         }
         verdict.outcome = Outcome::RolledBack { to: other };

@@ -38,6 +38,26 @@ pub enum Error {
         found: u64,
         installed: u64,
     },
+    #[error("release {version} has generation {found}, older than generation {staged} already staged into slot {slot}; pass --allow-downgrade (k3os-ops upgrade) to replace it anyway")]
+    OlderThanStaged {
+        version: String,
+        found: u64,
+        staged: u64,
+        slot: Slot,
+    },
+    #[error("release {version} has the running generation {generation} but is a different build (manifest sha256 {found}, running {running}); a generation names one build: publish it as a new generation, or pass --allow-downgrade")]
+    SameGenerationOtherBuild {
+        version: String,
+        generation: u64,
+        found: String,
+        running: String,
+    },
+    #[error("{location}: the signed manifest is release {found}, but {asked} was asked for; nothing was written (the channel or a mirror serves the wrong release)")]
+    VersionMismatch {
+        location: String,
+        asked: String,
+        found: String,
+    },
     #[error("fetch {location}: {what}")]
     Fetch {
         location: String,

@@ -176,6 +176,28 @@ fn fetch_err(loc: &str, what: String) -> Error {
     }
 }
 
+/// What went wrong with a request, in words: "timed out after N s" for the client's timeouts,
+/// else the error and its causes (reqwest's own text stops at "error sending request").
+fn request_failed(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        return format!(
+            "request timed out after {} s without progress",
+            crate::http::READ_TIMEOUT.as_secs()
+        );
+    }
+    let mut what = format!("request failed: {e}");
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !what.contains(&t) {
+            what.push_str(": ");
+            what.push_str(&t);
+        }
+        cause = c.source();
+    }
+    what
+}
+
 fn retryable_err(loc: &str, what: String) -> Error {
     Error::Fetch {
         location: loc.to_string(),
@@ -194,7 +216,7 @@ fn http_open(url: &str, offset: u64) -> Result<Box<dyn Read + Send>> {
     }
     let resp = req
         .send()
-        .map_err(|e| retryable_err(url, format!("request failed: {e}")))?;
+        .map_err(|e| retryable_err(url, request_failed(&e)))?;
     let status = resp.status();
     match status.as_u16() {
         206 if offset > 0 => {
@@ -206,7 +228,11 @@ fn http_open(url: &str, offset: u64) -> Result<Box<dyn Read + Send>> {
                 .and_then(|v| v.split('-').next())
                 .and_then(|v| v.parse::<u64>().ok());
             if start != Some(offset) {
-                return Err(fetch_err(url, format!("asked for bytes from {offset}, server sent a range starting at {start:?}")));
+                let what = match start {
+                    Some(s) => format!("asked for bytes from {offset}, server sent a range starting at byte {s}"),
+                    None => format!("asked for bytes from {offset}, server answered 206 with {}", content_range_text(&resp)),
+                };
+                return Err(fetch_err(url, what));
             }
             Ok(Box::new(resp))
         }
@@ -223,20 +249,43 @@ fn http_open(url: &str, offset: u64) -> Result<Box<dyn Read + Send>> {
             Ok(r)
         }
         416 => Err(fetch_err(url, format!("server says offset {offset} is past the end of the file (416): the file is shorter than the manifest says"))),
-        s if s >= 500 || s == 408 || s == 429 => Err(retryable_err(url, format!("HTTP {status}"))),
-        _ => Err(fetch_err(url, format!("HTTP {status}"))),
+        _ => Err(status_err(url, &resp)),
     }
 }
 
-fn status_err(url: &str, status: reqwest::StatusCode) -> Error {
+/// The error for an answer that is not the file: 404/410 and refused redirects fail at once
+/// (no retry can fix them), 5xx, 408 and 429 are retried.
+fn status_err(url: &str, resp: &reqwest::blocking::Response) -> Error {
+    let status = resp.status();
     match status.as_u16() {
         404 | 410 => fetch_err(url, format!("HTTP {status}: the file is not on the server")),
         s if s >= 500 || s == 408 || s == 429 => retryable_err(url, format!("HTTP {status}")),
+        300..=399 => {
+            let to = resp
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+            fetch_err(
+                url,
+                match to {
+                    Some(to) => format!("HTTP {status}: redirect to '{to}' refused (only http and https redirects are followed, at most 10)"),
+                    None => format!("HTTP {status} without a Location to follow"),
+                },
+            )
+        }
         _ => fetch_err(url, format!("HTTP {status}")),
     }
 }
 
 /// `Content-Range: bytes A-B/T` → (A, T).
+/// The raw `Content-Range` header for messages: quoted, or "no Content-Range".
+fn content_range_text(resp: &reqwest::blocking::Response) -> String {
+    match resp.headers().get(reqwest::header::CONTENT_RANGE) {
+        Some(v) => format!("Content-Range '{}'", String::from_utf8_lossy(v.as_bytes())),
+        None => "no Content-Range".into(),
+    }
+}
+
 fn content_range(resp: &reqwest::blocking::Response) -> Option<(u64, Option<u64>)> {
     let v = resp
         .headers()
@@ -256,14 +305,17 @@ fn http_probe(url: &str) -> Result<Probe> {
         .get(url)
         .header(reqwest::header::RANGE, "bytes=0-0")
         .send()
-        .map_err(|e| retryable_err(url, format!("request failed: {e}")))?;
+        .map_err(|e| retryable_err(url, request_failed(&e)))?;
     let status = resp.status();
     match status.as_u16() {
         206 => match content_range(&resp) {
             Some((0, Some(size))) => Ok(Probe { size, ranges: true }),
             other => Err(fetch_err(
                 url,
-                format!("asked for byte 0, server answered 206 with Content-Range {other:?}"),
+                match other {
+                    Some((start, Some(total))) => format!("asked for byte 0, server answered 206 with bytes from {start} of {total}"),
+                    _ => format!("asked for byte 0, server answered 206 with {}", content_range_text(&resp)),
+                },
             )),
         },
         200 => match resp.content_length() {
@@ -281,7 +333,7 @@ fn http_probe(url: &str) -> Result<Probe> {
             size: 0,
             ranges: true,
         }),
-        _ => Err(status_err(url, status)),
+        _ => Err(status_err(url, &resp)),
     }
 }
 
@@ -295,14 +347,17 @@ fn http_range(url: &str, start: u64, stop: u64) -> Result<Box<dyn Read + Send>> 
             format!("bytes={start}-{}", stop - 1),
         )
         .send()
-        .map_err(|e| retryable_err(url, format!("request failed: {e}")))?;
+        .map_err(|e| retryable_err(url, request_failed(&e)))?;
     let status = resp.status();
     match status.as_u16() {
         206 => match content_range(&resp) {
             Some((s, _)) if s == start => Ok(Box::new(resp.take(stop - start))),
             other => Err(fetch_err(
                 url,
-                format!("asked for bytes {start}..{stop}, server sent Content-Range {other:?}"),
+                match other {
+                    Some((got, _)) => format!("asked for bytes {start}..{stop}, server sent a range starting at byte {got}"),
+                    None => format!("asked for bytes {start}..{stop}, server sent {}", content_range_text(&resp)),
+                },
             )),
         },
         200 => {
@@ -316,7 +371,7 @@ fn http_range(url: &str, start: u64, stop: u64) -> Result<Box<dyn Read + Send>> 
             Ok(Box::new(r.take(stop - start)))
         }
         416 => Err(fetch_err(url, format!("bytes {start}..{stop} are past the end of the file (416): it is shorter than the manifest says"))),
-        _ => Err(status_err(url, status)),
+        _ => Err(status_err(url, &resp)),
     }
 }
 

@@ -9,6 +9,8 @@ use std::sync::{Mutex, Once};
 use std::time::Duration;
 
 static PROVIDER: Once = Once::new();
+/// No progress on a connect, read or write for this long aborts the request.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// The client, built once: building one loads the platform's certificate verifier and starts
 /// the blocking client's runtime thread (tens of milliseconds), far too slow per range request
 /// of a chunked download; a shared client also keeps connections alive between requests.
@@ -45,7 +47,7 @@ fn build() -> Result<reqwest::blocking::Client, reqwest::Error> {
         reqwest::blocking::Client::builder()
             .connect_timeout(Duration::from_secs(20))
             // In the blocking client this bounds each connect, read and write, not the whole body.
-            .timeout(Duration::from_secs(60))
+            .timeout(READ_TIMEOUT)
             .user_agent(concat!("libupgrade/", env!("CARGO_PKG_VERSION")))
     };
     builder()

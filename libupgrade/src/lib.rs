@@ -6,16 +6,26 @@
 //! the bootloader fall back. This crate knows nothing of Kubernetes; `k3os-ops` is a thin
 //! binary on top of it.
 //!
-//! Modules: [`config`] (node configuration), [`manifest`] (what a release contains),
-//! [`signing`] (ed25519 release signatures), [`channel`] (release indexes, `latest`),
-//! [`release`] (creating releases), [`chunk`] (chunk indexes, delta and resumable transfer), [`fetch`] (reading releases from paths and URLs, resumable),
-//! [`layout`] (where slot bytes live: GPT partitions or k3OS-style files), [`state`] (the
-//! slot records and decision log), [`health`] (checks), [`updater`] (the state machine, a
-//! thin executor), [`stage`] (the fetch/verify/write pipeline), [`checkpoint`] (resumable
-//! downloads), [`assess`] (the pure boot-assessment core and its [`Verdict`]), [`confirm`]
-//! (its executor, on every boot), [`barrier`] (write barriers for power-cut tests), [`http`] (the HTTP client),
-//! [`retry`] (the one backoff policy of every transfer loop), [`slotfiles`] (the manifest and boot scripts kept per staged slot), [`bootscript`] (the
-//! pure decision which boot script an activation leaves installed).
+//! # Architecture
+//! One way through, per flow; decisions are pure functions, effects happen at the edges:
+//!
+//! - **Stage** ([`Updater::stage`] → [`stage`]): [`fetch`] reads the release ([`manifest`],
+//!   checked with [`signing`]; [`channel`] resolves which one) → `stage::verify` (signature,
+//!   manifest, arch, generation, space, then every file on the server) → `stage::plan` (pure:
+//!   per artifact done / chunked / stream) → the executors ([`chunk`] deltas, streamed
+//!   downloads with [`checkpoint`]s, all under [`retry`]) writing through [`layout`] → commit
+//!   ([`state`], [`slotfiles`]).
+//! - **Activate** ([`Updater::activate_awaiting`]): [`bootscript::decide`] (pure: which boot
+//!   script both slots read) → loader writes (`bootconfig`) → [`state`].
+//! - **Confirm** (every boot, [`confirm`]): [`health`] checks → [`assess`] (pure: state,
+//!   loader view, boot, checks → new state, loader operations, [`Verdict`]) → its effects.
+//! - **Publish** ([`release`]): create and sign a release, rebuild a channel's index.
+//!
+//! Below them: [`config`] (the node configuration), [`error`], [`http`] (the one HTTP client),
+//! [`barrier`] (named write barriers for power-cut tests), [`sqcheck`] (the squashfs check).
+//! Every format a node stores or reads (state file, manifest, chunk index, channel index, the
+//! loader's files) carries a version, reads every earlier one and refuses a newer one by
+//! name: see each module's docs and CHANGELOG.md.
 
 pub mod assess;
 pub mod barrier;

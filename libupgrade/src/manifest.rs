@@ -186,9 +186,16 @@ pub struct Manifest {
     pub boot: Option<BootSupport>,
 }
 
-/// A plain file name: no `/`, no `\\`, not `.` or `..`, not empty.
+/// A plain file name: no `/`, no `\\`, no control characters (NUL included), not `.` or
+/// `..`, not empty, at most 255 bytes.
 fn plain_name(p: &str) -> bool {
-    !(p.is_empty() || p.contains('/') || p.contains('\\') || p == "." || p == "..")
+    !(p.is_empty()
+        || p.len() > 255
+        || p.contains('/')
+        || p.contains('\\')
+        || p.chars().any(char::is_control)
+        || p == "."
+        || p == "..")
 }
 
 fn hex64(s: &str) -> bool {
@@ -407,6 +414,16 @@ mod tests {
                 initrd: e("initrd"),
             },
             boot: None,
+        }
+    }
+
+    #[test]
+    fn file_names_with_control_characters_are_refused() {
+        for bad in ["root\0fs", "a\nb", &"x".repeat(256)] {
+            let mut m = sample();
+            m.files.kernel.path = bad.to_string();
+            let e = Manifest::parse(&m.to_bytes()).unwrap_err().to_string();
+            assert!(e.contains("files.kernel.path"), "{bad:?}: {e}");
         }
     }
 

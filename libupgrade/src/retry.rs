@@ -2,14 +2,16 @@
 //! and chunked artifact downloads): a transient failure — a retryable [`Error::Fetch`] such as
 //! a dropped connection or a 5xx — is retried after a delay that starts at the stage's
 //! `retry_delay` and doubles up to [`MAX_DELAY`], at most `limit` times in a row; bytes that
-//! arrive reset both (a slow but moving download never gives up on a count).
+//! arrive reset both (a slow but moving download never gives up on a count). A stage attempt
+//! also has an overall deadline (`--retry-for`): no retry starts that would wait past it. When
+//! a loop gives up, [`Backoff::gave_up`] says after how many attempts and how long.
 //!
 //! A small module rather than `backon`/`backoff`: the loops need "reset on progress" in the
 //! middle of a read loop and keep their own resumable position, which those crates' closure
 //! retry shapes do not fit without a second state machine beside theirs; the policy itself is
 //! these few lines, and one place to change it (bounded retrieval builds on it).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
@@ -23,6 +25,10 @@ pub struct Backoff {
     delay: Duration,
     failures: u32,
     limit: u32,
+    started: Instant,
+    deadline: Option<Instant>,
+    /// Gave up because the next wait would pass the deadline.
+    out_of_time: bool,
 }
 
 impl Backoff {
@@ -33,6 +39,32 @@ impl Backoff {
             delay: first,
             failures: 0,
             limit,
+            started: Instant::now(),
+            deadline: None,
+            out_of_time: false,
+        }
+    }
+
+    /// Start no retry whose wait would end after `deadline` (None: no deadline).
+    pub fn until(mut self, deadline: Option<Instant>) -> Backoff {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Why the loop stops, for its final error: `what` went wrong last, after how many
+    /// attempts in a row and how long since the loop started.
+    pub fn gave_up(&self, what: &str) -> String {
+        let secs = self.started.elapsed().as_secs();
+        if self.out_of_time {
+            format!(
+                "{what}; gave up after {} attempts and {secs} s: the next retry would pass the stage's deadline (--retry-for)",
+                self.failures
+            )
+        } else {
+            format!(
+                "{what}; gave up after {} attempts in a row over {secs} s",
+                self.failures
+            )
         }
     }
 
@@ -44,6 +76,10 @@ impl Backoff {
             return None;
         }
         let d = self.delay;
+        if self.deadline.is_some_and(|end| Instant::now() + d > end) {
+            self.out_of_time = true;
+            return None;
+        }
         self.delay = (self.delay * 2).min(MAX_DELAY);
         Some(d)
     }
@@ -85,7 +121,15 @@ pub fn retrying<T>(mut backoff: Backoff, mut f: impl FnMut() -> Result<T>) -> Re
                 retryable: true,
                 location,
                 what,
-            }) if backoff.wait(&location, &what) => continue,
+            }) => {
+                if !backoff.wait(&location, &what) {
+                    return Err(Error::Fetch {
+                        what: backoff.gave_up(&what),
+                        location,
+                        retryable: true,
+                    });
+                }
+            }
             r => return r,
         }
     }
@@ -111,6 +155,20 @@ mod tests {
     }
 
     #[test]
+    fn no_retry_starts_that_would_end_past_the_deadline() {
+        let mut b = Backoff::new(Duration::from_secs(4), 100)
+            .until(Some(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(b.failed(), Some(Duration::from_secs(4)));
+        assert_eq!(b.failed(), Some(Duration::from_secs(8)));
+        assert_eq!(
+            b.failed(),
+            None,
+            "a 16 s wait would end past the 10 s deadline"
+        );
+        assert!(b.gave_up("HTTP 500").contains("deadline (--retry-for)"));
+    }
+
+    #[test]
     fn retrying_retries_only_transient_fetch_errors() {
         let mut calls = 0;
         let r: Result<()> = retrying(Backoff::new(Duration::ZERO, 2), || {
@@ -121,8 +179,12 @@ mod tests {
                 retryable: true,
             })
         });
-        assert!(r.is_err());
+        let e = r.unwrap_err().to_string();
         assert_eq!(calls, 3, "the first attempt and two retries");
+        assert!(
+            e.contains("dropped; gave up after 3 attempts in a row"),
+            "{e}"
+        );
         let mut calls = 0;
         let r: Result<()> = retrying(Backoff::new(Duration::ZERO, 2), || {
             calls += 1;

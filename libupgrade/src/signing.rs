@@ -240,11 +240,23 @@ pub fn trusted_keys(trust_dir: &Path) -> Result<Vec<(KeyId, PathBuf, VerifyingKe
     }
     paths.sort();
     let mut keys = Vec::with_capacity(paths.len());
+    let mut first_bad = None;
     for p in paths {
-        let k = load_public_key(&p)?;
-        keys.push((KeyId::of(&k), p, k));
+        match load_public_key(&p) {
+            Ok(k) => keys.push((KeyId::of(&k), p, k)),
+            // One bad file (empty, garbage, a half-copied key) must not block every update
+            // while good keys remain: reported and skipped. With no good key left, the first
+            // bad file's error says what is wrong.
+            Err(e) => {
+                log::warn!("trust dir: skipping {}: {e}", p.display());
+                first_bad.get_or_insert(e);
+            }
+        }
     }
-    Ok(keys)
+    match first_bad {
+        Some(e) if keys.is_empty() => Err(e),
+        _ => Ok(keys),
+    }
 }
 
 /// Check the detached signature `sig_file` over `manifest_bytes` against the keys in `trust_dir`.
@@ -328,6 +340,21 @@ mod tests {
         fs::create_dir(&trust).unwrap();
         fs::copy(&pk, trust.join("release.pub")).unwrap();
         (t, sk, trust)
+    }
+
+    #[test]
+    fn a_bad_file_in_the_trust_dir_is_skipped_while_good_keys_remain() {
+        let (_t, sk, trust) = setup();
+        let sig = sign(MANIFEST, &sk).unwrap();
+        fs::write(trust.join("empty.pub"), b"").unwrap();
+        fs::write(trust.join("garbage.pub"), [0xff, 0xfe, 0x00, 0x01]).unwrap();
+        verify(MANIFEST, &sig, &trust).expect("the good key still verifies");
+        fs::remove_file(trust.join("release.pub")).unwrap();
+        let e = verify(MANIFEST, &sig, &trust).unwrap_err().to_string();
+        assert!(
+            e.contains("empty.pub"),
+            "with no good key the bad file is named: {e}"
+        );
     }
 
     #[test]
@@ -478,7 +505,10 @@ mod tests {
 
     #[test]
     fn broken_key_in_trust_dir_named() {
+        // The only key is broken (with a good key beside it, it is skipped: see
+        // a_bad_file_in_the_trust_dir_is_skipped_while_good_keys_remain).
         let (_t, sk, trust) = setup();
+        fs::remove_file(trust.join("release.pub")).unwrap();
         fs::write(
             trust.join("broken.pub"),
             "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n",

@@ -157,7 +157,6 @@ impl Updater {
                 rec.generation = generation;
                 st.transition(
                     b,
-                    SlotState::Good,
                     Event::Bootstrap,
                     format!(
                         "first run: slot {b} is the installed system (from {})",
@@ -225,6 +224,7 @@ impl Updater {
             layout: self.layout.as_ref(),
             boot: self.boot.as_ref(),
             store: &self.store,
+            deadline: opts.retry_for.map(|d| std::time::Instant::now() + d),
         }
         .stage(booted, st, source, opts, progress)
     }
@@ -275,10 +275,7 @@ impl Updater {
             .as_ref()
             .map(|(kind, v, _)| format!("; installs its {kind} version {v}"))
             .unwrap_or_default();
-        st.transition(
-            slot,
-            SlotState::Trying,
-            Event::Activated,
+        st.transition(slot, Event::Activated,
             format!("{} will try slot {slot} {tries} time(s) from the next boot; slot {booted} is the fallback{note}", self.boot.name()),
         );
         st.activation = Some(Activation {
@@ -344,7 +341,6 @@ impl Updater {
         crate::barrier::hit("rollback:booted-bad");
         st.transition(
             booted,
-            SlotState::Bad,
             Event::RolledBack,
             format!("rolled back to slot {other}: {reason}"),
         );
@@ -362,7 +358,7 @@ impl Updater {
         let mut st = self.load(Some(booted))?;
         self.boot.mark_bad(slot)?;
         crate::barrier::hit("mark-bad:bootloader");
-        st.transition(slot, SlotState::Bad, Event::MarkedBad, reason.to_string());
+        st.transition(slot, Event::MarkedBad, reason.to_string());
         if st.activation.as_ref().is_some_and(|a| a.slot == slot) {
             st.activation = None;
         }

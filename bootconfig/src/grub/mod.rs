@@ -7,7 +7,7 @@
 //!   activation whose release carries a newer script ([`GrubBootloader::install_script`]). How
 //!   versions are read, migrated and rolled out: [`version`].
 //! - `k3os/env1`, `k3os/env2`: two copies of the boot state, each a 1024-byte GRUB environment
-//!   block ([`crate::grubenv`]) with `K3OS_PRIMARY=A|B`, `K3OS_A=good|try|bad`,
+//!   block ([`env`](mod@env)) with `K3OS_PRIMARY=A|B`, `K3OS_A=good|try|bad`,
 //!   `K3OS_A_TRIES=0..=max`, `K3OS_B`, `K3OS_B_TRIES`, and the copy's integrity check
 //!   `K3OS_CHECK`: those five values again, joined with `:` (e.g. `B:good:0:try:3`).
 //! - `k3os/lock1`, `k3os/lock2`: one marker per copy, a block holding `K3OS_EDITING=0|1`.
@@ -73,6 +73,7 @@
 
 use crate::Slot;
 
+pub mod env;
 mod model;
 mod script;
 pub mod version;

@@ -5,13 +5,13 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use super::env::{grub_load, grub_set_in_place, GrubEnv, Loaded, ENV_SIZE};
 use super::version::{installed, GrubScript};
 use super::{
     check_value, env_var_names, state_var, tries_var, ENV_DIR, GOOD_FILE, VAR_CHECK, VAR_EDITING,
     VAR_GOOD, VAR_GOOD_AGAIN, VAR_PRIMARY,
 };
 use crate::atomic::WriteOp;
-use crate::grubenv::{grub_load, grub_set_in_place, GrubEnv, Loaded, ENV_SIZE};
 use crate::{BootEnv, Damage, Error, Integrity, Result, Slot, SlotBoot};
 
 /// Where the script took the state from (its `k3os_copy` variable prints the same words).

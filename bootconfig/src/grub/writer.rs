@@ -3,13 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
+use super::env::{GrubEnv, ENV_SIZE};
 use super::model::{env_block, good_block, read_opt, simulate_boot, BootSim, EnvSource};
 use super::version::{installed, GrubScript, CFG_FILE};
 use super::{ENV_DIR, GOOD_FILE, MAX_TRIES_MARKER, MENU_MARKER, VAR_EDITING};
 use crate::atomic::WriteOp;
-use crate::grubenv::{GrubEnv, ENV_SIZE};
 use crate::{
-    BootEnv, Bootloader, Error, Integrity, Result, ScriptInfo, ScriptKind, Slot, SlotBoot,
+    BootEnv, Bootloader, Error, Integrity, Planned, Result, ScriptInfo, ScriptKind, Slot, SlotBoot,
 };
 
 /// The slot the last-good record should name after a write of `new`, when it named `current`:
@@ -51,7 +51,7 @@ impl GrubBootloader {
     /// `k3os/` directory if needed. Tries above `max_tries` are clamped.
     pub fn install(&self, initial: &BootEnv) -> Result<()> {
         self.create_env_dir()?;
-        self.commit(&self.clamp(initial.clone()))
+        self.commit(initial)
     }
 
     fn clamp(&self, env: BootEnv) -> BootEnv {
@@ -68,9 +68,7 @@ impl GrubBootloader {
     /// Returns whether anything was written.
     pub fn install_script(&self, cfg_text: &str) -> Result<bool> {
         let ops = self.plan_install_script(cfg_text)?;
-        for op in &ops {
-            op.apply()?;
-        }
+        crate::atomic::apply_all(&ops)?;
         Ok(!ops.is_empty())
     }
 
@@ -99,10 +97,7 @@ impl GrubBootloader {
         self.create_env_dir()?;
         let path = self.grub_dir.join(CFG_FILE);
         check_is_cfg(&path, cfg_text)?;
-        for op in self.plan_with_script(initial, &path, cfg_text)? {
-            op.apply()?;
-        }
-        Ok(())
+        crate::atomic::apply_all(&self.plan_with_script(initial, &path, cfg_text)?)
     }
 
     fn plan_with_script(&self, env: &BootEnv, path: &Path, cfg_text: &str) -> Result<Vec<WriteOp>> {
@@ -286,18 +281,14 @@ impl GrubBootloader {
         }
         Ok(ops)
     }
+}
 
-    fn commit(&self, new: &BootEnv) -> Result<()> {
-        for op in self.plan(new)? {
-            op.apply()?;
-        }
-        Ok(())
+impl Planned for GrubBootloader {
+    fn plan_writes(&self, new: &BootEnv) -> Result<Vec<WriteOp>> {
+        self.plan(new)
     }
-
-    fn update(&self, f: impl FnOnce(&mut BootEnv)) -> Result<()> {
-        let mut env = self.read()?;
-        f(&mut env);
-        self.commit(&self.clamp(env))
+    fn accept(&self, env: BootEnv) -> BootEnv {
+        self.clamp(env)
     }
 }
 

@@ -100,23 +100,28 @@ impl Adv {
         }
         let mut tmp = [0u8; ADV_LEN];
         tmp.copy_from_slice(&self.0[8..8 + ADV_LEN]);
-        let mut left = ADV_LEN;
+        // `left`: room from `p` on; `rleft`: bytes from `p` on still to read. A deleted item
+        // moves the rest down and leaves stale bytes at the end, which are not read again
+        // (syslinux_setadv's `rleft`).
+        let (mut left, mut rleft) = (ADV_LEN, ADV_LEN);
         let mut p = 0;
-        while left >= 2 {
+        while rleft >= 2 {
             let (ptag, plen) = (tmp[p], tmp[p + 1] as usize + 2);
             if ptag == 0 {
                 break;
             }
             if ptag == tag {
-                if plen >= left {
+                if plen >= rleft {
                     break;
                 }
-                tmp.copy_within(p + plen..p + left, p);
+                tmp.copy_within(p + plen..p + rleft, p);
+                rleft -= plen;
             } else {
-                if plen > left {
+                if plen > rleft {
                     break;
                 }
                 left -= plen;
+                rleft -= plen;
                 p += plen;
             }
         }
@@ -144,5 +149,45 @@ impl Adv {
         let d = self.get(ADV_BOOTONCE)?;
         let s = String::from_utf8_lossy(d);
         s.split_whitespace().next().map(str::to_string)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An ADV whose items fill the whole data area, the last item's data ending in `tail`.
+    fn full(tail: [u8; 3]) -> Adv {
+        let mut area = vec![ADV_BOOTONCE, 1, b'a', 2, 252];
+        area.extend([0xaa; 252]);
+        area.extend([3, 241]);
+        area.extend([0xbb; 238]);
+        area.extend(tail);
+        assert_eq!(area.len(), ADV_LEN);
+        let mut a = Adv([0; 2 * ADV_SIZE]);
+        a.0[8..8 + ADV_LEN].copy_from_slice(&area);
+        a.seal();
+        a
+    }
+
+    #[test]
+    fn set_in_a_full_adv_reads_only_what_is_left_like_syslinux_setadv() {
+        // Deleting the old boot-once moves the other items down; the bytes left behind at the
+        // end are stale copies and must not be read as items (syslinux_setadv counts them
+        // out with `rleft`): here they would take the room the new record needs.
+        let mut a = full([5, 0, 0]);
+        a.set(ADV_BOOTONCE, b"b").expect("syslinux_setadv fits it");
+        let mut want = vec![2, 252];
+        want.extend([0xaa; 252]);
+        want.extend([3, 241]);
+        want.extend([0xbb; 238]);
+        want.extend([5, 0, 0]);
+        want.extend([ADV_BOOTONCE, 1, b'b']);
+        assert_eq!(&a.0[8..8 + ADV_LEN], &want[..]);
+        // Clearing the boot-once zeroes the stale tail instead of keeping it as an item.
+        let mut a = full([5, 0, 0]);
+        a.set(ADV_BOOTONCE, b"").unwrap();
+        assert_eq!(&a.0[8 + ADV_LEN - 3..8 + ADV_LEN], &[0, 0, 0]);
+        assert_eq!(a.get(5), None, "no item made of stale bytes");
     }
 }

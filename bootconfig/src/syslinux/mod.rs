@@ -57,7 +57,8 @@ use std::path::{Path, PathBuf};
 use crate::atomic::WriteOp;
 pub use crate::BootEntry;
 use crate::{
-    BootEnv, Bootloader, Damage, Error, Integrity, Result, ScriptInfo, ScriptKind, Slot, SlotBoot,
+    BootEnv, Bootloader, Damage, Error, Integrity, Planned, Result, ScriptInfo, ScriptKind, Slot,
+    SlotBoot,
 };
 
 mod adv;
@@ -234,18 +235,11 @@ impl SyslinuxBootloader {
             conf_ops.into_iter().chain(adv_ops).collect()
         })
     }
+}
 
-    fn commit(&self, new: &BootEnv) -> Result<()> {
-        for op in self.plan(new)? {
-            op.apply()?;
-        }
-        Ok(())
-    }
-
-    fn update(&self, f: impl FnOnce(&mut BootEnv)) -> Result<()> {
-        let mut env = self.read()?;
-        f(&mut env);
-        self.commit(&env)
+impl Planned for SyslinuxBootloader {
+    fn plan_writes(&self, new: &BootEnv) -> Result<Vec<WriteOp>> {
+        self.plan(new)
     }
 }
 

@@ -14,7 +14,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::local::LocalFile;
 use super::plan::{Action, Plan};
-use super::rate::{Limited, RateLimit};
+use super::rate::{Limited, MinRate, RateLimit, Watched};
 use super::ChunkIndex;
 use crate::error::{Error, Result};
 use crate::manifest::Artifact;
@@ -52,6 +52,10 @@ pub struct ApplyOptions<'a> {
     pub retries: u32,
     pub retry_delay: Duration,
     pub limit: Option<&'a RateLimit>,
+    /// No retry starts that would wait past it (the stage's `--retry-for`).
+    pub deadline: Option<Instant>,
+    /// Responses slower than this are cut and re-requested.
+    pub min_rate: Option<MinRate>,
 }
 
 /// What one [`apply`] did.
@@ -82,7 +86,7 @@ pub fn apply(
     let mut buf = vec![0u8; index.params.max as usize];
     let mut stream: Option<(usize, Box<dyn Read + Send + '_>)> = None;
     let mut last_sync = Instant::now();
-    let mut backoff = Backoff::new(opts.retry_delay, opts.retries);
+    let mut backoff = Backoff::new(opts.retry_delay, opts.retries).until(opts.deadline);
     let loc = remote.location();
     for (i, c) in index.chunks.iter().enumerate() {
         let data = &mut buf[..c.len as usize];
@@ -127,7 +131,13 @@ pub fn apply(
                         match remote.open_range(c.offset, range.stop) {
                             Ok(s) => {
                                 t.requests += 1;
-                                stream = Some((r, Box::new(Limited::new(s, opts.limit))));
+                                stream = Some((
+                                    r,
+                                    Box::new(Limited::new(
+                                        Watched::new(s, opts.min_rate),
+                                        opts.limit,
+                                    )),
+                                ));
                             }
                             Err(Error::Fetch {
                                 retryable: true,
@@ -139,7 +149,7 @@ pub fn apply(
                                 }
                                 return Err(Error::Fetch {
                                     retryable: true,
-                                    what,
+                                    what: backoff.gave_up(&what),
                                     location,
                                 });
                             }
@@ -159,7 +169,10 @@ pub fn apply(
                             let Some(delay) = backoff.failed() else {
                                 return Err(Error::Fetch {
                                     location: loc,
-                                    what: format!("{what}; gave up after {} attempts (a later run keeps every chunk already written)", backoff.failures()),
+                                    what: format!(
+                                        "{} (a later run keeps every chunk already written)",
+                                        backoff.gave_up(&what)
+                                    ),
                                     retryable: true,
                                 });
                             };
@@ -319,6 +332,8 @@ mod tests {
             retries: 3,
             retry_delay: Duration::from_millis(1),
             limit: None,
+            deadline: None,
+            min_rate: None,
         }
     }
 

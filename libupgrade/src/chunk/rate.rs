@@ -1,6 +1,11 @@
 //! A bandwidth cap for downloads (`--max-rate`): remote sites share a thin link with
 //! production traffic. A token bucket with one second of burst; every network read of a stage
 //! (chunk ranges and whole-file streams) passes through the same limiter.
+//!
+//! And its floor ([`MinRate`], TUF's slow-retrieval attack): a response that delivers fewer
+//! than `bytes_per_sec` over a whole window is cut with a timed-out error, which the transfer
+//! loops retry like a dropped connection (resuming where it stopped). A complete stall is cut
+//! by the HTTP client's 60 s read timeout; this rule catches the trickle that never stalls.
 
 use std::io::{self, Read};
 use std::sync::Mutex;
@@ -75,9 +80,101 @@ impl<R: Read> Read for Limited<'_, R> {
     }
 }
 
+/// The slowest a response may be over a whole window before it is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MinRate {
+    pub bytes_per_sec: u64,
+    pub window: Duration,
+}
+
+impl MinRate {
+    /// A few hundred bytes per second over a minute: far below any link worth using, far above
+    /// a server holding the node hostage.
+    pub const DEFAULT: MinRate = MinRate {
+        bytes_per_sec: 256,
+        window: Duration::from_secs(60),
+    };
+}
+
+/// A reader cut when it falls below a [`MinRate`] over a window (no rule: passes through).
+pub struct Watched<R> {
+    inner: R,
+    rule: Option<MinRate>,
+    since: Instant,
+    got: u64,
+}
+
+impl<R: Read> Watched<R> {
+    pub fn new(inner: R, rule: Option<MinRate>) -> Self {
+        Watched {
+            inner,
+            rule,
+            since: Instant::now(),
+            got: 0,
+        }
+    }
+}
+
+impl<R: Read> Read for Watched<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let Some(rule) = self.rule else {
+            return Ok(n);
+        };
+        self.got += n as u64;
+        let elapsed = self.since.elapsed();
+        if elapsed >= rule.window {
+            let want = rule.bytes_per_sec as f64 * elapsed.as_secs_f64();
+            if (self.got as f64) < want {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "timed out: {} bytes in {} s, slower than the minimum rate of {} bytes/s (--min-rate)",
+                        self.got,
+                        elapsed.as_secs(),
+                        rule.bytes_per_sec
+                    ),
+                ));
+            }
+            self.since = Instant::now();
+            self.got = 0;
+        }
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Yields one byte per read, `gap` apart.
+    struct Trickle(Duration);
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            std::thread::sleep(self.0);
+            buf[0] = 0;
+            Ok(1)
+        }
+    }
+
+    #[test]
+    fn a_trickle_below_the_minimum_rate_is_cut_once_a_window_passed() {
+        let rule = MinRate {
+            bytes_per_sec: 100,
+            window: Duration::from_millis(300),
+        };
+        let t = Instant::now();
+        let mut r = Watched::new(Trickle(Duration::from_millis(20)), Some(rule));
+        let e = io::copy(&mut r, &mut io::sink()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("minimum rate of 100 bytes/s"), "{e}");
+        assert!(t.elapsed() >= rule.window && t.elapsed() < rule.window * 3);
+        // Fast enough: never cut.
+        let data = vec![0u8; 1 << 20];
+        let mut r = Watched::new(&data[..], Some(rule));
+        assert_eq!(io::copy(&mut r, &mut io::sink()).unwrap(), 1 << 20);
+    }
 
     #[test]
     fn caps_the_rate_after_one_second_of_burst() {

@@ -82,6 +82,8 @@ impl Stager<'_> {
                 retries: self.cfg.download_retries,
                 retry_delay: run.opts.retry_delay,
                 limit: run.limit,
+                deadline: self.deadline,
+                min_rate: run.opts.min_rate_rule(),
             },
             &Counted(run.progress),
         );

@@ -19,9 +19,9 @@
 //! resuming from the checkpointed position as before.
 //!
 //! [`Updater::stage`](crate::Updater::stage) finds the booted slot and loads the state, then
-//! runs a [`Stager`] borrowing the updater's parts. One way through it: [`verify`] (the
-//! release, then the server) → [`plan`] (pure: what to write, how) → the executors
-//! ([`chunked`], [`stream`]) → commit. Retries everywhere follow [`crate::retry`].
+//! runs a `Stager` borrowing the updater's parts. One way through it: `verify` (the
+//! release, then the server) → `plan` (pure: what to write, how) → the executors
+//! (`chunked`, `stream`) → commit. Retries everywhere follow [`crate::retry`].
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Partial;
+pub use crate::chunk::rate::MinRate;
 use crate::chunk::rate::RateLimit;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -40,7 +41,7 @@ use crate::layout::Layout;
 use crate::manifest::{Artifact, Manifest};
 use crate::state::store::StateStore;
 use crate::state::TransferStats;
-use crate::state::{Event, SlotState, State};
+use crate::state::{Event, State};
 
 mod chunked;
 mod plan;
@@ -85,6 +86,31 @@ pub struct StageOptions {
     pub retry_delay: Duration,
     /// Cap on download bandwidth, bytes per second (None: as fast as the link allows).
     pub max_rate: Option<u64>,
+    /// The version asked for (a channel's entry, `upgrade --version`): the signed manifest
+    /// must name exactly it, so a channel or mirror cannot hand over another signed release.
+    pub expect_version: Option<String>,
+    /// How long one stage attempt keeps retrying transient failures (None: for ever, only
+    /// when asked); the final error names the URL, the last error, the attempts and the time.
+    pub retry_for: Option<Duration>,
+    /// Responses slower than this over a whole window are cut and retried (None: no floor;
+    /// lowered to half of `max_rate` when a cap is set).
+    pub min_rate: Option<MinRate>,
+}
+
+/// `StageOptions::retry_for`'s default: a few hours, what a thin link may need to come back.
+pub const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(6 * 3600);
+
+impl StageOptions {
+    /// The minimum-rate rule in force: never above half the bandwidth cap.
+    pub fn min_rate_rule(&self) -> Option<MinRate> {
+        self.min_rate.map(|r| match self.max_rate {
+            Some(cap) => MinRate {
+                bytes_per_sec: r.bytes_per_sec.min(cap / 2),
+                ..r
+            },
+            None => r,
+        })
+    }
 }
 
 impl Default for StageOptions {
@@ -94,6 +120,9 @@ impl Default for StageOptions {
             trust_dir: None,
             retry_delay: Duration::from_secs(1),
             max_rate: None,
+            expect_version: None,
+            retry_for: Some(DEFAULT_RETRY_FOR),
+            min_rate: Some(MinRate::DEFAULT),
         }
     }
 }
@@ -128,13 +157,15 @@ pub(crate) struct Stager<'a> {
     pub layout: &'a dyn Layout,
     pub boot: &'a dyn Bootloader,
     pub store: &'a StateStore,
+    /// When this stage attempt stops retrying (`StageOptions::retry_for` from its start).
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Stager<'_> {
     /// Fetch, verify and write the release at `source` into the slot that is not `booted`;
     /// `st` is the state as loaded for this boot. Verify, plan, execute, commit: everything
-    /// about the release is checked before a byte is written ([`verify`]), the writes are
-    /// decided once ([`plan`]) and carried out per artifact by its executor.
+    /// about the release is checked before a byte is written (`verify`), the writes are
+    /// decided once (`plan`) and carried out per artifact by its executor.
     pub fn stage(
         &self,
         booted: Slot,
@@ -196,7 +227,6 @@ impl Stager<'_> {
         rec.manifest_sha256 = Some(v.sha256.clone());
         st.transition(
             target,
-            SlotState::Invalid,
             Event::StageStarted,
             format!(
                 "writing {} (generation {}) from {}, signed by {}",
@@ -308,7 +338,6 @@ impl Stager<'_> {
         st.slot_mut(target).transfer = Some(stats);
         st.transition(
             target,
-            SlotState::Staged,
             Event::Staged,
             format!(
                 "{} (generation {}) written and verified{}; {} fetched, {} reused of {}",

@@ -9,12 +9,11 @@ use sha2::{Digest, Sha256};
 
 use super::{Run, Stager, BUF};
 use crate::checkpoint::{self, Partial};
-use crate::chunk::rate::Limited;
+use crate::chunk::rate::{Limited, Watched};
 use crate::error::{Error, Result};
 use crate::fetch::Source;
 use crate::layout::Target;
 use crate::manifest::Artifact;
-use crate::retry::Backoff;
 
 impl Stager<'_> {
     /// Stream artifact `a` into the target slot from byte `resume_at`; returns the bytes
@@ -48,7 +47,7 @@ impl Stager<'_> {
             .begin(&format!("{a} ({})", entry.path), size, pos);
         let is_local = matches!(run.source, Source::Path(_));
         let mut buf = vec![0u8; BUF];
-        let mut backoff = Backoff::new(run.opts.retry_delay, self.cfg.download_retries);
+        let mut backoff = self.backoff(run.opts);
         let mut ckpt = (pos, std::time::Instant::now());
         let start = pos;
         let mut last_err = String::new();
@@ -66,7 +65,7 @@ impl Stager<'_> {
                     }
                     return Err(Error::Fetch {
                         retryable: true,
-                        what,
+                        what: backoff.gave_up(&what),
                         location,
                     });
                 }
@@ -81,13 +80,8 @@ impl Stager<'_> {
                 size,
                 ckpt,
             };
-            if let Some(e) = self.pump(
-                run,
-                &mut w,
-                &mut Limited::new(&mut r, run.limit),
-                a,
-                partial,
-            )? {
+            let mut r = Limited::new(Watched::new(&mut r, run.opts.min_rate_rule()), run.limit);
+            if let Some(e) = self.pump(run, &mut w, &mut r, a, partial)? {
                 last_err = e;
             }
             (pos, ckpt) = (w.pos, w.ckpt);
@@ -113,7 +107,10 @@ impl Stager<'_> {
                 self.checkpoint(&target, partial, a, pos)?;
                 return Err(Error::Fetch {
                     location: loc,
-                    what: format!("{last_err}; gave up after {} attempts (progress kept, a later run resumes at byte {pos})", backoff.failures()),
+                    what: format!(
+                        "{} (progress kept, a later run resumes at byte {pos})",
+                        backoff.gave_up(&last_err)
+                    ),
                     retryable: true,
                 });
             };

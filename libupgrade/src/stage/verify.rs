@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::fetch::Source;
 use crate::manifest::{Arch, Artifact, Manifest, ScriptFile, MANIFEST_FILE, SIGNATURE_FILE};
 use crate::retry::{retrying, Backoff};
-use crate::state::State;
+use crate::state::{SlotState, State};
 use bootconfig::Slot;
 
 /// A release whose signature, manifest, architecture, generation and size were checked.
@@ -39,10 +39,49 @@ impl Preflight {
     }
 }
 
+/// The generation floor: never older than the running release, nor than a release already
+/// staged (or on trial) in the target slot; the running generation again only as the very
+/// same build (its manifest's sha256), since one generation names one build.
+fn check_generation(st: &State, booted: Slot, m: &Manifest, sha256: &str) -> Result<()> {
+    let running = st.slot(booted);
+    if let Some(installed) = running.generation {
+        if m.generation < installed {
+            return Err(Error::Downgrade {
+                version: m.version.clone(),
+                found: m.generation,
+                installed,
+            });
+        }
+        if m.generation == installed {
+            if let Some(r) = running.manifest_sha256.as_deref().filter(|r| *r != sha256) {
+                return Err(Error::SameGenerationOtherBuild {
+                    version: m.version.clone(),
+                    generation: installed,
+                    found: sha256.to_string(),
+                    running: r.to_string(),
+                });
+            }
+        }
+    }
+    let target = st.slot(booted.other());
+    if let (SlotState::Staged | SlotState::Trying, Some(staged)) = (target.state, target.generation)
+    {
+        if m.generation < staged {
+            return Err(Error::OlderThanStaged {
+                version: m.version.clone(),
+                found: m.generation,
+                staged,
+                slot: booted.other(),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Stager<'_> {
     /// The one backoff policy for this stage's transfers.
     pub(super) fn backoff(&self, opts: &StageOptions) -> Backoff {
-        Backoff::new(opts.retry_delay, self.cfg.download_retries)
+        Backoff::new(opts.retry_delay, self.cfg.download_retries).until(self.deadline)
     }
 
     /// Read and check the release at `source` for the slot that is not `booted`.
@@ -55,12 +94,13 @@ impl Stager<'_> {
     ) -> Result<Verified> {
         let target = booted.other();
         let mloc = source.location(MANIFEST_FILE);
-        let mbytes = source.read_small(MANIFEST_FILE)?;
-        let sig = source
-            .read_small(SIGNATURE_FILE)
-            .map_err(|e| Error::Signature {
-                location: mloc.clone(),
-                what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
+        let mbytes = retrying(self.backoff(opts), || source.read_small(MANIFEST_FILE))?;
+        let sig =
+            retrying(self.backoff(opts), || source.read_small(SIGNATURE_FILE)).map_err(|e| {
+                Error::Signature {
+                    location: mloc.clone(),
+                    what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
+                }
             })?;
         let trust = opts.trust_dir.as_deref().unwrap_or(&self.cfg.trust_dir);
         let key = crate::signing::verify(&mbytes, &sig, trust).map_err(|e| Error::Signature {
@@ -77,18 +117,22 @@ impl Stager<'_> {
                 location: mloc.clone(),
                 source,
             })?;
-        if let Some(installed) = st.slot(booted).generation {
-            if manifest.generation < installed && !opts.allow_downgrade {
-                return Err(Error::Downgrade {
-                    version: manifest.version.clone(),
-                    found: manifest.generation,
-                    installed,
+        if let Some(want) = &opts.expect_version {
+            if manifest.version != *want {
+                return Err(Error::VersionMismatch {
+                    location: mloc,
+                    asked: want.clone(),
+                    found: manifest.version,
                 });
             }
         }
+        let sha256 = sha256_hex(&mbytes);
+        if !opts.allow_downgrade {
+            check_generation(st, booted, &manifest, &sha256)?;
+        }
         self.check_space(target, &manifest)?;
         Ok(Verified {
-            sha256: sha256_hex(&mbytes),
+            sha256,
             bytes: mbytes,
             manifest,
             key: key.to_string(),

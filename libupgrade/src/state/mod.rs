@@ -117,6 +117,29 @@ pub enum Event {
     Booted,
 }
 
+impl Event {
+    /// The edge of the slot lifecycle this event is: the state it moves a slot to and the
+    /// states it may leave. `None` for events that only log ([`Event::StageFailed`],
+    /// [`Event::Booted`]): they never change a slot's state.
+    pub fn edge(self) -> Option<(SlotState, &'static [SlotState])> {
+        use SlotState::*;
+        const ANY: &[SlotState] = &[Empty, Invalid, Staged, Trying, Good, Bad];
+        const NOT_GOOD: &[SlotState] = &[Empty, Invalid, Staged, Trying, Bad];
+        Some(match self {
+            Event::Bootstrap => (Good, &[Empty]),
+            Event::StageStarted => (Invalid, ANY),
+            Event::Staged => (Staged, &[Invalid]),
+            Event::Activated => (Trying, &[Staged, Good]),
+            Event::Confirmed => (Good, NOT_GOOD),
+            Event::HealthFailed => (Bad, NOT_GOOD),
+            Event::FallbackTaken => (Bad, &[Trying]),
+            Event::ActivationLost => (Staged, &[Trying]),
+            Event::RolledBack | Event::MarkedBad => (Bad, ANY),
+            Event::StageFailed | Event::Booted => return None,
+        })
+    }
+}
+
 /// A logged decision: when, about which slot and generation, what and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
@@ -179,8 +202,24 @@ impl State {
     }
 
     /// Set a slot's state and log why.
-    pub fn transition(&mut self, s: Slot, state: SlotState, event: Event, why: impl Into<String>) {
+    pub fn transition(&mut self, s: Slot, event: Event, why: impl Into<String>) {
         let rec = self.slot_mut(s);
+        let Some((state, from)) = event.edge() else {
+            unreachable!("{event:?} only logs; use State::log");
+        };
+        // A bookkeeping slip must not strand a node: caught by the tests (debug builds), logged
+        // in a release build, where the transition still happens.
+        debug_assert!(
+            from.contains(&rec.state),
+            "slot {s}: {event:?} cannot leave {:?} (allowed from {from:?})",
+            rec.state
+        );
+        if !from.contains(&rec.state) {
+            log::error!(
+                "slot {s}: {event:?} from {:?}, which it should not leave (allowed from {from:?})",
+                rec.state
+            );
+        }
         rec.state = state;
         rec.since = now();
         let (version, generation) = (rec.version.clone(), rec.generation);
@@ -312,3 +351,40 @@ pub struct Verdict {
 }
 
 pub mod store;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_event_that_moves_a_slot_names_its_edge() {
+        for e in [
+            Event::Bootstrap,
+            Event::StageStarted,
+            Event::Staged,
+            Event::Activated,
+            Event::Confirmed,
+            Event::HealthFailed,
+            Event::FallbackTaken,
+            Event::ActivationLost,
+            Event::RolledBack,
+            Event::MarkedBad,
+        ] {
+            let (to, from) = e.edge().unwrap();
+            assert!(!from.is_empty(), "{e:?}");
+            assert_ne!(
+                to,
+                SlotState::Empty,
+                "{e:?}: nothing moves a slot back to empty"
+            );
+        }
+        assert!(Event::Booted.edge().is_none() && Event::StageFailed.edge().is_none());
+    }
+
+    #[test]
+    #[should_panic(expected = "cannot leave Empty")]
+    fn a_transition_from_a_state_it_may_not_leave_is_caught() {
+        let mut st = State::default();
+        st.transition(Slot::B, Event::Staged, "staged without a write");
+    }
+}

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use bootconfig::Slot;
 use serde::Deserialize;
 
 use super::{State, FORMAT, STATE_FILE};
@@ -67,7 +68,16 @@ impl StateStore {
                         },
                     });
                 }
-                serde_json::from_slice(&bytes).map_err(invalid)
+                let st: State = serde_json::from_slice(&bytes).map_err(invalid)?;
+                // Every reader looks both slots up (`State::slot`); a file without one is
+                // damaged, and guessing its record could lose the good slot.
+                if let Some(s) = Slot::ALL.into_iter().find(|s| !st.slots.contains_key(s)) {
+                    return Err(Error::State {
+                        path: self.path.clone(),
+                        what: format!("no record of slot {s}: every state file has both"),
+                    });
+                }
+                Ok(st)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::default()),
             Err(e) => Err(Error::io("read state", &self.path, e)),
@@ -91,7 +101,6 @@ impl StateStore {
 mod tests {
     use super::*;
     use crate::state::{Event, SlotState, HISTORY};
-    use bootconfig::Slot;
 
     #[test]
     fn save_load_round_trip_and_history_bound() {
@@ -101,7 +110,9 @@ mod tests {
         assert_eq!(st.slot(Slot::A).state, SlotState::Empty);
         st.slot_mut(Slot::B).version = Some("v2".into());
         for i in 0..100 {
-            st.transition(Slot::B, SlotState::Staged, Event::Staged, format!("n{i}"));
+            // Invalid -> staged, again and again (each edge from a state it may leave).
+            st.transition(Slot::B, Event::StageStarted, format!("m{i}"));
+            st.transition(Slot::B, Event::Staged, format!("n{i}"));
         }
         store.save(&st, "test").unwrap();
         let back = store.load().unwrap();
@@ -120,5 +131,19 @@ mod tests {
         std::fs::write(dir.path().join(STATE_FILE), b"{\"format\":1,\"slots\":").unwrap();
         let e = StateStore::new(dir.path()).load().unwrap_err().to_string();
         assert!(e.contains("state.json") && e.contains("not valid"), "{e}");
+    }
+
+    #[test]
+    fn a_state_without_a_slot_record_is_an_error_not_a_panic() {
+        // Found by fuzz/ (target `state`): every reader calls `slot()` on both slots.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(STATE_FILE),
+            br#"{"format":1,"slots":{"A":{"state":"good","version":"v1","generation":1,
+                "manifest_sha256":null,"since":0}},"history":[]}"#,
+        )
+        .unwrap();
+        let e = StateStore::new(dir.path()).load().unwrap_err().to_string();
+        assert!(e.contains("state.json") && e.contains("slot B"), "{e}");
     }
 }

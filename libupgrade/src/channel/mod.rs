@@ -25,15 +25,22 @@
 //! Every HTTP access goes through [`crate::http::client`]. Indexes and manifests are small, so
 //! they are read whole, with a size cap.
 
-use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::fetch::Source;
-use crate::manifest::{Arch, Manifest, ManifestError, MANIFEST_FILE, SIGNATURE_FILE};
+
+mod doc;
+mod github;
+mod local;
+
+use crate::manifest::{Arch, ManifestError, MANIFEST_FILE, SIGNATURE_FILE};
+use doc::{client, get_small};
+use github::{GhFound, GhRelease, GitHub};
+pub use local::{build_index, read_local_index, write_index};
 
 /// File name of a channel's index.
 pub const INDEX_FILE: &str = "index.json";
@@ -241,80 +248,6 @@ impl Index {
             .collect::<Vec<_>>()
             .join(", ")
     }
-}
-
-/// Read `DIR/index.json`.
-pub fn read_local_index(dir: &Path) -> Result<Index, ChannelError> {
-    let path = dir.join(INDEX_FILE);
-    let bytes = fs::read(&path).map_err(io_err(&path))?;
-    Index::parse(&bytes, &path.display().to_string())
-}
-
-/// Build the index of a channel directory from its release subdirectories (those holding a
-/// `manifest.json`). Refuses unsigned releases, malformed manifests and two releases claiming
-/// the same generation for one architecture.
-pub fn build_index(dir: &Path) -> Result<Index, ChannelError> {
-    let mut entries = Vec::new();
-    let mut names: Vec<_> = fs::read_dir(dir)
-        .map_err(io_err(dir))?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<_, _>>()
-        .map_err(io_err(dir))?;
-    names.sort();
-    for sub in names {
-        let manifest_path = sub.join(MANIFEST_FILE);
-        if !sub.is_dir() || !manifest_path.is_file() {
-            continue;
-        }
-        if !sub.join(SIGNATURE_FILE).is_file() {
-            return Err(ChannelError::Unsigned { dir: sub });
-        }
-        let bytes = fs::read(&manifest_path).map_err(io_err(&manifest_path))?;
-        let m = Manifest::parse(&bytes).map_err(|source| ChannelError::Manifest {
-            location: manifest_path.display().to_string(),
-            source,
-        })?;
-        let name = sub
-            .file_name()
-            .expect("read_dir entries have names")
-            .to_string_lossy()
-            .into_owned();
-        entries.push(IndexEntry {
-            version: m.version,
-            generation: m.generation,
-            arch: m.arch,
-            path: format!("{name}/"),
-        });
-    }
-    sort_newest_first(&mut entries);
-    for pair in entries.windows(2) {
-        if pair[0].arch == pair[1].arch && pair[0].generation == pair[1].generation {
-            return Err(ChannelError::DuplicateGeneration {
-                channel: dir.display().to_string(),
-                first: pair[0].path.clone(),
-                second: pair[1].path.clone(),
-                generation: pair[0].generation,
-                arch: pair[0].arch,
-            });
-        }
-    }
-    Ok(Index::new(entries))
-}
-
-/// Rebuild and atomically write `DIR/index.json`; returns the new index.
-pub fn write_index(dir: &Path) -> Result<Index, ChannelError> {
-    let index = build_index(dir)?;
-    let tmp = dir.join(format!(".{INDEX_FILE}.part"));
-    let path = dir.join(INDEX_FILE);
-    fs::write(&tmp, index.to_bytes()).map_err(io_err(&tmp))?;
-    fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err(&tmp))?;
-    fs::rename(&tmp, &path).map_err(io_err(&path))?;
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))?;
-    Ok(index)
 }
 
 /// What a channel string designates.
@@ -580,298 +513,13 @@ fn skippable(e: &ChannelError) -> bool {
     }
 }
 
-fn client(url: &str) -> Result<reqwest::blocking::Client, ChannelError> {
-    crate::http::client().map_err(|source| ChannelError::Http {
-        url: url.to_string(),
-        source,
-    })
-}
-
-/// A fetched document and the response headers that matter here.
-#[derive(Debug, Clone)]
-struct Doc {
-    body: Vec<u8>,
-    /// RFC 8288 `Link` header (GitHub pagination).
-    link: Option<String>,
-    etag: Option<String>,
-}
-
-/// GET a small document (index, manifest, API page). With `if_none_match`, a `304 Not
-/// Modified` answer gives `Ok(None)`.
-fn get_doc(
-    client: &reqwest::blocking::Client,
-    url: &str,
-    accept: Option<&str>,
-    if_none_match: Option<&str>,
-) -> Result<Option<Doc>, ChannelError> {
-    let http = |source| ChannelError::Http {
-        url: url.to_string(),
-        source,
-    };
-    let mut req = client.get(url);
-    if let Some(a) = accept {
-        req = req.header(reqwest::header::ACCEPT, a);
-    }
-    if let Some(tag) = if_none_match {
-        req = req.header(reqwest::header::IF_NONE_MATCH, tag);
-    }
-    let resp = req.send().map_err(http)?;
-    if if_none_match.is_some() && resp.status() == reqwest::StatusCode::NOT_MODIFIED {
-        return Ok(None);
-    }
-    if !resp.status().is_success() {
-        return Err(ChannelError::Status {
-            url: url.to_string(),
-            status: resp.status().as_u16(),
-        });
-    }
-    let header = |name: reqwest::header::HeaderName| {
-        resp.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
-    let (link, etag) = (header(reqwest::header::LINK), header(reqwest::header::ETAG));
-    if resp.content_length().is_some_and(|n| n > MAX_DOC) {
-        return Err(ChannelError::TooLarge {
-            what: url.to_string(),
-        });
-    }
-    let mut body = Vec::new();
-    resp.take(MAX_DOC + 1)
-        .read_to_end(&mut body)
-        .map_err(|source| ChannelError::Io {
-            path: PathBuf::from(url),
-            source,
-        })?;
-    if body.len() as u64 > MAX_DOC {
-        return Err(ChannelError::TooLarge {
-            what: url.to_string(),
-        });
-    }
-    Ok(Some(Doc { body, link, etag }))
-}
-
-fn get_small(client: &reqwest::blocking::Client, url: &str) -> Result<Vec<u8>, ChannelError> {
-    let doc = get_doc(client, url, None, None)?.expect("no conditional request was made");
-    Ok(doc.body)
-}
-
-/// The `rel="next"` target of an RFC 8288 `Link` header.
-fn next_link(link: &str) -> Option<String> {
-    link.split(',').find_map(|part| {
-        let mut pieces = part.split(';');
-        let target = pieces.next()?.trim();
-        let is_next = pieces.any(|p| {
-            let p = p.trim();
-            p == "rel=\"next\"" || p == "rel=next"
-        });
-        if is_next {
-            target
-                .strip_prefix('<')?
-                .strip_suffix('>')
-                .map(str::to_string)
-        } else {
-            None
-        }
-    })
-}
-
-#[derive(Debug, Deserialize)]
-struct GhRelease {
-    tag_name: String,
-    #[serde(default)]
-    draft: bool,
-    #[serde(default)]
-    prerelease: bool,
-    #[serde(default)]
-    assets: Vec<GhAsset>,
-}
-
-#[derive(Debug, Deserialize)]
-struct GhAsset {
-    name: String,
-    browser_download_url: String,
-    #[serde(default)]
-    id: u64,
-    #[serde(default)]
-    size: u64,
-    #[serde(default)]
-    updated_at: Option<String>,
-}
-
-/// Identity of a manifest asset's content: GitHub gives a re-uploaded asset a new id and
-/// `updated_at`, so an unchanged key means unchanged bytes.
-type AssetKey = (String, u64, u64, Option<String>);
-
-/// Manifests already fetched by this process (the agent polls a channel repeatedly; without
-/// this every poll would download the manifest of every release). Bounded; cleared when full.
-static MANIFEST_CACHE: std::sync::Mutex<BTreeMap<AssetKey, Vec<u8>>> =
-    std::sync::Mutex::new(BTreeMap::new());
-const MANIFEST_CACHE_MAX: usize = 1024;
-
-/// Releases API pages by URL, with their ETag, for conditional re-requests.
-static API_CACHE: std::sync::Mutex<BTreeMap<String, Doc>> = std::sync::Mutex::new(BTreeMap::new());
-const API_CACHE_MAX: usize = 64;
-
-struct GhFound {
-    manifest: Manifest,
-    manifest_url: String,
-    assets: BTreeMap<String, String>,
-}
-
-struct GitHub {
-    client: reqwest::blocking::Client,
-    api: String,
-    owner: String,
-    repo: String,
-}
-
-impl GitHub {
-    fn new(owner: &str, repo: &str) -> Result<GitHub, ChannelError> {
-        let api = std::env::var(GITHUB_API_ENV).unwrap_or_else(|_| GITHUB_API_DEFAULT.to_string());
-        let api = api.trim_end_matches('/').to_string();
-        Ok(GitHub {
-            client: client(&api)?,
-            api,
-            owner: owner.into(),
-            repo: repo.into(),
-        })
-    }
-
-    fn releases(&self) -> Result<Vec<GhRelease>, ChannelError> {
-        let mut url = format!(
-            "{}/repos/{}/{}/releases?per_page=100",
-            self.api, self.owner, self.repo
-        );
-        let mut all = Vec::new();
-        for _ in 0..MAX_PAGES {
-            // Conditional requests: a 304 does not count against GitHub's rate limit, and an
-            // agent polls the same pages over and over.
-            let cached = API_CACHE
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&url)
-                .cloned();
-            let Doc { body, link, .. } = match get_doc(
-                &self.client,
-                &url,
-                Some("application/vnd.github+json"),
-                cached.as_ref().and_then(|d| d.etag.as_deref()),
-            )? {
-                Some(doc) => {
-                    let mut cache = API_CACHE.lock().unwrap_or_else(|e| e.into_inner());
-                    if doc.etag.is_some() {
-                        if cache.len() >= API_CACHE_MAX {
-                            cache.clear();
-                        }
-                        cache.insert(url.clone(), doc.clone());
-                    } else {
-                        cache.remove(&url);
-                    }
-                    doc
-                }
-                None => cached.expect("304 only answers a conditional request"),
-            };
-            let page: Vec<GhRelease> =
-                serde_json::from_slice(&body).map_err(|source| ChannelError::Parse {
-                    what: url.clone(),
-                    source,
-                })?;
-            all.extend(page);
-            match link.as_deref().and_then(next_link) {
-                Some(next) if next != url => url = next,
-                _ => break,
-            }
-        }
-        Ok(all)
-    }
-
-    /// The file-name → URL map of `release` for `arch` (arch-prefixed assets win over plain
-    /// ones), and its manifest if it has one for `arch`.
-    fn manifest_for(
-        &self,
-        release: &GhRelease,
-        arch: Arch,
-    ) -> Result<Option<GhFound>, ChannelError> {
-        let prefixes: &[&str] = match arch {
-            Arch::X86_64 => &["x86_64-", "amd64-"],
-            Arch::Aarch64 => &["aarch64-", "arm64-"],
-        };
-        let other_prefixes: &[&str] = match arch {
-            Arch::X86_64 => &["aarch64-", "arm64-"],
-            Arch::Aarch64 => &["x86_64-", "amd64-"],
-        };
-        let mut assets = BTreeMap::new();
-        let mut manifest_asset: Option<&GhAsset> = None;
-        // Plain names first, then arch-specific ones overwrite them.
-        for a in &release.assets {
-            if !other_prefixes
-                .iter()
-                .chain(prefixes)
-                .any(|p| a.name.starts_with(p))
-            {
-                assets.insert(a.name.clone(), a.browser_download_url.clone());
-                if a.name == MANIFEST_FILE {
-                    manifest_asset = Some(a);
-                }
-            }
-        }
-        for p in prefixes.iter().rev() {
-            for a in &release.assets {
-                if let Some(name) = a.name.strip_prefix(p) {
-                    assets.insert(name.to_string(), a.browser_download_url.clone());
-                    if name == MANIFEST_FILE {
-                        manifest_asset = Some(a);
-                    }
-                }
-            }
-        }
-        let Some(asset) = manifest_asset else {
-            return Ok(None);
-        };
-        let manifest_url = asset.browser_download_url.clone();
-        let key: AssetKey = (
-            manifest_url.clone(),
-            asset.id,
-            asset.size,
-            asset.updated_at.clone(),
-        );
-        let cached = MANIFEST_CACHE
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
-        let bytes = match cached {
-            Some(b) => b,
-            None => {
-                let b = get_small(&self.client, &manifest_url)?;
-                let mut cache = MANIFEST_CACHE.lock().unwrap_or_else(|e| e.into_inner());
-                if cache.len() >= MANIFEST_CACHE_MAX {
-                    cache.clear();
-                }
-                cache.insert(key, b.clone());
-                b
-            }
-        };
-        let manifest = Manifest::parse(&bytes).map_err(|source| ChannelError::Manifest {
-            location: manifest_url.clone(),
-            source,
-        })?;
-        if manifest.arch != arch {
-            // A plain manifest.json for the other architecture.
-            return Ok(None);
-        }
-        Ok(Some(GhFound {
-            manifest,
-            manifest_url,
-            assets,
-        }))
-    }
-}
+/// For the fuzz targets (`fuzz/`, feature `fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub use github::fuzzing;
 
 #[cfg(test)]
 mod tests {
+    use super::github::next_link;
     use super::*;
 
     #[test]

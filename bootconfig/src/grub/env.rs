@@ -121,6 +121,14 @@ impl GrubEnv {
                 String::from_utf8_lossy(&bytes[..bytes.len().min(SIGNATURE.len())]).into_owned();
             return Err(EnvBlockError::Signature { found });
         }
+        if bytes.len() == SIGNATURE.len() {
+            // GRUB's `grub_envblk_open` needs more than the signature (`sizeof` counts its NUL):
+            // `load_env` and `grub-editenv` refuse this block, so it must not read as empty.
+            return Err(EnvBlockError::Broken {
+                offset: bytes.len(),
+                what: "nothing after the signature: GRUB refuses a block no longer than it (truncated block)".into(),
+            });
+        }
         let mut env = GrubEnv::new();
         let mut p = SIGNATURE.len();
         while p < bytes.len() {
@@ -155,6 +163,13 @@ impl GrubEnv {
                     what: "empty variable name".into(),
                 });
             }
+            // GRUB's names and values are C strings: it would read up to the NUL only.
+            if name.contains('\0') {
+                return Err(EnvBlockError::Broken {
+                    offset: line_start,
+                    what: "NUL byte in a variable name (GRUB reads the name up to it)".into(),
+                });
+            }
             let mut value = Vec::new();
             let mut q = eq + 1;
             loop {
@@ -187,6 +202,14 @@ impl GrubEnv {
                         q += 1;
                     }
                 }
+            }
+            if value.contains(&0) {
+                return Err(EnvBlockError::Broken {
+                    offset: eq + 1,
+                    what: format!(
+                        "NUL byte in the value of {name} (GRUB reads the value up to it)"
+                    ),
+                });
             }
             let value = String::from_utf8(value).map_err(|_| EnvBlockError::Broken {
                 offset: eq + 1,
@@ -470,6 +493,30 @@ mod tests {
             GrubEnv::parse(&good[..HEADER.len() + 5]).unwrap().get("k"),
             Some("v")
         );
+    }
+
+    #[test]
+    fn a_block_of_only_the_signature_is_refused_as_grub_does() {
+        // Found by fuzz/ (target `grubenv`): GRUB and `grub-editenv` refuse it ("invalid
+        // environment block"); the strict reader read it as an empty env.
+        let e = GrubEnv::parse(SIGNATURE.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("truncated"), "{e}");
+        assert_eq!(grub_load(SIGNATURE.as_bytes()), None);
+    }
+
+    #[test]
+    fn strict_parse_refuses_nul_bytes_where_grub_cuts_the_string() {
+        // GRUB's names and values are C strings: to GRUB (and `grub-editenv list`) `A\0B=1`
+        // sets `A`, and `A=x\0y` sets `A` to `x`. The strict reader must not read other
+        // variables than GRUB does.
+        for block in [
+            &b"# GRUB Environment Block\nA\0B=1\n#"[..],
+            b"# GRUB Environment Block\nA=x\0y\n#",
+        ] {
+            let e = GrubEnv::parse(block).unwrap_err();
+            assert!(e.to_string().contains("NUL"), "{e}");
+            assert!(grub_load(block).is_some());
+        }
     }
 
     #[test]

@@ -1,0 +1,119 @@
+//! Signing keys and signed test releases built from real squashfs images.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use libupgrade::manifest::Arch;
+
+use crate::{pseudo_random, run};
+
+/// A signing key pair and a trust dir holding its public key.
+pub struct Keys {
+    pub dir: tempfile::TempDir,
+    pub secret: PathBuf,
+    pub trust: PathBuf,
+}
+
+pub fn keys() -> Keys {
+    let dir = tempfile::tempdir().unwrap();
+    let (secret, public) = libupgrade::signing::generate_keypair(dir.path(), "test").unwrap();
+    let trust = dir.path().join("trust.d");
+    std::fs::create_dir_all(&trust).unwrap();
+    std::fs::copy(&public, trust.join(public.file_name().unwrap())).unwrap();
+    Keys { dir, secret, trust }
+}
+
+/// What goes into a test release: a squashfs of a release file and `payload` (at
+/// /usr/share/payload), and the kernel and initrd bytes.
+pub struct ReleaseInputs<'a> {
+    pub version: &'a str,
+    pub generation: u64,
+    pub payload: &'a [u8],
+    pub kernel: Vec<u8>,
+    pub initrd: Vec<u8>,
+    pub arch: Arch,
+}
+
+/// Build a real squashfs (mksquashfs, fixed times: unchanged files give unchanged bytes) and
+/// sign it as release `inputs.version` in `out`; the source tree is kept beside it as
+/// `<version>.tree` for content comparisons. Returns the release directory.
+pub fn signed_release(keys: &Keys, out: &Path, inputs: &ReleaseInputs) -> PathBuf {
+    signed_release_with(keys, out, inputs, Vec::new())
+}
+
+/// [`signed_release`] carrying boot `scripts`.
+pub fn signed_release_with(
+    keys: &Keys,
+    out: &Path,
+    inputs: &ReleaseInputs,
+    scripts: Vec<libupgrade::release::BootScript>,
+) -> PathBuf {
+    let version = inputs.version;
+    let work = tempfile::tempdir().unwrap();
+    let tree = work.path().join("tree");
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::create_dir_all(tree.join("usr/share")).unwrap();
+    std::fs::write(
+        tree.join("etc/k3os-release"),
+        format!("VERSION={version}\nGENERATION={}\n", inputs.generation),
+    )
+    .unwrap();
+    std::fs::write(tree.join("usr/share/payload"), inputs.payload).unwrap();
+    let sq = work.path().join("rootfs.squashfs");
+    run(Command::new("mksquashfs").arg(&tree).arg(&sq).args([
+        "-noappend",
+        "-quiet",
+        "-all-root",
+        "-comp",
+        "gzip",
+        "-mkfs-time",
+        "0",
+        "-all-time",
+        "0",
+    ]));
+    let kernel = work.path().join("vmlinuz");
+    let initrd = work.path().join("initrd");
+    std::fs::write(&kernel, &inputs.kernel).unwrap();
+    std::fs::write(&initrd, &inputs.initrd).unwrap();
+    let dir = out.join(version);
+    libupgrade::release::create(&libupgrade::release::CreateOptions {
+        rootfs: sq,
+        kernel,
+        initrd,
+        version: version.to_string(),
+        arch: inputs.arch,
+        secret_key: keys.secret.clone(),
+        out_dir: dir.clone(),
+        generation: Some(inputs.generation),
+        scripts,
+    })
+    .expect("release create");
+    let keep = out.join(format!("{version}.tree"));
+    let _ = std::fs::remove_dir_all(&keep);
+    run(Command::new("cp").arg("-a").arg(&tree).arg(&keep));
+    dir
+}
+
+/// [`signed_release`] with `extra` bytes of incompressible payload and kernel/initrd blobs
+/// derived from the generation.
+pub fn make_release(
+    keys: &Keys,
+    out: &Path,
+    version: &str,
+    generation: u64,
+    extra: usize,
+    arch: Arch,
+) -> PathBuf {
+    signed_release(
+        keys,
+        out,
+        &ReleaseInputs {
+            version,
+            generation,
+            payload: &pseudo_random(extra, generation),
+            kernel: pseudo_random(300_000 + generation as usize, generation + 100),
+            initrd: pseudo_random(200_000, generation + 200),
+            arch,
+        },
+    )
+}
