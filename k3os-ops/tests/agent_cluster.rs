@@ -266,6 +266,7 @@ async fn setup(client: &Client, concurrency: u32) -> String {
             concurrency,
             node_selector: BTreeMap::new(),
             window: None,
+            windows: Vec::new(),
             drain: DrainSpec::default(),
             reboot_timeout: "1m".into(),
             max_failures: 1,

@@ -1118,3 +1118,29 @@ async fn spec_paused_stops_claims_until_unpaused() {
     let l = log.lock().unwrap().clone();
     pos(&l, "slots=[n1:Claimed]");
 }
+
+/// Several maintenance windows over the fake API: with `window` and `windows` all closed the
+/// staged node waits (no slot written); a second entry of `windows` open now lets it claim.
+#[tokio::test]
+async fn several_windows_claim_in_any_open_one() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    let hhmm = |t: chrono::DateTime<chrono::Utc>| t.format("%H:%M").to_string();
+    let now = chrono::Utc::now();
+    let closed = |h: i64| json!({"start": hhmm(now + chrono::Duration::hours(h)), "length": "1h"});
+    {
+        let mut w = world.lock().unwrap();
+        w.channel["spec"]["window"] = closed(6);
+        w.channel["spec"]["windows"] = json!([closed(12)]);
+    }
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    pos(&l, "node: stage v2");
+    pos(&l, "waiting for the window starting");
+    assert!(!l.iter().any(|x| x.contains("slots=[n1")), "{l:#?}");
+    let open = json!({"start": hhmm(now - chrono::Duration::minutes(5)), "length": "6h"});
+    world.lock().unwrap().channel["spec"]["windows"] = json!([closed(12), open]);
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    pos(&l, "slots=[n1:Claimed]");
+}

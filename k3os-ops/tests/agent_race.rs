@@ -363,6 +363,7 @@ async fn simulate(sc: Arc<Scenario>) -> Report {
             concurrency: sc.concurrency,
             node_selector: BTreeMap::new(),
             window: None,
+            windows: Vec::new(),
             drain: DrainSpec::default(),
             reboot_timeout: "10s".into(),
             max_failures: sc.max_failures,

@@ -138,6 +138,37 @@ proptest! {
             "did not claim at window start {s}");
     }
 
+    /// With several windows (`window` + `windows`, in DST zones and across the week wrap),
+    /// `decide` claims exactly when the update fits one of them, and waits for the earliest
+    /// next start of any of them otherwise.
+    #[test]
+    fn decide_with_several_windows_claims_when_one_fits(
+        mask_a in 1u8..128, start_a in 0u32..1440, len_a in 1u32..=2880,
+        mask_b in 1u8..128, start_b in 0u32..1440, len_b in 1u32..=2880,
+        t in T0..T1, zone in 0usize..3, needed_min in 2u32..240,
+    ) {
+        let tz = [None, Some("Europe/Berlin"), Some("America/New_York")][zone];
+        let mut ch = channel(Some("v2"));
+        ch.spec.window = Some(spec(mask_a, start_a, len_a, tz));
+        ch.spec.windows = vec![spec(mask_b, start_b, len_b, Some("Australia/Sydney"))];
+        ch.spec.reboot_timeout = format!("{}m", needed_min / 2);
+        ch.spec.drain.timeout = format!("{}m", needed_min - needed_min / 2);
+        let a = Window::parse(ch.spec.window.as_ref().unwrap()).unwrap();
+        let b = Window::parse(&ch.spec.windows[0]).unwrap();
+        let needed = Duration::minutes(i64::from(needed_min));
+        let now = at(t);
+        let fits = |w: &Window| w.open_until(now).is_some_and(|end| end - now >= needed);
+        match decide(&ch, &staged_node("v2"), now) {
+            Action::Claim { .. } => prop_assert!(fits(&a) || fits(&b)),
+            Action::WaitForWindow { next } => {
+                prop_assert!(!fits(&a) && !fits(&b));
+                let earliest = [a.next_start(now), b.next_start(now)].into_iter().flatten().min();
+                prop_assert_eq!(next, earliest);
+            }
+            other => prop_assert!(false, "unexpected {:?}", other),
+        }
+    }
+
     /// A node that holds a slot never stages or claims; a paused channel never claims.
     #[test]
     fn held_slots_and_pauses_are_respected(
@@ -180,6 +211,7 @@ fn channel(version: Option<&str>) -> UpdateChannel {
             concurrency: 1,
             node_selector: BTreeMap::new(),
             window: None,
+            windows: Vec::new(),
             drain: DrainSpec::default(),
             reboot_timeout: "15m".into(),
             max_failures: 1,
@@ -460,5 +492,50 @@ fn resumed_at_resumes_a_channel_paused_by_failures() {
     assert_eq!(
         decide(&ch, &failed, now),
         Action::Idle(agent::decide::IdleReason::FailedHere("v2".into()))
+    );
+}
+
+/// Saturday night and Wednesday night: claims in either, waits in between for the next one.
+#[test]
+fn two_weekly_windows() {
+    let mut ch = channel(Some("v2"));
+    let night = |day: &str| WindowSpec {
+        days: vec![day.into()],
+        start: "22:00".into(),
+        length: "4h".into(),
+        time_zone: Some("Europe/Berlin".into()),
+    };
+    ch.spec.windows = vec![night("sat"), night("wed")];
+    let node = staged_node("v2");
+    let berlin = |d: u32, h: u32| {
+        chrono_tz::Europe::Berlin
+            .with_ymd_and_hms(2026, 12, d, h, 0, 0)
+            .unwrap()
+            .with_timezone(&Utc)
+    };
+    // 2026-12-02 is a Wednesday, 2026-12-05 a Saturday.
+    assert!(matches!(
+        decide(&ch, &node, berlin(2, 22)),
+        Action::Claim { .. }
+    ));
+    assert_eq!(
+        decide(&ch, &node, berlin(3, 12)),
+        Action::WaitForWindow {
+            next: Some(berlin(5, 22))
+        }
+    );
+    assert!(matches!(
+        decide(&ch, &node, berlin(5, 23)),
+        Action::Claim { .. }
+    ));
+    assert_eq!(
+        decide(&ch, &node, berlin(6, 12)),
+        Action::WaitForWindow {
+            next: Some(berlin(9, 22))
+        }
+    );
+    ch.spec.windows[1].start = "25:00".into();
+    assert!(
+        matches!(decide(&ch, &node, berlin(2, 22)), Action::Invalid(e) if e.starts_with("spec.windows[1]"))
     );
 }

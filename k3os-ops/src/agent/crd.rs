@@ -79,6 +79,11 @@ pub struct UpdateChannelSpec {
     /// When disruptive steps may start; absent means any time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowSpec>,
+    /// More maintenance windows (e.g. Saturday night and Wednesday night), at most 8; a claim
+    /// may start in any of them (`window` and `windows` together). None at all: always.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub windows: Vec<WindowSpec>,
     /// How workloads are moved off a node before it reboots.
     #[serde(default)]
     pub drain: DrainSpec,

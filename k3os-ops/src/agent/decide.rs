@@ -322,12 +322,10 @@ fn next_action(
     if channel.paused_for(&target) {
         return Action::Paused { version: target };
     }
-    if let Some(window) = &policy.window {
-        if !policy.fits_window(now) {
-            return Action::WaitForWindow {
-                next: window.next_start(now),
-            };
-        }
+    if !policy.fits_window(now) {
+        return Action::WaitForWindow {
+            next: policy.next_window_start(now),
+        };
     }
     Action::Claim { version: target }
 }

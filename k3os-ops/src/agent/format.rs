@@ -24,10 +24,12 @@
 //!
 //! **`UpdateChannel` spec** — written by humans, not versioned by a marker: fields are only
 //! ever added, optional, with a default that keeps the earlier meaning. Since v0.1.0:
-//! `paused` (default `false`: claims as before) and `resumedAt` (absent: every failure counts,
-//! as before). An agent of an earlier release ignores both: during a DaemonSet roll it may
-//! still claim on a paused channel, and it stays paused by failures that `resumedAt` forgave
-//! until it is replaced. Neither changes the status format: the `Paused` condition keeps its
+//! `paused` (default `false`: claims as before), `resumedAt` (absent: every failure counts,
+//! as before) and `windows` (empty: only `window`, as before). An agent of an earlier release
+//! ignores all three: during a DaemonSet roll it may still claim on a paused channel, stays
+//! paused by failures that `resumedAt` forgave, and claims only in `window` (none: at any
+//! time, so a channel that moves its windows into `windows` should keep one in `window`
+//! until the roll is done) until it is replaced. Neither changes the status format: the `Paused` condition keeps its
 //! meaning (claims are paused) and gains the reason `PausedBySpec`.
 //!
 //! **Node annotations** — marker `k3os.io/update-format` (a decimal string), current

@@ -1,4 +1,4 @@
-//! A channel's spec parsed and checked once: the [`Policy`] (window, timeouts, rate) every
+//! A channel's spec parsed and checked once: the [`Policy`] (windows, timeouts, rate) every
 //! decision and step reads, or the message naming the field that makes the channel invalid.
 
 use std::time::Duration;
@@ -12,7 +12,8 @@ use super::window::Window;
 /// The channel's spec, parsed and checked.
 #[derive(Debug, Clone)]
 pub struct Policy {
-    pub window: Option<Window>,
+    /// `spec.window` then `spec.windows`; empty: no window, claims at any time.
+    pub windows: Vec<Window>,
     pub reboot_timeout: Duration,
     pub drain_timeout: Duration,
     /// `spec.maxRate` in bytes per second.
@@ -22,10 +23,13 @@ pub struct Policy {
 impl Policy {
     /// Parse the durations and the window; the error names the field.
     pub fn from_spec(spec: &UpdateChannelSpec) -> Result<Policy, String> {
-        let window = match &spec.window {
-            Some(w) => Some(Window::parse(w).map_err(|e| e.to_string())?),
-            None => None,
-        };
+        let mut windows = Vec::new();
+        if let Some(w) = &spec.window {
+            windows.push(Window::parse(w).map_err(|e| e.to_string())?);
+        }
+        for (i, w) in spec.windows.iter().enumerate() {
+            windows.push(Window::parse(w).map_err(|e| format!("spec.windows[{i}]: {e}"))?);
+        }
         let reboot_timeout = duration::parse("spec.rebootTimeout", &spec.reboot_timeout)
             .map_err(|e| e.to_string())?;
         let drain_timeout = duration::parse("spec.drain.timeout", &spec.drain.timeout)
@@ -52,23 +56,27 @@ impl Policy {
             .transpose()
             .map_err(|e| format!("spec.maxRate: {e}"))?;
         Ok(Policy {
-            window,
+            windows,
             reboot_timeout,
             drain_timeout,
             max_rate,
         })
     }
 
-    /// Whether an update started at `now` ends inside the window (drain + reboot timeouts);
-    /// always with no window.
+    /// Whether an update started at `now` ends inside one of the windows (drain + reboot
+    /// timeouts); always with no window.
     pub fn fits_window(&self, now: DateTime<Utc>) -> bool {
-        let Some(window) = &self.window else {
-            return true;
-        };
         let needed = chrono::Duration::from_std(self.needed()).unwrap_or(chrono::Duration::MAX);
-        window
-            .open_until(now)
-            .is_some_and(|end| end - now >= needed)
+        self.windows.is_empty()
+            || self
+                .windows
+                .iter()
+                .any(|w| w.open_until(now).is_some_and(|end| end - now >= needed))
+    }
+
+    /// The first start of any window strictly after `now`.
+    pub fn next_window_start(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.windows.iter().filter_map(|w| w.next_start(now)).min()
     }
 
     /// How long a claimed update may take from claim to the node being back: the drain
