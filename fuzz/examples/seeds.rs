@@ -15,7 +15,8 @@ use libupgrade::chunk::{ChunkIndex, ChunkParams};
 use libupgrade::manifest::{
     Arch, BootSupport, FileEntry, Files, IndexRef, Manifest, ScriptFile, ScriptKind, FORMAT,
 };
-use libupgrade::state::{Event, State, StateStore};
+use libupgrade::state::store::StateStore;
+use libupgrade::state::{Event, State};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds")
