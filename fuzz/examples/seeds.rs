@@ -15,7 +15,8 @@ use libupgrade::chunk::{ChunkIndex, ChunkParams};
 use libupgrade::manifest::{
     Arch, BootSupport, FileEntry, Files, IndexRef, Manifest, ScriptFile, ScriptKind, FORMAT,
 };
-use libupgrade::state::{Event, State, StateStore};
+use libupgrade::state::store::StateStore;
+use libupgrade::state::{Event, State};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds")
@@ -349,18 +350,9 @@ fn states() {
     let mut st = State::default();
     st.slot_mut(Slot::B).version = Some("v2".into());
     st.slot_mut(Slot::B).generation = Some(2);
-    st.transition(
-        Slot::B,
-        libupgrade::SlotState::Staged,
-        Event::Staged,
-        "staged v2",
-    );
-    st.transition(
-        Slot::B,
-        libupgrade::SlotState::Trying,
-        Event::Activated,
-        "activated",
-    );
+    st.transition(Slot::B, Event::StageStarted, "writing v2");
+    st.transition(Slot::B, Event::Staged, "staged v2");
+    st.transition(Slot::B, Event::Activated, "activated");
     st.last_boot_id = Some("0123456789abcdef".into());
     store.save(&st, "seed").unwrap();
     seed(

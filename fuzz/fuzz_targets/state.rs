@@ -7,7 +7,8 @@
 
 use k3os_fuzz::{put, scratch};
 use libfuzzer_sys::fuzz_target;
-use libupgrade::state::{StateStore, STATE_FILE};
+use libupgrade::state::store::StateStore;
+use libupgrade::state::STATE_FILE;
 use libupgrade::Slot;
 
 fuzz_target!(|data: &[u8]| {

@@ -47,20 +47,31 @@ pub fn join_files(parts: &[Option<&[u8]>]) -> Vec<u8> {
 }
 
 /// A scratch directory for this process, on tmpfs when there is one, emptied on every call.
+/// libFuzzer exits without running destructors, so the directory is named after the process
+/// and those of processes that are gone are removed when the next one starts.
 pub fn scratch() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
-        let base = Path::new("/dev/shm");
-        let b = if base.is_dir() {
-            tempfile::Builder::new()
-                .prefix("k3os-fuzz-")
-                .tempdir_in(base)
+        let shm = Path::new("/dev/shm");
+        let base = if shm.is_dir() {
+            shm.to_path_buf()
         } else {
-            tempfile::Builder::new().prefix("k3os-fuzz-").tempdir()
+            std::env::temp_dir()
         };
-        b.expect("scratch dir")
+        for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("k3os-fuzz-") {
+                if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let d = base.join(format!("k3os-fuzz-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).expect("scratch dir");
+        d
     });
-    for e in std::fs::read_dir(dir.path()).expect("read scratch dir") {
+    for e in std::fs::read_dir(dir).expect("read scratch dir") {
         let p = e.expect("scratch entry").path();
         if p.is_dir() {
             std::fs::remove_dir_all(&p).expect("clear scratch dir");
@@ -68,7 +79,7 @@ pub fn scratch() -> &'static Path {
             std::fs::remove_file(&p).expect("clear scratch file");
         }
     }
-    dir.path()
+    dir
 }
 
 /// Write `data` to `path`, or make sure there is no file there when `None`.
