@@ -268,15 +268,16 @@ impl Stager<'_> {
                         .expect("planned chunked: has an index");
                     let t = self.write_chunked(run, a, index)?;
                     written += t.fetched + t.copied;
-                    partial.fetched += t.fetched + t.kept;
-                    partial.reused += t.copied;
+                    // Saturating: the totals come from a checkpoint file that may be damaged.
+                    partial.fetched = partial.fetched.saturating_add(t.fetched + t.kept);
+                    partial.reused = partial.reused.saturating_add(t.copied);
                     run.fetched.set(run.fetched.get() + t.fetched);
                     run.reused.set(run.reused.get() + t.copied + t.kept);
                 }
                 How::Stream { resume_at } => {
                     let n = self.write_stream(run, a, resume_at, partial)?;
                     written += n;
-                    partial.fetched += size;
+                    partial.fetched = partial.fetched.saturating_add(size);
                     run.fetched.set(run.fetched.get() + n);
                     run.reused.set(run.reused.get() + (size - n));
                 }
