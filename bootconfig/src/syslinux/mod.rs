@@ -49,6 +49,14 @@
 //!   write of any transaction restores a consistent pair.
 
 //!
+//! # Versions
+//! `extlinux.conf` carries `# k3os-extlinux-conf: 1` ([`CONF_VERSION`]; v0.1.0's conf has no
+//! marker and is the same format, version 1); a newer one is refused by name and nothing is
+//! rewritten, and a release's conf is installed by [`Bootloader::install_script`] in one atomic
+//! replace that keeps `DEFAULT` and the state line. The ADV is syslinux's own format (its magic
+//! and checksum; the boot-once record `extlinux --once` writes), not ours to version: what it
+//! holds is byte-compatible with `extlinux` in every release.
+//!
 //! Submodules: `adv` (the ADV format: copies, checksum, boot-once record), `conf`
 //! (`extlinux.conf`: rendering, parsing, the state line); this module is the backend.
 
