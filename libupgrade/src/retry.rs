@@ -95,6 +95,30 @@ impl Backoff {
         self.failures
     }
 
+    /// After a failed attempt: `Ok(what went wrong)` when it was transient and the wait before
+    /// the next attempt is over, else the error to fail with — a permanent one as it is, the
+    /// last transient one saying why the loop gave up. `log_location` names it in the warning.
+    pub fn attempt_failed(&mut self, log_location: &str, e: Error) -> Result<String> {
+        match e {
+            Error::Fetch {
+                retryable: true,
+                location,
+                what,
+            } => {
+                if self.wait(log_location, &what) {
+                    Ok(what)
+                } else {
+                    Err(Error::Fetch {
+                        what: self.gave_up(&what),
+                        location,
+                        retryable: true,
+                    })
+                }
+            }
+            e => Err(e),
+        }
+    }
+
     /// [`Self::failed`], then log `what` at `location` and sleep; false when giving up.
     pub fn wait(&mut self, location: &str, what: &str) -> bool {
         match self.failed() {
@@ -117,20 +141,14 @@ impl Backoff {
 pub fn retrying<T>(mut backoff: Backoff, mut f: impl FnMut() -> Result<T>) -> Result<T> {
     loop {
         match f() {
-            Err(Error::Fetch {
-                retryable: true,
-                location,
-                what,
-            }) => {
-                if !backoff.wait(&location, &what) {
-                    return Err(Error::Fetch {
-                        what: backoff.gave_up(&what),
-                        location,
-                        retryable: true,
-                    });
-                }
+            Err(e) => {
+                let loc = match &e {
+                    Error::Fetch { location, .. } => location.clone(),
+                    _ => String::new(),
+                };
+                backoff.attempt_failed(&loc, e)?;
             }
-            r => return r,
+            ok => return ok,
         }
     }
 }

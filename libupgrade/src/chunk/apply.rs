@@ -139,21 +139,10 @@ pub fn apply(
                                     )),
                                 ));
                             }
-                            Err(Error::Fetch {
-                                retryable: true,
-                                what,
-                                location,
-                            }) => {
-                                if backoff.wait(&loc, &what) {
-                                    continue;
-                                }
-                                return Err(Error::Fetch {
-                                    retryable: true,
-                                    what: backoff.gave_up(&what),
-                                    location,
-                                });
+                            Err(e) => {
+                                backoff.attempt_failed(&loc, e)?;
+                                continue;
                             }
-                            Err(e) => return Err(e),
                         }
                     }
                     let s = &mut stream.as_mut().expect("opened above").1;

@@ -54,22 +54,10 @@ impl Stager<'_> {
         while pos < size {
             let (mut r, loc) = match run.source.open(&entry.path, pos) {
                 Ok(x) => x,
-                Err(Error::Fetch {
-                    retryable: true,
-                    what,
-                    location,
-                }) => {
-                    if backoff.wait(&run.source.location(&entry.path), &what) {
-                        last_err = what;
-                        continue;
-                    }
-                    return Err(Error::Fetch {
-                        retryable: true,
-                        what: backoff.gave_up(&what),
-                        location,
-                    });
+                Err(e) => {
+                    last_err = backoff.attempt_failed(&run.source.location(&entry.path), e)?;
+                    continue;
                 }
-                Err(e) => return Err(e),
             };
             let before = pos;
             let mut w = Writing {
