@@ -61,6 +61,10 @@ pub struct UpgradeArgs {
     /// server holding the node with a trickle); 0 turns the rule off.
     #[arg(long, default_value_t = libupgrade::stage::MinRate::DEFAULT.bytes_per_sec)]
     pub min_rate: u64,
+    /// Accept the channel's signed metadata even when it has expired (a node whose clock is
+    /// wrong, updated by an operator). Signatures, thresholds and versions are still checked.
+    #[arg(long, requires = "channel")]
+    pub ignore_expiry: bool,
 }
 
 /// `--retry-for`: a duration, or for ever.
@@ -115,20 +119,46 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
     Ok(rate)
 }
 
+fn min_rate(args: &UpgradeArgs) -> Option<libupgrade::stage::MinRate> {
+    (args.min_rate > 0).then_some(libupgrade::stage::MinRate {
+        bytes_per_sec: args.min_rate,
+        ..libupgrade::stage::MinRate::DEFAULT
+    })
+}
+
 pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
     let mut expect_version = None;
+    let mut expect_manifest = None;
     let source = match (&args.source, &args.channel) {
         (Some(s), _) => Source::parse(s),
         (None, Some(ch)) => {
-            let r = libupgrade::channel::resolve(ch, Some(&args.version), Arch::host())
-                .with_context(|| format!("resolving {} in channel {ch}", args.version))?;
+            let mut trust = libupgrade::channel::TrustOptions::from_config(u.config());
+            trust.min_rate = min_rate(&args);
+            if args.ignore_expiry {
+                trust.ignore_expiry = true;
+                eprintln!(
+                    "WARNING: --ignore-expiry: expired channel metadata is accepted; a frozen or replayed channel cannot be told from a fresh one"
+                );
+            }
+            let r =
+                libupgrade::channel::resolve_with(ch, Some(&args.version), Arch::host(), &trust)
+                    .with_context(|| format!("resolving {} in channel {ch}", args.version))?;
             eprintln!(
-                "channel {ch}: {} resolves to {} (generation {}) at {}",
-                args.version, r.version, r.generation, r.location
+                "channel {ch}: {} resolves to {} (generation {}) at {}{}",
+                args.version,
+                r.version,
+                r.generation,
+                r.location,
+                if r.pin.is_some() {
+                    " (signed channel metadata)"
+                } else {
+                    ""
+                }
             );
             // The signed manifest must be the release the channel named.
             expect_version = Some(r.version.clone());
+            expect_manifest = r.pin;
             r.source
         }
         (None, None) => bail!("give --source or --channel"),
@@ -139,11 +169,9 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
         retry_delay: Duration::from_secs(1),
         max_rate: args.max_rate,
         expect_version,
+        expect_manifest,
         retry_for: args.retry_for.0,
-        min_rate: (args.min_rate > 0).then_some(libupgrade::stage::MinRate {
-            bytes_per_sec: args.min_rate,
-            ..libupgrade::stage::MinRate::DEFAULT
-        }),
+        min_rate: min_rate(&args),
     };
     let progress = reporter(if args.quiet {
         ProgressMode::None

@@ -36,11 +36,13 @@ use crate::fetch::Source;
 mod doc;
 mod github;
 mod local;
+mod trusted;
 
 use crate::manifest::{Arch, ManifestError, MANIFEST_FILE, SIGNATURE_FILE};
 use doc::{client, get_small};
 use github::{GhFound, GhRelease, GitHub};
 pub use local::{build_index, read_local_index, write_index};
+pub use trusted::{MetadataPolicy, TrustOptions, GITHUB_METADATA_TAG};
 
 /// File name of a channel's index.
 pub const INDEX_FILE: &str = "index.json";
@@ -100,6 +102,9 @@ pub struct ResolvedRelease {
     /// How to reach each file of the release: hand this to [`crate::Updater::stage`].
     /// A local directory, an http(s) base URL, or (GitHub) one URL per file name.
     pub source: Source,
+    /// When the channel's signed metadata chose this release: the exact length and sha256 its
+    /// `manifest.json` must have (hand to [`crate::StageOptions::expect_manifest`]).
+    pub pin: Option<crate::trust::ManifestPin>,
 }
 
 /// Why a channel could not be read or a release not found.
@@ -146,6 +151,24 @@ pub enum ChannelError {
     },
     #[error("index entry path '{path}' must be a relative directory inside the channel")]
     BadPath { path: String },
+    #[error("channel {channel}: {source}")]
+    Trust {
+        channel: String,
+        source: crate::trust::TrustError,
+    },
+    #[error("channel {channel} must carry signed metadata: {why}")]
+    MetadataRequired { channel: String, why: String },
+}
+
+impl ChannelError {
+    /// The role and expiry when the channel's metadata was refused as expired (what the agent
+    /// reports as `ChannelStale`).
+    pub fn metadata_expired(&self) -> Option<(crate::trust::Role, chrono::DateTime<chrono::Utc>)> {
+        match self {
+            ChannelError::Trust { source, .. } => source.expired(),
+            _ => None,
+        }
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ChannelError + '_ {
@@ -165,7 +188,7 @@ fn sort_newest_first(entries: &mut [IndexEntry]) {
     });
 }
 
-fn check_entry_path(path: &str) -> Result<(), ChannelError> {
+pub(super) fn check_entry_path(path: &str) -> Result<(), ChannelError> {
     let bad = path.is_empty()
         || path.starts_with('/')
         || path.contains("://")
@@ -366,139 +389,175 @@ pub fn list(channel: &str) -> Result<Index, ChannelError> {
     }
 }
 
-/// Pick a release: `version` `None` or `"latest"` = the newest for `arch`, else that exact
-/// version (for GitHub channels the tag name also matches).
+/// Pick a release from the channel's index, without signed metadata (what v0.1.0 did; see
+/// [`resolve_with`] for nodes that check metadata): `version` `None` or `"latest"` = the newest
+/// for `arch`, else that exact version (for GitHub channels the tag name also matches).
 pub fn resolve(
     channel: &str,
     version: Option<&str>,
     arch: Arch,
 ) -> Result<ResolvedRelease, ChannelError> {
-    let wanted = version.unwrap_or("latest");
-    let not_found = |index: &Index| ChannelError::NotFound {
+    match parse_channel(channel)? {
+        Kind::Local { dir, index } => resolve_local(channel, &dir, &index, version, arch),
+        Kind::Http { base, index } => resolve_http(channel, &base, &index, version, arch),
+        Kind::GitHub { owner, repo } => resolve_github(channel, &owner, &repo, version, arch),
+    }
+}
+
+/// Pick a release the way a node does: through the channel's signed metadata when the node
+/// has a trusted root and the channel carries metadata (see [`crate::trust`]); otherwise, as
+/// `trust`'s policy allows, from the index like [`resolve`].
+pub fn resolve_with(
+    channel: &str,
+    version: Option<&str>,
+    arch: Arch,
+    trust: &TrustOptions,
+) -> Result<ResolvedRelease, ChannelError> {
+    match trusted::resolve_trusted(channel, version, arch, trust)? {
+        Some(r) => Ok(r),
+        None => resolve(channel, version, arch),
+    }
+}
+
+fn not_found(channel: &str, version: Option<&str>, arch: Arch, index: &Index) -> ChannelError {
+    ChannelError::NotFound {
         channel: channel.to_string(),
-        wanted: wanted.to_string(),
+        wanted: version.unwrap_or("latest").to_string(),
         arch,
         available: index.describe(),
+    }
+}
+
+fn resolve_local(
+    channel: &str,
+    dir: &Path,
+    index_path: &Path,
+    version: Option<&str>,
+    arch: Arch,
+) -> Result<ResolvedRelease, ChannelError> {
+    let bytes = fs::read(index_path).map_err(io_err(index_path))?;
+    let index = Index::parse(&bytes, &index_path.display().to_string())?;
+    let e = index
+        .find(version, arch)
+        .ok_or_else(|| not_found(channel, version, arch, &index))?;
+    let mut location = dir.join(&e.path).display().to_string();
+    if !location.ends_with('/') {
+        location.push('/');
+    }
+    Ok(ResolvedRelease {
+        version: e.version.clone(),
+        generation: e.generation,
+        arch,
+        source: Source::Path(dir.join(&e.path)),
+        location,
+        pin: None,
+    })
+}
+
+fn resolve_http(
+    channel: &str,
+    base: &reqwest::Url,
+    index_url: &reqwest::Url,
+    version: Option<&str>,
+    arch: Arch,
+) -> Result<ResolvedRelease, ChannelError> {
+    let client = client(index_url.as_str())?;
+    let bytes = get_small(&client, index_url.as_str())?;
+    let index = Index::parse(&bytes, index_url.as_str())?;
+    let e = index
+        .find(version, arch)
+        .ok_or_else(|| not_found(channel, version, arch, &index))?;
+    let path = if e.path.ends_with('/') {
+        e.path.clone()
+    } else {
+        format!("{}/", e.path)
     };
-    match parse_channel(channel)? {
-        Kind::Local {
-            dir,
-            index: index_path,
-        } => {
-            let bytes = fs::read(&index_path).map_err(io_err(&index_path))?;
-            let index = Index::parse(&bytes, &index_path.display().to_string())?;
-            let e = index.find(version, arch).ok_or_else(|| not_found(&index))?;
-            let mut location = dir.join(&e.path).display().to_string();
-            if !location.ends_with('/') {
-                location.push('/');
-            }
-            Ok(ResolvedRelease {
-                version: e.version.clone(),
-                generation: e.generation,
-                arch,
-                source: Source::Path(dir.join(&e.path)),
-                location,
-            })
+    let url = base.join(&path).map_err(|err| ChannelError::BadChannel {
+        channel: channel.to_string(),
+        why: format!("index path '{}': {err}", e.path),
+    })?;
+    let location = url.to_string();
+    Ok(ResolvedRelease {
+        version: e.version.clone(),
+        generation: e.generation,
+        arch,
+        source: Source::Url(location.clone()),
+        location,
+        pin: None,
+    })
+}
+
+fn resolve_github(
+    channel: &str,
+    owner: &str,
+    repo: &str,
+    version: Option<&str>,
+    arch: Arch,
+) -> Result<ResolvedRelease, ChannelError> {
+    let gh = GitHub::new(owner, repo)?;
+    let releases = gh.releases()?;
+    let mut best: Option<(GhFound, &GhRelease)> = None;
+    let mut seen = Vec::new();
+    let mut skipped = Vec::new();
+    let explicit = matches!(version, Some(v) if v != "latest");
+    // Only fetch manifests of other tags when no tag carries the wanted name.
+    let tag_named = releases
+        .iter()
+        .any(|o| !o.draft && Some(o.tag_name.as_str()) == version);
+    for r in releases.iter().filter(|r| !r.draft) {
+        if (r.prerelease && !explicit)
+            || (explicit && tag_named && version != Some(r.tag_name.as_str()))
+        {
+            continue;
         }
-        Kind::Http {
-            base,
-            index: index_url,
-        } => {
-            let client = client(index_url.as_str())?;
-            let bytes = get_small(&client, index_url.as_str())?;
-            let index = Index::parse(&bytes, index_url.as_str())?;
-            let e = index.find(version, arch).ok_or_else(|| not_found(&index))?;
-            let path = if e.path.ends_with('/') {
-                e.path.clone()
-            } else {
-                format!("{}/", e.path)
-            };
-            let url = base.join(&path).map_err(|err| ChannelError::BadChannel {
-                channel: channel.to_string(),
-                why: format!("index path '{}': {err}", e.path),
-            })?;
-            let location = url.to_string();
-            Ok(ResolvedRelease {
-                version: e.version.clone(),
-                generation: e.generation,
-                arch,
-                source: Source::Url(location.clone()),
-                location,
-            })
-        }
-        Kind::GitHub { owner, repo } => {
-            let gh = GitHub::new(&owner, &repo)?;
-            let releases = gh.releases()?;
-            let mut best: Option<(GhFound, &GhRelease)> = None;
-            let mut seen = Vec::new();
-            let mut skipped = Vec::new();
-            for r in releases.iter().filter(|r| !r.draft) {
-                let explicit = matches!(version, Some(v) if v != "latest");
-                if r.prerelease && !explicit {
-                    continue;
-                }
-                if explicit && version != Some(r.tag_name.as_str()) {
-                    // Only fetch manifests of other tags when no tag carries the wanted name.
-                    if releases
-                        .iter()
-                        .any(|o| !o.draft && Some(o.tag_name.as_str()) == version)
-                    {
-                        continue;
-                    }
-                }
-                // An unreadable old release must not block `latest`: skip it (and say so).
-                let found = match gh.manifest_for(r, arch) {
-                    Ok(Some(found)) => found,
-                    Ok(None) => continue,
-                    // Asked for by its tag: say what is wrong with it.
-                    Err(e) if version == Some(r.tag_name.as_str()) || !skippable(&e) => {
-                        return Err(e)
-                    }
-                    Err(e) => {
-                        log::warn!("channel {channel}: skipping release {}: {e}", r.tag_name);
-                        skipped.push(format!("{}: {e}", r.tag_name));
-                        continue;
-                    }
-                };
-                seen.push(IndexEntry {
-                    version: found.manifest.version.clone(),
-                    generation: found.manifest.generation,
-                    arch,
-                    path: r.tag_name.clone(),
-                });
-                let matches = match version {
-                    None | Some("latest") => true,
-                    Some(v) => found.manifest.version == v || r.tag_name == v,
-                };
-                if !matches {
-                    continue;
-                }
-                if best
-                    .as_ref()
-                    .is_none_or(|(b, _)| found.manifest.generation > b.manifest.generation)
-                {
-                    best = Some((found, r));
-                }
+        // An unreadable old release must not block `latest`: skip it (and say so).
+        let found = match gh.manifest_for(r, arch) {
+            Ok(Some(found)) => found,
+            Ok(None) => continue,
+            // Asked for by its tag: say what is wrong with it.
+            Err(e) if version == Some(r.tag_name.as_str()) || !skippable(&e) => return Err(e),
+            Err(e) => {
+                log::warn!("channel {channel}: skipping release {}: {e}", r.tag_name);
+                skipped.push(format!("{}: {e}", r.tag_name));
+                continue;
             }
-            let Some((found, _)) = best else {
-                sort_newest_first(&mut seen);
-                let mut e = not_found(&Index::new(seen));
-                if let ChannelError::NotFound { available, .. } = &mut e {
-                    for s in &skipped {
-                        available.push_str(&format!("; skipped {s}"));
-                    }
-                }
-                return Err(e);
-            };
-            Ok(ResolvedRelease {
-                version: found.manifest.version,
-                generation: found.manifest.generation,
-                arch,
-                location: found.manifest_url,
-                source: Source::Assets(found.assets),
-            })
+        };
+        seen.push(IndexEntry {
+            version: found.manifest.version.clone(),
+            generation: found.manifest.generation,
+            arch,
+            path: r.tag_name.clone(),
+        });
+        let matches = match version {
+            None | Some("latest") => true,
+            Some(v) => found.manifest.version == v || r.tag_name == v,
+        };
+        if matches
+            && best
+                .as_ref()
+                .is_none_or(|(b, _)| found.manifest.generation > b.manifest.generation)
+        {
+            best = Some((found, r));
         }
     }
+    let Some((found, _)) = best else {
+        sort_newest_first(&mut seen);
+        let mut e = not_found(channel, version, arch, &Index::new(seen));
+        if let ChannelError::NotFound { available, .. } = &mut e {
+            for s in &skipped {
+                available.push_str(&format!("; skipped {s}"));
+            }
+        }
+        return Err(e);
+    };
+    Ok(ResolvedRelease {
+        version: found.manifest.version,
+        generation: found.manifest.generation,
+        arch,
+        location: found.manifest_url,
+        source: Source::Assets(found.assets),
+        pin: None,
+    })
 }
 
 /// A release whose manifest is broken or gone is skipped by `latest`; a transport failure is
