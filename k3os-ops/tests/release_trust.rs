@@ -746,3 +746,107 @@ fn expiry_never_blocks_the_boot_time_confirm_or_a_rollback() {
         bootconfig::Slot::A
     );
 }
+
+/// The `GET /repos/acme/trusted/releases` answer: one release per `dl/<tag>/` directory, its
+/// files as assets.
+fn github_listing(base: &str, dl: &Path, tags: &[&str]) -> String {
+    let items: Vec<serde_json::Value> = tags
+        .iter()
+        .enumerate()
+        .map(|(n, tag)| {
+            let mut names: Vec<String> = fs::read_dir(dl.join(tag))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            serde_json::json!({
+                "tag_name": tag,
+                "draft": false,
+                "prerelease": *tag == channel::GITHUB_METADATA_TAG,
+                "assets": names.iter().enumerate().map(|(k, a)| serde_json::json!({
+                    "id": 100 * n + k,
+                    "name": a,
+                    "size": fs::metadata(dl.join(tag).join(a)).unwrap().len(),
+                    "updated_at": "2026-12-03T10:00:00Z",
+                    "browser_download_url": format!("{base}dl/{tag}/{a}"),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::to_string(&items).unwrap()
+}
+
+/// GitHub channels carry the same metadata as assets of the `channel-metadata` release; the
+/// same client decides, and a release GitHub lists but the targets do not is never picked.
+#[test]
+fn github_channels_carry_the_metadata_as_release_assets() {
+    let c = Chan::new(1);
+    c.release("v9", 9); // listed on GitHub, never signed into the targets
+    let site = c.t.path().join("gh");
+    let dl = site.join("dl");
+    let copy = |from: &Path, tag: &str, only: Option<&[&str]>| {
+        fs::create_dir_all(dl.join(tag)).unwrap();
+        for e in fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if e.path().is_file() && only.is_none_or(|o| o.contains(&name.as_str())) {
+                fs::copy(e.path(), dl.join(tag).join(&name)).unwrap();
+            }
+        }
+    };
+    for tag in ["v1", "v2", "v9"] {
+        copy(&c.dir.join(tag), tag, None);
+    }
+    let meta: &[&str] = &[
+        "root.json",
+        "1.root.json",
+        "targets.json",
+        "snapshot.json",
+        "timestamp.json",
+    ];
+    copy(&c.dir, channel::GITHUB_METADATA_TAG, Some(meta));
+    fs::create_dir_all(site.join("api/repos/acme/trusted")).unwrap();
+    let srv = Server::start(&site);
+    let tags = ["v9", "v2", "v1", channel::GITHUB_METADATA_TAG];
+    fs::write(
+        site.join("api/repos/acme/trusted/releases"),
+        github_listing(&srv.url, &dl, &tags),
+    )
+    .unwrap();
+    std::env::set_var(channel::GITHUB_API_ENV, format!("{}api", srv.url));
+    let ch = "github-releases://acme/trusted";
+    assert_eq!(
+        channel::resolve(ch, None, Arch::host()).unwrap().version,
+        "v9"
+    );
+    let r = resolve(ch, None, &c.node_trust("node")).unwrap();
+    assert_eq!((r.version.as_str(), r.generation), ("v2", 2));
+    assert_eq!(r.location, format!("{}dl/v2/manifest.json", srv.url));
+    let node = SimNode::new(&c.release.trust, 3, 1);
+    let opts = StageOptions {
+        expect_manifest: r.pin,
+        retry_delay: Duration::from_millis(20),
+        ..StageOptions::default()
+    };
+    assert_eq!(
+        node.updater()
+            .stage(&r.source, &opts, &NoProgress)
+            .unwrap()
+            .version,
+        "v2"
+    );
+    // An expired timestamp asset is refused like anywhere else.
+    c.timestamp(Days::days(-1));
+    copy(&c.dir, channel::GITHUB_METADATA_TAG, Some(meta));
+    fs::write(
+        site.join("api/repos/acme/trusted/releases"),
+        github_listing(&srv.url, &dl, &tags),
+    )
+    .unwrap();
+    let e = resolve(ch, None, &c.node_trust("node")).unwrap_err();
+    assert_eq!(
+        e.metadata_expired().map(|(r, _)| r),
+        Some(Role::Timestamp),
+        "{e}"
+    );
+}

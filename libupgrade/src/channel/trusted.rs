@@ -95,10 +95,13 @@ impl MetaSource for LocalMeta {
     }
 }
 
+/// A metadata file's name → its URL (None: the channel has no such file).
+type UrlOf = Box<dyn Fn(&str) -> Option<String>>;
+
 /// Files by URL: an http(s) channel (`base` + name) or GitHub assets (name → URL).
 struct UrlMeta {
     client: reqwest::blocking::Client,
-    urls: Box<dyn Fn(&str) -> Option<String>>,
+    urls: UrlOf,
     min_rate: Option<MinRate>,
     describe: String,
 }

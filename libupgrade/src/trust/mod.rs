@@ -18,6 +18,7 @@
 //! - `snapshot.json`: the version, length and sha256 of `targets.json`.
 //! - `timestamp.json`: the version, length and sha256 of `snapshot.json`; short expiry,
 //!   re-signed by a cron job (`k3os-ops release timestamp`).
+//!
 //! `consistent_snapshot` is false: a node that reads a channel while it is being republished
 //! sees a hash mismatch and tries again at its next poll.
 //!
