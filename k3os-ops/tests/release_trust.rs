@@ -678,9 +678,17 @@ fn continuity_channels_without_metadata_resolve_from_their_index_until_metadata_
             }
         }
     }
-    channel::write_index(plain.path()).unwrap();
+    // index.json exactly as v0.1.0 wrote it (no `format` field).
+    fs::write(
+        plain.path().join("index.json"),
+        format!(
+            r#"{{"releases":[{{"version":"v2","generation":2,"arch":"{a}","path":"v2/"}},{{"version":"v1","generation":1,"arch":"{a}","path":"v1/"}}]}}"#,
+            a = Arch::host()
+        ),
+    )
+    .unwrap();
     let srv = Server::start(plain.path());
-    // A node with a root, on a v0.1.0-style channel: resolves from index.json, unpinned.
+    // A node with a root, on a v0.1.0 channel: resolves from index.json, unpinned.
     let trust = c.node_trust("node");
     let r = resolve(&srv.url, None, &trust).unwrap();
     assert_eq!((r.version.as_str(), r.pin), ("v2", None));

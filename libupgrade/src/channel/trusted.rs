@@ -397,3 +397,39 @@ fn located(
         pin: Some(pin),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The config v0.1.0 documents (and its nodes carry) has neither new key: such a node gets
+    /// the default root path and the "auto" policy, i.e. it resolves channels from their index
+    /// until a root file is put into its image.
+    #[test]
+    fn a_v010_config_gets_the_default_root_and_auto_policy() {
+        let v010 = r#"bootloader = "grub"
+tries = 3
+state_dir = "/var/lib/k3os-ops"
+trust_dir = "/etc/k3os-ops/trust.d"
+health_dir = "/etc/k3os-ops/health.d"
+health_timeout_secs = 30
+[layout]
+kind = "gpt"
+disk = "/dev/vda"
+boot_dir = "/boot"
+"#;
+        let cfg = crate::Config::parse(v010).unwrap();
+        let t = TrustOptions::from_config(&cfg);
+        assert_eq!(t.root_file, Path::new("/etc/k3os-ops/root.json"));
+        assert_eq!(t.policy, MetadataPolicy::Auto);
+        assert_eq!(
+            t.store_file,
+            Path::new("/var/lib/k3os-ops/channel-trust.json")
+        );
+        let required = crate::Config::parse(&format!(
+            "channel_metadata = \"required\"\nchannel_root = \"/r.json\"\n{v010}"
+        ))
+        .unwrap();
+        assert_eq!(required.channel_metadata, MetadataPolicy::Required);
+    }
+}
