@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest as _, Sha256};
 
+use super::index::ChunkEntry;
 use super::local::LocalFile;
-use super::plan::{Action, Plan};
+use super::plan::{Action, FetchRange, LocalRef, Plan};
 use super::rate::{Limited, MinRate, RateLimit, Watched};
 use super::ChunkIndex;
 use crate::error::{Error, Result};
@@ -81,104 +82,26 @@ pub fn apply(
     opts: &ApplyOptions,
     progress: &dyn ApplyProgress,
 ) -> Result<Transfer> {
-    let mut t = Transfer::default();
+    let mut a = Applier {
+        target,
+        remote,
+        locals,
+        opts,
+        progress,
+        t: Transfer::default(),
+        stream: None,
+        backoff: Backoff::new(opts.retry_delay, opts.retries).until(opts.deadline),
+        loc: remote.location(),
+    };
     let mut whole = Sha256::new();
     let mut buf = vec![0u8; index.params.max as usize];
-    let mut stream: Option<(usize, Box<dyn Read + Send + '_>)> = None;
     let mut last_sync = Instant::now();
-    let mut backoff = Backoff::new(opts.retry_delay, opts.retries).until(opts.deadline);
-    let loc = remote.location();
     for (i, c) in index.chunks.iter().enumerate() {
         let data = &mut buf[..c.len as usize];
-        let len = u64::from(c.len);
         match plan.actions[i] {
-            Action::Keep => {
-                target.read_at(c.offset, data)?;
-                t.kept += len;
-                progress.reused(len);
-            }
-            Action::Copy(l) => {
-                let src = &locals[l.source];
-                let ok = src.read_at(l.offset, data).is_ok() && super::digest(data) == c.digest;
-                if ok {
-                    t.copied += len;
-                    progress.reused(len);
-                } else {
-                    // The local file changed under us (it should not): fetch this one chunk.
-                    log::warn!(
-                        "{}: chunk {i} no longer matches at {} byte {}; fetching it",
-                        opts.artifact,
-                        src.name,
-                        l.offset
-                    );
-                    let mut r = remote.open_range(c.offset, c.end())?;
-                    t.requests += 1;
-                    r.read_exact(data).map_err(|e| Error::Fetch {
-                        location: loc.clone(),
-                        what: format!("chunk {i} at byte {}: {e}", c.offset),
-                        retryable: true,
-                    })?;
-                    check(opts, &loc, i, c.offset, &c.digest, data)?;
-                    t.fetched += len;
-                    progress.fetched(len);
-                }
-                target.write_at(c.offset, data)?;
-            }
-            Action::Fetch(r) => {
-                let range = plan.ranges[r];
-                loop {
-                    if stream.as_ref().is_none_or(|s| s.0 != r) {
-                        match remote.open_range(c.offset, range.stop) {
-                            Ok(s) => {
-                                t.requests += 1;
-                                stream = Some((
-                                    r,
-                                    Box::new(Limited::new(
-                                        Watched::new(s, opts.min_rate),
-                                        opts.limit,
-                                    )),
-                                ));
-                            }
-                            Err(e) => {
-                                backoff.attempt_failed(&loc, e)?;
-                                continue;
-                            }
-                        }
-                    }
-                    let s = &mut stream.as_mut().expect("opened above").1;
-                    match s.read_exact(data) {
-                        Ok(()) => break,
-                        Err(e) => {
-                            stream = None;
-                            let what = format!(
-                                "connection dropped in chunk {i} (bytes {}..{}): {e}",
-                                c.offset,
-                                c.end()
-                            );
-                            let Some(delay) = backoff.failed() else {
-                                return Err(Error::Fetch {
-                                    location: loc,
-                                    what: format!(
-                                        "{} (a later run keeps every chunk already written)",
-                                        backoff.gave_up(&what)
-                                    ),
-                                    retryable: true,
-                                });
-                            };
-                            log::warn!(
-                                "{loc}: {what}; re-requesting from byte {} in {delay:?}",
-                                c.offset
-                            );
-                            std::thread::sleep(delay);
-                        }
-                    }
-                }
-                backoff.progressed();
-                check(opts, &loc, i, c.offset, &c.digest, data)?;
-                target.write_at(c.offset, data)?;
-                t.fetched += len;
-                progress.fetched(len);
-            }
+            Action::Keep => a.keep(c, data)?,
+            Action::Copy(l) => a.copy(i, c, l, data)?,
+            Action::Fetch(r) => a.fetch(i, c, (r, plan.ranges[r]), data)?,
         }
         whole.update(&*data);
         if last_sync.elapsed() >= Duration::from_secs(5) {
@@ -186,7 +109,7 @@ pub fn apply(
             last_sync = Instant::now();
         }
     }
-    drop(stream);
+    let Applier { t, loc, .. } = a;
     let found = hex::encode(whole.finalize());
     if found != opts.sha256 {
         return Err(Error::Checksum {
@@ -198,6 +121,135 @@ pub fn apply(
     }
     target.sync()?;
     Ok(t)
+}
+
+/// One [`apply`] in progress: where chunks go and come from, what was done, and the open
+/// range request (the number of the planned range it reads, and the response).
+struct Applier<'a> {
+    target: &'a dyn ChunkTarget,
+    remote: &'a dyn RangeSource,
+    locals: &'a [LocalFile],
+    opts: &'a ApplyOptions<'a>,
+    progress: &'a dyn ApplyProgress,
+    t: Transfer,
+    stream: Option<(usize, Box<dyn Read + Send + 'a>)>,
+    backoff: Backoff,
+    loc: String,
+}
+
+impl Applier<'_> {
+    /// Chunk `c` is already correct in the target: read it back for the whole-file hash.
+    fn keep(&mut self, c: &ChunkEntry, data: &mut [u8]) -> Result<()> {
+        self.target.read_at(c.offset, data)?;
+        self.t.kept += u64::from(c.len);
+        self.progress.reused(u64::from(c.len));
+        Ok(())
+    }
+
+    /// Copy chunk `i` from a local file; fetch it alone if the local bytes no longer match.
+    fn copy(&mut self, i: usize, c: &ChunkEntry, l: LocalRef, data: &mut [u8]) -> Result<()> {
+        let len = u64::from(c.len);
+        let src = &self.locals[l.source];
+        let ok = src.read_at(l.offset, data).is_ok() && super::digest(data) == c.digest;
+        if ok {
+            self.t.copied += len;
+            self.progress.reused(len);
+        } else {
+            // The local file changed under us (it should not): fetch this one chunk.
+            log::warn!(
+                "{}: chunk {i} no longer matches at {} byte {}; fetching it",
+                self.opts.artifact,
+                src.name,
+                l.offset
+            );
+            let mut r = self.remote.open_range(c.offset, c.end())?;
+            self.t.requests += 1;
+            r.read_exact(data).map_err(|e| Error::Fetch {
+                location: self.loc.clone(),
+                what: format!("chunk {i} at byte {}: {e}", c.offset),
+                retryable: true,
+            })?;
+            check(self.opts, &self.loc, i, c.offset, &c.digest, data)?;
+            self.t.fetched += len;
+            self.progress.fetched(len);
+        }
+        self.target.write_at(c.offset, data)
+    }
+
+    /// Read chunk `i` from planned range `r` (re-opening it at this chunk after a drop),
+    /// check it and write it.
+    fn fetch(
+        &mut self,
+        i: usize,
+        c: &ChunkEntry,
+        (r, range): (usize, FetchRange),
+        data: &mut [u8],
+    ) -> Result<()> {
+        loop {
+            if self.stream.as_ref().is_none_or(|s| s.0 != r)
+                && !self.open(r, c.offset, range.stop)?
+            {
+                continue;
+            }
+            let s = &mut self.stream.as_mut().expect("opened above").1;
+            match s.read_exact(data) {
+                Ok(()) => break,
+                Err(e) => {
+                    self.stream = None;
+                    self.dropped(i, c, e)?;
+                }
+            }
+        }
+        self.backoff.progressed();
+        check(self.opts, &self.loc, i, c.offset, &c.digest, data)?;
+        self.target.write_at(c.offset, data)?;
+        self.t.fetched += u64::from(c.len);
+        self.progress.fetched(u64::from(c.len));
+        Ok(())
+    }
+
+    /// Open bytes `start..stop` for planned range `r`: false after a transient failure (the
+    /// backoff waited; try again), an error when the loop gives up.
+    fn open(&mut self, r: usize, start: u64, stop: u64) -> Result<bool> {
+        match self.remote.open_range(start, stop) {
+            Ok(s) => {
+                self.t.requests += 1;
+                let s = Limited::new(Watched::new(s, self.opts.min_rate), self.opts.limit);
+                self.stream = Some((r, Box::new(s)));
+                Ok(true)
+            }
+            Err(e) => {
+                self.backoff.attempt_failed(&self.loc, e)?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// The connection dropped inside chunk `i`: wait before re-requesting it, or give up.
+    fn dropped(&mut self, i: usize, c: &ChunkEntry, e: std::io::Error) -> Result<()> {
+        let what = format!(
+            "connection dropped in chunk {i} (bytes {}..{}): {e}",
+            c.offset,
+            c.end()
+        );
+        let Some(delay) = self.backoff.failed() else {
+            return Err(Error::Fetch {
+                location: self.loc.clone(),
+                what: format!(
+                    "{} (a later run keeps every chunk already written)",
+                    self.backoff.gave_up(&what)
+                ),
+                retryable: true,
+            });
+        };
+        log::warn!(
+            "{}: {what}; re-requesting from byte {} in {delay:?}",
+            self.loc,
+            c.offset
+        );
+        std::thread::sleep(delay);
+        Ok(())
+    }
 }
 
 fn check(
