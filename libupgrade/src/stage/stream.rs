@@ -70,11 +70,30 @@ impl Stager<'_> {
         partial: &mut Partial,
     ) -> Result<()> {
         let name = &run.m.files.get(a).path;
-        let is_local = matches!(run.source, Source::Path(_));
+        let is_local = matches!(run.source, Source::Path(_) | Source::Bundle(_));
         let mut backoff = self.backoff(run.opts);
         let mut last_err = String::new();
         while w.pos < w.size {
-            let (mut r, loc) = match run.source.open(name, w.pos) {
+            let left = run.throttle.left();
+            if left == 0 {
+                // Keep what was synced: the next run resumes from the checkpoint.
+                self.checkpoint(w.target, partial, a, w.pos)?;
+                let b = run.throttle.budget.expect("only a budget runs out");
+                return Err(Error::BudgetSpent {
+                    budget: b.limit(),
+                    fetched: b.used(),
+                    left: 0,
+                });
+            }
+            // Never ask for more than the budget has left.
+            let opened = if left < w.size - w.pos {
+                run.source
+                    .open_range(name, w.pos, w.pos + left)
+                    .map(|r| (r, run.source.location(name)))
+            } else {
+                run.source.open(name, w.pos)
+            };
+            let (mut r, loc) = match opened {
                 Ok(x) => x,
                 Err(e) => {
                     last_err = backoff.attempt_failed(&run.source.location(name), e)?;
@@ -82,13 +101,13 @@ impl Stager<'_> {
                 }
             };
             let before = w.pos;
-            let mut r = Limited::new(Watched::new(&mut r, run.opts.min_rate_rule()), run.limit);
+            let mut r = Limited::new(Watched::new(&mut r, run.opts.min_rate_rule()), run.throttle);
             if let Some(e) = self.pump(run, w, &mut r, a, partial)? {
                 last_err = e;
             }
             let (pos, size) = (w.pos, w.size);
-            if pos == size {
-                break;
+            if pos == size || run.throttle.left() == 0 {
+                continue;
             }
             if is_local {
                 return Err(Error::Size {
