@@ -232,7 +232,9 @@ impl Stager<'_> {
     ) -> Result<StageReport> {
         let target = booted.other();
         let w = match self.prepare(booted, &st, source, opts)? {
-            Prepared::Already(v) => return Ok(report(target, v, true, false, 0, Moved::default())),
+            Prepared::Already(v) => {
+                return Ok(report(target, *v, true, false, 0, Moved::default()))
+            }
             Prepared::Work(w) => w,
         };
         let mut partial = match w.checkpoint.clone().filter(|_| w.plan.resume) {
@@ -262,7 +264,6 @@ impl Stager<'_> {
             }
         };
         let moved = run.moved.get();
-        drop(run);
         self.commit(target, &mut st, &w.v, &w.pre, &partial, w.plan.resume)?;
         Ok(report(target, w.v, false, w.plan.resume, written, moved))
     }
@@ -308,7 +309,7 @@ impl Stager<'_> {
         let target = booted.other();
         let v = self.verify(booted, st, source, opts)?;
         if plan::staged_already(st.slot(target), &v.sha256) {
-            return Ok(Prepared::Already(v));
+            return Ok(Prepared::Already(Box::new(v)));
         }
         let mut pre = self.preflight(source, &v.manifest, opts)?;
         let checkpoint = Partial::load(&self.cfg.state_dir);
@@ -552,7 +553,7 @@ struct Moved {
 
 /// What [`Stager::prepare`] found: nothing to do, or the work.
 enum Prepared {
-    Already(Verified),
+    Already(Box<Verified>),
     Work(Box<Work>),
 }
 
