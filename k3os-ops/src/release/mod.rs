@@ -4,6 +4,7 @@
 //! module only maps arguments onto it and prints results. `metadata` does the same for the
 //! channel's signed metadata (`libupgrade::trust`).
 
+mod bundle;
 mod metadata;
 mod serve;
 
@@ -102,6 +103,8 @@ enum ReleaseCmd {
     /// Re-sign snapshot.json and timestamp.json (the channel's cron job; nodes refuse a
     /// timestamp past its expiry as a frozen channel).
     Timestamp(metadata::TimestampArgs),
+    /// Write one offline bundle file holding a release directory (`upgrade --bundle` reads it).
+    Bundle(bundle::BundleArgs),
     /// Serve DIR over HTTP (GET/HEAD, Range requests) until interrupted.
     Serve {
         dir: PathBuf,
@@ -112,6 +115,7 @@ enum ReleaseCmd {
 
 pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
     match args.cmd {
+        ReleaseCmd::Bundle(a) => bundle::run(a)?,
         ReleaseCmd::Keygen { out, name } => {
             let (secret, public) = signing::generate_keypair(&out, &name)?;
             let id = signing::KeyId::of(&signing::load_public_key(&public)?);
