@@ -857,4 +857,14 @@ fn github_channels_carry_the_metadata_as_release_assets() {
         Some(Role::Timestamp),
         "{e}"
     );
+    // A GitHub channel without the metadata release (v0.1.0's kind) resolves from its listing
+    // on a node that has a root.
+    fs::create_dir_all(site.join("api/repos/acme/plain")).unwrap();
+    fs::write(
+        site.join("api/repos/acme/plain/releases"),
+        github_listing(&srv.url, &dl, &["v2", "v1"]),
+    )
+    .unwrap();
+    let r = resolve("github-releases://acme/plain", None, &c.node_trust("other")).unwrap();
+    assert_eq!((r.version.as_str(), r.pin), ("v2", None));
 }

@@ -200,9 +200,7 @@ pub(super) fn resolve_trusted(
         ignore_expiry: opts.ignore_expiry,
     };
     let verified = match trust::update(src.as_ref(), &start, &clock) {
-        Err(TrustError::Missing { location })
-            if location.ends_with(trust::Role::Timestamp.file()) =>
-        {
+        Err(TrustError::Missing { file, location }) if file == trust::Role::Timestamp.file() => {
             if store.channels.contains_key(&key) {
                 return Err(required(format!(
                     "{location} is missing, but this node has trusted the channel's signed metadata before: it is required from now on"

@@ -82,6 +82,7 @@ pub struct Verified {
 
 fn fetch_required(src: &dyn MetaSource, name: &str, max: u64) -> Result<Vec<u8>, TrustError> {
     src.fetch(name, max)?.ok_or_else(|| TrustError::Missing {
+        file: name.to_string(),
         location: src.location(name),
     })
 }

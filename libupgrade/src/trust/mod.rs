@@ -141,7 +141,11 @@ pub enum TrustError {
     #[error("{path} is channel-trust format {found}, newer than this build of k3os-ops reads (format {STORE_FORMAT}); upgrade k3os-ops first")]
     NewerStore { path: PathBuf, found: u32 },
     #[error("{location} is missing")]
-    Missing { location: String },
+    Missing {
+        /// The file's name in the channel (`timestamp.json`: the channel has no metadata).
+        file: String,
+        location: String,
+    },
     #[error("{what} is larger than {max} bytes; refusing to read more (endless data)")]
     TooLarge { what: String, max: u64 },
     #[error("{what}: {found} valid signature(s) by {role} keys of root version {root_version}, {need} required")]
