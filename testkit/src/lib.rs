@@ -23,6 +23,7 @@ pub use disk::{Loop, TestDisk, MIB};
 pub use node::{boot_as, dir_config, ModelLoader};
 pub use release::{keys, make_release, signed_release, signed_release_with, Keys, ReleaseInputs};
 pub use server::TestServer;
+pub use sim::ExpectGood;
 
 pub fn run(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| {
