@@ -9,6 +9,8 @@
 //! One module per job: [`disk`] (GPT images on loop devices), [`release`] (keys, signed
 //! releases), [`server`] (the HTTP file server), [`node`] (a node's config and boot files under
 //! a temp root), [`loaders`] (the real bootloader backends), [`sim`] (a whole simulated node).
+//! Data flows one way: [`sim`] and [`disk`] build on [`node`]; the other modules stand alone;
+//! the tests use them, and nothing here knows a test.
 
 use std::process::Command;
 
