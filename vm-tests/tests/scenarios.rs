@@ -7,7 +7,7 @@
 //! |---|---|
 //! | x86_64 GRUB BIOS | upgrade, fallback-panic, powercut (sampled), missing-kernel, awaited-check, upgrade-from-previous |
 //! | x86_64 GRUB UEFI | upgrade, fallback-noconfirm |
-//! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous |
+//! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous, bundle-offline |
 //! | aarch64 GRUB UEFI | upgrade, fallback-panic |
 //!
 //! The rest of the matrix is `#[ignore]`d and runs with `just vm-test-all`
@@ -108,6 +108,11 @@ default_test!(
     X86_64GrubBios
 );
 matrix_test!(
+    x86_64_grub_bios_bundle_offline,
+    BundleOffline,
+    X86_64GrubBios
+);
+matrix_test!(
     x86_64_grub_bios_fallback_noconfirm,
     FallbackNoConfirm,
     X86_64GrubBios
@@ -137,6 +142,7 @@ matrix_test!(
     UpgradeFromPrevious,
     X86_64GrubEfi
 );
+matrix_test!(x86_64_grub_efi_bundle_offline, BundleOffline, X86_64GrubEfi);
 
 // x86_64 extlinux (syslinux ADV, one try)
 default_test!(x86_64_extlinux_upgrade, Upgrade, X86_64Extlinux);
@@ -163,6 +169,11 @@ default_test!(
     UpgradeFromPrevious,
     X86_64Extlinux
 );
+default_test!(
+    x86_64_extlinux_bundle_offline,
+    BundleOffline,
+    X86_64Extlinux
+);
 
 // aarch64 GRUB UEFI (AAVMF)
 default_test!(aarch64_grub_efi_upgrade, Upgrade, Aarch64GrubEfi);
@@ -187,5 +198,10 @@ matrix_test!(aarch64_grub_efi_awaited_check, AwaitedCheck, Aarch64GrubEfi);
 matrix_test!(
     aarch64_grub_efi_upgrade_from_previous,
     UpgradeFromPrevious,
+    Aarch64GrubEfi
+);
+matrix_test!(
+    aarch64_grub_efi_bundle_offline,
+    BundleOffline,
     Aarch64GrubEfi
 );

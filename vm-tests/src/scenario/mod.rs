@@ -23,6 +23,10 @@
 //!   binary; the current binary upgrades to v3 (blessed, current boot script), and a panicking v4
 //!   falls back by itself. Then power cuts inside the first migrating write (the boot-time
 //!   confirm of v2 on a node the old binary upgraded).
+//! - `bundle-offline`: a site without a network. The host writes v2 as an offline bundle (the
+//!   host `k3os-ops release bundle`) onto an ext4 USB stick image; the node, with no NIC at
+//!   any boot, mounts the stick, `upgrade --bundle` stages and activates v2, which boots and
+//!   is blessed.
 //!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
@@ -33,7 +37,7 @@
 //! a boot, confirm, `slot status`, upgrade, reboot into a blessed slot); each scenario family
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
-//! (upgrade-from-previous). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! (upgrade-from-previous), `offline` (bundle-offline). Data flows one way: this file → a family → `steps` → [`Vm`] /
 //! [`crate::server`]. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
 //!
@@ -49,6 +53,7 @@ use crate::target::{workspace_root, Accel, Target};
 
 mod awaited;
 mod fallback;
+mod offline;
 mod powercut;
 mod previous;
 mod steps;
@@ -69,10 +74,11 @@ pub enum ScenarioKind {
     MissingKernel,
     AwaitedCheck,
     UpgradeFromPrevious,
+    BundleOffline,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 8] = [
+    pub const ALL: [ScenarioKind; 9] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -81,6 +87,7 @@ impl ScenarioKind {
         ScenarioKind::MissingKernel,
         ScenarioKind::AwaitedCheck,
         ScenarioKind::UpgradeFromPrevious,
+        ScenarioKind::BundleOffline,
     ];
 
     pub fn name(self) -> &'static str {
@@ -93,6 +100,7 @@ impl ScenarioKind {
             ScenarioKind::MissingKernel => "missing-kernel",
             ScenarioKind::AwaitedCheck => "awaited-check",
             ScenarioKind::UpgradeFromPrevious => "upgrade-from-previous",
+            ScenarioKind::BundleOffline => "bundle-offline",
         }
     }
 }
@@ -170,6 +178,9 @@ impl Scenario {
         if kind == ScenarioKind::UpgradeFromPrevious {
             target.check_previous_inputs(&root)?;
         }
+        if kind == ScenarioKind::BundleOffline {
+            target.check_bundle_inputs(&root)?;
+        }
         let accel = Accel::for_target(target, &root);
         let out = root
             .join("vm-tests/out")
@@ -212,6 +223,7 @@ impl Scenario {
             ScenarioKind::MissingKernel => self.missing_kernel()?,
             ScenarioKind::AwaitedCheck => self.awaited_check()?,
             ScenarioKind::UpgradeFromPrevious => self.upgrade_from_previous()?,
+            ScenarioKind::BundleOffline => self.bundle_offline()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;
@@ -228,7 +240,7 @@ impl Scenario {
         Ok(r)
     }
 
-    /// Remove the nodes' scratch disks and UEFI variables (console logs stay).
+    /// Remove the nodes' scratch disks, UEFI variables and USB sticks (console logs stay).
     fn drop_disks(&self) -> Result<()> {
         for e in std::fs::read_dir(&self.out)
             .map_err(|e| Error::io("list scenario output", &self.out, e))?
@@ -236,7 +248,7 @@ impl Scenario {
         {
             let p = e.path();
             if p.is_dir() {
-                for f in ["disk.img", "vars.fd"] {
+                for f in ["disk.img", "vars.fd", "stick.img"] {
                     let _ = std::fs::remove_file(p.join(f));
                 }
             }
