@@ -11,16 +11,17 @@ pub fn render(err: &anyhow::Error) -> String {
 }
 
 /// `EX_TEMPFAIL` (sysexits.h): the command did what it could and the rest must come later,
-/// e.g. `slot confirm` on a trial boot that waits for the agent's Node-Ready.
+/// e.g. `slot confirm` on a trial boot that waits for the agent's Node-Ready, or `upgrade`
+/// stopped at its byte budget or at the end of its download schedule (progress kept).
 pub const EXIT_PENDING: u8 = 75;
 
 /// The exit status for a failed command: [`EXIT_PENDING`] for a bless that waits for awaited
-/// checks, 1 for everything else.
+/// checks and for a stage stopped resumable, 1 for everything else.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
     let pending = err.chain().any(|e| {
         matches!(
             e.downcast_ref::<libupgrade::Error>(),
-            Some(libupgrade::Error::BlessPending { .. })
+            Some(libupgrade::Error::BlessPending { .. } | libupgrade::Error::Stopped { .. })
         )
     });
     if pending {

@@ -6,14 +6,20 @@
 //! On a thin link: `--plan-only` prints what a stage would fetch and reuse, per artifact and
 //! in total, and writes nothing; `--max-bytes` stops an attempt cleanly at a byte budget (a
 //! later run resumes); `--extra-source` (repeatable) names local directories and site mirrors
-//! to take chunks from before the origin.
+//! to take chunks from before the origin; `--stage-until TIME` and `--stage-window
+//! START/END[@RATE]` (repeatable, RFC 3339) say when it may download and how fast
+//! ([`libupgrade::stage::Schedule`]): outside them nothing is fetched, after the last one the
+//! attempt stops. A stop at a budget or at the end of the schedule is not a failure: what was
+//! written is kept, and the command exits 75 (`EX_TEMPFAIL`) so a cron-style caller retries.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use chrono::{DateTime, Utc};
 use clap::Args;
 use libupgrade::error::Size;
+use libupgrade::stage::{Schedule, Window};
 use libupgrade::{Arch, ExtraSource, Source, StageOptions, StagePreview, StageReport};
 
 use crate::node::ConfigArg;
@@ -87,6 +93,40 @@ pub struct UpgradeArgs {
     /// mirror URL of this release. Every chunk is checked against the signed chunk index.
     #[arg(long = "extra-source", value_name = "DIR|URL")]
     pub extra_sources: Vec<String>,
+    /// Download only until this time (RFC 3339, e.g. `2026-12-04T06:00:00Z`), then stop
+    /// cleanly (exit 75); what was written is kept and a later run resumes.
+    #[arg(long, value_parser = parse_time, conflicts_with = "stage_windows")]
+    pub stage_until: Option<DateTime<Utc>>,
+    /// Download only inside this window (repeatable): `START/END` or `START/END@RATE`, times in
+    /// RFC 3339, RATE as for --max-rate. Nothing is fetched between windows (the command
+    /// waits); after the last one it stops cleanly (exit 75).
+    #[arg(long = "stage-window", value_name = "START/END[@RATE]", value_parser = parse_window)]
+    pub stage_windows: Vec<Window>,
+}
+
+/// An RFC 3339 time, e.g. `2026-12-04T06:00:00Z` or `2026-12-04T07:00:00+01:00`.
+pub fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(s.trim())
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("'{s}' is not an RFC 3339 time like 2026-12-04T06:00:00Z: {e}"))
+}
+
+/// `START/END` or `START/END@RATE` → a schedule window.
+pub fn parse_window(s: &str) -> Result<Window, String> {
+    let (span, rate) = match s.rsplit_once('@') {
+        Some((span, rate)) => (span, Some(parse_rate(rate)?)),
+        None => (s, None),
+    };
+    let Some((a, b)) = span.split_once('/') else {
+        return Err(format!(
+            "'{s}' is not a window START/END[@RATE] like 2026-12-04T01:00:00Z/2026-12-04T05:00:00Z@2M"
+        ));
+    };
+    let (start, end) = (parse_time(a)?, parse_time(b)?);
+    if end <= start {
+        return Err(format!("'{s}': the window ends before it starts"));
+    }
+    Ok(Window { start, end, rate })
 }
 
 /// `500M`, `2G`, `1.5GiB`, `100000` → bytes (K/M/G are powers of 1024).
@@ -163,7 +203,10 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
     let (source, expect_version) = resolve(&args)?;
-    let opts = stage_options(&args, expect_version);
+    let opts = StageOptions {
+        schedule: schedule(&args, Utc::now())?,
+        ..stage_options(&args, expect_version)
+    };
     if args.plan_only {
         print_preview(&u.preview(&source, &opts)?);
         return Ok(());
@@ -220,6 +263,25 @@ fn resolve(args: &UpgradeArgs) -> anyhow::Result<(Source, Option<String>)> {
     }
 }
 
+/// The download schedule `--stage-until` / `--stage-window` give (None: any time). A schedule
+/// wholly in the past is refused: it could only stop at once.
+fn schedule(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<Option<Schedule>> {
+    let s = match (args.stage_until, args.stage_windows.is_empty()) {
+        (Some(t), _) => Schedule::until(now, t, None),
+        (None, false) => Schedule::new(args.stage_windows.clone())?,
+        (None, true) => return Ok(None),
+    };
+    let end = s.windows().last().expect("a schedule has a window").end;
+    if end <= now {
+        bail!(
+            "--stage-until/--stage-window: the download schedule ended at {}, before now ({})",
+            end.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        );
+    }
+    Ok(Some(s))
+}
+
 fn stage_options(args: &UpgradeArgs, expect_version: Option<String>) -> StageOptions {
     StageOptions {
         allow_downgrade: args.allow_downgrade,
@@ -238,6 +300,7 @@ fn stage_options(args: &UpgradeArgs, expect_version: Option<String>) -> StageOpt
             .iter()
             .map(|s| ExtraSource::parse(s))
             .collect(),
+        ..StageOptions::default()
     }
 }
 

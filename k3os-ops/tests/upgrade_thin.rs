@@ -3,7 +3,8 @@
 //! stage and writes nothing, `--max-bytes` stops cleanly and the next run (from an offline
 //! bundle, `release bundle` → `upgrade --bundle`) fetches exactly what the plan said was left;
 //! `--extra-source` takes chunks from a local directory; a tampered bundle is refused naming
-//! the member, a truncated one naming where it ends.
+//! the member, a truncated one naming where it ends; `--stage-until` and `--stage-window`
+//! stop at the end of their schedule with exit 75, and the next run continues.
 
 mod release_support;
 
@@ -337,4 +338,85 @@ fn a_tampered_or_truncated_bundle_is_refused_naming_the_member() {
         bundle.to_str().unwrap(),
     ]);
     assert!(out.contains("staged v2"), "{out}");
+}
+
+fn rfc3339(t: std::time::SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[test]
+fn stage_until_and_stage_windows_stop_resumable_with_exit_75_and_the_next_run_continues() {
+    use std::time::{Duration, Instant, SystemTime};
+    let n = Node::new();
+    let rel = n.release();
+    let src = rel.to_str().unwrap();
+    let total = release_size(&rel);
+    let exit_75 = |args: &[&str]| {
+        let out = n.ops(args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(75), "k3os-ops {args:?}: {err}");
+        let line = err.lines().find(|l| l.starts_with("error: ")).unwrap();
+        assert!(
+            line.contains("stopped at the end of the download schedule")
+                && line.contains("later run resumes"),
+            "{line}"
+        );
+        eprintln!("k3os-ops {args:?}: {line}");
+    };
+
+    // Refused before anything: a malformed window, a schedule already over.
+    let line = n.fails(&["upgrade", "--stage-window", "tonight", "--source", src]);
+    assert!(
+        line.contains("'tonight' is not a window START/END"),
+        "{line}"
+    );
+    let past = rfc3339(SystemTime::now() - Duration::from_secs(60));
+    let line = n.fails(&["upgrade", "--stage-until", &past, "--source", src]);
+    assert!(line.contains("download schedule ended at"), "{line}");
+
+    // 2 s at 256 KiB/s of a 3.5 MiB release.
+    let until = rfc3339(SystemTime::now() + Duration::from_secs(2));
+    let args = ["--max-rate", "256K", "--source", src];
+    exit_75(
+        &[
+            &["upgrade", "--stage-only", "--stage-until", &until][..],
+            &args,
+        ]
+        .concat(),
+    );
+    let rest1 = planned_fetch(&n.ok(&["upgrade", "--plan-only", "--source", src]));
+    assert!(
+        rest1 < total - 256 * 1024 && rest1 > total - 1024 * 1024,
+        "{rest1} of {total} left after 2 s at 256 KiB/s"
+    );
+
+    // Two windows, the first a second from now: waits for it, fetches in both, stops after.
+    let at = |s: u64| rfc3339(SystemTime::now() + Duration::from_secs(s));
+    let w1 = format!("{}/{}@512K", at(1), at(2));
+    let w2 = format!("{}/{}@256K", at(3), at(4));
+    let t = Instant::now();
+    exit_75(&[
+        "upgrade",
+        "--stage-only",
+        "--stage-window",
+        &w1,
+        "--stage-window",
+        &w2,
+        "--source",
+        src,
+    ]);
+    assert!(t.elapsed() >= Duration::from_secs(3), "{:?}", t.elapsed());
+    let rest2 = planned_fetch(&n.ok(&["upgrade", "--plan-only", "--source", src]));
+    let got = rest1 - rest2;
+    assert!(
+        got > 512 * 1024 && got <= 768 * 1024 + 128 * 1024,
+        "{got} bytes in 1 s at 512 KiB/s and 1 s at 256 KiB/s"
+    );
+
+    // No schedule: the rest, exactly as planned.
+    let out = n.ok(&["upgrade", "--stage-only", "--source", src]);
+    assert!(
+        out.contains("staged v2") && out.contains(&format!("fetched ({rest2} bytes)")),
+        "the plan said {rest2}: {out}"
+    );
 }
