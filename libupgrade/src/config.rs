@@ -127,6 +127,10 @@ pub struct Config {
     /// from a slot, such as tests of the state machine).
     #[serde(default = "default_true")]
     pub builtin_health_check: bool,
+    /// A reachability check every activation awaits on its trial boot ([`crate::reach`]);
+    /// None (no `[reachability]` table): none.
+    #[serde(default)]
+    pub reachability: Option<crate::reach::Reachability>,
 }
 
 impl Config {

@@ -386,6 +386,7 @@ impl Stager<'_> {
         rec.version = Some(v.manifest.version.clone());
         rec.generation = Some(v.manifest.generation);
         rec.manifest_sha256 = Some(v.sha256.clone());
+        rec.staged_from = Some(v.location.clone()).filter(|l| l.starts_with("http"));
         st.transition(
             target,
             Event::StageStarted,
