@@ -4,7 +4,9 @@
 //! bundle, `release bundle` → `upgrade --bundle`) fetches exactly what the plan said was left;
 //! `--extra-source` takes chunks from a local directory; a tampered bundle is refused naming
 //! the member, a truncated one naming where it ends; `--stage-until` and `--stage-window`
-//! stop at the end of their schedule with exit 75, and the next run continues.
+//! stop at the end of their schedule with exit 75, and the next run continues. A trial boot
+//! whose site cannot be reached (`[reachability]`) rolls back by itself at the limit; one that
+//! reaches an endpoint (a listener, any HTTP answer, the URL it was staged from) is blessed.
 
 mod release_support;
 
@@ -418,5 +420,125 @@ fn stage_until_and_stage_windows_stop_resumable_with_exit_75_and_the_next_run_co
     assert!(
         out.contains("staged v2") && out.contains(&format!("fetched ({rest2} bytes)")),
         "the plan said {rest2}: {out}"
+    );
+}
+
+impl Node {
+    /// Add a `[reachability]` table to the node's config.
+    fn reachability(&self, endpoints: &[String], within_secs: u64) {
+        let mut c = fs::read_to_string(&self.config).unwrap();
+        let list: Vec<String> = endpoints.iter().map(|e| format!("{e:?}")).collect();
+        c.push_str(&format!(
+            "[reachability]\nendpoints = [{}]\nwithin_secs = {within_secs}\n",
+            list.join(", ")
+        ));
+        fs::write(&self.config, c).unwrap();
+    }
+
+    /// Stage `src`, activate it and boot it on trial: the boot-time confirm is pending (75)
+    /// on the reachability check.
+    fn trial_of(&self, src: &str) {
+        self.ok(&["upgrade", "--stage-only", "--source", src]);
+        self.ok(&["slot", "activate"]);
+        fs::write(self.path().join("cmdline"), "ro k3os.slot=B\n").unwrap();
+        fs::write(self.path().join("boot_id"), "boot-2\n").unwrap();
+        let out = self.ops(&["slot", "confirm"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(75), "{err}");
+        assert!(err.contains("waiting for reachable"), "{err}");
+    }
+
+    fn status(&self) -> String {
+        self.ok(&["slot", "status"])
+    }
+}
+
+/// A 127.0.0.1 port nothing listens on.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[test]
+fn an_unreachable_site_rolls_the_trial_back_at_the_limit_naming_the_endpoints() {
+    let n = Node::new();
+    let rel = n.release();
+    let closed = format!("tcp://127.0.0.1:{}", closed_port());
+    n.reachability(std::slice::from_ref(&closed), 2);
+    n.trial_of(rel.to_str().unwrap());
+    let t0 = std::time::Instant::now();
+    let line = n.fails(&["slot", "await-bless"]);
+    assert!(t0.elapsed() >= std::time::Duration::from_secs(2));
+    assert!(
+        line.contains("reachable: not reported within 2 s of the boot")
+            && line.contains(&format!("none of {closed} (")),
+        "{line}"
+    );
+    let st = n.status();
+    assert!(
+        st.contains("Next boot:  slot A") && st.contains("slot B (bad, booted"),
+        "{st}"
+    );
+}
+
+#[test]
+fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts() {
+    // A listener after a closed port: the first endpoint that answers is enough.
+    let n = Node::new();
+    let rel = n.release();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let open = format!("tcp://{}", listener.local_addr().unwrap());
+    let closed = format!("tcp://127.0.0.1:{}", closed_port());
+    n.reachability(&[closed, open.clone()], 30);
+    n.trial_of(rel.to_str().unwrap());
+    let out = n.ok(&["slot", "await-bless"]);
+    assert!(out.contains("slot B"), "{out}");
+    assert!(
+        n.status().contains("slot B (good, booted"),
+        "{}",
+        n.status()
+    );
+
+    // Any HTTP answer (a 404) counts.
+    let n = Node::new();
+    let rel = n.release();
+    let srv = testkit::TestServer::paced(n.path().to_path_buf(), 0);
+    n.reachability(&[format!("{}no-such-file", srv.base)], 30);
+    n.trial_of(rel.to_str().unwrap());
+    n.ok(&["slot", "await-bless"]);
+    assert!(
+        n.status().contains("slot B (good, booted"),
+        "{}",
+        n.status()
+    );
+
+    // No endpoints configured: the URL the release was staged from; a local source has none,
+    // which activation refuses up front.
+    let n = Node::new();
+    let rel = n.release();
+    n.reachability(&[], 30);
+    n.ok(&["upgrade", "--stage-only", "--source", rel.to_str().unwrap()]);
+    let line = n.fails(&["slot", "activate"]);
+    assert!(line.contains("not staged from an http(s) URL"), "{line}");
+    let n = Node::new();
+    let rel = n.release();
+    let srv = testkit::TestServer::paced(n.path().to_path_buf(), 0);
+    n.reachability(&[], 30);
+    n.trial_of(&format!(
+        "{}{}",
+        srv.base,
+        rel.file_name().unwrap().to_str().unwrap()
+    ));
+    let asked = srv.requests.lock().unwrap().len();
+    n.ok(&["slot", "await-bless"]);
+    assert!(
+        n.status().contains("slot B (good, booted"),
+        "{}",
+        n.status()
+    );
+    let last = srv.requests.lock().unwrap()[asked..].to_vec();
+    assert!(
+        last.iter().any(|r| r.starts_with("/v2/manifest.json")),
+        "probed {last:?}"
     );
 }

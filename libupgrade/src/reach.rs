@@ -23,7 +23,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
+use crate::health::CheckResult;
 use crate::state::AwaitedChecks;
+use crate::updater::Updater;
 
 /// The name the check is awaited and reported under.
 pub const CHECK: &str = "reachable";
@@ -149,6 +152,33 @@ pub fn probe(e: &Endpoint, timeout: Duration) -> Result<String, String> {
     }
 }
 
+impl Updater {
+    /// One reachability probe for `slot await-bless` while this boot's verdict waits for
+    /// `waiting_for`: None when it does not wait for [`CHECK`] (or the config has no
+    /// `[reachability]`); else the check's result to report ([`Updater::confirm_with`]) when an
+    /// endpoint answered, or not passed (yet) with why, naming every endpoint.
+    pub fn probe_reachability(&self, waiting_for: &[String]) -> Result<Option<CheckResult>> {
+        let Some(cfg) = &self.cfg.reachability else {
+            return Ok(None);
+        };
+        if !waiting_for.iter().any(|n| n == CHECK) {
+            return Ok(None);
+        }
+        let booted = self.booted_slot()?;
+        let st = self.load(Some(booted))?;
+        let eps = endpoints(cfg, st.slot(booted).staged_from.as_deref()).map_err(Error::Usage)?;
+        let (ok, detail) = match probe_any(&eps, PROBE_TIMEOUT) {
+            Ok(what) => (true, what),
+            Err(why) => (false, why),
+        };
+        Ok(Some(CheckResult {
+            name: CHECK.to_string(),
+            ok,
+            detail,
+        }))
+    }
+}
+
 /// An error with its causes (reqwest's own message is only "error sending request").
 fn causes(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
@@ -177,6 +207,25 @@ pub fn probe_any(endpoints: &[Endpoint], timeout: Duration) -> Result<String, St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_config_table_is_optional_and_its_keys_are_checked() {
+        let base = "bootloader = \"grub\"\n[layout]\nkind = \"gpt\"\ndisk = \"/dev/vda\"\nboot_dir = \"/boot\"\n";
+        assert_eq!(crate::Config::parse(base).unwrap().reachability, None);
+        let c = crate::Config::parse(&format!(
+            "{base}[reachability]\nendpoints = [\"tcp://10.0.0.1:6443\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.reachability,
+            Some(Reachability {
+                endpoints: vec!["tcp://10.0.0.1:6443".into()],
+                within_secs: 600
+            })
+        );
+        let e = crate::Config::parse(&format!("{base}[reachability]\nwithin = 5\n")).unwrap_err();
+        assert!(e.contains("within"), "{e}");
+    }
 
     #[test]
     fn endpoints_parse_or_are_refused_by_name() {
