@@ -523,12 +523,16 @@ fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts()
     let n = Node::new();
     let rel = n.release();
     let srv = testkit::TestServer::paced(n.path().to_path_buf(), 0);
+    let plain = fs::read_to_string(&n.config).unwrap();
     n.reachability(&[], 30);
     n.trial_of(&format!(
         "{}{}",
         srv.base,
         rel.file_name().unwrap().to_str().unwrap()
     ));
+    // The awaits are the activating slot's; a trial release whose own config has no
+    // [reachability] still probes the URL it was staged from.
+    fs::write(&n.config, plain).unwrap();
     let asked = srv.requests.lock().unwrap().len();
     n.ok(&["slot", "await-bless"]);
     assert!(

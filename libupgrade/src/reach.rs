@@ -154,19 +154,21 @@ pub fn probe(e: &Endpoint, timeout: Duration) -> Result<String, String> {
 
 impl Updater {
     /// One reachability probe for `slot await-bless` while this boot's verdict waits for
-    /// `waiting_for`: None when it does not wait for [`CHECK`] (or the config has no
-    /// `[reachability]`); else the check's result to report ([`Updater::confirm_with`]) when an
-    /// endpoint answered, or not passed (yet) with why, naming every endpoint.
+    /// `waiting_for`: None when it does not wait for [`CHECK`]; else the check's result to
+    /// report ([`Updater::confirm_with`]) when an endpoint answered, or not passed (yet) with
+    /// why, naming every endpoint. The awaits were decided by the activating slot's config: a
+    /// trial release whose own config has no `[reachability]` probes the default endpoint.
     pub fn probe_reachability(&self, waiting_for: &[String]) -> Result<Option<CheckResult>> {
-        let Some(cfg) = &self.cfg.reachability else {
-            return Ok(None);
-        };
         if !waiting_for.iter().any(|n| n == CHECK) {
             return Ok(None);
         }
+        let cfg = self.cfg.reachability.clone().unwrap_or(Reachability {
+            endpoints: Vec::new(),
+            within_secs: default_within(),
+        });
         let booted = self.booted_slot()?;
         let st = self.load(Some(booted))?;
-        let eps = endpoints(cfg, st.slot(booted).staged_from.as_deref()).map_err(Error::Usage)?;
+        let eps = endpoints(&cfg, st.slot(booted).staged_from.as_deref()).map_err(Error::Usage)?;
         let (ok, detail) = match probe_any(&eps, PROBE_TIMEOUT) {
             Ok(what) => (true, what),
             Err(why) => (false, why),
