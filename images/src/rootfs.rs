@@ -9,16 +9,13 @@ use std::path::Path;
 
 use crate::debs::Debs;
 use crate::error::{IoContext, Result};
-use crate::release::{ReleaseSpec, Variant};
 use crate::run::Cmd;
+use crate::spec::{ReleaseSpec, Variant, GRUB_TRIES};
 use crate::target::Target;
 
 pub const INIT: &str = include_str!("../files/rootfs-init.sh");
 pub const UDHCPC_SCRIPT: &str = include_str!("../files/udhcpc.script");
 pub const PROFILE: &str = include_str!("../files/profile");
-
-/// Tries GRUB gives a newly activated slot on these test nodes.
-pub const GRUB_TRIES: u8 = 3;
 
 /// The node configuration (`/etc/k3os-ops/config.<loader>.toml`) libupgrade reads.
 pub fn node_config(bootloader: &str, tries: u8) -> String {
@@ -142,6 +139,12 @@ pub fn populate(
     write(&dir.join("srv/www/index.html"), "alive\n", 0o644)?;
     write(&dir.join(APP_FILE), app_payload(spec.generation), 0o644)?;
     write(&dir.join("etc/k3os-release"), release_file(spec), 0o644)?;
+    node_files(dir, trust_pub, spec)
+}
+
+/// `/etc/k3os-ops`: the node configuration for both loaders, the trusted key, and the
+/// failure variant's twist.
+fn node_files(dir: &Path, trust_pub: &Path, spec: &ReleaseSpec) -> Result<()> {
     let ops = dir.join("etc/k3os-ops");
     write(
         &ops.join("config.grub.toml"),

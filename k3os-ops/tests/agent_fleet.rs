@@ -669,11 +669,13 @@ impl Fleet {
                 false
             }
             // Nodes start on A: B is the new version, booted on trial.
-            (Slot::B, Err(libupgrade::Error::BlessPending { waiting_for, .. })) => {
-                assert_eq!(waiting_for, agent::node::NODE_READY, "{name}");
+            (Slot::B, Ok(r))
+                if matches!(r.outcome(), libupgrade::Outcome::Pending { waiting_for, .. }
+                    if waiting_for.join(", ") == agent::node::NODE_READY) =>
+            {
                 true
             }
-            (Slot::A, Ok(_)) => false,
+            (Slot::A, Ok(r)) if r.is_good() => false,
             (slot, other) => panic!(
                 "{name} booted {slot}: init's confirm must wait for node-ready on the trial and pass on A: {other:?}"
             ),
@@ -885,7 +887,7 @@ async fn rollout(concurrency: u32) {
         );
         // The bless is in the loader: the next power-on stays on B.
         assert_eq!(fleet.rigs[i].power_cycle(), Slot::B, "{name}");
-        fleet.rigs[i].init_confirm().expect("B is good");
+        fleet.rigs[i].init_confirm_good("B is good");
     }
     let samples = fleet.monitor.lock().unwrap().samples;
     let refused = fleet.world.lock().unwrap().evictions_refused;

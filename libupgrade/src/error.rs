@@ -125,18 +125,6 @@ pub enum Error {
         state: SlotState,
         expected: &'static str,
     },
-    #[error("health check failed on slot {slot}: {failures}")]
-    HealthCheck {
-        slot: Slot,
-        failures: String,
-        rolled_back: bool,
-    },
-    #[error("slot {slot} passed its health checks but is not marked good yet: waiting for {waiting_for} (to be reported within {within_secs} s of the boot, e.g. by the agent); a reboot before then counts as a failed try")]
-    BlessPending {
-        slot: Slot,
-        waiting_for: String,
-        within_secs: u64,
-    },
     #[error("slot {slot} cannot be activated: {source}")]
     BootScript {
         slot: Slot,

@@ -10,6 +10,8 @@
 //! releases), [`server`] (the HTTP file server), [`node`] (a node's config and boot files under
 //! a temp root), [`loaders`] (the real bootloader backends), [`sim`] (a whole simulated node),
 //! [`clock`] (virtual time for download schedules).
+//! Data flows one way: [`sim`] and [`disk`] build on [`node`]; the other modules stand alone;
+//! the tests use them, and nothing here knows a test.
 
 use std::process::Command;
 
@@ -26,6 +28,7 @@ pub use disk::{Loop, TestDisk, MIB};
 pub use node::{boot_as, dir_config, ModelLoader};
 pub use release::{keys, make_release, signed_release, signed_release_with, Keys, ReleaseInputs};
 pub use server::TestServer;
+pub use sim::ExpectGood;
 
 pub fn run(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| {

@@ -262,9 +262,14 @@ impl NodeOps for LibupgradeNode {
         &self,
         node_ready: libupgrade::health::CheckResult,
     ) -> Result<ConfirmResult, NodeError> {
-        match self.updater.confirm_with(&[&node_ready]) {
-            Ok(_) => Ok(ConfirmResult::Healthy),
-            Err(libupgrade::Error::HealthCheck {
+        use crate::report::Unconfirmed;
+        let rep = self
+            .updater
+            .confirm_with(&[&node_ready])
+            .map_err(|e| NodeError::new("confirm", e))?;
+        match Unconfirmed::of(&rep) {
+            None => Ok(ConfirmResult::Healthy),
+            Some(Unconfirmed::HealthFailed {
                 failures,
                 rolled_back,
                 ..
@@ -273,7 +278,9 @@ impl NodeOps for LibupgradeNode {
             } else {
                 ConfirmResult::Unhealthy(failures)
             }),
-            Err(e) => Err(NodeError::new("confirm", e)),
+            Some(not_assessed_or_pending) => {
+                Err(NodeError::new("confirm", not_assessed_or_pending))
+            }
         }
     }
 
