@@ -506,3 +506,76 @@ fn the_end_of_the_schedule_stops_the_attempt_and_the_next_fetches_only_the_rest(
     );
     assert_b_is(&disk, &v2);
 }
+
+/// Re-sign `rel`'s manifest without chunk indexes (a release from before them): every
+/// artifact is then streamed whole.
+fn without_chunk_indexes(k: &Keys, rel: &Path) {
+    let path = rel.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for f in m["files"].as_object_mut().unwrap().values_mut() {
+        f.as_object_mut().unwrap().remove("chunks");
+    }
+    let bytes = serde_json::to_vec_pretty(&m).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    let sig = libupgrade::signing::sign(&bytes, &k.secret).unwrap();
+    std::fs::write(rel.join("manifest.json.sig"), sig).unwrap();
+}
+
+#[test]
+fn a_schedule_paces_whole_file_streams_the_same_way() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(2 << 20, 73), 209);
+    without_chunk_indexes(&k, &v2);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
+    let src = Source::parse(&format!("{}v2", srv.base));
+    let disk = TestDisk::new(24 * MIB);
+    let u = updater(&disk, disk.config(&k.trust));
+    let (p, meta, _) = metered(&srv, || u.preview(&src, &fast()).unwrap());
+    assert!(p.artifacts.iter().all(|a| a.fetch == a.size), "{p:?}");
+    let log = srv.requests.lock().unwrap().clone();
+    assert!(!log.iter().any(|l| l.contains(".chunks")), "{log:?}");
+
+    let rate = 256 << 10;
+    let schedule = Schedule::new(vec![
+        window(30, 5, Some(rate)),
+        window(900, 2, Some(rate)),
+        window(1800, 100, Some(rate)),
+    ])
+    .unwrap();
+    let clock = VirtualClock::new(at(0), srv.sent_counter());
+    let opts = StageOptions {
+        schedule: Some(schedule.clone()),
+        clock: clock.clone(),
+        ..fast()
+    };
+    let c0 = srv.sent();
+    let (r, wire, requests) = metered(&srv, || u.stage(&src, &opts, &NoProgress).unwrap());
+    assert_b_is(&disk, &v2);
+    let samples = clock.samples();
+    assert!(
+        samples.last().unwrap().0 >= at(1800),
+        "the last window was needed"
+    );
+    assert_eq!(sent_outside(&schedule, &samples), 0);
+    let slack = rate + meta + requests as u64 * HEAD;
+    for (t, c) in &samples {
+        let allowed = schedule.allowed_by(*t).unwrap() as u64;
+        assert!(
+            c - c0 <= allowed + slack,
+            "at {t}: {} sent, {allowed} allowed",
+            c - c0
+        );
+    }
+    // Streams, re-opened at each window (about a second of rate per request).
+    let ranged = srv.requests.lock().unwrap()[log.len()..]
+        .iter()
+        .filter(|l| l.starts_with("/v2/rootfs.squashfs Some("))
+        .count();
+    assert!(ranged >= 8, "{ranged} range requests of the rootfs");
+    assert_eq!(r.bytes_fetched, size_of(&v2));
+    assert!(
+        wire <= meta + size_of(&v2) + requests as u64 * HEAD,
+        "{wire} on the wire: something was fetched twice"
+    );
+}
