@@ -93,6 +93,10 @@ pub struct UpgradeArgs {
     /// mirror URL of this release. Every chunk is checked against the signed chunk index.
     #[arg(long = "extra-source", value_name = "DIR|URL")]
     pub extra_sources: Vec<String>,
+    /// Accept the channel's signed metadata even when it has expired (a node whose clock is
+    /// wrong, updated by an operator). Signatures, thresholds and versions are still checked.
+    #[arg(long, requires = "channel")]
+    pub ignore_expiry: bool,
     /// Download only until this time (RFC 3339, e.g. `2026-12-04T06:00:00Z`), then stop
     /// cleanly (exit 75); what was written is kept and a later run resumes.
     #[arg(long, value_parser = parse_time, conflicts_with = "stage_windows")]
@@ -127,6 +131,14 @@ pub fn parse_window(s: &str) -> Result<Window, String> {
         return Err(format!("'{s}': the window ends before it starts"));
     }
     Ok(Window { start, end, rate })
+}
+
+/// What the stage must find: the version asked for and, when the channel's signed metadata
+/// chose the release, the exact manifest.
+#[derive(Default)]
+struct Expect {
+    version: Option<String>,
+    manifest: Option<libupgrade::trust::ManifestPin>,
 }
 
 /// `500M`, `2G`, `1.5GiB`, `100000` → bytes (K/M/G are powers of 1024).
@@ -202,10 +214,10 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 
 pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
-    let (source, expect_version) = resolve(&args)?;
+    let (source, expect) = resolve(&args, u.config())?;
     let opts = StageOptions {
         schedule: schedule(&args, Utc::now())?,
-        ..stage_options(&args, expect_version)
+        ..stage_options(&args, expect)
     };
     if args.plan_only {
         print_preview(&u.preview(&source, &opts)?);
@@ -233,7 +245,7 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
 }
 
 /// The release to stage, and the version its signed manifest must name (a channel's entry).
-fn resolve(args: &UpgradeArgs) -> anyhow::Result<(Source, Option<String>)> {
+fn resolve(args: &UpgradeArgs, cfg: &libupgrade::Config) -> anyhow::Result<(Source, Expect)> {
     if let Some(b) = &args.bundle {
         let b = libupgrade::bundle::Bundle::open(b)?;
         eprintln!(
@@ -245,19 +257,41 @@ fn resolve(args: &UpgradeArgs) -> anyhow::Result<(Source, Option<String>)> {
         );
         // The signed manifest must be the release the bundle's header names.
         let version = b.header.version.clone();
-        return Ok((Source::Bundle(b), Some(version)));
+        let expect = Expect {
+            version: Some(version),
+            manifest: None,
+        };
+        return Ok((Source::Bundle(b), expect));
     }
     match (&args.source, &args.channel) {
-        (Some(s), _) => Ok((Source::parse(s), None)),
+        (Some(s), _) => Ok((Source::parse(s), Expect::default())),
         (None, Some(ch)) => {
-            let r = libupgrade::channel::resolve(ch, Some(&args.version), Arch::host())
-                .with_context(|| format!("resolving {} in channel {ch}", args.version))?;
+            let mut trust = libupgrade::channel::TrustOptions::from_config(cfg);
+            trust.min_rate = min_rate(args);
+            if args.ignore_expiry {
+                trust.ignore_expiry = true;
+                eprintln!(
+                    "WARNING: --ignore-expiry: expired channel metadata is accepted; a frozen or replayed channel cannot be told from a fresh one"
+                );
+            }
+            let r =
+                libupgrade::channel::resolve_with(ch, Some(&args.version), Arch::host(), &trust)
+                    .with_context(|| format!("resolving {} in channel {ch}", args.version))?;
+            let how = if r.pin.is_some() {
+                " (signed channel metadata)"
+            } else {
+                ""
+            };
             eprintln!(
-                "channel {ch}: {} resolves to {} (generation {}) at {}",
+                "channel {ch}: {} resolves to {} (generation {}) at {}{how}",
                 args.version, r.version, r.generation, r.location
             );
             // The signed manifest must be the release the channel named.
-            Ok((r.source, Some(r.version)))
+            let expect = Expect {
+                version: Some(r.version),
+                manifest: r.pin,
+            };
+            Ok((r.source, expect))
         }
         (None, None) => bail!("give --source or --channel"),
     }
@@ -282,18 +316,23 @@ fn schedule(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<Option<Sch
     Ok(Some(s))
 }
 
-fn stage_options(args: &UpgradeArgs, expect_version: Option<String>) -> StageOptions {
+fn min_rate(args: &UpgradeArgs) -> Option<libupgrade::stage::MinRate> {
+    (args.min_rate > 0).then_some(libupgrade::stage::MinRate {
+        bytes_per_sec: args.min_rate,
+        ..libupgrade::stage::MinRate::DEFAULT
+    })
+}
+
+fn stage_options(args: &UpgradeArgs, expect: Expect) -> StageOptions {
     StageOptions {
         allow_downgrade: args.allow_downgrade,
         trust_dir: args.trust_dir.clone(),
         retry_delay: Duration::from_secs(1),
         max_rate: args.max_rate,
-        expect_version,
+        expect_version: expect.version,
+        expect_manifest: expect.manifest,
         retry_for: args.retry_for.0,
-        min_rate: (args.min_rate > 0).then_some(libupgrade::stage::MinRate {
-            bytes_per_sec: args.min_rate,
-            ..libupgrade::stage::MinRate::DEFAULT
-        }),
+        min_rate: min_rate(args),
         max_bytes: args.max_bytes,
         extra_sources: args
             .extra_sources

@@ -52,6 +52,8 @@ fn config(work: &Path, disk: &Path) -> Config {
         boot_id_file: work.join("boot_id"),
         builtin_health_check: false,
         reachability: None,
+        channel_root: std::path::PathBuf::from("/nonexistent/root.json"),
+        channel_metadata: Default::default(),
     }
 }
 

@@ -58,6 +58,13 @@ pub enum Error {
         asked: String,
         found: String,
     },
+    #[error("{location} is not the manifest {from} names: expected {expected}, found {found}; nothing was written (a mirror or attacker serves other bytes)")]
+    ManifestPin {
+        location: String,
+        from: String,
+        expected: String,
+        found: String,
+    },
     #[error("fetch {location}: {what}")]
     Fetch {
         location: String,

@@ -1,9 +1,11 @@
 //! `k3os-ops release …`: the publisher's side — make keys, create and sign releases, index a
 //! channel directory, inspect channels, verify a release directory, and serve a channel over
 //! HTTP for demos and tests. All logic lives in `libupgrade::{signing, release, channel}`; this
-//! module only maps arguments onto it and prints results.
+//! module only maps arguments onto it and prints results. `metadata` does the same for the
+//! channel's signed metadata (`libupgrade::trust`).
 
 mod bundle;
+mod metadata;
 mod serve;
 
 use std::net::SocketAddr;
@@ -91,6 +93,16 @@ enum ReleaseCmd {
         #[arg(long)]
         trust_dir: PathBuf,
     },
+    /// The channel's root of signed metadata: `init` (first root) or `rotate` (root N+1).
+    Root {
+        #[command(subcommand)]
+        cmd: metadata::RootCmd,
+    },
+    /// Sign the list of the channel's releases (targets.json) after `create` / `index`.
+    Targets(metadata::TargetsArgs),
+    /// Re-sign snapshot.json and timestamp.json (the channel's cron job; nodes refuse a
+    /// timestamp past its expiry as a frozen channel).
+    Timestamp(metadata::TimestampArgs),
     /// Write one offline bundle file holding a release directory (`upgrade --bundle` reads it).
     Bundle(bundle::BundleArgs),
     /// Serve DIR over HTTP (GET/HEAD, Range requests) until interrupted.
@@ -108,7 +120,11 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
             let (secret, public) = signing::generate_keypair(&out, &name)?;
             let id = signing::KeyId::of(&signing::load_public_key(&public)?);
             println!("secret key: {}", secret.display());
-            println!("public key: {} (key id {id})", public.display());
+            println!(
+                "public key: {} (key id {id}; as a channel metadata key {})",
+                public.display(),
+                metadata::tuf_key_id(&public)?
+            );
             println!(
                 "copy the public key into each node's trust dir; keep the secret key off the nodes"
             );
@@ -202,6 +218,9 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
                 m.generation
             );
         }
+        ReleaseCmd::Root { cmd } => metadata::root(cmd)?,
+        ReleaseCmd::Targets(a) => metadata::targets(a)?,
+        ReleaseCmd::Timestamp(a) => metadata::timestamp(a)?,
         ReleaseCmd::Serve { dir, listen } => serve::serve(&dir, listen)?,
     }
     Ok(())

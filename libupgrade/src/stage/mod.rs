@@ -114,6 +114,10 @@ pub struct StageOptions {
     /// The version asked for (a channel's entry, `upgrade --version`): the signed manifest
     /// must name exactly it, so a channel or mirror cannot hand over another signed release.
     pub expect_version: Option<String>,
+    /// The manifest the channel's signed metadata names (length and sha256): any other
+    /// manifest is refused before its signature is even read (arbitrary software,
+    /// mix-and-match). Set from [`crate::channel::ResolvedRelease::pin`].
+    pub expect_manifest: Option<crate::trust::ManifestPin>,
     /// How long one stage attempt keeps retrying transient failures (None: for ever, only
     /// when asked); the final error names the URL, the last error, the attempts and the time.
     pub retry_for: Option<Duration>,
@@ -159,6 +163,7 @@ impl Default for StageOptions {
             retry_delay: Duration::from_secs(1),
             max_rate: None,
             expect_version: None,
+            expect_manifest: None,
             retry_for: Some(DEFAULT_RETRY_FOR),
             min_rate: Some(MinRate::DEFAULT),
             max_bytes: None,

@@ -95,6 +95,17 @@ impl Stager<'_> {
         let target = booted.other();
         let mloc = source.location(MANIFEST_FILE);
         let mbytes = retrying(self.backoff(opts), || source.read_small(MANIFEST_FILE))?;
+        if let Some(pin) = &opts.expect_manifest {
+            let found = sha256_hex(&mbytes);
+            if mbytes.len() as u64 != pin.length || found != pin.sha256 {
+                return Err(Error::ManifestPin {
+                    location: mloc,
+                    from: pin.from.clone(),
+                    expected: format!("{} bytes, sha256 {}", pin.length, pin.sha256),
+                    found: format!("{} bytes, sha256 {found}", mbytes.len()),
+                });
+            }
+        }
         let sig =
             retrying(self.backoff(opts), || source.read_small(SIGNATURE_FILE)).map_err(|e| {
                 Error::Signature {
