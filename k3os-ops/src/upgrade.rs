@@ -7,14 +7,20 @@
 //! On a thin link: `--plan-only` prints what a stage would fetch and reuse, per artifact and
 //! in total, and writes nothing; `--max-bytes` stops an attempt cleanly at a byte budget (a
 //! later run resumes); `--extra-source` (repeatable) names local directories and site mirrors
-//! to take chunks from before the origin.
+//! to take chunks from before the origin; `--stage-until TIME` and `--stage-window
+//! START/END[@RATE]` (repeatable, RFC 3339) say when it may download and how fast
+//! ([`libupgrade::stage::Schedule`]): outside them nothing is fetched, after the last one the
+//! attempt stops. A stop at a budget or at the end of the schedule is not a failure: what was
+//! written is kept, and the command exits 75 (`EX_TEMPFAIL`) so a cron-style caller retries.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use chrono::{DateTime, Utc};
 use clap::Args;
 use libupgrade::error::Size;
+use libupgrade::stage::{Schedule, Window};
 use libupgrade::updater::SlotStatus;
 use libupgrade::{
     Arch, ExtraSource, Slot, SlotState, Source, StageOptions, StagePreview, StageReport,
@@ -102,6 +108,40 @@ pub struct UpgradeArgs {
     /// wrong, updated by an operator). Signatures, thresholds and versions are still checked.
     #[arg(long, requires = "channel")]
     pub ignore_expiry: bool,
+    /// Download only until this time (RFC 3339, e.g. `2026-12-04T06:00:00Z`), then stop
+    /// cleanly (exit 75); what was written is kept and a later run resumes.
+    #[arg(long, value_parser = parse_time, conflicts_with = "stage_windows")]
+    pub stage_until: Option<DateTime<Utc>>,
+    /// Download only inside this window (repeatable): `START/END` or `START/END@RATE`, times in
+    /// RFC 3339, RATE as for --max-rate. Nothing is fetched between windows (the command
+    /// waits); after the last one it stops cleanly (exit 75).
+    #[arg(long = "stage-window", value_name = "START/END[@RATE]", value_parser = parse_window)]
+    pub stage_windows: Vec<Window>,
+}
+
+/// An RFC 3339 time, e.g. `2026-12-04T06:00:00Z` or `2026-12-04T07:00:00+01:00`.
+pub fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(s.trim())
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("'{s}' is not an RFC 3339 time like 2026-12-04T06:00:00Z: {e}"))
+}
+
+/// `START/END` or `START/END@RATE` → a schedule window.
+pub fn parse_window(s: &str) -> Result<Window, String> {
+    let (span, rate) = match s.rsplit_once('@') {
+        Some((span, rate)) => (span, Some(parse_rate(rate)?)),
+        None => (s, None),
+    };
+    let Some((a, b)) = span.split_once('/') else {
+        return Err(format!(
+            "'{s}' is not a window START/END[@RATE] like 2026-12-04T01:00:00Z/2026-12-04T05:00:00Z@2M"
+        ));
+    };
+    let (start, end) = (parse_time(a)?, parse_time(b)?);
+    if end <= start {
+        return Err(format!("'{s}': the window ends before it starts"));
+    }
+    Ok(Window { start, end, rate })
 }
 
 /// What the stage must find: the version asked for and, when the channel's signed metadata
@@ -189,7 +229,10 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     if args.converge && converged(&u, expect.version.as_deref())? {
         return Ok(());
     }
-    let opts = stage_options(&args, expect);
+    let opts = StageOptions {
+        schedule: schedule(&args, Utc::now())?,
+        ..stage_options(&args, expect)
+    };
     if args.plan_only {
         print_preview(&u.preview(&source, &opts)?);
         return Ok(());
@@ -268,6 +311,25 @@ fn resolve(args: &UpgradeArgs, cfg: &libupgrade::Config) -> anyhow::Result<(Sour
     }
 }
 
+/// The download schedule `--stage-until` / `--stage-window` give (None: any time). A schedule
+/// wholly in the past is refused: it could only stop at once.
+fn schedule(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<Option<Schedule>> {
+    let s = match (args.stage_until, args.stage_windows.is_empty()) {
+        (Some(t), _) => Schedule::until(now, t, None),
+        (None, false) => Schedule::new(args.stage_windows.clone())?,
+        (None, true) => return Ok(None),
+    };
+    let end = s.windows().last().expect("a schedule has a window").end;
+    if end <= now {
+        bail!(
+            "--stage-until/--stage-window: the download schedule ended at {}, before now ({})",
+            end.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        );
+    }
+    Ok(Some(s))
+}
+
 fn min_rate(args: &UpgradeArgs) -> Option<libupgrade::stage::MinRate> {
     (args.min_rate > 0).then_some(libupgrade::stage::MinRate {
         bytes_per_sec: args.min_rate,
@@ -291,6 +353,7 @@ fn stage_options(args: &UpgradeArgs, expect: Expect) -> StageOptions {
             .iter()
             .map(|s| ExtraSource::parse(s))
             .collect(),
+        ..StageOptions::default()
     }
 }
 
