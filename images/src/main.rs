@@ -42,7 +42,8 @@ enum Command {
         /// Output root (images/out).
         #[arg(long, default_value = "images/out")]
         out: PathBuf,
-        /// Releases to build (default: v1 v2 v3 v2-panic v2-noconfirm v2-badhealth v4-panic).
+        /// Releases to build (default: v1 v2 v3 v2-panic v2-noconfirm v2-badhealth v4-panic
+        /// v2-nonet).
         #[arg(long = "release", value_parser = ReleaseSpec::parse)]
         releases: Vec<ReleaseSpec>,
         /// Disk boot variants (default: all the architecture has).

@@ -1,7 +1,7 @@
 //! The slot root filesystem (squashfs): static busybox, the static `k3os-ops`, `/sbin/init`
 //! (`images/files/rootfs-init.sh`), the node configuration for both bootloaders (init picks one
 //! by what exists on /boot), the trusted release key, `/etc/k3os-release`, and the failure
-//! variant's twist (a failing health check, or no confirm at all).
+//! variant's twist (a failing health check, no confirm at all, or no network).
 
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
@@ -171,6 +171,7 @@ fn node_files(dir: &Path, trust_pub: &Path, spec: &ReleaseSpec) -> Result<()> {
         Variant::Normal | Variant::Panic => {}
         Variant::BadHealth => write(&ops.join("health.d/10-badhealth"), BADHEALTH_CHECK, 0o755)?,
         Variant::NoConfirm => write(&ops.join("mode"), "noconfirm\n", 0o644)?,
+        Variant::NoNet => write(&ops.join("mode"), "nonet\n", 0o644)?,
     }
     Ok(())
 }

@@ -194,6 +194,22 @@ impl Target {
         !matches!(self, Target::X86_64Extlinux)
     }
 
+    /// Fail naming the first of `versions` whose release (its manifest) is missing.
+    pub fn check_releases(self, root: &Path, versions: &[&str]) -> Result<()> {
+        let rel = self.releases(root);
+        for v in versions {
+            let m = rel.join(v).join(libupgrade::manifest::MANIFEST_FILE);
+            if !m.is_file() {
+                return Err(Error::Missing {
+                    what: format!("release {v} manifest"),
+                    path: m,
+                    hint: format!("build it with `just images-{}`", self.arch()),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Fail with the reason when something this target needs is missing.
     pub fn check_inputs(self, root: &Path) -> Result<()> {
         let disk = self.disk(root);
@@ -205,25 +221,18 @@ impl Target {
                 hint,
             });
         }
-        let rel = self.releases(root);
-        for v in [
-            "v1",
-            "v2",
-            "v3",
-            "v2-panic",
-            "v2-noconfirm",
-            "v2-badhealth",
-            "v4-panic",
-        ] {
-            let m = rel.join(v).join(libupgrade::manifest::MANIFEST_FILE);
-            if !m.is_file() {
-                return Err(Error::Missing {
-                    what: format!("release {v} manifest"),
-                    path: m,
-                    hint: hint.clone(),
-                });
-            }
-        }
+        self.check_releases(
+            root,
+            &[
+                "v1",
+                "v2",
+                "v3",
+                "v2-panic",
+                "v2-noconfirm",
+                "v2-badhealth",
+                "v4-panic",
+            ],
+        )?;
         if let Some((code, vars)) = self.firmware() {
             for f in [code, vars] {
                 if !f.is_file() {

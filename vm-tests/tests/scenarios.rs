@@ -7,7 +7,7 @@
 //! |---|---|
 //! | x86_64 GRUB BIOS | upgrade, fallback-panic, powercut (sampled), missing-kernel, awaited-check, upgrade-from-previous |
 //! | x86_64 GRUB UEFI | upgrade, fallback-noconfirm |
-//! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous, bundle-offline |
+//! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous, bundle-offline, reachability |
 //! | aarch64 GRUB UEFI | upgrade, fallback-panic |
 //!
 //! The rest of the matrix is `#[ignore]`d and runs with `just vm-test-all`
@@ -112,6 +112,7 @@ matrix_test!(
     BundleOffline,
     X86_64GrubBios
 );
+matrix_test!(x86_64_grub_bios_reachability, Reachability, X86_64GrubBios);
 matrix_test!(
     x86_64_grub_bios_fallback_noconfirm,
     FallbackNoConfirm,
@@ -143,6 +144,7 @@ matrix_test!(
     X86_64GrubEfi
 );
 matrix_test!(x86_64_grub_efi_bundle_offline, BundleOffline, X86_64GrubEfi);
+matrix_test!(x86_64_grub_efi_reachability, Reachability, X86_64GrubEfi);
 
 // x86_64 extlinux (syslinux ADV, one try)
 default_test!(x86_64_extlinux_upgrade, Upgrade, X86_64Extlinux);
@@ -174,6 +176,7 @@ default_test!(
     BundleOffline,
     X86_64Extlinux
 );
+default_test!(x86_64_extlinux_reachability, Reachability, X86_64Extlinux);
 
 // aarch64 GRUB UEFI (AAVMF)
 default_test!(aarch64_grub_efi_upgrade, Upgrade, Aarch64GrubEfi);
@@ -205,3 +208,4 @@ matrix_test!(
     BundleOffline,
     Aarch64GrubEfi
 );
+matrix_test!(aarch64_grub_efi_reachability, Reachability, Aarch64GrubEfi);

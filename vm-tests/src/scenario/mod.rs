@@ -27,6 +27,10 @@
 //!   host `k3os-ops release bundle`) onto an ext4 USB stick image; the node, with no NIC at
 //!   any boot, mounts the stick, `upgrade --bundle` stages and activates v2, which boots and
 //!   is blessed.
+//! - `reachability`: activations under a config with `[reachability]` (limit 60 s, default
+//!   endpoint: the release server) await the built-in `reachable` check. v2-nonet never brings
+//!   its network up: `slot await-bless` rolls back and reboots into A at the limit by itself;
+//!   v2 reaches the server and is blessed by the check.
 //!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
@@ -37,7 +41,7 @@
 //! a boot, confirm, `slot status`, upgrade, reboot into a blessed slot); each scenario family
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
-//! (upgrade-from-previous), `offline` (bundle-offline). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability). Data flows one way: this file → a family → `steps` → [`Vm`] /
 //! [`crate::server`]. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
 //!
@@ -56,6 +60,7 @@ mod fallback;
 mod offline;
 mod powercut;
 mod previous;
+mod reach;
 mod steps;
 mod upgrade;
 
@@ -75,10 +80,11 @@ pub enum ScenarioKind {
     AwaitedCheck,
     UpgradeFromPrevious,
     BundleOffline,
+    Reachability,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 9] = [
+    pub const ALL: [ScenarioKind; 10] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -88,6 +94,7 @@ impl ScenarioKind {
         ScenarioKind::AwaitedCheck,
         ScenarioKind::UpgradeFromPrevious,
         ScenarioKind::BundleOffline,
+        ScenarioKind::Reachability,
     ];
 
     pub fn name(self) -> &'static str {
@@ -101,6 +108,7 @@ impl ScenarioKind {
             ScenarioKind::AwaitedCheck => "awaited-check",
             ScenarioKind::UpgradeFromPrevious => "upgrade-from-previous",
             ScenarioKind::BundleOffline => "bundle-offline",
+            ScenarioKind::Reachability => "reachability",
         }
     }
 }
@@ -181,6 +189,9 @@ impl Scenario {
         if kind == ScenarioKind::BundleOffline {
             target.check_bundle_inputs(&root)?;
         }
+        if kind == ScenarioKind::Reachability {
+            target.check_releases(&root, &["v2-nonet"])?;
+        }
         let accel = Accel::for_target(target, &root);
         let out = root
             .join("vm-tests/out")
@@ -224,6 +235,7 @@ impl Scenario {
             ScenarioKind::AwaitedCheck => self.awaited_check()?,
             ScenarioKind::UpgradeFromPrevious => self.upgrade_from_previous()?,
             ScenarioKind::BundleOffline => self.bundle_offline()?,
+            ScenarioKind::Reachability => self.reachability()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;

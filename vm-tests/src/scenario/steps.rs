@@ -272,6 +272,26 @@ impl Scenario {
         Ok(())
     }
 
+    /// Reboot into `slot` running `version`, whose activation awaits checks: the boot-time
+    /// confirm must leave it pending (on trial; init starts `slot await-bless` in the
+    /// background); returns once the shell answers.
+    pub(super) fn reboot_into_pending(
+        &mut self,
+        vm: &mut Vm,
+        slot: Slot,
+        version: &str,
+    ) -> Result<()> {
+        self.reboot(vm)?;
+        self.expect_boot(vm, slot, version)?;
+        vm.expect_not(
+            "K3OS-CONFIRM pending",
+            &["K3OS-CONFIRM ok", "K3OS-CONFIRM failed", "Kernel panic"],
+            READY,
+        )?;
+        vm.expect_not("K3OS-READY", &["Kernel panic"], READY)?;
+        vm.wait_shell(CMD)
+    }
+
     /// Reboot into `slot` running `version`, which must confirm and then be good; returns the
     /// status read on it.
     pub(super) fn reboot_into_good(
