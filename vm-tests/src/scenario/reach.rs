@@ -30,6 +30,15 @@ const REACH_CONFIG: &str = "/tmp/reach.toml";
 /// The release whose network configuration is broken.
 const NONET: &str = "v2-nonet";
 
+/// The lines appended to the node's config: the check with its limit and the default endpoint.
+fn reach_table() -> [String; 3] {
+    [
+        String::new(),
+        "[reachability]".into(),
+        format!("within_secs = {LIMIT}"),
+    ]
+}
+
 impl Scenario {
     pub(super) fn reachability(&mut self) -> Result<()> {
         let srv = self.server(0)?;
@@ -47,9 +56,11 @@ impl Scenario {
         srv: &ReleaseServer,
         version: &str,
     ) -> Result<()> {
+        let lines: Vec<String> = reach_table().iter().map(|l| format!("'{l}'")).collect();
         vm.run_ok(
             &format!(
-                "cp \"$K3OS_OPS_CONFIG\" {REACH_CONFIG} && printf '\\n[reachability]\\nwithin_secs = {LIMIT}\\n' >>{REACH_CONFIG}"
+                "cp \"$K3OS_OPS_CONFIG\" {REACH_CONFIG} && printf '%s\\n' {} >>{REACH_CONFIG}",
+                lines.join(" ")
             ),
             CMD,
         )?;
@@ -134,5 +145,23 @@ impl Scenario {
         ));
         let st = self.reboot_into_good(vm, Slot::B, "v2")?;
         self.check_b_blessed_and_booted(&st)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the scenario appends to a node's config gives the check its limit and the default
+    /// endpoint (none listed: the staged URL).
+    #[test]
+    fn the_appended_table_is_what_libupgrade_reads() {
+        let base = "bootloader = \"syslinux\"\ntries = 1\n[layout]\nkind = \"gpt\"\ndisk = \"/dev/vda\"\nboot_dir = \"/boot\"\n";
+        let text = format!("{base}{}\n", reach_table().join("\n"));
+        let r = libupgrade::Config::parse(&text)
+            .unwrap()
+            .reachability
+            .expect("a [reachability] table");
+        assert_eq!((r.within_secs, r.endpoints.len()), (LIMIT, 0));
     }
 }
