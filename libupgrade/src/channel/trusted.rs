@@ -225,13 +225,17 @@ pub(super) fn resolve_trusted(
             arch,
             available: describe(&verified.targets),
         })?;
+    let vouched_by = format!(
+        "the channel's targets role (targets version {}, root version {})",
+        verified.targets.version,
+        verified.record.root_version()
+    );
     located(
         channel,
         &kind,
         gh.as_ref().map(|(_, r)| r.as_slice()),
-        path,
-        meta,
-        custom,
+        (path, meta, custom),
+        vouched_by,
         arch,
     )
     .map(Some)
@@ -328,9 +332,8 @@ fn located(
     channel: &str,
     kind: &Kind,
     gh_releases: Option<&[super::github::GhRelease]>,
-    path: &str,
-    meta: &FileMeta,
-    custom: &TargetCustom,
+    (path, meta, custom): (&str, &FileMeta, &TargetCustom),
+    vouched_by: String,
     arch: Arch,
 ) -> Result<ResolvedRelease, ChannelError> {
     let dir = path
@@ -348,6 +351,7 @@ fn located(
         length: meta.length,
         sha256: sha256.to_string(),
         from: format!("target {path} of the channel's signed metadata"),
+        vouched_by,
     };
     let (location, source) = match kind {
         Kind::Local { dir: d, .. } => {
