@@ -12,13 +12,15 @@
 //! - **Resolved through verified metadata**: the targets role is the authority, as in TUF and
 //!   Bottlerocket's updog. A manifest the targets role pins (length + sha256, signed by a
 //!   threshold of the targets keys of a root the node walked to) is accepted without a
-//!   trust.d signature; `manifest.sig` is not read. This is what lets a publisher rotate the
-//!   release-signing key without visiting a node: the new key only has to be in root N+1
-//!   (as a targets key), never in a node's trust.d. A manifest that is NOT the pinned one is
-//!   refused before anything else, even when a trust.d key signed it.
+//!   trust.d signature; `manifest.json.sig` is not read. This is what lets a publisher rotate
+//!   the release-signing key without visiting a node: a new release key needs to be in no
+//!   trust.d, what counts is the targets role's threshold, and the targets keys themselves
+//!   rotate with root N+1. A manifest that is NOT the pinned one is refused before anything
+//!   else, even when a trust.d key signed it.
 //! - **Without metadata** (a v0.1.0 channel, `--source`, a bundle, `auto` on a node with no
 //!   root or a channel never seen with metadata): the trust.d ed25519 signature over
 //!   `manifest.json` is required, exactly as in v0.1.0.
+//!
 //! In both cases every file is then checked against the manifest's sizes and sha256.
 //!
 //! # Files in a channel (a directory, an http(s) site, or assets of a GitHub release)
