@@ -170,6 +170,9 @@ pub(super) fn resolve_trusted(
 ) -> Result<Option<ResolvedRelease>, ChannelError> {
     let kind = parse_channel(channel)?;
     let key = channel_key(&kind);
+    // Held across the metadata fetches until the store is written: a second process waits
+    // and then starts from this one's record.
+    let _lock = Store::lock(&opts.store_file).map_err(trust_err(channel))?;
     let mut store = Store::load(&opts.store_file).map_err(trust_err(channel))?;
     let required = |why: String| ChannelError::MetadataRequired {
         channel: channel.to_string(),
