@@ -7,7 +7,7 @@
 //! |---|---|
 //! | x86_64 GRUB BIOS | upgrade, fallback-panic, powercut (sampled), missing-kernel, awaited-check, upgrade-from-previous |
 //! | x86_64 GRUB UEFI | upgrade, fallback-noconfirm |
-//! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous |
+//! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous, trust-rotation |
 //! | aarch64 GRUB UEFI | upgrade, fallback-panic |
 //!
 //! The rest of the matrix is `#[ignore]`d and runs with `just vm-test-all`
@@ -161,6 +161,11 @@ matrix_test!(x86_64_extlinux_awaited_check, AwaitedCheck, X86_64Extlinux);
 default_test!(
     x86_64_extlinux_upgrade_from_previous,
     UpgradeFromPrevious,
+    X86_64Extlinux
+);
+default_test!(
+    x86_64_extlinux_trust_rotation,
+    TrustRotation,
     X86_64Extlinux
 );
 

@@ -23,6 +23,11 @@
 //!   binary; the current binary upgrades to v3 (blessed, current boot script), and a panicking v4
 //!   falls back by itself. Then power cuts inside the first migrating write (the boot-time
 //!   confirm of v2 on a node the old binary upgraded).
+//! - `trust-rotation`: a node whose image trusts only root version 1 of its channel upgrades
+//!   through a channel whose root was rotated to version 2 (new root and targets keys, the old
+//!   targets key revoked) to a release signed by a key no trust.d holds: first targets signed by
+//!   the revoked key are refused naming the role, and the release without metadata is refused
+//!   for its signature; then it installs on the targets role's word and is blessed.
 //!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
@@ -33,7 +38,7 @@
 //! a boot, confirm, `slot status`, upgrade, reboot into a blessed slot); each scenario family
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
-//! (upgrade-from-previous). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! (upgrade-from-previous), `rotation` (trust-rotation). Data flows one way: this file → a family → `steps` → [`Vm`] /
 //! [`crate::server`]. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
 //!
@@ -51,6 +56,7 @@ mod awaited;
 mod fallback;
 mod powercut;
 mod previous;
+mod rotation;
 mod steps;
 mod upgrade;
 
@@ -69,10 +75,11 @@ pub enum ScenarioKind {
     MissingKernel,
     AwaitedCheck,
     UpgradeFromPrevious,
+    TrustRotation,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 8] = [
+    pub const ALL: [ScenarioKind; 9] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -81,6 +88,7 @@ impl ScenarioKind {
         ScenarioKind::MissingKernel,
         ScenarioKind::AwaitedCheck,
         ScenarioKind::UpgradeFromPrevious,
+        ScenarioKind::TrustRotation,
     ];
 
     pub fn name(self) -> &'static str {
@@ -93,6 +101,7 @@ impl ScenarioKind {
             ScenarioKind::MissingKernel => "missing-kernel",
             ScenarioKind::AwaitedCheck => "awaited-check",
             ScenarioKind::UpgradeFromPrevious => "upgrade-from-previous",
+            ScenarioKind::TrustRotation => "trust-rotation",
         }
     }
 }
@@ -170,6 +179,9 @@ impl Scenario {
         if kind == ScenarioKind::UpgradeFromPrevious {
             target.check_previous_inputs(&root)?;
         }
+        if kind == ScenarioKind::TrustRotation {
+            target.check_channel_inputs(&root, &rotation::ROOT1_KEYS)?;
+        }
         let accel = Accel::for_target(target, &root);
         let out = root
             .join("vm-tests/out")
@@ -212,6 +224,7 @@ impl Scenario {
             ScenarioKind::MissingKernel => self.missing_kernel()?,
             ScenarioKind::AwaitedCheck => self.awaited_check()?,
             ScenarioKind::UpgradeFromPrevious => self.upgrade_from_previous()?,
+            ScenarioKind::TrustRotation => self.trust_rotation()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;
