@@ -290,6 +290,26 @@ fn a_node_trusting_only_root_1_upgrades_to_a_release_listed_by_a_key_that_exists
     assert!(store.contains("\"format\": 1"), "{store}");
     a_release_served_without_metadata_needs_a_trust_d_signature(&p, &chan, &trust);
 
+    // An operator inspects the channel as a node with root v1 sees it; nothing is recorded.
+    let root1 = n.join("root.json").display().to_string();
+    let (out, _) = ok(None, &["release", "resolve", &url, "--root", &root1]);
+    assert!(
+        out.starts_with("v3 (")
+            && out.contains(
+                "vouched for by the channel's targets role (targets version 2, root version 2)"
+            ),
+        "{out}"
+    );
+    let (out, _) = ok(None, &["release", "list", &url, "--root", &root1]);
+    let listed: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(listed, ["v3", "v2"], "{out}");
+    let bare = p("bare").display().to_string();
+    let e = fails(None, &["release", "list", &bare, "--root", &root1]);
+    assert!(e.contains("timestamp.json is missing"), "{e}");
+
     // The channel goes stale: one error line naming the role and its expiry.
     timestamp(&["--expires", "1s"]);
     std::thread::sleep(std::time::Duration::from_millis(2100));
