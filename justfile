@@ -92,9 +92,10 @@ image:
         --binary arm64="$t/aarch64-unknown-linux-musl/release/k3os-ops"
 
 # The image's tests: skopeo validates the archive (both platforms), runc runs the amd64 image
-# with the DaemonSet's mounts up to the agent's start-up line (root, runc, skopeo).
+# with the DaemonSet's mounts up to the agent's start-up line, and the SUC Plan's prepare and
+# upgrade containers with the Plan's mounts and privileges (root, runc, skopeo).
 image-test: image
-    cargo test -p k3os-ops --test agent_image -- --ignored --test-threads 1
+    cargo test -p k3os-ops --test agent_image --test suc_plan -- --ignored --test-threads 1
 
 # --- vm-tests (owned by vm-tests/) ---------------------------------------------------------
 # QEMU scenarios on the disks from `just images-*`; console logs in vm-tests/out/<target>/<scenario>/.

@@ -20,7 +20,8 @@ pub fn render(err: &anyhow::Error) -> String {
 }
 
 /// `EX_TEMPFAIL` (sysexits.h): the command did what it could and the rest must come later,
-/// e.g. `slot confirm` on a trial boot that waits for the agent's Node-Ready.
+/// e.g. `slot confirm` on a trial boot that waits for the agent's Node-Ready, or `upgrade`
+/// stopped at its byte budget or at the end of its download schedule (progress kept).
 pub const EXIT_PENDING: u8 = 75;
 
 /// A boot assessment whose outcome is not a good slot, as the error of the command that
@@ -82,8 +83,18 @@ impl Unconfirmed {
 }
 
 /// The exit status for a failed command: the [`Unconfirmed`] outcome's (75 for a bless that
-/// waits for awaited checks), 1 for everything else.
+/// waits for awaited checks), 75 for a stage that stopped resumable (its byte budget, the end
+/// of its download schedule: [`libupgrade::Error::Stopped`]), 1 for everything else.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
+    let stopped = err.chain().any(|e| {
+        matches!(
+            e.downcast_ref::<libupgrade::Error>(),
+            Some(libupgrade::Error::Stopped { .. })
+        )
+    });
+    if stopped {
+        return EXIT_PENDING;
+    }
     err.chain()
         .find_map(|e| e.downcast_ref::<Unconfirmed>())
         .map_or(1, Unconfirmed::exit_code)
@@ -194,6 +205,20 @@ mod tests {
             assert_eq!(exit_code(&err), code, "{outcome:?}");
         }
         assert_eq!(exit_code(&anyhow::anyhow!("other")), 1);
+    }
+
+    #[test]
+    fn a_resumable_stage_stop_exits_75_like_a_pending_bless() {
+        use libupgrade::stage::Stop;
+        let e = anyhow::Error::new(libupgrade::Error::Stopped {
+            why: Stop::Budget { budget: 1 << 20 },
+            fetched: 1 << 20,
+            left: 5,
+        })
+        .context("upgrade");
+        assert_eq!(exit_code(&e), EXIT_PENDING);
+        let e = anyhow::Error::new(libupgrade::Error::Usage("bad".into()));
+        assert_eq!(exit_code(&e), 1);
     }
 
     #[test]

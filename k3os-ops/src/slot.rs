@@ -219,9 +219,12 @@ fn reported_checks(passed: &[String], failed: &[String]) -> anyhow::Result<Vec<C
 
 /// `slot await-bless`: poll this boot's verdict until it is no longer pending; at the
 /// activation's limit, count the awaited checks failed (the library decides, under its lock).
+/// When the boot awaits the reachability check ([`libupgrade::reach`]), probe its endpoints
+/// each round and report it passed through the one bless point once one answers.
 fn await_bless(u: &Updater, reboot_now: bool) -> anyhow::Result<()> {
     use libupgrade::assess::Outcome;
     let start = std::time::Instant::now();
+    let mut unreachable = String::new();
     loop {
         let st = u.status()?;
         let Some(v) = st.verdict else {
@@ -235,13 +238,23 @@ fn await_bless(u: &Updater, reboot_now: bool) -> anyhow::Result<()> {
             println!("slot {}: {}", v.slot, v.reason);
             return Ok(());
         };
+        match u.probe_reachability(waiting_for)? {
+            Some(c) if c.ok => {
+                println!("check {}: ok {}", c.name, c.detail);
+                // The verdict (pending on other checks, good, rolled back) is read next round.
+                u.confirm_with(&[&c]).context("slot await-bless")?;
+                continue;
+            }
+            Some(c) => unreachable = format!("; {}", c.detail),
+            None => {}
+        }
         let limit = std::time::Duration::from_secs(*within_secs);
         if start.elapsed() < limit {
             let left = limit - start.elapsed();
             std::thread::sleep(left.min(std::time::Duration::from_secs(2)));
             continue;
         }
-        let why = format!("not reported within {within_secs} s of the boot");
+        let why = format!("not reported within {within_secs} s of the boot{unreachable}");
         let Some(rep) = u.fail_awaited(&why).context("slot await-bless")? else {
             continue;
         };

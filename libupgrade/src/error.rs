@@ -108,10 +108,11 @@ pub enum Error {
         needed: u64,
         available: u64,
     },
-    #[error("stopped at this attempt's byte budget of {} (--max-bytes): {} fetched, {} left to fetch; what was written is kept and a later run resumes there", Size(*.budget), Size(*.fetched), Size(*.left))]
-    BudgetSpent {
-        /// The budget given for this attempt.
-        budget: u64,
+    /// Not a failure: the attempt stopped where it was told to (a byte budget, the end of a
+    /// download schedule), keeping everything it wrote; a later run resumes there.
+    #[error("{why}: {} fetched, {} left to fetch; what was written is kept and a later run resumes there", Size(*.fetched), Size(*.left))]
+    Stopped {
+        why: crate::chunk::rate::Stop,
         /// Network bytes this attempt read.
         fetched: u64,
         /// Bytes of the release still to fetch (the plan's, less what this attempt fetched).

@@ -47,6 +47,7 @@ pub mod health;
 pub mod http;
 pub mod layout;
 pub mod manifest;
+pub mod reach;
 pub mod release;
 pub mod retry;
 pub mod signing;

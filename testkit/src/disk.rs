@@ -151,6 +151,7 @@ impl TestDisk {
             mountinfo: self.dir.path().join("mountinfo"),
             boot_id_file: self.dir.path().join("boot_id"),
             builtin_health_check: false,
+            reachability: None,
             channel_root: self.dir.path().join("root.json"),
             channel_metadata: Default::default(),
         };
