@@ -69,6 +69,37 @@ impl Target {
         images_dir(root).join(self.arch()).join("releases")
     }
 
+    /// `images/out/<arch>/keys`: the key pairs of the test channel's root version 1.
+    pub fn channel_keys(self, root: &Path) -> PathBuf {
+        images_dir(root).join(self.arch()).join("keys")
+    }
+
+    /// `images/out/<arch>/channel-root`: the test channel's root version 1 (`1.root.json`,
+    /// `root.json`), the one every rootfs has at `/etc/k3os-ops/root.json`.
+    pub fn channel_root_dir(self, root: &Path) -> PathBuf {
+        images_dir(root).join(self.arch()).join("channel-root")
+    }
+
+    /// The test channel's root version 1 and its secret keys `names` exist.
+    pub fn check_channel_inputs(self, root: &Path, names: &[&str]) -> Result<()> {
+        let dir = self.channel_root_dir(root);
+        let keys = self.channel_keys(root);
+        let files = ["1.root.json", "root.json"]
+            .iter()
+            .map(|f| dir.join(f))
+            .chain(names.iter().map(|n| keys.join(format!("{n}.key"))));
+        for f in files {
+            if !f.is_file() {
+                return Err(Error::Missing {
+                    what: "test channel root (made by k3os-images)".into(),
+                    path: f,
+                    hint: format!("build it with `just images-{}`", self.arch()),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// `images/out/previous/<arch>/`: the previous release's disks and v1, built by its own code
     /// (`just images-previous`, images/scripts/build-previous.sh).
     pub fn previous_dir(self, root: &Path) -> PathBuf {

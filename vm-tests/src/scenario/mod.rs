@@ -31,6 +31,11 @@
 //!   endpoint: the release server) await the built-in `reachable` check. v2-nonet never brings
 //!   its network up: `slot await-bless` rolls back and reboots into A at the limit by itself;
 //!   v2 reaches the server and is blessed by the check.
+//! - `trust-rotation`: a node whose image trusts only root version 1 of its channel upgrades
+//!   through a channel whose root was rotated to version 2 (new root and targets keys, the old
+//!   targets key revoked) to a release signed by a key no trust.d holds: first targets signed by
+//!   the revoked key are refused naming the role, and the release without metadata is refused
+//!   for its signature; then it installs on the targets role's word and is blessed.
 //!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
@@ -41,7 +46,7 @@
 //! a boot, confirm, `slot status`, upgrade, reboot into a blessed slot); each scenario family
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
-//! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability), `rotation` (trust-rotation). Data flows one way: this file → a family → `steps` → [`Vm`] /
 //! [`crate::server`]. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
 //!
@@ -61,6 +66,7 @@ mod offline;
 mod powercut;
 mod previous;
 mod reach;
+mod rotation;
 mod steps;
 mod upgrade;
 
@@ -81,10 +87,11 @@ pub enum ScenarioKind {
     UpgradeFromPrevious,
     BundleOffline,
     Reachability,
+    TrustRotation,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 10] = [
+    pub const ALL: [ScenarioKind; 11] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -95,6 +102,7 @@ impl ScenarioKind {
         ScenarioKind::UpgradeFromPrevious,
         ScenarioKind::BundleOffline,
         ScenarioKind::Reachability,
+        ScenarioKind::TrustRotation,
     ];
 
     pub fn name(self) -> &'static str {
@@ -109,6 +117,7 @@ impl ScenarioKind {
             ScenarioKind::UpgradeFromPrevious => "upgrade-from-previous",
             ScenarioKind::BundleOffline => "bundle-offline",
             ScenarioKind::Reachability => "reachability",
+            ScenarioKind::TrustRotation => "trust-rotation",
         }
     }
 }
@@ -192,6 +201,9 @@ impl Scenario {
         if kind == ScenarioKind::Reachability {
             target.check_releases(&root, &["v2-nonet"])?;
         }
+        if kind == ScenarioKind::TrustRotation {
+            target.check_channel_inputs(&root, &rotation::ROOT1_KEYS)?;
+        }
         let accel = Accel::for_target(target, &root);
         let out = root
             .join("vm-tests/out")
@@ -236,6 +248,7 @@ impl Scenario {
             ScenarioKind::UpgradeFromPrevious => self.upgrade_from_previous()?,
             ScenarioKind::BundleOffline => self.bundle_offline()?,
             ScenarioKind::Reachability => self.reachability()?,
+            ScenarioKind::TrustRotation => self.trust_rotation()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;
