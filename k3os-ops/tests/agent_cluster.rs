@@ -273,6 +273,9 @@ async fn setup(client: &Client, concurrency: u32) -> String {
             max_rate: None,
             paused: false,
             resumed_at: None,
+            rollout: None,
+            blocking_pod_selector: None,
+            prometheus: None,
         },
     );
     chans

@@ -46,7 +46,14 @@ fn crd_has_the_required_names_columns_and_status_subresource() {
         .collect();
     assert_eq!(
         cols,
-        ["version", "latest", "updating", "concurrency", "age"]
+        [
+            "version",
+            "latest",
+            "updating",
+            "updated",
+            "concurrency",
+            "age"
+        ]
     );
     let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
     for field in [

@@ -49,6 +49,12 @@ use serde::{Deserialize, Serialize};
         description = "nodes holding an update slot (all of them, comma-separated)"
     ),
     printcolumn(
+        name = "Updated",
+        type_ = "string",
+        json_path = ".status.nodes.progress",
+        description = "selected nodes running the target version, of all selected (updated/total)"
+    ),
+    printcolumn(
         name = "Concurrency",
         type_ = "integer",
         json_path = ".spec.concurrency",
@@ -113,6 +119,72 @@ pub struct UpdateChannelSpec {
     /// retry the version they failed with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_at: Option<DateTime<Utc>>,
+    /// Waves: canary nodes first, then batches by percentage of the selected nodes; the next
+    /// wave starts only when every node of the last one is blessed and `settleTime` passed.
+    /// Absent: every selected node may claim (up to `concurrency` at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutSpec>,
+    /// No claim while pods matching this label selector (`kubectl` syntax) run on the node
+    /// (kured's `--blocking-pod-selector`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub blocking_pod_selector: Option<String>,
+    /// No claim while this Prometheus reports alerts (kured's `--prometheus-url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusSpec>,
+}
+
+/// `spec.prometheus`: an alert gate before each claim (`GET <url>/api/v1/alerts`).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusSpec {
+    /// Base URL of the Prometheus (or Alertmanager-compatible) API, e.g.
+    /// `http://prometheus.monitoring:9090`.
+    #[schemars(length(max = 512))]
+    pub url: String,
+    /// Regular expression of alert names to ignore (kured's `--alert-filter-regexp`), e.g.
+    /// `^(Watchdog|InfoInhibitor)$`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub alert_filter: Option<String>,
+    /// Count only the alerts `alertFilter` matches instead (`--alert-filter-match-only`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub alert_filter_match_only: bool,
+    /// Only firing alerts block, not pending ones (`--alert-firing-only`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub firing_only: bool,
+}
+
+/// `spec.rollout`: the order in which the selected nodes update (see `agent/rollout.rs`).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSpec {
+    /// The first wave: nodes matching this selector or named here. None: no canary wave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanarySpec>,
+    /// The batches after the canaries, each a percentage of the selected non-canary nodes
+    /// (e.g. `[10, 40]`); what they leave is one more batch. Empty: one batch of all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "batches_schema")]
+    pub batches: Vec<u32>,
+    /// How long a finished wave must stay healthy before the next starts, e.g. `30m`.
+    /// Default `0s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "settle_time_schema")]
+    pub settle_time: Option<String>,
+}
+
+/// The canary wave: nodes matching `nodeSelector` (when not empty) or named in `nodes`.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanarySpec {
+    /// Label selector (matchLabels semantics); empty selects no node by label.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Node names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    pub nodes: Vec<String>,
 }
 
 /// A maintenance window: starts at `start` local time on each of `days` and lasts `length`.
@@ -212,7 +284,7 @@ pub struct UpdateChannelStatus {
     /// subresource) to lift a pause.
     #[serde(default)]
     pub failures: Vec<FailureRecord>,
-    /// `LatestResolved`, `Degraded`, `Paused`, `Invalid`.
+    /// `LatestResolved`, `Degraded`, `Paused`, `Invalid`, `Complete`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// The nodes holding a slot, comma-separated (the `Updating` printer column; kept equal
@@ -227,6 +299,60 @@ pub struct UpdateChannelStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "format_version_schema")]
     pub format_version: Option<u64>,
+    /// How many selected nodes run what, counted by the agent holding the channel's fleet
+    /// Lease (see `agent/counter.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<NodeCounts>,
+    /// How far the waves of `spec.rollout` are (absent without `spec.rollout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+}
+
+/// The selected nodes counted by version and phase: counts, never a list of nodes.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCounts {
+    /// Nodes the channel selects.
+    #[schemars(schema_with = "count_schema")]
+    pub total: u32,
+    /// Of them, running the target version with the update finished (phase `UpToDate`).
+    #[schemars(schema_with = "count_schema")]
+    pub updated: u32,
+    /// `updated/total` (the `Updated` printer column).
+    pub progress: String,
+    /// The version counted as the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Nodes per running version (`unknown`: not reported yet).
+    #[serde(default)]
+    #[schemars(schema_with = "count_map_schema")]
+    pub by_version: BTreeMap<String, u32>,
+    /// Nodes per update phase (the `k3os.io/update-phase` annotation; `Unknown`: none yet).
+    #[serde(default)]
+    #[schemars(schema_with = "count_map_schema")]
+    pub by_phase: BTreeMap<String, u32>,
+}
+
+/// Progress of the waves (see `agent/rollout.rs`).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// The version this rollout installs; a new target starts over at wave 1.
+    pub target: String,
+    /// Waves of the rollout (canaries, then the batches; empty ones left out).
+    #[schemars(schema_with = "count_schema")]
+    pub waves: u32,
+    /// Nodes of waves 1 to `wave` may update.
+    #[schemars(schema_with = "count_schema")]
+    pub wave: u32,
+    /// Non-canary nodes whose rank key (first 8 bytes of the SHA-256 of the node name, hex)
+    /// is at most this are in the admitted waves; absent: only canaries are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admit_key: Option<String>,
+    /// When every node of the admitted waves was first seen done; the next wave starts
+    /// `settleTime` later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settling_since: Option<DateTime<Utc>>,
 }
 
 /// One node's right to disrupt itself.
@@ -293,6 +419,8 @@ pub struct Condition {
 pub const COND_LATEST_RESOLVED: &str = "LatestResolved";
 pub const COND_DEGRADED: &str = "Degraded";
 pub const COND_PAUSED: &str = "Paused";
+/// Every selected node runs the target version; set by the agent that counts the nodes.
+pub const COND_COMPLETE: &str = "Complete";
 /// The channel's spec cannot be used (does not decode or does not validate); set by the agents.
 pub const COND_INVALID: &str = "Invalid";
 
@@ -459,6 +587,39 @@ fn format_version_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema 
         "type": "integer",
         "format": "int64",
         "minimum": 1,
+        "nullable": true,
+    })
+}
+
+fn count_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "integer",
+        "format": "int64",
+        "minimum": 0,
+    })
+}
+
+fn count_map_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": {"type": "integer", "format": "int64", "minimum": 0},
+    })
+}
+
+fn batches_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 20,
+        "items": {"type": "integer", "minimum": 1, "maximum": 100},
+    })
+}
+
+/// `spec.rollout.settleTime`: a duration, zero allowed.
+fn settle_time_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "maxLength": 32,
+        "pattern": DURATION_PATTERN,
         "nullable": true,
     })
 }
