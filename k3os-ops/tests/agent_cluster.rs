@@ -596,6 +596,20 @@ async fn cluster_agent_service_account_is_enough() {
             .map(|_| ())
             .map_err(|e| format!("{e:?}")),
     );
+    // The fleet counter (counter.rs): a metadata list of the selected Nodes, a status CAS.
+    let listed = Api::<Node>::all(agent.clone())
+        .list_metadata(&kube::api::ListParams::default().labels("kubernetes.io/os=linux"))
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    check("list node metadata (fleet counter)", listed);
+    check(
+        "write fleet counts",
+        slots::write_fleet(&store, &[], None, chrono::Utc::now())
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}")),
+    );
     // The Invalid condition (invalid.rs): a PUT of updatechannels/status too, never a patch.
     let dynamic = agent::channels::dynamic_api(agent.clone(), NS);
     let invalid = match dynamic.get(&channel).await {

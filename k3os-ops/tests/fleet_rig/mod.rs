@@ -471,6 +471,125 @@ pub struct Fleet {
     pub v010_trial: Option<usize>,
 }
 
+/// The Nodes and the channel the scenario starts from (and, with `gates`, the Prometheus
+/// stand-in the channel points at).
+fn initial_world(
+    scenario: &Scenario,
+    channel_url: &str,
+) -> (World, Option<(testkit::TestServer, tempfile::TempDir)>) {
+    if scenario.from_v010 {
+        let mut w = v010_world(channel_url);
+        if scenario.v010_holder_never_returns {
+            w.channel["spec"]["rebootTimeout"] = json!("3s");
+            w.channel["spec"]["maxFailures"] = json!(3);
+        }
+        return (w, None);
+    }
+    let nodes = (0..NODES).map(|i| {
+        fake_api::ready_node(
+            &node_name(i),
+            json!({"kubernetes.io/hostname": node_name(i)}),
+        )
+    });
+    let mut channel = json!({
+        "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
+        "metadata": {"name": "stable", "namespace": NS, "uid": "ch-uid", "generation": 1},
+        "spec": {"url": channel_url, "version": "v2", "concurrency": scenario.concurrency,
+                 "maxFailures": 1,
+                 "rebootTimeout": if scenario.dies_while_draining { "3s" } else { "2m" },
+                 "drain": {"timeout": "20s"}},
+        "status": {"slots": [], "failures": [], "conditions": []}
+    });
+    if let Some(r) = &scenario.rollout {
+        channel["spec"]["rollout"] = r.clone();
+    }
+    let alerts = scenario.gates.then(|| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("api/v1")).unwrap();
+        let server = testkit::TestServer::start(dir.path().to_path_buf(), 0);
+        channel["spec"]["blockingPodSelector"] = json!("k3os.io/block-reboot=true");
+        channel["spec"]["prometheus"] =
+            json!({"url": server.base.clone(), "alertFilter": "^Watchdog$"});
+        set_alerts(
+            dir.path(),
+            &[("DiskFull", "firing"), ("Watchdog", "firing")],
+        );
+        (server, dir)
+    });
+    let mut w = World::new(nodes, channel);
+    // With waves or gates not every node claims at first: nothing to race.
+    if scenario.rollout.is_none() && !scenario.gates {
+        w.hold_first_status_writes(NODES);
+    }
+    (w, alerts)
+}
+
+/// The workloads: a web app of one pod per node under a budget of `minAvailable: 2`, the agent
+/// pods, and what the scenario adds (the blocking pod, the undrainable `db` pods).
+fn add_workloads(world: &mut World, scenario: &Scenario) {
+    for i in 0..NODES {
+        let node = node_name(i);
+        // From v0.1.0, node-1 was drained before its reboot: its web pod was rescheduled
+        // onto the node with the fewest pods then (node-2).
+        let web_on = if scenario.from_v010 && i == 0 {
+            node_name(1)
+        } else {
+            node.clone()
+        };
+        world.pods.push(fake_api::running_pod(
+            "apps",
+            &format!("web-{}", i + 1),
+            json!({"app": "web"}),
+            "ReplicaSet",
+            "web",
+            &web_on,
+        ));
+        world.pods.push(fake_api::running_pod(
+            NS,
+            &format!("k3os-ops-agent-{node}"),
+            json!({"app": "k3os-ops-agent"}),
+            "DaemonSet",
+            "k3os-ops-agent",
+            &node,
+        ));
+    }
+    if scenario.gates {
+        world.pods.push(fake_api::running_pod(
+            "apps",
+            "backup",
+            json!({"k3os.io/block-reboot": "true"}),
+            "Job",
+            "backup",
+            &node_name(0),
+        ));
+    }
+    if scenario.dies_while_draining {
+        for i in 0..NODES {
+            let name = format!("db-{}", i + 1);
+            world.pods.push(fake_api::running_pod(
+                "apps",
+                &name,
+                json!({"app": &name}),
+                "StatefulSet",
+                &name,
+                &node_name(i),
+            ));
+            world.pdbs.push(Pdb {
+                name: name.clone(),
+                namespace: "apps".into(),
+                selector: [("app".to_string(), name)].into(),
+                min_available: 1,
+            });
+        }
+    }
+    world.pdbs.push(Pdb {
+        name: "web".into(),
+        namespace: "apps".into(),
+        selector: [("app".to_string(), "web".to_string())].into(),
+        min_available: 2,
+    });
+}
+
 /// What run.rs's loop does with one agent, waking on changes instead of watches.
 pub async fn agent_loop(agent: Arc<Agent>, mut wake: watch::Receiver<u64>) {
     let mut errors = 0u32;
@@ -507,125 +626,14 @@ impl Fleet {
         let rigs: Vec<NodeRig> = (0..NODES)
             .map(|_| NodeRig::new(&publisher.trust, 3, 1))
             .collect();
-
-        let nodes = (0..NODES).map(|i| {
-            fake_api::ready_node(
-                &node_name(i),
-                json!({"kubernetes.io/hostname": node_name(i)}),
-            )
-        });
-        let channel = json!({
-            "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-            "metadata": {"name": "stable", "namespace": NS, "uid": "ch-uid", "generation": 1},
-            "spec": {"url": channel_url, "version": "v2", "concurrency": scenario.concurrency,
-                     "maxFailures": 1,
-                     "rebootTimeout": if scenario.dies_while_draining { "3s" } else { "2m" },
-                     "drain": {"timeout": "20s"}},
-            "status": {"slots": [], "failures": [], "conditions": []}
-        });
-        let mut channel = channel;
-        if let Some(r) = &scenario.rollout {
-            channel["spec"]["rollout"] = r.clone();
-        }
-        let alerts = scenario.gates.then(|| {
-            let dir = tempfile::tempdir().unwrap();
-            std::fs::create_dir_all(dir.path().join("api/v1")).unwrap();
-            let server = testkit::TestServer::start(dir.path().to_path_buf(), 0);
-            channel["spec"]["blockingPodSelector"] = json!("k3os.io/block-reboot=true");
-            channel["spec"]["prometheus"] =
-                json!({"url": server.base.clone(), "alertFilter": "^Watchdog$"});
-            (server, dir)
-        });
-        if let Some((_, dir)) = &alerts {
-            set_alerts(
-                dir.path(),
-                &[("DiskFull", "firing"), ("Watchdog", "firing")],
-            );
-        }
-        let mut world = if scenario.from_v010 {
-            let mut w = v010_world(&channel_url);
-            if scenario.v010_holder_never_returns {
-                w.channel["spec"]["rebootTimeout"] = json!("3s");
-                w.channel["spec"]["maxFailures"] = json!(3);
-            }
-            w
-        } else {
-            let mut w = World::new(nodes, channel);
-            // With waves or gates not every node claims at first: nothing to race.
-            if scenario.rollout.is_none() && !scenario.gates {
-                w.hold_first_status_writes(NODES);
-            }
-            w
-        };
-        for i in 0..NODES {
-            let node = node_name(i);
-            // From v0.1.0, node-1 was drained before its reboot: its web pod was rescheduled
-            // onto the node with the fewest pods then (node-2).
-            let web_on = if scenario.from_v010 && i == 0 {
-                node_name(1)
-            } else {
-                node.clone()
-            };
-            world.pods.push(fake_api::running_pod(
-                "apps",
-                &format!("web-{}", i + 1),
-                json!({"app": "web"}),
-                "ReplicaSet",
-                "web",
-                &web_on,
-            ));
-            world.pods.push(fake_api::running_pod(
-                NS,
-                &format!("k3os-ops-agent-{node}"),
-                json!({"app": "k3os-ops-agent"}),
-                "DaemonSet",
-                "k3os-ops-agent",
-                &node,
-            ));
-        }
-        if scenario.gates {
-            let pod = fake_api::running_pod(
-                "apps",
-                "backup",
-                json!({"k3os.io/block-reboot": "true"}),
-                "Job",
-                "backup",
-                &node_name(0),
-            );
-            world.pods.push(pod);
-        }
-        if scenario.dies_while_draining {
-            for i in 0..NODES {
-                let name = format!("db-{}", i + 1);
-                world.pods.push(fake_api::running_pod(
-                    "apps",
-                    &name,
-                    json!({"app": &name}),
-                    "StatefulSet",
-                    &name,
-                    &node_name(i),
-                ));
-                world.pdbs.push(Pdb {
-                    name: name.clone(),
-                    namespace: "apps".into(),
-                    selector: [("app".to_string(), name)].into(),
-                    min_available: 1,
-                });
-            }
-        }
-        world.pdbs.push(Pdb {
-            name: "web".into(),
-            namespace: "apps".into(),
-            selector: [("app".to_string(), "web".to_string())].into(),
-            min_available: 2,
-        });
-        let abandoned = if scenario.v010_holder_never_returns {
-            BTreeSet::from([node_name(0)])
-        } else {
-            BTreeSet::new()
-        };
+        let (mut world, alerts) = initial_world(&scenario, &channel_url);
+        add_workloads(&mut world, &scenario);
         let monitor = Arc::new(Mutex::new(Monitor {
-            abandoned,
+            abandoned: if scenario.v010_holder_never_returns {
+                BTreeSet::from([node_name(0)])
+            } else {
+                BTreeSet::new()
+            },
             concurrency: if scenario.from_v010 {
                 1
             } else {
@@ -664,29 +672,34 @@ impl Fleet {
             v010_trial: None,
         };
         if fleet.scenario.from_v010 {
-            // What the v0.1.0 agents did on the nodes: v2 staged everywhere, activated on
-            // node-1 (plain `activate`: v0.1.0 awaited no check), whose reboot is under way.
-            for i in 0..NODES {
-                let node = LibupgradeNode::new(fleet.rigs[i].updater(), vec!["false".into()]);
-                node.stage(&channel_url, "v2", false, None, &NoProgress)
-                    .unwrap();
-            }
-            fleet.rigs[0].updater().activate().unwrap();
-            fleet.v010_trial = Some(0);
-            fleet.contended = true;
-            for i in 1..NODES {
-                fleet.start_agent(i, None);
-            }
-            if !fleet.scenario.v010_holder_never_returns {
-                let (done, _ended) = std::sync::mpsc::channel();
-                fleet.power.send(RebootRequest { node: 0, done }).unwrap();
-            }
+            fleet.start_from_v010(&channel_url);
         } else {
             for i in 0..NODES {
                 fleet.start_agent(i, None);
             }
         }
         fleet
+    }
+
+    /// What the v0.1.0 agents did on the nodes: v2 staged everywhere, activated on node-1
+    /// (plain `activate`: v0.1.0 awaited no check), whose reboot is under way; then the
+    /// current agents of node-2 and node-3 start (node-1's once it is back).
+    fn start_from_v010(&mut self, channel_url: &str) {
+        for i in 0..NODES {
+            let node = LibupgradeNode::new(self.rigs[i].updater(), vec!["false".into()]);
+            node.stage(channel_url, "v2", false, None, &NoProgress)
+                .unwrap();
+        }
+        self.rigs[0].updater().activate().unwrap();
+        self.v010_trial = Some(0);
+        self.contended = true;
+        for i in 1..NODES {
+            self.start_agent(i, None);
+        }
+        if !self.scenario.v010_holder_never_returns {
+            let (done, _ended) = std::sync::mpsc::channel();
+            self.power.send(RebootRequest { node: 0, done }).unwrap();
+        }
     }
 
     /// Start node `i`'s agent as the DaemonSet would after a boot: its reconcile loop, its
