@@ -82,14 +82,15 @@ pub(super) async fn tick_paused(
     ch: &Channel,
     version: &str,
 ) -> Result<Next, AgentError> {
-    cx.report_wait(
+    cx.report(
         ch,
         Phase::Paused,
         &format!("claims paused: too many failures of {version}"),
         Say::warn(
             "Paused",
             format!("not updating to {version}: the channel is paused after failures"),
-        ),
+        )
+        .once(),
     )
     .await?;
     Ok(Next::Wait)
@@ -101,14 +102,15 @@ pub(super) async fn tick_paused_by_spec(
     ch: &Channel,
     version: &str,
 ) -> Result<Next, AgentError> {
-    cx.report_wait(
+    cx.report(
         ch,
         Phase::Paused,
         &format!("{version} staged; claims paused by spec.paused"),
         Say::info(
             "Paused",
             format!("not updating to {version}: spec.paused is true"),
-        ),
+        )
+        .once(),
     )
     .await?;
     Ok(Next::Wait)
@@ -129,13 +131,8 @@ pub(super) async fn tick_wait_for_wave(
             "{version} staged; waiting for its wave (waves 1 to {admitted} of {waves} may update)"
         )
     };
-    cx.report_wait(
-        ch,
-        Phase::WaitingForWave,
-        &msg,
-        Say::info("WaitingForWave", msg.clone()),
-    )
-    .await?;
+    cx.waiting(ch, Phase::WaitingForWave, "WaitingForWave", msg)
+        .await?;
     Ok(Next::Wait)
 }
 
@@ -149,13 +146,8 @@ pub(super) async fn tick_wait_for_window(
         Some(t) => format!("staged; waiting for the window starting {t}"),
         None => "staged; the window is too short for drain timeout + reboot timeout".into(),
     };
-    cx.report_wait(
-        ch,
-        Phase::WaitingForWindow,
-        &msg,
-        Say::info("WaitingForWindow", msg.clone()),
-    )
-    .await?;
+    cx.waiting(ch, Phase::WaitingForWindow, "WaitingForWindow", msg)
+        .await?;
     Ok(Next::Wait)
 }
 
@@ -205,13 +197,8 @@ pub(super) async fn tick_claim(
         }
         ClaimOutcome::Full(holders) => {
             let msg = format!("all slots taken by {}", holders.join(", "));
-            cx.report_wait(
-                ch,
-                Phase::WaitingForSlot,
-                &msg,
-                Say::info("WaitingForSlot", msg.clone()),
-            )
-            .await?;
+            cx.waiting(ch, Phase::WaitingForSlot, "WaitingForSlot", msg)
+                .await?;
             Ok(Next::Wait)
         }
         ClaimOutcome::Paused => Ok(Next::Again),
@@ -229,13 +216,8 @@ pub(super) async fn tick_claim_gated(
 ) -> Result<Next, AgentError> {
     if let Some(why) = gated(cx, ch).await {
         let msg = format!("{version} staged; not claiming: {why}");
-        cx.report_wait(
-            ch,
-            Phase::WaitingForGate,
-            &msg,
-            Say::info("ClaimBlocked", msg.clone()),
-        )
-        .await?;
+        cx.waiting(ch, Phase::WaitingForGate, "ClaimBlocked", msg)
+            .await?;
         return Ok(Next::Wait);
     }
     tick_claim(cx, ch, store, version).await

@@ -98,6 +98,8 @@ pub(super) struct Say {
     pub warning: bool,
     pub reason: &'static str,
     pub note: String,
+    /// Published only when the text differs from the last Event of this agent.
+    pub once: bool,
 }
 
 impl Say {
@@ -106,15 +108,20 @@ impl Say {
             warning: false,
             reason,
             note,
+            once: false,
         }
     }
 
     pub fn warn(reason: &'static str, note: String) -> Say {
         Say {
             warning: true,
-            reason,
-            note,
+            ..Say::info(reason, note)
         }
+    }
+
+    /// For a waiting state: only when the text changed (see [`Agent::report`]).
+    pub fn once(self) -> Say {
+        Say { once: true, ..self }
     }
 }
 
@@ -323,7 +330,9 @@ impl Agent {
     }
 
     /// Enter `phase` with `message` on the Node, then publish `event` (on the Node and the
-    /// channel): the report every step makes when it moves on.
+    /// channel): the report every step makes when it moves on. An event marked
+    /// [`Say::once`] (a waiting state re-decided every resync) is published only when its text
+    /// changed.
     pub(super) async fn report(
         &self,
         ch: &UpdateChannel,
@@ -332,24 +341,32 @@ impl Agent {
         event: Say,
     ) -> Result<(), AgentError> {
         self.phase(phase, message).await?;
-        self.event(Some(ch), event.warning, event.reason, event.note)
-            .await;
+        if event.once {
+            self.event_once(Some(ch), event.warning, event.reason, event.note)
+                .await;
+        } else {
+            self.event(Some(ch), event.warning, event.reason, event.note)
+                .await;
+        }
         Ok(())
     }
 
-    /// Like [`Self::report`] for a waiting state re-decided every resync: the Event only when
-    /// its text changed.
-    pub(super) async fn report_wait(
+    /// Wait in `phase`, saying why (`message`, also the note of a `reason` Event published
+    /// once per text).
+    pub(super) async fn waiting(
         &self,
         ch: &UpdateChannel,
         phase: Phase,
-        message: &str,
-        event: Say,
+        reason: &'static str,
+        message: String,
     ) -> Result<(), AgentError> {
-        self.phase(phase, message).await?;
-        self.event_once(Some(ch), event.warning, event.reason, event.note)
-            .await;
-        Ok(())
+        self.report(
+            ch,
+            phase,
+            &message,
+            Say::info(reason, message.clone()).once(),
+        )
+        .await
     }
 
     /// Uncordon if (and only if) this agent cordoned the node (its `update-cordoned` mark).
