@@ -10,6 +10,12 @@
 //!
 //! Prints `ratio = ours / reference` (target <= 1.2) and `peak RSS` (target < 64 MiB). Run with
 //! `cargo bench -p libupgrade --bench stage` (or `just bench`).
+//!
+//! Then, for a site on a thin link, the same release served over HTTP (testkit's byte-counting
+//! server on 127.0.0.1): the preview's bytes next to what the stage fetched and what crossed
+//! the wire (target: preview = fetched exactly, the wire only adds response headers), and the
+//! bytes fetched with an extra source directory holding the first 80 % of every artifact,
+//! against the full fetch measured in the same run (target ratio <= 0.22).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,7 +24,7 @@ use std::time::Instant;
 use bootconfig::memory::MemoryBootloader;
 use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::layout::GptLayout;
-use libupgrade::{NoProgress, Source, StageOptions, Updater};
+use libupgrade::{ExtraSource, NoProgress, Source, StageOptions, Updater};
 
 const MIB: u64 = 1 << 20;
 
@@ -219,5 +225,52 @@ fn main() {
     println!(
         "peak RSS of the staging process = {:.1} MiB (target < 64 MiB)",
         rss as f64 / 1024.0
+    );
+    thin_link(work, &disk);
+}
+
+/// The thin-link figures (see the module docs): preview vs actual, and an 80 %-complete extra
+/// source against the full fetch.
+fn thin_link(work: &Path, disk: &Path) {
+    let srv = testkit::TestServer::paced(work.to_path_buf(), 0);
+    let src = Source::parse(&format!("{}rel", srv.base));
+    let medium = work.join("medium");
+    std::fs::create_dir_all(&medium).unwrap();
+    for f in ["rootfs.squashfs", "vmlinuz", "initrd"] {
+        let from = std::fs::File::open(work.join("rel").join(f)).unwrap();
+        let len = from.metadata().unwrap().len();
+        let mut to = std::fs::File::create(medium.join(f)).unwrap();
+        std::io::copy(&mut std::io::Read::take(from, len * 4 / 5), &mut to).unwrap();
+    }
+    let run = |extra: Vec<ExtraSource>| {
+        let _ = std::fs::remove_dir_all(work.join("state"));
+        let cfg = config(work, disk);
+        let layout = GptLayout::open(disk, &work.join("boot")).expect("GPT");
+        let u = Updater::with_parts(cfg, Box::new(layout), Box::new(MemoryBootloader::new(3)));
+        let opts = StageOptions {
+            extra_sources: extra,
+            ..StageOptions::default()
+        };
+        let p = u.preview(&src, &opts).expect("preview");
+        let (sent, asked) = (srv.sent(), srv.requests.lock().unwrap().len());
+        let r = u.stage(&src, &opts, &NoProgress).expect("stage");
+        let wire = srv.sent() - sent;
+        let requests = srv.requests.lock().unwrap().len() - asked;
+        (p.fetch(), r.bytes_fetched, wire, requests)
+    };
+    let (preview, fetched, wire, requests) = run(Vec::new());
+    println!(
+        "thin link, full stage: preview {preview} bytes, fetched {fetched} (difference {}; target 0), {wire} on the wire in {requests} requests ({} bytes of metadata and headers)",
+        fetched as i64 - preview as i64,
+        wire - fetched
+    );
+    let (p80, f80, w80, _) = run(vec![ExtraSource::Dir(medium)]);
+    println!(
+        "thin link, 80 %-complete extra source: preview {p80}, fetched {f80} (difference {}), {w80} on the wire",
+        f80 as i64 - p80 as i64
+    );
+    println!(
+        "extra-source ratio = {:.3} of the full fetch (target <= 0.22)",
+        f80 as f64 / fetched as f64
     );
 }

@@ -101,6 +101,15 @@ pub enum Error {
         needed: u64,
         available: u64,
     },
+    #[error("stopped at this attempt's byte budget of {} (--max-bytes): {} fetched, {} left to fetch; what was written is kept and a later run resumes there", Size(*.budget), Size(*.fetched), Size(*.left))]
+    BudgetSpent {
+        /// The budget given for this attempt.
+        budget: u64,
+        /// Network bytes this attempt read.
+        fetched: u64,
+        /// Bytes of the release still to fetch (the plan's, less what this attempt fetched).
+        left: u64,
+    },
     #[error("slot layout: {0}")]
     Layout(String),
     #[error("rootfs of slot {slot} is not a valid squashfs: {what}")]

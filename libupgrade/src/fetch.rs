@@ -10,7 +10,8 @@
 //! Before a stage writes anything it [`Source::probe`]s every artifact (one ranged GET of byte
 //! 0 each: works on any static server, GitHub's redirected asset URLs included, where a HEAD
 //! against the signed S3 URL is refused) so a missing file or a wrong size fails in seconds.
-//! Chunked transfers read exact byte ranges with [`Source::open_range`].
+//! Chunked transfers read exact byte ranges with [`Source::open_range`]. An offline bundle
+//! ([`crate::bundle`]) is a source too: its members are read by offset, like local files.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -31,6 +32,30 @@ pub enum Source {
     Url(String),
     /// File name → URL (release assets that do not share one directory).
     Assets(BTreeMap<String, String>),
+    /// An offline bundle file holding the release ([`crate::bundle`]).
+    Bundle(crate::bundle::Bundle),
+}
+
+/// A place chunks are looked for before the origin (`--extra-source`, the agent's
+/// `spec.sources`): whatever it holds is checked against the signed chunk index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExtraSource {
+    /// A local directory or mounted removable medium holding artifact files under the names
+    /// the manifest gives them (any release's: their chunks are found by content, like the
+    /// running slot's). Copies from it are not network bytes.
+    Dir(PathBuf),
+    /// A site mirror of the release directory (same file names and bytes), read by range.
+    Mirror(Source),
+}
+
+impl ExtraSource {
+    /// `http://…`/`https://…` → a mirror (a trailing `/` added), anything else a directory.
+    pub fn parse(s: &str) -> ExtraSource {
+        match Source::parse(s) {
+            Source::Path(_) => ExtraSource::Dir(PathBuf::from(s)),
+            url => ExtraSource::Mirror(url),
+        }
+    }
 }
 
 /// What the server (or the local directory) says about a file before it is downloaded.
@@ -74,6 +99,7 @@ impl Source {
                 .get(name)
                 .cloned()
                 .unwrap_or_else(|| format!("<no asset named {name}>")),
+            Source::Bundle(b) => b.location(name),
         }
     }
 
@@ -120,6 +146,10 @@ impl Source {
                     ranges: true,
                 })
             }
+            Source::Bundle(b) => Ok(Probe {
+                size: b.member(name)?.1,
+                ranges: true,
+            }),
             Source::Url(_) | Source::Assets(_) => {
                 if matches!(self, Source::Assets(m) if !m.contains_key(name)) {
                     return Err(fetch_err(&loc, "the release has no such asset".into()));
@@ -133,7 +163,7 @@ impl Source {
     pub fn open_range(&self, name: &str, start: u64, stop: u64) -> Result<Box<dyn Read + Send>> {
         let loc = self.location(name);
         match self {
-            Source::Path(_) => {
+            Source::Path(_) | Source::Bundle(_) => {
                 let (r, _) = self.open(name, start)?;
                 Ok(Box::new(r.take(stop - start)))
             }
@@ -158,6 +188,7 @@ impl Source {
                     .map_err(|e| fetch_err(&loc, format!("cannot seek to {offset}: {e}")))?;
                 Ok((Box::new(f), loc))
             }
+            Source::Bundle(b) => Ok((b.open_at(name, offset)?, loc)),
             Source::Url(_) | Source::Assets(_) => {
                 if matches!(self, Source::Assets(m) if !m.contains_key(name)) {
                     return Err(fetch_err(&loc, "the release has no such asset".into()));

@@ -14,7 +14,9 @@
 //!   manifest, arch, generation, space, then every file on the server) → `stage::plan` (pure:
 //!   per artifact done / chunked / stream) → the executors ([`chunk`] deltas, streamed
 //!   downloads with [`checkpoint`]s, all under [`retry`]) writing through [`layout`] → commit
-//!   ([`state`], [`slotfiles`]).
+//!   ([`state`], [`slotfiles`]). `stage::plan` also prices the run before its first byte
+//!   ([`Updater::preview`]); chunks come from the target, the running slot, extra sources,
+//!   then the origin; a release may also come from an offline [`bundle`].
 //! - **Activate** ([`Updater::activate_awaiting`]): [`bootscript::decide`] (pure: which boot
 //!   script both slots read) → loader writes (`bootconfig`) → [`state`].
 //! - **Confirm** (every boot, [`confirm`]): [`health`] checks → [`assess`] (pure: state,
@@ -30,6 +32,7 @@
 pub mod assess;
 pub mod barrier;
 pub mod bootscript;
+pub mod bundle;
 pub mod channel;
 pub mod checkpoint;
 pub mod chunk;
@@ -57,9 +60,9 @@ pub use assess::{Outcome, Verdict};
 pub use bootconfig::Slot;
 pub use config::Config;
 pub use error::{Error, Result};
-pub use fetch::Source;
+pub use fetch::{ExtraSource, Source};
 pub use manifest::{Arch, Artifact, Manifest};
 pub use state::SlotState;
 pub use updater::{
-    ConfirmReport, NoProgress, Progress, StageOptions, StageReport, Status, Updater,
+    ConfirmReport, NoProgress, Progress, StageOptions, StagePreview, StageReport, Status, Updater,
 };

@@ -31,7 +31,7 @@ use crate::state::store::StateStore;
 use crate::state::{now, Decision, Event, SlotState, State};
 
 pub use crate::confirm::ConfirmReport;
-pub use crate::stage::{NoProgress, Progress, StageOptions, StageReport};
+pub use crate::stage::{NoProgress, Progress, StageOptions, StagePreview, StageReport};
 
 /// Status of one slot, for `slot status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -219,6 +219,19 @@ impl Updater {
     ) -> Result<StageReport> {
         let booted = self.booted_slot()?;
         let st = self.load(Some(booted))?;
+        self.stager(opts).stage(booted, st, source, opts, progress)
+    }
+
+    /// What [`Updater::stage`] with the same source and options would fetch and reuse, per
+    /// artifact, before its first byte; writes nothing (it reads the release's metadata, the
+    /// running slot and what an interrupted attempt left).
+    pub fn preview(&self, source: &Source, opts: &StageOptions) -> Result<StagePreview> {
+        let booted = self.booted_slot()?;
+        let st = self.load(Some(booted))?;
+        self.stager(opts).preview(booted, &st, source, opts)
+    }
+
+    fn stager(&self, opts: &StageOptions) -> Stager<'_> {
         Stager {
             cfg: &self.cfg,
             layout: self.layout.as_ref(),
@@ -226,7 +239,6 @@ impl Updater {
             store: &self.store,
             deadline: opts.retry_for.map(|d| std::time::Instant::now() + d),
         }
-        .stage(booted, st, source, opts, progress)
     }
 
     /// Tell the bootloader to try the staged inactive slot on the next boot.

@@ -97,3 +97,21 @@ impl Error {
         }
     }
 }
+
+/// The item of `all` whose `name` is `got`, or [`Error::Unknown`] listing every name (the
+/// parser behind the scenario and target names of the CLI).
+pub fn by_name<T: Copy>(
+    what: &str,
+    all: &[T],
+    name: fn(T) -> &'static str,
+    got: &str,
+) -> Result<T> {
+    all.iter()
+        .copied()
+        .find(|t| name(*t) == got)
+        .ok_or_else(|| Error::Unknown {
+            what: what.into(),
+            got: got.into(),
+            expected: all.iter().map(|t| name(*t)).collect::<Vec<_>>().join(", "),
+        })
+}

@@ -8,6 +8,13 @@
 //! - [`server::ReleaseServer`]: the host side HTTP server for the signed releases.
 //! - [`scenario::Scenario`]: the scenarios of the issue; [`run`] is the one-call entry point.
 //!
+//! # Architecture
+//! `main.rs` (the CLI) and `tests/scenarios.rs` call [`run`] → [`scenario`] (a run, one file
+//! per scenario family over shared steps) → [`vm`] (QEMU, console, shell), [`server`] (the
+//! releases over HTTP) and [`target`] (disks, firmware, QEMU command lines). Nothing below
+//! `scenario` knows a scenario; [`error`] is shared by all. `bin/demo.rs` (`just demo`) uses
+//! `vm`, `server` and `target` directly to print the story as it happens.
+//!
 //! Inputs are the images crate's outputs (`just images-x86_64` / `just images-aarch64`); a
 //! missing input is an error naming it, never a skipped check.
 

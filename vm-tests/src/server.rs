@@ -141,6 +141,53 @@ fn parse_range(v: &str, len: u64) -> Option<std::result::Result<(u64, u64), ()>>
     Some(Ok((start, end)))
 }
 
+/// The request line and the one header the server honours.
+struct Request {
+    method: String,
+    path: String,
+    range: Option<String>,
+}
+
+impl Request {
+    fn read(r: &mut impl BufRead) -> std::io::Result<Request> {
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        let mut parts = line.split_whitespace();
+        let (method, path) = (
+            parts.next().unwrap_or("").to_string(),
+            parts.next().unwrap_or("").to_string(),
+        );
+        let mut range = None;
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h)? == 0 || h.trim().is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                if k.trim().eq_ignore_ascii_case("range") {
+                    range = Some(v.trim().to_string());
+                }
+            }
+        }
+        Ok(Request {
+            method,
+            path,
+            range,
+        })
+    }
+
+    /// Record the answer in the server's request log.
+    fn log(&self, st: &Stats, status: u16, n: u64) {
+        st.log.lock().expect("log lock").push(format!(
+            "{} {} range={} -> {status} ({n} bytes)",
+            self.method,
+            self.path,
+            self.range.as_deref().unwrap_or("-")
+        ));
+    }
+}
+
+/// Answer one connection: a file (or its range) under `root`, 404, 405 or 416.
 fn serve(
     s: TcpStream,
     root: &Path,
@@ -149,38 +196,17 @@ fn serve(
     stop: &AtomicBool,
 ) -> std::io::Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut r = BufReader::new(s.try_clone()?);
+    let req = Request::read(&mut BufReader::new(s.try_clone()?))?;
     let mut w = s;
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    let mut parts = line.split_whitespace();
-    let (method, path) = (
-        parts.next().unwrap_or("").to_string(),
-        parts.next().unwrap_or("").to_string(),
-    );
-    let mut range = None;
-    loop {
-        let mut h = String::new();
-        if r.read_line(&mut h)? == 0 || h.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            if k.trim().eq_ignore_ascii_case("range") {
-                range = Some(v.trim().to_string());
-            }
-        }
-    }
-    let head = method == "HEAD";
-    let file = resolve(root, &path).filter(|p| p.is_file());
-    let logline = |status: u16, n: u64| {
-        st.log.lock().expect("log lock").push(format!(
-            "{method} {path} range={} -> {status} ({n} bytes)",
-            range.as_deref().unwrap_or("-")
-        ));
-    };
-    let Some(file) = file.filter(|_| method == "GET" || head) else {
-        let status = if method == "GET" || head { 404 } else { 405 };
-        logline(status, 0);
+    let head = req.method == "HEAD";
+    let file = resolve(root, &req.path).filter(|p| p.is_file());
+    let Some(file) = file.filter(|_| req.method == "GET" || head) else {
+        let status = if req.method == "GET" || head {
+            404
+        } else {
+            405
+        };
+        req.log(st, status, 0);
         write!(
             w,
             "HTTP/1.1 {status} {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
@@ -194,10 +220,10 @@ fn serve(
     };
     let mut f = std::fs::File::open(&file)?;
     let len = f.metadata()?.len();
-    let (status, start, end) = match range.as_deref().and_then(|v| parse_range(v, len)) {
+    let (status, start, end) = match req.range.as_deref().and_then(|v| parse_range(v, len)) {
         Some(Ok((a, b))) => (206, a, b),
         Some(Err(())) => {
-            logline(416, 0);
+            req.log(st, 416, 0);
             write!(w, "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */{len}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
             return Ok(());
         }
@@ -213,39 +239,50 @@ fn serve(
     }
     hdr.push_str("\r\n");
     w.write_all(hdr.as_bytes())?;
-    logline(status, n);
+    req.log(st, status, n);
     if head || n == 0 {
         return Ok(());
     }
     f.seek(SeekFrom::Start(start))?;
     st.active.fetch_add(1, Ordering::SeqCst);
-    let res = (|| {
-        let mut left = n;
-        let mut buf = vec![0u8; 64 << 10];
-        let t0 = Instant::now();
-        let mut sent = 0u64;
-        while left > 0 && !stop.load(Ordering::SeqCst) {
-            let want = left.min(buf.len() as u64) as usize;
-            let k = f.read(&mut buf[..want])?;
-            if k == 0 {
-                break;
-            }
-            w.write_all(&buf[..k])?;
-            left -= k as u64;
-            sent += k as u64;
-            st.bytes.fetch_add(k as u64, Ordering::SeqCst);
-            let rate = rate.load(Ordering::SeqCst);
-            if rate > 0 {
-                let due = Duration::from_secs_f64(sent as f64 / rate as f64);
-                if let Some(wait) = due.checked_sub(t0.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
-        }
-        w.flush()
-    })();
+    let res = send_body(&mut f, &mut w, n, st, rate, stop);
     st.active.fetch_sub(1, Ordering::SeqCst);
     res
+}
+
+/// Copy `n` bytes from `f` to `w` at no more than `rate` bytes/s (read anew for every
+/// block: the scenario changes it mid-transfer; 0 = unlimited), counting them in `st`.
+fn send_body(
+    f: &mut std::fs::File,
+    w: &mut TcpStream,
+    n: u64,
+    st: &Stats,
+    rate: &AtomicU64,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    let mut left = n;
+    let mut buf = vec![0u8; 64 << 10];
+    let t0 = Instant::now();
+    let mut sent = 0u64;
+    while left > 0 && !stop.load(Ordering::SeqCst) {
+        let want = left.min(buf.len() as u64) as usize;
+        let k = f.read(&mut buf[..want])?;
+        if k == 0 {
+            break;
+        }
+        w.write_all(&buf[..k])?;
+        left -= k as u64;
+        sent += k as u64;
+        st.bytes.fetch_add(k as u64, Ordering::SeqCst);
+        let rate = rate.load(Ordering::SeqCst);
+        if rate > 0 {
+            let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+    w.flush()
 }
 
 /// GET `http://127.0.0.1:<port><path>` with a short timeout; the body, or why not.

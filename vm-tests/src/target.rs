@@ -305,14 +305,7 @@ impl fmt::Display for Target {
 impl FromStr for Target {
     type Err = Error;
     fn from_str(s: &str) -> Result<Target> {
-        Target::ALL
-            .into_iter()
-            .find(|t| t.name() == s)
-            .ok_or_else(|| Error::Unknown {
-                what: "target".into(),
-                got: s.into(),
-                expected: Target::ALL.map(|t| t.name()).join(", "),
-            })
+        crate::error::by_name("target", &Target::ALL, Target::name, s)
     }
 }
 

@@ -3,6 +3,7 @@
 //! HTTP for demos and tests. All logic lives in `libupgrade::{signing, release, channel}`; this
 //! module only maps arguments onto it and prints results.
 
+mod bundle;
 mod serve;
 
 use std::net::SocketAddr;
@@ -90,6 +91,8 @@ enum ReleaseCmd {
         #[arg(long)]
         trust_dir: PathBuf,
     },
+    /// Write one offline bundle file holding a release directory (`upgrade --bundle` reads it).
+    Bundle(bundle::BundleArgs),
     /// Serve DIR over HTTP (GET/HEAD, Range requests) until interrupted.
     Serve {
         dir: PathBuf,
@@ -100,6 +103,7 @@ enum ReleaseCmd {
 
 pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
     match args.cmd {
+        ReleaseCmd::Bundle(a) => bundle::run(a)?,
         ReleaseCmd::Keygen { out, name } => {
             let (secret, public) = signing::generate_keypair(&out, &name)?;
             let id = signing::KeyId::of(&signing::load_public_key(&public)?);

@@ -3,18 +3,31 @@
 //! whole-file sha256 is computed on the way (file order, so no second pass) and compared at
 //! the end. Memory: one buffer of the largest chunk size.
 //!
-//! A dropped range request is re-opened at the chunk that was being read; only that chunk's
-//! bytes are fetched again. A chunk whose digest is wrong is never written: the server holds
-//! different bytes than the signed index, which no retry can fix.
+//! Chunks to fetch come from a list of range sources tried in order: site mirrors first, the
+//! origin last. Each chunk is checked against the signed index whatever its source. A mirror
+//! chunk that does not match is refused (counted; warned once per mirror) and that one chunk
+//! is taken from the next source, while the mirror keeps serving the chunks after it. A mirror
+//! that fails (cannot be opened, drops or times out) is given up for the rest of the file:
+//! the chunk in flight is all it costs, the next source continues at that chunk. The origin
+//! alone follows the retry policy ([`crate::retry`]).
+//!
+//! A dropped origin request is re-opened at the chunk that was being read; only that chunk's
+//! bytes are fetched again. An origin chunk whose digest is wrong is never written: the server
+//! holds different bytes than the signed index, which no retry can fix.
+//!
+//! With a byte budget ([`super::rate::Budget`]) a request never asks for more than the
+//! budget has left, and the run stops with [`Error::BudgetSpent`] before a chunk it cannot
+//! afford; every chunk written so far is verified and kept for the next run.
 
 use std::io::Read;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest as _, Sha256};
 
+use super::index::ChunkEntry;
 use super::local::LocalFile;
-use super::plan::{Action, Plan};
-use super::rate::{Limited, MinRate, RateLimit, Watched};
+use super::plan::{Action, FetchRange, LocalRef, Plan};
+use super::rate::{Limited, MinRate, Throttle, Watched};
 use super::ChunkIndex;
 use crate::error::{Error, Result};
 use crate::manifest::Artifact;
@@ -51,7 +64,8 @@ pub struct ApplyOptions<'a> {
     /// Failed attempts tolerated in a row (as `download_retries`).
     pub retries: u32,
     pub retry_delay: Duration,
-    pub limit: Option<&'a RateLimit>,
+    /// The rate limit and byte budget every network read goes through.
+    pub throttle: Throttle<'a>,
     /// No retry starts that would wait past it (the stage's `--retry-for`).
     pub deadline: Option<Instant>,
     /// Responses slower than this are cut and re-requested.
@@ -67,137 +81,311 @@ pub struct Transfer {
     pub copied: u64,
     /// Bytes fetched (chunk payload; a dropped request's partial chunk is not counted).
     pub fetched: u64,
+    /// Of `fetched`, bytes that came from a mirror (a source before the origin).
+    pub from_mirrors: u64,
+    /// Chunks a mirror served that did not match the signed index (taken from the next source).
+    pub refused: u64,
     /// Range requests made (including re-opened ones).
     pub requests: u64,
 }
 
-/// Make the target hold the file `index` describes, following `plan`.
+/// Make the target hold the file `index` describes, following `plan`. `remotes` are tried in
+/// order for each chunk to fetch; the last one is the origin.
 pub fn apply(
     index: &ChunkIndex,
     plan: &Plan,
     target: &dyn ChunkTarget,
-    remote: &dyn RangeSource,
+    remotes: &[&dyn RangeSource],
     locals: &[LocalFile],
     opts: &ApplyOptions,
     progress: &dyn ApplyProgress,
 ) -> Result<Transfer> {
-    let mut t = Transfer::default();
+    assert!(!remotes.is_empty(), "apply needs the origin");
+    let mut a = Applier {
+        chunks: &index.chunks,
+        target,
+        remotes,
+        locals,
+        opts,
+        progress,
+        t: Transfer::default(),
+        streams: remotes.iter().map(|_| None).collect(),
+        dead: vec![false; remotes.len()],
+        warned: vec![false; remotes.len()],
+        backoff: Backoff::new(opts.retry_delay, opts.retries).until(opts.deadline),
+        locs: remotes.iter().map(|r| r.location()).collect(),
+    };
     let mut whole = Sha256::new();
     let mut buf = vec![0u8; index.params.max as usize];
-    let mut stream: Option<(usize, Box<dyn Read + Send + '_>)> = None;
     let mut last_sync = Instant::now();
-    let mut backoff = Backoff::new(opts.retry_delay, opts.retries).until(opts.deadline);
-    let loc = remote.location();
-    for (i, c) in index.chunks.iter().enumerate() {
-        let data = &mut buf[..c.len as usize];
-        let len = u64::from(c.len);
-        match plan.actions[i] {
-            Action::Keep => {
-                target.read_at(c.offset, data)?;
-                t.kept += len;
-                progress.reused(len);
+    let result = (|| {
+        for (i, c) in index.chunks.iter().enumerate() {
+            let data = &mut buf[..c.len as usize];
+            match plan.actions[i] {
+                Action::Keep => a.keep(c, data)?,
+                Action::Copy(l) => a.copy(i, c, l, data)?,
+                Action::Fetch(r) => a.fetch(i, (r, plan.ranges[r]), data)?,
             }
-            Action::Copy(l) => {
-                let src = &locals[l.source];
-                let ok = src.read_at(l.offset, data).is_ok() && super::digest(data) == c.digest;
-                if ok {
-                    t.copied += len;
-                    progress.reused(len);
-                } else {
-                    // The local file changed under us (it should not): fetch this one chunk.
-                    log::warn!(
-                        "{}: chunk {i} no longer matches at {} byte {}; fetching it",
-                        opts.artifact,
-                        src.name,
-                        l.offset
-                    );
-                    let mut r = remote.open_range(c.offset, c.end())?;
-                    t.requests += 1;
-                    r.read_exact(data).map_err(|e| Error::Fetch {
-                        location: loc.clone(),
-                        what: format!("chunk {i} at byte {}: {e}", c.offset),
-                        retryable: true,
-                    })?;
-                    check(opts, &loc, i, c.offset, &c.digest, data)?;
-                    t.fetched += len;
-                    progress.fetched(len);
-                }
-                target.write_at(c.offset, data)?;
-            }
-            Action::Fetch(r) => {
-                let range = plan.ranges[r];
-                loop {
-                    if stream.as_ref().is_none_or(|s| s.0 != r) {
-                        match remote.open_range(c.offset, range.stop) {
-                            Ok(s) => {
-                                t.requests += 1;
-                                stream = Some((
-                                    r,
-                                    Box::new(Limited::new(
-                                        Watched::new(s, opts.min_rate),
-                                        opts.limit,
-                                    )),
-                                ));
-                            }
-                            Err(e) => {
-                                backoff.attempt_failed(&loc, e)?;
-                                continue;
-                            }
-                        }
-                    }
-                    let s = &mut stream.as_mut().expect("opened above").1;
-                    match s.read_exact(data) {
-                        Ok(()) => break,
-                        Err(e) => {
-                            stream = None;
-                            let what = format!(
-                                "connection dropped in chunk {i} (bytes {}..{}): {e}",
-                                c.offset,
-                                c.end()
-                            );
-                            let Some(delay) = backoff.failed() else {
-                                return Err(Error::Fetch {
-                                    location: loc,
-                                    what: format!(
-                                        "{} (a later run keeps every chunk already written)",
-                                        backoff.gave_up(&what)
-                                    ),
-                                    retryable: true,
-                                });
-                            };
-                            log::warn!(
-                                "{loc}: {what}; re-requesting from byte {} in {delay:?}",
-                                c.offset
-                            );
-                            std::thread::sleep(delay);
-                        }
-                    }
-                }
-                backoff.progressed();
-                check(opts, &loc, i, c.offset, &c.digest, data)?;
-                target.write_at(c.offset, data)?;
-                t.fetched += len;
-                progress.fetched(len);
+            whole.update(&*data);
+            if last_sync.elapsed() >= Duration::from_secs(5) {
+                target.sync()?;
+                last_sync = Instant::now();
             }
         }
-        whole.update(&*data);
-        if last_sync.elapsed() >= Duration::from_secs(5) {
+        Ok(())
+    })();
+    if let Err(e) = result {
+        // What was written stays: a later run re-verifies it in place and keeps it.
+        if matches!(e, Error::BudgetSpent { .. }) {
             target.sync()?;
-            last_sync = Instant::now();
         }
+        return Err(e);
     }
-    drop(stream);
+    let Applier { t, mut locs, .. } = a;
     let found = hex::encode(whole.finalize());
     if found != opts.sha256 {
         return Err(Error::Checksum {
             artifact: opts.artifact,
-            location: loc,
+            location: locs.pop().expect("the origin"),
             expected: opts.sha256.clone(),
             found,
         });
     }
     target.sync()?;
     Ok(t)
+}
+
+/// An open range request: which planned range it reads, the next byte it yields, where it ends.
+struct Open<'a> {
+    range: usize,
+    next: u64,
+    stop: u64,
+    r: Box<dyn Read + Send + 'a>,
+}
+
+/// What reading one chunk from one source gave.
+enum Read1 {
+    /// The chunk's bytes are in the buffer (not yet checked).
+    Got,
+    /// The origin could not be opened; the backoff waited: try it again.
+    Again,
+    /// The source failed in this chunk (why); a mirror is then given up.
+    Failed(String),
+}
+
+/// One [`apply`] in progress: where chunks go and come from, what was done, the open range
+/// request of each source, which mirrors were given up and which were warned about.
+struct Applier<'a> {
+    chunks: &'a [ChunkEntry],
+    target: &'a dyn ChunkTarget,
+    remotes: &'a [&'a dyn RangeSource],
+    locals: &'a [LocalFile],
+    opts: &'a ApplyOptions<'a>,
+    progress: &'a dyn ApplyProgress,
+    t: Transfer,
+    streams: Vec<Option<Open<'a>>>,
+    dead: Vec<bool>,
+    warned: Vec<bool>,
+    backoff: Backoff,
+    locs: Vec<String>,
+}
+
+impl Applier<'_> {
+    fn origin(&self) -> usize {
+        self.remotes.len() - 1
+    }
+
+    /// The first source not given up at or after `from` (the origin never is).
+    fn alive_from(&self, from: usize) -> usize {
+        (from..self.origin())
+            .find(|&s| !self.dead[s])
+            .unwrap_or(self.origin())
+    }
+
+    /// Chunk `c` is already correct in the target: read it back for the whole-file hash.
+    fn keep(&mut self, c: &ChunkEntry, data: &mut [u8]) -> Result<()> {
+        self.target.read_at(c.offset, data)?;
+        self.t.kept += u64::from(c.len);
+        self.progress.reused(u64::from(c.len));
+        Ok(())
+    }
+
+    /// Copy chunk `i` from a local file; fetch it alone if the local bytes no longer match.
+    fn copy(&mut self, i: usize, c: &ChunkEntry, l: LocalRef, data: &mut [u8]) -> Result<()> {
+        let len = u64::from(c.len);
+        let src = &self.locals[l.source];
+        let ok = src.read_at(l.offset, data).is_ok() && super::digest(data) == c.digest;
+        if ok {
+            self.t.copied += len;
+            self.progress.reused(len);
+            return self.target.write_at(c.offset, data);
+        }
+        // The local file changed under us (it should not): fetch this one chunk.
+        log::warn!(
+            "{}: chunk {i} no longer matches at {} byte {}; fetching it",
+            self.opts.artifact,
+            src.name,
+            l.offset
+        );
+        let single = FetchRange {
+            first: i,
+            end: i + 1,
+            start: c.offset,
+            stop: c.end(),
+        };
+        self.fetch(i, (usize::MAX, single), data)
+    }
+
+    /// Fetch chunk `i` of planned range `r` from the first source that serves it intact,
+    /// check it and write it.
+    fn fetch(&mut self, i: usize, (r, range): (usize, FetchRange), data: &mut [u8]) -> Result<()> {
+        let c = self.chunks[i];
+        let first = self.alive_from(0);
+        let mut s = first;
+        loop {
+            // A fallback after a source still alive fetches this chunk alone.
+            let stop = if s == first { range.stop } else { c.end() };
+            match self.read_from(s, i, (r, stop), data)? {
+                Read1::Got if super::digest(data) == c.digest => break,
+                Read1::Got if s == self.origin() => {
+                    check(self.opts, &self.locs[s], i, c.offset, &c.digest, data)?;
+                }
+                Read1::Got => {
+                    self.refuse(s, i);
+                    s = self.alive_from(s + 1);
+                }
+                Read1::Again => {}
+                Read1::Failed(why) if s == self.origin() => self.dropped(i, &why)?,
+                Read1::Failed(why) => {
+                    let next = self.alive_from(s + 1);
+                    log::warn!(
+                        "{}: {why}; not used again for the {}, chunk {i} on come from {}",
+                        self.locs[s],
+                        self.opts.artifact,
+                        self.locs[next]
+                    );
+                    self.dead[s] = true;
+                    self.streams[s] = None;
+                    s = next;
+                }
+            }
+        }
+        if s == self.origin() {
+            self.backoff.progressed();
+        } else {
+            self.t.from_mirrors += u64::from(c.len);
+        }
+        self.target.write_at(c.offset, data)?;
+        self.t.fetched += u64::from(c.len);
+        self.progress.fetched(u64::from(c.len));
+        Ok(())
+    }
+
+    /// Read chunk `i` from source `s`, through its open request when that is at this chunk,
+    /// else a new one for the chunk's bytes up to `stop` (never past what the budget has left).
+    fn read_from(
+        &mut self,
+        s: usize,
+        i: usize,
+        (r, stop): (usize, u64),
+        data: &mut [u8],
+    ) -> Result<Read1> {
+        let c = self.chunks[i];
+        let at_chunk = self.streams[s]
+            .as_ref()
+            .is_some_and(|o| o.range == r && o.next == c.offset && c.end() <= o.stop);
+        if !at_chunk {
+            let stop = self.affordable(i, stop)?;
+            match self.remotes[s].open_range(c.offset, stop) {
+                Ok(body) => {
+                    self.t.requests += 1;
+                    let body =
+                        Limited::new(Watched::new(body, self.opts.min_rate), self.opts.throttle);
+                    self.streams[s] = Some(Open {
+                        range: r,
+                        next: c.offset,
+                        stop,
+                        r: Box::new(body),
+                    });
+                }
+                Err(e) if s == self.origin() => {
+                    // Transient: the backoff waited; else it gave up with the error.
+                    self.backoff.attempt_failed(&self.locs[s], e)?;
+                    return Ok(Read1::Again);
+                }
+                Err(e) => return Ok(Read1::Failed(e.to_string())),
+            }
+        }
+        let o = self.streams[s].as_mut().expect("opened above");
+        match o.r.read_exact(data) {
+            Ok(()) => {
+                o.next = c.end();
+                Ok(Read1::Got)
+            }
+            Err(e) => {
+                self.streams[s] = None;
+                Ok(Read1::Failed(format!(
+                    "connection dropped in chunk {i} (bytes {}..{}): {e}",
+                    c.offset,
+                    c.end()
+                )))
+            }
+        }
+    }
+
+    /// The end of the last chunk from `i` on, up to `stop`, that the byte budget still pays
+    /// for; [`Error::BudgetSpent`] when it cannot pay for chunk `i`.
+    fn affordable(&self, i: usize, stop: u64) -> Result<u64> {
+        let Some(budget) = self.opts.throttle.budget else {
+            return Ok(stop);
+        };
+        let (left, start) = (budget.left(), self.chunks[i].offset);
+        self.chunks[i..]
+            .iter()
+            .take_while(|c| c.end() <= stop && c.end() - start <= left)
+            .last()
+            .map(|c| c.end())
+            .ok_or(Error::BudgetSpent {
+                budget: budget.limit(),
+                fetched: budget.used(),
+                left: 0,
+            })
+    }
+
+    /// Source `s` (a mirror) served chunk `i` with other bytes than the signed index: count
+    /// it, and warn the first time.
+    fn refuse(&mut self, s: usize, i: usize) {
+        self.t.refused += 1;
+        if !std::mem::replace(&mut self.warned[s], true) {
+            log::warn!(
+                "{}: chunk {i} does not match the signed chunk index; refused, taken from {} (further refusals from this source are only counted)",
+                self.locs[s],
+                self.locs[self.alive_from(s + 1)]
+            );
+        }
+    }
+
+    /// The origin dropped inside chunk `i`: wait before re-requesting it, or give up.
+    fn dropped(&mut self, i: usize, what: &str) -> Result<()> {
+        let c = self.chunks[i];
+        let loc = &self.locs[self.origin()];
+        let Some(delay) = self.backoff.failed() else {
+            return Err(Error::Fetch {
+                location: loc.clone(),
+                what: format!(
+                    "{} (a later run keeps every chunk already written)",
+                    self.backoff.gave_up(what)
+                ),
+                retryable: true,
+            });
+        };
+        log::warn!(
+            "{loc}: {what}; re-requesting from byte {} in {delay:?}",
+            c.offset
+        );
+        std::thread::sleep(delay);
+        Ok(())
+    }
 }
 
 fn check(
@@ -320,7 +508,7 @@ mod tests {
             sha256: hex::encode(crate::chunk::digest(sha)),
             retries: 3,
             retry_delay: Duration::from_millis(1),
-            limit: None,
+            throttle: Throttle::default(),
             deadline: None,
             min_rate: None,
         }
@@ -367,7 +555,7 @@ mod tests {
         server.drop_after.store(5000, Ordering::SeqCst);
         let target = RefCell::new(Vec::new());
         let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
-        let t = apply(&ix, &pl, &target, &server, &locals, &opts(&new), &counts).unwrap();
+        let t = apply(&ix, &pl, &target, &[&server], &locals, &opts(&new), &counts).unwrap();
         assert_eq!(target.borrow().as_slice(), new.as_slice());
         assert_eq!(t.fetched, pl.fetch_bytes);
         assert_eq!(t.copied, pl.copy_bytes);
@@ -400,7 +588,16 @@ mod tests {
         let pl = plan(&ix, &vec![false; n], &vec![None; n]);
         let target = RefCell::new(Vec::new());
         let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
-        let e = apply(&ix, &pl, &target, &mem(&served), &[], &opts(&new), &counts).unwrap_err();
+        let e = apply(
+            &ix,
+            &pl,
+            &target,
+            &[&mem(&served)],
+            &[],
+            &opts(&new),
+            &counts,
+        )
+        .unwrap_err();
         assert!(matches!(e, Error::ChunkDigest { chunk: 5, .. }), "{e}");
         assert!(e.to_string().contains("refused before writing"), "{e}");
         assert_eq!(
@@ -415,7 +612,7 @@ mod tests {
         assert_eq!(present.iter().filter(|p| **p).count(), 5);
         let pl = plan(&ix, &present, &vec![None; n]);
         let server = mem(&new);
-        let t = apply(&ix, &pl, &target, &server, &[], &opts(&new), &counts).unwrap();
+        let t = apply(&ix, &pl, &target, &[&server], &[], &opts(&new), &counts).unwrap();
         assert_eq!(target.borrow().as_slice(), new.as_slice());
         assert_eq!(t.kept, victim.offset);
         assert_eq!(
@@ -440,7 +637,7 @@ mod tests {
         let server = mem(&new);
         let target = RefCell::new(Vec::new());
         let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
-        let t = apply(&ix, &pl, &target, &server, &locals, &opts(&new), &counts).unwrap();
+        let t = apply(&ix, &pl, &target, &[&server], &locals, &opts(&new), &counts).unwrap();
         assert_eq!(target.borrow().as_slice(), new.as_slice());
         assert_eq!(t.fetched, u64::from(c3.len));
         assert_eq!(
@@ -454,12 +651,128 @@ mod tests {
             &ix,
             &pl,
             &RefCell::new(Vec::new()),
-            &mem(&new),
+            &[&mem(&new)],
             &[local_file(&new)],
             &o,
             &counts,
         )
         .unwrap_err();
         assert!(matches!(e, Error::Checksum { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_corrupt_mirror_chunk_is_refused_and_taken_alone_from_the_origin() {
+        let p = ChunkParams::with_avg(8 << 10);
+        let new = crate::chunk::index::tests_noise(400_000, 9);
+        let ix = ChunkIndex::build(&new[..], p).unwrap();
+        let n = ix.chunks.len();
+        let bad = ix.chunks[6];
+        let mut served = new.clone();
+        served[bad.offset as usize + 3] ^= 0x55;
+        let (mirror, origin) = (mem(&served), mem(&new));
+        let pl = plan(&ix, &vec![false; n], &vec![None; n]);
+        let target = RefCell::new(Vec::new());
+        let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
+        let t = apply(
+            &ix,
+            &pl,
+            &target,
+            &[&mirror, &origin],
+            &[],
+            &opts(&new),
+            &counts,
+        )
+        .unwrap();
+        assert_eq!(target.borrow().as_slice(), new.as_slice());
+        assert_eq!(t.refused, 1);
+        assert_eq!(t.fetched, new.len() as u64);
+        assert_eq!(t.from_mirrors, new.len() as u64 - u64::from(bad.len));
+        // The origin served exactly the refused chunk; the mirror kept serving after it.
+        assert_eq!(
+            *origin.requests.lock().unwrap(),
+            vec![(bad.offset, bad.end())]
+        );
+        assert_eq!(mirror.requests.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_dying_mirror_costs_at_most_the_chunk_in_flight() {
+        let p = ChunkParams::with_avg(8 << 10);
+        let new = crate::chunk::index::tests_noise(500_000, 10);
+        let ix = ChunkIndex::build(&new[..], p).unwrap();
+        let n = ix.chunks.len();
+        let (mirror, origin) = (mem(&new), mem(&new));
+        mirror.drop_after.store(200_000, Ordering::SeqCst);
+        let pl = plan(&ix, &vec![false; n], &vec![None; n]);
+        let target = RefCell::new(Vec::new());
+        let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
+        let t = apply(
+            &ix,
+            &pl,
+            &target,
+            &[&mirror, &origin],
+            &[],
+            &opts(&new),
+            &counts,
+        )
+        .unwrap();
+        assert_eq!(target.borrow().as_slice(), new.as_slice());
+        let wire = mirror.sent.load(Ordering::SeqCst) + origin.sent.load(Ordering::SeqCst);
+        assert!(
+            wire <= new.len() as u64 + u64::from(p.max),
+            "{wire} bytes for a {}-byte file",
+            new.len()
+        );
+        assert_eq!(
+            mirror.requests.lock().unwrap().len(),
+            1,
+            "never asked again"
+        );
+        assert_eq!(
+            t.from_mirrors + origin.sent.load(Ordering::SeqCst),
+            t.fetched
+        );
+    }
+
+    #[test]
+    fn a_byte_budget_stops_before_the_chunk_it_cannot_pay_and_the_next_run_resumes() {
+        let p = ChunkParams::with_avg(8 << 10);
+        let new = crate::chunk::index::tests_noise(300_000, 11);
+        let ix = ChunkIndex::build(&new[..], p).unwrap();
+        let n = ix.chunks.len();
+        let pl = plan(&ix, &vec![false; n], &vec![None; n]);
+        let budget = crate::chunk::rate::Budget::new(100_000);
+        let mut o = opts(&new);
+        o.throttle.budget = Some(&budget);
+        let server = mem(&new);
+        let target = RefCell::new(Vec::new());
+        let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
+        let e = apply(&ix, &pl, &target, &[&server], &[], &o, &counts).unwrap_err();
+        let Error::BudgetSpent {
+            budget: b, fetched, ..
+        } = e
+        else {
+            panic!("{e}")
+        };
+        let sent = server.sent.load(Ordering::SeqCst);
+        assert_eq!((b, fetched), (100_000, sent));
+        assert!(
+            sent <= 100_000 && sent > 100_000 - u64::from(p.max),
+            "{sent}"
+        );
+        assert_eq!(
+            target.borrow().len() as u64,
+            sent,
+            "every byte read was written"
+        );
+        // The next run keeps all of it and fetches only the rest.
+        let held = target.borrow().clone();
+        let present = verify_in_place(&ix, &held[..], held.len() as u64).unwrap();
+        let pl = plan(&ix, &present, &vec![None; n]);
+        let again = mem(&new);
+        let t = apply(&ix, &pl, &target, &[&again], &[], &opts(&new), &counts).unwrap();
+        assert_eq!(target.borrow().as_slice(), new.as_slice());
+        assert_eq!(t.kept, sent);
+        assert_eq!(again.sent.load(Ordering::SeqCst), new.len() as u64 - sent);
     }
 }

@@ -6,8 +6,14 @@
 //! than `bytes_per_sec` over a whole window is cut with a timed-out error, which the transfer
 //! loops retry like a dropped connection (resuming where it stopped). A complete stall is cut
 //! by the HTTP client's 60 s read timeout; this rule catches the trickle that never stalls.
+//!
+//! And a byte budget ([`Budget`], `--max-bytes`, the agent's daily quota): the network bytes
+//! one stage attempt may read. Every network read counts against it; the transfer loops ask
+//! for no more than it has left (range requests end where the budget does) and stop cleanly
+//! when it is spent. The per-day accounting stays with the caller, which knows the day.
 
 use std::io::{self, Read};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -56,26 +62,81 @@ impl RateLimit {
     }
 }
 
-/// A reader whose bytes are taken through an optional [`RateLimit`].
+/// The network bytes one stage attempt may read (shared by every reader of the attempt).
+#[derive(Debug)]
+pub struct Budget {
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl Budget {
+    pub fn new(limit: u64) -> Budget {
+        Budget {
+            limit,
+            used: AtomicU64::new(0),
+        }
+    }
+
+    /// The budget given.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Bytes read against it so far.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::SeqCst)
+    }
+
+    /// Bytes it still allows.
+    pub fn left(&self) -> u64 {
+        self.limit.saturating_sub(self.used())
+    }
+
+    fn spend(&self, n: u64) {
+        self.used.fetch_add(n, Ordering::SeqCst);
+    }
+}
+
+/// What the network reads of a stage attempt go through: an optional [`RateLimit`] and an
+/// optional [`Budget`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Throttle<'a> {
+    pub rate: Option<&'a RateLimit>,
+    pub budget: Option<&'a Budget>,
+}
+
+impl Throttle<'_> {
+    /// Bytes the budget still allows (unbounded without one).
+    pub fn left(&self) -> u64 {
+        self.budget.map_or(u64::MAX, Budget::left)
+    }
+}
+
+/// A reader whose bytes are taken through a [`Throttle`].
 pub struct Limited<'a, R> {
     inner: R,
-    limit: Option<&'a RateLimit>,
+    throttle: Throttle<'a>,
 }
 
 impl<'a, R: Read> Limited<'a, R> {
-    pub fn new(inner: R, limit: Option<&'a RateLimit>) -> Self {
-        Limited { inner, limit }
+    pub fn new(inner: R, throttle: Throttle<'a>) -> Self {
+        Limited { inner, throttle }
     }
 }
 
 impl<R: Read> Read for Limited<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let Some(limit) = self.limit else {
-            return self.inner.read(buf);
+        let want = match self.throttle.rate {
+            Some(_) => buf.len().min(STEP),
+            None => buf.len(),
         };
-        let want = buf.len().min(STEP);
         let n = self.inner.read(&mut buf[..want])?;
-        limit.take(n);
+        if let Some(b) = self.throttle.budget {
+            b.spend(n as u64);
+        }
+        if let Some(limit) = self.throttle.rate {
+            limit.take(n);
+        }
         Ok(n)
     }
 }
@@ -181,7 +242,13 @@ mod tests {
         let limit = RateLimit::new(2 << 20);
         let data = vec![0u8; 5 << 20];
         let t = Instant::now();
-        let mut r = Limited::new(&data[..], Some(&limit));
+        let mut r = Limited::new(
+            &data[..],
+            Throttle {
+                rate: Some(&limit),
+                budget: None,
+            },
+        );
         let n = io::copy(&mut r, &mut io::sink()).unwrap();
         assert_eq!(n, 5 << 20);
         // 2 MiB burst, then 3 MiB at 2 MiB/s: 1.5 s.

@@ -1,87 +1,116 @@
 //! The chunked executor: one artifact written chunk by chunk from its index — chunks already
-//! correct in the target (a resumed attempt) kept, chunks the running slot holds copied, the
-//! rest fetched with coalesced `Range` requests ([`crate::chunk::apply`]), each verified
-//! before it is written.
+//! correct in the target (a resumed attempt) kept, chunks the running slot or an extra local
+//! directory holds copied, the rest fetched with coalesced `Range` requests from the extra
+//! mirrors and then the origin ([`crate::chunk::apply`]), each verified before it is written.
+//! The chunk plan is made before the slot is touched ([`Stager::plan_chunked`]), so the stage's
+//! preview and its run agree.
 
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 
-use super::{Progress, Run, Stager};
+use super::{ChunkWork, Placing, Progress, Run, Stager};
 use crate::chunk::apply::{self, ApplyOptions, ApplyProgress, ChunkTarget, RangeSource};
 use crate::chunk::local::{find_local, verify_in_place, LocalFile};
 use crate::chunk::ChunkIndex;
 use crate::error::{Error, Result};
-use crate::fetch::Source;
+use crate::fetch::{ExtraSource, Source};
 use crate::layout::Target;
 use crate::manifest::Artifact;
 
 impl Stager<'_> {
-    /// Write artifact `a` chunk by chunk (see the module docs); returns what came from where.
-    pub(super) fn write_chunked(
+    /// Decide how artifact `a` is written from its `index`: which chunks the target already
+    /// holds (a resumed attempt: re-verified in place), which a local file holds (the running
+    /// slot, then each extra directory), the rest fetched. Reads only.
+    pub(super) fn plan_chunked(
         &self,
-        run: &Run,
+        at: &Placing,
         a: Artifact,
-        index: &ChunkIndex,
-    ) -> Result<apply::Transfer> {
-        let entry = run.m.files.get(a);
-        let size = entry.size;
+        index: ChunkIndex,
+    ) -> Result<ChunkWork> {
+        let size = at.m.files.get(a).size;
         let n = index.chunks.len();
-        let target = self
-            .layout
-            .target(run.slot, &run.m.version, a, size, run.resumed)?;
-        let present = if run.resumed {
+        let present = if at.resumed {
+            let target = self.layout.target(at.slot, &at.m.version, a, size, true)?;
             let avail = if target.is_file() {
                 target.existing_len()?.min(size)
             } else {
                 size
             };
             let r = target.reader(avail)?;
-            verify_in_place(index, r, avail)
+            verify_in_place(&index, r, avail)
                 .map_err(|e| Error::io("re-verify chunks to resume", target.display(), e))?
         } else {
             vec![false; n]
         };
-        // A file target ends up exactly `size` long (holes are filled by their chunks).
-        target.truncate(size)?;
         let wanted: Vec<bool> = present.iter().map(|p| !p).collect();
-        let locals = self.local_copies(run, a);
+        let mut locals = self.local_copies(at, a);
+        locals.extend(extra_dirs(at, a));
         let found = if locals.is_empty() || !wanted.iter().any(|w| *w) {
             vec![None; n]
         } else {
-            find_local(index, &wanted, &locals).unwrap_or_else(|e| {
-                log::warn!("{a}: reading the running slot for reusable chunks failed ({e}); fetching instead");
+            find_local(&index, &wanted, &locals).unwrap_or_else(|e| {
+                log::warn!(
+                    "{a}: reading local copies for reusable chunks failed ({e}); fetching instead"
+                );
                 vec![None; n]
             })
         };
-        let plan = crate::chunk::plan::plan(index, &present, &found);
+        let plan = crate::chunk::plan::plan(&index, &present, &found);
+        Ok(ChunkWork {
+            index,
+            plan,
+            locals,
+        })
+    }
+
+    /// Write artifact `a` chunk by chunk following its planned `work`; returns what came
+    /// from where.
+    pub(super) fn write_chunked(
+        &self,
+        run: &Run,
+        a: Artifact,
+        work: &ChunkWork,
+    ) -> Result<apply::Transfer> {
+        let entry = run.m.files.get(a);
+        let size = entry.size;
+        let (index, plan) = (&work.index, &work.plan);
+        let target = self
+            .layout
+            .target(run.slot, &run.m.version, a, size, run.resumed)?;
+        // A file target ends up exactly `size` long (holes are filled by their chunks).
+        target.truncate(size)?;
         let loc = run.source.location(&entry.path);
         log::info!(
-            "{a} ({loc}): {n} chunks; {} kept from an earlier attempt, {} copied from slot {}, {} to fetch in {} request(s){}",
+            "{a} ({loc}): {} chunks; {} kept from an earlier attempt, {} copied locally, {} to fetch in {} request(s){}",
+            index.chunks.len(),
             crate::error::Size(plan.keep_bytes),
             crate::error::Size(plan.copy_bytes),
-            run.running.0,
             crate::error::Size(plan.fetch_bytes),
             plan.ranges.len(),
             if plan.stream { " (reuse too low to be worth splitting: one stream)" } else { "" }
         );
         run.progress
             .begin(&format!("{a} ({})", entry.path), size, 0);
-        let remote = Remote {
+        let mirrors = self.mirrors(run, a, plan.fetch_bytes > 0);
+        let origin = Remote {
             source: run.source,
             name: &entry.path,
         };
+        let mut remotes: Vec<&dyn RangeSource> =
+            mirrors.iter().map(|m| m as &dyn RangeSource).collect();
+        remotes.push(&origin);
         let result = apply::apply(
             index,
-            &plan,
+            plan,
             &target,
-            &remote,
-            &locals,
+            &remotes,
+            &work.locals,
             &ApplyOptions {
                 artifact: a,
                 sha256: entry.sha256.clone(),
                 retries: self.cfg.download_retries,
                 retry_delay: run.opts.retry_delay,
-                limit: run.limit,
+                throttle: run.throttle,
                 deadline: self.deadline,
                 min_rate: run.opts.min_rate_rule(),
             },
@@ -94,10 +123,41 @@ impl Stager<'_> {
         Ok(t)
     }
 
+    /// The extra mirrors that hold artifact `a` at the size the manifest says (probed when
+    /// anything is to be fetched); one that does not is skipped with a warning, never an error.
+    fn mirrors<'s>(&self, run: &Run<'s>, a: Artifact, needed: bool) -> Vec<Remote<'s>> {
+        let entry = run.m.files.get(a);
+        let mut out = Vec::new();
+        for x in run.opts.extra_sources.iter().filter(|_| needed) {
+            let ExtraSource::Mirror(source) = x else {
+                continue;
+            };
+            match source.probe(&entry.path) {
+                Ok(p) if p.size == entry.size && p.ranges => out.push(Remote {
+                    source,
+                    name: &entry.path,
+                }),
+                Ok(p) => log::warn!(
+                    "{}: {} bytes{}, the signed manifest says {}; not used for the {a}",
+                    source.location(&entry.path),
+                    p.size,
+                    if p.ranges {
+                        ""
+                    } else {
+                        " and no Range support"
+                    },
+                    entry.size
+                ),
+                Err(e) => log::warn!("extra source: {e}; not used for the {a}"),
+            }
+        }
+        out
+    }
+
     /// The running slot's copy of artifact `a` (the rootfs only up to its squashfs size), if it
     /// can be read; reuse is an optimisation, so a failure only logs.
-    fn local_copies(&self, run: &Run, a: Artifact) -> Vec<LocalFile> {
-        let (slot, Some(version)) = (run.running.0, run.running.1.as_deref()) else {
+    fn local_copies(&self, at: &Placing, a: Artifact) -> Vec<LocalFile> {
+        let (slot, Some(version)) = (at.running.0, at.running.1.as_deref()) else {
             return Vec::new();
         };
         let opened = self
@@ -147,6 +207,30 @@ impl ChunkTarget for Target {
     fn sync(&self) -> Result<()> {
         Target::sync(self)
     }
+}
+
+/// Artifact `a` in each extra local directory that holds a file of its name (`<dir>/<path>`
+/// as the manifest names it): any release's copy helps, its chunks are found by content.
+fn extra_dirs(at: &Placing, a: Artifact) -> Vec<LocalFile> {
+    let name = &at.m.files.get(a).path;
+    let mut out = Vec::new();
+    for x in at.extra {
+        let ExtraSource::Dir(dir) = x else { continue };
+        let p = dir.join(name);
+        match std::fs::File::open(&p).and_then(|f| f.metadata().map(|m| (f, m.len()))) {
+            Ok((file, len)) => out.push(LocalFile {
+                file,
+                offset: 0,
+                len,
+                name: p.display().to_string(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                log::debug!("{}: not there; not used for the {a}", p.display())
+            }
+            Err(e) => log::warn!("{}: {e}; not used for the {a}", p.display()),
+        }
+    }
+    out
 }
 
 /// One artifact of the release's source, read by range.

@@ -20,8 +20,18 @@
 //!
 //! [`Updater::stage`](crate::Updater::stage) finds the booted slot and loads the state, then
 //! runs a `Stager` borrowing the updater's parts. One way through it: `verify` (the
-//! release, then the server) → `plan` (pure: what to write, how) → the executors
-//! (`chunked`, `stream`) → commit. Retries everywhere follow [`crate::retry`].
+//! release, then the server) → `plan` (pure: what to write, how; with each chunked
+//! artifact's chunk plan, what it costs) → the executors (`chunked`, `stream`) → commit.
+//! Retries everywhere follow [`crate::retry`].
+//!
+//! The cost is known before the first byte: [`Updater::preview`](crate::Updater::preview)
+//! runs everything up to the plan (reads only: the server's metadata, the running slot, what an
+//! interrupted attempt left) and returns a [`StagePreview`]; a stage moves exactly the bytes
+//! its preview names. Chunks come from the target itself (an earlier attempt), the running
+//! slot, the extra local directories, then the extra mirrors, then the origin
+//! ([`ExtraSource`]); every one is checked against the signed chunk index. A byte budget
+//! ([`StageOptions::max_bytes`]) stops an attempt cleanly ([`Error::BudgetSpent`]) with
+//! everything written kept for the next one.
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -32,10 +42,14 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Partial;
+use crate::chunk::local::LocalFile;
+use crate::chunk::plan::Plan as ChunkPlan;
 pub use crate::chunk::rate::MinRate;
-use crate::chunk::rate::RateLimit;
+use crate::chunk::rate::{Budget, RateLimit, Throttle};
+use crate::chunk::ChunkIndex;
 use crate::config::Config;
 use crate::error::{Error, Result};
+pub use crate::fetch::ExtraSource;
 use crate::fetch::Source;
 use crate::layout::Layout;
 use crate::manifest::{Artifact, Manifest};
@@ -48,6 +62,7 @@ mod plan;
 mod stream;
 mod verify;
 
+pub use plan::ArtifactCost;
 use plan::{How, WritePlan};
 use verify::{Preflight, Verified};
 
@@ -95,6 +110,13 @@ pub struct StageOptions {
     /// Responses slower than this over a whole window are cut and retried (None: no floor;
     /// lowered to half of `max_rate` when a cap is set).
     pub min_rate: Option<MinRate>,
+    /// Network bytes of artifacts this attempt may read (`--max-bytes`; the agent passes what
+    /// today's quota has left): the stage stops with [`Error::BudgetSpent`] before a byte
+    /// more, keeping what it wrote. None: no budget. Manifest, signature, probes and chunk
+    /// indexes are not counted (a few KiB, and under 0.1 % of an image for the indexes).
+    pub max_bytes: Option<u64>,
+    /// Where chunks are looked for before the origin, in order, after the running slot.
+    pub extra_sources: Vec<ExtraSource>,
 }
 
 /// `StageOptions::retry_for`'s default: a few hours, what a thin link may need to come back.
@@ -123,6 +145,8 @@ impl Default for StageOptions {
             expect_version: None,
             retry_for: Some(DEFAULT_RETRY_FOR),
             min_rate: Some(MinRate::DEFAULT),
+            max_bytes: None,
+            extra_sources: Vec::new(),
         }
     }
 }
@@ -145,6 +169,38 @@ pub struct StageReport {
     /// Bytes this run did not fetch: copied from the running slot or kept from an earlier
     /// attempt.
     pub bytes_reused: u64,
+    /// Of `bytes_fetched`, bytes that came from extra mirrors ([`ExtraSource::Mirror`]).
+    #[serde(default)]
+    pub bytes_from_mirrors: u64,
+    /// Chunks an extra source served that did not match the signed index (refused, taken from
+    /// the next source).
+    #[serde(default)]
+    pub chunks_refused: u64,
+}
+
+/// What a stage would do and cost, known before its first byte ([`Updater::preview`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagePreview {
+    pub slot: Slot,
+    pub version: String,
+    pub generation: u64,
+    /// The slot already holds exactly this release: nothing would be fetched.
+    pub already_staged: bool,
+    /// An interrupted attempt of this release would be continued.
+    pub resume: bool,
+    /// Per artifact ([`Artifact::ALL`] order; empty when already staged).
+    pub artifacts: Vec<ArtifactCost>,
+}
+
+impl StagePreview {
+    /// Bytes the stage would fetch over the network.
+    pub fn fetch(&self) -> u64 {
+        self.artifacts.iter().map(|a| a.fetch).sum()
+    }
+    /// Bytes it would not fetch (kept from an earlier attempt, copied from local files).
+    pub fn reuse(&self) -> u64 {
+        self.artifacts.iter().map(|a| a.reuse).sum()
+    }
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -165,7 +221,7 @@ impl Stager<'_> {
     /// Fetch, verify and write the release at `source` into the slot that is not `booted`;
     /// `st` is the state as loaded for this boot. Verify, plan, execute, commit: everything
     /// about the release is checked before a byte is written (`verify`), the writes are
-    /// decided once (`plan`) and carried out per artifact by its executor.
+    /// decided once (`prepare`) and carried out per artifact by its executor.
     pub fn stage(
         &self,
         booted: Slot,
@@ -175,11 +231,87 @@ impl Stager<'_> {
         progress: &dyn Progress,
     ) -> Result<StageReport> {
         let target = booted.other();
-        let v = self.verify(booted, &st, source, opts)?;
+        let w = match self.prepare(booted, &st, source, opts)? {
+            Prepared::Already(v) => {
+                return Ok(report(target, *v, true, false, 0, Moved::default()))
+            }
+            Prepared::Work(w) => w,
+        };
+        let mut partial = match w.checkpoint.clone().filter(|_| w.plan.resume) {
+            Some(p) => p,
+            None => self.invalidate(target, &mut st, &w.v)?,
+        };
+        let limit = opts.max_rate.map(RateLimit::new);
+        let budget = opts.max_bytes.map(Budget::new);
+        let run = Run {
+            source,
+            m: &w.v.manifest,
+            slot: target,
+            resumed: w.plan.resume,
+            opts,
+            progress,
+            throttle: Throttle {
+                rate: limit.as_ref(),
+                budget: budget.as_ref(),
+            },
+            moved: Default::default(),
+        };
+        let written = match self.execute(&run, &w, &mut partial) {
+            Ok(n) => n,
+            Err(e) => {
+                let e = w.left_after(e, budget.as_ref());
+                return Err(self.record_failure(target, &mut st, &w.v.manifest, e)?);
+            }
+        };
+        let moved = run.moved.get();
+        self.commit(target, &mut st, &w.v, &w.pre, &partial, w.plan.resume)?;
+        Ok(report(target, w.v, false, w.plan.resume, written, moved))
+    }
+
+    /// What [`Stager::stage`] would do and cost, without writing anything.
+    pub fn preview(
+        &self,
+        booted: Slot,
+        st: &State,
+        source: &Source,
+        opts: &StageOptions,
+    ) -> Result<StagePreview> {
+        let target = booted.other();
+        Ok(match self.prepare(booted, st, source, opts)? {
+            Prepared::Already(v) => StagePreview {
+                slot: target,
+                version: v.manifest.version,
+                generation: v.manifest.generation,
+                already_staged: true,
+                resume: false,
+                artifacts: Vec::new(),
+            },
+            Prepared::Work(w) => StagePreview {
+                slot: target,
+                version: w.v.manifest.version.clone(),
+                generation: w.v.manifest.generation,
+                already_staged: false,
+                resume: w.plan.resume,
+                artifacts: w.cost.to_vec(),
+            },
+        })
+    }
+
+    /// Everything before the first write: verify the release, preflight the server, plan the
+    /// writes and each chunked artifact's chunks, and price the plan. Reads only.
+    fn prepare(
+        &self,
+        booted: Slot,
+        st: &State,
+        source: &Source,
+        opts: &StageOptions,
+    ) -> Result<Prepared> {
+        let target = booted.other();
+        let v = self.verify(booted, st, source, opts)?;
         if plan::staged_already(st.slot(target), &v.sha256) {
-            return Ok(report(target, v, true, false, 0, (0, 0)));
+            return Ok(Prepared::Already(Box::new(v)));
         }
-        let pre = self.preflight(source, &v.manifest, opts)?;
+        let mut pre = self.preflight(source, &v.manifest, opts)?;
         let checkpoint = Partial::load(&self.cfg.state_dir);
         let plan = plan::plan_writes(
             target,
@@ -188,31 +320,36 @@ impl Stager<'_> {
             checkpoint.as_ref(),
             pre.has_index(),
         );
-        let mut partial = match checkpoint.filter(|_| plan.resume) {
-            Some(p) => p,
-            None => self.invalidate(target, &mut st, &v)?,
-        };
-        let limit = opts.max_rate.map(RateLimit::new);
-        let run = Run {
-            source,
+        let at = Placing {
             m: &v.manifest,
             slot: target,
             running: (booted, st.slot(booted).version.clone()),
             resumed: plan.resume,
-            opts,
-            progress,
-            limit: limit.as_ref(),
-            fetched: Default::default(),
-            reused: Default::default(),
+            extra: &opts.extra_sources,
         };
-        let written = match self.execute(&run, &plan, &pre, &mut partial) {
-            Ok(n) => n,
-            Err(e) => return Err(self.record_failure(target, &mut st, &v.manifest, e)?),
-        };
-        let moved = (run.fetched.get(), run.reused.get());
-        drop(run);
-        self.commit(target, &mut st, &v, &pre, &partial, plan.resume)?;
-        Ok(report(target, v, false, plan.resume, written, moved))
+        let mut chunks: [Option<ChunkWork>; 3] = [None, None, None];
+        for (k, (a, how)) in plan.steps.into_iter().enumerate() {
+            if how == How::Chunked {
+                let index = pre.indexes[k]
+                    .take()
+                    .expect("planned chunked: has an index");
+                chunks[k] = Some(self.plan_chunked(&at, a, index)?);
+            }
+        }
+        let sizes = Artifact::ALL.map(|a| v.manifest.files.get(a).size);
+        let cost = plan::cost(
+            &plan,
+            sizes,
+            [0, 1, 2].map(|k| chunks[k].as_ref().map(|c| &c.plan)),
+        );
+        Ok(Prepared::Work(Box::new(Work {
+            v,
+            pre,
+            checkpoint,
+            plan,
+            chunks,
+            cost,
+        })))
     }
 
     /// Before the first write of a new attempt: the loader never boots the slot, the state
@@ -246,42 +383,44 @@ impl Stager<'_> {
         Ok(p)
     }
 
-    /// Carry out `plan`: each artifact by its executor, the checkpoint saved after each one,
-    /// then the squashfs check. Returns the bytes written.
-    fn execute(
-        &self,
-        run: &Run,
-        plan: &WritePlan,
-        pre: &Preflight,
-        partial: &mut Partial,
-    ) -> Result<u64> {
+    /// Carry out the plan: each artifact by its executor, the checkpoint saved after each
+    /// one, then the squashfs check. Returns the bytes written.
+    fn execute(&self, run: &Run, w: &Work, partial: &mut Partial) -> Result<u64> {
         let mut written = 0;
-        for (k, (a, how)) in plan.steps.into_iter().enumerate() {
+        for (k, (a, how)) in w.plan.steps.into_iter().enumerate() {
             let size = run.m.files.get(a).size;
             // The update's totals count what an interrupted attempt fetched (kept now) as
             // fetched; this run's report counts only its own network bytes.
+            let mut moved = run.moved.get();
             match how {
-                How::Done => continue,
+                How::Done => {
+                    moved.reused += size;
+                    run.moved.set(moved);
+                    continue;
+                }
                 How::Chunked => {
-                    let index = pre.indexes[k]
+                    let work = w.chunks[k]
                         .as_ref()
-                        .expect("planned chunked: has an index");
-                    let t = self.write_chunked(run, a, index)?;
+                        .expect("planned chunked: has a chunk plan");
+                    let t = self.write_chunked(run, a, work)?;
                     written += t.fetched + t.copied;
                     // Saturating: the totals come from a checkpoint file that may be damaged.
                     partial.fetched = partial.fetched.saturating_add(t.fetched + t.kept);
                     partial.reused = partial.reused.saturating_add(t.copied);
-                    run.fetched.set(run.fetched.get() + t.fetched);
-                    run.reused.set(run.reused.get() + t.copied + t.kept);
+                    moved.fetched += t.fetched;
+                    moved.reused += t.copied + t.kept;
+                    moved.from_mirrors += t.from_mirrors;
+                    moved.refused += t.refused;
                 }
                 How::Stream { resume_at } => {
                     let n = self.write_stream(run, a, resume_at, partial)?;
                     written += n;
                     partial.fetched = partial.fetched.saturating_add(size);
-                    run.fetched.set(run.fetched.get() + n);
-                    run.reused.set(run.reused.get() + (size - n));
+                    moved.fetched += n;
+                    moved.reused += size - n;
                 }
             }
+            run.moved.set(moved);
             partial.done.push(a);
             partial.current = None;
             partial.save(&self.cfg.state_dir)?;
@@ -304,6 +443,10 @@ impl Stager<'_> {
             Error::Checksum { .. } | Error::Size { .. } | Error::BadImage { .. }
         ) {
             Partial::clear(&self.cfg.state_dir)?;
+        }
+        if matches!(e, Error::BudgetSpent { .. }) {
+            // Not a failure: the attempt stopped where it was told to.
+            return Ok(e);
         }
         st.log(
             target,
@@ -375,14 +518,14 @@ impl Stager<'_> {
     }
 }
 
-/// The report of a stage run into `slot` of release `v`; `moved`: bytes (fetched, reused).
+/// The report of a stage run into `slot` of release `v`.
 fn report(
     slot: Slot,
     v: Verified,
     already_staged: bool,
     resumed: bool,
     bytes_written: u64,
-    moved: (u64, u64),
+    moved: Moved,
 ) -> StageReport {
     StageReport {
         slot,
@@ -392,9 +535,75 @@ fn report(
         already_staged,
         resumed,
         bytes_written,
-        bytes_fetched: moved.0,
-        bytes_reused: moved.1,
+        bytes_fetched: moved.fetched,
+        bytes_reused: moved.reused,
+        bytes_from_mirrors: moved.from_mirrors,
+        chunks_refused: moved.refused,
     }
+}
+
+/// Bytes a run moved, by where they came from.
+#[derive(Debug, Clone, Copy, Default)]
+struct Moved {
+    fetched: u64,
+    reused: u64,
+    from_mirrors: u64,
+    refused: u64,
+}
+
+/// What [`Stager::prepare`] found: nothing to do, or the work.
+enum Prepared {
+    Already(Box<Verified>),
+    Work(Box<Work>),
+}
+
+/// A stage run decided before its first write.
+struct Work {
+    v: Verified,
+    pre: Preflight,
+    checkpoint: Option<Partial>,
+    plan: WritePlan,
+    /// Per chunked artifact: its index, chunk plan and the local files the plan copies from.
+    chunks: [Option<ChunkWork>; 3],
+    cost: [ArtifactCost; 3],
+}
+
+impl Work {
+    /// A budget stop names what is left: the plan's bytes less what this attempt fetched.
+    fn left_after(&self, e: Error, budget: Option<&Budget>) -> Error {
+        match (e, budget) {
+            (Error::BudgetSpent { .. }, Some(b)) => Error::BudgetSpent {
+                budget: b.limit(),
+                fetched: b.used(),
+                left: self
+                    .cost
+                    .iter()
+                    .map(|c| c.fetch)
+                    .sum::<u64>()
+                    .saturating_sub(b.used()),
+            },
+            (e, _) => e,
+        }
+    }
+}
+
+/// One chunked artifact's part of the plan.
+pub(crate) struct ChunkWork {
+    index: ChunkIndex,
+    plan: ChunkPlan,
+    /// The files `plan`'s copies refer to (running slot, extra directories), in order.
+    locals: Vec<LocalFile>,
+}
+
+/// Where a release is being placed, for planning its chunks.
+struct Placing<'a> {
+    m: &'a Manifest,
+    slot: Slot,
+    /// The running slot and its version (where reusable chunks are looked for).
+    running: (Slot, Option<String>),
+    /// An interrupted attempt is continued: what the target holds is re-verified.
+    resumed: bool,
+    extra: &'a [ExtraSource],
 }
 
 /// What one stage run works with (shared by the per-artifact writers).
@@ -402,14 +611,11 @@ struct Run<'a> {
     source: &'a Source,
     m: &'a Manifest,
     slot: Slot,
-    /// The running slot and its version (where reusable chunks are looked for).
-    running: (Slot, Option<String>),
     /// A checkpoint of this release into this slot existed: re-verify what the target holds.
     resumed: bool,
     opts: &'a StageOptions,
     progress: &'a dyn Progress,
-    limit: Option<&'a RateLimit>,
-    /// Bytes fetched and not fetched (reused, kept) by this run.
-    fetched: std::cell::Cell<u64>,
-    reused: std::cell::Cell<u64>,
+    throttle: Throttle<'a>,
+    /// Bytes moved by this run so far.
+    moved: std::cell::Cell<Moved>,
 }

@@ -4,10 +4,17 @@
 //! write it chunk by chunk (it has a usable chunk index), or stream it whole from a position.
 //! Like RAUC's install plans: made before anything is written, then handed to one executor
 //! per kind ([`super::Stager::execute`]). Tested without disks.
+//!
+//! The same plan, with each chunked artifact's chunk plan, prices the run before its first
+//! byte ([`cost`]): what will be fetched and what is reused. `upgrade --plan-only` prints it,
+//! the agent publishes it, and the run that follows moves exactly those bytes (the executors
+//! carry out these plans, they do not decide again).
 
 use bootconfig::Slot;
+use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::Partial;
+use crate::chunk::plan::Plan as ChunkPlan;
 use crate::manifest::Artifact;
 use crate::state::{SlotRecord, SlotState};
 
@@ -74,6 +81,46 @@ pub fn plan_writes(
     }
 }
 
+/// What one artifact of a stage run costs, known before its first byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactCost {
+    pub artifact: Artifact,
+    /// The artifact's size (the signed manifest's).
+    pub size: u64,
+    /// Bytes the run will fetch over the network (chunk payload or the stream's rest).
+    pub fetch: u64,
+    /// Bytes it will not fetch: kept from an earlier attempt or copied from a local file.
+    pub reuse: u64,
+    /// Range requests planned (0 for a stream, which is one request plus re-opens).
+    pub requests: u64,
+}
+
+/// The price of each step of `plan`: `sizes` per artifact ([`Artifact::ALL`] order), and for
+/// each chunked step its chunk plan. A stream from `resume_at` fetches the rest of the file.
+pub fn cost(
+    plan: &WritePlan,
+    sizes: [u64; 3],
+    chunks: [Option<&ChunkPlan>; 3],
+) -> [ArtifactCost; 3] {
+    [0, 1, 2].map(|k| {
+        let (artifact, how) = plan.steps[k];
+        let size = sizes[k];
+        let (fetch, requests) = match (how, chunks[k]) {
+            (How::Done, _) => (0, 0),
+            (How::Chunked, Some(p)) => (p.fetch_bytes, p.ranges.len() as u64),
+            (How::Chunked, None) => (size, 1),
+            (How::Stream { resume_at }, _) => (size - resume_at.min(size), 0),
+        };
+        ArtifactCost {
+            artifact,
+            size,
+            fetch,
+            reuse: size - fetch,
+            requests,
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +180,51 @@ mod tests {
                 .iter()
                 .all(|(_, h)| *h == How::Stream { resume_at: 0 }));
         }
+    }
+
+    #[test]
+    fn cost_counts_done_as_reused_streams_from_their_position_and_chunks_by_their_plan() {
+        use crate::chunk::plan::{FetchRange, Plan};
+        let cp = partial(Slot::B, "m");
+        let p = plan_writes(
+            Slot::B,
+            SlotState::Invalid,
+            "m",
+            Some(&cp),
+            [false, false, true],
+        );
+        let chunks = Plan {
+            actions: Vec::new(),
+            ranges: vec![
+                FetchRange {
+                    first: 0,
+                    end: 1,
+                    start: 0,
+                    stop: 100,
+                };
+                2
+            ],
+            stream: false,
+            keep_bytes: 300,
+            copy_bytes: 400,
+            fetch_bytes: 200,
+        };
+        let c = cost(&p, [1000, 10_000, 900], [None, None, Some(&chunks)]);
+        let row = |a, size, fetch, requests| ArtifactCost {
+            artifact: a,
+            size,
+            fetch,
+            reuse: size - fetch,
+            requests,
+        };
+        assert_eq!(
+            c,
+            [
+                row(Artifact::Rootfs, 1000, 0, 0),
+                row(Artifact::Kernel, 10_000, 10_000 - 4096, 0),
+                row(Artifact::Initrd, 900, 200, 2),
+            ]
+        );
     }
 
     #[test]

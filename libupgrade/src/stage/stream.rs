@@ -31,50 +31,83 @@ impl Stager<'_> {
             .layout
             .target(run.slot, &run.m.version, a, size, resume_at > 0)?;
         let mut hasher = Sha256::new();
-        // Resume: trust only what the checkpoint says was synced, and re-hash it from disk.
-        let mut pos = resume_at.min(size);
-        if target.is_file() {
-            // A cut after the rename but before the checkpoint leaves no temp file (length 0):
-            // resuming at the checkpoint would extend it with zeros (sha256 mismatch on every
-            // later run; found by vm-tests powercut at `artifact-renamed`). Start over instead.
-            pos = pos.min(target.existing_len()?);
-        }
-        target.truncate(pos)?;
-        if pos > 0 {
-            rehash(&target, pos, &mut hasher)?;
-        }
+        let start = resume_from(&target, resume_at.min(size), &mut hasher)?;
         run.progress
-            .begin(&format!("{a} ({})", entry.path), size, pos);
-        let is_local = matches!(run.source, Source::Path(_));
-        let mut buf = vec![0u8; BUF];
+            .begin(&format!("{a} ({})", entry.path), size, start);
+        let mut w = Writing {
+            target: &target,
+            hasher: &mut hasher,
+            buf: &mut vec![0u8; BUF],
+            pos: start,
+            size,
+            ckpt: (start, std::time::Instant::now()),
+        };
+        self.download(run, a, &mut w, partial)?;
+        let pos = w.pos;
+        run.progress.end();
+        let found = hex::encode(hasher.finalize());
+        if found != entry.sha256 {
+            return Err(Error::Checksum {
+                artifact: a,
+                location: run.source.location(&entry.path),
+                expected: entry.sha256.clone(),
+                found,
+            });
+        }
+        target.finish()?;
+        crate::barrier::hit("stage:artifact-complete");
+        Ok(pos - start)
+    }
+
+    /// Open responses from `w.pos` and pump them into the target until the artifact is
+    /// complete, retrying dropped connections by the stage's backoff; when it gives up, what
+    /// was synced is checkpointed so a later run resumes there.
+    fn download(
+        &self,
+        run: &Run,
+        a: Artifact,
+        w: &mut Writing,
+        partial: &mut Partial,
+    ) -> Result<()> {
+        let name = &run.m.files.get(a).path;
+        let is_local = matches!(run.source, Source::Path(_) | Source::Bundle(_));
         let mut backoff = self.backoff(run.opts);
-        let mut ckpt = (pos, std::time::Instant::now());
-        let start = pos;
         let mut last_err = String::new();
-        while pos < size {
-            let (mut r, loc) = match run.source.open(&entry.path, pos) {
+        while w.pos < w.size {
+            let left = run.throttle.left();
+            if left == 0 {
+                // Keep what was synced: the next run resumes from the checkpoint.
+                self.checkpoint(w.target, partial, a, w.pos)?;
+                let b = run.throttle.budget.expect("only a budget runs out");
+                return Err(Error::BudgetSpent {
+                    budget: b.limit(),
+                    fetched: b.used(),
+                    left: 0,
+                });
+            }
+            // Never ask for more than the budget has left.
+            let opened = if left < w.size - w.pos {
+                run.source
+                    .open_range(name, w.pos, w.pos + left)
+                    .map(|r| (r, run.source.location(name)))
+            } else {
+                run.source.open(name, w.pos)
+            };
+            let (mut r, loc) = match opened {
                 Ok(x) => x,
                 Err(e) => {
-                    last_err = backoff.attempt_failed(&run.source.location(&entry.path), e)?;
+                    last_err = backoff.attempt_failed(&run.source.location(name), e)?;
                     continue;
                 }
             };
-            let before = pos;
-            let mut w = Writing {
-                target: &target,
-                hasher: &mut hasher,
-                buf: &mut buf,
-                pos,
-                size,
-                ckpt,
-            };
-            let mut r = Limited::new(Watched::new(&mut r, run.opts.min_rate_rule()), run.limit);
-            if let Some(e) = self.pump(run, &mut w, &mut r, a, partial)? {
+            let before = w.pos;
+            let mut r = Limited::new(Watched::new(&mut r, run.opts.min_rate_rule()), run.throttle);
+            if let Some(e) = self.pump(run, w, &mut r, a, partial)? {
                 last_err = e;
             }
-            (pos, ckpt) = (w.pos, w.ckpt);
-            if pos == size {
-                break;
+            let (pos, size) = (w.pos, w.size);
+            if pos == size || run.throttle.left() == 0 {
+                continue;
             }
             if is_local {
                 return Err(Error::Size {
@@ -92,7 +125,7 @@ impl Stager<'_> {
             }
             let Some(delay) = backoff.failed() else {
                 // Keep what was synced: the next run resumes from the checkpoint.
-                self.checkpoint(&target, partial, a, pos)?;
+                self.checkpoint(w.target, partial, a, pos)?;
                 return Err(Error::Fetch {
                     location: loc,
                     what: format!(
@@ -106,19 +139,7 @@ impl Stager<'_> {
             std::thread::sleep(delay);
             last_err.clear();
         }
-        run.progress.end();
-        let found = hex::encode(hasher.finalize());
-        if found != entry.sha256 {
-            return Err(Error::Checksum {
-                artifact: a,
-                location: run.source.location(&entry.path),
-                expected: entry.sha256.clone(),
-                found,
-            });
-        }
-        target.finish()?;
-        crate::barrier::hit("stage:artifact-complete");
-        Ok(pos - start)
+        Ok(())
     }
 
     /// Copy from one open response into the target until it ends or drops; `Some(why)` when
@@ -182,6 +203,24 @@ struct Writing<'a> {
     pos: u64,
     size: u64,
     ckpt: (u64, std::time::Instant),
+}
+
+/// Where a resumed download of `target` continues: at the checkpointed `pos`, but never past
+/// what a file target really holds; the bytes before it are re-hashed from disk (trust only
+/// what the checkpoint says was synced). Bytes past it are dropped.
+fn resume_from(target: &Target, pos: u64, hasher: &mut Sha256) -> Result<u64> {
+    let mut pos = pos;
+    if target.is_file() {
+        // A cut after the rename but before the checkpoint leaves no temp file (length 0):
+        // resuming at the checkpoint would extend it with zeros (sha256 mismatch on every
+        // later run; found by vm-tests powercut at `artifact-renamed`). Start over instead.
+        pos = pos.min(target.existing_len()?);
+    }
+    target.truncate(pos)?;
+    if pos > 0 {
+        rehash(target, pos, hasher)?;
+    }
+    Ok(pos)
 }
 
 /// Feed the first `pos` bytes the target holds into `hasher` (a resumed download).

@@ -4,7 +4,7 @@
 //! upgrades to v2 from an HTTP channel on the host while the node keeps serving, reboots into
 //! slot B, and shows `slot status` again: B is now good and booted, A is the fallback.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -34,17 +34,7 @@ fn main() -> anyhow::Result<()> {
     target.check_inputs(&root)?;
     let accel = Accel::for_target(target, &root);
     let dir = root.join("vm-tests/out/demo");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let disk = dir.join("disk.img");
-    let st = std::process::Command::new("cp")
-        .arg("--sparse=always")
-        .arg(target.disk(&root))
-        .arg(&disk)
-        .status()?;
-    if !st.success() {
-        bail!("copying the test disk to {} failed", disk.display());
-    }
+    let disk = scratch_disk(&dir, &target.disk(&root))?;
     let releases = target.releases(&root);
     let srv = ReleaseServer::start(&releases, 0)?;
     println!(
@@ -70,9 +60,36 @@ fn main() -> anyhow::Result<()> {
         &dir.join("monitor.sock"),
         &dir.join("console.log"),
     )?;
+    story(&mut vm, &srv)?;
+    vm.power_cut()?;
+    println!(
+        "\ndemo: done in {:.0}s; console log in {}",
+        t0.elapsed().as_secs_f64(),
+        dir.join("console.log").display()
+    );
+    Ok(())
+}
 
+/// A fresh `dir` holding a sparse copy of `image`; returns the copy's path.
+fn scratch_disk(dir: &Path, image: &Path) -> anyhow::Result<PathBuf> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let disk = dir.join("disk.img");
+    let st = std::process::Command::new("cp")
+        .arg("--sparse=always")
+        .arg(image)
+        .arg(&disk)
+        .status()?;
+    if !st.success() {
+        bail!("copying the test disk to {} failed", disk.display());
+    }
+    Ok(disk)
+}
+
+/// Power on, status, upgrade to v2 from `srv`, reboot, status: B must be good and booted.
+fn story(vm: &mut Vm, srv: &ReleaseServer) -> anyhow::Result<()> {
     banner("power on");
-    println!("{}", boot_line(&mut vm)?);
+    println!("{}", boot_line(vm)?);
     banner("k3os-ops slot status (before)");
     print!("{}", vm.run_ok("k3os-ops slot status", CMD)?);
 
@@ -92,7 +109,7 @@ fn main() -> anyhow::Result<()> {
 
     banner("reboot");
     vm.send_line("sync; reboot -f")?;
-    let line = boot_line(&mut vm)?;
+    let line = boot_line(vm)?;
     println!("{line}");
     if !line.contains("slot=B") || !line.contains("version=v2") {
         bail!("expected the node to come back on slot B with v2, console said: {line}");
@@ -103,11 +120,5 @@ fn main() -> anyhow::Result<()> {
     if !after.contains("slot B (good, booted") {
         bail!("slot B is not good and booted after the upgrade:\n{after}");
     }
-    vm.power_cut()?;
-    println!(
-        "\ndemo: done in {:.0}s; console log in {}",
-        t0.elapsed().as_secs_f64(),
-        dir.join("console.log").display()
-    );
     Ok(())
 }

@@ -1,0 +1,363 @@
+//! Sites on thin links, on a real GPT disk image (loop devices) against a real byte-counting
+//! HTTP server: the preview of a stage equals what the stage then fetches (full, delta,
+//! resumed), a byte budget stops an attempt cleanly and the next one resumes with nothing
+//! lost, and extra chunk sources (a local directory, a corrupt mirror, a dying mirror) cut
+//! what the origin sends without ever letting an unverified chunk into the slot.
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use libupgrade::layout::GptLayout;
+use libupgrade::manifest::Arch;
+use libupgrade::{Error, ExtraSource, NoProgress, Source, StageOptions, Updater};
+use testkit::*;
+
+fn updater(disk: &TestDisk, cfg: libupgrade::Config) -> Updater {
+    let layout = GptLayout::open(&disk.disk.path, &disk.boot_dir).expect("GPT of the test disk");
+    Updater::with_parts(cfg, Box::new(layout), Box::new(ModelLoader::new(9)))
+}
+
+fn fast() -> StageOptions {
+    StageOptions {
+        retry_delay: Duration::from_millis(20),
+        ..StageOptions::default()
+    }
+}
+
+const FILES: [&str; 3] = ["rootfs.squashfs", "vmlinuz", "initrd"];
+
+fn release(
+    k: &Keys,
+    out: &Path,
+    version: &str,
+    generation: u64,
+    payload: &[u8],
+    initrd: u64,
+) -> PathBuf {
+    signed_release(
+        k,
+        out,
+        &ReleaseInputs {
+            version,
+            generation,
+            payload,
+            kernel: pseudo_random(600_000, 101),
+            initrd: pseudo_random(400_000, initrd),
+            arch: Arch::host(),
+        },
+    )
+}
+
+fn size_of(dir: &Path) -> u64 {
+    FILES
+        .iter()
+        .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
+        .sum()
+}
+
+/// Put release `rel` into slot A (as if installed), the booted slot.
+fn install_in_a(disk: &TestDisk, rel: &Path) {
+    let (off, _) = disk.parts["rootfs-a"];
+    let img = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&disk.image)
+        .unwrap();
+    img.write_all_at(&std::fs::read(rel.join("rootfs.squashfs")).unwrap(), off)
+        .unwrap();
+    img.sync_all().unwrap();
+    std::fs::create_dir_all(disk.boot_dir.join("a")).unwrap();
+    for f in ["vmlinuz", "initrd"] {
+        std::fs::copy(rel.join(f), disk.boot_dir.join("a").join(f)).unwrap();
+    }
+}
+
+/// Slot B holds exactly `rel`.
+fn assert_b_is(disk: &TestDisk, rel: &Path) {
+    let rootfs = std::fs::read(rel.join("rootfs.squashfs")).unwrap();
+    assert!(
+        disk.part_bytes("rootfs-b", rootfs.len() as u64) == rootfs,
+        "rootfs-b differs"
+    );
+    for f in ["vmlinuz", "initrd"] {
+        assert_eq!(
+            std::fs::read(disk.boot_dir.join("b").join(f)).unwrap(),
+            std::fs::read(rel.join(f)).unwrap(),
+            "b/{f}"
+        );
+    }
+}
+
+/// Bytes and requests a server sent while `f` ran.
+fn metered<T>(srv: &TestServer, f: impl FnOnce() -> T) -> (T, u64, usize) {
+    let (b, r) = (srv.sent(), srv.requests.lock().unwrap().len());
+    let out = f();
+    (out, srv.sent() - b, srv.requests.lock().unwrap().len() - r)
+}
+
+/// Response headers of the test server are under this many bytes each.
+const HEAD: u64 = 160;
+
+/// The preview's fetch equals the stage's `bytes_fetched`, and what the stage sent beyond the
+/// preview's own requests (the same metadata) is that plus one response head per request.
+fn preview_then_stage(u: &Updater, srv: &TestServer, src: &Source, opts: &StageOptions) -> u64 {
+    let (p, p_wire, p_req) = metered(srv, || u.preview(src, opts).unwrap());
+    assert!(!p.already_staged);
+    let (r, s_wire, s_req) = metered(srv, || u.stage(src, opts, &NoProgress).unwrap());
+    assert_eq!(r.bytes_fetched, p.fetch(), "preview {p:?} vs report {r:?}");
+    assert_eq!(r.bytes_reused, p.reuse(), "preview {p:?} vs report {r:?}");
+    assert_eq!(r.resumed, p.resume);
+    let extra = (s_wire - p_wire) as i64 - p.fetch() as i64;
+    let heads = (s_req - p_req) as u64 * HEAD;
+    eprintln!(
+        "preview {} fetch, {} reuse; stage sent {} bytes beyond the preview's metadata ({} requests): {extra} bytes of headers",
+        p.fetch(),
+        p.reuse(),
+        s_wire - p_wire,
+        s_req - p_req
+    );
+    assert!(
+        extra >= 0 && extra as u64 <= heads,
+        "wire {s_wire} - {p_wire} vs preview {}: {extra} bytes not in the preview, {heads} allowed for heads",
+        p.fetch()
+    );
+    p.fetch()
+}
+
+#[test]
+fn the_preview_equals_what_a_full_and_a_delta_stage_fetch() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let p1 = pseudo_random(12 << 20, 21);
+    let mut p2 = p1.clone();
+    for at in [1 << 20, 6 << 20, 10 << 20] {
+        p2[at..at + 50_000].copy_from_slice(&pseudo_random(50_000, at as u64));
+    }
+    let v1 = release(&k, rels.path(), "v1", 1, &p1, 201);
+    let v2 = release(&k, rels.path(), "v2", 2, &p2, 202);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
+    let src = Source::parse(&format!("{}v2", srv.base));
+
+    // Full: nothing on the node.
+    let disk = TestDisk::new(24 * MIB);
+    let u = updater(&disk, disk.config(&k.trust));
+    let full = preview_then_stage(&u, &srv, &src, &fast());
+    assert_eq!(full, size_of(&v2));
+    assert_b_is(&disk, &v2);
+    let again = u.preview(&src, &fast()).unwrap();
+    assert!(again.already_staged && again.fetch() == 0, "{again:?}");
+
+    // Delta: v1 runs in slot A.
+    let disk = TestDisk::new(24 * MIB);
+    install_in_a(&disk, &v1);
+    let u = updater(&disk, disk.config(&k.trust));
+    let delta = preview_then_stage(&u, &srv, &src, &fast());
+    assert!(
+        delta < size_of(&v2) / 4,
+        "delta {delta} of {}",
+        size_of(&v2)
+    );
+    assert_b_is(&disk, &v2);
+}
+
+#[test]
+fn a_byte_budget_stops_cleanly_and_the_resumed_stage_fetches_exactly_the_rest() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(10 << 20, 31), 203);
+    let total = size_of(&v2);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
+    let src = Source::parse(&format!("{}v2", srv.base));
+    let disk = TestDisk::new(24 * MIB);
+    let u = updater(&disk, disk.config(&k.trust));
+    let need = u.preview(&src, &fast()).unwrap().fetch();
+    assert_eq!(need, total);
+
+    // Day 1: 40 % of the need.
+    let budget = need * 2 / 5;
+    let opts = StageOptions {
+        max_bytes: Some(budget),
+        ..fast()
+    };
+    let (e, wire, requests) = metered(&srv, || u.stage(&src, &opts, &NoProgress).unwrap_err());
+    let Error::BudgetSpent {
+        budget: b,
+        fetched,
+        left,
+    } = e
+    else {
+        panic!("expected a budget stop, got: {e}")
+    };
+    let msg = e.to_string();
+    eprintln!("{msg}");
+    assert!(
+        msg.contains("budget") && msg.contains("later run resumes"),
+        "{msg}"
+    );
+    assert_eq!(b, budget);
+    let max = u64::from(libupgrade::chunk::ChunkParams::DEFAULT.max);
+    assert!(
+        fetched <= budget && fetched + max > budget,
+        "fetched {fetched} of a {budget} budget"
+    );
+    assert_eq!(left, need - fetched);
+    // On the wire: the budget, the metadata (probes, indexes), heads.
+    let indexes: u64 = FILES
+        .iter()
+        .map(|f| {
+            std::fs::metadata(v2.join(format!("{f}.chunks")))
+                .unwrap()
+                .len()
+        })
+        .sum();
+    assert!(
+        wire <= budget + indexes + 8192 + requests as u64 * HEAD,
+        "{wire} on the wire for a {budget} budget"
+    );
+
+    // Day 2: the preview says what is left; the stage fetches exactly that.
+    let rest = preview_then_stage(&u, &srv, &src, &fast());
+    assert_eq!(rest, left, "nothing fetched on day 1 is fetched again");
+    assert_b_is(&disk, &v2);
+}
+
+/// A copy of `rel`'s artifacts holding only their first `share` (an interrupted copy onto a
+/// removable medium).
+fn partial_copy(rel: &Path, to: &Path, share: f64) {
+    std::fs::create_dir_all(to).unwrap();
+    for f in FILES {
+        let b = std::fs::read(rel.join(f)).unwrap();
+        std::fs::write(to.join(f), &b[..(b.len() as f64 * share) as usize]).unwrap();
+    }
+}
+
+#[test]
+fn a_directory_with_80_percent_of_the_chunks_cuts_origin_bytes_to_about_20_percent() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(12 << 20, 41), 204);
+    let total = size_of(&v2);
+    let medium = tempfile::tempdir().unwrap();
+    partial_copy(&v2, medium.path(), 0.8);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
+    let src = Source::parse(&format!("{}v2", srv.base));
+    let disk = TestDisk::new(24 * MIB);
+    let u = updater(&disk, disk.config(&k.trust));
+    let opts = StageOptions {
+        extra_sources: vec![ExtraSource::parse(medium.path().to_str().unwrap())],
+        ..fast()
+    };
+    let fetched = preview_then_stage(&u, &srv, &src, &opts);
+    assert_b_is(&disk, &v2);
+    let share = fetched as f64 / total as f64;
+    eprintln!(
+        "80 %-complete extra directory: origin sent {fetched} of {total} bytes ({:.1} %)",
+        share * 100.0
+    );
+    assert!((0.19..0.24).contains(&share), "{share}");
+}
+
+/// A copy of the release directory `rel` under `root/<name>` with `bad` bytes flipped in the
+/// rootfs at each of `at` (after signing: a mirror serving other bytes).
+fn corrupt_mirror(rel: &Path, root: &Path, at: &[u64]) {
+    let dst = root.join(rel.file_name().unwrap());
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(rel).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dst.join("rootfs.squashfs"))
+        .unwrap();
+    for &p in at {
+        f.write_all_at(b"MIRROR-ROT", p).unwrap();
+    }
+}
+
+#[test]
+fn corrupt_mirror_chunks_are_refused_and_taken_from_the_origin() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(8 << 20, 51), 205);
+    let mirror_root = tempfile::tempdir().unwrap();
+    corrupt_mirror(&v2, mirror_root.path(), &[1 << 20, 4 << 20, 7 << 20]);
+    let origin = TestServer::paced(rels.path().to_path_buf(), 0);
+    let mirror = TestServer::paced(mirror_root.path().to_path_buf(), 0);
+    let disk = TestDisk::new(24 * MIB);
+    let u = updater(&disk, disk.config(&k.trust));
+    let opts = StageOptions {
+        extra_sources: vec![ExtraSource::parse(&format!("{}v2", mirror.base))],
+        ..fast()
+    };
+    let src = Source::parse(&format!("{}v2", origin.base));
+    let p = u.preview(&src, &opts).unwrap();
+    let (r, origin_wire, _) = metered(&origin, || u.stage(&src, &opts, &NoProgress).unwrap());
+    assert_b_is(&disk, &v2);
+    assert_eq!(r.chunks_refused, 3, "{r:?}");
+    assert_eq!(r.bytes_fetched, p.fetch());
+    let max = u64::from(libupgrade::chunk::ChunkParams::DEFAULT.max);
+    let from_origin = r.bytes_fetched - r.bytes_from_mirrors;
+    assert!(
+        from_origin <= 3 * max,
+        "{from_origin} bytes from the origin"
+    );
+    // The origin sent the metadata and the three chunks, nothing else.
+    let indexes: u64 = FILES
+        .iter()
+        .map(|f| {
+            std::fs::metadata(v2.join(format!("{f}.chunks")))
+                .unwrap()
+                .len()
+        })
+        .sum();
+    assert!(
+        origin_wire <= from_origin + indexes + 16_384,
+        "origin sent {origin_wire}"
+    );
+}
+
+#[test]
+fn a_mirror_dying_mid_stage_costs_at_most_the_chunk_in_flight() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(8 << 20, 61), 206);
+    let total = size_of(&v2);
+    let origin = TestServer::paced(rels.path().to_path_buf(), 0);
+    // Drops its first large body half way, then stays up: given up at once all the same.
+    let mirror = TestServer::start(rels.path().to_path_buf(), 1);
+    let disk = TestDisk::new(24 * MIB);
+    let u = updater(&disk, disk.config(&k.trust));
+    let opts = StageOptions {
+        extra_sources: vec![ExtraSource::parse(&format!("{}v2", mirror.base))],
+        ..fast()
+    };
+    let src = Source::parse(&format!("{}v2", origin.base));
+    let (r, origin_wire, _) = metered(&origin, || u.stage(&src, &opts, &NoProgress).unwrap());
+    let mirror_wire = mirror.sent();
+    assert_b_is(&disk, &v2);
+    assert!(r.bytes_from_mirrors > 0, "{r:?}");
+    let max = u64::from(libupgrade::chunk::ChunkParams::DEFAULT.max);
+    let indexes: u64 = FILES
+        .iter()
+        .map(|f| {
+            std::fs::metadata(v2.join(format!("{f}.chunks")))
+                .unwrap()
+                .len()
+        })
+        .sum();
+    eprintln!("release {total}: mirror sent {mirror_wire}, origin {origin_wire}");
+    assert!(
+        mirror_wire + origin_wire <= total + max + indexes + 32_768,
+        "mirror {mirror_wire} + origin {origin_wire} for a {total}-byte release"
+    );
+    // Given up after the drop: no request to the mirror's rootfs after the first range.
+    let ranges = mirror
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("/v2/rootfs.squashfs") && !l.contains("Some((0, Some(0)))"))
+        .count();
+    assert_eq!(ranges, 1, "{:?}", mirror.requests.lock().unwrap());
+}

@@ -1,0 +1,102 @@
+//! `awaited-check`: v2 activated awaiting `node-ready`, as the agent activates. The boot-time
+//! confirm leaves B pending; unreported, init's background `slot await-bless` rolls back and
+//! reboots into A at the limit; reported (`slot confirm --passed`), B is blessed and stays.
+
+use std::time::{Duration, Instant};
+
+use bootconfig::Slot;
+use libupgrade::state::SlotState;
+
+use super::steps::{sl, CMD, READY};
+use super::Scenario;
+use crate::error::Result;
+use crate::server::ReleaseServer;
+use crate::vm::Vm;
+
+/// Long enough for the shell and one `slot status` under TCG before it strikes.
+const LIMIT: u64 = 45;
+
+impl Scenario {
+    pub(super) fn awaited_check(&mut self) -> Result<()> {
+        let srv = self.server(0)?;
+        let mut node = self.node("node")?;
+        let mut vm = self.boot_v1(&mut node)?;
+        self.unreported_rolls_back(&mut vm, &srv)?;
+        self.reported_is_blessed(&mut vm, &srv)
+    }
+
+    /// Stage v2 and activate it awaiting `node-ready` within `limit_secs`, as the agent does;
+    /// then reboot and wait until the boot-time confirm of B says it is pending.
+    fn pending_trial(&mut self, vm: &mut Vm, srv: &ReleaseServer, limit_secs: u64) -> Result<()> {
+        self.upgrade_to(vm, srv, "v2", "--stage-only")?;
+        vm.run_ok(
+            &format!("k3os-ops slot activate --await node-ready --within-secs {limit_secs}"),
+            CMD,
+        )?;
+        self.reboot(vm)?;
+        self.expect_boot(vm, Slot::B, "v2")?;
+        vm.expect_not(
+            "K3OS-CONFIRM pending",
+            &["K3OS-CONFIRM ok", "K3OS-CONFIRM failed", "Kernel panic"],
+            READY,
+        )?;
+        vm.expect_not("K3OS-READY", &["Kernel panic"], READY)?;
+        vm.wait_shell(CMD)?;
+        let st = self.status(vm)?;
+        let outcome = st.verdict.as_ref().map(|v| v.outcome.clone());
+        self.check(
+            matches!(outcome, Some(libupgrade::Outcome::Pending { .. }))
+                && sl(&st, Slot::B).state == SlotState::Trying,
+            || format!("B must be on trial, its bless pending: {st:?}"),
+        )
+    }
+
+    /// Never reported (k3s or the agent broken in v2): rolled back at the limit, by itself.
+    fn unreported_rolls_back(&mut self, vm: &mut Vm, srv: &ReleaseServer) -> Result<()> {
+        self.pending_trial(vm, srv, LIMIT)?;
+        let t0 = Instant::now();
+        vm.expect_not(
+            "K3OS-SHUTDOWN reboot",
+            &["Kernel panic"],
+            Duration::from_secs(LIMIT) + READY,
+        )?;
+        self.count_boot();
+        self.expect_boot(vm, Slot::A, "v1")?;
+        self.note(format!(
+            "{}: node-ready never reported: await-bless rolled back and rebooted into A {:.1}s after B's shell was ready (limit {LIMIT} s)",
+            vm.name(),
+            t0.elapsed().as_secs_f64()
+        ));
+        self.ready(vm)?;
+        let st = self.status(vm)?;
+        let b = sl(&st, Slot::B);
+        let why = b
+            .last_decision
+            .as_ref()
+            .map(|d| d.why.clone())
+            .unwrap_or_default();
+        self.check(
+            b.state == SlotState::Bad
+                && st.next_boot == Slot::A
+                && why.contains(&format!("node-ready: not reported within {LIMIT} s")),
+            || format!("B must be bad, with the missing node-ready as the reason: {b:?}"),
+        )?;
+        self.note(format!("slot status on v1: B is {}: {why}", b.state));
+        Ok(())
+    }
+
+    /// Reported in time: blessed, and it stays.
+    fn reported_is_blessed(&mut self, vm: &mut Vm, srv: &ReleaseServer) -> Result<()> {
+        self.pending_trial(vm, srv, 600)?;
+        let out = vm.run_ok("k3os-ops slot confirm --passed node-ready", CMD)?;
+        self.check(out.contains("slot B (v2) is good (confirmed now)"), || {
+            format!("the report must bless B: {out}")
+        })?;
+        self.reboot_into_good(vm, Slot::B, "v2")?;
+        self.note(format!(
+            "{}: node-ready reported: B blessed, booted again as good",
+            vm.name()
+        ));
+        Ok(())
+    }
+}

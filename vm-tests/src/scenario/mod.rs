@@ -1,0 +1,262 @@
+//! The scenarios of the issue, each run against one [`Target`] on scratch copies of its disk:
+//!
+//! - `upgrade`: v1 on A stages v2 into B over HTTP while the workload keeps answering, reboots
+//!   into v2 (confirmed, marked good, still v2 after another reboot), then upgrades v2→v3 into A.
+//! - `fallback-panic` / `fallback-noconfirm`: a v2 that panics / never confirms (reset like a
+//!   watchdog) uses up its tries, the bootloader falls back to A, and `slot status` on v1
+//!   names the failed slot and why.
+//! - `badhealth`: a v2 whose health check fails rolls back to v1 on its first boot.
+//! - `powercut`: a dry run counts the write barriers of `upgrade`; then for each sampled
+//!   barrier k the upgrade freezes at k, QEMU is killed, and the node must come up on a good
+//!   slot with slot B either complete (re-stage reports it already staged, and it boots) or
+//!   not bootable (and a new upgrade recovers).
+//!
+//! - `missing-kernel`: v2 is activated, then its kernel is deleted from /boot; the bootloader
+//!   cannot load B and must fall back to A by itself (no human at the GRUB menu).
+//! - `awaited-check`: v2 activated awaiting `node-ready` (as the agent activates): the
+//!   boot-time confirm leaves B pending; unreported, init's background `slot await-bless`
+//!   rolls back and reboots into A at the limit; reported (`slot confirm --passed`), B is
+//!   blessed and stays.
+//! - `upgrade-from-previous`: a disk built by the previous release's own code (CHANGELOG.md;
+//!   `just images-previous`) boots its v1 with its k3os-ops; that old binary upgrades to a
+//!   current-code v2, which boots under the old boot script and env and is blessed by the current
+//!   binary; the current binary upgrades to v3 (blessed, current boot script), and a panicking v4
+//!   falls back by itself. Then power cuts inside the first migrating write (the boot-time
+//!   confirm of v2 on a node the old binary upgraded).
+//!
+//! Every run prints its wall time and the time of each boot; console logs stay in
+//! `vm-tests/out/<target>/<scenario>/`.
+//!
+//! # Layout
+//! This file owns the catalogue ([`ScenarioKind`]), a run ([`Scenario::new`], [`Scenario::run`])
+//! and its [`Report`]. `steps` holds the steps every scenario is made of (power on, wait for
+//! a boot, confirm, `slot status`, upgrade, reboot into a blessed slot); each scenario family
+//! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
+//! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
+//! (upgrade-from-previous). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! [`crate::server`]. A new scenario is a variant of [`ScenarioKind`], one arm in
+//! [`Scenario::run`] and a function in its family's file.
+//!
+//! [`Vm`]: crate::vm::Vm
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::target::{workspace_root, Accel, Target};
+
+mod awaited;
+mod fallback;
+mod powercut;
+mod previous;
+mod steps;
+mod upgrade;
+
+pub use powercut::{parse_barriers, sample};
+pub use previous::{first_migrating_barrier, LooseSlot, LooseStatus};
+pub use steps::{parse_booted, Node};
+
+/// A scenario of the issue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScenarioKind {
+    Upgrade,
+    FallbackPanic,
+    FallbackNoConfirm,
+    BadHealth,
+    PowerCut,
+    MissingKernel,
+    AwaitedCheck,
+    UpgradeFromPrevious,
+}
+
+impl ScenarioKind {
+    pub const ALL: [ScenarioKind; 8] = [
+        ScenarioKind::Upgrade,
+        ScenarioKind::FallbackPanic,
+        ScenarioKind::FallbackNoConfirm,
+        ScenarioKind::BadHealth,
+        ScenarioKind::PowerCut,
+        ScenarioKind::MissingKernel,
+        ScenarioKind::AwaitedCheck,
+        ScenarioKind::UpgradeFromPrevious,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ScenarioKind::Upgrade => "upgrade",
+            ScenarioKind::FallbackPanic => "fallback-panic",
+            ScenarioKind::FallbackNoConfirm => "fallback-noconfirm",
+            ScenarioKind::BadHealth => "badhealth",
+            ScenarioKind::PowerCut => "powercut",
+            ScenarioKind::MissingKernel => "missing-kernel",
+            ScenarioKind::AwaitedCheck => "awaited-check",
+            ScenarioKind::UpgradeFromPrevious => "upgrade-from-previous",
+        }
+    }
+}
+
+impl fmt::Display for ScenarioKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ScenarioKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<ScenarioKind> {
+        crate::error::by_name("scenario", &ScenarioKind::ALL, ScenarioKind::name, s)
+    }
+}
+
+/// Knobs of a run.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Power cuts at every barrier instead of a sample.
+    pub all_barriers: bool,
+    /// Keep the scratch disks after a successful run.
+    pub keep: bool,
+}
+
+/// What a finished scenario measured.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub scenario: ScenarioKind,
+    pub target: Target,
+    pub accel: Accel,
+    pub wall: Duration,
+    pub boots: u32,
+    /// Human lines: boot times, what was checked, figures.
+    pub notes: Vec<String>,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "== {} on {} ({}): PASS in {:.1}s, {} boots",
+            self.scenario,
+            self.target,
+            self.accel.as_str(),
+            self.wall.as_secs_f64(),
+            self.boots
+        )?;
+        for n in &self.notes {
+            writeln!(f, "   {n}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A scenario in progress: target, accelerator, server, notes.
+pub struct Scenario {
+    pub kind: ScenarioKind,
+    pub target: Target,
+    pub accel: Accel,
+    pub opts: Options,
+    root: PathBuf,
+    out: PathBuf,
+    started: Instant,
+    boots: u32,
+    notes: Vec<String>,
+}
+
+impl Scenario {
+    /// Prepare `kind` on `target`; fails (with the reason) when an input is missing.
+    pub fn new(kind: ScenarioKind, target: Target, opts: Options) -> Result<Scenario> {
+        let root = workspace_root();
+        target.check_inputs(&root)?;
+        if kind == ScenarioKind::UpgradeFromPrevious {
+            target.check_previous_inputs(&root)?;
+        }
+        let accel = Accel::for_target(target, &root);
+        let out = root
+            .join("vm-tests/out")
+            .join(target.name())
+            .join(kind.name());
+        if out.exists() {
+            std::fs::remove_dir_all(&out)
+                .map_err(|e| Error::io("clear old scenario output", &out, e))?;
+        }
+        std::fs::create_dir_all(&out)
+            .map_err(|e| Error::io("create scenario output dir", &out, e))?;
+        Ok(Scenario {
+            kind,
+            target,
+            accel,
+            opts,
+            root,
+            out,
+            started: Instant::now(),
+            boots: 0,
+            notes: Vec::new(),
+        })
+    }
+
+    /// Run it to the end.
+    pub fn run(mut self) -> Result<Report> {
+        eprintln!(
+            "vm-tests: == {} on {} ({})",
+            self.kind,
+            self.target,
+            self.accel.as_str()
+        );
+        self.started = Instant::now();
+        match self.kind {
+            ScenarioKind::Upgrade => self.upgrade()?,
+            ScenarioKind::FallbackPanic => self.fallback(false)?,
+            ScenarioKind::FallbackNoConfirm => self.fallback(true)?,
+            ScenarioKind::BadHealth => self.badhealth()?,
+            ScenarioKind::PowerCut => self.powercut()?,
+            ScenarioKind::MissingKernel => self.missing_kernel()?,
+            ScenarioKind::AwaitedCheck => self.awaited_check()?,
+            ScenarioKind::UpgradeFromPrevious => self.upgrade_from_previous()?,
+        }
+        if !self.opts.keep {
+            self.drop_disks()?;
+        }
+        let r = Report {
+            scenario: self.kind,
+            target: self.target,
+            accel: self.accel,
+            wall: self.started.elapsed(),
+            boots: self.boots,
+            notes: self.notes,
+        };
+        eprint!("{r}");
+        Ok(r)
+    }
+
+    /// Remove the nodes' scratch disks and UEFI variables (console logs stay).
+    fn drop_disks(&self) -> Result<()> {
+        for e in std::fs::read_dir(&self.out)
+            .map_err(|e| Error::io("list scenario output", &self.out, e))?
+            .flatten()
+        {
+            let p = e.path();
+            if p.is_dir() {
+                for f in ["disk.img", "vars.fd"] {
+                    let _ = std::fs::remove_file(p.join(f));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for k in ScenarioKind::ALL {
+            assert_eq!(k.name().parse::<ScenarioKind>().unwrap(), k);
+        }
+        for t in Target::ALL {
+            assert_eq!(t.name().parse::<Target>().unwrap(), t);
+        }
+        assert!("x86_64-uboot".parse::<Target>().is_err());
+    }
+}

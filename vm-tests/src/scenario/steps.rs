@@ -1,0 +1,433 @@
+//! The steps every scenario is made of: scratch nodes, power on, wait for a boot and its
+//! confirm, read `slot status`, run an upgrade, reboot into a blessed slot, check the
+//! workload, and the scenario's own bookkeeping (notes, boots, failures naming the scenario).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bootconfig::{Slot, SlotBoot};
+use libupgrade::state::SlotState;
+use libupgrade::updater::{SlotStatus, Status};
+use serde::de::DeserializeOwned;
+
+use super::Scenario;
+use crate::error::{Error, Result};
+use crate::server::{http_get, ReleaseServer};
+use crate::vm::Vm;
+
+/// From power-on to `K3OS-BOOTED` (TCG on a shared 2-core machine; ~15 s when idle).
+pub(super) const BOOT: Duration = Duration::from_secs(300);
+/// From `K3OS-BOOTED` to `K3OS-READY` (confirm + DHCP).
+pub(super) const READY: Duration = Duration::from_secs(180);
+pub(super) const CMD: Duration = Duration::from_secs(120);
+pub(super) const DOWNLOAD: Duration = Duration::from_secs(900);
+/// GRUB could load neither entry and waits in its menu: the node is stuck (a truck roll).
+pub(super) const GRUB_STUCK: &str = "Failed to boot both default and fallback entries";
+
+/// One node: a scratch copy of the target disk (and UEFI variables) that survives power cycles.
+pub struct Node {
+    name: String,
+    dir: PathBuf,
+    disk: PathBuf,
+    vars: Option<PathBuf>,
+    /// Host port forwarded to the guest's port 80 during the current boot.
+    pub http_port: u16,
+    power_ons: u32,
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::Server(format!("find a free port: {e}")))?;
+    Ok(l.local_addr()
+        .map_err(|e| Error::Server(e.to_string()))?
+        .port())
+}
+
+fn copy(from: &Path, to: &Path) -> Result<()> {
+    let st = std::process::Command::new("cp")
+        .arg("--sparse=always")
+        .arg(from)
+        .arg(to)
+        .status()
+        .map_err(|e| Error::io("run cp to copy", from, e))?;
+    if !st.success() {
+        return Err(Error::io(
+            format!("cp {} ({st})", to.display()),
+            from,
+            std::io::Error::other("copy failed"),
+        ));
+    }
+    Ok(())
+}
+
+/// The record of `slot` in `st`.
+pub(super) fn sl(st: &Status, slot: Slot) -> &SlotStatus {
+    st.slots
+        .iter()
+        .find(|s| s.slot == slot)
+        .expect("status lists both slots")
+}
+
+/// `K3OS-BOOTED slot=B version=v2` → (B, "v2").
+pub fn parse_booted(line: &str) -> Option<(Slot, String)> {
+    let rest = &line[line.find("K3OS-BOOTED")?..];
+    let mut slot = None;
+    let mut version = None;
+    for w in rest.split_whitespace() {
+        if let Some(s) = w.strip_prefix("slot=") {
+            slot = match s {
+                "A" => Some(Slot::A),
+                "B" => Some(Slot::B),
+                _ => None,
+            };
+        }
+        if let Some(v) = w.strip_prefix("version=") {
+            version = Some(v.to_string());
+        }
+    }
+    Some((slot?, version?))
+}
+
+/// Bookkeeping: notes, failures, the release server.
+impl Scenario {
+    pub(super) fn note(&mut self, s: impl Into<String>) {
+        let s = s.into();
+        eprintln!("vm-tests: [{} {}] {s}", self.target, self.kind);
+        self.notes.push(s);
+    }
+
+    pub(super) fn fail(&self, what: impl Into<String>) -> Error {
+        Error::Check {
+            scenario: self.kind.name().into(),
+            target: self.target.name().into(),
+            what: what.into(),
+        }
+    }
+
+    pub(super) fn check(&self, ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+        if ok {
+            Ok(())
+        } else {
+            Err(self.fail(what()))
+        }
+    }
+
+    pub(super) fn server(&self, rate: u64) -> Result<ReleaseServer> {
+        ReleaseServer::start(&self.target.releases(&self.root), rate)
+    }
+
+    /// Count a boot the guest starts by itself (a panic reboot, a watchdog reset, a rollback).
+    pub(super) fn count_boot(&mut self) {
+        self.boots += 1;
+    }
+}
+
+/// Nodes and their boots.
+impl Scenario {
+    /// A fresh node from the pristine disk image.
+    pub fn node(&self, name: &str) -> Result<Node> {
+        self.node_from(name, &self.target.disk(&self.root))
+    }
+
+    /// A fresh node from a copy of `image` (the current disk, or the previous release's).
+    pub fn node_from(&self, name: &str, image: &Path) -> Result<Node> {
+        let dir = self.out.join(name);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("create node dir", &dir, e))?;
+        let disk = dir.join("disk.img");
+        copy(image, &disk)?;
+        let vars = match self.target.firmware() {
+            Some((_, vars)) => {
+                let v = dir.join("vars.fd");
+                copy(&vars, &v)?;
+                Some(v)
+            }
+            None => None,
+        };
+        Ok(Node {
+            name: name.into(),
+            dir,
+            disk,
+            vars,
+            http_port: 0,
+            power_ons: 0,
+        })
+    }
+
+    /// Power the node on (a new QEMU process on the same disk).
+    pub fn power_on(&mut self, node: &mut Node) -> Result<Vm> {
+        node.power_ons += 1;
+        self.boots += 1;
+        node.http_port = free_port()?;
+        let name = format!("{}/{}#{}", self.target, node.name, node.power_ons);
+        let monitor = node.dir.join(format!("monitor-{}.sock", node.power_ons));
+        let log = node.dir.join(format!("console-{}.log", node.power_ons));
+        let cmd = self.target.qemu_command(
+            self.accel,
+            &node.disk,
+            node.vars.as_deref(),
+            &monitor,
+            node.http_port,
+        );
+        Vm::spawn(&name, cmd, &monitor, &log)
+    }
+
+    /// Wait for `K3OS-BOOTED` and return the slot and version it names.
+    pub(super) fn booted(&mut self, vm: &mut Vm) -> Result<(Slot, String)> {
+        let t0 = vm.elapsed();
+        let line = vm.expect_not(
+            "K3OS-BOOTED",
+            &[
+                "K3OS-INITRD-FAILED",
+                "K3OS-INITRD-PANIC",
+                "Kernel panic",
+                GRUB_STUCK,
+            ],
+            BOOT,
+        )?;
+        let (slot, version) = parse_booted(&line)
+            .ok_or_else(|| self.fail(format!("cannot parse the boot line `{line}`")))?;
+        let s = format!(
+            "{}: booted slot {slot} version {version} after {:.1}s",
+            vm.name(),
+            (vm.elapsed() - t0).as_secs_f64()
+        );
+        self.note(s);
+        Ok((slot, version))
+    }
+
+    /// Wait for the boot of `slot` running `version`.
+    pub(super) fn expect_boot(&mut self, vm: &mut Vm, slot: Slot, version: &str) -> Result<()> {
+        let (s, v) = self.booted(vm)?;
+        self.check(s == slot && v == version, || {
+            format!(
+                "{}: booted slot {s} version {v}, expected slot {slot} version {version}",
+                vm.name()
+            )
+        })
+    }
+
+    /// Power `node` on, fresh from its image: it must boot A v1, confirm and be ready.
+    pub(super) fn boot_v1(&mut self, node: &mut Node) -> Result<Vm> {
+        let mut vm = self.power_on(node)?;
+        self.expect_boot(&mut vm, Slot::A, "v1")?;
+        self.ready(&mut vm)?;
+        Ok(vm)
+    }
+
+    /// Wait for `K3OS-CONFIRM ok` and `K3OS-READY`, then for the shell to answer.
+    pub(super) fn ready(&mut self, vm: &mut Vm) -> Result<()> {
+        let t0 = vm.elapsed();
+        vm.expect_not(
+            "K3OS-CONFIRM ok",
+            &[
+                "K3OS-CONFIRM failed",
+                "K3OS-NOCONFIRM",
+                "K3OS-ROLLBACK",
+                "Kernel panic",
+            ],
+            READY,
+        )?;
+        vm.expect_not("K3OS-READY", &["Kernel panic"], READY)?;
+        vm.wait_shell(CMD)?;
+        let t = (vm.elapsed() - t0).as_secs_f64();
+        self.note(format!(
+            "{}: confirmed and shell ready {t:.1}s after K3OS-BOOTED",
+            vm.name()
+        ));
+        Ok(())
+    }
+
+    /// Reboot from the guest shell (`reboot -f` after a sync, like an operator would).
+    pub(super) fn reboot(&mut self, vm: &mut Vm) -> Result<()> {
+        vm.send_line("sync; reboot -f")?;
+        self.boots += 1;
+        Ok(())
+    }
+
+    /// Reboot into `slot` running `version`, which must confirm and then be good; returns the
+    /// status read on it.
+    pub(super) fn reboot_into_good(
+        &mut self,
+        vm: &mut Vm,
+        slot: Slot,
+        version: &str,
+    ) -> Result<Status> {
+        self.reboot(vm)?;
+        self.expect_boot(vm, slot, version)?;
+        self.ready(vm)?;
+        let st = self.status(vm)?;
+        self.check_slot(&st, slot, SlotState::Good, Some(version))?;
+        Ok(st)
+    }
+}
+
+/// What the node says and serves.
+impl Scenario {
+    /// `k3os-ops slot status --json`, parsed with libupgrade's own types.
+    pub(super) fn status(&mut self, vm: &mut Vm) -> Result<Status> {
+        status_json(vm)
+    }
+
+    /// `k3os-ops slot status --json` as a JSON value (any release's binary).
+    pub(super) fn status_value(&mut self, vm: &mut Vm) -> Result<serde_json::Value> {
+        status_json(vm)
+    }
+
+    pub(super) fn check_slot(
+        &self,
+        st: &Status,
+        slot: Slot,
+        state: SlotState,
+        version: Option<&str>,
+    ) -> Result<()> {
+        let s = sl(st, slot);
+        self.check(
+            s.state == state && (version.is_none() || s.version.as_deref() == version),
+            || {
+                format!(
+                    "slot {slot} is {} {:?}, expected {state} {version:?}; status: {}",
+                    s.state,
+                    s.version,
+                    serde_json::to_string(st).unwrap_or_default()
+                )
+            },
+        )
+    }
+
+    /// B is good in the bootloader too, booted and booting next.
+    pub(super) fn check_b_blessed_and_booted(&self, st: &Status) -> Result<()> {
+        self.check(matches!(sl(st, Slot::B).boot, SlotBoot::Good), || {
+            format!(
+                "the bootloader has B as {:?}, expected good",
+                sl(st, Slot::B).boot
+            )
+        })?;
+        self.check(
+            st.booted == Some(Slot::B) && st.next_boot == Slot::B,
+            || format!("booted {:?} next {}, expected B/B", st.booted, st.next_boot),
+        )
+    }
+
+    /// The tries the bootloader gives trial slot B (`after`: what put it on trial).
+    pub(super) fn trial_tries(&self, st: &Status, after: &str) -> Result<u32> {
+        match sl(st, Slot::B).boot {
+            SlotBoot::Trying { tries_left } => Ok(tries_left as u32),
+            b => Err(self.fail(format!(
+                "bootloader has B as {b:?} after {after}, expected trying"
+            ))),
+        }
+    }
+
+    /// The workload on the node's port 80 answers "alive" (`when`: which boot, for the message).
+    pub(super) fn workload_alive(&self, node: &Node, when: &str) -> Result<()> {
+        let body = http_get(node.http_port, "/", Duration::from_secs(20))
+            .map_err(|e| self.fail(format!("workload {when}: {e}")))?;
+        self.check(body.trim() == "alive", || {
+            format!("workload {when} answered {body:?}, expected \"alive\"")
+        })
+    }
+}
+
+/// Upgrades run from the guest shell.
+impl Scenario {
+    /// Run an upgrade in the foreground; returns its output.
+    pub(super) fn upgrade_to(
+        &mut self,
+        vm: &mut Vm,
+        srv: &ReleaseServer,
+        version: &str,
+        extra: &str,
+    ) -> Result<String> {
+        self.upgrade_to_env(vm, srv, version, "", extra)
+    }
+
+    /// [`Self::upgrade_to`] with `env` (`NAME=value …`) set for the k3os-ops process.
+    pub(super) fn upgrade_to_env(
+        &mut self,
+        vm: &mut Vm,
+        srv: &ReleaseServer,
+        version: &str,
+        env: &str,
+        extra: &str,
+    ) -> Result<String> {
+        let t0 = Instant::now();
+        let out = vm.run_ok(
+            &format!(
+                "{env} k3os-ops upgrade --quiet {extra} --source {}",
+                srv.guest_url(version)
+            ),
+            DOWNLOAD,
+        )?;
+        self.note(format!(
+            "{}: upgrade to {version} {extra} took {:.1}s",
+            vm.name(),
+            t0.elapsed().as_secs_f64()
+        ));
+        Ok(out)
+    }
+
+    /// The current binary upgrades the node from B v2 to v3 in A, which boots and is blessed
+    /// with B v2 still good; returns the status on A v3.
+    pub(super) fn upgrade_v3_into_a(&mut self, vm: &mut Vm, srv: &ReleaseServer) -> Result<Status> {
+        let out = self.upgrade_to(vm, srv, "v3", "")?;
+        self.check(
+            out.contains("staged v3") && out.contains("into slot A"),
+            || format!("upgrade output does not say v3 was staged into A:\n{out}"),
+        )?;
+        let st = self.status(vm)?;
+        self.check_slot(&st, Slot::A, SlotState::Trying, Some("v3"))?;
+        self.reboot(vm)?;
+        self.expect_boot(vm, Slot::A, "v3")?;
+        self.ready(vm)?;
+        let st = self.status(vm)?;
+        self.check_slot(&st, Slot::A, SlotState::Good, Some("v3"))?;
+        self.check_slot(&st, Slot::B, SlotState::Good, Some("v2"))?;
+        Ok(st)
+    }
+
+    /// Upgrade to v2 again after a power cut left A running: it must activate B, which boots
+    /// and is blessed (`after`: the cut, for the message).
+    pub(super) fn upgrade_again_to_v2(
+        &mut self,
+        vm: &mut Vm,
+        srv: &ReleaseServer,
+        after: &str,
+    ) -> Result<()> {
+        let out = self.upgrade_to(vm, srv, "v2", "")?;
+        self.check(out.contains("activated slot B"), || {
+            format!("re-running the upgrade after {after} did not activate B:\n{out}")
+        })?;
+        self.reboot_into_good(vm, Slot::B, "v2").map(drop)
+    }
+}
+
+/// `k3os-ops slot status --json` read as `T` (the JSON object within the command's output).
+fn status_json<T: DeserializeOwned>(vm: &mut Vm) -> Result<T> {
+    let cmd = "k3os-ops slot status --json";
+    let out = vm.run_ok(cmd, CMD)?;
+    let (a, b) = (out.find('{'), out.rfind('}'));
+    let text = match (a, b) {
+        (Some(a), Some(b)) if b > a => &out[a..=b],
+        _ => &out[..],
+    };
+    serde_json::from_str(text).map_err(|e| Error::Json {
+        vm: vm.name().into(),
+        cmd: cmd.into(),
+        err: e.to_string(),
+        text: out.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_boot_lines() {
+        assert_eq!(
+            parse_booted("[  3.1] K3OS-BOOTED slot=B version=v2-panic"),
+            Some((Slot::B, "v2-panic".into()))
+        );
+        assert_eq!(parse_booted("K3OS-BOOTED slot=unknown version=v1"), None);
+    }
+}
