@@ -7,7 +7,7 @@
 # Build the x86_64 and aarch64 test releases and disks.
 images: images-x86_64 images-aarch64
 
-# x86_64: releases v1 v2 v3 (+ v2-panic, v2-noconfirm, v2-badhealth, v4-panic), disks grub-bios, grub-efi, extlinux.
+# x86_64: releases v1 v2 v3 (+ v2-panic, v2-noconfirm, v2-badhealth, v4-panic, v2-nonet), disks grub-bios, grub-efi, extlinux.
 images-x86_64: (images-build "x86_64")
 
 # aarch64: the same releases, disk grub-efi (AAVMF).
@@ -97,16 +97,19 @@ image:
         --binary arm64="$t/aarch64-unknown-linux-musl/release/k3os-ops"
 
 # The image's tests: skopeo validates the archive (both platforms), runc runs the amd64 image
-# with the DaemonSet's mounts up to the agent's start-up line (root, runc, skopeo).
+# with the DaemonSet's mounts up to the agent's start-up line, and the SUC Plan's prepare and
+# upgrade containers with the Plan's mounts and privileges (root, runc, skopeo).
 image-test: image
-    cargo test -p k3os-ops --test agent_image -- --ignored --test-threads 1
+    cargo test -p k3os-ops --test agent_image --test suc_plan -- --ignored --test-threads 1
 
 # --- vm-tests (owned by vm-tests/) ---------------------------------------------------------
 # QEMU scenarios on the disks from `just images-*`; console logs in vm-tests/out/<target>/<scenario>/.
 
 # One scenario on one target, e.g. `just vm-test powercut x86_64-grub-bios --all-barriers`
 # (scenarios: upgrade fallback-panic fallback-noconfirm badhealth powercut missing-kernel awaited-check
-# upgrade-from-previous all; target "all" too; upgrade-from-previous needs `just images-previous`).
+# upgrade-from-previous bundle-offline reachability trust-rotation all; target "all" too;
+# upgrade-from-previous needs `just images-previous`; bundle-offline writes its bundle with the
+# host k3os-ops `just images` builds).
 # VM_TESTS_IMAGES=<dir> boots another images tree; VM_TESTS_ACCEL=tcg|kvm skips the KVM probe.
 vm-test scenario="upgrade" target="x86_64-grub-bios" *flags="":
     cargo run -p vm-tests -- run {{scenario}} {{target}} {{flags}}

@@ -377,8 +377,8 @@ fn grub_emu_handles_missing_and_garbage_env_files() {
     assert_eq!(check_against_model(d.path(), max), Slot::A);
 }
 
-/// Issue 9's bug under the real GRUB: `K3OS_A=good` → `K3OS_A=gXod` in env1 (still loadable).
-/// GRUB takes copy 2 and boots the trial slot, counting down in copy 2 only; with copy 2
+/// A damaged env copy that still loads must not cost the fallback, under the real GRUB:
+/// `K3OS_A=good` → `K3OS_A=gXod` in env1. GRUB takes copy 2 and boots the trial slot, counting down in copy 2 only; with copy 2
 /// damaged as well it boots the slot last confirmed good.
 #[test]
 fn grub_emu_a_damaged_copy_is_not_used_and_both_damaged_boot_the_last_good_slot() {

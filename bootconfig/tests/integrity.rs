@@ -1,6 +1,7 @@
-//! Env copy integrity (issue 9): a copy damaged in any byte counts as damaged as a whole, GRUB
-//! and Rust use the other copy, a Rust write never takes values from a damaged copy and
-//! rewrites both, and with both copies damaged the slot last confirmed good boots. The model
+//! Env copy integrity (a damaged copy must never cost the fallback): a copy damaged in any
+//! byte counts as damaged as a whole, GRUB and Rust use the other copy, a Rust write never
+//! takes values from a damaged copy and rewrites both, and with both copies damaged the slot
+//! last confirmed good boots. The model
 //! used here is held to the real GRUB in grub_real.rs (`grub_emu_*damage*`).
 
 mod common;

@@ -78,7 +78,7 @@ fn the_check_names_a_package_setup_sh_forgot() {
     );
 }
 
-/// Issue 18 bug 6: the verdict does not depend on what was installed by hand. `etcd` and
+/// The verdict does not depend on what was installed by hand. `etcd` and
 /// `kube-apiserver` (agent_cluster.rs runs them from $KUBEBUILDER_ASSETS) installed on this
 /// machine — as the etcd-server package would — are not reported, and neither are they when
 /// absent.

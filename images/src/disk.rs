@@ -27,64 +27,14 @@ use libupgrade::layout::{
     PART_BIOS_BOOT, PART_BOOT, PART_ESP, PART_ROOTFS_A, PART_ROOTFS_B, PART_STATE,
 };
 
-use crate::debs::Debs;
 use crate::error::{Error, IoContext, Result};
+use crate::fsimg::mkfs_ext4;
 use crate::grubimg;
 use crate::loader;
-use crate::release::Release;
 use crate::run::Cmd;
-use crate::target::Target;
+use crate::spec::{BootVariant, DiskSpec, Sizes, MIB};
 
-pub const MIB: u64 = 1024 * 1024;
 const SECTOR: u64 = 512;
-
-/// How the disk boots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BootVariant {
-    /// Legacy BIOS, GRUB core.img in `bios-boot`.
-    GrubBios,
-    /// UEFI (OVMF / AAVMF), GRUB as the removable-media loader on the ESP.
-    GrubEfi,
-    /// Legacy BIOS, gptmbr.bin + extlinux on the legacy-bootable `boot` partition.
-    Extlinux,
-}
-
-impl BootVariant {
-    pub const ALL: [BootVariant; 3] = [
-        BootVariant::GrubBios,
-        BootVariant::GrubEfi,
-        BootVariant::Extlinux,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            BootVariant::GrubBios => "grub-bios",
-            BootVariant::GrubEfi => "grub-efi",
-            BootVariant::Extlinux => "extlinux",
-        }
-    }
-
-    pub fn parse(s: &str) -> std::result::Result<BootVariant, String> {
-        Self::ALL
-            .into_iter()
-            .find(|v| v.name() == s)
-            .ok_or_else(|| {
-                format!("unknown boot variant '{s}': expected grub-bios, grub-efi or extlinux")
-            })
-    }
-
-    /// Variants that exist for `target` (arm64 has no legacy BIOS).
-    pub fn for_target(target: Target) -> Vec<BootVariant> {
-        match target.arch {
-            libupgrade::manifest::Arch::X86_64 => Self::ALL.to_vec(),
-            libupgrade::manifest::Arch::Aarch64 => vec![BootVariant::GrubEfi],
-        }
-    }
-
-    pub fn is_grub(self) -> bool {
-        self != BootVariant::Extlinux
-    }
-}
 
 /// One partition of the layout.
 #[derive(Debug, Clone)]
@@ -106,39 +56,6 @@ impl Part {
     }
     pub fn is_empty(&self) -> bool {
         self.sectors == 0
-    }
-}
-
-/// Partition sizes; `rootfs` is the size of each slot partition.
-#[derive(Debug, Clone, Copy)]
-pub struct Sizes {
-    pub bios_boot: u64,
-    pub esp: u64,
-    pub boot: u64,
-    pub rootfs: u64,
-    pub state: u64,
-}
-
-impl Default for Sizes {
-    fn default() -> Self {
-        Sizes {
-            bios_boot: MIB,
-            esp: 32 * MIB,
-            boot: 128 * MIB,
-            rootfs: 64 * MIB,
-            state: 64 * MIB,
-        }
-    }
-}
-
-impl Sizes {
-    /// Default sizes, with the slot partitions grown (in whole MiB, with a quarter spare) when
-    /// the largest rootfs would not fit comfortably.
-    pub fn for_largest_rootfs(largest: u64) -> Sizes {
-        let mut s = Sizes::default();
-        let want = (largest + largest / 4).div_ceil(MIB) * MIB;
-        s.rootfs = s.rootfs.max(want);
-        s
     }
 }
 
@@ -206,18 +123,6 @@ fn write_part(disk: &mut File, disk_path: &Path, part: &Part, src: &Path) -> Res
     Ok(())
 }
 
-/// What goes on one disk.
-pub struct DiskSpec<'a> {
-    pub target: Target,
-    pub variant: BootVariant,
-    pub sizes: Sizes,
-    /// Installed in slot A; slot B is empty.
-    pub slot_a: &'a Release,
-    pub debs: &'a Debs,
-    /// Host `k3os-ops`: writes the loader files (`bootloader install`).
-    pub tool: &'a Path,
-}
-
 /// Build the disk image at `out` (replaced atomically once complete).
 pub fn assemble(spec: &DiskSpec, out: &Path) -> Result<()> {
     let dir = out.parent().unwrap_or(Path::new("."));
@@ -228,50 +133,75 @@ pub fn assemble(spec: &DiskSpec, out: &Path) -> Result<()> {
         .ctx("create temp dir in", dir)?;
     let work = tmp.path();
     let (parts, total) = layout(spec.sizes, spec.variant);
-    let part = |name: &str| {
-        parts
-            .iter()
-            .find(|p| p.name == name)
-            .expect("layout has every partition")
-    };
-
-    // Partition images.
-    let mut images: Vec<(&Part, PathBuf)> = Vec::new();
-    if spec.variant == BootVariant::GrubBios {
-        let core = work.join("core.img");
-        grubimg::bios_core(&core, part(PART_BIOS_BOOT).first_lba)?;
-        images.push((part(PART_BIOS_BOOT), core));
-    }
-    let esp = work.join("esp.img");
-    make_esp(spec, &esp, part(PART_ESP).len(), work)?;
-    images.push((part(PART_ESP), esp));
-    let boot = work.join("boot.img");
-    loader::boot_partition(spec, &boot, part(PART_BOOT).len(), work)?;
-    images.push((part(PART_BOOT), boot));
-    images.push((part(PART_ROOTFS_A), spec.slot_a.rootfs.clone()));
-    let state = work.join("state.img");
-    mkfs_ext4(&state, part(PART_STATE).len(), "state", None, &[])?;
-    images.push((part(PART_STATE), state));
+    let images = partition_images(spec, &parts, work)?;
 
     // The disk: sparse file, GPT, protective MBR with boot code, partition contents.
     let disk_path = work.join("disk.img");
+    let mut disk = write_table(&disk_path, &parts, total)?;
+    write_mbr(spec, &mut disk, &disk_path, &parts, total)?;
+    for (p, img) in &images {
+        write_part(&mut disk, &disk_path, p, img)?;
+    }
+    disk.sync_all().ctx("fsync", &disk_path)?;
+    drop(disk);
+    verify(&disk_path, &parts)?;
+    fs::rename(&disk_path, out).ctx("rename into place", out)?;
+    Ok(())
+}
+
+/// The partition of `parts` named `name`.
+fn part<'p>(parts: &'p [Part], name: &str) -> &'p Part {
+    parts
+        .iter()
+        .find(|p| p.name == name)
+        .expect("layout has every partition")
+}
+
+/// The image file of every partition that is not left empty, made in `work`.
+fn partition_images<'p>(
+    spec: &DiskSpec,
+    parts: &'p [Part],
+    work: &Path,
+) -> Result<Vec<(&'p Part, PathBuf)>> {
+    let mut images: Vec<(&Part, PathBuf)> = Vec::new();
+    if spec.variant == BootVariant::GrubBios {
+        let core = work.join("core.img");
+        grubimg::bios_core(&core, part(parts, PART_BIOS_BOOT).first_lba)?;
+        images.push((part(parts, PART_BIOS_BOOT), core));
+    }
+    let esp = work.join("esp.img");
+    make_esp(spec, &esp, part(parts, PART_ESP).len(), work)?;
+    images.push((part(parts, PART_ESP), esp));
+    let boot = work.join("boot.img");
+    loader::boot_partition(spec, &boot, part(parts, PART_BOOT).len(), work)?;
+    images.push((part(parts, PART_BOOT), boot));
+    images.push((part(parts, PART_ROOTFS_A), spec.slot_a.rootfs.clone()));
+    let state = work.join("state.img");
+    mkfs_ext4(&state, part(parts, PART_STATE).len(), "state", None, &[])?;
+    images.push((part(parts, PART_STATE), state));
+    Ok(images)
+}
+
+/// A new sparse disk file of `total` bytes at `disk_path` with the GPT of `parts`.
+fn write_table(disk_path: &Path, parts: &[Part], total: u64) -> Result<File> {
+    let gpt_err = |source| Error::Gpt {
+        path: disk_path.to_path_buf(),
+        source,
+    };
     let disk = OpenOptions::new()
         .create(true)
         .truncate(true)
         .read(true)
         .write(true)
-        .open(&disk_path)
-        .ctx("create", &disk_path)?;
-    disk.set_len(total).ctx("size", &disk_path)?;
+        .open(disk_path)
+        .ctx("create", disk_path)?;
+    disk.set_len(total).ctx("size", disk_path)?;
     let mut gdisk = gpt::GptConfig::new()
         .writable(true)
         .logical_block_size(gpt::disk::LogicalBlockSize::Lb512)
         .create_from_device(disk, None)
-        .map_err(|source| Error::Gpt {
-            path: disk_path.clone(),
-            source,
-        })?;
-    for p in &parts {
+        .map_err(gpt_err)?;
+    for p in parts {
         gdisk
             .add_partition_at(
                 p.name,
@@ -281,39 +211,39 @@ pub fn assemble(spec: &DiskSpec, out: &Path) -> Result<()> {
                 p.kind.clone(),
                 p.flags,
             )
-            .map_err(|source| Error::Gpt {
-                path: disk_path.clone(),
-                source,
-            })?;
+            .map_err(gpt_err)?;
     }
-    let mut disk = gdisk.write().map_err(|source| Error::Gpt {
-        path: disk_path.clone(),
-        source,
-    })?;
+    gdisk.write().map_err(gpt_err)
+}
+
+/// The protective MBR, with the variant's BIOS boot code (GRUB's boot.img pointing at
+/// core.img, or syslinux's gptmbr.bin).
+fn write_mbr(
+    spec: &DiskSpec,
+    disk: &mut File,
+    disk_path: &Path,
+    parts: &[Part],
+    total: u64,
+) -> Result<()> {
     let lbas = u32::try_from(total / SECTOR - 1).unwrap_or(u32::MAX);
     let mut mbr = gpt::mbr::ProtectiveMBR::with_lb_size(lbas);
     match spec.variant {
         BootVariant::GrubBios => {
-            mbr.set_bootcode(grubimg::bios_mbr_code(part(PART_BIOS_BOOT).first_lba)?);
+            mbr.set_bootcode(grubimg::bios_mbr_code(
+                part(parts, PART_BIOS_BOOT).first_lba,
+            )?);
         }
         BootVariant::Extlinux => {
             mbr.set_bootcode(loader::gptmbr_code()?);
         }
         BootVariant::GrubEfi => {}
     }
-    mbr.overwrite_lba0(&mut disk).map_err(|e| {
+    mbr.overwrite_lba0(disk).map_err(|e| {
         Error::Layout(format!(
             "{}: writing the protective MBR: {e}",
             disk_path.display()
         ))
     })?;
-    for (p, img) in &images {
-        write_part(&mut disk, &disk_path, p, img)?;
-    }
-    disk.sync_all().ctx("fsync", &disk_path)?;
-    drop(disk);
-    verify(&disk_path, &parts)?;
-    fs::rename(&disk_path, out).ctx("rename into place", out)?;
     Ok(())
 }
 
@@ -352,26 +282,6 @@ pub fn verify(disk: &Path, parts: &[Part]) -> Result<()> {
             )));
         }
     }
-    Ok(())
-}
-
-/// `mkfs.ext4` an image file of `size` bytes, optionally filled from `dir`.
-pub fn mkfs_ext4(
-    img: &Path,
-    size: u64,
-    label: &str,
-    dir: Option<&Path>,
-    features: &[&str],
-) -> Result<()> {
-    let _ = fs::remove_file(img);
-    let mut c = Cmd::new("mkfs.ext4").args(["-q", "-F", "-L", label, "-E", "root_owner=0:0"]);
-    if !features.is_empty() {
-        c = c.arg("-O").arg(features.join(","));
-    }
-    if let Some(d) = dir {
-        c = c.arg("-d").arg(d);
-    }
-    c.arg(img).arg(format!("{}k", size / 1024)).run()?;
     Ok(())
 }
 

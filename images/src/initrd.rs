@@ -50,32 +50,72 @@ fn parents<'a>(paths: impl Iterator<Item = &'a str>) -> Vec<String> {
 
 /// Build the initrd at `out`.
 pub fn build(debs: &Debs, target: Target, kind: InitKind, out: &Path) -> Result<()> {
-    let applets = debs.busybox_applets(target)?;
     let modules = module_list(debs, target)?;
+    let mut files = busybox_files(debs, target)?;
+    files.extend(module_files(debs, &modules)?);
+    let init = match kind {
+        InitKind::Normal => INIT,
+        InitKind::Panic => INIT_PANIC,
+    };
+    files.push(file("init", 0o755, init.as_bytes().to_vec()));
+    let entries = archive_entries(files);
 
-    let mut files: Vec<(String, Entry)> = Vec::new();
-    files.push((
-        "bin/busybox".into(),
+    let mut cpio = Vec::new();
+    crate::cpio::write(&mut cpio, &entries).ctx("build cpio for", out)?;
+    let gz = Cmd::new("gzip")
+        .args(["-n", "-9", "-c"])
+        .stdin(cpio)
+        .run()?;
+    std::fs::write(out, gz).ctx("write", out)?;
+    eprintln!(
+        "k3os-images: initrd {} ({} modules: {})",
+        out.display(),
+        modules.len(),
+        modules
+            .iter()
+            .map(|m| module_name(m))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    Ok(())
+}
+
+/// A regular file of the archive, keyed by its path.
+fn file(path: &str, mode: u32, data: Vec<u8>) -> (String, Entry) {
+    (
+        path.to_string(),
         Entry::File {
-            path: "bin/busybox".into(),
-            mode: 0o755,
-            data: read(&debs.busybox)?,
+            path: path.to_string(),
+            mode,
+            data,
         },
-    ));
-    for a in &applets {
+    )
+}
+
+/// Static busybox and a symlink for each of its applets.
+fn busybox_files(debs: &Debs, target: Target) -> Result<Vec<(String, Entry)>> {
+    let mut files = vec![file("bin/busybox", 0o755, read(&debs.busybox)?)];
+    for a in debs.busybox_applets(target)? {
         if a == "bin/busybox" || a == "linuxrc" {
             continue;
         }
         files.push((
             a.clone(),
             Entry::Symlink {
-                path: a.clone(),
+                path: a,
                 target: "/bin/busybox".into(),
             },
         ));
     }
+    Ok(files)
+}
+
+/// The modules (plain `.ko` only: busybox insmod reads no compressed ones) under
+/// `lib/modules/`, and `etc/modules` listing them in load order.
+fn module_files(debs: &Debs, modules: &[String]) -> Result<Vec<(String, Entry)>> {
+    let mut files = Vec::new();
     let mut load_order = String::new();
-    for m in &modules {
+    for m in modules {
         let src = debs.modules_dir.join(m);
         let base = Path::new(m)
             .file_name()
@@ -87,39 +127,17 @@ pub fn build(debs: &Debs, target: Target, kind: InitKind, out: &Path) -> Result<
                 what: "compressed module: busybox insmod needs plain .ko files".into(),
             });
         }
-        let path = format!("lib/modules/{base}");
-        files.push((
-            path.clone(),
-            Entry::File {
-                path,
-                mode: 0o644,
-                data: read(&src)?,
-            },
-        ));
+        files.push(file(&format!("lib/modules/{base}"), 0o644, read(&src)?));
         load_order.push_str(&base);
         load_order.push('\n');
     }
-    files.push((
-        "etc/modules".into(),
-        Entry::File {
-            path: "etc/modules".into(),
-            mode: 0o644,
-            data: load_order.into_bytes(),
-        },
-    ));
-    let init = match kind {
-        InitKind::Normal => INIT,
-        InitKind::Panic => INIT_PANIC,
-    };
-    files.push((
-        "init".into(),
-        Entry::File {
-            path: "init".into(),
-            mode: 0o755,
-            data: init.as_bytes().to_vec(),
-        },
-    ));
+    files.push(file("etc/modules", 0o644, load_order.into_bytes()));
+    Ok(files)
+}
 
+/// The archive in order: every directory (parents first, plus the mount points init uses),
+/// the two device nodes, then `files` sorted by path.
+fn archive_entries(mut files: Vec<(String, Entry)>) -> Vec<Entry> {
     let mut entries = Vec::new();
     let mut dirs = parents(files.iter().map(|(p, _)| p.as_str()));
     for d in ["dev", "proc", "sys", "newroot", "tmp"] {
@@ -148,25 +166,7 @@ pub fn build(debs: &Debs, target: Target, kind: InitKind, out: &Path) -> Result<
     });
     files.sort_by(|a, b| a.0.cmp(&b.0));
     entries.extend(files.into_iter().map(|(_, e)| e));
-
-    let mut cpio = Vec::new();
-    crate::cpio::write(&mut cpio, &entries).ctx("build cpio for", out)?;
-    let gz = Cmd::new("gzip")
-        .args(["-n", "-9", "-c"])
-        .stdin(cpio)
-        .run()?;
-    std::fs::write(out, gz).ctx("write", out)?;
-    eprintln!(
-        "k3os-images: initrd {} ({} modules: {})",
-        out.display(),
-        modules.len(),
-        modules
-            .iter()
-            .map(|m| module_name(m))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    Ok(())
+    entries
 }
 
 #[cfg(test)]

@@ -10,6 +10,19 @@
 //!    v1; GRUB images come from [`grubimg`], loader configuration and initial boot state from
 //!    the `bootconfig` crate ([`loader`]), so images and nodes agree on one format.
 //!
+//! # Architecture
+//! Data flows one way, from plain data to builders to the binary:
+//! - bottom: [`spec`] (what is built: release names and variants, boot variants, sizes, what
+//!   goes on a disk; shared constants), [`target`], [`debs`], and the tools [`run`],
+//!   [`stamp`], [`error`], [`cpio`], [`kmod`], [`fsimg`] (filesystem image files);
+//! - builders of one part each: [`initrd`], [`rootfs`], [`grubimg`], [`loader`] (the boot
+//!   partition and its boot code);
+//! - assemblers: [`release`] (initrd + rootfs + kernel, signed) and [`disk`] (GPT, MBR and the
+//!   partition images), read by `main.rs`.
+//!
+//! Builders read only the bottom layer ([`loader`] also [`grubimg`]'s GRUB images); the two
+//! assemblers read builders, never each other.
+//!
 //! Every output records a fingerprint of its inputs ([`stamp`]) and is rebuilt only when they
 //! change. External tools run through [`run`]; errors ([`error`]) name the file or command.
 //! Crates: `gpt` (the workspace's GPT crate, the same libupgrade reads the table with),
@@ -19,6 +32,7 @@ pub mod cpio;
 pub mod debs;
 pub mod disk;
 pub mod error;
+pub mod fsimg;
 pub mod grubimg;
 pub mod initrd;
 pub mod kmod;
@@ -26,6 +40,7 @@ pub mod loader;
 pub mod release;
 pub mod rootfs;
 pub mod run;
+pub mod spec;
 pub mod stamp;
 pub mod target;
 

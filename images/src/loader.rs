@@ -16,18 +16,18 @@
 //!   requires; then `syslinux/extlinux.conf` and the ADV record.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use bootconfig::grub::{render_cfg, GrubConfig};
 use bootconfig::syslinux::{render_conf, SyslinuxConfig};
 use bootconfig::{BootEntry, BootEnv, Slot, SlotBoot};
 use libupgrade::layout::{rootfs_part_name, INITRD_FILE, KERNEL_FILE};
 
-use crate::disk::{mkfs_ext4, BootVariant, DiskSpec};
 use crate::error::{Error, IoContext, Result};
+use crate::fsimg::{copy_tree, mkfs_ext4, LoopMount};
 use crate::grubimg;
-use crate::rootfs::GRUB_TRIES;
 use crate::run::Cmd;
+use crate::spec::{BootVariant, DiskSpec, GRUB_TRIES};
 use crate::stamp::Stamp;
 use crate::target::Target;
 
@@ -131,54 +131,6 @@ pub fn gptmbr_code() -> Result<[u8; 440]> {
     let mut code = [0u8; 440];
     code.copy_from_slice(&b);
     Ok(code)
-}
-
-fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
-    fs::create_dir_all(dst).ctx("create directory", dst)?;
-    for e in fs::read_dir(src).ctx("read directory", src)?.flatten() {
-        let (s, d) = (e.path(), dst.join(e.file_name()));
-        if e.file_type().ctx("stat", &s)?.is_dir() {
-            copy_tree(&s, &d)?;
-        } else {
-            fs::copy(&s, &d).ctx("copy", &s)?;
-        }
-    }
-    Ok(())
-}
-
-/// A loop mount of a filesystem image file, unmounted on drop.
-struct LoopMount {
-    dir: PathBuf,
-    mounted: bool,
-}
-
-impl LoopMount {
-    fn new(img: &Path, dir: &Path) -> Result<LoopMount> {
-        fs::create_dir_all(dir).ctx("create directory", dir)?;
-        Cmd::new("mount")
-            .args(["-o", "loop", "-t", "ext4"])
-            .arg(img)
-            .arg(dir)
-            .run()?;
-        Ok(LoopMount {
-            dir: dir.to_path_buf(),
-            mounted: true,
-        })
-    }
-
-    fn unmount(mut self) -> Result<()> {
-        self.mounted = false;
-        Cmd::new("umount").arg(&self.dir).run()?;
-        Ok(())
-    }
-}
-
-impl Drop for LoopMount {
-    fn drop(&mut self) {
-        if self.mounted {
-            let _ = Cmd::new("umount").arg(&self.dir).run();
-        }
-    }
 }
 
 /// The boot config (`k3os-ops bootloader`'s TOML, format 1) holding [`grub_config`] and

@@ -1,14 +1,15 @@
 //! `k3os-images build`: build the signed test releases and the A/B test disks of one
 //! architecture (see the library docs for the pipeline). Normally run by `just images-<arch>`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use k3os_images::debs::Debs;
-use k3os_images::disk::{self, BootVariant, DiskSpec, Sizes};
-use k3os_images::release::{ensure_keys, ReleaseBuilder, ReleaseSpec};
+use k3os_images::disk;
+use k3os_images::release::{ensure_channel_root, ensure_keys, ReleaseBuilder, CHANNEL_ROOT_DIR};
+use k3os_images::spec::{BootVariant, DiskSpec, Release, ReleaseSpec, Sizes};
 use k3os_images::stamp::Stamp;
 use k3os_images::target::Target;
 use libupgrade::manifest::Arch;
@@ -41,7 +42,8 @@ enum Command {
         /// Output root (images/out).
         #[arg(long, default_value = "images/out")]
         out: PathBuf,
-        /// Releases to build (default: v1 v2 v3 v2-panic v2-noconfirm v2-badhealth v4-panic).
+        /// Releases to build (default: v1 v2 v3 v2-panic v2-noconfirm v2-badhealth v4-panic
+        /// v2-nonet).
         #[arg(long = "release", value_parser = ReleaseSpec::parse)]
         releases: Vec<ReleaseSpec>,
         /// Disk boot variants (default: all the architecture has).
@@ -71,6 +73,9 @@ fn main() -> anyhow::Result<()> {
             let keys = out.join("keys");
             let (secret, public) = ensure_keys(&tool, &keys).context("test signing key")?;
             let arch_out = out.join(arch.as_str());
+            let channel_root =
+                ensure_channel_root(&arch_out.join("keys"), &arch_out.join(CHANNEL_ROOT_DIR))
+                    .context("test channel root")?;
             let builder = ReleaseBuilder {
                 target,
                 debs: debs.clone(),
@@ -78,24 +83,13 @@ fn main() -> anyhow::Result<()> {
                 tool: tool.clone(),
                 out: arch_out.clone(),
                 keys,
+                channel_root,
             };
-            let releases = if releases.is_empty() {
-                ReleaseSpec::standard()
-            } else {
-                releases
+            let signing = Signing {
+                secret: &secret,
+                public: &public,
             };
-            let mut built = Vec::new();
-            for spec in &releases {
-                let r = builder
-                    .build(spec, &secret, &public)
-                    .with_context(|| format!("release {}", spec.version))?;
-                eprintln!(
-                    "k3os-images: release {} -> {}",
-                    spec.version,
-                    r.dir.display()
-                );
-                built.push(r);
-            }
+            let built = build_releases(&builder, &releases, &signing)?;
             // No channel index here: the failure variants share generation 2 with v2 on purpose,
             // which a channel (one release per generation) refuses. Tests name release dirs directly.
             let releases_dir = arch_out.join("releases");
@@ -108,15 +102,7 @@ fn main() -> anyhow::Result<()> {
                     &public,
                 )?,
             };
-            let mut largest = 0;
-            for r in &built {
-                largest = largest.max(
-                    std::fs::metadata(&r.rootfs)
-                        .with_context(|| r.rootfs.display().to_string())?
-                        .len(),
-                );
-            }
-            let sizes = Sizes::for_largest_rootfs(largest);
+            let sizes = sizes_for(&built)?;
             let boots = if boots.is_empty() {
                 BootVariant::for_target(target)
             } else {
@@ -131,24 +117,7 @@ fn main() -> anyhow::Result<()> {
                     debs: &debs,
                     tool: &tool,
                 };
-                let img = arch_out.join(format!("disk-{}.img", variant.name()));
-                let mut st = Stamp::new();
-                st.param("variant", variant.name())
-                    .param("sizes", format!("{sizes:?}"))
-                    .param("loader", k3os_images::loader::fingerprint(&spec)?)
-                    .file(
-                        "manifest",
-                        &slot_a_release.dir.join(libupgrade::manifest::MANIFEST_FILE),
-                    )?;
-                if st.is_fresh(&img) {
-                    eprintln!("k3os-images: disk {} is up to date", img.display());
-                } else {
-                    Stamp::invalidate(&img)?;
-                    disk::assemble(&spec, &img)
-                        .with_context(|| format!("disk {}", img.display()))?;
-                    st.record(&img)?;
-                    eprintln!("k3os-images: disk {} built", img.display());
-                }
+                build_disk(&spec, &arch_out)?;
             }
             println!("releases: {}", releases_dir.display());
             println!("disks:    {}/disk-*.img", arch_out.display());
@@ -164,4 +133,73 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The test signing key pair.
+struct Signing<'a> {
+    secret: &'a Path,
+    public: &'a Path,
+}
+
+/// Build (or reuse) `releases`, the standard set when empty.
+fn build_releases(
+    builder: &ReleaseBuilder,
+    releases: &[ReleaseSpec],
+    keys: &Signing,
+) -> anyhow::Result<Vec<Release>> {
+    let standard;
+    let releases = if releases.is_empty() {
+        standard = ReleaseSpec::standard();
+        &standard[..]
+    } else {
+        releases
+    };
+    let mut built = Vec::new();
+    for spec in releases {
+        let r = builder
+            .build(spec, keys.secret, keys.public)
+            .with_context(|| format!("release {}", spec.version))?;
+        eprintln!(
+            "k3os-images: release {} -> {}",
+            spec.version,
+            r.dir.display()
+        );
+        built.push(r);
+    }
+    Ok(built)
+}
+
+/// Partition sizes with room for the largest rootfs of `built`.
+fn sizes_for(built: &[Release]) -> anyhow::Result<Sizes> {
+    let mut largest = 0;
+    for r in built {
+        largest = largest.max(
+            std::fs::metadata(&r.rootfs)
+                .with_context(|| r.rootfs.display().to_string())?
+                .len(),
+        );
+    }
+    Ok(Sizes::for_largest_rootfs(largest))
+}
+
+/// `disk-<variant>.img` in `arch_out`, rebuilt only when its inputs changed.
+fn build_disk(spec: &DiskSpec, arch_out: &Path) -> anyhow::Result<()> {
+    let img = arch_out.join(format!("disk-{}.img", spec.variant.name()));
+    let mut st = Stamp::new();
+    st.param("variant", spec.variant.name())
+        .param("sizes", format!("{:?}", spec.sizes))
+        .param("loader", k3os_images::loader::fingerprint(spec)?)
+        .file(
+            "manifest",
+            &spec.slot_a.dir.join(libupgrade::manifest::MANIFEST_FILE),
+        )?;
+    if st.is_fresh(&img) {
+        eprintln!("k3os-images: disk {} is up to date", img.display());
+    } else {
+        Stamp::invalidate(&img)?;
+        disk::assemble(spec, &img).with_context(|| format!("disk {}", img.display()))?;
+        st.record(&img)?;
+        eprintln!("k3os-images: disk {} built", img.display());
+    }
+    Ok(())
 }

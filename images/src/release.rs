@@ -3,7 +3,7 @@
 //! previous release), each built to `out/<arch>/build/<version>/` and then signed into a release
 //! directory `out/<arch>/releases/<version>/` by `k3os-ops release create` (so the images use
 //! exactly the release format nodes verify). Every step is skipped when its inputs are
-//! unchanged (see [`crate::stamp`]).
+//! unchanged (see [`crate::stamp`]). The names and variants themselves are [`crate::spec`]'s.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -13,97 +13,12 @@ use libupgrade::manifest::{MANIFEST_FILE, SIGNATURE_FILE};
 use crate::debs::Debs;
 use crate::error::{Error, IoContext, Result};
 use crate::initrd::{self, InitKind};
+use crate::loader;
 use crate::rootfs;
 use crate::run::Cmd;
+use crate::spec::{Release, ReleaseSpec, Variant, GRUB_TRIES};
 use crate::stamp::Stamp;
 use crate::target::Target;
-
-/// How a test release misbehaves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Variant {
-    Normal,
-    /// The initrd's /init exits: kernel panic, `panic=5` reboots into the loader.
-    Panic,
-    /// The rootfs never confirms (prints `K3OS-NOCONFIRM`); the harness resets the VM.
-    NoConfirm,
-    /// A health check exits 1, so `k3os-ops slot confirm` fails and rolls back.
-    BadHealth,
-}
-
-impl Variant {
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Variant::Normal => "",
-            Variant::Panic => "-panic",
-            Variant::NoConfirm => "-noconfirm",
-            Variant::BadHealth => "-badhealth",
-        }
-    }
-}
-
-/// One release to build: `v<generation>[-<variant>]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReleaseSpec {
-    pub version: String,
-    pub generation: u64,
-    pub variant: Variant,
-}
-
-impl ReleaseSpec {
-    /// Parse `v2`, `v2-panic`, `v2-noconfirm`, `v2-badhealth`.
-    pub fn parse(version: &str) -> std::result::Result<ReleaseSpec, String> {
-        let (base, variant) = match version.split_once('-') {
-            None => (version, Variant::Normal),
-            Some((b, "panic")) => (b, Variant::Panic),
-            Some((b, "noconfirm")) => (b, Variant::NoConfirm),
-            Some((b, "badhealth")) => (b, Variant::BadHealth),
-            Some((_, v)) => {
-                return Err(format!(
-                    "release '{version}': unknown variant '{v}' (panic, noconfirm, badhealth)"
-                ))
-            }
-        };
-        let generation = base
-            .strip_prefix('v')
-            .and_then(|n| n.parse::<u64>().ok())
-            .filter(|n| *n > 0)
-            .ok_or_else(|| {
-                format!("release '{version}': expected v<generation>[-variant], e.g. v2-panic")
-            })?;
-        Ok(ReleaseSpec {
-            version: version.to_string(),
-            generation,
-            variant,
-        })
-    }
-
-    /// The releases the test disks and the VM tests use. `v4-panic`: the scenario
-    /// `upgrade-from-previous` ends on v3 and needs a failing release of a higher generation.
-    pub fn standard() -> Vec<ReleaseSpec> {
-        [
-            "v1",
-            "v2",
-            "v3",
-            "v2-panic",
-            "v2-noconfirm",
-            "v2-badhealth",
-            "v4-panic",
-        ]
-        .iter()
-        .map(|v| ReleaseSpec::parse(v).expect("standard release names parse"))
-        .collect()
-    }
-}
-
-/// A built (and signed) release directory.
-#[derive(Debug, Clone)]
-pub struct Release {
-    pub spec: ReleaseSpec,
-    pub dir: PathBuf,
-    pub rootfs: PathBuf,
-    pub kernel: PathBuf,
-    pub initrd: PathBuf,
-}
 
 /// Everything releases of one architecture are built from.
 pub struct ReleaseBuilder {
@@ -117,6 +32,70 @@ pub struct ReleaseBuilder {
     pub out: PathBuf,
     /// `images/out/keys` (test signing key pair).
     pub keys: PathBuf,
+    /// The test channel's root version 1 ([`ensure_channel_root`]), baked into every rootfs
+    /// at `/etc/k3os-ops/root.json`.
+    pub channel_root: PathBuf,
+}
+
+/// Names of the test channel's key pairs in `images/out/<arch>/keys/` (`NAME.key`, `NAME.pub`):
+/// root version 1's root, targets, snapshot and timestamp keys. The `trust-rotation` VM
+/// scenario signs with them (vm-tests/src/scenario/rotation.rs names the same files).
+pub const CHANNEL_KEYS: [&str; 4] = ["root1", "targets1", "snapshot", "timestamp"];
+
+/// Where [`ensure_channel_root`] writes root version 1 (`1.root.json`, `root.json`) under
+/// `images/out/<arch>/`.
+pub const CHANNEL_ROOT_DIR: &str = "channel-root";
+
+/// The test channel's root version 1, made once: key pairs [`CHANNEL_KEYS`] in `keys` and
+/// `dir/1.root.json` + `dir/root.json` signed by `root1` (threshold 1 for every role). Both
+/// are kept while they exist (like the release key of [`ensure_keys`]); delete them to make
+/// new ones (every rootfs is then rebuilt: its fingerprint has the root file). Returns
+/// `dir/root.json`.
+pub fn ensure_channel_root(keys: &Path, dir: &Path) -> Result<PathBuf> {
+    use libupgrade::signing;
+    use libupgrade::trust::publish::{self, RoleSpec};
+    use libupgrade::trust::Role;
+
+    let root_file = dir.join(Role::Root.file());
+    let have_keys = CHANNEL_KEYS
+        .iter()
+        .all(|n| keys.join(format!("{n}.key")).is_file());
+    if have_keys && root_file.is_file() {
+        return Ok(root_file);
+    }
+    let sig_err = |path: &Path, e: signing::SigningError| Error::Input {
+        path: path.to_path_buf(),
+        what: e.to_string(),
+    };
+    let mut secret = Vec::new();
+    for name in CHANNEL_KEYS {
+        let sk = keys.join(format!("{name}.key"));
+        if !sk.is_file() {
+            signing::generate_keypair(keys, name).map_err(|e| sig_err(keys, e))?;
+        }
+        secret.push(signing::load_secret_key(&sk).map_err(|e| sig_err(&sk, e))?);
+    }
+    if dir.exists() {
+        fs::remove_dir_all(dir).ctx("remove old channel root", dir)?;
+    }
+    fs::create_dir_all(dir).ctx("create directory", dir)?;
+    let roles = [Role::Root, Role::Targets, Role::Snapshot, Role::Timestamp]
+        .into_iter()
+        .zip(&secret)
+        .map(|(role, sk)| {
+            let spec = RoleSpec {
+                keys: vec![sk.verifying_key()],
+                threshold: 1,
+            };
+            (role, spec)
+        })
+        .collect();
+    let expires = publish::expires_in(chrono::Duration::days(publish::ROOT_LIFETIME_DAYS));
+    publish::init_root(dir, &roles, &secret[..1], expires).map_err(|e| Error::Input {
+        path: dir.to_path_buf(),
+        what: format!("writing the test channel's root version 1: {e}"),
+    })?;
+    Ok(root_file)
 }
 
 /// The test key pair: (secret, public).
@@ -149,13 +128,29 @@ pub fn ensure_keys(tool: &Path, keys: &Path) -> Result<(PathBuf, PathBuf)> {
 }
 
 impl ReleaseBuilder {
-    /// Build (or reuse) one release.
+    /// Build (or reuse) one release: kernel, initrd and rootfs under `build/<version>/`, then
+    /// the signed release directory; each step only when its inputs changed.
     pub fn build(&self, spec: &ReleaseSpec, secret: &Path, public: &Path) -> Result<Release> {
         let work = self.out.join("build").join(&spec.version);
         fs::create_dir_all(&work).ctx("create directory", &work)?;
-        let (t, d) = (self.target, &self.debs);
+        let files = Files {
+            kernel: self.kernel(&work)?,
+            initrd: self.initrd(spec, &work)?,
+            rootfs: self.rootfs(spec, public, &work)?,
+        };
+        let dir = self.sign(spec, secret, &files, &work)?;
+        Ok(Release {
+            spec: spec.clone(),
+            rootfs: dir.join(libupgrade::layout::ROOTFS_FILE),
+            kernel: dir.join(libupgrade::layout::KERNEL_FILE),
+            initrd: dir.join(libupgrade::layout::INITRD_FILE),
+            dir,
+        })
+    }
 
-        // Kernel: the Debian image as is.
+    /// Kernel: the Debian image as is.
+    fn kernel(&self, work: &Path) -> Result<PathBuf> {
+        let d = &self.debs;
         let kernel = work.join(libupgrade::layout::KERNEL_FILE);
         let mut st = Stamp::new();
         st.file("vmlinuz", &d.vmlinuz)?;
@@ -164,8 +159,12 @@ impl ReleaseBuilder {
             fs::copy(&d.vmlinuz, &kernel).ctx("copy kernel to", &kernel)?;
             st.record(&kernel)?;
         }
+        Ok(kernel)
+    }
 
-        // Initrd.
+    /// Initrd: busybox, the root's modules and the variant's `/init`.
+    fn initrd(&self, spec: &ReleaseSpec, work: &Path) -> Result<PathBuf> {
+        let (t, d) = (self.target, &self.debs);
         let initrd = work.join(libupgrade::layout::INITRD_FILE);
         let kind = if spec.variant == Variant::Panic {
             InitKind::Panic
@@ -193,8 +192,12 @@ impl ReleaseBuilder {
             initrd::build(d, t, kind, &initrd)?;
             st.record(&initrd)?;
         }
+        Ok(initrd)
+    }
 
-        // Rootfs.
+    /// Rootfs: the squashfs of [`rootfs::build`].
+    fn rootfs(&self, spec: &ReleaseSpec, public: &Path, work: &Path) -> Result<PathBuf> {
+        let (t, d) = (self.target, &self.debs);
         let rootfs = work.join(libupgrade::layout::ROOTFS_FILE);
         let mut st = Stamp::new();
         st.param("arch", t.arch.as_str())
@@ -204,112 +207,120 @@ impl ReleaseBuilder {
             .param("init", rootfs::INIT)
             .param("udhcpc", rootfs::UDHCPC_SCRIPT)
             .param("profile", rootfs::PROFILE)
-            .param("config", rootfs::node_config("grub", rootfs::GRUB_TRIES))
+            .param("config", rootfs::node_config("grub", GRUB_TRIES))
             .param("app", format!("{} {}", rootfs::APP_FILE, rootfs::APP_BYTES))
             .param("mksquashfs", rootfs::MKSQUASHFS_OPTS.join(" "))
             .file("busybox", &d.busybox)?
             .file("k3os-ops", &self.k3os_ops)?
-            .file("trust", public)?;
+            .file("trust", public)?
+            .file("channel-root", &self.channel_root)?;
         if !st.is_fresh(&rootfs) {
             Stamp::invalidate(&rootfs)?;
-            rootfs::build(d, t, &self.k3os_ops, public, spec, &rootfs)?;
+            let node = rootfs::NodeTrust {
+                release_key: public,
+                channel_root: &self.channel_root,
+            };
+            rootfs::build(d, t, &self.k3os_ops, &node, spec, &rootfs)?;
             st.record(&rootfs)?;
         }
+        Ok(rootfs)
+    }
 
-        // Signed release directory.
+    /// The signed release directory `releases/<version>/` made from `files` by `k3os-ops
+    /// release create`, carrying the boot scripts its disks are installed with.
+    fn sign(
+        &self,
+        spec: &ReleaseSpec,
+        secret: &Path,
+        files: &Files,
+        work: &Path,
+    ) -> Result<PathBuf> {
+        let t = self.target;
         let dir = self.out.join("releases").join(&spec.version);
         let manifest = dir.join(MANIFEST_FILE);
         let mut st = Stamp::new();
         st.param("arch", t.arch.as_str())
             .param("version", &spec.version)
             .param("generation", spec.generation.to_string())
-            .file("rootfs", &rootfs)?
-            .file("kernel", &kernel)?
-            .file("initrd", &initrd)?
+            .file("rootfs", &files.rootfs)?
+            .file("kernel", &files.kernel)?
+            .file("initrd", &files.initrd)?
             .file("secret", secret)?
-            .param("boot-config", crate::loader::boot_config(t));
-        if !(st.is_fresh(&manifest) && dir.join(SIGNATURE_FILE).is_file()) {
-            Stamp::invalidate(&manifest)?;
-            if dir.exists() {
-                fs::remove_dir_all(&dir).ctx("remove old release", &dir)?;
-            }
-            if let Some(p) = dir.parent() {
-                fs::create_dir_all(p).ctx("create directory", p)?;
-            }
-            // The release carries the scripts its disks are installed with.
-            let boot_cfg = work.join("boot.toml");
-            fs::write(&boot_cfg, crate::loader::boot_config(t)).ctx("write", &boot_cfg)?;
-            Cmd::new(&self.tool)
-                .args(["release", "create", "--rootfs"])
-                .arg(&rootfs)
-                .arg("--kernel")
-                .arg(&kernel)
-                .arg("--initrd")
-                .arg(&initrd)
-                .args([
-                    "--version",
-                    &spec.version,
-                    "--arch",
-                    t.arch.as_str(),
-                    "--generation",
-                ])
-                .arg(spec.generation.to_string())
-                .arg("--key")
-                .arg(secret)
-                .arg("--boot-config")
-                .arg(&boot_cfg)
-                .arg("-o")
-                .arg(&dir)
-                .run()?;
-            for f in [MANIFEST_FILE, SIGNATURE_FILE] {
-                if !dir.join(f).is_file() {
-                    return Err(Error::Input {
-                        path: dir.join(f),
-                        what: "`k3os-ops release create` did not write it".into(),
-                    });
-                }
-            }
-            st.record(&manifest)?;
+            .param("boot-config", loader::boot_config(t));
+        if st.is_fresh(&manifest) && dir.join(SIGNATURE_FILE).is_file() {
+            return Ok(dir);
         }
-        Ok(Release {
-            spec: spec.clone(),
-            rootfs: dir.join(libupgrade::layout::ROOTFS_FILE),
-            kernel: dir.join(libupgrade::layout::KERNEL_FILE),
-            initrd: dir.join(libupgrade::layout::INITRD_FILE),
-            dir,
-        })
+        Stamp::invalidate(&manifest)?;
+        if dir.exists() {
+            fs::remove_dir_all(&dir).ctx("remove old release", &dir)?;
+        }
+        if let Some(p) = dir.parent() {
+            fs::create_dir_all(p).ctx("create directory", p)?;
+        }
+        // The release carries the scripts its disks are installed with.
+        let boot_cfg = work.join("boot.toml");
+        fs::write(&boot_cfg, loader::boot_config(t)).ctx("write", &boot_cfg)?;
+        Cmd::new(&self.tool)
+            .args(["release", "create", "--rootfs"])
+            .arg(&files.rootfs)
+            .arg("--kernel")
+            .arg(&files.kernel)
+            .arg("--initrd")
+            .arg(&files.initrd)
+            .args([
+                "--version",
+                &spec.version,
+                "--arch",
+                t.arch.as_str(),
+                "--generation",
+            ])
+            .arg(spec.generation.to_string())
+            .arg("--key")
+            .arg(secret)
+            .arg("--boot-config")
+            .arg(&boot_cfg)
+            .arg("-o")
+            .arg(&dir)
+            .run()?;
+        for f in [MANIFEST_FILE, SIGNATURE_FILE] {
+            if !dir.join(f).is_file() {
+                return Err(Error::Input {
+                    path: dir.join(f),
+                    what: "`k3os-ops release create` did not write it".into(),
+                });
+            }
+        }
+        st.record(&manifest)?;
+        Ok(dir)
     }
+}
+
+/// The built (unsigned) files of one release.
+struct Files {
+    kernel: PathBuf,
+    initrd: PathBuf,
+    rootfs: PathBuf,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The root is made once and kept (the rootfs fingerprints have it), and it is a root a
+    /// node accepts as its starting point: self-signed by its threshold.
     #[test]
-    fn release_names() {
-        let s = ReleaseSpec::parse("v2-noconfirm").unwrap();
-        assert_eq!((s.generation, s.variant), (2, Variant::NoConfirm));
-        assert_eq!(ReleaseSpec::parse("v3").unwrap().variant, Variant::Normal);
-        assert!(ReleaseSpec::parse("v2-weird")
-            .unwrap_err()
-            .contains("weird"));
-        assert!(ReleaseSpec::parse("x2").is_err());
-        assert!(ReleaseSpec::parse("v0").is_err());
-        let std: Vec<String> = ReleaseSpec::standard()
-            .into_iter()
-            .map(|s| s.version)
-            .collect();
-        assert_eq!(
-            std,
-            [
-                "v1",
-                "v2",
-                "v3",
-                "v2-panic",
-                "v2-noconfirm",
-                "v2-badhealth",
-                "v4-panic"
-            ]
-        );
+    fn the_channel_root_is_made_once_and_is_a_valid_root_version_1() {
+        let t = tempfile::tempdir().unwrap();
+        let (keys, dir) = (t.path().join("keys"), t.path().join(CHANNEL_ROOT_DIR));
+        let root = ensure_channel_root(&keys, &dir).unwrap();
+        let bytes = fs::read(&root).unwrap();
+        assert_eq!(bytes, fs::read(dir.join("1.root.json")).unwrap());
+        let rec = libupgrade::trust::Record::from_root(&bytes, "test root").unwrap();
+        assert_eq!(rec.root_version(), 1);
+        for n in CHANNEL_KEYS {
+            assert!(keys.join(format!("{n}.key")).is_file(), "{n}");
+        }
+        assert_eq!(ensure_channel_root(&keys, &dir).unwrap(), root);
+        assert_eq!(fs::read(&root).unwrap(), bytes, "kept, not remade");
     }
 }

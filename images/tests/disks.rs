@@ -18,8 +18,9 @@ use bootconfig::grub::GrubBootloader;
 use bootconfig::syslinux::SyslinuxBootloader;
 use bootconfig::{Bootloader, Slot};
 use k3os_images::debs::Debs;
-use k3os_images::disk::{self, BootVariant, DiskSpec, Sizes};
-use k3os_images::release::{ensure_keys, ReleaseBuilder, ReleaseSpec};
+use k3os_images::disk;
+use k3os_images::release::{ensure_keys, ReleaseBuilder};
+use k3os_images::spec::{BootVariant, DiskSpec, ReleaseSpec, Sizes};
 use k3os_images::target::Target;
 use libupgrade::layout::GptLayout;
 use libupgrade::manifest::Arch;
@@ -114,6 +115,11 @@ fn x86_64_disks_are_what_nodes_expect_and_bios_grub_boots() {
         tool: ops.clone(),
         out: out.path().join("x86_64"),
         keys: out.path().join("keys"),
+        channel_root: k3os_images::release::ensure_channel_root(
+            &out.path().join("x86_64/keys"),
+            &out.path().join("x86_64/channel-root"),
+        )
+        .unwrap(),
     };
     let v1 = builder
         .build(&ReleaseSpec::parse("v1").unwrap(), &secret, &public)

@@ -8,7 +8,15 @@
 //! - [`bootloader`]: write a node's loader files and render boot scripts (`k3os-ops bootloader …`);
 //! - [`logging`]: the library's warnings (each retry and why) on stderr for one-shot commands;
 //! - [`node`]: the node config argument and the reboot, shared by the node-side commands;
-//! - [`progress`]: how `upgrade` shows a download; [`report`]: how a failed command prints.
+//! - [`progress`]: how `upgrade` shows a download; [`report`]: how a failed command prints
+//!   (and how a boot outcome that is not a good slot becomes a message and an exit status).
+//!
+//! # Architecture
+//! `main.rs` parses and dispatches to one module per subcommand; each calls `libupgrade` (and
+//! `bootconfig`) and the shared edges ([`node`], [`progress`], [`report`], [`logging`]), which
+//! import no subcommand. Between subcommands data flows one way: [`agent`] takes [`upgrade`]'s
+//! rate parser and [`report`]'s outcome mapping, [`release`] renders boot scripts through
+//! [`bootloader`]; no module imports one that imports it back.
 
 pub mod agent;
 pub mod bootloader;

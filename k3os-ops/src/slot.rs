@@ -8,10 +8,11 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use libupgrade::error::Size;
 use libupgrade::health::{CheckResult, HealthCheck};
-use libupgrade::updater::{AwaitedChecks, Status};
-use libupgrade::Slot;
+use libupgrade::updater::{AwaitedChecks, SlotStatus, Status};
+use libupgrade::{Slot, Updater};
 
 use crate::node::{reboot, ConfigArg};
+use crate::report::Unconfirmed;
 
 #[derive(Args, Debug)]
 pub struct SlotArgs {
@@ -85,72 +86,18 @@ pub enum SlotCmd {
 pub fn run(args: SlotArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
     match args.cmd {
-        SlotCmd::Status { json } => {
-            let st = u.status()?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&st)?);
-            } else {
-                print!("{}", render_status(&st));
-            }
-        }
+        SlotCmd::Status { json } => status(&u, json),
         SlotCmd::Activate {
             slot,
             awaits,
             within_secs,
-        } => {
-            let awaited = (!awaits.is_empty()).then(|| AwaitedChecks {
-                names: awaits.clone(),
-                within_secs,
-            });
-            let s = u.activate_awaiting(slot, awaited)?;
-            if awaits.is_empty() {
-                println!("slot {s} will be tried on the next boot");
-            } else {
-                println!(
-                    "slot {s} will be tried on the next boot and marked good only after {} is reported (within {within_secs} s)",
-                    awaits.join(", ")
-                );
-            }
-        }
-        SlotCmd::AwaitBless { reboot: now } => return await_bless(&u, now),
+        } => activate(&u, slot, awaits, within_secs),
+        SlotCmd::AwaitBless { reboot: now } => await_bless(&u, now),
         SlotCmd::Confirm {
             json,
             passed,
             failed,
-        } => {
-            let reported = reported_checks(&passed, &failed)?;
-            let refs: Vec<&dyn HealthCheck> =
-                reported.iter().map(|c| c as &dyn HealthCheck).collect();
-            let r = u.confirm_with(&refs);
-            match &r {
-                Ok(rep) if json => println!("{}", serde_json::to_string_pretty(rep)?),
-                Ok(rep) => {
-                    if let Some(d) = &rep.other_slot {
-                        println!("slot {}: {}", d.slot, d.why);
-                    }
-                    for c in &rep.checks {
-                        println!(
-                            "check {}: {} {}",
-                            c.name,
-                            if c.ok { "ok" } else { "FAILED" },
-                            c.detail
-                        );
-                    }
-                    println!(
-                        "slot {} ({}) is good{}",
-                        rep.slot,
-                        rep.version.as_deref().unwrap_or("unknown version"),
-                        if rep.newly_good {
-                            " (confirmed now)"
-                        } else {
-                            ""
-                        }
-                    );
-                }
-                Err(_) => {}
-            }
-            r.context("slot confirm")?;
-        }
+        } => confirm(&u, json, &passed, &failed),
         SlotCmd::Rollback {
             reason,
             reboot: now,
@@ -160,12 +107,85 @@ pub fn run(args: SlotArgs) -> anyhow::Result<()> {
             if now {
                 reboot()?;
             }
+            Ok(())
         }
         SlotCmd::MarkBad { slot, reason } => {
             u.mark_bad(slot, &reason)?;
             println!("slot {slot} marked bad");
+            Ok(())
         }
     }
+}
+
+/// `slot status [--json]`.
+fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
+    let st = u.status()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st)?);
+    } else {
+        print!("{}", render_status(&st));
+    }
+    Ok(())
+}
+
+/// `slot activate [SLOT] [--await NAME … --within-secs N]`.
+fn activate(
+    u: &Updater,
+    slot: Option<Slot>,
+    awaits: Vec<String>,
+    within_secs: u64,
+) -> anyhow::Result<()> {
+    let awaited = (!awaits.is_empty()).then(|| AwaitedChecks {
+        names: awaits.clone(),
+        within_secs,
+    });
+    let s = u.activate_awaiting(slot, awaited)?;
+    if awaits.is_empty() {
+        println!("slot {s} will be tried on the next boot");
+    } else {
+        println!(
+            "slot {s} will be tried on the next boot and marked good only after {} is reported (within {within_secs} s)",
+            awaits.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// `slot confirm [--json] [--passed NAME] [--failed NAME=WHY]`: assess this boot; an outcome
+/// other than a good slot is the command's error ([`Unconfirmed`]: exit 75 while awaited
+/// checks are pending, 1 otherwise), printed once by `main`.
+fn confirm(u: &Updater, json: bool, passed: &[String], failed: &[String]) -> anyhow::Result<()> {
+    let reported = reported_checks(passed, failed)?;
+    let refs: Vec<&dyn HealthCheck> = reported.iter().map(|c| c as &dyn HealthCheck).collect();
+    let rep = u.confirm_with(&refs).context("slot confirm")?;
+    if let Some(not_good) = Unconfirmed::of(&rep) {
+        return Err(anyhow::Error::new(not_good).context("slot confirm"));
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rep)?);
+        return Ok(());
+    }
+    if let Some(d) = &rep.other_slot {
+        println!("slot {}: {}", d.slot, d.why);
+    }
+    for c in &rep.checks {
+        println!(
+            "check {}: {} {}",
+            c.name,
+            if c.ok { "ok" } else { "FAILED" },
+            c.detail
+        );
+    }
+    println!(
+        "slot {} ({}) is good{}",
+        rep.slot,
+        rep.version.as_deref().unwrap_or("unknown version"),
+        if rep.newly_good {
+            " (confirmed now)"
+        } else {
+            ""
+        }
+    );
     Ok(())
 }
 
@@ -199,9 +219,12 @@ fn reported_checks(passed: &[String], failed: &[String]) -> anyhow::Result<Vec<C
 
 /// `slot await-bless`: poll this boot's verdict until it is no longer pending; at the
 /// activation's limit, count the awaited checks failed (the library decides, under its lock).
-fn await_bless(u: &libupgrade::Updater, reboot_now: bool) -> anyhow::Result<()> {
+/// When the boot awaits the reachability check ([`libupgrade::reach`]), probe its endpoints
+/// each round and report it passed through the one bless point once one answers.
+fn await_bless(u: &Updater, reboot_now: bool) -> anyhow::Result<()> {
     use libupgrade::assess::Outcome;
     let start = std::time::Instant::now();
+    let mut unreachable = String::new();
     loop {
         let st = u.status()?;
         let Some(v) = st.verdict else {
@@ -215,28 +238,37 @@ fn await_bless(u: &libupgrade::Updater, reboot_now: bool) -> anyhow::Result<()> 
             println!("slot {}: {}", v.slot, v.reason);
             return Ok(());
         };
+        match u.probe_reachability(waiting_for)? {
+            Some(c) if c.ok => {
+                println!("check {}: ok {}", c.name, c.detail);
+                // The verdict (pending on other checks, good, rolled back) is read next round.
+                u.confirm_with(&[&c]).context("slot await-bless")?;
+                continue;
+            }
+            Some(c) => unreachable = format!("; {}", c.detail),
+            None => {}
+        }
         let limit = std::time::Duration::from_secs(*within_secs);
         if start.elapsed() < limit {
             let left = limit - start.elapsed();
             std::thread::sleep(left.min(std::time::Duration::from_secs(2)));
             continue;
         }
-        let why = format!("not reported within {within_secs} s of the boot");
-        match u.fail_awaited(&why) {
-            Ok(None) => continue,
-            Ok(Some(rep)) => {
-                println!("slot {}: {}", rep.slot, rep.verdict.reason);
-                return Ok(());
+        let why = format!("not reported within {within_secs} s of the boot{unreachable}");
+        let Some(rep) = u.fail_awaited(&why).context("slot await-bless")? else {
+            continue;
+        };
+        let Some(not_good) = Unconfirmed::of(&rep) else {
+            println!("slot {}: {}", rep.slot, rep.verdict.reason);
+            return Ok(());
+        };
+        if let Unconfirmed::HealthFailed { rolled_back, .. } = &not_good {
+            println!("{not_good}; waited for {}", waiting_for.join(", "));
+            if *rolled_back && reboot_now {
+                reboot()?;
             }
-            Err(e @ libupgrade::Error::HealthCheck { rolled_back, .. }) => {
-                println!("{e}; waited for {}", waiting_for.join(", "));
-                if rolled_back && reboot_now {
-                    reboot()?;
-                }
-                return Err(anyhow::Error::new(e).context("slot await-bless"));
-            }
-            Err(e) => return Err(anyhow::Error::new(e).context("slot await-bless")),
         }
+        return Err(anyhow::Error::new(not_good).context("slot await-bless"));
     }
 }
 
@@ -272,6 +304,16 @@ fn outcome_name(o: &libupgrade::assess::Outcome) -> String {
 
 /// The human status view.
 pub fn render_status(st: &Status) -> String {
+    let mut out = render_system(st);
+    out.push_str("\n=== Slot States ===\n");
+    for s in &st.slots {
+        out.push_str(&render_slot(s));
+    }
+    out
+}
+
+/// The system part: loader, layout, booted and next slot, boot script, damage, this boot.
+fn render_system(st: &Status) -> String {
     let mut out = String::new();
     let booted = st
         .booted
@@ -307,53 +349,56 @@ pub fn render_status(st: &Status) -> String {
             v.reason
         ));
     }
-    out.push_str("\n=== Slot States ===\n");
-    for s in &st.slots {
-        let mark = if s.booted { "x" } else { " " };
+    out
+}
+
+/// One slot: state, version, generation, last transfer, boot entry, last decision.
+fn render_slot(s: &SlotStatus) -> String {
+    let mut out = String::new();
+    let mark = if s.booted { "x" } else { " " };
+    out.push_str(&format!(
+        "[{mark}] slot {} ({}{}{})\n",
+        s.slot,
+        s.state,
+        if s.booted { ", booted" } else { "" },
+        if s.next_boot { ", next boot" } else { "" }
+    ));
+    out.push_str(&format!(
+        "      version:    {}\n",
+        s.version.as_deref().unwrap_or("-")
+    ));
+    out.push_str(&format!(
+        "      generation: {}\n",
+        s.generation
+            .map(|g| g.to_string())
+            .unwrap_or_else(|| "-".into())
+    ));
+    if let Some(t) = &s.transfer {
         out.push_str(&format!(
-            "[{mark}] slot {} ({}{}{})\n",
-            s.slot,
-            s.state,
-            if s.booted { ", booted" } else { "" },
-            if s.next_boot { ", next boot" } else { "" }
+            "      update:     {} fetched, {} reused of {}\n",
+            Size(t.fetched),
+            Size(t.reused),
+            Size(t.total)
         ));
-        out.push_str(&format!(
-            "      version:    {}\n",
-            s.version.as_deref().unwrap_or("-")
-        ));
-        out.push_str(&format!(
-            "      generation: {}\n",
-            s.generation
-                .map(|g| g.to_string())
-                .unwrap_or_else(|| "-".into())
-        ));
-        if let Some(t) = &s.transfer {
-            out.push_str(&format!(
-                "      update:     {} fetched, {} reused of {}\n",
-                Size(t.fetched),
-                Size(t.reused),
-                Size(t.total)
-            ));
+    }
+    let boot = match s.boot {
+        bootconfig::SlotBoot::Good => "good".to_string(),
+        bootconfig::SlotBoot::Bad => "bad".to_string(),
+        bootconfig::SlotBoot::Trying { tries_left } => {
+            format!("trying, {tries_left} tries left")
         }
-        let boot = match s.boot {
-            bootconfig::SlotBoot::Good => "good".to_string(),
-            bootconfig::SlotBoot::Bad => "bad".to_string(),
-            bootconfig::SlotBoot::Trying { tries_left } => {
-                format!("trying, {tries_left} tries left")
-            }
-        };
+    };
+    out.push_str(&format!(
+        "      boot:       {boot}{}\n",
+        if s.primary { " (primary)" } else { "" }
+    ));
+    if let Some(d) = &s.last_decision {
         out.push_str(&format!(
-            "      boot:       {boot}{}\n",
-            if s.primary { " (primary)" } else { "" }
+            "      last:       {} {}: {}\n",
+            event_name(d.event),
+            ago(d.at),
+            d.why
         ));
-        if let Some(d) = &s.last_decision {
-            out.push_str(&format!(
-                "      last:       {} {}: {}\n",
-                event_name(d.event),
-                ago(d.at),
-                d.why
-            ));
-        }
     }
     out
 }

@@ -1,20 +1,30 @@
 //! `k3os-ops upgrade`: stage a release into the inactive slot, then (unless `--stage-only`)
 //! activate it, and optionally reboot into it. The release comes from `--source` (a release
 //! directory or URL), from `--channel` (+ `--version`, default `latest`), or from an offline
-//! `--bundle` file.
+//! `--bundle` file. `--converge` makes a re-run after the job's own reboot a no-op and refuses
+//! a version that failed here ([`converge`], a pure decision).
 //!
 //! On a thin link: `--plan-only` prints what a stage would fetch and reuse, per artifact and
 //! in total, and writes nothing; `--max-bytes` stops an attempt cleanly at a byte budget (a
 //! later run resumes); `--extra-source` (repeatable) names local directories and site mirrors
-//! to take chunks from before the origin.
+//! to take chunks from before the origin; `--stage-until TIME` and `--stage-window
+//! START/END[@RATE]` (repeatable, RFC 3339) say when it may download and how fast
+//! ([`libupgrade::stage::Schedule`]): outside them nothing is fetched, after the last one the
+//! attempt stops. A stop at a budget or at the end of the schedule is not a failure: what was
+//! written is kept, and the command exits 75 (`EX_TEMPFAIL`) so a cron-style caller retries.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use chrono::{DateTime, Utc};
 use clap::Args;
 use libupgrade::error::Size;
-use libupgrade::{Arch, ExtraSource, Source, StageOptions, StagePreview, StageReport};
+use libupgrade::stage::{Schedule, Window};
+use libupgrade::updater::SlotStatus;
+use libupgrade::{
+    Arch, ExtraSource, Slot, SlotState, Source, StageOptions, StagePreview, StageReport,
+};
 
 use crate::node::ConfigArg;
 
@@ -49,6 +59,13 @@ pub struct UpgradeArgs {
     /// Reboot into the new slot after activating.
     #[arg(long, conflicts_with = "stage_only")]
     pub reboot: bool,
+    /// Make the node run the channel's `--version` (or the bundle's release), doing only what
+    /// is left: nothing (exit 0)
+    /// when the booted slot already runs it, blessed; a refusal when it failed on this node
+    /// (the other slot holds it, marked bad). For jobs that run again after their own
+    /// reboot, like the system-upgrade-controller Plan's (deploy/suc/plan.yaml).
+    #[arg(long)]
+    pub converge: bool,
     /// Accept a release older than the running one.
     #[arg(long)]
     pub allow_downgrade: bool,
@@ -87,6 +104,52 @@ pub struct UpgradeArgs {
     /// mirror URL of this release. Every chunk is checked against the signed chunk index.
     #[arg(long = "extra-source", value_name = "DIR|URL")]
     pub extra_sources: Vec<String>,
+    /// Accept the channel's signed metadata even when it has expired (a node whose clock is
+    /// wrong, updated by an operator). Signatures, thresholds and versions are still checked.
+    #[arg(long, requires = "channel")]
+    pub ignore_expiry: bool,
+    /// Download only until this time (RFC 3339, e.g. `2026-12-04T06:00:00Z`), then stop
+    /// cleanly (exit 75); what was written is kept and a later run resumes.
+    #[arg(long, value_parser = parse_time, conflicts_with = "stage_windows")]
+    pub stage_until: Option<DateTime<Utc>>,
+    /// Download only inside this window (repeatable): `START/END` or `START/END@RATE`, times in
+    /// RFC 3339, RATE as for --max-rate. Nothing is fetched between windows (the command
+    /// waits); after the last one it stops cleanly (exit 75).
+    #[arg(long = "stage-window", value_name = "START/END[@RATE]", value_parser = parse_window)]
+    pub stage_windows: Vec<Window>,
+}
+
+/// An RFC 3339 time, e.g. `2026-12-04T06:00:00Z` or `2026-12-04T07:00:00+01:00`.
+pub fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(s.trim())
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("'{s}' is not an RFC 3339 time like 2026-12-04T06:00:00Z: {e}"))
+}
+
+/// `START/END` or `START/END@RATE` → a schedule window.
+pub fn parse_window(s: &str) -> Result<Window, String> {
+    let (span, rate) = match s.rsplit_once('@') {
+        Some((span, rate)) => (span, Some(parse_rate(rate)?)),
+        None => (s, None),
+    };
+    let Some((a, b)) = span.split_once('/') else {
+        return Err(format!(
+            "'{s}' is not a window START/END[@RATE] like 2026-12-04T01:00:00Z/2026-12-04T05:00:00Z@2M"
+        ));
+    };
+    let (start, end) = (parse_time(a)?, parse_time(b)?);
+    if end <= start {
+        return Err(format!("'{s}': the window ends before it starts"));
+    }
+    Ok(Window { start, end, rate })
+}
+
+/// What the stage must find: the version asked for and, when the channel's signed metadata
+/// chose the release, the exact manifest.
+#[derive(Default)]
+struct Expect {
+    version: Option<String>,
+    manifest: Option<libupgrade::trust::ManifestPin>,
 }
 
 /// `500M`, `2G`, `1.5GiB`, `100000` → bytes (K/M/G are powers of 1024).
@@ -162,8 +225,14 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 
 pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
-    let (source, expect_version) = resolve(&args)?;
-    let opts = stage_options(&args, expect_version);
+    let (source, expect) = resolve(&args, u.config())?;
+    if args.converge && converged(&u, expect.version.as_deref())? {
+        return Ok(());
+    }
+    let opts = StageOptions {
+        schedule: schedule(&args, Utc::now())?,
+        ..stage_options(&args, expect)
+    };
     if args.plan_only {
         print_preview(&u.preview(&source, &opts)?);
         return Ok(());
@@ -190,7 +259,7 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
 }
 
 /// The release to stage, and the version its signed manifest must name (a channel's entry).
-fn resolve(args: &UpgradeArgs) -> anyhow::Result<(Source, Option<String>)> {
+fn resolve(args: &UpgradeArgs, cfg: &libupgrade::Config) -> anyhow::Result<(Source, Expect)> {
     if let Some(b) = &args.bundle {
         let b = libupgrade::bundle::Bundle::open(b)?;
         eprintln!(
@@ -202,42 +271,89 @@ fn resolve(args: &UpgradeArgs) -> anyhow::Result<(Source, Option<String>)> {
         );
         // The signed manifest must be the release the bundle's header names.
         let version = b.header.version.clone();
-        return Ok((Source::Bundle(b), Some(version)));
+        let expect = Expect {
+            version: Some(version),
+            manifest: None,
+        };
+        return Ok((Source::Bundle(b), expect));
     }
     match (&args.source, &args.channel) {
-        (Some(s), _) => Ok((Source::parse(s), None)),
+        (Some(s), _) => Ok((Source::parse(s), Expect::default())),
         (None, Some(ch)) => {
-            let r = libupgrade::channel::resolve(ch, Some(&args.version), Arch::host())
-                .with_context(|| format!("resolving {} in channel {ch}", args.version))?;
+            let mut trust = libupgrade::channel::TrustOptions::from_config(cfg);
+            trust.min_rate = min_rate(args);
+            if args.ignore_expiry {
+                trust.ignore_expiry = true;
+                eprintln!(
+                    "WARNING: --ignore-expiry: expired channel metadata is accepted; a frozen or replayed channel cannot be told from a fresh one"
+                );
+            }
+            let r =
+                libupgrade::channel::resolve_with(ch, Some(&args.version), Arch::host(), &trust)
+                    .with_context(|| format!("resolving {} in channel {ch}", args.version))?;
+            let how = if r.pin.is_some() {
+                " (signed channel metadata)"
+            } else {
+                ""
+            };
             eprintln!(
-                "channel {ch}: {} resolves to {} (generation {}) at {}",
+                "channel {ch}: {} resolves to {} (generation {}) at {}{how}",
                 args.version, r.version, r.generation, r.location
             );
             // The signed manifest must be the release the channel named.
-            Ok((r.source, Some(r.version)))
+            let expect = Expect {
+                version: Some(r.version),
+                manifest: r.pin,
+            };
+            Ok((r.source, expect))
         }
         (None, None) => bail!("give --source or --channel"),
     }
 }
 
-fn stage_options(args: &UpgradeArgs, expect_version: Option<String>) -> StageOptions {
+/// The download schedule `--stage-until` / `--stage-window` give (None: any time). A schedule
+/// wholly in the past is refused: it could only stop at once.
+fn schedule(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<Option<Schedule>> {
+    let s = match (args.stage_until, args.stage_windows.is_empty()) {
+        (Some(t), _) => Schedule::until(now, t, None),
+        (None, false) => Schedule::new(args.stage_windows.clone())?,
+        (None, true) => return Ok(None),
+    };
+    let end = s.windows().last().expect("a schedule has a window").end;
+    if end <= now {
+        bail!(
+            "--stage-until/--stage-window: the download schedule ended at {}, before now ({})",
+            end.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        );
+    }
+    Ok(Some(s))
+}
+
+fn min_rate(args: &UpgradeArgs) -> Option<libupgrade::stage::MinRate> {
+    (args.min_rate > 0).then_some(libupgrade::stage::MinRate {
+        bytes_per_sec: args.min_rate,
+        ..libupgrade::stage::MinRate::DEFAULT
+    })
+}
+
+fn stage_options(args: &UpgradeArgs, expect: Expect) -> StageOptions {
     StageOptions {
         allow_downgrade: args.allow_downgrade,
         trust_dir: args.trust_dir.clone(),
         retry_delay: Duration::from_secs(1),
         max_rate: args.max_rate,
-        expect_version,
+        expect_version: expect.version,
+        expect_manifest: expect.manifest,
         retry_for: args.retry_for.0,
-        min_rate: (args.min_rate > 0).then_some(libupgrade::stage::MinRate {
-            bytes_per_sec: args.min_rate,
-            ..libupgrade::stage::MinRate::DEFAULT
-        }),
+        min_rate: min_rate(args),
         max_bytes: args.max_bytes,
         extra_sources: args
             .extra_sources
             .iter()
             .map(|s| ExtraSource::parse(s))
             .collect(),
+        ..StageOptions::default()
     }
 }
 
@@ -316,9 +432,71 @@ fn print_report(r: &StageReport) {
     }
 }
 
+/// `--converge`: true when the node already runs the version (said so; nothing to do), an
+/// error when it must not be tried again, false when the upgrade proceeds.
+fn converged(u: &libupgrade::Updater, version: Option<&str>) -> anyhow::Result<bool> {
+    let Some(version) = version else {
+        bail!("--converge needs --channel or --bundle: the version to converge to");
+    };
+    match converge(&u.status()?.slots, version) {
+        Converge::Proceed => Ok(false),
+        Converge::AlreadyRunning(slot) => {
+            println!("slot {slot} already runs {version} (good): nothing to do");
+            Ok(true)
+        }
+        Converge::Refuse(why) => bail!("{why}"),
+    }
+}
+
+/// What `upgrade --converge` does, decided before anything is fetched or written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Converge {
+    /// Stage (and, unless `--stage-only`, activate) as usual; staging the release the
+    /// other slot already holds is a no-op.
+    Proceed,
+    /// The booted slot runs the version and is good: the job is done.
+    AlreadyRunning(Slot),
+    /// Doing it again would not help (the reason, for the error line).
+    Refuse(String),
+}
+
+/// Decide [`Converge`] from the node's slots and the version asked for: the booted slot
+/// running it (good: done; not blessed yet: refuse until `slot confirm` decides), or the
+/// other slot holding it marked bad (it failed here: refuse, naming why), else proceed.
+pub fn converge(slots: &[SlotStatus], version: &str) -> Converge {
+    let runs = |s: &&SlotStatus| s.version.as_deref() == Some(version);
+    if let Some(b) = slots.iter().filter(|s| s.booted).find(runs) {
+        return if b.state == SlotState::Good {
+            Converge::AlreadyRunning(b.slot)
+        } else {
+            Converge::Refuse(format!(
+                "slot {} runs {version} but is {}, not blessed yet: `k3os-ops slot confirm` decides it first",
+                b.slot, b.state
+            ))
+        };
+    }
+    if let Some(o) = slots
+        .iter()
+        .filter(|s| !s.booted && s.state == SlotState::Bad)
+        .find(runs)
+    {
+        let why = o
+            .last_decision
+            .as_ref()
+            .map_or("no reason recorded".to_string(), |d| d.why.clone());
+        return Converge::Refuse(format!(
+            "{version} failed on this node (slot {} is bad: {why}); not trying it again: release a fixed version",
+            o.slot
+        ));
+    }
+    Converge::Proceed
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_rate;
+    use libupgrade::updater::SlotStatus;
+    use libupgrade::{Slot, SlotState};
 
     #[test]
     fn retry_for_durations() {
@@ -344,6 +522,78 @@ mod tests {
         assert_eq!(parse_bytes("1.5GiB"), Ok(3 << 29));
         assert_eq!(parse_bytes("100000"), Ok(100_000));
         assert!(parse_bytes("lots").unwrap_err().contains("'lots'"));
+    }
+
+    fn slot(slot: Slot, state: SlotState, version: &str, booted: bool) -> SlotStatus {
+        SlotStatus {
+            slot,
+            state,
+            version: Some(version.into()),
+            generation: None,
+            boot: bootconfig::SlotBoot::Good,
+            tries_left: None,
+            booted,
+            next_boot: booted,
+            primary: booted,
+            last_decision: None,
+            transfer: None,
+        }
+    }
+
+    /// A re-run after the job's own reboot is a no-op, a version that failed here is not
+    /// tried again, anything else proceeds (staging what the other slot holds is a no-op).
+    #[test]
+    fn converge_decides_from_the_slots() {
+        use super::{converge, Converge};
+        let a1 = slot(Slot::A, SlotState::Good, "v1", true);
+        let b2 = |state| slot(Slot::B, state, "v2", false);
+        assert_eq!(
+            converge(&[a1.clone(), b2(SlotState::Empty)], "v2"),
+            Converge::Proceed
+        );
+        assert_eq!(
+            converge(&[a1.clone(), b2(SlotState::Staged)], "v2"),
+            Converge::Proceed
+        );
+        assert_eq!(
+            converge(&[a1.clone(), b2(SlotState::Trying)], "v2"),
+            Converge::Proceed
+        );
+        let mut bad = b2(SlotState::Bad);
+        bad.last_decision = Some(libupgrade::state::Decision {
+            at: 0,
+            slot: Slot::B,
+            event: libupgrade::state::Event::HealthFailed,
+            version: Some("v2".into()),
+            generation: Some(2),
+            why: "50-app: app is down".into(),
+        });
+        match converge(&[a1.clone(), bad], "v2") {
+            Converge::Refuse(why) => assert!(
+                why.contains("v2 failed on this node") && why.contains("50-app: app is down"),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // A bad slot holding another version does not stop this one.
+        let bad3 = slot(Slot::B, SlotState::Bad, "v3", false);
+        assert_eq!(converge(&[a1.clone(), bad3], "v2"), Converge::Proceed);
+        // Booted on v2: done once blessed, held back while it is still on trial.
+        let a1_fallback = slot(Slot::A, SlotState::Good, "v1", false);
+        let b2_booted = |state| slot(Slot::B, state, "v2", true);
+        assert_eq!(
+            converge(&[a1_fallback.clone(), b2_booted(SlotState::Good)], "v2"),
+            Converge::AlreadyRunning(Slot::B)
+        );
+        match converge(&[a1_fallback, b2_booted(SlotState::Trying)], "v2") {
+            Converge::Refuse(why) => assert!(why.contains("not blessed yet"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // Running v1 and asked for v1: nothing to do.
+        assert_eq!(
+            converge(&[a1, b2(SlotState::Empty)], "v1"),
+            Converge::AlreadyRunning(Slot::A)
+        );
     }
 
     #[test]

@@ -106,7 +106,7 @@ async fn rollout(concurrency: u32) {
         );
         // The bless is in the loader: the next power-on stays on B.
         assert_eq!(fleet.rigs[i].power_cycle(), Slot::B, "{name}");
-        fleet.rigs[i].init_confirm().expect("B is good");
+        fleet.rigs[i].init_confirm_good("B is good");
     }
     let samples = fleet.monitor.lock().unwrap().samples;
     let refused = fleet.world.lock().unwrap().evictions_refused;

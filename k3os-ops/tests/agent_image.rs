@@ -8,45 +8,13 @@
 //! Run it with `just image-test` (builds the archive first). Needs root, runc and skopeo
 //! (scripts/setup.sh installs both).
 
+mod oci_support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use oci_support::{need_archive, run, unpack_amd64, REFERENCE};
 use serde_json::{json, Value};
-
-const REFERENCE: &str = "docker.io/library/k3os-ops:0.2.0";
-
-fn archive() -> PathBuf {
-    if let Ok(p) = std::env::var("K3OS_OPS_OCI_ARCHIVE") {
-        return PathBuf::from(p);
-    }
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join("oci/k3os-ops.oci.tar")
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("run {cmd:?}: {e} (scripts/setup.sh installs runc and skopeo)"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn need_archive() -> PathBuf {
-    let a = archive();
-    assert!(
-        a.is_file(),
-        "{} missing: build it with `just image` (or set K3OS_OPS_OCI_ARCHIVE)",
-        a.display()
-    );
-    a
-}
 
 #[test]
 #[ignore = "needs `just image` first; run with `just image-test`"]
@@ -88,46 +56,6 @@ fn archive_validates_with_skopeo_for_both_platforms() {
         assert_eq!(cfg["config"]["Entrypoint"], json!(["/usr/bin/k3os-ops"]));
         assert_eq!(cfg["config"]["Cmd"], json!(["agent"]));
     }
-}
-
-/// Read `path` of the OCI archive.
-fn member(a: &Path, path: &str) -> Vec<u8> {
-    let mut t = tar::Archive::new(std::fs::File::open(a).unwrap());
-    for e in t.entries().unwrap() {
-        let mut e = e.unwrap();
-        if e.path().unwrap().to_str() == Some(path) {
-            let mut out = Vec::new();
-            std::io::Read::read_to_end(&mut e, &mut out).unwrap();
-            return out;
-        }
-    }
-    panic!("{path} not in {}", a.display());
-}
-
-fn blob(a: &Path, digest: &Value) -> Vec<u8> {
-    let d = digest.as_str().unwrap().trim_start_matches("sha256:");
-    member(a, &format!("blobs/sha256/{d}"))
-}
-
-/// The amd64 image's rootfs unpacked into `rootfs`, and its config.
-fn unpack_amd64(a: &Path, rootfs: &Path) -> Value {
-    let index: Value = serde_json::from_slice(&member(a, "index.json")).unwrap();
-    let images: Value = serde_json::from_slice(&blob(a, &index["manifests"][0]["digest"])).unwrap();
-    let m = images["manifests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["platform"]["architecture"] == "amd64")
-        .expect("amd64 manifest");
-    let manifest: Value = serde_json::from_slice(&blob(a, &m["digest"])).unwrap();
-    let config: Value = serde_json::from_slice(&blob(a, &manifest["config"]["digest"])).unwrap();
-    for l in manifest["layers"].as_array().unwrap() {
-        let gz = blob(a, &l["digest"]);
-        tar::Archive::new(flate2::read::GzDecoder::new(&gz[..]))
-            .unpack(rootfs)
-            .unwrap();
-    }
-    config
 }
 
 /// deploy/daemonset.yaml's agent container: (volumeMounts → OCI mounts with sources under

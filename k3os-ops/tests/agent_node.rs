@@ -132,6 +132,11 @@ impl Rig {
         self.node.init_confirm()
     }
 
+    /// [`Self::init_confirm`] on a boot that must end on a good slot.
+    fn init_confirm_good(&self, what: &str) -> libupgrade::ConfirmReport {
+        self.node.init_confirm_good(what)
+    }
+
     /// Stage v2 as the agent does.
     fn stage_v2(&self) {
         let node = self.node();
@@ -162,11 +167,11 @@ fn node_ready(ok: bool) -> CheckResult {
 
 /// The boot-time confirm leaves a trial the agent activated on trial: Node-Ready is awaited.
 fn assert_pending(r: libupgrade::Result<libupgrade::ConfirmReport>) {
-    match r {
-        Err(libupgrade::Error::BlessPending { waiting_for, .. }) => {
-            assert_eq!(waiting_for, agent::node::NODE_READY)
+    match r.as_ref().map(|r| r.outcome()) {
+        Ok(libupgrade::Outcome::Pending { waiting_for, .. }) => {
+            assert_eq!(waiting_for.join(", "), agent::node::NODE_READY)
         }
-        other => panic!("the boot-time confirm must wait for node-ready: {other:?}"),
+        _ => panic!("the boot-time confirm must wait for node-ready: {r:?}"),
     }
 }
 
@@ -255,7 +260,7 @@ fn node_not_ready_is_a_failed_health_check_and_the_core_rolls_back() {
         "{v:?}"
     );
     assert_eq!(rig.reboot(), Slot::A, "the loader returns to A");
-    rig.init_confirm().expect("A is good");
+    rig.init_confirm_good("A is good");
     let st = rig.node().status().unwrap();
     assert_eq!(st.booted_version.as_deref(), Some("v1"), "{st:?}");
     assert_eq!(st.inactive, Inactive::Failed("v2".into()), "{st:?}");
@@ -268,7 +273,7 @@ fn after_the_bless_node_not_ready_is_recorded_and_nothing_rolls_back() {
     // Activated by hand (`k3os-ops upgrade`): nothing awaited, init blesses at boot.
     rig.updater().activate().unwrap();
     assert_eq!(rig.reboot(), Slot::B);
-    let rep = rig.init_confirm().expect("blessed at boot");
+    let rep = rig.init_confirm_good("blessed at boot");
     assert!(rep.newly_good);
     let r = rig.node().confirm(node_ready(false)).unwrap();
     let ConfirmResult::Unhealthy(why) = r else {
@@ -290,11 +295,10 @@ fn an_unreported_node_ready_fails_at_its_limit_and_rolls_back() {
         .updater()
         .fail_awaited("not reported within 900 s of the boot")
     {
-        Err(libupgrade::Error::HealthCheck {
-            rolled_back: true,
-            failures,
-            ..
-        }) => assert!(failures.contains("node-ready: not reported"), "{failures}"),
+        Ok(Some(rep)) if matches!(rep.outcome(), libupgrade::Outcome::RolledBack { .. }) => {
+            let failures = rep.failures();
+            assert!(failures.contains("node-ready: not reported"), "{failures}")
+        }
         other => panic!("expected a rollback: {other:?}"),
     }
     // Reported too late: the core has decided, the agent carries out its verdict.
@@ -326,7 +330,7 @@ fn a_spent_trial_reads_as_failed_so_the_agent_records_a_rollback() {
     assert_eq!(rig.reboot(), Slot::B); // the one try, never blessed (hangs before Ready)
     assert_pending(rig.init_confirm());
     assert_eq!(rig.reboot(), Slot::A); // the loader falls back
-    rig.init_confirm().expect("A is good");
+    rig.init_confirm_good("A is good");
     let u = rig.updater().status().unwrap();
     let v = u.verdict.clone().unwrap();
     assert!(
@@ -399,13 +403,11 @@ fn a_boot_time_health_failure_reaches_the_agent_with_the_checks_output() {
     rig.node().activate(LIMIT).unwrap();
     assert_eq!(rig.reboot(), Slot::B);
     match rig.init_confirm() {
-        Err(libupgrade::Error::HealthCheck {
-            rolled_back: true, ..
-        }) => {}
+        Ok(rep) if matches!(rep.outcome(), libupgrade::Outcome::RolledBack { .. }) => {}
         other => panic!("the boot-time confirm must roll back: {other:?}"),
     }
     assert_eq!(rig.reboot(), Slot::A);
-    rig.init_confirm().expect("A is good");
+    rig.init_confirm_good("A is good");
     let st = rig.node().status().unwrap();
     assert_eq!(st.inactive, Inactive::Failed("v2".into()), "{st:?}");
     let f = st.failed_trial.expect("the core's record of the failure");
@@ -429,7 +431,7 @@ fn a_fallback_reaches_the_agent_as_a_fallback() {
     assert_eq!(rig.reboot(), Slot::B);
     assert_pending(rig.init_confirm());
     assert_eq!(rig.reboot(), Slot::A);
-    rig.init_confirm().expect("A is good");
+    rig.init_confirm_good("A is good");
     let st = rig.node().status().unwrap();
     let f = st.failed_trial.expect("the core's record of the fallback");
     assert_eq!(f.event, agent::decide::FALLBACK_TAKEN, "{f:?}");

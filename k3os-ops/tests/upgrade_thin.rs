@@ -3,7 +3,10 @@
 //! stage and writes nothing, `--max-bytes` stops cleanly and the next run (from an offline
 //! bundle, `release bundle` → `upgrade --bundle`) fetches exactly what the plan said was left;
 //! `--extra-source` takes chunks from a local directory; a tampered bundle is refused naming
-//! the member, a truncated one naming where it ends.
+//! the member, a truncated one naming where it ends; `--stage-until` and `--stage-window`
+//! stop at the end of their schedule with exit 75, and the next run continues. A trial boot
+//! whose site cannot be reached (`[reachability]`) rolls back by itself at the limit; one that
+//! reaches an endpoint (a listener, any HTTP answer, the URL it was staged from) is blessed.
 
 mod release_support;
 
@@ -337,4 +340,209 @@ fn a_tampered_or_truncated_bundle_is_refused_naming_the_member() {
         bundle.to_str().unwrap(),
     ]);
     assert!(out.contains("staged v2"), "{out}");
+}
+
+fn rfc3339(t: std::time::SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[test]
+fn stage_until_and_stage_windows_stop_resumable_with_exit_75_and_the_next_run_continues() {
+    use std::time::{Duration, Instant, SystemTime};
+    let n = Node::new();
+    let rel = n.release();
+    let src = rel.to_str().unwrap();
+    let total = release_size(&rel);
+    let exit_75 = |args: &[&str]| {
+        let out = n.ops(args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(75), "k3os-ops {args:?}: {err}");
+        let line = err.lines().find(|l| l.starts_with("error: ")).unwrap();
+        assert!(
+            line.contains("stopped at the end of the download schedule")
+                && line.contains("later run resumes"),
+            "{line}"
+        );
+        eprintln!("k3os-ops {args:?}: {line}");
+    };
+
+    // Refused before anything: a malformed window, a schedule already over.
+    let line = n.fails(&["upgrade", "--stage-window", "tonight", "--source", src]);
+    assert!(
+        line.contains("'tonight' is not a window START/END"),
+        "{line}"
+    );
+    let past = rfc3339(SystemTime::now() - Duration::from_secs(60));
+    let line = n.fails(&["upgrade", "--stage-until", &past, "--source", src]);
+    assert!(line.contains("download schedule ended at"), "{line}");
+
+    // 2 s at 256 KiB/s of a 3.5 MiB release.
+    let until = rfc3339(SystemTime::now() + Duration::from_secs(2));
+    let args = ["--max-rate", "256K", "--source", src];
+    exit_75(
+        &[
+            &["upgrade", "--stage-only", "--stage-until", &until][..],
+            &args,
+        ]
+        .concat(),
+    );
+    let rest1 = planned_fetch(&n.ok(&["upgrade", "--plan-only", "--source", src]));
+    assert!(
+        rest1 < total - 256 * 1024 && rest1 > total - 1024 * 1024,
+        "{rest1} of {total} left after 2 s at 256 KiB/s"
+    );
+
+    // Two windows, the first a second from now: waits for it, fetches in both, stops after.
+    let at = |s: u64| rfc3339(SystemTime::now() + Duration::from_secs(s));
+    let w1 = format!("{}/{}@512K", at(1), at(2));
+    let w2 = format!("{}/{}@256K", at(3), at(4));
+    let t = Instant::now();
+    exit_75(&[
+        "upgrade",
+        "--stage-only",
+        "--stage-window",
+        &w1,
+        "--stage-window",
+        &w2,
+        "--source",
+        src,
+    ]);
+    assert!(t.elapsed() >= Duration::from_secs(3), "{:?}", t.elapsed());
+    let rest2 = planned_fetch(&n.ok(&["upgrade", "--plan-only", "--source", src]));
+    let got = rest1 - rest2;
+    assert!(
+        got > 512 * 1024 && got <= 768 * 1024 + 128 * 1024,
+        "{got} bytes in 1 s at 512 KiB/s and 1 s at 256 KiB/s"
+    );
+
+    // No schedule: the rest, exactly as planned.
+    let out = n.ok(&["upgrade", "--stage-only", "--source", src]);
+    assert!(
+        out.contains("staged v2") && out.contains(&format!("fetched ({rest2} bytes)")),
+        "the plan said {rest2}: {out}"
+    );
+}
+
+impl Node {
+    /// Add a `[reachability]` table to the node's config.
+    fn reachability(&self, endpoints: &[String], within_secs: u64) {
+        let mut c = fs::read_to_string(&self.config).unwrap();
+        let list: Vec<String> = endpoints.iter().map(|e| format!("{e:?}")).collect();
+        c.push_str(&format!(
+            "[reachability]\nendpoints = [{}]\nwithin_secs = {within_secs}\n",
+            list.join(", ")
+        ));
+        fs::write(&self.config, c).unwrap();
+    }
+
+    /// Stage `src`, activate it and boot it on trial: the boot-time confirm is pending (75)
+    /// on the reachability check.
+    fn trial_of(&self, src: &str) {
+        self.ok(&["upgrade", "--stage-only", "--source", src]);
+        self.ok(&["slot", "activate"]);
+        fs::write(self.path().join("cmdline"), "ro k3os.slot=B\n").unwrap();
+        fs::write(self.path().join("boot_id"), "boot-2\n").unwrap();
+        let out = self.ops(&["slot", "confirm"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(75), "{err}");
+        assert!(err.contains("waiting for reachable"), "{err}");
+    }
+
+    fn status(&self) -> String {
+        self.ok(&["slot", "status"])
+    }
+}
+
+/// A 127.0.0.1 port nothing listens on.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[test]
+fn an_unreachable_site_rolls_the_trial_back_at_the_limit_naming_the_endpoints() {
+    let n = Node::new();
+    let rel = n.release();
+    let closed = format!("tcp://127.0.0.1:{}", closed_port());
+    n.reachability(std::slice::from_ref(&closed), 2);
+    n.trial_of(rel.to_str().unwrap());
+    let t0 = std::time::Instant::now();
+    let line = n.fails(&["slot", "await-bless"]);
+    assert!(t0.elapsed() >= std::time::Duration::from_secs(2));
+    assert!(
+        line.contains("reachable: not reported within 2 s of the boot")
+            && line.contains(&format!("none of {closed} (")),
+        "{line}"
+    );
+    let st = n.status();
+    assert!(
+        st.contains("Next boot:  slot A") && st.contains("slot B (bad, booted"),
+        "{st}"
+    );
+}
+
+#[test]
+fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts() {
+    // A listener after a closed port: the first endpoint that answers is enough.
+    let n = Node::new();
+    let rel = n.release();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let open = format!("tcp://{}", listener.local_addr().unwrap());
+    let closed = format!("tcp://127.0.0.1:{}", closed_port());
+    n.reachability(&[closed, open.clone()], 30);
+    n.trial_of(rel.to_str().unwrap());
+    let out = n.ok(&["slot", "await-bless"]);
+    assert!(out.contains("slot B"), "{out}");
+    assert!(
+        n.status().contains("slot B (good, booted"),
+        "{}",
+        n.status()
+    );
+
+    // Any HTTP answer (a 404) counts.
+    let n = Node::new();
+    let rel = n.release();
+    let srv = testkit::TestServer::paced(n.path().to_path_buf(), 0);
+    n.reachability(&[format!("{}no-such-file", srv.base)], 30);
+    n.trial_of(rel.to_str().unwrap());
+    n.ok(&["slot", "await-bless"]);
+    assert!(
+        n.status().contains("slot B (good, booted"),
+        "{}",
+        n.status()
+    );
+
+    // No endpoints configured: the URL the release was staged from; a local source has none,
+    // which activation refuses up front.
+    let n = Node::new();
+    let rel = n.release();
+    n.reachability(&[], 30);
+    n.ok(&["upgrade", "--stage-only", "--source", rel.to_str().unwrap()]);
+    let line = n.fails(&["slot", "activate"]);
+    assert!(line.contains("not staged from an http(s) URL"), "{line}");
+    let n = Node::new();
+    let rel = n.release();
+    let srv = testkit::TestServer::paced(n.path().to_path_buf(), 0);
+    let plain = fs::read_to_string(&n.config).unwrap();
+    n.reachability(&[], 30);
+    n.trial_of(&format!(
+        "{}{}",
+        srv.base,
+        rel.file_name().unwrap().to_str().unwrap()
+    ));
+    // The awaits are the activating slot's; a trial release whose own config has no
+    // [reachability] still probes the URL it was staged from.
+    fs::write(&n.config, plain).unwrap();
+    let asked = srv.requests.lock().unwrap().len();
+    n.ok(&["slot", "await-bless"]);
+    assert!(
+        n.status().contains("slot B (good, booted"),
+        "{}",
+        n.status()
+    );
+    let last = srv.requests.lock().unwrap()[asked..].to_vec();
+    assert!(
+        last.iter().any(|r| r.starts_with("/v2/manifest.json")),
+        "probed {last:?}"
+    );
 }

@@ -51,6 +51,9 @@ fn config(work: &Path, disk: &Path) -> Config {
         mountinfo: work.join("mountinfo"),
         boot_id_file: work.join("boot_id"),
         builtin_health_check: false,
+        reachability: None,
+        channel_root: std::path::PathBuf::from("/nonexistent/root.json"),
+        channel_metadata: Default::default(),
     }
 }
 

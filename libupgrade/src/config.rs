@@ -7,6 +7,8 @@
 //! tries = 3                      # boots a new slot gets before the loader falls back (syslinux: always 1)
 //! state_dir = "/var/lib/k3os-ops"
 //! trust_dir = "/etc/k3os-ops/trust.d"
+//! channel_root = "/etc/k3os-ops/root.json"   # signed channel metadata's starting root (optional)
+//! channel_metadata = "auto"      # or "required": refuse channels without signed metadata
 //! health_dir = "/etc/k3os-ops/health.d"
 //! health_timeout_secs = 30
 //! [layout]
@@ -84,6 +86,9 @@ fn default_retries() -> u32 {
 fn default_boot_id() -> PathBuf {
     PathBuf::from("/proc/sys/kernel/random/boot_id")
 }
+fn default_channel_root() -> PathBuf {
+    PathBuf::from("/etc/k3os-ops/root.json")
+}
 fn default_true() -> bool {
     true
 }
@@ -127,6 +132,18 @@ pub struct Config {
     /// from a slot, such as tests of the state machine).
     #[serde(default = "default_true")]
     pub builtin_health_check: bool,
+    /// A reachability check every activation awaits on its trial boot ([`crate::reach`]);
+    /// None (no `[reachability]` table): none.
+    #[serde(default)]
+    pub reachability: Option<crate::reach::Reachability>,
+    /// The node's starting root of channel metadata (see [`crate::trust`]), put there at image
+    /// build; when the file is absent, channels are resolved from their unsigned index.
+    #[serde(default = "default_channel_root")]
+    pub channel_root: PathBuf,
+    /// `"auto"` (default) or `"required"`: whether a channel without signed metadata may be
+    /// used (see [`crate::channel::MetadataPolicy`]).
+    #[serde(default)]
+    pub channel_metadata: crate::channel::MetadataPolicy,
 }
 
 impl Config {

@@ -9,17 +9,21 @@ use bootconfig::Slot;
 use serde::{Deserialize, Serialize};
 
 use crate::assess::{self, Effect, LoaderOp, LoaderView, ObservedBoot, Outcome, Verdict};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::health::{self, CheckResult, HealthCheck};
+use crate::reach;
 use crate::state::{Decision, State};
 use crate::updater::Updater;
 
-/// What [`Updater::confirm`] found.
+/// What [`Updater::confirm`] found: this boot's verdict, whatever its outcome (blessed, good,
+/// rolled back, unhealthy, pending, not assessable). Only a failure to tell (I/O, the loader,
+/// the state file) is an error; what an outcome means to a caller (an exit status, an event)
+/// is the caller's to decide, like bless-boot's `status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ConfirmReport {
     pub slot: Slot,
     pub version: Option<String>,
-    /// Newly marked good by this call (false: it already was).
+    /// Newly marked good by this call (false: it already was, or it is not good).
     pub newly_good: bool,
     pub checks: Vec<CheckResult>,
     /// What was decided about the other slot's pending trial, if anything.
@@ -28,9 +32,32 @@ pub struct ConfirmReport {
     pub verdict: Verdict,
 }
 
+impl ConfirmReport {
+    /// This boot's outcome.
+    pub fn outcome(&self) -> &Outcome {
+        &self.verdict.outcome
+    }
+
+    /// The booted slot is good after this call (blessed now or before).
+    pub fn is_good(&self) -> bool {
+        matches!(self.outcome(), Outcome::Blessed | Outcome::Good)
+    }
+
+    /// The failed checks, `name: detail` joined with "; " (empty when none failed).
+    pub fn failures(&self) -> String {
+        self.checks
+            .iter()
+            .filter(|c| !c.ok)
+            .map(|c| format!("{}: {}", c.name, c.detail))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
 impl Updater {
     /// Run on every boot: settle the other slot's trial, then check the booted slot's health
-    /// and mark it good, or roll back when it fails and the other slot is good.
+    /// and mark it good, or roll back when it fails and the other slot is good. The report
+    /// says which ([`ConfirmReport::outcome`]).
     pub fn confirm(&self) -> Result<ConfirmReport> {
         self.confirm_with(&[])
     }
@@ -38,7 +65,7 @@ impl Updater {
     /// [`Self::confirm`] with more checks registered by the caller (e.g. the agent's
     /// Node-Ready): they run with the built-in and `health.d` checks, before the bless.
     /// Checks the activation awaits ([`crate::updater::AwaitedChecks`]) and that are not
-    /// among them leave the slot on trial: [`Error::BlessPending`].
+    /// among them leave the slot on trial: [`Outcome::Pending`].
     pub fn confirm_with(&self, extra: &[&dyn HealthCheck]) -> Result<ConfirmReport> {
         // The boot-time confirm, `slot await-bless` and the agent may assess the same boot at
         // once: one at a time, each from the state the previous one saved.
@@ -47,8 +74,8 @@ impl Updater {
     }
 
     /// If this boot's assessment is still [`Outcome::Pending`], report the awaited checks
-    /// as failed (`detail` says why, e.g. the time limit passed) and assess: a rollback when
-    /// the other slot is good. `Ok(None)`: nothing is pending any more (the caller reported
+    /// as failed (`detail` says why, e.g. the time limit passed) and assess: a rollback
+    /// ([`Outcome::RolledBack`]) when the other slot is good. `Ok(None)`: nothing is pending any more (the caller reported
     /// in time, or the boot was assessed otherwise); decided under the same lock as
     /// [`Self::confirm_with`], so a report that just made it is never overruled.
     pub fn fail_awaited(&self, detail: &str) -> Result<Option<ConfirmReport>> {
@@ -99,7 +126,24 @@ impl Updater {
         };
         let was_good = st.slot(booted).state == crate::state::SlotState::Good;
         let a = assess::assess(&st, &loader, &boot, &checks);
-        for effect in &a.effects {
+        self.carry_out(&a.effects)?;
+        let v = a.verdict;
+        Ok(ConfirmReport {
+            slot: booted,
+            version: v.version.clone(),
+            newly_good: matches!(v.outcome, Outcome::Blessed | Outcome::Good) && !was_good,
+            checks: v.checks.clone(),
+            other_slot: v
+                .other_slot
+                .as_ref()
+                .and_then(|o| a.state.last_decision(o.slot()).cloned()),
+            verdict: v,
+        })
+    }
+
+    /// The assessment's effects, in its order, each loader write followed by its barrier.
+    fn carry_out(&self, effects: &[Effect]) -> Result<()> {
+        for effect in effects {
             match effect {
                 Effect::Loader { op, barrier } => {
                     match *op {
@@ -112,51 +156,7 @@ impl Updater {
                 Effect::SaveState { state, barrier } => self.store.save(state, barrier)?,
             }
         }
-        let v = a.verdict;
-        let failures = || {
-            v.checks
-                .iter()
-                .filter(|c| !c.ok)
-                .map(|c| format!("{}: {}", c.name, c.detail))
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
-        match &v.outcome {
-            Outcome::Blessed | Outcome::Good => Ok(ConfirmReport {
-                slot: booted,
-                version: v.version.clone(),
-                newly_good: !was_good,
-                checks: v.checks.clone(),
-                other_slot: v
-                    .other_slot
-                    .as_ref()
-                    .and_then(|o| a.state.last_decision(o.slot()).cloned()),
-                verdict: v,
-            }),
-            Outcome::RolledBack { .. } => Err(Error::HealthCheck {
-                slot: booted,
-                failures: failures(),
-                rolled_back: true,
-            }),
-            Outcome::Unhealthy => Err(Error::HealthCheck {
-                slot: booted,
-                failures: failures(),
-                rolled_back: false,
-            }),
-            Outcome::Pending {
-                waiting_for,
-                within_secs,
-            } => Err(Error::BlessPending {
-                slot: booted,
-                waiting_for: waiting_for.join(", "),
-                within_secs: *within_secs,
-            }),
-            Outcome::NotAssessable { state } => Err(Error::SlotState {
-                slot: booted,
-                state: *state,
-                expected: "staged, trying or good (its content is not known to be complete)",
-            }),
-        }
+        Ok(())
     }
 
     fn health(&self, slot: Slot, st: &State) -> Result<Vec<CheckResult>> {
@@ -226,5 +226,37 @@ impl Updater {
                 detail: format!("{} mounted read-only at {}", m.source, m.mount_point),
             },
         }
+    }
+}
+
+impl Updater {
+    /// One reachability probe for `slot await-bless` while this boot's verdict waits for
+    /// `waiting_for`: None when it does not wait for [`reach::CHECK`]; else the check's result to
+    /// report ([`Updater::confirm_with`]) when an endpoint answered, or not passed (yet) with
+    /// why, naming every endpoint. The awaits were decided by the activating slot's config: a
+    /// trial release whose own config has no `[reachability]` probes the default endpoint.
+    pub fn probe_reachability(&self, waiting_for: &[String]) -> Result<Option<CheckResult>> {
+        if !waiting_for.iter().any(|n| n == reach::CHECK) {
+            return Ok(None);
+        }
+        let cfg = self.cfg.reachability.clone().unwrap_or(reach::Reachability {
+            endpoints: Vec::new(),
+            within_secs: reach::default_within(),
+        });
+        let booted = self.booted_slot()?;
+        let st = self.load(Some(booted))?;
+        // Nothing to probe (activation refuses that, but the trial's config may differ):
+        // not passed, so the limit rolls back naming why.
+        let probed = reach::endpoints(&cfg, st.slot(booted).staged_from.as_deref())
+            .and_then(|eps| reach::probe_any(&eps, reach::PROBE_TIMEOUT));
+        let (ok, detail) = match probed {
+            Ok(what) => (true, what),
+            Err(why) => (false, why),
+        };
+        Ok(Some(CheckResult {
+            name: reach::CHECK.to_string(),
+            ok,
+            detail,
+        }))
     }
 }

@@ -58,6 +58,13 @@ pub enum Error {
         asked: String,
         found: String,
     },
+    #[error("{location} is not the manifest {from} names: expected {expected}, found {found}; nothing was written (a mirror or attacker serves other bytes)")]
+    ManifestPin {
+        location: String,
+        from: String,
+        expected: String,
+        found: String,
+    },
     #[error("fetch {location}: {what}")]
     Fetch {
         location: String,
@@ -101,10 +108,11 @@ pub enum Error {
         needed: u64,
         available: u64,
     },
-    #[error("stopped at this attempt's byte budget of {} (--max-bytes): {} fetched, {} left to fetch; what was written is kept and a later run resumes there", Size(*.budget), Size(*.fetched), Size(*.left))]
-    BudgetSpent {
-        /// The budget given for this attempt.
-        budget: u64,
+    /// Not a failure: the attempt stopped where it was told to (a byte budget, the end of a
+    /// download schedule), keeping everything it wrote; a later run resumes there.
+    #[error("{why}: {} fetched, {} left to fetch; what was written is kept and a later run resumes there", Size(*.fetched), Size(*.left))]
+    Stopped {
+        why: Stop,
         /// Network bytes this attempt read.
         fetched: u64,
         /// Bytes of the release still to fetch (the plan's, less what this attempt fetched).
@@ -123,18 +131,6 @@ pub enum Error {
         slot: Slot,
         state: SlotState,
         expected: &'static str,
-    },
-    #[error("health check failed on slot {slot}: {failures}")]
-    HealthCheck {
-        slot: Slot,
-        failures: String,
-        rolled_back: bool,
-    },
-    #[error("slot {slot} passed its health checks but is not marked good yet: waiting for {waiting_for} (to be reported within {within_secs} s of the boot, e.g. by the agent); a reboot before then counts as a failed try")]
-    BlessPending {
-        slot: Slot,
-        waiting_for: String,
-        within_secs: u64,
     },
     #[error("slot {slot} cannot be activated: {source}")]
     BootScript {
@@ -210,5 +206,31 @@ mod tests {
             installed: 2,
         };
         assert!(e.to_string().contains("pass --allow-downgrade"), "{e}");
+    }
+}
+
+/// Why a stage attempt stopped before it was done, resumable (not a failure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The attempt's byte budget (`--max-bytes`) is spent.
+    Budget { budget: u64 },
+    /// The download schedule's last window closed then (`--stage-until`, `--stage-window`).
+    Schedule { closed: chrono::DateTime<chrono::Utc> },
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::Budget { budget } => write!(
+                f,
+                "stopped at this attempt's byte budget of {} (--max-bytes)",
+                Size(*budget)
+            ),
+            Stop::Schedule { closed } => write!(
+                f,
+                "stopped at the end of the download schedule, whose last window closed at {} (--stage-until, --stage-window, or the channel's stage windows)",
+                closed.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        }
     }
 }

@@ -209,7 +209,7 @@ fn fetch_err(loc: &str, what: String) -> Error {
 
 /// What went wrong with a request, in words: "timed out after N s" for the client's timeouts,
 /// else the error and its causes (reqwest's own text stops at "error sending request").
-fn request_failed(e: &reqwest::Error) -> String {
+pub(crate) fn request_failed(e: &reqwest::Error) -> String {
     if e.is_timeout() {
         return format!(
             "request timed out after {} s without progress",

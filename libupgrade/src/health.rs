@@ -132,40 +132,9 @@ fn run_check(path: &Path, timeout: Duration, env: &[(&str, String)]) -> CheckRes
         }
     };
     // Drain output on threads so a chatty check cannot block on a full pipe.
-    let drain = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut s = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut s);
-            }
-            String::from_utf8_lossy(&s).into_owned()
-        })
-    };
-    let out = drain(
-        child
-            .stdout
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    );
-    let err = drain(
-        child
-            .stderr
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    );
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break Ok(st),
-            Ok(None) if start.elapsed() >= timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break Err(format!("timed out after {}s", timeout.as_secs()));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => break Err(format!("wait failed: {e}")),
-        }
-    };
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let status = wait_within(&mut child, timeout);
     let output = format!(
         "{}{}",
         out.join().unwrap_or_default(),
@@ -189,6 +158,37 @@ fn run_check(path: &Path, timeout: Duration, env: &[(&str, String)]) -> CheckRes
             ok: false,
             detail: format!("{why}: {tail}"),
         },
+    }
+}
+
+/// Read `r` to its end on a thread; the text read (lossy UTF-8).
+fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = Vec::new();
+        if let Some(mut r) = r {
+            let _ = r.read_to_end(&mut s);
+        }
+        String::from_utf8_lossy(&s).into_owned()
+    })
+}
+
+/// The exit status of `child`, or why there is none: killed at `timeout`, or waiting failed.
+fn wait_within(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> std::result::Result<std::process::ExitStatus, String> {
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return Ok(st),
+            Ok(None) if start.elapsed() >= timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("timed out after {}s", timeout.as_secs()));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("wait failed: {e}")),
+        }
     }
 }
 

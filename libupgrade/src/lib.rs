@@ -21,7 +21,10 @@
 //!   script both slots read) → loader writes (`bootconfig`) → [`state`].
 //! - **Confirm** (every boot, [`confirm`]): [`health`] checks → [`assess`] (pure: state,
 //!   loader view, boot, checks → new state, loader operations, [`Verdict`]) → its effects.
-//! - **Publish** ([`release`]): create and sign a release, rebuild a channel's index.
+//! - **Publish** ([`release`]): create and sign a release, rebuild a channel's index;
+//!   [`trust::publish`] signs the channel's metadata (root, targets, snapshot, timestamp).
+//! - **Discover** ([`channel::resolve_with`]): [`trust::client`] walks the channel's signed
+//!   metadata (when the node has a root) and pins the manifest the stager must find.
 //!
 //! Below them: [`config`] (the node configuration), [`error`], [`http`] (the one HTTP client),
 //! [`barrier`] (named write barriers for power-cut tests), [`sqcheck`] (the squashfs check).
@@ -44,6 +47,7 @@ pub mod health;
 pub mod http;
 pub mod layout;
 pub mod manifest;
+pub mod reach;
 pub mod release;
 pub mod retry;
 pub mod signing;
@@ -51,6 +55,7 @@ pub mod slotfiles;
 pub mod sqcheck;
 pub mod stage;
 pub mod state;
+pub mod trust;
 pub mod updater;
 
 /// Largest number of tries a slot can be given (GRUB counts down with an explicit if-chain).

@@ -259,6 +259,7 @@ impl Updater {
         slot: Option<Slot>,
         awaits: Option<AwaitedChecks>,
     ) -> Result<Slot> {
+        let awaits = crate::reach::awaits_with(awaits, self.cfg.reachability.as_ref());
         if let Some(a) = &awaits {
             if a.names.is_empty() || a.within_secs == 0 {
                 return Err(Error::Usage(format!(
@@ -280,6 +281,11 @@ impl Updater {
                 state,
                 expected: "staged or good",
             });
+        }
+        if let Some(r) = &self.cfg.reachability {
+            // The trial boot must be able to probe something: refuse now, not roll back later.
+            crate::reach::endpoints(r, st.slot(slot).staged_from.as_deref())
+                .map_err(Error::Usage)?;
         }
         let script = self.script_for(slot)?;
         let tries = self.cfg.tries.min(self.boot.max_tries());

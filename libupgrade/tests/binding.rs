@@ -97,7 +97,7 @@ fn the_running_generation_is_accepted_again_only_as_the_same_build() {
     node.updater().activate().unwrap();
     assert_eq!(node.power_cycle(), Slot::B);
     std::fs::write(&node.cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
-    node.init_confirm().unwrap();
+    node.init_confirm_good("v2 confirms");
     // Running v2 (generation 2): another build of generation 2 is refused ...
     let e = stage(&node, &other, &StageOptions::default()).unwrap_err();
     assert!(

@@ -491,7 +491,7 @@ fn grub_on_disk_trial_confirm_and_fallback() {
         sim.choice
     };
 
-    mk().confirm().unwrap();
+    mk().confirm().expect_good("confirm");
     mk().stage(&Source::Path(v2), &fast(), &NoProgress).unwrap();
     mk().activate().unwrap();
     assert_eq!(mk().status().unwrap().slots[1].tries_left, Some(3));
@@ -502,7 +502,7 @@ fn grub_on_disk_trial_confirm_and_fallback() {
         "GRUB counted one try"
     );
     std::fs::write(&cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
-    mk().confirm().unwrap();
+    mk().confirm().expect_good("confirm");
     assert_eq!(power_on(&cfg), Slot::B, "confirmed B keeps booting");
     assert_eq!(mk().status().unwrap().slots[1].boot, SlotBoot::Good);
 
@@ -513,7 +513,7 @@ fn grub_on_disk_trial_confirm_and_fallback() {
         assert_eq!(power_on(&cfg), Slot::A);
     }
     assert_eq!(power_on(&cfg), Slot::B);
-    let r = mk().confirm().unwrap();
+    let r = mk().confirm().expect_good("confirm");
     assert!(r.other_slot.unwrap().why.contains("3 of 3 tries"));
     let st = mk().status().unwrap();
     assert_eq!(

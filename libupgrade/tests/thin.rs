@@ -2,7 +2,10 @@
 //! HTTP server: the preview of a stage equals what the stage then fetches (full, delta,
 //! resumed), a byte budget stops an attempt cleanly and the next one resumes with nothing
 //! lost, and extra chunk sources (a local directory, a corrupt mirror, a dying mirror) cut
-//! what the origin sends without ever letting an unverified chunk into the slot.
+//! what the origin sends without ever letting an unverified chunk into the slot. A download
+//! schedule, followed on a virtual clock: nothing is sent outside its windows, inside them at
+//! most the rate times the time plus the one request in flight; windows closing mid-file and
+//! reopening re-fetch nothing; the end of the schedule stops the attempt, resumable.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -10,6 +13,7 @@ use std::time::Duration;
 
 use libupgrade::layout::GptLayout;
 use libupgrade::manifest::Arch;
+use libupgrade::stage::{Schedule, Stop, Window};
 use libupgrade::{Error, ExtraSource, NoProgress, Source, StageOptions, Updater};
 use testkit::*;
 
@@ -180,8 +184,8 @@ fn a_byte_budget_stops_cleanly_and_the_resumed_stage_fetches_exactly_the_rest() 
         ..fast()
     };
     let (e, wire, requests) = metered(&srv, || u.stage(&src, &opts, &NoProgress).unwrap_err());
-    let Error::BudgetSpent {
-        budget: b,
+    let Error::Stopped {
+        why: Stop::Budget { budget: b },
         fetched,
         left,
     } = e
@@ -360,4 +364,218 @@ fn a_mirror_dying_mid_stage_costs_at_most_the_chunk_in_flight() {
         .filter(|l| l.starts_with("/v2/rootfs.squashfs") && !l.contains("Some((0, Some(0)))"))
         .count();
     assert_eq!(ranges, 1, "{:?}", mirror.requests.lock().unwrap());
+}
+
+/// Virtual time: an instant `s` seconds after the test's start.
+fn at(s: i64) -> chrono::DateTime<chrono::Utc> {
+    use chrono::TimeZone;
+    chrono::Utc.timestamp_opt(1_900_000_000 + s, 0).unwrap()
+}
+
+fn window(start: i64, secs: i64, rate: Option<u64>) -> Window {
+    Window {
+        start: at(start),
+        end: at(start + secs),
+        rate,
+    }
+}
+
+/// Of what the server sent during a stage (per the clock's samples), the bytes sent while the
+/// virtual time was outside every window of `s` (counted from the sample before the bytes).
+fn sent_outside(s: &Schedule, samples: &[(chrono::DateTime<chrono::Utc>, u64)]) -> u64 {
+    samples
+        .windows(2)
+        .filter(|p| {
+            !s.windows()
+                .iter()
+                .any(|w| w.start <= p[0].0 && p[0].0 < w.end && w.rate != Some(0))
+        })
+        .map(|p| p[1].1 - p[0].1)
+        .sum()
+}
+
+#[test]
+fn a_schedule_sends_nothing_outside_its_windows_and_at_most_its_rate_inside() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(3 << 20, 71), 207);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
+    let src = Source::parse(&format!("{}v2", srv.base));
+    let disk = TestDisk::new(24 * MIB);
+    let u = updater(&disk, disk.config(&k.trust));
+    let (p, meta, _) = metered(&srv, || u.preview(&src, &fast()).unwrap());
+    assert_eq!(p.fetch(), size_of(&v2));
+
+    // Closes twice mid-file (1.5 MiB, then 384 KiB), a rate-0 window between, and a last
+    // window that carries the rest.
+    let rate = 256 << 10;
+    let schedule = Schedule::new(vec![
+        window(60, 6, Some(rate)),
+        window(300, 100, Some(0)),
+        window(600, 3, Some(rate / 2)),
+        window(3600, 100, Some(2 * rate)),
+    ])
+    .unwrap();
+    let clock = VirtualClock::new(at(0), srv.sent_counter());
+    let opts = StageOptions {
+        schedule: Some(schedule.clone()),
+        clock: clock.clone(),
+        ..fast()
+    };
+    let c0 = srv.sent();
+    let (r, wire, requests) = metered(&srv, || u.stage(&src, &opts, &NoProgress).unwrap());
+    assert_b_is(&disk, &v2);
+    let samples = clock.samples();
+    let last = samples.last().unwrap().0;
+    eprintln!(
+        "schedule: {} fetched in {requests} requests, {wire} bytes on the wire, done at +{} s (virtual)",
+        r.bytes_fetched,
+        (last - at(0)).num_seconds()
+    );
+    assert!(last >= at(3600), "the last window was needed: {last}");
+    assert_eq!(sent_outside(&schedule, &samples), 0);
+
+    // Inside: never more than the rate times the time so far, plus the request in flight
+    // (about one second of rate, at least a chunk), the metadata and the response heads.
+    let max_chunk = u64::from(libupgrade::chunk::ChunkParams::DEFAULT.max);
+    let slack = (2 * rate).max(max_chunk) + meta + requests as u64 * HEAD;
+    for (t, c) in &samples {
+        let allowed = schedule.allowed_by(*t).unwrap() as u64;
+        assert!(
+            c - c0 <= allowed + slack,
+            "at +{} s: {} sent, {allowed} allowed (+{slack} slack)",
+            (*t - at(0)).num_seconds(),
+            c - c0
+        );
+    }
+    // Crossing the boundaries re-fetched nothing.
+    assert_eq!(r.bytes_fetched, p.fetch());
+    assert!(
+        wire <= meta + p.fetch() + requests as u64 * HEAD,
+        "{wire} on the wire for {} bytes",
+        p.fetch()
+    );
+}
+
+#[test]
+fn the_end_of_the_schedule_stops_the_attempt_and_the_next_fetches_only_the_rest() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(3 << 20, 72), 208);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
+    let src = Source::parse(&format!("{}v2", srv.base));
+    let disk = TestDisk::new(24 * MIB);
+    let u = updater(&disk, disk.config(&k.trust));
+    let need = u.preview(&src, &fast()).unwrap().fetch();
+
+    let rate = 256 << 10;
+    let clock = VirtualClock::new(at(0), srv.sent_counter());
+    let opts = StageOptions {
+        schedule: Some(Schedule::until(at(0), at(4), Some(rate))),
+        clock: clock.clone(),
+        ..fast()
+    };
+    let e = u.stage(&src, &opts, &NoProgress).unwrap_err();
+    let msg = e.to_string();
+    eprintln!("{msg}");
+    let Error::Stopped {
+        why: Stop::Schedule { closed },
+        fetched,
+        left,
+    } = e
+    else {
+        panic!("expected a schedule stop, got: {e}")
+    };
+    assert_eq!(closed, at(4));
+    assert!(
+        msg.contains("2030-03-17T17:46:44Z") && msg.contains("later run resumes"),
+        "{msg}"
+    );
+    assert!(
+        fetched > 2 * rate && fetched <= 4 * rate,
+        "{fetched} in 4 s at {rate}/s"
+    );
+    assert_eq!(left, need - fetched);
+    assert!(clock.samples().last().unwrap().0 <= at(4));
+
+    // The next attempt, any time: exactly the rest.
+    let rest = preview_then_stage(&u, &srv, &src, &fast());
+    assert_eq!(
+        rest, left,
+        "nothing fetched before the stop is fetched again"
+    );
+    assert_b_is(&disk, &v2);
+}
+
+/// Re-sign `rel`'s manifest without chunk indexes (a release from before them): every
+/// artifact is then streamed whole.
+fn without_chunk_indexes(k: &Keys, rel: &Path) {
+    let path = rel.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for f in m["files"].as_object_mut().unwrap().values_mut() {
+        f.as_object_mut().unwrap().remove("chunks");
+    }
+    let bytes = serde_json::to_vec_pretty(&m).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    let sig = libupgrade::signing::sign(&bytes, &k.secret).unwrap();
+    std::fs::write(rel.join("manifest.json.sig"), sig).unwrap();
+}
+
+#[test]
+fn a_schedule_paces_whole_file_streams_the_same_way() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(2 << 20, 73), 209);
+    without_chunk_indexes(&k, &v2);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
+    let src = Source::parse(&format!("{}v2", srv.base));
+    let disk = TestDisk::new(24 * MIB);
+    let u = updater(&disk, disk.config(&k.trust));
+    let (p, meta, _) = metered(&srv, || u.preview(&src, &fast()).unwrap());
+    assert!(p.artifacts.iter().all(|a| a.fetch == a.size), "{p:?}");
+    let log = srv.requests.lock().unwrap().clone();
+    assert!(!log.iter().any(|l| l.contains(".chunks")), "{log:?}");
+
+    let rate = 256 << 10;
+    let schedule = Schedule::new(vec![
+        window(30, 5, Some(rate)),
+        window(900, 2, Some(rate)),
+        window(1800, 100, Some(rate)),
+    ])
+    .unwrap();
+    let clock = VirtualClock::new(at(0), srv.sent_counter());
+    let opts = StageOptions {
+        schedule: Some(schedule.clone()),
+        clock: clock.clone(),
+        ..fast()
+    };
+    let c0 = srv.sent();
+    let (r, wire, requests) = metered(&srv, || u.stage(&src, &opts, &NoProgress).unwrap());
+    assert_b_is(&disk, &v2);
+    let samples = clock.samples();
+    assert!(
+        samples.last().unwrap().0 >= at(1800),
+        "the last window was needed"
+    );
+    assert_eq!(sent_outside(&schedule, &samples), 0);
+    let slack = rate + meta + requests as u64 * HEAD;
+    for (t, c) in &samples {
+        let allowed = schedule.allowed_by(*t).unwrap() as u64;
+        assert!(
+            c - c0 <= allowed + slack,
+            "at {t}: {} sent, {allowed} allowed",
+            c - c0
+        );
+    }
+    // Streams, re-opened at each window (about a second of rate per request).
+    let ranged = srv.requests.lock().unwrap()[log.len()..]
+        .iter()
+        .filter(|l| l.starts_with("/v2/rootfs.squashfs Some("))
+        .count();
+    assert!(ranged >= 8, "{ranged} range requests of the rootfs");
+    assert_eq!(r.bytes_fetched, size_of(&v2));
+    assert!(
+        wire <= meta + size_of(&v2) + requests as u64 * HEAD,
+        "{wire} on the wire: something was fetched twice"
+    );
 }

@@ -151,6 +151,9 @@ impl TestDisk {
             mountinfo: self.dir.path().join("mountinfo"),
             boot_id_file: self.dir.path().join("boot_id"),
             builtin_health_check: false,
+            reachability: None,
+            channel_root: self.dir.path().join("root.json"),
+            channel_metadata: Default::default(),
         };
         std::fs::write(&c.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
         boot_as(&c, Slot::A, "boot-1");

@@ -8,10 +8,14 @@
 //!
 //! One module per job: [`disk`] (GPT images on loop devices), [`release`] (keys, signed
 //! releases), [`server`] (the HTTP file server), [`node`] (a node's config and boot files under
-//! a temp root), [`loaders`] (the real bootloader backends), [`sim`] (a whole simulated node).
+//! a temp root), [`loaders`] (the real bootloader backends), [`sim`] (a whole simulated node),
+//! [`clock`] (virtual time for download schedules).
+//! Data flows one way: [`sim`] and [`disk`] build on [`node`]; the other modules stand alone;
+//! the tests use them, and nothing here knows a test.
 
 use std::process::Command;
 
+pub mod clock;
 pub mod disk;
 pub mod loaders;
 pub mod node;
@@ -19,10 +23,12 @@ pub mod release;
 pub mod server;
 pub mod sim;
 
+pub use clock::VirtualClock;
 pub use disk::{Loop, TestDisk, MIB};
 pub use node::{boot_as, dir_config, ModelLoader};
 pub use release::{keys, make_release, signed_release, signed_release_with, Keys, ReleaseInputs};
 pub use server::TestServer;
+pub use sim::ExpectGood;
 
 pub fn run(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| {

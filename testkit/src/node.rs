@@ -45,5 +45,8 @@ pub fn dir_config(p: &Path, trust: &Path, bootloader: BootloaderKind) -> Config 
         mountinfo: p.join("mountinfo"),
         boot_id_file: p.join("boot_id"),
         builtin_health_check: false,
+        reachability: None,
+        channel_root: p.join("root.json"),
+        channel_metadata: Default::default(),
     }
 }

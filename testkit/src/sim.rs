@@ -43,7 +43,7 @@ impl SimNode {
             boots: 0,
         };
         node.boot_into(Slot::A);
-        node.init_confirm().expect("first boot on v1");
+        node.init_confirm_good("first boot on v1");
         node
     }
 
@@ -77,8 +77,29 @@ impl SimNode {
         )
     }
 
-    /// What init runs first thing on every boot: `k3os-ops slot confirm`.
+    /// What init runs first thing on every boot: `k3os-ops slot confirm`; this boot's
+    /// report, whatever its outcome.
     pub fn init_confirm(&self) -> libupgrade::Result<libupgrade::ConfirmReport> {
         self.updater().confirm()
+    }
+
+    /// [`Self::init_confirm`] on a boot that must end on a good slot (init's exit 0): the
+    /// report, or a panic naming `what` and the outcome.
+    pub fn init_confirm_good(&self, what: &str) -> libupgrade::ConfirmReport {
+        self.init_confirm().expect_good(what)
+    }
+}
+
+/// A boot assessment that must end on a good slot (blessed now or before).
+pub trait ExpectGood {
+    /// The report, or a panic naming `what` and the error or the verdict.
+    fn expect_good(self, what: &str) -> libupgrade::ConfirmReport;
+}
+
+impl ExpectGood for libupgrade::Result<libupgrade::ConfirmReport> {
+    fn expect_good(self, what: &str) -> libupgrade::ConfirmReport {
+        let r = self.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(r.is_good(), "{what}: not good: {:?}", r.verdict);
+        r
     }
 }

@@ -780,11 +780,13 @@ impl Fleet {
                 false
             }
             // Nodes start on A: B is the new version, booted on trial.
-            (Slot::B, Err(libupgrade::Error::BlessPending { waiting_for, .. })) => {
-                assert_eq!(waiting_for, agent::node::NODE_READY, "{name}");
+            (Slot::B, Ok(r))
+                if matches!(r.outcome(), libupgrade::Outcome::Pending { waiting_for, .. }
+                    if waiting_for.join(", ") == agent::node::NODE_READY) =>
+            {
                 true
             }
-            (Slot::A, Ok(_)) => false,
+            (Slot::A, Ok(r)) if r.is_good() => false,
             (slot, other) => panic!(
                 "{name} booted {slot}: init's confirm must wait for node-ready on the trial and pass on A: {other:?}"
             ),

@@ -85,3 +85,46 @@ pub(super) fn get_small(
     let doc = get_doc(client, url, None, None)?.expect("no conditional request was made");
     Ok(doc.body)
 }
+
+/// GET a metadata file: at most `max` bytes (more is refused: endless data), and a response
+/// slower than `min_rate` over its window is cut (slow retrieval, the `--min-rate` rule).
+/// `Ok(None)` on 404/410: the channel does not have the file.
+pub(super) fn get_bounded(
+    client: &reqwest::blocking::Client,
+    url: &str,
+    max: u64,
+    min_rate: Option<crate::stage::MinRate>,
+) -> Result<Option<Vec<u8>>, crate::trust::TrustError> {
+    use crate::trust::TrustError;
+    let fetch = |why: String| TrustError::Fetch {
+        location: url.to_string(),
+        why,
+    };
+    let resp = client
+        .get(url)
+        .send()
+        .map_err(|e| fetch(crate::fetch::request_failed(&e)))?;
+    let status = resp.status();
+    if matches!(status.as_u16(), 404 | 410) {
+        return Ok(None);
+    }
+    if !status.is_success() {
+        return Err(fetch(format!("server answered HTTP {status}")));
+    }
+    let too_large = || TrustError::TooLarge {
+        what: url.to_string(),
+        max,
+    };
+    if resp.content_length().is_some_and(|n| n > max) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    crate::chunk::rate::Watched::new(resp, min_rate)
+        .take(max + 1)
+        .read_to_end(&mut body)
+        .map_err(|e| fetch(e.to_string()))?;
+    if body.len() as u64 > max {
+        return Err(too_large());
+    }
+    Ok(Some(body))
+}

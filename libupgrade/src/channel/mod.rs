@@ -1,7 +1,11 @@
 //! Update channels: where releases are published and how a node finds the one it wants.
 //!
-//! This module owns the channel formats and their resolution; it never verifies signatures
-//! (staging does, against the node's trust dir, before writing anything).
+//! This module owns the channel formats and their resolution: `resolve` (from the index),
+//! `resolve_with` (through the channel's signed metadata when the node has a root, see
+//! [`crate::trust`] and `trusted.rs`; the picked manifest is then pinned by length and
+//! sha256). Release signatures are not checked here: staging does, against the node's trust
+//! dir, before writing anything. Files: `doc` (bounded small downloads), `local` (channel
+//! directories and their index), `github`, `resolve`, `trusted`.
 //!
 //! A channel is one of:
 //! - a directory (a local path or `file://` URL) or a static http(s) site holding
@@ -25,7 +29,6 @@
 //! Every HTTP access goes through [`crate::http::client`]. Indexes and manifests are small, so
 //! they are read whole, with a size cap.
 
-use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
@@ -36,11 +39,13 @@ use crate::fetch::Source;
 mod doc;
 mod github;
 mod local;
+mod resolve;
+mod trusted;
 
 use crate::manifest::{Arch, ManifestError, MANIFEST_FILE, SIGNATURE_FILE};
-use doc::{client, get_small};
-use github::{GhFound, GhRelease, GitHub};
 pub use local::{build_index, read_local_index, write_index};
+pub use resolve::{list, list_with, resolve, resolve_with};
+pub use trusted::{MetadataPolicy, TrustOptions, GITHUB_METADATA_TAG};
 
 /// File name of a channel's index.
 pub const INDEX_FILE: &str = "index.json";
@@ -100,6 +105,9 @@ pub struct ResolvedRelease {
     /// How to reach each file of the release: hand this to [`crate::Updater::stage`].
     /// A local directory, an http(s) base URL, or (GitHub) one URL per file name.
     pub source: Source,
+    /// When the channel's signed metadata chose this release: the exact length and sha256 its
+    /// `manifest.json` must have (hand to [`crate::StageOptions::expect_manifest`]).
+    pub pin: Option<crate::trust::ManifestPin>,
 }
 
 /// Why a channel could not be read or a release not found.
@@ -146,6 +154,24 @@ pub enum ChannelError {
     },
     #[error("index entry path '{path}' must be a relative directory inside the channel")]
     BadPath { path: String },
+    #[error("channel {channel}: {source}")]
+    Trust {
+        channel: String,
+        source: crate::trust::TrustError,
+    },
+    #[error("channel {channel} must carry signed metadata: {why}")]
+    MetadataRequired { channel: String, why: String },
+}
+
+impl ChannelError {
+    /// The role and expiry when the channel's metadata was refused as expired (what the agent
+    /// reports as `ChannelStale`).
+    pub fn metadata_expired(&self) -> Option<(crate::trust::Role, chrono::DateTime<chrono::Utc>)> {
+        match self {
+            ChannelError::Trust { source, .. } => source.expired(),
+            _ => None,
+        }
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ChannelError + '_ {
@@ -165,7 +191,7 @@ fn sort_newest_first(entries: &mut [IndexEntry]) {
     });
 }
 
-fn check_entry_path(path: &str) -> Result<(), ChannelError> {
+pub(super) fn check_entry_path(path: &str) -> Result<(), ChannelError> {
     let bad = path.is_empty()
         || path.starts_with('/')
         || path.contains("://")
@@ -326,193 +352,6 @@ fn parse_channel(channel: &str) -> Result<Kind, ChannelError> {
     })
 }
 
-/// The releases a channel offers, newest first.
-pub fn list(channel: &str) -> Result<Index, ChannelError> {
-    match parse_channel(channel)? {
-        Kind::Local { index, .. } => {
-            let bytes = fs::read(&index).map_err(io_err(&index))?;
-            Index::parse(&bytes, &index.display().to_string())
-        }
-        Kind::Http { index, .. } => {
-            let client = client(index.as_str())?;
-            let bytes = get_small(&client, index.as_str())?;
-            Index::parse(&bytes, index.as_str())
-        }
-        Kind::GitHub { owner, repo } => {
-            let gh = GitHub::new(&owner, &repo)?;
-            let releases = gh.releases()?;
-            let mut entries = Vec::new();
-            for r in releases.iter().filter(|r| !r.draft) {
-                for arch in [Arch::X86_64, Arch::Aarch64] {
-                    match gh.manifest_for(r, arch) {
-                        Ok(Some(found)) => entries.push(IndexEntry {
-                            version: found.manifest.version,
-                            generation: found.manifest.generation,
-                            arch,
-                            path: r.tag_name.clone(),
-                        }),
-                        Ok(None) => {}
-                        Err(e) if !skippable(&e) => return Err(e),
-                        // Unusable releases are not listed; resolving them by name says why.
-                        Err(e) => {
-                            log::warn!("channel {channel}: skipping release {}: {e}", r.tag_name)
-                        }
-                    }
-                }
-            }
-            sort_newest_first(&mut entries);
-            Ok(Index::new(entries))
-        }
-    }
-}
-
-/// Pick a release: `version` `None` or `"latest"` = the newest for `arch`, else that exact
-/// version (for GitHub channels the tag name also matches).
-pub fn resolve(
-    channel: &str,
-    version: Option<&str>,
-    arch: Arch,
-) -> Result<ResolvedRelease, ChannelError> {
-    let wanted = version.unwrap_or("latest");
-    let not_found = |index: &Index| ChannelError::NotFound {
-        channel: channel.to_string(),
-        wanted: wanted.to_string(),
-        arch,
-        available: index.describe(),
-    };
-    match parse_channel(channel)? {
-        Kind::Local {
-            dir,
-            index: index_path,
-        } => {
-            let bytes = fs::read(&index_path).map_err(io_err(&index_path))?;
-            let index = Index::parse(&bytes, &index_path.display().to_string())?;
-            let e = index.find(version, arch).ok_or_else(|| not_found(&index))?;
-            let mut location = dir.join(&e.path).display().to_string();
-            if !location.ends_with('/') {
-                location.push('/');
-            }
-            Ok(ResolvedRelease {
-                version: e.version.clone(),
-                generation: e.generation,
-                arch,
-                source: Source::Path(dir.join(&e.path)),
-                location,
-            })
-        }
-        Kind::Http {
-            base,
-            index: index_url,
-        } => {
-            let client = client(index_url.as_str())?;
-            let bytes = get_small(&client, index_url.as_str())?;
-            let index = Index::parse(&bytes, index_url.as_str())?;
-            let e = index.find(version, arch).ok_or_else(|| not_found(&index))?;
-            let path = if e.path.ends_with('/') {
-                e.path.clone()
-            } else {
-                format!("{}/", e.path)
-            };
-            let url = base.join(&path).map_err(|err| ChannelError::BadChannel {
-                channel: channel.to_string(),
-                why: format!("index path '{}': {err}", e.path),
-            })?;
-            let location = url.to_string();
-            Ok(ResolvedRelease {
-                version: e.version.clone(),
-                generation: e.generation,
-                arch,
-                source: Source::Url(location.clone()),
-                location,
-            })
-        }
-        Kind::GitHub { owner, repo } => {
-            let gh = GitHub::new(&owner, &repo)?;
-            let releases = gh.releases()?;
-            let mut best: Option<(GhFound, &GhRelease)> = None;
-            let mut seen = Vec::new();
-            let mut skipped = Vec::new();
-            for r in releases.iter().filter(|r| !r.draft) {
-                let explicit = matches!(version, Some(v) if v != "latest");
-                if r.prerelease && !explicit {
-                    continue;
-                }
-                if explicit && version != Some(r.tag_name.as_str()) {
-                    // Only fetch manifests of other tags when no tag carries the wanted name.
-                    if releases
-                        .iter()
-                        .any(|o| !o.draft && Some(o.tag_name.as_str()) == version)
-                    {
-                        continue;
-                    }
-                }
-                // An unreadable old release must not block `latest`: skip it (and say so).
-                let found = match gh.manifest_for(r, arch) {
-                    Ok(Some(found)) => found,
-                    Ok(None) => continue,
-                    // Asked for by its tag: say what is wrong with it.
-                    Err(e) if version == Some(r.tag_name.as_str()) || !skippable(&e) => {
-                        return Err(e)
-                    }
-                    Err(e) => {
-                        log::warn!("channel {channel}: skipping release {}: {e}", r.tag_name);
-                        skipped.push(format!("{}: {e}", r.tag_name));
-                        continue;
-                    }
-                };
-                seen.push(IndexEntry {
-                    version: found.manifest.version.clone(),
-                    generation: found.manifest.generation,
-                    arch,
-                    path: r.tag_name.clone(),
-                });
-                let matches = match version {
-                    None | Some("latest") => true,
-                    Some(v) => found.manifest.version == v || r.tag_name == v,
-                };
-                if !matches {
-                    continue;
-                }
-                if best
-                    .as_ref()
-                    .is_none_or(|(b, _)| found.manifest.generation > b.manifest.generation)
-                {
-                    best = Some((found, r));
-                }
-            }
-            let Some((found, _)) = best else {
-                sort_newest_first(&mut seen);
-                let mut e = not_found(&Index::new(seen));
-                if let ChannelError::NotFound { available, .. } = &mut e {
-                    for s in &skipped {
-                        available.push_str(&format!("; skipped {s}"));
-                    }
-                }
-                return Err(e);
-            };
-            Ok(ResolvedRelease {
-                version: found.manifest.version,
-                generation: found.manifest.generation,
-                arch,
-                location: found.manifest_url,
-                source: Source::Assets(found.assets),
-            })
-        }
-    }
-}
-
-/// A release whose manifest is broken or gone is skipped by `latest`; a transport failure is
-/// not (skipping a newest release because of a network blip would pick an older one).
-fn skippable(e: &ChannelError) -> bool {
-    match e {
-        ChannelError::Manifest { .. }
-        | ChannelError::Parse { .. }
-        | ChannelError::TooLarge { .. } => true,
-        ChannelError::Status { status, .. } => matches!(status, 404 | 410),
-        _ => false,
-    }
-}
-
 /// For the fuzz targets (`fuzz/`, feature `fuzzing`).
 #[cfg(feature = "fuzzing")]
 pub use github::fuzzing;
@@ -521,6 +360,7 @@ pub use github::fuzzing;
 mod tests {
     use super::github::next_link;
     use super::*;
+    use std::fs;
 
     #[test]
     fn index_formats_old_and_newer() {

@@ -15,9 +15,11 @@
 //! bytes are fetched again. An origin chunk whose digest is wrong is never written: the server
 //! holds different bytes than the signed index, which no retry can fix.
 //!
-//! With a byte budget ([`super::rate::Budget`]) a request never asks for more than the
-//! budget has left, and the run stops with [`Error::BudgetSpent`] before a chunk it cannot
-//! afford; every chunk written so far is verified and kept for the next run.
+//! With a byte budget ([`super::rate::Budget`]) or a download schedule a request never asks for
+//! more than the budget has left or the schedule lets arrive before its window closes
+//! ([`Throttle::grant`]), and the run stops with [`Error::Stopped`] before a chunk it cannot
+//! afford or after the schedule's last window; every chunk written so far is verified and kept
+//! for the next run.
 
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -136,7 +138,7 @@ pub fn apply(
     })();
     if let Err(e) = result {
         // What was written stays: a later run re-verifies it in place and keeps it.
-        if matches!(e, Error::BudgetSpent { .. }) {
+        if matches!(e, Error::Stopped { .. }) {
             target.sync()?;
         }
         return Err(e);
@@ -334,22 +336,26 @@ impl Applier<'_> {
     }
 
     /// The end of the last chunk from `i` on, up to `stop`, that the byte budget still pays
-    /// for; [`Error::BudgetSpent`] when it cannot pay for chunk `i`.
+    /// for and the schedule lets arrive in its window (waiting for one to open);
+    /// [`Error::Stopped`] when either cannot carry chunk `i`.
     fn affordable(&self, i: usize, stop: u64) -> Result<u64> {
-        let Some(budget) = self.opts.throttle.budget else {
-            return Ok(stop);
+        let start = self.chunks[i].offset;
+        let fetched = self.opts.throttle.budget.map_or(0, |b| b.used());
+        let left = match self.opts.throttle.grant(u64::from(self.chunks[i].len)) {
+            Ok(n) => n,
+            Err(why) => {
+                return Err(Error::Stopped {
+                    why,
+                    fetched,
+                    left: 0,
+                })
+            }
         };
-        let (left, start) = (budget.left(), self.chunks[i].offset);
-        self.chunks[i..]
+        Ok(self.chunks[i..]
             .iter()
             .take_while(|c| c.end() <= stop && c.end() - start <= left)
             .last()
-            .map(|c| c.end())
-            .ok_or(Error::BudgetSpent {
-                budget: budget.limit(),
-                fetched: budget.used(),
-                left: 0,
-            })
+            .map_or(self.chunks[i].end(), |c| c.end()))
     }
 
     /// Source `s` (a mirror) served chunk `i` with other bytes than the signed index: count
@@ -748,8 +754,10 @@ mod tests {
         let target = RefCell::new(Vec::new());
         let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
         let e = apply(&ix, &pl, &target, &[&server], &[], &o, &counts).unwrap_err();
-        let Error::BudgetSpent {
-            budget: b, fetched, ..
+        let Error::Stopped {
+            why: crate::chunk::rate::Stop::Budget { budget: b },
+            fetched,
+            ..
         } = e
         else {
             panic!("{e}")

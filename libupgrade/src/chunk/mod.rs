@@ -13,13 +13,16 @@
 //!   and when reuse is too low so one stream of the whole file is cheaper.
 //! - [`apply`]: executes a plan in file order into a [`apply::ChunkTarget`], verifying every
 //!   chunk's digest before it is written and the whole file's sha256 at the end.
-//! - [`rate`]: a token-bucket limit on the bytes read from the network (`--max-rate`).
+//! - [`rate`]: a token-bucket limit on the bytes read from the network (`--max-rate`), the
+//!   byte budget of an attempt, and the clock a download schedule is followed on.
+//! - [`schedule`]: pure: when a stage may fetch and how fast (absolute UTC windows).
 
 pub mod apply;
 pub mod index;
 pub mod local;
 pub mod plan;
 pub mod rate;
+pub mod schedule;
 
 pub use index::{ChunkEntry, ChunkIndex, ChunkParams, IndexError};
 

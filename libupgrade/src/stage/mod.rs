@@ -30,8 +30,16 @@
 //! its preview names. Chunks come from the target itself (an earlier attempt), the running
 //! slot, the extra local directories, then the extra mirrors, then the origin
 //! ([`ExtraSource`]); every one is checked against the signed chunk index. A byte budget
-//! ([`StageOptions::max_bytes`]) stops an attempt cleanly ([`Error::BudgetSpent`]) with
+//! ([`StageOptions::max_bytes`]) stops an attempt cleanly ([`Error::Stopped`]) with
 //! everything written kept for the next one.
+//!
+//! When a stage may fetch is a [`Schedule`] ([`StageOptions::schedule`]: absolute UTC windows,
+//! each with its rate) followed on an injectable clock ([`StageOptions::clock`]) by the one
+//! limiter every network read goes through ([`crate::chunk::rate`] says how a boundary is
+//! kept to the byte): before its first request the stage waits for a window to open; between
+//! windows it waits; after the last one it stops like a spent budget ([`Error::Stopped`]),
+//! resumable. A stage started after the last window still reads the release's metadata
+//! (a few KiB: manifest, signature, probes, chunk indexes) so its stop can say what is left.
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -46,6 +54,8 @@ use crate::chunk::local::LocalFile;
 use crate::chunk::plan::Plan as ChunkPlan;
 pub use crate::chunk::rate::MinRate;
 use crate::chunk::rate::{Budget, RateLimit, Throttle};
+pub use crate::chunk::rate::{Clock, Stop, SystemClock};
+pub use crate::chunk::schedule::{Schedule, Window};
 use crate::chunk::ChunkIndex;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -104,6 +114,11 @@ pub struct StageOptions {
     /// The version asked for (a channel's entry, `upgrade --version`): the signed manifest
     /// must name exactly it, so a channel or mirror cannot hand over another signed release.
     pub expect_version: Option<String>,
+    /// The manifest the channel's signed metadata names (length and sha256): any other
+    /// manifest is refused (arbitrary software, mix-and-match), and this one is accepted on
+    /// the targets role's word without a trust.d signature (`manifest.sig` is not read; see
+    /// [`crate::trust`]). Set from [`crate::channel::ResolvedRelease::pin`].
+    pub expect_manifest: Option<crate::trust::ManifestPin>,
     /// How long one stage attempt keeps retrying transient failures (None: for ever, only
     /// when asked); the final error names the URL, the last error, the attempts and the time.
     pub retry_for: Option<Duration>,
@@ -111,12 +126,18 @@ pub struct StageOptions {
     /// lowered to half of `max_rate` when a cap is set).
     pub min_rate: Option<MinRate>,
     /// Network bytes of artifacts this attempt may read (`--max-bytes`; the agent passes what
-    /// today's quota has left): the stage stops with [`Error::BudgetSpent`] before a byte
+    /// today's quota has left): the stage stops with [`Error::Stopped`] before a byte
     /// more, keeping what it wrote. None: no budget. Manifest, signature, probes and chunk
     /// indexes are not counted (a few KiB, and under 0.1 % of an image for the indexes).
     pub max_bytes: Option<u64>,
     /// Where chunks are looked for before the origin, in order, after the running slot.
     pub extra_sources: Vec<ExtraSource>,
+    /// When the stage may fetch and how fast (None: any time, at `max_rate`). `max_rate`
+    /// still caps every window. After the last window the stage stops with
+    /// [`Error::Stopped`], keeping what it wrote.
+    pub schedule: Option<Schedule>,
+    /// The clock the schedule and the rate limit follow (tests inject a virtual one).
+    pub clock: std::sync::Arc<dyn Clock>,
 }
 
 /// `StageOptions::retry_for`'s default: a few hours, what a thin link may need to come back.
@@ -143,10 +164,13 @@ impl Default for StageOptions {
             retry_delay: Duration::from_secs(1),
             max_rate: None,
             expect_version: None,
+            expect_manifest: None,
             retry_for: Some(DEFAULT_RETRY_FOR),
             min_rate: Some(MinRate::DEFAULT),
             max_bytes: None,
             extra_sources: Vec::new(),
+            schedule: None,
+            clock: std::sync::Arc::new(SystemClock),
         }
     }
 }
@@ -231,6 +255,12 @@ impl Stager<'_> {
         progress: &dyn Progress,
     ) -> Result<StageReport> {
         let target = booted.other();
+        let limit = (opts.max_rate.is_some() || opts.schedule.is_some())
+            .then(|| RateLimit::with(opts.max_rate, opts.schedule.clone(), opts.clock.clone()));
+        if let Some(l) = &limit {
+            // Nothing is fetched before a window opens (after the last one: see the docs).
+            l.grant(0).ok();
+        }
         let w = match self.prepare(booted, &st, source, opts)? {
             Prepared::Already(v) => {
                 return Ok(report(target, *v, true, false, 0, Moved::default()))
@@ -241,8 +271,8 @@ impl Stager<'_> {
             Some(p) => p,
             None => self.invalidate(target, &mut st, &w.v)?,
         };
-        let limit = opts.max_rate.map(RateLimit::new);
-        let budget = opts.max_bytes.map(Budget::new);
+        // Always counted: a stop says what this attempt fetched.
+        let budget = Budget::new(opts.max_bytes.unwrap_or(u64::MAX));
         let run = Run {
             source,
             m: &w.v.manifest,
@@ -252,14 +282,14 @@ impl Stager<'_> {
             progress,
             throttle: Throttle {
                 rate: limit.as_ref(),
-                budget: budget.as_ref(),
+                budget: Some(&budget),
             },
             moved: Default::default(),
         };
         let written = match self.execute(&run, &w, &mut partial) {
             Ok(n) => n,
             Err(e) => {
-                let e = w.left_after(e, budget.as_ref());
+                let e = w.left_after(e, &budget);
                 return Err(self.record_failure(target, &mut st, &w.v.manifest, e)?);
             }
         };
@@ -362,6 +392,7 @@ impl Stager<'_> {
         rec.version = Some(v.manifest.version.clone());
         rec.generation = Some(v.manifest.generation);
         rec.manifest_sha256 = Some(v.sha256.clone());
+        rec.staged_from = Some(v.location.clone()).filter(|l| l.starts_with("http"));
         st.transition(
             target,
             Event::StageStarted,
@@ -444,7 +475,7 @@ impl Stager<'_> {
         ) {
             Partial::clear(&self.cfg.state_dir)?;
         }
-        if matches!(e, Error::BudgetSpent { .. }) {
+        if matches!(e, Error::Stopped { .. }) {
             // Not a failure: the attempt stopped where it was told to.
             return Ok(e);
         }
@@ -569,11 +600,11 @@ struct Work {
 }
 
 impl Work {
-    /// A budget stop names what is left: the plan's bytes less what this attempt fetched.
-    fn left_after(&self, e: Error, budget: Option<&Budget>) -> Error {
-        match (e, budget) {
-            (Error::BudgetSpent { .. }, Some(b)) => Error::BudgetSpent {
-                budget: b.limit(),
+    /// A stop names what is left: the plan's bytes less what this attempt fetched.
+    fn left_after(&self, e: Error, b: &Budget) -> Error {
+        match e {
+            Error::Stopped { why, .. } => Error::Stopped {
+                why,
                 fetched: b.used(),
                 left: self
                     .cost
@@ -582,7 +613,7 @@ impl Work {
                     .sum::<u64>()
                     .saturating_sub(b.used()),
             },
-            (e, _) => e,
+            e => e,
         }
     }
 }

@@ -74,18 +74,7 @@ impl Stager<'_> {
         let mut backoff = self.backoff(run.opts);
         let mut last_err = String::new();
         while w.pos < w.size {
-            let left = run.throttle.left();
-            if left == 0 {
-                // Keep what was synced: the next run resumes from the checkpoint.
-                self.checkpoint(w.target, partial, a, w.pos)?;
-                let b = run.throttle.budget.expect("only a budget runs out");
-                return Err(Error::BudgetSpent {
-                    budget: b.limit(),
-                    fetched: b.used(),
-                    left: 0,
-                });
-            }
-            // Never ask for more than the budget has left.
+            let left = self.grant(run, w, a, partial)?;
             let opened = if left < w.size - w.pos {
                 run.source
                     .open_range(name, w.pos, w.pos + left)
@@ -106,7 +95,8 @@ impl Stager<'_> {
                 last_err = e;
             }
             let (pos, size) = (w.pos, w.size);
-            if pos == size || run.throttle.left() == 0 {
+            if pos == size || pos - before == left {
+                // Done, or the granted bytes arrived: the next grant decides.
                 continue;
             }
             if is_local {
@@ -178,6 +168,20 @@ impl Stager<'_> {
                 }
             }
         }
+    }
+
+    /// Bytes the next request may ask for: never more than the budget has left or the
+    /// schedule lets arrive in its window (which may mean waiting for one to open). A stop
+    /// keeps what was synced: the next run resumes from the checkpoint.
+    fn grant(&self, run: &Run, w: &Writing, a: Artifact, partial: &mut Partial) -> Result<u64> {
+        run.throttle.grant(1).or_else(|why| {
+            self.checkpoint(w.target, partial, a, w.pos)?;
+            Err(Error::Stopped {
+                why,
+                fetched: run.throttle.budget.map_or(0, |b| b.used()),
+                left: 0,
+            })
+        })
     }
 
     /// Sync what was written and record `pos` in the checkpoint.

@@ -74,6 +74,11 @@ pub struct SlotRecord {
     /// How the bytes of the release staged into this slot were obtained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer: Option<TransferStats>,
+    /// The http(s) URL of the manifest this slot's release was staged from (the reachability
+    /// check's default endpoint, [`crate::reach`]); None for local sources and bundles, and in
+    /// state written before v0.2.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged_from: Option<String>,
 }
 
 /// Bytes of one update by origin: `fetched` over the network (all attempts that recorded it),
@@ -95,6 +100,7 @@ impl SlotRecord {
             manifest_sha256: None,
             since: 0,
             transfer: None,
+            staged_from: None,
         }
     }
 }

@@ -1,0 +1,243 @@
+//! What is built, as plain data at the bottom of the crate: the test releases' names and
+//! failure variants ([`ReleaseSpec`], [`Variant`]) and a built release's files ([`Release`]),
+//! the disks' boot variants and partition sizes ([`BootVariant`], [`Sizes`]), what goes on one
+//! disk ([`DiskSpec`]), and the constants several builders share ([`GRUB_TRIES`], [`MIB`]).
+//! Every builder reads these; none of them is read back by this module.
+
+use std::path::{Path, PathBuf};
+
+use crate::debs::Debs;
+use crate::target::Target;
+
+pub const MIB: u64 = 1024 * 1024;
+
+/// Tries GRUB gives a newly activated slot on these test nodes (the loader configuration and
+/// the rootfs's node configuration agree on it).
+pub const GRUB_TRIES: u8 = 3;
+
+/// How a test release misbehaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Normal,
+    /// The initrd's /init exits: kernel panic, `panic=5` reboots into the loader.
+    Panic,
+    /// The rootfs never confirms (prints `K3OS-NOCONFIRM`); the harness resets the VM.
+    NoConfirm,
+    /// A health check exits 1, so `k3os-ops slot confirm` fails and rolls back.
+    BadHealth,
+    /// Init never brings the network up (a release whose network configuration is broken):
+    /// the reachability check after its trial boot fails and the node rolls back.
+    NoNet,
+}
+
+impl Variant {
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Variant::Normal => "",
+            Variant::Panic => "-panic",
+            Variant::NoConfirm => "-noconfirm",
+            Variant::BadHealth => "-badhealth",
+            Variant::NoNet => "-nonet",
+        }
+    }
+}
+
+/// One release to build: `v<generation>[-<variant>]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseSpec {
+    pub version: String,
+    pub generation: u64,
+    pub variant: Variant,
+}
+
+impl ReleaseSpec {
+    /// Parse `v2`, `v2-panic`, `v2-noconfirm`, `v2-badhealth`, `v2-nonet`.
+    pub fn parse(version: &str) -> std::result::Result<ReleaseSpec, String> {
+        let (base, variant) = match version.split_once('-') {
+            None => (version, Variant::Normal),
+            Some((b, "panic")) => (b, Variant::Panic),
+            Some((b, "noconfirm")) => (b, Variant::NoConfirm),
+            Some((b, "badhealth")) => (b, Variant::BadHealth),
+            Some((b, "nonet")) => (b, Variant::NoNet),
+            Some((_, v)) => {
+                let known = "panic, noconfirm, badhealth, nonet";
+                return Err(format!(
+                    "release '{version}': unknown variant '{v}' ({known})"
+                ));
+            }
+        };
+        let generation = base
+            .strip_prefix('v')
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                format!("release '{version}': expected v<generation>[-variant], e.g. v2-panic")
+            })?;
+        Ok(ReleaseSpec {
+            version: version.to_string(),
+            generation,
+            variant,
+        })
+    }
+
+    /// The releases the test disks and the VM tests use. `v4-panic`: the scenario
+    /// `upgrade-from-previous` ends on v3 and needs a failing release of a higher generation;
+    /// `v2-nonet`: the scenario `reachability`.
+    pub fn standard() -> Vec<ReleaseSpec> {
+        [
+            "v1",
+            "v2",
+            "v3",
+            "v2-panic",
+            "v2-noconfirm",
+            "v2-badhealth",
+            "v4-panic",
+            "v2-nonet",
+        ]
+        .iter()
+        .map(|v| ReleaseSpec::parse(v).expect("standard release names parse"))
+        .collect()
+    }
+}
+
+/// A built (and signed) release directory.
+#[derive(Debug, Clone)]
+pub struct Release {
+    pub spec: ReleaseSpec,
+    pub dir: PathBuf,
+    pub rootfs: PathBuf,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+}
+
+/// How the disk boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootVariant {
+    /// Legacy BIOS, GRUB core.img in `bios-boot`.
+    GrubBios,
+    /// UEFI (OVMF / AAVMF), GRUB as the removable-media loader on the ESP.
+    GrubEfi,
+    /// Legacy BIOS, gptmbr.bin + extlinux on the legacy-bootable `boot` partition.
+    Extlinux,
+}
+
+impl BootVariant {
+    pub const ALL: [BootVariant; 3] = [
+        BootVariant::GrubBios,
+        BootVariant::GrubEfi,
+        BootVariant::Extlinux,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BootVariant::GrubBios => "grub-bios",
+            BootVariant::GrubEfi => "grub-efi",
+            BootVariant::Extlinux => "extlinux",
+        }
+    }
+
+    pub fn parse(s: &str) -> std::result::Result<BootVariant, String> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| {
+                format!("unknown boot variant '{s}': expected grub-bios, grub-efi or extlinux")
+            })
+    }
+
+    /// Variants that exist for `target` (arm64 has no legacy BIOS).
+    pub fn for_target(target: Target) -> Vec<BootVariant> {
+        match target.arch {
+            libupgrade::manifest::Arch::X86_64 => Self::ALL.to_vec(),
+            libupgrade::manifest::Arch::Aarch64 => vec![BootVariant::GrubEfi],
+        }
+    }
+
+    pub fn is_grub(self) -> bool {
+        self != BootVariant::Extlinux
+    }
+}
+
+/// Partition sizes; `rootfs` is the size of each slot partition.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    pub bios_boot: u64,
+    pub esp: u64,
+    pub boot: u64,
+    pub rootfs: u64,
+    pub state: u64,
+}
+
+impl Default for Sizes {
+    fn default() -> Self {
+        Sizes {
+            bios_boot: MIB,
+            esp: 32 * MIB,
+            boot: 128 * MIB,
+            rootfs: 64 * MIB,
+            state: 64 * MIB,
+        }
+    }
+}
+
+impl Sizes {
+    /// Default sizes, with the slot partitions grown (in whole MiB, with a quarter spare) when
+    /// the largest rootfs would not fit comfortably.
+    pub fn for_largest_rootfs(largest: u64) -> Sizes {
+        let mut s = Sizes::default();
+        let want = (largest + largest / 4).div_ceil(MIB) * MIB;
+        s.rootfs = s.rootfs.max(want);
+        s
+    }
+}
+
+/// What goes on one disk.
+pub struct DiskSpec<'a> {
+    pub target: Target,
+    pub variant: BootVariant,
+    pub sizes: Sizes,
+    /// Installed in slot A; slot B is empty.
+    pub slot_a: &'a Release,
+    pub debs: &'a Debs,
+    /// Host `k3os-ops`: writes the loader files (`bootloader install`).
+    pub tool: &'a Path,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn release_names() {
+        let s = ReleaseSpec::parse("v2-noconfirm").unwrap();
+        assert_eq!((s.generation, s.variant), (2, Variant::NoConfirm));
+        assert_eq!(ReleaseSpec::parse("v3").unwrap().variant, Variant::Normal);
+        let s = ReleaseSpec::parse("v2-nonet").unwrap();
+        assert_eq!(
+            (s.generation, s.variant, s.variant.suffix()),
+            (2, Variant::NoNet, "-nonet")
+        );
+        assert!(ReleaseSpec::parse("v2-weird")
+            .unwrap_err()
+            .contains("weird"));
+        assert!(ReleaseSpec::parse("x2").is_err());
+        assert!(ReleaseSpec::parse("v0").is_err());
+        let std: Vec<String> = ReleaseSpec::standard()
+            .into_iter()
+            .map(|s| s.version)
+            .collect();
+        assert_eq!(
+            std,
+            [
+                "v1",
+                "v2",
+                "v3",
+                "v2-panic",
+                "v2-noconfirm",
+                "v2-badhealth",
+                "v4-panic",
+                "v2-nonet"
+            ]
+        );
+    }
+}

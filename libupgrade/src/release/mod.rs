@@ -1,0 +1,358 @@
+//! Creating a release directory: copy the three artifacts, hash them, write and sign the manifest.
+//!
+//! This module owns the publisher side of a release: `create` streams each input file once
+//! (read → sha256 → write, 1 MiB at a time, so a multi-GiB rootfs never sits in memory),
+//! writes every output under a temporary name and renames it into place after fsync, writes
+//! `manifest.json` and its signature last, and — when the output directory sits inside a
+//! channel (its parent holds `index.json`) — picks the generation and rebuilds the channel
+//! index. A half-written release therefore never appears in a channel's index.
+//!
+//! Each artifact also gets a chunk index (`<file>.chunks`, see [`crate::chunk`]), cut in the same
+//! single pass as the copy and the hash, and referenced with its sha256 from the signed manifest:
+//! nodes fetch only the chunks they lack with HTTP `Range` requests against the plain files.
+//!
+//! Files: this one (options, errors, `create` in its steps), `copy` (the copy-hash-chunk pass
+//! and atomic writes), `verify` (`verify_dir`, what `release verify` runs), `tests`.
+
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::channel::{self, ChannelError};
+use crate::chunk::ChunkParams;
+use crate::manifest::{
+    Arch, BootSupport, FileEntry, Files, Manifest, ManifestError, ScriptFile, ScriptKind, FORMAT,
+    MANIFEST_FILE, SIGNATURE_FILE,
+};
+use crate::signing::{self, SigningError};
+use crate::updater::{NoProgress, Progress};
+
+/// Output file names inside a release directory: the same names a slot uses on the boot
+/// partition (one definition, in [`crate::layout`]).
+pub use crate::layout::{INITRD_FILE, KERNEL_FILE, ROOTFS_FILE};
+
+/// Magic at offset 0 of a squashfs image ("hsqs", little endian).
+const SQUASHFS_MAGIC: &[u8; 4] = b"hsqs";
+pub(super) const COPY_BUF: usize = 1 << 20;
+
+/// What to put in a release.
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    /// A squashfs image.
+    pub rootfs: PathBuf,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    pub version: String,
+    pub arch: Arch,
+    /// The publisher's secret key (PKCS#8 PEM, see [`crate::signing`]).
+    pub secret_key: PathBuf,
+    /// The release directory to write; created if missing, must not already hold a release.
+    pub out_dir: PathBuf,
+    /// Generation; `None` = derived from the enclosing channel (see [`create`]).
+    pub generation: Option<u64>,
+    /// Boot scripts to carry (at most one per loader), as rendered by `bootconfig`: a node
+    /// installs one when it activates this release and both slots read its version.
+    pub scripts: Vec<BootScript>,
+}
+
+/// A boot script for [`CreateOptions::scripts`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootScript {
+    pub kind: ScriptKind,
+    pub text: String,
+}
+
+impl BootScript {
+    /// The script's version, from its marker line; refused when this build does not know it.
+    pub fn version(&self) -> Result<u32, ReleaseError> {
+        let path = Path::new(self.kind.file_name());
+        let v = match self.kind {
+            ScriptKind::GrubCfg => {
+                bootconfig::grub::GrubScript::of_cfg(path, &self.text).map(|v| v.number())
+            }
+            ScriptKind::ExtlinuxConf => bootconfig::syslinux::conf_version(path, &self.text),
+        };
+        v.map_err(|e| ReleaseError::Script {
+            kind: self.kind,
+            what: e.to_string(),
+        })
+    }
+}
+
+/// Why a release could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{what} input {path} is empty")]
+    EmptyInput { what: &'static str, path: PathBuf },
+    #[error("rootfs input {path} is not a squashfs image: expected magic 'hsqs' at offset 0, found {found:02x?}")]
+    NotSquashfs { path: PathBuf, found: Vec<u8> },
+    #[error("{out_dir} already holds a release ({MANIFEST_FILE} exists); remove it or choose another directory")]
+    Exists { out_dir: PathBuf },
+    #[error("no generation given and {out_dir} is not inside a channel (no index.json in its parent directory): pass --generation N (release create)")]
+    GenerationRequired { out_dir: PathBuf },
+    #[error("generation {generation} for {arch} is already used by release {other_version} ({other_path}) in channel {channel}")]
+    GenerationTaken {
+        generation: u64,
+        arch: Arch,
+        other_version: String,
+        other_path: String,
+        channel: PathBuf,
+    },
+    #[error("invalid release: {0}")]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Signing(#[from] SigningError),
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    #[error("boot script ({kind}): {what}")]
+    Script { kind: ScriptKind, what: String },
+    #[error("chunk index of {path}: {what}")]
+    ChunkIndex { path: PathBuf, what: String },
+    #[error("{path}: expected {expected_size} bytes with sha256 {expected_sha256}, found {found_size} bytes with sha256 {found_sha256}")]
+    FileMismatch {
+        path: PathBuf,
+        expected_size: u64,
+        expected_sha256: String,
+        found_size: u64,
+        found_sha256: String,
+    },
+}
+
+pub(super) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ReleaseError + '_ {
+    move |source| ReleaseError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Create a signed release in `opts.out_dir` and return its manifest.
+///
+/// Generation, when not given: if the output directory's parent is a channel (holds
+/// `index.json`; its release subdirectories are scanned, so a stale index does not matter), a release of the same version for another architecture lends its generation
+/// (one version = one generation across architectures); otherwise it is one more than the
+/// highest generation in the channel. Outside a channel a generation is required.
+pub fn create(opts: &CreateOptions) -> Result<Manifest, ReleaseError> {
+    create_with_progress(opts, &NoProgress)
+}
+
+/// [`create`], reporting the copy of each artifact to `progress` (begin/advance/end per file).
+pub fn create_with_progress(
+    opts: &CreateOptions,
+    progress: &dyn Progress,
+) -> Result<Manifest, ReleaseError> {
+    create_with(opts, Some(ChunkParams::DEFAULT), progress)
+}
+
+/// [`create_with_progress`] with a choice of chunk parameters; `None` writes no chunk indexes
+/// (nodes then always download whole files).
+pub fn create_with(
+    opts: &CreateOptions,
+    chunking: Option<ChunkParams>,
+    progress: &dyn Progress,
+) -> Result<Manifest, ReleaseError> {
+    if let Some(p) = chunking {
+        p.check().map_err(|e| ReleaseError::ChunkIndex {
+            path: opts.out_dir.clone(),
+            what: e.to_string(),
+        })?;
+    }
+    // Everything that can be checked cheaply is checked before a byte is copied.
+    let key = signing::load_secret_key(&opts.secret_key)?;
+    check_inputs(opts)?;
+    let (generation, channel_dir) = generation_for(opts)?;
+    let mut manifest = draft_manifest(opts, generation)?;
+
+    fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
+    let copy = |src: &Path, name: &str| copy_hashed(src, &opts.out_dir, name, chunking, progress);
+    manifest.files.rootfs = copy(&opts.rootfs, ROOTFS_FILE)?;
+    manifest.files.kernel = copy(&opts.kernel, KERNEL_FILE)?;
+    manifest.files.initrd = copy(&opts.initrd, INITRD_FILE)?;
+    for sc in &opts.scripts {
+        write_atomic(&opts.out_dir, sc.kind.file_name(), sc.text.as_bytes())?;
+    }
+
+    let bytes = manifest.to_bytes();
+    Manifest::parse(&bytes)?;
+    let sig = signing::sign_with(&bytes, &key);
+    // Signature first, manifest last: a directory with a manifest is a complete release.
+    write_atomic(&opts.out_dir, SIGNATURE_FILE, &sig)?;
+    write_atomic(&opts.out_dir, MANIFEST_FILE, &bytes)?;
+    fsync_dir(&opts.out_dir)?;
+
+    if let Some(ch) = channel_dir {
+        channel::write_index(&ch)?;
+    }
+    Ok(manifest)
+}
+
+/// The three inputs are non-empty regular files, the rootfs a squashfs, and the output
+/// directory holds no release yet.
+fn check_inputs(opts: &CreateOptions) -> Result<(), ReleaseError> {
+    let inputs = [
+        ("rootfs", &opts.rootfs),
+        ("kernel", &opts.kernel),
+        ("initrd", &opts.initrd),
+    ];
+    for (what, path) in inputs {
+        let md = fs::metadata(path).map_err(io_err(path))?;
+        if !md.is_file() {
+            return Err(ReleaseError::Io {
+                path: path.to_path_buf(),
+                source: io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
+            });
+        }
+        if md.len() == 0 {
+            return Err(ReleaseError::EmptyInput {
+                what,
+                path: path.to_path_buf(),
+            });
+        }
+    }
+    check_squashfs(&opts.rootfs)?;
+    if opts.out_dir.join(MANIFEST_FILE).exists() {
+        return Err(ReleaseError::Exists {
+            out_dir: opts.out_dir.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// The release's generation (given, or derived from the enclosing channel: see [`create`]) and
+/// that channel's directory, if any.
+fn generation_for(opts: &CreateOptions) -> Result<(u64, Option<PathBuf>), ReleaseError> {
+    let channel_dir = enclosing_channel(&opts.out_dir);
+    // The releases actually present (not a possibly stale index.json).
+    let channel_index = channel_dir
+        .as_deref()
+        .map(channel::build_index)
+        .transpose()?;
+    let generation = match (opts.generation, &channel_index) {
+        (Some(g), _) => g,
+        (None, Some(index)) => match index.releases.iter().find(|e| e.version == opts.version) {
+            Some(e) => e.generation,
+            None => {
+                index
+                    .releases
+                    .iter()
+                    .map(|e| e.generation)
+                    .max()
+                    .unwrap_or(0)
+                    + 1
+            }
+        },
+        (None, None) => {
+            return Err(ReleaseError::GenerationRequired {
+                out_dir: opts.out_dir.clone(),
+            })
+        }
+    };
+    if let (Some(ch), Some(index)) = (&channel_dir, &channel_index) {
+        let own = opts
+            .out_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if let Some(e) = index.releases.iter().find(|e| {
+            e.arch == opts.arch && e.generation == generation && e.path.trim_end_matches('/') != own
+        }) {
+            return Err(ReleaseError::GenerationTaken {
+                generation,
+                arch: opts.arch,
+                other_version: e.version.clone(),
+                other_path: e.path.clone(),
+                channel: ch.clone(),
+            });
+        }
+    }
+    Ok((generation, channel_dir))
+}
+
+/// The manifest with placeholder file entries (validated before anything is copied) and the
+/// boot scripts' entries.
+fn draft_manifest(opts: &CreateOptions, generation: u64) -> Result<Manifest, ReleaseError> {
+    let placeholder = |p: &str| FileEntry {
+        path: p.into(),
+        size: 1,
+        sha256: "0".repeat(64),
+        chunks: None,
+    };
+    // Validate version and the rest of the manifest before copying.
+    let mut manifest = Manifest {
+        format: FORMAT,
+        version: opts.version.clone(),
+        arch: opts.arch,
+        generation,
+        files: Files {
+            rootfs: placeholder(ROOTFS_FILE),
+            kernel: placeholder(KERNEL_FILE),
+            initrd: placeholder(INITRD_FILE),
+        },
+        boot: Some(BootSupport {
+            grub_script: bootconfig::grub::GrubScript::CURRENT.number(),
+            extlinux_conf: bootconfig::syslinux::CONF_VERSION,
+            scripts: Vec::new(),
+        }),
+    };
+    let mut scripts = Vec::new();
+    for sc in &opts.scripts {
+        let data = sc.text.as_bytes();
+        scripts.push(ScriptFile {
+            kind: sc.kind,
+            version: sc.version()?,
+            path: sc.kind.file_name().to_string(),
+            size: data.len() as u64,
+            sha256: hex::encode(Sha256::digest(data)),
+        });
+    }
+    if let Some(b) = manifest.boot.as_mut() {
+        b.scripts = scripts;
+    }
+    Manifest::parse(&manifest.to_bytes())?;
+    Ok(manifest)
+}
+
+/// The channel directory that encloses `out_dir`, if its parent holds an index.
+fn enclosing_channel(out_dir: &Path) -> Option<PathBuf> {
+    let abs = if out_dir.is_absolute() {
+        out_dir.to_path_buf()
+    } else {
+        std::env::current_dir().ok()?.join(out_dir)
+    };
+    let parent = abs.parent()?;
+    parent
+        .join(channel::INDEX_FILE)
+        .is_file()
+        .then(|| parent.to_path_buf())
+}
+
+fn check_squashfs(path: &Path) -> Result<(), ReleaseError> {
+    let mut f = fs::File::open(path).map_err(io_err(path))?;
+    let mut magic = Vec::with_capacity(4);
+    Read::by_ref(&mut f)
+        .take(4)
+        .read_to_end(&mut magic)
+        .map_err(io_err(path))?;
+    if magic.as_slice() != SQUASHFS_MAGIC {
+        return Err(ReleaseError::NotSquashfs {
+            path: path.to_path_buf(),
+            found: magic,
+        });
+    }
+    Ok(())
+}
+
+mod copy;
+mod verify;
+
+use copy::copy_hashed;
+use copy::fsync_dir;
+pub use copy::sha256_file;
+pub(crate) use copy::write_atomic;
+pub use verify::verify_dir;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,280 @@
+use super::*;
+use crate::chunk::ChunkIndex;
+use crate::manifest::{Artifact, IndexRef};
+use sha2::{Digest, Sha256};
+
+struct Fixture {
+    t: tempfile::TempDir,
+    key: PathBuf,
+    trust: PathBuf,
+}
+
+fn fixture() -> Fixture {
+    let t = tempfile::tempdir().unwrap();
+    let (key, pk) = signing::generate_keypair(&t.path().join("keys"), "k").unwrap();
+    let trust = t.path().join("trust");
+    fs::create_dir(&trust).unwrap();
+    fs::copy(pk, trust.join("k.pub")).unwrap();
+    let mut rootfs = b"hsqs".to_vec();
+    rootfs.extend((0..3_000_000u32).map(|i| (i % 251) as u8));
+    fs::write(t.path().join("in.squashfs"), rootfs).unwrap();
+    fs::write(t.path().join("in.kernel"), b"kernel bytes").unwrap();
+    fs::write(t.path().join("in.initrd"), b"initrd bytes").unwrap();
+    Fixture { t, key, trust }
+}
+
+impl Fixture {
+    fn opts(
+        &self,
+        out: &Path,
+        version: &str,
+        arch: Arch,
+        generation: Option<u64>,
+    ) -> CreateOptions {
+        let p = self.t.path();
+        CreateOptions {
+            rootfs: p.join("in.squashfs"),
+            kernel: p.join("in.kernel"),
+            initrd: p.join("in.initrd"),
+            version: version.into(),
+            arch,
+            secret_key: self.key.clone(),
+            out_dir: out.to_path_buf(),
+            generation,
+            scripts: Vec::new(),
+        }
+    }
+}
+
+#[test]
+fn create_writes_verifiable_release() {
+    let f = fixture();
+    let out = f.t.path().join("rel");
+    let m = create(&f.opts(&out, "v1.0.0", Arch::X86_64, Some(7))).unwrap();
+    assert_eq!(m.generation, 7);
+    let bytes = fs::read(out.join(MANIFEST_FILE)).unwrap();
+    assert_eq!(Manifest::parse(&bytes).unwrap(), m);
+    signing::verify(
+        &bytes,
+        &fs::read(out.join(SIGNATURE_FILE)).unwrap(),
+        &f.trust,
+    )
+    .unwrap();
+    for (file, input) in [
+        (ROOTFS_FILE, "in.squashfs"),
+        (KERNEL_FILE, "in.kernel"),
+        (INITRD_FILE, "in.initrd"),
+    ] {
+        assert_eq!(
+            fs::read(out.join(file)).unwrap(),
+            fs::read(f.t.path().join(input)).unwrap()
+        );
+    }
+    let (vm, _) = verify_dir(&out, &f.trust).unwrap();
+    assert_eq!(vm, m);
+    let (size, sha) = sha256_file(&out.join(ROOTFS_FILE)).unwrap();
+    assert_eq!(
+        (size, sha),
+        (m.files.rootfs.size, m.files.rootfs.sha256.clone())
+    );
+    assert_eq!(size, 3_000_004);
+    // No temporary files left behind.
+    let names: Vec<_> = fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 8, "{names:?}");
+    let ix = m.files.rootfs.chunks.as_ref().expect("rootfs chunk index");
+    let index = ChunkIndex::parse(&fs::read(out.join(&ix.path)).unwrap()).unwrap();
+    assert_eq!(index.size(), m.files.rootfs.size);
+    assert_eq!(index.params, ChunkParams::DEFAULT);
+    assert_eq!(
+        index,
+        ChunkIndex::build(
+            fs::File::open(out.join(ROOTFS_FILE)).unwrap(),
+            ChunkParams::DEFAULT
+        )
+        .unwrap()
+    );
+    // A second create into the same directory is refused and changes nothing.
+    let e = create(&f.opts(&out, "v1.0.1", Arch::X86_64, Some(8))).unwrap_err();
+    assert!(matches!(e, ReleaseError::Exists { .. }), "{e}");
+    assert_eq!(fs::read(out.join(MANIFEST_FILE)).unwrap(), bytes);
+}
+
+#[derive(Default)]
+struct Recorder(std::sync::Mutex<Vec<(String, u64, u64)>>);
+
+impl Progress for Recorder {
+    fn begin(&self, what: &str, total: u64, _already: u64) {
+        self.0.lock().unwrap().push((what.to_string(), total, 0));
+    }
+    fn advance(&self, bytes: u64) {
+        self.0.lock().unwrap().last_mut().unwrap().2 += bytes;
+    }
+    fn end(&self) {}
+}
+
+#[test]
+fn progress_reports_every_byte_of_each_file() {
+    let f = fixture();
+    let rec = Recorder::default();
+    let m = create_with_progress(
+        &f.opts(&f.t.path().join("rel"), "v1", Arch::X86_64, Some(1)),
+        &rec,
+    )
+    .unwrap();
+    let got = rec.0.into_inner().unwrap();
+    let want: Vec<_> = crate::manifest::Artifact::ALL
+        .iter()
+        .map(|a| {
+            let e = m.files.get(*a);
+            (e.path.clone(), e.size, e.size)
+        })
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn verify_dir_catches_tampered_file_and_missing_signature() {
+    let f = fixture();
+    let out = f.t.path().join("rel");
+    create(&f.opts(&out, "v1", Arch::X86_64, Some(1))).unwrap();
+    let rootfs = out.join(ROOTFS_FILE);
+    let mut bytes = fs::read(&rootfs).unwrap();
+    bytes[1_000_000] ^= 1;
+    fs::write(&rootfs, &bytes).unwrap();
+    let e = verify_dir(&out, &f.trust).unwrap_err();
+    assert!(matches!(e, ReleaseError::FileMismatch { .. }), "{e}");
+    assert!(e.to_string().contains("rootfs.squashfs"), "{e}");
+    fs::remove_file(out.join(SIGNATURE_FILE)).unwrap();
+    let e = verify_dir(&out, &f.trust).unwrap_err();
+    assert!(
+        matches!(e, ReleaseError::Signing(SigningError::Unsigned { .. })),
+        "{e}"
+    );
+}
+
+#[test]
+fn verify_dir_catches_an_index_that_does_not_match_its_file() {
+    let f = fixture();
+    let out = f.t.path().join("rel");
+    // Sign a manifest whose rootfs index was made for other bytes (a publisher bug).
+    let m = create(&f.opts(&out, "v1", Arch::X86_64, Some(1))).unwrap();
+    let mut other = fs::read(out.join(ROOTFS_FILE)).unwrap();
+    other[2_000_000] ^= 1;
+    let bytes = ChunkIndex::build(&other[..], ChunkParams::DEFAULT)
+        .unwrap()
+        .to_bytes();
+    let r = m.files.rootfs.chunks.clone().unwrap();
+    fs::write(out.join(&r.path), &bytes).unwrap();
+    let mut m2 = m.clone();
+    m2.files.rootfs.chunks = Some(IndexRef {
+        sha256: hex::encode(Sha256::digest(&bytes)),
+        size: bytes.len() as u64,
+        ..r
+    });
+    let key = signing::load_secret_key(&f.key).unwrap();
+    fs::write(
+        out.join(SIGNATURE_FILE),
+        signing::sign_with(&m2.to_bytes(), &key),
+    )
+    .unwrap();
+    fs::write(out.join(MANIFEST_FILE), m2.to_bytes()).unwrap();
+    let e = verify_dir(&out, &f.trust).unwrap_err().to_string();
+    assert!(
+        e.contains("chunk index of") && e.contains("does not match"),
+        "{e}"
+    );
+}
+
+#[test]
+fn without_chunking_no_index_is_written() {
+    let f = fixture();
+    let out = f.t.path().join("rel");
+    let m = create_with(
+        &f.opts(&out, "v1", Arch::X86_64, Some(1)),
+        None,
+        &NoProgress,
+    )
+    .unwrap();
+    assert!(Artifact::ALL
+        .iter()
+        .all(|a| m.files.get(*a).chunks.is_none()));
+    assert_eq!(fs::read_dir(&out).unwrap().count(), 5);
+    verify_dir(&out, &f.trust).unwrap();
+}
+
+#[test]
+fn refuses_bad_inputs_before_writing() {
+    let f = fixture();
+    let out = f.t.path().join("rel");
+    let mut o = f.opts(&out, "v1", Arch::X86_64, Some(1));
+    o.rootfs = f.t.path().join("in.kernel");
+    let e = create(&o).unwrap_err();
+    assert!(matches!(e, ReleaseError::NotSquashfs { .. }), "{e}");
+    assert!(e.to_string().contains("in.kernel"), "{e}");
+
+    let mut o = f.opts(&out, "v1", Arch::X86_64, Some(1));
+    fs::write(f.t.path().join("empty"), b"").unwrap();
+    o.initrd = f.t.path().join("empty");
+    assert!(matches!(
+        create(&o).unwrap_err(),
+        ReleaseError::EmptyInput { what: "initrd", .. }
+    ));
+
+    let e = create(&f.opts(&out, "bad version", Arch::X86_64, Some(1))).unwrap_err();
+    assert!(e.to_string().contains("version"), "{e}");
+
+    let e = create(&f.opts(&out, "v1", Arch::X86_64, None)).unwrap_err();
+    assert!(matches!(e, ReleaseError::GenerationRequired { .. }), "{e}");
+
+    let mut o = f.opts(&out, "v1", Arch::X86_64, Some(1));
+    o.secret_key = f.trust.join("k.pub");
+    assert!(matches!(create(&o).unwrap_err(), ReleaseError::Signing(_)));
+    assert!(!out.exists(), "nothing may be written for refused input");
+}
+
+#[test]
+fn channel_generation_and_index() {
+    let f = fixture();
+    let ch = f.t.path().join("channel");
+    fs::create_dir(&ch).unwrap();
+    channel::write_index(&ch).unwrap();
+    let m1 = create(&f.opts(&ch.join("v1"), "v1", Arch::X86_64, None)).unwrap();
+    assert_eq!(m1.generation, 1);
+    let m2 = create(&f.opts(&ch.join("v2"), "v2", Arch::X86_64, None)).unwrap();
+    assert_eq!(m2.generation, 2);
+    // Same version for another architecture shares the generation.
+    let m2a = create(&f.opts(&ch.join("v2-arm"), "v2", Arch::Aarch64, None)).unwrap();
+    assert_eq!(m2a.generation, 2);
+    // A generation already used for that arch is refused.
+    let e = create(&f.opts(&ch.join("v9"), "v9", Arch::X86_64, Some(1))).unwrap_err();
+    assert!(matches!(e, ReleaseError::GenerationTaken { .. }), "{e}");
+    let index = channel::read_local_index(&ch).unwrap();
+    let got: Vec<_> = index
+        .releases
+        .iter()
+        .map(|e| (e.version.as_str(), e.generation, e.arch, e.path.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("v2", 2, Arch::Aarch64, "v2-arm/"),
+            ("v2", 2, Arch::X86_64, "v2/"),
+            ("v1", 1, Arch::X86_64, "v1/")
+        ]
+    );
+    // A release copied into the channel without re-indexing still counts.
+    create(&f.opts(&f.t.path().join("elsewhere"), "v7", Arch::X86_64, Some(7))).unwrap();
+    fs::create_dir(ch.join("v7")).unwrap();
+    for e in fs::read_dir(f.t.path().join("elsewhere")).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), ch.join("v7").join(e.file_name())).unwrap();
+    }
+    let m8 = create(&f.opts(&ch.join("v8"), "v8", Arch::X86_64, None)).unwrap();
+    assert_eq!(m8.generation, 8);
+    let index = channel::read_local_index(&ch).unwrap();
+    assert_eq!(index.releases[0].path, "v8/");
+    assert_eq!(index.releases[1].path, "v7/");
+}

@@ -1,0 +1,248 @@
+//! The node's side of TUF (spec 1.0, section 5, "detailed client workflow"), over any source
+//! of metadata files: walk the root chain, then timestamp → snapshot → targets, checking
+//! thresholds, versions that never go backwards, hashes and lengths between roles, and expiry.
+//!
+//! [`update`] is pure given its [`MetaSource`] and clock: it takes the node's [`Record`] of
+//! what it trusted before and returns the verified targets with the record to keep. Storing
+//! the record ([`super::store`]) is the caller's effect.
+
+use chrono::{DateTime, Utc};
+
+use super::meta::{sha256_hex, Envelope, Key, MetaRef, Role, Root, Targets, Versions};
+use super::{Record, TrustError};
+
+/// Largest `N.root.json` read.
+pub const MAX_ROOT_BYTES: u64 = 512 << 10;
+/// Largest `timestamp.json` read.
+pub const MAX_TIMESTAMP_BYTES: u64 = 16 << 10;
+/// Largest `snapshot.json` read when the timestamp names no length.
+pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 20;
+/// Largest `targets.json` read when the snapshot names no length.
+pub const MAX_TARGETS_BYTES: u64 = 16 << 20;
+/// Most root versions walked in one update (a chain longer than this is an attack or a
+/// mistake; a node that far behind walks on at its next poll).
+pub const MAX_ROOT_STEPS: u64 = 1024;
+
+/// Where metadata files come from (a channel directory, an http(s) channel, GitHub assets).
+pub trait MetaSource {
+    /// The file `name`, at most `max` bytes (more is [`TrustError::TooLarge`]); `Ok(None)`
+    /// when the source does not have it (404, no such file).
+    fn fetch(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>, TrustError>;
+    /// Where `name` is, for messages.
+    fn location(&self, name: &str) -> String;
+}
+
+/// The clock rule of one update.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    /// The node's clock.
+    pub now: DateTime<Utc>,
+    /// Operator override (`upgrade --ignore-expiry`): expiry is not checked (and the
+    /// record's time floor is not moved).
+    pub ignore_expiry: bool,
+}
+
+impl Clock {
+    /// The time expiry is checked against: the node's clock, but never earlier than the
+    /// newest clock reading at which this node verified the channel before (a clock reset to
+    /// 1970 by a dead RTC does not reopen metadata that expired since).
+    pub fn reference(&self, record: &Record) -> DateTime<Utc> {
+        match record.time_floor {
+            Some(floor) if floor > self.now => floor,
+            _ => self.now,
+        }
+    }
+
+    fn check(
+        &self,
+        reference: DateTime<Utc>,
+        role: Role,
+        version: u64,
+        expires: DateTime<Utc>,
+    ) -> Result<(), TrustError> {
+        if self.ignore_expiry || expires > reference {
+            return Ok(());
+        }
+        Err(TrustError::Expired {
+            role,
+            version,
+            expires,
+            now: reference,
+        })
+    }
+}
+
+/// What an update verified.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    pub targets: Targets,
+    /// The record to keep (new root, versions, time floor).
+    pub record: Record,
+}
+
+fn fetch_required(src: &dyn MetaSource, name: &str, max: u64) -> Result<Vec<u8>, TrustError> {
+    src.fetch(name, max)?.ok_or_else(|| TrustError::Missing {
+        file: name.to_string(),
+        location: src.location(name),
+    })
+}
+
+/// Check `bytes` against a `meta` entry's length and sha256 (when it names them).
+fn check_ref(r: &MetaRef, bytes: &[u8], location: &str) -> Result<(), TrustError> {
+    let sha = r.hashes.as_ref().and_then(|h| h.get("sha256"));
+    let len_bad = r.length.is_some_and(|l| l != bytes.len() as u64);
+    let sha_bad = sha.is_some_and(|s| *s != sha256_hex(bytes));
+    if len_bad || sha_bad {
+        return Err(TrustError::Mismatch {
+            location: location.to_string(),
+            expected: format!(
+                "{} bytes, sha256 {}",
+                r.length.map_or("?".into(), |l| l.to_string()),
+                sha.map_or("?", |s| s.as_str())
+            ),
+            found: format!("{} bytes, sha256 {}", bytes.len(), sha256_hex(bytes)),
+        });
+    }
+    Ok(())
+}
+
+fn no_rollback(role: Role, seen: u64, found: u64, location: &str) -> Result<(), TrustError> {
+    if found < seen {
+        return Err(TrustError::Rollback {
+            role,
+            location: location.to_string(),
+            seen,
+            found,
+        });
+    }
+    Ok(())
+}
+
+/// Walk `N+1.root.json`, `N+2.root.json`, … from the record's root: each must be signed by a
+/// threshold of the previous root's root keys and of its own, with exactly the next version.
+/// Where a role's keys change, the versions recorded for it are forgotten (fast-forward
+/// recovery: a leaked timestamp key that signed version 2^60 is undone by rotating it).
+fn walk_roots(src: &dyn MetaSource, record: &mut Record) -> Result<Root, TrustError> {
+    let mut root: Root = record.root.body(Role::Root, "trusted root")?;
+    for _ in 0..MAX_ROOT_STEPS {
+        let next = root.version + 1;
+        let name = format!("{next}.root.json");
+        let Some(bytes) = src.fetch(&name, MAX_ROOT_BYTES)? else {
+            break;
+        };
+        let loc = src.location(&name);
+        let env = Envelope::parse(&bytes, &loc)?;
+        env.check_role(&root, Role::Root, &loc)?;
+        let new: Root = env.body(Role::Root, &loc)?;
+        env.check_role(&new, Role::Root, &loc)?;
+        if new.version != next {
+            return Err(TrustError::WrongVersion {
+                location: loc,
+                expected: next,
+                found: new.version,
+            });
+        }
+        let changed = |r: Role| role_keys(&root, r) != role_keys(&new, r);
+        if changed(Role::Timestamp) {
+            record.timestamp = 0;
+            record.snapshot = 0;
+        }
+        if changed(Role::Snapshot) {
+            record.snapshot = 0;
+        }
+        if changed(Role::Targets) {
+            record.targets = 0;
+        }
+        record.root = env;
+        root = new;
+    }
+    Ok(root)
+}
+
+/// A role's keys (in a stable order) and threshold, to tell whether a new root changed them.
+fn role_keys(root: &Root, role: Role) -> Option<(Vec<Option<&Key>>, u32)> {
+    root.roles.get(&role).map(|k| {
+        let mut v: Vec<Option<&Key>> = k.keyids.iter().map(|id| root.keys.get(id)).collect();
+        v.sort_by_key(|k| k.map(|k| k.keyval.public.clone()));
+        (v, k.threshold)
+    })
+}
+
+/// The TUF client workflow from `record` (the node's trusted root and the highest versions
+/// it has seen). Nothing is returned unless every check passed.
+pub fn update(
+    src: &dyn MetaSource,
+    record: &Record,
+    clock: &Clock,
+) -> Result<Verified, TrustError> {
+    let mut rec = record.clone();
+    let reference = clock.reference(record);
+    let root = walk_roots(src, &mut rec)?;
+    clock.check(reference, Role::Root, root.version, root.expires)?;
+
+    let ts_name = Role::Timestamp.file();
+    let ts_loc = src.location(ts_name);
+    let ts_env = Envelope::parse(&fetch_required(src, ts_name, MAX_TIMESTAMP_BYTES)?, &ts_loc)?;
+    ts_env.check_role(&root, Role::Timestamp, &ts_loc)?;
+    let ts: Versions = ts_env.body(Role::Timestamp, &ts_loc)?;
+    no_rollback(Role::Timestamp, rec.timestamp, ts.version, &ts_loc)?;
+    clock.check(reference, Role::Timestamp, ts.version, ts.expires)?;
+    let snap_ref = meta_entry(&ts, Role::Snapshot, &ts_loc)?;
+
+    let sn_name = Role::Snapshot.file();
+    let sn_loc = src.location(sn_name);
+    let sn_bytes = fetch_required(src, sn_name, snap_ref.length.unwrap_or(MAX_SNAPSHOT_BYTES))?;
+    check_ref(&snap_ref, &sn_bytes, &sn_loc)?;
+    let sn_env = Envelope::parse(&sn_bytes, &sn_loc)?;
+    sn_env.check_role(&root, Role::Snapshot, &sn_loc)?;
+    let sn: Versions = sn_env.body(Role::Snapshot, &sn_loc)?;
+    if sn.version != snap_ref.version {
+        return Err(TrustError::WrongVersion {
+            location: sn_loc,
+            expected: snap_ref.version,
+            found: sn.version,
+        });
+    }
+    no_rollback(Role::Snapshot, rec.snapshot, sn.version, &sn_loc)?;
+    clock.check(reference, Role::Snapshot, sn.version, sn.expires)?;
+    let tg_ref = meta_entry(&sn, Role::Targets, &sn_loc)?;
+    no_rollback(Role::Targets, rec.targets, tg_ref.version, &sn_loc)?;
+
+    let tg_name = Role::Targets.file();
+    let tg_loc = src.location(tg_name);
+    let tg_bytes = fetch_required(src, tg_name, tg_ref.length.unwrap_or(MAX_TARGETS_BYTES))?;
+    check_ref(&tg_ref, &tg_bytes, &tg_loc)?;
+    let tg_env = Envelope::parse(&tg_bytes, &tg_loc)?;
+    tg_env.check_role(&root, Role::Targets, &tg_loc)?;
+    let targets: Targets = tg_env.body(Role::Targets, &tg_loc)?;
+    if targets.version != tg_ref.version {
+        return Err(TrustError::WrongVersion {
+            location: tg_loc,
+            expected: tg_ref.version,
+            found: targets.version,
+        });
+    }
+    clock.check(reference, Role::Targets, targets.version, targets.expires)?;
+
+    rec.timestamp = ts.version;
+    rec.snapshot = sn.version;
+    rec.targets = targets.version;
+    if !clock.ignore_expiry {
+        rec.time_floor = Some(reference);
+    }
+    Ok(Verified {
+        targets,
+        record: rec,
+    })
+}
+
+/// The `meta` entry for `role`'s file.
+fn meta_entry(v: &Versions, role: Role, location: &str) -> Result<MetaRef, TrustError> {
+    v.meta
+        .get(role.file())
+        .cloned()
+        .ok_or_else(|| TrustError::Malformed {
+            what: location.to_string(),
+            why: format!("its meta names no {}", role.file()),
+        })
+}

@@ -1,0 +1,327 @@
+//! The TUF 1.0 metadata documents of a channel (root, targets, snapshot, timestamp), their
+//! canonical JSON, key ids, and the signature threshold check. Pure: bytes in, verdicts out.
+//!
+//! Signatures are checked over the canonical JSON (OLPC, via `olpc-cjson`) of the `signed`
+//! object *as received*, never of a re-serialised struct: fields this build does not know
+//! are kept in what is verified, and documents written by other TUF tools (tuftool) check.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::TrustError;
+
+/// The TUF specification version this build writes; it reads any 1.x.
+pub const SPEC_VERSION: &str = "1.0.0";
+
+/// The four top-level roles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Root,
+    Targets,
+    Snapshot,
+    Timestamp,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Root, Role::Targets, Role::Snapshot, Role::Timestamp];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Root => "root",
+            Role::Targets => "targets",
+            Role::Snapshot => "snapshot",
+            Role::Timestamp => "timestamp",
+        }
+    }
+
+    /// The file the role's current metadata is published as.
+    pub fn file(self) -> &'static str {
+        match self {
+            Role::Root => "root.json",
+            Role::Targets => "targets.json",
+            Role::Snapshot => "snapshot.json",
+            Role::Timestamp => "timestamp.json",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Canonical JSON (OLPC) of a value.
+pub fn canonical<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
+    let mut buf = Vec::new();
+    let mut ser =
+        serde_json::Serializer::with_formatter(&mut buf, olpc_cjson::CanonicalFormatter::new());
+    v.serialize(&mut ser).map_err(|e| e.to_string())?;
+    Ok(buf)
+}
+
+/// A public key as TUF writes it: `{"keytype":"ed25519","scheme":"ed25519","keyval":{"public":HEX}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Key {
+    pub keytype: String,
+    pub scheme: String,
+    pub keyval: KeyVal,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyVal {
+    pub public: String,
+}
+
+impl Key {
+    pub fn ed25519(vk: &VerifyingKey) -> Key {
+        Key {
+            keytype: "ed25519".into(),
+            scheme: "ed25519".into(),
+            keyval: KeyVal {
+                public: hex::encode(vk.as_bytes()),
+            },
+        }
+    }
+
+    /// The key id: hex sha256 of the key's canonical JSON (TUF 1.0, 4.2).
+    pub fn id(&self) -> String {
+        let bytes = canonical(self).expect("a key serialises");
+        hex::encode(Sha256::digest(bytes))
+    }
+
+    /// The ed25519 key, if this is one this build can check.
+    fn verifying_key(&self) -> Option<VerifyingKey> {
+        if self.keytype != "ed25519" || self.scheme != "ed25519" {
+            return None;
+        }
+        let raw: [u8; 32] = hex::decode(&self.keyval.public).ok()?.try_into().ok()?;
+        VerifyingKey::from_bytes(&raw).ok()
+    }
+}
+
+/// Which keys sign for a role and how many must.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoleKeys {
+    pub keyids: Vec<String>,
+    pub threshold: u32,
+}
+
+/// `root.json`'s `signed` object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Root {
+    #[serde(rename = "_type")]
+    pub type_: String,
+    pub spec_version: String,
+    #[serde(default)]
+    pub consistent_snapshot: bool,
+    pub version: u64,
+    pub expires: DateTime<Utc>,
+    pub keys: BTreeMap<String, Key>,
+    pub roles: BTreeMap<Role, RoleKeys>,
+}
+
+/// A file's length and hashes (`targets` entries, `meta` entries).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileMeta {
+    pub length: u64,
+    pub hashes: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom: Option<TargetCustom>,
+}
+
+impl FileMeta {
+    pub fn sha256(&self) -> Option<&str> {
+        self.hashes.get("sha256").map(String::as_str)
+    }
+}
+
+/// What a target (a release's `manifest.json`) says about its release, for picking one
+/// without fetching every manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetCustom {
+    pub version: String,
+    pub generation: u64,
+    pub arch: crate::manifest::Arch,
+}
+
+/// `targets.json`'s `signed` object: target path → length, hashes, custom.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Targets {
+    #[serde(rename = "_type")]
+    pub type_: String,
+    pub spec_version: String,
+    pub version: u64,
+    pub expires: DateTime<Utc>,
+    pub targets: BTreeMap<String, FileMeta>,
+}
+
+/// A `meta` entry of snapshot and timestamp: the version of a metadata file, optionally its
+/// length and hashes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaRef {
+    pub version: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hashes: Option<BTreeMap<String, String>>,
+}
+
+/// `snapshot.json` and `timestamp.json`'s `signed` objects (same shape, different `meta`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Versions {
+    #[serde(rename = "_type")]
+    pub type_: String,
+    pub spec_version: String,
+    pub version: u64,
+    pub expires: DateTime<Utc>,
+    pub meta: BTreeMap<String, MetaRef>,
+}
+
+/// One signature of an envelope.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sig {
+    pub keyid: String,
+    pub sig: String,
+}
+
+/// A metadata file as published: `{"signed": …, "signatures": […]}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub signed: serde_json::Value,
+    pub signatures: Vec<Sig>,
+}
+
+/// The header every role's `signed` object has.
+#[derive(Deserialize)]
+struct Header {
+    #[serde(rename = "_type")]
+    type_: String,
+    spec_version: String,
+}
+
+impl Envelope {
+    /// Parse a published file; `what` names it in errors.
+    pub fn parse(bytes: &[u8], what: &str) -> Result<Envelope, TrustError> {
+        serde_json::from_slice(bytes).map_err(|e| TrustError::Malformed {
+            what: what.to_string(),
+            why: e.to_string(),
+        })
+    }
+
+    /// Sign `signed` with each key.
+    pub fn sign<T: Serialize>(signed: &T, keys: &[SigningKey]) -> Envelope {
+        let value = serde_json::to_value(signed).expect("metadata serialises");
+        let bytes = canonical(&value).expect("metadata is canonical JSON");
+        let signatures = keys
+            .iter()
+            .map(|k| Sig {
+                keyid: Key::ed25519(&k.verifying_key()).id(),
+                sig: hex::encode(k.sign(&bytes).to_bytes()),
+            })
+            .collect();
+        Envelope {
+            signed: value,
+            signatures,
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec_pretty(self).expect("envelope serialises");
+        v.push(b'\n');
+        v
+    }
+
+    /// The `signed` object as role `role`'s document (its `_type` and spec version checked).
+    pub fn body<T: DeserializeOwned>(&self, role: Role, what: &str) -> Result<T, TrustError> {
+        let malformed = |why: String| TrustError::Malformed {
+            what: what.to_string(),
+            why,
+        };
+        let h: Header =
+            serde_json::from_value(self.signed.clone()).map_err(|e| malformed(e.to_string()))?;
+        if h.type_ != role.as_str() {
+            return Err(malformed(format!(
+                "_type is '{}', expected '{role}'",
+                h.type_
+            )));
+        }
+        if h.spec_version.split('.').next() != Some("1") {
+            return Err(malformed(format!(
+                "spec_version {} is not TUF 1.x",
+                h.spec_version
+            )));
+        }
+        serde_json::from_value(self.signed.clone()).map_err(|e| malformed(e.to_string()))
+    }
+
+    /// Check that at least `threshold` distinct keys of `role` in `root` signed this document.
+    /// Signatures by keys outside the role, unknown key types and repeated key ids count for
+    /// nothing.
+    pub fn check_role(&self, root: &Root, role: Role, what: &str) -> Result<(), TrustError> {
+        let Some(rk) = root.roles.get(&role) else {
+            return Err(TrustError::Malformed {
+                what: format!("root version {}", root.version),
+                why: format!("it names no keys for the {role} role"),
+            });
+        };
+        let bytes = canonical(&self.signed).map_err(|why| TrustError::Malformed {
+            what: what.to_string(),
+            why: format!("not canonical JSON: {why}"),
+        })?;
+        let mut good: Vec<&str> = Vec::new();
+        for s in &self.signatures {
+            if good.contains(&s.keyid.as_str()) || !rk.keyids.contains(&s.keyid) {
+                continue;
+            }
+            let Some(vk) = root.keys.get(&s.keyid).and_then(Key::verifying_key) else {
+                continue;
+            };
+            let Some(sig) = hex::decode(&s.sig)
+                .ok()
+                .and_then(|b| Signature::from_slice(&b).ok())
+            else {
+                continue;
+            };
+            if vk.verify_strict(&bytes, &sig).is_ok() {
+                good.push(&s.keyid);
+            }
+        }
+        let need = rk.threshold.max(1) as usize;
+        if good.len() < need {
+            return Err(TrustError::Threshold {
+                what: what.to_string(),
+                role,
+                root_version: root.version,
+                found: good.len(),
+                need,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// An RFC 3339 time as TUF writes it (`2030-01-01T00:00:00Z`).
+pub fn time_str(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// sha256 of `bytes`, lower-case hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// `length` and `sha256` of a file's bytes.
+pub fn file_meta(bytes: &[u8], custom: Option<TargetCustom>) -> FileMeta {
+    FileMeta {
+        length: bytes.len() as u64,
+        hashes: BTreeMap::from([("sha256".to_string(), sha256_hex(bytes))]),
+        custom,
+    }
+}

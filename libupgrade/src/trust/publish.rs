@@ -1,0 +1,339 @@
+//! The publisher's side of channel metadata: make the first root, rotate it, list a channel's
+//! releases in `targets.json`, and re-sign `snapshot.json` + `timestamp.json` (what a cron job
+//! runs). Every file is written through a temporary file and a rename, in the order a reader
+//! needs (`N.root.json` before `root.json`; targets, then snapshot, then timestamp), and each
+//! new document is checked against its root's threshold before it is written: a publisher
+//! cannot publish what nodes would refuse.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use chrono::{DateTime, Duration, SubsecRound, Utc};
+pub use ed25519_dalek::{SigningKey, VerifyingKey};
+
+use super::meta::{
+    file_meta, Envelope, Key, MetaRef, Role, RoleKeys, Root, TargetCustom, Targets, Versions,
+    SPEC_VERSION,
+};
+use super::TrustError;
+use crate::manifest::MANIFEST_FILE;
+
+/// Default lifetimes: root a year, targets 90 days, snapshot 30 days, timestamp 7 days
+/// (re-signed daily, a node's clock may be 6 days ahead and still take fresh metadata).
+pub const ROOT_LIFETIME_DAYS: i64 = 365;
+pub const TARGETS_LIFETIME_DAYS: i64 = 90;
+pub const SNAPSHOT_LIFETIME_DAYS: i64 = 30;
+pub const TIMESTAMP_LIFETIME_DAYS: i64 = 7;
+
+/// The keys and threshold of one role.
+#[derive(Debug, Clone)]
+pub struct RoleSpec {
+    pub keys: Vec<VerifyingKey>,
+    pub threshold: u32,
+}
+
+/// `now + d`, to the second (TUF writes whole seconds).
+pub fn expires_in(d: Duration) -> DateTime<Utc> {
+    (Utc::now() + d).trunc_subsecs(0)
+}
+
+fn publish_err(what: impl Into<String>, why: impl Into<String>) -> TrustError {
+    TrustError::Publish {
+        what: what.into(),
+        why: why.into(),
+    }
+}
+
+fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), TrustError> {
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| TrustError::Io { path: p, source }
+    };
+    let tmp = dir.join(format!(".{name}.part"));
+    let dst = dir.join(name);
+    let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
+    f.write_all(bytes).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    drop(f);
+    fs::rename(&tmp, &dst).map_err(io(&dst))?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))
+}
+
+fn read_env(dir: &Path, name: &str) -> Result<Option<(Envelope, Vec<u8>)>, TrustError> {
+    let p = dir.join(name);
+    match fs::read(&p) {
+        Ok(b) => Ok(Some((Envelope::parse(&b, &p.display().to_string())?, b))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(TrustError::Io { path: p, source }),
+    }
+}
+
+/// The channel's current root (`DIR/root.json`).
+pub fn current_root(dir: &Path) -> Result<Root, TrustError> {
+    let what = dir.join(Role::Root.file()).display().to_string();
+    let (env, _) = read_env(dir, Role::Root.file())?.ok_or_else(|| {
+        publish_err(
+            &what,
+            "no root: run `k3os-ops release root init` for this channel first",
+        )
+    })?;
+    env.body(Role::Root, &what)
+}
+
+fn build_root(
+    version: u64,
+    roles: &BTreeMap<Role, RoleSpec>,
+    expires: DateTime<Utc>,
+) -> Result<Root, TrustError> {
+    let mut keys = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for role in Role::ALL {
+        let spec = roles
+            .get(&role)
+            .ok_or_else(|| publish_err("root", format!("no keys given for the {role} role")))?;
+        let n = spec.keys.len() as u32;
+        if spec.threshold == 0 || spec.threshold > n {
+            return Err(publish_err(
+                "root",
+                format!(
+                    "{role} threshold {} must be between 1 and its {n} key(s)",
+                    spec.threshold
+                ),
+            ));
+        }
+        let mut ids = Vec::new();
+        for vk in &spec.keys {
+            let k = Key::ed25519(vk);
+            let id = k.id();
+            if !ids.contains(&id) {
+                ids.push(id.clone());
+            }
+            keys.insert(id, k);
+        }
+        out.insert(
+            role,
+            RoleKeys {
+                keyids: ids,
+                threshold: spec.threshold,
+            },
+        );
+    }
+    Ok(Root {
+        type_: "root".into(),
+        spec_version: SPEC_VERSION.into(),
+        consistent_snapshot: false,
+        version,
+        expires,
+        keys,
+        roles: out,
+    })
+}
+
+/// The signers that are keys of `role` in any of `roots`.
+fn signers_for(roots: &[&Root], role: Role, signers: &[SigningKey]) -> Vec<SigningKey> {
+    signers
+        .iter()
+        .filter(|s| {
+            let id = Key::ed25519(&s.verifying_key()).id();
+            roots
+                .iter()
+                .any(|r| r.roles.get(&role).is_some_and(|k| k.keyids.contains(&id)))
+        })
+        .cloned()
+        .collect()
+}
+
+/// Write root version 1 (`1.root.json` and `root.json`), signed by `signers` (a threshold of
+/// its root keys). Refuses a channel that already has a root.
+pub fn init_root(
+    dir: &Path,
+    roles: &BTreeMap<Role, RoleSpec>,
+    signers: &[SigningKey],
+    expires: DateTime<Utc>,
+) -> Result<Root, TrustError> {
+    if dir.join(Role::Root.file()).exists() || dir.join("1.root.json").exists() {
+        return Err(publish_err(
+            dir.join(Role::Root.file()).display().to_string(),
+            "the channel already has a root; use `k3os-ops release root rotate`",
+        ));
+    }
+    let root = build_root(1, roles, expires)?;
+    let env = Envelope::sign(&root, &signers_for(&[&root], Role::Root, signers));
+    env.check_role(&root, Role::Root, "new root version 1")?;
+    let bytes = env.to_bytes();
+    write_atomic(dir, "1.root.json", &bytes)?;
+    write_atomic(dir, Role::Root.file(), &bytes)?;
+    Ok(root)
+}
+
+/// Publish root N+1: `changes` replace those roles' keys (others keep theirs); it is signed by
+/// every signer that is a root key of root N or N+1, and must carry a threshold of both.
+pub fn rotate_root(
+    dir: &Path,
+    changes: &BTreeMap<Role, RoleSpec>,
+    signers: &[SigningKey],
+    expires: DateTime<Utc>,
+) -> Result<Root, TrustError> {
+    let old = current_root(dir)?;
+    let mut roles = BTreeMap::new();
+    for role in Role::ALL {
+        let spec = match changes.get(&role) {
+            Some(s) => s.clone(),
+            None => {
+                let rk = &old.roles[&role];
+                let keys = rk
+                    .keyids
+                    .iter()
+                    .filter_map(|id| old.keys.get(id))
+                    .filter_map(|k| {
+                        let raw: [u8; 32] = hex::decode(&k.keyval.public).ok()?.try_into().ok()?;
+                        VerifyingKey::from_bytes(&raw).ok()
+                    })
+                    .collect();
+                RoleSpec {
+                    keys,
+                    threshold: rk.threshold,
+                }
+            }
+        };
+        roles.insert(role, spec);
+    }
+    let new = build_root(old.version + 1, &roles, expires)?;
+    let env = Envelope::sign(&new, &signers_for(&[&old, &new], Role::Root, signers));
+    let what = format!("new root version {}", new.version);
+    env.check_role(
+        &old,
+        Role::Root,
+        &format!("{what} (against root {})", old.version),
+    )?;
+    env.check_role(&new, Role::Root, &what)?;
+    let bytes = env.to_bytes();
+    write_atomic(dir, &format!("{}.root.json", new.version), &bytes)?;
+    write_atomic(dir, Role::Root.file(), &bytes)?;
+    Ok(new)
+}
+
+fn next_version(dir: &Path, role: Role) -> Result<u64, TrustError> {
+    Ok(match read_env(dir, role.file())? {
+        Some((env, _)) => {
+            let what = dir.join(role.file()).display().to_string();
+            let v: Versionless =
+                serde_json::from_value(env.signed).map_err(|e| TrustError::Malformed {
+                    what,
+                    why: e.to_string(),
+                })?;
+            v.version + 1
+        }
+        None => 1,
+    })
+}
+
+#[derive(serde::Deserialize)]
+struct Versionless {
+    version: u64,
+}
+
+/// List every release of the channel directory (those `release index` lists) in a new
+/// `targets.json`, signed by `signers` (a threshold of the targets keys).
+pub fn write_targets(
+    dir: &Path,
+    signers: &[SigningKey],
+    expires: DateTime<Utc>,
+) -> Result<Targets, TrustError> {
+    let root = current_root(dir)?;
+    let index = crate::channel::build_index(dir)
+        .map_err(|e| publish_err(dir.display().to_string(), e.to_string()))?;
+    let mut targets = BTreeMap::new();
+    for e in &index.releases {
+        let rel = format!("{}/{MANIFEST_FILE}", e.path.trim_end_matches('/'));
+        let p = dir.join(&rel);
+        let bytes = fs::read(&p).map_err(|source| TrustError::Io { path: p, source })?;
+        let custom = TargetCustom {
+            version: e.version.clone(),
+            generation: e.generation,
+            arch: e.arch,
+        };
+        targets.insert(rel, file_meta(&bytes, Some(custom)));
+    }
+    let doc = Targets {
+        type_: "targets".into(),
+        spec_version: SPEC_VERSION.into(),
+        version: next_version(dir, Role::Targets)?,
+        expires,
+        targets,
+    };
+    let env = Envelope::sign(&doc, &signers_for(&[&root], Role::Targets, signers));
+    env.check_role(
+        &root,
+        Role::Targets,
+        &format!("new targets version {}", doc.version),
+    )?;
+    write_atomic(dir, Role::Targets.file(), &env.to_bytes())?;
+    Ok(doc)
+}
+
+/// Re-sign `snapshot.json` (over the current `targets.json`) and `timestamp.json` (over the
+/// new snapshot), each one version up. What a channel's cron job runs.
+pub fn write_timestamp(
+    dir: &Path,
+    signers: &[SigningKey],
+    snapshot_expires: DateTime<Utc>,
+    timestamp_expires: DateTime<Utc>,
+) -> Result<(Versions, Versions), TrustError> {
+    let root = current_root(dir)?;
+    let (tg_env, tg_bytes) = read_env(dir, Role::Targets.file())?.ok_or_else(|| {
+        publish_err(
+            dir.join(Role::Targets.file()).display().to_string(),
+            "no targets: run `k3os-ops release targets` first",
+        )
+    })?;
+    let tg: Targets = tg_env.body(Role::Targets, "targets.json")?;
+    let meta_ref = |version: u64, bytes: &[u8]| {
+        let m = file_meta(bytes, None);
+        MetaRef {
+            version,
+            length: Some(m.length),
+            hashes: Some(m.hashes),
+        }
+    };
+    let snapshot = Versions {
+        type_: "snapshot".into(),
+        spec_version: SPEC_VERSION.into(),
+        version: next_version(dir, Role::Snapshot)?,
+        expires: snapshot_expires,
+        meta: BTreeMap::from([(
+            Role::Targets.file().to_string(),
+            meta_ref(tg.version, &tg_bytes),
+        )]),
+    };
+    let sn_env = Envelope::sign(&snapshot, &signers_for(&[&root], Role::Snapshot, signers));
+    sn_env.check_role(
+        &root,
+        Role::Snapshot,
+        &format!("new snapshot version {}", snapshot.version),
+    )?;
+    let sn_bytes = sn_env.to_bytes();
+    let timestamp = Versions {
+        type_: "timestamp".into(),
+        spec_version: SPEC_VERSION.into(),
+        version: next_version(dir, Role::Timestamp)?,
+        expires: timestamp_expires,
+        meta: BTreeMap::from([(
+            Role::Snapshot.file().to_string(),
+            meta_ref(snapshot.version, &sn_bytes),
+        )]),
+    };
+    let ts_env = Envelope::sign(&timestamp, &signers_for(&[&root], Role::Timestamp, signers));
+    ts_env.check_role(
+        &root,
+        Role::Timestamp,
+        &format!("new timestamp version {}", timestamp.version),
+    )?;
+    write_atomic(dir, Role::Snapshot.file(), &sn_bytes)?;
+    write_atomic(dir, Role::Timestamp.file(), &ts_env.to_bytes())?;
+    Ok((snapshot, timestamp))
+}
