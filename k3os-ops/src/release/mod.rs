@@ -5,6 +5,7 @@
 //! channel's signed metadata (`libupgrade::trust`).
 
 mod bundle;
+mod create;
 mod metadata;
 mod serve;
 
@@ -36,44 +37,7 @@ enum ReleaseCmd {
     },
     /// Create a signed release directory (rootfs.squashfs, vmlinuz, initrd, manifest.json,
     /// manifest.json.sig). Inside a channel directory the index is updated too.
-    Create {
-        /// The root filesystem, a squashfs image.
-        #[arg(long)]
-        rootfs: PathBuf,
-        /// The kernel image (becomes vmlinuz).
-        #[arg(long)]
-        kernel: PathBuf,
-        /// The initramfs (becomes initrd).
-        #[arg(long)]
-        initrd: PathBuf,
-        /// Version string shown to operators (1-128 printable ASCII characters, no spaces).
-        #[arg(long)]
-        version: String,
-        /// x86_64 (amd64) or aarch64 (arm64).
-        #[arg(long)]
-        arch: Arch,
-        /// Secret key file made by `release keygen`.
-        #[arg(long)]
-        key: PathBuf,
-        /// Release directory to write (created; must not already hold a release).
-        #[arg(short = 'o', long = "out")]
-        out: PathBuf,
-        /// Monotonic release number nodes compare to refuse downgrades. Required unless -o is a subdirectory of a channel (a directory holding index.json).
-        #[arg(long)]
-        generation: Option<u64>,
-        /// Average chunk size of the chunk indexes (KiB; min = avg/4, max = avg×4). Nodes fetch
-        /// only the chunks they lack; 32 KiB measured best on Debian squashfs images.
-        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
-        chunk_avg_kib: u32,
-        /// Write no chunk indexes: nodes download whole files (releases of earlier versions).
-        #[arg(long, conflicts_with = "chunk_avg_kib")]
-        no_chunks: bool,
-        /// Boot config (see `k3os-ops bootloader`): the release carries the GRUB and syslinux
-        /// scripts rendered from it, and a node installs its loader's script when it activates
-        /// the release (when both of its slots read that script's version).
-        #[arg(long)]
-        boot_config: Option<PathBuf>,
-    },
+    Create(create::CreateArgs),
     /// (Re)build DIR/index.json from the release subdirectories of DIR.
     Index { dir: PathBuf },
     /// List a channel's releases, newest first (path, http(s) URL or github-releases://OWNER/REPO).
@@ -140,60 +104,7 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
                 "copy the public key into each node's trust dir; keep the secret key off the nodes"
             );
         }
-        ReleaseCmd::Create {
-            rootfs,
-            kernel,
-            initrd,
-            version,
-            arch,
-            key,
-            out,
-            generation,
-            chunk_avg_kib,
-            no_chunks,
-            boot_config,
-        } => {
-            let scripts = match &boot_config {
-                Some(p) => crate::bootloader::BootConfig::load(p)?.scripts(),
-                None => Vec::new(),
-            };
-            let chunking =
-                (!no_chunks).then(|| libupgrade::chunk::ChunkParams::with_avg(chunk_avg_kib << 10));
-            let opts = release::CreateOptions {
-                rootfs,
-                kernel,
-                initrd,
-                version,
-                arch,
-                secret_key: key,
-                out_dir: out.clone(),
-                generation,
-                scripts,
-            };
-            let bar = Bar::new();
-            let m = release::create_with(&opts, chunking, &bar)
-                .with_context(|| format!("creating release in {}", out.display()))?;
-            println!(
-                "created release {} ({}, generation {}) in {}",
-                m.version,
-                m.arch,
-                m.generation,
-                out.display()
-            );
-            for a in libupgrade::manifest::Artifact::ALL {
-                let f = m.files.get(a);
-                println!("  {:<16} {:>12} bytes  sha256 {}", f.path, f.size, f.sha256);
-                if let Some(c) = &f.chunks {
-                    println!("  {:<16} {:>12} bytes  (chunk index)", c.path, c.size);
-                }
-            }
-            for sc in m.boot.iter().flat_map(|b| &b.scripts) {
-                println!(
-                    "  {:<16} {:>12} bytes  ({} version {})",
-                    sc.path, sc.size, sc.kind, sc.version
-                );
-            }
-        }
+        ReleaseCmd::Create(a) => create::run(a)?,
         ReleaseCmd::Index { dir } => {
             let index = channel::write_index(&dir)
                 .with_context(|| format!("indexing channel {}", dir.display()))?;
@@ -204,40 +115,13 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
             );
             print_index(&index);
         }
-        ReleaseCmd::List { channel: ch, root } => {
-            let index = match root {
-                Some(root) => {
-                    let (_scratch, trust) = inspect_trust(&root)?;
-                    channel::list_with(&ch, &trust)?
-                }
-                None => channel::list(&ch)?,
-            };
-            print_index(&index);
-        }
+        ReleaseCmd::List { channel: ch, root } => list(&ch, root.as_deref())?,
         ReleaseCmd::Resolve {
             channel: ch,
             root,
             version,
             arch,
-        } => {
-            let r = match root {
-                Some(root) => {
-                    let (_scratch, trust) = inspect_trust(&root)?;
-                    channel::resolve_with(&ch, Some(&version), arch, &trust)?
-                }
-                None => channel::resolve(&ch, Some(&version), arch)?,
-            };
-            println!(
-                "{} ({}, generation {}) at {}",
-                r.version, r.arch, r.generation, r.location
-            );
-            if let Some(pin) = &r.pin {
-                println!(
-                    "  manifest {} bytes, sha256 {}, vouched for by {}",
-                    pin.length, pin.sha256, pin.vouched_by
-                );
-            }
-        }
+        } => resolve(&ch, root.as_deref(), &version, arch)?,
         ReleaseCmd::Verify { dir, trust_dir } => {
             let (m, key) = release::verify_dir(&dir, &trust_dir)?;
             println!(
@@ -252,6 +136,41 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
         ReleaseCmd::Targets(a) => metadata::targets(a)?,
         ReleaseCmd::Timestamp(a) => metadata::timestamp(a)?,
         ReleaseCmd::Serve { dir, listen } => serve::serve(&dir, listen)?,
+    }
+    Ok(())
+}
+
+/// `release list`: the channel's releases, through its signed metadata when `root` is given.
+fn list(ch: &str, root: Option<&Path>) -> anyhow::Result<()> {
+    let index = match root {
+        Some(root) => {
+            let (_scratch, trust) = inspect_trust(root)?;
+            channel::list_with(ch, &trust)?
+        }
+        None => channel::list(ch)?,
+    };
+    print_index(&index);
+    Ok(())
+}
+
+/// `release resolve`: which release `version` names, and the pin that vouches for it.
+fn resolve(ch: &str, root: Option<&Path>, version: &str, arch: Arch) -> anyhow::Result<()> {
+    let r = match root {
+        Some(root) => {
+            let (_scratch, trust) = inspect_trust(root)?;
+            channel::resolve_with(ch, Some(version), arch, &trust)?
+        }
+        None => channel::resolve(ch, Some(version), arch)?,
+    };
+    println!(
+        "{} ({}, generation {}) at {}",
+        r.version, r.arch, r.generation, r.location
+    );
+    if let Some(pin) = &r.pin {
+        println!(
+            "  manifest {} bytes, sha256 {}, vouched for by {}",
+            pin.length, pin.sha256, pin.vouched_by
+        );
     }
     Ok(())
 }
