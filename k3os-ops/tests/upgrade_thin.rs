@@ -19,6 +19,7 @@ use std::process::Command;
 use cli_support::Node;
 use libupgrade::manifest::Arch;
 use release_support::create;
+use testkit::release_size;
 
 impl Node {
     /// A signed release `v2` (generation 6) whose rootfs is a real squashfs holding 3 MiB of
@@ -84,13 +85,6 @@ fn planned_fetch(out: &str) -> u64 {
         .unwrap_or_else(|| panic!("no total line in:\n{out}"));
     let inner = line.split('(').nth(1).unwrap().split(' ').next().unwrap();
     inner.parse().unwrap()
-}
-
-fn release_size(rel: &Path) -> u64 {
-    ["rootfs.squashfs", "vmlinuz", "initrd"]
-        .iter()
-        .map(|f| fs::metadata(rel.join(f)).unwrap().len())
-        .sum()
 }
 
 fn state_files(n: &Node) -> Vec<(PathBuf, Vec<u8>)> {
@@ -375,6 +369,14 @@ impl Node {
     fn status(&self) -> String {
         self.ok(&["slot", "status"])
     }
+
+    /// `slot await-bless` succeeds and slot B is then good and booted; its stdout.
+    fn blesses_the_trial(&self) -> String {
+        let out = self.ok(&["slot", "await-bless"]);
+        let status = self.status();
+        assert!(status.contains("slot B (good, booted"), "{status}");
+        out
+    }
 }
 
 /// A 127.0.0.1 port nothing listens on.
@@ -415,13 +417,8 @@ fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts()
     let closed = format!("tcp://127.0.0.1:{}", closed_port());
     n.reachability(&[closed, open.clone()], 30);
     n.trial_of(rel.to_str().unwrap());
-    let out = n.ok(&["slot", "await-bless"]);
+    let out = n.blesses_the_trial();
     assert!(out.contains("slot B"), "{out}");
-    assert!(
-        n.status().contains("slot B (good, booted"),
-        "{}",
-        n.status()
-    );
 
     // Any HTTP answer (a 404) counts.
     let n = Node::new();
@@ -429,12 +426,7 @@ fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts()
     let srv = testkit::TestServer::paced(n.path().to_path_buf(), 0);
     n.reachability(&[format!("{}no-such-file", srv.base)], 30);
     n.trial_of(rel.to_str().unwrap());
-    n.ok(&["slot", "await-bless"]);
-    assert!(
-        n.status().contains("slot B (good, booted"),
-        "{}",
-        n.status()
-    );
+    n.blesses_the_trial();
 
     // No endpoints configured: the URL the release was staged from; a local source has none,
     // which activation refuses up front.
@@ -458,12 +450,7 @@ fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts()
     // [reachability] still probes the URL it was staged from.
     fs::write(&n.config, plain).unwrap();
     let asked = srv.requests.lock().unwrap().len();
-    n.ok(&["slot", "await-bless"]);
-    assert!(
-        n.status().contains("slot B (good, booted"),
-        "{}",
-        n.status()
-    );
+    n.blesses_the_trial();
     let last = srv.requests.lock().unwrap()[asked..].to_vec();
     assert!(
         last.iter().any(|r| r.starts_with("/v2/manifest.json")),
