@@ -7,7 +7,7 @@
 # Build the x86_64 and aarch64 test releases and disks.
 images: images-x86_64 images-aarch64
 
-# x86_64: releases v1 v2 v3 (+ v2-panic, v2-noconfirm, v2-badhealth, v4-panic), disks grub-bios, grub-efi, extlinux.
+# x86_64: releases v1 v2 v3 (+ v2-panic, v2-noconfirm, v2-badhealth, v4-panic, v2-nonet), disks grub-bios, grub-efi, extlinux.
 images-x86_64: (images-build "x86_64")
 
 # aarch64: the same releases, disk grub-efi (AAVMF).
@@ -102,7 +102,9 @@ image-test: image
 
 # One scenario on one target, e.g. `just vm-test powercut x86_64-grub-bios --all-barriers`
 # (scenarios: upgrade fallback-panic fallback-noconfirm badhealth powercut missing-kernel awaited-check
-# upgrade-from-previous all; target "all" too; upgrade-from-previous needs `just images-previous`).
+# upgrade-from-previous bundle-offline reachability trust-rotation all; target "all" too;
+# upgrade-from-previous needs `just images-previous`; bundle-offline writes its bundle with the
+# host k3os-ops `just images` builds).
 # VM_TESTS_IMAGES=<dir> boots another images tree; VM_TESTS_ACCEL=tcg|kvm skips the KVM probe.
 vm-test scenario="upgrade" target="x86_64-grub-bios" *flags="":
     cargo run -p vm-tests -- run {{scenario}} {{target}} {{flags}}

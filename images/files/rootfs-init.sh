@@ -11,7 +11,8 @@
 # PID 1) print K3OS-SHUTDOWN <how>, unmount /boot and the state partition, and do it.
 #
 # /etc/k3os-ops/mode selects a failure variant: "noconfirm" never confirms (prints
-# K3OS-NOCONFIRM and keeps running until the harness resets the VM, like a watchdog).
+# K3OS-NOCONFIRM and keeps running until the harness resets the VM, like a watchdog); "nonet"
+# never brings eth0 up (a release whose network configuration is broken).
 export PATH=/sbin:/bin:/usr/sbin:/usr/bin
 export HOME=/root
 umask 022
@@ -121,7 +122,9 @@ fi
 unset K3OS_OPS_BARRIERS K3OS_OPS_BARRIER_STOP
 
 ip link set lo up
-if ip link show eth0 >/dev/null 2>&1; then
+if [ "$mode" = nonet ]; then
+    echo "k3os-init: network left down (this release's network configuration is broken on purpose)"
+elif ip link show eth0 >/dev/null 2>&1; then
     ip link set eth0 up
     udhcpc -i eth0 -s /etc/udhcpc/default.script -q -n -t 5 -T 2 ||
         echo "k3os-init: udhcpc on eth0 got no lease"

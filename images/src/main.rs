@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use k3os_images::debs::Debs;
 use k3os_images::disk;
-use k3os_images::release::{ensure_keys, ReleaseBuilder};
+use k3os_images::release::{ensure_channel_root, ensure_keys, ReleaseBuilder, CHANNEL_ROOT_DIR};
 use k3os_images::spec::{BootVariant, DiskSpec, Release, ReleaseSpec, Sizes};
 use k3os_images::stamp::Stamp;
 use k3os_images::target::Target;
@@ -42,7 +42,8 @@ enum Command {
         /// Output root (images/out).
         #[arg(long, default_value = "images/out")]
         out: PathBuf,
-        /// Releases to build (default: v1 v2 v3 v2-panic v2-noconfirm v2-badhealth v4-panic).
+        /// Releases to build (default: v1 v2 v3 v2-panic v2-noconfirm v2-badhealth v4-panic
+        /// v2-nonet).
         #[arg(long = "release", value_parser = ReleaseSpec::parse)]
         releases: Vec<ReleaseSpec>,
         /// Disk boot variants (default: all the architecture has).
@@ -72,6 +73,9 @@ fn main() -> anyhow::Result<()> {
             let keys = out.join("keys");
             let (secret, public) = ensure_keys(&tool, &keys).context("test signing key")?;
             let arch_out = out.join(arch.as_str());
+            let channel_root =
+                ensure_channel_root(&arch_out.join("keys"), &arch_out.join(CHANNEL_ROOT_DIR))
+                    .context("test channel root")?;
             let builder = ReleaseBuilder {
                 target,
                 debs: debs.clone(),
@@ -79,6 +83,7 @@ fn main() -> anyhow::Result<()> {
                 tool: tool.clone(),
                 out: arch_out.clone(),
                 keys,
+                channel_root,
             };
             let signing = Signing {
                 secret: &secret,

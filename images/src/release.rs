@@ -32,6 +32,70 @@ pub struct ReleaseBuilder {
     pub out: PathBuf,
     /// `images/out/keys` (test signing key pair).
     pub keys: PathBuf,
+    /// The test channel's root version 1 ([`ensure_channel_root`]), baked into every rootfs
+    /// at `/etc/k3os-ops/root.json`.
+    pub channel_root: PathBuf,
+}
+
+/// Names of the test channel's key pairs in `images/out/<arch>/keys/` (`NAME.key`, `NAME.pub`):
+/// root version 1's root, targets, snapshot and timestamp keys. The `trust-rotation` VM
+/// scenario signs with them (vm-tests/src/scenario/rotation.rs names the same files).
+pub const CHANNEL_KEYS: [&str; 4] = ["root1", "targets1", "snapshot", "timestamp"];
+
+/// Where [`ensure_channel_root`] writes root version 1 (`1.root.json`, `root.json`) under
+/// `images/out/<arch>/`.
+pub const CHANNEL_ROOT_DIR: &str = "channel-root";
+
+/// The test channel's root version 1, made once: key pairs [`CHANNEL_KEYS`] in `keys` and
+/// `dir/1.root.json` + `dir/root.json` signed by `root1` (threshold 1 for every role). Both
+/// are kept while they exist (like the release key of [`ensure_keys`]); delete them to make
+/// new ones (every rootfs is then rebuilt: its fingerprint has the root file). Returns
+/// `dir/root.json`.
+pub fn ensure_channel_root(keys: &Path, dir: &Path) -> Result<PathBuf> {
+    use libupgrade::signing;
+    use libupgrade::trust::publish::{self, RoleSpec};
+    use libupgrade::trust::Role;
+
+    let root_file = dir.join(Role::Root.file());
+    let have_keys = CHANNEL_KEYS
+        .iter()
+        .all(|n| keys.join(format!("{n}.key")).is_file());
+    if have_keys && root_file.is_file() {
+        return Ok(root_file);
+    }
+    let sig_err = |path: &Path, e: signing::SigningError| Error::Input {
+        path: path.to_path_buf(),
+        what: e.to_string(),
+    };
+    let mut secret = Vec::new();
+    for name in CHANNEL_KEYS {
+        let sk = keys.join(format!("{name}.key"));
+        if !sk.is_file() {
+            signing::generate_keypair(keys, name).map_err(|e| sig_err(keys, e))?;
+        }
+        secret.push(signing::load_secret_key(&sk).map_err(|e| sig_err(&sk, e))?);
+    }
+    if dir.exists() {
+        fs::remove_dir_all(dir).ctx("remove old channel root", dir)?;
+    }
+    fs::create_dir_all(dir).ctx("create directory", dir)?;
+    let roles = [Role::Root, Role::Targets, Role::Snapshot, Role::Timestamp]
+        .into_iter()
+        .zip(&secret)
+        .map(|(role, sk)| {
+            let spec = RoleSpec {
+                keys: vec![sk.verifying_key()],
+                threshold: 1,
+            };
+            (role, spec)
+        })
+        .collect();
+    let expires = publish::expires_in(chrono::Duration::days(publish::ROOT_LIFETIME_DAYS));
+    publish::init_root(dir, &roles, &secret[..1], expires).map_err(|e| Error::Input {
+        path: dir.to_path_buf(),
+        what: format!("writing the test channel's root version 1: {e}"),
+    })?;
+    Ok(root_file)
 }
 
 /// The test key pair: (secret, public).
@@ -148,10 +212,15 @@ impl ReleaseBuilder {
             .param("mksquashfs", rootfs::MKSQUASHFS_OPTS.join(" "))
             .file("busybox", &d.busybox)?
             .file("k3os-ops", &self.k3os_ops)?
-            .file("trust", public)?;
+            .file("trust", public)?
+            .file("channel-root", &self.channel_root)?;
         if !st.is_fresh(&rootfs) {
             Stamp::invalidate(&rootfs)?;
-            rootfs::build(d, t, &self.k3os_ops, public, spec, &rootfs)?;
+            let node = rootfs::NodeTrust {
+                release_key: public,
+                channel_root: &self.channel_root,
+            };
+            rootfs::build(d, t, &self.k3os_ops, &node, spec, &rootfs)?;
             st.record(&rootfs)?;
         }
         Ok(rootfs)
@@ -231,4 +300,27 @@ struct Files {
     kernel: PathBuf,
     initrd: PathBuf,
     rootfs: PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The root is made once and kept (the rootfs fingerprints have it), and it is a root a
+    /// node accepts as its starting point: self-signed by its threshold.
+    #[test]
+    fn the_channel_root_is_made_once_and_is_a_valid_root_version_1() {
+        let t = tempfile::tempdir().unwrap();
+        let (keys, dir) = (t.path().join("keys"), t.path().join(CHANNEL_ROOT_DIR));
+        let root = ensure_channel_root(&keys, &dir).unwrap();
+        let bytes = fs::read(&root).unwrap();
+        assert_eq!(bytes, fs::read(dir.join("1.root.json")).unwrap());
+        let rec = libupgrade::trust::Record::from_root(&bytes, "test root").unwrap();
+        assert_eq!(rec.root_version(), 1);
+        for n in CHANNEL_KEYS {
+            assert!(keys.join(format!("{n}.key")).is_file(), "{n}");
+        }
+        assert_eq!(ensure_channel_root(&keys, &dir).unwrap(), root);
+        assert_eq!(fs::read(&root).unwrap(), bytes, "kept, not remade");
+    }
 }

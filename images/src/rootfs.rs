@@ -1,7 +1,8 @@
 //! The slot root filesystem (squashfs): static busybox, the static `k3os-ops`, `/sbin/init`
 //! (`images/files/rootfs-init.sh`), the node configuration for both bootloaders (init picks one
-//! by what exists on /boot), the trusted release key, `/etc/k3os-release`, and the failure
-//! variant's twist (a failing health check, or no confirm at all).
+//! by what exists on /boot), the trusted release key, the test channel's root
+//! (`/etc/k3os-ops/root.json`), `/etc/k3os-release`, and the failure variant's twist (a failing
+//! health check, no confirm at all, or no network).
 
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
@@ -84,13 +85,21 @@ pub fn app_payload(generation: u64) -> Vec<u8> {
     out
 }
 
+/// What a node trusts: the release key (trust.d) and its channel's root.
+pub struct NodeTrust<'a> {
+    /// Public key put into `/etc/k3os-ops/trust.d/`.
+    pub release_key: &'a Path,
+    /// Root metadata put at `/etc/k3os-ops/root.json` (the config's default `channel_root`).
+    pub channel_root: &'a Path,
+}
+
 /// Populate `dir` (empty) with the rootfs tree.
 pub fn populate(
     dir: &Path,
     debs: &Debs,
     target: Target,
     k3os_ops: &Path,
-    trust_pub: &Path,
+    trust: &NodeTrust,
     spec: &ReleaseSpec,
 ) -> Result<()> {
     for d in [
@@ -139,12 +148,13 @@ pub fn populate(
     write(&dir.join("srv/www/index.html"), "alive\n", 0o644)?;
     write(&dir.join(APP_FILE), app_payload(spec.generation), 0o644)?;
     write(&dir.join("etc/k3os-release"), release_file(spec), 0o644)?;
-    node_files(dir, trust_pub, spec)
+    node_files(dir, trust, spec)
 }
 
-/// `/etc/k3os-ops`: the node configuration for both loaders, the trusted key, and the
-/// failure variant's twist.
-fn node_files(dir: &Path, trust_pub: &Path, spec: &ReleaseSpec) -> Result<()> {
+/// `/etc/k3os-ops`: the node configuration for both loaders, the trusted key, the channel
+/// root, and the failure variant's twist.
+fn node_files(dir: &Path, trust: &NodeTrust, spec: &ReleaseSpec) -> Result<()> {
+    let trust_pub = trust.release_key;
     let ops = dir.join("etc/k3os-ops");
     write(
         &ops.join("config.grub.toml"),
@@ -167,10 +177,16 @@ fn node_files(dir: &Path, trust_pub: &Path, spec: &ReleaseSpec) -> Result<()> {
         fs::read(trust_pub).ctx("read", trust_pub)?,
         0o644,
     )?;
+    write(
+        &ops.join("root.json"),
+        fs::read(trust.channel_root).ctx("read", trust.channel_root)?,
+        0o644,
+    )?;
     match spec.variant {
         Variant::Normal | Variant::Panic => {}
         Variant::BadHealth => write(&ops.join("health.d/10-badhealth"), BADHEALTH_CHECK, 0o755)?,
         Variant::NoConfirm => write(&ops.join("mode"), "noconfirm\n", 0o644)?,
+        Variant::NoNet => write(&ops.join("mode"), "nonet\n", 0o644)?,
     }
     Ok(())
 }
@@ -203,7 +219,7 @@ pub fn build(
     debs: &Debs,
     target: Target,
     k3os_ops: &Path,
-    trust_pub: &Path,
+    trust: &NodeTrust,
     spec: &ReleaseSpec,
     out: &Path,
 ) -> Result<()> {
@@ -213,7 +229,7 @@ pub fn build(
         .ctx("create temp dir near", out)?;
     let tree = tmp.path().join("tree");
     fs::create_dir(&tree).ctx("create directory", &tree)?;
-    populate(&tree, debs, target, k3os_ops, trust_pub, spec)?;
+    populate(&tree, debs, target, k3os_ops, trust, spec)?;
     let _ = fs::remove_file(out);
     mksquashfs(&tree, out)
 }

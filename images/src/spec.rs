@@ -25,6 +25,9 @@ pub enum Variant {
     NoConfirm,
     /// A health check exits 1, so `k3os-ops slot confirm` fails and rolls back.
     BadHealth,
+    /// Init never brings the network up (a release whose network configuration is broken):
+    /// the reachability check after its trial boot fails and the node rolls back.
+    NoNet,
 }
 
 impl Variant {
@@ -34,6 +37,7 @@ impl Variant {
             Variant::Panic => "-panic",
             Variant::NoConfirm => "-noconfirm",
             Variant::BadHealth => "-badhealth",
+            Variant::NoNet => "-nonet",
         }
     }
 }
@@ -47,17 +51,19 @@ pub struct ReleaseSpec {
 }
 
 impl ReleaseSpec {
-    /// Parse `v2`, `v2-panic`, `v2-noconfirm`, `v2-badhealth`.
+    /// Parse `v2`, `v2-panic`, `v2-noconfirm`, `v2-badhealth`, `v2-nonet`.
     pub fn parse(version: &str) -> std::result::Result<ReleaseSpec, String> {
         let (base, variant) = match version.split_once('-') {
             None => (version, Variant::Normal),
             Some((b, "panic")) => (b, Variant::Panic),
             Some((b, "noconfirm")) => (b, Variant::NoConfirm),
             Some((b, "badhealth")) => (b, Variant::BadHealth),
+            Some((b, "nonet")) => (b, Variant::NoNet),
             Some((_, v)) => {
+                let known = "panic, noconfirm, badhealth, nonet";
                 return Err(format!(
-                    "release '{version}': unknown variant '{v}' (panic, noconfirm, badhealth)"
-                ))
+                    "release '{version}': unknown variant '{v}' ({known})"
+                ));
             }
         };
         let generation = base
@@ -75,7 +81,8 @@ impl ReleaseSpec {
     }
 
     /// The releases the test disks and the VM tests use. `v4-panic`: the scenario
-    /// `upgrade-from-previous` ends on v3 and needs a failing release of a higher generation.
+    /// `upgrade-from-previous` ends on v3 and needs a failing release of a higher generation;
+    /// `v2-nonet`: the scenario `reachability`.
     pub fn standard() -> Vec<ReleaseSpec> {
         [
             "v1",
@@ -85,6 +92,7 @@ impl ReleaseSpec {
             "v2-noconfirm",
             "v2-badhealth",
             "v4-panic",
+            "v2-nonet",
         ]
         .iter()
         .map(|v| ReleaseSpec::parse(v).expect("standard release names parse"))
@@ -204,6 +212,11 @@ mod tests {
         let s = ReleaseSpec::parse("v2-noconfirm").unwrap();
         assert_eq!((s.generation, s.variant), (2, Variant::NoConfirm));
         assert_eq!(ReleaseSpec::parse("v3").unwrap().variant, Variant::Normal);
+        let s = ReleaseSpec::parse("v2-nonet").unwrap();
+        assert_eq!(
+            (s.generation, s.variant, s.variant.suffix()),
+            (2, Variant::NoNet, "-nonet")
+        );
         assert!(ReleaseSpec::parse("v2-weird")
             .unwrap_err()
             .contains("weird"));
@@ -222,7 +235,8 @@ mod tests {
                 "v2-panic",
                 "v2-noconfirm",
                 "v2-badhealth",
-                "v4-panic"
+                "v4-panic",
+                "v2-nonet"
             ]
         );
     }

@@ -56,7 +56,10 @@ impl Target {
 
     /// Modules the initrd loads (with their dependencies, resolved from modules.dep): the
     /// virtio PCI transport, disk and NIC; squashfs for the root; ext4 (and the crc32c
-    /// implementation its checksums request) for /boot and the state partition.
+    /// implementation its checksums request) for /boot and the state partition; the xHCI USB
+    /// host controller, USB mass storage and SCSI disks (and the CRC implementations sd_mod's
+    /// integrity code requests) for a USB stick holding an offline bundle (vm-tests
+    /// `bundle-offline`). The rootfs holds no modules: what a release can use is loaded here.
     pub fn initrd_modules(self) -> &'static [&'static str] {
         &[
             "crc32c_generic",
@@ -65,6 +68,11 @@ impl Target {
             "virtio_net",
             "squashfs",
             "ext4",
+            "crct10dif_generic",
+            "crc64_rocksoft_generic",
+            "xhci_pci",
+            "usb_storage",
+            "sd_mod",
         ]
     }
 

@@ -115,6 +115,11 @@ fn x86_64_disks_are_what_nodes_expect_and_bios_grub_boots() {
         tool: ops.clone(),
         out: out.path().join("x86_64"),
         keys: out.path().join("keys"),
+        channel_root: k3os_images::release::ensure_channel_root(
+            &out.path().join("x86_64/keys"),
+            &out.path().join("x86_64/channel-root"),
+        )
+        .unwrap(),
     };
     let v1 = builder
         .build(&ReleaseSpec::parse("v1").unwrap(), &secret, &public)

@@ -248,6 +248,60 @@ fn the_signed_metadata_picks_the_release_and_pins_its_manifest() {
     assert_eq!((rec.timestamp, rec.snapshot, rec.targets), (1, 1, 1));
 }
 
+/// The targets role is the manifest's authority: a pinned manifest installs on a node whose
+/// trust.d has no key that signed it (here: no signature file at all), and the same release
+/// without the pin is refused for its signature.
+#[test]
+fn the_targets_role_vouches_a_pinned_manifest_needs_no_trust_d_signature() {
+    let c = Chan::new(1);
+    fs::remove_file(c.dir.join("v2/manifest.json.sig")).unwrap();
+    let srv = Server::start(&c.dir);
+    let r = resolve(&srv.url, Some("v2"), &c.node_trust("node")).unwrap();
+    let other = testkit::keys();
+    let node = SimNode::new(&other.trust, 3, 1);
+    let opts = StageOptions {
+        expect_manifest: r.pin.clone(),
+        retry_delay: Duration::from_millis(20),
+        ..StageOptions::default()
+    };
+    let rep = node.updater().stage(&r.source, &opts, &NoProgress).unwrap();
+    assert_eq!(rep.version, "v2");
+    assert_eq!(
+        rep.signed_by,
+        "the channel's targets role (targets version 1, root version 1)"
+    );
+    let e = SimNode::new(&other.trust, 3, 1)
+        .updater()
+        .stage(
+            &r.source,
+            &StageOptions {
+                expect_manifest: None,
+                ..opts
+            },
+            &NoProgress,
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::Signature { .. }), "{e}");
+    assert!(e.to_string().contains("release is not signed"), "{e}");
+}
+
+/// Two processes of one node (the agent, an operator's upgrade) check a channel one at a
+/// time: while one holds the trust record's lock, the other waits, then goes on.
+#[test]
+fn concurrent_checks_on_one_node_take_turns_on_its_trust_record() {
+    let c = Chan::new(1);
+    let srv = Server::start(&c.dir);
+    let trust = c.node_trust("node");
+    let held = libupgrade::trust::Store::lock(&trust.store_file).unwrap();
+    let (url, t2) = (srv.url.clone(), trust.clone());
+    let other = std::thread::spawn(move || resolve(&url, None, &t2).map(|r| r.version));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!other.is_finished(), "resolved while the record was locked");
+    drop(held);
+    assert_eq!(other.join().unwrap().unwrap(), "v2");
+    assert!(trust.store_file.is_file());
+}
+
 #[test]
 fn arbitrary_software_a_manifest_other_than_the_signed_target_is_refused() {
     let c = Chan::new(1);

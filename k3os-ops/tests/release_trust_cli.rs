@@ -1,9 +1,11 @@
 //! End to end through the binary: `release create` → `release root init` / `targets` /
 //! `timestamp` → `release serve` → `upgrade --channel` on a node (a temp dir with the k3OS dir
 //! layout and a real GRUB env) that trusts root version 1. Then the publisher rotates the root
-//! (new root key, the targets key replaced: the old one is revoked) and publishes v3 signed only
-//! by the new targets key: the node, which still has only root v1 on disk, walks to root 2 and
-//! upgrades, with no change on the node. A stale channel is refused with one error line naming
+//! (new root key, the targets key replaced: the old one is revoked) and publishes v3, its
+//! manifest signed by a brand-new release key that no trust.d holds, listed only by the new
+//! targets key: the node, which still has only root v1 and the old release key on disk, walks to
+//! root 2 and upgrades on the targets role's word, with no change on the node. The same v3
+//! served without metadata is refused for its signature. A stale channel is refused with one error line naming
 //! the role and its expiry, and `--ignore-expiry` overrides it loudly.
 
 mod release_support;
@@ -145,6 +147,7 @@ fn a_node_trusting_only_root_1_upgrades_to_a_release_listed_by_a_key_that_exists
     let keys = p("keys");
     for name in [
         "release",
+        "release2",
         "root1",
         "root2",
         "targets1",
@@ -244,7 +247,8 @@ fn a_node_trusting_only_root_1_upgrades_to_a_release_listed_by_a_key_that_exists
         ],
     );
     assert!(out.contains("rotated to root version 2"), "{out}");
-    create(&p("work"), &chan, &keys.join("release.key"), "v3", 3);
+    // v3 is signed by a release key that exists only on the publisher: no node trusts it.
+    create(&p("work"), &chan, &keys.join("release2.key"), "v3", 3);
     let e = fails(
         None,
         &[
@@ -272,6 +276,11 @@ fn a_node_trusting_only_root_1_upgrades_to_a_release_listed_by_a_key_that_exists
     timestamp(&[]);
     let (out, _) = ok(Some(&cfg), &["upgrade", "--stage-only", "--channel", &url]);
     assert!(out.contains("staged v3"), "{out}");
+    assert!(
+        out.contains("signed by the channel's targets role (targets version 2, root version 2)"),
+        "{out}"
+    );
+    assert!(!trust.join("release2.pub").exists());
     assert_eq!(
         fs::read(n.join("root.json")).unwrap(),
         fs::read(chan.join("1.root.json")).unwrap(),
@@ -279,6 +288,27 @@ fn a_node_trusting_only_root_1_upgrades_to_a_release_listed_by_a_key_that_exists
     );
     let store = fs::read_to_string(n.join("state/channel-trust.json")).unwrap();
     assert!(store.contains("\"format\": 1"), "{store}");
+    a_release_served_without_metadata_needs_a_trust_d_signature(&p, &chan, &trust);
+
+    // An operator inspects the channel as a node with root v1 sees it; nothing is recorded.
+    let root1 = n.join("root.json").display().to_string();
+    let (out, _) = ok(None, &["release", "resolve", &url, "--root", &root1]);
+    assert!(
+        out.starts_with("v3 (")
+            && out.contains(
+                "vouched for by the channel's targets role (targets version 2, root version 2)"
+            ),
+        "{out}"
+    );
+    let (out, _) = ok(None, &["release", "list", &url, "--root", &root1]);
+    let listed: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(listed, ["v3", "v2"], "{out}");
+    let bare = p("bare").display().to_string();
+    let e = fails(None, &["release", "list", &bare, "--root", &root1]);
+    assert!(e.contains("timestamp.json is missing"), "{e}");
 
     // The channel goes stale: one error line naming the role and its expiry.
     timestamp(&["--expires", "1s"]);
@@ -300,4 +330,36 @@ fn a_node_trusting_only_root_1_upgrades_to_a_release_listed_by_a_key_that_exists
     );
     assert!(err.contains("WARNING: --ignore-expiry"), "{err}");
     assert!(out.contains("already holds v3"), "{out}");
+}
+
+/// The same v3 (manifest signed by a key in no trust.d) in a channel without metadata, to a
+/// node without a root: nothing vouches for it but its signature, which no trust.d key made.
+fn a_release_served_without_metadata_needs_a_trust_d_signature(
+    p: &dyn Fn(&str) -> PathBuf,
+    chan: &Path,
+    trust: &Path,
+) {
+    let bare = p("bare");
+    fs::create_dir_all(bare.join("v3")).unwrap();
+    fs::copy(chan.join("index.json"), bare.join("index.json")).unwrap();
+    for f in fs::read_dir(chan.join("v3")).unwrap() {
+        let f = f.unwrap().path();
+        fs::copy(&f, bare.join("v3").join(f.file_name().unwrap())).unwrap();
+    }
+    let n = p("node-without-root");
+    let cfg = node(&n, trust);
+    let chan_arg = bare.display().to_string();
+    let e = fails(
+        Some(&cfg),
+        &[
+            "upgrade",
+            "--stage-only",
+            "--channel",
+            &chan_arg,
+            "--version",
+            "v3",
+        ],
+    );
+    assert!(e.contains("signature of"), "{e}");
+    assert!(e.contains("which is not trusted"), "{e}");
 }

@@ -69,6 +69,13 @@ pub enum Error {
         err: String,
         text: String,
     },
+    /// A command the harness runs on the host (writing a bundle, an ext4 image) failed.
+    #[error("host command `{cmd}` failed ({status}); its output:\n{output}")]
+    Host {
+        cmd: String,
+        status: String,
+        output: String,
+    },
     #[error("QEMU monitor {}: {what}", path.display())]
     Monitor { path: PathBuf, what: String },
     #[error("release server: {0}")]

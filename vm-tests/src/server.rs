@@ -89,6 +89,11 @@ impl ReleaseServer {
         format!("http://10.0.2.2:{}/{version}/", self.port)
     }
 
+    /// The URL of the served directory itself (a channel) as the guest sees it.
+    pub fn guest_root(&self) -> String {
+        format!("http://10.0.2.2:{}/", self.port)
+    }
+
     /// Response bodies being sent right now.
     pub fn active(&self) -> usize {
         self.stats.active.load(Ordering::SeqCst)

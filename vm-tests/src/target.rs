@@ -69,6 +69,37 @@ impl Target {
         images_dir(root).join(self.arch()).join("releases")
     }
 
+    /// `images/out/<arch>/keys`: the key pairs of the test channel's root version 1.
+    pub fn channel_keys(self, root: &Path) -> PathBuf {
+        images_dir(root).join(self.arch()).join("keys")
+    }
+
+    /// `images/out/<arch>/channel-root`: the test channel's root version 1 (`1.root.json`,
+    /// `root.json`), the one every rootfs has at `/etc/k3os-ops/root.json`.
+    pub fn channel_root_dir(self, root: &Path) -> PathBuf {
+        images_dir(root).join(self.arch()).join("channel-root")
+    }
+
+    /// The test channel's root version 1 and its secret keys `names` exist.
+    pub fn check_channel_inputs(self, root: &Path, names: &[&str]) -> Result<()> {
+        let dir = self.channel_root_dir(root);
+        let keys = self.channel_keys(root);
+        let files = ["1.root.json", "root.json"]
+            .iter()
+            .map(|f| dir.join(f))
+            .chain(names.iter().map(|n| keys.join(format!("{n}.key"))));
+        for f in files {
+            if !f.is_file() {
+                return Err(Error::Missing {
+                    what: "test channel root (made by k3os-images)".into(),
+                    path: f,
+                    hint: format!("build it with `just images-{}`", self.arch()),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// `images/out/previous/<arch>/`: the previous release's disks and v1, built by its own code
     /// (`just images-previous`, images/scripts/build-previous.sh).
     pub fn previous_dir(self, root: &Path) -> PathBuf {
@@ -143,6 +174,30 @@ impl Target {
         Ok(())
     }
 
+    /// Fail with the reason when the inputs of `bundle-offline` are missing: the host
+    /// `k3os-ops` that writes the bundle ([`host_tool`]) and `mkfs.ext4` for the USB stick.
+    pub fn check_bundle_inputs(self, root: &Path) -> Result<()> {
+        let tool = host_tool(root);
+        if !tool.is_file() {
+            return Err(Error::Missing {
+                what: "host k3os-ops (writes the offline bundle)".into(),
+                path: tool,
+                hint: format!(
+                    "build it with `just images-{}`, or name one with VM_TESTS_TOOL",
+                    self.arch()
+                ),
+            });
+        }
+        if which("mkfs.ext4").is_none() {
+            return Err(Error::Missing {
+                what: "mkfs.ext4 (writes the USB stick image)".into(),
+                path: "mkfs.ext4".into(),
+                hint: "apt-get install e2fsprogs".into(),
+            });
+        }
+        Ok(())
+    }
+
     /// UEFI firmware (code, pristine variable store), if this target boots through UEFI.
     pub fn firmware(self) -> Option<(PathBuf, PathBuf)> {
         match self {
@@ -170,6 +225,22 @@ impl Target {
         !matches!(self, Target::X86_64Extlinux)
     }
 
+    /// Fail naming the first of `versions` whose release (its manifest) is missing.
+    pub fn check_releases(self, root: &Path, versions: &[&str]) -> Result<()> {
+        let rel = self.releases(root);
+        for v in versions {
+            let m = rel.join(v).join(libupgrade::manifest::MANIFEST_FILE);
+            if !m.is_file() {
+                return Err(Error::Missing {
+                    what: format!("release {v} manifest"),
+                    path: m,
+                    hint: format!("build it with `just images-{}`", self.arch()),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Fail with the reason when something this target needs is missing.
     pub fn check_inputs(self, root: &Path) -> Result<()> {
         let disk = self.disk(root);
@@ -181,25 +252,18 @@ impl Target {
                 hint,
             });
         }
-        let rel = self.releases(root);
-        for v in [
-            "v1",
-            "v2",
-            "v3",
-            "v2-panic",
-            "v2-noconfirm",
-            "v2-badhealth",
-            "v4-panic",
-        ] {
-            let m = rel.join(v).join(libupgrade::manifest::MANIFEST_FILE);
-            if !m.is_file() {
-                return Err(Error::Missing {
-                    what: format!("release {v} manifest"),
-                    path: m,
-                    hint: hint.clone(),
-                });
-            }
-        }
+        self.check_releases(
+            root,
+            &[
+                "v1",
+                "v2",
+                "v3",
+                "v2-panic",
+                "v2-noconfirm",
+                "v2-badhealth",
+                "v4-panic",
+            ],
+        )?;
         if let Some((code, vars)) = self.firmware() {
             for f in [code, vars] {
                 if !f.is_file() {
@@ -223,15 +287,17 @@ impl Target {
     }
 
     /// The QEMU command for one boot of `disk` (a scratch copy). `vars` is the scratch UEFI
-    /// variable store (UEFI targets), `monitor` the HMP unix socket, `http_port` the host port
-    /// forwarded to the guest's port 80. The serial console is on stdio.
+    /// variable store (UEFI targets), `monitor` the HMP unix socket, `net` the node's network,
+    /// `usb_stick` a raw image plugged in as a USB mass-storage device (xHCI). The serial
+    /// console is on stdio.
     pub fn qemu_command(
         self,
         accel: Accel,
         disk: &Path,
         vars: Option<&Path>,
         monitor: &Path,
-        http_port: u16,
+        net: Network,
+        usb_stick: Option<&Path>,
     ) -> Command {
         let mut c = Command::new(self.qemu_binary());
         match self {
@@ -255,11 +321,37 @@ impl Target {
         ]);
         c.arg("-monitor")
             .arg(format!("unix:{},server=on,wait=off", monitor.display()));
-        c.arg("-drive")
-            .arg(format!("file={},format=raw,if=virtio", disk.display()));
-        c.arg("-nic").arg(format!(
-            "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{http_port}-:80"
-        ));
+        match usb_stick {
+            None => {
+                c.arg("-drive")
+                    .arg(format!("file={},format=raw,if=virtio", disk.display()));
+            }
+            Some(stick) => {
+                // The node's disk must stay the firmware's first disk (SeaBIOS would otherwise
+                // hand GRUB/extlinux the stick as drive 0x80): only a bootindex says so.
+                c.arg("-drive").arg(format!(
+                    "if=none,id=disk0,file={},format=raw",
+                    disk.display()
+                ));
+                c.args(["-device", "virtio-blk-pci,drive=disk0,bootindex=0"]);
+                c.arg("-drive").arg(format!(
+                    "if=none,id=stick,file={},format=raw",
+                    stick.display()
+                ));
+                c.args(["-device", "qemu-xhci,id=xhci"]);
+                c.args(["-device", "usb-storage,bus=xhci.0,drive=stick"]);
+            }
+        }
+        match net {
+            Network::User { http_port } => {
+                c.arg("-nic").arg(format!(
+                    "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{http_port}-:80"
+                ));
+            }
+            Network::None => {
+                c.args(["-nic", "none"]);
+            }
+        }
         if let (Some((code, _)), Some(vars)) = (self.firmware(), vars) {
             c.arg("-drive").arg(format!(
                 "if=pflash,format=raw,readonly=on,file={}",
@@ -270,6 +362,16 @@ impl Target {
         }
         c
     }
+}
+
+/// A node's network for one boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Network {
+    /// QEMU user networking; host port `http_port` (on 127.0.0.1) forwards to the guest's
+    /// port 80.
+    User { http_port: u16 },
+    /// No NIC at all: the guest has no eth0 (a site whose link is down).
+    None,
 }
 
 /// The current-code releases `upgrade-from-previous` upgrades the previous release's node to.
@@ -430,6 +532,19 @@ pub fn images_dir(root: &Path) -> PathBuf {
     }
 }
 
+/// The host's `k3os-ops` (the x86_64 musl build `just images` makes to sign the releases):
+/// `VM_TESTS_TOOL`, else `x86_64-unknown-linux-musl/release/k3os-ops` under `CARGO_TARGET_DIR`
+/// (relative to the workspace root unless absolute) or `<root>/target`.
+pub fn host_tool(root: &Path) -> PathBuf {
+    if let Some(t) = std::env::var_os("VM_TESTS_TOOL") {
+        return root.join(t);
+    }
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|d| root.join(d))
+        .unwrap_or_else(|| root.join("target"));
+    target_dir.join("x86_64-unknown-linux-musl/release/k3os-ops")
+}
+
 /// The workspace root: `VM_TESTS_ROOT`, else the parent of this crate's directory.
 pub fn workspace_root() -> PathBuf {
     match std::env::var_os("VM_TESTS_ROOT") {
@@ -444,6 +559,57 @@ pub fn workspace_root() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args(c: &Command) -> Vec<String> {
+        c.get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    fn has(args: &[String], pair: [&str; 2]) -> bool {
+        args.windows(2).any(|w| w == pair)
+    }
+
+    /// Without a stick the disk and NIC are what every scenario has always booted with; an
+    /// offline boot has no NIC at all, and the stick is a USB disk behind the boot disk.
+    #[test]
+    fn offline_boot_has_no_nic_and_the_stick_on_usb_behind_the_boot_disk() {
+        let p = Path::new;
+        let t = Target::X86_64Extlinux;
+        let net = Network::User { http_port: 4321 };
+        let plain = args(&t.qemu_command(Accel::Tcg, p("/d.img"), None, p("/m"), net, None));
+        assert!(
+            has(&plain, ["-drive", "file=/d.img,format=raw,if=virtio"]),
+            "{plain:?}"
+        );
+        let nic = "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:4321-:80";
+        assert!(has(&plain, ["-nic", nic]), "{plain:?}");
+        assert!(!plain.iter().any(|a| a.contains("usb")), "{plain:?}");
+
+        let stick = Some(p("/s.img"));
+        let off =
+            args(&t.qemu_command(Accel::Tcg, p("/d.img"), None, p("/m"), Network::None, stick));
+        assert!(has(&off, ["-nic", "none"]), "{off:?}");
+        assert!(!off.iter().any(|a| a.starts_with("user")), "{off:?}");
+        assert!(
+            has(&off, ["-drive", "if=none,id=disk0,file=/d.img,format=raw"]),
+            "{off:?}"
+        );
+        assert!(
+            has(&off, ["-device", "virtio-blk-pci,drive=disk0,bootindex=0"]),
+            "{off:?}"
+        );
+        assert!(
+            has(&off, ["-drive", "if=none,id=stick,file=/s.img,format=raw"]),
+            "{off:?}"
+        );
+        assert!(has(&off, ["-device", "qemu-xhci,id=xhci"]), "{off:?}");
+        assert!(
+            has(&off, ["-device", "usb-storage,bus=xhci.0,drive=stick"]),
+            "{off:?}"
+        );
+        assert!(!off.iter().any(|a| a.contains("if=virtio")), "{off:?}");
+    }
 
     #[test]
     fn previous_release_is_the_newest_entry_with_a_commit() {

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | x86_64 GRUB BIOS | upgrade, fallback-panic, powercut (sampled), missing-kernel, awaited-check, upgrade-from-previous |
 //! | x86_64 GRUB UEFI | upgrade, fallback-noconfirm |
-//! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous |
+//! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous, bundle-offline, reachability, trust-rotation |
 //! | aarch64 GRUB UEFI | upgrade, fallback-panic |
 //!
 //! The rest of the matrix is `#[ignore]`d and runs with `just vm-test-all`
@@ -108,6 +108,12 @@ default_test!(
     X86_64GrubBios
 );
 matrix_test!(
+    x86_64_grub_bios_bundle_offline,
+    BundleOffline,
+    X86_64GrubBios
+);
+matrix_test!(x86_64_grub_bios_reachability, Reachability, X86_64GrubBios);
+matrix_test!(
     x86_64_grub_bios_fallback_noconfirm,
     FallbackNoConfirm,
     X86_64GrubBios
@@ -137,6 +143,8 @@ matrix_test!(
     UpgradeFromPrevious,
     X86_64GrubEfi
 );
+matrix_test!(x86_64_grub_efi_bundle_offline, BundleOffline, X86_64GrubEfi);
+matrix_test!(x86_64_grub_efi_reachability, Reachability, X86_64GrubEfi);
 
 // x86_64 extlinux (syslinux ADV, one try)
 default_test!(x86_64_extlinux_upgrade, Upgrade, X86_64Extlinux);
@@ -161,6 +169,17 @@ matrix_test!(x86_64_extlinux_awaited_check, AwaitedCheck, X86_64Extlinux);
 default_test!(
     x86_64_extlinux_upgrade_from_previous,
     UpgradeFromPrevious,
+    X86_64Extlinux
+);
+default_test!(
+    x86_64_extlinux_bundle_offline,
+    BundleOffline,
+    X86_64Extlinux
+);
+default_test!(x86_64_extlinux_reachability, Reachability, X86_64Extlinux);
+default_test!(
+    x86_64_extlinux_trust_rotation,
+    TrustRotation,
     X86_64Extlinux
 );
 
@@ -189,3 +208,9 @@ matrix_test!(
     UpgradeFromPrevious,
     Aarch64GrubEfi
 );
+matrix_test!(
+    aarch64_grub_efi_bundle_offline,
+    BundleOffline,
+    Aarch64GrubEfi
+);
+matrix_test!(aarch64_grub_efi_reachability, Reachability, Aarch64GrubEfi);

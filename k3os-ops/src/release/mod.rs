@@ -9,7 +9,7 @@ mod metadata;
 mod serve;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -77,10 +77,21 @@ enum ReleaseCmd {
     /// (Re)build DIR/index.json from the release subdirectories of DIR.
     Index { dir: PathBuf },
     /// List a channel's releases, newest first (path, http(s) URL or github-releases://OWNER/REPO).
-    List { channel: String },
+    List {
+        channel: String,
+        /// Verify the channel's signed metadata from this root (e.g. a node image's
+        /// /etc/k3os-ops/root.json) and list the releases its targets name; a channel without
+        /// metadata is refused. Nothing is recorded.
+        #[arg(long)]
+        root: Option<PathBuf>,
+    },
     /// Show which release a channel resolves to.
     Resolve {
         channel: String,
+        /// Resolve through the channel's signed metadata from this root, as a node with that
+        /// root does (`list --root`).
+        #[arg(long)]
+        root: Option<PathBuf>,
         /// A version, or "latest".
         #[arg(long, default_value = "latest")]
         version: String,
@@ -193,20 +204,39 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
             );
             print_index(&index);
         }
-        ReleaseCmd::List { channel: ch } => {
-            let index = channel::list(&ch)?;
+        ReleaseCmd::List { channel: ch, root } => {
+            let index = match root {
+                Some(root) => {
+                    let (_scratch, trust) = inspect_trust(&root)?;
+                    channel::list_with(&ch, &trust)?
+                }
+                None => channel::list(&ch)?,
+            };
             print_index(&index);
         }
         ReleaseCmd::Resolve {
             channel: ch,
+            root,
             version,
             arch,
         } => {
-            let r = channel::resolve(&ch, Some(&version), arch)?;
+            let r = match root {
+                Some(root) => {
+                    let (_scratch, trust) = inspect_trust(&root)?;
+                    channel::resolve_with(&ch, Some(&version), arch, &trust)?
+                }
+                None => channel::resolve(&ch, Some(&version), arch)?,
+            };
             println!(
                 "{} ({}, generation {}) at {}",
                 r.version, r.arch, r.generation, r.location
             );
+            if let Some(pin) = &r.pin {
+                println!(
+                    "  manifest {} bytes, sha256 {}, vouched for by {}",
+                    pin.length, pin.sha256, pin.vouched_by
+                );
+            }
         }
         ReleaseCmd::Verify { dir, trust_dir } => {
             let (m, key) = release::verify_dir(&dir, &trust_dir)?;
@@ -224,6 +254,24 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
         ReleaseCmd::Serve { dir, listen } => serve::serve(&dir, listen)?,
     }
     Ok(())
+}
+
+/// Trust options of an inspection from `root`: metadata required, recorded in a scratch dir
+/// that is dropped afterwards (an inspection never moves a node's record).
+fn inspect_trust(root: &Path) -> anyhow::Result<(tempfile::TempDir, channel::TrustOptions)> {
+    if !root.is_file() {
+        anyhow::bail!("root file {} does not exist", root.display());
+    }
+    let scratch = tempfile::tempdir().context("create a scratch dir for the metadata check")?;
+    let trust = channel::TrustOptions {
+        root_file: root.to_path_buf(),
+        store_file: scratch.path().join(libupgrade::trust::STORE_FILE),
+        policy: channel::MetadataPolicy::Required,
+        now: None,
+        ignore_expiry: false,
+        min_rate: Some(libupgrade::stage::MinRate::DEFAULT),
+    };
+    Ok((scratch, trust))
 }
 
 /// Copy progress on stderr (hidden when stderr is not a terminal).

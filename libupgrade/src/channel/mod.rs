@@ -44,7 +44,7 @@ mod trusted;
 
 use crate::manifest::{Arch, ManifestError, MANIFEST_FILE, SIGNATURE_FILE};
 pub use local::{build_index, read_local_index, write_index};
-pub use resolve::{list, resolve, resolve_with};
+pub use resolve::{list, list_with, resolve, resolve_with};
 pub use trusted::{MetadataPolicy, TrustOptions, GITHUB_METADATA_TAG};
 
 /// File name of a channel's index.

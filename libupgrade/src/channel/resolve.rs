@@ -84,6 +84,16 @@ pub fn resolve_with(
     }
 }
 
+/// List the releases the way a node sees them: from the verified targets when the node has a
+/// trusted root and the channel carries metadata; otherwise, as `trust`'s policy allows, like
+/// [`list`].
+pub fn list_with(channel: &str, trust: &TrustOptions) -> Result<Index, ChannelError> {
+    match trusted::list_trusted(channel, trust)? {
+        Some(index) => Ok(index),
+        None => list(channel),
+    }
+}
+
 fn not_found(channel: &str, version: Option<&str>, arch: Arch, index: &Index) -> ChannelError {
     ChannelError::NotFound {
         channel: channel.to_string(),

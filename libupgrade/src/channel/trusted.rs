@@ -160,16 +160,22 @@ fn starting_record(
     })
 }
 
-/// Resolve through metadata when the node and the channel have it; `Ok(None)` means "resolve
-/// from the index as v0.1.0 did" (allowed by the policy).
-pub(super) fn resolve_trusted(
-    channel: &str,
-    version: Option<&str>,
-    arch: Arch,
-    opts: &TrustOptions,
-) -> Result<Option<ResolvedRelease>, ChannelError> {
+/// A channel whose metadata the node verified (and recorded).
+struct Checked {
+    kind: Kind,
+    /// A GitHub channel's listing (its releases carry the files).
+    gh_releases: Option<Vec<super::github::GhRelease>>,
+    verified: trust::Verified,
+}
+
+/// Verify the channel's metadata when the node and the channel have it and record what was
+/// trusted; `Ok(None)` means "use the index as v0.1.0 did" (allowed by the policy).
+fn check(channel: &str, opts: &TrustOptions) -> Result<Option<Checked>, ChannelError> {
     let kind = parse_channel(channel)?;
     let key = channel_key(&kind);
+    // Held across the metadata fetches until the store is written: a second process waits
+    // and then starts from this one's record.
+    let _lock = Store::lock(&opts.store_file).map_err(trust_err(channel))?;
     let mut store = Store::load(&opts.store_file).map_err(trust_err(channel))?;
     let required = |why: String| ChannelError::MetadataRequired {
         channel: channel.to_string(),
@@ -186,15 +192,11 @@ pub(super) fn resolve_trusted(
             MetadataPolicy::Auto => Ok(None),
         };
     };
-    let gh = match &kind {
-        Kind::GitHub { owner, repo } => {
-            let gh = GitHub::new(owner, repo)?;
-            let releases = gh.releases()?;
-            Some((gh, releases))
-        }
+    let gh_releases = match &kind {
+        Kind::GitHub { owner, repo } => Some(GitHub::new(owner, repo)?.releases()?),
         _ => None,
     };
-    let src = source(&kind, gh.as_ref().map(|(_, r)| r.as_slice()), opts)?;
+    let src = source(&kind, gh_releases.as_deref(), opts)?;
     let clock = Clock {
         now: opts.now.unwrap_or_else(Utc::now),
         ignore_expiry: opts.ignore_expiry,
@@ -218,23 +220,54 @@ pub(super) fn resolve_trusted(
     };
     store.channels.insert(key, verified.record.clone());
     store.save(&opts.store_file).map_err(trust_err(channel))?;
+    Ok(Some(Checked {
+        kind,
+        gh_releases,
+        verified,
+    }))
+}
+
+/// Resolve through metadata when the node and the channel have it; `Ok(None)` means "resolve
+/// from the index as v0.1.0 did" (allowed by the policy).
+pub(super) fn resolve_trusted(
+    channel: &str,
+    version: Option<&str>,
+    arch: Arch,
+    opts: &TrustOptions,
+) -> Result<Option<ResolvedRelease>, ChannelError> {
+    let Some(c) = check(channel, opts)? else {
+        return Ok(None);
+    };
     let (path, meta, custom) =
-        pick(&verified.targets, version, arch).ok_or_else(|| ChannelError::NotFound {
+        pick(&c.verified.targets, version, arch).ok_or_else(|| ChannelError::NotFound {
             channel: channel.to_string(),
             wanted: version.unwrap_or("latest").to_string(),
             arch,
-            available: describe(&verified.targets),
+            available: describe(&c.verified.targets),
         })?;
+    let vouched_by = format!(
+        "the channel's targets role (targets version {}, root version {})",
+        c.verified.targets.version,
+        c.verified.record.root_version()
+    );
     located(
         channel,
-        &kind,
-        gh.as_ref().map(|(_, r)| r.as_slice()),
-        path,
-        meta,
-        custom,
+        &c.kind,
+        c.gh_releases.as_deref(),
+        (path, meta, custom),
+        vouched_by,
         arch,
     )
     .map(Some)
+}
+
+/// The releases the verified targets list, newest first; `Ok(None)` as for
+/// [`resolve_trusted`].
+pub(super) fn list_trusted(
+    channel: &str,
+    opts: &TrustOptions,
+) -> Result<Option<super::Index>, ChannelError> {
+    Ok(check(channel, opts)?.map(|c| index_of(&c.verified.targets)))
 }
 
 fn source(
@@ -301,7 +334,8 @@ fn pick<'a>(
     found
 }
 
-fn describe(targets: &Targets) -> String {
+/// The targets' releases as an index, newest first.
+fn index_of(targets: &Targets) -> super::Index {
     let mut entries: Vec<IndexEntry> = targets
         .targets
         .iter()
@@ -310,15 +344,18 @@ fn describe(targets: &Targets) -> String {
                 version: c.version.clone(),
                 generation: c.generation,
                 arch: c.arch,
-                path: p.clone(),
+                path: p.strip_suffix(MANIFEST_FILE).unwrap_or(p).to_string(),
             })
         })
         .collect();
     super::sort_newest_first(&mut entries);
-    let index = super::Index::new(entries);
+    super::Index::new(entries)
+}
+
+fn describe(targets: &Targets) -> String {
     format!(
         "{} (from signed targets version {})",
-        index.describe(),
+        index_of(targets).describe(),
         targets.version
     )
 }
@@ -328,9 +365,8 @@ fn located(
     channel: &str,
     kind: &Kind,
     gh_releases: Option<&[super::github::GhRelease]>,
-    path: &str,
-    meta: &FileMeta,
-    custom: &TargetCustom,
+    (path, meta, custom): (&str, &FileMeta, &TargetCustom),
+    vouched_by: String,
     arch: Arch,
 ) -> Result<ResolvedRelease, ChannelError> {
     let dir = path
@@ -348,6 +384,7 @@ fn located(
         length: meta.length,
         sha256: sha256.to_string(),
         from: format!("target {path} of the channel's signed metadata"),
+        vouched_by,
     };
     let (location, source) = match kind {
         Kind::Local { dir: d, .. } => {

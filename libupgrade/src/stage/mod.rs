@@ -115,8 +115,9 @@ pub struct StageOptions {
     /// must name exactly it, so a channel or mirror cannot hand over another signed release.
     pub expect_version: Option<String>,
     /// The manifest the channel's signed metadata names (length and sha256): any other
-    /// manifest is refused before its signature is even read (arbitrary software,
-    /// mix-and-match). Set from [`crate::channel::ResolvedRelease::pin`].
+    /// manifest is refused (arbitrary software, mix-and-match), and this one is accepted on
+    /// the targets role's word without a trust.d signature (`manifest.sig` is not read; see
+    /// [`crate::trust`]). Set from [`crate::channel::ResolvedRelease::pin`].
     pub expect_manifest: Option<crate::trust::ManifestPin>,
     /// How long one stage attempt keeps retrying transient failures (None: for ever, only
     /// when asked); the final error names the URL, the last error, the attempts and the time.

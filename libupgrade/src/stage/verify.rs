@@ -1,4 +1,5 @@
-//! Everything about a release checked before a byte of the slot is written: the signature
+//! Everything about a release checked before a byte of the slot is written: the manifest the
+//! channel's signed metadata pins (then the targets role vouches for it) or else the signature
 //! against the trust dir, the manifest, the architecture, the generation floor and the space
 //! ([`Stager::verify`]); then on the server every artifact's presence and size, every chunk
 //! index and every boot script against the signed manifest ([`Stager::preflight`]).
@@ -10,6 +11,7 @@ use crate::fetch::Source;
 use crate::manifest::{Arch, Artifact, Manifest, ScriptFile, MANIFEST_FILE, SIGNATURE_FILE};
 use crate::retry::{retrying, Backoff};
 use crate::state::{SlotState, State};
+use crate::trust::ManifestPin;
 use bootconfig::Slot;
 
 /// A release whose signature, manifest, architecture, generation and size were checked.
@@ -78,6 +80,21 @@ fn check_generation(st: &State, booted: Slot, m: &Manifest, sha256: &str) -> Res
     Ok(())
 }
 
+/// The manifest must be exactly the one the channel's targets role pins (arbitrary software,
+/// mix-and-match); then the targets role is its signer (see [`crate::trust`]).
+fn check_pin(pin: &ManifestPin, mbytes: &[u8], mloc: &str) -> Result<String> {
+    let found = sha256_hex(mbytes);
+    if mbytes.len() as u64 != pin.length || found != pin.sha256 {
+        return Err(Error::ManifestPin {
+            location: mloc.to_string(),
+            from: pin.from.clone(),
+            expected: format!("{} bytes, sha256 {}", pin.length, pin.sha256),
+            found: format!("{} bytes, sha256 {found}", mbytes.len()),
+        });
+    }
+    Ok(pin.vouched_by.clone())
+}
+
 impl Stager<'_> {
     /// The one backoff policy for this stage's transfers.
     pub(super) fn backoff(&self, opts: &StageOptions) -> Backoff {
@@ -95,29 +112,11 @@ impl Stager<'_> {
         let target = booted.other();
         let mloc = source.location(MANIFEST_FILE);
         let mbytes = retrying(self.backoff(opts), || source.read_small(MANIFEST_FILE))?;
-        if let Some(pin) = &opts.expect_manifest {
-            let found = sha256_hex(&mbytes);
-            if mbytes.len() as u64 != pin.length || found != pin.sha256 {
-                return Err(Error::ManifestPin {
-                    location: mloc,
-                    from: pin.from.clone(),
-                    expected: format!("{} bytes, sha256 {}", pin.length, pin.sha256),
-                    found: format!("{} bytes, sha256 {found}", mbytes.len()),
-                });
-            }
-        }
-        let sig =
-            retrying(self.backoff(opts), || source.read_small(SIGNATURE_FILE)).map_err(|e| {
-                Error::Signature {
-                    location: mloc.clone(),
-                    what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
-                }
-            })?;
-        let trust = opts.trust_dir.as_deref().unwrap_or(&self.cfg.trust_dir);
-        let key = crate::signing::verify(&mbytes, &sig, trust).map_err(|e| Error::Signature {
-            location: mloc.clone(),
-            what: e.to_string(),
-        })?;
+        let key = match &opts.expect_manifest {
+            // The targets role vouches for exactly these bytes: no trust.d signature needed.
+            Some(pin) => check_pin(pin, &mbytes, &mloc)?,
+            None => self.check_signature(source, &mbytes, &mloc, opts)?,
+        };
         let manifest = Manifest::parse(&mbytes).map_err(|source| Error::Manifest {
             location: mloc.clone(),
             source,
@@ -146,9 +145,32 @@ impl Stager<'_> {
             sha256,
             bytes: mbytes,
             manifest,
-            key: key.to_string(),
+            key,
             location: mloc,
         })
+    }
+
+    /// The release's `manifest.sig` against the trust dir; returns the signing key's id.
+    fn check_signature(
+        &self,
+        source: &Source,
+        mbytes: &[u8],
+        mloc: &str,
+        opts: &StageOptions,
+    ) -> Result<String> {
+        let sig =
+            retrying(self.backoff(opts), || source.read_small(SIGNATURE_FILE)).map_err(|e| {
+                Error::Signature {
+                    location: mloc.to_string(),
+                    what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
+                }
+            })?;
+        let trust = opts.trust_dir.as_deref().unwrap_or(&self.cfg.trust_dir);
+        let key = crate::signing::verify(mbytes, &sig, trust).map_err(|e| Error::Signature {
+            location: mloc.to_string(),
+            what: e.to_string(),
+        })?;
+        Ok(key.to_string())
     }
 
     /// Refuse what cannot fit before the slot is touched (a full disk is not a reason to

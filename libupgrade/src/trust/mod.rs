@@ -4,10 +4,24 @@
 //!
 //! This module owns the metadata formats ([`meta`]), the node's client workflow ([`client`]),
 //! the node's record of what it trusted ([`store`]) and the publisher's side ([`publish`]).
-//! It does not replace the release signature: a release's `manifest.json` is still signed by a
-//! trust.d key and checked by the stager; the metadata says which manifests exist (path,
-//! length, sha256, and version/generation/arch as custom data) and which one a node may take,
-//! and the stager then requires the manifest it fetches to have exactly that length and sha256.
+//! The metadata says which manifests exist (path, length, sha256, and version/generation/arch
+//! as custom data) and which one a node may take; the stager then requires the manifest it
+//! fetches to have exactly that length and sha256.
+//!
+//! # Who vouches for a manifest
+//! - **Resolved through verified metadata**: the targets role is the authority, as in TUF and
+//!   Bottlerocket's updog. A manifest the targets role pins (length + sha256, signed by a
+//!   threshold of the targets keys of a root the node walked to) is accepted without a
+//!   trust.d signature; `manifest.json.sig` is not read. This is what lets a publisher rotate
+//!   the release-signing key without visiting a node: a new release key needs to be in no
+//!   trust.d, what counts is the targets role's threshold, and the targets keys themselves
+//!   rotate with root N+1. A manifest that is NOT the pinned one is refused before anything
+//!   else, even when a trust.d key signed it.
+//! - **Without metadata** (a v0.1.0 channel, `--source`, a bundle, `auto` on a node with no
+//!   root or a channel never seen with metadata): the trust.d ed25519 signature over
+//!   `manifest.json` is required, exactly as in v0.1.0.
+//!
+//! In both cases every file is then checked against the manifest's sizes and sha256.
 //!
 //! # Files in a channel (a directory, an http(s) site, or assets of a GitHub release)
 //! - `root.json` and every `N.root.json` (N = 1, 2, …): the root role, offline keys with a
@@ -119,13 +133,17 @@ impl Record {
     }
 }
 
-/// A manifest as the targets role names it: the stager requires exactly these bytes.
+/// A manifest as the targets role names it: the stager requires exactly these bytes, and
+/// accepts them on the targets role's word alone (no trust.d signature needed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManifestPin {
     pub length: u64,
     pub sha256: String,
     /// Where the pin comes from (the targets file), for messages.
     pub from: String,
+    /// Who vouches for the manifest, reported as its signer (`signed by …`): the targets
+    /// role, its version and the root version whose keys it was checked against.
+    pub vouched_by: String,
 }
 
 /// Why channel metadata was refused. Every variant names the file or role involved.

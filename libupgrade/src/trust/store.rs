@@ -5,6 +5,7 @@
 //! "targets":N,"time_floor":TIME}}}`. Written through a temporary file, fsync and rename, then
 //! an fsync of the directory, so a power cut leaves the old or the new record. A newer
 //! `format` is refused before its body is read; format 1 grows only by optional fields.
+//! Read-check-write runs under [`Store::lock`] (`channel-trust.lock`).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -17,6 +18,8 @@ use super::{Record, TrustError};
 
 /// File name inside the state dir.
 pub const STORE_FILE: &str = "channel-trust.json";
+/// The lock file next to it ([`Store::lock`]).
+pub const LOCK_FILE: &str = "channel-trust.lock";
 /// The format this build writes and the newest it reads.
 pub const STORE_FORMAT: u32 = 1;
 
@@ -36,6 +39,24 @@ fn io(path: &Path) -> impl FnOnce(io::Error) -> TrustError + '_ {
 }
 
 impl Store {
+    /// An exclusive advisory lock (`flock`) on `channel-trust.lock` next to the store at
+    /// `path`, held until the guard is dropped: a node's processes (the agent, an operator's
+    /// `upgrade`) read, check and write the store one at a time, so neither writes back
+    /// versions older than the other just recorded.
+    pub fn lock(path: &Path) -> Result<nix::fcntl::Flock<fs::File>, TrustError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        let lock = dir.join(LOCK_FILE);
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock)
+            .map_err(io(&lock))?;
+        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| io(&lock)(io::Error::from(e)))
+    }
+
     /// Read the store; a missing file is an empty store.
     pub fn load(path: &Path) -> Result<Store, TrustError> {
         let bytes = match fs::read(path) {

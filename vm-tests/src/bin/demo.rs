@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use vm_tests::server::ReleaseServer;
-use vm_tests::target::{images_dir, workspace_root};
+use vm_tests::target::{images_dir, workspace_root, Network};
 use vm_tests::{Accel, Target, Vm};
 
 const BOOT: Duration = Duration::from_secs(300);
@@ -53,7 +53,8 @@ fn main() -> anyhow::Result<()> {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         l.local_addr()?.port()
     };
-    let cmd = target.qemu_command(accel, &disk, None, &dir.join("monitor.sock"), port);
+    let net = Network::User { http_port: port };
+    let cmd = target.qemu_command(accel, &disk, None, &dir.join("monitor.sock"), net, None);
     let mut vm = Vm::spawn(
         "demo",
         cmd,

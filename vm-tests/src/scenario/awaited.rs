@@ -33,15 +33,7 @@ impl Scenario {
             &format!("k3os-ops slot activate --await node-ready --within-secs {limit_secs}"),
             CMD,
         )?;
-        self.reboot(vm)?;
-        self.expect_boot(vm, Slot::B, "v2")?;
-        vm.expect_not(
-            "K3OS-CONFIRM pending",
-            &["K3OS-CONFIRM ok", "K3OS-CONFIRM failed", "Kernel panic"],
-            READY,
-        )?;
-        vm.expect_not("K3OS-READY", &["Kernel panic"], READY)?;
-        vm.wait_shell(CMD)?;
+        self.reboot_into_pending(vm, Slot::B, "v2")?;
         let st = self.status(vm)?;
         let outcome = st.verdict.as_ref().map(|v| v.outcome.clone());
         self.check(

@@ -23,6 +23,19 @@
 //!   binary; the current binary upgrades to v3 (blessed, current boot script), and a panicking v4
 //!   falls back by itself. Then power cuts inside the first migrating write (the boot-time
 //!   confirm of v2 on a node the old binary upgraded).
+//! - `bundle-offline`: a site without a network. The host writes v2 as an offline bundle (the
+//!   host `k3os-ops release bundle`) onto an ext4 USB stick image; the node, with no NIC at
+//!   any boot, mounts the stick, `upgrade --bundle` stages and activates v2, which boots and
+//!   is blessed.
+//! - `reachability`: activations under a config with `[reachability]` (limit 60 s, default
+//!   endpoint: the release server) await the built-in `reachable` check. v2-nonet never brings
+//!   its network up: `slot await-bless` rolls back and reboots into A at the limit by itself;
+//!   v2 reaches the server and is blessed by the check.
+//! - `trust-rotation`: a node whose image trusts only root version 1 of its channel upgrades
+//!   through a channel whose root was rotated to version 2 (new root and targets keys, the old
+//!   targets key revoked) to a release signed by a key no trust.d holds: first targets signed by
+//!   the revoked key are refused naming the role, and the release without metadata is refused
+//!   for its signature; then it installs on the targets role's word and is blessed.
 //!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
@@ -33,7 +46,7 @@
 //! a boot, confirm, `slot status`, upgrade, reboot into a blessed slot); each scenario family
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
-//! (upgrade-from-previous). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability), `rotation` (trust-rotation). Data flows one way: this file → a family → `steps` → [`Vm`] /
 //! [`crate::server`]. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
 //!
@@ -49,8 +62,11 @@ use crate::target::{workspace_root, Accel, Target};
 
 mod awaited;
 mod fallback;
+mod offline;
 mod powercut;
 mod previous;
+mod reach;
+mod rotation;
 mod steps;
 mod upgrade;
 
@@ -69,10 +85,13 @@ pub enum ScenarioKind {
     MissingKernel,
     AwaitedCheck,
     UpgradeFromPrevious,
+    BundleOffline,
+    Reachability,
+    TrustRotation,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 8] = [
+    pub const ALL: [ScenarioKind; 11] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -81,6 +100,9 @@ impl ScenarioKind {
         ScenarioKind::MissingKernel,
         ScenarioKind::AwaitedCheck,
         ScenarioKind::UpgradeFromPrevious,
+        ScenarioKind::BundleOffline,
+        ScenarioKind::Reachability,
+        ScenarioKind::TrustRotation,
     ];
 
     pub fn name(self) -> &'static str {
@@ -93,6 +115,9 @@ impl ScenarioKind {
             ScenarioKind::MissingKernel => "missing-kernel",
             ScenarioKind::AwaitedCheck => "awaited-check",
             ScenarioKind::UpgradeFromPrevious => "upgrade-from-previous",
+            ScenarioKind::BundleOffline => "bundle-offline",
+            ScenarioKind::Reachability => "reachability",
+            ScenarioKind::TrustRotation => "trust-rotation",
         }
     }
 }
@@ -170,6 +195,15 @@ impl Scenario {
         if kind == ScenarioKind::UpgradeFromPrevious {
             target.check_previous_inputs(&root)?;
         }
+        if kind == ScenarioKind::BundleOffline {
+            target.check_bundle_inputs(&root)?;
+        }
+        if kind == ScenarioKind::Reachability {
+            target.check_releases(&root, &["v2-nonet"])?;
+        }
+        if kind == ScenarioKind::TrustRotation {
+            target.check_channel_inputs(&root, &rotation::ROOT1_KEYS)?;
+        }
         let accel = Accel::for_target(target, &root);
         let out = root
             .join("vm-tests/out")
@@ -212,6 +246,9 @@ impl Scenario {
             ScenarioKind::MissingKernel => self.missing_kernel()?,
             ScenarioKind::AwaitedCheck => self.awaited_check()?,
             ScenarioKind::UpgradeFromPrevious => self.upgrade_from_previous()?,
+            ScenarioKind::BundleOffline => self.bundle_offline()?,
+            ScenarioKind::Reachability => self.reachability()?,
+            ScenarioKind::TrustRotation => self.trust_rotation()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;
@@ -228,7 +265,7 @@ impl Scenario {
         Ok(r)
     }
 
-    /// Remove the nodes' scratch disks and UEFI variables (console logs stay).
+    /// Remove the nodes' scratch disks, UEFI variables and USB sticks (console logs stay).
     fn drop_disks(&self) -> Result<()> {
         for e in std::fs::read_dir(&self.out)
             .map_err(|e| Error::io("list scenario output", &self.out, e))?
@@ -236,7 +273,7 @@ impl Scenario {
         {
             let p = e.path();
             if p.is_dir() {
-                for f in ["disk.img", "vars.fd"] {
+                for f in ["disk.img", "vars.fd", "stick.img"] {
                     let _ = std::fs::remove_file(p.join(f));
                 }
             }

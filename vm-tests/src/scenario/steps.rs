@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use super::Scenario;
 use crate::error::{Error, Result};
 use crate::server::{http_get, ReleaseServer};
+use crate::target::Network;
 use crate::vm::Vm;
 
 /// From power-on to `K3OS-BOOTED` (TCG on a shared 2-core machine; ~15 s when idle).
@@ -30,9 +31,25 @@ pub struct Node {
     dir: PathBuf,
     disk: PathBuf,
     vars: Option<PathBuf>,
-    /// Host port forwarded to the guest's port 80 during the current boot.
+    /// Host port forwarded to the guest's port 80 during the current boot (0 while offline).
     pub http_port: u16,
     power_ons: u32,
+    /// Boots without any NIC (a site whose link is down).
+    offline: bool,
+    /// A raw image plugged in as a USB stick at every boot.
+    usb_stick: Option<PathBuf>,
+}
+
+impl Node {
+    /// From the next power-on the node has no network at all.
+    pub fn unplug_network(&mut self) {
+        self.offline = true;
+    }
+
+    /// From the next power-on `image` is plugged in as a USB mass-storage device.
+    pub fn plug_usb_stick(&mut self, image: &Path) {
+        self.usb_stick = Some(image.to_path_buf());
+    }
 }
 
 fn free_port() -> Result<u16> {
@@ -150,6 +167,8 @@ impl Scenario {
             vars,
             http_port: 0,
             power_ons: 0,
+            offline: false,
+            usb_stick: None,
         })
     }
 
@@ -157,7 +176,15 @@ impl Scenario {
     pub fn power_on(&mut self, node: &mut Node) -> Result<Vm> {
         node.power_ons += 1;
         self.boots += 1;
-        node.http_port = free_port()?;
+        let net = if node.offline {
+            node.http_port = 0;
+            Network::None
+        } else {
+            node.http_port = free_port()?;
+            Network::User {
+                http_port: node.http_port,
+            }
+        };
         let name = format!("{}/{}#{}", self.target, node.name, node.power_ons);
         let monitor = node.dir.join(format!("monitor-{}.sock", node.power_ons));
         let log = node.dir.join(format!("console-{}.log", node.power_ons));
@@ -166,7 +193,8 @@ impl Scenario {
             &node.disk,
             node.vars.as_deref(),
             &monitor,
-            node.http_port,
+            net,
+            node.usb_stick.as_deref(),
         );
         Vm::spawn(&name, cmd, &monitor, &log)
     }
@@ -242,6 +270,26 @@ impl Scenario {
         vm.send_line("sync; reboot -f")?;
         self.boots += 1;
         Ok(())
+    }
+
+    /// Reboot into `slot` running `version`, whose activation awaits checks: the boot-time
+    /// confirm must leave it pending (on trial; init starts `slot await-bless` in the
+    /// background); returns once the shell answers.
+    pub(super) fn reboot_into_pending(
+        &mut self,
+        vm: &mut Vm,
+        slot: Slot,
+        version: &str,
+    ) -> Result<()> {
+        self.reboot(vm)?;
+        self.expect_boot(vm, slot, version)?;
+        vm.expect_not(
+            "K3OS-CONFIRM pending",
+            &["K3OS-CONFIRM ok", "K3OS-CONFIRM failed", "Kernel panic"],
+            READY,
+        )?;
+        vm.expect_not("K3OS-READY", &["Kernel panic"], READY)?;
+        vm.wait_shell(CMD)
     }
 
     /// Reboot into `slot` running `version`, which must confirm and then be good; returns the
