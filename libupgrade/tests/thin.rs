@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use libupgrade::stage::{Schedule, Stop, Window};
-use libupgrade::{Error, ExtraSource, NoProgress, Source, StageOptions, Updater};
+use libupgrade::{Error, ExtraSource, NoProgress, Source, StageOptions, StageReport, Updater};
 use testkit::*;
 
 /// A site: release `v2` signed by `k` in `rels`, served by `srv` (`src` is its URL), and an
@@ -45,6 +45,13 @@ fn site(mib: usize, seed: u64, initrd: u64) -> Site {
         v2,
         rels,
         k,
+    }
+}
+
+impl Site {
+    /// The release, the server, its URL, the disk and the updater, borrowed for a test body.
+    fn parts(&self) -> (&Path, &TestServer, &Source, &TestDisk, &Updater) {
+        (&self.v2, &self.srv, &self.src, &self.disk, &self.u)
     }
 }
 
@@ -134,14 +141,8 @@ fn the_preview_equals_what_a_full_and_a_delta_stage_fetch() {
 
 #[test]
 fn a_byte_budget_stops_cleanly_and_the_resumed_stage_fetches_exactly_the_rest() {
-    let Site {
-        v2,
-        srv,
-        src,
-        disk,
-        u,
-        ..
-    } = &site(10, 31, 203);
+    let s = site(10, 31, 203);
+    let (v2, srv, src, disk, u) = s.parts();
     let total = release_size(v2);
     let need = u.preview(src, &fast_stage()).unwrap().fetch();
     assert_eq!(need, total);
@@ -199,14 +200,8 @@ fn partial_copy(rel: &Path, to: &Path, share: f64) {
 
 #[test]
 fn a_directory_with_80_percent_of_the_chunks_cuts_origin_bytes_to_about_20_percent() {
-    let Site {
-        v2,
-        srv,
-        src,
-        disk,
-        u,
-        ..
-    } = &site(12, 41, 204);
+    let s = site(12, 41, 204);
+    let (v2, srv, src, disk, u) = s.parts();
     let total = release_size(v2);
     let medium = tempfile::tempdir().unwrap();
     partial_copy(v2, medium.path(), 0.8);
@@ -244,14 +239,8 @@ fn corrupt_mirror(rel: &Path, root: &Path, at: &[u64]) {
 
 #[test]
 fn corrupt_mirror_chunks_are_refused_and_taken_from_the_origin() {
-    let Site {
-        v2,
-        srv: origin,
-        src,
-        disk,
-        u,
-        ..
-    } = &site(8, 51, 205);
+    let s = site(8, 51, 205);
+    let (v2, origin, src, disk, u) = s.parts();
     let mirror_root = tempfile::tempdir().unwrap();
     corrupt_mirror(v2, mirror_root.path(), &[1 << 20, 4 << 20, 7 << 20]);
     let mirror = TestServer::paced(mirror_root.path().to_path_buf(), 0);
@@ -280,18 +269,11 @@ fn corrupt_mirror_chunks_are_refused_and_taken_from_the_origin() {
 
 #[test]
 fn a_mirror_dying_mid_stage_costs_at_most_the_chunk_in_flight() {
-    let Site {
-        v2,
-        srv: origin,
-        src,
-        disk,
-        u,
-        rels,
-        ..
-    } = &site(8, 61, 206);
+    let s = site(8, 61, 206);
+    let (v2, origin, src, disk, u) = s.parts();
     let total = release_size(v2);
     // Drops its first large body half way, then stays up: given up at once all the same.
-    let mirror = TestServer::start(rels.path().to_path_buf(), 1);
+    let mirror = TestServer::start(s.rels.path().to_path_buf(), 1);
     let opts = StageOptions {
         extra_sources: vec![ExtraSource::parse(&format!("{}v2", mirror.base))],
         ..fast_stage()
@@ -318,6 +300,9 @@ fn a_mirror_dying_mid_stage_costs_at_most_the_chunk_in_flight() {
     assert_eq!(ranges, 1, "{:?}", mirror.requests.lock().unwrap());
 }
 
+/// A virtual clock's sample: the virtual time and the bytes the server had sent by then.
+type Sample = (chrono::DateTime<chrono::Utc>, u64);
+
 /// Virtual time: an instant `s` seconds after the test's start.
 fn at(s: i64) -> chrono::DateTime<chrono::Utc> {
     use chrono::TimeZone;
@@ -334,7 +319,7 @@ fn window(start: i64, secs: i64, rate: Option<u64>) -> Window {
 
 /// Of what the server sent during a stage (per the clock's samples), the bytes sent while the
 /// virtual time was outside every window of `s` (counted from the sample before the bytes).
-fn sent_outside(s: &Schedule, samples: &[(chrono::DateTime<chrono::Utc>, u64)]) -> u64 {
+fn sent_outside(s: &Schedule, samples: &[Sample]) -> u64 {
     samples
         .windows(2)
         .filter(|p| {
@@ -378,16 +363,21 @@ fn on_clock(schedule: Schedule, srv: &TestServer) -> (StageOptions, std::sync::A
     (opts, clock)
 }
 
+/// Stage the site's v2 following `schedule` on the virtual clock (slot B then holds it): the
+/// report, the bytes on the wire and the requests, what the server had sent before, and the
+/// clock's samples.
+fn stage_paced(s: &Site, schedule: &Schedule) -> (StageReport, u64, usize, u64, Vec<Sample>) {
+    let (opts, clock) = on_clock(schedule.clone(), &s.srv);
+    let c0 = s.srv.sent();
+    let (r, wire, requests) = metered(&s.srv, || s.u.stage(&s.src, &opts, &NoProgress).unwrap());
+    s.disk.assert_b_is(&s.v2);
+    (r, wire, requests, c0, clock.samples())
+}
+
 #[test]
 fn a_schedule_sends_nothing_outside_its_windows_and_at_most_its_rate_inside() {
-    let Site {
-        v2,
-        srv,
-        src,
-        disk,
-        u,
-        ..
-    } = &site(3, 71, 207);
+    let s = site(3, 71, 207);
+    let (v2, srv, src, _, u) = s.parts();
     let (p, meta, _) = metered(srv, || u.preview(src, &fast_stage()).unwrap());
     assert_eq!(p.fetch(), release_size(v2));
 
@@ -401,11 +391,7 @@ fn a_schedule_sends_nothing_outside_its_windows_and_at_most_its_rate_inside() {
         window(3600, 100, Some(2 * rate)),
     ])
     .unwrap();
-    let (opts, clock) = on_clock(schedule.clone(), srv);
-    let c0 = srv.sent();
-    let (r, wire, requests) = metered(srv, || u.stage(src, &opts, &NoProgress).unwrap());
-    disk.assert_b_is(v2);
-    let samples = clock.samples();
+    let (r, wire, requests, c0, samples) = stage_paced(&s, &schedule);
     let last = samples.last().unwrap().0;
     eprintln!(
         "schedule: {} fetched in {requests} requests, {wire} bytes on the wire, done at +{} s (virtual)",
@@ -429,14 +415,8 @@ fn a_schedule_sends_nothing_outside_its_windows_and_at_most_its_rate_inside() {
 
 #[test]
 fn the_end_of_the_schedule_stops_the_attempt_and_the_next_fetches_only_the_rest() {
-    let Site {
-        v2,
-        srv,
-        src,
-        disk,
-        u,
-        ..
-    } = &site(3, 72, 208);
+    let s = site(3, 72, 208);
+    let (v2, srv, src, disk, u) = s.parts();
     let need = u.preview(src, &fast_stage()).unwrap().fetch();
 
     let rate = 256 << 10;
@@ -489,16 +469,9 @@ fn without_chunk_indexes(k: &Keys, rel: &Path) {
 
 #[test]
 fn a_schedule_paces_whole_file_streams_the_same_way() {
-    let Site {
-        v2,
-        srv,
-        src,
-        disk,
-        u,
-        k,
-        ..
-    } = &site(2, 73, 209);
-    without_chunk_indexes(k, v2);
+    let s = site(2, 73, 209);
+    let (v2, srv, src, _, u) = s.parts();
+    without_chunk_indexes(&s.k, v2);
     let (p, meta, _) = metered(srv, || u.preview(src, &fast_stage()).unwrap());
     assert!(p.artifacts.iter().all(|a| a.fetch == a.size), "{p:?}");
     let log = srv.requests.lock().unwrap().clone();
@@ -511,11 +484,7 @@ fn a_schedule_paces_whole_file_streams_the_same_way() {
         window(1800, 100, Some(rate)),
     ])
     .unwrap();
-    let (opts, clock) = on_clock(schedule.clone(), srv);
-    let c0 = srv.sent();
-    let (r, wire, requests) = metered(srv, || u.stage(src, &opts, &NoProgress).unwrap());
-    disk.assert_b_is(v2);
-    let samples = clock.samples();
+    let (r, wire, requests, c0, samples) = stage_paced(&s, &schedule);
     assert!(
         samples.last().unwrap().0 >= at(1800),
         "the last window was needed"
