@@ -11,7 +11,7 @@ PKGS="qemu-system-x86 qemu-system-arm qemu-utils squashfs-tools squashfs-tools-n
 grub-common grub2-common syslinux extlinux syslinux-common isolinux ovmf qemu-efi-aarch64 gdisk dosfstools mtools
 busybox-static gcc-aarch64-linux-gnu libc6-dev-arm64-cross fdisk e2fsprogs cpio kmod libclang-dev clang pkgconf
 musl-tools qemu-user-static binfmt-support diffutils grub-emu openssl curl bc casync rauc xdelta3 dbus-daemon time
-runc skopeo"
+runc skopeo util-linux mount"
 
 missing=""
 for p in $PKGS; do

@@ -22,30 +22,118 @@ impl ConfigArg {
     }
 }
 
-/// Environment variable naming the reboot command (whitespace-separated argv), e.g.
-/// `nsenter -t 1 -m -u -i -n -p -- reboot` in a container; the agent reads the same one.
+/// Environment variable naming the reboot command (whitespace-separated argv); the agent reads
+/// the same one. Unset: [`Reboot::from_env`] picks the host's own `reboot`.
 pub const REBOOT_CMD_ENV: &str = "K3OS_OPS_REBOOT_CMD";
 
-/// Sync and reboot: the command `K3OS_OPS_REBOOT_CMD` names (it must succeed), else the
-/// `reboot` command if there is one (a clean shutdown), else the syscall.
+/// How this process reboots the node.
+///
+/// In a container (the agent's DaemonSet, the system-upgrade-controller Plan) the image holds
+/// one static binary and no `reboot` or `nsenter`, but it runs with `hostPID` and privileges:
+/// [`Reboot::InHostOf`] enters the mount, UTS, IPC and network namespaces of the host's PID 1
+/// itself (setns(2) between fork and exec, what `nsenter -t 1 -m -u -i -n` does) and runs the
+/// host's `reboot` there through the host's `/bin/sh`, so the host shuts down cleanly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reboot {
+    /// An explicit command (`K3OS_OPS_REBOOT_CMD`, or a test's).
+    Command(Vec<String>),
+    /// `reboot` run in the namespaces of this process (its PID as seen here).
+    InHostOf(i32),
+    /// `reboot` in this process's own namespaces (not in a container).
+    Here,
+}
+
+impl Reboot {
+    /// `K3OS_OPS_REBOOT_CMD` when set; else the host's PID 1 when this process runs in another
+    /// mount namespace than it (a container with hostPID); else here.
+    pub fn from_env() -> Reboot {
+        if let Some(cmd) = std::env::var(REBOOT_CMD_ENV)
+            .ok()
+            .filter(|c| !c.trim().is_empty())
+        {
+            return Reboot::Command(cmd.split_whitespace().map(String::from).collect());
+        }
+        let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
+        match (ns("1"), ns("self")) {
+            (Some(host), Some(me)) if host != me => Reboot::InHostOf(1),
+            _ => Reboot::Here,
+        }
+    }
+
+    /// The command that reboots (not yet run). `InHostOf` opens the target's namespace files
+    /// now and enters them in the child; the caller may still set its environment.
+    pub fn command(&self) -> anyhow::Result<std::process::Command> {
+        match self {
+            Reboot::Command(argv) => {
+                let (prog, args) = argv.split_first().context("empty reboot command")?;
+                let mut c = std::process::Command::new(prog);
+                c.args(args);
+                Ok(c)
+            }
+            Reboot::Here => Ok(std::process::Command::new("reboot")),
+            Reboot::InHostOf(pid) => in_namespaces_of(*pid, "exec reboot"),
+        }
+    }
+}
+
+impl std::fmt::Display for Reboot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reboot::Command(argv) => write!(f, "{}", argv.join(" ")),
+            Reboot::Here => write!(f, "reboot"),
+            Reboot::InHostOf(pid) => write!(f, "reboot in the namespaces of PID {pid}"),
+        }
+    }
+}
+
+/// `/bin/sh -c SCRIPT` in the mount, UTS, IPC and network namespaces of `pid`. The namespace
+/// files are opened here (a missing PID or a kernel without them fails now, naming the file);
+/// the child joins them after fork, the mount namespace last (joining it resets the child's
+/// root and working directory to that namespace's, so `/bin/sh` is the target's).
+pub fn in_namespaces_of(pid: i32, script: &str) -> anyhow::Result<std::process::Command> {
+    use nix::sched::CloneFlags;
+    use std::os::unix::process::CommandExt;
+    let kinds = [
+        ("uts", CloneFlags::CLONE_NEWUTS),
+        ("ipc", CloneFlags::CLONE_NEWIPC),
+        ("net", CloneFlags::CLONE_NEWNET),
+        ("mnt", CloneFlags::CLONE_NEWNS),
+    ];
+    let mut files = Vec::new();
+    for (kind, flag) in kinds {
+        let path = format!("/proc/{pid}/ns/{kind}");
+        let f = std::fs::File::open(&path).with_context(|| format!("open {path}"))?;
+        files.push((f, flag));
+    }
+    let mut c = std::process::Command::new("/bin/sh");
+    c.args(["-c", script]);
+    // SAFETY: between fork and exec the closure makes only setns(2) calls on descriptors
+    // opened before the fork; it allocates nothing.
+    unsafe {
+        c.pre_exec(move || {
+            for (f, flag) in &files {
+                nix::sched::setns(f, *flag).map_err(std::io::Error::from)?;
+            }
+            Ok(())
+        });
+    }
+    Ok(c)
+}
+
+/// Sync and reboot by [`Reboot::from_env`]: the command must succeed; without an explicit
+/// command, when `reboot` cannot be run here, the syscall.
 pub fn reboot() -> anyhow::Result<()> {
     nix::unistd::sync();
-    if let Some(cmd) = std::env::var(REBOOT_CMD_ENV)
-        .ok()
-        .filter(|c| !c.trim().is_empty())
-    {
-        let argv: Vec<&str> = cmd.split_whitespace().collect();
-        let st = std::process::Command::new(argv[0])
-            .args(&argv[1..])
-            .status()
-            .with_context(|| format!("run {REBOOT_CMD_ENV}={cmd}"))?;
-        anyhow::ensure!(st.success(), "{REBOOT_CMD_ENV}={cmd} failed ({st})");
-        return Ok(());
+    let how = Reboot::from_env();
+    let status = how.command()?.status();
+    match (&how, status) {
+        (_, Ok(s)) if s.success() => Ok(()),
+        (Reboot::Here, _) => {
+            nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT)
+                .context("reboot(2)")?;
+            Ok(())
+        }
+        (_, Ok(s)) => anyhow::bail!("{how} failed ({s})"),
+        (_, Err(e)) => Err(e).with_context(|| format!("run {how}")),
     }
-    let clean = std::process::Command::new("reboot").status();
-    if matches!(clean, Ok(s) if s.success()) {
-        return Ok(());
-    }
-    nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT).context("reboot(2)")?;
-    Ok(())
 }

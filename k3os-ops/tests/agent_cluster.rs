@@ -273,6 +273,9 @@ async fn setup(client: &Client, concurrency: u32) -> String {
             max_rate: None,
             paused: false,
             resumed_at: None,
+            rollout: None,
+            blocking_pod_selector: None,
+            prometheus: None,
         },
     );
     chans
@@ -589,6 +592,20 @@ async fn cluster_agent_service_account_is_enough() {
     check(
         "release",
         slots::release(&store, &node, "tok", chrono::Utc::now())
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}")),
+    );
+    // The fleet counter (counter.rs): a metadata list of the selected Nodes, a status CAS.
+    let listed = Api::<Node>::all(agent.clone())
+        .list_metadata(&kube::api::ListParams::default().labels("kubernetes.io/os=linux"))
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    check("list node metadata (fleet counter)", listed);
+    check(
+        "write fleet counts",
+        slots::write_fleet(&store, &[], None, chrono::Utc::now())
             .await
             .map(|_| ())
             .map_err(|e| format!("{e:?}")),

@@ -1,5 +1,5 @@
 //! The committed `deploy/crd.yaml` must be exactly what the types generate
-//! (`k3os-ops agent crd > k3os-ops/deploy/crd.yaml` after changing `src/agent/crd.rs`).
+//! (`k3os-ops agent crd > k3os-ops/deploy/crd.yaml` after changing `src/agent/crd/`).
 
 use k3os_ops::agent;
 
@@ -18,7 +18,7 @@ fn committed_crd_equals_generated() {
             .map(|i| i + 1)
             .unwrap_or_else(|| committed.lines().count().min(generated.lines().count()) + 1);
         panic!(
-            "{path} differs from the CRD generated from src/agent/crd.rs (first difference at line {line}); \
+            "{path} differs from the CRD generated from src/agent/crd/ (first difference at line {line}); \
              regenerate it with `cargo run -p k3os-ops -- agent crd > k3os-ops/deploy/crd.yaml`"
         );
     }
@@ -46,7 +46,14 @@ fn crd_has_the_required_names_columns_and_status_subresource() {
         .collect();
     assert_eq!(
         cols,
-        ["version", "latest", "updating", "concurrency", "age"]
+        [
+            "version",
+            "latest",
+            "updating",
+            "updated",
+            "concurrency",
+            "age"
+        ]
     );
     let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
     for field in [

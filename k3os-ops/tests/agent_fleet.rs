@@ -1,809 +1,28 @@
 //! The agent fleet (issue 11): three agents, one per node, update the nodes from v1 to v2
-//! through one shared fake API server (`fake_api`), each with a kube client of its own, each
-//! over a real [`LibupgradeNode`]: a real `libupgrade::Updater` over a k3OS dir layout in its
-//! own temp dir, a real signed v2 release (mksquashfs) in a local channel, and the in-memory
-//! bootloader that counts tries like GRUB. The cluster holds a web app of three replicas (one
-//! per node) guarded by a PodDisruptionBudget of `minAvailable: 2`; the fake's Eviction API
-//! refuses (429) what would break it, and evicted pods come back on another schedulable node.
+//! through one shared fake API server, each over a real `LibupgradeNode`, reboots simulated by
+//! the driver, invariants checked on every state the world passes through (see `fleet_rig` for
+//! the rig, the invariants and how a reboot is played).
 //!
-//! Reboots are simulated by the test's driver. A node's `reboot()` hands a request to the
-//! driver and blocks; the driver then ends that node's agent (its reconcile loop, Lease
-//! renewal and reclaim loop: the process dies with the node), checks that no workload is left
-//! on the node, marks the Node NotReady, power-cycles through the loader (new command line
-//! and boot id), runs what init runs at every boot (`slot confirm`: on a trial it must report
-//! pending, Node-Ready awaited; on a good slot it passes), and starts a fresh agent for the
-//! node, which goes on from the persisted state (slot, annotations, the slots on disk). The
-//! agent is a pod, so the kubelet runs before it: back on a good slot the Node is Ready before
-//! the agent starts; on a trial of a good version the kubelet reports Ready once the agent
-//! waits for it (phase `Confirming`), so the agent's wait is exercised.
-//!
-//! Invariants, checked by an observer on *every* state the fake world passes through (after
-//! every answered request, every simulated cluster step and every change by the driver), not by
-//! periodic sampling:
-//! 1. at most `spec.concurrency` slot holders, no node twice;
-//! 2. a node is cordoned only while it holds a slot past its Draining fence. The agent fences
-//!    its slot to `Draining` (a CAS) before it marks `k3os.io/update-cordoned` and cordons, and
-//!    on every way out it uncordons, then drops the mark, then releases the slot (or records the
-//!    failure that releases it): `unschedulable ⇒ update-cordoned ⇒ slot phase ∈ {Draining,
-//!    Rebooting, RollingBack}`, with no exception in this test (the one other way out, another
-//!    agent reclaiming the slot of a holder silent for `rebootTimeout`, undoes the dead
-//!    holder's cordon and mark before it frees the slot when the holder died before its flip);
-//! 3. a node that is down (NotReady: rebooting, or its new version not Ready) holds a slot at
-//!    `Rebooting` or `RollingBack`;
-//! 4. the PodDisruptionBudget holds: at least 2 of the web pods are available (Ready, not
-//!    terminating, on a Ready node);
-//! 5. never more Ready nodes cordoned than `spec.concurrency` (a node that is down is not
-//!    counted: it is disrupted by being down, see 3);
-//!
-//! and by the driver when a node reboots: no workload pod is left running on it. At the end
-//! every node that updated held one slot under one token throughout (no claim was lost to a
-//! stale write and made again).
-//!
-//! Slots are contended on purpose: the fake holds the first three status writes until all
-//! three have arrived, so the three agents' claims race on one resourceVersion (all but one get
-//! 409 and decide again; the tests assert the conflicts happened), and the first power cycle
-//! waits until every agent has staged and tried to claim, so more nodes want a slot than there
-//! are slots while it is held; the tests assert that the peak number of holders reached
-//! `concurrency`.
-//!
-//! Scenarios: the happy rollout at concurrency 1 and 2 (every node ends on v2 blessed by the
-//! boot-assessment core, uncordoned, the channel without holders or failures), and a v2 whose
-//! Node never becomes Ready on the first node that boots it (that agent reports Node-Ready
-//! failed, the core rolls back, the driver's next power cycle brings the node back to v1 with
-//! B bad, the failure is recorded, the channel pauses at `maxFailures: 1`, and the other two
-//! nodes never claim, cordon or reboot); a holder whose agent dies for good while Draining
-//! (reclaimed after rebootTimeout, uncordoned by the reclaimer, issue 18 bug 3); and the
-//! DaemonSet rolled from the v0.1.0 agent mid-rollout, starting from what v0.1.0 wrote
-//! (tests/fixtures/v0.1.0; issue 14 item 6), with the v0.1.0 holder coming back and finishing,
-//! or never coming back (reclaimed only after rebootTimeout, as a failure).
+//! Scenarios: the happy rollout at concurrency 1 and 2, a v2 whose Node never becomes Ready
+//! (rolled back, recorded, the channel paused, nobody else moves), a holder whose agent dies for
+//! good while Draining, and the DaemonSet rolled from the v0.1.0 agent mid-rollout (the v0.1.0
+//! holder coming back and finishing, or never coming back).
 
 mod fake_api;
+mod fleet_rig;
 
-use k3os_ops::agent;
-
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use agent::controller::{Agent, Next, ANN_CORDONED, ANN_PHASE};
-use agent::decide::NodeUpdateStatus;
-use agent::node::{ConfirmResult, LibupgradeNode, NodeError, NodeOps, StageProgress};
+use agent::controller::ANN_CORDONED;
 use bootconfig::Slot;
-use fake_api::{Log, Pdb, World, NS};
+use fake_api::NS;
+use fleet_rig::*;
+use k3os_ops::agent;
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
-
-const NODES: usize = 3;
-/// The agents' resync period (they also wake on every change of a Node or a channel).
-const RESYNC: Duration = Duration::from_millis(200);
-/// The whole rollout must end within this.
-const DEADLINE: Duration = Duration::from_secs(25);
-
-fn node_name(i: usize) -> String {
-    format!("node-{}", i + 1)
-}
-
-// --- the node side ------------------------------------------------------------------------
-
-/// One node's disk and boot environment (testkit's simulated node), booted on v1 from slot A.
-type NodeRig = testkit::sim::SimNode;
-
-/// A node's request to reboot; dropping `done` lets the blocked `reboot()` return.
-struct RebootRequest {
-    node: usize,
-    done: std::sync::mpsc::Sender<()>,
-}
-
-/// The real [`LibupgradeNode`], except that `reboot()` asks the driver for a power cycle and
-/// blocks until the driver has ended this agent; Node-Ready reports are recorded.
-struct FleetNode {
-    node: usize,
-    real: LibupgradeNode,
-    power: mpsc::UnboundedSender<RebootRequest>,
-    reports: Log,
-}
-
-impl NodeOps for FleetNode {
-    fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
-        self.real.status()
-    }
-    fn resolve_latest(&self, channel: &str) -> Result<String, NodeError> {
-        self.real.resolve_latest(channel)
-    }
-    fn stage(
-        &self,
-        channel: &str,
-        version: &str,
-        allow_downgrade: bool,
-        max_rate: Option<u64>,
-        progress: &dyn StageProgress,
-    ) -> Result<(), NodeError> {
-        self.real
-            .stage(channel, version, allow_downgrade, max_rate, progress)
-    }
-    fn activate(&self, node_ready_within: Duration) -> Result<(), NodeError> {
-        self.real.activate(node_ready_within)
-    }
-    fn confirm(
-        &self,
-        node_ready: libupgrade::health::CheckResult,
-    ) -> Result<ConfirmResult, NodeError> {
-        let line = format!(
-            "{}: {} ok={} ({})",
-            node_name(self.node),
-            node_ready.name,
-            node_ready.ok,
-            node_ready.detail
-        );
-        let verdict = self.real.confirm(node_ready);
-        self.reports
-            .lock()
-            .unwrap()
-            .push(format!("{line} -> {verdict:?}"));
-        verdict
-    }
-    fn reboot(&self) -> Result<(), NodeError> {
-        let (done, ended) = std::sync::mpsc::channel();
-        self.power
-            .send(RebootRequest {
-                node: self.node,
-                done,
-            })
-            .expect("the driver is running");
-        // Returns once the driver dropped `done`, after it aborted this agent: nobody sees it.
-        let _ = ended.recv();
-        Err(NodeError::new(
-            "reboot",
-            "the simulated power cycle ended this agent",
-        ))
-    }
-}
-
-/// No progress display (the test stages the v0.1.0 starting point directly).
-struct NoProgress;
-
-impl StageProgress for NoProgress {
-    fn begin(&self, _: &str, _: u64, _: u64) {}
-    fn advance(&self, _: u64) {}
-    fn end(&self) {}
-}
-
-/// A JSON fixture written by the v0.1.0 agent (see tests/fixtures/v0.1.0/README.md).
-fn v010_fixture(name: &str) -> Value {
-    let path = format!(
-        "{}/tests/fixtures/v0.1.0/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-/// The world as the v0.1.0 agents left it mid-rollout: their channel status, Node annotations
-/// and cordon, and Leases, exactly as written; only the release URL points at this test's
-/// channel. node-1 is down (rebooting).
-fn v010_world(channel_url: &str) -> World {
-    let mut channel = v010_fixture("updatechannel.json");
-    channel["spec"]["url"] = json!(channel_url);
-    channel["metadata"]
-        .as_object_mut()
-        .unwrap()
-        .remove("resourceVersion");
-    let nodes: Vec<Value> = (0..NODES)
-        .map(|i| {
-            let mut n = v010_fixture(&format!("{}.json", node_name(i)));
-            n["metadata"]
-                .as_object_mut()
-                .unwrap()
-                .remove("resourceVersion");
-            n
-        })
-        .collect();
-    let mut w = World::new(nodes, channel);
-    for i in 0..=NODES {
-        // node-0 (the earlier failure) is gone from the cluster; its Lease is left over.
-        let name = format!("k3os-upgrade-node-node-{i}");
-        w.leases
-            .insert(name.clone(), v010_fixture(&format!("lease-{name}.json")));
-    }
-    w.set_node_ready(&node_name(0), false);
-    w
-}
-
-// --- the invariants -----------------------------------------------------------------------
-
-/// What the observer saw, over every state of the world.
-#[derive(Default)]
-struct Monitor {
-    concurrency: usize,
-    samples: u64,
-    violations: Vec<String>,
-    peak_holders: usize,
-    /// Per node, the slot tokens it held, in order (a node that held one slot throughout its
-    /// update has one).
-    claims: BTreeMap<String, Vec<String>>,
-    ever_cordoned: BTreeSet<String>,
-    least_available: Option<usize>,
-    /// Nodes given up for dead after their bootloader flip: once their slot is reclaimed they
-    /// stay down and cordoned by design (slots.rs), so invariants 2 and 3 skip them then.
-    abandoned: BTreeSet<String>,
-    /// When each node was first seen without the slot it held.
-    released_at: BTreeMap<String, Instant>,
-}
-
-/// Slot holders of the channel: (node, phase, token).
-fn holders(w: &World) -> Vec<(String, String, String)> {
-    let field = |s: &Value, k: &str| s[k].as_str().unwrap_or("?").to_string();
-    w.channel["status"]["slots"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|s| (field(s, "node"), field(s, "phase"), field(s, "token")))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn annotation<'a>(node: &'a Value, key: &str) -> Option<&'a str> {
-    node["metadata"]["annotations"][key].as_str()
-}
-
-/// One line per node and the slots, for failure messages.
-fn summary(w: &World) -> String {
-    let slots: Vec<String> = holders(w)
-        .into_iter()
-        .map(|(n, p, _)| format!("{n}:{p}"))
-        .collect();
-    let mut out = format!("slots {slots:?}");
-    for (name, n) in &w.nodes {
-        out.push_str(&format!(
-            "; {name}: ready={} unschedulable={} cordoned-mark={:?} phase={:?} pods={:?}",
-            fake_api::node_ready(n),
-            n["spec"]["unschedulable"],
-            annotation(n, ANN_CORDONED),
-            annotation(n, ANN_PHASE),
-            w.workload_on(name)
-        ));
-    }
-    out
-}
-
-impl Monitor {
-    fn violation(&mut self, w: &World, what: String) {
-        if self.violations.len() < 10 {
-            self.violations
-                .push(format!("sample {}: {what}\n  {}", self.samples, summary(w)));
-        }
-    }
-
-    fn sample(&mut self, w: &World) {
-        self.samples += 1;
-        let held = holders(w);
-        self.peak_holders = self.peak_holders.max(held.len());
-        if held.len() > self.concurrency {
-            self.violation(
-                w,
-                format!(
-                    "{} slot holders, concurrency {}",
-                    held.len(),
-                    self.concurrency
-                ),
-            );
-        }
-        let distinct: BTreeSet<&str> = held.iter().map(|(n, _, _)| n.as_str()).collect();
-        if distinct.len() != held.len() {
-            self.violation(w, "a node holds two slots".into());
-        }
-        for (node, _, token) in &held {
-            let tokens = self.claims.entry(node.clone()).or_default();
-            if tokens.last() != Some(token) {
-                tokens.push(token.clone());
-            }
-        }
-        for node in self.claims.keys() {
-            if !held.iter().any(|(n, _, _)| n == node) && !self.released_at.contains_key(node) {
-                self.released_at.insert(node.clone(), Instant::now());
-            }
-        }
-        for (name, node) in &w.nodes {
-            let phase = held
-                .iter()
-                .find(|(n, _, _)| n == name)
-                .map(|(_, p, _)| p.as_str());
-            let cordoned = node["spec"]["unschedulable"] == true;
-            let marked = annotation(node, ANN_CORDONED) == Some("true");
-            if cordoned {
-                self.ever_cordoned.insert(name.clone());
-            }
-            if phase.is_none() && self.abandoned.contains(name) {
-                continue;
-            }
-            if cordoned && !marked {
-                self.violation(w, format!("{name} is cordoned without update-cordoned"));
-            }
-            if marked && !matches!(phase, Some("Draining" | "Rebooting" | "RollingBack")) {
-                self.violation(
-                    w,
-                    format!("{name} is marked cordoned by the agent with slot phase {phase:?}"),
-                );
-            }
-            if !fake_api::node_ready(node) && !matches!(phase, Some("Rebooting" | "RollingBack")) {
-                self.violation(w, format!("{name} is down with slot phase {phase:?}"));
-            }
-        }
-        let cordoned_up = w
-            .nodes
-            .values()
-            .filter(|n| n["spec"]["unschedulable"] == true && fake_api::node_ready(n))
-            .count();
-        if cordoned_up > self.concurrency {
-            self.violation(
-                w,
-                format!(
-                    "{cordoned_up} Ready nodes cordoned at once, concurrency {}",
-                    self.concurrency
-                ),
-            );
-        }
-        for pdb in &w.pdbs {
-            let available = w.available(pdb);
-            self.least_available =
-                Some(self.least_available.map_or(available, |l| l.min(available)));
-            if available < pdb.min_available {
-                self.violation(
-                    w,
-                    format!(
-                        "PodDisruptionBudget {} violated: {available} available, minAvailable {}",
-                        pdb.name, pdb.min_available
-                    ),
-                );
-            }
-        }
-    }
-}
-
-// --- the fleet and its driver -------------------------------------------------------------
-
-struct Scenario {
-    /// Ignored with `from_v010` (the fixture's channel says 1).
-    concurrency: u32,
-    /// Start mid-rollout from what the v0.1.0 agent wrote (tests/fixtures/v0.1.0): node-1
-    /// holds the slot and is rebooting into v2 (activated by v0.1.0, which awaited no check),
-    /// node-2 and node-3 have staged v2 and wait; the DaemonSet has just been rolled to this
-    /// agent, so every node runs the current one from now on.
-    from_v010: bool,
-    /// Every node also runs a single-replica `db` pod whose budget never allows its eviction
-    /// (drains stall), and the agent of the first node seen `Draining` is ended for good
-    /// (its Node stays Ready: only the agent is gone). rebootTimeout 3s.
-    dies_while_draining: bool,
-    /// With `from_v010`: node-1, rebooting under the v0.1.0 agent, never comes back (its
-    /// Lease stays as v0.1.0 last wrote it). rebootTimeout 3s, maxFailures 3.
-    v010_holder_never_returns: bool,
-    /// The agents' wait for Node Ready after a trial boot.
-    ready_wait: Duration,
-    /// The Node of the first node that boots v2 never becomes Ready.
-    first_trial_never_ready: bool,
-}
-
-struct Fleet {
-    scenario: Scenario,
-    world: Arc<Mutex<World>>,
-    log: Log,
-    /// Node-Ready reports of the agents and the core's verdicts.
-    reports: Log,
-    monitor: Arc<Mutex<Monitor>>,
-    _publisher: testkit::Keys,
-    _channel_dir: tempfile::TempDir,
-    rigs: Vec<NodeRig>,
-    /// The tasks of each node's running agent (`None` while it is down).
-    agents: Vec<Option<Vec<JoinHandle<()>>>>,
-    cluster: JoinHandle<()>,
-    power: mpsc::UnboundedSender<RebootRequest>,
-    requests: mpsc::UnboundedReceiver<RebootRequest>,
-    reboots: Vec<u32>,
-    /// Nodes booted into a good trial whose kubelet reports Ready once their agent waits.
-    awaiting_ready: Vec<bool>,
-    /// The node whose v2 never became Ready.
-    bad: Option<usize>,
-    /// Every agent has staged and tried to claim (the first power cycle waits for it).
-    contended: bool,
-    /// With `dies_while_draining`: the node whose agent was ended for good.
-    victim: Option<usize>,
-    /// The node whose trial was activated by the v0.1.0 agent (blessed by init's confirm at
-    /// boot: that activation awaited no check).
-    v010_trial: Option<usize>,
-}
-
-/// What run.rs's loop does with one agent, waking on changes instead of watches.
-async fn agent_loop(agent: Arc<Agent>, mut wake: watch::Receiver<u64>) {
-    let mut errors = 0u32;
-    loop {
-        match agent.reconcile().await {
-            Ok(Next::Again) => {
-                errors = 0;
-                continue;
-            }
-            Ok(Next::Wait) => errors = 0,
-            Err(e) => {
-                errors += 1;
-                agent.report_error(&e).await;
-            }
-        }
-        let _ = tokio::time::timeout(RESYNC * errors.clamp(1, 10), wake.changed()).await;
-    }
-}
-
-impl Fleet {
-    fn new(scenario: Scenario) -> Fleet {
-        let publisher = testkit::keys();
-        let channel_dir = tempfile::tempdir().unwrap();
-        testkit::make_release(
-            &publisher,
-            channel_dir.path(),
-            "v2",
-            2,
-            4096,
-            libupgrade::manifest::Arch::host(),
-        );
-        libupgrade::channel::write_index(channel_dir.path()).unwrap();
-        let channel_url = channel_dir.path().display().to_string();
-        let rigs: Vec<NodeRig> = (0..NODES)
-            .map(|_| NodeRig::new(&publisher.trust, 3, 1))
-            .collect();
-
-        let nodes = (0..NODES).map(|i| {
-            fake_api::ready_node(
-                &node_name(i),
-                json!({"kubernetes.io/hostname": node_name(i)}),
-            )
-        });
-        let channel = json!({
-            "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-            "metadata": {"name": "stable", "namespace": NS, "uid": "ch-uid", "generation": 1},
-            "spec": {"url": channel_url, "version": "v2", "concurrency": scenario.concurrency,
-                     "maxFailures": 1,
-                     "rebootTimeout": if scenario.dies_while_draining { "3s" } else { "2m" },
-                     "drain": {"timeout": "20s"}},
-            "status": {"slots": [], "failures": [], "conditions": []}
-        });
-        let mut world = if scenario.from_v010 {
-            let mut w = v010_world(&channel_url);
-            if scenario.v010_holder_never_returns {
-                w.channel["spec"]["rebootTimeout"] = json!("3s");
-                w.channel["spec"]["maxFailures"] = json!(3);
-            }
-            w
-        } else {
-            let mut w = World::new(nodes, channel);
-            w.hold_first_status_writes(NODES);
-            w
-        };
-        for i in 0..NODES {
-            let node = node_name(i);
-            // From v0.1.0, node-1 was drained before its reboot: its web pod was rescheduled
-            // onto the node with the fewest pods then (node-2).
-            let web_on = if scenario.from_v010 && i == 0 {
-                node_name(1)
-            } else {
-                node.clone()
-            };
-            world.pods.push(fake_api::running_pod(
-                "apps",
-                &format!("web-{}", i + 1),
-                json!({"app": "web"}),
-                "ReplicaSet",
-                "web",
-                &web_on,
-            ));
-            world.pods.push(fake_api::running_pod(
-                NS,
-                &format!("k3os-ops-agent-{node}"),
-                json!({"app": "k3os-ops-agent"}),
-                "DaemonSet",
-                "k3os-ops-agent",
-                &node,
-            ));
-        }
-        if scenario.dies_while_draining {
-            for i in 0..NODES {
-                let name = format!("db-{}", i + 1);
-                world.pods.push(fake_api::running_pod(
-                    "apps",
-                    &name,
-                    json!({"app": &name}),
-                    "StatefulSet",
-                    &name,
-                    &node_name(i),
-                ));
-                world.pdbs.push(Pdb {
-                    name: name.clone(),
-                    namespace: "apps".into(),
-                    selector: [("app".to_string(), name)].into(),
-                    min_available: 1,
-                });
-            }
-        }
-        world.pdbs.push(Pdb {
-            name: "web".into(),
-            namespace: "apps".into(),
-            selector: [("app".to_string(), "web".to_string())].into(),
-            min_available: 2,
-        });
-        let abandoned = if scenario.v010_holder_never_returns {
-            BTreeSet::from([node_name(0)])
-        } else {
-            BTreeSet::new()
-        };
-        let monitor = Arc::new(Mutex::new(Monitor {
-            abandoned,
-            concurrency: if scenario.from_v010 {
-                1
-            } else {
-                scenario.concurrency as usize
-            },
-            ..Monitor::default()
-        }));
-        let m = monitor.clone();
-        world.observer = Some(Box::new(move |w: &World| m.lock().unwrap().sample(w)));
-        world.observe();
-        let world = Arc::new(Mutex::new(world));
-        let cluster = tokio::spawn(fake_api::run_cluster(
-            world.clone(),
-            Duration::from_millis(5),
-        ));
-        let (power, requests) = mpsc::unbounded_channel();
-        let mut fleet = Fleet {
-            scenario,
-            world,
-            log: Log::default(),
-            reports: Log::default(),
-            monitor,
-            _publisher: publisher,
-            _channel_dir: channel_dir,
-            rigs,
-            agents: (0..NODES).map(|_| None).collect(),
-            cluster,
-            power,
-            requests,
-            reboots: vec![0; NODES],
-            awaiting_ready: vec![false; NODES],
-            bad: None,
-            contended: false,
-            victim: None,
-            v010_trial: None,
-        };
-        if fleet.scenario.from_v010 {
-            // What the v0.1.0 agents did on the nodes: v2 staged everywhere, activated on
-            // node-1 (plain `activate`: v0.1.0 awaited no check), whose reboot is under way.
-            for i in 0..NODES {
-                let node = LibupgradeNode::new(fleet.rigs[i].updater(), vec!["false".into()]);
-                node.stage(&channel_url, "v2", false, None, &NoProgress)
-                    .unwrap();
-            }
-            fleet.rigs[0].updater().activate().unwrap();
-            fleet.v010_trial = Some(0);
-            fleet.contended = true;
-            for i in 1..NODES {
-                fleet.start_agent(i, None);
-            }
-            if !fleet.scenario.v010_holder_never_returns {
-                let (done, _ended) = std::sync::mpsc::channel();
-                fleet.power.send(RebootRequest { node: 0, done }).unwrap();
-            }
-        } else {
-            for i in 0..NODES {
-                fleet.start_agent(i, None);
-            }
-        }
-        fleet
-    }
-
-    /// Start node `i`'s agent as the DaemonSet would after a boot: its reconcile loop, its
-    /// Lease renewal and its reclaim loop, with a kube client of its own.
-    fn start_agent(&mut self, i: usize, silence: Option<Duration>) {
-        let name = node_name(i);
-        let client = fake_api::client(&self.world, &self.log);
-        let ops = Arc::new(FleetNode {
-            node: i,
-            real: LibupgradeNode::new(self.rigs[i].updater(), vec!["false".into()]),
-            power: self.power.clone(),
-            reports: self.reports.clone(),
-        });
-        let mut agent = Agent::new(
-            client.clone(),
-            NS,
-            &name,
-            Some(format!("{NS}/k3os-ops-agent-{name}")),
-            ops,
-        );
-        agent.settings.drain_retry = Duration::from_millis(20);
-        agent.settings.node_ready_wait = self.scenario.ready_wait;
-        agent.settings.node_ready_poll = Duration::from_millis(20);
-        agent.set_startup_silence(silence);
-        let agent = Arc::new(agent);
-        let wake = self.world.lock().unwrap().subscribe();
-        self.agents[i] = Some(vec![
-            tokio::spawn(agent_loop(agent.clone(), wake)),
-            tokio::spawn(agent::background::renew_node_lease(client, NS.into(), name)),
-            tokio::spawn(agent::controller::reclaim_loop(agent)),
-        ]);
-    }
-
-    async fn stop_agent(&mut self, i: usize) {
-        for t in self.agents[i].take().unwrap_or_default() {
-            t.abort();
-            let _ = t.await;
-        }
-    }
-
-    fn phase(&self, i: usize) -> Option<String> {
-        annotation(self.world.lock().unwrap().node(&node_name(i)), ANN_PHASE).map(String::from)
-    }
-
-    fn violation(&self, what: String) {
-        let w = self.world.lock().unwrap();
-        self.monitor.lock().unwrap().violation(&w, what);
-    }
-
-    /// The node asked to reboot: end its agent, power-cycle it, run init's confirm and start
-    /// a fresh agent.
-    async fn power_cycle(&mut self, req: RebootRequest) {
-        let i = req.node;
-        let name = node_name(i);
-        let off = Instant::now();
-        // The agent dies with the node; then its blocked reboot() may return into nothing.
-        self.stop_agent(i).await;
-        drop(req.done);
-        let left = self.world.lock().unwrap().workload_on(&name);
-        if !left.is_empty() {
-            self.violation(format!("{name} rebooted with {left:?} still running on it"));
-        }
-        self.world.lock().unwrap().set_node_ready(&name, false);
-        self.reboots[i] += 1;
-        let slot = self.rigs[i].power_cycle();
-        let v010 = self.v010_trial == Some(i);
-        let trial = match (slot, self.rigs[i].init_confirm()) {
-            // A trial activated by v0.1.0 awaited no check: init's confirm blesses it.
-            (Slot::B, Ok(r)) if v010 && r.verdict.outcome == libupgrade::Outcome::Blessed => {
-                self.v010_trial = None;
-                false
-            }
-            // Nodes start on A: B is the new version, booted on trial.
-            (Slot::B, Ok(r))
-                if matches!(r.outcome(), libupgrade::Outcome::Pending { waiting_for, .. }
-                    if waiting_for.join(", ") == agent::node::NODE_READY) =>
-            {
-                true
-            }
-            (Slot::A, Ok(r)) if r.is_good() => false,
-            (slot, other) => panic!(
-                "{name} booted {slot}: init's confirm must wait for node-ready on the trial and pass on A: {other:?}"
-            ),
-        };
-        // The agent is a pod: the kubelet runs before it. Back on a good slot the Node is Ready
-        // at once; on a trial the kubelet reports Ready once the agent waits for it (or never).
-        if !trial {
-            self.world.lock().unwrap().set_node_ready(&name, true);
-        } else if self.scenario.first_trial_never_ready && self.bad.is_none() {
-            self.bad = Some(i);
-        } else {
-            self.awaiting_ready[i] = true;
-        }
-        self.start_agent(i, Some(off.elapsed()));
-    }
-
-    /// Drive the fleet until `done` holds for the world (checked after every change).
-    async fn run_until(&mut self, what: &str, done: impl Fn(&Fleet) -> bool) {
-        // Reclaiming a dead holder takes two looks of the reclaim loop (10 s apart at least).
-        let limit = if self.scenario.dies_while_draining || self.scenario.v010_holder_never_returns
-        {
-            DEADLINE * 3
-        } else {
-            DEADLINE
-        };
-        let deadline = tokio::time::Instant::now() + limit;
-        let mut wake = self.world.lock().unwrap().subscribe();
-        loop {
-            let first = self.monitor.lock().unwrap().violations.first().cloned();
-            if let Some(v) = first {
-                panic!("{v}\nlog tail:\n{}", self.log_tail());
-            }
-            for i in 0..NODES {
-                if self.awaiting_ready[i] && self.phase(i).as_deref() == Some("Confirming") {
-                    self.awaiting_ready[i] = false;
-                    self.world
-                        .lock()
-                        .unwrap()
-                        .set_node_ready(&node_name(i), true);
-                }
-            }
-            if self.scenario.dies_while_draining && self.victim.is_none() {
-                if let Some(i) = (0..NODES).find(|i| self.phase(*i).as_deref() == Some("Draining"))
-                {
-                    self.stop_agent(i).await;
-                    self.victim = Some(i);
-                }
-            }
-            if !self.contended {
-                self.contended = (0..NODES).all(|i| {
-                    !matches!(self.phase(i).as_deref(), None | Some("Staging" | "Staged"))
-                });
-            }
-            if done(self) {
-                return;
-            }
-            let contended = self.contended;
-            let request = tokio::select! {
-                Some(req) = self.requests.recv(), if contended => Some(req),
-                _ = wake.changed() => None,
-                _ = tokio::time::sleep_until(deadline) => {
-                    let state = summary(&self.world.lock().unwrap());
-                    panic!(
-                        "{what}: not reached within {limit:?}\n{state}\nlog tail:\n{}",
-                        self.log_tail()
-                    )
-                }
-            };
-            if let Some(req) = request {
-                self.power_cycle(req).await;
-            }
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let l = self.log.lock().unwrap();
-        l[l.len().saturating_sub(60)..].join("\n")
-    }
-
-    /// Stop every agent and the simulated cluster; the invariants held throughout.
-    async fn stop(&mut self) {
-        for i in 0..NODES {
-            self.stop_agent(i).await;
-        }
-        self.cluster.abort();
-        let m = self.monitor.lock().unwrap();
-        assert!(m.violations.is_empty(), "{}", m.violations.join("\n"));
-        let l = self.log.lock().unwrap();
-        let bad: Vec<&String> = l
-            .iter()
-            .filter(|x| x.starts_with("UNEXPECTED") || x.contains("ReconcileError"))
-            .collect();
-        assert!(bad.is_empty(), "{bad:#?}");
-    }
-
-    /// The real Updater's status of node `i` (both slots, this boot's verdict).
-    fn slots(&self, i: usize) -> libupgrade::updater::Status {
-        self.rigs[i].updater().status().unwrap()
-    }
-
-    fn channel(&self) -> Value {
-        self.world.lock().unwrap().channel.clone()
-    }
-}
-
-fn condition(channel: &Value, kind: &str) -> Option<String> {
-    channel["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == kind)?["status"]
-        .as_str()
-        .map(String::from)
-}
-
-fn slot_of(st: &libupgrade::updater::Status, slot: Slot) -> &libupgrade::updater::SlotStatus {
-    st.slots.iter().find(|s| s.slot == slot).unwrap()
-}
-
 async fn rollout(concurrency: u32) {
     let started = Instant::now();
-    let mut fleet = Fleet::new(Scenario {
-        concurrency,
-        ready_wait: Duration::from_secs(20),
-        first_trial_never_ready: false,
-        from_v010: false,
-        dies_while_draining: false,
-        v010_holder_never_returns: false,
-    });
+    let mut fleet = Fleet::new(Scenario::at(concurrency));
     fleet
         .run_until("every node UpToDate and no slot held", |f| {
             (0..NODES).all(|i| f.phase(i).as_deref() == Some("UpToDate"))
@@ -911,12 +130,9 @@ async fn three_nodes_update_two_at_a_time_under_a_disruption_budget() {
 async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
     let started = Instant::now();
     let mut fleet = Fleet::new(Scenario {
-        concurrency: 1,
         ready_wait: Duration::from_secs(1),
         first_trial_never_ready: true,
-        from_v010: false,
-        dies_while_draining: false,
-        v010_holder_never_returns: false,
+        ..Scenario::at(1)
     });
     fleet
         .run_until("the failed node back on v1 and the others paused", |f| {
@@ -1017,12 +233,8 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
     assert_eq!(old_failures.as_array().unwrap().len(), 1, "{old_failures}");
 
     let mut fleet = Fleet::new(Scenario {
-        concurrency: 1,
-        ready_wait: Duration::from_secs(20),
-        first_trial_never_ready: false,
         from_v010: true,
-        dies_while_draining: false,
-        v010_holder_never_returns: false,
+        ..Scenario::at(1)
     });
     fleet
         .run_until("every node UpToDate and no slot held", |f| {
@@ -1118,12 +330,8 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_that_dies_while_draining_is_uncordoned_by_the_reclaimer() {
     let mut fleet = Fleet::new(Scenario {
-        concurrency: 1,
-        ready_wait: Duration::from_secs(20),
-        first_trial_never_ready: false,
-        from_v010: false,
         dies_while_draining: true,
-        v010_holder_never_returns: false,
+        ..Scenario::at(1)
     });
     fleet
         .run_until(
@@ -1179,12 +387,9 @@ async fn a_v010_holder_that_never_returns_is_reclaimed_only_after_reboot_timeout
         .unwrap()
         .to_string();
     let mut fleet = Fleet::new(Scenario {
-        concurrency: 1,
-        ready_wait: Duration::from_secs(20),
-        first_trial_never_ready: false,
         from_v010: true,
-        dies_while_draining: false,
         v010_holder_never_returns: true,
+        ..Scenario::at(1)
     });
     // The current agents have just started (at the end of Fleet::new).
     let started = Instant::now();
@@ -1260,4 +465,234 @@ async fn a_v010_holder_that_never_returns_is_reclaimed_only_after_reboot_timeout
         let n = w.node(&node_name(i));
         assert_eq!(n["spec"]["unschedulable"], false, "{}", node_name(i));
     }
+}
+
+/// How many `reason` Events the channel got.
+fn on_channel(log: &[String], reason: &str) -> usize {
+    log.windows(2)
+        .filter(|l| {
+            l[0] == format!("event: {reason}")
+                && l[1].starts_with("event-on: UpdateChannel k3os-system/stable")
+        })
+        .count()
+}
+
+/// The waves of `spec.rollout` (the nodes in wave order: the canary, then the two batches of
+/// one node each, as every agent computes them).
+fn wave_order(rollout: &Value) -> Vec<String> {
+    let spec: agent::crd::RolloutSpec = serde_json::from_value(rollout.clone()).unwrap();
+    let r = agent::rollout::Rollout::from_spec(&spec).unwrap();
+    let members: Vec<agent::rollout::Member> = (0..NODES)
+        .map(|i| agent::rollout::Member {
+            name: node_name(i),
+            labels: [("kubernetes.io/hostname".to_string(), node_name(i))].into(),
+            done: false,
+        })
+        .collect();
+    agent::rollout::waves(&r, &members)
+        .into_iter()
+        .map(|w| {
+            assert_eq!(w.len(), 1, "one node per wave");
+            node_name(w[0])
+        })
+        .collect()
+}
+
+/// Issue 18, steering 1 and 3: a canary first, then batches by percentage of the other nodes,
+/// each starting only when the one before is blessed (phase UpToDate) and settled (1 s), even
+/// though concurrency 3 would let every node go at once; the channel counts the fleet
+/// (`status.nodes`: 3/3 on v2 at the end, `Complete`), and carries an Event per wave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waves_go_canary_first_and_each_batch_after_the_last_is_blessed_and_settled() {
+    let rollout = json!({"canary": {"nodes": ["node-2"]}, "batches": [50], "settleTime": "1s"});
+    let order = wave_order(&rollout);
+    assert_eq!(order[0], "node-2");
+    let mut fleet = Fleet::new(Scenario {
+        rollout: Some(rollout),
+        ..Scenario::at(3)
+    });
+    fleet
+        .run_until(
+            "every node UpToDate, the channel Complete and said so",
+            |f| {
+                let ch = f.world.lock().unwrap().channel.clone();
+                let log = f.log.lock().unwrap();
+                (0..NODES).all(|i| f.phase(i).as_deref() == Some("UpToDate"))
+                    && condition(&ch, "Complete").as_deref() == Some("True")
+                    && on_channel(&log, "RolloutComplete") == 1
+                    && on_channel(&log, "SlotReleased") == NODES
+            },
+        )
+        .await;
+    fleet.stop().await;
+    let m = fleet.monitor.lock().unwrap();
+    assert_eq!(m.peak_holders, 1, "one wave of one node at a time");
+    for pair in order.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        let blessed = m.updated_at[before];
+        let claimed = m.claimed_at[after];
+        assert!(
+            claimed >= blessed + Duration::from_secs(1),
+            "{after} claimed {:?} after {before} was blessed: before its wave settled",
+            claimed.saturating_duration_since(blessed)
+        );
+    }
+    drop(m);
+    let ch = fleet.channel();
+    let nodes = &ch["status"]["nodes"];
+    assert_eq!(nodes["progress"], "3/3", "{}", ch["status"]);
+    assert_eq!(nodes["byVersion"], json!({"v2": 3}));
+    assert_eq!(nodes["byPhase"], json!({"UpToDate": 3}));
+    assert_eq!(ch["status"]["rollout"]["wave"], 3, "{}", ch["status"]);
+    assert_eq!(ch["status"]["rollout"]["admitKey"], "ffffffffffffffff");
+    let log = fleet.log.lock().unwrap().clone();
+    assert_eq!(on_channel(&log, "WaveStarted"), 3, "{log:#?}");
+    assert!(on_channel(&log, "WaitingForWave") >= 2, "{log:#?}");
+    assert_eq!(on_channel(&log, "SlotClaimed"), NODES);
+    assert_eq!(fleet.reboots, vec![1; NODES]);
+    assert!(fleet.world.lock().unwrap().node_lists > 0);
+}
+
+/// A canary whose v2 never becomes Ready: rolled back, recorded, the channel paused, and the
+/// nodes of the later waves never claim, cordon or reboot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_canary_pauses_the_rollout_and_nobody_else_moves() {
+    let rollout = json!({"canary": {"nodes": ["node-3"]}, "settleTime": "0s"});
+    let mut fleet = Fleet::new(Scenario {
+        rollout: Some(rollout),
+        ready_wait: Duration::from_secs(1),
+        first_trial_never_ready: true,
+        ..Scenario::at(3)
+    });
+    fleet
+        .run_until("the canary back on v1 and the others paused", |f| {
+            f.bad.is_some()
+                && (0..NODES).all(|i| {
+                    let want = if i == 2 { "Failed" } else { "Paused" };
+                    f.phase(i).as_deref() == Some(want)
+                })
+        })
+        .await;
+    fleet.stop().await;
+    assert_eq!(fleet.bad, Some(2), "the canary booted v2 first");
+    let m = fleet.monitor.lock().unwrap();
+    assert_eq!(m.claims.keys().collect::<Vec<_>>(), ["node-3"]);
+    assert_eq!(m.ever_cordoned, BTreeSet::from(["node-3".to_string()]));
+    drop(m);
+    assert_eq!(fleet.reboots, vec![0, 0, 2]);
+    let ch = fleet.channel();
+    assert_eq!(condition(&ch, "Paused").as_deref(), Some("True"));
+    assert_eq!(condition(&ch, "Complete").as_deref(), Some("False"));
+    assert_eq!(ch["status"]["failures"][0]["node"], "node-3");
+}
+
+/// A status written by v0.1.0 (no format marker, no counts) decodes, and the counter's write
+/// migrates it: `formatVersion: 2`, the counts added, v0.1.0's slot and failure kept as they
+/// were. Node annotations of v0.1.0 carry no `update-version`: counted as `unknown`.
+#[tokio::test]
+async fn the_counter_migrates_a_status_written_by_v010() {
+    let world = std::sync::Arc::new(std::sync::Mutex::new(v010_world("/nonexistent")));
+    let old = world.lock().unwrap().channel.clone();
+    let decoded: agent::crd::UpdateChannel = serde_json::from_value(old.clone()).unwrap();
+    assert_eq!(decoded.status.as_ref().unwrap().nodes, None);
+    let client = fake_api::client(&world, &fake_api::Log::default());
+    let store = agent::kube_store::KubeChannelStore::new(client, fake_api::NS, "stable");
+    let facts: Vec<agent::fleet::NodeFacts> = world
+        .lock()
+        .unwrap()
+        .nodes
+        .values()
+        .map(|n| {
+            let meta: kube::api::ObjectMeta =
+                serde_json::from_value(n["metadata"].clone()).unwrap();
+            agent::fleet::NodeFacts::from_meta(&meta)
+        })
+        .collect();
+    agent::slots::write_fleet(&store, &facts, None, chrono::Utc::now())
+        .await
+        .unwrap();
+    let ch = world.lock().unwrap().channel.clone();
+    assert_eq!(ch["status"]["formatVersion"], 2, "{}", ch["status"]);
+    assert_eq!(ch["status"]["slots"], old["status"]["slots"]);
+    assert_eq!(ch["status"]["failures"], old["status"]["failures"]);
+    assert_eq!(ch["status"]["nodes"]["total"], NODES);
+    assert_eq!(
+        ch["status"]["nodes"]["byVersion"],
+        json!({"unknown": NODES})
+    );
+    assert_eq!(condition(&ch, "Complete").as_deref(), Some("False"));
+}
+
+/// Issue 18, steering 4: pre-reboot gates. While the Prometheus stand-in on 127.0.0.1 reports
+/// a firing `DiskFull` alert nobody claims (each agent says why, once); `Watchdog` is ignored
+/// by `alertFilter`. Once the alert is resolved node-2 and node-3 update, while node-1 waits
+/// for its pod matching `blockingPodSelector`; when that pod is gone node-1 updates too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_reboot_gates_hold_claims_while_alerts_fire_or_blocking_pods_run() {
+    let mut fleet = Fleet::new(Scenario {
+        gates: true,
+        ..Scenario::at(1)
+    });
+    let phase_is = |f: &Fleet, i: usize, p: &str| f.phase(i).as_deref() == Some(p);
+    let blocked = |log: &[String], needle: &str| {
+        log.windows(2)
+            .filter(|l| l[0] == "event: ClaimBlocked" && l[1].contains(needle))
+            .count()
+    };
+    fleet
+        .run_until("every node held back by the alert, and saying so", |f| {
+            (0..NODES).all(|i| phase_is(f, i, "WaitingForGate"))
+                && blocked(&f.log.lock().unwrap(), "on the node: apps/backup") >= 2
+                && blocked(&f.log.lock().unwrap(), "Prometheus alerts active") >= 2 * NODES
+        })
+        .await;
+    assert!(fleet.monitor.lock().unwrap().claims.is_empty());
+    let log = fleet.log.lock().unwrap().clone();
+    assert!(
+        blocked(&log, "Prometheus alerts active") >= NODES,
+        "{log:#?}"
+    );
+    assert_eq!(blocked(&log, "Watchdog"), 0, "the filter ignores Watchdog");
+    assert!(blocked(&log, "apps/backup") >= 1, "{log:#?}");
+
+    let (_, dir) = fleet.alerts.as_ref().unwrap();
+    set_alerts(dir.path(), &[("Watchdog", "firing")]);
+    fleet
+        .run_until(
+            "node-2 and node-3 updated, node-1 held back by its pod",
+            |f| {
+                phase_is(f, 1, "UpToDate")
+                    && phase_is(f, 2, "UpToDate")
+                    && phase_is(f, 0, "WaitingForGate")
+                    && holders(&f.world.lock().unwrap()).is_empty()
+            },
+        )
+        .await;
+    assert!(!fleet.monitor.lock().unwrap().claims.contains_key("node-1"));
+    let message = annotation(
+        fleet.world.lock().unwrap().node("node-1"),
+        agent::format::ANN_MESSAGE,
+    )
+    .map(String::from);
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("blockingPodSelector") && m.contains("apps/backup")),
+        "{message:?}"
+    );
+
+    fleet
+        .world
+        .lock()
+        .unwrap()
+        .pods
+        .retain(|p| p["metadata"]["name"] != "backup");
+    fleet
+        .run_until("every node UpToDate", |f| {
+            (0..NODES).all(|i| phase_is(f, i, "UpToDate"))
+                && holders(&f.world.lock().unwrap()).is_empty()
+        })
+        .await;
+    fleet.stop().await;
+    assert_eq!(fleet.reboots, vec![1; NODES]);
 }

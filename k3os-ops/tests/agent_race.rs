@@ -370,6 +370,9 @@ async fn simulate(sc: Arc<Scenario>) -> Report {
             max_rate: None,
             paused: false,
             resumed_at: None,
+            rollout: None,
+            blocking_pod_selector: None,
+            prometheus: None,
         },
     );
     ch.status = Some(UpdateChannelStatus::default());

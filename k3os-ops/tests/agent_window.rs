@@ -218,6 +218,9 @@ fn channel(version: Option<&str>) -> UpdateChannel {
             max_rate: None,
             paused: false,
             resumed_at: None,
+            rollout: None,
+            blocking_pod_selector: None,
+            prometheus: None,
         },
     );
     ch.status = Some(UpdateChannelStatus::default());

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::assess::{self, Effect, LoaderOp, LoaderView, ObservedBoot, Outcome, Verdict};
 use crate::error::Result;
 use crate::health::{self, CheckResult, HealthCheck};
+use crate::reach;
 use crate::state::{Decision, State};
 use crate::updater::Updater;
 
@@ -225,5 +226,37 @@ impl Updater {
                 detail: format!("{} mounted read-only at {}", m.source, m.mount_point),
             },
         }
+    }
+}
+
+impl Updater {
+    /// One reachability probe for `slot await-bless` while this boot's verdict waits for
+    /// `waiting_for`: None when it does not wait for [`reach::CHECK`]; else the check's result to
+    /// report ([`Updater::confirm_with`]) when an endpoint answered, or not passed (yet) with
+    /// why, naming every endpoint. The awaits were decided by the activating slot's config: a
+    /// trial release whose own config has no `[reachability]` probes the default endpoint.
+    pub fn probe_reachability(&self, waiting_for: &[String]) -> Result<Option<CheckResult>> {
+        if !waiting_for.iter().any(|n| n == reach::CHECK) {
+            return Ok(None);
+        }
+        let cfg = self.cfg.reachability.clone().unwrap_or(reach::Reachability {
+            endpoints: Vec::new(),
+            within_secs: reach::default_within(),
+        });
+        let booted = self.booted_slot()?;
+        let st = self.load(Some(booted))?;
+        // Nothing to probe (activation refuses that, but the trial's config may differ):
+        // not passed, so the limit rolls back naming why.
+        let probed = reach::endpoints(&cfg, st.slot(booted).staged_from.as_deref())
+            .and_then(|eps| reach::probe_any(&eps, reach::PROBE_TIMEOUT));
+        let (ok, detail) = match probed {
+            Ok(what) => (true, what),
+            Err(why) => (false, why),
+        };
+        Ok(Some(CheckResult {
+            name: reach::CHECK.to_string(),
+            ok,
+            detail,
+        }))
     }
 }

@@ -112,7 +112,7 @@ pub enum Error {
     /// download schedule), keeping everything it wrote; a later run resumes there.
     #[error("{why}: {} fetched, {} left to fetch; what was written is kept and a later run resumes there", Size(*.fetched), Size(*.left))]
     Stopped {
-        why: crate::chunk::rate::Stop,
+        why: Stop,
         /// Network bytes this attempt read.
         fetched: u64,
         /// Bytes of the release still to fetch (the plan's, less what this attempt fetched).
@@ -206,5 +206,31 @@ mod tests {
             installed: 2,
         };
         assert!(e.to_string().contains("pass --allow-downgrade"), "{e}");
+    }
+}
+
+/// Why a stage attempt stopped before it was done, resumable (not a failure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The attempt's byte budget (`--max-bytes`) is spent.
+    Budget { budget: u64 },
+    /// The download schedule's last window closed then (`--stage-until`, `--stage-window`).
+    Schedule { closed: chrono::DateTime<chrono::Utc> },
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::Budget { budget } => write!(
+                f,
+                "stopped at this attempt's byte budget of {} (--max-bytes)",
+                Size(*budget)
+            ),
+            Stop::Schedule { closed } => write!(
+                f,
+                "stopped at the end of the download schedule, whose last window closed at {} (--stage-until, --stage-window, or the channel's stage windows)",
+                closed.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        }
     }
 }

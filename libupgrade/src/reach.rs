@@ -24,9 +24,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::health::CheckResult;
 use crate::state::AwaitedChecks;
-use crate::updater::Updater;
 
 /// The name the check is awaited and reported under.
 pub const CHECK: &str = "reachable";
@@ -47,7 +45,7 @@ pub struct Reachability {
     pub within_secs: u64,
 }
 
-fn default_within() -> u64 {
+pub(crate) fn default_within() -> u64 {
     600
 }
 
@@ -149,38 +147,6 @@ pub fn probe(e: &Endpoint, timeout: Duration) -> Result<String, String> {
                 Err(err) => Err(causes(&err)),
             }
         }
-    }
-}
-
-impl Updater {
-    /// One reachability probe for `slot await-bless` while this boot's verdict waits for
-    /// `waiting_for`: None when it does not wait for [`CHECK`]; else the check's result to
-    /// report ([`Updater::confirm_with`]) when an endpoint answered, or not passed (yet) with
-    /// why, naming every endpoint. The awaits were decided by the activating slot's config: a
-    /// trial release whose own config has no `[reachability]` probes the default endpoint.
-    pub fn probe_reachability(&self, waiting_for: &[String]) -> Result<Option<CheckResult>> {
-        if !waiting_for.iter().any(|n| n == CHECK) {
-            return Ok(None);
-        }
-        let cfg = self.cfg.reachability.clone().unwrap_or(Reachability {
-            endpoints: Vec::new(),
-            within_secs: default_within(),
-        });
-        let booted = self.booted_slot()?;
-        let st = self.load(Some(booted))?;
-        // Nothing to probe (activation refuses that, but the trial's config may differ):
-        // not passed, so the limit rolls back naming why.
-        let probed = endpoints(&cfg, st.slot(booted).staged_from.as_deref())
-            .and_then(|eps| probe_any(&eps, PROBE_TIMEOUT));
-        let (ok, detail) = match probed {
-            Ok(what) => (true, what),
-            Err(why) => (false, why),
-        };
-        Ok(Some(CheckResult {
-            name: CHECK.to_string(),
-            ok,
-            detail,
-        }))
     }
 }
 

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use rand::Rng;
 
 use super::channels::Channel;
-use super::context::{Agent, Next};
+use super::context::{Agent, Next, Say};
 use super::decide::{IdleReason, NodeView, TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED};
 use super::errors::AgentError;
 use super::format::{ANN_MESSAGE, ANN_PROGRESS, ANN_TOKEN};
@@ -16,7 +16,6 @@ use super::kube_store::KubeChannelStore;
 use super::metrics::Outcome;
 use super::phase::Phase;
 use super::slots::{self, ClaimOutcome};
-use super::steps;
 
 /// Nothing to do: say why where it helps; a slot of this node under another token (an earlier
 /// agent instance) is taken over in place.
@@ -83,18 +82,17 @@ pub(super) async fn tick_paused(
     ch: &Channel,
     version: &str,
 ) -> Result<Next, AgentError> {
-    cx.phase(
+    cx.report(
+        ch,
         Phase::Paused,
         &format!("claims paused: too many failures of {version}"),
+        Say::warn(
+            "Paused",
+            format!("not updating to {version}: the channel is paused after failures"),
+        )
+        .once(),
     )
     .await?;
-    cx.event_once(
-        Some(ch),
-        true,
-        "Paused",
-        format!("not updating to {version}: the channel is paused after failures"),
-    )
-    .await;
     Ok(Next::Wait)
 }
 
@@ -104,18 +102,37 @@ pub(super) async fn tick_paused_by_spec(
     ch: &Channel,
     version: &str,
 ) -> Result<Next, AgentError> {
-    cx.phase(
+    cx.report(
+        ch,
         Phase::Paused,
         &format!("{version} staged; claims paused by spec.paused"),
+        Say::info(
+            "Paused",
+            format!("not updating to {version}: spec.paused is true"),
+        )
+        .once(),
     )
     .await?;
-    cx.event_once(
-        Some(ch),
-        false,
-        "Paused",
-        format!("not updating to {version}: spec.paused is true"),
-    )
-    .await;
+    Ok(Next::Wait)
+}
+
+/// Staged; this node's wave of `spec.rollout` has not started.
+pub(super) async fn tick_wait_for_wave(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+    admitted: u32,
+    waves: u32,
+) -> Result<Next, AgentError> {
+    let msg = if waves == 0 {
+        format!("{version} staged; waiting for its wave (only the canaries may update so far)")
+    } else {
+        format!(
+            "{version} staged; waiting for its wave (waves 1 to {admitted} of {waves} may update)"
+        )
+    };
+    cx.waiting(ch, Phase::WaitingForWave, "WaitingForWave", msg)
+        .await?;
     Ok(Next::Wait)
 }
 
@@ -129,9 +146,8 @@ pub(super) async fn tick_wait_for_window(
         Some(t) => format!("staged; waiting for the window starting {t}"),
         None => "staged; the window is too short for drain timeout + reboot timeout".into(),
     };
-    cx.phase(Phase::WaitingForWindow, &msg).await?;
-    cx.event_once(Some(ch), false, "WaitingForWindow", msg)
-        .await;
+    cx.waiting(ch, Phase::WaitingForWindow, "WaitingForWindow", msg)
+        .await?;
     Ok(Next::Wait)
 }
 
@@ -164,32 +180,56 @@ pub(super) async fn tick_claim(
     cx.annotate(&[(ANN_TOKEN, Some(&token))]).await?;
     match slots::claim(store, &cx.settings.node, &token, version, Utc::now()).await? {
         ClaimOutcome::Claimed | ClaimOutcome::AlreadyHeld => {
-            cx.phase(
+            cx.report(
+                ch,
                 Phase::Claimed,
                 &format!("holding an update slot for {version}"),
-            )
-            .await?;
-            cx.event(
-                Some(ch),
-                false,
-                "SlotClaimed",
-                format!(
-                    "claimed an update slot of {} to install {version}",
-                    ch.name()
+                Say::info(
+                    "SlotClaimed",
+                    format!(
+                        "claimed an update slot of {} to install {version}",
+                        ch.name()
+                    ),
                 ),
             )
-            .await;
+            .await?;
             Ok(Next::Again)
         }
         ClaimOutcome::Full(holders) => {
             let msg = format!("all slots taken by {}", holders.join(", "));
-            cx.phase(Phase::WaitingForSlot, &msg).await?;
-            cx.event_once(Some(ch), false, "WaitingForSlot", msg).await;
+            cx.waiting(ch, Phase::WaitingForSlot, "WaitingForSlot", msg)
+                .await?;
             Ok(Next::Wait)
         }
         ClaimOutcome::Paused => Ok(Next::Again),
         ClaimOutcome::TargetChanged(_) => Ok(Next::Again),
     }
+}
+
+/// A new claim: first the pre-reboot gates ([`super::gates`]; a slot this node already holds
+/// is never held back by them), then [`tick_claim`].
+pub(super) async fn tick_claim_gated(
+    cx: &Agent,
+    ch: &Channel,
+    store: &KubeChannelStore,
+    version: &str,
+) -> Result<Next, AgentError> {
+    if let Some(why) = gated(cx, ch).await {
+        let msg = format!("{version} staged; not claiming: {why}");
+        cx.waiting(ch, Phase::WaitingForGate, "ClaimBlocked", msg)
+            .await?;
+        return Ok(Next::Wait);
+    }
+    tick_claim(cx, ch, store, version).await
+}
+
+/// Why a pre-reboot gate of `ch` holds the claim back ([`super::gates`]), if one does.
+async fn gated(cx: &Agent, ch: &Channel) -> Option<String> {
+    let gates = &ch.policy.as_ref().ok()?.gates;
+    if gates.is_empty() {
+        return None;
+    }
+    super::gates::check(&cx.clients.client, &cx.settings.node, gates).await
 }
 
 /// The claim held through a long silence is given up for a fresh one.
@@ -216,18 +256,16 @@ pub(super) async fn tick_reboot_back(
     ch: &Channel,
     version: &str,
 ) -> Result<Next, AgentError> {
-    cx.phase(
+    cx.report(
+        ch,
         Phase::RollingBack,
         &format!("rebooting back from {version}"),
+        Say::warn(
+            "RebootingBack",
+            format!("rebooting back from the failed {version}"),
+        ),
     )
     .await?;
-    cx.event(
-        Some(ch),
-        true,
-        "RebootingBack",
-        format!("rebooting back from the failed {version}"),
-    )
-    .await;
     cx.blocking(|ops| ops.reboot()).await?;
     Ok(Next::Wait)
 }
@@ -244,19 +282,11 @@ pub(super) async fn tick_rolled_back(
 ) -> Result<Next, AgentError> {
     let (event, reason) = rolled_back_reason(version, view.update.failed_trial.as_ref());
     cx.event(Some(ch), true, event, reason.clone()).await;
-    steps::undo_cordon(cx).await?;
-    cx.clients.metrics.count(Outcome::Failure);
+    cx.undo_cordon().await?;
     cx.clients.metrics.count(Outcome::Rollback);
-    let out = slots::record_failure(
-        store,
-        &cx.settings.node,
-        Some(token),
-        version,
-        &reason,
-        false,
-        Utc::now(),
-    )
-    .await?;
+    let out = cx
+        .record_failure(store, Some(token), version, &reason, false)
+        .await?;
     cx.failure_recorded(
         ch,
         version,
@@ -275,17 +305,15 @@ pub(super) async fn tick_finish_rollback(
     store: &KubeChannelStore,
     token: &str,
 ) -> Result<Next, AgentError> {
-    steps::undo_cordon(cx).await?;
+    cx.undo_cordon().await?;
     let released = slots::release(store, &cx.settings.node, token, Utc::now()).await?;
-    cx.phase(Phase::Failed, "back on the old slot after a failed update")
-        .await?;
-    cx.event(
-        Some(ch),
-        true,
-        "RollbackFinished",
-        "back on the old slot".into(),
+    cx.report(
+        ch,
+        Phase::Failed,
+        "back on the old slot after a failed update",
+        Say::warn("RollbackFinished", "back on the old slot".into()),
     )
-    .await;
+    .await?;
     cx.slot_released(ch, released, "back on the old slot after a failed update")
         .await;
     Ok(Next::Again)
@@ -299,9 +327,7 @@ pub(super) async fn tick_release(
     token: &str,
     reason: &str,
 ) -> Result<Next, AgentError> {
-    steps::undo_cordon(cx).await?;
-    let released = slots::release(store, &cx.settings.node, token, Utc::now()).await?;
-    cx.slot_released(ch, released, reason).await;
+    cx.give_back(ch, store, token, reason).await?;
     Ok(Next::Again)
 }
 

@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::Utc;
+
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, Resource};
@@ -23,7 +25,7 @@ use serde_json::json;
 
 use super::crd::UpdateChannel;
 use super::errors::{AgentError, KubeContext};
-use super::format::{ANN_FORMAT, ANN_MESSAGE, ANN_PHASE, NODE_FORMAT};
+use super::format::{ANN_CORDONED, ANN_FORMAT, ANN_MESSAGE, ANN_PHASE, NODE_FORMAT};
 use super::kube_store::KubeChannelStore;
 use super::node::NodeOps;
 use super::phase::Phase;
@@ -89,6 +91,38 @@ pub struct Memory {
     pub(super) not_assessed_reported: AtomicBool,
     /// Format refusals already reported (each text once per agent process).
     pub(super) format_reported: Mutex<BTreeSet<String>>,
+}
+
+/// An Event a step publishes with its report.
+pub(super) struct Say {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub note: String,
+    /// Published only when the text differs from the last Event of this agent.
+    pub once: bool,
+}
+
+impl Say {
+    pub fn info(reason: &'static str, note: String) -> Say {
+        Say {
+            warning: false,
+            reason,
+            note,
+            once: false,
+        }
+    }
+
+    pub fn warn(reason: &'static str, note: String) -> Say {
+        Say {
+            warning: true,
+            ..Say::info(reason, note)
+        }
+    }
+
+    /// For a waiting state: only when the text changed (see [`Agent::report`]).
+    pub fn once(self) -> Say {
+        Say { once: true, ..self }
+    }
 }
 
 /// What the loop does after a step.
@@ -225,6 +259,37 @@ impl Agent {
         }
     }
 
+    /// Publish an Event regarding the channel only (the fleet counter's: about the rollout,
+    /// not about this node), this node as the related object. Failures are logged.
+    pub async fn channel_event(
+        &self,
+        ch: &UpdateChannel,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        tracing::info!(reason, "{note}");
+        let n = super::events::Note {
+            warning,
+            reason,
+            note: &note,
+        };
+        let node = self.node_ref().await;
+        let regarding = ch.object_ref(&());
+        if let Err(e) = self
+            .clients
+            .events
+            .publish(&regarding, Some(&node), &n)
+            .await
+        {
+            tracing::warn!(
+                "could not publish event {reason} on UpdateChannel {}: {}",
+                regarding.name.as_deref().unwrap_or_default(),
+                super::errors::kube_message(&e)
+            );
+        }
+    }
+
     /// A `SlotReleased` Event (on the Node and the channel) when our slot was released.
     pub(super) async fn slot_released(&self, ch: &UpdateChannel, released: bool, why: &str) {
         if released {
@@ -262,6 +327,107 @@ impl Agent {
             )
             .await;
         }
+    }
+
+    /// Enter `phase` with `message` on the Node, then publish `event` (on the Node and the
+    /// channel): the report every step makes when it moves on. An event marked
+    /// [`Say::once`] (a waiting state re-decided every resync) is published only when its text
+    /// changed.
+    pub(super) async fn report(
+        &self,
+        ch: &UpdateChannel,
+        phase: Phase,
+        message: &str,
+        event: Say,
+    ) -> Result<(), AgentError> {
+        self.phase(phase, message).await?;
+        if event.once {
+            self.event_once(Some(ch), event.warning, event.reason, event.note)
+                .await;
+        } else {
+            self.event(Some(ch), event.warning, event.reason, event.note)
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Wait in `phase`, saying why (`message`, also the note of a `reason` Event published
+    /// once per text).
+    pub(super) async fn waiting(
+        &self,
+        ch: &UpdateChannel,
+        phase: Phase,
+        reason: &'static str,
+        message: String,
+    ) -> Result<(), AgentError> {
+        self.report(
+            ch,
+            phase,
+            &message,
+            Say::info(reason, message.clone()).once(),
+        )
+        .await
+    }
+
+    /// Uncordon if (and only if) this agent cordoned the node (its `update-cordoned` mark).
+    pub(super) async fn undo_cordon(&self) -> Result<(), AgentError> {
+        let node = self
+            .nodes()
+            .get(&self.settings.node)
+            .await
+            .kube_ctx(|| format!("read own Node {}", self.settings.node))?;
+        let ours = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANN_CORDONED))
+            .is_some_and(|v| v == "true");
+        if ours {
+            super::drain::set_unschedulable(&self.nodes(), &self.settings.node, false).await?;
+            self.annotate(&[(ANN_CORDONED, None)]).await?;
+            self.event(
+                None,
+                false,
+                "Uncordoned",
+                "uncordoned the node (the agent had cordoned it)".into(),
+            )
+            .await;
+        }
+        Ok(())
+    }
+
+    /// Give the node and the slot back: undo our cordon (a node is never left cordoned by us
+    /// without a slot), release the slot held under `token`, say why (`SlotReleased`).
+    pub(super) async fn give_back(
+        &self,
+        ch: &UpdateChannel,
+        store: &KubeChannelStore,
+        token: &str,
+        why: &str,
+    ) -> Result<(), AgentError> {
+        self.undo_cordon().await?;
+        let released = slots::release(store, &self.settings.node, token, Utc::now()).await?;
+        self.slot_released(ch, released, why).await;
+        Ok(())
+    }
+
+    /// Record that `version` failed here (counted in the metrics) with `reason`; with `token`
+    /// the slot moves to `RollingBack` (`keep_slot`) or is released by the same write. The
+    /// caller reports what the record caused ([`Self::failure_recorded`]) after its own report.
+    pub(super) async fn record_failure(
+        &self,
+        store: &KubeChannelStore,
+        token: Option<&str>,
+        version: &str,
+        reason: &str,
+        keep_slot: bool,
+    ) -> Result<slots::FailureOutcome, AgentError> {
+        self.clients.metrics.count(super::metrics::Outcome::Failure);
+        let node = &self.settings.node;
+        Ok(
+            slots::record_failure(store, node, token, version, reason, keep_slot, Utc::now())
+                .await?,
+        )
     }
 
     /// Log a failed reconciliation and publish it (once per distinct text) as a

@@ -21,7 +21,7 @@ pub use super::assessment::COND_BOOT_ASSESSED;
 pub use super::background::{poll_loop, reclaim_loop, reclaim_period};
 pub use super::context::{PROGRESS_PERIOD, READY_WAIT};
 pub use super::format::{
-    ANN_CORDONED, ANN_MESSAGE, ANN_PHASE, ANN_PROGRESS, ANN_TARGET, ANN_TOKEN,
+    ANN_CORDONED, ANN_MESSAGE, ANN_PHASE, ANN_PROGRESS, ANN_TARGET, ANN_TOKEN, ANN_VERSION,
 };
 pub use super::phase::Phase;
 
@@ -72,7 +72,7 @@ pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
     let step = super::decide::step(&channel, &channel.policy, &view, Utc::now());
     tracing::debug!(?step, channel = %channel.name(), "decided");
     if step.undo_cordon {
-        steps::undo_cordon(cx).await?;
+        cx.undo_cordon().await?;
     }
     execute(cx, &channel, &view, step.action).await
 }
@@ -157,6 +157,11 @@ async fn node_view(
     metrics.set_slot_held(held);
     metrics.reconciled(true);
     let annotations = node.metadata.annotations.clone().unwrap_or_default();
+    // The fleet counter reads the booted version from the Node (written once per boot).
+    let booted = update.booted_version.as_deref();
+    if booted.is_some() && annotations.get(ANN_VERSION).map(String::as_str) != booted {
+        cx.annotate(&[(ANN_VERSION, booted)]).await?;
+    }
     Ok(Some(NodeView {
         name: cx.settings.node.clone(),
         labels: node.metadata.labels.clone().unwrap_or_default(),
@@ -187,8 +192,13 @@ pub(super) async fn execute(
         Action::Stage { version } => steps::stage(cx, ch, &version).await,
         Action::Paused { version } => actions::tick_paused(cx, ch, &version).await,
         Action::PausedBySpec { version } => actions::tick_paused_by_spec(cx, ch, &version).await,
+        Action::WaitForWave {
+            version,
+            admitted,
+            waves,
+        } => actions::tick_wait_for_wave(cx, ch, &version, admitted, waves).await,
         Action::WaitForWindow { next } => actions::tick_wait_for_window(cx, ch, next).await,
-        Action::Claim { version } => actions::tick_claim(cx, ch, &store, &version).await,
+        Action::Claim { version } => actions::tick_claim_gated(cx, ch, &store, &version).await,
         Action::Forfeit { version } => actions::tick_forfeit(cx, ch, &store, &version).await,
         Action::Continue { phase, version } => match phase {
             SlotPhase::Claimed | SlotPhase::Draining => {

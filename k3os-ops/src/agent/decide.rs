@@ -12,6 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::crd::{SlotPhase, UpdateChannel};
+use super::rollout::{self, Admission};
 pub use super::spec::Policy;
 
 /// State of the slot the node is *not* running from, as libupgrade reports it.
@@ -106,6 +107,13 @@ pub enum Action {
     /// Claims are stopped by `spec.paused` (`version` is staged and waits).
     PausedBySpec {
         version: String,
+    },
+    /// `spec.rollout`: this node's wave has not started; waves up to `admitted` of `waves`
+    /// may update (0: only the canaries, the counter has published nothing yet).
+    WaitForWave {
+        version: String,
+        admitted: u32,
+        waves: u32,
     },
     /// Outside the window, or too late in it to finish; `next` is the next window start.
     WaitForWindow {
@@ -321,6 +329,18 @@ fn next_action(
     }
     if channel.paused_for(&target) {
         return Action::Paused { version: target };
+    }
+    if let Some(r) = &policy.rollout {
+        let published = status.rollout.as_ref();
+        if let Admission::NotYet { admitted, waves } =
+            rollout::admission(r, published, &target, &node.name, &node.labels)
+        {
+            return Action::WaitForWave {
+                version: target,
+                admitted,
+                waves,
+            };
+        }
     }
     if !policy.fits_window(now) {
         return Action::WaitForWindow {

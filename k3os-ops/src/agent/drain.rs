@@ -244,6 +244,17 @@ pub struct DrainReport {
     pub budget_retries: u32,
 }
 
+/// A pod by (namespace, name, uid): the uid tells a replacement of the same name apart.
+type PodKey = (String, String, Option<String>);
+
+fn pod_key(p: &Pod) -> PodKey {
+    (
+        p.metadata.namespace.clone().unwrap_or_default(),
+        p.metadata.name.clone().unwrap_or_default(),
+        p.metadata.uid.clone(),
+    )
+}
+
 /// Evict every pod [`select_pods`] picks from `node` and wait until they are gone, within
 /// `timeout`. `retry` is the pause between rounds (PDB retries and deletion polls).
 pub async fn drain(
@@ -254,65 +265,23 @@ pub async fn drain(
     timeout: Duration,
     retry: Duration,
 ) -> Result<DrainReport, DrainError> {
-    let api_err = |what: String| {
-        let node = node.to_string();
-        move |source| DrainError::Api { node, what, source }
-    };
     let all: Api<Pod> = Api::all(client.clone());
     let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
     let pods = all
         .list(&lp)
         .await
-        .map_err(api_err("list pods on the node".into()))?;
+        .map_err(api_err(node, "list pods on the node".into()))?;
     let targets = select_pods(&pods.items, spec, self_pod, node)?;
     let deadline = Instant::now() + timeout;
     let mut report = DrainReport::default();
-    // (namespace, name, uid) of pods whose eviction is not yet accepted / not yet gone.
-    let key = |p: &Pod| {
-        (
-            p.metadata.namespace.clone().unwrap_or_default(),
-            p.metadata.name.clone().unwrap_or_default(),
-            p.metadata.uid.clone(),
-        )
-    };
-    let mut to_evict: Vec<_> = targets.iter().map(key).collect();
+    let mut to_evict: Vec<PodKey> = targets.iter().map(pod_key).collect();
     let mut to_vanish = Vec::new();
     loop {
-        let mut still = Vec::new();
-        for (ns, name, uid) in to_evict {
-            // One request never outlives the drain's deadline (a stuck or retried request
-            // would otherwise hold the node cordoned past `drain.timeout`).
-            let answer =
-                tokio::time::timeout_at(deadline, evict(client, &ns, &name, spec.grace_period))
-                    .await;
-            let Ok(answer) = answer else {
-                still.push((ns, name, uid));
-                continue;
-            };
-            match answer {
-                Ok(_) => {
-                    report.evicted.push(format!("{ns}/{name}"));
-                    to_vanish.push((ns, name, uid));
-                }
-                Err(kube::Error::Api(s)) if s.code == 429 => {
-                    report.budget_retries += 1;
-                    still.push((ns, name, uid));
-                }
-                Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                Err(e) => return Err(api_err(format!("evict {ns}/{name}"))(e)),
-            }
-        }
+        let (still, evicted) =
+            evict_round(client, node, spec, deadline, to_evict, &mut report).await?;
         to_evict = still;
-        let mut remaining = Vec::new();
-        for (ns, name, uid) in to_vanish {
-            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-            match api.get_opt(&name).await {
-                Ok(Some(p)) if p.metadata.uid == uid => remaining.push((ns, name, uid)),
-                Ok(_) => {}
-                Err(e) => return Err(api_err(format!("check pod {ns}/{name}"))(e)),
-            }
-        }
-        to_vanish = remaining;
+        to_vanish.extend(evicted);
+        to_vanish = still_present(client, node, to_vanish).await?;
         if to_evict.is_empty() && to_vanish.is_empty() {
             return Ok(report);
         }
@@ -331,4 +300,65 @@ pub async fn drain(
         }
         tokio::time::sleep(retry).await;
     }
+}
+
+/// The error of a failed request of the drain of `node`.
+fn api_err(node: &str, what: String) -> impl FnOnce(kube::Error) -> DrainError {
+    let node = node.to_string();
+    move |source| DrainError::Api { node, what, source }
+}
+
+/// Ask once for the eviction of each pod of `to_evict`: returns the pods to ask again (a
+/// budget refused, or the deadline cut the request) and those whose eviction was accepted.
+async fn evict_round(
+    client: &Client,
+    node: &str,
+    spec: &DrainSpec,
+    deadline: Instant,
+    to_evict: Vec<PodKey>,
+    report: &mut DrainReport,
+) -> Result<(Vec<PodKey>, Vec<PodKey>), DrainError> {
+    let mut still = Vec::new();
+    let mut accepted = Vec::new();
+    for (ns, name, uid) in to_evict {
+        // One request never outlives the drain's deadline (a stuck or retried request would
+        // otherwise hold the node cordoned past `drain.timeout`).
+        let answer =
+            tokio::time::timeout_at(deadline, evict(client, &ns, &name, spec.grace_period)).await;
+        let Ok(answer) = answer else {
+            still.push((ns, name, uid));
+            continue;
+        };
+        match answer {
+            Ok(_) => {
+                report.evicted.push(format!("{ns}/{name}"));
+                accepted.push((ns, name, uid));
+            }
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                report.budget_retries += 1;
+                still.push((ns, name, uid));
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => return Err(api_err(node, format!("evict {ns}/{name}"))(e)),
+        }
+    }
+    Ok((still, accepted))
+}
+
+/// The evicted pods of `pods` that still exist (same uid: not a replacement).
+async fn still_present(
+    client: &Client,
+    node: &str,
+    pods: Vec<PodKey>,
+) -> Result<Vec<PodKey>, DrainError> {
+    let mut remaining = Vec::new();
+    for (ns, name, uid) in pods {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        match api.get_opt(&name).await {
+            Ok(Some(p)) if p.metadata.uid == uid => remaining.push((ns, name, uid)),
+            Ok(_) => {}
+            Err(e) => return Err(api_err(node, format!("check pod {ns}/{name}"))(e)),
+        }
+    }
+    Ok(remaining)
 }

@@ -12,7 +12,10 @@
 //!   `version`), `failures[]` (`node`, `version`, `at`, `reason`), `conditions[]`
 //!   (`LatestResolved`, `Degraded`, `Paused`), `observedGeneration`.
 //! - format 2: format 1 plus `formatVersion`, the derived `updating` (every holder, for the
-//!   printer column) and the condition type `Invalid`. Slot entries, tokens and failures mean
+//!   printer column), the condition types `Invalid` and `Complete`, and the fleet counter's
+//!   `nodes` (`total`, `updated`, `progress` = `updated/total`, `target`, `byVersion`,
+//!   `byPhase`: counts, never a list of nodes) and `rollout` (`target`, `waves`, `wave`,
+//!   `admitKey`, `settlingSince`; see `agent/rollout.rs`), all optional. Slot entries, tokens and failures mean
 //!   exactly what they meant in format 1, so a slot claimed by a v0.1.0 agent is the same
 //!   claim after the upgrade: it is honoured, counted against `concurrency`, and fenced by its
 //!   token (a fence or release under another token is refused, see [`super::slots`]).
@@ -20,13 +23,17 @@
 //!   the whole status, [`super::slots`]) recomputes `updating` and stamps `formatVersion: 2`.
 //!   A v0.1.0 agent still running during the DaemonSet roll replaces the whole status with its
 //!   own types, which drops both fields again: the result is a correct format-1 status, and
-//!   the next write of a current agent migrates it again.
+//!   the next write of a current agent migrates it again. The counter writes `nodes`, `rollout`
+//!   and `Complete` again on its next count (a dropped `rollout` restarts nothing: the waves
+//!   are derived from the nodes again, only a running `settleTime` starts over).
 //!
 //! **`UpdateChannel` spec** — written by humans, not versioned by a marker: fields are only
 //! ever added, optional, with a default that keeps the earlier meaning. Since v0.1.0:
 //! `paused` (default `false`: claims as before), `resumedAt` (absent: every failure counts,
-//! as before) and `windows` (empty: only `window`, as before). An agent of an earlier release
-//! ignores all three: during a DaemonSet roll it may still claim on a paused channel, stays
+//! as before), `windows` (empty: only `window`, as before) and `rollout` (absent: no waves,
+//! every selected node may claim, as before). An agent of an earlier release ignores all
+//! four (it claims regardless of waves until it is replaced, so start a rollout with waves
+//! after the DaemonSet roll is done): during a DaemonSet roll it may still claim on a paused channel, stays
 //! paused by failures that `resumedAt` forgave, and claims only in `window` (none: at any
 //! time, so a channel that moves its windows into `windows` should keep one in `window`
 //! until the roll is done) until it is replaced. Neither changes the status format: the `Paused` condition keeps its
@@ -37,11 +44,16 @@
 //! - format 1 (v0.1.0; no marker): `k3os.io/update-phase`, `update-target`, `update-progress`,
 //!   `update-message` (informational), `update-token` (the claim token, written before the
 //!   claim) and `update-cordoned` (`"true"` while the agent's own cordon stands).
-//! - format 2: format 1 plus the marker; the same keys with the same values. Migration 1 → 2:
-//!   nothing to convert; the next annotation patch adds the marker.
+//! - format 2: format 1 plus the marker and `update-version` (the version the node booted,
+//!   written when it differs, read by the fleet counter); the same keys with the same values,
+//!   and the phase `WaitingForWave` (a node staged but whose wave of `spec.rollout` has not
+//!   started). Migration 1 → 2: nothing to convert; the next annotation patch adds the marker,
+//!   the next reconcile `update-version`. A Node without `update-version` (a v0.1.0 agent still
+//!   running) is counted under version `unknown` until its agent is replaced.
 //!
 //! **Leases** (`coordination.k8s.io/v1`, agent namespace): the node liveness Lease
-//! `k3os-upgrade-node-<node>` and the poller Lease `k3os-upgrade-poller-<channel>`, with the
+//! `k3os-upgrade-node-<node>`, the poller Lease `k3os-upgrade-poller-<channel>` and (new in
+//! v0.2.0) the fleet counter's Lease `k3os-upgrade-fleet-<channel>`, with the
 //! fields Kubernetes defines (`holderIdentity` = the node, `renewTime`,
 //! `leaseDurationSeconds`, `acquireTime`, `leaseTransitions`). Unchanged since v0.1.0; their
 //! version is the name prefix: a change of their meaning must use new Lease names, so agents
@@ -68,6 +80,8 @@ pub const ANN_MESSAGE: &str = "k3os.io/update-message";
 pub const ANN_TOKEN: &str = "k3os.io/update-token";
 pub const ANN_CORDONED: &str = "k3os.io/update-cordoned";
 pub const ANN_FORMAT: &str = "k3os.io/update-format";
+/// Node annotation (format 2): the version the node booted, for the fleet counter.
+pub const ANN_VERSION: &str = "k3os.io/update-version";
 
 /// A format this agent cannot read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -29,7 +29,7 @@ pub const NOT_READY_AFTER_ERRORS: u32 = 3;
 
 /// The phases the agent reports (the `k3os.io/update-phase` annotation values); each is a
 /// series of `k3os_ops_update_phase`, 1 for the current one.
-pub const PHASES: [super::phase::Phase; 19] = super::phase::Phase::ALL;
+pub const PHASES: [super::phase::Phase; 21] = super::phase::Phase::ALL;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
@@ -85,59 +85,12 @@ impl Metrics {
             )]
             .into_iter(),
         );
-        let phase = Family::<PhaseLabels, Gauge>::default();
-        registry.register(
+        let r = &mut registry;
+        let phase = register(
+            r,
             "update_phase",
             "Current update phase of this node (1 for the current phase, 0 for the others)",
-            phase.clone(),
-        );
-        let version = Family::<VersionLabels, Gauge>::default();
-        registry.register(
-            "version_info",
-            "Release versions on this node: slot=booted (running) and slot=staged (inactive slot, verified)",
-            version.clone(),
-        );
-        let downloaded = Counter::default();
-        registry.register(
-            "downloaded_bytes",
-            "Bytes of release artifacts written while staging",
-            downloaded.clone(),
-        );
-        let slot_held = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "slot_held_seconds",
-            "Seconds this node has held its update slot (0 without a slot)",
-            slot_held.clone(),
-        );
-        let drain = Histogram::new([5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0]);
-        registry.register(
-            "drain_duration_seconds",
-            "Duration of drains of this node (successful or not)",
-            drain.clone(),
-        );
-        let failures = Counter::default();
-        registry.register(
-            "update_failures",
-            "Failed updates of this node",
-            failures.clone(),
-        );
-        let rollbacks = Counter::default();
-        registry.register(
-            "rollbacks",
-            "Returns of this node to its old slot",
-            rollbacks.clone(),
-        );
-        let reclaims = Counter::default();
-        registry.register(
-            "reclaims",
-            "Slots of dead holders reclaimed by this agent",
-            reclaims.clone(),
-        );
-        let reconcile_errors = Counter::default();
-        registry.register(
-            "reconcile_errors",
-            "Reconciles that ended in an error",
-            reconcile_errors.clone(),
+            Family::<PhaseLabels, Gauge>::default(),
         );
         for p in PHASES {
             phase
@@ -147,18 +100,38 @@ impl Metrics {
                 .set(0);
         }
         Metrics {
-            registry,
             phase,
             current_phase: Mutex::new(None),
-            version,
+            version: register(
+                r,
+                "version_info",
+                "Release versions on this node: slot=booted (running) and slot=staged (inactive slot, verified)",
+                Family::<VersionLabels, Gauge>::default(),
+            ),
             versions: Mutex::new((None, None)),
-            downloaded,
-            slot_held,
-            drain,
-            failures,
-            rollbacks,
-            reclaims,
-            reconcile_errors,
+            downloaded: register(
+                r,
+                "downloaded_bytes",
+                "Bytes of release artifacts written while staging",
+                Counter::default(),
+            ),
+            slot_held: register(
+                r,
+                "slot_held_seconds",
+                "Seconds this node has held its update slot (0 without a slot)",
+                Gauge::<f64, AtomicU64>::default(),
+            ),
+            drain: register(
+                r,
+                "drain_duration_seconds",
+                "Duration of drains of this node (successful or not)",
+                Histogram::new([5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0]),
+            ),
+            failures: register(r, "update_failures", "Failed updates of this node", Counter::default()),
+            rollbacks: register(r, "rollbacks", "Returns of this node to its old slot", Counter::default()),
+            reclaims: register(r, "reclaims", "Slots of dead holders reclaimed by this agent", Counter::default()),
+            reconcile_errors: register(r, "reconcile_errors", "Reconciles that ended in an error", Counter::default()),
+            registry,
             ready: AtomicBool::new(false),
             errors_in_row: AtomicU32::new(0),
         }
@@ -258,6 +231,17 @@ impl Metrics {
             .expect("writing to a String cannot fail");
         out
     }
+}
+
+/// Register `metric` under `name` and hand back the handle that updates it.
+fn register<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 /// The answer to one request: (status, content type, body).

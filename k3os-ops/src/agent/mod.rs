@@ -8,7 +8,9 @@
 //! 4. cordon, drain through the Eviction API, activate, sync, reboot;
 //! 5. after boot, confirm health, uncordon, release the slot (or record a failure);
 //! 6. renew its node Lease; reclaim slots of deleted or silent nodes;
-//! 7. one agent (poller Lease holder) resolves `latest` into `status.latestVersion`.
+//! 7. one agent (poller Lease holder) resolves `latest` into `status.latestVersion`;
+//! 8. one agent (fleet Lease holder) counts the selected nodes by version and phase into
+//!    `status.nodes`, sets `Complete`, and moves the waves of `spec.rollout` on.
 //!
 //! ## Architecture
 //!
@@ -18,6 +20,7 @@
 //! ```text
 //! run            process wiring: client, metrics listener, background tasks, watchers, loop
 //!  │              + background (node Lease, reclaim of dead holders, `latest` poller)
+//!  │              + counter (the fleet counts and waves: list Nodes → fleet → slots)
 //! controller     read: own Node, channels (channels), this node's slots (node) → NodeView
 //!  │             decide: decide::step(channel, policy, view, now) → Step (pure, no I/O)
 //!  │             dispatch: one match, one function per Action
@@ -27,8 +30,8 @@
 //! context        Agent = Settings + Clients + Memory; annotate_phase, events, blocking calls
 //! slots, drain,  the effects: CAS of the channel status (slots over kube_store), cordon and
 //! node, events   Eviction API (drain), libupgrade (node), Events (events)
-//! decide, spec,  pure: the decision table, the parsed spec (Policy), windows, durations
-//! window, ...
+//! decide, spec,  pure: the decision table, the parsed spec (Policy), windows, durations,
+//! window, ...    waves (rollout), fleet counts (fleet), the gates' judgement (gates)
 //! crd, format,   types and wire formats: the resource, format versions and migrations,
 //! phase, client  the Phase enum, the kube client and how its errors read
 //! ```
@@ -37,7 +40,10 @@
 //! [`spec::Policy`]), [`window`] and [`duration`] (spec parsing), [`decide`] (pure next-step
 //! logic), [`slots`] (the CAS slot protocol over the [`slots::ChannelStore`] trait),
 //! [`kube_store`] (that trait over kube-rs), [`drain`] (cordon/evict), [`node`] (the
-//! node-side trait over libupgrade), [`channels`] (decoding channels one by one with their
+//! node-side trait over libupgrade), [`rollout`] (waves: who is in which, who may claim, when
+//! the next starts), [`fleet`] (counts and `Complete` from the Nodes' annotations), [`counter`]
+//! (the fleet Lease holder's loop that lists Nodes and writes them), [`gates`] (pre-reboot
+//! gates: blocking pods, Prometheus alerts), [`channels`] (decoding channels one by one with their
 //! policy, which channel wins), [`controller`] (one reconcile: read, decide, dispatch),
 //! [`context`] (the [`context::Agent`] handed to every step), [`actions`] (the waiting and
 //! bookkeeping actions), [`steps`] (stage, drain, flip + reboot, confirm), [`invalid`]
@@ -68,19 +74,23 @@ pub mod channels;
 pub mod client;
 pub mod context;
 pub mod controller;
+pub mod counter;
 pub mod crd;
 pub mod decide;
 pub mod drain;
 pub mod duration;
 pub mod errors;
 pub mod events;
+pub mod fleet;
 pub mod format;
+pub mod gates;
 pub mod invalid;
 pub mod kube_store;
 pub mod metrics;
 pub mod node;
 pub mod phase;
 pub mod progress;
+pub mod rollout;
 pub mod run;
 pub mod slots;
 pub mod spec;
@@ -114,6 +124,9 @@ pub struct AgentArgs {
     /// Seconds between polls of the channel's newest release (poller Lease holder only).
     #[arg(long, default_value_t = 900)]
     pub poll_secs: u64,
+    /// Seconds between counts of the fleet (`status.nodes`, waves; fleet Lease holder only).
+    #[arg(long, default_value_t = 30)]
+    pub count_secs: u64,
     /// Address of the `/metrics`, `/healthz` and `/readyz` listener.
     #[arg(long, env = "K3OS_OPS_METRICS_ADDR", default_value = "0.0.0.0:9479")]
     pub metrics_addr: std::net::SocketAddr,

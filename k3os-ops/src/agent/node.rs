@@ -97,13 +97,13 @@ pub trait NodeOps: Send + Sync + 'static {
 /// [`NodeOps`] over `libupgrade::Updater` on the real node.
 pub struct LibupgradeNode {
     updater: libupgrade::Updater,
-    /// Reboot command run in the host's namespaces (default: `nsenter -t 1 -m -u -i -n -p --
-    /// reboot`); `K3OS_OPS_REBOOT_CMD` overrides it (whitespace-separated argv).
-    reboot_cmd: Vec<String>,
+    /// How the node reboots ([`crate::node::Reboot::from_env`]: `K3OS_OPS_REBOOT_CMD`, else
+    /// `reboot` in the namespaces of the host's PID 1 — the image has no `nsenter`).
+    reboot: crate::node::Reboot,
 }
 
 /// Environment variable overriding the reboot command.
-pub const REBOOT_CMD_ENV: &str = "K3OS_OPS_REBOOT_CMD";
+pub use crate::node::REBOOT_CMD_ENV;
 
 impl LibupgradeNode {
     /// Open the node's updater from `config` (or `K3OS_OPS_CONFIG` / the default path).
@@ -113,23 +113,17 @@ impl LibupgradeNode {
             None => libupgrade::Config::from_env()?,
         };
         let updater = libupgrade::Updater::open(cfg)?;
-        let reboot_cmd: Vec<String> = match std::env::var(REBOOT_CMD_ENV) {
-            Ok(s) if !s.trim().is_empty() => s.split_whitespace().map(String::from).collect(),
-            _ => [
-                "nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--", "reboot",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        };
-        Ok(LibupgradeNode::new(updater, reboot_cmd))
+        Ok(LibupgradeNode {
+            updater,
+            reboot: crate::node::Reboot::from_env(),
+        })
     }
 
     /// Over an already opened updater, with an explicit reboot command.
     pub fn new(updater: libupgrade::Updater, reboot_cmd: Vec<String>) -> LibupgradeNode {
         LibupgradeNode {
             updater,
-            reboot_cmd,
+            reboot: crate::node::Reboot::Command(reboot_cmd),
         }
     }
 }
@@ -285,25 +279,16 @@ impl NodeOps for LibupgradeNode {
     }
 
     fn reboot(&self) -> Result<(), NodeError> {
-        let (prog, args) = self
-            .reboot_cmd
-            .split_first()
-            .ok_or_else(|| NodeError::new("reboot", "empty reboot command"))?;
-        let out = std::process::Command::new(prog)
-            .args(args)
-            .output()
-            .map_err(|e| {
-                NodeError::new(
-                    "reboot",
-                    format!("cannot run {}: {e}", self.reboot_cmd.join(" ")),
-                )
-            })?;
+        let how = &self.reboot;
+        let out = how
+            .command()
+            .and_then(|mut c| Ok(c.output()?))
+            .map_err(|e| NodeError::new("reboot", format!("cannot run {how}: {e:#}")))?;
         if !out.status.success() {
             return Err(NodeError::new(
                 "reboot",
                 format!(
-                    "{} failed ({}): {}",
-                    self.reboot_cmd.join(" "),
+                    "{how} failed ({}): {}",
                     out.status,
                     String::from_utf8_lossy(&out.stderr).trim()
                 ),
@@ -313,10 +298,7 @@ impl NodeOps for LibupgradeNode {
         std::thread::sleep(std::time::Duration::from_secs(300));
         Err(NodeError::new(
             "reboot",
-            format!(
-                "{} succeeded but the node is still running after 5 minutes",
-                self.reboot_cmd.join(" ")
-            ),
+            format!("{how} succeeded but the node is still running after 5 minutes"),
         ))
     }
 }

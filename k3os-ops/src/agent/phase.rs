@@ -11,8 +11,10 @@ pub enum Phase {
     Staging,
     Staged,
     StageFailed,
+    WaitingForWave,
     WaitingForWindow,
     WaitingForSlot,
+    WaitingForGate,
     BackingOff,
     Paused,
     Claimed,
@@ -30,13 +32,15 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in the order an update meets them (the metric exports one series each).
-    pub const ALL: [Phase; 19] = [
+    pub const ALL: [Phase; 21] = [
         Phase::UpToDate,
         Phase::Staging,
         Phase::Staged,
         Phase::StageFailed,
+        Phase::WaitingForWave,
         Phase::WaitingForWindow,
         Phase::WaitingForSlot,
+        Phase::WaitingForGate,
         Phase::BackingOff,
         Phase::Paused,
         Phase::Claimed,
@@ -59,8 +63,10 @@ impl Phase {
             Phase::Staging => "Staging",
             Phase::Staged => "Staged",
             Phase::StageFailed => "StageFailed",
+            Phase::WaitingForWave => "WaitingForWave",
             Phase::WaitingForWindow => "WaitingForWindow",
             Phase::WaitingForSlot => "WaitingForSlot",
+            Phase::WaitingForGate => "WaitingForGate",
             Phase::BackingOff => "BackingOff",
             Phase::Paused => "Paused",
             Phase::Claimed => "Claimed",

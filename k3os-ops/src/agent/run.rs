@@ -63,6 +63,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         agent.clone(),
         Duration::from_secs(args.poll_secs.max(30)),
     ));
+    tokio::spawn(super::counter::count_loop(
+        agent.clone(),
+        Duration::from_secs(args.count_secs.max(5)),
+    ));
 
     let mut wake_rx = spawn_watchers(&client, &args.namespace, &node);
     agent

@@ -1,4 +1,4 @@
-//! A channel's spec parsed and checked once: the [`Policy`] (windows, timeouts, rate) every
+//! A channel's spec parsed and checked once: the [`Policy`] (windows, timeouts, rate, waves, gates) every
 //! decision and step reads, or the message naming the field that makes the channel invalid.
 
 use std::time::Duration;
@@ -7,6 +7,8 @@ use chrono::{DateTime, Utc};
 
 use super::crd::UpdateChannelSpec;
 use super::duration;
+use super::gates::Gates;
+use super::rollout::Rollout;
 use super::window::Window;
 
 /// The channel's spec, parsed and checked.
@@ -18,6 +20,10 @@ pub struct Policy {
     pub drain_timeout: Duration,
     /// `spec.maxRate` in bytes per second.
     pub max_rate: Option<u64>,
+    /// `spec.rollout`: the waves (none: every selected node may claim).
+    pub rollout: Option<Rollout>,
+    /// `spec.blockingPodSelector` and `spec.prometheus`: what must be quiet before a claim.
+    pub gates: Gates,
 }
 
 impl Policy {
@@ -55,11 +61,18 @@ impl Policy {
             .map(crate::upgrade::parse_rate)
             .transpose()
             .map_err(|e| format!("spec.maxRate: {e}"))?;
+        let rollout = spec.rollout.as_ref().map(Rollout::from_spec).transpose()?;
+        let gates = Gates::from_spec(
+            spec.blocking_pod_selector.as_deref(),
+            spec.prometheus.as_ref(),
+        )?;
         Ok(Policy {
             windows,
             reboot_timeout,
             drain_timeout,
             max_rate,
+            rollout,
+            gates,
         })
     }
 

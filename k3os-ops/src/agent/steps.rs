@@ -11,7 +11,7 @@ use chrono::Utc;
 use kube::ResourceExt;
 
 use super::channels::Channel;
-use super::context::{Agent, Next, PROGRESS_PERIOD};
+use super::context::{Agent, Next, Say, PROGRESS_PERIOD};
 use super::crd::SlotPhase;
 use super::decide::{NodeView, Policy};
 use super::drain;
@@ -134,33 +134,6 @@ pub(super) fn back_off_claims(cx: &Agent) {
         .store(now_s + secs, Ordering::Relaxed);
 }
 
-/// Uncordon if (and only if) this agent cordoned the node.
-pub(super) async fn undo_cordon(cx: &Agent) -> Result<(), AgentError> {
-    let node = cx
-        .nodes()
-        .get(&cx.settings.node)
-        .await
-        .kube_ctx(|| format!("read own Node {}", cx.settings.node))?;
-    let ours = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_CORDONED))
-        .is_some_and(|v| v == "true");
-    if ours {
-        drain::set_unschedulable(&cx.nodes(), &cx.settings.node, false).await?;
-        cx.annotate(&[(ANN_CORDONED, None)]).await?;
-        cx.event(
-            None,
-            false,
-            "Uncordoned",
-            "uncordoned the node (the agent had cordoned it)".into(),
-        )
-        .await;
-    }
-    Ok(())
-}
-
 /// Fence the slot at `Rebooting` before `step`: `Some(next)` when it was lost and the
 /// update aborted ([`Self::abort_lost`]).
 async fn fence_rebooting_or_abort(
@@ -188,13 +161,14 @@ async fn fence_rebooting_or_abort(
 /// Abort after losing the slot: undo our cordon, tell why.
 pub(super) async fn abort_lost(cx: &Agent, ch: &Channel, step: &str) -> Result<Next, AgentError> {
     back_off_claims(cx);
-    undo_cordon(cx).await?;
-    cx.phase(
+    cx.undo_cordon().await?;
+    cx.report(
+        ch,
         Phase::Aborted,
         &format!("lost the update slot before {step}"),
+        Say::warn("SlotLost", format!("the update slot is gone or carries another token; aborted before {step} and undid the cordon")),
     )
     .await?;
-    cx.event(Some(ch), true, "SlotLost", format!("the update slot is gone or carries another token; aborted before {step} and undid the cordon")).await;
     Ok(Next::Again)
 }
 
@@ -241,18 +215,13 @@ async fn drain_or_give_up(
     token: &str,
     policy: &Policy,
 ) -> Result<bool, AgentError> {
-    cx.phase(
+    cx.report(
+        ch,
         Phase::Draining,
         &format!("evicting pods (timeout {:?})", policy.drain_timeout),
+        Say::info("Draining", "evicting pods through the Eviction API".into()),
     )
     .await?;
-    cx.event(
-        Some(ch),
-        false,
-        "Draining",
-        "evicting pods through the Eviction API".into(),
-    )
-    .await;
     let drain_started = tokio::time::Instant::now();
     let drained = drain::drain(
         &cx.clients.client,
@@ -290,9 +259,7 @@ async fn drain_or_give_up(
                 format!("{e}; giving up this update attempt"),
             )
             .await;
-            undo_cordon(cx).await?;
-            let released = slots::release(store, &cx.settings.node, token, Utc::now()).await?;
-            cx.slot_released(ch, released, "the drain failed").await;
+            cx.give_back(ch, store, token, "the drain failed").await?;
             cx.phase(Phase::DrainFailed, &e.to_string()).await?;
             Ok(false)
         }
@@ -320,10 +287,8 @@ pub(super) async fn flip_and_reboot(
         back_off_claims(cx);
         cx.event(Some(ch), true, "ActivateFailed", super::errors::message(&e))
             .await;
-        undo_cordon(cx).await?;
-        let released = slots::release(store, &cx.settings.node, token, Utc::now()).await?;
-        cx.slot_released(ch, released, "the bootloader flip failed")
-            .await;
+        cx.give_back(ch, store, token, "the bootloader flip failed")
+            .await?;
         cx.phase(Phase::ActivateFailed, &super::errors::message(&e))
             .await?;
         return Ok(Next::Wait);
@@ -339,15 +304,13 @@ pub(super) async fn flip_and_reboot(
     if let Some(next) = fence_rebooting_or_abort(cx, ch, store, token, "the reboot").await? {
         return Ok(next);
     }
-    cx.phase(Phase::Rebooting, &format!("rebooting into {version}"))
-        .await?;
-    cx.event(
-        Some(ch),
-        false,
-        "Rebooting",
-        format!("syncing and rebooting into {version}"),
+    cx.report(
+        ch,
+        Phase::Rebooting,
+        &format!("rebooting into {version}"),
+        Say::info("Rebooting", format!("syncing and rebooting into {version}")),
     )
-    .await;
+    .await?;
     cx.blocking(|ops| ops.reboot()).await?;
     Ok(Next::Wait)
 }
@@ -370,15 +333,18 @@ pub(super) async fn confirm(
     version: &str,
     held: bool,
 ) -> Result<Next, AgentError> {
-    cx.phase(Phase::Confirming, &format!("checking health of {version}"))
-        .await?;
-    cx.event(
-        Some(ch),
-        false,
-        "Confirming",
-        format!("booted {version} on trial; waiting for Node Ready and running the health checks"),
+    cx.report(
+        ch,
+        Phase::Confirming,
+        &format!("checking health of {version}"),
+        Say::info(
+            "Confirming",
+            format!(
+                "booted {version} on trial; waiting for Node Ready and running the health checks"
+            ),
+        ),
     )
-    .await;
+    .await?;
     // Node-Ready is one health check of the boot-assessment core, reported before its
     // single bless point; the core decides (bless, roll back, or — on a slot blessed
     // already — record only) and we carry out its verdict.
@@ -425,7 +391,7 @@ async fn confirmed(
     version: &str,
 ) -> Result<Next, AgentError> {
     cx.memory.claim_failures.store(0, Ordering::Relaxed);
-    undo_cordon(cx).await?;
+    cx.undo_cordon().await?;
     let released = match token {
         Some(t) => slots::release(store, &cx.settings.node, t, Utc::now()).await?,
         None => false,
@@ -459,18 +425,20 @@ async fn rolled_back(
     version: &str,
     reason: &str,
 ) -> Result<Next, AgentError> {
-    cx.clients.metrics.count(Outcome::Failure);
     cx.clients.metrics.count(Outcome::Rollback);
-    let node = &cx.settings.node;
-    let out = slots::record_failure(store, node, token, version, reason, true, Utc::now()).await?;
-    cx.phase(Phase::RollingBack, reason).await?;
-    cx.event(
-        Some(ch),
-        true,
-        "HealthCheckFailed",
-        format!("{version}: {reason}; rebooting back"),
+    let out = cx
+        .record_failure(store, token, version, reason, true)
+        .await?;
+    cx.report(
+        ch,
+        Phase::RollingBack,
+        reason,
+        Say::warn(
+            "HealthCheckFailed",
+            format!("{version}: {reason}; rebooting back"),
+        ),
     )
-    .await;
+    .await?;
     cx.failure_recorded(ch, version, out, "").await;
     cx.blocking(|ops| ops.reboot()).await?;
     Ok(Next::Wait)
@@ -486,20 +454,22 @@ async fn unhealthy(
     version: &str,
     reason: &str,
 ) -> Result<Next, AgentError> {
-    cx.clients.metrics.count(Outcome::Failure);
     // Uncordon first: a node is never left cordoned by us without a slot.
-    undo_cordon(cx).await?;
+    cx.undo_cordon().await?;
     // Recorded with the token, the slot is released in the same write.
-    let node = &cx.settings.node;
-    let out = slots::record_failure(store, node, token, version, reason, false, Utc::now()).await?;
-    cx.phase(Phase::Unhealthy, reason).await?;
-    cx.event(
-        Some(ch),
-        true,
-        "HealthCheckFailed",
-        format!("{version}: {reason}; not rolling back"),
+    let out = cx
+        .record_failure(store, token, version, reason, false)
+        .await?;
+    cx.report(
+        ch,
+        Phase::Unhealthy,
+        reason,
+        Say::warn(
+            "HealthCheckFailed",
+            format!("{version}: {reason}; not rolling back"),
+        ),
     )
-    .await;
+    .await?;
     cx.failure_recorded(ch, version, out, &format!("{version} is unhealthy"))
         .await;
     Ok(Next::Wait)

@@ -3,7 +3,7 @@
 //! node) and `agent_fleet.rs` (three nodes) through `mod fake_api;`.
 //!
 //! What it serves, with a real server's semantics where the agent depends on them:
-//! - Nodes: GET, merge PATCH; PATCH of the status subresource merging `conditions` by type
+//! - Nodes: GET, the list by `labelSelector` (`k=v` pairs), merge PATCH; PATCH of the status subresource merging `conditions` by type
 //!   (the strategic merge the API server applies to them).
 //! - `UpdateChannel`s of `k3os-system`: list, GET, PUT of the status subresource as a
 //!   resourceVersion compare-and-swap (409 on a stale resourceVersion, 422 without one; a
@@ -89,6 +89,8 @@ pub struct World {
     pub evictions_refused: u32,
     /// Channel status writes answered 409 (stale resourceVersion).
     pub conflicts: u32,
+    /// Lists of Nodes answered (the fleet counter's).
+    pub node_lists: u32,
     /// How long an evicted pod takes to terminate.
     pub termination: Duration,
     /// How long a scheduled replacement takes to become Ready.
@@ -241,6 +243,7 @@ impl World {
             observer: None,
             evictions_refused: 0,
             conflicts: 0,
+            node_lists: 0,
             held_writes: None,
             termination: Duration::from_millis(50),
             startup: Duration::from_millis(200),
@@ -556,6 +559,30 @@ fn answer(
 ) -> Response<Body> {
     let seg: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match (method.clone(), seg.as_slice()) {
+        (Method::GET, ["api", "v1", "nodes"]) => {
+            // The fleet counter's list: `labelSelector` of `k=v` pairs (matchLabels).
+            let selector: Vec<(&str, &str)> = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("labelSelector="))
+                .unwrap_or("")
+                .split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .collect();
+            w.node_lists += 1;
+            let items: Vec<&Value> = w
+                .nodes
+                .values()
+                .filter(|n| {
+                    selector
+                        .iter()
+                        .all(|(k, v)| n["metadata"]["labels"][*k].as_str() == Some(*v))
+                })
+                .collect();
+            respond(
+                200,
+                &json!({"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": items}),
+            )
+        }
         (Method::GET, ["api", "v1", "nodes", name]) => match w.nodes.get(*name) {
             Some(n) => respond(200, n),
             None => not_found(&format!("nodes \"{name}\"")),

@@ -60,31 +60,7 @@ impl Clock for SystemClock {
     }
 }
 
-/// Why a stage attempt stopped before it was done, resumable (not a failure).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
-    /// The attempt's byte budget (`--max-bytes`) is spent.
-    Budget { budget: u64 },
-    /// The download schedule's last window closed then (`--stage-until`, `--stage-window`).
-    Schedule { closed: DateTime<Utc> },
-}
-
-impl std::fmt::Display for Stop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Stop::Budget { budget } => write!(
-                f,
-                "stopped at this attempt's byte budget of {} (--max-bytes)",
-                crate::error::Size(*budget)
-            ),
-            Stop::Schedule { closed } => write!(
-                f,
-                "stopped at the end of the download schedule, whose last window closed at {} (--stage-until, --stage-window, or the channel's stage windows)",
-                closed.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-            ),
-        }
-    }
-}
+pub use crate::error::Stop;
 
 /// Caps the bytes per second taken through it (shared by every reader of one stage): a fixed
 /// cap (`--max-rate`), a [`Schedule`] whose rate it re-reads at every read, or both (the

@@ -12,38 +12,37 @@
 //! could each add themselves to a list that had room for one, and the count would exceed
 //! `spec.concurrency`.
 //!
-//! **Dead holders** ([`reclaim_dead`]): a slot whose Node is deleted, or whose holder's Lease
-//! went unrenewed for `rebootTimeout` on the observer's own clock, is taken back. What the
-//! reclaimer does with the holder's node depends on how far it got:
-//! - before its bootloader flip (`Claimed`, `Draining`): nothing irreversible happened, so its
-//!   update is abandoned as if its drain had timed out: the reclaimer undoes the holder's own
-//!   cordon (only when the node carries the holder's `k3os.io/update-cordoned` mark, never an
-//!   admin's cordon), then frees the slot. Leaving it cordoned would disrupt one node more
-//!   than `concurrency` allows once the next node cordons; that is what kured and
-//!   system-upgrade-controller users expect too: a node their tool cordoned comes back once
-//!   the tool gives up on it. A node that is really down is still not scheduled to (the node
-//!   controller taints NotReady nodes), and its failure is not the version's: none is recorded.
-//! - after the flip (`Rebooting`, `RollingBack`): the node is down or hung in the new version;
-//!   it stays cordoned, and the silence is recorded as a failure of that version, so a release
-//!   that hangs at boot pauses the rollout instead of taking down one node after another.
+//! **Dead holders** ([`reclaim`]): a slot whose Node is deleted, or whose holder's Lease went
+//! unrenewed for `rebootTimeout`, is taken back; what happens to the holder's node is
+//! documented there.
+//!
+//! Module map: this file holds the store trait, the CAS loop and the holder's own operations
+//! (claim, fence, release, record a failure, the poller's `latestVersion`, the counter's
+//! fleet counts and waves); [`reclaim`] the
+//! dead holders; [`derived`] the fields every write recomputes (conditions, `updating`).
 //!
 //! The functions here are generic over [`ChannelStore`], which the kube client implements
 //! ([`super::kube_store`]) and the race-model test implements in memory, so the model drives
 //! exactly this code.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rand::Rng;
-use tokio::time::Instant;
 
 use super::crd::{
-    FailureRecord, SlotEntry, SlotPhase, UpdateChannel, UpdateChannelStatus, COND_DEGRADED,
-    COND_LATEST_RESOLVED, COND_PAUSED,
+    FailureRecord, SlotEntry, SlotPhase, UpdateChannel, UpdateChannelStatus, COND_LATEST_RESOLVED,
 };
-use super::format::{self, FormatError, STATUS_FORMAT};
+use super::fleet::{self, FleetChange, NodeFacts};
+use super::format::{self, FormatError};
+use super::rollout::Rollout;
+
+pub mod derived;
+pub mod reclaim;
+
+pub use derived::{refresh_conditions, resume_hint};
+pub use reclaim::{reclaim_dead, DeadReason, LivenessObserver, Reclaimed};
 
 /// Failure of one store call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -107,7 +106,7 @@ pub trait ChannelStore: Send + Sync {
 pub const MAX_ATTEMPTS: u32 = 60;
 
 /// What a CAS body decided.
-enum Step<T> {
+pub(super) enum Step<T> {
     /// Write the changed status, then return the value.
     Write(T),
     /// Nothing to write; return the value.
@@ -120,68 +119,14 @@ fn jitter(attempt: u32) -> Duration {
     Duration::from_millis(rand::thread_rng().gen_range(20..=cap))
 }
 
-/// Keep the derived fields in line with the status: `Paused` and `Degraded` for the
-/// channel's current target, and `updating` (all slot holders) for the printer column.
-pub fn refresh_conditions(ch: &mut UpdateChannel, now: DateTime<Utc>) {
-    let target = ch.target_version();
-    let paused_by_failures = target.as_deref().is_some_and(|v| ch.paused_for(v));
-    let paused = paused_by_failures || ch.spec.paused;
-    let max = ch.spec.max_failures;
-    let failed = match (target.as_deref(), ch.status.as_ref()) {
-        (Some(v), Some(st)) => ch.counted_failures(st, v),
-        _ => 0,
-    };
-    let name = ch.metadata.name.clone().unwrap_or_default();
-    let generation = ch.metadata.generation;
-    let status = ch.status.get_or_insert_with(UpdateChannelStatus::default);
-    let holders: Vec<&str> = status.slots.iter().map(|s| s.node.as_str()).collect();
-    status.updating = (!holders.is_empty()).then(|| holders.join(","));
-    let tv = target.unwrap_or_default();
-    let (reason, message) = if paused_by_failures {
-        ("TooManyFailures", format!("{failed} node(s) failed to update to {tv} (maxFailures {max}); new claims are paused. {}", resume_hint(&name)))
-    } else if paused {
-        (
-            "PausedBySpec",
-            "spec.paused is true; new claims are paused".to_string(),
-        )
-    } else {
-        ("Running", String::new())
-    };
-    status.set_condition(COND_PAUSED, paused, reason, message, now);
-    status.set_condition(
-        COND_DEGRADED,
-        failed > 0,
-        if failed > 0 {
-            "UpdateFailed"
-        } else {
-            "Healthy"
-        },
-        if failed > 0 {
-            let nodes: Vec<&str> = status
-                .failures
-                .iter()
-                .filter(|f| f.version == tv)
-                .map(|f| f.node.as_str())
-                .collect();
-            format!("{tv} failed on {}", nodes.join(", "))
-        } else {
-            String::new()
-        },
-        now,
-    );
-    status.observed_generation = generation;
-    // Whatever format was read (v0.1.0 wrote none), the write is in this agent's.
-    status.format_version = Some(u64::from(STATUS_FORMAT));
-}
-
 /// Refuse a status this agent does not know (newer format): it is never rewritten.
-fn known_format(channel: &str, ch: &UpdateChannel) -> Result<(), SlotError> {
+pub(super) fn known_format(channel: &str, ch: &UpdateChannel) -> Result<(), SlotError> {
     let found = ch.status.as_ref().and_then(|s| s.format_version);
     format::check_status(&format!("the status of UpdateChannel {channel}"), found)?;
     Ok(())
 }
 
-async fn cas<S, T>(
+pub(super) async fn cas<S, T>(
     store: &S,
     now: DateTime<Utc>,
     mut body: impl FnMut(&UpdateChannel, &mut UpdateChannelStatus) -> Step<T>,
@@ -357,15 +302,10 @@ pub struct FailureOutcome {
 
 /// Whether the failures of `version` in `st` pause the channel's claims now (they did not in
 /// the status `ch` was read with).
-fn pauses(ch: &UpdateChannel, st: &UpdateChannelStatus, version: &str) -> bool {
+pub(super) fn pauses(ch: &UpdateChannel, st: &UpdateChannelStatus, version: &str) -> bool {
     !ch.paused_for(version)
         && ch.target_version().as_deref() == Some(version)
         && ch.failures_pause(st, version)
-}
-
-/// How to resume channel `name` after a pause by failures: one `kubectl patch`.
-pub fn resume_hint(name: &str) -> String {
-    format!("Resume with: kubectl patch upchan {name} --type merge -p \"{{\\\"spec\\\":{{\\\"resumedAt\\\":\\\"$(date -u +%FT%TZ)\\\"}}}}\"")
 }
 
 /// Record that `node` failed to update to `version`. With `token`, our slot is also moved to
@@ -425,207 +365,25 @@ pub async fn record_failure<S: ChannelStore>(
     .await
 }
 
-/// Tracks, on this observer's own monotonic clock, how long each node's Lease has gone
-/// without a renewal. Wall-clock timestamps written by other nodes are never compared with
-/// ours: a node with a wrong clock can neither keep a dead slot alive nor get a live one
-/// reclaimed.
-#[derive(Debug, Default)]
-pub struct LivenessObserver {
-    seen: HashMap<String, (Option<String>, Instant)>,
-}
-
-impl LivenessObserver {
-    /// Note the node's current Lease marker; returns how long it has been unchanged.
-    pub fn observe(&mut self, node: &str, marker: Option<String>, now: Instant) -> Duration {
-        match self.seen.get_mut(node) {
-            Some((m, since)) if *m == marker => now.saturating_duration_since(*since),
-            _ => {
-                self.seen.insert(node.to_string(), (marker, now));
-                Duration::ZERO
-            }
-        }
-    }
-
-    /// Forget nodes that hold no slot any more.
-    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
-        self.seen.retain(|n, _| keep(n));
-    }
-}
-
-/// Why a slot was reclaimed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeadReason {
-    NodeDeleted,
-    LeaseStale(Duration),
-}
-
-/// A slot taken back from a dead holder.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reclaimed {
-    pub slot: SlotEntry,
-    pub reason: DeadReason,
-    /// A failure was recorded (the holder went silent while rebooting into a new version).
-    pub failure_recorded: bool,
-    /// The holder's own cordon was undone (it died before its bootloader flip).
-    pub uncordoned: bool,
-    /// The failure recorded paused new claims.
-    pub paused: bool,
-}
-
-/// Take back slots whose Node is deleted or whose Lease has not been renewed for
-/// `reboot_timeout` on our own clock (`mono_now`). `me` is never reclaimed. A holder that died
-/// before its bootloader flip gets its cordon undone first (see the body). A holder that
-/// went silent after its bootloader flip counts as a failure of its version: a release that
-/// hangs at boot must pause the rollout instead of taking down one node after another.
-pub async fn reclaim_dead<S: ChannelStore>(
+/// Write the fleet part of the status (counts, `Complete`, waves) derived from `nodes` (the
+/// Nodes the channel selects, as the counter listed them); nothing is written when nothing
+/// changed. `rollout`: the channel's parsed `spec.rollout`.
+pub async fn write_fleet<S: ChannelStore>(
     store: &S,
-    me: &str,
-    observer: &mut LivenessObserver,
-    reboot_timeout: Duration,
-    mono_now: Instant,
+    nodes: &[NodeFacts],
+    rollout: Option<&Rollout>,
     now: DateTime<Utc>,
-) -> Result<Vec<Reclaimed>, SlotError> {
-    let channel = store.channel_name();
-    let err = |source| SlotError::Store {
-        channel: channel.clone(),
-        source,
-    };
-    let current = store.read().await.map_err(err)?;
-    known_format(&channel, &current)?;
-    let slots = current.status.map(|s| s.slots).unwrap_or_default();
-    let dead = find_dead(store, me, &slots, observer, reboot_timeout, mono_now)
-        .await
-        .map_err(err)?;
-    if dead.is_empty() {
-        return Ok(Vec::new());
-    }
-    // A holder that died before its bootloader flip (Claimed, Draining) abandoned its update
-    // with nothing irreversible done, like a drain that timed out: undo its cordon (only one
-    // it marked as its own, and never an admin's) before its slot is freed, so the node that
-    // claims next is the only one we keep cordoned. A holder silent after its flip
-    // (Rebooting, RollingBack) is down or hung: it stays cordoned and counts as a failure.
-    let uncordoned = undo_cordons_before_flip(store, &dead).await.map_err(err)?;
+) -> Result<FleetChange, SlotError> {
     cas(store, now, |ch, st| {
-        let out = remove_dead(ch, st, &dead, &uncordoned, now);
-        if out.is_empty() {
-            Step::Done(out)
+        let before = st.clone();
+        let change = fleet::refresh(ch, st, nodes, rollout, now);
+        if *st == before {
+            Step::Done(FleetChange::default())
         } else {
-            Step::Write(out)
+            Step::Write(change)
         }
     })
     .await
-}
-
-/// The holders of `slots` (but `me`) whose Node is deleted or whose Lease went unrenewed
-/// for `reboot_timeout`, looked at twice.
-async fn find_dead<S: ChannelStore>(
-    store: &S,
-    me: &str,
-    slots: &[SlotEntry],
-    observer: &mut LivenessObserver,
-    reboot_timeout: Duration,
-    mono_now: Instant,
-) -> Result<Vec<(SlotEntry, DeadReason)>, StoreError> {
-    observer.retain(|n| slots.iter().any(|s| s.node == n));
-    let mut dead: Vec<(SlotEntry, DeadReason)> = Vec::new();
-    for slot in slots.iter().filter(|s| s.node != me) {
-        if !store.node_exists(&slot.node).await? {
-            dead.push((slot.clone(), DeadReason::NodeDeleted));
-            continue;
-        }
-        let marker = store.lease_marker(&slot.node).await?;
-        let silent = observer.observe(&slot.node, marker, mono_now);
-        if silent >= reboot_timeout {
-            dead.push((slot.clone(), DeadReason::LeaseStale(silent)));
-        }
-    }
-    // Look again right before the write: a holder that renewed since the observation above is
-    // alive, and removing its slot would let another node start while it still reboots
-    // (fencing would stop it only at its next write).
-    let mut confirmed = Vec::with_capacity(dead.len());
-    for (slot, reason) in dead {
-        if let DeadReason::LeaseStale(_) = reason {
-            let again = store.lease_marker(&slot.node).await?;
-            if observer.observe(&slot.node, again, mono_now) < reboot_timeout {
-                continue;
-            }
-        }
-        confirmed.push((slot, reason));
-    }
-    Ok(confirmed)
-}
-
-/// Undo the cordon of holders that died before their bootloader flip; the nodes uncordoned.
-async fn undo_cordons_before_flip<S: ChannelStore>(
-    store: &S,
-    dead: &[(SlotEntry, DeadReason)],
-) -> Result<Vec<String>, StoreError> {
-    let mut uncordoned = Vec::new();
-    for (slot, reason) in dead {
-        let before_flip = matches!(slot.phase, SlotPhase::Claimed | SlotPhase::Draining);
-        if matches!(reason, DeadReason::LeaseStale(_))
-            && before_flip
-            && slot.was_unschedulable != Some(true)
-            && store.undo_cordon(&slot.node).await?
-        {
-            uncordoned.push(slot.node.clone());
-        }
-    }
-    Ok(uncordoned)
-}
-
-/// Remove the `dead` claims from `st` (a failure recorded for a holder hung after its flip).
-fn remove_dead(
-    ch: &UpdateChannel,
-    st: &mut UpdateChannelStatus,
-    dead: &[(SlotEntry, DeadReason)],
-    uncordoned: &[String],
-    now: DateTime<Utc>,
-) -> Vec<Reclaimed> {
-    let mut out = Vec::new();
-    for (slot, reason) in dead {
-        // Only the exact claim we judged dead: a fresh claim by the same node survives.
-        let Some(i) = st
-            .slots
-            .iter()
-            .position(|s| s.node == slot.node && s.token == slot.token)
-        else {
-            continue;
-        };
-        let entry = st.slots.remove(i);
-        let hung = matches!(reason, DeadReason::LeaseStale(_))
-            && matches!(entry.phase, SlotPhase::Rebooting | SlotPhase::RollingBack);
-        let mut failure_recorded = false;
-        if let (true, Some(v)) = (hung, entry.version.as_ref()) {
-            if !st
-                .failures
-                .iter()
-                .any(|f| f.node == entry.node && f.version == *v)
-            {
-                st.failures.push(FailureRecord {
-                    node: entry.node.clone(),
-                    version: v.clone(),
-                    at: now,
-                    reason: "did not come back within rebootTimeout after rebooting into it".into(),
-                });
-                failure_recorded = true;
-            }
-        }
-        let undone = uncordoned.contains(&entry.node);
-        let paused = failure_recorded
-            && entry
-                .version
-                .as_deref()
-                .is_some_and(|v| pauses(ch, st, v) && !out.iter().any(|r: &Reclaimed| r.paused));
-        out.push(Reclaimed {
-            slot: entry,
-            reason: reason.clone(),
-            failure_recorded,
-            uncordoned: undone,
-            paused,
-        });
-    }
-    out
 }
 
 /// Write the poller's result: `status.latestVersion` and the `LatestResolved` condition.

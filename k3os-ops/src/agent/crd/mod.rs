@@ -4,7 +4,8 @@
 //! them by `k3os-ops agent crd` (a snapshot test keeps the committed file equal).
 //!
 //! The status is versioned (`status.formatVersion`); its formats and their migrations are
-//! documented in [`super::format`].
+//! documented in [`super::format`]. The schemas the API server validates the spec with (where
+//! the derived one is wrong or weak) are in `schemas.rs`.
 //!
 //! Ownership of fields: humans write `spec`; the agents write only `status`, and only through
 //! compare-and-swap `replace_status` calls (see [`super::slots`]). The poller writes the newest
@@ -17,6 +18,12 @@ use chrono::{DateTime, Utc};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+mod schemas;
+use schemas::*;
+
+/// Pattern of the spec's short durations (`90s`, `15m`, `1h30m`, `2d`; see `duration.rs`).
+pub const DURATION_PATTERN: &str = "^ *([0-9]+[smhd])+ *$";
 
 /// The desired release for the nodes this channel selects, and how to roll it out.
 // The printer columns repeat `type_ = "string"`, which clippy mistakes for duplicates.
@@ -47,6 +54,12 @@ use serde::{Deserialize, Serialize};
         type_ = "string",
         json_path = ".status.updating",
         description = "nodes holding an update slot (all of them, comma-separated)"
+    ),
+    printcolumn(
+        name = "Updated",
+        type_ = "string",
+        json_path = ".status.nodes.progress",
+        description = "selected nodes running the target version, of all selected (updated/total)"
     ),
     printcolumn(
         name = "Concurrency",
@@ -113,6 +126,72 @@ pub struct UpdateChannelSpec {
     /// retry the version they failed with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_at: Option<DateTime<Utc>>,
+    /// Waves: canary nodes first, then batches by percentage of the selected nodes; the next
+    /// wave starts only when every node of the last one is blessed and `settleTime` passed.
+    /// Absent: every selected node may claim (up to `concurrency` at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutSpec>,
+    /// No claim while pods matching this label selector (`kubectl` syntax) run on the node
+    /// (kured's `--blocking-pod-selector`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub blocking_pod_selector: Option<String>,
+    /// No claim while this Prometheus reports alerts (kured's `--prometheus-url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusSpec>,
+}
+
+/// `spec.prometheus`: an alert gate before each claim (`GET <url>/api/v1/alerts`).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusSpec {
+    /// Base URL of the Prometheus (or Alertmanager-compatible) API, e.g.
+    /// `http://prometheus.monitoring:9090`.
+    #[schemars(length(max = 512))]
+    pub url: String,
+    /// Regular expression of alert names to ignore (kured's `--alert-filter-regexp`), e.g.
+    /// `^(Watchdog|InfoInhibitor)$`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub alert_filter: Option<String>,
+    /// Count only the alerts `alertFilter` matches instead (`--alert-filter-match-only`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub alert_filter_match_only: bool,
+    /// Only firing alerts block, not pending ones (`--alert-firing-only`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub firing_only: bool,
+}
+
+/// `spec.rollout`: the order in which the selected nodes update (see `agent/rollout.rs`).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSpec {
+    /// The first wave: nodes matching this selector or named here. None: no canary wave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanarySpec>,
+    /// The batches after the canaries, each a percentage of the selected non-canary nodes
+    /// (e.g. `[10, 40]`); what they leave is one more batch. Empty: one batch of all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "batches_schema")]
+    pub batches: Vec<u32>,
+    /// How long a finished wave must stay healthy before the next starts, e.g. `30m`.
+    /// Default `0s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "settle_time_schema")]
+    pub settle_time: Option<String>,
+}
+
+/// The canary wave: nodes matching `nodeSelector` (when not empty) or named in `nodes`.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanarySpec {
+    /// Label selector (matchLabels semantics); empty selects no node by label.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Node names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    pub nodes: Vec<String>,
 }
 
 /// A maintenance window: starts at `start` local time on each of `days` and lasts `length`.
@@ -212,7 +291,7 @@ pub struct UpdateChannelStatus {
     /// subresource) to lift a pause.
     #[serde(default)]
     pub failures: Vec<FailureRecord>,
-    /// `LatestResolved`, `Degraded`, `Paused`, `Invalid`.
+    /// `LatestResolved`, `Degraded`, `Paused`, `Invalid`, `Complete`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// The nodes holding a slot, comma-separated (the `Updating` printer column; kept equal
@@ -227,6 +306,60 @@ pub struct UpdateChannelStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "format_version_schema")]
     pub format_version: Option<u64>,
+    /// How many selected nodes run what, counted by the agent holding the channel's fleet
+    /// Lease (see `agent/counter.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<NodeCounts>,
+    /// How far the waves of `spec.rollout` are (absent without `spec.rollout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+}
+
+/// The selected nodes counted by version and phase: counts, never a list of nodes.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCounts {
+    /// Nodes the channel selects.
+    #[schemars(schema_with = "count_schema")]
+    pub total: u32,
+    /// Of them, running the target version with the update finished (phase `UpToDate`).
+    #[schemars(schema_with = "count_schema")]
+    pub updated: u32,
+    /// `updated/total` (the `Updated` printer column).
+    pub progress: String,
+    /// The version counted as the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Nodes per running version (`unknown`: not reported yet).
+    #[serde(default)]
+    #[schemars(schema_with = "count_map_schema")]
+    pub by_version: BTreeMap<String, u32>,
+    /// Nodes per update phase (the `k3os.io/update-phase` annotation; `Unknown`: none yet).
+    #[serde(default)]
+    #[schemars(schema_with = "count_map_schema")]
+    pub by_phase: BTreeMap<String, u32>,
+}
+
+/// Progress of the waves (see `agent/rollout.rs`).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// The version this rollout installs; a new target starts over at wave 1.
+    pub target: String,
+    /// Waves of the rollout (canaries, then the batches; empty ones left out).
+    #[schemars(schema_with = "count_schema")]
+    pub waves: u32,
+    /// Nodes of waves 1 to `wave` may update.
+    #[schemars(schema_with = "count_schema")]
+    pub wave: u32,
+    /// Non-canary nodes whose rank key (first 8 bytes of the SHA-256 of the node name, hex)
+    /// is at most this are in the admitted waves; absent: only canaries are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admit_key: Option<String>,
+    /// When every node of the admitted waves was first seen done; the next wave starts
+    /// `settleTime` later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settling_since: Option<DateTime<Utc>>,
 }
 
 /// One node's right to disrupt itself.
@@ -293,6 +426,8 @@ pub struct Condition {
 pub const COND_LATEST_RESOLVED: &str = "LatestResolved";
 pub const COND_DEGRADED: &str = "Degraded";
 pub const COND_PAUSED: &str = "Paused";
+/// Every selected node runs the target version; set by the agent that counts the nodes.
+pub const COND_COMPLETE: &str = "Complete";
 /// The channel's spec cannot be used (does not decode or does not validate); set by the agents.
 pub const COND_INVALID: &str = "Invalid";
 
@@ -394,137 +529,10 @@ impl UpdateChannel {
     }
 }
 
-// --- schemas the server validates --------------------------------------------------------
-// Hand-written where the derived one is wrong or weak: unsigned integers derive `format:
-// uint32` (a warning on every apply, and no maximum: `concurrency: 5000000000` was stored and
-// then broke every agent's list), and the duration/time strings get patterns and CEL rules so
-// the API server rejects what the agent would reject (a malformed or zero duration). Strings
-// checked by CEL carry a `maxLength`, which keeps the rules' estimated cost within the budget.
-
-/// Pattern of the spec's short durations (`90s`, `15m`, `1h30m`, `2d`; see `duration.rs`).
-pub const DURATION_PATTERN: &str = "^ *([0-9]+[smhd])+ *$";
-
-fn int_schema(min: i64, max: i64, default: i64) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "integer",
-        "minimum": min,
-        "maximum": max,
-        "default": default,
-    })
-}
-
-fn concurrency_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    int_schema(1, 10_000, 1)
-}
-
-fn max_failures_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    int_schema(0, 10_000, 1)
-}
-
-fn grace_period_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "integer",
-        "format": "int64",
-        "minimum": 0,
-        "maximum": 86_400,
-        "nullable": true,
-    })
-}
-
-fn duration_schema(field: &str, default: &str) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "string",
-        "maxLength": 32,
-        "pattern": DURATION_PATTERN,
-        "default": default,
-        "x-kubernetes-validations": [{
-            "rule": "self.matches('[1-9]')",
-            "message": format!("{field} must be greater than 0"),
-        }],
-    })
-}
-
-/// `spec.maxRate`: the same grammar as `k3os-ops upgrade --max-rate` (checked again by the
-/// agent, which also refuses rates below 1 KiB/s).
-fn max_rate_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "string",
-        "maxLength": 32,
-        "pattern": r"^[0-9]+(\.[0-9]+)?([KkMmGg](i?B)?|B)?(/s)?$",
-    })
-}
-
-fn format_version_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "integer",
-        "format": "int64",
-        "minimum": 1,
-        "nullable": true,
-    })
-}
-
-fn reboot_timeout_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    duration_schema("rebootTimeout", "15m")
-}
-
-fn drain_timeout_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    duration_schema("drain.timeout", "10m")
-}
-
-fn window_length_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "string",
-        "maxLength": 32,
-        "pattern": DURATION_PATTERN,
-        "x-kubernetes-validations": [{
-            "rule": "self.matches('[1-9]')",
-            "message": "window.length must be greater than 0 (and at most 7d)",
-        }],
-    })
-}
-
-fn start_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "string",
-        "maxLength": 8,
-        "x-kubernetes-validations": [{
-            "rule": "self.matches('^ *([01]?[0-9]|2[0-3]):[0-5][0-9] *$')",
-            "message": "window.start must be HH:MM (00:00 to 23:59)",
-        }],
-    })
-}
-
-fn time_zone_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "string",
-        "maxLength": 64,
-        "nullable": true,
-        "x-kubernetes-validations": [{
-            "rule": "self == '' || self.matches('^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$')",
-            "message": "window.timeZone must be an IANA time zone name such as Europe/Berlin or UTC",
-        }],
-    })
-}
-
-fn days_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "array",
-        "maxItems": 7,
-        "items": {
-            "type": "string",
-            "maxLength": 9,
-            "x-kubernetes-validations": [{
-                "rule": "self.lowerAscii() in ['mon', 'tue', 'wed', 'thu', 'fri', 'sat', 'sun', 'monday', 'tuesday', 'wednesday', 'thursday', 'friday', 'saturday', 'sunday']",
-                "message": "window.days: mon…sun or full English day names",
-            }],
-        },
-    })
-}
-
 /// The CRD as YAML, exactly as committed in `deploy/crd.yaml`.
 pub fn crd_yaml() -> String {
     use kube::CustomResourceExt;
     let crd = UpdateChannel::crd();
     let body = serde_yaml::to_string(&crd).expect("a CRD always serializes");
-    format!("# Generated by `k3os-ops agent crd` from k3os-ops/src/agent/crd.rs. Do not edit.\n---\n{body}")
+    format!("# Generated by `k3os-ops agent crd` from k3os-ops/src/agent/crd/. Do not edit.\n---\n{body}")
 }

@@ -1,0 +1,111 @@
+//! The fleet counter: `status.nodes`, the `Complete` condition and `status.rollout` (the waves).
+//!
+//! **Who counts.** Each agent knows only its own node, and a channel's status is one object:
+//! if every agent added itself to counts in the status, 1000 agents would contend on one
+//! resourceVersion and a node that vanished would stay counted. Instead every agent publishes
+//! its own facts on its own Node (`k3os.io/update-phase`, and `k3os.io/update-version` = the
+//! version it booted), and one agent per channel — the holder of the Lease
+//! `k3os-upgrade-fleet-<channel>` — lists the Nodes the channel selects every `period` (one
+//! metadata-only list: labels and annotations, no status or images, with the channel's
+//! `nodeSelector` as the label selector) and derives the counts and the waves from them
+//! ([`super::fleet::refresh`], pure). The result is written by a compare-and-swap of the status
+//! like every other status write ([`super::slots::write_fleet`]), and only when something
+//! changed: an idle fleet costs one list and one Lease renewal per period, not one write.
+//! Events on the channel: `WaveStarted` when a wave may begin, `RolloutComplete` when every
+//! selected node runs the target.
+//!
+//! If the counter's node dies, its Lease expires after three periods and another agent takes
+//! over; the counts are then stale for that long, and no wave starts meanwhile (a wave only
+//! starts on a count), which is the safe side.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::ListParams;
+use kube::Api;
+
+use super::channels::Channel;
+use super::context::Agent;
+use super::errors::{AgentError, KubeContext};
+use super::fleet::NodeFacts;
+use super::kube_store::{acquire_lease, LeaseOutcome};
+use super::slots;
+
+/// Name of the counter Lease of channel `channel`.
+pub fn fleet_lease_name(channel: &str) -> String {
+    format!("k3os-upgrade-fleet-{channel}")
+}
+
+/// Count the fleet of each valid channel whose counter Lease this node holds, every `period`,
+/// forever.
+pub async fn count_loop(agent: Arc<Agent>, period: Duration) {
+    let leases: Api<Lease> =
+        Api::namespaced(agent.clients.client.clone(), &agent.settings.namespace);
+    let lease_secs = i32::try_from(period.as_secs().saturating_mul(3).max(1)).unwrap_or(i32::MAX);
+    loop {
+        match super::channels::list(&agent.clients.client, &agent.settings.namespace).await {
+            Ok(list) => {
+                for ch in list.channels.iter().filter(|c| c.policy.is_ok()) {
+                    let name = fleet_lease_name(ch.name());
+                    match acquire_lease(&leases, &name, &agent.settings.node, lease_secs).await {
+                        Ok(LeaseOutcome::Held) => {}
+                        Ok(LeaseOutcome::HeldBy(_)) => continue,
+                        Err(e) => {
+                            tracing::warn!("counter Lease {name}: {e}");
+                            continue;
+                        }
+                    }
+                    if let Err(e) = count_channel(&agent, ch).await {
+                        tracing::warn!(
+                            "count the nodes of {}: {}",
+                            ch.name(),
+                            super::errors::message(&e)
+                        );
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("list UpdateChannels: {}", super::client::kube_message(&e)),
+        }
+        tokio::time::sleep(period).await;
+    }
+}
+
+/// List the Nodes `ch` selects, write the counts and waves, publish what changed.
+pub async fn count_channel(agent: &Agent, ch: &Channel) -> Result<(), AgentError> {
+    let selector: Vec<String> = ch
+        .spec
+        .node_selector
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let lp = ListParams::default().labels(&selector.join(","));
+    let nodes: Api<Node> = Api::all(agent.clients.client.clone());
+    let listed = nodes
+        .list_metadata(&lp)
+        .await
+        .kube_ctx(|| format!("list the Nodes UpdateChannel {} selects", ch.name()))?;
+    let facts: Vec<NodeFacts> = listed
+        .items
+        .iter()
+        .map(|n| NodeFacts::from_meta(&n.metadata))
+        .filter(|f| ch.selects(&f.labels))
+        .collect();
+    let rollout = ch.policy.as_ref().ok().and_then(|p| p.rollout.as_ref());
+    let store = agent.store(ch.name());
+    let change = slots::write_fleet(&store, &facts, rollout, Utc::now()).await?;
+    let target = ch.target_version().unwrap_or_default();
+    if let Some((wave, waves)) = change.wave_started {
+        let note = format!("wave {wave} of {waves} may update to {target}");
+        agent.channel_event(ch, false, "WaveStarted", note).await;
+    }
+    if change.completed {
+        let note = format!("every selected node runs {target}");
+        agent
+            .channel_event(ch, false, "RolloutComplete", note)
+            .await;
+    }
+    Ok(())
+}
