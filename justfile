@@ -68,6 +68,11 @@ lint:
 bench:
     cargo bench -p libupgrade --bench stage
 
+# The agent at fleet scale: N simulated nodes against the fake API, idle cost and rollouts at
+# concurrency 1, 10 and 100 (virtual time; FLEET_NODES, FLEET_ROLLOUT_NODES; README "Benchmarks").
+bench-fleet:
+    cargo bench -p k3os-ops --bench fleet
+
 # Delta updates on real Debian squashfs images (monthly and major pairs): bytes fetched by us vs
 # casync, 4 KiB blocks (RAUC block-hash-index) and xdelta3, mksquashfs options, chunk sizes, and
 # the real stage's time and RSS. Downloads ~300 MB of .debs once into .cache/delta. Not in CI.

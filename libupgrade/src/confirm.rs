@@ -239,10 +239,14 @@ impl Updater {
         if !waiting_for.iter().any(|n| n == reach::CHECK) {
             return Ok(None);
         }
-        let cfg = self.cfg.reachability.clone().unwrap_or(reach::Reachability {
-            endpoints: Vec::new(),
-            within_secs: reach::default_within(),
-        });
+        let cfg = self
+            .cfg
+            .reachability
+            .clone()
+            .unwrap_or(reach::Reachability {
+                endpoints: Vec::new(),
+                within_secs: reach::default_within(),
+            });
         let booted = self.booted_slot()?;
         let st = self.load(Some(booted))?;
         // Nothing to probe (activation refuses that, but the trial's config may differ):

@@ -215,7 +215,9 @@ pub enum Stop {
     /// The attempt's byte budget (`--max-bytes`) is spent.
     Budget { budget: u64 },
     /// The download schedule's last window closed then (`--stage-until`, `--stage-window`).
-    Schedule { closed: chrono::DateTime<chrono::Utc> },
+    Schedule {
+        closed: chrono::DateTime<chrono::Utc>,
+    },
 }
 
 impl std::fmt::Display for Stop {

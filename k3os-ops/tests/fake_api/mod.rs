@@ -103,6 +103,10 @@ pub struct World {
     /// For names and uids of replacement pods.
     serial: u64,
     changes: watch::Sender<u64>,
+    node_changes: BTreeMap<String, watch::Sender<u64>>,
+    channel_changes: watch::Sender<u64>,
+    /// Requests answered, by `VERB resource` (e.g. `GET nodes`, `PUT updatechannels/status`).
+    pub requests: BTreeMap<String, u64>,
 }
 
 /// Merge-patch semantics (RFC 7386): objects merge, `null` removes, anything else replaces.
@@ -251,6 +255,9 @@ impl World {
             due: Vec::new(),
             serial: 0,
             changes: watch::channel(0).0,
+            node_changes: BTreeMap::new(),
+            channel_changes: watch::channel(0).0,
+            requests: BTreeMap::new(),
         };
         for n in nodes {
             let name = n["metadata"]["name"].as_str().unwrap().to_string();
@@ -280,7 +287,7 @@ impl World {
         n["status"]["conditions"] =
             json!([{"type": "Ready", "status": if ready { "True" } else { "False" }}]);
         n["metadata"]["resourceVersion"] = json!(rv);
-        self.notify();
+        self.notify_node(node);
         self.observe();
     }
 
@@ -356,6 +363,33 @@ impl World {
         self.changes.send_modify(|n| *n += 1);
     }
 
+    /// Node `name` changed: wakes [`World::subscribe`] and [`World::subscribe_node`] of it.
+    fn notify_node(&mut self, name: &str) {
+        self.notify();
+        if let Some(tx) = self.node_changes.get(name) {
+            tx.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// A channel changed: wakes [`World::subscribe`] and [`World::subscribe_channels`].
+    fn notify_channels(&mut self) {
+        self.notify();
+        self.channel_changes.send_modify(|n| *n += 1);
+    }
+
+    /// Changes of Node `name` only (what an agent's watch of its own Node sees).
+    pub fn subscribe_node(&mut self, name: &str) -> watch::Receiver<u64> {
+        self.node_changes
+            .entry(name.to_string())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
+    }
+
+    /// Changes of the channels only (what an agent's watch of the channels sees).
+    pub fn subscribe_channels(&self) -> watch::Receiver<u64> {
+        self.channel_changes.subscribe()
+    }
+
     /// Show the world to the observer.
     pub fn observe(&mut self) {
         if let Some(mut o) = self.observer.take() {
@@ -374,6 +408,17 @@ impl World {
             }
         }
         self.rv = rv;
+    }
+
+    /// A human edits the channel `stable`'s spec: `edit` it, bump its generation and
+    /// resourceVersion, wake the watchers.
+    pub fn edit_channel_spec(&mut self, edit: impl FnOnce(&mut Value)) {
+        edit(&mut self.channel["spec"]);
+        let generation = self.channel["metadata"]["generation"].as_i64().unwrap_or(1);
+        self.channel["metadata"]["generation"] = json!(generation + 1);
+        let rv = self.next_rv();
+        self.channel["metadata"]["resourceVersion"] = json!(rv);
+        self.notify_channels();
     }
 
     fn channel_mut(&mut self, name: &str) -> Option<&mut Value> {
@@ -539,9 +584,12 @@ pub async fn serve(
             if ch != w.channel {
                 ch["metadata"]["resourceVersion"] = json!(w.next_rv());
                 w.channel = ch;
-                w.notify();
+                w.notify_channels();
             }
         }
+        *w.requests
+            .entry(format!("{method} {}", resource_of(&path)))
+            .or_default() += 1;
         let resp = answer(w, &log, &method, &path, &query, &body);
         w.observe();
         drop(guard);
@@ -605,7 +653,7 @@ fn answer(
             }
             let out = node.clone();
             if changed {
-                w.notify();
+                w.notify_node(name);
             }
             respond(200, &out)
         }
@@ -644,7 +692,7 @@ fn answer(
             merge(node, &patch);
             node["metadata"]["resourceVersion"] = json!(rv);
             let out = node.clone();
-            w.notify();
+            w.notify_node(name);
             respond(200, &out)
         }
         (Method::GET, ["api", "v1", "pods"]) => {
@@ -751,7 +799,7 @@ fn answer(
             ch["status"] = body["status"].clone();
             ch["metadata"]["resourceVersion"] = json!(rv);
             let out = ch.clone();
-            w.notify();
+            w.notify_channels();
             respond(200, &out)
         }
         (
@@ -820,6 +868,26 @@ fn answer(
             respond(201, body)
         }
         _ => unexpected(log, method, path),
+    }
+}
+
+/// The resource a request path names (`nodes`, `pods/eviction`, `updatechannels/status`, …):
+/// the path without its API prefix, namespace and object names.
+pub fn resource_of(path: &str) -> String {
+    let seg: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let rest = match seg.as_slice() {
+        ["api", _, rest @ ..] => rest,
+        ["apis", _, _, rest @ ..] => rest,
+        other => other,
+    };
+    let rest = match rest {
+        ["namespaces", _, rest @ ..] => rest,
+        other => other,
+    };
+    match rest {
+        [kind] | [kind, _] => kind.to_string(),
+        [kind, _, sub, ..] => format!("{kind}/{sub}"),
+        [] => "?".into(),
     }
 }
 
