@@ -154,20 +154,25 @@ struct Expect {
 
 /// `500M`, `2G`, `1.5GiB`, `100000` → bytes (K/M/G are powers of 1024).
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
+    let (num, mul) = binary_unit(s.trim());
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok((v * mul as f64) as u64),
+        _ => Err(format!("'{s}' is not a byte count like 500M, 2G or 1.5GiB")),
+    }
+}
+
+/// The number's text and its multiplier in `500M`, `1.5GiB`, `2k`, `100000`: an optional `B` or
+/// `iB` after an optional K/M/G (powers of 1024, any case). Shared by byte counts and rates.
+fn binary_unit(t: &str) -> (&str, u64) {
     let t = t
         .strip_suffix("iB")
         .or_else(|| t.strip_suffix('B'))
         .unwrap_or(t);
-    let (num, mul) = match t.char_indices().last() {
+    match t.char_indices().last() {
         Some((i, c)) if c.eq_ignore_ascii_case(&'k') => (&t[..i], 1u64 << 10),
         Some((i, c)) if c.eq_ignore_ascii_case(&'m') => (&t[..i], 1 << 20),
         Some((i, c)) if c.eq_ignore_ascii_case(&'g') => (&t[..i], 1 << 30),
         _ => (t, 1),
-    };
-    match num.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok((v * mul as f64) as u64),
-        _ => Err(format!("'{s}' is not a byte count like 500M, 2G or 1.5GiB")),
     }
 }
 
@@ -199,17 +204,7 @@ pub fn parse_retry_for(s: &str) -> Result<RetryFor, String> {
 /// `2M`, `512K`, `1.5MiB/s`, `100000` → bytes per second (K/M/G are powers of 1024).
 pub fn parse_rate(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let t = t.strip_suffix("/s").unwrap_or(t);
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, mul) = match t.char_indices().last() {
-        Some((i, c)) if c.eq_ignore_ascii_case(&'k') => (&t[..i], 1u64 << 10),
-        Some((i, c)) if c.eq_ignore_ascii_case(&'m') => (&t[..i], 1 << 20),
-        Some((i, c)) if c.eq_ignore_ascii_case(&'g') => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
+    let (num, mul) = binary_unit(t.strip_suffix("/s").unwrap_or(t));
     let v: f64 = num
         .trim()
         .parse()

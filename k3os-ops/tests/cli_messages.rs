@@ -2,116 +2,18 @@
 //! one `error:` line, naming what was wrong and what to do. A node here is a temp dir with the
 //! k3OS-style dir layout and a real GRUB env (bootconfig's own writer), booted on slot A.
 
+mod cli_support;
 mod release_support;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use bootconfig::{BootEnv, Slot, SlotBoot};
+use cli_support::Node;
 use libupgrade::manifest::Arch;
-use release_support::{bin, create, fake_inputs, keys};
-
-struct Node {
-    dir: tempfile::TempDir,
-    config: PathBuf,
-}
+use release_support::{create, fake_inputs};
 
 impl Node {
-    fn new() -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path();
-        let (_, trust) = keys(p, "node");
-        for d in ["system", "boot/grub", "state", "health.d"] {
-            fs::create_dir_all(p.join(d)).unwrap();
-        }
-        bootconfig::grub::GrubBootloader::new(p.join("boot/grub"), 3)
-            .install(&BootEnv {
-                primary: Slot::A,
-                a: SlotBoot::Good,
-                b: SlotBoot::Bad,
-            })
-            .unwrap();
-        fs::write(p.join("cmdline"), "root=/dev/vda4 ro k3os.slot=A\n").unwrap();
-        fs::write(p.join("boot_id"), "boot-1\n").unwrap();
-        fs::write(p.join("k3os-release"), "VERSION=v1\nGENERATION=5\n").unwrap();
-        fs::write(p.join("mountinfo"), "").unwrap();
-        let config = p.join("config.toml");
-        fs::write(
-            &config,
-            format!(
-                r#"bootloader = "grub"
-tries = 3
-state_dir = "{p}/state"
-trust_dir = "{trust}"
-health_dir = "{p}/health.d"
-health_timeout_secs = 5
-proc_cmdline = "{p}/cmdline"
-release_file = "{p}/k3os-release"
-mountinfo = "{p}/mountinfo"
-boot_id_file = "{p}/boot_id"
-builtin_health_check = false
-[layout]
-kind = "dir"
-root = "{p}/system"
-boot_dir = "{p}/boot"
-"#,
-                p = p.display(),
-                trust = trust.display()
-            ),
-        )
-        .unwrap();
-        Node { dir, config }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn ops(&self, args: &[&str]) -> Output {
-        Command::new(bin())
-            .args(args)
-            .env("K3OS_OPS_CONFIG", &self.config)
-            .env_remove("RUST_BACKTRACE")
-            .env_remove("K3OS_OPS_BARRIERS")
-            .env_remove("K3OS_OPS_BARRIER_STOP")
-            .output()
-            .unwrap()
-    }
-
-    /// Run a command that must succeed; returns its stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.ops(args);
-        assert!(
-            out.status.success(),
-            "k3os-ops {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Run a command that must fail; returns its stderr, checked to be one `error:` line.
-    fn fails(&self, args: &[&str]) -> String {
-        let out = self.ops(args);
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(
-            !out.status.success(),
-            "k3os-ops {args:?} succeeded: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-        assert!(
-            lines.len() == 1 && lines[0].starts_with("error: "),
-            "k3os-ops {args:?}: expected one `error:` line, got:\n{err}"
-        );
-        assert!(
-            !err.contains("Caused by"),
-            "anyhow's multi-line report leaked:\n{err}"
-        );
-        eprintln!("k3os-ops {args:?}: {}", lines[0]);
-        lines[0].to_string()
-    }
-
     /// A release signed by this node's trusted key, generation `generation`.
     fn release(&self, name: &str, generation: u64) -> PathBuf {
         let (secret, _) = (self.path().join("keys/node.key"), ());

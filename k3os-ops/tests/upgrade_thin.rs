@@ -8,102 +8,20 @@
 //! whose site cannot be reached (`[reachability]`) rolls back by itself at the limit; one that
 //! reaches an endpoint (a listener, any HTTP answer, the URL it was staged from) is blessed.
 
+mod cli_support;
 mod release_support;
 
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use bootconfig::{BootEnv, Slot, SlotBoot};
+use cli_support::Node;
 use libupgrade::manifest::Arch;
-use release_support::{bin, create, keys};
-
-struct Node {
-    dir: tempfile::TempDir,
-    config: PathBuf,
-}
+use release_support::create;
+use testkit::release_size;
 
 impl Node {
-    fn new() -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path();
-        keys(p, "node");
-        for d in ["system", "boot/grub", "state", "health.d"] {
-            fs::create_dir_all(p.join(d)).unwrap();
-        }
-        bootconfig::grub::GrubBootloader::new(p.join("boot/grub"), 3)
-            .install(&BootEnv {
-                primary: Slot::A,
-                a: SlotBoot::Good,
-                b: SlotBoot::Bad,
-            })
-            .unwrap();
-        fs::write(p.join("cmdline"), "root=/dev/vda4 ro k3os.slot=A\n").unwrap();
-        fs::write(p.join("boot_id"), "boot-1\n").unwrap();
-        fs::write(p.join("k3os-release"), "VERSION=v1\nGENERATION=5\n").unwrap();
-        fs::write(p.join("mountinfo"), "").unwrap();
-        let config = p.join("config.toml");
-        fs::write(
-            &config,
-            format!(
-                r#"bootloader = "grub"
-tries = 3
-state_dir = "{p}/state"
-trust_dir = "{p}/trust"
-health_dir = "{p}/health.d"
-health_timeout_secs = 5
-proc_cmdline = "{p}/cmdline"
-release_file = "{p}/k3os-release"
-mountinfo = "{p}/mountinfo"
-boot_id_file = "{p}/boot_id"
-builtin_health_check = false
-[layout]
-kind = "dir"
-root = "{p}/system"
-boot_dir = "{p}/boot"
-"#,
-                p = p.display(),
-            ),
-        )
-        .unwrap();
-        Node { dir, config }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn ops(&self, args: &[&str]) -> Output {
-        Command::new(bin())
-            .args(args)
-            .env("K3OS_OPS_CONFIG", &self.config)
-            .env_remove("RUST_BACKTRACE")
-            .output()
-            .unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.ops(args);
-        assert!(
-            out.status.success(),
-            "k3os-ops {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// A command that must fail with one `error:` line; returns it.
-    fn fails(&self, args: &[&str]) -> String {
-        let out = self.ops(args);
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(!out.status.success(), "k3os-ops {args:?} succeeded");
-        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
-        assert_eq!(lines.len(), 1, "k3os-ops {args:?}: {err}");
-        eprintln!("k3os-ops {args:?}: {}", lines[0]);
-        lines[0].to_string()
-    }
-
     /// A signed release `v2` (generation 6) whose rootfs is a real squashfs holding 3 MiB of
     /// incompressible data.
     fn release(&self) -> PathBuf {
@@ -134,6 +52,29 @@ boot_dir = "{p}/boot"
         );
         rel
     }
+
+    /// `release bundle REL -o <node>/v2.k3b`: the bundle and what the command printed.
+    fn bundle(&self, rel: &Path) -> (PathBuf, String) {
+        let bundle = self.path().join("v2.k3b");
+        let out = self.ok(&[
+            "release",
+            "bundle",
+            rel.to_str().unwrap(),
+            "-o",
+            bundle.to_str().unwrap(),
+        ]);
+        (bundle, out)
+    }
+
+    /// `upgrade --stage-only --bundle BUNDLE`, which must succeed: its stdout.
+    fn stage_bundle(&self, bundle: &Path) -> String {
+        self.ok(&[
+            "upgrade",
+            "--stage-only",
+            "--bundle",
+            bundle.to_str().unwrap(),
+        ])
+    }
 }
 
 /// The exact byte count in `--plan-only`'s total line.
@@ -144,13 +85,6 @@ fn planned_fetch(out: &str) -> u64 {
         .unwrap_or_else(|| panic!("no total line in:\n{out}"));
     let inner = line.split('(').nth(1).unwrap().split(' ').next().unwrap();
     inner.parse().unwrap()
-}
-
-fn release_size(rel: &Path) -> u64 {
-    ["rootfs.squashfs", "vmlinuz", "initrd"]
-        .iter()
-        .map(|f| fs::metadata(rel.join(f)).unwrap().len())
-        .sum()
 }
 
 fn state_files(n: &Node) -> Vec<(PathBuf, Vec<u8>)> {
@@ -191,7 +125,7 @@ fn plan_only_then_a_budget_stop_then_the_rest_from_a_bundle() {
     assert_eq!(state_files(&n), before, "--plan-only wrote something");
 
     // Day 1: a 1 MiB budget.
-    let line = n.fails(&[
+    let line = n.fails_with_one_error(&[
         "upgrade",
         "--stage-only",
         "--max-bytes",
@@ -214,18 +148,12 @@ fn plan_only_then_a_budget_stop_then_the_rest_from_a_bundle() {
     assert!(rest < total - (1 << 20) + 65_536, "{rest} of {total}");
 
     // Day 2, offline: the same release from a bundle.
-    let bundle = n.path().join("v2.k3b");
-    let out = n.ok(&["release", "bundle", src, "-o", bundle.to_str().unwrap()]);
+    let (bundle, out) = n.bundle(&rel);
     assert!(
         out.contains("bundle format 1") && out.contains("release v2"),
         "{out}"
     );
-    let out = n.ok(&[
-        "upgrade",
-        "--stage-only",
-        "--bundle",
-        bundle.to_str().unwrap(),
-    ]);
+    let out = n.stage_bundle(&bundle);
     assert!(
         out.contains("staged v2") && out.contains("resuming"),
         "{out}"
@@ -277,14 +205,7 @@ fn members(bundle: &Path) -> Vec<(String, u64, u64)> {
 fn a_tampered_or_truncated_bundle_is_refused_naming_the_member() {
     let n = Node::new();
     let rel = n.release();
-    let bundle = n.path().join("v2.k3b");
-    n.ok(&[
-        "release",
-        "bundle",
-        rel.to_str().unwrap(),
-        "-o",
-        bundle.to_str().unwrap(),
-    ]);
+    let (bundle, _) = n.bundle(&rel);
     let list = members(&bundle);
     let names: Vec<&str> = list.iter().map(|m| m.0.as_str()).collect();
     assert_eq!(names[0], "k3os-bundle.json");
@@ -308,7 +229,8 @@ fn a_tampered_or_truncated_bundle_is_refused_naming_the_member() {
         f.read_exact_at(&mut b, offset + at).unwrap();
         f.write_all_at(&[b[0] ^ 0x5a], offset + at).unwrap();
         drop(f);
-        let line = n.fails(&["upgrade", "--stage-only", "--bundle", bad.to_str().unwrap()]);
+        let line =
+            n.fails_with_one_error(&["upgrade", "--stage-only", "--bundle", bad.to_str().unwrap()]);
         // The signature is checked over the manifest: a bad signature names the manifest.
         let named = name.strip_suffix(".sig").unwrap_or(name);
         assert!(line.contains(named), "{name}: {line}");
@@ -327,18 +249,14 @@ fn a_tampered_or_truncated_bundle_is_refused_naming_the_member() {
         .unwrap()
         .set_len(offset + size / 2)
         .unwrap();
-    let line = n.fails(&["upgrade", "--stage-only", "--bundle", cut.to_str().unwrap()]);
+    let line =
+        n.fails_with_one_error(&["upgrade", "--stage-only", "--bundle", cut.to_str().unwrap()]);
     assert!(
         line.contains("truncated") && line.contains("release/rootfs.squashfs"),
         "{line}"
     );
     // The intact bundle still installs, with no network at all.
-    let out = n.ok(&[
-        "upgrade",
-        "--stage-only",
-        "--bundle",
-        bundle.to_str().unwrap(),
-    ]);
+    let out = n.stage_bundle(&bundle);
     assert!(out.contains("staged v2"), "{out}");
 }
 
@@ -367,13 +285,13 @@ fn stage_until_and_stage_windows_stop_resumable_with_exit_75_and_the_next_run_co
     };
 
     // Refused before anything: a malformed window, a schedule already over.
-    let line = n.fails(&["upgrade", "--stage-window", "tonight", "--source", src]);
+    let line = n.fails_with_one_error(&["upgrade", "--stage-window", "tonight", "--source", src]);
     assert!(
         line.contains("'tonight' is not a window START/END"),
         "{line}"
     );
     let past = rfc3339(SystemTime::now() - Duration::from_secs(60));
-    let line = n.fails(&["upgrade", "--stage-until", &past, "--source", src]);
+    let line = n.fails_with_one_error(&["upgrade", "--stage-until", &past, "--source", src]);
     assert!(line.contains("download schedule ended at"), "{line}");
 
     // 2 s at 256 KiB/s of a 3.5 MiB release.
@@ -451,6 +369,14 @@ impl Node {
     fn status(&self) -> String {
         self.ok(&["slot", "status"])
     }
+
+    /// `slot await-bless` succeeds and slot B is then good and booted; its stdout.
+    fn blesses_the_trial(&self) -> String {
+        let out = self.ok(&["slot", "await-bless"]);
+        let status = self.status();
+        assert!(status.contains("slot B (good, booted"), "{status}");
+        out
+    }
 }
 
 /// A 127.0.0.1 port nothing listens on.
@@ -467,7 +393,7 @@ fn an_unreachable_site_rolls_the_trial_back_at_the_limit_naming_the_endpoints() 
     n.reachability(std::slice::from_ref(&closed), 2);
     n.trial_of(rel.to_str().unwrap());
     let t0 = std::time::Instant::now();
-    let line = n.fails(&["slot", "await-bless"]);
+    let line = n.fails_with_one_error(&["slot", "await-bless"]);
     assert!(t0.elapsed() >= std::time::Duration::from_secs(2));
     assert!(
         line.contains("reachable: not reported within 2 s of the boot")
@@ -491,13 +417,8 @@ fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts()
     let closed = format!("tcp://127.0.0.1:{}", closed_port());
     n.reachability(&[closed, open.clone()], 30);
     n.trial_of(rel.to_str().unwrap());
-    let out = n.ok(&["slot", "await-bless"]);
+    let out = n.blesses_the_trial();
     assert!(out.contains("slot B"), "{out}");
-    assert!(
-        n.status().contains("slot B (good, booted"),
-        "{}",
-        n.status()
-    );
 
     // Any HTTP answer (a 404) counts.
     let n = Node::new();
@@ -505,12 +426,7 @@ fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts()
     let srv = testkit::TestServer::paced(n.path().to_path_buf(), 0);
     n.reachability(&[format!("{}no-such-file", srv.base)], 30);
     n.trial_of(rel.to_str().unwrap());
-    n.ok(&["slot", "await-bless"]);
-    assert!(
-        n.status().contains("slot B (good, booted"),
-        "{}",
-        n.status()
-    );
+    n.blesses_the_trial();
 
     // No endpoints configured: the URL the release was staged from; a local source has none,
     // which activation refuses up front.
@@ -518,7 +434,7 @@ fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts()
     let rel = n.release();
     n.reachability(&[], 30);
     n.ok(&["upgrade", "--stage-only", "--source", rel.to_str().unwrap()]);
-    let line = n.fails(&["slot", "activate"]);
+    let line = n.fails_with_one_error(&["slot", "activate"]);
     assert!(line.contains("not staged from an http(s) URL"), "{line}");
     let n = Node::new();
     let rel = n.release();
@@ -534,12 +450,7 @@ fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts()
     // [reachability] still probes the URL it was staged from.
     fs::write(&n.config, plain).unwrap();
     let asked = srv.requests.lock().unwrap().len();
-    n.ok(&["slot", "await-bless"]);
-    assert!(
-        n.status().contains("slot B (good, booted"),
-        "{}",
-        n.status()
-    );
+    n.blesses_the_trial();
     let last = srv.requests.lock().unwrap()[asked..].to_vec();
     assert!(
         last.iter().any(|r| r.starts_with("/v2/manifest.json")),

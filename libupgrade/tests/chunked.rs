@@ -9,48 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use libupgrade::layout::GptLayout;
-use libupgrade::manifest::Arch;
 use libupgrade::{Error, NoProgress, SlotState, Source, StageOptions, Updater};
 use testkit::*;
 
-fn updater(disk: &TestDisk, cfg: libupgrade::Config) -> Updater {
-    let layout = GptLayout::open(&disk.disk.path, &disk.boot_dir).expect("GPT of the test disk");
-    Updater::with_parts(cfg, Box::new(layout), Box::new(ModelLoader::new(9)))
-}
-
-fn fast() -> StageOptions {
-    StageOptions {
-        retry_delay: Duration::from_millis(20),
-        ..StageOptions::default()
-    }
-}
-
-/// A signed release whose rootfs is a squashfs of `payload` (plus a release file), with
-/// kernel and initrd blobs derived from `seed` and `initrd_seed`. Returns the release directory.
-fn release_with(
-    k: &Keys,
-    out: &Path,
-    version: &str,
-    generation: u64,
-    payload: &[u8],
-    seed: u64,
-    initrd_seed: u64,
-) -> PathBuf {
-    signed_release(
-        k,
-        out,
-        &ReleaseInputs {
-            version,
-            generation,
-            payload,
-            kernel: pseudo_random(600_000, seed + 100),
-            initrd: pseudo_random(400_000, initrd_seed),
-            arch: Arch::host(),
-        },
-    )
-}
-
+/// A signed release whose kernel and initrd are noise from `seed + 100` and `seed + 200`.
 fn release(
     k: &Keys,
     out: &Path,
@@ -59,46 +21,7 @@ fn release(
     payload: &[u8],
     seed: u64,
 ) -> PathBuf {
-    release_with(k, out, version, generation, payload, seed, seed + 200)
-}
-
-fn size_of(dir: &Path) -> u64 {
-    ["rootfs.squashfs", "vmlinuz", "initrd"]
-        .iter()
-        .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
-        .sum()
-}
-
-/// Put release `rel` into slot A (as if installed), the booted slot.
-fn install_in_a(disk: &TestDisk, rel: &Path) {
-    let (off, _) = disk.parts["rootfs-a"];
-    let img = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&disk.image)
-        .unwrap();
-    img.write_all_at(&std::fs::read(rel.join("rootfs.squashfs")).unwrap(), off)
-        .unwrap();
-    img.sync_all().unwrap();
-    std::fs::create_dir_all(disk.boot_dir.join("a")).unwrap();
-    for f in ["vmlinuz", "initrd"] {
-        std::fs::copy(rel.join(f), disk.boot_dir.join("a").join(f)).unwrap();
-    }
-}
-
-/// Slot B holds exactly `rel`.
-fn assert_b_is(disk: &TestDisk, rel: &Path) {
-    let rootfs = std::fs::read(rel.join("rootfs.squashfs")).unwrap();
-    assert!(
-        disk.part_bytes("rootfs-b", rootfs.len() as u64) == rootfs,
-        "rootfs-b differs"
-    );
-    for f in ["vmlinuz", "initrd"] {
-        assert_eq!(
-            std::fs::read(disk.boot_dir.join("b").join(f)).unwrap(),
-            std::fs::read(rel.join(f)).unwrap(),
-            "b/{f}"
-        );
-    }
+    noise_release(k, out, version, generation, payload, seed + 100, seed + 200)
 }
 
 /// v1 and a "monthly" v2: the same payload with three 40 KiB regions rewritten.
@@ -109,8 +32,8 @@ fn v1_v2(k: &Keys, out: &Path, size: usize) -> (PathBuf, PathBuf) {
         p2[at..at + 40_000].copy_from_slice(&pseudo_random(40_000, 50 + i as u64));
     }
     // The kernel stays, the initrd changes.
-    let v1 = release_with(k, out, "v1", 1, &p1, 1, 201);
-    let v2 = release_with(k, out, "v2", 2, &p2, 1, 999);
+    let v1 = noise_release(k, out, "v1", 1, &p1, 101, 201);
+    let v2 = noise_release(k, out, "v2", 2, &p2, 101, 999);
     (v1, v2)
 }
 
@@ -120,7 +43,7 @@ fn delta_from_the_running_slot_fetches_only_changed_chunks_and_a_locally_damaged
     let k = keys();
     let rels = tempfile::tempdir().unwrap();
     let (v1, v2) = v1_v2(&k, rels.path(), 16 << 20);
-    install_in_a(&disk, &v1);
+    disk.install_in_a(&v1);
     // Damage slot A where v2 is unchanged (30% into the image): that chunk must be fetched.
     let (off, _) = disk.parts["rootfs-a"];
     let img = std::fs::OpenOptions::new()
@@ -132,16 +55,16 @@ fn delta_from_the_running_slot_fetches_only_changed_chunks_and_a_locally_damaged
     img.sync_all().unwrap();
 
     let srv = TestServer::paced(rels.path().to_path_buf(), 0);
-    let u = updater(&disk, disk.config(&k.trust));
+    let u = disk.updater(disk.config(&k.trust));
     let r = u
         .stage(
             &Source::parse(&format!("{}v2", srv.base)),
-            &fast(),
+            &fast_stage(),
             &NoProgress,
         )
         .unwrap();
-    assert_b_is(&disk, &v2);
-    let total = size_of(&v2);
+    disk.assert_b_is(&v2);
+    let total = release_size(&v2);
     // The rootfs regions and the whole new initrd; each changed region costs at most the
     // chunks it touches (≤ 2 max-size chunks), the damaged one chunk.
     let changed = 3 * 40_000 + 400_000;
@@ -184,11 +107,11 @@ fn a_tampered_chunk_on_the_server_never_reaches_the_slot() {
     let at = std::fs::metadata(&p).unwrap().len() / 2;
     f.write_all_at(b"EVIL-BYTES", at).unwrap();
     let srv = TestServer::paced(rels.path().to_path_buf(), 0);
-    let u = updater(&disk, disk.config(&k.trust));
+    let u = disk.updater(disk.config(&k.trust));
     let e = u
         .stage(
             &Source::parse(&format!("{}v2", srv.base)),
-            &fast(),
+            &fast_stage(),
             &NoProgress,
         )
         .unwrap_err();
@@ -209,7 +132,7 @@ fn an_index_that_does_not_match_its_manifest_is_a_clear_error_before_any_write()
     let k = keys();
     let rels = tempfile::tempdir().unwrap();
     let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(4 << 20, 4), 2);
-    let u = updater(&disk, disk.config(&k.trust));
+    let u = disk.updater(disk.config(&k.trust));
     u.confirm().ok();
     let state_before = std::fs::read(disk.state_dir.join("state.json")).unwrap();
     let b_before = disk.part_bytes("rootfs-b", MIB);
@@ -225,7 +148,7 @@ fn an_index_that_does_not_match_its_manifest_is_a_clear_error_before_any_write()
     .to_bytes();
     std::fs::write(&ipath, &other).unwrap();
     let e = u
-        .stage(&Source::Path(rel.clone()), &fast(), &NoProgress)
+        .stage(&Source::Path(rel.clone()), &fast_stage(), &NoProgress)
         .unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, Error::ChunkIndex { .. }), "{msg}");
@@ -257,7 +180,7 @@ fn an_index_that_does_not_match_its_manifest_is_a_clear_error_before_any_write()
     )
     .unwrap();
     let e = u
-        .stage(&Source::Path(rel.clone()), &fast(), &NoProgress)
+        .stage(&Source::Path(rel.clone()), &fast_stage(), &NoProgress)
         .unwrap_err();
     let msg = e.to_string();
     assert!(
@@ -285,14 +208,14 @@ fn a_missing_artifact_fails_the_preflight_in_seconds_and_writes_nothing() {
     let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(12 << 20, 5), 2);
     std::fs::remove_file(rel.join("initrd")).unwrap();
     let srv = TestServer::paced(rels.path().to_path_buf(), 1 << 20); // 1 MiB/s: a full download would take 13 s
-    let u = updater(&disk, disk.config(&k.trust)); // 20 retries configured: a 404 is not retried
+    let u = disk.updater(disk.config(&k.trust)); // 20 retries configured: a 404 is not retried
     u.confirm().ok();
     let state_before = std::fs::read(disk.state_dir.join("state.json")).unwrap();
     let t = Instant::now();
     let e = u
         .stage(
             &Source::parse(&format!("{}v2", srv.base)),
-            &fast(),
+            &fast_stage(),
             &NoProgress,
         )
         .unwrap_err()
@@ -321,11 +244,11 @@ fn max_rate_caps_the_download() {
     let rels = tempfile::tempdir().unwrap();
     let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(6 << 20, 6), 2);
     let srv = TestServer::paced(rels.path().to_path_buf(), 0);
-    let u = updater(&disk, disk.config(&k.trust));
+    let u = disk.updater(disk.config(&k.trust));
     let t = Instant::now();
     let opts = StageOptions {
         max_rate: Some(2 << 20),
-        ..fast()
+        ..fast_stage()
     };
     u.stage(
         &Source::parse(&format!("{}v2", srv.base)),
@@ -335,8 +258,8 @@ fn max_rate_caps_the_download() {
     .unwrap();
     // ~7 MiB at 2 MiB/s after a 2 MiB burst: at least 2.3 s.
     let s = t.elapsed().as_secs_f64();
-    assert!(s >= 2.3, "{s} s for {} bytes", size_of(&rel));
-    assert_b_is(&disk, &rel);
+    assert!(s >= 2.3, "{s} s for {} bytes", release_size(&rel));
+    disk.assert_b_is(&rel);
 }
 
 /// Env var that turns this test binary into the stage child of the kill test.
@@ -357,7 +280,7 @@ fn kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib() {
         .unwrap();
         let u = Updater::with_parts(cfg, Box::new(layout), Box::new(ModelLoader::new(9)));
         let t = Instant::now();
-        let r = u.stage(&Source::parse(&url), &fast(), &NoProgress);
+        let r = u.stage(&Source::parse(&url), &fast_stage(), &NoProgress);
         eprintln!("child: {r:?} after {:?}", t.elapsed());
         r.unwrap();
         return;
@@ -366,7 +289,7 @@ fn kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib() {
     let k = keys();
     let rels = tempfile::tempdir().unwrap();
     let rel = release(&k, rels.path(), "v2", 2, &pseudo_random(24 << 20, 8), 2);
-    let total = size_of(&rel);
+    let total = release_size(&rel);
     // 8 MiB/s: a slow link, so a kill lands where the counter says.
     let srv = TestServer::paced(rels.path().to_path_buf(), 8 << 20);
     let cfg = disk.config(&k.trust);
@@ -418,10 +341,12 @@ fn kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib() {
         "kills at bytes sent: {kills:?}; checkpoint: {:?}",
         std::fs::read_to_string(disk.state_dir.join("download.json"))
     );
-    let u = updater(&disk, cfg);
-    let r = u.stage(&Source::parse(&url), &fast(), &NoProgress).unwrap();
+    let u = disk.updater(cfg);
+    let r = u
+        .stage(&Source::parse(&url), &fast_stage(), &NoProgress)
+        .unwrap();
     assert!(r.resumed);
-    assert_b_is(&disk, &rel);
+    disk.assert_b_is(&rel);
     let sent = srv.sent();
     eprintln!("release {total} bytes, sent {sent} over 5 kills at {kills:?}");
     assert!(

@@ -9,87 +9,62 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use libupgrade::layout::GptLayout;
-use libupgrade::manifest::Arch;
 use libupgrade::stage::{Schedule, Stop, Window};
-use libupgrade::{Error, ExtraSource, NoProgress, Source, StageOptions, Updater};
+use libupgrade::{Error, ExtraSource, NoProgress, Source, StageOptions, StageReport, Updater};
 use testkit::*;
 
-fn updater(disk: &TestDisk, cfg: libupgrade::Config) -> Updater {
-    let layout = GptLayout::open(&disk.disk.path, &disk.boot_dir).expect("GPT of the test disk");
-    Updater::with_parts(cfg, Box::new(layout), Box::new(ModelLoader::new(9)))
+/// A site: release `v2` signed by `k` in `rels`, served by `srv` (`src` is its URL), and an
+/// empty test disk whose updater `u` trusts `k`. Fields drop in this order: the updater before
+/// its disk, the server before the files it serves.
+struct Site {
+    u: Updater,
+    disk: TestDisk,
+    src: Source,
+    srv: TestServer,
+    v2: PathBuf,
+    rels: tempfile::TempDir,
+    k: Keys,
 }
 
-fn fast() -> StageOptions {
-    StageOptions {
-        retry_delay: Duration::from_millis(20),
-        ..StageOptions::default()
-    }
-}
-
-const FILES: [&str; 3] = ["rootfs.squashfs", "vmlinuz", "initrd"];
-
-fn release(
-    k: &Keys,
-    out: &Path,
-    version: &str,
-    generation: u64,
-    payload: &[u8],
-    initrd: u64,
-) -> PathBuf {
-    signed_release(
+/// A [`Site`] whose v2 carries `mib` MiB of noise from `seed`, its initrd from `initrd`.
+fn site(mib: usize, seed: u64, initrd: u64) -> Site {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let payload = pseudo_random(mib << 20, seed);
+    let v2 = noise_release(&k, rels.path(), "v2", 2, &payload, 101, initrd);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
+    let src = Source::parse(&format!("{}v2", srv.base));
+    let disk = TestDisk::new(24 * MIB);
+    let u = disk.updater(disk.config(&k.trust));
+    Site {
+        u,
+        disk,
+        src,
+        srv,
+        v2,
+        rels,
         k,
-        out,
-        &ReleaseInputs {
-            version,
-            generation,
-            payload,
-            kernel: pseudo_random(600_000, 101),
-            initrd: pseudo_random(400_000, initrd),
-            arch: Arch::host(),
-        },
-    )
+    }
 }
 
-fn size_of(dir: &Path) -> u64 {
-    FILES
+impl Site {
+    /// The release, the server, its URL, the disk and the updater, borrowed for a test body.
+    fn parts(&self) -> (&Path, &TestServer, &Source, &TestDisk, &Updater) {
+        (&self.v2, &self.srv, &self.src, &self.disk, &self.u)
+    }
+}
+
+/// The bytes of `rel`'s chunk indexes (metadata a chunked stage fetches first).
+fn index_bytes(rel: &Path) -> u64 {
+    ARTIFACTS
         .iter()
-        .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
+        .map(|f| {
+            std::fs::metadata(rel.join(format!("{f}.chunks")))
+                .unwrap()
+                .len()
+        })
         .sum()
-}
-
-/// Put release `rel` into slot A (as if installed), the booted slot.
-fn install_in_a(disk: &TestDisk, rel: &Path) {
-    let (off, _) = disk.parts["rootfs-a"];
-    let img = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&disk.image)
-        .unwrap();
-    img.write_all_at(&std::fs::read(rel.join("rootfs.squashfs")).unwrap(), off)
-        .unwrap();
-    img.sync_all().unwrap();
-    std::fs::create_dir_all(disk.boot_dir.join("a")).unwrap();
-    for f in ["vmlinuz", "initrd"] {
-        std::fs::copy(rel.join(f), disk.boot_dir.join("a").join(f)).unwrap();
-    }
-}
-
-/// Slot B holds exactly `rel`.
-fn assert_b_is(disk: &TestDisk, rel: &Path) {
-    let rootfs = std::fs::read(rel.join("rootfs.squashfs")).unwrap();
-    assert!(
-        disk.part_bytes("rootfs-b", rootfs.len() as u64) == rootfs,
-        "rootfs-b differs"
-    );
-    for f in ["vmlinuz", "initrd"] {
-        assert_eq!(
-            std::fs::read(disk.boot_dir.join("b").join(f)).unwrap(),
-            std::fs::read(rel.join(f)).unwrap(),
-            "b/{f}"
-        );
-    }
 }
 
 /// Bytes and requests a server sent while `f` ran.
@@ -137,53 +112,48 @@ fn the_preview_equals_what_a_full_and_a_delta_stage_fetch() {
     for at in [1 << 20, 6 << 20, 10 << 20] {
         p2[at..at + 50_000].copy_from_slice(&pseudo_random(50_000, at as u64));
     }
-    let v1 = release(&k, rels.path(), "v1", 1, &p1, 201);
-    let v2 = release(&k, rels.path(), "v2", 2, &p2, 202);
+    let v1 = noise_release(&k, rels.path(), "v1", 1, &p1, 101, 201);
+    let v2 = noise_release(&k, rels.path(), "v2", 2, &p2, 101, 202);
     let srv = TestServer::paced(rels.path().to_path_buf(), 0);
     let src = Source::parse(&format!("{}v2", srv.base));
 
     // Full: nothing on the node.
     let disk = TestDisk::new(24 * MIB);
-    let u = updater(&disk, disk.config(&k.trust));
-    let full = preview_then_stage(&u, &srv, &src, &fast());
-    assert_eq!(full, size_of(&v2));
-    assert_b_is(&disk, &v2);
-    let again = u.preview(&src, &fast()).unwrap();
+    let u = disk.updater(disk.config(&k.trust));
+    let full = preview_then_stage(&u, &srv, &src, &fast_stage());
+    assert_eq!(full, release_size(&v2));
+    disk.assert_b_is(&v2);
+    let again = u.preview(&src, &fast_stage()).unwrap();
     assert!(again.already_staged && again.fetch() == 0, "{again:?}");
 
     // Delta: v1 runs in slot A.
     let disk = TestDisk::new(24 * MIB);
-    install_in_a(&disk, &v1);
-    let u = updater(&disk, disk.config(&k.trust));
-    let delta = preview_then_stage(&u, &srv, &src, &fast());
+    disk.install_in_a(&v1);
+    let u = disk.updater(disk.config(&k.trust));
+    let delta = preview_then_stage(&u, &srv, &src, &fast_stage());
     assert!(
-        delta < size_of(&v2) / 4,
+        delta < release_size(&v2) / 4,
         "delta {delta} of {}",
-        size_of(&v2)
+        release_size(&v2)
     );
-    assert_b_is(&disk, &v2);
+    disk.assert_b_is(&v2);
 }
 
 #[test]
 fn a_byte_budget_stops_cleanly_and_the_resumed_stage_fetches_exactly_the_rest() {
-    let k = keys();
-    let rels = tempfile::tempdir().unwrap();
-    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(10 << 20, 31), 203);
-    let total = size_of(&v2);
-    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
-    let src = Source::parse(&format!("{}v2", srv.base));
-    let disk = TestDisk::new(24 * MIB);
-    let u = updater(&disk, disk.config(&k.trust));
-    let need = u.preview(&src, &fast()).unwrap().fetch();
+    let s = site(10, 31, 203);
+    let (v2, srv, src, disk, u) = s.parts();
+    let total = release_size(v2);
+    let need = u.preview(src, &fast_stage()).unwrap().fetch();
     assert_eq!(need, total);
 
     // Day 1: 40 % of the need.
     let budget = need * 2 / 5;
     let opts = StageOptions {
         max_bytes: Some(budget),
-        ..fast()
+        ..fast_stage()
     };
-    let (e, wire, requests) = metered(&srv, || u.stage(&src, &opts, &NoProgress).unwrap_err());
+    let (e, wire, requests) = metered(srv, || u.stage(src, &opts, &NoProgress).unwrap_err());
     let Error::Stopped {
         why: Stop::Budget { budget: b },
         fetched,
@@ -206,30 +176,23 @@ fn a_byte_budget_stops_cleanly_and_the_resumed_stage_fetches_exactly_the_rest() 
     );
     assert_eq!(left, need - fetched);
     // On the wire: the budget, the metadata (probes, indexes), heads.
-    let indexes: u64 = FILES
-        .iter()
-        .map(|f| {
-            std::fs::metadata(v2.join(format!("{f}.chunks")))
-                .unwrap()
-                .len()
-        })
-        .sum();
+    let indexes = index_bytes(v2);
     assert!(
         wire <= budget + indexes + 8192 + requests as u64 * HEAD,
         "{wire} on the wire for a {budget} budget"
     );
 
     // Day 2: the preview says what is left; the stage fetches exactly that.
-    let rest = preview_then_stage(&u, &srv, &src, &fast());
+    let rest = preview_then_stage(u, srv, src, &fast_stage());
     assert_eq!(rest, left, "nothing fetched on day 1 is fetched again");
-    assert_b_is(&disk, &v2);
+    disk.assert_b_is(v2);
 }
 
 /// A copy of `rel`'s artifacts holding only their first `share` (an interrupted copy onto a
 /// removable medium).
 fn partial_copy(rel: &Path, to: &Path, share: f64) {
     std::fs::create_dir_all(to).unwrap();
-    for f in FILES {
+    for f in ARTIFACTS {
         let b = std::fs::read(rel.join(f)).unwrap();
         std::fs::write(to.join(f), &b[..(b.len() as f64 * share) as usize]).unwrap();
     }
@@ -237,22 +200,17 @@ fn partial_copy(rel: &Path, to: &Path, share: f64) {
 
 #[test]
 fn a_directory_with_80_percent_of_the_chunks_cuts_origin_bytes_to_about_20_percent() {
-    let k = keys();
-    let rels = tempfile::tempdir().unwrap();
-    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(12 << 20, 41), 204);
-    let total = size_of(&v2);
+    let s = site(12, 41, 204);
+    let (v2, srv, src, disk, u) = s.parts();
+    let total = release_size(v2);
     let medium = tempfile::tempdir().unwrap();
-    partial_copy(&v2, medium.path(), 0.8);
-    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
-    let src = Source::parse(&format!("{}v2", srv.base));
-    let disk = TestDisk::new(24 * MIB);
-    let u = updater(&disk, disk.config(&k.trust));
+    partial_copy(v2, medium.path(), 0.8);
     let opts = StageOptions {
         extra_sources: vec![ExtraSource::parse(medium.path().to_str().unwrap())],
-        ..fast()
+        ..fast_stage()
     };
-    let fetched = preview_then_stage(&u, &srv, &src, &opts);
-    assert_b_is(&disk, &v2);
+    let fetched = preview_then_stage(u, srv, src, &opts);
+    disk.assert_b_is(v2);
     let share = fetched as f64 / total as f64;
     eprintln!(
         "80 %-complete extra directory: origin sent {fetched} of {total} bytes ({:.1} %)",
@@ -281,23 +239,18 @@ fn corrupt_mirror(rel: &Path, root: &Path, at: &[u64]) {
 
 #[test]
 fn corrupt_mirror_chunks_are_refused_and_taken_from_the_origin() {
-    let k = keys();
-    let rels = tempfile::tempdir().unwrap();
-    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(8 << 20, 51), 205);
+    let s = site(8, 51, 205);
+    let (v2, origin, src, disk, u) = s.parts();
     let mirror_root = tempfile::tempdir().unwrap();
-    corrupt_mirror(&v2, mirror_root.path(), &[1 << 20, 4 << 20, 7 << 20]);
-    let origin = TestServer::paced(rels.path().to_path_buf(), 0);
+    corrupt_mirror(v2, mirror_root.path(), &[1 << 20, 4 << 20, 7 << 20]);
     let mirror = TestServer::paced(mirror_root.path().to_path_buf(), 0);
-    let disk = TestDisk::new(24 * MIB);
-    let u = updater(&disk, disk.config(&k.trust));
     let opts = StageOptions {
         extra_sources: vec![ExtraSource::parse(&format!("{}v2", mirror.base))],
-        ..fast()
+        ..fast_stage()
     };
-    let src = Source::parse(&format!("{}v2", origin.base));
-    let p = u.preview(&src, &opts).unwrap();
-    let (r, origin_wire, _) = metered(&origin, || u.stage(&src, &opts, &NoProgress).unwrap());
-    assert_b_is(&disk, &v2);
+    let p = u.preview(src, &opts).unwrap();
+    let (r, origin_wire, _) = metered(origin, || u.stage(src, &opts, &NoProgress).unwrap());
+    disk.assert_b_is(v2);
     assert_eq!(r.chunks_refused, 3, "{r:?}");
     assert_eq!(r.bytes_fetched, p.fetch());
     let max = u64::from(libupgrade::chunk::ChunkParams::DEFAULT.max);
@@ -307,14 +260,7 @@ fn corrupt_mirror_chunks_are_refused_and_taken_from_the_origin() {
         "{from_origin} bytes from the origin"
     );
     // The origin sent the metadata and the three chunks, nothing else.
-    let indexes: u64 = FILES
-        .iter()
-        .map(|f| {
-            std::fs::metadata(v2.join(format!("{f}.chunks")))
-                .unwrap()
-                .len()
-        })
-        .sum();
+    let indexes = index_bytes(v2);
     assert!(
         origin_wire <= from_origin + indexes + 16_384,
         "origin sent {origin_wire}"
@@ -323,33 +269,21 @@ fn corrupt_mirror_chunks_are_refused_and_taken_from_the_origin() {
 
 #[test]
 fn a_mirror_dying_mid_stage_costs_at_most_the_chunk_in_flight() {
-    let k = keys();
-    let rels = tempfile::tempdir().unwrap();
-    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(8 << 20, 61), 206);
-    let total = size_of(&v2);
-    let origin = TestServer::paced(rels.path().to_path_buf(), 0);
+    let s = site(8, 61, 206);
+    let (v2, origin, src, disk, u) = s.parts();
+    let total = release_size(v2);
     // Drops its first large body half way, then stays up: given up at once all the same.
-    let mirror = TestServer::start(rels.path().to_path_buf(), 1);
-    let disk = TestDisk::new(24 * MIB);
-    let u = updater(&disk, disk.config(&k.trust));
+    let mirror = TestServer::start(s.rels.path().to_path_buf(), 1);
     let opts = StageOptions {
         extra_sources: vec![ExtraSource::parse(&format!("{}v2", mirror.base))],
-        ..fast()
+        ..fast_stage()
     };
-    let src = Source::parse(&format!("{}v2", origin.base));
-    let (r, origin_wire, _) = metered(&origin, || u.stage(&src, &opts, &NoProgress).unwrap());
+    let (r, origin_wire, _) = metered(origin, || u.stage(src, &opts, &NoProgress).unwrap());
     let mirror_wire = mirror.sent();
-    assert_b_is(&disk, &v2);
+    disk.assert_b_is(v2);
     assert!(r.bytes_from_mirrors > 0, "{r:?}");
     let max = u64::from(libupgrade::chunk::ChunkParams::DEFAULT.max);
-    let indexes: u64 = FILES
-        .iter()
-        .map(|f| {
-            std::fs::metadata(v2.join(format!("{f}.chunks")))
-                .unwrap()
-                .len()
-        })
-        .sum();
+    let indexes = index_bytes(v2);
     eprintln!("release {total}: mirror sent {mirror_wire}, origin {origin_wire}");
     assert!(
         mirror_wire + origin_wire <= total + max + indexes + 32_768,
@@ -365,6 +299,9 @@ fn a_mirror_dying_mid_stage_costs_at_most_the_chunk_in_flight() {
         .count();
     assert_eq!(ranges, 1, "{:?}", mirror.requests.lock().unwrap());
 }
+
+/// A virtual clock's sample: the virtual time and the bytes the server had sent by then.
+type Sample = (chrono::DateTime<chrono::Utc>, u64);
 
 /// Virtual time: an instant `s` seconds after the test's start.
 fn at(s: i64) -> chrono::DateTime<chrono::Utc> {
@@ -382,7 +319,7 @@ fn window(start: i64, secs: i64, rate: Option<u64>) -> Window {
 
 /// Of what the server sent during a stage (per the clock's samples), the bytes sent while the
 /// virtual time was outside every window of `s` (counted from the sample before the bytes).
-fn sent_outside(s: &Schedule, samples: &[(chrono::DateTime<chrono::Utc>, u64)]) -> u64 {
+fn sent_outside(s: &Schedule, samples: &[Sample]) -> u64 {
     samples
         .windows(2)
         .filter(|p| {
@@ -394,17 +331,55 @@ fn sent_outside(s: &Schedule, samples: &[(chrono::DateTime<chrono::Utc>, u64)]) 
         .sum()
 }
 
+/// What the server sent since it stood at `c0`, per the clock's `samples`: nothing outside
+/// every window of `s`, and by each sample no more than `s` allowed so far plus `slack`.
+fn assert_paced(
+    s: &Schedule,
+    samples: &[(chrono::DateTime<chrono::Utc>, u64)],
+    c0: u64,
+    slack: u64,
+) {
+    assert_eq!(sent_outside(s, samples), 0);
+    for (t, c) in samples {
+        let allowed = s.allowed_by(*t).unwrap() as u64;
+        assert!(
+            c - c0 <= allowed + slack,
+            "at +{} s: {} sent, {allowed} allowed (+{slack} slack)",
+            (*t - at(0)).num_seconds(),
+            c - c0
+        );
+    }
+}
+
+/// Stage options following `schedule` on a virtual clock that starts at `at(0)` and samples
+/// what `srv` has sent.
+fn on_clock(schedule: Schedule, srv: &TestServer) -> (StageOptions, std::sync::Arc<VirtualClock>) {
+    let clock = VirtualClock::new(at(0), srv.sent_counter());
+    let opts = StageOptions {
+        schedule: Some(schedule),
+        clock: clock.clone(),
+        ..fast_stage()
+    };
+    (opts, clock)
+}
+
+/// Stage the site's v2 following `schedule` on the virtual clock (slot B then holds it): the
+/// report, the bytes on the wire and the requests, what the server had sent before, and the
+/// clock's samples.
+fn stage_paced(s: &Site, schedule: &Schedule) -> (StageReport, u64, usize, u64, Vec<Sample>) {
+    let (opts, clock) = on_clock(schedule.clone(), &s.srv);
+    let c0 = s.srv.sent();
+    let (r, wire, requests) = metered(&s.srv, || s.u.stage(&s.src, &opts, &NoProgress).unwrap());
+    s.disk.assert_b_is(&s.v2);
+    (r, wire, requests, c0, clock.samples())
+}
+
 #[test]
 fn a_schedule_sends_nothing_outside_its_windows_and_at_most_its_rate_inside() {
-    let k = keys();
-    let rels = tempfile::tempdir().unwrap();
-    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(3 << 20, 71), 207);
-    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
-    let src = Source::parse(&format!("{}v2", srv.base));
-    let disk = TestDisk::new(24 * MIB);
-    let u = updater(&disk, disk.config(&k.trust));
-    let (p, meta, _) = metered(&srv, || u.preview(&src, &fast()).unwrap());
-    assert_eq!(p.fetch(), size_of(&v2));
+    let s = site(3, 71, 207);
+    let (v2, srv, src, _, u) = s.parts();
+    let (p, meta, _) = metered(srv, || u.preview(src, &fast_stage()).unwrap());
+    assert_eq!(p.fetch(), release_size(v2));
 
     // Closes twice mid-file (1.5 MiB, then 384 KiB), a rate-0 window between, and a last
     // window that carries the rest.
@@ -416,16 +391,7 @@ fn a_schedule_sends_nothing_outside_its_windows_and_at_most_its_rate_inside() {
         window(3600, 100, Some(2 * rate)),
     ])
     .unwrap();
-    let clock = VirtualClock::new(at(0), srv.sent_counter());
-    let opts = StageOptions {
-        schedule: Some(schedule.clone()),
-        clock: clock.clone(),
-        ..fast()
-    };
-    let c0 = srv.sent();
-    let (r, wire, requests) = metered(&srv, || u.stage(&src, &opts, &NoProgress).unwrap());
-    assert_b_is(&disk, &v2);
-    let samples = clock.samples();
+    let (r, wire, requests, c0, samples) = stage_paced(&s, &schedule);
     let last = samples.last().unwrap().0;
     eprintln!(
         "schedule: {} fetched in {requests} requests, {wire} bytes on the wire, done at +{} s (virtual)",
@@ -433,21 +399,11 @@ fn a_schedule_sends_nothing_outside_its_windows_and_at_most_its_rate_inside() {
         (last - at(0)).num_seconds()
     );
     assert!(last >= at(3600), "the last window was needed: {last}");
-    assert_eq!(sent_outside(&schedule, &samples), 0);
-
     // Inside: never more than the rate times the time so far, plus the request in flight
     // (about one second of rate, at least a chunk), the metadata and the response heads.
     let max_chunk = u64::from(libupgrade::chunk::ChunkParams::DEFAULT.max);
     let slack = (2 * rate).max(max_chunk) + meta + requests as u64 * HEAD;
-    for (t, c) in &samples {
-        let allowed = schedule.allowed_by(*t).unwrap() as u64;
-        assert!(
-            c - c0 <= allowed + slack,
-            "at +{} s: {} sent, {allowed} allowed (+{slack} slack)",
-            (*t - at(0)).num_seconds(),
-            c - c0
-        );
-    }
+    assert_paced(&schedule, &samples, c0, slack);
     // Crossing the boundaries re-fetched nothing.
     assert_eq!(r.bytes_fetched, p.fetch());
     assert!(
@@ -459,23 +415,13 @@ fn a_schedule_sends_nothing_outside_its_windows_and_at_most_its_rate_inside() {
 
 #[test]
 fn the_end_of_the_schedule_stops_the_attempt_and_the_next_fetches_only_the_rest() {
-    let k = keys();
-    let rels = tempfile::tempdir().unwrap();
-    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(3 << 20, 72), 208);
-    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
-    let src = Source::parse(&format!("{}v2", srv.base));
-    let disk = TestDisk::new(24 * MIB);
-    let u = updater(&disk, disk.config(&k.trust));
-    let need = u.preview(&src, &fast()).unwrap().fetch();
+    let s = site(3, 72, 208);
+    let (v2, srv, src, disk, u) = s.parts();
+    let need = u.preview(src, &fast_stage()).unwrap().fetch();
 
     let rate = 256 << 10;
-    let clock = VirtualClock::new(at(0), srv.sent_counter());
-    let opts = StageOptions {
-        schedule: Some(Schedule::until(at(0), at(4), Some(rate))),
-        clock: clock.clone(),
-        ..fast()
-    };
-    let e = u.stage(&src, &opts, &NoProgress).unwrap_err();
+    let (opts, clock) = on_clock(Schedule::until(at(0), at(4), Some(rate)), srv);
+    let e = u.stage(src, &opts, &NoProgress).unwrap_err();
     let msg = e.to_string();
     eprintln!("{msg}");
     let Error::Stopped {
@@ -499,12 +445,12 @@ fn the_end_of_the_schedule_stops_the_attempt_and_the_next_fetches_only_the_rest(
     assert!(clock.samples().last().unwrap().0 <= at(4));
 
     // The next attempt, any time: exactly the rest.
-    let rest = preview_then_stage(&u, &srv, &src, &fast());
+    let rest = preview_then_stage(u, srv, src, &fast_stage());
     assert_eq!(
         rest, left,
         "nothing fetched before the stop is fetched again"
     );
-    assert_b_is(&disk, &v2);
+    disk.assert_b_is(v2);
 }
 
 /// Re-sign `rel`'s manifest without chunk indexes (a release from before them): every
@@ -523,15 +469,10 @@ fn without_chunk_indexes(k: &Keys, rel: &Path) {
 
 #[test]
 fn a_schedule_paces_whole_file_streams_the_same_way() {
-    let k = keys();
-    let rels = tempfile::tempdir().unwrap();
-    let v2 = release(&k, rels.path(), "v2", 2, &pseudo_random(2 << 20, 73), 209);
-    without_chunk_indexes(&k, &v2);
-    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
-    let src = Source::parse(&format!("{}v2", srv.base));
-    let disk = TestDisk::new(24 * MIB);
-    let u = updater(&disk, disk.config(&k.trust));
-    let (p, meta, _) = metered(&srv, || u.preview(&src, &fast()).unwrap());
+    let s = site(2, 73, 209);
+    let (v2, srv, src, _, u) = s.parts();
+    without_chunk_indexes(&s.k, v2);
+    let (p, meta, _) = metered(srv, || u.preview(src, &fast_stage()).unwrap());
     assert!(p.artifacts.iter().all(|a| a.fetch == a.size), "{p:?}");
     let log = srv.requests.lock().unwrap().clone();
     assert!(!log.iter().any(|l| l.contains(".chunks")), "{log:?}");
@@ -543,39 +484,22 @@ fn a_schedule_paces_whole_file_streams_the_same_way() {
         window(1800, 100, Some(rate)),
     ])
     .unwrap();
-    let clock = VirtualClock::new(at(0), srv.sent_counter());
-    let opts = StageOptions {
-        schedule: Some(schedule.clone()),
-        clock: clock.clone(),
-        ..fast()
-    };
-    let c0 = srv.sent();
-    let (r, wire, requests) = metered(&srv, || u.stage(&src, &opts, &NoProgress).unwrap());
-    assert_b_is(&disk, &v2);
-    let samples = clock.samples();
+    let (r, wire, requests, c0, samples) = stage_paced(&s, &schedule);
     assert!(
         samples.last().unwrap().0 >= at(1800),
         "the last window was needed"
     );
-    assert_eq!(sent_outside(&schedule, &samples), 0);
     let slack = rate + meta + requests as u64 * HEAD;
-    for (t, c) in &samples {
-        let allowed = schedule.allowed_by(*t).unwrap() as u64;
-        assert!(
-            c - c0 <= allowed + slack,
-            "at {t}: {} sent, {allowed} allowed",
-            c - c0
-        );
-    }
+    assert_paced(&schedule, &samples, c0, slack);
     // Streams, re-opened at each window (about a second of rate per request).
     let ranged = srv.requests.lock().unwrap()[log.len()..]
         .iter()
         .filter(|l| l.starts_with("/v2/rootfs.squashfs Some("))
         .count();
     assert!(ranged >= 8, "{ranged} range requests of the rootfs");
-    assert_eq!(r.bytes_fetched, size_of(&v2));
+    assert_eq!(r.bytes_fetched, release_size(v2));
     assert!(
-        wire <= meta + size_of(&v2) + requests as u64 * HEAD,
+        wire <= meta + release_size(v2) + requests as u64 * HEAD,
         "{wire} on the wire: something was fetched twice"
     );
 }

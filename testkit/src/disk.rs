@@ -1,16 +1,20 @@
 //! Real GPT disk image files attached to loop devices (no partition scanning, as on CI hosts),
-//! with an ext4 boot partition mounted, for the tests of the GPT layout.
+//! with an ext4 boot partition mounted, for the tests of the GPT layout: an updater of the
+//! disk, a release put into slot A as if installed, and the check that slot B holds one.
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
 use bootconfig::Slot;
 use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
+use libupgrade::layout::GptLayout;
+use libupgrade::Updater;
 
-use crate::node::boot_as;
+use crate::node::{boot_as, ModelLoader};
 use crate::{require_root, run};
 
 /// Loop device setup is racy between threads (find free → attach): serialize it.
@@ -158,6 +162,45 @@ impl TestDisk {
         std::fs::write(&c.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
         boot_as(&c, Slot::A, "boot-1");
         c
+    }
+
+    /// An updater of this disk's GPT layout with `cfg` and the in-memory loader.
+    pub fn updater(&self, cfg: Config) -> Updater {
+        let layout =
+            GptLayout::open(&self.disk.path, &self.boot_dir).expect("GPT of the test disk");
+        Updater::with_parts(cfg, Box::new(layout), Box::new(ModelLoader::new(9)))
+    }
+
+    /// Put release `rel` into slot A (as if installed), the booted slot.
+    pub fn install_in_a(&self, rel: &Path) {
+        let (off, _) = self.parts["rootfs-a"];
+        let img = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.image)
+            .unwrap();
+        img.write_all_at(&std::fs::read(rel.join("rootfs.squashfs")).unwrap(), off)
+            .unwrap();
+        img.sync_all().unwrap();
+        std::fs::create_dir_all(self.boot_dir.join("a")).unwrap();
+        for f in ["vmlinuz", "initrd"] {
+            std::fs::copy(rel.join(f), self.boot_dir.join("a").join(f)).unwrap();
+        }
+    }
+
+    /// Slot B holds exactly `rel`.
+    pub fn assert_b_is(&self, rel: &Path) {
+        let rootfs = std::fs::read(rel.join("rootfs.squashfs")).unwrap();
+        assert!(
+            self.part_bytes("rootfs-b", rootfs.len() as u64) == rootfs,
+            "rootfs-b differs"
+        );
+        for f in ["vmlinuz", "initrd"] {
+            assert_eq!(
+                std::fs::read(self.boot_dir.join("b").join(f)).unwrap(),
+                std::fs::read(rel.join(f)).unwrap(),
+                "b/{f}"
+            );
+        }
     }
 
     /// Bytes of a partition, read back from the image file.

@@ -26,7 +26,10 @@ pub mod sim;
 pub use clock::VirtualClock;
 pub use disk::{Loop, TestDisk, MIB};
 pub use node::{boot_as, dir_config, ModelLoader};
-pub use release::{keys, make_release, signed_release, signed_release_with, Keys, ReleaseInputs};
+pub use release::{
+    keys, make_release, noise_release, release_size, signed_release, signed_release_with, Keys,
+    ReleaseInputs, ARTIFACTS,
+};
 pub use server::TestServer;
 pub use sim::ExpectGood;
 
@@ -40,6 +43,15 @@ pub fn run(cmd: &mut Command) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Stage options whose retries wait 20 ms (the default waits seconds), for tests whose
+/// servers drop connections on purpose.
+pub fn fast_stage() -> libupgrade::StageOptions {
+    libupgrade::StageOptions {
+        retry_delay: std::time::Duration::from_millis(20),
+        ..libupgrade::StageOptions::default()
+    }
 }
 
 pub fn require_root() {

@@ -7,6 +7,17 @@ use libupgrade::manifest::Arch;
 
 use crate::{pseudo_random, run};
 
+/// The artifact files of a release directory, in manifest order.
+pub const ARTIFACTS: [&str; 3] = ["rootfs.squashfs", "vmlinuz", "initrd"];
+
+/// The bytes of a release directory's artifacts together (what a full stage fetches).
+pub fn release_size(dir: &Path) -> u64 {
+    ARTIFACTS
+        .iter()
+        .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
+        .sum()
+}
+
 /// A signing key pair and a trust dir holding its public key.
 pub struct Keys {
     pub dir: tempfile::TempDir,
@@ -39,6 +50,32 @@ pub struct ReleaseInputs<'a> {
 /// `<version>.tree` for content comparisons. Returns the release directory.
 pub fn signed_release(keys: &Keys, out: &Path, inputs: &ReleaseInputs) -> PathBuf {
     signed_release_with(keys, out, inputs, Vec::new())
+}
+
+/// A signed release for the host's arch whose rootfs holds `payload`, with a 600 kB kernel and
+/// a 400 kB initrd of noise from `kernel_seed` and `initrd_seed` (the same seed, the same
+/// bytes: what two releases share is chosen by their seeds). Returns the release directory.
+pub fn noise_release(
+    keys: &Keys,
+    out: &Path,
+    version: &str,
+    generation: u64,
+    payload: &[u8],
+    kernel_seed: u64,
+    initrd_seed: u64,
+) -> PathBuf {
+    signed_release(
+        keys,
+        out,
+        &ReleaseInputs {
+            version,
+            generation,
+            payload,
+            kernel: pseudo_random(600_000, kernel_seed),
+            initrd: pseudo_random(400_000, initrd_seed),
+            arch: Arch::host(),
+        },
+    )
 }
 
 /// [`signed_release`] carrying boot `scripts`.

@@ -540,6 +540,33 @@ mod tests {
         }
     }
 
+    /// `len` bytes of noise from `seed` and their index at 8 KiB average chunks.
+    fn indexed(len: usize, seed: u64) -> (ChunkParams, Vec<u8>, ChunkIndex) {
+        let p = ChunkParams::with_avg(8 << 10);
+        let new = crate::chunk::index::tests_noise(len, seed);
+        let ix = ChunkIndex::build(&new[..], p).unwrap();
+        (p, new, ix)
+    }
+
+    /// The plan of a target that holds nothing, with no local file: every chunk fetched.
+    fn fetch_all(ix: &ChunkIndex) -> Plan {
+        let n = ix.chunks.len();
+        plan(ix, &vec![false; n], &vec![None; n])
+    }
+
+    /// [`apply`] into `target`, progress counted and dropped.
+    fn run(
+        ix: &ChunkIndex,
+        pl: &Plan,
+        target: &RefCell<Vec<u8>>,
+        remotes: &[&dyn RangeSource],
+        locals: &[LocalFile],
+        o: &ApplyOptions,
+    ) -> Result<Transfer> {
+        let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
+        apply(ix, pl, target, remotes, locals, o, &counts)
+    }
+
     #[test]
     fn delta_copies_what_the_node_has_and_fetches_only_the_rest_even_across_a_drop() {
         let p = ChunkParams::with_avg(8 << 10);
@@ -584,26 +611,14 @@ mod tests {
 
     #[test]
     fn a_tampered_chunk_is_refused_before_it_is_written() {
-        let p = ChunkParams::with_avg(8 << 10);
-        let new = crate::chunk::index::tests_noise(300_000, 7);
-        let ix = ChunkIndex::build(&new[..], p).unwrap();
+        let (_, new, ix) = indexed(300_000, 7);
         let mut served = new.clone();
         let victim = ix.chunks[5];
         served[victim.offset as usize + 10] ^= 0xff;
         let n = ix.chunks.len();
-        let pl = plan(&ix, &vec![false; n], &vec![None; n]);
+        let pl = fetch_all(&ix);
         let target = RefCell::new(Vec::new());
-        let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
-        let e = apply(
-            &ix,
-            &pl,
-            &target,
-            &[&mem(&served)],
-            &[],
-            &opts(&new),
-            &counts,
-        )
-        .unwrap_err();
+        let e = run(&ix, &pl, &target, &[&mem(&served)], &[], &opts(&new)).unwrap_err();
         assert!(matches!(e, Error::ChunkDigest { chunk: 5, .. }), "{e}");
         assert!(e.to_string().contains("refused before writing"), "{e}");
         assert_eq!(
@@ -618,7 +633,7 @@ mod tests {
         assert_eq!(present.iter().filter(|p| **p).count(), 5);
         let pl = plan(&ix, &present, &vec![None; n]);
         let server = mem(&new);
-        let t = apply(&ix, &pl, &target, &[&server], &[], &opts(&new), &counts).unwrap();
+        let t = run(&ix, &pl, &target, &[&server], &[], &opts(&new)).unwrap();
         assert_eq!(target.borrow().as_slice(), new.as_slice());
         assert_eq!(t.kept, victim.offset);
         assert_eq!(
@@ -629,9 +644,7 @@ mod tests {
 
     #[test]
     fn a_chunk_gone_from_the_local_file_is_fetched_and_a_wrong_whole_file_is_refused() {
-        let p = ChunkParams::with_avg(8 << 10);
-        let new = crate::chunk::index::tests_noise(400_000, 8);
-        let ix = ChunkIndex::build(&new[..], p).unwrap();
+        let (_, new, ix) = indexed(400_000, 8);
         let n = ix.chunks.len();
         let locals = [local_file(&new)];
         let found = find_local(&ix, &vec![true; n], &locals).unwrap();
@@ -642,8 +655,7 @@ mod tests {
         std::os::unix::fs::FileExt::write_all_at(&locals[0].file, b"XXXX", c3.offset + 1).unwrap();
         let server = mem(&new);
         let target = RefCell::new(Vec::new());
-        let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
-        let t = apply(&ix, &pl, &target, &[&server], &locals, &opts(&new), &counts).unwrap();
+        let t = run(&ix, &pl, &target, &[&server], &locals, &opts(&new)).unwrap();
         assert_eq!(target.borrow().as_slice(), new.as_slice());
         assert_eq!(t.fetched, u64::from(c3.len));
         assert_eq!(
@@ -653,14 +665,13 @@ mod tests {
 
         let mut o = opts(&new);
         o.sha256 = "00".repeat(32);
-        let e = apply(
+        let e = run(
             &ix,
             &pl,
             &RefCell::new(Vec::new()),
             &[&mem(&new)],
             &[local_file(&new)],
             &o,
-            &counts,
         )
         .unwrap_err();
         assert!(matches!(e, Error::Checksum { .. }), "{e}");
@@ -668,27 +679,14 @@ mod tests {
 
     #[test]
     fn a_corrupt_mirror_chunk_is_refused_and_taken_alone_from_the_origin() {
-        let p = ChunkParams::with_avg(8 << 10);
-        let new = crate::chunk::index::tests_noise(400_000, 9);
-        let ix = ChunkIndex::build(&new[..], p).unwrap();
-        let n = ix.chunks.len();
+        let (_, new, ix) = indexed(400_000, 9);
         let bad = ix.chunks[6];
         let mut served = new.clone();
         served[bad.offset as usize + 3] ^= 0x55;
         let (mirror, origin) = (mem(&served), mem(&new));
-        let pl = plan(&ix, &vec![false; n], &vec![None; n]);
         let target = RefCell::new(Vec::new());
-        let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
-        let t = apply(
-            &ix,
-            &pl,
-            &target,
-            &[&mirror, &origin],
-            &[],
-            &opts(&new),
-            &counts,
-        )
-        .unwrap();
+        let pl = fetch_all(&ix);
+        let t = run(&ix, &pl, &target, &[&mirror, &origin], &[], &opts(&new)).unwrap();
         assert_eq!(target.borrow().as_slice(), new.as_slice());
         assert_eq!(t.refused, 1);
         assert_eq!(t.fetched, new.len() as u64);
@@ -703,25 +701,12 @@ mod tests {
 
     #[test]
     fn a_dying_mirror_costs_at_most_the_chunk_in_flight() {
-        let p = ChunkParams::with_avg(8 << 10);
-        let new = crate::chunk::index::tests_noise(500_000, 10);
-        let ix = ChunkIndex::build(&new[..], p).unwrap();
-        let n = ix.chunks.len();
+        let (p, new, ix) = indexed(500_000, 10);
         let (mirror, origin) = (mem(&new), mem(&new));
         mirror.drop_after.store(200_000, Ordering::SeqCst);
-        let pl = plan(&ix, &vec![false; n], &vec![None; n]);
         let target = RefCell::new(Vec::new());
-        let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
-        let t = apply(
-            &ix,
-            &pl,
-            &target,
-            &[&mirror, &origin],
-            &[],
-            &opts(&new),
-            &counts,
-        )
-        .unwrap();
+        let pl = fetch_all(&ix);
+        let t = run(&ix, &pl, &target, &[&mirror, &origin], &[], &opts(&new)).unwrap();
         assert_eq!(target.borrow().as_slice(), new.as_slice());
         let wire = mirror.sent.load(Ordering::SeqCst) + origin.sent.load(Ordering::SeqCst);
         assert!(
@@ -742,18 +727,15 @@ mod tests {
 
     #[test]
     fn a_byte_budget_stops_before_the_chunk_it_cannot_pay_and_the_next_run_resumes() {
-        let p = ChunkParams::with_avg(8 << 10);
-        let new = crate::chunk::index::tests_noise(300_000, 11);
-        let ix = ChunkIndex::build(&new[..], p).unwrap();
+        let (p, new, ix) = indexed(300_000, 11);
         let n = ix.chunks.len();
-        let pl = plan(&ix, &vec![false; n], &vec![None; n]);
+        let pl = fetch_all(&ix);
         let budget = crate::chunk::rate::Budget::new(100_000);
         let mut o = opts(&new);
         o.throttle.budget = Some(&budget);
         let server = mem(&new);
         let target = RefCell::new(Vec::new());
-        let counts = Counts(AtomicU64::new(0), AtomicU64::new(0));
-        let e = apply(&ix, &pl, &target, &[&server], &[], &o, &counts).unwrap_err();
+        let e = run(&ix, &pl, &target, &[&server], &[], &o).unwrap_err();
         let Error::Stopped {
             why: crate::chunk::rate::Stop::Budget { budget: b },
             fetched,
@@ -778,7 +760,7 @@ mod tests {
         let present = verify_in_place(&ix, &held[..], held.len() as u64).unwrap();
         let pl = plan(&ix, &present, &vec![None; n]);
         let again = mem(&new);
-        let t = apply(&ix, &pl, &target, &[&again], &[], &opts(&new), &counts).unwrap();
+        let t = run(&ix, &pl, &target, &[&again], &[], &opts(&new)).unwrap();
         assert_eq!(target.borrow().as_slice(), new.as_slice());
         assert_eq!(t.kept, sent);
         assert_eq!(again.sent.load(Ordering::SeqCst), new.len() as u64 - sent);
