@@ -1,4 +1,4 @@
-//! `just bench-fleet`: the agent at fleet scale, simulated in one process (issue 18.7).
+//! `just bench-fleet`: the agent at fleet scale, simulated in one process.
 //!
 //! N agents, one per simulated node, run exactly the agent's code (reconcile loop, node Lease
 //! renewal, reclaim loop, `latest` poller, fleet counter) against the shared fake API server of

@@ -369,8 +369,7 @@ async fn cluster_slot_of_a_missing_node_is_reclaimed() {
     assert!(st.slots.is_empty());
 }
 
-/// The CRD's schema makes the server refuse what the agent would refuse (issue 11 bugs 3 and
-/// 10: bounds, duration patterns and the CEL rules, which only a real server evaluates), and
+/// The CRD's schema makes the server refuse what the agent would refuse (bounds, duration patterns and the CEL rules, which only a real server evaluates), and
 /// accepts a full valid spec.
 #[tokio::test]
 #[ignore = "needs an API server: KUBEBUILDER_ASSETS or KUBECONFIG"]

@@ -101,7 +101,7 @@ spec:
     assert_eq!(ch.target_version(), None);
 }
 
-/// Issue 11 bugs 3, 9, 10: the server validates what it can. No `format: uint32` (a warning on
+/// The server validates what it can. No `format: uint32` (a warning on
 /// every apply), integer bounds, duration patterns, CEL rules for rebootTimeout > 0 and the
 /// window; the Updating column shows every holder.
 #[test]
@@ -163,7 +163,7 @@ fn v010_fixture(name: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// Issue 14 item 6: the status the v0.1.0 agents wrote (no format marker) decodes into
+/// The status the v0.1.0 agents wrote (no format marker) decodes into
 /// today's types as format 1 and means the same; the next write migrates it to format 2,
 /// keeping every field v0.1.0 wrote.
 #[test]

@@ -1,4 +1,4 @@
-//! Issue 11 bug 2: PodDisruptionBudget 429s of the Eviction API must reach drain.rs (which
+//! PodDisruptionBudget 429s of the Eviction API must reach drain.rs (which
 //! counts them and enforces `drain.timeout`) instead of being retried invisibly by kube's
 //! default retry layer. The agent's real client ([`agent::client::client_from_config`]) talks
 //! to a fake API server on a loopback socket (HTTP/1.1, one request per connection).

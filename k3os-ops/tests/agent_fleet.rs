@@ -1,4 +1,4 @@
-//! The agent fleet (issue 11): three agents, one per node, update the nodes from v1 to v2
+//! The agent fleet: three agents, one per node, update the nodes from v1 to v2
 //! through one shared fake API server, each over a real `LibupgradeNode`, reboots simulated by
 //! the driver, invariants checked on every state the world passes through (see `fleet_rig` for
 //! the rig, the invariants and how a reboot is played).
@@ -209,7 +209,7 @@ async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
     eprintln!("never Ready: {:?}", started.elapsed());
 }
 
-/// Issue 14 item 6: the DaemonSet is rolled from v0.1.0's agent to this one in the middle of a
+/// The DaemonSet is rolled from v0.1.0's agent to this one in the middle of a
 /// rollout. The world starts as the v0.1.0 agents left it (fixtures produced by running the
 /// v0.1.0 code): node-1 holds the slot at `Rebooting` under a v0.1.0 token and is down,
 /// node-2 and node-3 have staged v2 and wait, an earlier failure of node-0 is recorded. The
@@ -322,7 +322,7 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
     assert_eq!(fleet.channel(), before, "a stale-token write was accepted");
 }
 
-/// Issue 18 bug 3: a holder whose agent dies for good while Draining (its Node stays up,
+/// A holder whose agent dies for good while Draining (its Node stays up,
 /// cordoned by it) is reclaimed after rebootTimeout, and the reclaimer undoes that cordon
 /// before it frees the slot: the node was only cordoned for an update that is now abandoned,
 /// and at concurrency 1 the next node cordons only once the first is schedulable again
@@ -373,7 +373,7 @@ async fn a_holder_that_dies_while_draining_is_uncordoned_by_the_reclaimer() {
     assert!(fleet.reboots.iter().all(|r| *r == 0), "{:?}", fleet.reboots);
 }
 
-/// Issue 14 item 6, the other way a v0.1.0 claim ends: node-1, rebooting under the v0.1.0
+/// The other way a v0.1.0 claim ends: node-1, rebooting under the v0.1.0
 /// agent, never comes back. Its v0.1.0 Lease (renewTime long past) is judged by the current
 /// agents on their own clocks, so the slot is honoured for at least rebootTimeout after they
 /// start watching it — nobody claims meanwhile — and then reclaimed as a failure of v2 (it
@@ -498,7 +498,7 @@ fn wave_order(rollout: &Value) -> Vec<String> {
         .collect()
 }
 
-/// Issue 18, steering 1 and 3: a canary first, then batches by percentage of the other nodes,
+/// A canary first, then batches by percentage of the other nodes,
 /// each starting only when the one before is blessed (phase UpToDate) and settled (1 s), even
 /// though concurrency 3 would let every node go at once; the channel counts the fleet
 /// (`status.nodes`: 3/3 on v2 at the end, `Complete`), and carries an Event per wave.
@@ -623,7 +623,7 @@ async fn the_counter_migrates_a_status_written_by_v010() {
     assert_eq!(condition(&ch, "Complete").as_deref(), Some("False"));
 }
 
-/// Issue 18, steering 4: pre-reboot gates. While the Prometheus stand-in on 127.0.0.1 reports
+/// Pre-reboot gates. While the Prometheus stand-in on 127.0.0.1 reports
 /// a firing `DiskFull` alert nobody claims (each agent says why, once); `Watchdog` is ignored
 /// by `alertFilter`. Once the alert is resolved node-2 and node-3 update, while node-1 waits
 /// for its pod matching `blockingPodSelector`; when that pod is gone node-1 updates too.

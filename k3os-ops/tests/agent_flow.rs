@@ -487,7 +487,7 @@ async fn a_slot_of_this_node_under_another_token_is_taken_over_in_place() {
     );
 }
 
-/// Issue 11 bug 5: a node whose slot was reclaimed while it was cordoned (by us) must not
+/// A node whose slot was reclaimed while it was cordoned (by us) must not
 /// stay cordoned while it waits for a new slot (at concurrency 1 another node holds it).
 #[tokio::test]
 async fn a_node_waiting_for_a_slot_is_not_left_cordoned() {
@@ -510,7 +510,7 @@ async fn a_node_waiting_for_a_slot_is_not_left_cordoned() {
     assert_eq!(annotation(&world, "k3os.io/update-cordoned"), None);
 }
 
-/// Issue 11 bug 7: reclaim's looks follow `rebootTimeout` from the moment a channel exists.
+/// Reclaim's looks follow `rebootTimeout` from the moment a channel exists.
 /// A holder silent since before the channel appeared, with `rebootTimeout: 30s`, is reclaimed
 /// within the timeout plus one look period (today's first look came 120 s ±25 % after start,
 /// whatever the timeout: 140–150 s measured).
@@ -558,7 +558,7 @@ async fn a_dead_holder_is_reclaimed_soon_after_reboot_timeout() {
     pos(&log.lock().unwrap(), "event: SlotReclaimed");
 }
 
-/// Issue 11 bug 6: `version: latest` is resolved as soon as a channel appears, not on the
+/// `version: latest` is resolved as soon as a channel appears, not on the
 /// next poll tick (default 900 s; the channel sat idle up to 15 minutes).
 #[tokio::test(start_paused = true)]
 async fn latest_is_resolved_soon_after_a_channel_appears() {
@@ -592,7 +592,7 @@ async fn latest_is_resolved_soon_after_a_channel_appears() {
     );
 }
 
-/// Issue 11 bug 8: a second event with the same reason but new text is a new Event with that
+/// A second event with the same reason but new text is a new Event with that
 /// text (the recorder merged it into the first and kept the stale text), and events about a
 /// channel are also published regarding the UpdateChannel (`kubectl describe upchan`).
 #[tokio::test]
@@ -630,7 +630,7 @@ async fn events_carry_fresh_text_and_land_on_the_channel_too() {
     }
 }
 
-/// Issue 11 bug 10: ReconcileError events carry the error chain as text, no Rust debug dump
+/// ReconcileError events carry the error chain as text, no Rust debug dump
 /// of kube's ErrorResponse.
 #[tokio::test]
 async fn reconcile_errors_are_reported_without_debug_dumps() {
@@ -652,7 +652,7 @@ async fn reconcile_errors_are_reported_without_debug_dumps() {
     );
 }
 
-/// Issue 11 bug 9: the Updating printer column (`.status.updating`) lists every holder, not
+/// The Updating printer column (`.status.updating`) lists every holder, not
 /// only the first (`.status.slots[*].node` shows one).
 #[tokio::test]
 async fn status_updating_lists_every_holder() {
@@ -681,7 +681,7 @@ fn extra_channel(name: &str, spec: Value) -> Value {
     })
 }
 
-/// Issue 11 bug 3: a channel that does not decode (`concurrency: 5000000000`, stored before
+/// A channel that does not decode (`concurrency: 5000000000`, stored before
 /// the schema had a maximum) is reported on that channel (condition Invalid + Event) and the
 /// node goes on with the valid channel; before, every list failed for every agent.
 #[tokio::test]
@@ -711,7 +711,7 @@ async fn a_malformed_channel_is_reported_and_the_others_go_on() {
     assert_eq!(writes, 1, "{l:#?}");
 }
 
-/// Issue 11 bug 4: an invalid channel that sorts first by name does not shadow a valid one
+/// An invalid channel that sorts first by name does not shadow a valid one
 /// selecting the same node; the conflict is reported and the invalid channel gets its
 /// condition.
 #[tokio::test]
@@ -780,7 +780,7 @@ fn the_most_specific_valid_channel_wins() {
     assert_eq!(p.channel.metadata.name.as_deref(), Some("x"));
 }
 
-/// Issue 11 bug 10: `rebootTimeout: 0s` is refused by the agent too (the CRD's CEL rule
+/// `rebootTimeout: 0s` is refused by the agent too (the CRD's CEL rule
 /// refuses it at the server): the channel is marked Invalid and nothing is disrupted.
 #[tokio::test]
 async fn a_zero_reboot_timeout_is_invalid() {
@@ -901,7 +901,7 @@ fn channel_events(log: &[String]) -> Vec<(String, String)> {
     out
 }
 
-/// Issue 18 bug 1: a trial whose health checks failed at boot (the boot-time confirm rolled
+/// A trial whose health checks failed at boot (the boot-time confirm rolled
 /// back) is reported as what the boot-assessment core recorded — `health-failed` with the
 /// check's output — not as a bootloader fallback guessed from the slot that booted.
 #[tokio::test]
@@ -937,7 +937,7 @@ async fn a_boot_time_health_failure_is_reported_with_the_cores_reason() {
     );
 }
 
-/// Issue 18 bug 5: the channel carries an Event for every claim, release, failure and pause
+/// The channel carries an Event for every claim, release, failure and pause
 /// (`kubectl describe upchan`), not only some of them.
 #[tokio::test]
 async fn the_channel_gets_an_event_per_claim_release_failure_and_pause() {
@@ -960,7 +960,7 @@ async fn the_channel_gets_an_event_per_claim_release_failure_and_pause() {
     assert!(claimed < released, "{reasons:?}");
 }
 
-/// Issue 18 bug 4: a boot not assessed yet (init's `slot confirm` did not run) is reported
+/// A boot not assessed yet (init's `slot confirm` did not run) is reported
 /// once, as a Node condition and an Event naming the command to run; the agent then waits
 /// without errors, and clears the condition once the boot is assessed.
 #[tokio::test]
@@ -1017,7 +1017,7 @@ async fn a_boot_not_assessed_yet_is_reported_once_and_waited_for() {
     pos(&l, "node: stage v2");
 }
 
-/// Issue 14 item 6: a channel whose status is in a newer format than this agent knows is
+/// A channel whose status is in a newer format than this agent knows is
 /// refused — reported once (naming both formats), never used, nothing written to it.
 #[tokio::test]
 async fn a_channel_status_of_a_newer_format_is_refused_and_not_written() {
@@ -1056,7 +1056,7 @@ async fn a_channel_status_of_a_newer_format_is_refused_and_not_written() {
     assert!(!l.iter().any(|x| x.contains("ReconcileError")), "{l:#?}");
 }
 
-/// Issue 14 item 6: Node annotations written by a newer agent are refused: nothing is
+/// Node annotations written by a newer agent are refused: nothing is
 /// written to the Node or the channel, and it is reported once.
 #[tokio::test]
 async fn node_annotations_of_a_newer_format_are_refused_and_not_written() {

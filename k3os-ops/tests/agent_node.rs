@@ -384,7 +384,7 @@ fn a_downgrade_needs_an_explicit_pin() {
     );
 }
 
-/// Issue 18 bug 1: a health check of `health.d` fails on the new version at boot; the
+/// A health check of `health.d` fails on the new version at boot; the
 /// boot-time confirm rolls back. Back on the old slot, the agent's status carries what the
 /// core recorded (`health-failed` with the check's output), so the failure is reported as a
 /// failed health check, not as a bootloader fallback.

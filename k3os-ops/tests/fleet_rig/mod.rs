@@ -1,4 +1,4 @@
-//! The agent fleet (issue 11): three agents, one per node, update the nodes from v1 to v2
+//! The agent fleet: three agents, one per node, update the nodes from v1 to v2
 //! through one shared fake API server (`fake_api`), each with a kube client of its own, each
 //! over a real [`LibupgradeNode`]: a real `libupgrade::Updater` over a k3OS dir layout in its
 //! own temp dir, a real signed v2 release (mksquashfs) in a local channel, and the in-memory
@@ -52,9 +52,9 @@
 //! failed, the core rolls back, the driver's next power cycle brings the node back to v1 with
 //! B bad, the failure is recorded, the channel pauses at `maxFailures: 1`, and the other two
 //! nodes never claim, cordon or reboot); a holder whose agent dies for good while Draining
-//! (reclaimed after rebootTimeout, uncordoned by the reclaimer, issue 18 bug 3); and the
+//! (reclaimed after rebootTimeout, uncordoned by the reclaimer); and the
 //! DaemonSet rolled from the v0.1.0 agent mid-rollout, starting from what v0.1.0 wrote
-//! (tests/fixtures/v0.1.0; issue 14 item 6), with the v0.1.0 holder coming back and finishing,
+//! (tests/fixtures/v0.1.0), with the v0.1.0 holder coming back and finishing,
 //! or never coming back (reclaimed only after rebootTimeout, as a failure).
 //!
 //! This module is the rig (the node side, the invariants, the driver); the scenarios are in
