@@ -536,6 +536,20 @@ async fn cluster_agent_service_account_is_enough() {
     )
     .await
     .expect("create namespace");
+    // The ServiceAccount admission plugin needs the namespace's `default` ServiceAccount, which
+    // only a controller manager creates (an envtest server has none; a cluster has made it).
+    let pod_sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), &pod_ns);
+    match pod_sas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "default"}})).unwrap(),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create the default service account: {e}"),
+    }
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &pod_ns);
     pods.create(
         &PostParams::default(),
