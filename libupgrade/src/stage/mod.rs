@@ -42,11 +42,8 @@
 //! (a few KiB: manifest, signature, probes, chunk indexes) so its stop can say what is left.
 
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
-use std::time::Duration;
 
 use bootconfig::{Bootloader, Slot};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Partial;
@@ -67,165 +64,19 @@ use crate::state::store::StateStore;
 use crate::state::TransferStats;
 use crate::state::{Event, State};
 
+mod api;
 mod chunked;
 mod plan;
 mod stream;
 mod verify;
 
+pub use api::{NoProgress, Progress, StageOptions, StagePreview, StageReport, DEFAULT_RETRY_FOR};
 pub use plan::ArtifactCost;
 use plan::{How, WritePlan};
 use verify::{Preflight, Verified};
 
 /// Copy buffer: large enough for full-speed sequential I/O, small enough for the RSS budget.
 const BUF: usize = 1 << 20;
-
-/// Reports download/write progress (a progress bar in the CLI, Node annotations in the agent).
-pub trait Progress {
-    /// Starting `what` of `total` bytes, `already` of which are held from an earlier attempt.
-    fn begin(&self, what: &str, total: u64, already: u64);
-    fn advance(&self, bytes: u64);
-    fn end(&self);
-    /// Of the bytes advanced, `bytes` came over the network (default: ignored).
-    fn fetched(&self, _bytes: u64) {}
-    /// Of the bytes advanced, `bytes` were already on the node (running slot, earlier attempt).
-    fn reused(&self, _bytes: u64) {}
-}
-
-/// Progress that goes nowhere.
-pub struct NoProgress;
-
-impl Progress for NoProgress {
-    fn begin(&self, _: &str, _: u64, _: u64) {}
-    fn advance(&self, _: u64) {}
-    fn end(&self) {}
-}
-
-/// Options of [`Updater::stage`].
-#[derive(Debug, Clone)]
-pub struct StageOptions {
-    /// Install a release older (by generation) than the running one.
-    pub allow_downgrade: bool,
-    /// Trust directory instead of the configured one.
-    pub trust_dir: Option<PathBuf>,
-    /// First delay between download attempts (doubles per failed attempt, up to 30 s).
-    pub retry_delay: Duration,
-    /// Cap on download bandwidth, bytes per second (None: as fast as the link allows).
-    pub max_rate: Option<u64>,
-    /// The version asked for (a channel's entry, `upgrade --version`): the signed manifest
-    /// must name exactly it, so a channel or mirror cannot hand over another signed release.
-    pub expect_version: Option<String>,
-    /// The manifest the channel's signed metadata names (length and sha256): any other
-    /// manifest is refused (arbitrary software, mix-and-match), and this one is accepted on
-    /// the targets role's word without a trust.d signature (`manifest.sig` is not read; see
-    /// [`crate::trust`]). Set from [`crate::channel::ResolvedRelease::pin`].
-    pub expect_manifest: Option<crate::trust::ManifestPin>,
-    /// How long one stage attempt keeps retrying transient failures (None: for ever, only
-    /// when asked); the final error names the URL, the last error, the attempts and the time.
-    pub retry_for: Option<Duration>,
-    /// Responses slower than this over a whole window are cut and retried (None: no floor;
-    /// lowered to half of `max_rate` when a cap is set).
-    pub min_rate: Option<MinRate>,
-    /// Network bytes of artifacts this attempt may read (`--max-bytes`; the agent passes what
-    /// today's quota has left): the stage stops with [`Error::Stopped`] before a byte
-    /// more, keeping what it wrote. None: no budget. Manifest, signature, probes and chunk
-    /// indexes are not counted (a few KiB, and under 0.1 % of an image for the indexes).
-    pub max_bytes: Option<u64>,
-    /// Where chunks are looked for before the origin, in order, after the running slot.
-    pub extra_sources: Vec<ExtraSource>,
-    /// When the stage may fetch and how fast (None: any time, at `max_rate`). `max_rate`
-    /// still caps every window. After the last window the stage stops with
-    /// [`Error::Stopped`], keeping what it wrote.
-    pub schedule: Option<Schedule>,
-    /// The clock the schedule and the rate limit follow (tests inject a virtual one).
-    pub clock: std::sync::Arc<dyn Clock>,
-}
-
-/// `StageOptions::retry_for`'s default: a few hours, what a thin link may need to come back.
-pub const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(6 * 3600);
-
-impl StageOptions {
-    /// The minimum-rate rule in force: never above half the bandwidth cap.
-    pub fn min_rate_rule(&self) -> Option<MinRate> {
-        self.min_rate.map(|r| match self.max_rate {
-            Some(cap) => MinRate {
-                bytes_per_sec: r.bytes_per_sec.min(cap / 2),
-                ..r
-            },
-            None => r,
-        })
-    }
-}
-
-impl Default for StageOptions {
-    fn default() -> Self {
-        StageOptions {
-            allow_downgrade: false,
-            trust_dir: None,
-            retry_delay: Duration::from_secs(1),
-            max_rate: None,
-            expect_version: None,
-            expect_manifest: None,
-            retry_for: Some(DEFAULT_RETRY_FOR),
-            min_rate: Some(MinRate::DEFAULT),
-            max_bytes: None,
-            extra_sources: Vec::new(),
-            schedule: None,
-            clock: std::sync::Arc::new(SystemClock),
-        }
-    }
-}
-
-/// What [`Updater::stage`] did.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StageReport {
-    pub slot: Slot,
-    pub version: String,
-    pub generation: u64,
-    /// Key id that signed the manifest.
-    pub signed_by: String,
-    /// True when the slot already held exactly this release.
-    pub already_staged: bool,
-    /// True when an earlier interrupted download was continued.
-    pub resumed: bool,
-    pub bytes_written: u64,
-    /// Bytes fetched over the network by this run.
-    pub bytes_fetched: u64,
-    /// Bytes this run did not fetch: copied from the running slot or kept from an earlier
-    /// attempt.
-    pub bytes_reused: u64,
-    /// Of `bytes_fetched`, bytes that came from extra mirrors ([`ExtraSource::Mirror`]).
-    #[serde(default)]
-    pub bytes_from_mirrors: u64,
-    /// Chunks an extra source served that did not match the signed index (refused, taken from
-    /// the next source).
-    #[serde(default)]
-    pub chunks_refused: u64,
-}
-
-/// What a stage would do and cost, known before its first byte ([`Updater::preview`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StagePreview {
-    pub slot: Slot,
-    pub version: String,
-    pub generation: u64,
-    /// The slot already holds exactly this release: nothing would be fetched.
-    pub already_staged: bool,
-    /// An interrupted attempt of this release would be continued.
-    pub resume: bool,
-    /// Per artifact ([`Artifact::ALL`] order; empty when already staged).
-    pub artifacts: Vec<ArtifactCost>,
-}
-
-impl StagePreview {
-    /// Bytes the stage would fetch over the network.
-    pub fn fetch(&self) -> u64 {
-        self.artifacts.iter().map(|a| a.fetch).sum()
-    }
-    /// Bytes it would not fetch (kept from an earlier attempt, copied from local files).
-    pub fn reuse(&self) -> u64 {
-        self.artifacts.iter().map(|a| a.reuse).sum()
-    }
-}
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
