@@ -177,6 +177,10 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                 }
                 let url = ch.spec.url.clone();
                 let resolved = agent.blocking(move |ops| ops.resolve_latest(&url)).await;
+                let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
+                if stale.is_some() || resolved.is_ok() {
+                    super::stale::report(&agent, &ch, stale.as_ref()).await;
+                }
                 let store = agent.store(&name);
                 let res = match &resolved {
                     Ok(v) => slots::set_latest(&store, Ok(v), Utc::now()).await,
@@ -197,7 +201,8 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                             )
                             .await;
                     }
-                    (Err(e), Ok(())) => {
+                    // Expired metadata was reported as ChannelStale (one Event) above.
+                    (Err(e), Ok(())) if e.stale().is_none() => {
                         agent
                             .event_once(Some(&ch), true, "ResolveFailed", format!("{e:#}"))
                             .await;

@@ -73,6 +73,14 @@ pub enum Retry {
 }
 
 impl AgentError {
+    /// The channel's signed metadata was refused as expired (see [`super::stale`]).
+    pub fn stale(&self) -> Option<&super::node::StaleMetadata> {
+        match self {
+            AgentError::Node(e) => e.stale.as_ref(),
+            _ => None,
+        }
+    }
+
     /// The one error policy of the reconcile loop.
     pub fn retry(&self) -> Retry {
         match self {

@@ -37,6 +37,11 @@ struct PhaseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ChannelLabels {
+    channel: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabels {
     /// `booted` or `staged`.
     slot: String,
@@ -70,6 +75,7 @@ pub struct Metrics {
     rollbacks: Counter,
     reclaims: Counter,
     reconcile_errors: Counter,
+    channel_stale: Family<ChannelLabels, Gauge>,
     ready: AtomicBool,
     errors_in_row: AtomicU32,
 }
@@ -131,6 +137,12 @@ impl Metrics {
             rollbacks: register(r, "rollbacks", "Returns of this node to its old slot", Counter::default()),
             reclaims: register(r, "reclaims", "Slots of dead holders reclaimed by this agent", Counter::default()),
             reconcile_errors: register(r, "reconcile_errors", "Reconciles that ended in an error", Counter::default()),
+            channel_stale: register(
+                r,
+                "channel_stale",
+                "1 while the channel's signed metadata is refused as expired (condition ChannelStale), 0 once it resolves fresh",
+                Family::<ChannelLabels, Gauge>::default(),
+            ),
             registry,
             ready: AtomicBool::new(false),
             errors_in_row: AtomicU32::new(0),
@@ -182,6 +194,15 @@ impl Metrics {
             }
         }
         *cur = (booted.map(String::from), staged.map(String::from));
+    }
+
+    /// Whether `channel`'s signed metadata was last refused as expired.
+    pub fn set_channel_stale(&self, channel: &str, stale: bool) {
+        self.channel_stale
+            .get_or_create(&ChannelLabels {
+                channel: channel.to_string(),
+            })
+            .set(i64::from(stale));
     }
 
     pub fn add_downloaded(&self, bytes: u64) {

@@ -94,6 +94,7 @@ pub mod rollout;
 pub mod run;
 pub mod slots;
 pub mod spec;
+pub mod stale;
 pub mod steps;
 pub mod window;
 

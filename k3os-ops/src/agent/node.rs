@@ -19,6 +19,16 @@ pub struct NodeError {
     /// `status`, `stage`, `activate`, `confirm`, `reboot`, `resolve`, or [`NOT_ASSESSED`].
     pub op: &'static str,
     pub message: String,
+    /// The channel's signed metadata was refused as expired (from the typed
+    /// `ChannelError::metadata_expired`): the agent reports the channel `ChannelStale`.
+    pub stale: Option<StaleMetadata>,
+}
+
+/// Which role of a channel's signed metadata expired, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StaleMetadata {
+    pub role: libupgrade::trust::Role,
+    pub expires: chrono::DateTime<chrono::Utc>,
 }
 
 impl NodeError {
@@ -31,6 +41,19 @@ impl NodeError {
         NodeError {
             op,
             message: message.to_string(),
+            stale: None,
+        }
+    }
+
+    /// A channel that could not be resolved; an expired-metadata refusal keeps its role and
+    /// expiry typed in [`Self::stale`].
+    pub fn channel(context: String, e: &libupgrade::channel::ChannelError) -> Self {
+        NodeError {
+            op: "resolve",
+            message: format!("{context}: {e}"),
+            stale: e
+                .metadata_expired()
+                .map(|(role, expires)| StaleMetadata { role, expires }),
         }
     }
 }
@@ -128,6 +151,26 @@ impl LibupgradeNode {
     }
 }
 
+impl LibupgradeNode {
+    /// Resolve `version` (None: latest) on `channel` as `upgrade --channel` does: through the
+    /// channel's signed metadata when the node has a root (refusing what the CLI refuses).
+    fn resolve(
+        &self,
+        channel: &str,
+        version: Option<&str>,
+    ) -> Result<libupgrade::channel::ResolvedRelease, NodeError> {
+        let trust = libupgrade::channel::TrustOptions::from_config(self.updater.config());
+        libupgrade::channel::resolve_with(channel, version, libupgrade::Arch::host(), &trust)
+            .map_err(|e| {
+                let context = match version {
+                    Some(v) => format!("channel {channel}, version {v}"),
+                    None => format!("channel {channel}"),
+                };
+                NodeError::channel(context, &e)
+            })
+    }
+}
+
 /// Map libupgrade's two-slot status onto what the decision needs.
 pub fn summarize(status: &libupgrade::Status) -> NodeUpdateStatus {
     use super::decide::{Inactive, TrialFailure};
@@ -197,9 +240,7 @@ impl NodeOps for LibupgradeNode {
     }
 
     fn resolve_latest(&self, channel: &str) -> Result<String, NodeError> {
-        libupgrade::channel::resolve(channel, None, libupgrade::Arch::host())
-            .map(|r| r.version)
-            .map_err(|e| NodeError::new("resolve", format!("channel {channel}: {e}")))
+        self.resolve(channel, None).map(|r| r.version)
     }
 
     fn stage(
@@ -210,13 +251,7 @@ impl NodeOps for LibupgradeNode {
         max_rate: Option<u64>,
         progress: &dyn StageProgress,
     ) -> Result<(), NodeError> {
-        let rel = libupgrade::channel::resolve(channel, Some(version), libupgrade::Arch::host())
-            .map_err(|e| {
-                NodeError::new(
-                    "resolve",
-                    format!("channel {channel}, version {version}: {e}"),
-                )
-            })?;
+        let rel = self.resolve(channel, Some(version))?;
         let report = self
             .updater
             .stage(
@@ -224,6 +259,11 @@ impl NodeOps for LibupgradeNode {
                 &libupgrade::StageOptions {
                     allow_downgrade,
                     max_rate,
+                    // The signed manifest must be the release the channel named, and when the
+                    // channel's signed metadata chose it, exactly that manifest (as the CLI's
+                    // `upgrade --channel`).
+                    expect_version: Some(rel.version.clone()),
+                    expect_manifest: rel.pin,
                     ..libupgrade::StageOptions::default()
                 },
                 &ProgressAdapter(progress),

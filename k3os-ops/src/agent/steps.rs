@@ -52,6 +52,7 @@ pub(super) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Nex
     )
     .await;
     let result = stage_with_progress(cx, ch, version).await;
+    report_staleness(cx, ch, &result).await;
     match result {
         Ok(()) => {
             cx.memory.stage_failures.store(0, Ordering::Relaxed);
@@ -86,6 +87,16 @@ pub(super) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Nex
             cx.event(Some(ch), true, "StageFailed", msg).await;
             Ok(Next::Wait)
         }
+    }
+}
+
+/// A stage resolves the channel too (a pinned channel is resolved nowhere else): expired
+/// metadata sets `ChannelStale`, a successful stage clears it.
+async fn report_staleness(cx: &Agent, ch: &Channel, result: &Result<(), AgentError>) {
+    match result {
+        Err(e) if e.stale().is_some() => super::stale::report(cx, ch, e.stale()).await,
+        Ok(()) => super::stale::report(cx, ch, None).await,
+        Err(_) => {}
     }
 }
 

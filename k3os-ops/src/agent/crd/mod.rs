@@ -430,6 +430,9 @@ pub const COND_PAUSED: &str = "Paused";
 pub const COND_COMPLETE: &str = "Complete";
 /// The channel's spec cannot be used (does not decode or does not validate); set by the agents.
 pub const COND_INVALID: &str = "Invalid";
+/// The channel's signed metadata expired (role and expiry in the message); set by the agent
+/// that resolves the channel, cleared by its next fresh resolve.
+pub const COND_CHANNEL_STALE: &str = "ChannelStale";
 
 impl UpdateChannelStatus {
     /// Set a condition, keeping its transition time when the status does not change.

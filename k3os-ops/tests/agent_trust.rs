@@ -1,0 +1,299 @@
+//! The agent honours a channel's signed metadata (TUF, `libupgrade::trust`) as `upgrade
+//! --channel` does: the real node side (`LibupgradeNode` over a testkit `SimNode`, whose
+//! trust.d is empty so only the metadata's pin can vouch for a release) against a real channel
+//! directory with metadata made by `libupgrade::trust::publish`, and the fake API server of
+//! `fake_api`. Expired metadata sets the channel's `ChannelStale` condition (role and expiry
+//! named), one Event and the `k3os_ops_channel_stale` gauge, and nothing is staged; a
+//! re-signed timestamp clears it.
+
+use k3os_ops::agent;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent::controller::Agent;
+use agent::decide::Inactive;
+use agent::node::{LibupgradeNode, NodeOps};
+use chrono::Duration as Days;
+use fake_api::{Log, World};
+use libupgrade::manifest::Arch;
+use libupgrade::trust::publish::{self, RoleSpec, SigningKey};
+use libupgrade::trust::Role;
+use serde_json::{json, Value};
+use testkit::sim::SimNode;
+
+mod fake_api;
+
+/// A channel directory with releases v1, v2 and signed metadata (one key per role).
+struct Chan {
+    t: tempfile::TempDir,
+    dir: PathBuf,
+    keys: BTreeMap<&'static str, SigningKey>,
+}
+
+impl Chan {
+    fn new() -> Chan {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("stable");
+        fs::create_dir_all(&dir).unwrap();
+        let release = testkit::keys();
+        for (v, g) in [("v1", 1), ("v2", 2)] {
+            testkit::make_release(&release, &dir, v, g, 4096, Arch::host());
+        }
+        libupgrade::channel::write_index(&dir).unwrap();
+        let kd = t.path().join("keys");
+        let keys: BTreeMap<_, _> = ["root", "targets", "snapshot", "timestamp"]
+            .into_iter()
+            .map(|n| {
+                let (secret, _) = libupgrade::signing::generate_keypair(&kd, n).unwrap();
+                (n, libupgrade::signing::load_secret_key(&secret).unwrap())
+            })
+            .collect();
+        let spec = |n: &str| RoleSpec {
+            keys: vec![keys[n].verifying_key()],
+            threshold: 1,
+        };
+        let roles = BTreeMap::from([
+            (Role::Root, spec("root")),
+            (Role::Targets, spec("targets")),
+            (Role::Snapshot, spec("snapshot")),
+            (Role::Timestamp, spec("timestamp")),
+        ]);
+        publish::init_root(
+            &dir,
+            &roles,
+            &[keys["root"].clone()],
+            publish::expires_in(Days::days(365)),
+        )
+        .unwrap();
+        publish::write_targets(
+            &dir,
+            &[keys["targets"].clone()],
+            publish::expires_in(Days::days(90)),
+        )
+        .unwrap();
+        let c = Chan { t, dir, keys };
+        c.timestamp(Days::days(1));
+        c
+    }
+
+    /// Re-sign snapshot and timestamp, the timestamp expiring `ts` from now (negative: past).
+    fn timestamp(&self, ts: Days) {
+        publish::write_timestamp(
+            &self.dir,
+            &[
+                self.keys["snapshot"].clone(),
+                self.keys["timestamp"].clone(),
+            ],
+            publish::expires_in(Days::days(30)),
+            publish::expires_in(ts),
+        )
+        .unwrap();
+    }
+
+    /// A node on v1 whose trust.d is empty and whose starting root is this channel's root v1.
+    fn node(&self) -> SimNode {
+        let trust = self.t.path().join("empty-trust.d");
+        fs::create_dir_all(&trust).unwrap();
+        let node = SimNode::new(&trust, 3, 1);
+        let root = node.updater().config().channel_root.clone();
+        fs::copy(self.dir.join("1.root.json"), root).unwrap();
+        node
+    }
+
+    fn url(&self) -> String {
+        self.dir.display().to_string()
+    }
+}
+
+fn setup(chan: &Chan, sim: &SimNode, version: &str) -> (Arc<Mutex<World>>, Log, Agent) {
+    let log: Log = Arc::default();
+    let world = Arc::new(Mutex::new(World::new(
+        [fake_api::ready_node("n1", json!({"pool": "edge"}))],
+        json!({
+            "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
+            "metadata": {"name": "stable", "namespace": "k3os-system", "uid": "ch-uid", "generation": 1},
+            "spec": {"url": chan.url(), "version": version, "concurrency": 1, "maxFailures": 1,
+                     "nodeSelector": {"pool": "edge"}},
+            "status": {"slots": [], "failures": [], "conditions": []}
+        }),
+    )));
+    let agent = new_agent(&world, &log, sim);
+    (world, log, agent)
+}
+
+/// An agent (as after a restart: nothing remembered) over the same API and node.
+fn new_agent(world: &Arc<Mutex<World>>, log: &Log, sim: &SimNode) -> Agent {
+    let node = LibupgradeNode::new(sim.updater(), vec!["false".into()]);
+    Agent::new(
+        fake_api::client(world, log),
+        "k3os-system",
+        "n1",
+        None,
+        Arc::new(node),
+    )
+}
+
+fn condition(world: &Arc<Mutex<World>>, type_: &str) -> Option<Value> {
+    let w = world.lock().unwrap();
+    w.channel["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
+
+/// Events regarding the channel with `reason`.
+fn events(log: &Log, reason: &str) -> usize {
+    let log = log.lock().unwrap();
+    log.windows(2)
+        .filter(|w| {
+            w[0].strip_prefix("event: ") == Some(reason)
+                && w[1].starts_with("event-on: UpdateChannel k3os-system/stable: ")
+        })
+        .count()
+}
+
+fn stale_gauge(agent: &Agent) -> Option<f64> {
+    agent
+        .clients
+        .metrics
+        .encode()
+        .lines()
+        .find(|l| l.starts_with("k3os_ops_channel_stale{") && l.contains("channel=\"stable\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn inactive(sim: &SimNode) -> Inactive {
+    LibupgradeNode::new(sim.updater(), vec!["false".into()])
+        .status()
+        .unwrap()
+        .inactive
+}
+
+/// The stale condition's message names the role and its expiry as the metadata says.
+fn assert_names_timestamp_expiry(chan: &Chan, cond: &Value) {
+    let ts: Value =
+        serde_json::from_slice(&fs::read(chan.dir.join("timestamp.json")).unwrap()).unwrap();
+    let expires = ts["signed"]["expires"].as_str().unwrap();
+    let msg = cond["message"].as_str().unwrap();
+    assert!(
+        msg.contains("timestamp metadata expired at") && msg.contains(expires),
+        "{cond}"
+    );
+}
+
+/// (a) A fresh channel with metadata: the pinned release is staged on the targets role's word
+/// (the node's trust.d is empty, so an unsigned-index resolve could not have staged it), and
+/// the node recorded the metadata it trusted.
+#[tokio::test]
+async fn a_fresh_signed_channel_stages_the_pinned_release_on_the_metadatas_word() {
+    let chan = Chan::new();
+    let sim = chan.node();
+    let (world, _log, agent) = setup(&chan, &sim, "v2");
+    agent.reconcile().await.expect("reconcile");
+    assert_eq!(inactive(&sim), Inactive::Staged("v2".into()));
+    let store = sim.path().join("state").join(libupgrade::trust::STORE_FILE);
+    assert!(store.exists(), "{} not written", store.display());
+    assert_eq!(condition(&world, "ChannelStale"), None);
+}
+
+/// (b) + (c) through the stage of a pinned channel: an expired timestamp stages nothing and
+/// sets ChannelStale (role and expiry named) with one Event and the gauge at 1; after the
+/// channel job re-signs the timestamp, the next stage succeeds and clears all three.
+#[tokio::test]
+async fn an_expired_timestamp_stops_the_stage_and_sets_channel_stale_until_re_signed() {
+    let chan = Chan::new();
+    chan.timestamp(Days::days(-1));
+    let sim = chan.node();
+    let (world, log, agent) = setup(&chan, &sim, "v2");
+    agent.reconcile().await.expect("reconcile");
+    assert_eq!(
+        inactive(&sim),
+        Inactive::Empty,
+        "staged from a stale channel"
+    );
+    let cond = condition(&world, "ChannelStale").expect("ChannelStale set");
+    assert_eq!(cond["status"], "True", "{cond}");
+    assert_eq!(cond["reason"], "MetadataExpired", "{cond}");
+    assert_names_timestamp_expiry(&chan, &cond);
+    assert_eq!(events(&log, "ChannelStale"), 1);
+    assert_eq!(stale_gauge(&agent), Some(1.0));
+
+    chan.timestamp(Days::days(1));
+    // The failed stage backs off in memory; a restarted agent tries at once.
+    let agent = new_agent(&world, &log, &sim);
+    agent.reconcile().await.expect("reconcile");
+    assert_eq!(inactive(&sim), Inactive::Staged("v2".into()));
+    let cond = condition(&world, "ChannelStale").expect("ChannelStale kept, False");
+    assert_eq!(cond["status"], "False", "{cond}");
+    assert_eq!(events(&log, "ChannelStale"), 1, "a clear is no new warning");
+    assert_eq!(stale_gauge(&agent), Some(0.0));
+}
+
+/// Poll `world` every 50 ms for up to 20 s until `done`.
+async fn wait_for(world: &Arc<Mutex<World>>, what: &str, done: impl Fn(&Value) -> bool) {
+    for _ in 0..400 {
+        if done(&world.lock().unwrap().channel) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "{what}: channel is {:#}",
+        world.lock().unwrap().channel["status"]
+    );
+}
+
+/// (b) + (c) through the poller of `version: latest`: several polls of an expired channel set
+/// ChannelStale once (one Event) and resolve no `latestVersion`; a re-signed timestamp
+/// resolves v2 and clears the condition and the gauge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_poller_reports_a_stale_channel_once_and_clears_it_when_re_signed() {
+    let chan = Chan::new();
+    chan.timestamp(Days::days(-1));
+    let sim = chan.node();
+    let (world, log, agent) = setup(&chan, &sim, "latest");
+    let agent = Arc::new(agent);
+    let task = tokio::spawn(agent::controller::poll_loop(
+        agent.clone(),
+        Duration::from_millis(100),
+    ));
+    let is_stale = |ch: &Value| {
+        ch["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "ChannelStale" && c["status"] == "True")
+        })
+    };
+    wait_for(&world, "ChannelStale never set", is_stale).await;
+    // Further polls of the same stale channel change nothing and publish nothing.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let cond = condition(&world, "ChannelStale").unwrap();
+    assert_eq!(cond["reason"], "MetadataExpired", "{cond}");
+    assert_names_timestamp_expiry(&chan, &cond);
+    assert_eq!(events(&log, "ChannelStale"), 1);
+    assert_eq!(events(&log, "ResolveFailed"), 0, "one Event, not two");
+    assert_eq!(
+        world.lock().unwrap().channel["status"]["latestVersion"],
+        Value::Null
+    );
+    assert_eq!(stale_gauge(&agent), Some(1.0));
+
+    chan.timestamp(Days::days(1));
+    wait_for(&world, "never resolved after re-signing", |ch| {
+        ch["status"]["latestVersion"] == "v2"
+    })
+    .await;
+    wait_for(&world, "ChannelStale not cleared", |ch| !is_stale(ch)).await;
+    task.abort();
+    assert_eq!(
+        condition(&world, "ChannelStale").unwrap()["status"],
+        "False"
+    );
+    assert_eq!(stale_gauge(&agent), Some(0.0));
+    assert_eq!(events(&log, "ChannelStale"), 1);
+    assert_eq!(inactive(&sim), Inactive::Empty, "the poller never stages");
+}
