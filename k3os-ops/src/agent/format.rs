@@ -12,7 +12,7 @@
 //!   `version`), `failures[]` (`node`, `version`, `at`, `reason`), `conditions[]`
 //!   (`LatestResolved`, `Degraded`, `Paused`), `observedGeneration`.
 //! - format 2: format 1 plus `formatVersion`, the derived `updating` (every holder, for the
-//!   printer column), the condition types `Invalid` and `Complete`, and the fleet counter's
+//!   printer column), the condition types `Invalid`, `Complete` and `ChannelStale`, and the fleet counter's
 //!   `nodes` (`total`, `updated`, `progress` = `updated/total`, `target`, `byVersion`,
 //!   `byPhase`: counts, never a list of nodes) and `rollout` (`target`, `waves`, `wave`,
 //!   `admitKey`, `settlingSince`; see `agent/rollout.rs`), all optional. Slot entries, tokens and failures mean

@@ -291,7 +291,7 @@ pub struct UpdateChannelStatus {
     /// subresource) to lift a pause.
     #[serde(default)]
     pub failures: Vec<FailureRecord>,
-    /// `LatestResolved`, `Degraded`, `Paused`, `Invalid`, `Complete`.
+    /// `LatestResolved`, `Degraded`, `Paused`, `Invalid`, `Complete`, `ChannelStale`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// The nodes holding a slot, comma-separated (the `Updating` printer column; kept equal
