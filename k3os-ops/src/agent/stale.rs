@@ -89,3 +89,37 @@ pub async fn report(cx: &Agent, ch: &UpdateChannel, stale: Option<&StaleMetadata
         Err(e) => tracing::warn!("set condition {COND_CHANNEL_STALE} of {name}: {e}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libupgrade::trust::Role;
+
+    #[test]
+    fn the_condition_is_set_once_cleared_once_and_never_added_to_a_fresh_channel() {
+        let now = Utc::now();
+        let s = StaleMetadata {
+            role: Role::Timestamp,
+            expires: now - chrono::Duration::hours(1),
+        };
+        let mut st = UpdateChannelStatus::default();
+        assert!(
+            !with_stale(&mut st, None, now),
+            "a never-stale channel gets nothing"
+        );
+        assert!(st.conditions.is_empty());
+        assert!(with_stale(&mut st, Some(&s), now));
+        assert!(is_stale(&st));
+        assert!(st.conditions[0]
+            .message
+            .contains("timestamp metadata expired at"));
+        assert!(
+            !with_stale(&mut st, Some(&s), now),
+            "the same staleness again: no write"
+        );
+        assert!(with_stale(&mut st, None, now));
+        assert!(!is_stale(&st));
+        assert_eq!(st.conditions[0].reason, "MetadataFresh");
+        assert!(!with_stale(&mut st, None, now));
+    }
+}
