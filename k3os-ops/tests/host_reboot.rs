@@ -92,8 +92,8 @@ fn a_missing_host_process_is_named() {
 
 #[test]
 fn explicit_command_wins_and_is_shown_whole() {
-    let how = Reboot::Command(vec!["systemctl".into(), "reboot".into()]);
-    assert_eq!(how.to_string(), "systemctl reboot");
+    let how = Reboot::Command(vec!["/run/site/reboot-hook".into(), "--now".into()]);
+    assert_eq!(how.to_string(), "/run/site/reboot-hook --now");
     let c = how.command().unwrap();
-    assert_eq!(c.get_program(), "systemctl");
+    assert_eq!(c.get_program(), "/run/site/reboot-hook");
 }
