@@ -868,6 +868,7 @@ async fn metrics_and_probes_over_a_real_socket() {
         "k3os_ops_rollbacks_total",
         "k3os_ops_reclaims_total",
         "k3os_ops_reconcile_errors_total",
+        "k3os_ops_stage_failures_total",
     ] {
         assert_eq!(get(c, &[]), 0.0, "{c}");
     }

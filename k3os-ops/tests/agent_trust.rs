@@ -222,6 +222,15 @@ async fn an_expired_timestamp_stops_the_stage_and_sets_channel_stale_until_re_si
     assert_names_timestamp_expiry(&chan, &cond);
     assert_eq!(events(&log, "ChannelStale"), 1);
     assert_eq!(stale_gauge(&agent), Some(1.0));
+    // The refused attempt is counted like every failed stage attempt.
+    let failed = agent
+        .clients
+        .metrics
+        .encode()
+        .lines()
+        .find(|l| l.starts_with("k3os_ops_stage_failures_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert_eq!(failed, Some(1.0));
 
     chan.timestamp(Days::days(1));
     // The failed stage backs off in memory; a restarted agent tries at once.

@@ -59,6 +59,9 @@ pub enum Outcome {
     Reclaim,
     /// A reconcile returned an error.
     ReconcileError,
+    /// A stage attempt failed (it is retried with back-off; each is also a `StageFailed`
+    /// Event and phase).
+    StageFailure,
 }
 
 /// All metrics of one agent.
@@ -75,6 +78,7 @@ pub struct Metrics {
     rollbacks: Counter,
     reclaims: Counter,
     reconcile_errors: Counter,
+    stage_failures: Counter,
     channel_stale: Family<ChannelLabels, Gauge>,
     ready: AtomicBool,
     errors_in_row: AtomicU32,
@@ -137,6 +141,7 @@ impl Metrics {
             rollbacks: register(r, "rollbacks", "Returns of this node to its old slot", Counter::default()),
             reclaims: register(r, "reclaims", "Slots of dead holders reclaimed by this agent", Counter::default()),
             reconcile_errors: register(r, "reconcile_errors", "Reconciles that ended in an error", Counter::default()),
+            stage_failures: register(r, "stage_failures", "Failed stage attempts of this node (each retried with back-off, each a StageFailed Event)", Counter::default()),
             channel_stale: register(
                 r,
                 "channel_stale",
@@ -223,6 +228,7 @@ impl Metrics {
             Outcome::Rollback => &self.rollbacks,
             Outcome::Reclaim => &self.reclaims,
             Outcome::ReconcileError => &self.reconcile_errors,
+            Outcome::StageFailure => &self.stage_failures,
         }
         .inc();
     }

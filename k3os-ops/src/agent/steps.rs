@@ -83,6 +83,9 @@ pub(super) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Nex
                 "staging {version} failed (attempt {n}, next in {backoff}s): {}",
                 super::errors::message(&e)
             );
+            cx.clients
+                .metrics
+                .count(super::metrics::Outcome::StageFailure);
             cx.phase(Phase::StageFailed, &msg).await?;
             cx.event(Some(ch), true, "StageFailed", msg).await;
             Ok(Next::Wait)
