@@ -8,23 +8,16 @@
 //! served without metadata is refused for its signature. A stale channel is refused with one error line naming
 //! the role and its expiry, and `--ignore-expiry` overrides it loudly.
 
+mod cli_support;
 mod release_support;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use bootconfig::{BootEnv, Slot, SlotBoot};
-use release_support::{bin, Server};
-
-fn ops(config: Option<&Path>, args: &[&str]) -> Output {
-    let mut c = Command::new(bin());
-    c.args(args).env_remove("RUST_BACKTRACE");
-    if let Some(cfg) = config {
-        c.env("K3OS_OPS_CONFIG", cfg);
-    }
-    c.output().unwrap()
-}
+use cli_support::ops;
+use release_support::Server;
 
 fn ok(config: Option<&Path>, args: &[&str]) -> (String, String) {
     let out = ops(config, args);

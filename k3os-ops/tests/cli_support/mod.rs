@@ -1,5 +1,5 @@
 //! Shared by the integration tests that run the real `k3os-ops` binary on a temp node
-//! (`cli_messages`, `upgrade_thin`): the node (a temp dir with the k3OS-style dir layout, a
+//! (`cli_messages`, `upgrade_thin`; `release_trust_cli` runs the binary with `ops`): the node (a temp dir with the k3OS-style dir layout, a
 //! real GRUB env written by bootconfig's own writer, booted on slot A, trusting its own key)
 //! and running a command on it that must succeed or must fail with one `error:` line.
 //! It lives here rather than in testkit because the binary's path
