@@ -358,7 +358,6 @@ async fn cluster_slot_of_a_missing_node_is_reclaimed() {
         "me",
         &mut obs,
         Duration::from_secs(60),
-        tokio::time::Instant::now(),
         chrono::Utc::now(),
     )
     .await

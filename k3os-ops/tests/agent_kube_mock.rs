@@ -376,14 +376,7 @@ async fn deleted_node_slot_is_reclaimed_by_cas() {
     let store = KubeChannelStore::new(client, "k3os-system", "stable");
     let server = tokio::spawn(async move {
         let held = json!([slot("gone", "tg", "Draining")]);
-        answer(
-            &mut h,
-            Method::GET,
-            CH_PATH,
-            200,
-            channel_json("20", held.clone()),
-        )
-        .await;
+        answer(&mut h, Method::GET, CH_PATH, 200, channel_json("20", held)).await;
         answer(
             &mut h,
             Method::GET,
@@ -392,7 +385,7 @@ async fn deleted_node_slot_is_reclaimed_by_cas() {
             status_body(404, "NotFound", "nodes \"gone\" not found"),
         )
         .await;
-        answer(&mut h, Method::GET, CH_PATH, 200, channel_json("20", held)).await;
+        // The write is conditional on the read the judgement was made from: no re-read.
         let (_, sent) = answer(
             &mut h,
             Method::PUT,
@@ -412,7 +405,6 @@ async fn deleted_node_slot_is_reclaimed_by_cas() {
         "n1",
         &mut obs,
         Duration::from_secs(600),
-        tokio::time::Instant::now(),
         chrono::Utc::now(),
     )
     .await

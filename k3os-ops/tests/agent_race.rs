@@ -142,7 +142,12 @@ impl ChannelStore for Mem {
                                 now.saturating_duration_since(*at) >= REBOOT_TIMEOUT
                             });
                         if !deleted && !silent {
-                            v.push(format!("{} removed the live slot of {}", self.me, b.node));
+                            let renewed = g.leases.get(&b.node).map(|(_, at)| now - *at);
+                            v.push(format!(
+                                "{} removed the live slot of {} (phase {:?}, Lease renewed \
+                                 {renewed:?} before)",
+                                self.me, b.node, b.phase
+                            ));
                         }
                     }
                 }
@@ -214,15 +219,7 @@ async fn run_agent(
     let mut obs = LivenessObserver::default();
     let r = |lo: u64, hi: u64| rng.lock().unwrap().gen_range(lo..=hi);
     let outcome = loop {
-        let _ = slots::reclaim_dead(
-            &store,
-            &me,
-            &mut obs,
-            REBOOT_TIMEOUT,
-            Instant::now(),
-            Utc::now(),
-        )
-        .await;
+        let _ = slots::reclaim_dead(&store, &me, &mut obs, REBOOT_TIMEOUT, Utc::now()).await;
         // The token is persisted (Node annotation) before the claim.
         let token = {
             let mut t = node.token.lock().unwrap();
@@ -297,15 +294,7 @@ async fn run_agent(
     };
     // Keep reclaiming for the others until the run ends.
     while !stop.load(Ordering::SeqCst) {
-        let _ = slots::reclaim_dead(
-            &store,
-            &me,
-            &mut obs,
-            REBOOT_TIMEOUT,
-            Instant::now(),
-            Utc::now(),
-        )
-        .await;
+        let _ = slots::reclaim_dead(&store, &me, &mut obs, REBOOT_TIMEOUT, Utc::now()).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     outcome

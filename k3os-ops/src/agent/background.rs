@@ -73,7 +73,6 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
                         &agent.settings.node,
                         obs,
                         policy.reboot_timeout,
-                        tokio::time::Instant::now(),
                         Utc::now(),
                     )
                     .await

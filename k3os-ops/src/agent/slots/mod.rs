@@ -114,7 +114,7 @@ pub(super) enum Step<T> {
 }
 
 /// Random pause before re-reading after a conflict: 20–200 ms, growing with the attempt.
-fn jitter(attempt: u32) -> Duration {
+pub(super) fn jitter(attempt: u32) -> Duration {
     let cap = 20 + 10 * u64::from(attempt.min(18));
     Duration::from_millis(rand::thread_rng().gen_range(20..=cap))
 }
@@ -147,11 +147,8 @@ where
             Step::Done(v) => return Ok(v),
             Step::Write(v) => v,
         };
-        let mut next = current.clone();
-        next.status = Some(status);
-        refresh_conditions(&mut next, now);
-        match store.replace_status(&next).await {
-            Ok(_) => return Ok(value),
+        match write_status(store, &current, status, now).await {
+            Ok(()) => return Ok(value),
             Err(StoreError::Conflict) => tokio::time::sleep(jitter(attempt)).await,
             Err(e) => return Err(err(e)),
         }
@@ -160,6 +157,20 @@ where
         channel,
         attempts: MAX_ATTEMPTS,
     })
+}
+
+/// One compare-and-swap: `status` replaces the status of `read` (the object as read, whose
+/// `resourceVersion` the write is conditional on), with the derived fields recomputed.
+pub(super) async fn write_status<S: ChannelStore>(
+    store: &S,
+    read: &UpdateChannel,
+    status: UpdateChannelStatus,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let mut next = read.clone();
+    next.status = Some(status);
+    refresh_conditions(&mut next, now);
+    store.replace_status(&next).await.map(|_| ())
 }
 
 /// Result of [`claim`].

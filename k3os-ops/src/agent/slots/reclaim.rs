@@ -20,24 +20,38 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use super::super::crd::{FailureRecord, SlotEntry, SlotPhase, UpdateChannel, UpdateChannelStatus};
-use super::{cas, known_format, pauses, ChannelStore, SlotError, Step, StoreError};
+use super::{
+    jitter, known_format, pauses, write_status, ChannelStore, SlotError, StoreError, MAX_ATTEMPTS,
+};
 
 /// Tracks, on this observer's own monotonic clock, how long each node's Lease has gone
 /// without a renewal. Wall-clock timestamps written by other nodes are never compared with
 /// ours: a node with a wrong clock can neither keep a dead slot alive nor get a live one
 /// reclaimed.
+///
+/// The silence is a lower bound: it runs from when the answer that first showed a marker
+/// *arrived* (the renewal happened before that) to when the latest request that still saw it
+/// was *sent* (the server read it after that). Counting from the start of a pass instead
+/// would add the pass's own duration to a holder that renewed while the pass was under way.
 #[derive(Debug, Default)]
 pub struct LivenessObserver {
     seen: HashMap<String, (Option<String>, Instant)>,
 }
 
 impl LivenessObserver {
-    /// Note the node's current Lease marker; returns how long it has been unchanged.
-    pub fn observe(&mut self, node: &str, marker: Option<String>, now: Instant) -> Duration {
+    /// Note the node's Lease marker, read by a request sent at `asked` and answered at
+    /// `answered`; returns for how long it has certainly been unchanged.
+    pub fn observe(
+        &mut self,
+        node: &str,
+        marker: Option<String>,
+        asked: Instant,
+        answered: Instant,
+    ) -> Duration {
         match self.seen.get_mut(node) {
-            Some((m, since)) if *m == marker => now.saturating_duration_since(*since),
+            Some((m, since)) if *m == marker => asked.saturating_duration_since(*since),
             _ => {
-                self.seen.insert(node.to_string(), (marker, now));
+                self.seen.insert(node.to_string(), (marker, answered));
                 Duration::ZERO
             }
         }
@@ -70,7 +84,7 @@ pub struct Reclaimed {
 }
 
 /// Take back slots whose Node is deleted or whose Lease has not been renewed for
-/// `reboot_timeout` on our own clock (`mono_now`). `me` is never reclaimed. A holder that died
+/// `reboot_timeout` on our own monotonic clock (see [`LivenessObserver`]). `me` is never reclaimed. A holder that died
 /// before its bootloader flip gets its cordon undone first (see the body). A holder that
 /// went silent after its bootloader flip counts as a failure of its version: a release that
 /// hangs at boot must pause the rollout instead of taking down one node after another.
@@ -79,7 +93,6 @@ pub async fn reclaim_dead<S: ChannelStore>(
     me: &str,
     observer: &mut LivenessObserver,
     reboot_timeout: Duration,
-    mono_now: Instant,
     now: DateTime<Utc>,
 ) -> Result<Vec<Reclaimed>, SlotError> {
     let channel = store.channel_name();
@@ -87,30 +100,43 @@ pub async fn reclaim_dead<S: ChannelStore>(
         channel: channel.clone(),
         source,
     };
-    let current = store.read().await.map_err(err)?;
-    known_format(&channel, &current)?;
-    let slots = current.status.map(|s| s.slots).unwrap_or_default();
-    let dead = find_dead(store, me, &slots, observer, reboot_timeout, mono_now)
-        .await
-        .map_err(err)?;
-    if dead.is_empty() {
-        return Ok(Vec::new());
-    }
-    // A holder that died before its bootloader flip (Claimed, Draining) abandoned its update
-    // with nothing irreversible done, like a drain that timed out: undo its cordon (only one
-    // it marked as its own, and never an admin's) before its slot is freed, so the node that
-    // claims next is the only one we keep cordoned. A holder silent after its flip
-    // (Rebooting, RollingBack) is down or hung: it stays cordoned and counts as a failure.
-    let uncordoned = undo_cordons_before_flip(store, &dead).await.map_err(err)?;
-    cas(store, now, |ch, st| {
-        let out = remove_dead(ch, st, &dead, &uncordoned, now);
-        if out.is_empty() {
-            Step::Done(out)
-        } else {
-            Step::Write(out)
+    // Every attempt looks at the Leases again before its write: a conflict retry can take a
+    // while under contention, and a holder that renewed meanwhile is alive. Removing its
+    // slot then would let another node start while it still reboots (fencing stops it only
+    // at its next write), so the judgement is never older than one attempt.
+    let mut uncordoned = Vec::new();
+    for attempt in 0..MAX_ATTEMPTS {
+        let current = store.read().await.map_err(err)?;
+        known_format(&channel, &current)?;
+        let mut status = current.status.clone().unwrap_or_default();
+        let dead = find_dead(store, me, &status.slots, observer, reboot_timeout)
+            .await
+            .map_err(err)?;
+        if dead.is_empty() {
+            return Ok(Vec::new());
         }
+        // A holder that died before its bootloader flip (Claimed, Draining) abandoned its
+        // update with nothing irreversible done, like a drain that timed out: undo its cordon
+        // (only one it marked as its own, and never an admin's) before its slot is freed, so
+        // the node that claims next is the only one we keep cordoned. A holder silent after
+        // its flip (Rebooting, RollingBack) is down or hung: it stays cordoned and counts as
+        // a failure. The mark is gone after the first attempt undid it, so the nodes undone
+        // are remembered across attempts.
+        uncordoned.extend(undo_cordons_before_flip(store, &dead).await.map_err(err)?);
+        let out = remove_dead(&current, &mut status, &dead, &uncordoned, now);
+        if out.is_empty() {
+            return Ok(out);
+        }
+        match write_status(store, &current, status, now).await {
+            Ok(()) => return Ok(out),
+            Err(StoreError::Conflict) => tokio::time::sleep(jitter(attempt)).await,
+            Err(e) => return Err(err(e)),
+        }
+    }
+    Err(SlotError::Contention {
+        channel,
+        attempts: MAX_ATTEMPTS,
     })
-    .await
 }
 
 /// The holders of `slots` (but `me`) whose Node is deleted or whose Lease went unrenewed
@@ -121,7 +147,6 @@ async fn find_dead<S: ChannelStore>(
     slots: &[SlotEntry],
     observer: &mut LivenessObserver,
     reboot_timeout: Duration,
-    mono_now: Instant,
 ) -> Result<Vec<(SlotEntry, DeadReason)>, StoreError> {
     observer.retain(|n| slots.iter().any(|s| s.node == n));
     let mut dead: Vec<(SlotEntry, DeadReason)> = Vec::new();
@@ -130,8 +155,7 @@ async fn find_dead<S: ChannelStore>(
             dead.push((slot.clone(), DeadReason::NodeDeleted));
             continue;
         }
-        let marker = store.lease_marker(&slot.node).await?;
-        let silent = observer.observe(&slot.node, marker, mono_now);
+        let silent = look(store, observer, &slot.node).await?;
         if silent >= reboot_timeout {
             dead.push((slot.clone(), DeadReason::LeaseStale(silent)));
         }
@@ -142,14 +166,24 @@ async fn find_dead<S: ChannelStore>(
     let mut confirmed = Vec::with_capacity(dead.len());
     for (slot, reason) in dead {
         if let DeadReason::LeaseStale(_) = reason {
-            let again = store.lease_marker(&slot.node).await?;
-            if observer.observe(&slot.node, again, mono_now) < reboot_timeout {
+            if look(store, observer, &slot.node).await? < reboot_timeout {
                 continue;
             }
         }
         confirmed.push((slot, reason));
     }
     Ok(confirmed)
+}
+
+/// Read `node`'s Lease marker once; how long it has certainly been unchanged.
+async fn look<S: ChannelStore>(
+    store: &S,
+    observer: &mut LivenessObserver,
+    node: &str,
+) -> Result<Duration, StoreError> {
+    let asked = Instant::now();
+    let marker = store.lease_marker(node).await?;
+    Ok(observer.observe(node, marker, asked, Instant::now()))
 }
 
 /// Undo the cordon of holders that died before their bootloader flip; the nodes uncordoned.
@@ -223,4 +257,39 @@ fn remove_dead(
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silence_counts_from_the_answer_that_first_showed_the_marker() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut o = LivenessObserver::default();
+        // A pass that began at t0 saw a renewal (marker 7) answered at t0+3s: the renewal
+        // may have happened just before that answer, so the silence starts there.
+        assert_eq!(
+            o.observe("n", Some("7".into()), t0, t0 + s(3)),
+            Duration::ZERO
+        );
+        assert_eq!(
+            o.observe("n", Some("7".into()), t0 + s(12), t0 + s(13)),
+            s(9)
+        );
+        // A new marker starts over; a missing Lease is a marker too.
+        assert_eq!(
+            o.observe("n", Some("8".into()), t0 + s(14), t0 + s(15)),
+            Duration::ZERO
+        );
+        assert_eq!(o.observe("n", None, t0 + s(16), t0 + s(16)), Duration::ZERO);
+        assert_eq!(o.observe("n", None, t0 + s(30), t0 + s(31)), s(14));
+        // A request sent before the first answer arrived never counts backwards.
+        let mut o = LivenessObserver::default();
+        o.observe("m", None, t0, t0 + s(5));
+        assert_eq!(o.observe("m", None, t0 + s(1), t0 + s(6)), Duration::ZERO);
+        o.retain(|n| n != "m");
+        assert_eq!(o.observe("m", None, t0 + s(9), t0 + s(9)), Duration::ZERO);
+    }
 }
