@@ -266,7 +266,7 @@ fn max_rate_caps_the_download() {
 const CHILD: &str = "LIBUPGRADE_CHUNKED_CHILD";
 
 #[test]
-fn kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib() {
+fn kill_9_at_random_points_loses_at_most_the_chunk_in_flight_per_kill() {
     if let Ok(spec) = std::env::var(CHILD) {
         // Child: stage from the URL with the config given, as `k3os-ops upgrade` would.
         let (cfg, url): (libupgrade::Config, String) = serde_json::from_str(&spec).unwrap();
@@ -314,7 +314,7 @@ fn kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib() {
         let mut child = Command::new(&exe)
             .args([
                 "--exact",
-                "kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib",
+                "kill_9_at_random_points_loses_at_most_the_chunk_in_flight_per_kill",
                 "--nocapture",
             ])
             .env(CHILD, &spec)
@@ -353,9 +353,17 @@ fn kill_9_at_random_points_fetches_at_most_the_release_plus_1_mib() {
         kills.iter().any(|b| *b > 1 << 20),
         "no kill landed in the download: {kills:?}"
     );
+    // A kill loses the chunk in flight and what the kernel still held for the dead client;
+    // headers are a few hundred bytes a request. A resume that re-fetched from the start of a
+    // file (or of a range) would lose megabytes at the later kills.
+    let per_kill =
+        u64::from(libupgrade::chunk::ChunkParams::DEFAULT.max) + TestServer::in_flight_bound();
+    let bound = total + kills.len() as u64 * per_kill + 64 * 1024;
     assert!(
-        sent <= total + MIB,
-        "sent {sent} bytes for a {total}-byte release (+{} over the size) with kills at {kills:?}",
-        sent as i64 - total as i64
+        sent <= bound,
+        "sent {sent} bytes for a {total}-byte release (+{} over the size, bound +{}: the chunk \
+         in flight and the socket buffers per kill) with kills at {kills:?}",
+        sent as i64 - total as i64,
+        bound - total
     );
 }

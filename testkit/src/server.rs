@@ -24,6 +24,31 @@ pub struct TestServer {
     sent: Arc<AtomicU64>,
 }
 
+/// `SO_SNDBUF` of a paced server's connections (bytes; the kernel doubles it).
+pub const PACED_SNDBUF: libc::c_int = 32 << 10;
+
+/// Pin `s`'s kernel send buffer (autotuning would otherwise grow it to megabytes).
+fn pin_send_buffer(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let v = PACED_SNDBUF;
+    // SAFETY: a valid socket descriptor and a c_int option value of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "setsockopt(SO_SNDBUF): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
 #[derive(Clone, Copy)]
 struct Knobs {
     /// Body bytes per second; 0: as fast as the socket takes them.
@@ -36,9 +61,23 @@ impl TestServer {
         Self::spawn(root, drops, Knobs { rate: 0 })
     }
 
-    /// Serve `root` at `rate` body bytes per second (0: unpaced), never dropping.
+    /// Serve `root` at `rate` body bytes per second (0: unpaced), never dropping. Each
+    /// connection's kernel send buffer is pinned to [`PACED_SNDBUF`], so the bytes counted as
+    /// sent but still queued in the kernel when a client dies are bounded (see
+    /// [`TestServer::in_flight_bound`]).
     pub fn paced(root: PathBuf, rate: u64) -> TestServer {
         Self::spawn(root, 0, Knobs { rate })
+    }
+
+    /// Most bytes this server can have counted as sent that a client killed at that moment
+    /// never read: its pinned send buffer (the kernel doubles the value set) plus the client's
+    /// default receive buffer (`net.ipv4.tcp_rmem`, middle value). Paced servers only.
+    pub fn in_flight_bound() -> u64 {
+        let rmem = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem")
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .unwrap_or(128 << 10);
+        2 * PACED_SNDBUF as u64 + rmem
     }
 
     /// Bytes sent so far, headers included.
@@ -66,6 +105,9 @@ impl TestServer {
         };
         std::thread::spawn(move || {
             for s in l.incoming().flatten() {
+                if conn.knobs.rate > 0 {
+                    pin_send_buffer(&s);
+                }
                 let conn = conn.clone();
                 std::thread::spawn(move || conn.serve(s));
             }
