@@ -109,8 +109,13 @@ pub async fn list(client: &Client, namespace: &str) -> Result<Listed, kube::Erro
     let objs = dynamic_api(client.clone(), namespace)
         .list(&ListParams::default())
         .await?;
+    Ok(sort_out(namespace, objs.items))
+}
+
+/// The channel objects of `namespace` (listed or watched), decoded each on its own.
+pub fn sort_out(namespace: &str, objs: Vec<DynamicObject>) -> Listed {
     let mut out = Listed::default();
-    for obj in objs.items {
+    for obj in objs {
         let name = obj.metadata.name.clone().unwrap_or_default();
         let what = format!("the status of UpdateChannel {namespace}/{name}");
         if let Err(error) = super::format::status_format(&what, &obj.data) {
@@ -125,7 +130,7 @@ pub async fn list(client: &Client, namespace: &str) -> Result<Listed, kube::Erro
     out.channels.sort_by(|a, b| a.name().cmp(b.name()));
     out.bad.sort_by(|a, b| a.name.cmp(&b.name));
     out.newer.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
+    out
 }
 
 /// The outcome of [`pick`].

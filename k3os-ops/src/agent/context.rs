@@ -3,7 +3,12 @@
 //! metrics) and its [`Memory`] (what one process remembers between reconciles: back-offs,
 //! reports already made), and the few effects every step shares: annotating the Node
 //! ([`Agent::annotate_phase`]), Events ([`Agent::event`], `Agent::event_once`), blocking
-//! calls into libupgrade (`Agent::blocking`).
+//! calls into libupgrade (`Agent::blocking`), and the channels as the background loops read
+//! them ([`Agent::channels_now`]: from the watch cache when the agent has one).
+//!
+//! An annotation is written only when it changes: the Node's annotations as last read or
+//! written are remembered, and a patch that would change none of them is not sent (an idle
+//! agent re-deciding `UpToDate` every resync writes nothing).
 //!
 //! Per-node progress lives on the Node as `k3os.io/update-*` annotations (never on the shared
 //! channel): `update-phase` ([`Phase`]), `update-target`, `update-progress`, `update-message`,
@@ -11,7 +16,7 @@
 //! slot) and `update-cordoned` (set just before this agent cordons, so only a cordon of ours is
 //! undone), with their format in `update-format` ([`super::format`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +26,7 @@ use chrono::Utc;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, Resource};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::crd::UpdateChannel;
 use super::errors::{AgentError, KubeContext};
@@ -64,6 +69,8 @@ pub struct Clients {
     pub events: super::events::Publisher,
     /// Prometheus metrics of this agent (served by [`super::metrics::serve`]).
     pub metrics: Arc<super::metrics::Metrics>,
+    /// The watch caches (None: every read goes to the API server, as in the step tests).
+    pub watched: Option<Arc<super::cache::Watched>>,
 }
 
 /// What one agent process remembers between reconciles (nothing here is needed to resume:
@@ -91,6 +98,10 @@ pub struct Memory {
     pub(super) not_assessed_reported: AtomicBool,
     /// Format refusals already reported (each text once per agent process).
     pub(super) format_reported: Mutex<BTreeSet<String>>,
+    /// What the last fresh read of the Node and the channels saw (see [`super::cache`]).
+    pub(super) fresh: Mutex<Option<super::cache::Fresh>>,
+    /// The Node's annotations as last read or written (an unchanged patch is not sent).
+    pub(super) node_annotations: Mutex<Option<BTreeMap<String, String>>>,
 }
 
 /// An Event a step publishes with its report.
@@ -165,9 +176,35 @@ impl Agent {
                 ops,
                 events,
                 metrics: Arc::new(super::metrics::Metrics::new(node)),
+                watched: None,
             },
             memory: Memory::default(),
         }
+    }
+
+    /// This agent with watch caches; `writes` must count the requests of its client (see
+    /// [`super::client::WriteCounter`]).
+    pub fn with_watches(mut self, writes: super::client::WriteCounter) -> Agent {
+        self.clients.watched = Some(super::cache::Watched::new(&self.settings.node, writes));
+        self
+    }
+
+    /// The channels of the namespace: from the watch cache once it listed them, else listed.
+    pub async fn channels_now(&self) -> Result<super::channels::Listed, kube::Error> {
+        let cached = self
+            .clients
+            .watched
+            .as_ref()
+            .and_then(|w| w.channel_objects());
+        match cached {
+            Some(objs) => Ok(super::channels::sort_out(&self.settings.namespace, objs)),
+            None => super::channels::list(&self.clients.client, &self.settings.namespace).await,
+        }
+    }
+
+    /// Remember the Node's annotations as just read.
+    pub(super) fn saw_annotations(&self, annotations: BTreeMap<String, String>) {
+        *self.memory.node_annotations.lock().expect("not poisoned") = Some(annotations);
     }
 
     pub fn set_startup_silence(&self, silence: Option<Duration>) {
@@ -484,7 +521,21 @@ impl Agent {
             .collect();
         // Every patch states the format of the annotations it leaves behind.
         map.insert(ANN_FORMAT.into(), json!(NODE_FORMAT.to_string()));
-        self.nodes()
+        let unchanged = self
+            .memory
+            .node_annotations
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .is_some_and(|known| {
+                map.iter()
+                    .all(|(k, v)| known.get(k).map(|s| json!(s)).unwrap_or(Value::Null) == *v)
+            });
+        if unchanged {
+            return Ok(());
+        }
+        let node = self
+            .nodes()
             .patch(
                 &self.settings.node,
                 &PatchParams::default(),
@@ -492,6 +543,7 @@ impl Agent {
             )
             .await
             .kube_ctx(|| format!("annotate Node {}", self.settings.node))?;
+        self.saw_annotations(node.metadata.annotations.unwrap_or_default());
         Ok(())
     }
 

@@ -6,9 +6,12 @@
 
 use chrono::Utc;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use kube::api::{DynamicObject, ListParams};
+use kube::ResourceExt;
 
 use super::actions;
 use super::assessment;
+use super::cache::Fresh;
 use super::channels::{Channel, Listed, Picked};
 pub use super::context::{Agent, Next};
 use super::crd::SlotPhase;
@@ -34,13 +37,10 @@ impl Agent {
 
 /// One decision and its execution (see the module docs).
 pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
-    let node = cx
-        .nodes()
-        .get(&cx.settings.node)
-        .await
-        .kube_ctx(|| format!("read own Node {}", cx.settings.node))?;
+    let (node, objects) = read(cx).await?;
     // Annotations of a newer agent than this one: touch nothing on this node.
     let annotations = node.metadata.annotations.clone().unwrap_or_default();
+    cx.saw_annotations(annotations.clone());
     let what = format!(
         "the k3os.io/update-* annotations of Node {}",
         cx.settings.node
@@ -49,7 +49,7 @@ pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
         cx.report_format(None, &e).await;
         return Ok(Next::Wait);
     }
-    let listed = list_channels(cx).await?;
+    let listed = sort_channels(cx, objects).await;
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let Some(picked) = super::channels::pick(&cx.settings.node, &listed.channels, &labels) else {
         return Ok(Next::Wait);
@@ -77,12 +77,47 @@ pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
     execute(cx, &channel, &view, step.action).await
 }
 
-/// The channels of the namespace, with those this agent cannot use reported on themselves.
-async fn list_channels(cx: &Agent) -> Result<Listed, AgentError> {
-    let namespace = &cx.settings.namespace;
-    let listed = super::channels::list(&cx.clients.client, namespace)
+/// The own Node and the channel objects: from the watch caches when they have caught up with
+/// the last fresh read and this agent wrote nothing since, else read fresh (GET and list; what
+/// was read is remembered). See [`super::cache`].
+async fn read(cx: &Agent) -> Result<(Node, Vec<DynamicObject>), AgentError> {
+    let watched = cx.clients.watched.as_ref();
+    let fresh = cx.memory.fresh.lock().expect("not poisoned").clone();
+    if let (Some(w), Some(f)) = (watched, &fresh) {
+        if let Some(state) = w.state_after(f) {
+            return Ok(state);
+        }
+    }
+    let writes = watched.map_or(0, |w| w.writes.get());
+    let node = cx
+        .nodes()
+        .get(&cx.settings.node)
         .await
-        .kube_ctx(|| format!("list UpdateChannels in namespace {namespace}"))?;
+        .kube_ctx(|| format!("read own Node {}", cx.settings.node))?;
+    let namespace = &cx.settings.namespace;
+    let objects = super::channels::dynamic_api(cx.clients.client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .kube_ctx(|| format!("list UpdateChannels in namespace {namespace}"))?
+        .items;
+    if watched.is_some() {
+        let seen = Fresh {
+            writes,
+            node_rv: node.metadata.resource_version.clone(),
+            channels: objects
+                .iter()
+                .map(|o| (o.name_any(), o.metadata.resource_version.clone()))
+                .collect(),
+        };
+        *cx.memory.fresh.lock().expect("not poisoned") = Some(seen);
+    }
+    Ok((node, objects))
+}
+
+/// The channels of the namespace, with those this agent cannot use reported on themselves.
+async fn sort_channels(cx: &Agent, objects: Vec<DynamicObject>) -> Listed {
+    let namespace = &cx.settings.namespace;
+    let listed = super::channels::sort_out(namespace, objects);
     for newer in &listed.newer {
         let regarding = ObjectReference {
             api_version: Some("k3os.io/v1".into()),
@@ -94,7 +129,7 @@ async fn list_channels(cx: &Agent) -> Result<Listed, AgentError> {
         cx.report_format(Some(regarding), &newer.error).await;
     }
     super::invalid::report_channels(cx, &listed).await;
-    Ok(listed)
+    listed
 }
 
 /// A `ChannelConflict` Event when several channels select this node (again only when the

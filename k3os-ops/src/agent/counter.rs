@@ -14,10 +14,14 @@
 //! Events on the channel: `WaveStarted` when a wave may begin, `RolloutComplete` when every
 //! selected node runs the target.
 //!
-//! If the counter's node dies, its Lease expires after three periods and another agent takes
-//! over; the counts are then stale for that long, and no wave starts meanwhile (a wave only
-//! starts on a count), which is the safe side.
+//! The Lease is declared valid for [`counter_lease`] (three periods, at least ten minutes);
+//! the holder renews it on every count, the other agents look at it once per that duration
+//! (not every period: a thousand agents asking every 30 s who counts would cost more than the
+//! counting). If the counter's node dies, another agent takes over within two such durations;
+//! the counts are stale meanwhile, and no wave starts (a wave only starts on a count), which
+//! is the safe side. A counter that reboots (its own update) takes its Lease back at once.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,20 +43,38 @@ pub fn fleet_lease_name(channel: &str) -> String {
     format!("k3os-upgrade-fleet-{channel}")
 }
 
+/// How long the counter Lease is declared valid: three count periods, at least ten minutes.
+pub fn counter_lease(period: Duration) -> Duration {
+    (period * 3).max(Duration::from_secs(600))
+}
+
 /// Count the fleet of each valid channel whose counter Lease this node holds, every `period`,
 /// forever.
 pub async fn count_loop(agent: Arc<Agent>, period: Duration) {
     let leases: Api<Lease> =
         Api::namespaced(agent.clients.client.clone(), &agent.settings.namespace);
-    let lease_secs = i32::try_from(period.as_secs().saturating_mul(3).max(1)).unwrap_or(i32::MAX);
+    let valid = counter_lease(period);
+    let lease_secs = i32::try_from(valid.as_secs()).unwrap_or(i32::MAX);
+    let mut next_look: BTreeMap<String, tokio::time::Instant> = BTreeMap::new();
     loop {
-        match super::channels::list(&agent.clients.client, &agent.settings.namespace).await {
+        match agent.channels_now().await {
             Ok(list) => {
                 for ch in list.channels.iter().filter(|c| c.policy.is_ok()) {
                     let name = fleet_lease_name(ch.name());
+                    let now = tokio::time::Instant::now();
+                    if next_look.get(&name).is_some_and(|at| now < *at) {
+                        continue;
+                    }
                     match acquire_lease(&leases, &name, &agent.settings.node, lease_secs).await {
-                        Ok(LeaseOutcome::Held) => {}
-                        Ok(LeaseOutcome::HeldBy(_)) => continue,
+                        Ok(LeaseOutcome::Held) => {
+                            next_look.remove(&name);
+                        }
+                        Ok(LeaseOutcome::HeldBy(_)) => {
+                            // Look again when it would have expired, give or take a tenth.
+                            let jitter = rand::Rng::gen_range(&mut rand::thread_rng(), 1.0..1.1);
+                            next_look.insert(name, now + valid.mul_f64(jitter));
+                            continue;
+                        }
                         Err(e) => {
                             tracing::warn!("counter Lease {name}: {e}");
                             continue;

@@ -140,6 +140,33 @@ impl ChannelStore for KubeChannelStore {
     }
 }
 
+/// Renew this node's own liveness Lease `name`: a PUT of `last` (the Lease as last written)
+/// with a new `renewTime`, one request; without `last`, or when it is stale (409) or gone
+/// (404), read it first ([`acquire_lease`]'s path: the Lease is always ours). Returns the Lease
+/// as written, for the next renewal.
+pub async fn renew_own_lease(
+    leases: &Api<Lease>,
+    name: &str,
+    holder: &str,
+    duration_secs: i32,
+    last: Option<Lease>,
+) -> Result<Lease, StoreError> {
+    if let Some(mut lease) = last {
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        spec.lease_duration_seconds = Some(duration_secs);
+        match leases.replace(name, &PostParams::default(), &lease).await {
+            Ok(l) => return Ok(l),
+            Err(e) => match store_error(e) {
+                StoreError::Conflict | StoreError::NotFound(_) => {}
+                other => return Err(other),
+            },
+        }
+    }
+    acquire_lease(leases, name, holder, duration_secs).await?;
+    leases.get(name).await.map_err(store_error)
+}
+
 /// Outcome of one Lease acquire/renew attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseOutcome {

@@ -19,6 +19,7 @@
 //!
 //! ```text
 //! run            process wiring: client, metrics listener, background tasks, watchers, loop
+//!  │              + cache (the watches of the channels and of the own Node, read-your-writes)
 //!  │              + background (node Lease, reclaim of dead holders, `latest` poller)
 //!  │              + counter (the fleet counts and waves: list Nodes → fleet → slots)
 //! controller     read: own Node, channels (channels), this node's slots (node) → NodeView
@@ -48,7 +49,8 @@
 //! [`context`] (the [`context::Agent`] handed to every step), [`actions`] (the waiting and
 //! bookkeeping actions), [`steps`] (stage, drain, flip + reboot, confirm), [`invalid`]
 //! (reporting unusable channels), [`assessment`] (a boot not assessed yet), [`background`]
-//! (Lease renewal, reclaim, `latest` poller), [`run`] (process wiring and the error policy),
+//! (Lease renewal, reclaim, `latest` poller), [`cache`] (what the agent watches, the caches
+//! its loops read), [`run`] (process wiring and the error policy),
 //! [`client`] (kube client without the hidden retry layer, kube error text), [`events`],
 //! [`format`] (versions and migrations of everything the agent stores, the annotation keys),
 //! [`phase`] (the update phases of annotations and metrics), [`errors`] (Display text of
@@ -70,6 +72,7 @@
 pub mod actions;
 pub mod assessment;
 pub mod background;
+pub mod cache;
 pub mod channels;
 pub mod client;
 pub mod context;

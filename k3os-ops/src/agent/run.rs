@@ -1,5 +1,6 @@
 //! `k3os-ops agent`'s main: logging, the start-up line, the Kubernetes client, the metrics
-//! listener, the background tasks, the watchers that wake the loop, and the reconcile loop
+//! listener, then [`run_agent`]: the background tasks, the watches that wake the loop (see
+//! [`super::cache`]), and the reconcile loop
 //! with its single error policy ([`super::errors::AgentError::retry`]: a lost compare-and-swap
 //! reconciles again at once; anything else is logged, published as a `ReconcileError` event once
 //! per text and backed off up to 10 resync periods; never exit on a reconcile error).
@@ -8,11 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
-use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::Api;
 
 use super::background::{poll_loop, reclaim_loop, renew_node_lease};
 use super::controller::{Agent, Next};
@@ -43,32 +41,50 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         args.metrics_addr
     );
     libupgrade::http::install_crypto_provider();
-    let (client, agent) = start_agent(&args, &node).await?;
+    let agent = start_agent(&args, &node).await?;
     let bound = super::metrics::spawn(args.metrics_addr, agent.clients.metrics.clone())
         .await
         .with_context(|| {
             format!(
-                "listen on {} for /metrics, /healthz, /readyz",
+                "listen on {} for /metrics, /healthz and /readyz",
                 args.metrics_addr
             )
         })?;
     tracing::info!("serving /metrics, /healthz and /readyz on {bound}");
-    tokio::spawn(renew_node_lease(
-        client.clone(),
-        args.namespace.clone(),
-        node.clone(),
-    ));
-    tokio::spawn(reclaim_loop(agent.clone()));
-    tokio::spawn(poll_loop(
-        agent.clone(),
-        Duration::from_secs(args.poll_secs.max(30)),
-    ));
-    tokio::spawn(super::counter::count_loop(
-        agent.clone(),
-        Duration::from_secs(args.count_secs.max(5)),
-    ));
+    let periods = Periods {
+        resync: Duration::from_secs(args.resync_secs.max(5)),
+        poll: Duration::from_secs(args.poll_secs.max(30)),
+        count: Duration::from_secs(args.count_secs.max(5)),
+    };
+    run_agent(agent, periods).await
+}
 
-    let mut wake_rx = spawn_watchers(&client, &args.namespace, &node);
+/// The periods of the agent's loops (its command-line options).
+#[derive(Debug, Clone, Copy)]
+pub struct Periods {
+    /// Between reconciles when nothing changes (`--resync-secs`).
+    pub resync: Duration,
+    /// Between polls of `latest` (`--poll-secs`).
+    pub poll: Duration,
+    /// Between fleet counts (`--count-secs`).
+    pub count: Duration,
+}
+
+/// Everything an agent runs once it has a client: its watches (when it has watch caches), the
+/// node Lease renewal, the reclaim loop, the `latest` poller, the fleet counter, and the
+/// reconcile loop. The tasks end with this future (the fleet bench aborts it to power a node
+/// off).
+pub async fn run_agent(agent: Arc<Agent>, periods: Periods) -> anyhow::Result<()> {
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut changes = None;
+    if let Some(w) = &agent.clients.watched {
+        w.spawn(&mut tasks, &agent.clients.client, &agent.settings.namespace);
+        changes = Some(w.changes.subscribe());
+    }
+    tasks.spawn(renew_node_lease(agent.clone()));
+    tasks.spawn(reclaim_loop(agent.clone()));
+    tasks.spawn(poll_loop(agent.clone(), periods.poll));
+    tasks.spawn(super::counter::count_loop(agent.clone(), periods.count));
     agent
         .event(
             None,
@@ -77,19 +93,15 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             format!("k3os-ops agent {} started", env!("CARGO_PKG_VERSION")),
         )
         .await;
-    reconcile_loop(
-        &agent,
-        Duration::from_secs(args.resync_secs.max(5)),
-        &mut wake_rx,
-    )
-    .await
+    reconcile_loop(&agent, periods.resync, changes).await
 }
 
 /// The Kubernetes client and the agent, with this host's boot time and how long its Lease
 /// was silent before this start.
-async fn start_agent(args: &AgentArgs, node: &str) -> anyhow::Result<(Client, Arc<Agent>)> {
+async fn start_agent(args: &AgentArgs, node: &str) -> anyhow::Result<Arc<Agent>> {
     let node = node.to_string();
-    let client = super::client::infer()
+    let writes = super::client::WriteCounter::new(&node);
+    let client = super::client::infer(&writes)
         .await
         .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
     let ops: Arc<dyn NodeOps> = Arc::new(super::node::LibupgradeNode::open(args.config.clone())?);
@@ -97,7 +109,8 @@ async fn start_agent(args: &AgentArgs, node: &str) -> anyhow::Result<(Client, Ar
         .pod_name
         .as_ref()
         .map(|p| format!("{}/{p}", args.namespace));
-    let mut agent = Agent::new(client.clone(), &args.namespace, &node, self_pod, ops);
+    let mut agent =
+        Agent::new(client.clone(), &args.namespace, &node, self_pod, ops).with_watches(writes);
     agent.settings.booted_at = std::fs::read_to_string("/proc/stat")
         .ok()
         .and_then(|s| super::steps::host_boot_time(&s));
@@ -113,46 +126,14 @@ async fn start_agent(args: &AgentArgs, node: &str) -> anyhow::Result<(Client, Ar
             Duration::from_secs_f64(age.as_secs_f64().max(0.0))
         });
     agent.set_startup_silence(silence);
-
-    Ok((client, agent))
-}
-
-/// Watchers of the channels and of this Node, each change a wake-up of the loop.
-fn spawn_watchers(client: &Client, namespace: &str, node: &str) -> tokio::sync::mpsc::Receiver<()> {
-    // Wake on any change of the channels or of this Node; resync periodically regardless.
-    let (wake_tx, wake_rx) = tokio::sync::mpsc::channel::<()>(1);
-    // Untyped, so one malformed channel does not stop the wake-ups (it is reported by the
-    // reconcile's list).
-    let channels = super::channels::dynamic_api(client.clone(), namespace);
-    let tx = wake_tx.clone();
-    tokio::spawn(async move {
-        let mut s = watcher(channels, watcher::Config::default()).boxed();
-        while let Some(ev) = s.next().await {
-            if ev.is_ok() {
-                let _ = tx.try_send(());
-            }
-        }
-    });
-    let nodes: Api<Node> = Api::all(client.clone());
-    let tx = wake_tx;
-    let field = format!("metadata.name={node}");
-    tokio::spawn(async move {
-        let mut s = watcher(nodes, watcher::Config::default().fields(&field)).boxed();
-        while let Some(ev) = s.next().await {
-            if ev.is_ok() {
-                let _ = tx.try_send(());
-            }
-        }
-    });
-
-    wake_rx
+    Ok(agent)
 }
 
 /// Reconcile forever with the one error policy (see the module docs).
 async fn reconcile_loop(
     agent: &Agent,
     resync: Duration,
-    wake_rx: &mut tokio::sync::mpsc::Receiver<()>,
+    mut changes: Option<tokio::sync::watch::Receiver<u64>>,
 ) -> ! {
     let (mut errors, mut conflicts) = (0u32, 0u32);
     loop {
@@ -175,6 +156,13 @@ async fn reconcile_loop(
             }
         }
         let pause = resync * errors.clamp(1, 10);
-        let _ = tokio::time::timeout(pause, wake_rx.recv()).await;
+        match changes.as_mut() {
+            // Any change of the channels or of this Node wakes the loop (a change during the
+            // reconcile wakes it at once: the receiver remembers it).
+            Some(rx) => {
+                let _ = tokio::time::timeout(pause, rx.changed()).await;
+            }
+            None => tokio::time::sleep(pause).await,
+        }
     }
 }

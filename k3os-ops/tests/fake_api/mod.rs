@@ -14,6 +14,13 @@
 //!   [`Pdb`]s: 429 while evicting a pod would leave fewer than `minAvailable` available pods
 //!   of a budget (available: Ready, not terminating, on a Ready Node).
 //! - Events (`events.k8s.io/v1`): POST, recorded in the log.
+//! - Watches (`?watch=true`) of Nodes (optionally one, by `fieldSelector=metadata.name=…`)
+//!   and of the channels: a streaming body of JSON lines (`ADDED`/`MODIFIED` events) that
+//!   replays the changes after the `resourceVersion` asked for (410 `Expired` when they are
+//!   older than the last [`HISTORY`] changes kept), then follows every real change, and ends
+//!   after `timeoutSeconds` of tokio time (the paused clock of the fleet bench too). Lists
+//!   carry the current `resourceVersion`, so kube's watcher (list, then watch) works as
+//!   against a real server. [`World::requests`] counts a list as `LIST`, a watch as `WATCH`.
 //!
 //! [`World::tick`] plays the rest of the cluster for evicted pods: the kubelet removes an
 //! evicted pod after [`World::termination`], its ReplicaSet creates a replacement at once, the
@@ -36,11 +43,20 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::{Method, Request, Response};
+use http_body::Frame;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
 use kube::client::Body;
 use kube::Client;
 use serde_json::{json, Value};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+
+/// The body of the fake's answers: whole (most) or streamed (watches).
+pub type FakeBody = UnsyncBoxBody<Bytes, std::convert::Infallible>;
+/// How many changes the fake keeps for watches resuming from a resourceVersion.
+pub const HISTORY: usize = 20_000;
 
 pub type Log = Arc<Mutex<Vec<String>>>;
 /// Called with `"METHOD path"` and the channel `stable` before each request is answered.
@@ -105,8 +121,38 @@ pub struct World {
     changes: watch::Sender<u64>,
     node_changes: BTreeMap<String, watch::Sender<u64>>,
     channel_changes: watch::Sender<u64>,
-    /// Requests answered, by `VERB resource` (e.g. `GET nodes`, `PUT updatechannels/status`).
+    /// Requests answered, by `VERB resource` (e.g. `GET nodes`, `PUT updatechannels/status`;
+    /// `LIST` and `WATCH` for collections).
     pub requests: BTreeMap<String, u64>,
+    /// Changes of Nodes and channels, oldest first (at most [`HISTORY`]), for watches.
+    history: std::collections::VecDeque<Change>,
+    /// Changes before this resourceVersion were dropped from `history`.
+    history_floor: u64,
+    /// Open watches.
+    watches: Vec<Watcher>,
+    /// The resourceVersion last sent to watches, per (resource, name).
+    emitted: BTreeMap<(&'static str, String), String>,
+}
+
+/// One change of a watched object: its resourceVersion, resource, name and the event line.
+struct Change {
+    rv: u64,
+    resource: &'static str,
+    name: String,
+    line: Bytes,
+}
+
+/// One open watch: of `resource`, of the object `name` only when set.
+struct Watcher {
+    resource: &'static str,
+    name: Option<String>,
+    tx: mpsc::UnboundedSender<Bytes>,
+}
+
+impl Watcher {
+    fn wants(&self, resource: &str, name: &str) -> bool {
+        self.resource == resource && self.name.as_deref().is_none_or(|n| n == name)
+    }
 }
 
 /// Merge-patch semantics (RFC 7386): objects merge, `null` removes, anything else replaces.
@@ -129,15 +175,30 @@ pub fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
-fn respond(status: u16, body: &Value) -> Response<Body> {
+fn respond(status: u16, body: &Value) -> Response<FakeBody> {
     Response::builder()
         .status(status)
         .header("content-type", "application/json")
-        .body(Body::from(serde_json::to_vec(body).unwrap()))
+        .body(Full::new(Bytes::from(serde_json::to_vec(body).unwrap())).boxed_unsync())
         .unwrap()
 }
 
-fn failure(code: u16, reason: &str, message: &str) -> Response<Body> {
+/// A streamed answer: the lines `rx` receives until `deadline` (tokio time).
+fn stream(rx: mpsc::UnboundedReceiver<Bytes>, deadline: tokio::time::Instant) -> Response<FakeBody> {
+    let lines = futures::stream::unfold(rx, move |mut rx| async move {
+        tokio::select! {
+            line = rx.recv() => line.map(|l| (Ok(Frame::data(l)), rx)),
+            _ = tokio::time::sleep_until(deadline) => None,
+        }
+    });
+    Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(StreamBody::new(lines).boxed_unsync())
+        .unwrap()
+}
+
+fn failure(code: u16, reason: &str, message: &str) -> Response<FakeBody> {
     respond(
         code,
         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -145,11 +206,11 @@ fn failure(code: u16, reason: &str, message: &str) -> Response<Body> {
     )
 }
 
-fn not_found(what: &str) -> Response<Body> {
+fn not_found(what: &str) -> Response<FakeBody> {
     failure(404, "NotFound", &format!("{what} not found"))
 }
 
-fn conflict(what: &str) -> Response<Body> {
+fn conflict(what: &str) -> Response<FakeBody> {
     failure(
         409,
         "Conflict",
@@ -258,13 +319,110 @@ impl World {
             node_changes: BTreeMap::new(),
             channel_changes: watch::channel(0).0,
             requests: BTreeMap::new(),
+            history: std::collections::VecDeque::new(),
+            history_floor: 0,
+            watches: Vec::new(),
+            emitted: BTreeMap::new(),
         };
-        for n in nodes {
+        for mut n in nodes {
             let name = n["metadata"]["name"].as_str().unwrap().to_string();
+            if n["metadata"]["resourceVersion"].is_null() {
+                n["metadata"]["resourceVersion"] = json!(w.next_rv());
+            }
             w.nodes.insert(name, n);
         }
         w.stamp_channels();
         w
+    }
+
+    /// Send a change of `resource` `name` (now `obj`) to the watches and keep it for those
+    /// that resume later; nothing when its resourceVersion was sent already.
+    fn emit(&mut self, resource: &'static str, name: &str, obj: &Value) {
+        let rv_text = obj["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let key = (resource, name.to_string());
+        let kind = match self.emitted.get(&key) {
+            Some(last) if *last == rv_text => return,
+            Some(_) => "MODIFIED",
+            None => "ADDED",
+        };
+        self.emitted.insert(key, rv_text.clone());
+        let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": obj})));
+        let rv = rv_text.parse().unwrap_or(0);
+        self.watches
+            .retain(|w| !w.wants(resource, name) || w.tx.send(line.clone()).is_ok());
+        self.history.push_back(Change {
+            rv,
+            resource,
+            name: name.to_string(),
+            line,
+        });
+        while self.history.len() > HISTORY {
+            let old = self.history.pop_front().unwrap();
+            self.history_floor = old.rv;
+        }
+    }
+
+    /// Open a watch of `resource` (`name`: one object) from resourceVersion `from`, ending at
+    /// `deadline`: the changes after `from`, then every new one.
+    fn open_watch(
+        &mut self,
+        resource: &'static str,
+        name: Option<String>,
+        from: &str,
+        deadline: tokio::time::Instant,
+    ) -> Response<FakeBody> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let watcher = Watcher { resource, name, tx };
+        match from.parse::<u64>().ok().filter(|rv| *rv > 0) {
+            Some(rv) if rv < self.history_floor => {
+                let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
+                    "metadata": {}, "status": "Failure", "reason": "Expired", "code": 410,
+                    "message": format!("too old resource version: {rv} ({})", self.history_floor)}});
+                let _ = watcher.tx.send(Bytes::from(format!("{gone}\n")));
+                return stream(rx, deadline);
+            }
+            Some(rv) => {
+                let start = self.history.partition_point(|c| c.rv <= rv);
+                for c in self.history.range(start..) {
+                    if watcher.wants(c.resource, &c.name) {
+                        let _ = watcher.tx.send(c.line.clone());
+                    }
+                }
+            }
+            // resourceVersion 0 or none: every object as it is now, then the changes.
+            None => {
+                let objects: Vec<(String, Value)> = if resource == "nodes" {
+                    self.nodes.iter().map(|(n, v)| (n.clone(), v.clone())).collect()
+                } else {
+                    self.channels()
+                        .map(|c| (c["metadata"]["name"].as_str().unwrap_or_default().to_string(), c.clone()))
+                        .collect()
+                };
+                for (n, obj) in objects {
+                    if watcher.wants(resource, &n) {
+                        let line = json!({"type": "ADDED", "object": obj});
+                        let _ = watcher.tx.send(Bytes::from(format!("{line}\n")));
+                    }
+                }
+            }
+        }
+        self.watches.push(watcher);
+        stream(rx, deadline)
+    }
+
+    /// The channels that exist (`channel` unless it is `Null`, then `extra_channels`).
+    fn channels(&self) -> impl Iterator<Item = &Value> {
+        std::iter::once(&self.channel)
+            .filter(|c| !c["spec"].is_null())
+            .chain(self.extra_channels.iter())
+    }
+
+    /// Open watches (for tests: a watch ends after its `timeoutSeconds`).
+    pub fn open_watches(&self) -> usize {
+        self.watches.iter().filter(|w| !w.tx.is_closed()).count()
     }
 
     pub fn node(&self, name: &str) -> &Value {
@@ -366,6 +524,9 @@ impl World {
     /// Node `name` changed: wakes [`World::subscribe`] and [`World::subscribe_node`] of it.
     fn notify_node(&mut self, name: &str) {
         self.notify();
+        if let Some(n) = self.nodes.get(name).cloned() {
+            self.emit("nodes", name, &n);
+        }
         if let Some(tx) = self.node_changes.get(name) {
             tx.send_modify(|n| *n += 1);
         }
@@ -374,6 +535,13 @@ impl World {
     /// A channel changed: wakes [`World::subscribe`] and [`World::subscribe_channels`].
     fn notify_channels(&mut self) {
         self.notify();
+        let changed: Vec<(String, Value)> = self
+            .channels()
+            .map(|c| (c["metadata"]["name"].as_str().unwrap_or_default().to_string(), c.clone()))
+            .collect();
+        for (name, c) in changed {
+            self.emit("updatechannels", &name, &c);
+        }
         self.channel_changes.send_modify(|n| *n += 1);
     }
 
@@ -428,7 +596,7 @@ impl World {
     }
 
     /// Evict `namespace/name` through the Eviction API.
-    fn evict(&mut self, namespace: &str, name: &str) -> Response<Body> {
+    fn evict(&mut self, namespace: &str, name: &str) -> Response<FakeBody> {
         let Some(i) = self
             .pods
             .iter()
@@ -548,14 +716,14 @@ pub async fn run_cluster(world: Arc<Mutex<World>>, period: Duration) {
 
 /// A kube client of its own over the shared world (its own serving task).
 pub fn client(world: &Arc<Mutex<World>>, log: &Log) -> Client {
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<FakeBody>>();
     tokio::spawn(serve(handle, world.clone(), log.clone()));
     Client::new(svc, "default")
 }
 
 /// Answer the requests of one mock client from `world` until the client is dropped.
 pub async fn serve(
-    mut h: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    mut h: tower_test::mock::Handle<Request<Body>, Response<FakeBody>>,
     world: Arc<Mutex<World>>,
     log: Log,
 ) {
@@ -587,13 +755,54 @@ pub async fn serve(
                 w.notify_channels();
             }
         }
-        *w.requests
-            .entry(format!("{method} {}", resource_of(&path)))
-            .or_default() += 1;
-        let resp = answer(w, &log, &method, &path, &query, &body);
+        let resource = resource_of(&path);
+        let verb = match (&method, is_collection(&path)) {
+            (&Method::GET, true) if query.contains("watch=true") => "WATCH".to_string(),
+            (&Method::GET, true) => "LIST".to_string(),
+            _ => method.to_string(),
+        };
+        *w.requests.entry(format!("{verb} {resource}")).or_default() += 1;
+        let resp = if verb == "WATCH" {
+            watch_request(w, &log, &path, &query)
+        } else {
+            answer(w, &log, &method, &path, &query, &body)
+        };
         w.observe();
         drop(guard);
         send.send_response(resp);
+    }
+}
+
+/// Whether `path` names a collection (a list or watch when read) rather than one object.
+fn is_collection(path: &str) -> bool {
+    path == "/api/v1/nodes"
+        || path == "/api/v1/pods"
+        || path.trim_end_matches('/') == CHANNELS.trim_end_matches('/')
+}
+
+/// The value of query parameter `key`.
+fn param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// `GET …?watch=true` of the Nodes or the channels.
+fn watch_request(w: &mut World, log: &Log, path: &str, query: &str) -> Response<FakeBody> {
+    let secs: u64 = param(query, "timeoutSeconds")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1800);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    let from = param(query, "resourceVersion").unwrap_or("");
+    let name = param(query, "fieldSelector")
+        .and_then(|f| f.strip_prefix("metadata.name="))
+        .map(String::from);
+    if path == "/api/v1/nodes" {
+        w.open_watch("nodes", name, from, deadline)
+    } else if path.trim_end_matches('/') == CHANNELS.trim_end_matches('/') {
+        w.open_watch("updatechannels", name, from, deadline)
+    } else {
+        unexpected(log, &Method::GET, &format!("{path}?{query}"))
     }
 }
 
@@ -604,7 +813,7 @@ fn answer(
     path: &str,
     query: &str,
     body: &Value,
-) -> Response<Body> {
+) -> Response<FakeBody> {
     let seg: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match (method.clone(), seg.as_slice()) {
         (Method::GET, ["api", "v1", "nodes"]) => {
@@ -616,10 +825,14 @@ fn answer(
                 .split(',')
                 .filter_map(|kv| kv.split_once('='))
                 .collect();
-            w.node_lists += 1;
+            let named = param(query, "fieldSelector").and_then(|f| f.strip_prefix("metadata.name="));
+            if named.is_none() {
+                w.node_lists += 1;
+            }
             let items: Vec<&Value> = w
                 .nodes
                 .values()
+                .filter(|n| named.is_none_or(|name| n["metadata"]["name"] == name))
                 .filter(|n| {
                     selector
                         .iter()
@@ -628,7 +841,8 @@ fn answer(
                 .collect();
             respond(
                 200,
-                &json!({"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": items}),
+                &json!({"kind": "NodeList", "apiVersion": "v1",
+                        "metadata": {"resourceVersion": w.rv.to_string()}, "items": items}),
             )
         }
         (Method::GET, ["api", "v1", "nodes", name]) => match w.nodes.get(*name) {
@@ -723,13 +937,11 @@ fn answer(
             w.evict(ns, name)
         }
         (Method::GET, ["apis", "k3os.io", "v1", "namespaces", NS, "updatechannels"]) => {
-            let items: Vec<&Value> = std::iter::once(&w.channel)
-                .filter(|c| !c["spec"].is_null())
-                .chain(w.extra_channels.iter())
-                .collect();
+            let items: Vec<&Value> = w.channels().collect();
             respond(
                 200,
-                &json!({"kind": "UpdateChannelList", "apiVersion": "k3os.io/v1", "metadata": {}, "items": items}),
+                &json!({"kind": "UpdateChannelList", "apiVersion": "k3os.io/v1",
+                        "metadata": {"resourceVersion": w.rv.to_string()}, "items": items}),
             )
         }
         (Method::GET, ["apis", "k3os.io", "v1", "namespaces", NS, "updatechannels", name]) => {
@@ -891,7 +1103,7 @@ pub fn resource_of(path: &str) -> String {
     }
 }
 
-fn unexpected(log: &Log, method: &Method, path: &str) -> Response<Body> {
+fn unexpected(log: &Log, method: &Method, path: &str) -> Response<FakeBody> {
     log.lock()
         .unwrap()
         .push(format!("UNEXPECTED {method} {path}"));

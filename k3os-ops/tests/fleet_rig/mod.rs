@@ -728,7 +728,7 @@ impl Fleet {
         let wake = self.world.lock().unwrap().subscribe();
         let mut tasks = vec![
             tokio::spawn(agent_loop(agent.clone(), wake)),
-            tokio::spawn(agent::background::renew_node_lease(client, NS.into(), name)),
+            tokio::spawn(agent::background::renew_node_lease(agent.clone())),
             tokio::spawn(agent::controller::reclaim_loop(agent.clone())),
         ];
         if self.scenario.rollout.is_some() {
