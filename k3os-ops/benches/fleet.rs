@@ -1,23 +1,39 @@
 //! `just bench-fleet`: the agent at fleet scale, simulated in one process.
 //!
-//! N agents, one per simulated node, run exactly the agent's code (reconcile loop, node Lease
-//! renewal, reclaim loop, `latest` poller, fleet counter) against the shared fake API server of
-//! the agent tests (`tests/fake_api`: resourceVersion compare-and-swap, Leases, Events), each
-//! over its own kube client. Each agent wakes like the real one: on a change of any channel
-//! (its watch of the channels), of its own Node (its watch with a name field selector), or
-//! after `--resync-secs` (30 s). The node side is a simulation (`SimOps`): staging is instant,
-//! a reboot takes [`REBOOT`] (the Node NotReady meanwhile, the agent gone with it) and the
-//! trial boot is healthy.
+//! N agents, one per simulated node, run exactly the agent's code ([`run::run_agent`]: the
+//! watches of the channels and of the own Node, the reconcile loop on its watch caches, node
+//! Lease renewal, reclaim loop, `latest` poller, fleet counter) against the shared fake API
+//! server of the agent tests (`tests/fake_api`: resourceVersion compare-and-swap, Leases,
+//! Events, watches streamed and resumed from a resourceVersion), each over its own kube client
+//! that counts its writes like the agent's real one. The node side is a simulation
+//! ([`SimOps`]): staging is instant, a reboot takes [`REBOOT`] (the Node NotReady meanwhile,
+//! the agent gone with it: its tasks are aborted and a fresh agent starts after the boot), the
+//! trial boot is healthy and the Node Ready at once.
 //!
-//! Time is tokio's paused clock: every sleep and timeout of the agents advances virtual time
-//! when nothing else can run, so an hour of a 1000-node fleet takes seconds; the figures are
-//! virtual time. Measured: idle, API requests per node per minute by verb and resource, against
-//! the goal of ≤ 1 (`FLEET_NODES`, default 1000).
+//! Time is tokio's paused clock: every sleep and timeout advances virtual time when nothing
+//! else can run, so hours of a 1000-node fleet take seconds to minutes; the figures are
+//! virtual time, requests are counted by the fake server (a watch (re)start is one request:
+//! `WATCH`; lists are `LIST`).
 //!
-//! Not yet: the rollouts at concurrency 1, 10 and 100 (makespan against nodes / concurrency ×
-//! one node's update time, peak slot holders, CAS conflict rate). A first version of them over
-//! this same rig did not finish a 10-node rollout within 15 minutes of real time and was taken
-//! out; the simulated node (`SimOps`) and the power-cycle driver below are what it needs.
+//! Measured, against the goals of issue 18 item 7:
+//! - idle: API requests per node per minute by verb and resource (goal ≤ 1), `FLEET_NODES`
+//!   nodes (default 1000);
+//! - rollouts from v1 to v2 at concurrency 1, 10 and 100: the makespan against the ideal
+//!   (nodes / concurrency × one node's update time, measured in the same run by a rollout of
+//!   a single node; goal ≤ 1.1), the peak number of slot holders sampled after every request
+//!   the fake answers (so on every status write), concurrency violations (goal 0), the CAS
+//!   conflict rate (409s per status write), and requests per node per hour by verb and
+//!   resource. `FLEET_ROLLOUT_NODES` (default 1000) nodes at concurrency 10 and 100;
+//!   concurrency 1 takes `FLEET_SERIAL_NODES` (default 100) nodes: at 1000 nodes its makespan
+//!   is ~17 virtual hours in which every status write wakes 1000 agents, minutes of real time
+//!   that a default run should not spend.
+//!
+//! Why the first version of the rollouts never finished a 10-node rollout: a simulated reboot
+//! blocks in `reboot()` (a `spawn_blocking` thread of the agent) until the driver ends that
+//! agent, and tokio does not auto-advance its paused clock while a `spawn_blocking` task runs;
+//! that driver waited for virtual time (the reboot's duration) before letting `reboot()`
+//! return, so the clock never moved again. Here the driver ends the agent and lets `reboot()`
+//! return at once, then waits out the reboot.
 
 #[path = "../tests/fake_api/mod.rs"]
 mod fake_api;
@@ -29,21 +45,33 @@ use std::time::Duration;
 use fake_api::{Log, World, NS};
 use k3os_ops::agent;
 
-use agent::controller::{Agent, Next};
+use agent::client::WriteCounter;
+use agent::controller::Agent;
 use agent::decide::{Inactive, NodeUpdateStatus};
 use agent::node::{ConfirmResult, NodeError, NodeOps, StageProgress};
+use agent::run::{self, Periods};
 use serde_json::json;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
-/// The agent's default `--resync-secs`.
-const RESYNC: Duration = Duration::from_secs(30);
-/// The agent's default `--count-secs`.
-const COUNT: Duration = Duration::from_secs(30);
-/// The agent's default `--poll-secs`.
-const POLL: Duration = Duration::from_secs(900);
-/// The idle window measured (after a warm-up of 5 minutes).
+/// The agent's default periods (`--resync-secs`, `--poll-secs`, `--count-secs`).
+const PERIODS: Periods = Periods {
+    resync: Duration::from_secs(30),
+    poll: Duration::from_secs(900),
+    count: Duration::from_secs(30),
+};
+/// The idle window measured, after [`WARM_UP`].
 const IDLE: Duration = Duration::from_secs(3600);
+const WARM_UP: Duration = Duration::from_secs(900);
+/// How long a simulated node is down for its reboot.
+const REBOOT: Duration = Duration::from_secs(60);
+/// The channel's `rebootTimeout` (the default).
+const REBOOT_TIMEOUT: &str = "15m";
+/// How often the driver looks whether the rollout is done.
+const LOOK: Duration = Duration::from_secs(1);
+
+type PowerRequest = (usize, std::sync::mpsc::Sender<()>);
 
 /// One simulated node's slots.
 struct Sim {
@@ -56,7 +84,7 @@ struct Sim {
 struct SimOps {
     index: usize,
     sim: Mutex<Sim>,
-    power: mpsc::UnboundedSender<(usize, std::sync::mpsc::Sender<()>)>,
+    power: mpsc::UnboundedSender<PowerRequest>,
 }
 
 impl NodeOps for SimOps {
@@ -95,6 +123,8 @@ impl NodeOps for SimOps {
         Ok(ConfirmResult::Healthy)
     }
     fn reboot(&self) -> Result<(), NodeError> {
+        // Blocks this spawn_blocking thread until the driver has ended the agent; the driver
+        // answers at once (no virtual time may pass while a blocking task runs).
         let (done, ended) = std::sync::mpsc::channel();
         self.power.send((self.index, done)).expect("driver runs");
         let _ = ended.recv();
@@ -105,60 +135,74 @@ impl NodeOps for SimOps {
     }
 }
 
-fn node_name(i: usize) -> String {
-    format!("node-{i:04}")
-}
-
-/// The simulated fleet: the world, the agents' tasks and the nodes.
-struct Fleet {
-    world: Arc<Mutex<World>>,
-    log: Log,
-    sims: Vec<Arc<SimOps>>,
-    agents: Vec<Option<Vec<JoinHandle<()>>>>,
-}
-
-/// run.rs's loop: again at once after progress, else wait for a watch event or the resync.
-async fn agent_loop(
-    agent: Arc<Agent>,
-    mut channels: watch::Receiver<u64>,
-    mut node: watch::Receiver<u64>,
-) {
-    loop {
-        let pause = match agent.reconcile().await {
-            Ok(Next::Again) => continue,
-            Ok(Next::Wait) => RESYNC,
-            Err(e) => {
-                agent.report_error(&e).await;
-                RESYNC
-            }
-        };
-        tokio::select! {
-            _ = channels.changed() => {}
-            _ = node.changed() => {}
-            _ = tokio::time::sleep(pause) => {}
+impl SimOps {
+    /// The power cycle: an activated slot boots on trial.
+    fn boot(&self) {
+        let mut s = self.sim.lock().unwrap();
+        if let Inactive::Activated(v) = s.inactive.clone() {
+            s.inactive = Inactive::Empty;
+            s.booted = v;
+            s.on_trial = true;
         }
     }
 }
 
+fn node_name(i: usize) -> String {
+    format!("node-{i:04}")
+}
+
+/// What the observer sees of the slots, after every answered request.
+#[derive(Default)]
+struct Monitor {
+    concurrency: usize,
+    peak: usize,
+    violations: u64,
+    samples: u64,
+}
+
+impl Monitor {
+    fn sample(&mut self, w: &World) {
+        let held = w.channel["status"]["slots"].as_array().map_or(0, Vec::len);
+        self.samples += 1;
+        self.peak = self.peak.max(held);
+        if held > self.concurrency {
+            self.violations += 1;
+        }
+    }
+}
+
+/// The simulated fleet: the world, the agents and the nodes.
+struct Fleet {
+    world: Arc<Mutex<World>>,
+    log: Log,
+    sims: Vec<Arc<SimOps>>,
+    agents: Vec<Option<JoinHandle<()>>>,
+    power: mpsc::UnboundedReceiver<PowerRequest>,
+    monitor: Arc<Mutex<Monitor>>,
+}
+
 impl Fleet {
-    fn new(
-        nodes: usize,
-        concurrency: u32,
-    ) -> (
-        Fleet,
-        mpsc::UnboundedReceiver<(usize, std::sync::mpsc::Sender<()>)>,
-    ) {
-        let node_objs =
-            (0..nodes).map(|i| fake_api::ready_node(&node_name(i), json!({"role": "worker"})));
+    fn new(nodes: usize, concurrency: u32) -> Fleet {
+        let node_objs = (0..nodes).map(|i| {
+            let mut n = fake_api::ready_node(&node_name(i), json!({"role": "worker"}));
+            n["metadata"]["annotations"] = json!({"k3os.io/update-version": "v1"});
+            n
+        });
         let channel = json!({
             "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
             "metadata": {"name": "stable", "namespace": NS, "uid": "ch-uid", "generation": 1},
             "spec": {"url": "https://releases.example/", "version": "v1",
-                     "concurrency": concurrency, "maxFailures": 1, "rebootTimeout": "15m"},
+                     "concurrency": concurrency, "maxFailures": 1, "rebootTimeout": REBOOT_TIMEOUT},
             "status": {"slots": [], "failures": [], "conditions": []}
         });
-        let world = World::new(node_objs, channel);
-        let (power, requests) = mpsc::unbounded_channel();
+        let mut world = World::new(node_objs, channel);
+        let monitor = Arc::new(Mutex::new(Monitor {
+            concurrency: concurrency as usize,
+            ..Monitor::default()
+        }));
+        let m = monitor.clone();
+        world.observer = Some(Box::new(move |w: &World| m.lock().unwrap().sample(w)));
+        let (tx, power) = mpsc::unbounded_channel();
         let sims = (0..nodes)
             .map(|i| {
                 Arc::new(SimOps {
@@ -168,38 +212,55 @@ impl Fleet {
                         on_trial: false,
                         inactive: Inactive::Empty,
                     }),
-                    power: power.clone(),
+                    power: tx.clone(),
                 })
             })
             .collect();
-        let fleet = Fleet {
-            world: Arc::new(Mutex::new(world)),
+        let world = Arc::new(Mutex::new(world));
+        if std::env::var("FLEET_DEBUG").is_ok() {
+            let w = world.clone();
+            std::thread::spawn(move || loop {
+                std::thread::sleep(std::time::Duration::from_secs(5));
+                let w = w.lock().unwrap();
+                eprintln!("{:?} slots={}", w.requests, w.channel["status"]["slots"]);
+                for (n, v) in w.nodes.iter().take(3) {
+                    eprintln!("  {n} {}", v["metadata"]["annotations"]);
+                }
+            });
+        }
+        let mut fleet = Fleet {
+            world,
             log: Log::default(),
             sims,
             agents: (0..nodes).map(|_| None).collect(),
+            power,
+            monitor,
         };
-        (fleet, requests)
+        for i in 0..nodes {
+            fleet.start_agent(i, None);
+        }
+        fleet
     }
 
-    /// Start node `i`'s agent with everything run.rs starts beside the loop.
-    fn start_agent(&mut self, i: usize) {
+    /// Start node `i`'s agent as the DaemonSet does (run.rs's [`run::run_agent`]).
+    fn start_agent(&mut self, i: usize, silence: Option<Duration>) {
         let name = node_name(i);
-        let client = fake_api::client(&self.world, &self.log);
+        let writes = WriteCounter::new(&name);
+        let client = fake_api::counted_client(&self.world, &self.log, &writes);
         let ops: Arc<dyn NodeOps> = self.sims[i].clone();
-        let mut agent = Agent::new(client.clone(), NS, &name, None, ops);
-        agent.settings.node_ready_poll = Duration::from_secs(5);
+        let agent = Agent::new(client, NS, &name, None, ops).with_watches(writes);
+        agent.set_startup_silence(silence);
         let agent = Arc::new(agent);
-        let (channels, node) = {
-            let mut w = self.world.lock().unwrap();
-            (w.subscribe_channels(), w.subscribe_node(&name))
-        };
-        self.agents[i] = Some(vec![
-            tokio::spawn(agent_loop(agent.clone(), channels, node)),
-            tokio::spawn(agent::background::renew_node_lease(client, NS.into(), name)),
-            tokio::spawn(agent::controller::reclaim_loop(agent.clone())),
-            tokio::spawn(agent::controller::poll_loop(agent.clone(), POLL)),
-            tokio::spawn(agent::counter::count_loop(agent, COUNT)),
-        ]);
+        self.agents[i] = Some(tokio::spawn(async move {
+            let _ = run::run_agent(agent, PERIODS).await;
+        }));
+    }
+
+    async fn stop_agent(&mut self, i: usize) {
+        if let Some(t) = self.agents[i].take() {
+            t.abort();
+            let _ = t.await;
+        }
     }
 
     fn requests(&self) -> BTreeMap<String, u64> {
@@ -207,10 +268,58 @@ impl Fleet {
     }
 
     async fn stop(&mut self) {
-        for tasks in self.agents.iter_mut() {
-            for t in tasks.take().unwrap_or_default() {
-                t.abort();
-                let _ = t.await;
+        for i in 0..self.agents.len() {
+            self.stop_agent(i).await;
+        }
+    }
+
+    /// Every node runs `target`, blessed, and no slot is held.
+    fn done(&self, target: &str) -> bool {
+        let w = self.world.lock().unwrap();
+        let no_slots = w.channel["status"]["slots"]
+            .as_array()
+            .is_none_or(Vec::is_empty);
+        no_slots
+            && w.nodes.values().all(|n| {
+                let a = &n["metadata"]["annotations"];
+                a["k3os.io/update-phase"] == "UpToDate" && a["k3os.io/update-version"] == target
+            })
+    }
+
+    /// Set the channel's target to `target` and drive the reboots until every node runs it;
+    /// the makespan.
+    async fn roll_out(&mut self, target: &str, limit: Duration) -> Duration {
+        let start = Instant::now();
+        self.world
+            .lock()
+            .unwrap()
+            .edit_channel_spec(|s| s["version"] = json!(target));
+        let mut booting: Vec<(Instant, usize)> = Vec::new();
+        let mut look = tokio::time::interval(LOOK);
+        loop {
+            tokio::select! {
+                Some((i, done)) = self.power.recv() => {
+                    // The node goes down with its agent; let its reboot() return at once.
+                    self.stop_agent(i).await;
+                    drop(done);
+                    self.world.lock().unwrap().set_node_ready(&node_name(i), false);
+                    booting.push((Instant::now() + REBOOT, i));
+                }
+                _ = look.tick() => {
+                    let now = Instant::now();
+                    let (up, down): (Vec<_>, Vec<_>) =
+                        booting.drain(..).partition(|(at, _)| *at <= now);
+                    booting = down;
+                    for (_, i) in up {
+                        self.sims[i].boot();
+                        self.world.lock().unwrap().set_node_ready(&node_name(i), true);
+                        self.start_agent(i, Some(REBOOT));
+                    }
+                    if booting.is_empty() && self.done(target) {
+                        return now - start;
+                    }
+                    assert!(now - start < limit, "the rollout to {target} did not finish within {limit:?}");
+                }
             }
         }
     }
@@ -227,12 +336,9 @@ fn diff(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeM
 
 /// Idle: every node already runs the target; what does the fleet cost the API server?
 async fn idle(nodes: usize) {
-    let (mut fleet, _power) = Fleet::new(nodes, 1);
     let started = std::time::Instant::now();
-    for i in 0..nodes {
-        fleet.start_agent(i);
-    }
-    tokio::time::sleep(Duration::from_secs(300)).await;
+    let mut fleet = Fleet::new(nodes, 1);
+    tokio::time::sleep(WARM_UP).await;
     let before = fleet.requests();
     tokio::time::sleep(IDLE).await;
     let spent = diff(&before, &fleet.requests());
@@ -241,15 +347,92 @@ async fn idle(nodes: usize) {
     let minutes = IDLE.as_secs_f64() / 60.0;
     let per = total as f64 / nodes as f64 / minutes;
     println!(
-        "idle, {nodes} nodes, {} min virtual ({:.1} s real): {per:.2} requests per node per minute (goal <= 1: ratio {:.1}x)",
-        minutes,
+        "idle, {nodes} nodes, {minutes} min virtual after {} min warm-up ({:.1} s real): {per:.3} requests per node per minute (goal <= 1: {:.2} of it)",
+        WARM_UP.as_secs() / 60,
         started.elapsed().as_secs_f64(),
         per
     );
     for (k, v) in &spent {
         println!(
-            "  {k:<40} {:>8.3} per node per minute",
+            "  {k:<36} {:>8.3} per node per minute",
             *v as f64 / nodes as f64 / minutes
+        );
+    }
+}
+
+/// One rollout of `nodes` at `concurrency` from v1 to v2: its figures.
+struct Rolled {
+    nodes: usize,
+    concurrency: u32,
+    makespan: Duration,
+    peak: usize,
+    violations: u64,
+    status_writes: u64,
+    conflicts: u32,
+    requests: BTreeMap<String, u64>,
+    real: Duration,
+}
+
+async fn rollout(nodes: usize, concurrency: u32) -> Rolled {
+    let real = std::time::Instant::now();
+    let mut fleet = Fleet::new(nodes, concurrency);
+    // Settle first (watches, Leases, the first count) so only the rollout is measured.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let before = fleet.requests();
+    let conflicts_before = fleet.world.lock().unwrap().conflicts;
+    let limit = REBOOT * 10 * (nodes as u32).div_ceil(concurrency) + Duration::from_secs(3600);
+    let makespan = fleet.roll_out("v2", limit).await;
+    let requests = diff(&before, &fleet.requests());
+    let conflicts = fleet.world.lock().unwrap().conflicts - conflicts_before;
+    fleet.stop().await;
+    let m = fleet.monitor.lock().unwrap();
+    let log = fleet.log.lock().unwrap();
+    let unexpected: Vec<&String> = log.iter().filter(|l| l.starts_with("UNEXPECTED")).collect();
+    assert!(unexpected.is_empty(), "{unexpected:#?}");
+    Rolled {
+        nodes,
+        concurrency,
+        makespan,
+        peak: m.peak,
+        violations: m.violations,
+        status_writes: requests
+            .get("PUT updatechannels/status")
+            .copied()
+            .unwrap_or(0),
+        conflicts,
+        requests,
+        real: real.elapsed(),
+    }
+}
+
+fn print_rollout(r: &Rolled, one_node: Duration) {
+    let rounds = (r.nodes as u32).div_ceil(r.concurrency);
+    let ideal = one_node * rounds;
+    let ratio = r.makespan.as_secs_f64() / ideal.as_secs_f64();
+    let hours = r.makespan.as_secs_f64() / 3600.0;
+    let total: u64 = r.requests.values().sum();
+    println!(
+        "rollout, {} nodes, concurrency {}: makespan {:.0} s, ideal {:.0} s (ceil({} / {}) x {:.1} s): ratio {ratio:.3} (goal <= 1.1); peak slot holders {} (bound {}), concurrency violations {} (goal 0); CAS conflicts {} of {} status writes ({:.1} %); {:.0} requests per node per hour ({:.1} s real)",
+        r.nodes,
+        r.concurrency,
+        r.makespan.as_secs_f64(),
+        ideal.as_secs_f64(),
+        r.nodes,
+        r.concurrency,
+        one_node.as_secs_f64(),
+        r.peak,
+        r.concurrency,
+        r.violations,
+        r.conflicts,
+        r.status_writes,
+        100.0 * f64::from(r.conflicts) / (r.status_writes.max(1) as f64),
+        total as f64 / r.nodes as f64 / hours,
+        r.real.as_secs_f64(),
+    );
+    for (k, v) in &r.requests {
+        println!(
+            "  {k:<36} {:>10.1} per node per hour",
+            *v as f64 / r.nodes as f64 / hours
         );
     }
 }
@@ -268,7 +451,23 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let idle_nodes = env_usize("FLEET_NODES", 1000);
-        idle(idle_nodes).await;
+        idle(env_usize("FLEET_NODES", 1000)).await;
+        let one = rollout(1, 1).await;
+        println!(
+            "one node's update (claim to blessed and released, reboot {} s): {:.1} s",
+            REBOOT.as_secs(),
+            one.makespan.as_secs_f64()
+        );
+        let serial = env_usize("FLEET_SERIAL_NODES", 100);
+        let wide = env_usize("FLEET_ROLLOUT_NODES", 1000);
+        let mut failed = Vec::new();
+        for (nodes, c) in [(serial, 1), (wide, 10), (wide, 100)] {
+            let r = rollout(nodes, c).await;
+            print_rollout(&r, one.makespan);
+            if r.violations > 0 {
+                failed.push(format!("{} concurrency violations at concurrency {c}", r.violations));
+            }
+        }
+        assert!(failed.is_empty(), "{failed:?}");
     });
 }

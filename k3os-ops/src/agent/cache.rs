@@ -13,6 +13,14 @@
 //! 1000-node fleet are in the range the API server is built for (every kubelet watches its
 //! own Node and its pods the same way).
 //!
+//! **What wakes the loop.** Every change of a channel; a change of the own Node only when
+//! something the agent does not write itself changed: labels, `spec` (the cordon, taints),
+//! the Ready condition's status, annotations other than `k3os.io/update-*` ([`node_wake_key`]).
+//! The agent's own annotation writes (a new claim token each time it finds a free slot
+//! and loses it, progress, phase) would otherwise wake it again at once, and a waiting agent
+//! would loop at the speed of the API server without anything having changed; kubelet
+//! heartbeats in the conditions would wake it every few seconds.
+//!
 //! **Read your own writes.** A watch lags behind a write the agent just made, and a decision
 //! on a state older than the agent's own last write could repeat it (write a new claim token,
 //! fence again). So the reconcile reads the caches only when they have caught up: after a
@@ -113,6 +121,32 @@ impl<K: Resource + Clone> Cached<K> {
     }
 }
 
+/// What of the own Node wakes the reconcile loop when it changes (see the module docs):
+/// everything but the `k3os.io/update-*` annotations this agent writes, the resourceVersion
+/// and managed fields, and the conditions other than Ready's status.
+pub fn node_wake_key(node: &Node) -> String {
+    let annotations: BTreeMap<&String, &String> = node
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !k.starts_with("k3os.io/update-"))
+        .collect();
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.as_str());
+    serde_json::json!({
+        "labels": node.metadata.labels,
+        "annotations": annotations,
+        "spec": node.spec,
+        "ready": ready,
+    })
+    .to_string()
+}
+
 /// What a fresh read saw: the agent's write count before it, and the resourceVersions read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fresh {
@@ -167,11 +201,19 @@ impl Watched {
         let config = config.fields(&format!("metadata.name={}", self.node_name));
         tasks.spawn(async move {
             let mut s = watcher::watcher(nodes, config).default_backoff().boxed();
+            let mut wake_key: Option<String> = None;
             while let Some(ev) = s.next().await {
                 match ev {
                     Ok(ev) => {
+                        let key = match &ev {
+                            Event::Apply(n) | Event::InitApply(n) => Some(node_wake_key(n)),
+                            _ => None,
+                        };
                         me.node.lock().expect("not poisoned").apply(ev);
-                        me.changes.send_modify(|n| *n += 1);
+                        if key.is_none() || key != wake_key {
+                            wake_key = key.or(wake_key);
+                            me.changes.send_modify(|n| *n += 1);
+                        }
                     }
                     Err(e) => tracing::debug!("watch of Node {}: {e}", me.node_name),
                 }
@@ -223,6 +265,24 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn own_annotation_writes_and_heartbeats_do_not_wake_the_loop_but_a_cordon_does() {
+        let mut a = node("1", "x");
+        let key = node_wake_key(&a);
+        a.metadata.resource_version = Some("2".into());
+        a.metadata.annotations = Some(
+            [("k3os.io/update-token".to_string(), "t2".to_string())].into(),
+        );
+        assert_eq!(node_wake_key(&a), key, "own annotation");
+        a.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            unschedulable: Some(true),
+            ..Default::default()
+        });
+        assert_ne!(node_wake_key(&a), key, "cordon");
+        let b = node("3", "y");
+        assert_ne!(node_wake_key(&b), key, "labels");
     }
 
     #[test]

@@ -212,6 +212,13 @@ async fn node_view(
     }))
 }
 
+/// The holders of `ch` as read when every slot of its `concurrency` is taken.
+fn full_as_read(ch: &Channel) -> Option<Vec<String>> {
+    let slots = &ch.status.as_ref()?.slots;
+    (slots.len() >= ch.spec.concurrency.max(1) as usize)
+        .then(|| slots.iter().map(|s| s.node.clone()).collect())
+}
+
 /// Carry out `action`: one function per action.
 pub(super) async fn execute(
     cx: &Agent,
@@ -233,7 +240,18 @@ pub(super) async fn execute(
             waves,
         } => actions::tick_wait_for_wave(cx, ch, &version, admitted, waves).await,
         Action::WaitForWindow { next } => actions::tick_wait_for_window(cx, ch, next).await,
-        Action::Claim { version } => actions::tick_claim_gated(cx, ch, &store, &version).await,
+        Action::Claim { version } => match full_as_read(ch) {
+            // No free slot in the channel as read: wait for the change that frees one (the
+            // channel watch wakes this loop) without a claim attempt, a new token on the
+            // Node or a gate query. The claim itself is a compare-and-swap on a fresh read.
+            Some(holders) => {
+                let msg = format!("all slots taken by {}", holders.join(", "));
+                cx.waiting(ch, Phase::WaitingForSlot, "WaitingForSlot", msg)
+                    .await?;
+                Ok(Next::Wait)
+            }
+            None => actions::tick_claim_gated(cx, ch, &store, &version).await,
+        },
         Action::Forfeit { version } => actions::tick_forfeit(cx, ch, &store, &version).await,
         Action::Continue { phase, version } => match phase {
             SlotPhase::Claimed | SlotPhase::Draining => {

@@ -1109,3 +1109,17 @@ fn unexpected(log: &Log, method: &Method, path: &str) -> Response<FakeBody> {
         .push(format!("UNEXPECTED {method} {path}"));
     not_found(path)
 }
+
+/// A kube client over the shared world whose writes `writes` counts, as the agent's own
+/// client does (`k3os_ops::agent::client::infer`): for agents with watch caches.
+pub fn counted_client(
+    world: &Arc<Mutex<World>>,
+    log: &Log,
+    writes: &k3os_ops::agent::client::WriteCounter,
+) -> Client {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<FakeBody>>();
+    tokio::spawn(serve(handle, world.clone(), log.clone()));
+    kube::client::ClientBuilder::new(svc, "default")
+        .with_layer(&writes.layer())
+        .build()
+}
