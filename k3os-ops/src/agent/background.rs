@@ -80,7 +80,11 @@ pub async fn renew_node_lease(agent: Arc<Agent>) {
     let (namespace, node) = (&agent.settings.namespace, &agent.settings.node);
     let leases: Api<Lease> = Api::namespaced(agent.clients.client.clone(), namespace);
     let name = node_lease_name(node);
-    let mut changes = agent.clients.watched.as_ref().map(|w| w.changes.subscribe());
+    let mut changes = agent
+        .clients
+        .watched
+        .as_ref()
+        .map(|w| w.changes.subscribe());
     let mut last: Option<Lease> = None;
     let mut renewed: Option<tokio::time::Instant> = None;
     loop {
@@ -140,7 +144,11 @@ pub async fn reclaim_loop(agent: Arc<Agent>) {
                     };
                     // Only a slot held by another node can be reclaimed: no reads otherwise
                     // (the slots as last seen; a slot claimed since is looked at next time).
-                    let slots = ch.status.as_ref().map(|s| s.slots.as_slice()).unwrap_or(&[]);
+                    let slots = ch
+                        .status
+                        .as_ref()
+                        .map(|s| s.slots.as_slice())
+                        .unwrap_or(&[]);
                     let me = &agent.settings.node;
                     if slots.is_empty() || slots.iter().any(|s| s.node == *me) {
                         observers.remove(&name);
@@ -311,5 +319,54 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
             }
         }
         tokio::time::sleep(period.min(POLL_LOOK_PERIOD)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A holder renewing every [`lease_period`] is never seen silent for its
+    /// `rebootTimeout`, even when two renewals in a row are lost; three lost in a row and
+    /// the observer may judge it (the documented bound).
+    #[test]
+    fn the_lease_period_keeps_a_live_holder_from_being_reclaimed() {
+        let s = Duration::from_secs;
+        for timeout in [s(8), s(30), s(120), s(900), s(3600)] {
+            let period = lease_period(Some(timeout));
+            assert!(period * 4 <= timeout, "{timeout:?}");
+            for lost in [0u32, 1, 2, 3] {
+                let t0 = tokio::time::Instant::now();
+                let mut obs = LivenessObserver::default();
+                let mut worst = Duration::ZERO;
+                // The observer looks every second (each answer a second after its request)
+                // over ten timeouts; renewal k lands at k × period unless it is one of the
+                // `lost` renewals after the first.
+                let step = s(1).min(period / 2);
+                let mut at = Duration::ZERO;
+                while at < timeout * 10 {
+                    let n = (at.as_nanos() / period.as_nanos()) as u32;
+                    let marker = if (1..=lost).contains(&n) { 0 } else { n };
+                    let silent =
+                        obs.observe("n", Some(marker.to_string()), t0 + at, t0 + at + step);
+                    worst = worst.max(silent);
+                    at += step;
+                }
+                if lost < 3 {
+                    assert!(
+                        worst < timeout,
+                        "{timeout:?}, {lost} lost: silent {worst:?}"
+                    );
+                } else if period * 4 == timeout {
+                    // Not capped: four periods of silence are the timeout itself.
+                    assert!(worst + period >= timeout, "{timeout:?}: {worst:?}");
+                }
+            }
+        }
+        // Below 4 s the period stops at 1 s (fewer lost renewals are then tolerated).
+        assert_eq!(lease_period(Some(s(3))), s(1));
+        assert_eq!(lease_period(None), MAX_LEASE_PERIOD);
+        assert_eq!(lease_period(Some(s(3600))), MAX_LEASE_PERIOD);
+        assert_eq!(lease_period(Some(s(900))), s(225));
     }
 }

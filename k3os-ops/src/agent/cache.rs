@@ -272,9 +272,8 @@ mod tests {
         let mut a = node("1", "x");
         let key = node_wake_key(&a);
         a.metadata.resource_version = Some("2".into());
-        a.metadata.annotations = Some(
-            [("k3os.io/update-token".to_string(), "t2".to_string())].into(),
-        );
+        a.metadata.annotations =
+            Some([("k3os.io/update-token".to_string(), "t2".to_string())].into());
         assert_eq!(node_wake_key(&a), key, "own annotation");
         a.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
             unschedulable: Some(true),
@@ -307,7 +306,10 @@ mod tests {
         }
         // The watch is behind the fresh read (rv 4 < 5): read fresh.
         assert!(w.state_after(&fresh).is_none());
-        w.node.lock().unwrap().apply(Event::Apply(node("5", "read")));
+        w.node
+            .lock()
+            .unwrap()
+            .apply(Event::Apply(node("5", "read")));
         let (n, _) = w.state_after(&fresh).expect("caught up");
         assert_eq!(n.metadata.resource_version.as_deref(), Some("5"));
         // A later change (someone else's) is newer than the read: still usable.
@@ -320,9 +322,15 @@ mod tests {
         // Reads and writes elsewhere do not count.
         writes.note(&http::Method::GET, "/api/v1/nodes/n1");
         writes.note(&http::Method::PATCH, "/api/v1/nodes/n10");
-        writes.note(&http::Method::PUT, "/apis/coordination.k8s.io/v1/namespaces/x/leases/l");
+        writes.note(
+            &http::Method::PUT,
+            "/apis/coordination.k8s.io/v1/namespaces/x/leases/l",
+        );
         assert_eq!(writes.get(), 1);
-        writes.note(&http::Method::PUT, "/apis/k3os.io/v1/namespaces/x/updatechannels/s/status");
+        writes.note(
+            &http::Method::PUT,
+            "/apis/k3os.io/v1/namespaces/x/updatechannels/s/status",
+        );
         assert_eq!(writes.get(), 2);
     }
 }

@@ -10,7 +10,8 @@
 //! `nodeSelector` as the label selector) and derives the counts and the waves from them
 //! ([`super::fleet::refresh`], pure). The result is written by a compare-and-swap of the status
 //! like every other status write ([`super::slots::write_fleet`]), and only when something
-//! changed: an idle fleet costs one list and one Lease renewal per period, not one write.
+//! changed (judged first on the channel as last seen, so an idle fleet costs one list and one
+//! Lease renewal per period, no read of the channel and no write).
 //! Events on the channel: `WaveStarted` when a wave may begin, `RolloutComplete` when every
 //! selected node runs the target.
 //!
@@ -116,6 +117,14 @@ pub async fn count_channel(agent: &Agent, ch: &Channel) -> Result<(), AgentError
         .filter(|f| ch.selects(&f.labels))
         .collect();
     let rollout = ch.policy.as_ref().ok().and_then(|p| p.rollout.as_ref());
+    // Nothing to write on the channel as last seen: no compare-and-swap read either (an idle
+    // fleet costs the counter one list per period).
+    let mut st = ch.status.clone().unwrap_or_default();
+    let before = st.clone();
+    super::fleet::refresh(ch, &mut st, &facts, rollout, Utc::now());
+    if st == before {
+        return Ok(());
+    }
     let store = agent.store(ch.name());
     let change = slots::write_fleet(&store, &facts, rollout, Utc::now()).await?;
     let target = ch.target_version().unwrap_or_default();

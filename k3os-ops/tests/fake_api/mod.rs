@@ -184,7 +184,10 @@ fn respond(status: u16, body: &Value) -> Response<FakeBody> {
 }
 
 /// A streamed answer: the lines `rx` receives until `deadline` (tokio time).
-fn stream(rx: mpsc::UnboundedReceiver<Bytes>, deadline: tokio::time::Instant) -> Response<FakeBody> {
+fn stream(
+    rx: mpsc::UnboundedReceiver<Bytes>,
+    deadline: tokio::time::Instant,
+) -> Response<FakeBody> {
     let lines = futures::stream::unfold(rx, move |mut rx| async move {
         tokio::select! {
             line = rx.recv() => line.map(|l| (Ok(Frame::data(l)), rx)),
@@ -395,10 +398,21 @@ impl World {
             // resourceVersion 0 or none: every object as it is now, then the changes.
             None => {
                 let objects: Vec<(String, Value)> = if resource == "nodes" {
-                    self.nodes.iter().map(|(n, v)| (n.clone(), v.clone())).collect()
+                    self.nodes
+                        .iter()
+                        .map(|(n, v)| (n.clone(), v.clone()))
+                        .collect()
                 } else {
                     self.channels()
-                        .map(|c| (c["metadata"]["name"].as_str().unwrap_or_default().to_string(), c.clone()))
+                        .map(|c| {
+                            (
+                                c["metadata"]["name"]
+                                    .as_str()
+                                    .unwrap_or_default()
+                                    .to_string(),
+                                c.clone(),
+                            )
+                        })
                         .collect()
                 };
                 for (n, obj) in objects {
@@ -537,7 +551,15 @@ impl World {
         self.notify();
         let changed: Vec<(String, Value)> = self
             .channels()
-            .map(|c| (c["metadata"]["name"].as_str().unwrap_or_default().to_string(), c.clone()))
+            .map(|c| {
+                (
+                    c["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    c.clone(),
+                )
+            })
             .collect();
         for (name, c) in changed {
             self.emit("updatechannels", &name, &c);
@@ -825,7 +847,8 @@ fn answer(
                 .split(',')
                 .filter_map(|kv| kv.split_once('='))
                 .collect();
-            let named = param(query, "fieldSelector").and_then(|f| f.strip_prefix("metadata.name="));
+            let named =
+                param(query, "fieldSelector").and_then(|f| f.strip_prefix("metadata.name="));
             if named.is_none() {
                 w.node_lists += 1;
             }

@@ -1,0 +1,141 @@
+//! An idle agent, wired as `k3os-ops agent` runs it ([`agent::run::run_agent`]: watches of
+//! the channels and of its Node, its loops on the watch caches), against the fake API server
+//! on tokio's paused clock: once it is up to date it writes nothing and reads nothing over
+//! many resyncs (only its Lease renewals and the watch restarts reach the server), and it
+//! still wakes at once when the channel's target changes.
+
+mod fake_api;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fake_api::{Log, World, NS};
+use k3os_ops::agent;
+
+use agent::client::WriteCounter;
+use agent::controller::Agent;
+use agent::decide::{Inactive, NodeUpdateStatus};
+use agent::node::{ConfirmResult, NodeError, NodeOps, StageProgress};
+use agent::run::Periods;
+use serde_json::json;
+
+/// A node running v1 that stages whatever it is asked to (and never reboots here).
+struct Idle {
+    staged: Mutex<Option<String>>,
+}
+
+impl NodeOps for Idle {
+    fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
+        let staged = self.staged.lock().unwrap().clone();
+        Ok(NodeUpdateStatus {
+            booted_version: Some("v1".into()),
+            booted_on_trial: false,
+            inactive: staged.map_or(Inactive::Empty, Inactive::Staged),
+            failed_trial: None,
+        })
+    }
+    fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {
+        Err(NodeError::new("resolve", "pinned"))
+    }
+    fn stage(
+        &self,
+        _: &str,
+        version: &str,
+        _: bool,
+        _: Option<u64>,
+        _: &dyn StageProgress,
+    ) -> Result<(), NodeError> {
+        *self.staged.lock().unwrap() = Some(version.into());
+        Ok(())
+    }
+    fn activate(&self, _: Duration) -> Result<(), NodeError> {
+        Err(NodeError::new("activate", "not in this test"))
+    }
+    fn confirm(&self, _: libupgrade::health::CheckResult) -> Result<ConfirmResult, NodeError> {
+        Ok(ConfirmResult::Healthy)
+    }
+    fn reboot(&self) -> Result<(), NodeError> {
+        Err(NodeError::new("reboot", "not in this test"))
+    }
+}
+
+fn spent(w: &Arc<Mutex<World>>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    w.lock()
+        .unwrap()
+        .requests
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_agent_makes_no_writes_and_no_reads_over_many_resyncs_and_wakes_on_a_change() {
+    let node = fake_api::ready_node("n1", json!({"role": "worker"}));
+    let channel = json!({
+        "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
+        "metadata": {"name": "stable", "namespace": NS, "uid": "ch-uid", "generation": 1},
+        "spec": {"url": "https://releases.example/", "version": "v1",
+                 "concurrency": 1, "maxFailures": 1, "rebootTimeout": "2m"},
+        "status": {"slots": [], "failures": [], "conditions": []}
+    });
+    let world = Arc::new(Mutex::new(World::new([node], channel)));
+    let log = Log::default();
+    let writes = WriteCounter::new("n1");
+    let client = fake_api::counted_client(&world, &log, &writes);
+    let ops = Arc::new(Idle {
+        staged: Mutex::new(None),
+    });
+    let agent = Arc::new(Agent::new(client, NS, "n1", None, ops).with_watches(writes));
+    let resync = Duration::from_secs(30);
+    let periods = Periods {
+        resync,
+        poll: Duration::from_secs(900),
+        count: Duration::from_secs(30),
+    };
+    let task = tokio::spawn(async move {
+        let _ = agent::run::run_agent(agent, periods).await;
+    });
+    // Up: watches listed, the node annotated UpToDate once, Leases written.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let phase = |w: &Arc<Mutex<World>>| {
+        w.lock().unwrap().node("n1")["metadata"]["annotations"]["k3os.io/update-phase"].clone()
+    };
+    assert_eq!(phase(&world), "UpToDate");
+    let before = world.lock().unwrap().requests.clone();
+    // Twenty resyncs.
+    tokio::time::sleep(resync * 20).await;
+    let idle = spent(&world, &before);
+    // The Lease renewals (its own, and the counter Lease this only node holds), the watches,
+    // and the counter's list of the Nodes; nothing else.
+    let allowed = [
+        "PUT leases",
+        "GET leases",
+        "WATCH nodes",
+        "WATCH updatechannels",
+        "LIST nodes",
+    ];
+    let other: Vec<_> = idle
+        .iter()
+        .filter(|(k, _)| !allowed.contains(&k.as_str()))
+        .collect();
+    assert!(other.is_empty(), "an idle agent read or wrote: {idle:?}");
+    // rebootTimeout 2m: the node Lease is renewed every 30 s (one PUT, no GET), and the
+    // counter Lease on each count (30 s, a GET and a PUT): ~20 + 20 in 10 minutes.
+    let puts = idle.get("PUT leases").copied().unwrap_or(0);
+    let gets = idle.get("GET leases").copied().unwrap_or(0);
+    assert!((38..=44).contains(&puts), "{idle:?}");
+    assert!((19..=22).contains(&gets), "{idle:?}");
+    // A new target wakes it through the channel watch, well before a resync.
+    world
+        .lock()
+        .unwrap()
+        .edit_channel_spec(|s| s["version"] = json!("v2"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_ne!(phase(&world), "UpToDate", "{:?}", log.lock().unwrap());
+    task.abort();
+    let _ = task.await;
+    let l = log.lock().unwrap();
+    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+}
