@@ -276,6 +276,8 @@ async fn setup(client: &Client, concurrency: u32) -> String {
             rollout: None,
             blocking_pod_selector: None,
             prometheus: None,
+            stage: None,
+            sources: Vec::new(),
         },
     );
     chans

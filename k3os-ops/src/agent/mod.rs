@@ -96,6 +96,7 @@ pub mod slots;
 pub mod spec;
 pub mod stale;
 pub mod steps;
+pub mod thin;
 pub mod window;
 
 use std::path::PathBuf;
