@@ -4,8 +4,11 @@
 //!
 //! - `stage-ledger.json`: the bytes fetched on one quota day, so `spec.stage.maxBytesPerDay`
 //!   holds across agent restarts and reboots. Format 1:
-//!   `{"format":1,"day":"2026-12-03","fetched":123456}`. A ledger of another day counts as 0
-//!   for today (and is replaced by today's at the next write).
+//!   `{"format":1,"day":"2026-12-03","fetched":123456}`, plus `"spent":true` once a stage
+//!   stopped at the quota that day (what is left of it is less than the next chunk or
+//!   request: no stage runs again that day, which would only resolve the channel to fetch
+//!   nothing). A ledger of another day counts as 0 for today (and is replaced by today's at
+//!   the next write).
 //! - `stage-preview.json`: the last stage preview (what the stage of `version` fetches and
 //!   reuses), read by `k3os-ops slot status`. Format 1: [`PreviewRecord`].
 //!
@@ -39,6 +42,29 @@ pub struct Ledger {
     pub format: u32,
     pub day: NaiveDate,
     pub fetched: u64,
+    /// A stage stopped at the quota this day.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spent: bool,
+}
+
+/// What one quota day used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DayUse {
+    /// Network bytes fetched.
+    pub fetched: u64,
+    /// A stage stopped at the quota: the day is done.
+    pub spent: bool,
+}
+
+impl DayUse {
+    /// Bytes counted against a quota: all of it once spent.
+    pub fn counted(&self) -> u64 {
+        if self.spent {
+            u64::MAX
+        } else {
+            self.fetched
+        }
+    }
 }
 
 /// What a stage of `version` would fetch and reuse (the preview before its first byte): the
@@ -99,22 +125,36 @@ fn write<T: Serialize>(path: &Path, value: &T) -> Result<(), RecordError> {
     })
 }
 
-/// Bytes fetched on `day` (0 without a ledger or with another day's).
-pub fn fetched_on(state_dir: &Path, day: NaiveDate) -> Result<u64, RecordError> {
+/// What `day` used (nothing without a ledger or with another day's).
+pub fn used_on(state_dir: &Path, day: NaiveDate) -> Result<DayUse, RecordError> {
     let l: Option<Ledger> = read(&state_dir.join(LEDGER_FILE))?;
-    Ok(l.filter(|l| l.day == day).map_or(0, |l| l.fetched))
+    Ok(l.filter(|l| l.day == day)
+        .map_or(DayUse::default(), |l| DayUse {
+            fetched: l.fetched,
+            spent: l.spent,
+        }))
 }
 
-/// Add `bytes` fetched on `day`; answers the day's new total.
-pub fn add_fetched(state_dir: &Path, day: NaiveDate, bytes: u64) -> Result<u64, RecordError> {
-    let fetched = fetched_on(state_dir, day)?.saturating_add(bytes);
+/// Add `bytes` fetched on `day` (and mark it `spent` when the stage stopped at the quota);
+/// answers the day's new use.
+pub fn add_fetched(
+    state_dir: &Path,
+    day: NaiveDate,
+    bytes: u64,
+    spent: bool,
+) -> Result<DayUse, RecordError> {
+    let before = used_on(state_dir, day)?;
     let l = Ledger {
         format: FORMAT,
         day,
-        fetched,
+        fetched: before.fetched.saturating_add(bytes),
+        spent: before.spent || spent,
     };
     write(&state_dir.join(LEDGER_FILE), &l)?;
-    Ok(fetched)
+    Ok(DayUse {
+        fetched: l.fetched,
+        spent: l.spent,
+    })
 }
 
 /// The last preview recorded on this node.
@@ -138,14 +178,31 @@ mod tests {
     #[test]
     fn the_ledger_counts_per_day_and_starts_over_the_next() {
         let t = tempfile::tempdir().unwrap();
-        assert_eq!(fetched_on(t.path(), day(3)).unwrap(), 0, "no file: nothing");
-        assert_eq!(add_fetched(t.path(), day(3), 100).unwrap(), 100);
-        assert_eq!(add_fetched(t.path(), day(3), 50).unwrap(), 150);
-        assert_eq!(fetched_on(t.path(), day(3)).unwrap(), 150);
-        assert_eq!(fetched_on(t.path(), day(4)).unwrap(), 0);
-        assert_eq!(add_fetched(t.path(), day(4), 7).unwrap(), 7);
+        let used = |d| used_on(t.path(), day(d)).unwrap();
+        assert_eq!(used(3), DayUse::default(), "no file: nothing");
+        assert_eq!(
+            add_fetched(t.path(), day(3), 100, false).unwrap().fetched,
+            100
+        );
+        assert_eq!(
+            add_fetched(t.path(), day(3), 50, false).unwrap().fetched,
+            150
+        );
+        assert_eq!(used(3).counted(), 150);
+        assert_eq!(used(4), DayUse::default());
+        assert_eq!(add_fetched(t.path(), day(4), 7, false).unwrap().fetched, 7);
         let text = std::fs::read_to_string(t.path().join(LEDGER_FILE)).unwrap();
         assert_eq!(text, r#"{"format":1,"day":"2026-12-04","fetched":7}"#);
+        // A stop at the quota closes the day, whatever is left of it.
+        assert!(add_fetched(t.path(), day(4), 3, true).unwrap().spent);
+        assert_eq!(used(4).counted(), u64::MAX);
+        assert_eq!(used(4).fetched, 10);
+        let text = std::fs::read_to_string(t.path().join(LEDGER_FILE)).unwrap();
+        assert_eq!(
+            text,
+            r#"{"format":1,"day":"2026-12-04","fetched":10,"spent":true}"#
+        );
+        assert_eq!(used(5), DayUse::default(), "the next day starts over");
     }
 
     #[test]
@@ -153,13 +210,15 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join(LEDGER_FILE);
         std::fs::write(&p, r#"{"format":2,"day":"2026-12-04","fetched":7}"#).unwrap();
-        let e = fetched_on(t.path(), day(4)).unwrap_err().to_string();
+        let e = used_on(t.path(), day(4)).unwrap_err().to_string();
         assert!(
             e.contains(LEDGER_FILE) && e.contains("format 2 is newer"),
             "{e}"
         );
         std::fs::write(&p, "{").unwrap();
-        let e = add_fetched(t.path(), day(4), 1).unwrap_err().to_string();
+        let e = add_fetched(t.path(), day(4), 1, false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not JSON"), "{e}");
         assert_eq!(
             std::fs::read_to_string(&p).unwrap(),

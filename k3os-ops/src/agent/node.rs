@@ -135,7 +135,8 @@ pub trait NodeOps: Send + Sync + 'static {
     fn preview(&self, _req: &StageRequest) -> Result<Option<PreviewRecord>, NodeError> {
         Ok(None)
     }
-    /// Bytes fetched on quota day `day` (the node's ledger; 0 where it keeps none).
+    /// Bytes counted against the quota of day `day` (the node's ledger; 0 where it keeps
+    /// none; all of it once a stage stopped at the quota that day, see [`ledger::DayUse`]).
     fn fetched_on(&self, _day: chrono::NaiveDate) -> Result<u64, NodeError> {
         Ok(0)
     }
@@ -364,7 +365,14 @@ impl NodeOps for LibupgradeNode {
             .stage(&rel.source, &node_thin::options(req, &rel), &counting);
         let (end, fetched) = node_thin::ended(r, counting.fetched());
         if let Some(day) = req.ledger_day {
-            ledger::add_fetched(self.state_dir(), day, fetched)
+            let spent = matches!(
+                end,
+                Ok(StageEnd::Stopped {
+                    why: libupgrade::stage::Stop::Budget { .. },
+                    ..
+                })
+            );
+            ledger::add_fetched(self.state_dir(), day, fetched, spent)
                 .map_err(|e| NodeError::new("stage", e))?;
         }
         end.map_err(|e| NodeError::new("stage", e))
@@ -383,7 +391,9 @@ impl NodeOps for LibupgradeNode {
     }
 
     fn fetched_on(&self, day: chrono::NaiveDate) -> Result<u64, NodeError> {
-        ledger::fetched_on(self.state_dir(), day).map_err(|e| NodeError::new("stage", e))
+        ledger::used_on(self.state_dir(), day)
+            .map(|u| u.counted())
+            .map_err(|e| NodeError::new("stage", e))
     }
 
     fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {
