@@ -122,7 +122,12 @@ fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
     let st = u.status()?;
     // The agent's last stage preview (`stage-preview.json` in the state directory, see
     // `agent/ledger.rs`); absent on nodes that never staged through the agent.
-    let preview = crate::agent::ledger::last_preview(&u.config().state_dir)?;
+    // `slot status` is what one runs when something is wrong: an unreadable preview is a
+    // warning, never a failure of the status.
+    let preview = crate::agent::ledger::last_preview(&u.config().state_dir).unwrap_or_else(|e| {
+        eprintln!("warning: {e} (the agent's stage preview is not shown)");
+        None
+    });
     if json {
         let mut v = serde_json::to_value(&st)?;
         if let (Some(p), Some(o)) = (&preview, v.as_object_mut()) {
