@@ -276,6 +276,8 @@ async fn setup(client: &Client, concurrency: u32) -> String {
             rollout: None,
             blocking_pod_selector: None,
             prometheus: None,
+            stage: None,
+            sources: Vec::new(),
         },
     );
     chans
@@ -435,6 +437,36 @@ async fn cluster_schema_refuses_invalid_specs() {
             window(serde_json::json!({"start": "01:00", "length": "2h", "days": ["funday"]})),
         ),
     ];
+    let stage = |st: serde_json::Value| with("stage", st);
+    let stage_window = |w: serde_json::Value| stage(serde_json::json!({"windows": [w]}));
+    // Thin-link fields: (name, spec, what the refusal must say).
+    let bad_thin = [
+        (
+            "bad-stage-rate",
+            stage_window(serde_json::json!({"start": "01:00", "length": "2h", "maxRate": "fast"})),
+            "stage.windows[].maxRate must be a rate",
+        ),
+        (
+            "stage-start-25",
+            stage_window(serde_json::json!({"start": "25:00", "length": "2h"})),
+            "window.start must be HH:MM",
+        ),
+        (
+            "zero-quota",
+            stage(serde_json::json!({"maxBytesPerDay": "0"})),
+            "stage.maxBytesPerDay must be greater than 0",
+        ),
+        (
+            "bad-quota",
+            stage(serde_json::json!({"maxBytesPerDay": "lots"})),
+            "stage.maxBytesPerDay must be a byte count",
+        ),
+        (
+            "bad-source",
+            with("sources", serde_json::json!(["ftp://mirror/"])),
+            "sources[]: an absolute host directory",
+        ),
+    ];
     let mut accepted = Vec::new();
     for (name, spec) in bad {
         match api
@@ -445,14 +477,52 @@ async fn cluster_schema_refuses_invalid_specs() {
             other => accepted.push(format!("{name}: {other:?}")),
         }
     }
+    for (name, spec, says) in bad_thin {
+        match api
+            .create(&PostParams::default(), &channel(name, spec))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains(says) => {}
+            other => accepted.push(format!("{name} (expected 422 saying {says:?}): {other:?}")),
+        }
+    }
     let good = window(serde_json::json!({"start": "23:30", "length": "1h30m",
         "timeZone": "Europe/Berlin", "days": ["Sat", "sunday"]}));
     let ok = api
         .create(&PostParams::default(), &channel("good", good))
         .await;
+    let mut thin = stage(serde_json::json!({
+        "windows": [
+            {"start": "00:00", "length": "6h", "timeZone": "Europe/Berlin", "maxRate": "1M"},
+            {"days": ["sat"], "start": "02:00", "length": "2h", "maxRate": "0"},
+            {"start": "12:00", "length": "1h"}
+        ],
+        "maxBytesPerDay": "1.5GiB"
+    }));
+    thin["sources"] = serde_json::json!(["/media/usb", "https://mirror.site/stable/v2/"]);
+    let thin_ok = api
+        .create(&PostParams::default(), &channel("good-thin", thin))
+        .await;
+    // A channel written for v0.1.0 (the fixture's spec) is still accepted.
+    let v010: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/v0.1.0/updatechannel.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let v010_ok = api
+        .create(
+            &PostParams::default(),
+            &channel("v010", v010["spec"].clone()),
+        )
+        .await;
     teardown(&client, &ns).await;
     assert!(accepted.is_empty(), "the server accepted: {accepted:#?}");
     ok.expect("a valid channel is accepted");
+    thin_ok.expect("a valid channel with thin-link settings is accepted");
+    v010_ok.expect("a v0.1.0 channel is accepted");
 }
 
 /// Apply every document of a manifest file of deploy/ (server-side apply, as `kubectl apply
