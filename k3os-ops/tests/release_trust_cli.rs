@@ -13,7 +13,6 @@ mod release_support;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use cli_support::ops;
 use release_support::Server;
@@ -46,28 +45,7 @@ fn node(p: &Path, trust: &Path) -> PathBuf {
 
 /// `release create` of a real squashfs release `version` into the channel.
 fn create(work: &Path, chan: &Path, key: &Path, version: &str, generation: u64) {
-    let tree = work.join(format!("{version}.tree"));
-    fs::create_dir_all(tree.join("etc")).unwrap();
-    fs::write(
-        tree.join("etc/k3os-release"),
-        format!("VERSION={version}\n"),
-    )
-    .unwrap();
-    fs::write(
-        tree.join("payload"),
-        testkit::pseudo_random(100_000, version.len() as u64),
-    )
-    .unwrap();
-    let sq = work.join(format!("{version}.squashfs"));
-    testkit::run(Command::new("mksquashfs").arg(&tree).arg(&sq).args([
-        "-noappend",
-        "-quiet",
-        "-all-root",
-    ]));
-    let k = work.join(format!("{version}.vmlinuz"));
-    fs::write(&k, format!("kernel {version}")).unwrap();
-    let i = work.join(format!("{version}.initrd"));
-    fs::write(&i, format!("initrd {version}")).unwrap();
+    let (sq, k, i) = release_support::squashfs_inputs(work, version);
     let s = |p: &Path| p.display().to_string();
     ok(
         None,
