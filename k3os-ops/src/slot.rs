@@ -120,12 +120,49 @@ pub fn run(args: SlotArgs) -> anyhow::Result<()> {
 /// `slot status [--json]`.
 fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
     let st = u.status()?;
+    // The agent's last stage preview (`stage-preview.json` in the state directory, see
+    // `agent/ledger.rs`); absent on nodes that never staged through the agent.
+    // `slot status` is what one runs when something is wrong: an unreadable preview is a
+    // warning, never a failure of the status.
+    let preview = crate::agent::ledger::last_preview(&u.config().state_dir).unwrap_or_else(|e| {
+        eprintln!("warning: {e} (the agent's stage preview is not shown)");
+        None
+    });
     if json {
-        println!("{}", serde_json::to_string_pretty(&st)?);
+        let mut v = serde_json::to_value(&st)?;
+        if let (Some(p), Some(o)) = (&preview, v.as_object_mut()) {
+            o.insert("stage_preview".into(), serde_json::to_value(p)?);
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", render_status(&st));
+        if let Some(p) = &preview {
+            print!("{}", render_preview(p));
+        }
     }
     Ok(())
+}
+
+/// The agent's last stage preview: what staging its target fetches and reuses.
+pub fn render_preview(p: &crate::agent::ledger::PreviewRecord) -> String {
+    let at = p.at.map_or(String::new(), |t| {
+        format!(
+            ", previewed {}",
+            t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        )
+    });
+    let from = p
+        .bundle
+        .as_ref()
+        .map_or(String::new(), |b| format!(" from bundle {b}"));
+    format!(
+        "\n=== Stage Preview (agent) ===\n{}{from}: fetch {} ({} bytes), reuse {} ({} bytes){at}\n",
+        p.version,
+        Size(p.fetch),
+        p.fetch,
+        Size(p.reuse),
+        p.reuse
+    )
 }
 
 /// `slot activate [SLOT] [--await NAME … --within-secs N]`.
@@ -407,6 +444,26 @@ fn render_slot(s: &SlotStatus) -> String {
 mod tests {
     use super::*;
     use libupgrade::state::Event;
+
+    #[test]
+    fn the_stage_preview_reads_with_exact_bytes() {
+        let p = crate::agent::ledger::PreviewRecord {
+            format: 1,
+            version: "v2".into(),
+            fetch: 3_145_728,
+            reuse: 1024,
+            bundle: None,
+            at: Some(
+                chrono::DateTime::parse_from_rfc3339("2026-12-04T01:00:00Z")
+                    .unwrap()
+                    .with_timezone(&chrono::Utc),
+            ),
+        };
+        assert_eq!(
+            render_preview(&p),
+            "\n=== Stage Preview (agent) ===\nv2: fetch 3.0 MiB (3145728 bytes), reuse 1.0 KiB (1024 bytes), previewed 2026-12-04T01:00:00Z\n"
+        );
+    }
 
     #[test]
     fn events_read_the_same_in_both_views() {

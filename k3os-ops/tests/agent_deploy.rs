@@ -161,6 +161,28 @@ fn daemonset_is_privileged_with_the_host_mounts() {
     for path in ["/boot", "/var/lib/k3os-ops", "/dev"] {
         assert!(host.contains(&path), "hostPath {path} missing");
     }
+    // The offline bundle directory: the host's, read-only, where K3OS_OPS_BUNDLE_DIR says.
+    let bundle_dir = c["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == k3os_ops::agent::node::BUNDLE_DIR_ENV)
+        .and_then(|e| e["value"].as_str())
+        .expect("K3OS_OPS_BUNDLE_DIR set");
+    let mount = c["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == bundle_dir)
+        .expect("the bundle directory is mounted");
+    assert_eq!(mount["readOnly"], true);
+    let vol = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(vol["hostPath"]["path"], "/var/lib/k3os-ops-bundles");
 }
 
 #[test]

@@ -362,6 +362,8 @@ async fn simulate(sc: Arc<Scenario>) -> Report {
             rollout: None,
             blocking_pod_selector: None,
             prometheus: None,
+            stage: None,
+            sources: Vec::new(),
         },
     );
     ch.status = Some(UpdateChannelStatus::default());

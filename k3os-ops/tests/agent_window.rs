@@ -221,6 +221,8 @@ fn channel(version: Option<&str>) -> UpdateChannel {
             rollout: None,
             blocking_pod_selector: None,
             prometheus: None,
+            stage: None,
+            sources: Vec::new(),
         },
     );
     ch.status = Some(UpdateChannelStatus::default());

@@ -572,3 +572,51 @@ fn retries_are_warned_even_when_quiet_and_end_at_retry_for() {
         "{err}"
     );
 }
+
+/// `slot status` shows the agent's last stage preview (`stage-preview.json`, written by the
+/// agent's node side through `agent::ledger`), with exact bytes, in both views; a preview file
+/// in a newer format is a warning naming the file, and the status is still shown.
+#[test]
+fn status_shows_the_agents_stage_preview() {
+    let n = Node::new();
+    let state = n.path().join("state");
+    let human = n.ok(&["slot", "status"]);
+    assert!(!human.contains("Stage Preview"), "no preview yet: {human}");
+    k3os_ops::agent::ledger::record_preview(
+        &state,
+        &k3os_ops::agent::ledger::PreviewRecord {
+            format: 1,
+            version: "v2".into(),
+            fetch: 3_145_728,
+            reuse: 2048,
+            bundle: None,
+            at: None,
+        },
+    )
+    .unwrap();
+    let human = n.ok(&["slot", "status"]);
+    assert!(
+        human.contains("=== Stage Preview (agent) ===\nv2: fetch 3.0 MiB (3145728 bytes), reuse 2.0 KiB (2048 bytes)"),
+        "{human}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&n.ok(&["slot", "status", "--json"])).unwrap();
+    assert_eq!(json["stage_preview"]["fetch"], 3_145_728);
+    assert_eq!(json["stage_preview"]["version"], "v2");
+    std::fs::write(
+        state.join(k3os_ops::agent::ledger::PREVIEW_FILE),
+        r#"{"format":2,"version":"v2","fetch":1,"reuse":1}"#,
+    )
+    .unwrap();
+    let out = n.ops(&["slot", "status"]);
+    assert!(
+        out.status.success(),
+        "a bad preview never fails the status: {out:?}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("stage-preview.json") && err.contains("format 2 is newer"),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("Stage Preview"));
+}

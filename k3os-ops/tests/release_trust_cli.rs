@@ -13,9 +13,7 @@ mod release_support;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use bootconfig::{BootEnv, Slot, SlotBoot};
 use cli_support::ops;
 use release_support::Server;
 
@@ -41,71 +39,13 @@ fn fails(config: Option<&Path>, args: &[&str]) -> String {
 /// A node booted on slot A (v1, generation 1) trusting `release.pub` for manifests, with its
 /// channel root at `<node>/root.json`.
 fn node(p: &Path, trust: &Path) -> PathBuf {
-    for d in ["system", "boot/grub", "state", "health.d"] {
-        fs::create_dir_all(p.join(d)).unwrap();
-    }
-    bootconfig::grub::GrubBootloader::new(p.join("boot/grub"), 3)
-        .install(&BootEnv {
-            primary: Slot::A,
-            a: SlotBoot::Good,
-            b: SlotBoot::Bad,
-        })
-        .unwrap();
-    fs::write(p.join("cmdline"), "root=/dev/vda4 ro k3os.slot=A\n").unwrap();
-    fs::write(p.join("boot_id"), "boot-1\n").unwrap();
-    fs::write(p.join("k3os-release"), "VERSION=v1\nGENERATION=1\n").unwrap();
-    fs::write(p.join("mountinfo"), "").unwrap();
-    let config = p.join("config.toml");
-    fs::write(
-        &config,
-        format!(
-            r#"bootloader = "grub"
-state_dir = "{p}/state"
-trust_dir = "{trust}"
-health_dir = "{p}/health.d"
-proc_cmdline = "{p}/cmdline"
-release_file = "{p}/k3os-release"
-mountinfo = "{p}/mountinfo"
-boot_id_file = "{p}/boot_id"
-builtin_health_check = false
-channel_root = "{p}/root.json"
-[layout]
-kind = "dir"
-root = "{p}/system"
-boot_dir = "{p}/boot"
-"#,
-            p = p.display(),
-            trust = trust.display()
-        ),
-    )
-    .unwrap();
-    config
+    let root = format!("channel_root = \"{}/root.json\"\n", p.display());
+    cli_support::write_node(p, 1, trust, &root)
 }
 
 /// `release create` of a real squashfs release `version` into the channel.
 fn create(work: &Path, chan: &Path, key: &Path, version: &str, generation: u64) {
-    let tree = work.join(format!("{version}.tree"));
-    fs::create_dir_all(tree.join("etc")).unwrap();
-    fs::write(
-        tree.join("etc/k3os-release"),
-        format!("VERSION={version}\n"),
-    )
-    .unwrap();
-    fs::write(
-        tree.join("payload"),
-        testkit::pseudo_random(100_000, version.len() as u64),
-    )
-    .unwrap();
-    let sq = work.join(format!("{version}.squashfs"));
-    testkit::run(Command::new("mksquashfs").arg(&tree).arg(&sq).args([
-        "-noappend",
-        "-quiet",
-        "-all-root",
-    ]));
-    let k = work.join(format!("{version}.vmlinuz"));
-    fs::write(&k, format!("kernel {version}")).unwrap();
-    let i = work.join(format!("{version}.initrd"));
-    fs::write(&i, format!("initrd {version}")).unwrap();
+    let (sq, k, i) = release_support::squashfs_inputs(work, version);
     let s = |p: &Path| p.display().to_string();
     ok(
         None,

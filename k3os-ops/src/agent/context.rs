@@ -60,6 +60,8 @@ pub struct Settings {
     /// the node controller's grace period leaves it standing) and does not count. None: not
     /// known, every Ready=True counts.
     pub booted_at: Option<k8s_openapi::jiff::Timestamp>,
+    /// The clock of the stage's windows and daily quota (tests inject a virtual one).
+    pub clock: Arc<dyn libupgrade::stage::Clock>,
 }
 
 /// Whom the agent talks to.
@@ -170,6 +172,7 @@ impl Agent {
                 node_ready_wait: READY_WAIT,
                 node_ready_poll: Duration::from_secs(5),
                 booted_at: None,
+                clock: Arc::new(libupgrade::stage::SystemClock),
             },
             clients: Clients {
                 client,

@@ -49,7 +49,10 @@
 //!   and the phase `WaitingForWave` (a node staged but whose wave of `spec.rollout` has not
 //!   started). Migration 1 → 2: nothing to convert; the next annotation patch adds the marker,
 //!   the next reconcile `update-version`. A Node without `update-version` (a v0.1.0 agent still
-//!   running) is counted under version `unknown` until its agent is replaced.
+//!   running) is counted under version `unknown` until its agent is replaced. Also in format 2
+//!   (v0.2.0, additive, nothing to migrate): the phase `StageWaiting` (staging waits for a stage
+//!   window or the next quota day; not a failure) and the annotation `k3os.io/stage-preview`
+//!   (JSON carrying its own `format`, see [`super::thin_report`]).
 //!
 //! **Leases** (`coordination.k8s.io/v1`, agent namespace): the node liveness Lease
 //! `k3os-upgrade-node-<node>`, the poller Lease `k3os-upgrade-poller-<channel>` and (new in

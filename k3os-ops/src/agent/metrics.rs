@@ -29,7 +29,7 @@ pub const NOT_READY_AFTER_ERRORS: u32 = 3;
 
 /// The phases the agent reports (the `k3os.io/update-phase` annotation values); each is a
 /// series of `k3os_ops_update_phase`, 1 for the current one.
-pub const PHASES: [super::phase::Phase; 21] = super::phase::Phase::ALL;
+pub const PHASES: [super::phase::Phase; super::phase::Phase::ALL.len()] = super::phase::Phase::ALL;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
@@ -39,6 +39,13 @@ struct PhaseLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ChannelLabels {
     channel: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PreviewLabels {
+    channel: String,
+    /// `fetch` or `reuse`.
+    kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -80,6 +87,7 @@ pub struct Metrics {
     reconcile_errors: Counter,
     stage_failures: Counter,
     channel_stale: Family<ChannelLabels, Gauge>,
+    stage_preview: Family<PreviewLabels, Gauge>,
     ready: AtomicBool,
     errors_in_row: AtomicU32,
 }
@@ -148,6 +156,12 @@ impl Metrics {
                 "1 while the channel's signed metadata is refused as expired (condition ChannelStale), 0 once it resolves fresh",
                 Family::<ChannelLabels, Gauge>::default(),
             ),
+            stage_preview: register(
+                r,
+                "stage_preview_bytes",
+                "Bytes the next stage of the channel's target fetches (kind=fetch) and reuses (kind=reuse), as previewed before its first byte",
+                Family::<PreviewLabels, Gauge>::default(),
+            ),
             registry,
             ready: AtomicBool::new(false),
             errors_in_row: AtomicU32::new(0),
@@ -208,6 +222,18 @@ impl Metrics {
                 channel: channel.to_string(),
             })
             .set(i64::from(stale));
+    }
+
+    /// The preview of `channel`'s next stage: bytes to fetch and to reuse.
+    pub fn set_stage_preview(&self, channel: &str, fetch: u64, reuse: u64) {
+        for (kind, v) in [("fetch", fetch), ("reuse", reuse)] {
+            self.stage_preview
+                .get_or_create(&PreviewLabels {
+                    channel: channel.to_string(),
+                    kind: kind.to_string(),
+                })
+                .set(i64::try_from(v).unwrap_or(i64::MAX));
+        }
     }
 
     pub fn add_downloaded(&self, bytes: u64) {

@@ -55,7 +55,10 @@
 //! [`format`] (versions and migrations of everything the agent stores, the annotation keys),
 //! [`phase`] (the update phases of annotations and metrics), [`errors`] (Display text of
 //! errors), [`metrics`] (/metrics, /healthz, /readyz), [`progress`] (stage progress
-//! annotation).
+//! annotation), [`staging`] (the stage step), [`thin`] (stage windows, daily quota and
+//! sources: the pure decisions), [`thin_report`] (stage preview annotation and gauge,
+//! condition `StageWillMissWindow`), [`ledger`] (the quota ledger and preview record on the
+//! node), [`node_thin`] (the node side of a thin-link stage: offline bundles, options).
 //!
 //! Error policy: the steps return typed errors (`SlotError`, `DrainError`, `NodeError`,
 //! `WindowError`, `DurationError`) wrapped with context; every error ends in
@@ -89,16 +92,21 @@ pub mod format;
 pub mod gates;
 pub mod invalid;
 pub mod kube_store;
+pub mod ledger;
 pub mod metrics;
 pub mod node;
+pub mod node_thin;
 pub mod phase;
 pub mod progress;
 pub mod rollout;
 pub mod run;
 pub mod slots;
 pub mod spec;
+pub mod staging;
 pub mod stale;
 pub mod steps;
+pub mod thin;
+pub mod thin_report;
 pub mod window;
 
 use std::path::PathBuf;

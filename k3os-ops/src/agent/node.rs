@@ -5,6 +5,9 @@
 //! them through `tokio::task::spawn_blocking`.
 
 use super::decide::NodeUpdateStatus;
+use super::ledger::{self, PreviewRecord};
+use super::node_thin::{self, Counting};
+pub use super::node_thin::{StageEnd, StageRequest, BUNDLE_DIR_ENV};
 
 /// [`NodeError::op`] of a status read before this boot's assessment ran: not a failure, the
 /// agent reports it once and waits.
@@ -16,7 +19,7 @@ pub const NOT_ASSESSED_HELP: &str = "this boot was not assessed yet: `k3os-ops s
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{op}: {message}")]
 pub struct NodeError {
-    /// `status`, `stage`, `activate`, `confirm`, `reboot`, `resolve`, or [`NOT_ASSESSED`].
+    /// `status`, `stage`, `preview`, `activate`, `confirm`, `reboot`, `resolve`, or [`NOT_ASSESSED`].
     pub op: &'static str,
     pub message: String,
     /// The channel's signed metadata was refused as expired (from the typed
@@ -103,6 +106,40 @@ pub trait NodeOps: Send + Sync + 'static {
         max_rate: Option<u64>,
         progress: &dyn StageProgress,
     ) -> Result<(), NodeError>;
+    /// [`Self::stage`] with the thin-link settings of `req` (a schedule, a byte budget, extra
+    /// sources, a quota day to book the fetched bytes on); a clean stop at the budget or the
+    /// schedule's end is [`StageEnd::Stopped`], not an error. Nodes that know nothing of
+    /// thin links (fakes) stage plain requests and refuse the rest.
+    fn stage_request(
+        &self,
+        req: &StageRequest,
+        progress: &dyn StageProgress,
+    ) -> Result<StageEnd, NodeError> {
+        if !req.is_plain() {
+            return Err(NodeError::new(
+                "stage",
+                "this node cannot follow spec.stage or spec.sources",
+            ));
+        }
+        self.stage(
+            &req.channel,
+            &req.version,
+            req.allow_downgrade,
+            req.max_rate,
+            progress,
+        )
+        .map(|()| StageEnd::Staged { fetched: 0 })
+    }
+    /// What staging `req` would fetch and reuse, before its first byte (recorded on the node
+    /// for `k3os-ops slot status`); `None` where the node cannot tell (fakes).
+    fn preview(&self, _req: &StageRequest) -> Result<Option<PreviewRecord>, NodeError> {
+        Ok(None)
+    }
+    /// Bytes counted against the quota of day `day` (the node's ledger; 0 where it keeps
+    /// none; all of it once a stage stopped at the quota that day, see [`ledger::DayUse`]).
+    fn fetched_on(&self, _day: chrono::NaiveDate) -> Result<u64, NodeError> {
+        Ok(0)
+    }
     /// Make the bootloader try the staged slot at the next boot; the trial boot is not blessed
     /// before [`Self::confirm`] reports [`NODE_READY`], and counts as failed when that does not
     /// happen within `node_ready_within` of the boot.
@@ -123,6 +160,8 @@ pub struct LibupgradeNode {
     /// How the node reboots ([`crate::node::Reboot::from_env`]: `K3OS_OPS_REBOOT_CMD`, else
     /// `reboot` in the namespaces of the host's PID 1 — the image has no `nsenter`).
     reboot: crate::node::Reboot,
+    /// Where offline bundles are looked for ([`BUNDLE_DIR_ENV`]; None: nowhere).
+    bundle_dir: Option<std::path::PathBuf>,
 }
 
 /// Environment variable overriding the reboot command.
@@ -139,6 +178,9 @@ impl LibupgradeNode {
         Ok(LibupgradeNode {
             updater,
             reboot: crate::node::Reboot::from_env(),
+            bundle_dir: std::env::var_os(BUNDLE_DIR_ENV)
+                .filter(|v| !v.is_empty())
+                .map(Into::into),
         })
     }
 
@@ -147,7 +189,37 @@ impl LibupgradeNode {
         LibupgradeNode {
             updater,
             reboot: crate::node::Reboot::Command(reboot_cmd),
+            bundle_dir: None,
         }
+    }
+
+    /// Look for offline bundles of the target version in `dir` before the channel.
+    pub fn with_bundle_dir(self, dir: std::path::PathBuf) -> LibupgradeNode {
+        LibupgradeNode {
+            bundle_dir: Some(dir),
+            ..self
+        }
+    }
+
+    /// The release `req` stages: a bundle of its version, else the channel's.
+    fn release(&self, req: &StageRequest) -> Result<node_thin::Release, NodeError> {
+        let rel = node_thin::release(self.bundle_dir.as_deref(), &req.version, || {
+            self.resolve(&req.channel, Some(&req.version))
+        })?;
+        if rel.version != req.version {
+            return Err(NodeError::new(
+                "stage",
+                format!(
+                    "channel {} listed {} but its release says {}",
+                    req.channel, req.version, rel.version
+                ),
+            ));
+        }
+        Ok(rel)
+    }
+
+    fn state_dir(&self) -> &std::path::Path {
+        &self.updater.config().state_dir
     }
 }
 
@@ -279,6 +351,49 @@ impl NodeOps for LibupgradeNode {
             ));
         }
         Ok(())
+    }
+
+    fn stage_request(
+        &self,
+        req: &StageRequest,
+        progress: &dyn StageProgress,
+    ) -> Result<StageEnd, NodeError> {
+        let rel = self.release(req)?;
+        let counting = Counting::new(progress);
+        let r = self
+            .updater
+            .stage(&rel.source, &node_thin::options(req, &rel), &counting);
+        let (end, fetched) = node_thin::ended(r, counting.fetched());
+        if let Some(day) = req.ledger_day {
+            let spent = matches!(
+                end,
+                Ok(StageEnd::Stopped {
+                    why: libupgrade::stage::Stop::Budget { .. },
+                    ..
+                })
+            );
+            ledger::add_fetched(self.state_dir(), day, fetched, spent)
+                .map_err(|e| NodeError::new("stage", e))?;
+        }
+        end.map_err(|e| NodeError::new("stage", e))
+    }
+
+    fn preview(&self, req: &StageRequest) -> Result<Option<PreviewRecord>, NodeError> {
+        let rel = self.release(req)?;
+        let opts = node_thin::options(req, &rel);
+        let p = self
+            .updater
+            .preview(&rel.source, &opts)
+            .map_err(|e| NodeError::new("preview", e))?;
+        let rec = node_thin::record(&p, &rel, opts.clock.now());
+        ledger::record_preview(self.state_dir(), &rec).map_err(|e| NodeError::new("preview", e))?;
+        Ok(Some(rec))
+    }
+
+    fn fetched_on(&self, day: chrono::NaiveDate) -> Result<u64, NodeError> {
+        ledger::used_on(self.state_dir(), day)
+            .map(|u| u.counted())
+            .map_err(|e| NodeError::new("stage", e))
     }
 
     fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {

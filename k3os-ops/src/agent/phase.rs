@@ -9,6 +9,8 @@ use std::fmt;
 pub enum Phase {
     UpToDate,
     Staging,
+    /// Staging waits, not failed: outside the stage windows or at the daily quota.
+    StageWaiting,
     Staged,
     StageFailed,
     WaitingForWave,
@@ -32,9 +34,10 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in the order an update meets them (the metric exports one series each).
-    pub const ALL: [Phase; 21] = [
+    pub const ALL: [Phase; 22] = [
         Phase::UpToDate,
         Phase::Staging,
+        Phase::StageWaiting,
         Phase::Staged,
         Phase::StageFailed,
         Phase::WaitingForWave,
@@ -61,6 +64,7 @@ impl Phase {
         match self {
             Phase::UpToDate => "UpToDate",
             Phase::Staging => "Staging",
+            Phase::StageWaiting => "StageWaiting",
             Phase::Staged => "Staged",
             Phase::StageFailed => "StageFailed",
             Phase::WaitingForWave => "WaitingForWave",

@@ -1,5 +1,6 @@
-//! A channel's spec parsed and checked once: the [`Policy`] (windows, timeouts, rate, waves, gates) every
-//! decision and step reads, or the message naming the field that makes the channel invalid.
+//! A channel's spec parsed and checked once: the [`Policy`] (windows, timeouts, rate, waves,
+//! gates, thin-link settings) every decision and step reads, or the message naming the field
+//! that makes the channel invalid.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use super::crd::UpdateChannelSpec;
 use super::duration;
 use super::gates::Gates;
 use super::rollout::Rollout;
+use super::thin::ThinPolicy;
 use super::window::Window;
 
 /// The channel's spec, parsed and checked.
@@ -24,6 +26,8 @@ pub struct Policy {
     pub rollout: Option<Rollout>,
     /// `spec.blockingPodSelector` and `spec.prometheus`: what must be quiet before a claim.
     pub gates: Gates,
+    /// `spec.stage` and `spec.sources`: when and how much to download, and from where.
+    pub thin: ThinPolicy,
 }
 
 impl Policy {
@@ -66,6 +70,7 @@ impl Policy {
             spec.blocking_pod_selector.as_deref(),
             spec.prometheus.as_ref(),
         )?;
+        let thin = ThinPolicy::from_spec(spec, max_rate)?;
         Ok(Policy {
             windows,
             reboot_timeout,
@@ -73,6 +78,7 @@ impl Policy {
             max_rate,
             rollout,
             gates,
+            thin,
         })
     }
 

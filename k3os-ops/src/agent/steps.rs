@@ -1,141 +1,29 @@
 //! The stage and the disruptive steps of an update, in order, each a function over the
-//! [`Agent`] context: stage (no disruption), cordon + drain (`disrupt`), bootloader flip +
-//! reboot (`flip_and_reboot`), and after the boot the health verdict (`confirm`). Each disruptive step first fences on the
+//! [`Agent`] context: stage (no disruption; in [`super::staging`]), cordon + drain
+//! (`disrupt`), bootloader flip + reboot (`flip_and_reboot`), and after the boot the health
+//! verdict (`confirm`). Each disruptive step first fences on the
 //! slot's token (CAS of its phase) and aborts if the slot was lost.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use kube::ResourceExt;
 
 use super::channels::Channel;
-use super::context::{Agent, Next, Say, PROGRESS_PERIOD};
+use super::context::{Agent, Next, Say};
 use super::crd::SlotPhase;
 use super::decide::{NodeView, Policy};
 use super::drain;
 use super::errors::{AgentError, KubeContext};
-use super::format::{ANN_CORDONED, ANN_MESSAGE, ANN_PROGRESS, ANN_TARGET};
+use super::format::{ANN_CORDONED, ANN_MESSAGE, ANN_PROGRESS};
 use super::kube_store::KubeChannelStore;
 use super::metrics::Outcome;
 use super::node::{ConfirmResult, NODE_READY};
 use super::phase::Phase;
-use super::progress::AnnotationProgress;
 use super::slots::{self, FenceOutcome};
+pub(super) use super::staging::stage;
 use libupgrade::health::CheckResult;
-
-pub(super) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Next, AgentError> {
-    let now_s = Utc::now().timestamp().max(0) as u64;
-    if now_s < cx.memory.stage_not_before.load(Ordering::Relaxed) {
-        return Ok(Next::Wait);
-    }
-    cx.annotate_phase(
-        Phase::Staging,
-        &[
-            (ANN_TARGET, Some(version)),
-            (
-                ANN_MESSAGE,
-                Some("downloading and verifying into the inactive slot"),
-            ),
-        ],
-    )
-    .await?;
-    cx.event(
-        Some(ch),
-        false,
-        "Staging",
-        format!(
-            "staging {version} from {} into the inactive slot",
-            ch.spec.url
-        ),
-    )
-    .await;
-    let result = stage_with_progress(cx, ch, version).await;
-    report_staleness(cx, ch, &result).await;
-    match result {
-        Ok(()) => {
-            cx.memory.stage_failures.store(0, Ordering::Relaxed);
-            cx.annotate_phase(
-                Phase::Staged,
-                &[
-                    (ANN_PROGRESS, None),
-                    (ANN_MESSAGE, Some("verified and staged")),
-                ],
-            )
-            .await?;
-            cx.event(
-                Some(ch),
-                false,
-                "Staged",
-                format!("{version} verified and staged in the inactive slot"),
-            )
-            .await;
-            Ok(Next::Again)
-        }
-        Err(e) => {
-            let n = cx.memory.stage_failures.fetch_add(1, Ordering::Relaxed) + 1;
-            let backoff = (60u64 << n.min(6)).min(3600);
-            cx.memory
-                .stage_not_before
-                .store(now_s + backoff, Ordering::Relaxed);
-            let msg = format!(
-                "staging {version} failed (attempt {n}, next in {backoff}s): {}",
-                super::errors::message(&e)
-            );
-            cx.clients
-                .metrics
-                .count(super::metrics::Outcome::StageFailure);
-            cx.phase(Phase::StageFailed, &msg).await?;
-            cx.event(Some(ch), true, "StageFailed", msg).await;
-            Ok(Next::Wait)
-        }
-    }
-}
-
-/// A stage resolves the channel too (a pinned channel is resolved nowhere else): expired
-/// metadata sets `ChannelStale`, a successful stage clears it.
-async fn report_staleness(cx: &Agent, ch: &Channel, result: &Result<(), AgentError>) {
-    match result {
-        Err(e) if e.stale().is_some() => super::stale::report(cx, ch, e.stale()).await,
-        Ok(()) => super::stale::report(cx, ch, None).await,
-        Err(_) => {}
-    }
-}
-
-/// Run libupgrade's stage of `version`, writing its progress annotation on the way.
-async fn stage_with_progress(cx: &Agent, ch: &Channel, version: &str) -> Result<(), AgentError> {
-    let (tx, mut rx) = tokio::sync::watch::channel(String::new());
-    rx.mark_unchanged();
-    let progress = Arc::new(AnnotationProgress::new(tx, cx.clients.metrics.clone()));
-    let url = ch.spec.url.clone();
-    let v = version.to_string();
-    let p = progress.clone();
-    let pinned = ch.spec.pinned_version().is_some();
-    // An invalid spec (maxRate included) never gets here: decide() stops at Invalid.
-    let max_rate = ch.policy.as_ref().ok().and_then(|p| p.max_rate);
-    let work = cx.blocking(move |ops| ops.stage(&url, &v, pinned, max_rate, p.as_ref()));
-    tokio::pin!(work);
-    // The annotation is written at most every PROGRESS_PERIOD (the Node object is shared
-    // with the kubelet; a byte counter must not flood the API server).
-    let mut last_write: Option<tokio::time::Instant> = None;
-    let mut ticker = tokio::time::interval(PROGRESS_PERIOD);
-    loop {
-        tokio::select! {
-            r = &mut work => break r,
-            _ = ticker.tick() => {
-                let due = last_write.is_none_or(|t| t.elapsed() >= PROGRESS_PERIOD);
-                if due && rx.has_changed().unwrap_or(false) {
-                    let text = rx.borrow_and_update().clone();
-                    if let Err(e) = cx.annotate(&[(ANN_PROGRESS, Some(&text))]).await {
-                        tracing::warn!("progress annotation: {e:#}");
-                    }
-                    last_write = Some(tokio::time::Instant::now());
-                }
-            }
-        }
-    }
-}
 
 /// After an aborted disruption: wait 5 min, doubling per abort in a row, up to 1 h, before
 /// claiming again (a drain that is refused must not cordon the node every resync).

@@ -86,6 +86,45 @@ impl Window {
         })
     }
 
+    /// A window opening every day at local midnight in `tz` and lasting a day: its starts are
+    /// the day boundaries of `tz`, with the same DST rules as every window.
+    pub fn daily(tz: Tz) -> Window {
+        Window {
+            days: [true; 7],
+            start: NaiveTime::MIN,
+            length: Duration::days(1),
+            tz,
+        }
+    }
+
+    /// The window's time zone.
+    pub fn time_zone(&self) -> Tz {
+        self.tz
+    }
+
+    /// How long the window lasts (elapsed time).
+    pub fn length(&self) -> Duration {
+        self.length
+    }
+
+    /// Every `[start, end)` of this window that overlaps `[from, to)`, in order (the
+    /// recurring window expanded into concrete instants, DST rules as [`Self::start_on`]).
+    pub fn occurrences(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Vec<(DateTime<Utc>, DateTime<Utc>)> {
+        let first = self.local_date(from) - chrono::Days::new(8);
+        let last = self.local_date(to);
+        first
+            .iter_days()
+            .take_while(|d| *d <= last)
+            .filter_map(|d| self.start_on(d))
+            .map(|s| (s, s + self.length))
+            .filter(|(s, e)| *e > from && *s < to)
+            .collect()
+    }
+
     /// The instant the window belonging to local date `date` starts, or `None` when the
     /// window does not start on that weekday.
     pub fn start_on(&self, date: NaiveDate) -> Option<DateTime<Utc>> {

@@ -30,37 +30,33 @@ pub fn ops(config: Option<&Path>, args: &[&str]) -> Output {
     c.output().unwrap()
 }
 
-/// A node booted on slot A (v1, generation 5; slot B bad, 3 tries) with a key pair
-/// `keys/node.key` whose public key is in its trust dir; `config` is its config file.
-pub struct Node {
-    pub dir: tempfile::TempDir,
-    pub config: PathBuf,
-}
-
-impl Node {
-    pub fn new() -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path();
-        let (_, trust) = keys(p, "node");
-        for d in ["system", "boot/grub", "state", "health.d"] {
-            fs::create_dir_all(p.join(d)).unwrap();
-        }
-        bootconfig::grub::GrubBootloader::new(p.join("boot/grub"), 3)
-            .install(&BootEnv {
-                primary: Slot::A,
-                a: SlotBoot::Good,
-                b: SlotBoot::Bad,
-            })
-            .unwrap();
-        fs::write(p.join("cmdline"), "root=/dev/vda4 ro k3os.slot=A\n").unwrap();
-        fs::write(p.join("boot_id"), "boot-1\n").unwrap();
-        fs::write(p.join("k3os-release"), "VERSION=v1\nGENERATION=5\n").unwrap();
-        fs::write(p.join("mountinfo"), "").unwrap();
-        let config = p.join("config.toml");
-        fs::write(
-            &config,
-            format!(
-                r#"bootloader = "grub"
+/// Lay out a node in `p`: the k3OS dir layout, booted on slot A (v1, `generation`; slot B bad,
+/// 3 tries), trusting the keys in `trust`; `extra` lines go into its config file (before the
+/// layout table). Returns the config file's path.
+pub fn write_node(p: &Path, generation: u64, trust: &Path, extra: &str) -> PathBuf {
+    for d in ["system", "boot/grub", "state", "health.d"] {
+        fs::create_dir_all(p.join(d)).unwrap();
+    }
+    bootconfig::grub::GrubBootloader::new(p.join("boot/grub"), 3)
+        .install(&BootEnv {
+            primary: Slot::A,
+            a: SlotBoot::Good,
+            b: SlotBoot::Bad,
+        })
+        .unwrap();
+    fs::write(p.join("cmdline"), "root=/dev/vda4 ro k3os.slot=A\n").unwrap();
+    fs::write(p.join("boot_id"), "boot-1\n").unwrap();
+    fs::write(
+        p.join("k3os-release"),
+        format!("VERSION=v1\nGENERATION={generation}\n"),
+    )
+    .unwrap();
+    fs::write(p.join("mountinfo"), "").unwrap();
+    let config = p.join("config.toml");
+    fs::write(
+        &config,
+        format!(
+            r#"bootloader = "grub"
 tries = 3
 state_dir = "{p}/state"
 trust_dir = "{trust}"
@@ -71,16 +67,31 @@ release_file = "{p}/k3os-release"
 mountinfo = "{p}/mountinfo"
 boot_id_file = "{p}/boot_id"
 builtin_health_check = false
-[layout]
+{extra}[layout]
 kind = "dir"
 root = "{p}/system"
 boot_dir = "{p}/boot"
 "#,
-                p = p.display(),
-                trust = trust.display()
-            ),
-        )
-        .unwrap();
+            p = p.display(),
+            trust = trust.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// A node booted on slot A (v1, generation 5; slot B bad, 3 tries) with a key pair
+/// `keys/node.key` whose public key is in its trust dir; `config` is its config file.
+pub struct Node {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+}
+
+impl Node {
+    pub fn new() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, trust) = keys(dir.path(), "node");
+        let config = write_node(dir.path(), 5, &trust, "");
         Node { dir, config }
     }
 

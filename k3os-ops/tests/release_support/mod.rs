@@ -90,6 +90,35 @@ pub fn fake_inputs(dir: &Path, tag: &str) -> (PathBuf, PathBuf, PathBuf) {
     (r, k, i)
 }
 
+/// Input files for a release `version`: a real (mksquashfs) rootfs holding
+/// `etc/k3os-release` and 100 kB of payload, and small kernel and initrd files; returned as
+/// (rootfs, kernel, initrd).
+pub fn squashfs_inputs(dir: &Path, version: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let tree = dir.join(format!("{version}.tree"));
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::write(
+        tree.join("etc/k3os-release"),
+        format!("VERSION={version}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        tree.join("payload"),
+        testkit::pseudo_random(100_000, version.len() as u64),
+    )
+    .unwrap();
+    let sq = dir.join(format!("{version}.squashfs"));
+    testkit::run(Command::new("mksquashfs").arg(&tree).arg(&sq).args([
+        "-noappend",
+        "-quiet",
+        "-all-root",
+    ]));
+    let k = dir.join(format!("{version}.vmlinuz"));
+    std::fs::write(&k, format!("kernel {version}")).unwrap();
+    let i = dir.join(format!("{version}.initrd"));
+    std::fs::write(&i, format!("initrd {version}")).unwrap();
+    (sq, k, i)
+}
+
 pub fn create(
     inputs: &(PathBuf, PathBuf, PathBuf),
     key: &Path,

@@ -2,12 +2,12 @@
 //! confirm leaves B pending; unreported, init's background `slot await-bless` rolls back and
 //! reboots into A at the limit; reported (`slot confirm --passed`), B is blessed and stays.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bootconfig::Slot;
 use libupgrade::state::SlotState;
 
-use super::steps::{sl, CMD, READY};
+use super::steps::{sl, CMD};
 use super::Scenario;
 use crate::error::Result;
 use crate::server::ReleaseServer;
@@ -47,34 +47,12 @@ impl Scenario {
     fn unreported_rolls_back(&mut self, vm: &mut Vm, srv: &ReleaseServer) -> Result<()> {
         self.pending_trial(vm, srv, LIMIT)?;
         let t0 = Instant::now();
-        vm.expect_not(
-            "K3OS-SHUTDOWN reboot",
-            &["Kernel panic"],
-            Duration::from_secs(LIMIT) + READY,
-        )?;
-        self.count_boot();
-        self.expect_boot(vm, Slot::A, "v1")?;
-        self.note(format!(
-            "{}: node-ready never reported: await-bless rolled back and rebooted into A {:.1}s after B's shell was ready (limit {LIMIT} s)",
-            vm.name(),
-            t0.elapsed().as_secs_f64()
-        ));
-        self.ready(vm)?;
-        let st = self.status(vm)?;
-        let b = sl(&st, Slot::B);
-        let why = b
-            .last_decision
-            .as_ref()
-            .map(|d| d.why.clone())
-            .unwrap_or_default();
-        self.check(
-            b.state == SlotState::Bad
-                && st.next_boot == Slot::A
-                && why.contains(&format!("node-ready: not reported within {LIMIT} s")),
-            || format!("B must be bad, with the missing node-ready as the reason: {b:?}"),
-        )?;
-        self.note(format!("slot status on v1: B is {}: {why}", b.state));
-        Ok(())
+        self.rolled_back_at_limit(
+            vm,
+            t0,
+            LIMIT,
+            ("node-ready", "node-ready never reported", None),
+        )
     }
 
     /// Reported in time: blessed, and it stays.

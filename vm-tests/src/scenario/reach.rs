@@ -17,7 +17,7 @@ use bootconfig::Slot;
 use libupgrade::state::SlotState;
 use libupgrade::Outcome;
 
-use super::steps::{sl, CMD, READY};
+use super::steps::{sl, CMD};
 use super::Scenario;
 use crate::error::Result;
 use crate::server::ReleaseServer;
@@ -86,35 +86,16 @@ impl Scenario {
                 && sl(&st, Slot::B).state == SlotState::Trying,
             || format!("{NONET} on B must be on trial, waiting for `reachable` within {LIMIT} s: {outcome:?}"),
         )?;
-        vm.expect_not(
-            "K3OS-SHUTDOWN reboot",
-            &["Kernel panic"],
-            Duration::from_secs(LIMIT) + READY,
-        )?;
-        self.count_boot();
-        self.expect_boot(vm, Slot::A, "v1")?;
-        self.note(format!(
-            "{}: {NONET} never reached the server: await-bless rolled back and rebooted into A {:.1}s after its shell was ready (limit {LIMIT} s)",
-            vm.name(),
-            t0.elapsed().as_secs_f64()
-        ));
-        self.ready(vm)?;
-        let st = self.status(vm)?;
-        let b = sl(&st, Slot::B);
-        let why = b
-            .last_decision
-            .as_ref()
-            .map(|d| d.why.clone())
-            .unwrap_or_default();
-        self.check(
-            b.state == SlotState::Bad
-                && st.next_boot == Slot::A
-                && why.contains(&format!("reachable: not reported within {LIMIT} s"))
-                && why.contains("none of"),
-            || format!("B must be bad, with the failed reachability probe as the reason: {b:?}"),
-        )?;
-        self.note(format!("slot status on v1: B is {}: {why}", b.state));
-        Ok(())
+        self.rolled_back_at_limit(
+            vm,
+            t0,
+            LIMIT,
+            (
+                "reachable",
+                &format!("{NONET} never reached the server"),
+                Some("none of"),
+            ),
+        )
     }
 
     /// v2 reaches the server: `slot await-bless` reports `reachable` passed, B is blessed, and

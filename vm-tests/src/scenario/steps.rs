@@ -292,6 +292,48 @@ impl Scenario {
         vm.wait_shell(CMD)
     }
 
+    /// A trial of v2 on B whose awaited check `check` is never reported: `slot await-bless`
+    /// rolls back and reboots into A (v1) by itself at `limit` s; B must then be bad, with the
+    /// missing report (`check: not reported within LIMIT s`, plus `also` when given) as the
+    /// reason. `what` names the case in the notes; `t0` is when B's shell was ready.
+    pub(super) fn rolled_back_at_limit(
+        &mut self,
+        vm: &mut Vm,
+        t0: Instant,
+        limit: u64,
+        (check, what, also): (&str, &str, Option<&str>),
+    ) -> Result<()> {
+        vm.expect_not(
+            "K3OS-SHUTDOWN reboot",
+            &["Kernel panic"],
+            Duration::from_secs(limit) + READY,
+        )?;
+        self.count_boot();
+        self.expect_boot(vm, Slot::A, "v1")?;
+        self.note(format!(
+            "{}: {what}: await-bless rolled back and rebooted into A {:.1}s after B's shell was ready (limit {limit} s)",
+            vm.name(),
+            t0.elapsed().as_secs_f64()
+        ));
+        self.ready(vm)?;
+        let st = self.status(vm)?;
+        let b = sl(&st, Slot::B);
+        let why = b
+            .last_decision
+            .as_ref()
+            .map(|d| d.why.clone())
+            .unwrap_or_default();
+        self.check(
+            b.state == SlotState::Bad
+                && st.next_boot == Slot::A
+                && why.contains(&format!("{check}: not reported within {limit} s"))
+                && also.is_none_or(|a| why.contains(a)),
+            || format!("B must be bad, with the missing `{check}` as the reason: {b:?}"),
+        )?;
+        self.note(format!("slot status on v1: B is {}: {why}", b.state));
+        Ok(())
+    }
+
     /// Reboot into `slot` running `version`, which must confirm and then be good; returns the
     /// status read on it.
     pub(super) fn reboot_into_good(

@@ -139,6 +139,72 @@ pub struct UpdateChannelSpec {
     /// No claim while this Prometheus reports alerts (kured's `--prometheus-url`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<PrometheusSpec>,
+    /// When and how much each node may download while staging (thin links). Absent: any
+    /// time, capped only by `maxRate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<StageSpec>,
+    /// Where chunks are looked for before the channel's own URL, in order, after the running
+    /// slot: a host directory (a mounted medium, a site share) or an http(s) site mirror of the
+    /// release. Every chunk is checked against the signed chunk index, whatever its source.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "sources_schema")]
+    pub sources: Vec<String>,
+}
+
+/// `spec.stage`: the download schedule and daily quota of the stage (see `agent/thin.rs`).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StageSpec {
+    /// When a node may download, each window with its own rate; outside every window
+    /// nothing is fetched. Empty: any time. Where windows overlap the lower rate applies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub windows: Vec<StageWindowSpec>,
+    /// Most bytes a node fetches per day (`500M`, `2G`, `1.5GiB`, or bytes); at the quota
+    /// the stage stops cleanly and resumes the next day. The day is the UTC day, or the
+    /// local day of the first stage window's `timeZone`. Absent: no quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "max_bytes_per_day_schema")]
+    pub max_bytes_per_day: Option<String>,
+}
+
+/// A stage window: as a maintenance window ([`WindowSpec`]), plus the download rate in it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StageWindowSpec {
+    /// Days the window starts on: `mon`…`sun` (or full English names, any case); empty means
+    /// every day.
+    #[serde(default)]
+    #[schemars(schema_with = "days_schema")]
+    pub days: Vec<String>,
+    /// Local start time `HH:MM` (24 h).
+    #[schemars(schema_with = "start_schema")]
+    pub start: String,
+    /// Length of the window, e.g. `2h`, `90m`, `1h30m` (at most 7 days).
+    #[schemars(schema_with = "window_length_schema")]
+    pub length: String,
+    /// IANA time zone of `start`, e.g. `Europe/Berlin`; default `UTC`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_zone_schema")]
+    pub time_zone: Option<String>,
+    /// Download rate in this window, as `spec.maxRate` (`500K`, `2M`); `0` downloads
+    /// nothing in it. Absent: as fast as `spec.maxRate` allows. `spec.maxRate` caps every
+    /// window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "stage_rate_schema")]
+    pub max_rate: Option<String>,
+}
+
+impl StageWindowSpec {
+    /// The window part (days, start, length, zone), parsed as a maintenance window is.
+    pub fn window(&self) -> WindowSpec {
+        WindowSpec {
+            days: self.days.clone(),
+            start: self.start.clone(),
+            length: self.length.clone(),
+            time_zone: self.time_zone.clone(),
+        }
+    }
 }
 
 /// `spec.prometheus`: an alert gate before each claim (`GET <url>/api/v1/alerts`).
@@ -291,7 +357,8 @@ pub struct UpdateChannelStatus {
     /// subresource) to lift a pause.
     #[serde(default)]
     pub failures: Vec<FailureRecord>,
-    /// `LatestResolved`, `Degraded`, `Paused`, `Invalid`, `Complete`, `ChannelStale`.
+    /// `LatestResolved`, `Degraded`, `Paused`, `Invalid`, `Complete`, `ChannelStale`,
+    /// `StageWillMissWindow`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// The nodes holding a slot, comma-separated (the `Updating` printer column; kept equal
@@ -433,6 +500,10 @@ pub const COND_INVALID: &str = "Invalid";
 /// The channel's signed metadata expired (role and expiry in the message); set by the agent
 /// that resolves the channel, cleared by its next fresh resolve.
 pub const COND_CHANNEL_STALE: &str = "ChannelStale";
+/// The bytes a node still has to fetch cannot arrive before the next maintenance window at
+/// the stage windows' rates and the daily quota (node and figures in the message); set and
+/// cleared by the staging agents (see `agent/thin_report.rs`).
+pub const COND_STAGE_WILL_MISS_WINDOW: &str = "StageWillMissWindow";
 
 impl UpdateChannelStatus {
     /// Set a condition, keeping its transition time when the status does not change.

@@ -157,3 +157,51 @@ pub(super) fn days_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema
         },
     })
 }
+
+/// `spec.stage.windows[].maxRate`: as `spec.maxRate`, and `0` (nothing in that window).
+pub(super) fn stage_rate_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "maxLength": 32,
+        "nullable": true,
+        "x-kubernetes-validations": [{
+            "rule": r"self.matches('^ *[0-9]+(\\.[0-9]+)?([KkMmGg](i?B)?|B)?(/s)? *$')",
+            "message": "stage.windows[].maxRate must be a rate like 500K, 2M or 1.5MiB (bytes per second), or 0 for no download in that window",
+        }],
+    })
+}
+
+/// `spec.stage.maxBytesPerDay`: a byte count (`500M`, `2G`, `1.5GiB`), more than 0.
+pub(super) fn max_bytes_per_day_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "maxLength": 32,
+        "nullable": true,
+        "x-kubernetes-validations": [
+            {
+                "rule": r"self.matches('^ *[0-9]+(\\.[0-9]+)?([KkMmGg](i?B)?|B)? *$')",
+                "message": "stage.maxBytesPerDay must be a byte count like 500M, 2G or 1.5GiB",
+            },
+            {
+                "rule": "self.matches('[1-9]')",
+                "message": "stage.maxBytesPerDay must be greater than 0",
+            },
+        ],
+    })
+}
+
+/// `spec.sources`: host directories or http(s) mirrors, at most 8.
+pub(super) fn sources_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 8,
+        "items": {
+            "type": "string",
+            "maxLength": 512,
+            "x-kubernetes-validations": [{
+                "rule": "self.startsWith('/') || self.startsWith('http://') || self.startsWith('https://')",
+                "message": "sources[]: an absolute host directory (/…) or an http(s):// URL",
+            }],
+        },
+    })
+}

@@ -1,0 +1,305 @@
+//! The stage step: download, verify and write the target into the inactive slot, following
+//! the channel's thin-link settings ([`super::thin`]).
+//!
+//! In order: read today's quota ledger (node side), ask [`ThinPolicy::gate`] whether a stage
+//! may run now — if not, the phase `StageWaiting` says why and until when, and the step waits
+//! (every reconcile asks again, so a spec change is seen at once) — then preview the stage
+//! (annotation, gauge, `slot status`), judge whether what is left can arrive before the next
+//! maintenance window (condition `StageWillMissWindow`), and stage within the open windows and
+//! the quota's budget. A clean stop at the quota or the windows' end is `StageWaiting` again,
+//! never a failure: no `StageFailed`, no `k3os_ops_stage_failures_total`, no back-off, nothing
+//! in `status.failures`; the next stage resumes where it stopped.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use super::channels::Channel;
+use super::context::{Agent, Next, PROGRESS_PERIOD};
+use super::errors::AgentError;
+use super::format::{ANN_MESSAGE, ANN_PROGRESS, ANN_TARGET};
+use super::node::{StageEnd, StageRequest};
+use super::phase::Phase;
+use super::progress::AnnotationProgress;
+use super::thin::{Gate, ThinPolicy, Waiting};
+use super::thin_report::{self, Miss};
+use libupgrade::stage::Stop;
+
+pub(crate) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Next, AgentError> {
+    let now = cx.settings.clock.now();
+    let now_s = now.timestamp().max(0) as u64;
+    if now_s < cx.memory.stage_not_before.load(Ordering::Relaxed) {
+        return Ok(Next::Wait);
+    }
+    // An invalid spec never gets here: decide() stops at Invalid.
+    let Ok(policy) = ch.policy.as_ref() else {
+        return Ok(Next::Wait);
+    };
+    let thin = &policy.thin;
+    let day = thin.max_bytes_per_day.map(|_| thin.day(now));
+    let used = match day {
+        Some(d) => cx.blocking(move |ops| ops.fetched_on(d)).await?,
+        None => 0,
+    };
+    let (schedule, max_bytes) = match thin.gate(now, used) {
+        Gate::Wait { why, until } => return wait(cx, ch, version, why, until).await,
+        Gate::Stage {
+            schedule,
+            max_bytes,
+        } => (schedule, max_bytes),
+    };
+    let req = StageRequest {
+        channel: ch.spec.url.clone(),
+        version: version.to_string(),
+        allow_downgrade: ch.spec.pinned_version().is_some(),
+        max_rate: policy.max_rate,
+        max_bytes,
+        schedule,
+        sources: thin.sources.clone(),
+        ledger_day: day,
+        clock: Some(cx.settings.clock.clone()),
+    };
+    cx.annotate_phase(
+        Phase::Staging,
+        &[
+            (ANN_TARGET, Some(version)),
+            (
+                ANN_MESSAGE,
+                Some("downloading and verifying into the inactive slot"),
+            ),
+        ],
+    )
+    .await?;
+    cx.event(
+        Some(ch),
+        false,
+        "Staging",
+        format!(
+            "staging {version} from {} into the inactive slot",
+            ch.spec.url
+        ),
+    )
+    .await;
+    let result = preview_and_stage(cx, ch, req, used).await;
+    report_staleness(cx, ch, &result).await;
+    match result {
+        Ok(StageEnd::Staged { .. }) => staged(cx, ch, version).await,
+        Ok(StageEnd::Stopped { why, left, .. }) => {
+            cx.memory.stage_failures.store(0, Ordering::Relaxed);
+            stopped(cx, ch, version, why, left).await
+        }
+        Err(e) => failed(cx, ch, version, now_s, &e).await,
+    }
+}
+
+/// Preview (published before the first byte), judge the deadline, then stage.
+async fn preview_and_stage(
+    cx: &Agent,
+    ch: &Channel,
+    req: StageRequest,
+    used: u64,
+) -> Result<StageEnd, AgentError> {
+    let r = req.clone();
+    if let Some(p) = cx.blocking(move |ops| ops.preview(&r)).await? {
+        thin_report::publish_preview(cx, ch, &p).await;
+        judge_deadline(cx, ch, p.fetch, used).await;
+    }
+    stage_with_progress(cx, req).await
+}
+
+/// Whether `left` bytes can arrive before the next maintenance window: the condition.
+async fn judge_deadline(cx: &Agent, ch: &Channel, left: u64, used: u64) {
+    let Ok(policy) = ch.policy.as_ref() else {
+        return;
+    };
+    let now = cx.settings.clock.now();
+    let miss = miss(&policy.thin, policy.next_window_start(now), left, now, used);
+    thin_report::report_miss(cx, ch, miss).await;
+}
+
+/// The miss, if `left` bytes cannot arrive by `deadline` (None: no maintenance window).
+fn miss(
+    thin: &ThinPolicy,
+    deadline: Option<DateTime<Utc>>,
+    left: u64,
+    now: DateTime<Utc>,
+    used: u64,
+) -> Option<Miss> {
+    let deadline = deadline?;
+    let capacity = thin.capacity(now, deadline, used)?;
+    thin.will_miss(left, now, deadline, used).then_some(Miss {
+        left,
+        capacity,
+        deadline,
+    })
+}
+
+/// Not now: the phase says why and until when (not a failure).
+async fn wait(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+    why: Waiting,
+    until: DateTime<Utc>,
+) -> Result<Next, AgentError> {
+    let msg = format!("staging {version} waits: {}", why.message(until));
+    cx.waiting(ch, Phase::StageWaiting, "StageWaiting", msg)
+        .await?;
+    Ok(Next::Wait)
+}
+
+async fn staged(cx: &Agent, ch: &Channel, version: &str) -> Result<Next, AgentError> {
+    cx.memory.stage_failures.store(0, Ordering::Relaxed);
+    thin_report::report_miss(cx, ch, None).await;
+    cx.annotate_phase(
+        Phase::Staged,
+        &[
+            (ANN_PROGRESS, None),
+            (ANN_MESSAGE, Some("verified and staged")),
+        ],
+    )
+    .await?;
+    cx.event(
+        Some(ch),
+        false,
+        "Staged",
+        format!("{version} verified and staged in the inactive slot"),
+    )
+    .await;
+    Ok(Next::Again)
+}
+
+/// A clean stop at the quota or the end of the open windows: wait for the next day or window
+/// and judge the deadline again with what is left.
+async fn stopped(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+    why: Stop,
+    left: u64,
+) -> Result<Next, AgentError> {
+    let Ok(policy) = ch.policy.as_ref() else {
+        return Ok(Next::Wait);
+    };
+    let thin = &policy.thin;
+    let now = cx.settings.clock.now();
+    let used = match thin.max_bytes_per_day.map(|_| thin.day(now)) {
+        Some(d) => cx.blocking(move |ops| ops.fetched_on(d)).await?,
+        None => 0,
+    };
+    judge_deadline(cx, ch, left, used).await;
+    let (waiting, until) = match thin.gate(now, used) {
+        Gate::Wait { why, until } => (why, until),
+        // The next stretch begins at once (a new quota day at midnight): go on.
+        Gate::Stage { .. } => return Ok(Next::Again),
+    };
+    tracing::info!("staging {version} stopped ({why}); waiting until {until}");
+    wait(cx, ch, version, waiting, until).await
+}
+
+async fn failed(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+    now_s: u64,
+    e: &AgentError,
+) -> Result<Next, AgentError> {
+    let n = cx.memory.stage_failures.fetch_add(1, Ordering::Relaxed) + 1;
+    let backoff = (60u64 << n.min(6)).min(3600);
+    cx.memory
+        .stage_not_before
+        .store(now_s + backoff, Ordering::Relaxed);
+    let msg = format!(
+        "staging {version} failed (attempt {n}, next in {backoff}s): {}",
+        super::errors::message(e)
+    );
+    cx.clients
+        .metrics
+        .count(super::metrics::Outcome::StageFailure);
+    cx.phase(Phase::StageFailed, &msg).await?;
+    cx.event(Some(ch), true, "StageFailed", msg).await;
+    Ok(Next::Wait)
+}
+
+/// A stage resolves the channel too (a pinned channel is resolved nowhere else): expired
+/// metadata sets `ChannelStale`, a successful stage clears it.
+async fn report_staleness(cx: &Agent, ch: &Channel, result: &Result<StageEnd, AgentError>) {
+    match result {
+        Err(e) if e.stale().is_some() => super::stale::report(cx, ch, e.stale()).await,
+        Ok(_) => super::stale::report(cx, ch, None).await,
+        Err(_) => {}
+    }
+}
+
+/// Run libupgrade's stage of `req`, writing its progress annotation on the way.
+async fn stage_with_progress(cx: &Agent, req: StageRequest) -> Result<StageEnd, AgentError> {
+    let (tx, mut rx) = tokio::sync::watch::channel(String::new());
+    rx.mark_unchanged();
+    let progress = Arc::new(AnnotationProgress::new(tx, cx.clients.metrics.clone()));
+    let p = progress.clone();
+    let work = cx.blocking(move |ops| ops.stage_request(&req, p.as_ref()));
+    tokio::pin!(work);
+    // The annotation is written at most every PROGRESS_PERIOD (the Node object is shared
+    // with the kubelet; a byte counter must not flood the API server).
+    let mut last_write: Option<tokio::time::Instant> = None;
+    let mut ticker = tokio::time::interval(PROGRESS_PERIOD);
+    loop {
+        tokio::select! {
+            r = &mut work => break r,
+            _ = ticker.tick() => {
+                let due = last_write.is_none_or(|t| t.elapsed() >= PROGRESS_PERIOD);
+                if due && rx.has_changed().unwrap_or(false) {
+                    let text = rx.borrow_and_update().clone();
+                    if let Err(e) = cx.annotate(&[(ANN_PROGRESS, Some(&text))]).await {
+                        tracing::warn!("progress annotation: {e:#}");
+                    }
+                    last_write = Some(tokio::time::Instant::now());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::crd::{StageSpec, StageWindowSpec, UpdateChannelSpec};
+
+    #[test]
+    fn a_miss_needs_a_maintenance_window_and_too_little_capacity() {
+        let spec = UpdateChannelSpec {
+            stage: Some(StageSpec {
+                windows: vec![StageWindowSpec {
+                    days: vec![],
+                    start: "01:00".into(),
+                    length: "1h".into(),
+                    time_zone: None,
+                    max_rate: Some("1M".into()),
+                }],
+                max_bytes_per_day: None,
+            }),
+            ..Default::default()
+        };
+        let thin = ThinPolicy::from_spec(&spec, None).unwrap();
+        let now = DateTime::parse_from_rfc3339("2026-12-03T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let deadline = now + chrono::Duration::days(1);
+        let per_night = 3600u64 << 20;
+        assert_eq!(
+            miss(&thin, None, u64::MAX, now, 0),
+            None,
+            "no window: no deadline"
+        );
+        assert_eq!(miss(&thin, Some(deadline), per_night, now, 0), None);
+        assert_eq!(
+            miss(&thin, Some(deadline), per_night + 1, now, 0),
+            Some(Miss {
+                left: per_night + 1,
+                capacity: per_night,
+                deadline
+            })
+        );
+    }
+}
