@@ -113,7 +113,9 @@ fn references(s: &str) -> Vec<String> {
         .collect()
 }
 
-/// deploy/daemonset.yaml's agent mounts as (host path, container path).
+/// The host paths the agent's DaemonSet mounts, but its offline-bundle directory
+/// (`K3OS_OPS_BUNDLE_DIR`): only the agent looks there; the Plan's containers stage the version
+/// the Plan pins from its channel.
 fn daemonset_mounts() -> Vec<(String, String)> {
     let text = fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -138,6 +140,7 @@ fn daemonset_mounts() -> Vec<(String, String)> {
                 m["mountPath"].as_str().unwrap().to_string(),
             )
         })
+        .filter(|(_, mount)| mount != "/bundles")
         .collect();
     out.sort();
     out
