@@ -318,7 +318,6 @@ async fn cluster_schema_refuses_invalid_specs() {
 #[tokio::test]
 #[ignore = "needs an API server: KUBEBUILDER_ASSETS or KUBECONFIG"]
 async fn cluster_agent_service_account_is_enough() {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, ServiceAccount};
     const NS: &str = "k3os-system";
@@ -383,23 +382,7 @@ async fn cluster_agent_service_account_is_enough() {
     .expect("create pod");
 
     // The agent's credentials.
-    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), NS);
-    let tr = sas
-        .create_token_request(
-            "k3os-ops-agent",
-            &PostParams::default(),
-            &TokenRequest {
-                spec: TokenRequestSpec {
-                    audiences: vec![],
-                    expiration_seconds: Some(3600),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("TokenRequest for k3os-system/k3os-ops-agent");
-    let token = tr.status.expect("token in the TokenRequest status").token;
+    let token = cluster_support::agent_token(&admin).await;
     let mut cfg = admin_config().await;
     cfg.auth_info = kube::config::AuthInfo {
         token: Some(token.into()),

@@ -33,8 +33,7 @@ use std::time::{Duration, Instant};
 
 use bootconfig::Slot;
 use k3os_ops::agent::crd::*;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -231,22 +230,7 @@ async fn set_ready(admin: &Client, node: &str, ready: bool) {
 
 /// A kubeconfig for deploy/rbac.yaml's ServiceAccount (TokenRequest API).
 async fn agent_kubeconfig(admin: &Client, dir: &Path) -> PathBuf {
-    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), NS);
-    let tr = sas
-        .create_token_request(
-            "k3os-ops-agent",
-            &PostParams::default(),
-            &TokenRequest {
-                spec: TokenRequestSpec {
-                    expiration_seconds: Some(3600),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("token of the agent's ServiceAccount");
-    let token = tr.status.expect("TokenRequest status").token;
+    let token = cluster_support::agent_token(admin).await;
     let url = cluster_support::admin_config().await.cluster_url;
     let path = dir.join("agent.kubeconfig");
     fs::write(

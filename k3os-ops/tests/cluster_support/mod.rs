@@ -264,3 +264,26 @@ pub async fn apply_manifest(client: &Client, file: &str) {
         .unwrap_or_else(|e| panic!("apply {file} {name}: {e}"));
     }
 }
+
+/// A one-hour token of deploy/rbac.yaml's ServiceAccount `k3os-system/k3os-ops-agent`
+/// (TokenRequest API): what the agent's pod would be given.
+pub async fn agent_token(admin: &Client) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "k3os-system");
+    let tr = sas
+        .create_token_request(
+            "k3os-ops-agent",
+            &kube::api::PostParams::default(),
+            &TokenRequest {
+                spec: TokenRequestSpec {
+                    expiration_seconds: Some(3600),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("TokenRequest for k3os-system/k3os-ops-agent");
+    tr.status.expect("token in the TokenRequest status").token
+}
