@@ -264,17 +264,19 @@ async fn stage_with_progress(cx: &Agent, req: StageRequest) -> Result<StageEnd, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::crd::{StageSpec, StageWindowSpec, UpdateChannelSpec};
+    use crate::agent::crd::{StageSpec, StageWindowSpec, UpdateChannelSpec, WindowSpec};
 
     #[test]
     fn a_miss_needs_a_maintenance_window_and_too_little_capacity() {
         let spec = UpdateChannelSpec {
             stage: Some(StageSpec {
                 windows: vec![StageWindowSpec {
-                    days: vec![],
-                    start: "01:00".into(),
-                    length: "1h".into(),
-                    time_zone: None,
+                    window: WindowSpec {
+                        days: vec![],
+                        start: "01:00".into(),
+                        length: "1h".into(),
+                        time_zone: None,
+                    },
                     max_rate: Some("1M".into()),
                 }],
                 max_bytes_per_day: None,

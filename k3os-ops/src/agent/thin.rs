@@ -106,7 +106,7 @@ impl ThinPolicy {
         let mut windows = Vec::new();
         for (i, w) in stage.windows.iter().enumerate() {
             let field = format!("spec.stage.windows[{i}]");
-            let window = Window::parse(&w.window()).map_err(|e| format!("{field}: {e}"))?;
+            let window = Window::parse(&w.window).map_err(|e| format!("{field}: {e}"))?;
             let rate = w
                 .max_rate
                 .as_deref()
@@ -327,7 +327,7 @@ fn lower(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::crd::{StageSpec, StageWindowSpec};
+    use crate::agent::crd::{StageSpec, StageWindowSpec, WindowSpec};
     use libupgrade::chunk::schedule::Allowance;
 
     fn utc(s: &str) -> DateTime<Utc> {
@@ -342,10 +342,12 @@ mod tests {
         rate: Option<&str>,
     ) -> StageWindowSpec {
         StageWindowSpec {
-            days: days.iter().map(|s| s.to_string()).collect(),
-            start: start.into(),
-            length: len.into(),
-            time_zone: tz.map(Into::into),
+            window: WindowSpec {
+                days: days.iter().map(|s| s.to_string()).collect(),
+                start: start.into(),
+                length: len.into(),
+                time_zone: tz.map(Into::into),
+            },
             max_rate: rate.map(Into::into),
         }
     }

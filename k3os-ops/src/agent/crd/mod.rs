@@ -172,39 +172,15 @@ pub struct StageSpec {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StageWindowSpec {
-    /// Days the window starts on: `mon`…`sun` (or full English names, any case); empty means
-    /// every day.
-    #[serde(default)]
-    #[schemars(schema_with = "days_schema")]
-    pub days: Vec<String>,
-    /// Local start time `HH:MM` (24 h).
-    #[schemars(schema_with = "start_schema")]
-    pub start: String,
-    /// Length of the window, e.g. `2h`, `90m`, `1h30m` (at most 7 days).
-    #[schemars(schema_with = "window_length_schema")]
-    pub length: String,
-    /// IANA time zone of `start`, e.g. `Europe/Berlin`; default `UTC`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "time_zone_schema")]
-    pub time_zone: Option<String>,
+    /// When the window is open: the fields of a maintenance window ([`WindowSpec`]).
+    #[serde(flatten)]
+    pub window: WindowSpec,
     /// Download rate in this window, as `spec.maxRate` (`500K`, `2M`); `0` downloads
     /// nothing in it. Absent: as fast as `spec.maxRate` allows. `spec.maxRate` caps every
     /// window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "stage_rate_schema")]
     pub max_rate: Option<String>,
-}
-
-impl StageWindowSpec {
-    /// The window part (days, start, length, zone), parsed as a maintenance window is.
-    pub fn window(&self) -> WindowSpec {
-        WindowSpec {
-            days: self.days.clone(),
-            start: self.start.clone(),
-            length: self.length.clone(),
-            time_zone: self.time_zone.clone(),
-        }
-    }
 }
 
 /// `spec.prometheus`: an alert gate before each claim (`GET <url>/api/v1/alerts`).
