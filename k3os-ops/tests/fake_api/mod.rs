@@ -403,17 +403,7 @@ impl World {
                         .map(|(n, v)| (n.clone(), v.clone()))
                         .collect()
                 } else {
-                    self.channels()
-                        .map(|c| {
-                            (
-                                c["metadata"]["name"]
-                                    .as_str()
-                                    .unwrap_or_default()
-                                    .to_string(),
-                                c.clone(),
-                            )
-                        })
-                        .collect()
+                    self.named_channels()
                 };
                 for (n, obj) in objects {
                     if watcher.wants(resource, &n) {
@@ -432,6 +422,16 @@ impl World {
         std::iter::once(&self.channel)
             .filter(|c| !c["spec"].is_null())
             .chain(self.extra_channels.iter())
+    }
+
+    /// Every channel with its name, copied (what a watch sends).
+    fn named_channels(&self) -> Vec<(String, Value)> {
+        self.channels()
+            .map(|c| {
+                let name = c["metadata"]["name"].as_str().unwrap_or_default();
+                (name.to_string(), c.clone())
+            })
+            .collect()
     }
 
     /// Open watches (for tests: a watch ends after its `timeoutSeconds`).
@@ -549,18 +549,7 @@ impl World {
     /// A channel changed: wakes [`World::subscribe`] and [`World::subscribe_channels`].
     fn notify_channels(&mut self) {
         self.notify();
-        let changed: Vec<(String, Value)> = self
-            .channels()
-            .map(|c| {
-                (
-                    c["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string(),
-                    c.clone(),
-                )
-            })
-            .collect();
+        let changed = self.named_channels();
         for (name, c) in changed {
             self.emit("updatechannels", &name, &c);
         }
