@@ -182,15 +182,6 @@ fn preview(world: &Arc<Mutex<World>>) -> Value {
     serde_json::from_str(&annotation(world, "k3os.io/stage-preview").expect("no preview")).unwrap()
 }
 
-fn condition(world: &Arc<Mutex<World>>, type_: &str) -> Option<Value> {
-    let w = world.lock().unwrap();
-    w.channel["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-        .cloned()
-}
-
 #[tokio::test]
 async fn stage_windows_fetch_nothing_outside_cap_the_rate_inside_and_a_window_end_is_no_failure() {
     let site = Site::new(4 << 20);
@@ -407,7 +398,11 @@ async fn stage_will_miss_window_is_set_while_the_bytes_left_cannot_arrive_and_cl
     });
     let (world, log, agent) = site.agent(&site.server.base, spec, &clock, None);
     agent.reconcile().await.expect("reconcile");
-    let c = condition(&world, "StageWillMissWindow").expect("condition set");
+    let c = world
+        .lock()
+        .unwrap()
+        .condition("StageWillMissWindow")
+        .expect("condition set");
     assert_eq!(c["status"], "True", "{c}");
     let msg = c["message"].as_str().unwrap();
     assert!(
@@ -431,7 +426,11 @@ async fn stage_will_miss_window_is_set_while_the_bytes_left_cannot_arrive_and_cl
     advance_to(&clock, "2026-12-05T01:00:00Z");
     agent.reconcile().await.expect("reconcile");
     assert_eq!(site.inactive(), Inactive::Staged("v2".into()));
-    let c = condition(&world, "StageWillMissWindow").unwrap();
+    let c = world
+        .lock()
+        .unwrap()
+        .condition("StageWillMissWindow")
+        .unwrap();
     assert_eq!(c["status"], "False", "{c}");
     assert_eq!(c["reason"], "StageOnTime", "{c}");
 }

@@ -137,15 +137,6 @@ fn new_agent(world: &Arc<Mutex<World>>, log: &Log, sim: &SimNode) -> Agent {
     )
 }
 
-fn condition(world: &Arc<Mutex<World>>, type_: &str) -> Option<Value> {
-    let w = world.lock().unwrap();
-    w.channel["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-        .cloned()
-}
-
 /// Events regarding the channel with `reason`.
 fn events(log: &Log, reason: &str) -> usize {
     let log = log.lock().unwrap();
@@ -198,7 +189,7 @@ async fn a_fresh_signed_channel_stages_the_pinned_release_on_the_metadatas_word(
     assert_eq!(inactive(&sim), Inactive::Staged("v2".into()));
     let store = sim.path().join("state").join(libupgrade::trust::STORE_FILE);
     assert!(store.exists(), "{} not written", store.display());
-    assert_eq!(condition(&world, "ChannelStale"), None);
+    assert_eq!(world.lock().unwrap().condition("ChannelStale"), None);
 }
 
 /// (b) + (c) through the stage of a pinned channel: an expired timestamp stages nothing and
@@ -216,7 +207,11 @@ async fn an_expired_timestamp_stops_the_stage_and_sets_channel_stale_until_re_si
         Inactive::Empty,
         "staged from a stale channel"
     );
-    let cond = condition(&world, "ChannelStale").expect("ChannelStale set");
+    let cond = world
+        .lock()
+        .unwrap()
+        .condition("ChannelStale")
+        .expect("ChannelStale set");
     assert_eq!(cond["status"], "True", "{cond}");
     assert_eq!(cond["reason"], "MetadataExpired", "{cond}");
     assert_names_timestamp_expiry(&chan, &cond);
@@ -237,7 +232,11 @@ async fn an_expired_timestamp_stops_the_stage_and_sets_channel_stale_until_re_si
     let agent = new_agent(&world, &log, &sim);
     agent.reconcile().await.expect("reconcile");
     assert_eq!(inactive(&sim), Inactive::Staged("v2".into()));
-    let cond = condition(&world, "ChannelStale").expect("ChannelStale kept, False");
+    let cond = world
+        .lock()
+        .unwrap()
+        .condition("ChannelStale")
+        .expect("ChannelStale kept, False");
     assert_eq!(cond["status"], "False", "{cond}");
     assert_eq!(events(&log, "ChannelStale"), 1, "a clear is no new warning");
     assert_eq!(stale_gauge(&agent), Some(0.0));
@@ -280,7 +279,7 @@ async fn the_poller_reports_a_stale_channel_once_and_clears_it_when_re_signed() 
     wait_for(&world, "ChannelStale never set", is_stale).await;
     // Further polls of the same stale channel change nothing and publish nothing.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let cond = condition(&world, "ChannelStale").unwrap();
+    let cond = world.lock().unwrap().condition("ChannelStale").unwrap();
     assert_eq!(cond["reason"], "MetadataExpired", "{cond}");
     assert_names_timestamp_expiry(&chan, &cond);
     assert_eq!(events(&log, "ChannelStale"), 1);
@@ -299,7 +298,7 @@ async fn the_poller_reports_a_stale_channel_once_and_clears_it_when_re_signed() 
     wait_for(&world, "ChannelStale not cleared", |ch| !is_stale(ch)).await;
     task.abort();
     assert_eq!(
-        condition(&world, "ChannelStale").unwrap()["status"],
+        world.lock().unwrap().condition("ChannelStale").unwrap()["status"],
         "False"
     );
     assert_eq!(stale_gauge(&agent), Some(0.0));

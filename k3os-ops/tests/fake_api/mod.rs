@@ -424,6 +424,15 @@ impl World {
             .chain(self.extra_channels.iter())
     }
 
+    /// The condition of type `type_` in the (first) channel's status, if set.
+    pub fn condition(&self, type_: &str) -> Option<Value> {
+        self.channel["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == type_)
+            .cloned()
+    }
+
     /// Every channel with its name, copied (what a watch sends).
     fn named_channels(&self) -> Vec<(String, Value)> {
         self.channels()
