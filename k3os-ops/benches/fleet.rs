@@ -50,8 +50,9 @@ use k3os_ops::agent;
 use agent::client::WriteCounter;
 use agent::controller::Agent;
 use agent::decide::{Inactive, NodeUpdateStatus};
-use agent::node::{ConfirmResult, NodeError, NodeOps, StageProgress};
+use agent::node::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
 use agent::run::{self, Periods};
+use libupgrade::StageRequest;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -104,14 +105,13 @@ impl NodeOps for SimOps {
     }
     fn stage(
         &self,
-        _: &str,
-        version: &str,
-        _: bool,
-        _: Option<u64>,
+        req: &StageRequest,
+        _: Option<chrono::NaiveDate>,
         _: &dyn StageProgress,
-    ) -> Result<(), NodeError> {
+    ) -> Result<StageEnd, NodeError> {
+        let version = req.wanted.version().unwrap_or_default();
         self.sim.lock().unwrap().inactive = Inactive::Staged(version.into());
-        Ok(())
+        Ok(StageEnd::Staged { fetched: 0 })
     }
     fn activate(&self, _: Duration) -> Result<(), NodeError> {
         let mut s = self.sim.lock().unwrap();

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressStyle};
-use libupgrade::error::Size;
+use libupgrade::units::Size;
 use libupgrade::Progress;
 
 /// `--progress`.

@@ -6,8 +6,8 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use libupgrade::error::Size;
 use libupgrade::health::{CheckResult, HealthCheck};
+use libupgrade::units::Size;
 use libupgrade::updater::{AwaitedChecks, SlotStatus, Status};
 use libupgrade::{Slot, Updater};
 

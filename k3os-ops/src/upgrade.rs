@@ -16,14 +16,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use chrono::{DateTime, Utc};
 use clap::Args;
-use libupgrade::error::Size;
+use libupgrade::stage::MinRate;
 use libupgrade::stage::{Schedule, Window};
+use libupgrade::units::Size;
 use libupgrade::updater::SlotStatus;
 use libupgrade::{
-    Arch, ExtraSource, Slot, SlotState, Source, StageOptions, StagePreview, StageReport,
+    units, ExtraSource, Origin, Slot, SlotState, Source, StageOptions, StagePreview, StageReport,
+    StageRequest, Wanted,
 };
 
 use crate::node::ConfigArg;
@@ -144,92 +146,51 @@ pub fn parse_window(s: &str) -> Result<Window, String> {
     Ok(Window { start, end, rate })
 }
 
-/// What the stage must find: the version asked for and, when the channel's signed metadata
-/// chose the release, the exact manifest.
-#[derive(Default)]
-struct Expect {
-    version: Option<String>,
-    manifest: Option<libupgrade::trust::ManifestPin>,
-}
-
-/// `500M`, `2G`, `1.5GiB`, `100000` → bytes (K/M/G are powers of 1024).
+/// `500M`, `2G`, `1.5GiB`, `100000` → bytes ([`libupgrade::units::parse_bytes`]).
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let (num, mul) = binary_unit(s.trim());
-    match num.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok((v * mul as f64) as u64),
-        _ => Err(format!("'{s}' is not a byte count like 500M, 2G or 1.5GiB")),
-    }
-}
-
-/// The number's text and its multiplier in `500M`, `1.5GiB`, `2k`, `100000`: an optional `B` or
-/// `iB` after an optional K/M/G (powers of 1024, any case). Shared by byte counts and rates.
-fn binary_unit(t: &str) -> (&str, u64) {
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    match t.char_indices().last() {
-        Some((i, c)) if c.eq_ignore_ascii_case(&'k') => (&t[..i], 1u64 << 10),
-        Some((i, c)) if c.eq_ignore_ascii_case(&'m') => (&t[..i], 1 << 20),
-        Some((i, c)) if c.eq_ignore_ascii_case(&'g') => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    }
+    units::parse_bytes(s).map_err(|e| e.to_string())
 }
 
 /// `--retry-for`: a duration, or for ever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryFor(pub Option<Duration>);
 
-/// `90s`, `45m`, `6h`, `2d`, a plain number of seconds, or `forever`.
+/// `90s`, `45m`, `6h`, `2d`, `1h30m`, a plain number of seconds, or `forever`.
 pub fn parse_retry_for(s: &str) -> Result<RetryFor, String> {
     let t = s.trim();
     if t.eq_ignore_ascii_case("forever") {
         return Ok(RetryFor(None));
     }
-    let (num, unit) = match t.char_indices().last() {
-        Some((i, 's')) => (&t[..i], 1),
-        Some((i, 'm')) => (&t[..i], 60),
-        Some((i, 'h')) => (&t[..i], 3600),
-        Some((i, 'd')) => (&t[..i], 86400),
-        _ => (t, 1),
+    let d = match t.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => units::parse_duration(t).map_err(|e| format!("{e} (or `forever`)"))?,
     };
-    match num.trim().parse::<u64>() {
-        Ok(n) if n > 0 => Ok(RetryFor(Some(Duration::from_secs(n * unit)))),
-        _ => Err(format!(
-            "'{s}' is not a duration like 90s, 45m, 6h or 2d (or `forever`)"
-        )),
-    }
-}
-
-/// `2M`, `512K`, `1.5MiB/s`, `100000` → bytes per second (K/M/G are powers of 1024).
-pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mul) = binary_unit(t.strip_suffix("/s").unwrap_or(t));
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a rate like 500K, 2M or 1.5MiB (bytes per second)"))?;
-    let rate = (v * mul as f64) as u64;
-    if !(v.is_finite() && rate >= 1024) {
+    if d.is_zero() {
         return Err(format!(
-            "'{s}': a rate below 1 KiB/s would never finish an image"
+            "'{}' is not a duration like 90s, 45m, 6h or 2d (or `forever`): zero",
+            s.escape_debug()
         ));
     }
-    Ok(rate)
+    Ok(RetryFor(Some(d)))
+}
+
+/// `2M`, `512K`, `1.5MiB/s`, `100000` → bytes per second ([`libupgrade::units::parse_rate`]).
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    units::parse_rate(s).map_err(|e| e.to_string())
 }
 
 pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
-    let (source, expect) = resolve(&args, u.config())?;
-    if args.converge && converged(&u, expect.version.as_deref())? {
+    let req = request(&args, Utc::now())?;
+    let rel = u.resolve(&req)?;
+    if !matches!(rel.origin, Origin::Source) {
+        eprintln!("{rel}");
+    }
+    if args.converge && converged(&u, rel.version.as_deref())? {
         return Ok(());
     }
-    let opts = StageOptions {
-        schedule: schedule(&args, Utc::now())?,
-        ..stage_options(&args, expect)
-    };
     if args.plan_only {
-        print_preview(&u.preview(&source, &opts)?);
+        print_preview(&u.preview(&rel, &req.options)?);
         return Ok(());
     }
     let progress = reporter(if args.quiet {
@@ -237,7 +198,7 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     } else {
         args.progress
     });
-    print_report(&u.stage(&source, &opts, progress.as_ref())?);
+    print_report(&u.stage(&rel, &req.options, progress.as_ref())?);
     if args.stage_only {
         return Ok(());
     }
@@ -253,57 +214,48 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The release to stage, and the version its signed manifest must name (a channel's entry).
-fn resolve(args: &UpgradeArgs, cfg: &libupgrade::Config) -> anyhow::Result<(Source, Expect)> {
-    if let Some(b) = &args.bundle {
-        let b = libupgrade::bundle::Bundle::open(b)?;
+/// The one staging request `upgrade`'s flags describe: the release wanted (a bundle, a
+/// location, or a channel's version) and how to stage it.
+fn request(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<StageRequest> {
+    let wanted = match (&args.bundle, &args.source, &args.channel) {
+        (Some(b), _, _) => Wanted::Bundle(b.clone()),
+        (None, Some(s), _) => Wanted::Source(Source::parse(s)),
+        (None, None, Some(ch)) => Wanted::Channel {
+            channel: ch.clone(),
+            version: Some(args.version.clone()),
+        },
+        (None, None, None) => bail!("give --source or --channel"),
+    };
+    if args.ignore_expiry {
         eprintln!(
-            "bundle {}: release {} (generation {}), format {}",
-            b.path.display(),
-            b.header.version,
-            b.header.generation,
-            b.header.format
+            "WARNING: --ignore-expiry: expired channel metadata is accepted; a frozen or replayed channel cannot be told from a fresh one"
         );
-        // The signed manifest must be the release the bundle's header names.
-        let version = b.header.version.clone();
-        let expect = Expect {
-            version: Some(version),
-            manifest: None,
-        };
-        return Ok((Source::Bundle(b), expect));
     }
-    match (&args.source, &args.channel) {
-        (Some(s), _) => Ok((Source::parse(s), Expect::default())),
-        (None, Some(ch)) => {
-            let mut trust = libupgrade::channel::TrustOptions::from_config(cfg);
-            trust.min_rate = min_rate(args);
-            if args.ignore_expiry {
-                trust.ignore_expiry = true;
-                eprintln!(
-                    "WARNING: --ignore-expiry: expired channel metadata is accepted; a frozen or replayed channel cannot be told from a fresh one"
-                );
-            }
-            let r =
-                libupgrade::channel::resolve_with(ch, Some(&args.version), Arch::host(), &trust)
-                    .with_context(|| format!("resolving {} in channel {ch}", args.version))?;
-            let how = if r.pin.is_some() {
-                " (signed channel metadata)"
-            } else {
-                ""
-            };
-            eprintln!(
-                "channel {ch}: {} resolves to {} (generation {}) at {}{how}",
-                args.version, r.version, r.generation, r.location
-            );
-            // The signed manifest must be the release the channel named.
-            let expect = Expect {
-                version: Some(r.version),
-                manifest: r.pin,
-            };
-            Ok((r.source, expect))
-        }
-        (None, None) => bail!("give --source or --channel"),
-    }
+    let min_rate = (args.min_rate > 0).then_some(MinRate {
+        bytes_per_sec: args.min_rate,
+        ..MinRate::DEFAULT
+    });
+    Ok(StageRequest {
+        wanted,
+        bundle_dir: None,
+        ignore_expiry: args.ignore_expiry,
+        options: StageOptions {
+            allow_downgrade: args.allow_downgrade,
+            trust_dir: args.trust_dir.clone(),
+            retry_delay: Duration::from_secs(1),
+            max_rate: args.max_rate,
+            retry_for: args.retry_for.0,
+            min_rate,
+            max_bytes: args.max_bytes,
+            extra_sources: args
+                .extra_sources
+                .iter()
+                .map(|s| ExtraSource::parse(s))
+                .collect(),
+            schedule: schedule(args, now)?,
+            ..StageOptions::default()
+        },
+    })
 }
 
 /// The download schedule `--stage-until` / `--stage-window` give (None: any time). A schedule
@@ -323,33 +275,6 @@ fn schedule(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<Option<Sch
         );
     }
     Ok(Some(s))
-}
-
-fn min_rate(args: &UpgradeArgs) -> Option<libupgrade::stage::MinRate> {
-    (args.min_rate > 0).then_some(libupgrade::stage::MinRate {
-        bytes_per_sec: args.min_rate,
-        ..libupgrade::stage::MinRate::DEFAULT
-    })
-}
-
-fn stage_options(args: &UpgradeArgs, expect: Expect) -> StageOptions {
-    StageOptions {
-        allow_downgrade: args.allow_downgrade,
-        trust_dir: args.trust_dir.clone(),
-        retry_delay: Duration::from_secs(1),
-        max_rate: args.max_rate,
-        expect_version: expect.version,
-        expect_manifest: expect.manifest,
-        retry_for: args.retry_for.0,
-        min_rate: min_rate(args),
-        max_bytes: args.max_bytes,
-        extra_sources: args
-            .extra_sources
-            .iter()
-            .map(|s| ExtraSource::parse(s))
-            .collect(),
-        ..StageOptions::default()
-    }
 }
 
 /// `--plan-only`: one line per artifact and a total, sizes for people with exact bytes.

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use agent::controller::{Agent, Next};
 use agent::decide::{Inactive, NodeUpdateStatus};
-use agent::node::{ConfirmResult, NodeError, NodeOps, StageProgress};
+use agent::node::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
 use fake_api::{Log, World};
+use libupgrade::StageRequest;
 use serde_json::{json, Value};
 
 mod fake_api;
@@ -38,12 +39,12 @@ impl NodeOps for FakeNode {
     }
     fn stage(
         &self,
-        _: &str,
-        version: &str,
-        _: bool,
-        max_rate: Option<u64>,
+        req: &StageRequest,
+        _: Option<chrono::NaiveDate>,
         p: &dyn StageProgress,
-    ) -> Result<(), NodeError> {
+    ) -> Result<StageEnd, NodeError> {
+        let version = req.wanted.version().unwrap_or_default();
+        let max_rate = req.options.max_rate;
         p.begin("rootfs", 100, 0);
         p.advance(100);
         p.end();
@@ -55,7 +56,7 @@ impl NodeOps for FakeNode {
             .unwrap()
             .push(format!("node: stage {version}{cap}"));
         self.status.lock().unwrap().inactive = Inactive::Staged(version.into());
-        Ok(())
+        Ok(StageEnd::Staged { fetched: 0 })
     }
     fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {
         assert!(

@@ -16,8 +16,9 @@ use k3os_ops::agent;
 use agent::client::WriteCounter;
 use agent::controller::Agent;
 use agent::decide::{Inactive, NodeUpdateStatus};
-use agent::node::{ConfirmResult, NodeError, NodeOps, StageProgress};
+use agent::node::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
 use agent::run::Periods;
+use libupgrade::StageRequest;
 use serde_json::json;
 
 /// A node running v1 that stages whatever it is asked to (and never reboots here).
@@ -40,14 +41,13 @@ impl NodeOps for Idle {
     }
     fn stage(
         &self,
-        _: &str,
-        version: &str,
-        _: bool,
-        _: Option<u64>,
+        req: &StageRequest,
+        _: Option<chrono::NaiveDate>,
         _: &dyn StageProgress,
-    ) -> Result<(), NodeError> {
+    ) -> Result<StageEnd, NodeError> {
+        let version = req.wanted.version().unwrap_or_default();
         *self.staged.lock().unwrap() = Some(version.into());
-        Ok(())
+        Ok(StageEnd::Staged { fetched: 0 })
     }
     fn activate(&self, _: Duration) -> Result<(), NodeError> {
         Err(NodeError::new("activate", "not in this test"))

@@ -17,11 +17,12 @@ use std::time::Duration;
 use agent::crd::*;
 use agent::decide::{Inactive, NodeUpdateStatus};
 use agent::kube_store::KubeChannelStore;
-use agent::node::{ConfirmResult, NodeError, NodeOps, StageProgress};
+use agent::node::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
 use agent::slots::{self, ClaimOutcome, DeadReason, LivenessObserver};
 use http::{Method, Request, Response};
 use kube::client::Body;
 use kube::Client;
+use libupgrade::StageRequest;
 use serde_json::{json, Value};
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
@@ -431,12 +432,10 @@ impl NodeOps for FakeNode {
     }
     fn stage(
         &self,
-        _: &str,
-        _: &str,
-        _: bool,
-        _: Option<u64>,
+        _: &StageRequest,
+        _: Option<chrono::NaiveDate>,
         _: &dyn StageProgress,
-    ) -> Result<(), NodeError> {
+    ) -> Result<StageEnd, NodeError> {
         Err(NodeError::new("stage", "not expected in this test"))
     }
     fn activate(&self, _: std::time::Duration) -> Result<(), NodeError> {

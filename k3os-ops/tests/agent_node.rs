@@ -141,9 +141,7 @@ impl Rig {
     fn stage_v2(&self) {
         let node = self.node();
         node.stage(
-            &self.channel,
-            "v2",
-            false,
+            &agent_request(&self.channel, "v2", false, None),
             None,
             &Progress(Mutex::new(Vec::new())),
         )
@@ -186,8 +184,12 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
 
     assert_eq!(node.resolve_latest(&rig.channel).unwrap(), "v2");
     let progress = Progress(Mutex::new(Vec::new()));
-    node.stage(&rig.channel, "v2", false, None, &progress)
-        .unwrap();
+    node.stage(
+        &agent_request(&rig.channel, "v2", false, None),
+        None,
+        &progress,
+    )
+    .unwrap();
     assert!(
         progress
             .0
@@ -351,9 +353,7 @@ fn errors_name_the_channel_and_the_command() {
     let node = rig.node();
     let e = node
         .stage(
-            &rig.channel,
-            "v9",
-            false,
+            &agent_request(&rig.channel, "v9", false, None),
             None,
             &Progress(Mutex::new(Vec::new())),
         )
@@ -371,13 +371,21 @@ fn a_downgrade_needs_an_explicit_pin() {
     let node = rig.node();
     let progress = Progress(Mutex::new(Vec::new()));
     let e = node
-        .stage(&rig.channel, "v2", false, None, &progress)
+        .stage(
+            &agent_request(&rig.channel, "v2", false, None),
+            None,
+            &progress,
+        )
         .unwrap_err()
         .to_string();
     assert!(e.contains("generation"), "{e}");
     assert_eq!(node.status().unwrap().inactive, Inactive::Empty);
-    node.stage(&rig.channel, "v2", true, None, &progress)
-        .unwrap();
+    node.stage(
+        &agent_request(&rig.channel, "v2", true, None),
+        None,
+        &progress,
+    )
+    .unwrap();
     assert_eq!(
         node.status().unwrap().inactive,
         Inactive::Staged("v2".into())
@@ -438,4 +446,20 @@ fn a_fallback_reaches_the_agent_as_a_fallback() {
     let (event, text) = agent::controller::rolled_back_reason("v2", Some(&f));
     assert_eq!(event, "RolledBack");
     assert!(text.contains("bootloader fell back"), "{text}");
+}
+
+/// The request the agent's stage tick makes for `version` of `channel`.
+fn agent_request(
+    channel: &str,
+    version: &str,
+    allow_downgrade: bool,
+    max_rate: Option<u64>,
+) -> libupgrade::StageRequest {
+    libupgrade::StageRequest::new(libupgrade::Wanted::channel(channel, Some(version))).with_options(
+        libupgrade::StageOptions {
+            allow_downgrade,
+            max_rate,
+            ..libupgrade::StageOptions::default()
+        },
+    )
 }

@@ -9,6 +9,7 @@
 
 mod release_support;
 
+use libupgrade::Release;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -255,7 +256,9 @@ fn create_serve_stage_and_every_rejection_writes_nothing() {
         ),
     ];
     for (rel, kind, words) in rejections {
-        let e = node.stage(&url(rel), &opts, &NoProgress).expect_err(rel);
+        let e = node
+            .stage(&Release::at(url(rel)), &opts, &NoProgress)
+            .expect_err(rel);
         let msg = e.to_string();
         assert!(
             kind(&e) && msg.contains(words),
@@ -268,7 +271,7 @@ fn create_serve_stage_and_every_rejection_writes_nothing() {
     }
     // Rejections name the trust dir when it is about trust.
     let e = node
-        .stage(&url("bad/rogue"), &opts, &NoProgress)
+        .stage(&Release::at(url("bad/rogue")), &opts, &NoProgress)
         .unwrap_err()
         .to_string();
     assert!(e.contains(&trust.display().to_string()), "{e}");
@@ -276,7 +279,7 @@ fn create_serve_stage_and_every_rejection_writes_nothing() {
     // A flipped byte in the rootfs: caught by its chunk's sha256 (signed through the chunk
     // index) before that chunk is written; never activatable.
     let e = node
-        .stage(&url("bad/rootfs-flipped"), &opts, &NoProgress)
+        .stage(&Release::at(url("bad/rootfs-flipped")), &opts, &NoProgress)
         .unwrap_err();
     assert!(
         matches!(
@@ -307,7 +310,9 @@ fn create_serve_stage_and_every_rejection_writes_nothing() {
     // The good path: resolve latest for this node through the served channel, stage, activate.
     let resolved = channel::resolve(&format!("{}stable/", srv.url), None, Arch::host()).unwrap();
     assert_eq!((resolved.version.as_str(), resolved.generation), ("v6", 6));
-    let r = node.stage(&resolved.source, &opts, &NoProgress).unwrap();
+    let r = node
+        .stage(&Release::at(resolved.source.clone()), &opts, &NoProgress)
+        .unwrap();
     assert_eq!(
         (r.slot, r.version.as_str(), r.generation),
         (Slot::B, "v6", 6)
@@ -473,7 +478,9 @@ fn github_release_assets_stage_into_a_slot() {
         retry_delay: Duration::from_millis(20),
         ..StageOptions::default()
     };
-    let r = node.stage(&resolved.source, &opts, &NoProgress).unwrap();
+    let r = node
+        .stage(&Release::at(resolved.source.clone()), &opts, &NoProgress)
+        .unwrap();
     assert_eq!(
         (r.slot, r.version.as_str(), r.generation),
         (Slot::B, "v8", 8)

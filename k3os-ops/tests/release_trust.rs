@@ -7,6 +7,7 @@
 
 mod release_support;
 
+use libupgrade::Release;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -236,11 +237,13 @@ fn the_signed_metadata_picks_the_release_and_pins_its_manifest() {
     assert_eq!(pin.length, c.read("v2/manifest.json").len() as u64);
     let node = SimNode::new(&c.release.trust, 3, 1);
     let opts = StageOptions {
-        expect_manifest: r.pin,
         retry_delay: Duration::from_millis(20),
         ..StageOptions::default()
     };
-    let rep = node.updater().stage(&r.source, &opts, &NoProgress).unwrap();
+    let rep = node
+        .updater()
+        .stage(&pinned(&r), &opts, &NoProgress)
+        .unwrap();
     assert_eq!(rep.version, "v2");
     // The node recorded what it trusted.
     let store = libupgrade::trust::Store::load(&trust.store_file).unwrap();
@@ -260,11 +263,13 @@ fn the_targets_role_vouches_a_pinned_manifest_needs_no_trust_d_signature() {
     let other = testkit::keys();
     let node = SimNode::new(&other.trust, 3, 1);
     let opts = StageOptions {
-        expect_manifest: r.pin.clone(),
         retry_delay: Duration::from_millis(20),
         ..StageOptions::default()
     };
-    let rep = node.updater().stage(&r.source, &opts, &NoProgress).unwrap();
+    let rep = node
+        .updater()
+        .stage(&pinned(&r), &opts, &NoProgress)
+        .unwrap();
     assert_eq!(rep.version, "v2");
     assert_eq!(
         rep.signed_by,
@@ -272,14 +277,7 @@ fn the_targets_role_vouches_a_pinned_manifest_needs_no_trust_d_signature() {
     );
     let e = SimNode::new(&other.trust, 3, 1)
         .updater()
-        .stage(
-            &r.source,
-            &StageOptions {
-                expect_manifest: None,
-                ..opts
-            },
-            &NoProgress,
-        )
+        .stage(&Release::at(r.source.clone()), &opts, &NoProgress)
         .unwrap_err();
     assert!(matches!(e, Error::Signature { .. }), "{e}");
     assert!(e.to_string().contains("release is not signed"), "{e}");
@@ -312,14 +310,12 @@ fn arbitrary_software_a_manifest_other_than_the_signed_target_is_refused() {
     c.write("v2/manifest.json.sig", &c.read("v1/manifest.json.sig"));
     let node = SimNode::new(&c.release.trust, 3, 1);
     let opts = StageOptions {
-        expect_manifest: r.pin,
-        expect_version: Some("v2".into()),
         retry_delay: Duration::from_millis(20),
         ..StageOptions::default()
     };
     let e = node
         .updater()
-        .stage(&r.source, &opts, &NoProgress)
+        .stage(&pinned(&r), &opts, &NoProgress)
         .unwrap_err();
     assert!(matches!(e, Error::ManifestPin { .. }), "{e}");
     let msg = e.to_string();
@@ -388,13 +384,12 @@ fn rollback_of_releases_a_signed_targets_listing_only_older_releases_is_refused_
     assert_eq!(r.version, "v1");
     let node = SimNode::new(&c.release.trust, 3, 2);
     let opts = StageOptions {
-        expect_manifest: r.pin,
         retry_delay: Duration::from_millis(20),
         ..StageOptions::default()
     };
     let e = node
         .updater()
-        .stage(&r.source, &opts, &NoProgress)
+        .stage(&pinned(&r), &opts, &NoProgress)
         .unwrap_err();
     assert!(
         matches!(
@@ -781,11 +776,12 @@ fn expiry_never_blocks_the_boot_time_confirm_or_a_rollback() {
     fs::copy(c.dir.join("1.root.json"), &trust.root_file).unwrap();
     let r = resolve(&srv.url, None, &trust).unwrap();
     let opts = StageOptions {
-        expect_manifest: r.pin,
         retry_delay: Duration::from_millis(20),
         ..StageOptions::default()
     };
-    node.updater().stage(&r.source, &opts, &NoProgress).unwrap();
+    node.updater()
+        .stage(&pinned(&r), &opts, &NoProgress)
+        .unwrap();
     node.updater().activate().unwrap();
     // The channel goes stale, and the node's metadata files are even unreadable: boot-time
     // confirm and a rollback never read them.
@@ -886,13 +882,12 @@ fn github_channels_carry_the_metadata_as_release_assets() {
     assert_eq!(r.location, format!("{}dl/v2/manifest.json", srv.url));
     let node = SimNode::new(&c.release.trust, 3, 1);
     let opts = StageOptions {
-        expect_manifest: r.pin,
         retry_delay: Duration::from_millis(20),
         ..StageOptions::default()
     };
     assert_eq!(
         node.updater()
-            .stage(&r.source, &opts, &NoProgress)
+            .stage(&pinned(&r), &opts, &NoProgress)
             .unwrap()
             .version,
         "v2"
@@ -921,4 +916,15 @@ fn github_channels_carry_the_metadata_as_release_assets() {
     .unwrap();
     let r = resolve("github-releases://acme/plain", None, &c.node_trust("other")).unwrap();
     assert_eq!((r.version.as_str(), r.pin), ("v2", None));
+}
+
+/// The release `r` names, as a node's stage request resolves it: the version and the manifest
+/// pin the signed metadata gave.
+fn pinned(r: &libupgrade::channel::ResolvedRelease) -> Release {
+    Release {
+        version: Some(r.version.clone()),
+        generation: Some(r.generation),
+        pin: r.pin.clone(),
+        ..Release::at(r.source.clone())
+    }
 }

@@ -21,6 +21,7 @@
 //! stage of each v2 from a local HTTP server into a file-backed GPT disk whose running slot holds
 //! v1 (bytes on the wire counted by the server, wall time, child peak RSS).
 
+use libupgrade::Release;
 use std::collections::HashSet;
 use std::fs;
 use std::io::Read;
@@ -535,7 +536,11 @@ fn child(work: &Path, url: &str) {
     let layout = GptLayout::open(&work.join("disk.img"), &work.join("boot")).expect("GPT");
     let u = Updater::with_parts(cfg, Box::new(layout), Box::new(MemoryBootloader::new(3)));
     let r = u
-        .stage(&Source::parse(url), &StageOptions::default(), &NoProgress)
+        .stage(
+            &Release::at(Source::parse(url)),
+            &StageOptions::default(),
+            &NoProgress,
+        )
         .expect("stage");
     assert!(!r.already_staged);
     // VmHWM, not getrusage's ru_maxrss: the latter keeps the parent's peak from before exec

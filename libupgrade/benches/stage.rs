@@ -17,6 +17,7 @@
 //! bytes fetched with an extra source directory holding the first 80 % of every artifact,
 //! against the full fetch measured in the same run (target ratio <= 0.22).
 
+use libupgrade::Release;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -64,7 +65,7 @@ fn child(work: &Path) {
     let u = Updater::with_parts(cfg, Box::new(layout), Box::new(MemoryBootloader::new(3)));
     let r = u
         .stage(
-            &Source::Path(work.join("rel")),
+            &Release::at(Source::Path(work.join("rel"))),
             &StageOptions::default(),
             &NoProgress,
         )
@@ -254,9 +255,13 @@ fn thin_link(work: &Path, disk: &Path) {
             extra_sources: extra,
             ..StageOptions::default()
         };
-        let p = u.preview(&src, &opts).expect("preview");
+        let p = u
+            .preview(&Release::at(src.clone()), &opts)
+            .expect("preview");
         let (sent, asked) = (srv.sent(), srv.requests.lock().unwrap().len());
-        let r = u.stage(&src, &opts, &NoProgress).expect("stage");
+        let r = u
+            .stage(&Release::at(src.clone()), &opts, &NoProgress)
+            .expect("stage");
         let wire = srv.sent() - sent;
         let requests = srv.requests.lock().unwrap().len() - asked;
         (p.fetch(), r.bytes_fetched, wire, requests)

@@ -1,5 +1,6 @@
 //! Every way an update can fail, each naming what was wrong and where.
 
+use crate::units::Size;
 use std::path::{Path, PathBuf};
 
 use bootconfig::Slot;
@@ -154,39 +155,9 @@ impl Error {
     }
 }
 
-/// A byte count for people: `512 B`, `4.0 KiB`, `12.5 MiB`, `1.50 GiB`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Size(pub u64);
-
-impl std::fmt::Display for Size {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
-        for (unit, n) in UNITS {
-            if self.0 >= n {
-                let v = self.0 as f64 / n as f64;
-                return if unit == "GiB" {
-                    write!(f, "{v:.2} {unit}")
-                } else {
-                    write!(f, "{v:.1} {unit}")
-                };
-            }
-        }
-        write!(f, "{} B", self.0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_read_like_df_h() {
-        assert_eq!(Size(0).to_string(), "0 B");
-        assert_eq!(Size(1023).to_string(), "1023 B");
-        assert_eq!(Size(4096).to_string(), "4.0 KiB");
-        assert_eq!(Size(12 * (1 << 20) + (1 << 19)).to_string(), "12.5 MiB");
-        assert_eq!(Size(3 * (1 << 29)).to_string(), "1.50 GiB");
-    }
 
     #[test]
     fn messages_a_user_acts_on() {

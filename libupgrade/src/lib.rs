@@ -49,6 +49,7 @@ pub mod layout;
 pub mod manifest;
 pub mod reach;
 pub mod release;
+pub mod request;
 pub mod retry;
 pub mod signing;
 pub mod slotfiles;
@@ -56,6 +57,7 @@ pub mod sqcheck;
 pub mod stage;
 pub mod state;
 pub mod trust;
+pub mod units;
 pub mod updater;
 
 /// Largest number of tries a slot can be given (GRUB counts down with an explicit if-chain).
@@ -67,6 +69,7 @@ pub use config::Config;
 pub use error::{Error, Result};
 pub use fetch::{ExtraSource, Source};
 pub use manifest::{Arch, Artifact, Manifest};
+pub use request::{Origin, Release, ResolveError, StageRequest, Wanted};
 pub use state::SlotState;
 pub use updater::{
     ConfirmReport, NoProgress, Progress, StageOptions, StagePreview, StageReport, Status, Updater,

@@ -23,9 +23,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{BootloaderKind, Config, LayoutConfig};
 use crate::error::{Error, Result};
-use crate::fetch::Source;
 use crate::health;
 use crate::layout::{DirLayout, GptLayout, Layout};
+use crate::request::{Release, ResolveError, StageRequest};
 use crate::stage::Stager;
 use crate::state::store::StateStore;
 use crate::state::{now, Decision, Event, SlotState, State};
@@ -210,25 +210,31 @@ impl Updater {
         })
     }
 
-    /// Fetch, verify and write the release at `source` into the inactive slot.
+    /// Resolve `req` on this node (its channel root and trust record): the release to stage.
+    pub fn resolve(&self, req: &StageRequest) -> std::result::Result<Release, ResolveError> {
+        req.resolve(&self.cfg)
+    }
+
+    /// Fetch, verify and write the release `rel` (from [`Updater::resolve`], or
+    /// [`Release::at`] a location) into the inactive slot.
     pub fn stage(
         &self,
-        source: &Source,
+        rel: &Release,
         opts: &StageOptions,
         progress: &dyn Progress,
     ) -> Result<StageReport> {
         let booted = self.booted_slot()?;
         let st = self.load(Some(booted))?;
-        self.stager(opts).stage(booted, st, source, opts, progress)
+        self.stager(opts).stage(booted, st, rel, opts, progress)
     }
 
-    /// What [`Updater::stage`] with the same source and options would fetch and reuse, per
+    /// What [`Updater::stage`] with the same release and options would fetch and reuse, per
     /// artifact, before its first byte; writes nothing (it reads the release's metadata, the
     /// running slot and what an interrupted attempt left).
-    pub fn preview(&self, source: &Source, opts: &StageOptions) -> Result<StagePreview> {
+    pub fn preview(&self, rel: &Release, opts: &StageOptions) -> Result<StagePreview> {
         let booted = self.booted_slot()?;
         let st = self.load(Some(booted))?;
-        self.stager(opts).preview(booted, &st, source, opts)
+        self.stager(opts).preview(booted, &st, rel, opts)
     }
 
     fn stager(&self, opts: &StageOptions) -> Stager<'_> {

@@ -3,6 +3,7 @@
 //! the running release or a release already staged, and the running generation is accepted
 //! again only as the very same build (its manifest's sha256). Every refusal happens before a byte is written.
 
+use libupgrade::Release;
 use std::path::Path;
 
 use bootconfig::Slot;
@@ -13,7 +14,11 @@ use testkit::{keys, make_release, pseudo_random, signed_release, ReleaseInputs};
 
 fn stage(node: &SimNode, rel: &Path, opts: &StageOptions) -> libupgrade::Result<()> {
     node.updater()
-        .stage(&Source::Path(rel.to_path_buf()), opts, &NoProgress)
+        .stage(
+            &Release::at(Source::Path(rel.to_path_buf())),
+            opts,
+            &NoProgress,
+        )
         .map(|_| ())
 }
 
@@ -28,11 +33,16 @@ fn the_manifest_must_name_the_version_asked_for() {
     let rels = tempfile::tempdir().unwrap();
     let v6 = make_release(&k, rels.path(), "v6", 6, 4096, Arch::host());
     let node = SimNode::new(&k.trust, 3, 1);
-    let opts = StageOptions {
-        expect_version: Some("v7".into()),
-        ..StageOptions::default()
+    let asked = |v: &str| Release {
+        version: Some(v.into()),
+        ..Release::at(Source::Path(v6.clone()))
     };
-    let e = stage(&node, &v6, &opts).unwrap_err();
+    let stage_as = |rel: &Release| {
+        node.updater()
+            .stage(rel, &StageOptions::default(), &NoProgress)
+            .map(|_| ())
+    };
+    let e = stage_as(&asked("v7")).unwrap_err();
     assert!(matches!(e, Error::VersionMismatch { .. }), "{e}");
     let t = e.to_string();
     assert!(
@@ -40,11 +50,7 @@ fn the_manifest_must_name_the_version_asked_for() {
         "{t}"
     );
     assert_eq!(slot_b(&node), (SlotState::Empty, None), "nothing written");
-    let opts = StageOptions {
-        expect_version: Some("v6".into()),
-        ..StageOptions::default()
-    };
-    stage(&node, &v6, &opts).unwrap();
+    stage_as(&asked("v6")).unwrap();
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! with one error naming the URL, the last error, the attempts and the time spent. Servers
 //! here listen on 127.0.0.1 only.
 
+use libupgrade::Release;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -38,7 +39,7 @@ fn a_trickling_server_is_cut_by_the_minimum_rate_and_the_attempt_ends_at_its_dea
     let e = node
         .updater()
         .stage(
-            &Source::parse(&format!("{}v2", srv.base)),
+            &Release::at(Source::parse(&format!("{}v2", srv.base))),
             &opts(Duration::from_secs(6), Some(rule)),
             &NoProgress,
         )
@@ -77,7 +78,7 @@ fn a_server_that_never_answers_ends_at_the_deadline_naming_url_error_attempts_an
     let e = node
         .updater()
         .stage(
-            &Source::parse(&url),
+            &Release::at(Source::parse(&url)),
             &opts(Duration::from_secs(3), None),
             &NoProgress,
         )
@@ -120,7 +121,7 @@ fn a_redirect_to_another_scheme_fails_at_once_naming_its_target() {
     let e = node
         .updater()
         .stage(
-            &Source::parse(&format!("{base}v2")),
+            &Release::at(Source::parse(&format!("{base}v2"))),
             &opts(Duration::from_secs(60), None),
             &NoProgress,
         )

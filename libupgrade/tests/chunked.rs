@@ -4,6 +4,7 @@
 //! cap, and `kill -9` at random points with the bytes on the wire bounded by the release size
 //! plus 1 MiB.
 
+use libupgrade::Release;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -58,7 +59,7 @@ fn delta_from_the_running_slot_fetches_only_changed_chunks_and_a_locally_damaged
     let u = disk.updater(disk.config(&k.trust));
     let r = u
         .stage(
-            &Source::parse(&format!("{}v2", srv.base)),
+            &Release::at(Source::parse(&format!("{}v2", srv.base))),
             &fast_stage(),
             &NoProgress,
         )
@@ -110,7 +111,7 @@ fn a_tampered_chunk_on_the_server_never_reaches_the_slot() {
     let u = disk.updater(disk.config(&k.trust));
     let e = u
         .stage(
-            &Source::parse(&format!("{}v2", srv.base)),
+            &Release::at(Source::parse(&format!("{}v2", srv.base))),
             &fast_stage(),
             &NoProgress,
         )
@@ -148,7 +149,11 @@ fn an_index_that_does_not_match_its_manifest_is_a_clear_error_before_any_write()
     .to_bytes();
     std::fs::write(&ipath, &other).unwrap();
     let e = u
-        .stage(&Source::Path(rel.clone()), &fast_stage(), &NoProgress)
+        .stage(
+            &Release::at(Source::Path(rel.clone())),
+            &fast_stage(),
+            &NoProgress,
+        )
         .unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, Error::ChunkIndex { .. }), "{msg}");
@@ -180,7 +185,11 @@ fn an_index_that_does_not_match_its_manifest_is_a_clear_error_before_any_write()
     )
     .unwrap();
     let e = u
-        .stage(&Source::Path(rel.clone()), &fast_stage(), &NoProgress)
+        .stage(
+            &Release::at(Source::Path(rel.clone())),
+            &fast_stage(),
+            &NoProgress,
+        )
         .unwrap_err();
     let msg = e.to_string();
     assert!(
@@ -214,7 +223,7 @@ fn a_missing_artifact_fails_the_preflight_in_seconds_and_writes_nothing() {
     let t = Instant::now();
     let e = u
         .stage(
-            &Source::parse(&format!("{}v2", srv.base)),
+            &Release::at(Source::parse(&format!("{}v2", srv.base))),
             &fast_stage(),
             &NoProgress,
         )
@@ -251,7 +260,7 @@ fn max_rate_caps_the_download() {
         ..fast_stage()
     };
     u.stage(
-        &Source::parse(&format!("{}v2", srv.base)),
+        &Release::at(Source::parse(&format!("{}v2", srv.base))),
         &opts,
         &NoProgress,
     )
@@ -280,7 +289,11 @@ fn kill_9_at_random_points_loses_at_most_the_chunk_in_flight_per_kill() {
         .unwrap();
         let u = Updater::with_parts(cfg, Box::new(layout), Box::new(ModelLoader::new(9)));
         let t = Instant::now();
-        let r = u.stage(&Source::parse(&url), &fast_stage(), &NoProgress);
+        let r = u.stage(
+            &Release::at(Source::parse(&url)),
+            &fast_stage(),
+            &NoProgress,
+        );
         eprintln!("child: {r:?} after {:?}", t.elapsed());
         r.unwrap();
         return;
@@ -343,7 +356,11 @@ fn kill_9_at_random_points_loses_at_most_the_chunk_in_flight_per_kill() {
     );
     let u = disk.updater(cfg);
     let r = u
-        .stage(&Source::parse(&url), &fast_stage(), &NoProgress)
+        .stage(
+            &Release::at(Source::parse(&url)),
+            &fast_stage(),
+            &NoProgress,
+        )
         .unwrap();
     assert!(r.resumed);
     disk.assert_b_is(&rel);

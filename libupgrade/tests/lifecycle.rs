@@ -7,6 +7,7 @@
 //! switching) and each real bootloader backend (GRUB, syslinux) on temp dirs, powered on the
 //! way the loader boots (testkit::loaders); every scenario runs on both.
 
+use libupgrade::Release;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -103,8 +104,12 @@ fn staged_node(version: &str, kind: Kind) -> (Node, Keys, tempfile::TempDir) {
     let node = Node::new(&k.trust, kind);
     let u = node.updater();
     u.confirm().expect_good("first boot confirms");
-    u.stage(&Source::Path(rel), &StageOptions::default(), &NoProgress)
-        .unwrap();
+    u.stage(
+        &Release::at(Source::Path(rel)),
+        &StageOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
     (node, k, rels)
 }
 
@@ -409,8 +414,12 @@ fn a_v010_node_installs_the_new_script_on_activation_and_refuses_an_older_releas
                 text: text.clone(),
             }],
         );
-        u.stage(&Source::Path(rel), &StageOptions::default(), &NoProgress)
-            .unwrap();
+        u.stage(
+            &Release::at(Source::Path(rel)),
+            &StageOptions::default(),
+            &NoProgress,
+        )
+        .unwrap();
         assert_eq!(u.activate().unwrap(), Slot::B);
         let info = u.bootloader().script().unwrap();
         assert_eq!(
@@ -448,8 +457,12 @@ fn a_v010_node_installs_the_new_script_on_activation_and_refuses_an_older_releas
         let old = make_release(&k, rels.path(), "v3-old", 3, 4096, Arch::host());
         strip_boot_section(&k, &old);
         let u = node.updater();
-        u.stage(&Source::Path(old), &StageOptions::default(), &NoProgress)
-            .unwrap();
+        u.stage(
+            &Release::at(Source::Path(old)),
+            &StageOptions::default(),
+            &NoProgress,
+        )
+        .unwrap();
         if kind == Kind::Syslinux {
             // extlinux.conf is still version 1: both read it, the activation goes ahead.
             assert_eq!(u.activate().unwrap(), Slot::A);

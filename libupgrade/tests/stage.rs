@@ -2,6 +2,7 @@
 //! file and HTTP sources (with connections dropped half way and a process restart), and every
 //! rejection leaving the active slot untouched.
 
+use libupgrade::Release;
 use std::path::Path;
 use std::time::Duration;
 
@@ -66,7 +67,11 @@ fn stage_from_a_directory_writes_the_inactive_slot_only() {
     let a_before = disk.part_bytes("rootfs-a", 4 * MIB);
 
     let r = u
-        .stage(&Source::Path(rel.clone()), &fast(), &NoProgress)
+        .stage(
+            &Release::at(Source::Path(rel.clone())),
+            &fast(),
+            &NoProgress,
+        )
         .unwrap();
     assert_eq!(
         (r.slot, r.version.as_str(), r.generation, r.already_staged),
@@ -94,7 +99,7 @@ fn stage_from_a_directory_writes_the_inactive_slot_only() {
     );
     // Staging the same release again is a no-op.
     assert!(
-        u.stage(&Source::Path(rel), &fast(), &NoProgress)
+        u.stage(&Release::at(Source::Path(rel)), &fast(), &NoProgress)
             .unwrap()
             .already_staged
     );
@@ -111,7 +116,7 @@ fn http_stage_survives_dropped_connections_and_resumes_with_range() {
     let u = updater(&disk, disk.config(&k.trust), &loader);
     let r = u
         .stage(
-            &Source::parse(&format!("{}v2/", srv.base)),
+            &Release::at(Source::parse(&format!("{}v2/", srv.base))),
             &fast(),
             &NoProgress,
         )
@@ -139,7 +144,9 @@ fn a_restarted_process_resumes_from_the_checkpoint_instead_of_starting_over() {
     cfg.download_retries = 0;
     let u = updater(&disk, cfg.clone(), &loader);
     let src = Source::parse(&format!("{}v2", srv.base));
-    let e = u.stage(&src, &fast(), &NoProgress).unwrap_err();
+    let e = u
+        .stage(&Release::at(src.clone()), &fast(), &NoProgress)
+        .unwrap_err();
     assert!(
         matches!(
             e,
@@ -161,7 +168,9 @@ fn a_restarted_process_resumes_from_the_checkpoint_instead_of_starting_over() {
     // "Restart": a new Updater, as after a reboot or agent restart.
     cfg.download_retries = 5;
     let u2 = updater(&disk, cfg, &loader);
-    let r = u2.stage(&src, &fast(), &NoProgress).unwrap();
+    let r = u2
+        .stage(&Release::at(src.clone()), &fast(), &NoProgress)
+        .unwrap();
     assert!(r.resumed, "did not resume");
     let total = std::fs::metadata(rel.join("rootfs.squashfs"))
         .unwrap()
@@ -247,7 +256,11 @@ fn rejected_releases_write_nothing() {
     ];
     for (rel, want) in cases {
         let e = u
-            .stage(&Source::Path(rel.to_path_buf()), &fast(), &NoProgress)
+            .stage(
+                &Release::at(Source::Path(rel.to_path_buf())),
+                &fast(),
+                &NoProgress,
+            )
             .unwrap_err()
             .to_string();
         assert!(
@@ -280,7 +293,7 @@ fn rejected_releases_write_nothing() {
         ..fast()
     };
     assert_eq!(
-        u.stage(&Source::Path(old), &opts, &NoProgress)
+        u.stage(&Release::at(Source::Path(old)), &opts, &NoProgress)
             .unwrap()
             .generation,
         0
@@ -289,7 +302,7 @@ fn rejected_releases_write_nothing() {
     let srv = TestServer::start(rels.path().to_path_buf(), 0);
     let e = u
         .stage(
-            &Source::parse(&format!("{}nope/", srv.base)),
+            &Release::at(Source::parse(&format!("{}nope/", srv.base))),
             &fast(),
             &NoProgress,
         )
@@ -316,7 +329,11 @@ fn corrupt_or_truncated_artifacts_leave_the_slot_invalid() {
     bytes[mid] ^= 0xff;
     std::fs::write(&p, &bytes).unwrap();
     let e = u
-        .stage(&Source::Path(bad.clone()), &fast(), &NoProgress)
+        .stage(
+            &Release::at(Source::Path(bad.clone())),
+            &fast(),
+            &NoProgress,
+        )
         .unwrap_err();
     let msg = e.to_string();
     // With a chunk index the flipped byte is caught in its chunk, before it is written.
@@ -349,7 +366,11 @@ fn corrupt_or_truncated_artifacts_leave_the_slot_invalid() {
         .set_len(len / 2)
         .unwrap();
     let e = u
-        .stage(&Source::Path(short.clone()), &fast(), &NoProgress)
+        .stage(
+            &Release::at(Source::Path(short.clone())),
+            &fast(),
+            &NoProgress,
+        )
         .unwrap_err();
     assert!(
         matches!(e, Error::Size { found, expected, .. } if found == len / 2 && expected == len),
@@ -369,7 +390,7 @@ fn corrupt_or_truncated_artifacts_leave_the_slot_invalid() {
     let u = updater(&disk, cfg, &loader);
     let e = u
         .stage(
-            &Source::parse(&format!("{}v2-short/", srv.base)),
+            &Release::at(Source::parse(&format!("{}v2-short/", srv.base))),
             &fast(),
             &NoProgress,
         )
@@ -433,7 +454,7 @@ fn a_release_that_is_not_a_squashfs_is_refused_before_it_is_staged() {
     let loader = ModelLoader::new(9);
     let u = updater(&disk, disk.config(&k.trust), &loader);
     let e = u
-        .stage(&Source::Path(dir), &fast(), &NoProgress)
+        .stage(&Release::at(Source::Path(dir)), &fast(), &NoProgress)
         .unwrap_err();
     assert!(matches!(e, Error::BadImage { slot: Slot::B, .. }), "{e}");
     assert!(e.to_string().contains("squashfs"), "{e}");
@@ -492,7 +513,8 @@ fn grub_on_disk_trial_confirm_and_fallback() {
     };
 
     mk().confirm().expect_good("confirm");
-    mk().stage(&Source::Path(v2), &fast(), &NoProgress).unwrap();
+    mk().stage(&Release::at(Source::Path(v2)), &fast(), &NoProgress)
+        .unwrap();
     mk().activate().unwrap();
     assert_eq!(mk().status().unwrap().slots[1].tries_left, Some(3));
     assert_eq!(power_on(&cfg), Slot::B);
@@ -507,7 +529,8 @@ fn grub_on_disk_trial_confirm_and_fallback() {
     assert_eq!(mk().status().unwrap().slots[1].boot, SlotBoot::Good);
 
     // v3 into A; it never confirms: three tries, then GRUB falls back to B.
-    mk().stage(&Source::Path(v3), &fast(), &NoProgress).unwrap();
+    mk().stage(&Release::at(Source::Path(v3)), &fast(), &NoProgress)
+        .unwrap();
     mk().activate().unwrap();
     for _ in 0..3 {
         assert_eq!(power_on(&cfg), Slot::A);
@@ -540,7 +563,7 @@ fn resume_after_a_cut_between_rename_and_checkpoint_starts_the_file_over() {
     cfg.download_retries = 0;
     let src = Source::parse(&format!("{}v2/", srv.base));
     let e = updater(&disk, cfg.clone(), &loader)
-        .stage(&src, &fast(), &NoProgress)
+        .stage(&Release::at(src.clone()), &fast(), &NoProgress)
         .unwrap_err();
     assert!(e.to_string().contains("vmlinuz"), "{e}");
     let tmp = disk.boot_dir.join("b/.vmlinuz.partial");
@@ -553,7 +576,7 @@ fn resume_after_a_cut_between_rename_and_checkpoint_starts_the_file_over() {
 
     cfg.download_retries = 3;
     let r = updater(&disk, cfg, &loader)
-        .stage(&src, &fast(), &NoProgress)
+        .stage(&Release::at(src.clone()), &fast(), &NoProgress)
         .unwrap();
     assert!(r.resumed);
     assert_staged(&disk, &rel, &rels.path().join("v2.tree"));

@@ -7,6 +7,7 @@
 //! most the rate times the time plus the one request in flight; windows closing mid-file and
 //! reopening re-fetch nothing; the end of the schedule stops the attempt, resumable.
 
+use libupgrade::Release;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -80,9 +81,12 @@ const HEAD: u64 = 160;
 /// The preview's fetch equals the stage's `bytes_fetched`, and what the stage sent beyond the
 /// preview's own requests (the same metadata) is that plus one response head per request.
 fn preview_then_stage(u: &Updater, srv: &TestServer, src: &Source, opts: &StageOptions) -> u64 {
-    let (p, p_wire, p_req) = metered(srv, || u.preview(src, opts).unwrap());
+    let (p, p_wire, p_req) = metered(srv, || u.preview(&Release::at(src.clone()), opts).unwrap());
     assert!(!p.already_staged);
-    let (r, s_wire, s_req) = metered(srv, || u.stage(src, opts, &NoProgress).unwrap());
+    let (r, s_wire, s_req) = metered(srv, || {
+        u.stage(&Release::at(src.clone()), opts, &NoProgress)
+            .unwrap()
+    });
     assert_eq!(r.bytes_fetched, p.fetch(), "preview {p:?} vs report {r:?}");
     assert_eq!(r.bytes_reused, p.reuse(), "preview {p:?} vs report {r:?}");
     assert_eq!(r.resumed, p.resume);
@@ -123,7 +127,7 @@ fn the_preview_equals_what_a_full_and_a_delta_stage_fetch() {
     let full = preview_then_stage(&u, &srv, &src, &fast_stage());
     assert_eq!(full, release_size(&v2));
     disk.assert_b_is(&v2);
-    let again = u.preview(&src, &fast_stage()).unwrap();
+    let again = u.preview(&Release::at(src.clone()), &fast_stage()).unwrap();
     assert!(again.already_staged && again.fetch() == 0, "{again:?}");
 
     // Delta: v1 runs in slot A.
@@ -144,7 +148,10 @@ fn a_byte_budget_stops_cleanly_and_the_resumed_stage_fetches_exactly_the_rest() 
     let s = site(10, 31, 203);
     let (v2, srv, src, disk, u) = s.parts();
     let total = release_size(v2);
-    let need = u.preview(src, &fast_stage()).unwrap().fetch();
+    let need = u
+        .preview(&Release::at(src.clone()), &fast_stage())
+        .unwrap()
+        .fetch();
     assert_eq!(need, total);
 
     // Day 1: 40 % of the need.
@@ -153,7 +160,10 @@ fn a_byte_budget_stops_cleanly_and_the_resumed_stage_fetches_exactly_the_rest() 
         max_bytes: Some(budget),
         ..fast_stage()
     };
-    let (e, wire, requests) = metered(srv, || u.stage(src, &opts, &NoProgress).unwrap_err());
+    let (e, wire, requests) = metered(srv, || {
+        u.stage(&Release::at(src.clone()), &opts, &NoProgress)
+            .unwrap_err()
+    });
     let Error::Stopped {
         why: Stop::Budget { budget: b },
         fetched,
@@ -248,8 +258,11 @@ fn corrupt_mirror_chunks_are_refused_and_taken_from_the_origin() {
         extra_sources: vec![ExtraSource::parse(&format!("{}v2", mirror.base))],
         ..fast_stage()
     };
-    let p = u.preview(src, &opts).unwrap();
-    let (r, origin_wire, _) = metered(origin, || u.stage(src, &opts, &NoProgress).unwrap());
+    let p = u.preview(&Release::at(src.clone()), &opts).unwrap();
+    let (r, origin_wire, _) = metered(origin, || {
+        u.stage(&Release::at(src.clone()), &opts, &NoProgress)
+            .unwrap()
+    });
     disk.assert_b_is(v2);
     assert_eq!(r.chunks_refused, 3, "{r:?}");
     assert_eq!(r.bytes_fetched, p.fetch());
@@ -278,7 +291,10 @@ fn a_mirror_dying_mid_stage_costs_at_most_the_chunk_in_flight() {
         extra_sources: vec![ExtraSource::parse(&format!("{}v2", mirror.base))],
         ..fast_stage()
     };
-    let (r, origin_wire, _) = metered(origin, || u.stage(src, &opts, &NoProgress).unwrap());
+    let (r, origin_wire, _) = metered(origin, || {
+        u.stage(&Release::at(src.clone()), &opts, &NoProgress)
+            .unwrap()
+    });
     let mirror_wire = mirror.sent();
     disk.assert_b_is(v2);
     assert!(r.bytes_from_mirrors > 0, "{r:?}");
@@ -369,7 +385,10 @@ fn on_clock(schedule: Schedule, srv: &TestServer) -> (StageOptions, std::sync::A
 fn stage_paced(s: &Site, schedule: &Schedule) -> (StageReport, u64, usize, u64, Vec<Sample>) {
     let (opts, clock) = on_clock(schedule.clone(), &s.srv);
     let c0 = s.srv.sent();
-    let (r, wire, requests) = metered(&s.srv, || s.u.stage(&s.src, &opts, &NoProgress).unwrap());
+    let (r, wire, requests) = metered(&s.srv, || {
+        s.u.stage(&Release::at(s.src.clone()), &opts, &NoProgress)
+            .unwrap()
+    });
     s.disk.assert_b_is(&s.v2);
     (r, wire, requests, c0, clock.samples())
 }
@@ -378,7 +397,9 @@ fn stage_paced(s: &Site, schedule: &Schedule) -> (StageReport, u64, usize, u64, 
 fn a_schedule_sends_nothing_outside_its_windows_and_at_most_its_rate_inside() {
     let s = site(3, 71, 207);
     let (v2, srv, src, _, u) = s.parts();
-    let (p, meta, _) = metered(srv, || u.preview(src, &fast_stage()).unwrap());
+    let (p, meta, _) = metered(srv, || {
+        u.preview(&Release::at(src.clone()), &fast_stage()).unwrap()
+    });
     assert_eq!(p.fetch(), release_size(v2));
 
     // Closes twice mid-file (1.5 MiB, then 384 KiB), a rate-0 window between, and a last
@@ -417,11 +438,16 @@ fn a_schedule_sends_nothing_outside_its_windows_and_at_most_its_rate_inside() {
 fn the_end_of_the_schedule_stops_the_attempt_and_the_next_fetches_only_the_rest() {
     let s = site(3, 72, 208);
     let (v2, srv, src, disk, u) = s.parts();
-    let need = u.preview(src, &fast_stage()).unwrap().fetch();
+    let need = u
+        .preview(&Release::at(src.clone()), &fast_stage())
+        .unwrap()
+        .fetch();
 
     let rate = 256 << 10;
     let (opts, clock) = on_clock(Schedule::until(at(0), at(4), Some(rate)), srv);
-    let e = u.stage(src, &opts, &NoProgress).unwrap_err();
+    let e = u
+        .stage(&Release::at(src.clone()), &opts, &NoProgress)
+        .unwrap_err();
     let msg = e.to_string();
     eprintln!("{msg}");
     let Error::Stopped {
@@ -472,7 +498,9 @@ fn a_schedule_paces_whole_file_streams_the_same_way() {
     let s = site(2, 73, 209);
     let (v2, srv, src, _, u) = s.parts();
     without_chunk_indexes(&s.k, v2);
-    let (p, meta, _) = metered(srv, || u.preview(src, &fast_stage()).unwrap());
+    let (p, meta, _) = metered(srv, || {
+        u.preview(&Release::at(src.clone()), &fast_stage()).unwrap()
+    });
     assert!(p.artifacts.iter().all(|a| a.fetch == a.size), "{p:?}");
     let log = srv.requests.lock().unwrap().clone();
     assert!(!log.iter().any(|l| l.contains(".chunks")), "{log:?}");

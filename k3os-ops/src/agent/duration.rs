@@ -1,57 +1,27 @@
-//! Parsing of the short durations used in the `UpdateChannel` spec (`90s`, `15m`, `1h30m`,
-//! `2d`). Hand-written because the grammar is four units and a dependency is not worth it.
+//! The durations of the `UpdateChannel` spec (`90s`, `15m`, `1h30m`, `2d`): libupgrade's one
+//! grammar ([`libupgrade::units::parse_duration`]), with the spec field an error names.
 
 use std::time::Duration;
 
-/// A duration string that could not be parsed.
+use libupgrade::units::{parse_duration, UnitError};
+
+/// A spec field's duration that could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: '{value}' is not a duration (expected e.g. 90s, 15m, 1h30m, 2d): {why}")]
+#[error("{field}: {source}")]
 pub struct DurationError {
+    /// The spec field, e.g. `spec.rebootTimeout`.
     pub field: String,
-    pub value: String,
-    pub why: &'static str,
+    /// What is wrong with its value.
+    #[source]
+    pub source: UnitError,
 }
 
 /// Parse `value` (the spec field named `field`, for the error message).
 pub fn parse(field: &str, value: &str) -> Result<Duration, DurationError> {
-    let err = |why| DurationError {
+    parse_duration(value).map_err(|source| DurationError {
         field: field.to_string(),
-        value: value.to_string(),
-        why,
-    };
-    let s = value.trim();
-    if s.is_empty() {
-        return Err(err("empty"));
-    }
-    let mut total: u64 = 0;
-    let mut num: Option<u64> = None;
-    for c in s.chars() {
-        if let Some(d) = c.to_digit(10) {
-            let n = num.unwrap_or(0);
-            num = Some(
-                n.checked_mul(10)
-                    .and_then(|n| n.checked_add(u64::from(d)))
-                    .ok_or_else(|| err("number too large"))?,
-            );
-            continue;
-        }
-        let unit = match c {
-            's' => 1,
-            'm' => 60,
-            'h' => 3600,
-            'd' => 86_400,
-            _ => return Err(err("unknown unit (use s, m, h, d)")),
-        };
-        let n = num.take().ok_or_else(|| err("unit without a number"))?;
-        total = n
-            .checked_mul(unit)
-            .and_then(|v| total.checked_add(v))
-            .ok_or_else(|| err("number too large"))?;
-    }
-    if num.is_some() {
-        return Err(err("number without a unit"));
-    }
-    Ok(Duration::from_secs(total))
+        source,
+    })
 }
 
 #[cfg(test)]

@@ -58,7 +58,7 @@
 //! annotation), [`staging`] (the stage step), [`thin`] (stage windows, daily quota and
 //! sources: the pure decisions), [`thin_report`] (stage preview annotation and gauge,
 //! condition `StageWillMissWindow`), [`ledger`] (the quota ledger and preview record on the
-//! node), [`node_thin`] (the node side of a thin-link stage: offline bundles, options).
+//! node).
 //!
 //! Error policy: the steps return typed errors (`SlotError`, `DrainError`, `NodeError`,
 //! `WindowError`, `DurationError`) wrapped with context; every error ends in
@@ -95,7 +95,6 @@ pub mod kube_store;
 pub mod ledger;
 pub mod metrics;
 pub mod node;
-pub mod node_thin;
 pub mod phase;
 pub mod progress;
 pub mod rollout;

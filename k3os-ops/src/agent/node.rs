@@ -3,11 +3,44 @@
 //!
 //! The methods are synchronous (libupgrade is blocking, disk-bound code); the controller calls
 //! them through `tokio::task::spawn_blocking`.
+//!
+//! A stage is libupgrade's one [`StageRequest`] (what the CLI's `upgrade` makes too): the agent
+//! maps its channel to it in one place (the stage tick), and the real node adds only its own
+//! offline-bundle directory ([`BUNDLE_DIR_ENV`]) and books the fetched bytes on the quota
+//! ledger ([`super::ledger`]). A bundle is used exactly as `upgrade --bundle FILE` uses it: its
+//! signed manifest must name the version its header names, which must be the target; the
+//! channel is not read at all (a site whose link is down stages from it).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use libupgrade::stage::Stop;
+use libupgrade::{Release, ResolveError, Source, StageRequest};
 
 use super::decide::NodeUpdateStatus;
-use super::ledger::{self, PreviewRecord};
-use super::node_thin::{self, Counting};
-pub use super::node_thin::{StageEnd, StageRequest, BUNDLE_DIR_ENV};
+use super::ledger::{self, PreviewRecord, FORMAT};
+
+/// Environment variable naming the host directory the agent looks for offline bundles in
+/// (the DaemonSet mounts it read-only; unset: no bundles).
+pub const BUNDLE_DIR_ENV: &str = "K3OS_OPS_BUNDLE_DIR";
+
+/// How a stage ended that did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StageEnd {
+    /// Verified and staged.
+    Staged {
+        /// Network bytes this attempt fetched.
+        fetched: u64,
+    },
+    /// Stopped cleanly at the quota or the end of the open windows; a later stage resumes.
+    Stopped {
+        /// Why it stopped.
+        why: Stop,
+        /// Network bytes this attempt fetched.
+        fetched: u64,
+        /// Bytes left to fetch.
+        left: u64,
+    },
+}
 
 /// [`NodeError::op`] of a status read before this boot's assessment ran: not a failure, the
 /// agent reports it once and waits.
@@ -48,14 +81,15 @@ impl NodeError {
         }
     }
 
-    /// A channel that could not be resolved; an expired-metadata refusal keeps its role and
+    /// A request that could not be resolved; an expired-metadata refusal keeps its role and
     /// expiry typed in [`Self::stale`].
-    pub fn channel(context: String, e: &libupgrade::channel::ChannelError) -> Self {
+    pub fn resolve(e: &ResolveError) -> Self {
         NodeError {
             op: "resolve",
-            message: format!("{context}: {e}"),
+            message: e.to_string(),
             stale: e
-                .metadata_expired()
+                .channel_error()
+                .and_then(|c| c.metadata_expired())
                 .map(|(role, expires)| StaleMetadata { role, expires }),
         }
     }
@@ -93,43 +127,16 @@ pub trait NodeOps: Send + Sync + 'static {
     fn status(&self) -> Result<NodeUpdateStatus, NodeError>;
     /// The newest version on `channel` for this node's architecture.
     fn resolve_latest(&self, channel: &str) -> Result<String, NodeError>;
-    /// Download, verify and write `version` from `channel` into the inactive slot; resumes a
-    /// partial download. Never touches the booted slot or the bootloader's choice.
-    /// `allow_downgrade`: accept a release older (by generation) than the running one — the
-    /// agent passes true only when the channel pins that version explicitly.
-    /// `max_rate`: the channel's download cap in bytes per second (`spec.maxRate`).
+    /// Download, verify and write the release `req` asks for into the inactive slot; resumes
+    /// a partial download and never touches the booted slot or the bootloader's choice. A clean
+    /// stop at the byte budget or the schedule's end is [`StageEnd::Stopped`], not an error.
+    /// `book_on`: the quota day the fetched bytes are booked on (None: no quota, no ledger).
     fn stage(
         &self,
-        channel: &str,
-        version: &str,
-        allow_downgrade: bool,
-        max_rate: Option<u64>,
-        progress: &dyn StageProgress,
-    ) -> Result<(), NodeError>;
-    /// [`Self::stage`] with the thin-link settings of `req` (a schedule, a byte budget, extra
-    /// sources, a quota day to book the fetched bytes on); a clean stop at the budget or the
-    /// schedule's end is [`StageEnd::Stopped`], not an error. Nodes that know nothing of
-    /// thin links (fakes) stage plain requests and refuse the rest.
-    fn stage_request(
-        &self,
         req: &StageRequest,
+        book_on: Option<chrono::NaiveDate>,
         progress: &dyn StageProgress,
-    ) -> Result<StageEnd, NodeError> {
-        if !req.is_plain() {
-            return Err(NodeError::new(
-                "stage",
-                "this node cannot follow spec.stage or spec.sources",
-            ));
-        }
-        self.stage(
-            &req.channel,
-            &req.version,
-            req.allow_downgrade,
-            req.max_rate,
-            progress,
-        )
-        .map(|()| StageEnd::Staged { fetched: 0 })
-    }
+    ) -> Result<StageEnd, NodeError>;
     /// What staging `req` would fetch and reuse, before its first byte (recorded on the node
     /// for `k3os-ops slot status`); `None` where the node cannot tell (fakes).
     fn preview(&self, _req: &StageRequest) -> Result<Option<PreviewRecord>, NodeError> {
@@ -201,45 +208,25 @@ impl LibupgradeNode {
         }
     }
 
-    /// The release `req` stages: a bundle of its version, else the channel's.
-    fn release(&self, req: &StageRequest) -> Result<node_thin::Release, NodeError> {
-        let rel = node_thin::release(self.bundle_dir.as_deref(), &req.version, || {
-            self.resolve(&req.channel, Some(&req.version))
-        })?;
-        if rel.version != req.version {
-            return Err(NodeError::new(
-                "stage",
-                format!(
-                    "channel {} listed {} but its release says {}",
-                    req.channel, req.version, rel.version
-                ),
-            ));
+    /// The release `req` stages on this node: a bundle of its version from the node's bundle
+    /// directory, else the channel's (through its signed metadata when the node has a root).
+    fn release(&self, req: &StageRequest) -> Result<Release, NodeError> {
+        let req = StageRequest {
+            bundle_dir: req.bundle_dir.clone().or_else(|| self.bundle_dir.clone()),
+            ..req.clone()
+        };
+        let rel = self
+            .updater
+            .resolve(&req)
+            .map_err(|e| NodeError::resolve(&e))?;
+        if let libupgrade::Origin::Bundle { .. } = rel.origin {
+            tracing::info!("staging from {rel}");
         }
         Ok(rel)
     }
 
     fn state_dir(&self) -> &std::path::Path {
         &self.updater.config().state_dir
-    }
-}
-
-impl LibupgradeNode {
-    /// Resolve `version` (None: latest) on `channel` as `upgrade --channel` does: through the
-    /// channel's signed metadata when the node has a root (refusing what the CLI refuses).
-    fn resolve(
-        &self,
-        channel: &str,
-        version: Option<&str>,
-    ) -> Result<libupgrade::channel::ResolvedRelease, NodeError> {
-        let trust = libupgrade::channel::TrustOptions::from_config(self.updater.config());
-        libupgrade::channel::resolve_with(channel, version, libupgrade::Arch::host(), &trust)
-            .map_err(|e| {
-                let context = match version {
-                    Some(v) => format!("channel {channel}, version {v}"),
-                    None => format!("channel {channel}"),
-                };
-                NodeError::channel(context, &e)
-            })
     }
 }
 
@@ -283,20 +270,6 @@ pub fn summarize(status: &libupgrade::Status) -> NodeUpdateStatus {
     }
 }
 
-struct ProgressAdapter<'a>(&'a dyn StageProgress);
-
-impl libupgrade::Progress for ProgressAdapter<'_> {
-    fn begin(&self, what: &str, total: u64, already: u64) {
-        self.0.begin(what, total, already)
-    }
-    fn advance(&self, bytes: u64) {
-        self.0.advance(bytes)
-    }
-    fn end(&self) {
-        self.0.end()
-    }
-}
-
 impl NodeOps for LibupgradeNode {
     fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
         let st = self
@@ -312,63 +285,26 @@ impl NodeOps for LibupgradeNode {
     }
 
     fn resolve_latest(&self, channel: &str) -> Result<String, NodeError> {
-        self.resolve(channel, None).map(|r| r.version)
+        let req = StageRequest::new(libupgrade::Wanted::channel(channel, None));
+        let rel = self.release(&req)?;
+        Ok(rel.version.unwrap_or_default())
     }
 
     fn stage(
         &self,
-        channel: &str,
-        version: &str,
-        allow_downgrade: bool,
-        max_rate: Option<u64>,
-        progress: &dyn StageProgress,
-    ) -> Result<(), NodeError> {
-        let rel = self.resolve(channel, Some(version))?;
-        let report = self
-            .updater
-            .stage(
-                &rel.source,
-                &libupgrade::StageOptions {
-                    allow_downgrade,
-                    max_rate,
-                    // The signed manifest must be the release the channel named, and when the
-                    // channel's signed metadata chose it, exactly that manifest (as the CLI's
-                    // `upgrade --channel`).
-                    expect_version: Some(rel.version.clone()),
-                    expect_manifest: rel.pin,
-                    ..libupgrade::StageOptions::default()
-                },
-                &ProgressAdapter(progress),
-            )
-            .map_err(|e| NodeError::new("stage", e))?;
-        if report.version != version {
-            return Err(NodeError::new(
-                "stage",
-                format!(
-                    "channel {channel} listed {version} but its manifest says {}",
-                    report.version
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    fn stage_request(
-        &self,
         req: &StageRequest,
+        book_on: Option<chrono::NaiveDate>,
         progress: &dyn StageProgress,
     ) -> Result<StageEnd, NodeError> {
         let rel = self.release(req)?;
         let counting = Counting::new(progress);
-        let r = self
-            .updater
-            .stage(&rel.source, &node_thin::options(req, &rel), &counting);
-        let (end, fetched) = node_thin::ended(r, counting.fetched());
-        if let Some(day) = req.ledger_day {
+        let r = self.updater.stage(&rel, &req.options, &counting);
+        let (end, fetched) = ended(r, counting.fetched());
+        if let Some(day) = book_on {
             let spent = matches!(
                 end,
                 Ok(StageEnd::Stopped {
-                    why: libupgrade::stage::Stop::Budget { .. },
+                    why: Stop::Budget { .. },
                     ..
                 })
             );
@@ -380,12 +316,11 @@ impl NodeOps for LibupgradeNode {
 
     fn preview(&self, req: &StageRequest) -> Result<Option<PreviewRecord>, NodeError> {
         let rel = self.release(req)?;
-        let opts = node_thin::options(req, &rel);
         let p = self
             .updater
-            .preview(&rel.source, &opts)
+            .preview(&rel, &req.options)
             .map_err(|e| NodeError::new("preview", e))?;
-        let rec = node_thin::record(&p, &rel, opts.clock.now());
+        let rec = record(&p, &rel, req.options.clock.now());
         ledger::record_preview(self.state_dir(), &rec).map_err(|e| NodeError::new("preview", e))?;
         Ok(Some(rec))
     }
@@ -455,5 +390,83 @@ impl NodeOps for LibupgradeNode {
             "reboot",
             format!("{how} succeeded but the node is still running after 5 minutes"),
         ))
+    }
+}
+
+/// The preview record of `p` (staged from `rel`).
+fn record(
+    p: &libupgrade::StagePreview,
+    rel: &Release,
+    at: chrono::DateTime<chrono::Utc>,
+) -> PreviewRecord {
+    PreviewRecord {
+        format: FORMAT,
+        version: p.version.clone(),
+        fetch: if p.already_staged { 0 } else { p.fetch() },
+        reuse: if p.already_staged { 0 } else { p.reuse() },
+        bundle: match &rel.source {
+            Source::Bundle(b) => Some(b.path.display().to_string()),
+            _ => None,
+        },
+        at: Some(at),
+    }
+}
+
+/// Progress that also counts the network bytes (what advanced and was not reused): the
+/// ledger's count when a stage fails before its report.
+struct Counting<'a> {
+    inner: &'a dyn StageProgress,
+    advanced: AtomicU64,
+    reused: AtomicU64,
+}
+
+impl<'a> Counting<'a> {
+    fn new(inner: &'a dyn StageProgress) -> Self {
+        Counting {
+            inner,
+            advanced: AtomicU64::new(0),
+            reused: AtomicU64::new(0),
+        }
+    }
+
+    fn fetched(&self) -> u64 {
+        self.advanced
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.reused.load(Ordering::Relaxed))
+    }
+}
+
+impl libupgrade::Progress for Counting<'_> {
+    fn begin(&self, what: &str, total: u64, already: u64) {
+        self.inner.begin(what, total, already)
+    }
+    fn advance(&self, bytes: u64) {
+        self.advanced.fetch_add(bytes, Ordering::Relaxed);
+        self.inner.advance(bytes)
+    }
+    fn end(&self) {
+        self.inner.end()
+    }
+    fn reused(&self, bytes: u64) {
+        self.reused.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// Map a stage's result to how it ended and the bytes it fetched.
+fn ended(
+    r: libupgrade::Result<libupgrade::StageReport>,
+    counted: u64,
+) -> (Result<StageEnd, libupgrade::Error>, u64) {
+    match r {
+        Ok(rep) => (
+            Ok(StageEnd::Staged {
+                fetched: rep.bytes_fetched,
+            }),
+            rep.bytes_fetched,
+        ),
+        Err(libupgrade::Error::Stopped { why, fetched, left }) => {
+            (Ok(StageEnd::Stopped { why, fetched, left }), fetched)
+        }
+        Err(e) => (Err(e), counted),
     }
 }

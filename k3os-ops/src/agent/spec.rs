@@ -62,7 +62,7 @@ impl Policy {
         let max_rate = spec
             .max_rate
             .as_deref()
-            .map(crate::upgrade::parse_rate)
+            .map(libupgrade::units::parse_rate)
             .transpose()
             .map_err(|e| format!("spec.maxRate: {e}"))?;
         let rollout = spec.rollout.as_ref().map(Rollout::from_spec).transpose()?;

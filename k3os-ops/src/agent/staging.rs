@@ -19,12 +19,13 @@ use super::channels::Channel;
 use super::context::{Agent, Next, PROGRESS_PERIOD};
 use super::errors::AgentError;
 use super::format::{ANN_MESSAGE, ANN_PROGRESS, ANN_TARGET};
-use super::node::{StageEnd, StageRequest};
+use super::node::StageEnd;
 use super::phase::Phase;
 use super::progress::AnnotationProgress;
 use super::thin::{Gate, ThinPolicy, Waiting};
 use super::thin_report::{self, Miss};
 use libupgrade::stage::Stop;
+use libupgrade::{ExtraSource, StageOptions, StageRequest, Wanted};
 
 pub(crate) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Next, AgentError> {
     let now = cx.settings.clock.now();
@@ -49,17 +50,7 @@ pub(crate) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Nex
             max_bytes,
         } => (schedule, max_bytes),
     };
-    let req = StageRequest {
-        channel: ch.spec.url.clone(),
-        version: version.to_string(),
-        allow_downgrade: ch.spec.pinned_version().is_some(),
-        max_rate: policy.max_rate,
-        max_bytes,
-        schedule,
-        sources: thin.sources.clone(),
-        ledger_day: day,
-        clock: Some(cx.settings.clock.clone()),
-    };
+    let req = request(cx, ch, version, schedule, max_bytes);
     cx.annotate_phase(
         Phase::Staging,
         &[
@@ -81,7 +72,7 @@ pub(crate) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Nex
         ),
     )
     .await;
-    let result = preview_and_stage(cx, ch, req, used).await;
+    let result = preview_and_stage(cx, ch, req, day, used).await;
     report_staleness(cx, ch, &result).await;
     match result {
         Ok(StageEnd::Staged { .. }) => staged(cx, ch, version).await,
@@ -93,11 +84,45 @@ pub(crate) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Nex
     }
 }
 
+/// The one libupgrade request the agent makes to stage `version` of `ch` (the CLI's `upgrade
+/// --channel URL --version V` makes the same): the channel's rate cap and sources, the open
+/// stage windows and what today's quota has left; an older release only when the channel pins
+/// it. The node adds its offline-bundle directory.
+fn request(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+    schedule: Option<libupgrade::stage::Schedule>,
+    max_bytes: Option<u64>,
+) -> StageRequest {
+    let policy = ch.policy.as_ref().ok();
+    StageRequest::new(Wanted::channel(ch.spec.url.clone(), Some(version))).with_options(
+        StageOptions {
+            allow_downgrade: ch.spec.pinned_version().is_some(),
+            max_rate: policy.and_then(|p| p.max_rate),
+            max_bytes,
+            schedule,
+            extra_sources: policy
+                .map(|p| {
+                    p.thin
+                        .sources
+                        .iter()
+                        .map(|s| ExtraSource::parse(s))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            clock: cx.settings.clock.clone(),
+            ..StageOptions::default()
+        },
+    )
+}
+
 /// Preview (published before the first byte), judge the deadline, then stage.
 async fn preview_and_stage(
     cx: &Agent,
     ch: &Channel,
     req: StageRequest,
+    book_on: Option<chrono::NaiveDate>,
     used: u64,
 ) -> Result<StageEnd, AgentError> {
     let r = req.clone();
@@ -105,7 +130,7 @@ async fn preview_and_stage(
         thin_report::publish_preview(cx, ch, &p).await;
         judge_deadline(cx, ch, p.fetch, used).await;
     }
-    stage_with_progress(cx, req).await
+    stage_with_progress(cx, req, book_on).await
 }
 
 /// Whether `left` bytes can arrive before the next maintenance window: the condition.
@@ -233,12 +258,16 @@ async fn report_staleness(cx: &Agent, ch: &Channel, result: &Result<StageEnd, Ag
 }
 
 /// Run libupgrade's stage of `req`, writing its progress annotation on the way.
-async fn stage_with_progress(cx: &Agent, req: StageRequest) -> Result<StageEnd, AgentError> {
+async fn stage_with_progress(
+    cx: &Agent,
+    req: StageRequest,
+    book_on: Option<chrono::NaiveDate>,
+) -> Result<StageEnd, AgentError> {
     let (tx, mut rx) = tokio::sync::watch::channel(String::new());
     rx.mark_unchanged();
     let progress = Arc::new(AnnotationProgress::new(tx, cx.clients.metrics.clone()));
     let p = progress.clone();
-    let work = cx.blocking(move |ops| ops.stage_request(&req, p.as_ref()));
+    let work = cx.blocking(move |ops| ops.stage(&req, book_on, p.as_ref()));
     tokio::pin!(work);
     // The annotation is written at most every PROGRESS_PERIOD (the Node object is shared
     // with the kubelet; a byte counter must not flood the API server).

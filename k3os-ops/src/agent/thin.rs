@@ -82,7 +82,7 @@ impl Waiting {
             }
             Waiting::QuotaSpent { quota } => format!(
                 "today's download quota of {} (spec.stage.maxBytesPerDay) is spent; staging goes on at {at}",
-                libupgrade::error::Size(*quota)
+                libupgrade::units::Size(*quota)
             ),
         }
     }
@@ -91,7 +91,7 @@ impl Waiting {
 fn parse_rate(field: &str, s: &str) -> Result<u64, String> {
     match s.trim() {
         "0" => Ok(0),
-        t => crate::upgrade::parse_rate(t).map_err(|e| format!("{field}: {e}")),
+        t => libupgrade::units::parse_rate(t).map_err(|e| format!("{field}: {e}")),
     }
 }
 
@@ -116,7 +116,7 @@ impl ThinPolicy {
         }
         let max_bytes_per_day = match stage.max_bytes_per_day.as_deref() {
             None => None,
-            Some(s) => match crate::upgrade::parse_bytes(s) {
+            Some(s) => match libupgrade::units::parse_bytes(s) {
                 Ok(0) => {
                     return Err(format!(
                         "spec.stage.maxBytesPerDay: '{s}' must be more than 0 bytes"

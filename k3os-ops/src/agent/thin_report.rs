@@ -38,8 +38,8 @@ impl Miss {
     fn line(&self, node: &str) -> String {
         format!(
             "node {node}: {} left to fetch, at most {} can arrive before the maintenance window at {} (spec.stage.windows rates, spec.maxRate, spec.stage.maxBytesPerDay)",
-            libupgrade::error::Size(self.left),
-            libupgrade::error::Size(self.capacity),
+            libupgrade::units::Size(self.left),
+            libupgrade::units::Size(self.capacity),
             self.deadline
                 .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         )

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use libupgrade::error::Size;
+use libupgrade::units::Size;
 
 #[derive(Args, Debug)]
 pub struct BundleArgs {

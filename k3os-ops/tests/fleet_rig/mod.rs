@@ -71,8 +71,10 @@ use std::time::{Duration, Instant};
 use crate::fake_api::{self, Log, Pdb, World, NS};
 use agent::controller::{Agent, Next, ANN_CORDONED, ANN_PHASE};
 use agent::decide::NodeUpdateStatus;
-use agent::node::{ConfirmResult, LibupgradeNode, NodeError, NodeOps, StageProgress};
+use agent::ledger::PreviewRecord;
+use agent::node::{ConfirmResult, LibupgradeNode, NodeError, NodeOps, StageEnd, StageProgress};
 use bootconfig::Slot;
+use libupgrade::StageRequest;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -116,14 +118,17 @@ impl NodeOps for FleetNode {
     }
     fn stage(
         &self,
-        channel: &str,
-        version: &str,
-        allow_downgrade: bool,
-        max_rate: Option<u64>,
+        req: &StageRequest,
+        book_on: Option<chrono::NaiveDate>,
         progress: &dyn StageProgress,
-    ) -> Result<(), NodeError> {
-        self.real
-            .stage(channel, version, allow_downgrade, max_rate, progress)
+    ) -> Result<StageEnd, NodeError> {
+        self.real.stage(req, book_on, progress)
+    }
+    fn preview(&self, req: &StageRequest) -> Result<Option<PreviewRecord>, NodeError> {
+        self.real.preview(req)
+    }
+    fn fetched_on(&self, day: chrono::NaiveDate) -> Result<u64, NodeError> {
+        self.real.fetched_on(day)
     }
     fn activate(&self, node_ready_within: Duration) -> Result<(), NodeError> {
         self.real.activate(node_ready_within)
@@ -687,8 +692,12 @@ impl Fleet {
     fn start_from_v010(&mut self, channel_url: &str) {
         for i in 0..NODES {
             let node = LibupgradeNode::new(self.rigs[i].updater(), vec!["false".into()]);
-            node.stage(channel_url, "v2", false, None, &NoProgress)
-                .unwrap();
+            node.stage(
+                &agent_request(channel_url, "v2", false, None),
+                None,
+                &NoProgress,
+            )
+            .unwrap();
         }
         self.rigs[0].updater().activate().unwrap();
         self.v010_trial = Some(0);
@@ -905,4 +914,20 @@ pub fn condition(channel: &Value, kind: &str) -> Option<String> {
 
 pub fn slot_of(st: &libupgrade::updater::Status, slot: Slot) -> &libupgrade::updater::SlotStatus {
     st.slots.iter().find(|s| s.slot == slot).unwrap()
+}
+
+/// The request the agent's stage tick makes for `version` of `channel`.
+fn agent_request(
+    channel: &str,
+    version: &str,
+    allow_downgrade: bool,
+    max_rate: Option<u64>,
+) -> libupgrade::StageRequest {
+    libupgrade::StageRequest::new(libupgrade::Wanted::channel(channel, Some(version))).with_options(
+        libupgrade::StageOptions {
+            allow_downgrade,
+            max_rate,
+            ..libupgrade::StageOptions::default()
+        },
+    )
 }

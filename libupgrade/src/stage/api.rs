@@ -42,14 +42,6 @@ pub struct StageOptions {
     pub retry_delay: Duration,
     /// Cap on download bandwidth, bytes per second (None: as fast as the link allows).
     pub max_rate: Option<u64>,
-    /// The version asked for (a channel's entry, `upgrade --version`): the signed manifest
-    /// must name exactly it, so a channel or mirror cannot hand over another signed release.
-    pub expect_version: Option<String>,
-    /// The manifest the channel's signed metadata names (length and sha256): any other
-    /// manifest is refused (arbitrary software, mix-and-match), and this one is accepted on
-    /// the targets role's word without a trust.d signature (`manifest.sig` is not read; see
-    /// [`crate::trust`]). Set from [`crate::channel::ResolvedRelease::pin`].
-    pub expect_manifest: Option<crate::trust::ManifestPin>,
     /// How long one stage attempt keeps retrying transient failures (None: for ever, only
     /// when asked); the final error names the URL, the last error, the attempts and the time.
     pub retry_for: Option<Duration>,
@@ -94,8 +86,6 @@ impl Default for StageOptions {
             trust_dir: None,
             retry_delay: Duration::from_secs(1),
             max_rate: None,
-            expect_version: None,
-            expect_manifest: None,
             retry_for: Some(DEFAULT_RETRY_FOR),
             min_rate: Some(MinRate::DEFAULT),
             max_bytes: None,

@@ -83,9 +83,9 @@ impl Stager<'_> {
         log::info!(
             "{a} ({loc}): {} chunks; {} kept from an earlier attempt, {} copied locally, {} to fetch in {} request(s){}",
             index.chunks.len(),
-            crate::error::Size(plan.keep_bytes),
-            crate::error::Size(plan.copy_bytes),
-            crate::error::Size(plan.fetch_bytes),
+            crate::units::Size(plan.keep_bytes),
+            crate::units::Size(plan.copy_bytes),
+            crate::units::Size(plan.fetch_bytes),
             plan.ranges.len(),
             if plan.stream { " (reuse too low to be worth splitting: one stream)" } else { "" }
         );

@@ -60,6 +60,7 @@ pub use crate::fetch::ExtraSource;
 use crate::fetch::Source;
 use crate::layout::Layout;
 use crate::manifest::{Artifact, Manifest};
+use crate::request::Release;
 use crate::state::store::StateStore;
 use crate::state::TransferStats;
 use crate::state::{Event, State};
@@ -93,7 +94,7 @@ pub(crate) struct Stager<'a> {
 }
 
 impl Stager<'_> {
-    /// Fetch, verify and write the release at `source` into the slot that is not `booted`;
+    /// Fetch, verify and write the release `rel` into the slot that is not `booted`;
     /// `st` is the state as loaded for this boot. Verify, plan, execute, commit: everything
     /// about the release is checked before a byte is written (`verify`), the writes are
     /// decided once (`prepare`) and carried out per artifact by its executor.
@@ -101,10 +102,11 @@ impl Stager<'_> {
         &self,
         booted: Slot,
         mut st: State,
-        source: &Source,
+        rel: &Release,
         opts: &StageOptions,
         progress: &dyn Progress,
     ) -> Result<StageReport> {
+        let source = &rel.source;
         let target = booted.other();
         let limit = (opts.max_rate.is_some() || opts.schedule.is_some())
             .then(|| RateLimit::with(opts.max_rate, opts.schedule.clone(), opts.clock.clone()));
@@ -112,7 +114,7 @@ impl Stager<'_> {
             // Nothing is fetched before a window opens (after the last one: see the docs).
             l.grant(0).ok();
         }
-        let w = match self.prepare(booted, &st, source, opts)? {
+        let w = match self.prepare(booted, &st, rel, opts)? {
             Prepared::Already(v) => {
                 return Ok(report(target, *v, true, false, 0, Moved::default()))
             }
@@ -154,11 +156,11 @@ impl Stager<'_> {
         &self,
         booted: Slot,
         st: &State,
-        source: &Source,
+        rel: &Release,
         opts: &StageOptions,
     ) -> Result<StagePreview> {
         let target = booted.other();
-        Ok(match self.prepare(booted, st, source, opts)? {
+        Ok(match self.prepare(booted, st, rel, opts)? {
             Prepared::Already(v) => StagePreview {
                 slot: target,
                 version: v.manifest.version,
@@ -184,11 +186,12 @@ impl Stager<'_> {
         &self,
         booted: Slot,
         st: &State,
-        source: &Source,
+        rel: &Release,
         opts: &StageOptions,
     ) -> Result<Prepared> {
         let target = booted.other();
-        let v = self.verify(booted, st, source, opts)?;
+        let source = &rel.source;
+        let v = self.verify(booted, st, rel, opts)?;
         if plan::staged_already(st.slot(target), &v.sha256) {
             return Ok(Prepared::Already(Box::new(v)));
         }
@@ -370,9 +373,9 @@ impl Stager<'_> {
                 m.version,
                 m.generation,
                 if resumed { ", resumed" } else { "" },
-                crate::error::Size(stats.fetched),
-                crate::error::Size(stats.reused),
-                crate::error::Size(total),
+                crate::units::Size(stats.fetched),
+                crate::units::Size(stats.reused),
+                crate::units::Size(total),
             ),
         );
         self.store.save(st, "stage:slot-staged")?;

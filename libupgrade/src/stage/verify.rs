@@ -9,6 +9,7 @@ use crate::chunk::ChunkIndex;
 use crate::error::{Error, Result};
 use crate::fetch::Source;
 use crate::manifest::{Arch, Artifact, Manifest, ScriptFile, MANIFEST_FILE, SIGNATURE_FILE};
+use crate::request::Release;
 use crate::retry::{retrying, Backoff};
 use crate::state::{SlotState, State};
 use crate::trust::ManifestPin;
@@ -101,18 +102,20 @@ impl Stager<'_> {
         Backoff::new(opts.retry_delay, self.cfg.download_retries).until(self.deadline)
     }
 
-    /// Read and check the release at `source` for the slot that is not `booted`.
+    /// Read and check the release `rel` for the slot that is not `booted`: its signature (or
+    /// the pin the channel's signed metadata gave), and that it is the version asked for.
     pub(super) fn verify(
         &self,
         booted: Slot,
         st: &State,
-        source: &Source,
+        rel: &Release,
         opts: &StageOptions,
     ) -> Result<Verified> {
+        let source = &rel.source;
         let target = booted.other();
         let mloc = source.location(MANIFEST_FILE);
         let mbytes = retrying(self.backoff(opts), || source.read_small(MANIFEST_FILE))?;
-        let key = match &opts.expect_manifest {
+        let key = match &rel.pin {
             // The targets role vouches for exactly these bytes: no trust.d signature needed.
             Some(pin) => check_pin(pin, &mbytes, &mloc)?,
             None => self.check_signature(source, &mbytes, &mloc, opts)?,
@@ -127,7 +130,7 @@ impl Stager<'_> {
                 location: mloc.clone(),
                 source,
             })?;
-        if let Some(want) = &opts.expect_version {
+        if let Some(want) = &rel.version {
             if manifest.version != *want {
                 return Err(Error::VersionMismatch {
                     location: mloc,

@@ -1,0 +1,311 @@
+//! What a front end asks to stage, and how it is resolved to the release the stage must find.
+//!
+//! The CLI (`k3os-ops upgrade`) and the agent each map their own input — flags, an
+//! `UpdateChannel` — to one [`StageRequest`] in one place, the way RAUC's command line and its
+//! D-Bus service both fill the same install arguments and call the same install run. This
+//! module owns the rest:
+//!
+//! - [`Wanted`]: a version (or the newest) of a channel, a release directory or URL, or an
+//!   offline bundle file; plus a bundle directory searched for the wanted version before the
+//!   channel (a site's removable medium, the agent's `K3OS_OPS_BUNDLE_DIR`).
+//! - [`StageRequest::resolve`]: a bundle of the version from the bundle directory, else the
+//!   channel through its signed metadata when the node has a root ([`crate::channel`]), into a
+//!   [`Release`]: where its files are and what its signed manifest must be (the version asked
+//!   for, and the manifest's exact length and sha256 when the signed metadata named it).
+//! - [`Updater::stage`](crate::Updater::stage) and [`Updater::preview`](crate::Updater::preview)
+//!   take that release with the request's [`StageOptions`]; `stage::verify` enforces both
+//!   expectations before a byte is written, so no front end checks them again.
+
+use std::path::{Path, PathBuf};
+
+use crate::bundle::Bundle;
+use crate::channel::{self, ChannelError, TrustOptions};
+use crate::config::Config;
+use crate::fetch::Source;
+use crate::manifest::Arch;
+use crate::stage::StageOptions;
+use crate::trust::ManifestPin;
+
+/// Where the wanted release is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wanted {
+    /// A version of a channel (`None` or `latest`: its newest for this node's architecture).
+    Channel {
+        /// The channel: a directory, an http(s) URL or `github-releases://OWNER/REPO`.
+        channel: String,
+        /// The version asked for; `None` (or `latest`) for the newest.
+        version: Option<String>,
+    },
+    /// A release directory or URL; its manifest is trusted through the node's trust.d.
+    Source(Source),
+    /// An offline bundle file ([`crate::bundle`]).
+    Bundle(PathBuf),
+}
+
+impl Wanted {
+    /// A channel's release: the channel and the version asked of it (None: the newest).
+    pub fn channel(channel: impl Into<String>, version: Option<&str>) -> Wanted {
+        Wanted::Channel {
+            channel: channel.into(),
+            version: version.map(String::from),
+        }
+    }
+
+    /// The version asked for by name (a channel's version other than `latest`), if any.
+    pub fn version(&self) -> Option<&str> {
+        match self {
+            Wanted::Channel {
+                version: Some(v), ..
+            } if v != "latest" => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// One request to stage a release: what is wanted and how to stage it.
+#[derive(Debug, Clone)]
+pub struct StageRequest {
+    /// The release wanted.
+    pub wanted: Wanted,
+    /// Offline bundles looked for the wanted channel version in, before the channel (None:
+    /// the channel only). Files that are not bundles are skipped.
+    pub bundle_dir: Option<PathBuf>,
+    /// Accept the channel's signed metadata even when it has expired (`--ignore-expiry`).
+    pub ignore_expiry: bool,
+    /// How to fetch and write it.
+    pub options: StageOptions,
+}
+
+impl StageRequest {
+    /// A request for `wanted` with default options and no bundle directory.
+    pub fn new(wanted: Wanted) -> StageRequest {
+        StageRequest {
+            wanted,
+            bundle_dir: None,
+            ignore_expiry: false,
+            options: StageOptions::default(),
+        }
+    }
+
+    /// The same request with `options`.
+    pub fn with_options(self, options: StageOptions) -> StageRequest {
+        StageRequest { options, ..self }
+    }
+
+    /// Resolve what is wanted on a node configured by `cfg` (its channel root and trust
+    /// record): the release to stage and what its signed manifest must be.
+    pub fn resolve(&self, cfg: &Config) -> Result<Release, ResolveError> {
+        match &self.wanted {
+            Wanted::Bundle(path) => Ok(Release::bundle(Bundle::open(path)?, false)),
+            Wanted::Source(source) => Ok(Release {
+                source: source.clone(),
+                version: None,
+                generation: None,
+                pin: None,
+                origin: Origin::Source,
+            }),
+            Wanted::Channel { channel, version } => {
+                let version = version.as_deref().filter(|v| *v != "latest");
+                if let (Some(dir), Some(v)) = (&self.bundle_dir, version) {
+                    if let Some(b) = find_bundle(dir, v)? {
+                        return Ok(Release::bundle(b, true));
+                    }
+                }
+                let mut trust = TrustOptions::from_config(cfg);
+                trust.ignore_expiry = self.ignore_expiry;
+                trust.min_rate = self.options.min_rate_rule();
+                let r = channel::resolve_with(channel, version, Arch::host(), &trust).map_err(
+                    |source| ResolveError::Channel {
+                        channel: channel.clone(),
+                        wanted: version.unwrap_or("latest").to_string(),
+                        source: Box::new(source),
+                    },
+                )?;
+                Ok(Release {
+                    origin: Origin::Channel {
+                        channel: channel.clone(),
+                        wanted: version.unwrap_or("latest").to_string(),
+                        location: r.location,
+                        signed: r.pin.is_some(),
+                    },
+                    source: r.source,
+                    version: Some(r.version),
+                    generation: Some(r.generation),
+                    pin: r.pin,
+                })
+            }
+        }
+    }
+}
+
+/// A resolved release: where its files are and what its signed manifest must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    /// Where its files are.
+    pub source: Source,
+    /// The version its signed manifest must name (None: any, for a release given by location).
+    pub version: Option<String>,
+    /// The generation the channel or bundle header lists (the manifest's is authoritative).
+    pub generation: Option<u64>,
+    /// When a channel's signed metadata named the release: the exact length and sha256 its
+    /// `manifest.json` must have; it is then accepted on the targets role's word without a
+    /// trust.d signature (see [`crate::trust`]).
+    pub pin: Option<ManifestPin>,
+    /// How it was found, for messages.
+    pub origin: Origin,
+}
+
+/// How a [`Release`] was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Given by location.
+    Source,
+    /// An offline bundle; `instead_of_channel`: found in the bundle directory for a channel
+    /// version.
+    Bundle {
+        /// The bundle file.
+        path: PathBuf,
+        /// Its header's format.
+        format: u32,
+        /// Found in the bundle directory in place of the channel.
+        instead_of_channel: bool,
+    },
+    /// Picked from a channel.
+    Channel {
+        /// The channel as given.
+        channel: String,
+        /// The version asked for (`latest` for the newest).
+        wanted: String,
+        /// The release directory, or the manifest asset's URL.
+        location: String,
+        /// Chosen through the channel's signed metadata.
+        signed: bool,
+    },
+}
+
+impl Release {
+    /// A release given by location (tests, `upgrade --source`): trusted through trust.d, any
+    /// version.
+    pub fn at(source: Source) -> Release {
+        Release {
+            source,
+            version: None,
+            generation: None,
+            pin: None,
+            origin: Origin::Source,
+        }
+    }
+
+    fn bundle(b: Bundle, instead_of_channel: bool) -> Release {
+        Release {
+            version: Some(b.header.version.clone()),
+            generation: Some(b.header.generation),
+            pin: None,
+            origin: Origin::Bundle {
+                path: b.path.clone(),
+                format: b.header.format,
+                instead_of_channel,
+            },
+            source: Source::Bundle(b),
+        }
+    }
+}
+
+/// One line for people: where the release comes from and what it is.
+impl std::fmt::Display for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let version = self.version.as_deref().unwrap_or("?").escape_debug();
+        let generation = self.generation.map(|g| g.to_string());
+        let generation = generation.as_deref().unwrap_or("?");
+        match &self.origin {
+            Origin::Source => write!(f, "release at {}", self.source.location("")),
+            Origin::Bundle {
+                path,
+                format,
+                instead_of_channel,
+            } => {
+                write!(
+                    f,
+                    "bundle {}: release {version} (generation {generation}), format {format}",
+                    path.display()
+                )?;
+                if *instead_of_channel {
+                    write!(f, " (offline bundle, in place of the channel)")?;
+                }
+                Ok(())
+            }
+            Origin::Channel {
+                channel,
+                wanted,
+                location,
+                signed,
+            } => {
+                write!(
+                    f,
+                    "channel {channel}: {} resolves to {version} (generation {generation}) at {location}",
+                    wanted.escape_debug()
+                )?;
+                if *signed {
+                    write!(f, " (signed channel metadata)")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Why a request could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// The channel could not be read or does not list the version.
+    #[error("resolving {wanted} in channel {channel}: {source}")]
+    Channel {
+        /// The channel as given.
+        channel: String,
+        /// The version asked for.
+        wanted: String,
+        /// What went wrong (boxed: the channel's errors are large).
+        #[source]
+        source: Box<ChannelError>,
+    },
+    /// The bundle directory could not be listed.
+    #[error("bundle directory {}: {source}", dir.display())]
+    BundleDir {
+        /// The directory.
+        dir: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bundle file could not be opened or is not a bundle.
+    #[error(transparent)]
+    Bundle(#[from] crate::error::Error),
+}
+
+impl ResolveError {
+    /// The channel's error, when it was the channel that failed (e.g. to tell expired metadata).
+    pub fn channel_error(&self) -> Option<&ChannelError> {
+        match self {
+            ResolveError::Channel { source, .. } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// The bundle in `dir` whose header names `version` (the first in name order when several
+/// do). Files that are not bundles are skipped; an unreadable directory is an error naming it.
+fn find_bundle(dir: &Path, version: &str) -> Result<Option<Bundle>, ResolveError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| ResolveError::BundleDir {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    Ok(files
+        .iter()
+        .filter_map(|p| Bundle::open(p).ok())
+        .find(|b| b.header.version == version))
+}
