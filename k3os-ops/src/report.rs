@@ -16,7 +16,7 @@ use libupgrade::ConfirmReport;
 
 /// One line for the whole error chain, each distinct message once.
 pub fn render(err: &anyhow::Error) -> String {
-    join_chain(err.chain().map(|e| e.to_string()))
+    libupgrade::error::join_messages(err.chain().map(|e| e.to_string()))
 }
 
 /// `EX_TEMPFAIL` (sysexits.h): the command did what it could and the rest must come later,
@@ -98,21 +98,6 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
     err.chain()
         .find_map(|e| e.downcast_ref::<Unconfirmed>())
         .map_or(1, Unconfirmed::exit_code)
-}
-
-fn join_chain(messages: impl IntoIterator<Item = String>) -> String {
-    let mut line = String::new();
-    for m in messages {
-        let m = m.trim();
-        if m.is_empty() || line.contains(m) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(m);
-    }
-    line
 }
 
 #[cfg(test)]

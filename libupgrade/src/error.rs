@@ -155,9 +155,45 @@ impl Error {
     }
 }
 
+/// An error and its causes as one line, outermost first: `a: b: c` (see [`join_messages`]).
+/// The one renderer of error chains for every message the workspace prints.
+pub fn chain_line(e: &(dyn std::error::Error + 'static)) -> String {
+    join_messages(std::iter::successors(Some(e), |e| e.source()).map(|e| e.to_string()))
+}
+
+/// Messages of an error chain joined as `a: b: c`, each once: an empty message, or one whose
+/// text the line already holds (thiserror messages often repeat their source's), is skipped.
+pub fn join_messages(messages: impl IntoIterator<Item = String>) -> String {
+    let mut line = String::new();
+    for m in messages {
+        let m = m.trim();
+        if m.is_empty() || line.contains(m) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(m);
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chain_reads_as_one_line_each_message_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer: {0}")]
+        struct Outer(#[source] std::io::Error);
+        let e = Outer(std::io::Error::other("disk on fire"));
+        assert_eq!(chain_line(&e), "outer: disk on fire");
+        assert_eq!(
+            join_messages(["a".into(), " ".into(), "b".into(), "a".into()]),
+            "a: b"
+        );
+    }
 
     #[test]
     fn messages_a_user_acts_on() {

@@ -216,17 +216,7 @@ pub(crate) fn request_failed(e: &reqwest::Error) -> String {
             crate::http::READ_TIMEOUT.as_secs()
         );
     }
-    let mut what = format!("request failed: {e}");
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        let t = c.to_string();
-        if !what.contains(&t) {
-            what.push_str(": ");
-            what.push_str(&t);
-        }
-        cause = c.source();
-    }
-    what
+    format!("request failed: {}", crate::error::chain_line(e))
 }
 
 fn retryable_err(loc: &str, what: String) -> Error {

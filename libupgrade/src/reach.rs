@@ -144,22 +144,10 @@ pub fn probe(e: &Endpoint, timeout: Duration) -> Result<String, String> {
             let client = crate::http::client().map_err(|err| err.to_string())?;
             match client.get(url).timeout(timeout).send() {
                 Ok(r) => Ok(format!("{e} answered HTTP {}", r.status().as_u16())),
-                Err(err) => Err(causes(&err)),
+                Err(err) => Err(crate::error::chain_line(&err)),
             }
         }
     }
-}
-
-/// An error with its causes (reqwest's own message is only "error sending request").
-fn causes(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Probe `endpoints` in order until one answers: what answered, or every endpoint with why

@@ -12,25 +12,18 @@ use super::drain::DrainError;
 use super::node::NodeError;
 use super::slots::{SlotError, StoreError};
 
-/// The whole chain of `e`, outermost first, as `a: b: c` (kube errors via [`kube_message`]).
+/// The whole chain of `e`, outermost first, as `a: b: c` ([`libupgrade::error::join_messages`]);
+/// a kube error ends the chain, in [`kube_message`]'s words.
 pub fn message(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        let text = match err.downcast_ref::<kube::Error>() {
-            Some(k) => kube_message(k),
-            None => err.to_string(),
-        };
-        // thiserror messages often repeat their source's text: print each once.
-        if !parts.last().is_some_and(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        if err.downcast_ref::<kube::Error>().is_some() {
+    for err in std::iter::successors(Some(e), |e| e.source()) {
+        if let Some(k) = err.downcast_ref::<kube::Error>() {
+            parts.push(kube_message(k));
             break;
         }
-        cur = err.source();
+        parts.push(err.to_string());
     }
-    parts.join(": ")
+    libupgrade::error::join_messages(parts)
 }
 
 /// What went wrong in one reconcile. Every variant names the object or operation; the reconcile
