@@ -98,6 +98,14 @@ fn check_pin(pin: &ManifestPin, mbytes: &[u8], mloc: &str) -> Result<String> {
 
 impl Stager<'_> {
     /// The one backoff policy for this stage's transfers.
+    /// The rules every body this attempt reads is under: `--min-rate` and `--retry-for`.
+    pub(super) fn watch(&self, opts: &StageOptions) -> crate::fetch::Watch {
+        crate::fetch::Watch {
+            min_rate: opts.min_rate_rule(),
+            deadline: self.deadline,
+        }
+    }
+
     pub(super) fn backoff(&self, opts: &StageOptions) -> Backoff {
         Backoff::new(opts.retry_delay, self.cfg.download_retries).until(self.deadline)
     }
@@ -114,7 +122,9 @@ impl Stager<'_> {
         let source = &rel.source;
         let target = booted.other();
         let mloc = source.location(MANIFEST_FILE);
-        let mbytes = retrying(self.backoff(opts), || source.read_small(MANIFEST_FILE))?;
+        let mbytes = retrying(self.backoff(opts), || {
+            source.read_small(MANIFEST_FILE, self.watch(opts))
+        })?;
         let key = match &rel.pin {
             // The targets role vouches for exactly these bytes: no trust.d signature needed.
             Some(pin) => check_pin(pin, &mbytes, &mloc)?,
@@ -161,13 +171,13 @@ impl Stager<'_> {
         mloc: &str,
         opts: &StageOptions,
     ) -> Result<String> {
-        let sig =
-            retrying(self.backoff(opts), || source.read_small(SIGNATURE_FILE)).map_err(|e| {
-                Error::Signature {
-                    location: mloc.to_string(),
-                    what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
-                }
-            })?;
+        let sig = retrying(self.backoff(opts), || {
+            source.read_small(SIGNATURE_FILE, self.watch(opts))
+        })
+        .map_err(|e| Error::Signature {
+            location: mloc.to_string(),
+            what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
+        })?;
         let trust = opts.trust_dir.as_deref().unwrap_or(&self.cfg.trust_dir);
         let key = crate::signing::verify(mbytes, &sig, trust).map_err(|e| Error::Signature {
             location: mloc.to_string(),
@@ -253,7 +263,9 @@ impl Stager<'_> {
                 location: loc.clone(),
                 what,
             };
-            let bytes = retrying(self.backoff(opts), || source.read_capped(&r.path, r.size))?;
+            let bytes = retrying(self.backoff(opts), || {
+                source.read_capped(&r.path, r.size, self.watch(opts))
+            })?;
             let sha = sha256_hex(&bytes);
             if bytes.len() as u64 > r.size {
                 return Err(bad(format!(
@@ -294,7 +306,9 @@ impl Stager<'_> {
     ) -> Result<Vec<(crate::manifest::ScriptFile, Vec<u8>)>> {
         let mut out = Vec::new();
         for sc in m.boot.iter().flat_map(|b| &b.scripts) {
-            let bytes = retrying(self.backoff(opts), || source.read_capped(&sc.path, sc.size))?;
+            let bytes = retrying(self.backoff(opts), || {
+                source.read_capped(&sc.path, sc.size, self.watch(opts))
+            })?;
             let sha = sha256_hex(&bytes);
             if bytes.len() as u64 != sc.size || sha != sc.sha256 {
                 return Err(Error::Fetch {
