@@ -397,7 +397,7 @@ fn located(
         Kind::Http { base, .. } => {
             let url = base.join(dir).map_err(|e| ChannelError::BadChannel {
                 channel: channel.to_string(),
-                why: format!("target path '{path}': {e}"),
+                why: format!("target path '{}': {e}", path.escape_debug()),
             })?;
             (url.to_string(), Source::Url(url.to_string()))
         }
