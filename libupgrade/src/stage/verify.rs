@@ -56,13 +56,24 @@ fn check_generation(st: &State, booted: Slot, m: &Manifest, sha256: &str) -> Res
             });
         }
         if m.generation == installed {
-            if let Some(r) = running.manifest_sha256.as_deref().filter(|r| *r != sha256) {
-                return Err(Error::SameGenerationOtherBuild {
-                    version: m.version.clone(),
-                    generation: installed,
-                    found: sha256.to_string(),
-                    running: r.to_string(),
-                });
+            match running.manifest_sha256.as_deref() {
+                Some(r) if r != sha256 => {
+                    return Err(Error::SameGenerationOtherBuild {
+                        version: m.version.clone(),
+                        generation: installed,
+                        found: sha256.to_string(),
+                        running: r.to_string(),
+                    })
+                }
+                Some(_) => {}
+                // A slot written by an image builder that kept no manifest: which build runs
+                // is unknown, so no build of this generation can be told to be the same one.
+                None => {
+                    return Err(Error::SameGenerationUnknownBuild {
+                        version: m.version.clone(),
+                        generation: installed,
+                    })
+                }
             }
         }
     }
