@@ -96,10 +96,15 @@ pub use store::{Store, STORE_FILE, STORE_FORMAT};
 pub struct Record {
     /// The newest root this node walked to (the published envelope, signatures included).
     pub root: Envelope,
+    /// The highest timestamp version trusted (forgotten when root rotates the timestamp key).
     #[serde(default)]
     pub timestamp: u64,
+    /// The highest snapshot version trusted, as the trusted timestamp named it (forgotten when
+    /// root rotates the timestamp or the snapshot key: TUF 5.3.11).
     #[serde(default)]
     pub snapshot: u64,
+    /// The targets version the trusted snapshot names: a lower one is refused (TUF 5.5.5), also
+    /// after a rotation of the targets key; forgotten only when root rotates the snapshot key.
     #[serde(default)]
     pub targets: u64,
     /// The clock reading at the last successful check: expiry is never judged against an
@@ -199,6 +204,16 @@ pub enum TrustError {
         location: String,
         expected: String,
         found: String,
+    },
+    #[error("{location}: {referrer} lists a hash of this {role} file by algorithm '{}', which this build cannot compute; refused (TUF 5.5.2: every listed hash must match)", algorithm.escape_debug())]
+    UnknownHash {
+        /// The role whose file is referenced (snapshot, targets).
+        role: Role,
+        /// The referencing file (`timestamp.json`, `snapshot.json`), for messages.
+        referrer: String,
+        /// The algorithm as the referencing file names it (untrusted text, escaped in messages).
+        algorithm: String,
+        location: String,
     },
     #[error("{location}: {why}")]
     Fetch { location: String, why: String },
