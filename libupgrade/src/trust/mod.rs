@@ -33,6 +33,12 @@
 //! - `timestamp.json`: the version, length and sha256 of `snapshot.json`; short expiry,
 //!   re-signed by a cron job (`k3os-ops release timestamp`).
 //!
+//! Every hash a `meta` entry lists must match the file (sha256 and sha512 are computed; any
+//! other algorithm refuses, it never passes unchecked). A root that rotates a role's keys
+//! forgets what that role vouched for (TUF 5.3.11): the timestamp key its timestamp and
+//! snapshot versions, the snapshot key its bound on the targets version; nothing else
+//! lowers a bound. `k3os-ops/tests/tuf_interop.rs` holds these rules against python-tuf.
+//!
 //! `consistent_snapshot` is false: a node that reads a channel while it is being republished
 //! sees a hash mismatch and tries again at its next poll.
 //!
