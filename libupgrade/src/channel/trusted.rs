@@ -383,6 +383,7 @@ fn located(
     let pin = ManifestPin {
         length: meta.length,
         sha256: sha256.to_string(),
+        hashes: meta.hashes.clone(),
         from: format!("target {path} of the channel's signed metadata"),
         vouched_by,
     };

@@ -148,8 +148,12 @@ impl Record {
 /// accepts them on the targets role's word alone (no trust.d signature needed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManifestPin {
+    /// The manifest's length in bytes.
     pub length: u64,
+    /// Its sha256 (every target lists one).
     pub sha256: String,
+    /// Every hash the targets list for it, by algorithm (sha256 included): all must match.
+    pub hashes: std::collections::BTreeMap<String, String>,
     /// Where the pin comes from (the targets file), for messages.
     pub from: String,
     /// Who vouches for the manifest, reported as its signer (`signed by …`): the targets
