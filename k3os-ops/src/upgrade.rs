@@ -243,6 +243,7 @@ fn request(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<StageReques
         wanted,
         bundle_dir: None,
         ignore_expiry: args.ignore_expiry,
+        read_only: args.plan_only,
         options: StageOptions {
             allow_downgrade: args.allow_downgrade,
             trust_dir: args.trust_dir.clone(),

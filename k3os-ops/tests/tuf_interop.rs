@@ -102,6 +102,7 @@ fn node_trust(dir: &Path, root: &Path) -> TrustOptions {
         now: None,
         ignore_expiry: false,
         min_rate: Some(MinRate::DEFAULT),
+        read_only: false,
     }
 }
 
