@@ -94,6 +94,13 @@ fn latest_is_the_newest_release_whose_wave_reached_the_seed_and_the_start_is_tol
     assert_eq!(o.take, step(2, None));
     let w = o.waiting.unwrap();
     assert_eq!(w.version, "v3");
+    assert!(
+        w.hold
+            .to_string()
+            .starts_with("this node's wave starts at "),
+        "{}",
+        w.hold
+    );
     let Hold::Wave {
         starts: Some(starts),
     } = w.hold
@@ -195,8 +202,16 @@ fn a_missing_or_held_stop_holds_the_release_behind_it() {
         &[listed(3, Some(paused_stop)), listed(4, Some(behind))],
     );
     assert_eq!(o.take, None);
+    let hold = o.waiting.unwrap().hold;
     assert_eq!(
-        o.waiting.unwrap().hold,
+        hold.to_string(),
+        format!(
+            "required stop \"v3\" is held: the rollout is paused since {}",
+            t(0)
+        )
+    );
+    assert_eq!(
+        hold,
         Hold::Stop {
             version: "v3".into(),
             hold: Box::new(Hold::Paused { since: t(0) })
@@ -268,8 +283,10 @@ fn admitted(seed: u32, now: DateTime<Utc>, r: &Rollout, started: bool) -> bool {
 proptest! {
     #[test]
     fn once_offered_a_release_stays_offered(w in waves(), seed in 0..SEED_SPACE,
-                                            a in -500_000i64..1_500_000, d in 0i64..1_000_000) {
-        let r = Rollout { waves: w, ..Rollout::default() };
+                                            a in -500_000i64..1_500_000, d in 0i64..1_000_000,
+                                            paused_secs in prop::option::of(0u64..500_000)) {
+        // Also after earlier pauses (a resumed rollout), which only shift the schedule.
+        let r = Rollout { waves: w, paused_secs: paused_secs.unwrap_or(0), ..Rollout::default() };
         if admitted(seed, when(a), &r, false) {
             prop_assert!(admitted(seed, when(a + d), &r, false));
         }

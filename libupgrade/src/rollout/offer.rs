@@ -98,6 +98,28 @@ pub enum Hold {
     },
 }
 
+impl std::fmt::Display for Hold {
+    /// One line for `upgrade`, `release resolve` and the agent's conditions, e.g. "this node's
+    /// wave starts at 2026-12-08 06:12:00 UTC".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Hold::Wave { starts: Some(at) } => write!(f, "this node's wave starts at {at}"),
+            Hold::Wave { starts: None } => write!(f, "no wave of this rollout reaches this node"),
+            Hold::Paused { since } => write!(f, "the rollout is paused since {since}"),
+            Hold::Withdrawn { at } => write!(f, "withdrawn at {at}"),
+            Hold::Unreadable { what } => write!(f, "rollout data not usable: {what}"),
+            Hold::Stop { version, hold } => write!(f, "required stop {version:?} is held: {hold}"),
+            Hold::StopMissing {
+                version,
+                generation,
+            } => write!(
+                f,
+                "required stop {version:?} (generation {generation}) is not in the channel"
+            ),
+        }
+    }
+}
+
 /// The release to stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Step {
