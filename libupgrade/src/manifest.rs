@@ -109,7 +109,7 @@ pub struct FileEntry {
     pub size: u64,
     /// Lower-case hex sha256 of the whole file.
     pub sha256: String,
-    /// The file's chunk index (see [`crate::chunk::index`]), if the release has one. Covered
+    /// The file's chunk index (see [`crate::chunk::ChunkIndex`]), if the release has one. Covered
     /// by the manifest's signature through its sha256; a release without one installs by
     /// full download, and nodes that predate chunking ignore the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]

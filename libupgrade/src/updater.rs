@@ -31,7 +31,6 @@ use crate::stage::Stager;
 use crate::state::store::StateStore;
 use crate::state::{now, Decision, Event, SlotState, State};
 
-pub use crate::confirm::ConfirmReport;
 pub use crate::stage::{NoProgress, Progress, StageOptions, StagePreview, StageReport};
 
 /// Status of one slot, for `slot status`.

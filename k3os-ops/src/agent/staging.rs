@@ -24,7 +24,7 @@ use super::phase::Phase;
 use super::progress::AnnotationProgress;
 use super::thin::{Gate, ThinPolicy, Waiting};
 use super::thin_report::{self, Miss};
-use libupgrade::stage::Stop;
+use libupgrade::Stop;
 use libupgrade::{ExtraSource, StageOptions, StageRequest, Wanted};
 
 pub(crate) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Next, AgentError> {
@@ -92,7 +92,7 @@ fn request(
     cx: &Agent,
     ch: &Channel,
     version: &str,
-    schedule: Option<libupgrade::stage::Schedule>,
+    schedule: Option<libupgrade::Schedule>,
     max_bytes: Option<u64>,
 ) -> StageRequest {
     let policy = ch.policy.as_ref().ok();
