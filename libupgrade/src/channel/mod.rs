@@ -113,7 +113,7 @@ pub struct ResolvedRelease {
     /// A local directory, an http(s) base URL, or (GitHub) one URL per file name.
     pub source: Source,
     /// When the channel's signed metadata chose this release: the exact length and sha256 its
-    /// `manifest.json` must have (hand to [`crate::StageOptions::expect_manifest`]).
+    /// `manifest.json` must have (carried on as [`crate::Release::pin`]).
     pub pin: Option<crate::trust::ManifestPin>,
 }
 

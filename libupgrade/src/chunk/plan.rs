@@ -20,7 +20,7 @@ pub const STREAM_BELOW: f64 = 0.10;
 /// Where a chunk can be copied from locally: source number and byte offset in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LocalRef {
-    /// Index of the local file in the caller's list of sources ([`super::LocalFile`]s).
+    /// Index of the local file in the caller's list of sources ([`super::local::LocalFile`]s).
     pub source: usize,
     /// Byte offset of the chunk's copy in that source, relative to the start of its range.
     pub offset: u64,

@@ -1,5 +1,5 @@
 //! A download schedule: when a stage may fetch, and how fast. Pure: [`Schedule::at`] answers
-//! for a given instant; the shared limiter ([`super::rate::Pace`]) asks it with its clock.
+//! for a given instant; the shared limiter ([`super::rate::RateLimit`]) asks it with its clock.
 //!
 //! A schedule is a list of absolute UTC intervals `[start, end)`, each with its own rate
 //! (`None`: as fast as the link and `--max-rate` allow; `Some(0)`: nothing). Outside every
