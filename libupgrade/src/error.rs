@@ -31,10 +31,11 @@ pub enum Error {
         /// What is wrong in it.
         what: String,
     },
-    /// The slot state file is unreadable or inconsistent.
+    /// A file of the node's state is damaged: the state file (not state JSON, a newer format,
+    /// a slot's record missing) or a boot script kept for a slot (other bytes than staged).
     #[error("state file {path}: {what}")]
     State {
-        /// The state file.
+        /// The state file, or the kept file.
         path: PathBuf,
         /// What is wrong in it.
         what: String,

@@ -120,10 +120,11 @@ pub struct ResolvedRelease {
 /// Why a channel could not be read or a release not found.
 #[derive(Debug, thiserror::Error)]
 pub enum ChannelError {
-    /// A local channel file or directory could not be read or written.
+    /// A local channel file or directory could not be read or written, or an HTTP response
+    /// body could not be read.
     #[error("{path}: {source}")]
     Io {
-        /// The file or directory.
+        /// The file or directory, or the URL whose body failed.
         path: PathBuf,
         /// The operating system's error.
         source: io::Error,
@@ -144,7 +145,8 @@ pub enum ChannelError {
         /// The JSON decoder's error.
         source: serde_json::Error,
     },
-    /// An HTTP request failed before an answer came (connection, TLS, timeout).
+    /// An HTTP request failed without a status to report (client setup, connection, TLS,
+    /// timeout).
     #[error("{url}: {source}")]
     Http {
         /// The URL requested.
