@@ -14,7 +14,9 @@ use super::{ArtifactCost, Clock, ExtraSource, MinRate, Schedule, SystemClock};
 pub trait Progress {
     /// Starting `what` of `total` bytes, `already` of which are held from an earlier attempt.
     fn begin(&self, what: &str, total: u64, already: u64);
+    /// `bytes` more of the current file are in place (fetched, copied or kept).
     fn advance(&self, bytes: u64);
+    /// The current file is done.
     fn end(&self);
     /// Of the bytes advanced, `bytes` came over the network (default: ignored).
     fn fetched(&self, _bytes: u64) {}
@@ -99,8 +101,11 @@ impl Default for StageOptions {
 /// What [`Updater::stage`](crate::Updater::stage) did.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StageReport {
+    /// The slot the release was staged into.
     pub slot: Slot,
+    /// The release's version string.
     pub version: String,
+    /// The release's generation.
     pub generation: u64,
     /// Key id that signed the manifest.
     pub signed_by: String,
@@ -108,6 +113,7 @@ pub struct StageReport {
     pub already_staged: bool,
     /// True when an earlier interrupted download was continued.
     pub resumed: bool,
+    /// Bytes this run wrote into the slot (fetched or copied; 0 when already staged).
     pub bytes_written: u64,
     /// Bytes fetched over the network by this run.
     pub bytes_fetched: u64,
@@ -126,8 +132,11 @@ pub struct StageReport {
 /// What a stage would do and cost, known before its first byte ([`Updater::preview`](crate::Updater::preview)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StagePreview {
+    /// The slot the release would be staged into.
     pub slot: Slot,
+    /// The release's version string.
     pub version: String,
+    /// The release's generation.
     pub generation: u64,
     /// The slot already holds exactly this release: nothing would be fetched.
     pub already_staged: bool,
