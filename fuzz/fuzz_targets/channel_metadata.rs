@@ -22,12 +22,12 @@ use libfuzzer_sys::fuzz_target;
 use libupgrade::trust::meta::{sha256_hex, Envelope, Targets, SPEC_VERSION};
 use libupgrade::trust::publish;
 use libupgrade::trust::publish::RoleSpec;
-use libupgrade::trust::{update, Clock, MetaSource, Record, Role, TrustError};
+use libupgrade::trust::{update, ExpiryRule, MetaSource, Record, Role, TrustError};
 use serde_json::json;
 
 struct Fixture {
     record: Record,
-    clock: Clock,
+    clock: ExpiryRule,
     /// timestamp.json, snapshot.json, targets.json as published.
     files: [Vec<u8>; 3],
     targets: Targets,
@@ -83,7 +83,7 @@ fn fixture() -> &'static Fixture {
         let ts = Envelope::sign(&timestamp, &keys[3..4]).to_bytes();
         Fixture {
             record,
-            clock: Clock {
+            clock: ExpiryRule {
                 now: "2026-12-03T00:00:00Z".parse().unwrap(),
                 ignore_expiry: false,
             },

@@ -18,7 +18,7 @@ use crate::fetch::Source;
 use crate::manifest::{Arch, MANIFEST_FILE};
 use crate::stage::MinRate;
 use crate::trust::meta::{FileMeta, TargetCustom, Targets};
-use crate::trust::{self, Clock, ManifestPin, MetaSource, Record, Store, TrustError};
+use crate::trust::{self, ExpiryRule, ManifestPin, MetaSource, Record, Store, TrustError};
 
 /// Tag of the GitHub release whose assets are a `github-releases://` channel's metadata files.
 pub const GITHUB_METADATA_TAG: &str = "channel-metadata";
@@ -208,7 +208,7 @@ fn check(channel: &str, opts: &TrustOptions) -> Result<Option<Checked>, ChannelE
         _ => None,
     };
     let src = source(&kind, gh_releases.as_deref(), opts)?;
-    let clock = Clock {
+    let clock = ExpiryRule {
         now: opts.now.unwrap_or_else(Utc::now),
         ignore_expiry: opts.ignore_expiry,
     };

@@ -32,9 +32,9 @@ pub trait MetaSource {
     fn location(&self, name: &str) -> String;
 }
 
-/// The clock rule of one update.
+/// The expiry rule of one update: the node's clock, and whether the operator waived expiry (named apart from the stage's [`crate::Clock`], the time source a stage waits on).
 #[derive(Debug, Clone, Copy)]
-pub struct Clock {
+pub struct ExpiryRule {
     /// The node's clock.
     pub now: DateTime<Utc>,
     /// Operator override (`upgrade --ignore-expiry`): expiry is not checked (and the
@@ -42,7 +42,7 @@ pub struct Clock {
     pub ignore_expiry: bool,
 }
 
-impl Clock {
+impl ExpiryRule {
     /// The time expiry is checked against: the node's clock, but never earlier than the
     /// newest clock reading at which this node verified the channel before (a clock reset to
     /// 1970 by a dead RTC does not reopen metadata that expired since).
@@ -209,7 +209,7 @@ fn role_keys(root: &Root, role: Role) -> Option<(Vec<Option<&Key>>, u32)> {
 pub fn update(
     src: &dyn MetaSource,
     record: &Record,
-    clock: &Clock,
+    clock: &ExpiryRule,
 ) -> Result<Verified, TrustError> {
     let mut rec = record.clone();
     let reference = clock.reference(record);

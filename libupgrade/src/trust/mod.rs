@@ -53,7 +53,7 @@
 //!
 //! # Clocks
 //! Expiry is checked against the node's clock, but never against a time earlier than the
-//! clock reading at the node's last successful check of that channel ([`client::Clock`]): a
+//! clock reading at the node's last successful check of that channel ([`ExpiryRule`]): a
 //! clock that runs behind, by any amount, still installs fresh metadata; a clock that runs
 //! ahead still installs it while it is within the timestamp's remaining lifetime (7 days by
 //! default, re-signed daily: at least 6 days). A node with no usable clock is updated by an
@@ -93,7 +93,7 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-pub use client::{update, Clock, MetaSource, Verified};
+pub use client::{update, ExpiryRule, MetaSource, Verified};
 pub use meta::{Envelope, Role};
 pub use store::{Store, STORE_FILE, STORE_FORMAT};
 

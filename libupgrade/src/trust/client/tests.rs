@@ -9,7 +9,7 @@ use ed25519_dalek::SigningKey;
 
 use super::super::meta::{self, Envelope, Key, MetaRef, Role, RoleKeys, Root, Targets, Versions};
 use super::super::{Record, TrustError};
-use super::{update, Clock, MetaSource};
+use super::{update, ExpiryRule, MetaSource};
 
 /// A channel in memory: file name → bytes.
 #[derive(Default)]
@@ -193,7 +193,7 @@ impl Repo {
     }
 
     fn update(&self, rec: &Record) -> Result<Record, TrustError> {
-        let clock = Clock {
+        let clock = ExpiryRule {
             now: Utc::now(),
             ignore_expiry: false,
         };
