@@ -252,18 +252,7 @@ impl Target {
                 hint,
             });
         }
-        self.check_releases(
-            root,
-            &[
-                "v1",
-                "v2",
-                "v3",
-                "v2-panic",
-                "v2-noconfirm",
-                "v2-badhealth",
-                "v4-panic",
-            ],
-        )?;
+        self.check_releases(root, k3os_images::spec::STANDARD_RELEASES)?;
         if let Some((code, vars)) = self.firmware() {
             for f in [code, vars] {
                 if !f.is_file() {
@@ -559,6 +548,37 @@ pub fn workspace_root() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every standard release the images crate builds is an input a scenario requires: with
+    /// the disk and all other standard releases present, the missing one is named.
+    #[test]
+    fn check_inputs_requires_every_standard_release() {
+        let root = std::env::temp_dir().join(format!("vm-tests-releases-{}", std::process::id()));
+        let t = Target::X86_64Extlinux;
+        let names = k3os_images::spec::ReleaseSpec::standard();
+        assert!(names.iter().any(|s| s.version == "v2-nonet"));
+        for missing in &names {
+            let _ = std::fs::remove_dir_all(&root);
+            let disk = t.disk(&root);
+            std::fs::create_dir_all(disk.parent().unwrap()).unwrap();
+            std::fs::write(&disk, b"").unwrap();
+            for s in names.iter().filter(|s| s.version != missing.version) {
+                let dir = t.releases(&root).join(&s.version);
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(dir.join(libupgrade::manifest::MANIFEST_FILE), b"{}").unwrap();
+            }
+            match t.check_inputs(&root) {
+                Err(Error::Missing { what, .. }) => {
+                    assert_eq!(what, format!("release {} manifest", missing.version))
+                }
+                other => panic!(
+                    "{}: expected a missing manifest, got {other:?}",
+                    missing.version
+                ),
+            }
+        }
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     fn args(c: &Command) -> Vec<String> {
         c.get_args()
