@@ -350,9 +350,12 @@ fn states() {
     let mut st = State::default();
     st.slot_mut(Slot::B).version = Some("v2".into());
     st.slot_mut(Slot::B).generation = Some(2);
-    st.transition(Slot::B, Event::StageStarted, "writing v2");
-    st.transition(Slot::B, Event::Staged, "staged v2");
-    st.transition(Slot::B, Event::Activated, "activated");
+    st.transition(Slot::B, Event::StageStarted, "writing v2")
+        .expect("the seed state follows the slot lifecycle");
+    st.transition(Slot::B, Event::Staged, "staged v2")
+        .expect("the seed state follows the slot lifecycle");
+    st.transition(Slot::B, Event::Activated, "activated")
+        .expect("the seed state follows the slot lifecycle");
     st.last_boot_id = Some("0123456789abcdef".into());
     store.save(&st, "seed").unwrap();
     seed(

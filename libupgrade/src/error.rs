@@ -24,6 +24,9 @@ pub enum Error {
     State { path: PathBuf, what: String },
     #[error("bootloader: {0}")]
     Boot(#[from] bootconfig::Error),
+    /// The state file's slot lifecycle has no edge for a requested change.
+    #[error("state file: {0}")]
+    Transition(#[from] crate::state::TransitionError),
     #[error("manifest {location}: {source}")]
     Manifest {
         location: String,

@@ -162,7 +162,7 @@ impl Updater {
                         "first run: slot {b} is the installed system (from {})",
                         self.cfg.release_file.display()
                     ),
-                );
+                )?;
             }
         }
         Ok(st)
@@ -295,7 +295,7 @@ impl Updater {
             .unwrap_or_default();
         st.transition(slot, Event::Activated,
             format!("{} will try slot {slot} {tries} time(s) from the next boot; slot {booted} is the fallback{note}", self.boot.name()),
-        );
+        )?;
         st.activation = Some(Activation {
             slot,
             boot_id: self.boot_id(),
@@ -361,7 +361,7 @@ impl Updater {
             booted,
             Event::RolledBack,
             format!("rolled back to slot {other}: {reason}"),
-        );
+        )?;
         st.activation = None;
         self.store.save(&st, "rollback:state")?;
         Ok(other)
@@ -376,7 +376,7 @@ impl Updater {
         let mut st = self.load(Some(booted))?;
         self.boot.mark_bad(slot)?;
         crate::barrier::hit("mark-bad:bootloader");
-        st.transition(slot, Event::MarkedBad, reason.to_string());
+        st.transition(slot, Event::MarkedBad, reason.to_string())?;
         if st.activation.as_ref().is_some_and(|a| a.slot == slot) {
             st.activation = None;
         }

@@ -251,7 +251,7 @@ impl Stager<'_> {
                 "writing {} (generation {}) from {}, signed by {}",
                 v.manifest.version, v.manifest.generation, v.location, v.key
             ),
-        );
+        )?;
         self.store.save(st, "stage:slot-invalid")?;
         let p = Partial {
             slot: target,
@@ -374,7 +374,7 @@ impl Stager<'_> {
                 crate::error::Size(stats.reused),
                 crate::error::Size(total),
             ),
-        );
+        )?;
         self.store.save(st, "stage:slot-staged")?;
         Partial::clear(&self.cfg.state_dir)
     }

@@ -111,8 +111,10 @@ mod tests {
         st.slot_mut(Slot::B).version = Some("v2".into());
         for i in 0..100 {
             // Invalid -> staged, again and again (each edge from a state it may leave).
-            st.transition(Slot::B, Event::StageStarted, format!("m{i}"));
-            st.transition(Slot::B, Event::Staged, format!("n{i}"));
+            st.transition(Slot::B, Event::StageStarted, format!("m{i}"))
+                .unwrap();
+            st.transition(Slot::B, Event::Staged, format!("n{i}"))
+                .unwrap();
         }
         store.save(&st, "test").unwrap();
         let back = store.load().unwrap();
