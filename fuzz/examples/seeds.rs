@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use bootconfig::grub::{render_cfg, GrubBootloader, GrubConfig};
-use bootconfig::grubenv::GrubEnv;
-use bootconfig::syslinux::{render_conf, Adv, SyslinuxBootloader, SyslinuxConfig, ADV_BOOTONCE};
+use bootconfig::{render_cfg, GrubBootloader, GrubConfig};
+use bootconfig::GrubEnv;
+use bootconfig::{render_conf, Adv, SyslinuxBootloader, SyslinuxConfig, ADV_BOOTONCE};
 use bootconfig::{BootEntry, BootEnv, Bootloader, Slot, SlotBoot};
 use k3os_fuzz::join_files;
 use libupgrade::channel::{Index, IndexEntry};

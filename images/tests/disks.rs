@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bootconfig::grub::GrubBootloader;
-use bootconfig::syslinux::SyslinuxBootloader;
+use bootconfig::GrubBootloader;
+use bootconfig::SyslinuxBootloader;
 use bootconfig::{Bootloader, Slot};
 use k3os_images::debs::Debs;
 use k3os_images::disk;

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use bootconfig::memory::MemoryBootloader;
+use bootconfig::MemoryBootloader;
 use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::layout::GptLayout;
 use libupgrade::{ExtraSource, NoProgress, Source, StageOptions, Updater};

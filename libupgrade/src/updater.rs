@@ -84,11 +84,11 @@ pub struct Updater {
 pub fn loader_for(cfg: &Config) -> Box<dyn Bootloader> {
     let boot_dir = cfg.layout.boot_dir();
     match cfg.bootloader {
-        BootloaderKind::Grub => Box::new(bootconfig::grub::GrubBootloader::new(
+        BootloaderKind::Grub => Box::new(bootconfig::GrubBootloader::new(
             boot_dir.join("grub"),
             cfg.tries,
         )),
-        BootloaderKind::Syslinux => Box::new(bootconfig::syslinux::SyslinuxBootloader::new(
+        BootloaderKind::Syslinux => Box::new(bootconfig::SyslinuxBootloader::new(
             boot_dir.join("syslinux"),
         )),
     }

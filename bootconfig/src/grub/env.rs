@@ -38,16 +38,33 @@ pub struct GrubEnv {
 /// Why a block could not be parsed or built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnvBlockError {
+    /// The block does not start with GRUB's signature line.
     #[error(
         "not a GRUB environment block: expected it to start with {SIGNATURE:?}, found {found:?}"
     )]
-    Signature { found: String },
+    Signature {
+        /// The block's first bytes.
+        found: String,
+    },
+    /// The block's structure is broken (no newline, no `=`, padding not `#`).
     #[error("broken GRUB environment block at byte {offset}: {what}")]
-    Broken { offset: usize, what: String },
+    Broken {
+        /// Byte offset of the damage.
+        offset: usize,
+        /// What was expected there and what was found.
+        what: String,
+    },
+    /// The variables do not fit in the block.
     #[error(
         "GRUB environment block too small: the variables need {needed} bytes, the block has {size}"
     )]
-    TooLarge { needed: usize, size: usize },
+    TooLarge {
+        /// Bytes the variables need.
+        needed: usize,
+        /// Bytes the block has.
+        size: usize,
+    },
+    /// A variable name GRUB cannot store.
     #[error("invalid GRUB environment variable name {0:?}: expected non-empty, no '=', no newline, not starting with '#'")]
     Name(String),
 }
@@ -71,6 +88,7 @@ fn check_name(name: &str) -> Result<(), EnvBlockError> {
 }
 
 impl GrubEnv {
+    /// An empty block (no variables).
     pub fn new() -> Self {
         Self::default()
     }
@@ -86,6 +104,7 @@ impl GrubEnv {
         env
     }
 
+    /// The value of variable `name`, if set.
     pub fn get(&self, name: &str) -> Option<&str> {
         self.vars
             .iter()
@@ -103,6 +122,7 @@ impl GrubEnv {
         }
     }
 
+    /// Unset variable `name`, returning its value.
     pub fn remove(&mut self, name: &str) -> Option<String> {
         let i = self.vars.iter().position(|(k, _)| k == name)?;
         Some(self.vars.remove(i).1)

@@ -14,6 +14,7 @@ pub struct GrubConfig {
     pub entries: [BootEntry; 2],
     /// Highest tries count the script accepts and counts down from (at least 1).
     pub max_tries: u8,
+    /// Seconds the menu waits before booting the chosen slot.
     pub timeout_secs: u32,
     /// Also use the first serial port (115200 8N1) for the menu.
     pub serial: bool,

@@ -63,7 +63,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::atomic::WriteOp;
-pub use crate::BootEntry;
+use crate::BootEntry;
 use crate::{
     BootEnv, Bootloader, Damage, Error, Integrity, Planned, Result, ScriptInfo, ScriptKind, Slot,
     SlotBoot,
@@ -73,9 +73,7 @@ mod adv;
 mod conf;
 
 pub use adv::{Adv, ADV_BOOTONCE, ADV_SIZE};
-pub use conf::{
-    conf_version, render_conf, SyslinuxConfig, CONF_MARKER, CONF_VERSION, STATE_PREFIX,
-};
+pub use conf::{conf_version, render_conf, SyslinuxConfig, CONF_VERSION, STATE_PREFIX};
 use conf::{parse_conf, rewrite_conf, slot_of_label};
 
 pub const CONF_FILE: &str = "extlinux.conf";
@@ -90,6 +88,7 @@ pub struct SyslinuxBootloader {
 /// The loader's view of the files: what `read` reports and what syslinux will boot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyslinuxView {
+    /// Both slots as `read` reports them.
     pub env: BootEnv,
     /// The slot syslinux boots next.
     pub choice: Slot,
@@ -107,10 +106,12 @@ impl SyslinuxBootloader {
         }
     }
 
+    /// The `extlinux.conf` this backend reads and writes.
     pub fn conf_path(&self) -> PathBuf {
         self.dir.join(CONF_FILE)
     }
 
+    /// The `ldlinux.sys` whose ADV records the boot-once slot.
     pub fn ldlinux_path(&self) -> PathBuf {
         self.dir.join(LDLINUX_FILE)
     }

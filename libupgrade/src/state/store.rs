@@ -91,7 +91,7 @@ impl StateStore {
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| Error::io("create state dir", dir, e))?;
         }
-        bootconfig::atomic::write_atomic(&self.path, &bytes)?;
+        bootconfig::write_atomic(&self.path, &bytes)?;
         crate::barrier::hit(barrier);
         Ok(())
     }
