@@ -49,20 +49,44 @@ setup:
 
 # The whole test suite: lint, unit + integration tests (loop devices, mounts, GRUB and extlinux
 # tools), the agent's container image (skopeo, runc), then the default QEMU scenarios. This is
-# what CI runs.
-test: setup lint images images-previous-x86_64 image-test
-    cargo test --workspace --exclude vm-tests
-    cargo test -p vm-tests -- --nocapture --test-threads 2
+# what CI runs. At its end (also when a phase fails) it prints the wall time of each phase and
+# of each VM scenario (scripts/phases.sh; records in target/phases/).
+test:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    . scripts/phases.sh
+    phases_begin
+    phase setup {{just_executable()}} setup
+    phase lint {{just_executable()}} lint
+    phase builds {{just_executable()}} builds
+    phase images {{just_executable()}} images
+    phase "previous release" {{just_executable()}} images-previous-build x86_64
+    phase image-test {{just_executable()}} image-test
+    phase "workspace tests" cargo test --workspace --exclude vm-tests
+    phase "VM scenarios" cargo test -p vm-tests -- --nocapture --test-threads 2
+
+# Every binary the later phases of `just test` run: the static node binaries (x86_64 and
+# aarch64 musl, release), the image builder and the workspace's test binaries, so the phases
+# after it time what they do, not compilation (the same cargo invocations as those phases, so
+# no feature set differs and nothing is built twice).
+builds:
+    cargo build --release -p k3os-ops --target x86_64-unknown-linux-musl
+    cargo build --release -p k3os-ops --target aarch64-unknown-linux-musl
+    cargo build -p k3os-images
+    cargo test --workspace --exclude vm-tests --no-run
+    cargo test -p vm-tests --no-run
 
 # The main job: build the x86_64 images, boot a VM, show `slot status`, upgrade v1 -> v2 over
 # HTTP, reboot into slot B and show `slot status` again.
 demo: setup images-x86_64
     cargo run -q -p vm-tests --bin demo
 
-# Formatting and clippy, warnings are errors.
+# Formatting, clippy and the API docs, warnings are errors (docs: the crates whose public
+# surface is closed so far).
 lint:
     cargo fmt --all --check
     cargo clippy --workspace --all-targets -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p bootconfig
 
 # Stage throughput and peak RSS against dd + sha256sum (BENCH_SIZE_MIB=1024 by default).
 bench:

@@ -225,11 +225,19 @@ fn set_flags(f: &File, flags: libc::c_long) -> std::io::Result<()> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteOp {
     /// [`write_atomic`] of the whole file.
-    Replace { path: PathBuf, data: Vec<u8> },
+    Replace {
+        /// The file replaced.
+        path: PathBuf,
+        /// Its whole new content.
+        data: Vec<u8>,
+    },
     /// [`write_at`] into the existing file.
     InPlace {
+        /// The existing file.
         path: PathBuf,
+        /// Where in it the bytes go.
         offset: u64,
+        /// The bytes written.
         data: Vec<u8>,
     },
 }

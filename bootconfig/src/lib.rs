@@ -2,29 +2,36 @@
 //! slot that is on trial has left, and the bootloader configuration that implements that choice.
 //!
 //! Two backends implement [`Bootloader`]:
-//! - [`grub`]: stock Debian GRUB, no patched modules. The complete `grub.cfg`
-//!   ([`grub::render_cfg`]) and two copies of a 1024-byte environment block ([`grub::env`](mod@grub::env)), each
-//!   guarded by an `editing` lock block and carrying its values twice, so a torn or damaged copy
-//!   is never used (damaged as a whole); a last-good record for when both copies are damaged;
-//!   N tries counted down by the script itself with an if-chain and `save_env`.
-//! - [`syslinux`]: extlinux/syslinux. One try only: the trial slot is booted through the ADV
-//!   "boot once" record (byte-identical to what `extlinux --once` writes); `DEFAULT` in
-//!   `extlinux.conf` is rewritten (atomically) when the slot is confirmed. A panicking kernel
-//!   (`panic=N` on the command line) or a watchdog reset falls back to `DEFAULT`.
+//! - GRUB ([`GrubBootloader`], module `grub`): stock Debian GRUB, no patched modules. The
+//!   complete `grub.cfg` ([`render_cfg`]) and two copies of a 1024-byte environment block
+//!   ([`GrubEnv`], module `grub::env`), each guarded by an `editing` lock block and carrying its
+//!   values twice, so a torn or damaged copy is never used (damaged as a whole); a last-good
+//!   record for when both copies are damaged; N tries counted down by the script itself with
+//!   an if-chain and `save_env`.
+//! - syslinux ([`SyslinuxBootloader`], module `syslinux`): extlinux/syslinux. One try only:
+//!   the trial slot is booted through the ADV "boot once" record ([`Adv`], byte-identical to
+//!   what `extlinux --once` writes); `DEFAULT` in `extlinux.conf` ([`render_conf`]) is
+//!   rewritten (atomically) when the slot is confirmed. A panicking kernel (`panic=N` on the
+//!   command line) or a watchdog reset falls back to `DEFAULT`.
 //!
-//! [`atomic`] holds the two write primitives everything here (and `libupgrade`) uses: atomic
-//! replacement (temp + fsync + rename + dir fsync) for files found by name, and in-place
-//! overwrite for files a loader addresses by block list.
+//! Module `atomic` holds the write primitives everything here (and `libupgrade`) uses:
+//! atomic replacement ([`write_atomic`]: temp + fsync + rename + dir fsync) for files found by
+//! name, and in-place overwrite ([`write_in_place`], [`write_at`]) for files a loader
+//! addresses by block list.
+//!
+//! # Public surface
+//! The modules are private; every public item has one path, at the crate root (the `pub use`
+//! list below): `bootconfig::GrubBootloader`, never `bootconfig::grub::GrubBootloader`.
 //!
 //! # Architecture
 //! Every transaction has one shape: **read** the loader's files the way the loader will at
 //! the next boot (`grub::model` models the installed script, by its version; `syslinux`
-//! reads the conf and the ADV) → **plan** the writes from the new state (`Vec<WriteOp>`,
+//! reads the conf and the ADV) → **plan** the writes from the new state (`Vec<`[`WriteOp`]`>`,
 //! ordered so a cut between any two leaves the old or the new choice) → **apply** them
-//! ([`atomic`]). Versions of the loader's own files: [`grub::version`] (the script decides
+//! ([`apply_all`]). Versions of the loader's own files: [`GrubScript`] (the script decides
 //! how the env copies are read; a new script is installed only after the copies are
-//! rewritten under the old one) and `syslinux::conf_version`; newer versions are refused by
-//! name. [`memory`] is the in-memory twin for tests of code above.
+//! rewritten under the old one) and [`conf_version`]; newer versions are refused by
+//! name. [`MemoryBootloader`] (module `memory`) is the in-memory twin for tests of code above.
 //!
 //! The library above (`libupgrade`) decides *when* to call these; this crate decides *how* the
 //! loader is told, and guarantees that every write is power-cut safe: at any instant of a write,
@@ -41,15 +48,29 @@
 //! in-memory loader follows the GRUB backend's rules), `grub_qemu` / `syslinux_qemu` (real BIOS
 //! boots in QEMU), `props` (property tests).
 
-pub mod atomic;
-pub mod grub;
-/// The GRUB environment block format, at its old path (it lives in [`grub::env`](mod@grub::env)).
-pub use grub::env as grubenv;
-pub mod memory;
-pub mod slot;
-pub mod syslinux;
+#![warn(missing_docs)]
 
+mod atomic;
+mod grub;
+mod memory;
+mod slot;
+mod syslinux;
+
+// The public surface: one path per item, all at the crate root.
+pub use atomic::{apply_all, fsync_dir, write_at, write_atomic, write_in_place, WriteOp};
+pub use grub::env::{
+    grub_load, grub_set_in_place, EnvBlockError, GrubEnv, Loaded, ENV_SIZE, HEADER,
+};
+pub use grub::{
+    render_cfg, simulate_boot, simulate_boot_with, BootSim, EnvSource, GrubBootloader, GrubConfig,
+    GrubScript, CFG_FILE, MENU_MARKER, SCRIPT_MARKER,
+};
+pub use memory::MemoryBootloader;
 pub use slot::{ParseSlotError, Slot};
+pub use syslinux::{
+    conf_version, render_conf, Adv, SyslinuxBootloader, SyslinuxConfig, SyslinuxView, ADV_BOOTONCE,
+    ADV_SIZE, CONF_VERSION,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -60,7 +81,10 @@ pub enum SlotBoot {
     /// Confirmed: boots without counting.
     Good,
     /// On trial: the loader boots it while `tries_left > 0`, counting down before each boot.
-    Trying { tries_left: u8 },
+    Trying {
+        /// Boots the loader may still try it.
+        tries_left: u8,
+    },
     /// Never chosen (unless no other slot is bootable at all).
     Bad,
 }
@@ -70,11 +94,14 @@ pub enum SlotBoot {
 pub struct BootEnv {
     /// The slot tried first.
     pub primary: Slot,
+    /// What the loader will do with slot A.
     pub a: SlotBoot,
+    /// What the loader will do with slot B.
     pub b: SlotBoot,
 }
 
 impl BootEnv {
+    /// What the loader will do with `slot`.
     pub fn get(&self, slot: Slot) -> SlotBoot {
         match slot {
             Slot::A => self.a,
@@ -82,6 +109,7 @@ impl BootEnv {
         }
     }
 
+    /// Set what the loader will do with `slot`.
     pub fn set(&mut self, slot: Slot, state: SlotBoot) {
         match slot {
             Slot::A => self.a = state,
@@ -130,6 +158,7 @@ pub struct Integrity {
 pub struct Damage {
     /// Which record, e.g. `copy 1`, `copy 1 lock`, `last-good record`, `ADV copy 0`.
     pub record: String,
+    /// The file that holds the record.
     pub path: std::path::PathBuf,
     /// What is wrong with it.
     pub what: String,
@@ -139,9 +168,9 @@ pub struct Damage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ScriptKind {
-    /// GRUB's `grub.cfg` ([`grub::render_cfg`], versions in [`grub::version`]).
+    /// GRUB's `grub.cfg` ([`render_cfg`], versions in [`GrubScript`]).
     GrubCfg,
-    /// syslinux's `extlinux.conf` ([`syslinux::render_conf`]).
+    /// syslinux's `extlinux.conf` ([`render_conf`]).
     ExtlinuxConf,
 }
 
@@ -168,7 +197,9 @@ impl std::fmt::Display for ScriptKind {
 /// activation may install a release's script.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScriptInfo {
+    /// Which loader's script.
     pub kind: ScriptKind,
+    /// Where it is installed.
     pub path: std::path::PathBuf,
     /// The installed version; `None` when no script is installed.
     pub installed: Option<u32>,
@@ -181,44 +212,63 @@ pub struct ScriptInfo {
 /// `panic=<secs>` to `cmdline` themselves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BootEntry {
+    /// The kernel image.
     pub kernel: String,
+    /// The initrd image.
     pub initrd: String,
+    /// The kernel command line before the backend's own arguments.
     pub cmdline: String,
 }
 
 /// Errors of the bootloader layer; each names the file and what was wrong with it.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A file operation failed.
     #[error("{op} {path}: {source}")]
     Io {
+        /// What was being done, e.g. `read`, `fsync`.
         op: &'static str,
+        /// The file or directory.
         path: std::path::PathBuf,
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },
+    /// A file's content is not what the loader or this crate expects.
     #[error("{path}: {what}")]
     Invalid {
+        /// The file.
         path: std::path::PathBuf,
+        /// What was expected and what was found.
         what: String,
     },
+    /// A file the loader needs does not exist.
     #[error("bootloader file {path} is missing: {what}")]
     Missing {
+        /// The file.
         path: std::path::PathBuf,
+        /// What it is and what makes it.
         what: String,
     },
     /// A file in a format newer than this build reads: refused, and nothing is rewritten
     /// (rewriting it in an older format could break the newer `k3os-ops` that wrote it).
     #[error("{path}: {what} version {found} is newer than this build of k3os-ops reads (up to version {known}); nothing was rewritten: upgrade k3os-ops first")]
     NewerFormat {
+        /// The file.
         path: std::path::PathBuf,
+        /// Which format, e.g. `GRUB script`.
         what: &'static str,
+        /// The version the file has.
         found: u32,
+        /// The newest version this build reads.
         known: u32,
     },
+    /// A request the backend cannot carry out, said in full.
     #[error("{0}")]
     Unsupported(String),
 }
 
+/// A result of this crate: [`Error`] unless given.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The one shape of every transaction of a backend here: read the state the loader will see,

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 /// One of the two A/B slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Slot {
+    /// The first slot.
     A,
+    /// The second slot.
     B,
 }
 

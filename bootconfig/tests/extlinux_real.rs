@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use bootconfig::syslinux::{render_conf, Adv, SyslinuxBootloader, SyslinuxConfig, ADV_SIZE};
+use bootconfig::{render_conf, Adv, SyslinuxBootloader, SyslinuxConfig, ADV_SIZE};
 use bootconfig::{BootEntry, BootEnv, Bootloader, Slot, SlotBoot};
 use common::{run, run_ok};
 
@@ -89,7 +89,7 @@ fn adv_bytes(dir: &Path) -> Vec<u8> {
 fn set_adv(dir: &Path, bytes: &[u8]) {
     let p = dir.join("ldlinux.sys");
     let len = std::fs::metadata(&p).unwrap().len();
-    bootconfig::atomic::write_at(&p, len - bytes.len() as u64, bytes).unwrap();
+    bootconfig::write_at(&p, len - bytes.len() as u64, bytes).unwrap();
 }
 
 /// Physical extents of a file (FIEMAP via filefrag), to prove in-place writes.

@@ -15,7 +15,7 @@ mod common;
 use std::path::Path;
 use std::time::Instant;
 
-use bootconfig::grub::{render_cfg, GrubBootloader, GrubConfig};
+use bootconfig::{render_cfg, GrubBootloader, GrubConfig};
 use bootconfig::{BootEntry, BootEnv, Bootloader, Slot, SlotBoot};
 use common::qemu::{boot, initrd, kernel, PART_OFFSET};
 use common::run_ok;

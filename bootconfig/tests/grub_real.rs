@@ -1,7 +1,7 @@
 //! The generated grub.cfg against the real GRUB: `grub-script-check` parses it, and Debian's
 //! `grub-emu` runs its selection script and menu on an ext4 disk image holding our env files
 //! (including torn ones), with `save_env` writing through the image's block lists. Every result
-//! is compared with `bootconfig::grub::simulate_boot`, the model the power-cut tests use.
+//! is compared with `bootconfig::simulate_boot`, the model the power-cut tests use.
 //! Fails (never skips) when grub-common, grub-emu or e2fsprogs are missing.
 
 mod common;
@@ -9,10 +9,8 @@ mod common;
 use std::path::Path;
 use std::time::Instant;
 
-use bootconfig::atomic::WriteOp;
-use bootconfig::grub::{
-    render_cfg, simulate_boot, BootEntry, GrubBootloader, GrubConfig, MENU_MARKER,
-};
+use bootconfig::WriteOp;
+use bootconfig::{render_cfg, simulate_boot, BootEntry, GrubBootloader, GrubConfig, MENU_MARKER};
 use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
 use common::{after_cut, all_envs, copy_tree, cuts_for, damage, run, run_ok};
 
@@ -584,7 +582,7 @@ fn grub_emu_runs_the_v010_script_as_modelled() {
         std::fs::write(d.path().join("grub.cfg"), &v1_cfg).unwrap();
         assert_eq!(
             simulate_boot(d.path(), max).unwrap().script,
-            bootconfig::grub::GrubScript::V1
+            bootconfig::GrubScript::V1
         );
         assert_eq!(check_against_model(d.path(), max), boots, "{state}");
         runs += 1;

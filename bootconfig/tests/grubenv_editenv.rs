@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use bootconfig::grubenv::{GrubEnv, ENV_SIZE};
+use bootconfig::{GrubEnv, ENV_SIZE};
 
 fn editenv(file: &Path, args: &[&str]) -> String {
     let out = Command::new("grub-editenv")
@@ -110,7 +110,7 @@ fn editenv_edits_of_a_rust_block_match_rust_edits() {
 /// the same `grub_envblk_set`: byte-identical blocks after tricky edits.
 #[test]
 fn in_place_set_model_matches_editenv_byte_for_byte() {
-    use bootconfig::grubenv::grub_set_in_place;
+    use bootconfig::grub_set_in_place;
     let d = tempfile::tempdir().unwrap();
     let f = d.path().join("env");
     editenv(&f, &["create"]);

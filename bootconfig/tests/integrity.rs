@@ -8,8 +8,8 @@ mod common;
 
 use std::path::Path;
 
-use bootconfig::grub::{EnvSource, GrubBootloader};
 use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
+use bootconfig::{EnvSource, GrubBootloader};
 use common::damage;
 use proptest::prelude::*;
 

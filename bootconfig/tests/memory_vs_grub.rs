@@ -5,8 +5,8 @@
 
 mod common;
 
-use bootconfig::grub::GrubBootloader;
-use bootconfig::memory::MemoryBootloader;
+use bootconfig::GrubBootloader;
+use bootconfig::MemoryBootloader;
 use bootconfig::{Bootloader, Slot};
 
 #[test]

@@ -8,10 +8,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use bootconfig::grub::{
-    render_cfg, simulate_boot, BootEntry, GrubBootloader, GrubConfig, GrubScript,
-};
-use bootconfig::syslinux::{render_conf, SyslinuxBootloader, SyslinuxConfig, CONF_VERSION};
+use bootconfig::{render_cfg, simulate_boot, BootEntry, GrubBootloader, GrubConfig, GrubScript};
+use bootconfig::{render_conf, SyslinuxBootloader, SyslinuxConfig, CONF_VERSION};
 use bootconfig::{BootEnv, Bootloader, Error, Slot, SlotBoot};
 use common::{after_cut, all_envs, copy_tree, cuts_for};
 
@@ -105,8 +103,8 @@ fn v010_env_copies_read_as_v010_wrote_them() {
     }
 }
 
-fn simulate_boot_now(dir: &Path) -> bootconfig::grub::BootSim {
-    bootconfig::grub::simulate_boot_with(dir, 3, GrubScript::V2).unwrap()
+fn simulate_boot_now(dir: &Path) -> bootconfig::BootSim {
+    bootconfig::simulate_boot_with(dir, 3, GrubScript::V2).unwrap()
 }
 
 #[test]
@@ -228,7 +226,7 @@ fn v010_extlinux_conf_is_version_1_and_a_newer_one_is_refused() {
     let conf = std::fs::read_to_string(fixtures().join("extlinux.conf")).unwrap();
     std::fs::write(d.path().join("extlinux.conf"), &conf).unwrap();
     let mut ld = vec![0u8; 4096];
-    ld.extend_from_slice(&bootconfig::syslinux::Adv::empty().0);
+    ld.extend_from_slice(&bootconfig::Adv::empty().0);
     std::fs::write(d.path().join("ldlinux.sys"), &ld).unwrap();
     let s = SyslinuxBootloader::new(d.path());
     assert_eq!(s.script().unwrap().installed, Some(1));

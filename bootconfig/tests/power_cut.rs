@@ -9,8 +9,8 @@ mod common;
 
 use std::path::Path;
 
-use bootconfig::grub::{simulate_boot, GrubBootloader};
-use bootconfig::syslinux::{render_conf, Adv, SyslinuxBootloader, SyslinuxConfig};
+use bootconfig::{render_conf, Adv, SyslinuxBootloader, SyslinuxConfig};
+use bootconfig::{simulate_boot, GrubBootloader};
 use bootconfig::{BootEntry, BootEnv, Bootloader, Slot, SlotBoot};
 use common::{after_cut, all_envs, copy_tree, cuts_for};
 
@@ -285,7 +285,7 @@ fn grub_repair_of_a_damaged_copy_cut_anywhere_boots_old_or_new() {
             let ops = g.plan(&new).unwrap();
             replaced += ops
                 .iter()
-                .filter(|o| matches!(o, bootconfig::atomic::WriteOp::Replace { .. }))
+                .filter(|o| matches!(o, bootconfig::WriteOp::Replace { .. }))
                 .count();
             for i in 0..ops.len() {
                 for cut in cuts_for(base.path(), &ops, i) {

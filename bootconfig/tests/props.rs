@@ -1,8 +1,8 @@
 //! Property tests: the parsers never panic on arbitrary bytes, and serialisation, GRUB's
 //! load model and GRUB's in-place set agree with each other for arbitrary variable sets.
 
-use bootconfig::grubenv::{grub_load, grub_set_in_place, GrubEnv};
-use bootconfig::syslinux::{Adv, ADV_BOOTONCE, ADV_SIZE};
+use bootconfig::{grub_load, grub_set_in_place, GrubEnv};
+use bootconfig::{Adv, ADV_BOOTONCE, ADV_SIZE};
 use proptest::prelude::*;
 
 fn name() -> impl Strategy<Value = String> {

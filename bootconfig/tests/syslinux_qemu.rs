@@ -14,7 +14,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use bootconfig::syslinux::{render_conf, SyslinuxBootloader, SyslinuxConfig};
+use bootconfig::{render_conf, SyslinuxBootloader, SyslinuxConfig};
 use bootconfig::{BootEntry, BootEnv, Bootloader, Slot, SlotBoot};
 use common::qemu::{boot, initrd, kernel, PART_OFFSET};
 use common::{run, run_ok};

@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use bootconfig::grub::{render_cfg, GrubBootloader, GrubConfig};
-use bootconfig::grubenv::GrubEnv;
-use bootconfig::syslinux::{render_conf, Adv, SyslinuxBootloader, SyslinuxConfig, ADV_BOOTONCE};
+use bootconfig::{render_cfg, GrubBootloader, GrubConfig};
+use bootconfig::GrubEnv;
+use bootconfig::{render_conf, Adv, SyslinuxBootloader, SyslinuxConfig, ADV_BOOTONCE};
 use bootconfig::{BootEntry, BootEnv, Bootloader, Slot, SlotBoot};
 use k3os_fuzz::join_files;
 use libupgrade::channel::{Index, IndexEntry};
@@ -348,9 +348,12 @@ fn states() {
     let mut st = State::default();
     st.slot_mut(Slot::B).version = Some("v2".into());
     st.slot_mut(Slot::B).generation = Some(2);
-    st.transition(Slot::B, Event::StageStarted, "writing v2");
-    st.transition(Slot::B, Event::Staged, "staged v2");
-    st.transition(Slot::B, Event::Activated, "activated");
+    st.transition(Slot::B, Event::StageStarted, "writing v2")
+        .expect("the seed state follows the slot lifecycle");
+    st.transition(Slot::B, Event::Staged, "staged v2")
+        .expect("the seed state follows the slot lifecycle");
+    st.transition(Slot::B, Event::Activated, "activated")
+        .expect("the seed state follows the slot lifecycle");
     st.last_boot_id = Some("0123456789abcdef".into());
     store.save(&st, "seed").unwrap();
     seed(

@@ -15,7 +15,7 @@
 
 use std::sync::OnceLock;
 
-use bootconfig::grub::{render_cfg, EnvSource, GrubBootloader, GrubConfig};
+use bootconfig::{render_cfg, EnvSource, GrubBootloader, GrubConfig};
 use bootconfig::{BootEntry, BootEnv, Bootloader, Slot, SlotBoot};
 use k3os_fuzz::{put, scratch, split_files};
 use libfuzzer_sys::fuzz_target;

@@ -9,7 +9,7 @@
 //! `set`.
 #![no_main]
 
-use bootconfig::grubenv::{grub_load, grub_set_in_place, GrubEnv, HEADER};
+use bootconfig::{grub_load, grub_set_in_place, GrubEnv, HEADER};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -12,7 +12,7 @@
 //! (libinstaller/setadv.c, transcribed below), and a value it stored is found by `get`.
 #![no_main]
 
-use bootconfig::syslinux::{Adv, ADV_SIZE};
+use bootconfig::{Adv, ADV_SIZE};
 use libfuzzer_sys::fuzz_target;
 
 const ADV_LEN: usize = ADV_SIZE - 12;

@@ -8,7 +8,7 @@
 //! says, with `ldlinux.sys` unchanged in size (the ADV is written in place) and a valid ADV.
 #![no_main]
 
-use bootconfig::syslinux::{Adv, SyslinuxBootloader, ADV_SIZE};
+use bootconfig::{Adv, SyslinuxBootloader, ADV_SIZE};
 use bootconfig::{Bootloader, Slot, SlotBoot};
 use k3os_fuzz::{put, scratch, split_files};
 use libfuzzer_sys::fuzz_target;

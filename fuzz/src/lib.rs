@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use bootconfig::grubenv::grub_load;
+use bootconfig::grub_load;
 
 /// Separates the files of a multi-file input (GRUB dir, syslinux dir): `file0 SEP file1 SEP …`.
 /// An empty part is a missing file; parts past the end are missing too.
@@ -95,7 +95,7 @@ pub fn put(path: &Path, data: Option<&[u8]>) {
 /// What `grub-editenv FILE list` prints for a file holding `bytes` (GRUB's
 /// `grub_envblk_iterate`, each variable printed with `printf("%s=%s\n")`, lossily decoded),
 /// `None` when it refuses the file ("invalid environment block"). Built on
-/// [`bootconfig::grubenv::grub_load`]; `tests/grub_editenv.rs` checks it against the real tool.
+/// [`bootconfig::grub_load`]; `tests/grub_editenv.rs` checks it against the real tool.
 pub fn editenv_list(bytes: &[u8]) -> Option<String> {
     let l = grub_load(bytes)?;
     Some(l.vars.iter().map(|(k, v)| format!("{k}={v}\n")).collect())

@@ -1,13 +1,13 @@
 //! Replays every GRUB env block the fuzzers have (the `grubenv` seeds and corpus, and the env,
 //! lock and last-good files of the `grub_boot` ones) against the real `grub-editenv FILE list`
 //! (Debian's grub-common, installed by scripts/setup.sh): the model of GRUB's reader that the
-//! fuzz targets and the node use (`bootconfig::grubenv::grub_load`) must print exactly what
+//! fuzz targets and the node use (`bootconfig::grub_load`) must print exactly what
 //! GRUB prints and refuse exactly what GRUB refuses, and every block the strict reader accepts
 //! must be one GRUB accepts. Fails, naming the tool, when `grub-editenv` is not installed.
 
 use std::process::Command;
 
-use bootconfig::grubenv::GrubEnv;
+use bootconfig::GrubEnv;
 use k3os_fuzz::{corpus_dirs, editenv_list, split_files};
 
 /// At most this many blocks per run (a long fuzzing run can grow the corpus a lot).

@@ -11,7 +11,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot run `{cmd}`: {source} (is the package providing it installed? see /work/shared/notes/environment.md)")]
+    #[error(
+        "cannot run `{cmd}`: {source} (is the package providing it installed? \
+         scripts/setup.sh installs every tool the image builder runs)"
+    )]
     Spawn {
         cmd: String,
         #[source]
@@ -55,5 +58,24 @@ impl<T> IoContext<T> for std::io::Result<T> {
             path: path.into(),
             source,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A missing tool points the user at the project's setup script, not at a file on some
+    /// development machine.
+    #[test]
+    fn a_missing_tool_names_the_setup_script() {
+        let e = Error::Spawn {
+            cmd: "mksquashfs".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        let text = e.to_string();
+        assert!(text.contains("`mksquashfs`"), "{text}");
+        assert!(text.contains("scripts/setup.sh"), "{text}");
+        assert!(!text.contains("/work/"), "{text}");
     }
 }

@@ -18,8 +18,8 @@
 use std::fs;
 use std::path::Path;
 
-use bootconfig::grub::{render_cfg, GrubConfig};
-use bootconfig::syslinux::{render_conf, SyslinuxConfig};
+use bootconfig::{render_cfg, GrubConfig};
+use bootconfig::{render_conf, SyslinuxConfig};
 use bootconfig::{BootEntry, BootEnv, Slot, SlotBoot};
 use libupgrade::layout::{rootfs_part_name, INITRD_FILE, KERNEL_FILE};
 

@@ -80,25 +80,29 @@ impl ReleaseSpec {
         })
     }
 
-    /// The releases the test disks and the VM tests use. `v4-panic`: the scenario
-    /// `upgrade-from-previous` ends on v3 and needs a failing release of a higher generation;
-    /// `v2-nonet`: the scenario `reachability`.
+    /// The releases the test disks and the VM tests use, parsed from [`STANDARD_RELEASES`].
     pub fn standard() -> Vec<ReleaseSpec> {
-        [
-            "v1",
-            "v2",
-            "v3",
-            "v2-panic",
-            "v2-noconfirm",
-            "v2-badhealth",
-            "v4-panic",
-            "v2-nonet",
-        ]
-        .iter()
-        .map(|v| ReleaseSpec::parse(v).expect("standard release names parse"))
-        .collect()
+        STANDARD_RELEASES
+            .iter()
+            .map(|v| ReleaseSpec::parse(v).expect("standard release names parse"))
+            .collect()
     }
 }
+
+/// The names of the releases the test disks and the VM tests use: the one list that
+/// `k3os-images` builds ([`ReleaseSpec::standard`]) and `vm-tests` requires before a scenario
+/// boots. `v4-panic`: the scenario `upgrade-from-previous` ends on v3 and needs a failing
+/// release of a higher generation; `v2-nonet`: the scenario `reachability`.
+pub const STANDARD_RELEASES: &[&str] = &[
+    "v1",
+    "v2",
+    "v3",
+    "v2-panic",
+    "v2-noconfirm",
+    "v2-badhealth",
+    "v4-panic",
+    "v2-nonet",
+];
 
 /// A built (and signed) release directory.
 #[derive(Debug, Clone)]

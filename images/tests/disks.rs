@@ -3,8 +3,8 @@
 //! partition's loader state through bootconfig, slot A's bytes), and boot the BIOS GRUB disk
 //! under QEMU (TCG) to `K3OS-BOOTED slot=A version=v1`.
 //!
-//! Needs root (extlinux loop-mounts its partition image), the packages of
-//! /work/shared/notes/environment.md, `images/scripts/fetch-debs.sh x86_64` (run here; it is
+//! Needs root (extlinux loop-mounts its partition image), the packages scripts/setup.sh
+//! installs, `images/scripts/fetch-debs.sh x86_64` (run here; it is
 //! cached) and `target/x86_64-unknown-linux-musl/release/k3os-ops` (`just images-x86_64`
 //! builds it). Anything missing fails the test with what to do.
 
@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bootconfig::grub::GrubBootloader;
-use bootconfig::syslinux::SyslinuxBootloader;
+use bootconfig::GrubBootloader;
+use bootconfig::SyslinuxBootloader;
 use bootconfig::{Bootloader, Slot};
 use k3os_images::debs::Debs;
 use k3os_images::disk;

@@ -27,13 +27,13 @@
 //!
 //! `install` keeps the boot state when the loader's files hold one (a node made by v0.1.0 is
 //! migrated: its env copies are rewritten under its own script's rules, then the script is
-//! replaced; see `bootconfig::grub::version`), else writes A good and primary, B bad.
+//! replaced; see `bootconfig::GrubScript`), else writes A good and primary, B bad.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use bootconfig::grub::{render_cfg, GrubBootloader, GrubConfig};
-use bootconfig::syslinux::{render_conf, SyslinuxBootloader, SyslinuxConfig};
+use bootconfig::{render_cfg, GrubBootloader, GrubConfig};
+use bootconfig::{render_conf, SyslinuxBootloader, SyslinuxConfig};
 use bootconfig::{BootEntry, BootEnv, Bootloader, ScriptKind, Slot, SlotBoot};
 use clap::{Args, Subcommand, ValueEnum};
 use libupgrade::release::BootScript;
@@ -240,7 +240,7 @@ pub fn install(kind: LoaderArg, dir: &Path, boot: &BootConfig) -> anyhow::Result
                     dir.display()
                 );
             }
-            bootconfig::atomic::write_atomic(s.conf_path(), text.as_bytes())?;
+            bootconfig::write_atomic(s.conf_path(), text.as_bytes())?;
             s.install(&fresh)?;
             Ok(Installed::Fresh)
         }

@@ -105,9 +105,9 @@ impl Host {
     /// return the slot booted, with the kernel's files of that boot written.
     fn power_on(&mut self) -> Slot {
         let grub = self.p().join("boot/grub");
-        let sim = bootconfig::grub::simulate_boot(&grub, 3)
+        let sim = bootconfig::simulate_boot(&grub, 3)
             .unwrap_or_else(|e| panic!("{}: GRUB's script cannot boot: {e}", self.name));
-        bootconfig::atomic::apply_all(&sim.countdown).unwrap();
+        bootconfig::apply_all(&sim.countdown).unwrap();
         self.boots += 1;
         let slot = sim.choice;
         fs::write(

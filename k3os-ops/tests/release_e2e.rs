@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use bootconfig::grub::GrubBootloader;
+use bootconfig::GrubBootloader;
 use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
 use libupgrade::layout::GptLayout;
 use libupgrade::manifest::{Arch, MANIFEST_FILE, SIGNATURE_FILE};

@@ -247,7 +247,7 @@ impl Node {
             h.join("etc/k3os-ops/trust.d/plan.pub"),
         )
         .unwrap();
-        bootconfig::grub::GrubBootloader::new(h.join("boot/grub"), 3)
+        bootconfig::GrubBootloader::new(h.join("boot/grub"), 3)
             .install(&BootEnv {
                 primary: Slot::A,
                 a: SlotBoot::Good,

@@ -30,7 +30,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use bootconfig::memory::MemoryBootloader;
+use bootconfig::MemoryBootloader;
 use libupgrade::layout::GptLayout;
 use libupgrade::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::{NoProgress, Source, StageOptions, Updater};

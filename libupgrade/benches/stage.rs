@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use bootconfig::memory::MemoryBootloader;
+use bootconfig::MemoryBootloader;
 use libupgrade::layout::GptLayout;
 use libupgrade::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::{ExtraSource, NoProgress, Source, StageOptions, Updater};

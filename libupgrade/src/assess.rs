@@ -42,7 +42,7 @@ use bootconfig::{BootEnv, Integrity, Slot, SlotBoot};
 use serde::{Deserialize, Serialize};
 
 use crate::health::CheckResult;
-use crate::state::{Event, SlotState, State};
+use crate::state::{Event, SlotState, State, TransitionError};
 pub use crate::state::{OtherSlot, Outcome, Verdict};
 
 /// The boot being assessed, as observed at the edge (kernel command line, boot id).
@@ -129,13 +129,15 @@ fn boot_word(b: SlotBoot) -> &'static str {
     }
 }
 
-/// Decide one boot's assessment; see the module docs for the rules.
+/// Decide one boot's assessment; see the module docs for the rules. Every slot change it
+/// decides is an edge of the slot lifecycle; one that is not (a state file no release writes)
+/// is refused with the edge it lacks, and nothing is carried out.
 pub fn assess(
     state: &State,
     loader: &LoaderView,
     boot: &ObservedBoot,
     checks: &[CheckResult],
-) -> Assessment {
+) -> Result<Assessment, TransitionError> {
     let booted = boot.slot;
     let other = booted.other();
     let bid = boot.boot_id.as_str();
@@ -162,7 +164,7 @@ pub fn assess(
                                 "slot {other} did not confirm: {} booted {booted} after {used} of {} tries of {other} ({tries_left} left)",
                                 loader.name, act.tries
                             ),
-                        );
+                        )?;
                         effects.push(Effect::Loader {
                             op: LoaderOp::MarkBad(other),
                             barrier: "confirm:fallback-marked-bad",
@@ -176,7 +178,7 @@ pub fn assess(
                     _ => {
                         st.transition(other, Event::ActivationLost,
                             format!("activation of slot {other} never reached {} (interrupted?); it stays staged", loader.name),
-                        );
+                        )?;
                         other_slot = Some(OtherSlot::ActivationLost { slot: other });
                     }
                 }
@@ -224,7 +226,7 @@ pub fn assess(
         verdict.reason = format!(
             "slot {booted} is {state_now}: its content is not known to be complete; not assessed"
         );
-        return finish(st, effects, verdict, dirty, "confirm:boot-recorded");
+        return Ok(finish(st, effects, verdict, dirty, "confirm:boot-recorded"));
     }
     if dirty {
         effects.push(Effect::SaveState {
@@ -242,7 +244,7 @@ pub fn assess(
             verdict.outcome = prev.outcome.clone();
             verdict.reason = prev.reason.clone();
             verdict.checks = prev.checks.clone();
-            return finish(st, effects, verdict, dirty, "confirm:rolled-back");
+            return Ok(finish(st, effects, verdict, dirty, "confirm:rolled-back"));
         }
     }
     let failed: Vec<String> = checks
@@ -275,7 +277,13 @@ pub fn assess(
             waiting_for,
             within_secs,
         };
-        return finish(st, effects, verdict, dirty, "confirm:pending-recorded");
+        return Ok(finish(
+            st,
+            effects,
+            verdict,
+            dirty,
+            "confirm:pending-recorded",
+        ));
     }
     if failed.is_empty() {
         let newly_good = state_now != SlotState::Good;
@@ -298,7 +306,7 @@ pub fn assess(
             checks.len()
         );
         if newly_good {
-            st.transition(booted, Event::Confirmed, reason.clone());
+            st.transition(booted, Event::Confirmed, reason.clone())?;
             if st.activation.as_ref().is_some_and(|a| a.slot == booted) {
                 st.activation = None;
             }
@@ -306,7 +314,7 @@ pub fn assess(
             verdict.outcome = Outcome::Blessed;
         }
         verdict.reason = reason;
-        return finish(st, effects, verdict, dirty, "confirm:state-good");
+        return Ok(finish(st, effects, verdict, dirty, "confirm:state-good"));
     }
     let failures = failed.join("; ");
     if state_now != SlotState::Good && st.slot(other).state == SlotState::Good {
@@ -324,12 +332,12 @@ pub fn assess(
                 op: LoaderOp::MarkBad(booted),
                 barrier: "confirm:rollback-booted-bad",
             });
-            st.transition(booted, Event::HealthFailed, reason.clone());
+            st.transition(booted, Event::HealthFailed, reason.clone())?;
             st.activation = None;
         }
         verdict.outcome = Outcome::RolledBack { to: other };
         verdict.reason = reason;
-        return finish(st, effects, verdict, !done, "confirm:rolled-back");
+        return Ok(finish(st, effects, verdict, !done, "confirm:rolled-back"));
     }
     let reason = if state_now == SlotState::Good {
         format!(
@@ -351,7 +359,13 @@ pub fn assess(
     }
     verdict.outcome = Outcome::Unhealthy;
     verdict.reason = reason;
-    finish(st, effects, verdict, !repeated, "confirm:failure-recorded")
+    Ok(finish(
+        st,
+        effects,
+        verdict,
+        !repeated,
+        "confirm:failure-recorded",
+    ))
 }
 
 /// Store the verdict and add the final save when anything changed. A verdict about the same

@@ -3,7 +3,7 @@
 //!
 //! After an activation two `k3os-ops` binaries can run on the node: the one activating (the
 //! running slot, which is the fallback) and the one in the trial slot. Both must read the
-//! installed boot script's env layout (see `bootconfig::grub::version`): a binary that does
+//! installed boot script's env layout (see `bootconfig::GrubScript`): a binary that does
 //! not could write what the script reads as damage, or refuse to read it at all. So the
 //! script after the activation must be no newer than this build knows (`known`) nor than the
 //! trial release's `k3os-ops` reads (`target_reads`, from its manifest; 1 for releases made

@@ -57,7 +57,7 @@ impl Partial {
     /// Replace the checkpoint in `state_dir` atomically.
     pub fn save(&self, state_dir: &Path) -> Result<()> {
         let bytes = serde_json::to_vec(self).expect("checkpoint serializes");
-        bootconfig::atomic::write_atomic(state_dir.join(PARTIAL_FILE), &bytes)?;
+        bootconfig::write_atomic(state_dir.join(PARTIAL_FILE), &bytes)?;
         crate::barrier::hit("stage:checkpoint");
         Ok(())
     }
@@ -67,7 +67,7 @@ impl Partial {
         let p = state_dir.join(PARTIAL_FILE);
         match std::fs::remove_file(&p) {
             Ok(()) => {
-                bootconfig::atomic::fsync_dir(state_dir)?;
+                bootconfig::fsync_dir(state_dir)?;
                 Ok(())
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

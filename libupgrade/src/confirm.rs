@@ -128,7 +128,7 @@ impl Updater {
             Vec::new()
         };
         let was_good = st.slot(booted).state == crate::state::SlotState::Good;
-        let a = assess::assess(&st, &loader, &boot, &checks);
+        let a = assess::assess(&st, &loader, &boot, &checks)?;
         self.carry_out(&a.effects)?;
         let v = a.verdict;
         Ok(ConfirmReport {

@@ -43,6 +43,9 @@ pub enum Error {
     /// The bootloader configuration could not be read or written.
     #[error("bootloader: {0}")]
     Boot(#[from] bootconfig::Error),
+    /// The state file's slot lifecycle has no edge for a requested change.
+    #[error("state file: {0}")]
+    Transition(#[from] crate::state::TransitionError),
     /// A release manifest could not be parsed or is invalid.
     #[error("manifest {location}: {source}")]
     Manifest {

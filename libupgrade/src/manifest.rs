@@ -157,7 +157,7 @@ impl Files {
 }
 
 /// What a release's `k3os-ops` reads of the loader's files, and the boot scripts the release
-/// carries (see `bootconfig::grub::version`). Absent from releases made before v0.2.0:
+/// carries (see `bootconfig::GrubScript`). Absent from releases made before v0.2.0:
 /// [`Manifest::reads`] then says 1 for every loader, and they carry no script.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -41,9 +41,9 @@ pub fn save(
     let d = dir(state_dir, slot);
     std::fs::create_dir_all(&d).map_err(|e| Error::io("create directory", &d, e))?;
     for (sc, bytes) in scripts {
-        bootconfig::atomic::write_atomic(d.join(&sc.path), bytes)?;
+        bootconfig::write_atomic(d.join(&sc.path), bytes)?;
     }
-    bootconfig::atomic::write_atomic(d.join(MANIFEST_FILE), manifest)?;
+    bootconfig::write_atomic(d.join(MANIFEST_FILE), manifest)?;
     Ok(())
 }
 

@@ -98,11 +98,11 @@ pub struct Updater {
 pub fn loader_for(cfg: &Config) -> Box<dyn Bootloader> {
     let boot_dir = cfg.layout.boot_dir();
     match cfg.bootloader {
-        BootloaderKind::Grub => Box::new(bootconfig::grub::GrubBootloader::new(
+        BootloaderKind::Grub => Box::new(bootconfig::GrubBootloader::new(
             boot_dir.join("grub"),
             cfg.tries,
         )),
-        BootloaderKind::Syslinux => Box::new(bootconfig::syslinux::SyslinuxBootloader::new(
+        BootloaderKind::Syslinux => Box::new(bootconfig::SyslinuxBootloader::new(
             boot_dir.join("syslinux"),
         )),
     }
@@ -189,7 +189,7 @@ impl Updater {
                         "first run: slot {b} is the installed system (from {})",
                         self.cfg.release_file.display()
                     ),
-                );
+                )?;
             }
         }
         Ok(st)
@@ -359,7 +359,7 @@ impl Updater {
             .unwrap_or_default();
         st.transition(slot, Event::Activated,
             format!("{} will try slot {slot} {tries} time(s) from the next boot; slot {booted} is the fallback{note}", self.boot.name()),
-        );
+        )?;
         st.activation = Some(Activation {
             slot,
             boot_id: self.boot_id(),
@@ -425,7 +425,7 @@ impl Updater {
             booted,
             Event::RolledBack,
             format!("rolled back to slot {other}: {reason}"),
-        );
+        )?;
         st.activation = None;
         self.store.save(&st, "rollback:state")?;
         Ok(other)
@@ -440,7 +440,7 @@ impl Updater {
         let mut st = self.load(Some(booted))?;
         self.boot.mark_bad(slot)?;
         crate::barrier::hit("mark-bad:bootloader");
-        st.transition(slot, Event::MarkedBad, reason.to_string());
+        st.transition(slot, Event::MarkedBad, reason.to_string())?;
         if st.activation.as_ref().is_some_and(|a| a.slot == slot) {
             st.activation = None;
         }

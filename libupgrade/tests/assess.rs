@@ -155,7 +155,7 @@ proptest! {
 
     #[test]
     fn assess_follows_its_rules(i in input()) {
-        let a = assess(&i.state, &i.loader, &i.boot, &i.checks);
+        let a = assess(&i.state, &i.loader, &i.boot, &i.checks).unwrap();
         let booted = i.boot.slot;
         let other = booted.other();
         let before = i.state.slot(booted).state;
@@ -273,12 +273,12 @@ proptest! {
                 .map(|c| CheckResult { ok: true, ..c.clone() })
                 .chain([CheckResult { name: "node-ready".into(), ok: true, detail: "late".into() }])
                 .collect();
-            let late = assess(&a.state, &apply(&i.loader, &ops), &i.boot, &passing);
+            let late = assess(&a.state, &apply(&i.loader, &ops), &i.boot, &passing).unwrap();
             prop_assert_eq!(&late.verdict.outcome, &a.verdict.outcome);
             prop_assert!(late.effects.is_empty(), "late checks: {:?}", late.effects);
         }
         // Idempotent: once its effects happened, assessing the same boot again does nothing.
-        let again = assess(&a.state, &apply(&i.loader, &ops), &i.boot, &i.checks);
+        let again = assess(&a.state, &apply(&i.loader, &ops), &i.boot, &i.checks).unwrap();
         prop_assert!(again.effects.is_empty(), "second run: {:?}", again.effects);
     }
 }

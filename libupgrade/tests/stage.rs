@@ -467,8 +467,8 @@ fn a_release_that_is_not_a_squashfs_is_refused_before_it_is_staged() {
 /// writes GRUB's save_env performs, which bootconfig checks against the real GRUB (grub-emu).
 #[test]
 fn grub_on_disk_trial_confirm_and_fallback() {
-    use bootconfig::grub::{simulate_boot, GrubBootloader};
     use bootconfig::BootEnv;
+    use bootconfig::{simulate_boot, GrubBootloader};
     let disk = TestDisk::new(24 * MIB);
     let k = keys();
     let rels = tempfile::tempdir().unwrap();
@@ -481,18 +481,14 @@ fn grub_on_disk_trial_confirm_and_fallback() {
         initrd: format!("/{s}/initrd"),
         cmdline: format!("root=PARTLABEL=rootfs-{s} ro"),
     };
-    let grub_cfg = bootconfig::grub::GrubConfig {
+    let grub_cfg = bootconfig::GrubConfig {
         entries: [entry("a"), entry("b")],
         max_tries: 3,
         timeout_secs: 0,
         serial: true,
         panic_secs: 5,
     };
-    std::fs::write(
-        grub_dir.join("grub.cfg"),
-        bootconfig::grub::render_cfg(&grub_cfg),
-    )
-    .unwrap();
+    std::fs::write(grub_dir.join("grub.cfg"), bootconfig::render_cfg(&grub_cfg)).unwrap();
     GrubBootloader::new(&grub_dir, 3)
         .install(&BootEnv {
             primary: Slot::A,

@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use bootconfig::grub::{render_cfg, GrubBootloader, GrubConfig};
-use bootconfig::syslinux::{render_conf, Adv, SyslinuxBootloader, SyslinuxConfig, ADV_BOOTONCE};
+use bootconfig::{render_cfg, GrubBootloader, GrubConfig};
+use bootconfig::{render_conf, Adv, SyslinuxBootloader, SyslinuxConfig, ADV_BOOTONCE};
 use bootconfig::{BootEntry, BootEnv, Bootloader, Slot, SlotBoot};
 
 /// Which backend.
@@ -155,9 +155,8 @@ impl RealLoader {
                     // ldlinux clears the boot-once record before it boots that label.
                     let p = self.dir.join("ldlinux.sys");
                     let mut bytes = std::fs::read(&p).unwrap();
-                    let off = bytes.len() - 2 * bootconfig::syslinux::ADV_SIZE;
-                    let raw: [u8; 2 * bootconfig::syslinux::ADV_SIZE] =
-                        bytes[off..].try_into().unwrap();
+                    let off = bytes.len() - 2 * bootconfig::ADV_SIZE;
+                    let raw: [u8; 2 * bootconfig::ADV_SIZE] = bytes[off..].try_into().unwrap();
                     let (mut adv, _) = Adv::load(&raw);
                     adv.set(ADV_BOOTONCE, b"").unwrap();
                     bytes[off..].copy_from_slice(&adv.0);

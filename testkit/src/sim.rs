@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use bootconfig::memory::MemoryBootloader;
+use bootconfig::MemoryBootloader;
 use bootconfig::Slot;
 use libupgrade::layout::DirLayout;
 use libupgrade::{BootloaderKind, Config, LayoutConfig};

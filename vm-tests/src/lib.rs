@@ -9,11 +9,15 @@
 //! - [`scenario::Scenario`]: the scenarios of the issue; [`run`] is the one-call entry point.
 //!
 //! # Architecture
-//! `main.rs` (the CLI) and `tests/scenarios.rs` call [`run`] → [`scenario`] (a run, one file
-//! per scenario family over shared steps) → [`vm`] (QEMU, console, shell), [`server`] (the
-//! releases over HTTP) and [`target`] (disks, firmware, QEMU command lines). Nothing below
-//! `scenario` knows a scenario; [`error`] is shared by all. `bin/demo.rs` (`just demo`) uses
-//! `vm`, `server` and `target` directly to print the story as it happens.
+//! `main.rs` (the CLI) and `tests/scenarios.rs` call [`run`] → [`scenario`] (the catalogue and
+//! a run; one file per scenario family over the shared `steps`). The scenario layer is the only
+//! one that combines the three below it: `steps` boots a disk with [`target`]'s QEMU command
+//! line and drives it through [`vm`] (one QEMU process: console, shell, reset, power cut); the
+//! families serve releases with [`server`] (HTTP) and read [`target`]'s paths. `vm`, `server`
+//! and `target` know no scenario and not each other; [`error`] is shared by all. `target` reads
+//! the images crate's one list of standard releases (`k3os_images::spec::STANDARD_RELEASES`)
+//! to check a run's inputs. `bin/demo.rs` (`just demo`) uses `vm`, `server` and `target`
+//! directly to print the story as it happens.
 //!
 //! Inputs are the images crate's outputs (`just images-x86_64` / `just images-aarch64`); a
 //! missing input is an error naming it, never a skipped check.

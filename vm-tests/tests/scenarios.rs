@@ -69,9 +69,33 @@ fn scenario(kind: ScenarioKind, target: Target) {
     let t0 = std::time::Instant::now();
     let r = vm_tests::run(kind, target, opts);
     let wall = t0.elapsed().as_secs_f64();
+    record_time(kind, target, wall, r.is_ok());
     match r {
         Ok(r) => println!("{r}wall time: {kind} on {target}: {wall:.1}s"),
         Err(e) => panic!("{kind} on {target} failed after {wall:.1}s: {e}"),
+    }
+}
+
+/// Append `<scenario> on <target>`, its wall seconds and its outcome to the file named by
+/// `VM_TESTS_TIMES` (set by `just test`'s phase table, scripts/phases.sh), one line per
+/// scenario in one write so that two scenarios finishing together do not interleave.
+fn record_time(kind: ScenarioKind, target: Target, wall: f64, ok: bool) {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("VM_TESTS_TIMES") else {
+        return;
+    };
+    let outcome = if ok { "ok" } else { "failed" };
+    let line = format!("{kind} on {target}\t{wall:.1}\t{outcome}\n");
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!(
+            "cannot record the wall time in {}: {e}",
+            path.to_string_lossy()
+        );
     }
 }
 

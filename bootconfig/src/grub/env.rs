@@ -38,16 +38,33 @@ pub struct GrubEnv {
 /// Why a block could not be parsed or built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnvBlockError {
+    /// The block does not start with GRUB's signature line.
     #[error(
         "not a GRUB environment block: expected it to start with {SIGNATURE:?}, found {found:?}"
     )]
-    Signature { found: String },
+    Signature {
+        /// The block's first bytes.
+        found: String,
+    },
+    /// The block's structure is broken (no newline, no `=`, padding not `#`).
     #[error("broken GRUB environment block at byte {offset}: {what}")]
-    Broken { offset: usize, what: String },
+    Broken {
+        /// Byte offset of the damage.
+        offset: usize,
+        /// What was expected there and what was found.
+        what: String,
+    },
+    /// The variables do not fit in the block.
     #[error(
         "GRUB environment block too small: the variables need {needed} bytes, the block has {size}"
     )]
-    TooLarge { needed: usize, size: usize },
+    TooLarge {
+        /// Bytes the variables need.
+        needed: usize,
+        /// Bytes the block has.
+        size: usize,
+    },
+    /// A variable name GRUB cannot store.
     #[error("invalid GRUB environment variable name {0:?}: expected non-empty, no '=', no newline, not starting with '#'")]
     Name(String),
 }
@@ -71,6 +88,7 @@ fn check_name(name: &str) -> Result<(), EnvBlockError> {
 }
 
 impl GrubEnv {
+    /// An empty block (no variables).
     pub fn new() -> Self {
         Self::default()
     }
@@ -86,6 +104,7 @@ impl GrubEnv {
         env
     }
 
+    /// The value of variable `name`, if set.
     pub fn get(&self, name: &str) -> Option<&str> {
         self.vars
             .iter()
@@ -103,6 +122,7 @@ impl GrubEnv {
         }
     }
 
+    /// Unset variable `name`, returning its value.
     pub fn remove(&mut self, name: &str) -> Option<String> {
         let i = self.vars.iter().position(|(k, _)| k == name)?;
         Some(self.vars.remove(i).1)
@@ -139,82 +159,8 @@ impl GrubEnv {
                 continue;
             }
             let line_start = p;
-            let eq = bytes[p..]
-                .iter()
-                .position(|&b| b == b'=' || b == b'\n')
-                .map(|n| p + n);
-            let eq = match eq {
-                Some(i) if bytes[i] == b'=' => i,
-                _ => {
-                    return Err(EnvBlockError::Broken {
-                        offset: line_start,
-                        what: "expected a 'name=value' line or '#' padding".into(),
-                    })
-                }
-            };
-            let name =
-                std::str::from_utf8(&bytes[line_start..eq]).map_err(|_| EnvBlockError::Broken {
-                    offset: line_start,
-                    what: "variable name is not UTF-8".into(),
-                })?;
-            if name.is_empty() {
-                return Err(EnvBlockError::Broken {
-                    offset: line_start,
-                    what: "empty variable name".into(),
-                });
-            }
-            // GRUB's names and values are C strings: it would read up to the NUL only.
-            if name.contains('\0') {
-                return Err(EnvBlockError::Broken {
-                    offset: line_start,
-                    what: "NUL byte in a variable name (GRUB reads the name up to it)".into(),
-                });
-            }
-            let mut value = Vec::new();
-            let mut q = eq + 1;
-            loop {
-                match bytes.get(q) {
-                    None => {
-                        return Err(EnvBlockError::Broken {
-                            offset: line_start,
-                            what: format!(
-                                "value of {name} is not terminated by a newline (truncated block)"
-                            ),
-                        })
-                    }
-                    Some(b'\n') => break,
-                    Some(b'\\') => match bytes.get(q + 1) {
-                        Some(&c) => {
-                            value.push(c);
-                            q += 2;
-                        }
-                        None => {
-                            return Err(EnvBlockError::Broken {
-                                offset: q,
-                                what: format!(
-                                    "value of {name} ends in a lone backslash (truncated block)"
-                                ),
-                            })
-                        }
-                    },
-                    Some(&c) => {
-                        value.push(c);
-                        q += 1;
-                    }
-                }
-            }
-            if value.contains(&0) {
-                return Err(EnvBlockError::Broken {
-                    offset: eq + 1,
-                    what: format!(
-                        "NUL byte in the value of {name} (GRUB reads the value up to it)"
-                    ),
-                });
-            }
-            let value = String::from_utf8(value).map_err(|_| EnvBlockError::Broken {
-                offset: eq + 1,
-                what: format!("value of {name} is not UTF-8"),
-            })?;
+            let (name, eq) = parse_name(bytes, line_start)?;
+            let (value, q) = parse_value(bytes, name, line_start, eq)?;
             env.set(name, value);
             p = q + 1;
         }
@@ -268,6 +214,92 @@ impl GrubEnv {
             what: e.to_string(),
         })
     }
+}
+
+/// The name of the `name=value` line at `line_start` and the offset of its `=`.
+fn parse_name(bytes: &[u8], line_start: usize) -> Result<(&str, usize), EnvBlockError> {
+    let eq = bytes[line_start..]
+        .iter()
+        .position(|&b| b == b'=' || b == b'\n')
+        .map(|n| line_start + n);
+    let eq = match eq {
+        Some(i) if bytes[i] == b'=' => i,
+        _ => {
+            return Err(EnvBlockError::Broken {
+                offset: line_start,
+                what: "expected a 'name=value' line or '#' padding".into(),
+            })
+        }
+    };
+    let name = std::str::from_utf8(&bytes[line_start..eq]).map_err(|_| EnvBlockError::Broken {
+        offset: line_start,
+        what: "variable name is not UTF-8".into(),
+    })?;
+    if name.is_empty() {
+        return Err(EnvBlockError::Broken {
+            offset: line_start,
+            what: "empty variable name".into(),
+        });
+    }
+    // GRUB's names and values are C strings: it would read up to the NUL only.
+    if name.contains('\0') {
+        return Err(EnvBlockError::Broken {
+            offset: line_start,
+            what: "NUL byte in a variable name (GRUB reads the name up to it)".into(),
+        });
+    }
+    Ok((name, eq))
+}
+
+/// The value of `name` after its `=` at `eq`, unescaped, and the offset of its newline.
+fn parse_value(
+    bytes: &[u8],
+    name: &str,
+    line_start: usize,
+    eq: usize,
+) -> Result<(String, usize), EnvBlockError> {
+    let mut value = Vec::new();
+    let mut q = eq + 1;
+    loop {
+        match bytes.get(q) {
+            None => {
+                return Err(EnvBlockError::Broken {
+                    offset: line_start,
+                    what: format!(
+                        "value of {name} is not terminated by a newline (truncated block)"
+                    ),
+                })
+            }
+            Some(b'\n') => break,
+            Some(b'\\') => match bytes.get(q + 1) {
+                Some(&c) => {
+                    value.push(c);
+                    q += 2;
+                }
+                None => {
+                    return Err(EnvBlockError::Broken {
+                        offset: q,
+                        what: format!("value of {name} ends in a lone backslash (truncated block)"),
+                    })
+                }
+            },
+            Some(&c) => {
+                value.push(c);
+                q += 1;
+            }
+        }
+    }
+    if value.contains(&0) {
+        return Err(EnvBlockError::Broken {
+            offset: eq + 1,
+            what: format!("NUL byte in the value of {name} (GRUB reads the value up to it)"),
+        });
+    }
+    let value = String::from_utf8(value).map_err(|_| EnvBlockError::Broken {
+        offset: eq + 1,
+        what: format!("value of {name} is not UTF-8"),
+    })?;
+    Ok((value, q))
 }
 
 /// GRUB's `find_next_line`: the index after the next newline, skipping backslash escapes.

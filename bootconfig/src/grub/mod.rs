@@ -73,13 +73,12 @@
 
 use crate::Slot;
 
-pub mod env;
+pub(crate) mod env;
 mod model;
 mod script;
-pub mod version;
+pub(crate) mod version;
 mod writer;
 
-pub use crate::BootEntry;
 pub use model::{simulate_boot, simulate_boot_with, BootSim, EnvSource};
 pub(crate) use script::kernel_args;
 pub use script::{render_cfg, GrubConfig};

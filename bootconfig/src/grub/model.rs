@@ -223,10 +223,31 @@ fn read_copy(
             });
         }
     }
+    lock_damage(
+        n,
+        &lock,
+        lock_raw.as_deref(),
+        lock_loaded.is_some(),
+        lock_path,
+        damaged,
+    );
+    Ok((lock, if problem.is_none() { env } else { None }))
+}
+
+/// Copy `n`'s lock, added to `damaged` when it does not read as a complete `0` lock (missing,
+/// unloadable, marked editing) or its other bytes are not what a write makes.
+fn lock_damage(
+    n: u8,
+    lock: &str,
+    lock_raw: Option<&[u8]>,
+    loaded: bool,
+    lock_path: PathBuf,
+    damaged: &mut Vec<Damage>,
+) {
     if lock != "0" {
-        let what = match (&lock_raw, &lock_loaded) {
+        let what = match (lock_raw, loaded) {
             (None, _) => "missing (counts as editing)".to_string(),
-            (Some(_), None) => "not a GRUB environment block (counts as editing)".to_string(),
+            (Some(_), false) => "not a GRUB environment block (counts as editing)".to_string(),
             _ => format!(
                 "marked editing ({VAR_EDITING}={lock:?}): a write of this copy did not finish"
             ),
@@ -236,7 +257,9 @@ fn read_copy(
             path: lock_path,
             what,
         });
-    } else if GrubEnv::from_pairs([(VAR_EDITING, "0")]).to_bytes().ok() != lock_raw {
+    } else if GrubEnv::from_pairs([(VAR_EDITING, "0")]).to_bytes().ok()
+        != lock_raw.map(<[u8]>::to_vec)
+    {
         damaged.push(Damage {
             record: format!("copy {n} lock"),
             path: lock_path,
@@ -244,7 +267,6 @@ fn read_copy(
                 .into(),
         });
     }
-    Ok((lock, if problem.is_none() { env } else { None }))
 }
 
 /// Model GRUB's boot-time script on the files under `grub_dir` (see the module docs), with the
@@ -259,24 +281,73 @@ pub fn simulate_boot(grub_dir: &Path, max_tries: u8) -> Result<BootSim> {
 pub fn simulate_boot_with(grub_dir: &Path, max_tries: u8, script: GrubScript) -> Result<BootSim> {
     let max = max_tries.max(1);
     let dir = grub_dir.join(ENV_DIR);
-    let file = |name: String| dir.join(name);
     let mut damaged = Vec::new();
     let (lock1, env1) = read_copy(&dir, 1, script, &mut damaged)?;
     let (lock2, env2) = read_copy(&dir, 2, script, &mut damaged)?;
-    let locks = [lock1, lock2];
-    let envs = [env1, env2];
-    let intact = [envs[0].is_some(), envs[1].is_some()];
+    let copies = Copies {
+        intact: [env1.is_some(), env2.is_some()],
+        locks: [lock1, lock2],
+        envs: [env1, env2],
+    };
     let mut usable = [false; 2];
     for (i, u) in usable.iter_mut().enumerate() {
         let n = i + 1;
-        *u = intact[i]
-            && locks[i] == "0"
-            && sized(&file(format!("lock{n}")))
-            && sized(&file(format!("env{n}")));
+        *u = copies.intact[i]
+            && copies.locks[i] == "0"
+            && sized(&dir.join(format!("lock{n}")))
+            && sized(&dir.join(format!("env{n}")));
     }
+    let good_path = dir.join(GOOD_FILE);
+    let (last_good, last_good_canonical) = read_last_good(&good_path, script, &mut damaged)?;
+    let (source, seen, in_use) = env_source(&dir, &copies, last_good, script, max);
+    let choice = script_choice(&seen);
+    let mut after = seen.clone();
+    let mut countdown = Vec::new();
+    if let SlotBoot::Trying { tries_left } = seen.get(choice) {
+        if (1..=max).contains(&tries_left) {
+            after.set(
+                choice,
+                SlotBoot::Trying {
+                    tries_left: tries_left - 1,
+                },
+            );
+            countdown = countdown_writes(&dir, &copies, &after, script)?;
+        }
+    }
+    Ok(BootSim {
+        script,
+        source,
+        seen,
+        choice,
+        countdown,
+        intact: copies.intact,
+        usable,
+        last_good,
+        last_good_canonical,
+        integrity: Integrity { in_use, damaged },
+    })
+}
 
-    let good_path = file(GOOD_FILE.to_string());
-    let good_raw = read_opt(&good_path)?;
+/// Both env copies as the script read them ([`read_copy`]).
+struct Copies {
+    /// Each copy's lock value (`0`: not editing).
+    locks: [String; 2],
+    /// Each copy's variables, when intact.
+    envs: [Option<Loaded>; 2],
+    /// Which copies are intact.
+    intact: [bool; 2],
+}
+
+/// The last-good record as `script` reads it: the slot it names (`Some(None)`: none; `None`:
+/// missing or damaged) and whether its bytes are exactly what a write makes. Damage is added
+/// to `damaged` for script 2 only (script 1 never reads the record; Rust writes it so that
+/// script 2 finds it).
+fn read_last_good(
+    good_path: &Path,
+    script: GrubScript,
+    damaged: &mut Vec<Damage>,
+) -> Result<(Option<Option<Slot>>, bool)> {
+    let good_raw = read_opt(good_path)?;
     let last_good = good_raw.as_deref().and_then(grub_load).and_then(|g| {
         let v = g.get(VAR_GOOD)?;
         if g.get(VAR_GOOD_AGAIN) != Some(v) {
@@ -289,30 +360,41 @@ pub fn simulate_boot_with(grub_dir: &Path, max_tries: u8, script: GrubScript) ->
             _ => None,
         }
     });
-    let last_good_canonical = good_block(last_good.flatten()).to_bytes().ok() == good_raw;
+    let canonical = good_block(last_good.flatten()).to_bytes().ok() == good_raw;
     if script == GrubScript::V1 {
-        // Script 1 never reads the record; Rust writes it so that script 2 finds it.
+        // Script 1 never reads the record.
     } else if last_good.is_none() {
         damaged.push(Damage {
             record: "last-good record".into(),
-            path: good_path.clone(),
+            path: good_path.to_path_buf(),
             what: if good_raw.is_none() {
                 "missing (needed only when both copies are damaged)".into()
             } else {
                 format!("damaged: {VAR_GOOD} and {VAR_GOOD_AGAIN} do not agree on A, B or none")
             },
         });
-    } else if good_block(last_good.flatten()).to_bytes().ok() != good_raw {
+    } else if !canonical {
         damaged.push(Damage {
             record: "last-good record".into(),
-            path: good_path.clone(),
+            path: good_path.to_path_buf(),
             what: "its slot reads intact, other bytes damaged or wrong size (the next write rewrites it)".into(),
         });
     }
+    Ok((last_good, canonical))
+}
 
-    // Script 1: copy 1 unless marked editing or unloadable, else copy 2 if it loads. Script
-    // 2 adds: else copy 1 if intact, else the last-good record.
-    let copy = if intact[0] && locks[0] == "0" {
+/// Where the script reads the slots from, what it sees there, and the sentence for
+/// [`Integrity::in_use`]. Script 1: copy 1 unless marked editing or unloadable, else copy 2 if
+/// it loads. Script 2 adds: else copy 1 if intact, else the last-good record.
+fn env_source(
+    dir: &Path,
+    copies: &Copies,
+    last_good: Option<Option<Slot>>,
+    script: GrubScript,
+    max: u8,
+) -> (EnvSource, BootEnv, String) {
+    let intact = copies.intact;
+    let copy = if intact[0] && copies.locks[0] == "0" {
         Some(1u8)
     } else if intact[1] {
         Some(2)
@@ -322,14 +404,15 @@ pub fn simulate_boot_with(grub_dir: &Path, max_tries: u8, script: GrubScript) ->
         None
     };
     let last_good_used = last_good.flatten().filter(|_| script != GrubScript::V1);
-    let env_path = |n: u8| -> PathBuf { file(format!("env{n}")) };
-    let (source, seen, in_use) = match (copy, last_good_used) {
+    match (copy, last_good_used) {
         (Some(n), _) => {
-            let l = envs[n as usize - 1].as_ref().expect("intact copy loaded");
+            let l = copies.envs[n as usize - 1]
+                .as_ref()
+                .expect("intact copy loaded");
             (
                 EnvSource::Copy(n),
                 range_check(|k| l.get(k).map(str::to_string), max),
-                format!("copy {n} ({})", env_path(n).display()),
+                format!("copy {n} ({})", dir.join(format!("env{n}")).display()),
             )
         }
         (None, Some(g)) => (
@@ -349,7 +432,7 @@ pub fn simulate_boot_with(grub_dir: &Path, max_tries: u8, script: GrubScript) ->
             },
             format!(
                 "last-good record ({}): both copies are damaged, GRUB boots slot {g}, the last confirmed one",
-                good_path.display()
+                dir.join(GOOD_FILE).display()
             ),
         ),
         (None, None) => (
@@ -361,75 +444,62 @@ pub fn simulate_boot_with(grub_dir: &Path, max_tries: u8, script: GrubScript) ->
                 "none: no intact env copy and no last-good record; GRUB boots slot A".to_string()
             },
         ),
-    };
-    let choice = script_choice(&seen);
-    let mut after = seen.clone();
+    }
+}
+
+/// The in-place writes of the script's countdown to `after`. Script 2 saves the values and
+/// the check into every intact copy; script 1 saves the five values (not the check) into every
+/// copy whose lock reads `0`. Each copy: lock to editing, the values, lock back to `0`.
+fn countdown_writes(
+    dir: &Path,
+    copies: &Copies,
+    after: &BootEnv,
+    script: GrubScript,
+) -> Result<Vec<WriteOp>> {
+    let mut block = env_block(after);
+    if script == GrubScript::V1 {
+        block.remove(VAR_CHECK);
+    }
     let mut countdown = Vec::new();
-    if let SlotBoot::Trying { tries_left } = seen.get(choice) {
-        if (1..=max).contains(&tries_left) {
-            after.set(
-                choice,
-                SlotBoot::Trying {
-                    tries_left: tries_left - 1,
-                },
-            );
-            // Script 2 saves the values and the check into every intact copy; script 1 saves
-            // the five values (not the check) into every copy whose lock reads `0`.
-            let mut block = env_block(&after);
-            if script == GrubScript::V1 {
-                block.remove(VAR_CHECK);
-            }
-            for n in 1..=2u8 {
-                let saves = match script {
-                    GrubScript::V1 => locks[n as usize - 1] == "0",
-                    GrubScript::V2 => intact[n as usize - 1],
-                };
-                if !saves {
-                    continue;
-                }
-                let lock_path = file(format!("lock{n}"));
-                let Some(mut lock) = read_opt(&lock_path)? else {
-                    continue;
-                };
-                if !grub_set_in_place(&mut lock, VAR_EDITING, "1") {
-                    continue;
-                }
-                countdown.push(WriteOp::InPlace {
-                    path: lock_path.clone(),
-                    offset: 0,
-                    data: lock.clone(),
-                });
-                let Some(mut env) = read_opt(&env_path(n))? else {
-                    continue;
-                };
-                if !block.iter().all(|(k, v)| grub_set_in_place(&mut env, k, v)) {
-                    continue;
-                }
-                countdown.push(WriteOp::InPlace {
-                    path: env_path(n),
-                    offset: 0,
-                    data: env,
-                });
-                if grub_set_in_place(&mut lock, VAR_EDITING, "0") {
-                    countdown.push(WriteOp::InPlace {
-                        path: lock_path,
-                        offset: 0,
-                        data: lock,
-                    });
-                }
-            }
+    for n in 1..=2u8 {
+        let saves = match script {
+            GrubScript::V1 => copies.locks[n as usize - 1] == "0",
+            GrubScript::V2 => copies.intact[n as usize - 1],
+        };
+        if !saves {
+            continue;
+        }
+        let lock_path = dir.join(format!("lock{n}"));
+        let Some(mut lock) = read_opt(&lock_path)? else {
+            continue;
+        };
+        if !grub_set_in_place(&mut lock, VAR_EDITING, "1") {
+            continue;
+        }
+        countdown.push(WriteOp::InPlace {
+            path: lock_path.clone(),
+            offset: 0,
+            data: lock.clone(),
+        });
+        let env_path = dir.join(format!("env{n}"));
+        let Some(mut env) = read_opt(&env_path)? else {
+            continue;
+        };
+        if !block.iter().all(|(k, v)| grub_set_in_place(&mut env, k, v)) {
+            continue;
+        }
+        countdown.push(WriteOp::InPlace {
+            path: env_path,
+            offset: 0,
+            data: env,
+        });
+        if grub_set_in_place(&mut lock, VAR_EDITING, "0") {
+            countdown.push(WriteOp::InPlace {
+                path: lock_path,
+                offset: 0,
+                data: lock,
+            });
         }
     }
-    Ok(BootSim {
-        script,
-        source,
-        seen,
-        choice,
-        countdown,
-        intact,
-        usable,
-        last_good,
-        last_good_canonical,
-        integrity: Integrity { in_use, damaged },
-    })
+    Ok(countdown)
 }

@@ -52,6 +52,7 @@ impl GrubScript {
     /// The version [`super::render_cfg`] renders.
     pub const CURRENT: GrubScript = GrubScript::V2;
 
+    /// The version number written after [`SCRIPT_MARKER`].
     pub fn number(self) -> u32 {
         match self {
             GrubScript::V1 => 1,
@@ -59,6 +60,7 @@ impl GrubScript {
         }
     }
 
+    /// The version numbered `n`; `None` for a number this build does not know.
     pub fn from_number(n: u32) -> Option<GrubScript> {
         match n {
             1 => Some(GrubScript::V1),

@@ -43,6 +43,7 @@ impl GrubBootloader {
         }
     }
 
+    /// The GRUB directory this backend reads and writes (e.g. `/boot/grub`).
     pub fn grub_dir(&self) -> &Path {
         &self.grub_dir
     }
@@ -77,7 +78,7 @@ impl GrubBootloader {
     /// rewritten completely, in the newest layout, under the rules of the script installed now
     /// (so a cut among them is an ordinary power-cut-safe write); then `grub.cfg` replaced
     /// atomically. Old script + new copies and new script + new copies both read the same
-    /// state (see [`super::version`]). Tries above what the new script accepts are lowered to
+    /// state (see [`GrubScript`](super::GrubScript)). Tries above what the new script accepts are lowered to
     /// its limit. Refused, with nothing written, when `cfg_text` is newer than this build or
     /// when no state can be read (nothing to keep: use [`Self::install_fresh`]).
     pub fn plan_install_script(&self, cfg_text: &str) -> Result<Vec<WriteOp>> {
@@ -173,7 +174,7 @@ fn max_tries_of(path: &Path, text: &str) -> Result<Option<u8>> {
 }
 
 impl GrubBootloader {
-    /// The highest tries count the installed `grub.cfg` accepts (its [`MAX_TRIES_MARKER`]
+    /// The highest tries count the installed `grub.cfg` accepts (its `# k3os-max-tries:`
     /// line), `None` when there is no `grub.cfg` or it has no marker.
     pub fn cfg_max_tries(&self) -> Result<Option<u8>> {
         let path = self.grub_dir.join(CFG_FILE);

@@ -48,6 +48,7 @@ pub struct SyslinuxConfig {
     pub timeout_tenths: u32,
     /// Also use the first serial port (115200 8N1).
     pub serial: bool,
+    /// `panic=<secs>` on every kernel command line, so a panicking kernel reboots.
     pub panic_secs: u32,
 }
 

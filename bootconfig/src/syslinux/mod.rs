@@ -58,12 +58,12 @@
 //! holds is byte-compatible with `extlinux` in every release.
 //!
 //! Submodules: `adv` (the ADV format: copies, checksum, boot-once record), `conf`
-//! (`extlinux.conf`: rendering, parsing, the state line); this module is the backend.
+//! (`extlinux.conf`: rendering, parsing, the state line), `tests`; this module is the backend.
 
 use std::path::{Path, PathBuf};
 
 use crate::atomic::WriteOp;
-pub use crate::BootEntry;
+use crate::BootEntry;
 use crate::{
     BootEnv, Bootloader, Damage, Error, Integrity, Planned, Result, ScriptInfo, ScriptKind, Slot,
     SlotBoot,
@@ -73,9 +73,7 @@ mod adv;
 mod conf;
 
 pub use adv::{Adv, ADV_BOOTONCE, ADV_SIZE};
-pub use conf::{
-    conf_version, render_conf, SyslinuxConfig, CONF_MARKER, CONF_VERSION, STATE_PREFIX,
-};
+pub use conf::{conf_version, render_conf, SyslinuxConfig, CONF_VERSION, STATE_PREFIX};
 use conf::{parse_conf, rewrite_conf, slot_of_label};
 
 pub const CONF_FILE: &str = "extlinux.conf";
@@ -90,6 +88,7 @@ pub struct SyslinuxBootloader {
 /// The loader's view of the files: what `read` reports and what syslinux will boot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyslinuxView {
+    /// Both slots as `read` reports them.
     pub env: BootEnv,
     /// The slot syslinux boots next.
     pub choice: Slot,
@@ -107,10 +106,12 @@ impl SyslinuxBootloader {
         }
     }
 
+    /// The `extlinux.conf` this backend reads and writes.
     pub fn conf_path(&self) -> PathBuf {
         self.dir.join(CONF_FILE)
     }
 
+    /// The `ldlinux.sys` whose ADV records the boot-once slot.
     pub fn ldlinux_path(&self) -> PathBuf {
         self.dir.join(LDLINUX_FILE)
     }
@@ -420,193 +421,4 @@ impl Bootloader for SyslinuxBootloader {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cfg(primary: Slot) -> SyslinuxConfig {
-        let e = |s: &str| BootEntry {
-            kernel: format!("/{s}/vmlinuz"),
-            initrd: format!("/{s}/initrd"),
-            cmdline: "root=/dev/vda4 console=ttyS0".into(),
-        };
-        SyslinuxConfig {
-            entries: [e("a"), e("b")],
-            primary,
-            timeout_tenths: 30,
-            serial: true,
-            panic_secs: 10,
-        }
-    }
-
-    /// A syslinux dir with our conf and a fake ldlinux.sys (4 KiB of code + empty ADV).
-    fn setup(primary: Slot) -> (tempfile::TempDir, SyslinuxBootloader) {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join(CONF_FILE), render_conf(&cfg(primary))).unwrap();
-        let mut ld = vec![0x90u8; 4096];
-        ld.extend_from_slice(&Adv::empty().0);
-        std::fs::write(d.path().join(LDLINUX_FILE), ld).unwrap();
-        let s = SyslinuxBootloader::new(d.path());
-        (d, s)
-    }
-
-    #[test]
-    fn render_conf_has_labels_default_and_args() {
-        let t = render_conf(&cfg(Slot::B));
-        assert!(t.starts_with("SERIAL 0 115200\n"));
-        assert!(t.contains("\nDEFAULT b\n"));
-        assert!(t.contains("LABEL a\n  LINUX /a/vmlinuz\n  INITRD /a/initrd\n  APPEND root=/dev/vda4 console=ttyS0 k3os.slot=A panic=10\n"));
-        assert!(t.contains("APPEND root=/dev/vda4 console=ttyS0 k3os.slot=B panic=10\n"));
-        assert!(t.contains("# k3os-state: primary=B a=bad b=good"));
-        assert!(t.contains("PROMPT 1\nTIMEOUT 30\n"));
-        let t0 = render_conf(&SyslinuxConfig {
-            timeout_tenths: 0,
-            serial: false,
-            ..cfg(Slot::A)
-        });
-        assert!(t0.contains("PROMPT 0\n") && !t0.contains("TIMEOUT") && !t0.contains("SERIAL"));
-    }
-
-    #[test]
-    fn adv_empty_is_valid_and_set_round_trips() {
-        let mut a = Adv::empty();
-        assert!(Adv::copy_valid(&a.0[..ADV_SIZE]));
-        assert_eq!(a.boot_once(), None);
-        a.set(2, b"menu").unwrap();
-        a.set(ADV_BOOTONCE, b"b").unwrap();
-        assert_eq!(a.boot_once().as_deref(), Some("b"));
-        a.set(ADV_BOOTONCE, b"a").unwrap();
-        assert_eq!(a.get(2), Some(&b"menu"[..]));
-        assert_eq!(&a.0[8..16], &[2, 4, b'm', b'e', b'n', b'u', 1, 1]);
-        a.set(ADV_BOOTONCE, b"").unwrap();
-        assert_eq!(a.boot_once(), None);
-        assert!(Adv::copy_valid(&a.0[ADV_SIZE..]));
-        let mut torn = a.0;
-        torn[100] ^= 1;
-        assert!(!Adv::copy_valid(&torn[..ADV_SIZE]));
-        assert_eq!(
-            Adv::load(&torn),
-            (a.clone(), true),
-            "copy 1 is used when copy 0 is bad"
-        );
-        torn[ADV_SIZE + 100] ^= 1;
-        assert_eq!(Adv::load(&torn), (Adv::empty(), false));
-        assert!(a.set(ADV_BOOTONCE, &[b'x'; 256]).is_err());
-    }
-
-    #[test]
-    fn trial_cycle_reads_as_the_contract_says() {
-        let (_d, s) = setup(Slot::A);
-        assert_eq!(
-            s.read().unwrap(),
-            BootEnv {
-                primary: Slot::A,
-                a: SlotBoot::Good,
-                b: SlotBoot::Bad
-            }
-        );
-        s.try_slot(Slot::B, 3).unwrap();
-        let v = s.view().unwrap();
-        assert_eq!(
-            v.env,
-            BootEnv {
-                primary: Slot::B,
-                a: SlotBoot::Good,
-                b: SlotBoot::Trying { tries_left: 1 }
-            }
-        );
-        assert_eq!((v.choice, v.once), (Slot::B, Some(Slot::B)));
-        assert!(
-            s.read_conf().unwrap().contains("\nDEFAULT a\n"),
-            "DEFAULT stays on the good slot during a trial"
-        );
-        // The loader consumes the record (as syslinux does before booting it).
-        let (raw, off) = s.read_adv_raw().unwrap();
-        let (mut adv, _) = Adv::load(&raw);
-        adv.set(ADV_BOOTONCE, b"").unwrap();
-        crate::atomic::write_at(s.ldlinux_path(), off, &adv.0).unwrap();
-        let v = s.view().unwrap();
-        assert_eq!(v.env.b, SlotBoot::Trying { tries_left: 0 });
-        assert_eq!(v.choice, Slot::A, "exhausted trial falls back to DEFAULT");
-        s.mark_good(Slot::B).unwrap();
-        let v = s.view().unwrap();
-        assert_eq!(
-            v.env,
-            BootEnv {
-                primary: Slot::B,
-                a: SlotBoot::Good,
-                b: SlotBoot::Good
-            }
-        );
-        assert_eq!((v.choice, v.once), (Slot::B, None));
-        assert!(s.read_conf().unwrap().contains("\nDEFAULT b\n"));
-        s.mark_bad(Slot::A).unwrap();
-        assert_eq!(s.read().unwrap().a, SlotBoot::Bad);
-        assert_eq!(s.max_tries(), 1);
-    }
-
-    #[test]
-    fn choice_equals_next_boot_for_every_representable_state() {
-        let (_d, s) = setup(Slot::A);
-        let states = [
-            SlotBoot::Good,
-            SlotBoot::Bad,
-            SlotBoot::Trying { tries_left: 0 },
-            SlotBoot::Trying { tries_left: 1 },
-        ];
-        for primary in Slot::ALL {
-            for a in states {
-                for b in states {
-                    let env = BootEnv { primary, a, b };
-                    s.install(&env).unwrap();
-                    assert_eq!(s.view().unwrap().choice, env.next_boot(), "{env:?}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn missing_files_are_named() {
-        let d = tempfile::tempdir().unwrap();
-        let s = SyslinuxBootloader::new(d.path());
-        let e = s.read().unwrap_err().to_string();
-        assert!(e.contains("extlinux.conf"), "{e}");
-        std::fs::write(d.path().join(CONF_FILE), render_conf(&cfg(Slot::A))).unwrap();
-        let e = s.read().unwrap_err().to_string();
-        assert!(
-            e.contains("ldlinux.sys") && e.contains("extlinux --install"),
-            "{e}"
-        );
-        std::fs::write(d.path().join(LDLINUX_FILE), [0u8; 100]).unwrap();
-        let e = s.read().unwrap_err().to_string();
-        assert!(e.contains("found 100"), "{e}");
-        std::fs::write(d.path().join(LDLINUX_FILE), [0u8; 2048]).unwrap();
-        std::fs::write(d.path().join(CONF_FILE), "DEFAULT linux\n").unwrap();
-        let e = s.read().unwrap_err().to_string();
-        assert!(e.contains("DEFAULT a"), "{e}");
-    }
-
-    #[test]
-    fn conf_without_state_line_reads_default_good() {
-        let (d, s) = setup(Slot::A);
-        std::fs::write(
-            d.path().join(CONF_FILE),
-            "SERIAL 0 115200\nDEFAULT b\nLABEL a\n  LINUX /a\nLABEL b\n  LINUX /b\n",
-        )
-        .unwrap();
-        assert_eq!(
-            s.read().unwrap(),
-            BootEnv {
-                primary: Slot::B,
-                a: SlotBoot::Bad,
-                b: SlotBoot::Good
-            }
-        );
-        s.mark_good(Slot::A).unwrap();
-        let t = s.read_conf().unwrap();
-        assert!(t.starts_with("SERIAL 0 115200\n"), "{t}");
-        assert!(
-            t.contains("\nDEFAULT a\n# k3os-state: primary=A a=good b=good\nLABEL a"),
-            "{t}"
-        );
-    }
-}
+mod tests;

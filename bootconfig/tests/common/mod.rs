@@ -63,12 +63,8 @@ pub fn copy_tree(from: &Path, to: &Path) {
 }
 
 /// `op` with its path moved from under `from` to the same place under `to`.
-pub fn rebase(
-    op: &bootconfig::atomic::WriteOp,
-    from: &Path,
-    to: &Path,
-) -> bootconfig::atomic::WriteOp {
-    use bootconfig::atomic::WriteOp;
+pub fn rebase(op: &bootconfig::WriteOp, from: &Path, to: &Path) -> bootconfig::WriteOp {
+    use bootconfig::WriteOp;
     let p: PathBuf = to.join(op.path().strip_prefix(from).unwrap());
     match op {
         WriteOp::InPlace { offset, data, .. } => WriteOp::InPlace {
@@ -86,7 +82,7 @@ pub fn rebase(
 /// A copy of `base` after `ops[..i]` completed and a power cut hit `ops[i]` after `cut` bytes.
 pub fn after_cut(
     base: &Path,
-    ops: &[bootconfig::atomic::WriteOp],
+    ops: &[bootconfig::WriteOp],
     i: usize,
     cut: usize,
 ) -> tempfile::TempDir {
@@ -114,8 +110,8 @@ pub fn scratch() -> tempfile::TempDir {
 /// The cut points for `ops[i]`: the byte-boundary classes of [`CUTS`] plus every distinct state
 /// a cut inside the range where the write changes the file leaves (there a cut leaves a mix
 /// of old and new bytes; the fixed classes alone may all fall into unchanged padding).
-pub fn cuts_for(base: &Path, ops: &[bootconfig::atomic::WriteOp], i: usize) -> Vec<usize> {
-    use bootconfig::atomic::WriteOp;
+pub fn cuts_for(base: &Path, ops: &[bootconfig::WriteOp], i: usize) -> Vec<usize> {
+    use bootconfig::WriteOp;
     let st = scratch();
     copy_tree(base, st.path());
     for op in &ops[..i] {

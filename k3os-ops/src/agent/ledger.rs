@@ -1,6 +1,6 @@
 //! What the node keeps about its thin-link staging, in libupgrade's state directory next to
 //! (never inside) `state.json`, each file small, versioned JSON written atomically (temp,
-//! fsync, rename, fsync dir: `bootconfig::atomic::write_atomic`):
+//! fsync, rename, fsync dir: `bootconfig::write_atomic`):
 //!
 //! - `stage-ledger.json`: the bytes fetched on one quota day, so `spec.stage.maxBytesPerDay`
 //!   holds across agent restarts and reboots. Format 1:
@@ -119,7 +119,7 @@ fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, Record
 
 fn write<T: Serialize>(path: &Path, value: &T) -> Result<(), RecordError> {
     let bytes = serde_json::to_vec(value).expect("records serialize");
-    bootconfig::atomic::write_atomic(path, &bytes).map_err(|e| RecordError::Bad {
+    bootconfig::write_atomic(path, &bytes).map_err(|e| RecordError::Bad {
         path: path.into(),
         what: format!("cannot write: {e}"),
     })

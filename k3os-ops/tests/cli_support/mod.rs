@@ -37,7 +37,7 @@ pub fn write_node(p: &Path, generation: u64, trust: &Path, extra: &str) -> PathB
     for d in ["system", "boot/grub", "state", "health.d"] {
         fs::create_dir_all(p.join(d)).unwrap();
     }
-    bootconfig::grub::GrubBootloader::new(p.join("boot/grub"), 3)
+    bootconfig::GrubBootloader::new(p.join("boot/grub"), 3)
         .install(&BootEnv {
             primary: Slot::A,
             a: SlotBoot::Good,

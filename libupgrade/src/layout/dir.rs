@@ -49,7 +49,7 @@ impl DirLayout {
         std::os::unix::fs::symlink(to, &tmp).map_err(|e| Error::io("symlink", &tmp, e))?;
         let dst = dir.join(name);
         std::fs::rename(&tmp, &dst).map_err(|e| Error::io("rename link", &dst, e))?;
-        bootconfig::atomic::fsync_dir(dir)?;
+        bootconfig::fsync_dir(dir)?;
         crate::barrier::hit("link-switched");
         Ok(())
     }

@@ -179,7 +179,7 @@ impl Target {
 
 pub(crate) fn fsync_parent(p: &Path) -> Result<()> {
     let dir = p.parent().unwrap_or(Path::new("."));
-    bootconfig::atomic::fsync_dir(dir)?;
+    bootconfig::fsync_dir(dir)?;
     Ok(())
 }
 

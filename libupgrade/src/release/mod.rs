@@ -76,9 +76,9 @@ impl BootScript {
         let path = Path::new(self.kind.file_name());
         let v = match self.kind {
             ScriptKind::GrubCfg => {
-                bootconfig::grub::GrubScript::of_cfg(path, &self.text).map(|v| v.number())
+                bootconfig::GrubScript::of_cfg(path, &self.text).map(|v| v.number())
             }
-            ScriptKind::ExtlinuxConf => bootconfig::syslinux::conf_version(path, &self.text),
+            ScriptKind::ExtlinuxConf => bootconfig::conf_version(path, &self.text),
         };
         v.map_err(|e| ReleaseError::Script {
             kind: self.kind,
@@ -351,8 +351,8 @@ fn draft_manifest(opts: &CreateOptions, generation: u64) -> Result<Manifest, Rel
             initrd: placeholder(INITRD_FILE),
         },
         boot: Some(BootSupport {
-            grub_script: bootconfig::grub::GrubScript::CURRENT.number(),
-            extlinux_conf: bootconfig::syslinux::CONF_VERSION,
+            grub_script: bootconfig::GrubScript::CURRENT.number(),
+            extlinux_conf: bootconfig::CONF_VERSION,
             scripts: Vec::new(),
         }),
     };

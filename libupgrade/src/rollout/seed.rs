@@ -9,7 +9,7 @@
 //!
 //! The file `node-seed.json` in the state directory, next to (never inside) `state.json`, is
 //! format 1: `{"format":1,"seed":N}`. It is written once, atomically and power-cut safe
-//! (temp file, fsync, rename, fsync of the directory: `bootconfig::atomic::write_atomic`), and
+//! (temp file, fsync, rename, fsync of the directory: `bootconfig::write_atomic`), and
 //! never rewritten while it reads well. What [`load_or_create`] does with each case:
 //! - no file (a new node, or one made by v0.1.0 or v0.2.0 before this file existed: that is
 //!   its migration): a seed is drawn at random and written;
@@ -241,8 +241,7 @@ pub fn load_or_create(state_dir: &Path) -> Result<Loaded, SeedError> {
         seed,
     })
     .expect("a seed file serializes");
-    bootconfig::atomic::write_atomic(&p, &bytes)
-        .map_err(|source| SeedError::Write { path: p, source })?;
+    bootconfig::write_atomic(&p, &bytes).map_err(|source| SeedError::Write { path: p, source })?;
     crate::barrier::hit("seed-written");
     Ok(Loaded { seed, origin })
 }

@@ -254,7 +254,7 @@ impl Stager<'_> {
                 "writing {} (generation {}) from {}, signed by {}",
                 v.manifest.version, v.manifest.generation, v.location, v.key
             ),
-        );
+        )?;
         self.store.save(st, "stage:slot-invalid")?;
         let p = Partial {
             slot: target,
@@ -396,7 +396,7 @@ impl Stager<'_> {
                 crate::units::Size(stats.reused),
                 crate::units::Size(total),
             ),
-        );
+        )?;
         self.store.save(st, "stage:slot-staged")?;
         Partial::clear(&self.cfg.state_dir)
     }

@@ -146,6 +146,21 @@ impl Event {
     }
 }
 
+/// A transition the slot lifecycle has no edge for: `event` may not leave the slot's state.
+/// Nothing was changed; the caller's bookkeeping is wrong and its operation stops here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("slot {slot}: {event:?} cannot leave {from:?} (allowed from {allowed:?})")]
+pub struct TransitionError {
+    /// The slot whose record was asked to move.
+    pub slot: Slot,
+    /// The event that was asked for.
+    pub event: Event,
+    /// The slot's state, which the event may not leave.
+    pub from: SlotState,
+    /// The states the event may leave ([`Event::edge`]).
+    pub allowed: &'static [SlotState],
+}
+
 /// A logged decision: when, about which slot and generation, what and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
@@ -207,29 +222,31 @@ impl State {
         self.slots.entry(s).or_insert_with(SlotRecord::empty)
     }
 
-    /// Set a slot's state and log why.
-    pub fn transition(&mut self, s: Slot, event: Event, why: impl Into<String>) {
+    /// Set a slot's state and log why. An event that only logs ([`Event::edge`] is `None`)
+    /// leaves the state as it is and is logged with the slot's version. An event that may not
+    /// leave the slot's current state changes nothing and is refused with the edge it lacks.
+    pub fn transition(
+        &mut self,
+        s: Slot,
+        event: Event,
+        why: impl Into<String>,
+    ) -> Result<(), TransitionError> {
         let rec = self.slot_mut(s);
-        let Some((state, from)) = event.edge() else {
-            unreachable!("{event:?} only logs; use State::log");
-        };
-        // A bookkeeping slip must not strand a node: caught by the tests (debug builds), logged
-        // in a release build, where the transition still happens.
-        debug_assert!(
-            from.contains(&rec.state),
-            "slot {s}: {event:?} cannot leave {:?} (allowed from {from:?})",
-            rec.state
-        );
-        if !from.contains(&rec.state) {
-            log::error!(
-                "slot {s}: {event:?} from {:?}, which it should not leave (allowed from {from:?})",
-                rec.state
-            );
+        if let Some((state, from)) = event.edge() {
+            if !from.contains(&rec.state) {
+                return Err(TransitionError {
+                    slot: s,
+                    event,
+                    from: rec.state,
+                    allowed: from,
+                });
+            }
+            rec.state = state;
+            rec.since = now();
         }
-        rec.state = state;
-        rec.since = now();
         let (version, generation) = (rec.version.clone(), rec.generation);
         self.log(s, event, version, generation, why);
+        Ok(())
     }
 
     /// Append a decision to the log.
@@ -388,9 +405,89 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "cannot leave Empty")]
     fn a_transition_from_a_state_it_may_not_leave_is_caught() {
         let mut st = State::default();
-        st.transition(Slot::B, Event::Staged, "staged without a write");
+        let before = st.clone();
+        let e = st
+            .transition(Slot::B, Event::Staged, "staged without a write")
+            .unwrap_err();
+        assert!(e.to_string().contains("cannot leave Empty"), "{e}");
+        assert_eq!(
+            e,
+            TransitionError {
+                slot: Slot::B,
+                event: Event::Staged,
+                from: SlotState::Empty,
+                allowed: &[SlotState::Invalid],
+            }
+        );
+        assert_eq!(st, before, "a refused transition changes nothing");
+    }
+
+    const STATES: [SlotState; 6] = [
+        SlotState::Empty,
+        SlotState::Invalid,
+        SlotState::Staged,
+        SlotState::Trying,
+        SlotState::Good,
+        SlotState::Bad,
+    ];
+
+    /// The lifecycle, written out independently of [`Event::edge`]: event, the state it moves
+    /// a slot to (None: it only logs) and the states it may leave.
+    fn table() -> Vec<(Event, Option<SlotState>, Vec<SlotState>)> {
+        use SlotState::*;
+        let not_good = vec![Empty, Invalid, Staged, Trying, Bad];
+        vec![
+            (Event::Bootstrap, Some(Good), vec![Empty]),
+            (Event::StageStarted, Some(Invalid), STATES.to_vec()),
+            (Event::Staged, Some(Staged), vec![Invalid]),
+            (Event::StageFailed, None, STATES.to_vec()),
+            (Event::Activated, Some(Trying), vec![Staged, Good]),
+            (Event::Confirmed, Some(Good), not_good.clone()),
+            (Event::HealthFailed, Some(Bad), not_good),
+            (Event::FallbackTaken, Some(Bad), vec![Trying]),
+            (Event::ActivationLost, Some(Staged), vec![Trying]),
+            (Event::RolledBack, Some(Bad), STATES.to_vec()),
+            (Event::MarkedBad, Some(Bad), STATES.to_vec()),
+            (Event::Booted, None, STATES.to_vec()),
+        ]
+    }
+
+    /// Every (event, state) pair: an edge of the table is taken and logged; any other pair is
+    /// refused as a value and leaves the state file as it was; a log-only event logs and keeps
+    /// the state. Checked through return values only, as a release build sees them.
+    #[test]
+    fn every_edge_is_taken_and_every_other_pair_refused() {
+        for (event, to, allowed) in table() {
+            for from in STATES {
+                let mut st = State::default();
+                let rec = st.slot_mut(Slot::A);
+                rec.state = from;
+                rec.version = Some("v2".into());
+                let before = st.clone();
+                let got = st.transition(Slot::A, event, "table");
+                if allowed.contains(&from) {
+                    assert_eq!(got, Ok(()), "{event:?} from {from:?}");
+                    assert_eq!(st.slot(Slot::A).state, to.unwrap_or(from), "{event:?}");
+                    let d = st.last_decision(Slot::A).expect("logged");
+                    assert_eq!(
+                        (d.event, d.version.as_deref(), st.history.len()),
+                        (event, Some("v2"), 1),
+                        "{event:?} from {from:?}"
+                    );
+                } else {
+                    let e = got.expect_err("an edge the table lacks is refused");
+                    assert_eq!((e.slot, e.event, e.from), (Slot::A, event, from));
+                    assert_eq!(e.allowed, allowed.as_slice(), "{event:?}");
+                    assert_eq!(st, before, "{event:?} from {from:?} changed the state");
+                }
+            }
+            assert_eq!(
+                event.edge().map(|(t, f)| (t, f.to_vec())),
+                to.map(|t| (t, allowed.clone())),
+                "{event:?}: Event::edge and the table differ"
+            );
+        }
     }
 }

@@ -91,7 +91,7 @@ impl StateStore {
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| Error::io("create state dir", dir, e))?;
         }
-        bootconfig::atomic::write_atomic(&self.path, &bytes)?;
+        bootconfig::write_atomic(&self.path, &bytes)?;
         crate::barrier::hit(barrier);
         Ok(())
     }
@@ -111,8 +111,10 @@ mod tests {
         st.slot_mut(Slot::B).version = Some("v2".into());
         for i in 0..100 {
             // Invalid -> staged, again and again (each edge from a state it may leave).
-            st.transition(Slot::B, Event::StageStarted, format!("m{i}"));
-            st.transition(Slot::B, Event::Staged, format!("n{i}"));
+            st.transition(Slot::B, Event::StageStarted, format!("m{i}"))
+                .unwrap();
+            st.transition(Slot::B, Event::Staged, format!("n{i}"))
+                .unwrap();
         }
         store.save(&st, "test").unwrap();
         let back = store.load().unwrap();

@@ -46,8 +46,10 @@
 //! a boot, confirm, `slot status`, upgrade, reboot into a blessed slot); each scenario family
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
-//! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability), `rotation` (trust-rotation). Data flows one way: this file → a family → `steps` → [`Vm`] /
-//! [`crate::server`]. A new scenario is a variant of [`ScenarioKind`], one arm in
+//! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability), `rotation`
+//! (trust-rotation). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! [`crate::server`] / [`crate::target`]; the one link between families is `previous` using
+//! `powercut`'s barrier formatter. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
 //!
 //! [`Vm`]: crate::vm::Vm

@@ -275,9 +275,9 @@ impl Scenario {
         let text = vm.run_ok(&format!("cat {path}"), CMD)?;
         let p = Path::new(path);
         let v = if self.target.uses_grub() {
-            bootconfig::grub::GrubScript::of_cfg(p, &text).map(|v| v.number())
+            bootconfig::GrubScript::of_cfg(p, &text).map(|v| v.number())
         } else {
-            bootconfig::syslinux::conf_version(p, &text)
+            bootconfig::conf_version(p, &text)
         };
         v.map_err(|e| self.fail(format!("{}: the installed {path}: {e}", vm.name())))
     }
@@ -285,9 +285,9 @@ impl Scenario {
     /// The version of the boot script the current code renders for this target.
     fn current_script(&self) -> u32 {
         if self.target.uses_grub() {
-            bootconfig::grub::GrubScript::CURRENT.number()
+            bootconfig::GrubScript::CURRENT.number()
         } else {
-            bootconfig::syslinux::CONF_VERSION
+            bootconfig::CONF_VERSION
         }
     }
 
