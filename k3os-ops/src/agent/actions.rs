@@ -1,20 +1,19 @@
-//! The actions of [`super::decide::Action`] that wait or keep the books, one `tick_*`
-//! function each (the stage and the disruptive steps are in [`super::steps`]): report a
-//! waiting state, claim or give back a slot, record a failed update.
+//! The actions of [`super::decide::Action`] that keep the books, one `tick_*` function each
+//! (what a waiting action says is in [`super::waits`], the stage and the disruptive steps in
+//! [`super::steps`]): claim or give back a slot, record a failed update.
 
-use std::sync::atomic::Ordering;
-
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use rand::Rng;
 
 use super::channels::Channel;
-use super::context::{Agent, Next, Say};
-use super::decide::{IdleReason, NodeView, TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED};
+use super::context::{Agent, Next};
+use super::decide::{Action, IdleReason, NodeView, TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED};
 use super::errors::AgentError;
 use super::format::{ANN_MESSAGE, ANN_PROGRESS, ANN_TOKEN};
 use super::kube_store::KubeChannelStore;
 use super::metrics::Outcome;
 use super::phase::Phase;
+use super::publish::Say;
 use super::slots::{self, ClaimOutcome};
 
 /// Nothing to do: say why where it helps; a slot of this node under another token (an earlier
@@ -76,102 +75,14 @@ pub(super) async fn tick_invalid(cx: &Agent, ch: &Channel, msg: &str) -> Result<
     Ok(Next::Wait)
 }
 
-/// Claims are paused by failures of `version`.
-pub(super) async fn tick_paused(
-    cx: &Agent,
-    ch: &Channel,
-    version: &str,
-) -> Result<Next, AgentError> {
-    cx.report(
-        ch,
-        Phase::Paused,
-        &format!("claims paused: too many failures of {version}"),
-        Say::warn(
-            "Paused",
-            format!("not updating to {version}: the channel is paused after failures"),
-        )
-        .once(),
-    )
-    .await?;
-    Ok(Next::Wait)
-}
-
-/// Claims are stopped by `spec.paused`.
-pub(super) async fn tick_paused_by_spec(
-    cx: &Agent,
-    ch: &Channel,
-    version: &str,
-) -> Result<Next, AgentError> {
-    cx.report(
-        ch,
-        Phase::Paused,
-        &format!("{version} staged; claims paused by spec.paused"),
-        Say::info(
-            "Paused",
-            format!("not updating to {version}: spec.paused is true"),
-        )
-        .once(),
-    )
-    .await?;
-    Ok(Next::Wait)
-}
-
-/// Staged; this node's wave of `spec.rollout` has not started.
-pub(super) async fn tick_wait_for_wave(
-    cx: &Agent,
-    ch: &Channel,
-    version: &str,
-    admitted: u32,
-    waves: u32,
-) -> Result<Next, AgentError> {
-    let msg = if waves == 0 {
-        format!("{version} staged; waiting for its wave (only the canaries may update so far)")
-    } else {
-        format!(
-            "{version} staged; waiting for its wave (waves 1 to {admitted} of {waves} may update)"
-        )
-    };
-    cx.waiting(ch, Phase::WaitingForWave, "WaitingForWave", msg)
-        .await?;
-    Ok(Next::Wait)
-}
-
-/// Staged, outside the window (or too late in it).
-pub(super) async fn tick_wait_for_window(
-    cx: &Agent,
-    ch: &Channel,
-    next: Option<DateTime<Utc>>,
-) -> Result<Next, AgentError> {
-    let msg = match next {
-        Some(t) => format!("staged; waiting for the window starting {t}"),
-        None => "staged; the window is too short for drain timeout + reboot timeout".into(),
-    };
-    cx.waiting(ch, Phase::WaitingForWindow, "WaitingForWindow", msg)
-        .await?;
-    Ok(Next::Wait)
-}
-
 /// Claim an update slot with a fresh token (written on the Node first, so a restarted agent
-/// finds its slot), unless the last attempt's back-off still runs.
+/// finds its slot). The back-off, the gates and full slots were the decision's to judge.
 pub(super) async fn tick_claim(
     cx: &Agent,
     ch: &Channel,
     store: &KubeChannelStore,
     version: &str,
 ) -> Result<Next, AgentError> {
-    let now_s = Utc::now().timestamp().max(0) as u64;
-    let not_before = cx.memory.claim_not_before.load(Ordering::Relaxed);
-    if now_s < not_before {
-        cx.phase(
-            Phase::BackingOff,
-            &format!(
-                "the last update attempt was aborted; next claim in {}s",
-                not_before - now_s
-            ),
-        )
-        .await?;
-        return Ok(Next::Wait);
-    }
     let token = format!(
         "{:016x}{:016x}",
         rand::thread_rng().gen::<u64>(),
@@ -196,40 +107,15 @@ pub(super) async fn tick_claim(
             Ok(Next::Again)
         }
         ClaimOutcome::Full(holders) => {
-            let msg = format!("all slots taken by {}", holders.join(", "));
-            cx.waiting(ch, Phase::WaitingForSlot, "WaitingForSlot", msg)
-                .await?;
+            let wait = Action::WaitForSlot { holders };
+            if let Some(report) = super::waits::report(&wait, Utc::now()) {
+                cx.publish(ch, report).await?;
+            }
             Ok(Next::Wait)
         }
         ClaimOutcome::Paused => Ok(Next::Again),
         ClaimOutcome::TargetChanged(_) => Ok(Next::Again),
     }
-}
-
-/// A new claim: first the pre-reboot gates ([`super::gates`]; a slot this node already holds
-/// is never held back by them), then [`tick_claim`].
-pub(super) async fn tick_claim_gated(
-    cx: &Agent,
-    ch: &Channel,
-    store: &KubeChannelStore,
-    version: &str,
-) -> Result<Next, AgentError> {
-    if let Some(why) = gated(cx, ch).await {
-        let msg = format!("{version} staged; not claiming: {why}");
-        cx.waiting(ch, Phase::WaitingForGate, "ClaimBlocked", msg)
-            .await?;
-        return Ok(Next::Wait);
-    }
-    tick_claim(cx, ch, store, version).await
-}
-
-/// Why a pre-reboot gate of `ch` holds the claim back ([`super::gates`]), if one does.
-async fn gated(cx: &Agent, ch: &Channel) -> Option<String> {
-    let gates = &ch.policy.as_ref().ok()?.gates;
-    if gates.is_empty() {
-        return None;
-    }
-    super::gates::check(&cx.clients.client, &cx.settings.node, gates).await
 }
 
 /// The claim held through a long silence is given up for a fresh one.

@@ -1,8 +1,10 @@
 //! One reconcile of the agent: read the Node and the channels, pick this node's channel
-//! ([`super::channels::pick`]), build the [`NodeView`], ask [`super::decide::step`] for the
-//! next step and dispatch it to the one function that carries it out ([`super::actions`] for
-//! the waiting and bookkeeping actions, [`super::steps`] for stage and the disruptive steps).
-//! Nothing here decides: the dispatch is one match, like Zincati's actor.
+//! ([`super::channels::pick`]), build the [`NodeView`], gather the decision's
+//! [`Inputs`] (the back-offs from memory; the gates' verdict and today's fetched bytes only
+//! when [`super::decide::step`] asks for them), ask it for the next step and dispatch it to
+//! the one function that carries it out ([`super::waits`] for what a waiting step says,
+//! [`super::actions`] for the bookkeeping actions, [`super::steps`] for stage and the
+//! disruptive steps). Nothing here decides: the dispatch is one match, like Zincati's actor.
 
 use chrono::Utc;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
@@ -15,7 +17,7 @@ use super::cache::Fresh;
 use super::channels::{Channel, Listed, Picked};
 pub use super::context::{Agent, Next};
 use super::crd::SlotPhase;
-use super::decide::{Action, Inactive, NodeView};
+use super::decide::{Action, Inactive, Inputs, Need, NodeView, Step, Verdict};
 use super::errors::{AgentError, KubeContext};
 use super::steps;
 
@@ -69,12 +71,57 @@ pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
         silent_at_start: silence,
         ..view
     };
-    let step = super::decide::step(&channel, &channel.policy, &view, Utc::now());
+    let step = decide(cx, &channel, &view).await?;
     tracing::debug!(?step, channel = %channel.name(), "decided");
     if step.undo_cordon {
         cx.undo_cordon().await?;
     }
-    execute(cx, &channel, &view, step.action).await
+    execute(cx, &channel, &view, step).await
+}
+
+/// The decision for `view` under `ch`, with the inputs it asks for gathered.
+async fn decide(cx: &Agent, ch: &Channel, view: &NodeView) -> Result<Step, AgentError> {
+    let now = Utc::now();
+    let stage_now = cx.settings.clock.now();
+    let mut inputs = Inputs {
+        now,
+        stage_now,
+        claim_not_before: cx
+            .memory
+            .claims
+            .lock()
+            .expect("not poisoned")
+            .waits_until(now),
+        stage_not_before: cx
+            .memory
+            .stages
+            .lock()
+            .expect("not poisoned")
+            .waits_until(stage_now),
+        ..Inputs::default()
+    };
+    loop {
+        let step = super::decide::step(ch, &ch.policy, view, &inputs);
+        match step.action {
+            Action::Gather(Need::Gates) => inputs.gates = gates_verdict(cx, ch).await,
+            Action::Gather(Need::FetchedOn(day)) => {
+                let fetched = cx.blocking(move |ops| ops.fetched_on(day)).await?;
+                inputs.fetched_today = Some(fetched);
+            }
+            _ => return Ok(step),
+        }
+    }
+}
+
+/// What the pre-reboot gates of `ch` say about a claim now ([`super::gates`]).
+async fn gates_verdict(cx: &Agent, ch: &Channel) -> Verdict {
+    let Ok(policy) = ch.policy.as_ref() else {
+        return Verdict::Open;
+    };
+    match super::gates::check(&cx.clients.client, &cx.settings.node, &policy.gates).await {
+        None => Verdict::Open,
+        Some(why) => Verdict::Closed(why),
+    }
 }
 
 /// The own Node and the channel objects: from the watch caches when they have caught up with
@@ -212,46 +259,41 @@ async fn node_view(
     }))
 }
 
-/// The holders of `ch` as read when every slot of its `concurrency` is taken.
-fn full_as_read(ch: &Channel) -> Option<Vec<String>> {
-    let slots = &ch.status.as_ref()?.slots;
-    (slots.len() >= ch.spec.concurrency.max(1) as usize)
-        .then(|| slots.iter().map(|s| s.node.clone()).collect())
-}
-
-/// Carry out `action`: one function per action.
+/// Carry out `step`'s action: a waiting one is published as [`super::waits`] words it, every
+/// other has one function.
 pub(super) async fn execute(
     cx: &Agent,
     ch: &Channel,
     view: &NodeView,
-    action: Action,
+    step: Step,
 ) -> Result<Next, AgentError> {
+    if let Some(report) = super::waits::report(&step.action, Utc::now()) {
+        cx.publish(ch, report).await?;
+        return Ok(Next::Wait);
+    }
     let store = cx.store(ch.name());
     let token = view.token.clone().unwrap_or_default();
-    match action {
+    match step.action {
         Action::Idle(reason) => actions::tick_idle(cx, ch, reason).await,
         Action::Invalid(msg) => actions::tick_invalid(cx, ch, &msg).await,
-        Action::Stage { version } => steps::stage(cx, ch, &version).await,
-        Action::Paused { version } => actions::tick_paused(cx, ch, &version).await,
-        Action::PausedBySpec { version } => actions::tick_paused_by_spec(cx, ch, &version).await,
-        Action::WaitForWave {
-            version,
-            admitted,
-            waves,
-        } => actions::tick_wait_for_wave(cx, ch, &version, admitted, waves).await,
-        Action::WaitForWindow { next } => actions::tick_wait_for_window(cx, ch, next).await,
-        Action::Claim { version } => match full_as_read(ch) {
-            // No free slot in the channel as read: wait for the change that frees one (the
-            // channel watch wakes this loop) without a claim attempt, a new token on the
-            // Node or a gate query. The claim itself is a compare-and-swap on a fresh read.
-            Some(holders) => {
-                let msg = format!("all slots taken by {}", holders.join(", "));
-                cx.waiting(ch, Phase::WaitingForSlot, "WaitingForSlot", msg)
-                    .await?;
-                Ok(Next::Wait)
-            }
-            None => actions::tick_claim_gated(cx, ch, &store, &version).await,
+        Action::Stage { version } => match step.stage {
+            Some(plan) => stage(cx, ch, view, &version, plan).await,
+            None => Ok(Next::Wait),
         },
+        // Published above; a stage back-off is waited out quietly.
+        Action::Paused { .. }
+        | Action::PausedBySpec { .. }
+        | Action::WaitForWave { .. }
+        | Action::WaitForWindow { .. }
+        | Action::WaitForSlot { .. }
+        | Action::WaitForGate { .. }
+        | Action::ClaimBackingOff { .. }
+        | Action::StageWaiting { .. }
+        | Action::StageBackingOff { .. } => Ok(Next::Wait),
+        // decide() answered the facts it needs before returning.
+        Action::Gather(_) => Ok(Next::Again),
+        // The claim itself is a compare-and-swap on a fresh read.
+        Action::Claim { version } => actions::tick_claim(cx, ch, &store, &version).await,
         Action::Forfeit { version } => actions::tick_forfeit(cx, ch, &store, &version).await,
         Action::Continue { phase, version } => match phase {
             SlotPhase::Claimed | SlotPhase::Draining => {
@@ -268,5 +310,30 @@ pub(super) async fn execute(
         }
         Action::FinishRollback => actions::tick_finish_rollback(cx, ch, &store, &token).await,
         Action::Release { reason } => actions::tick_release(cx, ch, &store, &token, &reason).await,
+    }
+}
+
+/// Stage per `plan`; when the stage stops cleanly (the quota or the windows' end), decide
+/// again with the bytes fetched by then: waiting is published, a next stretch that begins at
+/// once goes on at the next reconcile.
+async fn stage(
+    cx: &Agent,
+    ch: &Channel,
+    view: &NodeView,
+    version: &str,
+    plan: super::decide::StagePlan,
+) -> Result<Next, AgentError> {
+    match super::staging::stage(cx, ch, version, plan).await? {
+        super::staging::Staging::Done(next) => Ok(next),
+        super::staging::Staging::Stopped => {
+            let step = decide(cx, ch, view).await?;
+            match super::waits::report(&step.action, Utc::now()) {
+                Some(report) if matches!(step.action, Action::StageWaiting { .. }) => {
+                    cx.publish(ch, report).await?;
+                    Ok(Next::Wait)
+                }
+                _ => Ok(Next::Again),
+            }
+        }
     }
 }

@@ -23,12 +23,15 @@
 //!  │              + background (node Lease, reclaim of dead holders, `latest` poller)
 //!  │              + counter (the fleet counts and waves: list Nodes → fleet → slots)
 //! controller     read: own Node, channels (channels), this node's slots (node) → NodeView
-//!  │             decide: decide::step(channel, policy, view, now) → Step (pure, no I/O)
-//!  │             dispatch: one match, one function per Action
-//! actions, steps tick_* (wait, claim, forfeit, release, record a failure) | stage, cordon +
+//!  │             gather: back-offs (cooldown), gates' verdict, bytes fetched today → Inputs
+//!  │             decide: decide::step(channel, policy, view, inputs) → Step (pure, no I/O)
+//!  │             dispatch: one match; a waiting Step is published as waits words it
+//! actions, steps tick_* (claim, forfeit, release, record a failure) | stage, cordon +
 //!  │             drain, flip + reboot, confirm — each fences on its token first
 //!  │              + invalid (the Invalid condition), assessment (boot not assessed yet)
-//! context        Agent = Settings + Clients + Memory; annotate_phase, events, blocking calls
+//! publish,       what the agent says (annotations, Events) | undo cordon, give back,
+//! effects        record a failure
+//! context        Agent = Settings + Clients + Memory
 //! slots, drain,  the effects: CAS of the channel status (slots over kube_store), cordon and
 //! node, events   Eviction API (drain), libupgrade (node), Events (events)
 //! decide, spec,  pure: the decision table, the parsed spec (Policy), windows, durations,
@@ -39,7 +42,9 @@
 //!
 //! Module map: [`crd`] (the resource types), [`spec`] (a channel's spec parsed once into a
 //! [`spec::Policy`]), [`window`] and [`duration`] (spec parsing), [`decide`] (pure next-step
-//! logic), [`slots`] (the CAS slot protocol over the [`slots::ChannelStore`] trait),
+//! logic and its inputs), [`cooldown`] (the back-off of claims and stages), [`waits`] (what a
+//! waiting decision says), [`publish`] (annotations and Events), [`effects`] (undo cordon,
+//! give back, record a failure), [`slots`] (the CAS slot protocol over the [`slots::ChannelStore`] trait),
 //! [`kube_store`] (that trait over kube-rs), [`drain`] (cordon/evict), [`node`] (the
 //! node-side trait over libupgrade), [`rollout`] (waves: who is in which, who may claim, when
 //! the next starts), [`fleet`] (counts and `Complete` from the Nodes' annotations), [`counter`]
@@ -80,11 +85,13 @@ pub mod channels;
 pub mod client;
 pub mod context;
 pub mod controller;
+pub mod cooldown;
 pub mod counter;
 pub mod crd;
 pub mod decide;
 pub mod drain;
 pub mod duration;
+pub mod effects;
 pub mod errors;
 pub mod events;
 pub mod fleet;
@@ -97,6 +104,7 @@ pub mod metrics;
 pub mod node;
 pub mod phase;
 pub mod progress;
+pub mod publish;
 pub mod rollout;
 pub mod run;
 pub mod slots;
@@ -106,6 +114,7 @@ pub mod stale;
 pub mod steps;
 pub mod thin;
 pub mod thin_report;
+pub mod waits;
 pub mod window;
 
 use std::path::PathBuf;

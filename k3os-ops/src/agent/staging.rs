@@ -1,55 +1,58 @@
 //! The stage step: download, verify and write the target into the inactive slot, following
 //! the channel's thin-link settings ([`super::thin`]).
 //!
-//! In order: read today's quota ledger (node side), ask [`ThinPolicy::gate`] whether a stage
-//! may run now — if not, the phase `StageWaiting` says why and until when, and the step waits
-//! (every reconcile asks again, so a spec change is seen at once) — then preview the stage
+//! Whether a stage may run now is [`super::decide::step`]'s call (the back-off, the stage
+//! windows, today's quota read from the node's ledger): it hands over a
+//! [`StagePlan`], or decides `StageWaiting`, whose phase says why and until when (every
+//! reconcile asks again, so a spec change is seen at once). Here: preview the stage
 //! (annotation, gauge, `slot status`), judge whether what is left can arrive before the next
-//! maintenance window (condition `StageWillMissWindow`), and stage within the open windows and
-//! the quota's budget. A clean stop at the quota or the windows' end is `StageWaiting` again,
-//! never a failure: no `StageFailed`, no `k3os_ops_stage_failures_total`, no back-off, nothing
-//! in `status.failures`; the next stage resumes where it stopped.
+//! maintenance window (condition `StageWillMissWindow`), and stage within the plan's open
+//! windows and the quota's budget. A clean stop at the quota or the windows' end is
+//! [`Staging::Stopped`] (the controller decides again, normally `StageWaiting`), never a
+//! failure: no `StageFailed`, no `k3os_ops_stage_failures_total`, no back-off, nothing in
+//! `status.failures`; the next stage resumes where it stopped.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
 use super::channels::Channel;
 use super::context::{Agent, Next, PROGRESS_PERIOD};
+use super::decide::StagePlan;
 use super::errors::AgentError;
 use super::format::{ANN_MESSAGE, ANN_PROGRESS, ANN_TARGET};
 use super::node::StageEnd;
 use super::phase::Phase;
 use super::progress::AnnotationProgress;
-use super::thin::{Gate, ThinPolicy, Waiting};
+use super::thin::ThinPolicy;
 use super::thin_report::{self, Miss};
 use libupgrade::stage::Stop;
 use libupgrade::{ExtraSource, StageOptions, StageRequest, Wanted};
 
-pub(crate) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Next, AgentError> {
+/// How a stage step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Staging {
+    /// Staged, or failed (reported, backing off): go on as `Next` says.
+    Done(Next),
+    /// Stopped cleanly at the quota or the end of the open windows; the deadline was judged
+    /// again with what is left.
+    Stopped,
+}
+
+/// Stage `version` of `ch` as `plan` allows.
+pub(crate) async fn stage(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+    plan: StagePlan,
+) -> Result<Staging, AgentError> {
     let now = cx.settings.clock.now();
-    let now_s = now.timestamp().max(0) as u64;
-    if now_s < cx.memory.stage_not_before.load(Ordering::Relaxed) {
-        return Ok(Next::Wait);
-    }
-    // An invalid spec never gets here: decide() stops at Invalid.
-    let Ok(policy) = ch.policy.as_ref() else {
-        return Ok(Next::Wait);
-    };
-    let thin = &policy.thin;
-    let day = thin.max_bytes_per_day.map(|_| thin.day(now));
-    let used = match day {
-        Some(d) => cx.blocking(move |ops| ops.fetched_on(d)).await?,
-        None => 0,
-    };
-    let (schedule, max_bytes) = match thin.gate(now, used) {
-        Gate::Wait { why, until } => return wait(cx, ch, version, why, until).await,
-        Gate::Stage {
-            schedule,
-            max_bytes,
-        } => (schedule, max_bytes),
-    };
+    let StagePlan {
+        schedule,
+        max_bytes,
+        day,
+        fetched_today: used,
+    } = plan;
     let req = request(cx, ch, version, schedule, max_bytes);
     cx.annotate_phase(
         Phase::Staging,
@@ -75,12 +78,13 @@ pub(crate) async fn stage(cx: &Agent, ch: &Channel, version: &str) -> Result<Nex
     let result = preview_and_stage(cx, ch, req, day, used).await;
     report_staleness(cx, ch, &result).await;
     match result {
-        Ok(StageEnd::Staged { .. }) => staged(cx, ch, version).await,
+        Ok(StageEnd::Staged { .. }) => staged(cx, ch, version).await.map(Staging::Done),
         Ok(StageEnd::Stopped { why, left, .. }) => {
-            cx.memory.stage_failures.store(0, Ordering::Relaxed);
-            stopped(cx, ch, version, why, left).await
+            cx.memory.stages.lock().expect("not poisoned").succeeded();
+            stopped(cx, ch, version, why, left).await?;
+            Ok(Staging::Stopped)
         }
-        Err(e) => failed(cx, ch, version, now_s, &e).await,
+        Err(e) => failed(cx, ch, version, now, &e).await.map(Staging::Done),
     }
 }
 
@@ -160,22 +164,8 @@ fn miss(
     })
 }
 
-/// Not now: the phase says why and until when (not a failure).
-async fn wait(
-    cx: &Agent,
-    ch: &Channel,
-    version: &str,
-    why: Waiting,
-    until: DateTime<Utc>,
-) -> Result<Next, AgentError> {
-    let msg = format!("staging {version} waits: {}", why.message(until));
-    cx.waiting(ch, Phase::StageWaiting, "StageWaiting", msg)
-        .await?;
-    Ok(Next::Wait)
-}
-
 async fn staged(cx: &Agent, ch: &Channel, version: &str) -> Result<Next, AgentError> {
-    cx.memory.stage_failures.store(0, Ordering::Relaxed);
+    cx.memory.stages.lock().expect("not poisoned").succeeded();
     thin_report::report_miss(cx, ch, None).await;
     cx.annotate_phase(
         Phase::Staged,
@@ -195,17 +185,17 @@ async fn staged(cx: &Agent, ch: &Channel, version: &str) -> Result<Next, AgentEr
     Ok(Next::Again)
 }
 
-/// A clean stop at the quota or the end of the open windows: wait for the next day or window
-/// and judge the deadline again with what is left.
+/// A clean stop at the quota or the end of the open windows: judge the deadline again with
+/// what is left (the controller decides how long to wait).
 async fn stopped(
     cx: &Agent,
     ch: &Channel,
     version: &str,
     why: Stop,
     left: u64,
-) -> Result<Next, AgentError> {
+) -> Result<(), AgentError> {
     let Ok(policy) = ch.policy.as_ref() else {
-        return Ok(Next::Wait);
+        return Ok(());
     };
     let thin = &policy.thin;
     let now = cx.settings.clock.now();
@@ -214,29 +204,22 @@ async fn stopped(
         None => 0,
     };
     judge_deadline(cx, ch, left, used).await;
-    let (waiting, until) = match thin.gate(now, used) {
-        Gate::Wait { why, until } => (why, until),
-        // The next stretch begins at once (a new quota day at midnight): go on.
-        Gate::Stage { .. } => return Ok(Next::Again),
-    };
-    tracing::info!("staging {version} stopped ({why}); waiting until {until}");
-    wait(cx, ch, version, waiting, until).await
+    tracing::info!("staging {version} stopped ({why})");
+    Ok(())
 }
 
+/// A failed stage: counted, reported, and the next one backs off ([`super::cooldown`]).
 async fn failed(
     cx: &Agent,
     ch: &Channel,
     version: &str,
-    now_s: u64,
+    now: DateTime<Utc>,
     e: &AgentError,
 ) -> Result<Next, AgentError> {
-    let n = cx.memory.stage_failures.fetch_add(1, Ordering::Relaxed) + 1;
-    let backoff = (60u64 << n.min(6)).min(3600);
-    cx.memory
-        .stage_not_before
-        .store(now_s + backoff, Ordering::Relaxed);
+    let (n, backoff) = cx.memory.stages.lock().expect("not poisoned").failed(now);
     let msg = format!(
-        "staging {version} failed (attempt {n}, next in {backoff}s): {}",
+        "staging {version} failed (attempt {n}, next in {}s): {}",
+        backoff.as_secs(),
         super::errors::message(e)
     );
     cx.clients

@@ -4,14 +4,13 @@
 //! verdict (`confirm`). Each disruptive step first fences on the
 //! slot's token (CAS of its phase) and aborts if the slot was lost.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::Utc;
 use kube::ResourceExt;
 
 use super::channels::Channel;
-use super::context::{Agent, Next, Say};
+use super::context::{Agent, Next};
 use super::crd::SlotPhase;
 use super::decide::{NodeView, Policy};
 use super::drain;
@@ -21,19 +20,18 @@ use super::kube_store::KubeChannelStore;
 use super::metrics::Outcome;
 use super::node::{ConfirmResult, NODE_READY};
 use super::phase::Phase;
+use super::publish::Say;
 use super::slots::{self, FenceOutcome};
-pub(super) use super::staging::stage;
 use libupgrade::health::CheckResult;
 
-/// After an aborted disruption: wait 5 min, doubling per abort in a row, up to 1 h, before
-/// claiming again (a drain that is refused must not cordon the node every resync).
+/// After an aborted disruption: the next claim backs off ([`super::cooldown::Cooldown::claims`];
+/// a drain that is refused must not cordon the node every resync).
 pub(super) fn back_off_claims(cx: &Agent) {
-    let n = cx.memory.claim_failures.fetch_add(1, Ordering::Relaxed) + 1;
-    let secs = (300u64 << (n - 1).min(4)).min(3600);
-    let now_s = Utc::now().timestamp().max(0) as u64;
     cx.memory
-        .claim_not_before
-        .store(now_s + secs, Ordering::Relaxed);
+        .claims
+        .lock()
+        .expect("not poisoned")
+        .failed(Utc::now());
 }
 
 /// Fence the slot at `Rebooting` before `step`: `Some(next)` when it was lost and the
@@ -292,7 +290,7 @@ async fn confirmed(
     token: Option<&str>,
     version: &str,
 ) -> Result<Next, AgentError> {
-    cx.memory.claim_failures.store(0, Ordering::Relaxed);
+    cx.memory.claims.lock().expect("not poisoned").succeeded();
     cx.undo_cordon().await?;
     let released = match token {
         Some(t) => slots::release(store, &cx.settings.node, t, Utc::now()).await?,

@@ -1,19 +1,29 @@
 //! The agent's pure decision: given the channel, this node and the time, what to do next.
 //!
-//! Everything the agent does goes through [`decide`], which reads no clock and no network, so
-//! it is property-tested directly. The controller executes the returned [`Action`]; each action
-//! is idempotent, and because the decision is recomputed from persisted state (channel status,
-//! node annotations, the slots on disk) after every step, an agent that restarts anywhere
-//! resumes where it stopped.
+//! Everything the agent does goes through [`step`], which reads no clock and no network, so
+//! it is property-tested directly. Besides the channel and the node it sees the [`Inputs`] the
+//! controller gathers: the time, the back-offs of claims and stages, the pre-reboot gates'
+//! verdict and the bytes fetched today. The gates and the bytes cost a request or a read, so
+//! they are gathered only when the decision needs them: until then it answers
+//! [`Action::Gather`], the controller fetches what it names and asks again.
+//!
+//! The controller executes the returned [`Action`]; each action is idempotent, and because
+//! the decision is recomputed from persisted state (channel status, node annotations, the slots
+//! on disk) after every step, an agent that restarts anywhere resumes where it stopped.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::crd::{SlotPhase, UpdateChannel};
-use super::rollout::{self, Admission};
-pub use super::spec::Policy;
+use crate::agent::crd::{SlotPhase, UpdateChannel};
+use crate::agent::rollout::{self, Admission};
+pub use crate::agent::spec::Policy;
+use crate::agent::thin::Waiting;
+
+mod held;
+use held::{hold_claim, stage_gate};
+pub use held::{Inputs, Need, StagePlan, Verdict};
 
 /// State of the slot the node is *not* running from, as libupgrade reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -123,6 +133,33 @@ pub enum Action {
     Claim {
         version: String,
     },
+    /// Every slot of the channel is taken (as read) by `holders`: wait for the change that
+    /// frees one, without a claim attempt, a new token on the Node or a gate query.
+    WaitForSlot {
+        holders: Vec<String>,
+    },
+    /// A pre-reboot gate holds the claim of the staged `version` back; `why` names it.
+    WaitForGate {
+        version: String,
+        why: String,
+    },
+    /// The last update attempt was aborted: no claim before `until`.
+    ClaimBackingOff {
+        until: DateTime<Utc>,
+    },
+    /// The last stage failed: no stage before `until` (waited out quietly).
+    StageBackingOff {
+        until: DateTime<Utc>,
+    },
+    /// The thin-link settings hold the stage of `version` back until `until`: outside the
+    /// stage windows, or today's quota spent. Not a failure.
+    StageWaiting {
+        version: String,
+        why: Waiting,
+        until: DateTime<Utc>,
+    },
+    /// The decision needs a fact that costs a request: gather it, then decide again.
+    Gather(Need),
     /// The slot held when this agent started (before any disruption) is forfeit: the node was
     /// silent for half the reboot timeout, so other agents may be reclaiming it; claim afresh
     /// with a new token.
@@ -155,7 +192,7 @@ pub enum Action {
 }
 
 /// The next step and what must happen before it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Step {
     /// Undo this agent's cordon first: it outlives the slot only after an interrupted update
     /// (slot reclaimed while draining or rebooting, health rollback without a slot), and no
@@ -164,22 +201,26 @@ pub struct Step {
     /// `concurrency`); the next claim cordons again after fencing.
     pub undo_cordon: bool,
     pub action: Action,
+    /// With [`Action::Stage`]: how it runs.
+    pub stage: Option<StagePlan>,
 }
 
-/// [`step`]'s action, parsing the channel's policy itself (for callers without a
-/// [`super::channels::Channel`]).
+/// [`step`]'s action with nothing held back ([`Inputs::open_at`]), parsing the channel's
+/// policy itself (for callers without a [`super::channels::Channel`]).
 pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> Action {
-    step(channel, &Policy::from_spec(&channel.spec), node, now).action
+    let policy = Policy::from_spec(&channel.spec);
+    step(channel, &policy, node, &Inputs::open_at(now)).action
 }
 
-/// Decide the next step for `node` under `channel` (whose spec parsed into `policy`) at `now`.
+/// Decide the next step for `node` under `channel` (whose spec parsed into `policy`) with
+/// `inputs`.
 pub fn step(
     channel: &UpdateChannel,
     policy: &Result<Policy, String>,
     node: &NodeView,
-    now: DateTime<Utc>,
+    inputs: &Inputs,
 ) -> Step {
-    let action = next_action(channel, policy, node, now);
+    let action = next_action(channel, policy, node, inputs.now);
     let slot_action = matches!(
         action,
         Action::Continue { .. }
@@ -189,9 +230,16 @@ pub fn step(
             | Action::Release { .. }
             | Action::Idle(IdleReason::ForeignSlot)
     );
+    let undo_cordon = node.cordoned_by_us && !slot_action;
+    let (action, stage) = match (action, policy) {
+        (Action::Stage { version }, Ok(p)) => stage_gate(p, version, inputs),
+        (action, Ok(p)) => (hold_claim(channel, p, action, inputs), None),
+        (action, Err(_)) => (action, None),
+    };
     Step {
-        undo_cordon: node.cordoned_by_us && !slot_action,
+        undo_cordon,
         action,
+        stage,
     }
 }
 
@@ -349,3 +397,6 @@ fn next_action(
     }
     Action::Claim { version: target }
 }
+
+#[cfg(test)]
+mod tests;
