@@ -11,7 +11,7 @@ PKGS="qemu-system-x86 qemu-system-arm qemu-utils squashfs-tools squashfs-tools-n
 grub-common grub2-common syslinux extlinux syslinux-common isolinux ovmf qemu-efi-aarch64 gdisk dosfstools mtools
 busybox-static gcc-aarch64-linux-gnu libc6-dev-arm64-cross fdisk e2fsprogs cpio kmod libclang-dev clang pkgconf
 musl-tools qemu-user-static binfmt-support diffutils grub-emu openssl curl bc casync rauc xdelta3 dbus-daemon time
-runc skopeo util-linux mount"
+runc skopeo util-linux mount python3 python3-pip"
 
 missing=""
 for p in $PKGS; do
@@ -32,4 +32,8 @@ rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl >/dev/nul
 command -v just >/dev/null || [ -x "$HOME/.cargo/bin/just" ] || cargo install just --locked
 # `just fuzz` (fuzz/README.md): cargo-fuzz, run on the stable toolchain with RUSTC_BOOTSTRAP=1.
 command -v cargo-fuzz >/dev/null || [ -x "$HOME/.cargo/bin/cargo-fuzz" ] || cargo install cargo-fuzz --locked
+# python-tuf, the TUF reference implementation, for k3os-ops/tests/tuf_interop.rs (exact versions;
+# --break-system-packages: Debian's python3 is "externally managed" and these are test tools).
+python3 -c 'import importlib.metadata as m, sys; sys.exit(not (m.version("tuf") == "7.0.1" and m.version("securesystemslib") == "1.6.0"))' 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages 'tuf==7.0.1' 'securesystemslib[crypto]==1.6.0'
 echo "setup: done"

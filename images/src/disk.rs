@@ -13,7 +13,7 @@
 //! | 3 | `boot` | Linux | 128 MiB | ext4: `grub/` or `syslinux/`, `a/{vmlinuz,initrd}`, `b/` |
 //! | 4 | `rootfs-a` | Linux | ≥ 64 MiB | raw squashfs of the installed release |
 //! | 5 | `rootfs-b` | Linux | same | empty |
-//! | 6 | `state` | Linux | 64 MiB | empty ext4 (libupgrade's state) |
+//! | 6 | `state` | Linux | 64 MiB | ext4 (libupgrade's state): slot A's manifest only |
 //!
 //! (`bios-boot` exists on the arm64 and EFI disks too, unused: the `gpt` crate writes used
 //! entries contiguously, so a gap cannot be kept and the numbers would shift.)
@@ -177,9 +177,30 @@ fn partition_images<'p>(
     images.push((part(parts, PART_BOOT), boot));
     images.push((part(parts, PART_ROOTFS_A), spec.slot_a.rootfs.clone()));
     let state = work.join("state.img");
-    mkfs_ext4(&state, part(parts, PART_STATE).len(), "state", None, &[])?;
+    let state_tree = state_tree(spec, work)?;
+    mkfs_ext4(
+        &state,
+        part(parts, PART_STATE).len(),
+        "state",
+        Some(&state_tree),
+        &[],
+    )?;
     images.push((part(parts, PART_STATE), state));
     Ok(images)
+}
+
+/// What the state partition starts with: the installed release's manifest, kept where
+/// libupgrade keeps a slot's (`slots/a/manifest.json`), so the node knows from its first boot
+/// which build slot A runs and refuses another build of that generation.
+fn state_tree(spec: &DiskSpec, work: &Path) -> Result<PathBuf> {
+    let tree = work.join("state-tree");
+    let _ = std::fs::remove_dir_all(&tree);
+    let dst = libupgrade::slotfiles::manifest_path(&tree, libupgrade::Slot::A);
+    let dir = dst.parent().expect("a slot's manifest has a directory");
+    std::fs::create_dir_all(dir).ctx("create directory", dir)?;
+    let src = spec.slot_a.dir.join(libupgrade::manifest::MANIFEST_FILE);
+    std::fs::copy(&src, &dst).ctx("copy", &src)?;
+    Ok(tree)
 }
 
 /// A new sparse disk file of `total` bytes at `disk_path` with the GPT of `parts`.

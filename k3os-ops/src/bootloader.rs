@@ -75,6 +75,11 @@ enum BootloaderCmd {
         /// --dir is not given.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// The `manifest.json` of the release the booted slot runs (on a node whose slot was
+        /// written by an image builder that kept none): recorded so that another build of the
+        /// running generation is refused from the first update on. Needs the node config.
+        #[arg(long, conflicts_with = "dir")]
+        running_manifest: Option<PathBuf>,
     },
     /// Print a loader's script rendered from a boot config.
     Render {
@@ -263,15 +268,26 @@ pub fn run(args: BootloaderArgs) -> anyhow::Result<()> {
             dir,
             loader,
             config,
+            running_manifest,
         } => {
             let b = BootConfig::load(&boot_config)?;
+            let node_config = || match &config {
+                Some(p) => Config::load(p),
+                None => Config::from_env(),
+            };
+            if let Some(path) = &running_manifest {
+                let bytes =
+                    std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+                let u = libupgrade::Updater::open(node_config()?)?;
+                let (slot, sha) = u.record_running_manifest(&bytes).with_context(|| {
+                    format!("recording {} as the running build", path.display())
+                })?;
+                println!("slot {slot}: recorded the running build (manifest sha256 {sha})");
+            }
             let (kind, dir) = match (dir, loader) {
                 (Some(d), Some(l)) => (l, d),
                 _ => {
-                    let cfg = match config {
-                        Some(p) => Config::load(&p)?,
-                        None => Config::from_env()?,
-                    };
+                    let cfg = node_config()?;
                     let boot_dir = cfg.layout.boot_dir();
                     match cfg.bootloader {
                         BootloaderKind::Grub => (LoaderArg::Grub, boot_dir.join("grub")),

@@ -11,7 +11,9 @@
 //! START/END[@RATE]` (repeatable, RFC 3339) say when it may download and how fast
 //! ([`libupgrade::stage::Schedule`]): outside them nothing is fetched, after the last one the
 //! attempt stops. A stop at a budget or at the end of the schedule is not a failure: what was
-//! written is kept, and the command exits 75 (`EX_TEMPFAIL`) so a cron-style caller retries.
+//! written is kept, and the command exits 75 (`EX_TEMPFAIL`) so a cron-style caller retries. A
+//! schedule that has already ended when the command starts is refused (exit 1): running it again
+//! would never fetch anything.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -111,12 +113,14 @@ pub struct UpgradeArgs {
     #[arg(long, requires = "channel")]
     pub ignore_expiry: bool,
     /// Download only until this time (RFC 3339, e.g. `2026-12-04T06:00:00Z`), then stop
-    /// cleanly (exit 75); what was written is kept and a later run resumes.
+    /// cleanly (exit 75); what was written is kept and a later run resumes. A time already
+    /// past is refused (exit 1): nothing could be fetched.
     #[arg(long, value_parser = parse_time, conflicts_with = "stage_windows")]
     pub stage_until: Option<DateTime<Utc>>,
     /// Download only inside this window (repeatable): `START/END` or `START/END@RATE`, times in
     /// RFC 3339, RATE as for --max-rate. Nothing is fetched between windows (the command
-    /// waits); after the last one it stops cleanly (exit 75).
+    /// waits); after the last one it stops cleanly (exit 75). Windows that have all ended are
+    /// refused (exit 1).
     #[arg(long = "stage-window", value_name = "START/END[@RATE]", value_parser = parse_window)]
     pub stage_windows: Vec<Window>,
 }
@@ -239,6 +243,7 @@ fn request(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<StageReques
         wanted,
         bundle_dir: None,
         ignore_expiry: args.ignore_expiry,
+        read_only: args.plan_only,
         options: StageOptions {
             allow_downgrade: args.allow_downgrade,
             trust_dir: args.trust_dir.clone(),

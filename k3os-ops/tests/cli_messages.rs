@@ -620,3 +620,41 @@ fn status_shows_the_agents_stage_preview() {
     );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("Stage Preview"));
 }
+
+/// `bootloader install --running-manifest FILE` records which build the booted slot runs (a
+/// slot written by an image builder that kept none); a manifest of another release is refused
+/// naming both, and nothing is recorded.
+#[test]
+fn bootloader_install_records_the_running_build() {
+    let n = Node::new();
+    let cfg = boot_config(n.path());
+    let k = testkit::keys();
+    let rels = n.path().join("rels");
+    let other = testkit::make_release(&k, &rels, "v1-other", 4, 4096, Arch::host());
+    let running = testkit::make_release(&k, &rels, "v1", 5, 4096, Arch::host());
+    let install = |manifest: &Path| {
+        [
+            "bootloader".to_string(),
+            "install".into(),
+            "--boot-config".into(),
+            cfg.to_str().unwrap().into(),
+            "--running-manifest".into(),
+            manifest.join("manifest.json").to_str().unwrap().into(),
+        ]
+    };
+    let args = install(&other);
+    let e = n.fails(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        e.contains("release v1-other (generation 4)")
+            && e.contains("slot A runs v1 (generation 5)"),
+        "{e}"
+    );
+    let args = install(&running);
+    let out = n.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.contains("slot A: recorded the running build"), "{out}");
+    assert_eq!(
+        fs::read(n.path().join("state/slots/a/manifest.json")).unwrap(),
+        fs::read(running.join("manifest.json")).unwrap(),
+        "the running build's manifest is kept where staging keeps a slot's"
+    );
+}

@@ -126,8 +126,14 @@ fn cli_channel_create_index_resolve_over_http() {
     let old = channel::resolve(srv.url.trim_end_matches('/'), Some("v1.0"), Arch::X86_64).unwrap();
     assert_eq!(old.generation, 1);
     // The resolved source yields the signed manifest the node will verify.
-    let m = old.source.read_small(MANIFEST_FILE).unwrap();
-    let s = old.source.read_small(SIGNATURE_FILE).unwrap();
+    let m = old
+        .source
+        .read_small(MANIFEST_FILE, Default::default())
+        .unwrap();
+    let s = old
+        .source
+        .read_small(SIGNATURE_FILE, Default::default())
+        .unwrap();
     signing::verify(&m, &s, &t.path().join("trust")).unwrap();
 
     let e = channel::resolve(&srv.url, Some("v9"), Arch::X86_64).unwrap_err();
@@ -324,8 +330,14 @@ fn github_releases_resolution() {
         latest.location,
         format!("{}dl/v2.0.0/x86_64-manifest.json", srv.url)
     );
-    let m = latest.source.read_small(MANIFEST_FILE).unwrap();
-    let s = latest.source.read_small(SIGNATURE_FILE).unwrap();
+    let m = latest
+        .source
+        .read_small(MANIFEST_FILE, Default::default())
+        .unwrap();
+    let s = latest
+        .source
+        .read_small(SIGNATURE_FILE, Default::default())
+        .unwrap();
     signing::verify(&m, &s, &trust).unwrap();
     let mut rootfs = Vec::new();
     std::io::Read::read_to_end(
@@ -390,7 +402,10 @@ fn github_releases_resolution() {
         arm.source.location("vmlinuz"),
         format!("{}dl/v2.0.0/arm64-vmlinuz", srv.url)
     );
-    let m = arm.source.read_small(MANIFEST_FILE).unwrap();
+    let m = arm
+        .source
+        .read_small(MANIFEST_FILE, Default::default())
+        .unwrap();
     assert_eq!(libupgrade::Manifest::parse(&m).unwrap().arch, Arch::Aarch64);
 
     // Asked for by version: the prerelease and an old release are reachable, the draft is not.

@@ -150,6 +150,7 @@ impl Chan {
             now: None,
             ignore_expiry: false,
             min_rate: Some(MinRate::DEFAULT),
+            read_only: false,
         }
     }
 

@@ -159,6 +159,17 @@ fn a_node_trusting_only_root_1_upgrades_to_a_release_listed_by_a_key_that_exists
     let n = p("node");
     let cfg = node(&n, &trust);
     fs::copy(chan.join("root.json"), n.join("root.json")).unwrap();
+    // --plan-only verifies the signed metadata and writes nothing on the node: no trust
+    // record, no lock file (issue 25).
+    let state = n.join("state");
+    let before = fs::read_dir(&state).map(|d| d.count()).unwrap_or(0);
+    let (out, err) = ok(Some(&cfg), &["upgrade", "--plan-only", "--channel", &url]);
+    assert!(out.contains("plan for v2"), "{out}");
+    assert!(err.contains("(signed channel metadata)"), "{err}");
+    for f in ["channel-trust.json", "channel-trust.lock"] {
+        assert!(!state.join(f).exists(), "--plan-only wrote {f}");
+    }
+    assert_eq!(fs::read_dir(&state).map(|d| d.count()).unwrap_or(0), before);
     let (out, err) = ok(Some(&cfg), &["upgrade", "--stage-only", "--channel", &url]);
     assert!(out.contains("staged v2"), "{out}");
     assert!(err.contains("(signed channel metadata)"), "{err}");

@@ -293,6 +293,13 @@ fn stage_until_and_stage_windows_stop_resumable_with_exit_75_and_the_next_run_co
     let past = rfc3339(SystemTime::now() - Duration::from_secs(60));
     let line = n.fails_with_one_error(&["upgrade", "--stage-until", &past, "--source", src]);
     assert!(line.contains("download schedule ended at"), "{line}");
+    // ... and the help says so, beside the clean stop at the end of a schedule (exit 75).
+    let help = n.ok(&["upgrade", "--help"]);
+    assert!(
+        help.contains("A time already past is refused (exit 1)")
+            && help.contains("after the last one it stops cleanly (exit 75)"),
+        "{help}"
+    );
 
     // 2 s at 256 KiB/s of a 3.5 MiB release.
     let until = rfc3339(SystemTime::now() + Duration::from_secs(2));

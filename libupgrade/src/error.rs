@@ -53,6 +53,8 @@ pub enum Error {
         found: String,
         running: String,
     },
+    #[error("release {version} has the running generation {generation}, and this node cannot tell which build of it runs (its slot was written without a record of its manifest); a generation names one build: publish it as a new generation, record the running build with `k3os-ops bootloader install --running-manifest FILE`, or pass --allow-downgrade")]
+    SameGenerationUnknownBuild { version: String, generation: u64 },
     #[error("{location}: the signed manifest is release {found}, but {asked} was asked for; nothing was written (the channel or a mirror serves the wrong release)")]
     VersionMismatch {
         location: String,

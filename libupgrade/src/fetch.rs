@@ -103,15 +103,17 @@ impl Source {
         }
     }
 
-    /// Read a small file (manifest, signature) whole.
-    pub fn read_small(&self, name: &str) -> Result<Vec<u8>> {
+    /// Read a small file (manifest, signature) whole, under `watch` (the minimum rate and the
+    /// attempt's deadline: a trickled manifest is cut like a trickled image).
+    pub fn read_small(&self, name: &str, watch: Watch) -> Result<Vec<u8>> {
         let loc = self.location(name);
-        let (mut r, _) = self.open(name, 0)?;
+        let (r, _) = self.open(name, 0)?;
         let mut buf = Vec::new();
-        (&mut r)
+        watch
+            .reader(r)
             .take(SMALL_MAX + 1)
             .read_to_end(&mut buf)
-            .map_err(|e| fetch_err(&loc, format!("read failed: {e}")))?;
+            .map_err(|e| retryable_err(&loc, body_failed(&e)))?;
         if buf.len() as u64 > SMALL_MAX {
             return Err(fetch_err(
                 &loc,
@@ -122,14 +124,17 @@ impl Source {
     }
 
     /// Read file `name` whole, but never more than `max + 1` bytes (a chunk index of a
-    /// declared size: one byte more tells the caller it is larger than declared).
-    pub fn read_capped(&self, name: &str, max: u64) -> Result<Vec<u8>> {
+    /// declared size: one byte more tells the caller it is larger than declared), under
+    /// `watch`.
+    pub fn read_capped(&self, name: &str, max: u64, watch: Watch) -> Result<Vec<u8>> {
         let loc = self.location(name);
         let (r, _) = self.open(name, 0)?;
         let mut buf = Vec::new();
-        r.take(max + 1)
+        watch
+            .reader(r)
+            .take(max + 1)
             .read_to_end(&mut buf)
-            .map_err(|e| retryable_err(&loc, format!("read failed: {e}")))?;
+            .map_err(|e| retryable_err(&loc, body_failed(&e)))?;
         Ok(buf)
     }
 
@@ -217,6 +222,42 @@ pub(crate) fn request_failed(e: &reqwest::Error) -> String {
         );
     }
     format!("request failed: {}", crate::error::chain_line(e))
+}
+
+/// The rules every response body is read under: the minimum rate and the attempt's deadline.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Watch {
+    /// Cut a body slower than this over its window (None: no floor).
+    pub min_rate: Option<crate::chunk::rate::MinRate>,
+    /// Cut a read once this has passed (None: no deadline).
+    pub deadline: Option<std::time::Instant>,
+}
+
+impl Watch {
+    /// `r` under these rules.
+    pub fn reader<R: Read>(self, r: R) -> crate::chunk::rate::Watched<R> {
+        crate::chunk::rate::Watched::new(r, self.min_rate).until(self.deadline)
+    }
+}
+
+/// What a failed read of a response body means, in words: a stall (no byte within the
+/// client's read timeout), the minimum-rate rule or the deadline is named as the timeout it
+/// is; anything else is the connection dropping, with its causes.
+pub(crate) fn body_failed(e: &std::io::Error) -> String {
+    let stalled = e
+        .get_ref()
+        .and_then(|r| r.downcast_ref::<reqwest::Error>())
+        .is_some_and(|r| r.is_timeout());
+    if stalled {
+        return format!(
+            "timed out: no byte for {} s (the server stalled)",
+            crate::http::READ_TIMEOUT.as_secs()
+        );
+    }
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        return e.to_string();
+    }
+    format!("connection dropped: {}", crate::error::chain_line(e))
 }
 
 fn retryable_err(loc: &str, what: String) -> Error {

@@ -51,6 +51,7 @@ pub mod reach;
 pub mod release;
 pub mod request;
 pub mod retry;
+pub mod rollout;
 pub mod signing;
 pub mod slotfiles;
 pub mod sqcheck;

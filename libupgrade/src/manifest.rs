@@ -64,7 +64,8 @@ impl FromStr for Arch {
             "x86_64" | "amd64" => Ok(Arch::X86_64),
             "aarch64" | "arm64" => Ok(Arch::Aarch64),
             other => Err(format!(
-                "unknown architecture '{other}': expected x86_64 or aarch64"
+                "unknown architecture '{}': expected x86_64 or aarch64",
+                other.escape_debug()
             )),
         }
     }
@@ -290,13 +291,16 @@ impl Manifest {
             if !plain_name(&e.path) {
                 return Err(field(
                     &format!("{name}.path"),
-                    &format!("'{}' is not a plain file name", e.path),
+                    &format!("'{}' is not a plain file name", e.path.escape_debug()),
                 ));
             }
             if !hex64(&e.sha256) {
                 return Err(field(
                     &format!("{name}.sha256"),
-                    &format!("'{}' is not 64 lower-case hex digits", e.sha256),
+                    &format!(
+                        "'{}' is not 64 lower-case hex digits",
+                        e.sha256.escape_debug()
+                    ),
                 ));
             }
             if e.size == 0 {
@@ -314,13 +318,19 @@ impl Manifest {
                 {
                     return Err(field(
                         &format!("{name}.path"),
-                        &format!("'{}' is not a plain file name of its own", c.path),
+                        &format!(
+                            "'{}' is not a plain file name of its own",
+                            c.path.escape_debug()
+                        ),
                     ));
                 }
                 if !hex64(&c.sha256) {
                     return Err(field(
                         &format!("{name}.sha256"),
-                        &format!("'{}' is not 64 lower-case hex digits", c.sha256),
+                        &format!(
+                            "'{}' is not 64 lower-case hex digits",
+                            c.sha256.escape_debug()
+                        ),
                     ));
                 }
                 if c.size == 0 || c.size > MAX_INDEX_SIZE {
@@ -361,14 +371,20 @@ impl Manifest {
             if !plain_name(&sc.path) || names.contains(&sc.path.as_str()) {
                 return Err(field(
                     format!("{name}.path"),
-                    format!("'{}' is not a plain file name of its own", sc.path),
+                    format!(
+                        "'{}' is not a plain file name of its own",
+                        sc.path.escape_debug()
+                    ),
                 ));
             }
             names.push(&sc.path);
             if !hex64(&sc.sha256) {
                 return Err(field(
                     format!("{name}.sha256"),
-                    format!("'{}' is not 64 lower-case hex digits", sc.sha256),
+                    format!(
+                        "'{}' is not 64 lower-case hex digits",
+                        sc.sha256.escape_debug()
+                    ),
                 ));
             }
             if sc.size == 0 || sc.size > MAX_SCRIPT_SIZE {
@@ -424,6 +440,8 @@ mod tests {
             m.files.kernel.path = bad.to_string();
             let e = Manifest::parse(&m.to_bytes()).unwrap_err().to_string();
             assert!(e.contains("files.kernel.path"), "{bad:?}: {e}");
+            // The refusal names the bad text escaped: no control character reaches a terminal.
+            assert!(!e.chars().any(char::is_control), "{bad:?}: {e:?}");
         }
     }
 

@@ -72,6 +72,9 @@ pub struct StageRequest {
     pub bundle_dir: Option<PathBuf>,
     /// Accept the channel's signed metadata even when it has expired (`--ignore-expiry`).
     pub ignore_expiry: bool,
+    /// Resolve without writing anything on the node (`--plan-only`): the channel's metadata is
+    /// verified as always, but what was trusted is not recorded.
+    pub read_only: bool,
     /// How to fetch and write it.
     pub options: StageOptions,
 }
@@ -83,6 +86,7 @@ impl StageRequest {
             wanted,
             bundle_dir: None,
             ignore_expiry: false,
+            read_only: false,
             options: StageOptions::default(),
         }
     }
@@ -113,6 +117,7 @@ impl StageRequest {
                 }
                 let mut trust = TrustOptions::from_config(cfg);
                 trust.ignore_expiry = self.ignore_expiry;
+                trust.read_only = self.read_only;
                 trust.min_rate = self.options.min_rate_rule();
                 let r = channel::resolve_with(channel, version, Arch::host(), &trust).map_err(
                     |source| ResolveError::Channel {

@@ -50,18 +50,30 @@ pub fn save(
 /// The manifest of the release staged into `slot`, `None` when none was kept (staged before
 /// v0.2.0, or never staged).
 pub fn manifest(state_dir: &Path, slot: Slot) -> Result<Option<Manifest>> {
+    Ok(manifest_with_sha256(state_dir, slot)?.map(|(m, _)| m))
+}
+
+/// [`manifest`] with the sha256 of its bytes (what "one generation names one build" compares).
+/// Also how an image builder or `bootloader install --running-manifest` tells a node which
+/// build its installed slot runs: they keep that release's manifest here before the first boot.
+pub fn manifest_with_sha256(state_dir: &Path, slot: Slot) -> Result<Option<(Manifest, String)>> {
     let p = dir(state_dir, slot).join(MANIFEST_FILE);
     let bytes = match std::fs::read(&p) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io("read", &p, e)),
     };
-    Manifest::parse(&bytes)
-        .map(Some)
-        .map_err(|source| Error::Manifest {
-            location: p.display().to_string(),
-            source,
-        })
+    let m = Manifest::parse(&bytes).map_err(|source| Error::Manifest {
+        location: p.display().to_string(),
+        source,
+    })?;
+    Ok(Some((m, hex::encode(Sha256::digest(&bytes)))))
+}
+
+/// Where the manifest of `slot`'s release is kept under `state_dir` (an image builder writes
+/// the installed release's there).
+pub fn manifest_path(state_dir: &Path, slot: Slot) -> PathBuf {
+    dir(state_dir, slot).join(MANIFEST_FILE)
 }
 
 /// The text of script `sc` kept for `slot`, checked against the manifest's size and sha256.

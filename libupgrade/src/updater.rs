@@ -15,11 +15,12 @@
 //!   the tries it used. Then the booted slot's health checks run: pass → bootloader and state
 //!   mark it good; fail → roll back to the other slot if that one is good.
 
-use crate::manifest::ScriptKind;
+use crate::manifest::{Manifest, ScriptKind};
 use std::path::Path;
 
 use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
 use serde::{Deserialize, Serialize};
+use sha2::Digest;
 
 use crate::config::{BootloaderKind, Config, LayoutConfig};
 use crate::error::{Error, Result};
@@ -152,9 +153,20 @@ impl Updater {
             if st.slot(b).state == SlotState::Empty {
                 let text = std::fs::read_to_string(&self.cfg.release_file).unwrap_or_default();
                 let (version, generation) = health::parse_release_file(&text);
+                // The installed release's manifest, when the image builder kept it: which
+                // build this generation is, so another build of it is refused from the first
+                // update on. A kept manifest of another release is not this slot's.
+                let build = crate::slotfiles::manifest_with_sha256(&self.cfg.state_dir, b)
+                    .ok()
+                    .flatten()
+                    .filter(|(m, _)| {
+                        Some(&m.version) == version.as_ref() && Some(m.generation) == generation
+                    })
+                    .map(|(_, sha)| sha);
                 let rec = st.slot_mut(b);
                 rec.version = version;
                 rec.generation = generation;
+                rec.manifest_sha256 = build;
                 st.transition(
                     b,
                     Event::Bootstrap,
@@ -166,6 +178,37 @@ impl Updater {
             }
         }
         Ok(st)
+    }
+
+    /// Record which build the booted slot runs: `manifest` is its release's `manifest.json`
+    /// (`bootloader install --running-manifest`, for a slot written by an image builder that
+    /// kept none). It must name the version and generation the slot runs; it is kept beside
+    /// the state file and its sha256 recorded, so another build of the running generation is
+    /// refused from then on. Returns the slot and the manifest's sha256.
+    pub fn record_running_manifest(&self, manifest: &[u8]) -> Result<(Slot, String)> {
+        let m = Manifest::parse(manifest).map_err(|source| Error::Manifest {
+            location: "--running-manifest".into(),
+            source,
+        })?;
+        let booted = self.booted_slot()?;
+        let mut st = self.load(Some(booted))?;
+        let rec = st.slot(booted);
+        if rec.version.as_deref() != Some(m.version.as_str())
+            || rec.generation != Some(m.generation)
+        {
+            return Err(Error::Usage(format!(
+                "the manifest is release {} (generation {}), but slot {booted} runs {} (generation {})",
+                m.version.escape_debug(),
+                m.generation,
+                rec.version.as_deref().unwrap_or("?"),
+                rec.generation.map_or("?".into(), |g| g.to_string())
+            )));
+        }
+        crate::slotfiles::save(&self.cfg.state_dir, booted, manifest, &[])?;
+        let sha = hex::encode(sha2::Sha256::digest(manifest));
+        st.slot_mut(booted).manifest_sha256 = Some(sha.clone());
+        self.store.save(&st, "running-manifest:recorded")?;
+        Ok((booted, sha))
     }
 
     /// Both slots as the state file and the bootloader see them.

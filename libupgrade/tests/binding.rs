@@ -124,3 +124,57 @@ fn the_running_generation_is_accepted_again_only_as_the_same_build() {
     };
     stage(&node, &other, &opts).unwrap();
 }
+
+/// A slot written by an image builder carries no record of its build: another build of its
+/// generation cannot be told apart and is refused (issue 25) until the running build is
+/// recorded — kept by the image builder before the first boot, or by `bootloader install
+/// --running-manifest` — after which the usual rule applies.
+#[test]
+fn the_running_generation_of_an_imaged_slot_is_refused_until_its_build_is_known() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    // The node was imaged with v1 (generation 2); its state knows the version, not the build.
+    let v1 = make_release(&k, rels.path(), "v1", 2, 4096, Arch::host());
+    let other = make_release(&k, rels.path(), "v1-rebuilt", 2, 4096, Arch::host());
+    let node = SimNode::new(&k.trust, 3, 2);
+    let e = stage(&node, &other, &StageOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, Error::SameGenerationUnknownBuild { generation: 2, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("--running-manifest"), "{e}");
+    assert_eq!(slot_b(&node), (SlotState::Empty, None), "nothing written");
+
+    // The operator records the running build: a manifest of another release is refused ...
+    let wrong = std::fs::read(other.join("manifest.json")).unwrap();
+    let e = node.updater().record_running_manifest(&wrong).unwrap_err();
+    assert!(e.to_string().contains("slot A runs v1"), "{e}");
+    // ... v1's is kept, and the rule then knows the build.
+    let right = std::fs::read(v1.join("manifest.json")).unwrap();
+    node.updater().record_running_manifest(&right).unwrap();
+    let e = stage(&node, &other, &StageOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, Error::SameGenerationOtherBuild { generation: 2, .. }),
+        "{e}"
+    );
+
+    // An image builder keeps the manifest before the first boot: the state file made at that
+    // boot records the build at once.
+    let imaged = SimNode::new(&k.trust, 3, 2);
+    let state_dir = &imaged.cfg.state_dir;
+    std::fs::remove_file(state_dir.join(libupgrade::state::STATE_FILE)).unwrap();
+    let kept = libupgrade::slotfiles::manifest_path(state_dir, Slot::A);
+    std::fs::create_dir_all(kept.parent().unwrap()).unwrap();
+    std::fs::write(&kept, &right).unwrap();
+    let e = stage(&imaged, &other, &StageOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, Error::SameGenerationOtherBuild { generation: 2, .. }),
+        "{e}"
+    );
+    // --allow-downgrade stays the operator's way past it.
+    let opts = StageOptions {
+        allow_downgrade: true,
+        ..StageOptions::default()
+    };
+    stage(&node, &other, &opts).unwrap();
+}

@@ -136,3 +136,107 @@ fn a_redirect_to_another_scheme_fails_at_once_naming_its_target() {
         "{e}"
     );
 }
+
+/// Serves the files under `dir` (127.0.0.1 only) one body byte every `gap` for as long as the
+/// client reads: a server that trickles even the manifest. Returns its base URL.
+fn trickle_server(dir: std::path::PathBuf, gap: Duration) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}/", l.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { continue };
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                if r.read_line(&mut line).is_err() {
+                    return;
+                }
+                let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).is_err() || h.trim().is_empty() {
+                        break;
+                    }
+                }
+                let mut w = s;
+                let Ok(body) = std::fs::read(dir.join(path.trim_start_matches('/'))) else {
+                    let _ = w.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+                    return;
+                };
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                if w.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                for b in body {
+                    std::thread::sleep(gap);
+                    if w.write_all(&[b]).and_then(|()| w.flush()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    base
+}
+
+/// The measurement: a manifest trickled at a few bytes per second held `upgrade`
+/// past any `--retry-for`. Every body is now read under the attempt's deadline.
+#[test]
+fn a_trickled_manifest_ends_at_the_attempts_deadline_named_as_a_timeout() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    make_release(&k, rels.path(), "v2", 2, 4096, Arch::host());
+    let base = trickle_server(rels.path().to_path_buf(), Duration::from_millis(100));
+    let mut node = SimNode::new(&k.trust, 3, 1);
+    node.cfg.download_retries = 1000;
+    let t = Instant::now();
+    let e = node
+        .updater()
+        .stage(
+            &Release::at(Source::parse(&format!("{base}v2"))),
+            &opts(Duration::from_secs(2), None),
+            &NoProgress,
+        )
+        .unwrap_err()
+        .to_string();
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_secs(8),
+        "ended at its deadline: {took:?}"
+    );
+    assert!(
+        e.contains("manifest.json") && e.contains("timed out"),
+        "{e}"
+    );
+    assert!(e.contains("--retry-for"), "{e}");
+}
+
+/// A trickled manifest is also cut by the minimum rate, as an artifact is.
+#[test]
+fn a_trickled_manifest_is_cut_by_the_minimum_rate() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    make_release(&k, rels.path(), "v2", 2, 4096, Arch::host());
+    let base = trickle_server(rels.path().to_path_buf(), Duration::from_millis(20));
+    let mut node = SimNode::new(&k.trust, 3, 1);
+    node.cfg.download_retries = 2;
+    let rule = MinRate {
+        bytes_per_sec: 1000,
+        window: Duration::from_millis(500),
+    };
+    let e = node
+        .updater()
+        .stage(
+            &Release::at(Source::parse(&format!("{base}v2"))),
+            &opts(Duration::from_secs(60), Some(rule)),
+            &NoProgress,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("manifest.json") && e.contains("minimum rate of 1000 bytes/s"),
+        "{e}"
+    );
+}

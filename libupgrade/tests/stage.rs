@@ -557,15 +557,20 @@ fn resume_after_a_cut_between_rename_and_checkpoint_starts_the_file_over() {
     let rels = tempfile::tempdir().unwrap();
     // A tiny rootfs (under the server's 64 KiB drop threshold), so the dropped body is the kernel.
     let rel = make_release(&k, rels.path(), "v2", 2, 1000, Arch::host());
-    let srv = TestServer::start(rels.path().to_path_buf(), 1);
+    let srv = TestServer::start(rels.path().to_path_buf(), 0);
     let loader = ModelLoader::new(9);
     let mut cfg = disk.config(&k.trust);
-    cfg.download_retries = 0;
+    // Stopped in the middle of the kernel by a byte budget: a stop keeps the partial file and
+    // its checkpoint, as the process killed by a power cut would (a failure discards them).
     let src = Source::parse(&format!("{}v2/", srv.base));
+    let budget = StageOptions {
+        max_bytes: Some(1000 + (200 << 10)),
+        ..fast()
+    };
     let e = updater(&disk, cfg.clone(), &loader)
-        .stage(&Release::at(src.clone()), &fast(), &NoProgress)
+        .stage(&Release::at(src.clone()), &budget, &NoProgress)
         .unwrap_err();
-    assert!(e.to_string().contains("vmlinuz"), "{e}");
+    assert!(matches!(e, Error::Stopped { .. }), "{e}");
     let tmp = disk.boot_dir.join("b/.vmlinuz.partial");
     assert!(
         std::fs::metadata(&tmp).unwrap().len() > 0,
@@ -580,4 +585,58 @@ fn resume_after_a_cut_between_rename_and_checkpoint_starts_the_file_over() {
         .unwrap();
     assert!(r.resumed);
     assert_staged(&disk, &rel, &rels.path().join("v2.tree"));
+}
+
+/// Every `.partial` file under `dir`, recursively.
+fn partial_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            found.extend(partial_files(&p));
+        } else if p.to_string_lossy().ends_with(".partial") {
+            found.push(p);
+        }
+    }
+    found
+}
+
+/// A stage that fails in the middle of the kernel or initrd leaves none of it on the boot
+/// filesystem, which is small and also holds the loader's env copies (issue 25: a kernel
+/// declared 256 MiB and refused left 257 MiB behind).
+#[test]
+fn a_failed_stage_leaves_no_partial_kernel_or_initrd_on_the_boot_filesystem() {
+    let disk = TestDisk::new(24 * MIB);
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let loader = ModelLoader::new(9);
+    let u = updater(&disk, disk.config(&k.trust), &loader);
+    for file in ["initrd", "vmlinuz"] {
+        let rel = make_release(
+            &k,
+            rels.path(),
+            &format!("v2-{file}"),
+            2,
+            2 * MIB as usize,
+            Arch::host(),
+        );
+        let p = rel.join(file);
+        let mut bytes = std::fs::read(&p).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(&p, &bytes).unwrap();
+        let e = u
+            .stage(&Release::at(Source::Path(rel)), &fast(), &NoProgress)
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Checksum { .. } | Error::ChunkDigest { .. }),
+            "{file}: {e}"
+        );
+        assert_eq!(
+            partial_files(&disk.boot_dir),
+            Vec::<std::path::PathBuf>::new(),
+            "{file}"
+        );
+        assert_eq!(u.status().unwrap().slots[1].state, SlotState::Invalid);
+    }
 }

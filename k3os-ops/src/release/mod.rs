@@ -189,6 +189,7 @@ fn inspect_trust(root: &Path) -> anyhow::Result<(tempfile::TempDir, channel::Tru
         now: None,
         ignore_expiry: false,
         min_rate: Some(libupgrade::stage::MinRate::DEFAULT),
+        read_only: false,
     };
     Ok((scratch, trust))
 }

@@ -1,5 +1,6 @@
 //! Small documents over HTTP (an index, a manifest, an API page): read whole with a size cap,
-//! conditionally with `If-None-Match`, through the one HTTP client.
+//! conditionally with `If-None-Match`, through the one HTTP client, and never slower than a
+//! minimum rate (a server trickling a document is cut after a window, like an image).
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -64,7 +65,9 @@ pub(super) fn get_doc(
         });
     }
     let mut body = Vec::new();
-    resp.take(MAX_DOC + 1)
+    // A trickled index or API page is cut like any other body (the default minimum rate).
+    crate::chunk::rate::Watched::new(resp, Some(crate::stage::MinRate::DEFAULT))
+        .take(MAX_DOC + 1)
         .read_to_end(&mut body)
         .map_err(|source| ChannelError::Io {
             path: PathBuf::from(url),
@@ -122,7 +125,7 @@ pub(super) fn get_bounded(
     crate::chunk::rate::Watched::new(resp, min_rate)
         .take(max + 1)
         .read_to_end(&mut body)
-        .map_err(|e| fetch(e.to_string()))?;
+        .map_err(|e| fetch(crate::fetch::body_failed(&e)))?;
     if body.len() as u64 > max {
         return Err(too_large());
     }

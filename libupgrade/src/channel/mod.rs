@@ -152,7 +152,7 @@ pub enum ChannelError {
         generation: u64,
         arch: Arch,
     },
-    #[error("index entry path '{path}' must be a relative directory inside the channel")]
+    #[error("index entry path '{}' must be a relative directory inside the channel", path.escape_debug())]
     BadPath { path: String },
     #[error("channel {channel}: {source}")]
     Trust {
@@ -270,7 +270,15 @@ impl Index {
         }
         self.releases
             .iter()
-            .map(|e| format!("{} ({}, generation {})", e.version, e.arch, e.generation))
+            // Versions come from the channel, not from the operator: escaped.
+            .map(|e| {
+                format!(
+                    "{} ({}, generation {})",
+                    e.version.escape_debug(),
+                    e.arch,
+                    e.generation
+                )
+            })
             .collect::<Vec<_>>()
             .join(", ")
     }

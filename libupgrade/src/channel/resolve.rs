@@ -149,7 +149,7 @@ fn resolve_http(
     };
     let url = base.join(&path).map_err(|err| ChannelError::BadChannel {
         channel: channel.to_string(),
-        why: format!("index path '{}': {err}", e.path),
+        why: format!("index path '{}': {err}", e.path.escape_debug()),
     })?;
     let location = url.to_string();
     Ok(ResolvedRelease {

@@ -50,6 +50,10 @@ pub struct TrustOptions {
     pub ignore_expiry: bool,
     /// The `--min-rate` rule for metadata downloads.
     pub min_rate: Option<MinRate>,
+    /// Verify without recording what was trusted, and without creating the record's lock
+    /// (`upgrade --plan-only` writes nothing). The record is replaced by atomic renames, so
+    /// reading it unlocked sees a whole one.
+    pub read_only: bool,
 }
 
 impl TrustOptions {
@@ -61,6 +65,7 @@ impl TrustOptions {
             now: None,
             ignore_expiry: false,
             min_rate: Some(MinRate::DEFAULT),
+            read_only: false,
         }
     }
 }
@@ -175,7 +180,10 @@ fn check(channel: &str, opts: &TrustOptions) -> Result<Option<Checked>, ChannelE
     let key = channel_key(&kind);
     // Held across the metadata fetches until the store is written: a second process waits
     // and then starts from this one's record.
-    let _lock = Store::lock(&opts.store_file).map_err(trust_err(channel))?;
+    let _lock = match opts.read_only {
+        true => None,
+        false => Some(Store::lock(&opts.store_file).map_err(trust_err(channel))?),
+    };
     let mut store = Store::load(&opts.store_file).map_err(trust_err(channel))?;
     let required = |why: String| ChannelError::MetadataRequired {
         channel: channel.to_string(),
@@ -218,8 +226,10 @@ fn check(channel: &str, opts: &TrustOptions) -> Result<Option<Checked>, ChannelE
         }
         r => r.map_err(trust_err(channel))?,
     };
-    store.channels.insert(key, verified.record.clone());
-    store.save(&opts.store_file).map_err(trust_err(channel))?;
+    if !opts.read_only {
+        store.channels.insert(key, verified.record.clone());
+        store.save(&opts.store_file).map_err(trust_err(channel))?;
+    }
     Ok(Some(Checked {
         kind,
         gh_releases,
@@ -383,6 +393,7 @@ fn located(
     let pin = ManifestPin {
         length: meta.length,
         sha256: sha256.to_string(),
+        hashes: meta.hashes.clone(),
         from: format!("target {path} of the channel's signed metadata"),
         vouched_by,
     };
@@ -397,7 +408,7 @@ fn located(
         Kind::Http { base, .. } => {
             let url = base.join(dir).map_err(|e| ChannelError::BadChannel {
                 channel: channel.to_string(),
-                why: format!("target path '{path}': {e}"),
+                why: format!("target path '{}': {e}", path.escape_debug()),
             })?;
             (url.to_string(), Source::Url(url.to_string()))
         }

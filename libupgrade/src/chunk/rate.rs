@@ -307,27 +307,44 @@ impl MinRate {
     };
 }
 
-/// A reader cut when it falls below a [`MinRate`] over a window (no rule: passes through).
+/// A reader cut when it falls below a [`MinRate`] over a window (no rule: passes through), or
+/// when the attempt's deadline has passed ([`Watched::until`]). Every response body a stage
+/// reads goes through one — manifest, signature, chunk indexes, boot scripts, artifacts — so a
+/// server that trickles any of them cannot hold the node past its `--retry-for`.
 pub struct Watched<R> {
     inner: R,
     rule: Option<MinRate>,
+    deadline: Option<Instant>,
     since: Instant,
     got: u64,
 }
 
 impl<R: Read> Watched<R> {
+    /// `inner` under the minimum-rate `rule` (None: no floor).
     pub fn new(inner: R, rule: Option<MinRate>) -> Self {
         Watched {
             inner,
             rule,
+            deadline: None,
             since: Instant::now(),
             got: 0,
         }
+    }
+
+    /// Also cut the read once `deadline` has passed (None: no deadline).
+    pub fn until(self, deadline: Option<Instant>) -> Self {
+        Watched { deadline, ..self }
     }
 }
 
 impl<R: Read> Read for Watched<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "timed out: the attempt's time to retry (--retry-for) ran out while reading",
+            ));
+        }
         let n = self.inner.read(buf)?;
         let Some(rule) = self.rule else {
             return Ok(n);
@@ -385,6 +402,17 @@ mod tests {
         let data = vec![0u8; 1 << 20];
         let mut r = Watched::new(&data[..], Some(rule));
         assert_eq!(io::copy(&mut r, &mut io::sink()).unwrap(), 1 << 20);
+    }
+
+    #[test]
+    fn a_read_past_the_deadline_is_cut_as_a_timeout() {
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let t = Instant::now();
+        let mut r = Watched::new(Trickle(Duration::from_millis(20)), None).until(Some(deadline));
+        let e = io::copy(&mut r, &mut io::sink()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("--retry-for"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     }
 
     #[test]

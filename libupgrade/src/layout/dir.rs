@@ -127,6 +127,13 @@ impl Layout for DirLayout {
         free_bytes(if kind.exists() { &kind } else { &self.root })
     }
 
+    fn discard(&self, _slot: Slot, version: &str, artifact: Artifact) -> Result<()> {
+        match artifact {
+            Artifact::Rootfs => Ok(()),
+            a => super::discard_file_target(&self.kind_dir(a).join(version), kernel_file_name(a)),
+        }
+    }
+
     fn place(&self, _slot: Slot, artifact: Artifact) -> String {
         format!("the filesystem of {}", self.kind_dir(artifact).display())
     }

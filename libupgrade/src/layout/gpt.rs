@@ -151,6 +151,13 @@ impl Layout for GptLayout {
         }
     }
 
+    fn discard(&self, slot: Slot, _version: &str, artifact: Artifact) -> Result<()> {
+        match artifact {
+            Artifact::Rootfs => Ok(()),
+            a => super::discard_file_target(&self.boot_dir.join(slot.lower()), kernel_file_name(a)),
+        }
+    }
+
     fn place(&self, slot: Slot, artifact: Artifact) -> String {
         match artifact {
             Artifact::Rootfs => format!(

@@ -219,6 +219,10 @@ pub trait Layout: Send + Sync {
     }
     /// Is the filesystem mounted from `source` (mountinfo's major:minor and source) the slot's rootfs?
     fn is_rootfs_of(&self, slot: Slot, dev: (u32, u32), source: &str) -> Result<bool>;
+    /// Remove what a failed stage wrote of `artifact` (`version`) for `slot` where it would
+    /// keep taking room: the partial kernel or initrd on the boot filesystem, which also holds
+    /// the loader's env copies. Raw partitions keep their bytes (nothing else lives there).
+    fn discard(&self, slot: Slot, version: &str, artifact: Artifact) -> Result<()>;
     /// Called when `slot` is confirmed good (DirLayout updates `current`/`previous`).
     fn confirmed(&self, _slot: Slot) -> Result<()> {
         Ok(())
@@ -269,6 +273,16 @@ fn file_target(dir: &Path, name: &str, size: u64, resume: bool) -> Result<Target
         capacity: size,
         finish: Finish::Rename { tmp, dst },
     })
+}
+
+/// Remove the partial file [`file_target`] writes for `dir/name`, if there is one.
+fn discard_file_target(dir: &Path, name: &str) -> Result<()> {
+    let tmp = dir.join(format!(".{name}.partial"));
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => fsync_parent(&tmp),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove", &tmp, e)),
+    }
 }
 
 /// A whole file for reading: (file, 0, its length).
@@ -346,6 +360,18 @@ mod tests {
             std::fs::read(t.path().join("kernel/previous/vmlinuz")).unwrap(),
             b"v1"
         );
+    }
+
+    #[test]
+    fn a_discarded_file_target_leaves_nothing_behind() {
+        let t = tempfile::tempdir().unwrap();
+        let w = file_target(t.path(), KERNEL_FILE, 4096, false).unwrap();
+        w.write_at(0, &[7u8; 4096]).unwrap();
+        drop(w);
+        assert!(t.path().join(".vmlinuz.partial").exists());
+        discard_file_target(t.path(), KERNEL_FILE).unwrap();
+        assert!(!t.path().join(".vmlinuz.partial").exists());
+        discard_file_target(t.path(), KERNEL_FILE).unwrap();
     }
 
     #[test]

@@ -270,6 +270,21 @@ impl Stager<'_> {
 
     /// Carry out the plan: each artifact by its executor, the checkpoint saved after each
     /// one, then the squashfs check. Returns the bytes written.
+    /// After `a` failed with `e` (not a stop, which keeps everything for the next attempt):
+    /// remove what was written of it where it takes room others need (a partial kernel or
+    /// initrd on the boot filesystem), and its place in the checkpoint. Returns `e`.
+    fn discard(&self, run: &Run, a: Artifact, partial: &mut Partial, e: Error) -> Result<Error> {
+        if matches!(e, Error::Stopped { .. }) || a == Artifact::Rootfs {
+            return Ok(e);
+        }
+        self.layout.discard(run.slot, &run.m.version, a)?;
+        if partial.current.is_some_and(|(c, _)| c == a) {
+            partial.current = None;
+            partial.save(&self.cfg.state_dir)?;
+        }
+        Ok(e)
+    }
+
     fn execute(&self, run: &Run, w: &Work, partial: &mut Partial) -> Result<u64> {
         let mut written = 0;
         for (k, (a, how)) in w.plan.steps.into_iter().enumerate() {
@@ -287,7 +302,9 @@ impl Stager<'_> {
                     let work = w.chunks[k]
                         .as_ref()
                         .expect("planned chunked: has a chunk plan");
-                    let t = self.write_chunked(run, a, work)?;
+                    let t = self
+                        .write_chunked(run, a, work)
+                        .or_else(|e| Err(self.discard(run, a, partial, e)?))?;
                     written += t.fetched + t.copied;
                     // Saturating: the totals come from a checkpoint file that may be damaged.
                     partial.fetched = partial.fetched.saturating_add(t.fetched + t.kept);
@@ -298,7 +315,9 @@ impl Stager<'_> {
                     moved.refused += t.refused;
                 }
                 How::Stream { resume_at } => {
-                    let n = self.write_stream(run, a, resume_at, partial)?;
+                    let n = self
+                        .write_stream(run, a, resume_at, partial)
+                        .or_else(|e| Err(self.discard(run, a, partial, e)?))?;
                     written += n;
                     partial.fetched = partial.fetched.saturating_add(size);
                     moved.fetched += n;

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Run, Stager, BUF};
 use crate::checkpoint::{self, Partial};
-use crate::chunk::rate::{Limited, Watched};
+use crate::chunk::rate::Limited;
 use crate::error::{Error, Result};
 use crate::fetch::Source;
 use crate::layout::Target;
@@ -90,7 +90,7 @@ impl Stager<'_> {
                 }
             };
             let before = w.pos;
-            let mut r = Limited::new(Watched::new(&mut r, run.opts.min_rate_rule()), run.throttle);
+            let mut r = Limited::new(self.watch(run.opts).reader(&mut r), run.throttle);
             if let Some(e) = self.pump(run, w, &mut r, a, partial)? {
                 last_err = e;
             }
@@ -162,8 +162,10 @@ impl Stager<'_> {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     return Ok(Some(format!(
-                        "connection dropped at byte {} of {}: {e}",
-                        w.pos, w.size
+                        "{} (at byte {} of {})",
+                        crate::fetch::body_failed(&e),
+                        w.pos,
+                        w.size
                     )))
                 }
             }

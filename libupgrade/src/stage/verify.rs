@@ -56,13 +56,24 @@ fn check_generation(st: &State, booted: Slot, m: &Manifest, sha256: &str) -> Res
             });
         }
         if m.generation == installed {
-            if let Some(r) = running.manifest_sha256.as_deref().filter(|r| *r != sha256) {
-                return Err(Error::SameGenerationOtherBuild {
-                    version: m.version.clone(),
-                    generation: installed,
-                    found: sha256.to_string(),
-                    running: r.to_string(),
-                });
+            match running.manifest_sha256.as_deref() {
+                Some(r) if r != sha256 => {
+                    return Err(Error::SameGenerationOtherBuild {
+                        version: m.version.clone(),
+                        generation: installed,
+                        found: sha256.to_string(),
+                        running: r.to_string(),
+                    })
+                }
+                Some(_) => {}
+                // A slot written by an image builder that kept no manifest: which build runs
+                // is unknown, so no build of this generation can be told to be the same one.
+                None => {
+                    return Err(Error::SameGenerationUnknownBuild {
+                        version: m.version.clone(),
+                        generation: installed,
+                    })
+                }
             }
         }
     }
@@ -83,20 +94,51 @@ fn check_generation(st: &State, booted: Slot, m: &Manifest, sha256: &str) -> Res
 
 /// The manifest must be exactly the one the channel's targets role pins (arbitrary software,
 /// mix-and-match); then the targets role is its signer (see [`crate::trust`]).
+/// Every hash the targets list for it must match (TUF 5.7.3, as for the metadata files); an
+/// algorithm this node cannot compute counts as a mismatch, not a pass.
 fn check_pin(pin: &ManifestPin, mbytes: &[u8], mloc: &str) -> Result<String> {
+    let refused = |expected: String, found: String| Error::ManifestPin {
+        location: mloc.to_string(),
+        from: pin.from.clone(),
+        expected,
+        found,
+    };
     let found = sha256_hex(mbytes);
     if mbytes.len() as u64 != pin.length || found != pin.sha256 {
-        return Err(Error::ManifestPin {
-            location: mloc.to_string(),
-            from: pin.from.clone(),
-            expected: format!("{} bytes, sha256 {}", pin.length, pin.sha256),
-            found: format!("{} bytes, sha256 {found}", mbytes.len()),
-        });
+        return Err(refused(
+            format!("{} bytes, sha256 {}", pin.length, pin.sha256),
+            format!("{} bytes, sha256 {found}", mbytes.len()),
+        ));
+    }
+    for (algorithm, want) in &pin.hashes {
+        match crate::trust::meta::digest_hex(algorithm, mbytes) {
+            Some(got) if got == *want => {}
+            Some(got) => {
+                return Err(refused(
+                    format!("{algorithm} {want}"),
+                    format!("{algorithm} {got}"),
+                ))
+            }
+            None => {
+                return Err(refused(
+                    format!("{} {want}", algorithm.escape_debug()),
+                    "a hash algorithm this node cannot compute".into(),
+                ))
+            }
+        }
     }
     Ok(pin.vouched_by.clone())
 }
 
 impl Stager<'_> {
+    /// The rules every body this attempt reads is under: `--min-rate` and `--retry-for`.
+    pub(super) fn watch(&self, opts: &StageOptions) -> crate::fetch::Watch {
+        crate::fetch::Watch {
+            min_rate: opts.min_rate_rule(),
+            deadline: self.deadline,
+        }
+    }
+
     /// The one backoff policy for this stage's transfers.
     pub(super) fn backoff(&self, opts: &StageOptions) -> Backoff {
         Backoff::new(opts.retry_delay, self.cfg.download_retries).until(self.deadline)
@@ -114,7 +156,9 @@ impl Stager<'_> {
         let source = &rel.source;
         let target = booted.other();
         let mloc = source.location(MANIFEST_FILE);
-        let mbytes = retrying(self.backoff(opts), || source.read_small(MANIFEST_FILE))?;
+        let mbytes = retrying(self.backoff(opts), || {
+            source.read_small(MANIFEST_FILE, self.watch(opts))
+        })?;
         let key = match &rel.pin {
             // The targets role vouches for exactly these bytes: no trust.d signature needed.
             Some(pin) => check_pin(pin, &mbytes, &mloc)?,
@@ -161,13 +205,13 @@ impl Stager<'_> {
         mloc: &str,
         opts: &StageOptions,
     ) -> Result<String> {
-        let sig =
-            retrying(self.backoff(opts), || source.read_small(SIGNATURE_FILE)).map_err(|e| {
-                Error::Signature {
-                    location: mloc.to_string(),
-                    what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
-                }
-            })?;
+        let sig = retrying(self.backoff(opts), || {
+            source.read_small(SIGNATURE_FILE, self.watch(opts))
+        })
+        .map_err(|e| Error::Signature {
+            location: mloc.to_string(),
+            what: format!("release is not signed ({SIGNATURE_FILE} cannot be read: {e})"),
+        })?;
         let trust = opts.trust_dir.as_deref().unwrap_or(&self.cfg.trust_dir);
         let key = crate::signing::verify(mbytes, &sig, trust).map_err(|e| Error::Signature {
             location: mloc.to_string(),
@@ -253,7 +297,9 @@ impl Stager<'_> {
                 location: loc.clone(),
                 what,
             };
-            let bytes = retrying(self.backoff(opts), || source.read_capped(&r.path, r.size))?;
+            let bytes = retrying(self.backoff(opts), || {
+                source.read_capped(&r.path, r.size, self.watch(opts))
+            })?;
             let sha = sha256_hex(&bytes);
             if bytes.len() as u64 > r.size {
                 return Err(bad(format!(
@@ -294,7 +340,9 @@ impl Stager<'_> {
     ) -> Result<Vec<(crate::manifest::ScriptFile, Vec<u8>)>> {
         let mut out = Vec::new();
         for sc in m.boot.iter().flat_map(|b| &b.scripts) {
-            let bytes = retrying(self.backoff(opts), || source.read_capped(&sc.path, sc.size))?;
+            let bytes = retrying(self.backoff(opts), || {
+                source.read_capped(&sc.path, sc.size, self.watch(opts))
+            })?;
             let sha = sha256_hex(&bytes);
             if bytes.len() as u64 != sc.size || sha != sc.sha256 {
                 return Err(Error::Fetch {
@@ -312,5 +360,39 @@ impl Stager<'_> {
             out.push((sc.clone(), bytes));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pin(bytes: &[u8], hashes: &[(&str, String)]) -> ManifestPin {
+        ManifestPin {
+            length: bytes.len() as u64,
+            sha256: sha256_hex(bytes),
+            hashes: hashes
+                .iter()
+                .map(|(a, h)| (a.to_string(), h.clone()))
+                .collect(),
+            from: "target v2/manifest.json".into(),
+            vouched_by: "the targets role".into(),
+        }
+    }
+
+    /// Every hash the targets list for the manifest is checked, not only sha256, and an
+    /// algorithm the node cannot compute is a mismatch (issue 25, TUF 5.7.3).
+    #[test]
+    fn every_listed_hash_of_the_pinned_manifest_must_match() {
+        let m = b"{\"version\":\"v2\"}";
+        let sha512 = crate::trust::meta::digest_hex("sha512", m).unwrap();
+        assert!(check_pin(&pin(m, &[("sha512", sha512.clone())]), m, "m").is_ok());
+        let e = check_pin(&pin(m, &[("sha512", "00".repeat(64))]), m, "m").unwrap_err();
+        assert!(e.to_string().contains("sha512"), "{e}");
+        let e = check_pin(&pin(m, &[("blake9", "ab".into())]), m, "m").unwrap_err();
+        assert!(e.to_string().contains("cannot compute"), "{e}");
+        // The length and sha256 still bind it first.
+        let other = b"{\"version\":\"v3\"}";
+        assert!(check_pin(&pin(m, &[("sha512", sha512)]), other, "m").is_err());
     }
 }

@@ -8,7 +8,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::meta::{sha256_hex, Envelope, Key, MetaRef, Role, Root, Targets, Versions};
+use super::meta::{self, Envelope, Key, MetaRef, Role, Root, Targets, Versions};
 use super::{Record, TrustError};
 
 /// Largest `N.root.json` read.
@@ -87,21 +87,54 @@ fn fetch_required(src: &dyn MetaSource, name: &str, max: u64) -> Result<Vec<u8>,
     })
 }
 
-/// Check `bytes` against a `meta` entry's length and sha256 (when it names them).
-fn check_ref(r: &MetaRef, bytes: &[u8], location: &str) -> Result<(), TrustError> {
-    let sha = r.hashes.as_ref().and_then(|h| h.get("sha256"));
-    let len_bad = r.length.is_some_and(|l| l != bytes.len() as u64);
-    let sha_bad = sha.is_some_and(|s| *s != sha256_hex(bytes));
-    if len_bad || sha_bad {
-        return Err(TrustError::Mismatch {
-            location: location.to_string(),
-            expected: format!(
-                "{} bytes, sha256 {}",
-                r.length.map_or("?".into(), |l| l.to_string()),
-                sha.map_or("?", |s| s.as_str())
+/// Check `bytes` (the `role` file at `location`) against the `meta` entry `referrer` lists for
+/// it: its length, and **every** hash it lists (TUF 5.3.x/5.5.2). An algorithm this build
+/// cannot compute is a refusal, not a pass, and so is a `hashes` object that lists none.
+fn check_ref(
+    role: Role,
+    r: &MetaRef,
+    bytes: &[u8],
+    referrer: &str,
+    location: &str,
+) -> Result<(), TrustError> {
+    let mismatch = |expected: String, found: String| TrustError::Mismatch {
+        location: location.to_string(),
+        expected,
+        found,
+    };
+    if let Some(l) = r.length.filter(|l| *l != bytes.len() as u64) {
+        return Err(mismatch(
+            format!("{l} bytes (as {referrer} lists)"),
+            format!("{} bytes", bytes.len()),
+        ));
+    }
+    let Some(hashes) = &r.hashes else {
+        return Ok(());
+    };
+    if hashes.is_empty() {
+        return Err(TrustError::Malformed {
+            what: referrer.to_string(),
+            why: format!(
+                "its meta entry for {} lists an empty hashes object",
+                role.file()
             ),
-            found: format!("{} bytes, sha256 {}", bytes.len(), sha256_hex(bytes)),
         });
+    }
+    for (algorithm, want) in hashes {
+        let Some(got) = meta::digest_hex(algorithm, bytes) else {
+            return Err(TrustError::UnknownHash {
+                role,
+                referrer: referrer.to_string(),
+                algorithm: algorithm.clone(),
+                location: location.to_string(),
+            });
+        };
+        if got != *want {
+            return Err(mismatch(
+                format!("{algorithm} {} (as {referrer} lists)", want.escape_debug()),
+                format!("{algorithm} {got}"),
+            ));
+        }
     }
     Ok(())
 }
@@ -120,8 +153,13 @@ fn no_rollback(role: Role, seen: u64, found: u64, location: &str) -> Result<(), 
 
 /// Walk `N+1.root.json`, `N+2.root.json`, … from the record's root: each must be signed by a
 /// threshold of the previous root's root keys and of its own, with exactly the next version.
-/// Where a role's keys change, the versions recorded for it are forgotten (fast-forward
-/// recovery: a leaked timestamp key that signed version 2^60 is undone by rotating it).
+/// Where a role's keys change, the versions its metadata vouched for are forgotten, as the
+/// spec deletes the trusted files that key signed (fast-forward recovery, 5.3.11):
+/// - timestamp key rotated: the timestamp version and the snapshot version it named;
+/// - snapshot key rotated: the snapshot version and the targets version it named (the trusted
+///   snapshot bounds targets, 5.5.5: this is how a fast-forwarded targets version is undone);
+/// - targets or root keys rotated: nothing (the trusted snapshot, signed by an unchanged key,
+///   still bounds the targets version).
 fn walk_roots(src: &dyn MetaSource, record: &mut Record) -> Result<Root, TrustError> {
     let mut root: Root = record.root.body(Role::Root, "trusted root")?;
     for _ in 0..MAX_ROOT_STEPS {
@@ -149,8 +187,6 @@ fn walk_roots(src: &dyn MetaSource, record: &mut Record) -> Result<Root, TrustEr
         }
         if changed(Role::Snapshot) {
             record.snapshot = 0;
-        }
-        if changed(Role::Targets) {
             record.targets = 0;
         }
         record.root = env;
@@ -192,7 +228,7 @@ pub fn update(
     let sn_name = Role::Snapshot.file();
     let sn_loc = src.location(sn_name);
     let sn_bytes = fetch_required(src, sn_name, snap_ref.length.unwrap_or(MAX_SNAPSHOT_BYTES))?;
-    check_ref(&snap_ref, &sn_bytes, &sn_loc)?;
+    check_ref(Role::Snapshot, &snap_ref, &sn_bytes, ts_name, &sn_loc)?;
     let sn_env = Envelope::parse(&sn_bytes, &sn_loc)?;
     sn_env.check_role(&root, Role::Snapshot, &sn_loc)?;
     let sn: Versions = sn_env.body(Role::Snapshot, &sn_loc)?;
@@ -211,7 +247,7 @@ pub fn update(
     let tg_name = Role::Targets.file();
     let tg_loc = src.location(tg_name);
     let tg_bytes = fetch_required(src, tg_name, tg_ref.length.unwrap_or(MAX_TARGETS_BYTES))?;
-    check_ref(&tg_ref, &tg_bytes, &tg_loc)?;
+    check_ref(Role::Targets, &tg_ref, &tg_bytes, sn_name, &tg_loc)?;
     let tg_env = Envelope::parse(&tg_bytes, &tg_loc)?;
     tg_env.check_role(&root, Role::Targets, &tg_loc)?;
     let targets: Targets = tg_env.body(Role::Targets, &tg_loc)?;
@@ -246,3 +282,6 @@ fn meta_entry(v: &Versions, role: Role, location: &str) -> Result<MetaRef, Trust
             why: format!("its meta names no {}", role.file()),
         })
 }
+
+#[cfg(test)]
+mod tests;

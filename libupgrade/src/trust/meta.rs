@@ -11,7 +11,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use sha2::{Digest, Sha256, Sha512};
 
 use super::TrustError;
 
@@ -315,6 +315,17 @@ pub fn time_str(t: &DateTime<Utc>) -> String {
 /// sha256 of `bytes`, lower-case hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
+}
+
+/// The lower-case hex digest of `bytes` under the TUF hash `algorithm` (`sha256`, `sha512`);
+/// `None` for an algorithm this build cannot compute (a reference listing one is refused: a
+/// hash that is not checked must not count as a pass).
+pub fn digest_hex(algorithm: &str, bytes: &[u8]) -> Option<String> {
+    match algorithm {
+        "sha256" => Some(sha256_hex(bytes)),
+        "sha512" => Some(hex::encode(Sha512::digest(bytes))),
+        _ => None,
+    }
 }
 
 /// `length` and `sha256` of a file's bytes.

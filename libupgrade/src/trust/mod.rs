@@ -33,6 +33,12 @@
 //! - `timestamp.json`: the version, length and sha256 of `snapshot.json`; short expiry,
 //!   re-signed by a cron job (`k3os-ops release timestamp`).
 //!
+//! Every hash a `meta` entry lists must match the file (sha256 and sha512 are computed; any
+//! other algorithm refuses, it never passes unchecked). A root that rotates a role's keys
+//! forgets what that role vouched for (TUF 5.3.11): the timestamp key its timestamp and
+//! snapshot versions, the snapshot key its bound on the targets version; nothing else
+//! lowers a bound. `k3os-ops/tests/tuf_interop.rs` holds these rules against python-tuf.
+//!
 //! `consistent_snapshot` is false: a node that reads a channel while it is being republished
 //! sees a hash mismatch and tries again at its next poll.
 //!
@@ -96,10 +102,15 @@ pub use store::{Store, STORE_FILE, STORE_FORMAT};
 pub struct Record {
     /// The newest root this node walked to (the published envelope, signatures included).
     pub root: Envelope,
+    /// The highest timestamp version trusted (forgotten when root rotates the timestamp key).
     #[serde(default)]
     pub timestamp: u64,
+    /// The highest snapshot version trusted, as the trusted timestamp named it (forgotten when
+    /// root rotates the timestamp or the snapshot key: TUF 5.3.11).
     #[serde(default)]
     pub snapshot: u64,
+    /// The targets version the trusted snapshot names: a lower one is refused (TUF 5.5.5), also
+    /// after a rotation of the targets key; forgotten only when root rotates the snapshot key.
     #[serde(default)]
     pub targets: u64,
     /// The clock reading at the last successful check: expiry is never judged against an
@@ -137,8 +148,12 @@ impl Record {
 /// accepts them on the targets role's word alone (no trust.d signature needed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManifestPin {
+    /// The manifest's length in bytes.
     pub length: u64,
+    /// Its sha256 (every target lists one).
     pub sha256: String,
+    /// Every hash the targets list for it, by algorithm (sha256 included): all must match.
+    pub hashes: std::collections::BTreeMap<String, String>,
     /// Where the pin comes from (the targets file), for messages.
     pub from: String,
     /// Who vouches for the manifest, reported as its signer (`signed by …`): the targets
@@ -199,6 +214,16 @@ pub enum TrustError {
         location: String,
         expected: String,
         found: String,
+    },
+    #[error("{location}: {referrer} lists a hash of this {role} file by algorithm '{}', which this build cannot compute; refused (TUF 5.5.2: every listed hash must match)", algorithm.escape_debug())]
+    UnknownHash {
+        /// The role whose file is referenced (snapshot, targets).
+        role: Role,
+        /// The referencing file (`timestamp.json`, `snapshot.json`), for messages.
+        referrer: String,
+        /// The algorithm as the referencing file names it (untrusted text, escaped in messages).
+        algorithm: String,
+        location: String,
     },
     #[error("{location}: {why}")]
     Fetch { location: String, why: String },
