@@ -7,9 +7,9 @@ use k3os_ops::agent;
 
 use std::collections::BTreeMap;
 
-use agent::crd::*;
-use agent::decide::{decide, Action, Inactive, NodeUpdateStatus, NodeView};
-use agent::rollout::{advance, waves, Member, Rollout};
+use agent::channel::crd::*;
+use agent::channel::rollout::{advance, waves, Member, Rollout};
+use agent::reconcile::decide::{decide, Action, Inactive, NodeUpdateStatus, NodeView};
 use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 

@@ -2,7 +2,7 @@
 //! [`Settings`] (fixed at start-up), its [`Clients`] (Kubernetes, the node's slots, Events,
 //! metrics) and its [`Memory`] (what one process remembers between reconciles: back-offs,
 //! reports already made), and the few accessors built on them. What the agent says (annotations,
-//! Events) is in [`super::publish`], the shared bookkeeping effects in [`super::effects`].
+//! Events) is in [`super::cluster::publish`], the shared bookkeeping effects in [`super::cluster::effects`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicBool;
@@ -12,10 +12,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 
-use super::cooldown::Cooldown;
+use super::cluster::kube_store::KubeChannelStore;
 use super::errors::AgentError;
-use super::kube_store::KubeChannelStore;
-use super::node::NodeOps;
+use super::host::ops::NodeOps;
+use super::reconcile::cooldown::Cooldown;
 
 /// Least time between two writes of the stage progress annotation.
 pub const PROGRESS_PERIOD: Duration = Duration::from_secs(15);
@@ -49,37 +49,37 @@ pub struct Settings {
 pub struct Clients {
     pub client: Client,
     pub ops: Arc<dyn NodeOps>,
-    pub events: super::events::Publisher,
+    pub events: super::cluster::events::Publisher,
     /// Prometheus metrics of this agent (served by [`super::metrics::serve`]).
     pub metrics: Arc<super::metrics::Metrics>,
     /// The watch caches (None: every read goes to the API server, as in the step tests).
-    pub watched: Option<Arc<super::cache::Watched>>,
+    pub watched: Option<Arc<super::cluster::cache::Watched>>,
 }
 
 /// What one agent process remembers between reconciles (nothing here is needed to resume:
 /// that state is persisted on the channel, the Node and the slots).
 pub struct Memory {
     /// Back-off of stages after failed ones (on the stage clock).
-    pub(super) stages: Mutex<Cooldown>,
+    pub(in crate::agent) stages: Mutex<Cooldown>,
     /// Back-off of claims after aborted disruptions (drain/activate failed, slot lost).
-    pub(super) claims: Mutex<Cooldown>,
+    pub(in crate::agent) claims: Mutex<Cooldown>,
     /// UID of this node, for Event references.
-    pub(super) node_uid: Mutex<Option<String>>,
-    pub(super) last_note: Mutex<Option<String>>,
+    pub(in crate::agent) node_uid: Mutex<Option<String>>,
+    pub(in crate::agent) last_note: Mutex<Option<String>>,
     /// The last ChannelConflict note published (reported again only when it changes).
-    pub(super) last_conflict: Mutex<Option<String>>,
+    pub(in crate::agent) last_conflict: Mutex<Option<String>>,
     /// How long this node's Lease had not been renewed when the agent started (`None`: no
     /// Lease). Taken by the first reconcile (its decision may forfeit a held claim, see
-    /// [`super::decide::Action::Forfeit`]).
-    pub(super) startup_silence: Mutex<Option<Duration>>,
+    /// [`super::reconcile::decide::Action::Forfeit`]).
+    pub(in crate::agent) startup_silence: Mutex<Option<Duration>>,
     /// This boot's not-yet-assessed state was reported (condition + Event) by this process.
-    pub(super) not_assessed_reported: AtomicBool,
+    pub(in crate::agent) not_assessed_reported: AtomicBool,
     /// Format refusals already reported (each text once per agent process).
-    pub(super) format_reported: Mutex<BTreeSet<String>>,
-    /// What the last fresh read of the Node and the channels saw (see [`super::cache`]).
-    pub(super) fresh: Mutex<Option<super::cache::Fresh>>,
+    pub(in crate::agent) format_reported: Mutex<BTreeSet<String>>,
+    /// What the last fresh read of the Node and the channels saw (see [`super::cluster::cache`]).
+    pub(in crate::agent) fresh: Mutex<Option<super::cluster::cache::Fresh>>,
     /// The Node's annotations as last read or written (an unchanged patch is not sent).
-    pub(super) node_annotations: Mutex<Option<BTreeMap<String, String>>>,
+    pub(in crate::agent) node_annotations: Mutex<Option<BTreeMap<String, String>>>,
 }
 
 impl Default for Memory {
@@ -112,7 +112,7 @@ pub enum Next {
 pub struct Agent {
     pub settings: Settings,
     pub clients: Clients,
-    pub(super) memory: Memory,
+    pub(in crate::agent) memory: Memory,
 }
 
 impl Agent {
@@ -123,7 +123,7 @@ impl Agent {
         self_pod: Option<String>,
         ops: Arc<dyn NodeOps>,
     ) -> Agent {
-        let events = super::events::Publisher::new(client.clone(), node);
+        let events = super::cluster::events::Publisher::new(client.clone(), node);
         Agent {
             settings: Settings {
                 namespace: namespace.to_string(),
@@ -147,27 +147,35 @@ impl Agent {
     }
 
     /// This agent with watch caches; `writes` must count the requests of its client (see
-    /// [`super::client::WriteCounter`]).
-    pub fn with_watches(mut self, writes: super::client::WriteCounter) -> Agent {
-        self.clients.watched = Some(super::cache::Watched::new(&self.settings.node, writes));
+    /// [`super::cluster::client::WriteCounter`]).
+    pub fn with_watches(mut self, writes: super::cluster::client::WriteCounter) -> Agent {
+        self.clients.watched = Some(super::cluster::cache::Watched::new(
+            &self.settings.node,
+            writes,
+        ));
         self
     }
 
     /// The channels of the namespace: from the watch cache once it listed them, else listed.
-    pub async fn channels_now(&self) -> Result<super::channels::Listed, kube::Error> {
+    pub async fn channels_now(&self) -> Result<super::channel::listing::Listed, kube::Error> {
         let cached = self
             .clients
             .watched
             .as_ref()
             .and_then(|w| w.channel_objects());
         match cached {
-            Some(objs) => Ok(super::channels::sort_out(&self.settings.namespace, objs)),
-            None => super::channels::list(&self.clients.client, &self.settings.namespace).await,
+            Some(objs) => Ok(super::channel::listing::sort_out(
+                &self.settings.namespace,
+                objs,
+            )),
+            None => {
+                super::channel::listing::list(&self.clients.client, &self.settings.namespace).await
+            }
         }
     }
 
     /// Remember the Node's annotations as just read.
-    pub(super) fn saw_annotations(&self, annotations: BTreeMap<String, String>) {
+    pub(in crate::agent) fn saw_annotations(&self, annotations: BTreeMap<String, String>) {
         *self.memory.node_annotations.lock().expect("not poisoned") = Some(annotations);
     }
 
@@ -175,11 +183,11 @@ impl Agent {
         *self.memory.startup_silence.lock().expect("not poisoned") = silence;
     }
 
-    pub(super) fn nodes(&self) -> Api<Node> {
+    pub(in crate::agent) fn nodes(&self) -> Api<Node> {
         Api::all(self.clients.client.clone())
     }
 
-    pub(super) fn store(&self, channel: &str) -> KubeChannelStore {
+    pub(in crate::agent) fn store(&self, channel: &str) -> KubeChannelStore {
         KubeChannelStore::new(
             self.clients.client.clone(),
             &self.settings.namespace,
@@ -187,9 +195,9 @@ impl Agent {
         )
     }
 
-    pub(super) async fn blocking<T: Send + 'static>(
+    pub(in crate::agent) async fn blocking<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&dyn NodeOps) -> Result<T, super::node::NodeError> + Send + 'static,
+        f: impl FnOnce(&dyn NodeOps) -> Result<T, super::host::ops::NodeError> + Send + 'static,
     ) -> Result<T, AgentError> {
         let ops = self.clients.ops.clone();
         Ok(tokio::task::spawn_blocking(move || f(ops.as_ref())).await??)
