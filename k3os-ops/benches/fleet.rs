@@ -48,9 +48,9 @@ use fake_api::{Log, World, NS};
 use k3os_ops::agent;
 
 use agent::cluster::client::WriteCounter;
+use agent::context::Agent;
 use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
-use agent::reconcile::controller::Agent;
-use agent::reconcile::decide::{Inactive, NodeUpdateStatus};
+use agent::host::status::{Inactive, NodeUpdateStatus};
 use agent::run::{self, Periods};
 use libupgrade::StageRequest;
 use serde_json::json;

@@ -14,7 +14,7 @@ mod fleet_rig;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use agent::reconcile::controller::ANN_CORDONED;
+use agent::channel::format::ANN_CORDONED;
 use bootconfig::Slot;
 use fake_api::NS;
 use fleet_rig::*;

@@ -10,9 +10,9 @@ use k3os_ops::agent;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agent::context::{Agent, Next};
 use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
-use agent::reconcile::controller::{Agent, Next};
-use agent::reconcile::decide::{Inactive, NodeUpdateStatus};
+use agent::host::status::{Inactive, NodeUpdateStatus};
 use fake_api::{Log, World};
 use libupgrade::StageRequest;
 use serde_json::{json, Value};
@@ -913,7 +913,7 @@ async fn a_boot_time_health_failure_is_reported_with_the_cores_reason() {
     {
         let mut s = node.status.lock().unwrap();
         s.inactive = Inactive::Failed("v2".into());
-        s.failed_trial = Some(agent::reconcile::decide::TrialFailure {
+        s.failed_trial = Some(agent::host::status::TrialFailure {
             event: "health-failed".into(),
             reason: "health checks failed (10-etcd: etcd quorum lost on v2); rolled back to slot A"
                 .into(),

@@ -18,7 +18,7 @@ use agent::channel::crd::*;
 use agent::cluster::kube_store::KubeChannelStore;
 use agent::cluster::slots::{self, ClaimOutcome, DeadReason, LivenessObserver};
 use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
-use agent::reconcile::decide::{Inactive, NodeUpdateStatus};
+use agent::host::status::{Inactive, NodeUpdateStatus};
 use http::{Method, Request, Response};
 use kube::client::Body;
 use kube::Client;
@@ -452,13 +452,7 @@ impl NodeOps for FakeNode {
 #[tokio::test]
 async fn own_node_missing_is_an_error_naming_it() {
     let (client, mut h) = mock();
-    let agent = agent::reconcile::controller::Agent::new(
-        client,
-        "k3os-system",
-        "n1",
-        None,
-        Arc::new(FakeNode),
-    );
+    let agent = agent::context::Agent::new(client, "k3os-system", "n1", None, Arc::new(FakeNode));
     let server = tokio::spawn(async move {
         answer(
             &mut h,

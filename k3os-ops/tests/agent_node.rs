@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use agent::host::ops::{ConfirmResult, LibupgradeNode, NodeOps, StageProgress};
-use agent::reconcile::decide::{Inactive, NodeUpdateStatus};
+use agent::host::status::{Inactive, NodeUpdateStatus};
 use bootconfig::Slot;
 use libupgrade::health::CheckResult;
 use libupgrade::manifest::Arch;
@@ -419,9 +419,9 @@ fn a_boot_time_health_failure_reaches_the_agent_with_the_checks_output() {
     let st = rig.node().status().unwrap();
     assert_eq!(st.inactive, Inactive::Failed("v2".into()), "{st:?}");
     let f = st.failed_trial.expect("the core's record of the failure");
-    assert_eq!(f.event, agent::reconcile::decide::HEALTH_FAILED, "{f:?}");
+    assert_eq!(f.event, agent::host::status::HEALTH_FAILED, "{f:?}");
     assert!(f.reason.contains("etcd quorum lost on v2"), "{f:?}");
-    let (event, text) = agent::reconcile::controller::rolled_back_reason("v2", Some(&f));
+    let (event, text) = agent::reconcile::actions::rolled_back_reason("v2", Some(&f));
     assert_eq!(event, "HealthCheckFailed");
     assert!(
         text.contains("etcd quorum lost on v2") && !text.contains("bootloader fell back"),
@@ -442,8 +442,8 @@ fn a_fallback_reaches_the_agent_as_a_fallback() {
     rig.init_confirm_good("A is good");
     let st = rig.node().status().unwrap();
     let f = st.failed_trial.expect("the core's record of the fallback");
-    assert_eq!(f.event, agent::reconcile::decide::FALLBACK_TAKEN, "{f:?}");
-    let (event, text) = agent::reconcile::controller::rolled_back_reason("v2", Some(&f));
+    assert_eq!(f.event, agent::host::status::FALLBACK_TAKEN, "{f:?}");
+    let (event, text) = agent::reconcile::actions::rolled_back_reason("v2", Some(&f));
     assert_eq!(event, "RolledBack");
     assert!(text.contains("bootloader fell back"), "{text}");
 }

@@ -23,9 +23,9 @@ use k3os_ops::agent;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use agent::context::Agent;
 use agent::host::ops::{LibupgradeNode, NodeOps};
-use agent::reconcile::controller::Agent;
-use agent::reconcile::decide::Inactive;
+use agent::host::status::Inactive;
 use chrono::{DateTime, Utc};
 use fake_api::{Log, World};
 use libupgrade::manifest::Arch;

@@ -14,9 +14,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agent::context::Agent;
 use agent::host::ops::{LibupgradeNode, NodeOps};
-use agent::reconcile::controller::Agent;
-use agent::reconcile::decide::Inactive;
+use agent::host::status::Inactive;
 use chrono::Duration as Days;
 use fake_api::{Log, World};
 use libupgrade::manifest::Arch;

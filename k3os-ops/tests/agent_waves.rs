@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 
 use agent::channel::crd::*;
 use agent::channel::rollout::{advance, waves, Member, Rollout};
-use agent::reconcile::decide::{decide, Action, Inactive, NodeUpdateStatus, NodeView};
+use agent::host::status::{Inactive, NodeUpdateStatus};
+use agent::reconcile::decide::{decide, Action, NodeView};
 use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 

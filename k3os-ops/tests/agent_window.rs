@@ -6,8 +6,10 @@ use k3os_ops::agent;
 use std::collections::BTreeMap;
 
 use agent::channel::crd::*;
+use agent::channel::spec::Policy;
 use agent::channel::window::Window;
-use agent::reconcile::decide::{decide, Action, Inactive, NodeUpdateStatus, NodeView, Policy};
+use agent::host::status::{Inactive, NodeUpdateStatus};
+use agent::reconcile::decide::{decide, Action, NodeView};
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveTime, TimeZone, Utc};
 use chrono_tz::Tz;
 use proptest::prelude::*;

@@ -13,10 +13,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
 use super::cluster::kube_store::node_lease_name;
+use super::context::{Agent, Next};
 use super::errors::Retry;
 use super::fleet::background::{poll_loop, reclaim_loop, renew_node_lease};
 use super::host::ops::NodeOps;
-use super::reconcile::controller::{Agent, Next};
 use super::AgentArgs;
 
 /// Run the agent until a fatal error.

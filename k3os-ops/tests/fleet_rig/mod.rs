@@ -69,12 +69,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::fake_api::{self, Log, Pdb, World, NS};
+use agent::channel::format::{ANN_CORDONED, ANN_PHASE};
+use agent::context::{Agent, Next};
 use agent::host::ledger::PreviewRecord;
 use agent::host::ops::{
     ConfirmResult, LibupgradeNode, NodeError, NodeOps, StageEnd, StageProgress,
 };
-use agent::reconcile::controller::{Agent, Next, ANN_CORDONED, ANN_PHASE};
-use agent::reconcile::decide::NodeUpdateStatus;
+use agent::host::status::NodeUpdateStatus;
 use bootconfig::Slot;
 use libupgrade::StageRequest;
 use serde_json::{json, Value};

@@ -5,7 +5,7 @@
 use chrono::Utc;
 use rand::Rng;
 
-use super::decide::{Action, IdleReason, NodeView, TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED};
+use super::decide::{Action, IdleReason, NodeView};
 use crate::agent::channel::format::{ANN_MESSAGE, ANN_PROGRESS, ANN_TOKEN};
 use crate::agent::channel::listing::Channel;
 use crate::agent::cluster::kube_store::KubeChannelStore;
@@ -13,6 +13,7 @@ use crate::agent::cluster::publish::Say;
 use crate::agent::cluster::slots::{self, ClaimOutcome};
 use crate::agent::context::{Agent, Next};
 use crate::agent::errors::AgentError;
+use crate::agent::host::status::{TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED};
 use crate::agent::metrics::Outcome;
 use crate::agent::phase::Phase;
 

@@ -13,21 +13,15 @@ use kube::ResourceExt;
 
 use super::actions;
 use super::assessment;
-use super::decide::{Action, Inactive, Inputs, Need, NodeView, Step, Verdict};
+use super::decide::{Action, Inputs, Need, NodeView, Step, Verdict};
 use super::steps;
 use crate::agent::channel::crd::SlotPhase;
+use crate::agent::channel::format::{ANN_CORDONED, ANN_TOKEN, ANN_VERSION};
 use crate::agent::channel::listing::{Channel, Listed, Picked};
 use crate::agent::cluster::cache::Fresh;
-pub use crate::agent::context::{Agent, Next};
+use crate::agent::context::{Agent, Next};
 use crate::agent::errors::{AgentError, KubeContext};
-
-pub use super::actions::rolled_back_reason;
-pub use super::assessment::COND_BOOT_ASSESSED;
-pub use crate::agent::channel::format::{
-    ANN_CORDONED, ANN_MESSAGE, ANN_PHASE, ANN_PROGRESS, ANN_TARGET, ANN_TOKEN, ANN_VERSION,
-};
-pub use crate::agent::context::{PROGRESS_PERIOD, READY_WAIT};
-pub use crate::agent::phase::Phase;
+use crate::agent::host::status::Inactive;
 
 impl Agent {
     /// One decision and its execution.

@@ -9,10 +9,11 @@ use std::time::Duration;
 use chrono::Utc;
 use kube::ResourceExt;
 
-use super::decide::{NodeView, Policy};
+use super::decide::NodeView;
 use crate::agent::channel::crd::SlotPhase;
 use crate::agent::channel::format::{ANN_CORDONED, ANN_MESSAGE, ANN_PROGRESS};
 use crate::agent::channel::listing::Channel;
+use crate::agent::channel::spec::Policy;
 use crate::agent::cluster::drain;
 use crate::agent::cluster::kube_store::KubeChannelStore;
 use crate::agent::cluster::publish::Say;

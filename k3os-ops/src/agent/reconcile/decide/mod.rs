@@ -18,12 +18,10 @@ use chrono::{DateTime, Utc};
 
 use crate::agent::channel::crd::{SlotPhase, UpdateChannel};
 use crate::agent::channel::rollout::{self, Admission};
-pub use crate::agent::channel::spec::Policy;
+use crate::agent::channel::spec::Policy;
 use crate::agent::channel::thin::Waiting;
 
-pub use crate::agent::host::status::{
-    Inactive, NodeUpdateStatus, TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED,
-};
+use crate::agent::host::status::{Inactive, NodeUpdateStatus};
 
 mod held;
 use held::{hold_claim, stage_gate};
