@@ -12,9 +12,7 @@ use bootconfig::{BootEntry, BootEnv, Bootloader, Slot, SlotBoot};
 use k3os_fuzz::join_files;
 use libupgrade::channel::{Index, IndexEntry};
 use libupgrade::chunk::{ChunkIndex, ChunkParams};
-use libupgrade::manifest::{
-    Arch, BootSupport, FileEntry, Files, IndexRef, Manifest, ScriptFile, ScriptKind, FORMAT,
-};
+use libupgrade::manifest::{Arch, BootSupport, FileEntry, Files, IndexRef, Manifest, ScriptFile, ScriptKind, FORMAT};
 use libupgrade::state::store::StateStore;
 use libupgrade::state::{Event, State};
 

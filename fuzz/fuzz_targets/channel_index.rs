@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use libupgrade::channel::{Index, INDEX_FORMAT};
-use libupgrade::Arch;
+use libupgrade::manifest::Arch;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(ix) = Index::parse(data, "fuzz") else {

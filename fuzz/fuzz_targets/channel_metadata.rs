@@ -20,7 +20,8 @@ use ed25519_dalek::SigningKey;
 use k3os_fuzz::split_files;
 use libfuzzer_sys::fuzz_target;
 use libupgrade::trust::meta::{sha256_hex, Envelope, Targets, SPEC_VERSION};
-use libupgrade::trust::publish::{self, RoleSpec};
+use libupgrade::trust::publish;
+use libupgrade::trust::publish::RoleSpec;
 use libupgrade::trust::{update, Clock, MetaSource, Record, Role, TrustError};
 use serde_json::json;
 

@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     std::fs::create_dir(&src).unwrap();
     std::fs::create_dir(&copy).unwrap();
     put(&src.join("download.json"), Some(data));
-    if let Some(same) = libupgrade::checkpoint::fuzz_load_and_resave(&src, &copy) {
+    if let Some(same) = libupgrade::fuzz_load_and_resave(&src, &copy) {
         assert!(same, "save then load");
     }
 });

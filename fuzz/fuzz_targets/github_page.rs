@@ -11,7 +11,7 @@
 use k3os_fuzz::split_files;
 use libfuzzer_sys::fuzz_target;
 use libupgrade::channel::fuzzing::github_page;
-use libupgrade::Arch;
+use libupgrade::manifest::Arch;
 
 fuzz_target!(|data: &[u8]| {
     let parts = split_files(data, 2);

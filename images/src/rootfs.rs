@@ -318,7 +318,7 @@ mod tests {
     #[test]
     fn node_config_is_what_libupgrade_parses() {
         for (loader, tries) in [("grub", GRUB_TRIES), ("syslinux", 1)] {
-            let c = libupgrade::config::Config::parse(&node_config(loader, tries)).unwrap();
+            let c = libupgrade::Config::parse(&node_config(loader, tries)).unwrap();
             assert_eq!(c.tries, tries);
             assert_eq!(c.trust_dir, Path::new("/etc/k3os-ops/trust.d"));
             assert_eq!(c.layout.boot_dir(), Path::new("/boot"));

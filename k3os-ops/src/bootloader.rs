@@ -36,8 +36,8 @@ use bootconfig::grub::{render_cfg, GrubBootloader, GrubConfig};
 use bootconfig::syslinux::{render_conf, SyslinuxBootloader, SyslinuxConfig};
 use bootconfig::{BootEntry, BootEnv, Bootloader, ScriptKind, Slot, SlotBoot};
 use clap::{Args, Subcommand, ValueEnum};
-use libupgrade::config::{BootloaderKind, Config};
 use libupgrade::release::BootScript;
+use libupgrade::{BootloaderKind, Config};
 use serde::Deserialize;
 
 /// The boot config format this build reads.

@@ -11,7 +11,7 @@ use libupgrade::{Config, Updater};
 #[derive(Args, Debug, Clone)]
 pub struct ConfigArg {
     /// Node configuration file.
-    #[arg(long, env = "K3OS_OPS_CONFIG", default_value = libupgrade::config::DEFAULT_CONFIG, global = true)]
+    #[arg(long, env = "K3OS_OPS_CONFIG", default_value = libupgrade::DEFAULT_CONFIG, global = true)]
     pub config: PathBuf,
 }
 

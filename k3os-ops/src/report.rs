@@ -10,13 +10,13 @@
 //! status.
 
 use bootconfig::Slot;
-use libupgrade::assess::Outcome;
+use libupgrade::state::Outcome;
 use libupgrade::state::SlotState;
 use libupgrade::ConfirmReport;
 
 /// One line for the whole error chain, each distinct message once.
 pub fn render(err: &anyhow::Error) -> String {
-    libupgrade::error::join_messages(err.chain().map(|e| e.to_string()))
+    libupgrade::join_messages(err.chain().map(|e| e.to_string()))
 }
 
 /// `EX_TEMPFAIL` (sysexits.h): the command did what it could and the rest must come later,
@@ -131,7 +131,7 @@ mod tests {
             newly_good: false,
             checks: checks.clone(),
             other_slot: None,
-            verdict: libupgrade::Verdict {
+            verdict: libupgrade::state::Verdict {
                 boot_id: "boot-2".into(),
                 slot: Slot::B,
                 version: Some("v2".into()),
@@ -194,7 +194,7 @@ mod tests {
 
     #[test]
     fn a_resumable_stage_stop_exits_75_like_a_pending_bless() {
-        use libupgrade::stage::Stop;
+        use libupgrade::Stop;
         let e = anyhow::Error::new(libupgrade::Error::Stopped {
             why: Stop::Budget { budget: 1 << 20 },
             fetched: 1 << 20,

@@ -7,9 +7,10 @@
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use libupgrade::health::{CheckResult, HealthCheck};
+use libupgrade::state::AwaitedChecks;
 use libupgrade::units::Size;
-use libupgrade::updater::{AwaitedChecks, SlotStatus, Status};
 use libupgrade::{Slot, Updater};
+use libupgrade::{SlotStatus, Status};
 
 use crate::node::{reboot, ConfigArg};
 use crate::report::Unconfirmed;
@@ -260,7 +261,7 @@ fn reported_checks(passed: &[String], failed: &[String]) -> anyhow::Result<Vec<C
 /// When the boot awaits the reachability check ([`libupgrade::reach`]), probe its endpoints
 /// each round and report it passed through the one bless point once one answers.
 fn await_bless(u: &Updater, reboot_now: bool) -> anyhow::Result<()> {
-    use libupgrade::assess::Outcome;
+    use libupgrade::state::Outcome;
     let start = std::time::Instant::now();
     let mut unreachable = String::new();
     loop {
@@ -333,7 +334,7 @@ pub fn event_name(e: libupgrade::state::Event) -> String {
 }
 
 /// A boot outcome as `--json` spells it (`blessed`, `rolled-back`).
-fn outcome_name(o: &libupgrade::assess::Outcome) -> String {
+fn outcome_name(o: &libupgrade::state::Outcome) -> String {
     match serde_json::to_value(o) {
         Ok(v) => v["kind"].as_str().unwrap_or("unknown").to_string(),
         Err(_) => format!("{o:?}"),

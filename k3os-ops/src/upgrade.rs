@@ -9,7 +9,7 @@
 //! later run resumes); `--extra-source` (repeatable) names local directories and site mirrors
 //! to take chunks from before the origin; `--stage-until TIME` and `--stage-window
 //! START/END[@RATE]` (repeatable, RFC 3339) say when it may download and how fast
-//! ([`libupgrade::stage::Schedule`]): outside them nothing is fetched, after the last one the
+//! ([`libupgrade::Schedule`]): outside them nothing is fetched, after the last one the
 //! attempt stops. A stop at a budget or at the end of the schedule is not a failure: what was
 //! written is kept, and the command exits 75 (`EX_TEMPFAIL`) so a cron-style caller retries. A
 //! schedule that has already ended when the command starts is refused (exit 1): running it again
@@ -21,14 +21,15 @@ use std::time::Duration;
 use anyhow::bail;
 use chrono::{DateTime, Utc};
 use clap::Args;
-use libupgrade::stage::MinRate;
-use libupgrade::stage::{Schedule, Window};
+use libupgrade::state::SlotState;
 use libupgrade::units::Size;
-use libupgrade::updater::SlotStatus;
+use libupgrade::MinRate;
+use libupgrade::SlotStatus;
 use libupgrade::{
-    units, ExtraSource, Origin, Slot, SlotState, Source, StageOptions, StagePreview, StageReport,
+    units, ExtraSource, Origin, Slot, Source, StageOptions, StagePreview, StageReport,
     StageRequest, Wanted,
 };
+use libupgrade::{Schedule, Window};
 
 use crate::node::ConfigArg;
 
@@ -93,7 +94,7 @@ pub struct UpgradeArgs {
     pub retry_for: RetryFor,
     /// Cut and retry a response slower than this many bytes per second over a minute (a
     /// server holding the node with a trickle); 0 turns the rule off.
-    #[arg(long, default_value_t = libupgrade::stage::MinRate::DEFAULT.bytes_per_sec)]
+    #[arg(long, default_value_t = libupgrade::MinRate::DEFAULT.bytes_per_sec)]
     pub min_rate: u64,
     /// Print what the stage would fetch and reuse, per artifact and in total, and stop
     /// before writing anything.
@@ -420,8 +421,9 @@ pub fn converge(slots: &[SlotStatus], version: &str) -> Converge {
 #[cfg(test)]
 mod tests {
     use super::parse_rate;
-    use libupgrade::updater::SlotStatus;
-    use libupgrade::{Slot, SlotState};
+    use libupgrade::state::SlotState;
+    use libupgrade::Slot;
+    use libupgrade::SlotStatus;
 
     #[test]
     fn retry_for_durations() {

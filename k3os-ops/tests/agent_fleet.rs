@@ -83,11 +83,15 @@ async fn rollout(concurrency: u32) {
         let b = slot_of(&st, Slot::B);
         assert_eq!(st.booted, Some(Slot::B), "{name}: {st:#?}");
         assert_eq!(b.version.as_deref(), Some("v2"), "{name}: {st:#?}");
-        assert_eq!(b.state, libupgrade::SlotState::Good, "{name}: {st:#?}");
+        assert_eq!(
+            b.state,
+            libupgrade::state::SlotState::Good,
+            "{name}: {st:#?}"
+        );
         let verdict = st.verdict.as_ref().unwrap();
         assert_eq!(
             verdict.outcome,
-            libupgrade::Outcome::Blessed,
+            libupgrade::state::Outcome::Blessed,
             "{name}: {verdict:?}"
         );
         assert!(
@@ -160,9 +164,15 @@ async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
     let st = fleet.slots(bad);
     assert_eq!(st.booted, Some(Slot::A), "{st:#?}");
     assert_eq!(slot_of(&st, Slot::A).version.as_deref(), Some("v1"));
-    assert_eq!(slot_of(&st, Slot::A).state, libupgrade::SlotState::Good);
+    assert_eq!(
+        slot_of(&st, Slot::A).state,
+        libupgrade::state::SlotState::Good
+    );
     assert_eq!(slot_of(&st, Slot::B).version.as_deref(), Some("v2"));
-    assert_eq!(slot_of(&st, Slot::B).state, libupgrade::SlotState::Bad);
+    assert_eq!(
+        slot_of(&st, Slot::B).state,
+        libupgrade::state::SlotState::Bad
+    );
 
     // The failure is recorded and the channel paused.
     let ch = fleet.channel();
@@ -199,7 +209,10 @@ async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
         let st = fleet.slots(i);
         assert_eq!(st.booted, Some(Slot::A), "{name}: {st:#?}");
         assert_eq!(slot_of(&st, Slot::A).version.as_deref(), Some("v1"));
-        assert_eq!(slot_of(&st, Slot::B).state, libupgrade::SlotState::Staged);
+        assert_eq!(
+            slot_of(&st, Slot::B).state,
+            libupgrade::state::SlotState::Staged
+        );
     }
     for i in 0..NODES {
         let node = fleet.world.lock().unwrap().node(&node_name(i)).clone();
@@ -297,7 +310,10 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
         let st = fleet.slots(i);
         assert_eq!(st.booted, Some(Slot::B), "{name}: {st:#?}");
         assert_eq!(slot_of(&st, Slot::B).version.as_deref(), Some("v2"));
-        assert_eq!(slot_of(&st, Slot::B).state, libupgrade::SlotState::Good);
+        assert_eq!(
+            slot_of(&st, Slot::B).state,
+            libupgrade::state::SlotState::Good
+        );
     }
 
     // A zombie v0.1.0 agent of node-1 writing under its old token changes nothing.

@@ -166,7 +166,7 @@ fn node_ready(ok: bool) -> CheckResult {
 /// The boot-time confirm leaves a trial the agent activated on trial: Node-Ready is awaited.
 fn assert_pending(r: libupgrade::Result<libupgrade::ConfirmReport>) {
     match r.as_ref().map(|r| r.outcome()) {
-        Ok(libupgrade::Outcome::Pending { waiting_for, .. }) => {
+        Ok(libupgrade::state::Outcome::Pending { waiting_for, .. }) => {
             assert_eq!(waiting_for.join(", "), agent::host::ops::NODE_READY)
         }
         _ => panic!("the boot-time confirm must wait for node-ready: {r:?}"),
@@ -232,7 +232,7 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
     );
     assert!(!node.status().unwrap().booted_on_trial);
     let v = rig.updater().status().unwrap().verdict.unwrap();
-    assert_eq!(v.outcome, libupgrade::Outcome::Blessed, "{v:?}");
+    assert_eq!(v.outcome, libupgrade::state::Outcome::Blessed, "{v:?}");
     assert!(
         v.checks.iter().any(|c| c.name == "node-ready" && c.ok),
         "{v:?}"
@@ -258,7 +258,7 @@ fn node_not_ready_is_a_failed_health_check_and_the_core_rolls_back() {
     let v = rig.updater().status().unwrap().verdict.unwrap();
     assert_eq!(
         v.outcome,
-        libupgrade::Outcome::RolledBack { to: Slot::A },
+        libupgrade::state::Outcome::RolledBack { to: Slot::A },
         "{v:?}"
     );
     assert_eq!(rig.reboot(), Slot::A, "the loader returns to A");
@@ -297,7 +297,7 @@ fn an_unreported_node_ready_fails_at_its_limit_and_rolls_back() {
         .updater()
         .fail_awaited("not reported within 900 s of the boot")
     {
-        Ok(Some(rep)) if matches!(rep.outcome(), libupgrade::Outcome::RolledBack { .. }) => {
+        Ok(Some(rep)) if matches!(rep.outcome(), libupgrade::state::Outcome::RolledBack { .. }) => {
             let failures = rep.failures();
             assert!(failures.contains("node-ready: not reported"), "{failures}")
         }
@@ -338,7 +338,7 @@ fn a_spent_trial_reads_as_failed_so_the_agent_records_a_rollback() {
     assert!(
         matches!(
             v.other_slot,
-            Some(libupgrade::assess::OtherSlot::FallbackTaken { slot: Slot::B, .. })
+            Some(libupgrade::state::OtherSlot::FallbackTaken { slot: Slot::B, .. })
         ),
         "the core records the fallback: {v:?}"
     );
@@ -411,7 +411,7 @@ fn a_boot_time_health_failure_reaches_the_agent_with_the_checks_output() {
     rig.node().activate(LIMIT).unwrap();
     assert_eq!(rig.reboot(), Slot::B);
     match rig.init_confirm() {
-        Ok(rep) if matches!(rep.outcome(), libupgrade::Outcome::RolledBack { .. }) => {}
+        Ok(rep) if matches!(rep.outcome(), libupgrade::state::Outcome::RolledBack { .. }) => {}
         other => panic!("the boot-time confirm must roll back: {other:?}"),
     }
     assert_eq!(rig.reboot(), Slot::A);

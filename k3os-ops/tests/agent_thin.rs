@@ -29,7 +29,7 @@ use agent::host::status::Inactive;
 use chrono::{DateTime, Utc};
 use fake_api::{Log, World};
 use libupgrade::manifest::Arch;
-use libupgrade::stage::Clock;
+use libupgrade::Clock;
 use serde_json::{json, Value};
 use testkit::clock::VirtualClock;
 use testkit::sim::SimNode;

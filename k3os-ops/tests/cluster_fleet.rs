@@ -37,8 +37,8 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use libupgrade::manifest::Arch;
 use libupgrade::state::store::StateStore;
-use libupgrade::Arch;
 use rand::Rng;
 use serde_json::json;
 
@@ -455,7 +455,7 @@ impl Fleet {
     }
 }
 
-fn slot_state(h: &Host, s: Slot) -> (libupgrade::SlotState, Option<String>) {
+fn slot_state(h: &Host, s: Slot) -> (libupgrade::state::SlotState, Option<String>) {
     let st = StateStore::new(&h.p().join("state")).load().unwrap();
     let r = st.slot(s);
     (r.state, r.version.clone())
@@ -463,7 +463,7 @@ fn slot_state(h: &Host, s: Slot) -> (libupgrade::SlotState, Option<String>) {
 
 fn on_v2(h: &Host) -> bool {
     h.booted.last() == Some(&Slot::B)
-        && slot_state(h, Slot::B) == (libupgrade::SlotState::Good, Some("v2".into()))
+        && slot_state(h, Slot::B) == (libupgrade::state::SlotState::Good, Some("v2".into()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -556,7 +556,7 @@ async fn a_failed_health_check_is_reported_as_such_and_pauses_the_channel() {
         if i == failed {
             assert_eq!(h.booted.first(), Some(&Slot::A));
             assert_eq!(h.booted.last(), Some(&Slot::A), "{} back on v1", h.name);
-            assert_eq!(slot_state(h, Slot::B).0, libupgrade::SlotState::Bad);
+            assert_eq!(slot_state(h, Slot::B).0, libupgrade::state::SlotState::Bad);
         } else {
             assert_eq!(
                 h.booted,

@@ -8,7 +8,9 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use libupgrade::channel::{self, ChannelError};
+use libupgrade::channel;
+
+use libupgrade::channel::ChannelError;
 use libupgrade::manifest::{Arch, MANIFEST_FILE, SIGNATURE_FILE};
 use libupgrade::signing;
 use release_support::{bin, create, fake_inputs, keys, Server};
@@ -406,7 +408,10 @@ fn github_releases_resolution() {
         .source
         .read_small(MANIFEST_FILE, Default::default())
         .unwrap();
-    assert_eq!(libupgrade::Manifest::parse(&m).unwrap().arch, Arch::Aarch64);
+    assert_eq!(
+        libupgrade::manifest::Manifest::parse(&m).unwrap().arch,
+        Arch::Aarch64
+    );
 
     // Asked for by version: the prerelease and an old release are reachable, the draft is not.
     let rc = channel::resolve(ch, Some("v3.0.0-rc1"), Arch::X86_64).unwrap();

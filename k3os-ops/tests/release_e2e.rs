@@ -20,7 +20,8 @@ use bootconfig::grub::GrubBootloader;
 use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
 use libupgrade::layout::GptLayout;
 use libupgrade::manifest::{Arch, MANIFEST_FILE, SIGNATURE_FILE};
-use libupgrade::{channel, Error, NoProgress, SlotState, Source, StageOptions, Updater};
+use libupgrade::state::SlotState;
+use libupgrade::{channel, Error, NoProgress, Source, StageOptions, Updater};
 use release_support::{bin, Server};
 use testkit::{TestDisk, MIB};
 
@@ -285,7 +286,7 @@ fn create_serve_stage_and_every_rejection_writes_nothing() {
         matches!(
             e,
             Error::ChunkDigest {
-                artifact: libupgrade::Artifact::Rootfs,
+                artifact: libupgrade::manifest::Artifact::Rootfs,
                 ..
             }
         ),

@@ -14,12 +14,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use chrono::{Duration as Days, Utc};
-use libupgrade::channel::{self, ChannelError, MetadataPolicy, TrustOptions};
+use libupgrade::channel;
+use libupgrade::channel::{ChannelError, MetadataPolicy, TrustOptions};
 use libupgrade::manifest::Arch;
-use libupgrade::stage::MinRate;
 use libupgrade::trust::meta::{Envelope, Targets, Versions};
-use libupgrade::trust::publish::{self, RoleSpec, SigningKey};
+use libupgrade::trust::publish;
+use libupgrade::trust::publish::{RoleSpec, SigningKey};
 use libupgrade::trust::{Role, TrustError};
+use libupgrade::MinRate;
 use libupgrade::{Error, NoProgress, StageOptions};
 use release_support::Server;
 use testkit::sim::SimNode;

@@ -61,7 +61,7 @@ fn create(work: &Path, chan: &Path, key: &Path, version: &str, generation: u64) 
             "--version",
             version,
             "--arch",
-            libupgrade::Arch::host().as_str(),
+            libupgrade::manifest::Arch::host().as_str(),
             "--key",
             &s(key),
             "-o",

@@ -18,9 +18,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cli_support::ops;
-use libupgrade::channel::{self, MetadataPolicy, TrustOptions};
+use libupgrade::channel;
+use libupgrade::channel::{MetadataPolicy, TrustOptions};
 use libupgrade::manifest::Arch;
-use libupgrade::stage::MinRate;
+use libupgrade::MinRate;
 use release_support::Server;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tuf/interop.py");

@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bootconfig::memory::MemoryBootloader;
-use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::layout::GptLayout;
+use libupgrade::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::{NoProgress, Source, StageOptions, Updater};
 
 use libupgrade::chunk::local::{find_local, LocalFile};
@@ -354,7 +354,7 @@ fn main() {
             kernel: w.join("k"),
             initrd: w.join("i"),
             version: "v2".into(),
-            arch: libupgrade::Arch::host(),
+            arch: libupgrade::manifest::Arch::host(),
             secret_key: secret.clone(),
             out_dir: w.join("rel"),
             generation: Some(2),

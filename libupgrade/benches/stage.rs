@@ -23,8 +23,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use bootconfig::memory::MemoryBootloader;
-use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::layout::GptLayout;
+use libupgrade::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::{ExtraSource, NoProgress, Source, StageOptions, Updater};
 
 const MIB: u64 = 1 << 20;
@@ -129,7 +129,7 @@ fn main() {
         kernel: work.join("k"),
         initrd: work.join("i"),
         version: "bench".into(),
-        arch: libupgrade::Arch::host(),
+        arch: libupgrade::manifest::Arch::host(),
         secret_key: secret,
         out_dir: work.join("rel"),
         generation: Some(2),

@@ -68,7 +68,9 @@ pub struct LoaderView {
 /// A bootloader write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LoaderOp {
+    /// Make the slot the loader's confirmed primary (its trial ends).
     MarkGood(Slot),
+    /// Tell the loader never to boot the slot again until it is re-activated.
     MarkBad(Slot),
 }
 
@@ -76,12 +78,19 @@ pub enum LoaderOp {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
     /// Write the loader, then announce `barrier`.
-    Loader { op: LoaderOp, barrier: &'static str },
+    Loader {
+        /// The write to make.
+        op: LoaderOp,
+        /// The name announced once it is durable (power-cut tests stop there).
+        barrier: &'static str,
+    },
     /// Tell the layout the slot is confirmed (e.g. k3OS symlinks).
     LayoutConfirmed(Slot),
     /// Save this state, then announce `barrier`.
     SaveState {
+        /// The state to write to the state file.
         state: Box<State>,
+        /// The name announced once it is durable (power-cut tests stop there).
         barrier: &'static str,
     },
 }
@@ -98,7 +107,9 @@ impl Verdict {
 pub struct Assessment {
     /// The state after every effect (also the state of the last `SaveState`, if any).
     pub state: State,
+    /// The effects to carry out, in order (empty: nothing to change).
     pub effects: Vec<Effect>,
+    /// What this boot's assessment concluded.
     pub verdict: Verdict,
 }
 

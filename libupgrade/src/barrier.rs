@@ -59,7 +59,8 @@ pub fn hit(name: &str) {
 }
 
 /// Barriers passed so far by this process.
-pub fn count() -> u64 {
+#[cfg(test)]
+fn count() -> u64 {
     COUNT.load(Ordering::SeqCst)
 }
 

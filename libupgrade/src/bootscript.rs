@@ -30,8 +30,11 @@ pub enum ScriptStep {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the installed {kind} is version {installed}, but this release's k3os-ops reads only versions up to {target_reads} and the release carries no {kind} it can read: it cannot run on this node; stage a newer release")]
 pub struct ScriptRefusal {
+    /// Which loader's script.
     pub kind: ScriptKind,
+    /// Version of the script installed on the node.
     pub installed: u32,
+    /// Newest version the release to activate reads.
     pub target_reads: u32,
 }
 

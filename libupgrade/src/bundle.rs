@@ -45,15 +45,20 @@ pub const RELEASE_DIR: &str = "release/";
 /// `k3os-bundle.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BundleHeader {
+    /// The bundle format ([`FORMAT`]); a newer one is refused.
     pub format: u32,
+    /// The release's version string (untrusted until its manifest verifies).
     pub version: String,
+    /// The release's generation (untrusted until its manifest verifies).
     pub generation: u64,
 }
 
 /// An opened bundle: where each release file's bytes are in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bundle {
+    /// The bundle file.
     pub path: PathBuf,
+    /// Its first member, as read.
     pub header: BundleHeader,
     /// Release file name (as the manifest names it) → (offset of its data, size).
     members: BTreeMap<String, (u64, u64)>,

@@ -76,9 +76,9 @@ impl Partial {
     }
 }
 
-/// For the fuzz targets (`fuzz/`, feature `fuzzing`): [`Partial::load`] of `state_dir`, and
-/// whether the checkpoint it accepted reads back unchanged after [`Partial::save`] into
-/// `copy_dir`. `None` when `load` refused the file.
+/// For the fuzz targets (`fuzz/`, feature `fuzzing`): the download checkpoint's
+/// `Partial::load` of `state_dir`, and whether the checkpoint it accepted reads back unchanged
+/// after `Partial::save` into `copy_dir`. `None` when `load` refused the file.
 #[cfg(feature = "fuzzing")]
 pub fn fuzz_load_and_resave(state_dir: &Path, copy_dir: &Path) -> Option<bool> {
     let p = Partial::load(state_dir)?;

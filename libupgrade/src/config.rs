@@ -34,7 +34,9 @@ pub const CONFIG_ENV: &str = "K3OS_OPS_CONFIG";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BootloaderKind {
+    /// GRUB, with its environment block `grubenv` (BIOS and UEFI).
     Grub,
+    /// syslinux/extlinux, with its `extlinux.conf`.
     Syslinux,
 }
 
@@ -43,12 +45,23 @@ pub enum BootloaderKind {
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum LayoutConfig {
     /// GPT partitions `rootfs-a`/`rootfs-b` on `disk`; kernels under `boot_dir/{a,b}/`.
-    Gpt { disk: PathBuf, boot_dir: PathBuf },
+    Gpt {
+        /// The whole disk holding the GPT (`/dev/vda`).
+        disk: PathBuf,
+        /// The mounted boot partition.
+        boot_dir: PathBuf,
+    },
     /// k3OS style: `root/rootfs/<version>/`, `root/kernel/<version>/`, slot links `a`/`b`.
-    Dir { root: PathBuf, boot_dir: PathBuf },
+    Dir {
+        /// The directory holding `rootfs/`, `kernel/` and the slot links.
+        root: PathBuf,
+        /// The mounted boot partition.
+        boot_dir: PathBuf,
+    },
 }
 
 impl LayoutConfig {
+    /// The mounted boot partition, where the loader's files live.
     pub fn boot_dir(&self) -> &Path {
         match self {
             LayoutConfig::Gpt { boot_dir, .. } | LayoutConfig::Dir { boot_dir, .. } => boot_dir,
@@ -97,10 +110,12 @@ fn default_true() -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// Which bootloader flips the slots.
     pub bootloader: BootloaderKind,
     /// Boots a newly activated slot gets (GRUB; syslinux always gives exactly one).
     #[serde(default = "default_tries")]
     pub tries: u8,
+    /// Where the slots' bytes live.
     pub layout: LayoutConfig,
     /// Directory for the state file and partial downloads (the state partition).
     #[serde(default = "default_state_dir")]
@@ -111,6 +126,7 @@ pub struct Config {
     /// Extra health checks: every executable file here is run by `confirm`.
     #[serde(default = "default_health_dir")]
     pub health_dir: PathBuf,
+    /// Seconds each health check in `health_dir` may run before it is killed and fails.
     #[serde(default = "default_health_timeout")]
     pub health_timeout_secs: u64,
     /// Download attempts per file before giving up (each resumes where the last stopped).

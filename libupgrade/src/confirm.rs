@@ -21,10 +21,13 @@ use crate::updater::Updater;
 /// is the caller's to decide, like bless-boot's `status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ConfirmReport {
+    /// The booted slot.
     pub slot: Slot,
+    /// Version of the release it holds (None: unknown to the state file).
     pub version: Option<String>,
     /// Newly marked good by this call (false: it already was, or it is not good).
     pub newly_good: bool,
+    /// The health checks run in this call, in order (empty when none were needed).
     pub checks: Vec<CheckResult>,
     /// What was decided about the other slot's pending trial, if anything.
     pub other_slot: Option<Decision>,

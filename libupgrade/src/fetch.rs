@@ -61,6 +61,7 @@ impl ExtraSource {
 /// What the server (or the local directory) says about a file before it is downloaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Probe {
+    /// The file's size in bytes.
     pub size: u64,
     /// The server answers `Range` requests with 206 (local files always can).
     pub ranges: bool,

@@ -34,10 +34,15 @@ impl HealthCheck for CheckResult {
 /// One line of /proc/self/mountinfo that matters here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {
+    /// The mounted device's (major, minor) numbers.
     pub dev: (u32, u32),
+    /// Where it is mounted (octal escapes decoded).
     pub mount_point: String,
+    /// Mounted read-only (per-mount or superblock option `ro`).
     pub read_only: bool,
+    /// The filesystem type (`squashfs`, `ext4`, …).
     pub fstype: String,
+    /// The mount source (a device path, or e.g. `overlay`; octal escapes decoded).
     pub source: String,
 }
 

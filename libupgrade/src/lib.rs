@@ -7,71 +7,86 @@
 //! binary on top of it.
 //!
 //! # Architecture
-//! One way through, per flow; decisions are pure functions, effects happen at the edges:
+//! One way through, per flow; decisions are pure functions, effects happen at the edges.
+//! Modules in `code` are private (their API is re-exported at the crate root, one path per
+//! type); linked ones are public namespaces for formats and publisher tools.
 //!
-//! - **Stage** ([`Updater::stage`] → [`stage`]): [`fetch`] reads the release ([`manifest`],
-//!   checked with [`signing`]; [`channel`] resolves which one) → `stage::verify` (signature,
-//!   manifest, arch, generation, space, then every file on the server) → `stage::plan` (pure:
-//!   per artifact done / chunked / stream) → the executors ([`chunk`] deltas, streamed
-//!   downloads with [`checkpoint`]s, all under [`retry`]) writing through [`layout`] → commit
-//!   ([`state`], [`slotfiles`]). `stage::plan` also prices the run before its first byte
-//!   ([`Updater::preview`]); chunks come from the target, the running slot, extra sources,
-//!   then the origin; a release may also come from an offline [`bundle`].
-//! - **Activate** ([`Updater::activate_awaiting`]): [`bootscript::decide`] (pure: which boot
-//!   script both slots read) → loader writes (`bootconfig`) → [`state`].
-//! - **Confirm** (every boot, [`confirm`]): [`health`] checks → [`assess`] (pure: state,
-//!   loader view, boot, checks → new state, loader operations, [`Verdict`]) → its effects.
-//! - **Publish** ([`release`]): create and sign a release, rebuild a channel's index;
-//!   [`trust::publish`] signs the channel's metadata (root, targets, snapshot, timestamp).
-//! - **Discover** ([`channel::resolve_with`]): [`trust::client`] walks the channel's signed
-//!   metadata (when the node has a root) and pins the manifest the stager must find.
+//! - **Ask** (`request`): a front end (the CLI, the agent) fills one [`StageRequest`] — a
+//!   [`channel`]'s version, a release location or an offline [`bundle`] — and
+//!   [`StageRequest::resolve`] turns it into a [`Release`]: where its files are and what its
+//!   signed manifest must be (through the channel's signed metadata, [`trust`], when the node
+//!   has a root; [`channel::resolve_with`]).
+//! - **Stage** ([`Updater::stage`], `stage`): `stage::verify` (signature or pin, [`manifest`],
+//!   arch, generation, space, then every file on the server; bodies read by `fetch` under the
+//!   minimum rate and the attempt's deadline) → `stage::plan` (pure: per artifact done /
+//!   chunked / stream, priced before the first byte: [`Updater::preview`]) → the executors
+//!   ([`chunk`] deltas, streamed downloads with `checkpoint`s, retried by `retry`) writing
+//!   through [`layout`] → commit ([`state`], [`slotfiles`]).
+//! - **Activate** ([`Updater::activate_awaiting`]): `bootscript` (pure: which boot script both
+//!   slots read) → loader writes (`bootconfig`) → [`state`].
+//! - **Confirm** (every boot, `confirm`): [`health`] checks (and [`reach`]) → [`assess`] (pure:
+//!   state, loader view, boot, checks → new state, loader operations, verdict) → its effects.
+//! - **Publish** ([`release`], [`signing`]): create and sign a release, rebuild a channel's
+//!   index; [`trust::publish`] signs the channel's metadata (root, targets, snapshot,
+//!   timestamp).
 //!
-//! Below them: [`config`] (the node configuration), [`error`], [`http`] (the one HTTP client),
-//! [`barrier`] (named write barriers for power-cut tests), [`sqcheck`] (the squashfs check).
-//! Every format a node stores or reads (state file, manifest, chunk index, channel index, the
-//! loader's files) carries a version, reads every earlier one and refuses a newer one by
-//! name: see each module's docs and CHANGELOG.md.
+//! Below them: `config` ([`Config`], the node configuration), `error` ([`Error`], and
+//! [`chain_line`], the one renderer of error chains), [`units`] (sizes, rates, durations),
+//! [`http`] (the one HTTP client), `barrier` (named write barriers for power-cut tests),
+//! `sqcheck` (the squashfs check). Every format a node stores or reads (state file, manifest,
+//! chunk index, channel index, the loader's files) carries a version, reads every earlier one
+//! and refuses a newer one by name: see each module's docs and CHANGELOG.md.
 
-pub mod assess;
-pub mod barrier;
-pub mod bootscript;
+// The pipeline and its decisions: private, their API re-exported below (one path per type).
+mod assess;
+mod barrier;
+mod bootscript;
+mod checkpoint;
+mod config;
+mod confirm;
+mod error;
+mod fetch;
+mod request;
+mod retry;
+mod sqcheck;
+mod stage;
+mod updater;
+
+// Formats and publisher tools: public namespaces, each the one path of what it holds.
 pub mod bundle;
 pub mod channel;
-pub mod checkpoint;
 pub mod chunk;
-pub mod config;
-pub mod confirm;
-pub mod error;
-pub mod fetch;
 pub mod health;
 pub mod http;
 pub mod layout;
 pub mod manifest;
 pub mod reach;
 pub mod release;
-pub mod request;
-pub mod retry;
 pub mod rollout;
 pub mod signing;
 pub mod slotfiles;
-pub mod sqcheck;
-pub mod stage;
 pub mod state;
 pub mod trust;
 pub mod units;
-pub mod updater;
 
 /// Largest number of tries a slot can be given (GRUB counts down with an explicit if-chain).
 pub const MAX_TRIES: u8 = 9;
 
-pub use assess::{Outcome, Verdict};
+pub use assess::{assess, assessable, Assessment, Effect, LoaderOp, LoaderView, ObservedBoot};
 pub use bootconfig::Slot;
-pub use config::Config;
-pub use error::{Error, Result};
-pub use fetch::{ExtraSource, Source};
-pub use manifest::{Arch, Artifact, Manifest};
+pub use bootscript::{ScriptRefusal, ScriptStep};
+#[cfg(feature = "fuzzing")]
+pub use checkpoint::fuzz_load_and_resave;
+pub use chunk::rate::{Clock, MinRate, SystemClock};
+pub use chunk::schedule::{Allowance, Schedule, ScheduleError, Window};
+pub use config::{BootloaderKind, Config, LayoutConfig, CONFIG_ENV, DEFAULT_CONFIG};
+pub use confirm::ConfirmReport;
+pub use error::{chain_line, join_messages, Error, Result, Stop};
+pub use fetch::{ExtraSource, Probe, Source, Watch};
 pub use request::{Origin, Release, ResolveError, StageRequest, Wanted};
-pub use state::SlotState;
-pub use updater::{
-    ConfirmReport, NoProgress, Progress, StageOptions, StagePreview, StageReport, Status, Updater,
+pub use retry::{Backoff, MAX_DELAY};
+pub use sqcheck::Superblock;
+pub use stage::{
+    ArtifactCost, NoProgress, Progress, StageOptions, StagePreview, StageReport, DEFAULT_RETRY_FOR,
 };
+pub use updater::{loader_for, SlotStatus, Status, Updater};

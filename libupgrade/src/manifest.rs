@@ -30,7 +30,9 @@ pub const MAX_SCRIPT_SIZE: u64 = 1 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Arch {
+    /// 64-bit x86 (`x86_64`; `amd64` is accepted when parsing).
     X86_64,
+    /// 64-bit ARM (`aarch64`; `arm64` is accepted when parsing).
     Aarch64,
 }
 
@@ -43,6 +45,8 @@ impl Arch {
             Arch::X86_64
         }
     }
+
+    /// The name used in manifests, indexes and asset names (`x86_64`, `aarch64`).
     pub fn as_str(self) -> &'static str {
         match self {
             Arch::X86_64 => "x86_64",
@@ -84,7 +88,10 @@ pub enum Artifact {
 }
 
 impl Artifact {
+    /// Every artifact: rootfs, kernel, initrd.
     pub const ALL: [Artifact; 3] = [Artifact::Rootfs, Artifact::Kernel, Artifact::Initrd];
+
+    /// The artifact's name in messages and manifests (`rootfs`, `kernel`, `initrd`).
     pub fn as_str(self) -> &'static str {
         match self {
             Artifact::Rootfs => "rootfs",
@@ -109,7 +116,7 @@ pub struct FileEntry {
     pub size: u64,
     /// Lower-case hex sha256 of the whole file.
     pub sha256: String,
-    /// The file's chunk index (see [`crate::chunk::index`]), if the release has one. Covered
+    /// The file's chunk index (see [`crate::chunk::ChunkIndex`]), if the release has one. Covered
     /// by the manifest's signature through its sha256; a release without one installs by
     /// full download, and nodes that predate chunking ignore the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -121,19 +128,25 @@ pub struct FileEntry {
 pub struct IndexRef {
     /// Plain file name in the release directory (`rootfs.squashfs.chunks`).
     pub path: String,
+    /// Exact size of the chunk index file in bytes.
     pub size: u64,
+    /// Lower-case hex sha256 of the chunk index file.
     pub sha256: String,
 }
 
 /// The files of a release, one per [`Artifact`]; all three are required.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Files {
+    /// The squashfs root filesystem.
     pub rootfs: FileEntry,
+    /// The kernel image.
     pub kernel: FileEntry,
+    /// The initramfs.
     pub initrd: FileEntry,
 }
 
 impl Files {
+    /// The entry of artifact `a`.
     pub fn get(&self, a: Artifact) -> &FileEntry {
         match a {
             Artifact::Rootfs => &self.rootfs,
@@ -161,12 +174,15 @@ pub struct BootSupport {
 /// A boot script carried by a release.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScriptFile {
+    /// Which loader's script it is.
     pub kind: ScriptKind,
     /// The script's version (its marker line says the same; checked when installed).
     pub version: u32,
     /// Plain file name in the release directory.
     pub path: String,
+    /// Exact size in bytes.
     pub size: u64,
+    /// Lower-case hex sha256 of the script file.
     pub sha256: String,
 }
 
@@ -177,10 +193,12 @@ pub struct Manifest {
     pub format: u32,
     /// Human version string (`v1.2.0`).
     pub version: String,
+    /// The architecture the release is built for.
     pub arch: Arch,
     /// Monotonic generation id: a node refuses a release older than what it runs unless told
     /// to allow a downgrade.
     pub generation: u64,
+    /// The release's three artifacts.
     pub files: Files,
     /// What the release reads of the loader's files and the scripts it carries (v0.2.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -211,18 +229,33 @@ pub const MAX_INDEX_SIZE: u64 = 64 << 20;
 /// Why a manifest was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
+    /// The bytes are not JSON of the manifest's shape.
     #[error("manifest is not valid JSON for format {FORMAT}: {0}")]
     Parse(#[from] serde_json::Error),
+    /// The manifest is of a newer format than this build reads.
     #[error("manifest format {found} is newer than this build of k3os-ops reads (format {FORMAT}); upgrade k3os-ops first")]
-    Format { found: u32 },
+    Format {
+        /// The `format` it declares.
+        found: u32,
+    },
+    /// The release is built for another architecture than the node's.
     #[error("release {version} is built for {found}, this node is {expected}")]
     Arch {
+        /// The release's version string.
         version: String,
+        /// The node's architecture.
         expected: Arch,
+        /// The architecture the manifest names.
         found: Arch,
     },
+    /// A field's value is invalid (a path that is not a plain name, a bad sha256, …).
     #[error("manifest field {field}: {what}")]
-    Field { field: String, what: String },
+    Field {
+        /// The field's path in the manifest (`files.rootfs.sha256`).
+        field: String,
+        /// What is wrong with its value.
+        what: String,
+    },
 }
 
 impl Manifest {

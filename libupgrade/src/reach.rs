@@ -52,7 +52,14 @@ pub(crate) fn default_within() -> u64 {
 /// One endpoint to probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
-    Tcp { host: String, port: u16 },
+    /// `tcp://host:port`: reachable when a TCP connection opens.
+    Tcp {
+        /// Host name or IP address (IPv6 without brackets).
+        host: String,
+        /// TCP port.
+        port: u16,
+    },
+    /// An `http(s)://` URL: reachable when the server answers with any HTTP status.
     Http(String),
 }
 

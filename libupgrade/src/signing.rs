@@ -46,6 +46,7 @@ pub const SECRET_KEY_EXT: &str = "key";
 pub struct KeyId(pub String);
 
 impl KeyId {
+    /// The id of `key`.
     pub fn of(key: &VerifyingKey) -> KeyId {
         let digest = Sha256::digest(key.as_bytes());
         KeyId(hex::encode(&digest[..8]))
@@ -61,36 +62,89 @@ impl fmt::Display for KeyId {
 /// Why signing or verification failed. Every variant names the file or directory involved.
 #[derive(Debug, thiserror::Error)]
 pub enum SigningError {
+    /// A key or signature file could not be read or written.
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
-    #[error("{path} already exists; refusing to overwrite a key")]
-    KeyExists { path: PathBuf },
-    #[error("key name '{name}' is not a plain file name")]
-    KeyName { name: String },
-    #[error("secret key {path}: {why} (expected an ed25519 PKCS#8 PEM 'PRIVATE KEY')")]
-    SecretKey { path: PathBuf, why: String },
-    #[error("trusted key {path}: {why} (expected an ed25519 SPKI PEM 'PUBLIC KEY')")]
-    PublicKey { path: PathBuf, why: String },
-    #[error("release is unsigned: no signature to check against trust dir {trust_dir}")]
-    Unsigned { trust_dir: PathBuf },
-    #[error("malformed signature file (checked against trust dir {trust_dir}): {why}")]
-    MalformedSignature { trust_dir: PathBuf, why: String },
-    #[error("trust dir {trust_dir} cannot be read: {source}")]
-    TrustDir {
-        trust_dir: PathBuf,
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
         source: io::Error,
     },
+    /// Generating a key pair would overwrite an existing key file.
+    #[error("{path} already exists; refusing to overwrite a key")]
+    KeyExists {
+        /// The key file that exists.
+        path: PathBuf,
+    },
+    /// The key name given would not make a plain file name (has `/`, is `..`, …).
+    #[error("key name '{name}' is not a plain file name")]
+    KeyName {
+        /// The name as given.
+        name: String,
+    },
+    /// A secret key file is not an ed25519 PKCS#8 PEM key.
+    #[error("secret key {path}: {why} (expected an ed25519 PKCS#8 PEM 'PRIVATE KEY')")]
+    SecretKey {
+        /// The secret key file.
+        path: PathBuf,
+        /// What the decoder found wrong.
+        why: String,
+    },
+    /// A public key file of the trust dir is not an ed25519 SPKI PEM key.
+    #[error("trusted key {path}: {why} (expected an ed25519 SPKI PEM 'PUBLIC KEY')")]
+    PublicKey {
+        /// The public key file.
+        path: PathBuf,
+        /// What the decoder found wrong.
+        why: String,
+    },
+    /// The release has no signature file.
+    #[error("release is unsigned: no signature to check against trust dir {trust_dir}")]
+    Unsigned {
+        /// The trust dir it would have been checked against.
+        trust_dir: PathBuf,
+    },
+    /// The signature file is not the JSON document this module writes.
+    #[error("malformed signature file (checked against trust dir {trust_dir}): {why}")]
+    MalformedSignature {
+        /// The trust dir it was checked against.
+        trust_dir: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The trust dir could not be listed.
+    #[error("trust dir {trust_dir} cannot be read: {source}")]
+    TrustDir {
+        /// The trust dir.
+        trust_dir: PathBuf,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// The trust dir holds no `*.pub` files.
     #[error("trust dir {trust_dir} holds no public keys (*.{PUBLIC_KEY_EXT}): no release can be trusted")]
-    EmptyTrustDir { trust_dir: PathBuf },
+    EmptyTrustDir {
+        /// The trust dir.
+        trust_dir: PathBuf,
+    },
+    /// The signature names a key that is not in the trust dir.
     #[error("release is signed by key {key_id}, which is not trusted: trust dir {trust_dir} holds only {}",
         trusted.iter().map(|k| k.0.as_str()).collect::<Vec<_>>().join(", "))]
     UntrustedKey {
+        /// The key id the signature file names.
         key_id: KeyId,
+        /// The trust dir searched.
         trust_dir: PathBuf,
+        /// The ids of the keys the trust dir does hold.
         trusted: Vec<KeyId>,
     },
+    /// The signature does not verify under the trusted key it names.
     #[error("signature by trusted key {key_id} ({key_file}) does not match the manifest: the manifest was altered after signing or the signature is damaged")]
-    BadSignature { key_id: KeyId, key_file: PathBuf },
+    BadSignature {
+        /// The key's id.
+        key_id: KeyId,
+        /// The trust dir's file holding that key.
+        key_file: PathBuf,
+    },
 }
 
 /// The signature file's JSON shape.

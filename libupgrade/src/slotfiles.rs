@@ -2,7 +2,7 @@
 //! `<state_dir>/slots/<a|b>/manifest.json` (the signed bytes staging verified) and the boot
 //! scripts the release carries (`grub.cfg`, `extlinux.conf`), each checked against the
 //! manifest again when read. An activation reads them to decide and install the boot script
-//! ([`crate::bootscript`]); a slot staged before v0.2.0 has none, and reads as a release that
+//! (`bootscript`); a slot staged before v0.2.0 has none, and reads as a release that
 //! carries no script and reads version 1 of every loader file.
 //!
 //! Written by staging after every artifact is verified and before the slot is recorded as

@@ -16,14 +16,23 @@ const METADATA_MAX: u64 = 8192;
 /// The fields of a squashfs 4.0 superblock this check uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Superblock {
+    /// Number of inodes in the image.
     pub inode_count: u32,
+    /// Data block size in bytes.
     pub block_size: u32,
+    /// Compressor id (1 gzip … 6 zstd).
     pub compression: u16,
+    /// Number of entries in the uid/gid table.
     pub id_count: u16,
+    /// Reference to the root inode: metadata block offset `<< 16` | offset inside the block.
     pub root_inode: u64,
+    /// Bytes of the image in use (the filesystem's length, without padding).
     pub bytes_used: u64,
+    /// Byte offset of the uid/gid lookup table.
     pub id_table_start: u64,
+    /// Byte offset of the inode table.
     pub inode_table_start: u64,
+    /// Byte offset of the directory table.
     pub directory_table_start: u64,
 }
 

@@ -31,22 +31,30 @@ use crate::stage::Stager;
 use crate::state::store::StateStore;
 use crate::state::{now, Decision, Event, SlotState, State};
 
-pub use crate::confirm::ConfirmReport;
 pub use crate::stage::{NoProgress, Progress, StageOptions, StagePreview, StageReport};
 
 /// Status of one slot, for `slot status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SlotStatus {
+    /// Which slot this is.
     pub slot: Slot,
+    /// Its state in the node's state file.
     pub state: SlotState,
+    /// Version of the release it holds (None: unknown, e.g. never staged by this node).
     pub version: Option<String>,
+    /// Generation of the release it holds (None: unknown).
     pub generation: Option<u64>,
     /// What the bootloader will do with it.
     pub boot: SlotBoot,
+    /// Boots the loader still grants it while on trial (None: not on trial).
     pub tries_left: Option<u8>,
+    /// The running system booted from it.
     pub booted: bool,
+    /// The loader will boot it next.
     pub next_boot: bool,
+    /// It is the loader's primary slot.
     pub primary: bool,
+    /// The newest decision the node recorded about it (None: none yet).
     pub last_decision: Option<Decision>,
     /// Bytes fetched vs reused by the update that staged this slot (None: staged before
     /// chunked updates, or never staged by this node).
@@ -56,10 +64,15 @@ pub struct SlotStatus {
 /// Status of the node, for `slot status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Status {
+    /// The slot the running system booted from (None: the kernel command line does not say).
     pub booted: Option<Slot>,
+    /// The slot the loader will boot next.
     pub next_boot: Slot,
+    /// The loader's name (`grub`, `syslinux`).
     pub bootloader: String,
+    /// The slot layout, described for an operator (disk and partitions, or directories).
     pub layout: String,
+    /// Each slot's status, A then B.
     pub slots: Vec<SlotStatus>,
     /// The loader's records: the one it will use at the next boot and every damaged one
     /// (e.g. `copy 1` of GRUB's env, naming the file and what is wrong).
@@ -117,10 +130,12 @@ impl Updater {
         }
     }
 
+    /// The node configuration this updater was opened with.
     pub fn config(&self) -> &Config {
         &self.cfg
     }
 
+    /// The node's bootloader.
     pub fn bootloader(&self) -> &dyn Bootloader {
         self.boot.as_ref()
     }

@@ -1,13 +1,14 @@
-//! Property tests of the pure boot-assessment core (`libupgrade::assess::assess`) over all its
+//! Property tests of the pure boot-assessment core (`libupgrade::assess`) over all its
 //! inputs: slot states, pending activation, boot ids, the loader's view and the integrity of
 //! its records, and the health results.
 
 use bootconfig::{BootEnv, Damage, Integrity, Slot, SlotBoot};
-use libupgrade::assess::{assess, Effect, LoaderOp, LoaderView, ObservedBoot, OtherSlot, Outcome};
 use libupgrade::health::CheckResult;
+use libupgrade::state::SlotState;
+use libupgrade::state::{Activation, AwaitedChecks};
 use libupgrade::state::{Event, State};
-use libupgrade::updater::{Activation, AwaitedChecks};
-use libupgrade::SlotState;
+use libupgrade::state::{OtherSlot, Outcome};
+use libupgrade::{assess, Effect, LoaderOp, LoaderView, ObservedBoot};
 use proptest::prelude::*;
 
 fn slot() -> impl Strategy<Value = Slot> {

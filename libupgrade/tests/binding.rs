@@ -8,7 +8,8 @@ use std::path::Path;
 
 use bootconfig::Slot;
 use libupgrade::manifest::Arch;
-use libupgrade::{Error, NoProgress, SlotState, Source, StageOptions};
+use libupgrade::state::SlotState;
+use libupgrade::{Error, NoProgress, Source, StageOptions};
 use testkit::sim::SimNode;
 use testkit::{keys, make_release, pseudo_random, signed_release, ReleaseInputs};
 

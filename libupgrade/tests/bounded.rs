@@ -8,8 +8,9 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use libupgrade::manifest::Arch;
-use libupgrade::stage::MinRate;
-use libupgrade::{NoProgress, SlotState, Source, StageOptions};
+use libupgrade::state::SlotState;
+use libupgrade::MinRate;
+use libupgrade::{NoProgress, Source, StageOptions};
 use testkit::sim::SimNode;
 use testkit::{keys, make_release, TestServer};
 

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use libupgrade::{Error, NoProgress, SlotState, Source, StageOptions, Updater};
+use libupgrade::{Error, NoProgress, Source, StageOptions, Updater};
+
+use libupgrade::state::SlotState;
 use testkit::*;
 
 /// A signed release whose kernel and initrd are noise from `seed + 100` and `seed + 200`.
@@ -167,7 +169,7 @@ fn an_index_that_does_not_match_its_manifest_is_a_clear_error_before_any_write()
 
     // 2. A publisher signed an index for a file of another size.
     let m_bytes = std::fs::read(rel.join("manifest.json")).unwrap();
-    let mut m = libupgrade::Manifest::parse(&m_bytes).unwrap();
+    let mut m = libupgrade::manifest::Manifest::parse(&m_bytes).unwrap();
     let short = libupgrade::chunk::ChunkIndex::build(
         &std::fs::read(rel.join("vmlinuz")).unwrap()[..500_000],
         libupgrade::chunk::ChunkParams::DEFAULT,
@@ -281,7 +283,7 @@ fn kill_9_at_random_points_loses_at_most_the_chunk_in_flight_per_kill() {
         let (cfg, url): (libupgrade::Config, String) = serde_json::from_str(&spec).unwrap();
         let layout = libupgrade::layout::GptLayout::open(
             match &cfg.layout {
-                libupgrade::config::LayoutConfig::Gpt { disk, .. } => disk,
+                libupgrade::LayoutConfig::Gpt { disk, .. } => disk,
                 _ => unreachable!(),
             },
             cfg.layout.boot_dir(),

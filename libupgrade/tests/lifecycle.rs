@@ -12,12 +12,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use bootconfig::{Slot, SlotBoot};
-use libupgrade::assess::{OtherSlot, Outcome};
-use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::layout::DirLayout;
 use libupgrade::manifest::Arch;
 use libupgrade::state::Event;
-use libupgrade::{Error, NoProgress, SlotState, Source, StageOptions, Updater};
+use libupgrade::state::SlotState;
+use libupgrade::state::{OtherSlot, Outcome};
+use libupgrade::{BootloaderKind, Config, LayoutConfig};
+use libupgrade::{Error, NoProgress, Source, StageOptions, Updater};
 use testkit::loaders::{Kind, RealLoader, KINDS};
 use testkit::*;
 
@@ -488,7 +489,7 @@ fn a_v010_node_installs_the_new_script_on_activation_and_refuses_an_older_releas
 /// Rewrite a release's manifest as a release made before v0.2.0 (no `boot` section), signed.
 fn strip_boot_section(k: &Keys, dir: &Path) {
     let p = dir.join("manifest.json");
-    let mut m = libupgrade::Manifest::parse(&std::fs::read(&p).unwrap()).unwrap();
+    let mut m = libupgrade::manifest::Manifest::parse(&std::fs::read(&p).unwrap()).unwrap();
     m.boot = None;
     let bytes = m.to_bytes();
     let key = libupgrade::signing::load_secret_key(&k.secret).unwrap();

@@ -9,7 +9,8 @@ use std::time::Duration;
 use bootconfig::{Slot, SlotBoot};
 use libupgrade::layout::GptLayout;
 use libupgrade::manifest::Arch;
-use libupgrade::{Error, NoProgress, SlotState, Source, StageOptions, Updater};
+use libupgrade::state::SlotState;
+use libupgrade::{Error, NoProgress, Source, StageOptions, Updater};
 use testkit::*;
 
 fn updater(disk: &TestDisk, cfg: libupgrade::Config, loader: &ModelLoader) -> Updater {
@@ -433,7 +434,7 @@ fn a_release_that_is_not_a_squashfs_is_refused_before_it_is_staged() {
             chunks: None,
         }
     };
-    let m = libupgrade::Manifest {
+    let m = libupgrade::manifest::Manifest {
         format: libupgrade::manifest::FORMAT,
         version: "v2".into(),
         arch: Arch::host(),

@@ -11,8 +11,8 @@ use libupgrade::Release;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use libupgrade::stage::{Schedule, Stop, Window};
 use libupgrade::{Error, ExtraSource, NoProgress, Source, StageOptions, StageReport, Updater};
+use libupgrade::{Schedule, Stop, Window};
 use testkit::*;
 
 /// A site: release `v2` signed by `k` in `rels`, served by `srv` (`src` is its URL), and an

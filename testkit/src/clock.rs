@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-/// A [`libupgrade::stage::Clock`] whose `sleep` advances it at once (a stage that waits hours
+/// A [`libupgrade::Clock`] whose `sleep` advances it at once (a stage that waits hours
 /// for a window runs in milliseconds), and which logs every reading together with a probe's
 /// value, e.g. a [`crate::TestServer`]'s byte counter: what had been sent at that virtual
 /// instant.
@@ -38,7 +38,7 @@ impl VirtualClock {
     }
 }
 
-impl libupgrade::stage::Clock for VirtualClock {
+impl libupgrade::Clock for VirtualClock {
     fn now(&self) -> DateTime<Utc> {
         let t = *self.now.lock().unwrap();
         self.record(t);

@@ -10,9 +10,9 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use bootconfig::Slot;
-use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::layout::GptLayout;
 use libupgrade::Updater;
+use libupgrade::{BootloaderKind, Config, LayoutConfig};
 
 use crate::node::{boot_as, ModelLoader};
 use crate::{require_root, run};

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use bootconfig::Slot;
-use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
+use libupgrade::{BootloaderKind, Config, LayoutConfig};
 
 /// Pretend the node booted `slot` in boot `boot_id`.
 pub fn boot_as(c: &Config, slot: Slot, boot_id: &str) {

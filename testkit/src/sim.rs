@@ -8,8 +8,8 @@ use std::path::Path;
 
 use bootconfig::memory::MemoryBootloader;
 use bootconfig::Slot;
-use libupgrade::config::{BootloaderKind, Config, LayoutConfig};
 use libupgrade::layout::DirLayout;
+use libupgrade::{BootloaderKind, Config, LayoutConfig};
 
 /// One simulated node, booted on slot A running `VERSION=v1` of `generation`.
 pub struct SimNode {

@@ -42,7 +42,7 @@ pub struct Settings {
     /// known, every Ready=True counts.
     pub booted_at: Option<k8s_openapi::jiff::Timestamp>,
     /// The clock of the stage's windows and daily quota (tests inject a virtual one).
-    pub clock: Arc<dyn libupgrade::stage::Clock>,
+    pub clock: Arc<dyn libupgrade::Clock>,
 }
 
 /// Whom the agent talks to.
@@ -133,7 +133,7 @@ impl Agent {
                 node_ready_wait: READY_WAIT,
                 node_ready_poll: Duration::from_secs(5),
                 booted_at: None,
-                clock: Arc::new(libupgrade::stage::SystemClock),
+                clock: Arc::new(libupgrade::SystemClock),
             },
             clients: Clients {
                 client,

@@ -12,7 +12,7 @@ use super::cluster::drain::DrainError;
 use super::cluster::slots::{SlotError, StoreError};
 use super::host::ops::NodeError;
 
-/// The whole chain of `e`, outermost first, as `a: b: c` ([`libupgrade::error::join_messages`]);
+/// The whole chain of `e`, outermost first, as `a: b: c` ([`libupgrade::join_messages`]);
 /// a kube error ends the chain, in [`kube_message`]'s words.
 pub fn message(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
@@ -23,7 +23,7 @@ pub fn message(e: &(dyn std::error::Error + 'static)) -> String {
         }
         parts.push(err.to_string());
     }
-    libupgrade::error::join_messages(parts)
+    libupgrade::join_messages(parts)
 }
 
 /// What went wrong in one reconcile. Every variant names the object or operation; the reconcile

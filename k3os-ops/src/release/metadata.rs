@@ -8,7 +8,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use libupgrade::signing;
 use libupgrade::trust::meta::{time_str, Key};
-use libupgrade::trust::publish::{self, RoleSpec};
+use libupgrade::trust::publish;
+use libupgrade::trust::publish::RoleSpec;
 use libupgrade::trust::Role;
 
 /// A lifetime: `7d`, `12h`, `90m`, `3600s`.

@@ -188,7 +188,7 @@ fn inspect_trust(root: &Path) -> anyhow::Result<(tempfile::TempDir, channel::Tru
         policy: channel::MetadataPolicy::Required,
         now: None,
         ignore_expiry: false,
-        min_rate: Some(libupgrade::stage::MinRate::DEFAULT),
+        min_rate: Some(libupgrade::MinRate::DEFAULT),
         read_only: false,
     };
     Ok((scratch, trust))

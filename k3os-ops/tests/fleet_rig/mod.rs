@@ -787,13 +787,13 @@ impl Fleet {
         let v010 = self.v010_trial == Some(i);
         let trial = match (slot, self.rigs[i].init_confirm()) {
             // A trial activated by v0.1.0 awaited no check: init's confirm blesses it.
-            (Slot::B, Ok(r)) if v010 && r.verdict.outcome == libupgrade::Outcome::Blessed => {
+            (Slot::B, Ok(r)) if v010 && r.verdict.outcome == libupgrade::state::Outcome::Blessed => {
                 self.v010_trial = None;
                 false
             }
             // Nodes start on A: B is the new version, booted on trial.
             (Slot::B, Ok(r))
-                if matches!(r.outcome(), libupgrade::Outcome::Pending { waiting_for, .. }
+                if matches!(r.outcome(), libupgrade::state::Outcome::Pending { waiting_for, .. }
                     if waiting_for.join(", ") == agent::host::ops::NODE_READY) =>
             {
                 true
@@ -897,7 +897,7 @@ impl Fleet {
     }
 
     /// The real Updater's status of node `i` (both slots, this boot's verdict).
-    pub fn slots(&self, i: usize) -> libupgrade::updater::Status {
+    pub fn slots(&self, i: usize) -> libupgrade::Status {
         self.rigs[i].updater().status().unwrap()
     }
 
@@ -915,7 +915,7 @@ pub fn condition(channel: &Value, kind: &str) -> Option<String> {
         .map(String::from)
 }
 
-pub fn slot_of(st: &libupgrade::updater::Status, slot: Slot) -> &libupgrade::updater::SlotStatus {
+pub fn slot_of(st: &libupgrade::Status, slot: Slot) -> &libupgrade::SlotStatus {
     st.slots.iter().find(|s| s.slot == slot).unwrap()
 }
 

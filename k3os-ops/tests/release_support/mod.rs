@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use libupgrade::manifest::Arch;
-use libupgrade::release::{self, CreateOptions};
+use libupgrade::release;
+use libupgrade::release::CreateOptions;
 
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_k3os-ops")

@@ -247,8 +247,11 @@ pub mod fuzzing {
     /// One release of a page as the node sees it.
     #[derive(Debug)]
     pub struct PageRelease {
+        /// The release's git tag, as the API gives it (untrusted).
         pub tag_name: String,
+        /// A draft release; nodes never use these.
         pub draft: bool,
+        /// A prerelease; nodes use it only when asked for by version.
         pub prerelease: bool,
         /// Every asset's (name, URL).
         pub assets: Vec<(String, String)>,

@@ -74,6 +74,7 @@ pub struct Index {
     /// [`INDEX_FORMAT`]; absent in indexes written by v0.1.0.
     #[serde(default = "index_format_v1")]
     pub format: u32,
+    /// The channel's releases of every architecture, newest first.
     pub releases: Vec<IndexEntry>,
 }
 
@@ -86,8 +87,11 @@ impl Default for Index {
 /// One release of a channel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IndexEntry {
+    /// The release's version string, as its manifest names it (`v1.2.0`).
     pub version: String,
+    /// The release's generation from its manifest; higher is newer.
     pub generation: u64,
+    /// The architecture the release is built for.
     pub arch: Arch,
     /// Release directory relative to the channel (`v1.2.0/`); for GitHub channels the tag.
     pub path: String,
@@ -96,8 +100,11 @@ pub struct IndexEntry {
 /// A release picked from a channel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedRelease {
+    /// The release's version string (`v1.2.0`).
     pub version: String,
+    /// The release's generation; higher is newer.
     pub generation: u64,
+    /// The architecture the release is built for.
     pub arch: Arch,
     /// Human-readable location: the release directory (local path or URL ending in `/`), or for
     /// GitHub the URL of the manifest asset.
@@ -106,61 +113,131 @@ pub struct ResolvedRelease {
     /// A local directory, an http(s) base URL, or (GitHub) one URL per file name.
     pub source: Source,
     /// When the channel's signed metadata chose this release: the exact length and sha256 its
-    /// `manifest.json` must have (hand to [`crate::StageOptions::expect_manifest`]).
+    /// `manifest.json` must have (carried on as [`crate::Release::pin`]).
     pub pin: Option<crate::trust::ManifestPin>,
 }
 
 /// Why a channel could not be read or a release not found.
 #[derive(Debug, thiserror::Error)]
 pub enum ChannelError {
+    /// A local channel file or directory could not be read or written, or an HTTP response
+    /// body could not be read.
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    Io {
+        /// The file or directory, or the URL whose body failed.
+        path: PathBuf,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// The index is of a newer format than this build reads.
     #[error("{what} is index format {found}, newer than this build of k3os-ops reads (format {INDEX_FORMAT}); upgrade k3os-ops first")]
-    NewerIndex { what: String, found: u32 },
+    NewerIndex {
+        /// The index read (its path or URL).
+        what: String,
+        /// The `format` it declares.
+        found: u32,
+    },
+    /// A document (index, manifest, API page) is not the JSON expected.
     #[error("{what} is not valid JSON of the expected shape: {source}")]
     Parse {
+        /// The document read (its path or URL).
         what: String,
+        /// The JSON decoder's error.
         source: serde_json::Error,
     },
+    /// An HTTP request failed without a status to report (client setup, connection, TLS,
+    /// timeout).
     #[error("{url}: {source}")]
-    Http { url: String, source: reqwest::Error },
+    Http {
+        /// The URL requested.
+        url: String,
+        /// The HTTP client's error.
+        source: reqwest::Error,
+    },
+    /// The server answered with an HTTP status other than success.
     #[error("{url}: server answered HTTP {status}")]
-    Status { url: String, status: u16 },
+    Status {
+        /// The URL requested.
+        url: String,
+        /// The HTTP status code.
+        status: u16,
+    },
+    /// A document is larger than the cap on what is read into memory (16 MiB).
     #[error("{what} is larger than {MAX_DOC} bytes; refusing to read it")]
-    TooLarge { what: String },
+    TooLarge {
+        /// The document (its path or URL).
+        what: String,
+    },
+    /// The channel string or a URL built from it is not valid.
     #[error("channel '{channel}': {why}")]
-    BadChannel { channel: String, why: String },
+    BadChannel {
+        /// The channel as given.
+        channel: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The channel has no release of the wanted version for the architecture.
     #[error("channel '{channel}' has no release {wanted} for {arch} (it has: {available})")]
     NotFound {
+        /// The channel as given.
         channel: String,
+        /// The version asked for, or `latest`.
         wanted: String,
+        /// The node's architecture.
         arch: Arch,
+        /// The releases the channel does have, as text for the operator.
         available: String,
     },
+    /// A release's manifest, read to learn its generation, is invalid.
     #[error("manifest {location}: {source}")]
     Manifest {
+        /// The URL or path of the manifest.
         location: String,
+        /// What is wrong with it.
         source: ManifestError,
     },
+    /// A release directory being indexed has a manifest but no signature beside it.
     #[error("release directory {dir} has {MANIFEST_FILE} but no {SIGNATURE_FILE}; sign it before indexing")]
-    Unsigned { dir: PathBuf },
+    Unsigned {
+        /// The release directory.
+        dir: PathBuf,
+    },
+    /// Two releases of one architecture claim the same generation.
     #[error("channel {channel}: releases {first} and {second} both claim generation {generation} for {arch}")]
     DuplicateGeneration {
+        /// The channel (its path or URL).
         channel: String,
+        /// The first release's path or tag.
         first: String,
+        /// The second release's path or tag.
         second: String,
+        /// The generation both claim.
         generation: u64,
+        /// Their architecture.
         arch: Arch,
     },
+    /// An index entry's `path` leaves the channel (absolute, `..`, a URL).
     #[error("index entry path '{}' must be a relative directory inside the channel", path.escape_debug())]
-    BadPath { path: String },
+    BadPath {
+        /// The entry's path as written in the index (untrusted: escaped when printed).
+        path: String,
+    },
+    /// The channel's signed metadata was refused.
     #[error("channel {channel}: {source}")]
     Trust {
+        /// The channel as given.
         channel: String,
+        /// Why the metadata was refused.
         source: crate::trust::TrustError,
     },
+    /// The node requires signed metadata but the channel carries none usable.
     #[error("channel {channel} must carry signed metadata: {why}")]
-    MetadataRequired { channel: String, why: String },
+    MetadataRequired {
+        /// The channel as given.
+        channel: String,
+        /// Why no metadata could be used.
+        why: String,
+    },
 }
 
 impl ChannelError {
@@ -246,6 +323,7 @@ impl Index {
         Ok(index)
     }
 
+    /// The index as pretty-printed JSON with a trailing newline, as written to `index.json`.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut v = serde_json::to_vec_pretty(self).expect("index serializes");
         v.push(b'\n');

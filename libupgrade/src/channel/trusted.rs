@@ -43,6 +43,7 @@ pub struct TrustOptions {
     pub root_file: PathBuf,
     /// The record of what it trusted (`<state_dir>/channel-trust.json`).
     pub store_file: PathBuf,
+    /// Whether channels without metadata are still accepted (`channel_metadata` in the config).
     pub policy: MetadataPolicy,
     /// The clock (None: the system clock); tests set it.
     pub now: Option<DateTime<Utc>>,
@@ -57,6 +58,8 @@ pub struct TrustOptions {
 }
 
 impl TrustOptions {
+    /// The node's settings from its config, the system clock, expiry enforced and the default
+    /// minimum download rate.
     pub fn from_config(cfg: &crate::Config) -> TrustOptions {
         TrustOptions {
             root_file: cfg.channel_root.clone(),

@@ -9,15 +9,15 @@
 //! is taken from the next source, while the mirror keeps serving the chunks after it. A mirror
 //! that fails (cannot be opened, drops or times out) is given up for the rest of the file:
 //! the chunk in flight is all it costs, the next source continues at that chunk. The origin
-//! alone follows the retry policy ([`crate::retry`]).
+//! alone follows the retry policy (`retry`).
 //!
 //! A dropped origin request is re-opened at the chunk that was being read; only that chunk's
 //! bytes are fetched again. An origin chunk whose digest is wrong is never written: the server
 //! holds different bytes than the signed index, which no retry can fix.
 //!
-//! With a byte budget ([`super::rate::Budget`]) or a download schedule a request never asks for
+//! With a byte budget (`rate::Budget`) or a download schedule a request never asks for
 //! more than the budget has left or the schedule lets arrive before its window closes
-//! ([`Throttle::grant`]), and the run stops with [`Error::Stopped`] before a chunk it cannot
+//! (`Throttle::grant`), and the run stops with [`Error::Stopped`] before a chunk it cannot
 //! afford or after the schedule's last window; every chunk written so far is verified and kept
 //! for the next run.
 

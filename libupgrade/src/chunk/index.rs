@@ -24,8 +24,11 @@ const ENTRY: usize = 36;
 /// FastCDC parameters (bytes): every chunk but the last is `min..=max` long, `avg` on average.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkParams {
+    /// Smallest chunk length in bytes (the last chunk may be shorter).
     pub min: u32,
+    /// Target average chunk length in bytes.
     pub avg: u32,
+    /// Largest chunk length in bytes.
     pub max: u32,
 }
 
@@ -70,12 +73,16 @@ impl ChunkParams {
 /// One chunk of an index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkEntry {
+    /// Byte offset of the chunk in the file (implied by the lengths before it).
     pub offset: u64,
+    /// Length of the chunk in bytes.
     pub len: u32,
+    /// sha256 of the chunk's bytes.
     pub digest: Digest,
 }
 
 impl ChunkEntry {
+    /// Byte offset one past the chunk's last byte.
     pub fn end(&self) -> u64 {
         self.offset + u64::from(self.len)
     }
@@ -84,15 +91,19 @@ impl ChunkEntry {
 /// The chunks of one file, in file order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkIndex {
+    /// The parameters the file was chunked with.
     pub params: ChunkParams,
+    /// Its chunks, in file order, without gaps.
     pub chunks: Vec<ChunkEntry>,
 }
 
 /// Why an index could not be made or read.
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
+    /// Reading the data to chunk failed.
     #[error("reading the data to chunk: {0}")]
     Io(#[from] io::Error),
+    /// The index bytes are malformed, or the chunk parameters are unusable (text says what).
     #[error("not a chunk index: {0}")]
     Invalid(String),
 }
@@ -117,6 +128,7 @@ impl ChunkIndex {
         self.chunks.last().map_or(0, ChunkEntry::end)
     }
 
+    /// The index in its file format (see the module docs).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(HEADER + ENTRY * self.chunks.len());
         v.extend_from_slice(MAGIC);

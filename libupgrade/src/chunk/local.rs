@@ -15,8 +15,11 @@ use super::{ChunkIndex, Digest, IndexError};
 /// partition, its kernel file…).
 #[derive(Debug)]
 pub struct LocalFile {
+    /// The open file or block device.
     pub file: File,
+    /// Where the range starts in the file, in bytes.
     pub offset: u64,
+    /// The range's length in bytes.
     pub len: u64,
     /// For messages.
     pub name: String,

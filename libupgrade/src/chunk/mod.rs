@@ -1,7 +1,7 @@
 //! Chunked releases: content-defined chunk indexes, reuse planning and chunk-verified transfer.
 //!
 //! This module owns everything about chunks; the stage pipeline only wires it to a slot.
-//! - [`index`]: the per-artifact chunk index (`<artifact>.chunks`) that `release create` writes
+//! - `index`: the per-artifact chunk index (`<artifact>.chunks`) that `release create` writes
 //!   and the signed manifest covers by sha256: content-defined chunks (FastCDC 2020 from the
 //!   `fastcdc` crate: pure Rust, maintained, streaming with a bounded buffer; no reason to
 //!   hand-write a gear hash), each with its length and sha256 (SHA-NI makes sha256 as fast as
@@ -13,16 +13,16 @@
 //!   and when reuse is too low so one stream of the whole file is cheaper.
 //! - [`apply`]: executes a plan in file order into a [`apply::ChunkTarget`], verifying every
 //!   chunk's digest before it is written and the whole file's sha256 at the end.
-//! - [`rate`]: a token-bucket limit on the bytes read from the network (`--max-rate`), the
+//! - `rate`: a token-bucket limit on the bytes read from the network (`--max-rate`), the
 //!   byte budget of an attempt, and the clock a download schedule is followed on.
-//! - [`schedule`]: pure: when a stage may fetch and how fast (absolute UTC windows).
+//! - `schedule`: pure: when a stage may fetch and how fast (absolute UTC windows).
 
 pub mod apply;
-pub mod index;
+pub(crate) mod index;
 pub mod local;
 pub mod plan;
-pub mod rate;
-pub mod schedule;
+pub(crate) mod rate;
+pub(crate) mod schedule;
 
 pub use index::{ChunkEntry, ChunkIndex, ChunkParams, IndexError};
 

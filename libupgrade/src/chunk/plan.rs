@@ -20,7 +20,9 @@ pub const STREAM_BELOW: f64 = 0.10;
 /// Where a chunk can be copied from locally: source number and byte offset in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LocalRef {
+    /// Index of the local file in the caller's list of sources ([`super::local::LocalFile`]s).
     pub source: usize,
+    /// Byte offset of the chunk's copy in that source, relative to the start of its range.
     pub offset: u64,
 }
 
@@ -38,16 +40,23 @@ pub enum Action {
 /// One HTTP range request: chunks `first..end` (indexes), bytes `start..stop` of the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FetchRange {
+    /// Index of the first chunk requested.
     pub first: usize,
+    /// Index one past the last chunk requested.
     pub end: usize,
+    /// Byte offset in the file where the request starts.
     pub start: u64,
+    /// Byte offset in the file where it stops (exclusive).
     pub stop: u64,
 }
 
 impl FetchRange {
+    /// Bytes requested.
     pub fn len(&self) -> u64 {
         self.stop - self.start
     }
+
+    /// True when the range requests no byte.
     pub fn is_empty(&self) -> bool {
         self.stop == self.start
     }
@@ -56,12 +65,17 @@ impl FetchRange {
 /// The plan for one artifact.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
+    /// What happens to each chunk, by chunk index.
     pub actions: Vec<Action>,
+    /// The range requests to make, in file order.
     pub ranges: Vec<FetchRange>,
     /// True when local reuse was given up for one stream.
     pub stream: bool,
+    /// Bytes of chunks already verified in the target.
     pub keep_bytes: u64,
+    /// Bytes of chunks copied from local files.
     pub copy_bytes: u64,
+    /// Bytes of chunks fetched over the network.
     pub fetch_bytes: u64,
 }
 

@@ -43,7 +43,9 @@ pub const UNRATED_REQUEST: u64 = 8 << 20;
 
 /// Where the limiter reads the time and waits (tests inject a virtual one).
 pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// The current time (UTC).
     fn now(&self) -> DateTime<Utc>;
+    /// Block the calling thread for `d` (a virtual clock advances instead).
     fn sleep(&self, d: Duration);
 }
 
@@ -207,6 +209,7 @@ pub struct Budget {
 }
 
 impl Budget {
+    /// A budget of `limit` network bytes, none used yet.
     pub fn new(limit: u64) -> Budget {
         Budget {
             limit,
@@ -238,7 +241,9 @@ impl Budget {
 /// optional [`Budget`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Throttle<'a> {
+    /// The shared rate limit and schedule (None: unlimited).
     pub rate: Option<&'a RateLimit>,
+    /// The attempt's byte budget (None: unbounded).
     pub budget: Option<&'a Budget>,
 }
 
@@ -269,6 +274,7 @@ pub struct Limited<'a, R> {
 }
 
 impl<'a, R: Read> Limited<'a, R> {
+    /// Read `inner` through `throttle`.
     pub fn new(inner: R, throttle: Throttle<'a>) -> Self {
         Limited { inner, throttle }
     }
@@ -294,7 +300,9 @@ impl<R: Read> Read for Limited<'_, R> {
 /// The slowest a response may be over a whole window before it is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MinRate {
+    /// The slowest average allowed, in bytes per second.
     pub bytes_per_sec: u64,
+    /// How long the average is taken over.
     pub window: Duration,
 }
 

@@ -1,5 +1,5 @@
 //! A download schedule: when a stage may fetch, and how fast. Pure: [`Schedule::at`] answers
-//! for a given instant; the shared limiter ([`super::rate::Pace`]) asks it with its clock.
+//! for a given instant; the shared limiter ([`super::rate::RateLimit`]) asks it with its clock.
 //!
 //! A schedule is a list of absolute UTC intervals `[start, end)`, each with its own rate
 //! (`None`: as fast as the link and `--max-rate` allow; `Some(0)`: nothing). Outside every
@@ -13,7 +13,9 @@ use chrono::{DateTime, Utc};
 /// One interval of a [`Schedule`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
+    /// When it opens (inclusive).
     pub start: DateTime<Utc>,
+    /// When it closes (exclusive).
     pub end: DateTime<Utc>,
     /// Bytes per second in it: `None` as fast as allowed otherwise, `Some(0)` nothing.
     pub rate: Option<u64>,
@@ -30,27 +32,45 @@ pub struct Schedule {
 pub enum Allowance {
     /// Fetch at `rate` (as [`Window::rate`], never `Some(0)`) until `until` (exclusive).
     Open {
+        /// Bytes per second allowed (None: as fast as allowed otherwise).
         rate: Option<u64>,
+        /// When this window closes.
         until: DateTime<Utc>,
         /// Where this window started (a new window starts with an empty token bucket).
         since: DateTime<Utc>,
     },
     /// Nothing may be fetched before `until` (between windows, or in a window of rate 0).
-    Wait { until: DateTime<Utc> },
+    Wait {
+        /// When to ask again: the next window's start, or the end of this rate-0 window.
+        until: DateTime<Utc>,
+    },
     /// No window remains: the last one closed at `closed`.
-    Over { closed: DateTime<Utc> },
+    Over {
+        /// When the last window closed.
+        closed: DateTime<Utc>,
+    },
 }
 
 /// A schedule that cannot be followed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ScheduleError {
+    /// A window's end is not after its start.
     #[error("download window {start} to {end} ends before it starts")]
     Empty {
+        /// The window's start.
         start: DateTime<Utc>,
+        /// The window's end, at or before its start.
         end: DateTime<Utc>,
     },
+    /// Two windows overlap.
     #[error("download windows {a} and {b} overlap")]
-    Overlap { a: String, b: String },
+    Overlap {
+        /// The earlier window, as `start/end` in RFC 3339.
+        a: String,
+        /// The later window, as `start/end` in RFC 3339.
+        b: String,
+    },
+    /// The schedule has no window.
     #[error("a download schedule needs at least one window")]
     None,
 }
@@ -99,6 +119,7 @@ impl Schedule {
         }
     }
 
+    /// The windows, sorted by start.
     pub fn windows(&self) -> &[Window] {
         &self.windows
     }

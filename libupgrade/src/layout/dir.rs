@@ -18,6 +18,8 @@ pub struct DirLayout {
 }
 
 impl DirLayout {
+    /// Slots under `root` (see [`crate::config::LayoutConfig::Dir`]); `boot_dir` is the boot
+    /// partition the loader reads.
     pub fn new(root: &Path, boot_dir: &Path) -> DirLayout {
         DirLayout {
             root: root.to_path_buf(),

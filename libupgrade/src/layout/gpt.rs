@@ -16,8 +16,11 @@ use crate::manifest::Artifact;
 /// A partition of the GPT disk: its number and byte range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartRange {
+    /// The partition's number in the GPT (1-based, as in `/dev/vda5`).
     pub number: u32,
+    /// Its first byte on the disk.
     pub start: u64,
+    /// Its length in bytes.
     pub len: u64,
 }
 
@@ -63,6 +66,7 @@ impl GptLayout {
         })
     }
 
+    /// The rootfs partition of `slot`.
     pub fn rootfs_range(&self, slot: Slot) -> PartRange {
         self.rootfs[slot as usize]
     }

@@ -33,17 +33,24 @@ mod gpt;
 pub use dir::DirLayout;
 pub use gpt::{GptLayout, PartRange};
 
-/// GPT partition names this layout looks for.
+/// GPT partition name of the BIOS boot partition (GRUB's core image on BIOS machines).
 pub const PART_BIOS_BOOT: &str = "bios-boot";
+/// GPT partition name of the EFI system partition.
 pub const PART_ESP: &str = "esp";
+/// GPT partition name of the boot partition (loader files, kernels and initrds per slot).
 pub const PART_BOOT: &str = "boot";
+/// GPT partition name of slot A's rootfs.
 pub const PART_ROOTFS_A: &str = "rootfs-a";
+/// GPT partition name of slot B's rootfs.
 pub const PART_ROOTFS_B: &str = "rootfs-b";
+/// GPT partition name of the state partition (state file, partial downloads).
 pub const PART_STATE: &str = "state";
 
-/// File names of a slot's kernel and initrd (and of the rootfs in [`DirLayout`]).
+/// File name of a slot's kernel (and of the release's kernel).
 pub const KERNEL_FILE: &str = "vmlinuz";
+/// File name of a slot's initrd (and of the release's initrd).
 pub const INITRD_FILE: &str = "initrd";
+/// File name of the rootfs in a release and in a [`DirLayout`] slot.
 pub const ROOTFS_FILE: &str = "rootfs.squashfs";
 
 /// GPT partition name of a slot's rootfs.
@@ -80,6 +87,7 @@ impl Target {
         self.capacity
     }
 
+    /// The file, device or partition being written, as shown in messages.
     pub fn display(&self) -> &str {
         &self.display
     }

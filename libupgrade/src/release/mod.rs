@@ -42,9 +42,13 @@ pub(super) const COPY_BUF: usize = 1 << 20;
 pub struct CreateOptions {
     /// A squashfs image.
     pub rootfs: PathBuf,
+    /// The kernel image to ship.
     pub kernel: PathBuf,
+    /// The initramfs to ship.
     pub initrd: PathBuf,
+    /// The release's version string, written to the manifest (`v1.2.0`).
     pub version: String,
+    /// The architecture the artifacts are built for.
     pub arch: Arch,
     /// The publisher's secret key (PKCS#8 PEM, see [`crate::signing`]).
     pub secret_key: PathBuf,
@@ -60,7 +64,9 @@ pub struct CreateOptions {
 /// A boot script for [`CreateOptions::scripts`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootScript {
+    /// Which loader's script this is (GRUB or extlinux).
     pub kind: ScriptKind,
+    /// The script's full text, including its version marker line.
     pub text: String,
 }
 
@@ -84,40 +90,93 @@ impl BootScript {
 /// Why a release could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum ReleaseError {
+    /// An input or output file could not be read or written.
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// An input artifact is an empty file.
     #[error("{what} input {path} is empty")]
-    EmptyInput { what: &'static str, path: PathBuf },
+    EmptyInput {
+        /// Which input: "rootfs", "kernel" or "initrd".
+        what: &'static str,
+        /// The input file.
+        path: PathBuf,
+    },
+    /// The rootfs input does not start with the squashfs magic.
     #[error("rootfs input {path} is not a squashfs image: expected magic 'hsqs' at offset 0, found {found:02x?}")]
-    NotSquashfs { path: PathBuf, found: Vec<u8> },
+    NotSquashfs {
+        /// The rootfs input file.
+        path: PathBuf,
+        /// Its first bytes (up to 4).
+        found: Vec<u8>,
+    },
+    /// The output directory already holds a manifest.
     #[error("{out_dir} already holds a release ({MANIFEST_FILE} exists); remove it or choose another directory")]
-    Exists { out_dir: PathBuf },
+    Exists {
+        /// The output directory.
+        out_dir: PathBuf,
+    },
+    /// No generation was given and the output directory is not inside a channel.
     #[error("no generation given and {out_dir} is not inside a channel (no index.json in its parent directory): pass --generation N (release create)")]
-    GenerationRequired { out_dir: PathBuf },
+    GenerationRequired {
+        /// The output directory.
+        out_dir: PathBuf,
+    },
+    /// The generation is already used by another release of the channel for this architecture.
     #[error("generation {generation} for {arch} is already used by release {other_version} ({other_path}) in channel {channel}")]
     GenerationTaken {
+        /// The generation asked for.
         generation: u64,
+        /// The architecture of both releases.
         arch: Arch,
+        /// The version of the release that has it.
         other_version: String,
+        /// The directory of that release, relative to the channel.
         other_path: String,
+        /// The channel directory.
         channel: PathBuf,
     },
+    /// The manifest drafted or read is invalid.
     #[error("invalid release: {0}")]
     Manifest(#[from] ManifestError),
+    /// Loading the key, signing or checking a signature failed.
     #[error(transparent)]
     Signing(#[from] SigningError),
+    /// The enclosing channel's index could not be read or rebuilt.
     #[error(transparent)]
     Channel(#[from] ChannelError),
+    /// A boot script has no version marker this build knows.
     #[error("boot script ({kind}): {what}")]
-    Script { kind: ScriptKind, what: String },
+    Script {
+        /// Which loader's script.
+        kind: ScriptKind,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// Chunking parameters are invalid, or an artifact's chunk index does not match it.
     #[error("chunk index of {path}: {what}")]
-    ChunkIndex { path: PathBuf, what: String },
+    ChunkIndex {
+        /// The artifact (or, for bad parameters, the output directory).
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// A file of a release directory differs from the size and sha256 its manifest gives.
     #[error("{path}: expected {expected_size} bytes with sha256 {expected_sha256}, found {found_size} bytes with sha256 {found_sha256}")]
     FileMismatch {
+        /// The file in the release directory.
         path: PathBuf,
+        /// Size in bytes from the manifest.
         expected_size: u64,
+        /// Hex sha256 from the manifest.
         expected_sha256: String,
+        /// Size in bytes of the file.
         found_size: u64,
+        /// Hex sha256 of the file.
         found_sha256: String,
     },
 }

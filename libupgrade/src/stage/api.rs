@@ -14,7 +14,9 @@ use super::{ArtifactCost, Clock, ExtraSource, MinRate, Schedule, SystemClock};
 pub trait Progress {
     /// Starting `what` of `total` bytes, `already` of which are held from an earlier attempt.
     fn begin(&self, what: &str, total: u64, already: u64);
+    /// `bytes` more of the current file are in place (fetched, copied or kept).
     fn advance(&self, bytes: u64);
+    /// The current file is done.
     fn end(&self);
     /// Of the bytes advanced, `bytes` came over the network (default: ignored).
     fn fetched(&self, _bytes: u64) {}
@@ -31,7 +33,7 @@ impl Progress for NoProgress {
     fn end(&self) {}
 }
 
-/// Options of [`Updater::stage`].
+/// Options of [`Updater::stage`](crate::Updater::stage).
 #[derive(Debug, Clone)]
 pub struct StageOptions {
     /// Install a release older (by generation) than the running one.
@@ -49,7 +51,7 @@ pub struct StageOptions {
     /// lowered to half of `max_rate` when a cap is set).
     pub min_rate: Option<MinRate>,
     /// Network bytes of artifacts this attempt may read (`--max-bytes`; the agent passes what
-    /// today's quota has left): the stage stops with [`Error::Stopped`] before a byte
+    /// today's quota has left): the stage stops with [`Error::Stopped`](crate::Error::Stopped) before a byte
     /// more, keeping what it wrote. None: no budget. Manifest, signature, probes and chunk
     /// indexes are not counted (a few KiB, and under 0.1 % of an image for the indexes).
     pub max_bytes: Option<u64>,
@@ -57,7 +59,7 @@ pub struct StageOptions {
     pub extra_sources: Vec<ExtraSource>,
     /// When the stage may fetch and how fast (None: any time, at `max_rate`). `max_rate`
     /// still caps every window. After the last window the stage stops with
-    /// [`Error::Stopped`], keeping what it wrote.
+    /// [`Error::Stopped`](crate::Error::Stopped), keeping what it wrote.
     pub schedule: Option<Schedule>,
     /// The clock the schedule and the rate limit follow (tests inject a virtual one).
     pub clock: std::sync::Arc<dyn Clock>,
@@ -96,11 +98,14 @@ impl Default for StageOptions {
     }
 }
 
-/// What [`Updater::stage`] did.
+/// What [`Updater::stage`](crate::Updater::stage) did.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StageReport {
+    /// The slot the release was staged into.
     pub slot: Slot,
+    /// The release's version string.
     pub version: String,
+    /// The release's generation.
     pub generation: u64,
     /// Key id that signed the manifest.
     pub signed_by: String,
@@ -108,6 +113,7 @@ pub struct StageReport {
     pub already_staged: bool,
     /// True when an earlier interrupted download was continued.
     pub resumed: bool,
+    /// Bytes this run wrote into the slot (fetched or copied; 0 when already staged).
     pub bytes_written: u64,
     /// Bytes fetched over the network by this run.
     pub bytes_fetched: u64,
@@ -123,11 +129,14 @@ pub struct StageReport {
     pub chunks_refused: u64,
 }
 
-/// What a stage would do and cost, known before its first byte ([`Updater::preview`]).
+/// What a stage would do and cost, known before its first byte ([`Updater::preview`](crate::Updater::preview)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StagePreview {
+    /// The slot the release would be staged into.
     pub slot: Slot,
+    /// The release's version string.
     pub version: String,
+    /// The release's generation.
     pub generation: u64,
     /// The slot already holds exactly this release: nothing would be fetched.
     pub already_staged: bool,

@@ -84,6 +84,7 @@ pub fn plan_writes(
 /// What one artifact of a stage run costs, known before its first byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArtifactCost {
+    /// Which artifact.
     pub artifact: Artifact,
     /// The artifact's size (the signed manifest's).
     pub size: u64,

@@ -292,7 +292,7 @@ pub struct Activation {
 /// `within_secs` of the boot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AwaitedChecks {
-    /// Check names, as the caller's [`crate::HealthCheck`]s report them (e.g. `node-ready`).
+    /// Check names, as the caller's health checks report them (e.g. `node-ready`).
     pub names: Vec<String>,
     /// How long after the trial boot they may take before they count as failed.
     pub within_secs: u64,

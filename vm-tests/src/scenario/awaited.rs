@@ -37,7 +37,7 @@ impl Scenario {
         let st = self.status(vm)?;
         let outcome = st.verdict.as_ref().map(|v| v.outcome.clone());
         self.check(
-            matches!(outcome, Some(libupgrade::Outcome::Pending { .. }))
+            matches!(outcome, Some(libupgrade::state::Outcome::Pending { .. }))
                 && sl(&st, Slot::B).state == SlotState::Trying,
             || format!("B must be on trial, its bless pending: {st:?}"),
         )

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use bootconfig::{Slot, SlotBoot};
 use libupgrade::state::SlotState;
-use libupgrade::updater::Status;
+use libupgrade::Status;
 
 use super::steps::{sl, Node, CMD, DOWNLOAD, READY};
 use super::Scenario;

@@ -14,8 +14,8 @@
 use std::time::{Duration, Instant};
 
 use bootconfig::Slot;
+use libupgrade::state::Outcome;
 use libupgrade::state::SlotState;
-use libupgrade::Outcome;
 
 use super::steps::{sl, CMD};
 use super::Scenario;

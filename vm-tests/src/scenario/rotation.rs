@@ -23,7 +23,8 @@ use ed25519_dalek::SigningKey;
 use libupgrade::manifest::{MANIFEST_FILE, SIGNATURE_FILE};
 use libupgrade::signing;
 use libupgrade::state::SlotState;
-use libupgrade::trust::publish::{self, RoleSpec};
+use libupgrade::trust::publish;
+use libupgrade::trust::publish::RoleSpec;
 use libupgrade::trust::Role;
 
 use super::steps::{sl, CMD, DOWNLOAD};

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bootconfig::{Slot, SlotBoot};
 use libupgrade::state::SlotState;
-use libupgrade::updater::{SlotStatus, Status};
+use libupgrade::{SlotStatus, Status};
 use serde::de::DeserializeOwned;
 
 use super::Scenario;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use bootconfig::Slot;
 use libupgrade::state::SlotState;
-use libupgrade::updater::Status;
+use libupgrade::Status;
 
 use super::steps::{sl, Node, CMD, DOWNLOAD};
 use super::Scenario;

@@ -20,7 +20,7 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use chrono_tz::Tz;
-use libupgrade::stage::{Schedule, Window as Interval};
+use libupgrade::{Schedule, Window as Interval};
 
 use super::crd::UpdateChannelSpec;
 use super::window::Window;
@@ -328,7 +328,7 @@ fn lower(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 mod tests {
     use super::*;
     use crate::agent::channel::crd::{StageSpec, StageWindowSpec, WindowSpec};
-    use libupgrade::chunk::schedule::Allowance;
+    use libupgrade::Allowance;
 
     fn utc(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)

@@ -49,7 +49,7 @@ pub async fn check(client: &kube::Client, node: &str, gates: &Gates) -> Option<S
 /// it works for plain `http://` even on a node without CA certificates).
 async fn fetch(url: &str) -> Result<serde_json::Value, String> {
     let url = url.to_string();
-    let chain = |e: &(dyn std::error::Error + 'static)| libupgrade::error::chain_line(e);
+    let chain = |e: &(dyn std::error::Error + 'static)| libupgrade::chain_line(e);
     tokio::task::spawn_blocking(move || {
         let client = libupgrade::http::client().map_err(|e| chain(&e))?;
         let resp = client

@@ -13,7 +13,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use libupgrade::stage::Stop;
+use libupgrade::Stop;
 use libupgrade::{Release, ResolveError, Source, StageRequest};
 
 use super::ledger::{self, PreviewRecord, FORMAT};
@@ -233,7 +233,7 @@ impl LibupgradeNode {
 /// Map libupgrade's two-slot status onto what the decision needs.
 pub fn summarize(status: &libupgrade::Status) -> NodeUpdateStatus {
     use super::status::{Inactive, TrialFailure};
-    use libupgrade::SlotState;
+    use libupgrade::state::SlotState;
     let booted = status.slots.iter().find(|s| s.booted);
     let other = status
         .slots
@@ -332,7 +332,7 @@ impl NodeOps for LibupgradeNode {
     }
 
     fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {
-        let awaits = libupgrade::updater::AwaitedChecks {
+        let awaits = libupgrade::state::AwaitedChecks {
             names: vec![NODE_READY.to_string()],
             within_secs: node_ready_within.as_secs().max(1),
         };

@@ -26,7 +26,7 @@ use crate::agent::errors::AgentError;
 use crate::agent::host::ops::StageEnd;
 use crate::agent::host::stage_progress::AnnotationProgress;
 use crate::agent::phase::Phase;
-use libupgrade::stage::Stop;
+use libupgrade::Stop;
 use libupgrade::{ExtraSource, StageOptions, StageRequest, Wanted};
 
 /// How a stage step ended.
@@ -96,7 +96,7 @@ fn request(
     cx: &Agent,
     ch: &Channel,
     version: &str,
-    schedule: Option<libupgrade::stage::Schedule>,
+    schedule: Option<libupgrade::Schedule>,
     max_bytes: Option<u64>,
 ) -> StageRequest {
     let policy = ch.policy.as_ref().ok();

@@ -66,7 +66,7 @@ impl Inputs {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StagePlan {
     /// The stage windows' schedule (None: no end).
-    pub schedule: Option<libupgrade::stage::Schedule>,
+    pub schedule: Option<libupgrade::Schedule>,
     /// What today's quota leaves (None: no quota).
     pub max_bytes: Option<u64>,
     /// The quota day the fetched bytes are booked on (None: no quota).
