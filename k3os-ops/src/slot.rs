@@ -125,10 +125,11 @@ fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
     // `agent/ledger.rs`); absent on nodes that never staged through the agent.
     // `slot status` is what one runs when something is wrong: an unreadable preview is a
     // warning, never a failure of the status.
-    let preview = crate::agent::ledger::last_preview(&u.config().state_dir).unwrap_or_else(|e| {
-        eprintln!("warning: {e} (the agent's stage preview is not shown)");
-        None
-    });
+    let preview =
+        crate::agent::host::ledger::last_preview(&u.config().state_dir).unwrap_or_else(|e| {
+            eprintln!("warning: {e} (the agent's stage preview is not shown)");
+            None
+        });
     if json {
         let mut v = serde_json::to_value(&st)?;
         if let (Some(p), Some(o)) = (&preview, v.as_object_mut()) {
@@ -145,7 +146,7 @@ fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
 }
 
 /// The agent's last stage preview: what staging its target fetches and reuses.
-pub fn render_preview(p: &crate::agent::ledger::PreviewRecord) -> String {
+pub fn render_preview(p: &crate::agent::host::ledger::PreviewRecord) -> String {
     let at = p.at.map_or(String::new(), |t| {
         format!(
             ", previewed {}",
@@ -448,7 +449,7 @@ mod tests {
 
     #[test]
     fn the_stage_preview_reads_with_exact_bytes() {
-        let p = crate::agent::ledger::PreviewRecord {
+        let p = crate::agent::host::ledger::PreviewRecord {
             format: 1,
             version: "v2".into(),
             fetch: 3_145_728,

@@ -26,9 +26,9 @@ use k3os_ops::agent;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use agent::crd::*;
-use agent::kube_store::KubeChannelStore;
-use agent::slots::{self, ChannelStore, ClaimOutcome, LivenessObserver, StoreError};
+use agent::channel::crd::*;
+use agent::cluster::kube_store::KubeChannelStore;
+use agent::cluster::slots::{self, ChannelStore, ClaimOutcome, LivenessObserver, StoreError};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -427,10 +427,10 @@ async fn cluster_agent_service_account_is_enough() {
             .map_err(|e| format!("{e:?}")),
     );
     // The Invalid condition (invalid.rs): a PUT of updatechannels/status too, never a patch.
-    let dynamic = agent::channels::dynamic_api(agent.clone(), NS);
+    let dynamic = agent::channel::listing::dynamic_api(agent.clone(), NS);
     let invalid = match dynamic.get(&channel).await {
         Ok(obj) => match serde_json::to_value(&obj) {
-            Ok(raw) => agent::invalid::write_invalid(
+            Ok(raw) => agent::reconcile::invalid::write_invalid(
                 &dynamic,
                 &raw,
                 Some("service account test"),
@@ -477,7 +477,7 @@ async fn cluster_agent_service_account_is_enough() {
     for on in [true, false] {
         check(
             "cordon",
-            agent::drain::set_unschedulable(&agent_nodes, &node, on)
+            agent::cluster::drain::set_unschedulable(&agent_nodes, &node, on)
                 .await
                 .map_err(|e| e.to_string()),
         );
@@ -487,7 +487,7 @@ async fn cluster_agent_service_account_is_enough() {
     for _ in 0..2 {
         check(
             "lease",
-            agent::kube_store::acquire_lease(
+            agent::cluster::kube_store::acquire_lease(
                 &leases,
                 &format!("k3os-ops-sa-test-{tag}"),
                 &node,
@@ -507,11 +507,11 @@ async fn cluster_agent_service_account_is_enough() {
     };
     check(
         "event",
-        agent::events::Publisher::new(agent.clone(), &node)
+        agent::cluster::events::Publisher::new(agent.clone(), &node)
             .publish(
                 &regarding,
                 None,
-                &agent::events::Note {
+                &agent::cluster::events::Note {
                     warning: false,
                     reason: "Test",
                     note: "service account test",
@@ -532,7 +532,7 @@ async fn cluster_agent_service_account_is_enough() {
     );
     check(
         "evict",
-        agent::drain::evict(&agent, &pod_ns, "app", Some(0))
+        agent::cluster::drain::evict(&agent, &pod_ns, "app", Some(0))
             .await
             .map_err(|e| e.to_string()),
     );

@@ -3,7 +3,7 @@
 
 use k3os_ops::agent;
 
-use agent::crd::{crd_yaml, UpdateChannel};
+use agent::channel::crd::{crd_yaml, UpdateChannel};
 
 #[test]
 fn committed_crd_equals_generated() {
@@ -148,7 +148,10 @@ fn crd_schema_bounds_and_validates_the_spec() {
     }
     // The patterns the server applies agree with the agent's own parser.
     let pat = &spec["rebootTimeout"]["pattern"];
-    assert_eq!(pat.as_str(), Some(k3os_ops::agent::crd::DURATION_PATTERN));
+    assert_eq!(
+        pat.as_str(),
+        Some(k3os_ops::agent::channel::crd::DURATION_PATTERN)
+    );
     let cols = v["additionalPrinterColumns"].as_sequence().unwrap();
     let updating = cols.iter().find(|c| c["name"] == "Updating").unwrap();
     assert_eq!(updating["jsonPath"], ".status.updating");
@@ -168,7 +171,8 @@ fn v010_fixture(name: &str) -> serde_json::Value {
 /// keeping every field v0.1.0 wrote.
 #[test]
 fn a_v010_status_is_read_as_format_1_and_migrated_by_the_next_write() {
-    use k3os_ops::agent::{format, slots};
+    use k3os_ops::agent::channel::format;
+    use k3os_ops::agent::cluster::slots;
     let raw = v010_fixture("updatechannel.json");
     assert_eq!(
         format::status_format("the fixture", &raw),
@@ -180,7 +184,7 @@ fn a_v010_status_is_read_as_format_1_and_migrated_by_the_next_write() {
     assert_eq!(st.slots.len(), 1);
     let slot = &st.slots[0];
     assert_eq!(slot.node, "node-1");
-    assert_eq!(slot.phase, agent::crd::SlotPhase::Rebooting);
+    assert_eq!(slot.phase, agent::channel::crd::SlotPhase::Rebooting);
     assert_eq!(slot.token, raw["status"]["slots"][0]["token"]);
     assert_eq!(slot.was_unschedulable, Some(false));
     assert_eq!(slot.version.as_deref(), Some("v2"));

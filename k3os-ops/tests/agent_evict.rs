@@ -1,6 +1,6 @@
 //! PodDisruptionBudget 429s of the Eviction API must reach drain.rs (which
 //! counts them and enforces `drain.timeout`) instead of being retried invisibly by kube's
-//! default retry layer. The agent's real client ([`agent::client::client_from_config`]) talks
+//! default retry layer. The agent's real client ([`agent::cluster::client::client_from_config`]) talks
 //! to a fake API server on a loopback socket (HTTP/1.1, one request per connection).
 
 use k3os_ops::agent;
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent::crd::DrainSpec;
+use agent::channel::crd::DrainSpec;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -115,7 +115,7 @@ async fn fake_api(refusals: Option<u32>) -> (String, Arc<AtomicU32>) {
 
 fn client(url: &str) -> kube::Client {
     let config = kube::Config::new(url.parse().unwrap());
-    agent::client::client_from_config(config).expect("client")
+    agent::cluster::client::client_from_config(config).expect("client")
 }
 
 #[tokio::test]
@@ -123,7 +123,7 @@ async fn budget_refusals_are_counted_by_the_drain() {
     let (url, seen) = fake_api(Some(3)).await;
     let report = tokio::time::timeout(
         Duration::from_secs(20),
-        agent::drain::drain(
+        agent::cluster::drain::drain(
             &client(&url),
             "n1",
             &DrainSpec::default(),
@@ -153,7 +153,7 @@ async fn drain_timeout_is_enforced_while_a_budget_refuses() {
     let started = Instant::now();
     let err = tokio::time::timeout(
         Duration::from_secs(30),
-        agent::drain::drain(
+        agent::cluster::drain::drain(
             &client(&url),
             "n1",
             &DrainSpec::default(),
@@ -168,7 +168,7 @@ async fn drain_timeout_is_enforced_while_a_budget_refuses() {
     let took = started.elapsed();
     assert!(took < Duration::from_secs(4), "timed out after {took:?}");
     match err {
-        agent::drain::DrainError::Timeout { budget_retries, .. } => {
+        agent::cluster::drain::DrainError::Timeout { budget_retries, .. } => {
             assert_eq!(budget_retries, seen.load(Ordering::SeqCst));
             assert!(budget_retries >= 5, "{budget_retries} rounds in 2 s");
         }

@@ -14,7 +14,7 @@ mod fleet_rig;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use agent::controller::ANN_CORDONED;
+use agent::channel::format::ANN_CORDONED;
 use bootconfig::Slot;
 use fake_api::NS;
 use fleet_rig::*;
@@ -98,7 +98,7 @@ async fn rollout(concurrency: u32) {
             verdict
                 .checks
                 .iter()
-                .any(|c| c.name == agent::node::NODE_READY && c.ok),
+                .any(|c| c.name == agent::host::ops::NODE_READY && c.ok),
             "{name}: {verdict:?}"
         );
         assert!(
@@ -184,7 +184,7 @@ async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
         failures[0]["reason"]
             .as_str()
             .unwrap()
-            .contains(agent::node::NODE_READY),
+            .contains(agent::host::ops::NODE_READY),
         "{}",
         failures[0]
     );
@@ -303,7 +303,7 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
         assert_eq!(node["spec"]["unschedulable"], false, "{name}");
         assert_eq!(annotation(&node, ANN_CORDONED), None, "{name}");
         assert_eq!(
-            annotation(&node, agent::format::ANN_FORMAT),
+            annotation(&node, agent::channel::format::ANN_FORMAT),
             Some("2"),
             "{name}: the annotations were migrated"
         );
@@ -318,20 +318,20 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
 
     // A zombie v0.1.0 agent of node-1 writing under its old token changes nothing.
     let client = fake_api::client(&fleet.world, &fleet.log);
-    let store = agent::kube_store::KubeChannelStore::new(client, NS, "stable");
+    let store = agent::cluster::kube_store::KubeChannelStore::new(client, NS, "stable");
     let before = fleet.channel();
-    let fenced = agent::slots::fence(
+    let fenced = agent::cluster::slots::fence(
         &store,
         "node-1",
         &old_token,
-        agent::crd::SlotPhase::Rebooting,
+        agent::channel::crd::SlotPhase::Rebooting,
         None,
         chrono::Utc::now(),
     )
     .await
     .unwrap();
-    assert_eq!(fenced, agent::slots::FenceOutcome::Lost);
-    let released = agent::slots::release(&store, "node-1", &old_token, chrono::Utc::now())
+    assert_eq!(fenced, agent::cluster::slots::FenceOutcome::Lost);
+    let released = agent::cluster::slots::release(&store, "node-1", &old_token, chrono::Utc::now())
         .await
         .unwrap();
     assert!(!released);
@@ -496,16 +496,16 @@ fn on_channel(log: &[String], reason: &str) -> usize {
 /// The waves of `spec.rollout` (the nodes in wave order: the canary, then the two batches of
 /// one node each, as every agent computes them).
 fn wave_order(rollout: &Value) -> Vec<String> {
-    let spec: agent::crd::RolloutSpec = serde_json::from_value(rollout.clone()).unwrap();
-    let r = agent::rollout::Rollout::from_spec(&spec).unwrap();
-    let members: Vec<agent::rollout::Member> = (0..NODES)
-        .map(|i| agent::rollout::Member {
+    let spec: agent::channel::crd::RolloutSpec = serde_json::from_value(rollout.clone()).unwrap();
+    let r = agent::channel::rollout::Rollout::from_spec(&spec).unwrap();
+    let members: Vec<agent::channel::rollout::Member> = (0..NODES)
+        .map(|i| agent::channel::rollout::Member {
             name: node_name(i),
             labels: [("kubernetes.io/hostname".to_string(), node_name(i))].into(),
             done: false,
         })
         .collect();
-    agent::rollout::waves(&r, &members)
+    agent::channel::rollout::waves(&r, &members)
         .into_iter()
         .map(|w| {
             assert_eq!(w.len(), 1, "one node per wave");
@@ -609,11 +609,11 @@ async fn a_failed_canary_pauses_the_rollout_and_nobody_else_moves() {
 async fn the_counter_migrates_a_status_written_by_v010() {
     let world = std::sync::Arc::new(std::sync::Mutex::new(v010_world("/nonexistent")));
     let old = world.lock().unwrap().channel.clone();
-    let decoded: agent::crd::UpdateChannel = serde_json::from_value(old.clone()).unwrap();
+    let decoded: agent::channel::crd::UpdateChannel = serde_json::from_value(old.clone()).unwrap();
     assert_eq!(decoded.status.as_ref().unwrap().nodes, None);
     let client = fake_api::client(&world, &fake_api::Log::default());
-    let store = agent::kube_store::KubeChannelStore::new(client, fake_api::NS, "stable");
-    let facts: Vec<agent::fleet::NodeFacts> = world
+    let store = agent::cluster::kube_store::KubeChannelStore::new(client, fake_api::NS, "stable");
+    let facts: Vec<agent::channel::counts::NodeFacts> = world
         .lock()
         .unwrap()
         .nodes
@@ -621,10 +621,10 @@ async fn the_counter_migrates_a_status_written_by_v010() {
         .map(|n| {
             let meta: kube::api::ObjectMeta =
                 serde_json::from_value(n["metadata"].clone()).unwrap();
-            agent::fleet::NodeFacts::from_meta(&meta)
+            agent::channel::counts::NodeFacts::from_meta(&meta)
         })
         .collect();
-    agent::slots::write_fleet(&store, &facts, None, chrono::Utc::now())
+    agent::cluster::slots::write_fleet(&store, &facts, None, chrono::Utc::now())
         .await
         .unwrap();
     let ch = world.lock().unwrap().channel.clone();
@@ -687,7 +687,7 @@ async fn pre_reboot_gates_hold_claims_while_alerts_fire_or_blocking_pods_run() {
     assert!(!fleet.monitor.lock().unwrap().claims.contains_key("node-1"));
     let message = annotation(
         fleet.world.lock().unwrap().node("node-1"),
-        agent::format::ANN_MESSAGE,
+        agent::channel::format::ANN_MESSAGE,
     )
     .map(String::from);
     assert!(

@@ -10,9 +10,9 @@ use k3os_ops::agent;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent::controller::{Agent, Next};
-use agent::decide::{Inactive, NodeUpdateStatus};
-use agent::node::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
+use agent::context::{Agent, Next};
+use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
+use agent::host::status::{Inactive, NodeUpdateStatus};
 use fake_api::{Log, World};
 use libupgrade::StageRequest;
 use serde_json::{json, Value};
@@ -74,7 +74,7 @@ impl NodeOps for FakeNode {
         &self,
         node_ready: libupgrade::health::CheckResult,
     ) -> Result<ConfirmResult, NodeError> {
-        assert_eq!(node_ready.name, agent::node::NODE_READY);
+        assert_eq!(node_ready.name, agent::host::ops::NODE_READY);
         self.log.lock().unwrap().push(format!(
             "node: confirm with node-ready {}",
             if node_ready.ok { "ok" } else { "failed" }
@@ -532,7 +532,7 @@ async fn a_dead_holder_is_reclaimed_soon_after_reboot_timeout() {
         std::mem::replace(&mut w.channel, Value::Null)
     };
     let agent = Arc::new(agent);
-    let task = tokio::spawn(agent::controller::reclaim_loop(agent.clone()));
+    let task = tokio::spawn(agent::fleet::background::reclaim_loop(agent.clone()));
     // The agent started before the channel was created.
     tokio::time::sleep(Duration::from_secs(5)).await;
     world.lock().unwrap().channel = channel;
@@ -570,7 +570,7 @@ async fn latest_is_resolved_soon_after_a_channel_appears() {
         std::mem::replace(&mut w.channel, Value::Null)
     };
     let agent = Arc::new(agent);
-    let task = tokio::spawn(agent::controller::poll_loop(
+    let task = tokio::spawn(agent::fleet::background::poll_loop(
         agent.clone(),
         Duration::from_secs(900),
     ));
@@ -599,7 +599,7 @@ async fn latest_is_resolved_soon_after_a_channel_appears() {
 #[tokio::test]
 async fn events_carry_fresh_text_and_land_on_the_channel_too() {
     let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
-    let ch: agent::crd::UpdateChannel =
+    let ch: agent::channel::crd::UpdateChannel =
         serde_json::from_value(world.lock().unwrap().channel.clone()).unwrap();
     agent
         .event(
@@ -748,9 +748,9 @@ async fn an_invalid_channel_does_not_shadow_a_valid_one() {
 /// smallest name (documented in agent/channels.rs).
 #[test]
 fn the_most_specific_valid_channel_wins() {
-    use agent::crd::UpdateChannel;
-    let ch = |name: &str, sel: Value| -> agent::channels::Channel {
-        agent::channels::Channel::new(
+    use agent::channel::crd::UpdateChannel;
+    let ch = |name: &str, sel: Value| -> agent::channel::listing::Channel {
+        agent::channel::listing::Channel::new(
             serde_json::from_value::<UpdateChannel>(extra_channel(
                 name,
                 json!({"url": "u", "nodeSelector": sel}),
@@ -769,7 +769,7 @@ fn the_most_specific_valid_channel_wins() {
         ch("c-pool-zone", json!({"pool": "edge", "zone": "a"})),
         ch("d-other", json!({"pool": "core"})),
     ];
-    let p = agent::channels::pick("n1", &chans, &labels).unwrap();
+    let p = agent::channel::listing::pick("n1", &chans, &labels).unwrap();
     assert_eq!(p.channel.metadata.name.as_deref(), Some("c-pool-zone"));
     let losers: Vec<&str> = p.losers.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(losers, ["a-all", "b-pool"]);
@@ -777,7 +777,7 @@ fn the_most_specific_valid_channel_wins() {
         ch("y", json!({"pool": "edge"})),
         ch("x", json!({"pool": "edge"})),
     ];
-    let p = agent::channels::pick("n1", &tie, &labels).unwrap();
+    let p = agent::channel::listing::pick("n1", &tie, &labels).unwrap();
     assert_eq!(p.channel.metadata.name.as_deref(), Some("x"));
 }
 
@@ -913,7 +913,7 @@ async fn a_boot_time_health_failure_is_reported_with_the_cores_reason() {
     {
         let mut s = node.status.lock().unwrap();
         s.inactive = Inactive::Failed("v2".into());
-        s.failed_trial = Some(agent::decide::TrialFailure {
+        s.failed_trial = Some(agent::host::status::TrialFailure {
             event: "health-failed".into(),
             reason: "health checks failed (10-etcd: etcd quorum lost on v2); rolled back to slot A"
                 .into(),
@@ -969,8 +969,8 @@ async fn the_channel_gets_an_event_per_claim_release_failure_and_pause() {
 async fn a_boot_not_assessed_yet_is_reported_once_and_waited_for() {
     let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
     *node.status_error.lock().unwrap() = Some(NodeError::new(
-        agent::node::NOT_ASSESSED,
-        agent::node::NOT_ASSESSED_HELP,
+        agent::host::ops::NOT_ASSESSED,
+        agent::host::ops::NOT_ASSESSED_HELP,
     ));
     for _ in 0..3 {
         assert_eq!(agent.reconcile().await.expect("not an error"), Next::Wait);

@@ -13,10 +13,10 @@ use std::time::Duration;
 use fake_api::{Log, World, NS};
 use k3os_ops::agent;
 
-use agent::client::WriteCounter;
-use agent::controller::Agent;
-use agent::decide::{Inactive, NodeUpdateStatus};
-use agent::node::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
+use agent::cluster::client::WriteCounter;
+use agent::context::Agent;
+use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
+use agent::host::status::{Inactive, NodeUpdateStatus};
 use agent::run::Periods;
 use libupgrade::StageRequest;
 use serde_json::json;

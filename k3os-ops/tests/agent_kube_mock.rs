@@ -14,11 +14,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::crd::*;
-use agent::decide::{Inactive, NodeUpdateStatus};
-use agent::kube_store::KubeChannelStore;
-use agent::node::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
-use agent::slots::{self, ClaimOutcome, DeadReason, LivenessObserver};
+use agent::channel::crd::*;
+use agent::cluster::kube_store::KubeChannelStore;
+use agent::cluster::slots::{self, ClaimOutcome, DeadReason, LivenessObserver};
+use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
+use agent::host::status::{Inactive, NodeUpdateStatus};
 use http::{Method, Request, Response};
 use kube::client::Body;
 use kube::Client;
@@ -275,7 +275,7 @@ async fn eviction_429_is_retried_until_the_budget_allows() {
         grace_period: Some(30),
         ..DrainSpec::default()
     };
-    let report = agent::drain::drain(
+    let report = agent::cluster::drain::drain(
         &client,
         "n1",
         &spec,
@@ -313,7 +313,7 @@ async fn eviction_blocked_by_a_budget_times_out_naming_the_pod() {
             );
         }
     });
-    let err = agent::drain::drain(
+    let err = agent::cluster::drain::drain(
         &client,
         "n1",
         &DrainSpec::default(),
@@ -352,7 +352,7 @@ async fn drain_refuses_unmanaged_and_emptydir_pods_before_evicting() {
                 .unwrap_or(true)
         );
     });
-    let err = agent::drain::drain(
+    let err = agent::cluster::drain::drain(
         &client,
         "n1",
         &DrainSpec::default(),
@@ -452,8 +452,7 @@ impl NodeOps for FakeNode {
 #[tokio::test]
 async fn own_node_missing_is_an_error_naming_it() {
     let (client, mut h) = mock();
-    let agent =
-        agent::controller::Agent::new(client, "k3os-system", "n1", None, Arc::new(FakeNode));
+    let agent = agent::context::Agent::new(client, "k3os-system", "n1", None, Arc::new(FakeNode));
     let server = tokio::spawn(async move {
         answer(
             &mut h,
@@ -514,18 +513,29 @@ async fn poller_writes_latest_into_status_never_spec() {
 #[tokio::test]
 async fn invalid_condition_is_a_put_with_resource_version() {
     let (client, mut h) = mock();
-    let api = agent::channels::dynamic_api(client, "k3os-system");
+    let api = agent::channel::listing::dynamic_api(client, "k3os-system");
     let mut raw = channel_json("41", json!([slot("n2", "t2", "Draining")]));
     raw["spec"]["concurrency"] = json!(5_000_000_000u64);
-    let bad = agent::channels::decode(serde_json::from_value(raw.clone()).unwrap()).unwrap_err();
+    let bad =
+        agent::channel::listing::decode(serde_json::from_value(raw.clone()).unwrap()).unwrap_err();
     let now = chrono::Utc::now();
     let write = tokio::spawn(async move {
-        let first = agent::invalid::write_invalid(&api, &bad.object, Some("bad concurrency"), now)
-            .await
-            .unwrap();
-        let second = agent::invalid::write_invalid(&api, &bad.object, Some("bad concurrency"), now)
-            .await
-            .unwrap();
+        let first = agent::reconcile::invalid::write_invalid(
+            &api,
+            &bad.object,
+            Some("bad concurrency"),
+            now,
+        )
+        .await
+        .unwrap();
+        let second = agent::reconcile::invalid::write_invalid(
+            &api,
+            &bad.object,
+            Some("bad concurrency"),
+            now,
+        )
+        .await
+        .unwrap();
         (first, second)
     });
     let path = format!("{CH_PATH}/status");

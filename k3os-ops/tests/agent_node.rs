@@ -12,8 +12,8 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use agent::decide::{Inactive, NodeUpdateStatus};
-use agent::node::{ConfirmResult, LibupgradeNode, NodeOps, StageProgress};
+use agent::host::ops::{ConfirmResult, LibupgradeNode, NodeOps, StageProgress};
+use agent::host::status::{Inactive, NodeUpdateStatus};
 use bootconfig::Slot;
 use libupgrade::health::CheckResult;
 use libupgrade::manifest::Arch;
@@ -153,7 +153,7 @@ const LIMIT: Duration = Duration::from_secs(900);
 
 fn node_ready(ok: bool) -> CheckResult {
     CheckResult {
-        name: agent::node::NODE_READY.into(),
+        name: agent::host::ops::NODE_READY.into(),
         ok,
         detail: if ok {
             "Ready".into()
@@ -167,7 +167,7 @@ fn node_ready(ok: bool) -> CheckResult {
 fn assert_pending(r: libupgrade::Result<libupgrade::ConfirmReport>) {
     match r.as_ref().map(|r| r.outcome()) {
         Ok(libupgrade::state::Outcome::Pending { waiting_for, .. }) => {
-            assert_eq!(waiting_for.join(", "), agent::node::NODE_READY)
+            assert_eq!(waiting_for.join(", "), agent::host::ops::NODE_READY)
         }
         _ => panic!("the boot-time confirm must wait for node-ready: {r:?}"),
     }
@@ -419,9 +419,9 @@ fn a_boot_time_health_failure_reaches_the_agent_with_the_checks_output() {
     let st = rig.node().status().unwrap();
     assert_eq!(st.inactive, Inactive::Failed("v2".into()), "{st:?}");
     let f = st.failed_trial.expect("the core's record of the failure");
-    assert_eq!(f.event, agent::decide::HEALTH_FAILED, "{f:?}");
+    assert_eq!(f.event, agent::host::status::HEALTH_FAILED, "{f:?}");
     assert!(f.reason.contains("etcd quorum lost on v2"), "{f:?}");
-    let (event, text) = agent::controller::rolled_back_reason("v2", Some(&f));
+    let (event, text) = agent::reconcile::actions::rolled_back_reason("v2", Some(&f));
     assert_eq!(event, "HealthCheckFailed");
     assert!(
         text.contains("etcd quorum lost on v2") && !text.contains("bootloader fell back"),
@@ -442,8 +442,8 @@ fn a_fallback_reaches_the_agent_as_a_fallback() {
     rig.init_confirm_good("A is good");
     let st = rig.node().status().unwrap();
     let f = st.failed_trial.expect("the core's record of the fallback");
-    assert_eq!(f.event, agent::decide::FALLBACK_TAKEN, "{f:?}");
-    let (event, text) = agent::controller::rolled_back_reason("v2", Some(&f));
+    assert_eq!(f.event, agent::host::status::FALLBACK_TAKEN, "{f:?}");
+    let (event, text) = agent::reconcile::actions::rolled_back_reason("v2", Some(&f));
     assert_eq!(event, "RolledBack");
     assert!(text.contains("bootloader fell back"), "{text}");
 }

@@ -20,8 +20,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent::crd::*;
-use agent::slots::{self, ChannelStore, ClaimOutcome, FenceOutcome, LivenessObserver, StoreError};
+use agent::channel::crd::*;
+use agent::cluster::slots::{
+    self, ChannelStore, ClaimOutcome, FenceOutcome, LivenessObserver, StoreError,
+};
 use chrono::Utc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -23,9 +23,9 @@ use k3os_ops::agent;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use agent::controller::Agent;
-use agent::decide::Inactive;
-use agent::node::{LibupgradeNode, NodeOps};
+use agent::context::Agent;
+use agent::host::ops::{LibupgradeNode, NodeOps};
+use agent::host::status::Inactive;
 use chrono::{DateTime, Utc};
 use fake_api::{Log, World};
 use libupgrade::manifest::Arch;
@@ -441,14 +441,14 @@ fn a_v010_channel_has_no_thin_link_settings_and_stages_as_before() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/v0.1.0/updatechannel.json"
     );
-    let ch: agent::crd::UpdateChannel =
+    let ch: agent::channel::crd::UpdateChannel =
         serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    let policy = agent::spec::Policy::from_spec(&ch.spec).expect("a v0.1.0 spec is valid");
+    let policy = agent::channel::spec::Policy::from_spec(&ch.spec).expect("a v0.1.0 spec is valid");
     assert!(policy.thin.windows.is_empty() && policy.thin.sources.is_empty());
     assert_eq!(policy.thin.max_bytes_per_day, None);
     assert_eq!(
         policy.thin.gate(Utc::now(), 0),
-        agent::thin::Gate::Stage {
+        agent::channel::thin::Gate::Stage {
             schedule: None,
             max_bytes: None
         }

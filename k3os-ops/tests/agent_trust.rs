@@ -14,9 +14,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent::controller::Agent;
-use agent::decide::Inactive;
-use agent::node::{LibupgradeNode, NodeOps};
+use agent::context::Agent;
+use agent::host::ops::{LibupgradeNode, NodeOps};
+use agent::host::status::Inactive;
 use chrono::Duration as Days;
 use fake_api::{Log, World};
 use libupgrade::manifest::Arch;
@@ -267,7 +267,7 @@ async fn the_poller_reports_a_stale_channel_once_and_clears_it_when_re_signed() 
     let sim = chan.node();
     let (world, log, agent) = setup(&chan, &sim, "latest");
     let agent = Arc::new(agent);
-    let task = tokio::spawn(agent::controller::poll_loop(
+    let task = tokio::spawn(agent::fleet::background::poll_loop(
         agent.clone(),
         Duration::from_millis(100),
     ));

@@ -7,9 +7,10 @@ use k3os_ops::agent;
 
 use std::collections::BTreeMap;
 
-use agent::crd::*;
-use agent::decide::{decide, Action, Inactive, NodeUpdateStatus, NodeView};
-use agent::rollout::{advance, waves, Member, Rollout};
+use agent::channel::crd::*;
+use agent::channel::rollout::{advance, waves, Member, Rollout};
+use agent::host::status::{Inactive, NodeUpdateStatus};
+use agent::reconcile::decide::{decide, Action, NodeView};
 use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 

@@ -5,9 +5,11 @@ use k3os_ops::agent;
 
 use std::collections::BTreeMap;
 
-use agent::crd::*;
-use agent::decide::{decide, Action, Inactive, NodeUpdateStatus, NodeView, Policy};
-use agent::window::Window;
+use agent::channel::crd::*;
+use agent::channel::spec::Policy;
+use agent::channel::window::Window;
+use agent::host::status::{Inactive, NodeUpdateStatus};
+use agent::reconcile::decide::{decide, Action, NodeView};
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveTime, TimeZone, Utc};
 use chrono_tz::Tz;
 use proptest::prelude::*;
@@ -198,7 +200,7 @@ proptest! {
         prop_assert!(!matches!(held, Action::Stage { .. } | Action::Claim { .. } | Action::Idle(_)), "{:?}", held);
         // The same slot under another token belongs to someone else.
         node.token = Some("other".into());
-        prop_assert_eq!(decide(&ch, &node, at(T0)), Action::Idle(agent::decide::IdleReason::ForeignSlot));
+        prop_assert_eq!(decide(&ch, &node, at(T0)), Action::Idle(agent::reconcile::decide::IdleReason::ForeignSlot));
     }
 }
 
@@ -265,7 +267,7 @@ fn the_per_node_flow_step_by_step() {
     let mut ch = channel(None);
     assert_eq!(
         decide(&ch, &node, now),
-        Action::Idle(agent::decide::IdleReason::NoTarget)
+        Action::Idle(agent::reconcile::decide::IdleReason::NoTarget)
     );
     // latest resolves into status, never into spec.
     ch.status.as_mut().unwrap().latest_version = Some("v2".into());
@@ -315,7 +317,7 @@ fn the_per_node_flow_step_by_step() {
     ch.status.as_mut().unwrap().slots.clear();
     assert_eq!(
         decide(&ch, &node, now),
-        Action::Idle(agent::decide::IdleReason::UpToDate)
+        Action::Idle(agent::reconcile::decide::IdleReason::UpToDate)
     );
 }
 
@@ -342,7 +344,9 @@ fn a_fallback_boot_is_a_rollback_and_is_not_retried() {
     });
     assert_eq!(
         decide(&ch, &node, now),
-        Action::Idle(agent::decide::IdleReason::FailedHere("v2".into()))
+        Action::Idle(agent::reconcile::decide::IdleReason::FailedHere(
+            "v2".into()
+        ))
     );
 }
 
@@ -381,7 +385,7 @@ fn unselected_nodes_and_invalid_specs() {
     ch.spec.node_selector.insert("pool".into(), "edge".into());
     assert_eq!(
         decide(&ch, &staged_node("v2"), at(T0)),
-        Action::Idle(agent::decide::IdleReason::NotSelected)
+        Action::Idle(agent::reconcile::decide::IdleReason::NotSelected)
     );
     let mut ch = channel(Some("v2"));
     ch.spec.reboot_timeout = "soon".into();
@@ -496,7 +500,9 @@ fn resumed_at_resumes_a_channel_paused_by_failures() {
     ch.status.as_mut().unwrap().failures.pop();
     assert_eq!(
         decide(&ch, &failed, now),
-        Action::Idle(agent::decide::IdleReason::FailedHere("v2".into()))
+        Action::Idle(agent::reconcile::decide::IdleReason::FailedHere(
+            "v2".into()
+        ))
     );
 }
 

@@ -4,13 +4,13 @@
 //!
 //! kube's `Error::Api` displays as `ApiError: msg (ErrorResponse { … })`, a Rust debug dump
 //! that is unreadable in a `ReconcileError` event (`kubectl describe` shows it verbatim).
-//! [`kube_message`] ([`super::client`]) renders an API answer as `message (Reason, code)`;
+//! [`kube_message`] ([`super::cluster::client`]) renders an API answer as `message (Reason, code)`;
 //! [`message`] walks an error chain and uses it for every kube error in the chain.
 
-pub use super::client::kube_message;
-use super::drain::DrainError;
-use super::node::NodeError;
-use super::slots::{SlotError, StoreError};
+pub use super::cluster::client::kube_message;
+use super::cluster::drain::DrainError;
+use super::cluster::slots::{SlotError, StoreError};
+use super::host::ops::NodeError;
 
 /// The whole chain of `e`, outermost first, as `a: b: c` ([`libupgrade::join_messages`]);
 /// a kube error ends the chain, in [`kube_message`]'s words.
@@ -66,8 +66,8 @@ pub enum Retry {
 }
 
 impl AgentError {
-    /// The channel's signed metadata was refused as expired (see [`super::stale`]).
-    pub fn stale(&self) -> Option<&super::node::StaleMetadata> {
+    /// The channel's signed metadata was refused as expired (see [`super::cluster::stale`]).
+    pub fn stale(&self) -> Option<&super::host::ops::StaleMetadata> {
         match self {
             AgentError::Node(e) => e.stale.as_ref(),
             _ => None,

@@ -14,99 +14,66 @@
 //!
 //! ## Architecture
 //!
-//! Data flows one way through one reconcile (`run` → `controller` → `decide` → the action's
-//! function → the stores), and every module below a line uses only modules below it:
+//! The agent is five folders, one concern each, and five shared modules. Data flows one way
+//! through one reconcile (`run` → `reconcile::controller` → `reconcile::decide` → the action's
+//! function → the cluster and the host), and a folder uses only the folders below it and the
+//! shared modules:
 //!
 //! ```text
-//! run            process wiring: client, metrics listener, background tasks, watchers, loop
-//!  │              + cache (the watches of the channels and of the own Node, read-your-writes)
-//!  │              + background (node Lease, reclaim of dead holders, `latest` poller)
-//!  │              + counter (the fleet counts and waves: list Nodes → fleet → slots)
-//! controller     read: own Node, channels (channels), this node's slots (node) → NodeView
-//!  │             decide: decide::step(channel, policy, view, now) → Step (pure, no I/O)
-//!  │             dispatch: one match, one function per Action
-//! actions, steps tick_* (wait, claim, forfeit, release, record a failure) | stage, cordon +
-//!  │             drain, flip + reboot, confirm — each fences on its token first
-//!  │              + invalid (the Invalid condition), assessment (boot not assessed yet)
-//! context        Agent = Settings + Clients + Memory; annotate_phase, events, blocking calls
-//! slots, drain,  the effects: CAS of the channel status (slots over kube_store), cordon and
-//! node, events   Eviction API (drain), libupgrade (node), Events (events)
-//! decide, spec,  pure: the decision table, the parsed spec (Policy), windows, durations,
-//! window, ...    waves (rollout), fleet counts (fleet), the gates' judgement (gates)
-//! crd, format,   types and wire formats: the resource, format versions and migrations,
-//! phase, client  the Phase enum, the kube client and how its errors read
+//! run            process wiring: client, metrics listener, the loops, the watches
+//! fleet/         the loops a Lease grants: node Lease renewal, reclaim of dead holders, the
+//!  │             `latest` poller (background), the fleet counts and waves (counter)
+//! reconcile/     one reconcile: read → NodeView, gather the Inputs (back-offs, gates'
+//!  │             verdict, bytes fetched today), decide (pure) → Step, dispatch: what a
+//!  │             waiting step says (waits), the bookkeeping ticks (actions), stage and the
+//!  │             disruptive steps (staging, steps), the Invalid condition, the boot not
+//!  │             assessed yet, the stage preview and its deadline condition (thin_report)
+//! cluster/       the Kubernetes side: the CAS slot protocol (slots over kube_store), cordon
+//!  │             and Eviction (drain), annotations and Events (publish, events), the shared
+//!  │             give-back effects, the gate probes, ChannelStale, watch caches, kube client
+//! host/          the node side over libupgrade (ops, status), the quota ledger and preview
+//!  │             record (ledger), the stage progress annotation (stage_progress)
+//! channel/       what a channel says, parsed once, pure: the resource (crd), the spec
+//!                (spec: Policy; window, duration, rollout, thin, gates, selector), the
+//!                channels listed and picked (listing), fleet counts (counts), formats
+//! shared         context (Agent = Settings + Clients + Memory), errors, metrics, phase
 //! ```
 //!
-//! Module map: [`crd`] (the resource types), [`spec`] (a channel's spec parsed once into a
-//! [`spec::Policy`]), [`window`] and [`duration`] (spec parsing), [`decide`] (pure next-step
-//! logic), [`slots`] (the CAS slot protocol over the [`slots::ChannelStore`] trait),
-//! [`kube_store`] (that trait over kube-rs), [`drain`] (cordon/evict), [`node`] (the
-//! node-side trait over libupgrade), [`rollout`] (waves: who is in which, who may claim, when
-//! the next starts), [`fleet`] (counts and `Complete` from the Nodes' annotations), [`counter`]
-//! (the fleet Lease holder's loop that lists Nodes and writes them), [`gates`] (pre-reboot
-//! gates: blocking pods, Prometheus alerts), [`channels`] (decoding channels one by one with their
-//! policy, which channel wins), [`controller`] (one reconcile: read, decide, dispatch),
-//! [`context`] (the [`context::Agent`] handed to every step), [`actions`] (the waiting and
-//! bookkeeping actions), [`steps`] (stage, drain, flip + reboot, confirm), [`invalid`]
-//! (reporting unusable channels), [`assessment`] (a boot not assessed yet), [`background`]
-//! (Lease renewal, reclaim, `latest` poller), [`cache`] (what the agent watches, the caches
-//! its loops read), [`run`] (process wiring and the error policy),
-//! [`client`] (kube client without the hidden retry layer, kube error text), [`events`],
-//! [`format`] (versions and migrations of everything the agent stores, the annotation keys),
-//! [`phase`] (the update phases of annotations and metrics), [`errors`] (Display text of
-//! errors), [`metrics`] (/metrics, /healthz, /readyz), [`progress`] (stage progress
-//! annotation), [`staging`] (the stage step), [`thin`] (stage windows, daily quota and
-//! sources: the pure decisions), [`thin_report`] (stage preview annotation and gauge,
-//! condition `StageWillMissWindow`), [`ledger`] (the quota ledger and preview record on the
-//! node).
+//! Module map: [`channel`] (pure: [`channel::crd`], [`channel::spec`], [`channel::window`],
+//! [`channel::duration`], [`channel::rollout`], [`channel::thin`], [`channel::gates`],
+//! [`channel::selector`], [`channel::listing`], [`channel::counts`], [`channel::format`]),
+//! [`reconcile`] ([`reconcile::controller`], [`reconcile::decide`], [`reconcile::cooldown`],
+//! [`reconcile::waits`], [`reconcile::actions`], [`reconcile::staging`], [`reconcile::steps`],
+//! [`reconcile::invalid`], [`reconcile::assessment`], [`reconcile::thin_report`]),
+//! [`cluster`] ([`cluster::slots`], [`cluster::kube_store`], [`cluster::drain`],
+//! [`cluster::publish`], [`cluster::events`], [`cluster::effects`], [`cluster::gate_probe`],
+//! [`cluster::stale`], [`cluster::cache`], [`cluster::client`]), [`fleet`]
+//! ([`fleet::background`], [`fleet::counter`]), [`host`] ([`host::ops`], [`host::status`],
+//! [`host::ledger`], [`host::stage_progress`]), and the shared [`context`], [`errors`],
+//! [`metrics`], [`phase`], [`mod@run`].
 //!
 //! Error policy: the steps return typed errors (`SlotError`, `DrainError`, `NodeError`,
 //! `WindowError`, `DurationError`) wrapped with context; every error ends in
-//! [`run`]'s loop, which logs it and publishes it once per text as a `ReconcileError` Event
+//! [`mod@run`]'s loop, which logs it and publishes it once per text as a `ReconcileError` Event
 //! ([`errors::message`] renders the chain as Display text), backs off and retries. Nothing
 //! below `run` exits the process. Two states are not errors and are reported once, then
 //! waited out quietly: a boot not assessed yet (`k3os-ops slot confirm` did not run; Node
 //! condition `K3osBootAssessed=False` and a `BootNotAssessed` Event naming the command), and
-//! an object in a newer format than this agent knows ([`format`]; an `UnknownFormat` Event,
+//! an object in a newer format than this agent knows ([`channel::format`]; an `UnknownFormat` Event,
 //! nothing written to it).
 //!
 //! Integration tests reach it as `k3os_ops::agent` (the library target).
 
-pub mod actions;
-pub mod assessment;
-pub mod background;
-pub mod cache;
-pub mod channels;
-pub mod client;
+pub mod channel;
+pub mod cluster;
 pub mod context;
-pub mod controller;
-pub mod counter;
-pub mod crd;
-pub mod decide;
-pub mod drain;
-pub mod duration;
 pub mod errors;
-pub mod events;
 pub mod fleet;
-pub mod format;
-pub mod gates;
-pub mod invalid;
-pub mod kube_store;
-pub mod ledger;
+pub mod host;
 pub mod metrics;
-pub mod node;
 pub mod phase;
-pub mod progress;
-pub mod rollout;
+pub mod reconcile;
 pub mod run;
-pub mod slots;
-pub mod spec;
-pub mod staging;
-pub mod stale;
-pub mod steps;
-pub mod thin;
-pub mod thin_report;
-pub mod window;
 
 use std::path::PathBuf;
 
@@ -153,7 +120,7 @@ pub enum AgentCmd {
 /// Entry point of `k3os-ops agent`.
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     if let Some(AgentCmd::Crd) = args.cmd {
-        print!("{}", crd::crd_yaml());
+        print!("{}", channel::crd::crd_yaml());
         return Ok(());
     }
     let rt = tokio::runtime::Builder::new_multi_thread()

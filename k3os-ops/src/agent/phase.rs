@@ -1,5 +1,5 @@
 //! The phases a node's update passes through: the value of the Node annotation
-//! `k3os.io/update-phase` (see [`super::format`]) and the label of the
+//! `k3os.io/update-phase` (see [`crate::agent::channel::format`]) and the label of the
 //! `k3os_ops_update_phase{phase}` metric, one enum so the two cannot drift apart.
 
 use std::fmt;

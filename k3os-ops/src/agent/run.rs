@@ -1,6 +1,6 @@
 //! `k3os-ops agent`'s main: logging, the start-up line, the Kubernetes client, the metrics
 //! listener, then [`run_agent`]: the background tasks, the watches that wake the loop (see
-//! [`super::cache`]), and the reconcile loop
+//! [`super::cluster::cache`]), and the reconcile loop
 //! with its single error policy ([`super::errors::AgentError::retry`]: a lost compare-and-swap
 //! reconciles again at once; anything else is logged, published as a `ReconcileError` event once
 //! per text and backed off up to 10 resync periods; never exit on a reconcile error).
@@ -12,11 +12,11 @@ use anyhow::Context;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
-use super::background::{poll_loop, reclaim_loop, renew_node_lease};
-use super::controller::{Agent, Next};
+use super::cluster::kube_store::node_lease_name;
+use super::context::{Agent, Next};
 use super::errors::Retry;
-use super::kube_store::node_lease_name;
-use super::node::NodeOps;
+use super::fleet::background::{poll_loop, reclaim_loop, renew_node_lease};
+use super::host::ops::NodeOps;
 use super::AgentArgs;
 
 /// Run the agent until a fatal error.
@@ -84,7 +84,10 @@ pub async fn run_agent(agent: Arc<Agent>, periods: Periods) -> anyhow::Result<()
     tasks.spawn(renew_node_lease(agent.clone()));
     tasks.spawn(reclaim_loop(agent.clone()));
     tasks.spawn(poll_loop(agent.clone(), periods.poll));
-    tasks.spawn(super::counter::count_loop(agent.clone(), periods.count));
+    tasks.spawn(super::fleet::counter::count_loop(
+        agent.clone(),
+        periods.count,
+    ));
     agent
         .event(
             None,
@@ -100,11 +103,12 @@ pub async fn run_agent(agent: Arc<Agent>, periods: Periods) -> anyhow::Result<()
 /// was silent before this start.
 async fn start_agent(args: &AgentArgs, node: &str) -> anyhow::Result<Arc<Agent>> {
     let node = node.to_string();
-    let writes = super::client::WriteCounter::new(&node);
-    let client = super::client::infer(&writes)
+    let writes = super::cluster::client::WriteCounter::new(&node);
+    let client = super::cluster::client::infer(&writes)
         .await
         .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
-    let ops: Arc<dyn NodeOps> = Arc::new(super::node::LibupgradeNode::open(args.config.clone())?);
+    let ops: Arc<dyn NodeOps> =
+        Arc::new(super::host::ops::LibupgradeNode::open(args.config.clone())?);
     let self_pod = args
         .pod_name
         .as_ref()
@@ -113,7 +117,7 @@ async fn start_agent(args: &AgentArgs, node: &str) -> anyhow::Result<Arc<Agent>>
         Agent::new(client.clone(), &args.namespace, &node, self_pod, ops).with_watches(writes);
     agent.settings.booted_at = std::fs::read_to_string("/proc/stat")
         .ok()
-        .and_then(|s| super::steps::host_boot_time(&s));
+        .and_then(|s| super::reconcile::steps::host_boot_time(&s));
     let agent = Arc::new(agent);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &args.namespace);
     let silence = leases

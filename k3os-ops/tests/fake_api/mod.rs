@@ -1132,11 +1132,11 @@ fn unexpected(log: &Log, method: &Method, path: &str) -> Response<FakeBody> {
 }
 
 /// A kube client over the shared world whose writes `writes` counts, as the agent's own
-/// client does (`k3os_ops::agent::client::infer`): for agents with watch caches.
+/// client does (`k3os_ops::agent::cluster::client::infer`): for agents with watch caches.
 pub fn counted_client(
     world: &Arc<Mutex<World>>,
     log: &Log,
-    writes: &k3os_ops::agent::client::WriteCounter,
+    writes: &k3os_ops::agent::cluster::client::WriteCounter,
 ) -> Client {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<FakeBody>>();
     tokio::spawn(serve(handle, world.clone(), log.clone()));

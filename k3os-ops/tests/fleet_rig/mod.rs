@@ -69,10 +69,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::fake_api::{self, Log, Pdb, World, NS};
-use agent::controller::{Agent, Next, ANN_CORDONED, ANN_PHASE};
-use agent::decide::NodeUpdateStatus;
-use agent::ledger::PreviewRecord;
-use agent::node::{ConfirmResult, LibupgradeNode, NodeError, NodeOps, StageEnd, StageProgress};
+use agent::channel::format::{ANN_CORDONED, ANN_PHASE};
+use agent::context::{Agent, Next};
+use agent::host::ledger::PreviewRecord;
+use agent::host::ops::{
+    ConfirmResult, LibupgradeNode, NodeError, NodeOps, StageEnd, StageProgress,
+};
+use agent::host::status::NodeUpdateStatus;
 use bootconfig::Slot;
 use libupgrade::StageRequest;
 use serde_json::{json, Value};
@@ -737,11 +740,11 @@ impl Fleet {
         let wake = self.world.lock().unwrap().subscribe();
         let mut tasks = vec![
             tokio::spawn(agent_loop(agent.clone(), wake)),
-            tokio::spawn(agent::background::renew_node_lease(agent.clone())),
-            tokio::spawn(agent::controller::reclaim_loop(agent.clone())),
+            tokio::spawn(agent::fleet::background::renew_node_lease(agent.clone())),
+            tokio::spawn(agent::fleet::background::reclaim_loop(agent.clone())),
         ];
         if self.scenario.rollout.is_some() {
-            tasks.push(tokio::spawn(agent::counter::count_loop(
+            tasks.push(tokio::spawn(agent::fleet::counter::count_loop(
                 agent,
                 Duration::from_millis(50),
             )));
@@ -791,7 +794,7 @@ impl Fleet {
             // Nodes start on A: B is the new version, booted on trial.
             (Slot::B, Ok(r))
                 if matches!(r.outcome(), libupgrade::state::Outcome::Pending { waiting_for, .. }
-                    if waiting_for.join(", ") == agent::node::NODE_READY) =>
+                    if waiting_for.join(", ") == agent::host::ops::NODE_READY) =>
             {
                 true
             }

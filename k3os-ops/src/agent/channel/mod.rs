@@ -1,0 +1,18 @@
+//! What a channel says, parsed once; pure (no I/O): the `UpdateChannel` resource and its
+//! status ([`crd`]), its spec parsed into a [`spec::Policy`] (maintenance [`window`]s,
+//! [`duration`]s, the waves of [`rollout`], the thin-link settings of [`thin`], the pre-reboot
+//! [`gates`]' judgement, label [`selector`]s), the channels of a namespace decoded and the one
+//! that selects this node picked ([`listing`]), the fleet counts derived from the Nodes
+//! ([`counts`]), and the versions and migrations of everything the agent stores ([`mod@format`]).
+
+pub mod counts;
+pub mod crd;
+pub mod duration;
+pub mod format;
+pub mod gates;
+pub mod listing;
+pub mod rollout;
+pub mod selector;
+pub mod spec;
+pub mod thin;
+pub mod window;

@@ -1,0 +1,16 @@
+//! The Kubernetes side of the agent: the compare-and-swap slot protocol on the channel status
+//! ([`slots`] over [`kube_store`]), cordon and eviction ([`drain`]), the Node's annotations and
+//! the Events ([`publish`], [`events`]), the give-back effects several steps share
+//! ([`effects`]), the pre-reboot gates' probes ([`gate_probe`]), the `ChannelStale` condition
+//! ([`stale`]), the watch caches ([`cache`]) and the kube client and its error text ([`client`]).
+
+pub mod cache;
+pub mod client;
+pub mod drain;
+pub mod effects;
+pub mod events;
+pub mod gate_probe;
+pub mod kube_store;
+pub mod publish;
+pub mod slots;
+pub mod stale;

@@ -1,0 +1,160 @@
+//! What the decision sees besides the channel and the node ([`Inputs`], gathered by the
+//! controller) and the part of it that holds a claim or a stage back: every slot taken, a
+//! pre-reboot gate closed, a back-off running, the thin-link settings (stage windows, daily
+//! quota). Pure, like the rest of [`super`].
+
+use chrono::{DateTime, Utc};
+
+use super::{Action, IdleReason, Policy};
+use crate::agent::channel::crd::UpdateChannel;
+use crate::agent::channel::thin::Gate;
+
+/// A fact [`super::step`] needs before it can decide, fetched only then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Need {
+    /// The pre-reboot gates' verdict ([`crate::agent::cluster::gate_probe::check`]).
+    Gates,
+    /// The bytes fetched on the quota day `day` (the node's ledger).
+    FetchedOn(chrono::NaiveDate),
+}
+
+/// What the pre-reboot gates say.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Verdict {
+    /// Not asked yet.
+    #[default]
+    Unknown,
+    /// Nothing blocks a claim.
+    Open,
+    /// A gate blocks it; the text names the gate.
+    Closed(String),
+}
+
+/// What the decision sees besides the channel and the node, gathered by the controller.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Inputs {
+    /// Wall-clock time (maintenance windows, slot holding).
+    pub now: DateTime<Utc>,
+    /// The stage's clock (stage windows, the quota day, the stage back-off).
+    pub stage_now: DateTime<Utc>,
+    /// No claim before this time (back-off after an aborted update attempt).
+    pub claim_not_before: Option<DateTime<Utc>>,
+    /// No stage before this time (back-off after a failed stage).
+    pub stage_not_before: Option<DateTime<Utc>>,
+    /// The pre-reboot gates' verdict.
+    pub gates: Verdict,
+    /// Bytes fetched on the quota day, once read (`None`: not read yet).
+    pub fetched_today: Option<u64>,
+}
+
+impl Inputs {
+    /// Nothing held back at `now` (one clock): no back-off, the gates open, nothing fetched
+    /// today. What [`super::decide()`] assumes.
+    pub fn open_at(now: DateTime<Utc>) -> Inputs {
+        Inputs {
+            now,
+            stage_now: now,
+            gates: Verdict::Open,
+            fetched_today: Some(0),
+            ..Inputs::default()
+        }
+    }
+}
+
+/// How a stage that [`super::step`] allows runs: within the open stage windows and what today's
+/// quota leaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StagePlan {
+    /// The stage windows' schedule (None: no end).
+    pub schedule: Option<libupgrade::Schedule>,
+    /// What today's quota leaves (None: no quota).
+    pub max_bytes: Option<u64>,
+    /// The quota day the fetched bytes are booked on (None: no quota).
+    pub day: Option<chrono::NaiveDate>,
+    /// Bytes fetched on that day so far.
+    pub fetched_today: u64,
+}
+
+/// A claim (new, forfeit or taking a slot over) as the channel, the gates and the back-off
+/// allow it: every slot taken, a gate closed, or the back-off running hold it back.
+pub(super) fn hold_claim(
+    channel: &UpdateChannel,
+    policy: &Policy,
+    action: Action,
+    inputs: &Inputs,
+) -> Action {
+    let claims = matches!(
+        action,
+        Action::Claim { .. } | Action::Forfeit { .. } | Action::Idle(IdleReason::ForeignSlot)
+    );
+    if let Action::Claim { version } = &action {
+        if let Some(holders) = full_as_read(channel) {
+            return Action::WaitForSlot { holders };
+        }
+        if !policy.gates.is_empty() {
+            match &inputs.gates {
+                Verdict::Unknown => return Action::Gather(Need::Gates),
+                Verdict::Closed(why) => {
+                    return Action::WaitForGate {
+                        version: version.clone(),
+                        why: why.clone(),
+                    }
+                }
+                Verdict::Open => {}
+            }
+        }
+    }
+    match inputs.claim_not_before.filter(|t| inputs.now < *t) {
+        Some(until) if claims => Action::ClaimBackingOff { until },
+        _ => action,
+    }
+}
+
+/// The holders of `channel`'s slots as read when every slot of its `concurrency` is taken.
+fn full_as_read(channel: &UpdateChannel) -> Option<Vec<String>> {
+    let slots = &channel.status.as_ref()?.slots;
+    (slots.len() >= channel.spec.concurrency.max(1) as usize)
+        .then(|| slots.iter().map(|s| s.node.clone()).collect())
+}
+
+/// A stage of `version` as the back-off and the thin-link settings (stage windows, daily
+/// quota) allow it, and how it runs.
+pub(super) fn stage_gate(
+    policy: &Policy,
+    version: String,
+    inputs: &Inputs,
+) -> (Action, Option<StagePlan>) {
+    let now = inputs.stage_now;
+    if let Some(until) = inputs.stage_not_before.filter(|t| now < *t) {
+        return (Action::StageBackingOff { until }, None);
+    }
+    let thin = &policy.thin;
+    let day = thin.max_bytes_per_day.map(|_| thin.day(now));
+    let fetched_today = match (day, inputs.fetched_today) {
+        (None, _) => 0,
+        (Some(_), Some(n)) => n,
+        (Some(d), None) => return (Action::Gather(Need::FetchedOn(d)), None),
+    };
+    match thin.gate(now, fetched_today) {
+        Gate::Wait { why, until } => (
+            Action::StageWaiting {
+                version,
+                why,
+                until,
+            },
+            None,
+        ),
+        Gate::Stage {
+            schedule,
+            max_bytes,
+        } => (
+            Action::Stage { version },
+            Some(StagePlan {
+                schedule,
+                max_bytes,
+                day,
+                fetched_today,
+            }),
+        ),
+    }
+}

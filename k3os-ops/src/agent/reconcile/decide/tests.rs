@@ -1,0 +1,187 @@
+//! The decision's inputs: what holds a claim or a stage back.
+
+use super::*;
+use crate::agent::channel::crd::{SlotEntry, StageSpec, UpdateChannelSpec, UpdateChannelStatus};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+fn at(s: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap()
+}
+
+/// A channel of `concurrency` targeting v2, its slots held by `holders`.
+fn channel(concurrency: u32, holders: &[&str], spec: UpdateChannelSpec) -> UpdateChannel {
+    let mut ch = UpdateChannel::new(
+        "stable",
+        UpdateChannelSpec {
+            url: "https://releases.example/stable/".into(),
+            version: Some("v2".into()),
+            concurrency,
+            reboot_timeout: "15m".into(),
+            ..spec
+        },
+    );
+    ch.status = Some(UpdateChannelStatus {
+        slots: holders
+            .iter()
+            .map(|n| SlotEntry {
+                node: n.to_string(),
+                token: "t".into(),
+                claimed_at: at(0),
+                phase: SlotPhase::Claimed,
+                was_unschedulable: None,
+                version: Some("v2".into()),
+            })
+            .collect(),
+        ..Default::default()
+    });
+    ch
+}
+
+fn node(inactive: Inactive) -> NodeView {
+    NodeView {
+        name: "n1".into(),
+        labels: BTreeMap::new(),
+        unschedulable: false,
+        token: None,
+        cordoned_by_us: false,
+        silent_at_start: None,
+        update: NodeUpdateStatus {
+            booted_version: Some("v1".into()),
+            inactive,
+            ..Default::default()
+        },
+    }
+}
+
+fn run(ch: &UpdateChannel, node: &NodeView, inputs: &Inputs) -> Step {
+    step(ch, &Policy::from_spec(&ch.spec), node, inputs)
+}
+
+fn staged() -> NodeView {
+    node(Inactive::Staged("v2".into()))
+}
+
+proptest! {
+    /// With every slot taken the claim waits, naming the holders, before any gate query.
+    #[test]
+    fn full_slots_wait_without_asking_the_gates(concurrency in 1u32..5, extra in 0usize..3) {
+        let holders: Vec<String> = (0..concurrency as usize + extra).map(|i| format!("h{i}")).collect();
+        let names: Vec<&str> = holders.iter().map(String::as_str).collect();
+        let ch = channel(concurrency, &names, UpdateChannelSpec {
+            blocking_pod_selector: Some("app=db".into()),
+            ..Default::default()
+        });
+        let inputs = Inputs { gates: Verdict::Unknown, ..Inputs::open_at(at(0)) };
+        prop_assert_eq!(run(&ch, &staged(), &inputs).action, Action::WaitForSlot { holders: holders.clone() });
+        let free = channel(concurrency, &names[..concurrency as usize - 1], ch.spec.clone());
+        prop_assert_eq!(run(&free, &staged(), &inputs).action, Action::Gather(Need::Gates));
+    }
+
+    /// A claim back-off holds claims until its end and no longer.
+    #[test]
+    fn a_claim_back_off_waits_until_its_end(left in 1i64..7200) {
+        let ch = channel(1, &[], UpdateChannelSpec::default());
+        let inputs = Inputs { claim_not_before: Some(at(left)), ..Inputs::open_at(at(0)) };
+        prop_assert_eq!(run(&ch, &staged(), &inputs).action, Action::ClaimBackingOff { until: at(left) });
+        let later = Inputs { now: at(left), ..inputs };
+        prop_assert_eq!(run(&ch, &staged(), &later).action, Action::Claim { version: "v2".into() });
+    }
+
+    /// A stage back-off (on the stage clock) holds the stage quietly until its end.
+    #[test]
+    fn a_stage_back_off_waits_until_its_end(left in 1i64..7200) {
+        let ch = channel(1, &[], UpdateChannelSpec::default());
+        let inputs = Inputs { stage_not_before: Some(at(left)), ..Inputs::open_at(at(0)) };
+        let empty = node(Inactive::Empty);
+        prop_assert_eq!(run(&ch, &empty, &inputs).action, Action::StageBackingOff { until: at(left) });
+        let later = Inputs { stage_now: at(left), ..inputs };
+        prop_assert_eq!(run(&ch, &empty, &later).action, Action::Stage { version: "v2".into() });
+    }
+}
+
+#[test]
+fn a_closed_gate_holds_the_claim_and_is_named() {
+    let ch = channel(
+        1,
+        &[],
+        UpdateChannelSpec {
+            blocking_pod_selector: Some("app=db".into()),
+            ..Default::default()
+        },
+    );
+    let closed = Inputs {
+        gates: Verdict::Closed("pod db-0 blocks".into()),
+        ..Inputs::open_at(at(0))
+    };
+    assert_eq!(
+        run(&ch, &staged(), &closed).action,
+        Action::WaitForGate {
+            version: "v2".into(),
+            why: "pod db-0 blocks".into()
+        }
+    );
+    // A gate is asked before the back-off is looked at, as the claim did.
+    let both = Inputs {
+        claim_not_before: Some(at(10)),
+        ..closed
+    };
+    assert!(matches!(
+        run(&ch, &staged(), &both).action,
+        Action::WaitForGate { .. }
+    ));
+}
+
+#[test]
+fn a_spent_quota_waits_for_the_next_day_and_the_ledger_is_read_only_for_a_quota() {
+    let quota = UpdateChannelSpec {
+        stage: Some(StageSpec {
+            windows: vec![],
+            max_bytes_per_day: Some("1M".into()),
+        }),
+        ..Default::default()
+    };
+    let ch = channel(1, &[], quota);
+    let empty = node(Inactive::Empty);
+    let unread = Inputs {
+        fetched_today: None,
+        ..Inputs::open_at(at(0))
+    };
+    let day = Policy::from_spec(&ch.spec).unwrap().thin.day(at(0));
+    assert_eq!(
+        run(&ch, &empty, &unread).action,
+        Action::Gather(Need::FetchedOn(day))
+    );
+    let spent = Inputs {
+        fetched_today: Some(1 << 20),
+        ..unread.clone()
+    };
+    let s = run(&ch, &empty, &spent);
+    assert!(
+        matches!(&s.action, Action::StageWaiting { version, why: Waiting::QuotaSpent { .. }, until } if version == "v2" && *until > at(0)),
+        "{s:?}"
+    );
+    assert_eq!(s.stage, None);
+    let some_left = Inputs {
+        fetched_today: Some(1000),
+        ..unread.clone()
+    };
+    let s = run(&ch, &empty, &some_left);
+    assert_eq!(
+        s.action,
+        Action::Stage {
+            version: "v2".into()
+        }
+    );
+    let plan = s.stage.unwrap();
+    assert_eq!(
+        (plan.max_bytes, plan.day, plan.fetched_today),
+        (Some((1 << 20) - 1000), Some(day), 1000)
+    );
+    // Without a quota the ledger is not read.
+    let free = channel(1, &[], UpdateChannelSpec::default());
+    assert!(matches!(
+        run(&free, &empty, &unread).action,
+        Action::Stage { .. }
+    ));
+}

@@ -1,0 +1,17 @@
+//! One reconcile of this node: [`controller`] reads the Node and the channels, gathers what
+//! the decision needs and asks the pure [`decide`] for the next step (the back-offs it reads
+//! are [`cooldown`]s), then carries it out: what a waiting step says ([`waits`]), the
+//! bookkeeping ticks ([`actions`]), the stage ([`staging`]) and the disruptive steps
+//! ([`steps`]), the reports about unusable channels ([`invalid`]), a boot not assessed yet
+//! ([`assessment`]) and the stage preview with its deadline condition ([`thin_report`]).
+
+pub mod actions;
+pub mod assessment;
+pub mod controller;
+pub mod cooldown;
+pub mod decide;
+pub mod invalid;
+pub mod staging;
+pub mod steps;
+pub mod thin_report;
+pub mod waits;

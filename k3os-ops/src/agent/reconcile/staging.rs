@@ -1,0 +1,321 @@
+//! The stage step: download, verify and write the target into the inactive slot, following
+//! the channel's thin-link settings ([`crate::agent::channel::thin`]).
+//!
+//! Whether a stage may run now is [`super::decide::step`]'s call (the back-off, the stage
+//! windows, today's quota read from the node's ledger): it hands over a
+//! [`StagePlan`], or decides `StageWaiting`, whose phase says why and until when (every
+//! reconcile asks again, so a spec change is seen at once). Here: preview the stage
+//! (annotation, gauge, `slot status`), judge whether what is left can arrive before the next
+//! maintenance window (condition `StageWillMissWindow`), and stage within the plan's open
+//! windows and the quota's budget. A clean stop at the quota or the windows' end is
+//! [`Staging::Stopped`] (the controller decides again, normally `StageWaiting`), never a
+//! failure: no `StageFailed`, no `k3os_ops_stage_failures_total`, no back-off, nothing in
+//! `status.failures`; the next stage resumes where it stopped.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use super::decide::StagePlan;
+use super::thin_report::{self, Miss};
+use crate::agent::channel::format::{ANN_MESSAGE, ANN_PROGRESS, ANN_TARGET};
+use crate::agent::channel::listing::Channel;
+use crate::agent::channel::thin::ThinPolicy;
+use crate::agent::context::{Agent, Next, PROGRESS_PERIOD};
+use crate::agent::errors::AgentError;
+use crate::agent::host::ops::StageEnd;
+use crate::agent::host::stage_progress::AnnotationProgress;
+use crate::agent::phase::Phase;
+use libupgrade::Stop;
+use libupgrade::{ExtraSource, StageOptions, StageRequest, Wanted};
+
+/// How a stage step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Staging {
+    /// Staged, or failed (reported, backing off): go on as `Next` says.
+    Done(Next),
+    /// Stopped cleanly at the quota or the end of the open windows; the deadline was judged
+    /// again with what is left.
+    Stopped,
+}
+
+/// Stage `version` of `ch` as `plan` allows.
+pub(crate) async fn stage(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+    plan: StagePlan,
+) -> Result<Staging, AgentError> {
+    let now = cx.settings.clock.now();
+    let StagePlan {
+        schedule,
+        max_bytes,
+        day,
+        fetched_today: used,
+    } = plan;
+    let req = request(cx, ch, version, schedule, max_bytes);
+    cx.annotate_phase(
+        Phase::Staging,
+        &[
+            (ANN_TARGET, Some(version)),
+            (
+                ANN_MESSAGE,
+                Some("downloading and verifying into the inactive slot"),
+            ),
+        ],
+    )
+    .await?;
+    cx.event(
+        Some(ch),
+        false,
+        "Staging",
+        format!(
+            "staging {version} from {} into the inactive slot",
+            ch.spec.url
+        ),
+    )
+    .await;
+    let result = preview_and_stage(cx, ch, req, day, used).await;
+    report_staleness(cx, ch, &result).await;
+    match result {
+        Ok(StageEnd::Staged { .. }) => staged(cx, ch, version).await.map(Staging::Done),
+        Ok(StageEnd::Stopped { why, left, .. }) => {
+            cx.memory.stages.lock().expect("not poisoned").succeeded();
+            stopped(cx, ch, version, why, left).await?;
+            Ok(Staging::Stopped)
+        }
+        Err(e) => failed(cx, ch, version, now, &e).await.map(Staging::Done),
+    }
+}
+
+/// The one libupgrade request the agent makes to stage `version` of `ch` (the CLI's `upgrade
+/// --channel URL --version V` makes the same): the channel's rate cap and sources, the open
+/// stage windows and what today's quota has left; an older release only when the channel pins
+/// it. The node adds its offline-bundle directory.
+fn request(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+    schedule: Option<libupgrade::Schedule>,
+    max_bytes: Option<u64>,
+) -> StageRequest {
+    let policy = ch.policy.as_ref().ok();
+    StageRequest::new(Wanted::channel(ch.spec.url.clone(), Some(version))).with_options(
+        StageOptions {
+            allow_downgrade: ch.spec.pinned_version().is_some(),
+            max_rate: policy.and_then(|p| p.max_rate),
+            max_bytes,
+            schedule,
+            extra_sources: policy
+                .map(|p| {
+                    p.thin
+                        .sources
+                        .iter()
+                        .map(|s| ExtraSource::parse(s))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            clock: cx.settings.clock.clone(),
+            ..StageOptions::default()
+        },
+    )
+}
+
+/// Preview (published before the first byte), judge the deadline, then stage.
+async fn preview_and_stage(
+    cx: &Agent,
+    ch: &Channel,
+    req: StageRequest,
+    book_on: Option<chrono::NaiveDate>,
+    used: u64,
+) -> Result<StageEnd, AgentError> {
+    let r = req.clone();
+    if let Some(p) = cx.blocking(move |ops| ops.preview(&r)).await? {
+        thin_report::publish_preview(cx, ch, &p).await;
+        judge_deadline(cx, ch, p.fetch, used).await;
+    }
+    stage_with_progress(cx, req, book_on).await
+}
+
+/// Whether `left` bytes can arrive before the next maintenance window: the condition.
+async fn judge_deadline(cx: &Agent, ch: &Channel, left: u64, used: u64) {
+    let Ok(policy) = ch.policy.as_ref() else {
+        return;
+    };
+    let now = cx.settings.clock.now();
+    let miss = miss(&policy.thin, policy.next_window_start(now), left, now, used);
+    thin_report::report_miss(cx, ch, miss).await;
+}
+
+/// The miss, if `left` bytes cannot arrive by `deadline` (None: no maintenance window).
+fn miss(
+    thin: &ThinPolicy,
+    deadline: Option<DateTime<Utc>>,
+    left: u64,
+    now: DateTime<Utc>,
+    used: u64,
+) -> Option<Miss> {
+    let deadline = deadline?;
+    let capacity = thin.capacity(now, deadline, used)?;
+    thin.will_miss(left, now, deadline, used).then_some(Miss {
+        left,
+        capacity,
+        deadline,
+    })
+}
+
+async fn staged(cx: &Agent, ch: &Channel, version: &str) -> Result<Next, AgentError> {
+    cx.memory.stages.lock().expect("not poisoned").succeeded();
+    thin_report::report_miss(cx, ch, None).await;
+    cx.annotate_phase(
+        Phase::Staged,
+        &[
+            (ANN_PROGRESS, None),
+            (ANN_MESSAGE, Some("verified and staged")),
+        ],
+    )
+    .await?;
+    cx.event(
+        Some(ch),
+        false,
+        "Staged",
+        format!("{version} verified and staged in the inactive slot"),
+    )
+    .await;
+    Ok(Next::Again)
+}
+
+/// A clean stop at the quota or the end of the open windows: judge the deadline again with
+/// what is left (the controller decides how long to wait).
+async fn stopped(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+    why: Stop,
+    left: u64,
+) -> Result<(), AgentError> {
+    let Ok(policy) = ch.policy.as_ref() else {
+        return Ok(());
+    };
+    let thin = &policy.thin;
+    let now = cx.settings.clock.now();
+    let used = match thin.max_bytes_per_day.map(|_| thin.day(now)) {
+        Some(d) => cx.blocking(move |ops| ops.fetched_on(d)).await?,
+        None => 0,
+    };
+    judge_deadline(cx, ch, left, used).await;
+    tracing::info!("staging {version} stopped ({why})");
+    Ok(())
+}
+
+/// A failed stage: counted, reported, and the next one backs off ([`super::cooldown`]).
+async fn failed(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+    now: DateTime<Utc>,
+    e: &AgentError,
+) -> Result<Next, AgentError> {
+    let (n, backoff) = cx.memory.stages.lock().expect("not poisoned").failed(now);
+    let msg = format!(
+        "staging {version} failed (attempt {n}, next in {}s): {}",
+        backoff.as_secs(),
+        crate::agent::errors::message(e)
+    );
+    cx.clients
+        .metrics
+        .count(crate::agent::metrics::Outcome::StageFailure);
+    cx.phase(Phase::StageFailed, &msg).await?;
+    cx.event(Some(ch), true, "StageFailed", msg).await;
+    Ok(Next::Wait)
+}
+
+/// A stage resolves the channel too (a pinned channel is resolved nowhere else): expired
+/// metadata sets `ChannelStale`, a successful stage clears it.
+async fn report_staleness(cx: &Agent, ch: &Channel, result: &Result<StageEnd, AgentError>) {
+    match result {
+        Err(e) if e.stale().is_some() => {
+            crate::agent::cluster::stale::report(cx, ch, e.stale()).await
+        }
+        Ok(_) => crate::agent::cluster::stale::report(cx, ch, None).await,
+        Err(_) => {}
+    }
+}
+
+/// Run libupgrade's stage of `req`, writing its progress annotation on the way.
+async fn stage_with_progress(
+    cx: &Agent,
+    req: StageRequest,
+    book_on: Option<chrono::NaiveDate>,
+) -> Result<StageEnd, AgentError> {
+    let (tx, mut rx) = tokio::sync::watch::channel(String::new());
+    rx.mark_unchanged();
+    let progress = Arc::new(AnnotationProgress::new(tx, cx.clients.metrics.clone()));
+    let p = progress.clone();
+    let work = cx.blocking(move |ops| ops.stage(&req, book_on, p.as_ref()));
+    tokio::pin!(work);
+    // The annotation is written at most every PROGRESS_PERIOD (the Node object is shared
+    // with the kubelet; a byte counter must not flood the API server).
+    let mut last_write: Option<tokio::time::Instant> = None;
+    let mut ticker = tokio::time::interval(PROGRESS_PERIOD);
+    loop {
+        tokio::select! {
+            r = &mut work => break r,
+            _ = ticker.tick() => {
+                let due = last_write.is_none_or(|t| t.elapsed() >= PROGRESS_PERIOD);
+                if due && rx.has_changed().unwrap_or(false) {
+                    let text = rx.borrow_and_update().clone();
+                    if let Err(e) = cx.annotate(&[(ANN_PROGRESS, Some(&text))]).await {
+                        tracing::warn!("progress annotation: {e:#}");
+                    }
+                    last_write = Some(tokio::time::Instant::now());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::channel::crd::{StageSpec, StageWindowSpec, UpdateChannelSpec, WindowSpec};
+
+    #[test]
+    fn a_miss_needs_a_maintenance_window_and_too_little_capacity() {
+        let spec = UpdateChannelSpec {
+            stage: Some(StageSpec {
+                windows: vec![StageWindowSpec {
+                    window: WindowSpec {
+                        days: vec![],
+                        start: "01:00".into(),
+                        length: "1h".into(),
+                        time_zone: None,
+                    },
+                    max_rate: Some("1M".into()),
+                }],
+                max_bytes_per_day: None,
+            }),
+            ..Default::default()
+        };
+        let thin = ThinPolicy::from_spec(&spec, None).unwrap();
+        let now = DateTime::parse_from_rfc3339("2026-12-03T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let deadline = now + chrono::Duration::days(1);
+        let per_night = 3600u64 << 20;
+        assert_eq!(
+            miss(&thin, None, u64::MAX, now, 0),
+            None,
+            "no window: no deadline"
+        );
+        assert_eq!(miss(&thin, Some(deadline), per_night, now, 0), None);
+        assert_eq!(
+            miss(&thin, Some(deadline), per_night + 1, now, 0),
+            Some(Miss {
+                left: per_night + 1,
+                capacity: per_night,
+                deadline
+            })
+        );
+    }
+}
