@@ -99,7 +99,14 @@ pub enum Error {
         running: String,
     },
     #[error("release {version} has the running generation {generation}, and this node cannot tell which build of it runs (its slot was written without a record of its manifest); a generation names one build: publish it as a new generation, record the running build with `k3os-ops bootloader install --running-manifest FILE`, or pass --allow-downgrade")]
-    SameGenerationUnknownBuild { version: String, generation: u64 },
+    /// The release claims the running generation, and the running slot keeps no record of its
+    /// manifest, so whether it is the same build cannot be told.
+    SameGenerationUnknownBuild {
+        /// The release's version string, as its manifest names it.
+        version: String,
+        /// The generation both the release and the running system carry.
+        generation: u64,
+    },
     #[error("{location}: the signed manifest is release {found}, but {asked} was asked for; nothing was written (the channel or a mirror serves the wrong release)")]
     /// The signed manifest names another version than the one that was asked for.
     VersionMismatch {

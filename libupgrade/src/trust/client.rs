@@ -75,6 +75,7 @@ impl ExpiryRule {
 /// What an update verified.
 #[derive(Debug, Clone)]
 pub struct Verified {
+    /// The targets document, checked against the root, timestamp and snapshot it chains to.
     pub targets: Targets,
     /// The record to keep (new root, versions, time floor).
     pub record: Record,

@@ -22,15 +22,22 @@ pub const SPEC_VERSION: &str = "1.0.0";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// The root of trust: names the keys and threshold of every role, itself included.
     Root,
+    /// Lists the targets (the channel's release manifests) with their lengths and hashes.
     Targets,
+    /// Pins the version (and optionally length and hashes) of `targets.json`.
     Snapshot,
+    /// Pins the current `snapshot.json`; short-lived and re-signed often, so that a frozen
+    /// channel shows.
     Timestamp,
 }
 
 impl Role {
+    /// Every top-level role.
     pub const ALL: [Role; 4] = [Role::Root, Role::Targets, Role::Snapshot, Role::Timestamp];
 
+    /// The role's name as TUF writes it (`_type`, the keys of root's `roles`): `root`, ….
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Root => "root",
@@ -69,17 +76,23 @@ pub fn canonical<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
 /// A public key as TUF writes it: `{"keytype":"ed25519","scheme":"ed25519","keyval":{"public":HEX}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Key {
+    /// The key type; only `ed25519` keys are checked, others' signatures count for nothing.
     pub keytype: String,
+    /// The signature scheme; only `ed25519` is checked.
     pub scheme: String,
+    /// The public key material.
     pub keyval: KeyVal,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A key's `keyval` object: the public half of the key.
 pub struct KeyVal {
+    /// The public key, lower-case hex (32 bytes for ed25519).
     pub public: String,
 }
 
 impl Key {
+    /// The TUF form of an ed25519 public key (`keytype` and `scheme` `ed25519`, hex `public`).
     pub fn ed25519(vk: &VerifyingKey) -> Key {
         Key {
             keytype: "ed25519".into(),
@@ -109,34 +122,50 @@ impl Key {
 /// Which keys sign for a role and how many must.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoleKeys {
+    /// The ids ([`Key::id`]) of the keys whose signatures count for the role.
     pub keyids: Vec<String>,
+    /// How many distinct keys of `keyids` must sign a document of the role (0 is taken as 1).
     pub threshold: u32,
 }
 
 /// `root.json`'s `signed` object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Root {
+    /// The document's `_type`: `root`.
     #[serde(rename = "_type")]
     pub type_: String,
+    /// The TUF specification version the publisher wrote it for (any 1.x is read).
     pub spec_version: String,
+    /// Whether the channel publishes consistent snapshots (`N.targets.json`, …); this project
+    /// writes false and reads the plain file names either way.
     #[serde(default)]
     pub consistent_snapshot: bool,
+    /// The root's version: 1 for the first, each rotation publishes exactly the next.
     pub version: u64,
+    /// When this root stops being trusted (UTC).
     pub expires: DateTime<Utc>,
+    /// Every key any role uses, by key id ([`Key::id`]).
     pub keys: BTreeMap<String, Key>,
+    /// The keys and threshold of each top-level role.
     pub roles: BTreeMap<Role, RoleKeys>,
 }
 
 /// A file's length and hashes (`targets` entries, `meta` entries).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileMeta {
+    /// The file's length in bytes.
     pub length: u64,
+    /// The file's lower-case hex digests by TUF algorithm name (`sha256`, `sha512`); every one
+    /// must match.
     pub hashes: BTreeMap<String, String>,
+    /// What the target says about its release; `None` for a target that is not a release
+    /// manifest (such a target is never picked nor listed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom: Option<TargetCustom>,
 }
 
 impl FileMeta {
+    /// The hex sha256 the entry lists, if it lists one.
     pub fn sha256(&self) -> Option<&str> {
         self.hashes.get("sha256").map(String::as_str)
     }
@@ -146,19 +175,27 @@ impl FileMeta {
 /// without fetching every manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TargetCustom {
+    /// The release's version string, as its manifest names it.
     pub version: String,
+    /// The release's generation, as its manifest names it (the newest is picked by it).
     pub generation: u64,
+    /// The CPU architecture the release is built for.
     pub arch: crate::manifest::Arch,
 }
 
 /// `targets.json`'s `signed` object: target path → length, hashes, custom.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Targets {
+    /// The document's `_type`: `targets`.
     #[serde(rename = "_type")]
     pub type_: String,
+    /// The TUF specification version the publisher wrote it for (any 1.x is read).
     pub spec_version: String,
+    /// The targets version; a node refuses one lower than its trusted snapshot names.
     pub version: u64,
+    /// When this targets document stops being trusted (UTC).
     pub expires: DateTime<Utc>,
+    /// Every target by its path in the channel (`DIR/manifest.json`).
     pub targets: BTreeMap<String, FileMeta>,
 }
 
@@ -166,9 +203,12 @@ pub struct Targets {
 /// length and hashes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetaRef {
+    /// The version the referenced metadata file must carry.
     pub version: u64,
+    /// The referenced file's length in bytes; `None`: not pinned (the role's size limit applies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub length: Option<u64>,
+    /// The referenced file's hex digests by TUF algorithm name; `None`: not pinned by hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hashes: Option<BTreeMap<String, String>>,
 }
@@ -176,25 +216,35 @@ pub struct MetaRef {
 /// `snapshot.json` and `timestamp.json`'s `signed` objects (same shape, different `meta`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Versions {
+    /// The document's `_type`: `snapshot` or `timestamp`.
     #[serde(rename = "_type")]
     pub type_: String,
+    /// The TUF specification version the publisher wrote it for (any 1.x is read).
     pub spec_version: String,
+    /// The document's version; a node refuses one lower than it trusted before (rollback).
     pub version: u64,
+    /// When this document stops being trusted (UTC).
     pub expires: DateTime<Utc>,
+    /// The metadata files it pins, by file name (`targets.json` in a snapshot,
+    /// `snapshot.json` in a timestamp).
     pub meta: BTreeMap<String, MetaRef>,
 }
 
 /// One signature of an envelope.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sig {
+    /// The id ([`Key::id`]) of the key that made the signature.
     pub keyid: String,
+    /// The signature over the canonical JSON of `signed`, lower-case hex.
     pub sig: String,
 }
 
 /// A metadata file as published: `{"signed": …, "signatures": […]}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
+    /// The role's document exactly as received (see [`Envelope::body`] to read it as one role's).
     pub signed: serde_json::Value,
+    /// The signatures over `signed`, in the order published.
     pub signatures: Vec<Sig>,
 }
 
@@ -232,6 +282,7 @@ impl Envelope {
         }
     }
 
+    /// The file to publish: pretty-printed JSON with a trailing newline.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut v = serde_json::to_vec_pretty(self).expect("envelope serialises");
         v.push(b'\n');

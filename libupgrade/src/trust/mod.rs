@@ -165,57 +165,109 @@ pub struct ManifestPin {
 #[derive(Debug, thiserror::Error)]
 pub enum TrustError {
     #[error("{path}: {source}")]
+    /// A local file (the trust store or its lock, a starting root, a channel directory's file,
+    /// a file the publisher writes) could not be read or written.
     Io {
+        /// The file or directory involved.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
     #[error("{what} is not valid TUF metadata: {why}")]
-    Malformed { what: String, why: String },
+    /// A metadata file or the trust store does not parse, has the wrong `_type` or spec
+    /// version, or lacks an entry the workflow needs.
+    Malformed {
+        /// The file, URL or document that failed (`root version 3`, `target DIR/manifest.json`).
+        what: String,
+        /// What is wrong with it (the parser's message or the missing entry).
+        why: String,
+    },
     #[error("{path} is channel-trust format {found}, newer than this build of k3os-ops reads (format {STORE_FORMAT}); upgrade k3os-ops first")]
-    NewerStore { path: PathBuf, found: u32 },
+    /// The trust store was written by a newer build, in a format this build does not read.
+    NewerStore {
+        /// The trust store's path (`<state_dir>/channel-trust.json`).
+        path: PathBuf,
+        /// The `format` the file declares.
+        found: u32,
+    },
     #[error("{location} is missing")]
+    /// A metadata file the workflow requires is not in the channel (404, no such file).
     Missing {
         /// The file's name in the channel (`timestamp.json`: the channel has no metadata).
         file: String,
+        /// The URL or path where it was looked for.
         location: String,
     },
     #[error("{what} is larger than {max} bytes; refusing to read more (endless data)")]
-    TooLarge { what: String, max: u64 },
-    #[error("{what}: {found} valid signature(s) by {role} keys of root version {root_version}, {need} required")]
-    Threshold {
+    /// A metadata file is longer than its limit; reading stopped there.
+    TooLarge {
+        /// The URL or path of the file.
         what: String,
+        /// The limit in bytes (the length its referrer pins, or the role's maximum).
+        max: u64,
+    },
+    #[error("{what}: {found} valid signature(s) by {role} keys of root version {root_version}, {need} required")]
+    /// A document carries fewer valid signatures by distinct keys of its role than the
+    /// role's threshold.
+    Threshold {
+        /// The URL or path of the document (or the name a caller gave a local root).
+        what: String,
+        /// The role whose keys must sign it.
         role: Role,
+        /// The version of the root whose keys and threshold were applied.
         root_version: u64,
+        /// How many distinct keys of the role signed it validly.
         found: usize,
+        /// The role's threshold.
         need: usize,
     },
     #[error("{role} metadata (version {version}) expired at {}, the node's time is {}: the channel is stale or frozen (re-sign it: `k3os-ops release timestamp`; an operator can override with `upgrade --ignore-expiry`)", meta::time_str(expires), meta::time_str(now))]
+    /// A role's document expired before the time it is judged against ([`Clock::reference`]).
     Expired {
+        /// The role whose document expired.
         role: Role,
+        /// The expired document's version.
         version: u64,
+        /// When it expired, as it says (UTC).
         expires: DateTime<Utc>,
+        /// The time it was judged against: the node's clock, or the record's later time floor.
         now: DateTime<Utc>,
     },
     #[error("{location}: {role} version {found} is older than version {seen} this node already trusted (rollback)")]
+    /// A role's document is older than the version this node already trusted (a rollback).
     Rollback {
+        /// The role whose version went backwards.
         role: Role,
+        /// The URL or path of the document.
         location: String,
+        /// The version this node's [`Record`] holds for the role: the lowest it accepts.
         seen: u64,
+        /// The version the document carries.
         found: u64,
     },
     #[error("{location}: expected version {expected}, found {found}")]
+    /// A document's version is not the one it must have: the next root of the chain, or the
+    /// version its referrer (timestamp, snapshot) pins.
     WrongVersion {
+        /// The URL or path of the document.
         location: String,
+        /// The version it must carry.
         expected: u64,
+        /// The version it carries.
         found: u64,
     },
     #[error("{location}: expected {expected}, found {found} (mix-and-match or a damaged file)")]
+    /// A file's length or a hash differs from what its referrer lists.
     Mismatch {
+        /// The URL or path of the file.
         location: String,
+        /// The length or `ALGORITHM HEX` the referrer lists, naming the referrer.
         expected: String,
+        /// The length or `ALGORITHM HEX` of the bytes received.
         found: String,
     },
     #[error("{location}: {referrer} lists a hash of this {role} file by algorithm '{}', which this build cannot compute; refused (TUF 5.5.2: every listed hash must match)", algorithm.escape_debug())]
+    /// A `meta` entry lists a hash by an algorithm this build cannot compute (never a pass).
     UnknownHash {
         /// The role whose file is referenced (snapshot, targets).
         role: Role,
@@ -223,12 +275,26 @@ pub enum TrustError {
         referrer: String,
         /// The algorithm as the referencing file names it (untrusted text, escaped in messages).
         algorithm: String,
+        /// The URL or path of the referenced file.
         location: String,
     },
     #[error("{location}: {why}")]
-    Fetch { location: String, why: String },
+    /// A metadata file could not be downloaded (connection, HTTP status, body read).
+    Fetch {
+        /// The URL of the file.
+        location: String,
+        /// What failed (the request's error or the server's HTTP status).
+        why: String,
+    },
     #[error("{what}: {why}")]
-    Publish { what: String, why: String },
+    /// The publisher's side refused to write metadata (keys missing for a role, a threshold
+    /// out of range, no root or already one, no targets, a channel directory it cannot list).
+    Publish {
+        /// The role, document or directory involved.
+        what: String,
+        /// Why it was refused.
+        why: String,
+    },
 }
 
 impl TrustError {

@@ -20,17 +20,23 @@ use super::meta::{
 use super::TrustError;
 use crate::manifest::MANIFEST_FILE;
 
-/// Default lifetimes: root a year, targets 90 days, snapshot 30 days, timestamp 7 days
-/// (re-signed daily, a node's clock may be 6 days ahead and still take fresh metadata).
+/// Default lifetime of `root.json`, in days. The defaults: root a year, targets 90 days,
+/// snapshot 30 days, timestamp 7 days (re-signed daily, a node's clock may be 6 days ahead
+/// and still take fresh metadata).
 pub const ROOT_LIFETIME_DAYS: i64 = 365;
+/// Default lifetime of `targets.json`, in days.
 pub const TARGETS_LIFETIME_DAYS: i64 = 90;
+/// Default lifetime of `snapshot.json`, in days.
 pub const SNAPSHOT_LIFETIME_DAYS: i64 = 30;
+/// Default lifetime of `timestamp.json`, in days (re-signed daily by a cron job).
 pub const TIMESTAMP_LIFETIME_DAYS: i64 = 7;
 
 /// The keys and threshold of one role.
 #[derive(Debug, Clone)]
 pub struct RoleSpec {
+    /// The public keys that sign for the role.
     pub keys: Vec<VerifyingKey>,
+    /// How many of `keys` must sign; between 1 and their number, or the root is refused.
     pub threshold: u32,
 }
 

@@ -26,7 +26,9 @@ pub const STORE_FORMAT: u32 = 1;
 /// Every channel's record.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Store {
+    /// The file's format ([`STORE_FORMAT`] when this build writes it; a newer one is refused).
     pub format: u32,
+    /// Each channel's record, by its directory path, base URL or `github-releases://OWNER/REPO`.
     #[serde(default)]
     pub channels: BTreeMap<String, Record>,
 }
