@@ -253,6 +253,44 @@ async fn cluster_schema_refuses_invalid_specs() {
             with("sources", serde_json::json!(["ftp://mirror/"])),
             "sources[]: an absolute host directory",
         ),
+        // What the agent refuses as Invalid is refused by the schema too (issue 25).
+        (
+            "long-window",
+            window(serde_json::json!({"start": "01:00", "length": "8d"})),
+            "window.length must be at most 7d",
+        ),
+        (
+            "long-window-hours",
+            window(serde_json::json!({"start": "01:00", "length": "6d25h"})),
+            "window.length must be at most 7d",
+        ),
+        (
+            "mars-zone",
+            window(
+                serde_json::json!({"start": "01:00", "length": "2h", "timeZone": "Mars/Olympus"}),
+            ),
+            "timeZone",
+        ),
+        (
+            "not-a-url",
+            with("url", serde_json::json!("releases.example/stable")),
+            "url must be an http(s) URL with a host",
+        ),
+        (
+            "hostless-url",
+            with("url", serde_json::json!("https://")),
+            "url must be an http(s) URL with a host",
+        ),
+        (
+            "set-drain-selector",
+            with("drain", serde_json::json!({"podSelector": "app in (web)"})),
+            "drain.podSelector must be an equality-based selector",
+        ),
+        (
+            "set-blocking-selector",
+            with("blockingPodSelector", serde_json::json!("app notin (a,b)")),
+            "blockingPodSelector must be an equality-based selector",
+        ),
     ];
     let mut accepted = Vec::new();
     for (name, spec) in bad {
@@ -278,6 +316,25 @@ async fn cluster_schema_refuses_invalid_specs() {
     let ok = api
         .create(&PostParams::default(), &channel("good", good))
         .await;
+    // The bounds themselves, and every form of channel URL libupgrade reads.
+    let mut edges = Vec::new();
+    for (i, (length, url)) in [
+        ("7d", "github-releases://acme/nodeos"),
+        ("1d12h", "/srv/channel"),
+        ("168h", "file:///srv/channel"),
+        ("30m", "http://10.0.0.1:8080/stable/index.json"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut spec = window(serde_json::json!({"start": "00:00", "length": length}));
+        spec["url"] = serde_json::json!(url);
+        spec["drain"] = serde_json::json!({"podSelector": "app=web,tier!=db,!canary"});
+        let r = api
+            .create(&PostParams::default(), &channel(&format!("edge-{i}"), spec))
+            .await;
+        edges.push((length, url, r.map(|_| ())));
+    }
     let mut thin = stage(serde_json::json!({
         "windows": [
             {"start": "00:00", "length": "6h", "timeZone": "Europe/Berlin", "maxRate": "1M"},
@@ -308,6 +365,9 @@ async fn cluster_schema_refuses_invalid_specs() {
     teardown(&client, &ns).await;
     assert!(accepted.is_empty(), "the server accepted: {accepted:#?}");
     ok.expect("a valid channel is accepted");
+    for (length, url, r) in edges {
+        r.unwrap_or_else(|e| panic!("length {length} with url {url} refused: {e:?}"));
+    }
     thin_ok.expect("a valid channel with thin-link settings is accepted");
     v010_ok.expect("a v0.1.0 channel is accepted");
 }

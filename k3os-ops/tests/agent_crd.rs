@@ -1,5 +1,5 @@
 //! The committed `deploy/crd.yaml` must be exactly what the types generate
-//! (`k3os-ops agent crd > k3os-ops/deploy/crd.yaml` after changing `src/agent/crd/`).
+//! (`k3os-ops agent crd > k3os-ops/deploy/crd.yaml` after changing `src/agent/channel/crd/`).
 
 use k3os_ops::agent;
 

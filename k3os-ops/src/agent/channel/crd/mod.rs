@@ -77,6 +77,7 @@ pub const DURATION_PATTERN: &str = "^ *([0-9]+[smhd])+ *$";
 pub struct UpdateChannelSpec {
     /// Where releases come from: an http(s) base URL holding a release index, or
     /// `github-releases://owner/repo`.
+    #[schemars(schema_with = "channel_url_schema")]
     pub url: String,
     /// The version to run; empty or `latest` follows `status.latestVersion`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,7 +135,7 @@ pub struct UpdateChannelSpec {
     /// No claim while pods matching this label selector (`kubectl` syntax) run on the node
     /// (kured's `--blocking-pod-selector`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 256))]
+    #[schemars(schema_with = "blocking_selector_schema")]
     pub blocking_pod_selector: Option<String>,
     /// No claim while this Prometheus reports alerts (kured's `--prometheus-url`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -283,6 +284,7 @@ pub struct DrainSpec {
     pub delete_empty_dir_data: bool,
     /// Only evict pods matching this label selector (`kubectl` syntax); empty means all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "drain_selector_schema")]
     pub pod_selector: Option<String>,
     /// Do not drain at all (only cordon).
     #[serde(default)]

@@ -113,10 +113,20 @@ pub(super) fn window_length_schema(_: &mut schemars::SchemaGenerator) -> schemar
         "type": "string",
         "maxLength": 32,
         "pattern": DURATION_PATTERN,
-        "x-kubernetes-validations": [{
-            "rule": "self.matches('[1-9]')",
-            "message": "window.length must be greater than 0 (and at most 7d)",
-        }],
+        "x-kubernetes-validations": [
+            {
+                "rule": "self.matches('[1-9]')",
+                "message": "window.length must be greater than 0 (and at most 7d)",
+            },
+            {
+                // The agent's grammar sums numbers with s/m/h/d; CEL's duration() reads Go's,
+                // which has no d: with days, a pattern keeps the sum within 7d (days first,
+                // then at most 23h59m59s); without, duration() compares. (A rule that split
+                // and summed the text was refused by the API server for its estimated cost.)
+                "rule": "self.contains('d') ? self.matches('^(7d|[0-6]d(([01]?[0-9]|2[0-3])h)?([0-5]?[0-9]m)?([0-5]?[0-9]s)?)$') : duration(self) <= duration('168h')",
+                "message": "window.length must be at most 7d (days first when given: 1d12h)",
+            },
+        ],
     })
 }
 
@@ -136,10 +146,18 @@ pub(super) fn time_zone_schema(_: &mut schemars::SchemaGenerator) -> schemars::S
         "type": "string",
         "maxLength": 64,
         "nullable": true,
-        "x-kubernetes-validations": [{
-            "rule": "self == '' || self.matches('^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$')",
-            "message": "window.timeZone must be an IANA time zone name such as Europe/Berlin or UTC",
-        }],
+        "x-kubernetes-validations": [
+            {
+                "rule": "self == '' || self.matches('^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$')",
+                "message": "window.timeZone must be an IANA time zone name such as Europe/Berlin or UTC",
+            },
+            {
+                // The API server's own time-zone database decides, as the agent's does: a
+                // name it does not know fails the evaluation, which refuses the object.
+                "rule": "self == '' || timestamp('2000-01-01T00:00:00Z').getHours(self) >= 0",
+                "message": "window.timeZone is not a time zone the cluster knows (IANA names such as Europe/Berlin or UTC)",
+            },
+        ],
     })
 }
 
@@ -191,6 +209,40 @@ pub(super) fn max_bytes_per_day_schema(_: &mut schemars::SchemaGenerator) -> sch
 }
 
 /// `spec.sources`: host directories or http(s) mirrors, at most 8.
+/// `spec.url`: what libupgrade's channel parser accepts — an http(s) URL with a host, a
+/// `file://` URL or an absolute directory, or `github-releases://OWNER/REPO`.
+pub(super) fn channel_url_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "maxLength": 1024,
+        "x-kubernetes-validations": [{
+            "rule": "(self.startsWith('http://') || self.startsWith('https://')) ? (isURL(self) && url(self).getHostname() != '') : (self.startsWith('/') || self.startsWith('file:///') || self.matches('^github-releases://[A-Za-z0-9._-]+/[A-Za-z0-9._-]+/?$'))",
+            "message": "url must be an http(s) URL with a host, file:///DIR or /DIR, or github-releases://OWNER/REPO",
+        }],
+    })
+}
+
+/// A label selector the agent reads: equality-based only (`k=v`, `k!=v`, `k`, `!k`).
+fn selector_schema(field: &str) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "maxLength": 256,
+        "nullable": true,
+        "x-kubernetes-validations": [{
+            "rule": "!self.contains('(')",
+            "message": format!("{field} must be an equality-based selector (k=v, k!=v, k, !k joined by commas); set-based forms (in, notin) are not supported"),
+        }],
+    })
+}
+
+pub(super) fn drain_selector_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    selector_schema("drain.podSelector")
+}
+
+pub(super) fn blocking_selector_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    selector_schema("blockingPodSelector")
+}
+
 pub(super) fn sources_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "array",
