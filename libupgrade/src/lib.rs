@@ -83,10 +83,11 @@ pub use config::{BootloaderKind, Config, LayoutConfig, CONFIG_ENV, DEFAULT_CONFI
 pub use confirm::ConfirmReport;
 pub use error::{chain_line, join_messages, Error, Result, Stop};
 pub use fetch::{ExtraSource, Probe, Source, Watch};
-pub use request::{Origin, Release, ResolveError, StageRequest, Wanted};
+pub use request::{ResolveError, StageRequest, Wanted};
 pub use retry::{Backoff, MAX_DELAY};
 pub use sqcheck::Superblock;
 pub use stage::{
-    ArtifactCost, NoProgress, Progress, StageOptions, StagePreview, StageReport, DEFAULT_RETRY_FOR,
+    ArtifactCost, NoProgress, Origin, Progress, Release, StageOptions, StagePreview, StageReport,
+    DEFAULT_RETRY_FOR,
 };
 pub use updater::{loader_for, SlotStatus, Status, Updater};

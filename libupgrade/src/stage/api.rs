@@ -6,6 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bootconfig::Slot;
+
+use crate::bundle::Bundle;
+use crate::fetch::Source;
+use crate::trust::ManifestPin;
 use serde::{Deserialize, Serialize};
 
 use super::{ArtifactCost, Clock, ExtraSource, MinRate, Schedule, SystemClock};
@@ -154,5 +158,123 @@ impl StagePreview {
     /// Bytes it would not fetch (kept from an earlier attempt, copied from local files).
     pub fn reuse(&self) -> u64 {
         self.artifacts.iter().map(|a| a.reuse).sum()
+    }
+}
+
+/// A resolved release: where its files are and what its signed manifest must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    /// Where its files are.
+    pub source: Source,
+    /// The version its signed manifest must name (None: any, for a release given by location).
+    pub version: Option<String>,
+    /// The generation the channel or bundle header lists (the manifest's is authoritative).
+    pub generation: Option<u64>,
+    /// When a channel's signed metadata named the release: the exact length and sha256 its
+    /// `manifest.json` must have; it is then accepted on the targets role's word without a
+    /// trust.d signature (see [`crate::trust`]).
+    pub pin: Option<ManifestPin>,
+    /// How it was found, for messages.
+    pub origin: Origin,
+}
+
+/// How a [`Release`] was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Given by location.
+    Source,
+    /// An offline bundle; `instead_of_channel`: found in the bundle directory for a channel
+    /// version.
+    Bundle {
+        /// The bundle file.
+        path: PathBuf,
+        /// Its header's format.
+        format: u32,
+        /// Found in the bundle directory in place of the channel.
+        instead_of_channel: bool,
+    },
+    /// Picked from a channel.
+    Channel {
+        /// The channel as given.
+        channel: String,
+        /// The version asked for (`latest` for the newest).
+        wanted: String,
+        /// The release directory, or the manifest asset's URL.
+        location: String,
+        /// Chosen through the channel's signed metadata.
+        signed: bool,
+    },
+}
+
+impl Release {
+    /// A release given by location (tests, `upgrade --source`): trusted through trust.d, any
+    /// version.
+    pub fn at(source: Source) -> Release {
+        Release {
+            source,
+            version: None,
+            generation: None,
+            pin: None,
+            origin: Origin::Source,
+        }
+    }
+
+    /// The release an offline bundle holds; `instead_of_channel`: found in a bundle
+    /// directory for a channel's version.
+    pub(crate) fn from_bundle(b: Bundle, instead_of_channel: bool) -> Release {
+        Release {
+            version: Some(b.header.version.clone()),
+            generation: Some(b.header.generation),
+            pin: None,
+            origin: Origin::Bundle {
+                path: b.path.clone(),
+                format: b.header.format,
+                instead_of_channel,
+            },
+            source: Source::Bundle(b),
+        }
+    }
+}
+
+/// One line for people: where the release comes from and what it is.
+impl std::fmt::Display for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let version = self.version.as_deref().unwrap_or("?").escape_debug();
+        let generation = self.generation.map(|g| g.to_string());
+        let generation = generation.as_deref().unwrap_or("?");
+        match &self.origin {
+            Origin::Source => write!(f, "release at {}", self.source.location("")),
+            Origin::Bundle {
+                path,
+                format,
+                instead_of_channel,
+            } => {
+                write!(
+                    f,
+                    "bundle {}: release {version} (generation {generation}), format {format}",
+                    path.display()
+                )?;
+                if *instead_of_channel {
+                    write!(f, " (offline bundle, in place of the channel)")?;
+                }
+                Ok(())
+            }
+            Origin::Channel {
+                channel,
+                wanted,
+                location,
+                signed,
+            } => {
+                write!(
+                    f,
+                    "channel {channel}: {} resolves to {version} (generation {generation}) at {location}",
+                    wanted.escape_debug()
+                )?;
+                if *signed {
+                    write!(f, " (signed channel metadata)")?;
+                }
+                Ok(())
+            }
+        }
     }
 }

@@ -60,7 +60,6 @@ pub use crate::fetch::ExtraSource;
 use crate::fetch::Source;
 use crate::layout::Layout;
 use crate::manifest::{Artifact, Manifest};
-use crate::request::Release;
 use crate::state::store::StateStore;
 use crate::state::TransferStats;
 use crate::state::{Event, State};
@@ -71,7 +70,10 @@ mod plan;
 mod stream;
 mod verify;
 
-pub use api::{NoProgress, Progress, StageOptions, StagePreview, StageReport, DEFAULT_RETRY_FOR};
+pub use api::{
+    NoProgress, Origin, Progress, Release, StageOptions, StagePreview, StageReport,
+    DEFAULT_RETRY_FOR,
+};
 pub use plan::ArtifactCost;
 use plan::{How, WritePlan};
 use verify::{Preflight, Verified};

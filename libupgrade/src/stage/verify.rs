@@ -4,12 +4,12 @@
 //! ([`Stager::verify`]); then on the server every artifact's presence and size, every chunk
 //! index and every boot script against the signed manifest ([`Stager::preflight`]).
 
+use super::Release;
 use super::{sha256_hex, StageOptions, Stager};
 use crate::chunk::ChunkIndex;
 use crate::error::{Error, Result};
 use crate::fetch::Source;
 use crate::manifest::{Arch, Artifact, Manifest, ScriptFile, MANIFEST_FILE, SIGNATURE_FILE};
-use crate::request::Release;
 use crate::retry::{retrying, Backoff};
 use crate::state::{SlotState, State};
 use crate::trust::ManifestPin;
