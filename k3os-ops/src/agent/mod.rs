@@ -106,6 +106,7 @@ pub mod stale;
 pub mod steps;
 pub mod thin;
 pub mod thin_report;
+pub mod token_scope;
 pub mod window;
 
 use std::path::PathBuf;
