@@ -290,7 +290,8 @@ pub async fn agent_token(admin: &Client) -> String {
 
 /// The agent's ServiceAccount token as the kubelet projects it into the agent pod on `node`:
 /// a TokenRequest bound to a Pod of deploy/rbac.yaml's ServiceAccount scheduled on `node`
-/// (created here, `k3os-system/k3os-ops-agent-<node>`; no kubelet runs it). The API server
+/// (created here, `k3os-system/k3os-ops-agent-<node>`, owned by the DaemonSet; no kubelet
+/// runs it). The API server
 /// then names `node` in the token's user info (`authentication.kubernetes.io/node-name`,
 /// Kubernetes >= 1.30), which deploy/node-scope.yaml's policies judge.
 pub async fn agent_pod_token(admin: &Client, node: &str) -> String {
@@ -314,8 +315,13 @@ pub async fn agent_pod_token(admin: &Client, node: &str) -> String {
     }
     let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
     let name = format!("k3os-ops-agent-{node}");
+    // Owned by the agent's DaemonSet, as the real pod is (drains leave DaemonSet pods; no
+    // garbage collector runs on a bare API server to miss the owner).
     let pod: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
+        "metadata": {"name": name, "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "name": "k3os-ops-agent",
+            "uid": "00000000-0000-0000-0000-00000000a9e7", "controller": true,
+        }]},
         "spec": {
             "nodeName": node,
             "serviceAccountName": "k3os-ops-agent",
