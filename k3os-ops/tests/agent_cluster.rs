@@ -20,7 +20,7 @@
 
 mod cluster_support;
 
-use cluster_support::{admin_config, apply_manifest, client, install_crd};
+use cluster_support::{apply_manifest, client, install_crd};
 use k3os_ops::agent;
 
 use std::collections::BTreeMap;
@@ -373,7 +373,8 @@ async fn cluster_schema_refuses_invalid_specs() {
 }
 
 /// Every kind of request the agent makes, made with a token of deploy/rbac.yaml's
-/// ServiceAccount (TokenRequest API): none may be forbidden. And the least privilege holds: the
+/// ServiceAccount bound to a Pod on the agent's Node, deploy/node-scope.yaml applied: none may
+/// be forbidden. And the least privilege holds: the
 /// same token cannot write a channel's spec.
 #[tokio::test]
 #[ignore = "needs an API server: KUBEBUILDER_ASSETS or KUBECONFIG"]
@@ -441,14 +442,11 @@ async fn cluster_agent_service_account_is_enough() {
     .await
     .expect("create pod");
 
-    // The agent's credentials.
-    let token = cluster_support::agent_token(&admin).await;
-    let mut cfg = admin_config().await;
-    cfg.auth_info = kube::config::AuthInfo {
-        token: Some(token.into()),
-        ..Default::default()
-    };
-    let agent = Client::try_from(cfg).unwrap();
+    // The agent's credentials: the token the kubelet projects into the agent pod on `node`,
+    // judged by deploy/node-scope.yaml's policies.
+    cluster_support::apply_node_scope(&admin).await;
+    let token = cluster_support::agent_pod_token(&admin, &node).await;
+    let agent = cluster_support::client_with_token(&token).await;
 
     let mut forbidden = Vec::new();
     let mut check = |what: &str, r: Result<(), String>| {
@@ -549,7 +547,7 @@ async fn cluster_agent_service_account_is_enough() {
             "lease",
             agent::cluster::kube_store::acquire_lease(
                 &leases,
-                &format!("k3os-ops-sa-test-{tag}"),
+                &agent::cluster::kube_store::node_lease_name(&node),
                 &node,
                 60,
             )

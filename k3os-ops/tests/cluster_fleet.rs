@@ -51,6 +51,8 @@ struct Host {
     name: String,
     dir: tempfile::TempDir,
     config: PathBuf,
+    /// The agent's credentials: a token bound to a Pod on this host's Node.
+    kubeconfig: PathBuf,
     agent: Option<Child>,
     await_bless: Option<Child>,
     boots: u32,
@@ -193,11 +195,10 @@ impl Drop for Host {
     }
 }
 
-/// The fleet: the hosts, the admin client, the agents' kubeconfig, the channel.
+/// The fleet: the hosts, the admin client, the channel.
 struct Fleet {
     hosts: Vec<Host>,
     admin: Client,
-    kubeconfig: PathBuf,
     channel: String,
     _work: tempfile::TempDir,
     _server: release_support::Server,
@@ -228,11 +229,12 @@ async fn set_ready(admin: &Client, node: &str, ready: bool) {
         .unwrap_or_else(|e| panic!("mark Node {node} ready={ready}: {e}"));
 }
 
-/// A kubeconfig for deploy/rbac.yaml's ServiceAccount (TokenRequest API).
-async fn agent_kubeconfig(admin: &Client, dir: &Path) -> PathBuf {
-    let token = cluster_support::agent_token(admin).await;
+/// A kubeconfig for deploy/rbac.yaml's ServiceAccount as the agent pod on `node` holds it
+/// (a token bound to a Pod on that Node, what deploy/node-scope.yaml's policies judge).
+async fn agent_kubeconfig(admin: &Client, dir: &Path, node: &str) -> PathBuf {
+    let token = cluster_support::agent_pod_token(admin, node).await;
     let url = cluster_support::admin_config().await.cluster_url;
-    let path = dir.join("agent.kubeconfig");
+    let path = dir.join(format!("{node}.kubeconfig"));
     fs::write(
         &path,
         format!(
@@ -258,6 +260,7 @@ impl Fleet {
         cluster_support::apply_manifest(&admin, "namespace.yaml").await;
         cluster_support::apply_manifest(&admin, "rbac.yaml").await;
         cluster_support::install_crd(&admin).await;
+        cluster_support::apply_node_scope(&admin).await;
         let work = tempfile::tempdir().unwrap();
         let tag = format!("{:06x}", rand::thread_rng().gen::<u32>() & 0xff_ffff);
         // The release: v2, generation 2, signed by the key every host trusts.
@@ -283,7 +286,6 @@ impl Fleet {
             chan.display()
         );
         let server = release_support::Server::start(&chan);
-        let kubeconfig = agent_kubeconfig(&admin, work.path()).await;
         let nodes: Api<Node> = Api::all(admin.clone());
         let mut hosts = Vec::new();
         for i in 0..HOSTS {
@@ -313,10 +315,12 @@ impl Fleet {
                 )
                 .await
                 .unwrap_or_else(|e| panic!("create Node {name}: {e}"));
+            let kubeconfig = agent_kubeconfig(&admin, work.path(), &name).await;
             let mut h = Host {
                 name,
                 dir,
                 config,
+                kubeconfig: kubeconfig.clone(),
                 agent: None,
                 await_bless: None,
                 boots: 0,
@@ -350,7 +354,6 @@ impl Fleet {
         Fleet {
             hosts,
             admin,
-            kubeconfig,
             channel,
             _work: work,
             _server: server,
@@ -385,7 +388,7 @@ impl Fleet {
     /// a slot, init confirms (a failed confirm reboots again at once), the kubelet reports
     /// Ready, the agent starts.
     async fn reboot(&mut self, i: usize) {
-        let kc = self.kubeconfig.clone();
+        let kc = self.hosts[i].kubeconfig.clone();
         let h = &mut self.hosts[i];
         fs::remove_file(h.reboot_flag()).unwrap();
         h.kill();
@@ -626,7 +629,7 @@ async fn a_boot_nobody_assessed_is_reported_once_and_waited_out() {
     let errors = log.matches("ERROR").count();
     assert_eq!(errors, 0, "waited quietly:\n{}", f.hosts[0].tail("agent"));
     // What the message says to run, then the condition turns True.
-    let kc = f.kubeconfig.clone();
+    let kc = f.hosts[0].kubeconfig.clone();
     assert_eq!(f.hosts[0].init(&kc), Ok(true));
     let until = Instant::now() + Duration::from_secs(30);
     loop {

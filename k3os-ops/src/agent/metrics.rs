@@ -88,6 +88,7 @@ pub struct Metrics {
     stage_failures: Counter,
     channel_stale: Family<ChannelLabels, Gauge>,
     stage_preview: Family<PreviewLabels, Gauge>,
+    token_node_bound: Gauge,
     ready: AtomicBool,
     errors_in_row: AtomicU32,
 }
@@ -162,10 +163,21 @@ impl Metrics {
                 "Bytes the next stage of the channel's target fetches (kind=fetch) and reuses (kind=reuse), as previewed before its first byte",
                 Family::<PreviewLabels, Gauge>::default(),
             ),
+            token_node_bound: register(
+                r,
+                "token_node_bound",
+                "1 when the API server names this node in the agent's user info (a pod-bound token: deploy/node-scope.yaml can scope its writes), 0 otherwise",
+                Gauge::default(),
+            ),
             registry,
             ready: AtomicBool::new(false),
             errors_in_row: AtomicU32::new(0),
         }
+    }
+
+    /// Whether the agent's token is bound to this node (see `agent/cluster/token_scope.rs`).
+    pub fn set_token_node_bound(&self, bound: bool) {
+        self.token_node_bound.set(i64::from(bound));
     }
 
     /// The node entered `phase`.

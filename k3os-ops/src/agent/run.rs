@@ -119,6 +119,11 @@ async fn start_agent(args: &AgentArgs, node: &str) -> anyhow::Result<Arc<Agent>>
         .ok()
         .and_then(|s| super::reconcile::steps::host_boot_time(&s));
     let agent = Arc::new(agent);
+    let scope = super::cluster::token_scope::check(&client, &node).await;
+    agent.clients.metrics.set_token_node_bound(scope.is_node());
+    if let Some(warning) = scope.warning(&node) {
+        tracing::warn!("{warning}");
+    }
     let leases: Api<Lease> = Api::namespaced(client.clone(), &args.namespace);
     let silence = leases
         .get_opt(&node_lease_name(&node))

@@ -287,3 +287,120 @@ pub async fn agent_token(admin: &Client) -> String {
         .expect("TokenRequest for k3os-system/k3os-ops-agent");
     tr.status.expect("token in the TokenRequest status").token
 }
+
+/// The agent's ServiceAccount token as the kubelet projects it into the agent pod on `node`:
+/// a TokenRequest bound to a Pod of deploy/rbac.yaml's ServiceAccount scheduled on `node`
+/// (created here, `k3os-system/k3os-ops-agent-<node>`, owned by the DaemonSet; no kubelet
+/// runs it). The API server
+/// then names `node` in the token's user info (`authentication.kubernetes.io/node-name`,
+/// Kubernetes >= 1.30), which deploy/node-scope.yaml's policies judge.
+pub async fn agent_pod_token(admin: &Client, node: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, TokenRequest, TokenRequestSpec,
+    };
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    let ns = "k3os-system";
+    // The ServiceAccount admission plugin wants the namespace's `default` ServiceAccount,
+    // which only a controller manager creates.
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
+    let default: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "default"}})).unwrap();
+    match sas
+        .create(&kube::api::PostParams::default(), &default)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create ServiceAccount {ns}/default: {e}"),
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let name = format!("k3os-ops-agent-{node}");
+    // Owned by the agent's DaemonSet, as the real pod is (drains leave DaemonSet pods; no
+    // garbage collector runs on a bare API server to miss the owner).
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "name": "k3os-ops-agent",
+            "uid": "00000000-0000-0000-0000-00000000a9e7", "controller": true,
+        }]},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "k3os-ops-agent",
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "agent", "image": "k3os-ops"}],
+        }
+    }))
+    .unwrap();
+    let pod = match pods.create(&kube::api::PostParams::default(), &pod).await {
+        Ok(p) => p,
+        Err(kube::Error::Api(e)) if e.code == 409 => pods.get(&name).await.unwrap(),
+        Err(e) => panic!("create Pod {ns}/{name} on node {node}: {e}"),
+    };
+    let tr = sas
+        .create_token_request(
+            "k3os-ops-agent",
+            &kube::api::PostParams::default(),
+            &TokenRequest {
+                spec: TokenRequestSpec {
+                    expiration_seconds: Some(3600),
+                    bound_object_ref: Some(BoundObjectReference {
+                        api_version: Some("v1".into()),
+                        kind: Some("Pod".into()),
+                        name: Some(name.clone()),
+                        uid: pod.metadata.uid.clone(),
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("TokenRequest for k3os-ops-agent bound to Pod {name}: {e}"));
+    tr.status.expect("token in the TokenRequest status").token
+}
+
+/// A client of the API server with `token` instead of the admin's credentials.
+pub async fn client_with_token(token: &str) -> Client {
+    let mut cfg = admin_config().await;
+    cfg.auth_info = kube::config::AuthInfo {
+        token: Some(token.to_string().into()),
+        ..Default::default()
+    };
+    Client::try_from(cfg).unwrap()
+}
+
+/// Apply deploy/node-scope.yaml (the agent's node-scoped admission policies) and wait until
+/// the API server enforces them: the agent of Node `scope-probe-a` (a pod-bound token) is
+/// refused by the policy when it annotates Node `scope-probe-b` (both created here, for this
+/// probe only).
+pub async fn apply_node_scope(admin: &Client) {
+    use k8s_openapi::api::core::v1::Node;
+    apply_manifest(admin, "node-scope.yaml").await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    for n in ["scope-probe-a", "scope-probe-b"] {
+        let node: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": n}})).unwrap();
+        match nodes.create(&kube::api::PostParams::default(), &node).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("create Node {n}: {e}"),
+        }
+    }
+    let token = agent_pod_token(admin, "scope-probe-a").await;
+    let probe: Api<Node> = Api::all(client_with_token(&token).await);
+    let patch =
+        serde_json::json!({"metadata": {"annotations": {"k3os.io/update-message": "probe"}}});
+    for _ in 0..120 {
+        match probe
+            .patch(
+                "scope-probe-b",
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.message.contains("k3os-ops agent") => return,
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+    panic!("deploy/node-scope.yaml was not enforced within 30 s (probe on Node scope-probe-b)");
+}

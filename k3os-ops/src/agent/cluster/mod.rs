@@ -2,7 +2,7 @@
 //! ([`slots`] over [`kube_store`]), cordon and eviction ([`drain`]), the Node's annotations and
 //! the Events ([`publish`], [`events`]), the give-back effects several steps share
 //! ([`effects`]), the pre-reboot gates' probes ([`gate_probe`]), the `ChannelStale` condition
-//! ([`stale`]), the watch caches ([`cache`]) and the kube client and its error text ([`client`]).
+//! ([`stale`]), the watch caches ([`cache`]), the kube client and its error text ([`client`]) and what identity the agent's token carries ([`token_scope`]).
 
 pub mod cache;
 pub mod client;
@@ -14,3 +14,4 @@ pub mod kube_store;
 pub mod publish;
 pub mod slots;
 pub mod stale;
+pub mod token_scope;
