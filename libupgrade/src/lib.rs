@@ -36,6 +36,7 @@
 //! `sqcheck` (the squashfs check). Every format a node stores or reads (state file, manifest,
 //! chunk index, channel index, the loader's files) carries a version, reads every earlier one
 //! and refuses a newer one by name: see each module's docs and CHANGELOG.md.
+#![warn(missing_docs)]
 
 // The pipeline and its decisions: private, their API re-exported below (one path per type).
 mod assess;

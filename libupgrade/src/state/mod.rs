@@ -64,14 +64,19 @@ impl fmt::Display for SlotState {
 /// One slot's record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SlotRecord {
+    /// Where the slot is in its lifecycle.
     pub state: SlotState,
+    /// Version of the release the slot holds or is being written with (its manifest's; at
+    /// bootstrap, the installed release file's); None for an empty slot or when unknown.
     pub version: Option<String>,
+    /// That release's generation (its manifest's monotonic id); None as for `version`.
     pub generation: Option<u64>,
     /// sha256 of the manifest that was staged (identifies the exact release).
     pub manifest_sha256: Option<String>,
     /// Unix seconds of the last state change.
     pub since: u64,
-    /// How the bytes of the release staged into this slot were obtained.
+    /// How the bytes of the release staged into this slot were obtained, set when its stage
+    /// completes; None before then, for bootstrapped slots, and in state written before v0.2.0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer: Option<TransferStats>,
     /// The http(s) URL of the manifest this slot's release was staged from (the reachability
@@ -86,12 +91,16 @@ pub struct SlotRecord {
 /// attempt left in the target count as fetched by that attempt), out of `total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct TransferStats {
+    /// Bytes fetched over the network.
     pub fetched: u64,
+    /// Bytes copied from what the node already held.
     pub reused: u64,
+    /// Bytes of the whole update.
     pub total: u64,
 }
 
 impl SlotRecord {
+    /// The record of a slot never written by us (the record of both slots on a fresh node).
     pub fn empty() -> SlotRecord {
         SlotRecord {
             state: SlotState::Empty,
@@ -109,17 +118,29 @@ impl SlotRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Event {
+    /// First run: the booted slot recorded as the installed, good system (from its release file).
     Bootstrap,
+    /// A stage began writing into the slot, which is invalid until verified.
     StageStarted,
+    /// The slot's release is completely written and verified.
     Staged,
+    /// A stage into the slot failed (the error in `why`); only logged, the slot stays invalid.
     StageFailed,
+    /// The slot was handed to the bootloader for a trial.
     Activated,
+    /// The booted slot passed its health checks and was blessed.
     Confirmed,
+    /// The booted slot failed a health check (logged once per distinct failure in a boot).
     HealthFailed,
+    /// The bootloader booted the other slot while this one was on trial: its trial failed.
     FallbackTaken,
+    /// The slot's activation never reached the bootloader: back to staged.
     ActivationLost,
+    /// The booted slot was rolled back from; the other slot boots next.
     RolledBack,
+    /// The slot was marked bad on request (not the booted slot: that one is rolled back).
     MarkedBad,
+    /// The first `confirm` of a boot: which slot booted and how; only logged.
     Booted,
 }
 
@@ -164,27 +185,39 @@ pub struct TransitionError {
 /// A logged decision: when, about which slot and generation, what and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
+    /// Unix seconds when it was taken.
     pub at: u64,
+    /// The slot it concerned.
     pub slot: Slot,
+    /// What was decided.
     pub event: Event,
+    /// The version of the slot's release it concerned; None when the slot held none known.
     pub version: Option<String>,
+    /// That release's generation; None as for `version`.
     pub generation: Option<u64>,
+    /// Why, in one sentence for people (shown by `slot status`).
     pub why: String,
 }
 
 /// The whole state file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct State {
+    /// The file's format number (1 since v0.1.0); `load` refuses any other.
     pub format: u32,
+    /// Each slot's record; both slots are always present (`load` refuses a file without one).
     pub slots: BTreeMap<Slot, SlotRecord>,
+    /// The decision log, oldest first; only the newest 64 are kept.
     pub history: Vec<Decision>,
-    /// A slot handed to the bootloader for trial and not yet settled.
+    /// A slot handed to the bootloader for trial and not yet settled; None when no trial is
+    /// pending.
     #[serde(default)]
     pub activation: Option<Activation>,
-    /// The boot in which `confirm` last ran (one `booted` decision per boot).
+    /// The boot in which `confirm` last ran (one `booted` decision per boot); None before the
+    /// first `confirm`.
     #[serde(default)]
     pub last_boot_id: Option<String>,
-    /// The last boot assessment's verdict (see [`crate::assess`]).
+    /// The last boot assessment's verdict (see [`crate::assess`]); None before the first
+    /// assessment and in state written before v0.2.0.
     #[serde(default)]
     pub verdict: Option<Verdict>,
 }
@@ -214,10 +247,12 @@ pub(crate) fn now() -> u64 {
 }
 
 impl State {
+    /// The record of slot `s`.
     pub fn slot(&self, s: Slot) -> &SlotRecord {
         self.slots.get(&s).expect("both slots always present")
     }
 
+    /// The record of slot `s`, to change (an empty one is added if it was missing).
     pub fn slot_mut(&mut self, s: Slot) -> &mut SlotRecord {
         self.slots.entry(s).or_insert_with(SlotRecord::empty)
     }
@@ -283,20 +318,28 @@ impl State {
 /// The outcome of one check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckResult {
+    /// The check's name (a check script's file name, or a built-in's such as `reachable`).
     pub name: String,
+    /// Whether it passed.
     pub ok: bool,
+    /// What it said: the last lines of its output, and the exit status or why it failed.
     pub detail: String,
 }
 
 /// A pending activation: which slot, and in which boot it was activated.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Activation {
+    /// The slot on trial.
     pub slot: Slot,
+    /// The kernel boot id of the boot in which it was activated (empty if unreadable).
     pub boot_id: String,
+    /// Boot tries the bootloader was given (the configured tries, capped at the loader's maximum).
     pub tries: u8,
+    /// Unix seconds of the activation.
     pub at: u64,
     /// Checks the activating caller will report on the trial boot, before which the slot is
-    /// not blessed (see [`AwaitedChecks`]). None: the boot-time `confirm` blesses on its own.
+    /// not blessed (see [`AwaitedChecks`]). None: the boot-time `confirm` blesses on its own;
+    /// always None in state written before v0.2.0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub awaits: Option<AwaitedChecks>,
 }
@@ -320,12 +363,23 @@ pub struct AwaitedChecks {
 #[serde(rename_all = "kebab-case", tag = "kind")]
 pub enum OtherSlot {
     /// The loader fell back from `slot` after `used` of `tries` tries.
-    FallbackTaken { slot: Slot, used: u8, tries: u8 },
+    FallbackTaken {
+        /// The slot that was on trial.
+        slot: Slot,
+        /// Tries the loader used.
+        used: u8,
+        /// Tries it was given.
+        tries: u8,
+    },
     /// The activation of `slot` never reached the loader; it stays staged.
-    ActivationLost { slot: Slot },
+    ActivationLost {
+        /// The slot that was activated.
+        slot: Slot,
+    },
 }
 
 impl OtherSlot {
+    /// The slot whose trial was settled.
     pub fn slot(&self) -> Slot {
         match self {
             OtherSlot::FallbackTaken { slot, .. } | OtherSlot::ActivationLost { slot } => *slot,
@@ -342,16 +396,24 @@ pub enum Outcome {
     /// All checks passed; it already was good.
     Good,
     /// A check failed before the bless; the loader boots `to` next.
-    RolledBack { to: Slot },
+    RolledBack {
+        /// The slot the loader boots next.
+        to: Slot,
+    },
     /// A check failed and nothing changes (the slot was already blessed, or the other slot is
     /// not good to roll back to).
     Unhealthy,
     /// The slot's content is not known to be complete (empty or invalid): not assessed.
-    NotAssessable { state: SlotState },
+    NotAssessable {
+        /// The booted slot's recorded state.
+        state: SlotState,
+    },
     /// Every check run so far passed, but checks its activation awaits (see
     /// [`crate::updater::AwaitedChecks`]) were not reported: still on trial, not blessed.
     Pending {
+        /// Names of the awaited checks not yet reported.
         waiting_for: Vec<String>,
+        /// Seconds after the trial boot they may take ([`AwaitedChecks::within_secs`]).
         within_secs: u64,
     },
 }
@@ -359,14 +421,19 @@ pub enum Outcome {
 /// The verdict on one boot: consumed by `confirm`'s caller and by the agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Verdict {
+    /// The kernel boot id of the boot assessed.
     pub boot_id: String,
+    /// The booted slot.
     pub slot: Slot,
+    /// The booted slot's recorded version; None when unknown.
     pub version: Option<String>,
+    /// What became of the booted slot.
     pub outcome: Outcome,
     /// Why, in one sentence (also logged in the state file's history).
     pub reason: String,
-    /// The other slot's trial, settled in this boot.
+    /// The other slot's trial, settled in this boot; None when there was none to settle.
     pub other_slot: Option<OtherSlot>,
+    /// Every health check's result in this assessment, in the order they ran.
     pub checks: Vec<CheckResult>,
     /// Damaged loader records seen in this boot (repaired by a loader write of the assessment
     /// when the slot is good and no trial is pending).

@@ -16,12 +16,14 @@ pub struct StateStore {
 }
 
 impl StateStore {
+    /// The store of `state_dir/state.json` (nothing is read or created yet).
     pub fn new(state_dir: &Path) -> StateStore {
         StateStore {
             path: state_dir.join(STATE_FILE),
         }
     }
 
+    /// The state file's path.
     pub fn path(&self) -> &Path {
         &self.path
     }

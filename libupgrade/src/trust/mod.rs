@@ -222,7 +222,7 @@ pub enum TrustError {
         need: usize,
     },
     #[error("{role} metadata (version {version}) expired at {}, the node's time is {}: the channel is stale or frozen (re-sign it: `k3os-ops release timestamp`; an operator can override with `upgrade --ignore-expiry`)", meta::time_str(expires), meta::time_str(now))]
-    /// A role's document expired before the time it is judged against ([`Clock::reference`]).
+    /// A role's document expired before the time it is judged against ([`ExpiryRule::reference`]).
     Expired {
         /// The role whose document expired.
         role: Role,

@@ -37,8 +37,11 @@ use crate::retry::Backoff;
 
 /// Where the chunks go (a slot's artifact).
 pub trait ChunkTarget {
+    /// Write `buf` at byte `pos` of the artifact.
     fn write_at(&self, pos: u64, buf: &[u8]) -> Result<()>;
+    /// Fill `buf` from byte `pos` of the artifact (to check chunks already in place).
     fn read_at(&self, pos: u64, buf: &mut [u8]) -> Result<()>;
+    /// Make what was written durable (called every few seconds, on a stop and at the end).
     fn sync(&self) -> Result<()>;
 }
 
@@ -60,11 +63,13 @@ pub trait ApplyProgress {
 
 /// Parameters of one [`apply`].
 pub struct ApplyOptions<'a> {
+    /// Which artifact of the release is applied (named in messages and errors).
     pub artifact: Artifact,
     /// Whole-file sha256 from the manifest.
     pub sha256: String,
     /// Failed attempts tolerated in a row (as `download_retries`).
     pub retries: u32,
+    /// Delay before the first retry; it doubles on each failure in a row, up to a cap (`retry`).
     pub retry_delay: Duration,
     /// The rate limit and byte budget every network read goes through.
     pub throttle: Throttle<'a>,
