@@ -665,6 +665,7 @@ fn key_compromise_below_threshold_one_targets_key_cannot_ship_a_release() {
             version: "v9".into(),
             generation: 9,
             arch: Arch::host(),
+            rollout: None,
         });
         t.targets.insert("v9/manifest.json".into(), m);
     });

@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::health;
 use crate::layout::{DirLayout, GptLayout, Layout};
 use crate::request::{Release, ResolveError, StageRequest};
+use crate::rollout::Installed;
 use crate::stage::Stager;
 use crate::state::store::StateStore;
 use crate::state::{now, Decision, Event, SlotState, State};
@@ -268,9 +269,58 @@ impl Updater {
         })
     }
 
-    /// Resolve `req` on this node (its channel root and trust record): the release to stage.
+    /// Resolve `req` on this node (its channel root, trust record, seed and slots): the
+    /// release to stage. The channel's rollouts see the booted slot's release as the running
+    /// one (generation 0 when the booted slot cannot be told) and the other slot's when it is
+    /// staged, not yet activated. When the staged release is withdrawn, the slot is marked bad
+    /// (never activated) before the release offered instead is returned, unless `req` is read
+    /// only. A node running a withdrawn release keeps it (see [`crate::rollout`]).
     pub fn resolve(&self, req: &StageRequest) -> std::result::Result<Release, ResolveError> {
-        req.resolve(&self.cfg)
+        let (running, staged) = self.installed()?;
+        let rel = req.resolve(&self.cfg, running, staged.clone())?;
+        let dropped = match &rel.origin {
+            crate::Origin::Channel {
+                rollout: Some(note),
+                ..
+            } => note.drop_staged.as_ref(),
+            _ => None,
+        };
+        if let (false, Some(d), Some(s)) = (req.read_only, dropped, &staged) {
+            if d == s {
+                let other = self.booted_slot()?.other();
+                self.mark_bad(
+                    other,
+                    &format!(
+                        "staged release {} (generation {}) was withdrawn by the channel's rollout: dropped, never to be activated",
+                        d.version.escape_debug(),
+                        d.generation
+                    ),
+                )?;
+            }
+        }
+        Ok(rel)
+    }
+
+    /// The release the booted slot runs and the one staged in the other slot, as the
+    /// rollouts see them.
+    fn installed(&self) -> Result<(Installed, Option<Installed>)> {
+        let Ok(booted) = self.booted_slot() else {
+            return Ok((
+                Installed {
+                    version: String::new(),
+                    generation: 0,
+                },
+                None,
+            ));
+        };
+        let st = self.load(Some(booted))?;
+        let of = |r: &crate::state::SlotRecord| Installed {
+            version: r.version.clone().unwrap_or_default(),
+            generation: r.generation.unwrap_or(0),
+        };
+        let other = st.slot(booted.other());
+        let staged = (other.state == SlotState::Staged).then(|| of(other));
+        Ok((of(st.slot(booted)), staged))
     }
 
     /// Fetch, verify and write the release `rel` (from [`Updater::resolve`], or
