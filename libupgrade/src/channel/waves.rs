@@ -212,3 +212,137 @@ pub(super) fn pick_for<'a>(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::rollout::{Rollout, Wave};
+    use crate::trust::meta::{file_meta, FileMeta};
+
+    fn t(h: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + h * 3600, 0).unwrap()
+    }
+
+    /// A target entry exactly as a v0.2.0 `release targets` wrote it (no `rollout`).
+    const V020_TARGET: &str = r#"{"custom":{"arch":"ARCH","generation":GEN,"version":"VER"},"hashes":{"sha256":"00"},"length":1}"#;
+
+    fn v020(version: &str, generation: u64) -> FileMeta {
+        let text = V020_TARGET
+            .replace("ARCH", Arch::host().as_str())
+            .replace("GEN", &generation.to_string())
+            .replace("VER", version);
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn targets(entries: Vec<(&str, FileMeta)>) -> Targets {
+        Targets {
+            type_: "targets".into(),
+            spec_version: "1.0.0".into(),
+            version: 1,
+            expires: t(1000),
+            targets: entries
+                .into_iter()
+                .map(|(v, m)| (format!("{v}/{MANIFEST_FILE}"), m))
+                .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    fn node(seed: SeedSource, running: u64) -> NodeRollout {
+        NodeRollout {
+            seed,
+            running: Installed {
+                version: format!("v{running}"),
+                generation: running,
+            },
+            staged: None,
+            ignore_rollout: false,
+        }
+    }
+
+    #[test]
+    fn v020_targets_read_without_rollout_and_write_back_the_same_bytes() {
+        let m = v020("v2", 2);
+        assert_eq!(m.custom.as_ref().unwrap().rollout, None);
+        let back = serde_json::to_string(&m).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&back).unwrap()["custom"]
+                .as_object()
+                .unwrap()
+                .len(),
+            3
+        );
+    }
+
+    #[test]
+    fn targets_without_rollouts_resolve_as_before_and_never_look_up_the_seed() {
+        let tg = targets(vec![("v1", v020("v1", 1)), ("v2", v020("v2", 2))]);
+        // A seed file that cannot be read would fail the resolution if it were looked at.
+        let n = node(SeedSource::File("/nonexistent/state".into()), 1);
+        let (picked, note) = pick_for("c", &tg, None, Arch::host(), &n, t(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(picked.2.version, "v2");
+        assert_eq!(note, None);
+        let plain = pick(&tg, None, Arch::host()).unwrap();
+        assert_eq!(picked, plain);
+    }
+
+    #[test]
+    fn latest_waits_for_the_wave_and_a_withheld_version_is_refused_by_name() {
+        let mut v3 = file_meta(b"x", None);
+        v3.custom = Some(crate::trust::meta::TargetCustom {
+            version: "v3".into(),
+            generation: 3,
+            arch: Arch::host(),
+            rollout: Some(Rollout {
+                waves: vec![Wave {
+                    share_bp: 10_000,
+                    start: t(10),
+                }],
+                ..Rollout::default()
+            }),
+        });
+        let tg = targets(vec![("v2", v020("v2", 2)), ("v3", v3)]);
+        let n = node(SeedSource::Given(Seed::new(7).unwrap()), 1);
+        let (p, note) = pick_for("c", &tg, None, Arch::host(), &n, t(0))
+            .unwrap()
+            .unwrap();
+        let note = note.unwrap();
+        assert_eq!(p.2.version, "v2");
+        assert_eq!(note.waiting.as_ref().unwrap().version, "v3");
+        assert!(
+            note.to_string()
+                .contains(&format!("v3 waits: this node's wave starts at {}", t(10))),
+            "{note}"
+        );
+        let e = pick_for("c", &tg, Some("v3"), Arch::host(), &n, t(0)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("release v3 is not offered to this node (seed 7)"),
+            "{e}"
+        );
+        let ignoring = NodeRollout {
+            ignore_rollout: true,
+            ..n.clone()
+        };
+        let (p, note) = pick_for("c", &tg, Some("v3"), Arch::host(), &ignoring, t(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.2.version, "v3");
+        assert!(note.unwrap().ignored.is_some());
+        let (p, _) = pick_for("c", &tg, None, Arch::host(), &n, t(10))
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.2.version, "v3");
+        // A read-only node without a seed file is placed last: shown only the whole fleet's.
+        let dir = tempfile::tempdir().unwrap();
+        let ro = node(SeedSource::ReadOnly(dir.path().into()), 1);
+        let (_, note) = pick_for("c", &tg, None, Arch::host(), &ro, t(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(note.unwrap().seed.get(), LAST_SEED);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}
