@@ -193,7 +193,7 @@ pub enum ChannelError {
         available: String,
     },
     /// The version asked for is withheld from this node by its rollout.
-    #[error("channel {channel}: release {version} is not offered to this node (seed {seed}): {hold}; `--ignore-rollout` takes it anyway")]
+    #[error("channel {channel}: release {} is not offered to this node (seed {seed}): {hold}; `--ignore-rollout` takes it anyway", .version.escape_debug())]
     Withheld {
         /// The channel as given.
         channel: String,

@@ -335,8 +335,7 @@ pub fn write_rollout(
         return Err(publish_err(
             what,
             format!(
-                "lists no release {:?} (it lists {}): run `k3os-ops release targets` after `release create`",
-                version.escape_debug(),
+                "lists no release {version:?} (it lists {}): run `k3os-ops release targets` after `release create`",
                 listed.join(", ")
             ),
         ));
