@@ -5,8 +5,8 @@
 //! test-only clock). Covered: a wave that has not reached the node (the older release is
 //! taken, the newer one's start is named), `--plan-only` creating no seed, `--version` of a
 //! withheld release refused unless `--ignore-rollout`, a withdrawn staged release replaced by
-//! the newest one still offered, a pause holding a node, a required stop walked first, and
-//! `slot status` showing the seed.
+//! the newest one still offered, a pause holding a node, a required stop walked first,
+//! `slot status` showing the seed, and `release resolve --seed --at` showing one node's view.
 
 mod cli_support;
 mod release_support;
@@ -170,6 +170,24 @@ fn a_node_follows_waves_pause_withdrawal_and_required_stops_through_the_cli() {
     assert!(status.contains("100.00 % of the fleet"), "{status}");
     let srv = Server::start(&p("site"));
     let url = format!("{}stable/", srv.url);
+
+    // What a node with seed 5 running generation 1 gets, before and after the wave's start.
+    let root = chan.join("root.json").display().to_string();
+    let resolve = |at: DateTime<Utc>| {
+        let at = at.to_rfc3339();
+        let a = [
+            "release", "resolve", &url, "--root", &root, "--seed", "5", "--at", &at,
+        ];
+        ok(None, None, &a).0
+    };
+    let out = resolve(Utc::now());
+    assert!(
+        out.starts_with("rollout: seed 5; v3 waits: this node's wave starts at"),
+        "{out}"
+    );
+    assert!(out.contains("\nv2 ("), "{out}");
+    let out = resolve(start + Duration::hours(1));
+    assert!(out.contains("\nv3 (") && !out.contains("waits"), "{out}");
 
     let n = p("node");
     let cfg = cli_support::write_node(

@@ -276,7 +276,11 @@ impl Updater {
     /// (never activated) before the release offered instead is returned, unless `req` is read
     /// only. A node running a withdrawn release keeps it (see [`crate::rollout`]).
     pub fn resolve(&self, req: &StageRequest) -> std::result::Result<Release, ResolveError> {
-        let (running, staged) = self.installed()?;
+        // Only a channel's resolution looks at the slots (a bundle or a location does not).
+        let (running, staged) = match req.wanted {
+            crate::Wanted::Channel { .. } => self.installed()?,
+            _ => (unknown_release(), None),
+        };
         let rel = req.resolve(&self.cfg, running, staged.clone())?;
         let dropped = match &rel.origin {
             crate::Origin::Channel {
@@ -305,13 +309,7 @@ impl Updater {
     /// rollouts see them.
     fn installed(&self) -> Result<(Installed, Option<Installed>)> {
         let Ok(booted) = self.booted_slot() else {
-            return Ok((
-                Installed {
-                    version: String::new(),
-                    generation: 0,
-                },
-                None,
-            ));
+            return Ok((unknown_release(), None));
         };
         let st = self.load(Some(booted))?;
         let of = |r: &crate::state::SlotRecord| Installed {
@@ -506,5 +504,13 @@ impl Updater {
     /// The state directory (state file, download checkpoint).
     pub fn state_dir(&self) -> &Path {
         &self.cfg.state_dir
+    }
+}
+
+/// The running release when it cannot be told: generation 0, older than every release.
+fn unknown_release() -> Installed {
+    Installed {
+        version: String::new(),
+        generation: 0,
     }
 }
