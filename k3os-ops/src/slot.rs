@@ -130,19 +130,41 @@ fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
             eprintln!("warning: {e} (the agent's stage preview is not shown)");
             None
         });
+    // The node's place in the channel's rollout waves; read only (status never draws one).
+    let seed = libupgrade::rollout::read_seed(&u.config().state_dir).unwrap_or_else(|e| {
+        eprintln!("warning: {e} (the node's rollout seed is not shown)");
+        None
+    });
     if json {
         let mut v = serde_json::to_value(&st)?;
-        if let (Some(p), Some(o)) = (&preview, v.as_object_mut()) {
-            o.insert("stage_preview".into(), serde_json::to_value(p)?);
+        if let Some(o) = v.as_object_mut() {
+            o.insert("seed".into(), serde_json::to_value(seed.map(|s| s.get()))?);
+            if let Some(p) = &preview {
+                o.insert("stage_preview".into(), serde_json::to_value(p)?);
+            }
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", render_status(&st));
+        println!("{}", render_seed(seed));
         if let Some(p) = &preview {
             print!("{}", render_preview(p));
         }
     }
     Ok(())
+}
+
+/// The node's rollout seed line: its position among the fleet's million, or that it has none yet.
+pub fn render_seed(seed: Option<libupgrade::rollout::Seed>) -> String {
+    match seed {
+        Some(s) => format!(
+            "rollout seed: {} of {} (a wave admitting more than {:.4} % of the fleet reaches this node)",
+            s.get(),
+            libupgrade::rollout::SEED_SPACE,
+            f64::from(s.get()) * 100.0 / f64::from(libupgrade::rollout::SEED_SPACE)
+        ),
+        None => "rollout seed: none yet (drawn at the first resolution through a channel with rollouts)".into(),
+    }
 }
 
 /// The agent's last stage preview: what staging its target fetches and reuses.

@@ -74,6 +74,11 @@ pub struct UpgradeArgs {
     /// Accept a release older than the running one.
     #[arg(long)]
     pub allow_downgrade: bool,
+    /// Take the `--version` named even while the channel's rollout withholds it from this node
+    /// (its wave has not started, the rollout is paused or the release withdrawn). Without it
+    /// such a version is refused, naming why. `latest` always follows the rollout.
+    #[arg(long, requires = "channel")]
+    pub ignore_rollout: bool,
     /// Use this trust directory instead of the configured one.
     #[arg(long)]
     pub trust_dir: Option<PathBuf>,
@@ -187,11 +192,24 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
     let req = request(&args, Utc::now())?;
-    let rel = u.resolve(&req)?;
+    let rel = match u.resolve(&req) {
+        Err(e) => match e.channel_error() {
+            Some(c @ libupgrade::channel::ChannelError::NothingOffered { .. }) => {
+                println!("nothing to stage: {c}");
+                return Ok(());
+            }
+            _ => return Err(e.into()),
+        },
+        Ok(rel) => rel,
+    };
     if !matches!(rel.origin, Origin::Source) {
         eprintln!("{rel}");
     }
     if args.converge && converged(&u, rel.version.as_deref())? {
+        return Ok(());
+    }
+    if let Some(note) = nothing_newer(&rel) {
+        println!("nothing to stage: {note}");
         return Ok(());
     }
     if args.plan_only {
@@ -217,6 +235,18 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
         crate::node::reboot()?;
     }
     Ok(())
+}
+
+/// When the channel's rollouts offer this node nothing newer than what it runs, what they say
+/// (which release waits and when this node's wave starts): `upgrade` then stages nothing.
+fn nothing_newer(rel: &libupgrade::Release) -> Option<&libupgrade::channel::RolloutNote> {
+    match &rel.origin {
+        Origin::Channel {
+            rollout: Some(note),
+            ..
+        } if note.nothing_newer => Some(note),
+        _ => None,
+    }
 }
 
 /// The one staging request `upgrade`'s flags describe: the release wanted (a bundle, a
@@ -245,6 +275,8 @@ fn request(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<StageReques
         bundle_dir: None,
         ignore_expiry: args.ignore_expiry,
         read_only: args.plan_only,
+        seed: None,
+        ignore_rollout: args.ignore_rollout,
         options: StageOptions {
             allow_downgrade: args.allow_downgrade,
             trust_dir: args.trust_dir.clone(),

@@ -665,6 +665,7 @@ fn key_compromise_below_threshold_one_targets_key_cannot_ship_a_release() {
             version: "v9".into(),
             generation: 9,
             arch: Arch::host(),
+            rollout: None,
         });
         t.targets.insert("v9/manifest.json".into(), m);
     });
@@ -930,4 +931,79 @@ fn pinned(r: &libupgrade::channel::ResolvedRelease) -> Release {
         pin: r.pin.clone(),
         ..Release::at(r.source.clone())
     }
+}
+
+/// The publisher's rollout edits (issue 24): a rollout is re-signed by the targets role, a
+/// broken one or one for a release the targets do not list is refused with nothing written,
+/// `release targets` keeps it when re-listing, and a mirror that strips it is refused like
+/// any other change to signed targets.
+#[test]
+fn a_rollout_is_signed_by_the_targets_role_kept_when_re_listed_and_cannot_be_stripped() {
+    use libupgrade::rollout::{Rollout, Wave};
+    let c = Chan::new(1);
+    let at = Utc::now();
+    let waves = |share_bp| Rollout {
+        waves: vec![Wave {
+            share_bp,
+            start: at + Days::days(1),
+        }],
+        ..Rollout::default()
+    };
+    let targets_version = |c: &Chan| -> u64 {
+        Envelope::parse(&c.read("targets.json"), "t")
+            .unwrap()
+            .body::<Targets>(Role::Targets, "t")
+            .unwrap()
+            .version
+    };
+    let signers = [c.k("targets1")];
+    let expires = publish::expires_in(Days::days(90));
+    let before = targets_version(&c);
+    let e = publish::write_rollout(&c.dir, "v2", &|_| Ok(waves(5_000)), &signers, expires)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("target v2/manifest.json") && e.contains("whole fleet"),
+        "{e}"
+    );
+    let e = publish::write_rollout(&c.dir, "v9", &|_| Ok(waves(10_000)), &signers, expires)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("lists no release \"v9\"") && e.contains("v1"),
+        "{e}"
+    );
+    assert_eq!(targets_version(&c), before, "a refused edit wrote targets");
+    publish::write_rollout(&c.dir, "v2", &|_| Ok(waves(10_000)), &signers, expires).unwrap();
+    let rollout_of = |c: &Chan| {
+        Envelope::parse(&c.read("targets.json"), "t")
+            .unwrap()
+            .body::<Targets>(Role::Targets, "t")
+            .unwrap()
+            .targets["v2/manifest.json"]
+            .custom
+            .clone()
+            .unwrap()
+            .rollout
+    };
+    assert_eq!(rollout_of(&c), Some(waves(10_000)));
+    c.publish(&signers, Days::days(7));
+    assert_eq!(
+        rollout_of(&c),
+        Some(waves(10_000)),
+        "re-listing lost the rollout"
+    );
+
+    // A mirror strips the rollout from the signed targets: the node refuses the channel.
+    let srv = Server::start(&c.dir);
+    let trust = c.node_trust("node");
+    let mut env = Envelope::parse(&c.read("targets.json"), "t").unwrap();
+    env.signed["targets"]["v2/manifest.json"]["custom"]
+        .as_object_mut()
+        .unwrap()
+        .remove("rollout");
+    c.write("targets.json", &serde_json::to_vec(&env).unwrap());
+    c.timestamp(Days::days(7));
+    let e = trust_err(resolve(&srv.url, None, &trust).unwrap_err());
+    assert!(matches!(e, TrustError::Threshold { .. }), "{e}");
 }

@@ -19,10 +19,11 @@
 use std::path::{Path, PathBuf};
 
 use crate::bundle::Bundle;
-use crate::channel::{self, ChannelError, TrustOptions};
+use crate::channel::{self, ChannelError, NodeRollout, SeedSource, TrustOptions};
 use crate::config::Config;
 use crate::fetch::Source;
 use crate::manifest::Arch;
+use crate::rollout::{Installed, Seed};
 use crate::stage::{Origin, Release, StageOptions};
 
 /// Where the wanted release is.
@@ -76,6 +77,12 @@ pub struct StageRequest {
     pub read_only: bool,
     /// How to fetch and write it.
     pub options: StageOptions,
+    /// The seed that places the node in the channel's rollout waves (None: the node's own,
+    /// from its seed file; the agent may pass one per cluster).
+    pub seed: Option<Seed>,
+    /// Take an explicitly named version even while its rollout withholds it
+    /// (`--ignore-rollout`). `latest` always follows the rollouts.
+    pub ignore_rollout: bool,
 }
 
 impl StageRequest {
@@ -87,6 +94,8 @@ impl StageRequest {
             ignore_expiry: false,
             read_only: false,
             options: StageOptions::default(),
+            seed: None,
+            ignore_rollout: false,
         }
     }
 
@@ -95,9 +104,16 @@ impl StageRequest {
         StageRequest { options, ..self }
     }
 
-    /// Resolve what is wanted on a node configured by `cfg` (its channel root and trust
-    /// record): the release to stage and what its signed manifest must be.
-    pub fn resolve(&self, cfg: &Config) -> Result<Release, ResolveError> {
+    /// Resolve what is wanted on a node configured by `cfg` (its channel root, trust record and
+    /// seed file) that runs `running` and has `staged` in its other slot: the release to stage
+    /// and what its signed manifest must be. Through signed metadata the releases' rollouts
+    /// decide ([`crate::rollout`]); a read-only request does not create the seed file.
+    pub fn resolve(
+        &self,
+        cfg: &Config,
+        running: Installed,
+        staged: Option<Installed>,
+    ) -> Result<Release, ResolveError> {
         match &self.wanted {
             Wanted::Bundle(path) => Ok(Release::from_bundle(Bundle::open(path)?, false)),
             Wanted::Source(source) => Ok(Release::at(source.clone())),
@@ -112,19 +128,29 @@ impl StageRequest {
                 trust.ignore_expiry = self.ignore_expiry;
                 trust.read_only = self.read_only;
                 trust.min_rate = self.options.min_rate_rule();
-                let r = channel::resolve_with(channel, version, Arch::host(), &trust).map_err(
-                    |source| ResolveError::Channel {
-                        channel: channel.clone(),
-                        wanted: version.unwrap_or("latest").to_string(),
-                        source: Box::new(source),
+                let node = NodeRollout {
+                    seed: match (self.seed, self.read_only) {
+                        (Some(s), _) => SeedSource::Given(s),
+                        (None, false) => SeedSource::File(cfg.state_dir.clone()),
+                        (None, true) => SeedSource::ReadOnly(cfg.state_dir.clone()),
                     },
-                )?;
+                    running,
+                    staged,
+                    ignore_rollout: self.ignore_rollout,
+                };
+                let r = channel::resolve_for(channel, version, Arch::host(), &trust, Some(&node))
+                    .map_err(|source| ResolveError::Channel {
+                    channel: channel.clone(),
+                    wanted: version.unwrap_or("latest").to_string(),
+                    source: Box::new(source),
+                })?;
                 Ok(Release {
                     origin: Origin::Channel {
                         channel: channel.clone(),
                         wanted: version.unwrap_or("latest").to_string(),
                         location: r.location,
                         signed: r.pin.is_some(),
+                        rollout: r.rollout.map(Box::new),
                     },
                     source: r.source,
                     version: Some(r.version),

@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::health;
 use crate::layout::{DirLayout, GptLayout, Layout};
 use crate::request::{ResolveError, StageRequest};
+use crate::rollout::Installed;
 use crate::stage::Release;
 use crate::stage::Stager;
 use crate::state::store::StateStore;
@@ -269,9 +270,56 @@ impl Updater {
         })
     }
 
-    /// Resolve `req` on this node (its channel root and trust record): the release to stage.
+    /// Resolve `req` on this node (its channel root, trust record, seed and slots): the
+    /// release to stage. The channel's rollouts see the booted slot's release as the running
+    /// one (generation 0 when the booted slot cannot be told) and the other slot's when it is
+    /// staged, not yet activated. When the staged release is withdrawn, the slot is marked bad
+    /// (never activated) before the release offered instead is returned, unless `req` is read
+    /// only. A node running a withdrawn release keeps it (see [`crate::rollout`]).
     pub fn resolve(&self, req: &StageRequest) -> std::result::Result<Release, ResolveError> {
-        req.resolve(&self.cfg)
+        // Only a channel's resolution looks at the slots (a bundle or a location does not).
+        let (running, staged) = match req.wanted {
+            crate::Wanted::Channel { .. } => self.installed()?,
+            _ => (unknown_release(), None),
+        };
+        let rel = req.resolve(&self.cfg, running, staged.clone())?;
+        let dropped = match &rel.origin {
+            crate::Origin::Channel {
+                rollout: Some(note),
+                ..
+            } => note.drop_staged.as_ref(),
+            _ => None,
+        };
+        if let (false, Some(d), Some(s)) = (req.read_only, dropped, &staged) {
+            if d == s {
+                let other = self.booted_slot()?.other();
+                self.mark_bad(
+                    other,
+                    &format!(
+                        "staged release {} (generation {}) was withdrawn by the channel's rollout: dropped, never to be activated",
+                        d.version.escape_debug(),
+                        d.generation
+                    ),
+                )?;
+            }
+        }
+        Ok(rel)
+    }
+
+    /// The release the booted slot runs and the one staged in the other slot, as the
+    /// rollouts see them.
+    fn installed(&self) -> Result<(Installed, Option<Installed>)> {
+        let Ok(booted) = self.booted_slot() else {
+            return Ok((unknown_release(), None));
+        };
+        let st = self.load(Some(booted))?;
+        let of = |r: &crate::state::SlotRecord| Installed {
+            version: r.version.clone().unwrap_or_default(),
+            generation: r.generation.unwrap_or(0),
+        };
+        let other = st.slot(booted.other());
+        let staged = (other.state == SlotState::Staged).then(|| of(other));
+        Ok((of(st.slot(booted)), staged))
     }
 
     /// Fetch, verify and write the release `rel` (from [`Updater::resolve`], or
@@ -457,5 +505,13 @@ impl Updater {
     /// The state directory (state file, download checkpoint).
     pub fn state_dir(&self) -> &Path {
         &self.cfg.state_dir
+    }
+}
+
+/// The running release when it cannot be told: generation 0, older than every release.
+fn unknown_release() -> Installed {
+    Installed {
+        version: String::new(),
+        generation: 0,
     }
 }

@@ -13,7 +13,7 @@ use libupgrade::trust::publish::RoleSpec;
 use libupgrade::trust::Role;
 
 /// A lifetime: `7d`, `12h`, `90m`, `3600s`.
-fn parse_lifetime(s: &str) -> Result<chrono::Duration, String> {
+pub(super) fn parse_lifetime(s: &str) -> Result<chrono::Duration, String> {
     match crate::upgrade::parse_retry_for(s)?.0 {
         Some(d) => chrono::Duration::from_std(d).map_err(|e| e.to_string()),
         None => Err(format!("'{s}': metadata must expire")),
@@ -97,7 +97,7 @@ fn public_key(p: &Path) -> anyhow::Result<publish::VerifyingKey> {
     }
 }
 
-fn secrets(paths: &[PathBuf]) -> anyhow::Result<Vec<publish::SigningKey>> {
+pub(super) fn secrets(paths: &[PathBuf]) -> anyhow::Result<Vec<publish::SigningKey>> {
     paths
         .iter()
         .map(|p| Ok(signing::load_secret_key(p)?))

@@ -7,6 +7,7 @@
 mod bundle;
 mod create;
 mod metadata;
+mod rollout;
 mod serve;
 
 use std::net::SocketAddr;
@@ -61,6 +62,16 @@ enum ReleaseCmd {
         version: String,
         #[arg(long, default_value_t = Arch::host())]
         arch: Arch,
+        /// With --root: resolve as a node with this rollout seed (0..1000000, `slot status`
+        /// shows a node's) does, honouring the releases' rollouts.
+        #[arg(long, requires = "root")]
+        seed: Option<u32>,
+        /// With --seed: the time of the resolution (RFC 3339; default now).
+        #[arg(long, requires = "seed", value_parser = crate::upgrade::parse_time)]
+        at: Option<chrono::DateTime<chrono::Utc>>,
+        /// With --seed: the generation the node runs (default 0: it runs none of the listed).
+        #[arg(long, requires = "seed", default_value_t = 0)]
+        running_generation: u64,
     },
     /// Check a local release directory: signature against a trust dir and every file's sha256.
     Verify {
@@ -78,6 +89,19 @@ enum ReleaseCmd {
     /// Re-sign snapshot.json and timestamp.json (the channel's cron job; nodes refuse a
     /// timestamp past its expiry as a frozen channel).
     Timestamp(metadata::TimestampArgs),
+    /// Set a release's rollout: its waves (`--waves 1%@+0,10%@+1d,100%@+3d`) and required stop;
+    /// re-signs targets, snapshot and timestamp.
+    Rollout(rollout::RolloutArgs),
+    /// Pause a release's rollout: nodes that have not staged it wait (re-signs the metadata).
+    Pause(rollout::ChangeArgs),
+    /// Resume a paused rollout where it was held (the schedule shifts by the pause).
+    Resume(rollout::ChangeArgs),
+    /// Withdraw a release for good: offered to nobody, dropped where only staged. Nodes that
+    /// run it are not rolled back: publish a fixed (or the previous) release under a higher
+    /// generation for them.
+    Withdraw(rollout::ChangeArgs),
+    /// Show which share of the fleet each release of a channel directory is offered at a time.
+    RolloutStatus(rollout::StatusArgs),
     /// Write one offline bundle file holding a release directory (`upgrade --bundle` reads it).
     Bundle(bundle::BundleArgs),
     /// Serve DIR over HTTP (GET/HEAD, Range requests) until interrupted.
@@ -121,7 +145,13 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
             root,
             version,
             arch,
-        } => resolve(&ch, root.as_deref(), &version, arch)?,
+            seed,
+            at,
+            running_generation,
+        } => {
+            let node = seed.map(|s| (s, at, running_generation));
+            resolve(&ch, root.as_deref(), &version, arch, node)?
+        }
         ReleaseCmd::Verify { dir, trust_dir } => {
             let (m, key) = release::verify_dir(&dir, &trust_dir)?;
             println!(
@@ -135,6 +165,11 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
         ReleaseCmd::Root { cmd } => metadata::root(cmd)?,
         ReleaseCmd::Targets(a) => metadata::targets(a)?,
         ReleaseCmd::Timestamp(a) => metadata::timestamp(a)?,
+        ReleaseCmd::Rollout(a) => rollout::rollout(a)?,
+        ReleaseCmd::Pause(a) => rollout::change(rollout::Change::Pause, a)?,
+        ReleaseCmd::Resume(a) => rollout::change(rollout::Change::Resume, a)?,
+        ReleaseCmd::Withdraw(a) => rollout::change(rollout::Change::Withdraw, a)?,
+        ReleaseCmd::RolloutStatus(a) => rollout::status(a)?,
         ReleaseCmd::Serve { dir, listen } => serve::serve(&dir, listen)?,
     }
     Ok(())
@@ -153,15 +188,48 @@ fn list(ch: &str, root: Option<&Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `release resolve`: which release `version` names, and the pin that vouches for it.
-fn resolve(ch: &str, root: Option<&Path>, version: &str, arch: Arch) -> anyhow::Result<()> {
-    let r = match root {
-        Some(root) => {
+/// A node as `release resolve --seed` imagines it: seed, time, running generation.
+type Imagined = (u32, Option<chrono::DateTime<chrono::Utc>>, u64);
+
+/// `release resolve`: which release `version` names, and the pin that vouches for it; with
+/// `node`, what a node with that seed running that generation is offered then.
+fn resolve(
+    ch: &str,
+    root: Option<&Path>,
+    version: &str,
+    arch: Arch,
+    node: Option<Imagined>,
+) -> anyhow::Result<()> {
+    let r = match (root, node) {
+        (Some(root), Some((seed, at, running))) => {
+            let (_scratch, mut trust) = inspect_trust(root)?;
+            trust.now = at.or(trust.now);
+            let seed = libupgrade::rollout::Seed::new(seed).with_context(|| {
+                format!(
+                    "--seed {seed}: a seed is below {}",
+                    libupgrade::rollout::SEED_SPACE
+                )
+            })?;
+            let node = channel::NodeRollout {
+                seed: channel::SeedSource::Given(seed),
+                running: libupgrade::rollout::Installed {
+                    version: String::new(),
+                    generation: running,
+                },
+                staged: None,
+                ignore_rollout: false,
+            };
+            channel::resolve_for(ch, Some(version), arch, &trust, Some(&node))?
+        }
+        (Some(root), None) => {
             let (_scratch, trust) = inspect_trust(root)?;
             channel::resolve_with(ch, Some(version), arch, &trust)?
         }
-        None => channel::resolve(ch, Some(version), arch)?,
+        (None, _) => channel::resolve(ch, Some(version), arch)?,
     };
+    if let Some(note) = &r.rollout {
+        println!("rollout: {note}");
+    }
     println!(
         "{} ({}, generation {}) at {}",
         r.version, r.arch, r.generation, r.location

@@ -66,7 +66,7 @@ pub(super) fn get_doc(
     }
     let mut body = Vec::new();
     // A trickled index or API page is cut like any other body (the default minimum rate).
-    crate::chunk::rate::Watched::new(resp, Some(crate::stage::MinRate::DEFAULT))
+    crate::chunk::rate::Watched::new(resp, Some(crate::chunk::rate::MinRate::DEFAULT))
         .take(MAX_DOC + 1)
         .read_to_end(&mut body)
         .map_err(|source| ChannelError::Io {
@@ -96,7 +96,7 @@ pub(super) fn get_bounded(
     client: &reqwest::blocking::Client,
     url: &str,
     max: u64,
-    min_rate: Option<crate::stage::MinRate>,
+    min_rate: Option<crate::chunk::rate::MinRate>,
 ) -> Result<Option<Vec<u8>>, crate::trust::TrustError> {
     use crate::trust::TrustError;
     let fetch = |why: String| TrustError::Fetch {

@@ -41,11 +41,13 @@ mod github;
 mod local;
 mod resolve;
 mod trusted;
+mod waves;
 
 use crate::manifest::{Arch, ManifestError, MANIFEST_FILE, SIGNATURE_FILE};
 pub use local::{build_index, read_local_index, write_index};
-pub use resolve::{list, list_with, resolve, resolve_with};
-pub use trusted::{MetadataPolicy, TrustOptions, GITHUB_METADATA_TAG};
+pub use resolve::{list, list_with, resolve, resolve_for, resolve_with};
+pub use trusted::{MetadataPolicy, TrustOptions, GITHUB_METADATA_TAG, TEST_NOW_ENV};
+pub use waves::{NodeRollout, RolloutNote, SeedSource, LAST_SEED};
 
 /// File name of a channel's index.
 pub const INDEX_FILE: &str = "index.json";
@@ -115,6 +117,8 @@ pub struct ResolvedRelease {
     /// When the channel's signed metadata chose this release: the exact length and sha256 its
     /// `manifest.json` must have (carried on as [`crate::Release::pin`]).
     pub pin: Option<crate::trust::ManifestPin>,
+    /// When the releases' rollouts took part in the choice: the seed, what waits and why.
+    pub rollout: Option<RolloutNote>,
 }
 
 /// Why a channel could not be read or a release not found.
@@ -187,6 +191,39 @@ pub enum ChannelError {
         arch: Arch,
         /// The releases the channel does have, as text for the operator.
         available: String,
+    },
+    /// The version asked for is withheld from this node by its rollout.
+    #[error("channel {channel}: release {} is not offered to this node (seed {seed}): {hold}; `--ignore-rollout` takes it anyway", .version.escape_debug())]
+    Withheld {
+        /// The channel as given.
+        channel: String,
+        /// The version asked for.
+        version: String,
+        /// The node's seed.
+        seed: u32,
+        /// Why it is withheld.
+        hold: crate::rollout::Hold,
+    },
+    /// No listed release at or below the running one, and none newer offered to this node.
+    #[error("channel {channel}: nothing is offered to this node (seed {seed}, running {running:?}){}", waiting.as_ref().map(|w| format!("; {w}")).unwrap_or_default())]
+    NothingOffered {
+        /// The channel as given.
+        channel: String,
+        /// The release the node runs.
+        running: String,
+        /// The node's seed.
+        seed: u32,
+        /// The newer release it waits for, and why, as text.
+        waiting: Option<String>,
+    },
+    /// The node's seed file could not be used.
+    #[error("channel {channel}: {source}")]
+    Seed {
+        /// The channel as given.
+        channel: String,
+        /// What is wrong with the seed file (boxed: it is large).
+        #[source]
+        source: Box<crate::rollout::SeedError>,
     },
     /// A release's manifest, read to learn its generation, is invalid.
     #[error("manifest {location}: {source}")]

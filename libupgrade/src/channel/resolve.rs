@@ -9,7 +9,7 @@ use super::doc::{client, get_small};
 use super::github::{GhFound, GhRelease, GitHub};
 use super::{
     io_err, parse_channel, sort_newest_first, trusted, ChannelError, Index, IndexEntry, Kind,
-    ResolvedRelease, TrustOptions,
+    NodeRollout, ResolvedRelease, TrustOptions,
 };
 use crate::fetch::Source;
 use crate::manifest::Arch;
@@ -78,7 +78,20 @@ pub fn resolve_with(
     arch: Arch,
     trust: &TrustOptions,
 ) -> Result<ResolvedRelease, ChannelError> {
-    match trusted::resolve_trusted(channel, version, arch, trust)? {
+    resolve_for(channel, version, arch, trust, None)
+}
+
+/// [`resolve_with`] for a node: through signed metadata, the releases' rollouts decide what
+/// `node` is offered (see [`crate::rollout`]); a channel resolved from its index has no
+/// rollouts.
+pub fn resolve_for(
+    channel: &str,
+    version: Option<&str>,
+    arch: Arch,
+    trust: &TrustOptions,
+    node: Option<&NodeRollout>,
+) -> Result<ResolvedRelease, ChannelError> {
+    match trusted::resolve_trusted(channel, version, arch, trust, node)? {
         Some(r) => Ok(r),
         None => resolve(channel, version, arch),
     }
@@ -126,6 +139,7 @@ fn resolve_local(
         source: Source::Path(dir.join(&e.path)),
         location,
         pin: None,
+        rollout: None,
     })
 }
 
@@ -159,6 +173,7 @@ fn resolve_http(
         source: Source::Url(location.clone()),
         location,
         pin: None,
+        rollout: None,
     })
 }
 
@@ -232,6 +247,7 @@ fn resolve_github(
         location: found.manifest_url,
         source: Source::Assets(found.assets),
         pin: None,
+        rollout: None,
     })
 }
 

@@ -13,10 +13,11 @@ use serde::{Deserialize, Serialize};
 
 use super::doc::{client, get_bounded};
 use super::github::{release_assets, GitHub};
+use super::waves::{self, NodeRollout};
 use super::{check_entry_path, parse_channel, ChannelError, IndexEntry, Kind, ResolvedRelease};
 use crate::fetch::Source;
 use crate::manifest::{Arch, MANIFEST_FILE};
-use crate::stage::MinRate;
+use crate::chunk::rate::MinRate;
 use crate::trust::meta::{FileMeta, TargetCustom, Targets};
 use crate::trust::{self, ExpiryRule, ManifestPin, MetaSource, Record, Store, TrustError};
 
@@ -65,10 +66,30 @@ impl TrustOptions {
             root_file: cfg.channel_root.clone(),
             store_file: cfg.state_dir.join(trust::STORE_FILE),
             policy: cfg.channel_metadata,
-            now: None,
+            now: test_now(),
             ignore_expiry: false,
             min_rate: Some(MinRate::DEFAULT),
             read_only: false,
+        }
+    }
+}
+
+/// For tests only: an RFC 3339 time the node's channel resolution takes as "now" (metadata
+/// expiry and rollout waves), so the binary's tests can move a node through a rollout. Never
+/// set it on a node: a wrong clock makes it accept expired metadata or join waves early.
+pub const TEST_NOW_ENV: &str = "K3OS_OPS_TEST_NOW";
+
+/// The clock [`TEST_NOW_ENV`] sets, if it is set (an unreadable value is logged and ignored).
+fn test_now() -> Option<DateTime<Utc>> {
+    let v = std::env::var(TEST_NOW_ENV).ok()?;
+    match DateTime::parse_from_rfc3339(v.trim()) {
+        Ok(t) => Some(t.with_timezone(&Utc)),
+        Err(e) => {
+            log::warn!(
+                "{TEST_NOW_ENV}={:?} is not an RFC 3339 time ({e}); using the system clock",
+                v.escape_debug()
+            );
+            None
         }
     }
 }
@@ -241,37 +262,47 @@ fn check(channel: &str, opts: &TrustOptions) -> Result<Option<Checked>, ChannelE
 }
 
 /// Resolve through metadata when the node and the channel have it; `Ok(None)` means "resolve
-/// from the index as v0.1.0 did" (allowed by the policy).
+/// from the index as v0.1.0 did" (allowed by the policy). With `node`, the releases' rollouts
+/// decide what it is offered ([`super::waves`]); without, the newest listed release.
 pub(super) fn resolve_trusted(
     channel: &str,
     version: Option<&str>,
     arch: Arch,
     opts: &TrustOptions,
+    node: Option<&NodeRollout>,
 ) -> Result<Option<ResolvedRelease>, ChannelError> {
     let Some(c) = check(channel, opts)? else {
         return Ok(None);
     };
-    let (path, meta, custom) =
-        pick(&c.verified.targets, version, arch).ok_or_else(|| ChannelError::NotFound {
-            channel: channel.to_string(),
-            wanted: version.unwrap_or("latest").to_string(),
-            arch,
-            available: describe(&c.verified.targets),
-        })?;
+    let targets = &c.verified.targets;
+    let picked = match node {
+        Some(n) => {
+            let now = opts.now.unwrap_or_else(Utc::now);
+            waves::pick_for(channel, targets, version, arch, n, now)?
+        }
+        None => pick(targets, version, arch).map(|t| (t, None)),
+    };
+    let (target, note) = picked.ok_or_else(|| ChannelError::NotFound {
+        channel: channel.to_string(),
+        wanted: version.unwrap_or("latest").to_string(),
+        arch,
+        available: describe(targets),
+    })?;
     let vouched_by = format!(
         "the channel's targets role (targets version {}, root version {})",
-        c.verified.targets.version,
+        targets.version,
         c.verified.record.root_version()
     );
-    located(
+    let mut r = located(
         channel,
         &c.kind,
         c.gh_releases.as_deref(),
-        (path, meta, custom),
+        target,
         vouched_by,
         arch,
-    )
-    .map(Some)
+    )?;
+    r.rollout = note;
+    Ok(Some(r))
 }
 
 /// The releases the verified targets list, newest first; `Ok(None)` as for
@@ -321,13 +352,16 @@ fn source(
     })
 }
 
+/// A target of the signed targets: its path, length and hashes, and what it says of its release.
+pub(super) type Target<'a> = (&'a str, &'a FileMeta, &'a TargetCustom);
+
 /// The release the targets name for `version` (None/"latest": the highest generation).
-fn pick<'a>(
+pub(super) fn pick<'a>(
     targets: &'a Targets,
     version: Option<&str>,
     arch: Arch,
-) -> Option<(&'a str, &'a FileMeta, &'a TargetCustom)> {
-    let mut found: Option<(&str, &FileMeta, &TargetCustom)> = None;
+) -> Option<Target<'a>> {
+    let mut found: Option<Target<'a>> = None;
     for (path, meta) in &targets.targets {
         let Some(c) = meta.custom.as_ref() else {
             continue;
@@ -378,7 +412,7 @@ fn located(
     channel: &str,
     kind: &Kind,
     gh_releases: Option<&[super::github::GhRelease]>,
-    (path, meta, custom): (&str, &FileMeta, &TargetCustom),
+    (path, meta, custom): Target<'_>,
     vouched_by: String,
     arch: Arch,
 ) -> Result<ResolvedRelease, ChannelError> {
@@ -444,6 +478,7 @@ fn located(
         location,
         source,
         pin: Some(pin),
+        rollout: None,
     })
 }
 

@@ -203,6 +203,9 @@ pub enum Origin {
         location: String,
         /// Chosen through the channel's signed metadata.
         signed: bool,
+        /// What the releases' rollouts meant for the choice (None: no rollout took part);
+        /// boxed, as it is large and most releases have none.
+        rollout: Option<Box<crate::channel::RolloutNote>>,
     },
 }
 
@@ -264,6 +267,7 @@ impl std::fmt::Display for Release {
                 wanted,
                 location,
                 signed,
+                rollout,
             } => {
                 write!(
                     f,
@@ -272,6 +276,9 @@ impl std::fmt::Display for Release {
                 )?;
                 if *signed {
                     write!(f, " (signed channel metadata)")?;
+                }
+                if let Some(note) = rollout {
+                    write!(f, "; rollout: {note}")?;
                 }
                 Ok(())
             }

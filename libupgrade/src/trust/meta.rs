@@ -181,6 +181,11 @@ pub struct TargetCustom {
     pub generation: u64,
     /// The CPU architecture the release is built for.
     pub arch: crate::manifest::Arch,
+    /// How the release is rolled out across the fleet ([`crate::rollout`]); absent: to every
+    /// node at once. Skipped when absent, so targets without rollouts read and sign as before;
+    /// a node from before this field ignores it (and takes the release at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::Rollout>,
 }
 
 /// `targets.json`'s `signed` object: target path → length, hashes, custom.

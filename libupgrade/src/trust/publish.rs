@@ -19,6 +19,7 @@ use super::meta::{
 };
 use super::TrustError;
 use crate::manifest::MANIFEST_FILE;
+use crate::rollout::{Rollout, RolloutError};
 
 /// Default lifetime of `root.json`, in days. The defaults: root a year, targets 90 days,
 /// snapshot 30 days, timestamp 7 days (re-signed daily, a node's clock may be 6 days ahead
@@ -253,6 +254,9 @@ pub fn write_targets(
     let root = current_root(dir)?;
     let index = crate::channel::build_index(dir)
         .map_err(|e| publish_err(dir.display().to_string(), e.to_string()))?;
+    // The rollouts of the targets now published carry over: re-listing the channel after a
+    // `release create` must not restart, resume or un-withdraw any release's rollout.
+    let mut kept = current_rollouts(dir)?;
     let mut targets = BTreeMap::new();
     for e in &index.releases {
         let rel = format!("{}/{MANIFEST_FILE}", e.path.trim_end_matches('/'));
@@ -262,6 +266,7 @@ pub fn write_targets(
             version: e.version.clone(),
             generation: e.generation,
             arch: e.arch,
+            rollout: kept.remove(&rel),
         };
         targets.insert(rel, file_meta(&bytes, Some(custom)));
     }
@@ -272,6 +277,77 @@ pub fn write_targets(
         expires,
         targets,
     };
+    let env = Envelope::sign(&doc, &signers_for(&[&root], Role::Targets, signers));
+    env.check_role(
+        &root,
+        Role::Targets,
+        &format!("new targets version {}", doc.version),
+    )?;
+    write_atomic(dir, Role::Targets.file(), &env.to_bytes())?;
+    Ok(doc)
+}
+
+/// The rollouts the current `targets.json` carries, by target path (none without one).
+fn current_rollouts(dir: &Path) -> Result<BTreeMap<String, Rollout>, TrustError> {
+    let Some((env, _)) = read_env(dir, Role::Targets.file())? else {
+        return Ok(BTreeMap::new());
+    };
+    let targets: Targets = env.body(Role::Targets, &targets_what(dir))?;
+    Ok(targets
+        .targets
+        .into_iter()
+        .filter_map(|(path, m)| m.custom.and_then(|c| c.rollout).map(|r| (path, r)))
+        .collect())
+}
+
+fn targets_what(dir: &Path) -> String {
+    dir.join(Role::Targets.file()).display().to_string()
+}
+
+/// Re-sign `targets.json` one version up with the rollout of release `version` (every
+/// architecture's target of it) replaced by `edit` of its current one (`None`: it has none).
+/// The result must pass [`Rollout::validate`]; nothing is written otherwise. The publisher's
+/// `release rollout|pause|resume|withdraw`; snapshot and timestamp are re-signed after it with
+/// [`write_timestamp`].
+pub fn write_rollout(
+    dir: &Path,
+    version: &str,
+    edit: &dyn Fn(Option<&Rollout>) -> Result<Rollout, RolloutError>,
+    signers: &[SigningKey],
+    expires: DateTime<Utc>,
+) -> Result<Targets, TrustError> {
+    let root = current_root(dir)?;
+    let what = targets_what(dir);
+    let (env, _) = read_env(dir, Role::Targets.file())?
+        .ok_or_else(|| publish_err(&what, "no targets: run `k3os-ops release targets` first"))?;
+    let mut doc: Targets = env.body(Role::Targets, &what)?;
+    let mut found = false;
+    for (path, m) in doc.targets.iter_mut() {
+        let Some(c) = m.custom.as_mut().filter(|c| c.version == version) else {
+            continue;
+        };
+        let next = edit(c.rollout.as_ref())
+            .and_then(|r| r.validate(c.generation).map(|()| r))
+            .map_err(|e| publish_err(format!("{what}: target {path}"), e.to_string()))?;
+        c.rollout = Some(next);
+        found = true;
+    }
+    if !found {
+        let listed: Vec<&str> = doc
+            .targets
+            .values()
+            .filter_map(|m| m.custom.as_ref().map(|c| c.version.as_str()))
+            .collect();
+        return Err(publish_err(
+            what,
+            format!(
+                "lists no release {version:?} (it lists {}): run `k3os-ops release targets` after `release create`",
+                listed.join(", ")
+            ),
+        ));
+    }
+    doc.version = next_version(dir, Role::Targets)?;
+    doc.expires = expires;
     let env = Envelope::sign(&doc, &signers_for(&[&root], Role::Targets, signers));
     env.check_role(
         &root,

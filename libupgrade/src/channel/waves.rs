@@ -1,0 +1,348 @@
+//! A node's resolution through signed metadata, honouring each release's rollout
+//! ([`crate::rollout`]): `latest` is what [`rollout::offer`] offers this node now, an explicit
+//! version is refused while it is withheld (unless the request says to ignore rollouts).
+//!
+//! Targets that carry no rollout at all resolve exactly as before rollouts existed (the
+//! seed is then not even looked up): a v0.2.0 channel behaves as it did.
+
+use std::path::PathBuf;
+
+use chrono::{DateTime, Utc};
+
+use super::trusted::{pick, Target};
+use super::ChannelError;
+use crate::manifest::{Arch, MANIFEST_FILE};
+use crate::rollout::{self, Hold, Installed, Listed, Seed, Waiting};
+use crate::trust::meta::Targets;
+
+/// Where a resolution takes the node's seed from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SeedSource {
+    /// This seed (e.g. one per cluster, `Seed::derived_from`).
+    Given(Seed),
+    /// The node's seed file in this state directory, created when missing.
+    File(PathBuf),
+    /// The node's seed file, read only (`--plan-only`): a node without one is placed last in
+    /// the fleet ([`LAST_SEED`]), so it is shown only what the whole fleet is offered.
+    ReadOnly(PathBuf),
+}
+
+/// The position a read-only resolution gives a node that has no seed file yet.
+pub const LAST_SEED: u32 = rollout::SEED_SPACE - 1;
+
+/// What a node's resolution knows of the node for the rollouts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRollout {
+    /// Its seed.
+    pub seed: SeedSource,
+    /// The release it runs (generation 0 when unknown).
+    pub running: Installed,
+    /// The release staged (not yet activated) in its other slot.
+    pub staged: Option<Installed>,
+    /// Take an explicitly named version even while its rollout withholds it
+    /// (`--ignore-rollout`).
+    pub ignore_rollout: bool,
+}
+
+/// What the rollouts meant for a resolution, carried to the front end's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutNote {
+    /// The seed used.
+    pub seed: Seed,
+    /// A newer release this node waits for, and why.
+    pub waiting: Option<Waiting>,
+    /// The release resolved is a required stop on the way to this one.
+    pub toward: Option<String>,
+    /// An explicit version taken despite its rollout (`--ignore-rollout`), and what held it.
+    pub ignored: Option<Hold>,
+    /// The release staged in the node's other slot is withdrawn: the node drops it (marks the
+    /// slot bad so it is never activated) before staging what is offered.
+    pub drop_staged: Option<Installed>,
+    /// Nothing newer than the running release is offered to this node now: `latest` resolved
+    /// to what it already has, and a front end stages nothing.
+    pub nothing_newer: bool,
+}
+
+impl std::fmt::Display for RolloutNote {
+    /// E.g. "seed 123456; v3 waits: this node's wave starts at …".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "seed {}", self.seed.get())?;
+        if self.nothing_newer {
+            write!(f, "; nothing newer is offered to this node now")?;
+        }
+        if let Some(t) = &self.toward {
+            write!(f, "; a required stop on the way to {}", t.escape_debug())?;
+        }
+        if let Some(w) = &self.waiting {
+            write!(f, "; {} waits: {}", w.version.escape_debug(), w.hold)?;
+        }
+        if let Some(d) = &self.drop_staged {
+            write!(
+                f,
+                "; the staged {} is withdrawn: dropped, never to be activated",
+                d.version.escape_debug()
+            )?;
+        }
+        if let Some(h) = &self.ignored {
+            write!(f, "; taken with --ignore-rollout although {h}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The seed `src` names; errors name the seed file.
+pub(super) fn seed_of(src: &SeedSource, channel: &str) -> Result<Seed, ChannelError> {
+    let err = |e: rollout::SeedError| ChannelError::Seed {
+        channel: channel.to_string(),
+        source: Box::new(e),
+    };
+    match src {
+        SeedSource::Given(s) => Ok(*s),
+        SeedSource::File(dir) => Ok(rollout::load_or_create_seed(dir).map_err(err)?.seed),
+        SeedSource::ReadOnly(dir) => Ok(rollout::read_seed(dir)
+            .map_err(err)?
+            .unwrap_or(Seed::new(LAST_SEED).expect("the last seed is in the space"))),
+    }
+}
+
+/// The releases of `arch` the targets list, with their rollouts.
+fn listed(targets: &Targets, arch: Arch) -> Vec<Listed> {
+    targets
+        .targets
+        .iter()
+        .filter(|(p, _)| p.ends_with(&format!("/{MANIFEST_FILE}")))
+        .filter_map(|(_, m)| m.custom.as_ref())
+        .filter(|c| c.arch == arch)
+        .map(|c| Listed {
+            version: c.version.clone(),
+            generation: c.generation,
+            rollout: c.rollout.clone(),
+        })
+        .collect()
+}
+
+/// The target a node resolves `version` (None/`latest`: the newest offered to it) to at `now`,
+/// and what the rollouts meant; `None` for the note when no target carries a rollout.
+pub(super) fn pick_for<'a>(
+    channel: &str,
+    targets: &'a Targets,
+    version: Option<&str>,
+    arch: Arch,
+    node: &NodeRollout,
+    now: DateTime<Utc>,
+) -> Result<Option<(Target<'a>, Option<RolloutNote>)>, ChannelError> {
+    let all = listed(targets, arch);
+    if all.iter().all(|l| l.rollout.is_none()) {
+        return Ok(pick(targets, version, arch).map(|t| (t, None)));
+    }
+    let seed = seed_of(&node.seed, channel)?;
+    let note = |waiting, toward, ignored| RolloutNote {
+        seed,
+        waiting,
+        toward,
+        ignored,
+        drop_staged: None,
+        nothing_newer: false,
+    };
+    if let Some(v) = version.filter(|v| *v != "latest") {
+        let Some(t) = pick(targets, Some(v), arch) else {
+            return Ok(None);
+        };
+        let l = all
+            .iter()
+            .find(|l| l.version == t.2.version && l.generation == t.2.generation)
+            .expect("a picked target is listed");
+        let started = node
+            .staged
+            .as_ref()
+            .is_some_and(|s| s.version == l.version && s.generation == l.generation);
+        return match rollout::admission(seed, now, l, started) {
+            Ok(()) => Ok(Some((t, Some(note(None, None, None))))),
+            Err(hold) if node.ignore_rollout => Ok(Some((t, Some(note(None, None, Some(hold)))))),
+            Err(hold) => Err(ChannelError::Withheld {
+                channel: channel.to_string(),
+                version: l.version.clone(),
+                seed: seed.get(),
+                hold,
+            }),
+        };
+    }
+    let offer = rollout::offer(
+        &rollout::Node {
+            seed,
+            running: node.running.clone(),
+            staged: node.staged.clone(),
+        },
+        now,
+        &all,
+    );
+    if let Some(step) = offer.take {
+        let t = pick(targets, Some(&step.version), arch).expect("an offered release is listed");
+        let note = RolloutNote {
+            drop_staged: offer.drop_staged,
+            ..note(offer.waiting, step.toward, None)
+        };
+        return Ok(Some((t, Some(note))));
+    }
+    // Nothing newer is offered: resolve as before to what the node already has (its running
+    // release when listed, else the newest older one not withdrawn), with what it waits for.
+    let withdrawn = |l: &Listed| l.rollout.as_ref().is_some_and(|r| r.withdrawn.is_some());
+    let have = all
+        .iter()
+        .filter(|l| l.generation <= node.running.generation)
+        .filter(|l| l.version == node.running.version || !withdrawn(l))
+        .max_by_key(|l| (l.version == node.running.version, l.generation));
+    match have {
+        Some(l) => {
+            let t = pick(targets, Some(&l.version), arch).expect("a listed release is picked");
+            let note = RolloutNote {
+                nothing_newer: true,
+                drop_staged: offer.drop_staged,
+                ..note(offer.waiting, None, None)
+            };
+            Ok(Some((t, Some(note))))
+        }
+        None => Err(ChannelError::NothingOffered {
+            channel: channel.to_string(),
+            running: node.running.version.clone(),
+            seed: seed.get(),
+            waiting: offer
+                .waiting
+                .map(|w| format!("{} waits: {}", w.version, w.hold)),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::rollout::{Rollout, Wave};
+    use crate::trust::meta::{file_meta, FileMeta};
+
+    fn t(h: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + h * 3600, 0).unwrap()
+    }
+
+    /// A target entry exactly as a v0.2.0 `release targets` wrote it (no `rollout`).
+    const V020_TARGET: &str = r#"{"custom":{"arch":"ARCH","generation":GEN,"version":"VER"},"hashes":{"sha256":"00"},"length":1}"#;
+
+    fn v020(version: &str, generation: u64) -> FileMeta {
+        let text = V020_TARGET
+            .replace("ARCH", Arch::host().as_str())
+            .replace("GEN", &generation.to_string())
+            .replace("VER", version);
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn targets(entries: Vec<(&str, FileMeta)>) -> Targets {
+        Targets {
+            type_: "targets".into(),
+            spec_version: "1.0.0".into(),
+            version: 1,
+            expires: t(1000),
+            targets: entries
+                .into_iter()
+                .map(|(v, m)| (format!("{v}/{MANIFEST_FILE}"), m))
+                .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    fn node(seed: SeedSource, running: u64) -> NodeRollout {
+        NodeRollout {
+            seed,
+            running: Installed {
+                version: format!("v{running}"),
+                generation: running,
+            },
+            staged: None,
+            ignore_rollout: false,
+        }
+    }
+
+    #[test]
+    fn v020_targets_read_without_rollout_and_write_back_the_same_bytes() {
+        let m = v020("v2", 2);
+        assert_eq!(m.custom.as_ref().unwrap().rollout, None);
+        let back = serde_json::to_string(&m).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&back).unwrap()["custom"]
+                .as_object()
+                .unwrap()
+                .len(),
+            3
+        );
+    }
+
+    #[test]
+    fn targets_without_rollouts_resolve_as_before_and_never_look_up_the_seed() {
+        let tg = targets(vec![("v1", v020("v1", 1)), ("v2", v020("v2", 2))]);
+        // A seed file that cannot be read would fail the resolution if it were looked at.
+        let n = node(SeedSource::File("/nonexistent/state".into()), 1);
+        let (picked, note) = pick_for("c", &tg, None, Arch::host(), &n, t(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(picked.2.version, "v2");
+        assert_eq!(note, None);
+        let plain = pick(&tg, None, Arch::host()).unwrap();
+        assert_eq!(picked, plain);
+    }
+
+    #[test]
+    fn latest_waits_for_the_wave_and_a_withheld_version_is_refused_by_name() {
+        let mut v3 = file_meta(b"x", None);
+        v3.custom = Some(crate::trust::meta::TargetCustom {
+            version: "v3".into(),
+            generation: 3,
+            arch: Arch::host(),
+            rollout: Some(Rollout {
+                waves: vec![Wave {
+                    share_bp: 10_000,
+                    start: t(10),
+                }],
+                ..Rollout::default()
+            }),
+        });
+        let tg = targets(vec![("v2", v020("v2", 2)), ("v3", v3)]);
+        let n = node(SeedSource::Given(Seed::new(7).unwrap()), 1);
+        let (p, note) = pick_for("c", &tg, None, Arch::host(), &n, t(0))
+            .unwrap()
+            .unwrap();
+        let note = note.unwrap();
+        assert_eq!(p.2.version, "v2");
+        assert_eq!(note.waiting.as_ref().unwrap().version, "v3");
+        assert!(
+            note.to_string()
+                .contains(&format!("v3 waits: this node's wave starts at {}", t(10))),
+            "{note}"
+        );
+        let e = pick_for("c", &tg, Some("v3"), Arch::host(), &n, t(0)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("release v3 is not offered to this node (seed 7)"),
+            "{e}"
+        );
+        let ignoring = NodeRollout {
+            ignore_rollout: true,
+            ..n.clone()
+        };
+        let (p, note) = pick_for("c", &tg, Some("v3"), Arch::host(), &ignoring, t(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.2.version, "v3");
+        assert!(note.unwrap().ignored.is_some());
+        let (p, _) = pick_for("c", &tg, None, Arch::host(), &n, t(10))
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.2.version, "v3");
+        // A read-only node without a seed file is placed last: shown only the whole fleet's.
+        let dir = tempfile::tempdir().unwrap();
+        let ro = node(SeedSource::ReadOnly(dir.path().into()), 1);
+        let (_, note) = pick_for("c", &tg, None, Arch::host(), &ro, t(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(note.unwrap().seed.get(), LAST_SEED);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}
