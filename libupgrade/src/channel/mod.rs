@@ -40,6 +40,7 @@ mod doc;
 mod github;
 mod local;
 mod resolve;
+mod targets;
 mod trusted;
 mod waves;
 

@@ -13,12 +13,13 @@ use serde::{Deserialize, Serialize};
 
 use super::doc::{client, get_bounded};
 use super::github::{release_assets, GitHub};
+use super::targets::{pick, Target};
 use super::waves::{self, NodeRollout};
 use super::{check_entry_path, parse_channel, ChannelError, IndexEntry, Kind, ResolvedRelease};
+use crate::chunk::rate::MinRate;
 use crate::fetch::Source;
 use crate::manifest::{Arch, MANIFEST_FILE};
-use crate::chunk::rate::MinRate;
-use crate::trust::meta::{FileMeta, TargetCustom, Targets};
+use crate::trust::meta::Targets;
 use crate::trust::{self, ExpiryRule, ManifestPin, MetaSource, Record, Store, TrustError};
 
 /// Tag of the GitHub release whose assets are a `github-releases://` channel's metadata files.
@@ -350,35 +351,6 @@ fn source(
             })
         }
     })
-}
-
-/// A target of the signed targets: its path, length and hashes, and what it says of its release.
-pub(super) type Target<'a> = (&'a str, &'a FileMeta, &'a TargetCustom);
-
-/// The release the targets name for `version` (None/"latest": the highest generation).
-pub(super) fn pick<'a>(
-    targets: &'a Targets,
-    version: Option<&str>,
-    arch: Arch,
-) -> Option<Target<'a>> {
-    let mut found: Option<Target<'a>> = None;
-    for (path, meta) in &targets.targets {
-        let Some(c) = meta.custom.as_ref() else {
-            continue;
-        };
-        let dir = path.strip_suffix(MANIFEST_FILE).unwrap_or_default();
-        let matches = match version {
-            None | Some("latest") => true,
-            Some(v) => c.version == v || dir.trim_end_matches('/') == v,
-        };
-        if c.arch != arch || !matches || !path.ends_with(&format!("/{MANIFEST_FILE}")) {
-            continue;
-        }
-        if found.is_none_or(|(_, _, b)| c.generation > b.generation) {
-            found = Some((path, meta, c));
-        }
-    }
-    found
 }
 
 /// The targets' releases as an index, newest first.

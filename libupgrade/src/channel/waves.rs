@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
 
-use super::trusted::{pick, Target};
+use super::targets::{pick, Target};
 use super::ChannelError;
 use crate::manifest::{Arch, MANIFEST_FILE};
 use crate::rollout::{self, Hold, Installed, Listed, Seed, Waiting};

@@ -62,10 +62,8 @@ mod schedule;
 mod seed;
 
 pub use offer::{admission, offer, Hold, Installed, Listed, Node, Offer, Step, Waiting};
-pub use plan::{
-    Floor, Pause, Rollout, RolloutError, Wave, Withdrawal, ROLLOUT_FORMAT, WHOLE_FLEET_BP,
-};
-pub use schedule::{admits_from, threshold};
+pub use plan::{Floor, Pause, Rollout, RolloutError, Withdrawal, ROLLOUT_FORMAT, WHOLE_FLEET_BP};
+pub use schedule::{admits_from, threshold, Wave};
 pub use seed::{
     load_or_create as load_or_create_seed, parse as parse_seed, path as seed_path,
     read as read_seed, Loaded as LoadedSeed, Origin as SeedOrigin, Seed, SeedError,

@@ -9,7 +9,7 @@
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::schedule;
+use super::schedule::{self, Wave};
 
 /// The rollout format this build writes and the newest it reads. Absent in the data means 1.
 /// A node that finds a newer one offers nothing of that release (it cannot tell whom the
@@ -50,15 +50,6 @@ pub struct Rollout {
     /// The required stop: a node running an older generation is offered this release first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_at_least: Option<Floor>,
-}
-
-/// One point of the schedule: from `start` on, `share_bp` of the fleet is offered the release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Wave {
-    /// Share of the fleet in basis points (100 = 1 %, [`WHOLE_FLEET_BP`] = all).
-    pub share_bp: u32,
-    /// When that share is reached.
-    pub start: DateTime<Utc>,
 }
 
 /// A pause of the rollout.

@@ -9,8 +9,17 @@
 
 use chrono::{DateTime, Utc};
 
-use super::plan::Wave;
 use super::seed::SEED_SPACE;
+use serde::{Deserialize, Serialize};
+
+/// One point of the schedule: from `start` on, `share_bp` of the fleet is offered the release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wave {
+    /// Share of the fleet in basis points (100 = 1 %, [`super::WHOLE_FLEET_BP`] = all).
+    pub share_bp: u32,
+    /// When that share is reached.
+    pub start: DateTime<Utc>,
+}
 
 /// Seed positions per basis point of share.
 const PPM_PER_BP: u64 = SEED_SPACE as u64 / 10_000;

@@ -1,0 +1,35 @@
+//! Reading the signed targets (pure): which target names a release, for the node's resolution
+//! (`trusted`) and for the rollout decision over the listed releases (`waves`), which both read
+//! it without reading each other.
+
+use crate::manifest::{Arch, MANIFEST_FILE};
+use crate::trust::meta::{FileMeta, TargetCustom, Targets};
+
+/// A target of the signed targets: its path, length and hashes, and what it says of its release.
+pub(super) type Target<'a> = (&'a str, &'a FileMeta, &'a TargetCustom);
+
+/// The release the targets name for `version` (None/"latest": the highest generation).
+pub(super) fn pick<'a>(
+    targets: &'a Targets,
+    version: Option<&str>,
+    arch: Arch,
+) -> Option<Target<'a>> {
+    let mut found: Option<Target<'a>> = None;
+    for (path, meta) in &targets.targets {
+        let Some(c) = meta.custom.as_ref() else {
+            continue;
+        };
+        let dir = path.strip_suffix(MANIFEST_FILE).unwrap_or_default();
+        let matches = match version {
+            None | Some("latest") => true,
+            Some(v) => c.version == v || dir.trim_end_matches('/') == v,
+        };
+        if c.arch != arch || !matches || !path.ends_with(&format!("/{MANIFEST_FILE}")) {
+            continue;
+        }
+        if found.is_none_or(|(_, _, b)| c.generation > b.generation) {
+            found = Some((path, meta, c));
+        }
+    }
+    found
+}
