@@ -205,7 +205,7 @@ pub enum Installed {
     Kept { from: Option<u32>, changed: bool },
 }
 
-/// Write the loader files in `dir` (see [`BootloaderCmd::Install`]).
+/// Write the loader files in `dir` (see `BootloaderCmd::Install`).
 pub fn install(kind: LoaderArg, dir: &Path, boot: &BootConfig) -> anyhow::Result<Installed> {
     let fresh = BootEnv {
         primary: Slot::A,

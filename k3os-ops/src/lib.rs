@@ -12,11 +12,15 @@
 //!   (and how a boot outcome that is not a good slot becomes a message and an exit status).
 //!
 //! # Architecture
-//! `main.rs` parses and dispatches to one module per subcommand; each calls `libupgrade` (and
-//! `bootconfig`) and the shared edges ([`node`], [`progress`], [`report`], [`logging`]), which
-//! import no subcommand. Between subcommands data flows one way: [`agent`] takes [`upgrade`]'s
-//! rate parser and [`report`]'s outcome mapping, [`release`] renders boot scripts through
-//! [`bootloader`]; no module imports one that imports it back.
+//! `main.rs` parses and dispatches to one module per subcommand; each maps its own input to
+//! `libupgrade` (the CLI's `upgrade` and the agent both build one `libupgrade::StageRequest`)
+//! and `bootconfig`, and uses the shared edges ([`node`], [`progress`], [`report`],
+//! [`logging`]), which import no subcommand. Between subcommands data flows one way, and no
+//! module imports one that imports it back:
+//! - [`slot`] shows the agent's last stage preview (`agent::host::ledger`);
+//! - [`agent`] reports a boot outcome through [`report`]'s mapping;
+//! - [`release`] renders boot scripts through [`bootloader`] and reads times and durations
+//!   with [`upgrade`]'s parsers (`parse_time`, `parse_retry_for`).
 
 pub mod agent;
 pub mod bootloader;

@@ -2,7 +2,7 @@
 //! home instead of copies and `#[path]` includes: real GPT disk image files attached with
 //! `loopdev`, ext4 filesystems made with mkfs.ext4 and mounted with `sys-mount`, real squashfs
 //! images from mksquashfs, signed releases, a Range-capable HTTP server that can drop
-//! connections half way, a [`Config`] for a node under a temp root ([`dir_config`]), and the
+//! connections half way, a [`Config`](libupgrade::Config) for a node under a temp root ([`dir_config`]), and the
 //! real bootloader backends on temp dirs ([`loaders`]).
 
 //!

@@ -20,7 +20,7 @@ pub fn boot_as(c: &Config, slot: Slot, boot_id: &str) {
 }
 
 /// The in-memory loader with GRUB's rules (stage tests, where the loader only matters for
-/// `mark_bad`); boot-assessment tests use the real backends of [`loaders`].
+/// `mark_bad`); boot-assessment tests use the real backends of [`loaders`](crate::loaders).
 pub type ModelLoader = bootconfig::MemoryBootloader;
 
 /// A node under the temp root `p`: k3OS-style dir layout (`p/system`, boot files in

@@ -1,7 +1,7 @@
 //! What the agent says: the `k3os.io/update-*` annotations of its Node and the Events about
-//! the Node and its channel. Every report of a step goes through here: [`Agent::report`] (a
-//! phase and its Event), [`Agent::publish`] (a [`Report`] a tick returned), Events once per
-//! text for waiting states ([`Agent::event_once`]), and format refusals once per agent process.
+//! the Node and its channel. Every report of a step goes through here: `Agent::report` (a
+//! phase and its Event), `Agent::publish` (a `Report` a tick returned), Events once per
+//! text for waiting states (`Agent::event_once`), and format refusals once per agent process.
 //!
 //! An annotation is written only when it changes: the Node's annotations as last read or
 //! written are remembered, and a patch that would change none of them is not sent (an idle
@@ -52,7 +52,7 @@ impl Say {
         }
     }
 
-    /// For a waiting state: only when the text changed (see [`Agent::report`]).
+    /// For a waiting state: only when the text changed (see `Agent::report`).
     pub fn once(self) -> Say {
         Say { once: true, ..self }
     }

@@ -239,7 +239,7 @@ async fn reclaim_channel(
 }
 
 /// Resolve `latest` for each channel whose poller Lease this node holds, forever: every
-/// `period`, and at once (within [`POLL_LOOK_PERIOD`]) when a channel appears or its spec
+/// `period`, and at once (within `POLL_LOOK_PERIOD`) when a channel appears or its spec
 /// changes (new `metadata.generation`).
 pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
     let leases: Api<Lease> =

@@ -8,7 +8,7 @@
 //! (annotation, gauge, `slot status`), judge whether what is left can arrive before the next
 //! maintenance window (condition `StageWillMissWindow`), and stage within the plan's open
 //! windows and the quota's budget. A clean stop at the quota or the windows' end is
-//! [`Staging::Stopped`] (the controller decides again, normally `StageWaiting`), never a
+//! `Staging::Stopped` (the controller decides again, normally `StageWaiting`), never a
 //! failure: no `StageFailed`, no `k3os_ops_stage_failures_total`, no back-off, nothing in
 //! `status.failures`; the next stage resumes where it stopped.
 

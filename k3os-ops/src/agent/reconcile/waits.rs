@@ -1,6 +1,6 @@
 //! What a waiting decision says: the phase, the message and the Event of every
 //! [`Action`] that holds the update back (paused, a wave, the window, the slots, a gate, a
-//! back-off, the thin-link settings). Pure; the controller publishes the [`Report`] once.
+//! back-off, the thin-link settings). Pure; the controller publishes the `Report` once.
 
 use chrono::{DateTime, Utc};
 
