@@ -277,9 +277,20 @@ pub fn write_targets(
         expires,
         targets,
     };
-    let env = Envelope::sign(&doc, &signers_for(&[&root], Role::Targets, signers));
+    sign_targets(dir, &root, doc, signers)
+}
+
+/// Sign `doc` with `signers`, check it against `root`'s targets threshold, and write it as the
+/// channel's `targets.json` (nothing is written when the check fails).
+fn sign_targets(
+    dir: &Path,
+    root: &Root,
+    doc: Targets,
+    signers: &[SigningKey],
+) -> Result<Targets, TrustError> {
+    let env = Envelope::sign(&doc, &signers_for(&[root], Role::Targets, signers));
     env.check_role(
-        &root,
+        root,
         Role::Targets,
         &format!("new targets version {}", doc.version),
     )?;
@@ -348,14 +359,7 @@ pub fn write_rollout(
     }
     doc.version = next_version(dir, Role::Targets)?;
     doc.expires = expires;
-    let env = Envelope::sign(&doc, &signers_for(&[&root], Role::Targets, signers));
-    env.check_role(
-        &root,
-        Role::Targets,
-        &format!("new targets version {}", doc.version),
-    )?;
-    write_atomic(dir, Role::Targets.file(), &env.to_bytes())?;
-    Ok(doc)
+    sign_targets(dir, &root, doc, signers)
 }
 
 /// Re-sign `snapshot.json` (over the current `targets.json`) and `timestamp.json` (over the
