@@ -306,8 +306,10 @@ impl Applier<'_> {
             match self.remotes[s].open_range(c.offset, stop) {
                 Ok(body) => {
                     self.t.requests += 1;
-                    let body =
-                        Limited::new(Watched::new(body, self.opts.min_rate), self.opts.throttle);
+                    let body = Limited::new(
+                        Watched::new(body, self.opts.min_rate).until(self.opts.deadline),
+                        self.opts.throttle,
+                    );
                     self.streams[s] = Some(Open {
                         range: r,
                         next: c.offset,
@@ -332,7 +334,8 @@ impl Applier<'_> {
             Err(e) => {
                 self.streams[s] = None;
                 Ok(Read1::Failed(format!(
-                    "connection dropped in chunk {i} (bytes {}..{}): {e}",
+                    "{} in chunk {i} (bytes {}..{})",
+                    crate::fetch::body_failed(&e),
                     c.offset,
                     c.end()
                 )))
