@@ -3,7 +3,7 @@
 //! N agents, one per simulated node, run exactly the agent's code ([`run::run_agent`]: the
 //! watches of the channels and of the own Node, the reconcile loop on its watch caches, node
 //! Lease renewal, reclaim loop, `latest` poller, fleet counter) against the shared fake API
-//! server of the agent tests (`tests/fake_api`: resourceVersion compare-and-swap, Leases,
+//! server of the agent tests (`k3os_ops_testing::fake_api`: resourceVersion compare-and-swap, Leases,
 //! Events, watches streamed and resumed from a resourceVersion), each over its own kube client
 //! that counts its writes like the agent's real one. The node side is a simulation
 //! ([`SimOps`]): staging is instant, a reboot takes [`REBOOT`] (the Node NotReady meanwhile,
@@ -37,15 +37,12 @@
 //! return, so the clock never moved again. Here the driver ends the agent and lets `reboot()`
 //! return at once, then waits out the reboot.
 
-#[path = "../tests/fake_api/mod.rs"]
-mod fake_api;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fake_api::{Log, World, NS};
 use k3os_ops::agent;
+use k3os_ops_testing::fake_api::{self, Log, World, NS};
 
 use agent::cluster::client::WriteCounter;
 use agent::context::Agent;

@@ -4,7 +4,7 @@
 //! many resyncs (only its Lease renewals and the watch restarts reach the server), and it
 //! still wakes at once when the channel's target changes.
 
-mod fake_api;
+use k3os_ops_testing::fake_api;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
