@@ -58,7 +58,7 @@
 //! or never coming back (reclaimed only after rebootTimeout, as a failure).
 //!
 //! This module is the rig (the node side, the invariants, the driver); the scenarios are in
-//! `agent_fleet.rs`.
+//! `fleet.rs`.
 
 #![allow(dead_code)]
 
