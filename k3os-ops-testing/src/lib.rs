@@ -6,3 +6,4 @@
 //! fixtures (`UpdateChannel::test()`).
 
 pub mod fake_api;
+pub mod sim_node;
