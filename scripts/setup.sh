@@ -32,7 +32,7 @@ rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl >/dev/nul
 command -v just >/dev/null || [ -x "$HOME/.cargo/bin/just" ] || cargo install just --locked
 # `just fuzz` (fuzz/README.md): cargo-fuzz, run on the stable toolchain with RUSTC_BOOTSTRAP=1.
 command -v cargo-fuzz >/dev/null || [ -x "$HOME/.cargo/bin/cargo-fuzz" ] || cargo install cargo-fuzz --locked
-# python-tuf, the TUF reference implementation, for k3os-ops/tests/tuf_interop.rs (exact versions;
+# python-tuf, the TUF reference implementation, for k3os-ops/tests/cli/tuf_interop.rs (exact versions;
 # --break-system-packages: Debian's python3 is "externally managed" and these are test tools).
 python3 -c 'import importlib.metadata as m, sys; sys.exit(not (m.version("tuf") == "7.0.1" and m.version("securesystemslib") == "1.6.0"))' 2>/dev/null ||
     python3 -m pip install -q --break-system-packages 'tuf==7.0.1' 'securesystemslib[crypto]==1.6.0'

@@ -3,10 +3,10 @@
 //! N agents, one per simulated node, run exactly the agent's code ([`run::run_agent`]: the
 //! watches of the channels and of the own Node, the reconcile loop on its watch caches, node
 //! Lease renewal, reclaim loop, `latest` poller, fleet counter) against the shared fake API
-//! server of the agent tests (`tests/fake_api`: resourceVersion compare-and-swap, Leases,
+//! server of the agent tests (`k3os_ops_testing::fake_api`: resourceVersion compare-and-swap, Leases,
 //! Events, watches streamed and resumed from a resourceVersion), each over its own kube client
 //! that counts its writes like the agent's real one. The node side is a simulation
-//! ([`SimOps`]): staging is instant, a reboot takes [`REBOOT`] (the Node NotReady meanwhile,
+//! ([`SimNode`], shared with the idle-agent test): staging is instant, a reboot takes [`REBOOT`] (the Node NotReady meanwhile,
 //! the agent gone with it: its tasks are aborted and a fresh agent starts after the boot), the
 //! trial boot is healthy and the Node Ready at once.
 //!
@@ -37,22 +37,18 @@
 //! return, so the clock never moved again. Here the driver ends the agent and lets `reboot()`
 //! return at once, then waits out the reboot.
 
-#[path = "../tests/fake_api/mod.rs"]
-mod fake_api;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fake_api::{Log, World, NS};
 use k3os_ops::agent;
+use k3os_ops_testing::fake_api::{self, Log, World, NS};
+use k3os_ops_testing::sim_node::{PowerRequest, SimNode};
 
 use agent::cluster::client::WriteCounter;
 use agent::context::Agent;
-use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
-use agent::host::status::{Inactive, NodeUpdateStatus};
+use agent::host::ops::NodeOps;
 use agent::run::{self, Periods};
-use libupgrade::StageRequest;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -73,81 +69,6 @@ const REBOOT: Duration = Duration::from_secs(60);
 const REBOOT_TIMEOUT: &str = "15m";
 /// How often the driver looks whether the rollout is done.
 const LOOK: Duration = Duration::from_secs(1);
-
-type PowerRequest = (usize, std::sync::mpsc::Sender<()>);
-
-/// One simulated node's slots.
-struct Sim {
-    booted: String,
-    on_trial: bool,
-    inactive: Inactive,
-}
-
-/// The node side: instant staging, a healthy trial, reboots handed to the driver.
-struct SimOps {
-    index: usize,
-    sim: Mutex<Sim>,
-    power: mpsc::UnboundedSender<PowerRequest>,
-}
-
-impl NodeOps for SimOps {
-    fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
-        let s = self.sim.lock().unwrap();
-        Ok(NodeUpdateStatus {
-            booted_version: Some(s.booted.clone()),
-            booted_on_trial: s.on_trial,
-            inactive: s.inactive.clone(),
-            failed_trial: None,
-        })
-    }
-    fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {
-        Err(NodeError::new("resolve", "the bench pins its versions"))
-    }
-    fn stage(
-        &self,
-        req: &StageRequest,
-        _: Option<chrono::NaiveDate>,
-        _: &dyn StageProgress,
-    ) -> Result<StageEnd, NodeError> {
-        let version = req.wanted.version().unwrap_or_default();
-        self.sim.lock().unwrap().inactive = Inactive::Staged(version.into());
-        Ok(StageEnd::Staged { fetched: 0 })
-    }
-    fn activate(&self, _: Duration) -> Result<(), NodeError> {
-        let mut s = self.sim.lock().unwrap();
-        if let Inactive::Staged(v) = &s.inactive {
-            s.inactive = Inactive::Activated(v.clone());
-        }
-        Ok(())
-    }
-    fn confirm(&self, _: libupgrade::health::CheckResult) -> Result<ConfirmResult, NodeError> {
-        self.sim.lock().unwrap().on_trial = false;
-        Ok(ConfirmResult::Healthy)
-    }
-    fn reboot(&self) -> Result<(), NodeError> {
-        // Blocks this spawn_blocking thread until the driver has ended the agent; the driver
-        // answers at once (no virtual time may pass while a blocking task runs).
-        let (done, ended) = std::sync::mpsc::channel();
-        self.power.send((self.index, done)).expect("driver runs");
-        let _ = ended.recv();
-        Err(NodeError::new(
-            "reboot",
-            "the simulated power cycle ended this agent",
-        ))
-    }
-}
-
-impl SimOps {
-    /// The power cycle: an activated slot boots on trial.
-    fn boot(&self) {
-        let mut s = self.sim.lock().unwrap();
-        if let Inactive::Activated(v) = s.inactive.clone() {
-            s.inactive = Inactive::Empty;
-            s.booted = v;
-            s.on_trial = true;
-        }
-    }
-}
 
 fn node_name(i: usize) -> String {
     format!("node-{i:04}")
@@ -177,7 +98,7 @@ impl Monitor {
 struct Fleet {
     world: Arc<Mutex<World>>,
     log: Log,
-    sims: Vec<Arc<SimOps>>,
+    sims: Vec<Arc<SimNode>>,
     agents: Vec<Option<JoinHandle<()>>>,
     power: mpsc::UnboundedReceiver<PowerRequest>,
     monitor: Arc<Mutex<Monitor>>,
@@ -206,17 +127,7 @@ impl Fleet {
         world.observer = Some(Box::new(move |w: &World| m.lock().unwrap().sample(w)));
         let (tx, power) = mpsc::unbounded_channel();
         let sims = (0..nodes)
-            .map(|i| {
-                Arc::new(SimOps {
-                    index: i,
-                    sim: Mutex::new(Sim {
-                        booted: "v1".into(),
-                        on_trial: false,
-                        inactive: Inactive::Empty,
-                    }),
-                    power: tx.clone(),
-                })
-            })
+            .map(|i| Arc::new(SimNode::powered(i, "v1", tx.clone())))
             .collect();
         let world = Arc::new(Mutex::new(world));
         if std::env::var("FLEET_DEBUG").is_ok() {

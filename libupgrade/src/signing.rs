@@ -5,7 +5,7 @@
 //! rather than a minisign crate: one well-reviewed primitive, no extra dependency in the node
 //! binary, and keys in standard PKCS#8 v1 / SPKI PEM — the formats `openssl genpkey -algorithm
 //! ed25519` writes and `openssl pkey` reads (tested against Debian 12's OpenSSL 3.0 in
-//! `k3os-ops/tests/release_openssl.rs`), so a publisher can keep their key in existing tooling
+//! `k3os-ops/tests/cli/release_openssl.rs`), so a publisher can keep their key in existing tooling
 //! (HSM export, openssl) and check a signature with `openssl pkeyutl -verify -rawin`.
 //!
 //! Formats:

@@ -4,7 +4,8 @@
 //! and running a command on it that must succeed or must fail with one `error:` line.
 //! It lives here rather than in testkit because the binary's path
 //! (`CARGO_BIN_EXE_k3os-ops`, through [`release_support::bin`]) exists only in this crate's
-//! integration tests; each test file adds its own release fixtures in an `impl Node` block.
+//! integration tests; the test modules add their own release fixtures in `impl Node` blocks
+//! (one test binary, so their method names must differ).
 #![allow(dead_code)]
 
 use std::fs;

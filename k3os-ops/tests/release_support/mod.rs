@@ -10,6 +10,20 @@ use libupgrade::manifest::Arch;
 use libupgrade::release;
 use libupgrade::release::CreateOptions;
 
+/// Points libupgrade's GitHub client at `api` (`K3OS_OPS_GITHUB_API`, read when a
+/// `github-releases://` channel is resolved) for as long as the returned guard lives. The
+/// variable is process-wide and the tests of one binary share the process: a test holds the
+/// guard from setting it to its last resolve, so no other test re-points it meanwhile.
+pub fn github_api(api: &str) -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that failed while holding it leaves nothing half-done behind: the next one sets
+    // the variable anew.
+    let guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    std::env::set_var(libupgrade::channel::GITHUB_API_ENV, api);
+    guard
+}
+
+/// The `k3os-ops` binary cargo built for this test target.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_k3os-ops")
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """python-tuf (the TUF reference implementation) on both sides of a channel, for
-k3os-ops/tests/tuf_interop.rs.
+k3os-ops/tests/cli/tuf_interop.rs.
 
   interop.py client URL METADIR ROOT TARGET
       python-tuf's ngclient.Updater refreshes the channel at URL (METADIR keeps what it trusts

@@ -37,7 +37,7 @@
 //! other algorithm refuses, it never passes unchecked). A root that rotates a role's keys
 //! forgets what that role vouched for (TUF 5.3.11): the timestamp key its timestamp and
 //! snapshot versions, the snapshot key its bound on the targets version; nothing else
-//! lowers a bound. `k3os-ops/tests/tuf_interop.rs` holds these rules against python-tuf.
+//! lowers a bound. `k3os-ops/tests/cli/tuf_interop.rs` holds these rules against python-tuf.
 //!
 //! `consistent_snapshot` is false: a node that reads a channel while it is being republished
 //! sees a hash mismatch and tries again at its next poll.

@@ -138,7 +138,7 @@ pub fn refresh(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::channel::crd::{FailureRecord, UpdateChannelSpec};
+    use crate::agent::channel::crd::FailureRecord;
 
     fn node(name: &str, phase: &str, version: &str) -> NodeFacts {
         NodeFacts {
@@ -150,14 +150,12 @@ mod tests {
     }
 
     fn channel(target: &str) -> UpdateChannel {
-        UpdateChannel::new(
-            "stable",
-            UpdateChannelSpec {
-                url: "https://releases.example/".into(),
-                version: Some(target.into()),
-                ..Default::default()
-            },
-        )
+        // The fixture's concurrency, rebootTimeout and maxFailures do not enter the counts.
+        UpdateChannel::test()
+            .url("https://releases.example/")
+            .version(Some(target))
+            .status(None)
+            .build()
     }
 
     #[test]

@@ -19,7 +19,11 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+#[cfg(any(test, feature = "testing"))]
+mod fixture;
 mod schemas;
+#[cfg(any(test, feature = "testing"))]
+pub use fixture::ChannelFixture;
 use schemas::*;
 
 /// Pattern of the spec's short durations (`90s`, `15m`, `1h30m`, `2d`; see `duration.rs`).

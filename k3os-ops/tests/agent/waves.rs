@@ -19,23 +19,13 @@ fn at(s: i64) -> DateTime<Utc> {
 }
 
 fn channel(rollout: RolloutSpec, status: Option<RolloutStatus>) -> UpdateChannel {
-    let mut ch = UpdateChannel::new(
-        "stable",
-        UpdateChannelSpec {
-            url: "https://releases.example/stable/".into(),
-            version: Some("v2".into()),
-            concurrency: 1,
-            reboot_timeout: "15m".into(),
-            max_failures: 1,
-            rollout: Some(rollout),
+    UpdateChannel::test()
+        .rollout(rollout)
+        .status(Some(UpdateChannelStatus {
+            rollout: status,
             ..Default::default()
-        },
-    );
-    ch.status = Some(UpdateChannelStatus {
-        rollout: status,
-        ..Default::default()
-    });
-    ch
+        }))
+        .build()
 }
 
 fn node(name: &str, inactive: Inactive) -> NodeView {

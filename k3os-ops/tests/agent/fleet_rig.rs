@@ -58,7 +58,7 @@
 //! or never coming back (reclaimed only after rebootTimeout, as a failure).
 //!
 //! This module is the rig (the node side, the invariants, the driver); the scenarios are in
-//! `agent_fleet.rs`.
+//! `fleet.rs`.
 
 #![allow(dead_code)]
 
@@ -68,7 +68,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::fake_api::{self, Log, Pdb, World, NS};
 use agent::channel::format::{ANN_CORDONED, ANN_PHASE};
 use agent::context::{Agent, Next};
 use agent::host::ledger::PreviewRecord;
@@ -77,6 +76,7 @@ use agent::host::ops::{
 };
 use agent::host::status::NodeUpdateStatus;
 use bootconfig::Slot;
+use k3os_ops_testing::fake_api::{self, Log, Pdb, World, NS};
 use libupgrade::StageRequest;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};

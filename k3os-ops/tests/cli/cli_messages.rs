@@ -2,8 +2,8 @@
 //! one `error:` line, naming what was wrong and what to do. A node here is a temp dir with the
 //! k3OS-style dir layout and a real GRUB env (bootconfig's own writer), booted on slot A.
 
-mod cli_support;
-mod release_support;
+use crate::cli_support;
+use crate::release_support;
 
 use std::fs;
 use std::path::{Path, PathBuf};

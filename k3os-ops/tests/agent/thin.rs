@@ -35,7 +35,7 @@ use testkit::clock::VirtualClock;
 use testkit::sim::SimNode;
 use testkit::TestServer;
 
-mod fake_api;
+use k3os_ops_testing::fake_api;
 
 /// Slack for what the server sends besides artifact bytes: the channel index, manifests,
 /// signatures, chunk indexes and HTTP headers of every resolve and request.

@@ -17,7 +17,7 @@ use fake_api::{Log, World};
 use libupgrade::StageRequest;
 use serde_json::{json, Value};
 
-mod fake_api;
+use k3os_ops_testing::fake_api;
 
 struct FakeNode {
     status: Mutex<NodeUpdateStatus>,

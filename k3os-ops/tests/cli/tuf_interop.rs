@@ -10,8 +10,8 @@
 //! The python side is `tests/tuf/interop.py`. Channels are served by `k3os-ops release serve`
 //! on 127.0.0.1.
 
-mod cli_support;
-mod release_support;
+use crate::cli_support;
+use crate::release_support;
 
 use std::fs;
 use std::path::{Path, PathBuf};

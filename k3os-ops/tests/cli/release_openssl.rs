@@ -4,7 +4,7 @@
 //! signature made by `release create`; and a key made by `openssl genpkey -algorithm ed25519`
 //! signs a release that `release verify` accepts.
 
-mod release_support;
+use crate::release_support;
 
 use std::fs;
 use std::path::Path;

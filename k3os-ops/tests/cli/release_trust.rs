@@ -5,7 +5,7 @@
 //! in-memory loader) resolving with `channel::resolve_with`, as `upgrade --channel` does.
 //! Servers listen on 127.0.0.1 only.
 
-mod release_support;
+use crate::release_support;
 
 use libupgrade::Release;
 use std::collections::BTreeMap;
@@ -875,7 +875,7 @@ fn github_channels_carry_the_metadata_as_release_assets() {
         github_listing(&srv.url, &dl, &tags),
     )
     .unwrap();
-    std::env::set_var(channel::GITHUB_API_ENV, format!("{}api", srv.url));
+    let _github = release_support::github_api(&format!("{}api", srv.url));
     let ch = "github-releases://acme/trusted";
     assert_eq!(
         channel::resolve(ch, None, Arch::host()).unwrap().version,

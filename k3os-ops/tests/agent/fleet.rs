@@ -8,16 +8,15 @@
 //! good while Draining, and the DaemonSet rolled from the v0.1.0 agent mid-rollout (the v0.1.0
 //! holder coming back and finishing, or never coming back).
 
-mod fake_api;
-mod fleet_rig;
+use k3os_ops_testing::fake_api;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use crate::fleet_rig::*;
 use agent::channel::format::ANN_CORDONED;
 use bootconfig::Slot;
 use fake_api::NS;
-use fleet_rig::*;
 use k3os_ops::agent;
 use serde_json::{json, Value};
 async fn rollout(concurrency: u32) {

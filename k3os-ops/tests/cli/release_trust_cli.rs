@@ -8,8 +8,8 @@
 //! served without metadata is refused for its signature. A stale channel is refused with one error line naming
 //! the role and its expiry, and `--ignore-expiry` overrides it loudly.
 
-mod cli_support;
-mod release_support;
+use crate::cli_support;
+use crate::release_support;
 
 use std::fs;
 use std::path::{Path, PathBuf};

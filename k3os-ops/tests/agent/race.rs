@@ -346,29 +346,13 @@ fn run(sc: Scenario) -> Report {
 
 async fn simulate(sc: Arc<Scenario>) -> Report {
     let rng = Arc::new(Mutex::new(StdRng::seed_from_u64(sc.seed)));
-    let mut ch = UpdateChannel::new(
-        "stable",
-        UpdateChannelSpec {
-            url: "https://releases.example/".into(),
-            version: Some(VERSION.into()),
-            concurrency: sc.concurrency,
-            node_selector: BTreeMap::new(),
-            window: None,
-            windows: Vec::new(),
-            drain: DrainSpec::default(),
-            reboot_timeout: "10s".into(),
-            max_failures: sc.max_failures,
-            max_rate: None,
-            paused: false,
-            resumed_at: None,
-            rollout: None,
-            blocking_pod_selector: None,
-            prometheus: None,
-            stage: None,
-            sources: Vec::new(),
-        },
-    );
-    ch.status = Some(UpdateChannelStatus::default());
+    let ch = UpdateChannel::test()
+        .url("https://releases.example/")
+        .version(Some(VERSION))
+        .concurrency(sc.concurrency)
+        .reboot_timeout("10s")
+        .max_failures(sc.max_failures)
+        .build();
     let nodes: Vec<Arc<Node>> = (0..N)
         .map(|i| {
             Arc::new(Node {

@@ -7,7 +7,7 @@
 //! Needs root, loop devices and mksquashfs (as CI has); without them the test fails saying so.
 //! The disk fixture is the workspace's shared one (`testkit`).
 
-mod release_support;
+use crate::release_support;
 
 use libupgrade::Release;
 use std::collections::BTreeMap;
@@ -453,7 +453,7 @@ fn github_release_assets_stage_into_a_slot() {
     }
     let api = serde_json::json!([{ "tag_name": "v8", "draft": false, "prerelease": false, "assets": assets }]);
     fs::write(site.join("api/repos/acme/nodeos/releases"), api.to_string()).unwrap();
-    std::env::set_var(channel::GITHUB_API_ENV, format!("{}api", srv.url));
+    let _github = release_support::github_api(&format!("{}api", srv.url));
 
     let disk = TestDisk::new(24 * MIB);
     let cfg = disk.config(&trust);

@@ -2,7 +2,7 @@
 //! channel's index current, and `github-releases://` resolution against a local server that
 //! imitates GitHub's releases API layout.
 
-mod release_support;
+use crate::release_support;
 
 use std::fs;
 use std::path::Path;
@@ -319,7 +319,7 @@ fn github_releases_resolution() {
         releases_json(&srv.url, &root, &rels, "2026-12-01T10:00:00Z"),
     )
     .unwrap();
-    std::env::set_var(channel::GITHUB_API_ENV, format!("{}api", srv.url));
+    let _github = release_support::github_api(&format!("{}api", srv.url));
     let ch = "github-releases://acme/nodeos";
 
     let latest = channel::resolve(ch, None, Arch::X86_64).unwrap();

@@ -1,6 +1,6 @@
 //! A small stateful fake of the Kubernetes API server for the agent's tests, behind
-//! tower-test's mock service (`kube::Client::new(mock, …)`), shared by `agent_flow.rs` (one
-//! node) and `agent_fleet.rs` (three nodes) through `mod fake_api;`.
+//! tower-test's mock service (`kube::Client::new(mock, …)`), shared by the agent's test
+//! binary (`k3os-ops/tests/agent/`: one node in `flow`, three in `fleet`) and the fleet bench.
 //!
 //! What it serves, with a real server's semantics where the agent depends on them:
 //! - Nodes: GET, the list by `labelSelector` (`k=v` pairs), merge PATCH; PATCH of the status subresource merging `conditions` by type
@@ -35,9 +35,6 @@
 //! bump [`World::subscribe`]'s counter, standing in for the agent's watches. The log records
 //! Node cordons, slot writes, `Invalid` condition writes, Events and any request the fake does not know
 //! (`UNEXPECTED …`), in order.
-
-// Each test binary uses its own part of the fake.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

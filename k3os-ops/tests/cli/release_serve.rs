@@ -1,6 +1,6 @@
 //! `k3os-ops release serve`: a static server that honours Range requests (resumable downloads).
 
-mod release_support;
+use crate::release_support;
 
 use std::io::Read;
 

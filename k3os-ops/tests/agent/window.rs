@@ -205,30 +205,7 @@ proptest! {
 }
 
 fn channel(version: Option<&str>) -> UpdateChannel {
-    let mut ch = UpdateChannel::new(
-        "stable",
-        UpdateChannelSpec {
-            url: "https://releases.example/stable/".into(),
-            version: version.map(String::from),
-            concurrency: 1,
-            node_selector: BTreeMap::new(),
-            window: None,
-            windows: Vec::new(),
-            drain: DrainSpec::default(),
-            reboot_timeout: "15m".into(),
-            max_failures: 1,
-            max_rate: None,
-            paused: false,
-            resumed_at: None,
-            rollout: None,
-            blocking_pod_selector: None,
-            prometheus: None,
-            stage: None,
-            sources: Vec::new(),
-        },
-    );
-    ch.status = Some(UpdateChannelStatus::default());
-    ch
+    UpdateChannel::test().version(version).build()
 }
 
 fn staged_node(version: &str) -> NodeView {

@@ -26,7 +26,7 @@ use libupgrade::trust::Role;
 use serde_json::{json, Value};
 use testkit::sim::SimNode;
 
-mod fake_api;
+use k3os_ops_testing::fake_api;
 
 /// A channel directory with releases v1, v2 and signed metadata (one key per role).
 struct Chan {

@@ -4,7 +4,7 @@
 //! many resyncs (only its Lease renewals and the watch restarts reach the server), and it
 //! still wakes at once when the channel's target changes.
 
-mod fake_api;
+use k3os_ops_testing::fake_api;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -12,53 +12,12 @@ use std::time::Duration;
 
 use fake_api::{Log, World, NS};
 use k3os_ops::agent;
+use k3os_ops_testing::sim_node::SimNode;
 
 use agent::cluster::client::WriteCounter;
 use agent::context::Agent;
-use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
-use agent::host::status::{Inactive, NodeUpdateStatus};
 use agent::run::Periods;
-use libupgrade::StageRequest;
 use serde_json::json;
-
-/// A node running v1 that stages whatever it is asked to (and never reboots here).
-struct Idle {
-    staged: Mutex<Option<String>>,
-}
-
-impl NodeOps for Idle {
-    fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
-        let staged = self.staged.lock().unwrap().clone();
-        Ok(NodeUpdateStatus {
-            booted_version: Some("v1".into()),
-            booted_on_trial: false,
-            inactive: staged.map_or(Inactive::Empty, Inactive::Staged),
-            failed_trial: None,
-        })
-    }
-    fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {
-        Err(NodeError::new("resolve", "pinned"))
-    }
-    fn stage(
-        &self,
-        req: &StageRequest,
-        _: Option<chrono::NaiveDate>,
-        _: &dyn StageProgress,
-    ) -> Result<StageEnd, NodeError> {
-        let version = req.wanted.version().unwrap_or_default();
-        *self.staged.lock().unwrap() = Some(version.into());
-        Ok(StageEnd::Staged { fetched: 0 })
-    }
-    fn activate(&self, _: Duration) -> Result<(), NodeError> {
-        Err(NodeError::new("activate", "not in this test"))
-    }
-    fn confirm(&self, _: libupgrade::health::CheckResult) -> Result<ConfirmResult, NodeError> {
-        Ok(ConfirmResult::Healthy)
-    }
-    fn reboot(&self) -> Result<(), NodeError> {
-        Err(NodeError::new("reboot", "not in this test"))
-    }
-}
 
 fn spent(w: &Arc<Mutex<World>>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     w.lock()
@@ -84,9 +43,8 @@ async fn an_idle_agent_makes_no_writes_and_no_reads_over_many_resyncs_and_wakes_
     let log = Log::default();
     let writes = WriteCounter::new("n1");
     let client = fake_api::counted_client(&world, &log, &writes);
-    let ops = Arc::new(Idle {
-        staged: Mutex::new(None),
-    });
+    // Running v1, staging whatever it is asked to; it never reboots here.
+    let ops = Arc::new(SimNode::new("v1"));
     let agent = Arc::new(Agent::new(client, NS, "n1", None, ops).with_watches(writes));
     let resync = Duration::from_secs(30);
     let periods = Periods {

@@ -8,8 +8,8 @@
 //! whose site cannot be reached (`[reachability]`) rolls back by itself at the limit; one that
 //! reaches an endpoint (a listener, any HTTP answer, the URL it was staged from) is blessed.
 
-mod cli_support;
-mod release_support;
+use crate::cli_support;
+use crate::release_support;
 
 use std::fs;
 use std::os::unix::fs::FileExt;
@@ -24,7 +24,7 @@ use testkit::release_size;
 impl Node {
     /// A signed release `v2` (generation 6) whose rootfs is a real squashfs holding 3 MiB of
     /// incompressible data.
-    fn release(&self) -> PathBuf {
+    fn squashfs_release(&self) -> PathBuf {
         let tree = self.path().join("v2.tree");
         fs::create_dir_all(tree.join("etc")).unwrap();
         fs::write(tree.join("etc/k3os-release"), "VERSION=v2\nGENERATION=6\n").unwrap();
@@ -109,7 +109,7 @@ fn state_files(n: &Node) -> Vec<(PathBuf, Vec<u8>)> {
 #[test]
 fn plan_only_then_a_budget_stop_then_the_rest_from_a_bundle() {
     let n = Node::new();
-    let rel = n.release();
+    let rel = n.squashfs_release();
     let src = rel.to_str().unwrap();
     let total = release_size(&rel);
 
@@ -169,7 +169,7 @@ fn plan_only_then_a_budget_stop_then_the_rest_from_a_bundle() {
 #[test]
 fn an_extra_source_directory_is_used_before_the_origin() {
     let n = Node::new();
-    let rel = n.release();
+    let rel = n.squashfs_release();
     let src = rel.to_str().unwrap();
     let total = release_size(&rel);
     let medium = n.path().join("usb");
@@ -204,7 +204,7 @@ fn members(bundle: &Path) -> Vec<(String, u64, u64)> {
 #[test]
 fn a_tampered_or_truncated_bundle_is_refused_naming_the_member() {
     let n = Node::new();
-    let rel = n.release();
+    let rel = n.squashfs_release();
     let (bundle, _) = n.bundle(&rel);
     let list = members(&bundle);
     let names: Vec<&str> = list.iter().map(|m| m.0.as_str()).collect();
@@ -268,7 +268,7 @@ fn rfc3339(t: std::time::SystemTime) -> String {
 fn stage_until_and_stage_windows_stop_resumable_with_exit_75_and_the_next_run_continues() {
     use std::time::{Duration, Instant, SystemTime};
     let n = Node::new();
-    let rel = n.release();
+    let rel = n.squashfs_release();
     let src = rel.to_str().unwrap();
     let total = release_size(&rel);
     let exit_75 = |args: &[&str]| {
@@ -395,7 +395,7 @@ fn closed_port() -> u16 {
 #[test]
 fn an_unreachable_site_rolls_the_trial_back_at_the_limit_naming_the_endpoints() {
     let n = Node::new();
-    let rel = n.release();
+    let rel = n.squashfs_release();
     let closed = format!("tcp://127.0.0.1:{}", closed_port());
     n.reachability(std::slice::from_ref(&closed), 2);
     n.trial_of(rel.to_str().unwrap());
@@ -418,7 +418,7 @@ fn an_unreachable_site_rolls_the_trial_back_at_the_limit_naming_the_endpoints() 
 fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts() {
     // A listener after a closed port: the first endpoint that answers is enough.
     let n = Node::new();
-    let rel = n.release();
+    let rel = n.squashfs_release();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let open = format!("tcp://{}", listener.local_addr().unwrap());
     let closed = format!("tcp://127.0.0.1:{}", closed_port());
@@ -429,7 +429,7 @@ fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts()
 
     // Any HTTP answer (a 404) counts.
     let n = Node::new();
-    let rel = n.release();
+    let rel = n.squashfs_release();
     let srv = testkit::TestServer::paced(n.path().to_path_buf(), 0);
     n.reachability(&[format!("{}no-such-file", srv.base)], 30);
     n.trial_of(rel.to_str().unwrap());
@@ -438,13 +438,13 @@ fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts()
     // No endpoints configured: the URL the release was staged from; a local source has none,
     // which activation refuses up front.
     let n = Node::new();
-    let rel = n.release();
+    let rel = n.squashfs_release();
     n.reachability(&[], 30);
     n.ok(&["upgrade", "--stage-only", "--source", rel.to_str().unwrap()]);
     let line = n.fails_with_one_error(&["slot", "activate"]);
     assert!(line.contains("not staged from an http(s) URL"), "{line}");
     let n = Node::new();
-    let rel = n.release();
+    let rel = n.squashfs_release();
     let srv = testkit::TestServer::paced(n.path().to_path_buf(), 0);
     let plain = fs::read_to_string(&n.config).unwrap();
     n.reachability(&[], 30);

@@ -1,0 +1,28 @@
+//! The command line end to end, one test binary (linking kube and the crate graph once
+//! instead of once per file): `upgrade`, `host`, the messages the CLI prints, and the
+//! `release` tools (create, sign, serve, channels, TUF metadata and its interop with
+//! python-tuf). Each module is one former `tests/<name>.rs`; run one with
+//! `cargo test -p k3os-ops --test cli <name>::`.
+//!
+//! The modules share one process. Process-wide state they touch: `K3OS_OPS_GITHUB_API`
+//! (the GitHub channel tests hold [`release_support::github_api`]'s guard while it points at
+//! their server); mounts (tmpfs, loop) only under each test's own temp dir; no fixed port, no
+//! change of the current directory.
+
+// The support modules are shared with the targets that stay on their own
+// (`suc_plan`, `cluster_fleet`), which include them by the same name from `tests/`.
+#[path = "../cli_support/mod.rs"]
+mod cli_support;
+#[path = "../release_support/mod.rs"]
+mod release_support;
+
+mod cli_messages;
+mod host_reboot;
+mod release_channel;
+mod release_e2e;
+mod release_openssl;
+mod release_serve;
+mod release_trust;
+mod release_trust_cli;
+mod tuf_interop;
+mod upgrade_thin;
