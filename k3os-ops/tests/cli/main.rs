@@ -24,5 +24,6 @@ mod release_openssl;
 mod release_serve;
 mod release_trust;
 mod release_trust_cli;
+mod rollout_cli;
 mod tuf_interop;
 mod upgrade_thin;

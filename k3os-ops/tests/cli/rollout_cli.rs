@@ -8,8 +8,8 @@
 //! the newest one still offered, a pause holding a node, a required stop walked first,
 //! `slot status` showing the seed, and `release resolve --seed --at` showing one node's view.
 
-mod cli_support;
-mod release_support;
+use crate::cli_support;
+use crate::release_support;
 
 use std::fs;
 use std::path::Path;
