@@ -919,8 +919,8 @@ pub fn slot_of(st: &libupgrade::Status, slot: Slot) -> &libupgrade::SlotStatus {
     st.slots.iter().find(|s| s.slot == slot).unwrap()
 }
 
-/// The request the agent's stage tick makes for `version` of `channel`.
-fn agent_request(
+/// The request the agent's stage tick makes for `version` of `channel` (shared with `node`).
+pub(crate) fn agent_request(
     channel: &str,
     version: &str,
     allow_downgrade: bool,

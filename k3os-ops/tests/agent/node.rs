@@ -5,6 +5,7 @@
 //! check of the boot-assessment core, awaited before its single bless point, never a second
 //! rollback path.
 
+use crate::fleet_rig::agent_request;
 use k3os_ops::agent;
 
 use std::path::Path;
@@ -446,20 +447,4 @@ fn a_fallback_reaches_the_agent_as_a_fallback() {
     let (event, text) = agent::reconcile::actions::rolled_back_reason("v2", Some(&f));
     assert_eq!(event, "RolledBack");
     assert!(text.contains("bootloader fell back"), "{text}");
-}
-
-/// The request the agent's stage tick makes for `version` of `channel`.
-fn agent_request(
-    channel: &str,
-    version: &str,
-    allow_downgrade: bool,
-    max_rate: Option<u64>,
-) -> libupgrade::StageRequest {
-    libupgrade::StageRequest::new(libupgrade::Wanted::channel(channel, Some(version))).with_options(
-        libupgrade::StageOptions {
-            allow_downgrade,
-            max_rate,
-            ..libupgrade::StageOptions::default()
-        },
-    )
 }
