@@ -18,6 +18,7 @@ mod release_support;
 
 mod cli_messages;
 mod host_reboot;
+mod release_args;
 mod release_channel;
 mod release_e2e;
 mod release_openssl;

@@ -9,6 +9,7 @@
 //! the role and its expiry, and `--ignore-expiry` overrides it loudly.
 
 use crate::cli_support;
+use crate::release_args::release_create;
 use crate::release_support;
 
 use std::fs;
@@ -46,30 +47,8 @@ fn node(p: &Path, trust: &Path) -> PathBuf {
 /// `release create` of a real squashfs release `version` into the channel.
 fn create(work: &Path, chan: &Path, key: &Path, version: &str, generation: u64) {
     let (sq, k, i) = release_support::squashfs_inputs(work, version);
-    let s = |p: &Path| p.display().to_string();
-    ok(
-        None,
-        &[
-            "release",
-            "create",
-            "--rootfs",
-            &s(&sq),
-            "--kernel",
-            &s(&k),
-            "--initrd",
-            &s(&i),
-            "--version",
-            version,
-            "--arch",
-            libupgrade::manifest::Arch::host().as_str(),
-            "--key",
-            &s(key),
-            "-o",
-            &s(&chan.join(version)),
-            "--generation",
-            &generation.to_string(),
-        ],
-    );
+    let args = release_create((&sq, &k, &i), chan, key, version, generation);
+    ok(None, &args.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
 #[test]

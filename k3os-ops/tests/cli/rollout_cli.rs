@@ -9,6 +9,7 @@
 //! `slot status` showing the seed, and `release resolve --seed --at` showing one node's view.
 
 use crate::cli_support;
+use crate::release_args::release_create;
 use crate::release_support;
 
 use std::fs;
@@ -45,31 +46,11 @@ fn ok(config: Option<&Path>, now: Option<DateTime<Utc>>, args: &[&str]) -> (Stri
 
 fn create(work: &Path, chan: &Path, key: &Path, version: &str, generation: u64) {
     let (sq, k, i) = release_support::squashfs_inputs(work, version);
-    let s = |p: &Path| p.display().to_string();
-    let generation = generation.to_string();
+    let args = release_create((&sq, &k, &i), chan, key, version, generation);
     ok(
         None,
         None,
-        &[
-            "release",
-            "create",
-            "--rootfs",
-            &s(&sq),
-            "--kernel",
-            &s(&k),
-            "--initrd",
-            &s(&i),
-            "--version",
-            version,
-            "--arch",
-            libupgrade::manifest::Arch::host().as_str(),
-            "--key",
-            &s(key),
-            "-o",
-            &s(&chan.join(version)),
-            "--generation",
-            &generation,
-        ],
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
     );
 }
 

@@ -11,6 +11,7 @@
 //! on 127.0.0.1.
 
 use crate::cli_support;
+use crate::release_args::release_create;
 use crate::release_support;
 
 use std::fs;
@@ -379,29 +380,8 @@ fn ok(args: &[&str]) -> String {
 /// `release create` of release `version` (fake inputs: metadata is what is tested here).
 fn create(work: &Path, chan: &Path, key: &Path, version: &str, generation: u64) {
     let (r, k, i) = release_support::fake_inputs(&work.join(version), version);
-    let s = |p: &Path| p.display().to_string();
-    let generation = generation.to_string();
-    let out = chan.join(version);
-    ok(&[
-        "release",
-        "create",
-        "--rootfs",
-        &s(&r),
-        "--kernel",
-        &s(&k),
-        "--initrd",
-        &s(&i),
-        "--version",
-        version,
-        "--arch",
-        Arch::host().as_str(),
-        "--key",
-        &s(key),
-        "-o",
-        &s(&out),
-        "--generation",
-        &generation,
-    ]);
+    let args = release_create((&r, &k, &i), chan, key, version, generation);
+    ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
 #[test]
