@@ -148,10 +148,10 @@ pub struct Config {
     /// from a slot, such as tests of the state machine).
     #[serde(default = "default_true")]
     pub builtin_health_check: bool,
-    /// A reachability check every activation awaits on its trial boot ([`crate::reach`]);
+    /// A reachability check every activation awaits on its trial boot ([`crate::boot::reach`]);
     /// None (no `[reachability]` table): none.
     #[serde(default)]
-    pub reachability: Option<crate::reach::Reachability>,
+    pub reachability: Option<crate::boot::reach::Reachability>,
     /// The node's starting root of channel metadata (see [`crate::trust`]), put there at image
     /// build; when the file is absent, channels are resolved from their unsigned index.
     #[serde(default = "default_channel_root")]

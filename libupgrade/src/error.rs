@@ -250,7 +250,7 @@ pub enum Error {
         slot: Slot,
         /// Why its boot script was refused.
         #[source]
-        source: crate::bootscript::ScriptRefusal,
+        source: crate::boot::bootscript::ScriptRefusal,
     },
     /// The caller asked for something contradictory or impossible (text says what).
     #[error("invalid request: {0}")]

@@ -30,6 +30,11 @@
 //!   index; [`trust::publish`] signs the channel's metadata (root, targets, snapshot,
 //!   timestamp).
 //!
+//! By folder: `boot/` holds what runs at a boot (`health`, `reach`, `assess`, `confirm`,
+//! `bootscript`), `net/` what moves bytes over a link (`http`, `fetch`, `retry`,
+//! `checkpoint`), `stage/` the pipeline, [`chunk`], [`channel`], [`trust`], [`rollout`],
+//! [`state`], [`layout`] and [`release`] their own formats and tools.
+//!
 //! Below them: `config` ([`Config`], the node configuration), `error` ([`Error`], and
 //! [`chain_line`], the one renderer of error chains), [`units`] (sizes, rates, durations),
 //! [`http`] (the one HTTP client), `barrier` (named write barriers for power-cut tests),
@@ -39,16 +44,12 @@
 #![warn(missing_docs)]
 
 // The pipeline and its decisions: private, their API re-exported below (one path per type).
-mod assess;
 mod barrier;
-mod bootscript;
-mod checkpoint;
+mod boot;
 mod config;
-mod confirm;
 mod error;
-mod fetch;
+mod net;
 mod request;
-mod retry;
 mod sqcheck;
 mod stage;
 mod updater;
@@ -57,11 +58,8 @@ mod updater;
 pub mod bundle;
 pub mod channel;
 pub mod chunk;
-pub mod health;
-pub mod http;
 pub mod layout;
 pub mod manifest;
-pub mod reach;
 pub mod release;
 pub mod rollout;
 pub mod signing;
@@ -73,19 +71,23 @@ pub mod units;
 /// Largest number of tries a slot can be given (GRUB counts down with an explicit if-chain).
 pub const MAX_TRIES: u8 = 9;
 
-pub use assess::{assess, assessable, Assessment, Effect, LoaderOp, LoaderView, ObservedBoot};
+pub use boot::assess::{
+    assess, assessable, Assessment, Effect, LoaderOp, LoaderView, ObservedBoot,
+};
+pub use boot::bootscript::{ScriptRefusal, ScriptStep};
+pub use boot::confirm::ConfirmReport;
+pub use boot::{health, reach};
 pub use bootconfig::Slot;
-pub use bootscript::{ScriptRefusal, ScriptStep};
-#[cfg(feature = "fuzzing")]
-pub use checkpoint::fuzz_load_and_resave;
 pub use chunk::rate::{Clock, MinRate, SystemClock};
 pub use chunk::schedule::{Allowance, Schedule, ScheduleError, Window};
 pub use config::{BootloaderKind, Config, LayoutConfig, CONFIG_ENV, DEFAULT_CONFIG};
-pub use confirm::ConfirmReport;
 pub use error::{chain_line, join_messages, Error, Result, Stop};
-pub use fetch::{ExtraSource, Probe, Source, Watch};
+#[cfg(feature = "fuzzing")]
+pub use net::checkpoint::fuzz_load_and_resave;
+pub use net::fetch::{ExtraSource, Probe, Source, Watch};
+pub use net::http;
+pub use net::retry::{Backoff, MAX_DELAY};
 pub use request::{ResolveError, StageRequest, Wanted};
-pub use retry::{Backoff, MAX_DELAY};
 pub use sqcheck::Superblock;
 pub use stage::{
     ArtifactCost, NoProgress, Origin, Progress, Release, StageOptions, StagePreview, StageReport,

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use crate::bundle::Bundle;
 use crate::channel::{self, ChannelError, NodeRollout, SeedSource, TrustOptions};
 use crate::config::Config;
-use crate::fetch::Source;
 use crate::manifest::Arch;
+use crate::net::fetch::Source;
 use crate::rollout::{Installed, Seed};
 use crate::stage::{Origin, Release, StageOptions};
 

@@ -1,7 +1,7 @@
 //! The update state machine: stage, activate, confirm, roll back, and the status that explains
 //! every decision. [`Updater`] is a thin executor over the node's parts (layout, bootloader,
-//! state store); the work lives in [`crate::stage`] (fetch/verify/write), [`crate::checkpoint`]
-//! (resumable downloads) and [`crate::confirm`] (boot assessment).
+//! state store); the work lives in [`crate::stage`] (fetch/verify/write), [`crate::net::checkpoint`]
+//! (resumable downloads) and [`crate::boot::confirm`] (boot assessment).
 //!
 //! Ordering rules that make every step power-cut safe (each durable step ends in a write
 //! barrier, see [`crate::barrier`]):
@@ -22,9 +22,9 @@ use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
+use crate::boot::health;
 use crate::config::{BootloaderKind, Config, LayoutConfig};
 use crate::error::{Error, Result};
-use crate::health;
 use crate::layout::{DirLayout, GptLayout, Layout};
 use crate::request::{ResolveError, StageRequest};
 use crate::rollout::Installed;
@@ -83,7 +83,7 @@ pub struct Status {
     pub boot_script: bootconfig::ScriptInfo,
     /// The boot assessment of the running boot, once `confirm` ran in it (see
     /// [`crate::assess`]): outcome, reason, and whether a fallback was taken.
-    pub verdict: Option<crate::assess::Verdict>,
+    pub verdict: Option<crate::boot::assess::Verdict>,
 }
 
 pub use crate::state::{Activation, AwaitedChecks};
@@ -372,7 +372,7 @@ impl Updater {
         slot: Option<Slot>,
         awaits: Option<AwaitedChecks>,
     ) -> Result<Slot> {
-        let awaits = crate::reach::awaits_with(awaits, self.cfg.reachability.as_ref());
+        let awaits = crate::boot::reach::awaits_with(awaits, self.cfg.reachability.as_ref());
         if let Some(a) = &awaits {
             if a.names.is_empty() || a.within_secs == 0 {
                 return Err(Error::Usage(format!(
@@ -397,7 +397,7 @@ impl Updater {
         }
         if let Some(r) = &self.cfg.reachability {
             // The trial boot must be able to probe something: refuse now, not roll back later.
-            crate::reach::endpoints(r, st.slot(slot).staged_from.as_deref())
+            crate::boot::reach::endpoints(r, st.slot(slot).staged_from.as_deref())
                 .map_err(Error::Usage)?;
         }
         let script = self.script_for(slot)?;
@@ -426,7 +426,7 @@ impl Updater {
         Ok(slot)
     }
 
-    /// The boot script to install when activating `slot` ([`crate::bootscript::decide`] on
+    /// The boot script to install when activating `slot` ([`crate::boot::bootscript::decide`] on
     /// the loader's installed script and the release kept for `slot`), with its version; an
     /// error, before anything is written, when the release cannot run under any script.
     fn script_for(&self, slot: Slot) -> Result<Option<(ScriptKind, u32, String)>> {
@@ -434,7 +434,7 @@ impl Updater {
         let m = crate::slotfiles::manifest(&self.cfg.state_dir, slot)?;
         let reads = m.as_ref().map_or(1, |m| m.reads(info.kind));
         let carried = m.as_ref().and_then(|m| m.script(info.kind));
-        let step = crate::bootscript::decide(
+        let step = crate::boot::bootscript::decide(
             info.kind,
             info.installed,
             info.newest_known,
@@ -443,7 +443,7 @@ impl Updater {
         )
         .map_err(|source| Error::BootScript { slot, source })?;
         match (step, carried) {
-            (crate::bootscript::ScriptStep::Install(v), Some(sc)) => Ok(Some((
+            (crate::boot::bootscript::ScriptStep::Install(v), Some(sc)) => Ok(Some((
                 info.kind,
                 v,
                 crate::slotfiles::script(&self.cfg.state_dir, slot, sc)?,

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use super::{ChannelError, MAX_DOC};
 
 pub(super) fn client(url: &str) -> Result<reqwest::blocking::Client, ChannelError> {
-    crate::http::client().map_err(|source| ChannelError::Http {
+    crate::net::http::client().map_err(|source| ChannelError::Http {
         url: url.to_string(),
         source,
     })
@@ -106,7 +106,7 @@ pub(super) fn get_bounded(
     let resp = client
         .get(url)
         .send()
-        .map_err(|e| fetch(crate::fetch::request_failed(&e)))?;
+        .map_err(|e| fetch(crate::net::fetch::request_failed(&e)))?;
     let status = resp.status();
     if matches!(status.as_u16(), 404 | 410) {
         return Ok(None);
@@ -125,7 +125,7 @@ pub(super) fn get_bounded(
     crate::chunk::rate::Watched::new(resp, min_rate)
         .take(max + 1)
         .read_to_end(&mut body)
-        .map_err(|e| fetch(crate::fetch::body_failed(&e)))?;
+        .map_err(|e| fetch(crate::net::fetch::body_failed(&e)))?;
     if body.len() as u64 > max {
         return Err(too_large());
     }

@@ -26,7 +26,7 @@
 //!   `list` (logged, and named if nothing else matches) but is an error when asked for by name;
 //!   transport errors always fail the resolution.
 //!
-//! Every HTTP access goes through [`crate::http::client`]. Indexes and manifests are small, so
+//! Every HTTP access goes through [`crate::net::http::client`]. Indexes and manifests are small, so
 //! they are read whole, with a size cap.
 
 use std::io;
@@ -34,7 +34,7 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::fetch::Source;
+use crate::net::fetch::Source;
 
 mod doc;
 mod github;

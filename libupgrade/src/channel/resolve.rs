@@ -11,8 +11,8 @@ use super::{
     io_err, parse_channel, sort_newest_first, trusted, ChannelError, Index, IndexEntry, Kind,
     NodeRollout, ResolvedRelease, TrustOptions,
 };
-use crate::fetch::Source;
 use crate::manifest::Arch;
+use crate::net::fetch::Source;
 
 /// The releases a channel offers, newest first.
 pub fn list(channel: &str) -> Result<Index, ChannelError> {

@@ -17,8 +17,8 @@ use super::targets::{pick, Target};
 use super::waves::{self, NodeRollout};
 use super::{check_entry_path, parse_channel, ChannelError, IndexEntry, Kind, ResolvedRelease};
 use crate::chunk::rate::MinRate;
-use crate::fetch::Source;
 use crate::manifest::{Arch, MANIFEST_FILE};
+use crate::net::fetch::Source;
 use crate::trust::meta::Targets;
 use crate::trust::{self, ExpiryRule, ManifestPin, MetaSource, Record, Store, TrustError};
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bootconfig::Slot;
 
 use crate::bundle::Bundle;
-use crate::fetch::Source;
+use crate::net::fetch::Source;
 use crate::trust::ManifestPin;
 use serde::{Deserialize, Serialize};
 
@@ -124,7 +124,7 @@ pub struct StageReport {
     /// Bytes this run did not fetch: copied from the running slot or kept from an earlier
     /// attempt.
     pub bytes_reused: u64,
-    /// Of `bytes_fetched`, bytes that came from extra mirrors ([`ExtraSource::Mirror`](crate::fetch::ExtraSource::Mirror)).
+    /// Of `bytes_fetched`, bytes that came from extra mirrors ([`ExtraSource::Mirror`](crate::net::fetch::ExtraSource::Mirror)).
     #[serde(default)]
     pub bytes_from_mirrors: u64,
     /// Chunks an extra source served that did not match the signed index (refused, taken from

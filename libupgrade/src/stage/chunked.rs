@@ -13,9 +13,9 @@ use crate::chunk::apply::{self, ApplyOptions, ApplyProgress, ChunkTarget, RangeS
 use crate::chunk::local::{find_local, verify_in_place, LocalFile};
 use crate::chunk::ChunkIndex;
 use crate::error::{Error, Result};
-use crate::fetch::{ExtraSource, Source};
 use crate::layout::Target;
 use crate::manifest::Artifact;
+use crate::net::fetch::{ExtraSource, Source};
 
 impl Stager<'_> {
     /// Decide how artifact `a` is written from its `index`: which chunks the target already

@@ -5,7 +5,7 @@
 //! byte is written; the target slot is then marked bad in the bootloader, invalid in the state
 //! file, and only then written; it is recorded as staged after every byte was hashed, synced and
 //! the squashfs checked. A cut anywhere leaves it invalid (never booted) or staged-and-complete.
-//! Downloads checkpoint their progress ([`crate::checkpoint`]) so a later run resumes.
+//! Downloads checkpoint their progress ([`crate::net::checkpoint`]) so a later run resumes.
 //!
 //! Before the slot is touched, every artifact is probed on the server (exists, has the size
 //! the manifest says: a 404 fails in seconds and writes nothing) and each chunk index the
@@ -22,7 +22,7 @@
 //! runs a `Stager` borrowing the updater's parts. One way through it: `verify` (the
 //! release, then the server) → `plan` (pure: what to write, how; with each chunked
 //! artifact's chunk plan, what it costs) → the executors (`chunked`, `stream`) → commit.
-//! Retries everywhere follow [`crate::retry`].
+//! Retries everywhere follow [`crate::net::retry`].
 //!
 //! The cost is known before the first byte: [`Updater::preview`](crate::Updater::preview)
 //! runs everything up to the plan (reads only: the server's metadata, the running slot, what an
@@ -46,7 +46,6 @@ use std::os::unix::fs::FileExt;
 use bootconfig::{Bootloader, Slot};
 use sha2::{Digest, Sha256};
 
-use crate::checkpoint::Partial;
 use crate::chunk::local::LocalFile;
 use crate::chunk::plan::Plan as ChunkPlan;
 pub use crate::chunk::rate::MinRate;
@@ -56,10 +55,11 @@ pub use crate::chunk::schedule::Schedule;
 use crate::chunk::ChunkIndex;
 use crate::config::Config;
 use crate::error::{Error, Result};
-pub use crate::fetch::ExtraSource;
-use crate::fetch::Source;
 use crate::layout::Layout;
 use crate::manifest::{Artifact, Manifest};
+use crate::net::checkpoint::Partial;
+pub use crate::net::fetch::ExtraSource;
+use crate::net::fetch::Source;
 use crate::state::store::StateStore;
 use crate::state::TransferStats;
 use crate::state::{Event, State};

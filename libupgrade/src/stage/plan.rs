@@ -13,9 +13,9 @@
 use bootconfig::Slot;
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::Partial;
 use crate::chunk::plan::Plan as ChunkPlan;
 use crate::manifest::Artifact;
+use crate::net::checkpoint::Partial;
 use crate::state::{SlotRecord, SlotState};
 
 /// How one artifact is written.

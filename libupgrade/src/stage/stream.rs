@@ -1,6 +1,6 @@
 //! The stream executor: one artifact without a usable chunk index downloaded whole, hashed
 //! while it is written, resumed from the checkpointed position after a dropped connection
-//! (HTTP `Range`) or a restart; progress is checkpointed ([`crate::checkpoint::due`]) so a
+//! (HTTP `Range`) or a restart; progress is checkpointed ([`crate::net::checkpoint::due`]) so a
 //! later run resumes where this one synced.
 
 use std::io::Read;
@@ -8,12 +8,12 @@ use std::io::Read;
 use sha2::{Digest, Sha256};
 
 use super::{Run, Stager, BUF};
-use crate::checkpoint::{self, Partial};
 use crate::chunk::rate::Limited;
 use crate::error::{Error, Result};
-use crate::fetch::Source;
 use crate::layout::Target;
 use crate::manifest::Artifact;
+use crate::net::checkpoint::{self, Partial};
+use crate::net::fetch::Source;
 
 impl Stager<'_> {
     /// Stream artifact `a` into the target slot from byte `resume_at`; returns the bytes
@@ -163,7 +163,7 @@ impl Stager<'_> {
                 Err(e) => {
                     return Ok(Some(format!(
                         "{} (at byte {} of {})",
-                        crate::fetch::body_failed(&e),
+                        crate::net::fetch::body_failed(&e),
                         w.pos,
                         w.size
                     )))

@@ -8,9 +8,9 @@ use super::Release;
 use super::{sha256_hex, StageOptions, Stager};
 use crate::chunk::ChunkIndex;
 use crate::error::{Error, Result};
-use crate::fetch::Source;
 use crate::manifest::{Arch, Artifact, Manifest, ScriptFile, MANIFEST_FILE, SIGNATURE_FILE};
-use crate::retry::{retrying, Backoff};
+use crate::net::fetch::Source;
+use crate::net::retry::{retrying, Backoff};
 use crate::state::{SlotState, State};
 use crate::trust::ManifestPin;
 use bootconfig::Slot;
@@ -132,8 +132,8 @@ fn check_pin(pin: &ManifestPin, mbytes: &[u8], mloc: &str) -> Result<String> {
 
 impl Stager<'_> {
     /// The rules every body this attempt reads is under: `--min-rate` and `--retry-for`.
-    pub(super) fn watch(&self, opts: &StageOptions) -> crate::fetch::Watch {
-        crate::fetch::Watch {
+    pub(super) fn watch(&self, opts: &StageOptions) -> crate::net::fetch::Watch {
+        crate::net::fetch::Watch {
             min_rate: opts.min_rate_rule(),
             deadline: self.deadline,
         }

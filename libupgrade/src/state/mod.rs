@@ -80,7 +80,7 @@ pub struct SlotRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer: Option<TransferStats>,
     /// The http(s) URL of the manifest this slot's release was staged from (the reachability
-    /// check's default endpoint, [`crate::reach`]); None for local sources and bundles, and in
+    /// check's default endpoint, [`crate::boot::reach`]); None for local sources and bundles, and in
     /// state written before v0.2.0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staged_from: Option<String>,
@@ -347,7 +347,7 @@ pub struct Activation {
 /// Health checks that only the activating caller can run on the trial boot — the agent's
 /// Node-Ready, which needs the cluster — and that must pass before the single bless point,
 /// like a systemd unit ordered before `boot-complete.target`. Until they are reported, the
-/// boot-time `confirm` leaves the slot on trial ([`crate::assess::Outcome::Pending`]): a reboot
+/// boot-time `confirm` leaves the slot on trial ([`crate::boot::assess::Outcome::Pending`]): a reboot
 /// then costs a try, and `slot await-bless` rolls back when they are not reported within
 /// `within_secs` of the boot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

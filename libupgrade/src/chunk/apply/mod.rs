@@ -33,7 +33,7 @@ use super::rate::{Limited, MinRate, Throttle, Watched};
 use super::ChunkIndex;
 use crate::error::{Error, Result};
 use crate::manifest::Artifact;
-use crate::retry::Backoff;
+use crate::net::retry::Backoff;
 
 /// Where the chunks go (a slot's artifact).
 pub trait ChunkTarget {
@@ -335,7 +335,7 @@ impl Applier<'_> {
                 self.streams[s] = None;
                 Ok(Read1::Failed(format!(
                     "{} in chunk {i} (bytes {}..{})",
-                    crate::fetch::body_failed(&e),
+                    crate::net::fetch::body_failed(&e),
                     c.offset,
                     c.end()
                 )))

@@ -148,7 +148,7 @@ pub fn probe(e: &Endpoint, timeout: Duration) -> Result<String, String> {
             Err(last)
         }
         Endpoint::Http(url) => {
-            let client = crate::http::client().map_err(|err| err.to_string())?;
+            let client = crate::net::http::client().map_err(|err| err.to_string())?;
             match client.get(url).timeout(timeout).send() {
                 Ok(r) => Ok(format!("{e} answered HTTP {}", r.status().as_u16())),
                 Err(err) => Err(crate::error::chain_line(&err)),

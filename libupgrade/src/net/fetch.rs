@@ -219,7 +219,7 @@ pub(crate) fn request_failed(e: &reqwest::Error) -> String {
     if e.is_timeout() {
         return format!(
             "request timed out after {} s without progress",
-            crate::http::READ_TIMEOUT.as_secs()
+            crate::net::http::READ_TIMEOUT.as_secs()
         );
     }
     format!("request failed: {}", crate::error::chain_line(e))
@@ -252,7 +252,7 @@ pub(crate) fn body_failed(e: &std::io::Error) -> String {
     if stalled {
         return format!(
             "timed out: no byte for {} s (the server stalled)",
-            crate::http::READ_TIMEOUT.as_secs()
+            crate::net::http::READ_TIMEOUT.as_secs()
         );
     }
     if e.kind() == std::io::ErrorKind::TimedOut {
@@ -271,7 +271,7 @@ fn retryable_err(loc: &str, what: String) -> Error {
 
 /// GET `url` from `offset` on, with `Range` when `offset > 0`.
 fn http_open(url: &str, offset: u64) -> Result<Box<dyn Read + Send>> {
-    let client = crate::http::client()
+    let client = crate::net::http::client()
         .map_err(|e| fetch_err(url, format!("cannot build an HTTP client: {e}")))?;
     let mut req = client.get(url);
     if offset > 0 {
@@ -362,7 +362,7 @@ fn content_range(resp: &reqwest::blocking::Response) -> Option<(u64, Option<u64>
 }
 
 fn http_probe(url: &str) -> Result<Probe> {
-    let client = crate::http::client()
+    let client = crate::net::http::client()
         .map_err(|e| fetch_err(url, format!("cannot build an HTTP client: {e}")))?;
     let resp = client
         .get(url)
@@ -401,7 +401,7 @@ fn http_probe(url: &str) -> Result<Probe> {
 }
 
 fn http_range(url: &str, start: u64, stop: u64) -> Result<Box<dyn Read + Send>> {
-    let client = crate::http::client()
+    let client = crate::net::http::client()
         .map_err(|e| fetch_err(url, format!("cannot build an HTTP client: {e}")))?;
     let resp = client
         .get(url)

@@ -1,4 +1,4 @@
-//! Boot assessment, the executor side: gather the inputs of [`crate::assess::assess`] (state,
+//! Boot assessment, the executor side: gather the inputs of [`crate::boot::assess::assess`] (state,
 //! bootloader view and integrity, observed boot, health results — built-in, `health.d` and
 //! the caller's [`HealthCheck`]s, all before the single bless point) and carry out its effects
 //! in order. Every decision is in [`crate::assess`].
@@ -8,10 +8,10 @@ use std::time::Duration;
 use bootconfig::Slot;
 use serde::{Deserialize, Serialize};
 
-use crate::assess::{self, Effect, LoaderOp, LoaderView, ObservedBoot, Outcome, Verdict};
+use crate::boot::assess::{self, Effect, LoaderOp, LoaderView, ObservedBoot, Outcome, Verdict};
+use crate::boot::health::{self, CheckResult, HealthCheck};
+use crate::boot::reach;
 use crate::error::Result;
-use crate::health::{self, CheckResult, HealthCheck};
-use crate::reach;
 use crate::state::{Decision, State};
 use crate::updater::Updater;
 

@@ -41,7 +41,7 @@
 use bootconfig::{BootEnv, Integrity, Slot, SlotBoot};
 use serde::{Deserialize, Serialize};
 
-use crate::health::CheckResult;
+use crate::boot::health::CheckResult;
 use crate::state::{Event, SlotState, State, TransitionError};
 pub use crate::state::{OtherSlot, Outcome, Verdict};
 
