@@ -4,8 +4,8 @@
 //! 1. `images/scripts/fetch-debs.sh <arch>` downloads and extracts the Debian kernel,
 //!    busybox-static and (arm64) GRUB EFI packages into `.cache/debs/<arch>/root` ([`debs`]).
 //! 2. [`release`]: the test signing keys and the test channel's root version 1, then per
-//!    version of [`spec::STANDARD_RELEASES`] an initrd ([`initrd`], via our own [`cpio`] writer
-//!    and [`kmod`] dependency resolution) and a squashfs rootfs ([`rootfs`]) with the static
+//!    version of [`spec::STANDARD_RELEASES`] an initrd ([`initramfs`], via our own `initramfs::cpio` writer
+//!    and `initramfs::kmod` dependency resolution) and a squashfs rootfs ([`rootfs`]) with the static
 //!    musl `k3os-ops` and the channel root, signed into a release directory by
 //!    `k3os-ops release create` with [`loader`]'s boot config.
 //! 3. [`disk`]: a GPT disk per boot variant (GRUB BIOS, GRUB EFI, extlinux) with slot A holding
@@ -17,9 +17,9 @@
 //! Data flows one way, from plain data to builders to assemblers to the binary:
 //! - bottom: [`spec`] (what is built: release names and variants, boot variants, sizes, what
 //!   goes on a disk; shared constants), [`target`] (per-architecture facts), [`debs`] (the
-//!   extracted packages), and the tools [`run`], [`stamp`], [`error`], [`cpio`], [`kmod`],
+//!   extracted packages), and the tools [`run`], [`stamp`], [`error`], `initramfs::cpio`, `initramfs::kmod`,
 //!   [`fsimg`] (filesystem image files);
-//! - builders of one part each: [`initrd`], [`rootfs`], [`grubimg`], [`loader`] (the boot
+//! - builders of one part each: [`initramfs`], [`rootfs`], [`grubimg`], [`loader`] (the boot
 //!   config and the boot partition);
 //! - assemblers: [`release`] (keys, channel root, initrd + rootfs + kernel, signed) and
 //!   [`disk`] (GPT, MBR and the partition images), called by `main.rs`.
@@ -33,14 +33,12 @@
 //! Crates: `gpt` (the workspace's GPT crate, the same libupgrade reads the table with),
 //! `sha2`/`hex` for fingerprints, `tempfile` for scratch directories next to the outputs.
 
-pub mod cpio;
 pub mod debs;
 pub mod disk;
 pub mod error;
 pub mod fsimg;
 pub mod grubimg;
-pub mod initrd;
-pub mod kmod;
+pub mod initramfs;
 pub mod loader;
 pub mod release;
 pub mod rootfs;

@@ -12,7 +12,7 @@ use libupgrade::manifest::{MANIFEST_FILE, SIGNATURE_FILE};
 
 use crate::debs::Debs;
 use crate::error::{Error, IoContext, Result};
-use crate::initrd::{self, InitKind};
+use crate::initramfs::{self as initrd, InitKind};
 use crate::loader;
 use crate::rootfs;
 use crate::run::Cmd;

@@ -4,18 +4,21 @@
 //! variant) that finds `root=PARTLABEL=...`, mounts the squashfs and switch_roots into it.
 //! Written as a gzip-compressed newc cpio.
 
+pub mod cpio;
+pub mod kmod;
+
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use crate::cpio::Entry;
 use crate::debs::{read, Debs};
 use crate::error::{Error, IoContext, Result};
-use crate::kmod::{module_name, ModDeps};
 use crate::run::Cmd;
 use crate::target::Target;
+use cpio::Entry;
+use kmod::{module_name, ModDeps};
 
-pub const INIT: &str = include_str!("../files/initrd-init.sh");
-pub const INIT_PANIC: &str = include_str!("../files/initrd-init-panic.sh");
+pub const INIT: &str = include_str!("../../files/initrd-init.sh");
+pub const INIT_PANIC: &str = include_str!("../../files/initrd-init-panic.sh");
 
 /// Which `/init` the initrd runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +64,7 @@ pub fn build(debs: &Debs, target: Target, kind: InitKind, out: &Path) -> Result<
     let entries = archive_entries(files);
 
     let mut cpio = Vec::new();
-    crate::cpio::write(&mut cpio, &entries).ctx("build cpio for", out)?;
+    cpio::write(&mut cpio, &entries).ctx("build cpio for", out)?;
     let gz = Cmd::new("gzip")
         .args(["-n", "-9", "-c"])
         .stdin(cpio)
