@@ -99,6 +99,11 @@ async fn decide(cx: &Agent, ch: &Channel, view: &NodeView) -> Result<Step, Agent
         let step = super::decide::step(ch, &ch.policy, view, &inputs);
         match step.action {
             Action::Gather(Need::Gates) => inputs.gates = gates_verdict(cx, ch).await,
+            Action::Gather(Need::OwnLatest) => {
+                let url = ch.spec.url.clone();
+                let own = cx.blocking(move |ops| Ok(ops.resolve_latest(&url))).await?;
+                inputs.own_latest = Some(own.map_err(|e| e.to_string()));
+            }
             Action::Gather(Need::FetchedOn(day)) => {
                 let fetched = cx.blocking(move |ops| ops.fetched_on(day)).await?;
                 inputs.fetched_today = Some(fetched);

@@ -16,6 +16,10 @@ pub enum Need {
     Gates,
     /// The bytes fetched on the quota day `day` (the node's ledger).
     FetchedOn(chrono::NaiveDate),
+    /// What this node itself resolves `latest` to through the channel's signed metadata: a
+    /// claim for `status.latestVersion` waits until it agrees (the status is written by
+    /// whichever agent holds the poller Lease, and no admission policy can tell who that is).
+    OwnLatest,
 }
 
 /// What the pre-reboot gates say.
@@ -45,6 +49,9 @@ pub struct Inputs {
     pub gates: Verdict,
     /// Bytes fetched on the quota day, once read (`None`: not read yet).
     pub fetched_today: Option<u64>,
+    /// What this node resolved `latest` to itself, once asked (`None`: not asked yet; `Err`:
+    /// the resolution's error).
+    pub own_latest: Option<Result<String, String>>,
 }
 
 impl Inputs {
@@ -56,6 +63,7 @@ impl Inputs {
             stage_now: now,
             gates: Verdict::Open,
             fetched_today: Some(0),
+            own_latest: None,
             ..Inputs::default()
         }
     }
@@ -101,6 +109,26 @@ pub(super) fn hold_claim(
                     }
                 }
                 Verdict::Open => {}
+            }
+        }
+        if channel.spec.pinned_version().is_none() {
+            // A claim is the first disruptive step: `status.latestVersion` must be what this
+            // node's own signed channel metadata names, not only what another agent wrote.
+            let why = match &inputs.own_latest {
+                None => return Action::Gather(Need::OwnLatest),
+                Some(Ok(own)) if own == version => None,
+                Some(Ok(own)) => Some(format!(
+                    "status.latestVersion names {version}, but this node's signed channel metadata offers {own}"
+                )),
+                Some(Err(e)) => Some(format!(
+                    "cannot check status.latestVersion ({version}) against the signed channel: {e}"
+                )),
+            };
+            if let Some(why) = why {
+                return Action::WaitForGate {
+                    version: version.clone(),
+                    why,
+                };
             }
         }
     }

@@ -167,7 +167,12 @@ pub struct Step {
 /// policy itself (for callers without a [`crate::agent::channel::listing::Channel`]).
 pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> Action {
     let policy = Policy::from_spec(&channel.spec);
-    step(channel, &policy, node, &Inputs::open_at(now)).action
+    let inputs = Inputs {
+        // The node's own resolution agrees with the status (what every honest poller wrote).
+        own_latest: channel.target_version().map(Ok),
+        ..Inputs::open_at(now)
+    };
+    step(channel, &policy, node, &inputs).action
 }
 
 /// Decide the next step for `node` under `channel` (whose spec parsed into `policy`) with

@@ -185,3 +185,63 @@ fn a_spent_quota_waits_for_the_next_day_and_the_ledger_is_read_only_for_a_quota(
         Action::Stage { .. }
     ));
 }
+
+/// A channel that follows `latest`: its status says v2 (written by whichever agent holds the
+/// poller Lease).
+fn following_latest() -> UpdateChannel {
+    let mut ch = channel(1, &[], UpdateChannelSpec::default());
+    ch.spec.version = Some("latest".into());
+    ch.status.as_mut().unwrap().latest_version = Some("v2".into());
+    ch
+}
+
+/// A forged `status.latestVersion` (issue 25) does not start a rollout: before a claim, the
+/// node asks its own signed channel, and claims only when both agree; a pinned channel needs
+/// no such look.
+#[test]
+fn a_claim_for_latest_waits_until_the_nodes_own_signed_channel_agrees() {
+    let ch = following_latest();
+    let ask = Inputs::open_at(at(0));
+    assert_eq!(
+        run(&ch, &staged(), &ask).action,
+        Action::Gather(Need::OwnLatest)
+    );
+    let differs = Inputs {
+        own_latest: Some(Ok("v1".into())),
+        ..Inputs::open_at(at(0))
+    };
+    match run(&ch, &staged(), &differs).action {
+        Action::WaitForGate { version, why } => {
+            assert_eq!(version, "v2");
+            assert!(
+                why.contains("latestVersion names v2") && why.contains("offers v1"),
+                "{why}"
+            );
+        }
+        other => panic!("claimed against its own channel: {other:?}"),
+    }
+    let failed = Inputs {
+        own_latest: Some(Err("channel unreachable".into())),
+        ..Inputs::open_at(at(0))
+    };
+    assert!(matches!(
+        run(&ch, &staged(), &failed).action,
+        Action::WaitForGate { ref why, .. } if why.contains("channel unreachable")
+    ));
+    let agrees = Inputs {
+        own_latest: Some(Ok("v2".into())),
+        ..Inputs::open_at(at(0))
+    };
+    assert_eq!(
+        run(&ch, &staged(), &agrees).action,
+        Action::Claim {
+            version: "v2".into()
+        }
+    );
+    // Pinned: the spec names the version, nothing to check.
+    let pinned = channel(1, &[], UpdateChannelSpec::default());
+    assert!(matches!(
+        run(&pinned, &staged(), &ask).action,
+        Action::Claim { .. }
+    ));
+}
