@@ -23,6 +23,18 @@ fn opts(retry_for: Duration, min_rate: Option<MinRate>) -> StageOptions {
     }
 }
 
+/// Stage the release at `url` on `node` with `opts`, which must fail: the error's text and how
+/// long the attempt took.
+fn stage_fails(node: &SimNode, url: &str, opts: &StageOptions) -> (String, Duration) {
+    let t = Instant::now();
+    let e = node
+        .updater()
+        .stage(&Release::at(Source::parse(url)), opts, &NoProgress)
+        .unwrap_err()
+        .to_string();
+    (e, t.elapsed())
+}
+
 #[test]
 fn a_trickling_server_is_cut_by_the_minimum_rate_and_the_attempt_ends_at_its_deadline() {
     let k = keys();
@@ -36,17 +48,11 @@ fn a_trickling_server_is_cut_by_the_minimum_rate_and_the_attempt_ends_at_its_dea
         bytes_per_sec: 20_000,
         window: Duration::from_secs(1),
     };
-    let t = Instant::now();
-    let e = node
-        .updater()
-        .stage(
-            &Release::at(Source::parse(&format!("{}v2", srv.base))),
-            &opts(Duration::from_secs(6), Some(rule)),
-            &NoProgress,
-        )
-        .unwrap_err()
-        .to_string();
-    let took = t.elapsed();
+    let (e, took) = stage_fails(
+        &node,
+        &format!("{}v2", srv.base),
+        &opts(Duration::from_secs(6), Some(rule)),
+    );
     assert!(
         e.contains("minimum rate of 20000 bytes/s") && e.contains("timed out"),
         "{e}"
@@ -75,17 +81,8 @@ fn a_server_that_never_answers_ends_at_the_deadline_naming_url_error_attempts_an
     let mut node = SimNode::new(&k.trust, 3, 1);
     node.cfg.download_retries = 1000;
     let url = format!("http://127.0.0.1:{port}/v2");
-    let t = Instant::now();
-    let e = node
-        .updater()
-        .stage(
-            &Release::at(Source::parse(&url)),
-            &opts(Duration::from_secs(3), None),
-            &NoProgress,
-        )
-        .unwrap_err()
-        .to_string();
-    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+    let (e, took) = stage_fails(&node, &url, &opts(Duration::from_secs(3), None));
+    assert!(took < Duration::from_secs(8), "{:?}", took);
     assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
     assert!(
         e.contains("gave up after") && e.contains("deadline (--retry-for)"),
@@ -118,18 +115,13 @@ fn a_redirect_to_another_scheme_fails_at_once_naming_its_target() {
     );
     let mut node = SimNode::new(&k.trust, 3, 1);
     node.cfg.download_retries = 1000;
-    let t = Instant::now();
-    let e = node
-        .updater()
-        .stage(
-            &Release::at(Source::parse(&format!("{base}v2"))),
-            &opts(Duration::from_secs(60), None),
-            &NoProgress,
-        )
-        .unwrap_err()
-        .to_string();
+    let (e, took) = stage_fails(
+        &node,
+        &format!("{base}v2"),
+        &opts(Duration::from_secs(60), None),
+    );
     assert!(
-        t.elapsed() < Duration::from_secs(5),
+        took < Duration::from_secs(5),
         "a permanent answer is not retried"
     );
     assert!(
@@ -192,17 +184,11 @@ fn a_trickled_manifest_ends_at_the_attempts_deadline_named_as_a_timeout() {
     let base = trickle_server(rels.path().to_path_buf(), Duration::from_millis(100));
     let mut node = SimNode::new(&k.trust, 3, 1);
     node.cfg.download_retries = 1000;
-    let t = Instant::now();
-    let e = node
-        .updater()
-        .stage(
-            &Release::at(Source::parse(&format!("{base}v2"))),
-            &opts(Duration::from_secs(2), None),
-            &NoProgress,
-        )
-        .unwrap_err()
-        .to_string();
-    let took = t.elapsed();
+    let (e, took) = stage_fails(
+        &node,
+        &format!("{base}v2"),
+        &opts(Duration::from_secs(2), None),
+    );
     assert!(
         took < Duration::from_secs(8),
         "ended at its deadline: {took:?}"
@@ -227,15 +213,11 @@ fn a_trickled_manifest_is_cut_by_the_minimum_rate() {
         bytes_per_sec: 1000,
         window: Duration::from_millis(500),
     };
-    let e = node
-        .updater()
-        .stage(
-            &Release::at(Source::parse(&format!("{base}v2"))),
-            &opts(Duration::from_secs(60), Some(rule)),
-            &NoProgress,
-        )
-        .unwrap_err()
-        .to_string();
+    let (e, _) = stage_fails(
+        &node,
+        &format!("{base}v2"),
+        &opts(Duration::from_secs(60), Some(rule)),
+    );
     assert!(
         e.contains("manifest.json") && e.contains("minimum rate of 1000 bytes/s"),
         "{e}"
