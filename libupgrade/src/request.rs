@@ -117,8 +117,8 @@ impl StageRequest {
         match &self.wanted {
             Wanted::Bundle(path) => Ok(Release::from_bundle(Bundle::open(path)?, false)),
             Wanted::Source(source) => Ok(Release::at(source.clone())),
-            Wanted::Channel { channel, version } => {
-                let version = version.as_deref().filter(|v| *v != "latest");
+            Wanted::Channel { channel, .. } => {
+                let version = self.wanted.version();
                 if let (Some(dir), Some(v)) = (&self.bundle_dir, version) {
                     if let Some(b) = find_bundle(dir, v)? {
                         return Ok(Release::from_bundle(b, true));
