@@ -107,17 +107,10 @@ impl Source {
     /// Read a small file (manifest, signature) whole, under `watch` (the minimum rate and the
     /// attempt's deadline: a trickled manifest is cut like a trickled image).
     pub fn read_small(&self, name: &str, watch: Watch) -> Result<Vec<u8>> {
-        let loc = self.location(name);
-        let (r, _) = self.open(name, 0)?;
-        let mut buf = Vec::new();
-        watch
-            .reader(r)
-            .take(SMALL_MAX + 1)
-            .read_to_end(&mut buf)
-            .map_err(|e| retryable_err(&loc, body_failed(&e)))?;
+        let buf = self.read_capped(name, SMALL_MAX, watch)?;
         if buf.len() as u64 > SMALL_MAX {
             return Err(fetch_err(
-                &loc,
+                &self.location(name),
                 format!("larger than {SMALL_MAX} bytes; not a manifest or signature"),
             ));
         }
