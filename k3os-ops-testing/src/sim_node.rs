@@ -1,5 +1,9 @@
 //! The simulated node side of the agent ([`NodeOps`]) shared by the idle-agent test and the
-//! fleet bench: no disk, no bootloader, only the versions a node's slots hold. The tests that
+//! fleet bench: no disk, no bootloader, only the versions a node's slots hold. Given a channel
+//! ([`SimNode::with_channel`]: the releases its signed metadata lists, with their rollouts, and
+//! a clock the test moves), it resolves `latest` and checks a stage with libupgrade's own pure
+//! rollout decision (`libupgrade::rollout::offer`, `admission`) for the seed it is asked with,
+//! and records those seeds. The tests that
 //! check what the agent asks of a node in which order (`flow`, `kube_mock`: a logging
 //! `FakeNode` each) and the fleet test over the real `LibupgradeNode` (`fleet_rig`) keep
 //! fakes of their own: they look at the calls, not only at their outcome.
@@ -8,8 +12,11 @@ use std::sync::mpsc as sync_mpsc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+use k3os_ops::agent::host::latest::Latest;
 use k3os_ops::agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
 use k3os_ops::agent::host::status::{Inactive, NodeUpdateStatus};
+use libupgrade::rollout::{self, Installed, Listed, Seed};
 use libupgrade::StageRequest;
 use tokio::sync::mpsc;
 
@@ -24,6 +31,16 @@ struct Slots {
     inactive: Inactive,
 }
 
+/// The channel a simulated node resolves: the releases as its signed metadata lists them and
+/// the time its resolutions take as now.
+#[derive(Debug, Clone)]
+pub struct SimChannel {
+    /// The releases, with their rollouts.
+    pub releases: Vec<Listed>,
+    /// The resolution's clock.
+    pub now: DateTime<Utc>,
+}
+
 /// A node whose staging is instant (nothing fetched), whose activation marks the staged slot
 /// for the next boot and whose trial boot is healthy. A reboot goes to the power driver
 /// given to [`SimNode::powered`], which ends the agent and later calls [`SimNode::boot`];
@@ -32,6 +49,9 @@ pub struct SimNode {
     index: usize,
     slots: Mutex<Slots>,
     power: Option<mpsc::UnboundedSender<PowerRequest>>,
+    channel: Mutex<Option<SimChannel>>,
+    /// Every seed a resolution or a stage was asked with, in order.
+    seeds: Mutex<Vec<Option<Seed>>>,
 }
 
 impl SimNode {
@@ -45,7 +65,60 @@ impl SimNode {
                 inactive: Inactive::Empty,
             }),
             power: None,
+            channel: Mutex::new(None),
+            seeds: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The same node resolving `channel` (without one it follows only pinned versions).
+    pub fn with_channel(self, channel: SimChannel) -> SimNode {
+        *self.channel.lock().unwrap() = Some(channel);
+        self
+    }
+
+    /// The same node with `version` staged (not activated) in its other slot.
+    pub fn with_staged(self, version: &str) -> SimNode {
+        self.slots.lock().unwrap().inactive = Inactive::Staged(version.into());
+        self
+    }
+
+    /// Change the channel (publish, pause, withdraw) or move its clock.
+    pub fn edit_channel(&self, edit: impl FnOnce(&mut SimChannel)) {
+        edit(self.channel.lock().unwrap().as_mut().expect("a channel"));
+    }
+
+    /// The seeds this node was asked to resolve or stage with (`None`: a stage without one).
+    pub fn seeds(&self) -> Vec<Option<Seed>> {
+        self.seeds.lock().unwrap().clone()
+    }
+
+    /// What `rollout::offer` decides for this node at `seed` now, with the running and staged
+    /// releases as the channel lists them.
+    fn offer(&self, seed: Seed) -> Result<(SimChannel, Installed, rollout::Offer), NodeError> {
+        let ch = self.channel.lock().unwrap().clone().ok_or_else(|| {
+            NodeError::new("resolve", "a simulated node only follows pinned versions")
+        })?;
+        let s = self.slots.lock().unwrap();
+        let installed = |v: &str| Installed {
+            version: v.to_string(),
+            generation: ch
+                .releases
+                .iter()
+                .find(|l| l.version == v)
+                .map_or(0, |l| l.generation),
+        };
+        let running = installed(&s.booted);
+        let staged = match &s.inactive {
+            Inactive::Staged(v) => Some(installed(v)),
+            _ => None,
+        };
+        let node = rollout::Node {
+            seed,
+            running: running.clone(),
+            staged,
+        };
+        let offer = rollout::offer(&node, ch.now, &ch.releases);
+        Ok((ch, running, offer))
     }
 
     /// Node `index` of a fleet, booted on `booted`, whose reboots go to `power`.
@@ -82,11 +155,32 @@ impl NodeOps for SimNode {
             failed_trial: None,
         })
     }
-    fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {
-        Err(NodeError::new(
-            "resolve",
-            "a simulated node only follows pinned versions",
-        ))
+    fn resolve_latest(&self, _: &str, seed: Seed) -> Result<Latest, NodeError> {
+        self.seeds.lock().unwrap().push(Some(seed));
+        let (ch, running, offer) = self.offer(seed)?;
+        let mut withdrawn: Vec<&Listed> = ch
+            .releases
+            .iter()
+            .filter(|l| l.rollout.as_ref().is_some_and(|r| r.withdrawn.is_some()))
+            .collect();
+        withdrawn.sort_by_key(|l| l.generation);
+        Ok(Latest {
+            version: offer.take.map_or(running.version, |t| t.version),
+            waiting: offer.waiting,
+            withdrawn: withdrawn.into_iter().map(|l| l.version.clone()).collect(),
+        })
+    }
+    fn drop_withdrawn(&self, _: &str, seed: Seed) -> Result<Option<String>, NodeError> {
+        self.seeds.lock().unwrap().push(Some(seed));
+        let (_, _, offer) = self.offer(seed)?;
+        let mut s = self.slots.lock().unwrap();
+        match (offer.drop_staged, &s.inactive) {
+            (Some(d), Inactive::Staged(v)) if d.version == *v => {
+                s.inactive = Inactive::Failed(d.version.clone());
+                Ok(Some(d.version))
+            }
+            _ => Ok(None),
+        }
     }
     fn stage(
         &self,
@@ -95,6 +189,22 @@ impl NodeOps for SimNode {
         _: &dyn StageProgress,
     ) -> Result<StageEnd, NodeError> {
         let version = req.wanted.version().unwrap_or_default();
+        if let Some(ch) = self.channel.lock().unwrap().clone() {
+            // As libupgrade's explicit-version resolution: the release's rollout must admit
+            // the seed the request carries.
+            self.seeds.lock().unwrap().push(req.seed);
+            let seed = req
+                .seed
+                .ok_or_else(|| NodeError::new("resolve", "stage request without a seed"))?;
+            let listed = ch
+                .releases
+                .iter()
+                .find(|l| l.version == version)
+                .ok_or_else(|| NodeError::new("resolve", format!("{version} is not listed")))?;
+            rollout::admission(seed, ch.now, listed, false).map_err(|hold| {
+                NodeError::new("resolve", format!("{version} is not offered: {hold}"))
+            })?;
+        }
         self.slots.lock().unwrap().inactive = Inactive::Staged(version.into());
         Ok(StageEnd::Staged { fetched: 0 })
     }

@@ -116,8 +116,19 @@ impl NodeOps for FleetNode {
     fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
         self.real.status()
     }
-    fn resolve_latest(&self, channel: &str) -> Result<String, NodeError> {
-        self.real.resolve_latest(channel)
+    fn resolve_latest(
+        &self,
+        channel: &str,
+        seed: libupgrade::rollout::Seed,
+    ) -> Result<agent::host::latest::Latest, NodeError> {
+        self.real.resolve_latest(channel, seed)
+    }
+    fn drop_withdrawn(
+        &self,
+        channel: &str,
+        seed: libupgrade::rollout::Seed,
+    ) -> Result<Option<String>, NodeError> {
+        self.real.drop_withdrawn(channel, seed)
     }
     fn stage(
         &self,

@@ -6,6 +6,8 @@
 //! uncordon only of our own cordon; release after confirm; failures pause the channel.
 
 use k3os_ops::agent;
+use k3os_ops::agent::host::latest::Latest;
+use libupgrade::rollout::Seed;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,8 +36,11 @@ impl NodeOps for FakeNode {
         }
         Ok(self.status.lock().unwrap().clone())
     }
-    fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {
-        Ok("v2".into())
+    fn resolve_latest(&self, _: &str, _: Seed) -> Result<Latest, NodeError> {
+        Ok(Latest::plain("v2"))
+    }
+    fn drop_withdrawn(&self, _: &str, _: Seed) -> Result<Option<String>, NodeError> {
+        Ok(None)
     }
     fn stage(
         &self,

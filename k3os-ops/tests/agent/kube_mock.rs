@@ -9,6 +9,8 @@
 //!   naming it.
 
 use k3os_ops::agent;
+use k3os_ops::agent::host::latest::Latest;
+use libupgrade::rollout::Seed;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -427,8 +429,11 @@ impl NodeOps for FakeNode {
             failed_trial: None,
         })
     }
-    fn resolve_latest(&self, _: &str) -> Result<String, NodeError> {
-        Ok("v2".into())
+    fn resolve_latest(&self, _: &str, _: Seed) -> Result<Latest, NodeError> {
+        Ok(Latest::plain("v2"))
+    }
+    fn drop_withdrawn(&self, _: &str, _: Seed) -> Result<Option<String>, NodeError> {
+        Ok(None)
     }
     fn stage(
         &self,

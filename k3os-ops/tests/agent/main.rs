@@ -11,6 +11,7 @@ mod deploy;
 mod evict;
 mod fleet;
 mod fleet_rig;
+mod fleet_waves;
 mod flow;
 mod idle;
 mod kube_mock;

@@ -183,7 +183,11 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
     assert!(!st.booted_on_trial);
     assert_eq!(st.inactive, Inactive::Empty);
 
-    assert_eq!(node.resolve_latest(&rig.channel).unwrap(), "v2");
+    let seed = libupgrade::rollout::Seed::derived_from("cluster");
+    assert_eq!(
+        node.resolve_latest(&rig.channel, seed).unwrap(),
+        agent::host::latest::Latest::plain("v2")
+    );
     let progress = Progress(Mutex::new(Vec::new()));
     node.stage(
         &agent_request(&rig.channel, "v2", false, None),

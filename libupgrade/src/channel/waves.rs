@@ -61,6 +61,10 @@ pub struct RolloutNote {
     /// Nothing newer than the running release is offered to this node now: `latest` resolved
     /// to what it already has, and a front end stages nothing.
     pub nothing_newer: bool,
+    /// Every release of this architecture the channel lists as withdrawn (oldest first), so a
+    /// front end that keeps a target of its own (the agent's `status.latestVersion`) can tell
+    /// that it was withdrawn.
+    pub withdrawn: Vec<String>,
 }
 
 impl std::fmt::Display for RolloutNote {
@@ -136,6 +140,10 @@ pub(super) fn pick_for<'a>(
         return Ok(pick(targets, version, arch).map(|t| (t, None)));
     }
     let seed = seed_of(&node.seed, channel)?;
+    let withdrawn = |l: &Listed| l.rollout.as_ref().is_some_and(|r| r.withdrawn.is_some());
+    let mut gone: Vec<&Listed> = all.iter().filter(|l| withdrawn(l)).collect();
+    gone.sort_by_key(|l| l.generation);
+    let gone: Vec<String> = gone.into_iter().map(|l| l.version.clone()).collect();
     let note = |waiting, toward, ignored| RolloutNote {
         seed,
         waiting,
@@ -143,6 +151,7 @@ pub(super) fn pick_for<'a>(
         ignored,
         drop_staged: None,
         nothing_newer: false,
+        withdrawn: gone.clone(),
     };
     if let Some(v) = version.filter(|v| *v != "latest") {
         let Some(t) = pick(targets, Some(v), arch) else {
@@ -186,7 +195,6 @@ pub(super) fn pick_for<'a>(
     }
     // Nothing newer is offered: resolve as before to what the node already has (its running
     // release when listed, else the newest older one not withdrawn), with what it waits for.
-    let withdrawn = |l: &Listed| l.rollout.as_ref().is_some_and(|r| r.withdrawn.is_some());
     let have = all
         .iter()
         .filter(|l| l.generation <= node.running.generation)
@@ -344,5 +352,37 @@ mod tests {
             .unwrap();
         assert_eq!(note.unwrap().seed.get(), LAST_SEED);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn the_note_lists_the_withdrawn_releases_oldest_first() {
+        let with = |version: &str, generation: u64, r: Rollout| {
+            let mut m = file_meta(b"x", None);
+            m.custom = Some(crate::trust::meta::TargetCustom {
+                version: version.into(),
+                generation,
+                arch: Arch::host(),
+                rollout: Some(r),
+            });
+            m
+        };
+        let gone = Rollout {
+            withdrawn: Some(crate::rollout::Withdrawal { at: t(1) }),
+            ..Rollout::default()
+        };
+        let tg = targets(vec![
+            ("v1", v020("v1", 1)),
+            ("v4", with("v4", 4, gone.clone())),
+            ("v2", with("v2", 2, gone)),
+            ("v3", with("v3", 3, Rollout::default())),
+        ]);
+        let n = node(SeedSource::Given(Seed::new(7).unwrap()), 1);
+        for version in [None, Some("v3")] {
+            let (p, note) = pick_for("c", &tg, version, Arch::host(), &n, t(2))
+                .unwrap()
+                .unwrap();
+            assert_eq!(p.2.version, "v3");
+            assert_eq!(note.unwrap().withdrawn, ["v2", "v4"]);
+        }
     }
 }

@@ -3,11 +3,14 @@
 //! [`duration`]s, the waves of [`rollout`], the thin-link settings of [`thin`], the pre-reboot
 //! [`gates`]' judgement, label [`selector`]s), the channels of a namespace decoded and the one
 //! that selects this node picked ([`listing`]), the fleet counts derived from the Nodes
-//! ([`counts`]), and the versions and migrations of everything the agent stores ([`mod@format`]).
+//! ([`counts`]), the cluster's seed and status in the channel's fleet rollouts
+//! ([`fleet_waves`]), and the versions and migrations of everything the agent stores
+//! ([`mod@format`]).
 
 pub mod counts;
 pub mod crd;
 pub mod duration;
+pub mod fleet_waves;
 pub mod format;
 pub mod gates;
 pub mod listing;

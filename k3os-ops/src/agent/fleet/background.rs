@@ -1,6 +1,7 @@
 //! The agent's background tasks besides the reconcile loop: renewing this node's liveness
 //! Lease, reclaiming the slots of dead holders, and (while holding a channel's poller Lease)
-//! resolving `latest`. They read the channels from the watch cache when the agent has one
+//! resolving `latest` for the cluster's seed (read-only; published by
+//! [`crate::agent::cluster::fleet_waves`]). They read the channels from the watch cache when the agent has one
 //! ([`Agent::channels_now`]), so none of them lists anything while the fleet is idle.
 //!
 //! **The liveness Lease period** ([`lease_period`]): a quarter of the shortest
@@ -26,6 +27,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use rand::Rng;
 
+use crate::agent::cluster::fleet_waves;
 use crate::agent::cluster::kube_store::{
     acquire_lease, node_lease_name, poller_lease_name, renew_own_lease, LeaseOutcome,
 };
@@ -286,38 +288,31 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                     }
                 }
                 let url = ch.spec.url.clone();
-                let resolved = agent.blocking(move |ops| ops.resolve_latest(&url)).await;
+                let seed = crate::agent::channel::fleet_waves::cluster_seed(&ch);
+                let resolved = agent
+                    .blocking(move |ops| ops.resolve_latest(&url, seed))
+                    .await;
                 let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
                 if stale.is_some() || resolved.is_ok() {
                     crate::agent::cluster::stale::report(&agent, &ch, stale.as_ref()).await;
                 }
-                let store = agent.store(&name);
-                let res = match &resolved {
-                    Ok(v) => slots::set_latest(&store, Ok(v), Utc::now()).await,
-                    Err(e) => slots::set_latest(&store, Err(&format!("{e:#}")), Utc::now()).await,
-                };
-                match (&resolved, res) {
-                    (_, Err(e)) => tracing::warn!("write latestVersion of {name}: {e}"),
-                    (Ok(v), Ok(()))
-                        if ch.status.as_ref().and_then(|s| s.latest_version.as_deref())
-                            != Some(v) =>
-                    {
-                        agent
-                            .event(
-                                Some(&ch),
-                                false,
-                                "LatestResolved",
-                                format!("newest release of {} is {v}", ch.spec.url),
-                            )
-                            .await;
+                let e = match resolved {
+                    Ok(latest) => {
+                        fleet_waves::publish(&agent, &ch, &latest, seed).await;
+                        continue;
                     }
+                    Err(e) => e,
+                };
+                let store = agent.store(&name);
+                match slots::set_latest(&store, Err(&format!("{e:#}")), Utc::now()).await {
+                    Err(w) => tracing::warn!("write latestVersion of {name}: {w}"),
                     // Expired metadata was reported as ChannelStale (one Event) above.
-                    (Err(e), Ok(())) if e.stale().is_none() => {
+                    Ok(()) if e.stale().is_none() => {
                         agent
                             .event_once(Some(&ch), true, "ResolveFailed", format!("{e:#}"))
                             .await;
                     }
-                    _ => {}
+                    Ok(()) => {}
                 }
             }
         }

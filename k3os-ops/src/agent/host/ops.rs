@@ -10,14 +10,25 @@
 //! ledger ([`super::ledger`]). A bundle is used exactly as `upgrade --bundle FILE` uses it: its
 //! signed manifest must name the version its header names, which must be the target; the
 //! channel is not read at all (a site whose link is down stages from it).
+//!
+//! Every resolution of the agent places the node by its cluster's seed (see
+//! [`crate::agent::channel::cluster_seed`]), never by the node's own seed file: the channel's
+//! fleet waves admit a cluster as a whole and the in-cluster rollout orders its nodes. Resolving
+//! `latest` ([`NodeOps::resolve_latest`]: the poller, the claim check) is read-only: it records
+//! no trust, creates no seed file and drops nothing. The one place that acts on a withdrawal is
+//! the node's own tick [`NodeOps::drop_withdrawn`], which the decision asks for when this
+//! node's staged release is withdrawn (the poller runs on one node of the cluster and could
+//! drop only its own slot).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use libupgrade::Stop;
 use libupgrade::{Release, ResolveError, Source, StageRequest};
 
+use super::latest::Latest;
 use super::ledger::{self, PreviewRecord, FORMAT};
 use super::status::NodeUpdateStatus;
+use libupgrade::rollout::Seed;
 
 /// Environment variable naming the host directory the agent looks for offline bundles in
 /// (the DaemonSet mounts it read-only; unset: no bundles).
@@ -125,8 +136,15 @@ pub const NODE_READY: &str = "node-ready";
 pub trait NodeOps: Send + Sync + 'static {
     /// Versions and states of both slots.
     fn status(&self) -> Result<NodeUpdateStatus, NodeError>;
-    /// The newest version on `channel` for this node's architecture.
-    fn resolve_latest(&self, channel: &str) -> Result<String, NodeError>;
+    /// What `latest` of `channel` is for a node of this architecture placed at `seed` in the
+    /// channel's rollouts: the release offered, the newer one held back and the withdrawn
+    /// ones. Read-only: records no trust, writes no seed file, drops nothing.
+    fn resolve_latest(&self, channel: &str, seed: Seed) -> Result<Latest, NodeError>;
+    /// When the release staged in the inactive slot is withdrawn by `channel`'s signed metadata
+    /// (as resolved for `seed`), mark the slot bad so it is never activated, and return the
+    /// dropped version; `Ok(None)` when the channel does not withdraw it. The one place the
+    /// agent acts on a withdrawal.
+    fn drop_withdrawn(&self, channel: &str, seed: Seed) -> Result<Option<String>, NodeError>;
     /// Download, verify and write the release `req` asks for into the inactive slot; resumes
     /// a partial download and never touches the booted slot or the bootloader's choice. A clean
     /// stop at the byte budget or the schedule's end is [`StageEnd::Stopped`], not an error.
@@ -284,10 +302,34 @@ impl NodeOps for LibupgradeNode {
         Ok(summarize(&st))
     }
 
-    fn resolve_latest(&self, channel: &str) -> Result<String, NodeError> {
-        let req = StageRequest::new(libupgrade::Wanted::channel(channel, None));
+    fn resolve_latest(&self, channel: &str, seed: Seed) -> Result<Latest, NodeError> {
+        let req = StageRequest {
+            read_only: true,
+            seed: Some(seed),
+            ..StageRequest::new(libupgrade::Wanted::channel(channel, None))
+        };
+        Ok(Latest::of(&self.release(&req)?))
+    }
+
+    fn drop_withdrawn(&self, channel: &str, seed: Seed) -> Result<Option<String>, NodeError> {
+        let before = self.status()?.inactive;
+        // Not read-only: `Updater::resolve` marks a withdrawn staged slot bad (the same code
+        // `upgrade --version latest` runs), and only when the signed metadata says so.
+        let req = StageRequest {
+            seed: Some(seed),
+            ..StageRequest::new(libupgrade::Wanted::channel(channel, None))
+        };
         let rel = self.release(&req)?;
-        Ok(rel.version.unwrap_or_default())
+        let dropped = match &rel.origin {
+            libupgrade::Origin::Channel {
+                rollout: Some(note),
+                ..
+            } => note.drop_staged.as_ref().map(|d| d.version.clone()),
+            _ => None,
+        };
+        let was_staged =
+            |v: &String| matches!(&before, super::status::Inactive::Staged(s) if s == v);
+        Ok(dropped.filter(was_staged))
     }
 
     fn stage(

@@ -101,7 +101,10 @@ async fn decide(cx: &Agent, ch: &Channel, view: &NodeView) -> Result<Step, Agent
             Action::Gather(Need::Gates) => inputs.gates = gates_verdict(cx, ch).await,
             Action::Gather(Need::OwnLatest) => {
                 let url = ch.spec.url.clone();
-                let own = cx.blocking(move |ops| Ok(ops.resolve_latest(&url))).await?;
+                let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
+                let own = cx
+                    .blocking(move |ops| Ok(ops.resolve_latest(&url, seed)))
+                    .await?;
                 inputs.own_latest = Some(own.map_err(|e| e.to_string()));
             }
             Action::Gather(Need::FetchedOn(day)) => {
@@ -289,6 +292,7 @@ pub(in crate::agent) async fn execute(
         // Published above; a stage back-off is waited out quietly.
         Action::Paused { .. }
         | Action::PausedBySpec { .. }
+        | Action::Withdrawn { .. }
         | Action::WaitForWave { .. }
         | Action::WaitForWindow { .. }
         | Action::WaitForSlot { .. }
@@ -296,6 +300,7 @@ pub(in crate::agent) async fn execute(
         | Action::ClaimBackingOff { .. }
         | Action::StageWaiting { .. }
         | Action::StageBackingOff { .. } => Ok(Next::Wait),
+        Action::DropWithdrawn { version } => super::withdrawn::tick_drop(cx, ch, &version).await,
         // decide() answered the facts it needs before returning.
         Action::Gather(_) => Ok(Next::Again),
         // The claim itself is a compare-and-swap on a fresh read.

@@ -3,7 +3,8 @@
 //! are [`cooldown`]s), then carries it out: what a waiting step says ([`waits`]), the
 //! bookkeeping ticks ([`actions`]), the stage ([`staging`]) and the disruptive steps
 //! ([`steps`]), the reports about unusable channels ([`invalid`]), a boot not assessed yet
-//! ([`assessment`]) and the stage preview with its deadline condition ([`thin_report`]).
+//! ([`assessment`]), the stage preview with its deadline condition ([`thin_report`]) and the
+//! drop of a withdrawn staged release ([`withdrawn`]).
 
 pub mod actions;
 pub mod assessment;
@@ -15,3 +16,4 @@ pub mod staging;
 pub mod steps;
 pub mod thin_report;
 pub mod waits;
+pub mod withdrawn;

@@ -91,7 +91,8 @@ pub(crate) async fn stage(
 /// The one libupgrade request the agent makes to stage `version` of `ch` (the CLI's `upgrade
 /// --channel URL --version V` makes the same): the channel's rate cap and sources, the open
 /// stage windows and what today's quota has left; an older release only when the channel pins
-/// it. The node adds its offline-bundle directory.
+/// it; the cluster's seed for the channel's fleet rollouts. The node adds its offline-bundle
+/// directory.
 fn request(
     cx: &Agent,
     ch: &Channel,
@@ -100,25 +101,28 @@ fn request(
     max_bytes: Option<u64>,
 ) -> StageRequest {
     let policy = ch.policy.as_ref().ok();
-    StageRequest::new(Wanted::channel(ch.spec.url.clone(), Some(version))).with_options(
-        StageOptions {
-            allow_downgrade: ch.spec.pinned_version().is_some(),
-            max_rate: policy.and_then(|p| p.max_rate),
-            max_bytes,
-            schedule,
-            extra_sources: policy
-                .map(|p| {
-                    p.thin
-                        .sources
-                        .iter()
-                        .map(|s| ExtraSource::parse(s))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            clock: cx.settings.clock.clone(),
-            ..StageOptions::default()
-        },
-    )
+    let req = StageRequest {
+        // The cluster's place in the channel's fleet rollouts, as every agent of it resolves.
+        seed: Some(crate::agent::channel::fleet_waves::cluster_seed(ch)),
+        ..StageRequest::new(Wanted::channel(ch.spec.url.clone(), Some(version)))
+    };
+    req.with_options(StageOptions {
+        allow_downgrade: ch.spec.pinned_version().is_some(),
+        max_rate: policy.and_then(|p| p.max_rate),
+        max_bytes,
+        schedule,
+        extra_sources: policy
+            .map(|p| {
+                p.thin
+                    .sources
+                    .iter()
+                    .map(|s| ExtraSource::parse(s))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        clock: cx.settings.clock.clone(),
+        ..StageOptions::default()
+    })
 }
 
 /// Preview (published before the first byte), judge the deadline, then stage.

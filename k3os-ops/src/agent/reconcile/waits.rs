@@ -1,6 +1,6 @@
 //! What a waiting decision says: the phase, the message and the Event of every
-//! [`Action`] that holds the update back (paused, a wave, the window, the slots, a gate, a
-//! back-off, the thin-link settings). Pure; the controller publishes the `Report` once.
+//! [`Action`] that holds the update back (paused, a withdrawn target, a wave, the window, the
+//! slots, a gate, a back-off, the thin-link settings). Pure; the controller publishes the `Report` once.
 
 use chrono::{DateTime, Utc};
 
@@ -60,6 +60,13 @@ pub(in crate::agent) fn report(action: &Action, now: DateTime<Utc>) -> Option<Re
             "ClaimBlocked",
             format!("{version} staged; not claiming: {why}"),
         ),
+        // The channel's one `ReleaseWithdrawn` Event is the poller's (when its condition
+        // turns True, `agent/cluster/fleet_waves.rs`); each node only says it on its Node.
+        Action::Withdrawn { version } => Report {
+            phase: Phase::Paused,
+            message: format!("{version} was withdrawn by the channel: not staging or claiming it"),
+            event: None,
+        },
         Action::ClaimBackingOff { until } => Report {
             phase: Phase::BackingOff,
             message: format!(

@@ -21,10 +21,13 @@ use serde::{Deserialize, Serialize};
 
 #[cfg(any(test, feature = "testing"))]
 mod fixture;
+mod fleet;
 mod schemas;
 #[cfg(any(test, feature = "testing"))]
 pub use fixture::ChannelFixture;
 use schemas::*;
+
+pub use fleet::{FleetRolloutStatus, COND_RELEASE_WITHDRAWN, COND_WAITING_FOR_WAVE};
 
 /// Pattern of the spec's short durations (`90s`, `15m`, `1h30m`, `2d`; see `duration.rs`).
 pub const DURATION_PATTERN: &str = "^ *([0-9]+[smhd])+ *$";
@@ -340,7 +343,7 @@ pub struct UpdateChannelStatus {
     #[serde(default)]
     pub failures: Vec<FailureRecord>,
     /// `LatestResolved`, `Degraded`, `Paused`, `Invalid`, `Complete`, `ChannelStale`,
-    /// `StageWillMissWindow`.
+    /// `StageWillMissWindow`, `WaitingForWave`, `ReleaseWithdrawn`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// The nodes holding a slot, comma-separated (the `Updating` printer column; kept equal
@@ -362,6 +365,10 @@ pub struct UpdateChannelStatus {
     /// How far the waves of `spec.rollout` are (absent without `spec.rollout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
+    /// This cluster's place in the channel's fleet rollouts (the waves in its signed
+    /// metadata), written by the poller; absent on a pinned channel and before the first poll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet_rollout: Option<FleetRolloutStatus>,
 }
 
 /// The selected nodes counted by version and phase: counts, never a list of nodes.

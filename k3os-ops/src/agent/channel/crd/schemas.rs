@@ -75,6 +75,15 @@ pub(super) fn count_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schem
     })
 }
 
+pub(super) fn seed_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "integer",
+        "format": "int64",
+        "minimum": 0,
+        "maximum": 999_999,
+    })
+}
+
 pub(super) fn count_map_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",

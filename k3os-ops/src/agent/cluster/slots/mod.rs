@@ -409,25 +409,7 @@ pub async fn set_latest<S: ChannelStore>(
 ) -> Result<(), SlotError> {
     cas(store, now, |_, st| {
         let before = st.clone();
-        match result {
-            Ok(v) => {
-                st.latest_version = Some(v.to_string());
-                st.set_condition(
-                    COND_LATEST_RESOLVED,
-                    true,
-                    "Resolved",
-                    format!("newest release is {v}"),
-                    now,
-                );
-            }
-            Err(e) => st.set_condition(
-                COND_LATEST_RESOLVED,
-                false,
-                "ResolveFailed",
-                e.to_string(),
-                now,
-            ),
-        }
+        with_latest(st, result, now);
         if *st == before {
             Step::Done(())
         } else {
@@ -435,4 +417,27 @@ pub async fn set_latest<S: ChannelStore>(
         }
     })
     .await
+}
+
+/// [`set_latest`]'s change of `st` (pure): `latestVersion` and the `LatestResolved` condition.
+pub fn with_latest(st: &mut UpdateChannelStatus, result: Result<&str, &str>, now: DateTime<Utc>) {
+    match result {
+        Ok(v) => {
+            st.latest_version = Some(v.to_string());
+            st.set_condition(
+                COND_LATEST_RESOLVED,
+                true,
+                "Resolved",
+                format!("newest release is {v}"),
+                now,
+            );
+        }
+        Err(e) => st.set_condition(
+            COND_LATEST_RESOLVED,
+            false,
+            "ResolveFailed",
+            e.to_string(),
+            now,
+        ),
+    }
 }

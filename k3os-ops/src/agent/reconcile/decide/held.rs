@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use super::{Action, IdleReason, Policy};
 use crate::agent::channel::crd::UpdateChannel;
 use crate::agent::channel::thin::Gate;
+use crate::agent::host::latest::Latest;
 
 /// A fact [`super::step`] needs before it can decide, fetched only then.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,9 +17,10 @@ pub enum Need {
     Gates,
     /// The bytes fetched on the quota day `day` (the node's ledger).
     FetchedOn(chrono::NaiveDate),
-    /// What this node itself resolves `latest` to through the channel's signed metadata: a
-    /// claim for `status.latestVersion` waits until it agrees (the status is written by
-    /// whichever agent holds the poller Lease, and no admission policy can tell who that is).
+    /// What this node itself resolves `latest` to through the channel's signed metadata, for
+    /// the cluster's seed: a claim for `status.latestVersion` waits until it agrees (the status
+    /// is written by whichever agent holds the poller Lease, and no admission policy can tell
+    /// who that is), and is never made for a release the channel withdrew.
     OwnLatest,
 }
 
@@ -49,9 +51,9 @@ pub struct Inputs {
     pub gates: Verdict,
     /// Bytes fetched on the quota day, once read (`None`: not read yet).
     pub fetched_today: Option<u64>,
-    /// What this node resolved `latest` to itself, once asked (`None`: not asked yet; `Err`:
-    /// the resolution's error).
-    pub own_latest: Option<Result<String, String>>,
+    /// What this node resolved `latest` to itself for the cluster's seed, once asked (`None`:
+    /// not asked yet; `Err`: the resolution's error), with the releases the channel withdrew.
+    pub own_latest: Option<Result<Latest, String>>,
 }
 
 impl Inputs {
@@ -114,11 +116,18 @@ pub(super) fn hold_claim(
         if channel.spec.pinned_version().is_none() {
             // A claim is the first disruptive step: `status.latestVersion` must be what this
             // node's own signed channel metadata names, not only what another agent wrote.
+            // A withdrawn release is never claimed, whatever the status says.
             let why = match &inputs.own_latest {
                 None => return Action::Gather(Need::OwnLatest),
-                Some(Ok(own)) if own == version => None,
+                Some(Ok(own)) if own.withdraws(version) => {
+                    return Action::Withdrawn {
+                        version: version.clone(),
+                    }
+                }
+                Some(Ok(own)) if own.version == *version => None,
                 Some(Ok(own)) => Some(format!(
-                    "status.latestVersion names {version}, but this node's signed channel metadata offers {own}"
+                    "status.latestVersion names {version}, but this node's signed channel metadata offers {}",
+                    own.version
                 )),
                 Some(Err(e)) => Some(format!(
                     "cannot check status.latestVersion ({version}) against the signed channel: {e}"

@@ -21,6 +21,7 @@ use crate::agent::channel::rollout::{self, Admission};
 use crate::agent::channel::spec::Policy;
 use crate::agent::channel::thin::Waiting;
 
+use crate::agent::host::latest::Latest;
 use crate::agent::host::status::{Inactive, NodeUpdateStatus};
 
 mod held;
@@ -86,6 +87,16 @@ pub enum Action {
     /// Outside the window, or too late in it to finish; `next` is the next window start.
     WaitForWindow {
         next: Option<DateTime<Utc>>,
+    },
+    /// The channel withdrew the target `version` (its signed metadata; `status.fleetRollout`
+    /// or this node's own resolution at the claim): neither staged nor claimed.
+    Withdrawn {
+        version: String,
+    },
+    /// The release staged in the inactive slot, `version`, was withdrawn by the channel: drop
+    /// it (mark the slot bad, never activate it) after the node's own signed metadata agrees.
+    DropWithdrawn {
+        version: String,
     },
     /// Claim an update slot to install the staged `version`.
     Claim {
@@ -167,9 +178,21 @@ pub struct Step {
 /// policy itself (for callers without a [`crate::agent::channel::listing::Channel`]).
 pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> Action {
     let policy = Policy::from_spec(&channel.spec);
+    let withdrawn = channel
+        .status
+        .as_ref()
+        .and_then(|s| s.fleet_rollout.as_ref())
+        .map(|f| f.withdrawn.clone())
+        .unwrap_or_default();
     let inputs = Inputs {
         // The node's own resolution agrees with the status (what every honest poller wrote).
-        own_latest: channel.target_version().map(Ok),
+        own_latest: channel.target_version().map(|version| {
+            Ok(Latest {
+                version,
+                waiting: None,
+                withdrawn,
+            })
+        }),
         ..Inputs::open_at(now)
     };
     step(channel, &policy, node, &inputs).action
@@ -310,6 +333,20 @@ fn next_action(
         Ok(p) => p,
         Err(e) => return Action::Invalid(e.clone()),
     };
+    // The channel's fleet rollouts (its signed metadata, as the poller published it): a
+    // withdrawn release staged here is dropped, whatever the target; one that is the target
+    // is neither staged nor claimed.
+    let withdrawn = |v: &str| {
+        status
+            .fleet_rollout
+            .as_ref()
+            .is_some_and(|f| f.withdrawn.iter().any(|w| w == v))
+    };
+    if let Inactive::Staged(v) = &node.update.inactive {
+        if withdrawn(v) {
+            return Action::DropWithdrawn { version: v.clone() };
+        }
+    }
     let Some(target) = target else {
         return Action::Idle(IdleReason::NoTarget);
     };
@@ -330,6 +367,9 @@ fn next_action(
         || node.update.inactive == Inactive::Failed(target.clone());
     if failed_here {
         return Action::Idle(IdleReason::FailedHere(target));
+    }
+    if withdrawn(&target) {
+        return Action::Withdrawn { version: target };
     }
     match &node.update.inactive {
         Inactive::Staged(v) | Inactive::Activated(v) if *v == target => {}

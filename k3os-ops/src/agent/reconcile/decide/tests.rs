@@ -1,7 +1,9 @@
 //! The decision's inputs: what holds a claim or a stage back.
 
 use super::*;
-use crate::agent::channel::crd::{SlotEntry, StageSpec, UpdateChannelSpec, UpdateChannelStatus};
+use crate::agent::channel::crd::{
+    FleetRolloutStatus, SlotEntry, StageSpec, UpdateChannelSpec, UpdateChannelStatus,
+};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
@@ -207,7 +209,7 @@ fn a_claim_for_latest_waits_until_the_nodes_own_signed_channel_agrees() {
         Action::Gather(Need::OwnLatest)
     );
     let differs = Inputs {
-        own_latest: Some(Ok("v1".into())),
+        own_latest: Some(Ok(Latest::plain("v1"))),
         ..Inputs::open_at(at(0))
     };
     match run(&ch, &staged(), &differs).action {
@@ -229,7 +231,7 @@ fn a_claim_for_latest_waits_until_the_nodes_own_signed_channel_agrees() {
         Action::WaitForGate { ref why, .. } if why.contains("channel unreachable")
     ));
     let agrees = Inputs {
-        own_latest: Some(Ok("v2".into())),
+        own_latest: Some(Ok(Latest::plain("v2"))),
         ..Inputs::open_at(at(0))
     };
     assert_eq!(
@@ -244,4 +246,82 @@ fn a_claim_for_latest_waits_until_the_nodes_own_signed_channel_agrees() {
         run(&pinned, &staged(), &ask).action,
         Action::Claim { .. }
     ));
+}
+
+/// The channel withdrew v2 (issue 24): no node claims it, whether the poller already
+/// published the withdrawal (`status.fleetRollout`) or only the node's own signed metadata
+/// at the claim says so; a node that staged it drops it, whatever the target; a node that
+/// runs it is not rolled back.
+#[test]
+fn a_withdrawn_release_is_never_claimed_and_a_staged_one_is_dropped() {
+    let mut ch = following_latest();
+    // Only the node's own resolution knows yet.
+    let own = Inputs {
+        own_latest: Some(Ok(Latest {
+            version: "v1".into(),
+            waiting: None,
+            withdrawn: vec!["v2".into()],
+        })),
+        ..Inputs::open_at(at(0))
+    };
+    assert_eq!(
+        run(&ch, &staged(), &own).action,
+        Action::Withdrawn {
+            version: "v2".into()
+        }
+    );
+    // The poller published it, still naming v2 as the target (it has not moved yet).
+    ch.status.as_mut().unwrap().fleet_rollout = Some(FleetRolloutStatus {
+        cluster_seed: 7,
+        withdrawn: vec!["v2".into()],
+        withdrawn_target: Some("v2".into()),
+    });
+    let open = Inputs::open_at(at(0));
+    assert_eq!(
+        run(&ch, &staged(), &open).action,
+        Action::DropWithdrawn {
+            version: "v2".into()
+        }
+    );
+    assert_eq!(
+        run(&ch, &node(Inactive::Empty), &open).action,
+        Action::Withdrawn {
+            version: "v2".into()
+        },
+        "not staged either"
+    );
+    // The target moved back to v1, which the node runs: the staged v2 is still dropped.
+    ch.status.as_mut().unwrap().latest_version = Some("v1".into());
+    assert_eq!(
+        run(&ch, &staged(), &open).action,
+        Action::DropWithdrawn {
+            version: "v2".into()
+        }
+    );
+    // Once dropped (the slot marked bad), the node is up to date on v1.
+    assert_eq!(
+        run(&ch, &node(Inactive::Failed("v2".into())), &open).action,
+        Action::Idle(IdleReason::UpToDate)
+    );
+    // A node that runs v2 keeps it (no rollback), and one that activated it goes on.
+    let mut runs = node(Inactive::Empty);
+    runs.update.booted_version = Some("v2".into());
+    ch.status.as_mut().unwrap().latest_version = Some("v2".into());
+    assert_eq!(
+        run(&ch, &runs, &open).action,
+        Action::Idle(IdleReason::UpToDate)
+    );
+    assert_ne!(
+        run(&ch, &node(Inactive::Activated("v2".into())), &open).action,
+        Action::DropWithdrawn {
+            version: "v2".into()
+        }
+    );
+    // The convenience `decide` sees the published withdrawal too.
+    assert_eq!(
+        decide(&ch, &staged(), at(0)),
+        Action::DropWithdrawn {
+            version: "v2".into()
+        }
+    );
 }

@@ -1,0 +1,63 @@
+//! The poller's report of a channel's fleet rollouts: `status.latestVersion`, the cluster's
+//! seed and withdrawn releases (`status.fleetRollout`) and the conditions `WaitingForWave` and
+//! `ReleaseWithdrawn`, in one compare-and-swap of the status; the `ReleaseWithdrawn` Event once
+//! when the release the cluster was updating to is withdrawn. The rules are
+//! [`crate::agent::channel::fleet_waves`] (pure); a poll that changes nothing writes nothing.
+
+use chrono::{DateTime, Utc};
+use libupgrade::rollout::Seed;
+
+use super::kube_store::KubeChannelStore;
+use super::slots::{self, SlotError, Step};
+use crate::agent::channel::crd::UpdateChannel;
+use crate::agent::channel::fleet_waves;
+use crate::agent::context::Agent;
+use crate::agent::host::latest::Latest;
+
+/// Write what resolving `latest` with `seed` found: `Ok(Some(note))` when this write turned
+/// `ReleaseWithdrawn` True (its Event's note).
+pub async fn write(
+    store: &KubeChannelStore,
+    latest: &Latest,
+    seed: Seed,
+    now: DateTime<Utc>,
+) -> Result<Option<String>, SlotError> {
+    slots::cas(store, now, |_, st| {
+        let before = st.clone();
+        let turned = fleet_waves::apply(st, latest, seed, now);
+        slots::with_latest(st, Ok(&latest.version), now);
+        if *st == before {
+            Step::Done(None)
+        } else {
+            Step::Write(turned)
+        }
+    })
+    .await
+}
+
+/// Publish the poller's resolution of `ch` (as read): the status write, and the Events of a
+/// new `latestVersion` (`LatestResolved`) and of a withdrawn target (`ReleaseWithdrawn`).
+/// A failed write is logged (the next poll tries again).
+pub async fn publish(cx: &Agent, ch: &UpdateChannel, latest: &Latest, seed: Seed) {
+    let name = ch.metadata.name.clone().unwrap_or_default();
+    let withdrawn = match write(&cx.store(&name), latest, seed, Utc::now()).await {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!("write latestVersion of {name}: {e}");
+            return;
+        }
+    };
+    if let Some(note) = withdrawn {
+        cx.event(Some(ch), true, "ReleaseWithdrawn", note).await;
+    }
+    let v = &latest.version;
+    if ch.status.as_ref().and_then(|s| s.latest_version.as_deref()) != Some(v) {
+        cx.event(
+            Some(ch),
+            false,
+            "LatestResolved",
+            format!("newest release of {} is {v}", ch.spec.url),
+        )
+        .await;
+    }
+}

@@ -1,0 +1,49 @@
+//! What a node's resolution of a channel's `latest` tells the agent: the release offered to
+//! the cluster now, the newer one held back and why (its wave, a pause, a required stop), and
+//! the releases the channel withdrew. The poller publishes it on the channel's status
+//! (`status.latestVersion`, `status.fleetRollout`, the conditions `WaitingForWave` and
+//! `ReleaseWithdrawn`); the claim check compares it with the status before a node claims.
+
+use libupgrade::rollout::Waiting;
+
+/// A resolution of `latest` for the cluster's seed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Latest {
+    /// The release offered now (what `status.latestVersion` names).
+    pub version: String,
+    /// The newest release above it that the channel's rollout holds back, and why.
+    pub waiting: Option<Waiting>,
+    /// Every release the channel lists as withdrawn, oldest first.
+    pub withdrawn: Vec<String>,
+}
+
+impl Latest {
+    /// `version`, with nothing held back and nothing withdrawn (a channel without rollouts).
+    pub fn plain(version: impl Into<String>) -> Latest {
+        Latest {
+            version: version.into(),
+            ..Latest::default()
+        }
+    }
+
+    /// What resolving `latest` to `rel` found.
+    pub fn of(rel: &libupgrade::Release) -> Latest {
+        let note = match &rel.origin {
+            libupgrade::Origin::Channel {
+                rollout: Some(note),
+                ..
+            } => Some(note.as_ref()),
+            _ => None,
+        };
+        Latest {
+            version: rel.version.clone().unwrap_or_default(),
+            waiting: note.and_then(|n| n.waiting.clone()),
+            withdrawn: note.map(|n| n.withdrawn.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// Whether the channel withdrew `version`.
+    pub fn withdraws(&self, version: &str) -> bool {
+        self.withdrawn.iter().any(|w| w == version)
+    }
+}

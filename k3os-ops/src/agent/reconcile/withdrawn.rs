@@ -1,0 +1,58 @@
+//! The one place the agent acts on a withdrawal: a release staged in this node's inactive slot
+//! that the channel's signed metadata withdrew is dropped (the slot marked bad, so it is never
+//! activated), by this node's own agent. The decision asks for it ([`super::decide`]'s
+//! `DropWithdrawn`) from `status.fleetRollout`; the node then resolves the channel itself, and
+//! libupgrade marks the slot bad only when its own signed metadata says the staged release is
+//! withdrawn, so a status nobody signed cannot make a node drop a slot.
+//!
+//! Not the poller: it runs on the one node holding the channel's poller Lease and could drop
+//! only that node's slot. Not the stage tick: a node whose target is the release it already runs
+//! never stages again, and would keep the withdrawn slot staged.
+
+use crate::agent::channel::fleet_waves::cluster_seed;
+use crate::agent::channel::listing::Channel;
+use crate::agent::context::{Agent, Next};
+use crate::agent::errors::AgentError;
+
+/// Drop the staged, withdrawn `version` of `ch`: an Event `WithdrawnDropped` when the slot was
+/// marked bad (decided again at once), else a warning once (the node's own metadata does not
+/// withdraw it) and a wait.
+pub(in crate::agent) async fn tick_drop(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+) -> Result<Next, AgentError> {
+    let url = ch.spec.url.clone();
+    let seed = cluster_seed(ch);
+    let dropped = cx
+        .blocking(move |ops| ops.drop_withdrawn(&url, seed))
+        .await?;
+    match dropped {
+        Some(v) => {
+            cx.event(
+                Some(ch),
+                true,
+                "WithdrawnDropped",
+                format!(
+                    "dropped the staged {}: the channel withdrew it; its slot is marked bad and will never be activated",
+                    v.escape_debug()
+                ),
+            )
+            .await;
+            Ok(Next::Again)
+        }
+        None => {
+            cx.event_once(
+                Some(ch),
+                true,
+                "WithdrawnNotConfirmed",
+                format!(
+                    "status.fleetRollout says the staged {} is withdrawn, but this node's signed channel metadata does not: keeping it",
+                    version.escape_debug()
+                ),
+            )
+            .await;
+            Ok(Next::Wait)
+        }
+    }
+}
