@@ -389,12 +389,27 @@ struct Fleet {
 }
 
 impl Fleet {
-    /// 10,000 nodes with seeds drawn as nodes draw them (uniformly), from a fixed generator so
-    /// the run is repeatable.
+    /// 10,000 nodes, one seed in each ten-thousandth of the seed space (drawn uniformly inside
+    /// its slice by a fixed generator, so the run is repeatable).
+    ///
+    /// Why not 10,000 seeds drawn uniformly over the whole space, as nodes draw them: their
+    /// share below a bound is a binomial sample, off the schedule by ~sqrt(p(1-p)/n) = 0.5 %
+    /// (one standard error) at p = 50 %, n = 10,000. The largest gap over 83 hours was 0.96 %
+    /// with one generator seed, so "within ±1 %" held by luck and another generator (or a new
+    /// `rand`) could break it. That noise belongs to the fleet, not to the decision (see
+    /// `uniform_seeds_miss_the_schedule_only_by_sampling_noise`). One seed per slice removes
+    /// it: the count below any bound is within one node of exact, so these tests check the
+    /// decision against the schedule to 0.01 % and the ±1 % claim holds by construction, for
+    /// any generator seed.
     fn new() -> Fleet {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(24);
+        Fleet::stratified(24)
+    }
+
+    fn stratified(generator: u64) -> Fleet {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(generator);
+        let slice = SEED_SPACE / 10_000;
         let nodes = (0..10_000)
-            .map(|_| node(rng.gen_range(0..SEED_SPACE), 1, None))
+            .map(|i| node(i * slice + rng.gen_range(0..slice), 1, None))
             .collect();
         Fleet { nodes }
     }
@@ -429,24 +444,61 @@ impl Fleet {
 
 #[test]
 fn a_fleet_of_10000_seeds_follows_the_schedule_hour_by_hour() {
-    let mut fleet = Fleet::new();
-    let releases = [listed(2, Some(four_waves()))];
-    for h in -2..=80 {
-        fleet.poll(t(h), &releases);
-        let (got, want) = (fleet.share_staged(), scheduled_share(h as f64));
-        // Exactly the seeds below the curve, …
-        let below = releases[0].rollout.as_ref().unwrap().share_ppm_at(t(h));
-        let exact = fleet.nodes.iter().filter(|n| n.seed.get() < below).count();
-        assert_eq!(exact as f64 / 10_000.0, got, "hour {h}");
-        // … which for 10,000 random seeds is the schedule within ±1 % (the seeds' own sampling
-        // error: the largest gap over all hours is 0.96 % with this generator's seed; the
-        // standard error of a 50 % share of 10,000 draws alone is 0.5 %).
-        assert!(
-            (got - want).abs() <= 0.01,
-            "hour {h}: {got:.4} of the fleet, schedule {want:.4}"
-        );
+    for generator in [24, 1, 2, 3] {
+        let mut fleet = Fleet::stratified(generator);
+        let releases = [listed(2, Some(four_waves()))];
+        let mut worst = 0.0f64;
+        for h in -2..=80 {
+            fleet.poll(t(h), &releases);
+            let (got, want) = (fleet.share_staged(), scheduled_share(h as f64));
+            // Exactly the seeds below the curve, …
+            let below = releases[0].rollout.as_ref().unwrap().share_ppm_at(t(h));
+            let exact = fleet.nodes.iter().filter(|n| n.seed.get() < below).count();
+            assert_eq!(exact as f64 / 10_000.0, got, "hour {h}");
+            // … which, one seed per slice of the space, is the schedule to one node in 10,000:
+            // within ±1 % with a hundredfold margin, whatever the generator.
+            worst = worst.max((got - want).abs());
+            assert!(
+                (got - want).abs() <= 0.0002,
+                "hour {h}: {got:.4} of the fleet, schedule {want:.4}"
+            );
+        }
+        assert!(worst <= 0.01, "generator {generator}: {worst}");
+        assert_eq!(fleet.share_staged(), 1.0);
     }
-    assert_eq!(fleet.share_staged(), 1.0);
+}
+
+/// A real fleet draws its seeds uniformly over the whole space: its share below the schedule's
+/// bound is a binomial sample, so it misses the schedule by sampling noise only. Over many
+/// generators the largest gap over 83 hours stays within 5 standard errors of a 50 % share
+/// (5 × 0.5 % for 10,000 seeds) and the gaps average out around zero (no bias); a single
+/// fleet's gap above 1 % is possible (about 1 in 20 at 2 standard errors), which is why the
+/// schedule tests above use one seed per slice.
+#[test]
+fn uniform_seeds_miss_the_schedule_only_by_sampling_noise() {
+    let rollout = four_waves();
+    let n = 10_000usize;
+    let sigma = (0.25 / n as f64).sqrt();
+    let mut signed_sum = 0.0;
+    let mut samples = 0;
+    for generator in 0..20u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(generator);
+        let mut seeds: Vec<u32> = (0..n).map(|_| rng.gen_range(0..SEED_SPACE)).collect();
+        seeds.sort_unstable();
+        for h in 0..=80 {
+            let below = rollout.share_ppm_at(t(h));
+            let got = seeds.partition_point(|s| *s < below) as f64 / n as f64;
+            let gap = got - scheduled_share(h as f64);
+            assert!(
+                gap.abs() <= 5.0 * sigma,
+                "generator {generator}, hour {h}: {gap}"
+            );
+            signed_sum += gap;
+            samples += 1;
+        }
+    }
+    let mean = signed_sum / f64::from(samples);
+    assert!(mean.abs() <= sigma, "biased: mean gap {mean}");
 }
 
 #[test]
