@@ -7,7 +7,7 @@
 //! |---|---|
 //! | x86_64 GRUB BIOS | upgrade, fallback-panic, powercut (sampled), missing-kernel, awaited-check, upgrade-from-previous |
 //! | x86_64 GRUB UEFI | upgrade, fallback-noconfirm |
-//! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous, bundle-offline, reachability, trust-rotation |
+//! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous, bundle-offline, reachability, trust-rotation, rollout-wave |
 //! | aarch64 GRUB UEFI | upgrade, fallback-panic |
 //!
 //! The rest of the matrix is `#[ignore]`d and runs with `just vm-test-all`
@@ -206,6 +206,7 @@ default_test!(
     TrustRotation,
     X86_64Extlinux
 );
+default_test!(x86_64_extlinux_rollout_wave, RolloutWave, X86_64Extlinux);
 
 // aarch64 GRUB UEFI (AAVMF)
 default_test!(aarch64_grub_efi_upgrade, Upgrade, Aarch64GrubEfi);

@@ -47,7 +47,7 @@
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
 //! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability), `rotation`
-//! (trust-rotation). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! (trust-rotation), `wave` (rollout-wave). Data flows one way: this file → a family → `steps` → [`Vm`] /
 //! [`crate::server`] / [`crate::target`]; the one link between families is `previous` using
 //! `powercut`'s barrier formatter. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
@@ -71,6 +71,7 @@ mod reach;
 mod rotation;
 mod steps;
 mod upgrade;
+mod wave;
 
 pub use powercut::{parse_barriers, sample};
 pub use previous::{first_migrating_barrier, LooseSlot, LooseStatus};
@@ -90,10 +91,11 @@ pub enum ScenarioKind {
     BundleOffline,
     Reachability,
     TrustRotation,
+    RolloutWave,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 11] = [
+    pub const ALL: [ScenarioKind; 12] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -105,6 +107,7 @@ impl ScenarioKind {
         ScenarioKind::BundleOffline,
         ScenarioKind::Reachability,
         ScenarioKind::TrustRotation,
+        ScenarioKind::RolloutWave,
     ];
 
     pub fn name(self) -> &'static str {
@@ -120,6 +123,7 @@ impl ScenarioKind {
             ScenarioKind::BundleOffline => "bundle-offline",
             ScenarioKind::Reachability => "reachability",
             ScenarioKind::TrustRotation => "trust-rotation",
+            ScenarioKind::RolloutWave => "rollout-wave",
         }
     }
 }
@@ -203,7 +207,10 @@ impl Scenario {
         if kind == ScenarioKind::Reachability {
             target.check_releases(&root, &["v2-nonet"])?;
         }
-        if kind == ScenarioKind::TrustRotation {
+        if matches!(
+            kind,
+            ScenarioKind::TrustRotation | ScenarioKind::RolloutWave
+        ) {
             target.check_channel_inputs(&root, &rotation::ROOT1_KEYS)?;
         }
         let accel = Accel::for_target(target, &root);
@@ -251,6 +258,7 @@ impl Scenario {
             ScenarioKind::BundleOffline => self.bundle_offline()?,
             ScenarioKind::Reachability => self.reachability()?,
             ScenarioKind::TrustRotation => self.trust_rotation()?,
+            ScenarioKind::RolloutWave => self.rollout_wave()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;

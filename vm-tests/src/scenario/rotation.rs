@@ -46,13 +46,13 @@ struct Keys {
     targets2: SigningKey,
 }
 
-fn days(n: i64) -> chrono::DateTime<chrono::Utc> {
+pub(super) fn days(n: i64) -> chrono::DateTime<chrono::Utc> {
     publish::expires_in(chrono::Duration::days(n))
 }
 
 /// Hard-link the files of release directory `from` into `to` (they are never written here;
 /// the signature is replaced, not rewritten in place).
-fn link_release(from: &Path, to: &Path) -> Result<()> {
+pub(super) fn link_release(from: &Path, to: &Path) -> Result<()> {
     fs::create_dir_all(to).map_err(|e| Error::io("create directory", to, e))?;
     for e in fs::read_dir(from).map_err(|e| Error::io("list release", from, e))? {
         let src = e.map_err(|e| Error::io("list release", from, e))?.path();
