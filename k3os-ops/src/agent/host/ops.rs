@@ -11,9 +11,10 @@
 //! signed manifest must name the version its header names, which must be the target; the
 //! channel is not read at all (a site whose link is down stages from it).
 //!
-//! Every resolution of the agent places the node by its cluster's seed (see
-//! [`crate::agent::channel::cluster_seed`]), never by the node's own seed file: the channel's
-//! fleet waves admit a cluster as a whole and the in-cluster rollout orders its nodes. Resolving
+//! Every resolution of the agent places the node by its cluster's seed
+//! ([`crate::agent::channel::fleet_waves::cluster_seed`]), never by the node's own seed file:
+//! the channel's fleet waves admit a cluster as a whole and the in-cluster rollout orders its
+//! nodes. Resolving
 //! `latest` ([`NodeOps::resolve_latest`]: the poller, the claim check) is read-only: it records
 //! no trust, creates no seed file and drops nothing. The one place that acts on a withdrawal is
 //! the node's own tick [`NodeOps::drop_withdrawn`], which the decision asks for when this
