@@ -15,6 +15,9 @@
 //! virtual time, requests are counted by the fake server (a watch (re)start is one request:
 //! `WATCH`; lists are `LIST`).
 //!
+//! Also a fleet of one-node sites under a channel's waves (issue 24 item 8, `sites.rs`), run
+//! first; `FLEET_ONLY=sites` runs only that row.
+//!
 //! Measured, against the goals of issue 18 item 7:
 //! - idle: API requests per node per minute by verb and resource (goal ≤ 1), `FLEET_NODES`
 //!   nodes (default 1000);
@@ -36,6 +39,10 @@
 //! that driver waited for virtual time (the reboot's duration) before letting `reboot()`
 //! return, so the clock never moved again. Here the driver ends the agent and lets `reboot()`
 //! return at once, then waits out the reboot.
+
+#[path = "../../tests/release_support/mod.rs"]
+mod release_support;
+mod sites;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -363,6 +370,11 @@ fn main() {
         .start_paused(true)
         .build()
         .expect("runtime");
+    let cost = sites::poll_cost();
+    sites::simulate(env_usize("FLEET_SITES", 1000), &cost);
+    if std::env::var("FLEET_ONLY").is_ok_and(|v| v == "sites") {
+        return;
+    }
     rt.block_on(async {
         idle(env_usize("FLEET_NODES", 1000)).await;
         let one = rollout(1, 1).await;

@@ -25,7 +25,12 @@
 //!   own types, which drops both fields again: the result is a correct format-1 status, and
 //!   the next write of a current agent migrates it again. The counter writes `nodes`, `rollout`
 //!   and `Complete` again on its next count (a dropped `rollout` restarts nothing: the waves
-//!   are derived from the nodes again, only a running `settleTime` starts over).
+//!   are derived from the nodes again, only a running `settleTime` starts over). Also in
+//!   format 2 (v0.2.0, additive, nothing to migrate): the poller's `fleetRollout`
+//!   (`clusterSeed`, `withdrawn`, `withdrawnTarget`; see `agent/channel/fleet_waves.rs`) and
+//!   the conditions `WaitingForWave` and `ReleaseWithdrawn`; an agent that does not know them
+//!   drops them when it rewrites the status, and the poller writes them again at its next
+//!   poll.
 //!
 //! **`UpdateChannel` spec** — written by humans, not versioned by a marker: fields are only
 //! ever added, optional, with a default that keeps the earlier meaning. Since v0.1.0:

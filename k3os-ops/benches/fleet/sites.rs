@@ -1,0 +1,350 @@
+//! The fleet-of-sites row of `just bench-fleet` (issue 24 item 8): many single-node sites, each
+//! its own cluster with its own agent and `UpdateChannel`, follow one channel whose signed
+//! metadata rolls v2 out in four waves (1 % at T, 10 % at T+24h, 50 % at T+48h, 100 % at
+//! T+72h).
+//!
+//! Two measurements, both of the real code:
+//! - **What one poll costs** ([`poll_cost`]): a channel built and signed by the binary
+//!   (`release create|index|root init|targets|timestamp|rollout`) and served by a real `release
+//!   serve`; a site whose wave has not started resolves `latest` through libupgrade exactly as
+//!   a node does (`channel::resolve_for` with the node's trust options and the site's seed), at
+//!   virtual times 15 minutes apart (the test clock of the resolution). Every request the
+//!   server logs is counted, with the bytes of the files it answered. Two kinds of polls: the
+//!   agent's poller (read-only: records no trust) and `k3os-ops upgrade --version latest` from
+//!   a timer (records what it trusted).
+//! - **The share on the release per hour** ([`simulate`]): `FLEET_SITES` sites (default 1000),
+//!   each with the seed the agent derives from its channel's UID (`Seed::derived_from`), polling
+//!   every 15 minutes (the agent's default `--poll-secs`) at a random phase; at every poll the
+//!   site asks libupgrade's pure decision (`rollout::offer`) what it is offered; once offered v2
+//!   it is on it [`UPDATE`] later (stage, reboot, confirm: an assumption, not measured here).
+//!   Printed per hour: the schedule's share, the share offered and the share on v2, and the
+//!   requests the waiting sites send the origin (measured per poll × polls).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use chrono::{DateTime, Duration, SubsecRound, Utc};
+use libupgrade::channel::{NodeRollout, SeedSource, TrustOptions};
+use libupgrade::manifest::Arch;
+use libupgrade::rollout::{self, Installed, Listed, Rollout, Seed, Wave, SEED_SPACE};
+use rand::{Rng, SeedableRng};
+
+use crate::release_support::{self, Server};
+
+/// The sites' poll period (the agent's default `--poll-secs`).
+const POLL: Duration = Duration::minutes(15);
+/// From being offered v2 to running it (stage, reboot, confirm): assumed.
+const UPDATE: Duration = Duration::minutes(10);
+/// Polls measured on the real server.
+const POLLS: i64 = 8;
+
+/// The issue's four waves from `t`.
+fn waves(t: DateTime<Utc>) -> Vec<Wave> {
+    [(100, 0), (1000, 24), (5000, 48), (10_000, 72)]
+        .into_iter()
+        .map(|(share_bp, h)| Wave {
+            share_bp,
+            start: t + Duration::hours(h),
+        })
+        .collect()
+}
+
+/// Requests of one poll: the paths, the bytes of the files answered.
+#[derive(Debug, Default, Clone)]
+pub struct Poll {
+    pub paths: Vec<String>,
+    pub bytes: u64,
+}
+
+/// What polls cost on the real server: the first, and a later one while waiting, for the
+/// agent's read-only poller and for a recording `upgrade` timer.
+#[derive(Debug, Clone)]
+pub struct PollCost {
+    pub first: Poll,
+    pub agent: Poll,
+    pub timer: Poll,
+}
+
+fn ok(args: &[&str]) {
+    testkit::run(Command::new(release_support::bin()).args(args));
+}
+
+/// A channel in `site/stable` with v1 and v2 (v2 rolled out in four waves from `t`), signed by
+/// the binary as a publisher does; returns the channel directory.
+fn publish(dir: &Path, t: DateTime<Utc>) -> PathBuf {
+    let s = |p: &Path| p.display().to_string();
+    let keys = dir.join("keys");
+    for name in ["release", "root", "targets", "snapshot", "timestamp"] {
+        ok(&["release", "keygen", "-o", &s(&keys), "--name", name]);
+    }
+    let k = |n: &str| s(&keys.join(n));
+    let chan = dir.join("site/stable");
+    let work = dir.join("work");
+    std::fs::create_dir_all(&chan).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    for (v, g) in [("v1", "1"), ("v2", "2")] {
+        let (sq, kern, init) = release_support::squashfs_inputs(&work, v);
+        let out = s(&chan.join(v));
+        ok(&[
+            "release",
+            "create",
+            "--rootfs",
+            &s(&sq),
+            "--kernel",
+            &s(&kern),
+            "--initrd",
+            &s(&init),
+            "--version",
+            v,
+            "--arch",
+            Arch::host().as_str(),
+            "--key",
+            &k("release.key"),
+            "-o",
+            &out,
+            "--generation",
+            g,
+        ]);
+    }
+    let c = s(&chan);
+    ok(&["release", "index", &c]);
+    ok(&[
+        "release",
+        "root",
+        "init",
+        &c,
+        "--root-key",
+        &k("root.key"),
+        "--targets-key",
+        &k("targets.pub"),
+        "--snapshot-key",
+        &k("snapshot.pub"),
+        "--timestamp-key",
+        &k("timestamp.pub"),
+    ]);
+    ok(&["release", "targets", &c, "--key", &k("targets.key")]);
+    ok(&[
+        "release",
+        "timestamp",
+        &c,
+        "--snapshot-key",
+        &k("snapshot.key"),
+        "--timestamp-key",
+        &k("timestamp.key"),
+    ]);
+    ok(&[
+        "release",
+        "rollout",
+        &c,
+        "v2",
+        "--waves",
+        "1%@+0,10%@+24h,50%@+48h,100%@+72h",
+        "--start",
+        &t.to_rfc3339(),
+        "--key",
+        &k("targets.key"),
+        "--snapshot-key",
+        &k("snapshot.key"),
+        "--timestamp-key",
+        &k("timestamp.key"),
+    ]);
+    chan
+}
+
+/// The requests `log` gained since it had `seen` lines, with the bytes of the files of `root`
+/// they were answered (200) with.
+fn since(log: &Path, seen: &mut usize, root: &Path) -> Poll {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut p = Poll::default();
+    for l in &lines[*seen..] {
+        // "PEER GET /stable/timestamp.json -> 200"
+        let mut w = l.split_whitespace().skip(1);
+        let (Some(_method), Some(path)) = (w.next(), w.next()) else {
+            continue;
+        };
+        let status = l.rsplit(' ').next().unwrap_or_default();
+        p.paths.push(format!("{path} {status}"));
+        if status == "200" {
+            let file = root.join(path.trim_start_matches('/'));
+            p.bytes += std::fs::metadata(file).map_or(0, |m| m.len());
+        }
+    }
+    *seen = lines.len();
+    p
+}
+
+/// Measure what a waiting site's polls fetch (see the module docs).
+pub fn poll_cost() -> PollCost {
+    let dir = tempfile::tempdir().unwrap();
+    let t = (Utc::now() + Duration::hours(1)).trunc_subsecs(0);
+    let chan = publish(dir.path(), t);
+    let log = dir.path().join("serve.log");
+    let srv = Server::start_logged(&dir.path().join("site"), &log);
+    let url = format!("{}stable/", srv.url);
+    // The last seed of the fleet: admitted only at T+72h, so it waits through every poll here.
+    let seed = Seed::new(SEED_SPACE - 1).unwrap();
+    let node = NodeRollout {
+        seed: SeedSource::Given(seed),
+        running: Installed {
+            version: "v1".into(),
+            generation: 1,
+        },
+        staged: None,
+        ignore_rollout: false,
+    };
+    let mut seen = 0;
+    let mut measure = |read_only: bool, name: &str| {
+        let state = dir.path().join(name);
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::copy(chan.join("root.json"), state.join("root.json")).unwrap();
+        let mut polls = Vec::new();
+        for k in 0..POLLS {
+            let trust = TrustOptions {
+                root_file: state.join("root.json"),
+                store_file: state.join(libupgrade::trust::STORE_FILE),
+                policy: libupgrade::channel::MetadataPolicy::Auto,
+                now: Some(t + Duration::hours(1) + POLL * k as i32),
+                ignore_expiry: false,
+                min_rate: None,
+                read_only,
+            };
+            let r = libupgrade::channel::resolve_for(&url, None, Arch::host(), &trust, Some(&node))
+                .expect("resolve");
+            let waits = r
+                .rollout
+                .as_ref()
+                .and_then(|n| n.waiting.as_ref())
+                .map(|w| w.version.as_str());
+            assert_eq!((r.version.as_str(), waits), ("v1", Some("v2")), "{r:?}");
+            polls.push(since(&log, &mut seen, &dir.path().join("site")));
+        }
+        polls
+    };
+    let agent = measure(true, "agent");
+    let timer = measure(false, "timer");
+    drop(srv);
+    PollCost {
+        first: timer[0].clone(),
+        agent: agent[POLLS as usize - 1].clone(),
+        timer: timer[POLLS as usize - 1].clone(),
+    }
+}
+
+/// Per site: when it was first offered v2, and how many polls it made while waiting.
+struct Site {
+    offered: DateTime<Utc>,
+    waiting_polls: u32,
+}
+
+/// Simulate `sites` sites under the four waves from `t` (see the module docs).
+fn sites_under_waves(sites: usize, t: DateTime<Utc>) -> Vec<Site> {
+    let v2 = Rollout {
+        waves: waves(t),
+        ..Rollout::default()
+    };
+    let releases = [
+        Listed {
+            version: "v1".into(),
+            generation: 1,
+            rollout: None,
+        },
+        Listed {
+            version: "v2".into(),
+            generation: 2,
+            rollout: Some(v2),
+        },
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(24);
+    (0..sites)
+        .map(|i| {
+            let node = rollout::Node {
+                seed: Seed::derived_from(&format!("site-{i:05}/stable-channel-uid")),
+                running: Installed {
+                    version: "v1".into(),
+                    generation: 1,
+                },
+                staged: None,
+            };
+            let phase = Duration::seconds(rng.gen_range(0..POLL.num_seconds()));
+            let mut at = t - Duration::hours(1) + phase;
+            let mut waiting_polls = 0;
+            loop {
+                let o = rollout::offer(&node, at, &releases);
+                if o.take.is_some_and(|s| s.version == "v2") {
+                    return Site {
+                        offered: at,
+                        waiting_polls,
+                    };
+                }
+                waiting_polls += 1;
+                at += POLL;
+            }
+        })
+        .collect()
+}
+
+/// Print the row: the schedule, the offered and the updated share per hour, and the requests.
+pub fn simulate(sites: usize, cost: &PollCost) {
+    let t = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+    let all = sites_under_waves(sites, t);
+    let fmt = |p: &Poll| {
+        let mut paths = p.paths.clone();
+        paths.dedup();
+        format!(
+            "{} requests, {} B: {}",
+            p.paths.len(),
+            p.bytes,
+            paths.join(", ")
+        )
+    };
+    println!("\nfleet of one-node sites: {sites} sites, v2 in 4 waves (1 %@T, 10 %@T+24h, 50 %@T+48h, 100 %@T+72h), polls every {} min, update {} min", POLL.num_minutes(), UPDATE.num_minutes());
+    println!("  one poll on a real `release serve` (site waiting for its wave):");
+    println!("    first poll:                 {}", fmt(&cost.first));
+    println!("    agent poller (read-only):   {}", fmt(&cost.agent));
+    println!("    `upgrade` timer (records):  {}", fmt(&cost.timer));
+    let per_poll = cost.agent.paths.len() as f64;
+    let polls_per_hour = 60.0 / POLL.num_minutes() as f64;
+    println!(
+        "  requests per waiting site per hour: {:.1} (agent, {} polls/h × {} requests); bytes {:.0}",
+        per_poll * polls_per_hour,
+        polls_per_hour,
+        per_poll,
+        cost.agent.bytes as f64 * polls_per_hour
+    );
+    println!("  hour  schedule  offered  on v2   waiting  origin req/h");
+    let v2 = waves(t);
+    let (mut worst_offered, mut worst_on) = (0.0f64, 0.0f64);
+    for h in 0..=80 {
+        let at = t + Duration::hours(h);
+        let schedule = f64::from(rollout::threshold(&v2, at)) / f64::from(SEED_SPACE);
+        let share =
+            |f: &dyn Fn(&Site) -> bool| all.iter().filter(|s| f(s)).count() as f64 / sites as f64;
+        let offered = share(&|s| s.offered <= at);
+        let on = share(&|s| s.offered + UPDATE <= at);
+        worst_offered = worst_offered.max((offered - schedule).abs());
+        worst_on = worst_on.max((on - schedule).abs());
+        let waiting = all.iter().filter(|s| s.offered > at).count();
+        if h % 4 == 0 || h == 1 {
+            println!(
+                "  {h:>4}  {:>7.2}%  {:>6.2}%  {:>5.2}%  {waiting:>7}  {:>12.0}",
+                100.0 * schedule,
+                100.0 * offered,
+                100.0 * on,
+                waiting as f64 * per_poll * polls_per_hour
+            );
+        }
+    }
+    let polls: u64 = all.iter().map(|s| u64::from(s.waiting_polls)).sum();
+    println!(
+        "  largest gap to the schedule over hours 0-80: offered {:.2} points, on v2 {:.2} points ({sites} sites: sampling noise ~ {:.1} points at 50 %)",
+        100.0 * worst_offered,
+        100.0 * worst_on,
+        100.0 * (0.25 / sites as f64).sqrt()
+    );
+    println!(
+        "  waiting polls in all: {polls} ({:.1} per site); requests {:.0}",
+        polls as f64 / sites as f64,
+        polls as f64 * per_poll
+    );
+}
