@@ -3,7 +3,9 @@
 //! bootloader that counts tries. Checks what the decision logic relies on: versions, staged
 //! vs activated vs failed slots, trial boots and their confirmation — Node-Ready as a health
 //! check of the boot-assessment core, awaited before its single bless point, never a second
-//! rollback path.
+//! rollback path. And, through a signed channel with rollouts (issue 24), that resolving
+//! `latest` for the cluster's seed writes nothing on the node and that only the node's own
+//! `drop_withdrawn` drops a withdrawn staged release.
 
 use crate::fleet_rig::agent_request;
 use k3os_ops::agent;
@@ -451,4 +453,142 @@ fn a_fallback_reaches_the_agent_as_a_fallback() {
     let (event, text) = agent::reconcile::actions::rolled_back_reason("v2", Some(&f));
     assert_eq!(event, "RolledBack");
     assert!(text.contains("bootloader fell back"), "{text}");
+}
+
+/// A rollout edit: the release's new rollout from its current one.
+type Edit<'a> = &'a dyn Fn(Option<&libupgrade::rollout::Rollout>) -> libupgrade::rollout::Rollout;
+
+/// The channel of `rig` signed as a TUF channel (one key per role, root 1) whose root the node
+/// trusts; returns a function that re-signs targets with `version`'s rollout set by `edit`,
+/// then snapshot and timestamp (what `release rollout|withdraw` do).
+fn sign_channel(rig: &mut Rig) -> impl Fn(&str, Edit) {
+    use libupgrade::trust::publish::{self, RoleSpec};
+    use libupgrade::trust::Role;
+    let chan = std::path::PathBuf::from(&rig.channel);
+    let keys = rig.node.path().join("channel-keys");
+    let key = |name: &str| {
+        let (secret, _) = libupgrade::signing::generate_keypair(&keys, name).unwrap();
+        libupgrade::signing::load_secret_key(&secret).unwrap()
+    };
+    let (root, targets, snapshot, timestamp) = (
+        key("root"),
+        key("targets"),
+        key("snapshot"),
+        key("timestamp"),
+    );
+    let one = |k| RoleSpec {
+        keys: vec![k],
+        threshold: 1,
+    };
+    let roles = [
+        (Role::Root, one(root.verifying_key())),
+        (Role::Targets, one(targets.verifying_key())),
+        (Role::Snapshot, one(snapshot.verifying_key())),
+        (Role::Timestamp, one(timestamp.verifying_key())),
+    ]
+    .into_iter()
+    .collect();
+    let days = |n| publish::expires_in(chrono::Duration::days(n));
+    publish::init_root(&chan, &roles, std::slice::from_ref(&root), days(365)).unwrap();
+    publish::write_targets(&chan, std::slice::from_ref(&targets), days(90)).unwrap();
+    let online = vec![snapshot, timestamp];
+    publish::write_timestamp(&chan, &online, days(30), days(7)).unwrap();
+    rig.node.cfg.channel_root = chan.join(Role::Root.file());
+    move |version: &str, edit: Edit| {
+        let edit = |r: Option<&libupgrade::rollout::Rollout>| Ok(edit(r));
+        publish::write_rollout(
+            &chan,
+            version,
+            &edit,
+            std::slice::from_ref(&targets),
+            days(90),
+        )
+        .unwrap();
+        publish::write_timestamp(&chan, &online, days(30), days(7)).unwrap();
+    }
+}
+
+/// Issue 24 on a real node: resolving `latest` for the cluster's seed (the poller, the claim
+/// check) writes nothing on the node: no trust record, no seed file, a withdrawn staged release
+/// left in place; only `drop_withdrawn` (the node's own tick) marks that slot bad, and only
+/// because the node's own signed metadata withdraws it.
+#[test]
+fn resolving_latest_writes_nothing_and_only_the_nodes_tick_drops_a_withdrawn_release() {
+    use libupgrade::rollout::{Rollout, Seed, Wave, Withdrawal};
+    let mut rig = Rig::new(3);
+    let publisher = rig._publisher.path().to_path_buf();
+    let secret = publisher.join("publisher.key");
+    release(std::path::Path::new(&rig.channel), &secret, "v1", 1);
+    let set_rollout = sign_channel(&mut rig);
+    let state = rig.node.cfg.state_dir.clone();
+    let trust_record = state.join(libupgrade::trust::STORE_FILE);
+    let seed_file = libupgrade::rollout::seed_path(&state);
+    let seed = Seed::derived_from("0c9f6a52-uid");
+    let later = chrono::Utc::now() + chrono::Duration::days(1);
+    set_rollout("v2", &|_| Rollout {
+        waves: vec![Wave {
+            share_bp: 10_000,
+            start: later,
+        }],
+        ..Rollout::default()
+    });
+    let node = rig.node();
+    let l = node.resolve_latest(&rig.channel, seed).unwrap();
+    assert_eq!(l.version, "v1");
+    let w = l.waiting.expect("v2 waits for its wave");
+    assert_eq!(w.version, "v2");
+    assert!(
+        !trust_record.exists() && !seed_file.exists(),
+        "the poller wrote on the node"
+    );
+
+    // The wave started: the stage (the agent's request, with the cluster's seed) takes v2 and
+    // records what it trusted.
+    set_rollout("v2", &|_| Rollout::default());
+    assert_eq!(
+        node.resolve_latest(&rig.channel, seed).unwrap().version,
+        "v2"
+    );
+    let req = libupgrade::StageRequest {
+        seed: Some(seed),
+        ..agent_request(&rig.channel, "v2", false, None)
+    };
+    node.stage(&req, None, &Progress(Mutex::new(Vec::new())))
+        .unwrap();
+    assert_eq!(
+        node.status().unwrap().inactive,
+        Inactive::Staged("v2".into())
+    );
+    assert!(trust_record.exists(), "the stage records the trust");
+
+    // Withdrawn: the read-only resolution sees it and drops nothing.
+    set_rollout("v2", &|r| Rollout {
+        withdrawn: Some(Withdrawal {
+            at: chrono::Utc::now(),
+        }),
+        ..r.cloned().unwrap_or_default()
+    });
+    let l = node.resolve_latest(&rig.channel, seed).unwrap();
+    assert_eq!(
+        (l.version.as_str(), l.withdrawn.as_slice()),
+        ("v1", &["v2".to_string()][..])
+    );
+    assert_eq!(
+        node.status().unwrap().inactive,
+        Inactive::Staged("v2".into())
+    );
+    // The node's own tick drops it: slot B bad, never activated.
+    assert_eq!(
+        node.drop_withdrawn(&rig.channel, seed).unwrap().as_deref(),
+        Some("v2")
+    );
+    assert_eq!(
+        node.status().unwrap().inactive,
+        Inactive::Failed("v2".into())
+    );
+    assert_eq!(node.drop_withdrawn(&rig.channel, seed).unwrap(), None);
+    assert!(
+        !seed_file.exists(),
+        "the cluster's seed never creates a node seed file"
+    );
 }
