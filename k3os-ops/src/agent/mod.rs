@@ -39,6 +39,12 @@
 //! shared         context (Agent = Settings + Clients + Memory), errors, metrics, phase
 //! ```
 //!
+//! Effects at the edges: `decide` is pure and sees every input; the function of the action
+//! it picks carries the action out and returns what it did (`cluster::publish::Done`: the
+//! Events of the steps carried out, the phase entered, then decide again, wait, or reboot),
+//! and the controller publishes that once. A tick publishes nothing itself but the
+//! announcement of a step that takes long (the stage, the drain, the health checks' wait).
+//!
 //! Module map: [`channel`] (pure: [`channel::crd`], [`channel::spec`], [`channel::window`],
 //! [`channel::duration`], [`channel::rollout`], [`channel::thin`], [`channel::gates`],
 //! [`channel::selector`], [`channel::listing`], [`channel::counts`], [`channel::format`]),
