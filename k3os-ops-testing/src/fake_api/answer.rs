@@ -210,67 +210,7 @@ fn channels(
         (
             Method::PUT,
             ["apis", "k3os.io", "v1", "namespaces", NS, "updatechannels", name, "status"],
-        ) => {
-            let rv = w.next_rv();
-            let Some(ch) = w.channel_mut(name) else {
-                return not_found(&format!("updatechannels.k3os.io \"{name}\""));
-            };
-            let sent = &body["metadata"]["resourceVersion"];
-            if sent.is_null() {
-                return failure(
-                    422,
-                    "Invalid",
-                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
-                );
-            }
-            if *sent != ch["metadata"]["resourceVersion"] {
-                w.conflicts += 1;
-                return conflict(&format!("updatechannels.k3os.io \"{name}\""));
-            }
-            let invalid = |status: &Value| {
-                status["conditions"]
-                    .as_array()
-                    .and_then(|c| c.iter().find(|c| c["type"] == "Invalid"))
-                    .cloned()
-                    .unwrap_or(Value::Null)
-            };
-            let cond = invalid(&body["status"]);
-            if cond != invalid(&ch["status"]) {
-                // The Invalid condition (invalid.rs): the only status write that changes it.
-                log.lock().unwrap().push(format!(
-                    "api: condition {name} Invalid={} {}",
-                    cond["status"].as_str().unwrap_or("-"),
-                    cond["message"].as_str().unwrap_or("")
-                ));
-            } else {
-                let slots: Vec<String> = body["status"]["slots"]
-                    .as_array()
-                    .map(Vec::as_slice)
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|s| {
-                        format!(
-                            "{}:{}",
-                            s["node"].as_str().unwrap(),
-                            s["phase"].as_str().unwrap()
-                        )
-                    })
-                    .collect();
-                let failures = body["status"]["failures"].as_array().map_or(0, Vec::len);
-                log.lock().unwrap().push(format!(
-                    "api: slots=[{}] failures={failures}",
-                    slots.join(",")
-                ));
-            }
-            if ch["status"] == body["status"] {
-                return respond(200, ch);
-            }
-            ch["status"] = body["status"].clone();
-            ch["metadata"]["resourceVersion"] = json!(rv);
-            let out = ch.clone();
-            w.notify_channels();
-            respond(200, &out)
-        }
+        ) => put_channel_status(w, log, name, body),
         (
             Method::PATCH,
             ["apis", "k3os.io", "v1", "namespaces", NS, "updatechannels", name, "status"],
@@ -288,6 +228,70 @@ fn channels(
         }
         _ => unexpected(log, method, path),
     }
+}
+
+/// PUT of a channel's status: a compare-and-swap on its resourceVersion (422 without one,
+/// 409 on a stale one; a write that changes nothing keeps it).
+fn put_channel_status(w: &mut World, log: &Log, name: &str, body: &Value) -> Response<FakeBody> {
+    let rv = w.next_rv();
+    let Some(ch) = w.channel_mut(name) else {
+        return not_found(&format!("updatechannels.k3os.io \"{name}\""));
+    };
+    let sent = &body["metadata"]["resourceVersion"];
+    if sent.is_null() {
+        return failure(
+            422,
+            "Invalid",
+            "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+        );
+    }
+    if *sent != ch["metadata"]["resourceVersion"] {
+        w.conflicts += 1;
+        return conflict(&format!("updatechannels.k3os.io \"{name}\""));
+    }
+    let invalid = |status: &Value| {
+        status["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Invalid"))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let cond = invalid(&body["status"]);
+    if cond != invalid(&ch["status"]) {
+        // The Invalid condition (invalid.rs): the only status write that changes it.
+        log.lock().unwrap().push(format!(
+            "api: condition {name} Invalid={} {}",
+            cond["status"].as_str().unwrap_or("-"),
+            cond["message"].as_str().unwrap_or("")
+        ));
+    } else {
+        let slots: Vec<String> = body["status"]["slots"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}:{}",
+                    s["node"].as_str().unwrap(),
+                    s["phase"].as_str().unwrap()
+                )
+            })
+            .collect();
+        let failures = body["status"]["failures"].as_array().map_or(0, Vec::len);
+        log.lock().unwrap().push(format!(
+            "api: slots=[{}] failures={failures}",
+            slots.join(",")
+        ));
+    }
+    if ch["status"] == body["status"] {
+        return respond(200, ch);
+    }
+    ch["status"] = body["status"].clone();
+    ch["metadata"]["resourceVersion"] = json!(rv);
+    let out = ch.clone();
+    w.notify_channels();
+    respond(200, &out)
 }
 
 /// Leases: GET, POST (409 when it exists), PUT (CAS).
