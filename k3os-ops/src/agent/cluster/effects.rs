@@ -1,6 +1,6 @@
 //! The bookkeeping effects several steps share: undo this agent's cordon, give the node and
 //! the slot back, record a failed update on the channel. Each returns the Events that say what
-//! it did, for the tick to return ([`super::publish::Done`]).
+//! it did, for the tick to return (`Done`).
 
 use chrono::Utc;
 

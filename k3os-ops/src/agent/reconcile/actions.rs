@@ -1,7 +1,7 @@
 //! The actions of [`super::decide::Action`] that keep the books, one `tick_*` function each
 //! (what a waiting action says is in [`super::waits`], the stage and the disruptive steps in
 //! [`super::steps`]): claim or give back a slot, record a failed update. Each returns what it
-//! did ([`Done`]) for the controller to publish.
+//! did (`Done`) for the controller to publish.
 
 use chrono::Utc;
 use rand::Rng;

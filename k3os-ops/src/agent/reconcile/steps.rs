@@ -3,8 +3,8 @@
 //! (`disrupt`), bootloader flip + reboot (`flip_and_reboot`), and after the boot the health
 //! verdict (`confirm`). Each disruptive step first fences on the
 //! slot's token (CAS of its phase) and aborts if the slot was lost. Each returns what it did
-//! ([`Done`]) for the controller to publish; only the drain and the health checks' wait are
-//! announced before they start ([`Agent::announce`]): they take long.
+//! (`Done`) for the controller to publish; only the drain and the health checks' wait are
+//! announced before they start (`Agent::announce`): they take long.
 
 use std::time::Duration;
 
