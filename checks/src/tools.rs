@@ -76,11 +76,11 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
 pub const FROM_ASSETS: &[(&str, &str)] = &[
     (
         "etcd",
-        "k3os-ops/tests/cluster/ runs $KUBEBUILDER_ASSETS/etcd (controller-runtime's envtest binaries), not the etcd-server package's",
+        "k3os-ops/tests/cli/cluster/ runs $KUBEBUILDER_ASSETS/etcd (controller-runtime's envtest binaries), not the etcd-server package's",
     ),
     (
         "kube-apiserver",
-        "k3os-ops/tests/cluster/ runs $KUBEBUILDER_ASSETS/kube-apiserver (envtest binaries)",
+        "k3os-ops/tests/cli/cluster/ runs $KUBEBUILDER_ASSETS/kube-apiserver (envtest binaries)",
     ),
 ];
 

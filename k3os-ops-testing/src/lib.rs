@@ -1,9 +1,12 @@
-//! Test doubles of k3os-ops that more than one of its test targets uses: the agent's
-//! integration-test binary (`k3os-ops/tests/agent/`) and the fleet bench
-//! (`k3os-ops/benches/fleet/main.rs`). It owns no test itself; it speaks the Kubernetes API as
-//! JSON and uses k3os-ops only for the agent's write counter. Depending on it turns on
+//! Test doubles and fixtures of k3os-ops that more than one of its test targets uses: the
+//! fake API server and the simulated node ([`fake_api`], [`sim_node`]: the agent's test
+//! binary and the fleet bench), the CLI tests' node and release fixtures ([`cli`],
+//! [`release`]: the `cli` and `suc_plan` test binaries). It owns no test itself; it speaks the
+//! Kubernetes API as JSON and uses k3os-ops only for the agent's write counter. Depending on it turns on
 //! k3os-ops' `testing` feature, which gives the integration tests the library's own
 //! fixtures (`UpdateChannel::test()`).
 
+pub mod cli;
 pub mod fake_api;
+pub mod release;
 pub mod sim_node;

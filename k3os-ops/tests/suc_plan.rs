@@ -13,7 +13,7 @@
 //! `K3OS_OPS_REBOOT_CMD` (the command `upgrade --reboot` runs instead of rebooting).
 
 mod oci_support;
-mod release_support;
+use k3os_ops_testing::release as release_support;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

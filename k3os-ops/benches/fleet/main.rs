@@ -40,8 +40,6 @@
 //! return, so the clock never moved again. Here the driver ends the agent and lets `reboot()`
 //! return at once, then waits out the reboot.
 
-#[path = "../../tests/release_support/mod.rs"]
-mod release_support;
 mod sites;
 
 use std::collections::BTreeMap;

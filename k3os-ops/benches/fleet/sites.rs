@@ -29,7 +29,7 @@ use libupgrade::manifest::Arch;
 use libupgrade::rollout::{self, Installed, Listed, Rollout, Seed, Wave, SEED_SPACE};
 use rand::{Rng, SeedableRng};
 
-use crate::release_support::{self, Server};
+use k3os_ops_testing::release::{self as release_support, Server};
 
 /// The sites' poll period (the agent's default `--poll-secs`).
 const POLL: Duration = Duration::minutes(15);

@@ -39,6 +39,12 @@
 //! shared         context (Agent = Settings + Clients + Memory), errors, metrics, phase
 //! ```
 //!
+//! Effects at the edges: `decide` is pure and sees every input; the function of the action
+//! it picks carries the action out and returns what it did (`cluster::publish::Done`: the
+//! Events of the steps carried out, the phase entered, then decide again, wait, or reboot),
+//! and the controller publishes that once. A tick publishes nothing itself but the
+//! announcement of a step that takes long (the stage, the drain, the health checks' wait).
+//!
 //! Module map: [`channel`] (pure: [`channel::crd`], [`channel::spec`], [`channel::window`],
 //! [`channel::duration`], [`channel::rollout`], [`channel::thin`], [`channel::gates`],
 //! [`channel::selector`], [`channel::listing`], [`channel::counts`], [`channel::format`]),
@@ -64,16 +70,20 @@
 //!
 //! Integration tests reach it as `k3os_ops::agent` (the library target).
 
-pub mod channel;
-pub mod cluster;
-pub mod context;
-pub mod errors;
-pub mod fleet;
-pub mod host;
-pub mod metrics;
-pub mod phase;
-pub mod reconcile;
-pub mod run;
+/// Declares the agent's modules: private to the crate in a release build (the binary uses
+/// only what this module defines), public to the integration tests and the fleet bench through
+/// the `testing` feature, which `k3os-ops-testing` (their dev-dependency) turns on, so they
+/// can test the internals. A release build never has it (`cargo build -p k3os-ops`).
+macro_rules! modules {
+    ($($m:ident),* $(,)?) => {$(
+        #[cfg(feature = "testing")]
+        pub mod $m;
+        #[cfg(not(feature = "testing"))]
+        pub(crate) mod $m;
+    )*};
+}
+
+modules!(channel, cluster, context, errors, fleet, host, metrics, phase, reconcile, run);
 
 use std::path::PathBuf;
 

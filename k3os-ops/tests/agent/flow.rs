@@ -418,10 +418,15 @@ async fn a_refused_drain_uncordons_releases_and_backs_off() {
     }));
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
+    // The drain is announced before it starts; what it caused is published after the tick
+    // carried it out (the give-back's uncordon), in the order it happened.
     let cordon = pos(&l, "unschedulable=true");
-    let failed = pos(&l, "event: DrainFailed");
+    let draining = pos(&l, "event: Draining");
     let uncordon = pos(&l, "unschedulable=false");
-    assert!(cordon < failed && failed < uncordon, "{l:#?}");
+    let failed = pos(&l, "event: DrainFailed");
+    let uncordoned = pos(&l, "event: Uncordoned");
+    assert!(cordon < draining && draining < uncordon, "{l:#?}");
+    assert!(failed < uncordoned, "{l:#?}");
     assert!(!l.iter().any(|x| x.contains("node: activate")), "{l:#?}");
     assert_eq!(world.lock().unwrap().channel["status"]["slots"], json!([]));
     // The next pass does not cordon again at once.

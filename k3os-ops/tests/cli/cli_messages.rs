@@ -2,8 +2,8 @@
 //! one `error:` line, naming what was wrong and what to do. A node here is a temp dir with the
 //! k3OS-style dir layout and a real GRUB env (bootconfig's own writer), booted on slot A.
 
-use crate::cli_support;
-use crate::release_support;
+use k3os_ops_testing::cli as cli_support;
+use k3os_ops_testing::release as release_support;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -13,7 +13,12 @@ use cli_support::Node;
 use libupgrade::manifest::Arch;
 use release_support::{create, fake_inputs};
 
-impl Node {
+/// Fixtures of this module on the shared test node.
+trait SignedReleases {
+    fn release(&self, name: &str, generation: u64) -> PathBuf;
+}
+
+impl SignedReleases for Node {
     /// A release signed by this node's trusted key, generation `generation`.
     fn release(&self, name: &str, generation: u64) -> PathBuf {
         let (secret, _) = (self.path().join("keys/node.key"), ());
@@ -199,7 +204,13 @@ fn status_names_a_damaged_env_copy_and_the_copy_in_use() {
     assert!(human.contains("Next boot:  slot A"), "{human}");
 }
 
-impl Node {
+/// Fixtures of this module on the shared test node.
+trait AwaitedTrial {
+    fn trial_awaiting_node_ready(&self, within_secs: &str);
+    fn status_text(&self) -> String;
+}
+
+impl AwaitedTrial for Node {
     /// v2 staged into B and activated awaiting `node-ready` (as the agent does), then a
     /// "reboot" into B: the kernel command line and boot id change.
     fn trial_awaiting_node_ready(&self, within_secs: &str) {

@@ -5,18 +5,12 @@
 //! `cargo test -p k3os-ops --test cli <name>::`.
 //!
 //! The modules share one process. Process-wide state they touch: `K3OS_OPS_GITHUB_API`
-//! (the GitHub channel tests hold [`release_support::github_api`]'s guard while it points at
+//! (the GitHub channel tests hold `k3os_ops_testing::release::github_api`'s guard while it points at
 //! their server); mounts (tmpfs, loop) only under each test's own temp dir; no fixed port, no
 //! change of the current directory.
 
-// The support modules are shared with the targets that stay on their own
-// (`suc_plan`, `cluster_fleet`), which include them by the same name from `tests/`.
-#[path = "../cli_support/mod.rs"]
-mod cli_support;
-#[path = "../release_support/mod.rs"]
-mod release_support;
-
 mod cli_messages;
+mod cluster;
 mod host_reboot;
 mod release_args;
 mod release_channel;

@@ -2,7 +2,7 @@
 //! channel's index current, and `github-releases://` resolution against a local server that
 //! imitates GitHub's releases API layout.
 
-use crate::release_support;
+use k3os_ops_testing::release as release_support;
 
 use std::fs;
 use std::path::Path;

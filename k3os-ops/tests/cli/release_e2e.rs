@@ -7,7 +7,7 @@
 //! Needs root, loop devices and mksquashfs (as CI has); without them the test fails saying so.
 //! The disk fixture is the workspace's shared one (`testkit`).
 
-use crate::release_support;
+use k3os_ops_testing::release as release_support;
 
 use libupgrade::Release;
 use std::collections::BTreeMap;

@@ -4,7 +4,7 @@
 //! signature made by `release create`; and a key made by `openssl genpkey -algorithm ed25519`
 //! signs a release that `release verify` accepts.
 
-use crate::release_support;
+use k3os_ops_testing::release as release_support;
 
 use std::fs;
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! `k3os-ops release serve`: a static server that honours Range requests (resumable downloads).
 
-use crate::release_support;
+use k3os_ops_testing::release as release_support;
 
 use std::io::Read;
 

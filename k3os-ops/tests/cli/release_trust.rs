@@ -5,7 +5,7 @@
 //! in-memory loader) resolving with `channel::resolve_with`, as `upgrade --channel` does.
 //! Servers listen on 127.0.0.1 only.
 
-use crate::release_support;
+use k3os_ops_testing::release as release_support;
 
 use libupgrade::Release;
 use std::collections::BTreeMap;

@@ -8,9 +8,9 @@
 //! served without metadata is refused for its signature. A stale channel is refused with one error line naming
 //! the role and its expiry, and `--ignore-expiry` overrides it loudly.
 
-use crate::cli_support;
 use crate::release_args::release_create;
-use crate::release_support;
+use k3os_ops_testing::cli as cli_support;
+use k3os_ops_testing::release as release_support;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -8,9 +8,9 @@
 //! the newest one still offered, a pause holding a node, a required stop walked first,
 //! `slot status` showing the seed, and `release resolve --seed --at` showing one node's view.
 
-use crate::cli_support;
 use crate::release_args::release_create;
-use crate::release_support;
+use k3os_ops_testing::cli as cli_support;
+use k3os_ops_testing::release as release_support;
 
 use std::fs;
 use std::path::Path;

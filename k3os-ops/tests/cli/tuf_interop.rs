@@ -10,9 +10,9 @@
 //! The python side is `tests/tuf/interop.py`. Channels are served by `k3os-ops release serve`
 //! on 127.0.0.1.
 
-use crate::cli_support;
 use crate::release_args::release_create;
-use crate::release_support;
+use k3os_ops_testing::cli as cli_support;
+use k3os_ops_testing::release as release_support;
 
 use std::fs;
 use std::path::{Path, PathBuf};

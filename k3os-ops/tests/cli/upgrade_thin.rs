@@ -8,8 +8,8 @@
 //! whose site cannot be reached (`[reachability]`) rolls back by itself at the limit; one that
 //! reaches an endpoint (a listener, any HTTP answer, the URL it was staged from) is blessed.
 
-use crate::cli_support;
-use crate::release_support;
+use k3os_ops_testing::cli as cli_support;
+use k3os_ops_testing::release as release_support;
 
 use std::fs;
 use std::os::unix::fs::FileExt;
@@ -21,7 +21,14 @@ use libupgrade::manifest::Arch;
 use release_support::create;
 use testkit::release_size;
 
-impl Node {
+/// Fixtures of this module on the shared test node.
+trait ThinReleases {
+    fn squashfs_release(&self) -> PathBuf;
+    fn bundle(&self, rel: &Path) -> (PathBuf, String);
+    fn stage_bundle(&self, bundle: &Path) -> String;
+}
+
+impl ThinReleases for Node {
     /// A signed release `v2` (generation 6) whose rootfs is a real squashfs holding 3 MiB of
     /// incompressible data.
     fn squashfs_release(&self) -> PathBuf {
@@ -348,7 +355,15 @@ fn stage_until_and_stage_windows_stop_resumable_with_exit_75_and_the_next_run_co
     );
 }
 
-impl Node {
+/// Fixtures of this module on the shared test node.
+trait ThinTrial {
+    fn reachability(&self, endpoints: &[String], within_secs: u64);
+    fn trial_of(&self, src: &str);
+    fn status(&self) -> String;
+    fn blesses_the_trial(&self) -> String;
+}
+
+impl ThinTrial for Node {
     /// Add a `[reachability]` table to the node's config.
     fn reachability(&self, endpoints: &[String], within_secs: u64) {
         let mut c = fs::read_to_string(&self.config).unwrap();

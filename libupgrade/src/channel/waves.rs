@@ -140,84 +140,147 @@ pub(super) fn pick_for<'a>(
         return Ok(pick(targets, version, arch).map(|t| (t, None)));
     }
     let seed = seed_of(&node.seed, channel)?;
-    let withdrawn = |l: &Listed| l.rollout.as_ref().is_some_and(|r| r.withdrawn.is_some());
-    let mut gone: Vec<&Listed> = all.iter().filter(|l| withdrawn(l)).collect();
-    gone.sort_by_key(|l| l.generation);
-    let gone: Vec<String> = gone.into_iter().map(|l| l.version.clone()).collect();
-    let note = |waiting, toward, ignored| RolloutNote {
+    let at = Asked {
+        channel,
+        targets,
+        arch,
+        node,
         seed,
-        waiting,
-        toward,
-        ignored,
-        drop_staged: None,
-        nothing_newer: false,
-        withdrawn: gone.clone(),
+        all: &all,
     };
-    if let Some(v) = version.filter(|v| *v != "latest") {
-        let Some(t) = pick(targets, Some(v), arch) else {
+    match version.filter(|v| *v != "latest") {
+        Some(v) => at.explicit(v, now),
+        None => at.latest(now),
+    }
+}
+
+/// One resolution under rollouts: the channel, its targets for this node's architecture, the
+/// node and its seed.
+struct Asked<'a, 'n> {
+    channel: &'n str,
+    targets: &'a Targets,
+    arch: Arch,
+    node: &'n NodeRollout,
+    seed: Seed,
+    all: &'n [Listed],
+}
+
+impl<'a> Asked<'a, '_> {
+    fn note(
+        &self,
+        waiting: Option<Waiting>,
+        toward: Option<String>,
+        ignored: Option<Hold>,
+    ) -> RolloutNote {
+        RolloutNote {
+            seed: self.seed,
+            waiting,
+            toward,
+            ignored,
+            drop_staged: None,
+            nothing_newer: false,
+            withdrawn: self.withdrawn(),
+        }
+    }
+
+    /// The versions of the withdrawn releases, oldest first.
+    fn withdrawn(&self) -> Vec<String> {
+        let mut gone: Vec<&Listed> = self
+            .all
+            .iter()
+            .filter(|l| l.rollout.as_ref().is_some_and(|r| r.withdrawn.is_some()))
+            .collect();
+        gone.sort_by_key(|l| l.generation);
+        gone.into_iter().map(|l| l.version.clone()).collect()
+    }
+
+    /// An explicit version: offered only once its rollout admits this node (or the request
+    /// ignores rollouts, which the note records).
+    fn explicit(
+        &self,
+        v: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(Target<'a>, Option<RolloutNote>)>, ChannelError> {
+        let Some(t) = pick(self.targets, Some(v), self.arch) else {
             return Ok(None);
         };
-        let l = all
+        let l = self
+            .all
             .iter()
             .find(|l| l.version == t.2.version && l.generation == t.2.generation)
             .expect("a picked target is listed");
-        let started = node
+        let started = self
+            .node
             .staged
             .as_ref()
             .is_some_and(|s| s.version == l.version && s.generation == l.generation);
-        return match rollout::admission(seed, now, l, started) {
-            Ok(()) => Ok(Some((t, Some(note(None, None, None))))),
-            Err(hold) if node.ignore_rollout => Ok(Some((t, Some(note(None, None, Some(hold)))))),
+        match rollout::admission(self.seed, now, l, started) {
+            Ok(()) => Ok(Some((t, Some(self.note(None, None, None))))),
+            Err(hold) if self.node.ignore_rollout => {
+                Ok(Some((t, Some(self.note(None, None, Some(hold))))))
+            }
             Err(hold) => Err(ChannelError::Withheld {
-                channel: channel.to_string(),
+                channel: self.channel.to_string(),
                 version: l.version.clone(),
-                seed: seed.get(),
+                seed: self.seed.get(),
                 hold,
             }),
-        };
-    }
-    let offer = rollout::offer(
-        &rollout::Node {
-            seed,
-            running: node.running.clone(),
-            staged: node.staged.clone(),
-        },
-        now,
-        &all,
-    );
-    if let Some(step) = offer.take {
-        let t = pick(targets, Some(&step.version), arch).expect("an offered release is listed");
-        let note = RolloutNote {
-            drop_staged: offer.drop_staged,
-            ..note(offer.waiting, step.toward, None)
-        };
-        return Ok(Some((t, Some(note))));
-    }
-    // Nothing newer is offered: resolve as before to what the node already has (its running
-    // release when listed, else the newest older one not withdrawn), with what it waits for.
-    let have = all
-        .iter()
-        .filter(|l| l.generation <= node.running.generation)
-        .filter(|l| l.version == node.running.version || !withdrawn(l))
-        .max_by_key(|l| (l.version == node.running.version, l.generation));
-    match have {
-        Some(l) => {
-            let t = pick(targets, Some(&l.version), arch).expect("a listed release is picked");
-            let note = RolloutNote {
-                nothing_newer: true,
-                drop_staged: offer.drop_staged,
-                ..note(offer.waiting, None, None)
-            };
-            Ok(Some((t, Some(note))))
         }
-        None => Err(ChannelError::NothingOffered {
-            channel: channel.to_string(),
-            running: node.running.version.clone(),
-            seed: seed.get(),
-            waiting: offer
-                .waiting
-                .map(|w| format!("{} waits: {}", w.version, w.hold)),
-        }),
+    }
+
+    /// `latest`: what [`rollout::offer`] gives this node now; when nothing newer is offered,
+    /// what the node already has (its running release when listed, else the newest older one
+    /// not withdrawn), with what it waits for.
+    fn latest(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(Target<'a>, Option<RolloutNote>)>, ChannelError> {
+        let node = self.node;
+        let offer = rollout::offer(
+            &rollout::Node {
+                seed: self.seed,
+                running: node.running.clone(),
+                staged: node.staged.clone(),
+            },
+            now,
+            self.all,
+        );
+        if let Some(step) = offer.take {
+            let t = pick(self.targets, Some(&step.version), self.arch)
+                .expect("an offered release is listed");
+            let note = RolloutNote {
+                drop_staged: offer.drop_staged,
+                ..self.note(offer.waiting, step.toward, None)
+            };
+            return Ok(Some((t, Some(note))));
+        }
+        let withdrawn = |l: &Listed| l.rollout.as_ref().is_some_and(|r| r.withdrawn.is_some());
+        let have = self
+            .all
+            .iter()
+            .filter(|l| l.generation <= node.running.generation)
+            .filter(|l| l.version == node.running.version || !withdrawn(l))
+            .max_by_key(|l| (l.version == node.running.version, l.generation));
+        match have {
+            Some(l) => {
+                let t = pick(self.targets, Some(&l.version), self.arch)
+                    .expect("a listed release is picked");
+                let note = RolloutNote {
+                    nothing_newer: true,
+                    drop_staged: offer.drop_staged,
+                    ..self.note(offer.waiting, None, None)
+                };
+                Ok(Some((t, Some(note))))
+            }
+            None => Err(ChannelError::NothingOffered {
+                channel: self.channel.to_string(),
+                running: node.running.version.clone(),
+                seed: self.seed.get(),
+                waiting: offer
+                    .waiting
+                    .map(|w| format!("{} waits: {}", w.version, w.hold)),
+            }),
+        }
     }
 }
 

@@ -103,6 +103,7 @@ impl Window {
     }
 
     /// How long the window lasts (elapsed time).
+    #[cfg(any(test, feature = "testing"))]
     pub fn length(&self) -> Duration {
         self.length
     }

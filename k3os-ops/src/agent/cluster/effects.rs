@@ -1,18 +1,19 @@
 //! The bookkeeping effects several steps share: undo this agent's cordon, give the node and
-//! the slot back, record a failed update on the channel.
+//! the slot back, record a failed update on the channel. Each returns the Events that say what
+//! it did, for the tick to return (`Done`).
 
 use chrono::Utc;
 
 use super::kube_store::KubeChannelStore;
+use super::publish::Say;
 use super::slots;
-use crate::agent::channel::crd::UpdateChannel;
 use crate::agent::channel::format::ANN_CORDONED;
 use crate::agent::context::Agent;
 use crate::agent::errors::{AgentError, KubeContext};
 
 impl Agent {
     /// Uncordon if (and only if) this agent cordoned the node (its `update-cordoned` mark).
-    pub(in crate::agent) async fn undo_cordon(&self) -> Result<(), AgentError> {
+    pub(in crate::agent) async fn undo_cordon(&self) -> Result<Option<Say>, AgentError> {
         let node = self
             .nodes()
             .get(&self.settings.node)
@@ -27,35 +28,35 @@ impl Agent {
         if ours {
             super::drain::set_unschedulable(&self.nodes(), &self.settings.node, false).await?;
             self.annotate(&[(ANN_CORDONED, None)]).await?;
-            self.event(
-                None,
-                false,
-                "Uncordoned",
-                "uncordoned the node (the agent had cordoned it)".into(),
-            )
-            .await;
+            return Ok(Some(
+                Say::info(
+                    "Uncordoned",
+                    "uncordoned the node (the agent had cordoned it)".into(),
+                )
+                .about_node(),
+            ));
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Give the node and the slot back: undo our cordon (a node is never left cordoned by us
-    /// without a slot), release the slot held under `token`, say why (`SlotReleased`).
+    /// without a slot), release the slot held under `token`; the Events that say so
+    /// (`Uncordoned`, `SlotReleased` with `why`).
     pub(in crate::agent) async fn give_back(
         &self,
-        ch: &UpdateChannel,
         store: &KubeChannelStore,
         token: &str,
         why: &str,
-    ) -> Result<(), AgentError> {
-        self.undo_cordon().await?;
+    ) -> Result<Vec<Say>, AgentError> {
+        let mut said: Vec<Say> = self.undo_cordon().await?.into_iter().collect();
         let released = slots::release(store, &self.settings.node, token, Utc::now()).await?;
-        self.slot_released(ch, released, why).await;
-        Ok(())
+        said.extend(super::publish::released(released, why));
+        Ok(said)
     }
 
     /// Record that `version` failed here (counted in the metrics) with `reason`; with `token`
     /// the slot moves to `RollingBack` (`keep_slot`) or is released by the same write. The
-    /// caller reports what the record caused ([`Self::failure_recorded`]) after its own report.
+    /// caller reports what the record caused ([`super::publish::failure_recorded`]) after its own report.
     pub(in crate::agent) async fn record_failure(
         &self,
         store: &KubeChannelStore,

@@ -33,6 +33,8 @@ pub(in crate::agent) struct Say {
     pub note: String,
     /// Published only when the text differs from the last Event of this agent.
     pub once: bool,
+    /// About the Node alone (not also regarding the channel).
+    pub node_only: bool,
 }
 
 impl Say {
@@ -42,6 +44,7 @@ impl Say {
             reason,
             note,
             once: false,
+            node_only: false,
         }
     }
 
@@ -55,6 +58,14 @@ impl Say {
     /// For a waiting state: only when the text changed (see `Agent::report`).
     pub fn once(self) -> Say {
         Say { once: true, ..self }
+    }
+
+    /// About the Node alone: published regarding the Node, not the channel.
+    pub fn about_node(self) -> Say {
+        Say {
+            node_only: true,
+            ..self
+        }
     }
 }
 
@@ -77,6 +88,103 @@ impl Report {
             message,
         }
     }
+}
+
+/// What a tick did, for the controller to publish once and in this order: the Events of the
+/// steps it carried out (`said`), then the phase it entered (`report`); then `then`. A tick
+/// publishes nothing itself, except an announcement before a step that takes long or does not
+/// return ([`Agent::announce`]).
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::agent) struct Done {
+    pub said: Vec<Say>,
+    pub report: Option<Report>,
+    pub then: Then,
+}
+
+/// What follows a tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::agent) enum Then {
+    /// Decide again at once.
+    Again,
+    /// Wait for a change or the resync period.
+    Wait,
+    /// Reboot the node (after publishing: the reboot does not return).
+    Reboot,
+}
+
+impl Done {
+    /// Nothing to publish; go on as `then` says.
+    pub fn then(then: Then) -> Done {
+        Done {
+            said: Vec::new(),
+            report: None,
+            then,
+        }
+    }
+
+    /// `report` published, then `then`.
+    pub fn report(report: Report, then: Then) -> Done {
+        Done {
+            report: Some(report),
+            ..Done::then(then)
+        }
+    }
+
+    /// The Events `before` go first (steps carried out before this outcome).
+    pub fn after(mut self, mut before: Vec<Say>) -> Done {
+        before.append(&mut self.said);
+        self.said = before;
+        self
+    }
+}
+
+impl Report {
+    /// Enter `phase` with `message`, saying so with `event`.
+    pub fn new(phase: Phase, message: impl Into<String>, event: Say) -> Report {
+        Report {
+            phase,
+            message: message.into(),
+            event: Some(event),
+        }
+    }
+
+    /// Enter `phase` with `message`, no Event.
+    pub fn quiet(phase: Phase, message: impl Into<String>) -> Report {
+        Report {
+            phase,
+            message: message.into(),
+            event: None,
+        }
+    }
+}
+
+/// The `SlotReleased` Event when our slot was released.
+pub(in crate::agent) fn released(released: bool, why: &str) -> Option<Say> {
+    released.then(|| Say::info("SlotReleased", format!("released the update slot: {why}")))
+}
+
+/// The Events of a recorded failure's effects on the channel: the slot released with it
+/// (`SlotReleased`) and the pause it caused (`ChannelPaused`).
+pub(in crate::agent) fn failure_recorded(
+    ch: &UpdateChannel,
+    version: &str,
+    out: slots::FailureOutcome,
+    why: &str,
+) -> Vec<Say> {
+    let mut said: Vec<Say> = released(out.released, why).into_iter().collect();
+    if out.paused {
+        said.push(Say::warn(
+            "ChannelPaused",
+            format!(
+                "{version} failed on {} node(s), reaching maxFailures {}: new claims are paused. {}",
+                ch.spec.max_failures,
+                ch.spec.max_failures,
+                super::slots::resume_hint(ch.metadata.name.as_deref().unwrap_or_default())
+            ),
+        ));
+    }
+    said
 }
 
 impl Agent {
@@ -184,48 +292,34 @@ impl Agent {
         }
     }
 
-    /// A `SlotReleased` Event (on the Node and the channel) when our slot was released.
-    pub(in crate::agent) async fn slot_released(
-        &self,
-        ch: &UpdateChannel,
-        released: bool,
-        why: &str,
-    ) {
-        if released {
-            self.event(
-                Some(ch),
-                false,
-                "SlotReleased",
-                format!("released the update slot: {why}"),
-            )
-            .await;
+    /// Publish `said` in order (on the Node and, unless about the Node alone, `ch`).
+    pub(in crate::agent) async fn say_all(&self, ch: &UpdateChannel, said: Vec<Say>) {
+        for s in said {
+            self.say(ch, s).await;
         }
     }
 
-    /// Events for a recorded failure's effects on the channel: the slot released with it
-    /// (`SlotReleased`) and the pause it caused (`ChannelPaused`).
-    pub(in crate::agent) async fn failure_recorded(
+    /// Publish one Event (on the Node and, unless about the Node alone, `ch`); one marked
+    /// [`Say::once`] only when its text changed.
+    pub(in crate::agent) async fn say(&self, ch: &UpdateChannel, s: Say) {
+        let channel = (!s.node_only).then_some(ch);
+        if s.once {
+            self.event_once(channel, s.warning, s.reason, s.note).await;
+        } else {
+            self.event(channel, s.warning, s.reason, s.note).await;
+        }
+    }
+
+    /// Publish now what a tick is about to do, before a step that takes long or does not
+    /// return (a drain, the health checks' wait): the one report a tick does not return.
+    pub(in crate::agent) async fn announce(
         &self,
         ch: &UpdateChannel,
-        version: &str,
-        out: slots::FailureOutcome,
-        why: &str,
-    ) {
-        self.slot_released(ch, out.released, why).await;
-        if out.paused {
-            self.event(
-                Some(ch),
-                true,
-                "ChannelPaused",
-                format!(
-                    "{version} failed on {} node(s), reaching maxFailures {}: new claims are paused. {}",
-                    ch.spec.max_failures,
-                    ch.spec.max_failures,
-                    super::slots::resume_hint(ch.metadata.name.as_deref().unwrap_or_default())
-                ),
-            )
-            .await;
-        }
+        said: Vec<Say>,
+        r: Report,
+    ) -> Result<(), AgentError> {
+        self.say_all(ch, said).await;
+        self.publish(ch, r).await
     }
 
     /// Enter `phase` with `message` on the Node, then publish `event` (on the Node and the
@@ -240,13 +334,7 @@ impl Agent {
         event: Say,
     ) -> Result<(), AgentError> {
         self.phase(phase, message).await?;
-        if event.once {
-            self.event_once(Some(ch), event.warning, event.reason, event.note)
-                .await;
-        } else {
-            self.event(Some(ch), event.warning, event.reason, event.note)
-                .await;
-        }
+        self.say(ch, event).await;
         Ok(())
     }
 

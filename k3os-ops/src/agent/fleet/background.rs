@@ -235,7 +235,8 @@ async fn reclaim_channel(
                 released: false,
                 paused: true,
             };
-            agent.failure_recorded(ch, v, out, "").await;
+            let said = crate::agent::cluster::publish::failure_recorded(ch, v, out, "");
+            agent.say_all(ch, said).await;
         }
     }
 }

@@ -191,6 +191,7 @@ pub struct LibupgradeNode {
 }
 
 /// Environment variable overriding the reboot command.
+#[cfg(any(test, feature = "testing"))]
 pub use crate::node::REBOOT_CMD_ENV;
 
 impl LibupgradeNode {
@@ -211,6 +212,7 @@ impl LibupgradeNode {
     }
 
     /// Over an already opened updater, with an explicit reboot command.
+    #[cfg(any(test, feature = "testing"))]
     pub fn new(updater: libupgrade::Updater, reboot_cmd: Vec<String>) -> LibupgradeNode {
         LibupgradeNode {
             updater,
@@ -220,6 +222,7 @@ impl LibupgradeNode {
     }
 
     /// Look for offline bundles of the target version in `dir` before the channel.
+    #[cfg(any(test, feature = "testing"))]
     pub fn with_bundle_dir(self, dir: std::path::PathBuf) -> LibupgradeNode {
         LibupgradeNode {
             bundle_dir: Some(dir),

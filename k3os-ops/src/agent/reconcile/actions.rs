@@ -1,6 +1,7 @@
 //! The actions of [`super::decide::Action`] that keep the books, one `tick_*` function each
 //! (what a waiting action says is in [`super::waits`], the stage and the disruptive steps in
-//! [`super::steps`]): claim or give back a slot, record a failed update.
+//! [`super::steps`]): claim or give back a slot, record a failed update. Each returns what it
+//! did (`Done`) for the controller to publish.
 
 use chrono::Utc;
 use rand::Rng;
@@ -9,9 +10,9 @@ use super::decide::{Action, IdleReason, NodeView};
 use crate::agent::channel::format::{ANN_MESSAGE, ANN_PROGRESS, ANN_TOKEN};
 use crate::agent::channel::listing::Channel;
 use crate::agent::cluster::kube_store::KubeChannelStore;
-use crate::agent::cluster::publish::Say;
+use crate::agent::cluster::publish::{self, Done, Report, Say, Then};
 use crate::agent::cluster::slots::{self, ClaimOutcome};
-use crate::agent::context::{Agent, Next};
+use crate::agent::context::Agent;
 use crate::agent::errors::AgentError;
 use crate::agent::host::status::{TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED};
 use crate::agent::metrics::Outcome;
@@ -23,16 +24,14 @@ pub(in crate::agent) async fn tick_idle(
     cx: &Agent,
     ch: &Channel,
     reason: IdleReason,
-) -> Result<Next, AgentError> {
+) -> Result<Done, AgentError> {
     match reason {
         IdleReason::FailedHere(v) => {
-            cx.event_once(
-                Some(ch),
-                true,
+            let said = Say::warn(
                 "NotRetrying",
                 format!("{v} failed on this node before; not retrying it"),
-            )
-            .await;
+            );
+            return Ok(Done::then(Then::Wait).after(vec![said.once()]));
         }
         IdleReason::ForeignSlot => return tick_take_over(cx, ch).await,
         IdleReason::UpToDate => {
@@ -44,14 +43,14 @@ pub(in crate::agent) async fn tick_idle(
         }
         IdleReason::NotSelected | IdleReason::NoTarget => {}
     }
-    Ok(Next::Wait)
+    Ok(Done::then(Then::Wait))
 }
 
 /// Only one agent runs per node; a slot of this node under another token belongs to an
 /// earlier instance (or one whose claim outlived its token annotation). Take it over in
 /// place: the fence stops that instance.
-async fn tick_take_over(cx: &Agent, ch: &Channel) -> Result<Next, AgentError> {
-    cx.event(Some(ch), true, "SlotTakenOver", "the channel holds a slot for this node under another token (an earlier agent instance); taking it over".into()).await;
+async fn tick_take_over(cx: &Agent, ch: &Channel) -> Result<Done, AgentError> {
+    let said = Say::warn("SlotTakenOver", "the channel holds a slot for this node under another token (an earlier agent instance); taking it over".into());
     let version = ch
         .status
         .as_ref()
@@ -60,24 +59,19 @@ async fn tick_take_over(cx: &Agent, ch: &Channel) -> Result<Next, AgentError> {
         .or_else(|| ch.target_version())
         .unwrap_or_default();
     let store = cx.store(ch.name());
-    tick_claim(cx, ch, &store, &version).await
+    Ok(tick_claim(cx, ch, &store, &version)
+        .await?
+        .after(vec![said]))
 }
 
 /// The spec cannot be used: an Event naming the field (the condition is written by
 /// [`super::invalid`]).
-pub(in crate::agent) async fn tick_invalid(
-    cx: &Agent,
-    ch: &Channel,
-    msg: &str,
-) -> Result<Next, AgentError> {
-    cx.event_once(
-        Some(ch),
-        true,
+pub(in crate::agent) fn tick_invalid(ch: &Channel, msg: &str) -> Done {
+    let said = Say::warn(
         "InvalidChannel",
         format!("UpdateChannel {}: {msg}", ch.name()),
-    )
-    .await;
-    Ok(Next::Wait)
+    );
+    Done::then(Then::Wait).after(vec![said.once()])
 }
 
 /// Claim an update slot with a fresh token (written on the Node first, so a restarted agent
@@ -87,40 +81,39 @@ pub(in crate::agent) async fn tick_claim(
     ch: &Channel,
     store: &KubeChannelStore,
     version: &str,
-) -> Result<Next, AgentError> {
+) -> Result<Done, AgentError> {
     let token = format!(
         "{:016x}{:016x}",
         rand::thread_rng().gen::<u64>(),
         rand::thread_rng().gen::<u64>()
     );
     cx.annotate(&[(ANN_TOKEN, Some(&token))]).await?;
-    match slots::claim(store, &cx.settings.node, &token, version, Utc::now()).await? {
-        ClaimOutcome::Claimed | ClaimOutcome::AlreadyHeld => {
-            cx.report(
-                ch,
-                Phase::Claimed,
-                &format!("holding an update slot for {version}"),
-                Say::info(
-                    "SlotClaimed",
-                    format!(
-                        "claimed an update slot of {} to install {version}",
-                        ch.name()
+    Ok(
+        match slots::claim(store, &cx.settings.node, &token, version, Utc::now()).await? {
+            ClaimOutcome::Claimed | ClaimOutcome::AlreadyHeld => {
+                let claimed = Report::new(
+                    Phase::Claimed,
+                    format!("holding an update slot for {version}"),
+                    Say::info(
+                        "SlotClaimed",
+                        format!(
+                            "claimed an update slot of {} to install {version}",
+                            ch.name()
+                        ),
                     ),
-                ),
-            )
-            .await?;
-            Ok(Next::Again)
-        }
-        ClaimOutcome::Full(holders) => {
-            let wait = Action::WaitForSlot { holders };
-            if let Some(report) = super::waits::report(&wait, Utc::now()) {
-                cx.publish(ch, report).await?;
+                );
+                Done::report(claimed, Then::Again)
             }
-            Ok(Next::Wait)
-        }
-        ClaimOutcome::Paused => Ok(Next::Again),
-        ClaimOutcome::TargetChanged(_) => Ok(Next::Again),
-    }
+            ClaimOutcome::Full(holders) => {
+                let wait = Action::WaitForSlot { holders };
+                match super::waits::report(&wait, Utc::now()) {
+                    Some(report) => Done::report(report, Then::Wait),
+                    None => Done::then(Then::Wait),
+                }
+            }
+            ClaimOutcome::Paused | ClaimOutcome::TargetChanged(_) => Done::then(Then::Again),
+        },
+    )
 }
 
 /// The claim held through a long silence is given up for a fresh one.
@@ -129,36 +122,26 @@ pub(in crate::agent) async fn tick_forfeit(
     ch: &Channel,
     store: &KubeChannelStore,
     version: &str,
-) -> Result<Next, AgentError> {
-    cx.event(
-        Some(ch),
-        true,
+) -> Result<Done, AgentError> {
+    let said = Say::warn(
         "ClaimForfeit",
         "this agent was silent too long while holding a slot; claiming afresh with a new token"
             .into(),
-    )
-    .await;
-    tick_claim(cx, ch, store, version).await
+    );
+    Ok(tick_claim(cx, ch, store, version).await?.after(vec![said]))
 }
 
 /// The slot is `RollingBack` and the node still runs the failed `version`: reboot back.
-pub(in crate::agent) async fn tick_reboot_back(
-    cx: &Agent,
-    ch: &Channel,
-    version: &str,
-) -> Result<Next, AgentError> {
-    cx.report(
-        ch,
+pub(in crate::agent) fn tick_reboot_back(version: &str) -> Done {
+    let report = Report::new(
         Phase::RollingBack,
-        &format!("rebooting back from {version}"),
+        format!("rebooting back from {version}"),
         Say::warn(
             "RebootingBack",
             format!("rebooting back from the failed {version}"),
         ),
-    )
-    .await?;
-    cx.blocking(|ops| ops.reboot()).await?;
-    Ok(Next::Wait)
+    );
+    Done::report(report, Then::Reboot)
 }
 
 /// Back on the old slot after trying `version`: report why (as the boot-assessment core
@@ -170,56 +153,48 @@ pub(in crate::agent) async fn tick_rolled_back(
     view: &NodeView,
     token: &str,
     version: &str,
-) -> Result<Next, AgentError> {
+) -> Result<Done, AgentError> {
     let (event, reason) = rolled_back_reason(version, view.update.failed_trial.as_ref());
-    cx.event(Some(ch), true, event, reason.clone()).await;
-    cx.undo_cordon().await?;
+    let mut said = vec![Say::warn(event, reason.clone())];
+    said.extend(cx.undo_cordon().await?);
     cx.clients.metrics.count(Outcome::Rollback);
     let out = cx
         .record_failure(store, Some(token), version, &reason, false)
         .await?;
-    cx.failure_recorded(
+    said.extend(publish::failure_recorded(
         ch,
         version,
         out,
         "back on the old slot after a failed update",
-    )
-    .await;
-    cx.phase(Phase::Failed, &reason).await?;
-    Ok(Next::Again)
+    ));
+    Ok(Done::report(Report::quiet(Phase::Failed, reason), Then::Again).after(said))
 }
 
 /// Back on the old slot after a rollback already recorded: uncordon and release.
 pub(in crate::agent) async fn tick_finish_rollback(
     cx: &Agent,
-    ch: &Channel,
     store: &KubeChannelStore,
     token: &str,
-) -> Result<Next, AgentError> {
-    cx.undo_cordon().await?;
-    let released = slots::release(store, &cx.settings.node, token, Utc::now()).await?;
-    cx.report(
-        ch,
+) -> Result<Done, AgentError> {
+    const BACK: &str = "back on the old slot after a failed update";
+    let said = cx.give_back(store, token, BACK).await?;
+    let report = Report::new(
         Phase::Failed,
-        "back on the old slot after a failed update",
+        BACK,
         Say::warn("RollbackFinished", "back on the old slot".into()),
-    )
-    .await?;
-    cx.slot_released(ch, released, "back on the old slot after a failed update")
-        .await;
-    Ok(Next::Again)
+    );
+    Ok(Done::report(report, Then::Again).after(said))
 }
 
 /// A held slot with nothing left to do: uncordon and release.
 pub(in crate::agent) async fn tick_release(
     cx: &Agent,
-    ch: &Channel,
     store: &KubeChannelStore,
     token: &str,
     reason: &str,
-) -> Result<Next, AgentError> {
-    cx.give_back(ch, store, token, reason).await?;
-    Ok(Next::Again)
+) -> Result<Done, AgentError> {
+    let said = cx.give_back(store, token, reason).await?;
+    Ok(Done::then(Then::Again).after(said))
 }
 
 /// The Event reason and the failure text for a node back on its old slot after trying

@@ -19,6 +19,7 @@ use crate::agent::channel::crd::SlotPhase;
 use crate::agent::channel::format::{ANN_CORDONED, ANN_TOKEN, ANN_VERSION};
 use crate::agent::channel::listing::{Channel, Listed, Picked};
 use crate::agent::cluster::cache::Fresh;
+use crate::agent::cluster::publish::{Done, Then};
 use crate::agent::context::{Agent, Next};
 use crate::agent::errors::{AgentError, KubeContext};
 use crate::agent::host::status::Inactive;
@@ -69,9 +70,28 @@ pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
     let step = decide(cx, &channel, &view).await?;
     tracing::debug!(?step, channel = %channel.name(), "decided");
     if step.undo_cordon {
-        cx.undo_cordon().await?;
+        if let Some(said) = cx.undo_cordon().await? {
+            cx.say(&channel, said).await;
+        }
     }
-    execute(cx, &channel, &view, step).await
+    let done = execute(cx, &channel, &view, step).await?;
+    carry_out(cx, &channel, done).await
+}
+
+/// Publish what a tick did, once and in order, then do what follows it.
+async fn carry_out(cx: &Agent, ch: &Channel, done: Done) -> Result<Next, AgentError> {
+    cx.say_all(ch, done.said).await;
+    if let Some(report) = done.report {
+        cx.publish(ch, report).await?;
+    }
+    Ok(match done.then {
+        Then::Again => Next::Again,
+        Then::Wait => Next::Wait,
+        Then::Reboot => {
+            cx.blocking(|ops| ops.reboot()).await?;
+            Next::Wait
+        }
+    })
 }
 
 /// The decision for `view` under `ch`, with the inputs it asks for gathered.
@@ -268,28 +288,27 @@ async fn node_view(
     }))
 }
 
-/// Carry out `step`'s action: a waiting one is published as [`super::waits`] words it, every
-/// other has one function.
+/// Carry out `step`'s action, one function each; a waiting one is worded by
+/// [`super::waits`]. Returns what happened, for [`carry_out`] to publish.
 pub(in crate::agent) async fn execute(
     cx: &Agent,
     ch: &Channel,
     view: &NodeView,
     step: Step,
-) -> Result<Next, AgentError> {
+) -> Result<Done, AgentError> {
     if let Some(report) = super::waits::report(&step.action, Utc::now()) {
-        cx.publish(ch, report).await?;
-        return Ok(Next::Wait);
+        return Ok(Done::report(report, Then::Wait));
     }
     let store = cx.store(ch.name());
     let token = view.token.clone().unwrap_or_default();
     match step.action {
         Action::Idle(reason) => actions::tick_idle(cx, ch, reason).await,
-        Action::Invalid(msg) => actions::tick_invalid(cx, ch, &msg).await,
+        Action::Invalid(msg) => Ok(actions::tick_invalid(ch, &msg)),
         Action::Stage { version } => match step.stage {
             Some(plan) => stage(cx, ch, view, &version, plan).await,
-            None => Ok(Next::Wait),
+            None => Ok(Done::then(Then::Wait)),
         },
-        // Published above; a stage back-off is waited out quietly.
+        // Reported above; a stage back-off is waited out quietly.
         Action::Paused { .. }
         | Action::PausedBySpec { .. }
         | Action::Withdrawn { .. }
@@ -299,10 +318,10 @@ pub(in crate::agent) async fn execute(
         | Action::WaitForGate { .. }
         | Action::ClaimBackingOff { .. }
         | Action::StageWaiting { .. }
-        | Action::StageBackingOff { .. } => Ok(Next::Wait),
+        | Action::StageBackingOff { .. } => Ok(Done::then(Then::Wait)),
         Action::DropWithdrawn { version } => super::withdrawn::tick_drop(cx, ch, &version).await,
         // decide() answered the facts it needs before returning.
-        Action::Gather(_) => Ok(Next::Again),
+        Action::Gather(_) => Ok(Done::then(Then::Again)),
         // The claim itself is a compare-and-swap on a fresh read.
         Action::Claim { version } => actions::tick_claim(cx, ch, &store, &version).await,
         Action::Forfeit { version } => actions::tick_forfeit(cx, ch, &store, &version).await,
@@ -311,7 +330,7 @@ pub(in crate::agent) async fn execute(
                 steps::disrupt(cx, ch, &store, view, &token, &version).await
             }
             SlotPhase::Rebooting => steps::flip_and_reboot(cx, ch, &store, &token, &version).await,
-            SlotPhase::RollingBack => actions::tick_reboot_back(cx, ch, &version).await,
+            SlotPhase::RollingBack => Ok(actions::tick_reboot_back(&version)),
         },
         Action::Confirm { version, held } => {
             steps::confirm(cx, ch, &store, &token, &version, held).await
@@ -319,8 +338,8 @@ pub(in crate::agent) async fn execute(
         Action::RolledBack { version } => {
             actions::tick_rolled_back(cx, ch, &store, view, &token, &version).await
         }
-        Action::FinishRollback => actions::tick_finish_rollback(cx, ch, &store, &token).await,
-        Action::Release { reason } => actions::tick_release(cx, ch, &store, &token, &reason).await,
+        Action::FinishRollback => actions::tick_finish_rollback(cx, &store, &token).await,
+        Action::Release { reason } => actions::tick_release(cx, &store, &token, &reason).await,
     }
 }
 
@@ -333,17 +352,16 @@ async fn stage(
     view: &NodeView,
     version: &str,
     plan: super::decide::StagePlan,
-) -> Result<Next, AgentError> {
+) -> Result<Done, AgentError> {
     match super::staging::stage(cx, ch, version, plan).await? {
-        super::staging::Staging::Done(next) => Ok(next),
+        super::staging::Staging::Done(done) => Ok(done),
         super::staging::Staging::Stopped => {
             let step = decide(cx, ch, view).await?;
             match super::waits::report(&step.action, Utc::now()) {
                 Some(report) if matches!(step.action, Action::StageWaiting { .. }) => {
-                    cx.publish(ch, report).await?;
-                    Ok(Next::Wait)
+                    Ok(Done::report(report, Then::Wait))
                 }
-                _ => Ok(Next::Again),
+                _ => Ok(Done::then(Then::Again)),
             }
         }
     }

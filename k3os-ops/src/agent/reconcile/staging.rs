@@ -18,10 +18,11 @@ use chrono::{DateTime, Utc};
 
 use super::decide::StagePlan;
 use super::thin_report::{self, Miss};
-use crate::agent::channel::format::{ANN_MESSAGE, ANN_PROGRESS, ANN_TARGET};
+use crate::agent::channel::format::{ANN_PROGRESS, ANN_TARGET};
 use crate::agent::channel::listing::Channel;
 use crate::agent::channel::thin::ThinPolicy;
-use crate::agent::context::{Agent, Next, PROGRESS_PERIOD};
+use crate::agent::cluster::publish::{Done, Report, Say, Then};
+use crate::agent::context::{Agent, PROGRESS_PERIOD};
 use crate::agent::errors::AgentError;
 use crate::agent::host::ops::StageEnd;
 use crate::agent::host::stage_progress::AnnotationProgress;
@@ -30,17 +31,17 @@ use libupgrade::Stop;
 use libupgrade::{ExtraSource, StageOptions, StageRequest, Wanted};
 
 /// How a stage step ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Staging {
-    /// Staged, or failed (reported, backing off): go on as `Next` says.
-    Done(Next),
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::agent) enum Staging {
+    /// Staged, or failed (backing off): what to publish and what follows.
+    Done(Done),
     /// Stopped cleanly at the quota or the end of the open windows; the deadline was judged
     /// again with what is left.
     Stopped,
 }
 
 /// Stage `version` of `ch` as `plan` allows.
-pub(crate) async fn stage(
+pub(in crate::agent) async fn stage(
     cx: &Agent,
     ch: &Channel,
     version: &str,
@@ -54,27 +55,19 @@ pub(crate) async fn stage(
         fetched_today: used,
     } = plan;
     let req = request(cx, ch, version, schedule, max_bytes);
-    cx.annotate_phase(
+    cx.annotate(&[(ANN_TARGET, Some(version))]).await?;
+    let staging = Report::new(
         Phase::Staging,
-        &[
-            (ANN_TARGET, Some(version)),
-            (
-                ANN_MESSAGE,
-                Some("downloading and verifying into the inactive slot"),
+        "downloading and verifying into the inactive slot",
+        Say::info(
+            "Staging",
+            format!(
+                "staging {version} from {} into the inactive slot",
+                ch.spec.url
             ),
-        ],
-    )
-    .await?;
-    cx.event(
-        Some(ch),
-        false,
-        "Staging",
-        format!(
-            "staging {version} from {} into the inactive slot",
-            ch.spec.url
         ),
-    )
-    .await;
+    );
+    cx.announce(ch, Vec::new(), staging).await?;
     let result = preview_and_stage(cx, ch, req, day, used).await;
     report_staleness(cx, ch, &result).await;
     match result {
@@ -84,7 +77,7 @@ pub(crate) async fn stage(
             stopped(cx, ch, version, why, left).await?;
             Ok(Staging::Stopped)
         }
-        Err(e) => failed(cx, ch, version, now, &e).await.map(Staging::Done),
+        Err(e) => Ok(Staging::Done(failed(cx, version, now, &e))),
     }
 }
 
@@ -168,25 +161,20 @@ fn miss(
     })
 }
 
-async fn staged(cx: &Agent, ch: &Channel, version: &str) -> Result<Next, AgentError> {
+/// Staged: the deadline condition cleared, the progress annotation removed.
+async fn staged(cx: &Agent, ch: &Channel, version: &str) -> Result<Done, AgentError> {
     cx.memory.stages.lock().expect("not poisoned").succeeded();
     thin_report::report_miss(cx, ch, None).await;
-    cx.annotate_phase(
+    cx.annotate(&[(ANN_PROGRESS, None)]).await?;
+    let report = Report::new(
         Phase::Staged,
-        &[
-            (ANN_PROGRESS, None),
-            (ANN_MESSAGE, Some("verified and staged")),
-        ],
-    )
-    .await?;
-    cx.event(
-        Some(ch),
-        false,
-        "Staged",
-        format!("{version} verified and staged in the inactive slot"),
-    )
-    .await;
-    Ok(Next::Again)
+        "verified and staged",
+        Say::info(
+            "Staged",
+            format!("{version} verified and staged in the inactive slot"),
+        ),
+    );
+    Ok(Done::report(report, Then::Again))
 }
 
 /// A clean stop at the quota or the end of the open windows: judge the deadline again with
@@ -212,14 +200,8 @@ async fn stopped(
     Ok(())
 }
 
-/// A failed stage: counted, reported, and the next one backs off ([`super::cooldown`]).
-async fn failed(
-    cx: &Agent,
-    ch: &Channel,
-    version: &str,
-    now: DateTime<Utc>,
-    e: &AgentError,
-) -> Result<Next, AgentError> {
+/// A failed stage: counted, and the next one backs off ([`super::cooldown`]).
+fn failed(cx: &Agent, version: &str, now: DateTime<Utc>, e: &AgentError) -> Done {
     let (n, backoff) = cx.memory.stages.lock().expect("not poisoned").failed(now);
     let msg = format!(
         "staging {version} failed (attempt {n}, next in {}s): {}",
@@ -229,9 +211,12 @@ async fn failed(
     cx.clients
         .metrics
         .count(crate::agent::metrics::Outcome::StageFailure);
-    cx.phase(Phase::StageFailed, &msg).await?;
-    cx.event(Some(ch), true, "StageFailed", msg).await;
-    Ok(Next::Wait)
+    let report = Report::new(
+        Phase::StageFailed,
+        msg.clone(),
+        Say::warn("StageFailed", msg),
+    );
+    Done::report(report, Then::Wait)
 }
 
 /// A stage resolves the channel too (a pinned channel is resolved nowhere else): expired

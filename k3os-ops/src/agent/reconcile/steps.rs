@@ -2,7 +2,9 @@
 //! [`Agent`] context: stage (no disruption; in [`super::staging`]), cordon + drain
 //! (`disrupt`), bootloader flip + reboot (`flip_and_reboot`), and after the boot the health
 //! verdict (`confirm`). Each disruptive step first fences on the
-//! slot's token (CAS of its phase) and aborts if the slot was lost.
+//! slot's token (CAS of its phase) and aborts if the slot was lost. Each returns what it did
+//! (`Done`) for the controller to publish; only the drain and the health checks' wait are
+//! announced before they start (`Agent::announce`): they take long.
 
 use std::time::Duration;
 
@@ -11,14 +13,14 @@ use kube::ResourceExt;
 
 use super::decide::NodeView;
 use crate::agent::channel::crd::SlotPhase;
-use crate::agent::channel::format::{ANN_CORDONED, ANN_MESSAGE, ANN_PROGRESS};
+use crate::agent::channel::format::{ANN_CORDONED, ANN_PROGRESS};
 use crate::agent::channel::listing::Channel;
 use crate::agent::channel::spec::Policy;
 use crate::agent::cluster::drain;
 use crate::agent::cluster::kube_store::KubeChannelStore;
-use crate::agent::cluster::publish::Say;
+use crate::agent::cluster::publish::{self, Done, Report, Say, Then};
 use crate::agent::cluster::slots::{self, FenceOutcome};
-use crate::agent::context::{Agent, Next};
+use crate::agent::context::Agent;
 use crate::agent::errors::{AgentError, KubeContext};
 use crate::agent::host::ops::{ConfirmResult, NODE_READY};
 use crate::agent::metrics::Outcome;
@@ -35,15 +37,14 @@ pub(in crate::agent) fn back_off_claims(cx: &Agent) {
         .failed(Utc::now());
 }
 
-/// Fence the slot at `Rebooting` before `step`: `Some(next)` when it was lost and the
-/// update aborted ([`Self::abort_lost`]).
+/// Fence the slot at `Rebooting` before `step`: `Some(done)` when it was lost and the
+/// update aborted ([`abort_lost`]).
 async fn fence_rebooting_or_abort(
     cx: &Agent,
-    ch: &Channel,
     store: &KubeChannelStore,
     token: &str,
     step: &str,
-) -> Result<Option<Next>, AgentError> {
+) -> Result<Option<Done>, AgentError> {
     let fenced = slots::fence(
         store,
         &cx.settings.node,
@@ -55,28 +56,23 @@ async fn fence_rebooting_or_abort(
     .await?;
     match fenced {
         FenceOutcome::Held(_) => Ok(None),
-        FenceOutcome::Lost => abort_lost(cx, ch, step).await.map(Some),
+        FenceOutcome::Lost => abort_lost(cx, step).await.map(Some),
     }
 }
 
-/// Abort after losing the slot: undo our cordon, tell why.
-pub(in crate::agent) async fn abort_lost(
-    cx: &Agent,
-    ch: &Channel,
-    step: &str,
-) -> Result<Next, AgentError> {
+/// Abort after losing the slot: undo our cordon, say why.
+pub(in crate::agent) async fn abort_lost(cx: &Agent, step: &str) -> Result<Done, AgentError> {
     back_off_claims(cx);
-    cx.undo_cordon().await?;
-    cx.report(
-        ch,
+    let said = cx.undo_cordon().await?.into_iter().collect();
+    let report = Report::new(
         Phase::Aborted,
-        &format!("lost the update slot before {step}"),
+        format!("lost the update slot before {step}"),
         Say::warn("SlotLost", format!("the update slot is gone or carries another token; aborted before {step} and undid the cordon")),
-    )
-    .await?;
-    Ok(Next::Again)
+    );
+    Ok(Done::report(report, Then::Again).after(said))
 }
 
+/// Cordon (unless the node was unschedulable already) and drain, then flip and reboot.
 pub(in crate::agent) async fn disrupt(
     cx: &Agent,
     ch: &Channel,
@@ -84,7 +80,7 @@ pub(in crate::agent) async fn disrupt(
     view: &NodeView,
     token: &str,
     version: &str,
-) -> Result<Next, AgentError> {
+) -> Result<Done, AgentError> {
     let policy = channel_policy(ch)?;
     let entry = match slots::fence(
         store,
@@ -97,36 +93,47 @@ pub(in crate::agent) async fn disrupt(
     .await?
     {
         FenceOutcome::Held(e) => e,
-        FenceOutcome::Lost => return abort_lost(cx, ch, "cordon").await,
+        FenceOutcome::Lost => return abort_lost(cx, "cordon").await,
     };
+    let mut said = Vec::new();
     if !entry.was_unschedulable.unwrap_or(false) && !view.unschedulable {
         cx.annotate(&[(ANN_CORDONED, Some("true"))]).await?;
         drain::set_unschedulable(&cx.nodes(), &cx.settings.node, true).await?;
-        cx.event(Some(ch), false, "Cordoned", "cordoned the node".into())
-            .await;
+        said.push(Say::info("Cordoned", "cordoned the node".into()));
     }
-    if !ch.spec.drain.skip && !drain_or_give_up(cx, ch, store, token, policy).await? {
-        return Ok(Next::Wait);
+    if !ch.spec.drain.skip {
+        match drain_or_give_up(cx, ch, store, token, policy, said).await? {
+            Drained::Yes(events) => said = events,
+            Drained::GaveUp(done) => return Ok(done),
+        }
     }
-    flip_and_reboot(cx, ch, store, token, version).await
+    flip_then_reboot(cx, ch, store, token, version, said).await
 }
 
-/// Drain the node; when the drain fails, give this update attempt up (back off, uncordon,
-/// release the slot) and answer `false`.
+/// How a drain ended.
+enum Drained {
+    /// Drained: the Events to publish with the step's outcome.
+    Yes(Vec<Say>),
+    /// The drain failed and this update attempt was given up.
+    GaveUp(Done),
+}
+
+/// Drain the node (announced first, with the Events `said` so far: it can take long); when
+/// the drain fails, give this update attempt up (back off, uncordon, release the slot).
 async fn drain_or_give_up(
     cx: &Agent,
     ch: &Channel,
     store: &KubeChannelStore,
     token: &str,
     policy: &Policy,
-) -> Result<bool, AgentError> {
-    cx.report(
-        ch,
+    said: Vec<Say>,
+) -> Result<Drained, AgentError> {
+    let draining = Report::new(
         Phase::Draining,
-        &format!("evicting pods (timeout {:?})", policy.drain_timeout),
+        format!("evicting pods (timeout {:?})", policy.drain_timeout),
         Say::info("Draining", "evicting pods through the Eviction API".into()),
-    )
-    .await?;
+    );
+    cx.announce(ch, said, draining).await?;
     let drain_started = tokio::time::Instant::now();
     let drained = drain::drain(
         &cx.clients.client,
@@ -141,47 +148,50 @@ async fn drain_or_give_up(
         .metrics
         .observe_drain(drain_started.elapsed().as_secs_f64());
     match drained {
-        Ok(r) => {
-            cx.event(
-                Some(ch),
-                false,
-                "Drained",
-                format!(
-                    "evicted {} pod(s) ({} disruption-budget retries)",
-                    r.evicted.len(),
-                    r.budget_retries
-                ),
-            )
-            .await;
-            Ok(true)
-        }
+        Ok(r) => Ok(Drained::Yes(vec![Say::info(
+            "Drained",
+            format!(
+                "evicted {} pod(s) ({} disruption-budget retries)",
+                r.evicted.len(),
+                r.budget_retries
+            ),
+        )])),
         Err(e) => {
             back_off_claims(cx);
-            cx.event(
-                Some(ch),
-                true,
-                "DrainFailed",
-                format!("{e}; giving up this update attempt"),
-            )
-            .await;
-            cx.give_back(ch, store, token, "the drain failed").await?;
-            cx.phase(Phase::DrainFailed, &e.to_string()).await?;
-            Ok(false)
+            let failed = Say::warn("DrainFailed", format!("{e}; giving up this update attempt"));
+            let mut said = vec![failed];
+            said.extend(cx.give_back(store, token, "the drain failed").await?);
+            let report = Report::quiet(Phase::DrainFailed, e.to_string());
+            Ok(Drained::GaveUp(
+                Done::report(report, Then::Wait).after(said),
+            ))
         }
     }
 }
 
+/// Flip the bootloader to the staged slot and reboot into it (the slot was fenced at
+/// `Rebooting` before: a restarted agent continues here).
 pub(in crate::agent) async fn flip_and_reboot(
     cx: &Agent,
     ch: &Channel,
     store: &KubeChannelStore,
     token: &str,
     version: &str,
-) -> Result<Next, AgentError> {
-    if let Some(next) =
-        fence_rebooting_or_abort(cx, ch, store, token, "the bootloader flip").await?
-    {
-        return Ok(next);
+) -> Result<Done, AgentError> {
+    flip_then_reboot(cx, ch, store, token, version, Vec::new()).await
+}
+
+/// [`flip_and_reboot`] after the steps that said `said`.
+async fn flip_then_reboot(
+    cx: &Agent,
+    ch: &Channel,
+    store: &KubeChannelStore,
+    token: &str,
+    version: &str,
+    mut said: Vec<Say>,
+) -> Result<Done, AgentError> {
+    if let Some(done) = fence_rebooting_or_abort(cx, store, token, "the bootloader flip").await? {
+        return Ok(done.after(said));
     }
     let policy = channel_policy(ch)?;
     // The trial boot waits for our Node-Ready before it is blessed; when we do not report
@@ -190,39 +200,29 @@ pub(in crate::agent) async fn flip_and_reboot(
     let within = node_ready_limit(policy.reboot_timeout, cx.settings.node_ready_wait);
     if let Err(e) = cx.blocking(move |ops| ops.activate(within)).await {
         back_off_claims(cx);
-        cx.event(
-            Some(ch),
-            true,
-            "ActivateFailed",
-            crate::agent::errors::message(&e),
-        )
-        .await;
-        cx.give_back(ch, store, token, "the bootloader flip failed")
-            .await?;
-        cx.phase(Phase::ActivateFailed, &crate::agent::errors::message(&e))
-            .await?;
-        return Ok(Next::Wait);
+        let message = crate::agent::errors::message(&e);
+        said.push(Say::warn("ActivateFailed", message.clone()));
+        said.extend(
+            cx.give_back(store, token, "the bootloader flip failed")
+                .await?,
+        );
+        let report = Report::quiet(Phase::ActivateFailed, message);
+        return Ok(Done::report(report, Then::Wait).after(said));
     }
-    cx.event(
-        Some(ch),
-        false,
+    said.push(Say::info(
         "Activated",
         format!("the bootloader tries {version} at the next boot"),
-    )
-    .await;
+    ));
     // Last fence before the point of no return.
-    if let Some(next) = fence_rebooting_or_abort(cx, ch, store, token, "the reboot").await? {
-        return Ok(next);
+    if let Some(done) = fence_rebooting_or_abort(cx, store, token, "the reboot").await? {
+        return Ok(done.after(said));
     }
-    cx.report(
-        ch,
+    let rebooting = Report::new(
         Phase::Rebooting,
-        &format!("rebooting into {version}"),
+        format!("rebooting into {version}"),
         Say::info("Rebooting", format!("syncing and rebooting into {version}")),
-    )
-    .await?;
-    cx.blocking(|ops| ops.reboot()).await?;
-    Ok(Next::Wait)
+    );
+    Ok(Done::report(rebooting, Then::Reboot).after(said))
 }
 
 pub(in crate::agent) async fn node_ready(cx: &Agent) -> Result<bool, AgentError> {
@@ -235,6 +235,8 @@ pub(in crate::agent) async fn node_ready(cx: &Agent) -> Result<bool, AgentError>
     Ok(ready_in_this_boot(&conditions, cx.settings.booted_at))
 }
 
+/// After the trial boot: announce the health checks, wait for Node-Ready, let the
+/// boot-assessment core judge, and carry out its verdict.
 pub(in crate::agent) async fn confirm(
     cx: &Agent,
     ch: &Channel,
@@ -242,19 +244,18 @@ pub(in crate::agent) async fn confirm(
     token: &str,
     version: &str,
     held: bool,
-) -> Result<Next, AgentError> {
-    cx.report(
-        ch,
+) -> Result<Done, AgentError> {
+    let confirming = Report::new(
         Phase::Confirming,
-        &format!("checking health of {version}"),
+        format!("checking health of {version}"),
         Say::info(
             "Confirming",
             format!(
                 "booted {version} on trial; waiting for Node Ready and running the health checks"
             ),
         ),
-    )
-    .await?;
+    );
+    cx.announce(ch, Vec::new(), confirming).await?;
     // Node-Ready is one health check of the boot-assessment core, reported before its
     // single bless point; the core decides (bless, roll back, or — on a slot blessed
     // already — record only) and we carry out its verdict.
@@ -262,7 +263,7 @@ pub(in crate::agent) async fn confirm(
     let verdict = cx.blocking(move |ops| ops.confirm(node_ready)).await?;
     let token = held.then_some(token);
     match verdict {
-        ConfirmResult::Healthy => confirmed(cx, ch, store, token, version).await,
+        ConfirmResult::Healthy => confirmed(cx, store, token, version).await,
         ConfirmResult::RolledBack(reason) => {
             rolled_back(cx, ch, store, token, version, &reason).await
         }
@@ -295,35 +296,25 @@ async fn await_node_ready(cx: &Agent, version: &str) -> Result<CheckResult, Agen
 /// The core blessed `version`: uncordon, release the slot (`token`: held).
 async fn confirmed(
     cx: &Agent,
-    ch: &Channel,
     store: &KubeChannelStore,
     token: Option<&str>,
     version: &str,
-) -> Result<Next, AgentError> {
+) -> Result<Done, AgentError> {
     cx.memory.claims.lock().expect("not poisoned").succeeded();
-    cx.undo_cordon().await?;
+    let mut said: Vec<Say> = cx.undo_cordon().await?.into_iter().collect();
     let released = match token {
         Some(t) => slots::release(store, &cx.settings.node, t, Utc::now()).await?,
         None => false,
     };
-    cx.annotate_phase(
+    cx.annotate(&[(ANN_PROGRESS, None)]).await?;
+    let healthy = format!("{version} is healthy and confirmed");
+    said.extend(publish::released(released, &healthy));
+    let report = Report::new(
         Phase::UpToDate,
-        &[
-            (ANN_MESSAGE, Some(&format!("running {version}"))),
-            (ANN_PROGRESS, None),
-        ],
-    )
-    .await?;
-    cx.event(
-        Some(ch),
-        false,
-        "UpdateSucceeded",
-        format!("{version} is healthy and confirmed"),
-    )
-    .await;
-    cx.slot_released(ch, released, &format!("{version} is healthy and confirmed"))
-        .await;
-    Ok(Next::Again)
+        format!("running {version}"),
+        Say::info("UpdateSucceeded", healthy),
+    );
+    Ok(Done::report(report, Then::Again).after(said))
 }
 
 /// The core rolled back (health failed before the bless): record it, reboot back.
@@ -334,24 +325,21 @@ async fn rolled_back(
     token: Option<&str>,
     version: &str,
     reason: &str,
-) -> Result<Next, AgentError> {
+) -> Result<Done, AgentError> {
     cx.clients.metrics.count(Outcome::Rollback);
     let out = cx
         .record_failure(store, token, version, reason, true)
         .await?;
-    cx.report(
-        ch,
+    let report = Report::new(
         Phase::RollingBack,
         reason,
         Say::warn(
             "HealthCheckFailed",
             format!("{version}: {reason}; rebooting back"),
         ),
-    )
-    .await?;
-    cx.failure_recorded(ch, version, out, "").await;
-    cx.blocking(|ops| ops.reboot()).await?;
-    Ok(Next::Wait)
+    );
+    let said = publish::failure_recorded(ch, version, out, "");
+    Ok(Done::report(report, Then::Reboot).after(said))
 }
 
 /// Blessed already (or nothing good to return to): nothing rolls back after a bless. Record
@@ -363,26 +351,28 @@ async fn unhealthy(
     token: Option<&str>,
     version: &str,
     reason: &str,
-) -> Result<Next, AgentError> {
+) -> Result<Done, AgentError> {
     // Uncordon first: a node is never left cordoned by us without a slot.
-    cx.undo_cordon().await?;
+    let mut said: Vec<Say> = cx.undo_cordon().await?.into_iter().collect();
     // Recorded with the token, the slot is released in the same write.
     let out = cx
         .record_failure(store, token, version, reason, false)
         .await?;
-    cx.report(
-        ch,
+    let report = Report::new(
         Phase::Unhealthy,
         reason,
         Say::warn(
             "HealthCheckFailed",
             format!("{version}: {reason}; not rolling back"),
         ),
-    )
-    .await?;
-    cx.failure_recorded(ch, version, out, &format!("{version} is unhealthy"))
-        .await;
-    Ok(Next::Wait)
+    );
+    said.extend(publish::failure_recorded(
+        ch,
+        version,
+        out,
+        &format!("{version} is unhealthy"),
+    ));
+    Ok(Done::report(report, Then::Wait).after(said))
 }
 
 /// The channel's parsed spec, or the error naming the channel.

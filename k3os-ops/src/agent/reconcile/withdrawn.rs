@@ -11,48 +11,38 @@
 
 use crate::agent::channel::fleet_waves::cluster_seed;
 use crate::agent::channel::listing::Channel;
-use crate::agent::context::{Agent, Next};
+use crate::agent::cluster::publish::{Done, Say, Then};
+use crate::agent::context::Agent;
 use crate::agent::errors::AgentError;
 
-/// Drop the staged, withdrawn `version` of `ch`: an Event `WithdrawnDropped` when the slot was
+/// Drop the staged, withdrawn `version` of `ch`: the Event `WithdrawnDropped` when the slot was
 /// marked bad (decided again at once), else a warning once (the node's own metadata does not
 /// withdraw it) and a wait.
 pub(in crate::agent) async fn tick_drop(
     cx: &Agent,
     ch: &Channel,
     version: &str,
-) -> Result<Next, AgentError> {
+) -> Result<Done, AgentError> {
     let url = ch.spec.url.clone();
     let seed = cluster_seed(ch);
     let dropped = cx
         .blocking(move |ops| ops.drop_withdrawn(&url, seed))
         .await?;
-    match dropped {
-        Some(v) => {
-            cx.event(
-                Some(ch),
-                true,
-                "WithdrawnDropped",
-                format!(
-                    "dropped the staged {}: the channel withdrew it; its slot is marked bad and will never be activated",
-                    v.escape_debug()
-                ),
-            )
-            .await;
-            Ok(Next::Again)
-        }
-        None => {
-            cx.event_once(
-                Some(ch),
-                true,
-                "WithdrawnNotConfirmed",
-                format!(
-                    "status.fleetRollout says the staged {} is withdrawn, but this node's signed channel metadata does not: keeping it",
-                    version.escape_debug()
-                ),
-            )
-            .await;
-            Ok(Next::Wait)
-        }
-    }
+    Ok(match dropped {
+        Some(v) => Done::then(Then::Again).after(vec![Say::warn(
+            "WithdrawnDropped",
+            format!(
+                "dropped the staged {}: the channel withdrew it; its slot is marked bad and will never be activated",
+                v.escape_debug()
+            ),
+        )]),
+        None => Done::then(Then::Wait).after(vec![Say::warn(
+            "WithdrawnNotConfirmed",
+            format!(
+                "status.fleetRollout says the staged {} is withdrawn, but this node's signed channel metadata does not: keeping it",
+                version.escape_debug()
+            ),
+        )
+        .once()]),
+    })
 }

@@ -530,6 +530,7 @@ impl UpdateChannelStatus {
     }
 
     /// Failures recorded for `version`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn failures_for(&self, version: &str) -> usize {
         self.failures
             .iter()

@@ -59,6 +59,7 @@ pub struct Inputs {
 impl Inputs {
     /// Nothing held back at `now` (one clock): no back-off, the gates open, nothing fetched
     /// today. What [`super::decide()`] assumes.
+    #[cfg(any(test, feature = "testing"))]
     pub fn open_at(now: DateTime<Utc>) -> Inputs {
         Inputs {
             now,

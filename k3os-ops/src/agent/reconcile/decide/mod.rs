@@ -176,6 +176,7 @@ pub struct Step {
 
 /// [`step`]'s action with nothing held back ([`Inputs::open_at`]), parsing the channel's
 /// policy itself (for callers without a [`crate::agent::channel::listing::Channel`]).
+#[cfg(any(test, feature = "testing"))]
 pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> Action {
     let policy = Policy::from_spec(&channel.spec);
     let withdrawn = channel

@@ -2,7 +2,7 @@
 //! `KUBEBUILDER_ASSETS` with a kube-apiserver >= 1.30, or KUBECONFIG):
 //!
 //! ```sh
-//! KUBEBUILDER_ASSETS=/path/to/bin cargo test -p k3os-ops --test cluster cluster_scope:: -- --ignored --test-threads=1
+//! KUBEBUILDER_ASSETS=/path/to/bin cargo test -p k3os-ops --test cli cluster::cluster_scope:: -- --ignored --test-threads=1
 //! ```
 //!
 //! What a root user on node A can do with the token the kubelet projects into the agent pod
@@ -12,7 +12,7 @@
 //! token without a node name is refused. Evictions are not scoped (an Eviction names no node;
 //! README "Node-scoped authority").
 
-use crate::cluster_support;
+use super::support as cluster_support;
 
 use chrono::Utc;
 use k3os_ops::agent;

@@ -18,12 +18,12 @@
 //! cluster with kubelets that would fight over the simulated Nodes):
 //!
 //! ```sh
-//! KUBEBUILDER_ASSETS=/path/to/bin cargo test -p k3os-ops --test cluster cluster_fleet:: -- --ignored --test-threads=1
+//! KUBEBUILDER_ASSETS=/path/to/bin cargo test -p k3os-ops --test cli cluster::cluster_fleet:: -- --ignored --test-threads=1
 //! ```
 
-use crate::cli_support;
-use crate::cluster_support;
-use crate::release_support;
+use super::support as cluster_support;
+use k3os_ops_testing::cli as cli_support;
+use k3os_ops_testing::release as release_support;
 
 use std::collections::BTreeSet;
 use std::fs;

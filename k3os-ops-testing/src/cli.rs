@@ -1,12 +1,8 @@
-//! Shared by the integration tests that run the real `k3os-ops` binary on a temp node
-//! (`cli_messages`, `upgrade_thin`; `release_trust_cli` runs the binary with `ops`): the node (a temp dir with the k3OS-style dir layout, a
-//! real GRUB env written by bootconfig's own writer, booted on slot A, trusting its own key)
-//! and running a command on it that must succeed or must fail with one `error:` line.
-//! It lives here rather than in testkit because the binary's path
-//! (`CARGO_BIN_EXE_k3os-ops`, through [`release_support::bin`]) exists only in this crate's
-//! integration tests; the test modules add their own release fixtures in `impl Node` blocks
-//! (one test binary, so their method names must differ).
-#![allow(dead_code)]
+//! The node of k3os-ops' CLI tests that run the real `k3os-ops` binary (`cli_messages`,
+//! `upgrade_thin`, `release_trust_cli`, `rollout_cli`, the cluster fleet): a temp dir with
+//! the k3OS-style layout, a real GRUB env written by bootconfig's own writer, booted on slot
+//! A, trusting its own key; and running a command on it that must succeed or must fail with
+//! one `error:` line. Test modules add their own fixtures as extension traits of [`Node`].
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -14,7 +10,7 @@ use std::process::{Command, Output};
 
 use bootconfig::{BootEnv, Slot, SlotBoot};
 
-use crate::release_support::{bin, keys};
+use crate::release::{bin, keys};
 
 /// Run `k3os-ops args` with `config` as its `K3OS_OPS_CONFIG` (none: the binary's default),
 /// without the environment's backtrace and barrier switches (they change what it prints and
@@ -88,7 +84,14 @@ pub struct Node {
     pub config: PathBuf,
 }
 
+impl Default for Node {
+    fn default() -> Node {
+        Node::new()
+    }
+}
+
 impl Node {
+    /// A fresh node on slot A, generation 5, trusting its own key `node`.
     pub fn new() -> Node {
         let dir = tempfile::tempdir().unwrap();
         let (_, trust) = keys(dir.path(), "node");

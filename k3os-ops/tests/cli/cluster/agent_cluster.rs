@@ -6,8 +6,8 @@
 //! disposable cluster (k3s, kind, k3d):
 //!
 //! ```sh
-//! KUBEBUILDER_ASSETS=/path/to/bin cargo test -p k3os-ops --test cluster agent_cluster:: -- --ignored --test-threads=1
-//! KUBECONFIG=~/.kube/config cargo test -p k3os-ops --test cluster agent_cluster:: -- --ignored --test-threads=1
+//! KUBEBUILDER_ASSETS=/path/to/bin cargo test -p k3os-ops --test cli cluster::agent_cluster:: -- --ignored --test-threads=1
+//! KUBECONFIG=~/.kube/config cargo test -p k3os-ops --test cli cluster::agent_cluster:: -- --ignored --test-threads=1
 //! ```
 //!
 //! They install the UpdateChannel CRD (server-side apply), work in a fresh namespace
@@ -16,9 +16,9 @@
 //! every kind of request the agent makes under a token of deploy/rbac.yaml's ServiceAccount.
 //! The fleet of three agents with simulated reboots and a PDB runs against the fake API in CI
 //! (tests/agent_fleet.rs); three agent *processes* against the real server are
-//! tests/cluster/cluster_fleet.rs. The server itself is started by cluster_support.
+//! cluster_fleet.rs. The server itself is started by `support`.
 
-use crate::cluster_support;
+use super::support as cluster_support;
 
 use cluster_support::{apply_manifest, client, install_crd};
 use k3os_ops::agent;

@@ -1,6 +1,5 @@
-//! Shared helpers of the `release_*` integration tests: a `k3os-ops release serve` child
-//! process and release fixtures.
-#![allow(dead_code)]
+//! Release fixtures of k3os-ops' CLI tests (the `cli` and `suc_plan` test binaries): a
+//! `k3os-ops release serve` child process, signing keys, release inputs and `release create`.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -23,9 +22,25 @@ pub fn github_api(api: &str) -> std::sync::MutexGuard<'static, ()> {
     guard
 }
 
-/// The `k3os-ops` binary cargo built for this test target.
+/// The `k3os-ops` binary cargo built for the running test: cargo builds a package's binaries
+/// before its integration tests, into the directory above the tests' `deps/` (what
+/// `CARGO_BIN_EXE_k3os-ops` names at compile time, which only k3os-ops' own targets see).
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_k3os-ops")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the path of the running test binary");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test binary lies in <target>/<profile>/deps/");
+        let bin = dir.join("k3os-ops");
+        assert!(
+            bin.is_file(),
+            "no k3os-ops binary at {} (run the test with `cargo test -p k3os-ops`, which builds it)",
+            bin.display()
+        );
+        bin.to_string_lossy().into_owned()
+    })
 }
 
 /// `k3os-ops release serve DIR --listen 127.0.0.1:0`, killed on drop.
