@@ -29,7 +29,7 @@ use libupgrade::manifest::Arch;
 use libupgrade::rollout::{self, Installed, Listed, Rollout, Seed, Wave, SEED_SPACE};
 use rand::{Rng, SeedableRng};
 
-use k3os_ops_testing::release::{self as release_support, Server};
+use k3os_ops_testing::release::{self, Server};
 
 /// The sites' poll period (the agent's default `--poll-secs`).
 const POLL: Duration = Duration::minutes(15);
@@ -66,7 +66,7 @@ pub struct PollCost {
 }
 
 fn ok(args: &[&str]) {
-    testkit::run(Command::new(release_support::bin()).args(args));
+    testkit::run(Command::new(release::bin()).args(args));
 }
 
 /// A channel in `site/stable` with v1 and v2 (v2 rolled out in four waves from `t`), signed by
@@ -83,7 +83,7 @@ fn publish(dir: &Path, t: DateTime<Utc>) -> PathBuf {
     std::fs::create_dir_all(&chan).unwrap();
     std::fs::create_dir_all(&work).unwrap();
     for (v, g) in [("v1", "1"), ("v2", "2")] {
-        let (sq, kern, init) = release_support::squashfs_inputs(&work, v);
+        let (sq, kern, init) = release::squashfs_inputs(&work, v);
         let out = s(&chan.join(v));
         ok(&[
             "release",
