@@ -210,6 +210,7 @@ fn manifest_sample() -> Manifest {
         size,
         sha256: hex(b),
         chunks: None,
+        patches: Vec::new(),
     };
     Manifest {
         format: FORMAT,

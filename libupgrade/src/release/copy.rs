@@ -149,6 +149,7 @@ fn copy_hashed_to(
             size: tee.size,
             sha256: hex::encode(tee.hasher.finalize()),
             chunks: None,
+            patches: Vec::new(),
         },
         index,
     ))

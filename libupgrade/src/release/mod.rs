@@ -338,6 +338,7 @@ fn draft_manifest(opts: &CreateOptions, generation: u64) -> Result<Manifest, Rel
         size: 1,
         sha256: "0".repeat(64),
         chunks: None,
+        patches: Vec::new(),
     };
     // Validate version and the rest of the manifest before copying.
     let mut manifest = Manifest {
