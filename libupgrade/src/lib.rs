@@ -60,6 +60,7 @@ pub mod channel;
 pub mod chunk;
 pub mod layout;
 pub mod manifest;
+pub mod patch;
 pub mod release;
 pub mod rollout;
 pub mod signing;
