@@ -194,6 +194,15 @@ impl Files {
             Artifact::Initrd => &self.initrd,
         }
     }
+
+    /// The entry of artifact `a`, to change (a release being made).
+    pub fn get_mut(&mut self, a: Artifact) -> &mut FileEntry {
+        match a {
+            Artifact::Rootfs => &mut self.rootfs,
+            Artifact::Kernel => &mut self.kernel,
+            Artifact::Initrd => &mut self.initrd,
+        }
+    }
 }
 
 /// What a release's `k3os-ops` reads of the loader's files, and the boot scripts the release

@@ -179,6 +179,16 @@ pub enum ReleaseError {
         /// Hex sha256 of the file.
         found_sha256: String,
     },
+    /// A release named by `--patch-from` cannot serve as a patch's base (unreadable or
+    /// inconsistent manifest, another architecture, a file that is not what it says), or its
+    /// patch could not be built.
+    #[error("patch base {path}: {what}")]
+    PatchBase {
+        /// The base release's manifest or file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
 }
 
 pub(super) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ReleaseError + '_ {
@@ -213,6 +223,19 @@ pub fn create_with(
     chunking: Option<ChunkParams>,
     progress: &dyn Progress,
 ) -> Result<Manifest, ReleaseError> {
+    create_patched(opts, chunking, &[], progress).map(|(m, _)| m)
+}
+
+/// [`create_with`] plus per-pair patches from each earlier release in `patch_from` (its
+/// directory or `manifest.json`; see [`patches`]), built after the artifacts are copied and
+/// listed in the manifest before it is signed. Returns the manifest and every patch built,
+/// kept or not.
+pub fn create_patched(
+    opts: &CreateOptions,
+    chunking: Option<ChunkParams>,
+    patch_from: &[PathBuf],
+    progress: &dyn Progress,
+) -> Result<(Manifest, Vec<PatchBuilt>), ReleaseError> {
     if let Some(p) = chunking {
         p.check().map_err(|e| ReleaseError::ChunkIndex {
             path: opts.out_dir.clone(),
@@ -233,6 +256,7 @@ pub fn create_with(
     for sc in &opts.scripts {
         write_atomic(&opts.out_dir, sc.kind.file_name(), sc.text.as_bytes())?;
     }
+    let built = patches::add(&opts.out_dir, &mut manifest, patch_from)?;
 
     let bytes = manifest.to_bytes();
     Manifest::parse(&bytes)?;
@@ -245,7 +269,7 @@ pub fn create_with(
     if let Some(ch) = channel_dir {
         channel::write_index(&ch)?;
     }
-    Ok(manifest)
+    Ok((manifest, built))
 }
 
 /// The three inputs are non-empty regular files, the rootfs a squashfs, and the output
@@ -406,12 +430,14 @@ fn check_squashfs(path: &Path) -> Result<(), ReleaseError> {
 }
 
 mod copy;
+pub mod patches;
 mod verify;
 
 use copy::copy_hashed;
 use copy::fsync_dir;
 pub use copy::sha256_file;
 pub(crate) use copy::write_atomic;
+pub use patches::PatchBuilt;
 pub use verify::verify_dir;
 
 #[cfg(test)]
