@@ -229,16 +229,33 @@ impl Stager<'_> {
     }
 
     /// The running slot's copy of artifact `a`, opened read-only, holding at least the
-    /// patch's base size.
+    /// patch's base size; when the applier needs it copied ([`base_file`]), only if the
+    /// staging area has room for the copy and the patch.
     fn patch_base(&self, at: &Placing, a: Artifact, p: &PatchRef) -> Option<LocalFile> {
         let (slot, version) = (at.running.0, at.running.1.as_deref()?);
         match self.layout.open_artifact(slot, version, a) {
-            Ok((file, offset, len)) if len >= p.base.size => Some(LocalFile {
-                file,
-                offset,
-                len: p.base.size,
-                name: format!("slot {slot} {a}"),
-            }),
+            Ok((file, offset, len)) if len >= p.base.size => {
+                let base = LocalFile {
+                    file,
+                    offset,
+                    len: p.base.size,
+                    name: format!("slot {slot} {a}"),
+                };
+                if needs_copy(&base) {
+                    let need = p.base.size.saturating_add(p.size);
+                    let free = crate::layout::free_bytes(&self.cfg.state_dir).unwrap_or(0);
+                    if free < need {
+                        log::warn!(
+                            "{a}: the patch needs {} free in {} for itself and a copy of its base, {} are; no patch is used",
+                            crate::units::Size(need),
+                            self.cfg.state_dir.display(),
+                            crate::units::Size(free)
+                        );
+                        return None;
+                    }
+                }
+                Some(base)
+            }
             Ok((_, _, len)) => {
                 log::warn!(
                     "{a}: slot {slot} holds {len} bytes, the patch's base {}; no patch is used",
@@ -440,7 +457,16 @@ impl Stager<'_> {
         target: &Target,
         present: &mut [bool],
     ) -> Result<Rebuilt> {
-        let base = base_file(&pw.base, &self.cfg.state_dir, &pw.patch)?;
+        let base = match base_file(&pw.base, &self.cfg.state_dir, &pw.patch) {
+            Ok(b) => b,
+            Err(e) => {
+                log::warn!("{a}: {e}; the {a} comes by chunks");
+                return Ok(Rebuilt {
+                    fell_back: Some(e.to_string()),
+                    ..Rebuilt::default()
+                });
+            }
+        };
         let chunks = &work.index.chunks;
         let mut cut = Cutter {
             buf: Vec::with_capacity(work.index.params.max as usize),
@@ -548,6 +574,16 @@ impl Cutter {
     }
 }
 
+/// Whether `base` is not a whole file of exactly its length (see [`base_file`]).
+fn needs_copy(base: &LocalFile) -> bool {
+    let exact = base.offset == 0
+        && base
+            .file
+            .metadata()
+            .is_ok_and(|m| m.is_file() && m.len() == base.len);
+    !exact
+}
+
 /// sha256 of a whole file, hex.
 fn sha256_file(p: &Path) -> Result<String> {
     let mut f = File::open(p).map_err(|e| Error::io("open", p, e))?;
@@ -567,13 +603,11 @@ fn sha256_file(p: &Path) -> Result<String> {
 /// 0. The running slot's kernel and initrd (and a directory layout's rootfs) are such files;
 /// a rootfs partition is larger than its squashfs (and a block device reports no length), so
 /// its base range is copied read-only into the staging area first. Never writes the slot.
+///
+/// (The applier reads its base as a whole file. Taking a byte range of a file instead would
+/// save this copy: a change of `crate::patch`'s API, owned there.)
 fn base_file(base: &LocalFile, state_dir: &Path, p: &PatchRef) -> Result<File> {
-    let exact = base.offset == 0
-        && base
-            .file
-            .metadata()
-            .is_ok_and(|m| m.is_file() && m.len() == base.len);
-    if exact {
+    if !needs_copy(base) {
         return base
             .file
             .try_clone()
