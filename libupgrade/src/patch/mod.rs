@@ -30,6 +30,7 @@ mod codec;
 mod error;
 mod header;
 mod ops;
+mod squashfs;
 
 pub use apply::{apply, ApplyStats};
 pub use build::{build, BuildStats};

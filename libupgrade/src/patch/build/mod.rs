@@ -69,6 +69,9 @@ impl Writer<'_> {
     /// Write `op` (Copy ops of adjacent base ranges are merged into one).
     pub fn op(&mut self, op: &Op) -> Result<(), PatchError> {
         if let Op::Copy { base_off, len } = *op {
+            if len == 0 {
+                return Ok(());
+            }
             self.stats.copy_bytes += len;
             match &mut self.pending_copy {
                 Some((o, l)) if *o + *l == base_off => *l += len,
@@ -90,6 +93,15 @@ impl Writer<'_> {
             Op::Copy { .. } | Op::End => {}
         }
         self.put(op)
+    }
+
+    /// Write raw bytes after the last op (a Data op's verbatim blocks).
+    pub fn raw(&mut self, b: &[u8]) -> Result<(), PatchError> {
+        self.out
+            .write_all(b)
+            .map_err(|e| PatchError::io("write the patch", e))?;
+        self.stats.bytes += b.len() as u64;
+        Ok(())
     }
 }
 
