@@ -209,14 +209,13 @@ impl Stager<'_> {
         }
         let mut pre = self.preflight(source, &v.manifest, opts)?;
         let checkpoint = Partial::load(&self.cfg.state_dir);
-        let plan = plan::plan_writes(
+        let mut plan = plan::plan_writes(
             target,
             st.slot(target).state,
             &v.sha256,
             checkpoint.as_ref(),
             pre.has_index(),
         );
-        let mut plan = plan;
         let at = Placing {
             m: &v.manifest,
             slot: target,
