@@ -247,6 +247,7 @@ pub fn create_patched(
     check_inputs(opts)?;
     let (generation, channel_dir) = generation_for(opts)?;
     let mut manifest = draft_manifest(opts, generation)?;
+    let bases = patches::load(patch_from, opts.arch)?;
 
     fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
     let copy = |src: &Path, name: &str| copy_hashed(src, &opts.out_dir, name, chunking, progress);
@@ -256,7 +257,7 @@ pub fn create_patched(
     for sc in &opts.scripts {
         write_atomic(&opts.out_dir, sc.kind.file_name(), sc.text.as_bytes())?;
     }
-    let built = patches::add(&opts.out_dir, &mut manifest, patch_from)?;
+    let built = patches::add(&opts.out_dir, &mut manifest, &bases)?;
 
     let bytes = manifest.to_bytes();
     Manifest::parse(&bytes)?;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::chunk::local::{find_local, LocalFile};
 use crate::chunk::ChunkIndex;
-use crate::manifest::{Artifact, Manifest, PatchBase, PatchRef, MANIFEST_FILE};
+use crate::manifest::{Arch, Artifact, Manifest, PatchBase, PatchRef, MANIFEST_FILE};
 use crate::patch::PatchKind;
 
 use super::copy::write_atomic_from;
@@ -48,7 +48,7 @@ pub struct PatchBuilt {
 }
 
 /// An earlier release to patch from: its directory and manifest.
-struct Base {
+pub(super) struct Base {
     dir: PathBuf,
     manifest: Manifest,
 }
@@ -69,26 +69,37 @@ fn load_base(p: &Path) -> Result<Base, ReleaseError> {
     Ok(Base { dir, manifest })
 }
 
-/// Build, measure and keep or drop a patch per artifact of `m` (written in `out_dir`) from
-/// each release in `from`; list the kept ones in `m`.
-pub(super) fn add(
-    out_dir: &Path,
-    m: &mut Manifest,
-    from: &[PathBuf],
-) -> Result<Vec<PatchBuilt>, ReleaseError> {
-    let mut built = Vec::new();
+/// The releases named by `--patch-from`, each for `arch` (checked before anything is copied).
+pub(super) fn load(from: &[PathBuf], arch: Arch) -> Result<Vec<Base>, ReleaseError> {
+    let mut out = Vec::new();
     for p in from {
         let base = load_base(p)?;
         let bm = &base.manifest;
-        if bm.arch != m.arch {
+        if bm.arch != arch {
             return Err(ReleaseError::PatchBase {
                 path: p.clone(),
                 what: format!(
-                    "release {} is for {}, this one for {}",
-                    bm.version, bm.arch, m.arch
+                    "release {} is for {}, this one for {arch}",
+                    bm.version.escape_debug(),
+                    bm.arch
                 ),
             });
         }
+        out.push(base);
+    }
+    Ok(out)
+}
+
+/// Build, measure and keep or drop a patch per artifact of `m` (written in `out_dir`) from
+/// each of `bases`; list the kept ones in `m`.
+pub(super) fn add(
+    out_dir: &Path,
+    m: &mut Manifest,
+    bases: &[Base],
+) -> Result<Vec<PatchBuilt>, ReleaseError> {
+    let mut built = Vec::new();
+    for base in bases {
+        let bm = &base.manifest;
         for a in Artifact::ALL {
             let b = bm.files.get(a);
             let base_path = base.dir.join(&b.path);
@@ -102,7 +113,7 @@ pub(super) fn add(
                     ),
                 });
             }
-            let r = one(out_dir, m, a, &base, &base_path)?;
+            let r = one(out_dir, m, a, base, &base_path)?;
             built.push(r);
         }
     }
