@@ -179,12 +179,44 @@ struct Ctx<'b> {
     base: &'b File,
     base_size: u64,
     level: i32,
-    block_size: u32,
     reference: Vec<u8>,
     data: Vec<u8>,
     stored: Vec<u8>,
-    comp: Option<BlockCompressor>,
+    /// One block compressor per worker thread (created on the first Data op).
+    comps: Vec<BlockCompressor>,
     decomp: BlockDecompressor,
+}
+
+/// Most threads that recompress a Data op's blocks.
+const MAX_WORKERS: usize = 4;
+
+/// Compress `jobs` (block index, its bytes in `data`) with the `comps`, one thread each;
+/// returns the compressed bytes by block index (`None`: did not shrink).
+fn compress_all(
+    comps: &mut [BlockCompressor],
+    data: &[u8],
+    jobs: &[(usize, std::ops::Range<usize>)],
+) -> Vec<(usize, Option<Vec<u8>>)> {
+    let run = |comp: &mut BlockCompressor, part: &[(usize, std::ops::Range<usize>)]| {
+        part.iter()
+            .map(|(i, r)| (*i, comp.compress(&data[r.clone()]).map(<[u8]>::to_vec)))
+            .collect::<Vec<_>>()
+    };
+    if comps.len() == 1 || jobs.len() < 2 {
+        return run(&mut comps[0], jobs);
+    }
+    let per = jobs.len().div_ceil(comps.len());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comps
+            .iter_mut()
+            .zip(jobs.chunks(per))
+            .map(|(comp, part)| s.spawn(move || run(comp, part)))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a compressor thread panicked"))
+            .collect()
+    })
 }
 
 impl<'b> Ctx<'b> {
@@ -193,11 +225,10 @@ impl<'b> Ctx<'b> {
             base,
             base_size: h.base_size,
             level: h.level,
-            block_size: h.block_size,
             reference: Vec::new(),
             data: Vec::new(),
             stored: Vec::new(),
-            comp: None,
+            comps: Vec::new(),
             decomp: BlockDecompressor::new(),
         }
     }
@@ -310,9 +341,23 @@ impl<'b> Ctx<'b> {
         let res = decompress_from(&reference, frame, total, &mut self.data);
         self.reference = reference;
         res?;
-        let comp = self
-            .comp
-            .get_or_insert_with(|| BlockCompressor::new(self.level));
+        if self.comps.is_empty() {
+            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+            self.comps = (0..n.clamp(1, MAX_WORKERS))
+                .map(|_| BlockCompressor::new(self.level))
+                .collect();
+        }
+        // Recompress every block that needs it (in parallel), then emit in order.
+        let mut jobs = Vec::new();
+        let mut pos = 0usize;
+        for (i, b) in blocks.iter().enumerate() {
+            let end = pos + b.ulen as usize;
+            if b.word != 0 && b.word & (STORED | VERBATIM) == 0 {
+                jobs.push((i, pos..end));
+            }
+            pos = end;
+        }
+        let mut done = compress_all(&mut self.comps, &self.data, &jobs).into_iter();
         let mut pos = 0usize;
         for (i, b) in blocks.iter().enumerate() {
             let content = &self.data[pos..pos + b.ulen as usize];
@@ -330,7 +375,10 @@ impl<'b> Ctx<'b> {
             } else if b.word & STORED != 0 {
                 out.emit(content)?;
             } else {
-                let c = comp.compress(content).unwrap_or(&[]);
+                let c = match done.next() {
+                    Some((j, c)) if j == i => c.unwrap_or_default(),
+                    _ => unreachable!("compress_all returns the jobs in order"),
+                };
                 if c.len() != size as usize {
                     return Err(Fail::Patch(PatchError::NotReproduced {
                         op: index,
@@ -339,12 +387,11 @@ impl<'b> Ctx<'b> {
                         found: c.len(),
                     }));
                 }
-                out.emit(c)?;
+                out.emit(&c)?;
                 st.recompressed += 1;
             }
         }
         self.stored = stored;
-        let _ = self.block_size;
         Ok(())
     }
 }

@@ -256,9 +256,17 @@ fn frame(r: &mut impl Read, len: usize) -> Result<Vec<u8>, String> {
             "frame of {n} bytes for {len} decoded bytes, at most {cap}"
         ));
     }
-    let mut f = vec![0u8; n];
-    r.read_exact(&mut f)
+    // Read through `take`: memory grows with the bytes actually there, not the declared length.
+    let mut f = Vec::new();
+    r.take(n as u64)
+        .read_to_end(&mut f)
         .map_err(|e| format!("frame of {n} bytes: {e}"))?;
+    if f.len() != n {
+        return Err(format!(
+            "frame of {n} bytes, the patch ends after {}",
+            f.len()
+        ));
+    }
     Ok(f)
 }
 
