@@ -131,7 +131,7 @@ image-test: image
 
 # One scenario on one target, e.g. `just vm-test powercut x86_64-grub-bios --all-barriers`
 # (scenarios: upgrade fallback-panic fallback-noconfirm badhealth powercut missing-kernel awaited-check
-# upgrade-from-previous bundle-offline reachability trust-rotation rollout-wave all; target "all" too;
+# upgrade-from-previous bundle-offline reachability trust-rotation rollout-wave upgrade-patch all; target "all" too;
 # upgrade-from-previous needs `just images-previous`; bundle-offline writes its bundle with the
 # host k3os-ops `just images` builds).
 # VM_TESTS_IMAGES=<dir> boots another images tree; VM_TESTS_ACCEL=tcg|kvm skips the KVM probe.

@@ -210,6 +210,7 @@ fn manifest_sample() -> Manifest {
         size,
         sha256: hex(b),
         chunks: None,
+        patches: Vec::new(),
     };
     Manifest {
         format: FORMAT,
@@ -381,6 +382,45 @@ fn states() {
     );
 }
 
+/// Real patches against `k3os_fuzz::patch_base()`: a plain one (Delta ops) and a squashfs one
+/// between two small mksquashfs images (Copy, Literal and Data ops; its base fields are
+/// replaced by the target's, so its ops read the fixed base: structure for the mutator).
+fn patches() {
+    use libupgrade::patch::{build, PatchKind};
+    let d = tempfile::tempdir().unwrap();
+    let base = k3os_fuzz::patch_base();
+    let mut target = base.clone();
+    target[5000..5010].copy_from_slice(b"0123456789");
+    target.drain(70_000..71_000);
+    target.extend_from_slice(&base[..3000]);
+    std::fs::write(d.path().join("b"), &base).unwrap();
+    std::fs::write(d.path().join("t"), &target).unwrap();
+    let mut out = Vec::new();
+    build(PatchKind::Plain, &d.path().join("b"), &d.path().join("t"), &mut out).unwrap();
+    seed("patch", "plain-edits", &out);
+    let mut out = Vec::new();
+    build(PatchKind::Plain, &d.path().join("b"), &d.path().join("b"), &mut out).unwrap();
+    seed("patch", "plain-identity", &out);
+    for (name, data) in [("b.tree", &base[..100_000]), ("t.tree", &target[..120_000])] {
+        let t = d.path().join(name);
+        std::fs::create_dir_all(t.join("usr")).unwrap();
+        std::fs::write(t.join("usr/file"), data).unwrap();
+        std::fs::write(t.join("usr/text"), "the node the slot ".repeat(5000 + data.len() / 1000)).unwrap();
+        let st = std::process::Command::new("mksquashfs")
+            .arg(&t)
+            .arg(d.path().join(name.replace("tree", "sq")))
+            .args(["-noappend", "-all-root", "-no-xattrs", "-comp", "zstd", "-no-fragments"])
+            .args(["-mkfs-time", "0", "-all-time", "0", "-quiet"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let mut out = Vec::new();
+    build(PatchKind::Squashfs, &d.path().join("b.sq"), &d.path().join("t.sq"), &mut out).unwrap();
+    seed("patch", "squashfs-ops", &out);
+}
+
 fn main() {
     grub();
     syslinux();
@@ -389,5 +429,6 @@ fn main() {
     chunk_indexes();
     channels();
     states();
+    patches();
     println!("seeds written to {}", root().display());
 }

@@ -116,3 +116,21 @@ pub const SIGNING_SEED: [u8; 32] = [0x5a; 32];
 
 /// The manifest the `signature` seeds are signed over.
 pub const SIGNED_MANIFEST: &[u8] = b"{\n  \"format\": 1,\n  \"version\": \"v2\"\n}\n";
+
+/// The base every `patch` input applies to: 256 KiB of fixed pseudo-random bytes with a few
+/// compressible runs (the seeds are real patches against it, `examples/seeds.rs`).
+pub fn patch_base() -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..256 << 10)
+        .map(|i: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if i % 8192 < 1024 {
+                (i / 8192) as u8
+            } else {
+                (x >> 32) as u8
+            }
+        })
+        .collect()
+}

@@ -239,7 +239,13 @@ impl ReleaseBuilder {
         let t = self.target;
         let dir = self.out.join("releases").join(&spec.version);
         let manifest = dir.join(MANIFEST_FILE);
+        // The standard v2 carries patches from v1 (the VM scenario `upgrade-patch`, and
+        // `upgrade-from-previous`: v0.1.0 reads a manifest with patches): v1 is built first.
+        let patch_from = spec.patch_from().map(|v| self.out.join("releases").join(v));
         let mut st = Stamp::new();
+        if let Some(base) = &patch_from {
+            st.file("patch-from", &base.join(MANIFEST_FILE))?;
+        }
         st.param("arch", t.arch.as_str())
             .param("version", &spec.version)
             .param("generation", spec.generation.to_string())
@@ -261,7 +267,7 @@ impl ReleaseBuilder {
         // The release carries the scripts its disks are installed with.
         let boot_cfg = work.join("boot.toml");
         fs::write(&boot_cfg, loader::boot_config(t)).ctx("write", &boot_cfg)?;
-        Cmd::new(&self.tool)
+        let mut cmd = Cmd::new(&self.tool)
             .args(["release", "create", "--rootfs"])
             .arg(&files.rootfs)
             .arg("--kernel")
@@ -281,8 +287,17 @@ impl ReleaseBuilder {
             .arg("--boot-config")
             .arg(&boot_cfg)
             .arg("-o")
-            .arg(&dir)
-            .run()?;
+            .arg(&dir);
+        if let Some(base) = &patch_from {
+            cmd = cmd.arg("--patch-from").arg(base);
+        }
+        let out = cmd.run()?;
+        // What release create said of its patches (sizes, build times), for the build log.
+        for line in String::from_utf8_lossy(&out).lines() {
+            if line.trim_start().starts_with("patch ") {
+                eprintln!("k3os-images: {}: {}", spec.version, line.trim());
+            }
+        }
         for f in [MANIFEST_FILE, SIGNATURE_FILE] {
             if !dir.join(f).is_file() {
                 return Err(Error::Input {

@@ -80,6 +80,12 @@ impl ReleaseSpec {
         })
     }
 
+    /// The release this one carries per-pair patches from (`release create --patch-from`):
+    /// the standard v2 from v1, so a node running v1 upgrades to it through patches.
+    pub fn patch_from(&self) -> Option<&'static str> {
+        (self.version == "v2").then_some("v1")
+    }
+
     /// The releases the test disks and the VM tests use, parsed from [`STANDARD_RELEASES`].
     pub fn standard() -> Vec<ReleaseSpec> {
         STANDARD_RELEASES

@@ -179,8 +179,13 @@ pub fn render_preview(p: &crate::agent::host::ledger::PreviewRecord) -> String {
         .bundle
         .as_ref()
         .map_or(String::new(), |b| format!(" from bundle {b}"));
+    let patched: String = p
+        .by_patch
+        .iter()
+        .map(|b| format!("; {} by patch", b.escape_debug()))
+        .collect();
     format!(
-        "\n=== Stage Preview (agent) ===\n{}{from}: fetch {} ({} bytes), reuse {} ({} bytes){at}\n",
+        "\n=== Stage Preview (agent) ===\n{}{from}: fetch {} ({} bytes), reuse {} ({} bytes){patched}{at}\n",
         p.version,
         Size(p.fetch),
         p.fetch,
@@ -476,6 +481,7 @@ mod tests {
             version: "v2".into(),
             fetch: 3_145_728,
             reuse: 1024,
+            by_patch: Vec::new(),
             bundle: None,
             at: Some(
                 chrono::DateTime::parse_from_rfc3339("2026-12-04T01:00:00Z")

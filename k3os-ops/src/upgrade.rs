@@ -337,12 +337,16 @@ fn print_preview(p: &StagePreview) {
     );
     for a in &p.artifacts {
         println!(
-            "  {:7} fetch {:>10} ({} bytes), reuse {:>10} of {}",
+            "  {:7} fetch {:>10} ({} bytes), reuse {:>10} of {}{}",
             a.artifact.to_string(),
             Size(a.fetch).to_string(),
             a.fetch,
             Size(a.reuse).to_string(),
-            Size(a.size)
+            Size(a.size),
+            match &a.patch_from {
+                Some(v) => format!(", by patch from {}", v.escape_debug()),
+                None => String::new(),
+            }
         );
     }
     let total: u64 = p.artifacts.iter().map(|a| a.size).sum();
@@ -387,6 +391,9 @@ fn print_report(r: &StageReport) {
             Size(r.bytes_from_mirrors),
             r.chunks_refused
         );
+    }
+    for p in &r.patched {
+        println!("  {p}");
     }
 }
 

@@ -7,6 +7,9 @@
 #   monthly-v1  the package set below, where the BUMP packages are at the previous version the
 #               archive still carries (bookworm point release or an older security update)
 #   monthly-v2  the same set, every package at the newest bookworm/-updates/-security version
+#   monthly-v0  the month before monthly-v1: the BUMP packages of which the archive still
+#               carries a third, older version (openssl, libssl3, openssh-*) at that version,
+#               everything else as in monthly-v1 (the second monthly pair, v0 → v1)
 #   major-v2    the same roles from trixie (Debian 13): most files change, many names too
 # (major-v1 is monthly-v2.) The trixie lists come from a private apt directory under CACHE_DIR
 # (the ordinary apt client, the system's apt state is not touched). Idempotent: .debs already
@@ -59,6 +62,7 @@ tree() {
 
 is_bumped() { printf '%s\n' $BUMP | grep -qx "$1"; }
 
+: >"$cache/monthly-v0.list"
 : >"$cache/monthly-v1.list"
 : >"$cache/monthly-v2.list"
 for p in $BOOKWORM; do
@@ -66,13 +70,18 @@ for p in $BOOKWORM; do
     new=$(printf '%s\n' $vs | head -n1)
     [ -n "$new" ] || { echo "delta-debs: no version of $p in the apt lists (apt-get update?)" >&2; exit 1; }
     old=$new
+    older=$new
     if is_bumped "$p"; then
         old=$(printf '%s\n' $vs | sed -n 2p)
         [ -n "$old" ] || old=$new
+        older=$(printf '%s\n' $vs | sed -n 3p)
+        [ -n "$older" ] || older=$old
     fi
     fetch "$p" "$new" >>"$cache/monthly-v2.list"
     fetch "$p" "$old" >>"$cache/monthly-v1.list"
+    fetch "$p" "$older" >>"$cache/monthly-v0.list"
 done
+tree monthly-v0 "$cache/monthly-v0.list"
 tree monthly-v1 "$cache/monthly-v1.list"
 tree monthly-v2 "$cache/monthly-v2.list"
 
@@ -91,4 +100,4 @@ for p in $TRIXIE; do
     fetch "$p" "$new" >>"$cache/major-v2.list"
 done
 tree major-v2 "$cache/major-v2.list"
-du -sh "$cache/trees/monthly-v1" "$cache/trees/monthly-v2" "$cache/trees/major-v2" >&2
+du -sh "$cache/trees/monthly-v0" "$cache/trees/monthly-v1" "$cache/trees/monthly-v2" "$cache/trees/major-v2" >&2

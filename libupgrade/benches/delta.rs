@@ -4,6 +4,9 @@
 //! `$BENCH_DELTA_CACHE/trees` (default `<workspace>/.cache/delta/trees`):
 //! - monthly: `monthly-v1` → `monthly-v2` (same bookworm package set, a handful of packages at
 //!   their next security/point-release version);
+//! - monthly2: `monthly-v0` → `monthly-v1` (the month before: openssl and openssh one release
+//!   further back, the versions the archive still carries), so the patch figure is not tuned
+//!   to one pair;
 //! - major: `monthly-v2` → `major-v2` (the same roles from trixie).
 //!
 //! For each pair it builds both rootfs squashfs images with the same mksquashfs options and
@@ -16,6 +19,9 @@
 //!   `block-hash-index` adaptive mode fetches; computed directly because RAUC's adaptive
 //!   install needs a streaming verity bundle served to a D-Bus service, not files);
 //! - xdelta3 -9 patch size (the per-pair lower anchor);
+//! - patch: a `libupgrade::patch` squashfs patch v1 → v2 (built and applied each in a child
+//!   process: time and peak RSS, `VmHWM`), and the publisher's cost of the major release's
+//!   patches from two bases (N-1 = monthly-v2, N-2 = monthly-v1);
 //!
 //! then the same with several mksquashfs options and chunk sizes (monthly pair), and the real
 //! stage of each v2 from a local HTTP server into a file-backed GPT disk whose running slot holds
@@ -224,6 +230,10 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    if let Ok(spec) = std::env::var("BENCH_DELTA_PATCH") {
+        patch_child(&spec);
+        return;
+    }
     if let (Ok(w), Ok(url)) = (
         std::env::var("BENCH_DELTA_CHILD"),
         std::env::var("BENCH_DELTA_URL"),
@@ -239,7 +249,7 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join(".cache/delta"));
     let trees = cache.join("trees");
-    for t in ["monthly-v1", "monthly-v2", "major-v2"] {
+    for t in ["monthly-v0", "monthly-v1", "monthly-v2", "major-v2"] {
         assert!(
             trees.join(t).is_dir(),
             "{} missing: run libupgrade/benches/delta-debs.sh {} first (just bench-delta does)",
@@ -253,6 +263,7 @@ fn main() {
     fs::create_dir_all(&images).unwrap();
     let pairs = [
         ("monthly", "monthly-v1", "monthly-v2"),
+        ("monthly2", "monthly-v0", "monthly-v1"),
         ("major", "monthly-v2", "major-v2"),
     ];
 
@@ -311,9 +322,10 @@ fn main() {
         rec.join(" ")
     );
     println!(
-        "{:<8} {:>11} {:>9} {:>9} {:>10} {:>9}",
-        "pair", "v2 bytes", "ours", "casync", "4K-blocks", "xdelta3"
+        "{:<8} {:>11} {:>9} {:>9} {:>10} {:>9} {:>9}",
+        "pair", "v2 bytes", "ours", "casync", "4K-blocks", "xdelta3", "patch"
     );
+    let mut patch_runs = Vec::new();
     for (name, a, b) in pairs {
         let v1 = squashfs(&images, &trees.join(a), rec);
         let v2 = squashfs(&images, &trees.join(b), rec);
@@ -326,12 +338,42 @@ fn main() {
         let c = casync(w, &v1, &v2);
         let k = blocks4k(&v1, &v2);
         let x = xdelta(w, &v1, &v2);
+        let built = patch_run(&["build", "squashfs"], &[&v1, &v2, &w.join("patch")]);
+        let applied = patch_run(&["apply"], &[&w.join("patch"), &v1, &w.join("patched")]);
         println!(
-            "{name:<8} {size:>11} {} {} {}  {}",
+            "{name:<8} {size:>11} {} {} {}  {} {}",
             pct(o, size),
             pct(c, size),
             pct(k, size),
-            pct(x, size)
+            pct(x, size),
+            pct(built.bytes, size)
+        );
+        patch_runs.push((name, built, applied));
+    }
+    for (name, built, applied) in &patch_runs {
+        println!(
+            "{name:<8} patch: built in {:.1} s, builder peak RSS {:.0} MiB ({}); applied in {:.2} s, applier peak RSS {:.1} MiB",
+            built.secs,
+            built.rss_kib as f64 / 1024.0,
+            built.note,
+            applied.secs,
+            applied.rss_kib as f64 / 1024.0
+        );
+    }
+    if let Some((_, n1, _)) = patch_runs.iter().find(|(n, _, _)| *n == "major") {
+        // The publisher's cost: the major release's patches from two bases, N-1 (monthly-v2,
+        // the major pair's patch above) and N-2 (monthly-v1).
+        let n2 = squashfs(&images, &trees.join("monthly-v1"), rec);
+        let n = squashfs(&images, &trees.join("major-v2"), rec);
+        let b = patch_run(&["build", "squashfs"], &[&n2, &n, &w.join("patch2")]);
+        println!(
+            "publisher: major-v2 from monthly-v2 and monthly-v1: {:.1} s + {:.1} s, peak RSS {:.0} MiB, published {} + {} bytes ({})",
+            n1.secs,
+            b.secs,
+            n1.rss_kib.max(b.rss_kib) as f64 / 1024.0,
+            n1.bytes,
+            b.bytes,
+            b.note
         );
     }
     if !want("stage") {
@@ -367,6 +409,14 @@ fn main() {
             pct(wire, *size),
             rss as f64 / 1024.0
         );
+        if let Some((_, _, applied)) = patch_runs.iter().find(|(n, _, _)| n == name) {
+            println!(
+                "{name:<8} patch apply (base file → target file, no network): {:6.2} s = {:.2}× the delta stage, peak RSS {:.1} MiB",
+                applied.secs,
+                applied.secs / secs,
+                applied.rss_kib as f64 / 1024.0
+            );
+        }
         let (secs, wire, _, rss) = stage_run(w, None, &base, &sent);
         println!(
             "{name:<8} full:  {secs:6.2} s, on the wire {} (slot A empty: nothing to reuse), peak RSS {:.1} MiB",
@@ -638,4 +688,99 @@ fn stage_run(work: &Path, v1: Option<&Path>, base: &str, sent: &AtomicU64) -> (f
         field("FETCHED"),
         field("MAXRSS_KIB"),
     )
+}
+
+// ---- patches (libupgrade::patch): built and applied in a child each, for time and peak RSS ----
+
+/// What one patch child measured.
+struct PatchRun {
+    secs: f64,
+    rss_kib: u64,
+    /// Bytes of the patch (build) or of the output (apply).
+    bytes: u64,
+    /// The builder's op counts.
+    note: String,
+}
+
+/// Run this bench as a child that builds or applies a patch (`mode` + `files`).
+fn patch_run(mode: &[&str], files: &[&Path]) -> PatchRun {
+    let mut spec: Vec<String> = mode.iter().map(|m| m.to_string()).collect();
+    spec.extend(files.iter().map(|f| f.display().to_string()));
+    let t = Instant::now();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env("BENCH_DELTA_PATCH", spec.join("\n"))
+        .output()
+        .unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "patch child {mode:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let field = |k: &str| {
+        text.split_whitespace()
+            .skip_while(|w| *w != k)
+            .nth(1)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    PatchRun {
+        secs,
+        rss_kib: field("MAXRSS_KIB"),
+        bytes: field("BYTES"),
+        note: text
+            .lines()
+            .find_map(|l| l.strip_prefix("NOTE "))
+            .unwrap_or("")
+            .to_string(),
+    }
+}
+
+/// In the child: `build\nsquashfs|plain\nBASE\nTARGET\nOUT` or `apply\nPATCH\nBASE\nOUT`.
+fn patch_child(spec: &str) {
+    use libupgrade::patch::{self, PatchKind};
+    let a: Vec<&str> = spec.split('\n').collect();
+    match a[..] {
+        ["build", kind, base, target, out] => {
+            let kind = if kind == "plain" {
+                PatchKind::Plain
+            } else {
+                PatchKind::Squashfs
+            };
+            let mut f = std::io::BufWriter::new(fs::File::create(out).unwrap());
+            let st = patch::build(kind, Path::new(base), Path::new(target), &mut f).unwrap();
+            println!("BYTES {}", st.bytes);
+            println!(
+                "NOTE {} copy ops ({} MB), {} literal ({} MB), {} data ops ({} blocks recompressed, {} not reproducible), {}",
+                st.copy_ops,
+                st.copy_bytes / 1_000_000,
+                st.literal_ops,
+                st.literal_bytes / 1_000_000,
+                st.data_ops,
+                st.blocks_recompressed,
+                st.blocks_not_reproducible,
+                st.compressor
+            );
+        }
+        ["apply", p, base, out] => {
+            let mut r = std::io::BufReader::new(fs::File::open(p).unwrap());
+            let base = fs::File::open(base).unwrap();
+            let mut o = std::io::BufWriter::new(fs::File::create(out).unwrap());
+            let st = patch::apply(&mut r, &base, &mut |b: &[u8]| {
+                std::io::Write::write_all(&mut o, b)
+            })
+            .unwrap();
+            std::io::Write::flush(&mut o).unwrap();
+            println!("BYTES {}", st.bytes);
+        }
+        _ => panic!("BENCH_DELTA_PATCH {spec:?}"),
+    }
+    let hwm: u64 = fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    println!("MAXRSS_KIB {hwm}");
 }

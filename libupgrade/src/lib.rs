@@ -60,6 +60,7 @@ pub mod channel;
 pub mod chunk;
 pub mod layout;
 pub mod manifest;
+pub mod patch;
 pub mod release;
 pub mod rollout;
 pub mod signing;
@@ -90,7 +91,7 @@ pub use net::retry::{Backoff, MAX_DELAY};
 pub use request::{ResolveError, StageRequest, Wanted};
 pub use sqcheck::Superblock;
 pub use stage::{
-    ArtifactCost, NoProgress, Origin, Progress, Release, StageOptions, StagePreview, StageReport,
-    DEFAULT_RETRY_FOR,
+    ArtifactCost, NoProgress, Origin, PatchOutcome, Progress, Release, StageOptions, StagePreview,
+    StageReport, DEFAULT_RETRY_FOR,
 };
 pub use updater::{loader_for, SlotStatus, Status, Updater};

@@ -19,7 +19,9 @@ pub const SIGNATURE_FILE: &str = "manifest.json.sig";
 /// The manifest format this library writes and understands.
 ///
 /// Format 1 grows only by optional fields that older readers ignore (serde skips unknown
-/// fields; v0.1.0 reads every manifest written since): `files.*.chunks` and `boot` (v0.2.0).
+/// fields; v0.1.0 reads every manifest written since): `files.*.chunks`, `boot` and
+/// `files.*.patches` (v0.2.0). A patch of a kind a reader does not know is skipped by its
+/// planner, never refused: the kind is free text here.
 /// A change an older reader would misread bumps the number; a reader refuses a newer number,
 /// naming both.
 pub const FORMAT: u32 = 1;
@@ -121,7 +123,45 @@ pub struct FileEntry {
     /// full download, and nodes that predate chunking ignore the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunks: Option<IndexRef>,
+    /// Patches that turn an earlier release's copy of this artifact into this one (see
+    /// [`PatchRef`]). Optional: absent (and never written) when empty, so a release without
+    /// patches is byte for byte what it was before they existed; v0.1.0 ignores the field and
+    /// streams the artifact, a node whose running slot is no listed base stages by chunks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patches: Vec<PatchRef>,
 }
+
+/// One per-pair patch of an artifact, published beside the release: applied to the base (the
+/// node's running copy, bound by its sha256 and size) it yields the artifact's bytes, which the
+/// node still checks chunk by chunk against the signed chunk index before writing them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PatchRef {
+    /// The artifact the patch applies to.
+    pub base: PatchBase,
+    /// The patch's kind (`plain`, `squashfs`; [`PATCH_KINDS`]). A reader skips a kind it does
+    /// not know, so a newer kind never makes a release unreadable.
+    pub kind: String,
+    /// Plain file name in the release directory (`rootfs.squashfs.from-v1.patch`).
+    pub path: String,
+    /// Exact size of the patch file in bytes.
+    pub size: u64,
+    /// Lower-case hex sha256 of the patch file.
+    pub sha256: String,
+}
+
+/// The base a patch applies to: the same artifact of an earlier release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PatchBase {
+    /// The earlier release's version (for messages only: the digest binds the base).
+    pub version: String,
+    /// Exact size of the base artifact in bytes.
+    pub size: u64,
+    /// Lower-case hex sha256 of the base artifact.
+    pub sha256: String,
+}
+
+/// The patch kinds this build writes and reads (`PatchRef::kind`).
+pub const PATCH_KINDS: [&str; 2] = ["plain", "squashfs"];
 
 /// Where an artifact's chunk index is and what it must hash to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,6 +192,15 @@ impl Files {
             Artifact::Rootfs => &self.rootfs,
             Artifact::Kernel => &self.kernel,
             Artifact::Initrd => &self.initrd,
+        }
+    }
+
+    /// The entry of artifact `a`, to change (a release being made).
+    pub fn get_mut(&mut self, a: Artifact) -> &mut FileEntry {
+        match a {
+            Artifact::Rootfs => &mut self.rootfs,
+            Artifact::Kernel => &mut self.kernel,
+            Artifact::Initrd => &mut self.initrd,
         }
     }
 }
@@ -215,6 +264,11 @@ fn plain_name(p: &str) -> bool {
         || p.chars().any(char::is_control)
         || p == "."
         || p == "..")
+}
+
+/// 1-128 printable ASCII characters without spaces (a version string).
+fn printable_word(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_graphic())
 }
 
 fn hex64(s: &str) -> bool {
@@ -309,10 +363,7 @@ impl Manifest {
             field: f.to_string(),
             what: what.to_string(),
         };
-        if self.version.is_empty()
-            || self.version.len() > 128
-            || !self.version.chars().all(|c| c.is_ascii_graphic())
-        {
+        if !printable_word(&self.version) {
             return Err(field(
                 "version",
                 "must be 1-128 printable ASCII characters without spaces",
@@ -374,7 +425,83 @@ impl Manifest {
                 }
             }
         }
+        self.check_patches()?;
         self.check_boot()
+    }
+
+    /// Every file name the release's artifacts and chunk indexes use, then (with
+    /// `patches`) its patches.
+    fn file_names(&self, patches: bool) -> Vec<&str> {
+        Artifact::ALL
+            .iter()
+            .flat_map(|a| {
+                let e = self.files.get(*a);
+                std::iter::once(e.path.as_str())
+                    .chain(e.chunks.as_ref().map(|c| c.path.as_str()))
+                    .chain(
+                        e.patches
+                            .iter()
+                            .filter(move |_| patches)
+                            .map(|p| p.path.as_str()),
+                    )
+            })
+            .collect()
+    }
+
+    /// Each patch: a file name of its own, digests, non-zero sizes, a version and a kind that
+    /// are plain words (any kind: a reader skips the ones it does not know).
+    fn check_patches(&self) -> Result<(), ManifestError> {
+        let field = |f: String, what: String| ManifestError::Field { field: f, what };
+        let mut names = self.file_names(false);
+        for a in Artifact::ALL {
+            for (i, p) in self.files.get(a).patches.iter().enumerate() {
+                let name = format!("files.{a}.patches[{i}]");
+                if !plain_name(&p.path) || names.contains(&p.path.as_str()) {
+                    return Err(field(
+                        format!("{name}.path"),
+                        format!(
+                            "'{}' is not a plain file name of its own",
+                            p.path.escape_debug()
+                        ),
+                    ));
+                }
+                names.push(&p.path);
+                for (f, v) in [("sha256", &p.sha256), ("base.sha256", &p.base.sha256)] {
+                    if !hex64(v) {
+                        return Err(field(
+                            format!("{name}.{f}"),
+                            format!("'{}' is not 64 lower-case hex digits", v.escape_debug()),
+                        ));
+                    }
+                }
+                for (f, v) in [("size", p.size), ("base.size", p.base.size)] {
+                    if v == 0 {
+                        return Err(field(format!("{name}.{f}"), "is 0".into()));
+                    }
+                }
+                if !printable_word(&p.base.version) {
+                    return Err(field(
+                        format!("{name}.base.version"),
+                        "must be 1-128 printable ASCII characters without spaces".into(),
+                    ));
+                }
+                let kind_ok = !p.kind.is_empty()
+                    && p.kind.len() <= 32
+                    && p.kind
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+                if !kind_ok {
+                    return Err(field(
+                        format!("{name}.kind"),
+                        format!(
+                            "'{}' is not 1-32 of a-z, 0-9 and '-'",
+                            p.kind.escape_debug()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn check_boot(&self) -> Result<(), ManifestError> {
@@ -385,17 +512,7 @@ impl Manifest {
         if b.grub_script == 0 || b.extlinux_conf == 0 {
             return Err(field("boot".into(), "script versions start at 1".into()));
         }
-        let mut names: Vec<&str> = Artifact::ALL
-            .iter()
-            .flat_map(|a| {
-                let e = self.files.get(*a);
-                [
-                    Some(e.path.as_str()),
-                    e.chunks.as_ref().map(|c| c.path.as_str()),
-                ]
-            })
-            .flatten()
-            .collect();
+        let mut names = self.file_names(true);
         for (i, sc) in b.scripts.iter().enumerate() {
             let name = format!("boot.scripts[{i}]");
             if b.scripts[..i].iter().any(|o| o.kind == sc.kind) {
@@ -451,6 +568,7 @@ mod tests {
             size: 10,
             sha256: "ab".repeat(32),
             chunks: None,
+            patches: Vec::new(),
         };
         Manifest {
             format: FORMAT,
@@ -561,6 +679,141 @@ mod tests {
         bad.files.rootfs.chunks.as_mut().unwrap().size = MAX_INDEX_SIZE + 1;
         let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
         assert!(e.contains("files.rootfs.chunks.size"), "{e}");
+    }
+
+    pub(crate) fn patch(base_version: &str, path: &str) -> PatchRef {
+        PatchRef {
+            base: PatchBase {
+                version: base_version.into(),
+                size: 9,
+                sha256: "12".repeat(32),
+            },
+            kind: "squashfs".into(),
+            path: path.into(),
+            size: 3,
+            sha256: "34".repeat(32),
+        }
+    }
+
+    #[test]
+    fn patches_are_optional_and_checked() {
+        let text = String::from_utf8(sample().to_bytes()).unwrap();
+        assert!(!text.contains("patches"), "no patch, no field: {text}");
+        let mut m = sample();
+        m.files.rootfs.patches = vec![patch("v1", "rootfs.from-v1.patch")];
+        m.files.kernel.patches = vec![PatchRef {
+            kind: "a-kind-from-the-future".into(),
+            ..patch("v0", "vmlinuz.from-v0.patch")
+        }];
+        assert_eq!(
+            Manifest::parse(&m.to_bytes()).unwrap(),
+            m,
+            "an unknown kind is kept"
+        );
+        let bad = |f: &dyn Fn(&mut Manifest), want: &str| {
+            let mut b = m.clone();
+            f(&mut b);
+            let e = Manifest::parse(&b.to_bytes()).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+            assert!(!e.chars().any(char::is_control), "{e:?}");
+        };
+        bad(
+            &|b| b.files.rootfs.patches[0].path = "vmlinuz".into(),
+            "files.rootfs.patches[0].path",
+        );
+        bad(
+            &|b| b.files.kernel.patches[0].path = "rootfs.from-v1.patch".into(),
+            "files.kernel.patches[0].path",
+        );
+        bad(
+            &|b| b.files.rootfs.patches[0].path = "../x\n".into(),
+            "files.rootfs.patches[0].path",
+        );
+        bad(
+            &|b| b.files.rootfs.patches[0].base.sha256 = "AB".repeat(32),
+            "files.rootfs.patches[0].base.sha256",
+        );
+        bad(
+            &|b| b.files.rootfs.patches[0].size = 0,
+            "files.rootfs.patches[0].size",
+        );
+        bad(
+            &|b| b.files.rootfs.patches[0].base.version = "v 1".into(),
+            "files.rootfs.patches[0].base.version",
+        );
+        bad(
+            &|b| b.files.rootfs.patches[0].kind = "Squash\u{1b}fs".into(),
+            "files.rootfs.patches[0].kind",
+        );
+        // A boot script may not take a patch's name either.
+        bad(
+            &|b| {
+                b.boot = Some(BootSupport {
+                    grub_script: 2,
+                    extlinux_conf: 1,
+                    scripts: vec![ScriptFile {
+                        kind: ScriptKind::GrubCfg,
+                        version: 2,
+                        path: "rootfs.from-v1.patch".into(),
+                        size: 1,
+                        sha256: "cd".repeat(32),
+                    }],
+                })
+            },
+            "boot.scripts[0].path",
+        );
+    }
+
+    /// v0.1.0's manifest types (commit c063939, named by CHANGELOG.md), as they were: no
+    /// `deny_unknown_fields`, three entries of path/size/sha256. A manifest of this release with
+    /// patches (and chunk indexes and a boot section) must read there as the same release.
+    mod v010 {
+        use serde::Deserialize;
+
+        #[derive(Deserialize)]
+        pub struct FileEntry {
+            pub path: String,
+            pub size: u64,
+            pub sha256: String,
+        }
+        #[derive(Deserialize)]
+        pub struct Files {
+            pub rootfs: FileEntry,
+            pub kernel: FileEntry,
+            pub initrd: FileEntry,
+        }
+        #[derive(Deserialize)]
+        pub struct Manifest {
+            pub format: u32,
+            pub version: String,
+            pub arch: super::Arch,
+            pub generation: u64,
+            pub files: Files,
+        }
+    }
+
+    #[test]
+    fn v010_reads_a_manifest_with_patches_as_the_same_release() {
+        let mut m = sample();
+        m.files.rootfs.patches = vec![patch("v1", "rootfs.from-v1.patch")];
+        m.files.initrd.patches = vec![patch("v1", "initrd.from-v1.patch")];
+        m.files.rootfs.chunks = Some(IndexRef {
+            path: "rootfs.squashfs.chunks".into(),
+            size: 76,
+            sha256: "cd".repeat(32),
+        });
+        let old: v010::Manifest = serde_json::from_slice(&m.to_bytes()).unwrap();
+        assert_eq!(
+            (old.format, old.version.as_str(), old.arch, old.generation),
+            (FORMAT, "v2", Arch::X86_64, 2)
+        );
+        for (o, n) in [
+            (&old.files.rootfs, &m.files.rootfs),
+            (&old.files.kernel, &m.files.kernel),
+            (&old.files.initrd, &m.files.initrd),
+        ] {
+            assert_eq!((&o.path, o.size, &o.sha256), (&n.path, n.size, &n.sha256));
+        }
     }
 
     #[test]

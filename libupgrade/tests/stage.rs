@@ -432,6 +432,7 @@ fn a_release_that_is_not_a_squashfs_is_refused_before_it_is_staged() {
             size,
             sha256,
             chunks: None,
+            patches: Vec::new(),
         }
     };
     let m = libupgrade::manifest::Manifest {

@@ -85,6 +85,18 @@ pub fn signed_release_with(
     inputs: &ReleaseInputs,
     scripts: Vec<libupgrade::release::BootScript>,
 ) -> PathBuf {
+    signed_release_patched(keys, out, inputs, scripts, &[])
+}
+
+/// [`signed_release_with`] carrying per-pair patches from each release in `patch_from` (as
+/// `release create --patch-from` builds them: listed only when smaller than chunks).
+pub fn signed_release_patched(
+    keys: &Keys,
+    out: &Path,
+    inputs: &ReleaseInputs,
+    scripts: Vec<libupgrade::release::BootScript>,
+    patch_from: &[PathBuf],
+) -> PathBuf {
     let version = inputs.version;
     let work = tempfile::tempdir().unwrap();
     let tree = work.path().join("tree");
@@ -113,17 +125,22 @@ pub fn signed_release_with(
     std::fs::write(&kernel, &inputs.kernel).unwrap();
     std::fs::write(&initrd, &inputs.initrd).unwrap();
     let dir = out.join(version);
-    libupgrade::release::create(&libupgrade::release::CreateOptions {
-        rootfs: sq,
-        kernel,
-        initrd,
-        version: version.to_string(),
-        arch: inputs.arch,
-        secret_key: keys.secret.clone(),
-        out_dir: dir.clone(),
-        generation: Some(inputs.generation),
-        scripts,
-    })
+    libupgrade::release::create_patched(
+        &libupgrade::release::CreateOptions {
+            rootfs: sq,
+            kernel,
+            initrd,
+            version: version.to_string(),
+            arch: inputs.arch,
+            secret_key: keys.secret.clone(),
+            out_dir: dir.clone(),
+            generation: Some(inputs.generation),
+            scripts,
+        },
+        Some(libupgrade::chunk::ChunkParams::DEFAULT),
+        patch_from,
+        &libupgrade::NoProgress,
+    )
     .expect("release create");
     let keep = out.join(format!("{version}.tree"));
     let _ = std::fs::remove_dir_all(&keep);

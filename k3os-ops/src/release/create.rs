@@ -49,6 +49,13 @@ pub struct CreateArgs {
     /// the release (when both of its slots read that script's version).
     #[arg(long)]
     boot_config: Option<PathBuf>,
+    /// An earlier release (its directory or manifest.json) to build per-pair patches from,
+    /// repeatable (N-1, N-2, …): one per artifact (squashfs-aware for the rootfs, plain for
+    /// the kernel and initrd), listed in the signed manifest only when smaller than what a
+    /// node running that release fetches by chunks. Nodes running any other release, and
+    /// v0.1.0 nodes, ignore them. Prints each patch's size and build time.
+    #[arg(long, value_name = "RELEASE")]
+    patch_from: Vec<PathBuf>,
 }
 
 /// Create, sign and print the release.
@@ -65,6 +72,7 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
         chunk_avg_kib,
         no_chunks,
         boot_config,
+        patch_from,
     } = a;
     let scripts = match &boot_config {
         Some(p) => crate::bootloader::BootConfig::load(p)?.scripts(),
@@ -84,7 +92,7 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
         scripts,
     };
     let bar = Bar::new();
-    let m = release::create_with(&opts, chunking, &bar)
+    let (m, patches) = release::create_patched(&opts, chunking, &patch_from, &bar)
         .with_context(|| format!("creating release in {}", out.display()))?;
     println!(
         "created release {} ({}, generation {}) in {}",
@@ -104,6 +112,25 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
         println!(
             "  {:<16} {:>12} bytes  ({} version {})",
             sc.path, sc.size, sc.kind, sc.version
+        );
+    }
+    for p in &patches {
+        println!(
+            "  patch {} from {} ({}): {} bytes, by chunks {} bytes, built in {:.1} s: {}{}",
+            p.artifact,
+            p.from.escape_debug(),
+            p.kind,
+            p.size,
+            p.chunk_fetch,
+            p.took.as_secs_f64(),
+            match &p.path {
+                Some(name) => format!("listed as {name}"),
+                None => "not smaller than chunks, dropped".into(),
+            },
+            match &p.note {
+                Some(why) => format!(" (squashfs kind not used: {})", why.escape_debug()),
+                None => String::new(),
+            }
         );
     }
     Ok(())

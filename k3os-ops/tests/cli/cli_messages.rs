@@ -602,12 +602,13 @@ fn status_shows_the_agents_stage_preview() {
             reuse: 2048,
             bundle: None,
             at: None,
+            by_patch: vec!["rootfs from v1".into()],
         },
     )
     .unwrap();
     let human = n.ok(&["slot", "status"]);
     assert!(
-        human.contains("=== Stage Preview (agent) ===\nv2: fetch 3.0 MiB (3145728 bytes), reuse 2.0 KiB (2048 bytes)"),
+        human.contains("=== Stage Preview (agent) ===\nv2: fetch 3.0 MiB (3145728 bytes), reuse 2.0 KiB (2048 bytes); rootfs from v1 by patch"),
         "{human}"
     );
     let json: serde_json::Value =

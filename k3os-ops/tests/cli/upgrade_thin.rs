@@ -4,7 +4,8 @@
 //! bundle, `release bundle` → `upgrade --bundle`) fetches exactly what the plan said was left;
 //! `--extra-source` takes chunks from a local directory; a tampered bundle is refused naming
 //! the member, a truncated one naming where it ends; `--stage-until` and `--stage-window`
-//! stop at the end of their schedule with exit 75, and the next run continues. A trial boot
+//! stop at the end of their schedule with exit 75, and the next run continues. `release
+//! create --patch-from` lists per-pair patches, `--plan-only` and the upgrade name them. A trial boot
 //! whose site cannot be reached (`[reachability]`) rolls back by itself at the limit; one that
 //! reaches an endpoint (a listener, any HTTP answer, the URL it was staged from) is blessed.
 
@@ -82,6 +83,165 @@ impl ThinReleases for Node {
             bundle.to_str().unwrap(),
         ])
     }
+}
+
+impl Node {
+    /// `release create` through the binary: release `version` (generation `generation`) whose
+    /// rootfs is a squashfs made with the images' options holding `payload`, with a kernel and
+    /// initrd of noise (`kernel_seed`), patched from `from`; the directory and what it printed.
+    fn patched_release(
+        &self,
+        version: &str,
+        generation: u64,
+        payload: &[u8],
+        kernel_seed: u64,
+        from: Option<&Path>,
+    ) -> (PathBuf, String) {
+        let tree = self.path().join(format!("{version}.tree"));
+        fs::create_dir_all(tree.join("etc")).unwrap();
+        fs::write(
+            tree.join("etc/k3os-release"),
+            format!("VERSION={version}\nGENERATION={generation}\n"),
+        )
+        .unwrap();
+        fs::write(tree.join("payload"), payload).unwrap();
+        let inputs = self.path().join(format!("{version}.in"));
+        fs::create_dir_all(&inputs).unwrap();
+        let rootfs = inputs.join("rootfs");
+        let out = Command::new("mksquashfs")
+            .arg(&tree)
+            .arg(&rootfs)
+            .args([
+                "-noappend",
+                "-quiet",
+                "-all-root",
+                "-no-xattrs",
+                "-comp",
+                "zstd",
+            ])
+            .args(["-no-fragments", "-mkfs-time", "0", "-all-time", "0"])
+            .output()
+            .expect("mksquashfs (squashfs-tools, installed by scripts/setup.sh)");
+        assert!(out.status.success(), "{out:?}");
+        let mut kernel = testkit::pseudo_random(300_000, 8);
+        kernel[100_000..120_000].copy_from_slice(&testkit::pseudo_random(20_000, kernel_seed));
+        fs::write(inputs.join("kernel"), kernel).unwrap();
+        fs::write(inputs.join("initrd"), testkit::pseudo_random(200_000, 9)).unwrap();
+        let rel = self.path().join(version);
+        let gen = generation.to_string();
+        let (r, k, i, key) = (
+            inputs.join("rootfs"),
+            inputs.join("kernel"),
+            inputs.join("initrd"),
+            self.path().join("keys/node.key"),
+        );
+        let mut args = vec![
+            "release",
+            "create",
+            "--rootfs",
+            r.to_str().unwrap(),
+            "--kernel",
+            k.to_str().unwrap(),
+            "--initrd",
+            i.to_str().unwrap(),
+            "--version",
+            version,
+            "--arch",
+            Arch::host().as_str(),
+            "--generation",
+            &gen,
+            "--key",
+            key.to_str().unwrap(),
+            "-o",
+            rel.to_str().unwrap(),
+        ];
+        if let Some(f) = from {
+            args.extend(["--patch-from", f.to_str().unwrap()]);
+        }
+        let printed = self.ok(&args);
+        (rel, printed)
+    }
+
+    /// Slot A runs `rel` (the k3OS dir layout's version directories), and the node keeps its
+    /// manifest as an image builder does.
+    fn runs_in_a(&self, rel: &Path, version: &str) {
+        let sys = self.path().join("system");
+        fs::create_dir_all(sys.join("rootfs").join(version)).unwrap();
+        fs::create_dir_all(sys.join("kernel").join(version)).unwrap();
+        fs::copy(
+            rel.join("rootfs.squashfs"),
+            sys.join("rootfs").join(version).join("rootfs.squashfs"),
+        )
+        .unwrap();
+        for f in ["vmlinuz", "initrd"] {
+            fs::copy(rel.join(f), sys.join("kernel").join(version).join(f)).unwrap();
+        }
+        let keep = self.path().join("state/slots/a");
+        fs::create_dir_all(&keep).unwrap();
+        fs::copy(rel.join("manifest.json"), keep.join("manifest.json")).unwrap();
+    }
+}
+
+#[test]
+fn release_create_patches_and_plan_only_and_the_upgrade_name_them() {
+    let n = Node::new();
+    let p1 = testkit::pseudo_random(3 << 20, 7);
+    let mut p2 = p1.clone();
+    p2[1 << 20..(1 << 20) + 40_000].copy_from_slice(&testkit::pseudo_random(40_000, 70));
+    let (v1, _) = n.patched_release("v1", 5, &p1, 0, None);
+    let (v2, printed) = n.patched_release("v2", 6, &p2, 71, Some(&v1));
+    eprintln!("{printed}");
+    for a in ["rootfs from v1 (squashfs)", "kernel from v1 (plain)"] {
+        let line = printed
+            .lines()
+            .find(|l| l.contains(&format!("patch {a}")))
+            .unwrap_or_else(|| panic!("no {a} patch line:\n{printed}"));
+        assert!(
+            line.contains("listed as") && line.contains("built in"),
+            "{line}"
+        );
+    }
+    assert!(
+        printed.contains("patch initrd from v1 (plain)") && printed.contains("dropped"),
+        "the unchanged initrd's patch is not smaller than no chunk at all:\n{printed}"
+    );
+    n.runs_in_a(&v1, "v1");
+    let m = libupgrade::manifest::Manifest::parse(&fs::read(v2.join("manifest.json")).unwrap())
+        .unwrap();
+    let patches = m.files.rootfs.patches[0].size + m.files.kernel.patches[0].size;
+
+    let src = v2.to_str().unwrap();
+    let plan = n.ok(&["upgrade", "--plan-only", "--source", src]);
+    eprintln!("{plan}");
+    for a in ["rootfs", "kernel"] {
+        let line = plan
+            .lines()
+            .find(|l| l.trim_start().starts_with(a))
+            .unwrap();
+        assert!(line.ends_with("by patch from v1"), "{line}");
+    }
+    assert_eq!(planned_fetch(&plan), patches, "{plan}");
+
+    let out = n.ok(&["upgrade", "--stage-only", "--source", src]);
+    eprintln!("{out}");
+    assert!(
+        out.contains(&format!("fetched ({patches} bytes)")),
+        "the plan said {patches}: {out}"
+    );
+    for a in ["rootfs", "kernel"] {
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{a} by patch from v1")))
+            .unwrap_or_else(|| panic!("no {a} patch line:\n{out}"));
+        assert!(
+            !line.contains("fell back") && !line.contains("by range"),
+            "{line}"
+        );
+    }
+    assert_eq!(
+        fs::read(n.path().join("system/rootfs/v2/rootfs.squashfs")).unwrap(),
+        fs::read(v2.join("rootfs.squashfs")).unwrap()
+    );
 }
 
 /// The exact byte count in `--plan-only`'s total line.

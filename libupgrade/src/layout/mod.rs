@@ -248,7 +248,7 @@ fn open_rw(path: &Path, create: bool, truncate: bool) -> Result<File> {
 }
 
 /// Free bytes on the filesystem holding `dir`.
-fn free_bytes(dir: &Path) -> Result<u64> {
+pub(crate) fn free_bytes(dir: &Path) -> Result<u64> {
     let st = nix::sys::statvfs::statvfs(dir).map_err(|e| Error::io("statvfs", dir, e.into()))?;
     Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
 }

@@ -149,6 +149,7 @@ fn copy_hashed_to(
             size: tee.size,
             sha256: hex::encode(tee.hasher.finalize()),
             chunks: None,
+            patches: Vec::new(),
         },
         index,
     ))
@@ -163,6 +164,29 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), R
     f.sync_all().map_err(io_err(&tmp))?;
     drop(f);
     fs::rename(&tmp, &dst).map_err(io_err(&dst))
+}
+
+/// Write `dir/name` from `fill` (a temporary file, fsynced, renamed into place); when `fill`
+/// fails with `Err(why)` the temporary file is removed and `Ok(Err(why))` returned.
+pub(super) fn write_atomic_from(
+    dir: &Path,
+    name: &str,
+    fill: impl FnOnce(&mut io::BufWriter<fs::File>) -> Result<(), String>,
+) -> Result<Result<(), String>, ReleaseError> {
+    let tmp = dir.join(format!(".{name}.part"));
+    let dst = dir.join(name);
+    let mut w =
+        io::BufWriter::with_capacity(COPY_BUF, fs::File::create(&tmp).map_err(io_err(&tmp))?);
+    if let Err(why) = fill(&mut w) {
+        drop(w);
+        fs::remove_file(&tmp).map_err(io_err(&tmp))?;
+        return Ok(Err(why));
+    }
+    let f = w.into_inner().map_err(|e| io_err(&tmp)(e.into_error()))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    drop(f);
+    fs::rename(&tmp, &dst).map_err(io_err(&dst))?;
+    Ok(Ok(()))
 }
 
 pub(super) fn fsync_dir(dir: &Path) -> Result<(), ReleaseError> {

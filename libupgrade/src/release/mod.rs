@@ -179,6 +179,16 @@ pub enum ReleaseError {
         /// Hex sha256 of the file.
         found_sha256: String,
     },
+    /// A release named by `--patch-from` cannot serve as a patch's base (unreadable or
+    /// inconsistent manifest, another architecture, a file that is not what it says), or its
+    /// patch could not be built.
+    #[error("patch base {path}: {what}")]
+    PatchBase {
+        /// The base release's manifest or file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
 }
 
 pub(super) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ReleaseError + '_ {
@@ -213,6 +223,19 @@ pub fn create_with(
     chunking: Option<ChunkParams>,
     progress: &dyn Progress,
 ) -> Result<Manifest, ReleaseError> {
+    create_patched(opts, chunking, &[], progress).map(|(m, _)| m)
+}
+
+/// [`create_with`] plus per-pair patches from each earlier release in `patch_from` (its
+/// directory or `manifest.json`; see [`patches`]), built after the artifacts are copied and
+/// listed in the manifest before it is signed. Returns the manifest and every patch built,
+/// kept or not.
+pub fn create_patched(
+    opts: &CreateOptions,
+    chunking: Option<ChunkParams>,
+    patch_from: &[PathBuf],
+    progress: &dyn Progress,
+) -> Result<(Manifest, Vec<PatchBuilt>), ReleaseError> {
     if let Some(p) = chunking {
         p.check().map_err(|e| ReleaseError::ChunkIndex {
             path: opts.out_dir.clone(),
@@ -224,6 +247,7 @@ pub fn create_with(
     check_inputs(opts)?;
     let (generation, channel_dir) = generation_for(opts)?;
     let mut manifest = draft_manifest(opts, generation)?;
+    let bases = patches::load(patch_from, opts.arch)?;
 
     fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
     let copy = |src: &Path, name: &str| copy_hashed(src, &opts.out_dir, name, chunking, progress);
@@ -233,6 +257,7 @@ pub fn create_with(
     for sc in &opts.scripts {
         write_atomic(&opts.out_dir, sc.kind.file_name(), sc.text.as_bytes())?;
     }
+    let built = patches::add(&opts.out_dir, &mut manifest, &bases)?;
 
     let bytes = manifest.to_bytes();
     Manifest::parse(&bytes)?;
@@ -245,7 +270,7 @@ pub fn create_with(
     if let Some(ch) = channel_dir {
         channel::write_index(&ch)?;
     }
-    Ok(manifest)
+    Ok((manifest, built))
 }
 
 /// The three inputs are non-empty regular files, the rootfs a squashfs, and the output
@@ -338,6 +363,7 @@ fn draft_manifest(opts: &CreateOptions, generation: u64) -> Result<Manifest, Rel
         size: 1,
         sha256: "0".repeat(64),
         chunks: None,
+        patches: Vec::new(),
     };
     // Validate version and the rest of the manifest before copying.
     let mut manifest = Manifest {
@@ -405,12 +431,14 @@ fn check_squashfs(path: &Path) -> Result<(), ReleaseError> {
 }
 
 mod copy;
+pub mod patches;
 mod verify;
 
 use copy::copy_hashed;
 use copy::fsync_dir;
 pub use copy::sha256_file;
 pub(crate) use copy::write_atomic;
+pub use patches::PatchBuilt;
 pub use verify::verify_dir;
 
 #[cfg(test)]

@@ -278,3 +278,102 @@ fn channel_generation_and_index() {
     assert_eq!(index.releases[0].path, "v8/");
     assert_eq!(index.releases[1].path, "v7/");
 }
+
+/// `release create --patch-from` N-1 and N-2: a patch per artifact per base, listed only when
+/// smaller than that base's chunk plan (unchanged artifacts cost no chunk: dropped), a rootfs
+/// the squashfs kind cannot read gets a plain patch (saying why), and `release verify` checks
+/// every listed patch file.
+#[test]
+fn patches_from_two_bases_are_listed_when_smaller_and_verified() {
+    let f = fixture();
+    let p = f.t.path();
+    let rootfs = p.join("in.squashfs");
+    let change = |at: usize, seed: u8| {
+        let mut b = fs::read(&rootfs).unwrap();
+        for (i, x) in b[at..at + 5000].iter_mut().enumerate() {
+            *x = (i as u8).wrapping_mul(31).wrapping_add(seed);
+        }
+        fs::write(&rootfs, b).unwrap();
+    };
+    let v1 = p.join("v1");
+    create(&f.opts(&v1, "v1", Arch::X86_64, Some(1))).unwrap();
+    change(1_000_000, 1);
+    let v2 = p.join("v2");
+    let chunking = Some(ChunkParams::DEFAULT);
+    let (m2, built) = create_patched(
+        &f.opts(&v2, "v2", Arch::X86_64, Some(2)),
+        chunking,
+        std::slice::from_ref(&v1),
+        &NoProgress,
+    )
+    .unwrap();
+    assert_eq!(built.len(), 3, "{built:?}");
+    let r = &built[0];
+    assert_eq!(
+        (r.artifact, r.kind.as_str(), r.kept),
+        (Artifact::Rootfs, "plain", true)
+    );
+    assert!(r.size < r.chunk_fetch, "{r:?}");
+    assert!(r.note.as_deref().is_some_and(|n| !n.is_empty()), "{r:?}");
+    for b in &built[1..] {
+        assert!(!b.kept && b.chunk_fetch == 0 && b.path.is_none(), "{b:?}");
+    }
+    let listed = &m2.files.rootfs.patches;
+    assert_eq!(listed.len(), 1);
+    let m1 = Manifest::parse(&fs::read(v1.join(MANIFEST_FILE)).unwrap()).unwrap();
+    assert_eq!(
+        (
+            listed[0].base.version.as_str(),
+            &listed[0].base.sha256,
+            listed[0].base.size
+        ),
+        ("v1", &m1.files.rootfs.sha256, m1.files.rootfs.size)
+    );
+    assert!(m2.files.kernel.patches.is_empty() && m2.files.initrd.patches.is_empty());
+    verify_dir(&v2, &f.trust).unwrap();
+
+    // N-1 (named by its manifest) and N-2: one rootfs patch each, under their own names.
+    change(2_000_000, 2);
+    let v3 = p.join("v3");
+    let (m3, _) = create_patched(
+        &f.opts(&v3, "v3", Arch::X86_64, Some(3)),
+        chunking,
+        &[v2.join(MANIFEST_FILE), v1.clone()],
+        &NoProgress,
+    )
+    .unwrap();
+    let from: Vec<_> = m3
+        .files
+        .rootfs
+        .patches
+        .iter()
+        .map(|p| p.base.version.as_str())
+        .collect();
+    assert_eq!(from, ["v2", "v1"]);
+    assert_ne!(
+        m3.files.rootfs.patches[0].path,
+        m3.files.rootfs.patches[1].path
+    );
+    verify_dir(&v3, &f.trust).unwrap();
+    let patch = v3.join(&m3.files.rootfs.patches[1].path);
+    fs::write(&patch, b"not the signed patch").unwrap();
+    let e = verify_dir(&v3, &f.trust).unwrap_err();
+    assert!(
+        matches!(e, ReleaseError::FileMismatch { .. }) && e.to_string().contains(".patch"),
+        "{e}"
+    );
+
+    // A base of another architecture is refused, naming both.
+    let arm = p.join("arm");
+    create(&f.opts(&arm, "a1", Arch::Aarch64, Some(1))).unwrap();
+    let e = create_patched(
+        &f.opts(&p.join("v4"), "v4", Arch::X86_64, Some(4)),
+        chunking,
+        &[arm],
+        &NoProgress,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("aarch64") && e.contains("x86_64"), "{e}");
+    assert!(!p.join("v4").exists(), "refused before anything was copied");
+}

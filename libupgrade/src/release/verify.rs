@@ -1,5 +1,6 @@
 //! Checking a local release directory the way a node would (`release verify`): the manifest's
-//! signature, every file's size and sha256, and each chunk index against its artifact.
+//! signature, every file's size and sha256 (artifacts, chunk indexes, patches, boot scripts),
+//! and each chunk index against its artifact.
 
 use std::fs;
 use std::io::{self, Read};
@@ -51,21 +52,30 @@ pub fn verify_dir(
         if let Some(r) = &e.chunks {
             verify_chunk_index(dir, r, &path, e.size)?;
         }
-    }
-    for sc in manifest.boot.iter().flat_map(|b| &b.scripts) {
-        let path = dir.join(&sc.path);
-        let (found_size, found_sha256) = sha256_file(&path).map_err(io_err(&path))?;
-        if found_size != sc.size || found_sha256 != sc.sha256 {
-            return Err(ReleaseError::FileMismatch {
-                path,
-                expected_size: sc.size,
-                expected_sha256: sc.sha256.clone(),
-                found_size,
-                found_sha256,
-            });
+        for p in &e.patches {
+            verify_file(dir, &p.path, p.size, &p.sha256)?;
         }
     }
+    for sc in manifest.boot.iter().flat_map(|b| &b.scripts) {
+        verify_file(dir, &sc.path, sc.size, &sc.sha256)?;
+    }
     Ok((manifest, key))
+}
+
+/// File `name` of the release directory has the size and sha256 its manifest entry gives.
+fn verify_file(dir: &Path, name: &str, size: u64, sha256: &str) -> Result<(), ReleaseError> {
+    let path = dir.join(name);
+    let (found_size, found_sha256) = sha256_file(&path).map_err(io_err(&path))?;
+    if found_size != size || found_sha256 != sha256 {
+        return Err(ReleaseError::FileMismatch {
+            path,
+            expected_size: size,
+            expected_sha256: sha256.to_string(),
+            found_size,
+            found_sha256,
+        });
+    }
+    Ok(())
 }
 
 /// The index file matches its manifest entry, describes exactly `size` bytes, and every chunk's

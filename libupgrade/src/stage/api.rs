@@ -131,6 +131,51 @@ pub struct StageReport {
     /// the next source).
     #[serde(default)]
     pub chunks_refused: u64,
+    /// The artifacts this run rebuilt from the running slot by a patch (absent: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patched: Vec<PatchOutcome>,
+}
+
+/// How a patched artifact went: rebuilt from the running slot's copy by a patch of the signed
+/// manifest, with what its output did not deliver taken by chunks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PatchOutcome {
+    /// Which artifact.
+    pub artifact: crate::manifest::Artifact,
+    /// The version the patch's base belongs to.
+    pub from: String,
+    /// Bytes of the patch this run fetched.
+    pub patch_fetched: u64,
+    /// Bytes of the artifact written from the patch's output (each chunk verified).
+    pub rebuilt: u64,
+    /// Chunks of its output that did not match the signed index (taken by the chunk plan).
+    pub mismatched_chunks: u64,
+    /// Why the patch was given up for the rest of the artifact (taken by chunks), if it was.
+    pub fell_back: Option<String>,
+}
+
+impl std::fmt::Display for PatchOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} by patch from {} ({} of patch fetched, {} rebuilt",
+            self.artifact,
+            self.from.escape_debug(),
+            crate::units::Size(self.patch_fetched),
+            crate::units::Size(self.rebuilt)
+        )?;
+        if self.mismatched_chunks > 0 {
+            write!(
+                f,
+                ", {} chunk(s) not matching taken by range",
+                self.mismatched_chunks
+            )?;
+        }
+        if let Some(why) = &self.fell_back {
+            write!(f, "; fell back to chunks: {why}")?;
+        }
+        f.write_str(")")
+    }
 }
 
 /// What a stage would do and cost, known before its first byte ([`Updater::preview`](crate::Updater::preview)).

@@ -71,14 +71,37 @@ impl Stager<'_> {
         a: Artifact,
         work: &ChunkWork,
     ) -> Result<apply::Transfer> {
-        let entry = run.m.files.get(a);
-        let size = entry.size;
-        let (index, plan) = (&work.index, &work.plan);
+        let target = self.open_target(run, a)?;
+        let t = self.apply_chunks(run, a, work, &work.plan, &target)?;
+        target.finish()?;
+        crate::barrier::hit("stage:artifact-complete");
+        Ok(t)
+    }
+
+    /// The place artifact `a` is written to, exactly its size long (a file target's holes are
+    /// filled by their chunks); what an interrupted attempt wrote is kept when `run` resumes.
+    pub(super) fn open_target(&self, run: &Run, a: Artifact) -> Result<Target> {
+        let size = run.m.files.get(a).size;
         let target = self
             .layout
             .target(run.slot, &run.m.version, a, size, run.resumed)?;
-        // A file target ends up exactly `size` long (holes are filled by their chunks).
         target.truncate(size)?;
+        Ok(target)
+    }
+
+    /// Make `target` hold artifact `a` following `plan` over `work`'s index and local files,
+    /// every chunk verified before it is written and the whole file's sha256 at the end.
+    pub(super) fn apply_chunks(
+        &self,
+        run: &Run,
+        a: Artifact,
+        work: &ChunkWork,
+        plan: &crate::chunk::plan::Plan,
+        target: &Target,
+    ) -> Result<apply::Transfer> {
+        let entry = run.m.files.get(a);
+        let size = entry.size;
+        let index = &work.index;
         let loc = run.source.location(&entry.path);
         log::info!(
             "{a} ({loc}): {} chunks; {} kept from an earlier attempt, {} copied locally, {} to fetch in {} request(s){}",
@@ -102,7 +125,7 @@ impl Stager<'_> {
         let result = apply::apply(
             index,
             plan,
-            &target,
+            target,
             &remotes,
             &work.locals,
             &ApplyOptions {
@@ -117,10 +140,7 @@ impl Stager<'_> {
             &Counted(run.progress),
         );
         run.progress.end();
-        let t = result?;
-        target.finish()?;
-        crate::barrier::hit("stage:artifact-complete");
-        Ok(t)
+        result
     }
 
     /// The extra mirrors that hold artifact `a` at the size the manifest says (probed when

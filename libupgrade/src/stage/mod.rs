@@ -16,12 +16,16 @@
 //! Because every byte in the target is re-verified by digest on resume, no checkpoint of a
 //! position is needed: a killed or power-cut run loses at most the chunks in flight. An
 //! artifact without an index (older releases, servers without `Range`) is streamed whole,
-//! resuming from the checkpointed position as before.
+//! resuming from the checkpointed position as before. A chunked artifact whose signed
+//! manifest lists a patch from exactly what the running slot holds is rebuilt from it when
+//! that fetches fewer bytes (`patched`): its output is checked chunk by chunk against the
+//! index, and the chunk plan takes whatever it does not deliver.
 //!
 //! [`Updater::stage`](crate::Updater::stage) finds the booted slot and loads the state, then
 //! runs a `Stager` borrowing the updater's parts. One way through it: `verify` (the
 //! release, then the server) → `plan` (pure: what to write, how; with each chunked
-//! artifact's chunk plan, what it costs) → the executors (`chunked`, `stream`) → commit.
+//! artifact's chunk plan and patch, what it costs) → the executors (`chunked`, `patched`,
+//! `stream`) → commit.
 //! Retries everywhere follow [`crate::net::retry`].
 //!
 //! The cost is known before the first byte: [`Updater::preview`](crate::Updater::preview)
@@ -66,14 +70,16 @@ use crate::state::{Event, State};
 
 mod api;
 mod chunked;
+mod patched;
 mod plan;
 mod stream;
 mod verify;
 
 pub use api::{
-    NoProgress, Origin, Progress, Release, StageOptions, StagePreview, StageReport,
+    NoProgress, Origin, PatchOutcome, Progress, Release, StageOptions, StagePreview, StageReport,
     DEFAULT_RETRY_FOR,
 };
+use patched::PatchWork;
 pub use plan::ArtifactCost;
 use plan::{How, WritePlan};
 use verify::{Preflight, Verified};
@@ -140,6 +146,7 @@ impl Stager<'_> {
                 budget: Some(&budget),
             },
             moved: Default::default(),
+            patched: Default::default(),
         };
         let written = match self.execute(&run, &w, &mut partial) {
             Ok(n) => n,
@@ -149,8 +156,11 @@ impl Stager<'_> {
             }
         };
         let moved = run.moved.get();
-        self.commit(target, &mut st, &w.v, &w.pre, &partial, w.plan.resume)?;
-        Ok(report(target, w.v, false, w.plan.resume, written, moved))
+        let patched = run.patched.take();
+        self.commit(target, &mut st, &w, &partial, &patched)?;
+        let mut r = report(target, w.v, false, w.plan.resume, written, moved);
+        r.patched = patched;
+        Ok(r)
     }
 
     /// What [`Stager::stage`] would do and cost, without writing anything.
@@ -199,7 +209,7 @@ impl Stager<'_> {
         }
         let mut pre = self.preflight(source, &v.manifest, opts)?;
         let checkpoint = Partial::load(&self.cfg.state_dir);
-        let plan = plan::plan_writes(
+        let mut plan = plan::plan_writes(
             target,
             st.slot(target).state,
             &v.sha256,
@@ -210,30 +220,41 @@ impl Stager<'_> {
             m: &v.manifest,
             slot: target,
             running: (booted, st.slot(booted).version.clone()),
+            running_sha256: st.slot(booted).manifest_sha256.clone(),
             resumed: plan.resume,
             extra: &opts.extra_sources,
         };
         let mut chunks: [Option<ChunkWork>; 3] = [None, None, None];
+        let mut patches: [Option<PatchWork>; 3] = [None, None, None];
         for (k, (a, how)) in plan.steps.into_iter().enumerate() {
             if how == How::Chunked {
                 let index = pre.indexes[k]
                     .take()
                     .expect("planned chunked: has an index");
-                chunks[k] = Some(self.plan_chunked(&at, a, index)?);
+                let work = self.plan_chunked(&at, a, index)?;
+                if let Some((how, pw)) = self.plan_patched(&at, source, a, &work, opts) {
+                    plan.steps[k].1 = how;
+                    patches[k] = Some(pw);
+                }
+                chunks[k] = Some(work);
             }
         }
         let sizes = Artifact::ALL.map(|a| v.manifest.files.get(a).size);
-        let cost = plan::cost(
+        let mut cost = plan::cost(
             &plan,
             sizes,
             [0, 1, 2].map(|k| chunks[k].as_ref().map(|c| &c.plan)),
         );
+        for (c, pw) in cost.iter_mut().zip(&patches) {
+            c.patch_from = pw.as_ref().map(|p| p.patch.base.version.clone());
+        }
         Ok(Prepared::Work(Box::new(Work {
             v,
             pre,
             checkpoint,
             plan,
             chunks,
+            patches,
             cost,
         })))
     }
@@ -244,6 +265,7 @@ impl Stager<'_> {
         self.boot.mark_bad(target)?;
         crate::barrier::hit("stage:bootloader-marked-bad");
         crate::slotfiles::clear(&self.cfg.state_dir, target)?;
+        patched::clear_staging(&self.cfg.state_dir)?;
         let rec = st.slot_mut(target);
         rec.version = Some(v.manifest.version.clone());
         rec.generation = Some(v.manifest.generation);
@@ -300,13 +322,15 @@ impl Stager<'_> {
                     run.moved.set(moved);
                     continue;
                 }
-                How::Chunked => {
+                How::Chunked | How::Patched { .. } => {
                     let work = w.chunks[k]
                         .as_ref()
                         .expect("planned chunked: has a chunk plan");
-                    let t = self
-                        .write_chunked(run, a, work)
-                        .or_else(|e| Err(self.discard(run, a, partial, e)?))?;
+                    let t = match &w.patches[k] {
+                        Some(pw) => self.write_patched(run, a, work, pw),
+                        None => self.write_chunked(run, a, work),
+                    }
+                    .or_else(|e| Err(self.discard(run, a, partial, e)?))?;
                     written += t.fetched + t.copied;
                     // Saturating: the totals come from a checkpoint file that may be damaged.
                     partial.fetched = partial.fetched.saturating_add(t.fetched + t.kept);
@@ -371,11 +395,11 @@ impl Stager<'_> {
         &self,
         target: Slot,
         st: &mut State,
-        v: &Verified,
-        pre: &Preflight,
+        w: &Work,
         partial: &Partial,
-        resumed: bool,
+        patched: &[PatchOutcome],
     ) -> Result<()> {
+        let (v, pre, resumed) = (&w.v, &w.pre, w.plan.resume);
         let m = &v.manifest;
         self.layout.commit(target, &m.version)?;
         let total: u64 = Artifact::ALL.iter().map(|a| m.files.get(*a).size).sum();
@@ -390,16 +414,18 @@ impl Stager<'_> {
             target,
             Event::Staged,
             format!(
-                "{} (generation {}) written and verified{}; {} fetched, {} reused of {}",
+                "{} (generation {}) written and verified{}; {} fetched, {} reused of {}{}",
                 m.version,
                 m.generation,
                 if resumed { ", resumed" } else { "" },
                 crate::units::Size(stats.fetched),
                 crate::units::Size(stats.reused),
                 crate::units::Size(total),
+                patched.iter().map(|p| format!("; {p}")).collect::<String>(),
             ),
         )?;
         self.store.save(st, "stage:slot-staged")?;
+        patched::clear_staging(&self.cfg.state_dir)?;
         Partial::clear(&self.cfg.state_dir)
     }
 
@@ -445,6 +471,7 @@ fn report(
         bytes_reused: moved.reused,
         bytes_from_mirrors: moved.from_mirrors,
         chunks_refused: moved.refused,
+        patched: Vec::new(),
     }
 }
 
@@ -471,6 +498,8 @@ struct Work {
     plan: WritePlan,
     /// Per chunked artifact: its index, chunk plan and the local files the plan copies from.
     chunks: [Option<ChunkWork>; 3],
+    /// Per patched artifact: the patch and its base (its chunk work is the fallback).
+    patches: [Option<PatchWork>; 3],
     cost: [ArtifactCost; 3],
 }
 
@@ -507,6 +536,8 @@ struct Placing<'a> {
     slot: Slot,
     /// The running slot and its version (where reusable chunks are looked for).
     running: (Slot, Option<String>),
+    /// The sha256 of the running release's manifest (which build runs), when known.
+    running_sha256: Option<String>,
     /// An interrupted attempt is continued: what the target holds is re-verified.
     resumed: bool,
     extra: &'a [ExtraSource],
@@ -524,4 +555,6 @@ struct Run<'a> {
     throttle: Throttle<'a>,
     /// Bytes moved by this run so far.
     moved: std::cell::Cell<Moved>,
+    /// The artifacts rebuilt by a patch so far.
+    patched: std::cell::RefCell<Vec<PatchOutcome>>,
 }

@@ -5,6 +5,12 @@
 //! Like RAUC's install plans: made before anything is written, then handed to one executor
 //! per kind ([`super::Stager::execute`]). Tested without disks.
 //!
+//! A chunked artifact may instead be rebuilt from the running slot's copy by a per-pair patch
+//! the signed manifest lists ([`patch_candidates`]): only when the patch's base is exactly what
+//! the running slot holds, its kind is one this build applies, and it fetches fewer bytes than
+//! the artifact's chunk plan. The patch's output is still checked chunk by chunk against the
+//! signed index, so the chunk plan stays the fallback.
+//!
 //! The same plan, with each chunked artifact's chunk plan, prices the run before its first
 //! byte ([`cost`]): what will be fetched and what is reused. `upgrade --plan-only` prints it,
 //! the agent publishes it, and the run that follows moves exactly those bytes (the executors
@@ -14,7 +20,7 @@ use bootconfig::Slot;
 use serde::{Deserialize, Serialize};
 
 use crate::chunk::plan::Plan as ChunkPlan;
-use crate::manifest::Artifact;
+use crate::manifest::{Artifact, FileEntry, PatchRef, PATCH_KINDS};
 use crate::net::checkpoint::Partial;
 use crate::state::{SlotRecord, SlotState};
 
@@ -25,6 +31,11 @@ pub enum How {
     Done,
     /// Chunk by chunk from its index: kept, copied from the running slot or fetched.
     Chunked,
+    /// Rebuilt by patch number `patch` of the artifact's manifest entry applied to the running
+    /// slot's copy, fetching `fetch` bytes of it (what an interrupted attempt kept is not
+    /// fetched again); every chunk of its output checked against the index, the chunk plan
+    /// for what does not match.
+    Patched { patch: usize, fetch: u64 },
     /// Streamed whole, from byte `resume_at` (a checkpointed position of an interrupted run).
     Stream { resume_at: u64 },
 }
@@ -81,8 +92,37 @@ pub fn plan_writes(
     }
 }
 
+/// The patches of one artifact worth trying, best first, with the bytes each would fetch:
+/// those whose base is exactly the running slot's copy (`running`: that artifact's entry in
+/// the running release's signed manifest; no patch without it), of a kind this build applies,
+/// fetching fewer bytes than the artifact's chunk plan (`chunk_fetch`). `held[i]`: bytes of
+/// patch `i` an interrupted attempt already holds (not fetched again).
+pub fn patch_candidates(
+    patches: &[PatchRef],
+    running: Option<&FileEntry>,
+    held: &[u64],
+    chunk_fetch: u64,
+) -> Vec<(usize, u64)> {
+    let Some(running) = running else {
+        return Vec::new();
+    };
+    let mut out: Vec<(usize, u64)> = patches
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| {
+            p.base.sha256 == running.sha256
+                && p.base.size == running.size
+                && PATCH_KINDS.contains(&p.kind.as_str())
+        })
+        .map(|(i, p)| (i, p.size - held.get(i).copied().unwrap_or(0).min(p.size)))
+        .filter(|&(_, fetch)| fetch < chunk_fetch)
+        .collect();
+    out.sort_by_key(|&(i, fetch)| (fetch, i));
+    out
+}
+
 /// What one artifact of a stage run costs, known before its first byte.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArtifactCost {
     /// Which artifact.
     pub artifact: Artifact,
@@ -94,6 +134,10 @@ pub struct ArtifactCost {
     pub reuse: u64,
     /// Range requests planned (0 for a stream, which is one request plus re-opens).
     pub requests: u64,
+    /// The version whose copy of the artifact a patch rebuilds it from (then `fetch` is the
+    /// patch's bytes and `reuse` what it rebuilds locally); absent for every other way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patch_from: Option<String>,
 }
 
 /// The price of each step of `plan`: `sizes` per artifact ([`Artifact::ALL`] order), and for
@@ -110,14 +154,16 @@ pub fn cost(
             (How::Done, _) => (0, 0),
             (How::Chunked, Some(p)) => (p.fetch_bytes, p.ranges.len() as u64),
             (How::Chunked, None) => (size, 1),
+            (How::Patched { fetch, .. }, _) => (fetch, u64::from(fetch > 0)),
             (How::Stream { resume_at }, _) => (size - resume_at.min(size), 0),
         };
         ArtifactCost {
             artifact,
             size,
             fetch,
-            reuse: size - fetch,
+            reuse: size - fetch.min(size),
             requests,
+            patch_from: None,
         }
     })
 }
@@ -217,6 +263,7 @@ mod tests {
             fetch,
             reuse: size - fetch,
             requests,
+            patch_from: None,
         };
         assert_eq!(
             c,
@@ -226,6 +273,79 @@ mod tests {
                 row(Artifact::Initrd, 900, 200, 2),
             ]
         );
+    }
+
+    fn entry(size: u64, sha: &str) -> FileEntry {
+        FileEntry {
+            path: "rootfs.squashfs".into(),
+            size,
+            sha256: sha.repeat(32),
+            chunks: None,
+            patches: Vec::new(),
+        }
+    }
+
+    fn patch(base: &FileEntry, kind: &str, size: u64) -> PatchRef {
+        PatchRef {
+            base: crate::manifest::PatchBase {
+                version: "v1".into(),
+                size: base.size,
+                sha256: base.sha256.clone(),
+            },
+            kind: kind.into(),
+            path: format!("p{size}"),
+            size,
+            sha256: "cd".repeat(32),
+        }
+    }
+
+    #[test]
+    fn a_patch_is_a_candidate_only_for_its_exact_base_a_known_kind_and_fewer_bytes() {
+        let running = entry(1000, "aa");
+        let other_build = entry(1000, "bb");
+        let other_size = entry(999, "aa");
+        let patches = vec![
+            patch(&running, "squashfs", 300),
+            patch(&other_build, "squashfs", 10),
+            patch(&other_size, "squashfs", 10),
+            patch(&running, "lz4diff", 10),
+            patch(&running, "plain", 200),
+            patch(&running, "plain", 600),
+        ];
+        assert_eq!(
+            patch_candidates(&patches, Some(&running), &[], 500),
+            vec![(4, 200), (0, 300)],
+            "another base, a kind this build does not apply, or more than the chunks: never"
+        );
+        assert!(
+            patch_candidates(&patches, None, &[], 500).is_empty(),
+            "no running manifest"
+        );
+        assert!(patch_candidates(&patches, Some(&running), &[], 200).is_empty());
+        // What an interrupted attempt holds is not fetched again, and can tip the choice.
+        assert_eq!(
+            patch_candidates(&patches, Some(&running), &[250, 0, 0, 0, 0, 0], 500),
+            vec![(0, 50), (4, 200)]
+        );
+        assert_eq!(
+            patch_candidates(&patches[..1], Some(&running), &[999], 1),
+            vec![(0, 0)],
+            "held beyond the size counts as the whole patch"
+        );
+    }
+
+    #[test]
+    fn a_patched_step_costs_its_patch_bytes() {
+        let mut p = plan_writes(Slot::B, SlotState::Empty, "m", None, [true, false, false]);
+        p.steps[0].1 = How::Patched {
+            patch: 0,
+            fetch: 70,
+        };
+        let c = cost(&p, [1000, 10, 10], [None, None, None]);
+        assert_eq!((c[0].fetch, c[0].reuse, c[0].requests), (70, 930, 1));
+        p.steps[0].1 = How::Patched { patch: 0, fetch: 0 };
+        let c = cost(&p, [1000, 10, 10], [None, None, None]);
+        assert_eq!((c[0].fetch, c[0].reuse, c[0].requests), (0, 1000, 0));
     }
 
     #[test]

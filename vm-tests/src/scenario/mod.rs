@@ -36,6 +36,10 @@
 //!   targets key revoked) to a release signed by a key no trust.d holds: first targets signed by
 //!   the revoked key are refused naming the role, and the release without metadata is refused
 //!   for its signature; then it installs on the targets role's word and is blessed.
+//! - `upgrade-patch`: v1 on A upgrades to a v2 that carries per-pair patches from v1:
+//!   `--plan-only` says the rootfs comes by patch and prices it, the stage rebuilds it from the
+//!   running slot by the patch (every output chunk checked, none taken by range) fetching what
+//!   the plan said, and v2 boots and is blessed.
 //!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
@@ -47,7 +51,7 @@
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
 //! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability), `rotation`
-//! (trust-rotation), `wave` (rollout-wave). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! (trust-rotation), `wave` (rollout-wave), `patch` (upgrade-patch). Data flows one way: this file → a family → `steps` → [`Vm`] /
 //! [`crate::server`] / [`crate::target`]; the one link between families is `previous` using
 //! `powercut`'s barrier formatter. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
@@ -65,6 +69,7 @@ use crate::target::{workspace_root, Accel, Target};
 mod awaited;
 mod fallback;
 mod offline;
+mod patch;
 mod powercut;
 mod previous;
 mod reach;
@@ -92,6 +97,7 @@ pub enum ScenarioKind {
     Reachability,
     TrustRotation,
     RolloutWave,
+    UpgradePatch,
 }
 
 impl ScenarioKind {
@@ -108,6 +114,7 @@ impl ScenarioKind {
         ScenarioKind::Reachability,
         ScenarioKind::TrustRotation,
         ScenarioKind::RolloutWave,
+        ScenarioKind::UpgradePatch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -124,6 +131,7 @@ impl ScenarioKind {
             ScenarioKind::Reachability => "reachability",
             ScenarioKind::TrustRotation => "trust-rotation",
             ScenarioKind::RolloutWave => "rollout-wave",
+            ScenarioKind::UpgradePatch => "upgrade-patch",
         }
     }
 }
@@ -259,6 +267,7 @@ impl Scenario {
             ScenarioKind::Reachability => self.reachability()?,
             ScenarioKind::TrustRotation => self.trust_rotation()?,
             ScenarioKind::RolloutWave => self.rollout_wave()?,
+            ScenarioKind::UpgradePatch => self.upgrade_patch()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;

@@ -83,6 +83,10 @@ pub struct PreviewRecord {
     /// When the preview was made (absent in the annotation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<DateTime<Utc>>,
+    /// The artifacts the stage rebuilds by a per-pair patch, as `<artifact> from <version>`
+    /// (absent: none; older agents neither write nor read it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_patch: Vec<String>,
 }
 
 fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, RecordError> {
@@ -238,6 +242,7 @@ mod tests {
             reuse: 20,
             bundle: None,
             at: None,
+            by_patch: vec!["rootfs from v1".into()],
         };
         record_preview(t.path(), &p).unwrap();
         assert_eq!(last_preview(t.path()).unwrap(), Some(p));

@@ -455,6 +455,14 @@ fn record(
             _ => None,
         },
         at: Some(at),
+        by_patch: p
+            .artifacts
+            .iter()
+            .filter_map(|c| {
+                let from = c.patch_from.as_deref()?;
+                Some(format!("{} from {}", c.artifact, from.escape_debug()))
+            })
+            .collect(),
     }
 }
 

@@ -15,6 +15,8 @@ use libupgrade::{Error, NoProgress, Source, StageOptions, Updater};
 use libupgrade::state::SlotState;
 use testkit::*;
 
+mod patched;
+
 /// A signed release whose kernel and initrd are noise from `seed + 100` and `seed + 200`.
 fn release(
     k: &Keys,
