@@ -85,7 +85,20 @@ impl ThinReleases for Node {
     }
 }
 
-impl Node {
+/// Fixtures of this module on the shared test node: patched releases.
+trait PatchedReleases {
+    fn patched_release(
+        &self,
+        version: &str,
+        generation: u64,
+        payload: &[u8],
+        kernel_seed: u64,
+        from: Option<&Path>,
+    ) -> (PathBuf, String);
+    fn runs_in_a(&self, rel: &Path, version: &str);
+}
+
+impl PatchedReleases for Node {
     /// `release create` through the binary: release `version` (generation `generation`) whose
     /// rootfs is a squashfs made with the images' options holding `payload`, with a kernel and
     /// initrd of noise (`kernel_seed`), patched from `from`; the directory and what it printed.

@@ -101,7 +101,7 @@ pub enum ScenarioKind {
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 12] = [
+    pub const ALL: [ScenarioKind; 13] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
