@@ -97,9 +97,10 @@ bench:
 bench-fleet:
     cargo bench -p k3os-ops --bench fleet
 
-# Delta updates on real Debian squashfs images (monthly and major pairs): bytes fetched by us vs
-# casync, 4 KiB blocks (RAUC block-hash-index) and xdelta3, mksquashfs options, chunk sizes, and
-# the real stage's time and RSS. Downloads ~300 MB of .debs once into .cache/delta. Not in CI.
+# Delta updates on real Debian squashfs images (two monthly pairs, a major pair): bytes fetched
+# by us vs casync, 4 KiB blocks (RAUC block-hash-index), xdelta3 and our per-pair patches
+# (their build and apply time and RSS), mksquashfs options, chunk sizes, and the real stage's
+# time and RSS. Downloads ~300 MB of .debs once into .cache/delta. Not in CI.
 bench-delta:
     libupgrade/benches/delta-debs.sh .cache/delta
     cargo bench -p libupgrade --bench delta

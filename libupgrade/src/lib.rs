@@ -29,6 +29,9 @@
 //! - **Publish** ([`release`], [`signing`]): create and sign a release, rebuild a channel's
 //!   index; [`trust::publish`] signs the channel's metadata (root, targets, snapshot,
 //!   timestamp).
+//! - **Patches** ([`patch`]): per-pair patches of an artifact against an earlier release's
+//!   (a squashfs rootfs in terms of its uncompressed file data), built by the publisher and
+//!   applied by the node in bounded memory.
 //!
 //! By folder: `boot/` holds what runs at a boot (`health`, `reach`, `assess`, `confirm`,
 //! `bootscript`), `net/` what moves bytes over a link (`http`, `fetch`, `retry`,
