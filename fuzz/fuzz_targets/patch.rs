@@ -37,7 +37,7 @@ fuzz_target!(|data: &[u8]| {
     let f = std::fs::File::open(file.path()).unwrap();
     let mut emitted = 0u64;
     let mut hash = Sha256::new();
-    let res = patch::apply(&mut &p[..], &f, &mut |b: &[u8]| {
+    let res = patch::apply(&mut &p[..], patch::Base::whole(&f).unwrap(), &mut |b: &[u8]| {
         emitted += b.len() as u64;
         hash.update(b);
         Ok(())

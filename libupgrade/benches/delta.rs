@@ -767,9 +767,11 @@ fn patch_child(spec: &str) {
             let mut r = std::io::BufReader::new(fs::File::open(p).unwrap());
             let base = fs::File::open(base).unwrap();
             let mut o = std::io::BufWriter::new(fs::File::create(out).unwrap());
-            let st = patch::apply(&mut r, &base, &mut |b: &[u8]| {
-                std::io::Write::write_all(&mut o, b)
-            })
+            let st = patch::apply(
+                &mut r,
+                patch::Base::whole(&base).unwrap(),
+                &mut |b: &[u8]| std::io::Write::write_all(&mut o, b),
+            )
             .unwrap();
             std::io::Write::flush(&mut o).unwrap();
             println!("BYTES {}", st.bytes);

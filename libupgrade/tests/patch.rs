@@ -33,10 +33,14 @@ fn build(kind: PatchKind, base: &Path, target: &Path) -> (Vec<u8>, patch::BuildS
 fn apply(p: &[u8], base: &Path) -> (Result<patch::ApplyStats, PatchError>, Vec<u8>) {
     let f = std::fs::File::open(base).unwrap();
     let mut got = Vec::new();
-    let res = patch::apply(&mut &p[..], &f, &mut |b: &[u8]| {
-        got.extend_from_slice(b);
-        Ok(())
-    });
+    let res = patch::apply(
+        &mut &p[..],
+        patch::Base::whole(&f).unwrap(),
+        &mut |b: &[u8]| {
+            got.extend_from_slice(b);
+            Ok(())
+        },
+    );
     (res, got)
 }
 
@@ -187,4 +191,38 @@ fn another_compressor_is_refused_before_a_byte() {
     let mut p = Vec::new();
     h.write(&mut p).unwrap();
     patch::can_apply(&patch::read_header(&mut &p[..]).unwrap()).unwrap();
+}
+
+/// A slot partition holds its image from byte 0 and is larger than it: the applier reads the
+/// base as a range of a larger file in place (no copy), and a range that is not the base is
+/// refused before a byte is emitted.
+#[test]
+fn the_base_is_read_as_a_range_of_a_larger_file() {
+    let d = tempfile::tempdir().unwrap();
+    let (b, t) = plain_pair();
+    let (base, target) = (write(d.path(), "b", &b), write(d.path(), "t", &t));
+    let (p, _) = build(PatchKind::Plain, &base, &target);
+    let mut disk = noise(4096, 99);
+    disk.extend_from_slice(&b);
+    disk.extend_from_slice(&noise(1 << 16, 98));
+    let f = std::fs::File::open(write(d.path(), "disk", &disk)).unwrap();
+    let run = |offset: u64| {
+        let mut got = Vec::new();
+        let base = patch::Base {
+            file: &f,
+            offset,
+            len: b.len() as u64,
+        };
+        let res = patch::apply(&mut &p[..], base, &mut |x: &[u8]| {
+            got.extend_from_slice(x);
+            Ok(())
+        });
+        (res, got)
+    };
+    let (res, got) = run(4096);
+    res.unwrap();
+    assert!(got == t, "the range at 4096 is the base");
+    let (res, got) = run(4095);
+    assert!(matches!(res, Err(PatchError::WrongBase { .. })), "{res:?}");
+    assert!(got.is_empty(), "nothing emitted from a wrong base");
 }

@@ -100,10 +100,14 @@ fn round_trip(base: &Tree, target: &Tree) -> (patch::BuildStats, u64) {
     let want = std::fs::read(&t).unwrap();
     let mut got = Vec::with_capacity(want.len());
     let f = std::fs::File::open(&b).unwrap();
-    patch::apply(&mut &p[..], &f, &mut |x: &[u8]| {
-        got.extend_from_slice(x);
-        Ok(())
-    })
+    patch::apply(
+        &mut &p[..],
+        patch::Base::whole(&f).unwrap(),
+        &mut |x: &[u8]| {
+            got.extend_from_slice(x);
+            Ok(())
+        },
+    )
     .unwrap();
     assert!(
         got == want,

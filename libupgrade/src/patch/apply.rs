@@ -73,12 +73,41 @@ impl Out<'_> {
     }
 }
 
+/// Where the applier reads its base: `len` bytes of `file` from `offset` (a slot partition
+/// holds its squashfs from byte 0 and is larger than it; a block device reports no length).
+/// Read only.
+#[derive(Debug, Clone, Copy)]
+pub struct Base<'a> {
+    /// The file or block device.
+    pub file: &'a File,
+    /// Where the base starts in it.
+    pub offset: u64,
+    /// The base's length.
+    pub len: u64,
+}
+
+impl<'a> Base<'a> {
+    /// All of `file` (its length from its metadata).
+    pub fn whole(file: &'a File) -> Result<Base<'a>, PatchError> {
+        let len = file
+            .metadata()
+            .map_err(|e| PatchError::io("stat the base", e))?
+            .len();
+        Ok(Base {
+            file,
+            offset: 0,
+            len,
+        })
+    }
+
+    fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, self.offset + pos)
+    }
+}
+
 /// Check that `base` is the base `h` names: size first, then sha256.
-pub fn check_base(h: &PatchHeader, base: &File) -> Result<(), PatchError> {
-    let size = base
-        .metadata()
-        .map_err(|e| PatchError::io("stat the base", e))?
-        .len();
+pub fn check_base(h: &PatchHeader, base: Base<'_>) -> Result<(), PatchError> {
+    let size = base.len;
     let wrong = |found_sha256: String| PatchError::WrongBase {
         expected_size: h.base_size,
         expected_sha256: hex::encode(h.base_sha256),
@@ -93,7 +122,7 @@ pub fn check_base(h: &PatchHeader, base: &File) -> Result<(), PatchError> {
     let mut pos = 0u64;
     while pos < size {
         let n = (size - pos).min(buf.len() as u64) as usize;
-        base.read_exact_at(&mut buf[..n], pos)
+        base.read_at(&mut buf[..n], pos)
             .map_err(|e| PatchError::io(format!("read the base at {pos}"), e))?;
         hash.update(&buf[..n]);
         pos += n as u64;
@@ -105,7 +134,8 @@ pub fn check_base(h: &PatchHeader, base: &File) -> Result<(), PatchError> {
     Ok(())
 }
 
-/// Streams the target's bytes, in order, to `sink`, reading `base` at random offsets.
+/// Streams the target's bytes, in order, to `sink`, reading `base` at random offsets (read
+/// only).
 ///
 /// Refuses, before the first byte, a patch of another format version, a compressor this build
 /// does not reproduce ([`PatchError::Compressor`]) and a base of another size or sha256
@@ -113,7 +143,7 @@ pub fn check_base(h: &PatchHeader, base: &File) -> Result<(), PatchError> {
 /// emitted stay emitted (the caller verifies what it writes).
 pub fn apply(
     patch: &mut impl Read,
-    base: &File,
+    base: Base<'_>,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<ApplyStats, PatchError> {
     let mut r = Counted {
@@ -176,7 +206,7 @@ impl From<String> for Fail {
 
 /// Buffers reused across ops.
 struct Ctx<'b> {
-    base: &'b File,
+    base: Base<'b>,
     base_size: u64,
     level: i32,
     reference: Vec<u8>,
@@ -220,7 +250,7 @@ fn compress_all(
 }
 
 impl<'b> Ctx<'b> {
-    fn new(h: &PatchHeader, base: &'b File) -> Self {
+    fn new(h: &PatchHeader, base: Base<'b>) -> Self {
         Ctx {
             base,
             base_size: h.base_size,
@@ -246,7 +276,7 @@ impl<'b> Ctx<'b> {
         buf.clear();
         buf.resize(len, 0);
         self.base
-            .read_exact_at(buf, off)
+            .read_at(buf, off)
             .map_err(|e| format!("read {len} base bytes at {off}: {e}"))
     }
 

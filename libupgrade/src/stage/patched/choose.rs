@@ -179,8 +179,8 @@ impl Stager<'_> {
     }
 
     /// The running slot's copy of artifact `a`, opened read-only, holding at least the
-    /// patch's base size; when the applier needs it copied ([`base_file`]), only if the
-    /// staging area has room for the copy and the patch.
+    /// patch's base size (the applier reads that range in place, a slot partition too), if
+    /// the staging area has room for the patch.
     fn patch_base(&self, at: &Placing, a: Artifact, p: &PatchRef) -> Option<LocalFile> {
         let (slot, version) = (at.running.0, at.running.1.as_deref()?);
         match self.layout.open_artifact(slot, version, a) {
@@ -191,18 +191,15 @@ impl Stager<'_> {
                     len: p.base.size,
                     name: format!("slot {slot} {a}"),
                 };
-                if needs_copy(&base) {
-                    let need = p.base.size.saturating_add(p.size);
-                    let free = crate::layout::free_bytes(&self.cfg.state_dir).unwrap_or(0);
-                    if free < need {
-                        log::warn!(
-                            "{a}: the patch needs {} free in {} for itself and a copy of its base, {} are; no patch is used",
-                            crate::units::Size(need),
-                            self.cfg.state_dir.display(),
-                            crate::units::Size(free)
-                        );
-                        return None;
-                    }
+                let free = crate::layout::free_bytes(&self.cfg.state_dir).unwrap_or(0);
+                if free < p.size {
+                    log::warn!(
+                        "{a}: the patch needs {} free in {}, {} are; no patch is used",
+                        crate::units::Size(p.size),
+                        self.cfg.state_dir.display(),
+                        crate::units::Size(free)
+                    );
+                    return None;
                 }
                 Some(base)
             }
@@ -219,14 +216,4 @@ impl Stager<'_> {
             }
         }
     }
-}
-
-/// Whether `base` is not a whole file of exactly its length (see [`base_file`]).
-pub(super) fn needs_copy(base: &LocalFile) -> bool {
-    let exact = base.offset == 0
-        && base
-            .file
-            .metadata()
-            .is_ok_and(|m| m.is_file() && m.len() == base.len);
-    !exact
 }

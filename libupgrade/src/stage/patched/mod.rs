@@ -139,15 +139,10 @@ impl Stager<'_> {
         target: &Target,
         present: &mut [bool],
     ) -> Result<Rebuilt> {
-        let base = match staging::base_file(&pw.base, &self.cfg.state_dir, &pw.patch) {
-            Ok(b) => b,
-            Err(e) => {
-                log::warn!("{a}: {e}; the {a} comes by chunks");
-                return Ok(Rebuilt {
-                    fell_back: Some(e.to_string()),
-                    ..Rebuilt::default()
-                });
-            }
+        let base = crate::patch::Base {
+            file: &pw.base.file,
+            offset: pw.base.offset,
+            len: pw.base.len,
         };
         let chunks = &work.index.chunks;
         let mut cut = Cutter {
@@ -162,7 +157,7 @@ impl Stager<'_> {
             0,
         );
         let mut reader = std::io::BufReader::with_capacity(BUF, patch);
-        let applied = crate::patch::apply(&mut reader, &base, &mut |bytes| {
+        let applied = crate::patch::apply(&mut reader, base, &mut |bytes| {
             cut.feed(bytes, chunks, present, target, run)
         });
         run.progress.end();

@@ -7,12 +7,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
 
-use super::choose::needs_copy;
 use super::PatchWork;
-use crate::chunk::local::LocalFile;
 use crate::chunk::rate::Limited;
 use crate::error::{Error, Result};
-use crate::manifest::{Artifact, PatchRef};
+use crate::manifest::Artifact;
 use crate::stage::{Run, Stager, BUF};
 
 /// The staging area for patches under `state_dir`.
@@ -145,35 +143,4 @@ fn sha256_file(p: &Path) -> Result<String> {
         h.update(&buf[..n]);
     }
     Ok(hex::encode(h.finalize()))
-}
-
-/// The base as the patch applier takes it: a file holding exactly the base's bytes from byte
-/// 0. The running slot's kernel and initrd (and a directory layout's rootfs) are such files;
-/// a rootfs partition is larger than its squashfs (and a block device reports no length), so
-/// its base range is copied read-only into the staging area first. Never writes the slot.
-///
-/// (The applier reads its base as a whole file. Taking a byte range of a file instead would
-/// save this copy: a change of `crate::patch`'s API, owned there.)
-pub(super) fn base_file(base: &LocalFile, state_dir: &Path, p: &PatchRef) -> Result<File> {
-    if !needs_copy(base) {
-        return base
-            .file
-            .try_clone()
-            .map_err(|e| Error::io("duplicate", &base.name, e));
-    }
-    let dir = staging_dir(state_dir);
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
-    let copy = dir.join(format!("{}.base", p.base.sha256));
-    let mut out = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&copy)
-        .map_err(|e| Error::io("create", &copy, e))?;
-    std::io::copy(&mut base.reader(), &mut out)
-        .map_err(|e| Error::io("copy the base to", &copy, e))?;
-    // Unlinked while open: nothing is left behind, whatever happens next.
-    std::fs::remove_file(&copy).map_err(|e| Error::io("remove", &copy, e))?;
-    Ok(out)
 }
