@@ -4,7 +4,7 @@ use http::{Method, Response};
 use serde_json::{json, Value};
 
 use super::objects::merge;
-use super::serve::{conflict, failure, not_found, param, respond, unexpected};
+use super::reply::{conflict, failure, not_found, param, respond, unexpected};
 use super::world::World;
 use super::{FakeBody, Log, NS};
 

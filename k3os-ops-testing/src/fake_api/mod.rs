@@ -38,6 +38,7 @@
 
 mod answer;
 mod objects;
+mod reply;
 mod serve;
 mod world;
 

@@ -1,69 +1,19 @@
 //! Serving requests of a mock kube client from the shared world: the clients, the request
-//! loop, watches, the answers' shapes (status codes, bodies, streams).
+//! loop, the cluster ticker, watches opened, the resource a path names.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::{Method, Request, Response};
-use http_body::Frame;
-use http_body_util::{BodyExt, Full, StreamBody};
 use kube::client::Body;
 use kube::Client;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use super::answer::answer;
+use super::reply::{param, unexpected};
 use super::world::World;
 use super::{FakeBody, Log, CHANNELS};
 
-pub(crate) fn respond(status: u16, body: &Value) -> Response<FakeBody> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(serde_json::to_vec(body).unwrap())).boxed_unsync())
-        .unwrap()
-}
-
-/// A streamed answer: the lines `rx` receives until `deadline` (tokio time).
-pub(crate) fn stream(
-    rx: mpsc::UnboundedReceiver<Bytes>,
-    deadline: tokio::time::Instant,
-) -> Response<FakeBody> {
-    let lines = futures::stream::unfold(rx, move |mut rx| async move {
-        tokio::select! {
-            line = rx.recv() => line.map(|l| (Ok(Frame::data(l)), rx)),
-            _ = tokio::time::sleep_until(deadline) => None,
-        }
-    });
-    Response::builder()
-        .status(200)
-        .header("content-type", "application/json")
-        .body(StreamBody::new(lines).boxed_unsync())
-        .unwrap()
-}
-
-pub(crate) fn failure(code: u16, reason: &str, message: &str) -> Response<FakeBody> {
-    respond(
-        code,
-        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "reason": reason, "code": code, "message": message}),
-    )
-}
-
-pub(crate) fn not_found(what: &str) -> Response<FakeBody> {
-    failure(404, "NotFound", &format!("{what} not found"))
-}
-
-pub(crate) fn conflict(what: &str) -> Response<FakeBody> {
-    failure(
-        409,
-        "Conflict",
-        &format!("Operation cannot be fulfilled on {what}: the object has been modified; please apply your changes to the latest version and try again"),
-    )
-}
-
-/// Whether a Node's `Ready` condition is `True`.
 /// The `%XX` escapes of a query string decoded (`+` is not used by kube's encoder).
 pub(crate) fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
@@ -162,13 +112,6 @@ pub(crate) fn is_collection(path: &str) -> bool {
         || path.trim_end_matches('/') == CHANNELS.trim_end_matches('/')
 }
 
-/// The value of query parameter `key`.
-pub(crate) fn param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
-    query
-        .split('&')
-        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-}
-
 /// `GET …?watch=true` of the Nodes or the channels.
 pub(crate) fn watch_request(
     w: &mut World,
@@ -211,13 +154,6 @@ pub fn resource_of(path: &str) -> String {
         [kind, _, sub, ..] => format!("{kind}/{sub}"),
         [] => "?".into(),
     }
-}
-
-pub(crate) fn unexpected(log: &Log, method: &Method, path: &str) -> Response<FakeBody> {
-    log.lock()
-        .unwrap()
-        .push(format!("UNEXPECTED {method} {path}"));
-    not_found(path)
 }
 
 /// A kube client over the shared world whose writes `writes` counts, as the agent's own

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
 use super::objects::{controller_kind, node_ready, pod_ready, terminating};
-use super::serve::{not_found, respond, stream};
+use super::reply::{not_found, respond, stream};
 use super::{FakeBody, Hook, Observer, Pdb, HISTORY};
 
 /// A step the simulated cluster takes at a later time.

@@ -5,17 +5,7 @@ use std::path::Path;
 
 use libupgrade::patch::{self, PatchError, PatchKind};
 
-fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect()
-}
+use super::noise;
 
 fn write(dir: &Path, name: &str, data: &[u8]) -> std::path::PathBuf {
     let p = dir.join(name);

@@ -8,6 +8,8 @@ use std::process::Command;
 use libupgrade::patch::{self, PatchKind};
 use proptest::prelude::*;
 
+use super::noise;
+
 /// images/src/rootfs.rs' MKSQUASHFS_OPTS (k3os-images depends on libupgrade, so the test
 /// repeats them): the options the releases' rootfs is made with.
 const MKSQUASHFS_OPTS: &[&str] = &[
@@ -26,18 +28,6 @@ const MKSQUASHFS_OPTS: &[&str] = &[
 
 /// A file tree: path → content (`None`: a symlink to `target`).
 type Tree = BTreeMap<String, Vec<u8>>;
-
-fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect()
-}
 
 /// Compressible bytes: words from a small vocabulary, the way text and code compress.
 fn text(n: usize, seed: u64) -> Vec<u8> {
