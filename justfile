@@ -105,6 +105,12 @@ bench-delta:
     libupgrade/benches/delta-debs.sh .cache/delta
     cargo bench -p libupgrade --bench delta
 
+# bsdiff against zstd --patch-from on every file the delta pairs change: bytes and seconds of
+# each, the measurement behind the patch format's choice of zstd (libupgrade/src/patch/mod.rs).
+bench-diff-tools:
+    libupgrade/benches/delta-debs.sh .cache/delta
+    sh libupgrade/benches/diff-tools.sh .cache/delta
+
 # --- agent image (owned by k3os-ops/) -------------------------------------------------------
 # The agent's container image as an OCI archive (image index: amd64 + arm64) at
 # $CARGO_TARGET_DIR/oci/k3os-ops.oci.tar (default target/), written by k3os-ops' own k3os-oci

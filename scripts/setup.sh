@@ -10,7 +10,7 @@ APT_WAIT=(-o DPkg::Lock::Timeout=600)
 PKGS="qemu-system-x86 qemu-system-arm qemu-utils squashfs-tools squashfs-tools-ng grub-pc-bin grub-efi-amd64-bin
 grub-common grub2-common syslinux extlinux syslinux-common isolinux ovmf qemu-efi-aarch64 gdisk dosfstools mtools
 busybox-static gcc-aarch64-linux-gnu libc6-dev-arm64-cross fdisk e2fsprogs cpio kmod libclang-dev clang pkgconf
-musl-tools qemu-user-static binfmt-support diffutils grub-emu openssl curl bc casync rauc xdelta3 dbus-daemon time
+musl-tools qemu-user-static binfmt-support diffutils grub-emu openssl curl bc casync rauc xdelta3 bsdiff zstd dbus-daemon time
 runc skopeo util-linux mount python3 python3-pip"
 
 missing=""

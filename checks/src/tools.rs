@@ -48,7 +48,6 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
         "kill",
         "the shell builtin in the scripts (procps' /usr/bin/kill is never called)",
     ),
-    ("zstd", "a mksquashfs -comp argument, never run"),
     (
         "make",
         "the casync subcommand in benches/delta.rs (casync make), never run",
