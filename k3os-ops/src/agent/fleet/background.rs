@@ -27,6 +27,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use rand::Rng;
 
+use crate::agent::channel::crd::UpdateChannel;
 use crate::agent::cluster::fleet_waves;
 use crate::agent::cluster::kube_store::{
     acquire_lease, node_lease_name, poller_lease_name, renew_own_lease, LeaseOutcome,
@@ -288,37 +289,43 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                         continue;
                     }
                 }
-                let url = ch.spec.url.clone();
-                let seed = crate::agent::channel::fleet_waves::cluster_seed(&ch);
-                let resolved = agent
-                    .blocking(move |ops| ops.resolve_latest(&url, seed))
-                    .await;
-                let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
-                if stale.is_some() || resolved.is_ok() {
-                    crate::agent::cluster::stale::report(&agent, &ch, stale.as_ref()).await;
-                }
-                let e = match resolved {
-                    Ok(latest) => {
-                        fleet_waves::publish(&agent, &ch, &latest, seed).await;
-                        continue;
-                    }
-                    Err(e) => e,
-                };
-                let store = agent.store(&name);
-                match slots::set_latest(&store, Err(&format!("{e:#}")), Utc::now()).await {
-                    Err(w) => tracing::warn!("write latestVersion of {name}: {w}"),
-                    // Expired metadata was reported as ChannelStale (one Event) above.
-                    Ok(()) if e.stale().is_none() => {
-                        agent
-                            .event_once(Some(&ch), true, "ResolveFailed", format!("{e:#}"))
-                            .await;
-                    }
-                    Ok(()) => {}
-                }
+                poll(&agent, &ch, &name).await;
             }
         }
         tokio::time::sleep(period.min(POLL_LOOK_PERIOD)).await;
     }
+}
+
+/// One poll of `ch` by the poller Lease's holder: resolve `latest` for the cluster's seed
+/// (read-only) and publish it (status, conditions, Events), or the failure.
+async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) {
+        let url = ch.spec.url.clone();
+        let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
+        let resolved = agent
+            .blocking(move |ops| ops.resolve_latest(&url, seed))
+            .await;
+        let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
+        if stale.is_some() || resolved.is_ok() {
+            crate::agent::cluster::stale::report(agent, ch, stale.as_ref()).await;
+        }
+        let e = match resolved {
+            Ok(latest) => {
+                fleet_waves::publish(agent, ch, &latest, seed).await;
+                return;
+            }
+            Err(e) => e,
+        };
+        let store = agent.store(name);
+        match slots::set_latest(&store, Err(&format!("{e:#}")), Utc::now()).await {
+            Err(w) => tracing::warn!("write latestVersion of {name}: {w}"),
+            // Expired metadata was reported as ChannelStale (one Event) above.
+            Ok(()) if e.stale().is_none() => {
+                agent
+                    .event_once(Some(ch), true, "ResolveFailed", format!("{e:#}"))
+                    .await;
+            }
+            Ok(()) => {}
+        }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub struct Latest {
 
 impl Latest {
     /// `version`, with nothing held back and nothing withdrawn (a channel without rollouts).
+    #[cfg(any(test, feature = "testing"))]
     pub fn plain(version: impl Into<String>) -> Latest {
         Latest {
             version: version.into(),

@@ -21,6 +21,7 @@ use crate::agent::channel::rollout::{self, Admission};
 use crate::agent::channel::spec::Policy;
 use crate::agent::channel::thin::Waiting;
 
+#[cfg(any(test, feature = "testing"))]
 use crate::agent::host::latest::Latest;
 use crate::agent::host::status::{Inactive, NodeUpdateStatus};
 
