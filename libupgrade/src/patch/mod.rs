@@ -23,13 +23,26 @@
 //!   file inodes of types 2 and 9): `backhand`'s zstd feature would link a second libzstd.
 //!
 //! # Why zstd patch-from for the diff
-//! The node must run zstd anyway to recompress, and a patch-from frame decodes in one pass
-//! with the reference and output in memory and nothing else (bsdiff's decoder is as cheap, its
-//! encoder needs suffix arrays of the reference, ~8× its size). On uncompressed data zstd's
-//! patch-from was ahead of bsdiff on a kernel tree (facebook/zstd#2341, 0.42 % vs 0.51 %);
-//! bsdiff was not measured here. Level 19 with long-distance matching: on the monthly pair's
-//! libcrypto.so.3 (`zstd --patch-from`, 1.5.4) level 19 gave 421 kB in 3.7 s, level 12 494 kB
-//! in 0.3 s, level 9 501 kB: the builder pays in time (see below) for 15 % fewer bytes.
+//! Measured by `just bench-diff-tools` (one run, 2026-12-04, every regular file a pair changes
+//! at the same path, each tool against the old file's bytes; zstd 1.5.4 CLI `-19
+//! --patch-from`, bsdiff 4.3):
+//!
+//! | pair | files | new bytes | zstd patch-from | bsdiff |
+//! |---|---|---|---|---|
+//! | monthly | 353 | 36.4 MB | 2.63 MB, 21.2 s | 2.28 MB (0.87×), 11.4 s |
+//! | monthly2 | 218 | 15.1 MB | 1.92 MB, 19.7 s | 1.76 MB (0.92×), 8.6 s |
+//!
+//! bsdiff's patches are 8–13 % smaller here (on a kernel tree zstd was ahead,
+//! facebook/zstd#2341: 0.42 % vs 0.51 %). We keep zstd: the node links it anyway to recompress
+//! blocks, so a patch adds no second decoder (bspatch's format wraps its streams in bzip2) and
+//! one fuzzed, bounded frame decoder reads every byte of a patch; a patch-from frame decodes in
+//! one pass with the reference and output in memory and nothing else; and both meet the goal
+//! with room (the monthly patch is 2.1 % of the image; bsdiff's saving would be ~0.3 % of the
+//! image). A Data op names its codec only through the patch format version, so a bsdiff op
+//! would be a format bump (a node refuses a newer patch and stages by chunks). Level 19 with
+//! long-distance matching: on the monthly pair's libcrypto.so.3 (`zstd --patch-from`, 1.5.4)
+//! level 19 gave 421 kB in 3.7 s, level 12 494 kB in 0.3 s, level 9 501 kB: the builder pays
+//! in time (see below) for 15 % fewer bytes.
 //!
 //! # Memory and time
 //! The applier holds one op: a reference of at most 48 MiB (`ops::MAX_REF`) and at most
