@@ -278,20 +278,27 @@ fn max_rate_caps_the_download() {
 /// Env var that turns this test binary into the stage child of the kill test.
 const CHILD: &str = "LIBUPGRADE_CHUNKED_CHILD";
 
+/// The stage child of a kill test: the updater of the GPT disk in `spec` (the JSON of a
+/// config and a release URL) and the URL.
+fn child_updater(spec: &str) -> (Updater, String) {
+    let (cfg, url): (libupgrade::Config, String) = serde_json::from_str(spec).unwrap();
+    let layout = libupgrade::layout::GptLayout::open(
+        match &cfg.layout {
+            libupgrade::LayoutConfig::Gpt { disk, .. } => disk,
+            _ => unreachable!(),
+        },
+        cfg.layout.boot_dir(),
+    )
+    .unwrap();
+    let u = Updater::with_parts(cfg, Box::new(layout), Box::new(ModelLoader::new(9)));
+    (u, url)
+}
+
 #[test]
 fn kill_9_at_random_points_loses_at_most_the_chunk_in_flight_per_kill() {
     if let Ok(spec) = std::env::var(CHILD) {
         // Child: stage from the URL with the config given, as `k3os-ops upgrade` would.
-        let (cfg, url): (libupgrade::Config, String) = serde_json::from_str(&spec).unwrap();
-        let layout = libupgrade::layout::GptLayout::open(
-            match &cfg.layout {
-                libupgrade::LayoutConfig::Gpt { disk, .. } => disk,
-                _ => unreachable!(),
-            },
-            cfg.layout.boot_dir(),
-        )
-        .unwrap();
-        let u = Updater::with_parts(cfg, Box::new(layout), Box::new(ModelLoader::new(9)));
+        let (u, url) = child_updater(&spec);
         let t = Instant::now();
         let r = u.stage(
             &Release::at(Source::parse(&url)),

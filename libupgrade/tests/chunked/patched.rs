@@ -311,16 +311,7 @@ const CHILD: &str = "LIBUPGRADE_PATCHED_CHILD";
 #[test]
 fn kill_9_in_the_patch_download_resumes_it_and_loses_at_most_what_was_in_flight() {
     if let Ok(spec) = std::env::var(CHILD) {
-        let (cfg, url): (libupgrade::Config, String) = serde_json::from_str(&spec).unwrap();
-        let layout = libupgrade::layout::GptLayout::open(
-            match &cfg.layout {
-                libupgrade::LayoutConfig::Gpt { disk, .. } => disk,
-                _ => unreachable!(),
-            },
-            cfg.layout.boot_dir(),
-        )
-        .unwrap();
-        let u = Updater::with_parts(cfg, Box::new(layout), Box::new(ModelLoader::new(9)));
+        let (u, url) = super::child_updater(&spec);
         let r = u.stage(
             &Release::at(Source::parse(&url)),
             &fast_stage(),
