@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use bootconfig::Slot;
 use libupgrade::manifest::{Arch, Artifact, Manifest};
-use libupgrade::{NoProgress, Release, Source, Updater};
+use libupgrade::{NoProgress, Release, Source};
 use testkit::*;
 
 /// Payload of v1's rootfs, and v2's: three 40 KB regions rewritten (a "monthly" update).
