@@ -2,14 +2,14 @@
 //! ([`slots`] over [`kube_store`]), cordon and eviction ([`drain`]), the Node's annotations and
 //! the Events ([`publish`], [`events`]), the give-back effects several steps share
 //! ([`effects`]), the pre-reboot gates' probes ([`gate_probe`]), the `ChannelStale` condition
-//! ([`stale`]), the poller's report of the channel's fleet rollouts ([`fleet_waves`]), the watch caches ([`cache`]), the kube client and its error text ([`client`]) and what identity the agent's token carries ([`token_scope`]).
+//! ([`stale`]), the poller's report of the channel's fleet rollouts ([`rollout_status`]), the watch caches ([`cache`]), the kube client and its error text ([`client`]) and what identity the agent's token carries ([`token_scope`]).
 
 pub mod cache;
 pub mod client;
 pub mod drain;
 pub mod effects;
 pub mod events;
-pub mod fleet_waves;
+pub mod rollout_status;
 pub mod gate_probe;
 pub mod kube_store;
 pub mod publish;

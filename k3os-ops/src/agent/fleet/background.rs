@@ -1,7 +1,7 @@
 //! The agent's background tasks besides the reconcile loop: renewing this node's liveness
 //! Lease, reclaiming the slots of dead holders, and (while holding a channel's poller Lease)
 //! resolving `latest` for the cluster's seed (read-only; published by
-//! [`crate::agent::cluster::fleet_waves`]). They read the channels from the watch cache when the agent has one
+//! [`crate::agent::cluster::rollout_status`]). They read the channels from the watch cache when the agent has one
 //! ([`Agent::channels_now`]), so none of them lists anything while the fleet is idle.
 //!
 //! **The liveness Lease period** ([`lease_period`]): a quarter of the shortest
@@ -28,7 +28,7 @@ use kube::Api;
 use rand::Rng;
 
 use crate::agent::channel::crd::UpdateChannel;
-use crate::agent::cluster::fleet_waves;
+use crate::agent::cluster::rollout_status;
 use crate::agent::cluster::kube_store::{
     acquire_lease, node_lease_name, poller_lease_name, renew_own_lease, LeaseOutcome,
 };
@@ -310,7 +310,7 @@ async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) {
         }
         let e = match resolved {
             Ok(latest) => {
-                fleet_waves::publish(agent, ch, &latest, seed).await;
+                rollout_status::publish(agent, ch, &latest, seed).await;
                 return;
             }
             Err(e) => e,

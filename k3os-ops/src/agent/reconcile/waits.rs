@@ -61,7 +61,7 @@ pub(in crate::agent) fn report(action: &Action, now: DateTime<Utc>) -> Option<Re
             format!("{version} staged; not claiming: {why}"),
         ),
         // The channel's one `ReleaseWithdrawn` Event is the poller's (when its condition
-        // turns True, `agent/cluster/fleet_waves.rs`); each node only says it on its Node.
+        // turns True, `agent/cluster/rollout_status.rs`); each node only says it on its Node.
         Action::Withdrawn { version } => Report {
             phase: Phase::Paused,
             message: format!("{version} was withdrawn by the channel: not staging or claiming it"),
