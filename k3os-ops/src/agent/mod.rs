@@ -46,16 +46,18 @@
 //! announcement of a step that takes long (the stage, the drain, the health checks' wait).
 //!
 //! Module map: [`channel`] (pure: [`channel::crd`], [`channel::spec`], [`channel::window`],
-//! [`channel::duration`], [`channel::rollout`], [`channel::thin`], [`channel::gates`],
-//! [`channel::selector`], [`channel::listing`], [`channel::counts`], [`channel::format`]),
-//! [`reconcile`] ([`reconcile::controller`], [`reconcile::decide`], [`reconcile::cooldown`],
-//! [`reconcile::waits`], [`reconcile::actions`], [`reconcile::staging`], [`reconcile::steps`],
+//! [`channel::duration`], [`channel::rollout`], [`channel::fleet_waves`], [`channel::thin`],
+//! [`channel::gates`], [`channel::selector`], [`channel::listing`], [`channel::counts`],
+//! [`channel::format`]), [`reconcile`] ([`reconcile::controller`], [`reconcile::decide`],
+//! [`reconcile::cooldown`], [`reconcile::waits`], [`reconcile::actions`],
+//! [`reconcile::staging`], [`reconcile::steps`], [`reconcile::withdrawn`],
 //! [`reconcile::invalid`], [`reconcile::assessment`], [`reconcile::thin_report`]),
 //! [`cluster`] ([`cluster::slots`], [`cluster::kube_store`], [`cluster::drain`],
 //! [`cluster::publish`], [`cluster::events`], [`cluster::effects`], [`cluster::gate_probe`],
-//! [`cluster::stale`], [`cluster::cache`], [`cluster::client`]), [`fleet`]
-//! ([`fleet::background`], [`fleet::counter`]), [`host`] ([`host::ops`], [`host::status`],
-//! [`host::ledger`], [`host::stage_progress`]), and the shared [`context`], [`errors`],
+//! [`cluster::stale`], [`cluster::rollout_status`], [`cluster::cache`], [`cluster::client`],
+//! [`cluster::token_scope`]), [`fleet`] ([`fleet::background`], [`fleet::counter`]), [`host`]
+//! ([`host::ops`], [`host::latest`], [`host::status`], [`host::ledger`],
+//! [`host::stage_progress`]), and the shared [`context`], [`errors`],
 //! [`metrics`], [`phase`], [`mod@run`].
 //!
 //! Error policy: the steps return typed errors (`SlotError`, `DrainError`, `NodeError`,

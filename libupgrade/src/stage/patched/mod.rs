@@ -21,11 +21,10 @@
 //! next run's plan and kept, the staged patch is kept and continued (at most the piece in
 //! flight is fetched again) and re-applied. The staging area is emptied when a new attempt
 //! starts and when the slot is staged.
-
 //!
 //! Files: this one (the executor: fetch, rebuild, hand the rest to the chunk plan), `choose`
 //! (which listed patch, if any: reads only, before the first write), `staging` (the staging
-//! area, the patch's resumable fetch, the base as the applier takes it).
+//! area, the patch's resumable fetch). The base is read in place ([`crate::patch::Base`]).
 
 use std::fs::File;
 use std::path::PathBuf;

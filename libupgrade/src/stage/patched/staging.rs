@@ -1,5 +1,5 @@
 //! The staging area (`<state_dir>/patches/`): a patch fetched there resumably and checked
-//! by sha256 before use, and the base as the applier takes it.
+//! by sha256 before use.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
