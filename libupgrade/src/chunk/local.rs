@@ -26,6 +26,18 @@ pub struct LocalFile {
 }
 
 impl LocalFile {
+    /// All of the file at `path`, opened read-only, named by its path.
+    pub fn open(path: &std::path::Path) -> io::Result<LocalFile> {
+        let file = File::open(path)?;
+        let len = file.metadata()?.len();
+        Ok(LocalFile {
+            file,
+            offset: 0,
+            len,
+            name: path.display().to_string(),
+        })
+    }
+
     /// Read exactly `buf.len()` bytes at `pos` (relative to the range).
     pub fn read_at(&self, pos: u64, buf: &mut [u8]) -> io::Result<()> {
         if pos + buf.len() as u64 > self.len {

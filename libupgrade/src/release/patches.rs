@@ -11,7 +11,6 @@
 //! and listed in the artifact's manifest entry; what was built, kept or dropped, with its size
 //! and time, is returned for the caller to print.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -210,14 +209,7 @@ fn chunk_fetch(
         path: ip.clone(),
         what: e.to_string(),
     })?;
-    let file = File::open(base_path).map_err(io_err(base_path))?;
-    let len = file.metadata().map_err(io_err(base_path))?.len();
-    let local = [LocalFile {
-        file,
-        offset: 0,
-        len,
-        name: base_path.display().to_string(),
-    }];
+    let local = [LocalFile::open(base_path).map_err(io_err(base_path))?];
     let n = index.chunks.len();
     let found =
         find_local(&index, &vec![true; n], &local).map_err(|e| ReleaseError::ChunkIndex {

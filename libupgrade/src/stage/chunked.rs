@@ -237,13 +237,8 @@ fn extra_dirs(at: &Placing, a: Artifact) -> Vec<LocalFile> {
     for x in at.extra {
         let ExtraSource::Dir(dir) = x else { continue };
         let p = dir.join(name);
-        match std::fs::File::open(&p).and_then(|f| f.metadata().map(|m| (f, m.len()))) {
-            Ok((file, len)) => out.push(LocalFile {
-                file,
-                offset: 0,
-                len,
-                name: p.display().to_string(),
-            }),
+        match LocalFile::open(&p) {
+            Ok(f) => out.push(f),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 log::debug!("{}: not there; not used for the {a}", p.display())
             }
