@@ -1,7 +1,8 @@
 //! What the agent says: the `k3os.io/update-*` annotations of its Node and the Events about
-//! the Node and its channel. Every report of a step goes through here: `Agent::report` (a
-//! phase and its Event), `Agent::publish` (a `Report` a tick returned), Events once per
-//! text for waiting states (`Agent::event_once`), and format refusals once per agent process.
+//! the Node and its channel. Every report of a step goes through here: `Agent::publish` (a
+//! `Report`: a phase and its Event), the `Done` a tick returns (its Events, then its report),
+//! `Agent::announce` (a report published before a long step), Events once per text for
+//! waiting states (`Agent::event_once`), and format refusals once per agent process.
 //!
 //! An annotation is written only when it changes: the Node's annotations as last read or
 //! written are remembered, and a patch that would change none of them is not sent (an idle
@@ -55,7 +56,7 @@ impl Say {
         }
     }
 
-    /// For a waiting state: only when the text changed (see `Agent::report`).
+    /// For a waiting state: only when the text changed (see `Agent::say`).
     pub fn once(self) -> Say {
         Say { once: true, ..self }
     }
@@ -322,22 +323,6 @@ impl Agent {
         self.publish(ch, r).await
     }
 
-    /// Enter `phase` with `message` on the Node, then publish `event` (on the Node and the
-    /// channel): the report every step makes when it moves on. An event marked
-    /// [`Say::once`] (a waiting state re-decided every resync) is published only when its text
-    /// changed.
-    pub(in crate::agent) async fn report(
-        &self,
-        ch: &UpdateChannel,
-        phase: Phase,
-        message: &str,
-        event: Say,
-    ) -> Result<(), AgentError> {
-        self.phase(phase, message).await?;
-        self.say(ch, event).await;
-        Ok(())
-    }
-
     /// Log a failed reconciliation and publish it (once per distinct text) as a
     /// `ReconcileError` event: the error chain as `Display` text, never a debug dump.
     pub async fn report_error(&self, e: &AgentError) {
@@ -465,15 +450,18 @@ impl Agent {
         }
     }
 
-    /// Publish what a tick did: its phase, then its Event (on the Node and `ch`).
+    /// Publish a report: enter its phase with its message on the Node, then publish its Event
+    /// (on the Node and `ch`; one marked [`Say::once`], a waiting state re-decided every
+    /// resync, only when its text changed).
     pub(in crate::agent) async fn publish(
         &self,
         ch: &UpdateChannel,
         r: Report,
     ) -> Result<(), AgentError> {
-        match r.event {
-            Some(event) => self.report(ch, r.phase, &r.message, event).await,
-            None => self.phase(r.phase, &r.message).await,
+        self.phase(r.phase, &r.message).await?;
+        if let Some(event) = r.event {
+            self.say(ch, event).await;
         }
+        Ok(())
     }
 }
