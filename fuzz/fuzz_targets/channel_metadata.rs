@@ -7,10 +7,15 @@
 //! accepting path), except `2.root.json`, which is then missing (the chain ends at root 1).
 //! The node trusts the fixture's root version 1.
 //!
+//! The fuzzed snapshot and targets are also given as the node's kept files
+//! ([`libupgrade::trust::Kept`]) against the genuine channel.
+//!
 //! Asserts: every envelope that parses re-serializes to one that parses equal; an accepted
 //! update never leaves root version 1 (only root 1's key could sign root 2, and the fuzzer
 //! has no key) and its targets are exactly the fixture's (the only targets body any key
-//! signed), with the record's versions those of the fixture's files; nothing panics.
+//! signed), with the record's versions those of the fixture's files; whatever is kept, the
+//! genuine channel is accepted with its own targets, and a kept file is used only when it is
+//! the genuine file; nothing panics.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -132,7 +137,25 @@ fuzz_target!(|data: &[u8]| {
     {
         files.insert(name, parts[i + 1].unwrap_or(&f.files[i]));
     }
-    if let Ok(v) = update(&Files(files), &f.record, &f.clock) {
+    // The fuzzed snapshot and targets as the node's kept files, against the genuine channel:
+    // whatever is kept, the update is the genuine one (a kept file is re-checked, never
+    // trusted), and a kept file is used only when it is byte for byte the genuine one.
+    let genuine = BTreeMap::from([
+        ("timestamp.json", &f.files[0][..]),
+        ("snapshot.json", &f.files[1][..]),
+        ("targets.json", &f.files[2][..]),
+    ]);
+    let kept = BTreeMap::from_iter(
+        [("snapshot.json", parts[2]), ("targets.json", parts[3])]
+            .into_iter()
+            .filter_map(|(n, p)| p.map(|p| (n, p))),
+    );
+    let v = update(&Files(genuine), Some(&Files(kept)), &f.record, &f.clock)
+        .expect("the genuine channel is accepted whatever the node kept");
+    assert_eq!(v.targets, f.targets, "a kept file changed the targets");
+    assert!(!v.snapshot.kept || v.snapshot.bytes == f.files[1]);
+    assert!(!v.targets_file.kept || v.targets_file.bytes == f.files[2]);
+    if let Ok(v) = update(&Files(files), None, &f.record, &f.clock) {
         assert_eq!(v.record.root_version(), 1, "walked to a root no key signed");
         assert_eq!(v.targets, f.targets, "accepted targets no key signed");
         assert_eq!(

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
@@ -20,7 +19,7 @@ use crate::chunk::rate::MinRate;
 use crate::manifest::{Arch, MANIFEST_FILE};
 use crate::net::fetch::Source;
 use crate::trust::meta::Targets;
-use crate::trust::{self, ExpiryRule, ManifestPin, MetaSource, Record, Store, TrustError};
+use crate::trust::{self, ExpiryRule, Kept, ManifestPin, MetaSource, Record, Store, TrustError};
 
 /// Tag of the GitHub release whose assets are a `github-releases://` channel's metadata files.
 pub const GITHUB_METADATA_TAG: &str = "channel-metadata";
@@ -53,9 +52,10 @@ pub struct TrustOptions {
     pub ignore_expiry: bool,
     /// The `--min-rate` rule for metadata downloads.
     pub min_rate: Option<MinRate>,
-    /// Verify without recording what was trusted, and without creating the record's lock
-    /// (`upgrade --plan-only` writes nothing). The record is replaced by atomic renames, so
-    /// reading it unlocked sees a whole one.
+    /// Verify without recording what was trusted or keeping the verified files, and without
+    /// creating the record's lock (`upgrade --plan-only` writes nothing). The record is
+    /// replaced by atomic renames, so reading it unlocked sees a whole one; kept files are
+    /// still read (and checked).
     pub read_only: bool,
 }
 
@@ -100,25 +100,7 @@ struct LocalMeta(PathBuf);
 
 impl MetaSource for LocalMeta {
     fn fetch(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>, TrustError> {
-        let p = self.0.join(name);
-        let io = |source| TrustError::Io {
-            path: p.clone(),
-            source,
-        };
-        let f = match fs::File::open(&p) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io(e)),
-        };
-        let mut body = Vec::new();
-        f.take(max + 1).read_to_end(&mut body).map_err(io)?;
-        if body.len() as u64 > max {
-            return Err(TrustError::TooLarge {
-                what: p.display().to_string(),
-                max,
-            });
-        }
-        Ok(Some(body))
+        trust::kept::read_bounded(&self.0.join(name), max)
     }
     fn location(&self, name: &str) -> String {
         self.0.join(name).display().to_string()
@@ -234,7 +216,8 @@ fn check(channel: &str, opts: &TrustOptions) -> Result<Option<Checked>, ChannelE
         now: opts.now.unwrap_or_else(Utc::now),
         ignore_expiry: opts.ignore_expiry,
     };
-    let verified = match trust::update(src.as_ref(), &start, &clock) {
+    let kept = Kept::for_channel(&opts.store_file, &key);
+    let verified = match trust::update(src.as_ref(), Some(&kept), &start, &clock) {
         Err(TrustError::Missing { file, location }) if file == trust::Role::Timestamp.file() => {
             if store.channels.contains_key(&key) {
                 return Err(required(format!(
@@ -254,6 +237,11 @@ fn check(channel: &str, opts: &TrustOptions) -> Result<Option<Checked>, ChannelE
     if !opts.read_only {
         store.channels.insert(key, verified.record.clone());
         store.save(&opts.store_file).map_err(trust_err(channel))?;
+        // A cache of files re-checked at every read: failing to keep them costs downloads
+        // at the next poll, not this resolution.
+        if let Err(e) = kept.save(&verified) {
+            log::warn!("channel {channel}: keeping its verified metadata: {e}");
+        }
     }
     Ok(Some(Checked {
         kind,

@@ -79,6 +79,10 @@ pub struct Verified {
     pub targets: Targets,
     /// The record to keep (new root, versions, time floor).
     pub record: Record,
+    /// `snapshot.json` as verified (to keep for the next update).
+    pub snapshot: File,
+    /// `targets.json` as verified (to keep for the next update).
+    pub targets_file: File,
 }
 
 fn fetch_required(src: &dyn MetaSource, name: &str, max: u64) -> Result<Vec<u8>, TrustError> {
@@ -207,8 +211,16 @@ fn role_keys(root: &Root, role: Role) -> Option<(Vec<Option<&Key>>, u32)> {
 
 /// The TUF client workflow from `record` (the node's trusted root and the highest versions
 /// it has seen). Nothing is returned unless every check passed.
+///
+/// `kept` holds the snapshot and targets files of the node's last verified update
+/// ([`super::kept`]): each is used instead of a download when it passes every check a
+/// downloaded one must pass against this update's timestamp (python-tuf's ngclient loads its
+/// local metadata the same way), so an unchanged channel costs the `N+1.root.json` probe and
+/// `timestamp.json`. A kept file that fails any check is ignored, never an error: the file is
+/// downloaded and that one's failure is the error.
 pub fn update(
     src: &dyn MetaSource,
+    kept: Option<&dyn MetaSource>,
     record: &Record,
     clock: &ExpiryRule,
 ) -> Result<Verified, TrustError> {
@@ -216,6 +228,11 @@ pub fn update(
     let reference = clock.reference(record);
     let root = walk_roots(src, &mut rec)?;
     clock.check(reference, Role::Root, root.version, root.expires)?;
+    let step = Step {
+        root: &root,
+        clock,
+        reference,
+    };
 
     let ts_name = Role::Timestamp.file();
     let ts_loc = src.location(ts_name);
@@ -226,40 +243,27 @@ pub fn update(
     clock.check(reference, Role::Timestamp, ts.version, ts.expires)?;
     let snap_ref = meta_entry(&ts, Role::Snapshot, &ts_loc)?;
 
-    let sn_name = Role::Snapshot.file();
-    let sn_loc = src.location(sn_name);
-    let sn_bytes = fetch_required(src, sn_name, snap_ref.length.unwrap_or(MAX_SNAPSHOT_BYTES))?;
-    check_ref(Role::Snapshot, &snap_ref, &sn_bytes, ts_name, &sn_loc)?;
-    let sn_env = Envelope::parse(&sn_bytes, &sn_loc)?;
-    sn_env.check_role(&root, Role::Snapshot, &sn_loc)?;
-    let sn: Versions = sn_env.body(Role::Snapshot, &sn_loc)?;
-    if sn.version != snap_ref.version {
-        return Err(TrustError::WrongVersion {
-            location: sn_loc,
-            expected: snap_ref.version,
-            found: sn.version,
-        });
-    }
-    no_rollback(Role::Snapshot, rec.snapshot, sn.version, &sn_loc)?;
-    clock.check(reference, Role::Snapshot, sn.version, sn.expires)?;
+    let seen_snapshot = rec.snapshot;
+    let (snapshot, sn): (_, Versions) = step.kept_or_fetched(
+        src,
+        kept,
+        Role::Snapshot,
+        &snap_ref,
+        MAX_SNAPSHOT_BYTES,
+        |sn: &Versions, loc| no_rollback(Role::Snapshot, seen_snapshot, sn.version, loc),
+    )?;
+    let sn_loc = src.location(Role::Snapshot.file());
     let tg_ref = meta_entry(&sn, Role::Targets, &sn_loc)?;
     no_rollback(Role::Targets, rec.targets, tg_ref.version, &sn_loc)?;
 
-    let tg_name = Role::Targets.file();
-    let tg_loc = src.location(tg_name);
-    let tg_bytes = fetch_required(src, tg_name, tg_ref.length.unwrap_or(MAX_TARGETS_BYTES))?;
-    check_ref(Role::Targets, &tg_ref, &tg_bytes, sn_name, &tg_loc)?;
-    let tg_env = Envelope::parse(&tg_bytes, &tg_loc)?;
-    tg_env.check_role(&root, Role::Targets, &tg_loc)?;
-    let targets: Targets = tg_env.body(Role::Targets, &tg_loc)?;
-    if targets.version != tg_ref.version {
-        return Err(TrustError::WrongVersion {
-            location: tg_loc,
-            expected: tg_ref.version,
-            found: targets.version,
-        });
-    }
-    clock.check(reference, Role::Targets, targets.version, targets.expires)?;
+    let (targets_file, targets): (_, Targets) = step.kept_or_fetched(
+        src,
+        kept,
+        Role::Targets,
+        &tg_ref,
+        MAX_TARGETS_BYTES,
+        |_: &Targets, _| Ok(()),
+    )?;
 
     rec.timestamp = ts.version;
     rec.snapshot = sn.version;
@@ -270,7 +274,117 @@ pub fn update(
     Ok(Verified {
         targets,
         record: rec,
+        snapshot,
+        targets_file,
     })
+}
+
+/// A verified snapshot or targets file as it was read, and where it came from.
+#[derive(Debug, Clone)]
+pub struct File {
+    /// The file's bytes exactly as verified.
+    pub bytes: Vec<u8>,
+    /// True when the node's kept copy was used and nothing was downloaded.
+    pub kept: bool,
+}
+
+/// What the snapshot and targets steps check against: the root walked to and the clock.
+struct Step<'a> {
+    root: &'a Root,
+    clock: &'a ExpiryRule,
+    reference: DateTime<Utc>,
+}
+
+/// A document with a version and an expiry (snapshot and targets).
+trait Versioned: serde::de::DeserializeOwned {
+    fn version(&self) -> u64;
+    fn expires(&self) -> DateTime<Utc>;
+}
+
+impl Versioned for Versions {
+    fn version(&self) -> u64 {
+        self.version
+    }
+    fn expires(&self) -> DateTime<Utc> {
+        self.expires
+    }
+}
+
+impl Versioned for Targets {
+    fn version(&self) -> u64 {
+        self.version
+    }
+    fn expires(&self) -> DateTime<Utc> {
+        self.expires
+    }
+}
+
+impl Step<'_> {
+    /// `role`'s file, as `referrer_entry` (from the timestamp or snapshot) pins it: the kept
+    /// copy when it passes [`Step::verify`], else downloaded (at most the pinned length, or
+    /// `max`) and verified.
+    fn kept_or_fetched<T: Versioned>(
+        &self,
+        src: &dyn MetaSource,
+        kept: Option<&dyn MetaSource>,
+        role: Role,
+        pinned: &MetaRef,
+        max: u64,
+        extra: impl Fn(&T, &str) -> Result<(), TrustError>,
+    ) -> Result<(File, T), TrustError> {
+        let name = role.file();
+        let max = pinned.length.unwrap_or(max);
+        if let Some(k) = kept {
+            let loc = k.location(name);
+            let checked = k.fetch(name, max).and_then(|b| match b {
+                Some(bytes) => self
+                    .verify(role, pinned, &bytes, &loc, &extra)
+                    .map(|doc| Some((bytes, doc))),
+                None => Ok(None),
+            });
+            match checked {
+                Ok(Some((bytes, doc))) => return Ok((File { bytes, kept: true }, doc)),
+                Ok(None) => {}
+                Err(e) => log::debug!("kept {name} not used: {e}"),
+            }
+        }
+        let loc = src.location(name);
+        let bytes = fetch_required(src, name, max)?;
+        let doc = self.verify(role, pinned, &bytes, &loc, &extra)?;
+        Ok((File { bytes, kept: false }, doc))
+    }
+
+    /// Check `bytes` as `role`'s file at `location`: the length and hashes its referrer pins,
+    /// a threshold of the role's keys of the root, exactly the pinned version, `extra`, and
+    /// expiry.
+    fn verify<T: Versioned>(
+        &self,
+        role: Role,
+        pinned: &MetaRef,
+        bytes: &[u8],
+        location: &str,
+        extra: &impl Fn(&T, &str) -> Result<(), TrustError>,
+    ) -> Result<T, TrustError> {
+        let referrer = match role {
+            Role::Targets => Role::Snapshot.file(),
+            _ => Role::Timestamp.file(),
+        };
+        check_ref(role, pinned, bytes, referrer, location)?;
+        let env = Envelope::parse(bytes, location)?;
+        env.check_role(self.root, role, location)?;
+        let doc: T = env.body(role, location)?;
+        if doc.version() != pinned.version {
+            return Err(TrustError::WrongVersion {
+                location: location.to_string(),
+                expected: pinned.version,
+                found: doc.version(),
+            });
+        }
+        extra(&doc, location)?;
+        self.clock
+            .check(self.reference, role, doc.version(), doc.expires())?;
+        Ok(doc)
+    }
 }
 
 /// The `meta` entry for `role`'s file.

@@ -3,7 +3,8 @@
 //! band, without a visit to the node.
 //!
 //! This module owns the metadata formats ([`meta`]), the node's client workflow ([`client`]),
-//! the node's record of what it trusted ([`store`]) and the publisher's side ([`publish`]).
+//! the node's record of what it trusted ([`store`]), the metadata files it keeps between
+//! updates ([`kept`]) and the publisher's side ([`publish`]).
 //! The metadata says which manifests exist (path, length, sha256, and version/generation/arch
 //! as custom data) and which one a node may take; the stager then requires the manifest it
 //! fetches to have exactly that length and sha256.
@@ -46,7 +47,9 @@
 //! Its starting root at `channel_root` in the config (default `/etc/k3os-ops/root.json`, put
 //! there at image build); with none, channels are resolved from `index.json` as in v0.1.0.
 //! The node keeps the newest root it walked to and the highest versions it saw per channel
-//! in `<state_dir>/channel-trust.json` ([`store`]). `channel_metadata = "required"` refuses a
+//! in `<state_dir>/channel-trust.json` ([`store`]), and the snapshot and targets files it last
+//! verified in `<state_dir>/channel-meta/v1/` ([`kept`]): a poll of an unchanged channel then
+//! downloads two small files, the `N+1.root.json` probe (a 404) and `timestamp.json`. `channel_metadata = "required"` refuses a
 //! channel without metadata; the default (`"auto"`) uses metadata when the channel has it, and
 //! once a node has trusted a channel's metadata it requires it for that channel from then on
 //! (an attacker cannot strip the metadata to fall back to the unsigned index).
@@ -84,6 +87,7 @@
 //! (their signatures count for nothing).
 
 pub mod client;
+pub mod kept;
 pub mod meta;
 pub mod publish;
 pub mod store;
@@ -94,6 +98,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 pub use client::{update, ExpiryRule, MetaSource, Verified};
+pub use kept::{Kept, KEPT_DIR};
 pub use meta::{Envelope, Role};
 pub use store::{Store, STORE_FILE, STORE_FORMAT};
 

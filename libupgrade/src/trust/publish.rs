@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::path::Path;
 
 use chrono::{DateTime, Duration, SubsecRound, Utc};
@@ -17,6 +16,7 @@ use super::meta::{
     file_meta, Envelope, Key, MetaRef, Role, RoleKeys, Root, TargetCustom, Targets, Versions,
     SPEC_VERSION,
 };
+use super::store::write_atomic;
 use super::TrustError;
 use crate::manifest::MANIFEST_FILE;
 use crate::rollout::{Rollout, RolloutError};
@@ -51,23 +51,6 @@ fn publish_err(what: impl Into<String>, why: impl Into<String>) -> TrustError {
         what: what.into(),
         why: why.into(),
     }
-}
-
-fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), TrustError> {
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| TrustError::Io { path: p, source }
-    };
-    let tmp = dir.join(format!(".{name}.part"));
-    let dst = dir.join(name);
-    let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
-    f.write_all(bytes).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
-    drop(f);
-    fs::rename(&tmp, &dst).map_err(io(&dst))?;
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))
 }
 
 fn read_env(dir: &Path, name: &str) -> Result<Option<(Envelope, Vec<u8>)>, TrustError> {

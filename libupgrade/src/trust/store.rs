@@ -93,22 +93,33 @@ impl Store {
     pub fn save(&self, path: &Path) -> Result<(), TrustError> {
         let dir = path.parent().unwrap_or(Path::new("."));
         fs::create_dir_all(dir).map_err(io(dir))?;
-        let tmp: PathBuf = dir.join(format!(".{STORE_FILE}.part"));
         let mut bytes = serde_json::to_vec_pretty(&Store {
             format: STORE_FORMAT,
             channels: self.channels.clone(),
         })
         .expect("store serialises");
         bytes.push(b'\n');
-        let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(&bytes).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        drop(f);
-        fs::rename(&tmp, path).map_err(io(path))?;
-        fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(dir))
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or(STORE_FILE);
+        write_atomic(dir, name, &bytes)
     }
+}
+
+/// Replace `dir/name` with `bytes` so that a power cut leaves the old or the new file: a
+/// temporary file, fsync, rename, then an fsync of the directory.
+pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), TrustError> {
+    let tmp: PathBuf = dir.join(format!(".{name}.part"));
+    let dst = dir.join(name);
+    let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
+    f.write_all(bytes).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    drop(f);
+    fs::rename(&tmp, &dst).map_err(io(&dst))?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))
 }
 
 #[cfg(test)]

@@ -9,14 +9,15 @@ use ed25519_dalek::SigningKey;
 
 use super::super::meta::{self, Envelope, Key, MetaRef, Role, RoleKeys, Root, Targets, Versions};
 use super::super::{Record, TrustError};
-use super::{update, ExpiryRule, MetaSource};
+use super::{update, ExpiryRule, MetaSource, Verified};
 
-/// A channel in memory: file name → bytes.
+/// A channel in memory: file name → bytes, and the names fetched (found or not), in order.
 #[derive(Default)]
-struct Files(RefCell<BTreeMap<String, Vec<u8>>>);
+struct Files(RefCell<BTreeMap<String, Vec<u8>>>, RefCell<Vec<String>>);
 
 impl MetaSource for Files {
     fn fetch(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>, TrustError> {
+        self.1.borrow_mut().push(name.to_string());
         let b = self.0.borrow().get(name).cloned();
         match b {
             Some(b) if b.len() as u64 > max => Err(TrustError::TooLarge {
@@ -197,7 +198,22 @@ impl Repo {
             now: Utc::now(),
             ignore_expiry: false,
         };
-        update(&self.files, rec, &clock).map(|v| v.record)
+        update(&self.files, None, rec, &clock).map(|v| v.record)
+    }
+
+    /// An update that may use `kept`, with the names it downloaded from the channel.
+    fn update_kept(
+        &self,
+        rec: &Record,
+        kept: &Files,
+    ) -> (Result<Verified, TrustError>, Vec<String>) {
+        let clock = ExpiryRule {
+            now: Utc::now(),
+            ignore_expiry: false,
+        };
+        self.files.1.borrow_mut().clear();
+        let r = update(&self.files, Some(kept), rec, &clock);
+        (r, self.files.1.take())
     }
 }
 
@@ -420,4 +436,161 @@ fn spec_5_4_and_5_5_versions_never_go_back_without_a_rotation() {
     assert!(r.update(&rec).is_err());
     r.publish(5, 5, 5);
     r.update(&rec).unwrap();
+}
+
+/// A record's root, timestamp, snapshot and targets versions (its time floor is the clock's).
+fn versions(r: &Record) -> [u64; 4] {
+    [r.root_version(), r.timestamp, r.snapshot, r.targets]
+}
+
+/// What a node keeps of `v`: its snapshot and targets files, as the channel resolution keeps
+/// them ([`crate::trust::Kept`]).
+fn keep(v: &Verified) -> Files {
+    let f = Files::default();
+    f.0.borrow_mut()
+        .insert("snapshot.json".into(), v.snapshot.bytes.clone());
+    f.0.borrow_mut()
+        .insert("targets.json".into(), v.targets_file.bytes.clone());
+    f
+}
+
+/// python-tuf's ngclient loads its local snapshot and targets before downloading them: an
+/// unchanged channel costs the root probe and the timestamp; a changed one downloads what
+/// changed, and the result is the same as without kept files.
+#[test]
+fn kept_files_spare_the_downloads_of_an_unchanged_channel_only() {
+    let r = Repo::new(1);
+    let (first, fetched) = r.update_kept(&r.node(), &Files::default());
+    let first = first.unwrap();
+    assert_eq!(
+        fetched,
+        [
+            "2.root.json",
+            "timestamp.json",
+            "snapshot.json",
+            "targets.json"
+        ]
+    );
+    assert!(!first.snapshot.kept && !first.targets_file.kept);
+    let kept = keep(&first);
+
+    // Unchanged: two requests, nothing new.
+    let (again, fetched) = r.update_kept(&first.record, &kept);
+    let again = again.unwrap();
+    assert_eq!(fetched, ["2.root.json", "timestamp.json"]);
+    assert!(again.snapshot.kept && again.targets_file.kept);
+    assert_eq!(again.targets, first.targets);
+
+    // A new timestamp over the same snapshot (the daily re-sign): still two.
+    r.publish(1, 1, 2);
+    let (resigned, fetched) = r.update_kept(&again.record, &kept);
+    assert_eq!(fetched, ["2.root.json", "timestamp.json"]);
+    assert_eq!(resigned.unwrap().record.timestamp, 2);
+
+    // A new snapshot over the same targets: the snapshot is downloaded, targets kept.
+    r.publish(1, 2, 3);
+    let (sn, fetched) = r.update_kept(&again.record, &kept);
+    let sn = sn.unwrap();
+    assert_eq!(fetched, ["2.root.json", "timestamp.json", "snapshot.json"]);
+    assert!(!sn.snapshot.kept && sn.targets_file.kept);
+
+    // New targets: everything after the timestamp is downloaded, the same as with no kept
+    // files.
+    r.publish(2, 3, 4);
+    let (tg, fetched) = r.update_kept(&sn.record, &keep(&sn));
+    let tg = tg.unwrap();
+    assert_eq!(
+        fetched,
+        [
+            "2.root.json",
+            "timestamp.json",
+            "snapshot.json",
+            "targets.json"
+        ]
+    );
+    assert_eq!(tg.targets.version, 2);
+    assert_eq!(
+        versions(&tg.record),
+        versions(&r.update(&sn.record).unwrap())
+    );
+}
+
+/// A kept file is checked exactly as a downloaded one; any failure costs a download, never the
+/// update: damaged, signed by a key the root does not name, another version than the new
+/// timestamp pins (older, or a forged one of the pinned version and length).
+#[test]
+fn a_kept_file_that_fails_any_check_is_downloaded_instead() {
+    let r = Repo::new(1);
+    let first = r.update_kept(&r.node(), &Files::default()).0.unwrap();
+    let forged_snapshot = {
+        let sn = r.get("snapshot.json");
+        let body: Versions = Envelope::parse(&sn, "s")
+            .unwrap()
+            .body(Role::Snapshot, "s")
+            .unwrap();
+        let mut forged = body.clone();
+        forged.expires += Duration::seconds(1);
+        r.sign_as(Role::Snapshot, &forged)
+    };
+    let older = {
+        let old = keep(&first);
+        r.publish(2, 2, 2);
+        old
+    };
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("damaged", b"{\"signed\": ".to_vec()),
+        (
+            "signed by the targets key",
+            r.sign_as(Role::Targets, &serde_json::json!({"_type": "snapshot"})),
+        ),
+        ("older", older.0.borrow()["snapshot.json"].clone()),
+        ("forged, same version and length", forged_snapshot),
+    ];
+    let want = r.update(&first.record).unwrap();
+    for (what, bytes) in cases {
+        let kept = keep(&first);
+        kept.0.borrow_mut().insert("snapshot.json".into(), bytes);
+        let (v, fetched) = r.update_kept(&first.record, &kept);
+        let v = v.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(!v.snapshot.kept, "{what}: kept snapshot used");
+        assert!(fetched.contains(&"snapshot.json".to_string()), "{what}");
+        assert_eq!(versions(&v.record), versions(&want), "{what}");
+    }
+    // A kept targets file of the pinned version but another body (its key re-signed it):
+    // the snapshot's sha256 refuses it and the channel's targets are downloaded.
+    let now = r.update_kept(&first.record, &Files::default()).0.unwrap();
+    let kept = keep(&now);
+    let mut other: Targets = Envelope::parse(&now.targets_file.bytes, "t")
+        .unwrap()
+        .body(Role::Targets, "t")
+        .unwrap();
+    other.expires += Duration::seconds(1);
+    kept.0
+        .borrow_mut()
+        .insert("targets.json".into(), r.sign_as(Role::Targets, &other));
+    let (v, fetched) = r.update_kept(&now.record, &kept);
+    let v = v.unwrap();
+    assert!(v.snapshot.kept && !v.targets_file.kept);
+    assert_eq!(fetched.last().map(String::as_str), Some("targets.json"));
+    assert_eq!(v.targets, now.targets);
+}
+
+/// A kept file never hides a refusal: when the channel's own file is bad, the error is the
+/// channel's, even if the kept one would have passed an older pin.
+#[test]
+fn a_bad_channel_file_is_refused_whatever_is_kept() {
+    let r = Repo::new(1);
+    let first = r.update_kept(&r.node(), &Files::default()).0.unwrap();
+    let kept = keep(&first);
+    r.publish(2, 2, 2);
+    let mut sn = r.get("snapshot.json");
+    let last = sn.len() - 3;
+    sn[last] ^= 1;
+    r.put("snapshot.json", sn);
+    let (v, _) = r.update_kept(&first.record, &kept);
+    let e = v.unwrap_err();
+    assert!(
+        matches!(e, TrustError::Mismatch { ref location, .. } if location == "mem/snapshot.json"),
+        "{e}"
+    );
 }
