@@ -274,7 +274,10 @@ fn request(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<StageReques
         wanted,
         bundle_dir: None,
         ignore_expiry: args.ignore_expiry,
-        read_only: args.plan_only,
+        writes: match args.plan_only {
+            true => libupgrade::Writes::Nothing,
+            false => libupgrade::Writes::All,
+        },
         seed: None,
         ignore_rollout: args.ignore_rollout,
         options: StageOptions {

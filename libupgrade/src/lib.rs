@@ -91,7 +91,7 @@ pub use net::checkpoint::fuzz_load_and_resave;
 pub use net::fetch::{ExtraSource, Probe, Source, Watch};
 pub use net::http;
 pub use net::retry::{Backoff, MAX_DELAY};
-pub use request::{ResolveError, StageRequest, Wanted};
+pub use request::{ResolveError, StageRequest, Wanted, Writes};
 pub use sqcheck::Superblock;
 pub use stage::{
     ArtifactCost, NoProgress, Origin, PatchOutcome, Progress, Release, StageOptions, StagePreview,

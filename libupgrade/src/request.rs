@@ -62,6 +62,25 @@ impl Wanted {
     }
 }
 
+/// What resolving a [`StageRequest`] may write on the node. The channel's metadata is verified
+/// the same way in every case.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Writes {
+    /// Nothing (`upgrade --plan-only`): what was trusted is not recorded, no metadata file is
+    /// kept, no seed file is created, nothing is dropped.
+    Nothing,
+    /// What a TUF client keeps of every update it verified, and nothing else: the trust record
+    /// (root, versions, time floor) and the verified snapshot and targets files
+    /// ([`crate::trust::Kept`]), so the next poll of an unchanged channel downloads only the
+    /// root probe and the timestamp. No seed file is created and no staged release is dropped
+    /// (the agent's poller and claim check, which only look).
+    Trust,
+    /// Everything a resolution does: [`Writes::Trust`], plus the node's seed file on its first
+    /// resolution and marking a staged release the channel withdrew bad.
+    #[default]
+    All,
+}
+
 /// One request to stage a release: what is wanted and how to stage it.
 #[derive(Debug, Clone)]
 pub struct StageRequest {
@@ -72,9 +91,8 @@ pub struct StageRequest {
     pub bundle_dir: Option<PathBuf>,
     /// Accept the channel's signed metadata even when it has expired (`--ignore-expiry`).
     pub ignore_expiry: bool,
-    /// Resolve without writing anything on the node (`--plan-only`): the channel's metadata is
-    /// verified as always, but what was trusted is not recorded.
-    pub read_only: bool,
+    /// What resolving may write on the node.
+    pub writes: Writes,
     /// How to fetch and write it.
     pub options: StageOptions,
     /// The seed that places the node in the channel's rollout waves (None: the node's own,
@@ -92,7 +110,7 @@ impl StageRequest {
             wanted,
             bundle_dir: None,
             ignore_expiry: false,
-            read_only: false,
+            writes: Writes::All,
             options: StageOptions::default(),
             seed: None,
             ignore_rollout: false,
@@ -107,7 +125,7 @@ impl StageRequest {
     /// Resolve what is wanted on a node configured by `cfg` (its channel root, trust record and
     /// seed file) that runs `running` and has `staged` in its other slot: the release to stage
     /// and what its signed manifest must be. Through signed metadata the releases' rollouts
-    /// decide ([`crate::rollout`]); a read-only request does not create the seed file.
+    /// decide ([`crate::rollout`]); [`StageRequest::writes`] says what may be written.
     pub fn resolve(
         &self,
         cfg: &Config,
@@ -126,13 +144,13 @@ impl StageRequest {
                 }
                 let mut trust = TrustOptions::from_config(cfg);
                 trust.ignore_expiry = self.ignore_expiry;
-                trust.read_only = self.read_only;
+                trust.read_only = self.writes == Writes::Nothing;
                 trust.min_rate = self.options.min_rate_rule();
                 let node = NodeRollout {
-                    seed: match (self.seed, self.read_only) {
+                    seed: match (self.seed, self.writes) {
                         (Some(s), _) => SeedSource::Given(s),
-                        (None, false) => SeedSource::File(cfg.state_dir.clone()),
-                        (None, true) => SeedSource::ReadOnly(cfg.state_dir.clone()),
+                        (None, Writes::All) => SeedSource::File(cfg.state_dir.clone()),
+                        (None, _) => SeedSource::ReadOnly(cfg.state_dir.clone()),
                     },
                     running,
                     staged,

@@ -290,7 +290,7 @@ impl Updater {
             } => note.drop_staged.as_ref(),
             _ => None,
         };
-        if let (false, Some(d), Some(s)) = (req.read_only, dropped, &staged) {
+        if let (crate::Writes::All, Some(d), Some(s)) = (req.writes, dropped, &staged) {
             if d == s {
                 let other = self.booted_slot()?.other();
                 self.mark_bad(

@@ -509,12 +509,16 @@ fn sign_channel(rig: &mut Rig) -> impl Fn(&str, Edit) {
 }
 
 /// Issue 24 on a real node: resolving `latest` for the cluster's seed (the poller, the claim
-/// check) writes nothing on the node: no trust record, no seed file, a withdrawn staged release
-/// left in place; only `drop_withdrawn` (the node's own tick) marks that slot bad, and only
-/// because the node's own signed metadata withdraws it.
+/// check) only looks: it records what it trusted and keeps the verified snapshot and targets
+/// (as every TUF client does: the next poll of an unchanged channel downloads two small files),
+/// but creates no seed file and leaves a withdrawn staged release in place; only
+/// `drop_withdrawn` (the node's own tick) marks that slot bad, and only because the node's own
+/// signed metadata withdraws it.
 #[test]
-fn resolving_latest_writes_nothing_and_only_the_nodes_tick_drops_a_withdrawn_release() {
+fn resolving_latest_only_keeps_trust_and_only_the_nodes_tick_drops_a_withdrawn_release() {
     use libupgrade::rollout::{Rollout, Seed, Wave, Withdrawal};
+    use libupgrade::trust::Role;
+    use std::fs;
     let mut rig = Rig::new(3);
     let publisher = rig._publisher.path().to_path_buf();
     let secret = publisher.join("publisher.key");
@@ -537,10 +541,17 @@ fn resolving_latest_writes_nothing_and_only_the_nodes_tick_drops_a_withdrawn_rel
     assert_eq!(l.version, "v1");
     let w = l.waiting.expect("v2 waits for its wave");
     assert_eq!(w.version, "v2");
-    assert!(
-        !trust_record.exists() && !seed_file.exists(),
-        "the poller wrote on the node"
-    );
+    assert!(!seed_file.exists(), "the poller created the seed file");
+    assert!(trust_record.exists(), "the poller records what it trusted");
+    let kept = |role: Role| {
+        let dir = state.join(libupgrade::trust::KEPT_DIR);
+        let chan = fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
+        fs::read(chan.join(role.file())).unwrap()
+    };
+    let channel_file = |role: Role| fs::read(Path::new(&rig.channel).join(role.file())).unwrap();
+    for role in [Role::Snapshot, Role::Targets] {
+        assert_eq!(kept(role), channel_file(role), "kept {role}");
+    }
 
     // The wave started: the stage (the agent's request, with the cluster's seed) takes v2 and
     // records what it trusted.
@@ -561,7 +572,7 @@ fn resolving_latest_writes_nothing_and_only_the_nodes_tick_drops_a_withdrawn_rel
     );
     assert!(trust_record.exists(), "the stage records the trust");
 
-    // Withdrawn: the read-only resolution sees it and drops nothing.
+    // Withdrawn: the poller's resolution sees it and drops nothing.
     set_rollout("v2", &|r| Rollout {
         withdrawn: Some(Withdrawal {
             at: chrono::Utc::now(),

@@ -1,6 +1,6 @@
 //! The agent's background tasks besides the reconcile loop: renewing this node's liveness
 //! Lease, reclaiming the slots of dead holders, and (while holding a channel's poller Lease)
-//! resolving `latest` for the cluster's seed (read-only; published by
+//! resolving `latest` for the cluster's seed (it only looks: `libupgrade::Writes::Trust`; published by
 //! [`crate::agent::cluster::rollout_status`]). They read the channels from the watch cache when the agent has one
 //! ([`Agent::channels_now`]), so none of them lists anything while the fleet is idle.
 //!
@@ -297,7 +297,8 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
 }
 
 /// One poll of `ch` by the poller Lease's holder: resolve `latest` for the cluster's seed
-/// (read-only) and publish it (status, conditions, Events), or the failure.
+/// (it only looks: [`libupgrade::Writes::Trust`]) and publish it (status, conditions, Events),
+/// or the failure.
 async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) {
         let url = ch.spec.url.clone();
         let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);

@@ -15,8 +15,10 @@
 //! ([`crate::agent::channel::fleet_waves::cluster_seed`]), never by the node's own seed file:
 //! the channel's fleet waves admit a cluster as a whole and the in-cluster rollout orders its
 //! nodes. Resolving
-//! `latest` ([`NodeOps::resolve_latest`]: the poller, the claim check) is read-only: it records
-//! no trust, creates no seed file and drops nothing. The one place that acts on a withdrawal is
+//! `latest` ([`NodeOps::resolve_latest`]: the poller, the claim check) only looks: it records
+//! what it trusted and keeps the verified metadata files, as every TUF client does (so the next
+//! poll of an unchanged channel costs two small downloads, and the node's rollback protection
+//! moves on), but creates no seed file and drops nothing ([`libupgrade::Writes::Trust`]). The one place that acts on a withdrawal is
 //! the node's own tick [`NodeOps::drop_withdrawn`], which the decision asks for when this
 //! node's staged release is withdrawn (the poller runs on one node of the cluster and could
 //! drop only its own slot).
@@ -139,7 +141,8 @@ pub trait NodeOps: Send + Sync + 'static {
     fn status(&self) -> Result<NodeUpdateStatus, NodeError>;
     /// What `latest` of `channel` is for a node of this architecture placed at `seed` in the
     /// channel's rollouts: the release offered, the newer one held back and the withdrawn
-    /// ones. Read-only: records no trust, writes no seed file, drops nothing.
+    /// ones. Only looks: records what it trusted and keeps the verified metadata
+    /// ([`libupgrade::Writes::Trust`]), writes no seed file, drops nothing.
     fn resolve_latest(&self, channel: &str, seed: Seed) -> Result<Latest, NodeError>;
     /// When the release staged in the inactive slot is withdrawn by `channel`'s signed metadata
     /// (as resolved for `seed`), mark the slot bad so it is never activated, and return the
@@ -308,7 +311,7 @@ impl NodeOps for LibupgradeNode {
 
     fn resolve_latest(&self, channel: &str, seed: Seed) -> Result<Latest, NodeError> {
         let req = StageRequest {
-            read_only: true,
+            writes: libupgrade::Writes::Trust,
             seed: Some(seed),
             ..StageRequest::new(libupgrade::Wanted::channel(channel, None))
         };
@@ -317,7 +320,7 @@ impl NodeOps for LibupgradeNode {
 
     fn drop_withdrawn(&self, channel: &str, seed: Seed) -> Result<Option<String>, NodeError> {
         let before = self.status()?.inactive;
-        // Not read-only: `Updater::resolve` marks a withdrawn staged slot bad (the same code
+        // `Writes::All`: `Updater::resolve` marks a withdrawn staged slot bad (the same code
         // `upgrade --version latest` runs), and only when the signed metadata says so.
         let req = StageRequest {
             seed: Some(seed),
