@@ -9,9 +9,11 @@
 //!   serve`; a site whose wave has not started resolves `latest` through libupgrade exactly as
 //!   a node does (`channel::resolve_for` with the node's trust options and the site's seed), at
 //!   virtual times 15 minutes apart (the test clock of the resolution). Every request the
-//!   server logs is counted, with the bytes of the files it answered. Two kinds of polls: the
-//!   agent's poller (read-only: records no trust) and `k3os-ops upgrade --version latest` from
-//!   a timer (records what it trusted).
+//!   server logs is counted, with the bytes of the files it answered. Three clients: a node
+//!   (the agent's poller and `k3os-ops upgrade --version latest` from a timer both record what
+//!   they trusted and keep the verified snapshot and targets, `trust::Kept`), a resolution
+//!   that keeps nothing (`--plan-only`), and the reference, python-tuf's ngclient, refreshing
+//!   the same channel on the same server in the same run.
 //! - **The share on the release per hour** ([`simulate`]): `FLEET_SITES` sites (default 1000),
 //!   each with the seed the agent derives from its channel's UID (`Seed::derived_from`), polling
 //!   every 15 minutes (the agent's default `--poll-secs`) at a random phase; at every poll the
@@ -56,13 +58,16 @@ pub struct Poll {
     pub bytes: u64,
 }
 
-/// What polls cost on the real server: the first, and a later one while waiting, for the
-/// agent's read-only poller and for a recording `upgrade` timer.
+/// What polls cost on the real server (the last of [`POLLS`] polls while waiting, and the
+/// first): a node, which keeps the metadata it verified (the agent's poller and an `upgrade`
+/// timer alike); a resolution that keeps nothing (`upgrade --plan-only`, and every poll before
+/// nodes kept metadata); python-tuf's ngclient refreshing the same channel (the reference).
 #[derive(Debug, Clone)]
 pub struct PollCost {
     pub first: Poll,
-    pub agent: Poll,
-    pub timer: Poll,
+    pub node: Poll,
+    pub look: Poll,
+    pub reference: Poll,
 }
 
 fn ok(args: &[&str]) {
@@ -194,6 +199,7 @@ pub fn poll_cost() -> PollCost {
         ignore_rollout: false,
     };
     let mut seen = 0;
+    let site = dir.path().join("site");
     let mut measure = |read_only: bool, name: &str| {
         let state = dir.path().join(name);
         std::fs::create_dir_all(&state).unwrap();
@@ -217,18 +223,49 @@ pub fn poll_cost() -> PollCost {
                 .and_then(|n| n.waiting.as_ref())
                 .map(|w| w.version.as_str());
             assert_eq!((r.version.as_str(), waits), ("v1", Some("v2")), "{r:?}");
-            polls.push(since(&log, &mut seen, &dir.path().join("site")));
+            polls.push(since(&log, &mut seen, &site));
         }
         polls
     };
-    let agent = measure(true, "agent");
-    let timer = measure(false, "timer");
+    let node_polls = measure(false, "node");
+    let look = measure(true, "look");
+    let reference = (0..POLLS)
+        .map(|_| {
+            python_tuf_refresh(
+                &url,
+                &dir.path().join("python-tuf"),
+                &chan.join("root.json"),
+            );
+            since(&log, &mut seen, &site)
+        })
+        .collect::<Vec<_>>();
     drop(srv);
+    let last = |p: &[Poll]| p[POLLS as usize - 1].clone();
     PollCost {
-        first: timer[0].clone(),
-        agent: agent[POLLS as usize - 1].clone(),
-        timer: timer[POLLS as usize - 1].clone(),
+        first: node_polls[0].clone(),
+        node: last(&node_polls),
+        look: last(&look),
+        reference: last(&reference),
     }
+}
+
+/// One `refresh()` of python-tuf's ngclient (`tests/tuf/interop.py refresh`, python-tuf as
+/// `scripts/setup.sh` installs it), keeping its metadata in `metadir` between calls.
+fn python_tuf_refresh(url: &str, metadir: &Path, root: &Path) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tuf/interop.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args(["refresh", url])
+        .arg(metadir)
+        .arg(root)
+        .output()
+        .expect("python3 runs (scripts/setup.sh installs it with python-tuf)");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.trim() == "ok",
+        "python-tuf refresh of {url}: {said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Per site: when it was first offered v2, and how many polls it made while waiting.
@@ -300,18 +337,39 @@ pub fn simulate(sites: usize, cost: &PollCost) {
     };
     println!("\nfleet of one-node sites: {sites} sites, v2 in 4 waves (1 %@T, 10 %@T+24h, 50 %@T+48h, 100 %@T+72h), polls every {} min, update {} min", POLL.num_minutes(), UPDATE.num_minutes());
     println!("  one poll on a real `release serve` (site waiting for its wave):");
-    println!("    first poll:                 {}", fmt(&cost.first));
-    println!("    agent poller (read-only):   {}", fmt(&cost.agent));
-    println!("    `upgrade` timer (records):  {}", fmt(&cost.timer));
-    let per_poll = cost.agent.paths.len() as f64;
-    let polls_per_hour = 60.0 / POLL.num_minutes() as f64;
     println!(
-        "  requests per waiting site per hour: {:.1} (agent, {} polls/h × {} requests); bytes {:.0}",
-        per_poll * polls_per_hour,
-        polls_per_hour,
-        per_poll,
-        cost.agent.bytes as f64 * polls_per_hour
+        "    first poll:                         {}",
+        fmt(&cost.first)
     );
+    println!(
+        "    node (agent poller, `upgrade`):     {}",
+        fmt(&cost.node)
+    );
+    println!(
+        "    keeping nothing (--plan-only):      {}",
+        fmt(&cost.look)
+    );
+    println!(
+        "    python-tuf ngclient (reference):    {}",
+        fmt(&cost.reference)
+    );
+    println!(
+        "    node / python-tuf: {:.2}× the requests, {:.2}× the bytes",
+        cost.node.paths.len() as f64 / cost.reference.paths.len() as f64,
+        cost.node.bytes as f64 / cost.reference.bytes.max(1) as f64
+    );
+    let per_poll = cost.node.paths.len() as f64;
+    for minutes in [POLL.num_minutes(), 60] {
+        let polls_per_hour = 60.0 / minutes as f64;
+        println!(
+            "  requests per waiting site per hour at a {minutes}-min poll: {:.1} ({} polls/h × {} requests), {:.0} B; plus one snapshot.json a day after the channel's daily `release timestamp`",
+            per_poll * polls_per_hour,
+            polls_per_hour,
+            per_poll,
+            cost.node.bytes as f64 * polls_per_hour
+        );
+    }
+    let polls_per_hour = 60.0 / POLL.num_minutes() as f64;
     println!("  hour  schedule  offered  on v2   waiting  origin req/h");
     let v2 = waves(t);
     let (mut worst_offered, mut worst_on) = (0.0f64, 0.0f64);

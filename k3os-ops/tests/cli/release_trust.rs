@@ -1007,3 +1007,97 @@ fn a_rollout_is_signed_by_the_targets_role_kept_when_re_listed_and_cannot_be_str
     let e = trust_err(resolve(&srv.url, None, &trust).unwrap_err());
     assert!(matches!(e, TrustError::Threshold { .. }), "{e}");
 }
+
+/// The files `log` (a `release serve --listen` request log) gained since it had `seen` lines.
+fn requests_since(log: &Path, seen: &mut usize) -> Vec<String> {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<String> = text
+        .lines()
+        .skip(*seen)
+        .filter_map(|l| l.split_whitespace().nth(2).map(String::from))
+        .collect();
+    *seen += lines.len();
+    lines
+}
+
+/// Issue 24's "a few requests per waiting site": a node keeps the snapshot and targets it
+/// verified (`trust::Kept`), so a poll of an unchanged channel downloads only what TUF requires
+/// every time, the next root's probe and the timestamp, as python-tuf's ngclient does. A node
+/// whose state was written before files were kept (a trust record, no `channel-meta`) starts
+/// keeping them at its next poll; a damaged kept file costs a download, never the poll;
+/// `--plan-only`'s resolution (`Writes::Nothing`) keeps nothing.
+#[test]
+fn bandwidth_an_unchanged_channel_costs_the_root_probe_and_the_timestamp() {
+    let c = Chan::new(1);
+    let log = c.t.path().join("serve.log");
+    let srv = Server::start_logged(&c.dir, &log);
+    let mut seen = 0;
+    let trust = c.node_trust("node");
+    let state = trust.store_file.parent().unwrap().to_path_buf();
+    let kept_dir = state.join(libupgrade::trust::KEPT_DIR);
+    let all = [
+        "/2.root.json",
+        "/timestamp.json",
+        "/snapshot.json",
+        "/targets.json",
+    ];
+
+    // Looking only: verified, nothing kept.
+    let look = TrustOptions {
+        read_only: true,
+        ..trust.clone()
+    };
+    assert_eq!(resolve(&srv.url, None, &look).unwrap().version, "v2");
+    assert_eq!(requests_since(&log, &mut seen), all);
+    assert!(!kept_dir.exists() && !trust.store_file.exists());
+
+    // A node as the build before kept files left it: the trust record only.
+    resolve(&srv.url, None, &trust).unwrap();
+    fs::remove_dir_all(&kept_dir).unwrap();
+    seen = requests_since(&log, &mut 0).len();
+    assert_eq!(resolve(&srv.url, None, &trust).unwrap().version, "v2");
+    assert_eq!(
+        requests_since(&log, &mut seen),
+        all,
+        "first poll after the update"
+    );
+    for _ in 0..2 {
+        assert_eq!(resolve(&srv.url, None, &trust).unwrap().version, "v2");
+        assert_eq!(
+            requests_since(&log, &mut seen),
+            ["/2.root.json", "/timestamp.json"]
+        );
+    }
+
+    // The daily timestamp re-sign changes the timestamp and the snapshot (its version moves):
+    // the snapshot is downloaded, the targets are not.
+    c.timestamp(Days::days(7));
+    resolve(&srv.url, None, &trust).unwrap();
+    assert_eq!(
+        requests_since(&log, &mut seen),
+        ["/2.root.json", "/timestamp.json", "/snapshot.json"]
+    );
+
+    // A damaged kept targets file: downloaded again, the poll goes on, the file is mended.
+    let chan_dir = fs::read_dir(&kept_dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    fs::write(chan_dir.join("targets.json"), b"{\"signed\": {").unwrap();
+    assert_eq!(resolve(&srv.url, None, &trust).unwrap().version, "v2");
+    assert_eq!(
+        requests_since(&log, &mut seen),
+        ["/2.root.json", "/timestamp.json", "/targets.json"]
+    );
+    assert_eq!(
+        fs::read(chan_dir.join("targets.json")).unwrap(),
+        c.read("targets.json")
+    );
+    resolve(&srv.url, None, &trust).unwrap();
+    assert_eq!(
+        requests_since(&log, &mut seen),
+        ["/2.root.json", "/timestamp.json"]
+    );
+}

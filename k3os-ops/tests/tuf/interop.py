@@ -8,6 +8,11 @@ k3os-ops/tests/cli/tuf_interop.rs.
       targets metadata. Prints "ok" (exit 0) or "refused: <error>" (exit 3). Any other exit is
       a bug in the test.
 
+  interop.py refresh URL METADIR ROOT
+      python-tuf's ngclient.Updater refreshes the channel at URL only (METADIR as for client):
+      what one poll of a channel costs the reference client. Prints "ok" or "refused: <error>"
+      (exit 3).
+
   interop.py write REPO OP...
       Writes a channel with python-tuf's Metadata API, one OP after another:
         init:arch=A,threshold=T,v=N   root 1 (key root1), targets (keys targets1[,targets2] with
@@ -197,14 +202,29 @@ def write(path, ops):
         OPS[name](repo, **kwargs)
 
 
-def client(url, metadir, root, target):
+def updater(url, metadir, root):
     os.makedirs(metadir, exist_ok=True)
     if not os.path.exists(os.path.join(metadir, "root.json")):
         shutil.copy(root, os.path.join(metadir, "root.json"))
     downloads = os.path.join(metadir, "downloads")
     os.makedirs(downloads, exist_ok=True)
+    return Updater(metadir, url, downloads, url, bootstrap=None), downloads
+
+
+def refresh(url, metadir, root):
     try:
-        up = Updater(metadir, url, downloads, url, bootstrap=None)
+        up, _ = updater(url, metadir, root)
+        up.refresh()
+    except (exceptions.RepositoryError, exceptions.DownloadError) as e:
+        print(f"refused: {type(e).__name__}: {e}")
+        return 3
+    print("ok")
+    return 0
+
+
+def client(url, metadir, root, target):
+    try:
+        up, downloads = updater(url, metadir, root)
         up.refresh()
         info = up.get_targetinfo(target)
         if info is None:
@@ -221,6 +241,8 @@ def client(url, metadir, root, target):
 def main(argv):
     if len(argv) >= 6 and argv[1] == "client":
         return client(*argv[2:6])
+    if len(argv) >= 5 and argv[1] == "refresh":
+        return refresh(*argv[2:5])
     if len(argv) >= 3 and argv[1] == "write":
         write(argv[2], argv[3:])
         return 0
