@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use rand::Rng;
@@ -242,16 +242,50 @@ async fn reclaim_channel(
     }
 }
 
+/// A channel's last poll: its spec then (uid, generation), when, and when the release it held
+/// back for this cluster's wave is admitted.
+#[derive(Debug, Clone)]
+struct Looked {
+    seen: (Option<String>, Option<i64>),
+    at: tokio::time::Instant,
+    wake: Option<tokio::time::Instant>,
+}
+
+impl Looked {
+    /// Whether the channel, now with spec `seen`, is due for a poll at `now`: its spec changed,
+    /// `period` passed, or the held-back release's admission time came.
+    fn due(
+        &self,
+        seen: &(Option<String>, Option<i64>),
+        now: tokio::time::Instant,
+        period: Duration,
+    ) -> bool {
+        self.seen != *seen
+            || now.duration_since(self.at) >= period
+            || self.wake.is_some_and(|w| now >= w)
+    }
+}
+
+/// The instant to poll again for a release admitted at `admitted` (by the node's clock): one
+/// second after it, so the resolution then sees it admitted.
+fn wake_at(
+    admitted: DateTime<Utc>,
+    now: DateTime<Utc>,
+    instant: tokio::time::Instant,
+) -> tokio::time::Instant {
+    instant + (admitted - now).to_std().unwrap_or_default() + Duration::from_secs(1)
+}
+
 /// Resolve `latest` for each channel whose poller Lease this node holds, forever: every
-/// `period`, and at once (within `POLL_LOOK_PERIOD`) when a channel appears or its spec
-/// changes (new `metadata.generation`).
+/// `period`, at once (within `POLL_LOOK_PERIOD`) when a channel appears or its spec changes
+/// (new `metadata.generation`), and when a newer release held back for this cluster's wave is
+/// admitted (its seed's instant, [`crate::agent::host::latest::Latest::admitted_at`]): a wave is taken on time whatever
+/// `--poll-secs` says, so a site on a thin link can poll hourly.
 pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
     let leases: Api<Lease> =
         Api::namespaced(agent.clients.client.clone(), &agent.settings.namespace);
     let lease_secs = i32::try_from(period.as_secs().saturating_mul(3)).unwrap_or(i32::MAX);
-    // Per channel: (uid, generation) last looked at, and when.
-    type Seen = (Option<String>, Option<i64>);
-    let mut looked: BTreeMap<String, (Seen, tokio::time::Instant)> = BTreeMap::new();
+    let mut looked: BTreeMap<String, Looked> = BTreeMap::new();
     loop {
         if let Ok(list) = agent.channels_now().await {
             let names: Vec<String> = list
@@ -265,15 +299,19 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                     continue;
                 }
                 let name = ch.metadata.name.clone().unwrap_or_default();
-                let key = (ch.metadata.uid.clone(), ch.metadata.generation);
+                let seen = (ch.metadata.uid.clone(), ch.metadata.generation);
                 let now = tokio::time::Instant::now();
-                let due = looked
-                    .get(&name)
-                    .is_none_or(|(k, at)| *k != key || now.duration_since(*at) >= period);
-                if !due {
+                if looked.get(&name).is_some_and(|l| !l.due(&seen, now, period)) {
                     continue;
                 }
-                looked.insert(name.clone(), (key, now));
+                looked.insert(
+                    name.clone(),
+                    Looked {
+                        seen,
+                        at: now,
+                        wake: None,
+                    },
+                );
                 match acquire_lease(
                     &leases,
                     &poller_lease_name(&name),
@@ -289,7 +327,10 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                         continue;
                     }
                 }
-                poll(&agent, &ch, &name).await;
+                if let (Some(admitted), Some(l)) = (poll(&agent, &ch, &name).await, looked.get_mut(&name))
+                {
+                    l.wake = Some(wake_at(admitted, Utc::now(), tokio::time::Instant::now()));
+                }
             }
         }
         tokio::time::sleep(period.min(POLL_LOOK_PERIOD)).await;
@@ -298,8 +339,8 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
 
 /// One poll of `ch` by the poller Lease's holder: resolve `latest` for the cluster's seed
 /// (it only looks: [`libupgrade::Writes::Trust`]) and publish it (status, conditions, Events),
-/// or the failure.
-async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) {
+/// or the failure. Returns when the release held back for this cluster's wave is admitted.
+async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) -> Option<DateTime<Utc>> {
         let url = ch.spec.url.clone();
         let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
         let resolved = agent
@@ -312,7 +353,7 @@ async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) {
         let e = match resolved {
             Ok(latest) => {
                 rollout_status::publish(agent, ch, &latest, seed).await;
-                return;
+                return latest.admitted_at();
             }
             Err(e) => e,
         };
@@ -327,6 +368,7 @@ async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) {
             }
             Ok(()) => {}
         }
+        None
 }
 
 #[cfg(test)]
@@ -375,5 +417,36 @@ mod tests {
         assert_eq!(lease_period(None), MAX_LEASE_PERIOD);
         assert_eq!(lease_period(Some(s(3600))), MAX_LEASE_PERIOD);
         assert_eq!(lease_period(Some(s(900))), s(225));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    /// A waiting cluster polls at its seed's admission time, not a period later; a changed
+    /// spec polls at once; otherwise the period holds.
+    #[test]
+    fn a_poll_is_due_at_the_period_a_spec_change_or_the_admission_of_the_held_release() {
+        let t0 = Instant::now();
+        let period = Duration::from_secs(3600);
+        let seen = (Some("uid".to_string()), Some(1));
+        let admitted = Utc::now() + chrono::Duration::minutes(10);
+        let l = Looked {
+            seen: seen.clone(),
+            at: t0,
+            wake: Some(wake_at(admitted, Utc::now(), t0)),
+        };
+        let min = |m: u64| t0 + Duration::from_secs(60 * m);
+        assert!(!l.due(&seen, min(9), period));
+        assert!(l.due(&seen, min(10) + Duration::from_secs(2), period));
+        assert!(l.due(&(Some("uid".into()), Some(2)), min(1), period));
+        let idle = Looked { wake: None, ..l };
+        assert!(!idle.due(&seen, min(59), period));
+        assert!(idle.due(&seen, min(60), period));
+        // An admission time already past (the node's clock moved) wakes at once.
+        let past = wake_at(Utc::now() - chrono::Duration::hours(1), Utc::now(), t0);
+        assert!(past <= t0 + Duration::from_secs(1));
     }
 }

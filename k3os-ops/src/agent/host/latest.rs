@@ -4,7 +4,8 @@
 //! (`status.latestVersion`, `status.fleetRollout`, the conditions `WaitingForWave` and
 //! `ReleaseWithdrawn`); the claim check compares it with the status before a node claims.
 
-use libupgrade::rollout::Waiting;
+use chrono::{DateTime, Utc};
+use libupgrade::rollout::{Hold, Waiting};
 
 /// A resolution of `latest` for the cluster's seed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -40,6 +41,18 @@ impl Latest {
             version: rel.version.clone().unwrap_or_default(),
             waiting: note.and_then(|n| n.waiting.clone()),
             withdrawn: note.map(|n| n.withdrawn.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// When the release held back for its wave is admitted for this seed (the wave's linear
+    /// growth gives each seed its own instant), if that is why it waits: the poller looks again
+    /// then, so a wave is taken on time whatever the poll period. `None` for a pause, a
+    /// required stop or nothing held back: those change only by a new publication, which the
+    /// next periodic poll sees.
+    pub fn admitted_at(&self) -> Option<DateTime<Utc>> {
+        match self.waiting.as_ref()?.hold {
+            Hold::Wave { starts } => starts,
+            _ => None,
         }
     }
 
