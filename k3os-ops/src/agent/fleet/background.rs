@@ -1,6 +1,6 @@
 //! The agent's background tasks besides the reconcile loop: renewing this node's liveness
 //! Lease, reclaiming the slots of dead holders, and (while holding a channel's poller Lease)
-//! resolving `latest` for the cluster's seed (read-only; published by
+//! resolving `latest`, or a pinned channel's pinned release, for the cluster's seed (read-only; published by
 //! [`crate::agent::cluster::rollout_status`]). They read the channels from the watch cache when the agent has one
 //! ([`Agent::channels_now`]), so none of them lists anything while the fleet is idle.
 //!
@@ -242,7 +242,8 @@ async fn reclaim_channel(
     }
 }
 
-/// Resolve `latest` for each channel whose poller Lease this node holds, forever: every
+/// Resolve `latest` (or the pinned release) for each channel whose poller Lease this node
+/// holds, forever: every
 /// `period`, and at once (within `POLL_LOOK_PERIOD`) when a channel appears or its spec
 /// changes (new `metadata.generation`).
 pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
@@ -261,9 +262,6 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                 .collect();
             looked.retain(|n, _| names.contains(n));
             for ch in list.channels {
-                if ch.spec.pinned_version().is_some() {
-                    continue;
-                }
                 let name = ch.metadata.name.clone().unwrap_or_default();
                 let key = (ch.metadata.uid.clone(), ch.metadata.generation);
                 let now = tokio::time::Instant::now();
@@ -296,36 +294,67 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
     }
 }
 
-/// One poll of `ch` by the poller Lease's holder: resolve `latest` for the cluster's seed
-/// (read-only) and publish it (status, conditions, Events), or the failure.
+/// One poll of `ch` by the poller Lease's holder: resolve `latest` (a pinned channel: its pinned
+/// release, [`poll_pinned`]) for the cluster's seed (read-only) and publish it (status,
+/// conditions, Events), or the failure.
 async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) {
-        let url = ch.spec.url.clone();
-        let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
-        let resolved = agent
-            .blocking(move |ops| ops.resolve_latest(&url, seed))
-            .await;
-        let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
-        if stale.is_some() || resolved.is_ok() {
-            crate::agent::cluster::stale::report(agent, ch, stale.as_ref()).await;
+    if let Some(version) = ch.spec.pinned_version() {
+        return poll_pinned(agent, ch, version).await;
+    }
+    let url = ch.spec.url.clone();
+    let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
+    let resolved = agent
+        .blocking(move |ops| ops.resolve_latest(&url, seed))
+        .await;
+    let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
+    if stale.is_some() || resolved.is_ok() {
+        crate::agent::cluster::stale::report(agent, ch, stale.as_ref()).await;
+    }
+    let e = match resolved {
+        Ok(latest) => {
+            rollout_status::publish(agent, ch, &latest, seed).await;
+            return;
         }
-        let e = match resolved {
-            Ok(latest) => {
-                rollout_status::publish(agent, ch, &latest, seed).await;
-                return;
-            }
-            Err(e) => e,
-        };
-        let store = agent.store(name);
-        match slots::set_latest(&store, Err(&format!("{e:#}")), Utc::now()).await {
-            Err(w) => tracing::warn!("write latestVersion of {name}: {w}"),
-            // Expired metadata was reported as ChannelStale (one Event) above.
-            Ok(()) if e.stale().is_none() => {
-                agent
-                    .event_once(Some(ch), true, "ResolveFailed", format!("{e:#}"))
-                    .await;
-            }
-            Ok(()) => {}
+        Err(e) => e,
+    };
+    let store = agent.store(name);
+    match slots::set_latest(&store, Err(&format!("{e:#}")), Utc::now()).await {
+        Err(w) => tracing::warn!("write latestVersion of {name}: {w}"),
+        // Expired metadata was reported as ChannelStale (one Event) above.
+        Ok(()) if e.stale().is_none() => {
+            agent
+                .event_once(Some(ch), true, "ResolveFailed", format!("{e:#}"))
+                .await;
         }
+        Ok(()) => {}
+    }
+}
+
+/// One poll of a pinned channel: whether its rollout offers the pinned `version` to this
+/// cluster now, published by [`rollout_status::publish_pinned`] (`latestVersion` is not
+/// written). A failed resolution is reported as for `latest` (`ChannelStale`, or one
+/// `ResolveFailed` Event) and changes nothing else: the verdict last published stands.
+async fn poll_pinned(agent: &Arc<Agent>, ch: &UpdateChannel, version: &str) {
+    let (url, v) = (ch.spec.url.clone(), version.to_string());
+    let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
+    let ignore = ch.spec.ignores_rollout();
+    let resolved = agent
+        .blocking(move |ops| ops.resolve_pinned(&url, &v, seed, ignore))
+        .await;
+    let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
+    if stale.is_some() || resolved.is_ok() {
+        crate::agent::cluster::stale::report(agent, ch, stale.as_ref()).await;
+    }
+    match resolved {
+        Ok(pinned) => rollout_status::publish_pinned(agent, ch, &pinned, seed).await,
+        // Expired metadata was reported as ChannelStale (one Event) above.
+        Err(e) if e.stale().is_none() => {
+            agent
+                .event_once(Some(ch), true, "ResolveFailed", format!("{e:#}"))
+                .await
+        }
+        Err(_) => {}
+    }
 }
 
 #[cfg(test)]

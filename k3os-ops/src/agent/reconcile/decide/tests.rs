@@ -275,6 +275,7 @@ fn a_withdrawn_release_is_never_claimed_and_a_staged_one_is_dropped() {
         cluster_seed: 7,
         withdrawn: vec!["v2".into()],
         withdrawn_target: Some("v2".into()),
+        held_target: None,
     });
     let open = Inputs::open_at(at(0));
     assert_eq!(
