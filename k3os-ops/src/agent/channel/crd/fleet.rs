@@ -2,7 +2,8 @@
 //! conditions that say why a newer release is not taken: the channel's signed metadata rolls
 //! each release out over many clusters in waves (libupgrade's `rollout`), and the cluster is
 //! placed in them by one seed. Written by the agent holding the poller Lease (see
-//! `agent/cluster/fleet_waves.rs`); the rules are in `agent/channel/fleet_waves.rs`.
+//! `agent/cluster/rollout_status.rs`); the rules are in `agent/channel/fleet_waves.rs` (a pinned
+//! channel: `agent/channel/fleet_pinned.rs`).
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
