@@ -1,8 +1,8 @@
 //! The simulated node side of the agent ([`NodeOps`]) shared by the idle-agent test and the
 //! fleet bench: no disk, no bootloader, only the versions a node's slots hold. Given a channel
 //! ([`SimNode::with_channel`]: the releases its signed metadata lists, with their rollouts, and
-//! a clock the test moves), it resolves `latest` and checks a stage with libupgrade's own pure
-//! rollout decision (`libupgrade::rollout::offer`, `admission`) for the seed it is asked with,
+//! a clock the test moves), it resolves `latest` or a pinned version and checks a stage with
+//! libupgrade's own pure rollout decision (`libupgrade::rollout::offer`, `admission`) for the seed it is asked with,
 //! and records those seeds. The tests that
 //! check what the agent asks of a node in which order (`flow`, `kube_mock`: a logging
 //! `FakeNode` each) and the fleet test over the real `LibupgradeNode` (`fleet_rig`) keep
@@ -15,6 +15,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use k3os_ops::agent::host::latest::Latest;
 use k3os_ops::agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
+use k3os_ops::agent::host::pinned::Pinned;
 use k3os_ops::agent::host::status::{Inactive, NodeUpdateStatus};
 use libupgrade::rollout::{self, Installed, Listed, Seed};
 use libupgrade::StageRequest;
@@ -145,6 +146,17 @@ impl SimNode {
     }
 }
 
+/// The versions of the releases `ch` lists as withdrawn, oldest first.
+fn withdrawn(ch: &SimChannel) -> Vec<String> {
+    let mut gone: Vec<&Listed> = ch
+        .releases
+        .iter()
+        .filter(|l| l.rollout.as_ref().is_some_and(|r| r.withdrawn.is_some()))
+        .collect();
+    gone.sort_by_key(|l| l.generation);
+    gone.into_iter().map(|l| l.version.clone()).collect()
+}
+
 impl NodeOps for SimNode {
     fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
         let s = self.slots.lock().unwrap();
@@ -158,16 +170,43 @@ impl NodeOps for SimNode {
     fn resolve_latest(&self, _: &str, seed: Seed) -> Result<Latest, NodeError> {
         self.seeds.lock().unwrap().push(Some(seed));
         let (ch, running, offer) = self.offer(seed)?;
-        let mut withdrawn: Vec<&Listed> = ch
-            .releases
-            .iter()
-            .filter(|l| l.rollout.as_ref().is_some_and(|r| r.withdrawn.is_some()))
-            .collect();
-        withdrawn.sort_by_key(|l| l.generation);
         Ok(Latest {
             version: offer.take.map_or(running.version, |t| t.version),
             waiting: offer.waiting,
-            withdrawn: withdrawn.into_iter().map(|l| l.version.clone()).collect(),
+            withdrawn: withdrawn(&ch),
+        })
+    }
+    fn resolve_pinned(
+        &self,
+        _: &str,
+        version: &str,
+        seed: Seed,
+        ignore_rollout: bool,
+    ) -> Result<Pinned, NodeError> {
+        self.seeds.lock().unwrap().push(Some(seed));
+        let Some(ch) = self.channel.lock().unwrap().clone() else {
+            // No channel given: one without rollouts, every version offered.
+            return Ok(Pinned::offered(version));
+        };
+        let listed = ch
+            .releases
+            .iter()
+            .find(|l| l.version == version)
+            .ok_or_else(|| NodeError::new("resolve", format!("{version} is not listed")))?;
+        // As libupgrade's explicit-version resolution: a release this node staged goes on
+        // (unless withdrawn); the withdrawn releases are listed when it is offered.
+        let started =
+            matches!(&self.slots.lock().unwrap().inactive, Inactive::Staged(v) if v == version);
+        Ok(match rollout::admission(seed, ch.now, listed, started) {
+            Err(hold) if !ignore_rollout => Pinned {
+                version: version.into(),
+                hold: Some(hold),
+                withdrawn: None,
+            },
+            _ => Pinned {
+                withdrawn: Some(withdrawn(&ch)),
+                ..Pinned::offered(version)
+            },
         })
     }
     fn drop_withdrawn(&self, _: &str, seed: Seed) -> Result<Option<String>, NodeError> {
@@ -201,9 +240,11 @@ impl NodeOps for SimNode {
                 .iter()
                 .find(|l| l.version == version)
                 .ok_or_else(|| NodeError::new("resolve", format!("{version} is not listed")))?;
-            rollout::admission(seed, ch.now, listed, false).map_err(|hold| {
-                NodeError::new("resolve", format!("{version} is not offered: {hold}"))
-            })?;
+            if !req.ignore_rollout {
+                rollout::admission(seed, ch.now, listed, false).map_err(|hold| {
+                    NodeError::new("resolve", format!("{version} is not offered: {hold}"))
+                })?;
+            }
         }
         self.slots.lock().unwrap().inactive = Inactive::Staged(version.into());
         Ok(StageEnd::Staged { fetched: 0 })

@@ -46,7 +46,8 @@
 //! announcement of a step that takes long (the stage, the drain, the health checks' wait).
 //!
 //! Module map: [`channel`] (pure: [`channel::crd`], [`channel::spec`], [`channel::window`],
-//! [`channel::duration`], [`channel::rollout`], [`channel::fleet_waves`], [`channel::thin`],
+//! [`channel::duration`], [`channel::rollout`], [`channel::fleet_waves`],
+//! [`channel::fleet_pinned`], [`channel::thin`],
 //! [`channel::gates`], [`channel::selector`], [`channel::listing`], [`channel::counts`],
 //! [`channel::format`]), [`reconcile`] ([`reconcile::controller`], [`reconcile::decide`],
 //! [`reconcile::cooldown`], [`reconcile::waits`], [`reconcile::actions`],
@@ -56,7 +57,7 @@
 //! [`cluster::publish`], [`cluster::events`], [`cluster::effects`], [`cluster::gate_probe`],
 //! [`cluster::stale`], [`cluster::rollout_status`], [`cluster::cache`], [`cluster::client`],
 //! [`cluster::token_scope`]), [`fleet`] ([`fleet::background`], [`fleet::counter`]), [`host`]
-//! ([`host::ops`], [`host::latest`], [`host::status`], [`host::ledger`],
+//! ([`host::ops`], [`host::latest`], [`host::pinned`], [`host::status`], [`host::ledger`],
 //! [`host::stage_progress`]), and the shared [`context`], [`errors`],
 //! [`metrics`], [`phase`], [`mod@run`].
 //!

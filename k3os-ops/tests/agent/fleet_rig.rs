@@ -130,6 +130,16 @@ impl NodeOps for FleetNode {
     ) -> Result<Option<String>, NodeError> {
         self.real.drop_withdrawn(channel, seed)
     }
+    fn resolve_pinned(
+        &self,
+        channel: &str,
+        version: &str,
+        seed: libupgrade::rollout::Seed,
+        ignore_rollout: bool,
+    ) -> Result<agent::host::pinned::Pinned, NodeError> {
+        self.real
+            .resolve_pinned(channel, version, seed, ignore_rollout)
+    }
     fn stage(
         &self,
         req: &StageRequest,

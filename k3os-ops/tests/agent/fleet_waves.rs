@@ -31,13 +31,13 @@ use agent::host::status::Inactive;
 use agent::run::Periods;
 use serde_json::{json, Value};
 
-const UID: &str = "0c9f6a52-5d1e-4c1b-9a53-2f1d7e1f0a11";
+pub(crate) const UID: &str = "0c9f6a52-5d1e-4c1b-9a53-2f1d7e1f0a11";
 
-fn t(h: i64) -> DateTime<Utc> {
+pub(crate) fn t(h: i64) -> DateTime<Utc> {
     DateTime::from_timestamp(1_800_000_000 + h * 3600, 0).unwrap()
 }
 
-fn listed(version: &str, generation: u64, rollout: Option<Rollout>) -> Listed {
+pub(crate) fn listed(version: &str, generation: u64, rollout: Option<Rollout>) -> Listed {
     Listed {
         version: version.into(),
         generation,
@@ -46,7 +46,7 @@ fn listed(version: &str, generation: u64, rollout: Option<Rollout>) -> Listed {
 }
 
 /// The four waves: 1 % at T, 10 % at T+24h, 50 % at T+48h, all at T+72h (T = t(0)).
-fn four_waves() -> Vec<Wave> {
+pub(crate) fn four_waves() -> Vec<Wave> {
     [(100, 0), (1000, 24), (5000, 48), (10_000, 72)]
         .into_iter()
         .map(|(share_bp, h)| Wave {
@@ -58,19 +58,33 @@ fn four_waves() -> Vec<Wave> {
 
 /// One node `n1` and the channel `stable` following `latest`, with `status`.
 fn world(status: Value) -> Arc<Mutex<World>> {
+    world_with(json!({"version": "latest"}), status)
+}
+
+/// One node `n1` and the channel `stable` with `spec` (its URL, concurrency 1, maxFailures 1
+/// and rebootTimeout 2m added), with `status`.
+pub(crate) fn world_with(spec: Value, status: Value) -> Arc<Mutex<World>> {
     let node = fake_api::ready_node("n1", json!({"role": "worker"}));
+    let mut full = json!({"url": "https://releases.example/stable/", "concurrency": 1,
+                          "maxFailures": 1, "rebootTimeout": "2m"});
+    for (k, v) in spec.as_object().expect("a spec object") {
+        full[k] = v.clone();
+    }
     let channel = json!({
         "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
         "metadata": {"name": "stable", "namespace": NS, "uid": UID, "generation": 1},
-        "spec": {"url": "https://releases.example/stable/", "version": "latest",
-                 "concurrency": 1, "maxFailures": 1, "rebootTimeout": "2m"},
+        "spec": full,
         "status": status
     });
     Arc::new(Mutex::new(World::new([node], channel)))
 }
 
 /// Run the agent of `n1` over `ops` until the returned task is aborted.
-fn start(world: &Arc<Mutex<World>>, log: &Log, ops: Arc<SimNode>) -> tokio::task::JoinHandle<()> {
+pub(crate) fn start(
+    world: &Arc<Mutex<World>>,
+    log: &Log,
+    ops: Arc<SimNode>,
+) -> tokio::task::JoinHandle<()> {
     let writes = WriteCounter::new("n1");
     let client = fake_api::counted_client(world, log, &writes);
     let agent = Arc::new(Agent::new(client, NS, "n1", None, ops).with_watches(writes));
@@ -86,7 +100,7 @@ fn start(world: &Arc<Mutex<World>>, log: &Log, ops: Arc<SimNode>) -> tokio::task
 
 /// How many Events of `reason` were published regarding the channel (each Event about the
 /// channel is published twice: regarding the Node and regarding the channel).
-fn events(log: &Log, reason: &str) -> usize {
+pub(crate) fn events(log: &Log, reason: &str) -> usize {
     let l = log.lock().unwrap();
     l.windows(2)
         .filter(|w| {
@@ -96,7 +110,7 @@ fn events(log: &Log, reason: &str) -> usize {
         .count()
 }
 
-fn channel_notes(log: &Log, starting: &str) -> usize {
+pub(crate) fn channel_notes(log: &Log, starting: &str) -> usize {
     let prefix = format!("event-on: UpdateChannel {NS}/stable: {starting}");
     log.lock()
         .unwrap()

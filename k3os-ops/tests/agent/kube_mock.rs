@@ -10,6 +10,7 @@
 
 use k3os_ops::agent;
 use k3os_ops::agent::host::latest::Latest;
+use k3os_ops::agent::host::pinned::Pinned;
 use libupgrade::rollout::Seed;
 
 use std::collections::BTreeMap;
@@ -434,6 +435,10 @@ impl NodeOps for FakeNode {
     }
     fn drop_withdrawn(&self, _: &str, _: Seed) -> Result<Option<String>, NodeError> {
         Ok(None)
+    }
+    fn resolve_pinned(&self, _: &str, v: &str, _: Seed, _: bool) -> Result<Pinned, NodeError> {
+        // A channel without rollouts: every version is offered.
+        Ok(Pinned::offered(v))
     }
     fn stage(
         &self,

@@ -16,6 +16,7 @@ mod flow;
 mod idle;
 mod kube_mock;
 mod node;
+mod pinned_waves;
 mod race;
 mod thin;
 mod trust;

@@ -23,7 +23,8 @@
 //! newer release than `latestVersion` is held back (its reason names the hold: the wave, a
 //! pause, a required stop; its message the time the wave reaches this cluster in RFC 3339),
 //! removed when nothing newer waits, and the condition `ReleaseWithdrawn` while the release
-//! the cluster was updating to is withdrawn.
+//! the cluster was updating to is withdrawn. A channel that pins `spec.version` is published by
+//! the same poller with the rules of [`super::fleet_pinned`].
 
 use chrono::{DateTime, Utc};
 use libupgrade::rollout::{Hold, Seed};
@@ -75,6 +76,7 @@ pub fn apply(
         cluster_seed: seed.get(),
         withdrawn: latest.withdrawn.clone(),
         withdrawn_target: hit.clone(),
+        held_target: None,
     });
     let note = hit.as_ref().map(|v| withdrawn_message(v, &latest.version));
     match &note {
@@ -117,7 +119,7 @@ fn withdrawn_message(version: &str, now_offered: &str) -> String {
 }
 
 /// The condition reason of a hold.
-fn reason(hold: &Hold) -> &'static str {
+pub(super) fn reason(hold: &Hold) -> &'static str {
     match hold {
         Hold::Wave { .. } => "WaveNotStarted",
         Hold::Paused { .. } => "RolloutPaused",
@@ -128,7 +130,7 @@ fn reason(hold: &Hold) -> &'static str {
 }
 
 /// A hold in words, its times in RFC 3339.
-fn hold_text(hold: &Hold) -> String {
+pub(super) fn hold_text(hold: &Hold) -> String {
     match hold {
         Hold::Wave { starts: Some(at) } => {
             format!("this cluster's wave starts at {}", time_str(at))
@@ -152,13 +154,13 @@ fn hold_text(hold: &Hold) -> String {
     }
 }
 
-fn has(st: &UpdateChannelStatus, type_: &str) -> bool {
+pub(super) fn has(st: &UpdateChannelStatus, type_: &str) -> bool {
     st.conditions
         .iter()
         .any(|c| c.type_ == type_ && c.status == "True")
 }
 
-fn remove(st: &mut UpdateChannelStatus, type_: &str) {
+pub(super) fn remove(st: &mut UpdateChannelStatus, type_: &str) {
     st.conditions.retain(|c| c.type_ != type_);
 }
 

@@ -27,7 +27,8 @@
 //!   and `Complete` again on its next count (a dropped `rollout` restarts nothing: the waves
 //!   are derived from the nodes again, only a running `settleTime` starts over). Also in
 //!   format 2 (v0.2.0, additive, nothing to migrate): the poller's `fleetRollout`
-//!   (`clusterSeed`, `withdrawn`, `withdrawnTarget`; see `agent/channel/fleet_waves.rs`) and
+//!   (`clusterSeed`, `withdrawn`, `withdrawnTarget`, and on a pinned channel `heldTarget`; see
+//!   `agent/channel/fleet_waves.rs` and `fleet_pinned.rs`) and
 //!   the conditions `WaitingForWave` and `ReleaseWithdrawn`; an agent that does not know them
 //!   drops them when it rewrites the status, and the poller writes them again at its next
 //!   poll.
@@ -35,9 +36,10 @@
 //! **`UpdateChannel` spec** — written by humans, not versioned by a marker: fields are only
 //! ever added, optional, with a default that keeps the earlier meaning. Since v0.1.0:
 //! `paused` (default `false`: claims as before), `resumedAt` (absent: every failure counts,
-//! as before), `windows` (empty: only `window`, as before) and `rollout` (absent: no waves,
-//! every selected node may claim, as before). An agent of an earlier release ignores all
-//! four (it claims regardless of waves until it is replaced, so start a rollout with waves
+//! as before), `windows` (empty: only `window`, as before), `rollout` (absent: no waves,
+//! every selected node may claim, as before) and `ignoreRollout` (default `false`: a pinned
+//! version follows the channel's signed rollouts; v0.1.0 knew no such rollouts). An agent of an
+//! earlier release ignores all five (it claims regardless of waves until it is replaced, so start a rollout with waves
 //! after the DaemonSet roll is done): during a DaemonSet roll it may still claim on a paused channel, stays
 //! paused by failures that `resumedAt` forgave, and claims only in `window` (none: at any
 //! time, so a channel that moves its windows into `windows` should keep one in `window`

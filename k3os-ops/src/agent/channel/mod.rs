@@ -4,12 +4,13 @@
 //! [`gates`]' judgement, label [`selector`]s), the channels of a namespace decoded and the one
 //! that selects this node picked ([`listing`]), the fleet counts derived from the Nodes
 //! ([`counts`]), the cluster's seed and status in the channel's fleet rollouts
-//! ([`fleet_waves`]), and the versions and migrations of everything the agent stores
+//! ([`fleet_waves`]; for a pinned version, [`fleet_pinned`]), and the versions and migrations of everything the agent stores
 //! ([`mod@format`]).
 
 pub mod counts;
 pub mod crd;
 pub mod duration;
+pub mod fleet_pinned;
 pub mod fleet_waves;
 pub mod format;
 pub mod gates;

@@ -3,6 +3,9 @@
 //! `ReleaseWithdrawn`, in one compare-and-swap of the status; the `ReleaseWithdrawn` Event once
 //! when the release the cluster was updating to is withdrawn. The rules are
 //! [`crate::agent::channel::fleet_waves`] (pure); a poll that changes nothing writes nothing.
+//! On a channel that pins `spec.version`, the same for the pinned release
+//! ([`publish_pinned`], rules in [`crate::agent::channel::fleet_pinned`]; `latestVersion` is
+//! not written there).
 
 use chrono::{DateTime, Utc};
 use libupgrade::rollout::Seed;
@@ -10,9 +13,10 @@ use libupgrade::rollout::Seed;
 use super::kube_store::KubeChannelStore;
 use super::slots::{self, SlotError, Step};
 use crate::agent::channel::crd::UpdateChannel;
-use crate::agent::channel::fleet_waves;
+use crate::agent::channel::{fleet_pinned, fleet_waves};
 use crate::agent::context::Agent;
 use crate::agent::host::latest::Latest;
+use crate::agent::host::pinned::Pinned;
 
 /// Write what resolving `latest` with `seed` found: `Ok(Some(note))` when this write turned
 /// `ReleaseWithdrawn` True (its Event's note).
@@ -59,5 +63,36 @@ pub async fn publish(cx: &Agent, ch: &UpdateChannel, latest: &Latest, seed: Seed
             format!("newest release of {} is {v}", ch.spec.url),
         )
         .await;
+    }
+}
+
+/// Write what resolving the pinned release with `seed` found: `Ok(Some(note))` when this write
+/// turned `ReleaseWithdrawn` True (its Event's note).
+pub async fn write_pinned(
+    store: &KubeChannelStore,
+    pinned: &Pinned,
+    seed: Seed,
+    now: DateTime<Utc>,
+) -> Result<Option<String>, SlotError> {
+    slots::cas(store, now, |_, st| {
+        let before = st.clone();
+        let turned = fleet_pinned::apply(st, pinned, seed, now);
+        if *st == before {
+            Step::Done(None)
+        } else {
+            Step::Write(turned)
+        }
+    })
+    .await
+}
+
+/// Publish the poller's resolution of `ch`'s pinned release: the status write and the Event of
+/// a withdrawn pin (`ReleaseWithdrawn`). A failed write is logged (the next poll tries again).
+pub async fn publish_pinned(cx: &Agent, ch: &UpdateChannel, pinned: &Pinned, seed: Seed) {
+    let name = ch.metadata.name.clone().unwrap_or_default();
+    match write_pinned(&cx.store(&name), pinned, seed, Utc::now()).await {
+        Ok(Some(note)) => cx.event(Some(ch), true, "ReleaseWithdrawn", note).await,
+        Ok(None) => {}
+        Err(e) => tracing::warn!("write fleetRollout of {name}: {e}"),
     }
 }

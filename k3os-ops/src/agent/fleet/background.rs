@@ -1,6 +1,7 @@
 //! The agent's background tasks besides the reconcile loop: renewing this node's liveness
 //! Lease, reclaiming the slots of dead holders, and (while holding a channel's poller Lease)
-//! resolving `latest` for the cluster's seed (it only looks: `libupgrade::Writes::Trust`; published by
+//! resolving `latest`, or a pinned channel's pinned release, for the cluster's seed (it only
+//! looks: `libupgrade::Writes::Trust`; published by
 //! [`crate::agent::cluster::rollout_status`]). They read the channels from the watch cache when the agent has one
 //! ([`Agent::channels_now`]), so none of them lists anything while the fleet is idle.
 //!
@@ -276,10 +277,11 @@ fn wake_at(
     instant + (admitted - now).to_std().unwrap_or_default() + Duration::from_secs(1)
 }
 
-/// Resolve `latest` for each channel whose poller Lease this node holds, forever: every
-/// `period`, at once (within `POLL_LOOK_PERIOD`) when a channel appears or its spec changes
-/// (new `metadata.generation`), and when a newer release held back for this cluster's wave is
-/// admitted (its seed's instant, [`crate::agent::host::latest::Latest::admitted_at`]): a wave is taken on time whatever
+/// Resolve `latest` (or the pinned release) for each channel whose poller Lease this node
+/// holds, forever: every `period`, at once (within `POLL_LOOK_PERIOD`) when a channel appears
+/// or its spec changes (new `metadata.generation`), and when a release held back for this
+/// cluster's wave is admitted (its seed's instant,
+/// [`crate::agent::host::latest::Latest::admitted_at`]): a wave is taken on time whatever
 /// `--poll-secs` says, so a site on a thin link can poll hourly.
 pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
     let leases: Api<Lease> =
@@ -295,9 +297,6 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
                 .collect();
             looked.retain(|n, _| names.contains(n));
             for ch in list.channels {
-                if ch.spec.pinned_version().is_some() {
-                    continue;
-                }
                 let name = ch.metadata.name.clone().unwrap_or_default();
                 let seen = (ch.metadata.uid.clone(), ch.metadata.generation);
                 let now = tokio::time::Instant::now();
@@ -337,43 +336,112 @@ pub async fn poll_loop(agent: Arc<Agent>, period: Duration) {
     }
 }
 
-/// One poll of `ch` by the poller Lease's holder: resolve `latest` for the cluster's seed
-/// (it only looks: [`libupgrade::Writes::Trust`]) and publish it (status, conditions, Events),
-/// or the failure. Returns when the release held back for this cluster's wave is admitted.
+/// One poll of `ch` by the poller Lease's holder: resolve `latest` (a pinned channel: its
+/// pinned release, [`poll_pinned`]) for the cluster's seed (looking only:
+/// [`libupgrade::Writes::Trust`]) and publish it (status, conditions, Events), or the failure.
+/// Returns when the release held back for this cluster's wave is admitted.
 async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) -> Option<DateTime<Utc>> {
-        let url = ch.spec.url.clone();
-        let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
-        let resolved = agent
-            .blocking(move |ops| ops.resolve_latest(&url, seed))
-            .await;
-        let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
-        if stale.is_some() || resolved.is_ok() {
-            crate::agent::cluster::stale::report(agent, ch, stale.as_ref()).await;
+    if let Some(version) = ch.spec.pinned_version() {
+        return poll_pinned(agent, ch, version).await;
+    }
+    let url = ch.spec.url.clone();
+    let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
+    let resolved = agent
+        .blocking(move |ops| ops.resolve_latest(&url, seed))
+        .await;
+    let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
+    if stale.is_some() || resolved.is_ok() {
+        crate::agent::cluster::stale::report(agent, ch, stale.as_ref()).await;
+    }
+    let e = match resolved {
+        Ok(latest) => {
+            rollout_status::publish(agent, ch, &latest, seed).await;
+            return latest.admitted_at();
         }
-        let e = match resolved {
-            Ok(latest) => {
-                rollout_status::publish(agent, ch, &latest, seed).await;
-                return latest.admitted_at();
-            }
-            Err(e) => e,
-        };
-        let store = agent.store(name);
-        match slots::set_latest(&store, Err(&format!("{e:#}")), Utc::now()).await {
-            Err(w) => tracing::warn!("write latestVersion of {name}: {w}"),
-            // Expired metadata was reported as ChannelStale (one Event) above.
-            Ok(()) if e.stale().is_none() => {
-                agent
-                    .event_once(Some(ch), true, "ResolveFailed", format!("{e:#}"))
-                    .await;
-            }
-            Ok(()) => {}
+        Err(e) => e,
+    };
+    let store = agent.store(name);
+    match slots::set_latest(&store, Err(&format!("{e:#}")), Utc::now()).await {
+        Err(w) => tracing::warn!("write latestVersion of {name}: {w}"),
+        // Expired metadata was reported as ChannelStale (one Event) above.
+        Ok(()) if e.stale().is_none() => {
+            agent
+                .event_once(Some(ch), true, "ResolveFailed", format!("{e:#}"))
+                .await;
         }
-        None
+        Ok(()) => {}
+    }
+    None
+}
+
+/// One poll of a pinned channel: whether its rollout offers the pinned `version` to this
+/// cluster now, published by [`rollout_status::publish_pinned`] (`latestVersion` is not
+/// written). A failed resolution is reported as for `latest` (`ChannelStale`, or one
+/// `ResolveFailed` Event) and changes nothing else: the verdict last published stands.
+/// Returns when the pinned release, held back for this cluster's wave, is admitted.
+async fn poll_pinned(
+    agent: &Arc<Agent>,
+    ch: &UpdateChannel,
+    version: &str,
+) -> Option<DateTime<Utc>> {
+    let (url, v) = (ch.spec.url.clone(), version.to_string());
+    let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
+    let ignore = ch.spec.ignores_rollout();
+    let resolved = agent
+        .blocking(move |ops| ops.resolve_pinned(&url, &v, seed, ignore))
+        .await;
+    let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
+    if stale.is_some() || resolved.is_ok() {
+        crate::agent::cluster::stale::report(agent, ch, stale.as_ref()).await;
+    }
+    match resolved {
+        Ok(pinned) => {
+            rollout_status::publish_pinned(agent, ch, &pinned, seed).await;
+            return match pinned.hold {
+                Some(libupgrade::rollout::Hold::Wave { starts }) => starts,
+                _ => None,
+            };
+        }
+        // Expired metadata was reported as ChannelStale (one Event) above.
+        Err(e) if e.stale().is_none() => {
+            agent
+                .event_once(Some(ch), true, "ResolveFailed", format!("{e:#}"))
+                .await
+        }
+        Err(_) => {}
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A waiting cluster polls at its seed's admission time, not a period later; a changed
+    /// spec polls at once; otherwise the period holds.
+    #[test]
+    fn a_poll_is_due_at_the_period_a_spec_change_or_the_admission_of_the_held_release() {
+        use tokio::time::Instant;
+        let t0 = Instant::now();
+        let period = Duration::from_secs(3600);
+        let seen = (Some("uid".to_string()), Some(1));
+        let admitted = Utc::now() + chrono::Duration::minutes(10);
+        let l = Looked {
+            seen: seen.clone(),
+            at: t0,
+            wake: Some(wake_at(admitted, Utc::now(), t0)),
+        };
+        let min = |m: u64| t0 + Duration::from_secs(60 * m);
+        assert!(!l.due(&seen, min(9), period));
+        assert!(l.due(&seen, min(10) + Duration::from_secs(2), period));
+        assert!(l.due(&(Some("uid".into()), Some(2)), min(1), period));
+        let idle = Looked { wake: None, ..l };
+        assert!(!idle.due(&seen, min(59), period));
+        assert!(idle.due(&seen, min(60), period));
+        // An admission time already past (the node's clock moved) wakes at once.
+        let past = wake_at(Utc::now() - chrono::Duration::hours(1), Utc::now(), t0);
+        assert!(past <= t0 + Duration::from_secs(1));
+    }
 
     /// A holder renewing every [`lease_period`] is never seen silent for its
     /// `rebootTimeout`, even when two renewals in a row are lost; three lost in a row and
@@ -417,36 +485,5 @@ mod tests {
         assert_eq!(lease_period(None), MAX_LEASE_PERIOD);
         assert_eq!(lease_period(Some(s(3600))), MAX_LEASE_PERIOD);
         assert_eq!(lease_period(Some(s(900))), s(225));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::time::Instant;
-
-    /// A waiting cluster polls at its seed's admission time, not a period later; a changed
-    /// spec polls at once; otherwise the period holds.
-    #[test]
-    fn a_poll_is_due_at_the_period_a_spec_change_or_the_admission_of_the_held_release() {
-        let t0 = Instant::now();
-        let period = Duration::from_secs(3600);
-        let seen = (Some("uid".to_string()), Some(1));
-        let admitted = Utc::now() + chrono::Duration::minutes(10);
-        let l = Looked {
-            seen: seen.clone(),
-            at: t0,
-            wake: Some(wake_at(admitted, Utc::now(), t0)),
-        };
-        let min = |m: u64| t0 + Duration::from_secs(60 * m);
-        assert!(!l.due(&seen, min(9), period));
-        assert!(l.due(&seen, min(10) + Duration::from_secs(2), period));
-        assert!(l.due(&(Some("uid".into()), Some(2)), min(1), period));
-        let idle = Looked { wake: None, ..l };
-        assert!(!idle.due(&seen, min(59), period));
-        assert!(idle.due(&seen, min(60), period));
-        // An admission time already past (the node's clock moved) wakes at once.
-        let past = wake_at(Utc::now() - chrono::Duration::hours(1), Utc::now(), t0);
-        assert!(past <= t0 + Duration::from_secs(1));
     }
 }

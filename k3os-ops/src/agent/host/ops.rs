@@ -29,6 +29,7 @@ use libupgrade::Stop;
 use libupgrade::{Release, ResolveError, Source, StageRequest};
 
 use super::latest::Latest;
+use super::pinned::Pinned;
 use super::ledger::{self, PreviewRecord, FORMAT};
 use super::status::NodeUpdateStatus;
 use libupgrade::rollout::Seed;
@@ -144,6 +145,18 @@ pub trait NodeOps: Send + Sync + 'static {
     /// ones. Only looks: records what it trusted and keeps the verified metadata
     /// ([`libupgrade::Writes::Trust`]), writes no seed file, drops nothing.
     fn resolve_latest(&self, channel: &str, seed: Seed) -> Result<Latest, NodeError>;
+    /// Whether `channel`'s rollout offers the pinned `version` to a node placed at `seed` now,
+    /// or holds it back and why ([`Pinned`]); `ignore_rollout`: as `upgrade --ignore-rollout`
+    /// (a withdrawal still shows in [`Pinned::withdrawn`]). Read-only, and from the channel
+    /// only (an offline bundle of the version says nothing about its rollout). `Err`: the
+    /// channel could not be resolved at all.
+    fn resolve_pinned(
+        &self,
+        channel: &str,
+        version: &str,
+        seed: Seed,
+        ignore_rollout: bool,
+    ) -> Result<Pinned, NodeError>;
     /// When the release staged in the inactive slot is withdrawn by `channel`'s signed metadata
     /// (as resolved for `seed`), mark the slot bad so it is never activated, and return the
     /// dropped version; `Ok(None)` when the channel does not withdraw it. The one place the
@@ -316,6 +329,27 @@ impl NodeOps for LibupgradeNode {
             ..StageRequest::new(libupgrade::Wanted::channel(channel, None))
         };
         Ok(Latest::of(&self.release(&req)?))
+    }
+
+    fn resolve_pinned(
+        &self,
+        channel: &str,
+        version: &str,
+        seed: Seed,
+        ignore_rollout: bool,
+    ) -> Result<Pinned, NodeError> {
+        // No bundle directory: a bundle of the version would resolve without the channel and
+        // say nothing about the rollout the question is about.
+        let req = StageRequest {
+            writes: libupgrade::Writes::Trust,
+            seed: Some(seed),
+            ignore_rollout,
+            ..StageRequest::new(libupgrade::Wanted::channel(channel, Some(version)))
+        };
+        match self.updater.resolve(&req) {
+            Ok(rel) => Ok(Pinned::from_release(version, &rel)),
+            Err(e) => Pinned::from_refusal(version, &e).ok_or_else(|| NodeError::resolve(&e)),
+        }
     }
 
     fn drop_withdrawn(&self, channel: &str, seed: Seed) -> Result<Option<String>, NodeError> {

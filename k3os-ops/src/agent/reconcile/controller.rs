@@ -13,7 +13,7 @@ use kube::ResourceExt;
 
 use super::actions;
 use super::assessment;
-use super::decide::{Action, Inputs, Need, NodeView, Step, Verdict};
+use super::decide::{Action, Inputs, Need, NodeView, PinVerdict, Step, Verdict};
 use super::steps;
 use crate::agent::channel::crd::SlotPhase;
 use crate::agent::channel::format::{ANN_CORDONED, ANN_TOKEN, ANN_VERSION};
@@ -126,6 +126,16 @@ async fn decide(cx: &Agent, ch: &Channel, view: &NodeView) -> Result<Step, Agent
                     .blocking(move |ops| Ok(ops.resolve_latest(&url, seed)))
                     .await?;
                 inputs.own_latest = Some(own.map_err(|e| e.to_string()));
+            }
+            Action::Gather(Need::OwnPinned) => {
+                let url = ch.spec.url.clone();
+                let version = ch.spec.pinned_version().unwrap_or_default().to_string();
+                let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
+                let ignore = ch.spec.ignores_rollout();
+                let own = cx
+                    .blocking(move |ops| Ok(ops.resolve_pinned(&url, &version, seed, ignore)))
+                    .await?;
+                inputs.own_pin = PinVerdict::of(own.as_ref().map_err(|e| e.to_string()), seed);
             }
             Action::Gather(Need::FetchedOn(day)) => {
                 let fetched = cx.blocking(move |ops| ops.fetched_on(day)).await?;
@@ -313,6 +323,7 @@ pub(in crate::agent) async fn execute(
         | Action::PausedBySpec { .. }
         | Action::Withdrawn { .. }
         | Action::WaitForWave { .. }
+        | Action::WaitForChannelWave { .. }
         | Action::WaitForWindow { .. }
         | Action::WaitForSlot { .. }
         | Action::WaitForGate { .. }

@@ -84,7 +84,8 @@ pub(in crate::agent) async fn stage(
 /// The one libupgrade request the agent makes to stage `version` of `ch` (the CLI's `upgrade
 /// --channel URL --version V` makes the same): the channel's rate cap and sources, the open
 /// stage windows and what today's quota has left; an older release only when the channel pins
-/// it; the cluster's seed for the channel's fleet rollouts. The node adds its offline-bundle
+/// it; the cluster's seed for the channel's fleet rollouts (ignored only for a pinned version
+/// with `spec.ignoreRollout`). The node adds its offline-bundle
 /// directory.
 fn request(
     cx: &Agent,
@@ -97,6 +98,8 @@ fn request(
     let req = StageRequest {
         // The cluster's place in the channel's fleet rollouts, as every agent of it resolves.
         seed: Some(crate::agent::channel::fleet_waves::cluster_seed(ch)),
+        // Only a pinned channel that says so in its spec (`ignoreRollout`).
+        ignore_rollout: ch.spec.ignores_rollout(),
         ..StageRequest::new(Wanted::channel(ch.spec.url.clone(), Some(version)))
     };
     req.with_options(StageOptions {

@@ -43,6 +43,11 @@ pub(in crate::agent) fn report(action: &Action, now: DateTime<Utc>) -> Option<Re
             "WaitingForWave",
             wave_message(version, *admitted, *waves),
         ),
+        // The poller's condition `WaitingForWave` says it on the channel; the node says it on
+        // its Node (once per text).
+        Action::WaitForChannelWave { why, .. } => {
+            Report::waiting(Phase::WaitingForWave, "WaitingForWave", why.clone())
+        }
         Action::WaitForWindow { next } => {
             let msg = match next {
                 Some(t) => format!("staged; waiting for the window starting {t}"),

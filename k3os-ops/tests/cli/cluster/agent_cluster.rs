@@ -50,6 +50,7 @@ async fn setup(client: &Client, concurrency: u32) -> String {
         UpdateChannelSpec {
             url: "https://releases.example/".into(),
             version: Some("v2".into()),
+            ignore_rollout: false,
             concurrency,
             node_selector: BTreeMap::new(),
             window: None,

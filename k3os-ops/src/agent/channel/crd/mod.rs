@@ -89,6 +89,13 @@ pub struct UpdateChannelSpec {
     /// The version to run; empty or `latest` follows `status.latestVersion`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// `true` with a pinned `version`: take it even while the channel's signed rollout holds
+    /// it back from this cluster (its wave has not started, or it is paused), as `k3os-ops
+    /// upgrade --ignore-rollout` does; a withdrawn release is still never staged or claimed.
+    /// No effect while `version` follows `latest` (which always follows the rollouts).
+    /// Default `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignore_rollout: bool,
     /// How many nodes may be disrupted (cordoned, drained, rebooting) at once. Default 1.
     #[serde(default = "default_concurrency")]
     #[schemars(schema_with = "concurrency_schema")]
@@ -366,7 +373,8 @@ pub struct UpdateChannelStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
     /// This cluster's place in the channel's fleet rollouts (the waves in its signed
-    /// metadata), written by the poller; absent on a pinned channel and before the first poll.
+    /// metadata) and, on a pinned channel, whether they hold the pinned release back; written
+    /// by the poller, absent before its first poll.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet_rollout: Option<FleetRolloutStatus>,
 }
@@ -547,6 +555,12 @@ impl UpdateChannelSpec {
             Some(v) if v.eq_ignore_ascii_case("latest") => None,
             Some(v) => Some(v),
         }
+    }
+
+    /// Whether the pinned version is taken even while the channel's rollout holds it back
+    /// (`ignoreRollout` on a pinned channel; never for `latest`).
+    pub fn ignores_rollout(&self) -> bool {
+        self.ignore_rollout && self.pinned_version().is_some()
     }
 }
 

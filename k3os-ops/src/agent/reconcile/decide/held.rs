@@ -1,14 +1,17 @@
 //! What the decision sees besides the channel and the node ([`Inputs`], gathered by the
 //! controller) and the part of it that holds a claim or a stage back: every slot taken, a
 //! pre-reboot gate closed, a back-off running, the thin-link settings (stage windows, daily
-//! quota). Pure, like the rest of [`super`].
+//! quota), a pinned release the channel's rollout holds back ([`pin_gate`]). Pure, like the rest
+//! of [`super`].
 
 use chrono::{DateTime, Utc};
 
 use super::{Action, IdleReason, Policy};
 use crate::agent::channel::crd::UpdateChannel;
 use crate::agent::channel::thin::Gate;
+use crate::agent::channel::fleet_pinned::waiting_message;
 use crate::agent::host::latest::Latest;
+use crate::agent::host::pinned::Pinned;
 
 /// A fact [`super::step`] needs before it can decide, fetched only then.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +25,44 @@ pub enum Need {
     /// is written by whichever agent holds the poller Lease, and no admission policy can tell
     /// who that is), and is never made for a release the channel withdrew.
     OwnLatest,
+    /// Whether the channel's rollout offers the pinned version to this cluster, as this node
+    /// resolves it itself (looking only, the cluster's seed), before it starts staging or claims a
+    /// pinned release the status does not hold back (the poller may not have looked since the
+    /// pin, or since the channel withdrew it).
+    OwnPinned,
+}
+
+/// What this node's own resolution says of the pinned version ([`Need::OwnPinned`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PinVerdict {
+    /// Not asked yet.
+    #[default]
+    Unknown,
+    /// Offered to this cluster now (or `spec.ignoreRollout` takes it anyway).
+    Offered,
+    /// Held back by the channel's rollout; the text says why and until when.
+    Held(String),
+    /// Withdrawn by the channel.
+    Withdrawn,
+    /// The channel could not be resolved (the text says why): the stage goes ahead and
+    /// reports what fails, or stages from an offline bundle, as before pins were checked.
+    Unresolved(String),
+}
+
+impl PinVerdict {
+    /// The verdict of a resolution of the pinned release for the cluster placed at `seed`.
+    pub fn of(resolved: Result<&Pinned, String>, seed: libupgrade::rollout::Seed) -> PinVerdict {
+        match resolved {
+            Err(e) => PinVerdict::Unresolved(e),
+            Ok(p) if p.is_withdrawn() => PinVerdict::Withdrawn,
+            Ok(Pinned {
+                version,
+                hold: Some(h),
+                ..
+            }) => PinVerdict::Held(waiting_message(version, h, seed)),
+            Ok(_) => PinVerdict::Offered,
+        }
+    }
 }
 
 /// What the pre-reboot gates say.
@@ -54,11 +95,13 @@ pub struct Inputs {
     /// What this node resolved `latest` to itself for the cluster's seed, once asked (`None`:
     /// not asked yet; `Err`: the resolution's error), with the releases the channel withdrew.
     pub own_latest: Option<Result<Latest, String>>,
+    /// What this node resolved the pinned version to itself, once asked.
+    pub own_pin: PinVerdict,
 }
 
 impl Inputs {
     /// Nothing held back at `now` (one clock): no back-off, the gates open, nothing fetched
-    /// today. What [`super::decide()`] assumes.
+    /// today, a pinned version offered. What [`super::decide()`] assumes.
     #[cfg(any(test, feature = "testing"))]
     pub fn open_at(now: DateTime<Utc>) -> Inputs {
         Inputs {
@@ -67,6 +110,7 @@ impl Inputs {
             gates: Verdict::Open,
             fetched_today: Some(0),
             own_latest: None,
+            own_pin: PinVerdict::Offered,
             ..Inputs::default()
         }
     }
@@ -140,11 +184,31 @@ pub(super) fn hold_claim(
                     why,
                 };
             }
+        } else if let Some(held) = pin_claim(version, &inputs.own_pin) {
+            return held;
         }
     }
     match inputs.claim_not_before.filter(|t| inputs.now < *t) {
         Some(until) if claims => Action::ClaimBackingOff { until },
         _ => action,
+    }
+}
+
+/// A claim of the pinned `version` as this node's own resolution allows it (asked before every
+/// claim: the poller may not have published a withdrawal yet): withdrawn, never claimed; held
+/// back (which libupgrade says of a staged release only when withdrawn, as it lets a release a
+/// node started go on), a wait; offered or not resolvable (an offline site staging from a
+/// bundle), the claim goes ahead as before pins were checked.
+fn pin_claim(version: &str, own: &PinVerdict) -> Option<Action> {
+    let version = version.to_string();
+    match own {
+        PinVerdict::Unknown => Some(Action::Gather(Need::OwnPinned)),
+        PinVerdict::Withdrawn => Some(Action::Withdrawn { version }),
+        PinVerdict::Held(why) => Some(Action::WaitForChannelWave {
+            version,
+            why: why.clone(),
+        }),
+        PinVerdict::Offered | PinVerdict::Unresolved(_) => None,
     }
 }
 
@@ -194,5 +258,26 @@ pub(super) fn stage_gate(
                 fetched_today,
             }),
         ),
+    }
+}
+
+/// A stage of a pinned release that [`stage_gate`] allows, as this node's own resolution of it
+/// allows it ([`Need::OwnPinned`], asked only now: last, so a stage that waits anyway costs no
+/// resolution): held back by the channel's rollout, a wait ([`Action::WaitForChannelWave`]);
+/// withdrawn, [`Action::Withdrawn`]; not resolvable, the stage goes ahead as before.
+pub(super) fn pin_gate(
+    channel: &UpdateChannel,
+    staged: (Action, Option<StagePlan>),
+    inputs: &Inputs,
+) -> (Action, Option<StagePlan>) {
+    let version = match &staged.0 {
+        Action::Stage { version } if channel.spec.pinned_version().is_some() => version.clone(),
+        _ => return staged,
+    };
+    match &inputs.own_pin {
+        PinVerdict::Unknown => (Action::Gather(Need::OwnPinned), None),
+        PinVerdict::Held(why) => (Action::WaitForChannelWave { version, why: why.clone() }, None),
+        PinVerdict::Withdrawn => (Action::Withdrawn { version }, None),
+        PinVerdict::Offered | PinVerdict::Unresolved(_) => staged,
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::agent::channel::crd::{SlotPhase, UpdateChannel};
+use crate::agent::channel::crd::{SlotPhase, UpdateChannel, COND_WAITING_FOR_WAVE};
 use crate::agent::channel::rollout::{self, Admission};
 use crate::agent::channel::spec::Policy;
 use crate::agent::channel::thin::Waiting;
@@ -26,8 +26,8 @@ use crate::agent::host::latest::Latest;
 use crate::agent::host::status::{Inactive, NodeUpdateStatus};
 
 mod held;
-use held::{hold_claim, stage_gate};
-pub use held::{Inputs, Need, StagePlan, Verdict};
+use held::{hold_claim, pin_gate, stage_gate};
+pub use held::{Inputs, Need, PinVerdict, StagePlan, Verdict};
 
 /// This node, as the decision sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +93,13 @@ pub enum Action {
     /// or this node's own resolution at the claim): neither staged nor claimed.
     Withdrawn {
         version: String,
+    },
+    /// The channel's signed rollout holds the pinned `version` (`spec.version`) back from this
+    /// cluster (its wave has not started, it is paused, or its rollout data is not usable; `why`
+    /// says which and until when): neither staged nor claimed, and not a failure.
+    WaitForChannelWave {
+        version: String,
+        why: String,
     },
     /// The release staged in the inactive slot, `version`, was withdrawn by the channel: drop
     /// it (mark the slot bad, never activate it) after the node's own signed metadata agrees.
@@ -220,7 +227,9 @@ pub fn step(
     );
     let undo_cordon = node.cordoned_by_us && !slot_action;
     let (action, stage) = match (action, policy) {
-        (Action::Stage { version }, Ok(p)) => stage_gate(p, version, inputs),
+        (Action::Stage { version }, Ok(p)) => {
+            pin_gate(channel, stage_gate(p, version, inputs), inputs)
+        }
         (action, Ok(p)) => (hold_claim(channel, p, action, inputs), None),
         (action, Err(_)) => (action, None),
     };
@@ -373,6 +382,12 @@ fn next_action(
     if withdrawn(&target) {
         return Action::Withdrawn { version: target };
     }
+    if let Some(why) = held_pin(channel, &status, &target) {
+        return Action::WaitForChannelWave {
+            version: target,
+            why,
+        };
+    }
     match &node.update.inactive {
         Inactive::Staged(v) | Inactive::Activated(v) if *v == target => {}
         _ => return Action::Stage { version: target },
@@ -401,6 +416,31 @@ fn next_action(
         };
     }
     Action::Claim { version: target }
+}
+
+/// Why the poller found the pinned `target` held back by the channel's rollout
+/// (`status.fleetRollout.heldTarget`, the `WaitingForWave` condition's message), unless the
+/// spec takes it anyway (`ignoreRollout`). A node that staged it before the hold does not claim
+/// it either.
+fn held_pin(
+    channel: &UpdateChannel,
+    status: &crate::agent::channel::crd::UpdateChannelStatus,
+    target: &str,
+) -> Option<String> {
+    if channel.spec.pinned_version() != Some(target) || channel.spec.ignores_rollout() {
+        return None;
+    }
+    let held = status.fleet_rollout.as_ref()?.held_target.as_deref() == Some(target);
+    held.then(|| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == COND_WAITING_FOR_WAVE && c.status == "True")
+            .map(|c| c.message.clone())
+            .unwrap_or_else(|| {
+                format!("{target} (spec.version) is held back by the channel's rollout (status.fleetRollout.heldTarget)")
+            })
+    })
 }
 
 #[cfg(test)]

@@ -240,7 +240,8 @@ fn a_claim_for_latest_waits_until_the_nodes_own_signed_channel_agrees() {
             version: "v2".into()
         }
     );
-    // Pinned: the spec names the version, nothing to check.
+    // Pinned: the spec names the version, no latestVersion to check (the node's own verdict
+    // on the pin is, see `a_claim_of_a_pin_asks_the_nodes_own_resolution_first`).
     let pinned = channel(1, &[], UpdateChannelSpec::default());
     assert!(matches!(
         run(&pinned, &staged(), &ask).action,
@@ -275,6 +276,7 @@ fn a_withdrawn_release_is_never_claimed_and_a_staged_one_is_dropped() {
         cluster_seed: 7,
         withdrawn: vec!["v2".into()],
         withdrawn_target: Some("v2".into()),
+        held_target: None,
     });
     let open = Inputs::open_at(at(0));
     assert_eq!(
@@ -323,5 +325,204 @@ fn a_withdrawn_release_is_never_claimed_and_a_staged_one_is_dropped() {
         Action::DropWithdrawn {
             version: "v2".into()
         }
+    );
+}
+
+/// A channel pinned to v2 whose poller found v2 held back by the channel's rollout (issue 24):
+/// `status.fleetRollout.heldTarget` and the `WaitingForWave` condition.
+fn pinned_and_held() -> UpdateChannel {
+    let mut ch = channel(1, &[], UpdateChannelSpec::default());
+    let st = ch.status.as_mut().unwrap();
+    st.fleet_rollout = Some(FleetRolloutStatus {
+        cluster_seed: 7,
+        held_target: Some("v2".into()),
+        ..Default::default()
+    });
+    st.set_condition(
+        crate::agent::channel::crd::COND_WAITING_FOR_WAVE,
+        true,
+        "WaveNotStarted",
+        "v2 (spec.version) waits: this cluster's wave starts at 2027-01-01T00:00:00Z".into(),
+        at(0),
+    );
+    ch
+}
+
+/// A pinned release the channel's rollout holds back is a wait, never a stage or a claim (and
+/// so never a stage failure): published by the poller, or found by the node's own resolution
+/// before its first stage; once offered (or with `ignoreRollout`) the node proceeds as before.
+#[test]
+fn a_held_pinned_release_is_neither_staged_nor_claimed() {
+    let open = Inputs::open_at(at(0));
+    let held = pinned_and_held();
+    let why = "v2 (spec.version) waits: this cluster's wave starts at 2027-01-01T00:00:00Z";
+    let waits = Action::WaitForChannelWave {
+        version: "v2".into(),
+        why: why.into(),
+    };
+    assert_eq!(run(&held, &node(Inactive::Empty), &open).action, waits);
+    // Staged before the hold (e.g. a pause): no claim either.
+    assert_eq!(run(&held, &staged(), &open).action, waits);
+    // A node holding a slot goes on (the slot table comes first).
+    let mut holding = held.clone();
+    holding.status.as_mut().unwrap().slots = channel(1, &["n1"], UpdateChannelSpec::default())
+        .status
+        .unwrap()
+        .slots;
+    let mut n = staged();
+    n.token = Some("t".into());
+    assert!(matches!(
+        run(&holding, &n, &open).action,
+        Action::Continue { .. }
+    ));
+    // A node already running it is up to date.
+    let mut runs = node(Inactive::Empty);
+    runs.update.booted_version = Some("v2".into());
+    assert_eq!(
+        run(&held, &runs, &open).action,
+        Action::Idle(IdleReason::UpToDate)
+    );
+    // The hold is of another pin (the spec moved on): not this one.
+    let mut moved = held.clone();
+    moved.spec.version = Some("v3".into());
+    assert_eq!(
+        run(&moved, &node(Inactive::Empty), &open).action,
+        Action::Stage {
+            version: "v3".into()
+        }
+    );
+    // `ignoreRollout` takes it anyway, explicitly.
+    let mut ignoring = held.clone();
+    ignoring.spec.ignore_rollout = true;
+    assert_eq!(
+        run(&ignoring, &node(Inactive::Empty), &open).action,
+        Action::Stage {
+            version: "v2".into()
+        }
+    );
+    // The convenience `decide` sees the published hold too.
+    assert_eq!(decide(&held, &node(Inactive::Empty), at(0)), waits);
+}
+
+#[test]
+fn the_node_asks_its_own_resolution_before_the_first_stage_of_a_pin() {
+    let ch = channel(1, &[], UpdateChannelSpec::default());
+    let empty = node(Inactive::Empty);
+    let ask = Inputs {
+        own_pin: PinVerdict::Unknown,
+        ..Inputs::open_at(at(0))
+    };
+    assert_eq!(run(&ch, &empty, &ask).action, Action::Gather(Need::OwnPinned));
+    let with = |own_pin| Inputs { own_pin, ..ask.clone() };
+    let s = run(&ch, &empty, &with(PinVerdict::Held("its wave starts at T".into())));
+    assert_eq!(
+        (s.action, s.stage),
+        (
+            Action::WaitForChannelWave {
+                version: "v2".into(),
+                why: "its wave starts at T".into()
+            },
+            None
+        )
+    );
+    assert_eq!(
+        run(&ch, &empty, &with(PinVerdict::Withdrawn)).action,
+        Action::Withdrawn {
+            version: "v2".into()
+        }
+    );
+    // Offered, or the channel not resolvable (the stage reports what fails, or stages from
+    // an offline bundle): the stage goes ahead with its plan.
+    for own in [PinVerdict::Offered, PinVerdict::Unresolved("unreachable".into())] {
+        let s = run(&ch, &empty, &with(own));
+        assert_eq!(s.action, Action::Stage { version: "v2".into() });
+        assert!(s.stage.is_some());
+    }
+    // Asked only when the stage would run now: a stage back-off is waited out first.
+    let backing_off = Inputs {
+        stage_not_before: Some(at(60)),
+        ..ask.clone()
+    };
+    assert_eq!(
+        run(&ch, &empty, &backing_off).action,
+        Action::StageBackingOff { until: at(60) }
+    );
+    // A channel following `latest` never asks (the poller's resolution is its target).
+    let latest = following_latest();
+    assert_eq!(
+        run(&latest, &empty, &ask).action,
+        Action::Stage { version: "v2".into() }
+    );
+}
+
+/// Before a claim of a pinned release the node asks its own signed channel too: the poller may
+/// not have published a withdrawal yet. Not resolvable (an offline site staging from bundles)
+/// holds nothing back, as before.
+#[test]
+fn a_claim_of_a_pin_asks_the_nodes_own_resolution_first() {
+    let ch = channel(1, &[], UpdateChannelSpec::default());
+    let with = |own_pin| Inputs {
+        own_pin,
+        ..Inputs::open_at(at(0))
+    };
+    assert_eq!(
+        run(&ch, &staged(), &with(PinVerdict::Unknown)).action,
+        Action::Gather(Need::OwnPinned)
+    );
+    assert_eq!(
+        run(&ch, &staged(), &with(PinVerdict::Withdrawn)).action,
+        Action::Withdrawn {
+            version: "v2".into()
+        }
+    );
+    assert_eq!(
+        run(&ch, &staged(), &with(PinVerdict::Held("paused".into()))).action,
+        Action::WaitForChannelWave {
+            version: "v2".into(),
+            why: "paused".into()
+        }
+    );
+    for own in [PinVerdict::Offered, PinVerdict::Unresolved("unreachable".into())] {
+        assert_eq!(
+            run(&ch, &staged(), &with(own)).action,
+            Action::Claim {
+                version: "v2".into()
+            }
+        );
+    }
+}
+
+#[test]
+fn a_pin_verdict_is_read_from_the_resolution() {
+    use crate::agent::host::pinned::Pinned;
+    use libupgrade::rollout::{Hold, Seed};
+    let seed = Seed::new(9).unwrap();
+    assert_eq!(
+        PinVerdict::of(Ok(&Pinned::offered("v2")), seed),
+        PinVerdict::Offered
+    );
+    let paused = Pinned {
+        version: "v2".into(),
+        hold: Some(Hold::Paused { since: at(0) }),
+        withdrawn: None,
+    };
+    let PinVerdict::Held(why) = PinVerdict::of(Ok(&paused), seed) else {
+        panic!("held");
+    };
+    assert!(why.starts_with("v2 (spec.version) waits: its rollout is paused since"), "{why}");
+    let gone = Pinned {
+        hold: Some(Hold::Withdrawn { at: at(0) }),
+        ..paused.clone()
+    };
+    assert_eq!(PinVerdict::of(Ok(&gone), seed), PinVerdict::Withdrawn);
+    // Taken with ignoreRollout but listed as withdrawn: still withdrawn.
+    let listed = Pinned {
+        withdrawn: Some(vec!["v2".into()]),
+        ..Pinned::offered("v2")
+    };
+    assert_eq!(PinVerdict::of(Ok(&listed), seed), PinVerdict::Withdrawn);
+    assert_eq!(
+        PinVerdict::of(Err("no route".into()), seed),
+        PinVerdict::Unresolved("no route".into())
     );
 }
