@@ -53,6 +53,9 @@ pub struct SimNode {
     channel: Mutex<Option<SimChannel>>,
     /// Every seed a resolution or a stage was asked with, in order.
     seeds: Mutex<Vec<Option<Seed>>>,
+    /// When set ([`SimNode::with_running_clock`]): the channel's clock runs with tokio's
+    /// (paused) clock from this instant on.
+    clock_from: Option<tokio::time::Instant>,
 }
 
 impl SimNode {
@@ -68,7 +71,25 @@ impl SimNode {
             power: None,
             channel: Mutex::new(None),
             seeds: Mutex::new(Vec::new()),
+            clock_from: None,
         }
+    }
+
+    /// The same node, its channel's clock running from now on with tokio's clock (which a
+    /// test pauses and advances): `SimChannel::now` is then the time at this call.
+    pub fn with_running_clock(self) -> SimNode {
+        SimNode {
+            clock_from: Some(tokio::time::Instant::now()),
+            ..self
+        }
+    }
+
+    /// The time the channel's resolutions judge rollouts at.
+    fn now(&self, ch: &SimChannel) -> DateTime<Utc> {
+        let ran = self
+            .clock_from
+            .map_or(std::time::Duration::ZERO, |t| t.elapsed());
+        ch.now + chrono::Duration::from_std(ran).expect("a test's span")
     }
 
     /// The same node resolving `channel` (without one it follows only pinned versions).
@@ -118,7 +139,7 @@ impl SimNode {
             running: running.clone(),
             staged,
         };
-        let offer = rollout::offer(&node, ch.now, &ch.releases);
+        let offer = rollout::offer(&node, self.now(&ch), &ch.releases);
         Ok((ch, running, offer))
     }
 
@@ -158,6 +179,12 @@ fn withdrawn(ch: &SimChannel) -> Vec<String> {
 }
 
 impl NodeOps for SimNode {
+    fn rollout_clock(&self) -> DateTime<Utc> {
+        match self.channel.lock().unwrap().as_ref() {
+            Some(ch) => self.now(ch),
+            None => Utc::now(),
+        }
+    }
     fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
         let s = self.slots.lock().unwrap();
         Ok(NodeUpdateStatus {
@@ -197,17 +224,19 @@ impl NodeOps for SimNode {
         // (unless withdrawn); the withdrawn releases are listed when it is offered.
         let started =
             matches!(&self.slots.lock().unwrap().inactive, Inactive::Staged(v) if v == version);
-        Ok(match rollout::admission(seed, ch.now, listed, started) {
-            Err(hold) if !ignore_rollout => Pinned {
-                version: version.into(),
-                hold: Some(hold),
-                withdrawn: None,
+        Ok(
+            match rollout::admission(seed, self.now(&ch), listed, started) {
+                Err(hold) if !ignore_rollout => Pinned {
+                    version: version.into(),
+                    hold: Some(hold),
+                    withdrawn: None,
+                },
+                _ => Pinned {
+                    withdrawn: Some(withdrawn(&ch)),
+                    ..Pinned::offered(version)
+                },
             },
-            _ => Pinned {
-                withdrawn: Some(withdrawn(&ch)),
-                ..Pinned::offered(version)
-            },
-        })
+        )
     }
     fn drop_withdrawn(&self, _: &str, seed: Seed) -> Result<Option<String>, NodeError> {
         self.seeds.lock().unwrap().push(Some(seed));
@@ -241,7 +270,7 @@ impl NodeOps for SimNode {
                 .find(|l| l.version == version)
                 .ok_or_else(|| NodeError::new("resolve", format!("{version} is not listed")))?;
             if !req.ignore_rollout {
-                rollout::admission(seed, ch.now, listed, false).map_err(|hold| {
+                rollout::admission(seed, self.now(&ch), listed, false).map_err(|hold| {
                     NodeError::new("resolve", format!("{version} is not offered: {hold}"))
                 })?;
             }

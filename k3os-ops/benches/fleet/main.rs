@@ -52,6 +52,7 @@ use k3os_ops_testing::sim_node::{PowerRequest, SimNode};
 
 use agent::cluster::client::WriteCounter;
 use agent::context::Agent;
+use agent::fleet::background::Polls;
 use agent::host::ops::NodeOps;
 use agent::run::{self, Periods};
 use serde_json::json;
@@ -62,7 +63,10 @@ use tokio::time::Instant;
 /// The agent's default periods (`--resync-secs`, `--poll-secs`, `--count-secs`).
 const PERIODS: Periods = Periods {
     resync: Duration::from_secs(30),
-    poll: Duration::from_secs(900),
+    poll: Polls {
+        every: Duration::from_secs(900),
+        waiting: Duration::from_secs(3600),
+    },
     count: Duration::from_secs(30),
 };
 /// The idle window measured, after [`WARM_UP`].

@@ -16,7 +16,10 @@
 //!   the same channel on the same server in the same run.
 //! - **The share on the release per hour** ([`simulate`]): `FLEET_SITES` sites (default 1000),
 //!   each with the seed the agent derives from its channel's UID (`Seed::derived_from`), polling
-//!   every 15 minutes (the agent's default `--poll-secs`) at a random phase; at every poll the
+//!   every hour while it waits for its wave (the agent's default `--wait-poll-secs`; every 15
+//!   minutes otherwise, `--poll-secs`) at a random phase, and one second after the instant its
+//!   seed is admitted (the agent's poller looks again then, whatever its period; the same fleet
+//!   polling every 15 minutes while waiting is summarised too); at every poll the
 //!   site asks libupgrade's pure decision (`rollout::offer`) what it is offered; once offered v2
 //!   it is on it [`UPDATE`] later (stage, reboot, confirm: an assumption, not measured here).
 //!   Printed per hour: the schedule's share, the share offered and the share on v2, and the
@@ -28,13 +31,16 @@ use std::process::Command;
 use chrono::{DateTime, Duration, SubsecRound, Utc};
 use libupgrade::channel::{NodeRollout, SeedSource, TrustOptions};
 use libupgrade::manifest::Arch;
-use libupgrade::rollout::{self, Installed, Listed, Rollout, Seed, Wave, SEED_SPACE};
+use libupgrade::rollout::{self, Hold, Installed, Listed, Rollout, Seed, Wave, SEED_SPACE};
 use rand::{Rng, SeedableRng};
 
 use k3os_ops_testing::release::{self, Server};
 
 /// The sites' poll period (the agent's default `--poll-secs`).
 const POLL: Duration = Duration::minutes(15);
+/// Their poll period while a release waits for their wave (the agent's default
+/// `--wait-poll-secs`).
+const WAIT_POLL: Duration = Duration::minutes(60);
 /// From being offered v2 to running it (stage, reboot, confirm): assumed.
 const UPDATE: Duration = Duration::minutes(10);
 /// Polls measured on the real server.
@@ -274,8 +280,10 @@ struct Site {
     waiting_polls: u32,
 }
 
-/// Simulate `sites` sites under the four waves from `t` (see the module docs).
-fn sites_under_waves(sites: usize, t: DateTime<Utc>) -> Vec<Site> {
+/// Simulate `sites` sites under the four waves from `t`, each polling every `poll` and, as the
+/// agent's poller does, once more one second after the instant its seed is admitted (see the
+/// module docs).
+fn sites_under_waves(sites: usize, t: DateTime<Utc>, poll: Duration) -> Vec<Site> {
     let v2 = Rollout {
         waves: waves(t),
         ..Rollout::default()
@@ -303,7 +311,7 @@ fn sites_under_waves(sites: usize, t: DateTime<Utc>) -> Vec<Site> {
                 },
                 staged: None,
             };
-            let phase = Duration::seconds(rng.gen_range(0..POLL.num_seconds()));
+            let phase = Duration::seconds(rng.gen_range(0..poll.num_seconds()));
             let mut at = t - Duration::hours(1) + phase;
             let mut waiting_polls = 0;
             loop {
@@ -315,7 +323,11 @@ fn sites_under_waves(sites: usize, t: DateTime<Utc>) -> Vec<Site> {
                     };
                 }
                 waiting_polls += 1;
-                at += POLL;
+                let admitted = match o.waiting.map(|w| w.hold) {
+                    Some(Hold::Wave { starts: Some(s) }) => s + Duration::seconds(1),
+                    _ => at + poll,
+                };
+                at = admitted.min(at + poll);
             }
         })
         .collect()
@@ -324,7 +336,7 @@ fn sites_under_waves(sites: usize, t: DateTime<Utc>) -> Vec<Site> {
 /// Print the row: the schedule, the offered and the updated share per hour, and the requests.
 pub fn simulate(sites: usize, cost: &PollCost) {
     let t = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-    let all = sites_under_waves(sites, t);
+    let all = sites_under_waves(sites, t, WAIT_POLL);
     let fmt = |p: &Poll| {
         let mut paths = p.paths.clone();
         paths.dedup();
@@ -335,7 +347,7 @@ pub fn simulate(sites: usize, cost: &PollCost) {
             paths.join(", ")
         )
     };
-    println!("\nfleet of one-node sites: {sites} sites, v2 in 4 waves (1 %@T, 10 %@T+24h, 50 %@T+48h, 100 %@T+72h), polls every {} min, update {} min", POLL.num_minutes(), UPDATE.num_minutes());
+    println!("\nfleet of one-node sites: {sites} sites, v2 in 4 waves (1 %@T, 10 %@T+24h, 50 %@T+48h, 100 %@T+72h), polls every {} min ({} min while waiting, and at the site's admission instant), update {} min", POLL.num_minutes(), WAIT_POLL.num_minutes(), UPDATE.num_minutes());
     println!("  one poll on a real `release serve` (site waiting for its wave):");
     println!(
         "    first poll:                         {}",
@@ -359,50 +371,65 @@ pub fn simulate(sites: usize, cost: &PollCost) {
         cost.node.bytes as f64 / cost.reference.bytes.max(1) as f64
     );
     let per_poll = cost.node.paths.len() as f64;
-    for minutes in [POLL.num_minutes(), 60] {
+    for minutes in [WAIT_POLL.num_minutes(), POLL.num_minutes()] {
         let polls_per_hour = 60.0 / minutes as f64;
         println!(
-            "  requests per waiting site per hour at a {minutes}-min poll: {:.1} ({} polls/h × {} requests), {:.0} B; plus one snapshot.json a day after the channel's daily `release timestamp`",
+            "  requests per waiting site per hour polling every {minutes} min while waiting: {:.1} ({} polls/h × {} requests), {:.0} B; plus one snapshot.json a day after the channel's daily `release timestamp`",
             per_poll * polls_per_hour,
             polls_per_hour,
             per_poll,
             cost.node.bytes as f64 * polls_per_hour
         );
     }
-    let polls_per_hour = 60.0 / POLL.num_minutes() as f64;
-    println!("  hour  schedule  offered  on v2   waiting  origin req/h");
     let v2 = waves(t);
-    let (mut worst_offered, mut worst_on) = (0.0f64, 0.0f64);
-    for h in 0..=80 {
+    let share_at = |all: &[Site], at: DateTime<Utc>, lag: Duration| {
+        all.iter().filter(|s| s.offered + lag <= at).count() as f64 / sites as f64
+    };
+    let schedule_at = |at| f64::from(rollout::threshold(&v2, at)) / f64::from(SEED_SPACE);
+    // The largest gaps to the schedule over hours 0-80, offered and on v2 (every minute).
+    let worst = |all: &[Site]| {
+        (0..=80 * 60)
+            .map(|m| t + Duration::minutes(m))
+            .map(|at| {
+                let sched = schedule_at(at);
+                (
+                    (share_at(all, at, Duration::zero()) - sched).abs(),
+                    (share_at(all, at, UPDATE) - sched).abs(),
+                )
+            })
+            .fold((0.0f64, 0.0f64), |(a, b), (x, y)| (a.max(x), b.max(y)))
+    };
+    let polls_per_hour = 60.0 / WAIT_POLL.num_minutes() as f64;
+    println!(
+        "  polling every {} min while waiting (and at the site's admission instant):",
+        WAIT_POLL.num_minutes()
+    );
+    println!("  hour  schedule  offered  on v2   waiting  origin req/h");
+    for h in (0..=80).filter(|h| h % 4 == 0 || *h == 1) {
         let at = t + Duration::hours(h);
-        let schedule = f64::from(rollout::threshold(&v2, at)) / f64::from(SEED_SPACE);
-        let share =
-            |f: &dyn Fn(&Site) -> bool| all.iter().filter(|s| f(s)).count() as f64 / sites as f64;
-        let offered = share(&|s| s.offered <= at);
-        let on = share(&|s| s.offered + UPDATE <= at);
-        worst_offered = worst_offered.max((offered - schedule).abs());
-        worst_on = worst_on.max((on - schedule).abs());
         let waiting = all.iter().filter(|s| s.offered > at).count();
-        if h % 4 == 0 || h == 1 {
-            println!(
-                "  {h:>4}  {:>7.2}%  {:>6.2}%  {:>5.2}%  {waiting:>7}  {:>12.0}",
-                100.0 * schedule,
-                100.0 * offered,
-                100.0 * on,
-                waiting as f64 * per_poll * polls_per_hour
-            );
-        }
+        println!(
+            "  {h:>4}  {:>7.2}%  {:>6.2}%  {:>5.2}%  {waiting:>7}  {:>12.0}",
+            100.0 * schedule_at(at),
+            100.0 * share_at(&all, at, Duration::zero()),
+            100.0 * share_at(&all, at, UPDATE),
+            waiting as f64 * per_poll * polls_per_hour
+        );
     }
-    let polls: u64 = all.iter().map(|s| u64::from(s.waiting_polls)).sum();
-    println!(
-        "  largest gap to the schedule over hours 0-80: offered {:.2} points, on v2 {:.2} points ({sites} sites: sampling noise ~ {:.1} points at 50 %)",
-        100.0 * worst_offered,
-        100.0 * worst_on,
-        100.0 * (0.25 / sites as f64).sqrt()
-    );
-    println!(
-        "  waiting polls in all: {polls} ({:.1} per site); requests {:.0}",
-        polls as f64 / sites as f64,
-        polls as f64 * per_poll
-    );
+    let quarterly = sites_under_waves(sites, t, POLL);
+    for (minutes, all) in [
+        (WAIT_POLL.num_minutes(), &all),
+        (POLL.num_minutes(), &quarterly),
+    ] {
+        let (offered, on) = worst(all);
+        let polls: u64 = all.iter().map(|s| u64::from(s.waiting_polls)).sum();
+        println!(
+            "  every {minutes} min while waiting: largest gap to the schedule over hours 0-80 (each minute): offered {:.2} points, on v2 {:.2} points ({sites} sites: sampling noise ~ {:.1} points at 50 %); waiting polls {polls} ({:.1} per site), requests {:.0}",
+            100.0 * offered,
+            100.0 * on,
+            100.0 * (0.25 / sites as f64).sqrt(),
+            polls as f64 / sites as f64,
+            polls as f64 * per_poll
+        );
+    }
 }

@@ -115,6 +115,12 @@ pub struct AgentArgs {
     /// Seconds between polls of the channel's newest release (poller Lease holder only).
     #[arg(long, default_value_t = 900)]
     pub poll_secs: u64,
+    /// Seconds between those polls while a newer release waits for this cluster's wave of
+    /// the channel's rollout (never less than --poll-secs). The poller also looks at the
+    /// instant the wave reaches the cluster, so waiting longer between polls does not delay
+    /// the cluster's turn; it delays only noticing a release published meanwhile.
+    #[arg(long, default_value_t = 3600)]
+    pub wait_poll_secs: u64,
     /// Seconds between counts of the fleet (`status.nodes`, waves; fleet Lease holder only).
     #[arg(long, default_value_t = 30)]
     pub count_secs: u64,

@@ -15,7 +15,7 @@ use kube::Api;
 use super::cluster::kube_store::node_lease_name;
 use super::context::{Agent, Next};
 use super::errors::Retry;
-use super::fleet::background::{poll_loop, reclaim_loop, renew_node_lease};
+use super::fleet::background::{poll_loop, reclaim_loop, renew_node_lease, Polls};
 use super::host::ops::NodeOps;
 use super::AgentArgs;
 
@@ -53,7 +53,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     tracing::info!("serving /metrics, /healthz and /readyz on {bound}");
     let periods = Periods {
         resync: Duration::from_secs(args.resync_secs.max(5)),
-        poll: Duration::from_secs(args.poll_secs.max(30)),
+        poll: Polls {
+            every: Duration::from_secs(args.poll_secs.max(30)),
+            waiting: Duration::from_secs(args.wait_poll_secs.max(args.poll_secs).max(30)),
+        },
         count: Duration::from_secs(args.count_secs.max(5)),
     };
     run_agent(agent, periods).await
@@ -64,8 +67,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 pub struct Periods {
     /// Between reconciles when nothing changes (`--resync-secs`).
     pub resync: Duration,
-    /// Between polls of `latest` (`--poll-secs`).
-    pub poll: Duration,
+    /// Between polls of `latest` (`--poll-secs`, `--wait-poll-secs`).
+    pub poll: Polls,
     /// Between fleet counts (`--count-secs`).
     pub count: Duration,
 }

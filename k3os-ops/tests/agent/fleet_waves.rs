@@ -26,6 +26,7 @@ use libupgrade::rollout::{admits_from, Listed, Rollout, Seed, Wave, Withdrawal};
 
 use agent::cluster::client::WriteCounter;
 use agent::context::Agent;
+use agent::fleet::background::Polls;
 use agent::host::ops::NodeOps;
 use agent::host::status::Inactive;
 use agent::run::Periods;
@@ -79,18 +80,38 @@ pub(crate) fn world_with(spec: Value, status: Value) -> Arc<Mutex<World>> {
     Arc::new(Mutex::new(World::new([node], channel)))
 }
 
-/// Run the agent of `n1` over `ops` until the returned task is aborted.
+/// Run the agent of `n1` over `ops`, polling the channel every minute, until the returned
+/// task is aborted.
 pub(crate) fn start(
     world: &Arc<Mutex<World>>,
     log: &Log,
     ops: Arc<SimNode>,
+) -> tokio::task::JoinHandle<()> {
+    let minute = Duration::from_secs(60);
+    start_polling(
+        world,
+        log,
+        ops,
+        Polls {
+            every: minute,
+            waiting: minute,
+        },
+    )
+}
+
+/// Run the agent of `n1` over `ops`, polling the channel as `polls` says.
+fn start_polling(
+    world: &Arc<Mutex<World>>,
+    log: &Log,
+    ops: Arc<SimNode>,
+    polls: Polls,
 ) -> tokio::task::JoinHandle<()> {
     let writes = WriteCounter::new("n1");
     let client = fake_api::counted_client(world, log, &writes);
     let agent = Arc::new(Agent::new(client, NS, "n1", None, ops).with_watches(writes));
     let periods = Periods {
         resync: Duration::from_secs(30),
-        poll: Duration::from_secs(60),
+        poll: polls,
         count: Duration::from_secs(30),
     };
     tokio::spawn(async move {
@@ -177,6 +198,60 @@ async fn a_cluster_waits_for_its_wave_then_rolls_out_inside() {
     let seeds = ops.seeds();
     assert!(seeds.len() >= 3, "{seeds:?}");
     assert!(seeds.iter().all(|s| *s == Some(seed)), "{seeds:?}");
+    task.abort();
+    let _ = task.await;
+    let l = log.lock().unwrap();
+    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+}
+
+/// The agent's defaults on a site with a thin link: polls every 15 minutes, every hour while a
+/// release waits for the cluster's wave, and once more at the instant the wave reaches the
+/// cluster (from the resolution's own clock): waiting costs a poll an hour, and the cluster's
+/// turn is taken within seconds, not up to an hour late.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_cluster_polls_hourly_and_again_when_its_wave_reaches_it() {
+    let seed = Seed::derived_from(UID);
+    let waves = four_waves();
+    let starts = admits_from(&waves, seed.get()).expect("every seed is admitted at last");
+    let v2 = Rollout {
+        waves,
+        ..Rollout::default()
+    };
+    let lead = chrono::Duration::minutes(150);
+    let ops = Arc::new(
+        SimNode::new("v1")
+            .with_channel(SimChannel {
+                releases: vec![listed("v1", 1, None), listed("v2", 2, Some(v2))],
+                now: starts - lead,
+            })
+            .with_running_clock(),
+    );
+    let world = world(json!({"slots": [], "failures": [], "conditions": []}));
+    let log = Log::default();
+    let polls = Polls {
+        every: Duration::from_secs(900),
+        waiting: Duration::from_secs(3600),
+    };
+    let task = start_polling(&world, &log, ops.clone(), polls);
+    // Up to 30 s before the wave reaches the cluster: polls at 0, 1 h and 2 h only.
+    tokio::time::sleep((lead - chrono::Duration::seconds(30)).to_std().unwrap()).await;
+    {
+        let w = world.lock().unwrap();
+        assert_eq!(w.channel["status"]["latestVersion"], "v1");
+        assert!(w.condition("WaitingForWave").is_some());
+    }
+    let polled = ops.seeds().len();
+    assert_eq!(polled, 3, "hourly while waiting, not every 15 min");
+    assert_eq!(events(&log, "Staging"), 0);
+    // The poll at the admission instant (+1 s) offers v2; the node stages it within the next
+    // reconcile, long before the next hourly poll would have.
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    {
+        let w = world.lock().unwrap();
+        assert_eq!(w.channel["status"]["latestVersion"], "v2");
+        assert_eq!(w.condition("WaitingForWave"), None);
+    }
+    assert_eq!(events(&log, "Staging"), 1, "{:#?}", log.lock().unwrap());
     task.abort();
     let _ = task.await;
     let l = log.lock().unwrap();

@@ -6,6 +6,7 @@
 //! uncordon only of our own cordon; release after confirm; failures pause the channel.
 
 use k3os_ops::agent;
+use k3os_ops::agent::fleet::background::Polls;
 use k3os_ops::agent::host::latest::Latest;
 use k3os_ops::agent::host::pinned::Pinned;
 use libupgrade::rollout::Seed;
@@ -587,7 +588,10 @@ async fn latest_is_resolved_soon_after_a_channel_appears() {
     let agent = Arc::new(agent);
     let task = tokio::spawn(agent::fleet::background::poll_loop(
         agent.clone(),
-        Duration::from_secs(900),
+        Polls {
+            every: Duration::from_secs(900),
+            waiting: Duration::from_secs(3600),
+        },
     ));
     tokio::time::sleep(Duration::from_secs(5)).await;
     world.lock().unwrap().channel = channel;

@@ -16,6 +16,7 @@ use k3os_ops_testing::sim_node::SimNode;
 
 use agent::cluster::client::WriteCounter;
 use agent::context::Agent;
+use agent::fleet::background::Polls;
 use agent::run::Periods;
 use serde_json::json;
 
@@ -49,7 +50,10 @@ async fn an_idle_agent_makes_no_writes_and_no_reads_over_many_resyncs_and_wakes_
     let resync = Duration::from_secs(30);
     let periods = Periods {
         resync,
-        poll: Duration::from_secs(900),
+        poll: Polls {
+            every: Duration::from_secs(900),
+            waiting: Duration::from_secs(3600),
+        },
         count: Duration::from_secs(30),
     };
     let task = tokio::spawn(async move {

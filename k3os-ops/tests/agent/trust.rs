@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent::context::Agent;
+use agent::fleet::background::Polls;
 use agent::host::ops::{LibupgradeNode, NodeOps};
 use agent::host::status::Inactive;
 use chrono::Duration as Days;
@@ -269,7 +270,10 @@ async fn the_poller_reports_a_stale_channel_once_and_clears_it_when_re_signed() 
     let agent = Arc::new(agent);
     let task = tokio::spawn(agent::fleet::background::poll_loop(
         agent.clone(),
-        Duration::from_millis(100),
+        Polls {
+            every: Duration::from_millis(100),
+            waiting: Duration::from_millis(100),
+        },
     ));
     let is_stale = |ch: &Value| {
         ch["status"]["conditions"].as_array().is_some_and(|cs| {

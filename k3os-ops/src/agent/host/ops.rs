@@ -145,6 +145,12 @@ pub trait NodeOps: Send + Sync + 'static {
     /// ones. Only looks: records what it trusted and keeps the verified metadata
     /// ([`libupgrade::Writes::Trust`]), writes no seed file, drops nothing.
     fn resolve_latest(&self, channel: &str, seed: Seed) -> Result<Latest, NodeError>;
+    /// The time this node's resolutions judge rollouts at (its clock; the binary's tests set
+    /// libupgrade's test clock, a simulated node its channel's): the poller counts the time to
+    /// a wave's admission from it.
+    fn rollout_clock(&self) -> chrono::DateTime<chrono::Utc> {
+        chrono::Utc::now()
+    }
     /// Whether `channel`'s rollout offers the pinned `version` to a node placed at `seed` now,
     /// or holds it back and why ([`Pinned`]); `ignore_rollout`: as `upgrade --ignore-rollout`
     /// (a withdrawal still shows in [`Pinned::withdrawn`]). Read-only, and from the channel
@@ -320,6 +326,12 @@ impl NodeOps for LibupgradeNode {
             return Err(NodeError::new(NOT_ASSESSED, NOT_ASSESSED_HELP));
         }
         Ok(summarize(&st))
+    }
+
+    fn rollout_clock(&self) -> chrono::DateTime<chrono::Utc> {
+        libupgrade::channel::TrustOptions::from_config(self.updater.config())
+            .now
+            .unwrap_or_else(chrono::Utc::now)
     }
 
     fn resolve_latest(&self, channel: &str, seed: Seed) -> Result<Latest, NodeError> {
