@@ -278,6 +278,7 @@ fn request(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<StageReques
             true => libupgrade::Writes::Nothing,
             false => libupgrade::Writes::All,
         },
+        for_cluster: false,
         seed: None,
         ignore_rollout: args.ignore_rollout,
         options: StageOptions {

@@ -93,6 +93,11 @@ pub struct StageRequest {
     pub ignore_expiry: bool,
     /// What resolving may write on the node.
     pub writes: Writes,
+    /// Resolve for the cluster this node belongs to, not for the node: the release staged in
+    /// the node's other slot does not count as started, so a paused release is offered to
+    /// the cluster only once resumed, whichever node staged it (the agent's poller and its
+    /// checks; one node's head start must not carry the whole cluster past a pause).
+    pub for_cluster: bool,
     /// How to fetch and write it.
     pub options: StageOptions,
     /// The seed that places the node in the channel's rollout waves (None: the node's own,
@@ -111,6 +116,7 @@ impl StageRequest {
             bundle_dir: None,
             ignore_expiry: false,
             writes: Writes::All,
+            for_cluster: false,
             options: StageOptions::default(),
             seed: None,
             ignore_rollout: false,

@@ -274,14 +274,16 @@ impl Updater {
     /// release to stage. The channel's rollouts see the booted slot's release as the running
     /// one (generation 0 when the booted slot cannot be told) and the other slot's when it is
     /// staged, not yet activated. When the staged release is withdrawn, the slot is marked bad
-    /// (never activated) before the release offered instead is returned, unless `req` is read
-    /// only. A node running a withdrawn release keeps it (see [`crate::rollout`]).
+    /// (never activated) before the release offered instead is returned, unless `req` may not
+    /// write it ([`crate::Writes`]). A node running a withdrawn release keeps it (see
+    /// [`crate::rollout`]). A request [`StageRequest::for_cluster`] sees no staged release.
     pub fn resolve(&self, req: &StageRequest) -> std::result::Result<Release, ResolveError> {
         // Only a channel's resolution looks at the slots (a bundle or a location does not).
         let (running, staged) = match req.wanted {
             crate::Wanted::Channel { .. } => self.installed()?,
             _ => (unknown_release(), None),
         };
+        let staged = staged.filter(|_| !req.for_cluster);
         let rel = req.resolve(&self.cfg, running, staged.clone())?;
         let dropped = match &rel.origin {
             crate::Origin::Channel {

@@ -572,6 +572,37 @@ fn resolving_latest_only_keeps_trust_and_only_the_nodes_tick_drops_a_withdrawn_r
     );
     assert!(trust_record.exists(), "the stage records the trust");
 
+    // Paused after this node staged v2: the node itself may go on (it started), but the
+    // cluster's view (the poller, the claim check) counts no node's head start: v1 until
+    // resumed, so the other nodes of the cluster do not take a paused release.
+    set_rollout("v2", &|r| Rollout {
+        paused: Some(libupgrade::rollout::Pause {
+            since: chrono::Utc::now(),
+        }),
+        ..r.cloned().unwrap_or_default()
+    });
+    let l = node.resolve_latest(&rig.channel, seed).unwrap();
+    assert_eq!(l.version, "v1", "{l:?}");
+    let held = l.waiting.expect("v2 is held by the pause");
+    assert!(
+        matches!(held.hold, libupgrade::rollout::Hold::Paused { .. }),
+        "{held:?}"
+    );
+    let own = libupgrade::StageRequest {
+        seed: Some(seed),
+        ..libupgrade::StageRequest::new(libupgrade::Wanted::channel(&rig.channel, None))
+    };
+    let mine = rig.updater().resolve(&own).unwrap();
+    assert_eq!(
+        mine.version.as_deref(),
+        Some("v2"),
+        "the node itself goes on"
+    );
+    set_rollout("v2", &|r| Rollout {
+        paused: None,
+        ..r.cloned().unwrap_or_default()
+    });
+
     // Withdrawn: the poller's resolution sees it and drops nothing.
     set_rollout("v2", &|r| Rollout {
         withdrawn: Some(Withdrawal {

@@ -143,7 +143,8 @@ pub trait NodeOps: Send + Sync + 'static {
     /// What `latest` of `channel` is for a node of this architecture placed at `seed` in the
     /// channel's rollouts: the release offered, the newer one held back and the withdrawn
     /// ones. Only looks: records what it trusted and keeps the verified metadata
-    /// ([`libupgrade::Writes::Trust`]), writes no seed file, drops nothing.
+    /// ([`libupgrade::Writes::Trust`]), writes no seed file, drops nothing. The cluster's view
+    /// ([`StageRequest::for_cluster`]): this node's staged release does not count as started.
     fn resolve_latest(&self, channel: &str, seed: Seed) -> Result<Latest, NodeError>;
     /// The time this node's resolutions judge rollouts at (its clock; the binary's tests set
     /// libupgrade's test clock, a simulated node its channel's): the poller counts the time to
@@ -153,8 +154,8 @@ pub trait NodeOps: Send + Sync + 'static {
     }
     /// Whether `channel`'s rollout offers the pinned `version` to a node placed at `seed` now,
     /// or holds it back and why ([`Pinned`]); `ignore_rollout`: as `upgrade --ignore-rollout`
-    /// (a withdrawal still shows in [`Pinned::withdrawn`]). Read-only, and from the channel
-    /// only (an offline bundle of the version says nothing about its rollout). `Err`: the
+    /// (a withdrawal still shows in [`Pinned::withdrawn`]). Only looks, as the cluster's view
+    /// (as [`NodeOps::resolve_latest`]), and from the channel only (an offline bundle of the version says nothing about its rollout). `Err`: the
     /// channel could not be resolved at all.
     fn resolve_pinned(
         &self,
@@ -337,6 +338,7 @@ impl NodeOps for LibupgradeNode {
     fn resolve_latest(&self, channel: &str, seed: Seed) -> Result<Latest, NodeError> {
         let req = StageRequest {
             writes: libupgrade::Writes::Trust,
+            for_cluster: true,
             seed: Some(seed),
             ..StageRequest::new(libupgrade::Wanted::channel(channel, None))
         };
@@ -354,6 +356,7 @@ impl NodeOps for LibupgradeNode {
         // say nothing about the rollout the question is about.
         let req = StageRequest {
             writes: libupgrade::Writes::Trust,
+            for_cluster: true,
             seed: Some(seed),
             ignore_rollout,
             ..StageRequest::new(libupgrade::Wanted::channel(channel, Some(version)))
