@@ -80,6 +80,70 @@ async fn teardown(client: &Client, ns: &str) {
     let _ = nss.delete(ns, &DeleteParams::default()).await;
 }
 
+/// Issue 24's fields survive the real API server's schema (it prunes what the schema lacks):
+/// `spec.ignoreRollout`, and the poller's `status.fleetRollout` (seed, withdrawn releases,
+/// withdrawn and held targets) with the conditions `WaitingForWave` and `ReleaseWithdrawn`,
+/// written through the status subresource as the poller writes them.
+#[tokio::test]
+#[ignore = "needs an API server: KUBEBUILDER_ASSETS or KUBECONFIG"]
+async fn cluster_keeps_the_fleet_rollout_fields() {
+    let client = client().await;
+    let ns = setup(&client, 1).await;
+    let chans: Api<UpdateChannel> = Api::namespaced(client.clone(), &ns);
+    let pp = PatchParams::default();
+    chans
+        .patch(
+            "stable",
+            &pp,
+            &Patch::Merge(serde_json::json!({"spec": {"ignoreRollout": true}})),
+        )
+        .await
+        .expect("patch spec");
+    let status = serde_json::json!({"status": {
+        "fleetRollout": {"clusterSeed": 999_999, "withdrawn": ["v1", "v3"],
+                         "withdrawnTarget": "v3", "heldTarget": "v2"},
+        "conditions": [
+            {"type": COND_WAITING_FOR_WAVE, "status": "True", "reason": "WaveNotStarted",
+             "message": "v2 waits: this cluster's wave starts at 2026-12-05T00:00:00Z",
+             "lastTransitionTime": "2026-12-04T00:00:00Z"},
+            {"type": COND_RELEASE_WITHDRAWN, "status": "True", "reason": "Withdrawn",
+             "message": "v3 was withdrawn", "lastTransitionTime": "2026-12-04T00:00:00Z"}
+        ]
+    }});
+    chans
+        .patch_status("stable", &pp, &Patch::Merge(status))
+        .await
+        .expect("patch status");
+    let back = chans.get("stable").await.expect("read back");
+    let seed_too_big = chans
+        .patch_status(
+            "stable",
+            &pp,
+            &Patch::Merge(
+                serde_json::json!({"status": {"fleetRollout": {"clusterSeed": 1_000_000}}}),
+            ),
+        )
+        .await;
+    teardown(&client, &ns).await;
+    assert!(back.spec.ignore_rollout, "spec.ignoreRollout pruned");
+    let st = back.status.expect("status");
+    assert_eq!(
+        st.fleet_rollout,
+        Some(FleetRolloutStatus {
+            cluster_seed: 999_999,
+            withdrawn: vec!["v1".into(), "v3".into()],
+            withdrawn_target: Some("v3".into()),
+            held_target: Some("v2".into()),
+        })
+    );
+    let kinds: Vec<&str> = st.conditions.iter().map(|c| c.type_.as_str()).collect();
+    assert_eq!(kinds, [COND_WAITING_FOR_WAVE, COND_RELEASE_WITHDRAWN]);
+    assert!(
+        matches!(seed_too_big, Err(kube::Error::Api(ref e)) if e.code == 422),
+        "a seed outside 0..=999999 is refused: {seed_too_big:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs an API server: KUBEBUILDER_ASSETS or KUBECONFIG"]
 async fn cluster_twenty_concurrent_claims_respect_concurrency() {
