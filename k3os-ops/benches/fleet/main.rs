@@ -52,7 +52,7 @@ use k3os_ops_testing::sim_node::{PowerRequest, SimNode};
 
 use agent::cluster::client::WriteCounter;
 use agent::context::Agent;
-use agent::fleet::background::Polls;
+use agent::fleet::poller::Polls;
 use agent::host::ops::NodeOps;
 use agent::run::{self, Periods};
 use serde_json::json;

@@ -22,7 +22,7 @@
 //! ```text
 //! run            process wiring: client, metrics listener, the loops, the watches
 //! fleet/         the loops a Lease grants: node Lease renewal, reclaim of dead holders, the
-//!  │             `latest` poller (background), the fleet counts and waves (counter)
+//!  │             `latest` poller (poller), the fleet counts and waves (counter)
 //! reconcile/     one reconcile: read → NodeView, gather the Inputs (back-offs, gates'
 //!  │             verdict, bytes fetched today), decide (pure) → Step, dispatch: what a
 //!  │             waiting step says (waits), the bookkeeping ticks (actions), stage and the
@@ -56,7 +56,7 @@
 //! [`cluster`] ([`cluster::slots`], [`cluster::kube_store`], [`cluster::drain`],
 //! [`cluster::publish`], [`cluster::events`], [`cluster::effects`], [`cluster::gate_probe`],
 //! [`cluster::stale`], [`cluster::rollout_status`], [`cluster::cache`], [`cluster::client`],
-//! [`cluster::token_scope`]), [`fleet`] ([`fleet::background`], [`fleet::counter`]), [`host`]
+//! [`cluster::token_scope`]), [`fleet`] ([`fleet::background`], [`fleet::poller`], [`fleet::counter`]), [`host`]
 //! ([`host::ops`], [`host::latest`], [`host::pinned`], [`host::status`], [`host::ledger`],
 //! [`host::stage_progress`]), and the shared [`context`], [`errors`],
 //! [`metrics`], [`phase`], [`mod@run`].

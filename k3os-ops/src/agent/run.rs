@@ -15,7 +15,8 @@ use kube::Api;
 use super::cluster::kube_store::node_lease_name;
 use super::context::{Agent, Next};
 use super::errors::Retry;
-use super::fleet::background::{poll_loop, reclaim_loop, renew_node_lease, Polls};
+use super::fleet::background::{reclaim_loop, renew_node_lease};
+use super::fleet::poller::{poll_loop, Polls};
 use super::host::ops::NodeOps;
 use super::AgentArgs;
 

@@ -26,7 +26,7 @@ use libupgrade::rollout::{admits_from, Listed, Rollout, Seed, Wave, Withdrawal};
 
 use agent::cluster::client::WriteCounter;
 use agent::context::Agent;
-use agent::fleet::background::Polls;
+use agent::fleet::poller::Polls;
 use agent::host::ops::NodeOps;
 use agent::host::status::Inactive;
 use agent::run::Periods;

@@ -6,7 +6,7 @@
 //! uncordon only of our own cordon; release after confirm; failures pause the channel.
 
 use k3os_ops::agent;
-use k3os_ops::agent::fleet::background::Polls;
+use k3os_ops::agent::fleet::poller::Polls;
 use k3os_ops::agent::host::latest::Latest;
 use k3os_ops::agent::host::pinned::Pinned;
 use libupgrade::rollout::Seed;
@@ -586,7 +586,7 @@ async fn latest_is_resolved_soon_after_a_channel_appears() {
         std::mem::replace(&mut w.channel, Value::Null)
     };
     let agent = Arc::new(agent);
-    let task = tokio::spawn(agent::fleet::background::poll_loop(
+    let task = tokio::spawn(agent::fleet::poller::poll_loop(
         agent.clone(),
         Polls {
             every: Duration::from_secs(900),

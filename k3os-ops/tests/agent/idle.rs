@@ -16,7 +16,7 @@ use k3os_ops_testing::sim_node::SimNode;
 
 use agent::cluster::client::WriteCounter;
 use agent::context::Agent;
-use agent::fleet::background::Polls;
+use agent::fleet::poller::Polls;
 use agent::run::Periods;
 use serde_json::json;
 

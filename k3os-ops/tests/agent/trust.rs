@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent::context::Agent;
-use agent::fleet::background::Polls;
+use agent::fleet::poller::Polls;
 use agent::host::ops::{LibupgradeNode, NodeOps};
 use agent::host::status::Inactive;
 use chrono::Duration as Days;
@@ -268,7 +268,7 @@ async fn the_poller_reports_a_stale_channel_once_and_clears_it_when_re_signed() 
     let sim = chan.node();
     let (world, log, agent) = setup(&chan, &sim, "latest");
     let agent = Arc::new(agent);
-    let task = tokio::spawn(agent::fleet::background::poll_loop(
+    let task = tokio::spawn(agent::fleet::poller::poll_loop(
         agent.clone(),
         Polls {
             every: Duration::from_millis(100),

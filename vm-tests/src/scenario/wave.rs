@@ -9,6 +9,8 @@
 //! `K3OS_OPS_TEST_NOW` (libupgrade's test clock), so no clock is set. Steps:
 //! 1. at T-1h, `upgrade --channel URL --version latest` stages nothing (exit 0) and says when
 //!    this node's wave starts (a time between T and T+24h, from its seed); slot B untouched;
+//!    Half an hour later the same poll downloads only `2.root.json` (404) and
+//!    `timestamp.json`: the node kept the snapshot and targets it verified;
 //! 2. at T+25h, `upgrade --stage-only` stages v2 into B (not activated);
 //! 3. the publisher withdraws v2; the next `upgrade` at T+25h drops it: slot B marked bad
 //!    (never activated, the next boot still A) and `slot status` says the channel withdrew
@@ -68,6 +70,7 @@ impl Scenario {
         let mut vm = self.boot_v1(&mut node)?;
 
         self.waits_for_its_wave(&mut vm, &url, t)?;
+        self.waiting_polls_cost_two_requests(&mut vm, &srv, &url, t)?;
         let after = t + Duration::hours(25);
         self.stages_after_the_start(&mut vm, &url, after)?;
         let withdraw =
@@ -198,6 +201,50 @@ impl Scenario {
             "{}: before its wave: nothing staged, the wave starts at {}",
             vm.name(),
             starts.map(|s| s.to_rfc3339()).unwrap_or_default()
+        ));
+        Ok(())
+    }
+
+    /// Step 1, again half an hour later: the node kept the snapshot and targets it verified
+    /// (`<state_dir>/channel-meta/v1/`), so a poll of the unchanged channel downloads only the
+    /// next root's probe (404) and the timestamp.
+    fn waiting_polls_cost_two_requests(
+        &mut self,
+        vm: &mut Vm,
+        srv: &ReleaseServer,
+        url: &str,
+        t: DateTime<Utc>,
+    ) -> Result<()> {
+        let before = srv.requests().len();
+        let out = vm.run_ok(&upgrade(url, t - Duration::minutes(30), ""), DOWNLOAD)?;
+        let polled: Vec<String> = srv.requests()[before..].to_vec();
+        let is = |line: &String, file: &str, status: u16| {
+            line.starts_with("GET ")
+                && line.contains(&format!("/{file} "))
+                && line.contains(&format!("-> {status} "))
+        };
+        self.check(
+            out.contains("nothing to stage")
+                && polled.len() == 2
+                && is(&polled[0], "2.root.json", 404)
+                && is(&polled[1], "timestamp.json", 200),
+            || {
+                format!(
+                    "a second poll of the unchanged channel must fetch only 2.root.json (404) and timestamp.json:\n{}\n{out}",
+                    polled.join("\n")
+                )
+            },
+        )?;
+        let kept = vm.run_ok("ls /var/lib/k3os-ops/channel-meta/v1/*/", CMD)?;
+        self.check(
+            kept.contains("snapshot.json") && kept.contains("targets.json"),
+            || format!("the node must keep the verified snapshot and targets:\n{kept}"),
+        )?;
+        self.note(format!(
+            "{}: waiting poll: {} requests ({})",
+            vm.name(),
+            polled.len(),
+            polled.join(", ")
         ));
         Ok(())
     }
