@@ -234,7 +234,7 @@ pub fn poll_cost() -> PollCost {
         polls
     };
     let node_polls = measure(false, "node");
-    let look = measure(true, "look");
+    let look = measure(true, "plan-only");
     let reference = (0..POLLS)
         .map(|_| {
             python_tuf_refresh(
