@@ -188,6 +188,42 @@ impl Repo {
         self.put("timestamp.json", tsb);
     }
 
+    /// Re-sign snapshot `sv` over the current targets.json and timestamp `ts` over it, leaving
+    /// targets.json byte for byte as it is (what the channel's cron job does).
+    fn resign(&self, sv: u64, ts: u64) {
+        let tg = self.get("targets.json");
+        let tv = Envelope::parse(&tg, "targets.json")
+            .unwrap()
+            .body::<Targets>(Role::Targets, "targets.json")
+            .unwrap()
+            .version;
+        let sn = self.versions_bytes(
+            Role::Snapshot,
+            sv,
+            "targets.json",
+            Self::meta_ref(tv, &tg, &["sha256"]),
+        );
+        self.put("snapshot.json", sn);
+        self.resign_timestamp(ts);
+    }
+
+    /// Re-sign timestamp `ts` over the current snapshot.json, leaving it as it is.
+    fn resign_timestamp(&self, ts: u64) {
+        let sn = self.get("snapshot.json");
+        let sv = Envelope::parse(&sn, "snapshot.json")
+            .unwrap()
+            .body::<Versions>(Role::Snapshot, "snapshot.json")
+            .unwrap()
+            .version;
+        let tsb = self.versions_bytes(
+            Role::Timestamp,
+            ts,
+            "snapshot.json",
+            Self::meta_ref(sv, &sn, &["sha256"]),
+        );
+        self.put("timestamp.json", tsb);
+    }
+
     /// A node's starting record: this channel's root version 1.
     fn node(&self) -> Record {
         Record::from_root(&self.get("1.root.json"), "1.root.json").unwrap()
@@ -481,14 +517,15 @@ fn kept_files_spare_the_downloads_of_an_unchanged_channel_only() {
     assert!(again.snapshot.kept && again.targets_file.kept);
     assert_eq!(again.targets, first.targets);
 
-    // A new timestamp over the same snapshot (the daily re-sign): still two.
-    r.publish(1, 1, 2);
+    // A new timestamp over the same snapshot: still two.
+    r.resign_timestamp(2);
     let (resigned, fetched) = r.update_kept(&again.record, &kept);
     assert_eq!(fetched, ["2.root.json", "timestamp.json"]);
     assert_eq!(resigned.unwrap().record.timestamp, 2);
 
-    // A new snapshot over the same targets: the snapshot is downloaded, targets kept.
-    r.publish(1, 2, 3);
+    // A new snapshot over the same targets (the daily re-sign): the snapshot is downloaded,
+    // the targets kept.
+    r.resign(2, 3);
     let (sn, fetched) = r.update_kept(&again.record, &kept);
     let sn = sn.unwrap();
     assert_eq!(fetched, ["2.root.json", "timestamp.json", "snapshot.json"]);
@@ -522,20 +559,25 @@ fn kept_files_spare_the_downloads_of_an_unchanged_channel_only() {
 fn a_kept_file_that_fails_any_check_is_downloaded_instead() {
     let r = Repo::new(1);
     let first = r.update_kept(&r.node(), &Files::default()).0.unwrap();
+    let older = {
+        let old = keep(&first);
+        r.publish(2, 2, 2);
+        old
+    };
+    // The snapshot the new timestamp pins, re-signed with another expiry by its own key: the
+    // same version and length, another sha256.
     let forged_snapshot = {
         let sn = r.get("snapshot.json");
         let body: Versions = Envelope::parse(&sn, "s")
             .unwrap()
             .body(Role::Snapshot, "s")
             .unwrap();
+        assert_eq!(body.version, 2);
         let mut forged = body.clone();
         forged.expires += Duration::seconds(1);
-        r.sign_as(Role::Snapshot, &forged)
-    };
-    let older = {
-        let old = keep(&first);
-        r.publish(2, 2, 2);
-        old
+        let forged = r.sign_as(Role::Snapshot, &forged);
+        assert_eq!(forged.len(), sn.len());
+        forged
     };
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("damaged", b"{\"signed\": ".to_vec()),
