@@ -229,10 +229,10 @@ impl NodeOps for SimNode {
                 Err(hold) if !ignore_rollout => Pinned {
                     version: version.into(),
                     hold: Some(hold),
-                    withdrawn: None,
+                    withdrawn: withdrawn(&ch),
                 },
                 _ => Pinned {
-                    withdrawn: Some(withdrawn(&ch)),
+                    withdrawn: withdrawn(&ch),
                     ..Pinned::offered(version)
                 },
             },

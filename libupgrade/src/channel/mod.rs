@@ -204,6 +204,9 @@ pub enum ChannelError {
         seed: u32,
         /// Why it is withheld.
         hold: crate::rollout::Hold,
+        /// Every release of this architecture the channel lists as withdrawn (oldest first),
+        /// as [`RolloutNote::withdrawn`] lists them for a release that is offered.
+        withdrawn: Vec<String>,
     },
     /// No listed release at or below the running one, and none newer offered to this node.
     #[error("channel {channel}: nothing is offered to this node (seed {seed}, running {running:?}){}", waiting.as_ref().map(|w| format!("; {w}")).unwrap_or_default())]

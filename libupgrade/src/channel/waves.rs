@@ -224,6 +224,7 @@ impl<'a> Asked<'a, '_> {
                 version: l.version.clone(),
                 seed: self.seed.get(),
                 hold,
+                withdrawn: self.withdrawn(),
             }),
         }
     }

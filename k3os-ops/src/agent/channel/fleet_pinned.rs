@@ -32,7 +32,7 @@ pub fn apply(
     now: DateTime<Utc>,
 ) -> Option<String> {
     let v = &pinned.version;
-    let withdrawn = withdrawn_list(st, pinned);
+    let withdrawn = pinned.withdrawn.clone();
     let gone = |x: &String| withdrawn.contains(x);
     let hit = Some(v.clone())
         .filter(gone)
@@ -83,25 +83,6 @@ pub fn waiting_message(version: &str, hold: &Hold, seed: Seed) -> String {
     )
 }
 
-/// The releases the channel withdrew: as the resolution listed them, else (a refusal lists
-/// none) the list last published, with the pinned release in it exactly when its hold is the
-/// withdrawal.
-fn withdrawn_list(st: &UpdateChannelStatus, pinned: &Pinned) -> Vec<String> {
-    if let Some(list) = &pinned.withdrawn {
-        return list.clone();
-    }
-    let mut list = st
-        .fleet_rollout
-        .as_ref()
-        .map(|f| f.withdrawn.clone())
-        .unwrap_or_default();
-    list.retain(|w| *w != pinned.version);
-    if pinned.is_withdrawn() {
-        list.push(pinned.version.clone());
-    }
-    list
-}
-
 /// The `ReleaseWithdrawn` condition's message (and its Event's note) for the withdrawn
 /// `version` on a channel pinned to `pinned`.
 fn withdrawn_message(version: &str, pinned: &str) -> String {
@@ -131,10 +112,14 @@ mod tests {
     }
 
     fn held(hold: Hold) -> Pinned {
+        let withdrawn = match hold {
+            Hold::Withdrawn { .. } => vec!["v3".into()],
+            _ => Vec::new(),
+        };
         Pinned {
             version: "v3".into(),
             hold: Some(hold),
-            withdrawn: None,
+            withdrawn,
         }
     }
 
@@ -212,19 +197,22 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_keeps_the_withdrawn_list_last_published_and_corrects_only_the_pin() {
+    fn a_refusal_publishes_the_withdrawn_list_it_carries() {
         let seed = Seed::new(7).unwrap();
         let mut st = UpdateChannelStatus::default();
         let offered = Pinned {
-            withdrawn: Some(vec!["v1".into(), "v3".into()]),
+            withdrawn: vec!["v1".into(), "v4".into()],
             ..Pinned::offered("v2")
         };
         apply(&mut st, &offered, seed, at(0));
-        // Pinned to v3 now, which waits (libupgrade's refusal lists nothing): v1 stays, v3
-        // is not withdrawn (it waits for its wave).
-        let wave = held(Hold::Wave {
-            starts: Some(at(5)),
-        });
+        // Pinned to v3 now, which waits: libupgrade's refusal lists what the channel withdraws
+        // now (v4 was put back, v1 still withdrawn), published as it is.
+        let wave = Pinned {
+            withdrawn: vec!["v1".into()],
+            ..held(Hold::Wave {
+                starts: Some(at(5)),
+            })
+        };
         apply(&mut st, &wave, seed, at(1));
         assert_eq!(st.fleet_rollout.as_ref().unwrap().withdrawn, ["v1"]);
         // A slot held for a withdrawn release counts as the target.

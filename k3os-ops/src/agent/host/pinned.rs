@@ -18,9 +18,9 @@ pub struct Pinned {
     /// Why the channel's rollout holds it back from this cluster now (`None`: offered). A
     /// withdrawn release is `Hold::Withdrawn`.
     pub hold: Option<Hold>,
-    /// Every release the channel lists as withdrawn, oldest first, when the resolution told
-    /// (libupgrade's refusal of a held version does not list them: `None`).
-    pub withdrawn: Option<Vec<String>>,
+    /// Every release the channel lists as withdrawn, oldest first (libupgrade lists them
+    /// whether it offers the version or refuses it).
+    pub withdrawn: Vec<String>,
 }
 
 impl Pinned {
@@ -30,7 +30,7 @@ impl Pinned {
         Pinned {
             version: version.into(),
             hold: None,
-            withdrawn: Some(Vec::new()),
+            withdrawn: Vec::new(),
         }
     }
 
@@ -47,7 +47,7 @@ impl Pinned {
         Pinned {
             version: version.to_string(),
             hold: None,
-            withdrawn: Some(withdrawn),
+            withdrawn,
         }
     }
 
@@ -55,10 +55,12 @@ impl Pinned {
     /// (libupgrade's typed `Withheld` refusal); `None` for any other failure.
     pub fn from_refusal(version: &str, e: &ResolveError) -> Option<Pinned> {
         match e.channel_error() {
-            Some(ChannelError::Withheld { hold, .. }) => Some(Pinned {
+            Some(ChannelError::Withheld {
+                hold, withdrawn, ..
+            }) => Some(Pinned {
                 version: version.to_string(),
                 hold: Some(hold.clone()),
-                withdrawn: None,
+                withdrawn: withdrawn.clone(),
             }),
             _ => None,
         }
@@ -67,9 +69,6 @@ impl Pinned {
     /// Whether the channel withdrew the pinned release.
     pub fn is_withdrawn(&self) -> bool {
         matches!(self.hold, Some(Hold::Withdrawn { .. }))
-            || self
-                .withdrawn
-                .as_ref()
-                .is_some_and(|w| w.contains(&self.version))
+            || self.withdrawn.contains(&self.version)
     }
 }

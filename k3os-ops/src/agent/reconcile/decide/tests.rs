@@ -504,7 +504,7 @@ fn a_pin_verdict_is_read_from_the_resolution() {
     let paused = Pinned {
         version: "v2".into(),
         hold: Some(Hold::Paused { since: at(0) }),
-        withdrawn: None,
+        withdrawn: Vec::new(),
     };
     let PinVerdict::Held(why) = PinVerdict::of(Ok(&paused), seed) else {
         panic!("held");
@@ -517,7 +517,7 @@ fn a_pin_verdict_is_read_from_the_resolution() {
     assert_eq!(PinVerdict::of(Ok(&gone), seed), PinVerdict::Withdrawn);
     // Taken with ignoreRollout but listed as withdrawn: still withdrawn.
     let listed = Pinned {
-        withdrawn: Some(vec!["v2".into()]),
+        withdrawn: vec!["v2".into()],
         ..Pinned::offered("v2")
     };
     assert_eq!(PinVerdict::of(Ok(&listed), seed), PinVerdict::Withdrawn);
