@@ -17,10 +17,8 @@
 use chrono::{DateTime, Utc};
 use libupgrade::rollout::{Hold, Seed};
 
-use super::crd::{
-    FleetRolloutStatus, UpdateChannelStatus, COND_RELEASE_WITHDRAWN, COND_WAITING_FOR_WAVE,
-};
-use super::fleet_waves::{has, hold_text, reason, remove};
+use super::crd::UpdateChannelStatus;
+use super::fleet_waves::{hold_text, reason, write_verdict, Verdict};
 use crate::agent::host::pinned::Pinned;
 
 /// Change `st` to say what resolving the pinned release with `seed` found. Returns the note of
@@ -32,8 +30,7 @@ pub fn apply(
     now: DateTime<Utc>,
 ) -> Option<String> {
     let v = &pinned.version;
-    let withdrawn = pinned.withdrawn.clone();
-    let gone = |x: &String| withdrawn.contains(x);
+    let gone = |x: &String| pinned.withdrawn.contains(x);
     let hit = Some(v.clone())
         .filter(gone)
         .or_else(|| st.slots.iter().filter_map(|s| s.version.clone()).find(gone));
@@ -41,35 +38,20 @@ pub fn apply(
         .hold
         .as_ref()
         .filter(|h| !matches!(h, Hold::Withdrawn { .. }));
-    let was_withdrawn = has(st, COND_RELEASE_WITHDRAWN);
-    st.fleet_rollout = Some(FleetRolloutStatus {
-        cluster_seed: seed.get(),
-        withdrawn: withdrawn.clone(),
-        withdrawn_target: hit.clone(),
-        held_target: held.map(|_| v.clone()),
-    });
-    let note = hit.as_ref().map(|t| withdrawn_message(t, v));
-    match &note {
-        Some(n) => st.set_condition(
-            COND_RELEASE_WITHDRAWN,
-            true,
-            "TargetWithdrawn",
-            n.clone(),
-            now,
-        ),
-        None => remove(st, COND_RELEASE_WITHDRAWN),
-    }
-    match held {
-        Some(h) => st.set_condition(
-            COND_WAITING_FOR_WAVE,
-            true,
-            reason(h),
-            waiting_message(v, h, seed),
-            now,
-        ),
-        None => remove(st, COND_WAITING_FOR_WAVE),
-    }
-    note.filter(|_| !was_withdrawn)
+    write_verdict(
+        st,
+        Verdict {
+            seed,
+            withdrawn: pinned.withdrawn.clone(),
+            withdrawn_target: hit.map(|t| {
+                let note = withdrawn_message(&t, v);
+                (t, note)
+            }),
+            held_target: held.map(|_| v.clone()),
+            waiting: held.map(|h| (reason(h), waiting_message(v, h, seed))),
+        },
+        now,
+    )
 }
 
 /// The `WaitingForWave` condition's message for the pinned `version` held back by `hold` from
@@ -104,7 +86,10 @@ fn withdrawn_message(version: &str, pinned: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::channel::crd::{SlotEntry, SlotPhase};
+    use crate::agent::channel::crd::{
+        SlotEntry, SlotPhase, COND_RELEASE_WITHDRAWN, COND_WAITING_FOR_WAVE,
+    };
+    use crate::agent::channel::fleet_waves::has;
     use libupgrade::trust::meta::time_str;
 
     fn at(h: i64) -> DateTime<Utc> {

@@ -71,14 +71,64 @@ pub fn apply(
                 .and_then(|f| f.withdrawn_target.clone())
                 .filter(gone)
         });
-    let was_withdrawn = has(st, COND_RELEASE_WITHDRAWN);
-    st.fleet_rollout = Some(FleetRolloutStatus {
-        cluster_seed: seed.get(),
-        withdrawn: latest.withdrawn.clone(),
-        withdrawn_target: hit.clone(),
-        held_target: None,
+    let waiting = latest.waiting.as_ref().map(|w| {
+        let message = format!(
+            "{} waits: {} (cluster seed {}); the nodes stay on {}",
+            w.version.escape_debug(),
+            hold_text(&w.hold),
+            seed.get(),
+            latest.version.escape_debug()
+        );
+        (reason(&w.hold), message)
     });
-    let note = hit.as_ref().map(|v| withdrawn_message(v, &latest.version));
+    write_verdict(
+        st,
+        Verdict {
+            seed,
+            withdrawn: latest.withdrawn.clone(),
+            withdrawn_target: hit.map(|v| {
+                let note = withdrawn_message(&v, &latest.version);
+                (v, note)
+            }),
+            held_target: None,
+            waiting,
+        },
+        now,
+    )
+}
+
+/// What one poll found, as the status says it.
+pub(super) struct Verdict {
+    /// The cluster's seed.
+    pub seed: Seed,
+    /// Every release the channel withdrew, oldest first.
+    pub withdrawn: Vec<String>,
+    /// The withdrawn release the cluster was updating to, and the `ReleaseWithdrawn`
+    /// condition's message (its Event's note).
+    pub withdrawn_target: Option<(String, String)>,
+    /// The pinned release held back (`status.fleetRollout.heldTarget`).
+    pub held_target: Option<String>,
+    /// Why a release waits: the `WaitingForWave` condition's reason and message.
+    pub waiting: Option<(&'static str, String)>,
+}
+
+/// Write `v` into `st`: `status.fleetRollout` and the conditions `ReleaseWithdrawn` and
+/// `WaitingForWave` (each removed when `v` has nothing for it). Returns the note of the
+/// `ReleaseWithdrawn` Event when that condition turns True by this change (one Event per
+/// withdrawal). The one writer of both [`apply`] and [`super::fleet_pinned::apply`].
+pub(super) fn write_verdict(
+    st: &mut UpdateChannelStatus,
+    v: Verdict,
+    now: DateTime<Utc>,
+) -> Option<String> {
+    let was_withdrawn = has(st, COND_RELEASE_WITHDRAWN);
+    let (hit, note) = v.withdrawn_target.unzip();
+    st.fleet_rollout = Some(FleetRolloutStatus {
+        cluster_seed: v.seed.get(),
+        withdrawn: v.withdrawn,
+        withdrawn_target: hit,
+        held_target: v.held_target,
+    });
     match &note {
         Some(n) => st.set_condition(
             COND_RELEASE_WITHDRAWN,
@@ -89,20 +139,10 @@ pub fn apply(
         ),
         None => remove(st, COND_RELEASE_WITHDRAWN),
     }
-    match &latest.waiting {
-        Some(w) => st.set_condition(
-            COND_WAITING_FOR_WAVE,
-            true,
-            reason(&w.hold),
-            format!(
-                "{} waits: {} (cluster seed {}); the nodes stay on {}",
-                w.version.escape_debug(),
-                hold_text(&w.hold),
-                seed.get(),
-                latest.version.escape_debug()
-            ),
-            now,
-        ),
+    match v.waiting {
+        Some((reason, message)) => {
+            st.set_condition(COND_WAITING_FOR_WAVE, true, reason, message, now)
+        }
         None => remove(st, COND_WAITING_FOR_WAVE),
     }
     note.filter(|_| !was_withdrawn)

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use libupgrade::rollout::Seed;
 
 use super::kube_store::KubeChannelStore;
-use super::slots::{self, SlotError, Step};
+use super::slots::{self, SlotError};
 use crate::agent::channel::crd::UpdateChannel;
 use crate::agent::channel::{fleet_pinned, fleet_waves};
 use crate::agent::context::Agent;
@@ -26,15 +26,10 @@ pub async fn write(
     seed: Seed,
     now: DateTime<Utc>,
 ) -> Result<Option<String>, SlotError> {
-    slots::cas(store, now, |_, st| {
-        let before = st.clone();
+    slots::cas_changed(store, now, |_, st| {
         let turned = fleet_waves::apply(st, latest, seed, now);
         slots::with_latest(st, Ok(&latest.version), now);
-        if *st == before {
-            Step::Done(None)
-        } else {
-            Step::Write(turned)
-        }
+        turned
     })
     .await
 }
@@ -74,16 +69,7 @@ pub async fn write_pinned(
     seed: Seed,
     now: DateTime<Utc>,
 ) -> Result<Option<String>, SlotError> {
-    slots::cas(store, now, |_, st| {
-        let before = st.clone();
-        let turned = fleet_pinned::apply(st, pinned, seed, now);
-        if *st == before {
-            Step::Done(None)
-        } else {
-            Step::Write(turned)
-        }
-    })
-    .await
+    slots::cas_changed(store, now, |_, st| fleet_pinned::apply(st, pinned, seed, now)).await
 }
 
 /// Publish the poller's resolution of `ch`'s pinned release: the status write and the Event of

@@ -128,6 +128,30 @@ pub(in crate::agent) fn known_format(channel: &str, ch: &UpdateChannel) -> Resul
     Ok(())
 }
 
+/// [`cas`] for a change of the status as read that is written only when it changed
+/// something: `change` edits the status and returns what it did; an unchanged status writes
+/// nothing and returns `T::default()`.
+pub(in crate::agent) async fn cas_changed<S, T>(
+    store: &S,
+    now: DateTime<Utc>,
+    mut change: impl FnMut(&UpdateChannel, &mut UpdateChannelStatus) -> T,
+) -> Result<T, SlotError>
+where
+    S: ChannelStore,
+    T: Default,
+{
+    cas(store, now, |ch, st| {
+        let before = st.clone();
+        let done = change(ch, st);
+        if *st == before {
+            Step::Done(T::default())
+        } else {
+            Step::Write(done)
+        }
+    })
+    .await
+}
+
 pub(in crate::agent) async fn cas<S, T>(
     store: &S,
     now: DateTime<Utc>,
@@ -391,14 +415,8 @@ pub async fn write_fleet<S: ChannelStore>(
     rollout: Option<&Rollout>,
     now: DateTime<Utc>,
 ) -> Result<FleetChange, SlotError> {
-    cas(store, now, |ch, st| {
-        let before = st.clone();
-        let change = counts::refresh(ch, st, nodes, rollout, now);
-        if *st == before {
-            Step::Done(FleetChange::default())
-        } else {
-            Step::Write(change)
-        }
+    cas_changed(store, now, |ch, st| {
+        counts::refresh(ch, st, nodes, rollout, now)
     })
     .await
 }
@@ -409,16 +427,7 @@ pub async fn set_latest<S: ChannelStore>(
     result: Result<&str, &str>,
     now: DateTime<Utc>,
 ) -> Result<(), SlotError> {
-    cas(store, now, |_, st| {
-        let before = st.clone();
-        with_latest(st, result, now);
-        if *st == before {
-            Step::Done(())
-        } else {
-            Step::Write(())
-        }
-    })
-    .await
+    cas_changed(store, now, |_, st| with_latest(st, result, now)).await
 }
 
 /// [`set_latest`]'s change of `st` (pure): `latestVersion` and the `LatestResolved` condition.
