@@ -59,6 +59,13 @@ pub type FakeBody = UnsyncBoxBody<Bytes, std::convert::Infallible>;
 pub const HISTORY: usize = 20_000;
 
 pub type Log = Arc<Mutex<Vec<String>>>;
+
+/// Assert that the fake answered every request the agent made: no line of `log` says
+/// `UNEXPECTED` (a request no resource of the fake serves).
+pub fn no_unexpected(log: &Log) {
+    let l = log.lock().unwrap();
+    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+}
 /// Called with `"METHOD path"` and the channel `stable` before each request is answered.
 pub type Hook = Box<dyn FnMut(&str, &mut Value) + Send>;
 /// Called with the world after every answered request and every cluster step.

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use fake_api::{Log, World, NS};
+use fake_api::{no_unexpected, Log, World, NS};
 use k3os_ops::agent;
 use k3os_ops_testing::sim_node::{SimChannel, SimNode};
 use libupgrade::rollout::{admits_from, Listed, Rollout, Seed, Wave, Withdrawal};
@@ -55,6 +55,25 @@ pub(crate) fn four_waves() -> Vec<Wave> {
             start: t(h),
         })
         .collect()
+}
+
+/// The cluster's place (seed from [`UID`]) in v2's [`four_waves`], the instant v2 is admitted
+/// for it, and node `n1` on v1 whose channel (v1, and v2 under those waves) reads `lead` before
+/// that instant.
+pub(crate) fn waiting_for_v2(lead: chrono::Duration) -> (Seed, DateTime<Utc>, SimNode) {
+    let seed = Seed::derived_from(UID);
+    let waves = four_waves();
+    let starts = admits_from(&waves, seed.get()).expect("every seed is admitted at last");
+    assert!(starts > t(0), "the derived seed is past the first point");
+    let v2 = Rollout {
+        waves,
+        ..Rollout::default()
+    };
+    let node = SimNode::new("v1").with_channel(SimChannel {
+        releases: vec![listed("v1", 1, None), listed("v2", 2, Some(v2))],
+        now: starts - lead,
+    });
+    (seed, starts, node)
 }
 
 /// One node `n1` and the channel `stable` following `latest`, with `status`.
@@ -142,18 +161,8 @@ pub(crate) fn channel_notes(log: &Log, starting: &str) -> usize {
 
 #[tokio::test(start_paused = true)]
 async fn a_cluster_waits_for_its_wave_then_rolls_out_inside() {
-    let seed = Seed::derived_from(UID);
-    let waves = four_waves();
-    let starts = admits_from(&waves, seed.get()).expect("every seed is admitted at last");
-    assert!(starts > t(0), "the derived seed is past the first point");
-    let v2 = Rollout {
-        waves,
-        ..Rollout::default()
-    };
-    let ops = Arc::new(SimNode::new("v1").with_channel(SimChannel {
-        releases: vec![listed("v1", 1, None), listed("v2", 2, Some(v2))],
-        now: starts - chrono::Duration::hours(1),
-    }));
+    let (seed, starts, node) = waiting_for_v2(chrono::Duration::hours(1));
+    let ops = Arc::new(node);
     let world = world(json!({"slots": [], "failures": [], "conditions": []}));
     let log = Log::default();
     let task = start(&world, &log, ops.clone());
@@ -200,8 +209,7 @@ async fn a_cluster_waits_for_its_wave_then_rolls_out_inside() {
     assert!(seeds.iter().all(|s| *s == Some(seed)), "{seeds:?}");
     task.abort();
     let _ = task.await;
-    let l = log.lock().unwrap();
-    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    no_unexpected(&log);
 }
 
 /// The agent's defaults on a site with a thin link: polls every 15 minutes, every hour while a
@@ -210,22 +218,9 @@ async fn a_cluster_waits_for_its_wave_then_rolls_out_inside() {
 /// turn is taken within seconds, not up to an hour late.
 #[tokio::test(start_paused = true)]
 async fn a_waiting_cluster_polls_hourly_and_again_when_its_wave_reaches_it() {
-    let seed = Seed::derived_from(UID);
-    let waves = four_waves();
-    let starts = admits_from(&waves, seed.get()).expect("every seed is admitted at last");
-    let v2 = Rollout {
-        waves,
-        ..Rollout::default()
-    };
     let lead = chrono::Duration::minutes(150);
-    let ops = Arc::new(
-        SimNode::new("v1")
-            .with_channel(SimChannel {
-                releases: vec![listed("v1", 1, None), listed("v2", 2, Some(v2))],
-                now: starts - lead,
-            })
-            .with_running_clock(),
-    );
+    let (_, _, node) = waiting_for_v2(lead);
+    let ops = Arc::new(node.with_running_clock());
     let world = world(json!({"slots": [], "failures": [], "conditions": []}));
     let log = Log::default();
     let polls = Polls {
@@ -254,8 +249,7 @@ async fn a_waiting_cluster_polls_hourly_and_again_when_its_wave_reaches_it() {
     assert_eq!(events(&log, "Staging"), 1, "{:#?}", log.lock().unwrap());
     task.abort();
     let _ = task.await;
-    let l = log.lock().unwrap();
-    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    no_unexpected(&log);
 }
 
 #[tokio::test(start_paused = true)]
@@ -318,6 +312,5 @@ async fn a_withdrawn_target_is_reported_once_never_claimed_and_dropped() {
     );
     task.abort();
     let _ = task.await;
-    let l = log.lock().unwrap();
-    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    no_unexpected(&log);
 }

@@ -194,7 +194,7 @@ async fn happy_path_stages_claims_fences_cordons_flips_reboots_confirms_releases
     settle(&agent).await;
     {
         let l = log.lock().unwrap().clone();
-        assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+        fake_api::no_unexpected(&log);
         let stage = pos(&l, "node: stage v2");
         let claim = pos(&l, "slots=[n1:Claimed]");
         let fence1 = pos(&l, "slots=[n1:Draining]");
@@ -637,7 +637,7 @@ async fn events_carry_fresh_text_and_land_on_the_channel_too() {
         )
         .await;
     let l = log.lock().unwrap().clone();
-    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    fake_api::no_unexpected(&log);
     for who in ["n2", "n3"] {
         pos(
             &l,
@@ -713,7 +713,7 @@ async fn a_malformed_channel_is_reported_and_the_others_go_on() {
     ));
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
-    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    fake_api::no_unexpected(&log);
     pos(&l, "node: stage v2");
     pos(
         &l,
@@ -749,7 +749,7 @@ async fn an_invalid_channel_does_not_shadow_a_valid_one() {
     }
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
-    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    fake_api::no_unexpected(&log);
     pos(&l, "node: stage v2");
     pos(&l, "event: ChannelConflict");
     pos(&l, "api: condition aaa-broken Invalid=True");
@@ -1127,7 +1127,7 @@ async fn spec_paused_stops_claims_until_unpaused() {
     world.lock().unwrap().channel["spec"]["paused"] = json!(true);
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
-    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    fake_api::no_unexpected(&log);
     pos(&l, "node: stage v2");
     pos(&l, "spec.paused is true");
     assert!(!l.iter().any(|x| x.contains("slots=[n1")), "{l:#?}");
@@ -1155,7 +1155,7 @@ async fn several_windows_claim_in_any_open_one() {
     }
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
-    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
+    fake_api::no_unexpected(&log);
     pos(&l, "node: stage v2");
     pos(&l, "waiting for the window starting");
     assert!(!l.iter().any(|x| x.contains("slots=[n1")), "{l:#?}");

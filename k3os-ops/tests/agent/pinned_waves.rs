@@ -16,39 +16,24 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fake_api::Log;
+use fake_api::{no_unexpected, Log};
 use k3os_ops::agent::host::ops::NodeOps;
 use k3os_ops::agent::host::status::Inactive;
 use k3os_ops_testing::fake_api;
 use k3os_ops_testing::sim_node::{SimChannel, SimNode};
-use libupgrade::rollout::{admits_from, Rollout, Seed, Withdrawal};
+use libupgrade::rollout::{Rollout, Withdrawal};
 use serde_json::json;
 
-use super::fleet_waves::{channel_notes, events, four_waves, listed, start, t, world_with, UID};
+use super::fleet_waves::{channel_notes, events, listed, start, t, waiting_for_v2, world_with};
 
 fn empty_status() -> serde_json::Value {
     json!({"slots": [], "failures": [], "conditions": []})
 }
 
-fn no_unexpected(log: &Log) {
-    let l = log.lock().unwrap();
-    assert!(!l.iter().any(|x| x.starts_with("UNEXPECTED")), "{l:#?}");
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_pinned_release_waits_for_the_clusters_wave_without_a_failure_then_stages() {
-    let seed = Seed::derived_from(UID);
-    let waves = four_waves();
-    let starts = admits_from(&waves, seed.get()).expect("every seed is admitted at last");
-    assert!(starts > t(0), "the derived seed is past the first point");
-    let v2 = Rollout {
-        waves,
-        ..Rollout::default()
-    };
-    let ops = Arc::new(SimNode::new("v1").with_channel(SimChannel {
-        releases: vec![listed("v1", 1, None), listed("v2", 2, Some(v2))],
-        now: starts - chrono::Duration::hours(1),
-    }));
+    let (seed, starts, node) = waiting_for_v2(chrono::Duration::hours(1));
+    let ops = Arc::new(node);
     let world = world_with(json!({"version": "v2"}), empty_status());
     let log = Log::default();
     let task = start(&world, &log, ops.clone());
@@ -184,17 +169,8 @@ async fn a_withdrawn_pinned_release_is_reported_once_never_claimed_and_dropped()
 
 #[tokio::test(start_paused = true)]
 async fn ignore_rollout_stages_a_pinned_release_through_its_wave_on_purpose() {
-    let seed = Seed::derived_from(UID);
-    let waves = four_waves();
-    let starts = admits_from(&waves, seed.get()).expect("every seed is admitted at last");
-    let v2 = Rollout {
-        waves,
-        ..Rollout::default()
-    };
-    let ops = Arc::new(SimNode::new("v1").with_channel(SimChannel {
-        releases: vec![listed("v1", 1, None), listed("v2", 2, Some(v2))],
-        now: starts - chrono::Duration::hours(1),
-    }));
+    let (_, _, node) = waiting_for_v2(chrono::Duration::hours(1));
+    let ops = Arc::new(node);
     let world = world_with(
         json!({"version": "v2", "ignoreRollout": true}),
         empty_status(),
