@@ -170,58 +170,26 @@ impl Repo {
     /// Publish targets `tv`, snapshot `sv` (naming targets `tv`), timestamp `ts` (naming
     /// snapshot `sv`), each reference listing sha256.
     fn publish(&self, tv: u64, sv: u64, ts: u64) {
-        let tg = self.targets_bytes(tv);
-        let sn = self.versions_bytes(
-            Role::Snapshot,
-            sv,
-            "targets.json",
-            Self::meta_ref(tv, &tg, &["sha256"]),
-        );
-        let tsb = self.versions_bytes(
-            Role::Timestamp,
-            ts,
-            "snapshot.json",
-            Self::meta_ref(sv, &sn, &["sha256"]),
-        );
-        self.put("targets.json", tg);
-        self.put("snapshot.json", sn);
-        self.put("timestamp.json", tsb);
+        self.put("targets.json", self.targets_bytes(tv));
+        self.pin(Role::Snapshot, sv, tv);
+        self.pin(Role::Timestamp, ts, sv);
     }
 
-    /// Re-sign snapshot `sv` over the current targets.json and timestamp `ts` over it, leaving
-    /// targets.json byte for byte as it is (what the channel's cron job does).
-    fn resign(&self, sv: u64, ts: u64) {
-        let tg = self.get("targets.json");
-        let tv = Envelope::parse(&tg, "targets.json")
-            .unwrap()
-            .body::<Targets>(Role::Targets, "targets.json")
-            .unwrap()
-            .version;
-        let sn = self.versions_bytes(
-            Role::Snapshot,
-            sv,
-            "targets.json",
-            Self::meta_ref(tv, &tg, &["sha256"]),
+    /// Sign `role` (snapshot or timestamp) version `v` over the current file it names
+    /// (targets.json, snapshot.json), which is at version `named`, listing its sha256; every
+    /// other file stays byte for byte as it is (what the channel's cron job re-signs).
+    fn pin(&self, role: Role, v: u64, named: u64) {
+        let file = match role {
+            Role::Snapshot => "targets.json",
+            _ => "snapshot.json",
+        };
+        let bytes = self.versions_bytes(
+            role,
+            v,
+            file,
+            Self::meta_ref(named, &self.get(file), &["sha256"]),
         );
-        self.put("snapshot.json", sn);
-        self.resign_timestamp(ts);
-    }
-
-    /// Re-sign timestamp `ts` over the current snapshot.json, leaving it as it is.
-    fn resign_timestamp(&self, ts: u64) {
-        let sn = self.get("snapshot.json");
-        let sv = Envelope::parse(&sn, "snapshot.json")
-            .unwrap()
-            .body::<Versions>(Role::Snapshot, "snapshot.json")
-            .unwrap()
-            .version;
-        let tsb = self.versions_bytes(
-            Role::Timestamp,
-            ts,
-            "snapshot.json",
-            Self::meta_ref(sv, &sn, &["sha256"]),
-        );
-        self.put("timestamp.json", tsb);
+        self.put(role.file(), bytes);
     }
 
     /// A node's starting record: this channel's root version 1.
@@ -518,14 +486,15 @@ fn kept_files_spare_the_downloads_of_an_unchanged_channel_only() {
     assert_eq!(again.targets, first.targets);
 
     // A new timestamp over the same snapshot: still two.
-    r.resign_timestamp(2);
+    r.pin(Role::Timestamp, 2, 1);
     let (resigned, fetched) = r.update_kept(&again.record, &kept);
     assert_eq!(fetched, ["2.root.json", "timestamp.json"]);
     assert_eq!(resigned.unwrap().record.timestamp, 2);
 
     // A new snapshot over the same targets (the daily re-sign): the snapshot is downloaded,
     // the targets kept.
-    r.resign(2, 3);
+    r.pin(Role::Snapshot, 2, 1);
+    r.pin(Role::Timestamp, 3, 2);
     let (sn, fetched) = r.update_kept(&again.record, &kept);
     let sn = sn.unwrap();
     assert_eq!(fetched, ["2.root.json", "timestamp.json", "snapshot.json"]);
