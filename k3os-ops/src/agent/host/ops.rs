@@ -18,8 +18,8 @@
 //! `latest` ([`NodeOps::resolve_latest`]: the poller, the claim check) only looks: it records
 //! what it trusted and keeps the verified metadata files, as every TUF client does (so the next
 //! poll of an unchanged channel costs two small downloads, and the node's rollback protection
-//! moves on), but creates no seed file and drops nothing ([`libupgrade::Writes::Trust`]). The one place that acts on a withdrawal is
-//! the node's own tick [`NodeOps::drop_withdrawn`], which the decision asks for when this
+//! moves on), but creates no seed file and drops nothing ([`libupgrade::Writes::Trust`]). The
+//! one place that acts on a withdrawal is the node's own tick [`NodeOps::drop_withdrawn`], which the decision asks for when this
 //! node's staged release is withdrawn (the poller runs on one node of the cluster and could
 //! drop only its own slot).
 
@@ -155,8 +155,8 @@ pub trait NodeOps: Send + Sync + 'static {
     /// Whether `channel`'s rollout offers the pinned `version` to a node placed at `seed` now,
     /// or holds it back and why ([`Pinned`]); `ignore_rollout`: as `upgrade --ignore-rollout`
     /// (a withdrawal still shows in [`Pinned::withdrawn`]). Only looks, as the cluster's view
-    /// (as [`NodeOps::resolve_latest`]), and from the channel only (an offline bundle of the version says nothing about its rollout). `Err`: the
-    /// channel could not be resolved at all.
+    /// (as [`NodeOps::resolve_latest`]), and from the channel only (an offline bundle of the
+    /// version says nothing about its rollout). `Err`: the channel could not be resolved at all.
     fn resolve_pinned(
         &self,
         channel: &str,
