@@ -19,9 +19,9 @@
 //! what it trusted and keeps the verified metadata files, as every TUF client does (so the next
 //! poll of an unchanged channel costs two small downloads, and the node's rollback protection
 //! moves on), but creates no seed file and drops nothing ([`libupgrade::Writes::Trust`]). The
-//! one place that acts on a withdrawal is the node's own tick [`NodeOps::drop_withdrawn`], which the decision asks for when this
-//! node's staged release is withdrawn (the poller runs on one node of the cluster and could
-//! drop only its own slot).
+//! one place that acts on a withdrawal is the node's own tick [`NodeOps::drop_withdrawn`],
+//! which the decision asks for when this node's staged release is withdrawn (the poller runs
+//! on one node of the cluster and could drop only its own slot).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
