@@ -128,6 +128,18 @@ impl StageRequest {
         StageRequest { options, ..self }
     }
 
+    /// The offline bundle of the wanted channel version in [`StageRequest::bundle_dir`], as
+    /// [`StageRequest::resolve`] would take it before the channel; `None` when there is no
+    /// bundle directory, no version named, or no bundle of it. Reads local files only: a front
+    /// end that resolved the channel already (the agent's tick) asks this instead of resolving
+    /// again.
+    pub fn offline(&self) -> Result<Option<Release>, ResolveError> {
+        let (Some(dir), Some(v)) = (&self.bundle_dir, self.wanted.version()) else {
+            return Ok(None);
+        };
+        Ok(find_bundle(dir, v)?.map(|b| Release::from_bundle(b, true)))
+    }
+
     /// Resolve what is wanted on a node configured by `cfg` (its channel root, trust record and
     /// seed file) that runs `running` and has `staged` in its other slot: the release to stage
     /// and what its signed manifest must be. Through signed metadata the releases' rollouts
@@ -143,10 +155,8 @@ impl StageRequest {
             Wanted::Source(source) => Ok(Release::at(source.clone())),
             Wanted::Channel { channel, .. } => {
                 let version = self.wanted.version();
-                if let (Some(dir), Some(v)) = (&self.bundle_dir, version) {
-                    if let Some(b) = find_bundle(dir, v)? {
-                        return Ok(Release::from_bundle(b, true));
-                    }
+                if let Some(rel) = self.offline()? {
+                    return Ok(rel);
                 }
                 let mut trust = TrustOptions::from_config(cfg);
                 trust.ignore_expiry = self.ignore_expiry;

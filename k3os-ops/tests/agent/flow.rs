@@ -7,8 +7,6 @@
 
 use k3os_ops::agent;
 use k3os_ops::agent::fleet::poller::Polls;
-use k3os_ops::agent::host::latest::Latest;
-use k3os_ops::agent::host::pinned::Pinned;
 use libupgrade::rollout::Seed;
 
 use std::sync::{Arc, Mutex};
@@ -18,7 +16,8 @@ use agent::context::{Agent, Next};
 use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
 use agent::host::status::{Inactive, NodeUpdateStatus};
 use fake_api::{Log, World};
-use libupgrade::StageRequest;
+use k3os_ops_testing::sim_node::offered;
+use libupgrade::{Release, StageOptions, StageRequest};
 use serde_json::{json, Value};
 
 use k3os_ops_testing::fake_api;
@@ -38,35 +37,33 @@ impl NodeOps for FakeNode {
         }
         Ok(self.status.lock().unwrap().clone())
     }
-    fn resolve_latest(&self, _: &str, _: Seed) -> Result<Latest, NodeError> {
-        Ok(Latest::plain("v2"))
+    fn resolve(&self, req: &StageRequest) -> Result<Release, NodeError> {
+        // A channel without rollouts whose newest release is v2: every version is offered.
+        Ok(offered(req.wanted.version().unwrap_or("v2")))
     }
     fn drop_withdrawn(&self, _: &str, _: Seed) -> Result<Option<String>, NodeError> {
         Ok(None)
     }
-    fn resolve_pinned(&self, _: &str, v: &str, _: Seed, _: bool) -> Result<Pinned, NodeError> {
-        // A channel without rollouts: every version is offered.
-        Ok(Pinned::offered(v))
-    }
     fn stage(
         &self,
-        req: &StageRequest,
+        rel: &Release,
+        opts: &StageOptions,
         _: Option<chrono::NaiveDate>,
         p: &dyn StageProgress,
     ) -> Result<StageEnd, NodeError> {
-        let version = req.wanted.version().unwrap_or_default();
-        let max_rate = req.options.max_rate;
+        let version = rel.version.clone().unwrap_or_default();
         p.begin("rootfs", 100, 0);
         p.advance(100);
         p.end();
-        let cap = max_rate
+        let cap = opts
+            .max_rate
             .map(|r| format!(" capped at {r} B/s"))
             .unwrap_or_default();
         self.log
             .lock()
             .unwrap()
             .push(format!("node: stage {version}{cap}"));
-        self.status.lock().unwrap().inactive = Inactive::Staged(version.into());
+        self.status.lock().unwrap().inactive = Inactive::Staged(version);
         Ok(StageEnd::Staged { fetched: 0 })
     }
     fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {

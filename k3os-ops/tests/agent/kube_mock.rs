@@ -9,8 +9,6 @@
 //!   naming it.
 
 use k3os_ops::agent;
-use k3os_ops::agent::host::latest::Latest;
-use k3os_ops::agent::host::pinned::Pinned;
 use libupgrade::rollout::Seed;
 
 use std::collections::BTreeMap;
@@ -23,9 +21,10 @@ use agent::cluster::slots::{self, ClaimOutcome, DeadReason, LivenessObserver};
 use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
 use agent::host::status::{Inactive, NodeUpdateStatus};
 use http::{Method, Request, Response};
+use k3os_ops_testing::sim_node::offered;
 use kube::client::Body;
 use kube::Client;
-use libupgrade::StageRequest;
+use libupgrade::{Release, StageOptions, StageRequest};
 use serde_json::{json, Value};
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
@@ -430,19 +429,17 @@ impl NodeOps for FakeNode {
             failed_trial: None,
         })
     }
-    fn resolve_latest(&self, _: &str, _: Seed) -> Result<Latest, NodeError> {
-        Ok(Latest::plain("v2"))
+    fn resolve(&self, req: &StageRequest) -> Result<Release, NodeError> {
+        // A channel without rollouts whose newest release is v2: every version is offered.
+        Ok(offered(req.wanted.version().unwrap_or("v2")))
     }
     fn drop_withdrawn(&self, _: &str, _: Seed) -> Result<Option<String>, NodeError> {
         Ok(None)
     }
-    fn resolve_pinned(&self, _: &str, v: &str, _: Seed, _: bool) -> Result<Pinned, NodeError> {
-        // A channel without rollouts: every version is offered.
-        Ok(Pinned::offered(v))
-    }
     fn stage(
         &self,
-        _: &StageRequest,
+        _: &Release,
+        _: &StageOptions,
         _: Option<chrono::NaiveDate>,
         _: &dyn StageProgress,
     ) -> Result<StageEnd, NodeError> {

@@ -24,7 +24,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use agent::context::Agent;
-use agent::host::ops::{LibupgradeNode, NodeOps};
+use agent::host::node::LibupgradeNode;
+use agent::host::ops::NodeOps;
 use agent::host::status::Inactive;
 use chrono::{DateTime, Utc};
 use fake_api::{Log, World};

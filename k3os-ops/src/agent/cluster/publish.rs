@@ -196,7 +196,7 @@ impl Agent {
             name: Some(self.settings.node.clone()),
             ..Default::default()
         };
-        let cached = self.memory.node_uid.lock().expect("not poisoned").clone();
+        let cached = self.remember(|m| m.node_uid.clone());
         r.uid = match cached {
             Some(uid) => Some(uid),
             None => {
@@ -206,11 +206,7 @@ impl Agent {
                     .await
                     .ok()
                     .and_then(|n| n.metadata.uid);
-                self.memory
-                    .node_uid
-                    .lock()
-                    .expect("not poisoned")
-                    .clone_from(&uid);
+                self.remember(|m| m.node_uid.clone_from(&uid));
                 uid
             }
         };
@@ -342,12 +338,13 @@ impl Agent {
         note: String,
     ) {
         let key = format!("{reason}:{note}");
-        {
-            let mut last = self.memory.last_note.lock().expect("not poisoned");
-            if last.as_deref() == Some(key.as_str()) {
-                return;
-            }
-            *last = Some(key);
+        let repeated = self.remember(|m| {
+            let repeated = m.last_note.as_deref() == Some(key.as_str());
+            m.last_note = Some(key);
+            repeated
+        });
+        if repeated {
+            return;
         }
         self.event(channel, warning, reason, note).await;
     }
@@ -377,16 +374,12 @@ impl Agent {
             .collect();
         // Every patch states the format of the annotations it leaves behind.
         map.insert(ANN_FORMAT.into(), json!(NODE_FORMAT.to_string()));
-        let unchanged = self
-            .memory
-            .node_annotations
-            .lock()
-            .expect("not poisoned")
-            .as_ref()
-            .is_some_and(|known| {
+        let unchanged = self.remember(|m| {
+            m.node_annotations.as_ref().is_some_and(|known| {
                 map.iter()
                     .all(|(k, v)| known.get(k).map(|s| json!(s)).unwrap_or(Value::Null) == *v)
-            });
+            })
+        });
         if unchanged {
             return Ok(());
         }
@@ -420,13 +413,7 @@ impl Agent {
         e: &crate::agent::channel::format::FormatError,
     ) {
         let text = e.to_string();
-        if !self
-            .memory
-            .format_reported
-            .lock()
-            .expect("not poisoned")
-            .insert(text.clone())
-        {
+        if !self.remember(|m| m.format_reported.insert(text.clone())) {
             return;
         }
         tracing::error!(reason = "UnknownFormat", "{text}");

@@ -22,7 +22,9 @@ use crate::agent::cluster::cache::Fresh;
 use crate::agent::cluster::publish::{Done, Then};
 use crate::agent::context::{Agent, Next};
 use crate::agent::errors::{AgentError, KubeContext};
+use crate::agent::host::requests::{resolve_latest, resolve_pinned};
 use crate::agent::host::status::Inactive;
+use libupgrade::Release;
 
 impl Agent {
     /// One decision and its execution.
@@ -57,24 +59,19 @@ pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
     let Some(view) = node_view(cx, &node, &channel).await? else {
         return Ok(Next::Wait);
     };
-    let silence = cx
-        .memory
-        .startup_silence
-        .lock()
-        .expect("not poisoned")
-        .take();
+    let silence = cx.remember(|m| m.startup_silence.take());
     let view = NodeView {
         silent_at_start: silence,
         ..view
     };
-    let step = decide(cx, &channel, &view).await?;
+    let (step, resolved) = decide(cx, &channel, &view).await?;
     tracing::debug!(?step, channel = %channel.name(), "decided");
     if step.undo_cordon {
         if let Some(said) = cx.undo_cordon().await? {
             cx.say(&channel, said).await;
         }
     }
-    let done = execute(cx, &channel, &view, step).await?;
+    let done = execute(cx, &channel, &view, step, resolved).await?;
     carry_out(cx, &channel, done).await
 }
 
@@ -94,27 +91,30 @@ async fn carry_out(cx: &Agent, ch: &Channel, done: Done) -> Result<Next, AgentEr
     })
 }
 
-/// The decision for `view` under `ch`, with the inputs it asks for gathered.
-async fn decide(cx: &Agent, ch: &Channel, view: &NodeView) -> Result<Step, AgentError> {
+/// The decision for `view` under `ch`, with the inputs it asks for gathered, and the release
+/// a pinned version's own check resolved (offered): a stage in this tick takes it instead of
+/// resolving the channel again.
+async fn decide(
+    cx: &Agent,
+    ch: &Channel,
+    view: &NodeView,
+) -> Result<(Step, Option<Release>), AgentError> {
     let now = Utc::now();
     let stage_now = cx.settings.clock.now();
+    let (claim_not_before, stage_not_before) = cx.remember(|m| {
+        (
+            m.claims.waits_until(now),
+            m.stages.waits_until(stage_now),
+        )
+    });
     let mut inputs = Inputs {
         now,
         stage_now,
-        claim_not_before: cx
-            .memory
-            .claims
-            .lock()
-            .expect("not poisoned")
-            .waits_until(now),
-        stage_not_before: cx
-            .memory
-            .stages
-            .lock()
-            .expect("not poisoned")
-            .waits_until(stage_now),
+        claim_not_before,
+        stage_not_before,
         ..Inputs::default()
     };
+    let mut resolved = None;
     loop {
         let step = super::decide::step(ch, &ch.policy, view, &inputs);
         match step.action {
@@ -123,7 +123,7 @@ async fn decide(cx: &Agent, ch: &Channel, view: &NodeView) -> Result<Step, Agent
                 let url = ch.spec.url.clone();
                 let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
                 let own = cx
-                    .blocking(move |ops| Ok(ops.resolve_latest(&url, seed)))
+                    .blocking(move |ops| Ok(resolve_latest(ops, &url, seed)))
                     .await?;
                 inputs.own_latest = Some(own.map_err(|e| e.to_string()));
             }
@@ -133,15 +133,19 @@ async fn decide(cx: &Agent, ch: &Channel, view: &NodeView) -> Result<Step, Agent
                 let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
                 let ignore = ch.spec.ignores_rollout();
                 let own = cx
-                    .blocking(move |ops| Ok(ops.resolve_pinned(&url, &version, seed, ignore)))
+                    .blocking(move |ops| Ok(resolve_pinned(ops, &url, &version, seed, ignore)))
                     .await?;
-                inputs.own_pin = PinVerdict::of(own.as_ref().map_err(|e| e.to_string()), seed);
+                inputs.own_pin = PinVerdict::of(
+                    own.as_ref().map(|p| &p.pinned).map_err(|e| e.to_string()),
+                    seed,
+                );
+                resolved = own.ok().and_then(|p| p.release);
             }
             Action::Gather(Need::FetchedOn(day)) => {
                 let fetched = cx.blocking(move |ops| ops.fetched_on(day)).await?;
                 inputs.fetched_today = Some(fetched);
             }
-            _ => return Ok(step),
+            _ => return Ok((step, resolved)),
         }
     }
 }
@@ -168,7 +172,7 @@ async fn gates_verdict(cx: &Agent, ch: &Channel) -> Verdict {
 /// was read is remembered). See [`crate::agent::cluster::cache`].
 async fn read(cx: &Agent) -> Result<(Node, Vec<DynamicObject>), AgentError> {
     let watched = cx.clients.watched.as_ref();
-    let fresh = cx.memory.fresh.lock().expect("not poisoned").clone();
+    let fresh = cx.remember(|m| m.fresh.clone());
     if let (Some(w), Some(f)) = (watched, &fresh) {
         if let Some(state) = w.state_after(f) {
             return Ok(state);
@@ -195,7 +199,7 @@ async fn read(cx: &Agent) -> Result<(Node, Vec<DynamicObject>), AgentError> {
                 .map(|o| (o.name_any(), o.metadata.resource_version.clone()))
                 .collect(),
         };
-        *cx.memory.fresh.lock().expect("not poisoned") = Some(seen);
+        cx.remember(|m| m.fresh = Some(seen));
     }
     Ok((node, objects))
 }
@@ -235,12 +239,11 @@ async fn report_conflict(cx: &Agent, picked: &Picked<'_>) {
         picked.why,
         losers.join(", ")
     );
-    let fresh = {
-        let mut last = cx.memory.last_conflict.lock().expect("not poisoned");
-        let fresh = last.as_deref() != Some(note.as_str());
-        *last = Some(note.clone());
+    let fresh = cx.remember(|m| {
+        let fresh = m.last_conflict.as_deref() != Some(note.as_str());
+        m.last_conflict = Some(note.clone());
         fresh
-    };
+    });
     if fresh {
         cx.event(Some(picked.channel), true, "ChannelConflict", note)
             .await;
@@ -305,6 +308,7 @@ pub(in crate::agent) async fn execute(
     ch: &Channel,
     view: &NodeView,
     step: Step,
+    resolved: Option<Release>,
 ) -> Result<Done, AgentError> {
     if let Some(report) = super::waits::report(&step.action, Utc::now()) {
         return Ok(Done::report(report, Then::Wait));
@@ -315,7 +319,7 @@ pub(in crate::agent) async fn execute(
         Action::Idle(reason) => actions::tick_idle(cx, ch, reason).await,
         Action::Invalid(msg) => Ok(actions::tick_invalid(ch, &msg)),
         Action::Stage { version } => match step.stage {
-            Some(plan) => stage(cx, ch, view, &version, plan).await,
+            Some(plan) => stage(cx, ch, view, &version, plan, resolved).await,
             None => Ok(Done::then(Then::Wait)),
         },
         // Reported above; a stage back-off is waited out quietly.
@@ -363,11 +367,12 @@ async fn stage(
     view: &NodeView,
     version: &str,
     plan: super::decide::StagePlan,
+    resolved: Option<Release>,
 ) -> Result<Done, AgentError> {
-    match super::staging::stage(cx, ch, version, plan).await? {
+    match super::staging::stage(cx, ch, version, plan, resolved).await? {
         super::staging::Staging::Done(done) => Ok(done),
         super::staging::Staging::Stopped => {
-            let step = decide(cx, ch, view).await?;
+            let (step, _) = decide(cx, ch, view).await?;
             match super::waits::report(&step.action, Utc::now()) {
                 Some(report) if matches!(step.action, Action::StageWaiting { .. }) => {
                     Ok(Done::report(report, Then::Wait))

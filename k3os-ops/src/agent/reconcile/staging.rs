@@ -4,7 +4,9 @@
 //! Whether a stage may run now is [`super::decide::step`]'s call (the back-off, the stage
 //! windows, today's quota read from the node's ledger): it hands over a
 //! [`StagePlan`], or decides `StageWaiting`, whose phase says why and until when (every
-//! reconcile asks again, so a spec change is seen at once). Here: preview the stage
+//! reconcile asks again, so a spec change is seen at once). Here: resolve the release once (the
+//! node's offline bundle of it, the release a pinned version's own check resolved in this tick,
+//! else one resolution of the channel: [`crate::agent::host::requests::for_stage`]), preview it
 //! (annotation, gauge, `slot status`), judge whether what is left can arrive before the next
 //! maintenance window (condition `StageWillMissWindow`), and stage within the plan's open
 //! windows and the quota's budget. A clean stop at the quota or the windows' end is
@@ -25,10 +27,11 @@ use crate::agent::cluster::publish::{Done, Report, Say, Then};
 use crate::agent::context::{Agent, PROGRESS_PERIOD};
 use crate::agent::errors::AgentError;
 use crate::agent::host::ops::StageEnd;
+use crate::agent::host::requests::for_stage;
 use crate::agent::host::stage_progress::AnnotationProgress;
 use crate::agent::phase::Phase;
 use libupgrade::Stop;
-use libupgrade::{ExtraSource, StageOptions, StageRequest, Wanted};
+use libupgrade::{ExtraSource, Release, StageOptions, StageRequest, Wanted};
 
 /// How a stage step ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,12 +43,14 @@ pub(in crate::agent) enum Staging {
     Stopped,
 }
 
-/// Stage `version` of `ch` as `plan` allows.
+/// Stage `version` of `ch` as `plan` allows; `resolved`: the channel's release of `version`
+/// this tick already resolved (a pinned version's own check), taken instead of resolving again.
 pub(in crate::agent) async fn stage(
     cx: &Agent,
     ch: &Channel,
     version: &str,
     plan: StagePlan,
+    resolved: Option<Release>,
 ) -> Result<Staging, AgentError> {
     let now = cx.settings.clock.now();
     let StagePlan {
@@ -68,12 +73,12 @@ pub(in crate::agent) async fn stage(
         ),
     );
     cx.announce(ch, Vec::new(), staging).await?;
-    let result = preview_and_stage(cx, ch, req, day, used).await;
+    let result = preview_and_stage(cx, ch, req, resolved, day, used).await;
     report_staleness(cx, ch, &result).await;
     match result {
         Ok(StageEnd::Staged { .. }) => staged(cx, ch, version).await.map(Staging::Done),
         Ok(StageEnd::Stopped { why, left, .. }) => {
-            cx.memory.stages.lock().expect("not poisoned").succeeded();
+            cx.remember(|m| m.stages.succeeded());
             stopped(cx, ch, version, why, left).await?;
             Ok(Staging::Stopped)
         }
@@ -121,20 +126,28 @@ fn request(
     })
 }
 
-/// Preview (published before the first byte), judge the deadline, then stage.
+/// Resolve once, preview (published before the first byte), judge the deadline, then stage.
 async fn preview_and_stage(
     cx: &Agent,
     ch: &Channel,
     req: StageRequest,
+    resolved: Option<Release>,
     book_on: Option<chrono::NaiveDate>,
     used: u64,
 ) -> Result<StageEnd, AgentError> {
-    let r = req.clone();
-    if let Some(p) = cx.blocking(move |ops| ops.preview(&r)).await? {
+    let rel = cx
+        .blocking(move |ops| {
+            let rel = for_stage(ops, &req, resolved)?;
+            let preview = ops.preview(&rel, &req.options)?;
+            Ok((rel, req.options, preview))
+        })
+        .await?;
+    let (rel, opts, preview) = rel;
+    if let Some(p) = preview {
         thin_report::publish_preview(cx, ch, &p).await;
         judge_deadline(cx, ch, p.fetch, used).await;
     }
-    stage_with_progress(cx, req, book_on).await
+    stage_with_progress(cx, rel, opts, book_on).await
 }
 
 /// Whether `left` bytes can arrive before the next maintenance window: the condition.
@@ -166,7 +179,7 @@ fn miss(
 
 /// Staged: the deadline condition cleared, the progress annotation removed.
 async fn staged(cx: &Agent, ch: &Channel, version: &str) -> Result<Done, AgentError> {
-    cx.memory.stages.lock().expect("not poisoned").succeeded();
+    cx.remember(|m| m.stages.succeeded());
     thin_report::report_miss(cx, ch, None).await;
     cx.annotate(&[(ANN_PROGRESS, None)]).await?;
     let report = Report::new(
@@ -205,7 +218,7 @@ async fn stopped(
 
 /// A failed stage: counted, and the next one backs off ([`super::cooldown`]).
 fn failed(cx: &Agent, version: &str, now: DateTime<Utc>, e: &AgentError) -> Done {
-    let (n, backoff) = cx.memory.stages.lock().expect("not poisoned").failed(now);
+    let (n, backoff) = cx.remember(|m| m.stages.failed(now));
     let msg = format!(
         "staging {version} failed (attempt {n}, next in {}s): {}",
         backoff.as_secs(),
@@ -234,17 +247,18 @@ async fn report_staleness(cx: &Agent, ch: &Channel, result: &Result<StageEnd, Ag
     }
 }
 
-/// Run libupgrade's stage of `req`, writing its progress annotation on the way.
+/// Run libupgrade's stage of `rel`, writing its progress annotation on the way.
 async fn stage_with_progress(
     cx: &Agent,
-    req: StageRequest,
+    rel: Release,
+    opts: StageOptions,
     book_on: Option<chrono::NaiveDate>,
 ) -> Result<StageEnd, AgentError> {
     let (tx, mut rx) = tokio::sync::watch::channel(String::new());
     rx.mark_unchanged();
     let progress = Arc::new(AnnotationProgress::new(tx, cx.clients.metrics.clone()));
     let p = progress.clone();
-    let work = cx.blocking(move |ops| ops.stage(&req, book_on, p.as_ref()));
+    let work = cx.blocking(move |ops| ops.stage(&rel, &opts, book_on, p.as_ref()));
     tokio::pin!(work);
     // The annotation is written at most every PROGRESS_PERIOD (the Node object is shared
     // with the kubelet; a byte counter must not flood the API server).
