@@ -80,6 +80,7 @@ pub use boot::assess::{
 };
 pub use boot::bootscript::{ScriptRefusal, ScriptStep};
 pub use boot::confirm::ConfirmReport;
+pub use boot::outcome::Unconfirmed;
 pub use boot::{health, reach};
 pub use bootconfig::Slot;
 pub use chunk::rate::{Clock, MinRate, SystemClock};

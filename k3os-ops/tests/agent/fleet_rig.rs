@@ -70,12 +70,12 @@ use std::time::{Duration, Instant};
 
 use agent::channel::format::{ANN_CORDONED, ANN_PHASE};
 use agent::context::{Agent, Next};
-use agent::host::ledger::PreviewRecord;
 use agent::host::node::LibupgradeNode;
 use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
 use agent::host::status::NodeUpdateStatus;
 use bootconfig::Slot;
 use k3os_ops_testing::fake_api::{self, Log, Pdb, World, NS};
+use libupgrade::state::ledger::PreviewRecord;
 use libupgrade::{Release, StageOptions, StageRequest};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};

@@ -1,12 +1,12 @@
 //! [`NodeOps`] on the real node: libupgrade's [`Updater`](libupgrade::Updater) with the
-//! node's offline-bundle directory, reboot command and quota ledger ([`super::ledger`]).
+//! node's offline-bundle directory, reboot command and quota ledger ([`libupgrade::state::ledger`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use libupgrade::Stop;
 use libupgrade::{Release, Source, StageOptions, StageRequest};
 
-use super::ledger::{self, PreviewRecord, FORMAT};
+use libupgrade::state::ledger::{self, PreviewRecord, FORMAT};
 use super::ops::{
     ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress, BUNDLE_DIR_ENV, NODE_READY,
     NOT_ASSESSED, NOT_ASSESSED_HELP,
@@ -227,12 +227,12 @@ impl NodeOps for LibupgradeNode {
         &self,
         node_ready: libupgrade::health::CheckResult,
     ) -> Result<ConfirmResult, NodeError> {
-        use crate::report::Unconfirmed;
+        use libupgrade::Unconfirmed;
         let rep = self
             .updater
             .confirm_with(&[&node_ready])
             .map_err(|e| NodeError::new("confirm", e))?;
-        match Unconfirmed::of(&rep) {
+        match rep.unconfirmed() {
             None => Ok(ConfirmResult::Healthy),
             Some(Unconfirmed::HealthFailed {
                 failures,

@@ -29,7 +29,7 @@ use libupgrade::rollout::{Hold, Seed};
 use libupgrade::Stop;
 use libupgrade::{Release, ResolveError, StageOptions, StageRequest};
 
-use super::ledger::PreviewRecord;
+use libupgrade::state::ledger::PreviewRecord;
 use super::status::NodeUpdateStatus;
 
 /// Environment variable naming the host directory the agent looks for offline bundles in
@@ -204,7 +204,7 @@ pub trait NodeOps: Send + Sync + 'static {
     }
     /// Bytes counted against the quota of day `day` (the node's ledger; 0 where it keeps
     /// none; all of it once a stage stopped at the quota that day, see
-    /// [`super::ledger::DayUse`]).
+    /// [`libupgrade::state::ledger::DayUse`]).
     fn fetched_on(&self, _day: chrono::NaiveDate) -> Result<u64, NodeError> {
         Ok(0)
     }

@@ -20,7 +20,7 @@ use crate::agent::channel::crd::{UpdateChannel, UpdateChannelStatus, COND_STAGE_
 use crate::agent::cluster::kube_store::KubeChannelStore;
 use crate::agent::cluster::slots::{self, SlotError, Step};
 use crate::agent::context::Agent;
-use crate::agent::host::ledger::PreviewRecord;
+use libupgrade::state::ledger::PreviewRecord;
 
 /// Node annotation: the preview of the stage in progress or next (JSON, see module docs).
 pub const ANN_STAGE_PREVIEW: &str = "k3os.io/stage-preview";
