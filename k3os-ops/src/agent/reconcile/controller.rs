@@ -1,5 +1,6 @@
-//! One reconcile of the agent: read the Node and the channels, pick this node's channel
-//! ([`crate::agent::channel::listing::pick`]), build the [`NodeView`], gather the decision's
+//! One reconcile of the agent: the read phase ([`super::observe`]: read the Node and the
+//! channels, pick this node's channel, build the [`NodeView`]) returns what it saw, published
+//! in one place ([`super::observe::publish`]); then gather the decision's
 //! [`Inputs`] (the back-offs from memory; the gates' verdict and today's fetched bytes only
 //! when [`super::decide::step`] asks for them), ask it for the next step and dispatch it to
 //! the one function that carries it out ([`super::waits`] for what a waiting step says,
@@ -7,23 +8,17 @@
 //! disruptive steps). Nothing here decides: the dispatch is one match, like Zincati's actor.
 
 use chrono::Utc;
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use kube::api::{DynamicObject, ListParams};
-use kube::ResourceExt;
 
 use super::actions;
-use super::assessment;
 use super::decide::{Action, Inputs, Need, NodeView, PinVerdict, Step, Verdict};
+use super::observe::Ready;
 use super::steps;
 use crate::agent::channel::crd::SlotPhase;
-use crate::agent::channel::format::{ANN_CORDONED, ANN_TOKEN, ANN_VERSION};
-use crate::agent::channel::listing::{Channel, Listed, Picked};
-use crate::agent::cluster::cache::Fresh;
+use crate::agent::channel::listing::Channel;
 use crate::agent::cluster::publish::{Done, Then};
 use crate::agent::context::{Agent, Next};
-use crate::agent::errors::{AgentError, KubeContext};
+use crate::agent::errors::AgentError;
 use crate::agent::host::requests::{resolve_latest, resolve_pinned};
-use crate::agent::host::status::Inactive;
 use libupgrade::Release;
 
 impl Agent {
@@ -35,34 +30,10 @@ impl Agent {
 
 /// One decision and its execution (see the module docs).
 pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
-    let (node, objects) = read(cx).await?;
-    // Annotations of a newer agent than this one: touch nothing on this node.
-    let annotations = node.metadata.annotations.clone().unwrap_or_default();
-    cx.saw_annotations(annotations.clone());
-    let what = format!(
-        "the k3os.io/update-* annotations of Node {}",
-        cx.settings.node
-    );
-    if let Err(e) = crate::agent::channel::format::node_format(&what, &annotations) {
-        cx.report_format(None, &e).await;
+    let (seen, ready) = super::observe::observe(cx).await?;
+    super::observe::publish(cx, &seen).await?;
+    let Some(Ready { channel, view }) = ready else {
         return Ok(Next::Wait);
-    }
-    let listed = sort_channels(cx, objects).await;
-    let labels = node.metadata.labels.clone().unwrap_or_default();
-    let Some(picked) =
-        crate::agent::channel::listing::pick(&cx.settings.node, &listed.channels, &labels)
-    else {
-        return Ok(Next::Wait);
-    };
-    report_conflict(cx, &picked).await;
-    let channel = picked.channel.clone();
-    let Some(view) = node_view(cx, &node, &channel).await? else {
-        return Ok(Next::Wait);
-    };
-    let silence = cx.remember(|m| m.startup_silence.take());
-    let view = NodeView {
-        silent_at_start: silence,
-        ..view
     };
     let (step, resolved) = decide(cx, &channel, &view).await?;
     tracing::debug!(?step, channel = %channel.name(), "decided");
@@ -165,140 +136,6 @@ async fn gates_verdict(cx: &Agent, ch: &Channel) -> Verdict {
         None => Verdict::Open,
         Some(why) => Verdict::Closed(why),
     }
-}
-
-/// The own Node and the channel objects: from the watch caches when they have caught up with
-/// the last fresh read and this agent wrote nothing since, else read fresh (GET and list; what
-/// was read is remembered). See [`crate::agent::cluster::cache`].
-async fn read(cx: &Agent) -> Result<(Node, Vec<DynamicObject>), AgentError> {
-    let watched = cx.clients.watched.as_ref();
-    let fresh = cx.remember(|m| m.fresh.clone());
-    if let (Some(w), Some(f)) = (watched, &fresh) {
-        if let Some(state) = w.state_after(f) {
-            return Ok(state);
-        }
-    }
-    let writes = watched.map_or(0, |w| w.writes.get());
-    let node = cx
-        .nodes()
-        .get(&cx.settings.node)
-        .await
-        .kube_ctx(|| format!("read own Node {}", cx.settings.node))?;
-    let namespace = &cx.settings.namespace;
-    let objects = crate::agent::channel::listing::dynamic_api(cx.clients.client.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-        .kube_ctx(|| format!("list UpdateChannels in namespace {namespace}"))?
-        .items;
-    if watched.is_some() {
-        let seen = Fresh {
-            writes,
-            node_rv: node.metadata.resource_version.clone(),
-            channels: objects
-                .iter()
-                .map(|o| (o.name_any(), o.metadata.resource_version.clone()))
-                .collect(),
-        };
-        cx.remember(|m| m.fresh = Some(seen));
-    }
-    Ok((node, objects))
-}
-
-/// The channels of the namespace, with those this agent cannot use reported on themselves.
-async fn sort_channels(cx: &Agent, objects: Vec<DynamicObject>) -> Listed {
-    let namespace = &cx.settings.namespace;
-    let listed = crate::agent::channel::listing::sort_out(namespace, objects);
-    for newer in &listed.newer {
-        let regarding = ObjectReference {
-            api_version: Some("k3os.io/v1".into()),
-            kind: Some("UpdateChannel".into()),
-            name: Some(newer.name.clone()),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
-        };
-        cx.report_format(Some(regarding), &newer.error).await;
-    }
-    super::invalid::report_channels(cx, &listed).await;
-    listed
-}
-
-/// A `ChannelConflict` Event when several channels select this node (again only when the
-/// note changes).
-async fn report_conflict(cx: &Agent, picked: &Picked<'_>) {
-    if picked.losers.is_empty() {
-        return;
-    }
-    let losers: Vec<String> = picked
-        .losers
-        .iter()
-        .map(|(n, why)| format!("{n} ({why})"))
-        .collect();
-    let note = format!(
-        "several UpdateChannels select this node; {} wins because {}; not used: {}",
-        picked.channel.name(),
-        picked.why,
-        losers.join(", ")
-    );
-    let fresh = cx.remember(|m| {
-        let fresh = m.last_conflict.as_deref() != Some(note.as_str());
-        m.last_conflict = Some(note.clone());
-        fresh
-    });
-    if fresh {
-        cx.event(Some(picked.channel), true, "ChannelConflict", note)
-            .await;
-    }
-}
-
-/// This node as the decision sees it (and its metrics), or `None` while its boot is not
-/// assessed (reported once, then waited out).
-async fn node_view(
-    cx: &Agent,
-    node: &Node,
-    channel: &Channel,
-) -> Result<Option<NodeView>, AgentError> {
-    let update = match cx.blocking(|ops| ops.status()).await {
-        Err(AgentError::Node(e)) if e.is_not_assessed() => {
-            assessment::report_not_assessed(cx, node, Some(channel), &e).await?;
-            return Ok(None);
-        }
-        other => other?,
-    };
-    assessment::clear_not_assessed(cx, node).await?;
-    let staged = match &update.inactive {
-        Inactive::Staged(v) | Inactive::Activated(v) => Some(v.as_str()),
-        _ => None,
-    };
-    let metrics = &cx.clients.metrics;
-    metrics.set_versions(update.booted_version.as_deref(), staged);
-    let held = channel
-        .status
-        .as_ref()
-        .and_then(|s| s.slot_of(&cx.settings.node))
-        .map_or(0.0, |s| {
-            (Utc::now() - s.claimed_at).num_milliseconds().max(0) as f64 / 1000.0
-        });
-    metrics.set_slot_held(held);
-    metrics.reconciled(true);
-    let annotations = node.metadata.annotations.clone().unwrap_or_default();
-    // The fleet counter reads the booted version from the Node (written once per boot).
-    let booted = update.booted_version.as_deref();
-    if booted.is_some() && annotations.get(ANN_VERSION).map(String::as_str) != booted {
-        cx.annotate(&[(ANN_VERSION, booted)]).await?;
-    }
-    Ok(Some(NodeView {
-        name: cx.settings.node.clone(),
-        labels: node.metadata.labels.clone().unwrap_or_default(),
-        unschedulable: node
-            .spec
-            .as_ref()
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false),
-        token: annotations.get(ANN_TOKEN).cloned(),
-        cordoned_by_us: annotations.get(ANN_CORDONED).is_some_and(|v| v == "true"),
-        silent_at_start: None,
-        update,
-    }))
 }
 
 /// Carry out `step`'s action, one function each; a waiting one is worded by
