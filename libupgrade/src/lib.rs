@@ -83,15 +83,15 @@ pub use boot::confirm::ConfirmReport;
 pub use boot::outcome::Unconfirmed;
 pub use boot::{health, reach};
 pub use bootconfig::Slot;
-pub use chunk::rate::{Clock, MinRate, SystemClock};
-pub use chunk::schedule::{Allowance, Schedule, ScheduleError, Window};
 pub use config::{BootloaderKind, Config, LayoutConfig, CONFIG_ENV, DEFAULT_CONFIG};
 pub use error::{chain_line, join_messages, Error, Result, Stop};
 #[cfg(feature = "fuzzing")]
 pub use net::checkpoint::fuzz_load_and_resave;
 pub use net::fetch::{ExtraSource, Probe, Source, Watch};
 pub use net::http;
+pub use net::rate::{Clock, MinRate, SystemClock};
 pub use net::retry::{Backoff, MAX_DELAY};
+pub use net::schedule::{Allowance, Schedule, ScheduleError, Window};
 pub use request::{ResolveError, StageRequest, Wanted, Writes};
 pub use sqcheck::Superblock;
 pub use stage::{

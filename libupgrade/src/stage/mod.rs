@@ -39,7 +39,7 @@
 //!
 //! When a stage may fetch is a [`Schedule`] ([`StageOptions::schedule`]: absolute UTC windows,
 //! each with its rate) followed on an injectable clock ([`StageOptions::clock`]) by the one
-//! limiter every network read goes through ([`crate::chunk::rate`] says how a boundary is
+//! limiter every network read goes through ([`crate::net::rate`] says how a boundary is
 //! kept to the byte): before its first request the stage waits for a window to open; between
 //! windows it waits; after the last one it stops like a spent budget ([`Error::Stopped`]),
 //! resumable. A stage started after the last window still reads the release's metadata
@@ -52,10 +52,6 @@ use sha2::{Digest, Sha256};
 
 use crate::chunk::local::LocalFile;
 use crate::chunk::plan::Plan as ChunkPlan;
-pub use crate::chunk::rate::MinRate;
-use crate::chunk::rate::{Budget, RateLimit, Throttle};
-pub use crate::chunk::rate::{Clock, SystemClock};
-pub use crate::chunk::schedule::Schedule;
 use crate::chunk::ChunkIndex;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -64,6 +60,10 @@ use crate::manifest::{Artifact, Manifest};
 use crate::net::checkpoint::Partial;
 pub use crate::net::fetch::ExtraSource;
 use crate::net::fetch::Source;
+pub use crate::net::rate::MinRate;
+use crate::net::rate::{Budget, RateLimit, Throttle};
+pub use crate::net::rate::{Clock, SystemClock};
+pub use crate::net::schedule::Schedule;
 use crate::state::store::StateStore;
 use crate::state::TransferStats;
 use crate::state::{Event, State};
