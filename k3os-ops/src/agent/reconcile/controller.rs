@@ -1,6 +1,6 @@
 //! One reconcile of the agent: the read phase ([`super::observe`]: read the Node and the
 //! channels, pick this node's channel, build the [`NodeView`]) returns what it saw, published
-//! in one place ([`super::observe::publish`]); then gather the decision's
+//! in one place (`observe::publish`); then gather the decision's
 //! [`Inputs`] (the back-offs from memory; the gates' verdict and today's fetched bytes only
 //! when [`super::decide::step`] asks for them), ask it for the next step and dispatch it to
 //! the one function that carries it out ([`super::waits`] for what a waiting step says,

@@ -1,9 +1,9 @@
 //! The read phase of one reconcile: read the Node and the channels, pick this node's channel,
-//! ask the node for its slots, and return what was seen ([`Seen`]) and, when the node can be
+//! ask the node for its slots, and return what was seen (`Seen`) and, when the node can be
 //! decided for, the channel and the [`NodeView`]. It publishes nothing: what it saw that the
 //! agent reports (annotations in a newer format, unusable channels, a conflict between
 //! channels, a boot not assessed yet or assessed again, the booted version) is published by
-//! [`publish`], which the controller's `carry_out` calls with the tick's own report.
+//! `publish`, the one place for it, which the controller calls before the decision.
 
 use chrono::Utc;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
