@@ -194,7 +194,7 @@ pub enum ChannelError {
         available: String,
     },
     /// The version asked for is withheld from this node by its rollout.
-    #[error("channel {channel}: release {} is not offered to this node (seed {seed}): {hold}; `--ignore-rollout` takes it anyway", .version.escape_debug())]
+    #[error("channel {channel}: release {} is not offered to this node (seed {seed}): {hold}; {}", .version.escape_debug(), withheld_hint(.hold))]
     Withheld {
         /// The channel as given.
         channel: String,
@@ -279,6 +279,17 @@ pub enum ChannelError {
         /// Why no metadata could be used.
         why: String,
     },
+}
+
+/// What an operator can do about a withheld release: wait or skip the wave, but never take a
+/// withdrawn one (the publisher's way back is a new release).
+fn withheld_hint(hold: &crate::rollout::Hold) -> &'static str {
+    match hold {
+        crate::rollout::Hold::Withdrawn { .. } => {
+            "a withdrawn release is never taken, whatever the flags; the publisher moves nodes on with a new release"
+        }
+        _ => "`--ignore-rollout` takes it anyway",
+    }
 }
 
 impl ChannelError {
