@@ -143,6 +143,12 @@ impl StageRequest {
             Wanted::Source(source) => Ok(Release::at(source.clone())),
             Wanted::Channel { channel, .. } => {
                 let version = self.wanted.version();
+                if let Some(v) = version {
+                    crate::version::check_version(v).map_err(|source| ResolveError::Version {
+                        channel: channel.clone(),
+                        source,
+                    })?;
+                }
                 if let (Some(dir), Some(v)) = (&self.bundle_dir, version) {
                     if let Some(b) = find_bundle(dir, v)? {
                         return Ok(Release::from_bundle(b, true));
@@ -199,6 +205,15 @@ pub enum ResolveError {
         /// What went wrong (boxed: the channel's errors are large).
         #[source]
         source: Box<ChannelError>,
+    },
+    /// The version asked for is not a plain name ([`crate::version`]); nothing was read.
+    #[error("channel {channel}: {source}")]
+    Version {
+        /// The channel as given.
+        channel: String,
+        /// What is wrong with the version.
+        #[source]
+        source: crate::version::VersionError,
     },
     /// The bundle directory could not be listed.
     #[error("bundle directory {}: {source}", dir.display())]

@@ -345,7 +345,8 @@ impl Index {
         }
     }
 
-    /// Parse an index document; entries are re-sorted newest first and their paths checked.
+    /// Parse an index document; entries are re-sorted newest first and their paths checked; an
+    /// entry whose version is not a plain name ([`crate::version`]) is dropped.
     /// A newer format is refused before its entries are read.
     pub fn parse(bytes: &[u8], what: &str) -> Result<Index, ChannelError> {
         #[derive(Deserialize)]
@@ -371,6 +372,16 @@ impl Index {
         for e in &index.releases {
             check_entry_path(&e.path)?;
         }
+        // A release whose version is not a plain name is never resolved to (logged, escaped).
+        index
+            .releases
+            .retain(|e| match crate::version::check_version(&e.version) {
+                Ok(()) => true,
+                Err(err) => {
+                    log::warn!("{what}: entry {} skipped: {err}", e.path.escape_debug());
+                    false
+                }
+            });
         sort_newest_first(&mut index.releases);
         Ok(index)
     }

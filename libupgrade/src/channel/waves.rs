@@ -117,7 +117,11 @@ fn listed(targets: &Targets, arch: Arch) -> Vec<Listed> {
         .targets
         .iter()
         .filter(|(p, _)| p.ends_with(&format!("/{MANIFEST_FILE}")))
-        .filter_map(|(_, m)| m.custom.as_ref())
+        .filter_map(|(p, m)| {
+            m.custom
+                .as_ref()
+                .filter(|c| super::targets::plain(p, &c.version))
+        })
         .filter(|c| c.arch == arch)
         .map(|c| Listed {
             version: c.version.clone(),
@@ -497,5 +501,29 @@ mod tests {
             assert!(msg.contains("a withdrawn release is never taken"), "{msg}");
             assert!(!msg.contains("--ignore-rollout"), "{msg}");
         }
+    }
+
+    #[test]
+    fn a_listed_version_that_is_not_a_plain_name_is_never_resolved_to() {
+        let tg = targets(vec![("v1", v020("v1", 1)), ("evil", v020("../../x", 9))]);
+        let n = node(SeedSource::Given(Seed::new(7).unwrap()), 1);
+        let (p, _) = pick_for("c", &tg, None, Arch::host(), &n, t(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.2.version, "v1", "the newest plain-named release");
+        assert!(pick(&tg, Some("../../x"), Arch::host()).is_none());
+        // With rollouts, the offer is made among plain names only (no panic on a missing pick).
+        let mut v2 = file_meta(b"x", None);
+        v2.custom = Some(crate::trust::meta::TargetCustom {
+            version: "../../y".into(),
+            generation: 10,
+            arch: Arch::host(),
+            rollout: Some(Rollout::default()),
+        });
+        let tg = targets(vec![("v1", v020("v1", 1)), ("evil", v2)]);
+        let (p, _) = pick_for("c", &tg, None, Arch::host(), &n, t(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.2.version, "v1");
     }
 }
