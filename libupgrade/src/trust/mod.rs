@@ -293,6 +293,14 @@ pub enum TrustError {
         /// What failed (the request's error or the server's HTTP status).
         why: String,
     },
+    #[error("{refused}; refusing to sign over the channel's metadata as served: nothing was written (restore what the publisher last wrote)")]
+    /// A publisher's command found the channel's current metadata not verifying as a node
+    /// verifies it, and wrote nothing ([`client::served`]).
+    Unverified {
+        /// The check that failed (it names the file; part of this message, not a source, so
+        /// it is printed once).
+        refused: Box<TrustError>,
+    },
     #[error("{what}: {why}")]
     /// The publisher's side refused to write metadata (keys missing for a role, a threshold
     /// out of range, no root or already one, no targets, a channel directory it cannot list).
