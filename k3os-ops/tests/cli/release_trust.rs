@@ -26,10 +26,11 @@ use libupgrade::{Error, NoProgress, StageOptions};
 use release_support::Server;
 use testkit::sim::SimNode;
 
-/// A channel directory with signed metadata, its keys, and the releases in it.
-struct Chan {
-    t: tempfile::TempDir,
-    dir: PathBuf,
+/// A channel directory with signed metadata, its keys, and the releases in it (also the
+/// fixture of `release_resign`).
+pub(crate) struct Chan {
+    pub(crate) t: tempfile::TempDir,
+    pub(crate) dir: PathBuf,
     release: testkit::Keys,
     keys: BTreeMap<&'static str, SigningKey>,
 }
@@ -43,7 +44,7 @@ impl Chan {
     /// Releases v1 and v2 (generations 1, 2); root v1 with root key `root1`, targets
     /// `targets1` (and `targets2` with threshold 2 when `targets_threshold` is 2), `snapshot`,
     /// `timestamp`; targets, snapshot and timestamp published.
-    fn new(targets_threshold: u32) -> Chan {
+    pub(crate) fn new(targets_threshold: u32) -> Chan {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("stable");
         fs::create_dir_all(&dir).unwrap();
@@ -93,7 +94,7 @@ impl Chan {
         c
     }
 
-    fn k(&self, name: &str) -> SigningKey {
+    pub(crate) fn k(&self, name: &str) -> SigningKey {
         self.keys[name].clone()
     }
 
@@ -123,7 +124,7 @@ impl Chan {
         self.timestamp(ts);
     }
 
-    fn timestamp(&self, ts: Days) {
+    pub(crate) fn timestamp(&self, ts: Days) {
         publish::write_timestamp(
             &self.dir,
             &[
@@ -156,11 +157,11 @@ impl Chan {
         }
     }
 
-    fn read(&self, name: &str) -> Vec<u8> {
+    pub(crate) fn read(&self, name: &str) -> Vec<u8> {
         fs::read(self.dir.join(name)).unwrap()
     }
 
-    fn write(&self, name: &str, bytes: &[u8]) {
+    pub(crate) fn write(&self, name: &str, bytes: &[u8]) {
         fs::write(self.dir.join(name), bytes).unwrap();
     }
 }

@@ -202,11 +202,14 @@ fn pinned_or_newer(
     match pin {
         None => must_be_fresh().map(|()| doc),
         Some(p) if doc.version > p.version => must_be_fresh().map(|()| doc),
-        Some(p) if doc.version < p.version => Err(TrustError::Rollback {
-            role: Role::Targets,
+        Some(p) if doc.version < p.version => Err(TrustError::Mismatch {
             location: loc.into(),
-            seen: p.version,
-            found: doc.version,
+            expected: format!(
+                "targets version {} or newer (as {} pins)",
+                p.version,
+                Role::Snapshot.file()
+            ),
+            found: format!("targets version {} (rolled back)", doc.version),
         }),
         Some(p) => pinned(chain, Role::Targets, p, bytes, loc),
     }
