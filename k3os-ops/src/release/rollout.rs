@@ -156,7 +156,7 @@ pub fn parse_waves(s: &str, start: DateTime<Utc>) -> Result<Vec<Wave>, String> {
 /// signing command verifies it first: `libupgrade::trust::client::served`).
 fn published(dir: &Path) -> anyhow::Result<Targets> {
     let what = dir.join(Role::Targets.file());
-    publish::verify_served(dir)?
+    libupgrade::trust::client::served::verify_served(dir)?
         .targets
         .map(|(t, _)| t)
         .ok_or_else(|| {

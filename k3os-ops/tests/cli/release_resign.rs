@@ -217,7 +217,7 @@ fn every_re_signing_command_refuses_tampered_metadata_and_writes_nothing() {
 
 /// The channel, after the untampered commands, still verifies as the publisher verifies it.
 fn assert_signed_chain(dir: &Path) {
-    let served = publish::verify_served(dir).unwrap();
+    let served = libupgrade::trust::client::served::verify_served(dir).unwrap();
     let (t, _): (Targets, _) = served.targets.unwrap();
     assert!(t.targets["v2/manifest.json"]
         .custom

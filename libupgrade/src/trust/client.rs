@@ -409,7 +409,7 @@ fn meta_entry(v: &Versions, role: Role, location: &str) -> Result<MetaRef, Trust
         })
 }
 
-pub(crate) mod served;
+pub mod served;
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@
 //!
 //! **Verify before signing**: every command that re-signs ([`write_targets`],
 //! [`write_timestamp`], [`write_rollout`], [`rotate_root`]) first verifies the channel's
-//! metadata as it is served, with the node's checks ([`verify_served`], see its module for the
+//! metadata as it is served, with the node's checks ([`super::client::served`], which states the
 //! rules and limits), and works only from what verified: the versions it counts up from, the
 //! rollouts `release targets` carries over and the targets a rollout edits. A file that does
 //! not verify is refused, naming it, before anything is written, so the nodes' view is
@@ -20,7 +20,7 @@ use std::path::Path;
 use chrono::{DateTime, Duration, SubsecRound, Utc};
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
 
-pub use super::client::served::{verify_served, Served};
+use super::client::served::verify_served;
 use super::meta::{
     file_meta, Envelope, Key, MetaRef, Role, RoleKeys, Root, TargetCustom, Targets, Versions,
     SPEC_VERSION,
