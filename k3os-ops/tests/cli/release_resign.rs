@@ -226,3 +226,53 @@ fn assert_signed_chain(dir: &Path) {
         .rollout
         .is_some());
 }
+
+/// The order vm-tests' trust-rotation scenario publishes in: root 2 replaces the targets key,
+/// then `release timestamp` re-signs before `release targets` (the served targets, signed by
+/// the revoked key, are what the snapshot pins, so they are accepted as such), then the targets
+/// are re-signed with the new key. Targets the revoked key signs *after* the rotation, newer
+/// than the pin, are refused.
+#[test]
+fn after_a_targets_key_rotation_the_pinned_old_targets_verify_and_newer_ones_must_use_the_new_key()
+{
+    let c = Chan::new(1);
+    let changes = std::collections::BTreeMap::from([(Role::Targets, c.spec(&["targets2"], 1))]);
+    let year = publish::expires_in(Days::days(365));
+    publish::rotate_root(&c.dir, &changes, &[c.k("root1")], year).unwrap();
+    c.timestamp(Days::days(7));
+    let expires = publish::expires_in(Days::days(90));
+    let e = publish::write_targets(&c.dir, &[c.k("targets1")], expires).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("0 valid signature(s) by targets keys of root version 2"),
+        "{e}"
+    );
+    // The revoked key's own re-listing, left on disk by someone else: never signed over.
+    let mut body: Targets = Envelope::parse(&c.read("targets.json"), "t")
+        .unwrap()
+        .body(Role::Targets, "t")
+        .unwrap();
+    body.version += 1;
+    let pinned = c.read("targets.json");
+    c.write(
+        "targets.json",
+        &Envelope::sign(&body, &[c.k("targets1")]).to_bytes(),
+    );
+    let before = testkit::tree_bytes(&c.dir);
+    let e = publish::write_targets(&c.dir, &[c.k("targets2")], expires).unwrap_err();
+    assert!(
+        e.to_string().contains("targets.json: 0 valid signature(s)"),
+        "{e}"
+    );
+    testkit::assert_same_tree("channel", &before, &testkit::tree_bytes(&c.dir));
+    c.write("targets.json", &pinned);
+    publish::write_targets(&c.dir, &[c.k("targets2")], expires).unwrap();
+    c.timestamp(Days::days(7));
+    assert_signed_chain_without_rollouts(&c.dir);
+}
+
+fn assert_signed_chain_without_rollouts(dir: &Path) {
+    let served = libupgrade::trust::client::served::verify_served(dir).unwrap();
+    assert_eq!(served.root.version, 2);
+    assert!(served.targets.is_some());
+}

@@ -98,7 +98,7 @@ impl Chan {
         self.keys[name].clone()
     }
 
-    fn spec(&self, names: &[&str], threshold: u32) -> RoleSpec {
+    pub(crate) fn spec(&self, names: &[&str], threshold: u32) -> RoleSpec {
         RoleSpec {
             keys: names.iter().map(|n| self.keys[n].verifying_key()).collect(),
             threshold,
