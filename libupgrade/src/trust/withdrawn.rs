@@ -188,6 +188,72 @@ mod tests {
         assert_eq!(find(&targets(false), &by_name), None);
     }
 
+    /// A node's trust record (root 1: targets key seed 2) with `targets_file` as the kept targets of
+    /// channel `c`, recorded at targets version `recorded`; the store file's path.
+    fn node_with(dir: &Path, targets_file: &[u8], recorded: u64) -> std::path::PathBuf {
+        use crate::trust::publish::{self, RoleSpec, SigningKey};
+        let spec = |seed: u8| RoleSpec {
+            keys: vec![SigningKey::from_bytes(&[seed; 32]).verifying_key()],
+            threshold: 1,
+        };
+        let roles = Role::ALL.into_iter().zip([1, 2, 3, 4].map(spec)).collect();
+        let chan = dir.join("chan");
+        std::fs::create_dir_all(&chan).unwrap();
+        let signer = SigningKey::from_bytes(&[1; 32]);
+        publish::init_root(&chan, &roles, &[signer], at() + chrono::Duration::days(1)).unwrap();
+        let root = std::fs::read(chan.join("root.json")).unwrap();
+        let mut record = Record::from_root(&root, "root").unwrap();
+        record.targets = recorded;
+        let store_file = dir.join("state").join(crate::trust::STORE_FILE);
+        let mut store = Store::load(&store_file).unwrap();
+        store.channels.insert("c".into(), record);
+        store.save(&store_file).unwrap();
+        let digest = crate::trust::meta::sha256_hex(b"c");
+        let kept = dir
+            .join("state")
+            .join(crate::trust::KEPT_DIR)
+            .join(&digest[..32]);
+        std::fs::create_dir_all(&kept).unwrap();
+        std::fs::write(kept.join("targets.json"), targets_file).unwrap();
+        store_file
+    }
+
+    #[test]
+    fn only_kept_targets_signed_by_the_recorded_root_at_the_recorded_version_count() {
+        use crate::trust::publish::SigningKey;
+        let held = Held {
+            version: "v3",
+            generation: 3,
+            manifest_sha256: None,
+        };
+        let signed_by = |seed: u8| {
+            Envelope::sign(&targets(true), &[SigningKey::from_bytes(&[seed; 32])]).to_bytes()
+        };
+        let d = tempfile::tempdir().unwrap();
+        let by = withdrawn_by(&node_with(d.path(), &signed_by(2), 4), &held).unwrap();
+        assert_eq!((by.channel.as_str(), by.targets_version), ("c", 4));
+        assert!(
+            by.to_string()
+                .contains("withdrew target v3/manifest.json at"),
+            "{by}"
+        );
+        for (why, bytes, recorded) in [
+            (
+                "signed by a key the root does not list for targets",
+                signed_by(3),
+                4,
+            ),
+            ("not the version last verified", signed_by(2), 5),
+        ] {
+            let d = tempfile::tempdir().unwrap();
+            assert_eq!(
+                withdrawn_by(&node_with(d.path(), &bytes, recorded), &held),
+                None,
+                "{why}"
+            );
+        }
+    }
+
     #[test]
     fn no_record_or_no_kept_targets_says_nothing() {
         let d = tempfile::tempdir().unwrap();
