@@ -74,9 +74,10 @@ pub struct UpgradeArgs {
     /// Accept a release older than the running one.
     #[arg(long)]
     pub allow_downgrade: bool,
-    /// Take the `--version` named even while the channel's rollout withholds it from this node
-    /// (its wave has not started, the rollout is paused or the release withdrawn). Without it
-    /// such a version is refused, naming why. `latest` always follows the rollout.
+    /// Take the `--version` named even while the channel's rollout holds it back from this
+    /// node (its wave has not started or the rollout is paused). Without it such a version is
+    /// refused, naming why. Never a withdrawn release: withdrawal is final, whatever the flags
+    /// (`--allow-downgrade` included). `latest` always follows the rollout.
     #[arg(long, requires = "channel")]
     pub ignore_rollout: bool,
     /// Use this trust directory instead of the configured one.

@@ -243,6 +243,19 @@ pub enum Error {
         /// The states the operation accepts, as text ("staged or good").
         expected: &'static str,
     },
+    /// The slot holds a release the node's last verified channel metadata withdraws: it is
+    /// never activated ([`crate::trust::withdrawn`]).
+    #[error("slot {slot} holds {} (generation {generation}), and {by}: a withdrawn release is never activated, whatever the flags; the publisher's way back is a newer release", .version.escape_debug())]
+    Withdrawn {
+        /// The slot that was to be activated.
+        slot: Slot,
+        /// The version its record names.
+        version: String,
+        /// Its generation.
+        generation: u64,
+        /// Which channel withdrew it, and when.
+        by: crate::trust::withdrawn::WithdrawnBy,
+    },
     /// The slot's boot script refuses to boot it, so it is not activated.
     #[error("slot {slot} cannot be activated: {source}")]
     BootScript {

@@ -39,7 +39,7 @@
 //! [`state`], [`layout`] and [`release`] their own formats and tools.
 //!
 //! Below them: `config` ([`Config`], the node configuration), `error` ([`Error`], and
-//! [`chain_line`], the one renderer of error chains), [`units`] (sizes, rates, durations),
+//! [`chain_line`], the one renderer of error chains), [`units`] (sizes, rates, durations), [`version`] (what a release version may be),
 //! [`http`] (the one HTTP client), `barrier` (named write barriers for power-cut tests),
 //! `sqcheck` (the squashfs check). Every format a node stores or reads (state file, manifest,
 //! chunk index, channel index, the loader's files) carries a version, reads every earlier one
@@ -71,6 +71,7 @@ pub mod slotfiles;
 pub mod state;
 pub mod trust;
 pub mod units;
+pub mod version;
 
 /// Largest number of tries a slot can be given (GRUB counts down with an explicit if-chain).
 pub const MAX_TRIES: u8 = 9;

@@ -240,7 +240,7 @@ pub struct ScriptFile {
 pub struct Manifest {
     /// Manifest format; [`FORMAT`].
     pub format: u32,
-    /// Human version string (`v1.2.0`).
+    /// Human version string (`v1.2.0`), a plain name ([`crate::version`]).
     pub version: String,
     /// The architecture the release is built for.
     pub arch: Arch,
@@ -264,11 +264,6 @@ fn plain_name(p: &str) -> bool {
         || p.chars().any(char::is_control)
         || p == "."
         || p == "..")
-}
-
-/// 1-128 printable ASCII characters without spaces (a version string).
-fn printable_word(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_graphic())
 }
 
 fn hex64(s: &str) -> bool {
@@ -363,12 +358,8 @@ impl Manifest {
             field: f.to_string(),
             what: what.to_string(),
         };
-        if !printable_word(&self.version) {
-            return Err(field(
-                "version",
-                "must be 1-128 printable ASCII characters without spaces",
-            ));
-        }
+        crate::version::check_version(&self.version)
+            .map_err(|e| field("version", &e.to_string()))?;
         for a in Artifact::ALL {
             let e = self.files.get(a);
             let name = format!("files.{a}");
@@ -479,11 +470,8 @@ impl Manifest {
                         return Err(field(format!("{name}.{f}"), "is 0".into()));
                     }
                 }
-                if !printable_word(&p.base.version) {
-                    return Err(field(
-                        format!("{name}.base.version"),
-                        "must be 1-128 printable ASCII characters without spaces".into(),
-                    ));
+                if let Err(e) = crate::version::check_version(&p.base.version) {
+                    return Err(field(format!("{name}.base.version"), e.to_string()));
                 }
                 let kind_ok = !p.kind.is_empty()
                     && p.kind.len() <= 32

@@ -134,10 +134,24 @@ impl StageRequest {
     /// end that resolved the channel already (the agent's tick) asks this instead of resolving
     /// again.
     pub fn offline(&self) -> Result<Option<Release>, ResolveError> {
-        let (Some(dir), Some(v)) = (&self.bundle_dir, self.wanted.version()) else {
+        let (Some(dir), Some(v)) = (&self.bundle_dir, self.checked_version()?) else {
             return Ok(None);
         };
         Ok(find_bundle(dir, v)?.map(|b| Release::from_bundle(b, true)))
+    }
+
+    /// The channel version asked for by name, refused when it is not a plain name
+    /// ([`crate::version`]) before anything is looked up with it.
+    fn checked_version(&self) -> Result<Option<&str>, ResolveError> {
+        let (Wanted::Channel { channel, .. }, Some(v)) = (&self.wanted, self.wanted.version())
+        else {
+            return Ok(None);
+        };
+        crate::version::check_version(v).map_err(|source| ResolveError::Version {
+            channel: channel.clone(),
+            source,
+        })?;
+        Ok(Some(v))
     }
 
     /// Resolve what is wanted on a node configured by `cfg` (its channel root, trust record and
@@ -155,6 +169,7 @@ impl StageRequest {
             Wanted::Source(source) => Ok(Release::at(source.clone())),
             Wanted::Channel { channel, .. } => {
                 let version = self.wanted.version();
+                // Checks the version asked for (a plain name) before anything is looked up.
                 if let Some(rel) = self.offline()? {
                     return Ok(rel);
                 }
@@ -209,6 +224,15 @@ pub enum ResolveError {
         /// What went wrong (boxed: the channel's errors are large).
         #[source]
         source: Box<ChannelError>,
+    },
+    /// The version asked for is not a plain name ([`crate::version`]); nothing was read.
+    #[error("channel {channel}: {source}")]
+    Version {
+        /// The channel as given.
+        channel: String,
+        /// What is wrong with the version.
+        #[source]
+        source: crate::version::VersionError,
     },
     /// The bundle directory could not be listed.
     #[error("bundle directory {}: {source}", dir.display())]

@@ -180,7 +180,14 @@ fn assert_no_failure(world: &Arc<Mutex<World>>, agent: &Agent) {
 }
 
 fn preview(world: &Arc<Mutex<World>>) -> Value {
-    serde_json::from_str(&annotation(world, "k3os.io/stage-preview").expect("no preview")).unwrap()
+    let key = k3os_ops::agent::reconcile::thin_report::ANN_STAGE_PREVIEW;
+    assert_eq!(key, "k3os.io/update-stage-preview");
+    assert_eq!(
+        annotation(world, "k3os.io/stage-preview"),
+        None,
+        "the old key"
+    );
+    serde_json::from_str(&annotation(world, key).expect("no preview")).unwrap()
 }
 
 #[tokio::test]
@@ -193,6 +200,10 @@ async fn stage_windows_fetch_nothing_outside_cap_the_rate_inside_and_a_window_en
         {"days": ["sat"], "start": "01:00", "length": "1h", "maxRate": "0"}
     ]}});
     let (world, _log, agent) = site.agent(&site.server.base, stage, &clock, None);
+    // An agent of the previous release left its preview under the old key: the next preview
+    // replaces it (`preview` asserts the old key is gone).
+    world.lock().unwrap().node_mut("n1")["metadata"]["annotations"]["k3os.io/stage-preview"] =
+        json!(r#"{"format":1,"version":"v1","fetch":1,"reuse":1}"#);
 
     agent.reconcile().await.expect("reconcile");
     let (ph, msg) = phase(&world);

@@ -95,18 +95,6 @@ fn test_now() -> Option<DateTime<Utc>> {
     }
 }
 
-/// A channel directory on this machine.
-struct LocalMeta(PathBuf);
-
-impl MetaSource for LocalMeta {
-    fn fetch(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>, TrustError> {
-        trust::kept::read_bounded(&self.0.join(name), max)
-    }
-    fn location(&self, name: &str) -> String {
-        self.0.join(name).display().to_string()
-    }
-}
-
 /// A metadata file's name → its URL (None: the channel has no such file).
 type UrlOf = Box<dyn Fn(&str) -> Option<String>>;
 
@@ -309,7 +297,7 @@ fn source(
     opts: &TrustOptions,
 ) -> Result<Box<dyn MetaSource>, ChannelError> {
     Ok(match kind {
-        Kind::Local { dir, .. } => Box::new(LocalMeta(dir.clone())),
+        Kind::Local { dir, .. } => Box::new(trust::kept::DirMeta(dir.clone())),
         Kind::Http { base, .. } => {
             let base = base.clone();
             Box::new(UrlMeta {
