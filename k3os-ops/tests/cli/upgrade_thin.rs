@@ -257,6 +257,54 @@ fn release_create_patches_and_plan_only_and_the_upgrade_name_them() {
     );
 }
 
+#[test]
+fn a_node_without_its_kept_manifest_proves_the_patch_base_by_hashing_and_fetches_only_the_patches()
+{
+    let n = Node::new();
+    let p1 = testkit::pseudo_random(3 << 20, 17);
+    let mut p2 = p1.clone();
+    p2[2 << 20..(2 << 20) + 40_000].copy_from_slice(&testkit::pseudo_random(40_000, 72));
+    let (v1, _) = n.patched_release("v1", 5, &p1, 0, None);
+    let (v2, _) = n.patched_release("v2", 6, &p2, 73, Some(&v1));
+    n.runs_in_a(&v1, "v1");
+    // Imaged by another builder: slot A runs v1, but its manifest was never kept.
+    fs::remove_file(n.path().join("state/slots/a/manifest.json")).unwrap();
+    let m = libupgrade::manifest::Manifest::parse(&fs::read(v2.join("manifest.json")).unwrap())
+        .unwrap();
+    let patches = m.files.rootfs.patches[0].size + m.files.kernel.patches[0].size;
+
+    let src = v2.to_str().unwrap();
+    let plan = n.ok(&["upgrade", "--plan-only", "--source", src]);
+    eprintln!("{plan}");
+    for a in ["rootfs", "kernel"] {
+        let line = plan
+            .lines()
+            .find(|l| l.trim_start().starts_with(a))
+            .unwrap();
+        assert!(line.contains("by patch from v1"), "{line}");
+    }
+    assert_eq!(planned_fetch(&plan), patches, "{plan}");
+
+    let out = n.ok(&["upgrade", "--stage-only", "--source", src]);
+    eprintln!("{out}");
+    assert!(
+        out.contains(&format!("fetched ({patches} bytes)")),
+        "the plan said {patches}: {out}"
+    );
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("rootfs by patch from v1"))
+        .unwrap_or_else(|| panic!("no rootfs patch line:\n{out}"));
+    assert!(
+        line.contains("base proven by hashing the running slot") && !line.contains("fell back"),
+        "{line}"
+    );
+    assert_eq!(
+        fs::read(n.path().join("system/rootfs/v2/rootfs.squashfs")).unwrap(),
+        fs::read(v2.join("rootfs.squashfs")).unwrap()
+    );
+}
+
 /// The exact byte count in `--plan-only`'s total line.
 fn planned_fetch(out: &str) -> u64 {
     let line = out

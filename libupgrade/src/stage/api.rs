@@ -152,6 +152,10 @@ pub struct PatchOutcome {
     pub mismatched_chunks: u64,
     /// Why the patch was given up for the rest of the artifact (taken by chunks), if it was.
     pub fell_back: Option<String>,
+    /// The patch's base was proven by hashing the running slot's copy (no kept manifest
+    /// named the running build). Absent (false) in reports of earlier builds.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub base_hashed: bool,
 }
 
 impl std::fmt::Display for PatchOutcome {
@@ -164,6 +168,9 @@ impl std::fmt::Display for PatchOutcome {
             crate::units::Size(self.patch_fetched),
             crate::units::Size(self.rebuilt)
         )?;
+        if self.base_hashed {
+            f.write_str(", base proven by hashing the running slot")?;
+        }
         if self.mismatched_chunks > 0 {
             write!(
                 f,

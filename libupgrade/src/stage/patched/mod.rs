@@ -50,6 +50,9 @@ pub(crate) struct PatchWork {
     pub staged: PathBuf,
     /// The running slot's copy of the artifact: the patch's base.
     pub base: LocalFile,
+    /// The base was proven by hashing the running slot's range (no kept manifest names the
+    /// running build), not by the kept manifest.
+    pub base_hashed: bool,
 }
 impl Stager<'_> {
     /// Write artifact `a` by its patch `pw`, then the chunks the patch did not deliver by
@@ -111,6 +114,7 @@ impl Stager<'_> {
             rebuilt: rebuilt.written,
             mismatched_chunks: rebuilt.mismatched,
             fell_back: rebuilt.fell_back,
+            base_hashed: pw.base_hashed,
         });
         // The patch's bytes stand for the part of the artifact it rebuilt: what the run did not
         // fetch is the rest (as the preview counts it), unless the patch fell short of its size.
