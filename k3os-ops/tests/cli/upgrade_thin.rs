@@ -305,6 +305,88 @@ fn a_node_without_its_kept_manifest_proves_the_patch_base_by_hashing_and_fetches
     );
 }
 
+#[test]
+fn on_a_fast_link_the_plan_takes_chunks_and_says_why_unless_told_to_prefer_bytes() {
+    let n = Node::new();
+    let p1 = testkit::pseudo_random(3 << 20, 27);
+    let mut p2 = p1.clone();
+    p2[1 << 20..(1 << 20) + 40_000].copy_from_slice(&testkit::pseudo_random(40_000, 74));
+    let (v1, _) = n.patched_release("v1", 5, &p1, 0, None);
+    let (v2, _) = n.patched_release("v2", 6, &p2, 75, Some(&v1));
+    n.runs_in_a(&v1, "v1");
+    let m = libupgrade::manifest::Manifest::parse(&fs::read(v2.join("manifest.json")).unwrap())
+        .unwrap();
+    assert!(
+        m.files.rootfs.patches[0].blocks.is_some(),
+        "release create names the blocks a node recompresses: {:?}",
+        m.files.rootfs.patches
+    );
+    let src = v2.to_str().unwrap();
+    let rootfs = |plan: &str| -> (String, String) {
+        let mut lines = plan
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("rootfs"));
+        (
+            lines.next().unwrap().to_string(),
+            lines.next().unwrap().trim().to_string(),
+        )
+    };
+    // Told 100 MB/s: a few hundred kB of chunks beat recompressing the changed file's blocks.
+    let fast = [
+        "upgrade",
+        "--plan-only",
+        "--source",
+        src,
+        "--max-rate",
+        "100M",
+    ];
+    let plan = n.ok(&fast);
+    eprintln!("{plan}");
+    let (line, why) = rootfs(&plan);
+    assert!(!line.contains("by patch"), "{line}");
+    assert!(
+        why.starts_with("(chunks finish sooner at ") && why.contains("(told)"),
+        "{why}"
+    );
+    // The same link, bytes preferred: the patch, and the plan says so.
+    let plan = n.ok(&[&fast[..], &["--prefer", "bytes"]].concat());
+    let (line, why) = rootfs(&plan);
+    assert!(line.ends_with("by patch from v1"), "{line}");
+    assert_eq!(why, "(fewest bytes (prefer bytes))");
+    // A thin link told: the patch finishes sooner.
+    let thin = [
+        "upgrade",
+        "--plan-only",
+        "--source",
+        src,
+        "--max-rate",
+        "20K",
+    ];
+    let plan = n.ok(&thin);
+    let (line, why) = rootfs(&plan);
+    assert!(line.ends_with("by patch from v1"), "{line}");
+    assert!(why.starts_with("(patch finishes sooner at "), "{why}");
+    // The stage follows the fast plan to the byte.
+    let plan = n.ok(&fast);
+    let out = n.ok(&[
+        "upgrade",
+        "--stage-only",
+        "--source",
+        src,
+        "--max-rate",
+        "100M",
+    ]);
+    let planned = planned_fetch(&plan);
+    assert!(
+        out.contains(&format!("fetched ({planned} bytes)")),
+        "the plan said {planned}: {out}"
+    );
+    assert_eq!(
+        fs::read(n.path().join("system/rootfs/v2/rootfs.squashfs")).unwrap(),
+        fs::read(v2.join("rootfs.squashfs")).unwrap()
+    );
+}
+
 /// The exact byte count in `--plan-only`'s total line.
 fn planned_fetch(out: &str) -> u64 {
     let line = out

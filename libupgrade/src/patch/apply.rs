@@ -220,6 +220,14 @@ struct Ctx<'b> {
 /// Most threads that recompress a Data op's blocks.
 const MAX_WORKERS: usize = 4;
 
+/// Threads that recompress a Data op's blocks on this machine: its available parallelism,
+/// at most 4.
+pub fn workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, MAX_WORKERS)
+}
+
 /// Compress `jobs` (block index, its bytes in `data`) with the `comps`, one thread each;
 /// returns the compressed bytes by block index (`None`: did not shrink).
 fn compress_all(
@@ -372,8 +380,7 @@ impl<'b> Ctx<'b> {
         self.reference = reference;
         res?;
         if self.comps.is_empty() {
-            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-            self.comps = (0..n.clamp(1, MAX_WORKERS))
+            self.comps = (0..workers())
                 .map(|_| BlockCompressor::new(self.level))
                 .collect();
         }

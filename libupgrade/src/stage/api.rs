@@ -67,6 +67,9 @@ pub struct StageOptions {
     pub schedule: Option<Schedule>,
     /// The clock the schedule and the rate limit follow (tests inject a virtual one).
     pub clock: std::sync::Arc<dyn Clock>,
+    /// Bytes or time, when a listed patch fetches fewer bytes than chunks but may take longer
+    /// to apply ([`Prefer`](crate::Prefer); `upgrade --prefer`).
+    pub prefer: crate::Prefer,
 }
 
 /// `StageOptions::retry_for`'s default: a few hours, what a thin link may need to come back.
@@ -98,6 +101,7 @@ impl Default for StageOptions {
             extra_sources: Vec::new(),
             schedule: None,
             clock: std::sync::Arc::new(SystemClock),
+            prefer: crate::Prefer::Auto,
         }
     }
 }

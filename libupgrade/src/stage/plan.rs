@@ -178,6 +178,10 @@ pub struct ArtifactCost {
     /// patch's bytes and `reuse` what it rebuilds locally); absent for every other way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patch_from: Option<String>,
+    /// Why a listed patch was or was not taken, when one was weighed against the chunks
+    /// (bytes or time, `stage::weigh`); absent when no patch could be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<String>,
 }
 
 /// The price of each step of `plan`: `sizes` per artifact ([`Artifact::ALL`] order), and for
@@ -204,6 +208,7 @@ pub fn cost(
             reuse: size - fetch.min(size),
             requests,
             patch_from: None,
+            choice: None,
         }
     })
 }
@@ -305,6 +310,7 @@ mod tests {
             reuse: size - fetch,
             requests,
             patch_from: None,
+            choice: None,
         };
         assert_eq!(
             c,
@@ -337,6 +343,7 @@ mod tests {
             path: format!("p{size}"),
             size,
             sha256: "cd".repeat(32),
+            blocks: None,
         }
     }
 

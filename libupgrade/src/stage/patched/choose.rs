@@ -26,15 +26,28 @@ use crate::net::fetch::Source;
 use crate::net::retry::retrying;
 use crate::patch::{PatchHeader, PatchKind};
 use crate::stage::plan::{patch_candidates, sizes_to_prove, How, Proven};
+use crate::stage::weigh::{apply_secs, weigh, ApplyWork, Verdict, Ways};
 use crate::stage::{ChunkWork, Placing, Stager};
 
 /// Bytes read from the start of a patch to check its header before choosing it (a header is
 /// at most 229 bytes).
 const HEADER_READ: u64 = 512;
+/// What [`Stager::plan_patched`] chose for one artifact: a patch and the step that applies it
+/// (`None`: chunks), and why, when a patch was weighed against the chunks.
+#[derive(Default)]
+pub(in crate::stage) struct Chosen {
+    /// The patch and the step that applies it (None: chunks).
+    pub patch: Option<(How, PatchWork)>,
+    /// Why, when a patch was weighed against the chunks (`ArtifactCost::choice`).
+    pub why: Option<String>,
+}
+
 impl Stager<'_> {
     /// A patch of artifact `a` that rebuilds it from the running slot's copy for fewer bytes
-    /// than `work`'s chunk plan fetches, with the step that applies it; `None`: chunks. Reads
-    /// only (the header of each candidate, from the staging area or by one small range).
+    /// than `work`'s chunk plan fetches and, weighed by `opts.prefer`, no later
+    /// ([`crate::stage::weigh`]), with the step that applies it; else chunks. Reads only (the
+    /// header of each candidate, from the staging area or by one small range; the running
+    /// slot when a base must be proven by hashing).
     pub(in crate::stage) fn plan_patched(
         &self,
         at: &Placing,
@@ -42,10 +55,10 @@ impl Stager<'_> {
         a: Artifact,
         work: &ChunkWork,
         opts: &crate::stage::StageOptions,
-    ) -> Option<(How, PatchWork)> {
+    ) -> Chosen {
         let entry = at.m.files.get(a);
         if entry.patches.is_empty() {
-            return None;
+            return Chosen::default();
         }
         let dir = staging_dir(&self.cfg.state_dir);
         let staged: Vec<PathBuf> = entry
@@ -72,14 +85,17 @@ impl Stager<'_> {
             ),
             None => (self.prove_by_hash(at, a, &held, chunk_fetch), true),
         };
-        let candidates = patch_candidates(&entry.patches, &proven, &held, chunk_fetch);
-        for (i, fetch) in candidates {
+        let mut chosen = Chosen::default();
+        for (i, fetch) in patch_candidates(&entry.patches, &proven, &held, chunk_fetch) {
             let p = &entry.patches[i];
-            let checked = self
-                .patch_header(source, p, &staged[i], held[i], opts)
-                .and_then(|h| self.check_header(at, a, p, &h).map(|()| h));
-            match checked {
-                Ok(_) => {}
+            let verdict = match self.patch_header(source, p, &staged[i], held[i], opts) {
+                Ok(h) => self
+                    .check_header(at, a, p, &h)
+                    .map(|()| weigh_patch(at, &h, p, fetch, chunk_fetch, opts)),
+                Err(why) => Err(why),
+            };
+            let verdict = match verdict {
+                Ok(v) => v,
                 Err(why) => {
                     log::warn!(
                         "{a}: patch {} from {} not used ({why}); trying the next way",
@@ -88,18 +104,25 @@ impl Stager<'_> {
                     );
                     continue;
                 }
+            };
+            log::info!(
+                "{a}: {} from {}: {}",
+                if verdict.patch { "patch" } else { "no patch" },
+                p.base.version.escape_debug(),
+                verdict.why
+            );
+            chosen.why = Some(match hashed {
+                true => format!("{}; base proven by hashing the running slot", verdict.why),
+                false => verdict.why,
+            });
+            if !verdict.patch {
+                continue;
             }
-            let base = self.patch_base(at, a, p)?;
-            if hashed {
-                log::info!(
-                    "{a}: no kept manifest names the running build of slot {}; its first {} bytes hash to the base of the patch from {} (sha256 {}): the patch is used",
-                    at.running.0,
-                    p.base.size,
-                    p.base.version.escape_debug(),
-                    p.base.sha256
-                );
-            }
-            return Some((
+            let Some(base) = self.patch_base(at, a, p) else {
+                chosen.why = None;
+                return chosen;
+            };
+            chosen.patch = Some((
                 How::Patched { patch: i, fetch },
                 PatchWork {
                     patch: p.clone(),
@@ -108,8 +131,9 @@ impl Stager<'_> {
                     base_hashed: hashed,
                 },
             ));
+            return chosen;
         }
-        None
+        chosen
     }
 
     /// Artifact `a`'s entry in the running release's signed manifest, as the node kept it
@@ -296,6 +320,31 @@ impl Stager<'_> {
             }
         }
     }
+}
+
+/// Patch `p` (header `h`, fetching `fetch` bytes) against the chunk plan's `chunk_fetch`
+/// bytes, under `opts.prefer` ([`weigh`]).
+fn weigh_patch(
+    at: &Placing,
+    h: &PatchHeader,
+    p: &PatchRef,
+    fetch: u64,
+    chunk_fetch: u64,
+    opts: &crate::stage::StageOptions,
+) -> Verdict {
+    let work = ApplyWork {
+        blocks: p.blocks,
+        block_size: h.block_size,
+        level: h.level,
+        target_size: h.target_size,
+        workers: crate::patch::workers(),
+    };
+    let ways = Ways {
+        chunk_fetch,
+        patch_fetch: fetch,
+        apply_secs: apply_secs(&work),
+    };
+    weigh(opts.prefer, opts.max_bytes.is_some(), at.link, ways)
 }
 
 /// sha256 of the first `size` bytes of `file` from `offset`, for each of `sizes` (ascending),
