@@ -160,6 +160,14 @@ pub struct PatchOutcome {
     /// named the running build). Absent (false) in reports of earlier builds.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub base_hashed: bool,
+    /// Bytes of its output not rebuilt because the target already held them (a resumed
+    /// attempt: the ops that only reach chunks written before are skipped). Absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl std::fmt::Display for PatchOutcome {
@@ -174,6 +182,14 @@ impl std::fmt::Display for PatchOutcome {
         )?;
         if self.base_hashed {
             f.write_str(", base proven by hashing the running slot")?;
+        }
+        if self.skipped > 0 {
+            write!(
+                f,
+                ", {} ({} bytes) already written skipped",
+                crate::units::Size(self.skipped),
+                self.skipped
+            )?;
         }
         if self.mismatched_chunks > 0 {
             write!(
