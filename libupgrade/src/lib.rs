@@ -96,7 +96,7 @@ pub use net::schedule::{Allowance, Schedule, ScheduleError, Window};
 pub use request::{ResolveError, StageRequest, Wanted, Writes};
 pub use sqcheck::Superblock;
 pub use stage::{
-    ArtifactCost, NoProgress, Origin, PatchOutcome, Progress, Release, StageOptions, StagePreview,
-    StageReport, DEFAULT_RETRY_FOR,
+    ArtifactCost, NoProgress, Origin, PatchOutcome, Prefer, Progress, Release, StageOptions,
+    StagePreview, StageReport, DEFAULT_RETRY_FOR,
 };
 pub use updater::{loader_for, SlotStatus, Status, Updater};

@@ -147,6 +147,11 @@ pub struct PatchRef {
     pub size: u64,
     /// Lower-case hex sha256 of the patch file.
     pub sha256: String,
+    /// squashfs blocks a node recompresses applying it (0 for a plain patch): what the planner
+    /// weighs the apply's time by against the link's (`stage::weigh`). Absent in patches
+    /// listed before it was written (the planner then goes by bytes alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<u64>,
 }
 
 /// The base a patch applies to: the same artifact of an earlier release.
@@ -680,7 +685,32 @@ mod tests {
             path: path.into(),
             size: 3,
             sha256: "34".repeat(32),
+            blocks: None,
         }
+    }
+
+    #[test]
+    fn a_patch_entry_without_a_block_count_reads_as_before_and_one_with_it_round_trips() {
+        let mut m = sample();
+        m.files.rootfs.patches = vec![patch("v1", "rootfs.from-v1.patch")];
+        let before = String::from_utf8(m.to_bytes()).unwrap();
+        assert!(
+            !before.contains("blocks"),
+            "no count, no field: the bytes the previous build wrote: {before}"
+        );
+        assert_eq!(
+            Manifest::parse(before.as_bytes())
+                .unwrap()
+                .files
+                .rootfs
+                .patches[0]
+                .blocks,
+            None
+        );
+        m.files.rootfs.patches[0].blocks = Some(980);
+        let after = m.to_bytes();
+        assert!(String::from_utf8_lossy(&after).contains("\"blocks\": 980"));
+        assert_eq!(Manifest::parse(&after).unwrap(), m);
     }
 
     #[test]
