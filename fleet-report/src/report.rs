@@ -194,7 +194,8 @@ pub struct Report {
     pub generation: u64,
     /// What the node reached.
     pub outcome: Outcome,
-    /// Reports the node's spool dropped (oldest first, when full) since the previous one sent.
+    /// Reports the node dropped unsent so far, a running total (its spool full, oldest first,
+    /// or refused for good by the collector): the collector keeps the largest it sees.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dropped: u64,
 }
