@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 /// The report format this crate writes and reads (the `v` field).
 pub const FORMAT: u32 = 1;
 
+/// Seeds are positions among a million (libupgrade's `rollout::SEED_SPACE`).
+pub(crate) const SEED_SPACE: u32 = 1_000_000;
 /// Longest site name, in bytes (a DNS label's length).
 pub(crate) const MAX_SITE: usize = 63;
 /// Longest channel (a URL or a channel name), in bytes.
@@ -194,6 +196,10 @@ pub struct Report {
     pub generation: u64,
     /// What the node reached.
     pub outcome: Outcome,
+    /// The node's (or its cluster's) rollout seed, its place in the channel's waves
+    /// (`0..1_000_000`), when it resolved through a rollout; None otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u32>,
     /// Reports the node dropped unsent so far, a running total (its spool full, oldest first,
     /// or refused for good by the collector): the collector keeps the largest it sees.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -246,6 +252,9 @@ impl Report {
             return Some(format!(
                 "version is longer than {MAX_VERSION} bytes or holds control characters"
             ));
+        }
+        if self.seed.is_some_and(|s| s >= SEED_SPACE) {
+            return Some(format!("seed {:?} is not below {SEED_SPACE}", self.seed));
         }
         if self.node.key().is_none() {
             return Some(format!(

@@ -448,6 +448,7 @@ fn reports() {
             version: "v2".into(),
             generation: 2,
             outcome,
+            seed: (i % 2 == 0).then_some(4242),
             dropped: i as u64 % 2,
         };
         seed("report", &format!("{}-{i}", r.outcome.kind()), &r.sign(&key).unwrap());

@@ -16,6 +16,7 @@ fn report(k: &SigningKey, outcome: Outcome) -> Report {
         version: "v1.2.3".into(),
         generation: 12,
         outcome,
+        seed: Some(4242),
         dropped: 0,
     }
 }
@@ -161,6 +162,10 @@ fn bad_bodies_are_refused_naming_what_is_wrong() {
         (good.replacen("site-0042", "", 1), "site"),
         (good.replacen("site-0042", &"a".repeat(64), 1), "site"),
         (good.replacen(r#""seq":7"#, r#""seq":0"#, 1), "seq is 0"),
+        (
+            good.replacen(r#""seed":4242"#, r#""seed":1000000"#, 1),
+            "not below 1000000",
+        ),
         (good.replacen(r#""seq":7"#, r#""seq":-1"#, 1), "format 1"),
         (good.replacen("v1.2.3", "v1\\u0007", 1), "version"),
         (

@@ -39,8 +39,9 @@ use spool::Spool;
 enum Wait {
     /// Not a resolution: the last wait reported stays as it is.
     Unchanged,
-    /// A resolution's wait now (None: it waits for nothing) and its key.
-    Now(Option<(Note, String)>),
+    /// A resolution's rollout seed (None: no rollout took part), its wait now (None: it
+    /// waits for nothing) and the wait's key.
+    Now(Option<u32>, Option<(Note, String)>),
 }
 
 /// The reporter of one node: where to send, as whom, what is spooled.
@@ -80,8 +81,12 @@ impl Reporter {
         }
         match wait {
             Wait::Unchanged => {}
-            Wait::Now(None) => meta.last_wait = None,
-            Wait::Now(Some((note, key))) => {
+            Wait::Now(seed, None) => {
+                meta.last_wait = None;
+                meta.seed = seed.or(meta.seed);
+            }
+            Wait::Now(seed, Some((note, key))) => {
+                meta.seed = seed.or(meta.seed);
                 if meta.last_wait.as_ref() != Some(&key) {
                     notes.push(note);
                     meta.last_wait = Some(key);
@@ -107,6 +112,7 @@ impl Reporter {
                 version: n.version.chars().take(64).collect(),
                 generation: n.generation,
                 outcome: n.outcome,
+                seed: meta.seed,
                 dropped: meta.dropped,
             };
             let bytes = report
@@ -182,13 +188,18 @@ impl Updater {
             crate::Origin::Channel {
                 rollout: Some(n), ..
             } => n,
-            _ => return r.spool(Vec::new(), channel_of(rel), Wait::Now(None)),
+            _ => return r.spool(Vec::new(), channel_of(rel), Wait::Now(None, None)),
         };
         let notes = outcome::of_drop(note)
             .into_iter()
             .filter(|_| dropped)
             .collect();
-        r.spool(notes, channel_of(rel), Wait::Now(outcome::of_wait(note)));
+        let seed = Some(note.seed.get());
+        r.spool(
+            notes,
+            channel_of(rel),
+            Wait::Now(seed, outcome::of_wait(note)),
+        );
     }
 
     pub(crate) fn report_notes(&self, notes: Vec<Note>) {

@@ -56,6 +56,9 @@ pub struct Meta {
     /// The channel of the last release resolved from one (empty: none yet).
     #[serde(default)]
     pub channel: String,
+    /// The rollout seed of the last resolution through a rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u32>,
     /// The last wait reported (release, reason, start), so it is reported once.
     #[serde(default)]
     pub last_wait: Option<String>,
@@ -127,6 +130,7 @@ impl Spool {
             next_seq: now_ms(),
             dropped: 0,
             channel: String::new(),
+            seed: None,
             last_wait: None,
         };
         let bytes = match std::fs::read(&path) {

@@ -107,13 +107,16 @@ fn a_wait_is_reported_once_until_it_changes() {
     let dir = tempfile::tempdir().unwrap();
     let r = reporter(dir.path(), "http://127.0.0.1:9/", Limits::default());
     let wait = |until| {
-        Wait::Now(Some((
-            note(Outcome::Waiting {
-                wait_for: WaitFor::Wave,
-                until: Some(until),
-            }),
-            format!("v3 3 Wave {until}"),
-        )))
+        Wait::Now(
+            Some(17),
+            Some((
+                note(Outcome::Waiting {
+                    wait_for: WaitFor::Wave,
+                    until: Some(until),
+                }),
+                format!("v3 3 Wave {until}"),
+            )),
+        )
     };
     for _ in 0..5 {
         r.spool(vec![], None, wait(100));
@@ -132,7 +135,7 @@ fn a_wait_is_reported_once_until_it_changes() {
     );
     r.spool(vec![], None, wait(200));
     assert_eq!(spooled(&r).len(), 2, "a new start is a new wait");
-    r.spool(vec![], None, Wait::Now(None));
+    r.spool(vec![], None, Wait::Now(None, None));
     r.spool(vec![], None, wait(200));
     assert_eq!(
         spooled(&r).len(),
