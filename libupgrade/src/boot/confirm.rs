@@ -127,7 +127,8 @@ impl Updater {
         } else {
             Vec::new()
         };
-        let was_good = st.slot(booted).state == crate::state::SlotState::Good;
+        let st_before = st.slot(booted).state;
+        let was_good = st_before == crate::state::SlotState::Good;
         let a = assess::assess(&st, &loader, &boot, &checks)?;
         self.carry_out(&a.effects)?;
         let v = a.verdict;
@@ -141,6 +142,7 @@ impl Updater {
                 )
             }),
             a.state.slot(booted).generation.unwrap_or(0),
+            st_before,
         ));
         Ok(ConfirmReport {
             slot: booted,

@@ -6,7 +6,7 @@ use crate::boot::assess::{Outcome as BootOutcome, Verdict};
 use crate::channel::RolloutNote;
 use crate::rollout::Hold;
 use crate::stage::StageReport;
-use crate::state::OtherSlot;
+use crate::state::{OtherSlot, SlotState};
 
 /// What a report says besides its outcome: the release it concerns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,13 +92,15 @@ pub fn of_drop(note: &RolloutNote) -> Option<Note> {
 }
 
 /// The reports of a boot's assessment: the other slot's fallback (the release that never
-/// confirmed), then the booted slot's bless or rollback. `generation_of` gives a version's
-/// generation as the state file records it. A boot that was already good, is still pending
-/// or unhealthy without a way back makes none: an idle node reports nothing.
+/// confirmed), then the booted slot's bless or rollback when it changed the booted slot's
+/// state (`booted_before`: a second `confirm` in the same boot repeats the verdict, not the
+/// outcome). A boot that was already good, is still pending or unhealthy without a way back
+/// makes none: an idle node reports nothing.
 pub fn of_verdict(
     v: &Verdict,
     fell_back: Option<(&str, u64)>,
     booted_generation: u64,
+    booted_before: SlotState,
 ) -> Vec<Note> {
     let mut out = Vec::new();
     if let (Some(OtherSlot::FallbackTaken { used, tries, slot }), Some((ver, generation))) =
@@ -120,10 +122,14 @@ pub fn of_verdict(
         generation: booted_generation,
     };
     match &v.outcome {
-        BootOutcome::Blessed => out.push(booted(Outcome::Blessed)),
-        BootOutcome::RolledBack { .. } => out.push(booted(Outcome::RolledBack {
-            why: v.reason.clone(),
-        })),
+        BootOutcome::Blessed if booted_before != SlotState::Good => {
+            out.push(booted(Outcome::Blessed))
+        }
+        BootOutcome::RolledBack { .. } if booted_before != SlotState::Bad => {
+            out.push(booted(Outcome::RolledBack {
+                why: v.reason.clone(),
+            }))
+        }
         _ => {}
     }
     out

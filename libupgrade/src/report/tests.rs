@@ -313,3 +313,51 @@ fn outcomes_map_to_reports() {
     assert_eq!(failed.version, "v3");
     assert!(failed.outcome.why().unwrap().contains("disk on fire"));
 }
+
+#[test]
+fn a_verdict_reports_what_changed_the_booted_slot_and_the_fallback() {
+    use crate::boot::assess::{Outcome as B, Verdict};
+    use crate::state::{OtherSlot, SlotState};
+    let verdict = |outcome, other_slot| Verdict {
+        boot_id: "b".into(),
+        slot: bootconfig::Slot::B,
+        version: Some("v2".into()),
+        outcome,
+        reason: "check node-ready failed".into(),
+        other_slot,
+        checks: vec![],
+        loader_damage: vec![],
+    };
+    let kinds = |notes: Vec<Note>| notes.iter().map(|n| n.outcome.kind()).collect::<Vec<_>>();
+    let blessed = verdict(B::Blessed, None);
+    assert_eq!(
+        kinds(outcome::of_verdict(&blessed, None, 2, SlotState::Trying)),
+        ["blessed"]
+    );
+    assert!(
+        outcome::of_verdict(&blessed, None, 2, SlotState::Good).is_empty(),
+        "a second confirm"
+    );
+    assert!(outcome::of_verdict(&verdict(B::Good, None), None, 2, SlotState::Good).is_empty());
+    let rolled = verdict(
+        B::RolledBack {
+            to: bootconfig::Slot::A,
+        },
+        None,
+    );
+    let notes = outcome::of_verdict(&rolled, None, 2, SlotState::Trying);
+    assert_eq!(notes[0].outcome.why(), Some("check node-ready failed"));
+    assert!(outcome::of_verdict(&rolled, None, 2, SlotState::Bad).is_empty());
+    let fell = verdict(
+        B::Good,
+        Some(OtherSlot::FallbackTaken {
+            slot: bootconfig::Slot::A,
+            used: 3,
+            tries: 3,
+        }),
+    );
+    let notes = outcome::of_verdict(&fell, Some(("v3", 3)), 2, SlotState::Good);
+    assert_eq!(kinds(notes.clone()), ["fell_back"]);
+    assert_eq!((notes[0].version.as_str(), notes[0].generation), ("v3", 3));
+    assert!(notes[0].outcome.why().unwrap().contains("3 of 3 tries"));
+}
