@@ -48,6 +48,7 @@
 #![warn(missing_docs)]
 
 pub mod admit;
+pub mod fleet;
 mod rate;
 pub mod server;
 mod store;

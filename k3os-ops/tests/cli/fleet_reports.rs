@@ -203,3 +203,109 @@ fn a_node_the_collector_does_not_enrol_is_refused_and_keeps_its_reports() {
         "403 is kept: the node may be enrolled later"
     );
 }
+
+/// `release keygen` of the channel's metadata keys, `root init`, `targets`, `timestamp`.
+fn sign_channel<'a>(node: &'a Node, chan: &Path) -> impl Fn(&[&str]) -> String + 'a {
+    let keys = node.path().join("meta-keys");
+    let k = move |n: &str| keys.join(n).display().to_string();
+    for name in ["root", "targets", "snapshot", "timestamp"] {
+        node.ok(&["release", "keygen", "-o", &k(""), "--name", name]);
+    }
+    let c = chan.display().to_string();
+    node.ok(&[
+        "release",
+        "root",
+        "init",
+        &c,
+        "--root-key",
+        &k("root.key"),
+        "--targets-key",
+        &k("targets.pub"),
+        "--snapshot-key",
+        &k("snapshot.pub"),
+        "--timestamp-key",
+        &k("timestamp.pub"),
+    ]);
+    node.ok(&["release", "targets", &c, "--key", &k("targets.key")]);
+    node.ok(&[
+        "release",
+        "timestamp",
+        &c,
+        "--snapshot-key",
+        &k("snapshot.key"),
+        "--timestamp-key",
+        &k("timestamp.key"),
+    ]);
+    move |args: &[&str]| {
+        let mut a: Vec<String> = vec!["release".into()];
+        a.extend(args.iter().map(|s| s.to_string()));
+        a.extend(
+            [
+                "--key",
+                &k("targets.key"),
+                "--snapshot-key",
+                &k("snapshot.key"),
+                "--timestamp-key",
+                &k("timestamp.key"),
+            ]
+            .map(String::from),
+        );
+        node.ok(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+}
+
+#[test]
+fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
+    let port = free_port();
+    let node = reporting_node(port, "site-1");
+    let id = node_id(&node);
+    let work = tempfile::tempdir().unwrap();
+    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
+    let (srv, chan) = channel(&node);
+    let publish = sign_channel(&node, &chan);
+    let c = chan.display().to_string();
+    // One wave, the whole fleet, started an hour ago: the node is in wave 1.
+    let start = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    publish(&["rollout", &c, "v2", "--waves", "100%@+0", "--start", &start]);
+    // The node trusts the channel's root: it resolves through the rollout and reports its seed.
+    std::fs::copy(chan.join("1.root.json"), node.path().join("root.json")).unwrap();
+    let cfg = std::fs::read_to_string(&node.config).unwrap();
+    let root = format!(
+        "channel_root = \"{}\"\n",
+        node.path().join("root.json").display()
+    );
+    std::fs::write(&node.config, format!("{root}{cfg}")).unwrap();
+    let _collector = Collector::start(port, &db, &allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    let rows = stored(&db);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0].seed.is_some(), "{rows:?}");
+
+    let dbarg = format!("sqlite:{}", db.display());
+    let out = node.ok(&["release", "rollout-status", &c, "--reports", &dbarg]);
+    assert!(out.contains("100.00 % of the fleet"), "{out}");
+    assert!(
+        out.contains("1 node(s) at 1 site(s), 1 report(s), 0 dropped unsent"),
+        "{out}"
+    );
+    assert!(out.contains("v2 (generation 6)"), "{out}");
+    assert!(out.contains("wave 1: 1 node(s): staged 1"), "{out}");
+    let json: serde_json::Value = serde_json::from_str(&node.ok(&[
+        "release",
+        "rollout-status",
+        &c,
+        "--reports",
+        &dbarg,
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(json["planned"][0]["version"], "v2");
+    assert_eq!(json["planned"][0]["share_percent"], 100.0);
+    let wave = &json["reports"]["releases"][0]["waves"][0];
+    assert_eq!(wave["wave"], 1);
+    assert_eq!(wave["states"]["staged"], 1);
+    // Without --reports: the planned share only, as before.
+    let plain = node.ok(&["release", "rollout-status", &c]);
+    assert!(!plain.contains("reported"), "{plain}");
+}
