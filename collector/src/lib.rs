@@ -48,6 +48,8 @@
 #![warn(missing_docs)]
 
 pub mod admit;
+#[cfg(test)]
+mod bench;
 pub mod fleet;
 mod rate;
 pub mod server;
