@@ -6,6 +6,7 @@
 //! - [`slot`]: manual A/B slot steering (`k3os-ops slot …`);
 //! - [`release`]: create, sign, index, verify and serve releases (`k3os-ops release …`);
 //! - [`bootloader`]: write a node's loader files and render boot scripts (`k3os-ops bootloader …`);
+//! - [`collector`]: receive and store the fleet's reports (`k3os-ops collector serve`);
 //! - [`logging`]: the library's warnings (each retry and why) on stderr for one-shot commands;
 //! - [`node`]: the node config argument and the reboot, shared by the node-side commands;
 //! - [`progress`]: how `upgrade` shows a download; [`report`]: how a failed command prints
@@ -24,6 +25,7 @@
 
 pub mod agent;
 pub mod bootloader;
+pub mod collector;
 pub mod logging;
 pub mod node;
 pub mod progress;

@@ -199,12 +199,25 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 
 pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
-    let req = request(&args, Utc::now())?;
+    // Reports of what this run reached go out at its end, before a reboot, whatever the
+    // outcome; they never change it.
+    let reboot = stage_and_activate(&u, &args);
+    crate::node::send_reports(&u);
+    if reboot? {
+        println!("rebooting");
+        crate::node::reboot()?;
+    }
+    Ok(())
+}
+
+/// `upgrade` up to the reboot: whether to reboot now.
+fn stage_and_activate(u: &libupgrade::Updater, args: &UpgradeArgs) -> anyhow::Result<bool> {
+    let req = request(args, Utc::now())?;
     let rel = match u.resolve(&req) {
         Err(e) => match e.channel_error() {
             Some(c @ libupgrade::channel::ChannelError::NothingOffered { .. }) => {
                 println!("nothing to stage: {c}");
-                return Ok(());
+                return Ok(false);
             }
             _ => return Err(e.into()),
         },
@@ -213,16 +226,16 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     if !matches!(rel.origin, Origin::Source) {
         eprintln!("{rel}");
     }
-    if args.converge && converged(&u, rel.version.as_deref())? {
-        return Ok(());
+    if args.converge && converged(u, rel.version.as_deref())? {
+        return Ok(false);
     }
     if let Some(note) = nothing_newer(&rel) {
         println!("nothing to stage: {note}");
-        return Ok(());
+        return Ok(false);
     }
     if args.plan_only {
         print_preview(&u.preview(&rel, &req.options)?);
-        return Ok(());
+        return Ok(false);
     }
     let progress = reporter(if args.quiet {
         ProgressMode::None
@@ -231,18 +244,14 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     });
     print_report(&u.stage(&rel, &req.options, progress.as_ref())?);
     if args.stage_only {
-        return Ok(());
+        return Ok(false);
     }
     let slot = u.activate()?;
     println!(
         "activated slot {slot}: {} will try it on the next boot",
         u.bootloader().name()
     );
-    if args.reboot {
-        println!("rebooting");
-        crate::node::reboot()?;
-    }
-    Ok(())
+    Ok(args.reboot)
 }
 
 /// When the channel's rollouts offer this node nothing newer than what it runs, what they say

@@ -268,6 +268,14 @@ pub enum Error {
     /// The caller asked for something contradictory or impossible (text says what).
     #[error("invalid request: {0}")]
     Usage(String),
+    /// The node's report key file cannot be used (see `crate::report`).
+    #[error("node key {}: {what}", path.display())]
+    NodeKey {
+        /// The key file.
+        path: std::path::PathBuf,
+        /// What is wrong, with what was found.
+        what: String,
+    },
 }
 
 /// A result whose error defaults to libupgrade's [`Error`].

@@ -6,6 +6,7 @@
 
 mod bundle;
 mod create;
+mod fleet_status;
 mod metadata;
 mod rollout;
 mod serve;

@@ -85,6 +85,17 @@ pub struct StatusArgs {
     /// The time to show (RFC 3339; default now).
     #[arg(long, value_parser = parse_time)]
     at: Option<DateTime<Utc>>,
+    /// The collector's database (`sqlite:PATH` or a `postgres://` URL): show beside each
+    /// release what the sites reported, per wave.
+    #[arg(long)]
+    reports: Option<String>,
+    /// With --reports: a node not done with a release and silent this many hours counts as
+    /// silent.
+    #[arg(long, default_value_t = 24)]
+    silent_hours: u32,
+    /// Print JSON: the planned shares and, with --reports, the reported states.
+    #[arg(long)]
+    json: bool,
 }
 
 /// What a change does to a rollout.
@@ -261,7 +272,27 @@ pub fn change(change: Change, a: ChangeArgs) -> anyhow::Result<()> {
 /// `release rollout-status`.
 pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     let t = published(&a.dir)?;
-    print_status(&t, a.at.unwrap_or_else(Utc::now));
+    let at = a.at.unwrap_or_else(Utc::now);
+    let silent_since = at - chrono::Duration::hours(i64::from(a.silent_hours));
+    let reports = match &a.reports {
+        Some(db) => Some(super::fleet_status::read(db, &t, silent_since)?),
+        None => None,
+    };
+    if a.json {
+        let v = serde_json::json!({
+            "at": time_str(&at),
+            "planned": super::fleet_status::planned(&t, at),
+            "reports": reports.as_ref().map(|r| &r.0),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    print_status(&t, at);
+    if let Some((f, db)) = &reports {
+        for line in super::fleet_status::lines(f, db) {
+            println!("{line}");
+        }
+    }
     Ok(())
 }
 

@@ -11,6 +11,7 @@
 
 mod cli_messages;
 mod cluster;
+mod fleet_reports;
 mod host_reboot;
 mod release_args;
 mod release_channel;

@@ -1,0 +1,149 @@
+//! `release rollout-status --reports DB`: beside each release's planned share, what the sites
+//! reported (read from the collector's database; `collector::fleet` counts, this renders).
+
+use chrono::{DateTime, Utc};
+use collector::fleet::{FleetStatus, NodeState, ReleaseStatus, WaveStatus};
+use libupgrade::rollout::Rollout;
+use libupgrade::trust::meta::{time_str, Targets};
+use serde::Serialize;
+
+/// Each release's rollout in `t`, by version.
+fn rollouts(t: &Targets) -> Vec<(String, u64, Option<Rollout>)> {
+    let mut rels: Vec<_> = t
+        .targets
+        .values()
+        .filter_map(|m| m.custom.as_ref())
+        .map(|c| (c.version.clone(), c.generation, c.rollout.clone()))
+        .collect();
+    rels.sort_by(|a, b| (b.1, &b.0).cmp(&(a.1, &a.0)));
+    rels.dedup_by(|a, b| a.0 == b.0);
+    rels
+}
+
+/// The wave (from 1) of `version`'s rollout that admits `seed`; None without waves or seed.
+pub fn wave_of(t: &Targets, version: &str, seed: Option<u32>) -> Option<usize> {
+    let seed = u64::from(seed?);
+    let rels = rollouts(t);
+    let r = rels.iter().find(|r| r.0 == version)?.2.as_ref()?;
+    let per_bp = u64::from(libupgrade::rollout::SEED_SPACE) / 10_000;
+    r.waves
+        .iter()
+        .position(|w| seed < u64::from(w.share_bp) * per_bp)
+        .map(|i| i + 1)
+}
+
+/// The fleet's reports from `db`, placed in `t`'s waves, silent when nothing came since
+/// `silent_since`; with the database's name for messages (a password left out).
+pub fn read(
+    db: &str,
+    t: &Targets,
+    silent_since: DateTime<Utc>,
+) -> anyhow::Result<(FleetStatus, String)> {
+    let mut store = collector::open(db)?;
+    let rows = store.rows()?;
+    let since = u64::try_from(silent_since.timestamp()).unwrap_or(0);
+    let f = collector::fleet::summarize(&rows, &|v, s| wave_of(t, v, s), since);
+    Ok((f, store.name().to_string()))
+}
+
+/// One release's planned share at a time, for `--json`.
+#[derive(Debug, Serialize)]
+pub struct Planned {
+    version: String,
+    generation: u64,
+    /// Percent of the fleet offered it (100 without a rollout, 0 when withdrawn).
+    share_percent: f64,
+    paused: bool,
+    withdrawn: bool,
+}
+
+/// The planned shares of `t` at `at`.
+pub fn planned(t: &Targets, at: DateTime<Utc>) -> Vec<Planned> {
+    rollouts(t)
+        .into_iter()
+        .map(|(version, generation, r)| {
+            let (share, paused, withdrawn) = match r {
+                None => (100.0, false, false),
+                Some(r) => (
+                    f64::from(r.share_ppm_at(at)) * 100.0
+                        / f64::from(libupgrade::rollout::SEED_SPACE),
+                    r.paused.is_some_and(|p| p.since <= at),
+                    r.withdrawn.is_some(),
+                ),
+            };
+            Planned {
+                version,
+                generation,
+                share_percent: if withdrawn { 0.0 } else { share },
+                paused,
+                withdrawn,
+            }
+        })
+        .collect()
+}
+
+fn state_name(s: NodeState) -> &'static str {
+    match s {
+        NodeState::Waiting => "waiting",
+        NodeState::Staged => "staged",
+        NodeState::TrialBoot => "trial boot",
+        NodeState::Blessed => "blessed",
+        NodeState::StageFailed => "stage failed",
+        NodeState::RolledBack => "rolled back",
+        NodeState::FellBack => "fell back",
+        NodeState::WithdrawnDropped => "dropped (withdrawn)",
+    }
+}
+
+fn unix(secs: u64) -> String {
+    DateTime::<Utc>::from_timestamp(i64::try_from(secs).unwrap_or(0), 0)
+        .map_or_else(|| secs.to_string(), |t| time_str(&t))
+}
+
+fn wave_lines(w: &WaveStatus) -> Vec<String> {
+    let name = w.wave.map_or("wave ?".to_string(), |n| format!("wave {n}"));
+    let states: Vec<String> = w
+        .states
+        .iter()
+        .map(|(s, n)| format!("{} {n}", state_name(*s)))
+        .collect();
+    let mut out = vec![format!(
+        "      {name}: {} node(s): {}",
+        w.nodes,
+        states.join(", ")
+    )];
+    for (why, n) in &w.failures {
+        out.push(format!("        {n} × {why}"));
+    }
+    out
+}
+
+fn release_lines(r: &ReleaseStatus) -> Vec<String> {
+    let mut out = vec![format!(
+        "    {} (generation {}): last report {}, {} silent",
+        r.version,
+        r.generation,
+        unix(r.last_report),
+        r.silent
+    )];
+    for w in &r.waves {
+        out.extend(wave_lines(w));
+    }
+    out
+}
+
+/// The reports as lines under the planned shares.
+pub fn lines(f: &FleetStatus, db: &str) -> Vec<String> {
+    let mut out = vec![format!(
+        "  reported ({db}): {} node(s) at {} site(s), {} report(s), {} dropped unsent; silent: no report since {}",
+        f.nodes,
+        f.sites,
+        f.reports,
+        f.dropped,
+        unix(f.silent_since)
+    )];
+    for r in &f.releases {
+        out.extend(release_lines(r));
+    }
+    out
+}
