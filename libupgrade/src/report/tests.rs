@@ -285,6 +285,8 @@ fn outcomes_map_to_reports() {
                 rebuilt: 10,
                 mismatched_chunks: 0,
                 fell_back: None,
+                base_hashed: false,
+                skipped: 0,
             }]
         } else {
             vec![]
