@@ -91,13 +91,27 @@ impl Report {
     }
 }
 
-/// What a tick did, for the controller to publish once and in this order: the Events of the
-/// steps it carried out (`said`), then the phase it entered (`report`); then `then`. A tick
-/// publishes nothing itself, except an announcement before a step that takes long or does not
-/// return ([`Agent::announce`]).
+/// A channel condition or Node annotation that a tick's outcome sets or clears, published by
+/// the controller with the tick's Events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::agent) enum Mark {
+    /// This node's line of `StageWillMissWindow` (None: on time, the line goes).
+    StageDeadline(Option<crate::agent::channel::thin::Miss>),
+    /// `ChannelStale`: the role whose metadata expired (None: the channel is fresh again).
+    Stale(Option<crate::agent::host::ops::StaleMetadata>),
+    /// A Node annotation set (Some) or removed (None).
+    Annotation(&'static str, Option<String>),
+}
+
+/// What a tick did, for the controller to publish once and in this order: the conditions and
+/// annotations its outcome sets (`marks`), the Events of the steps it carried out (`said`),
+/// then the phase it entered (`report`); then `then`. A tick publishes nothing itself, except
+/// write-ahead records, progress, and an announcement before a step that takes long or does
+/// not return ([`Agent::announce`]).
 #[must_use]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(in crate::agent) struct Done {
+    pub marks: Vec<Mark>,
     pub said: Vec<Say>,
     pub report: Option<Report>,
     pub then: Then,
@@ -118,6 +132,7 @@ impl Done {
     /// Nothing to publish; go on as `then` says.
     pub fn then(then: Then) -> Done {
         Done {
+            marks: Vec::new(),
             said: Vec::new(),
             report: None,
             then,
@@ -130,6 +145,12 @@ impl Done {
             report: Some(report),
             ..Done::then(then)
         }
+    }
+
+    /// The same, also setting `marks` (published before its Events).
+    pub fn marked(mut self, mut marks: Vec<Mark>) -> Done {
+        self.marks.append(&mut marks);
+        self
     }
 
     /// The Events `before` go first (steps carried out before this outcome).

@@ -15,7 +15,7 @@ use super::observe::Ready;
 use super::steps;
 use crate::agent::channel::crd::SlotPhase;
 use crate::agent::channel::listing::Channel;
-use crate::agent::cluster::publish::{Done, Then};
+use crate::agent::cluster::publish::{Done, Mark, Then};
 use crate::agent::context::{Agent, Next};
 use crate::agent::errors::AgentError;
 use crate::agent::host::requests::{resolve_latest, resolve_pinned};
@@ -46,8 +46,20 @@ pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
     carry_out(cx, &channel, done).await
 }
 
-/// Publish what a tick did, once and in order, then do what follows it.
+/// Publish what a tick did, once and in order (its conditions and annotations, its Events,
+/// its phase), then do what follows it.
 async fn carry_out(cx: &Agent, ch: &Channel, done: Done) -> Result<Next, AgentError> {
+    for mark in done.marks {
+        match mark {
+            Mark::StageDeadline(miss) => {
+                super::thin_report::report_miss(cx, ch, miss).await
+            }
+            Mark::Stale(stale) => {
+                crate::agent::cluster::stale::report(cx, ch, stale.as_ref()).await
+            }
+            Mark::Annotation(key, value) => cx.annotate(&[(key, value.as_deref())]).await?,
+        }
+    }
     cx.say_all(ch, done.said).await;
     if let Some(report) = done.report {
         cx.publish(ch, report).await?;
@@ -208,14 +220,15 @@ async fn stage(
 ) -> Result<Done, AgentError> {
     match super::staging::stage(cx, ch, version, plan, resolved).await? {
         super::staging::Staging::Done(done) => Ok(done),
-        super::staging::Staging::Stopped => {
+        super::staging::Staging::Stopped(marks) => {
             let (step, _) = decide(cx, ch, view).await?;
-            match super::waits::report(&step.action, Utc::now()) {
+            let done = match super::waits::report(&step.action, Utc::now()) {
                 Some(report) if matches!(step.action, Action::StageWaiting { .. }) => {
-                    Ok(Done::report(report, Then::Wait))
+                    Done::report(report, Then::Wait)
                 }
-                _ => Ok(Done::then(Then::Again)),
-            }
+                _ => Done::then(Then::Again),
+            };
+            Ok(done.marked(marks))
         }
     }
 }

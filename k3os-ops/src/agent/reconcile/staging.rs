@@ -19,11 +19,12 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::decide::StagePlan;
-use super::thin_report::{self, Miss};
+use super::thin_report;
+use crate::agent::channel::thin::Miss;
 use crate::agent::channel::format::{ANN_PROGRESS, ANN_TARGET};
 use crate::agent::channel::listing::Channel;
 use crate::agent::channel::thin::ThinPolicy;
-use crate::agent::cluster::publish::{Done, Report, Say, Then};
+use crate::agent::cluster::publish::{Done, Mark, Report, Say, Then};
 use crate::agent::context::{Agent, PROGRESS_PERIOD};
 use crate::agent::errors::AgentError;
 use crate::agent::host::ops::StageEnd;
@@ -38,9 +39,9 @@ use libupgrade::{ExtraSource, Release, StageOptions, StageRequest, Wanted};
 pub(in crate::agent) enum Staging {
     /// Staged, or failed (backing off): what to publish and what follows.
     Done(Done),
-    /// Stopped cleanly at the quota or the end of the open windows; the deadline was judged
-    /// again with what is left.
-    Stopped,
+    /// Stopped cleanly at the quota or the end of the open windows: the deadline judged
+    /// again with what is left, and whether the channel's metadata is fresh.
+    Stopped(Vec<Mark>),
 }
 
 /// Stage `version` of `ch` as `plan` allows; `resolved`: the channel's release of `version`
@@ -74,15 +75,16 @@ pub(in crate::agent) async fn stage(
     );
     cx.announce(ch, Vec::new(), staging).await?;
     let result = preview_and_stage(cx, ch, req, resolved, day, used).await;
-    report_staleness(cx, ch, &result).await;
+    let stale: Vec<Mark> = staleness(&result).into_iter().collect();
     match result {
-        Ok(StageEnd::Staged { .. }) => staged(cx, ch, version).await.map(Staging::Done),
+        Ok(StageEnd::Staged { .. }) => Ok(Staging::Done(staged(cx, version).marked(stale))),
         Ok(StageEnd::Stopped { why, left, .. }) => {
             cx.remember(|m| m.stages.succeeded());
-            stopped(cx, ch, version, why, left).await?;
-            Ok(Staging::Stopped)
+            let mut marks = stopped(cx, ch, version, why, left).await?;
+            marks.extend(stale);
+            Ok(Staging::Stopped(marks))
         }
-        Err(e) => Ok(Staging::Done(failed(cx, version, now, &e))),
+        Err(e) => Ok(Staging::Done(failed(cx, version, now, &e).marked(stale))),
     }
 }
 
@@ -150,14 +152,20 @@ async fn preview_and_stage(
     stage_with_progress(cx, rel, opts, book_on).await
 }
 
-/// Whether `left` bytes can arrive before the next maintenance window: the condition.
-async fn judge_deadline(cx: &Agent, ch: &Channel, left: u64, used: u64) {
-    let Ok(policy) = ch.policy.as_ref() else {
-        return;
-    };
+/// Whether `left` bytes can arrive before the next maintenance window: the condition (None:
+/// the channel has no thin-link policy to judge by).
+fn deadline(cx: &Agent, ch: &Channel, left: u64, used: u64) -> Option<Mark> {
+    let policy = ch.policy.as_ref().ok()?;
     let now = cx.settings.clock.now();
     let miss = miss(&policy.thin, policy.next_window_start(now), left, now, used);
-    thin_report::report_miss(cx, ch, miss).await;
+    Some(Mark::StageDeadline(miss))
+}
+
+/// Judge the deadline before the stage's first byte (its condition shows while it runs).
+async fn judge_deadline(cx: &Agent, ch: &Channel, left: u64, used: u64) {
+    if let Some(Mark::StageDeadline(miss)) = deadline(cx, ch, left, used) {
+        thin_report::report_miss(cx, ch, miss).await;
+    }
 }
 
 /// The miss, if `left` bytes cannot arrive by `deadline` (None: no maintenance window).
@@ -178,10 +186,8 @@ fn miss(
 }
 
 /// Staged: the deadline condition cleared, the progress annotation removed.
-async fn staged(cx: &Agent, ch: &Channel, version: &str) -> Result<Done, AgentError> {
+fn staged(cx: &Agent, version: &str) -> Done {
     cx.remember(|m| m.stages.succeeded());
-    thin_report::report_miss(cx, ch, None).await;
-    cx.annotate(&[(ANN_PROGRESS, None)]).await?;
     let report = Report::new(
         Phase::Staged,
         "verified and staged",
@@ -190,10 +196,13 @@ async fn staged(cx: &Agent, ch: &Channel, version: &str) -> Result<Done, AgentEr
             format!("{version} verified and staged in the inactive slot"),
         ),
     );
-    Ok(Done::report(report, Then::Again))
+    Done::report(report, Then::Again).marked(vec![
+        Mark::StageDeadline(None),
+        Mark::Annotation(ANN_PROGRESS, None),
+    ])
 }
 
-/// A clean stop at the quota or the end of the open windows: judge the deadline again with
+/// A clean stop at the quota or the end of the open windows: the deadline judged again with
 /// what is left (the controller decides how long to wait).
 async fn stopped(
     cx: &Agent,
@@ -201,9 +210,10 @@ async fn stopped(
     version: &str,
     why: Stop,
     left: u64,
-) -> Result<(), AgentError> {
+) -> Result<Vec<Mark>, AgentError> {
+    tracing::info!("staging {version} stopped ({why})");
     let Ok(policy) = ch.policy.as_ref() else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     let thin = &policy.thin;
     let now = cx.settings.clock.now();
@@ -211,9 +221,7 @@ async fn stopped(
         Some(d) => cx.blocking(move |ops| ops.fetched_on(d)).await?,
         None => 0,
     };
-    judge_deadline(cx, ch, left, used).await;
-    tracing::info!("staging {version} stopped ({why})");
-    Ok(())
+    Ok(deadline(cx, ch, left, used).into_iter().collect())
 }
 
 /// A failed stage: counted, and the next one backs off ([`super::cooldown`]).
@@ -236,14 +244,11 @@ fn failed(cx: &Agent, version: &str, now: DateTime<Utc>, e: &AgentError) -> Done
 }
 
 /// A stage resolves the channel too (a pinned channel is resolved nowhere else): expired
-/// metadata sets `ChannelStale`, a successful stage clears it.
-async fn report_staleness(cx: &Agent, ch: &Channel, result: &Result<StageEnd, AgentError>) {
+/// metadata sets `ChannelStale`, a successful stage clears it; other failures say nothing of it.
+fn staleness(result: &Result<StageEnd, AgentError>) -> Option<Mark> {
     match result {
-        Err(e) if e.stale().is_some() => {
-            crate::agent::cluster::stale::report(cx, ch, e.stale()).await
-        }
-        Ok(_) => crate::agent::cluster::stale::report(cx, ch, None).await,
-        Err(_) => {}
+        Err(e) => e.stale().map(|s| Mark::Stale(Some(*s))),
+        Ok(_) => Some(Mark::Stale(None)),
     }
 }
 

@@ -29,8 +29,9 @@ pub use fixture::ChannelFixture;
 use schemas::*;
 
 pub use fleet::{FleetRolloutStatus, COND_RELEASE_WITHDRAWN, COND_WAITING_FOR_WAVE};
+// `status::Condition` is named only through `UpdateChannelStatus::conditions`.
 pub use status::{
-    Condition, FailureRecord, NodeCounts, RolloutStatus, SlotEntry, SlotPhase,
+    FailureRecord, NodeCounts, RolloutStatus, SlotEntry, SlotPhase,
     UpdateChannelStatus, COND_CHANNEL_STALE, COND_COMPLETE, COND_DEGRADED, COND_INVALID,
     COND_LATEST_RESOLVED, COND_PAUSED, COND_STAGE_WILL_MISS_WINDOW,
 };
