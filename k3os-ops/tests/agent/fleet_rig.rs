@@ -68,6 +68,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agent::channel::crd::UpdateChannel;
 use agent::channel::format::{ANN_CORDONED, ANN_PHASE};
 use agent::context::{Agent, Next};
 use agent::host::node::LibupgradeNode;
@@ -513,15 +514,18 @@ fn initial_world(
             json!({"kubernetes.io/hostname": node_name(i)}),
         )
     });
-    let mut channel = json!({
-        "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-        "metadata": {"name": "stable", "namespace": NS, "uid": "ch-uid", "generation": 1},
-        "spec": {"url": channel_url, "version": "v2", "concurrency": scenario.concurrency,
-                 "maxFailures": 1,
-                 "rebootTimeout": if scenario.dies_while_draining { "3s" } else { "2m" },
-                 "drain": {"timeout": "20s"}},
-        "status": {"slots": [], "failures": [], "conditions": []}
-    });
+    let mut channel = fake_api::channel_object(
+        &UpdateChannel::test()
+            .url(channel_url)
+            .concurrency(scenario.concurrency)
+            .reboot_timeout(if scenario.dies_while_draining {
+                "3s"
+            } else {
+                "2m"
+            })
+            .spec_with(|s| s.drain.timeout = "20s".into())
+            .build(),
+    );
     if let Some(r) = &scenario.rollout {
         channel["spec"]["rollout"] = r.clone();
     }

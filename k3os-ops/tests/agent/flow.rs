@@ -12,6 +12,7 @@ use libupgrade::rollout::Seed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agent::channel::crd::UpdateChannel;
 use agent::context::{Agent, Next};
 use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
 use agent::host::status::{Inactive, NodeUpdateStatus};
@@ -130,15 +131,13 @@ fn setup(
     n1["spec"]["unschedulable"] = json!(unschedulable);
     // n2 exists (for reclaim's Node-deleted check).
     let n2 = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}});
+    let channel = UpdateChannel::test()
+        .url("https://releases.example/")
+        .spec_with(|s| s.node_selector = [("pool".into(), "edge".into())].into())
+        .build();
     let world = Arc::new(Mutex::new(World::new(
         [n1, n2],
-        json!({
-            "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-            "metadata": {"name": "stable", "namespace": "k3os-system", "uid": "ch-uid", "generation": 1},
-            "spec": {"url": "https://releases.example/", "version": "v2", "concurrency": 1, "maxFailures": 1,
-                     "nodeSelector": {"pool": "edge"}},
-            "status": {"slots": [], "failures": [], "conditions": []}
-        }),
+        fake_api::channel_object(&channel),
     )));
     let client = fake_api::client(&world, &log);
     let node = Arc::new(FakeNode {

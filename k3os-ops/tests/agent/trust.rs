@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agent::channel::crd::UpdateChannel;
 use agent::context::Agent;
 use agent::fleet::poller::Polls;
 use agent::host::node::LibupgradeNode;
@@ -116,16 +117,21 @@ fn setup(chan: &Chan, sim: &SimNode, version: &str) -> (Arc<Mutex<World>>, Log, 
     let log: Log = Arc::default();
     let world = Arc::new(Mutex::new(World::new(
         [fake_api::ready_node("n1", json!({"pool": "edge"}))],
-        json!({
-            "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-            "metadata": {"name": "stable", "namespace": "k3os-system", "uid": "ch-uid", "generation": 1},
-            "spec": {"url": chan.url(), "version": version, "concurrency": 1, "maxFailures": 1,
-                     "nodeSelector": {"pool": "edge"}},
-            "status": {"slots": [], "failures": [], "conditions": []}
-        }),
+        edge_channel(&chan.url(), version),
     )));
     let agent = new_agent(&world, &log, sim);
     (world, log, agent)
+}
+
+/// The test channel pinning `version` of `url` for the nodes of pool `edge`.
+fn edge_channel(url: &str, version: &str) -> Value {
+    fake_api::channel_object(
+        &UpdateChannel::test()
+            .url(url)
+            .version(Some(version))
+            .spec_with(|s| s.node_selector = BTreeMap::from([("pool".into(), "edge".into())]))
+            .build(),
+    )
 }
 
 /// An agent (as after a restart: nothing remembered) over the same API and node.
@@ -327,13 +333,7 @@ async fn a_stage_tick_resolves_the_channel_once() {
     let log: Log = Arc::default();
     let world = Arc::new(Mutex::new(World::new(
         [fake_api::ready_node("n1", json!({"pool": "edge"}))],
-        json!({
-            "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-            "metadata": {"name": "stable", "namespace": "k3os-system", "uid": "ch-uid", "generation": 1},
-            "spec": {"url": server.base, "version": "v2", "concurrency": 1, "maxFailures": 1,
-                     "nodeSelector": {"pool": "edge"}},
-            "status": {"slots": [], "failures": [], "conditions": []}
-        }),
+        edge_channel(&server.base, "v2"),
     )));
     let agent = new_agent(&world, &log, &sim);
     agent.reconcile().await.expect("reconcile");
