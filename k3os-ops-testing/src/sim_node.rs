@@ -1,12 +1,14 @@
-//! The simulated node side of the agent ([`NodeOps`]) shared by the idle-agent test and the
+//! The simulated node side of the agent ([`NodeOps`]) shared by the agent's tests and the
 //! fleet bench: no disk, no bootloader, only the versions a node's slots hold. Given a channel
 //! ([`SimNode::with_channel`]: the releases its signed metadata lists, with their rollouts, and
-//! a clock the test moves), it resolves `latest` or a pinned version and checks a stage with
-//! libupgrade's own pure rollout decision (`libupgrade::rollout::offer`, `admission`) for the seed it is asked with,
-//! and records those seeds. The tests that
-//! check what the agent asks of a node in which order (`flow`, `kube_mock`: a logging
-//! `FakeNode` each) and the fleet test over the real `LibupgradeNode` (`fleet_rig`) keep
-//! fakes of their own: they look at the calls, not only at their outcome.
+//! a clock the test moves), it resolves `latest` or a pinned version with libupgrade's own
+//! pure rollout decision (`libupgrade::rollout::offer`, `admission`) for the seed it is asked
+//! with, and records those seeds; a stage of the resolved release is instant. Without a
+//! channel it follows pinned versions only, each offered as by a channel without rollouts
+//! ([`offered`]). Two tests keep a node of
+//! their own: `flow`, whose logging fake records what the agent asks of a node in which order
+//! (it looks at the calls, not only at their outcome), and the fleet test, which wraps the real
+//! `LibupgradeNode` (`fleet_rig`) to hand its reboots to a power driver.
 
 use std::sync::mpsc as sync_mpsc;
 use std::sync::Mutex;
