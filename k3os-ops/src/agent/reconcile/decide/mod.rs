@@ -446,4 +446,6 @@ fn held_pin(
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod wave_tests;
+#[cfg(test)]
 mod window_tests;
