@@ -60,6 +60,20 @@
 //! node then stages that artifact by chunks. Bumping the pinned zstd therefore makes every
 //! older release's squashfs patches unusable for the new build (plain patches stay usable: they
 //! only decode zstd frames).
+//!
+//! A publisher whose mksquashfs links another libzstd loses most of the gain (issue 35 item 1,
+//! open). Measured 2026-12-05: 15 shared libraries of this machine (43 MB; in v2 7 of them
+//! with 20 KB rewritten and 4 KB appended), imaged by mksquashfs 4.5.1 (zstd level 15,
+//! `-no-fragments`) once with Debian 12's libzstd 1.5.4 and once with Debian 13's 1.5.7
+//! (`LD_LIBRARY_PATH`): same image sizes, other bytes. Of the changed files' 174 blocks, this
+//! build (1.5.4) recompressed 123 of the 1.5.7 image identically and not 51 (29 %), which are
+//! carried verbatim: the squashfs patch is 2.07 MB against 177 KB for the 1.5.4-built pair
+//! (11.7×) and larger than the chunk plan (1.61 MB), so `release create` drops it. The
+//! level-15 row of zstd's parameter table for sources ≤ 128 KB reads the same in the copies of
+//! `clevels.h` seen, so the difference is inside the optimal parser: a patch carrying
+//! compression parameters would not reproduce those blocks; re-packing the image with the
+//! node's compressor in `release create` (a squashfs rewrite: block sizes and with them the
+//! inode block lists change) or a second pinned zstd would.
 #![warn(missing_docs)]
 
 mod apply;
