@@ -132,6 +132,14 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
                 None => String::new(),
             }
         );
+        let (recompressed, verbatim) = p.blocks;
+        if verbatim > 0 {
+            println!(
+                "    {verbatim} of {} changed blocks do not recompress identically with the nodes' zstd {} and are carried whole: was the image made with another libzstd?",
+                recompressed + verbatim,
+                libupgrade::patch::zstd_version()
+            );
+        }
     }
     Ok(())
 }

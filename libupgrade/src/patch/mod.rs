@@ -86,6 +86,6 @@ mod squashfs;
 
 pub use apply::{apply, apply_needed, workers, ApplyStats, Base, Sink};
 pub use build::{build, BuildStats};
-pub use codec::identity;
+pub use codec::{identity, zstd_version};
 pub use error::PatchError;
 pub use header::{can_apply, read_header, PatchHeader, PatchKind, FORMAT_VERSION, MAGIC};
