@@ -114,7 +114,13 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
             sc.path, sc.size, sc.kind, sc.version
         );
     }
-    for p in &patches {
+    print_patches(&patches);
+    Ok(())
+}
+
+/// One line per patch `release create` built (kept or dropped), and why one is large.
+fn print_patches(patches: &[release::PatchBuilt]) {
+    for p in patches {
         println!(
             "  patch {} from {} ({}): {} bytes, by chunks {} bytes, built in {:.1} s: {}{}",
             p.artifact,
@@ -141,5 +147,4 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
 }
