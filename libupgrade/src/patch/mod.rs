@@ -68,12 +68,18 @@
 //! (`LD_LIBRARY_PATH`): same image sizes, other bytes. Of the changed files' 174 blocks, this
 //! build (1.5.4) recompressed 123 of the 1.5.7 image identically and not 51 (29 %), which are
 //! carried verbatim: the squashfs patch is 2.07 MB against 177 KB for the 1.5.4-built pair
-//! (11.7×) and larger than the chunk plan (1.61 MB), so `release create` drops it. The
-//! level-15 row of zstd's parameter table for sources ≤ 128 KB reads the same in the copies of
-//! `clevels.h` seen, so the difference is inside the optimal parser: a patch carrying
-//! compression parameters would not reproduce those blocks; re-packing the image with the
-//! node's compressor in `release create` (a squashfs rewrite: block sizes and with them the
-//! inode block lists change) or a second pinned zstd would.
+//! (11.7×) and larger than the chunk plan (1.61 MB), so `release create` drops it
+//! (`release create` now says how many blocks were carried whole). One `ZSTD_compressCCtx`
+//! call per 128 KiB block at level 15 (what mksquashfs does), linked once against each
+//! libzstd, splits the same 123/51; the two outputs of a differing block part after the
+//! 9-byte frame header and are within a few bytes of the same size. The level-15 row of
+//! zstd's parameter table for sources ≤ 128 KB reads the same in the copies of `clevels.h`
+//! seen, so the difference is inside the parser, which no parameter in a header selects.
+//! Carrying each such block as a zstd patch-from of the node's own recompression (`-19`)
+//! shrinks them only from 1.89 MB to 1.20 MB (36 %): still ~7× the 1.5.4 pair's patch. What
+//! would meet the goal is re-packing the image with the node's compressor in `release create`
+//! (a squashfs rewrite: block sizes, and with them the inode block lists and the metadata
+//! offsets, change) or a second pinned zstd on the node; neither is built yet.
 #![warn(missing_docs)]
 
 mod apply;
