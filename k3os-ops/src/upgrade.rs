@@ -95,10 +95,10 @@ pub struct UpgradeArgs {
     #[arg(long, value_parser = parse_rate)]
     pub max_rate: Option<u64>,
     /// When a listed patch fetches fewer bytes than chunks but its recompression may take
-    /// longer: `auto` takes the way estimated to finish sooner (the link rate told by
-    /// `--max-rate`/`--stage-window` or measured, against the patch's apply time) unless
-    /// `--max-bytes` is set; `bytes` always the fewest bytes; `time` the sooner way even under
-    /// `--max-bytes`. `--plan-only` says which and why.
+    /// longer: `auto` takes the way estimated to finish sooner at the rate `--max-rate` or
+    /// `--stage-window` tells (the fewest bytes with no rate told, or with `--max-bytes`);
+    /// `bytes` always the fewest bytes; `time` the sooner way, also at a rate measured on the
+    /// chunk indexes and under `--max-bytes`. `--plan-only` says which and why.
     #[arg(long, value_enum, default_value = "auto")]
     pub prefer: PreferArg,
     /// How long this attempt keeps retrying a failing server or link before it gives up
@@ -340,11 +340,11 @@ fn schedule(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<Option<Sch
 /// `--prefer`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PreferArg {
-    /// The sooner way, unless `--max-bytes` is set.
+    /// The sooner way at a told rate, unless `--max-bytes` is set.
     Auto,
     /// The fewest bytes.
     Bytes,
-    /// The sooner way.
+    /// The sooner way, at a told or measured rate.
     Time,
 }
 

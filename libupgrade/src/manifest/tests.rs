@@ -260,7 +260,10 @@ mod v010 {
 #[test]
 fn v010_reads_a_manifest_with_patches_as_the_same_release() {
     let mut m = sample();
-    m.files.rootfs.patches = vec![patch("v1", "rootfs.from-v1.patch")];
+    m.files.rootfs.patches = vec![PatchRef {
+        blocks: Some(980),
+        ..patch("v1", "rootfs.from-v1.patch")
+    }];
     m.files.initrd.patches = vec![patch("v1", "initrd.from-v1.patch")];
     m.files.rootfs.chunks = Some(IndexRef {
         path: "rootfs.squashfs.chunks".into(),

@@ -25,6 +25,12 @@ use zstd_safe::{CCtx, CParameter, DCtx};
 /// Level of the builder's patch-from and literal frames (the node only decodes them).
 pub const DIFF_LEVEL: i32 = 19;
 
+/// This build's zstd version for people (`1.5.4`).
+pub fn zstd_version() -> String {
+    let v = zstd_safe::version_number();
+    format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100)
+}
+
 /// The identity of this build's block compressor at `level`: what a squashfs patch's header
 /// must name for this build to apply it (see the module docs of [`crate::patch`]).
 pub fn identity(level: i32) -> String {
@@ -157,5 +163,14 @@ impl BlockDecompressor {
 impl Default for BlockDecompressor {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_pinned_zstd_names_itself_as_people_and_headers_do() {
+        assert_eq!(super::zstd_version(), "1.5.4");
+        assert_eq!(super::identity(15), "zstd 10504 level 15");
     }
 }

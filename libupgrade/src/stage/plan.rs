@@ -394,7 +394,7 @@ mod tests {
     fn without_a_kept_manifest_the_bases_worth_hashing_are_the_candidates_sizes_once() {
         let a = entry(1000, "aa");
         let b = entry(1000, "bb");
-        let small = entry(600, "cc");
+        let small = entry(600, "ce");
         let big = entry(5000, "dd");
         let patches = vec![
             patch(&a, "squashfs", 300),

@@ -19,11 +19,14 @@
 //! count (listed by an earlier `release create`), the rule is the fewest bytes, as before.
 //!
 //! [`Prefer`] overrides: `bytes` always takes the patch (fewest bytes), `time` always the
-//! sooner way. The default `auto` is `time`, except under a byte budget (`--max-bytes`, the
-//! agent's daily quota), where bytes are what is scarce.
+//! sooner way, by the told rate or else the measured one. The default `auto` weighs time by a
+//! told rate only, and keeps the fewest bytes under a byte budget (`--max-bytes`, the agent's
+//! daily quota), where bytes are what is scarce.
 //!
-//! Deterministic: the same options and server give the same verdict, so `--plan-only` and the
-//! stage that follows agree (a measured rate can differ between two runs; a told one cannot).
+//! Why `auto` ignores a measured rate: a told rate gives the same verdict on every run, so
+//! `--plan-only` (or the agent's preview) and the stage that follows move exactly the same
+//! bytes; two measurements of the same link differ, and a verdict near the boundary could
+//! flip between the preview and the stage.
 
 use serde::{Deserialize, Serialize};
 
@@ -32,12 +35,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Prefer {
-    /// The sooner way, unless a byte budget is set (then the fewest bytes).
+    /// The sooner way at a told link rate; the fewest bytes with no rate told or under a byte
+    /// budget.
     #[default]
     Auto,
     /// The fewest bytes: a listed patch whenever it fetches fewer than chunks.
     Bytes,
-    /// The sooner way, even under a byte budget.
+    /// The sooner way, at a told or else a measured link rate, even under a byte budget.
     Time,
 }
 
@@ -129,8 +133,17 @@ pub fn weigh(prefer: Prefer, budget: bool, link: Option<LinkRate>, w: Ways) -> V
         }
         _ => {}
     }
-    let Some(link) = link.filter(|l| l.bytes_per_sec > 0) else {
-        return bytes("fewest bytes (no link rate told or measured to weigh time by)".into());
+    let link = link.filter(|l| l.bytes_per_sec > 0);
+    let Some(link) = link.filter(|l| l.told || prefer == Prefer::Time) else {
+        return bytes(
+            match link {
+                Some(_) => {
+                    "fewest bytes (no link rate told; --prefer time weighs the measured one)"
+                }
+                None => "fewest bytes (no link rate told or measured to weigh time by)",
+            }
+            .into(),
+        );
     };
     let Some(apply) = w.apply_secs else {
         return bytes(
@@ -203,8 +216,22 @@ mod tests {
             "{}",
             v.why
         );
+        let v = weigh(Prefer::Time, false, SLOW, major);
+        assert!(v.patch && v.why.contains("(measured)"), "{v:?}");
         let v = weigh(Prefer::Auto, false, SLOW, major);
-        assert!(v.patch && v.why.contains("measured"), "{v:?}");
+        assert!(
+            v.patch && v.why.contains("--prefer time weighs the measured one"),
+            "{v:?}"
+        );
+        let fast_measured = Some(LinkRate {
+            bytes_per_sec: 100_000_000,
+            told: false,
+        });
+        assert!(
+            weigh(Prefer::Auto, false, fast_measured, major).patch,
+            "auto goes by a told rate only"
+        );
+        assert!(!weigh(Prefer::Time, false, fast_measured, major).patch);
         // The monthly pair: 14.4 MB of chunks against 2.6 MB and 5.5 s.
         let monthly = ways(14_400_000, 2_600_000, Some(5.5));
         assert!(!weigh(Prefer::Time, false, FAST, monthly).patch);

@@ -60,31 +60,9 @@ impl Stager<'_> {
         if entry.patches.is_empty() {
             return Chosen::default();
         }
-        let dir = staging_dir(&self.cfg.state_dir);
-        let staged: Vec<PathBuf> = entry
-            .patches
-            .iter()
-            .map(|p| dir.join(format!("{}.patch", p.sha256)))
-            .collect();
-        // Only a continued attempt keeps the staging area (a new one empties it first).
-        let held: Vec<u64> = staged
-            .iter()
-            .map(|p| match at.resumed {
-                true => std::fs::metadata(p).map_or(0, |m| m.len()),
-                false => 0,
-            })
-            .collect();
+        let (staged, held) = self.staged(at, &entry.patches);
         let chunk_fetch = work.plan.fetch_bytes;
-        let (proven, hashed) = match self.running_entry(at, a) {
-            Some(e) => (
-                vec![Proven {
-                    size: e.size,
-                    sha256: e.sha256,
-                }],
-                false,
-            ),
-            None => (self.prove_by_hash(at, a, &held, chunk_fetch), true),
-        };
+        let (proven, hashed) = self.proven(at, a, &held, chunk_fetch);
         let mut chosen = Chosen::default();
         for (i, fetch) in patch_candidates(&entry.patches, &proven, &held, chunk_fetch) {
             let p = &entry.patches[i];
@@ -134,6 +112,45 @@ impl Stager<'_> {
             return chosen;
         }
         chosen
+    }
+
+    /// Where each of `patches` is staged, and how many of its bytes the staging area holds
+    /// (only a continued attempt keeps it: a new one empties it first).
+    fn staged(&self, at: &Placing, patches: &[PatchRef]) -> (Vec<PathBuf>, Vec<u64>) {
+        let dir = staging_dir(&self.cfg.state_dir);
+        let staged: Vec<PathBuf> = patches
+            .iter()
+            .map(|p| dir.join(format!("{}.patch", p.sha256)))
+            .collect();
+        let held = staged
+            .iter()
+            .map(|p| match at.resumed {
+                true => std::fs::metadata(p).map_or(0, |m| m.len()),
+                false => 0,
+            })
+            .collect();
+        (staged, held)
+    }
+
+    /// What the node can prove its running slot's copy of `a` is: the kept manifest's entry,
+    /// else the hashes of its prefixes (true: proven by hashing).
+    fn proven(
+        &self,
+        at: &Placing,
+        a: Artifact,
+        held: &[u64],
+        chunk_fetch: u64,
+    ) -> (Vec<Proven>, bool) {
+        match self.running_entry(at, a) {
+            Some(e) => (
+                vec![Proven {
+                    size: e.size,
+                    sha256: e.sha256,
+                }],
+                false,
+            ),
+            None => (self.prove_by_hash(at, a, held, chunk_fetch), true),
+        }
     }
 
     /// Artifact `a`'s entry in the running release's signed manifest, as the node kept it
