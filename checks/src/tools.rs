@@ -67,6 +67,10 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
         "as",
         "a word in Rust comments inside shell heredocs (bootconfig/tests/fixtures/v0.1.0/make.sh); binutils' assembler is never run",
     ),
+    (
+        "open",
+        "an operation named in I/O errors (bootconfig's atomic writes); xdg-utils' open (which Chromium pulls in) is never run",
+    ),
 ];
 
 /// Words that name a program some test runs, but never from `PATH`: the test takes it from a
