@@ -385,6 +385,7 @@ mod tests {
             stage: Some(StageSpec {
                 windows,
                 max_bytes_per_day: quota.map(Into::into),
+                prefer: None,
             }),
             ..Default::default()
         };
@@ -396,6 +397,7 @@ mod tests {
             stage: Some(StageSpec {
                 windows,
                 max_bytes_per_day: quota.map(Into::into),
+                prefer: None,
             }),
             sources: sources.iter().map(|s| s.to_string()).collect(),
             ..Default::default()

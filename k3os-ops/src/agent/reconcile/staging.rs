@@ -91,7 +91,7 @@ pub(in crate::agent) async fn stage(
 /// The one libupgrade request the agent makes to stage `version` of `ch` (the CLI's `upgrade
 /// --channel URL --version V` makes the same): the channel's rate cap and sources, the open
 /// stage windows and what today's quota has left; an older release only when the channel pins
-/// it; the cluster's seed for the channel's fleet rollouts (ignored only for a pinned version
+/// it; bytes or time as `spec.stage.prefer` says; the cluster's seed for the channel's fleet rollouts (ignored only for a pinned version
 /// with `spec.ignoreRollout`). The node adds its offline-bundle
 /// directory.
 fn request(
@@ -124,6 +124,13 @@ fn request(
             })
             .unwrap_or_default(),
         clock: cx.settings.clock.clone(),
+        prefer: ch
+            .spec
+            .stage
+            .as_ref()
+            .and_then(|s| s.prefer)
+            .unwrap_or_default()
+            .into(),
         ..StageOptions::default()
     })
 }
@@ -305,6 +312,7 @@ mod tests {
                     max_rate: Some("1M".into()),
                 }],
                 max_bytes_per_day: None,
+                prefer: None,
             }),
             ..Default::default()
         };

@@ -188,6 +188,36 @@ pub struct StageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "max_bytes_per_day_schema")]
     pub max_bytes_per_day: Option<String>,
+    /// Bytes or time ([`StagePrefer`]; absent: `auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer: Option<StagePrefer>,
+}
+
+/// What a node weighs first when a release's per-pair patch fetches fewer bytes than its
+/// chunks but takes longer to rebuild (`upgrade --prefer`): `auto` (absent) the sooner way at
+/// a rate the channel tells (a stage window's rate, `maxRate`) and the fewest bytes under
+/// `maxBytesPerDay`; `bytes` always the fewest bytes; `time` the sooner way, at the link rate
+/// measured when none is told.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StagePrefer {
+    /// The sooner way at a told rate; the fewest bytes without one or under a quota.
+    #[default]
+    Auto,
+    /// Always the fewest bytes.
+    Bytes,
+    /// The sooner way, at a told or measured rate.
+    Time,
+}
+
+impl From<StagePrefer> for libupgrade::Prefer {
+    fn from(p: StagePrefer) -> libupgrade::Prefer {
+        match p {
+            StagePrefer::Auto => libupgrade::Prefer::Auto,
+            StagePrefer::Bytes => libupgrade::Prefer::Bytes,
+            StagePrefer::Time => libupgrade::Prefer::Time,
+        }
+    }
 }
 
 /// A stage window: as a maintenance window ([`WindowSpec`]), plus the download rate in it.
