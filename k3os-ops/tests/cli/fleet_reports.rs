@@ -284,6 +284,7 @@ fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
 
     let dbarg = format!("sqlite:{}", db.display());
     let out = node.ok(&["release", "rollout-status", &c, "--reports", &dbarg]);
+    eprintln!("{out}");
     assert!(out.contains("100.00 % of the fleet"), "{out}");
     assert!(
         out.contains("1 node(s) at 1 site(s), 1 report(s), 0 dropped unsent"),
