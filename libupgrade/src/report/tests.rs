@@ -311,6 +311,16 @@ fn outcomes_map_to_reports() {
     )
     .unwrap();
     assert_eq!(failed.version, "v3");
+    let stopped = crate::Error::Stopped {
+        why: crate::Stop::Budget { budget: 1 },
+        fetched: 1,
+        left: 2,
+    };
+    assert_eq!(
+        outcome::of_stage(&Err(stopped), None, None),
+        None,
+        "a budget stop is no failure"
+    );
     assert!(failed.outcome.why().unwrap().contains("disk on fire"));
 }
 
