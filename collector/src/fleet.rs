@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::store::Row;
 
 /// A node's state for one release: its newest report's outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NodeState {
     /// Waiting for its wave or a pause.

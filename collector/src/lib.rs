@@ -51,6 +51,7 @@ pub mod admit;
 #[cfg(test)]
 mod bench;
 pub mod fleet;
+pub mod guard;
 mod rate;
 pub mod server;
 mod store;

@@ -1,8 +1,14 @@
 //! `release rollout-status --reports DB`: beside each release's planned share, what the sites
-//! reported (read from the collector's database; `collector::fleet` counts, this renders).
+//! reported (read from the collector's database; `collector::fleet` counts, this renders),
+//! and with `--abort-if` whether a release meets the abort criteria (`collector::guard`
+//! judges; halting is the publisher's `release pause`, the signed halt is not built yet).
+
+use std::path::Path;
 
 use chrono::{DateTime, Utc};
+use clap::Args;
 use collector::fleet::{FleetStatus, NodeState, ReleaseStatus, WaveStatus};
+use collector::guard::{Criteria, Verdict};
 use libupgrade::rollout::Rollout;
 use libupgrade::trust::meta::{time_str, Targets};
 use serde::Serialize;
@@ -146,4 +152,94 @@ pub fn lines(f: &FleetStatus, db: &str) -> Vec<String> {
         out.extend(release_lines(r));
     }
     out
+}
+
+/// The abort criteria of `rollout-status --abort-if`.
+#[derive(Args, Debug)]
+pub struct AbortArgs {
+    /// With --reports: judge each release; it should be halted when at least this percent of
+    /// the nodes that ran it failed (`--abort-on`).
+    #[arg(long, value_name = "PERCENT")]
+    abort_if: Option<f64>,
+    /// Nodes that must have run a release (any state but waiting) before it is judged.
+    #[arg(long, default_value_t = 10)]
+    abort_min: u64,
+    /// The states that count as failures (comma-separated).
+    #[arg(long, default_value = "stage_failed,rolled_back,fell_back")]
+    abort_on: String,
+    /// Judge only this wave's nodes (from 1).
+    #[arg(long)]
+    abort_wave: Option<usize>,
+}
+
+impl AbortArgs {
+    /// The criteria asked for (None without `--abort-if`).
+    pub fn criteria(&self) -> anyhow::Result<Option<Criteria>> {
+        let Some(pct) = self.abort_if else {
+            return Ok(None);
+        };
+        if !(0.0..=100.0).contains(&pct) {
+            anyhow::bail!("--abort-if {pct} is not a percentage (0 to 100)");
+        }
+        let failures = self
+            .abort_on
+            .split(',')
+            .map(|s| {
+                serde_json::from_value::<NodeState>(serde_json::Value::String(s.trim().into()))
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "--abort-on {:?}: expected states among stage_failed, rolled_back, fell_back, staged, trial_boot, blessed, waiting, withdrawn_dropped",
+                            s.escape_debug().to_string()
+                        )
+                    })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Some(Criteria {
+            failures,
+            min_nodes: self.abort_min,
+            threshold_percent: pct,
+            wave: self.abort_wave,
+        }))
+    }
+}
+
+/// One release's verdict.
+#[derive(Debug, Serialize)]
+pub struct ReleaseVerdict {
+    version: String,
+    #[serde(flatten)]
+    verdict: Verdict,
+}
+
+/// Every reported release judged by `c`.
+pub fn judge(f: &FleetStatus, c: &Criteria) -> Vec<ReleaseVerdict> {
+    f.releases
+        .iter()
+        .map(|r| ReleaseVerdict {
+            version: r.version.clone(),
+            verdict: collector::guard::judge(r, c),
+        })
+        .collect()
+}
+
+/// The verdicts as lines, with the command that halts a release that should be halted.
+pub fn verdict_lines(v: &[ReleaseVerdict], dir: &Path) -> Vec<String> {
+    v.iter()
+        .map(|r| match r.verdict {
+            Verdict::Halt { failed, ran, percent } => format!(
+                "  abort criteria met for {}: {failed} of {ran} node(s) failed ({percent:.2} %): halt it with `k3os-ops release pause {} {} …keys…`",
+                r.version,
+                dir.display(),
+                r.version
+            ),
+            Verdict::TooFew { ran } => format!(
+                "  abort criteria: {} not judged yet: {ran} node(s) ran it",
+                r.version
+            ),
+            Verdict::GoOn { failed, ran, percent } => format!(
+                "  abort criteria not met for {}: {failed} of {ran} node(s) failed ({percent:.2} %)",
+                r.version
+            ),
+        })
+        .collect()
 }

@@ -95,6 +95,8 @@ pub struct StatusArgs {
     /// Print JSON: the planned shares and, with --reports, the reported states.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    abort: super::fleet_status::AbortArgs,
 }
 
 /// What a change does to a rollout.
@@ -270,11 +272,19 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         Some(db) => Some(super::fleet_status::read(db, &t, silent_since)?),
         None => None,
     };
+    let criteria = a.abort.criteria()?;
+    let verdicts = match (&reports, &criteria) {
+        (Some((f, _)), Some(c)) => super::fleet_status::judge(f, c),
+        (None, Some(_)) => anyhow::bail!("--abort-if needs --reports (the collector's database)"),
+        _ => Vec::new(),
+    };
     if a.json {
         let v = serde_json::json!({
             "at": time_str(&at),
             "planned": super::fleet_status::planned(&t, at),
             "reports": reports.as_ref().map(|r| &r.0),
+            "abort_criteria": criteria,
+            "verdicts": verdicts,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -284,6 +294,9 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         for line in super::fleet_status::lines(f, db) {
             println!("{line}");
         }
+    }
+    for line in super::fleet_status::verdict_lines(&verdicts, &a.dir) {
+        println!("{line}");
     }
     Ok(())
 }

@@ -310,3 +310,75 @@ fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
     let plain = node.ok(&["release", "rollout-status", &c]);
     assert!(!plain.contains("reported"), "{plain}");
 }
+
+#[test]
+fn abort_criteria_name_the_release_to_halt_and_need_the_reports() {
+    let port = free_port();
+    let node = reporting_node(port, "site-1");
+    let id = node_id(&node);
+    let work = tempfile::tempdir().unwrap();
+    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
+    let (srv, chan) = channel(&node);
+    let _publish = sign_channel(&node, &chan);
+    let c = chan.display().to_string();
+    let _collector = Collector::start(port, &db, &allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    node.ok(&["slot", "activate"]);
+    // The trial boot's health check fails: rolled back, reported by `slot confirm`.
+    cli_support_boot_b(&node);
+    let check = node.path().join("health.d/fails");
+    std::fs::write(&check, "#!/bin/sh\necho disk on fire\nexit 1\n").unwrap();
+    let mut perm = std::fs::metadata(&check).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&check, perm).unwrap();
+    let _ = node.ops(&["slot", "confirm"]);
+    let rows = stored(&db);
+    let kinds: Vec<&str> = rows.iter().map(|r| r.outcome.kind()).collect();
+    assert_eq!(kinds, ["staged", "trial_boot", "rolled_back"]);
+    assert!(
+        rows[2].outcome.why().unwrap().contains("disk on fire"),
+        "{rows:?}"
+    );
+
+    let dbarg = format!("sqlite:{}", db.display());
+    let status = |extra: &[&str]| {
+        let mut a = vec!["release", "rollout-status", &c, "--reports", &dbarg];
+        a.extend_from_slice(extra);
+        node.ok(&a)
+    };
+    let out = status(&["--abort-if", "50", "--abort-min", "1"]);
+    assert!(
+        out.contains("abort criteria met for v2: 1 of 1 node(s) failed (100.00 %): halt it with `k3os-ops release pause"),
+        "{out}"
+    );
+    assert!(out.contains("1 × rolled_back: "), "{out}");
+    let out = status(&["--abort-if", "50", "--abort-min", "5"]);
+    assert!(out.contains("v2 not judged yet: 1 node(s) ran it"), "{out}");
+    let out = status(&[
+        "--abort-if",
+        "50",
+        "--abort-min",
+        "1",
+        "--abort-on",
+        "stage_failed",
+    ]);
+    assert!(
+        out.contains("abort criteria not met for v2: 0 of 1"),
+        "{out}"
+    );
+    let e = node.fails(&["release", "rollout-status", &c, "--abort-if", "50"]);
+    assert!(e.contains("--abort-if needs --reports"), "{e}");
+    let e = node.fails(&[
+        "release",
+        "rollout-status",
+        &c,
+        "--reports",
+        &dbarg,
+        "--abort-if",
+        "50",
+        "--abort-on",
+        "exploded",
+    ]);
+    assert!(e.contains("--abort-on \"exploded\""), "{e}");
+}
