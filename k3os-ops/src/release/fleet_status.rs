@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
+use super::rollout::AbortArgs;
 use chrono::{DateTime, Utc};
-use clap::Args;
 use collector::fleet::{FleetStatus, NodeState, ReleaseStatus, WaveStatus};
 use collector::guard::{Criteria, Verdict};
 use libupgrade::rollout::Rollout;
@@ -154,53 +154,35 @@ pub fn lines(f: &FleetStatus, db: &str) -> Vec<String> {
     out
 }
 
-/// The abort criteria of `rollout-status --abort-if`.
-#[derive(Args, Debug)]
-pub struct AbortArgs {
-    /// With --reports: judge each release; it should be halted when at least this percent of
-    /// the nodes that ran it failed (`--abort-on`).
-    #[arg(long, value_name = "PERCENT")]
-    abort_if: Option<f64>,
-    /// Nodes that must have run a release (any state but waiting) before it is judged.
-    #[arg(long, default_value_t = 10)]
-    abort_min: u64,
-    /// The states that count as failures (comma-separated).
-    #[arg(long, default_value = "stage_failed,rolled_back,fell_back")]
-    abort_on: String,
-    /// Judge only this wave's nodes (from 1).
-    #[arg(long)]
-    abort_wave: Option<usize>,
-}
-
-impl AbortArgs {
-    /// The criteria asked for (None without `--abort-if`).
-    pub fn criteria(&self) -> anyhow::Result<Option<Criteria>> {
-        let Some(pct) = self.abort_if else {
-            return Ok(None);
-        };
-        if !(0.0..=100.0).contains(&pct) {
-            anyhow::bail!("--abort-if {pct} is not a percentage (0 to 100)");
-        }
-        let failures = self
-            .abort_on
-            .split(',')
-            .map(|s| {
-                serde_json::from_value::<NodeState>(serde_json::Value::String(s.trim().into()))
-                    .map_err(|_| {
-                        anyhow::anyhow!(
-                            "--abort-on {:?}: expected states among stage_failed, rolled_back, fell_back, staged, trial_boot, blessed, waiting, withdrawn_dropped",
-                            s.escape_debug().to_string()
-                        )
-                    })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(Some(Criteria {
-            failures,
-            min_nodes: self.abort_min,
-            threshold_percent: pct,
-            wave: self.abort_wave,
-        }))
+/// The criteria `a` asks for (None without `--abort-if`).
+pub fn criteria(a: &AbortArgs) -> anyhow::Result<Option<Criteria>> {
+    let Some(pct) = a.abort_if else {
+        return Ok(None);
+    };
+    if !(0.0..=100.0).contains(&pct) {
+        anyhow::bail!("--abort-if {pct} is not a percentage (0 to 100)");
     }
+    let state = |s: &str| {
+        serde_json::from_value::<NodeState>(serde_json::Value::String(s.trim().into())).map_err(
+            |_| {
+                anyhow::anyhow!(
+                    "--abort-on {:?}: expected states among stage_failed, rolled_back, fell_back, staged, trial_boot, blessed, waiting, withdrawn_dropped",
+                    s.escape_debug().to_string()
+                )
+            },
+        )
+    };
+    let failures = a
+        .abort_on
+        .split(',')
+        .map(state)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(Criteria {
+        failures,
+        min_nodes: a.abort_min,
+        threshold_percent: pct,
+        wave: a.abort_wave,
+    }))
 }
 
 /// One release's verdict.
@@ -242,4 +224,47 @@ pub fn verdict_lines(v: &[ReleaseVerdict], dir: &Path) -> Vec<String> {
             ),
         })
         .collect()
+}
+
+/// `rollout-status` with the fleet's side: the planned shares of `t` at `at`, and with
+/// `--reports` what the sites reported, with `--abort-if` the verdicts, with `--json` all as
+/// JSON.
+pub fn status(
+    dir: &Path,
+    t: &Targets,
+    at: DateTime<Utc>,
+    a: &super::rollout::StatusArgs,
+) -> anyhow::Result<()> {
+    let silent_since = at - chrono::Duration::hours(i64::from(a.silent_hours));
+    let reports = match &a.reports {
+        Some(db) => Some(read(db, t, silent_since)?),
+        None => None,
+    };
+    let criteria = criteria(&a.abort)?;
+    let verdicts = match (&reports, &criteria) {
+        (Some((f, _)), Some(c)) => judge(f, c),
+        (None, Some(_)) => anyhow::bail!("--abort-if needs --reports (the collector's database)"),
+        _ => Vec::new(),
+    };
+    if a.json {
+        let v = serde_json::json!({
+            "at": time_str(&at),
+            "planned": planned(t, at),
+            "reports": reports.as_ref().map(|r| &r.0),
+            "abort_criteria": criteria,
+            "verdicts": verdicts,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    super::rollout::print_status(t, at);
+    if let Some((f, db)) = &reports {
+        for line in lines(f, db) {
+            println!("{line}");
+        }
+    }
+    for line in verdict_lines(&verdicts, dir) {
+        println!("{line}");
+    }
+    Ok(())
 }

@@ -6,6 +6,7 @@
 
 mod bundle;
 mod create;
+#[cfg(feature = "fleet")]
 mod fleet_status;
 mod metadata;
 mod rollout;
