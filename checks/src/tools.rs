@@ -57,6 +57,14 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
         "a file name in the test initramfs, never run on the host",
     ),
     ("node", "a word in messages and Kubernetes kinds, never run"),
+    (
+        "open",
+        "a word in messages (xdg-utils' open arrives with chromium, never run)",
+    ),
+    (
+        "red",
+        "a colour in the collector's dashboard (ed's red arrives with chromium, never run)",
+    ),
     ("size", "a word in messages and JSON keys, never run"),
     ("write", "a word in messages, never run"),
     (

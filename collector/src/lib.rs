@@ -50,6 +50,7 @@
 pub mod admit;
 #[cfg(test)]
 mod bench;
+pub mod dashboard;
 pub mod fleet;
 pub mod guard;
 mod rate;

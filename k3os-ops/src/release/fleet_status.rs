@@ -268,3 +268,60 @@ pub fn status(
     }
     Ok(())
 }
+
+/// The dashboard's view of a channel's rollouts: its published targets, read once per page.
+struct ChannelSchedule {
+    dir: std::path::PathBuf,
+    targets: Option<Targets>,
+}
+
+impl ChannelSchedule {
+    fn rollout(&self, version: &str) -> Option<Option<Rollout>> {
+        let rels = rollouts(self.targets.as_ref()?);
+        rels.into_iter().find(|r| r.0 == version).map(|r| r.2)
+    }
+}
+
+impl collector::dashboard::Schedule for ChannelSchedule {
+    fn wave_of(&self, version: &str, seed: Option<u32>) -> Option<usize> {
+        wave_of(self.targets.as_ref()?, version, seed)
+    }
+
+    fn planned_share(&self, version: &str, at: u64) -> Option<f64> {
+        let at = DateTime::<Utc>::from_timestamp(i64::try_from(at).ok()?, 0)?;
+        Some(match self.rollout(version)? {
+            None => 1.0,
+            Some(r) if r.withdrawn.is_some() => 0.0,
+            Some(r) => f64::from(r.share_ppm_at(at)) / f64::from(libupgrade::rollout::SEED_SPACE),
+        })
+    }
+
+    fn hold(&self, version: &str) -> Option<String> {
+        let r = self.rollout(version)??;
+        if let Some(w) = r.withdrawn {
+            return Some(format!("withdrawn at {} (final)", time_str(&w.at)));
+        }
+        r.paused.map(|p| {
+            format!(
+                "paused since {}: lift with `k3os-ops release resume {} {version} …keys…`",
+                time_str(&p.since),
+                self.dir.display()
+            )
+        })
+    }
+}
+
+/// The dashboard's schedule source for the channel directory `dir` (None: no channel; the
+/// dashboard then shows no waves or planned line). A channel whose targets cannot be read
+/// shows as none, with a warning, rather than failing the page.
+pub fn schedule_source(dir: Option<std::path::PathBuf>) -> collector::server::ScheduleSource {
+    std::sync::Arc::new(move || -> Box<dyn collector::dashboard::Schedule> {
+        let Some(dir) = dir.clone() else {
+            return Box::new(collector::dashboard::NoSchedule);
+        };
+        let targets = super::rollout::published(&dir)
+            .map_err(|e| eprintln!("warning: dashboard without the channel's schedule: {e:#}"))
+            .ok();
+        Box::new(ChannelSchedule { dir, targets })
+    })
+}

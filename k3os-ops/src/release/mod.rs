@@ -20,6 +20,9 @@ use clap::{Args, Subcommand};
 use libupgrade::manifest::Arch;
 use libupgrade::{channel, release, signing};
 
+#[cfg(feature = "fleet")]
+pub use fleet_status::schedule_source;
+
 #[derive(Args, Debug)]
 pub struct ReleaseArgs {
     #[command(subcommand)]

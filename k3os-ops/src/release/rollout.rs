@@ -183,7 +183,7 @@ pub fn parse_waves(s: &str, start: DateTime<Utc>) -> Result<Vec<Wave>, String> {
 }
 
 /// The published targets of `dir` (the publisher's own file, read without verification).
-fn published(dir: &Path) -> anyhow::Result<Targets> {
+pub(super) fn published(dir: &Path) -> anyhow::Result<Targets> {
     let p = dir.join(Role::Targets.file());
     let bytes = std::fs::read(&p).with_context(|| format!("read {}", p.display()))?;
     let what = p.display().to_string();
