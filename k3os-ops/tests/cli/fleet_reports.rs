@@ -491,3 +491,41 @@ fn the_dashboard_shows_in_a_real_browser_what_the_database_holds() {
         "{dom}"
     );
 }
+
+/// The state file v0.1.0 wrote (libupgrade's fixture: slot A v1 good, slot B v2 good).
+fn v010_state(node: &Node) {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../libupgrade/tests/fixtures/v0.1.0/state.json");
+    std::fs::copy(fixture, node.path().join("state/state.json")).unwrap();
+}
+
+#[test]
+fn a_node_made_by_v010_reports_from_its_first_outcome_and_one_without_report_url_writes_nothing_new(
+) {
+    // Without report keys: stage, trial, bless; no key, no spool.
+    let quiet = Node::new();
+    v010_state(&quiet);
+    let (srv, _chan) = channel(&quiet);
+    quiet.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    quiet.ok(&["slot", "activate"]);
+    cli_support_boot_b(&quiet);
+    quiet.ok(&["slot", "confirm"]);
+    let state = quiet.path().join("state");
+    assert!(!state.join(libupgrade::NODE_KEY_FILE).exists());
+    assert!(!state.join("report-spool").exists());
+
+    // With them, from a v0.1.0 state file: the first outcome is reported.
+    let port = free_port();
+    let node = reporting_node(port, "site-1");
+    v010_state(&node);
+    let id = node_id(&node);
+    let work = tempfile::tempdir().unwrap();
+    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
+    let (srv, _chan) = channel(&node);
+    let _collector = Collector::start(port, &db, &allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    let rows = stored(&db);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].outcome.kind(), "staged");
+}
