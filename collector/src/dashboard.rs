@@ -158,7 +158,9 @@ fn wave_table(rel: &ReleaseStatus) -> String {
             )
         })
         .collect();
-    let mut t = format!("<table class=\"waves\"><tr><th>wave</th><th>nodes</th>{head}</tr>");
+    let mut t = format!(
+        "<table class=\"waves\"><tr><th>wave</th><th>nodes</th><th>offered</th>{head}</tr>"
+    );
     for w in &rel.waves {
         let name = w.wave.map_or("?".to_string(), |n| n.to_string());
         let cells: String = states
@@ -167,8 +169,8 @@ fn wave_table(rel: &ReleaseStatus) -> String {
             .collect();
         let _ = write!(
             t,
-            "<tr data-wave=\"{name}\"><td>{name}</td><td>{}</td>{cells}</tr>",
-            w.nodes
+            "<tr data-wave=\"{name}\"><td>{name}</td><td>{}</td><td>{}</td>{cells}</tr>",
+            w.nodes, w.offered
         );
     }
     t.push_str("</table>");

@@ -114,8 +114,9 @@ fn wave_lines(w: &WaveStatus) -> Vec<String> {
         .map(|(s, n)| format!("{} {n}", state_name(*s)))
         .collect();
     let mut out = vec![format!(
-        "      {name}: {} node(s): {}",
+        "      {name}: {} node(s), {} offered: {}",
         w.nodes,
+        w.offered,
         states.join(", ")
     )];
     for (why, n) in &w.failures {

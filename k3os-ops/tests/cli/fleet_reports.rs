@@ -306,7 +306,10 @@ fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
         "{out}"
     );
     assert!(out.contains("v2 (generation 6)"), "{out}");
-    assert!(out.contains("wave 1: 1 node(s): staged 1"), "{out}");
+    assert!(
+        out.contains("wave 1: 1 node(s), 1 offered: staged 1"),
+        "{out}"
+    );
     let json: serde_json::Value = serde_json::from_str(&node.ok(&[
         "release",
         "rollout-status",
@@ -321,6 +324,7 @@ fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
     let wave = &json["reports"]["releases"][0]["waves"][0];
     assert_eq!(wave["wave"], 1);
     assert_eq!(wave["states"]["staged"], 1);
+    assert_eq!(wave["offered"], 1);
     // Without --reports: the planned share only, as before.
     let plain = node.ok(&["release", "rollout-status", &c]);
     assert!(!plain.contains("reported"), "{plain}");
@@ -471,10 +475,10 @@ fn the_dashboard_shows_in_a_real_browser_what_the_database_holds() {
         .skip(1)
         .map(|c| c.trim_end_matches("</td>"))
         .collect();
-    // wave, nodes, waiting, staged, trial_boot, blessed, stage_failed, rolled_back, …
+    // wave, nodes, offered, waiting, staged, trial_boot, blessed, stage_failed, rolled_back, …
     assert_eq!(
-        &cells[..8],
-        ["1", "1", "0", "0", "0", "0", "0", "1"],
+        &cells[..9],
+        ["1", "1", "1", "0", "0", "0", "0", "0", "1"],
         "{row}"
     );
     // The failing site with its reason, escaped.
