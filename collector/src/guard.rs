@@ -115,6 +115,11 @@ mod tests {
                 .map(|(w, states)| WaveStatus {
                     wave: Some(*w),
                     nodes: states.iter().map(|s| s.1).sum(),
+                    offered: states
+                        .iter()
+                        .filter(|s| s.0 != NodeState::Waiting)
+                        .map(|s| s.1)
+                        .sum(),
                     states: states.iter().copied().collect(),
                     failures: Default::default(),
                 })
