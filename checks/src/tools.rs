@@ -58,6 +58,10 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
     ),
     ("node", "a word in messages and Kubernetes kinds, never run"),
     (
+        "cc",
+        "a digest in test fixtures (libupgrade/src/stage/plan.rs), never run by a test or script; the C compiler itself is rustup's prerequisite",
+    ),
+    (
         "open",
         "a word in messages (xdg-utils' open arrives with chromium, never run)",
     ),

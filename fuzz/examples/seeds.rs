@@ -132,7 +132,11 @@ fn grub() {
         "v020-torn-copy1",
         &grub_input(3, 4, &files, Some(v010_cfg.as_slice())),
     );
-    // Plain blocks with escapes, comments and no warning line.
+    grub_plain_blocks();
+}
+
+/// Plain blocks with escapes, comments and no warning line.
+fn grub_plain_blocks() {
     let env = GrubEnv::from_pairs([
         ("a", "1"),
         ("path", "c:\\x\\"),

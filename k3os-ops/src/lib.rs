@@ -18,7 +18,7 @@
 //! and `bootconfig`, and uses the shared edges ([`node`], [`progress`], [`report`],
 //! [`logging`]), which import no subcommand. Between subcommands data flows one way, and no
 //! module imports one that imports it back:
-//! - [`slot`] shows the agent's last stage preview (`agent::host::ledger`);
+//! - [`slot`] shows the agent's last stage preview (`libupgrade::state::ledger`);
 //! - [`agent`] reports a boot outcome through [`report`]'s mapping;
 //! - [`release`] renders boot scripts through [`bootloader`] and reads times and durations
 //!   with [`upgrade`]'s parsers (`parse_time`, `parse_retry_for`).

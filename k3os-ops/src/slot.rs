@@ -13,7 +13,7 @@ use libupgrade::{Slot, Updater};
 use libupgrade::{SlotStatus, Status};
 
 use crate::node::{reboot, ConfigArg};
-use crate::report::Unconfirmed;
+use libupgrade::Unconfirmed;
 
 #[derive(Args, Debug)]
 pub struct SlotArgs {
@@ -129,11 +129,11 @@ fn dispatch(u: &Updater, cmd: SlotCmd) -> anyhow::Result<()> {
 fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
     let st = u.status()?;
     // The agent's last stage preview (`stage-preview.json` in the state directory, see
-    // `agent/ledger.rs`); absent on nodes that never staged through the agent.
+    // `libupgrade::state::ledger`); absent on nodes that never staged through the agent.
     // `slot status` is what one runs when something is wrong: an unreadable preview is a
     // warning, never a failure of the status.
     let preview =
-        crate::agent::host::ledger::last_preview(&u.config().state_dir).unwrap_or_else(|e| {
+        libupgrade::state::ledger::last_preview(&u.config().state_dir).unwrap_or_else(|e| {
             eprintln!("warning: {e} (the agent's stage preview is not shown)");
             None
         });
@@ -201,7 +201,7 @@ pub fn render_seed(seed: Option<libupgrade::rollout::Seed>) -> String {
 }
 
 /// The agent's last stage preview: what staging its target fetches and reuses.
-pub fn render_preview(p: &crate::agent::host::ledger::PreviewRecord) -> String {
+pub fn render_preview(p: &libupgrade::state::ledger::PreviewRecord) -> String {
     let at = p.at.map_or(String::new(), |t| {
         format!(
             ", previewed {}",
@@ -257,7 +257,7 @@ fn confirm(u: &Updater, json: bool, passed: &[String], failed: &[String]) -> any
     let reported = reported_checks(passed, failed)?;
     let refs: Vec<&dyn HealthCheck> = reported.iter().map(|c| c as &dyn HealthCheck).collect();
     let rep = u.confirm_with(&refs).context("slot confirm")?;
-    if let Some(not_good) = Unconfirmed::of(&rep) {
+    if let Some(not_good) = rep.unconfirmed() {
         return Err(anyhow::Error::new(not_good).context("slot confirm"));
     }
     if json {
@@ -357,7 +357,7 @@ fn await_bless(u: &Updater, reboot_now: bool) -> anyhow::Result<()> {
         let Some(rep) = u.fail_awaited(&why).context("slot await-bless")? else {
             continue;
         };
-        let Some(not_good) = Unconfirmed::of(&rep) else {
+        let Some(not_good) = rep.unconfirmed() else {
             println!("slot {}: {}", rep.slot, rep.verdict.reason);
             return Ok(());
         };
@@ -509,7 +509,7 @@ mod tests {
 
     #[test]
     fn the_stage_preview_reads_with_exact_bytes() {
-        let p = crate::agent::host::ledger::PreviewRecord {
+        let p = libupgrade::state::ledger::PreviewRecord {
             format: 1,
             version: "v2".into(),
             fetch: 3_145_728,

@@ -74,9 +74,10 @@ pub struct UpgradeArgs {
     /// Accept a release older than the running one.
     #[arg(long)]
     pub allow_downgrade: bool,
-    /// Take the `--version` named even while the channel's rollout withholds it from this node
-    /// (its wave has not started, the rollout is paused or the release withdrawn). Without it
-    /// such a version is refused, naming why. `latest` always follows the rollout.
+    /// Take the `--version` named even while the channel's rollout holds it back from this
+    /// node (its wave has not started or the rollout is paused). Without it such a version is
+    /// refused, naming why. Never a withdrawn release: withdrawal is final, whatever the flags
+    /// (`--allow-downgrade` included). `latest` always follows the rollout.
     #[arg(long, requires = "channel")]
     pub ignore_rollout: bool,
     /// Use this trust directory instead of the configured one.
@@ -93,6 +94,13 @@ pub struct UpgradeArgs {
     /// `500K`, `2M`, `1.5MiB` (a site's thin link is shared with production traffic).
     #[arg(long, value_parser = parse_rate)]
     pub max_rate: Option<u64>,
+    /// When a listed patch fetches fewer bytes than chunks but its recompression may take
+    /// longer: `auto` takes the way estimated to finish sooner (the link rate told by
+    /// `--max-rate`/`--stage-window` or measured, against the patch's apply time) unless
+    /// `--max-bytes` is set; `bytes` always the fewest bytes; `time` the sooner way even under
+    /// `--max-bytes`. `--plan-only` says which and why.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub prefer: PreferArg,
     /// How long this attempt keeps retrying a failing server or link before it gives up
     /// (`90s`, `45m`, `6h`, `2d`, or `forever`); the final error says what failed last.
     #[arg(long, default_value = "6h", value_parser = parse_retry_for)]
@@ -304,6 +312,7 @@ fn request(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<StageReques
                 .map(|s| ExtraSource::parse(s))
                 .collect(),
             schedule: schedule(args, now)?,
+            prefer: args.prefer.into(),
             ..StageOptions::default()
         },
     })
@@ -326,6 +335,27 @@ fn schedule(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<Option<Sch
         );
     }
     Ok(Some(s))
+}
+
+/// `--prefer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PreferArg {
+    /// The sooner way, unless `--max-bytes` is set.
+    Auto,
+    /// The fewest bytes.
+    Bytes,
+    /// The sooner way.
+    Time,
+}
+
+impl From<PreferArg> for libupgrade::Prefer {
+    fn from(p: PreferArg) -> Self {
+        match p {
+            PreferArg::Auto => libupgrade::Prefer::Auto,
+            PreferArg::Bytes => libupgrade::Prefer::Bytes,
+            PreferArg::Time => libupgrade::Prefer::Time,
+        }
+    }
 }
 
 /// `--plan-only`: one line per artifact and a total, sizes for people with exact bytes.
@@ -361,6 +391,9 @@ fn print_preview(p: &StagePreview) {
                 None => String::new(),
             }
         );
+        if let Some(why) = &a.choice {
+            println!("          ({})", why.escape_debug());
+        }
     }
     let total: u64 = p.artifacts.iter().map(|a| a.size).sum();
     println!(

@@ -243,6 +243,19 @@ pub enum Error {
         /// The states the operation accepts, as text ("staged or good").
         expected: &'static str,
     },
+    /// The slot holds a release the node's last verified channel metadata withdraws: it is
+    /// never activated ([`crate::trust::withdrawn`]).
+    #[error("slot {slot} holds {} (generation {generation}), and {by}: a withdrawn release is never activated, whatever the flags; the publisher's way back is a newer release", .version.escape_debug())]
+    Withdrawn {
+        /// The slot that was to be activated.
+        slot: Slot,
+        /// The version its record names.
+        version: String,
+        /// Its generation.
+        generation: u64,
+        /// Which channel withdrew it, and when.
+        by: crate::trust::withdrawn::WithdrawnBy,
+    },
     /// The slot's boot script refuses to boot it, so it is not activated.
     #[error("slot {slot} cannot be activated: {source}")]
     BootScript {
@@ -267,6 +280,20 @@ pub enum Error {
 
 /// A result whose error defaults to libupgrade's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<crate::state::store::StoreError> for Error {
+    /// The state file's errors with the messages they always had: an I/O error as
+    /// [`Error::Io`], a damaged file as [`Error::State`], a failed replacement as
+    /// [`Error::Boot`].
+    fn from(e: crate::state::store::StoreError) -> Error {
+        use crate::state::store::StoreError;
+        match e {
+            StoreError::Io { op, path, source } => Error::Io { op, path, source },
+            StoreError::Damaged { path, what } => Error::State { path, what },
+            StoreError::Write(e) => Error::Boot(e),
+        }
+    }
+}
 
 impl Error {
     pub(crate) fn io(op: &'static str, path: impl AsRef<Path>, source: std::io::Error) -> Error {

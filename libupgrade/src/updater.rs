@@ -363,6 +363,29 @@ impl Updater {
         }
     }
 
+    /// Refuse to activate `slot` when it holds a release the node's last verified channel
+    /// metadata withdraws ([`crate::trust::withdrawn`]); nothing is written either way.
+    fn refuse_withdrawn(&self, slot: Slot, r: &crate::state::SlotRecord) -> Result<()> {
+        let Some(version) = r.version.as_deref() else {
+            return Ok(());
+        };
+        let held = crate::trust::withdrawn::Held {
+            version,
+            generation: r.generation.unwrap_or(0),
+            manifest_sha256: r.manifest_sha256.as_deref(),
+        };
+        let store = self.cfg.state_dir.join(crate::trust::STORE_FILE);
+        match crate::trust::withdrawn::withdrawn_by(&store, &held) {
+            Some(by) => Err(Error::Withdrawn {
+                slot,
+                version: version.to_string(),
+                generation: held.generation,
+                by,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Tell the bootloader to try the staged inactive slot on the next boot.
     pub fn activate(&self) -> Result<Slot> {
         self.activate_awaiting(None, None)
@@ -404,6 +427,7 @@ impl Updater {
                 expected: "staged or good",
             });
         }
+        self.refuse_withdrawn(slot, st.slot(slot))?;
         if let Some(r) = &self.cfg.reachability {
             // The trial boot must be able to probe something: refuse now, not roll back later.
             crate::boot::reach::endpoints(r, st.slot(slot).staged_from.as_deref())

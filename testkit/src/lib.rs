@@ -9,7 +9,8 @@
 //! One module per job: [`disk`] (GPT images on loop devices), [`release`] (keys, signed
 //! releases), [`server`] (the HTTP file server), [`node`] (a node's config and boot files under
 //! a temp root), [`loaders`] (the real bootloader backends), [`sim`] (a whole simulated node),
-//! [`clock`] (virtual time for download schedules).
+//! [`clock`] (virtual time for download schedules), [`tree`] (a directory's bytes, to assert a
+//! refusal changed nothing).
 //! Data flows one way: [`sim`] and [`disk`] build on [`node`]; the other modules stand alone;
 //! the tests use them, and nothing here knows a test.
 
@@ -22,6 +23,7 @@ pub mod node;
 pub mod release;
 pub mod server;
 pub mod sim;
+pub mod tree;
 
 pub use clock::VirtualClock;
 pub use disk::{Loop, TestDisk, MIB};
@@ -32,6 +34,7 @@ pub use release::{
 };
 pub use server::TestServer;
 pub use sim::ExpectGood;
+pub use tree::{assert_same_tree, tree_bytes};
 
 pub fn run(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| {

@@ -22,7 +22,8 @@ pub struct CreateArgs {
     /// The initramfs (becomes initrd).
     #[arg(long)]
     initrd: PathBuf,
-    /// Version string shown to operators (1-128 printable ASCII characters, no spaces).
+    /// The release's version, a plain name: 1-128 bytes, an ASCII letter or digit, then
+    /// letters, digits, `.` `_` `+` `~` `-`, without `..` (e.g. `v1.2.0`, `v2-rc.1`).
     #[arg(long)]
     version: String,
     /// x86_64 (amd64) or aarch64 (arm64).
@@ -74,6 +75,8 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
         boot_config,
         patch_from,
     } = a;
+    // Before anything is read or written (the value is printed once, escaped, by the error).
+    libupgrade::version::check_version(&version).context("release create --version")?;
     let scripts = match &boot_config {
         Some(p) => crate::bootloader::BootConfig::load(p)?.scripts(),
         None => Vec::new(),

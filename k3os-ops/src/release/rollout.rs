@@ -1,16 +1,17 @@
 //! `k3os-ops release rollout|pause|resume|withdraw|rollout-status`: a release's rollout in the
 //! channel's signed targets (see `libupgrade::rollout`). Each change re-signs targets, then
-//! snapshot and timestamp, in one step, so nodes see it at their next poll. Parsing the
+//! snapshot and timestamp, in one step, so nodes see it at their next poll; each reads the
+//! channel only after its served metadata verified (a tampered file is refused, nothing
+//! written). Parsing the
 //! `--waves` grammar and the preview are pure functions; the rest maps arguments.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use libupgrade::rollout::{Floor, Rollout, Wave, WHOLE_FLEET_BP};
 use libupgrade::trust::meta::{time_str, Targets};
-use libupgrade::trust::{publish, Envelope, Role};
+use libupgrade::trust::{publish, Role};
 use libupgrade::units;
 
 use crate::upgrade::parse_time;
@@ -182,12 +183,19 @@ pub fn parse_waves(s: &str, start: DateTime<Utc>) -> Result<Vec<Wave>, String> {
         .collect()
 }
 
-/// The published targets of `dir` (the publisher's own file, read without verification).
+/// The published targets of `dir`, once the channel's metadata as served verified (as every
+/// signing command verifies it first: `libupgrade::trust::client::served`).
 pub(super) fn published(dir: &Path) -> anyhow::Result<Targets> {
-    let p = dir.join(Role::Targets.file());
-    let bytes = std::fs::read(&p).with_context(|| format!("read {}", p.display()))?;
-    let what = p.display().to_string();
-    Ok(Envelope::parse(&bytes, &what)?.body(Role::Targets, &what)?)
+    let what = dir.join(Role::Targets.file());
+    libupgrade::trust::client::served::verify_served(dir)?
+        .targets
+        .map(|(t, _)| t)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: no targets: run `k3os-ops release targets` first",
+                what.display()
+            )
+        })
 }
 
 /// Re-sign targets with `edit` applied to `version`'s rollout, then snapshot and timestamp.

@@ -21,4 +21,3 @@ mod race;
 mod thin;
 mod trust;
 mod waves;
-mod window;

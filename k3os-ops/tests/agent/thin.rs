@@ -23,8 +23,10 @@ use k3os_ops::agent;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use agent::channel::crd::UpdateChannel;
 use agent::context::Agent;
-use agent::host::ops::{LibupgradeNode, NodeOps};
+use agent::host::node::LibupgradeNode;
+use agent::host::ops::NodeOps;
 use agent::host::status::Inactive;
 use chrono::{DateTime, Utc};
 use fake_api::{Log, World};
@@ -82,17 +84,12 @@ impl Site {
         clock: &Arc<VirtualClock>,
         bundles: Option<&Path>,
     ) -> (Arc<Mutex<World>>, Log, Agent) {
-        let mut spec = json!({"url": url, "version": "v2", "concurrency": 1, "maxFailures": 1});
-        fake_api::merge(&mut spec, &extra);
+        let mut channel = fake_api::channel_object(&UpdateChannel::test().url(url).build());
+        fake_api::merge(&mut channel["spec"], &extra);
         let log: Log = Arc::default();
         let world = Arc::new(Mutex::new(World::new(
             [fake_api::ready_node("n1", json!({}))],
-            json!({
-                "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-                "metadata": {"name": "stable", "namespace": "k3os-system", "uid": "ch-uid", "generation": 1},
-                "spec": spec,
-                "status": {"slots": [], "failures": [], "conditions": []}
-            }),
+            channel,
         )));
         let agent = self.restart(&world, &log, clock, bundles);
         (world, log, agent)
@@ -179,7 +176,14 @@ fn assert_no_failure(world: &Arc<Mutex<World>>, agent: &Agent) {
 }
 
 fn preview(world: &Arc<Mutex<World>>) -> Value {
-    serde_json::from_str(&annotation(world, "k3os.io/stage-preview").expect("no preview")).unwrap()
+    let key = k3os_ops::agent::reconcile::thin_report::ANN_STAGE_PREVIEW;
+    assert_eq!(key, "k3os.io/update-stage-preview");
+    assert_eq!(
+        annotation(world, "k3os.io/stage-preview"),
+        None,
+        "the old key"
+    );
+    serde_json::from_str(&annotation(world, key).expect("no preview")).unwrap()
 }
 
 #[tokio::test]
@@ -192,6 +196,10 @@ async fn stage_windows_fetch_nothing_outside_cap_the_rate_inside_and_a_window_en
         {"days": ["sat"], "start": "01:00", "length": "1h", "maxRate": "0"}
     ]}});
     let (world, _log, agent) = site.agent(&site.server.base, stage, &clock, None);
+    // An agent of the previous release left its preview under the old key: the next preview
+    // replaces it (`preview` asserts the old key is gone).
+    world.lock().unwrap().node_mut("n1")["metadata"]["annotations"]["k3os.io/stage-preview"] =
+        json!(r#"{"format":1,"version":"v1","fetch":1,"reuse":1}"#);
 
     agent.reconcile().await.expect("reconcile");
     let (ph, msg) = phase(&world);

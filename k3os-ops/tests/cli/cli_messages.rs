@@ -58,6 +58,87 @@ fn a_broken_manifest_is_reported_once() {
     assert_no_repeats(&line);
 }
 
+/// Issue 34 item 4: a version is a plain name. `release create` refuses one before writing
+/// anything, a node refuses a signed manifest naming one, and `upgrade --version` refuses one
+/// before reading the channel; each names the value once, escaped, and the node is unchanged.
+#[test]
+fn a_version_that_is_not_a_plain_name_is_refused_naming_it_escaped() {
+    let n = Node::new();
+    let inputs = fake_inputs(&n.path().join("bad.in"), "bad");
+    let out = n.path().join("bad-release");
+    let s = |p: &Path| p.display().to_string();
+    let key = s(&n.path().join("keys/node.key"));
+    let (rootfs, kernel, initrd) = (s(&inputs.0), s(&inputs.1), s(&inputs.2));
+    for v in ["../../../../x", "v1\u{1b}[2J"] {
+        let args = [
+            "release",
+            "create",
+            "--rootfs",
+            &rootfs,
+            "--kernel",
+            &kernel,
+            "--initrd",
+            &initrd,
+            "--version",
+            v,
+            "--arch",
+            Arch::host().as_str(),
+            "--key",
+            &key,
+            "-o",
+            &s(&out),
+            "--generation",
+            "7",
+        ];
+        let line = n.fails(&args);
+        let shown = format!("version \"{}\" is not a plain name", v.escape_debug());
+        assert!(line.contains(&shown), "{line}");
+        assert_eq!(
+            line.matches(&v.escape_debug().to_string()).count(),
+            1,
+            "{line}"
+        );
+        assert!(!line.contains('\u{1b}'), "{line:?}");
+        assert!(
+            !out.exists(),
+            "release create wrote {} before refusing",
+            out.display()
+        );
+    }
+
+    // A manifest signed by the node's trusted key that names a path as its version.
+    let rel = n.release("v2", 6);
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&fs::read(rel.join("manifest.json")).unwrap()).unwrap();
+    m["version"] = "../../../../x".into();
+    let bytes = serde_json::to_vec(&m).unwrap();
+    fs::write(rel.join("manifest.json"), &bytes).unwrap();
+    let sig = libupgrade::signing::sign(&bytes, &n.path().join("keys/node.key")).unwrap();
+    fs::write(rel.join("manifest.json.sig"), sig).unwrap();
+    let before = testkit::tree_bytes(n.path());
+    let line = n.fails(&["upgrade", "--stage-only", "--source", rel.to_str().unwrap()]);
+    assert!(
+        line.contains("manifest field version: version \"../../../../x\" is not a plain name"),
+        "{line}"
+    );
+    assert_no_repeats(&line);
+    // The channel version an operator asks for: refused before the channel is read.
+    let line = n.fails(&[
+        "upgrade",
+        "--stage-only",
+        "--channel",
+        &s(&n.path().join("no-such-channel")),
+        "--version",
+        "v2/../../x",
+    ]);
+    assert!(
+        line.contains("version \"v2/../../x\" is not a plain name")
+            && !line.contains("no-such-channel/"),
+        "{line}"
+    );
+    testkit::assert_same_tree("node", &before, &testkit::tree_bytes(n.path()));
+}
+
 #[test]
 fn a_downgrade_names_the_flag_that_allows_it() {
     let n = Node::new();
@@ -585,7 +666,7 @@ fn retries_are_warned_even_when_quiet_and_end_at_retry_for() {
 }
 
 /// `slot status` shows the agent's last stage preview (`stage-preview.json`, written by the
-/// agent's node side through `agent::host::ledger`), with exact bytes, in both views; a preview file
+/// agent's node side through `libupgrade::state::ledger`), with exact bytes, in both views; a preview file
 /// in a newer format is a warning naming the file, and the status is still shown.
 #[test]
 fn status_shows_the_agents_stage_preview() {
@@ -593,9 +674,9 @@ fn status_shows_the_agents_stage_preview() {
     let state = n.path().join("state");
     let human = n.ok(&["slot", "status"]);
     assert!(!human.contains("Stage Preview"), "no preview yet: {human}");
-    k3os_ops::agent::host::ledger::record_preview(
+    libupgrade::state::ledger::record_preview(
         &state,
-        &k3os_ops::agent::host::ledger::PreviewRecord {
+        &libupgrade::state::ledger::PreviewRecord {
             format: 1,
             version: "v2".into(),
             fetch: 3_145_728,
@@ -616,7 +697,7 @@ fn status_shows_the_agents_stage_preview() {
     assert_eq!(json["stage_preview"]["fetch"], 3_145_728);
     assert_eq!(json["stage_preview"]["version"], "v2");
     std::fs::write(
-        state.join(k3os_ops::agent::host::ledger::PREVIEW_FILE),
+        state.join(libupgrade::state::ledger::PREVIEW_FILE),
         r#"{"format":2,"version":"v2","fetch":1,"reuse":1}"#,
     )
     .unwrap();

@@ -26,10 +26,11 @@ use libupgrade::{Error, NoProgress, StageOptions};
 use release_support::Server;
 use testkit::sim::SimNode;
 
-/// A channel directory with signed metadata, its keys, and the releases in it.
-struct Chan {
-    t: tempfile::TempDir,
-    dir: PathBuf,
+/// A channel directory with signed metadata, its keys, and the releases in it (also the
+/// fixture of `release_resign`).
+pub(crate) struct Chan {
+    pub(crate) t: tempfile::TempDir,
+    pub(crate) dir: PathBuf,
     release: testkit::Keys,
     keys: BTreeMap<&'static str, SigningKey>,
 }
@@ -43,7 +44,7 @@ impl Chan {
     /// Releases v1 and v2 (generations 1, 2); root v1 with root key `root1`, targets
     /// `targets1` (and `targets2` with threshold 2 when `targets_threshold` is 2), `snapshot`,
     /// `timestamp`; targets, snapshot and timestamp published.
-    fn new(targets_threshold: u32) -> Chan {
+    pub(crate) fn new(targets_threshold: u32) -> Chan {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("stable");
         fs::create_dir_all(&dir).unwrap();
@@ -93,11 +94,11 @@ impl Chan {
         c
     }
 
-    fn k(&self, name: &str) -> SigningKey {
+    pub(crate) fn k(&self, name: &str) -> SigningKey {
         self.keys[name].clone()
     }
 
-    fn spec(&self, names: &[&str], threshold: u32) -> RoleSpec {
+    pub(crate) fn spec(&self, names: &[&str], threshold: u32) -> RoleSpec {
         RoleSpec {
             keys: names.iter().map(|n| self.keys[n].verifying_key()).collect(),
             threshold,
@@ -123,7 +124,7 @@ impl Chan {
         self.timestamp(ts);
     }
 
-    fn timestamp(&self, ts: Days) {
+    pub(crate) fn timestamp(&self, ts: Days) {
         publish::write_timestamp(
             &self.dir,
             &[
@@ -156,11 +157,11 @@ impl Chan {
         }
     }
 
-    fn read(&self, name: &str) -> Vec<u8> {
+    pub(crate) fn read(&self, name: &str) -> Vec<u8> {
         fs::read(self.dir.join(name)).unwrap()
     }
 
-    fn write(&self, name: &str, bytes: &[u8]) {
+    pub(crate) fn write(&self, name: &str, bytes: &[u8]) {
         fs::write(self.dir.join(name), bytes).unwrap();
     }
 }
@@ -196,15 +197,27 @@ fn forge_targets(c: &Chan, keys: &[SigningKey], edit: impl FnOnce(&mut Targets))
     let mut body: Targets = env.body(Role::Targets, "targets.json").unwrap();
     body.version += 1;
     edit(&mut body);
-    let bytes = Envelope::sign(&body, keys).to_bytes();
-    c.write("targets.json", &bytes);
+    c.write("targets.json", &Envelope::sign(&body, keys).to_bytes());
+    forge_pins(c);
+}
+
+/// A snapshot over the current targets.json and a timestamp over it, signed with the online
+/// snapshot and timestamp keys, as an attacker holding them would (the publisher's own
+/// `release timestamp` refuses to sign over a targets file that does not verify).
+fn forge_pins(c: &Chan) {
+    let bytes = c.read("targets.json");
+    let version = Envelope::parse(&bytes, "t")
+        .unwrap()
+        .body::<Targets>(Role::Targets, "t")
+        .unwrap()
+        .version;
     let m = libupgrade::trust::meta::file_meta(&bytes, None);
     forge_versions(c, Role::Snapshot, &[c.k("snapshot")], |s| {
         s.version += 1;
         s.meta.insert(
             "targets.json".into(),
             libupgrade::trust::meta::MetaRef {
-                version: body.version,
+                version,
                 length: Some(m.length),
                 hashes: Some(m.hashes.clone()),
             },
@@ -227,6 +240,22 @@ fn forge_targets(c: &Chan, keys: &[SigningKey], edit: impl FnOnce(&mut Targets))
             },
         );
     });
+}
+
+/// The publisher's `release timestamp` refuses to sign over the channel as it is now, naming
+/// `file`, and writes nothing.
+fn publisher_refuses(c: &Chan, file: &str) {
+    let before = testkit::tree_bytes(&c.dir);
+    let e = publish::write_timestamp(
+        &c.dir,
+        &[c.k("snapshot"), c.k("timestamp")],
+        publish::expires_in(Days::days(30)),
+        publish::expires_in(Days::days(7)),
+    )
+    .unwrap_err();
+    assert!(matches!(e, TrustError::Unverified { .. }), "{e}");
+    assert!(e.to_string().contains(file), "{e}");
+    testkit::assert_same_tree("channel", &before, &testkit::tree_bytes(&c.dir));
 }
 
 #[test]
@@ -633,7 +662,8 @@ fn malicious_mirror_metadata_of_another_root_or_altered_metadata_is_refused() {
     let t = String::from_utf8(c.read("targets.json")).unwrap();
     let sha = libupgrade::trust::meta::sha256_hex(&c.read("v2/manifest.json"));
     c.write("targets.json", t.replace(&sha, &"0".repeat(64)).as_bytes());
-    c.timestamp(Days::days(7));
+    publisher_refuses(&c, "targets.json");
+    forge_pins(&c);
     let e = resolve(&srv.url, None, &trust).unwrap_err().to_string();
     assert!(e.contains("0 valid signature(s) by targets keys"), "{e}");
 }
@@ -1003,7 +1033,8 @@ fn a_rollout_is_signed_by_the_targets_role_kept_when_re_listed_and_cannot_be_str
         .unwrap()
         .remove("rollout");
     c.write("targets.json", &serde_json::to_vec(&env).unwrap());
-    c.timestamp(Days::days(7));
+    publisher_refuses(&c, "targets.json");
+    forge_pins(&c);
     let e = trust_err(resolve(&srv.url, None, &trust).unwrap_err());
     assert!(matches!(e, TrustError::Threshold { .. }), "{e}");
 }

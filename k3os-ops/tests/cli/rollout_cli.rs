@@ -4,7 +4,8 @@
 //! through the signed metadata with its clock moved by `K3OS_OPS_TEST_NOW` (the binary's
 //! test-only clock). Covered: a wave that has not reached the node (the older release is
 //! taken, the newer one's start is named), `--plan-only` creating no seed, `--version` of a
-//! withheld release refused unless `--ignore-rollout`, a withdrawn staged release replaced by
+//! withheld release refused unless `--ignore-rollout` (a withdrawn one refused whatever the
+//! flags, and a slot holding it never activated), a withdrawn staged release replaced by
 //! the newest one still offered, a pause holding a node, a required stop walked first,
 //! `slot status` showing the seed, and `release resolve --seed --at` showing one node's view.
 
@@ -42,6 +43,60 @@ fn ok(config: Option<&Path>, now: Option<DateTime<Utc>>, args: &[&str]) -> (Stri
     );
     assert!(out.status.success(), "k3os-ops {args:?} failed:\n{o}{e}");
     (o, e)
+}
+
+/// After `release withdraw … v3`: node2 (v3 staged in slot B before the withdrawal) takes v3 with
+/// no flag, and once it verified the withdrawal its slot holding v3 is never activated. The
+/// refusals name their cause once and leave the slots and boot files (and, for `slot
+/// activate`, every byte of the node) as they were.
+fn withdrawal_is_final(cfg: &Path, n: &Path, url: &str, now: Option<DateTime<Utc>>) {
+    let (slots, boot) = (
+        testkit::tree_bytes(&n.join("system")),
+        testkit::tree_bytes(&n.join("boot")),
+    );
+    let state = fs::read(n.join("state/state.json")).unwrap();
+    let args = [
+        "upgrade",
+        "--stage-only",
+        "--channel",
+        url,
+        "--version",
+        "v3",
+        "--ignore-rollout",
+        "--allow-downgrade",
+    ];
+    let out = run(Some(cfg), now, &args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a withdrawn release was taken: {err}"
+    );
+    assert!(
+        err.contains("release v3 is not offered to this node")
+            && err.contains("a withdrawn release is never taken, whatever the flags")
+            && !err.contains("takes it anyway"),
+        "{err}"
+    );
+    assert_eq!(err.matches("withdrawn at").count(), 1, "{err}");
+    testkit::assert_same_tree("slots", &slots, &testkit::tree_bytes(&n.join("system")));
+    testkit::assert_same_tree("boot", &boot, &testkit::tree_bytes(&n.join("boot")));
+    assert_eq!(state, fs::read(n.join("state/state.json")).unwrap());
+
+    let whole = testkit::tree_bytes(n);
+    let out = run(Some(cfg), now, &["slot", "activate"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a withdrawn slot was activated: {err}"
+    );
+    assert!(
+        err.contains("slot B holds v3 (generation 3)")
+            && err.contains("withdrew target v3/manifest.json at")
+            && err.contains("never activated, whatever the flags"),
+        "{err}"
+    );
+    assert_eq!(err.matches("withdrew").count(), 1, "{err}");
+    testkit::assert_same_tree("node after slot activate", &whole, &testkit::tree_bytes(n));
 }
 
 fn create(work: &Path, chan: &Path, key: &Path, version: &str, generation: u64) {
@@ -260,6 +315,7 @@ fn a_node_follows_waves_pause_withdrawal_and_required_stops_through_the_cli() {
     // Withdrawn: the staged v3 is replaced by the newest release still offered, v2.
     let out = publish(&["withdraw", &c, "v3"]);
     assert!(out.contains("withdrawn at"), "{out}");
+    withdrawal_is_final(&cfg2, &n2, &url, later);
     let (out, err) = node(later, &["upgrade", "--stage-only", "--channel", &url]);
     assert!(out.contains("staged v2"), "{out}");
     assert!(err.contains("the staged v3 is withdrawn: dropped"), "{err}");

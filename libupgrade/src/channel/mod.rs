@@ -194,7 +194,7 @@ pub enum ChannelError {
         available: String,
     },
     /// The version asked for is withheld from this node by its rollout.
-    #[error("channel {channel}: release {} is not offered to this node (seed {seed}): {hold}; `--ignore-rollout` takes it anyway", .version.escape_debug())]
+    #[error("channel {channel}: release {} is not offered to this node (seed {seed}): {hold}; {}", .version.escape_debug(), withheld_hint(.hold))]
     Withheld {
         /// The channel as given.
         channel: String,
@@ -281,6 +281,17 @@ pub enum ChannelError {
     },
 }
 
+/// What an operator can do about a withheld release: wait or skip the wave, but never take a
+/// withdrawn one (the publisher's way back is a new release).
+fn withheld_hint(hold: &crate::rollout::Hold) -> &'static str {
+    match hold {
+        crate::rollout::Hold::Withdrawn { .. } => {
+            "a withdrawn release is never taken, whatever the flags; the publisher moves nodes on with a new release"
+        }
+        _ => "`--ignore-rollout` takes it anyway",
+    }
+}
+
 impl ChannelError {
     /// The role and expiry when the channel's metadata was refused as expired (what the agent
     /// reports as `ChannelStale`).
@@ -334,7 +345,8 @@ impl Index {
         }
     }
 
-    /// Parse an index document; entries are re-sorted newest first and their paths checked.
+    /// Parse an index document; entries are re-sorted newest first and their paths checked; an
+    /// entry whose version is not a plain name ([`crate::version`]) is dropped.
     /// A newer format is refused before its entries are read.
     pub fn parse(bytes: &[u8], what: &str) -> Result<Index, ChannelError> {
         #[derive(Deserialize)]
@@ -360,6 +372,16 @@ impl Index {
         for e in &index.releases {
             check_entry_path(&e.path)?;
         }
+        // A release whose version is not a plain name is never resolved to (logged, escaped).
+        index
+            .releases
+            .retain(|e| match crate::version::check_version(&e.version) {
+                Ok(()) => true,
+                Err(err) => {
+                    log::warn!("{what}: entry {} skipped: {err}", e.path.escape_debug());
+                    false
+                }
+            });
         sort_newest_first(&mut index.releases);
         Ok(index)
     }

@@ -8,6 +8,18 @@ use crate::trust::meta::{FileMeta, TargetCustom, Targets};
 /// A target of the signed targets: its path, length and hashes, and what it says of its release.
 pub(super) type Target<'a> = (&'a str, &'a FileMeta, &'a TargetCustom);
 
+/// Whether a listed release's version is a plain name ([`crate::version`]): one that is not is
+/// never resolved to (logged, escaped), whoever signed it.
+pub(super) fn plain(path: &str, version: &str) -> bool {
+    match crate::version::check_version(version) {
+        Ok(()) => true,
+        Err(e) => {
+            log::warn!("target {} skipped: {e}", path.escape_debug());
+            false
+        }
+    }
+}
+
 /// The release the targets name for `version` (None/"latest": the highest generation).
 pub(super) fn pick<'a>(
     targets: &'a Targets,
@@ -16,7 +28,7 @@ pub(super) fn pick<'a>(
 ) -> Option<Target<'a>> {
     let mut found: Option<Target<'a>> = None;
     for (path, meta) in &targets.targets {
-        let Some(c) = meta.custom.as_ref() else {
+        let Some(c) = meta.custom.as_ref().filter(|c| plain(path, &c.version)) else {
             continue;
         };
         let dir = path.strip_suffix(MANIFEST_FILE).unwrap_or_default();

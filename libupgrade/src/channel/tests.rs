@@ -54,6 +54,16 @@ fn index_sorted_newest_first_and_latest_per_arch() {
 }
 
 #[test]
+fn index_entries_whose_version_is_not_a_plain_name_are_dropped() {
+    let mixed = br#"{"releases":[{"version":"v1","generation":1,"arch":"x86_64","path":"v1/"},
+        {"version":"../../x","generation":9,"arch":"x86_64","path":"x/"}]}"#;
+    let i = Index::parse(mixed, "index.json").unwrap();
+    let versions: Vec<&str> = i.releases.iter().map(|e| e.version.as_str()).collect();
+    assert_eq!(versions, ["v1"]);
+    assert_eq!(i.find(None, Arch::X86_64).unwrap().version, "v1");
+}
+
+#[test]
 fn index_paths_must_stay_inside_channel() {
     for bad in ["../x/", "/etc/", "http://evil/", "a/../../b", ""] {
         let i = Index {

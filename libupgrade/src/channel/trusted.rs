@@ -15,9 +15,9 @@ use super::github::{release_assets, GitHub};
 use super::targets::{pick, Target};
 use super::waves::{self, NodeRollout};
 use super::{check_entry_path, parse_channel, ChannelError, IndexEntry, Kind, ResolvedRelease};
-use crate::chunk::rate::MinRate;
 use crate::manifest::{Arch, MANIFEST_FILE};
 use crate::net::fetch::Source;
+use crate::net::rate::MinRate;
 use crate::trust::meta::Targets;
 use crate::trust::{self, ExpiryRule, Kept, ManifestPin, MetaSource, Record, Store, TrustError};
 
@@ -92,18 +92,6 @@ fn test_now() -> Option<DateTime<Utc>> {
             );
             None
         }
-    }
-}
-
-/// A channel directory on this machine.
-struct LocalMeta(PathBuf);
-
-impl MetaSource for LocalMeta {
-    fn fetch(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>, TrustError> {
-        trust::kept::read_bounded(&self.0.join(name), max)
-    }
-    fn location(&self, name: &str) -> String {
-        self.0.join(name).display().to_string()
     }
 }
 
@@ -309,7 +297,7 @@ fn source(
     opts: &TrustOptions,
 ) -> Result<Box<dyn MetaSource>, ChannelError> {
     Ok(match kind {
-        Kind::Local { dir, .. } => Box::new(LocalMeta(dir.clone())),
+        Kind::Local { dir, .. } => Box::new(trust::kept::DirMeta(dir.clone())),
         Kind::Http { base, .. } => {
             let base = base.clone();
             Box::new(UrlMeta {

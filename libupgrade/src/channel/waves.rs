@@ -1,6 +1,8 @@
 //! A node's resolution through signed metadata, honouring each release's rollout
 //! ([`crate::rollout`]): `latest` is what [`rollout::offer`] offers this node now, an explicit
-//! version is refused while it is withheld (unless the request says to ignore rollouts).
+//! version is refused while it is withheld (unless the request says to ignore rollouts). A
+//! withdrawn release is refused whatever the request says: withdrawal is final, and the one way
+//! back for a publisher is a new release.
 //!
 //! Targets that carry no rollout at all resolve exactly as before rollouts existed (the
 //! seed is then not even looked up): a v0.2.0 channel behaves as it did.
@@ -39,8 +41,8 @@ pub struct NodeRollout {
     pub running: Installed,
     /// The release staged (not yet activated) in its other slot.
     pub staged: Option<Installed>,
-    /// Take an explicitly named version even while its rollout withholds it
-    /// (`--ignore-rollout`).
+    /// Take an explicitly named version even while its wave has not reached this node or its
+    /// rollout is paused (`--ignore-rollout`); never a withdrawn one.
     pub ignore_rollout: bool,
 }
 
@@ -115,7 +117,11 @@ fn listed(targets: &Targets, arch: Arch) -> Vec<Listed> {
         .targets
         .iter()
         .filter(|(p, _)| p.ends_with(&format!("/{MANIFEST_FILE}")))
-        .filter_map(|(_, m)| m.custom.as_ref())
+        .filter_map(|(p, m)| {
+            m.custom
+                .as_ref()
+                .filter(|c| super::targets::plain(p, &c.version))
+        })
         .filter(|c| c.arch == arch)
         .map(|c| Listed {
             version: c.version.clone(),
@@ -195,7 +201,7 @@ impl<'a> Asked<'a, '_> {
     }
 
     /// An explicit version: offered only once its rollout admits this node (or the request
-    /// ignores rollouts, which the note records).
+    /// ignores rollouts, which the note records). A withdrawn one is refused even then.
     fn explicit(
         &self,
         v: &str,
@@ -216,7 +222,7 @@ impl<'a> Asked<'a, '_> {
             .is_some_and(|s| s.version == l.version && s.generation == l.generation);
         match rollout::admission(self.seed, now, l, started) {
             Ok(()) => Ok(Some((t, Some(self.note(None, None, None))))),
-            Err(hold) if self.node.ignore_rollout => {
+            Err(hold) if self.node.ignore_rollout && !matches!(hold, Hold::Withdrawn { .. }) => {
                 Ok(Some((t, Some(self.note(None, None, Some(hold))))))
             }
             Err(hold) => Err(ChannelError::Withheld {
@@ -448,5 +454,76 @@ mod tests {
             assert_eq!(p.2.version, "v3");
             assert_eq!(note.unwrap().withdrawn, ["v2", "v4"]);
         }
+    }
+
+    #[test]
+    fn a_withdrawn_version_is_refused_even_with_ignore_rollout_and_the_hint_says_so() {
+        let gone = Rollout {
+            withdrawn: Some(crate::rollout::Withdrawal { at: t(1) }),
+            ..Rollout::default()
+        };
+        let mut v1 = file_meta(b"x", None);
+        v1.custom = Some(crate::trust::meta::TargetCustom {
+            version: "v1".into(),
+            generation: 1,
+            arch: Arch::host(),
+            rollout: Some(gone.clone()),
+        });
+        let mut v3 = v1.clone();
+        v3.custom = Some(crate::trust::meta::TargetCustom {
+            version: "v3".into(),
+            generation: 3,
+            arch: Arch::host(),
+            rollout: Some(gone),
+        });
+        let tg = targets(vec![("v1", v1), ("v2", v020("v2", 2)), ("v3", v3)]);
+        let ignoring = NodeRollout {
+            ignore_rollout: true,
+            // Staged already: "started" never admits a withdrawn release either.
+            staged: Some(Installed {
+                version: "v3".into(),
+                generation: 3,
+            }),
+            ..node(SeedSource::Given(Seed::new(7).unwrap()), 2)
+        };
+        // Newer (v3) and older (v1, what `--allow-downgrade` would reach) alike.
+        for v in ["v3", "v1"] {
+            let e = pick_for("c", &tg, Some(v), Arch::host(), &ignoring, t(2)).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                matches!(&e, ChannelError::Withheld { hold: Hold::Withdrawn { .. }, version, .. } if version == v),
+                "{msg}"
+            );
+            assert!(
+                msg.contains(&format!("release {v} is not offered")),
+                "{msg}"
+            );
+            assert!(msg.contains("a withdrawn release is never taken"), "{msg}");
+            assert!(!msg.contains("--ignore-rollout"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn a_listed_version_that_is_not_a_plain_name_is_never_resolved_to() {
+        let tg = targets(vec![("v1", v020("v1", 1)), ("evil", v020("../../x", 9))]);
+        let n = node(SeedSource::Given(Seed::new(7).unwrap()), 1);
+        let (p, _) = pick_for("c", &tg, None, Arch::host(), &n, t(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.2.version, "v1", "the newest plain-named release");
+        assert!(pick(&tg, Some("../../x"), Arch::host()).is_none());
+        // With rollouts, the offer is made among plain names only (no panic on a missing pick).
+        let mut v2 = file_meta(b"x", None);
+        v2.custom = Some(crate::trust::meta::TargetCustom {
+            version: "../../y".into(),
+            generation: 10,
+            arch: Arch::host(),
+            rollout: Some(Rollout::default()),
+        });
+        let tg = targets(vec![("v1", v020("v1", 1)), ("evil", v2)]);
+        let (p, _) = pick_for("c", &tg, None, Arch::host(), &n, t(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.2.version, "v1");
     }
 }

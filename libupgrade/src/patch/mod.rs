@@ -70,7 +70,7 @@ mod header;
 mod ops;
 mod squashfs;
 
-pub use apply::{apply, ApplyStats, Base};
+pub use apply::{apply, apply_needed, workers, ApplyStats, Base, Sink};
 pub use build::{build, BuildStats};
 pub use codec::identity;
 pub use error::PatchError;

@@ -133,24 +133,27 @@ fn one(
     let name = format!("{}.from-{}.patch", entry.path, &b.sha256[..16]);
     let chunk_fetch = chunk_fetch(out_dir, &entry, base_path)?;
     let started = Instant::now();
+    // Each build's count of blocks the node recompresses (the planner's apply estimate).
     let build = |kind: PatchKind| {
+        let mut blocks = 0;
         write_atomic_from(out_dir, &name, |w| {
             crate::patch::build(kind, base_path, &target, w)
-                .map(|_| ())
+                .map(|st| blocks = st.blocks_recompressed)
                 .map_err(|e| e.to_string())
         })
+        .map(|r| r.map(|()| blocks))
     };
-    let (kind, note) = match a {
+    let (kind, note, blocks) = match a {
         Artifact::Rootfs => match build(PatchKind::Squashfs)? {
-            Ok(()) => ("squashfs", None),
+            Ok(n) => ("squashfs", None, n),
             Err(why) => {
-                build(PatchKind::Plain)?.map_err(|what| patch_failed(a, b, &what))?;
-                ("plain", Some(why))
+                let n = build(PatchKind::Plain)?.map_err(|what| patch_failed(a, b, &what))?;
+                ("plain", Some(why), n)
             }
         },
         _ => {
-            build(PatchKind::Plain)?.map_err(|what| patch_failed(a, b, &what))?;
-            ("plain", None)
+            let n = build(PatchKind::Plain)?.map_err(|what| patch_failed(a, b, &what))?;
+            ("plain", None, n)
         }
     };
     let took = started.elapsed();
@@ -169,6 +172,7 @@ fn one(
             path: name.clone(),
             size,
             sha256,
+            blocks: Some(blocks),
         });
     } else {
         std::fs::remove_file(&path).map_err(io_err(&path))?;

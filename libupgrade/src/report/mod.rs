@@ -109,7 +109,7 @@ impl Reporter {
                 seq: meta.next_seq,
                 at: crate::state::now(),
                 channel: fit(&meta.channel, 256),
-                version: fit(&n.version, 64),
+                version: fit(&n.version, 128),
                 generation: n.generation,
                 outcome: n.outcome,
                 seed: meta.seed,

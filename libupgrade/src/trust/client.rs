@@ -166,7 +166,17 @@ fn no_rollback(role: Role, seen: u64, found: u64, location: &str) -> Result<(), 
 /// - targets or root keys rotated: nothing (the trusted snapshot, signed by an unchanged key,
 ///   still bounds the targets version).
 fn walk_roots(src: &dyn MetaSource, record: &mut Record) -> Result<Root, TrustError> {
+    let mut chain = walk_chain(src, record)?;
+    Ok(chain
+        .pop()
+        .expect("the chain holds at least the record's root"))
+}
+
+/// [`walk_roots`], returning every root of the chain from the record's, oldest first (the
+/// publisher's check tells a file signed before a rotation from a forged one: [`served`]).
+fn walk_chain(src: &dyn MetaSource, record: &mut Record) -> Result<Vec<Root>, TrustError> {
     let mut root: Root = record.root.body(Role::Root, "trusted root")?;
+    let mut chain = Vec::new();
     for _ in 0..MAX_ROOT_STEPS {
         let next = root.version + 1;
         let name = format!("{next}.root.json");
@@ -195,9 +205,10 @@ fn walk_roots(src: &dyn MetaSource, record: &mut Record) -> Result<Root, TrustEr
             record.targets = 0;
         }
         record.root = env;
-        root = new;
+        chain.push(std::mem::replace(&mut root, new));
     }
-    Ok(root)
+    chain.push(root);
+    Ok(chain)
 }
 
 /// A role's keys (in a stable order) and threshold, to tell whether a new root changed them.
@@ -397,6 +408,8 @@ fn meta_entry(v: &Versions, role: Role, location: &str) -> Result<MetaRef, Trust
             why: format!("its meta names no {}", role.file()),
         })
 }
+
+pub mod served;
 
 #[cfg(test)]
 mod tests;

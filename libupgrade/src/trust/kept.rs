@@ -75,6 +75,19 @@ impl MetaSource for Kept {
     }
 }
 
+/// A channel directory on this machine, read as a node reads it (a local channel) and as the
+/// publisher's commands verify it before they sign ([`super::client::served`]).
+pub(crate) struct DirMeta(pub(crate) PathBuf);
+
+impl MetaSource for DirMeta {
+    fn fetch(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>, TrustError> {
+        read_bounded(&self.0.join(name), max)
+    }
+    fn location(&self, name: &str) -> String {
+        self.0.join(name).display().to_string()
+    }
+}
+
 /// The file at `path`, at most `max` bytes (more is [`TrustError::TooLarge`]); `Ok(None)` when
 /// it does not exist. A local channel directory and the kept files are read this way.
 pub(crate) fn read_bounded(path: &Path, max: u64) -> Result<Option<Vec<u8>>, TrustError> {

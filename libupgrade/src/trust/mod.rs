@@ -4,7 +4,8 @@
 //!
 //! This module owns the metadata formats ([`meta`]), the node's client workflow ([`client`]),
 //! the node's record of what it trusted ([`store`]), the metadata files it keeps between
-//! updates ([`kept`]) and the publisher's side ([`publish`]).
+//! updates ([`kept`]), what they say about a release a slot holds ([`withdrawn`]) and the
+//! publisher's side ([`publish`]).
 //! The metadata says which manifests exist (path, length, sha256, and version/generation/arch
 //! as custom data) and which one a node may take; the stager then requires the manifest it
 //! fetches to have exactly that length and sha256.
@@ -91,6 +92,7 @@ pub mod kept;
 pub mod meta;
 pub mod publish;
 pub mod store;
+pub mod withdrawn;
 
 use std::path::PathBuf;
 
@@ -290,6 +292,14 @@ pub enum TrustError {
         location: String,
         /// What failed (the request's error or the server's HTTP status).
         why: String,
+    },
+    #[error("{refused}; refusing to sign over the channel's metadata as served: nothing was written (restore what the publisher last wrote)")]
+    /// A publisher's command found the channel's current metadata not verifying as a node
+    /// verifies it, and wrote nothing ([`client::served`]).
+    Unverified {
+        /// The check that failed (it names the file; part of this message, not a source, so
+        /// it is printed once).
+        refused: Box<TrustError>,
     },
     #[error("{what}: {why}")]
     /// The publisher's side refused to write metadata (keys missing for a role, a threshold

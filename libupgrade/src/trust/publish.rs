@@ -4,6 +4,14 @@
 //! needs (`N.root.json` before `root.json`; targets, then snapshot, then timestamp), and each
 //! new document is checked against its root's threshold before it is written: a publisher
 //! cannot publish what nodes would refuse.
+//!
+//! **Verify before signing**: every command that re-signs ([`write_targets`],
+//! [`write_timestamp`], [`write_rollout`], [`rotate_root`]) first verifies the channel's
+//! metadata as it is served, with the node's checks ([`super::client::served`], which states the
+//! rules and limits), and works only from what verified: the versions it counts up from, the
+//! rollouts `release targets` carries over and the targets a rollout edits. A file that does
+//! not verify is refused, naming it, before anything is written, so the nodes' view is
+//! unchanged.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -12,6 +20,7 @@ use std::path::Path;
 use chrono::{DateTime, Duration, SubsecRound, Utc};
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
 
+use super::client::served::verify_served;
 use super::meta::{
     file_meta, Envelope, Key, MetaRef, Role, RoleKeys, Root, TargetCustom, Targets, Versions,
     SPEC_VERSION,
@@ -53,25 +62,9 @@ fn publish_err(what: impl Into<String>, why: impl Into<String>) -> TrustError {
     }
 }
 
-fn read_env(dir: &Path, name: &str) -> Result<Option<(Envelope, Vec<u8>)>, TrustError> {
-    let p = dir.join(name);
-    match fs::read(&p) {
-        Ok(b) => Ok(Some((Envelope::parse(&b, &p.display().to_string())?, b))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(TrustError::Io { path: p, source }),
-    }
-}
-
-/// The channel's current root (`DIR/root.json`).
+/// The channel's current root (`DIR/root.json`), after the served metadata verified.
 pub fn current_root(dir: &Path) -> Result<Root, TrustError> {
-    let what = dir.join(Role::Root.file()).display().to_string();
-    let (env, _) = read_env(dir, Role::Root.file())?.ok_or_else(|| {
-        publish_err(
-            &what,
-            "no root: run `k3os-ops release root init` for this channel first",
-        )
-    })?;
-    env.body(Role::Root, &what)
+    Ok(verify_served(dir)?.root)
 }
 
 fn build_root(
@@ -168,7 +161,7 @@ pub fn rotate_root(
     signers: &[SigningKey],
     expires: DateTime<Utc>,
 ) -> Result<Root, TrustError> {
-    let old = current_root(dir)?;
+    let old = verify_served(dir)?.root;
     let mut roles = BTreeMap::new();
     for role in Role::ALL {
         let spec = match changes.get(&role) {
@@ -207,24 +200,14 @@ pub fn rotate_root(
     Ok(new)
 }
 
-fn next_version(dir: &Path, role: Role) -> Result<u64, TrustError> {
-    Ok(match read_env(dir, role.file())? {
-        Some((env, _)) => {
-            let what = dir.join(role.file()).display().to_string();
-            let v: Versionless =
-                serde_json::from_value(env.signed).map_err(|e| TrustError::Malformed {
-                    what,
-                    why: e.to_string(),
-                })?;
-            v.version + 1
-        }
-        None => 1,
-    })
-}
-
-#[derive(serde::Deserialize)]
-struct Versionless {
-    version: u64,
+/// One above `version` of `role` (1 when there is none yet); the largest version has none.
+fn next(role: Role, version: Option<u64>) -> Result<u64, TrustError> {
+    match version {
+        None => Ok(1),
+        Some(v) => v
+            .checked_add(1)
+            .ok_or_else(|| publish_err(role.file(), format!("version {v} has no successor"))),
+    }
 }
 
 /// List every release of the channel directory (those `release index` lists) in a new
@@ -234,12 +217,12 @@ pub fn write_targets(
     signers: &[SigningKey],
     expires: DateTime<Utc>,
 ) -> Result<Targets, TrustError> {
-    let root = current_root(dir)?;
+    let served = verify_served(dir)?;
     let index = crate::channel::build_index(dir)
         .map_err(|e| publish_err(dir.display().to_string(), e.to_string()))?;
-    // The rollouts of the targets now published carry over: re-listing the channel after a
+    // The rollouts of the verified targets carry over: re-listing the channel after a
     // `release create` must not restart, resume or un-withdraw any release's rollout.
-    let mut kept = current_rollouts(dir)?;
+    let mut kept = rollouts(served.targets.as_ref().map(|(t, _)| t));
     let mut targets = BTreeMap::new();
     for e in &index.releases {
         let rel = format!("{}/{MANIFEST_FILE}", e.path.trim_end_matches('/'));
@@ -256,11 +239,14 @@ pub fn write_targets(
     let doc = Targets {
         type_: "targets".into(),
         spec_version: SPEC_VERSION.into(),
-        version: next_version(dir, Role::Targets)?,
+        version: next(
+            Role::Targets,
+            served.targets.as_ref().map(|(t, _)| t.version),
+        )?,
         expires,
         targets,
     };
-    sign_targets(dir, &root, doc, signers)
+    sign_targets(dir, &served.root, doc, signers)
 }
 
 /// Sign `doc` with `signers`, check it against `root`'s targets threshold, and write it as the
@@ -281,17 +267,19 @@ fn sign_targets(
     Ok(doc)
 }
 
-/// The rollouts the current `targets.json` carries, by target path (none without one).
-fn current_rollouts(dir: &Path) -> Result<BTreeMap<String, Rollout>, TrustError> {
-    let Some((env, _)) = read_env(dir, Role::Targets.file())? else {
-        return Ok(BTreeMap::new());
-    };
-    let targets: Targets = env.body(Role::Targets, &targets_what(dir))?;
-    Ok(targets
-        .targets
-        .into_iter()
-        .filter_map(|(path, m)| m.custom.and_then(|c| c.rollout).map(|r| (path, r)))
-        .collect())
+/// The rollouts `targets` carry, by target path (none without targets).
+fn rollouts(targets: Option<&Targets>) -> BTreeMap<String, Rollout> {
+    targets
+        .map(|t| {
+            t.targets
+                .iter()
+                .filter_map(|(path, m)| {
+                    let r = m.custom.as_ref()?.rollout.clone()?;
+                    Some((path.clone(), r))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn targets_what(dir: &Path) -> String {
@@ -310,11 +298,11 @@ pub fn write_rollout(
     signers: &[SigningKey],
     expires: DateTime<Utc>,
 ) -> Result<Targets, TrustError> {
-    let root = current_root(dir)?;
+    let served = verify_served(dir)?;
     let what = targets_what(dir);
-    let (env, _) = read_env(dir, Role::Targets.file())?
+    let (mut doc, _) = served
+        .targets
         .ok_or_else(|| publish_err(&what, "no targets: run `k3os-ops release targets` first"))?;
-    let mut doc: Targets = env.body(Role::Targets, &what)?;
     let mut found = false;
     for (path, m) in doc.targets.iter_mut() {
         let Some(c) = m.custom.as_mut().filter(|c| c.version == version) else {
@@ -340,27 +328,28 @@ pub fn write_rollout(
             ),
         ));
     }
-    doc.version = next_version(dir, Role::Targets)?;
+    doc.version = next(Role::Targets, Some(doc.version))?;
     doc.expires = expires;
-    sign_targets(dir, &root, doc, signers)
+    sign_targets(dir, &served.root, doc, signers)
 }
 
-/// Re-sign `snapshot.json` (over the current `targets.json`) and `timestamp.json` (over the
-/// new snapshot), each one version up. What a channel's cron job runs.
+/// Re-sign `snapshot.json` (over the current `targets.json`, once it verified) and
+/// `timestamp.json` (over the new snapshot), each one version up. What a channel's cron job
+/// runs.
 pub fn write_timestamp(
     dir: &Path,
     signers: &[SigningKey],
     snapshot_expires: DateTime<Utc>,
     timestamp_expires: DateTime<Utc>,
 ) -> Result<(Versions, Versions), TrustError> {
-    let root = current_root(dir)?;
-    let (tg_env, tg_bytes) = read_env(dir, Role::Targets.file())?.ok_or_else(|| {
+    let served = verify_served(dir)?;
+    let root = &served.root;
+    let (tg, tg_bytes) = served.targets.as_ref().ok_or_else(|| {
         publish_err(
-            dir.join(Role::Targets.file()).display().to_string(),
+            targets_what(dir),
             "no targets: run `k3os-ops release targets` first",
         )
     })?;
-    let tg: Targets = tg_env.body(Role::Targets, "targets.json")?;
     let meta_ref = |version: u64, bytes: &[u8]| {
         let m = file_meta(bytes, None);
         MetaRef {
@@ -372,16 +361,16 @@ pub fn write_timestamp(
     let snapshot = Versions {
         type_: "snapshot".into(),
         spec_version: SPEC_VERSION.into(),
-        version: next_version(dir, Role::Snapshot)?,
+        version: next(Role::Snapshot, served.snapshot)?,
         expires: snapshot_expires,
         meta: BTreeMap::from([(
             Role::Targets.file().to_string(),
-            meta_ref(tg.version, &tg_bytes),
+            meta_ref(tg.version, tg_bytes),
         )]),
     };
-    let sn_env = Envelope::sign(&snapshot, &signers_for(&[&root], Role::Snapshot, signers));
+    let sn_env = Envelope::sign(&snapshot, &signers_for(&[root], Role::Snapshot, signers));
     sn_env.check_role(
-        &root,
+        root,
         Role::Snapshot,
         &format!("new snapshot version {}", snapshot.version),
     )?;
@@ -389,16 +378,16 @@ pub fn write_timestamp(
     let timestamp = Versions {
         type_: "timestamp".into(),
         spec_version: SPEC_VERSION.into(),
-        version: next_version(dir, Role::Timestamp)?,
+        version: next(Role::Timestamp, served.timestamp)?,
         expires: timestamp_expires,
         meta: BTreeMap::from([(
             Role::Snapshot.file().to_string(),
             meta_ref(snapshot.version, &sn_bytes),
         )]),
     };
-    let ts_env = Envelope::sign(&timestamp, &signers_for(&[&root], Role::Timestamp, signers));
+    let ts_env = Envelope::sign(&timestamp, &signers_for(&[root], Role::Timestamp, signers));
     ts_env.check_role(
-        &root,
+        root,
         Role::Timestamp,
         &format!("new timestamp version {}", timestamp.version),
     )?;

@@ -143,6 +143,11 @@ impl Scenario {
         }
         publish::write_targets(chan, std::slice::from_ref(&keys.targets1), days(90))
             .map_err(|e| self.publish_failed(chan, e))?;
+        // Published under root 1 first: after the rotation, the publisher's commands accept
+        // the targets the revoked key signed only as what a snapshot pins (verify before
+        // signing, libupgrade::trust::client::served).
+        publish::write_timestamp(chan, &keys.online, days(30), days(7))
+            .map_err(|e| self.publish_failed(chan, e))?;
         let one = |k: &SigningKey| RoleSpec {
             keys: vec![k.verifying_key()],
             threshold: 1,

@@ -58,8 +58,10 @@
 //!   the next reconcile `update-version`. A Node without `update-version` (a v0.1.0 agent still
 //!   running) is counted under version `unknown` until its agent is replaced. Also in format 2
 //!   (v0.2.0, additive, nothing to migrate): the phase `StageWaiting` (staging waits for a stage
-//!   window or the next quota day; not a failure) and the annotation `k3os.io/stage-preview`
-//!   (JSON carrying its own `format`, see [`crate::agent::reconcile::thin_report`]).
+//!   window or the next quota day; not a failure) and the annotation
+//!   `k3os.io/update-stage-preview` (JSON carrying its own `format`, see
+//!   [`crate::agent::reconcile::thin_report`]; agents before issue 34 wrote it as
+//!   `k3os.io/stage-preview`, still read, removed at the next preview).
 //!
 //! **Leases** (`coordination.k8s.io/v1`, agent namespace): the node liveness Lease
 //! `k3os-upgrade-node-<node>`, the poller Lease `k3os-upgrade-poller-<channel>` and (new in

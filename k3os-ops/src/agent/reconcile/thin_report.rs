@@ -12,39 +12,38 @@
 //!
 //! The annotation is small JSON ([`PreviewRecord`] without `at`): `{"format":1,"version":
 //! "v2","fetch":123,"reuse":456}` (`bundle` when staged from an offline bundle). Its
-//! `format` is its version; readers ignore fields they do not know.
+//! `format` is its version; readers ignore fields they do not know. Its key is
+//! `k3os.io/update-stage-preview`; an agent of the previous release wrote
+//! `k3os.io/stage-preview`, which [`preview_annotation`] still reads and the next preview
+//! removes.
 
 use chrono::{DateTime, Utc};
 
 use crate::agent::channel::crd::{UpdateChannel, UpdateChannelStatus, COND_STAGE_WILL_MISS_WINDOW};
+use crate::agent::channel::thin::Miss;
 use crate::agent::cluster::kube_store::KubeChannelStore;
 use crate::agent::cluster::slots::{self, SlotError, Step};
 use crate::agent::context::Agent;
-use crate::agent::host::ledger::PreviewRecord;
+use libupgrade::state::ledger::PreviewRecord;
 
-/// Node annotation: the preview of the stage in progress or next (JSON, see module docs).
-pub const ANN_STAGE_PREVIEW: &str = "k3os.io/stage-preview";
+/// Node annotation: the preview of the stage in progress or next (JSON, see module docs). In
+/// the agent's own `k3os.io/update-*` space, which deploy/node-scope.yaml lets it write.
+pub const ANN_STAGE_PREVIEW: &str = "k3os.io/update-stage-preview";
 
-/// Why a node's stage cannot be done before the next maintenance window.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Miss {
-    pub left: u64,
-    /// What can arrive by then.
-    pub capacity: u64,
-    pub deadline: DateTime<Utc>,
+/// The key agents before v0.2.0's issue 34 wrote the preview to (outside `k3os.io/update-*`,
+/// so the shipped Node policy refused it): read as a fallback, removed at the next preview.
+pub const ANN_STAGE_PREVIEW_V1: &str = "k3os.io/stage-preview";
+
+/// The preview a Node's annotations carry: the current key's, else the one an agent of the
+/// previous release wrote (for readers other than the agent, which only writes it: the tests).
+#[cfg(any(test, feature = "testing"))]
+pub fn preview_annotation(annotations: &std::collections::BTreeMap<String, String>) -> Option<&str> {
+    annotations
+        .get(ANN_STAGE_PREVIEW)
+        .or_else(|| annotations.get(ANN_STAGE_PREVIEW_V1))
+        .map(String::as_str)
 }
 
-impl Miss {
-    fn line(&self, node: &str) -> String {
-        format!(
-            "node {node}: {} left to fetch, at most {} can arrive before the maintenance window at {} (spec.stage.windows rates, spec.maxRate, spec.stage.maxBytesPerDay)",
-            libupgrade::units::Size(self.left),
-            libupgrade::units::Size(self.capacity),
-            self.deadline
-                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-        )
-    }
-}
 
 fn lines(st: &UpdateChannelStatus) -> Vec<String> {
     st.conditions
@@ -153,7 +152,9 @@ pub async fn publish_preview(cx: &Agent, ch: &UpdateChannel, p: &PreviewRecord) 
         ..p.clone()
     })
     .expect("a preview serializes");
-    if let Err(e) = cx.annotate(&[(ANN_STAGE_PREVIEW, Some(&text))]).await {
+    // The old key goes in the same patch (a no-op when absent: `annotate` skips what is known).
+    let ann = [(ANN_STAGE_PREVIEW, Some(text.as_str())), (ANN_STAGE_PREVIEW_V1, None)];
+    if let Err(e) = cx.annotate(&ann).await {
         tracing::warn!("stage preview annotation: {e:#}");
     }
 }
@@ -170,6 +171,17 @@ mod tests {
                 .unwrap()
                 .with_timezone(&Utc),
         }
+    }
+
+    #[test]
+    fn the_preview_is_read_from_the_new_key_else_the_old_one() {
+        let mut ann = std::collections::BTreeMap::new();
+        assert_eq!(preview_annotation(&ann), None);
+        ann.insert(ANN_STAGE_PREVIEW_V1.to_string(), "old".to_string());
+        assert_eq!(preview_annotation(&ann), Some("old"));
+        ann.insert(ANN_STAGE_PREVIEW.to_string(), "new".to_string());
+        assert_eq!(preview_annotation(&ann), Some("new"));
+        assert!(ANN_STAGE_PREVIEW.starts_with("k3os.io/update-"));
     }
 
     #[test]

@@ -452,6 +452,41 @@ impl Fleet {
             .collect()
     }
 
+    /// Issue 34 item 3: under deploy/node-scope.yaml, not one of the agents' own writes was
+    /// refused (no 403, no "forbidden" in any agent's log) and each Node carries the stage
+    /// preview under `k3os.io/update-stage-preview` (the old key, which the policy refused,
+    /// never written).
+    async fn assert_no_policy_refusal_and_the_preview_published(&self) {
+        for (i, h) in self.hosts.iter().enumerate() {
+            let log = fs::read_to_string(h.p().join("agent.log")).unwrap_or_default();
+            let refused: Vec<&str> = log
+                .lines()
+                .filter(|l| {
+                    l.contains("forbidden") || l.contains("Forbidden") || l.contains(" 403")
+                })
+                .collect();
+            assert!(
+                refused.is_empty(),
+                "{}: the policy refused the agent:\n{}",
+                h.name,
+                refused.join("\n")
+            );
+            let node = self.node(i).await;
+            let ann = node.metadata.annotations.unwrap_or_default();
+            let preview: serde_json::Value = serde_json::from_str(
+                ann.get("k3os.io/update-stage-preview")
+                    .unwrap_or_else(|| panic!("{}: no stage preview: {ann:?}", h.name)),
+            )
+            .unwrap();
+            assert_eq!(preview["version"], "v2", "{}: {preview}", h.name);
+            assert!(
+                !ann.contains_key("k3os.io/stage-preview"),
+                "{}: {ann:?}",
+                h.name
+            );
+        }
+    }
+
     async fn node(&self, i: usize) -> Node {
         let nodes: Api<Node> = Api::all(self.admin.clone());
         nodes.get(&self.hosts[i].name).await.unwrap()
@@ -515,6 +550,7 @@ async fn three_agent_processes_roll_v2_out_one_node_at_a_time() {
         let n = reasons.iter().filter(|r| *r == want).count();
         assert_eq!(n, HOSTS, "{want} once per host on the channel: {reasons:?}");
     }
+    f.assert_no_policy_refusal_and_the_preview_published().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -198,6 +198,30 @@ async fn a_node_writes_only_its_own_node() {
         patch_node(&w.agent_a, &w.a, &other, false).await,
         Verdict::RefusedByPolicy
     );
+    // The stage preview (issue 34): the new key is the agent's; the old key, written by an
+    // agent of the previous release, may only be removed.
+    let preview = r#"{"format":1,"version":"v2","fetch":1,"reuse":2}"#;
+    let new = json!({"metadata": {"annotations": {"k3os.io/update-stage-preview": preview}}});
+    assert_eq!(
+        patch_node(&w.agent_a, &w.a, &new, false).await,
+        Verdict::Allowed
+    );
+    let old = json!({"metadata": {"annotations": {"k3os.io/stage-preview": preview}}});
+    assert_eq!(
+        patch_node(&w.agent_a, &w.a, &old, false).await,
+        Verdict::RefusedByPolicy
+    );
+    assert_eq!(
+        patch_node(&w.admin, &w.a, &old, false).await,
+        Verdict::Allowed
+    );
+    let drop_old = json!({"metadata": {"annotations": {"k3os.io/stage-preview": null,
+        "k3os.io/update-stage-preview": preview}}});
+    assert_eq!(
+        patch_node(&w.agent_a, &w.a, &drop_old, false).await,
+        Verdict::Allowed,
+        "the migration's patch"
+    );
     // The agent's own functions on its own Node.
     let nodes: Api<Node> = Api::all(w.agent_a.clone());
     for on in [true, false] {
@@ -232,6 +256,14 @@ async fn a_reclaim_only_undoes_the_cordon_the_dead_holders_agent_made() {
         .patch(&w.b, &PatchParams::default(), &Patch::Merge(&mark))
         .await
         .unwrap();
+    // Issue 34 item 3: the mark alone, while B stays cordoned: B's agent would never
+    // uncordon it.
+    let unmark = json!({"metadata": {"annotations": {"k3os.io/update-cordoned": null}}});
+    assert_eq!(
+        patch_node(&w.agent_a, &w.b, &unmark, false).await,
+        Verdict::RefusedByPolicy,
+        "removing the cordon mark while B stays cordoned"
+    );
     let steal = json!({"spec": {"unschedulable": false},
         "metadata": {"labels": {"node-role.kubernetes.io/control-plane": "true"}}});
     assert_eq!(
@@ -247,6 +279,18 @@ async fn a_reclaim_only_undoes_the_cordon_the_dead_holders_agent_made() {
     );
     let ann = b.metadata.annotations.unwrap();
     assert!(!ann.contains_key("k3os.io/update-cordoned"), "{ann:?}");
+    // Uncordoned already (by an admin), the mark alone may go.
+    let both = json!({"spec": {"unschedulable": false},
+        "metadata": {"annotations": {"k3os.io/update-cordoned": "true"}}});
+    admin_nodes
+        .patch(&w.b, &PatchParams::default(), &Patch::Merge(&both))
+        .await
+        .unwrap();
+    assert_eq!(
+        patch_node(&w.agent_a, &w.b, &unmark, false).await,
+        Verdict::Allowed,
+        "removing the mark of an uncordoned node"
+    );
     // Without the mark, cordoning B again is refused.
     assert_eq!(
         patch_node(&w.agent_a, &w.b, &cordon, false).await,

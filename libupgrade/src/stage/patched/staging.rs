@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest as _, Sha256};
 
 use super::PatchWork;
-use crate::chunk::rate::Limited;
 use crate::error::{Error, Result};
 use crate::manifest::Artifact;
+use crate::net::rate::Limited;
 use crate::stage::{Run, Stager, BUF};
 
 /// The staging area for patches under `state_dir`.

@@ -445,3 +445,5 @@ fn held_pin(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod window_tests;
