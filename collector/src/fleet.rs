@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::store::Row;
 
 /// A node's state for one release: its newest report's outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NodeState {
     /// Waiting for its wave or a pause.
@@ -61,6 +61,9 @@ pub struct WaveStatus {
     pub wave: Option<usize>,
     /// Nodes that reported about the release.
     pub nodes: u64,
+    /// Of those, nodes it was offered to (any state but waiting: their wave came and they
+    /// took it up).
+    pub offered: u64,
     /// Nodes per state.
     pub states: BTreeMap<NodeState, u64>,
     /// Failed nodes per state and reason (the reason's first line, at most 100 characters).
@@ -162,6 +165,9 @@ pub fn summarize(
             }
         };
         w.nodes += 1;
+        if state != NodeState::Waiting {
+            w.offered += 1;
+        }
         *w.states.entry(state).or_default() += 1;
         if state.failed() {
             *w.failures.entry(reason(&r.outcome)).or_default() += 1;
@@ -262,6 +268,12 @@ mod tests {
         let waves: Vec<_> = v2.waves.iter().map(|w| (w.wave, w.nodes)).collect();
         assert_eq!(waves, vec![(Some(1), 1), (Some(2), 2), (Some(3), 1)]);
         assert_eq!(v2.waves[0].states.get(&NodeState::Blessed), Some(&1));
+        assert_eq!(
+            (v2.waves[2].nodes, v2.waves[2].offered),
+            (1, 0),
+            "d waits in wave 3"
+        );
+        assert_eq!(v2.waves[1].offered, 2);
         assert_eq!(v2.waves[1].states.get(&NodeState::RolledBack), Some(&2));
         assert_eq!(
             v2.waves[1]

@@ -50,7 +50,9 @@
 pub mod admit;
 #[cfg(test)]
 mod bench;
+pub mod dashboard;
 pub mod fleet;
+pub mod guard;
 mod rate;
 pub mod server;
 mod store;

@@ -14,8 +14,8 @@ pub(crate) const SEED_SPACE: u32 = 1_000_000;
 pub(crate) const MAX_SITE: usize = 63;
 /// Longest channel (a URL or a channel name), in bytes.
 pub(crate) const MAX_CHANNEL: usize = 256;
-/// Longest release version, in bytes.
-pub(crate) const MAX_VERSION: usize = 64;
+/// Longest release version, in bytes (libupgrade's `version::MAX_VERSION_LEN`).
+pub(crate) const MAX_VERSION: usize = 128;
 
 /// A node's id: its report key's ed25519 public key, 64 lowercase hex digits on the wire.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

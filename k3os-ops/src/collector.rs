@@ -43,6 +43,14 @@ struct ServeArgs {
     /// Reports per second a node's allowance refills by.
     #[arg(long, default_value_t = collector::Limits::default().per_sec)]
     per_sec: f64,
+    /// Also serve the read-only dashboard (`GET /`) on this address: keep it inside the
+    /// publisher's network, the report address faces the sites.
+    #[arg(long)]
+    dashboard: Option<SocketAddr>,
+    /// The channel directory whose rollouts the dashboard shows (waves, the planned line,
+    /// a pause and how to lift it).
+    #[arg(long)]
+    channel: Option<PathBuf>,
 }
 
 pub fn run(args: CollectorArgs) -> anyhow::Result<()> {
@@ -69,11 +77,20 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
+    let schedule = crate::release::schedule_source(a.channel.clone());
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(a.listen)
             .await
             .with_context(|| format!("listening on {}", a.listen))?;
         let addr = listener.local_addr()?;
+        let dash = match a.dashboard {
+            Some(d) => Some(
+                tokio::net::TcpListener::bind(d)
+                    .await
+                    .with_context(|| format!("listening on {d} (--dashboard)"))?,
+            ),
+            None => None,
+        };
         {
             let mut out = std::io::stdout().lock();
             writeln!(
@@ -81,10 +98,20 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
                 "collecting reports at http://{addr}{} into {db}",
                 collector::server::REPORTS_PATH
             )?;
+            if let Some(d) = &dash {
+                writeln!(out, "dashboard at http://{}/", d.local_addr()?)?;
+            }
             out.flush()?;
         }
-        collector::server::serve(listener, app)
-            .await
-            .context("serving reports")
+        let reports = collector::server::serve(listener, app.clone());
+        match dash {
+            None => reports.await.context("serving reports"),
+            Some(d) => {
+                let page = collector::server::serve_dashboard(d, app, schedule);
+                tokio::try_join!(reports, page)
+                    .map(|_| ())
+                    .context("serving reports and the dashboard")
+            }
+        }
     })
 }

@@ -25,6 +25,7 @@
 
 pub mod agent;
 pub mod bootloader;
+#[cfg(feature = "fleet")]
 pub mod collector;
 pub mod logging;
 pub mod node;

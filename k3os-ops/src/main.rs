@@ -6,7 +6,9 @@
 //! Each subcommand lives in its own module of the `k3os_ops` library; this file only parses
 //! arguments and dispatches.
 
-use k3os_ops::{agent, bootloader, collector, logging, release, report, slot, upgrade};
+#[cfg(feature = "fleet")]
+use k3os_ops::collector;
+use k3os_ops::{agent, bootloader, logging, release, report, slot, upgrade};
 
 use clap::{Parser, Subcommand};
 
@@ -34,6 +36,7 @@ enum Cmd {
     /// Write a node's loader files (image builders, adopting a machine) and render boot scripts.
     Bootloader(bootloader::BootloaderArgs),
     /// Receive, verify and store the fleet's reports (`collector serve`).
+    #[cfg(feature = "fleet")]
     Collector(collector::CollectorArgs),
 }
 
@@ -48,6 +51,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Upgrade(args) => upgrade::run(args),
         Cmd::Slot(args) => slot::run(args),
         Cmd::Bootloader(args) => bootloader::run(args),
+        #[cfg(feature = "fleet")]
         Cmd::Collector(args) => collector::run(args),
     };
     match result {

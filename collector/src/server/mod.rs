@@ -83,6 +83,23 @@ impl App {
         Ok(verdict)
     }
 
+    /// The dashboard page over what is stored now, under `schedule`.
+    pub fn dashboard(&self, schedule: &dyn crate::dashboard::Schedule) -> (u16, String) {
+        match self.rows() {
+            Ok(rows) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let enrolled = self.allow.len() as u64;
+                (
+                    200,
+                    crate::dashboard::render(&rows, enrolled, schedule, now),
+                )
+            }
+            Err(e) => (503, format!("{e}\n")),
+        }
+    }
+
     /// Every stored report (for fleet status and tests).
     pub fn rows(&self) -> Result<Vec<crate::Row>, crate::StoreError> {
         self.store.lock().unwrap_or_else(|e| e.into_inner()).rows()
@@ -106,6 +123,39 @@ pub fn router(app: Arc<App>) -> Router {
         // A longer body is refused with 413 before it is read whole.
         .layer(DefaultBodyLimit::max(MAX_REPORT_BYTES))
         .with_state(app)
+}
+
+/// Makes the schedule the dashboard shows, once per page (so a pause shows at once).
+pub type ScheduleSource = Arc<dyn Fn() -> Box<dyn crate::dashboard::Schedule> + Send + Sync>;
+
+/// The read-only dashboard (`GET /`) over `app`: meant for a listener of its own, inside the
+/// publisher's network (the report port faces the sites).
+pub fn dashboard_router(app: Arc<App>, schedule: ScheduleSource) -> Router {
+    Router::new().route(
+        "/",
+        get(move || {
+            let (app, schedule) = (app.clone(), schedule.clone());
+            async move {
+                let page = tokio::task::spawn_blocking(move || app.dashboard(schedule().as_ref()))
+                    .await
+                    .unwrap_or_else(|e| (500, format!("dashboard task failed: {e}\n")));
+                (
+                    StatusCode::from_u16(page.0).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                    [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                    page.1,
+                )
+            }
+        }),
+    )
+}
+
+/// Serve the dashboard of `app` on `listener` until the process ends.
+pub async fn serve_dashboard(
+    listener: tokio::net::TcpListener,
+    app: Arc<App>,
+    schedule: ScheduleSource,
+) -> std::io::Result<()> {
+    axum::serve(listener, dashboard_router(app, schedule)).await
 }
 
 /// Serve `app` on `listener` until the process ends.

@@ -1,8 +1,14 @@
 //! `release rollout-status --reports DB`: beside each release's planned share, what the sites
-//! reported (read from the collector's database; `collector::fleet` counts, this renders).
+//! reported (read from the collector's database; `collector::fleet` counts, this renders),
+//! and with `--abort-if` whether a release meets the abort criteria (`collector::guard`
+//! judges; halting is the publisher's `release pause`, the signed halt is not built yet).
 
+use std::path::Path;
+
+use super::rollout::AbortArgs;
 use chrono::{DateTime, Utc};
 use collector::fleet::{FleetStatus, NodeState, ReleaseStatus, WaveStatus};
+use collector::guard::{Criteria, Verdict};
 use libupgrade::rollout::Rollout;
 use libupgrade::trust::meta::{time_str, Targets};
 use serde::Serialize;
@@ -108,8 +114,9 @@ fn wave_lines(w: &WaveStatus) -> Vec<String> {
         .map(|(s, n)| format!("{} {n}", state_name(*s)))
         .collect();
     let mut out = vec![format!(
-        "      {name}: {} node(s): {}",
+        "      {name}: {} node(s), {} offered: {}",
         w.nodes,
+        w.offered,
         states.join(", ")
     )];
     for (why, n) in &w.failures {
@@ -146,4 +153,176 @@ pub fn lines(f: &FleetStatus, db: &str) -> Vec<String> {
         out.extend(release_lines(r));
     }
     out
+}
+
+/// The criteria `a` asks for (None without `--abort-if`).
+pub fn criteria(a: &AbortArgs) -> anyhow::Result<Option<Criteria>> {
+    let Some(pct) = a.abort_if else {
+        return Ok(None);
+    };
+    if !(0.0..=100.0).contains(&pct) {
+        anyhow::bail!("--abort-if {pct} is not a percentage (0 to 100)");
+    }
+    let state = |s: &str| {
+        serde_json::from_value::<NodeState>(serde_json::Value::String(s.trim().into())).map_err(
+            |_| {
+                anyhow::anyhow!(
+                    "--abort-on {:?}: expected states among stage_failed, rolled_back, fell_back, staged, trial_boot, blessed, waiting, withdrawn_dropped",
+                    s.escape_debug().to_string()
+                )
+            },
+        )
+    };
+    let failures = a
+        .abort_on
+        .split(',')
+        .map(state)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(Criteria {
+        failures,
+        min_nodes: a.abort_min,
+        threshold_percent: pct,
+        wave: a.abort_wave,
+    }))
+}
+
+/// One release's verdict.
+#[derive(Debug, Serialize)]
+pub struct ReleaseVerdict {
+    version: String,
+    #[serde(flatten)]
+    verdict: Verdict,
+}
+
+/// Every reported release judged by `c`.
+pub fn judge(f: &FleetStatus, c: &Criteria) -> Vec<ReleaseVerdict> {
+    f.releases
+        .iter()
+        .map(|r| ReleaseVerdict {
+            version: r.version.clone(),
+            verdict: collector::guard::judge(r, c),
+        })
+        .collect()
+}
+
+/// The verdicts as lines, with the command that halts a release that should be halted.
+pub fn verdict_lines(v: &[ReleaseVerdict], dir: &Path) -> Vec<String> {
+    v.iter()
+        .map(|r| match r.verdict {
+            Verdict::Halt { failed, ran, percent } => format!(
+                "  abort criteria met for {}: {failed} of {ran} node(s) failed ({percent:.2} %): halt it with `k3os-ops release pause {} {} …keys…`",
+                r.version,
+                dir.display(),
+                r.version
+            ),
+            Verdict::TooFew { ran } => format!(
+                "  abort criteria: {} not judged yet: {ran} node(s) ran it",
+                r.version
+            ),
+            Verdict::GoOn { failed, ran, percent } => format!(
+                "  abort criteria not met for {}: {failed} of {ran} node(s) failed ({percent:.2} %)",
+                r.version
+            ),
+        })
+        .collect()
+}
+
+/// `rollout-status` with the fleet's side: the planned shares of `t` at `at`, and with
+/// `--reports` what the sites reported, with `--abort-if` the verdicts, with `--json` all as
+/// JSON.
+pub fn status(
+    dir: &Path,
+    t: &Targets,
+    at: DateTime<Utc>,
+    a: &super::rollout::StatusArgs,
+) -> anyhow::Result<()> {
+    let silent_since = at - chrono::Duration::hours(i64::from(a.silent_hours));
+    let reports = match &a.reports {
+        Some(db) => Some(read(db, t, silent_since)?),
+        None => None,
+    };
+    let criteria = criteria(&a.abort)?;
+    let verdicts = match (&reports, &criteria) {
+        (Some((f, _)), Some(c)) => judge(f, c),
+        (None, Some(_)) => anyhow::bail!("--abort-if needs --reports (the collector's database)"),
+        _ => Vec::new(),
+    };
+    if a.json {
+        let v = serde_json::json!({
+            "at": time_str(&at),
+            "planned": planned(t, at),
+            "reports": reports.as_ref().map(|r| &r.0),
+            "abort_criteria": criteria,
+            "verdicts": verdicts,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    super::rollout::print_status(t, at);
+    if let Some((f, db)) = &reports {
+        for line in lines(f, db) {
+            println!("{line}");
+        }
+    }
+    for line in verdict_lines(&verdicts, dir) {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// The dashboard's view of a channel's rollouts: its published targets, read once per page.
+struct ChannelSchedule {
+    dir: std::path::PathBuf,
+    targets: Option<Targets>,
+}
+
+impl ChannelSchedule {
+    fn rollout(&self, version: &str) -> Option<Option<Rollout>> {
+        let rels = rollouts(self.targets.as_ref()?);
+        rels.into_iter().find(|r| r.0 == version).map(|r| r.2)
+    }
+}
+
+impl collector::dashboard::Schedule for ChannelSchedule {
+    fn wave_of(&self, version: &str, seed: Option<u32>) -> Option<usize> {
+        wave_of(self.targets.as_ref()?, version, seed)
+    }
+
+    fn planned_share(&self, version: &str, at: u64) -> Option<f64> {
+        let at = DateTime::<Utc>::from_timestamp(i64::try_from(at).ok()?, 0)?;
+        Some(match self.rollout(version)? {
+            None => 1.0,
+            Some(r) if r.withdrawn.is_some() => 0.0,
+            Some(r) => f64::from(r.share_ppm_at(at)) / f64::from(libupgrade::rollout::SEED_SPACE),
+        })
+    }
+
+    fn hold(&self, version: &str) -> Option<String> {
+        let r = self.rollout(version)??;
+        if let Some(w) = r.withdrawn {
+            return Some(format!("withdrawn at {} (final)", time_str(&w.at)));
+        }
+        r.paused.map(|p| {
+            format!(
+                "paused since {}: lift with `k3os-ops release resume {} {version} …keys…`",
+                time_str(&p.since),
+                self.dir.display()
+            )
+        })
+    }
+}
+
+/// The dashboard's schedule source for the channel directory `dir` (None: no channel; the
+/// dashboard then shows no waves or planned line). A channel whose targets cannot be read
+/// shows as none, with a warning, rather than failing the page.
+pub fn schedule_source(dir: Option<std::path::PathBuf>) -> collector::server::ScheduleSource {
+    std::sync::Arc::new(move || -> Box<dyn collector::dashboard::Schedule> {
+        let Some(dir) = dir.clone() else {
+            return Box::new(collector::dashboard::NoSchedule);
+        };
+        let targets = super::rollout::published(&dir)
+            .map_err(|e| eprintln!("warning: dashboard without the channel's schedule: {e:#}"))
+            .ok();
+        Box::new(ChannelSchedule { dir, targets })
+    })
 }

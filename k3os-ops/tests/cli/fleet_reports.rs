@@ -21,6 +21,11 @@ struct Collector(Child);
 
 impl Collector {
     fn start(port: u16, db: &Path, allow: &Path) -> Collector {
+        Self::start_with(port, db, allow, &[]).0
+    }
+
+    /// With `extra` arguments; the collector and the stdout lines after the first.
+    fn start_with(port: u16, db: &Path, allow: &Path, extra: &[&str]) -> (Collector, Vec<String>) {
         let mut child = Command::new(release_support::bin())
             .args(["collector", "serve", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
@@ -28,21 +33,27 @@ impl Collector {
             .arg(format!("sqlite:{}", db.display()))
             .arg("--allow")
             .arg(allow)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn k3os-ops collector serve");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        out.read_line(&mut line).unwrap();
         assert!(
             line.starts_with(&format!(
                 "collecting reports at http://127.0.0.1:{port}/v1/reports"
             )),
             "{line:?}"
         );
-        Collector(child)
+        let mut more = Vec::new();
+        if extra.contains(&"--dashboard") {
+            let mut l = String::new();
+            out.read_line(&mut l).unwrap();
+            more.push(l.trim().to_string());
+        }
+        (Collector(child), more)
     }
 }
 
@@ -254,6 +265,17 @@ fn sign_channel<'a>(node: &'a Node, chan: &Path) -> impl Fn(&[&str]) -> String +
     }
 }
 
+/// The node trusts the channel's root: it resolves through the rollouts and reports its seed.
+fn trust_root(node: &Node, chan: &Path) {
+    std::fs::copy(chan.join("1.root.json"), node.path().join("root.json")).unwrap();
+    let cfg = std::fs::read_to_string(&node.config).unwrap();
+    let root = format!(
+        "channel_root = \"{}\"\n",
+        node.path().join("root.json").display()
+    );
+    std::fs::write(&node.config, format!("{root}{cfg}")).unwrap();
+}
+
 #[test]
 fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
     let port = free_port();
@@ -268,14 +290,7 @@ fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
     // One wave, the whole fleet, started an hour ago: the node is in wave 1.
     let start = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
     publish(&["rollout", &c, "v2", "--waves", "100%@+0", "--start", &start]);
-    // The node trusts the channel's root: it resolves through the rollout and reports its seed.
-    std::fs::copy(chan.join("1.root.json"), node.path().join("root.json")).unwrap();
-    let cfg = std::fs::read_to_string(&node.config).unwrap();
-    let root = format!(
-        "channel_root = \"{}\"\n",
-        node.path().join("root.json").display()
-    );
-    std::fs::write(&node.config, format!("{root}{cfg}")).unwrap();
+    trust_root(&node, &chan);
     let _collector = Collector::start(port, &db, &allow);
     node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
     let rows = stored(&db);
@@ -284,13 +299,17 @@ fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
 
     let dbarg = format!("sqlite:{}", db.display());
     let out = node.ok(&["release", "rollout-status", &c, "--reports", &dbarg]);
+    eprintln!("{out}");
     assert!(out.contains("100.00 % of the fleet"), "{out}");
     assert!(
         out.contains("1 node(s) at 1 site(s), 1 report(s), 0 dropped unsent"),
         "{out}"
     );
     assert!(out.contains("v2 (generation 6)"), "{out}");
-    assert!(out.contains("wave 1: 1 node(s): staged 1"), "{out}");
+    assert!(
+        out.contains("wave 1: 1 node(s), 1 offered: staged 1"),
+        "{out}"
+    );
     let json: serde_json::Value = serde_json::from_str(&node.ok(&[
         "release",
         "rollout-status",
@@ -305,7 +324,212 @@ fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
     let wave = &json["reports"]["releases"][0]["waves"][0];
     assert_eq!(wave["wave"], 1);
     assert_eq!(wave["states"]["staged"], 1);
+    assert_eq!(wave["offered"], 1);
     // Without --reports: the planned share only, as before.
     let plain = node.ok(&["release", "rollout-status", &c]);
     assert!(!plain.contains("reported"), "{plain}");
+}
+
+#[test]
+fn abort_criteria_name_the_release_to_halt_and_need_the_reports() {
+    let port = free_port();
+    let node = reporting_node(port, "site-1");
+    let id = node_id(&node);
+    let work = tempfile::tempdir().unwrap();
+    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
+    let (srv, chan) = channel(&node);
+    let _publish = sign_channel(&node, &chan);
+    let c = chan.display().to_string();
+    let _collector = Collector::start(port, &db, &allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    node.ok(&["slot", "activate"]);
+    // The trial boot's health check fails: rolled back, reported by `slot confirm`.
+    cli_support_boot_b(&node);
+    let check = node.path().join("health.d/fails");
+    std::fs::write(&check, "#!/bin/sh\necho disk on fire\nexit 1\n").unwrap();
+    let mut perm = std::fs::metadata(&check).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&check, perm).unwrap();
+    let _ = node.ops(&["slot", "confirm"]);
+    let rows = stored(&db);
+    let kinds: Vec<&str> = rows.iter().map(|r| r.outcome.kind()).collect();
+    assert_eq!(kinds, ["staged", "trial_boot", "rolled_back"]);
+    assert!(
+        rows[2].outcome.why().unwrap().contains("disk on fire"),
+        "{rows:?}"
+    );
+
+    let dbarg = format!("sqlite:{}", db.display());
+    let status = |extra: &[&str]| {
+        let mut a = vec!["release", "rollout-status", &c, "--reports", &dbarg];
+        a.extend_from_slice(extra);
+        node.ok(&a)
+    };
+    let out = status(&["--abort-if", "50", "--abort-min", "1"]);
+    assert!(
+        out.contains("abort criteria met for v2: 1 of 1 node(s) failed (100.00 %): halt it with `k3os-ops release pause"),
+        "{out}"
+    );
+    assert!(out.contains("1 × rolled_back: "), "{out}");
+    let out = status(&["--abort-if", "50", "--abort-min", "5"]);
+    assert!(out.contains("v2 not judged yet: 1 node(s) ran it"), "{out}");
+    let out = status(&[
+        "--abort-if",
+        "50",
+        "--abort-min",
+        "1",
+        "--abort-on",
+        "stage_failed",
+    ]);
+    assert!(
+        out.contains("abort criteria not met for v2: 0 of 1"),
+        "{out}"
+    );
+    let e = node.fails(&["release", "rollout-status", &c, "--abort-if", "50"]);
+    assert!(e.contains("--abort-if needs --reports"), "{e}");
+    let e = node.fails(&[
+        "release",
+        "rollout-status",
+        &c,
+        "--reports",
+        &dbarg,
+        "--abort-if",
+        "50",
+        "--abort-on",
+        "exploded",
+    ]);
+    assert!(e.contains("--abort-on \"exploded\""), "{e}");
+}
+
+/// The page as headless Chromium (Debian's `chromium`, installed by scripts/setup.sh) renders
+/// it: `--dump-dom` prints the DOM after the page loaded.
+fn in_chromium(url: &str) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let out = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(["--dump-dom", url])
+        .output()
+        .expect("chromium (Debian package chromium, installed by scripts/setup.sh)");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_dashboard_shows_in_a_real_browser_what_the_database_holds() {
+    let port = free_port();
+    let node = reporting_node(port, "site-1");
+    let id = node_id(&node);
+    let work = tempfile::tempdir().unwrap();
+    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
+    let (srv, chan) = channel(&node);
+    let publish = sign_channel(&node, &chan);
+    let c = chan.display().to_string();
+    let start = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    publish(&["rollout", &c, "v2", "--waves", "100%@+0", "--start", &start]);
+    trust_root(&node, &chan);
+    let (_collector, more) = Collector::start_with(
+        port,
+        &db,
+        &allow,
+        &["--dashboard", "127.0.0.1:0", "--channel", &c],
+    );
+    let url = more[0].strip_prefix("dashboard at ").unwrap().to_string();
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    node.ok(&["slot", "activate"]);
+    cli_support_boot_b(&node);
+    let check = node.path().join("health.d/fails");
+    std::fs::write(&check, "#!/bin/sh\necho 'disk <on> fire'\nexit 1\n").unwrap();
+    let mut perm = std::fs::metadata(&check).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&check, perm).unwrap();
+    let _ = node.ops(&["slot", "confirm"]);
+    publish(&["pause", &c, "v2"]);
+    assert_eq!(stored(&db).len(), 3);
+
+    let dom = in_chromium(&url);
+    assert!(
+        dom.contains("1 node(s) at 1 site(s) of 1 enrolled, 3 report(s)"),
+        "{dom}"
+    );
+    assert!(dom.contains("v2 (generation 6)"), "{dom}");
+    // Per wave: the one node, rolled back, in wave 1.
+    let row = dom
+        .split("<tr data-wave=\"1\">")
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no wave 1 row in {dom}"));
+    let cells: Vec<&str> = row
+        .split("<td>")
+        .skip(1)
+        .map(|c| c.trim_end_matches("</td>"))
+        .collect();
+    // wave, nodes, offered, waiting, staged, trial_boot, blessed, stage_failed, rolled_back, …
+    assert_eq!(
+        &cells[..9],
+        ["1", "1", "1", "0", "0", "0", "0", "0", "1"],
+        "{row}"
+    );
+    // The failing site with its reason, escaped.
+    assert!(dom.contains("<td>site-1</td>"), "{dom}");
+    assert!(dom.contains("disk &lt;on&gt; fire"), "{dom}");
+    // The chart: one node staged and one failed, against the planned line.
+    assert!(dom.contains("class=\"staged\" data-last=\"1\""), "{dom}");
+    assert!(dom.contains("class=\"failed\" data-last=\"1\""), "{dom}");
+    assert!(dom.contains("class=\"planned\" data-last=\"1\""), "{dom}");
+    // The pause and the command that lifts it.
+    assert!(dom.contains("paused since"), "{dom}");
+    assert!(
+        dom.contains(&format!("k3os-ops release resume {c} v2")),
+        "{dom}"
+    );
+}
+
+/// The state file v0.1.0 wrote (libupgrade's fixture: slot A v1 good, slot B v2 good).
+fn v010_state(node: &Node) {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../libupgrade/tests/fixtures/v0.1.0/state.json");
+    std::fs::copy(fixture, node.path().join("state/state.json")).unwrap();
+}
+
+#[test]
+fn a_node_made_by_v010_reports_from_its_first_outcome_and_one_without_report_url_writes_nothing_new(
+) {
+    // Without report keys: stage, trial, bless; no key, no spool.
+    let quiet = Node::new();
+    v010_state(&quiet);
+    let (srv, _chan) = channel(&quiet);
+    quiet.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    quiet.ok(&["slot", "activate"]);
+    cli_support_boot_b(&quiet);
+    quiet.ok(&["slot", "confirm"]);
+    let state = quiet.path().join("state");
+    assert!(!state.join(libupgrade::NODE_KEY_FILE).exists());
+    assert!(!state.join("report-spool").exists());
+
+    // With them, from a v0.1.0 state file: the first outcome is reported.
+    let port = free_port();
+    let node = reporting_node(port, "site-1");
+    v010_state(&node);
+    let id = node_id(&node);
+    let work = tempfile::tempdir().unwrap();
+    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
+    let (srv, _chan) = channel(&node);
+    let _collector = Collector::start(port, &db, &allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    let rows = stored(&db);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].outcome.kind(), "staged");
 }

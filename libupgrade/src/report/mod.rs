@@ -108,8 +108,8 @@ impl Reporter {
                 site: self.site.clone(),
                 seq: meta.next_seq,
                 at: crate::state::now(),
-                channel: meta.channel.chars().take(256).collect(),
-                version: n.version.chars().take(64).collect(),
+                channel: fit(&meta.channel, 256),
+                version: fit(&n.version, 128),
                 generation: n.generation,
                 outcome: n.outcome,
                 seed: meta.seed,
@@ -207,6 +207,19 @@ impl Updater {
             r.spool(notes, None, Wait::Unchanged);
         }
     }
+}
+
+/// `text` as a report field allows it: control characters dropped, cut at a character
+/// boundary to at most `max` bytes (a field over its limit would make the report unsignable).
+fn fit(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for c in text.chars().filter(|c| !c.is_control()) {
+        if out.len() + c.len_utf8() > max {
+            break;
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn channel_of(rel: &crate::Release) -> Option<&str> {

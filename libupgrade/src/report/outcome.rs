@@ -20,7 +20,9 @@ pub struct Note {
 }
 
 /// The report of a finished stage: `staged` with the bytes fetched and how, or `stage_failed`
-/// with the error's chain. A release that was already staged is no new outcome.
+/// with the error's chain. A release that was already staged, and an attempt that stopped
+/// where it was told to (a byte budget, a download window: resumable, not a failure), are no
+/// new outcome.
 pub fn of_stage(
     res: &crate::Result<StageReport>,
     version: Option<&str>,
@@ -28,6 +30,7 @@ pub fn of_stage(
 ) -> Option<Note> {
     match res {
         Ok(r) if r.already_staged => None,
+        Err(crate::Error::Stopped { .. }) => None,
         Ok(r) => Some(Note {
             outcome: Outcome::Staged {
                 bytes: r.bytes_fetched,

@@ -313,6 +313,16 @@ fn outcomes_map_to_reports() {
     )
     .unwrap();
     assert_eq!(failed.version, "v3");
+    let stopped = crate::Error::Stopped {
+        why: crate::Stop::Budget { budget: 1 },
+        fetched: 1,
+        left: 2,
+    };
+    assert_eq!(
+        outcome::of_stage(&Err(stopped), None, None),
+        None,
+        "a budget stop is no failure"
+    );
     assert!(failed.outcome.why().unwrap().contains("disk on fire"));
 }
 
@@ -362,4 +372,22 @@ fn a_verdict_reports_what_changed_the_booted_slot_and_the_fallback() {
     assert_eq!(kinds(notes.clone()), ["fell_back"]);
     assert_eq!((notes[0].version.as_str(), notes[0].generation), ("v3", 3));
     assert!(notes[0].outcome.why().unwrap().contains("3 of 3 tries"));
+}
+
+#[test]
+fn a_long_or_odd_channel_and_version_still_make_a_signed_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = reporter(dir.path(), "http://127.0.0.1:9/", Limits::default());
+    let channel = format!("https://é.example/{}\u{7}", "é".repeat(300));
+    let n = Note {
+        outcome: Outcome::Blessed,
+        version: format!("v\n{}", "ü".repeat(100)),
+        generation: 3,
+    };
+    r.spool(vec![n], Some(&channel), Wait::Unchanged);
+    let got = spooled(&r);
+    assert_eq!(got.len(), 1, "the report was made");
+    assert!(got[0].channel.len() <= 256 && got[0].channel.starts_with("https://é.example/é"));
+    assert!(got[0].version.len() <= 128 && got[0].version.starts_with("vü"));
+    assert_eq!(fit("a\u{1b}[31mb", 10), "a[31mb");
 }
