@@ -1,5 +1,8 @@
 //! [`NodeOps`] on the real node: libupgrade's [`Updater`](libupgrade::Updater) with the
 //! node's offline-bundle directory, reboot command and quota ledger ([`libupgrade::state::ledger`]).
+//! After a stage, an activation and a confirm it sends the reports libupgrade spooled (a node
+//! with a `report_url`; never failing or delaying the step by more than the send's bound), as
+//! the CLI's commands do at their end.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -165,6 +168,7 @@ impl NodeOps for LibupgradeNode {
         };
         let was_staged =
             |v: &String| matches!(&before, super::status::Inactive::Staged(s) if s == v);
+        crate::node::send_reports(&self.updater);
         Ok(dropped.filter(was_staged))
     }
 
@@ -189,6 +193,7 @@ impl NodeOps for LibupgradeNode {
             ledger::add_fetched(self.state_dir(), day, fetched, spent)
                 .map_err(|e| NodeError::new("stage", e))?;
         }
+        crate::node::send_reports(&self.updater);
         end.map_err(|e| NodeError::new("stage", e))
     }
 
@@ -217,10 +222,13 @@ impl NodeOps for LibupgradeNode {
             names: vec![NODE_READY.to_string()],
             within_secs: node_ready_within.as_secs().max(1),
         };
-        self.updater
+        let r = self
+            .updater
             .activate_awaiting(None, Some(awaits))
             .map(|_| ())
-            .map_err(|e| NodeError::new("activate", e))
+            .map_err(|e| NodeError::new("activate", e));
+        crate::node::send_reports(&self.updater);
+        r
     }
 
     fn confirm(
@@ -228,10 +236,9 @@ impl NodeOps for LibupgradeNode {
         node_ready: libupgrade::health::CheckResult,
     ) -> Result<ConfirmResult, NodeError> {
         use libupgrade::Unconfirmed;
-        let rep = self
-            .updater
-            .confirm_with(&[&node_ready])
-            .map_err(|e| NodeError::new("confirm", e))?;
+        let rep = self.updater.confirm_with(&[&node_ready]);
+        crate::node::send_reports(&self.updater);
+        let rep = rep.map_err(|e| NodeError::new("confirm", e))?;
         match rep.unconfirmed() {
             None => Ok(ConfirmResult::Healthy),
             Some(Unconfirmed::HealthFailed {
