@@ -17,6 +17,20 @@ pub use sqlite::SqliteStore;
 /// The schema version this build writes and reads.
 pub const SCHEMA: i64 = 1;
 
+/// What the schema number a database records means to this build: `Ok(true)` a new database
+/// (record ours), `Ok(false)` ours, an error naming both numbers for any other (nothing is
+/// changed). The one rule both back ends apply.
+pub(crate) fn schema_is_new(db: &str, found: Option<i64>) -> Result<bool, StoreError> {
+    match found {
+        None => Ok(true),
+        Some(SCHEMA) => Ok(false),
+        Some(n) => Err(StoreError {
+            db: db.to_string(),
+            what: format!("schema {n}, this build reads schema {SCHEMA}: nothing was changed"),
+        }),
+    }
+}
+
 /// A store failed; the text names the database and the operation.
 #[derive(Debug, thiserror::Error)]
 #[error("{db}: {what}")]

@@ -50,25 +50,14 @@ impl PgStore {
             .query_opt("SELECT value FROM collector_meta WHERE key = 'schema'", &[])
             .map_err(|e| err("read schema", e))?
             .map(|r| r.get(0));
-        match schema {
-            None => {
-                client
-                    .execute(
-                        "INSERT INTO collector_meta (key, value) VALUES ('schema', $1)
-                         ON CONFLICT (key) DO NOTHING",
-                        &[&SCHEMA],
-                    )
-                    .map_err(|e| err("write schema", e))?;
-            }
-            Some(SCHEMA) => {}
-            Some(n) => {
-                return Err(StoreError {
-                    db,
-                    what: format!(
-                        "schema {n}, this build reads schema {SCHEMA}: nothing was changed"
-                    ),
-                })
-            }
+        if super::schema_is_new(&db, schema)? {
+            client
+                .execute(
+                    "INSERT INTO collector_meta (key, value) VALUES ('schema', $1)
+                     ON CONFLICT (key) DO NOTHING",
+                    &[&SCHEMA],
+                )
+                .map_err(|e| err("write schema", e))?;
         }
         Ok(PgStore { db, client })
     }

@@ -46,23 +46,12 @@ impl SqliteStore {
             )
             .optional()
             .map_err(|e| err("read schema", e))?;
-        match schema {
-            None => {
-                conn.execute(
-                    "INSERT INTO collector_meta (key, value) VALUES ('schema', ?1)",
-                    [SCHEMA],
-                )
-                .map_err(|e| err("write schema", e))?;
-            }
-            Some(SCHEMA) => {}
-            Some(n) => {
-                return Err(StoreError {
-                    db,
-                    what: format!(
-                        "schema {n}, this build reads schema {SCHEMA}: nothing was changed"
-                    ),
-                })
-            }
+        if super::schema_is_new(&db, schema)? {
+            conn.execute(
+                "INSERT INTO collector_meta (key, value) VALUES ('schema', ?1)",
+                [SCHEMA],
+            )
+            .map_err(|e| err("write schema", e))?;
         }
         Ok(SqliteStore { db, conn })
     }
