@@ -109,6 +109,52 @@ fn channel(node: &Node) -> (Server, PathBuf) {
     (Server::start(&chan), chan)
 }
 
+/// One site of the fleet: a node of `site` reporting to a collector on a free `port`, the
+/// collector's database and allow-list (the node enrolled for its site, or nobody), and a
+/// channel served by `release serve` holding v2.
+struct Site {
+    port: u16,
+    node: Node,
+    db: PathBuf,
+    allow: PathBuf,
+    srv: Server,
+    chan: PathBuf,
+    work: tempfile::TempDir,
+}
+
+impl Site {
+    /// `site`'s node, enrolled when `enrolled` (else the allow-list names nobody).
+    fn new(site: &str, enrolled: bool) -> Site {
+        Site::prepared(site, enrolled, |_| {})
+    }
+
+    /// The same, with `prepare` run on the node before anything reads it (its id is made at
+    /// first use): e.g. a v0.1.0 state file.
+    fn prepared(site: &str, enrolled: bool, prepare: impl FnOnce(&Node)) -> Site {
+        let port = free_port();
+        let node = reporting_node(port, site);
+        prepare(&node);
+        let work = tempfile::tempdir().unwrap();
+        let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+        let entry = if enrolled {
+            format!("{} {site}\n", node_id(&node))
+        } else {
+            "# nobody yet\n".to_string()
+        };
+        std::fs::write(&allow, entry).unwrap();
+        let (srv, chan) = channel(&node);
+        Site {
+            port,
+            node,
+            db,
+            allow,
+            srv,
+            chan,
+            work,
+        }
+    }
+}
+
 fn stored(db: &Path) -> Vec<collector::Row> {
     use collector::Store;
     collector::SqliteStore::open(db).unwrap().rows().unwrap()
@@ -129,13 +175,16 @@ fn spooled(node: &Node) -> usize {
 
 #[test]
 fn a_node_reports_staged_then_spools_through_an_outage_then_reports_the_bless() {
-    let port = free_port();
-    let node = reporting_node(port, "site-1");
+    let Site {
+        port,
+        node,
+        db,
+        allow,
+        srv,
+        chan: _chan,
+        work: _work,
+    } = Site::new("site-1", true);
     let id = node_id(&node);
-    let work = tempfile::tempdir().unwrap();
-    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
-    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
-    let (srv, _chan) = channel(&node);
 
     // Staged, reported at the end of `upgrade`.
     let collector = Collector::start(port, &db, &allow);
@@ -199,12 +248,15 @@ fn cli_support_boot_b(node: &Node) {
 
 #[test]
 fn a_node_the_collector_does_not_enrol_is_refused_and_keeps_its_reports() {
-    let port = free_port();
-    let node = reporting_node(port, "site-9");
-    let work = tempfile::tempdir().unwrap();
-    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
-    std::fs::write(&allow, "# nobody yet\n").unwrap();
-    let (srv, _chan) = channel(&node);
+    let Site {
+        port,
+        node,
+        db,
+        allow,
+        srv,
+        chan: _chan,
+        work: _work,
+    } = Site::new("site-9", false);
     let _collector = Collector::start(port, &db, &allow);
     node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
     assert_eq!(stored(&db).len(), 0);
@@ -278,13 +330,15 @@ fn trust_root(node: &Node, chan: &Path) {
 
 #[test]
 fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
-    let port = free_port();
-    let node = reporting_node(port, "site-1");
-    let id = node_id(&node);
-    let work = tempfile::tempdir().unwrap();
-    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
-    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
-    let (srv, chan) = channel(&node);
+    let Site {
+        port,
+        node,
+        db,
+        allow,
+        srv,
+        chan,
+        work: _work,
+    } = Site::new("site-1", true);
     let publish = sign_channel(&node, &chan);
     let c = chan.display().to_string();
     // One wave, the whole fleet, started an hour ago: the node is in wave 1.
@@ -332,13 +386,15 @@ fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
 
 #[test]
 fn abort_criteria_name_the_release_to_halt_and_need_the_reports() {
-    let port = free_port();
-    let node = reporting_node(port, "site-1");
-    let id = node_id(&node);
-    let work = tempfile::tempdir().unwrap();
-    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
-    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
-    let (srv, chan) = channel(&node);
+    let Site {
+        port,
+        node,
+        db,
+        allow,
+        srv,
+        chan,
+        work: _work,
+    } = Site::new("site-1", true);
     let _publish = sign_channel(&node, &chan);
     let c = chan.display().to_string();
     let _collector = Collector::start(port, &db, &allow);
@@ -427,13 +483,15 @@ fn in_chromium(url: &str) -> String {
 
 #[test]
 fn the_dashboard_shows_in_a_real_browser_what_the_database_holds() {
-    let port = free_port();
-    let node = reporting_node(port, "site-1");
-    let id = node_id(&node);
-    let work = tempfile::tempdir().unwrap();
-    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
-    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
-    let (srv, chan) = channel(&node);
+    let Site {
+        port,
+        node,
+        db,
+        allow,
+        srv,
+        chan,
+        work: _work,
+    } = Site::new("site-1", true);
     let publish = sign_channel(&node, &chan);
     let c = chan.display().to_string();
     let start = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
@@ -519,14 +577,15 @@ fn a_node_made_by_v010_reports_from_its_first_outcome_and_one_without_report_url
     assert!(!state.join("report-spool").exists());
 
     // With them, from a v0.1.0 state file: the first outcome is reported.
-    let port = free_port();
-    let node = reporting_node(port, "site-1");
-    v010_state(&node);
-    let id = node_id(&node);
-    let work = tempfile::tempdir().unwrap();
-    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
-    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
-    let (srv, _chan) = channel(&node);
+    let Site {
+        port,
+        node,
+        db,
+        allow,
+        srv,
+        chan: _chan,
+        work: _work,
+    } = Site::prepared("site-1", true, v010_state);
     let _collector = Collector::start(port, &db, &allow);
     node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
     let rows = stored(&db);
