@@ -276,3 +276,36 @@ fn assert_signed_chain_without_rollouts(dir: &Path) {
     assert_eq!(served.root.version, 2);
     assert!(served.targets.is_some());
 }
+
+/// The chain's own shape: `root.json` that is not the newest root of the chain, and a snapshot
+/// served without the timestamp that pins it, are refused like an edited file, naming it.
+#[test]
+fn a_stale_root_json_or_a_missing_timestamp_is_refused_naming_the_file() {
+    let c = Chan::new(1);
+    let changes = std::collections::BTreeMap::from([(Role::Timestamp, c.spec(&["timestamp2"], 1))]);
+    let year = publish::expires_in(Days::days(365));
+    publish::rotate_root(&c.dir, &changes, &[c.k("root1")], year).unwrap();
+    let expires = publish::expires_in(Days::days(90));
+    let cases: [(&str, Option<Vec<u8>>); 2] = [
+        ("root.json", Some(c.read("1.root.json"))),
+        ("timestamp.json", None),
+    ];
+    for (file, replacement) in cases {
+        let original = c.read(file);
+        match &replacement {
+            Some(b) => c.write(file, b),
+            None => std::fs::remove_file(c.dir.join(file)).unwrap(),
+        }
+        let before = testkit::tree_bytes(&c.dir);
+        let e = publish::write_targets(&c.dir, &[c.k("targets1")], expires).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&c.dir.join(file).display().to_string())
+                && msg.contains("refusing to sign"),
+            "{file}: {msg}"
+        );
+        testkit::assert_same_tree(file, &before, &testkit::tree_bytes(&c.dir));
+        c.write(file, &original);
+    }
+    publish::write_targets(&c.dir, &[c.k("targets1")], expires).unwrap();
+}
