@@ -115,7 +115,8 @@ fn outside_annotation_space(body: &Value) -> Option<String> {
     let bad: Vec<&String> = ann
         .iter()
         .filter(|(k, v)| {
-            !k.starts_with("k3os.io/update-") && !(v.is_null() && *k == "k3os.io/stage-preview")
+            let legacy_removed = v.is_null() && *k == "k3os.io/stage-preview";
+            !(k.starts_with("k3os.io/update-") || legacy_removed)
         })
         .map(|(k, _)| k)
         .collect();
