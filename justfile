@@ -18,9 +18,9 @@ images-build arch:
     #!/bin/sh
     set -eu
     images/scripts/fetch-debs.sh {{arch}} >/dev/null
-    cargo build --release -p k3os-ops --target x86_64-unknown-linux-musl
+    cargo build --release -p k3os-ops --no-default-features --target x86_64-unknown-linux-musl
     if [ "{{arch}}" != x86_64 ]; then
-        cargo build --release -p k3os-ops --target {{arch}}-unknown-linux-musl
+        cargo build --release -p k3os-ops --no-default-features --target {{arch}}-unknown-linux-musl
     fi
     cargo build -p k3os-images
     target/debug/k3os-images build --arch {{arch}} \
@@ -70,8 +70,8 @@ test:
 # after it time what they do, not compilation (the same cargo invocations as those phases, so
 # no feature set differs and nothing is built twice).
 builds:
-    cargo build --release -p k3os-ops --target x86_64-unknown-linux-musl
-    cargo build --release -p k3os-ops --target aarch64-unknown-linux-musl
+    cargo build --release -p k3os-ops --no-default-features --target x86_64-unknown-linux-musl
+    cargo build --release -p k3os-ops --no-default-features --target aarch64-unknown-linux-musl
     cargo build -p k3os-images
     cargo test --workspace --exclude vm-tests --no-run
     cargo test -p vm-tests --no-run
@@ -123,8 +123,8 @@ image:
     #!/bin/sh
     set -eu
     t="${CARGO_TARGET_DIR:-target}"
-    cargo build --release -p k3os-ops --target x86_64-unknown-linux-musl
-    cargo build --release -p k3os-ops --target aarch64-unknown-linux-musl
+    cargo build --release -p k3os-ops --no-default-features --target x86_64-unknown-linux-musl
+    cargo build --release -p k3os-ops --no-default-features --target aarch64-unknown-linux-musl
     cargo run -q -p k3os-ops --bin k3os-oci -- --out "$t/oci/k3os-ops.oci.tar" \
         --ref docker.io/library/k3os-ops:0.2.0 \
         --binary amd64="$t/x86_64-unknown-linux-musl/release/k3os-ops" \

@@ -57,6 +57,18 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
         "a file name in the test initramfs, never run on the host",
     ),
     ("node", "a word in messages and Kubernetes kinds, never run"),
+    (
+        "cc",
+        "a digest in test fixtures (libupgrade/src/stage/plan.rs), never run by a test or script; the C compiler itself is rustup's prerequisite",
+    ),
+    (
+        "open",
+        "a word in messages (xdg-utils' open arrives with chromium, never run)",
+    ),
+    (
+        "red",
+        "a colour in the collector's dashboard (ed's red arrives with chromium, never run)",
+    ),
     ("size", "a word in messages and JSON keys, never run"),
     ("write", "a word in messages, never run"),
     (

@@ -132,7 +132,11 @@ fn grub() {
         "v020-torn-copy1",
         &grub_input(3, 4, &files, Some(v010_cfg.as_slice())),
     );
-    // Plain blocks with escapes, comments and no warning line.
+    grub_plain_blocks();
+}
+
+/// Plain blocks with escapes, comments and no warning line.
+fn grub_plain_blocks() {
     let env = GrubEnv::from_pairs([
         ("a", "1"),
         ("path", "c:\\x\\"),
@@ -421,6 +425,41 @@ fn patches() {
     seed("patch", "squashfs-ops", &out);
 }
 
+/// Signed reports of every outcome by the fixture key (`report`), and an allow-list.
+fn reports() {
+    use fleet_report::{NodeId, Outcome, Report, Transfer, WaitFor};
+    let key = ed25519_dalek::SigningKey::from_bytes(&k3os_fuzz::SIGNING_SEED);
+    let node = NodeId::of(&key.verifying_key());
+    let outcomes = [
+        Outcome::Staged { bytes: 48_000_000, by: Transfer::Patch },
+        Outcome::StageFailed { why: "sha256 of rootfs \"x\" is not the manifest's".into() },
+        Outcome::Waiting { wait_for: WaitFor::Wave, until: Some(1_800_000_000) },
+        Outcome::Waiting { wait_for: WaitFor::Pause, until: None },
+        Outcome::TrialBoot,
+        Outcome::Blessed,
+        Outcome::RolledBack { why: "x".repeat(2000) },
+        Outcome::FellBack { why: "3 of 3 tries used".into() },
+        Outcome::WithdrawnDropped,
+    ];
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        let r = Report {
+            v: fleet_report::FORMAT,
+            node,
+            site: "site-0001".into(),
+            seq: i as u64 + 1,
+            at: 1_800_000_000 + i as u64,
+            channel: "http://127.0.0.1:8080/stable".into(),
+            version: "v2".into(),
+            generation: 2,
+            outcome,
+            seed: (i % 2 == 0).then_some(4242),
+            dropped: i as u64 % 2,
+        };
+        seed("report", &format!("{}-{i}", r.outcome.kind()), &r.sign(&key).unwrap());
+    }
+    seed("report", "allow-list", format!("# enrolled\n{node} site-0001\n").as_bytes());
+}
+
 fn main() {
     grub();
     syslinux();
@@ -430,5 +469,6 @@ fn main() {
     channels();
     states();
     patches();
+    reports();
     println!("seeds written to {}", root().display());
 }

@@ -6,7 +6,10 @@
 //! fixed base's, so mutations reach the ops instead of stopping at the base check. Asserts:
 //! no panic; nothing emitted past the header's target size, and the total never exceeds it;
 //! an accepted patch emitted exactly the target's size with its sha256; an error names an op
-//! or the header; a patch whose header does not parse emits nothing.
+//! or the header; a patch whose header does not parse emits nothing. Then `patch::apply_needed`
+//! (a resumed stage) on the same input, wanting only the ranges an input byte picks: pieces
+//! come at increasing offsets inside the target, and a patch `apply` accepted is accepted with
+//! every byte emitted or skipped exactly once.
 #![no_main]
 
 use std::io::Write;
@@ -48,6 +51,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     assert!(emitted <= h.target_size, "emitted {emitted} past {}", h.target_size);
+    let accepted = res.is_ok();
     match res {
         Ok(st) => {
             assert_eq!(st.bytes, h.target_size);
@@ -57,5 +61,32 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(emitted, 0, "emitted before a refusal");
         }
         Err(_) => {}
+    }
+    // A resumed apply wanting the 4 KiB pages whose index the last input byte's bits pick.
+    let pick = data.last().copied().unwrap_or(0);
+    let needed = |r: std::ops::Range<u64>| {
+        let (first, end) = (r.start / 4096, r.end.div_ceil(4096));
+        // Eight pages or more meet every bit; fewer are looked at one by one (a Copy op may
+        // claim 2^60 bytes).
+        (first..end.min(first + 8)).any(|page| pick >> (page % 8) & 1 == 1)
+    };
+    let mut next = 0u64;
+    let mut total = 0u64;
+    let res = patch::apply_needed(
+        &mut &p[..],
+        patch::Base::whole(&f).unwrap(),
+        &needed,
+        &mut |at: u64, b: &[u8]| {
+            assert!(at >= next, "piece at {at} before {next}");
+            assert!(at + b.len() as u64 <= h.target_size, "piece past the target");
+            next = at + b.len() as u64;
+            total += b.len() as u64;
+            Ok(())
+        },
+    );
+    if accepted {
+        let st = res.expect("what apply accepts, a resumed apply accepts");
+        assert_eq!(st.bytes, h.target_size);
+        assert_eq!(total + st.skipped_bytes, h.target_size);
     }
 });

@@ -1,24 +1,27 @@
-//! The simulated node side of the agent ([`NodeOps`]) shared by the idle-agent test and the
+//! The simulated node side of the agent ([`NodeOps`]) shared by the agent's tests and the
 //! fleet bench: no disk, no bootloader, only the versions a node's slots hold. Given a channel
 //! ([`SimNode::with_channel`]: the releases its signed metadata lists, with their rollouts, and
-//! a clock the test moves), it resolves `latest` or a pinned version and checks a stage with
-//! libupgrade's own pure rollout decision (`libupgrade::rollout::offer`, `admission`) for the seed it is asked with,
-//! and records those seeds. The tests that
-//! check what the agent asks of a node in which order (`flow`, `kube_mock`: a logging
-//! `FakeNode` each) and the fleet test over the real `LibupgradeNode` (`fleet_rig`) keep
-//! fakes of their own: they look at the calls, not only at their outcome.
+//! a clock the test moves), it resolves `latest` or a pinned version with libupgrade's own
+//! pure rollout decision (`libupgrade::rollout::offer`, `admission`) for the seed it is asked
+//! with, and records those seeds; a stage of the resolved release is instant. Without a
+//! channel it follows pinned versions only, each offered as by a channel without rollouts
+//! ([`offered`]). Two tests keep a node of
+//! their own: `flow`, whose logging fake records what the agent asks of a node in which order
+//! (it looks at the calls, not only at their outcome), and the fleet test, which wraps the real
+//! `LibupgradeNode` (`fleet_rig`) to hand its reboots to a power driver.
 
 use std::sync::mpsc as sync_mpsc;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use k3os_ops::agent::host::latest::Latest;
-use k3os_ops::agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
-use k3os_ops::agent::host::pinned::Pinned;
+use k3os_ops::agent::host::ops::{
+    ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress, Withheld,
+};
 use k3os_ops::agent::host::status::{Inactive, NodeUpdateStatus};
+use libupgrade::channel::RolloutNote;
 use libupgrade::rollout::{self, Installed, Listed, Seed};
-use libupgrade::StageRequest;
+use libupgrade::{Origin, Release, Source, StageOptions, StageRequest};
 use tokio::sync::mpsc;
 
 /// A reboot handed to the power driver: the node's index and the sender to answer on once
@@ -167,6 +170,83 @@ impl SimNode {
     }
 }
 
+impl SimNode {
+    /// `latest` for `seed`: what `rollout::offer` takes, else the running release.
+    fn resolve_latest(&self, seed: Seed) -> Result<Release, NodeError> {
+        let (ch, running, offer) = self.offer(seed)?;
+        let version = offer.take.map_or(running.version, |t| t.version);
+        Ok(release(&version, note(seed, offer.waiting, withdrawn(&ch))))
+    }
+
+    /// An explicitly named `version` for `seed`, as libupgrade resolves one: the release's
+    /// rollout must admit the seed (unless `ignore_rollout`); a release this node staged goes
+    /// on. A node without a channel follows a channel without rollouts: every version offered.
+    fn resolve_version(
+        &self,
+        version: &str,
+        seed: Seed,
+        ignore_rollout: bool,
+    ) -> Result<Release, NodeError> {
+        let Some(ch) = self.channel.lock().unwrap().clone() else {
+            return Ok(release(version, note(seed, None, Vec::new())));
+        };
+        let listed = ch
+            .releases
+            .iter()
+            .find(|l| l.version == version)
+            .ok_or_else(|| NodeError::new("resolve", format!("{version} is not listed")))?;
+        let started =
+            matches!(&self.slots.lock().unwrap().inactive, Inactive::Staged(v) if v == version);
+        match rollout::admission(seed, self.now(&ch), listed, started) {
+            Err(hold) if !ignore_rollout => Err(NodeError {
+                withheld: Some(Withheld {
+                    hold: hold.clone(),
+                    withdrawn: withdrawn(&ch),
+                }),
+                ..NodeError::new("resolve", format!("{version} is not offered: {hold}"))
+            }),
+            _ => Ok(release(version, note(seed, None, withdrawn(&ch)))),
+        }
+    }
+}
+
+/// `version` as a channel without rollouts resolves it: offered, nothing withdrawn (the fake
+/// nodes of the tests that look at the agent's calls, not at the rollouts).
+pub fn offered(version: &str) -> Release {
+    release(
+        version,
+        note(Seed::new(0).expect("0 is a seed"), None, Vec::new()),
+    )
+}
+
+/// What a simulated channel resolution says of the rollouts.
+fn note(seed: Seed, waiting: Option<rollout::Waiting>, withdrawn: Vec<String>) -> RolloutNote {
+    RolloutNote {
+        seed,
+        waiting,
+        toward: None,
+        ignored: None,
+        drop_staged: None,
+        nothing_newer: false,
+        withdrawn,
+    }
+}
+
+/// The simulated channel's release `version` (no files: a simulated stage writes nothing).
+fn release(version: &str, note: RolloutNote) -> Release {
+    Release {
+        version: Some(version.to_string()),
+        origin: Origin::Channel {
+            channel: "sim".into(),
+            wanted: version.to_string(),
+            location: format!("sim/{version}"),
+            signed: true,
+            rollout: Some(Box::new(note)),
+        },
+        ..Release::at(Source::Path(format!("/sim/{version}").into()))
+    }
+}
+
 /// The versions of the releases `ch` lists as withdrawn, oldest first.
 fn withdrawn(ch: &SimChannel) -> Vec<String> {
     let mut gone: Vec<&Listed> = ch
@@ -194,49 +274,15 @@ impl NodeOps for SimNode {
             failed_trial: None,
         })
     }
-    fn resolve_latest(&self, _: &str, seed: Seed) -> Result<Latest, NodeError> {
-        self.seeds.lock().unwrap().push(Some(seed));
-        let (ch, running, offer) = self.offer(seed)?;
-        Ok(Latest {
-            version: offer.take.map_or(running.version, |t| t.version),
-            waiting: offer.waiting,
-            withdrawn: withdrawn(&ch),
-        })
-    }
-    fn resolve_pinned(
-        &self,
-        _: &str,
-        version: &str,
-        seed: Seed,
-        ignore_rollout: bool,
-    ) -> Result<Pinned, NodeError> {
-        self.seeds.lock().unwrap().push(Some(seed));
-        let Some(ch) = self.channel.lock().unwrap().clone() else {
-            // No channel given: one without rollouts, every version offered.
-            return Ok(Pinned::offered(version));
-        };
-        let listed = ch
-            .releases
-            .iter()
-            .find(|l| l.version == version)
-            .ok_or_else(|| NodeError::new("resolve", format!("{version} is not listed")))?;
-        // As libupgrade's explicit-version resolution: a release this node staged goes on
-        // (unless withdrawn); the withdrawn releases are listed when it is offered.
-        let started =
-            matches!(&self.slots.lock().unwrap().inactive, Inactive::Staged(v) if v == version);
-        Ok(
-            match rollout::admission(seed, self.now(&ch), listed, started) {
-                Err(hold) if !ignore_rollout => Pinned {
-                    version: version.into(),
-                    hold: Some(hold),
-                    withdrawn: withdrawn(&ch),
-                },
-                _ => Pinned {
-                    withdrawn: withdrawn(&ch),
-                    ..Pinned::offered(version)
-                },
-            },
-        )
+    fn resolve(&self, req: &StageRequest) -> Result<Release, NodeError> {
+        self.seeds.lock().unwrap().push(req.seed);
+        let seed = req
+            .seed
+            .ok_or_else(|| NodeError::new("resolve", "a request without a seed"))?;
+        match req.wanted.version() {
+            None => self.resolve_latest(seed),
+            Some(v) => self.resolve_version(v, seed, req.ignore_rollout),
+        }
     }
     fn drop_withdrawn(&self, _: &str, seed: Seed) -> Result<Option<String>, NodeError> {
         self.seeds.lock().unwrap().push(Some(seed));
@@ -252,30 +298,13 @@ impl NodeOps for SimNode {
     }
     fn stage(
         &self,
-        req: &StageRequest,
+        rel: &Release,
+        _: &StageOptions,
         _: Option<chrono::NaiveDate>,
         _: &dyn StageProgress,
     ) -> Result<StageEnd, NodeError> {
-        let version = req.wanted.version().unwrap_or_default();
-        if let Some(ch) = self.channel.lock().unwrap().clone() {
-            // As libupgrade's explicit-version resolution: the release's rollout must admit
-            // the seed the request carries.
-            self.seeds.lock().unwrap().push(req.seed);
-            let seed = req
-                .seed
-                .ok_or_else(|| NodeError::new("resolve", "stage request without a seed"))?;
-            let listed = ch
-                .releases
-                .iter()
-                .find(|l| l.version == version)
-                .ok_or_else(|| NodeError::new("resolve", format!("{version} is not listed")))?;
-            if !req.ignore_rollout {
-                rollout::admission(seed, self.now(&ch), listed, false).map_err(|hold| {
-                    NodeError::new("resolve", format!("{version} is not offered: {hold}"))
-                })?;
-            }
-        }
-        self.slots.lock().unwrap().inactive = Inactive::Staged(version.into());
+        let version = rel.version.clone().unwrap_or_default();
+        self.slots.lock().unwrap().inactive = Inactive::Staged(version);
         Ok(StageEnd::Staged { fetched: 0 })
     }
     fn activate(&self, _: Duration) -> Result<(), NodeError> {

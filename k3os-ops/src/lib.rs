@@ -6,6 +6,7 @@
 //! - [`slot`]: manual A/B slot steering (`k3os-ops slot …`);
 //! - [`release`]: create, sign, index, verify and serve releases (`k3os-ops release …`);
 //! - [`bootloader`]: write a node's loader files and render boot scripts (`k3os-ops bootloader …`);
+//! - [`collector`]: receive and store the fleet's reports (`k3os-ops collector serve`);
 //! - [`logging`]: the library's warnings (each retry and why) on stderr for one-shot commands;
 //! - [`node`]: the node config argument and the reboot, shared by the node-side commands;
 //! - [`progress`]: how `upgrade` shows a download; [`report`]: how a failed command prints
@@ -17,13 +18,15 @@
 //! and `bootconfig`, and uses the shared edges ([`node`], [`progress`], [`report`],
 //! [`logging`]), which import no subcommand. Between subcommands data flows one way, and no
 //! module imports one that imports it back:
-//! - [`slot`] shows the agent's last stage preview (`agent::host::ledger`);
+//! - [`slot`] shows the agent's last stage preview (`libupgrade::state::ledger`);
 //! - [`agent`] reports a boot outcome through [`report`]'s mapping;
 //! - [`release`] renders boot scripts through [`bootloader`] and reads times and durations
 //!   with [`upgrade`]'s parsers (`parse_time`, `parse_retry_for`).
 
 pub mod agent;
 pub mod bootloader;
+#[cfg(feature = "fleet")]
+pub mod collector;
 pub mod logging;
 pub mod node;
 pub mod progress;

@@ -2,10 +2,12 @@
 //!
 //! Subcommands: `upgrade` (one-shot), `slot …` (manual status/activate/confirm/rollback),
 //! `release …` (create, sign and serve releases), `bootloader …` (install loader files),
-//! `agent` (the Kubernetes controller).
+//! `agent` (the Kubernetes controller), `collector serve` (the fleet's reports).
 //! Each subcommand lives in its own module of the `k3os_ops` library; this file only parses
 //! arguments and dispatches.
 
+#[cfg(feature = "fleet")]
+use k3os_ops::collector;
 use k3os_ops::{agent, bootloader, logging, release, report, slot, upgrade};
 
 use clap::{Parser, Subcommand};
@@ -33,6 +35,9 @@ enum Cmd {
     Slot(slot::SlotArgs),
     /// Write a node's loader files (image builders, adopting a machine) and render boot scripts.
     Bootloader(bootloader::BootloaderArgs),
+    /// Receive, verify and store the fleet's reports (`collector serve`).
+    #[cfg(feature = "fleet")]
+    Collector(collector::CollectorArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -46,6 +51,8 @@ fn main() -> std::process::ExitCode {
         Cmd::Upgrade(args) => upgrade::run(args),
         Cmd::Slot(args) => slot::run(args),
         Cmd::Bootloader(args) => bootloader::run(args),
+        #[cfg(feature = "fleet")]
+        Cmd::Collector(args) => collector::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -22,6 +22,21 @@ impl ConfigArg {
     }
 }
 
+/// Send the node's spooled reports at the end of a command (a node with a `report_url`);
+/// never fails the command: what could not go stays spooled and is logged.
+pub fn send_reports(u: &Updater) {
+    if let Some(out) = u.send_reports() {
+        if out.sent > 0 || out.refused > 0 {
+            log::info!(
+                "reports: {} sent, {} refused, {} still spooled",
+                out.sent,
+                out.refused,
+                out.kept
+            );
+        }
+    }
+}
+
 /// Environment variable naming the reboot command (whitespace-separated argv); the agent reads
 /// the same one. Unset: [`Reboot::from_env`] picks the host's own `reboot`.
 pub const REBOOT_CMD_ENV: &str = "K3OS_OPS_REBOOT_CMD";

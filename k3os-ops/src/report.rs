@@ -6,13 +6,10 @@
 //! joins the chain with ": " and leaves out every cause whose text the line already holds.
 //!
 //! A boot assessment that does not end on a good slot is a value of the library
-//! ([`ConfirmReport`]); [`Unconfirmed`] makes it the command's error and [`exit_code`] its exit
-//! status.
+//! ([`libupgrade::ConfirmReport::unconfirmed`], a [`Unconfirmed`]); a command makes it its
+//! error and [`exit_code`] its exit status.
 
-use bootconfig::Slot;
-use libupgrade::state::Outcome;
-use libupgrade::state::SlotState;
-use libupgrade::ConfirmReport;
+use libupgrade::Unconfirmed;
 
 /// One line for the whole error chain, each distinct message once.
 pub fn render(err: &anyhow::Error) -> String {
@@ -24,61 +21,12 @@ pub fn render(err: &anyhow::Error) -> String {
 /// stopped at its byte budget or at the end of its download schedule (progress kept).
 pub const EXIT_PENDING: u8 = 75;
 
-/// A boot assessment whose outcome is not a good slot, as the error of the command that
-/// asked for it: the one place an [`Outcome`] becomes a message and an exit status.
-#[derive(Debug, thiserror::Error)]
-pub enum Unconfirmed {
-    /// A check failed; `rolled_back`: the loader boots the other (good) slot next.
-    #[error("health check failed on slot {slot}: {failures}")]
-    HealthFailed {
-        slot: Slot,
-        failures: String,
-        rolled_back: bool,
-    },
-    /// Awaited checks were not reported yet: still on trial.
-    #[error("slot {slot} passed its health checks but is not marked good yet: waiting for {waiting_for} (to be reported within {within_secs} s of the boot, e.g. by the agent); a reboot before then counts as a failed try")]
-    Pending {
-        slot: Slot,
-        waiting_for: String,
-        within_secs: u64,
-    },
-    /// The booted slot's content is not known to be complete.
-    #[error("slot {slot} is {state}, expected staged, trying or good (its content is not known to be complete)")]
-    NotAssessable { slot: Slot, state: SlotState },
-}
-
-impl Unconfirmed {
-    /// `None` when `rep` ends on a good slot (blessed now or before).
-    pub fn of(rep: &ConfirmReport) -> Option<Unconfirmed> {
-        let slot = rep.slot;
-        match rep.outcome() {
-            Outcome::Blessed | Outcome::Good => None,
-            Outcome::RolledBack { .. } | Outcome::Unhealthy => Some(Unconfirmed::HealthFailed {
-                slot,
-                failures: rep.failures(),
-                rolled_back: matches!(rep.outcome(), Outcome::RolledBack { .. }),
-            }),
-            Outcome::Pending {
-                waiting_for,
-                within_secs,
-            } => Some(Unconfirmed::Pending {
-                slot,
-                waiting_for: waiting_for.join(", "),
-                within_secs: *within_secs,
-            }),
-            Outcome::NotAssessable { state } => Some(Unconfirmed::NotAssessable {
-                slot,
-                state: *state,
-            }),
-        }
-    }
-
-    /// [`EXIT_PENDING`] when the bless waits for awaited checks, 1 otherwise.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Unconfirmed::Pending { .. } => EXIT_PENDING,
-            _ => 1,
-        }
+/// The exit status of a command whose boot assessment did not end on a good slot:
+/// [`EXIT_PENDING`] when the bless waits for awaited checks, 1 otherwise.
+pub fn unconfirmed_exit(u: &Unconfirmed) -> u8 {
+    match u {
+        Unconfirmed::Pending { .. } => EXIT_PENDING,
+        _ => 1,
     }
 }
 
@@ -97,12 +45,15 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
     }
     err.chain()
         .find_map(|e| e.downcast_ref::<Unconfirmed>())
-        .map_or(1, Unconfirmed::exit_code)
+        .map_or(1, unconfirmed_exit)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bootconfig::Slot;
+    use libupgrade::state::{Outcome, SlotState};
+    use libupgrade::ConfirmReport;
 
     #[derive(Debug, thiserror::Error)]
     #[error("manifest {location}: {source}")]
@@ -153,8 +104,8 @@ mod tests {
             ok: false,
             detail: "app is down".into(),
         }];
-        assert!(Unconfirmed::of(&report(Outcome::Blessed, vec![])).is_none());
-        assert!(Unconfirmed::of(&report(Outcome::Good, vec![])).is_none());
+        assert!(report(Outcome::Blessed, vec![]).unconfirmed().is_none());
+        assert!(report(Outcome::Good, vec![]).unconfirmed().is_none());
         let cases = [
             (
                 Outcome::RolledBack { to: Slot::A },
@@ -183,7 +134,8 @@ mod tests {
             ),
         ];
         for (outcome, text, code) in cases {
-            let e = Unconfirmed::of(&report(outcome.clone(), failed.clone()))
+            let e = report(outcome.clone(), failed.clone())
+                .unconfirmed()
                 .unwrap_or_else(|| panic!("{outcome:?} is not good"));
             assert!(e.to_string().starts_with(text), "{outcome:?}: {e}");
             let err = anyhow::Error::new(e).context("slot confirm");

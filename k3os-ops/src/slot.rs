@@ -13,7 +13,7 @@ use libupgrade::{Slot, Updater};
 use libupgrade::{SlotStatus, Status};
 
 use crate::node::{reboot, ConfigArg};
-use crate::report::Unconfirmed;
+use libupgrade::Unconfirmed;
 
 #[derive(Args, Debug)]
 pub struct SlotArgs {
@@ -86,19 +86,25 @@ pub enum SlotCmd {
 
 pub fn run(args: SlotArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
-    match args.cmd {
-        SlotCmd::Status { json } => status(&u, json),
+    let out = dispatch(&u, args.cmd);
+    crate::node::send_reports(&u);
+    out
+}
+
+fn dispatch(u: &Updater, cmd: SlotCmd) -> anyhow::Result<()> {
+    match cmd {
+        SlotCmd::Status { json } => status(u, json),
         SlotCmd::Activate {
             slot,
             awaits,
             within_secs,
-        } => activate(&u, slot, awaits, within_secs),
-        SlotCmd::AwaitBless { reboot: now } => await_bless(&u, now),
+        } => activate(u, slot, awaits, within_secs),
+        SlotCmd::AwaitBless { reboot: now } => await_bless(u, now),
         SlotCmd::Confirm {
             json,
             passed,
             failed,
-        } => confirm(&u, json, &passed, &failed),
+        } => confirm(u, json, &passed, &failed),
         SlotCmd::Rollback {
             reason,
             reboot: now,
@@ -106,6 +112,7 @@ pub fn run(args: SlotArgs) -> anyhow::Result<()> {
             let to = u.rollback(&reason)?;
             println!("slot {to} boots next");
             if now {
+                crate::node::send_reports(u);
                 reboot()?;
             }
             Ok(())
@@ -122,11 +129,11 @@ pub fn run(args: SlotArgs) -> anyhow::Result<()> {
 fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
     let st = u.status()?;
     // The agent's last stage preview (`stage-preview.json` in the state directory, see
-    // `agent/ledger.rs`); absent on nodes that never staged through the agent.
+    // `libupgrade::state::ledger`); absent on nodes that never staged through the agent.
     // `slot status` is what one runs when something is wrong: an unreadable preview is a
     // warning, never a failure of the status.
     let preview =
-        crate::agent::host::ledger::last_preview(&u.config().state_dir).unwrap_or_else(|e| {
+        libupgrade::state::ledger::last_preview(&u.config().state_dir).unwrap_or_else(|e| {
             eprintln!("warning: {e} (the agent's stage preview is not shown)");
             None
         });
@@ -135,10 +142,23 @@ fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
         eprintln!("warning: {e} (the node's rollout seed is not shown)");
         None
     });
+    // The node's id for the collector's allow-list, its report key made at first use.
+    let node_id = u.node_id().map(|n| n.to_string()).unwrap_or_else(|e| {
+        eprintln!(
+            "warning: {} (the node id is not shown)",
+            libupgrade::chain_line(&e)
+        );
+        String::new()
+    });
     if json {
         let mut v = serde_json::to_value(&st)?;
         if let Some(o) = v.as_object_mut() {
             o.insert("seed".into(), serde_json::to_value(seed.map(|s| s.get()))?);
+            o.insert("node_id".into(), serde_json::to_value(&node_id)?);
+            o.insert(
+                "reports_spooled".into(),
+                serde_json::to_value(u.spooled_reports())?,
+            );
             if let Some(p) = &preview {
                 o.insert("stage_preview".into(), serde_json::to_value(p)?);
             }
@@ -147,11 +167,24 @@ fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
     } else {
         print!("{}", render_status(&st));
         println!("{}", render_seed(seed));
+        println!("{}", render_node_id(&node_id, u));
         if let Some(p) = &preview {
             print!("{}", render_preview(p));
         }
     }
     Ok(())
+}
+
+/// The node id line: the id to enrol at the collector, where reports go and how many wait.
+fn render_node_id(id: &str, u: &Updater) -> String {
+    let id = if id.is_empty() { "unknown" } else { id };
+    match (&u.config().report_url, &u.config().report_site) {
+        (Some(url), Some(site)) => format!(
+            "node id: {id} (site {site}, reports to {url}; {} spooled)",
+            u.spooled_reports()
+        ),
+        _ => format!("node id: {id} (reports nowhere: no report_url)"),
+    }
 }
 
 /// The node's rollout seed line: its position among the fleet's million, or that it has none yet.
@@ -168,7 +201,7 @@ pub fn render_seed(seed: Option<libupgrade::rollout::Seed>) -> String {
 }
 
 /// The agent's last stage preview: what staging its target fetches and reuses.
-pub fn render_preview(p: &crate::agent::host::ledger::PreviewRecord) -> String {
+pub fn render_preview(p: &libupgrade::state::ledger::PreviewRecord) -> String {
     let at = p.at.map_or(String::new(), |t| {
         format!(
             ", previewed {}",
@@ -224,7 +257,7 @@ fn confirm(u: &Updater, json: bool, passed: &[String], failed: &[String]) -> any
     let reported = reported_checks(passed, failed)?;
     let refs: Vec<&dyn HealthCheck> = reported.iter().map(|c| c as &dyn HealthCheck).collect();
     let rep = u.confirm_with(&refs).context("slot confirm")?;
-    if let Some(not_good) = Unconfirmed::of(&rep) {
+    if let Some(not_good) = rep.unconfirmed() {
         return Err(anyhow::Error::new(not_good).context("slot confirm"));
     }
     if json {
@@ -324,7 +357,7 @@ fn await_bless(u: &Updater, reboot_now: bool) -> anyhow::Result<()> {
         let Some(rep) = u.fail_awaited(&why).context("slot await-bless")? else {
             continue;
         };
-        let Some(not_good) = Unconfirmed::of(&rep) else {
+        let Some(not_good) = rep.unconfirmed() else {
             println!("slot {}: {}", rep.slot, rep.verdict.reason);
             return Ok(());
         };
@@ -476,7 +509,7 @@ mod tests {
 
     #[test]
     fn the_stage_preview_reads_with_exact_bytes() {
-        let p = crate::agent::host::ledger::PreviewRecord {
+        let p = libupgrade::state::ledger::PreviewRecord {
             format: 1,
             version: "v2".into(),
             fetch: 3_145_728,

@@ -94,6 +94,13 @@ pub struct UpgradeArgs {
     /// `500K`, `2M`, `1.5MiB` (a site's thin link is shared with production traffic).
     #[arg(long, value_parser = parse_rate)]
     pub max_rate: Option<u64>,
+    /// When a listed patch fetches fewer bytes than chunks but its recompression may take
+    /// longer: `auto` takes the way estimated to finish sooner at the rate `--max-rate` or
+    /// `--stage-window` tells (the fewest bytes with no rate told, or with `--max-bytes`);
+    /// `bytes` always the fewest bytes; `time` the sooner way, also at a rate measured on the
+    /// chunk indexes and under `--max-bytes`. `--plan-only` says which and why.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub prefer: PreferArg,
     /// How long this attempt keeps retrying a failing server or link before it gives up
     /// (`90s`, `45m`, `6h`, `2d`, or `forever`); the final error says what failed last.
     #[arg(long, default_value = "6h", value_parser = parse_retry_for)]
@@ -192,12 +199,25 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 
 pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
-    let req = request(&args, Utc::now())?;
+    // Reports of what this run reached go out at its end, before a reboot, whatever the
+    // outcome; they never change it.
+    let reboot = stage_and_activate(&u, &args);
+    crate::node::send_reports(&u);
+    if reboot? {
+        println!("rebooting");
+        crate::node::reboot()?;
+    }
+    Ok(())
+}
+
+/// `upgrade` up to the reboot: whether to reboot now.
+fn stage_and_activate(u: &libupgrade::Updater, args: &UpgradeArgs) -> anyhow::Result<bool> {
+    let req = request(args, Utc::now())?;
     let rel = match u.resolve(&req) {
         Err(e) => match e.channel_error() {
             Some(c @ libupgrade::channel::ChannelError::NothingOffered { .. }) => {
                 println!("nothing to stage: {c}");
-                return Ok(());
+                return Ok(false);
             }
             _ => return Err(e.into()),
         },
@@ -206,16 +226,16 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     if !matches!(rel.origin, Origin::Source) {
         eprintln!("{rel}");
     }
-    if args.converge && converged(&u, rel.version.as_deref())? {
-        return Ok(());
+    if args.converge && converged(u, rel.version.as_deref())? {
+        return Ok(false);
     }
     if let Some(note) = nothing_newer(&rel) {
         println!("nothing to stage: {note}");
-        return Ok(());
+        return Ok(false);
     }
     if args.plan_only {
         print_preview(&u.preview(&rel, &req.options)?);
-        return Ok(());
+        return Ok(false);
     }
     let progress = reporter(if args.quiet {
         ProgressMode::None
@@ -224,18 +244,14 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     });
     print_report(&u.stage(&rel, &req.options, progress.as_ref())?);
     if args.stage_only {
-        return Ok(());
+        return Ok(false);
     }
     let slot = u.activate()?;
     println!(
         "activated slot {slot}: {} will try it on the next boot",
         u.bootloader().name()
     );
-    if args.reboot {
-        println!("rebooting");
-        crate::node::reboot()?;
-    }
-    Ok(())
+    Ok(args.reboot)
 }
 
 /// When the channel's rollouts offer this node nothing newer than what it runs, what they say
@@ -296,6 +312,7 @@ fn request(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<StageReques
                 .map(|s| ExtraSource::parse(s))
                 .collect(),
             schedule: schedule(args, now)?,
+            prefer: args.prefer.into(),
             ..StageOptions::default()
         },
     })
@@ -318,6 +335,27 @@ fn schedule(args: &UpgradeArgs, now: DateTime<Utc>) -> anyhow::Result<Option<Sch
         );
     }
     Ok(Some(s))
+}
+
+/// `--prefer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PreferArg {
+    /// The sooner way at a told rate, unless `--max-bytes` is set.
+    Auto,
+    /// The fewest bytes.
+    Bytes,
+    /// The sooner way, at a told or measured rate.
+    Time,
+}
+
+impl From<PreferArg> for libupgrade::Prefer {
+    fn from(p: PreferArg) -> Self {
+        match p {
+            PreferArg::Auto => libupgrade::Prefer::Auto,
+            PreferArg::Bytes => libupgrade::Prefer::Bytes,
+            PreferArg::Time => libupgrade::Prefer::Time,
+        }
+    }
 }
 
 /// `--plan-only`: one line per artifact and a total, sizes for people with exact bytes.
@@ -353,6 +391,9 @@ fn print_preview(p: &StagePreview) {
                 None => String::new(),
             }
         );
+        if let Some(why) = &a.choice {
+            println!("          ({})", why.escape_debug());
+        }
     }
     let total: u64 = p.artifacts.iter().map(|a| a.size).sum();
     println!(

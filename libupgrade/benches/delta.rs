@@ -455,6 +455,8 @@ fn config(work: &Path) -> Config {
         reachability: None,
         channel_root: std::path::PathBuf::from("/nonexistent/root.json"),
         channel_metadata: Default::default(),
+        report_url: None,
+        report_site: None,
     }
 }
 

@@ -11,6 +11,8 @@
 //! channel_metadata = "auto"      # or "required": refuse channels without signed metadata
 //! health_dir = "/etc/k3os-ops/health.d"
 //! health_timeout_secs = 30
+//! report_url = "https://fleet.example/reports"   # optional: where outcomes are reported
+//! report_site = "store-0042"     # this node's site, as the collector enrolled it
 //! [layout]
 //! kind = "gpt"                   # partitions rootfs-a/rootfs-b + kernels on the boot partition
 //! disk = "/dev/vda"
@@ -160,6 +162,15 @@ pub struct Config {
     /// used (see [`crate::channel::MetadataPolicy`]).
     #[serde(default)]
     pub channel_metadata: crate::channel::MetadataPolicy,
+    /// The collector's URL (`http://` or `https://`) that this node's update outcomes are
+    /// reported to (see `crate::report`); None (default): the node reports nothing and
+    /// spools nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_url: Option<String>,
+    /// The site (cluster) this node reports for, as the collector's allow-list enrols it:
+    /// 1-63 of `a-z 0-9 . _ -`. Required with `report_url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_site: Option<String>,
 }
 
 impl Config {
@@ -182,6 +193,7 @@ impl Config {
                 crate::MAX_TRIES
             ));
         }
+        check_report_keys(&c)?;
         Ok(c)
     }
 
@@ -192,6 +204,39 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
         Self::load(&path)
     }
+}
+
+/// `report_url` is an http(s) URL and comes with a valid `report_site`.
+fn check_report_keys(c: &Config) -> std::result::Result<(), String> {
+    let Some(url) = &c.report_url else {
+        return match &c.report_site {
+            Some(_) => Err("report_site is set but report_url is not".into()),
+            None => Ok(()),
+        };
+    };
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(format!(
+            "report_url = {:?} is not an http:// or https:// URL",
+            url.escape_debug().to_string()
+        ));
+    }
+    let site = c
+        .report_site
+        .as_deref()
+        .ok_or("report_url needs report_site (the node's site name)")?;
+    let ok = !site.is_empty()
+        && site.len() <= 63
+        && site.as_bytes()[0].is_ascii_alphanumeric()
+        && site
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+    if !ok {
+        return Err(format!(
+            "report_site = {:?} is not 1-63 of a-z 0-9 . _ - starting with a letter or digit",
+            site.escape_debug().to_string()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -231,5 +276,30 @@ mod tests {
         let e = Config::parse("bootloader = \"grub\"\ntries = 0\n[layout]\nkind=\"gpt\"\ndisk=\"/d\"\nboot_dir=\"/b\"\n")
             .unwrap_err();
         assert!(e.contains("tries"), "{e}");
+    }
+
+    #[test]
+    fn report_keys_come_together_and_are_checked() {
+        let base = "bootloader = \"grub\"\n[layout]\nkind=\"gpt\"\ndisk=\"/d\"\nboot_dir=\"/b\"\n";
+        let with = |keys: &str| Config::parse(&format!("{keys}\n{base}"));
+        let c = with("report_url = \"https://c.example/r\"\nreport_site = \"site-1\"").unwrap();
+        assert_eq!(c.report_url.as_deref(), Some("https://c.example/r"));
+        assert_eq!(c.report_site.as_deref(), Some("site-1"));
+        assert_eq!(with("").unwrap().report_url, None);
+        for (keys, want) in [
+            ("report_url = \"https://c.example/r\"", "needs report_site"),
+            ("report_site = \"a\"", "report_url is not"),
+            (
+                "report_url = \"ftp://x\"\nreport_site = \"a\"",
+                "not an http",
+            ),
+            (
+                "report_url = \"http://x\"\nreport_site = \"Site A\"",
+                "report_site",
+            ),
+        ] {
+            let e = with(keys).unwrap_err();
+            assert!(e.contains(want), "{keys}: {e}");
+        }
     }
 }

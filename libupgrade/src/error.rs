@@ -268,10 +268,32 @@ pub enum Error {
     /// The caller asked for something contradictory or impossible (text says what).
     #[error("invalid request: {0}")]
     Usage(String),
+    /// The node's report key file cannot be used (see `crate::report`).
+    #[error("node key {}: {what}", path.display())]
+    NodeKey {
+        /// The key file.
+        path: std::path::PathBuf,
+        /// What is wrong, with what was found.
+        what: String,
+    },
 }
 
 /// A result whose error defaults to libupgrade's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<crate::state::store::StoreError> for Error {
+    /// The state file's errors with the messages they always had: an I/O error as
+    /// [`Error::Io`], a damaged file as [`Error::State`], a failed replacement as
+    /// [`Error::Boot`].
+    fn from(e: crate::state::store::StoreError) -> Error {
+        use crate::state::store::StoreError;
+        match e {
+            StoreError::Io { op, path, source } => Error::Io { op, path, source },
+            StoreError::Damaged { path, what } => Error::State { path, what },
+            StoreError::Write(e) => Error::Boot(e),
+        }
+    }
+}
 
 impl Error {
     pub(crate) fn io(op: &'static str, path: impl AsRef<Path>, source: std::io::Error) -> Error {

@@ -38,6 +38,9 @@
 //! `checkpoint`), `stage/` the pipeline, [`chunk`], [`channel`], [`trust`], [`rollout`],
 //! [`state`], [`layout`] and [`release`] their own formats and tools.
 //!
+//! - **Report** (`report`): each outcome above spools one signed report ([`fleet_report`])
+//!   on the state partition; [`Updater::send_reports`] sends them to the node's `report_url`.
+//!
 //! Below them: `config` ([`Config`], the node configuration), `error` ([`Error`], and
 //! [`chain_line`], the one renderer of error chains), [`units`] (sizes, rates, durations), [`version`] (what a release version may be),
 //! [`http`] (the one HTTP client), `barrier` (named write barriers for power-cut tests),
@@ -52,6 +55,7 @@ mod boot;
 mod config;
 mod error;
 mod net;
+mod report;
 mod request;
 mod sqcheck;
 mod stage;
@@ -81,21 +85,26 @@ pub use boot::assess::{
 };
 pub use boot::bootscript::{ScriptRefusal, ScriptStep};
 pub use boot::confirm::ConfirmReport;
+pub use boot::outcome::Unconfirmed;
 pub use boot::{health, reach};
 pub use bootconfig::Slot;
-pub use chunk::rate::{Clock, MinRate, SystemClock};
-pub use chunk::schedule::{Allowance, Schedule, ScheduleError, Window};
 pub use config::{BootloaderKind, Config, LayoutConfig, CONFIG_ENV, DEFAULT_CONFIG};
 pub use error::{chain_line, join_messages, Error, Result, Stop};
 #[cfg(feature = "fuzzing")]
 pub use net::checkpoint::fuzz_load_and_resave;
 pub use net::fetch::{ExtraSource, Probe, Source, Watch};
 pub use net::http;
+pub use net::rate::{Clock, MinRate, SystemClock};
 pub use net::retry::{Backoff, MAX_DELAY};
+pub use net::schedule::{Allowance, Schedule, ScheduleError, Window};
+pub use report::{
+    spool_dir, Limits as SpoolLimits, ReportsSent, CONTENT_TYPE as REPORT_CONTENT_TYPE,
+    KEY_FILE as NODE_KEY_FILE, SPOOL_DIR,
+};
 pub use request::{ResolveError, StageRequest, Wanted, Writes};
 pub use sqcheck::Superblock;
 pub use stage::{
-    ArtifactCost, NoProgress, Origin, PatchOutcome, Progress, Release, StageOptions, StagePreview,
-    StageReport, DEFAULT_RETRY_FOR,
+    ArtifactCost, NoProgress, Origin, PatchOutcome, Prefer, Progress, Release, StageOptions,
+    StagePreview, StageReport, DEFAULT_RETRY_FOR,
 };
 pub use updater::{loader_for, SlotStatus, Status, Updater};

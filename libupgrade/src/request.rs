@@ -128,6 +128,32 @@ impl StageRequest {
         StageRequest { options, ..self }
     }
 
+    /// The offline bundle of the wanted channel version in [`StageRequest::bundle_dir`], as
+    /// [`StageRequest::resolve`] would take it before the channel; `None` when there is no
+    /// bundle directory, no version named, or no bundle of it. Reads local files only: a front
+    /// end that resolved the channel already (the agent's tick) asks this instead of resolving
+    /// again.
+    pub fn offline(&self) -> Result<Option<Release>, ResolveError> {
+        let (Some(dir), Some(v)) = (&self.bundle_dir, self.checked_version()?) else {
+            return Ok(None);
+        };
+        Ok(find_bundle(dir, v)?.map(|b| Release::from_bundle(b, true)))
+    }
+
+    /// The channel version asked for by name, refused when it is not a plain name
+    /// ([`crate::version`]) before anything is looked up with it.
+    fn checked_version(&self) -> Result<Option<&str>, ResolveError> {
+        let (Wanted::Channel { channel, .. }, Some(v)) = (&self.wanted, self.wanted.version())
+        else {
+            return Ok(None);
+        };
+        crate::version::check_version(v).map_err(|source| ResolveError::Version {
+            channel: channel.clone(),
+            source,
+        })?;
+        Ok(Some(v))
+    }
+
     /// Resolve what is wanted on a node configured by `cfg` (its channel root, trust record and
     /// seed file) that runs `running` and has `staged` in its other slot: the release to stage
     /// and what its signed manifest must be. Through signed metadata the releases' rollouts
@@ -143,16 +169,9 @@ impl StageRequest {
             Wanted::Source(source) => Ok(Release::at(source.clone())),
             Wanted::Channel { channel, .. } => {
                 let version = self.wanted.version();
-                if let Some(v) = version {
-                    crate::version::check_version(v).map_err(|source| ResolveError::Version {
-                        channel: channel.clone(),
-                        source,
-                    })?;
-                }
-                if let (Some(dir), Some(v)) = (&self.bundle_dir, version) {
-                    if let Some(b) = find_bundle(dir, v)? {
-                        return Ok(Release::from_bundle(b, true));
-                    }
+                // Checks the version asked for (a plain name) before anything is looked up.
+                if let Some(rel) = self.offline()? {
+                    return Ok(rel);
                 }
                 let mut trust = TrustOptions::from_config(cfg);
                 trust.ignore_expiry = self.ignore_expiry;

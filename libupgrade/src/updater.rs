@@ -292,8 +292,10 @@ impl Updater {
             } => note.drop_staged.as_ref(),
             _ => None,
         };
+        let mut dropped_now = false;
         if let (crate::Writes::All, Some(d), Some(s)) = (req.writes, dropped, &staged) {
             if d == s {
+                dropped_now = true;
                 let other = self.booted_slot()?.other();
                 self.mark_bad(
                     other,
@@ -304,6 +306,9 @@ impl Updater {
                     ),
                 )?;
             }
+        }
+        if req.writes != crate::Writes::Nothing {
+            self.report_resolve(&rel, dropped_now);
         }
         Ok(rel)
     }
@@ -334,7 +339,9 @@ impl Updater {
     ) -> Result<StageReport> {
         let booted = self.booted_slot()?;
         let st = self.load(Some(booted))?;
-        self.stager(opts).stage(booted, st, rel, opts, progress)
+        let res = self.stager(opts).stage(booted, st, rel, opts, progress);
+        self.report_stage(rel, &res);
+        res
     }
 
     /// What [`Updater::stage`] with the same release and options would fetch and reuse, per
@@ -449,6 +456,8 @@ impl Updater {
         }
         self.boot.try_slot(slot, tries)?;
         crate::barrier::hit("activate:bootloader-flipped");
+        let trial = crate::report::note_of(fleet_report::Outcome::TrialBoot, st.slot(slot));
+        self.report_notes(vec![trial]);
         Ok(slot)
     }
 
@@ -503,6 +512,10 @@ impl Updater {
         )?;
         st.activation = None;
         self.store.save(&st, "rollback:state")?;
+        let why = fleet_report::Outcome::RolledBack {
+            why: reason.to_string(),
+        };
+        self.report_notes(vec![crate::report::note_of(why, st.slot(booted))]);
         Ok(other)
     }
 

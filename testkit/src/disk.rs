@@ -158,6 +158,8 @@ impl TestDisk {
             reachability: None,
             channel_root: self.dir.path().join("root.json"),
             channel_metadata: Default::default(),
+            report_url: None,
+            report_site: None,
         };
         std::fs::write(&c.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
         boot_as(&c, Slot::A, "boot-1");

@@ -48,5 +48,7 @@ pub fn dir_config(p: &Path, trust: &Path, bootloader: BootloaderKind) -> Config 
         reachability: None,
         channel_root: p.join("root.json"),
         channel_metadata: Default::default(),
+        report_url: None,
+        report_site: None,
     }
 }

@@ -149,6 +149,28 @@ fn sized(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == ENV_SIZE as u64)
 }
 
+/// Why an env copy cannot be used as `script` reads it (`present`: the file exists; `env`: it
+/// loads as a GRUB environment block), or `None` when its values are intact.
+fn copy_problem(present: bool, env: Option<&Loaded>, script: GrubScript) -> Option<String> {
+    match (present, env) {
+        (false, _) => Some("missing".to_string()),
+        (true, None) => Some("not a GRUB environment block (no signature)".to_string()),
+        (true, Some(_)) if script == GrubScript::V1 => None,
+        (true, Some(l)) => {
+            let want = check_value(|k| l.get(k).map(str::to_string));
+            match l.get(VAR_CHECK) {
+                Some(c) if c == want => None,
+                Some(c) => Some(format!(
+                    "damaged: {VAR_CHECK}={c:?} does not match its values {want:?}; none of them is used"
+                )),
+                None => Some(format!(
+                    "damaged: no {VAR_CHECK} to confirm its values {want:?}; none of them is used"
+                )),
+            }
+        }
+    }
+}
+
 /// One env copy as `script` reads it: its lock value, and its variables when intact, or why it
 /// is damaged. Script 1 has no check: a copy that loads is intact.
 fn read_copy(
@@ -174,23 +196,7 @@ fn read_copy(
             .retain(|(k, _)| names.contains(k) || k.as_str() == VAR_CHECK);
         l
     });
-    let problem = match (&env_raw, &env) {
-        (None, _) => Some("missing".to_string()),
-        (Some(_), None) => Some("not a GRUB environment block (no signature)".to_string()),
-        (Some(_), Some(_)) if script == GrubScript::V1 => None,
-        (Some(_), Some(l)) => {
-            let want = check_value(|k| l.get(k).map(str::to_string));
-            match l.get(VAR_CHECK) {
-                Some(c) if c == want => None,
-                Some(c) => Some(format!(
-                    "damaged: {VAR_CHECK}={c:?} does not match its values {want:?}; none of them is used"
-                )),
-                None => Some(format!(
-                    "damaged: no {VAR_CHECK} to confirm its values {want:?}; none of them is used"
-                )),
-            }
-        }
-    };
+    let problem = copy_problem(env_raw.is_some(), env.as_ref(), script);
     if let Some(what) = &problem {
         damaged.push(Damage {
             record: format!("copy {n}"),

@@ -39,7 +39,6 @@ fn pad4<W: Write>(w: &mut W, len: usize) -> io::Result<()> {
     w.write_all(&[0u8; 3][..pad])
 }
 
-#[allow(clippy::too_many_arguments)]
 fn header<W: Write>(
     w: &mut W,
     ino: u32,

@@ -45,7 +45,7 @@ mod reply;
 mod serve;
 mod world;
 
-pub use objects::{merge, node_ready, ready_node, running_pod};
+pub use objects::{channel_object, merge, node_ready, ready_node, running_pod};
 pub use serve::{client, counted_client, resource_of, run_cluster, serve};
 pub use world::World;
 

@@ -1,6 +1,7 @@
 //! The objects of the fake cluster as JSON: merge-patch semantics, Nodes and Pods and
 //! their readiness.
 
+use k3os_ops::agent::channel::crd::UpdateChannel;
 use serde_json::{json, Value};
 
 pub fn merge(target: &mut Value, patch: &Value) {
@@ -76,4 +77,15 @@ pub fn running_pod(
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
     })
+}
+
+/// `ch` (built from [`UpdateChannel::test`]) as the fake API server holds it: in the agent's
+/// namespace, with a UID (`ch-uid`, the cluster seed's input) and generation 1.
+pub fn channel_object(ch: &UpdateChannel) -> Value {
+    let mut v = serde_json::to_value(ch).expect("a channel serializes");
+    merge(
+        &mut v,
+        &json!({"metadata": {"namespace": super::NS, "uid": "ch-uid", "generation": 1}}),
+    );
+    v
 }

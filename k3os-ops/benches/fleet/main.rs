@@ -120,13 +120,14 @@ impl Fleet {
             n["metadata"]["annotations"] = json!({"k3os.io/update-version": "v1"});
             n
         });
-        let channel = json!({
-            "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-            "metadata": {"name": "stable", "namespace": NS, "uid": "ch-uid", "generation": 1},
-            "spec": {"url": "https://releases.example/", "version": "v1",
-                     "concurrency": concurrency, "maxFailures": 1, "rebootTimeout": REBOOT_TIMEOUT},
-            "status": {"slots": [], "failures": [], "conditions": []}
-        });
+        let channel = fake_api::channel_object(
+            &agent::channel::crd::UpdateChannel::test()
+                .url("https://releases.example/")
+                .version(Some("v1"))
+                .concurrency(concurrency)
+                .reboot_timeout(REBOOT_TIMEOUT)
+                .build(),
+        );
         let mut world = World::new(node_objs, channel);
         let monitor = Arc::new(Mutex::new(Monitor {
             concurrency: concurrency as usize,

@@ -5,7 +5,6 @@
 //! Events) is in [`super::cluster::publish`], the shared bookkeeping effects in [`super::cluster::effects`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,44 +56,47 @@ pub struct Clients {
 }
 
 /// What one agent process remembers between reconciles (nothing here is needed to resume:
-/// that state is persisted on the channel, the Node and the slots).
+/// that state is persisted on the channel, the Node and the slots). Plain data behind the
+/// agent's one lock (`Agent::remember`): every access is a short critical section that
+/// never spans an await.
 pub struct Memory {
     /// Back-off of stages after failed ones (on the stage clock).
-    pub(in crate::agent) stages: Mutex<Cooldown>,
+    pub(in crate::agent) stages: Cooldown,
     /// Back-off of claims after aborted disruptions (drain/activate failed, slot lost).
-    pub(in crate::agent) claims: Mutex<Cooldown>,
+    pub(in crate::agent) claims: Cooldown,
     /// UID of this node, for Event references.
-    pub(in crate::agent) node_uid: Mutex<Option<String>>,
-    pub(in crate::agent) last_note: Mutex<Option<String>>,
+    pub(in crate::agent) node_uid: Option<String>,
+    /// The last `reason:note` published by [`Agent::event_once`] (the same one is not repeated).
+    pub(in crate::agent) last_note: Option<String>,
     /// The last ChannelConflict note published (reported again only when it changes).
-    pub(in crate::agent) last_conflict: Mutex<Option<String>>,
+    pub(in crate::agent) last_conflict: Option<String>,
     /// How long this node's Lease had not been renewed when the agent started (`None`: no
     /// Lease). Taken by the first reconcile (its decision may forfeit a held claim, see
     /// [`super::reconcile::decide::Action::Forfeit`]).
-    pub(in crate::agent) startup_silence: Mutex<Option<Duration>>,
+    pub(in crate::agent) startup_silence: Option<Duration>,
     /// This boot's not-yet-assessed state was reported (condition + Event) by this process.
-    pub(in crate::agent) not_assessed_reported: AtomicBool,
+    pub(in crate::agent) not_assessed_reported: bool,
     /// Format refusals already reported (each text once per agent process).
-    pub(in crate::agent) format_reported: Mutex<BTreeSet<String>>,
+    pub(in crate::agent) format_reported: BTreeSet<String>,
     /// What the last fresh read of the Node and the channels saw (see [`super::cluster::cache`]).
-    pub(in crate::agent) fresh: Mutex<Option<super::cluster::cache::Fresh>>,
+    pub(in crate::agent) fresh: Option<super::cluster::cache::Fresh>,
     /// The Node's annotations as last read or written (an unchanged patch is not sent).
-    pub(in crate::agent) node_annotations: Mutex<Option<BTreeMap<String, String>>>,
+    pub(in crate::agent) node_annotations: Option<BTreeMap<String, String>>,
 }
 
 impl Default for Memory {
     fn default() -> Memory {
         Memory {
-            stages: Mutex::new(Cooldown::stages()),
-            claims: Mutex::new(Cooldown::claims()),
-            node_uid: Mutex::default(),
-            last_note: Mutex::default(),
-            last_conflict: Mutex::default(),
-            startup_silence: Mutex::default(),
-            not_assessed_reported: AtomicBool::default(),
-            format_reported: Mutex::default(),
-            fresh: Mutex::default(),
-            node_annotations: Mutex::default(),
+            stages: Cooldown::stages(),
+            claims: Cooldown::claims(),
+            node_uid: None,
+            last_note: None,
+            last_conflict: None,
+            startup_silence: None,
+            not_assessed_reported: false,
+            format_reported: BTreeSet::new(),
+            fresh: None,
+            node_annotations: None,
         }
     }
 }
@@ -112,7 +114,7 @@ pub enum Next {
 pub struct Agent {
     pub settings: Settings,
     pub clients: Clients,
-    pub(in crate::agent) memory: Memory,
+    memory: Mutex<Memory>,
 }
 
 impl Agent {
@@ -142,8 +144,14 @@ impl Agent {
                 metrics: Arc::new(super::metrics::Metrics::new(node)),
                 watched: None,
             },
-            memory: Memory::default(),
+            memory: Mutex::default(),
         }
+    }
+
+    /// Read or change what this process remembers, under its one lock (held only for `f`,
+    /// which must not block).
+    pub(in crate::agent) fn remember<T>(&self, f: impl FnOnce(&mut Memory) -> T) -> T {
+        f(&mut self.memory.lock().expect("memory lock not poisoned"))
     }
 
     /// This agent with watch caches; `writes` must count the requests of its client (see
@@ -176,11 +184,11 @@ impl Agent {
 
     /// Remember the Node's annotations as just read.
     pub(in crate::agent) fn saw_annotations(&self, annotations: BTreeMap<String, String>) {
-        *self.memory.node_annotations.lock().expect("not poisoned") = Some(annotations);
+        self.remember(|m| m.node_annotations = Some(annotations));
     }
 
     pub fn set_startup_silence(&self, silence: Option<Duration>) {
-        *self.memory.startup_silence.lock().expect("not poisoned") = silence;
+        self.remember(|m| m.startup_silence = silence);
     }
 
     pub(in crate::agent) fn nodes(&self) -> Api<Node> {

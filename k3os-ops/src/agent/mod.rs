@@ -31,8 +31,10 @@
 //! cluster/       the Kubernetes side: the CAS slot protocol (slots over kube_store), cordon
 //!  │             and Eviction (drain), annotations and Events (publish, events), the shared
 //!  │             give-back effects, the gate probes, ChannelStale, watch caches, kube client
-//! host/          the node side over libupgrade (ops, status), the quota ledger and preview
-//!  │             record (ledger), the stage progress annotation (stage_progress)
+//! host/          the node side over libupgrade: libupgrade's verbs (ops: resolve once, then
+//!  │             preview and stage that release; node: the real node), the looking-only
+//!  │             resolutions (requests), status, the stage progress annotation
+//!  │             (stage_progress); the quota ledger and preview record are libupgrade's
 //! channel/       what a channel says, parsed once, pure: the resource (crd), the spec
 //!                (spec: Policy; window, duration, rollout, thin, gates, selector), the
 //!                channels listed and picked (listing), fleet counts (counts), formats
@@ -57,7 +59,8 @@
 //! [`cluster::publish`], [`cluster::events`], [`cluster::effects`], [`cluster::gate_probe`],
 //! [`cluster::stale`], [`cluster::rollout_status`], [`cluster::cache`], [`cluster::client`],
 //! [`cluster::token_scope`]), [`fleet`] ([`fleet::background`], [`fleet::poller`], [`fleet::counter`]), [`host`]
-//! ([`host::ops`], [`host::latest`], [`host::pinned`], [`host::status`], [`host::ledger`],
+//! ([`host::ops`], [`host::node`], [`host::requests`], [`host::latest`], [`host::pinned`],
+//! [`host::status`],
 //! [`host::stage_progress`]), and the shared [`context`], [`errors`],
 //! [`metrics`], [`phase`], [`mod@run`].
 //!

@@ -112,7 +112,7 @@ async fn start_agent(args: &AgentArgs, node: &str) -> anyhow::Result<Arc<Agent>>
         .await
         .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
     let ops: Arc<dyn NodeOps> =
-        Arc::new(super::host::ops::LibupgradeNode::open(args.config.clone())?);
+        Arc::new(super::host::node::LibupgradeNode::open(args.config.clone())?);
     let self_pod = args
         .pod_name
         .as_ref()

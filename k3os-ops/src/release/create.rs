@@ -117,7 +117,13 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
             sc.path, sc.size, sc.kind, sc.version
         );
     }
-    for p in &patches {
+    print_patches(&patches);
+    Ok(())
+}
+
+/// One line per patch `release create` built (kept or dropped), and why one is large.
+fn print_patches(patches: &[release::PatchBuilt]) {
+    for p in patches {
         println!(
             "  patch {} from {} ({}): {} bytes, by chunks {} bytes, built in {:.1} s: {}{}",
             p.artifact,
@@ -135,6 +141,13 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
                 None => String::new(),
             }
         );
+        let (recompressed, verbatim) = p.blocks;
+        if verbatim > 0 {
+            println!(
+                "    {verbatim} of {} changed blocks do not recompress identically with the nodes' zstd {} and are carried whole: was the image made with another libzstd?",
+                recompressed + verbatim,
+                libupgrade::patch::zstd_version()
+            );
+        }
     }
-    Ok(())
 }

@@ -6,6 +6,8 @@
 
 mod bundle;
 mod create;
+#[cfg(feature = "fleet")]
+mod fleet_status;
 mod metadata;
 mod rollout;
 mod serve;
@@ -17,6 +19,9 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use libupgrade::manifest::Arch;
 use libupgrade::{channel, release, signing};
+
+#[cfg(feature = "fleet")]
+pub use fleet_status::schedule_source;
 
 #[derive(Args, Debug)]
 pub struct ReleaseArgs {

@@ -83,10 +83,41 @@ pub struct ChangeArgs {
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     /// The channel directory (its targets.json as published).
-    dir: PathBuf,
+    pub(super) dir: PathBuf,
     /// The time to show (RFC 3339; default now).
     #[arg(long, value_parser = parse_time)]
     at: Option<DateTime<Utc>>,
+    /// The collector's database (`sqlite:PATH` or a `postgres://` URL): show beside each
+    /// release what the sites reported, per wave.
+    #[arg(long)]
+    pub(super) reports: Option<String>,
+    /// With --reports: a node not done with a release and silent this many hours counts as
+    /// silent.
+    #[arg(long, default_value_t = 24)]
+    pub(super) silent_hours: u32,
+    /// Print JSON: the planned shares and, with --reports, the reported states.
+    #[arg(long)]
+    pub(super) json: bool,
+    #[command(flatten)]
+    pub(super) abort: AbortArgs,
+}
+
+/// The abort criteria of `rollout-status --abort-if`.
+#[derive(Args, Debug)]
+pub struct AbortArgs {
+    /// With --reports: judge each release; it should be halted when at least this percent of
+    /// the nodes that ran it failed (`--abort-on`).
+    #[arg(long, value_name = "PERCENT")]
+    pub abort_if: Option<f64>,
+    /// Nodes that must have run a release (any state but waiting) before it is judged.
+    #[arg(long, default_value_t = 10)]
+    pub abort_min: u64,
+    /// The states that count as failures (comma-separated).
+    #[arg(long, default_value = "stage_failed,rolled_back,fell_back")]
+    pub abort_on: String,
+    /// Judge only this wave's nodes (from 1).
+    #[arg(long)]
+    pub abort_wave: Option<usize>,
 }
 
 /// What a change does to a rollout.
@@ -156,7 +187,7 @@ pub fn parse_waves(s: &str, start: DateTime<Utc>) -> Result<Vec<Wave>, String> {
 
 /// The published targets of `dir`, once the channel's metadata as served verified (as every
 /// signing command verifies it first: `libupgrade::trust::client::served`).
-fn published(dir: &Path) -> anyhow::Result<Targets> {
+pub(super) fn published(dir: &Path) -> anyhow::Result<Targets> {
     let what = dir.join(Role::Targets.file());
     libupgrade::trust::client::served::verify_served(dir)?
         .targets
@@ -264,11 +295,20 @@ pub fn change(change: Change, a: ChangeArgs) -> anyhow::Result<()> {
 /// `release rollout-status`.
 pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     let t = published(&a.dir)?;
-    print_status(&t, a.at.unwrap_or_else(Utc::now));
-    Ok(())
+    let at = a.at.unwrap_or_else(Utc::now);
+    #[cfg(feature = "fleet")]
+    return super::fleet_status::status(&a.dir, &t, at, &a);
+    #[cfg(not(feature = "fleet"))]
+    {
+        if a.reports.is_some() || a.abort.abort_if.is_some() || a.json {
+            anyhow::bail!("--reports, --abort-if and --json need a build with the `fleet` feature (the node images build without it)");
+        }
+        print_status(&t, at);
+        Ok(())
+    }
 }
 
-fn print_status(t: &Targets, at: DateTime<Utc>) {
+pub(super) fn print_status(t: &Targets, at: DateTime<Utc>) {
     for line in preview(t, at) {
         println!("{line}");
     }

@@ -68,16 +68,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agent::channel::crd::UpdateChannel;
 use agent::channel::format::{ANN_CORDONED, ANN_PHASE};
 use agent::context::{Agent, Next};
-use agent::host::ledger::PreviewRecord;
-use agent::host::ops::{
-    ConfirmResult, LibupgradeNode, NodeError, NodeOps, StageEnd, StageProgress,
-};
+use agent::host::node::LibupgradeNode;
+use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
 use agent::host::status::NodeUpdateStatus;
 use bootconfig::Slot;
 use k3os_ops_testing::fake_api::{self, Log, Pdb, World, NS};
-use libupgrade::StageRequest;
+use libupgrade::state::ledger::PreviewRecord;
+use libupgrade::{Release, StageOptions, StageRequest};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -116,12 +116,11 @@ impl NodeOps for FleetNode {
     fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
         self.real.status()
     }
-    fn resolve_latest(
-        &self,
-        channel: &str,
-        seed: libupgrade::rollout::Seed,
-    ) -> Result<agent::host::latest::Latest, NodeError> {
-        self.real.resolve_latest(channel, seed)
+    fn resolve(&self, req: &StageRequest) -> Result<Release, NodeError> {
+        self.real.resolve(req)
+    }
+    fn offline(&self, req: &StageRequest) -> Result<Option<Release>, NodeError> {
+        self.real.offline(req)
     }
     fn drop_withdrawn(
         &self,
@@ -130,26 +129,21 @@ impl NodeOps for FleetNode {
     ) -> Result<Option<String>, NodeError> {
         self.real.drop_withdrawn(channel, seed)
     }
-    fn resolve_pinned(
-        &self,
-        channel: &str,
-        version: &str,
-        seed: libupgrade::rollout::Seed,
-        ignore_rollout: bool,
-    ) -> Result<agent::host::pinned::Pinned, NodeError> {
-        self.real
-            .resolve_pinned(channel, version, seed, ignore_rollout)
-    }
     fn stage(
         &self,
-        req: &StageRequest,
+        rel: &Release,
+        opts: &StageOptions,
         book_on: Option<chrono::NaiveDate>,
         progress: &dyn StageProgress,
     ) -> Result<StageEnd, NodeError> {
-        self.real.stage(req, book_on, progress)
+        self.real.stage(rel, opts, book_on, progress)
     }
-    fn preview(&self, req: &StageRequest) -> Result<Option<PreviewRecord>, NodeError> {
-        self.real.preview(req)
+    fn preview(
+        &self,
+        rel: &Release,
+        opts: &StageOptions,
+    ) -> Result<Option<PreviewRecord>, NodeError> {
+        self.real.preview(rel, opts)
     }
     fn fetched_on(&self, day: chrono::NaiveDate) -> Result<u64, NodeError> {
         self.real.fetched_on(day)
@@ -520,15 +514,18 @@ fn initial_world(
             json!({"kubernetes.io/hostname": node_name(i)}),
         )
     });
-    let mut channel = json!({
-        "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-        "metadata": {"name": "stable", "namespace": NS, "uid": "ch-uid", "generation": 1},
-        "spec": {"url": channel_url, "version": "v2", "concurrency": scenario.concurrency,
-                 "maxFailures": 1,
-                 "rebootTimeout": if scenario.dies_while_draining { "3s" } else { "2m" },
-                 "drain": {"timeout": "20s"}},
-        "status": {"slots": [], "failures": [], "conditions": []}
-    });
+    let mut channel = fake_api::channel_object(
+        &UpdateChannel::test()
+            .url(channel_url)
+            .concurrency(scenario.concurrency)
+            .reboot_timeout(if scenario.dies_while_draining {
+                "3s"
+            } else {
+                "2m"
+            })
+            .spec_with(|s| s.drain.timeout = "20s".into())
+            .build(),
+    );
     if let Some(r) = &scenario.rollout {
         channel["spec"]["rollout"] = r.clone();
     }
@@ -716,7 +713,8 @@ impl Fleet {
     fn start_from_v010(&mut self, channel_url: &str) {
         for i in 0..NODES {
             let node = LibupgradeNode::new(self.rigs[i].updater(), vec!["false".into()]);
-            node.stage(
+            stage_as_agent(
+                &node,
                 &agent_request(channel_url, "v2", false, None),
                 None,
                 &NoProgress,
@@ -954,4 +952,16 @@ pub(crate) fn agent_request(
             ..libupgrade::StageOptions::default()
         },
     )
+}
+
+/// Stage `req` on `node` as the agent's stage tick does: resolve once (the node's offline
+/// bundle first), then stage that release (shared with `node`).
+pub(crate) fn stage_as_agent(
+    node: &dyn NodeOps,
+    req: &StageRequest,
+    book_on: Option<chrono::NaiveDate>,
+    progress: &dyn StageProgress,
+) -> Result<StageEnd, NodeError> {
+    let rel = agent::host::requests::for_stage(node, req, None)?;
+    node.stage(&rel, &req.options, book_on, progress)
 }

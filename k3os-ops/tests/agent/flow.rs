@@ -7,18 +7,18 @@
 
 use k3os_ops::agent;
 use k3os_ops::agent::fleet::poller::Polls;
-use k3os_ops::agent::host::latest::Latest;
-use k3os_ops::agent::host::pinned::Pinned;
 use libupgrade::rollout::Seed;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agent::channel::crd::UpdateChannel;
 use agent::context::{Agent, Next};
 use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
 use agent::host::status::{Inactive, NodeUpdateStatus};
 use fake_api::{Log, World};
-use libupgrade::StageRequest;
+use k3os_ops_testing::sim_node::offered;
+use libupgrade::{Release, StageOptions, StageRequest};
 use serde_json::{json, Value};
 
 use k3os_ops_testing::fake_api;
@@ -38,35 +38,33 @@ impl NodeOps for FakeNode {
         }
         Ok(self.status.lock().unwrap().clone())
     }
-    fn resolve_latest(&self, _: &str, _: Seed) -> Result<Latest, NodeError> {
-        Ok(Latest::plain("v2"))
+    fn resolve(&self, req: &StageRequest) -> Result<Release, NodeError> {
+        // A channel without rollouts whose newest release is v2: every version is offered.
+        Ok(offered(req.wanted.version().unwrap_or("v2")))
     }
     fn drop_withdrawn(&self, _: &str, _: Seed) -> Result<Option<String>, NodeError> {
         Ok(None)
     }
-    fn resolve_pinned(&self, _: &str, v: &str, _: Seed, _: bool) -> Result<Pinned, NodeError> {
-        // A channel without rollouts: every version is offered.
-        Ok(Pinned::offered(v))
-    }
     fn stage(
         &self,
-        req: &StageRequest,
+        rel: &Release,
+        opts: &StageOptions,
         _: Option<chrono::NaiveDate>,
         p: &dyn StageProgress,
     ) -> Result<StageEnd, NodeError> {
-        let version = req.wanted.version().unwrap_or_default();
-        let max_rate = req.options.max_rate;
+        let version = rel.version.clone().unwrap_or_default();
         p.begin("rootfs", 100, 0);
         p.advance(100);
         p.end();
-        let cap = max_rate
+        let cap = opts
+            .max_rate
             .map(|r| format!(" capped at {r} B/s"))
             .unwrap_or_default();
         self.log
             .lock()
             .unwrap()
             .push(format!("node: stage {version}{cap}"));
-        self.status.lock().unwrap().inactive = Inactive::Staged(version.into());
+        self.status.lock().unwrap().inactive = Inactive::Staged(version);
         Ok(StageEnd::Staged { fetched: 0 })
     }
     fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {
@@ -133,15 +131,13 @@ fn setup(
     n1["spec"]["unschedulable"] = json!(unschedulable);
     // n2 exists (for reclaim's Node-deleted check).
     let n2 = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}});
+    let channel = UpdateChannel::test()
+        .url("https://releases.example/")
+        .spec_with(|s| s.node_selector = [("pool".into(), "edge".into())].into())
+        .build();
     let world = Arc::new(Mutex::new(World::new(
         [n1, n2],
-        json!({
-            "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-            "metadata": {"name": "stable", "namespace": "k3os-system", "uid": "ch-uid", "generation": 1},
-            "spec": {"url": "https://releases.example/", "version": "v2", "concurrency": 1, "maxFailures": 1,
-                     "nodeSelector": {"pool": "edge"}},
-            "status": {"slots": [], "failures": [], "conditions": []}
-        }),
+        fake_api::channel_object(&channel),
     )));
     let client = fake_api::client(&world, &log);
     let node = Arc::new(FakeNode {

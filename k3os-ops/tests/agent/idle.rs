@@ -14,6 +14,7 @@ use fake_api::{Log, World, NS};
 use k3os_ops::agent;
 use k3os_ops_testing::sim_node::SimNode;
 
+use agent::channel::crd::UpdateChannel;
 use agent::cluster::client::WriteCounter;
 use agent::context::Agent;
 use agent::fleet::poller::Polls;
@@ -33,13 +34,13 @@ fn spent(w: &Arc<Mutex<World>>, before: &BTreeMap<String, u64>) -> BTreeMap<Stri
 #[tokio::test(start_paused = true)]
 async fn an_idle_agent_makes_no_writes_and_no_reads_over_many_resyncs_and_wakes_on_a_change() {
     let node = fake_api::ready_node("n1", json!({"role": "worker"}));
-    let channel = json!({
-        "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-        "metadata": {"name": "stable", "namespace": NS, "uid": "ch-uid", "generation": 1},
-        "spec": {"url": "https://releases.example/", "version": "v1",
-                 "concurrency": 1, "maxFailures": 1, "rebootTimeout": "2m"},
-        "status": {"slots": [], "failures": [], "conditions": []}
-    });
+    let channel = fake_api::channel_object(
+        &UpdateChannel::test()
+            .url("https://releases.example/")
+            .version(Some("v1"))
+            .reboot_timeout("2m")
+            .build(),
+    );
     let world = Arc::new(Mutex::new(World::new([node], channel)));
     let log = Log::default();
     let writes = WriteCounter::new("n1");

@@ -9,9 +9,6 @@
 //!   naming it.
 
 use k3os_ops::agent;
-use k3os_ops::agent::host::latest::Latest;
-use k3os_ops::agent::host::pinned::Pinned;
-use libupgrade::rollout::Seed;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,12 +17,10 @@ use std::time::Duration;
 use agent::channel::crd::*;
 use agent::cluster::kube_store::KubeChannelStore;
 use agent::cluster::slots::{self, ClaimOutcome, DeadReason, LivenessObserver};
-use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
-use agent::host::status::{Inactive, NodeUpdateStatus};
 use http::{Method, Request, Response};
+use k3os_ops_testing::sim_node::SimNode;
 use kube::client::Body;
 use kube::Client;
-use libupgrade::StageRequest;
 use serde_json::{json, Value};
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
@@ -419,50 +414,16 @@ async fn deleted_node_slot_is_reclaimed_by_cas() {
     server.await.unwrap();
 }
 
-struct FakeNode;
-
-impl NodeOps for FakeNode {
-    fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
-        Ok(NodeUpdateStatus {
-            booted_version: Some("v1".into()),
-            booted_on_trial: false,
-            inactive: Inactive::Empty,
-            failed_trial: None,
-        })
-    }
-    fn resolve_latest(&self, _: &str, _: Seed) -> Result<Latest, NodeError> {
-        Ok(Latest::plain("v2"))
-    }
-    fn drop_withdrawn(&self, _: &str, _: Seed) -> Result<Option<String>, NodeError> {
-        Ok(None)
-    }
-    fn resolve_pinned(&self, _: &str, v: &str, _: Seed, _: bool) -> Result<Pinned, NodeError> {
-        // A channel without rollouts: every version is offered.
-        Ok(Pinned::offered(v))
-    }
-    fn stage(
-        &self,
-        _: &StageRequest,
-        _: Option<chrono::NaiveDate>,
-        _: &dyn StageProgress,
-    ) -> Result<StageEnd, NodeError> {
-        Err(NodeError::new("stage", "not expected in this test"))
-    }
-    fn activate(&self, _: std::time::Duration) -> Result<(), NodeError> {
-        Err(NodeError::new("activate", "not expected in this test"))
-    }
-    fn confirm(&self, _: libupgrade::health::CheckResult) -> Result<ConfirmResult, NodeError> {
-        Err(NodeError::new("confirm", "not expected in this test"))
-    }
-    fn reboot(&self) -> Result<(), NodeError> {
-        Err(NodeError::new("reboot", "not expected in this test"))
-    }
-}
-
 #[tokio::test]
 async fn own_node_missing_is_an_error_naming_it() {
     let (client, mut h) = mock();
-    let agent = agent::context::Agent::new(client, "k3os-system", "n1", None, Arc::new(FakeNode));
+    let agent = agent::context::Agent::new(
+        client,
+        "k3os-system",
+        "n1",
+        None,
+        Arc::new(SimNode::new("v1")),
+    );
     let server = tokio::spawn(async move {
         answer(
             &mut h,

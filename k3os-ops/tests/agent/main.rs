@@ -6,7 +6,6 @@
 //! directory or binds a fixed port; the metrics registry is per agent (`agent.clients`).
 //! The fake Kubernetes API server is `k3os_ops_testing::fake_api` (shared with the fleet bench).
 
-mod crd;
 mod deploy;
 mod evict;
 mod fleet;
@@ -20,5 +19,3 @@ mod pinned_waves;
 mod race;
 mod thin;
 mod trust;
-mod waves;
-mod window;

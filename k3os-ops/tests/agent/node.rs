@@ -7,7 +7,8 @@
 //! `latest` for the cluster's seed writes nothing on the node and that only the node's own
 //! `drop_withdrawn` drops a withdrawn staged release.
 
-use crate::fleet_rig::agent_request;
+use crate::fleet_rig::{agent_request, stage_as_agent};
+use agent::host::requests::resolve_latest;
 use k3os_ops::agent;
 
 use std::path::Path;
@@ -15,7 +16,8 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use agent::host::ops::{ConfirmResult, LibupgradeNode, NodeOps, StageProgress};
+use agent::host::node::LibupgradeNode;
+use agent::host::ops::{ConfirmResult, NodeOps, StageProgress};
 use agent::host::status::{Inactive, NodeUpdateStatus};
 use bootconfig::Slot;
 use libupgrade::health::CheckResult;
@@ -143,7 +145,8 @@ impl Rig {
     /// Stage v2 as the agent does.
     fn stage_v2(&self) {
         let node = self.node();
-        node.stage(
+        stage_as_agent(
+            &node,
             &agent_request(&self.channel, "v2", false, None),
             None,
             &Progress(Mutex::new(Vec::new())),
@@ -187,11 +190,12 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
 
     let seed = libupgrade::rollout::Seed::derived_from("cluster");
     assert_eq!(
-        node.resolve_latest(&rig.channel, seed).unwrap(),
+        resolve_latest(&node, &rig.channel, seed).unwrap(),
         agent::host::latest::Latest::plain("v2")
     );
     let progress = Progress(Mutex::new(Vec::new()));
-    node.stage(
+    stage_as_agent(
+        &node,
         &agent_request(&rig.channel, "v2", false, None),
         None,
         &progress,
@@ -358,14 +362,14 @@ fn a_spent_trial_reads_as_failed_so_the_agent_records_a_rollback() {
 fn errors_name_the_channel_and_the_command() {
     let rig = Rig::new(3);
     let node = rig.node();
-    let e = node
-        .stage(
-            &agent_request(&rig.channel, "v9", false, None),
-            None,
-            &Progress(Mutex::new(Vec::new())),
-        )
-        .unwrap_err()
-        .to_string();
+    let e = stage_as_agent(
+        &node,
+        &agent_request(&rig.channel, "v9", false, None),
+        None,
+        &Progress(Mutex::new(Vec::new())),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains(&rig.channel) && e.contains("v9"), "{e}");
     let e = node.reboot().unwrap_err().to_string();
     assert!(e.contains("false") && e.contains("failed"), "{e}");
@@ -377,17 +381,18 @@ fn a_downgrade_needs_an_explicit_pin() {
     let rig = Rig::with_generation(3, 5);
     let node = rig.node();
     let progress = Progress(Mutex::new(Vec::new()));
-    let e = node
-        .stage(
-            &agent_request(&rig.channel, "v2", false, None),
-            None,
-            &progress,
-        )
-        .unwrap_err()
-        .to_string();
+    let e = stage_as_agent(
+        &node,
+        &agent_request(&rig.channel, "v2", false, None),
+        None,
+        &progress,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("generation"), "{e}");
     assert_eq!(node.status().unwrap().inactive, Inactive::Empty);
-    node.stage(
+    stage_as_agent(
+        &node,
         &agent_request(&rig.channel, "v2", true, None),
         None,
         &progress,
@@ -537,7 +542,7 @@ fn resolving_latest_only_keeps_trust_and_only_the_nodes_tick_drops_a_withdrawn_r
         ..Rollout::default()
     });
     let node = rig.node();
-    let l = node.resolve_latest(&rig.channel, seed).unwrap();
+    let l = resolve_latest(&node, &rig.channel, seed).unwrap();
     assert_eq!(l.version, "v1");
     let w = l.waiting.expect("v2 waits for its wave");
     assert_eq!(w.version, "v2");
@@ -557,15 +562,14 @@ fn resolving_latest_only_keeps_trust_and_only_the_nodes_tick_drops_a_withdrawn_r
     // records what it trusted.
     set_rollout("v2", &|_| Rollout::default());
     assert_eq!(
-        node.resolve_latest(&rig.channel, seed).unwrap().version,
+        resolve_latest(&node, &rig.channel, seed).unwrap().version,
         "v2"
     );
     let req = libupgrade::StageRequest {
         seed: Some(seed),
         ..agent_request(&rig.channel, "v2", false, None)
     };
-    node.stage(&req, None, &Progress(Mutex::new(Vec::new())))
-        .unwrap();
+    stage_as_agent(&node, &req, None, &Progress(Mutex::new(Vec::new()))).unwrap();
     assert_eq!(
         node.status().unwrap().inactive,
         Inactive::Staged("v2".into())
@@ -581,7 +585,7 @@ fn resolving_latest_only_keeps_trust_and_only_the_nodes_tick_drops_a_withdrawn_r
         }),
         ..r.cloned().unwrap_or_default()
     });
-    let l = node.resolve_latest(&rig.channel, seed).unwrap();
+    let l = resolve_latest(&node, &rig.channel, seed).unwrap();
     assert_eq!(l.version, "v1", "{l:?}");
     let held = l.waiting.expect("v2 is held by the pause");
     assert!(
@@ -610,7 +614,7 @@ fn resolving_latest_only_keeps_trust_and_only_the_nodes_tick_drops_a_withdrawn_r
         }),
         ..r.cloned().unwrap_or_default()
     });
-    let l = node.resolve_latest(&rig.channel, seed).unwrap();
+    let l = resolve_latest(&node, &rig.channel, seed).unwrap();
     assert_eq!(
         (l.version.as_str(), l.withdrawn.as_slice()),
         ("v1", &["v2".to_string()][..])

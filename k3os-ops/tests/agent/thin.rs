@@ -23,8 +23,10 @@ use k3os_ops::agent;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use agent::channel::crd::UpdateChannel;
 use agent::context::Agent;
-use agent::host::ops::{LibupgradeNode, NodeOps};
+use agent::host::node::LibupgradeNode;
+use agent::host::ops::NodeOps;
 use agent::host::status::Inactive;
 use chrono::{DateTime, Utc};
 use fake_api::{Log, World};
@@ -82,17 +84,12 @@ impl Site {
         clock: &Arc<VirtualClock>,
         bundles: Option<&Path>,
     ) -> (Arc<Mutex<World>>, Log, Agent) {
-        let mut spec = json!({"url": url, "version": "v2", "concurrency": 1, "maxFailures": 1});
-        fake_api::merge(&mut spec, &extra);
+        let mut channel = fake_api::channel_object(&UpdateChannel::test().url(url).build());
+        fake_api::merge(&mut channel["spec"], &extra);
         let log: Log = Arc::default();
         let world = Arc::new(Mutex::new(World::new(
             [fake_api::ready_node("n1", json!({}))],
-            json!({
-                "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-                "metadata": {"name": "stable", "namespace": "k3os-system", "uid": "ch-uid", "generation": 1},
-                "spec": spec,
-                "status": {"slots": [], "failures": [], "conditions": []}
-            }),
+            channel,
         )));
         let agent = self.restart(&world, &log, clock, bundles);
         (world, log, agent)

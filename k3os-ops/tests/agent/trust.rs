@@ -14,9 +14,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agent::channel::crd::UpdateChannel;
 use agent::context::Agent;
 use agent::fleet::poller::Polls;
-use agent::host::ops::{LibupgradeNode, NodeOps};
+use agent::host::node::LibupgradeNode;
+use agent::host::ops::NodeOps;
 use agent::host::status::Inactive;
 use chrono::Duration as Days;
 use fake_api::{Log, World};
@@ -115,16 +117,21 @@ fn setup(chan: &Chan, sim: &SimNode, version: &str) -> (Arc<Mutex<World>>, Log, 
     let log: Log = Arc::default();
     let world = Arc::new(Mutex::new(World::new(
         [fake_api::ready_node("n1", json!({"pool": "edge"}))],
-        json!({
-            "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-            "metadata": {"name": "stable", "namespace": "k3os-system", "uid": "ch-uid", "generation": 1},
-            "spec": {"url": chan.url(), "version": version, "concurrency": 1, "maxFailures": 1,
-                     "nodeSelector": {"pool": "edge"}},
-            "status": {"slots": [], "failures": [], "conditions": []}
-        }),
+        edge_channel(&chan.url(), version),
     )));
     let agent = new_agent(&world, &log, sim);
     (world, log, agent)
+}
+
+/// The test channel pinning `version` of `url` for the nodes of pool `edge`.
+fn edge_channel(url: &str, version: &str) -> Value {
+    fake_api::channel_object(
+        &UpdateChannel::test()
+            .url(url)
+            .version(Some(version))
+            .spec_with(|s| s.node_selector = BTreeMap::from([("pool".into(), "edge".into())]))
+            .build(),
+    )
 }
 
 /// An agent (as after a restart: nothing remembered) over the same API and node.
@@ -309,4 +316,48 @@ async fn the_poller_reports_a_stale_channel_once_and_clears_it_when_re_signed() 
     assert_eq!(stale_gauge(&agent), Some(0.0));
     assert_eq!(events(&log, "ChannelStale"), 1);
     assert_eq!(inactive(&sim), Inactive::Empty, "the poller never stages");
+}
+
+/// A stage tick resolves the channel once (issue 35): the pinned version's own check (is it
+/// offered to this cluster?) is the release the preview and the stage take, as the CLI's
+/// `upgrade` resolves once and stages that release. Counted on the channel server: the
+/// timestamp is fetched by every resolution and by nothing else. Measured with this test on
+/// the code before the change (the check, the preview and the stage each resolved): 3
+/// resolutions, 8 metadata requests of 25 channel requests in all; now 1, 4 of 21. The tick's
+/// 12 API requests did not change (printed for the record).
+#[tokio::test]
+async fn a_stage_tick_resolves_the_channel_once() {
+    let chan = Chan::new();
+    let server = testkit::TestServer::start(chan.dir.clone(), 0);
+    let sim = chan.node();
+    let log: Log = Arc::default();
+    let world = Arc::new(Mutex::new(World::new(
+        [fake_api::ready_node("n1", json!({"pool": "edge"}))],
+        edge_channel(&server.base, "v2"),
+    )));
+    let agent = new_agent(&world, &log, &sim);
+    agent.reconcile().await.expect("reconcile");
+    assert_eq!(inactive(&sim), Inactive::Staged("v2".into()));
+    let requests = server.requests.lock().unwrap().clone();
+    let resolutions = requests
+        .iter()
+        .filter(|r| r.starts_with("/timestamp.json"))
+        .count();
+    let metadata: Vec<&String> = requests
+        .iter()
+        .filter(|r| {
+            r.trim_start_matches('/')
+                .split(' ')
+                .next()
+                .is_some_and(|p| !p.contains('/'))
+        })
+        .collect();
+    let api: u64 = world.lock().unwrap().requests.values().sum();
+    println!(
+        "stage tick: {resolutions} resolution(s), {} channel metadata requests {metadata:?}, {} requests in all, {api} API requests",
+        metadata.len(),
+        requests.len()
+    );
+    assert_eq!(resolutions, 1, "{requests:#?}");
+    fake_api::no_unexpected(&log);
 }

@@ -666,7 +666,7 @@ fn retries_are_warned_even_when_quiet_and_end_at_retry_for() {
 }
 
 /// `slot status` shows the agent's last stage preview (`stage-preview.json`, written by the
-/// agent's node side through `agent::host::ledger`), with exact bytes, in both views; a preview file
+/// agent's node side through `libupgrade::state::ledger`), with exact bytes, in both views; a preview file
 /// in a newer format is a warning naming the file, and the status is still shown.
 #[test]
 fn status_shows_the_agents_stage_preview() {
@@ -674,9 +674,9 @@ fn status_shows_the_agents_stage_preview() {
     let state = n.path().join("state");
     let human = n.ok(&["slot", "status"]);
     assert!(!human.contains("Stage Preview"), "no preview yet: {human}");
-    k3os_ops::agent::host::ledger::record_preview(
+    libupgrade::state::ledger::record_preview(
         &state,
-        &k3os_ops::agent::host::ledger::PreviewRecord {
+        &libupgrade::state::ledger::PreviewRecord {
             format: 1,
             version: "v2".into(),
             fetch: 3_145_728,
@@ -697,7 +697,7 @@ fn status_shows_the_agents_stage_preview() {
     assert_eq!(json["stage_preview"]["fetch"], 3_145_728);
     assert_eq!(json["stage_preview"]["version"], "v2");
     std::fs::write(
-        state.join(k3os_ops::agent::host::ledger::PREVIEW_FILE),
+        state.join(libupgrade::state::ledger::PREVIEW_FILE),
         r#"{"format":2,"version":"v2","fetch":1,"reuse":1}"#,
     )
     .unwrap();

@@ -11,6 +11,8 @@
 
 mod cli_messages;
 mod cluster;
+#[cfg(feature = "fleet")]
+mod fleet_reports;
 mod host_reboot;
 mod release_args;
 mod release_channel;

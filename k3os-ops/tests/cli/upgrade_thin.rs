@@ -94,19 +94,35 @@ trait PatchedReleases {
         payload: &[u8],
         kernel_seed: u64,
         from: Option<&Path>,
+    ) -> (PathBuf, String) {
+        self.patched_release_of(
+            version,
+            generation,
+            &[("payload", payload.to_vec())],
+            kernel_seed,
+            from,
+        )
+    }
+    fn patched_release_of(
+        &self,
+        version: &str,
+        generation: u64,
+        files: &[(&str, Vec<u8>)],
+        kernel_seed: u64,
+        from: Option<&Path>,
     ) -> (PathBuf, String);
     fn runs_in_a(&self, rel: &Path, version: &str);
 }
 
 impl PatchedReleases for Node {
     /// `release create` through the binary: release `version` (generation `generation`) whose
-    /// rootfs is a squashfs made with the images' options holding `payload`, with a kernel and
+    /// rootfs is a squashfs made with the images' options holding `files`, with a kernel and
     /// initrd of noise (`kernel_seed`), patched from `from`; the directory and what it printed.
-    fn patched_release(
+    fn patched_release_of(
         &self,
         version: &str,
         generation: u64,
-        payload: &[u8],
+        files: &[(&str, Vec<u8>)],
         kernel_seed: u64,
         from: Option<&Path>,
     ) -> (PathBuf, String) {
@@ -117,7 +133,9 @@ impl PatchedReleases for Node {
             format!("VERSION={version}\nGENERATION={generation}\n"),
         )
         .unwrap();
-        fs::write(tree.join("payload"), payload).unwrap();
+        for (name, bytes) in files {
+            fs::write(tree.join(name), bytes).unwrap();
+        }
         let inputs = self.path().join(format!("{version}.in"));
         fs::create_dir_all(&inputs).unwrap();
         let rootfs = inputs.join("rootfs");
@@ -254,6 +272,267 @@ fn release_create_patches_and_plan_only_and_the_upgrade_name_them() {
     assert_eq!(
         fs::read(n.path().join("system/rootfs/v2/rootfs.squashfs")).unwrap(),
         fs::read(v2.join("rootfs.squashfs")).unwrap()
+    );
+}
+
+#[test]
+fn a_node_without_its_kept_manifest_proves_the_patch_base_by_hashing_and_fetches_only_the_patches()
+{
+    let n = Node::new();
+    let p1 = testkit::pseudo_random(3 << 20, 17);
+    let mut p2 = p1.clone();
+    p2[2 << 20..(2 << 20) + 40_000].copy_from_slice(&testkit::pseudo_random(40_000, 72));
+    let (v1, _) = n.patched_release("v1", 5, &p1, 0, None);
+    let (v2, _) = n.patched_release("v2", 6, &p2, 73, Some(&v1));
+    n.runs_in_a(&v1, "v1");
+    // Imaged by another builder: slot A runs v1, but its manifest was never kept.
+    fs::remove_file(n.path().join("state/slots/a/manifest.json")).unwrap();
+    let m = libupgrade::manifest::Manifest::parse(&fs::read(v2.join("manifest.json")).unwrap())
+        .unwrap();
+    let patches = m.files.rootfs.patches[0].size + m.files.kernel.patches[0].size;
+
+    let src = v2.to_str().unwrap();
+    let plan = n.ok(&["upgrade", "--plan-only", "--source", src]);
+    eprintln!("{plan}");
+    for a in ["rootfs", "kernel"] {
+        let line = plan
+            .lines()
+            .find(|l| l.trim_start().starts_with(a))
+            .unwrap();
+        assert!(line.contains("by patch from v1"), "{line}");
+    }
+    assert_eq!(planned_fetch(&plan), patches, "{plan}");
+
+    let out = n.ok(&["upgrade", "--stage-only", "--source", src]);
+    eprintln!("{out}");
+    assert!(
+        out.contains(&format!("fetched ({patches} bytes)")),
+        "the plan said {patches}: {out}"
+    );
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("rootfs by patch from v1"))
+        .unwrap_or_else(|| panic!("no rootfs patch line:\n{out}"));
+    assert!(
+        line.contains("base proven by hashing the running slot") && !line.contains("fell back"),
+        "{line}"
+    );
+    assert_eq!(
+        fs::read(n.path().join("system/rootfs/v2/rootfs.squashfs")).unwrap(),
+        fs::read(v2.join("rootfs.squashfs")).unwrap()
+    );
+}
+
+#[test]
+fn on_a_fast_link_the_plan_takes_chunks_and_says_why_unless_told_to_prefer_bytes() {
+    let n = Node::new();
+    let p1 = testkit::pseudo_random(3 << 20, 27);
+    let mut p2 = p1.clone();
+    p2[1 << 20..(1 << 20) + 40_000].copy_from_slice(&testkit::pseudo_random(40_000, 74));
+    let (v1, _) = n.patched_release("v1", 5, &p1, 0, None);
+    let (v2, _) = n.patched_release("v2", 6, &p2, 75, Some(&v1));
+    n.runs_in_a(&v1, "v1");
+    let m = libupgrade::manifest::Manifest::parse(&fs::read(v2.join("manifest.json")).unwrap())
+        .unwrap();
+    assert!(
+        m.files.rootfs.patches[0].blocks.is_some(),
+        "release create names the blocks a node recompresses: {:?}",
+        m.files.rootfs.patches
+    );
+    let src = v2.to_str().unwrap();
+    let rootfs = |plan: &str| -> (String, String) {
+        let mut lines = plan
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("rootfs"));
+        (
+            lines.next().unwrap().to_string(),
+            lines.next().unwrap().trim().to_string(),
+        )
+    };
+    // Told 100 MB/s: a few hundred kB of chunks beat recompressing the changed file's blocks.
+    let fast = [
+        "upgrade",
+        "--plan-only",
+        "--source",
+        src,
+        "--max-rate",
+        "100M",
+    ];
+    let plan = n.ok(&fast);
+    eprintln!("{plan}");
+    let (line, why) = rootfs(&plan);
+    assert!(!line.contains("by patch"), "{line}");
+    assert!(
+        why.starts_with("(chunks finish sooner at ") && why.contains("(told)"),
+        "{why}"
+    );
+    // The same link, bytes preferred: the patch, and the plan says so.
+    let plan = n.ok(&[&fast[..], &["--prefer", "bytes"]].concat());
+    let (line, why) = rootfs(&plan);
+    assert!(line.ends_with("by patch from v1"), "{line}");
+    assert_eq!(why, "(fewest bytes (prefer bytes))");
+    // A thin link told: the patch finishes sooner.
+    let thin = [
+        "upgrade",
+        "--plan-only",
+        "--source",
+        src,
+        "--max-rate",
+        "20K",
+    ];
+    let plan = n.ok(&thin);
+    let (line, why) = rootfs(&plan);
+    assert!(line.ends_with("by patch from v1"), "{line}");
+    assert!(why.starts_with("(patch finishes sooner at "), "{why}");
+    // The stage follows the fast plan to the byte.
+    let plan = n.ok(&fast);
+    let out = n.ok(&[
+        "upgrade",
+        "--stage-only",
+        "--source",
+        src,
+        "--max-rate",
+        "100M",
+    ]);
+    let planned = planned_fetch(&plan);
+    assert!(
+        out.contains(&format!("fetched ({planned} bytes)")),
+        "the plan said {planned}: {out}"
+    );
+    assert_eq!(
+        fs::read(n.path().join("system/rootfs/v2/rootfs.squashfs")).unwrap(),
+        fs::read(v2.join("rootfs.squashfs")).unwrap()
+    );
+}
+
+/// `n` bytes of text-like noise (16 letters: compresses about 2:1, so every block is
+/// recompressed at zstd level 15 on the node).
+fn letters(n: usize, seed: u64) -> Vec<u8> {
+    testkit::pseudo_random(n, seed)
+        .into_iter()
+        .map(|b| b'a' + (b & 15))
+        .collect()
+}
+
+fn as_refs(v: &[(String, Vec<u8>)]) -> Vec<(&str, Vec<u8>)> {
+    v.iter().map(|(n, b)| (n.as_str(), b.clone())).collect()
+}
+
+/// The `<n>` of the `(<n> bytes) <what>` in `line`.
+fn bytes_before(line: &str, what: &str) -> u64 {
+    let head = &line[..line
+        .find(what)
+        .unwrap_or_else(|| panic!("no {what} in {line}"))];
+    let inner = head.rsplit('(').next().unwrap().split(' ').next().unwrap();
+    inner.parse().unwrap()
+}
+
+#[test]
+fn kill_9_in_the_apply_keeps_the_chunks_written_and_redoes_at_most_the_op_in_flight() {
+    use std::io::BufRead;
+    let n = Node::new();
+    // Eight 1 MiB files, each changed in v2: eight Data ops, every block recompressed.
+    let files = |seed: u64| -> Vec<(String, Vec<u8>)> {
+        (0..8u64)
+            .map(|i| {
+                let mut f = letters(1 << 20, 100 + i);
+                if seed > 0 {
+                    f[300_000..340_000].copy_from_slice(&letters(40_000, seed * 10 + i));
+                }
+                (format!("f{i}"), f)
+            })
+            .collect()
+    };
+    let (f1, f2) = (files(0), files(7));
+    let (v1, _) = n.patched_release_of("v1", 5, &as_refs(&f1), 0, None);
+    let (v2, _) = n.patched_release_of("v2", 6, &as_refs(&f2), 76, Some(&v1));
+    n.runs_in_a(&v1, "v1");
+    let m = libupgrade::manifest::Manifest::parse(&fs::read(v2.join("manifest.json")).unwrap())
+        .unwrap();
+    let rootfs = &m.files.rootfs;
+    assert_eq!(rootfs.patches[0].kind, "squashfs", "{:?}", rootfs.patches);
+    let src = v2.to_str().unwrap();
+    let stage = [
+        "upgrade",
+        "--stage-only",
+        "--source",
+        src,
+        "--progress",
+        "lines",
+    ];
+    // The first run is killed once its progress says 40 % of the rootfs came from the patch.
+    let mut child = std::process::Command::new(k3os_ops_testing::release::bin())
+        .args(stage)
+        .env("K3OS_OPS_CONFIG", &n.config)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = Vec::new();
+    for line in err.lines() {
+        let line = line.unwrap();
+        let pct = line
+            .strip_prefix("rootfs from patch ")
+            .and_then(|l| l.split(": ").nth(1))
+            .and_then(|l| l.trim_start().split('%').next())
+            .and_then(|p| p.trim().parse::<u32>().ok());
+        seen.push(line);
+        if pct.is_some_and(|p| (40..100).contains(&p)) {
+            break;
+        }
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    assert!(
+        seen.iter().any(|l| l.starts_with("rootfs from patch ")),
+        "the child never reached the apply: {seen:#?}"
+    );
+    // What the target holds after the kill, chunk by chunk against the signed index.
+    let index = libupgrade::chunk::ChunkIndex::parse(
+        &fs::read(v2.join(&rootfs.chunks.as_ref().unwrap().path)).unwrap(),
+    )
+    .unwrap();
+    let written =
+        fs::read(n.path().join("system/rootfs/v2/.rootfs.squashfs.partial")).unwrap_or_default();
+    let kept: u64 = index
+        .chunks
+        .iter()
+        .filter(|c| {
+            let end = (c.offset + u64::from(c.len)) as usize;
+            end <= written.len()
+                && libupgrade::chunk::digest(&written[c.offset as usize..end]) == c.digest
+        })
+        .map(|c| u64::from(c.len))
+        .sum();
+    assert!(
+        kept > 0 && kept < rootfs.size,
+        "killed in the apply: {kept} of {} bytes written",
+        rootfs.size
+    );
+    let out = n.ok(&stage);
+    eprintln!("{out}");
+    assert_eq!(
+        fs::read(n.path().join("system/rootfs/v2/rootfs.squashfs")).unwrap(),
+        fs::read(v2.join("rootfs.squashfs")).unwrap()
+    );
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("rootfs by patch from v1"))
+        .unwrap_or_else(|| panic!("no rootfs patch line:\n{out}"));
+    assert!(!line.contains("fell back"), "{line}");
+    let skipped = bytes_before(line, "already written skipped");
+    // Redone: output rebuilt again although the target held it. At most the op in flight
+    // (one file: ≤ 1 MiB of output) and the chunks at its two ends.
+    let max_chunk = u64::from(index.params.max);
+    let redone = (rootfs.size - skipped).saturating_sub(rootfs.size - kept);
+    assert!(
+        skipped > 0 && redone <= (1 << 20) + 2 * max_chunk,
+        "{kept} bytes kept, {skipped} skipped, {redone} redone: {line}"
     );
 }
 

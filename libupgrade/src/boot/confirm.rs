@@ -127,10 +127,23 @@ impl Updater {
         } else {
             Vec::new()
         };
-        let was_good = st.slot(booted).state == crate::state::SlotState::Good;
+        let st_before = st.slot(booted).state;
+        let was_good = st_before == crate::state::SlotState::Good;
         let a = assess::assess(&st, &loader, &boot, &checks)?;
         self.carry_out(&a.effects)?;
         let v = a.verdict;
+        let fell_back = v.other_slot.as_ref().map(|o| a.state.slot(o.slot()));
+        self.report_notes(crate::report::of_verdict(
+            &v,
+            fell_back.map(|r| {
+                (
+                    r.version.as_deref().unwrap_or_default(),
+                    r.generation.unwrap_or(0),
+                )
+            }),
+            a.state.slot(booted).generation.unwrap_or(0),
+            st_before,
+        ));
         Ok(ConfirmReport {
             slot: booted,
             version: v.version.clone(),

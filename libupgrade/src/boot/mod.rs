@@ -1,10 +1,12 @@
 //! What happens at and around a boot: the health checks ([`health`], [`reach`]), the pure
 //! boot assessment (`assess`: state, loader view, observed boot, check results → new state,
-//! loader operations, verdict), its effects in order (`confirm`), and which boot script both
+//! loader operations, verdict), its effects in order (`confirm`), what a verdict that is not a
+//! good slot means to a front end (`outcome`), and which boot script both
 //! slots read before an activation (`bootscript`). Private: the crate root re-exports the API.
 
 pub(crate) mod assess;
 pub(crate) mod bootscript;
 pub(crate) mod confirm;
 pub mod health;
+pub(crate) mod outcome;
 pub mod reach;

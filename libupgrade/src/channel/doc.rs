@@ -66,7 +66,7 @@ pub(super) fn get_doc(
     }
     let mut body = Vec::new();
     // A trickled index or API page is cut like any other body (the default minimum rate).
-    crate::chunk::rate::Watched::new(resp, Some(crate::chunk::rate::MinRate::DEFAULT))
+    crate::net::rate::Watched::new(resp, Some(crate::net::rate::MinRate::DEFAULT))
         .take(MAX_DOC + 1)
         .read_to_end(&mut body)
         .map_err(|source| ChannelError::Io {
@@ -96,7 +96,7 @@ pub(super) fn get_bounded(
     client: &reqwest::blocking::Client,
     url: &str,
     max: u64,
-    min_rate: Option<crate::chunk::rate::MinRate>,
+    min_rate: Option<crate::net::rate::MinRate>,
 ) -> Result<Option<Vec<u8>>, crate::trust::TrustError> {
     use crate::trust::TrustError;
     let fetch = |why: String| TrustError::Fetch {
@@ -122,7 +122,7 @@ pub(super) fn get_bounded(
         return Err(too_large());
     }
     let mut body = Vec::new();
-    crate::chunk::rate::Watched::new(resp, min_rate)
+    crate::net::rate::Watched::new(resp, min_rate)
         .take(max + 1)
         .read_to_end(&mut body)
         .map_err(|e| fetch(crate::net::fetch::body_failed(&e)))?;

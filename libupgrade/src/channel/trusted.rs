@@ -15,9 +15,9 @@ use super::github::{release_assets, GitHub};
 use super::targets::{pick, Target};
 use super::waves::{self, NodeRollout};
 use super::{check_entry_path, parse_channel, ChannelError, IndexEntry, Kind, ResolvedRelease};
-use crate::chunk::rate::MinRate;
 use crate::manifest::{Arch, MANIFEST_FILE};
 use crate::net::fetch::Source;
+use crate::net::rate::MinRate;
 use crate::trust::meta::Targets;
 use crate::trust::{self, ExpiryRule, Kept, ManifestPin, MetaSource, Record, Store, TrustError};
 

@@ -13,16 +13,14 @@
 //!   and when reuse is too low so one stream of the whole file is cheaper.
 //! - [`apply`]: executes a plan in file order into a [`apply::ChunkTarget`], verifying every
 //!   chunk's digest before it is written and the whole file's sha256 at the end.
-//! - `rate`: a token-bucket limit on the bytes read from the network (`--max-rate`), the
-//!   byte budget of an attempt, and the clock a download schedule is followed on.
-//! - `schedule`: pure: when a stage may fetch and how fast (absolute UTC windows).
+//!
+//! How fast and when bytes may cross the link (the rate limit, the budget, the download
+//! schedule) is the link's business (`crate::net`); chunks use it, it knows nothing of chunks.
 
 pub mod apply;
 pub(crate) mod index;
 pub mod local;
 pub mod plan;
-pub(crate) mod rate;
-pub(crate) mod schedule;
 
 pub use index::{ChunkEntry, ChunkIndex, ChunkParams, IndexError};
 

@@ -222,15 +222,15 @@ pub(crate) fn request_failed(e: &reqwest::Error) -> String {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Watch {
     /// Cut a body slower than this over its window (None: no floor).
-    pub min_rate: Option<crate::chunk::rate::MinRate>,
+    pub min_rate: Option<crate::net::rate::MinRate>,
     /// Cut a read once this has passed (None: no deadline).
     pub deadline: Option<std::time::Instant>,
 }
 
 impl Watch {
     /// `r` under these rules.
-    pub fn reader<R: Read>(self, r: R) -> crate::chunk::rate::Watched<R> {
-        crate::chunk::rate::Watched::new(r, self.min_rate).until(self.deadline)
+    pub fn reader<R: Read>(self, r: R) -> crate::net::rate::Watched<R> {
+        crate::net::rate::Watched::new(r, self.min_rate).until(self.deadline)
     }
 }
 

@@ -6,6 +6,12 @@
 //! writes against the signed chunk index as well, so the applier need not be trusted, only
 //! deterministic and bounded: it holds at most one op's reference (≤ 48 MiB) and output
 //! (≤ 16 MiB) in memory.
+//!
+//! A resumed stage ([`apply_needed`]) skips every op whose output the target already holds:
+//! the op is still decoded (and a Data op's verbatim bytes read past), so a malformed patch
+//! fails as before, but nothing is decompressed or recompressed for it. After `kill -9` in the
+//! apply, the next run therefore redoes at most the ops whose output reaches a chunk not yet
+//! written (the op in flight).
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -33,6 +39,10 @@ pub struct ApplyStats {
     pub recompressed: u64,
     /// squashfs blocks carried verbatim (Data ops).
     pub verbatim: u64,
+    /// Ops skipped because the caller already holds their output ([`apply_needed`]).
+    pub skipped_ops: u64,
+    /// Bytes of output those ops would have emitted.
+    pub skipped_bytes: u64,
 }
 
 /// Counts what is read from the patch.
@@ -49,27 +59,42 @@ impl<R: Read> Read for Counted<'_, R> {
     }
 }
 
+/// Where the target's bytes go: each piece with its offset in the target.
+pub type Sink<'s> = &'s mut dyn FnMut(u64, &[u8]) -> io::Result<()>;
+
 /// The emitting end: counts, hashes and refuses bytes past the target's size.
 struct Out<'s> {
-    sink: &'s mut dyn FnMut(&[u8]) -> io::Result<()>,
+    sink: Sink<'s>,
     hash: Sha256,
+    /// The target's offset of the next byte (emitted or skipped).
     emitted: u64,
     limit: u64,
 }
 
 impl Out<'_> {
-    fn emit(&mut self, b: &[u8]) -> Result<(), String> {
-        if self.emitted + b.len() as u64 > self.limit {
-            return Err(format!(
-                "emits past the target's {} bytes (at {}, {} more)",
-                self.limit,
-                self.emitted,
-                b.len()
-            ));
+    fn fits(&self, n: u64) -> Result<(), String> {
+        match self.emitted.checked_add(n) {
+            Some(end) if end <= self.limit => Ok(()),
+            _ => Err(format!(
+                "emits past the target's {} bytes (at {}, {n} more)",
+                self.limit, self.emitted
+            )),
         }
+    }
+
+    fn emit(&mut self, b: &[u8]) -> Result<(), String> {
+        self.fits(b.len() as u64)?;
         self.hash.update(b);
+        let at = self.emitted;
         self.emitted += b.len() as u64;
-        (self.sink)(b).map_err(|e| format!("write to the sink: {e}"))
+        (self.sink)(at, b).map_err(|e| format!("write to the sink: {e}"))
+    }
+
+    /// Pass over `n` bytes the caller holds (nothing is emitted or hashed).
+    fn skip(&mut self, n: u64) -> Result<(), String> {
+        self.fits(n)?;
+        self.emitted += n;
+        Ok(())
     }
 }
 
@@ -146,6 +171,19 @@ pub fn apply(
     base: Base<'_>,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<ApplyStats, PatchError> {
+    apply_needed(patch, base, &|_| true, &mut |_, b| sink(b))
+}
+
+/// [`apply`] for a caller that already holds part of the target (a resumed stage): an op
+/// whose output range `needed` does not want is decoded but not run, its bytes neither
+/// emitted nor hashed; `sink` gets every emitted piece with its offset in the target. The
+/// target's sha256 is checked at the end only when nothing was skipped (its size always).
+pub fn apply_needed(
+    patch: &mut impl Read,
+    base: Base<'_>,
+    needed: &dyn Fn(std::ops::Range<u64>) -> bool,
+    sink: Sink<'_>,
+) -> Result<ApplyStats, PatchError> {
     let mut r = Counted {
         inner: patch,
         at: 0,
@@ -173,24 +211,56 @@ pub fn apply(
             break;
         }
         st.ops += 1;
-        ctx.run(index, op, &mut r, &mut out, &mut st)
-            .map_err(|e| match e {
-                Fail::Msg(what) => err(what),
-                Fail::Patch(p) => p,
-            })?;
+        let len = op.output_len();
+        let res = if len > 0 && !needed(out.emitted..out.emitted.saturating_add(len)) {
+            st.skipped_ops += 1;
+            st.skipped_bytes += len;
+            skip(&op, &mut r, &mut out).map_err(Fail::Msg)
+        } else {
+            ctx.run(index, op, &mut r, &mut out, &mut st)
+        };
+        res.map_err(|e| match e {
+            Fail::Msg(what) => err(what),
+            Fail::Patch(p) => p,
+        })?;
     }
     st.bytes = out.emitted;
     st.patch_bytes = r.at;
     let found: [u8; 32] = out.hash.finalize().into();
-    if out.emitted != h.target_size || found != h.target_sha256 {
+    let hashed = st.skipped_bytes == 0;
+    if out.emitted != h.target_size || (hashed && found != h.target_sha256) {
         return Err(PatchError::WrongOutput {
             expected_size: h.target_size,
             expected_sha256: hex::encode(h.target_sha256),
             found_size: out.emitted,
-            found_sha256: hex::encode(found),
+            found_sha256: if hashed {
+                hex::encode(found)
+            } else {
+                "(not hashed: ops skipped)".into()
+            },
         });
     }
     Ok(st)
+}
+
+/// Pass over `op` without running it: its output is skipped, a Data op's verbatim bytes read
+/// past.
+fn skip(op: &Op, r: &mut impl Read, out: &mut Out<'_>) -> Result<(), String> {
+    if let Op::Data { blocks, .. } = op {
+        for (i, b) in blocks.iter().enumerate() {
+            if b.word & VERBATIM != 0 {
+                let size = u64::from(b.word & SIZE_MASK);
+                let n = io::copy(&mut r.take(size), &mut io::sink())
+                    .map_err(|e| format!("block {i}'s {size} verbatim bytes: {e}"))?;
+                if n != size {
+                    return Err(format!(
+                        "block {i}'s {size} verbatim bytes: the patch ends after {n}"
+                    ));
+                }
+            }
+        }
+    }
+    out.skip(op.output_len())
 }
 
 enum Fail {
@@ -219,6 +289,14 @@ struct Ctx<'b> {
 
 /// Most threads that recompress a Data op's blocks.
 const MAX_WORKERS: usize = 4;
+
+/// Threads that recompress a Data op's blocks on this machine: its available parallelism,
+/// at most 4.
+pub fn workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, MAX_WORKERS)
+}
 
 /// Compress `jobs` (block index, its bytes in `data`) with the `comps`, one thread each;
 /// returns the compressed bytes by block index (`None`: did not shrink).
@@ -323,61 +401,76 @@ impl<'b> Ctx<'b> {
                 refs,
                 blocks,
                 frame,
-            } => self.data_op(index, &refs, &blocks, &frame, r, out, st)?,
+            } => {
+                self.decode_data(&refs, &blocks, &frame)?;
+                let done = self.recompress(&blocks);
+                self.emit_blocks(index, &blocks, done, r, out, st)?;
+            }
         }
         Ok(())
     }
 
-    /// Decompress the refs into the reference, decode the frame against it, then emit each
-    /// target block: recompressed, raw, verbatim from the patch, or nothing (sparse).
-    #[allow(clippy::too_many_arguments)]
-    fn data_op(
+    /// A Data op's first half: decompress the refs into the reference, then decode the frame
+    /// against it into `self.data` (the target blocks' uncompressed bytes).
+    fn decode_data(
         &mut self,
-        index: u64,
         refs: &[BlockRef],
         blocks: &[TargetBlock],
         frame: &[u8],
-        r: &mut impl Read,
-        out: &mut Out<'_>,
-        st: &mut ApplyStats,
     ) -> Result<(), Fail> {
         let mut reference = std::mem::take(&mut self.reference);
         reference.clear();
         let mut stored = std::mem::take(&mut self.stored);
+        let res = self.fill_reference(refs, &mut reference, &mut stored);
+        self.stored = stored;
+        let total: usize = blocks.iter().map(|b| b.ulen as usize).sum();
+        let res = res.and_then(|()| {
+            decompress_from(&reference, frame, total, &mut self.data).map_err(Fail::Msg)
+        });
+        self.reference = reference;
+        res
+    }
+
+    /// The refs' uncompressed bytes, in order, into `reference` (`stored`: scratch).
+    fn fill_reference(
+        &mut self,
+        refs: &[BlockRef],
+        reference: &mut Vec<u8>,
+        stored: &mut Vec<u8>,
+    ) -> Result<(), Fail> {
         for (i, b) in refs.iter().enumerate() {
             let size = (b.word & SIZE_MASK) as usize;
             if b.word == 0 {
                 reference.resize(reference.len() + b.ulen as usize, 0);
                 continue;
             }
-            self.read_base(b.off, size, &mut stored)?;
+            self.read_base(b.off, size, stored)?;
             if b.word & STORED != 0 {
-                reference.extend_from_slice(&stored);
-            } else {
-                let n = self
-                    .decomp
-                    .decompress_into(&stored, b.ulen as usize, &mut reference)
-                    .map_err(|e| format!("ref {i} at base {}: {e}", b.off))?;
-                if n != b.ulen as usize {
-                    return Err(format!(
-                        "ref {i} at base {} decompressed to {n} bytes, the op says {}",
-                        b.off, b.ulen
-                    )
-                    .into());
-                }
+                reference.extend_from_slice(stored);
+                continue;
+            }
+            let n = self
+                .decomp
+                .decompress_into(stored, b.ulen as usize, reference)
+                .map_err(|e| format!("ref {i} at base {}: {e}", b.off))?;
+            if n != b.ulen as usize {
+                return Err(format!(
+                    "ref {i} at base {} decompressed to {n} bytes, the op says {}",
+                    b.off, b.ulen
+                )
+                .into());
             }
         }
-        let total: usize = blocks.iter().map(|b| b.ulen as usize).sum();
-        let res = decompress_from(&reference, frame, total, &mut self.data);
-        self.reference = reference;
-        res?;
+        Ok(())
+    }
+
+    /// Recompress every block of `self.data` that needs it, in parallel; by block index.
+    fn recompress(&mut self, blocks: &[TargetBlock]) -> Vec<(usize, Option<Vec<u8>>)> {
         if self.comps.is_empty() {
-            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-            self.comps = (0..n.clamp(1, MAX_WORKERS))
+            self.comps = (0..workers())
                 .map(|_| BlockCompressor::new(self.level))
                 .collect();
         }
-        // Recompress every block that needs it (in parallel), then emit in order.
         let mut jobs = Vec::new();
         let mut pos = 0usize;
         for (i, b) in blocks.iter().enumerate() {
@@ -387,18 +480,32 @@ impl<'b> Ctx<'b> {
             }
             pos = end;
         }
-        let mut done = compress_all(&mut self.comps, &self.data, &jobs).into_iter();
+        compress_all(&mut self.comps, &self.data, &jobs)
+    }
+
+    /// A Data op's second half: emit each target block in order — recompressed (`done`), raw,
+    /// verbatim from the patch, or nothing (sparse).
+    fn emit_blocks(
+        &mut self,
+        index: u64,
+        blocks: &[TargetBlock],
+        done: Vec<(usize, Option<Vec<u8>>)>,
+        r: &mut impl Read,
+        out: &mut Out<'_>,
+        st: &mut ApplyStats,
+    ) -> Result<(), Fail> {
+        let mut done = done.into_iter();
         let mut pos = 0usize;
         for (i, b) in blocks.iter().enumerate() {
             let content = &self.data[pos..pos + b.ulen as usize];
             pos += b.ulen as usize;
             let size = b.word & SIZE_MASK;
             if b.word & VERBATIM != 0 {
-                stored.clear();
-                stored.resize(size as usize, 0);
-                r.read_exact(&mut stored)
+                self.stored.clear();
+                self.stored.resize(size as usize, 0);
+                r.read_exact(&mut self.stored)
                     .map_err(|e| format!("block {i}'s {size} verbatim bytes: {e}"))?;
-                out.emit(&stored)?;
+                out.emit(&self.stored)?;
                 st.verbatim += 1;
             } else if b.word == 0 {
                 // A sparse block: squashfs stores nothing.
@@ -421,7 +528,6 @@ impl<'b> Ctx<'b> {
                 st.recompressed += 1;
             }
         }
-        self.stored = stored;
         Ok(())
     }
 }

@@ -1,10 +1,35 @@
 //! The zstd calls patches use: patch-from frames (a reference as raw-content prefix), plain
 //! frames, and the recompression of squashfs blocks exactly as mksquashfs makes them.
+//!
+//! # The fuzzer's stack-use-after-scope in zstd 1.5.4 (issue 35): not a zstd bug
+//! `just fuzz`'s `patch` target reported an AddressSanitizer "stack-use-after-scope" read in
+//! `ZSTD_selectBtGetAllMatches` (`zstd_opt.c:886`) under [`BlockCompressor::compress`] at level
+//! 15. The address was inside a *global* (ASan: "global variable 'getAllMatchesFns' defined in
+//! zstd_opt.c:878"), the function-local `const` table of match finders. Under `cargo fuzz
+//! --sanitizer address`, cc-rs compiles zstd-sys's C with GCC 12 and `-fsanitize=address`, and
+//! zstd-sys adds `-fmerge-all-constants`, which puts that local `const` array in static storage;
+//! GCC's use-after-scope instrumentation still poisons it when its scope ends, so the *second*
+//! block compressed with the optimal parser in a process reads a poisoned global. Reproduced
+//! without Rust (zstd 1.5.4's sources built with those flags, one `ZSTD_compressCCtx` at level
+//! 15 on 128 KiB, twice: the second call is reported) and gone with
+//! `-fno-merge-all-constants` or `-fno-sanitize-address-use-after-scope`. The read is in
+//! bounds (`dictMode < 3`, `mls - 3 < 4`) of a constant table, so a node's build (no ASan)
+//! has no undefined behaviour here; a newer `zstd_opt.c` read for this (the
+//! `ZSTD_MatchState_t` spelling of 1.5.7) keeps the same local table, so a version move would
+//! not remove the report either. The fix is
+//! the fuzz build's flags (`fuzz/run.sh`: `-fno-merge-all-constants`, after the crate's own),
+//! not this call or the pinned version (which would change the compressor identity).
 
 use zstd_safe::{CCtx, CParameter, DCtx};
 
 /// Level of the builder's patch-from and literal frames (the node only decodes them).
 pub const DIFF_LEVEL: i32 = 19;
+
+/// This build's zstd version for people (`1.5.4`).
+pub fn zstd_version() -> String {
+    let v = zstd_safe::version_number();
+    format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100)
+}
 
 /// The identity of this build's block compressor at `level`: what a squashfs patch's header
 /// must name for this build to apply it (see the module docs of [`crate::patch`]).
@@ -138,5 +163,14 @@ impl BlockDecompressor {
 impl Default for BlockDecompressor {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_pinned_zstd_names_itself_as_people_and_headers_do() {
+        assert_eq!(super::zstd_version(), "1.5.4");
+        assert_eq!(super::identity(15), "zstd 10504 level 15");
     }
 }

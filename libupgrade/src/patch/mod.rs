@@ -60,6 +60,26 @@
 //! node then stages that artifact by chunks. Bumping the pinned zstd therefore makes every
 //! older release's squashfs patches unusable for the new build (plain patches stay usable: they
 //! only decode zstd frames).
+//!
+//! A publisher whose mksquashfs links another libzstd loses most of the gain (issue 35 item 1,
+//! open). Measured 2026-12-05: 15 shared libraries of this machine (43 MB; in v2 7 of them
+//! with 20 KB rewritten and 4 KB appended), imaged by mksquashfs 4.5.1 (zstd level 15,
+//! `-no-fragments`) once with Debian 12's libzstd 1.5.4 and once with Debian 13's 1.5.7
+//! (`LD_LIBRARY_PATH`): same image sizes, other bytes. Of the changed files' 174 blocks, this
+//! build (1.5.4) recompressed 123 of the 1.5.7 image identically and not 51 (29 %), which are
+//! carried verbatim: the squashfs patch is 2.07 MB against 177 KB for the 1.5.4-built pair
+//! (11.7×) and larger than the chunk plan (1.61 MB), so `release create` drops it
+//! (`release create` now says how many blocks were carried whole). One `ZSTD_compressCCtx`
+//! call per 128 KiB block at level 15 (what mksquashfs does), linked once against each
+//! libzstd, splits the same 123/51; the two outputs of a differing block part after the
+//! 9-byte frame header and are within a few bytes of the same size. The level-15 row of
+//! zstd's parameter table for sources ≤ 128 KB reads the same in the copies of `clevels.h`
+//! seen, so the difference is inside the parser, which no parameter in a header selects.
+//! Carrying each such block as a zstd patch-from of the node's own recompression (`-19`)
+//! shrinks them only from 1.89 MB to 1.20 MB (36 %): still ~7× the 1.5.4 pair's patch. What
+//! would meet the goal is re-packing the image with the node's compressor in `release create`
+//! (a squashfs rewrite: block sizes, and with them the inode block lists and the metadata
+//! offsets, change) or a second pinned zstd on the node; neither is built yet.
 #![warn(missing_docs)]
 
 mod apply;
@@ -70,8 +90,8 @@ mod header;
 mod ops;
 mod squashfs;
 
-pub use apply::{apply, ApplyStats, Base};
+pub use apply::{apply, apply_needed, workers, ApplyStats, Base, Sink};
 pub use build::{build, BuildStats};
-pub use codec::identity;
+pub use codec::{identity, zstd_version};
 pub use error::PatchError;
 pub use header::{can_apply, read_header, PatchHeader, PatchKind, FORMAT_VERSION, MAGIC};

@@ -52,6 +52,22 @@ pub struct TargetBlock {
     pub ulen: u32,
 }
 
+impl TargetBlock {
+    /// Bytes the block emits: its stored bytes (carried or recompressed), its raw bytes when
+    /// stored raw, nothing when sparse.
+    pub fn output_len(&self) -> u64 {
+        if self.word & VERBATIM != 0 {
+            u64::from(self.word & SIZE_MASK)
+        } else if self.word == 0 {
+            0
+        } else if self.word & STORED != 0 {
+            u64::from(self.ulen)
+        } else {
+            u64::from(self.word & SIZE_MASK)
+        }
+    }
+}
+
 /// One decoded op (a Data op's verbatim bytes stay in the stream until emitted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
@@ -94,6 +110,17 @@ pub enum Op {
 }
 
 impl Op {
+    /// Bytes of the target the op emits (for Data: each block's stored bytes, raw bytes for a
+    /// block stored raw, nothing for a sparse one), known without running it.
+    pub fn output_len(&self) -> u64 {
+        match self {
+            Op::End => 0,
+            Op::Copy { len, .. } => *len,
+            Op::Literal { len, .. } | Op::Delta { len, .. } => u64::from(*len),
+            Op::Data { blocks, .. } => blocks.iter().map(TargetBlock::output_len).sum(),
+        }
+    }
+
     /// Append the op's encoding (for Data, without the verbatim bytes, which follow it).
     pub fn encode(&self, b: &mut Vec<u8>) {
         match self {

@@ -44,6 +44,9 @@ pub struct PatchBuilt {
     pub took: Duration,
     /// Why the squashfs kind was not used for a rootfs (then `kind` is `plain`).
     pub note: Option<String>,
+    /// Blocks the node recompresses, and blocks this build's compressor did not reproduce
+    /// (carried verbatim: an image made with another libzstd than the node's).
+    pub blocks: (u64, u64),
 }
 
 /// An earlier release to patch from: its directory and manifest.
@@ -133,24 +136,28 @@ fn one(
     let name = format!("{}.from-{}.patch", entry.path, &b.sha256[..16]);
     let chunk_fetch = chunk_fetch(out_dir, &entry, base_path)?;
     let started = Instant::now();
+    // Each build's blocks recompressed on the node (the planner's apply estimate) and not
+    // reproduced by this build's compressor.
     let build = |kind: PatchKind| {
+        let mut blocks = (0, 0);
         write_atomic_from(out_dir, &name, |w| {
             crate::patch::build(kind, base_path, &target, w)
-                .map(|_| ())
+                .map(|st| blocks = (st.blocks_recompressed, st.blocks_not_reproducible))
                 .map_err(|e| e.to_string())
         })
+        .map(|r| r.map(|()| blocks))
     };
-    let (kind, note) = match a {
+    let (kind, note, blocks) = match a {
         Artifact::Rootfs => match build(PatchKind::Squashfs)? {
-            Ok(()) => ("squashfs", None),
+            Ok(n) => ("squashfs", None, n),
             Err(why) => {
-                build(PatchKind::Plain)?.map_err(|what| patch_failed(a, b, &what))?;
-                ("plain", Some(why))
+                let n = build(PatchKind::Plain)?.map_err(|what| patch_failed(a, b, &what))?;
+                ("plain", Some(why), n)
             }
         },
         _ => {
-            build(PatchKind::Plain)?.map_err(|what| patch_failed(a, b, &what))?;
-            ("plain", None)
+            let n = build(PatchKind::Plain)?.map_err(|what| patch_failed(a, b, &what))?;
+            ("plain", None, n)
         }
     };
     let took = started.elapsed();
@@ -169,6 +176,7 @@ fn one(
             path: name.clone(),
             size,
             sha256,
+            blocks: Some(blocks.0),
         });
     } else {
         std::fs::remove_file(&path).map_err(io_err(&path))?;
@@ -183,6 +191,7 @@ fn one(
         path: kept.then_some(name),
         took,
         note,
+        blocks,
     })
 }
 

@@ -67,6 +67,9 @@ pub struct StageOptions {
     pub schedule: Option<Schedule>,
     /// The clock the schedule and the rate limit follow (tests inject a virtual one).
     pub clock: std::sync::Arc<dyn Clock>,
+    /// Bytes or time, when a listed patch fetches fewer bytes than chunks but may take longer
+    /// to apply ([`Prefer`](crate::Prefer); `upgrade --prefer`).
+    pub prefer: crate::Prefer,
 }
 
 /// `StageOptions::retry_for`'s default: a few hours, what a thin link may need to come back.
@@ -98,6 +101,7 @@ impl Default for StageOptions {
             extra_sources: Vec::new(),
             schedule: None,
             clock: std::sync::Arc::new(SystemClock),
+            prefer: crate::Prefer::Auto,
         }
     }
 }
@@ -152,6 +156,18 @@ pub struct PatchOutcome {
     pub mismatched_chunks: u64,
     /// Why the patch was given up for the rest of the artifact (taken by chunks), if it was.
     pub fell_back: Option<String>,
+    /// The patch's base was proven by hashing the running slot's copy (no kept manifest
+    /// named the running build). Absent (false) in reports of earlier builds.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub base_hashed: bool,
+    /// Bytes of its output not rebuilt because the target already held them (a resumed
+    /// attempt: the ops that only reach chunks written before are skipped). Absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl std::fmt::Display for PatchOutcome {
@@ -164,6 +180,17 @@ impl std::fmt::Display for PatchOutcome {
             crate::units::Size(self.patch_fetched),
             crate::units::Size(self.rebuilt)
         )?;
+        if self.base_hashed {
+            f.write_str(", base proven by hashing the running slot")?;
+        }
+        if self.skipped > 0 {
+            write!(
+                f,
+                ", {} ({} bytes) already written skipped",
+                crate::units::Size(self.skipped),
+                self.skipped
+            )?;
+        }
         if self.mismatched_chunks > 0 {
             write!(
                 f,

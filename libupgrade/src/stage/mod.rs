@@ -39,7 +39,7 @@
 //!
 //! When a stage may fetch is a [`Schedule`] ([`StageOptions::schedule`]: absolute UTC windows,
 //! each with its rate) followed on an injectable clock ([`StageOptions::clock`]) by the one
-//! limiter every network read goes through ([`crate::chunk::rate`] says how a boundary is
+//! limiter every network read goes through ([`crate::net::rate`] says how a boundary is
 //! kept to the byte): before its first request the stage waits for a window to open; between
 //! windows it waits; after the last one it stops like a spent budget ([`Error::Stopped`]),
 //! resumable. A stage started after the last window still reads the release's metadata
@@ -52,10 +52,6 @@ use sha2::{Digest, Sha256};
 
 use crate::chunk::local::LocalFile;
 use crate::chunk::plan::Plan as ChunkPlan;
-pub use crate::chunk::rate::MinRate;
-use crate::chunk::rate::{Budget, RateLimit, Throttle};
-pub use crate::chunk::rate::{Clock, SystemClock};
-pub use crate::chunk::schedule::Schedule;
 use crate::chunk::ChunkIndex;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -64,6 +60,10 @@ use crate::manifest::{Artifact, Manifest};
 use crate::net::checkpoint::Partial;
 pub use crate::net::fetch::ExtraSource;
 use crate::net::fetch::Source;
+pub use crate::net::rate::MinRate;
+use crate::net::rate::{Budget, RateLimit, Throttle};
+pub use crate::net::rate::{Clock, SystemClock};
+pub use crate::net::schedule::Schedule;
 use crate::state::store::StateStore;
 use crate::state::TransferStats;
 use crate::state::{Event, State};
@@ -74,6 +74,7 @@ mod patched;
 mod plan;
 mod stream;
 mod verify;
+mod weigh;
 
 pub use api::{
     NoProgress, Origin, PatchOutcome, Progress, Release, StageOptions, StagePreview, StageReport,
@@ -83,6 +84,7 @@ use patched::PatchWork;
 pub use plan::ArtifactCost;
 use plan::{How, WritePlan};
 use verify::{Preflight, Verified};
+pub use weigh::Prefer;
 
 /// Copy buffer: large enough for full-speed sequential I/O, small enough for the RSS budget.
 const BUF: usize = 1 << 20;
@@ -223,16 +225,20 @@ impl Stager<'_> {
             running_sha256: st.slot(booted).manifest_sha256.clone(),
             resumed: plan.resume,
             extra: &opts.extra_sources,
+            link: link_rate(opts, pre.measured),
         };
         let mut chunks: [Option<ChunkWork>; 3] = [None, None, None];
         let mut patches: [Option<PatchWork>; 3] = [None, None, None];
+        let mut choices: [Option<String>; 3] = [None, None, None];
         for (k, (a, how)) in plan.steps.into_iter().enumerate() {
             if how == How::Chunked {
                 let index = pre.indexes[k]
                     .take()
                     .expect("planned chunked: has an index");
                 let work = self.plan_chunked(&at, a, index)?;
-                if let Some((how, pw)) = self.plan_patched(&at, source, a, &work, opts) {
+                let chosen = self.plan_patched(&at, source, a, &work, opts);
+                choices[k] = chosen.why;
+                if let Some((how, pw)) = chosen.patch {
                     plan.steps[k].1 = how;
                     patches[k] = Some(pw);
                 }
@@ -245,8 +251,9 @@ impl Stager<'_> {
             sizes,
             [0, 1, 2].map(|k| chunks[k].as_ref().map(|c| &c.plan)),
         );
-        for (c, pw) in cost.iter_mut().zip(&patches) {
-            c.patch_from = pw.as_ref().map(|p| p.patch.base.version.clone());
+        for (k, c) in cost.iter_mut().enumerate() {
+            c.patch_from = patches[k].as_ref().map(|p| p.patch.base.version.clone());
+            c.choice = choices[k].take();
         }
         Ok(Prepared::Work(Box::new(Work {
             v,
@@ -541,6 +548,27 @@ struct Placing<'a> {
     /// An interrupted attempt is continued: what the target holds is re-verified.
     resumed: bool,
     extra: &'a [ExtraSource],
+    /// The link rate a patch's apply time is weighed against ([`weigh`]), if known.
+    link: Option<weigh::LinkRate>,
+}
+
+/// The link rate the planner weighs with: the one told (`max_rate`, the slowest rate a stage
+/// window names), else the one `measured` on the stage's metadata (see [`weigh`]).
+fn link_rate(opts: &StageOptions, measured: Option<u64>) -> Option<weigh::LinkRate> {
+    let windows = opts
+        .schedule
+        .iter()
+        .flat_map(|s| s.windows().iter().filter_map(|w| w.rate));
+    match opts.max_rate.into_iter().chain(windows).min() {
+        Some(told) => Some(weigh::LinkRate {
+            bytes_per_sec: told,
+            told: true,
+        }),
+        None => measured.map(|m| weigh::LinkRate {
+            bytes_per_sec: m,
+            told: false,
+        }),
+    }
 }
 
 /// What one stage run works with (shared by the per-artifact writers).

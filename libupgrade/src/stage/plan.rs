@@ -20,7 +20,7 @@ use bootconfig::Slot;
 use serde::{Deserialize, Serialize};
 
 use crate::chunk::plan::Plan as ChunkPlan;
-use crate::manifest::{Artifact, FileEntry, PatchRef, PATCH_KINDS};
+use crate::manifest::{Artifact, PatchRef, PATCH_KINDS};
 use crate::net::checkpoint::Partial;
 use crate::state::{SlotRecord, SlotState};
 
@@ -92,33 +92,73 @@ pub fn plan_writes(
     }
 }
 
+/// What the node has proven of the running slot's copy of an artifact: its first `size`
+/// bytes hash to `sha256`. From the running release's kept manifest (the whole artifact), or
+/// from hashing the slot's range when no kept manifest names the running build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proven {
+    /// Bytes from the start of the slot's copy.
+    pub size: u64,
+    /// Lower-case hex sha256 of those bytes.
+    pub sha256: String,
+}
+
+/// The bytes patch `p` would still fetch (`held`: what an interrupted attempt holds), when
+/// it is of a kind this build applies and fetches fewer bytes than the chunk plan.
+fn worth_fetching(p: &PatchRef, held: u64, chunk_fetch: u64) -> Option<u64> {
+    let fetch = p.size - held.min(p.size);
+    (PATCH_KINDS.contains(&p.kind.as_str()) && fetch < chunk_fetch).then_some(fetch)
+}
+
 /// The patches of one artifact worth trying, best first, with the bytes each would fetch:
-/// those whose base is exactly the running slot's copy (`running`: that artifact's entry in
-/// the running release's signed manifest; no patch without it), of a kind this build applies,
-/// fetching fewer bytes than the artifact's chunk plan (`chunk_fetch`). `held[i]`: bytes of
-/// patch `i` an interrupted attempt already holds (not fetched again).
+/// those whose base is exactly what the node proved the running slot holds (`running`; no
+/// patch without a proof), of a kind this build applies, fetching fewer bytes than the
+/// artifact's chunk plan (`chunk_fetch`). `held[i]`: bytes of patch `i` an interrupted
+/// attempt already holds (not fetched again).
 pub fn patch_candidates(
     patches: &[PatchRef],
-    running: Option<&FileEntry>,
+    running: &[Proven],
     held: &[u64],
     chunk_fetch: u64,
 ) -> Vec<(usize, u64)> {
-    let Some(running) = running else {
-        return Vec::new();
-    };
     let mut out: Vec<(usize, u64)> = patches
         .iter()
         .enumerate()
         .filter(|(_, p)| {
-            p.base.sha256 == running.sha256
-                && p.base.size == running.size
-                && PATCH_KINDS.contains(&p.kind.as_str())
+            running
+                .iter()
+                .any(|r| r.size == p.base.size && r.sha256 == p.base.sha256)
         })
-        .map(|(i, p)| (i, p.size - held.get(i).copied().unwrap_or(0).min(p.size)))
-        .filter(|&(_, fetch)| fetch < chunk_fetch)
+        .filter_map(|(i, p)| {
+            worth_fetching(p, held.get(i).copied().unwrap_or(0), chunk_fetch).map(|f| (i, f))
+        })
         .collect();
     out.sort_by_key(|&(i, fetch)| (fetch, i));
     out
+}
+
+/// The base sizes worth proving by hashing the running slot's copy, when no kept manifest
+/// names the running build: those of the patches [`patch_candidates`] could pick on a proof,
+/// whose base fits in the `readable` bytes of the slot. Ascending, each once (one pass over
+/// the slot hashes every prefix).
+pub fn sizes_to_prove(
+    patches: &[PatchRef],
+    held: &[u64],
+    chunk_fetch: u64,
+    readable: u64,
+) -> Vec<u64> {
+    let mut sizes: Vec<u64> = patches
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| {
+            p.base.size <= readable
+                && worth_fetching(p, held.get(*i).copied().unwrap_or(0), chunk_fetch).is_some()
+        })
+        .map(|(_, p)| p.base.size)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
 }
 
 /// What one artifact of a stage run costs, known before its first byte.
@@ -138,6 +178,10 @@ pub struct ArtifactCost {
     /// patch's bytes and `reuse` what it rebuilds locally); absent for every other way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patch_from: Option<String>,
+    /// Why a listed patch was or was not taken, when one was weighed against the chunks
+    /// (bytes or time, `stage::weigh`); absent when no patch could be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<String>,
 }
 
 /// The price of each step of `plan`: `sizes` per artifact ([`Artifact::ALL`] order), and for
@@ -164,6 +208,7 @@ pub fn cost(
             reuse: size - fetch.min(size),
             requests,
             patch_from: None,
+            choice: None,
         }
     })
 }
@@ -171,6 +216,7 @@ pub fn cost(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::manifest::FileEntry;
 
     fn partial(slot: Slot, sha: &str) -> Partial {
         Partial {
@@ -264,6 +310,7 @@ mod tests {
             reuse: size - fetch,
             requests,
             patch_from: None,
+            choice: None,
         };
         assert_eq!(
             c,
@@ -296,7 +343,15 @@ mod tests {
             path: format!("p{size}"),
             size,
             sha256: "cd".repeat(32),
+            blocks: None,
         }
+    }
+
+    fn proven(e: &FileEntry) -> Vec<Proven> {
+        vec![Proven {
+            size: e.size,
+            sha256: e.sha256.clone(),
+        }]
     }
 
     #[test]
@@ -312,25 +367,63 @@ mod tests {
             patch(&running, "plain", 200),
             patch(&running, "plain", 600),
         ];
+        let known = proven(&running);
         assert_eq!(
-            patch_candidates(&patches, Some(&running), &[], 500),
+            patch_candidates(&patches, &known, &[], 500),
             vec![(4, 200), (0, 300)],
             "another base, a kind this build does not apply, or more than the chunks: never"
         );
         assert!(
-            patch_candidates(&patches, None, &[], 500).is_empty(),
-            "no running manifest"
+            patch_candidates(&patches, &[], &[], 500).is_empty(),
+            "nothing proven of the running slot"
         );
-        assert!(patch_candidates(&patches, Some(&running), &[], 200).is_empty());
+        assert!(patch_candidates(&patches, &known, &[], 200).is_empty());
         // What an interrupted attempt holds is not fetched again, and can tip the choice.
         assert_eq!(
-            patch_candidates(&patches, Some(&running), &[250, 0, 0, 0, 0, 0], 500),
+            patch_candidates(&patches, &known, &[250, 0, 0, 0, 0, 0], 500),
             vec![(0, 50), (4, 200)]
         );
         assert_eq!(
-            patch_candidates(&patches[..1], Some(&running), &[999], 1),
+            patch_candidates(&patches[..1], &known, &[999], 1),
             vec![(0, 0)],
             "held beyond the size counts as the whole patch"
+        );
+    }
+
+    #[test]
+    fn without_a_kept_manifest_the_bases_worth_hashing_are_the_candidates_sizes_once() {
+        let a = entry(1000, "aa");
+        let b = entry(1000, "bb");
+        let small = entry(600, "ce");
+        let big = entry(5000, "dd");
+        let patches = vec![
+            patch(&a, "squashfs", 300),
+            patch(&b, "plain", 200),
+            patch(&small, "squashfs", 100),
+            patch(&big, "squashfs", 100),
+            patch(&small, "lz4diff", 10),
+            patch(&a, "plain", 900),
+        ];
+        assert_eq!(
+            sizes_to_prove(&patches, &[], 500, 4096),
+            vec![600, 1000],
+            "each size once, ascending; not past the slot, nor for a patch that cannot win"
+        );
+        assert!(sizes_to_prove(&patches, &[], 50, 4096).is_empty());
+        // The hashes of those prefixes then choose exactly as a kept manifest would.
+        let hashed = vec![
+            Proven {
+                size: 600,
+                sha256: "ee".repeat(32),
+            },
+            Proven {
+                size: 1000,
+                sha256: "bb".repeat(32),
+            },
+        ];
+        assert_eq!(
+            patch_candidates(&patches, &hashed, &[], 500),
+            vec![(1, 200)]
         );
     }
 

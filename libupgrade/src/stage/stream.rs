@@ -8,12 +8,12 @@ use std::io::Read;
 use sha2::{Digest, Sha256};
 
 use super::{Run, Stager, BUF};
-use crate::chunk::rate::Limited;
 use crate::error::{Error, Result};
 use crate::layout::Target;
 use crate::manifest::Artifact;
 use crate::net::checkpoint::{self, Partial};
 use crate::net::fetch::Source;
+use crate::net::rate::Limited;
 
 impl Stager<'_> {
     /// Stream artifact `a` into the target slot from byte `resume_at`; returns the bytes

@@ -34,6 +34,9 @@ pub(super) struct Preflight {
     pub indexes: Vec<Option<ChunkIndex>>,
     /// The boot scripts the release carries, checked against the manifest.
     pub scripts: Vec<(ScriptFile, Vec<u8>)>,
+    /// The link rate the chunk indexes' downloads measured (bytes per second), when they add
+    /// up to [`super::weigh::MEASURE_MIN`] (a lower bound: their requests' latency included).
+    pub measured: Option<u64>,
 }
 
 impl Preflight {
@@ -255,18 +258,25 @@ impl Stager<'_> {
         m: &Manifest,
         opts: &StageOptions,
     ) -> Result<Preflight> {
+        let mut timed = (0u64, std::time::Duration::ZERO);
+        let indexes = self.probe(source, m, opts, &mut timed)?;
+        let (bytes, took) = timed;
         Ok(Preflight {
-            indexes: self.probe(source, m, opts)?,
+            indexes,
             scripts: self.fetch_scripts(source, m, opts)?,
+            measured: (bytes >= super::weigh::MEASURE_MIN && !took.is_zero())
+                .then(|| (bytes as f64 / took.as_secs_f64()) as u64),
         })
     }
 
-    /// Probe every artifact (exists, right size) and fetch and check every chunk index.
+    /// Probe every artifact (exists, right size) and fetch and check every chunk index;
+    /// `timed` adds the indexes' bytes and download time.
     fn probe(
         &self,
         source: &Source,
         m: &Manifest,
         opts: &StageOptions,
+        timed: &mut (u64, std::time::Duration),
     ) -> Result<Vec<Option<ChunkIndex>>> {
         let mut out = Vec::new();
         for a in Artifact::ALL {
@@ -298,9 +308,12 @@ impl Stager<'_> {
                 location: loc.clone(),
                 what,
             };
+            let started = std::time::Instant::now();
             let bytes = retrying(self.backoff(opts), || {
                 source.read_capped(&r.path, r.size, self.watch(opts))
             })?;
+            timed.0 += bytes.len() as u64;
+            timed.1 += started.elapsed();
             let sha = sha256_hex(&bytes);
             if bytes.len() as u64 > r.size {
                 return Err(bad(format!(

@@ -440,6 +440,7 @@ pub struct Verdict {
     pub loader_damage: Vec<Damage>,
 }
 
+pub mod ledger;
 pub mod store;
 
 #[cfg(test)]

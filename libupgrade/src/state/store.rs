@@ -1,5 +1,7 @@
 //! The state file on disk: read (a newer format refused before its body is read), replaced
-//! atomically, and locked for read-decide-write sequences.
+//! atomically, and locked for read-decide-write sequences. Its errors are its own
+//! ([`StoreError`]): the crate's [`crate::Error`] takes them in (with the same messages), and
+//! the state folder depends on nothing above it.
 
 use std::path::{Path, PathBuf};
 
@@ -7,7 +9,45 @@ use bootconfig::Slot;
 use serde::Deserialize;
 
 use super::{State, FORMAT, STATE_FILE};
-use crate::error::{Error, Result};
+
+/// Why the state file could not be read, replaced or locked; names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An operating-system call on the file or its directory failed.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// What was being done ("read state", "lock").
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is damaged or in another format.
+    #[error("state file {}: {what}", path.display())]
+    Damaged {
+        /// The state file.
+        path: PathBuf,
+        /// What is wrong in it.
+        what: String,
+    },
+    /// The atomic replacement failed.
+    #[error(transparent)]
+    Write(#[from] bootconfig::Error),
+}
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+impl StoreError {
+    fn io(op: &'static str, path: &Path, source: std::io::Error) -> StoreError {
+        StoreError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
 
 /// Reads and atomically replaces the state file.
 #[derive(Debug, Clone)]
@@ -33,16 +73,16 @@ impl StateStore {
     pub fn lock(&self) -> Result<nix::fcntl::Flock<std::fs::File>> {
         let path = self.path.with_extension("lock");
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io("create state dir", dir, e))?;
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::io("create state dir", dir, e))?;
         }
         let f = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
-            .map_err(|e| Error::io("open lock", &path, e))?;
+            .map_err(|e| StoreError::io("open lock", &path, e))?;
         nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| Error::io("lock", &path, std::io::Error::from(e)))
+            .map_err(|(_, e)| StoreError::io("lock", &path, std::io::Error::from(e)))
     }
 
     /// Load the state; a missing file is a fresh node (both slots empty). A file that exists
@@ -54,14 +94,14 @@ impl StateStore {
         }
         match std::fs::read(&self.path) {
             Ok(bytes) => {
-                let invalid = |e: serde_json::Error| Error::State {
+                let invalid = |e: serde_json::Error| StoreError::Damaged {
                     path: self.path.clone(),
                     what: format!("not valid state JSON: {e}"),
                 };
                 // The format first: a newer file may not parse as this build's types at all.
                 let head: Head = serde_json::from_slice(&bytes).map_err(invalid)?;
                 if head.format != FORMAT {
-                    return Err(Error::State {
+                    return Err(StoreError::Damaged {
                         path: self.path.clone(),
                         what: if head.format > FORMAT {
                             format!("format {} is newer than this build of k3os-ops reads (format {FORMAT}); nothing was rewritten: upgrade k3os-ops first", head.format)
@@ -74,7 +114,7 @@ impl StateStore {
                 // Every reader looks both slots up (`State::slot`); a file without one is
                 // damaged, and guessing its record could lose the good slot.
                 if let Some(s) = Slot::ALL.into_iter().find(|s| !st.slots.contains_key(s)) {
-                    return Err(Error::State {
+                    return Err(StoreError::Damaged {
                         path: self.path.clone(),
                         what: format!("no record of slot {s}: every state file has both"),
                     });
@@ -82,7 +122,7 @@ impl StateStore {
                 Ok(st)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::default()),
-            Err(e) => Err(Error::io("read state", &self.path, e)),
+            Err(e) => Err(StoreError::io("read state", &self.path, e)),
         }
     }
 
@@ -91,7 +131,7 @@ impl StateStore {
         let mut bytes = serde_json::to_vec_pretty(st).expect("state serializes");
         bytes.push(b'\n');
         if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io("create state dir", dir, e))?;
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::io("create state dir", dir, e))?;
         }
         bootconfig::write_atomic(&self.path, &bytes)?;
         crate::barrier::hit(barrier);

@@ -188,6 +188,64 @@ fn a_patch_for_another_base_is_never_used() {
     disk.assert_b_is(&v2);
 }
 
+#[test]
+fn without_a_kept_manifest_the_base_is_proven_by_hashing_the_running_partition() {
+    let disk = TestDisk::new(16 * MIB);
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let (v1, v2) = v1_v2(&k, rels.path());
+    let m2 = manifest(&v2);
+    // Slot A runs v1 (its partition larger than the image), no manifest kept.
+    disk.install_in_a(&v1);
+    assert!(!libupgrade::slotfiles::manifest_path(&disk.state_dir, Slot::A).exists());
+    let a_before = slot_a(&disk);
+    let srv = TestServer::paced(rels.path().to_path_buf(), 0);
+    let u = disk.updater(disk.config(&k.trust));
+    let preview = u.preview(&at(&srv), &fast_stage()).unwrap();
+    let patch_bytes: u64 = [&m2.files.rootfs, &m2.files.kernel]
+        .iter()
+        .map(|e| e.patches[0].size)
+        .sum();
+    assert_eq!(preview.fetch(), patch_bytes, "{preview:?}");
+    let r = u.stage(&at(&srv), &fast_stage(), &NoProgress).unwrap();
+    disk.assert_b_is(&v2);
+    assert_eq!(slot_a(&disk), a_before, "the running slot was written");
+    assert_eq!(r.bytes_fetched, preview.fetch(), "{r:?}");
+    let how: Vec<_> = r
+        .patched
+        .iter()
+        .map(|p| {
+            (
+                p.artifact,
+                p.base_hashed,
+                p.mismatched_chunks,
+                p.fell_back.is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        how,
+        vec![
+            (Artifact::Rootfs, true, 0, false),
+            (Artifact::Kernel, true, 0, false)
+        ],
+        "{r:?}"
+    );
+    // A node running another build of v1 hashes to another base: chunks, as before.
+    let disk = TestDisk::new(16 * MIB);
+    let other = tempfile::tempdir().unwrap();
+    let (mut p1, _) = payloads(6 << 20);
+    p1[0] ^= 1;
+    let v1b = signed_release(&k, other.path(), &inputs("v1", 1, &p1, 3));
+    disk.install_in_a(&v1b);
+    let u = disk.updater(disk.config(&k.trust));
+    let preview = u.preview(&at(&srv), &fast_stage()).unwrap();
+    assert!(
+        preview.artifacts.iter().all(|c| c.patch_from.is_none()),
+        "{preview:?}"
+    );
+}
+
 /// Replace patch `n` of artifact `a` in `rel` by `bytes` and sign the manifest again (a
 /// publisher's mistake: the signature holds, the bytes are what they are).
 fn resign_patch(k: &Keys, rel: &Path, a: Artifact, bytes: &[u8]) {

@@ -216,3 +216,46 @@ fn the_base_is_read_as_a_range_of_a_larger_file() {
     assert!(matches!(res, Err(PatchError::WrongBase { .. })), "{res:?}");
     assert!(got.is_empty(), "nothing emitted from a wrong base");
 }
+
+#[test]
+fn a_resumed_apply_skips_the_ops_whose_output_is_held_and_still_reads_them() {
+    let d = tempfile::tempdir().unwrap();
+    let (b, t) = plain_pair();
+    let (base, target) = (write(d.path(), "b", &b), write(d.path(), "t", &t));
+    let (p, _) = build(PatchKind::Plain, &base, &target);
+    let f = std::fs::File::open(&base).unwrap();
+    let run = |needed: &dyn Fn(std::ops::Range<u64>) -> bool, p: &[u8]| {
+        let mut got = Vec::new();
+        let res = patch::apply_needed(
+            &mut &p[..],
+            patch::Base::whole(&f).unwrap(),
+            needed,
+            &mut |at: u64, b: &[u8]| {
+                got.push((at, b.len()));
+                Ok(())
+            },
+        );
+        (res, got)
+    };
+    // Nothing needed: every op skipped, nothing emitted, the size still accounted for.
+    let (res, got) = run(&|_| false, &p);
+    let st = res.unwrap();
+    assert!(got.is_empty(), "{got:?}");
+    assert_eq!(
+        (st.bytes, st.skipped_bytes),
+        (t.len() as u64, t.len() as u64)
+    );
+    assert_eq!(st.skipped_ops, st.ops);
+    // Everything needed: what `apply` emits, at consecutive offsets.
+    let (res, got) = run(&|_| true, &p);
+    assert_eq!(res.unwrap().skipped_ops, 0);
+    let mut at = 0u64;
+    for (o, n) in &got {
+        assert_eq!(*o, at);
+        at += *n as u64;
+    }
+    assert_eq!(at, t.len() as u64);
+    // A skipped op is still decoded: a patch cut inside it fails as before.
+    let (res, _) = run(&|_| false, &p[..p.len() - 10]);
+    assert!(matches!(res, Err(PatchError::Op { .. })), "{res:?}");
+}

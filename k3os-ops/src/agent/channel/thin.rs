@@ -324,6 +324,30 @@ fn lower(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     }
 }
 
+/// Why a node's stage cannot be done before the next maintenance window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Miss {
+    /// Bytes left to fetch.
+    pub left: u64,
+    /// What can arrive by then.
+    pub capacity: u64,
+    /// The next maintenance window's start.
+    pub deadline: DateTime<Utc>,
+}
+
+impl Miss {
+    /// The line this node's miss adds to the condition and its Event.
+    pub fn line(&self, node: &str) -> String {
+        format!(
+            "node {node}: {} left to fetch, at most {} can arrive before the maintenance window at {} (spec.stage.windows rates, spec.maxRate, spec.stage.maxBytesPerDay)",
+            libupgrade::units::Size(self.left),
+            libupgrade::units::Size(self.capacity),
+            self.deadline
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,6 +385,7 @@ mod tests {
             stage: Some(StageSpec {
                 windows,
                 max_bytes_per_day: quota.map(Into::into),
+                prefer: None,
             }),
             ..Default::default()
         };
@@ -372,6 +397,7 @@ mod tests {
             stage: Some(StageSpec {
                 windows,
                 max_bytes_per_day: quota.map(Into::into),
+                prefer: None,
             }),
             sources: sources.iter().map(|s| s.to_string()).collect(),
             ..Default::default()

@@ -91,13 +91,27 @@ impl Report {
     }
 }
 
-/// What a tick did, for the controller to publish once and in this order: the Events of the
-/// steps it carried out (`said`), then the phase it entered (`report`); then `then`. A tick
-/// publishes nothing itself, except an announcement before a step that takes long or does not
-/// return ([`Agent::announce`]).
+/// A channel condition or Node annotation that a tick's outcome sets or clears, published by
+/// the controller with the tick's Events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::agent) enum Mark {
+    /// This node's line of `StageWillMissWindow` (None: on time, the line goes).
+    StageDeadline(Option<crate::agent::channel::thin::Miss>),
+    /// `ChannelStale`: the role whose metadata expired (None: the channel is fresh again).
+    Stale(Option<crate::agent::host::ops::StaleMetadata>),
+    /// A Node annotation set (Some) or removed (None).
+    Annotation(&'static str, Option<String>),
+}
+
+/// What a tick did, for the controller to publish once and in this order: the conditions and
+/// annotations its outcome sets (`marks`), the Events of the steps it carried out (`said`),
+/// then the phase it entered (`report`); then `then`. A tick publishes nothing itself, except
+/// write-ahead records, progress, and an announcement before a step that takes long or does
+/// not return ([`Agent::announce`]).
 #[must_use]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(in crate::agent) struct Done {
+    pub marks: Vec<Mark>,
     pub said: Vec<Say>,
     pub report: Option<Report>,
     pub then: Then,
@@ -118,6 +132,7 @@ impl Done {
     /// Nothing to publish; go on as `then` says.
     pub fn then(then: Then) -> Done {
         Done {
+            marks: Vec::new(),
             said: Vec::new(),
             report: None,
             then,
@@ -130,6 +145,12 @@ impl Done {
             report: Some(report),
             ..Done::then(then)
         }
+    }
+
+    /// The same, also setting `marks` (published before its Events).
+    pub fn marked(mut self, mut marks: Vec<Mark>) -> Done {
+        self.marks.append(&mut marks);
+        self
     }
 
     /// The Events `before` go first (steps carried out before this outcome).
@@ -196,7 +217,7 @@ impl Agent {
             name: Some(self.settings.node.clone()),
             ..Default::default()
         };
-        let cached = self.memory.node_uid.lock().expect("not poisoned").clone();
+        let cached = self.remember(|m| m.node_uid.clone());
         r.uid = match cached {
             Some(uid) => Some(uid),
             None => {
@@ -206,11 +227,7 @@ impl Agent {
                     .await
                     .ok()
                     .and_then(|n| n.metadata.uid);
-                self.memory
-                    .node_uid
-                    .lock()
-                    .expect("not poisoned")
-                    .clone_from(&uid);
+                self.remember(|m| m.node_uid.clone_from(&uid));
                 uid
             }
         };
@@ -342,12 +359,13 @@ impl Agent {
         note: String,
     ) {
         let key = format!("{reason}:{note}");
-        {
-            let mut last = self.memory.last_note.lock().expect("not poisoned");
-            if last.as_deref() == Some(key.as_str()) {
-                return;
-            }
-            *last = Some(key);
+        let repeated = self.remember(|m| {
+            let repeated = m.last_note.as_deref() == Some(key.as_str());
+            m.last_note = Some(key);
+            repeated
+        });
+        if repeated {
+            return;
         }
         self.event(channel, warning, reason, note).await;
     }
@@ -377,16 +395,12 @@ impl Agent {
             .collect();
         // Every patch states the format of the annotations it leaves behind.
         map.insert(ANN_FORMAT.into(), json!(NODE_FORMAT.to_string()));
-        let unchanged = self
-            .memory
-            .node_annotations
-            .lock()
-            .expect("not poisoned")
-            .as_ref()
-            .is_some_and(|known| {
+        let unchanged = self.remember(|m| {
+            m.node_annotations.as_ref().is_some_and(|known| {
                 map.iter()
                     .all(|(k, v)| known.get(k).map(|s| json!(s)).unwrap_or(Value::Null) == *v)
-            });
+            })
+        });
         if unchanged {
             return Ok(());
         }
@@ -420,13 +434,7 @@ impl Agent {
         e: &crate::agent::channel::format::FormatError,
     ) {
         let text = e.to_string();
-        if !self
-            .memory
-            .format_reported
-            .lock()
-            .expect("not poisoned")
-            .insert(text.clone())
-        {
+        if !self.remember(|m| m.format_reported.insert(text.clone())) {
             return;
         }
         tracing::error!(reason = "UnknownFormat", "{text}");

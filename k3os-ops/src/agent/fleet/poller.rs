@@ -26,6 +26,7 @@ use crate::agent::cluster::kube_store::{acquire_lease, poller_lease_name, LeaseO
 use crate::agent::cluster::rollout_status;
 use crate::agent::cluster::slots;
 use crate::agent::context::Agent;
+use crate::agent::host::requests::{resolve_latest, resolve_pinned};
 
 /// How often the poller looks for new or changed channels (a list), so `latest` is resolved
 /// within seconds of a channel's creation or spec change instead of on the next poll tick.
@@ -145,7 +146,7 @@ async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) -> Option<Dura
     let url = ch.spec.url.clone();
     let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
     let resolved = agent
-        .blocking(move |ops| Ok((ops.resolve_latest(&url, seed)?, ops.rollout_clock())))
+        .blocking(move |ops| Ok((resolve_latest(ops, &url, seed)?, ops.rollout_clock())))
         .await;
     let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
     if stale.is_some() || resolved.is_ok() {
@@ -184,7 +185,7 @@ async fn poll_pinned(agent: &Arc<Agent>, ch: &UpdateChannel, version: &str) -> O
     let resolved = agent
         .blocking(move |ops| {
             Ok((
-                ops.resolve_pinned(&url, &v, seed, ignore)?,
+                resolve_pinned(ops, &url, &v, seed, ignore)?.pinned,
                 ops.rollout_clock(),
             ))
         })

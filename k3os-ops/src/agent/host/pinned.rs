@@ -6,9 +6,10 @@
 //! it starts staging a pinned release the status does not hold back, so a release the channel
 //! withholds is waited for, never attempted and recorded as a failure.
 
-use libupgrade::channel::ChannelError;
 use libupgrade::rollout::Hold;
-use libupgrade::{Release, ResolveError};
+use libupgrade::Release;
+
+use super::ops::NodeError;
 
 /// A resolution of a pinned version for the cluster's seed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,18 +53,14 @@ impl Pinned {
     }
 
     /// The hold, when resolving `version` failed because the channel's rollout withholds it
-    /// (libupgrade's typed `Withheld` refusal); `None` for any other failure.
-    pub fn from_refusal(version: &str, e: &ResolveError) -> Option<Pinned> {
-        match e.channel_error() {
-            Some(ChannelError::Withheld {
-                hold, withdrawn, ..
-            }) => Some(Pinned {
-                version: version.to_string(),
-                hold: Some(hold.clone()),
-                withdrawn: withdrawn.clone(),
-            }),
-            _ => None,
-        }
+    /// ([`NodeError::withheld`]); `None` for any other failure.
+    pub fn from_refusal(version: &str, e: &NodeError) -> Option<Pinned> {
+        let w = e.withheld.as_ref()?;
+        Some(Pinned {
+            version: version.to_string(),
+            hold: Some(w.hold.clone()),
+            withdrawn: w.withdrawn.clone(),
+        })
     }
 
     /// Whether the channel withdrew the pinned release.

@@ -2,7 +2,6 @@
 //! a state, reported once (Node condition [`COND_BOOT_ASSESSED`]`=False`, a `BootNotAssessed`
 //! Event, phase `NotAssessed`) and waited out; the condition turns `True` once it was.
 
-use std::sync::atomic::Ordering;
 
 use chrono::Utc;
 use k8s_openapi::api::core::v1::Node;
@@ -57,11 +56,7 @@ pub(in crate::agent) async fn report_not_assessed(
     channel: Option<&UpdateChannel>,
     e: &NodeError,
 ) -> Result<(), AgentError> {
-    if cx
-        .memory
-        .not_assessed_reported
-        .swap(true, Ordering::Relaxed)
-    {
+    if cx.remember(|m| std::mem::replace(&mut m.not_assessed_reported, true)) {
         return Ok(());
     }
     let text = e.message.clone();
@@ -79,9 +74,7 @@ pub(in crate::agent) async fn clear_not_assessed(
     cx: &Agent,
     node: &Node,
 ) -> Result<(), AgentError> {
-    cx.memory
-        .not_assessed_reported
-        .store(false, Ordering::Relaxed);
+    cx.remember(|m| m.not_assessed_reported = false);
     if assessed_condition(node) == Some(false) {
         set_assessed_condition(
             cx,

@@ -1,4 +1,5 @@
-//! One reconcile of this node: [`controller`] reads the Node and the channels, gathers what
+//! One reconcile of this node: [`controller`] has the read phase ([`observe`]: the Node, the
+//! channels, the node's slots) return what it saw and publishes it, gathers what
 //! the decision needs and asks the pure [`decide`] for the next step (the back-offs it reads
 //! are [`cooldown`]s), then carries it out: what a waiting step says ([`waits`]), the
 //! bookkeeping ticks ([`actions`]), the stage ([`staging`]) and the disruptive steps
@@ -12,6 +13,7 @@ pub mod controller;
 pub mod cooldown;
 pub mod decide;
 pub mod invalid;
+pub mod observe;
 pub mod staging;
 pub mod steps;
 pub mod thin_report;

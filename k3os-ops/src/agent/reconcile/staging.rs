@@ -4,7 +4,9 @@
 //! Whether a stage may run now is [`super::decide::step`]'s call (the back-off, the stage
 //! windows, today's quota read from the node's ledger): it hands over a
 //! [`StagePlan`], or decides `StageWaiting`, whose phase says why and until when (every
-//! reconcile asks again, so a spec change is seen at once). Here: preview the stage
+//! reconcile asks again, so a spec change is seen at once). Here: resolve the release once (the
+//! node's offline bundle of it, the release a pinned version's own check resolved in this tick,
+//! else one resolution of the channel: [`crate::agent::host::requests::for_stage`]), preview it
 //! (annotation, gauge, `slot status`), judge whether what is left can arrive before the next
 //! maintenance window (condition `StageWillMissWindow`), and stage within the plan's open
 //! windows and the quota's budget. A clean stop at the quota or the windows' end is
@@ -17,35 +19,39 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::decide::StagePlan;
-use super::thin_report::{self, Miss};
+use super::thin_report;
+use crate::agent::channel::thin::Miss;
 use crate::agent::channel::format::{ANN_PROGRESS, ANN_TARGET};
 use crate::agent::channel::listing::Channel;
 use crate::agent::channel::thin::ThinPolicy;
-use crate::agent::cluster::publish::{Done, Report, Say, Then};
+use crate::agent::cluster::publish::{Done, Mark, Report, Say, Then};
 use crate::agent::context::{Agent, PROGRESS_PERIOD};
 use crate::agent::errors::AgentError;
 use crate::agent::host::ops::StageEnd;
+use crate::agent::host::requests::for_stage;
 use crate::agent::host::stage_progress::AnnotationProgress;
 use crate::agent::phase::Phase;
 use libupgrade::Stop;
-use libupgrade::{ExtraSource, StageOptions, StageRequest, Wanted};
+use libupgrade::{ExtraSource, Release, StageOptions, StageRequest, Wanted};
 
 /// How a stage step ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(in crate::agent) enum Staging {
     /// Staged, or failed (backing off): what to publish and what follows.
     Done(Done),
-    /// Stopped cleanly at the quota or the end of the open windows; the deadline was judged
-    /// again with what is left.
-    Stopped,
+    /// Stopped cleanly at the quota or the end of the open windows: the deadline judged
+    /// again with what is left, and whether the channel's metadata is fresh.
+    Stopped(Vec<Mark>),
 }
 
-/// Stage `version` of `ch` as `plan` allows.
+/// Stage `version` of `ch` as `plan` allows; `resolved`: the channel's release of `version`
+/// this tick already resolved (a pinned version's own check), taken instead of resolving again.
 pub(in crate::agent) async fn stage(
     cx: &Agent,
     ch: &Channel,
     version: &str,
     plan: StagePlan,
+    resolved: Option<Release>,
 ) -> Result<Staging, AgentError> {
     let now = cx.settings.clock.now();
     let StagePlan {
@@ -68,23 +74,24 @@ pub(in crate::agent) async fn stage(
         ),
     );
     cx.announce(ch, Vec::new(), staging).await?;
-    let result = preview_and_stage(cx, ch, req, day, used).await;
-    report_staleness(cx, ch, &result).await;
+    let result = preview_and_stage(cx, ch, req, resolved, day, used).await;
+    let stale: Vec<Mark> = staleness(&result).into_iter().collect();
     match result {
-        Ok(StageEnd::Staged { .. }) => staged(cx, ch, version).await.map(Staging::Done),
+        Ok(StageEnd::Staged { .. }) => Ok(Staging::Done(staged(cx, version).marked(stale))),
         Ok(StageEnd::Stopped { why, left, .. }) => {
-            cx.memory.stages.lock().expect("not poisoned").succeeded();
-            stopped(cx, ch, version, why, left).await?;
-            Ok(Staging::Stopped)
+            cx.remember(|m| m.stages.succeeded());
+            let mut marks = stopped(cx, ch, version, why, left).await?;
+            marks.extend(stale);
+            Ok(Staging::Stopped(marks))
         }
-        Err(e) => Ok(Staging::Done(failed(cx, version, now, &e))),
+        Err(e) => Ok(Staging::Done(failed(cx, version, now, &e).marked(stale))),
     }
 }
 
 /// The one libupgrade request the agent makes to stage `version` of `ch` (the CLI's `upgrade
 /// --channel URL --version V` makes the same): the channel's rate cap and sources, the open
 /// stage windows and what today's quota has left; an older release only when the channel pins
-/// it; the cluster's seed for the channel's fleet rollouts (ignored only for a pinned version
+/// it; bytes or time as `spec.stage.prefer` says; the cluster's seed for the channel's fleet rollouts (ignored only for a pinned version
 /// with `spec.ignoreRollout`). The node adds its offline-bundle
 /// directory.
 fn request(
@@ -117,34 +124,55 @@ fn request(
             })
             .unwrap_or_default(),
         clock: cx.settings.clock.clone(),
+        prefer: ch
+            .spec
+            .stage
+            .as_ref()
+            .and_then(|s| s.prefer)
+            .unwrap_or_default()
+            .into(),
         ..StageOptions::default()
     })
 }
 
-/// Preview (published before the first byte), judge the deadline, then stage.
+/// Resolve once, preview (published before the first byte), judge the deadline, then stage.
 async fn preview_and_stage(
     cx: &Agent,
     ch: &Channel,
     req: StageRequest,
+    resolved: Option<Release>,
     book_on: Option<chrono::NaiveDate>,
     used: u64,
 ) -> Result<StageEnd, AgentError> {
-    let r = req.clone();
-    if let Some(p) = cx.blocking(move |ops| ops.preview(&r)).await? {
+    let rel = cx
+        .blocking(move |ops| {
+            let rel = for_stage(ops, &req, resolved)?;
+            let preview = ops.preview(&rel, &req.options)?;
+            Ok((rel, req.options, preview))
+        })
+        .await?;
+    let (rel, opts, preview) = rel;
+    if let Some(p) = preview {
         thin_report::publish_preview(cx, ch, &p).await;
         judge_deadline(cx, ch, p.fetch, used).await;
     }
-    stage_with_progress(cx, req, book_on).await
+    stage_with_progress(cx, rel, opts, book_on).await
 }
 
-/// Whether `left` bytes can arrive before the next maintenance window: the condition.
-async fn judge_deadline(cx: &Agent, ch: &Channel, left: u64, used: u64) {
-    let Ok(policy) = ch.policy.as_ref() else {
-        return;
-    };
+/// Whether `left` bytes can arrive before the next maintenance window: the condition (None:
+/// the channel has no thin-link policy to judge by).
+fn deadline(cx: &Agent, ch: &Channel, left: u64, used: u64) -> Option<Mark> {
+    let policy = ch.policy.as_ref().ok()?;
     let now = cx.settings.clock.now();
     let miss = miss(&policy.thin, policy.next_window_start(now), left, now, used);
-    thin_report::report_miss(cx, ch, miss).await;
+    Some(Mark::StageDeadline(miss))
+}
+
+/// Judge the deadline before the stage's first byte (its condition shows while it runs).
+async fn judge_deadline(cx: &Agent, ch: &Channel, left: u64, used: u64) {
+    if let Some(Mark::StageDeadline(miss)) = deadline(cx, ch, left, used) {
+        thin_report::report_miss(cx, ch, miss).await;
+    }
 }
 
 /// The miss, if `left` bytes cannot arrive by `deadline` (None: no maintenance window).
@@ -165,10 +193,8 @@ fn miss(
 }
 
 /// Staged: the deadline condition cleared, the progress annotation removed.
-async fn staged(cx: &Agent, ch: &Channel, version: &str) -> Result<Done, AgentError> {
-    cx.memory.stages.lock().expect("not poisoned").succeeded();
-    thin_report::report_miss(cx, ch, None).await;
-    cx.annotate(&[(ANN_PROGRESS, None)]).await?;
+fn staged(cx: &Agent, version: &str) -> Done {
+    cx.remember(|m| m.stages.succeeded());
     let report = Report::new(
         Phase::Staged,
         "verified and staged",
@@ -177,10 +203,13 @@ async fn staged(cx: &Agent, ch: &Channel, version: &str) -> Result<Done, AgentEr
             format!("{version} verified and staged in the inactive slot"),
         ),
     );
-    Ok(Done::report(report, Then::Again))
+    Done::report(report, Then::Again).marked(vec![
+        Mark::StageDeadline(None),
+        Mark::Annotation(ANN_PROGRESS, None),
+    ])
 }
 
-/// A clean stop at the quota or the end of the open windows: judge the deadline again with
+/// A clean stop at the quota or the end of the open windows: the deadline judged again with
 /// what is left (the controller decides how long to wait).
 async fn stopped(
     cx: &Agent,
@@ -188,9 +217,10 @@ async fn stopped(
     version: &str,
     why: Stop,
     left: u64,
-) -> Result<(), AgentError> {
+) -> Result<Vec<Mark>, AgentError> {
+    tracing::info!("staging {version} stopped ({why})");
     let Ok(policy) = ch.policy.as_ref() else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     let thin = &policy.thin;
     let now = cx.settings.clock.now();
@@ -198,14 +228,12 @@ async fn stopped(
         Some(d) => cx.blocking(move |ops| ops.fetched_on(d)).await?,
         None => 0,
     };
-    judge_deadline(cx, ch, left, used).await;
-    tracing::info!("staging {version} stopped ({why})");
-    Ok(())
+    Ok(deadline(cx, ch, left, used).into_iter().collect())
 }
 
 /// A failed stage: counted, and the next one backs off ([`super::cooldown`]).
 fn failed(cx: &Agent, version: &str, now: DateTime<Utc>, e: &AgentError) -> Done {
-    let (n, backoff) = cx.memory.stages.lock().expect("not poisoned").failed(now);
+    let (n, backoff) = cx.remember(|m| m.stages.failed(now));
     let msg = format!(
         "staging {version} failed (attempt {n}, next in {}s): {}",
         backoff.as_secs(),
@@ -223,28 +251,26 @@ fn failed(cx: &Agent, version: &str, now: DateTime<Utc>, e: &AgentError) -> Done
 }
 
 /// A stage resolves the channel too (a pinned channel is resolved nowhere else): expired
-/// metadata sets `ChannelStale`, a successful stage clears it.
-async fn report_staleness(cx: &Agent, ch: &Channel, result: &Result<StageEnd, AgentError>) {
+/// metadata sets `ChannelStale`, a successful stage clears it; other failures say nothing of it.
+fn staleness(result: &Result<StageEnd, AgentError>) -> Option<Mark> {
     match result {
-        Err(e) if e.stale().is_some() => {
-            crate::agent::cluster::stale::report(cx, ch, e.stale()).await
-        }
-        Ok(_) => crate::agent::cluster::stale::report(cx, ch, None).await,
-        Err(_) => {}
+        Err(e) => e.stale().map(|s| Mark::Stale(Some(*s))),
+        Ok(_) => Some(Mark::Stale(None)),
     }
 }
 
-/// Run libupgrade's stage of `req`, writing its progress annotation on the way.
+/// Run libupgrade's stage of `rel`, writing its progress annotation on the way.
 async fn stage_with_progress(
     cx: &Agent,
-    req: StageRequest,
+    rel: Release,
+    opts: StageOptions,
     book_on: Option<chrono::NaiveDate>,
 ) -> Result<StageEnd, AgentError> {
     let (tx, mut rx) = tokio::sync::watch::channel(String::new());
     rx.mark_unchanged();
     let progress = Arc::new(AnnotationProgress::new(tx, cx.clients.metrics.clone()));
     let p = progress.clone();
-    let work = cx.blocking(move |ops| ops.stage(&req, book_on, p.as_ref()));
+    let work = cx.blocking(move |ops| ops.stage(&rel, &opts, book_on, p.as_ref()));
     tokio::pin!(work);
     // The annotation is written at most every PROGRESS_PERIOD (the Node object is shared
     // with the kubelet; a byte counter must not flood the API server).
@@ -286,6 +312,7 @@ mod tests {
                     max_rate: Some("1M".into()),
                 }],
                 max_bytes_per_day: None,
+                prefer: None,
             }),
             ..Default::default()
         };

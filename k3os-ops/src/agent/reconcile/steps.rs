@@ -30,11 +30,7 @@ use libupgrade::health::CheckResult;
 /// After an aborted disruption: the next claim backs off ([`super::cooldown::Cooldown::claims`];
 /// a drain that is refused must not cordon the node every resync).
 pub(in crate::agent) fn back_off_claims(cx: &Agent) {
-    cx.memory
-        .claims
-        .lock()
-        .expect("not poisoned")
-        .failed(Utc::now());
+    cx.remember(|m| m.claims.failed(Utc::now()));
 }
 
 /// Fence the slot at `Rebooting` before `step`: `Some(done)` when it was lost and the
@@ -300,7 +296,7 @@ async fn confirmed(
     token: Option<&str>,
     version: &str,
 ) -> Result<Done, AgentError> {
-    cx.memory.claims.lock().expect("not poisoned").succeeded();
+    cx.remember(|m| m.claims.succeeded());
     let mut said: Vec<Say> = cx.undo_cordon().await?.into_iter().collect();
     let released = match token {
         Some(t) => slots::release(store, &cx.settings.node, t, Utc::now()).await?,

@@ -20,10 +20,11 @@
 use chrono::{DateTime, Utc};
 
 use crate::agent::channel::crd::{UpdateChannel, UpdateChannelStatus, COND_STAGE_WILL_MISS_WINDOW};
+use crate::agent::channel::thin::Miss;
 use crate::agent::cluster::kube_store::KubeChannelStore;
 use crate::agent::cluster::slots::{self, SlotError, Step};
 use crate::agent::context::Agent;
-use crate::agent::host::ledger::PreviewRecord;
+use libupgrade::state::ledger::PreviewRecord;
 
 /// Node annotation: the preview of the stage in progress or next (JSON, see module docs). In
 /// the agent's own `k3os.io/update-*` space, which deploy/node-scope.yaml lets it write.
@@ -43,26 +44,6 @@ pub fn preview_annotation(annotations: &std::collections::BTreeMap<String, Strin
         .map(String::as_str)
 }
 
-/// Why a node's stage cannot be done before the next maintenance window.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Miss {
-    pub left: u64,
-    /// What can arrive by then.
-    pub capacity: u64,
-    pub deadline: DateTime<Utc>,
-}
-
-impl Miss {
-    fn line(&self, node: &str) -> String {
-        format!(
-            "node {node}: {} left to fetch, at most {} can arrive before the maintenance window at {} (spec.stage.windows rates, spec.maxRate, spec.stage.maxBytesPerDay)",
-            libupgrade::units::Size(self.left),
-            libupgrade::units::Size(self.capacity),
-            self.deadline
-                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-        )
-    }
-}
 
 fn lines(st: &UpdateChannelStatus) -> Vec<String> {
     st.conditions

@@ -8,32 +8,33 @@ use super::decide::Action;
 use crate::agent::cluster::publish::{Report, Say};
 use crate::agent::phase::Phase;
 
+/// Paused (by failures or by the spec): `message`, and `event` once per text.
+fn paused(message: String, event: Say) -> Report {
+    Report {
+        phase: Phase::Paused,
+        message,
+        event: Some(event.once()),
+    }
+}
+
 /// The report of a waiting `action` decided at `now`, or `None` when `action` does not wait
 /// (or waits quietly, like a stage back-off).
 pub(in crate::agent) fn report(action: &Action, now: DateTime<Utc>) -> Option<Report> {
     let r = match action {
-        Action::Paused { version } => Report {
-            phase: Phase::Paused,
-            message: format!("claims paused: too many failures of {version}"),
-            event: Some(
-                Say::warn(
-                    "Paused",
-                    format!("not updating to {version}: the channel is paused after failures"),
-                )
-                .once(),
+        Action::Paused { version } => paused(
+            format!("claims paused: too many failures of {version}"),
+            Say::warn(
+                "Paused",
+                format!("not updating to {version}: the channel is paused after failures"),
             ),
-        },
-        Action::PausedBySpec { version } => Report {
-            phase: Phase::Paused,
-            message: format!("{version} staged; claims paused by spec.paused"),
-            event: Some(
-                Say::info(
-                    "Paused",
-                    format!("not updating to {version}: spec.paused is true"),
-                )
-                .once(),
+        ),
+        Action::PausedBySpec { version } => paused(
+            format!("{version} staged; claims paused by spec.paused"),
+            Say::info(
+                "Paused",
+                format!("not updating to {version}: spec.paused is true"),
             ),
-        },
+        ),
         Action::WaitForWave {
             version,
             admitted,

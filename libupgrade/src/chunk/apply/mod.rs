@@ -29,10 +29,10 @@ use sha2::{Digest as _, Sha256};
 use super::index::ChunkEntry;
 use super::local::LocalFile;
 use super::plan::{Action, FetchRange, LocalRef, Plan};
-use super::rate::{Limited, MinRate, Throttle, Watched};
 use super::ChunkIndex;
 use crate::error::{Error, Result};
 use crate::manifest::Artifact;
+use crate::net::rate::{Limited, MinRate, Throttle, Watched};
 use crate::net::retry::Backoff;
 
 /// Where the chunks go (a slot's artifact).

@@ -289,14 +289,14 @@ fn a_byte_budget_stops_before_the_chunk_it_cannot_pay_and_the_next_run_resumes()
     let (p, new, ix) = indexed(300_000, 11);
     let n = ix.chunks.len();
     let pl = fetch_all(&ix);
-    let budget = crate::chunk::rate::Budget::new(100_000);
+    let budget = crate::net::rate::Budget::new(100_000);
     let mut o = opts(&new);
     o.throttle.budget = Some(&budget);
     let server = mem(&new);
     let target = RefCell::new(Vec::new());
     let e = run(&ix, &pl, &target, &[&server], &[], &o).unwrap_err();
     let Error::Stopped {
-        why: crate::chunk::rate::Stop::Budget { budget: b },
+        why: crate::net::rate::Stop::Budget { budget: b },
         fetched,
         ..
     } = e

@@ -202,78 +202,25 @@ impl<'a> Gen<'a> {
         old: Option<&FileData>,
         w: &mut Writer<'_>,
     ) -> Result<(), PatchError> {
-        let bs = self.block_size;
-        let err = |what: String| PatchError::Squashfs {
-            path: f.path.clone().into(),
-            what,
+        let t = self.target_blocks(f, blocks.clone(), pos)?;
+        let (refs, reference) = match old {
+            Some(o) => self.reference(o, blocks.start, t.data.len() as u64),
+            None => (Vec::new(), Vec::new()),
         };
-        // The target's uncompressed bytes, and which blocks recompress identically.
-        let mut data = Vec::new();
-        let mut targets = Vec::with_capacity(blocks.len());
-        let mut verbatim = Vec::new();
-        let mut p = pos;
-        for i in blocks.clone() {
-            let word = f.words[i];
-            let ulen = f.ulen(i, bs);
-            let stored = &self.t[range(p..p + u64::from(word & SIZE_MASK))];
-            p += stored.len() as u64;
-            let start = data.len();
-            block_bytes(&mut self.dec, word, ulen, stored, &mut data)
-                .map_err(|e| err(format!("target block {i} at {}: {e}", p)))?;
-            let mut word_out = word;
-            if word != 0 && word & STORED == 0 && self.comp.compress(&data[start..]) != Some(stored)
-            {
-                word_out |= VERBATIM;
-                verbatim.extend_from_slice(stored);
-            }
-            targets.push(TargetBlock {
-                word: word_out,
-                ulen,
-            });
-        }
-        // The reference: the old file's blocks around the same offsets.
-        let mut refs = Vec::new();
-        let mut reference = Vec::new();
-        if let Some(o) = old {
-            let ua = blocks.start as u64 * u64::from(bs);
-            let (lo, hi) = super::plain::window(ua, ua + data.len() as u64, o.size);
-            let mut opos = o.start;
-            for (j, &word) in o.words.iter().enumerate() {
-                let ustart = j as u64 * u64::from(bs);
-                let slen = u64::from(word & SIZE_MASK);
-                let ulen = o.ulen(j, bs);
-                if ustart >= lo
-                    && ustart + u64::from(ulen) <= hi
-                    && opos + slen <= self.b.len() as u64
-                {
-                    let stored = &self.b[range(opos..opos + slen)];
-                    if block_bytes(&mut self.dec, word, ulen, stored, &mut reference).is_ok() {
-                        refs.push(BlockRef {
-                            off: opos,
-                            word,
-                            ulen,
-                        });
-                    } else {
-                        reference.truncate(refs.iter().map(|r| r.ulen as usize).sum());
-                    }
-                }
-                opos += slen;
-            }
-        }
-        let frame = compress_from(&reference, &data).map_err(|code| PatchError::Zstd {
+        let frame = compress_from(&reference, &t.data).map_err(|code| PatchError::Zstd {
             what: format!("{:?} blocks {blocks:?}", f.path),
             code,
         })?;
         let op = Op::Data {
             refs,
-            blocks: targets,
+            blocks: t.blocks,
             frame,
         };
         let mut enc = Vec::new();
         op.encode(&mut enc);
-        let stored_len = (p - pos) as usize;
-        if enc.len() + verbatim.len() >= stored_len {
-            return self.gap(pos..p, w);
+        let stored_len = (t.end - pos) as usize;
+        if enc.len() + t.verbatim.len() >= stored_len {
+            return self.gap(pos..t.end, w);
         }
         if let Op::Data { blocks, .. } = &op {
             let n = blocks.iter().filter(|b| b.word & VERBATIM != 0).count() as u64;
@@ -284,8 +231,90 @@ impl<'a> Gen<'a> {
                 .count() as u64;
         }
         w.op(&op)?;
-        w.raw(&verbatim)
+        w.raw(&t.verbatim)
     }
+
+    /// Blocks `blocks` of target file `f` (stored from `pos`): their uncompressed bytes, and
+    /// which recompress identically with this build (the others are carried verbatim).
+    fn target_blocks(
+        &mut self,
+        f: &FileData,
+        blocks: Range<usize>,
+        pos: u64,
+    ) -> Result<TargetRun, PatchError> {
+        let bs = self.block_size;
+        let mut t = TargetRun {
+            data: Vec::new(),
+            blocks: Vec::with_capacity(blocks.len()),
+            verbatim: Vec::new(),
+            end: pos,
+        };
+        for i in blocks {
+            let word = f.words[i];
+            let ulen = f.ulen(i, bs);
+            let stored = &self.t[range(t.end..t.end + u64::from(word & SIZE_MASK))];
+            t.end += stored.len() as u64;
+            let start = t.data.len();
+            block_bytes(&mut self.dec, word, ulen, stored, &mut t.data).map_err(|e| {
+                PatchError::Squashfs {
+                    path: f.path.clone().into(),
+                    what: format!("target block {i} at {}: {e}", t.end),
+                }
+            })?;
+            let mut word_out = word;
+            if word != 0
+                && word & STORED == 0
+                && self.comp.compress(&t.data[start..]) != Some(stored)
+            {
+                word_out |= VERBATIM;
+                t.verbatim.extend_from_slice(stored);
+            }
+            t.blocks.push(TargetBlock {
+                word: word_out,
+                ulen,
+            });
+        }
+        Ok(t)
+    }
+
+    /// The reference for target blocks from `first` on (`len` uncompressed bytes): the old
+    /// file `o`'s blocks around the same offsets, decompressed, with where each comes from.
+    fn reference(&mut self, o: &FileData, first: usize, len: u64) -> (Vec<BlockRef>, Vec<u8>) {
+        let bs = u64::from(self.block_size);
+        let ua = first as u64 * bs;
+        let (lo, hi) = super::plain::window(ua, ua + len, o.size);
+        let (mut refs, mut reference) = (Vec::new(), Vec::new());
+        let mut opos = o.start;
+        for (j, &word) in o.words.iter().enumerate() {
+            let ustart = j as u64 * bs;
+            let slen = u64::from(word & SIZE_MASK);
+            let ulen = o.ulen(j, self.block_size);
+            if ustart >= lo && ustart + u64::from(ulen) <= hi && opos + slen <= self.b.len() as u64
+            {
+                let stored = &self.b[range(opos..opos + slen)];
+                if block_bytes(&mut self.dec, word, ulen, stored, &mut reference).is_ok() {
+                    refs.push(BlockRef {
+                        off: opos,
+                        word,
+                        ulen,
+                    });
+                } else {
+                    reference.truncate(refs.iter().map(|r| r.ulen as usize).sum());
+                }
+            }
+            opos += slen;
+        }
+        (refs, reference)
+    }
+}
+
+/// Target blocks of one Data op: their uncompressed bytes, their descriptions, the stored
+/// bytes of those carried verbatim, and where their stored bytes end in the target.
+struct TargetRun {
+    data: Vec<u8>,
+    blocks: Vec<TargetBlock>,
+    verbatim: Vec<u8>,
+    end: u64,
 }
 
 /// Append block `word`'s uncompressed bytes (`ulen` of them) from its `stored` bytes.

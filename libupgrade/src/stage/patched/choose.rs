@@ -1,6 +1,17 @@
 //! Which listed patch an artifact is staged by, if any: the candidates the pure rule allows
 //! ([`patch_candidates`]), then, best first, the first whose header agrees with the signed
 //! manifest and this build's compressor and whose base the node can read. Reads only.
+//!
+//! The rule needs a proof of what the running slot holds. The running release's kept manifest
+//! (`slots/<slot>/manifest.json`, when it is the build the state says runs) names the whole
+//! artifact's sha256 and size. A node without one (imaged by `dd` or another image builder, a
+//! re-made state partition) hashes the slot's copy instead, once, up to each base size a
+//! listed patch could be chosen for ([`sizes_to_prove`]): the sha256 of those bytes is the
+//! base's exactly when the patch applies, so the choice is the same as with a kept manifest,
+//! at the cost of one sequential read of the slot (the chunk plan reads it too; the two reads
+//! stay apart because a base is a prefix of the slot of the patch's size, not the chunk
+//! plan's range). The preview runs the same code, so `--plan-only` names the same choice and
+//! bytes; the generation floor (`verify`) does not depend on it.
 
 use std::fs::File;
 use std::io::Read;
@@ -14,16 +25,29 @@ use crate::manifest::{Artifact, PatchRef};
 use crate::net::fetch::Source;
 use crate::net::retry::retrying;
 use crate::patch::{PatchHeader, PatchKind};
-use crate::stage::plan::{patch_candidates, How};
+use crate::stage::plan::{patch_candidates, sizes_to_prove, How, Proven};
+use crate::stage::weigh::{apply_secs, weigh, ApplyWork, Verdict, Ways};
 use crate::stage::{ChunkWork, Placing, Stager};
 
 /// Bytes read from the start of a patch to check its header before choosing it (a header is
 /// at most 229 bytes).
 const HEADER_READ: u64 = 512;
+/// What [`Stager::plan_patched`] chose for one artifact: a patch and the step that applies it
+/// (`None`: chunks), and why, when a patch was weighed against the chunks.
+#[derive(Default)]
+pub(in crate::stage) struct Chosen {
+    /// The patch and the step that applies it (None: chunks).
+    pub patch: Option<(How, PatchWork)>,
+    /// Why, when a patch was weighed against the chunks (`ArtifactCost::choice`).
+    pub why: Option<String>,
+}
+
 impl Stager<'_> {
     /// A patch of artifact `a` that rebuilds it from the running slot's copy for fewer bytes
-    /// than `work`'s chunk plan fetches, with the step that applies it; `None`: chunks. Reads
-    /// only (the header of each candidate, from the staging area or by one small range).
+    /// than `work`'s chunk plan fetches and, weighed by `opts.prefer`, no later
+    /// ([`crate::stage::weigh`]), with the step that applies it; else chunks. Reads only (the
+    /// header of each candidate, from the staging area or by one small range; the running
+    /// slot when a base must be proven by hashing).
     pub(in crate::stage) fn plan_patched(
         &self,
         at: &Placing,
@@ -31,35 +55,25 @@ impl Stager<'_> {
         a: Artifact,
         work: &ChunkWork,
         opts: &crate::stage::StageOptions,
-    ) -> Option<(How, PatchWork)> {
+    ) -> Chosen {
         let entry = at.m.files.get(a);
         if entry.patches.is_empty() {
-            return None;
+            return Chosen::default();
         }
-        let running = self.running_entry(at, a)?;
-        let dir = staging_dir(&self.cfg.state_dir);
-        let staged: Vec<PathBuf> = entry
-            .patches
-            .iter()
-            .map(|p| dir.join(format!("{}.patch", p.sha256)))
-            .collect();
-        // Only a continued attempt keeps the staging area (a new one empties it first).
-        let held: Vec<u64> = staged
-            .iter()
-            .map(|p| match at.resumed {
-                true => std::fs::metadata(p).map_or(0, |m| m.len()),
-                false => 0,
-            })
-            .collect();
-        let candidates =
-            patch_candidates(&entry.patches, Some(&running), &held, work.plan.fetch_bytes);
-        for (i, fetch) in candidates {
+        let (staged, held) = self.staged(at, &entry.patches);
+        let chunk_fetch = work.plan.fetch_bytes;
+        let (proven, hashed) = self.proven(at, a, &held, chunk_fetch);
+        let mut chosen = Chosen::default();
+        for (i, fetch) in patch_candidates(&entry.patches, &proven, &held, chunk_fetch) {
             let p = &entry.patches[i];
-            let checked = self
-                .patch_header(source, p, &staged[i], held[i], opts)
-                .and_then(|h| self.check_header(at, a, p, &h).map(|()| h));
-            match checked {
-                Ok(_) => {}
+            let verdict = match self.patch_header(source, p, &staged[i], held[i], opts) {
+                Ok(h) => self
+                    .check_header(at, a, p, &h)
+                    .map(|()| weigh_patch(at, &h, p, fetch, chunk_fetch, opts)),
+                Err(why) => Err(why),
+            };
+            let verdict = match verdict {
+                Ok(v) => v,
                 Err(why) => {
                     log::warn!(
                         "{a}: patch {} from {} not used ({why}); trying the next way",
@@ -68,36 +82,143 @@ impl Stager<'_> {
                     );
                     continue;
                 }
+            };
+            log::info!(
+                "{a}: {} from {}: {}",
+                if verdict.patch { "patch" } else { "no patch" },
+                p.base.version.escape_debug(),
+                verdict.why
+            );
+            chosen.why = Some(match hashed {
+                true => format!("{}; base proven by hashing the running slot", verdict.why),
+                false => verdict.why,
+            });
+            if !verdict.patch {
+                continue;
             }
-            let base = self.patch_base(at, a, p)?;
-            return Some((
+            let Some(base) = self.patch_base(at, a, p) else {
+                chosen.why = None;
+                return chosen;
+            };
+            chosen.patch = Some((
                 How::Patched { patch: i, fetch },
                 PatchWork {
                     patch: p.clone(),
                     staged: staged[i].clone(),
                     base,
+                    base_hashed: hashed,
                 },
             ));
+            return chosen;
         }
-        None
+        chosen
+    }
+
+    /// Where each of `patches` is staged, and how many of its bytes the staging area holds
+    /// (only a continued attempt keeps it: a new one empties it first).
+    fn staged(&self, at: &Placing, patches: &[PatchRef]) -> (Vec<PathBuf>, Vec<u64>) {
+        let dir = staging_dir(&self.cfg.state_dir);
+        let staged: Vec<PathBuf> = patches
+            .iter()
+            .map(|p| dir.join(format!("{}.patch", p.sha256)))
+            .collect();
+        let held = staged
+            .iter()
+            .map(|p| match at.resumed {
+                true => std::fs::metadata(p).map_or(0, |m| m.len()),
+                false => 0,
+            })
+            .collect();
+        (staged, held)
+    }
+
+    /// What the node can prove its running slot's copy of `a` is: the kept manifest's entry,
+    /// else the hashes of its prefixes (true: proven by hashing).
+    fn proven(
+        &self,
+        at: &Placing,
+        a: Artifact,
+        held: &[u64],
+        chunk_fetch: u64,
+    ) -> (Vec<Proven>, bool) {
+        match self.running_entry(at, a) {
+            Some(e) => (
+                vec![Proven {
+                    size: e.size,
+                    sha256: e.sha256,
+                }],
+                false,
+            ),
+            None => (self.prove_by_hash(at, a, held, chunk_fetch), true),
+        }
     }
 
     /// Artifact `a`'s entry in the running release's signed manifest, as the node kept it
     /// (`slots/<slot>/manifest.json`), when that manifest is the running build's.
     fn running_entry(&self, at: &Placing, a: Artifact) -> Option<crate::manifest::FileEntry> {
-        let (slot, want) = (at.running.0, at.running_sha256.as_deref()?);
+        let slot = at.running.0;
+        let Some(want) = at.running_sha256.as_deref() else {
+            log::info!("{a}: the state names no build for slot {slot}; a patch's base is proven by hashing the slot");
+            return None;
+        };
         match crate::slotfiles::manifest_with_sha256(&self.cfg.state_dir, slot) {
             Ok(Some((m, sha))) if sha == want => Some(m.files.get(a).clone()),
             Ok(Some((_, sha))) => {
                 log::warn!(
-                    "{a}: the manifest kept for slot {slot} has sha256 {sha}, the slot runs {want}; no patch is used"
+                    "{a}: the manifest kept for slot {slot} has sha256 {sha}, the slot runs {want}; a patch's base is proven by hashing the slot instead"
                 );
                 None
             }
-            Ok(None) => None,
-            Err(e) => {
-                log::warn!("{a}: {e}; no patch is used");
+            Ok(None) => {
+                log::info!("{a}: no manifest is kept for slot {slot}; a patch's base is proven by hashing the slot");
                 None
+            }
+            Err(e) => {
+                log::warn!("{a}: {e}; a patch's base is proven by hashing the slot instead");
+                None
+            }
+        }
+    }
+
+    /// What hashing the running slot's copy of `a` proves (no kept manifest names the
+    /// running build: an image written by `dd`, a re-made state partition): the sha256 of its
+    /// first bytes up to each base size a listed patch could be chosen for, in one pass.
+    /// Nothing when no patch could win or the slot cannot be read. Reads only.
+    fn prove_by_hash(
+        &self,
+        at: &Placing,
+        a: Artifact,
+        held: &[u64],
+        chunk_fetch: u64,
+    ) -> Vec<Proven> {
+        let patches = &at.m.files.get(a).patches;
+        let (slot, Some(version)) = (at.running.0, at.running.1.as_deref()) else {
+            return Vec::new();
+        };
+        let (file, offset, len) = match self.layout.open_artifact(slot, version, a) {
+            Ok(f) => f,
+            Err(e) => {
+                log::warn!("{a}: cannot read the running slot's copy to prove a patch's base ({e}); no patch is used");
+                return Vec::new();
+            }
+        };
+        let sizes = sizes_to_prove(patches, held, chunk_fetch, len);
+        if sizes.is_empty() {
+            return Vec::new();
+        }
+        let started = std::time::Instant::now();
+        match hash_prefixes(&file, offset, &sizes) {
+            Ok(proven) => {
+                log::info!(
+                    "{a}: no kept manifest names slot {slot}'s build: hashed its first {} for the listed patches' bases in {:.1} s",
+                    crate::units::Size(sizes[sizes.len() - 1]),
+                    started.elapsed().as_secs_f64()
+                );
+                proven
+            }
+            Err(e) => {
+                log::warn!("{a}: reading slot {slot}'s copy to prove a patch's base failed ({e}); no patch is used");
+                Vec::new()
             }
         }
     }
@@ -215,5 +336,81 @@ impl Stager<'_> {
                 None
             }
         }
+    }
+}
+
+/// Patch `p` (header `h`, fetching `fetch` bytes) against the chunk plan's `chunk_fetch`
+/// bytes, under `opts.prefer` ([`weigh`]).
+fn weigh_patch(
+    at: &Placing,
+    h: &PatchHeader,
+    p: &PatchRef,
+    fetch: u64,
+    chunk_fetch: u64,
+    opts: &crate::stage::StageOptions,
+) -> Verdict {
+    let work = ApplyWork {
+        blocks: p.blocks,
+        block_size: h.block_size,
+        level: h.level,
+        target_size: h.target_size,
+        workers: crate::patch::workers(),
+    };
+    let ways = Ways {
+        chunk_fetch,
+        patch_fetch: fetch,
+        apply_secs: apply_secs(&work),
+    };
+    weigh(opts.prefer, opts.max_bytes.is_some(), at.link, ways)
+}
+
+/// sha256 of the first `size` bytes of `file` from `offset`, for each of `sizes` (ascending),
+/// in one pass (the hasher's state is copied at each size).
+fn hash_prefixes(file: &File, offset: u64, sizes: &[u64]) -> std::io::Result<Vec<Proven>> {
+    use sha2::{Digest as _, Sha256};
+    use std::os::unix::fs::FileExt;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; crate::stage::BUF];
+    let mut pos = 0u64;
+    let mut out = Vec::with_capacity(sizes.len());
+    for &size in sizes {
+        while pos < size {
+            let n = (size - pos).min(buf.len() as u64) as usize;
+            file.read_exact_at(&mut buf[..n], offset + pos)?;
+            h.update(&buf[..n]);
+            pos += n as u64;
+        }
+        out.push(Proven {
+            size,
+            sha256: hex::encode(h.clone().finalize()),
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest as _, Sha256};
+    use std::io::Write as _;
+
+    #[test]
+    fn prefixes_hash_as_the_bytes_they_cover_from_the_offset() {
+        let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&bytes).unwrap();
+        let got = hash_prefixes(&f, 100, &[0, 5, 1 << 20, 2_999_900]).unwrap();
+        let want: Vec<Proven> = [0usize, 5, 1 << 20, 2_999_900]
+            .iter()
+            .map(|&n| Proven {
+                size: n as u64,
+                sha256: hex::encode(Sha256::digest(&bytes[100..100 + n])),
+            })
+            .collect();
+        assert_eq!(got, want);
+        assert!(
+            hash_prefixes(&f, 100, &[3_000_000]).is_err(),
+            "past the end is an error, not a short hash"
+        );
     }
 }

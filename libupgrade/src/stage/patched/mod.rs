@@ -19,7 +19,9 @@
 //!
 //! Resume after `kill -9` or a power cut: the chunks written are re-verified in place by the
 //! next run's plan and kept, the staged patch is kept and continued (at most the piece in
-//! flight is fetched again) and re-applied. The staging area is emptied when a new attempt
+//! flight is fetched again) and applied again with every op whose output only reaches chunks
+//! the target holds skipped ([`crate::patch::apply_needed`]): at most the op in flight when the
+//! run died is rebuilt again (`PatchOutcome::skipped` counts what was not). The staging area is emptied when a new attempt
 //! starts and when the slot is staged.
 //!
 //! Files: this one (the executor: fetch, rebuild, hand the rest to the chunk plan), `choose`
@@ -50,6 +52,9 @@ pub(crate) struct PatchWork {
     pub staged: PathBuf,
     /// The running slot's copy of the artifact: the patch's base.
     pub base: LocalFile,
+    /// The base was proven by hashing the running slot's range (no kept manifest names the
+    /// running build), not by the kept manifest.
+    pub base_hashed: bool,
 }
 impl Stager<'_> {
     /// Write artifact `a` by its patch `pw`, then the chunks the patch did not deliver by
@@ -69,8 +74,9 @@ impl Stager<'_> {
             .map(|x| *x == Action::Keep)
             .collect();
         let mut fetched = 0;
+        let job = Job { a, work, pw };
         let rebuilt = match self.fetch_patch(run, a, pw, &mut fetched) {
-            Ok(patch) => self.rebuild(run, a, work, pw, patch, &target, &mut present)?,
+            Ok(patch) => self.rebuild(run, &job, patch, &target, &mut present)?,
             Err(e @ Error::Stopped { .. }) => return Err(e),
             Err(e) => {
                 log::warn!(
@@ -111,6 +117,8 @@ impl Stager<'_> {
             rebuilt: rebuilt.written,
             mismatched_chunks: rebuilt.mismatched,
             fell_back: rebuilt.fell_back,
+            base_hashed: pw.base_hashed,
+            skipped: rebuilt.skipped,
         });
         // The patch's bytes stand for the part of the artifact it rebuilt: what the run did not
         // fetch is the rest (as the preview counts it), unless the patch fell short of its size.
@@ -124,40 +132,36 @@ impl Stager<'_> {
     }
 
     /// Apply the staged `patch` to the base and write each chunk of its output whose sha256
-    /// is the signed index's and that `present` lacks (then marked present). A failure of the
-    /// patch itself is logged here and ends the rebuild: what it wrote stays, the rest is
-    /// left to the chunk plan. Errors are the target's only.
-    #[allow(clippy::too_many_arguments)]
+    /// is the signed index's and that `present` lacks (then marked present); the ops whose
+    /// output only reaches chunks `present` already holds (a resumed attempt) are skipped. A
+    /// failure of the patch itself is logged here and ends the rebuild: what it wrote stays,
+    /// the rest is left to the chunk plan. Errors are the target's only.
     fn rebuild(
         &self,
         run: &Run,
-        a: Artifact,
-        work: &ChunkWork,
-        pw: &PatchWork,
+        job: &Job,
         patch: File,
         target: &Target,
         present: &mut [bool],
     ) -> Result<Rebuilt> {
+        let (a, pw) = (job.a, job.pw);
         let base = crate::patch::Base {
             file: &pw.base.file,
             offset: pw.base.offset,
             len: pw.base.len,
         };
-        let chunks = &work.index.chunks;
-        let mut cut = Cutter {
-            buf: Vec::with_capacity(work.index.params.max as usize),
-            next: 0,
-            out: Rebuilt::default(),
-            failed: None,
-        };
+        let chunks = &job.work.index.chunks;
+        let held = present.to_vec();
+        let needed = |r: std::ops::Range<u64>| wanted(chunks, &held, r);
+        let mut cut = Cutter::new(job.work.index.params.max as usize);
         run.progress.begin(
             &format!("{a} from patch {}", pw.patch.path),
             run.m.files.get(a).size,
             0,
         );
         let mut reader = std::io::BufReader::with_capacity(BUF, patch);
-        let applied = crate::patch::apply(&mut reader, base, &mut |bytes| {
-            cut.feed(bytes, chunks, present, target, run)
+        let applied = crate::patch::apply_needed(&mut reader, base, &needed, &mut |at, bytes| {
+            cut.feed(at, bytes, chunks, present, target, run)
         });
         run.progress.end();
         if let Some(e) = cut.failed {
@@ -179,73 +183,160 @@ impl Stager<'_> {
             }
             // Every chunk was checked; those that did not match are counted and fetched.
             Err(e) => log::debug!("{a}: the patch's own check: {e}"),
-            Ok(_) => {}
+            Ok(st) => cut.out.skipped = st.skipped_bytes,
         }
         target.sync()?;
         Ok(cut.out)
     }
 }
 
-/// What a patch wrote: bytes of verified chunks, the chunks whose output did not match, and
-/// why it was given up before the end, if it was.
+/// One patched artifact's parts.
+struct Job<'j> {
+    a: Artifact,
+    work: &'j ChunkWork,
+    pw: &'j PatchWork,
+}
+
+/// Whether any chunk that `range` of the target reaches is missing from `held`.
+fn wanted(chunks: &[crate::chunk::ChunkEntry], held: &[bool], range: std::ops::Range<u64>) -> bool {
+    let first = chunks.partition_point(|c| c.offset + u64::from(c.len) <= range.start);
+    chunks[first..]
+        .iter()
+        .zip(&held[first..])
+        .take_while(|(c, _)| c.offset < range.end)
+        .any(|(_, h)| !h)
+}
+
+/// What a patch wrote: bytes of verified chunks, the chunks whose output did not match, the
+/// output skipped because the target held it, and why it was given up before the end, if it
+/// was.
 #[derive(Debug, Default, Clone)]
 struct Rebuilt {
     written: u64,
     mismatched: u64,
     mismatched_bytes: u64,
+    skipped: u64,
     fell_back: Option<String>,
 }
 
 /// Cuts a patch's output at the chunk index's boundaries and writes the chunks that verify.
+/// The output may jump forward over skipped ops: a chunk entered part way through is one the
+/// target holds already and is not checked.
 struct Cutter {
     buf: Vec<u8>,
     /// The chunk being filled.
     next: usize,
+    /// The target's offset of the next byte expected.
+    pos: u64,
+    /// The chunk being filled was entered part way through (its head skipped).
+    partial: bool,
     out: Rebuilt,
     /// A write to the target failed (ends the apply; reported as the stage's error).
     failed: Option<Error>,
 }
 
 impl Cutter {
+    fn new(max_chunk: usize) -> Self {
+        Cutter {
+            buf: Vec::with_capacity(max_chunk),
+            next: 0,
+            pos: 0,
+            partial: false,
+            out: Rebuilt::default(),
+            failed: None,
+        }
+    }
+
+    /// Take `bytes` of the output at offset `at` of the target.
     fn feed(
         &mut self,
+        at: u64,
         mut bytes: &[u8],
         chunks: &[crate::chunk::ChunkEntry],
         present: &mut [bool],
         target: &Target,
         run: &Run,
     ) -> std::io::Result<()> {
+        if at != self.pos {
+            // Ops were skipped: continue in the chunk that holds `at`.
+            self.next = chunks.partition_point(|c| c.offset + u64::from(c.len) <= at);
+            self.partial = chunks.get(self.next).is_some_and(|c| c.offset < at);
+            self.buf.clear();
+            self.pos = at;
+        }
         while !bytes.is_empty() {
             let Some(c) = chunks.get(self.next) else {
                 return Err(std::io::Error::other("output past the signed chunk index"));
             };
-            let want = c.len as usize - self.buf.len();
-            let n = want.min(bytes.len());
-            self.buf.extend_from_slice(&bytes[..n]);
+            let end = c.offset + u64::from(c.len);
+            let n = ((end - self.pos) as usize).min(bytes.len());
+            if !self.partial {
+                self.buf.extend_from_slice(&bytes[..n]);
+            }
             bytes = &bytes[n..];
-            if self.buf.len() < c.len as usize {
+            self.pos += n as u64;
+            if self.pos < end {
                 continue;
             }
-            let len = u64::from(c.len);
-            if !present[self.next] {
-                if crate::chunk::digest(&self.buf) == c.digest {
-                    if let Err(e) = target.write_at(c.offset, &self.buf) {
-                        let msg = e.to_string();
-                        self.failed = Some(e);
-                        return Err(std::io::Error::other(msg));
-                    }
-                    present[self.next] = true;
-                    self.out.written += len;
-                    // Counted as reused by the chunk plan that keeps it (not twice).
-                    run.progress.advance(len);
-                } else {
-                    self.out.mismatched += 1;
-                    self.out.mismatched_bytes += len;
-                }
+            if !self.partial && !present[self.next] {
+                self.check_and_write(c, present, target, run)?;
             }
+            self.partial = false;
             self.buf.clear();
             self.next += 1;
         }
         Ok(())
+    }
+
+    /// The chunk `c` in `buf` is complete: write it when its sha256 is the index's.
+    fn check_and_write(
+        &mut self,
+        c: &crate::chunk::ChunkEntry,
+        present: &mut [bool],
+        target: &Target,
+        run: &Run,
+    ) -> std::io::Result<()> {
+        let len = u64::from(c.len);
+        if crate::chunk::digest(&self.buf) != c.digest {
+            self.out.mismatched += 1;
+            self.out.mismatched_bytes += len;
+            return Ok(());
+        }
+        if let Err(e) = target.write_at(c.offset, &self.buf) {
+            let msg = e.to_string();
+            self.failed = Some(e);
+            return Err(std::io::Error::other(msg));
+        }
+        present[self.next] = true;
+        self.out.written += len;
+        // Counted as reused by the chunk plan that keeps it (not twice).
+        run.progress.advance(len);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::ChunkEntry;
+
+    #[test]
+    fn an_op_is_wanted_when_any_chunk_it_reaches_is_missing() {
+        let chunks: Vec<ChunkEntry> = [(0, 100), (100, 50), (150, 200)]
+            .iter()
+            .map(|&(offset, len)| ChunkEntry {
+                offset,
+                len,
+                digest: [0; 32],
+            })
+            .collect();
+        let held = [true, false, true];
+        assert!(!wanted(&chunks, &held, 0..100), "inside a held chunk");
+        assert!(wanted(&chunks, &held, 90..101), "reaches the missing one");
+        assert!(wanted(&chunks, &held, 120..130));
+        assert!(!wanted(&chunks, &held, 150..350));
+        assert!(!wanted(&chunks, &held, 20..20), "nothing");
+        assert!(!wanted(&chunks, &[true; 3], 0..350));
+        assert!(wanted(&chunks, &[false; 3], 349..350));
     }
 }

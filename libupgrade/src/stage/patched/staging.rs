@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest as _, Sha256};
 
 use super::PatchWork;
-use crate::chunk::rate::Limited;
 use crate::error::{Error, Result};
 use crate::manifest::Artifact;
+use crate::net::rate::Limited;
 use crate::stage::{Run, Stager, BUF};
 
 /// The staging area for patches under `state_dir`.
@@ -39,77 +39,46 @@ impl Stager<'_> {
         fetched: &mut u64,
     ) -> Result<File> {
         let p = &pw.patch;
-        let dir = staging_dir(&self.cfg.state_dir);
-        std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
-        let mut f = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&pw.staged)
-            .map_err(|e| Error::io("open", &pw.staged, e))?;
-        let mut have = f
-            .metadata()
-            .map_err(|e| Error::io("stat", &pw.staged, e))?
-            .len();
-        if have > p.size {
-            f.set_len(0)
-                .map_err(|e| Error::io("truncate", &pw.staged, e))?;
-            have = 0;
-        }
+        let mut st = Staged::open(&self.cfg.state_dir, &pw.staged, p.size)?;
         let loc = run.source.location(&p.path);
         run.progress
-            .begin(&format!("{a} patch ({})", p.path), p.size, have);
+            .begin(&format!("{a} patch ({})", p.path), p.size, st.have);
         let mut backoff = self.backoff(run.opts);
         let mut buf = vec![0u8; BUF];
-        while have < p.size {
+        while st.have < p.size {
             let left = run.throttle.grant(1).map_err(|why| Error::Stopped {
                 why,
                 fetched: run.throttle.budget.map_or(0, |b| b.used()),
                 left: 0,
             })?;
-            let stop = p.size.min(have.saturating_add(left));
-            let body = match run.source.open_range(&p.path, have, stop) {
+            let stop = p.size.min(st.have.saturating_add(left));
+            let body = match run.source.open_range(&p.path, st.have, stop) {
                 Ok(b) => b,
                 Err(e) => {
                     backoff.attempt_failed(&loc, e)?;
                     continue;
                 }
             };
-            let mut r = Limited::new(self.watch(run.opts).reader(body), run.throttle);
-            let before = have;
-            let failed = loop {
-                match r.read(&mut buf) {
-                    Ok(0) => break None,
-                    Ok(n) => {
-                        f.write_all(&buf[..n])
-                            .map_err(|e| Error::io("write", &pw.staged, e))?;
-                        have += n as u64;
-                        *fetched += n as u64;
-                        run.progress.advance(n as u64);
-                        run.progress.fetched(n as u64);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => break Some(crate::net::fetch::body_failed(&e)),
-                }
-            };
-            f.sync_data()
-                .map_err(|e| Error::io("fsync", &pw.staged, e))?;
-            if have == stop {
+            let r = Limited::new(self.watch(run.opts).reader(body), run.throttle);
+            let before = st.have;
+            let failed = st.take(r, &mut buf, fetched, run)?;
+            if st.have == stop {
                 backoff.progressed();
                 continue;
             }
-            if have > before {
+            if st.have > before {
                 backoff.progressed();
             }
             let what =
-                failed.unwrap_or_else(|| format!("stream ended at byte {have} of {}", p.size));
+                failed.unwrap_or_else(|| format!("stream ended at byte {} of {}", st.have, p.size));
             if !backoff.wait(&loc, &what) {
                 run.progress.end();
                 return Err(Error::Fetch {
                     location: loc,
                     what: format!(
-                        "{} (the {have} bytes staged are kept for the next attempt)",
-                        backoff.gave_up(&what)
+                        "{} (the {} bytes staged are kept for the next attempt)",
+                        backoff.gave_up(&what),
+                        st.have
                     ),
                     retryable: true,
                 });
@@ -127,6 +96,65 @@ impl Stager<'_> {
             });
         }
         File::open(&pw.staged).map_err(|e| Error::io("open", &pw.staged, e))
+    }
+}
+
+/// A patch being fetched into the staging area: the file, appended to, and its length.
+struct Staged<'p> {
+    f: File,
+    path: &'p Path,
+    have: u64,
+}
+
+impl<'p> Staged<'p> {
+    /// Open (or create) `path` in `state_dir`'s staging area for appending; a copy longer than
+    /// the patch's `size` is emptied (it cannot be this patch's prefix).
+    fn open(state_dir: &Path, path: &'p Path, size: u64) -> Result<Staged<'p>> {
+        let dir = staging_dir(state_dir);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
+        let f = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(|e| Error::io("open", path, e))?;
+        let mut have = f.metadata().map_err(|e| Error::io("stat", path, e))?.len();
+        if have > size {
+            f.set_len(0).map_err(|e| Error::io("truncate", path, e))?;
+            have = 0;
+        }
+        Ok(Staged { f, path, have })
+    }
+
+    /// Append what `r` yields (one range response), then fsync; returns why the response
+    /// ended early, if it failed (a write error is the stage's).
+    fn take(
+        &mut self,
+        mut r: impl Read,
+        buf: &mut [u8],
+        fetched: &mut u64,
+        run: &Run,
+    ) -> Result<Option<String>> {
+        let failed = loop {
+            match r.read(buf) {
+                Ok(0) => break None,
+                Ok(n) => {
+                    self.f
+                        .write_all(&buf[..n])
+                        .map_err(|e| Error::io("write", self.path, e))?;
+                    self.have += n as u64;
+                    *fetched += n as u64;
+                    run.progress.advance(n as u64);
+                    run.progress.fetched(n as u64);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Some(crate::net::fetch::body_failed(&e)),
+            }
+        };
+        self.f
+            .sync_data()
+            .map_err(|e| Error::io("fsync", self.path, e))?;
+        Ok(failed)
     }
 }
 

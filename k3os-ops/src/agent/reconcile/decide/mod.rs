@@ -445,3 +445,7 @@ fn held_pin(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wave_tests;
+#[cfg(test)]
+mod window_tests;

@@ -140,6 +140,7 @@ fn a_spent_quota_waits_for_the_next_day_and_the_ledger_is_read_only_for_a_quota(
         stage: Some(StageSpec {
             windows: vec![],
             max_bytes_per_day: Some("1M".into()),
+            prefer: None,
         }),
         ..Default::default()
     };

@@ -1,7 +1,7 @@
 //! Property tests of maintenance windows and of `decide` (windows across midnight, week
 //! wrap and daylight-saving changes; claims only when the rest of the window is long enough).
 
-use k3os_ops::agent;
+use crate::agent;
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,8 @@
 //! What the node keeps about its thin-link staging, in libupgrade's state directory next to
 //! (never inside) `state.json`, each file small, versioned JSON written atomically (temp,
-//! fsync, rename, fsync dir: `bootconfig::write_atomic`):
+//! fsync, rename, fsync dir: `bootconfig::write_atomic`). It lives here, beside the slot
+//! records, so every front end of a node reads the same files (the agent books and previews,
+//! `k3os-ops slot status` shows them):
 //!
 //! - `stage-ledger.json`: the bytes fetched on one quota day, so `spec.stage.maxBytesPerDay`
 //!   holds across agent restarts and reboots. Format 1:
@@ -23,24 +25,40 @@ use serde::{Deserialize, Serialize};
 
 /// The format this build writes and reads.
 pub const FORMAT: u32 = 1;
-/// File names in the state directory.
+/// File name of the quota ledger in the state directory.
 pub const LEDGER_FILE: &str = "stage-ledger.json";
+/// File name of the last stage preview in the state directory.
 pub const PREVIEW_FILE: &str = "stage-preview.json";
 
 /// A record that cannot be read or written; names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    #[error("{path}: {what}")]
-    Bad { path: PathBuf, what: String },
-    #[error("{path}: format {found} is newer than this agent knows ({FORMAT}); upgrade k3os-ops or remove the file")]
-    Newer { path: PathBuf, found: u32 },
+    /// Unreadable, not JSON, of an unknown format or not written.
+    #[error("{}: {what}", path.display())]
+    Bad {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        what: String,
+    },
+    /// Written by a newer build: never overwritten.
+    #[error("{}: format {found} is newer than this build knows ({FORMAT}); upgrade k3os-ops or remove the file", path.display())]
+    Newer {
+        /// The file.
+        path: PathBuf,
+        /// The format it declares.
+        found: u32,
+    },
 }
 
 /// Bytes fetched on one quota day.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ledger {
+    /// [`FORMAT`].
     pub format: u32,
+    /// The quota day.
     pub day: NaiveDate,
+    /// Network bytes fetched that day.
     pub fetched: u64,
     /// A stage stopped at the quota this day.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -71,7 +89,9 @@ impl DayUse {
 /// `k3os.io/stage-preview` annotation and `stage-preview.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreviewRecord {
+    /// [`FORMAT`].
     pub format: u32,
+    /// The release previewed.
     pub version: String,
     /// Bytes the stage fetches over the network.
     pub fetch: u64,

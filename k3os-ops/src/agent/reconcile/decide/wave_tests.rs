@@ -3,7 +3,7 @@
 //! is admitted by the published `status.rollout`, and `WaitForWave` otherwise; nothing but
 //! the claim is held back (staging goes on, a pause still wins).
 
-use k3os_ops::agent;
+use crate::agent;
 
 use std::collections::BTreeMap;
 

@@ -1,7 +1,7 @@
 //! The committed `deploy/crd.yaml` must be exactly what the types generate
 //! (`k3os-ops agent crd > k3os-ops/deploy/crd.yaml` after changing `src/agent/channel/crd/`).
 
-use k3os_ops::agent;
+use crate::agent;
 
 use agent::channel::crd::{crd_yaml, UpdateChannel};
 
@@ -150,7 +150,7 @@ fn crd_schema_bounds_and_validates_the_spec() {
     let pat = &spec["rebootTimeout"]["pattern"];
     assert_eq!(
         pat.as_str(),
-        Some(k3os_ops::agent::channel::crd::DURATION_PATTERN)
+        Some(crate::agent::channel::crd::DURATION_PATTERN)
     );
     let cols = v["additionalPrinterColumns"].as_sequence().unwrap();
     let updating = cols.iter().find(|c| c["name"] == "Updating").unwrap();
@@ -171,8 +171,8 @@ fn v010_fixture(name: &str) -> serde_json::Value {
 /// keeping every field v0.1.0 wrote.
 #[test]
 fn a_v010_status_is_read_as_format_1_and_migrated_by_the_next_write() {
-    use k3os_ops::agent::channel::format;
-    use k3os_ops::agent::cluster::slots;
+    use crate::agent::channel::format;
+    use crate::agent::cluster::slots;
     let raw = v010_fixture("updatechannel.json");
     assert_eq!(
         format::status_format("the fixture", &raw),

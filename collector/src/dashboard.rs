@@ -1,0 +1,295 @@
+//! The read-only dashboard (`GET /` on the collector's dashboard listener): per release, the
+//! reported states over time against the planned schedule (an inline SVG chart), counts per
+//! wave, and the failing sites with their reasons. Rendered on the server from the database
+//! (no script, no external asset); every stored text is HTML-escaped.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+
+use crate::fleet::{self, FleetStatus, NodeState, ReleaseStatus};
+use crate::store::Row;
+
+/// What the dashboard knows of the channel's rollouts (k3os-ops reads them from the channel's
+/// signed targets; without one, waves and the planned line are not shown).
+pub trait Schedule: Send + Sync {
+    /// The wave (from 1) of `version`'s rollout that admits `seed`.
+    fn wave_of(&self, version: &str, seed: Option<u32>) -> Option<usize>;
+    /// The share of the fleet (0.0–1.0) `version` is offered at Unix time `at`; None when
+    /// unknown.
+    fn planned_share(&self, version: &str, at: u64) -> Option<f64>;
+    /// The rollout's halt, pause or withdrawal now and the command that lifts it (None:
+    /// rolling out, or unknown).
+    fn hold(&self, _version: &str) -> Option<String> {
+        None
+    }
+}
+
+/// No schedule known.
+pub struct NoSchedule;
+
+impl Schedule for NoSchedule {
+    fn wave_of(&self, _: &str, _: Option<u32>) -> Option<usize> {
+        None
+    }
+    fn planned_share(&self, _: &str, _: u64) -> Option<f64> {
+        None
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+/// The nodes seen so far and the (time, count) points of one line.
+type Cumulative<'a> = (BTreeSet<&'a str>, Vec<(u64, u64)>);
+
+/// Cumulative distinct nodes per state group over time, for one release's chart.
+fn series(rows: &[&Row]) -> Vec<(&'static str, Vec<(u64, u64)>)> {
+    let group = |r: &Row| match r.outcome.kind() {
+        "staged" => Some("staged"),
+        "blessed" => Some("blessed"),
+        "stage_failed" | "rolled_back" | "fell_back" => Some("failed"),
+        _ => None,
+    };
+    let mut out: BTreeMap<&'static str, Cumulative> = BTreeMap::new();
+    let mut sorted: Vec<&&Row> = rows.iter().collect();
+    sorted.sort_by_key(|r| (r.received, r.seq));
+    for r in sorted {
+        if let Some(g) = group(r) {
+            let (seen, pts) = out.entry(g).or_default();
+            if seen.insert(&r.node) {
+                pts.push((r.received, seen.len() as u64));
+            }
+        }
+    }
+    out.into_iter().map(|(k, (_, p))| (k, p)).collect()
+}
+
+const W: f64 = 640.0;
+const H: f64 = 200.0;
+
+fn chart(rel: &ReleaseStatus, rows: &[&Row], enrolled: u64, s: &dyn Schedule, now: u64) -> String {
+    let lines = series(rows);
+    let t0 = rows
+        .iter()
+        .map(|r| r.received)
+        .min()
+        .unwrap_or(now)
+        .min(now);
+    let t1 = now.max(t0 + 1);
+    let planned: Vec<(u64, u64)> = (0..=32)
+        .filter_map(|i| {
+            let t = t0 + (t1 - t0) * i / 32;
+            s.planned_share(&rel.version, t)
+                .map(|sh| (t, (sh * enrolled as f64).round() as u64))
+        })
+        .collect();
+    let ymax = lines
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|x| x.1))
+        .chain(planned.iter().map(|x| x.1))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let xy = |(t, n): (u64, u64)| {
+        let x = (t - t0) as f64 / (t1 - t0) as f64 * W;
+        let y = H - n as f64 / ymax as f64 * H;
+        format!("{x:.1},{y:.1}")
+    };
+    let mut svg = format!(
+        "<svg class=\"chart\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" role=\"img\" aria-label=\"{} over time\">",
+        esc(&rel.version)
+    );
+    let colour = |k: &str| match k {
+        "blessed" => "green",
+        "failed" => "red",
+        "planned" => "grey",
+        _ => "blue",
+    };
+    let mut all: Vec<(&str, Vec<(u64, u64)>)> = lines;
+    if !planned.is_empty() {
+        all.push(("planned", planned));
+    }
+    for (k, pts) in &all {
+        // Steps: hold each count until the next point, and to now.
+        let mut steps = Vec::new();
+        let mut last = 0;
+        for &(t, n) in pts {
+            steps.push(xy((t, last)));
+            steps.push(xy((t, n)));
+            last = n;
+        }
+        steps.push(xy((t1, last)));
+        let _ = write!(
+            svg,
+            "<polyline class=\"{k}\" data-last=\"{last}\" fill=\"none\" stroke=\"{}\" points=\"{}\"/>",
+            colour(k),
+            steps.join(" ")
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+fn wave_table(rel: &ReleaseStatus) -> String {
+    let states = [
+        NodeState::Waiting,
+        NodeState::Staged,
+        NodeState::TrialBoot,
+        NodeState::Blessed,
+        NodeState::StageFailed,
+        NodeState::RolledBack,
+        NodeState::FellBack,
+        NodeState::WithdrawnDropped,
+    ];
+    let head: String = states
+        .iter()
+        .map(|s| {
+            format!(
+                "<th>{}</th>",
+                serde_json::to_value(s)
+                    .unwrap_or_default()
+                    .as_str()
+                    .unwrap_or("?")
+            )
+        })
+        .collect();
+    let mut t = format!(
+        "<table class=\"waves\"><tr><th>wave</th><th>nodes</th><th>offered</th>{head}</tr>"
+    );
+    for w in &rel.waves {
+        let name = w.wave.map_or("?".to_string(), |n| n.to_string());
+        let cells: String = states
+            .iter()
+            .map(|s| format!("<td>{}</td>", w.states.get(s).copied().unwrap_or(0)))
+            .collect();
+        let _ = write!(
+            t,
+            "<tr data-wave=\"{name}\"><td>{name}</td><td>{}</td><td>{}</td>{cells}</tr>",
+            w.nodes, w.offered
+        );
+    }
+    t.push_str("</table>");
+    t
+}
+
+fn failing(rows: &[&Row]) -> String {
+    // Each node's newest report about the release, when it is a failure.
+    let mut newest: BTreeMap<&str, &Row> = BTreeMap::new();
+    for r in rows {
+        if newest.get(r.node.as_str()).is_none_or(|n| n.seq < r.seq) {
+            newest.insert(&r.node, r);
+        }
+    }
+    let mut t = String::from(
+        "<table class=\"failing\"><tr><th>site</th><th>node</th><th>outcome</th><th>why</th></tr>",
+    );
+    for r in newest.values().filter(|r| r.outcome.why().is_some()) {
+        let _ = write!(
+            t,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&r.site),
+            esc(&r.node[..16]),
+            r.outcome.kind(),
+            esc(r.outcome.why().unwrap_or_default())
+        );
+    }
+    t.push_str("</table>");
+    t
+}
+
+/// The page for `rows` (every stored report) at Unix time `now`; `enrolled` nodes make the
+/// planned line's 100 %.
+pub fn render(rows: &[Row], enrolled: u64, s: &dyn Schedule, now: u64) -> String {
+    let f: FleetStatus = fleet::summarize(
+        rows,
+        &|v, seed| s.wave_of(v, seed),
+        now.saturating_sub(86_400),
+    );
+    let mut page = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Fleet status</title>\
+         <style>body{{font-family:sans-serif}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 6px}}</style></head>\
+         <body><h1>Fleet status</h1><p id=\"summary\">{} node(s) at {} site(s) of {enrolled} enrolled, {} report(s), {} dropped unsent</p>",
+        f.nodes, f.sites, f.reports, f.dropped
+    );
+    for rel in &f.releases {
+        let mine: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.version == rel.version && r.generation == rel.generation)
+            .collect();
+        let hold = s
+            .hold(&rel.version)
+            .map(|h| format!("<p class=\"hold\">{}</p>", esc(&h)))
+            .unwrap_or_default();
+        let _ = write!(
+            page,
+            "<section class=\"release\" data-version=\"{v}\"><h2>{v} (generation {g})</h2>{hold}{}<h3>Per wave</h3>{}<h3>Failing sites</h3>{}</section>",
+            chart(rel, &mine, enrolled, s, now),
+            wave_table(rel),
+            failing(&mine),
+            v = esc(&rel.version),
+            g = rel.generation
+        );
+    }
+    page.push_str("<p>Halt or pause: <code>k3os-ops release pause CHANNEL VERSION …keys…</code>; lift a pause with <code>k3os-ops release resume</code>.</p></body></html>\n");
+    page
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_report::Outcome;
+
+    fn row(node: &str, seq: u64, outcome: Outcome) -> Row {
+        Row {
+            node: format!("{node:0>64}"),
+            site: format!("site-{node}"),
+            seq,
+            at: seq,
+            received: 1000 + seq,
+            channel: "c".into(),
+            version: "v<2>".into(),
+            generation: 2,
+            outcome,
+            seed: None,
+            dropped: 0,
+        }
+    }
+
+    #[test]
+    fn the_page_holds_the_counts_the_failures_escaped_and_a_chart() {
+        let rows = vec![
+            row("a", 1, Outcome::Blessed),
+            row(
+                "b",
+                1,
+                Outcome::RolledBack {
+                    why: "<script>alert(1)</script>".into(),
+                },
+            ),
+        ];
+        let page = render(&rows, 10, &NoSchedule, 2000);
+        assert!(
+            page.contains("2 node(s) at 2 site(s) of 10 enrolled"),
+            "{page}"
+        );
+        assert!(page.contains("v&lt;2&gt; (generation 2)"), "{page}");
+        assert!(!page.contains("<script>"), "{page}");
+        assert!(
+            page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{page}"
+        );
+        assert!(
+            page.contains("<polyline class=\"blessed\" data-last=\"1\""),
+            "{page}"
+        );
+        assert!(
+            page.contains("<polyline class=\"failed\" data-last=\"1\""),
+            "{page}"
+        );
+    }
+}

@@ -1,0 +1,290 @@
+//! Pure: what the sites reported, per release and wave, for `release rollout-status
+//! --reports`. Each node counts once per release, in the state of its newest report about it.
+
+use std::collections::BTreeMap;
+
+use fleet_report::Outcome;
+use serde::Serialize;
+
+use crate::store::Row;
+
+/// A node's state for one release: its newest report's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    /// Waiting for its wave or a pause.
+    Waiting,
+    /// Staged, not yet tried.
+    Staged,
+    /// Handed to the loader for a trial boot.
+    TrialBoot,
+    /// Runs it, blessed.
+    Blessed,
+    /// Staging failed.
+    StageFailed,
+    /// Rolled back after a failed health check.
+    RolledBack,
+    /// The loader fell back: the trial never confirmed.
+    FellBack,
+    /// Dropped it staged, as withdrawn.
+    WithdrawnDropped,
+}
+
+impl NodeState {
+    fn of(o: &Outcome) -> NodeState {
+        match o {
+            Outcome::Waiting { .. } => NodeState::Waiting,
+            Outcome::Staged { .. } => NodeState::Staged,
+            Outcome::TrialBoot => NodeState::TrialBoot,
+            Outcome::Blessed => NodeState::Blessed,
+            Outcome::StageFailed { .. } => NodeState::StageFailed,
+            Outcome::RolledBack { .. } => NodeState::RolledBack,
+            Outcome::FellBack { .. } => NodeState::FellBack,
+            Outcome::WithdrawnDropped => NodeState::WithdrawnDropped,
+        }
+    }
+
+    /// Whether the state is a failure of the release (counted by reason).
+    pub fn failed(self) -> bool {
+        matches!(
+            self,
+            NodeState::StageFailed | NodeState::RolledBack | NodeState::FellBack
+        )
+    }
+}
+
+/// What the nodes of one wave (or of no known wave) reported about one release.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct WaveStatus {
+    /// The wave's number from 1 (None: the nodes' seeds are unknown, or the release has no
+    /// waves).
+    pub wave: Option<usize>,
+    /// Nodes that reported about the release.
+    pub nodes: u64,
+    /// Of those, nodes it was offered to (any state but waiting: their wave came and they
+    /// took it up).
+    pub offered: u64,
+    /// Nodes per state.
+    pub states: BTreeMap<NodeState, u64>,
+    /// Failed nodes per state and reason (the reason's first line, at most 100 characters).
+    pub failures: BTreeMap<String, u64>,
+}
+
+/// What the nodes reported about one release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReleaseStatus {
+    /// The release's version.
+    pub version: String,
+    /// Its generation.
+    pub generation: u64,
+    /// Per wave, in order (the unknown wave last).
+    pub waves: Vec<WaveStatus>,
+    /// Nodes whose newest report about the release is older than the silence limit, and
+    /// which are not done with it (blessed, failed or dropped are done).
+    pub silent: u64,
+    /// When the newest report about it was received (Unix seconds).
+    pub last_report: u64,
+}
+
+/// The fleet's reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FleetStatus {
+    /// Nodes that ever reported.
+    pub nodes: u64,
+    /// Sites they belong to.
+    pub sites: u64,
+    /// Reports read.
+    pub reports: u64,
+    /// Reports the nodes dropped unsent (the sum of each node's running total).
+    pub dropped: u64,
+    /// "Silent" means no report received since this time (Unix seconds).
+    pub silent_since: u64,
+    /// Per release, newest generation first.
+    pub releases: Vec<ReleaseStatus>,
+}
+
+fn reason(o: &Outcome) -> String {
+    let why = o.why().unwrap_or_default();
+    let line: String = why
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .take(100)
+        .collect();
+    format!("{}: {}", o.kind(), line.escape_debug())
+}
+
+/// Summarize `rows` (every stored report); `wave_of(version, seed)` places a node in a wave of
+/// that release's rollout (1-based); nodes silent since `silent_since` are counted as silent.
+pub fn summarize(
+    rows: &[Row],
+    wave_of: &dyn Fn(&str, Option<u32>) -> Option<usize>,
+    silent_since: u64,
+) -> FleetStatus {
+    // The newest report per (release, node), and each node's newest of all.
+    let mut newest: BTreeMap<(u64, String, String), &Row> = BTreeMap::new();
+    let mut dropped: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut sites: std::collections::BTreeSet<&str> = Default::default();
+    for r in rows {
+        sites.insert(&r.site);
+        let d = dropped.entry(&r.node).or_default();
+        *d = (*d).max(r.dropped);
+        let key = (r.generation, r.version.clone(), r.node.clone());
+        if newest.get(&key).is_none_or(|n| n.seq < r.seq) {
+            newest.insert(key, r);
+        }
+    }
+    let mut releases: BTreeMap<(u64, String), ReleaseStatus> = BTreeMap::new();
+    for ((generation, version, _), r) in &newest {
+        let rel = releases
+            .entry((*generation, version.clone()))
+            .or_insert_with(|| ReleaseStatus {
+                version: version.clone(),
+                generation: *generation,
+                waves: Vec::new(),
+                silent: 0,
+                last_report: 0,
+            });
+        rel.last_report = rel.last_report.max(r.received);
+        let state = NodeState::of(&r.outcome);
+        let done =
+            state == NodeState::Blessed || state.failed() || state == NodeState::WithdrawnDropped;
+        if r.received < silent_since && !done {
+            rel.silent += 1;
+        }
+        let wave = wave_of(version, r.seed);
+        let w = match rel.waves.iter_mut().position(|w| w.wave == wave) {
+            Some(i) => &mut rel.waves[i],
+            None => {
+                rel.waves.push(WaveStatus {
+                    wave,
+                    ..WaveStatus::default()
+                });
+                rel.waves.last_mut().expect("just pushed")
+            }
+        };
+        w.nodes += 1;
+        if state != NodeState::Waiting {
+            w.offered += 1;
+        }
+        *w.states.entry(state).or_default() += 1;
+        if state.failed() {
+            *w.failures.entry(reason(&r.outcome)).or_default() += 1;
+        }
+    }
+    let mut releases: Vec<ReleaseStatus> = releases.into_values().rev().collect();
+    for r in &mut releases {
+        r.waves.sort_by_key(|w| (w.wave.is_none(), w.wave));
+    }
+    FleetStatus {
+        nodes: dropped.len() as u64,
+        sites: sites.len() as u64,
+        reports: rows.len() as u64,
+        dropped: dropped.values().sum(),
+        silent_since,
+        releases,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_report::Transfer;
+
+    fn row(node: &str, seq: u64, version: &str, outcome: Outcome, seed: u32) -> Row {
+        Row {
+            node: node.into(),
+            site: format!("site-{node}"),
+            seq,
+            at: seq,
+            received: 1000 + seq,
+            channel: "c".into(),
+            version: version.into(),
+            generation: version[1..].parse().unwrap(),
+            outcome,
+            seed: Some(seed),
+            dropped: 0,
+        }
+    }
+
+    #[test]
+    fn each_node_counts_once_per_release_in_its_newest_state_and_wave() {
+        let staged = Outcome::Staged {
+            bytes: 1,
+            by: Transfer::Chunks,
+        };
+        let rows = vec![
+            row("a", 1, "v2", staged.clone(), 5_000),
+            row("a", 2, "v2", Outcome::TrialBoot, 5_000),
+            row("a", 3, "v2", Outcome::Blessed, 5_000),
+            row("b", 1, "v2", staged.clone(), 50_000),
+            row(
+                "b",
+                2,
+                "v2",
+                Outcome::RolledBack {
+                    why: "check node-ready failed\nmore".into(),
+                },
+                50_000,
+            ),
+            row(
+                "c",
+                1,
+                "v2",
+                Outcome::RolledBack {
+                    why: "check node-ready failed".into(),
+                },
+                60_000,
+            ),
+            row(
+                "d",
+                1,
+                "v2",
+                Outcome::Waiting {
+                    wait_for: fleet_report::WaitFor::Wave,
+                    until: Some(9),
+                },
+                900_000,
+            ),
+            row("d", 2, "v3", staged, 900_000),
+        ];
+        // Waves: 1 % (seeds below 10,000), 10 %, 100 %.
+        let wave_of = |_: &str, seed: Option<u32>| {
+            seed.map(|s| {
+                if s < 10_000 {
+                    1
+                } else if s < 100_000 {
+                    2
+                } else {
+                    3
+                }
+            })
+        };
+        let f = summarize(&rows, &wave_of, 1002);
+        assert_eq!((f.nodes, f.sites, f.reports), (4, 4, 8));
+        assert_eq!(f.releases[0].version, "v3", "newest first");
+        let v2 = &f.releases[1];
+        let waves: Vec<_> = v2.waves.iter().map(|w| (w.wave, w.nodes)).collect();
+        assert_eq!(waves, vec![(Some(1), 1), (Some(2), 2), (Some(3), 1)]);
+        assert_eq!(v2.waves[0].states.get(&NodeState::Blessed), Some(&1));
+        assert_eq!(
+            (v2.waves[2].nodes, v2.waves[2].offered),
+            (1, 0),
+            "d waits in wave 3"
+        );
+        assert_eq!(v2.waves[1].offered, 2);
+        assert_eq!(v2.waves[1].states.get(&NodeState::RolledBack), Some(&2));
+        assert_eq!(
+            v2.waves[1]
+                .failures
+                .get("rolled_back: check node-ready failed"),
+            Some(&2),
+            "{:?}",
+            v2.waves[1].failures
+        );
+        // d waits (received 1001, before 1002): silent; a's bless and b, c's failures are done.
+        assert_eq!(v2.silent, 1);
+        assert_eq!(v2.last_report, 1003);
+    }
+}

@@ -1,0 +1,167 @@
+//! The HTTP side: `POST /v1/reports` (see the crate docs for the checks and statuses) and
+//! `GET /healthz`. Store calls run on the blocking pool, one at a time (the admit decision
+//! and the insert under one lock, so two copies of one report cannot both be stored).
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::Router;
+use fleet_report::{AllowList, MAX_REPORT_BYTES};
+
+use crate::admit::{self, Admit, Limits, Refused};
+use crate::rate::RateLimiter;
+use crate::store::Store;
+
+/// The path reports are POSTed to.
+pub const REPORTS_PATH: &str = "/v1/reports";
+
+/// A running collector's parts.
+pub struct App {
+    allow: AllowList,
+    limits: Limits,
+    rate: Mutex<RateLimiter>,
+    store: Mutex<Box<dyn Store>>,
+}
+
+impl App {
+    /// A collector accepting the nodes of `allow` into `store` under `limits`.
+    pub fn new(allow: AllowList, store: Box<dyn Store>, limits: Limits) -> App {
+        App {
+            allow,
+            rate: Mutex::new(RateLimiter::new(limits.burst, limits.per_sec)),
+            limits,
+            store: Mutex::new(store),
+        }
+    }
+
+    /// Judge and maybe store one request body: the status and the one-line answer.
+    pub fn receive(&self, body: &[u8]) -> (u16, String) {
+        match self.try_receive(body) {
+            Ok(Admit::Store) => (201, "stored".into()),
+            Ok(Admit::Resend) => (200, "already stored (a resend)".into()),
+            Err(r) => {
+                log::warn!("report refused ({}): {}", r.status, r.why);
+                (r.status, r.why)
+            }
+        }
+    }
+
+    fn try_receive(&self, body: &[u8]) -> Result<Admit, Refused> {
+        let v = admit::verify(body, &self.allow)?;
+        let node = v.report.node;
+        let allowed = self
+            .rate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(node, Instant::now());
+        if !allowed {
+            return Err(Refused {
+                status: 429,
+                why: format!(
+                    "node {node} sends faster than {} reports/s (burst {})",
+                    self.limits.per_sec, self.limits.burst
+                ),
+            });
+        }
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let unavailable = |e: crate::StoreError| Refused {
+            status: 503,
+            why: e.to_string(),
+        };
+        let known = store.known(&node, v.report.seq).map_err(unavailable)?;
+        let verdict = admit::admit(&v, &known, &self.limits)?;
+        if verdict == Admit::Store {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            store.insert(&v, now).map_err(unavailable)?;
+        }
+        Ok(verdict)
+    }
+
+    /// The dashboard page over what is stored now, under `schedule`.
+    pub fn dashboard(&self, schedule: &dyn crate::dashboard::Schedule) -> (u16, String) {
+        match self.rows() {
+            Ok(rows) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let enrolled = self.allow.len() as u64;
+                (
+                    200,
+                    crate::dashboard::render(&rows, enrolled, schedule, now),
+                )
+            }
+            Err(e) => (503, format!("{e}\n")),
+        }
+    }
+
+    /// Every stored report (for fleet status and tests).
+    pub fn rows(&self) -> Result<Vec<crate::Row>, crate::StoreError> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner()).rows()
+    }
+}
+
+async fn post_report(State(app): State<Arc<App>>, body: Bytes) -> (StatusCode, String) {
+    let answer = tokio::task::spawn_blocking(move || app.receive(&body)).await;
+    let (status, text) = answer.unwrap_or_else(|e| (500, format!("collector task failed: {e}")));
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        text + "\n",
+    )
+}
+
+/// The collector's routes over `app`.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route(REPORTS_PATH, post(post_report))
+        .route("/healthz", get(|| async { "ok\n" }))
+        // A longer body is refused with 413 before it is read whole.
+        .layer(DefaultBodyLimit::max(MAX_REPORT_BYTES))
+        .with_state(app)
+}
+
+/// Makes the schedule the dashboard shows, once per page (so a pause shows at once).
+pub type ScheduleSource = Arc<dyn Fn() -> Box<dyn crate::dashboard::Schedule> + Send + Sync>;
+
+/// The read-only dashboard (`GET /`) over `app`: meant for a listener of its own, inside the
+/// publisher's network (the report port faces the sites).
+pub fn dashboard_router(app: Arc<App>, schedule: ScheduleSource) -> Router {
+    Router::new().route(
+        "/",
+        get(move || {
+            let (app, schedule) = (app.clone(), schedule.clone());
+            async move {
+                let page = tokio::task::spawn_blocking(move || app.dashboard(schedule().as_ref()))
+                    .await
+                    .unwrap_or_else(|e| (500, format!("dashboard task failed: {e}\n")));
+                (
+                    StatusCode::from_u16(page.0).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                    [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                    page.1,
+                )
+            }
+        }),
+    )
+}
+
+/// Serve the dashboard of `app` on `listener` until the process ends.
+pub async fn serve_dashboard(
+    listener: tokio::net::TcpListener,
+    app: Arc<App>,
+    schedule: ScheduleSource,
+) -> std::io::Result<()> {
+    axum::serve(listener, dashboard_router(app, schedule)).await
+}
+
+/// Serve `app` on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, app: Arc<App>) -> std::io::Result<()> {
+    axum::serve(listener, router(app)).await
+}
+
+#[cfg(test)]
+mod tests;

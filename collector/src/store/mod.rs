@@ -1,0 +1,147 @@
+//! Where reports are kept: one trait, SQLite and PostgreSQL behind it.
+//!
+//! Schema version 1 (both backends; `collector_meta.schema` holds the number, a newer one is
+//! refused naming both): table `reports`, one row per stored report, keyed by `(node, seq)`,
+//! with the report's fields as columns (`outcome` as its JSON) and `body`, the envelope
+//! exactly as received.
+
+mod pg;
+mod sqlite;
+
+use fleet_report::{NodeId, Outcome, Verified};
+use serde::Serialize;
+
+pub use pg::PgStore;
+pub use sqlite::SqliteStore;
+
+/// The schema version this build writes and reads.
+pub const SCHEMA: i64 = 1;
+
+/// A store failed; the text names the database and the operation.
+#[derive(Debug, thiserror::Error)]
+#[error("{db}: {what}")]
+pub struct StoreError {
+    /// The database (`sqlite:PATH`, or the PostgreSQL URL without its password).
+    pub db: String,
+    /// What failed, with the driver's message.
+    pub what: String,
+}
+
+/// What a store holds of one node, for [`crate::admit::admit`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Known {
+    /// The newest number stored.
+    pub max_seq: Option<u64>,
+    /// The envelope stored under the number being admitted, if any.
+    pub same_seq: Option<Vec<u8>>,
+    /// Reports stored.
+    pub rows: u64,
+}
+
+/// One stored report, as fleet status reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Row {
+    /// The node id.
+    pub node: String,
+    /// Its site.
+    pub site: String,
+    /// The report's number.
+    pub seq: u64,
+    /// When the node reached the outcome (Unix seconds, the node's clock).
+    pub at: u64,
+    /// When the collector stored it (Unix seconds).
+    pub received: u64,
+    /// The channel.
+    pub channel: String,
+    /// The release's version.
+    pub version: String,
+    /// Its generation.
+    pub generation: u64,
+    /// The outcome.
+    pub outcome: Outcome,
+    /// The node's rollout seed.
+    pub seed: Option<u32>,
+    /// The node's running total of reports dropped unsent.
+    pub dropped: u64,
+}
+
+/// A database of reports.
+pub trait Store: Send {
+    /// What is stored of `node`, with the envelope under `seq` if there is one.
+    fn known(&mut self, node: &NodeId, seq: u64) -> Result<Known, StoreError>;
+    /// Store a verified report, received at `received` (Unix seconds).
+    fn insert(&mut self, v: &Verified, received: u64) -> Result<(), StoreError>;
+    /// Every stored report, by node then number.
+    fn rows(&mut self) -> Result<Vec<Row>, StoreError>;
+    /// The database, for messages.
+    fn name(&self) -> &str;
+}
+
+/// Open (and create or migrate) the store `url` names: `sqlite:PATH` or a
+/// `postgres://`/`postgresql://` URL.
+pub fn open(url: &str) -> Result<Box<dyn Store>, StoreError> {
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        return Ok(Box::new(SqliteStore::open(std::path::Path::new(path))?));
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(Box::new(PgStore::open(url)?));
+    }
+    Err(StoreError {
+        db: url.escape_debug().to_string(),
+        what: "not a database URL: expected sqlite:PATH or postgres://…".into(),
+    })
+}
+
+/// The columns of a report, shared by both backends.
+pub(crate) struct Columns {
+    pub node: String,
+    pub seq: i64,
+    pub site: String,
+    pub at: i64,
+    pub channel: String,
+    pub version: String,
+    pub generation: i64,
+    pub kind: &'static str,
+    pub outcome: String,
+    pub seed: Option<i64>,
+    pub dropped: i64,
+}
+
+/// u64 → i64 for a BIGINT column, saturating (the admit step refuses numbers above i64::MAX;
+/// times and counts never get there).
+pub(crate) fn big(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Columns {
+    pub(crate) fn of(v: &Verified) -> Columns {
+        let r = &v.report;
+        Columns {
+            node: r.node.to_string(),
+            seq: big(r.seq),
+            site: r.site.clone(),
+            at: big(r.at),
+            channel: r.channel.clone(),
+            version: r.version.clone(),
+            generation: big(r.generation),
+            kind: r.outcome.kind(),
+            outcome: serde_json::to_string(&r.outcome).expect("outcome serializes"),
+            seed: r.seed.map(i64::from),
+            dropped: big(r.dropped),
+        }
+    }
+}
+
+/// A row's outcome column back to the outcome (written by [`Columns::of`]).
+pub(crate) fn outcome_of(db: &str, json: &str) -> Result<Outcome, StoreError> {
+    serde_json::from_str(json).map_err(|e| StoreError {
+        db: db.to_string(),
+        what: format!(
+            "stored outcome {:?} does not parse: {e}",
+            json.escape_debug().to_string()
+        ),
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,161 @@
+//! PostgreSQL (the `postgres` crate): for a collector on more than one machine.
+
+use fleet_report::{NodeId, Verified};
+
+use super::{big, outcome_of, Columns, Known, Row, Store, StoreError, SCHEMA};
+
+/// Reports in a PostgreSQL database.
+pub struct PgStore {
+    db: String,
+    client: postgres::Client,
+}
+
+const CREATE: &str = "
+CREATE TABLE IF NOT EXISTS collector_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS reports (
+    node TEXT NOT NULL, seq BIGINT NOT NULL, site TEXT NOT NULL, at BIGINT NOT NULL,
+    received BIGINT NOT NULL, channel TEXT NOT NULL, version TEXT NOT NULL,
+    generation BIGINT NOT NULL, kind TEXT NOT NULL, outcome TEXT NOT NULL, seed BIGINT,
+    dropped BIGINT NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (node, seq));
+CREATE INDEX IF NOT EXISTS reports_release ON reports (version, generation);
+";
+
+/// `url` without a password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            let user = creds.split(':').next().unwrap_or_default();
+            format!("{}{user}@{}", &url[..s + 3], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl PgStore {
+    /// Connect (no TLS: put the database on a private network or a local socket) and create or
+    /// check the schema.
+    pub fn open(url: &str) -> Result<PgStore, StoreError> {
+        let db = redact(url);
+        let err = |what: &str, e: postgres::Error| StoreError {
+            db: db.clone(),
+            what: format!("{what}: {e}"),
+        };
+        let mut client =
+            postgres::Client::connect(url, postgres::NoTls).map_err(|e| err("connect", e))?;
+        client
+            .batch_execute(CREATE)
+            .map_err(|e| err("create schema", e))?;
+        let schema: Option<i64> = client
+            .query_opt("SELECT value FROM collector_meta WHERE key = 'schema'", &[])
+            .map_err(|e| err("read schema", e))?
+            .map(|r| r.get(0));
+        match schema {
+            None => {
+                client
+                    .execute(
+                        "INSERT INTO collector_meta (key, value) VALUES ('schema', $1)
+                         ON CONFLICT (key) DO NOTHING",
+                        &[&SCHEMA],
+                    )
+                    .map_err(|e| err("write schema", e))?;
+            }
+            Some(SCHEMA) => {}
+            Some(n) => {
+                return Err(StoreError {
+                    db,
+                    what: format!(
+                        "schema {n}, this build reads schema {SCHEMA}: nothing was changed"
+                    ),
+                })
+            }
+        }
+        Ok(PgStore { db, client })
+    }
+
+    fn err(&self, what: &str, e: postgres::Error) -> StoreError {
+        StoreError {
+            db: self.db.clone(),
+            what: format!("{what}: {e}"),
+        }
+    }
+}
+
+impl Store for PgStore {
+    fn known(&mut self, node: &NodeId, seq: u64) -> Result<Known, StoreError> {
+        let node = node.to_string();
+        let row = self.client.query_one(
+            "SELECT MAX(seq), COUNT(*), (SELECT body FROM reports WHERE node = $1 AND seq = $2)
+                 FROM reports WHERE node = $1",
+            &[&node, &big(seq)],
+        );
+        let row = row.map_err(|e| self.err("read node", e))?;
+        let max: Option<i64> = row.get(0);
+        let rows: i64 = row.get(1);
+        Ok(Known {
+            max_seq: max.map(|m| m as u64),
+            same_seq: row.get(2),
+            rows: rows as u64,
+        })
+    }
+
+    fn insert(&mut self, v: &Verified, received: u64) -> Result<(), StoreError> {
+        let c = Columns::of(v);
+        let r = self.client.execute(
+            "INSERT INTO reports (node, seq, site, at, received, channel, version, generation,
+             kind, outcome, seed, dropped, body) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
+            &[
+                &c.node, &c.seq, &c.site, &c.at, &big(received), &c.channel, &c.version,
+                &c.generation, &c.kind, &c.outcome, &c.seed, &c.dropped, &v.bytes,
+            ],
+        );
+        r.map_err(|e| self.err("insert report", e))?;
+        Ok(())
+    }
+
+    fn rows(&mut self) -> Result<Vec<Row>, StoreError> {
+        let rows = self
+            .client
+            .query(
+                "SELECT node, site, seq, at, received, channel, version, generation, outcome,
+                 seed, dropped FROM reports ORDER BY node, seq",
+                &[],
+            )
+            .map_err(|e| self.err("read reports", e))?;
+        rows.iter()
+            .map(|r| {
+                Ok(Row {
+                    node: r.get(0),
+                    site: r.get(1),
+                    seq: r.get::<_, i64>(2) as u64,
+                    at: r.get::<_, i64>(3) as u64,
+                    received: r.get::<_, i64>(4) as u64,
+                    channel: r.get(5),
+                    version: r.get(6),
+                    generation: r.get::<_, i64>(7) as u64,
+                    outcome: outcome_of(&self.db, r.get(8))?,
+                    seed: r
+                        .get::<_, Option<i64>>(9)
+                        .and_then(|s| u32::try_from(s).ok()),
+                    dropped: r.get::<_, i64>(10) as u64,
+                })
+            })
+            .collect()
+    }
+
+    fn name(&self) -> &str {
+        &self.db
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_stay_out_of_messages() {
+        assert_eq!(
+            super::redact("postgres://me:secret@db:5432/r"),
+            "postgres://me@db:5432/r"
+        );
+        assert_eq!(super::redact("postgres://db/r"), "postgres://db/r");
+    }
+}

@@ -1,0 +1,182 @@
+//! SQLite (rusqlite, SQLite bundled): the embedded default, one file.
+
+use std::path::Path;
+
+use fleet_report::{NodeId, Verified};
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::{big, outcome_of, Columns, Known, Row, Store, StoreError, SCHEMA};
+
+/// Reports in one SQLite file (WAL journal).
+pub struct SqliteStore {
+    db: String,
+    conn: Connection,
+}
+
+const CREATE: &str = "
+CREATE TABLE IF NOT EXISTS collector_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS reports (
+    node TEXT NOT NULL, seq INTEGER NOT NULL, site TEXT NOT NULL, at INTEGER NOT NULL,
+    received INTEGER NOT NULL, channel TEXT NOT NULL, version TEXT NOT NULL,
+    generation INTEGER NOT NULL, kind TEXT NOT NULL, outcome TEXT NOT NULL, seed INTEGER,
+    dropped INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (node, seq));
+CREATE INDEX IF NOT EXISTS reports_release ON reports (version, generation);
+";
+
+impl SqliteStore {
+    /// Open or create the database file at `path`.
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        let db = format!("sqlite:{}", path.display());
+        let err = |what: &str, e: rusqlite::Error| StoreError {
+            db: db.clone(),
+            what: format!("{what}: {e}"),
+        };
+        let conn = Connection::open(path).map_err(|e| err("open", e))?;
+        // WAL with NORMAL sync: no fsync per report (the ingest goal is 1,000 reports/s); a
+        // power cut of this machine may lose the last acknowledged reports, never the file.
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .and_then(|()| conn.pragma_update(None, "synchronous", "NORMAL"))
+            .and_then(|()| conn.execute_batch(CREATE))
+            .map_err(|e| err("create schema", e))?;
+        let schema: Option<i64> = conn
+            .query_row(
+                "SELECT value FROM collector_meta WHERE key = 'schema'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| err("read schema", e))?;
+        match schema {
+            None => {
+                conn.execute(
+                    "INSERT INTO collector_meta (key, value) VALUES ('schema', ?1)",
+                    [SCHEMA],
+                )
+                .map_err(|e| err("write schema", e))?;
+            }
+            Some(SCHEMA) => {}
+            Some(n) => {
+                return Err(StoreError {
+                    db,
+                    what: format!(
+                        "schema {n}, this build reads schema {SCHEMA}: nothing was changed"
+                    ),
+                })
+            }
+        }
+        Ok(SqliteStore { db, conn })
+    }
+
+    fn err(&self, what: &str, e: rusqlite::Error) -> StoreError {
+        StoreError {
+            db: self.db.clone(),
+            what: format!("{what}: {e}"),
+        }
+    }
+}
+
+impl Store for SqliteStore {
+    fn known(&mut self, node: &NodeId, seq: u64) -> Result<Known, StoreError> {
+        let node = node.to_string();
+        let (max, rows): (Option<i64>, i64) = self
+            .conn
+            .prepare_cached("SELECT MAX(seq), COUNT(*) FROM reports WHERE node = ?1")
+            .and_then(|mut s| s.query_row([&node], |r| Ok((r.get(0)?, r.get(1)?))))
+            .map_err(|e| self.err("read node", e))?;
+        let same_seq: Option<Vec<u8>> = self
+            .conn
+            .prepare_cached("SELECT body FROM reports WHERE node = ?1 AND seq = ?2")
+            .and_then(|mut s| {
+                s.query_row(params![node, big(seq)], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(|e| self.err("read report", e))?;
+        Ok(Known {
+            max_seq: max.map(|m| m as u64),
+            same_seq,
+            rows: rows as u64,
+        })
+    }
+
+    fn insert(&mut self, v: &Verified, received: u64) -> Result<(), StoreError> {
+        let c = Columns::of(v);
+        self.conn
+            .prepare_cached(
+                "INSERT INTO reports (node, seq, site, at, received, channel, version, generation,
+                 kind, outcome, seed, dropped, body) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    c.node, c.seq, c.site, c.at, big(received), c.channel, c.version,
+                    c.generation, c.kind, c.outcome, c.seed, c.dropped, v.bytes
+                ])
+            })
+            .map_err(|e| self.err("insert report", e))?;
+        Ok(())
+    }
+
+    fn rows(&mut self) -> Result<Vec<Row>, StoreError> {
+        let db = self.db.clone();
+        let mut s = self
+            .conn
+            .prepare(
+                "SELECT node, site, seq, at, received, channel, version, generation, outcome,
+                 seed, dropped FROM reports ORDER BY node, seq",
+            )
+            .map_err(|e| self.err("read reports", e))?;
+        let raw = s
+            .query_map([], |r| {
+                Ok((
+                    (
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ),
+                    (
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, i64>(4)?,
+                        r.get::<_, String>(5)?,
+                    ),
+                    (
+                        r.get::<_, String>(6)?,
+                        r.get::<_, i64>(7)?,
+                        r.get::<_, String>(8)?,
+                    ),
+                    (r.get::<_, Option<i64>>(9)?, r.get::<_, i64>(10)?),
+                ))
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| StoreError {
+                db: db.clone(),
+                what: format!("read reports: {e}"),
+            })?;
+        raw.into_iter()
+            .map(
+                |(
+                    (node, site, seq),
+                    (at, received, channel),
+                    (version, generation, outcome),
+                    (seed, dropped),
+                )| {
+                    Ok(Row {
+                        node,
+                        site,
+                        seq: seq as u64,
+                        at: at as u64,
+                        received: received as u64,
+                        channel,
+                        version,
+                        generation: generation as u64,
+                        outcome: outcome_of(&db, &outcome)?,
+                        seed: seed.and_then(|s| u32::try_from(s).ok()),
+                        dropped: dropped as u64,
+                    })
+                },
+            )
+            .collect()
+    }
+
+    fn name(&self) -> &str {
+        &self.db
+    }
+}

@@ -1,0 +1,117 @@
+//! `collector serve`: receive, verify and store the fleet's reports (the `collector` crate
+//! does the work; this only reads the arguments). Prints `collecting reports at
+//! http://ADDR/v1/reports into DB` on stdout once listening (tests read the port from it when
+//! given port 0) and one line per refused report on stderr.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+#[derive(Args, Debug)]
+pub struct CollectorArgs {
+    #[command(subcommand)]
+    cmd: CollectorCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum CollectorCmd {
+    /// Serve `POST /v1/reports` until stopped.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    listen: SocketAddr,
+    /// The database: `sqlite:PATH` (created when missing) or a `postgres://` URL.
+    #[arg(long)]
+    db: String,
+    /// The enrolled nodes: lines of `<node id> <site>` (`slot status` shows a node's id).
+    #[arg(long)]
+    allow: PathBuf,
+    /// Most reports stored per node.
+    #[arg(long, default_value_t = collector::Limits::default().rows_per_node)]
+    rows_per_node: u64,
+    /// Reports a node may send at once.
+    #[arg(long, default_value_t = collector::Limits::default().burst)]
+    burst: u32,
+    /// Reports per second a node's allowance refills by.
+    #[arg(long, default_value_t = collector::Limits::default().per_sec)]
+    per_sec: f64,
+    /// Also serve the read-only dashboard (`GET /`) on this address: keep it inside the
+    /// publisher's network, the report address faces the sites.
+    #[arg(long)]
+    dashboard: Option<SocketAddr>,
+    /// The channel directory whose rollouts the dashboard shows (waves, the planned line,
+    /// a pause and how to lift it).
+    #[arg(long)]
+    channel: Option<PathBuf>,
+}
+
+pub fn run(args: CollectorArgs) -> anyhow::Result<()> {
+    match args.cmd {
+        CollectorCmd::Serve(a) => serve(a),
+    }
+}
+
+fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&a.allow)
+        .with_context(|| format!("reading the allow-list {}", a.allow.display()))?;
+    let allow = fleet_report::AllowList::parse(&text)
+        .with_context(|| format!("allow-list {}", a.allow.display()))?;
+    let store = collector::open(&a.db)?;
+    let db = store.name().to_string();
+    let limits = collector::Limits {
+        rows_per_node: a.rows_per_node,
+        burst: a.burst,
+        per_sec: a.per_sec,
+    };
+    let app = Arc::new(collector::server::App::new(allow, store, limits));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let schedule = crate::release::schedule_source(a.channel.clone());
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(a.listen)
+            .await
+            .with_context(|| format!("listening on {}", a.listen))?;
+        let addr = listener.local_addr()?;
+        let dash = match a.dashboard {
+            Some(d) => Some(
+                tokio::net::TcpListener::bind(d)
+                    .await
+                    .with_context(|| format!("listening on {d} (--dashboard)"))?,
+            ),
+            None => None,
+        };
+        {
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "collecting reports at http://{addr}{} into {db}",
+                collector::server::REPORTS_PATH
+            )?;
+            if let Some(d) = &dash {
+                writeln!(out, "dashboard at http://{}/", d.local_addr()?)?;
+            }
+            out.flush()?;
+        }
+        let reports = collector::server::serve(listener, app.clone());
+        match dash {
+            None => reports.await.context("serving reports"),
+            Some(d) => {
+                let page = collector::server::serve_dashboard(d, app, schedule);
+                tokio::try_join!(reports, page)
+                    .map(|_| ())
+                    .context("serving reports and the dashboard")
+            }
+        }
+    })
+}

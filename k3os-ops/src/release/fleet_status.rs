@@ -1,0 +1,328 @@
+//! `release rollout-status --reports DB`: beside each release's planned share, what the sites
+//! reported (read from the collector's database; `collector::fleet` counts, this renders),
+//! and with `--abort-if` whether a release meets the abort criteria (`collector::guard`
+//! judges; halting is the publisher's `release pause`, the signed halt is not built yet).
+
+use std::path::Path;
+
+use super::rollout::AbortArgs;
+use chrono::{DateTime, Utc};
+use collector::fleet::{FleetStatus, NodeState, ReleaseStatus, WaveStatus};
+use collector::guard::{Criteria, Verdict};
+use libupgrade::rollout::Rollout;
+use libupgrade::trust::meta::{time_str, Targets};
+use serde::Serialize;
+
+/// Each release's rollout in `t`, by version.
+fn rollouts(t: &Targets) -> Vec<(String, u64, Option<Rollout>)> {
+    let mut rels: Vec<_> = t
+        .targets
+        .values()
+        .filter_map(|m| m.custom.as_ref())
+        .map(|c| (c.version.clone(), c.generation, c.rollout.clone()))
+        .collect();
+    rels.sort_by(|a, b| (b.1, &b.0).cmp(&(a.1, &a.0)));
+    rels.dedup_by(|a, b| a.0 == b.0);
+    rels
+}
+
+/// The wave (from 1) of `version`'s rollout that admits `seed`; None without waves or seed.
+pub fn wave_of(t: &Targets, version: &str, seed: Option<u32>) -> Option<usize> {
+    let seed = u64::from(seed?);
+    let rels = rollouts(t);
+    let r = rels.iter().find(|r| r.0 == version)?.2.as_ref()?;
+    let per_bp = u64::from(libupgrade::rollout::SEED_SPACE) / 10_000;
+    r.waves
+        .iter()
+        .position(|w| seed < u64::from(w.share_bp) * per_bp)
+        .map(|i| i + 1)
+}
+
+/// The fleet's reports from `db`, placed in `t`'s waves, silent when nothing came since
+/// `silent_since`; with the database's name for messages (a password left out).
+pub fn read(
+    db: &str,
+    t: &Targets,
+    silent_since: DateTime<Utc>,
+) -> anyhow::Result<(FleetStatus, String)> {
+    let mut store = collector::open(db)?;
+    let rows = store.rows()?;
+    let since = u64::try_from(silent_since.timestamp()).unwrap_or(0);
+    let f = collector::fleet::summarize(&rows, &|v, s| wave_of(t, v, s), since);
+    Ok((f, store.name().to_string()))
+}
+
+/// One release's planned share at a time, for `--json`.
+#[derive(Debug, Serialize)]
+pub struct Planned {
+    version: String,
+    generation: u64,
+    /// Percent of the fleet offered it (100 without a rollout, 0 when withdrawn).
+    share_percent: f64,
+    paused: bool,
+    withdrawn: bool,
+}
+
+/// The planned shares of `t` at `at`.
+pub fn planned(t: &Targets, at: DateTime<Utc>) -> Vec<Planned> {
+    rollouts(t)
+        .into_iter()
+        .map(|(version, generation, r)| {
+            let (share, paused, withdrawn) = match r {
+                None => (100.0, false, false),
+                Some(r) => (
+                    f64::from(r.share_ppm_at(at)) * 100.0
+                        / f64::from(libupgrade::rollout::SEED_SPACE),
+                    r.paused.is_some_and(|p| p.since <= at),
+                    r.withdrawn.is_some(),
+                ),
+            };
+            Planned {
+                version,
+                generation,
+                share_percent: if withdrawn { 0.0 } else { share },
+                paused,
+                withdrawn,
+            }
+        })
+        .collect()
+}
+
+fn state_name(s: NodeState) -> &'static str {
+    match s {
+        NodeState::Waiting => "waiting",
+        NodeState::Staged => "staged",
+        NodeState::TrialBoot => "trial boot",
+        NodeState::Blessed => "blessed",
+        NodeState::StageFailed => "stage failed",
+        NodeState::RolledBack => "rolled back",
+        NodeState::FellBack => "fell back",
+        NodeState::WithdrawnDropped => "dropped (withdrawn)",
+    }
+}
+
+fn unix(secs: u64) -> String {
+    DateTime::<Utc>::from_timestamp(i64::try_from(secs).unwrap_or(0), 0)
+        .map_or_else(|| secs.to_string(), |t| time_str(&t))
+}
+
+fn wave_lines(w: &WaveStatus) -> Vec<String> {
+    let name = w.wave.map_or("wave ?".to_string(), |n| format!("wave {n}"));
+    let states: Vec<String> = w
+        .states
+        .iter()
+        .map(|(s, n)| format!("{} {n}", state_name(*s)))
+        .collect();
+    let mut out = vec![format!(
+        "      {name}: {} node(s), {} offered: {}",
+        w.nodes,
+        w.offered,
+        states.join(", ")
+    )];
+    for (why, n) in &w.failures {
+        out.push(format!("        {n} × {why}"));
+    }
+    out
+}
+
+fn release_lines(r: &ReleaseStatus) -> Vec<String> {
+    let mut out = vec![format!(
+        "    {} (generation {}): last report {}, {} silent",
+        r.version,
+        r.generation,
+        unix(r.last_report),
+        r.silent
+    )];
+    for w in &r.waves {
+        out.extend(wave_lines(w));
+    }
+    out
+}
+
+/// The reports as lines under the planned shares.
+pub fn lines(f: &FleetStatus, db: &str) -> Vec<String> {
+    let mut out = vec![format!(
+        "  reported ({db}): {} node(s) at {} site(s), {} report(s), {} dropped unsent; silent: no report since {}",
+        f.nodes,
+        f.sites,
+        f.reports,
+        f.dropped,
+        unix(f.silent_since)
+    )];
+    for r in &f.releases {
+        out.extend(release_lines(r));
+    }
+    out
+}
+
+/// The criteria `a` asks for (None without `--abort-if`).
+pub fn criteria(a: &AbortArgs) -> anyhow::Result<Option<Criteria>> {
+    let Some(pct) = a.abort_if else {
+        return Ok(None);
+    };
+    if !(0.0..=100.0).contains(&pct) {
+        anyhow::bail!("--abort-if {pct} is not a percentage (0 to 100)");
+    }
+    let state = |s: &str| {
+        serde_json::from_value::<NodeState>(serde_json::Value::String(s.trim().into())).map_err(
+            |_| {
+                anyhow::anyhow!(
+                    "--abort-on {:?}: expected states among stage_failed, rolled_back, fell_back, staged, trial_boot, blessed, waiting, withdrawn_dropped",
+                    s.escape_debug().to_string()
+                )
+            },
+        )
+    };
+    let failures = a
+        .abort_on
+        .split(',')
+        .map(state)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(Criteria {
+        failures,
+        min_nodes: a.abort_min,
+        threshold_percent: pct,
+        wave: a.abort_wave,
+    }))
+}
+
+/// One release's verdict.
+#[derive(Debug, Serialize)]
+pub struct ReleaseVerdict {
+    version: String,
+    #[serde(flatten)]
+    verdict: Verdict,
+}
+
+/// Every reported release judged by `c`.
+pub fn judge(f: &FleetStatus, c: &Criteria) -> Vec<ReleaseVerdict> {
+    f.releases
+        .iter()
+        .map(|r| ReleaseVerdict {
+            version: r.version.clone(),
+            verdict: collector::guard::judge(r, c),
+        })
+        .collect()
+}
+
+/// The verdicts as lines, with the command that halts a release that should be halted.
+pub fn verdict_lines(v: &[ReleaseVerdict], dir: &Path) -> Vec<String> {
+    v.iter()
+        .map(|r| match r.verdict {
+            Verdict::Halt { failed, ran, percent } => format!(
+                "  abort criteria met for {}: {failed} of {ran} node(s) failed ({percent:.2} %): halt it with `k3os-ops release pause {} {} …keys…`",
+                r.version,
+                dir.display(),
+                r.version
+            ),
+            Verdict::TooFew { ran } => format!(
+                "  abort criteria: {} not judged yet: {ran} node(s) ran it",
+                r.version
+            ),
+            Verdict::GoOn { failed, ran, percent } => format!(
+                "  abort criteria not met for {}: {failed} of {ran} node(s) failed ({percent:.2} %)",
+                r.version
+            ),
+        })
+        .collect()
+}
+
+/// `rollout-status` with the fleet's side: the planned shares of `t` at `at`, and with
+/// `--reports` what the sites reported, with `--abort-if` the verdicts, with `--json` all as
+/// JSON.
+pub fn status(
+    dir: &Path,
+    t: &Targets,
+    at: DateTime<Utc>,
+    a: &super::rollout::StatusArgs,
+) -> anyhow::Result<()> {
+    let silent_since = at - chrono::Duration::hours(i64::from(a.silent_hours));
+    let reports = match &a.reports {
+        Some(db) => Some(read(db, t, silent_since)?),
+        None => None,
+    };
+    let criteria = criteria(&a.abort)?;
+    let verdicts = match (&reports, &criteria) {
+        (Some((f, _)), Some(c)) => judge(f, c),
+        (None, Some(_)) => anyhow::bail!("--abort-if needs --reports (the collector's database)"),
+        _ => Vec::new(),
+    };
+    if a.json {
+        let v = serde_json::json!({
+            "at": time_str(&at),
+            "planned": planned(t, at),
+            "reports": reports.as_ref().map(|r| &r.0),
+            "abort_criteria": criteria,
+            "verdicts": verdicts,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    super::rollout::print_status(t, at);
+    if let Some((f, db)) = &reports {
+        for line in lines(f, db) {
+            println!("{line}");
+        }
+    }
+    for line in verdict_lines(&verdicts, dir) {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// The dashboard's view of a channel's rollouts: its published targets, read once per page.
+struct ChannelSchedule {
+    dir: std::path::PathBuf,
+    targets: Option<Targets>,
+}
+
+impl ChannelSchedule {
+    fn rollout(&self, version: &str) -> Option<Option<Rollout>> {
+        let rels = rollouts(self.targets.as_ref()?);
+        rels.into_iter().find(|r| r.0 == version).map(|r| r.2)
+    }
+}
+
+impl collector::dashboard::Schedule for ChannelSchedule {
+    fn wave_of(&self, version: &str, seed: Option<u32>) -> Option<usize> {
+        wave_of(self.targets.as_ref()?, version, seed)
+    }
+
+    fn planned_share(&self, version: &str, at: u64) -> Option<f64> {
+        let at = DateTime::<Utc>::from_timestamp(i64::try_from(at).ok()?, 0)?;
+        Some(match self.rollout(version)? {
+            None => 1.0,
+            Some(r) if r.withdrawn.is_some() => 0.0,
+            Some(r) => f64::from(r.share_ppm_at(at)) / f64::from(libupgrade::rollout::SEED_SPACE),
+        })
+    }
+
+    fn hold(&self, version: &str) -> Option<String> {
+        let r = self.rollout(version)??;
+        if let Some(w) = r.withdrawn {
+            return Some(format!("withdrawn at {} (final)", time_str(&w.at)));
+        }
+        r.paused.map(|p| {
+            format!(
+                "paused since {}: lift with `k3os-ops release resume {} {version} …keys…`",
+                time_str(&p.since),
+                self.dir.display()
+            )
+        })
+    }
+}
+
+/// The dashboard's schedule source for the channel directory `dir` (None: no channel; the
+/// dashboard then shows no waves or planned line). A channel whose targets cannot be read
+/// shows as none, with a warning, rather than failing the page.
+pub fn schedule_source(dir: Option<std::path::PathBuf>) -> collector::server::ScheduleSource {
+    std::sync::Arc::new(move || -> Box<dyn collector::dashboard::Schedule> {
+        let Some(dir) = dir.clone() else {
+            return Box::new(collector::dashboard::NoSchedule);
+        };
+        let targets = super::rollout::published(&dir)
+            .map_err(|e| eprintln!("warning: dashboard without the channel's schedule: {e:#}"))
+            .ok();
+        Box::new(ChannelSchedule { dir, targets })
+    })
+}

@@ -1,0 +1,535 @@
+//! Sites report back (issue 32), end to end through the binary: a node (the k3OS dir layout of
+//! `cli_support::write_node`, running v1) with a `report_url` stages v2 from a real `release
+//! serve` channel and its signed report reaches a real `collector serve` on SQLite; with the
+//! collector down, the trial boot's report is spooled on the node's state partition and sent
+//! by the next command once the collector is back; the trial boot's bless follows. A node of a
+//! site the collector does not enrol is refused and keeps its reports.
+
+use k3os_ops_testing::cli as cli_support;
+use k3os_ops_testing::release as release_support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use cli_support::Node;
+use fleet_report::Outcome;
+use release_support::Server;
+
+/// `k3os-ops collector serve` on `port` over `db`, killed on drop.
+struct Collector(Child);
+
+impl Collector {
+    fn start(port: u16, db: &Path, allow: &Path) -> Collector {
+        Self::start_with(port, db, allow, &[]).0
+    }
+
+    /// With `extra` arguments; the collector and the stdout lines after the first.
+    fn start_with(port: u16, db: &Path, allow: &Path, extra: &[&str]) -> (Collector, Vec<String>) {
+        let mut child = Command::new(release_support::bin())
+            .args(["collector", "serve", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--db")
+            .arg(format!("sqlite:{}", db.display()))
+            .arg("--allow")
+            .arg(allow)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn k3os-ops collector serve");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert!(
+            line.starts_with(&format!(
+                "collecting reports at http://127.0.0.1:{port}/v1/reports"
+            )),
+            "{line:?}"
+        );
+        let mut more = Vec::new();
+        if extra.contains(&"--dashboard") {
+            let mut l = String::new();
+            out.read_line(&mut l).unwrap();
+            more.push(l.trim().to_string());
+        }
+        (Collector(child), more)
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A node running v1 (generation 5) that reports to `port` as `site`.
+fn reporting_node(port: u16, site: &str) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, trust) = release_support::keys(dir.path(), "node");
+    let extra =
+        format!("report_url = \"http://127.0.0.1:{port}/v1/reports\"\nreport_site = \"{site}\"\n");
+    let config = cli_support::write_node(dir.path(), 5, &trust, &extra);
+    Node { dir, config }
+}
+
+/// The node id `slot status` shows.
+fn node_id(node: &Node) -> String {
+    let out = node.ok(&["slot", "status"]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("node id: "))
+        .unwrap_or_else(|| panic!("no node id in:\n{out}"));
+    line["node id: ".len()..][..64].to_string()
+}
+
+/// A channel served by `release serve` holding v2 (generation 6) signed by the node's key.
+fn channel(node: &Node) -> (Server, PathBuf) {
+    let chan = node.path().join("site/stable");
+    std::fs::create_dir_all(&chan).unwrap();
+    let inputs = release_support::squashfs_inputs(node.path(), "v2");
+    release_support::create(
+        &inputs,
+        &node.path().join("keys/node.key"),
+        &chan.join("v2"),
+        "v2",
+        libupgrade::manifest::Arch::host(),
+        Some(6),
+    );
+    node.ok(&["release", "index", chan.to_str().unwrap()]);
+    (Server::start(&chan), chan)
+}
+
+fn stored(db: &Path) -> Vec<collector::Row> {
+    use collector::Store;
+    collector::SqliteStore::open(db).unwrap().rows().unwrap()
+}
+
+fn spooled(node: &Node) -> usize {
+    let dir = libupgrade::spool_dir(&node.path().join("state"));
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".report"))
+            })
+            .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_node_reports_staged_then_spools_through_an_outage_then_reports_the_bless() {
+    let port = free_port();
+    let node = reporting_node(port, "site-1");
+    let id = node_id(&node);
+    let work = tempfile::tempdir().unwrap();
+    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
+    let (srv, _chan) = channel(&node);
+
+    // Staged, reported at the end of `upgrade`.
+    let collector = Collector::start(port, &db, &allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    let rows = stored(&db);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!((r.node.as_str(), r.site.as_str()), (id.as_str(), "site-1"));
+    assert_eq!((r.version.as_str(), r.generation), ("v2", 6));
+    assert_eq!(r.channel, srv.url);
+    match r.outcome {
+        Outcome::Staged { bytes, .. } => assert!(bytes > 0, "{r:?}"),
+        ref o => panic!("expected staged, got {o:?}"),
+    }
+    assert_eq!(spooled(&node), 0);
+
+    // The link is down: the activation succeeds and its report waits in the spool.
+    drop(collector);
+    let t = std::time::Instant::now();
+    node.ok(&["slot", "activate"]);
+    assert!(
+        t.elapsed().as_secs() < 10,
+        "reporting delayed the command: {:?}",
+        t.elapsed()
+    );
+    assert_eq!(spooled(&node), 1);
+    assert_eq!(stored(&db).len(), 1);
+
+    // Back up: the next command sends the spool.
+    let _collector = Collector::start(port, &db, &allow);
+    let status = node.ok(&["slot", "status"]);
+    assert!(status.contains("site site-1"), "{status}");
+    assert_eq!(spooled(&node), 0);
+    // The trial boot of slot B passes its checks: blessed, reported by `slot confirm`.
+    cli_support_boot_b(&node);
+    node.ok(&["slot", "confirm"]);
+    let rows = stored(&db);
+    let kinds: Vec<&str> = rows.iter().map(|r| r.outcome.kind()).collect();
+    assert_eq!(kinds, vec!["staged", "trial_boot", "blessed"]);
+    assert!(rows.windows(2).all(|w| w[0].seq < w[1].seq), "{rows:?}");
+    // Nothing new happens: nothing new is reported.
+    node.ok(&["slot", "confirm"]);
+    node.ok(&["slot", "status"]);
+    assert_eq!(stored(&db).len(), 3, "{:?}", stored(&db));
+}
+
+/// Pretend the node rebooted into slot B.
+fn cli_support_boot_b(node: &Node) {
+    std::fs::write(
+        node.path().join("cmdline"),
+        "root=/dev/vda5 ro k3os.slot=B\n",
+    )
+    .unwrap();
+    std::fs::write(node.path().join("boot_id"), "boot-2\n").unwrap();
+    std::fs::write(
+        node.path().join("k3os-release"),
+        "VERSION=v2\nGENERATION=6\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_node_the_collector_does_not_enrol_is_refused_and_keeps_its_reports() {
+    let port = free_port();
+    let node = reporting_node(port, "site-9");
+    let work = tempfile::tempdir().unwrap();
+    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+    std::fs::write(&allow, "# nobody yet\n").unwrap();
+    let (srv, _chan) = channel(&node);
+    let _collector = Collector::start(port, &db, &allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    assert_eq!(stored(&db).len(), 0);
+    assert_eq!(
+        spooled(&node),
+        1,
+        "403 is kept: the node may be enrolled later"
+    );
+}
+
+/// `release keygen` of the channel's metadata keys, `root init`, `targets`, `timestamp`.
+fn sign_channel<'a>(node: &'a Node, chan: &Path) -> impl Fn(&[&str]) -> String + 'a {
+    let keys = node.path().join("meta-keys");
+    let k = move |n: &str| keys.join(n).display().to_string();
+    for name in ["root", "targets", "snapshot", "timestamp"] {
+        node.ok(&["release", "keygen", "-o", &k(""), "--name", name]);
+    }
+    let c = chan.display().to_string();
+    node.ok(&[
+        "release",
+        "root",
+        "init",
+        &c,
+        "--root-key",
+        &k("root.key"),
+        "--targets-key",
+        &k("targets.pub"),
+        "--snapshot-key",
+        &k("snapshot.pub"),
+        "--timestamp-key",
+        &k("timestamp.pub"),
+    ]);
+    node.ok(&["release", "targets", &c, "--key", &k("targets.key")]);
+    node.ok(&[
+        "release",
+        "timestamp",
+        &c,
+        "--snapshot-key",
+        &k("snapshot.key"),
+        "--timestamp-key",
+        &k("timestamp.key"),
+    ]);
+    move |args: &[&str]| {
+        let mut a: Vec<String> = vec!["release".into()];
+        a.extend(args.iter().map(|s| s.to_string()));
+        a.extend(
+            [
+                "--key",
+                &k("targets.key"),
+                "--snapshot-key",
+                &k("snapshot.key"),
+                "--timestamp-key",
+                &k("timestamp.key"),
+            ]
+            .map(String::from),
+        );
+        node.ok(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+}
+
+/// The node trusts the channel's root: it resolves through the rollouts and reports its seed.
+fn trust_root(node: &Node, chan: &Path) {
+    std::fs::copy(chan.join("1.root.json"), node.path().join("root.json")).unwrap();
+    let cfg = std::fs::read_to_string(&node.config).unwrap();
+    let root = format!(
+        "channel_root = \"{}\"\n",
+        node.path().join("root.json").display()
+    );
+    std::fs::write(&node.config, format!("{root}{cfg}")).unwrap();
+}
+
+#[test]
+fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
+    let port = free_port();
+    let node = reporting_node(port, "site-1");
+    let id = node_id(&node);
+    let work = tempfile::tempdir().unwrap();
+    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
+    let (srv, chan) = channel(&node);
+    let publish = sign_channel(&node, &chan);
+    let c = chan.display().to_string();
+    // One wave, the whole fleet, started an hour ago: the node is in wave 1.
+    let start = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    publish(&["rollout", &c, "v2", "--waves", "100%@+0", "--start", &start]);
+    trust_root(&node, &chan);
+    let _collector = Collector::start(port, &db, &allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    let rows = stored(&db);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0].seed.is_some(), "{rows:?}");
+
+    let dbarg = format!("sqlite:{}", db.display());
+    let out = node.ok(&["release", "rollout-status", &c, "--reports", &dbarg]);
+    eprintln!("{out}");
+    assert!(out.contains("100.00 % of the fleet"), "{out}");
+    assert!(
+        out.contains("1 node(s) at 1 site(s), 1 report(s), 0 dropped unsent"),
+        "{out}"
+    );
+    assert!(out.contains("v2 (generation 6)"), "{out}");
+    assert!(
+        out.contains("wave 1: 1 node(s), 1 offered: staged 1"),
+        "{out}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&node.ok(&[
+        "release",
+        "rollout-status",
+        &c,
+        "--reports",
+        &dbarg,
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(json["planned"][0]["version"], "v2");
+    assert_eq!(json["planned"][0]["share_percent"], 100.0);
+    let wave = &json["reports"]["releases"][0]["waves"][0];
+    assert_eq!(wave["wave"], 1);
+    assert_eq!(wave["states"]["staged"], 1);
+    assert_eq!(wave["offered"], 1);
+    // Without --reports: the planned share only, as before.
+    let plain = node.ok(&["release", "rollout-status", &c]);
+    assert!(!plain.contains("reported"), "{plain}");
+}
+
+#[test]
+fn abort_criteria_name_the_release_to_halt_and_need_the_reports() {
+    let port = free_port();
+    let node = reporting_node(port, "site-1");
+    let id = node_id(&node);
+    let work = tempfile::tempdir().unwrap();
+    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
+    let (srv, chan) = channel(&node);
+    let _publish = sign_channel(&node, &chan);
+    let c = chan.display().to_string();
+    let _collector = Collector::start(port, &db, &allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    node.ok(&["slot", "activate"]);
+    // The trial boot's health check fails: rolled back, reported by `slot confirm`.
+    cli_support_boot_b(&node);
+    let check = node.path().join("health.d/fails");
+    std::fs::write(&check, "#!/bin/sh\necho disk on fire\nexit 1\n").unwrap();
+    let mut perm = std::fs::metadata(&check).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&check, perm).unwrap();
+    let _ = node.ops(&["slot", "confirm"]);
+    let rows = stored(&db);
+    let kinds: Vec<&str> = rows.iter().map(|r| r.outcome.kind()).collect();
+    assert_eq!(kinds, ["staged", "trial_boot", "rolled_back"]);
+    assert!(
+        rows[2].outcome.why().unwrap().contains("disk on fire"),
+        "{rows:?}"
+    );
+
+    let dbarg = format!("sqlite:{}", db.display());
+    let status = |extra: &[&str]| {
+        let mut a = vec!["release", "rollout-status", &c, "--reports", &dbarg];
+        a.extend_from_slice(extra);
+        node.ok(&a)
+    };
+    let out = status(&["--abort-if", "50", "--abort-min", "1"]);
+    assert!(
+        out.contains("abort criteria met for v2: 1 of 1 node(s) failed (100.00 %): halt it with `k3os-ops release pause"),
+        "{out}"
+    );
+    assert!(out.contains("1 × rolled_back: "), "{out}");
+    let out = status(&["--abort-if", "50", "--abort-min", "5"]);
+    assert!(out.contains("v2 not judged yet: 1 node(s) ran it"), "{out}");
+    let out = status(&[
+        "--abort-if",
+        "50",
+        "--abort-min",
+        "1",
+        "--abort-on",
+        "stage_failed",
+    ]);
+    assert!(
+        out.contains("abort criteria not met for v2: 0 of 1"),
+        "{out}"
+    );
+    let e = node.fails(&["release", "rollout-status", &c, "--abort-if", "50"]);
+    assert!(e.contains("--abort-if needs --reports"), "{e}");
+    let e = node.fails(&[
+        "release",
+        "rollout-status",
+        &c,
+        "--reports",
+        &dbarg,
+        "--abort-if",
+        "50",
+        "--abort-on",
+        "exploded",
+    ]);
+    assert!(e.contains("--abort-on \"exploded\""), "{e}");
+}
+
+/// The page as headless Chromium (Debian's `chromium`, installed by scripts/setup.sh) renders
+/// it: `--dump-dom` prints the DOM after the page loaded.
+fn in_chromium(url: &str) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let out = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(["--dump-dom", url])
+        .output()
+        .expect("chromium (Debian package chromium, installed by scripts/setup.sh)");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_dashboard_shows_in_a_real_browser_what_the_database_holds() {
+    let port = free_port();
+    let node = reporting_node(port, "site-1");
+    let id = node_id(&node);
+    let work = tempfile::tempdir().unwrap();
+    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
+    let (srv, chan) = channel(&node);
+    let publish = sign_channel(&node, &chan);
+    let c = chan.display().to_string();
+    let start = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    publish(&["rollout", &c, "v2", "--waves", "100%@+0", "--start", &start]);
+    trust_root(&node, &chan);
+    let (_collector, more) = Collector::start_with(
+        port,
+        &db,
+        &allow,
+        &["--dashboard", "127.0.0.1:0", "--channel", &c],
+    );
+    let url = more[0].strip_prefix("dashboard at ").unwrap().to_string();
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    node.ok(&["slot", "activate"]);
+    cli_support_boot_b(&node);
+    let check = node.path().join("health.d/fails");
+    std::fs::write(&check, "#!/bin/sh\necho 'disk <on> fire'\nexit 1\n").unwrap();
+    let mut perm = std::fs::metadata(&check).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&check, perm).unwrap();
+    let _ = node.ops(&["slot", "confirm"]);
+    publish(&["pause", &c, "v2"]);
+    assert_eq!(stored(&db).len(), 3);
+
+    let dom = in_chromium(&url);
+    assert!(
+        dom.contains("1 node(s) at 1 site(s) of 1 enrolled, 3 report(s)"),
+        "{dom}"
+    );
+    assert!(dom.contains("v2 (generation 6)"), "{dom}");
+    // Per wave: the one node, rolled back, in wave 1.
+    let row = dom
+        .split("<tr data-wave=\"1\">")
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no wave 1 row in {dom}"));
+    let cells: Vec<&str> = row
+        .split("<td>")
+        .skip(1)
+        .map(|c| c.trim_end_matches("</td>"))
+        .collect();
+    // wave, nodes, offered, waiting, staged, trial_boot, blessed, stage_failed, rolled_back, …
+    assert_eq!(
+        &cells[..9],
+        ["1", "1", "1", "0", "0", "0", "0", "0", "1"],
+        "{row}"
+    );
+    // The failing site with its reason, escaped.
+    assert!(dom.contains("<td>site-1</td>"), "{dom}");
+    assert!(dom.contains("disk &lt;on&gt; fire"), "{dom}");
+    // The chart: one node staged and one failed, against the planned line.
+    assert!(dom.contains("class=\"staged\" data-last=\"1\""), "{dom}");
+    assert!(dom.contains("class=\"failed\" data-last=\"1\""), "{dom}");
+    assert!(dom.contains("class=\"planned\" data-last=\"1\""), "{dom}");
+    // The pause and the command that lifts it.
+    assert!(dom.contains("paused since"), "{dom}");
+    assert!(
+        dom.contains(&format!("k3os-ops release resume {c} v2")),
+        "{dom}"
+    );
+}
+
+/// The state file v0.1.0 wrote (libupgrade's fixture: slot A v1 good, slot B v2 good).
+fn v010_state(node: &Node) {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../libupgrade/tests/fixtures/v0.1.0/state.json");
+    std::fs::copy(fixture, node.path().join("state/state.json")).unwrap();
+}
+
+#[test]
+fn a_node_made_by_v010_reports_from_its_first_outcome_and_one_without_report_url_writes_nothing_new(
+) {
+    // Without report keys: stage, trial, bless; no key, no spool.
+    let quiet = Node::new();
+    v010_state(&quiet);
+    let (srv, _chan) = channel(&quiet);
+    quiet.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    quiet.ok(&["slot", "activate"]);
+    cli_support_boot_b(&quiet);
+    quiet.ok(&["slot", "confirm"]);
+    let state = quiet.path().join("state");
+    assert!(!state.join(libupgrade::NODE_KEY_FILE).exists());
+    assert!(!state.join("report-spool").exists());
+
+    // With them, from a v0.1.0 state file: the first outcome is reported.
+    let port = free_port();
+    let node = reporting_node(port, "site-1");
+    v010_state(&node);
+    let id = node_id(&node);
+    let work = tempfile::tempdir().unwrap();
+    let (db, allow) = (work.path().join("reports.db"), work.path().join("allow"));
+    std::fs::write(&allow, format!("{id} site-1\n")).unwrap();
+    let (srv, _chan) = channel(&node);
+    let _collector = Collector::start(port, &db, &allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    let rows = stored(&db);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].outcome.kind(), "staged");
+}

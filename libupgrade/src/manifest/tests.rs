@@ -1,0 +1,328 @@
+//! The manifest's parser, limits and serialization against hand-written and tampered input.
+
+use super::*;
+
+pub(crate) fn sample() -> Manifest {
+    let e = |p: &str| FileEntry {
+        path: p.into(),
+        size: 10,
+        sha256: "ab".repeat(32),
+        chunks: None,
+        patches: Vec::new(),
+    };
+    Manifest {
+        format: FORMAT,
+        version: "v2".into(),
+        arch: Arch::X86_64,
+        generation: 2,
+        files: Files {
+            rootfs: e("rootfs.squashfs"),
+            kernel: e("vmlinuz"),
+            initrd: e("initrd"),
+        },
+        boot: None,
+    }
+}
+
+#[test]
+fn file_names_with_control_characters_are_refused() {
+    for bad in ["root\0fs", "a\nb", &"x".repeat(256)] {
+        let mut m = sample();
+        m.files.kernel.path = bad.to_string();
+        let e = Manifest::parse(&m.to_bytes()).unwrap_err().to_string();
+        assert!(e.contains("files.kernel.path"), "{bad:?}: {e}");
+        // The refusal names the bad text escaped: no control character reaches a terminal.
+        assert!(!e.chars().any(char::is_control), "{bad:?}: {e:?}");
+    }
+}
+
+#[test]
+fn boot_section_is_optional_and_checked() {
+    let m = sample();
+    assert_eq!(
+        m.reads(ScriptKind::GrubCfg),
+        1,
+        "a release made before v0.2.0"
+    );
+    let text = String::from_utf8(m.to_bytes()).unwrap();
+    assert!(!text.contains("boot"), "{text}");
+    let mut b = sample();
+    b.boot = Some(BootSupport {
+        grub_script: 2,
+        extlinux_conf: 1,
+        scripts: vec![ScriptFile {
+            kind: ScriptKind::GrubCfg,
+            version: 2,
+            path: "grub.cfg".into(),
+            size: 10,
+            sha256: "cd".repeat(32),
+        }],
+    });
+    assert_eq!(Manifest::parse(&b.to_bytes()).unwrap(), b);
+    assert_eq!(b.reads(ScriptKind::GrubCfg), 2);
+    assert_eq!(b.script(ScriptKind::GrubCfg).unwrap().version, 2);
+    let text = String::from_utf8(b.to_bytes()).unwrap();
+    assert!(
+        text.contains("\"grub-script\": 2") && text.contains("\"kind\": \"grub-cfg\""),
+        "{text}"
+    );
+    let mut bad = b.clone();
+    bad.boot.as_mut().unwrap().scripts[0].version = 3;
+    let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
+    assert!(
+        e.contains("boot.scripts[0].version") && e.contains("1..=2"),
+        "{e}"
+    );
+    let mut bad = b.clone();
+    bad.boot.as_mut().unwrap().scripts[0].path = "vmlinuz".into();
+    let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
+    assert!(e.contains("boot.scripts[0].path"), "{e}");
+    let mut bad = b.clone();
+    let dup = bad.boot.as_ref().unwrap().scripts[0].clone();
+    bad.boot.as_mut().unwrap().scripts.push(ScriptFile {
+        path: "other".into(),
+        ..dup
+    });
+    let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
+    assert!(e.contains("a second GRUB script"), "{e}");
+    // A newer manifest format is refused naming both.
+    let newer = String::from_utf8(m.to_bytes())
+        .unwrap()
+        .replace("\"format\": 1", "\"format\": 2");
+    let e = Manifest::parse(newer.as_bytes()).unwrap_err().to_string();
+    assert!(e.contains("format 2") && e.contains("format 1"), "{e}");
+}
+
+#[test]
+fn round_trip() {
+    let m = sample();
+    assert_eq!(Manifest::parse(&m.to_bytes()).unwrap(), m);
+}
+
+#[test]
+fn chunk_index_refs_are_optional_and_checked() {
+    let m = sample();
+    let text = String::from_utf8(m.to_bytes()).unwrap();
+    assert!(!text.contains("chunks"), "no index, no field: {text}");
+    let mut c = sample();
+    c.files.rootfs.chunks = Some(IndexRef {
+        path: "rootfs.squashfs.chunks".into(),
+        size: 76,
+        sha256: "cd".repeat(32),
+    });
+    assert_eq!(Manifest::parse(&c.to_bytes()).unwrap(), c);
+    let mut bad = c.clone();
+    bad.files.rootfs.chunks.as_mut().unwrap().path = "vmlinuz".into();
+    let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
+    assert!(e.contains("files.rootfs.chunks.path"), "{e}");
+    let mut bad = c;
+    bad.files.rootfs.chunks.as_mut().unwrap().size = MAX_INDEX_SIZE + 1;
+    let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
+    assert!(e.contains("files.rootfs.chunks.size"), "{e}");
+}
+
+pub(crate) fn patch(base_version: &str, path: &str) -> PatchRef {
+    PatchRef {
+        base: PatchBase {
+            version: base_version.into(),
+            size: 9,
+            sha256: "12".repeat(32),
+        },
+        kind: "squashfs".into(),
+        path: path.into(),
+        size: 3,
+        sha256: "34".repeat(32),
+        blocks: None,
+    }
+}
+
+#[test]
+fn a_patch_entry_without_a_block_count_reads_as_before_and_one_with_it_round_trips() {
+    let mut m = sample();
+    m.files.rootfs.patches = vec![patch("v1", "rootfs.from-v1.patch")];
+    let before = String::from_utf8(m.to_bytes()).unwrap();
+    assert!(
+        !before.contains("blocks"),
+        "no count, no field: the bytes the previous build wrote: {before}"
+    );
+    assert_eq!(
+        Manifest::parse(before.as_bytes())
+            .unwrap()
+            .files
+            .rootfs
+            .patches[0]
+            .blocks,
+        None
+    );
+    m.files.rootfs.patches[0].blocks = Some(980);
+    let after = m.to_bytes();
+    assert!(String::from_utf8_lossy(&after).contains("\"blocks\": 980"));
+    assert_eq!(Manifest::parse(&after).unwrap(), m);
+}
+
+#[test]
+fn patches_are_optional_and_checked() {
+    let text = String::from_utf8(sample().to_bytes()).unwrap();
+    assert!(!text.contains("patches"), "no patch, no field: {text}");
+    let mut m = sample();
+    m.files.rootfs.patches = vec![patch("v1", "rootfs.from-v1.patch")];
+    m.files.kernel.patches = vec![PatchRef {
+        kind: "a-kind-from-the-future".into(),
+        ..patch("v0", "vmlinuz.from-v0.patch")
+    }];
+    assert_eq!(
+        Manifest::parse(&m.to_bytes()).unwrap(),
+        m,
+        "an unknown kind is kept"
+    );
+    let bad = |f: &dyn Fn(&mut Manifest), want: &str| {
+        let mut b = m.clone();
+        f(&mut b);
+        let e = Manifest::parse(&b.to_bytes()).unwrap_err().to_string();
+        assert!(e.contains(want), "{want}: {e}");
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+    };
+    bad(
+        &|b| b.files.rootfs.patches[0].path = "vmlinuz".into(),
+        "files.rootfs.patches[0].path",
+    );
+    bad(
+        &|b| b.files.kernel.patches[0].path = "rootfs.from-v1.patch".into(),
+        "files.kernel.patches[0].path",
+    );
+    bad(
+        &|b| b.files.rootfs.patches[0].path = "../x\n".into(),
+        "files.rootfs.patches[0].path",
+    );
+    bad(
+        &|b| b.files.rootfs.patches[0].base.sha256 = "AB".repeat(32),
+        "files.rootfs.patches[0].base.sha256",
+    );
+    bad(
+        &|b| b.files.rootfs.patches[0].size = 0,
+        "files.rootfs.patches[0].size",
+    );
+    bad(
+        &|b| b.files.rootfs.patches[0].base.version = "v 1".into(),
+        "files.rootfs.patches[0].base.version",
+    );
+    bad(
+        &|b| b.files.rootfs.patches[0].kind = "Squash\u{1b}fs".into(),
+        "files.rootfs.patches[0].kind",
+    );
+    // A boot script may not take a patch's name either.
+    bad(
+        &|b| {
+            b.boot = Some(BootSupport {
+                grub_script: 2,
+                extlinux_conf: 1,
+                scripts: vec![ScriptFile {
+                    kind: ScriptKind::GrubCfg,
+                    version: 2,
+                    path: "rootfs.from-v1.patch".into(),
+                    size: 1,
+                    sha256: "cd".repeat(32),
+                }],
+            })
+        },
+        "boot.scripts[0].path",
+    );
+}
+
+/// v0.1.0's manifest types (commit c063939, named by CHANGELOG.md), as they were: no
+/// `deny_unknown_fields`, three entries of path/size/sha256. A manifest of this release with
+/// patches (and chunk indexes and a boot section) must read there as the same release.
+mod v010 {
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    pub struct FileEntry {
+        pub path: String,
+        pub size: u64,
+        pub sha256: String,
+    }
+    #[derive(Deserialize)]
+    pub struct Files {
+        pub rootfs: FileEntry,
+        pub kernel: FileEntry,
+        pub initrd: FileEntry,
+    }
+    #[derive(Deserialize)]
+    pub struct Manifest {
+        pub format: u32,
+        pub version: String,
+        pub arch: super::Arch,
+        pub generation: u64,
+        pub files: Files,
+    }
+}
+
+#[test]
+fn v010_reads_a_manifest_with_patches_as_the_same_release() {
+    let mut m = sample();
+    m.files.rootfs.patches = vec![PatchRef {
+        blocks: Some(980),
+        ..patch("v1", "rootfs.from-v1.patch")
+    }];
+    m.files.initrd.patches = vec![patch("v1", "initrd.from-v1.patch")];
+    m.files.rootfs.chunks = Some(IndexRef {
+        path: "rootfs.squashfs.chunks".into(),
+        size: 76,
+        sha256: "cd".repeat(32),
+    });
+    let old: v010::Manifest = serde_json::from_slice(&m.to_bytes()).unwrap();
+    assert_eq!(
+        (old.format, old.version.as_str(), old.arch, old.generation),
+        (FORMAT, "v2", Arch::X86_64, 2)
+    );
+    for (o, n) in [
+        (&old.files.rootfs, &m.files.rootfs),
+        (&old.files.kernel, &m.files.kernel),
+        (&old.files.initrd, &m.files.initrd),
+    ] {
+        assert_eq!((&o.path, o.size, &o.sha256), (&n.path, n.size, &n.sha256));
+    }
+}
+
+#[test]
+fn rejects_other_arch_and_bad_fields() {
+    let m = sample();
+    let e = m.check_arch(Arch::Aarch64).unwrap_err().to_string();
+    assert!(e.contains("x86_64") && e.contains("aarch64"), "{e}");
+
+    let mut bad = sample();
+    bad.files.kernel.path = "../etc/passwd".into();
+    let e = Manifest::parse(&bad.to_bytes()).unwrap_err().to_string();
+    assert!(e.contains("files.kernel.path"), "{e}");
+
+    let mut bad = sample();
+    bad.files.rootfs.sha256 = "xyz".into();
+    assert!(Manifest::parse(&bad.to_bytes())
+        .unwrap_err()
+        .to_string()
+        .contains("files.rootfs.sha256"));
+
+    let json = String::from_utf8(sample().to_bytes()).unwrap();
+    let missing = json.replace("\"initrd\": {", "\"initrd_gone\": {");
+    let e = Manifest::parse(missing.as_bytes()).unwrap_err().to_string();
+    assert!(e.contains("initrd"), "{e}");
+}
+
+/// A manifest v0.1.0 accepted (printable, no spaces) is still read, so a node reads what
+/// it runs or keeps; only a release created or staged must have a plain name.
+#[test]
+fn a_version_that_is_no_plain_name_is_read_but_refused_for_a_new_release() {
+    for v in ["v1:beta", "../../../../x", "v2/rc"] {
+        let m = Manifest {
+            version: v.into(),
+            ..sample()
+        };
+        let read = Manifest::parse(&m.to_bytes()).unwrap();
+        let e = read.check_version_name().unwrap_err().to_string();
+        assert!(
+            e.starts_with("manifest field version: version \"") && e.contains("not a plain name"),
+            "{e}"
+        );
+    }
+    assert!(sample().check_version_name().is_ok());
+}

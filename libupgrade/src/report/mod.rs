@@ -1,0 +1,249 @@
+//! Reports back to the publisher: at every outcome of an update (staged, stage failed,
+//! waiting for a wave or a pause, trial boot, blessed, rolled back, fell back, a withdrawn
+//! release dropped) the node spools one small signed report ([`fleet_report`], at most 1 KiB)
+//! on its state partition, and sends the spool to the collector at the end of a command.
+//!
+//! - **Where**: `report_url` in the node config ([`crate::Config`]), with the node's site name
+//!   `report_site`. No URL: nothing is spooled or sent, and no key is made by a flow.
+//! - **Who**: the node key ([`key`], `<state_dir>/node-key`), made at first use; its public
+//!   half is the node's id, shown by `k3os-ops slot status` ([`Updater::node_id`]) for the
+//!   publisher to enrol.
+//! - **When**: the flows that record outcomes spool them as they return ([`Updater::stage`],
+//!   [`Updater::resolve`], [`Updater::activate_awaiting`], [`Updater::rollback`],
+//!   [`Updater::confirm_with`]); pure mappings in `outcome` decide which outcome makes which
+//!   report. A wait is reported once per release and reason: an idle or waiting node
+//!   spools nothing new. [`Updater::send_reports`] sends, oldest first (`send`).
+//! - **Never in the way**: spooling and sending never fail or stop a flow (errors are logged);
+//!   a send gives up after a few seconds, leaving the rest spooled ([`spool`]: bounded,
+//!   oldest dropped and counted, numbered so that a resend is idempotent).
+
+mod key;
+mod outcome;
+mod send;
+mod spool;
+
+use std::path::{Path, PathBuf};
+
+use fleet_report::{NodeId, Report};
+
+pub use key::KEY_FILE;
+pub use send::{ReportsSent, CONTENT_TYPE};
+pub use spool::{Limits, SPOOL_DIR};
+
+use crate::error::Result;
+use crate::updater::Updater;
+use outcome::Note;
+use spool::Spool;
+
+/// A resolution's wait, as far as reporting goes.
+enum Wait {
+    /// Not a resolution: the last wait reported stays as it is.
+    Unchanged,
+    /// A resolution's rollout seed (None: no rollout took part), its wait now (None: it
+    /// waits for nothing) and the wait's key.
+    Now(Option<u32>, Option<(Note, String)>),
+}
+
+/// The reporter of one node: where to send, as whom, what is spooled.
+pub(crate) struct Reporter {
+    state_dir: PathBuf,
+    url: String,
+    site: String,
+    spool: Spool,
+}
+
+impl Reporter {
+    /// The reporter `cfg` asks for (None: no `report_url`).
+    pub(crate) fn of(cfg: &crate::Config) -> Option<Reporter> {
+        let url = cfg.report_url.clone()?;
+        Some(Reporter {
+            spool: Spool::new(&cfg.state_dir, Limits::default()),
+            state_dir: cfg.state_dir.clone(),
+            url,
+            site: cfg.report_site.clone().unwrap_or_default(),
+        })
+    }
+
+    /// Spool `notes` in order; `channel`, when given, is remembered for later reports; `wait`
+    /// is a resolution's wait (reported unless it is the last one reported) or its absence.
+    fn spool(&self, notes: Vec<Note>, channel: Option<&str>, wait: Wait) {
+        if let Err(e) = self.try_spool(notes, channel, wait) {
+            log::warn!("report not spooled: {}", crate::chain_line(&e));
+        }
+    }
+
+    fn try_spool(&self, mut notes: Vec<Note>, channel: Option<&str>, wait: Wait) -> Result<()> {
+        let _lock = self.spool.lock()?;
+        let mut meta = self.spool.meta()?;
+        let before = meta.clone();
+        if let Some(c) = channel {
+            meta.channel = c.to_string();
+        }
+        match wait {
+            Wait::Unchanged => {}
+            Wait::Now(seed, None) => {
+                meta.last_wait = None;
+                meta.seed = seed.or(meta.seed);
+            }
+            Wait::Now(seed, Some((note, key))) => {
+                meta.seed = seed.or(meta.seed);
+                if meta.last_wait.as_ref() != Some(&key) {
+                    notes.push(note);
+                    meta.last_wait = Some(key);
+                }
+            }
+        }
+        if notes.is_empty() {
+            return if meta != before {
+                self.spool.save_meta(&meta)
+            } else {
+                Ok(())
+            };
+        }
+        let key = key::load_or_create(&self.state_dir)?;
+        for n in notes {
+            let report = Report {
+                v: fleet_report::FORMAT,
+                node: NodeId::of(&key.verifying_key()),
+                site: self.site.clone(),
+                seq: meta.next_seq,
+                at: crate::state::now(),
+                channel: fit(&meta.channel, 256),
+                version: fit(&n.version, 128),
+                generation: n.generation,
+                outcome: n.outcome,
+                seed: meta.seed,
+                dropped: meta.dropped,
+            };
+            let bytes = report
+                .sign(&key)
+                .map_err(|e| crate::Error::Usage(format!("report {}: {e}", report.seq)))?;
+            meta.next_seq += 1;
+            // The number is reserved before the file exists: a cut leaves a gap, not a reuse.
+            self.spool.save_meta(&meta)?;
+            meta.dropped += self.spool.put(report.seq, &bytes)?;
+        }
+        self.spool.save_meta(&meta)
+    }
+
+    fn send(&self) -> ReportsSent {
+        let out = send::send(&self.spool, &self.url);
+        if out.refused > 0 {
+            let counted = self.spool.lock().and_then(|_lock| {
+                let mut meta = self.spool.meta()?;
+                meta.dropped += out.refused;
+                self.spool.save_meta(&meta)
+            });
+            if let Err(e) = counted {
+                log::warn!("refused reports not counted: {}", crate::chain_line(&e));
+            }
+        }
+        out
+    }
+}
+
+impl Updater {
+    fn reporter(&self) -> Option<Reporter> {
+        Reporter::of(&self.cfg)
+    }
+
+    /// This node's id for the collector's allow-list: its report key's public half, the key
+    /// made now when the node has none (`<state_dir>/node-key`).
+    pub fn node_id(&self) -> Result<NodeId> {
+        key::load_or_create(&self.cfg.state_dir).map(|k| NodeId::of(&k.verifying_key()))
+    }
+
+    /// Send the spooled reports to the configured `report_url`, oldest first, within a few
+    /// seconds; None when the node reports nowhere. Never an error: what failed is in
+    /// [`ReportsSent::stopped`] and the rest stays spooled for the next call.
+    pub fn send_reports(&self) -> Option<ReportsSent> {
+        let r = self.reporter()?;
+        let out = r.send();
+        if let Some(why) = &out.stopped {
+            log::warn!("reports: {} sent, {} kept: {why}", out.sent, out.kept);
+        }
+        Some(out)
+    }
+
+    /// Reports spooled and not yet sent (0 when the node reports nowhere).
+    pub fn spooled_reports(&self) -> usize {
+        self.reporter()
+            .and_then(|r| r.spool.pending().ok())
+            .map_or(0, |p| p.len())
+    }
+
+    pub(crate) fn report_stage(&self, rel: &crate::Release, res: &Result<crate::StageReport>) {
+        let Some(r) = self.reporter() else { return };
+        let notes = outcome::of_stage(res, rel.version.as_deref(), rel.generation);
+        r.spool(
+            notes.into_iter().collect(),
+            channel_of(rel),
+            Wait::Unchanged,
+        );
+    }
+
+    pub(crate) fn report_resolve(&self, rel: &crate::Release, dropped: bool) {
+        let Some(r) = self.reporter() else { return };
+        let note = match &rel.origin {
+            crate::Origin::Channel {
+                rollout: Some(n), ..
+            } => n,
+            _ => return r.spool(Vec::new(), channel_of(rel), Wait::Now(None, None)),
+        };
+        let notes = outcome::of_drop(note)
+            .into_iter()
+            .filter(|_| dropped)
+            .collect();
+        let seed = Some(note.seed.get());
+        r.spool(
+            notes,
+            channel_of(rel),
+            Wait::Now(seed, outcome::of_wait(note)),
+        );
+    }
+
+    pub(crate) fn report_notes(&self, notes: Vec<Note>) {
+        if let Some(r) = self.reporter() {
+            r.spool(notes, None, Wait::Unchanged);
+        }
+    }
+}
+
+/// `text` as a report field allows it: control characters dropped, cut at a character
+/// boundary to at most `max` bytes (a field over its limit would make the report unsignable).
+fn fit(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for c in text.chars().filter(|c| !c.is_control()) {
+        if out.len() + c.len_utf8() > max {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn channel_of(rel: &crate::Release) -> Option<&str> {
+    match &rel.origin {
+        crate::Origin::Channel { channel, .. } => Some(channel),
+        _ => None,
+    }
+}
+
+/// Notes of one event on one slot record (activation, manual rollback).
+pub(crate) fn note_of(outcome: fleet_report::Outcome, rec: &crate::state::SlotRecord) -> Note {
+    Note {
+        outcome,
+        version: rec.version.clone().unwrap_or_default(),
+        generation: rec.generation.unwrap_or(0),
+    }
+}
+
+pub(crate) use outcome::of_verdict;
+
+/// The spool directory of `state_dir` (for tests and tools).
+pub fn spool_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join(SPOOL_DIR)
+}
+
+#[cfg(test)]
+mod tests;

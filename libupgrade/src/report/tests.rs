@@ -1,0 +1,393 @@
+use super::*;
+use fleet_report::{Outcome, Transfer, WaitFor};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+
+fn reporter(dir: &Path, url: &str, limits: Limits) -> Reporter {
+    Reporter {
+        state_dir: dir.to_path_buf(),
+        url: url.to_string(),
+        site: "site-7".into(),
+        spool: Spool::new(dir, limits),
+    }
+}
+
+fn note(outcome: Outcome) -> Note {
+    Note {
+        outcome,
+        version: "v2".into(),
+        generation: 2,
+    }
+}
+
+fn spooled(r: &Reporter) -> Vec<fleet_report::Report> {
+    r.spool
+        .pending()
+        .unwrap()
+        .into_iter()
+        .map(|(_, p, _)| {
+            fleet_report::parse(&std::fs::read(p).unwrap())
+                .unwrap()
+                .report
+        })
+        .collect()
+}
+
+#[test]
+fn reports_are_signed_numbered_and_carry_the_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = reporter(dir.path(), "http://127.0.0.1:9/", Limits::default());
+    r.spool(vec![], Some("http://ch/stable"), Wait::Unchanged);
+    assert!(
+        r.spool.pending().unwrap().is_empty(),
+        "no outcome, no report"
+    );
+    assert!(!dir.path().join(KEY_FILE).exists(), "no report, no key yet");
+    r.spool(
+        vec![note(Outcome::TrialBoot), note(Outcome::Blessed)],
+        None,
+        Wait::Unchanged,
+    );
+    let got = spooled(&r);
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1].seq, got[0].seq + 1);
+    assert_eq!(got[0].channel, "http://ch/stable");
+    assert_eq!(got[0].site, "site-7");
+    assert_eq!(got[1].outcome, Outcome::Blessed);
+    let key = key::load_or_create(dir.path()).unwrap();
+    assert_eq!(got[0].node, NodeId::of(&key.verifying_key()));
+}
+
+#[test]
+fn a_full_spool_drops_the_oldest_and_every_later_report_counts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = reporter(
+        dir.path(),
+        "http://127.0.0.1:9/",
+        Limits {
+            files: 3,
+            bytes: 1 << 20,
+        },
+    );
+    for _ in 0..5 {
+        r.spool(vec![note(Outcome::TrialBoot)], None, Wait::Unchanged);
+    }
+    let got = spooled(&r);
+    assert_eq!(got.len(), 3);
+    assert_eq!(
+        got.last().unwrap().dropped,
+        1,
+        "report 5 was made when 1 was dropped"
+    );
+    r.spool(vec![note(Outcome::Blessed)], None, Wait::Unchanged);
+    let got = spooled(&r);
+    assert_eq!(got.last().unwrap().dropped, 2, "{got:?}");
+    // Bytes bound too: two reports' worth.
+    let dir = tempfile::tempdir().unwrap();
+    let r = reporter(
+        dir.path(),
+        "http://127.0.0.1:9/",
+        Limits {
+            files: 100,
+            bytes: 1300,
+        },
+    );
+    for _ in 0..4 {
+        r.spool(vec![note(Outcome::TrialBoot)], None, Wait::Unchanged);
+    }
+    let total: u64 = r.spool.pending().unwrap().iter().map(|(_, _, n)| n).sum();
+    assert!(
+        total <= 1300 && r.spool.pending().unwrap().len() >= 2,
+        "{total}"
+    );
+}
+
+#[test]
+fn a_wait_is_reported_once_until_it_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = reporter(dir.path(), "http://127.0.0.1:9/", Limits::default());
+    let wait = |until| {
+        Wait::Now(
+            Some(17),
+            Some((
+                note(Outcome::Waiting {
+                    wait_for: WaitFor::Wave,
+                    until: Some(until),
+                }),
+                format!("v3 3 Wave {until}"),
+            )),
+        )
+    };
+    for _ in 0..5 {
+        r.spool(vec![], None, wait(100));
+    }
+    assert_eq!(
+        spooled(&r).len(),
+        1,
+        "an idle waiting node reports its wait once"
+    );
+    let meta_before = std::fs::read(r.spool.dir().join("spool.json")).unwrap();
+    r.spool(vec![], None, wait(100));
+    assert_eq!(
+        std::fs::read(r.spool.dir().join("spool.json")).unwrap(),
+        meta_before,
+        "and writes nothing"
+    );
+    r.spool(vec![], None, wait(200));
+    assert_eq!(spooled(&r).len(), 2, "a new start is a new wait");
+    r.spool(vec![], None, Wait::Now(None, None));
+    r.spool(vec![], None, wait(200));
+    assert_eq!(
+        spooled(&r).len(),
+        3,
+        "waiting again after a resolution without a wait"
+    );
+}
+
+#[test]
+fn a_damaged_spool_meta_numbers_from_the_clock_above_earlier_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = reporter(dir.path(), "http://127.0.0.1:9/", Limits::default());
+    r.spool(vec![note(Outcome::TrialBoot)], None, Wait::Unchanged);
+    let first = spooled(&r)[0].seq;
+    std::fs::write(r.spool.dir().join("spool.json"), b"{garbage").unwrap();
+    r.spool(vec![note(Outcome::Blessed)], None, Wait::Unchanged);
+    let got = spooled(&r);
+    assert!(got[1].seq > first, "{} after {first}", got[1].seq);
+    // A newer format is refused: nothing is spooled or rewritten.
+    std::fs::write(r.spool.dir().join("spool.json"), br#"{"format":9}"#).unwrap();
+    let e = r
+        .try_spool(vec![note(Outcome::Blessed)], None, Wait::Unchanged)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("spool format 9 is newer"), "{e}");
+    assert_eq!(spooled(&r).len(), 2);
+}
+
+/// A collector stand-in answering each request with the next status; returns the bodies.
+fn fake_collector(statuses: Vec<u16>) -> (String, std::thread::JoinHandle<Vec<Vec<u8>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1/reports", l.local_addr().unwrap());
+    let h = std::thread::spawn(move || {
+        let mut bodies = Vec::new();
+        for status in statuses {
+            let (mut c, _) = l.accept().unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            loop {
+                let n = c.read(&mut chunk).unwrap();
+                buf.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buf).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len: usize = text
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length: ")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + len {
+                        bodies.push(buf[end + 4..end + 4 + len].to_vec());
+                        break;
+                    }
+                }
+                if n == 0 {
+                    break;
+                }
+            }
+            write!(
+                c,
+                "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            )
+            .unwrap();
+        }
+        bodies
+    });
+    (url, h)
+}
+
+#[test]
+fn send_goes_oldest_first_keeps_what_cannot_go_now_and_counts_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    // 200, then 409 (a replayed number: dropped for good), then 503: stop, keep the rest.
+    let (url, server) = fake_collector(vec![200, 409, 503]);
+    let r = reporter(dir.path(), &url, Limits::default());
+    for o in [
+        Outcome::TrialBoot,
+        Outcome::Blessed,
+        Outcome::WithdrawnDropped,
+        Outcome::TrialBoot,
+    ] {
+        r.spool(vec![note(o)], None, Wait::Unchanged);
+    }
+    let before = spooled(&r);
+    let out = r.send();
+    let bodies = server.join().unwrap();
+    assert_eq!((out.sent, out.refused, out.kept), (1, 1, 2), "{out:?}");
+    assert!(
+        out.stopped.as_deref().unwrap().contains("HTTP 503"),
+        "{out:?}"
+    );
+    let sent: Vec<u64> = bodies
+        .iter()
+        .map(|b| fleet_report::parse(b).unwrap().report.seq)
+        .collect();
+    assert_eq!(sent, vec![before[0].seq, before[1].seq, before[2].seq]);
+    let left: Vec<u64> = spooled(&r).iter().map(|r| r.seq).collect();
+    assert_eq!(left, vec![before[2].seq, before[3].seq]);
+    // The refusal is counted in the next report made.
+    r.spool(vec![note(Outcome::Blessed)], None, Wait::Unchanged);
+    assert_eq!(spooled(&r).last().unwrap().dropped, 1);
+}
+
+#[test]
+fn an_unreachable_collector_keeps_everything_and_fails_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port nothing listens on (bound, then closed).
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let r = reporter(
+        dir.path(),
+        &format!("http://127.0.0.1:{port}/"),
+        Limits::default(),
+    );
+    r.spool(vec![note(Outcome::TrialBoot)], None, Wait::Unchanged);
+    let t = std::time::Instant::now();
+    let out = r.send();
+    assert!(t.elapsed() < send::SEND_BUDGET, "{:?}", t.elapsed());
+    assert_eq!((out.sent, out.kept), (0, 1));
+    assert!(out.stopped.as_deref().unwrap().contains("POST"), "{out:?}");
+}
+
+#[test]
+fn outcomes_map_to_reports() {
+    let staged = |patched: bool, reused: u64, already: bool| crate::StageReport {
+        slot: bootconfig::Slot::B,
+        version: "v2".into(),
+        generation: 2,
+        signed_by: String::new(),
+        already_staged: already,
+        resumed: false,
+        bytes_written: 10,
+        bytes_fetched: 7,
+        bytes_reused: reused,
+        bytes_from_mirrors: 0,
+        chunks_refused: 0,
+        patched: if patched {
+            vec![crate::PatchOutcome {
+                artifact: crate::manifest::Artifact::Rootfs,
+                from: "v1".into(),
+                patch_fetched: 7,
+                rebuilt: 10,
+                mismatched_chunks: 0,
+                fell_back: None,
+                base_hashed: false,
+                skipped: 0,
+            }]
+        } else {
+            vec![]
+        },
+    };
+    let by = |r| match outcome::of_stage(&Ok(r), None, None).unwrap().outcome {
+        Outcome::Staged { by, bytes } => {
+            assert_eq!(bytes, 7);
+            by
+        }
+        o => panic!("{o:?}"),
+    };
+    assert_eq!(by(staged(false, 0, false)), Transfer::Full);
+    assert_eq!(by(staged(false, 3, false)), Transfer::Chunks);
+    assert_eq!(by(staged(true, 3, false)), Transfer::Patch);
+    assert_eq!(
+        outcome::of_stage(&Ok(staged(false, 0, true)), None, None),
+        None
+    );
+    let failed = outcome::of_stage(
+        &Err(crate::Error::Usage("disk on fire".into())),
+        Some("v3"),
+        Some(3),
+    )
+    .unwrap();
+    assert_eq!(failed.version, "v3");
+    let stopped = crate::Error::Stopped {
+        why: crate::Stop::Budget { budget: 1 },
+        fetched: 1,
+        left: 2,
+    };
+    assert_eq!(
+        outcome::of_stage(&Err(stopped), None, None),
+        None,
+        "a budget stop is no failure"
+    );
+    assert!(failed.outcome.why().unwrap().contains("disk on fire"));
+}
+
+#[test]
+fn a_verdict_reports_what_changed_the_booted_slot_and_the_fallback() {
+    use crate::boot::assess::{Outcome as B, Verdict};
+    use crate::state::{OtherSlot, SlotState};
+    let verdict = |outcome, other_slot| Verdict {
+        boot_id: "b".into(),
+        slot: bootconfig::Slot::B,
+        version: Some("v2".into()),
+        outcome,
+        reason: "check node-ready failed".into(),
+        other_slot,
+        checks: vec![],
+        loader_damage: vec![],
+    };
+    let kinds = |notes: Vec<Note>| notes.iter().map(|n| n.outcome.kind()).collect::<Vec<_>>();
+    let blessed = verdict(B::Blessed, None);
+    assert_eq!(
+        kinds(outcome::of_verdict(&blessed, None, 2, SlotState::Trying)),
+        ["blessed"]
+    );
+    assert!(
+        outcome::of_verdict(&blessed, None, 2, SlotState::Good).is_empty(),
+        "a second confirm"
+    );
+    assert!(outcome::of_verdict(&verdict(B::Good, None), None, 2, SlotState::Good).is_empty());
+    let rolled = verdict(
+        B::RolledBack {
+            to: bootconfig::Slot::A,
+        },
+        None,
+    );
+    let notes = outcome::of_verdict(&rolled, None, 2, SlotState::Trying);
+    assert_eq!(notes[0].outcome.why(), Some("check node-ready failed"));
+    assert!(outcome::of_verdict(&rolled, None, 2, SlotState::Bad).is_empty());
+    let fell = verdict(
+        B::Good,
+        Some(OtherSlot::FallbackTaken {
+            slot: bootconfig::Slot::A,
+            used: 3,
+            tries: 3,
+        }),
+    );
+    let notes = outcome::of_verdict(&fell, Some(("v3", 3)), 2, SlotState::Good);
+    assert_eq!(kinds(notes.clone()), ["fell_back"]);
+    assert_eq!((notes[0].version.as_str(), notes[0].generation), ("v3", 3));
+    assert!(notes[0].outcome.why().unwrap().contains("3 of 3 tries"));
+}
+
+#[test]
+fn a_long_or_odd_channel_and_version_still_make_a_signed_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = reporter(dir.path(), "http://127.0.0.1:9/", Limits::default());
+    let channel = format!("https://é.example/{}\u{7}", "é".repeat(300));
+    let n = Note {
+        outcome: Outcome::Blessed,
+        version: format!("v\n{}", "ü".repeat(100)),
+        generation: 3,
+    };
+    r.spool(vec![n], Some(&channel), Wait::Unchanged);
+    let got = spooled(&r);
+    assert_eq!(got.len(), 1, "the report was made");
+    assert!(got[0].channel.len() <= 256 && got[0].channel.starts_with("https://é.example/é"));
+    assert!(got[0].version.len() <= 128 && got[0].version.starts_with("vü"));
+    assert_eq!(fit("a\u{1b}[31mb", 10), "a[31mb");
+}
