@@ -245,7 +245,8 @@ pub struct ScriptFile {
 pub struct Manifest {
     /// Manifest format; [`FORMAT`].
     pub format: u32,
-    /// Human version string (`v1.2.0`), a plain name ([`crate::version`]).
+    /// Human version string (`v1.2.0`); a plain name ([`crate::version`]) for every release
+    /// created or staged since issue 34.
     pub version: String,
     /// The architecture the release is built for.
     pub arch: Arch,
@@ -269,6 +270,14 @@ fn plain_name(p: &str) -> bool {
         || p.chars().any(char::is_control)
         || p == "."
         || p == "..")
+}
+
+/// 1-128 printable ASCII characters without spaces: what every manifest's version must be to
+/// be read at all (v0.1.0's rule, kept so a node still reads the manifests of what it already
+/// runs or keeps). A release entering a node or a channel must also be a plain name:
+/// [`Manifest::check_version_name`].
+fn printable_word(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_graphic())
 }
 
 fn hex64(s: &str) -> bool {
@@ -355,6 +364,15 @@ impl Manifest {
         Ok(())
     }
 
+    /// The release's version is a plain name ([`crate::version`]): required of a release that
+    /// is created or staged (a manifest a node already keeps is read with the older rule).
+    pub fn check_version_name(&self) -> Result<(), ManifestError> {
+        crate::version::check_version(&self.version).map_err(|e| ManifestError::Field {
+            field: "version".into(),
+            what: e.to_string(),
+        })
+    }
+
     fn check(&self) -> Result<(), ManifestError> {
         if self.format > FORMAT || self.format == 0 {
             return Err(ManifestError::Format { found: self.format });
@@ -363,8 +381,12 @@ impl Manifest {
             field: f.to_string(),
             what: what.to_string(),
         };
-        crate::version::check_version(&self.version)
-            .map_err(|e| field("version", &e.to_string()))?;
+        if !printable_word(&self.version) {
+            return Err(field(
+                "version",
+                "must be 1-128 printable ASCII characters without spaces",
+            ));
+        }
         for a in Artifact::ALL {
             let e = self.files.get(a);
             let name = format!("files.{a}");
@@ -475,8 +497,11 @@ impl Manifest {
                         return Err(field(format!("{name}.{f}"), "is 0".into()));
                     }
                 }
-                if let Err(e) = crate::version::check_version(&p.base.version) {
-                    return Err(field(format!("{name}.base.version"), e.to_string()));
+                if !printable_word(&p.base.version) {
+                    return Err(field(
+                        format!("{name}.base.version"),
+                        "must be 1-128 printable ASCII characters without spaces".into(),
+                    ));
                 }
                 let kind_ok = !p.kind.is_empty()
                     && p.kind.len() <= 32

@@ -78,6 +78,9 @@ fn nodes(
             let Some(node) = w.nodes.get_mut(*name) else {
                 return not_found(&format!("nodes \"{name}\""));
             };
+            if let Some(refused) = outside_annotation_space(body) {
+                return failure(403, "Forbidden", &refused);
+            }
             if let Some(u) = body.pointer("/spec/unschedulable") {
                 log.lock()
                     .unwrap()
@@ -100,6 +103,26 @@ fn nodes(
         }
         _ => unexpected(log, method, path),
     }
+}
+
+/// The agent's annotation writes as deploy/node-scope.yaml judges them (`ownAnnotationsOnly`):
+/// it sets only `k3os.io/update-*` keys and removes no other key but the previous release's
+/// `k3os.io/stage-preview`. The policy's message for a patch that breaks that, else `None`.
+/// (The fake serves only the agent, so every patch is judged; the real-server tests check the
+/// policy itself.)
+fn outside_annotation_space(body: &Value) -> Option<String> {
+    let ann = body.pointer("/metadata/annotations")?.as_object()?;
+    let bad: Vec<&String> = ann
+        .iter()
+        .filter(|(k, v)| {
+            let legacy_removed = v.is_null() && *k == "k3os.io/stage-preview";
+            !(k.starts_with("k3os.io/update-") || legacy_removed)
+        })
+        .map(|(k, _)| k)
+        .collect();
+    (!bad.is_empty()).then(|| {
+        format!("the k3os-ops agent may change only its own Node (k3os.io/update-* annotations, …): {bad:?}")
+    })
 }
 
 /// PATCH of a Node's status: strategic merge of `conditions` by `type`, as the API server does.

@@ -4,7 +4,10 @@
 //!
 //! What it serves, with a real server's semantics where the agent depends on them:
 //! - Nodes: GET, the list by `labelSelector` (`k=v` pairs), merge PATCH; PATCH of the status subresource merging `conditions` by type
-//!   (the strategic merge the API server applies to them).
+//!   (the strategic merge the API server applies to them). A merge PATCH that sets an
+//!   annotation outside `k3os.io/update-*` (or removes one, but for the previous release's
+//!   `k3os.io/stage-preview`) is answered 403, as deploy/node-scope.yaml makes a real server
+//!   answer the agent.
 //! - `UpdateChannel`s of `k3os-system`: list, GET, PUT of the status subresource as a
 //!   resourceVersion compare-and-swap (409 on a stale resourceVersion, 422 without one; a
 //!   write that changes nothing keeps the resourceVersion); a PATCH of the status is answered

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use libupgrade::signing;
+use libupgrade::trust::client::served;
 use libupgrade::trust::meta::{time_str, Key};
 use libupgrade::trust::publish;
 use libupgrade::trust::publish::RoleSpec;
@@ -104,6 +105,31 @@ pub(super) fn secrets(paths: &[PathBuf]) -> anyhow::Result<Vec<publish::SigningK
         .collect()
 }
 
+/// `--root FILE` of the commands that re-sign: the anchor of their verification of the
+/// channel as served (`libupgrade::trust::client::served`).
+#[derive(Args, Debug, Default)]
+pub struct AnchorArgs {
+    /// A root kept apart from the served directory (e.g. the root.json baked into the nodes'
+    /// images): the channel's root chain must walk from it before anything is signed, so a
+    /// chain replaced from its first root on is refused. Default: the directory's own
+    /// 1.root.json.
+    #[arg(long = "root", value_name = "FILE")]
+    trusted_root: Option<PathBuf>,
+}
+
+impl AnchorArgs {
+    /// Verify `dir` from the anchor when one is given (the signing function then verifies it
+    /// again from its own `1.root.json`, which the anchored walk has already vouched for).
+    pub(super) fn check(&self, dir: &Path) -> anyhow::Result<()> {
+        let Some(p) = &self.trusted_root else {
+            return Ok(());
+        };
+        let bytes = std::fs::read(p).with_context(|| format!("--root {}", p.display()))?;
+        served::verify_served_from(dir, &bytes, &p.display().to_string())?;
+        Ok(())
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum RootCmd {
     /// Write the channel's first root (1.root.json, root.json): the keys and thresholds of all
@@ -129,6 +155,8 @@ pub enum RootCmd {
         sign: Vec<PathBuf>,
         #[arg(long, default_value = "365d", value_parser = parse_lifetime)]
         expires: chrono::Duration,
+        #[command(flatten)]
+        anchor: AnchorArgs,
     },
 }
 
@@ -141,6 +169,8 @@ pub struct TargetsArgs {
     keys: Vec<PathBuf>,
     #[arg(long, default_value = "90d", value_parser = parse_lifetime)]
     expires: chrono::Duration,
+    #[command(flatten)]
+    anchor: AnchorArgs,
 }
 
 #[derive(Args, Debug)]
@@ -157,6 +187,8 @@ pub struct TimestampArgs {
     /// Lifetime of timestamp.json: nodes refuse the channel as stale after it (re-sign daily).
     #[arg(long, default_value = "7d", value_parser = parse_lifetime)]
     expires: chrono::Duration,
+    #[command(flatten)]
+    anchor: AnchorArgs,
 }
 
 fn print_root(dir: &Path, what: &str, root: &libupgrade::trust::meta::Root) {
@@ -193,7 +225,9 @@ pub fn root(cmd: RootCmd) -> anyhow::Result<()> {
             keys,
             sign,
             expires,
+            anchor,
         } => {
+            anchor.check(&dir)?;
             let roles = keys.specs()?;
             let mut paths = sign;
             paths.extend(keys.secrets());
@@ -206,6 +240,7 @@ pub fn root(cmd: RootCmd) -> anyhow::Result<()> {
 }
 
 pub fn targets(a: TargetsArgs) -> anyhow::Result<()> {
+    a.anchor.check(&a.dir)?;
     let t = publish::write_targets(&a.dir, &secrets(&a.keys)?, publish::expires_in(a.expires))?;
     println!(
         "wrote targets version {} ({} releases, expires {}); now run `k3os-ops release timestamp`",
@@ -225,6 +260,7 @@ pub fn targets(a: TargetsArgs) -> anyhow::Result<()> {
 }
 
 pub fn timestamp(a: TimestampArgs) -> anyhow::Result<()> {
+    a.anchor.check(&a.dir)?;
     let mut keys = secrets(&a.snapshot)?;
     keys.extend(secrets(&a.timestamp)?);
     let (s, t) = publish::write_timestamp(

@@ -37,6 +37,8 @@ pub struct SignArgs {
     /// Lifetime of the new timestamp.json.
     #[arg(long, default_value = "7d", value_parser = super::metadata::parse_lifetime)]
     expires: chrono::Duration,
+    #[command(flatten)]
+    anchor: super::metadata::AnchorArgs,
 }
 
 /// `release rollout`.
@@ -205,6 +207,7 @@ fn sign(
     a: &SignArgs,
     edit: &dyn Fn(Option<&Rollout>) -> Result<Rollout, libupgrade::rollout::RolloutError>,
 ) -> anyhow::Result<()> {
+    a.anchor.check(dir)?;
     let t = publish::write_rollout(
         dir,
         version,

@@ -72,7 +72,7 @@ const TAMPERS: [Tamper; 4] = [
     },
 ];
 
-/// The publisher's commands, each with its keys (key files under `<temp>/keys/`).
+/// The publisher's commands, each with its keys (key files under `<temp>/keys/`) and `--root`.
 fn commands(c: &Chan) -> Vec<(&'static str, Vec<String>)> {
     let k = |n: &str| c.t.path().join("keys").join(n).display().to_string();
     let dir = c.dir.display().to_string();
@@ -86,6 +86,9 @@ fn commands(c: &Chan) -> Vec<(&'static str, Vec<String>)> {
             k("timestamp.key"),
         ]
     };
+    // Every command also takes the root kept apart (`--root`), here the channel's first root.
+    let anchor = c.t.path().join("root-kept-apart.json");
+    std::fs::copy(c.dir.join("1.root.json"), &anchor).unwrap();
     let with = |head: &[&str], tail: Vec<String>| {
         let mut v: Vec<String> = ["release"]
             .iter()
@@ -93,6 +96,7 @@ fn commands(c: &Chan) -> Vec<(&'static str, Vec<String>)> {
             .map(|s| s.to_string())
             .collect();
         v.extend(tail);
+        v.extend(["--root".to_string(), anchor.display().to_string()]);
         v
     };
     vec![
@@ -275,4 +279,93 @@ fn assert_signed_chain_without_rollouts(dir: &Path) {
     let served = libupgrade::trust::client::served::verify_served(dir).unwrap();
     assert_eq!(served.root.version, 2);
     assert!(served.targets.is_some());
+}
+
+/// The chain's own shape: `root.json` that is not the newest root of the chain, and a snapshot
+/// served without the timestamp that pins it, are refused like an edited file, naming it.
+#[test]
+fn a_stale_root_json_or_a_missing_timestamp_is_refused_naming_the_file() {
+    let c = Chan::new(1);
+    let changes = std::collections::BTreeMap::from([(Role::Timestamp, c.spec(&["timestamp2"], 1))]);
+    let year = publish::expires_in(Days::days(365));
+    publish::rotate_root(&c.dir, &changes, &[c.k("root1")], year).unwrap();
+    let expires = publish::expires_in(Days::days(90));
+    let cases: [(&str, Option<Vec<u8>>); 2] = [
+        ("root.json", Some(c.read("1.root.json"))),
+        ("timestamp.json", None),
+    ];
+    for (file, replacement) in cases {
+        let original = c.read(file);
+        match &replacement {
+            Some(b) => c.write(file, b),
+            None => std::fs::remove_file(c.dir.join(file)).unwrap(),
+        }
+        let before = testkit::tree_bytes(&c.dir);
+        let e = publish::write_targets(&c.dir, &[c.k("targets1")], expires).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&c.dir.join(file).display().to_string())
+                && msg.contains("refusing to sign"),
+            "{file}: {msg}"
+        );
+        testkit::assert_same_tree(file, &before, &testkit::tree_bytes(&c.dir));
+        c.write(file, &original);
+    }
+    publish::write_targets(&c.dir, &[c.k("targets1")], expires).unwrap();
+}
+
+/// `--root FILE` anchors the publisher's check on a root kept apart: a chain replaced from
+/// `1.root.json` on (a forger's root that lists the publisher's public keys next to its own,
+/// and files its own keys signed) is refused before anything is written.
+#[test]
+fn a_chain_replaced_from_its_first_root_is_refused_from_a_root_kept_apart() {
+    let c = Chan::new(1);
+    let anchor = c.t.path().join("root-kept-apart.json");
+    std::fs::copy(c.dir.join("1.root.json"), &anchor).unwrap();
+    for f in [
+        "1.root.json",
+        "root.json",
+        "targets.json",
+        "snapshot.json",
+        "timestamp.json",
+    ] {
+        std::fs::remove_file(c.dir.join(f)).unwrap();
+    }
+    let roles = std::collections::BTreeMap::from([
+        (Role::Root, c.spec(&["root2"], 1)),
+        (Role::Targets, c.spec(&["targets1", "targets3"], 1)),
+        (Role::Snapshot, c.spec(&["snapshot", "timestamp2"], 1)),
+        (Role::Timestamp, c.spec(&["timestamp", "timestamp2"], 1)),
+    ]);
+    let year = publish::expires_in(Days::days(365));
+    publish::init_root(&c.dir, &roles, &[c.k("root2")], year).unwrap();
+    let expires = publish::expires_in(Days::days(90));
+    publish::write_targets(&c.dir, &[c.k("targets3")], expires).unwrap();
+    let week = publish::expires_in(Days::days(7));
+    publish::write_timestamp(&c.dir, &[c.k("timestamp2")], expires, week).unwrap();
+
+    let k = |n: &str| c.t.path().join("keys").join(n).display().to_string();
+    let dir = c.dir.display().to_string();
+    let before = testkit::tree_bytes(&c.dir);
+    let args = [
+        "release",
+        "timestamp",
+        &dir,
+        "--snapshot-key",
+        &k("snapshot.key"),
+        "--timestamp-key",
+        &k("timestamp.key"),
+        "--root",
+        &anchor.display().to_string(),
+    ];
+    let out = ops(None, &args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "signed over a forged chain: {err}");
+    assert!(
+        err.contains(&c.dir.join("root.json").display().to_string())
+            && err.contains("the newest of the chain")
+            && err.contains("refusing to sign"),
+        "{err}"
+    );
+    testkit::assert_same_tree("channel", &before, &testkit::tree_bytes(&c.dir));
 }

@@ -307,3 +307,22 @@ fn rejects_other_arch_and_bad_fields() {
     let e = Manifest::parse(missing.as_bytes()).unwrap_err().to_string();
     assert!(e.contains("initrd"), "{e}");
 }
+
+/// A manifest v0.1.0 accepted (printable, no spaces) is still read, so a node reads what
+/// it runs or keeps; only a release created or staged must have a plain name.
+#[test]
+fn a_version_that_is_no_plain_name_is_read_but_refused_for_a_new_release() {
+    for v in ["v1:beta", "../../../../x", "v2/rc"] {
+        let m = Manifest {
+            version: v.into(),
+            ..sample()
+        };
+        let read = Manifest::parse(&m.to_bytes()).unwrap();
+        let e = read.check_version_name().unwrap_err().to_string();
+        assert!(
+            e.starts_with("manifest field version: version \"") && e.contains("not a plain name"),
+            "{e}"
+        );
+    }
+    assert!(sample().check_version_name().is_ok());
+}

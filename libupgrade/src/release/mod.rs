@@ -396,7 +396,7 @@ fn draft_manifest(opts: &CreateOptions, generation: u64) -> Result<Manifest, Rel
     if let Some(b) = manifest.boot.as_mut() {
         b.scripts = scripts;
     }
-    Manifest::parse(&manifest.to_bytes())?;
+    Manifest::parse(&manifest.to_bytes())?.check_version_name()?;
     Ok(manifest)
 }
 

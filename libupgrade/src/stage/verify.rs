@@ -172,7 +172,8 @@ impl Stager<'_> {
             source,
         })?;
         manifest
-            .check_arch(Arch::host())
+            .check_version_name()
+            .and_then(|()| manifest.check_arch(Arch::host()))
             .map_err(|source| Error::Manifest {
                 location: mloc.clone(),
                 source,

@@ -23,8 +23,9 @@
 //!   only a timestamp rests on a rotated-away key alone, and all it can do is pin a snapshot
 //!   that must verify by itself.
 //!
-//! Limits, stated: the anchor is the directory's own `1.root.json` (a publisher who cannot
-//! trust that file must compare it with the root baked into the nodes' images), and the
+//! Limits, stated: the anchor is the directory's own `1.root.json` unless the publisher names
+//! one kept apart ([`verify_served_from`], `release … --root FILE`: then a chain replaced
+//! from its first root on is refused too), and the
 //! publisher keeps no record of versions, so a consistent replay of an older *complete* set
 //! of signed files is not told from the current one (each file alone is: an older targets or
 //! timestamp file no longer matches the pins around it).
@@ -63,6 +64,21 @@ pub fn verify_served(dir: &Path) -> Result<Served, TrustError> {
         });
     };
     check(&src, &bytes, &first).map_err(|e| TrustError::Unverified {
+        refused: Box::new(e),
+    })
+}
+
+/// [`verify_served`] from a root the publisher keeps apart (`release … --root FILE`, e.g. the
+/// root baked into the nodes' images) instead of the directory's own `1.root.json`: the
+/// chain must walk from it to the served `root.json`, so a chain replaced from its first root
+/// on is refused too. `anchor` is that file's bytes, `anchor_what` its name for messages.
+pub fn verify_served_from(
+    dir: &Path,
+    anchor: &[u8],
+    anchor_what: &str,
+) -> Result<Served, TrustError> {
+    let src = DirMeta(dir.to_path_buf());
+    check(&src, anchor, anchor_what).map_err(|e| TrustError::Unverified {
         refused: Box::new(e),
     })
 }
