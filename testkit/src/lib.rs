@@ -17,6 +17,7 @@
 use std::process::Command;
 
 pub mod clock;
+pub mod collector;
 pub mod disk;
 pub mod loaders;
 pub mod node;
@@ -26,6 +27,7 @@ pub mod sim;
 pub mod tree;
 
 pub use clock::VirtualClock;
+pub use collector::report_sink;
 pub use disk::{Loop, TestDisk, MIB};
 pub use node::{boot_as, dir_config, ModelLoader};
 pub use release::{

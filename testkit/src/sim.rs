@@ -67,11 +67,18 @@ impl SimNode {
 
     /// An updater over this node's layout and loader.
     pub fn updater(&self) -> libupgrade::Updater {
+        self.updater_with(|_| {})
+    }
+
+    /// The same, its configuration changed by `edit` first (e.g. a `report_url`).
+    pub fn updater_with(&self, edit: impl FnOnce(&mut libupgrade::Config)) -> libupgrade::Updater {
         let LayoutConfig::Dir { root, boot_dir } = &self.cfg.layout else {
             unreachable!("SimNode uses the dir layout")
         };
+        let mut cfg = self.cfg.clone();
+        edit(&mut cfg);
         libupgrade::Updater::with_parts(
-            self.cfg.clone(),
+            cfg,
             Box::new(DirLayout::new(root, boot_dir)),
             Box::new(self.loader.clone()),
         )

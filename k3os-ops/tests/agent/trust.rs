@@ -361,3 +361,39 @@ async fn a_stage_tick_resolves_the_channel_once() {
     assert_eq!(resolutions, 1, "{requests:#?}");
     fake_api::no_unexpected(&log);
 }
+
+/// The agent sends what the node reports (issue 32): a node whose config names a collector
+/// spools a signed report at the stage's outcome, and the agent's node port sends it at the
+/// end of the stage, as `upgrade` does at its end (the report names the release, its channel
+/// and the site).
+#[tokio::test]
+async fn a_stage_tick_sends_the_nodes_signed_report() {
+    let chan = Chan::new();
+    let sim = chan.node();
+    let (url, bodies) = testkit::report_sink(Vec::new());
+    let updater = sim.updater_with(|c| {
+        c.report_url = Some(url);
+        c.report_site = Some("site-1".into());
+    });
+    let log: Log = Arc::default();
+    let world = Arc::new(Mutex::new(World::new(
+        [fake_api::ready_node("n1", json!({"pool": "edge"}))],
+        edge_channel(&chan.url(), "v2"),
+    )));
+    let agent = Agent::new(
+        fake_api::client(&world, &log),
+        "k3os-system",
+        "n1",
+        None,
+        Arc::new(LibupgradeNode::new(updater, vec!["false".into()])),
+    );
+    agent.reconcile().await.expect("reconcile");
+    assert_eq!(inactive(&sim), Inactive::Staged("v2".into()));
+    let body = bodies
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the stage's report was sent");
+    let r = fleet_report::parse(&body).expect("a signed report").report;
+    assert_eq!(r.outcome.kind(), "staged", "{r:?}");
+    assert_eq!((r.version.as_str(), r.site.as_str()), ("v2", "site-1"));
+    assert_eq!(r.channel, chan.url(), "{r:?}");
+}

@@ -1,6 +1,5 @@
 use super::*;
 use fleet_report::{Outcome, Transfer, WaitFor};
-use std::io::{Read, Write};
 use std::net::TcpListener;
 
 fn reporter(dir: &Path, url: &str, limits: Limits) -> Reporter {
@@ -164,54 +163,11 @@ fn a_damaged_spool_meta_numbers_from_the_clock_above_earlier_reports() {
     assert_eq!(spooled(&r).len(), 2);
 }
 
-/// A collector stand-in answering each request with the next status; returns the bodies.
-fn fake_collector(statuses: Vec<u16>) -> (String, std::thread::JoinHandle<Vec<Vec<u8>>>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/v1/reports", l.local_addr().unwrap());
-    let h = std::thread::spawn(move || {
-        let mut bodies = Vec::new();
-        for status in statuses {
-            let (mut c, _) = l.accept().unwrap();
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            loop {
-                let n = c.read(&mut chunk).unwrap();
-                buf.extend_from_slice(&chunk[..n]);
-                let text = String::from_utf8_lossy(&buf).to_string();
-                if let Some(end) = text.find("\r\n\r\n") {
-                    let len: usize = text
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase()
-                                .strip_prefix("content-length: ")
-                                .map(|v| v.trim().parse().unwrap())
-                        })
-                        .unwrap_or(0);
-                    if buf.len() >= end + 4 + len {
-                        bodies.push(buf[end + 4..end + 4 + len].to_vec());
-                        break;
-                    }
-                }
-                if n == 0 {
-                    break;
-                }
-            }
-            write!(
-                c,
-                "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-            )
-            .unwrap();
-        }
-        bodies
-    });
-    (url, h)
-}
-
 #[test]
 fn send_goes_oldest_first_keeps_what_cannot_go_now_and_counts_refusals() {
     let dir = tempfile::tempdir().unwrap();
     // 200, then 409 (a replayed number: dropped for good), then 503: stop, keep the rest.
-    let (url, server) = fake_collector(vec![200, 409, 503]);
+    let (url, bodies) = testkit::report_sink(vec![200, 409, 503]);
     let r = reporter(dir.path(), &url, Limits::default());
     for o in [
         Outcome::TrialBoot,
@@ -223,7 +179,7 @@ fn send_goes_oldest_first_keeps_what_cannot_go_now_and_counts_refusals() {
     }
     let before = spooled(&r);
     let out = r.send();
-    let bodies = server.join().unwrap();
+    let bodies: Vec<Vec<u8>> = bodies.try_iter().collect();
     assert_eq!((out.sent, out.refused, out.kept), (1, 1, 2), "{out:?}");
     assert!(
         out.stopped.as_deref().unwrap().contains("HTTP 503"),
