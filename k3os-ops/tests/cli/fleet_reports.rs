@@ -328,6 +328,18 @@ fn trust_root(node: &Node, chan: &Path) {
     std::fs::write(&node.config, format!("{root}{cfg}")).unwrap();
 }
 
+/// The channel signed, v2 rolling out in one wave to the whole fleet since an hour ago (the
+/// node is in wave 1), and the node trusting the channel's root; returns the channel's path
+/// and the publisher's commands (as [`sign_channel`]).
+fn one_wave_started<'a>(node: &'a Node, chan: &Path) -> (String, impl Fn(&[&str]) -> String + 'a) {
+    let publish = sign_channel(node, chan);
+    let c = chan.display().to_string();
+    let start = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    publish(&["rollout", &c, "v2", "--waves", "100%@+0", "--start", &start]);
+    trust_root(node, chan);
+    (c, publish)
+}
+
 #[test]
 fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
     let Site {
@@ -339,12 +351,7 @@ fn rollout_status_shows_what_the_sites_reported_per_release_and_wave() {
         chan,
         work: _work,
     } = Site::new("site-1", true);
-    let publish = sign_channel(&node, &chan);
-    let c = chan.display().to_string();
-    // One wave, the whole fleet, started an hour ago: the node is in wave 1.
-    let start = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
-    publish(&["rollout", &c, "v2", "--waves", "100%@+0", "--start", &start]);
-    trust_root(&node, &chan);
+    let (c, _publish) = one_wave_started(&node, &chan);
     let _collector = Collector::start(port, &db, &allow);
     node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
     let rows = stored(&db);
@@ -492,11 +499,7 @@ fn the_dashboard_shows_in_a_real_browser_what_the_database_holds() {
         chan,
         work: _work,
     } = Site::new("site-1", true);
-    let publish = sign_channel(&node, &chan);
-    let c = chan.display().to_string();
-    let start = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
-    publish(&["rollout", &c, "v2", "--waves", "100%@+0", "--start", &start]);
-    trust_root(&node, &chan);
+    let (c, publish) = one_wave_started(&node, &chan);
     let (_collector, more) = Collector::start_with(
         port,
         &db,
