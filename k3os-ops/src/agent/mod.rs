@@ -91,6 +91,10 @@ macro_rules! modules {
 
 modules!(channel, cluster, context, errors, fleet, host, metrics, phase, reconcile, run);
 
+// The deploy manifests (`deploy/`) against what the agent uses and mounts.
+#[cfg(test)]
+mod deploy_tests;
+
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};

@@ -166,7 +166,7 @@ fn daemonset_is_privileged_with_the_host_mounts() {
         .as_sequence()
         .unwrap()
         .iter()
-        .find(|e| e["name"] == k3os_ops::agent::host::ops::BUNDLE_DIR_ENV)
+        .find(|e| e["name"] == crate::agent::host::ops::BUNDLE_DIR_ENV)
         .and_then(|e| e["value"].as_str())
         .expect("K3OS_OPS_BUNDLE_DIR set");
     let mount = c["volumeMounts"]
