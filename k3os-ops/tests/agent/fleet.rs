@@ -531,9 +531,11 @@ async fn waves_go_canary_first_and_each_batch_after_the_last_is_blessed_and_sett
             "every node UpToDate, the channel Complete and said so",
             |f| {
                 let ch = f.world.lock().unwrap().channel.clone();
+                // The world before the log: the fake API takes the log while it holds the
+                // world, so holding the log while asking the world deadlocks.
+                let up = (0..NODES).all(|i| f.phase(i).as_deref() == Some("UpToDate"));
                 let log = f.log.lock().unwrap();
-                (0..NODES).all(|i| f.phase(i).as_deref() == Some("UpToDate"))
-                    && condition(&ch, "Complete").as_deref() == Some("True")
+                up && condition(&ch, "Complete").as_deref() == Some("True")
                     && on_channel(&log, "RolloutComplete") == 1
                     && on_channel(&log, "SlotReleased") == NODES
             },
