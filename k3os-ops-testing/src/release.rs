@@ -170,3 +170,77 @@ pub fn create(
     })
     .unwrap();
 }
+
+/// The channel metadata keys a publisher holds in one directory: `root`, `targets`, `snapshot`
+/// and `timestamp` (each `.key` and `.pub`, made by `release keygen`), and the commands that
+/// sign a channel with them. `run` is each caller's way of running the binary.
+pub struct MetaKeys {
+    dir: PathBuf,
+}
+
+impl MetaKeys {
+    /// Generate the four keys into `dir`.
+    pub fn generate(dir: &Path, run: &dyn Fn(&[&str])) -> MetaKeys {
+        let d = dir.display().to_string();
+        for name in ["root", "targets", "snapshot", "timestamp"] {
+            run(&["release", "keygen", "-o", &d, "--name", name]);
+        }
+        MetaKeys {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The path of key file `name` (`targets.key`, `root.pub`, …), as an argument.
+    pub fn file(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    /// The channel's first signed metadata: `release root init`, then [`MetaKeys::relist`].
+    pub fn init_channel(&self, chan: &Path, run: &dyn Fn(&[&str])) {
+        let k = |n: &str| self.file(n);
+        let c = chan.display().to_string();
+        run(&[
+            "release",
+            "root",
+            "init",
+            &c,
+            "--root-key",
+            &k("root.key"),
+            "--targets-key",
+            &k("targets.pub"),
+            "--snapshot-key",
+            &k("snapshot.pub"),
+            "--timestamp-key",
+            &k("timestamp.pub"),
+        ]);
+        self.relist(chan, run);
+    }
+
+    /// `release targets` then `release timestamp`, as a publisher re-lists the channel.
+    pub fn relist(&self, chan: &Path, run: &dyn Fn(&[&str])) {
+        let c = chan.display().to_string();
+        run(&["release", "targets", &c, "--key", &self.file("targets.key")]);
+        run(&[
+            "release",
+            "timestamp",
+            &c,
+            "--snapshot-key",
+            &self.file("snapshot.key"),
+            "--timestamp-key",
+            &self.file("timestamp.key"),
+        ]);
+    }
+
+    /// The flags that sign a publisher command that re-signs the channel (`release rollout`,
+    /// `pause`, `withdraw`, …): `--key`, `--snapshot-key`, `--timestamp-key`.
+    pub fn signing(&self) -> Vec<String> {
+        vec![
+            "--key".into(),
+            self.file("targets.key"),
+            "--snapshot-key".into(),
+            self.file("snapshot.key"),
+            "--timestamp-key".into(),
+            self.file("timestamp.key"),
+        ]
+    }
+}

@@ -85,10 +85,10 @@ fn ok(args: &[&str]) {
 fn publish(dir: &Path, t: DateTime<Utc>) -> PathBuf {
     let s = |p: &Path| p.display().to_string();
     let keys = dir.join("keys");
-    for name in ["release", "root", "targets", "snapshot", "timestamp"] {
-        ok(&["release", "keygen", "-o", &s(&keys), "--name", name]);
-    }
-    let k = |n: &str| s(&keys.join(n));
+
+    ok(&["release", "keygen", "-o", &s(&keys), "--name", "release"]);
+    let meta = release::MetaKeys::generate(&keys, &ok);
+    let k = |n: &str| meta.file(n);
     let chan = dir.join("site/stable");
     let work = dir.join("work");
     std::fs::create_dir_all(&chan).unwrap();
@@ -119,31 +119,8 @@ fn publish(dir: &Path, t: DateTime<Utc>) -> PathBuf {
     }
     let c = s(&chan);
     ok(&["release", "index", &c]);
-    ok(&[
-        "release",
-        "root",
-        "init",
-        &c,
-        "--root-key",
-        &k("root.key"),
-        "--targets-key",
-        &k("targets.pub"),
-        "--snapshot-key",
-        &k("snapshot.pub"),
-        "--timestamp-key",
-        &k("timestamp.pub"),
-    ]);
-    ok(&["release", "targets", &c, "--key", &k("targets.key")]);
-    ok(&[
-        "release",
-        "timestamp",
-        &c,
-        "--snapshot-key",
-        &k("snapshot.key"),
-        "--timestamp-key",
-        &k("timestamp.key"),
-    ]);
-    ok(&[
+    meta.init_channel(&chan, &ok);
+    let rollout = [
         "release",
         "rollout",
         &c,
@@ -152,13 +129,12 @@ fn publish(dir: &Path, t: DateTime<Utc>) -> PathBuf {
         "1%@+0,10%@+24h,50%@+48h,100%@+72h",
         "--start",
         &t.to_rfc3339(),
-        "--key",
-        &k("targets.key"),
-        "--snapshot-key",
-        &k("snapshot.key"),
-        "--timestamp-key",
-        &k("timestamp.key"),
-    ]);
+    ]
+    .into_iter()
+    .map(String::from)
+    .chain(meta.signing())
+    .collect::<Vec<_>>();
+    ok(&rollout.iter().map(String::as_str).collect::<Vec<_>>());
     chan
 }
 

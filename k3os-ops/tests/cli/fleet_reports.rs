@@ -267,53 +267,20 @@ fn a_node_the_collector_does_not_enrol_is_refused_and_keeps_its_reports() {
     );
 }
 
-/// `release keygen` of the channel's metadata keys, `root init`, `targets`, `timestamp`.
+/// The channel's first signed metadata, with fresh metadata keys; returns the publisher's
+/// re-signing commands (`release ARGS…` signed with those keys).
 fn sign_channel<'a>(node: &'a Node, chan: &Path) -> impl Fn(&[&str]) -> String + 'a {
-    let keys = node.path().join("meta-keys");
-    let k = move |n: &str| keys.join(n).display().to_string();
-    for name in ["root", "targets", "snapshot", "timestamp"] {
-        node.ok(&["release", "keygen", "-o", &k(""), "--name", name]);
-    }
-    let c = chan.display().to_string();
-    node.ok(&[
-        "release",
-        "root",
-        "init",
-        &c,
-        "--root-key",
-        &k("root.key"),
-        "--targets-key",
-        &k("targets.pub"),
-        "--snapshot-key",
-        &k("snapshot.pub"),
-        "--timestamp-key",
-        &k("timestamp.pub"),
-    ]);
-    node.ok(&["release", "targets", &c, "--key", &k("targets.key")]);
-    node.ok(&[
-        "release",
-        "timestamp",
-        &c,
-        "--snapshot-key",
-        &k("snapshot.key"),
-        "--timestamp-key",
-        &k("timestamp.key"),
-    ]);
+    let run = |a: &[&str]| {
+        node.ok(a);
+    };
+    let keys = release_support::MetaKeys::generate(&node.path().join("meta-keys"), &run);
+    keys.init_channel(chan, &run);
+    let signing = keys.signing();
     move |args: &[&str]| {
-        let mut a: Vec<String> = vec!["release".into()];
-        a.extend(args.iter().map(|s| s.to_string()));
-        a.extend(
-            [
-                "--key",
-                &k("targets.key"),
-                "--snapshot-key",
-                &k("snapshot.key"),
-                "--timestamp-key",
-                &k("timestamp.key"),
-            ]
-            .map(String::from),
-        );
-        node.ok(&a.iter().map(String::as_str).collect::<Vec<_>>())
+        let mut a: Vec<&str> = vec!["release"];
+        a.extend_from_slice(args);
+        a.extend(signing.iter().map(String::as_str));
+        node.ok(&a)
     }
 }
 

@@ -115,14 +115,11 @@ fn a_node_follows_waves_pause_withdrawal_and_required_stops_through_the_cli() {
     let p = |s: &str| t.path().join(s);
     let s = |s: &str| p(s).display().to_string();
     let keys = p("keys");
-    for name in ["release", "root", "targets", "snapshot", "timestamp"] {
-        ok(
-            None,
-            None,
-            &["release", "keygen", "-o", &s("keys"), "--name", name],
-        );
-    }
-    let k = |n: &str| keys.join(n).display().to_string();
+    let publisher = |a: &[&str]| {
+        ok(None, None, a);
+    };
+    publisher(&["release", "keygen", "-o", &s("keys"), "--name", "release"]);
+    let meta = release_support::MetaKeys::generate(&keys, &publisher);
     let trust = p("trust.d");
     fs::create_dir_all(&trust).unwrap();
     fs::copy(keys.join("release.pub"), trust.join("release.pub")).unwrap();
@@ -135,32 +132,8 @@ fn a_node_follows_waves_pause_withdrawal_and_required_stops_through_the_cli() {
         create(&p("work"), &chan, &keys.join("release.key"), v, g);
     }
     let c = s("site/stable");
-    ok(
-        None,
-        None,
-        &[
-            "release",
-            "root",
-            "init",
-            &c,
-            "--root-key",
-            &k("root.key"),
-            "--targets-key",
-            &k("targets.pub"),
-            "--snapshot-key",
-            &k("snapshot.pub"),
-            "--timestamp-key",
-            &k("timestamp.pub"),
-        ],
-    );
-    let sign = [
-        "--key".to_string(),
-        k("targets.key"),
-        "--snapshot-key".into(),
-        k("snapshot.key"),
-        "--timestamp-key".into(),
-        k("timestamp.key"),
-    ];
+    meta.init_channel(&chan, &publisher);
+    let sign = meta.signing();
     let publish = |args: &[&str]| {
         let mut a: Vec<&str> = vec!["release"];
         a.extend_from_slice(args);
@@ -168,21 +141,7 @@ fn a_node_follows_waves_pause_withdrawal_and_required_stops_through_the_cli() {
         ok(None, None, &a).0
     };
     // `release targets` then `release timestamp`, as a publisher re-lists the channel.
-    let relist = || {
-        let (tk, sk, ts) = (k("targets.key"), k("snapshot.key"), k("timestamp.key"));
-        ok(None, None, &["release", "targets", &c, "--key", &tk]);
-        let a = [
-            "release",
-            "timestamp",
-            &c,
-            "--snapshot-key",
-            &sk,
-            "--timestamp-key",
-            &ts,
-        ];
-        ok(None, None, &a);
-    };
-    relist();
+    let relist = || meta.relist(&chan, &publisher);
     // v3 goes to the whole fleet at once, a day from now (every seed waits until then).
     let start = (Utc::now() + Duration::days(1)).trunc_subsecs(0);
     let start_s = start.to_rfc3339();
