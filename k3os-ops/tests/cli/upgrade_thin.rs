@@ -237,28 +237,7 @@ fn release_create_patches_and_plan_only_and_the_upgrade_name_them() {
         "the unchanged initrd's patch is not smaller than no chunk at all:\n{printed}"
     );
     n.runs_in_a(&v1, "v1");
-    let m = libupgrade::manifest::Manifest::parse(&fs::read(v2.join("manifest.json")).unwrap())
-        .unwrap();
-    let patches = m.files.rootfs.patches[0].size + m.files.kernel.patches[0].size;
-
-    let src = v2.to_str().unwrap();
-    let plan = n.ok(&["upgrade", "--plan-only", "--source", src]);
-    eprintln!("{plan}");
-    for a in ["rootfs", "kernel"] {
-        let line = plan
-            .lines()
-            .find(|l| l.trim_start().starts_with(a))
-            .unwrap();
-        assert!(line.ends_with("by patch from v1"), "{line}");
-    }
-    assert_eq!(planned_fetch(&plan), patches, "{plan}");
-
-    let out = n.ok(&["upgrade", "--stage-only", "--source", src]);
-    eprintln!("{out}");
-    assert!(
-        out.contains(&format!("fetched ({patches} bytes)")),
-        "the plan said {patches}: {out}"
-    );
+    let out = plan_then_stage_the_patches(&n, &v2, |l| l.ends_with("by patch from v1"));
     for a in ["rootfs", "kernel"] {
         let line = out
             .lines()
@@ -275,6 +254,33 @@ fn release_create_patches_and_plan_only_and_the_upgrade_name_them() {
     );
 }
 
+/// Plan, then stage, v2 on `n`: the plan takes rootfs and kernel by patch (`planned` holds
+/// for each's plan line) and prices exactly the two patches, and the stage fetches exactly
+/// what the plan said. Returns the stage's output.
+fn plan_then_stage_the_patches(n: &Node, v2: &Path, planned: impl Fn(&str) -> bool) -> String {
+    let m = libupgrade::manifest::Manifest::parse(&fs::read(v2.join("manifest.json")).unwrap())
+        .unwrap();
+    let patches = m.files.rootfs.patches[0].size + m.files.kernel.patches[0].size;
+    let src = v2.to_str().unwrap();
+    let plan = n.ok(&["upgrade", "--plan-only", "--source", src]);
+    eprintln!("{plan}");
+    for a in ["rootfs", "kernel"] {
+        let line = plan
+            .lines()
+            .find(|l| l.trim_start().starts_with(a))
+            .unwrap();
+        assert!(planned(line), "{line}");
+    }
+    assert_eq!(planned_fetch(&plan), patches, "{plan}");
+    let out = n.ok(&["upgrade", "--stage-only", "--source", src]);
+    eprintln!("{out}");
+    assert!(
+        out.contains(&format!("fetched ({patches} bytes)")),
+        "the plan said {patches}: {out}"
+    );
+    out
+}
+
 #[test]
 fn a_node_without_its_kept_manifest_proves_the_patch_base_by_hashing_and_fetches_only_the_patches()
 {
@@ -287,28 +293,7 @@ fn a_node_without_its_kept_manifest_proves_the_patch_base_by_hashing_and_fetches
     n.runs_in_a(&v1, "v1");
     // Imaged by another builder: slot A runs v1, but its manifest was never kept.
     fs::remove_file(n.path().join("state/slots/a/manifest.json")).unwrap();
-    let m = libupgrade::manifest::Manifest::parse(&fs::read(v2.join("manifest.json")).unwrap())
-        .unwrap();
-    let patches = m.files.rootfs.patches[0].size + m.files.kernel.patches[0].size;
-
-    let src = v2.to_str().unwrap();
-    let plan = n.ok(&["upgrade", "--plan-only", "--source", src]);
-    eprintln!("{plan}");
-    for a in ["rootfs", "kernel"] {
-        let line = plan
-            .lines()
-            .find(|l| l.trim_start().starts_with(a))
-            .unwrap();
-        assert!(line.contains("by patch from v1"), "{line}");
-    }
-    assert_eq!(planned_fetch(&plan), patches, "{plan}");
-
-    let out = n.ok(&["upgrade", "--stage-only", "--source", src]);
-    eprintln!("{out}");
-    assert!(
-        out.contains(&format!("fetched ({patches} bytes)")),
-        "the plan said {patches}: {out}"
-    );
+    let out = plan_then_stage_the_patches(&n, &v2, |l| l.contains("by patch from v1"));
     let line = out
         .lines()
         .find(|l| l.trim_start().starts_with("rootfs by patch from v1"))
