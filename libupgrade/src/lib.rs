@@ -68,6 +68,7 @@ pub mod chunk;
 pub mod layout;
 pub mod manifest;
 pub mod patch;
+pub mod payload;
 pub mod release;
 pub mod rollout;
 pub mod signing;
