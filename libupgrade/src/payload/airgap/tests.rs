@@ -37,12 +37,12 @@ fn activation_links_the_booted_slots_archives_and_only_removes_its_own_links() {
     std::fs::create_dir_all(&store).unwrap();
     let v1 = fixture(&store, "system-v1", &["pause:3.6"]);
     let v2 = fixture(&store, "system-v2", &["pause:3.7"]);
-    let done = activate(&airgap, &[v1.clone()]).unwrap();
+    let done = activate(&airgap, std::slice::from_ref(&v1)).unwrap();
     assert_eq!(done.linked, ["k3os-system-v1.tar"]);
     std::fs::write(airgap.join("operator.tar"), b"theirs").unwrap();
     std::os::unix::fs::symlink("/elsewhere", airgap.join("k3os-not-a-tar.txt")).unwrap();
 
-    let done = activate(&airgap, &[v2.clone()]).unwrap();
+    let done = activate(&airgap, std::slice::from_ref(&v2)).unwrap();
     assert_eq!(
         (done.linked, done.removed),
         (
@@ -54,11 +54,11 @@ fn activation_links_the_booted_slots_archives_and_only_removes_its_own_links() {
         airgap.join("operator.tar").exists()
             && airgap.join("k3os-not-a-tar.txt").symlink_metadata().is_ok()
     );
-    assert_eq!(check(&airgap, &[v2.clone()]), Ok(()));
+    assert_eq!(check(&airgap, std::slice::from_ref(&v2)), Ok(()));
 
     // Again: nothing to do. A fallback to v1 links v1's again; the store kept it.
     assert_eq!(activate(&airgap, &[v2]).unwrap(), Activated::default());
-    activate(&airgap, &[v1.clone()]).unwrap();
+    activate(&airgap, std::slice::from_ref(&v1)).unwrap();
     assert_eq!(check(&airgap, &[v1]), Ok(()));
 }
 
@@ -67,19 +67,19 @@ fn the_check_names_what_is_missing() {
     let d = tempfile::tempdir().unwrap();
     let airgap = d.path().join("images");
     let mut a = fixture(d.path(), "sys", &["pause:3.6"]);
-    let e = check(&airgap, &[a.clone()]).unwrap_err();
+    let e = check(&airgap, std::slice::from_ref(&a)).unwrap_err();
     assert!(
         e.contains("k3os-sys.tar") && e.contains("No such file"),
         "{e}"
     );
 
-    activate(&airgap, &[a.clone()]).unwrap();
+    activate(&airgap, std::slice::from_ref(&a)).unwrap();
     a.images.push("coredns:1.10\u{7}".into());
-    let e = check(&airgap, &[a.clone()]).unwrap_err();
+    let e = check(&airgap, std::slice::from_ref(&a)).unwrap_err();
     assert!(e.ends_with("lacks coredns:1.10\\u{7}"), "{e}");
 
     a.size += 1;
-    let e = check(&airgap, &[a.clone()]).unwrap_err();
+    let e = check(&airgap, std::slice::from_ref(&a)).unwrap_err();
     assert!(e.contains("the release says"), "{e}");
 
     // A damaged object: the tar no longer holds its layer.
