@@ -57,6 +57,7 @@ fn config(work: &Path, disk: &Path) -> Config {
         channel_metadata: Default::default(),
         report_url: None,
         report_site: None,
+        payload_store_max_bytes: libupgrade::DEFAULT_PAYLOAD_STORE_MAX_BYTES,
     }
 }
 

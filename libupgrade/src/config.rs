@@ -104,6 +104,13 @@ fn default_boot_id() -> PathBuf {
 fn default_channel_root() -> PathBuf {
     PathBuf::from("/etc/k3os-ops/root.json")
 }
+/// Default budget of the payload store: 4 GiB (two releases' k3s airgap images with room).
+pub const DEFAULT_PAYLOAD_STORE_MAX_BYTES: u64 = 4 << 30;
+
+fn default_payload_store_max_bytes() -> u64 {
+    DEFAULT_PAYLOAD_STORE_MAX_BYTES
+}
+
 fn default_true() -> bool {
     true
 }
@@ -171,6 +178,11 @@ pub struct Config {
     /// 1-63 of `a-z 0-9 . _ -`. Required with `report_url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report_site: Option<String>,
+    /// Bytes the payload store on the state partition may hold ([`crate::payload`]): a
+    /// release whose payloads do not fit beside the running release's is refused before
+    /// anything is written. Default [`DEFAULT_PAYLOAD_STORE_MAX_BYTES`].
+    #[serde(default = "default_payload_store_max_bytes")]
+    pub payload_store_max_bytes: u64,
 }
 
 impl Config {

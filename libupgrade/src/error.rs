@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use bootconfig::Slot;
 
-use crate::manifest::{Artifact, ManifestError};
+use crate::manifest::{ManifestError, Part};
 use crate::state::SlotState;
 
 /// Errors of libupgrade. Messages are complete sentences for an operator reading a log on a
@@ -143,7 +143,7 @@ pub enum Error {
     /// An artifact's bytes do not hash to the sha256 its manifest gives.
     Checksum {
         /// Which artifact of the release.
-        artifact: Artifact,
+        artifact: Part,
         /// The URL or path it was read from.
         location: String,
         /// Hex sha256 from the manifest.
@@ -155,7 +155,7 @@ pub enum Error {
     /// An artifact's length differs from the size its manifest gives.
     Size {
         /// Which artifact of the release.
-        artifact: Artifact,
+        artifact: Part,
         /// The URL or path it was read from.
         location: String,
         /// Size in bytes from the manifest.
@@ -167,7 +167,7 @@ pub enum Error {
     /// One chunk of an artifact does not hash to the digest its signed chunk index gives.
     ChunkDigest {
         /// Which artifact of the release.
-        artifact: Artifact,
+        artifact: Part,
         /// The URL or path the chunk was read from.
         location: String,
         /// Index of the chunk in the chunk index (0-based).
@@ -183,7 +183,7 @@ pub enum Error {
     /// An artifact's chunk index is missing, malformed or disagrees with the manifest.
     ChunkIndex {
         /// The artifact the index describes.
-        artifact: Artifact,
+        artifact: Part,
         /// The URL or path of the chunk index.
         location: String,
         /// What is wrong with it.
@@ -193,13 +193,25 @@ pub enum Error {
     /// The target slot's partition or file is too small for an artifact.
     NoSpace {
         /// The artifact that does not fit.
-        artifact: Artifact,
+        artifact: Part,
         /// The slot and partition or file it was to be written to, for the operator.
         target: String,
         /// The artifact's size in bytes.
         needed: u64,
         /// The room in the target, in bytes.
         available: u64,
+    },
+    /// The payload store cannot hold a release's payloads beside the running release's.
+    #[error("release {version}: its payloads need {} more in the payload store, which holds {} of what the running and new release keep; together over the store's budget of {} (payload_store_max_bytes in the node's config)", Size(*.needed), Size(*.held), Size(*.budget))]
+    PayloadBudget {
+        /// The release refused.
+        version: String,
+        /// Bytes of its payloads the store does not hold yet.
+        needed: u64,
+        /// Bytes of the running and the new release's payloads the store holds.
+        held: u64,
+        /// The store's budget in bytes.
+        budget: u64,
     },
     /// Not a failure: the attempt stopped where it was told to (a byte budget, the end of a
     /// download schedule), keeping everything it wrote; a later run resumes there.
@@ -348,7 +360,7 @@ mod tests {
     #[test]
     fn messages_a_user_acts_on() {
         let e = Error::NoSpace {
-            artifact: Artifact::Rootfs,
+            artifact: crate::manifest::Artifact::Rootfs.into(),
             target: "slot B: partition rootfs-b (/dev/vda5)".into(),
             needed: 300 << 20,
             available: 256 << 20,

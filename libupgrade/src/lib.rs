@@ -89,7 +89,10 @@ pub use boot::confirm::ConfirmReport;
 pub use boot::outcome::Unconfirmed;
 pub use boot::{health, reach};
 pub use bootconfig::Slot;
-pub use config::{BootloaderKind, Config, LayoutConfig, CONFIG_ENV, DEFAULT_CONFIG};
+pub use config::{
+    BootloaderKind, Config, LayoutConfig, CONFIG_ENV, DEFAULT_CONFIG,
+    DEFAULT_PAYLOAD_STORE_MAX_BYTES,
+};
 pub use error::{chain_line, join_messages, Error, Result, Stop};
 #[cfg(feature = "fuzzing")]
 pub use net::checkpoint::fuzz_load_and_resave;

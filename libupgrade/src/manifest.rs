@@ -11,6 +11,10 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 pub use bootconfig::ScriptKind;
+pub use part::{Part, PartRef};
+
+mod check;
+mod part;
 
 /// File name of the manifest inside a release directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -20,8 +24,8 @@ pub const SIGNATURE_FILE: &str = "manifest.json.sig";
 ///
 /// Format 1 grows only by optional fields that older readers ignore (serde skips unknown
 /// fields; v0.1.0 reads every manifest written since): `files.*.chunks`, `boot` and
-/// `files.*.patches` (v0.2.0). A patch of a kind a reader does not know is skipped by its
-/// planner, never refused: the kind is free text here.
+/// `files.*.patches` (v0.2.0), `payloads` (v0.2.0, issue 33). A patch or a payload of a kind
+/// a reader does not know is skipped, never refused: the kind is free text here.
 /// A change an older reader would misread bumps the number; a reader refuses a newer number,
 /// naming both.
 pub const FORMAT: u32 = 1;
@@ -129,6 +133,27 @@ pub struct FileEntry {
     /// streams the artifact, a node whose running slot is no listed base stages by chunks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub patches: Vec<PatchRef>,
+}
+
+/// A part of a release beside the slot's three files (issue 33): kept in the payload store on
+/// the state partition ([`crate::payload`]) and referenced by each slot whose kept manifest
+/// names it. Staged, verified, chunked, patched, budgeted and previewed exactly like the slot
+/// files; what a node does with it depends on its kind ([`crate::payload::kinds`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payload {
+    /// The payload's kind (`image-archive`; [`crate::payload::kinds::KINDS`]). A reader skips
+    /// a kind it does not know, never refuses it.
+    pub kind: String,
+    /// A plain name, unique among the release's payloads (`k3s-airgap-images`): what binds a
+    /// payload to the running release's payload of the same name (chunks, patch base).
+    pub name: String,
+    /// The file: path, size, sha256, chunk index and patches, as for a slot file.
+    #[serde(flatten)]
+    pub file: FileEntry,
+    /// The image references an image archive holds (`docker.io/rancher/mirrored-pause:3.6`),
+    /// as the publisher read them from the archive; what the boot's health check looks for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<String>,
 }
 
 /// One per-pair patch of an artifact, published beside the release: applied to the base (the
@@ -258,6 +283,11 @@ pub struct Manifest {
     /// What the release reads of the loader's files and the scripts it carries (v0.2.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot: Option<BootSupport>,
+    /// The release's payloads beside the slot files (issue 33); absent (and never written)
+    /// when there are none, so a release without them is byte for byte what it was before.
+    /// Older nodes ignore the field and stage the slot files as before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub payloads: Vec<Payload>,
 }
 
 /// A plain file name: no `/`, no `\\`, no control characters (NUL included), not `.` or
@@ -278,6 +308,14 @@ fn plain_name(p: &str) -> bool {
 /// [`Manifest::check_version_name`].
 fn printable_word(s: &str) -> bool {
     !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_graphic())
+}
+
+/// A kind (of a patch or a payload): 1-32 of a-z, 0-9 and '-'.
+fn kind_word(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 32
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 fn hex64(s: &str) -> bool {
@@ -373,206 +411,45 @@ impl Manifest {
         })
     }
 
-    fn check(&self) -> Result<(), ManifestError> {
-        if self.format > FORMAT || self.format == 0 {
-            return Err(ManifestError::Format { found: self.format });
-        }
-        let field = |f: &str, what: &str| ManifestError::Field {
-            field: f.to_string(),
-            what: what.to_string(),
-        };
-        if !printable_word(&self.version) {
-            return Err(field(
-                "version",
-                "must be 1-128 printable ASCII characters without spaces",
-            ));
-        }
-        for a in Artifact::ALL {
-            let e = self.files.get(a);
-            let name = format!("files.{a}");
-            if !plain_name(&e.path) {
-                return Err(field(
-                    &format!("{name}.path"),
-                    &format!("'{}' is not a plain file name", e.path.escape_debug()),
-                ));
-            }
-            if !hex64(&e.sha256) {
-                return Err(field(
-                    &format!("{name}.sha256"),
-                    &format!(
-                        "'{}' is not 64 lower-case hex digits",
-                        e.sha256.escape_debug()
-                    ),
-                ));
-            }
-            if e.size == 0 {
-                return Err(field(
-                    &format!("{name}.size"),
-                    "is 0: an empty artifact cannot boot",
-                ));
-            }
-            if let Some(c) = &e.chunks {
-                let name = format!("{name}.chunks");
-                if !plain_name(&c.path)
-                    || Artifact::ALL
-                        .iter()
-                        .any(|o| self.files.get(*o).path == c.path)
-                {
-                    return Err(field(
-                        &format!("{name}.path"),
-                        &format!(
-                            "'{}' is not a plain file name of its own",
-                            c.path.escape_debug()
-                        ),
-                    ));
-                }
-                if !hex64(&c.sha256) {
-                    return Err(field(
-                        &format!("{name}.sha256"),
-                        &format!(
-                            "'{}' is not 64 lower-case hex digits",
-                            c.sha256.escape_debug()
-                        ),
-                    ));
-                }
-                if c.size == 0 || c.size > MAX_INDEX_SIZE {
-                    return Err(field(
-                        &format!("{name}.size"),
-                        &format!("{} is not within 1..={MAX_INDEX_SIZE}", c.size),
-                    ));
-                }
-            }
-        }
-        self.check_patches()?;
-        self.check_boot()
-    }
-
-    /// Every file name the release's artifacts and chunk indexes use, then (with
-    /// `patches`) its patches.
-    fn file_names(&self, patches: bool) -> Vec<&str> {
-        Artifact::ALL
-            .iter()
-            .flat_map(|a| {
-                let e = self.files.get(*a);
-                std::iter::once(e.path.as_str())
-                    .chain(e.chunks.as_ref().map(|c| c.path.as_str()))
-                    .chain(
-                        e.patches
-                            .iter()
-                            .filter(move |_| patches)
-                            .map(|p| p.path.as_str()),
-                    )
+    /// The parts a node of this build stages, in order: the three slot files, then each
+    /// payload of a kind it knows (a payload of another kind is skipped, never refused).
+    pub fn parts(&self) -> Vec<PartRef<'_>> {
+        use crate::payload::kinds;
+        let slot = Artifact::ALL.into_iter().map(|a| PartRef {
+            part: Part::Slot(a),
+            entry: self.files.get(a),
+            kind: kinds::of_artifact(a),
+        });
+        let payloads = self.payloads.iter().filter_map(|p| {
+            let kind = kinds::kind(&p.kind).filter(|k| k.place == kinds::Place::Store)?;
+            Some(PartRef {
+                part: Part::Payload(p.name.clone()),
+                entry: &p.file,
+                kind,
             })
-            .collect()
+        });
+        slot.chain(payloads).collect()
     }
 
-    /// Each patch: a file name of its own, digests, non-zero sizes, a version and a kind that
-    /// are plain words (any kind: a reader skips the ones it does not know).
-    fn check_patches(&self) -> Result<(), ManifestError> {
-        let field = |f: String, what: String| ManifestError::Field { field: f, what };
-        let mut names = self.file_names(false);
-        for a in Artifact::ALL {
-            for (i, p) in self.files.get(a).patches.iter().enumerate() {
-                let name = format!("files.{a}.patches[{i}]");
-                if !plain_name(&p.path) || names.contains(&p.path.as_str()) {
-                    return Err(field(
-                        format!("{name}.path"),
-                        format!(
-                            "'{}' is not a plain file name of its own",
-                            p.path.escape_debug()
-                        ),
-                    ));
-                }
-                names.push(&p.path);
-                for (f, v) in [("sha256", &p.sha256), ("base.sha256", &p.base.sha256)] {
-                    if !hex64(v) {
-                        return Err(field(
-                            format!("{name}.{f}"),
-                            format!("'{}' is not 64 lower-case hex digits", v.escape_debug()),
-                        ));
-                    }
-                }
-                for (f, v) in [("size", p.size), ("base.size", p.base.size)] {
-                    if v == 0 {
-                        return Err(field(format!("{name}.{f}"), "is 0".into()));
-                    }
-                }
-                if !printable_word(&p.base.version) {
-                    return Err(field(
-                        format!("{name}.base.version"),
-                        "must be 1-128 printable ASCII characters without spaces".into(),
-                    ));
-                }
-                let kind_ok = !p.kind.is_empty()
-                    && p.kind.len() <= 32
-                    && p.kind
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-                if !kind_ok {
-                    return Err(field(
-                        format!("{name}.kind"),
-                        format!(
-                            "'{}' is not 1-32 of a-z, 0-9 and '-'",
-                            p.kind.escape_debug()
-                        ),
-                    ));
-                }
-            }
+    /// The signed entry of `part`, if the manifest has it.
+    pub fn entry(&self, part: &Part) -> Option<&FileEntry> {
+        match part {
+            Part::Slot(a) => Some(self.files.get(*a)),
+            Part::Payload(n) => self.payload(n).map(|p| &p.file),
         }
-        Ok(())
     }
 
-    fn check_boot(&self) -> Result<(), ManifestError> {
-        let Some(b) = &self.boot else {
-            return Ok(());
-        };
-        let field = |f: String, what: String| ManifestError::Field { field: f, what };
-        if b.grub_script == 0 || b.extlinux_conf == 0 {
-            return Err(field("boot".into(), "script versions start at 1".into()));
-        }
-        let mut names = self.file_names(true);
-        for (i, sc) in b.scripts.iter().enumerate() {
-            let name = format!("boot.scripts[{i}]");
-            if b.scripts[..i].iter().any(|o| o.kind == sc.kind) {
-                return Err(field(name, format!("a second {} script", sc.kind)));
-            }
-            if !plain_name(&sc.path) || names.contains(&sc.path.as_str()) {
-                return Err(field(
-                    format!("{name}.path"),
-                    format!(
-                        "'{}' is not a plain file name of its own",
-                        sc.path.escape_debug()
-                    ),
-                ));
-            }
-            names.push(&sc.path);
-            if !hex64(&sc.sha256) {
-                return Err(field(
-                    format!("{name}.sha256"),
-                    format!(
-                        "'{}' is not 64 lower-case hex digits",
-                        sc.sha256.escape_debug()
-                    ),
-                ));
-            }
-            if sc.size == 0 || sc.size > MAX_SCRIPT_SIZE {
-                return Err(field(
-                    format!("{name}.size"),
-                    format!("{} is not within 1..={MAX_SCRIPT_SIZE}", sc.size),
-                ));
-            }
-            let reads = self.reads(sc.kind);
-            if sc.version == 0 || sc.version > reads {
-                return Err(field(
-                    format!("{name}.version"),
-                    format!(
-                        "{}: the release's k3os-ops reads {} versions 1..={reads}",
-                        sc.version, sc.kind
-                    ),
-                ));
-            }
-        }
-        Ok(())
+    /// The payload named `name`.
+    pub fn payload(&self, name: &str) -> Option<&Payload> {
+        self.payloads.iter().find(|p| p.name == name)
+    }
+
+    /// The payloads a node of this build keeps in its store (kinds it knows).
+    pub fn stored_payloads(&self) -> impl Iterator<Item = &Payload> {
+        self.payloads.iter().filter(|p| {
+            crate::payload::kinds::kind(&p.kind)
+                .is_some_and(|k| k.place == crate::payload::kinds::Place::Store)
+        })
     }
 }
 

@@ -284,11 +284,8 @@ fn create_serve_stage_and_every_rejection_writes_nothing() {
         .unwrap_err();
     assert!(
         matches!(
-            e,
-            Error::ChunkDigest {
-                artifact: libupgrade::manifest::Artifact::Rootfs,
-                ..
-            }
+            &e,
+            Error::ChunkDigest { artifact, .. } if *artifact == libupgrade::manifest::Artifact::Rootfs
         ),
         "{e}"
     );

@@ -131,6 +131,9 @@ impl Updater {
         let was_good = st_before == crate::state::SlotState::Good;
         let a = assess::assess(&st, &loader, &boot, &checks)?;
         self.carry_out(&a.effects)?;
+        if matches!(a.verdict.outcome, Outcome::Blessed) {
+            self.prune_payloads();
+        }
         let v = a.verdict;
         let fell_back = v.other_slot.as_ref().map(|o| a.state.slot(o.slot()));
         self.report_notes(crate::report::of_verdict(
@@ -155,6 +158,21 @@ impl Updater {
                 .and_then(|o| a.state.last_decision(o.slot()).cloned()),
             verdict: v,
         })
+    }
+
+    /// After a bless: remove the payload store's objects no slot's kept manifest references
+    /// ([`crate::payload`]). The bless stands whatever happens here: a failure is logged and
+    /// the next prune (a stage's start, the next bless) tries again.
+    fn prune_payloads(&self) {
+        match crate::payload::prune(&self.cfg.state_dir) {
+            Ok(p) if p.files > 0 => log::info!(
+                "payload store: {} unreferenced file(s) removed ({})",
+                p.files,
+                crate::units::Size(p.bytes)
+            ),
+            Ok(_) => {}
+            Err(e) => log::warn!("payload store: prune after the bless failed: {e}"),
+        }
     }
 
     /// The assessment's effects, in its order, each loader write followed by its barrier.

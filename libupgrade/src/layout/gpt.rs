@@ -131,7 +131,7 @@ impl Layout for GptLayout {
                 let (path, offset, len) = self.rootfs_access(slot);
                 if size > len {
                     return Err(Error::NoSpace {
-                        artifact,
+                        artifact: artifact.into(),
                         target: format!("slot {slot}: {}", self.place(slot, artifact)),
                         needed: size,
                         available: len,

@@ -77,8 +77,14 @@ pub struct Target {
 enum Finish {
     /// Raw range (a partition): complete once synced.
     Raw,
-    /// Written under a temporary name; renamed over `dst` when complete.
-    Rename { tmp: PathBuf, dst: PathBuf },
+    /// Written under a temporary name; renamed over `dst` when complete (made read-only
+    /// first when `read_only`), then the barrier `renamed` is hit.
+    Rename {
+        tmp: PathBuf,
+        dst: PathBuf,
+        read_only: bool,
+        renamed: &'static str,
+    },
 }
 
 impl Target {
@@ -168,10 +174,21 @@ impl Target {
     /// Sync and make the artifact final (rename into place, fsync the directory).
     pub fn finish(self) -> Result<()> {
         self.sync()?;
-        if let Finish::Rename { tmp, dst } = &self.finish {
+        if let Finish::Rename {
+            tmp,
+            dst,
+            read_only,
+            renamed,
+        } = &self.finish
+        {
+            if *read_only {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(0o444))
+                    .map_err(|e| Error::io("make read-only", tmp, e))?;
+            }
             std::fs::rename(tmp, dst).map_err(|e| Error::io("rename into place", dst, e))?;
             fsync_parent(dst)?;
-            crate::barrier::hit("artifact-renamed");
+            crate::barrier::hit(renamed);
         }
         Ok(())
     }
@@ -255,8 +272,43 @@ pub(crate) fn free_bytes(dir: &Path) -> Result<u64> {
 
 /// A file target under `dir/name`, written as `dir/.name.partial` and renamed into place.
 fn file_target(dir: &Path, name: &str, size: u64, resume: bool) -> Result<Target> {
+    new_file_target(dir, name, size, resume, artifact_of(name).into())
+}
+
+/// A payload store object's target: `dir/.<sha256>.partial`, renamed read-only to
+/// `dir/<sha256>` when complete (barrier `payload:object-renamed`).
+pub(crate) fn object_target(
+    dir: &Path,
+    sha256: &str,
+    size: u64,
+    resume: bool,
+    part: crate::manifest::Part,
+) -> Result<Target> {
+    let mut t = new_file_target(dir, sha256, size, resume, part)?;
+    if let Finish::Rename {
+        read_only, renamed, ..
+    } = &mut t.finish
+    {
+        *read_only = true;
+        *renamed = "payload:object-renamed";
+    }
+    Ok(t)
+}
+
+/// The partial file a [`file_target`] or [`object_target`] of `dir/name` writes.
+pub(crate) fn partial_name(name: &str) -> String {
+    format!(".{name}.partial")
+}
+
+fn new_file_target(
+    dir: &Path,
+    name: &str,
+    size: u64,
+    resume: bool,
+    part: crate::manifest::Part,
+) -> Result<Target> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
-    let tmp = dir.join(format!(".{name}.partial"));
+    let tmp = dir.join(partial_name(name));
     let dst = dir.join(name);
     let keep = if resume {
         std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0)
@@ -267,7 +319,7 @@ fn file_target(dir: &Path, name: &str, size: u64, resume: bool) -> Result<Target
     // Room for the new file while the old one still exists (replaced only by the rename).
     if size > available {
         return Err(Error::NoSpace {
-            artifact: artifact_of(name),
+            artifact: part,
             target: format!("the filesystem of {}", dir.display()),
             needed: size,
             available,
@@ -279,7 +331,12 @@ fn file_target(dir: &Path, name: &str, size: u64, resume: bool) -> Result<Target
         display: tmp.display().to_string(),
         offset: 0,
         capacity: size,
-        finish: Finish::Rename { tmp, dst },
+        finish: Finish::Rename {
+            tmp,
+            dst,
+            read_only: false,
+            renamed: "artifact-renamed",
+        },
     })
 }
 

@@ -21,6 +21,23 @@ pub(crate) fn sample() -> Manifest {
             initrd: e("initrd"),
         },
         boot: None,
+        payloads: Vec::new(),
+    }
+}
+
+/// A payload of `kind` named `name`, in file `<name>.tar`.
+pub(crate) fn payload(kind: &str, name: &str) -> Payload {
+    Payload {
+        kind: kind.into(),
+        name: name.into(),
+        file: FileEntry {
+            path: format!("{name}.tar"),
+            size: 2048,
+            sha256: "ef".repeat(32),
+            chunks: None,
+            patches: Vec::new(),
+        },
+        images: vec!["docker.io/rancher/mirrored-pause:3.6".into()],
     }
 }
 
@@ -325,4 +342,129 @@ fn a_version_that_is_no_plain_name_is_read_but_refused_for_a_new_release() {
         );
     }
     assert!(sample().check_version_name().is_ok());
+}
+
+#[test]
+fn payloads_are_optional_flattened_and_round_trip() {
+    let text = String::from_utf8(sample().to_bytes()).unwrap();
+    assert!(!text.contains("payloads"), "none, no field: {text}");
+    let mut m = sample();
+    m.payloads = vec![payload("image-archive", "k3s-images")];
+    m.payloads[0].file.patches = vec![patch("v1", "k3s-images.tar.from-v1.patch")];
+    let bytes = m.to_bytes();
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    // The file entry's fields sit beside kind and name (serde flatten), as the contract says.
+    assert!(text.contains("\"kind\": \"image-archive\""), "{text}");
+    assert!(text.contains("\"path\": \"k3s-images.tar\""), "{text}");
+    assert_eq!(Manifest::parse(&bytes).unwrap(), m);
+}
+
+#[test]
+fn a_payload_of_an_unknown_kind_is_read_and_skipped_never_refused() {
+    let mut m = sample();
+    m.payloads = vec![
+        payload("helm-chart", "traefik"),
+        payload("image-archive", "k3s-images"),
+    ];
+    let read = Manifest::parse(&m.to_bytes()).unwrap();
+    let parts: Vec<String> = read.parts().iter().map(|p| p.part.key()).collect();
+    assert_eq!(
+        parts,
+        ["rootfs", "kernel", "initrd", "payload:k3s-images"],
+        "the three slot files, then the payloads this build knows"
+    );
+    assert_eq!(read.stored_payloads().count(), 1);
+    assert_eq!(
+        read.entry(&Part::Payload("k3s-images".into()))
+            .unwrap()
+            .path,
+        "k3s-images.tar"
+    );
+    assert!(read.entry(&Part::Payload("nope".into())).is_none());
+}
+
+#[test]
+fn payload_fields_are_checked_and_names_are_unique() {
+    let bad = |f: &dyn Fn(&mut Manifest), field: &str| {
+        let mut m = sample();
+        m.payloads = vec![payload("image-archive", "a"), payload("image-archive", "b")];
+        m.payloads[1].file.path = "b.tar".into();
+        f(&mut m);
+        let e = Manifest::parse(&m.to_bytes()).unwrap_err().to_string();
+        assert!(e.contains(field), "{field}: {e}");
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+    };
+    bad(&|m| m.payloads[1].name = "a".into(), "payloads[1].name");
+    bad(&|m| m.payloads[0].name = "../x".into(), "payloads[0].name");
+    bad(&|m| m.payloads[0].name = "a\nb".into(), "payloads[0].name");
+    bad(
+        &|m| m.payloads[0].kind = "Image Archive".into(),
+        "payloads[0].kind",
+    );
+    bad(
+        &|m| m.payloads[0].file.sha256 = "x".into(),
+        "payloads[0].sha256",
+    );
+    bad(&|m| m.payloads[0].file.size = 0, "payloads[0].size");
+    bad(
+        &|m| m.payloads[1].file.path = "vmlinuz".into(),
+        "payloads[1].path",
+    );
+    bad(
+        &|m| m.payloads[1].file.path = "a.tar".into(),
+        "payloads[1].path",
+    );
+    bad(
+        &|m| m.payloads[0].images = vec!["has space".into()],
+        "payloads[0].images[0]",
+    );
+    bad(
+        &|m| m.payloads[0].file.patches = vec![patch("v1", "rootfs.squashfs")],
+        "payloads[0].patches[0].path",
+    );
+}
+
+/// The previous release's field set (v0.1.0, `v010`) reads a manifest with payloads as the
+/// same three-file release: an old node stages the slot as before and ignores the payloads.
+#[test]
+fn the_previous_release_reads_a_manifest_with_payloads_as_the_same_slot() {
+    let mut m = sample();
+    m.payloads = vec![payload("image-archive", "k3s-images")];
+    m.payloads[0].file.chunks = Some(IndexRef {
+        path: "k3s-images.tar.chunks".into(),
+        size: 76,
+        sha256: "cd".repeat(32),
+    });
+    let bytes = m.to_bytes();
+    assert!(Manifest::parse(&bytes).is_ok());
+    let old: v010::Manifest = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!((old.version.as_str(), old.generation), ("v2", 2));
+    for (o, n) in [
+        (&old.files.rootfs, &m.files.rootfs),
+        (&old.files.kernel, &m.files.kernel),
+        (&old.files.initrd, &m.files.initrd),
+    ] {
+        assert_eq!((&o.path, o.size, &o.sha256), (&n.path, n.size, &n.sha256));
+    }
+}
+
+#[test]
+fn a_part_is_written_as_before_for_the_slot_files_and_as_payload_name_otherwise() {
+    for a in Artifact::ALL {
+        let j = serde_json::to_string(&Part::Slot(a)).unwrap();
+        assert_eq!(
+            j,
+            serde_json::to_string(&a).unwrap(),
+            "what earlier builds wrote"
+        );
+        assert_eq!(serde_json::from_str::<Part>(&j).unwrap(), Part::Slot(a));
+    }
+    let p = Part::Payload("k3s-images".into());
+    let j = serde_json::to_string(&p).unwrap();
+    assert_eq!(j, "\"payload:k3s-images\"");
+    assert_eq!(serde_json::from_str::<Part>(&j).unwrap(), p);
+    assert_eq!(p.to_string(), "payload k3s-images");
+    for bad in ["\"payload:../x\"", "\"swap\"", "\"payload:\""] {
+        assert!(serde_json::from_str::<Part>(bad).is_err(), "{bad}");
+    }
 }

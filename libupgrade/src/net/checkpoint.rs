@@ -14,7 +14,7 @@ use bootconfig::Slot;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::manifest::Artifact;
+use crate::manifest::Part;
 
 /// Download checkpoint file in the state directory.
 pub(crate) const PARTIAL_FILE: &str = "download.json";
@@ -38,13 +38,20 @@ pub(crate) fn due(bytes: u64, since: Duration) -> bool {
 pub(crate) struct Partial {
     pub slot: Slot,
     pub manifest_sha256: String,
-    pub done: Vec<Artifact>,
-    pub current: Option<(Artifact, u64)>,
+    /// The parts complete (`rootfs`, `payload:<name>`: what earlier releases wrote reads
+    /// unchanged; a binary that predates payloads reads one naming a payload as no
+    /// checkpoint and starts over).
+    pub done: Vec<Part>,
+    pub current: Option<(Part, u64)>,
     /// Bytes fetched and reused by the attempts so far (artifacts completed).
     #[serde(default)]
     pub fetched: u64,
     #[serde(default)]
     pub reused: u64,
+    /// The payload store objects (sha256) of the release being staged: referenced while
+    /// the stage is in progress, so a prune keeps them and their partial files (issue 33).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<String>,
 }
 
 impl Partial {

@@ -381,6 +381,7 @@ fn draft_manifest(opts: &CreateOptions, generation: u64) -> Result<Manifest, Rel
             extlinux_conf: bootconfig::CONF_VERSION,
             scripts: Vec::new(),
         }),
+        payloads: Vec::new(),
     };
     let mut scripts = Vec::new();
     for sc in &opts.scripts {

@@ -235,7 +235,7 @@ fn outcomes_map_to_reports() {
         chunks_refused: 0,
         patched: if patched {
             vec![crate::PatchOutcome {
-                artifact: crate::manifest::Artifact::Rootfs,
+                artifact: crate::manifest::Artifact::Rootfs.into(),
                 from: "v1".into(),
                 patch_fetched: 7,
                 rebuilt: 10,

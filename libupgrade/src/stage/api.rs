@@ -145,7 +145,7 @@ pub struct StageReport {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PatchOutcome {
     /// Which artifact.
-    pub artifact: crate::manifest::Artifact,
+    pub artifact: crate::manifest::Part,
     /// The version the patch's base belongs to.
     pub from: String,
     /// Bytes of the patch this run fetched.

@@ -14,7 +14,7 @@ use crate::chunk::local::{find_local, verify_in_place, LocalFile};
 use crate::chunk::ChunkIndex;
 use crate::error::{Error, Result};
 use crate::layout::Target;
-use crate::manifest::Artifact;
+use crate::manifest::{Artifact, Part};
 use crate::net::fetch::{ExtraSource, Source};
 
 impl Stager<'_> {
@@ -24,13 +24,13 @@ impl Stager<'_> {
     pub(super) fn plan_chunked(
         &self,
         at: &Placing,
-        a: Artifact,
+        a: &Part,
         index: ChunkIndex,
     ) -> Result<ChunkWork> {
-        let size = at.m.files.get(a).size;
+        let size = super::entry(at.m, a).size;
         let n = index.chunks.len();
         let present = if at.resumed {
-            let target = self.layout.target(at.slot, &at.m.version, a, size, true)?;
+            let target = self.part_target(at.slot, at.m, a, true)?;
             let avail = if target.is_file() {
                 target.existing_len()?.min(size)
             } else {
@@ -68,7 +68,7 @@ impl Stager<'_> {
     pub(super) fn write_chunked(
         &self,
         run: &Run,
-        a: Artifact,
+        a: &Part,
         work: &ChunkWork,
     ) -> Result<apply::Transfer> {
         let target = self.open_target(run, a)?;
@@ -80,13 +80,33 @@ impl Stager<'_> {
 
     /// The place artifact `a` is written to, exactly its size long (a file target's holes are
     /// filled by their chunks); what an interrupted attempt wrote is kept when `run` resumes.
-    pub(super) fn open_target(&self, run: &Run, a: Artifact) -> Result<Target> {
-        let size = run.m.files.get(a).size;
-        let target = self
-            .layout
-            .target(run.slot, &run.m.version, a, size, run.resumed)?;
+    pub(super) fn open_target(&self, run: &Run, a: &Part) -> Result<Target> {
+        let size = super::entry(run.m, a).size;
+        let target = self.part_target(run.slot, run.m, a, run.resumed)?;
         target.truncate(size)?;
         Ok(target)
+    }
+
+    /// Where part `a` of `m` is written for `slot`: a slot file through the layout, or a
+    /// payload's object in the store (`resume`: keep what an interrupted attempt wrote).
+    pub(super) fn part_target(
+        &self,
+        slot: bootconfig::Slot,
+        m: &crate::manifest::Manifest,
+        a: &Part,
+        resume: bool,
+    ) -> Result<Target> {
+        let e = super::entry(m, a);
+        match a {
+            Part::Slot(x) => self.layout.target(slot, &m.version, *x, e.size, resume),
+            Part::Payload(_) => crate::layout::object_target(
+                &crate::payload::objects_dir(&self.cfg.state_dir),
+                &e.sha256,
+                e.size,
+                resume,
+                a.clone(),
+            ),
+        }
     }
 
     /// Make `target` hold artifact `a` following `plan` over `work`'s index and local files,
@@ -94,12 +114,12 @@ impl Stager<'_> {
     pub(super) fn apply_chunks(
         &self,
         run: &Run,
-        a: Artifact,
+        a: &Part,
         work: &ChunkWork,
         plan: &crate::chunk::plan::Plan,
         target: &Target,
     ) -> Result<apply::Transfer> {
-        let entry = run.m.files.get(a);
+        let entry = super::entry(run.m, a);
         let size = entry.size;
         let index = &work.index;
         let loc = run.source.location(&entry.path);
@@ -129,7 +149,7 @@ impl Stager<'_> {
             &remotes,
             &work.locals,
             &ApplyOptions {
-                artifact: a,
+                artifact: a.clone(),
                 sha256: entry.sha256.clone(),
                 retries: self.cfg.download_retries,
                 retry_delay: run.opts.retry_delay,
@@ -145,8 +165,8 @@ impl Stager<'_> {
 
     /// The extra mirrors that hold artifact `a` at the size the manifest says (probed when
     /// anything is to be fetched); one that does not is skipped with a warning, never an error.
-    fn mirrors<'s>(&self, run: &Run<'s>, a: Artifact, needed: bool) -> Vec<Remote<'s>> {
-        let entry = run.m.files.get(a);
+    fn mirrors<'s>(&self, run: &Run<'s>, a: &Part, needed: bool) -> Vec<Remote<'s>> {
+        let entry = super::entry(run.m, a);
         let mut out = Vec::new();
         for x in run.opts.extra_sources.iter().filter(|_| needed) {
             let ExtraSource::Mirror(source) = x else {
@@ -174,9 +194,14 @@ impl Stager<'_> {
         out
     }
 
-    /// The running slot's copy of artifact `a` (the rootfs only up to its squashfs size), if it
-    /// can be read; reuse is an optimisation, so a failure only logs.
-    fn local_copies(&self, at: &Placing, a: Artifact) -> Vec<LocalFile> {
+    /// The running slot's copy of part `a` (the rootfs only up to its squashfs size; for a
+    /// payload, the running release's objects of its kind, the one of the same name first),
+    /// if it can be read; reuse is an optimisation, so a failure only logs.
+    fn local_copies(&self, at: &Placing, a: &Part) -> Vec<LocalFile> {
+        let a = match a {
+            Part::Slot(x) => *x,
+            Part::Payload(name) => return self.running_objects(at, name),
+        };
         let (slot, Some(version)) = (at.running.0, at.running.1.as_deref()) else {
             return Vec::new();
         };
@@ -217,6 +242,43 @@ impl Stager<'_> {
     }
 }
 
+impl Stager<'_> {
+    /// The objects the running release keeps in the store that may hold chunks of payload
+    /// `name` of the new release: its payload of that name first, then the others of the
+    /// same kind (an image moved from one archive to another is found by content).
+    pub(super) fn running_objects(&self, at: &Placing, name: &str) -> Vec<LocalFile> {
+        let (Some(kept), Some(new)) = (at.kept.as_ref(), at.m.payload(name)) else {
+            return Vec::new();
+        };
+        let mut theirs: Vec<_> = kept
+            .stored_payloads()
+            .filter(|p| p.kind == new.kind)
+            .collect();
+        theirs.sort_by_key(|p| p.name != name);
+        let mut out = Vec::new();
+        for p in theirs {
+            let path = crate::payload::object_path(&self.cfg.state_dir, &p.file.sha256);
+            if out
+                .iter()
+                .any(|l: &LocalFile| l.name == path.display().to_string())
+            {
+                continue;
+            }
+            match LocalFile::open(&path) {
+                Ok(f) if f.len == p.file.size => out.push(f),
+                Ok(f) => log::warn!(
+                    "{}: {} bytes, the running release's manifest says {}; not reused",
+                    path.display(),
+                    f.len,
+                    p.file.size
+                ),
+                Err(e) => log::warn!("{}: {e}; not reused", path.display()),
+            }
+        }
+        out
+    }
+}
+
 impl ChunkTarget for Target {
     fn write_at(&self, pos: u64, buf: &[u8]) -> Result<()> {
         Target::write_at(self, pos, buf)
@@ -229,10 +291,10 @@ impl ChunkTarget for Target {
     }
 }
 
-/// Artifact `a` in each extra local directory that holds a file of its name (`<dir>/<path>`
+/// Part `a` in each extra local directory that holds a file of its name (`<dir>/<path>`
 /// as the manifest names it): any release's copy helps, its chunks are found by content.
-fn extra_dirs(at: &Placing, a: Artifact) -> Vec<LocalFile> {
-    let name = &at.m.files.get(a).path;
+fn extra_dirs(at: &Placing, a: &Part) -> Vec<LocalFile> {
+    let name = &super::entry(at.m, a).path;
     let mut out = Vec::new();
     for x in at.extra {
         let ExtraSource::Dir(dir) = x else { continue };

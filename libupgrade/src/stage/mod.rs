@@ -56,7 +56,7 @@ use crate::chunk::ChunkIndex;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::manifest::{Artifact, Manifest};
+use crate::manifest::{Artifact, Manifest, Part};
 use crate::net::checkpoint::Partial;
 pub use crate::net::fetch::ExtraSource;
 use crate::net::fetch::Source;
@@ -64,6 +64,7 @@ pub use crate::net::rate::MinRate;
 use crate::net::rate::{Budget, RateLimit, Throttle};
 pub use crate::net::rate::{Clock, SystemClock};
 pub use crate::net::schedule::Schedule;
+use crate::payload::kinds::Place;
 use crate::state::store::StateStore;
 use crate::state::TransferStats;
 use crate::state::{Event, State};
@@ -82,7 +83,7 @@ pub use api::{
 };
 use patched::PatchWork;
 pub use plan::ArtifactCost;
-use plan::{How, WritePlan};
+use plan::{How, PartFacts, WritePlan};
 use verify::{Preflight, Verified};
 pub use weigh::Prefer;
 
@@ -189,7 +190,7 @@ impl Stager<'_> {
                 generation: w.v.manifest.generation,
                 already_staged: false,
                 resume: w.plan.resume,
-                artifacts: w.cost.to_vec(),
+                artifacts: w.cost.clone(),
             },
         })
     }
@@ -211,32 +212,49 @@ impl Stager<'_> {
         }
         let mut pre = self.preflight(source, &v.manifest, opts)?;
         let checkpoint = Partial::load(&self.cfg.state_dir);
+        let parts = v.manifest.parts();
+        let facts: Vec<PartFacts> = parts
+            .iter()
+            .enumerate()
+            .map(|(k, p)| PartFacts {
+                part: p.part.clone(),
+                has_index: pre.indexes[k].is_some(),
+                stored: p.kind.place == Place::Store
+                    && crate::payload::holds(&self.cfg.state_dir, &p.entry.sha256, p.entry.size),
+            })
+            .collect();
         let mut plan = plan::plan_writes(
             target,
             st.slot(target).state,
             &v.sha256,
             checkpoint.as_ref(),
-            pre.has_index(),
+            &facts,
         );
         let at = Placing {
             m: &v.manifest,
             slot: target,
             running: (booted, st.slot(booted).version.clone()),
             running_sha256: st.slot(booted).manifest_sha256.clone(),
+            kept: crate::slotfiles::manifest(&self.cfg.state_dir, booted).unwrap_or_else(|e| {
+                log::warn!("slot {booted}: {e}; its payloads are not reused");
+                None
+            }),
             resumed: plan.resume,
             extra: &opts.extra_sources,
             link: link_rate(opts, pre.measured),
         };
-        let mut chunks: [Option<ChunkWork>; 3] = [None, None, None];
-        let mut patches: [Option<PatchWork>; 3] = [None, None, None];
-        let mut choices: [Option<String>; 3] = [None, None, None];
-        for (k, (a, how)) in plan.steps.into_iter().enumerate() {
+        let n = parts.len();
+        let mut chunks: Vec<Option<ChunkWork>> = (0..n).map(|_| None).collect();
+        let mut patches: Vec<Option<PatchWork>> = (0..n).map(|_| None).collect();
+        let mut choices: Vec<Option<String>> = vec![None; n];
+        for k in 0..n {
+            let (a, how) = plan.steps[k].clone();
             if how == How::Chunked {
                 let index = pre.indexes[k]
                     .take()
                     .expect("planned chunked: has an index");
-                let work = self.plan_chunked(&at, a, index)?;
-                let chosen = self.plan_patched(&at, source, a, &work, opts);
+                let work = self.plan_chunked(&at, &a, index)?;
+                let chosen = self.plan_patched(&at, source, &a, &work, opts);
                 choices[k] = chosen.why;
                 if let Some((how, pw)) = chosen.patch {
                     plan.steps[k].1 = how;
@@ -245,12 +263,9 @@ impl Stager<'_> {
                 chunks[k] = Some(work);
             }
         }
-        let sizes = Artifact::ALL.map(|a| v.manifest.files.get(a).size);
-        let mut cost = plan::cost(
-            &plan,
-            sizes,
-            [0, 1, 2].map(|k| chunks[k].as_ref().map(|c| &c.plan)),
-        );
+        let sizes: Vec<u64> = parts.iter().map(|p| p.entry.size).collect();
+        let plans: Vec<_> = chunks.iter().map(|c| c.as_ref().map(|c| &c.plan)).collect();
+        let mut cost = plan::cost(&plan, &sizes, &plans);
         for (k, c) in cost.iter_mut().enumerate() {
             c.patch_from = patches[k].as_ref().map(|p| p.patch.base.version.clone());
             c.choice = choices[k].take();
@@ -294,8 +309,13 @@ impl Stager<'_> {
             current: None,
             fetched: 0,
             reused: 0,
+            objects: crate::payload::objects_of(&v.manifest)
+                .into_iter()
+                .collect(),
         };
         p.save(&self.cfg.state_dir)?;
+        // The target's earlier release no longer references its payloads: make room.
+        crate::payload::prune(&self.cfg.state_dir)?;
         Ok(p)
     }
 
@@ -304,12 +324,17 @@ impl Stager<'_> {
     /// After `a` failed with `e` (not a stop, which keeps everything for the next attempt):
     /// remove what was written of it where it takes room others need (a partial kernel or
     /// initrd on the boot filesystem), and its place in the checkpoint. Returns `e`.
-    fn discard(&self, run: &Run, a: Artifact, partial: &mut Partial, e: Error) -> Result<Error> {
-        if matches!(e, Error::Stopped { .. }) || a == Artifact::Rootfs {
+    /// A payload's partial object stays like a partition's bytes (the state partition holds
+    /// no loader files; the next prune removes it if no stage continues it).
+    fn discard(&self, run: &Run, a: &Part, partial: &mut Partial, e: Error) -> Result<Error> {
+        let Some(artifact) = a.artifact().filter(|x| *x != Artifact::Rootfs) else {
+            return Ok(e);
+        };
+        if matches!(e, Error::Stopped { .. }) {
             return Ok(e);
         }
-        self.layout.discard(run.slot, &run.m.version, a)?;
-        if partial.current.is_some_and(|(c, _)| c == a) {
+        self.layout.discard(run.slot, &run.m.version, artifact)?;
+        if partial.current.as_ref().is_some_and(|(c, _)| c == a) {
             partial.current = None;
             partial.save(&self.cfg.state_dir)?;
         }
@@ -318,8 +343,10 @@ impl Stager<'_> {
 
     fn execute(&self, run: &Run, w: &Work, partial: &mut Partial) -> Result<u64> {
         let mut written = 0;
-        for (k, (a, how)) in w.plan.steps.into_iter().enumerate() {
-            let size = run.m.files.get(a).size;
+        for (k, (a, how)) in w.plan.steps.iter().enumerate() {
+            let a = &a.clone();
+            let how = *how;
+            let size = entry(run.m, a).size;
             // The update's totals count what an interrupted attempt fetched (kept now) as
             // fetched; this run's report counts only its own network bytes.
             let mut moved = run.moved.get();
@@ -358,11 +385,13 @@ impl Stager<'_> {
                 }
             }
             run.moved.set(moved);
-            partial.done.push(a);
+            partial.done.push(a.clone());
             partial.current = None;
             partial.save(&self.cfg.state_dir)?;
         }
-        self.check_rootfs(run.slot, &run.m.version, run.m.files.rootfs.size)?;
+        for p in run.m.parts() {
+            self.check_part(run, &p)?;
+        }
         Ok(written)
     }
 
@@ -409,7 +438,7 @@ impl Stager<'_> {
         let (v, pre, resumed) = (&w.v, &w.pre, w.plan.resume);
         let m = &v.manifest;
         self.layout.commit(target, &m.version)?;
-        let total: u64 = Artifact::ALL.iter().map(|a| m.files.get(*a).size).sum();
+        let total: u64 = m.parts().iter().map(|p| p.entry.size).sum();
         let stats = TransferStats {
             fetched: partial.fetched,
             reused: partial.reused,
@@ -436,25 +465,42 @@ impl Stager<'_> {
         Partial::clear(&self.cfg.state_dir)
     }
 
-    /// The written rootfs must be a squashfs whose used bytes fit what the manifest declared
-    /// ([`crate::sqcheck`]: structural, constant memory).
-    fn check_rootfs(&self, slot: Slot, version: &str, size: u64) -> Result<()> {
-        let (f, offset, len) = self.layout.open_rootfs(slot, version)?;
-        crate::sqcheck::check(
-            |pos, buf| {
-                if pos + buf.len() as u64 > len {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        format!("read at {pos} past the slot's {len} bytes"),
-                    ));
-                }
-                f.read_exact_at(buf, offset + pos)
+    /// The written part must pass its kind's check ([`crate::payload::kinds::Kind::check`]:
+    /// the rootfs a squashfs whose used bytes fit the signed size, an image archive a tar).
+    fn check_part(&self, run: &Run, p: &crate::manifest::PartRef) -> Result<()> {
+        let Some(check) = p.kind.check else {
+            return Ok(());
+        };
+        let (f, offset, len) = match p.kind.place {
+            Place::Slot(a) => self.layout.open_artifact(run.slot, &run.m.version, a)?,
+            Place::Store => {
+                let path = crate::payload::object_path(&self.cfg.state_dir, &p.entry.sha256);
+                let f = std::fs::File::open(&path).map_err(|e| Error::io("open", &path, e))?;
+                (f, 0, p.entry.size)
+            }
+        };
+        let read = |pos: u64, buf: &mut [u8]| {
+            if pos + buf.len() as u64 > len {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("read at {pos} past the {len} bytes written"),
+                ));
+            }
+            f.read_exact_at(buf, offset + pos)
+        };
+        check(&read, p.entry.size).map_err(|what| Error::BadImage {
+            slot: run.slot,
+            what: match &p.part {
+                Part::Slot(_) => what,
+                other => format!("{other}: {what}"),
             },
-            size,
-        )
-        .map(|_| ())
-        .map_err(|what| Error::BadImage { slot, what })
+        })
     }
+}
+
+/// The signed entry of `part` of `m` (a part the plan took from `m`).
+pub(crate) fn entry<'m>(m: &'m Manifest, part: &Part) -> &'m crate::manifest::FileEntry {
+    m.entry(part).expect("a planned part is in its manifest")
 }
 
 /// The report of a stage run into `slot` of release `v`.
@@ -503,11 +549,11 @@ struct Work {
     pre: Preflight,
     checkpoint: Option<Partial>,
     plan: WritePlan,
-    /// Per chunked artifact: its index, chunk plan and the local files the plan copies from.
-    chunks: [Option<ChunkWork>; 3],
-    /// Per patched artifact: the patch and its base (its chunk work is the fallback).
-    patches: [Option<PatchWork>; 3],
-    cost: [ArtifactCost; 3],
+    /// Per chunked part: its index, chunk plan and the local files the plan copies from.
+    chunks: Vec<Option<ChunkWork>>,
+    /// Per patched part: the patch and its base (its chunk work is the fallback).
+    patches: Vec<Option<PatchWork>>,
+    cost: Vec<ArtifactCost>,
 }
 
 impl Work {
@@ -545,6 +591,8 @@ struct Placing<'a> {
     running: (Slot, Option<String>),
     /// The sha256 of the running release's manifest (which build runs), when known.
     running_sha256: Option<String>,
+    /// The running slot's kept manifest, when there is one: its payloads are in the store.
+    kept: Option<Manifest>,
     /// An interrupted attempt is continued: what the target holds is re-verified.
     resumed: bool,
     extra: &'a [ExtraSource],

@@ -20,14 +20,15 @@ use bootconfig::Slot;
 use serde::{Deserialize, Serialize};
 
 use crate::chunk::plan::Plan as ChunkPlan;
-use crate::manifest::{Artifact, PatchRef, PATCH_KINDS};
+use crate::manifest::{Part, PatchRef, PATCH_KINDS};
 use crate::net::checkpoint::Partial;
 use crate::state::{SlotRecord, SlotState};
 
-/// How one artifact is written.
+/// How one part is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum How {
-    /// Written and verified by an interrupted run of this release into this slot.
+    /// Written and verified by an interrupted run of this release into this slot, or a
+    /// payload the store already holds (its object's name is its verified sha256).
     Done,
     /// Chunk by chunk from its index: kept, copied from the running slot or fetched.
     Chunked,
@@ -46,8 +47,19 @@ pub struct WritePlan {
     /// An interrupted run of this release into this slot is continued: its checkpoint is kept
     /// and what the target holds is re-verified; otherwise the slot is invalidated first.
     pub resume: bool,
-    /// In [`Artifact::ALL`] order.
-    pub steps: [(Artifact, How); 3],
+    /// In the manifest's part order ([`crate::manifest::Manifest::parts`]).
+    pub steps: Vec<(Part, How)>,
+}
+
+/// What the plan knows of one part before deciding how it is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartFacts {
+    /// Which part.
+    pub part: Part,
+    /// It has a chunk index the server can serve by range.
+    pub has_index: bool,
+    /// A payload the store already holds complete (costs nothing).
+    pub stored: bool,
 }
 
 /// The slot already holds exactly this release (staged or on trial): nothing to do.
@@ -58,37 +70,37 @@ pub fn staged_already(target: &SlotRecord, manifest_sha256: &str) -> bool {
 
 /// The writes for release `manifest_sha256` into `slot`, whose record says `state`:
 /// `checkpoint` is continued when it is of this release into this slot and the slot is still
-/// invalid (a run was interrupted after invalidating it); `has_index[k]` says whether
-/// artifact `k` has a chunk index the server can serve by range.
+/// invalid (a run was interrupted after invalidating it); `parts` says what is known of each
+/// part (in the manifest's order).
 pub fn plan_writes(
     slot: Slot,
     state: SlotState,
     manifest_sha256: &str,
     checkpoint: Option<&Partial>,
-    has_index: [bool; 3],
+    parts: &[PartFacts],
 ) -> WritePlan {
     let resumed = checkpoint.filter(|p| {
         p.slot == slot && p.manifest_sha256 == manifest_sha256 && state == SlotState::Invalid
     });
-    let step = |k: usize| {
-        let a = Artifact::ALL[k];
-        let how = if resumed.is_some_and(|p| p.done.contains(&a)) {
+    let step = |f: &PartFacts| {
+        let a = &f.part;
+        let how = if f.stored || resumed.is_some_and(|p| p.done.contains(a)) {
             How::Done
-        } else if has_index[k] {
+        } else if f.has_index {
             How::Chunked
         } else {
             How::Stream {
-                resume_at: match resumed.and_then(|p| p.current) {
-                    Some((ca, pos)) if ca == a => pos,
+                resume_at: match resumed.and_then(|p| p.current.as_ref()) {
+                    Some((ca, pos)) if ca == a => *pos,
                     _ => 0,
                 },
             }
         };
-        (a, how)
+        (a.clone(), how)
     };
     WritePlan {
         resume: resumed.is_some(),
-        steps: [step(0), step(1), step(2)],
+        steps: parts.iter().map(step).collect(),
     }
 }
 
@@ -161,11 +173,11 @@ pub fn sizes_to_prove(
     sizes
 }
 
-/// What one artifact of a stage run costs, known before its first byte.
+/// What one part of a stage run costs, known before its first byte.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArtifactCost {
-    /// Which artifact.
-    pub artifact: Artifact,
+    /// Which part (`rootfs`, `payload:<name>` in JSON, as [`Part`] writes it).
+    pub artifact: Part,
     /// The artifact's size (the signed manifest's).
     pub size: u64,
     /// Bytes the run will fetch over the network (chunk payload or the stream's rest).
@@ -184,46 +196,57 @@ pub struct ArtifactCost {
     pub choice: Option<String>,
 }
 
-/// The price of each step of `plan`: `sizes` per artifact ([`Artifact::ALL`] order), and for
-/// each chunked step its chunk plan. A stream from `resume_at` fetches the rest of the file.
-pub fn cost(
-    plan: &WritePlan,
-    sizes: [u64; 3],
-    chunks: [Option<&ChunkPlan>; 3],
-) -> [ArtifactCost; 3] {
-    [0, 1, 2].map(|k| {
-        let (artifact, how) = plan.steps[k];
-        let size = sizes[k];
-        let (fetch, requests) = match (how, chunks[k]) {
-            (How::Done, _) => (0, 0),
-            (How::Chunked, Some(p)) => (p.fetch_bytes, p.ranges.len() as u64),
-            (How::Chunked, None) => (size, 1),
-            (How::Patched { fetch, .. }, _) => (fetch, u64::from(fetch > 0)),
-            (How::Stream { resume_at }, _) => (size - resume_at.min(size), 0),
-        };
-        ArtifactCost {
-            artifact,
-            size,
-            fetch,
-            reuse: size - fetch.min(size),
-            requests,
-            patch_from: None,
-            choice: None,
-        }
-    })
+/// The price of each step of `plan`: `sizes` per part (the plan's order), and for each
+/// chunked step its chunk plan. A stream from `resume_at` fetches the rest of the file.
+pub fn cost(plan: &WritePlan, sizes: &[u64], chunks: &[Option<&ChunkPlan>]) -> Vec<ArtifactCost> {
+    (0..plan.steps.len())
+        .map(|k| {
+            let (artifact, how) = plan.steps[k].clone();
+            let size = sizes[k];
+            let (fetch, requests) = match (how, chunks[k]) {
+                (How::Done, _) => (0, 0),
+                (How::Chunked, Some(p)) => (p.fetch_bytes, p.ranges.len() as u64),
+                (How::Chunked, None) => (size, 1),
+                (How::Patched { fetch, .. }, _) => (fetch, u64::from(fetch > 0)),
+                (How::Stream { resume_at }, _) => (size - resume_at.min(size), 0),
+            };
+            ArtifactCost {
+                artifact,
+                size,
+                fetch,
+                reuse: size - fetch.min(size),
+                requests,
+                patch_from: None,
+                choice: None,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::FileEntry;
+    use crate::manifest::{Artifact, FileEntry};
+
+    fn facts(has_index: [bool; 3]) -> Vec<PartFacts> {
+        Artifact::ALL
+            .into_iter()
+            .zip(has_index)
+            .map(|(a, has_index)| PartFacts {
+                part: a.into(),
+                has_index,
+                stored: false,
+            })
+            .collect()
+    }
 
     fn partial(slot: Slot, sha: &str) -> Partial {
         Partial {
             slot,
             manifest_sha256: sha.into(),
-            done: vec![Artifact::Rootfs],
-            current: Some((Artifact::Kernel, 4096)),
+            done: vec![Artifact::Rootfs.into()],
+            current: Some((Artifact::Kernel.into(), 4096)),
+            objects: Vec::new(),
             fetched: 0,
             reused: 0,
         }
@@ -231,14 +254,20 @@ mod tests {
 
     #[test]
     fn a_fresh_stage_writes_everything_from_the_start() {
-        let p = plan_writes(Slot::B, SlotState::Empty, "m", None, [true, false, false]);
+        let p = plan_writes(
+            Slot::B,
+            SlotState::Empty,
+            "m",
+            None,
+            &facts([true, false, false]),
+        );
         assert!(!p.resume);
         assert_eq!(
             p.steps,
             [
-                (Artifact::Rootfs, How::Chunked),
-                (Artifact::Kernel, How::Stream { resume_at: 0 }),
-                (Artifact::Initrd, How::Stream { resume_at: 0 }),
+                (Artifact::Rootfs.into(), How::Chunked),
+                (Artifact::Kernel.into(), How::Stream { resume_at: 0 }),
+                (Artifact::Initrd.into(), How::Stream { resume_at: 0 }),
             ]
         );
     }
@@ -246,14 +275,20 @@ mod tests {
     #[test]
     fn an_interrupted_run_of_the_same_release_is_continued() {
         let cp = partial(Slot::B, "m");
-        let p = plan_writes(Slot::B, SlotState::Invalid, "m", Some(&cp), [false; 3]);
+        let p = plan_writes(
+            Slot::B,
+            SlotState::Invalid,
+            "m",
+            Some(&cp),
+            &facts([false; 3]),
+        );
         assert!(p.resume);
         assert_eq!(
             p.steps,
             [
-                (Artifact::Rootfs, How::Done),
-                (Artifact::Kernel, How::Stream { resume_at: 4096 }),
-                (Artifact::Initrd, How::Stream { resume_at: 0 }),
+                (Artifact::Rootfs.into(), How::Done),
+                (Artifact::Kernel.into(), How::Stream { resume_at: 4096 }),
+                (Artifact::Initrd.into(), How::Stream { resume_at: 0 }),
             ]
         );
     }
@@ -266,7 +301,7 @@ mod tests {
             (Slot::B, SlotState::Bad, "m"),
         ] {
             let cp = partial(slot, sha);
-            let p = plan_writes(Slot::B, state, "m", Some(&cp), [false; 3]);
+            let p = plan_writes(Slot::B, state, "m", Some(&cp), &facts([false; 3]));
             assert!(!p.resume, "{slot} {state:?} {sha}");
             assert!(p
                 .steps
@@ -284,7 +319,7 @@ mod tests {
             SlotState::Invalid,
             "m",
             Some(&cp),
-            [false, false, true],
+            &facts([false, false, true]),
         );
         let chunks = Plan {
             actions: Vec::new(),
@@ -302,9 +337,9 @@ mod tests {
             copy_bytes: 400,
             fetch_bytes: 200,
         };
-        let c = cost(&p, [1000, 10_000, 900], [None, None, Some(&chunks)]);
-        let row = |a, size, fetch, requests| ArtifactCost {
-            artifact: a,
+        let c = cost(&p, &[1000, 10_000, 900], &[None, None, Some(&chunks)]);
+        let row = |a: Artifact, size, fetch, requests| ArtifactCost {
+            artifact: a.into(),
             size,
             fetch,
             reuse: size - fetch,
@@ -314,7 +349,7 @@ mod tests {
         };
         assert_eq!(
             c,
-            [
+            vec![
                 row(Artifact::Rootfs, 1000, 0, 0),
                 row(Artifact::Kernel, 10_000, 10_000 - 4096, 0),
                 row(Artifact::Initrd, 900, 200, 2),
@@ -429,15 +464,21 @@ mod tests {
 
     #[test]
     fn a_patched_step_costs_its_patch_bytes() {
-        let mut p = plan_writes(Slot::B, SlotState::Empty, "m", None, [true, false, false]);
+        let mut p = plan_writes(
+            Slot::B,
+            SlotState::Empty,
+            "m",
+            None,
+            &facts([true, false, false]),
+        );
         p.steps[0].1 = How::Patched {
             patch: 0,
             fetch: 70,
         };
-        let c = cost(&p, [1000, 10, 10], [None, None, None]);
+        let c = cost(&p, &[1000, 10, 10], &[None, None, None]);
         assert_eq!((c[0].fetch, c[0].reuse, c[0].requests), (70, 930, 1));
         p.steps[0].1 = How::Patched { patch: 0, fetch: 0 };
-        let c = cost(&p, [1000, 10, 10], [None, None, None]);
+        let c = cost(&p, &[1000, 10, 10], &[None, None, None]);
         assert_eq!((c[0].fetch, c[0].reuse, c[0].requests), (0, 1000, 0));
     }
 

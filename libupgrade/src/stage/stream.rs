@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use super::{Run, Stager, BUF};
 use crate::error::{Error, Result};
 use crate::layout::Target;
-use crate::manifest::Artifact;
+use crate::manifest::Part;
 use crate::net::checkpoint::{self, Partial};
 use crate::net::fetch::Source;
 use crate::net::rate::Limited;
@@ -21,15 +21,13 @@ impl Stager<'_> {
     pub(super) fn write_stream(
         &self,
         run: &Run,
-        a: Artifact,
+        a: &Part,
         resume_at: u64,
         partial: &mut Partial,
     ) -> Result<u64> {
-        let entry = run.m.files.get(a);
+        let entry = super::entry(run.m, a);
         let size = entry.size;
-        let target = self
-            .layout
-            .target(run.slot, &run.m.version, a, size, resume_at > 0)?;
+        let target = self.part_target(run.slot, run.m, a, resume_at > 0)?;
         let mut hasher = Sha256::new();
         let start = resume_from(&target, resume_at.min(size), &mut hasher)?;
         run.progress
@@ -48,7 +46,7 @@ impl Stager<'_> {
         let found = hex::encode(hasher.finalize());
         if found != entry.sha256 {
             return Err(Error::Checksum {
-                artifact: a,
+                artifact: a.clone(),
                 location: run.source.location(&entry.path),
                 expected: entry.sha256.clone(),
                 found,
@@ -62,14 +60,8 @@ impl Stager<'_> {
     /// Open responses from `w.pos` and pump them into the target until the artifact is
     /// complete, retrying dropped connections by the stage's backoff; when it gives up, what
     /// was synced is checkpointed so a later run resumes there.
-    fn download(
-        &self,
-        run: &Run,
-        a: Artifact,
-        w: &mut Writing,
-        partial: &mut Partial,
-    ) -> Result<()> {
-        let name = &run.m.files.get(a).path;
+    fn download(&self, run: &Run, a: &Part, w: &mut Writing, partial: &mut Partial) -> Result<()> {
+        let name = &super::entry(run.m, a).path;
         let is_local = matches!(run.source, Source::Path(_) | Source::Bundle(_));
         let mut backoff = self.backoff(run.opts);
         let mut last_err = String::new();
@@ -101,7 +93,7 @@ impl Stager<'_> {
             }
             if is_local {
                 return Err(Error::Size {
-                    artifact: a,
+                    artifact: a.clone(),
                     location: loc,
                     expected: size,
                     found: pos,
@@ -139,7 +131,7 @@ impl Stager<'_> {
         run: &Run,
         w: &mut Writing,
         r: &mut impl Read,
-        a: Artifact,
+        a: &Part,
         partial: &mut Partial,
     ) -> Result<Option<String>> {
         loop {
@@ -175,7 +167,7 @@ impl Stager<'_> {
     /// Bytes the next request may ask for: never more than the budget has left or the
     /// schedule lets arrive in its window (which may mean waiting for one to open). A stop
     /// keeps what was synced: the next run resumes from the checkpoint.
-    fn grant(&self, run: &Run, w: &Writing, a: Artifact, partial: &mut Partial) -> Result<u64> {
+    fn grant(&self, run: &Run, w: &Writing, a: &Part, partial: &mut Partial) -> Result<u64> {
         run.throttle.grant(1).or_else(|why| {
             self.checkpoint(w.target, partial, a, w.pos)?;
             Err(Error::Stopped {
@@ -187,15 +179,9 @@ impl Stager<'_> {
     }
 
     /// Sync what was written and record `pos` in the checkpoint.
-    fn checkpoint(
-        &self,
-        target: &Target,
-        partial: &mut Partial,
-        a: Artifact,
-        pos: u64,
-    ) -> Result<()> {
+    fn checkpoint(&self, target: &Target, partial: &mut Partial, a: &Part, pos: u64) -> Result<()> {
         target.sync()?;
-        partial.current = Some((a, pos));
+        partial.current = Some((a.clone(), pos));
         partial.save(&self.cfg.state_dir)
     }
 }

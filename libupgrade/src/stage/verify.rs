@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::manifest::{Arch, Artifact, Manifest, ScriptFile, MANIFEST_FILE, SIGNATURE_FILE};
 use crate::net::fetch::Source;
 use crate::net::retry::{retrying, Backoff};
+use crate::payload::kinds::Place;
 use crate::state::{SlotState, State};
 use crate::trust::ManifestPin;
 use bootconfig::Slot;
@@ -29,7 +30,7 @@ pub(super) struct Verified {
 
 /// What the server holds of a verified release, checked before any write.
 pub(super) struct Preflight {
-    /// Per artifact ([`Artifact::ALL`] order): its chunk index, when it has one and the server
+    /// Per part ([`Manifest::parts`] order): its chunk index, when it has one and the server
     /// serves ranges.
     pub indexes: Vec<Option<ChunkIndex>>,
     /// The boot scripts the release carries, checked against the manifest.
@@ -37,12 +38,6 @@ pub(super) struct Preflight {
     /// The link rate the chunk indexes' downloads measured (bytes per second), when they add
     /// up to [`super::weigh::MEASURE_MIN`] (a lower bound: their requests' latency included).
     pub measured: Option<u64>,
-}
-
-impl Preflight {
-    pub fn has_index(&self) -> [bool; 3] {
-        [0, 1, 2].map(|k| self.indexes[k].is_some())
-    }
 }
 
 /// The generation floor: never older than the running release, nor than a release already
@@ -192,6 +187,7 @@ impl Stager<'_> {
             check_generation(st, booted, &manifest, &sha256)?;
         }
         self.check_space(target, &manifest)?;
+        self.check_store(booted, &manifest)?;
         Ok(Verified {
             sha256,
             bytes: mbytes,
@@ -241,12 +237,60 @@ impl Stager<'_> {
             }
             if need_here > cap {
                 return Err(Error::NoSpace {
-                    artifact: a,
+                    artifact: a.into(),
                     target: format!("slot {target}: {}", self.layout.place(target, a)),
                     needed: need_here,
                     available: cap,
                 });
             }
+        }
+        Ok(())
+    }
+
+    /// Refuse a release whose payloads do not fit in the payload store beside the running
+    /// release's (its budget, then the state partition's free space), before anything is
+    /// written: naming the bytes needed, held and the budget.
+    fn check_store(&self, booted: Slot, m: &Manifest) -> Result<()> {
+        if m.stored_payloads().next().is_none() {
+            return Ok(());
+        }
+        let state_dir = &self.cfg.state_dir;
+        let running = crate::slotfiles::manifest(state_dir, booted).unwrap_or_else(|e| {
+            log::warn!("slot {booted}: {e}; its payloads are not counted in the budget");
+            None
+        });
+        let u = crate::payload::check_budget(
+            state_dir,
+            m,
+            running.as_ref(),
+            self.cfg.payload_store_max_bytes,
+        )?;
+        // Partial objects of an interrupted attempt already take their room.
+        let dir = crate::payload::objects_dir(state_dir);
+        let probe = if dir.exists() {
+            dir.as_path()
+        } else {
+            state_dir.as_path()
+        };
+        let free = crate::layout::free_bytes(probe).unwrap_or(u64::MAX);
+        let partial: u64 = m
+            .stored_payloads()
+            .map(|p| {
+                std::fs::metadata(dir.join(crate::layout::partial_name(&p.file.sha256)))
+                    .map_or(0, |x| x.len())
+            })
+            .sum();
+        if u.needed > free.saturating_add(partial) {
+            return Err(Error::NoSpace {
+                artifact: m
+                    .stored_payloads()
+                    .next()
+                    .map(|p| crate::manifest::Part::Payload(p.name.clone()))
+                    .expect("has payloads"),
+                target: format!("the payload store ({})", dir.display()),
+                needed: u.needed,
+                available: free.saturating_add(partial),
+            });
         }
         Ok(())
     }
@@ -279,12 +323,19 @@ impl Stager<'_> {
         timed: &mut (u64, std::time::Duration),
     ) -> Result<Vec<Option<ChunkIndex>>> {
         let mut out = Vec::new();
-        for a in Artifact::ALL {
-            let e = m.files.get(a);
+        for p in m.parts() {
+            let (a, e) = (&p.part, p.entry);
+            if p.kind.place == Place::Store
+                && crate::payload::holds(&self.cfg.state_dir, &e.sha256, e.size)
+            {
+                // Already in the store: nothing of it is read.
+                out.push(None);
+                continue;
+            }
             let probe = retrying(self.backoff(opts), || source.probe(&e.path))?;
             if probe.size != e.size {
                 return Err(Error::Size {
-                    artifact: a,
+                    artifact: a.clone(),
                     location: source.location(&e.path),
                     expected: e.size,
                     found: probe.size,
@@ -304,7 +355,7 @@ impl Stager<'_> {
             }
             let loc = source.location(&r.path);
             let bad = |what: String| Error::ChunkIndex {
-                artifact: a,
+                artifact: a.clone(),
                 location: loc.clone(),
                 what,
             };

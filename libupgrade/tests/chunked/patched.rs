@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bootconfig::Slot;
-use libupgrade::manifest::{Arch, Artifact, Manifest};
+use libupgrade::manifest::{Arch, Artifact, Manifest, Part};
 use libupgrade::{NoProgress, Release, Source};
 use testkit::*;
 
@@ -111,11 +111,14 @@ fn a_patched_stage_writes_v2_fetches_its_preview_and_never_writes_the_running_sl
     let by_patch: Vec<_> = preview
         .artifacts
         .iter()
-        .filter_map(|c| c.patch_from.as_deref().map(|f| (c.artifact, f)))
+        .filter_map(|c| c.patch_from.as_deref().map(|f| (c.artifact.clone(), f)))
         .collect();
     assert_eq!(
         by_patch,
-        vec![(Artifact::Rootfs, "v1"), (Artifact::Kernel, "v1")],
+        vec![
+            (Part::Slot(Artifact::Rootfs), "v1"),
+            (Part::Slot(Artifact::Kernel), "v1")
+        ],
         "{preview:?}"
     );
     let patch_bytes: u64 = [&m2.files.rootfs, &m2.files.kernel]
@@ -133,11 +136,14 @@ fn a_patched_stage_writes_v2_fetches_its_preview_and_never_writes_the_running_sl
     let patched: Vec<_> = r
         .patched
         .iter()
-        .map(|p| (p.artifact, p.mismatched_chunks, p.fell_back.clone()))
+        .map(|p| (p.artifact.clone(), p.mismatched_chunks, p.fell_back.clone()))
         .collect();
     assert_eq!(
         patched,
-        vec![(Artifact::Rootfs, 0, None), (Artifact::Kernel, 0, None)],
+        vec![
+            (Part::Slot(Artifact::Rootfs), 0, None),
+            (Part::Slot(Artifact::Kernel), 0, None)
+        ],
         "{r:?}"
     );
     // On the wire: the patches, the metadata (manifest, signature, probes, chunk indexes,
@@ -216,7 +222,7 @@ fn without_a_kept_manifest_the_base_is_proven_by_hashing_the_running_partition()
         .iter()
         .map(|p| {
             (
-                p.artifact,
+                p.artifact.clone(),
                 p.base_hashed,
                 p.mismatched_chunks,
                 p.fell_back.is_some(),
@@ -226,8 +232,8 @@ fn without_a_kept_manifest_the_base_is_proven_by_hashing_the_running_partition()
     assert_eq!(
         how,
         vec![
-            (Artifact::Rootfs, true, 0, false),
-            (Artifact::Kernel, true, 0, false)
+            (Part::Slot(Artifact::Rootfs), true, 0, false),
+            (Part::Slot(Artifact::Kernel), true, 0, false)
         ],
         "{r:?}"
     );

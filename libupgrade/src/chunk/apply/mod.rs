@@ -31,7 +31,7 @@ use super::local::LocalFile;
 use super::plan::{Action, FetchRange, LocalRef, Plan};
 use super::ChunkIndex;
 use crate::error::{Error, Result};
-use crate::manifest::Artifact;
+use crate::manifest::Part;
 use crate::net::rate::{Limited, MinRate, Throttle, Watched};
 use crate::net::retry::Backoff;
 
@@ -64,7 +64,7 @@ pub trait ApplyProgress {
 /// Parameters of one [`apply`].
 pub struct ApplyOptions<'a> {
     /// Which artifact of the release is applied (named in messages and errors).
-    pub artifact: Artifact,
+    pub artifact: Part,
     /// Whole-file sha256 from the manifest.
     pub sha256: String,
     /// Failed attempts tolerated in a row (as `download_retries`).
@@ -152,7 +152,7 @@ pub fn apply(
     let found = hex::encode(whole.finalize());
     if found != opts.sha256 {
         return Err(Error::Checksum {
-            artifact: opts.artifact,
+            artifact: opts.artifact.clone(),
             location: locs.pop().expect("the origin"),
             expected: opts.sha256.clone(),
             found,
@@ -230,7 +230,7 @@ impl Applier<'_> {
         // The local file changed under us (it should not): fetch this one chunk.
         log::warn!(
             "{}: chunk {i} no longer matches at {} byte {}; fetching it",
-            self.opts.artifact,
+            &self.opts.artifact,
             src.name,
             l.offset
         );
@@ -268,7 +268,7 @@ impl Applier<'_> {
                     log::warn!(
                         "{}: {why}; not used again for the {}, chunk {i} on come from {}",
                         self.locs[s],
-                        self.opts.artifact,
+                        &self.opts.artifact,
                         self.locs[next]
                     );
                     self.dead[s] = true;
@@ -413,7 +413,7 @@ fn check(
     let got = super::digest(data);
     if &got != want {
         return Err(Error::ChunkDigest {
-            artifact: opts.artifact,
+            artifact: opts.artifact.clone(),
             location: loc.to_string(),
             chunk: i,
             offset,

@@ -69,7 +69,7 @@ impl ApplyProgress for Counts {
 
 fn opts(sha: &[u8]) -> ApplyOptions<'static> {
     ApplyOptions {
-        artifact: Artifact::Rootfs,
+        artifact: crate::manifest::Artifact::Rootfs.into(),
         sha256: hex::encode(crate::chunk::digest(sha)),
         retries: 3,
         retry_delay: Duration::from_millis(1),

@@ -21,7 +21,7 @@ use super::staging::staging_dir;
 use super::PatchWork;
 use crate::chunk::local::LocalFile;
 use crate::error::Error;
-use crate::manifest::{Artifact, PatchRef};
+use crate::manifest::{Part, PatchRef};
 use crate::net::fetch::Source;
 use crate::net::retry::retrying;
 use crate::patch::{PatchHeader, PatchKind};
@@ -52,11 +52,11 @@ impl Stager<'_> {
         &self,
         at: &Placing,
         source: &Source,
-        a: Artifact,
+        a: &Part,
         work: &ChunkWork,
         opts: &crate::stage::StageOptions,
     ) -> Chosen {
-        let entry = at.m.files.get(a);
+        let entry = crate::stage::entry(at.m, a);
         if entry.patches.is_empty() {
             return Chosen::default();
         }
@@ -137,7 +137,7 @@ impl Stager<'_> {
     fn proven(
         &self,
         at: &Placing,
-        a: Artifact,
+        a: &Part,
         held: &[u64],
         chunk_fetch: u64,
     ) -> (Vec<Proven>, bool) {
@@ -155,14 +155,19 @@ impl Stager<'_> {
 
     /// Artifact `a`'s entry in the running release's signed manifest, as the node kept it
     /// (`slots/<slot>/manifest.json`), when that manifest is the running build's.
-    fn running_entry(&self, at: &Placing, a: Artifact) -> Option<crate::manifest::FileEntry> {
+    fn running_entry(&self, at: &Placing, a: &Part) -> Option<crate::manifest::FileEntry> {
         let slot = at.running.0;
+        if let Part::Payload(name) = a {
+            // A payload's base is an object of the store: its name is its verified sha256.
+            let e = at.kept.as_ref()?.payload(name)?.file.clone();
+            return crate::payload::holds(&self.cfg.state_dir, &e.sha256, e.size).then_some(e);
+        }
         let Some(want) = at.running_sha256.as_deref() else {
             log::info!("{a}: the state names no build for slot {slot}; a patch's base is proven by hashing the slot");
             return None;
         };
         match crate::slotfiles::manifest_with_sha256(&self.cfg.state_dir, slot) {
-            Ok(Some((m, sha))) if sha == want => Some(m.files.get(a).clone()),
+            Ok(Some((m, sha))) if sha == want => m.entry(a).cloned(),
             Ok(Some((_, sha))) => {
                 log::warn!(
                     "{a}: the manifest kept for slot {slot} has sha256 {sha}, the slot runs {want}; a patch's base is proven by hashing the slot instead"
@@ -184,18 +189,12 @@ impl Stager<'_> {
     /// running build: an image written by `dd`, a re-made state partition): the sha256 of its
     /// first bytes up to each base size a listed patch could be chosen for, in one pass.
     /// Nothing when no patch could win or the slot cannot be read. Reads only.
-    fn prove_by_hash(
-        &self,
-        at: &Placing,
-        a: Artifact,
-        held: &[u64],
-        chunk_fetch: u64,
-    ) -> Vec<Proven> {
-        let patches = &at.m.files.get(a).patches;
+    fn prove_by_hash(&self, at: &Placing, a: &Part, held: &[u64], chunk_fetch: u64) -> Vec<Proven> {
+        let patches = &crate::stage::entry(at.m, a).patches;
         let (slot, Some(version)) = (at.running.0, at.running.1.as_deref()) else {
             return Vec::new();
         };
-        let (file, offset, len) = match self.layout.open_artifact(slot, version, a) {
+        let (file, offset, len) = match self.open_running(at, a, version) {
             Ok(f) => f,
             Err(e) => {
                 log::warn!("{a}: cannot read the running slot's copy to prove a patch's base ({e}); no patch is used");
@@ -264,11 +263,11 @@ impl Stager<'_> {
     fn check_header(
         &self,
         at: &Placing,
-        a: Artifact,
+        a: &Part,
         p: &PatchRef,
         h: &PatchHeader,
     ) -> std::result::Result<(), String> {
-        let entry = at.m.files.get(a);
+        let entry = crate::stage::entry(at.m, a);
         let kind = match h.kind {
             PatchKind::Plain => "plain",
             PatchKind::Squashfs => "squashfs",
@@ -302,9 +301,9 @@ impl Stager<'_> {
     /// The running slot's copy of artifact `a`, opened read-only, holding at least the
     /// patch's base size (the applier reads that range in place, a slot partition too), if
     /// the staging area has room for the patch.
-    fn patch_base(&self, at: &Placing, a: Artifact, p: &PatchRef) -> Option<LocalFile> {
+    fn patch_base(&self, at: &Placing, a: &Part, p: &PatchRef) -> Option<LocalFile> {
         let (slot, version) = (at.running.0, at.running.1.as_deref()?);
-        match self.layout.open_artifact(slot, version, a) {
+        match self.open_running(at, a, version) {
             Ok((file, offset, len)) if len >= p.base.size => {
                 let base = LocalFile {
                     file,
@@ -334,6 +333,37 @@ impl Stager<'_> {
             Err(e) => {
                 log::warn!("{a}: cannot read the running slot's copy ({e}); no patch is used");
                 None
+            }
+        }
+    }
+}
+
+impl Stager<'_> {
+    /// The running slot's copy of part `a` for reading (a slot file through the layout, a
+    /// payload's object of the running release's kept manifest): (file, offset, length).
+    fn open_running(
+        &self,
+        at: &Placing,
+        a: &Part,
+        version: &str,
+    ) -> crate::error::Result<(File, u64, u64)> {
+        match a {
+            Part::Slot(x) => self.layout.open_artifact(at.running.0, version, *x),
+            Part::Payload(name) => {
+                let missing = || {
+                    Error::Layout(format!(
+                        "the running release keeps no payload {}",
+                        name.escape_debug()
+                    ))
+                };
+                let e = at
+                    .kept
+                    .as_ref()
+                    .and_then(|m| m.payload(name))
+                    .ok_or_else(missing)?;
+                let path = crate::payload::object_path(&self.cfg.state_dir, &e.file.sha256);
+                let f = File::open(&path).map_err(|err| Error::io("open", &path, err))?;
+                Ok((f, 0, e.file.size))
             }
         }
     }

@@ -37,7 +37,7 @@ use crate::chunk::local::LocalFile;
 use crate::chunk::plan::{Action, Plan};
 use crate::error::{Error, Result};
 use crate::layout::Target;
-use crate::manifest::{Artifact, PatchRef};
+use crate::manifest::{Part, PatchRef};
 
 mod choose;
 mod staging;
@@ -62,7 +62,7 @@ impl Stager<'_> {
     pub(in crate::stage) fn write_patched(
         &self,
         run: &Run,
-        a: Artifact,
+        a: &Part,
         work: &ChunkWork,
         pw: &PatchWork,
     ) -> Result<Transfer> {
@@ -111,7 +111,7 @@ impl Stager<'_> {
         target.finish()?;
         crate::barrier::hit("stage:artifact-complete");
         run.patched.borrow_mut().push(super::PatchOutcome {
-            artifact: a,
+            artifact: a.clone(),
             from: pw.patch.base.version.clone(),
             patch_fetched: fetched,
             rebuilt: rebuilt.written,
@@ -156,7 +156,7 @@ impl Stager<'_> {
         let mut cut = Cutter::new(job.work.index.params.max as usize);
         run.progress.begin(
             &format!("{a} from patch {}", pw.patch.path),
-            run.m.files.get(a).size,
+            super::entry(run.m, a).size,
             0,
         );
         let mut reader = std::io::BufReader::with_capacity(BUF, patch);
@@ -192,7 +192,7 @@ impl Stager<'_> {
 
 /// One patched artifact's parts.
 struct Job<'j> {
-    a: Artifact,
+    a: &'j Part,
     work: &'j ChunkWork,
     pw: &'j PatchWork,
 }

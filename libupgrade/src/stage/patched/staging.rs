@@ -9,7 +9,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::PatchWork;
 use crate::error::{Error, Result};
-use crate::manifest::Artifact;
+use crate::manifest::Part;
 use crate::net::rate::Limited;
 use crate::stage::{Run, Stager, BUF};
 
@@ -34,7 +34,7 @@ impl Stager<'_> {
     pub(super) fn fetch_patch(
         &self,
         run: &Run,
-        a: Artifact,
+        a: &Part,
         pw: &PatchWork,
         fetched: &mut u64,
     ) -> Result<File> {
@@ -89,7 +89,7 @@ impl Stager<'_> {
         if found != p.sha256 {
             std::fs::remove_file(&pw.staged).map_err(|e| Error::io("remove", &pw.staged, e))?;
             return Err(Error::Checksum {
-                artifact: a,
+                artifact: a.clone(),
                 location: loc,
                 expected: p.sha256.clone(),
                 found,

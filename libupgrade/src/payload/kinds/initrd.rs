@@ -1,0 +1,12 @@
+//! The initramfs: a slot file, patched as plain bytes, checked by its sha256 alone.
+
+use super::{Kind, Place};
+use crate::manifest::Artifact;
+
+/// The initrd kind.
+pub(super) const KIND: Kind = Kind {
+    name: "initrd",
+    place: Place::Slot(Artifact::Initrd),
+    patch_kind: "plain",
+    check: None,
+};

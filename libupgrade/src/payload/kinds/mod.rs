@@ -1,0 +1,103 @@
+//! The one place that knows the kinds of a release's parts.
+//!
+//! A release is its three slot files (rootfs, kernel, initrd: `manifest.files`) and any
+//! number of payloads (`manifest.payloads`), each of a kind named in the manifest. A kind
+//! says, in one file of this folder:
+//! - its name in the manifest (`rootfs`, `image-archive`, …);
+//! - where a node keeps it ([`Place`]): a slot file written through [`crate::layout::Layout`],
+//!   or the content-addressed payload store on the state partition ([`super::object_path`]);
+//! - the patch kind the publisher builds for it (`squashfs` or `plain`, see [`crate::patch`]);
+//! - the check its bytes must pass once written and their sha256 verified ([`Kind::check`]).
+//!
+//! **Adding a kind is one new file here and one line in [`KINDS`]**: the stage engine, the
+//! preview, budgets, bundles, the store and `slot status` work over the list of parts a
+//! manifest yields ([`crate::manifest::Manifest::parts`]) and ask the kind only through
+//! [`Kind`]. A payload of a kind this build does not know is skipped (never refused), so a
+//! newer publisher's payload never makes a release unreadable to an older node.
+
+use crate::manifest::Artifact;
+
+mod image_archive;
+mod initrd;
+mod kernel;
+mod rootfs;
+
+/// Reads `buf.len()` bytes at a position of a written part (its start is 0).
+pub type ReadAt<'a> = &'a dyn Fn(u64, &mut [u8]) -> std::io::Result<()>;
+
+/// A kind's check of its written bytes (`read`, `size` bytes): `Err(what is wrong)`.
+pub type Check = fn(read: ReadAt, size: u64) -> Result<(), String>;
+
+/// Where a node keeps a part of a kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// One of the slot's own files, written through the layout into the target slot.
+    Slot(Artifact),
+    /// An object in the payload store, shared by the slots whose kept manifest names it.
+    Store,
+}
+
+/// What a node knows of one kind of part.
+#[derive(Debug)]
+pub struct Kind {
+    /// The kind's name in the manifest (`Payload::kind`; the slot files' kinds are their
+    /// `files.*` keys).
+    pub name: &'static str,
+    /// Where a node keeps it.
+    pub place: Place,
+    /// The patch kind `release create --patch-from` builds for it ([`crate::manifest::PATCH_KINDS`]).
+    pub patch_kind: &'static str,
+    /// What its written bytes must be beyond their signed sha256 (`read`, its `size` bytes):
+    /// `Err(what is wrong)`, said in the stage's error naming the part. None: the sha256 is
+    /// all (kernel, initrd).
+    pub check: Option<Check>,
+}
+
+/// Every kind this build knows: the three slot files first, then the payload kinds.
+pub const KINDS: &[&Kind] = &[
+    &rootfs::KIND,
+    &kernel::KIND,
+    &initrd::KIND,
+    &image_archive::KIND,
+];
+
+/// The kind named `name` in a manifest, if this build knows it.
+pub fn kind(name: &str) -> Option<&'static Kind> {
+    KINDS.iter().copied().find(|k| k.name == name)
+}
+
+/// The kind of slot file `a`.
+pub fn of_artifact(a: Artifact) -> &'static Kind {
+    KINDS
+        .iter()
+        .copied()
+        .find(|k| k.place == Place::Slot(a))
+        .expect("every artifact has a kind")
+}
+
+/// The payload kinds this build stages into the store (what `release create` may add).
+pub fn payload_kinds() -> impl Iterator<Item = &'static Kind> {
+    KINDS.iter().copied().filter(|k| k.place == Place::Store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_artifact_has_one_kind_and_names_are_unique() {
+        for a in Artifact::ALL {
+            assert_eq!(of_artifact(a).name, a.as_str());
+        }
+        for (i, k) in KINDS.iter().enumerate() {
+            assert!(
+                KINDS[..i].iter().all(|o| o.name != k.name),
+                "{} twice",
+                k.name
+            );
+            assert!(crate::manifest::PATCH_KINDS.contains(&k.patch_kind));
+        }
+        assert_eq!(kind("image-archive").unwrap().place, Place::Store);
+        assert!(kind("helm-chart").is_none());
+    }
+}

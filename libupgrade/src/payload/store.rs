@@ -1,0 +1,249 @@
+//! The payload store: `<state_dir>/payloads/objects/<sha256>`, content-addressed read-only
+//! files on the state partition, beside the slots (like RAUC's artifact repositories).
+//!
+//! - **Written once.** A payload is staged into `objects/.<sha256>.partial` (chunk by chunk
+//!   or streamed, resumable like a slot file: the partial file is kept and re-verified), its
+//!   sha256 checked, fsynced, made read-only, renamed to `objects/<sha256>` and the directory
+//!   fsynced (barrier `payload:object-renamed`). An object already there costs 0 bytes.
+//! - **Referenced by the slots.** A slot references the payloads its kept manifest
+//!   (`slots/<a|b>/manifest.json`, [`crate::slotfiles`]) names; a stage in progress references
+//!   the objects its download checkpoint lists. A slot without a kept manifest (staged before
+//!   v0.2.0) references none: releases before v0.2.0 carry no payloads, and an image builder
+//!   that installs payloads keeps the installed release's manifest as it does for its boot
+//!   scripts.
+//! - **Pruned** when a stage starts (the target's kept manifest is gone by then) and after a
+//!   bless: every object and partial file no reference names is removed, one at a time, the
+//!   directory fsynced after each (barrier `payload:object-pruned`). A cut anywhere leaves
+//!   every referenced object intact (references are written before objects are needed and
+//!   removed only by invalidating their slot), at worst an unreferenced object that the next
+//!   prune removes.
+//! - **Budgeted** ([`crate::Config::payload_store_max_bytes`]): a release whose new objects
+//!   do not fit beside the running slot's is refused before anything is written, naming the
+//!   bytes needed, held and the budget ([`crate::Error::PayloadBudget`]).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use bootconfig::Slot;
+
+use crate::error::{Error, Result};
+use crate::manifest::Manifest;
+
+/// The store's folder under the state directory.
+const PAYLOADS_DIR: &str = "payloads";
+/// The objects' folder inside it.
+const OBJECTS_DIR: &str = "objects";
+
+/// Where the store keeps its objects: `<state_dir>/payloads/objects`.
+pub fn objects_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join(PAYLOADS_DIR).join(OBJECTS_DIR)
+}
+
+/// Where the object of the payload whose sha256 is `sha256` is kept (it may not be there).
+/// The boot's activation reads a slot's payloads from here.
+pub fn object_path(state_dir: &Path, sha256: &str) -> PathBuf {
+    objects_dir(state_dir).join(sha256)
+}
+
+/// The object `sha256` is complete in the store: there, a regular file of `size` bytes (its
+/// name is its digest, checked when it was written).
+pub(crate) fn holds(state_dir: &Path, sha256: &str, size: u64) -> bool {
+    std::fs::metadata(object_path(state_dir, sha256)).is_ok_and(|m| m.is_file() && m.len() == size)
+}
+
+/// The sha256 of every object `m` keeps in the store (payload kinds this build knows), once.
+pub(crate) fn objects_of(m: &Manifest) -> BTreeSet<String> {
+    m.stored_payloads().map(|p| p.file.sha256.clone()).collect()
+}
+
+/// The objects the slots' kept manifests and a stage in progress reference.
+pub(crate) fn referenced(state_dir: &Path) -> Result<BTreeSet<String>> {
+    let mut keep = BTreeSet::new();
+    for slot in [Slot::A, Slot::B] {
+        if let Some(m) = crate::slotfiles::manifest(state_dir, slot)? {
+            keep.extend(objects_of(&m));
+        }
+    }
+    if let Some(p) = crate::net::checkpoint::Partial::load(state_dir) {
+        keep.extend(p.objects);
+    }
+    Ok(keep)
+}
+
+/// What the store holds of a set of objects, for the budget and `slot status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreUse {
+    /// Bytes of complete objects held.
+    pub held: u64,
+    /// Bytes of the objects not held (to be staged).
+    pub needed: u64,
+}
+
+/// What the store holds of `objects` (sha256, size; each counted once).
+pub(crate) fn usage<'a>(
+    state_dir: &Path,
+    objects: impl IntoIterator<Item = (&'a str, u64)>,
+) -> StoreUse {
+    let mut seen = BTreeSet::new();
+    let mut u = StoreUse::default();
+    for (sha, size) in objects {
+        if !seen.insert(sha) {
+            continue;
+        }
+        if holds(state_dir, sha, size) {
+            u.held += size;
+        } else {
+            u.needed += size;
+        }
+    }
+    u
+}
+
+/// Refuse release `m` when its objects and the running release's (`running`) do not fit in
+/// `budget` bytes together: what the store must hold once `m` is staged.
+pub(crate) fn check_budget(
+    state_dir: &Path,
+    m: &Manifest,
+    running: Option<&Manifest>,
+    budget: u64,
+) -> Result<StoreUse> {
+    let objects = running
+        .into_iter()
+        .chain(std::iter::once(m))
+        .flat_map(|r| r.stored_payloads())
+        .map(|p| (p.file.sha256.as_str(), p.file.size));
+    let u = usage(state_dir, objects);
+    if u.held.saturating_add(u.needed) > budget {
+        return Err(Error::PayloadBudget {
+            version: m.version.clone(),
+            needed: u.needed,
+            held: u.held,
+            budget,
+        });
+    }
+    Ok(u)
+}
+
+/// What a prune removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pruned {
+    /// Objects and partial files removed.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// Remove every object and partial file of the store that no reference names ([`referenced`]),
+/// one at a time, each removal made durable before the next.
+pub(crate) fn prune(state_dir: &Path) -> Result<Pruned> {
+    let keep = referenced(state_dir)?;
+    prune_except(state_dir, &keep)
+}
+
+/// [`prune`] with the references given.
+pub(crate) fn prune_except(state_dir: &Path, keep: &BTreeSet<String>) -> Result<Pruned> {
+    let dir = objects_dir(state_dir);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Pruned::default()),
+        Err(e) => return Err(Error::io("list the payload store", &dir, e)),
+    };
+    let mut out = Pruned::default();
+    let mut names: Vec<String> = Vec::new();
+    for e in entries {
+        let e = e.map_err(|e| Error::io("list the payload store", &dir, e))?;
+        names.push(e.file_name().to_string_lossy().into_owned());
+    }
+    names.sort();
+    for name in names {
+        let sha = name
+            .strip_prefix('.')
+            .and_then(|n| n.strip_suffix(".partial"))
+            .unwrap_or(&name);
+        if keep.contains(sha) {
+            continue;
+        }
+        if !is_digest(sha) {
+            log::warn!(
+                "{}: not an object of the payload store; left alone",
+                dir.join(&name).display()
+            );
+            continue;
+        }
+        let p = dir.join(&name);
+        let len = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io("remove an unreferenced payload", &p, e)),
+        }
+        bootconfig::fsync_dir(&dir)?;
+        crate::barrier::hit("payload:object-pruned");
+        out.files += 1;
+        out.bytes += len;
+    }
+    Ok(out)
+}
+
+fn is_digest(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(state: &Path, name: &str, bytes: &[u8]) {
+        let d = objects_dir(state);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(name), bytes).unwrap();
+    }
+
+    #[test]
+    fn prune_removes_only_what_no_reference_names() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b, c) = ("aa".repeat(32), "bb".repeat(32), "cc".repeat(32));
+        put(t.path(), &a, b"kept");
+        put(t.path(), &b, b"gone!");
+        put(t.path(), &format!(".{c}.partial"), b"in progress");
+        put(t.path(), &format!(".{b}.partial"), b"x");
+        put(t.path(), "README", b"not ours");
+        let keep: BTreeSet<String> = [a.clone(), c.clone()].into();
+        let p = prune_except(t.path(), &keep).unwrap();
+        assert_eq!(p, Pruned { files: 2, bytes: 6 });
+        assert!(holds(t.path(), &a, 4));
+        assert!(!object_path(t.path(), &b).exists());
+        assert!(objects_dir(t.path()).join(format!(".{c}.partial")).exists());
+        assert!(objects_dir(t.path()).join("README").exists());
+        // Nothing to do the second time; no store at all is no error.
+        assert_eq!(prune_except(t.path(), &keep).unwrap(), Pruned::default());
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(
+            prune_except(empty.path(), &keep).unwrap(),
+            Pruned::default()
+        );
+    }
+
+    #[test]
+    fn usage_counts_each_object_once_held_or_needed() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = ("aa".repeat(32), "bb".repeat(32));
+        put(t.path(), &a, b"1234");
+        let u = usage(
+            t.path(),
+            [(a.as_str(), 4), (a.as_str(), 4), (b.as_str(), 10)],
+        );
+        assert_eq!(
+            u,
+            StoreUse {
+                held: 4,
+                needed: 10
+            }
+        );
+        // A file of another size is not the object.
+        let u = usage(t.path(), [(a.as_str(), 5)]);
+        assert_eq!(u, StoreUse { held: 0, needed: 5 });
+    }
+}
