@@ -19,4 +19,4 @@ mod store;
 
 pub use oci::{archive_images, ArchiveError, MAX_ARCHIVE_JSON};
 pub(crate) use store::{check_budget, holds, objects_of, prune};
-pub use store::{object_path, objects_dir, slot_payloads, PayloadStatus, Pruned, StoreUse};
+pub use store::{object_path, objects_dir, Pruned, StoreUse};
