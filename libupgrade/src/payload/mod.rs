@@ -10,7 +10,7 @@ pub mod kinds;
 mod store;
 
 pub(crate) use store::{check_budget, holds, objects_of, prune};
-pub use store::{object_path, objects_dir, Pruned, StoreUse};
+pub use store::{object_path, objects_dir, slot_payloads, PayloadStatus, Pruned, StoreUse};
 
 /// The image references an image archive holds.
 // TODO(issue 33): placeholder until the lead's `archive_images` (oci reader) lands in main;
