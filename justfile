@@ -103,9 +103,12 @@ bench-fleet:
 # Delta updates on real Debian squashfs images (two monthly pairs, a major pair): bytes fetched
 # by us vs casync, 4 KiB blocks (RAUC block-hash-index), xdelta3 and our per-pair patches
 # (their build and apply time and RSS), mksquashfs options, chunk sizes, and the real stage's
-# time and RSS. Downloads ~300 MB of .debs once into .cache/delta. Not in CI.
-bench-delta:
+# time and RSS; and the agent's OCI image from the previous release to this tree as an
+# image-archive payload (chunks, patch) against xdelta3 and a registry pull of the changed layers.
+# Downloads ~300 MB of .debs once into .cache/delta. Not in CI.
+bench-delta: images-previous-x86_64
     libupgrade/benches/delta-debs.sh .cache/delta
+    libupgrade/benches/delta-images.sh .cache/delta
     cargo bench -p libupgrade --bench delta
 
 # bsdiff against zstd --patch-from on every file the delta pairs change: bytes and seconds of

@@ -40,6 +40,7 @@ pub mod fsimg;
 pub mod grubimg;
 pub mod initramfs;
 pub mod loader;
+pub mod oci;
 pub mod release;
 pub mod rootfs;
 pub mod run;

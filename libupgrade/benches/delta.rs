@@ -45,6 +45,9 @@ use libupgrade::chunk::local::{find_local, LocalFile};
 use libupgrade::chunk::plan::plan;
 use libupgrade::chunk::{ChunkIndex, ChunkParams};
 
+#[path = "delta/archives.rs"]
+mod archives;
+
 /// HTTP request + response headers per range request (measured with `release serve`: ~120 B
 /// request, ~180 B response).
 const HEADER_BYTES: u64 = 300;
@@ -248,6 +251,16 @@ fn main() {
     let cache = std::env::var_os("BENCH_DELTA_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join(".cache/delta"));
+    // BENCH_DELTA_SECTIONS=archives,options,chunks,pairs,stage (default: all) runs a subset.
+    let sections = std::env::var("BENCH_DELTA_SECTIONS").unwrap_or_default();
+    let want = |s: &str| sections.is_empty() || sections.split(',').any(|x| x == s);
+    if want("archives") {
+        fs::create_dir_all(&cache).unwrap();
+        archives::run(&cache, tempfile::tempdir_in(&cache).unwrap().path());
+        if sections == "archives" {
+            return;
+        }
+    }
     let trees = cache.join("trees");
     for t in ["monthly-v0", "monthly-v1", "monthly-v2", "major-v2"] {
         assert!(
@@ -267,9 +280,6 @@ fn main() {
         ("major", "monthly-v2", "major-v2"),
     ];
 
-    // BENCH_DELTA_SECTIONS=options,chunks,pairs,stage (default: all) runs a subset.
-    let sections = std::env::var("BENCH_DELTA_SECTIONS").unwrap_or_default();
-    let want = |s: &str| sections.is_empty() || sections.split(',').any(|x| x == s);
     if want("options") {
         println!("== mksquashfs options (monthly pair; ours at the default chunk size) ==");
         println!(

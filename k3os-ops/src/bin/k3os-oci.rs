@@ -8,6 +8,11 @@
 //! and `io.containerd.image.name` set to the full reference, which `skopeo` (oci-archive:) and
 //! containerd's `ctr images import` (k3s) both use.
 //!
+//! `--layer-compression none` writes the layer as a plain tar (`…layer.v1.tar`): what a release
+//! should carry as an image-archive payload, because a gzipped layer changes as a whole when
+//! one byte of it does, so a node's chunks and patches reuse nothing of its previous copy
+//! (`just bench-delta` measures both).
+//!
 //! Written here rather than with umoci/buildah: the layout is four JSON documents and a
 //! gzipped tar (the `tar` and `flate2` crates), umoci cannot build a multi-platform index, and
 //! our own code keeps the output reproducible (fixed mtimes, owners and order), so the same
@@ -34,12 +39,24 @@ struct Args {
     /// Repeat for each platform.
     #[arg(long = "binary", required = true)]
     binaries: Vec<String>,
+    /// How the layer is stored: gzip (what a registry serves) or none (a plain tar, which
+    /// chunks and patches reuse from one release to the next).
+    #[arg(long, value_enum, default_value = "gzip")]
+    layer_compression: LayerCompression,
+}
+
+/// How the layer blob is stored.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LayerCompression {
+    Gzip,
+    None,
 }
 
 const MT_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MT_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const MT_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-const MT_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+const MT_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+const MT_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
 
 /// Content-addressed blobs of the layout.
 #[derive(Default)]
@@ -115,7 +132,10 @@ fn main() -> anyhow::Result<()> {
         }
         let (raw, gz) = layer(Path::new(path))?;
         let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&raw)));
-        let layer = blobs.add(MT_LAYER, gz);
+        let layer = match args.layer_compression {
+            LayerCompression::Gzip => blobs.add(MT_LAYER_GZIP, gz),
+            LayerCompression::None => blobs.add(MT_LAYER_TAR, raw),
+        };
         let config = json!({
             "created": "1970-01-01T00:00:00Z",
             "architecture": arch,

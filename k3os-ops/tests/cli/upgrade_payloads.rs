@@ -193,12 +193,21 @@ fn release_create_image_then_plan_stage_and_slot_status_count_the_payloads() {
     eprintln!("{printed}");
     for name in ["k3s", "site"] {
         assert!(
-            printed.contains(&format!("(image-archive {name}, ")),
+            printed.contains(&format!("(image-archive {name}, 1 image(s))")),
             "{printed}"
         );
     }
     let m2 = manifest(&v2);
     let site = m2.payload("site").unwrap();
+    assert_eq!(
+        site.images,
+        ["registry.local/site/app:2"],
+        "read from the archive"
+    );
+    assert_eq!(
+        m2.payload("k3s").unwrap().images,
+        ["docker.io/rancher/mirrored-pause:3.6"]
+    );
     assert!(site.file.chunks.is_some(), "a chunk index: {site:?}");
     runs_in_a(&n, &v1, "v1");
 

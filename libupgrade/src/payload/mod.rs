@@ -1,20 +1,24 @@
-//! A release's payloads beyond the slot's own files (issue 33), and where a node keeps them.
+//! A release's payloads beyond the slot's own files (issue 33), where a node keeps them, and
+//! what it does with them.
 //!
 //! - [`kinds`]: the one place that knows the kinds of a release's parts (rootfs, kernel,
 //!   initrd, image archive); a new kind is one file there and one registry line.
 //! - `store`: the content-addressed payload store on the state partition,
 //!   `<state_dir>/payloads/objects/<sha256>` ([`object_path`]), written power-cut safely and
 //!   pruned after a bless to what the slots' kept manifests reference.
+//! - [`archive_images`] (`oci`): what an image archive (an OCI image layout or a `docker save`
+//!   tar, what k3s imports from its airgap directory) holds: the image names, each checked
+//!   down to its blobs. The publisher records the names in the manifest; a node's built-in
+//!   health check reads them again from what it booted with.
+//! - [`airgap`]: making the booted slot's archives available to k3s before it starts, and the
+//!   built-in check that every image the release names is there.
 
 pub mod kinds;
+mod oci;
 mod store;
 
+pub mod airgap;
+
+pub use oci::{archive_images, ArchiveError, MAX_ARCHIVE_JSON};
 pub(crate) use store::{check_budget, holds, objects_of, prune};
 pub use store::{object_path, objects_dir, slot_payloads, PayloadStatus, Pruned, StoreUse};
-
-/// The image references an image archive holds.
-// TODO(issue 33): placeholder until the lead's `archive_images` (oci reader) lands in main;
-// remove after `git merge main`.
-pub fn archive_images(_path: &std::path::Path) -> Result<Vec<String>, std::io::Error> {
-    Ok(Vec::new())
-}

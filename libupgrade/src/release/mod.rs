@@ -192,6 +192,9 @@ pub enum ReleaseError {
         /// What is wrong.
         what: String,
     },
+    /// An image archive input does not hold complete images (names its path and what).
+    #[error(transparent)]
+    Archive(#[from] crate::payload::ArchiveError),
     /// A release named by `--patch-from` cannot serve as a patch's base (unreadable or
     /// inconsistent manifest, another architecture, a file that is not what it says), or its
     /// patch could not be built.

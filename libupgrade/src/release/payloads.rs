@@ -113,10 +113,7 @@ pub(super) fn images(p: &PayloadInput) -> Result<Vec<String>, ReleaseError> {
     if p.kind != "image-archive" {
         return Ok(Vec::new());
     }
-    crate::payload::archive_images(&p.path).map_err(|e| ReleaseError::Payload {
-        path: p.path.clone(),
-        what: format!("reading its images: {e}"),
-    })
+    Ok(crate::payload::archive_images(&p.path)?)
 }
 
 /// `p` copied into the release directory (`copy`: the slot files' copy-hash-chunk pass).

@@ -1,0 +1,175 @@
+//! The test releases' image archive: one OCI image layout (a plain tar, what a release
+//! carries as an `image-archive` payload and k3s imports from its airgap directory), written
+//! here byte-reproducibly, no registry or container tool involved.
+//!
+//! It holds two images, each one layer (a real tar holding one file of deterministic bytes):
+//! - `k3os.test/pause:3.6`, the same in every release (a store object shared by both slots'
+//!   archives is still one archive per release; its blobs are what chunks reuse);
+//! - `k3os.test/site-app:g<generation>`, whose layer has one block of 16 of
+//!   its own per generation (2 of 16 differ from the previous generation's
+//!   layer: a monthly update of a site's workload; chunks and patches fetch about that much).
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::error::{IoContext, Result};
+
+/// The archive's payload name in the release (`release create --image NAME=FILE`).
+pub const PAYLOAD_NAME: &str = "site-images";
+/// Bytes of each layer's one file.
+const LAYER_FILE: usize = 1 << 20;
+const BLOCK: usize = LAYER_FILE / 16;
+
+/// The images the archive of `generation` holds, as the manifest lists them.
+pub fn images(generation: u64) -> Vec<String> {
+    vec![
+        "k3os.test/pause:3.6".to_string(),
+        format!("k3os.test/site-app:g{generation}"),
+    ]
+}
+
+/// Deterministic bytes: block `i` of stream `seed` (xorshift64*).
+fn block(seed: u64, i: u64) -> Vec<u8> {
+    let mut x =
+        seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i + 1).wrapping_mul(0xd1b5_4a32_d192_ed03);
+    let mut out = Vec::with_capacity(BLOCK);
+    while out.len() < BLOCK {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out
+}
+
+fn tar_of(entries: &[(&str, &[u8])]) -> Result<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data) in entries {
+        let mut h = tar::Header::new_ustar();
+        h.set_path(path).ctx("tar path", Path::new(path))?;
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        h.set_mtime(0);
+        h.set_cksum();
+        b.append(&h, *data).ctx("tar append", Path::new(path))?;
+    }
+    b.into_inner().ctx("tar finish", Path::new("(memory)"))
+}
+
+#[derive(Default)]
+struct Blobs(Vec<(String, Vec<u8>)>);
+
+impl Blobs {
+    fn add(&mut self, media: &str, data: Vec<u8>) -> Value {
+        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&data)));
+        let d = json!({"mediaType": media, "digest": digest, "size": data.len()});
+        if !self.0.iter().any(|(k, _)| *k == digest) {
+            self.0.push((digest, data));
+        }
+        d
+    }
+}
+
+/// One image: its layer holds `data` at `/data`; returns the manifest's descriptor.
+fn image(blobs: &mut Blobs, data: &[u8], name: &str) -> Result<Value> {
+    let layer = tar_of(&[("data", data)])?;
+    let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&layer)));
+    let layer = blobs.add("application/vnd.oci.image.layer.v1.tar", layer);
+    let config = json!({
+        "created": "1970-01-01T00:00:00Z", "architecture": "amd64", "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+    });
+    let config = blobs.add(
+        "application/vnd.oci.image.config.v1+json",
+        serde_json::to_vec(&config).expect("json"),
+    );
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config, "layers": [layer],
+    });
+    let mut d = blobs.add(
+        "application/vnd.oci.image.manifest.v1+json",
+        serde_json::to_vec(&manifest).expect("json"),
+    );
+    d["annotations"] = json!({
+        "io.containerd.image.name": name,
+        "org.opencontainers.image.ref.name": name,
+    });
+    Ok(d)
+}
+
+/// Write the archive of `generation` to `out` (the same bytes every time).
+pub fn write_archive(generation: u64, out: &Path) -> Result<()> {
+    let mut blobs = Blobs::default();
+    let names = images(generation);
+    let pause: Vec<u8> = (0..16).flat_map(|i| block(1, i)).collect();
+    let changed = generation % 16;
+    let app: Vec<u8> = (0..16)
+        .flat_map(|i| {
+            block(
+                if i == changed {
+                    2 + 1000 * generation
+                } else {
+                    2
+                },
+                i,
+            )
+        })
+        .collect();
+    let manifests = vec![
+        image(&mut blobs, &pause, &names[0])?,
+        image(&mut blobs, &app, &names[1])?,
+    ];
+    let index =
+        serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": manifests})).expect("json");
+    let mut entries: Vec<(String, Vec<u8>)> = vec![
+        (
+            "oci-layout".into(),
+            br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
+        ),
+        ("index.json".into(), index),
+    ];
+    for (d, data) in blobs.0 {
+        entries.push((format!("blobs/sha256/{}", &d[7..]), data));
+    }
+    let refs: Vec<(&str, &[u8])> = entries
+        .iter()
+        .map(|(p, d)| (p.as_str(), d.as_slice()))
+        .collect();
+    let bytes = tar_of(&refs)?;
+    std::fs::write(out, bytes).ctx("write image archive", out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_archive_is_reproducible_and_names_its_images() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b, c) = (d.path().join("a"), d.path().join("b"), d.path().join("c"));
+        write_archive(1, &a).unwrap();
+        write_archive(1, &b).unwrap();
+        write_archive(2, &c).unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        assert_eq!(libupgrade::payload::archive_images(&a).unwrap(), images(1));
+        assert_eq!(libupgrade::payload::archive_images(&c).unwrap(), images(2));
+        assert_ne!(std::fs::read(&a).unwrap(), std::fs::read(&c).unwrap());
+        // A real OCI tool reads every image of it (skopeo: installed by scripts/setup.sh).
+        for name in images(2) {
+            let out = std::process::Command::new("skopeo")
+                .arg("inspect")
+                .arg(format!("oci-archive:{}:{name}", c.display()))
+                .output()
+                .expect("skopeo runs");
+            assert!(
+                out.status.success(),
+                "skopeo inspect {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
