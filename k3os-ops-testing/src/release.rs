@@ -167,6 +167,7 @@ pub fn create(
         out_dir: out.to_path_buf(),
         generation,
         scripts: Vec::new(),
+        payloads: Vec::new(),
     })
     .unwrap();
 }

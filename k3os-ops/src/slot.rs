@@ -491,6 +491,16 @@ fn render_slot(s: &SlotStatus) -> String {
         "      boot:       {boot}{}\n",
         if s.primary { " (primary)" } else { "" }
     ));
+    for p in &s.payloads {
+        out.push_str(&format!(
+            "      payload:    {} {} {} sha256 {} {}\n",
+            p.kind.escape_debug(),
+            p.name.escape_debug(),
+            Size(p.size),
+            &p.sha256[..p.sha256.len().min(12)],
+            if p.in_store { "in store" } else { "MISSING" }
+        ));
+    }
     if let Some(d) = &s.last_decision {
         out.push_str(&format!(
             "      last:       {} {}: {}\n",

@@ -549,6 +549,7 @@ mod tests {
             primary: booted,
             last_decision: None,
             transfer: None,
+            payloads: Vec::new(),
         }
     }
 

@@ -411,6 +411,7 @@ fn main() {
             out_dir: w.join("rel"),
             generation: Some(2),
             scripts: Vec::new(),
+            payloads: Vec::new(),
         })
         .unwrap();
         let (secs, wire, fetched, rss) = stage_run(w, Some(v1), &base, &sent);

@@ -138,6 +138,7 @@ fn main() {
         out_dir: work.join("rel"),
         generation: Some(2),
         scripts: Vec::new(),
+        payloads: Vec::new(),
     })
     .unwrap();
     std::fs::remove_file(&sq).unwrap();

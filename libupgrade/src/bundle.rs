@@ -172,11 +172,12 @@ fn read_header(path: &Path, name: &str, e: &mut impl Read) -> Result<BundleHeade
 }
 
 /// The files of the release in `dir` that go into its bundle, in order: manifest, signature,
-/// then every file the manifest names.
+/// then every file the manifest names (the slot files, then every payload's, of any kind: a
+/// bundle carries the whole release).
 fn release_files(m: &Manifest) -> Vec<String> {
     let mut out = vec![MANIFEST_FILE.to_string(), SIGNATURE_FILE.to_string()];
-    for a in Artifact::ALL {
-        let e = m.files.get(a);
+    let slot = Artifact::ALL.into_iter().map(|a| m.files.get(a));
+    for e in slot.chain(m.payloads.iter().map(|p| &p.file)) {
         out.push(e.path.clone());
         out.extend(e.chunks.iter().map(|c| c.path.clone()));
     }

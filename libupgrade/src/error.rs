@@ -202,7 +202,7 @@ pub enum Error {
         available: u64,
     },
     /// The payload store cannot hold a release's payloads beside the running release's.
-    #[error("release {version}: its payloads need {} more in the payload store, which holds {} of what the running and new release keep; together over the store's budget of {} (payload_store_max_bytes in the node's config)", Size(*.needed), Size(*.held), Size(*.budget))]
+    #[error("release {version}: its payloads need {} ({needed} bytes) more in the payload store, which holds {} ({held} bytes) of what the running and the new release keep; together over the store's budget of {} ({budget} bytes, payload_store_max_bytes in the node's config)", Size(*.needed), Size(*.held), Size(*.budget))]
     PayloadBudget {
         /// The release refused.
         version: String,

@@ -439,6 +439,18 @@ impl Manifest {
         }
     }
 
+    /// The signed entry of `part`, to change (a release being made).
+    pub fn entry_mut(&mut self, part: &Part) -> Option<&mut FileEntry> {
+        match part {
+            Part::Slot(a) => Some(self.files.get_mut(*a)),
+            Part::Payload(n) => self
+                .payloads
+                .iter_mut()
+                .find(|p| p.name == *n)
+                .map(|p| &mut p.file),
+        }
+    }
+
     /// The payload named `name`.
     pub fn payload(&self, name: &str) -> Option<&Payload> {
         self.payloads.iter().find(|p| p.name == name)

@@ -61,6 +61,10 @@ pub struct SlotStatus {
     /// Bytes fetched vs reused by the update that staged this slot (None: staged before
     /// chunked updates, or never staged by this node).
     pub transfer: Option<crate::state::TransferStats>,
+    /// The payloads its kept manifest names (issue 33), each with whether the payload store
+    /// holds it; empty for a release without payloads or a slot with no kept manifest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub payloads: Vec<crate::payload::PayloadStatus>,
 }
 
 /// Status of the node, for `slot status`.
@@ -254,6 +258,7 @@ impl Updater {
                     primary: env.primary == s,
                     last_decision: st.last_decision(s).cloned(),
                     transfer: r.transfer,
+                    payloads: crate::payload::slot_payloads(&self.cfg.state_dir, s),
                 }
             })
             .collect();

@@ -97,6 +97,7 @@ fn the_running_generation_is_accepted_again_only_as_the_same_build() {
             kernel: pseudo_random(1000, 7),
             initrd: pseudo_random(1000, 8),
             arch: Arch::host(),
+            images: Vec::new(),
         },
     );
     let mut node = SimNode::new(&k.trust, 3, 1);

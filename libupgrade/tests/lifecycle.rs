@@ -409,6 +409,7 @@ fn a_v010_node_installs_the_new_script_on_activation_and_refuses_an_older_releas
                 kernel: pseudo_random(1000, 2),
                 initrd: pseudo_random(1000, 3),
                 arch: Arch::host(),
+                images: Vec::new(),
             },
             vec![libupgrade::release::BootScript {
                 kind: script_kind,

@@ -7,7 +7,7 @@
 
 //!
 //! One module per job: [`disk`] (GPT images on loop devices), [`release`] (keys, signed
-//! releases), [`server`] (the HTTP file server), [`node`] (a node's config and boot files under
+//! releases), [`image`] (OCI image archives for a release's payloads), [`server`] (the HTTP file server), [`node`] (a node's config and boot files under
 //! a temp root), [`loaders`] (the real bootloader backends), [`sim`] (a whole simulated node),
 //! [`clock`] (virtual time for download schedules), [`tree`] (a directory's bytes, to assert a
 //! refusal changed nothing).
@@ -19,6 +19,7 @@ use std::process::Command;
 pub mod clock;
 pub mod collector;
 pub mod disk;
+pub mod image;
 pub mod loaders;
 pub mod node;
 pub mod release;
@@ -29,6 +30,7 @@ pub mod tree;
 pub use clock::VirtualClock;
 pub use collector::report_sink;
 pub use disk::{Loop, TestDisk, MIB};
+pub use image::image_archive;
 pub use node::{boot_as, dir_config, ModelLoader};
 pub use release::{
     keys, make_release, noise_release, release_size, signed_release, signed_release_patched,

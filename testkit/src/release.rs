@@ -10,12 +10,12 @@ use crate::{pseudo_random, run};
 /// The artifact files of a release directory, in manifest order.
 pub const ARTIFACTS: [&str; 3] = ["rootfs.squashfs", "vmlinuz", "initrd"];
 
-/// The bytes of a release directory's artifacts together (what a full stage fetches).
+/// The bytes of a release directory's parts together, its payloads included (what a full
+/// stage fetches).
 pub fn release_size(dir: &Path) -> u64 {
-    ARTIFACTS
-        .iter()
-        .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
-        .sum()
+    let m = std::fs::read(dir.join("manifest.json")).unwrap();
+    let m = libupgrade::manifest::Manifest::parse(&m).unwrap();
+    m.parts().iter().map(|p| p.entry.size).sum()
 }
 
 /// A signing key pair and a trust dir holding its public key.
@@ -35,7 +35,8 @@ pub fn keys() -> Keys {
 }
 
 /// What goes into a test release: a squashfs of a release file and `payload` (at
-/// /usr/share/payload), and the kernel and initrd bytes.
+/// /usr/share/payload), the kernel and initrd bytes, and image archives (name, tar bytes:
+/// [`crate::image_archive`]) published as the release's payloads ([`ReleaseInputs::image`]).
 pub struct ReleaseInputs<'a> {
     pub version: &'a str,
     pub generation: u64,
@@ -43,6 +44,15 @@ pub struct ReleaseInputs<'a> {
     pub kernel: Vec<u8>,
     pub initrd: Vec<u8>,
     pub arch: Arch,
+    pub images: Vec<(String, Vec<u8>)>,
+}
+
+impl ReleaseInputs<'_> {
+    /// With an image archive payload `name` holding `tar` (`release create --image`).
+    pub fn image(mut self, name: &str, tar: Vec<u8>) -> Self {
+        self.images.push((name.to_string(), tar));
+        self
+    }
 }
 
 /// Build a real squashfs (mksquashfs, fixed times: unchanged files give unchanged bytes) and
@@ -74,6 +84,7 @@ pub fn noise_release(
             kernel: pseudo_random(600_000, kernel_seed),
             initrd: pseudo_random(400_000, initrd_seed),
             arch: Arch::host(),
+            images: Vec::new(),
         },
     )
 }
@@ -124,6 +135,15 @@ pub fn signed_release_patched(
     let initrd = work.path().join("initrd");
     std::fs::write(&kernel, &inputs.kernel).unwrap();
     std::fs::write(&initrd, &inputs.initrd).unwrap();
+    let payloads = inputs
+        .images
+        .iter()
+        .map(|(name, tar)| {
+            let p = work.path().join(format!("{name}.tar"));
+            std::fs::write(&p, tar).unwrap();
+            libupgrade::release::PayloadInput::image(&format!("{name}={}", p.display()))
+        })
+        .collect();
     let dir = out.join(version);
     libupgrade::release::create_patched(
         &libupgrade::release::CreateOptions {
@@ -136,6 +156,7 @@ pub fn signed_release_patched(
             out_dir: dir.clone(),
             generation: Some(inputs.generation),
             scripts,
+            payloads,
         },
         Some(libupgrade::chunk::ChunkParams::DEFAULT),
         patch_from,
@@ -168,6 +189,7 @@ pub fn make_release(
             kernel: pseudo_random(300_000 + generation as usize, generation + 100),
             initrd: pseudo_random(200_000, generation + 200),
             arch,
+            images: Vec::new(),
         },
     )
 }

@@ -57,6 +57,13 @@ pub struct CreateArgs {
     /// v0.1.0 nodes, ignore them. Prints each patch's size and build time.
     #[arg(long, value_name = "RELEASE")]
     patch_from: Vec<PathBuf>,
+    /// A container image archive to stage with the slot (repeatable): a plain tar, OCI image
+    /// layout or `docker save` (k3s's `k3s-airgap-images-<arch>.tar`), named by its file
+    /// name without the extension, or `NAME=FILE`. Nodes keep it in their payload store and
+    /// k3s finds it before it starts; it gets a chunk index and, with --patch-from, a plain
+    /// patch from the earlier release's archive of the same name. Older nodes ignore it.
+    #[arg(long = "image", value_name = "[NAME=]FILE")]
+    images: Vec<String>,
 }
 
 /// Create, sign and print the release.
@@ -74,6 +81,7 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
         no_chunks,
         boot_config,
         patch_from,
+        images,
     } = a;
     // Before anything is read or written (the value is printed once, escaped, by the error).
     libupgrade::version::check_version(&version).context("release create --version")?;
@@ -93,6 +101,10 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
         out_dir: out.clone(),
         generation,
         scripts,
+        payloads: images
+            .iter()
+            .map(|s| release::PayloadInput::image(s))
+            .collect(),
     };
     let bar = Bar::new();
     let (m, patches) = release::create_patched(&opts, chunking, &patch_from, &bar)
@@ -107,6 +119,21 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
     for a in libupgrade::manifest::Artifact::ALL {
         let f = m.files.get(a);
         println!("  {:<16} {:>12} bytes  sha256 {}", f.path, f.size, f.sha256);
+        if let Some(c) = &f.chunks {
+            println!("  {:<16} {:>12} bytes  (chunk index)", c.path, c.size);
+        }
+    }
+    for p in &m.payloads {
+        let f = &p.file;
+        println!(
+            "  {:<16} {:>12} bytes  sha256 {}  ({} {}, {} image(s))",
+            f.path,
+            f.size,
+            f.sha256,
+            p.kind,
+            p.name,
+            p.images.len()
+        );
         if let Some(c) = &f.chunks {
             println!("  {:<16} {:>12} bytes  (chunk index)", c.path, c.size);
         }

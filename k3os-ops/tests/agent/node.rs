@@ -84,6 +84,7 @@ fn release(channel: &Path, secret: &Path, version: &str, generation: u64) {
         out_dir: channel.join(version),
         generation: Some(generation),
         scripts: Vec::new(),
+        payloads: Vec::new(),
     })
     .expect("release create");
     libupgrade::channel::write_index(channel).expect("write index");

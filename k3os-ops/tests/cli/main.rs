@@ -24,4 +24,5 @@ mod release_trust;
 mod release_trust_cli;
 mod rollout_cli;
 mod tuf_interop;
+mod upgrade_payloads;
 mod upgrade_thin;

@@ -1,4 +1,5 @@
-//! A release's payloads beyond the slot's own files (issue 33), and where a node keeps them.
+//! A release's payloads beyond the slot's own files (issue 33), where a node keeps them, and
+//! what it does with them.
 //!
 //! - [`kinds`]: the one place that knows the kinds of a release's parts (rootfs, kernel,
 //!   initrd, image archive); a new kind is one file there and one registry line.
@@ -19,4 +20,4 @@ mod store;
 
 pub use oci::{archive_images, ArchiveError, MAX_ARCHIVE_JSON};
 pub(crate) use store::{check_budget, holds, objects_of, prune};
-pub use store::{object_path, objects_dir, Pruned, StoreUse};
+pub use store::{object_path, objects_dir, slot_payloads, PayloadStatus, Pruned, StoreUse};

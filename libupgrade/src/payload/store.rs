@@ -124,6 +124,46 @@ pub(crate) fn check_budget(
     Ok(u)
 }
 
+/// One payload of a slot's kept manifest, for `slot status`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PayloadStatus {
+    /// Its kind (`image-archive`).
+    pub kind: String,
+    /// Its name in the release.
+    pub name: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its sha256 (the object's name in the store).
+    pub sha256: String,
+    /// The store holds it complete; false: missing (or a kind this build does not keep).
+    pub in_store: bool,
+}
+
+/// The payloads `slot`'s kept manifest names and whether the store holds each; none when
+/// no manifest is kept (an unreadable one is logged: `slot status` must not fail on it).
+pub fn slot_payloads(state_dir: &Path, slot: Slot) -> Vec<PayloadStatus> {
+    let m = match crate::slotfiles::manifest(state_dir, slot) {
+        Ok(Some(m)) => m,
+        Ok(None) => return Vec::new(),
+        Err(e) => {
+            log::warn!("slot {slot}: {e}; its payloads are not listed");
+            return Vec::new();
+        }
+    };
+    let stored: BTreeSet<String> = objects_of(&m);
+    m.payloads
+        .iter()
+        .map(|p| PayloadStatus {
+            kind: p.kind.clone(),
+            name: p.name.clone(),
+            size: p.file.size,
+            sha256: p.file.sha256.clone(),
+            in_store: stored.contains(&p.file.sha256)
+                && holds(state_dir, &p.file.sha256, p.file.size),
+        })
+        .collect()
+}
+
 /// What a prune removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Pruned {

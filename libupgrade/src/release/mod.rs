@@ -1,4 +1,5 @@
-//! Creating a release directory: copy the three artifacts, hash them, write and sign the manifest.
+//! Creating a release directory: copy the three artifacts and any payloads (`payloads`), hash
+//! them, write and sign the manifest.
 //!
 //! This module owns the publisher side of a release: `create` streams each input file once
 //! (read → sha256 → write, 1 MiB at a time, so a multi-GiB rootfs never sits in memory),
@@ -59,6 +60,9 @@ pub struct CreateOptions {
     /// Boot scripts to carry (at most one per loader), as rendered by `bootconfig`: a node
     /// installs one when it activates this release and both slots read its version.
     pub scripts: Vec<BootScript>,
+    /// Payloads beside the slot files (issue 33): image archives a node stages into its
+    /// payload store with the slot ([`PayloadInput`]).
+    pub payloads: Vec<PayloadInput>,
 }
 
 /// A boot script for [`CreateOptions::scripts`].
@@ -179,6 +183,18 @@ pub enum ReleaseError {
         /// Hex sha256 of the file.
         found_sha256: String,
     },
+    /// A payload input cannot be published (unknown kind, not a file, fails its kind's
+    /// check, its images cannot be read).
+    #[error("payload {path}: {what}")]
+    Payload {
+        /// The input file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// An image archive input does not hold complete images (names its path and what).
+    #[error(transparent)]
+    Archive(#[from] crate::payload::ArchiveError),
     /// A release named by `--patch-from` cannot serve as a patch's base (unreadable or
     /// inconsistent manifest, another architecture, a file that is not what it says), or its
     /// patch could not be built.
@@ -254,6 +270,11 @@ pub fn create_patched(
     manifest.files.rootfs = copy(&opts.rootfs, ROOTFS_FILE)?;
     manifest.files.kernel = copy(&opts.kernel, KERNEL_FILE)?;
     manifest.files.initrd = copy(&opts.initrd, INITRD_FILE)?;
+    manifest.payloads = opts
+        .payloads
+        .iter()
+        .map(|p| payloads::publish(p, &copy))
+        .collect::<Result<_, _>>()?;
     for sc in &opts.scripts {
         write_atomic(&opts.out_dir, sc.kind.file_name(), sc.text.as_bytes())?;
     }
@@ -297,6 +318,7 @@ fn check_inputs(opts: &CreateOptions) -> Result<(), ReleaseError> {
         }
     }
     check_squashfs(&opts.rootfs)?;
+    payloads::check(&opts.payloads)?;
     if opts.out_dir.join(MANIFEST_FILE).exists() {
         return Err(ReleaseError::Exists {
             out_dir: opts.out_dir.clone(),
@@ -381,7 +403,7 @@ fn draft_manifest(opts: &CreateOptions, generation: u64) -> Result<Manifest, Rel
             extlinux_conf: bootconfig::CONF_VERSION,
             scripts: Vec::new(),
         }),
-        payloads: Vec::new(),
+        payloads: payloads::placeholders(&opts.payloads),
     };
     let mut scripts = Vec::new();
     for sc in &opts.scripts {
@@ -433,6 +455,7 @@ fn check_squashfs(path: &Path) -> Result<(), ReleaseError> {
 
 mod copy;
 pub mod patches;
+mod payloads;
 mod verify;
 
 use copy::copy_hashed;
@@ -440,6 +463,7 @@ use copy::fsync_dir;
 pub use copy::sha256_file;
 pub(crate) use copy::write_atomic;
 pub use patches::PatchBuilt;
+pub use payloads::PayloadInput;
 pub use verify::verify_dir;
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Per-pair patches for a release being created (`release create --patch-from`): for each
-//! earlier release named and each artifact, a patch from that release's copy to the new one
-//! ([`crate::patch::build`]: [`PatchKind::Squashfs`] for the rootfs, [`PatchKind::Plain`] for
-//! the kernel and initrd, and plain for a rootfs the squashfs kind cannot describe), kept
+//! earlier release named and each part of the new release that release has too (a payload by
+//! its name), a patch from that release's copy to the new one ([`crate::patch::build`] of the
+//! part kind's patch kind: [`PatchKind::Squashfs`] for the rootfs, [`PatchKind::Plain`] for
+//! the kernel, initrd and image archives, and plain for a rootfs the squashfs kind cannot
+//! describe), kept
 //! only when it is smaller than what a node running that release would fetch by chunks: the
 //! chunk plan of the new artifact's index against the base artifact, as the node computes it
 //! (every chunk of the base found by content, the stream rule applied). Without a chunk index
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::chunk::local::{find_local, LocalFile};
 use crate::chunk::ChunkIndex;
-use crate::manifest::{Arch, Artifact, Manifest, PatchBase, PatchRef, MANIFEST_FILE};
+use crate::manifest::{Arch, Manifest, Part, PatchBase, PatchRef, MANIFEST_FILE};
 use crate::patch::PatchKind;
 
 use super::copy::write_atomic_from;
@@ -25,8 +27,8 @@ use super::{io_err, ReleaseError};
 /// One patch `release create` built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PatchBuilt {
-    /// Which artifact.
-    pub artifact: Artifact,
+    /// Which part.
+    pub artifact: Part,
     /// The base release's version.
     pub from: String,
     /// `plain` or `squashfs`.
@@ -102,8 +104,15 @@ pub(super) fn add(
     let mut built = Vec::new();
     for base in bases {
         let bm = &base.manifest;
-        for a in Artifact::ALL {
-            let b = bm.files.get(a);
+        let parts: Vec<(Part, &'static str)> = m
+            .parts()
+            .into_iter()
+            .map(|p| (p.part, p.kind.patch_kind))
+            .collect();
+        for (a, patch_kind) in parts {
+            let Some(b) = bm.entry(&a) else {
+                continue; // A payload the base release does not have: nothing to patch from.
+            };
             let base_path = base.dir.join(&b.path);
             let (size, sha) = super::sha256_file(&base_path).map_err(io_err(&base_path))?;
             if (size, &sha) != (b.size, &b.sha256) {
@@ -115,23 +124,23 @@ pub(super) fn add(
                     ),
                 });
             }
-            let r = one(out_dir, m, a, base, &base_path)?;
+            let r = one(out_dir, m, (&a, patch_kind), base, &base_path)?;
             built.push(r);
         }
     }
     Ok(built)
 }
 
-/// The patch of artifact `a` from `base`'s copy at `base_path`.
+/// The patch of part `a` (its kind's patch kind) from `base`'s copy at `base_path`.
 fn one(
     out_dir: &Path,
     m: &mut Manifest,
-    a: Artifact,
+    (a, patch_kind): (&Part, &str),
     base: &Base,
     base_path: &Path,
 ) -> Result<PatchBuilt, ReleaseError> {
-    let entry = m.files.get(a).clone();
-    let b = base.manifest.files.get(a);
+    let entry = m.entry(a).expect("a part of the release").clone();
+    let b = base.manifest.entry(a).expect("a part of the base");
     let target = out_dir.join(&entry.path);
     let name = format!("{}.from-{}.patch", entry.path, &b.sha256[..16]);
     let chunk_fetch = chunk_fetch(out_dir, &entry, base_path)?;
@@ -147,8 +156,8 @@ fn one(
         })
         .map(|r| r.map(|()| blocks))
     };
-    let (kind, note, blocks) = match a {
-        Artifact::Rootfs => match build(PatchKind::Squashfs)? {
+    let (kind, note, blocks) = match patch_kind {
+        "squashfs" => match build(PatchKind::Squashfs)? {
             Ok(n) => ("squashfs", None, n),
             Err(why) => {
                 let n = build(PatchKind::Plain)?.map_err(|what| patch_failed(a, b, &what))?;
@@ -165,7 +174,7 @@ fn one(
     let (size, sha256) = super::sha256_file(&path).map_err(io_err(&path))?;
     let kept = size < chunk_fetch;
     if kept {
-        let e = m.files.get_mut(a);
+        let e = m.entry_mut(a).expect("a part of the release");
         e.patches.push(PatchRef {
             base: PatchBase {
                 version: base.manifest.version.clone(),
@@ -182,7 +191,7 @@ fn one(
         std::fs::remove_file(&path).map_err(io_err(&path))?;
     }
     Ok(PatchBuilt {
-        artifact: a,
+        artifact: a.clone(),
         from: base.manifest.version.clone(),
         kind: kind.into(),
         size,
@@ -195,7 +204,7 @@ fn one(
     })
 }
 
-fn patch_failed(a: Artifact, b: &crate::manifest::FileEntry, what: &str) -> ReleaseError {
+fn patch_failed(a: &Part, b: &crate::manifest::FileEntry, what: &str) -> ReleaseError {
     ReleaseError::PatchBase {
         path: PathBuf::from(&b.path),
         what: format!("building the {a} patch failed: {what}"),

@@ -42,6 +42,7 @@ impl Fixture {
             out_dir: out.to_path_buf(),
             generation,
             scripts: Vec::new(),
+            payloads: Vec::new(),
         }
     }
 }
@@ -310,8 +311,8 @@ fn patches_from_two_bases_are_listed_when_smaller_and_verified() {
     assert_eq!(built.len(), 3, "{built:?}");
     let r = &built[0];
     assert_eq!(
-        (r.artifact, r.kind.as_str(), r.kept),
-        (Artifact::Rootfs, "plain", true)
+        (r.artifact.clone(), r.kind.as_str(), r.kept),
+        (Artifact::Rootfs.into(), "plain", true)
     );
     assert!(r.size < r.chunk_fetch, "{r:?}");
     assert!(r.note.as_deref().is_some_and(|n| !n.is_empty()), "{r:?}");

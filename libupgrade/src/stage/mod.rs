@@ -354,6 +354,11 @@ impl Stager<'_> {
                 How::Done => {
                     moved.reused += size;
                     run.moved.set(moved);
+                    if !partial.done.contains(a) {
+                        // A payload the store already held: reused by this update.
+                        partial.reused = partial.reused.saturating_add(size);
+                        partial.done.push(a.clone());
+                    }
                     continue;
                 }
                 How::Chunked | How::Patched { .. } => {

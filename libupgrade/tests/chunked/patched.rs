@@ -43,6 +43,7 @@ fn inputs<'a>(version: &'a str, generation: u64, payload: &'a [u8], k: u64) -> R
         kernel: kernel(k),
         initrd: pseudo_random(400_000, 201),
         arch: Arch::host(),
+        images: Vec::new(),
     }
 }
 

@@ -1,0 +1,72 @@
+//! Image archives for tests: a plain tar holding a real OCI image layout (`oci-layout`,
+//! `index.json`, `blobs/sha256/…`: one manifest, its config and its layers, each at the size
+//! and digest its descriptor says), with the reference `name` in the index's
+//! `org.opencontainers.image.ref.name` annotation, what `skopeo copy … oci-archive:` writes.
+//! The layers are bytes the caller chooses (two archives sharing a layer share its bytes, as
+//! two image versions sharing a base layer do), stored uncompressed in the tar, so chunks
+//! and plain patches find them.
+
+use sha2::{Digest, Sha256};
+
+fn digest(b: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(b)))
+}
+
+fn descriptor(media: &str, b: &[u8]) -> String {
+    format!(
+        r#"{{"mediaType":"{media}","digest":"{}","size":{}}}"#,
+        digest(b),
+        b.len()
+    )
+}
+
+/// The tar bytes of an OCI image layout holding image `name` (`docker.io/library/app:1`)
+/// made of `layers`.
+pub fn image_archive(name: &str, layers: &[Vec<u8>]) -> Vec<u8> {
+    let config = format!(
+        r#"{{"architecture":"amd64","os":"linux","rootfs":{{"type":"layers","diff_ids":[{}]}}}}"#,
+        layers
+            .iter()
+            .map(|l| format!("\"{}\"", digest(l)))
+            .collect::<Vec<_>>()
+            .join(",")
+    )
+    .into_bytes();
+    let manifest = format!(
+        r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{},"layers":[{}]}}"#,
+        descriptor("application/vnd.oci.image.config.v1+json", &config),
+        layers
+            .iter()
+            .map(|l| descriptor("application/vnd.oci.image.layer.v1.tar", l))
+            .collect::<Vec<_>>()
+            .join(",")
+    )
+    .into_bytes();
+    let index = format!(
+        r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"{}","size":{},"annotations":{{"org.opencontainers.image.ref.name":"{name}"}}}}]}}"#,
+        digest(&manifest),
+        manifest.len()
+    )
+    .into_bytes();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |path: &str, data: &[u8]| {
+        let mut h = tar::Header::new_ustar();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(0);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, path, data).unwrap();
+    };
+    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
+    add("index.json", &index);
+    let mut blobs: Vec<&[u8]> = vec![&manifest, &config];
+    blobs.extend(layers.iter().map(Vec::as_slice));
+    let mut seen = std::collections::BTreeSet::new();
+    for blob in blobs {
+        let d = digest(blob);
+        if seen.insert(d.clone()) {
+            add(&format!("blobs/sha256/{}", &d["sha256:".len()..]), blob);
+        }
+    }
+    b.into_inner().unwrap()
+}
