@@ -520,3 +520,66 @@ fn a_bless_prunes_what_no_slot_references_and_keeps_both_slots_payloads() {
         "v1's two archives and v2's changed one; k3s is shared"
     );
 }
+
+#[test]
+fn a_budget_stop_in_a_new_payload_resumes_and_an_extra_source_supplies_the_rest() {
+    let n = Node::new();
+    let (i1, mut i2) = images();
+    i2.push((
+        "metrics",
+        image_archive(
+            "docker.io/rancher/mirrored-metrics-server:v0.7",
+            &[pseudo_random(900_000, 43)],
+        ),
+    ));
+    let (v1, _) = release(&n, "v1", 5, &i1, None);
+    let (v2, _) = release(&n, "v2", 6, &i2, None);
+    runs_in_a(&n, &v1, "v1");
+    let src = v2.to_str().unwrap();
+    let plan = n.ok(&["upgrade", "--plan-only", "--source", src]);
+    let total = fetch_of(line(&plan, "total"));
+    let metrics = manifest(&v2).payload("metrics").unwrap().file.clone();
+    assert!(
+        fetch_of(line(&plan, "payload metrics")) == metrics.size,
+        "{plan}"
+    );
+
+    let e = n.fails_with_one_error(&[
+        "upgrade",
+        "--stage-only",
+        "--max-bytes",
+        "400K",
+        "--source",
+        src,
+    ]);
+    assert!(
+        e.contains("byte budget") && e.contains("left to fetch"),
+        "{e}"
+    );
+    let plan = n.ok(&["upgrade", "--plan-only", "--source", src]);
+    eprintln!("{plan}");
+    assert!(
+        plan.contains("continuing an interrupted download"),
+        "{plan}"
+    );
+    let rest = fetch_of(line(&plan, "total"));
+    assert!(rest <= total - (400 << 10) + 65_536, "{rest} of {total}");
+
+    // The rest of the new archive comes from a medium holding the release's file.
+    let medium = n.path().join("usb");
+    fs::create_dir_all(&medium).unwrap();
+    fs::copy(v2.join(&metrics.path), medium.join(&metrics.path)).unwrap();
+    let args = ["--source", src, "--extra-source", medium.to_str().unwrap()];
+    let plan = n.ok(&[&["upgrade", "--plan-only"][..], &args].concat());
+    assert_eq!(fetch_of(line(&plan, "payload metrics")), 0, "{plan}");
+    let out = n.ok(&[&["upgrade", "--stage-only"][..], &args].concat());
+    eprintln!("{out}");
+    assert!(
+        out.contains(&format!(
+            "fetched ({} bytes)",
+            fetch_of(line(&plan, "total"))
+        )),
+        "{out}"
+    );
+    assert_objects(&n.path().join("state"), &v2);
+}
