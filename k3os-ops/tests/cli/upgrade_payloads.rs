@@ -459,3 +459,127 @@ fn kill_9_at_every_payload_barrier_leaves_both_slots_payloads_intact() {
         );
     }
 }
+
+/// Power `n` on through GRUB's script (its countdown written as GRUB's `save_env` would) into
+/// release `version` (`generation`); returns the slot booted.
+fn power_on(n: &Node, boot: u32, version: &str, generation: u64) -> bootconfig::Slot {
+    let sim = bootconfig::simulate_boot(&n.path().join("boot/grub"), 3).unwrap();
+    bootconfig::apply_all(&sim.countdown).unwrap();
+    let p = n.path();
+    let slot = sim.choice;
+    fs::write(
+        p.join("cmdline"),
+        format!("root=/dev/vda4 ro k3os.slot={slot}\n"),
+    )
+    .unwrap();
+    fs::write(p.join("boot_id"), format!("boot-{boot}\n")).unwrap();
+    fs::write(
+        p.join("k3os-release"),
+        format!("VERSION={version}\nGENERATION={generation}\n"),
+    )
+    .unwrap();
+    slot
+}
+
+#[test]
+fn a_bless_prunes_what_no_slot_references_and_keeps_both_slots_payloads() {
+    let n = Node::new();
+    let (i1, i2) = images();
+    let (v1, _) = release(&n, "v1", 5, &i1, None);
+    let (v2, _) = release(&n, "v2", 6, &i2, None);
+    runs_in_a(&n, &v1, "v1");
+    n.ok(&["upgrade", "--stage-only", "--source", v2.to_str().unwrap()]);
+    // Left by releases no slot holds any more: an object and an abandoned partial one.
+    let state = n.path().join("state");
+    let stale = pseudo_random(10_000, 42);
+    let stale_obj = object_path(&state, &hex::encode(libupgrade::chunk::digest(&stale)));
+    fs::write(&stale_obj, &stale).unwrap();
+    let partial =
+        libupgrade::payload::objects_dir(&state).join(format!(".{}.partial", "ab".repeat(32)));
+    fs::write(&partial, b"half").unwrap();
+
+    n.ok(&["slot", "activate"]);
+    assert_eq!(power_on(&n, 2, "v2", 6), bootconfig::Slot::B);
+    let out = n.ok(&["slot", "confirm"]);
+    eprintln!("{out}");
+    let status = n.ok(&["slot", "status"]);
+    assert!(status.contains("[x] slot B (good"), "{status}");
+    assert!(
+        !stale_obj.exists() && !partial.exists(),
+        "pruned after the bless"
+    );
+    // Slot A keeps v1's payloads (a fallback or rollback finds its images), B v2's.
+    assert_objects(&state, &v1);
+    assert_objects(&state, &v2);
+    assert_eq!(status.matches("in store").count(), 4, "{status}");
+    let left = fs::read_dir(libupgrade::payload::objects_dir(&state))
+        .unwrap()
+        .count();
+    assert_eq!(
+        left, 3,
+        "v1's two archives and v2's changed one; k3s is shared"
+    );
+}
+
+#[test]
+fn a_budget_stop_in_a_new_payload_resumes_and_an_extra_source_supplies_the_rest() {
+    let n = Node::new();
+    let (i1, mut i2) = images();
+    i2.push((
+        "metrics",
+        image_archive(
+            "docker.io/rancher/mirrored-metrics-server:v0.7",
+            &[pseudo_random(900_000, 43)],
+        ),
+    ));
+    let (v1, _) = release(&n, "v1", 5, &i1, None);
+    let (v2, _) = release(&n, "v2", 6, &i2, None);
+    runs_in_a(&n, &v1, "v1");
+    let src = v2.to_str().unwrap();
+    let plan = n.ok(&["upgrade", "--plan-only", "--source", src]);
+    let total = fetch_of(line(&plan, "total"));
+    let metrics = manifest(&v2).payload("metrics").unwrap().file.clone();
+    assert!(
+        fetch_of(line(&plan, "payload metrics")) == metrics.size,
+        "{plan}"
+    );
+
+    let e = n.fails_with_one_error(&[
+        "upgrade",
+        "--stage-only",
+        "--max-bytes",
+        "400K",
+        "--source",
+        src,
+    ]);
+    assert!(
+        e.contains("byte budget") && e.contains("left to fetch"),
+        "{e}"
+    );
+    let plan = n.ok(&["upgrade", "--plan-only", "--source", src]);
+    eprintln!("{plan}");
+    assert!(
+        plan.contains("continuing an interrupted download"),
+        "{plan}"
+    );
+    let rest = fetch_of(line(&plan, "total"));
+    assert!(rest <= total - (400 << 10) + 65_536, "{rest} of {total}");
+
+    // The rest of the new archive comes from a medium holding the release's file.
+    let medium = n.path().join("usb");
+    fs::create_dir_all(&medium).unwrap();
+    fs::copy(v2.join(&metrics.path), medium.join(&metrics.path)).unwrap();
+    let args = ["--source", src, "--extra-source", medium.to_str().unwrap()];
+    let plan = n.ok(&[&["upgrade", "--plan-only"][..], &args].concat());
+    assert_eq!(fetch_of(line(&plan, "payload metrics")), 0, "{plan}");
+    let out = n.ok(&[&["upgrade", "--stage-only"][..], &args].concat());
+    eprintln!("{out}");
+    assert!(
+        out.contains(&format!(
+            "fetched ({} bytes)",
+            fetch_of(line(&plan, "total"))
+        )),
+        "{out}"
+    );
+    assert_objects(&n.path().join("state"), &v2);
+}

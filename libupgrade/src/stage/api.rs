@@ -218,7 +218,8 @@ pub struct StagePreview {
     pub already_staged: bool,
     /// An interrupted attempt of this release would be continued.
     pub resume: bool,
-    /// Per artifact ([`crate::manifest::Artifact::ALL`] order; empty when already staged).
+    /// Per part: the three slot files, then the payloads this build stages
+    /// ([`crate::manifest::Manifest::parts`] order; empty when already staged).
     pub artifacts: Vec<ArtifactCost>,
 }
 

@@ -483,6 +483,33 @@ mod tests {
     }
 
     #[test]
+    fn a_payload_the_store_holds_costs_nothing_and_one_in_flight_resumes() {
+        let mut parts = facts([true, true, true]);
+        for (name, stored) in [("k3s", true), ("site", false), ("app", false)] {
+            parts.push(PartFacts {
+                part: Part::Payload(name.into()),
+                has_index: false,
+                stored,
+            });
+        }
+        let mut cp = partial(Slot::B, "m");
+        cp.current = Some((Part::Payload("site".into()), 700));
+        let p = plan_writes(Slot::B, SlotState::Invalid, "m", Some(&cp), &parts);
+        assert_eq!(
+            p.steps[3..],
+            [
+                (Part::Payload("k3s".into()), How::Done),
+                (Part::Payload("site".into()), How::Stream { resume_at: 700 }),
+                (Part::Payload("app".into()), How::Stream { resume_at: 0 }),
+            ]
+        );
+        let c = cost(&p, &[10, 10, 10, 5000, 1000, 300], &[None; 6]);
+        let fetch: Vec<u64> = c.iter().map(|c| c.fetch).collect();
+        assert_eq!(fetch[3..], [0, 300, 300]);
+        assert_eq!(c[3].reuse, 5000, "the held object is reused whole");
+    }
+
+    #[test]
     fn staged_or_trying_with_the_same_manifest_is_already_staged() {
         let mut r = SlotRecord::empty();
         r.manifest_sha256 = Some("m".into());

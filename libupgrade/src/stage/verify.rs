@@ -221,11 +221,15 @@ impl Stager<'_> {
     }
 
     /// Refuse what cannot fit before the slot is touched (a full disk is not a reason to
-    /// invalidate it). Artifacts sharing one filesystem must fit together.
+    /// invalidate it). Slot files sharing one filesystem must fit together; the payloads'
+    /// room is the store's ([`Stager::check_store`]).
     fn check_space(&self, target: Slot, manifest: &Manifest) -> Result<()> {
         let mut shared_need = 0u64;
-        for a in Artifact::ALL {
-            let need = manifest.files.get(a).size;
+        for p in manifest.parts() {
+            let Place::Slot(a) = p.kind.place else {
+                continue;
+            };
+            let need = p.entry.size;
             let cap = self.layout.capacity(target, a)?;
             let need_here = if a == Artifact::Rootfs {
                 need
