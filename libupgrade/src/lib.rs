@@ -75,6 +75,7 @@ pub mod slotfiles;
 pub mod state;
 pub mod trust;
 pub mod units;
+pub mod verity;
 pub mod version;
 
 /// Largest number of tries a slot can be given (GRUB counts down with an explicit if-chain).

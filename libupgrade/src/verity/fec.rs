@@ -1,0 +1,79 @@
+//! dm-verity FEC: parity computed round by round over interleaved blocks, and the repair of
+//! erased blocks of one round.
+
+use super::rs::Codec;
+use super::{BlockDevice, Geometry, BLOCK_SIZE};
+
+const BS: usize = BLOCK_SIZE as usize;
+
+/// The `rsn` blocks of round `r` (block `j·rounds + r` at `j`; zeros past the covered blocks).
+fn read_round(dev: &dyn BlockDevice, g: &Geometry, r: u64) -> std::io::Result<Vec<u8>> {
+    let rsn = g.rsn() as usize;
+    let mut buf = vec![0u8; rsn * BS];
+    for j in 0..rsn {
+        let b = j as u64 * g.rounds() + r;
+        if b < g.fec_blocks() {
+            dev.read_block(b, &mut buf[j * BS..(j + 1) * BS])?;
+        }
+    }
+    Ok(buf)
+}
+
+/// Compute the FEC parity of `dev`'s data and tree blocks (the tree must be written) and write
+/// it to the FEC area (`g.fec_size()` bytes).
+pub fn encode(dev: &dyn BlockDevice, g: &Geometry) -> std::io::Result<()> {
+    let codec = Codec::new(g.roots as usize);
+    let (rsn, roots) = (g.rsn() as usize, g.roots as usize);
+    let mut cw = vec![0u8; rsn];
+    let mut par = vec![0u8; BS * roots];
+    for r in 0..g.rounds() {
+        let buf = read_round(dev, g, r)?;
+        for i in 0..BS {
+            for (j, c) in cw.iter_mut().enumerate() {
+                *c = buf[j * BS + i];
+            }
+            codec.encode(&cw, &mut par[i * roots..(i + 1) * roots]);
+        }
+        dev.write_fec(r * (BS * roots) as u64, &par)?;
+    }
+    Ok(())
+}
+
+/// Repair the `erased` blocks (indexes into data ‖ tree) of round `r` from its parity. Writes
+/// them back only when every codeword of the round decodes; returns whether it did.
+pub(super) fn repair_round(
+    dev: &dyn BlockDevice,
+    g: &Geometry,
+    codec: &Codec,
+    r: u64,
+    erased: &[u64],
+) -> std::io::Result<bool> {
+    let (rsn, roots) = (g.rsn() as usize, g.roots as usize);
+    if erased.len() > roots {
+        return Ok(false);
+    }
+    let mut buf = read_round(dev, g, r)?;
+    let mut par = vec![0u8; BS * roots];
+    dev.read_fec(r * (BS * roots) as u64, &mut par)?;
+    let pos: Vec<usize> = erased
+        .iter()
+        .map(|b| ((b - r) / g.rounds()) as usize)
+        .collect();
+    let mut cw = vec![0u8; rsn + roots];
+    for i in 0..BS {
+        for j in 0..rsn {
+            cw[j] = buf[j * BS + i];
+        }
+        cw[rsn..].copy_from_slice(&par[i * roots..(i + 1) * roots]);
+        if !codec.correct_erasures(&mut cw, &pos) {
+            return Ok(false);
+        }
+        for j in &pos {
+            buf[j * BS + i] = cw[*j];
+        }
+    }
+    for (b, j) in erased.iter().zip(&pos) {
+        dev.write_block(*b, &buf[j * BS..(j + 1) * BS])?;
+    }
+    Ok(true)
+}
