@@ -227,6 +227,7 @@ fn manifest_sample() -> Manifest {
             initrd: e("initrd", 1 << 19, 0x34),
         },
         boot: None,
+        verity: None,
     }
 }
 

@@ -11,6 +11,9 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 pub use bootconfig::ScriptKind;
+pub use verity::{Verity, MAX_SALT, VERITY_HASH, VERITY_HASH_TYPE};
+
+mod verity;
 
 /// File name of the manifest inside a release directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -258,6 +261,10 @@ pub struct Manifest {
     /// What the release reads of the loader's files and the scripts it carries (v0.2.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot: Option<BootSupport>,
+    /// dm-verity parameters of the rootfs ([`Verity`], issue 34); absent in releases made
+    /// without it, which stage and boot as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verity: Option<Verity>,
 }
 
 /// A plain file name: no `/`, no `\\`, no control characters (NUL included), not `.` or
@@ -444,6 +451,9 @@ impl Manifest {
             }
         }
         self.check_patches()?;
+        if let Some(v) = &self.verity {
+            v.check(self.files.rootfs.size)?;
+        }
         self.check_boot()
     }
 

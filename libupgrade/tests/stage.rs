@@ -446,6 +446,7 @@ fn a_release_that_is_not_a_squashfs_is_refused_before_it_is_staged() {
             initrd: entry(&work.path().join("i"), "initrd"),
         },
         boot: None,
+        verity: None,
     };
     std::fs::write(dir.join("manifest.json"), m.to_bytes()).unwrap();
     std::fs::write(

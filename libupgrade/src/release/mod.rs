@@ -179,6 +179,15 @@ pub enum ReleaseError {
         /// Hex sha256 of the file.
         found_sha256: String,
     },
+    /// The rootfs's dm-verity tree and FEC could not be made (`--verity`): not whole 4 KiB
+    /// blocks, veritysetup missing or failing, or its bytes not the nodes' own.
+    #[error("dm-verity of {path}: {what}")]
+    Verity {
+        /// The rootfs in the release directory.
+        path: PathBuf,
+        /// What went wrong.
+        what: String,
+    },
     /// A release named by `--patch-from` cannot serve as a patch's base (unreadable or
     /// inconsistent manifest, another architecture, a file that is not what it says), or its
     /// patch could not be built.
@@ -236,6 +245,19 @@ pub fn create_patched(
     patch_from: &[PathBuf],
     progress: &dyn Progress,
 ) -> Result<(Manifest, Vec<PatchBuilt>), ReleaseError> {
+    create_with_verity(opts, chunking, patch_from, None, progress)
+}
+
+/// [`create_patched`], and with `verity` the rootfs's dm-verity parameters in the manifest
+/// (`veritysetup format`, see `release::verity`): the tree and FEC are not published, nodes
+/// compute them.
+pub fn create_with_verity(
+    opts: &CreateOptions,
+    chunking: Option<ChunkParams>,
+    patch_from: &[PathBuf],
+    verity: Option<VerityOptions>,
+    progress: &dyn Progress,
+) -> Result<(Manifest, Vec<PatchBuilt>), ReleaseError> {
     if let Some(p) = chunking {
         p.check().map_err(|e| ReleaseError::ChunkIndex {
             path: opts.out_dir.clone(),
@@ -258,6 +280,9 @@ pub fn create_patched(
         write_atomic(&opts.out_dir, sc.kind.file_name(), sc.text.as_bytes())?;
     }
     let built = patches::add(&opts.out_dir, &mut manifest, &bases)?;
+    if let Some(o) = verity {
+        manifest.verity = Some(verity::format(&opts.out_dir, &manifest.files.rootfs, o)?);
+    }
 
     let bytes = manifest.to_bytes();
     Manifest::parse(&bytes)?;
@@ -381,6 +406,7 @@ fn draft_manifest(opts: &CreateOptions, generation: u64) -> Result<Manifest, Rel
             extlinux_conf: bootconfig::CONF_VERSION,
             scripts: Vec::new(),
         }),
+        verity: None,
     };
     let mut scripts = Vec::new();
     for sc in &opts.scripts {
@@ -433,6 +459,7 @@ fn check_squashfs(path: &Path) -> Result<(), ReleaseError> {
 mod copy;
 pub mod patches;
 mod verify;
+mod verity;
 
 use copy::copy_hashed;
 use copy::fsync_dir;
@@ -440,6 +467,7 @@ pub use copy::sha256_file;
 pub(crate) use copy::write_atomic;
 pub use patches::PatchBuilt;
 pub use verify::verify_dir;
+pub use verity::{salt_for, VerityOptions, DEFAULT_FEC_ROOTS};
 
 #[cfg(test)]
 mod tests;
