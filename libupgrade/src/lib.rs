@@ -57,6 +57,7 @@ mod error;
 mod net;
 mod report;
 mod request;
+mod scrub;
 mod sqcheck;
 mod stage;
 mod updater;
@@ -103,6 +104,7 @@ pub use report::{
     KEY_FILE as NODE_KEY_FILE, SPOOL_DIR,
 };
 pub use request::{ResolveError, StageRequest, Wanted, Writes};
+pub use scrub::{ScrubSummary, SlotScrub};
 pub use sqcheck::Superblock;
 pub use stage::{
     ArtifactCost, NoProgress, Origin, PatchOutcome, Prefer, Progress, Release, StageOptions,

@@ -74,6 +74,7 @@ mod patched;
 mod plan;
 mod stream;
 mod verify;
+mod verity;
 mod weigh;
 
 pub use api::{
@@ -363,6 +364,7 @@ impl Stager<'_> {
             partial.save(&self.cfg.state_dir)?;
         }
         self.check_rootfs(run.slot, &run.m.version, run.m.files.rootfs.size)?;
+        self.check_verity(run.slot, run.m)?;
         Ok(written)
     }
 

@@ -21,6 +21,18 @@ pub struct FileDevice {
 }
 
 impl FileDevice {
+    /// Make everything written durable (each file once).
+    pub fn sync(&self) -> std::io::Result<()> {
+        self.data.0.sync_data()?;
+        if !Arc::ptr_eq(&self.data.0, &self.hash.0) {
+            self.hash.0.sync_data()?;
+        }
+        if !Arc::ptr_eq(&self.hash.0, &self.fec.0) {
+            self.fec.0.sync_data()?;
+        }
+        Ok(())
+    }
+
     fn place(&self, i: u64) -> (&File, u64) {
         if i < self.data_blocks {
             (&self.data.0, self.data.1 + i * BLOCK_SIZE)

@@ -39,20 +39,37 @@ pub fn encode(dev: &dyn BlockDevice, g: &Geometry) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Repair the `erased` blocks (indexes into data ‖ tree) of round `r` from its parity. Writes
-/// them back only when every codeword of the round decodes; returns whether it did.
+/// What a round's repair may rely on: the blocks the tree found damaged (erasures) and the
+/// ones it could not judge. Every other block verified, so a decoding that would change one
+/// of them is a miscorrection (with 2 roots any damage "decodes" as one error) and is refused.
+pub(super) struct Suspects<'a> {
+    /// Blocks the tree found damaged.
+    pub damaged: &'a [u64],
+    /// Blocks below a damaged tree block.
+    pub unverified: &'a std::collections::BTreeSet<u64>,
+}
+
+/// Repair round `r` from its parity. Writes back every block that changed, only when every
+/// codeword of the round decodes changing suspect blocks alone; returns those blocks (empty:
+/// nothing written).
 pub(super) fn repair_round(
     dev: &dyn BlockDevice,
     g: &Geometry,
     codec: &Codec,
     r: u64,
-    erased: &[u64],
-) -> std::io::Result<bool> {
+    sus: &Suspects,
+) -> std::io::Result<Vec<u64>> {
+    let erased: Vec<u64> = sus
+        .damaged
+        .iter()
+        .copied()
+        .filter(|b| b % g.rounds() == r)
+        .collect();
+    let block = |j: usize| j as u64 * g.rounds() + r;
+    let may_change = |j: usize| erased.contains(&block(j)) || sus.unverified.contains(&block(j));
     let (rsn, roots) = (g.rsn() as usize, g.roots as usize);
-    if erased.len() > roots {
-        return Ok(false);
-    }
     let mut buf = read_round(dev, g, r)?;
+    let before = buf.clone();
     let mut par = vec![0u8; BS * roots];
     dev.read_fec(r * (BS * roots) as u64, &mut par)?;
     let pos: Vec<usize> = erased
@@ -65,15 +82,26 @@ pub(super) fn repair_round(
             cw[j] = buf[j * BS + i];
         }
         cw[rsn..].copy_from_slice(&par[i * roots..(i + 1) * roots]);
-        if !codec.correct_erasures(&mut cw, &pos) {
-            return Ok(false);
+        if !codec.correct(&mut cw, &pos) {
+            return Ok(Vec::new());
         }
-        for j in &pos {
-            buf[j * BS + i] = cw[*j];
+        for j in 0..rsn {
+            if buf[j * BS + i] != cw[j] {
+                if !may_change(j) {
+                    return Ok(Vec::new());
+                }
+                buf[j * BS + i] = cw[j];
+            }
         }
     }
-    for (b, j) in erased.iter().zip(&pos) {
-        dev.write_block(*b, &buf[j * BS..(j + 1) * BS])?;
+    let mut written = Vec::new();
+    for j in 0..rsn {
+        let range = j * BS..(j + 1) * BS;
+        if buf[range.clone()] != before[range.clone()] {
+            let b = block(j);
+            dev.write_block(b, &buf[range])?;
+            written.push(b);
+        }
     }
-    Ok(true)
+    Ok(written)
 }

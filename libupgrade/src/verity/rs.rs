@@ -104,14 +104,37 @@ impl Codec {
             .collect()
     }
 
-    /// Correct the bytes of codeword `cw` (255 bytes: data then parity) at the erased
-    /// positions `erased` (at most `roots`, distinct). Returns false when the codeword does
-    /// not decode (more damage than the erasures, or too many erasures): `cw` is then unchanged.
-    pub fn correct_erasures(&self, cw: &mut [u8], erased: &[usize]) -> bool {
+    /// Correct codeword `cw` (255 bytes: data then parity): first as erasures at the
+    /// positions `erased` (blocks the tree found damaged), else as one error at an unknown
+    /// position (a block the tree could not judge, or a byte of a block not known damaged).
+    /// Returns false when neither decodes with every syndrome vanishing: `cw` is unchanged.
+    pub fn correct(&self, cw: &mut [u8], erased: &[usize]) -> bool {
         let s = self.syndromes(cw);
-        if s.iter().all(|v| *v == 0) {
-            return true;
+        s.iter().all(|v| *v == 0)
+            || self.correct_erasures(cw, &s, erased)
+            || self.correct_one_error(cw, &s)
+    }
+
+    /// One error of value Y at locator X: S_i = Y·X^i, so X = S_1/S_0 and Y = S_0; every
+    /// other syndrome must agree.
+    fn correct_one_error(&self, cw: &mut [u8], s: &[u8]) -> bool {
+        if s[0] == 0 || s[1] == 0 {
+            return false;
         }
+        let x = self.mul(s[1], self.inv(s[0]));
+        let log_x = self.index_of[x as usize] as usize;
+        let k = NN - 1 - log_x;
+        let agrees = (0..self.roots).all(|i| s[i] == self.mul(s[0], self.pow(log_x * i)));
+        if !agrees || k >= cw.len() {
+            return false;
+        }
+        cw[k] ^= s[0];
+        true
+    }
+
+    /// Correct the bytes of `cw` at the erased positions `erased` (at most `roots`, distinct)
+    /// from its syndromes `s`.
+    fn correct_erasures(&self, cw: &mut [u8], s: &[u8], erased: &[usize]) -> bool {
         let n = erased.len();
         if n == 0 || n > self.roots {
             return false;

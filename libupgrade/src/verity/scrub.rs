@@ -2,9 +2,11 @@
 //! repair of what FEC can correct (blocks erased by the tree's verdict, round by round, then
 //! checked again from the root).
 
+use std::collections::BTreeSet;
+
 use sha2::{Digest, Sha256};
 
-use super::fec::repair_round;
+use super::fec::{repair_round, Suspects};
 use super::rs::Codec;
 use super::tree::digest;
 use super::{BlockDevice, Geometry, BLOCK_SIZE, DIGEST_SIZE};
@@ -56,7 +58,7 @@ impl ScrubOutcome {
 struct Verdicts<'a> {
     salt: &'a [u8],
     bad: Vec<u64>,
-    unverified: u64,
+    unverified: BTreeSet<u64>,
 }
 
 impl Verdicts<'_> {
@@ -78,7 +80,7 @@ impl Verdicts<'_> {
                 (k / per, k % per)
             };
         let Some(pb) = &parent[p as usize] else {
-            self.unverified += 1;
+            self.unverified.insert(i);
             return None;
         };
         let at = entry as usize * DIGEST_SIZE;
@@ -96,11 +98,11 @@ fn check(
     g: &Geometry,
     salt: &[u8],
     root: &[u8],
-) -> std::io::Result<(Vec<u64>, u64)> {
+) -> std::io::Result<(Vec<u64>, BTreeSet<u64>)> {
     let mut v = Verdicts {
         salt,
         bad: Vec::new(),
-        unverified: 0,
+        unverified: BTreeSet::new(),
     };
     let mut block = vec![0u8; BS];
     let mut parent: Vec<Option<Vec<u8>>> = vec![Some(root.to_vec())];
@@ -143,31 +145,34 @@ pub fn scrub(dev: &dyn BlockDevice, s: &Scrub) -> std::io::Result<ScrubOutcome> 
         fec_damaged: fec_hash(dev, g)? != s.fec_sha256,
         ..Default::default()
     };
+    let mut touched = std::collections::BTreeSet::new();
     for pass in 0.. {
         let (bad, unverified) = check(dev, g, s.salt, &s.root)?;
-        (out.damaged, out.unverified) = (bad, unverified);
+        out.damaged = bad;
+        out.unverified = unverified.len() as u64;
         if out.damaged.is_empty() || !s.repair || out.fec_damaged || pass == PASSES {
             break;
         }
-        let mut progress = false;
         let rounds: std::collections::BTreeSet<u64> =
             out.damaged.iter().map(|b| b % g.rounds()).collect();
+        let mut progress = false;
+        let sus = Suspects {
+            damaged: &out.damaged,
+            unverified: &unverified,
+        };
         for r in rounds {
-            let erased: Vec<u64> = out
-                .damaged
-                .iter()
-                .copied()
-                .filter(|b| b % g.rounds() == r)
-                .collect();
-            if repair_round(dev, g, &codec, r, &erased)? {
-                out.repaired.extend(&erased);
-                progress = true;
-            }
+            let written = repair_round(dev, g, &codec, r, &sus)?;
+            progress |= !written.is_empty();
+            touched.extend(written);
         }
         if !progress {
             break;
         }
     }
+    out.repaired = touched
+        .into_iter()
+        .filter(|b| !out.damaged.contains(b))
+        .collect();
     if s.repair && out.fec_damaged && out.damaged.is_empty() && out.unverified == 0 {
         super::fec::encode(dev, g)?;
         out.fec_rewritten = fec_hash(dev, g)? == s.fec_sha256;
