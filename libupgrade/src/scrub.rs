@@ -102,8 +102,11 @@ impl Updater {
             out.skipped = Some(format!("{}: holds no complete release", rec.state));
             return Ok(out);
         }
-        let m = crate::slotfiles::manifest(&self.cfg.state_dir, slot)?;
-        let Some((m, v)) = m.and_then(|m| m.verity.clone().map(|v| (m, v))) else {
+        let Some(m) = crate::slotfiles::manifest(&self.cfg.state_dir, slot)? else {
+            out.skipped = Some("no signed manifest is kept for it".into());
+            return Ok(out);
+        };
+        let Some(v) = m.verity.clone() else {
             out.skipped = Some("its release was made without dm-verity".into());
             return Ok(out);
         };

@@ -146,7 +146,7 @@ fn stage_writes_a_tree_and_fec_veritysetup_verifies_and_scrub_repairs_or_marks_b
     let r = u.verify_slots(true).unwrap();
     assert_eq!(
         r[0].skipped.as_deref(),
-        Some("its release was made without dm-verity")
+        Some("no signed manifest is kept for it")
     );
     let b = &r[1];
     assert!(b.clean() && !b.marked_bad, "{b:?}");
