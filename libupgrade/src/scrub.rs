@@ -13,6 +13,7 @@ use bootconfig::Slot;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::manifest::{Manifest, Verity};
 use crate::state::SlotState;
 use crate::updater::Updater;
 use crate::verity::{scrub, Scrub, ScrubOutcome};
@@ -74,6 +75,46 @@ impl SlotScrub {
 }
 
 impl Updater {
+    /// One read of `slot`'s verity device; with `repair`, writing what FEC corrects.
+    fn scrub_pass(
+        &self,
+        slot: Slot,
+        m: &Manifest,
+        v: &Verity,
+        repair: bool,
+    ) -> Result<ScrubOutcome> {
+        let dev = self.layout.verity_device(slot, &m.version, v, repair)?;
+        let g = v.geometry();
+        let mut fec_sha256 = [0u8; 32];
+        hex::decode_to_slice(&v.fec_sha256, &mut fec_sha256).expect("checked when parsed");
+        let salt = v.salt_bytes();
+        let s = Scrub {
+            geometry: &g,
+            salt: &salt,
+            root: v.root(),
+            fec_sha256,
+            repair,
+        };
+        let place = self.layout.place(slot, crate::manifest::Artifact::Rootfs);
+        let found = scrub(&dev, &s).map_err(|e| Error::io("scrub", &place, e))?;
+        if repair {
+            dev.sync().map_err(|e| Error::io("fsync", &place, e))?;
+        }
+        Ok(found)
+    }
+
+    /// The slot's state and release are still `held` (what the scrub started from).
+    fn still_holds(
+        &self,
+        slot: Slot,
+        booted: Slot,
+        held: &(SlotState, Option<String>),
+    ) -> Result<bool> {
+        let st = self.load(Some(booted))?;
+        let r = st.slot(slot);
+        Ok(r.state == held.0 && r.manifest_sha256 == held.1)
+    }
+
     /// Scrub both slots (see the module docs); with `repair`, correct the slot that is not
     /// booted and mark it bad when FEC cannot.
     pub fn verify_slots(&self, repair: bool) -> Result<Vec<SlotScrub>> {
@@ -110,32 +151,30 @@ impl Updater {
             out.skipped = Some("its release was made without dm-verity".into());
             return Ok(out);
         };
-        let dev = self.layout.verity_device(slot, &m.version, &v, repair)?;
-        let g = v.geometry();
-        let mut fec_sha256 = [0u8; 32];
-        hex::decode_to_slice(&v.fec_sha256, &mut fec_sha256).expect("checked when parsed");
-        let salt = v.salt_bytes();
-        let s = Scrub {
-            geometry: &g,
-            salt: &salt,
-            root: v.root(),
-            fec_sha256,
-            repair,
-        };
-        let place = self.layout.place(slot, crate::manifest::Artifact::Rootfs);
-        let found = scrub(&dev, &s).map_err(|e| Error::io("scrub", &place, e))?;
-        if repair {
-            dev.sync().map_err(|e| Error::io("fsync", &place, e))?;
+        // Read first, write only when there is damage, and only while the slot still holds
+        // what was read: a stage (which takes no lock) may start on it meanwhile.
+        let held = (rec.state, rec.manifest_sha256.clone());
+        let mut found = self.scrub_pass(slot, &m, &v, false)?;
+        let damaged = |o: &ScrubOutcome| !o.damaged.is_empty() || o.unverified > 0 || o.fec_damaged;
+        if repair && damaged(&found) {
+            if !self.still_holds(slot, booted, &held)? {
+                out.skipped = Some(
+                    "changed while it was read (a stage or an activation): not repaired".into(),
+                );
+                out.outcome = Some(ScrubSummary::from(&found));
+                return Ok(out);
+            }
+            found = self.scrub_pass(slot, &m, &v, true)?;
         }
         out.outcome = Some(ScrubSummary::from(&found));
-        if repair && !out.clean() {
+        if repair && !out.clean() && self.still_holds(slot, booted, &held)? {
             let o = out.outcome.as_ref().expect("set above");
             self.mark_bad(
                 slot,
                 &format!(
                     "dm-verity scrub: {} of {} blocks of {} damaged beyond FEC (first {:?}), {} unverifiable",
                     o.damaged,
-                    g.fec_blocks(),
+                    v.geometry().fec_blocks(),
                     m.version,
                     o.first_damaged,
                     o.unverified
