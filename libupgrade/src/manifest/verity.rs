@@ -64,7 +64,7 @@ fn hex_bytes(s: &str) -> Option<Vec<u8>> {
 }
 
 impl Verity {
-    /// The device's geometry (checked by [`Verity::check`] first; a manifest that parsed has one).
+    /// The device's geometry (checked when the manifest is parsed: a parsed manifest has one).
     pub fn geometry(&self) -> Geometry {
         Geometry::new(self.data_blocks, self.fec_roots)
             .expect("checked when the manifest was parsed")

@@ -16,7 +16,7 @@ pub enum GeometryError {
     /// No data blocks.
     #[error("a verity device needs at least one data block")]
     Empty,
-    /// FEC roots outside [`FEC_ROOTS`].
+    /// FEC roots outside 2..=24 (the kernel's limits).
     #[error("FEC roots {0} is not within 2..=24")]
     Roots(u32),
 }
