@@ -21,22 +21,29 @@ fn read_round(dev: &dyn BlockDevice, g: &Geometry, r: u64) -> std::io::Result<Ve
 
 /// Compute the FEC parity of `dev`'s data and tree blocks (the tree must be written) and write
 /// it to the FEC area (`g.fec_size()` bytes).
+///
+/// Block `j·rounds + r` is byte row `j` of every codeword of round `r`, so reading the blocks in
+/// order feeds each codeword its bytes in order: one sequential read of the device (what an SD
+/// card or a disk reads fastest), with every codeword's parity register in memory (the FEC
+/// area's size, 0.8 % of the data at 2 roots).
 pub fn encode(dev: &dyn BlockDevice, g: &Geometry) -> std::io::Result<()> {
     let codec = Codec::new(g.roots as usize);
-    let (rsn, roots) = (g.rsn() as usize, g.roots as usize);
-    let mut cw = vec![0u8; rsn];
-    let mut par = vec![0u8; BS * roots];
-    for r in 0..g.rounds() {
-        let buf = read_round(dev, g, r)?;
-        for i in 0..BS {
-            for (j, c) in cw.iter_mut().enumerate() {
-                *c = buf[j * BS + i];
-            }
-            codec.encode(&cw, &mut par[i * roots..(i + 1) * roots]);
+    let roots = g.roots as usize;
+    let mut par = vec![0u8; g.fec_size() as usize];
+    let mut block = vec![0u8; BS];
+    for b in 0..g.rsn() * g.rounds() {
+        if b < g.fec_blocks() {
+            dev.read_block(b, &mut block)?;
+        } else {
+            block.fill(0);
         }
-        dev.write_fec(r * (BS * roots) as u64, &par)?;
+        let r = (b % g.rounds()) as usize;
+        let regs = &mut par[r * BS * roots..(r + 1) * BS * roots];
+        for (i, d) in block.iter().enumerate() {
+            codec.feed(&mut regs[i * roots..(i + 1) * roots], *d);
+        }
     }
-    Ok(())
+    dev.write_fec(0, &par)
 }
 
 /// What a round's repair may rely on: the blocks the tree found damaged (erasures) and the

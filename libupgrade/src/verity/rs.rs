@@ -77,24 +77,22 @@ impl Codec {
         self.alpha_to[modnn(e)]
     }
 
-    /// Parity of `data` (255 - roots bytes) into `par` (roots bytes).
-    pub fn encode(&self, data: &[u8], par: &mut [u8]) {
+    /// Feed the next data byte `d` of a codeword into its parity register `par` (all zero
+    /// before the first byte; the parity once the last one is fed).
+    pub fn feed(&self, par: &mut [u8], d: u8) {
         let nroots = self.roots;
-        par.fill(0);
-        for d in data {
-            let fb = self.index_of[(d ^ par[0]) as usize];
-            if fb != A0 {
-                for (j, p) in par.iter_mut().enumerate().skip(1) {
-                    *p ^= self.alpha_to[modnn(fb as usize + self.genpoly[nroots - j] as usize)];
-                }
+        let fb = self.index_of[(d ^ par[0]) as usize];
+        if fb != A0 {
+            for (j, p) in par.iter_mut().enumerate().skip(1) {
+                *p ^= self.alpha_to[modnn(fb as usize + self.genpoly[nroots - j] as usize)];
             }
-            par.copy_within(1.., 0);
-            par[nroots - 1] = if fb != A0 {
-                self.alpha_to[modnn(fb as usize + self.genpoly[0] as usize)]
-            } else {
-                0
-            };
         }
+        par.copy_within(1.., 0);
+        par[nroots - 1] = if fb != A0 {
+            self.alpha_to[modnn(fb as usize + self.genpoly[0] as usize)]
+        } else {
+            0
+        };
     }
 
     /// Syndromes `S_i = c(α^i)` of a whole codeword (data then parity, 255 bytes).
