@@ -215,3 +215,60 @@ fn a_signed_root_hash_the_rootfs_does_not_have_leaves_the_slot_invalid() {
         "slot A untouched"
     );
 }
+
+/// The booted slot is only read: its damage is reported, nothing is written to it and it is
+/// not marked bad (its reads go through the kernel's dm-verity).
+#[test]
+fn the_booted_slot_is_read_never_written_nor_marked_bad() {
+    let disk = TestDisk::new(24 * MIB);
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = verity_release(&k, rels.path(), "v2", None);
+    let v = verity_of(&rel);
+    let cfg = disk.config(&k.trust);
+    let u = disk.updater(cfg.clone());
+    u.stage(&Release::at(Source::Path(rel)), &fast_stage(), &NoProgress)
+        .unwrap();
+    boot_as(&cfg, Slot::B, "boot-2");
+    damage_b(&disk, 7 * 4096, b"rot");
+    let damaged = read_b(&disk, v.slot_bytes());
+    let r = u.verify_slots(true).unwrap();
+    let b = &r[1];
+    assert!(b.booted && !b.marked_bad && !b.clean(), "{b:?}");
+    assert_eq!(b.outcome.as_ref().unwrap().first_damaged, vec![7]);
+    assert_eq!(b.outcome.as_ref().unwrap().repaired, 0);
+    assert!(
+        read_b(&disk, v.slot_bytes()) == damaged,
+        "the booted slot was written"
+    );
+    assert_eq!(u.status().unwrap().slots[1].state, SlotState::Staged);
+}
+
+/// A partition with room for the squashfs but not for its tree and FEC is refused naming
+/// both sizes; the slot stays invalid and slot A is untouched.
+#[test]
+fn a_partition_without_room_for_tree_and_fec_is_refused() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = verity_release(&k, rels.path(), "v2", None);
+    let v = verity_of(&rel);
+    // Room for the squashfs and one more block, not for the tree and FEC (512-byte sectors).
+    let disk = TestDisk::new((v.hash_offset + 4096).div_ceil(512) * 512);
+    let u = disk.updater(disk.config(&k.trust));
+    let a_before = disk.part_bytes("rootfs-a", v.hash_offset);
+    let e = u
+        .stage(&Release::at(Source::Path(rel)), &fast_stage(), &NoProgress)
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::NoSpace { .. }), "{e:?}");
+    assert!(
+        msg.contains("squashfs, dm-verity tree and FEC")
+            && msg.contains(&format!(
+                "needs {}",
+                libupgrade::units::Size(v.slot_bytes())
+            )),
+        "{msg}"
+    );
+    assert_eq!(u.status().unwrap().slots[1].state, SlotState::Invalid);
+    assert!(disk.part_bytes("rootfs-a", v.hash_offset) == a_before);
+}
