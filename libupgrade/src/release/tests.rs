@@ -443,7 +443,27 @@ fn verity_records_veritysetups_root_hash_and_nothing_more_is_published() {
     assert!(ok.success());
     // Signed: a node's parse sees the same field.
     let (vm, _) = verify_dir(&verity_dir, &f.trust).unwrap();
-    assert_eq!(vm.verity, Some(v));
+    assert_eq!(vm.verity, Some(v.clone()));
+    // A root hash the rootfs does not have, signed anyway: `release verify` refuses it, once.
+    let mut forged = m.clone();
+    forged.verity.as_mut().unwrap().root_hash = "ab".repeat(32);
+    fs::write(verity_dir.join(MANIFEST_FILE), forged.to_bytes()).unwrap();
+    let key = signing::load_secret_key(&f.key).unwrap();
+    fs::write(
+        verity_dir.join(SIGNATURE_FILE),
+        signing::sign_with(&forged.to_bytes(), &key),
+    )
+    .unwrap();
+    let e = verify_dir(&verity_dir, &f.trust).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "its root hash is {}, the signed manifest says {}",
+            v.root_hash,
+            "ab".repeat(32)
+        )),
+        "{e}"
+    );
+    assert_eq!(e.matches(&v.root_hash).count(), 1, "{e}");
 }
 
 #[test]

@@ -149,6 +149,37 @@ fn veritysetup(
     })
 }
 
+/// `release verify` of a release with `verity`: the nodes' tree and FEC of the rootfs in
+/// `dir` hash to the signed root hash, tree sha256 and FEC sha256 (so a publisher learns
+/// before publishing what every node would refuse after writing the slot).
+pub(super) fn check_dir(dir: &Path, rootfs: &FileEntry, v: &Verity) -> Result<(), ReleaseError> {
+    let data = dir.join(&rootfs.path);
+    let g = v.geometry();
+    let (root, tree, fec) = compute(&data, &g, &v.salt)?;
+    let found = [
+        ("root hash", hex::encode(root), &v.root_hash),
+        (
+            "tree sha256",
+            hex::encode(Sha256::digest(&tree)),
+            &v.hash_sha256,
+        ),
+        (
+            "FEC sha256",
+            hex::encode(Sha256::digest(&fec)),
+            &v.fec_sha256,
+        ),
+    ];
+    for (what, computed, signed) in found {
+        if computed != *signed {
+            return Err(verity_err(
+                &data,
+                format!("its {what} is {computed}, the signed manifest says {signed}: every node would refuse the slot"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The rootfs file with the tree and FEC area in memory, for the cross-check.
 struct InMemory {
     data: File,
@@ -181,6 +212,27 @@ impl BlockDevice for InMemory {
     }
 }
 
+/// Root hash, tree bytes and FEC bytes.
+type Computed = ([u8; 32], Vec<u8>, Vec<u8>);
+
+/// The nodes' root hash, tree and FEC of the rootfs file `data`.
+fn compute(data: &Path, g: &Geometry, salt: &str) -> Result<Computed, ReleaseError> {
+    let dev = InMemory {
+        data: File::open(data).map_err(super::io_err(data))?,
+        data_blocks: g.data_blocks,
+        tree: Vec::new(),
+        fec: RefCell::new(vec![0; g.fec_size() as usize]),
+    };
+    let salt = hex::decode(salt).map_err(|e| verity_err(data, format!("salt: {e}")))?;
+    let t = build_tree(&dev, g, &salt).map_err(super::io_err(data))?;
+    let dev = InMemory {
+        tree: t.bytes,
+        ..dev
+    };
+    fec_encode(&dev, g).map_err(super::io_err(data))?;
+    Ok((t.root, dev.tree, dev.fec.into_inner()))
+}
+
 /// Refuse the release unless the nodes' computation gives veritysetup's root, tree and FEC.
 fn ours_agree(
     data: &Path,
@@ -188,26 +240,14 @@ fn ours_agree(
     salt: &str,
     vs: (&str, &[u8], &[u8]),
 ) -> Result<(), ReleaseError> {
-    let dev = InMemory {
-        data: File::open(data).map_err(super::io_err(data))?,
-        data_blocks: g.data_blocks,
-        tree: Vec::new(),
-        fec: RefCell::new(vec![0; g.fec_size() as usize]),
-    };
-    let salt = hex::decode(salt).expect("hex made here");
-    let t = build_tree(&dev, g, &salt).map_err(super::io_err(data))?;
-    let dev = InMemory {
-        tree: t.bytes,
-        ..dev
-    };
-    fec_encode(&dev, g).map_err(super::io_err(data))?;
-    let (root, tree, fec) = vs;
-    if hex::encode(t.root) != root || dev.tree != tree || *dev.fec.borrow() != fec {
+    let (root, tree, fec) = compute(data, g, salt)?;
+    let (vs_root, vs_tree, vs_fec) = vs;
+    if hex::encode(root) != vs_root || tree != vs_tree || fec != vs_fec {
         return Err(verity_err(
             data,
             format!(
-                "the nodes' tree and FEC differ from veritysetup's (root {} vs {root}): refusing to sign what nodes would refuse",
-                hex::encode(t.root)
+                "the nodes' tree and FEC differ from veritysetup's (root {} vs {vs_root}): refusing to sign what nodes would refuse",
+                hex::encode(root)
             ),
         ));
     }
