@@ -1,7 +1,8 @@
 //! `slot verify`: re-read both slots against their signed dm-verity trees (issue 34 item 5).
 //!
 //! Each slot that holds a complete release made with `--verity` (state staged, trying or
-//! good) is read whole: every tree block against the signed root, every data block against
+//! good) whose tree and FEC this node's stage wrote (`slotfiles::verity_written`; a slot
+//! staged by an earlier k3os-ops has none and is not judged) is read whole: every tree block against the signed root, every data block against
 //! the tree, and the FEC area against its signed sha256 ([`crate::verity::scrub`]). On the
 //! slot that is not booted, what FEC can correct is written back and a damaged FEC area is
 //! recomputed; what it cannot leaves the slot marked bad in the loader and the state file, so
@@ -151,6 +152,14 @@ impl Updater {
             out.skipped = Some("its release was made without dm-verity".into());
             return Ok(out);
         };
+        if crate::slotfiles::verity_written(&self.cfg.state_dir, slot)?.as_deref()
+            != Some(&v.root_hash)
+        {
+            out.skipped = Some(
+                "its dm-verity tree was never written (staged by an earlier k3os-ops, or installed by an image builder)".into(),
+            );
+            return Ok(out);
+        }
         // Read first, write only when there is damage, and only while the slot still holds
         // what was read: a stage (which takes no lock) may start on it meanwhile.
         let held = (rec.state, rec.manifest_sha256.clone());

@@ -272,3 +272,37 @@ fn a_partition_without_room_for_tree_and_fec_is_refused() {
     assert_eq!(u.status().unwrap().slots[1].state, SlotState::Invalid);
     assert!(disk.part_bytes("rootfs-a", v.hash_offset) == a_before);
 }
+
+/// A slot staged by a k3os-ops that ignored `verity` holds no tree: the scrub does not judge
+/// it (it would find every block "damaged" and mark a good fallback bad).
+#[test]
+fn a_slot_whose_tree_this_node_never_wrote_is_not_judged() {
+    let disk = TestDisk::new(24 * MIB);
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = verity_release(&k, rels.path(), "v2", None);
+    let v = verity_of(&rel);
+    let u = disk.updater(disk.config(&k.trust));
+    u.stage(&Release::at(Source::Path(rel)), &fast_stage(), &NoProgress)
+        .unwrap();
+    let mark = disk.state_dir.join("slots/b/verity-written");
+    assert_eq!(std::fs::read_to_string(&mark).unwrap().trim(), v.root_hash);
+    // As an earlier k3os-ops leaves it: no mark, and whatever follows the squashfs.
+    std::fs::remove_file(&mark).unwrap();
+    damage_b(
+        &disk,
+        v.hash_offset,
+        &vec![0u8; (v.hash_size + v.fec_size) as usize],
+    );
+    let r = u.verify_slots(true).unwrap();
+    let b = &r[1];
+    assert!(b.clean() && !b.marked_bad && b.outcome.is_none(), "{b:?}");
+    assert!(
+        b.skipped
+            .as_deref()
+            .unwrap()
+            .starts_with("its dm-verity tree was never written"),
+        "{b:?}"
+    );
+    assert_eq!(u.status().unwrap().slots[1].state, SlotState::Staged);
+}

@@ -2,8 +2,10 @@
 //! checked, a release whose manifest has `verity` gets its tree and FEC computed by the node
 //! ([`crate::verity`]: 0 bytes fetched) and written after the squashfs, and the slot is only
 //! recorded staged when the root hash is the signed one and the tree and FEC areas hash to
-//! the signed sha256. A mismatch leaves the slot invalid (never booted); only the target
-//! slot is written. A release without `verity` is staged as before.
+//! the signed sha256; then the slot's kept files record that they were written
+//! ([`crate::slotfiles::mark_verity_written`], what the scrub reads). A mismatch leaves the
+//! slot invalid (never booted); only the target slot is written. A release without `verity`
+//! is staged as before.
 
 use bootconfig::Slot;
 use sha2::{Digest, Sha256};
@@ -59,6 +61,7 @@ impl Stager<'_> {
             )));
         }
         dev.sync().map_err(io("fsync the dm-verity tree and FEC"))?;
+        crate::slotfiles::mark_verity_written(&self.cfg.state_dir, slot, &v.root_hash)?;
         crate::barrier::hit("stage:verity-written");
         Ok(())
     }
