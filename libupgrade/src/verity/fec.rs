@@ -6,17 +6,19 @@ use super::{BlockDevice, Geometry, BLOCK_SIZE};
 
 const BS: usize = BLOCK_SIZE as usize;
 
-/// The `rsn` blocks of round `r` (block `j·rounds + r` at `j`; zeros past the covered blocks).
-fn read_round(dev: &dyn BlockDevice, g: &Geometry, r: u64) -> std::io::Result<Vec<u8>> {
+/// The `rsn` blocks of round `r` (block `j·rounds + r` at `j`; zeros past the covered blocks
+/// and for a block that cannot be read, which the scrub counted damaged: an erasure).
+fn read_round(dev: &dyn BlockDevice, g: &Geometry, r: u64) -> Vec<u8> {
     let rsn = g.rsn() as usize;
     let mut buf = vec![0u8; rsn * BS];
     for j in 0..rsn {
         let b = j as u64 * g.rounds() + r;
-        if b < g.fec_blocks() {
-            dev.read_block(b, &mut buf[j * BS..(j + 1) * BS])?;
+        let at = &mut buf[j * BS..(j + 1) * BS];
+        if b < g.fec_blocks() && dev.read_block(b, at).is_err() {
+            at.fill(0);
         }
     }
-    Ok(buf)
+    buf
 }
 
 /// Compute the FEC parity of `dev`'s data and tree blocks (the tree must be written) and write
@@ -75,7 +77,7 @@ pub(super) fn repair_round(
     let block = |j: usize| j as u64 * g.rounds() + r;
     let may_change = |j: usize| erased.contains(&block(j)) || sus.unverified.contains(&block(j));
     let (rsn, roots) = (g.rsn() as usize, g.roots as usize);
-    let mut buf = read_round(dev, g, r)?;
+    let mut buf = read_round(dev, g, r);
     let before = buf.clone();
     let mut par = vec![0u8; BS * roots];
     dev.read_fec(r * (BS * roots) as u64, &mut par)?;

@@ -1,6 +1,6 @@
-//! Re-read a verity device against its signed root hash: which blocks are damaged, and the
-//! repair of what FEC can correct (blocks erased by the tree's verdict, round by round, then
-//! checked again from the root).
+//! Re-read a verity device against its signed root hash: which blocks are damaged (a block
+//! that cannot be read counts as damaged), and the repair of what FEC can correct (blocks
+//! erased by the tree's verdict, round by round, then checked again from the root).
 
 use std::collections::BTreeSet;
 
@@ -62,6 +62,13 @@ struct Verdicts<'a> {
 }
 
 impl Verdicts<'_> {
+    /// Block `i` could not be read (a bad sector: EIO; a short file): damaged, whatever its
+    /// bytes would have been, so FEC rewrites it (a disk remaps a sector on write).
+    fn unreadable(&mut self, i: u64) -> Option<Vec<u8>> {
+        self.bad.push(i);
+        None
+    }
+
     /// Judge block `i` (the `k`-th of its level) against its parent's entry: its bytes when
     /// good (a hash block's children are judged against them), `None` when bad or unverified.
     fn judge(
@@ -111,14 +118,18 @@ fn check(
         let mut this = Vec::with_capacity(g.levels[l] as usize);
         for k in 0..g.levels[l] {
             let i = g.data_blocks + start + k;
-            dev.read_block(i, &mut block)?;
-            this.push(v.judge(&parent, k, &block, i));
+            this.push(match dev.read_block(i, &mut block) {
+                Ok(()) => v.judge(&parent, k, &block, i),
+                Err(_) => v.unreadable(i),
+            });
         }
         parent = this;
     }
     for b in 0..g.data_blocks {
-        dev.read_block(b, &mut block)?;
-        v.judge(&parent, b, &block, b);
+        match dev.read_block(b, &mut block) {
+            Ok(()) => v.judge(&parent, b, &block, b),
+            Err(_) => v.unreadable(b),
+        };
     }
     Ok((v.bad, v.unverified))
 }
@@ -142,7 +153,8 @@ pub fn scrub(dev: &dyn BlockDevice, s: &Scrub) -> std::io::Result<ScrubOutcome> 
     let g = s.geometry;
     let codec = Codec::new(g.roots as usize);
     let mut out = ScrubOutcome {
-        fec_damaged: fec_hash(dev, g)? != s.fec_sha256,
+        // An unreadable FEC area is a damaged one: recomputed once data and tree verify.
+        fec_damaged: fec_hash(dev, g).map_or(true, |h| h != s.fec_sha256),
         ..Default::default()
     };
     let mut touched = std::collections::BTreeSet::new();

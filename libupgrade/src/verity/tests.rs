@@ -201,3 +201,48 @@ fn geometry_refuses_what_the_kernel_does_not_take() {
     let g = Geometry::new(836, 2).unwrap();
     assert_eq!((g.hash_blocks(), g.rounds(), g.fec_size()), (8, 4, 32768));
 }
+
+/// A device whose `bad` blocks fail to read (EIO) until written, as a disk remaps a sector.
+struct BadSectors {
+    inner: FileDevice,
+    bad: std::sync::Mutex<Vec<u64>>,
+}
+
+impl BlockDevice for BadSectors {
+    fn read_block(&self, i: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        if self.bad.lock().unwrap().contains(&i) {
+            return Err(std::io::Error::from_raw_os_error(5));
+        }
+        self.inner.read_block(i, buf)
+    }
+    fn write_block(&self, i: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.bad.lock().unwrap().retain(|b| *b != i);
+        self.inner.write_block(i, buf)
+    }
+    fn read_fec(&self, pos: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_fec(pos, buf)
+    }
+    fn write_fec(&self, pos: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.inner.write_fec(pos, buf)
+    }
+}
+
+#[test]
+fn an_unreadable_block_is_damaged_and_rewritten_from_fec() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = bytes(600 * 4096, 11);
+    let (dev, p, g, t) = format(dir.path(), &data, 2);
+    let fec_at = data.len() as u64 + g.hash_size();
+    let fec = std::fs::read(&p).unwrap()[fec_at as usize..].to_vec();
+    let tree_block = g.data_blocks + 1;
+    let bad = BadSectors {
+        inner: dev,
+        bad: std::sync::Mutex::new(vec![42, tree_block]),
+    };
+    let report = scrub(&bad, &scrub_of(&g, &t, &fec, false)).unwrap();
+    assert_eq!(report.damaged, vec![tree_block, 42], "{report:?}");
+    let out = scrub(&bad, &scrub_of(&g, &t, &fec, true)).unwrap();
+    assert!(out.clean(), "{out:?}");
+    assert_eq!(out.repaired, vec![42, tree_block]);
+    assert!(bad.bad.lock().unwrap().is_empty(), "both rewritten");
+}
