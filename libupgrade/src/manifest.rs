@@ -11,7 +11,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 pub use bootconfig::ScriptKind;
-pub use verity::{Verity, MAX_SALT, VERITY_HASH, VERITY_HASH_TYPE};
+pub use verity::{Verity, MAX_ROOTFS, MAX_SALT, VERITY_HASH, VERITY_HASH_TYPE};
 
 mod verity;
 

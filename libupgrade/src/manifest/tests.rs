@@ -390,6 +390,13 @@ fn verity_fields_that_disagree_are_refused_by_name() {
         assert!(!e.chars().any(char::is_control), "{e:?}");
     }
     let mut m = with_verity();
+    m.files.rootfs.size = u64::MAX - 4095;
+    let e = Manifest::parse(&m.to_bytes()).unwrap_err().to_string();
+    assert!(
+        e.contains("verity.data_blocks") && e.contains("over the"),
+        "{e}"
+    );
+    let mut m = with_verity();
     m.files.rootfs.size += 1;
     let e = Manifest::parse(&m.to_bytes()).unwrap_err().to_string();
     assert!(

@@ -20,6 +20,9 @@ use crate::verity::{Geometry, BLOCK_SIZE};
 pub const VERITY_HASH: &str = "sha256";
 /// The dm-verity hash format written and read (1: salt first, the kernel's "normal" format).
 pub const VERITY_HASH_TYPE: u32 = 1;
+/// Largest rootfs a `verity` field may cover (1 PiB): keeps every offset and size far from
+/// overflowing a u64, whatever a damaged or hostile manifest says.
+pub const MAX_ROOTFS: u64 = 1 << 50;
 /// Longest salt accepted, in bytes (veritysetup's own limit is 256).
 pub const MAX_SALT: usize = 64;
 
@@ -111,6 +114,14 @@ impl Verity {
             if v != BLOCK_SIZE {
                 return Err(field(f, format!("{v}: this build reads {BLOCK_SIZE}")));
             }
+        }
+        if rootfs_size > MAX_ROOTFS {
+            return Err(field(
+                "data_blocks",
+                format!(
+                    "a rootfs of {rootfs_size} bytes is over the {MAX_ROOTFS} this build covers"
+                ),
+            ));
         }
         if rootfs_size % BLOCK_SIZE != 0 || self.data_blocks != rootfs_size / BLOCK_SIZE {
             return Err(field(
