@@ -31,6 +31,9 @@ pub fn line(s: &SlotScrub) -> String {
             o.damaged, o.first_damaged, o.unverified
         ));
     }
+    if let Some(why) = &s.skipped {
+        parts.push(why.clone());
+    }
     if s.marked_bad {
         parts.push("marked bad: never booted until staged anew".into());
     } else if s.booted && !s.clean() {
