@@ -587,4 +587,4 @@ impl Manifest {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -12,6 +12,7 @@ use libupgrade::manifest::{Arch, Manifest, Verity};
 use libupgrade::release::{CreateOptions, VerityOptions};
 use libupgrade::state::SlotState;
 use libupgrade::{Error, NoProgress, Release, Source};
+use testkit::sim::SimNode;
 use testkit::*;
 
 /// A signed release whose rootfs (a real squashfs of `payload_len` noise bytes) carries
@@ -305,4 +306,55 @@ fn a_slot_whose_tree_this_node_never_wrote_is_not_judged() {
         "{b:?}"
     );
     assert_eq!(u.status().unwrap().slots[1].state, SlotState::Staged);
+}
+
+/// The confirm step: a trial boot whose command line names another dm-verity root hash than
+/// the staged release signs is unhealthy and falls back, with the check as the why; the
+/// signed one is blessed. (The loader does not pass `k3os.verity=` yet: written here as it
+/// will.)
+#[test]
+fn a_trial_booted_with_another_root_hash_falls_back_and_the_signed_one_is_blessed() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = verity_release(&k, rels.path(), "v2", None);
+    let v = verity_of(&rel);
+    for (root, blessed) in [("ab".repeat(32), false), (v.root_hash.clone(), true)] {
+        let mut node = SimNode::new(&k.trust, 1, 1);
+        let u = node.updater();
+        u.stage(
+            &Release::at(Source::Path(rel.clone())),
+            &fast_stage(),
+            &NoProgress,
+        )
+        .unwrap();
+        u.activate().unwrap();
+        assert_eq!(node.power_cycle(), Slot::B);
+        let line = std::fs::read_to_string(&node.cfg.proc_cmdline).unwrap();
+        std::fs::write(
+            &node.cfg.proc_cmdline,
+            format!("{} k3os.verity={root}\n", line.trim()),
+        )
+        .unwrap();
+        std::fs::write(&node.cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
+        let r = node.init_confirm().unwrap();
+        let check = r
+            .checks
+            .iter()
+            .find(|c| c.name == "verity")
+            .expect("the verity check ran");
+        assert_eq!((check.ok, r.is_good()), (blessed, blessed), "{r:?}");
+        if !blessed {
+            assert_eq!(
+                node.updater().status().unwrap().next_boot,
+                Slot::A,
+                "falls back to A"
+            );
+            assert!(
+                r.failures()
+                    .contains(&format!("but its release v2 signs {}", v.root_hash)),
+                "{}",
+                r.failures()
+            );
+        }
+    }
 }
