@@ -181,14 +181,17 @@ impl Updater {
         if self.cfg.builtin_health_check {
             out.push(self.rootfs_check(slot, version.as_deref()));
         }
-        // Only when the command line names a verity root hash (see `verity_check`).
+        // Only when the command line names a verity root hash (see `verity_check`); a kept
+        // manifest that cannot be read then fails the check, never the confirm itself.
         let cmdline = std::fs::read_to_string(&self.cfg.proc_cmdline).unwrap_or_default();
-        let staged = crate::slotfiles::manifest(&self.cfg.state_dir, slot)?;
-        out.extend(crate::boot::verity_check::check(
-            &cmdline,
-            slot,
-            staged.as_ref(),
-        ));
+        if cmdline.contains(crate::boot::verity_check::CMDLINE_PARAM) {
+            let staged = crate::slotfiles::manifest(&self.cfg.state_dir, slot).unwrap_or(None);
+            out.extend(crate::boot::verity_check::check(
+                &cmdline,
+                slot,
+                staged.as_ref(),
+            ));
+        }
         let env = [
             ("K3OS_SLOT", slot.to_string()),
             ("K3OS_VERSION", version.unwrap_or_default()),
