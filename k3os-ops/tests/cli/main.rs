@@ -23,6 +23,7 @@ mod release_serve;
 mod release_trust;
 mod release_trust_cli;
 mod rollout_cli;
+mod slot_verify;
 mod tuf_interop;
 mod upgrade_payloads;
 mod upgrade_thin;
