@@ -88,6 +88,7 @@ mod codec;
 mod error;
 mod header;
 mod ops;
+mod repack;
 mod squashfs;
 
 pub use apply::{apply, apply_needed, workers, ApplyStats, Base, Sink};
@@ -95,3 +96,4 @@ pub use build::{build, BuildStats};
 pub use codec::{identity, zstd_version};
 pub use error::PatchError;
 pub use header::{can_apply, read_header, PatchHeader, PatchKind, FORMAT_VERSION, MAGIC};
+pub use repack::{repack, RepackStats};
