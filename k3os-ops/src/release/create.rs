@@ -57,6 +57,12 @@ pub struct CreateArgs {
     /// v0.1.0 nodes, ignore them. Prints each patch's size and build time.
     #[arg(long, value_name = "RELEASE")]
     patch_from: Vec<PathBuf>,
+    /// Publish the rootfs's bytes as given. By default a zstd squashfs whose blocks another
+    /// libzstd made is re-packed with the nodes' zstd (same files, other bytes) so that
+    /// squashfs patches to it rebuild every block on the node; use this when the image's
+    /// exact bytes are pinned elsewhere (a hash computed by the build).
+    #[arg(long)]
+    keep_rootfs: bool,
 }
 
 /// Create, sign and print the release.
@@ -74,6 +80,7 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
         no_chunks,
         boot_config,
         patch_from,
+        keep_rootfs,
     } = a;
     // Before anything is read or written (the value is printed once, escaped, by the error).
     libupgrade::version::check_version(&version).context("release create --version")?;
@@ -83,6 +90,19 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
     };
     let chunking =
         (!no_chunks).then(|| libupgrade::chunk::ChunkParams::with_avg(chunk_avg_kib << 10));
+    // Kept until the release is written: the re-packed image is what gets copied and signed.
+    let repacked = tempfile::Builder::new()
+        .prefix(".rootfs-repacked-")
+        .tempfile_in(
+            out.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(".".as_ref()),
+        )
+        .context("release create: a scratch file for the re-packed rootfs")?;
+    let rootfs = match keep_rootfs {
+        true => rootfs,
+        false => repack(rootfs, repacked.path())?,
+    };
     let opts = release::CreateOptions {
         rootfs,
         kernel,
@@ -119,6 +139,30 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
     }
     print_patches(&patches);
     Ok(())
+}
+
+/// The rootfs to publish: `rootfs` re-packed into `scratch` when its blocks are another
+/// zstd's (see `libupgrade::patch::repack`), else `rootfs`; says which and why.
+fn repack(rootfs: PathBuf, scratch: &std::path::Path) -> anyhow::Result<PathBuf> {
+    use libupgrade::patch::Rootfs;
+    let zstd = libupgrade::patch::zstd_version();
+    Ok(match libupgrade::patch::for_release(&rootfs, scratch)? {
+        Rootfs::Repacked(st) => {
+            println!(
+                "rootfs re-packed with the nodes' zstd {zstd} (level {}): {} of {} blocks were made by another compressor; {} bytes published instead of {} (the same files), in {:.1} s",
+                st.level, st.changed, st.blocks, st.size_out, st.size_in, st.time.as_secs_f64()
+            );
+            scratch.to_path_buf()
+        }
+        Rootfs::Unchanged(_) => rootfs,
+        Rootfs::NotRepacked(why) => {
+            println!(
+                "rootfs published as given, not re-packed: {}",
+                why.escape_debug()
+            );
+            rootfs
+        }
+    })
 }
 
 /// One line per patch `release create` built (kept or dropped), and why one is large.

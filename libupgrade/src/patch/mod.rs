@@ -96,4 +96,4 @@ pub use build::{build, BuildStats};
 pub use codec::{identity, zstd_version};
 pub use error::PatchError;
 pub use header::{can_apply, read_header, PatchHeader, PatchKind, FORMAT_VERSION, MAGIC};
-pub use repack::{repack, RepackStats};
+pub use repack::{for_release, repack, RepackStats, Rootfs};

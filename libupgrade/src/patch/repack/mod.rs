@@ -94,6 +94,34 @@ pub fn repack(input: &Path, output: &Path) -> Result<RepackStats, PatchError> {
     Ok(stats)
 }
 
+/// What [`for_release`] made of a publisher's rootfs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rootfs {
+    /// Re-packed into the output file: publish that.
+    Repacked(RepackStats),
+    /// Every block already is this build's zstd's: publish the input as it is.
+    Unchanged(RepackStats),
+    /// Not a zstd squashfs this parser takes (the reason): publish the input as it is; its
+    /// squashfs patches carry whole the blocks the node does not reproduce.
+    NotRepacked(String),
+}
+
+/// [`repack`] for `release create`: an image the re-pack refuses is published as given
+/// (`NotRepacked`, with the reason), not an error; failing to read or write a file is.
+pub fn for_release(input: &Path, output: &Path) -> Result<Rootfs, PatchError> {
+    decide(repack(input, output))
+}
+
+/// The decision of [`for_release`] from the re-pack's result.
+fn decide(r: Result<RepackStats, PatchError>) -> Result<Rootfs, PatchError> {
+    match r {
+        Ok(st) if st.changed == 0 => Ok(Rootfs::Unchanged(st)),
+        Ok(st) => Ok(Rootfs::Repacked(st)),
+        Err(e @ PatchError::Squashfs { .. }) => Ok(Rootfs::NotRepacked(e.to_string())),
+        Err(e) => Err(e),
+    }
+}
+
 /// The re-packed image of `img`.
 pub(crate) fn repack_bytes(img: &[u8]) -> Result<(Vec<u8>, RepackStats), String> {
     let p = layout::parse(img)?;

@@ -234,3 +234,32 @@ fn damaged_metadata_never_panics_and_what_passes_still_checks() {
         }
     }
 }
+
+#[test]
+fn release_create_publishes_as_given_what_needs_no_or_cannot_take_a_repack() {
+    let t = tempfile::tempdir().unwrap();
+    tree(&t.path().join("t"), 1);
+    let (own, f, gz, out) = (
+        t.path().join("own.sq"),
+        t.path().join("f.sq"),
+        t.path().join("gz.sq"),
+        t.path().join("out.sq"),
+    );
+    mksquashfs(&t.path().join("t"), &own, 15);
+    foreign(&t.path().join("t"), &f);
+    run(Command::new("mksquashfs")
+        .arg(t.path().join("t"))
+        .arg(&gz)
+        .args(["-noappend", "-quiet", "-no-progress", "-comp", "gzip"]));
+    assert!(matches!(for_release(&own, &out), Ok(Rootfs::Unchanged(_))));
+    assert!(matches!(for_release(&f, &out), Ok(Rootfs::Repacked(st)) if st.changed > 0));
+    let Ok(Rootfs::NotRepacked(why)) = for_release(&gz, &out) else {
+        panic!("a gzip image is published as given");
+    };
+    assert!(why.contains("gz.sq") && why.contains("only zstd"), "{why}");
+    let missing = t.path().join("missing.sq");
+    assert!(matches!(
+        for_release(&missing, &out),
+        Err(PatchError::File { .. })
+    ));
+}
