@@ -69,8 +69,9 @@ pub fn collect(
     Ok(blocks)
 }
 
-/// Re-pack the blocks of `img` listed in `blocks`, all inside `region`, at `level`.
-/// Bytes of the region no block covers are copied as they are.
+/// Re-pack the blocks of `img` listed in `blocks`, all inside `region`, at `level`, on
+/// [`crate::patch::workers`] threads. Bytes of the region no block covers are copied as they
+/// are.
 pub fn repack(
     img: &[u8],
     region: Range<u64>,
@@ -78,11 +79,8 @@ pub fn repack(
     level: i32,
     block_size: u32,
 ) -> Result<Data, String> {
-    let mut comp = BlockCompressor::new(level);
-    let mut dec = BlockDecompressor::new();
-    let mut d = Data::default();
-    let mut plain = Vec::with_capacity(block_size as usize);
     let mut cursor = region.start;
+    let mut list = Vec::with_capacity(blocks.len());
     for (&off, &word) in blocks {
         let len = u64::from(word & SIZE_MASK);
         if off < cursor || off + len > region.end {
@@ -90,9 +88,70 @@ pub fn repack(
                 "block at {off} of {len} bytes overlaps another or leaves the data region {region:?}"
             ));
         }
+        list.push((off, word));
+        cursor = off + len;
+    }
+    let per = list.len().div_ceil(crate::patch::workers()).max(1);
+    let parts: Vec<Result<Vec<Block>, String>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = list
+            .chunks(per)
+            .map(|part| s.spawn(move || again(img, part, level, block_size)))
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().expect("a re-pack thread panicked"))
+            .collect()
+    });
+    let mut d = Data::default();
+    let mut cursor = region.start;
+    for (&(off, word), b) in list.iter().zip(parts.into_iter().flat_map(flatten)) {
+        let b = b?;
         d.bytes
             .extend_from_slice(&img[cursor as usize..off as usize]);
-        let stored = &img[off as usize..(off + len) as usize];
+        let stored = &img[off as usize..off as usize + (word & SIZE_MASK) as usize];
+        d.changed += u64::from(stored != &b.bytes[..]);
+        let m = Moved {
+            off: region.start + d.bytes.len() as u64,
+            word: b.word,
+            ulen: b.ulen,
+        };
+        d.bytes.extend_from_slice(&b.bytes);
+        d.moved.insert(off, m);
+        cursor = off + u64::from(word & SIZE_MASK);
+    }
+    d.bytes
+        .extend_from_slice(&img[cursor as usize..region.end as usize]);
+    Ok(d)
+}
+
+/// A part's blocks, or its error once for each block (the first is reported).
+fn flatten(r: Result<Vec<Block>, String>) -> Vec<Result<Block, String>> {
+    match r {
+        Ok(v) => v.into_iter().map(Ok).collect(),
+        Err(e) => vec![Err(e)],
+    }
+}
+
+/// One block compressed again.
+struct Block {
+    bytes: Vec<u8>,
+    word: u32,
+    ulen: u32,
+}
+
+/// The blocks `part` (offset, size word) of `img` decompressed and compressed again; a raw
+/// block stays raw, a compressed one that does not shrink becomes raw (as mksquashfs does).
+fn again(
+    img: &[u8],
+    part: &[(u64, u32)],
+    level: i32,
+    block_size: u32,
+) -> Result<Vec<Block>, String> {
+    let mut comp = BlockCompressor::new(level);
+    let mut dec = BlockDecompressor::new();
+    let mut plain = Vec::with_capacity(block_size as usize);
+    let mut out = Vec::with_capacity(part.len());
+    for &(off, word) in part {
+        let stored = &img[off as usize..off as usize + (word & SIZE_MASK) as usize];
         plain.clear();
         if word & STORED != 0 {
             plain.extend_from_slice(stored);
@@ -100,29 +159,19 @@ pub fn repack(
             dec.decompress_into(stored, block_size as usize, &mut plain)
                 .map_err(|e| format!("data block at {off}: {e}"))?;
         }
-        let new_off = region.start + d.bytes.len() as u64;
-        let new_word = match comp.compress(&plain) {
-            Some(c) if word & STORED == 0 => {
-                d.bytes.extend_from_slice(c);
-                c.len() as u32
-            }
-            _ => {
-                d.bytes.extend_from_slice(&plain);
-                plain.len() as u32 | STORED
-            }
-        };
-        d.changed += u64::from(stored != &d.bytes[(new_off - region.start) as usize..]);
-        d.moved.insert(
-            off,
-            Moved {
-                off: new_off,
-                word: new_word,
-                ulen: plain.len() as u32,
+        let ulen = plain.len() as u32;
+        out.push(match comp.compress(&plain) {
+            Some(c) if word & STORED == 0 => Block {
+                bytes: c.to_vec(),
+                word: c.len() as u32,
+                ulen,
             },
-        );
-        cursor = off + len;
+            _ => Block {
+                bytes: plain.clone(),
+                word: ulen | STORED,
+                ulen,
+            },
+        });
     }
-    d.bytes
-        .extend_from_slice(&img[cursor as usize..region.end as usize]);
-    Ok(d)
+    Ok(out)
 }

@@ -122,10 +122,43 @@ pub fn parse(img: &[u8]) -> Result<Parsed, String> {
     let dirs = meta::read_run(img, sb.directory_table_start, dirs_end, &mut dec)
         .map_err(|e| format!("directory table: {e}"))?;
     let sites = tree::walk(&inodes, &dirs, sb.root_inode, sb.block_size)?;
+    let t = tail_tables(img, &sb, flags, frag_count, &mut dec)?;
+    Ok(Parsed {
+        flags,
+        level,
+        block_size: sb.block_size,
+        root: sb.root_inode,
+        data_start,
+        inode_start: sb.inode_table_start,
+        inodes,
+        dirs,
+        sites,
+        fragments: t.fragments,
+        export: t.export,
+        ids: t.ids,
+        xattrs,
+    })
+}
+
+/// The fragment, export and id tables' entries.
+struct Tail {
+    fragments: Vec<(u64, u32)>,
+    export: Option<Vec<u64>>,
+    ids: Vec<u8>,
+}
+
+fn tail_tables(
+    img: &[u8],
+    sb: &crate::sqcheck::Superblock,
+    flags: u16,
+    frag_count: usize,
+    dec: &mut BlockDecompressor,
+) -> Result<Tail, String> {
+    let (frag_start, export_start) = (u64_at(img, at::FRAGMENTS), u64_at(img, at::EXPORT));
     let fragments = if frag_count == 0 {
         Vec::new()
     } else {
-        let (b, _) = meta::read_indexed(img, frag_start, frag_count * 16, &mut dec)
+        let (b, _) = meta::read_indexed(img, frag_start, frag_count * 16, dec)
             .map_err(|e| format!("fragment table: {e}"))?;
         b.chunks_exact(16)
             .map(|e| {
@@ -138,33 +171,18 @@ pub fn parse(img: &[u8]) -> Result<Parsed, String> {
     };
     let export = if flags & EXPORTABLE != 0 && export_start != INVALID {
         let n = sb.inode_count as usize * 8;
-        let (b, _) = meta::read_indexed(img, export_start, n, &mut dec)
+        let (b, _) = meta::read_indexed(img, export_start, n, dec)
             .map_err(|e| format!("export table: {e}"))?;
         Some(b.chunks_exact(8).map(|e| u64_at(e, 0)).collect())
     } else {
         None
     };
-    let (ids, _) = meta::read_indexed(
-        img,
-        sb.id_table_start,
-        usize::from(sb.id_count) * 4,
-        &mut dec,
-    )
-    .map_err(|e| format!("id table: {e}"))?;
-    Ok(Parsed {
-        flags,
-        level,
-        block_size: sb.block_size,
-        root: sb.root_inode,
-        data_start,
-        inode_start: sb.inode_table_start,
-        inodes,
-        dirs,
-        sites,
+    let (ids, _) = meta::read_indexed(img, sb.id_table_start, usize::from(sb.id_count) * 4, dec)
+        .map_err(|e| format!("id table: {e}"))?;
+    Ok(Tail {
         fragments,
         export,
         ids,
-        xattrs,
     })
 }
 

@@ -119,7 +119,7 @@ pub fn read_indexed(
     let ptrs = img
         .get(at..at.saturating_add(count * 8))
         .ok_or_else(|| format!("table index at {index} with {count} entries is past the image"))?;
-    let mut out = Vec::with_capacity(len);
+    let mut out = Vec::new(); // not `len`: a damaged count must not allocate it up front
     let mut first = index;
     let mut next = None;
     for (i, p) in ptrs.chunks_exact(8).enumerate() {
