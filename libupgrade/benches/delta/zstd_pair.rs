@@ -13,11 +13,12 @@ use super::{len, patch_run, pct, squashfs_with};
 
 /// The re-packed copy of `img` next to it (`.repacked.sq`), with the seconds it took and the
 /// blocks that changed (cached like the images).
-fn repacked(img: &Path) -> (std::path::PathBuf, f64, u64) {
+fn repacked(img: &Path) -> (std::path::PathBuf, f64, String) {
     let out = img.with_extension("repacked.sq");
     let t = Instant::now();
     let st = libupgrade::patch::repack(img, &out).unwrap();
-    (out, t.elapsed().as_secs_f64(), st.changed)
+    let changed = format!("{} of {} blocks changed", st.changed, st.blocks);
+    (out, t.elapsed().as_secs_f64(), changed)
 }
 
 /// Run the section: `images` caches images, `lib` is trixie's libzstd directory, `rec` the
@@ -45,9 +46,14 @@ pub fn run(images: &Path, trees: &Path, lib: &Path, rec: &[&str], w: &Path) {
     let (r1, s1, c1) = repacked(&f1);
     let (r2, s2, c2) = repacked(&f2);
     println!(
-        "re-pack (release create): v1 {s1:.1} s ({c1} blocks changed), v2 {s2:.1} s ({c2} blocks changed), v2 {} → {} bytes (pinned-zstd image {size})",
+        "re-pack (release create): v1 {s1:.1} s ({c1}), v2 {s2:.1} s ({c2}), v2 {} → {} bytes (pinned-zstd image {size}, {})",
         len(&f2),
-        len(&r2)
+        len(&r2),
+        if fs::read(&r2).unwrap() == fs::read(&p2).unwrap() {
+            "byte for byte the re-packed image"
+        } else {
+            "other bytes than the re-packed image"
+        }
     );
     let pinned = patch_run(&["build", "squashfs"], &[&p1, &p2, &w.join("zp")]);
     let rows = [
