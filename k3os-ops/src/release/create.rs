@@ -1,7 +1,7 @@
 //! `k3os-ops release create`: arguments mapped onto `libupgrade::release::create_with`, and
 //! what was written printed per file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
@@ -90,19 +90,8 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
     };
     let chunking =
         (!no_chunks).then(|| libupgrade::chunk::ChunkParams::with_avg(chunk_avg_kib << 10));
-    // Kept until the release is written: the re-packed image is what gets copied and signed.
-    let repacked = tempfile::Builder::new()
-        .prefix(".rootfs-repacked-")
-        .tempfile_in(
-            out.parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(".".as_ref()),
-        )
-        .context("release create: a scratch file for the re-packed rootfs")?;
-    let rootfs = match keep_rootfs {
-        true => rootfs,
-        false => repack(rootfs, repacked.path())?,
-    };
+    // `_scratch` lives until the release is written: a re-packed image is what gets signed.
+    let (rootfs, _scratch) = published_rootfs(rootfs, &out, keep_rootfs)?;
     let opts = release::CreateOptions {
         rootfs,
         kernel,
@@ -141,26 +130,40 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The rootfs to publish: `rootfs` re-packed into `scratch` when its blocks are another
-/// zstd's (see `libupgrade::patch::repack`), else `rootfs`; says which and why.
-fn repack(rootfs: PathBuf, scratch: &std::path::Path) -> anyhow::Result<PathBuf> {
+/// The rootfs to publish: with `keep`, `rootfs`; else `rootfs` re-packed into a scratch file
+/// beside `out` when its blocks are another zstd's (see `libupgrade::patch::repack`), else
+/// `rootfs`; says which and why. The scratch file is deleted when the returned handle drops.
+fn published_rootfs(
+    rootfs: PathBuf,
+    out: &Path,
+    keep: bool,
+) -> anyhow::Result<(PathBuf, Option<tempfile::TempPath>)> {
     use libupgrade::patch::Rootfs;
+    if keep {
+        return Ok((rootfs, None));
+    }
+    let dir = out.parent().filter(|p| !p.as_os_str().is_empty());
+    let scratch = tempfile::Builder::new()
+        .prefix(".rootfs-repacked-")
+        .tempfile_in(dir.unwrap_or(Path::new(".")))
+        .context("release create: a scratch file for the re-packed rootfs")?
+        .into_temp_path();
     let zstd = libupgrade::patch::zstd_version();
-    Ok(match libupgrade::patch::for_release(&rootfs, scratch)? {
+    Ok(match libupgrade::patch::for_release(&rootfs, &scratch)? {
         Rootfs::Repacked(st) => {
             println!(
                 "rootfs re-packed with the nodes' zstd {zstd} (level {}): {} of {} blocks were made by another compressor; {} bytes published instead of {} (the same files), in {:.1} s",
                 st.level, st.changed, st.blocks, st.size_out, st.size_in, st.time.as_secs_f64()
             );
-            scratch.to_path_buf()
+            (scratch.to_path_buf(), Some(scratch))
         }
-        Rootfs::Unchanged(_) => rootfs,
+        Rootfs::Unchanged(_) => (rootfs, None),
         Rootfs::NotRepacked(why) => {
             println!(
                 "rootfs published as given, not re-packed: {}",
                 why.escape_debug()
             );
-            rootfs
+            (rootfs, None)
         }
     })
 }
