@@ -13,6 +13,8 @@ const COMPRESSOR_OPTIONS: u16 = 0x0400;
 const EXPORTABLE: u16 = 0x0080;
 /// Flag: inode and directory tables stored uncompressed (`mksquashfs -noI`).
 pub const UNCOMPRESSED_INODES: u16 = 0x0001;
+/// Flag: fragments and the fragment table stored uncompressed (`mksquashfs -noF`).
+pub const UNCOMPRESSED_FRAGMENTS: u16 = 0x0008;
 /// Flag: the id table stored uncompressed.
 pub const UNCOMPRESSED_IDS: u16 = 0x0800;
 

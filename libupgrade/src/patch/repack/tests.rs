@@ -143,14 +143,17 @@ fn an_image_this_zstd_made_comes_back_byte_for_byte() {
     let t = tempfile::tempdir().unwrap();
     tree(&t.path().join("t"), 1);
     let (a, b) = (t.path().join("a.sq"), t.path().join("b.sq"));
-    mksquashfs(&t.path().join("t"), &a, 15);
-    let st = repack(&a, &b).unwrap();
-    assert_eq!(st.changed, 0, "{st:?}");
-    assert!(st.blocks > 5, "{st:?}");
-    assert!(
-        fs::read(&a).unwrap() == fs::read(&b).unwrap(),
-        "re-pack changed bytes"
-    );
+    // mksquashfs' flags for tables and blocks stored uncompressed each keep their meaning.
+    for extra in [&[][..], &["-noI"], &["-noF", "-noD"], &["-noId", "-noX"]] {
+        mksquashfs_with(&t.path().join("t"), &a, 15, extra);
+        let st = repack(&a, &b).unwrap();
+        assert_eq!(st.changed, 0, "{extra:?}: {st:?}");
+        assert!(st.blocks > 5, "{st:?}");
+        assert!(
+            fs::read(&a).unwrap() == fs::read(&b).unwrap(),
+            "{extra:?}: re-pack changed bytes"
+        );
+    }
 }
 
 #[test]

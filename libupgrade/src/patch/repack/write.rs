@@ -3,7 +3,7 @@
 //! then the fragment, export, id and xattr tables.
 
 use super::data::Data;
-use super::layout::{at, Parsed, UNCOMPRESSED_IDS, UNCOMPRESSED_INODES};
+use super::layout::{at, Parsed, UNCOMPRESSED_FRAGMENTS, UNCOMPRESSED_IDS, UNCOMPRESSED_INODES};
 use super::meta::{self, Stream};
 use crate::patch::codec::BlockCompressor;
 use crate::patch::ops::SIZE_MASK;
@@ -149,7 +149,8 @@ pub fn image(img: &[u8], p: &Parsed, d: &Data) -> Result<Vec<u8>, String> {
         frags.extend_from_slice(&w.to_le_bytes());
         frags.extend_from_slice(&0u32.to_le_bytes());
     }
-    let frag_index = meta::write_indexed(&frags, &mut comp, raw, &mut out);
+    let frag_raw = p.flags & UNCOMPRESSED_FRAGMENTS != 0; // as mksquashfs: -noF, not -noI
+    let frag_index = meta::write_indexed(&frags, &mut comp, frag_raw, &mut out);
     let export_index = match &p.export {
         Some(refs) => {
             let mut b = Vec::with_capacity(refs.len() * 8);
