@@ -14,10 +14,19 @@
 //! entropy-coded output differs everywhere after the first different choice, so there is no
 //! small correction). Re-packing instead makes every block of the published image one the node
 //! reproduces, so the patch is the one a publisher on the pinned zstd would get. Its costs: the
-//! publisher's `release create` decompresses and compresses every block once (figures in the
-//! README's delta section), and the published image's bytes are not the publisher's file (its
-//! files, sizes, modes and layout are; `release create` says so). The re-packed image is what
-//! gets signed and staged; the publisher's original is only an input.
+//! publisher's `release create` decompresses and compresses every block once, and the published
+//! image's bytes are not the publisher's file (its files, sizes, modes and layout are;
+//! `release create` says so, `--keep-rootfs` opts out). The re-packed image is what gets signed
+//! and staged; the publisher's original is only an input.
+//!
+//! Measured (`just bench-delta`, section `zstd`, one run 2026-12-05; the monthly pair, 123.5 MB,
+//! `-no-fragments`, made by mksquashfs 4.5.1 loading Debian 13's libzstd 1.5.7): the squashfs
+//! patch as made is 4.76 MB, 1.82× the 2.62 MB of the same pair made with 1.5.4 (77 blocks
+//! carried whole); both images re-packed, 2.62 MB, 1.00×: the re-packed images are byte for
+//! byte what mksquashfs makes with 1.5.4. The first release after a publisher moves to the
+//! re-pack (v1 as made, v2 re-packed) gets 2.80 MB (1.07×), with every unchanged file rebuilt
+//! on the node. Re-pack time: 124–138 s per image on one thread of 2 busy shared cores, about
+//! what mksquashfs took there; it now runs on the patch workers' threads.
 //!
 //! # What is rewritten
 //! The data region (every file's blocks and every fragment block, in their order; a block
