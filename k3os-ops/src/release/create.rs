@@ -90,7 +90,9 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
     };
     let chunking =
         (!no_chunks).then(|| libupgrade::chunk::ChunkParams::with_avg(chunk_avg_kib << 10));
-    // `_scratch` lives until the release is written: a re-packed image is what gets signed.
+    // The key before a re-pack of minutes (create checks everything else again); `_scratch`
+    // lives until the release is written: a re-packed image is what gets signed.
+    libupgrade::signing::load_secret_key(&key).context("release create --key")?;
     let (rootfs, _scratch) = published_rootfs(rootfs, &out, keep_rootfs)?;
     let opts = release::CreateOptions {
         rootfs,
