@@ -133,7 +133,7 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
 }
 
 /// The rootfs to publish: with `keep`, `rootfs`; else `rootfs` re-packed into a scratch file
-/// beside `out` when its blocks are another zstd's (see `libupgrade::patch::repack`), else
+/// near `out` when its blocks are another zstd's (see `libupgrade::patch::repack`), else
 /// `rootfs`; says which and why. The scratch file is deleted when the returned handle drops.
 fn published_rootfs(
     rootfs: PathBuf,
@@ -144,10 +144,17 @@ fn published_rootfs(
     if keep {
         return Ok((rootfs, None));
     }
-    let dir = out.parent().filter(|p| !p.as_os_str().is_empty());
+    // Beside the release (same filesystem, not a tmpfs), in the nearest directory that exists:
+    // create makes `out` and its parents only after its own checks.
+    let dir = out
+        .ancestors()
+        .skip(1)
+        .find(|d| d.is_dir())
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let scratch = tempfile::Builder::new()
         .prefix(".rootfs-repacked-")
-        .tempfile_in(dir.unwrap_or(Path::new(".")))
+        .tempfile_in(dir)
         .context("release create: a scratch file for the re-packed rootfs")?
         .into_temp_path();
     let zstd = libupgrade::patch::zstd_version();
