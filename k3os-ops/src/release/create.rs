@@ -200,7 +200,7 @@ fn print_patches(patches: &[release::PatchBuilt]) {
         let (recompressed, verbatim) = p.blocks;
         if verbatim > 0 {
             println!(
-                "    {verbatim} of {} changed blocks do not recompress identically with the nodes' zstd {} and are carried whole: was the image made with another libzstd?",
+                "    {verbatim} of {} changed blocks do not recompress identically with the nodes' zstd {} and are carried whole: the image was made by another compressor and kept as given (--keep-rootfs, or a layout the re-pack refused)",
                 recompressed + verbatim,
                 libupgrade::patch::zstd_version()
             );
