@@ -18,6 +18,7 @@ mod release_args;
 mod release_channel;
 mod release_e2e;
 mod release_openssl;
+mod release_repack;
 mod release_resign;
 mod release_serve;
 mod release_trust;
