@@ -431,6 +431,7 @@ mod tests {
             version: 3,
             expires: t(1000),
             targets,
+            delegations: None,
         }
     }
 
