@@ -262,6 +262,8 @@ fn check_entries(doc: &HaltDoc, location: &str) -> Result<(), TrustError> {
 pub struct Applied {
     /// The release's target path in the publisher's targets.
     pub target: String,
+    /// The release's version, as the target names it.
+    pub version: String,
     /// The halt's `since` as signed.
     pub since: DateTime<Utc>,
     /// The guard's reason (untrusted text).
@@ -311,6 +313,7 @@ pub fn apply(targets: &mut Targets, halts: &HaltDoc, now: DateTime<Utc>) -> Vec<
         });
         held.push(Applied {
             target: path.clone(),
+            version: c.version.clone(),
             since: mark.since,
             reason: mark.reason.clone(),
         });
@@ -336,7 +339,7 @@ pub fn active_for<'a>(targets: &Targets, halts: &'a HaltDoc, version: &str) -> O
 
 mod write;
 
-pub use write::{entry_name, next_doc, sign, write_served, Written};
+pub use write::{entry_name, next_doc, served, sign, write_served, Written};
 
 #[cfg(test)]
 mod tests;

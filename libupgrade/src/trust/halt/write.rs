@@ -131,17 +131,25 @@ pub fn write_served(
     signers: &[ed25519_dalek::SigningKey],
     expires: DateTime<Utc>,
 ) -> Result<Written, TrustError> {
-    let served = verify_served(dir)?;
-    let (targets, _) = served.targets.ok_or_else(|| TrustError::Publish {
-        what: dir.join("targets.json").display().to_string(),
-        why: "no targets: the publisher runs `k3os-ops release targets` first".into(),
-    })?;
-    let src = DirMeta(dir.to_path_buf());
-    let loc = src.location(HALT_FILE);
-    let bytes = src.fetch(HALT_FILE, MAX_HALT_BYTES)?;
-    let current = verify(&targets, bytes.as_deref(), &loc, None, None)?.map(|h| h.doc);
+    let (targets, _) = verify_served(dir)?
+        .targets
+        .ok_or_else(|| TrustError::Publish {
+            what: dir.join("targets.json").display().to_string(),
+            why: "no targets: the publisher runs `k3os-ops release targets` first".into(),
+        })?;
+    let current = served(dir, &targets)?;
     let (doc, added) = next_doc(current.as_ref(), &targets, halt, expires)?;
     let env = sign(&targets, &doc, signers)?;
     write_atomic(dir, HALT_FILE, &env.to_bytes())?;
     Ok(Written { doc, added })
+}
+
+/// The `halt.json` served from the channel directory `dir`, verified against the delegation of
+/// its verified `targets` (expiry not checked: the publisher's and the guard's view, as for
+/// every served file); `None`: no delegation or no file.
+pub fn served(dir: &Path, targets: &Targets) -> Result<Option<HaltDoc>, TrustError> {
+    let src = DirMeta(dir.to_path_buf());
+    let loc = src.location(HALT_FILE);
+    let bytes = src.fetch(HALT_FILE, MAX_HALT_BYTES)?;
+    Ok(verify(targets, bytes.as_deref(), &loc, None, None)?.map(|h| h.doc))
 }
