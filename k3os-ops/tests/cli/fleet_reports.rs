@@ -657,6 +657,7 @@ fn the_guard_halts_a_failing_release_with_its_stop_only_key_and_the_publisher_re
     assert!(out.contains("v2: halted (1 of 1 node(s) failed"), "{out}");
     assert!(out.contains("wrote halt.json version 1"), "{out}");
     let halt_v1 = std::fs::read(chan.join("halt.json")).unwrap();
+    python_tuf_verifies_the_halt(&chan);
     let held = offered(&node, &srv.url, &chan).unwrap_err();
     assert!(held.contains("paused since"), "{held}");
     let status = node.ok(&["release", "rollout-status", &c, "--reports", &dbarg]);
@@ -730,5 +731,28 @@ fn the_guard_halts_a_failing_release_with_its_stop_only_key_and_the_publisher_re
     assert!(
         !out.status.success() && e.contains("older than version"),
         "{e}"
+    );
+}
+
+/// python-tuf 7 (scripts/setup.sh) reads the guard's `halt.json` as targets metadata and
+/// verifies its signatures against the delegation in our `targets.json`
+/// (`Targets.verify_delegate`): the halt role is a standard TUF delegated role.
+fn python_tuf_verifies_the_halt(chan: &Path) {
+    let script = "import sys\n\
+from tuf.api.metadata import Metadata\n\
+t = Metadata.from_file(sys.argv[1] + '/targets.json')\n\
+h = Metadata.from_file(sys.argv[1] + '/halt.json')\n\
+t.signed.verify_delegate('halt', h.signed_bytes, h.signatures)\n\
+assert all(p.startswith('halt/') for p in h.signed.targets), h.signed.targets\n\
+print('verified', len(h.signed.targets))\n";
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, chan.to_str().unwrap()])
+        .output()
+        .expect("python3 runs (scripts/setup.sh installs it with python-tuf)");
+    let o = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && o.contains("verified 1"),
+        "python-tuf on halt.json: {o}{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -478,4 +478,37 @@ fn channels_k3os_ops_publishes_verify_with_python_tuf_across_a_root_rotation() {
     // And it trusts root 2 now: python-tuf's record holds version 2.
     let kept = fs::read_to_string(md.join("root.json")).unwrap();
     assert!(kept.contains("\"version\": 2"), "{kept}");
+
+    // The guard's halt role (issue 32): a delegation in targets.json that python-tuf reads
+    // (its refresh, and a release's target found in the top-level targets) for the same
+    // client and a fresh one.
+    ok(&["release", "keygen", "-o", &s("keys"), "--name", "halt"]);
+    ok(&[
+        "release",
+        "delegate-halt",
+        &s("site/stable"),
+        "--halt-key",
+        &k("halt.pub"),
+        "--key",
+        &k("targets2.key"),
+        "--snapshot-key",
+        &k("snapshot.key"),
+        "--timestamp-key",
+        &k("timestamp.key"),
+    ]);
+    let tg = fs::read_to_string(chan.join("targets.json")).unwrap();
+    assert!(
+        tg.contains("\"delegations\"") && tg.contains("halt/*"),
+        "{tg}"
+    );
+    for (dir, what) in [
+        (&md, "the same python-tuf client"),
+        (&p("python-3"), "a fresh one"),
+    ] {
+        assert_eq!(
+            python_verdict(&url, dir, &root1, "v3/manifest.json"),
+            Verdict::Ok,
+            "{what} with the halt delegation"
+        );
+    }
 }

@@ -302,9 +302,17 @@ fn an_expired_halt_is_refused_unless_expiry_is_waived() {
 #[test]
 fn the_guard_keeps_a_live_halts_since_and_replaces_a_lifted_one() {
     let tg = targets();
-    let (first, added) = next_doc(None, &tg, Some(("v2", &mark(2))), t(500)).unwrap();
+    // Whole seconds, as TUF writes times (python-tuf refuses fractions).
+    let ms = chrono::Duration::milliseconds(250);
+    let m = Mark {
+        since: t(2) + ms,
+        ..mark(2)
+    };
+    let (first, added) = next_doc(None, &tg, Some(("v2", &m)), t(500) + ms).unwrap();
     assert_eq!(added, vec!["halt/v2".to_string()]);
     assert_eq!(first.version, 1);
+    assert_eq!(first.expires, t(500));
+    assert_eq!(first.targets["halt/v2"].custom.halt.since, t(2));
     let (again, added) = next_doc(Some(&first), &tg, Some(("v2", &mark(9))), t(600)).unwrap();
     assert!(added.is_empty());
     assert_eq!(again.version, 2);

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 
 use super::{
     delegation, entry_for, holds_lift, verify, HaltCustom, HaltDoc, HaltTarget, Mark, HALT_FILE,
@@ -52,7 +52,8 @@ pub fn next_doc(
             what: HALT_FILE.into(),
             why: format!("version {} has no successor", doc.version),
         })?;
-    doc.expires = expires;
+    // TUF writes whole seconds (python-tuf refuses anything else).
+    doc.expires = expires.trunc_subsecs(0);
     let mut added = Vec::new();
     let Some((version, mark)) = halt else {
         return Ok((doc, added));
@@ -72,7 +73,12 @@ pub fn next_doc(
             HaltTarget {
                 length: m.length,
                 hashes: BTreeMap::from([("sha256".to_string(), sha.to_string())]),
-                custom: HaltCustom { halt: mark.clone() },
+                custom: HaltCustom {
+                    halt: Mark {
+                        since: mark.since.trunc_subsecs(0),
+                        reason: mark.reason.clone(),
+                    },
+                },
             },
         );
         added.push(name);
