@@ -485,8 +485,49 @@ fn the_dashboard_shows_in_a_real_browser_what_the_database_holds() {
     let _ = node.ops(&["slot", "confirm"]);
     publish(&["pause", &c, "v2"]);
     assert_eq!(stored(&db).len(), 3);
+    // The guard's key delegated, and one guard run: its halt is in the guard's table.
+    let gk = node.path().join("guard-keys");
+    node.ok(&[
+        "release",
+        "keygen",
+        "-o",
+        gk.to_str().unwrap(),
+        "--name",
+        "halt",
+    ]);
+    publish(&[
+        "delegate-halt",
+        &c,
+        "--halt-key",
+        gk.join("halt.pub").to_str().unwrap(),
+    ]);
+    let dbarg = format!("sqlite:{}", db.display());
+    node.ok(&[
+        "collector",
+        "guard",
+        "--channel",
+        &c,
+        "--db",
+        &dbarg,
+        "--key",
+        gk.join("halt.key").to_str().unwrap(),
+        "--abort-if",
+        "50",
+        "--abort-min",
+        "1",
+    ]);
 
     let dom = in_chromium(&url);
+    let guard = dom
+        .split("<tr class=\"halt\">")
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no halt in the guard's table: {dom}"));
+    assert!(
+        guard.contains("<td>halt</td><td>v2</td><td>1 of 1 node(s) failed")
+            && guard.ends_with("<td>1</td>"),
+        "{guard}"
+    );
     assert!(
         dom.contains("1 node(s) at 1 site(s) of 1 enrolled, 3 report(s)"),
         "{dom}"
