@@ -68,7 +68,7 @@ fn fleet() -> (AllowList, Vec<Vec<u8>>) {
                 version: "v2.1.0".into(),
                 generation: 21,
                 outcome,
-                seed: Some(n * 499),
+                seed: Some((u64::from(n) * 1_000_000 / u64::from(nodes)) as u32),
                 dropped: 0,
             };
             bodies.push(r.sign(&key).unwrap());
