@@ -35,8 +35,14 @@ fn t(h: i64) -> DateTime<Utc> {
 fn targets(key: &SigningKey) -> Targets {
     let waves = Rollout {
         waves: vec![
-            Wave { share_bp: 100, start: t(0) },
-            Wave { share_bp: 10_000, start: t(72) },
+            Wave {
+                share_bp: 100,
+                start: t(0),
+            },
+            Wave {
+                share_bp: 10_000,
+                start: t(72),
+            },
         ],
         paused_secs: 600,
         ..Rollout::default()
@@ -60,8 +66,22 @@ fn targets(key: &SigningKey) -> Targets {
         targets: BTreeMap::from([
             entry("v1", 1, None),
             entry("v2", 2, Some(waves.clone())),
-            entry("v3", 3, Some(Rollout { paused: Some(Pause { since: t(1) }), ..waves.clone() })),
-            entry("v4", 4, Some(Rollout { withdrawn: Some(Withdrawal { at: t(1) }), ..waves })),
+            entry(
+                "v3",
+                3,
+                Some(Rollout {
+                    paused: Some(Pause { since: t(1) }),
+                    ..waves.clone()
+                }),
+            ),
+            entry(
+                "v4",
+                4,
+                Some(Rollout {
+                    withdrawn: Some(Withdrawal { at: t(1) }),
+                    ..waves
+                }),
+            ),
         ]),
         delegations: Some(Delegations {
             keys: BTreeMap::from([(k.id(), k.clone())]),
@@ -115,8 +135,14 @@ fuzz_target!(|data: &[u8]| {
     for (path, before) in &tg.targets {
         let now = &after.targets[path];
         assert_eq!((now.length, &now.hashes), (before.length, &before.hashes));
-        let (b, a) = (before.custom.as_ref().unwrap(), now.custom.as_ref().unwrap());
-        assert_eq!((&a.version, a.generation, a.arch), (&b.version, b.generation, b.arch));
+        let (b, a) = (
+            before.custom.as_ref().unwrap(),
+            now.custom.as_ref().unwrap(),
+        );
+        assert_eq!(
+            (&a.version, a.generation, a.arch),
+            (&b.version, b.generation, b.arch)
+        );
         let was = b.rollout.clone().unwrap_or_default();
         let is = a.rollout.clone().unwrap_or_default();
         if held.iter().any(|x| &x.target == path) {
