@@ -26,6 +26,14 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
         "the guests' busybox comes from the busybox-static .deb the images unpack",
     ),
     ("file", "a word in messages and JSON keys, never run"),
+    (
+        "bzip2",
+        "a compression libupgrade's image-archive reader names when it refuses one, never run",
+    ),
+    (
+        "lz4",
+        "a compression libupgrade's image-archive reader names when it refuses one, never run",
+    ),
     ("time", "a word in messages, never run"),
     ("host", "a word in messages and config keys, never run"),
     ("ip", "a word in messages and config keys, never run"),

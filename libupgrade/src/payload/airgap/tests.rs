@@ -1,32 +1,15 @@
 use super::*;
 
-/// A docker archive holding `images`, written to `path`.
-fn archive(path: &Path, images: &[&str]) -> u64 {
-    let mut t = tar::Builder::new(std::fs::File::create(path).unwrap());
-    let m = serde_json::json!([{"Config": "c.json", "RepoTags": images, "Layers": ["l.tar"]}]);
-    for (name, b) in [
-        ("c.json", b"{}".to_vec()),
-        ("l.tar", b"layer".to_vec()),
-        ("manifest.json", serde_json::to_vec(&m).unwrap()),
-    ] {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(b.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        t.append_data(&mut h, name, &b[..]).unwrap();
-    }
-    t.finish().unwrap();
-    std::fs::metadata(path).unwrap().len()
-}
-
-fn fixture(store: &Path, name: &str, images: &[&str]) -> Archive {
+/// An archive `name` in `store` holding the one image `image` (the shared OCI-archive builder).
+fn fixture(store: &Path, name: &str, image: &str) -> Archive {
     let object = store.join(name);
-    let size = archive(&object, images);
+    std::fs::write(&object, testkit::image_archive(image, &[b"layer".to_vec()])).unwrap();
+    let size = std::fs::metadata(&object).unwrap().len();
     Archive {
         name: name.into(),
         object,
         size,
-        images: images.iter().map(|s| s.to_string()).collect(),
+        images: vec![image.to_string()],
     }
 }
 
@@ -35,8 +18,8 @@ fn activation_links_the_booted_slots_archives_and_only_removes_its_own_links() {
     let d = tempfile::tempdir().unwrap();
     let (store, airgap) = (d.path().join("store"), d.path().join("images"));
     std::fs::create_dir_all(&store).unwrap();
-    let v1 = fixture(&store, "system-v1", &["pause:3.6"]);
-    let v2 = fixture(&store, "system-v2", &["pause:3.7"]);
+    let v1 = fixture(&store, "system-v1", "pause:3.6");
+    let v2 = fixture(&store, "system-v2", "pause:3.7");
     let done = activate(&airgap, std::slice::from_ref(&v1)).unwrap();
     assert_eq!(done.linked, ["k3os-system-v1.tar"]);
     std::fs::write(airgap.join("operator.tar"), b"theirs").unwrap();
@@ -66,7 +49,7 @@ fn activation_links_the_booted_slots_archives_and_only_removes_its_own_links() {
 fn the_check_names_what_is_missing() {
     let d = tempfile::tempdir().unwrap();
     let airgap = d.path().join("images");
-    let mut a = fixture(d.path(), "sys", &["pause:3.6"]);
+    let mut a = fixture(d.path(), "sys", "pause:3.6");
     let e = check(&airgap, std::slice::from_ref(&a)).unwrap_err();
     assert!(
         e.contains("k3os-sys.tar") && e.contains("No such file"),
@@ -82,7 +65,7 @@ fn the_check_names_what_is_missing() {
     let e = check(&airgap, std::slice::from_ref(&a)).unwrap_err();
     assert!(e.contains("the release says"), "{e}");
 
-    // A damaged object: the tar no longer holds its layer.
+    // A damaged object: no longer a tar of an image.
     std::fs::write(&a.object, b"garbage").unwrap();
     a.size = 7;
     assert!(check(&airgap, &[a]).is_err());
