@@ -294,8 +294,12 @@ impl Stager<'_> {
                 .collect(),
         };
         p.save(&self.cfg.state_dir)?;
-        // The target's earlier release no longer references its payloads: make room.
-        crate::payload::prune(&self.cfg.state_dir)?;
+        // The target's earlier release no longer references its payloads: make room. When
+        // the references cannot be read (a damaged kept manifest) nothing is removed: the
+        // stage goes on, and a store that is too full fails its writes by name.
+        if let Err(e) = crate::payload::prune(&self.cfg.state_dir) {
+            log::warn!("payload store: not pruned ({e})");
+        }
         Ok(p)
     }
 
