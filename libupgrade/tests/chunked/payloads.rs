@@ -49,7 +49,10 @@ fn a_gpt_node_stages_the_payloads_into_its_store_for_their_delta_and_keeps_the_r
     let app = pseudo_random(500_000, 22);
     let mut app2 = app.clone();
     app2[100_000..110_000].copy_from_slice(&pseudo_random(10_000, 23));
-    let k3s = image_archive("docker.io/rancher/mirrored-coredns:1.10", &[base.clone()]);
+    let k3s = image_archive(
+        "docker.io/rancher/mirrored-coredns:1.10",
+        std::slice::from_ref(&base),
+    );
     let v1 = release(
         &k,
         rels.path(),
