@@ -191,7 +191,8 @@ fn partition_images<'p>(
 
 /// What the state partition starts with: the installed release's manifest, kept where
 /// libupgrade keeps a slot's (`slots/a/manifest.json`), so the node knows from its first boot
-/// which build slot A runs and refuses another build of that generation.
+/// which build slot A runs and refuses another build of that generation; and its payloads in
+/// the payload store (`payloads/objects/<sha256>`), as a stage would have left them.
 fn state_tree(spec: &DiskSpec, work: &Path) -> Result<PathBuf> {
     let tree = work.join("state-tree");
     let _ = std::fs::remove_dir_all(&tree);
@@ -200,6 +201,18 @@ fn state_tree(spec: &DiskSpec, work: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).ctx("create directory", dir)?;
     let src = spec.slot_a.dir.join(libupgrade::manifest::MANIFEST_FILE);
     std::fs::copy(&src, &dst).ctx("copy", &src)?;
+    let bytes = std::fs::read(&src).ctx("read", &src)?;
+    let m = libupgrade::manifest::Manifest::parse(&bytes).map_err(|e| Error::Input {
+        path: src.clone(),
+        what: e.to_string(),
+    })?;
+    for p in &m.payloads {
+        let obj = libupgrade::payload::object_path(&tree, &p.file.sha256);
+        let dir = obj.parent().expect("an object has a directory");
+        std::fs::create_dir_all(dir).ctx("create directory", dir)?;
+        let from = spec.slot_a.dir.join(&p.file.path);
+        std::fs::copy(&from, &obj).ctx("copy", &from)?;
+    }
     Ok(tree)
 }
 

@@ -242,10 +242,15 @@ impl ReleaseBuilder {
         // The standard v2 carries patches from v1 (the VM scenario `upgrade-patch`, and
         // `upgrade-from-previous`: v0.1.0 reads a manifest with patches): v1 is built first.
         let patch_from = spec.patch_from().map(|v| self.out.join("releases").join(v));
+        // Every release carries the test image archive of its generation (issue 33): slot A's
+        // is in the store from the first boot, and a stage fetches only the changed layer.
+        let archive = work.join(format!("{}.tar", crate::oci::PAYLOAD_NAME));
+        crate::oci::write_archive(spec.generation, &archive)?;
         let mut st = Stamp::new();
         if let Some(base) = &patch_from {
             st.file("patch-from", &base.join(MANIFEST_FILE))?;
         }
+        st.file("image-archive", &archive)?;
         st.param("arch", t.arch.as_str())
             .param("version", &spec.version)
             .param("generation", spec.generation.to_string())
@@ -286,6 +291,12 @@ impl ReleaseBuilder {
             .arg(secret)
             .arg("--boot-config")
             .arg(&boot_cfg)
+            .arg("--image")
+            .arg(format!(
+                "{}={}",
+                crate::oci::PAYLOAD_NAME,
+                archive.display()
+            ))
             .arg("-o")
             .arg(&dir);
         if let Some(base) = &patch_from {

@@ -58,6 +58,7 @@ tries = 3
 state_dir = "{p}/state"
 trust_dir = "{trust}"
 health_dir = "{p}/health.d"
+airgap_dir = "{p}/airgap"
 health_timeout_secs = 5
 proc_cmdline = "{p}/cmdline"
 release_file = "{p}/k3os-release"

@@ -45,6 +45,7 @@ fn config(work: &Path, disk: &Path) -> Config {
         state_dir: work.join("state"),
         trust_dir: work.join("trust"),
         health_dir: work.join("health.d"),
+        airgap_dir: work.join("airgap"),
         health_timeout_secs: 5,
         download_retries: 0,
         proc_cmdline: work.join("cmdline"),

@@ -11,6 +11,7 @@
 //! channel_metadata = "auto"      # or "required": refuse channels without signed metadata
 //! health_dir = "/etc/k3os-ops/health.d"
 //! health_timeout_secs = 30
+//! airgap_dir = "/var/lib/rancher/k3s/agent/images"   # where the booted slot's image archives are linked
 //! report_url = "https://fleet.example/reports"   # optional: where outcomes are reported
 //! report_site = "store-0042"     # this node's site, as the collector enrolled it
 //! [layout]
@@ -83,6 +84,9 @@ fn default_trust_dir() -> PathBuf {
 fn default_health_dir() -> PathBuf {
     PathBuf::from("/etc/k3os-ops/health.d")
 }
+fn default_airgap_dir() -> PathBuf {
+    PathBuf::from(crate::payload::airgap::DEFAULT_DIR)
+}
 fn default_health_timeout() -> u64 {
     30
 }
@@ -135,6 +139,10 @@ pub struct Config {
     /// Extra health checks: every executable file here is run by `confirm`.
     #[serde(default = "default_health_dir")]
     pub health_dir: PathBuf,
+    /// Where every boot links the booted slot's image archives for k3s to import, before the
+    /// health checks ([`crate::payload::airgap`]); k3s's airgap image directory by default.
+    #[serde(default = "default_airgap_dir")]
+    pub airgap_dir: PathBuf,
     /// Seconds each health check in `health_dir` may run before it is killed and fails.
     #[serde(default = "default_health_timeout")]
     pub health_timeout_secs: u64,

@@ -5,7 +5,9 @@
 //! boot script on the activation of a release that carries it, and refuses to activate a
 //! release older than its script. Uses the k3OS-style dir layout (real squashfs files, symlink
 //! switching) and each real bootloader backend (GRUB, syslinux) on temp dirs, powered on the
-//! way the loader boots (testkit::loaders); every scenario runs on both.
+//! way the loader boots (testkit::loaders); every scenario runs on both. A trial boot links its
+//! release's image archives for k3s and checks their images (issue 33); without them it rolls
+//! back.
 
 use libupgrade::Release;
 use std::os::unix::fs::PermissionsExt;
@@ -500,4 +502,101 @@ fn strip_boot_section(k: &Keys, dir: &Path) {
     )
     .unwrap();
     std::fs::write(&p, bytes).unwrap();
+}
+
+/// A node of `kind` running v1 (confirmed) with v2 staged into B and activated, v2 carrying
+/// the image archive `site` (issue 33).
+fn staged_with_images(
+    kind: Kind,
+) -> (Node, Keys, tempfile::TempDir, libupgrade::manifest::Payload) {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rootfs_payload = pseudo_random(4096, 2);
+    let inputs = ReleaseInputs {
+        version: "v2",
+        generation: 2,
+        payload: &rootfs_payload,
+        kernel: pseudo_random(300_002, 102),
+        initrd: pseudo_random(200_000, 202),
+        arch: Arch::host(),
+        images: Vec::new(),
+    }
+    .image(
+        "site",
+        image_archive("registry.local/site/app:2", &[pseudo_random(50_000, 7)]),
+    );
+    let rel = signed_release(&k, rels.path(), &inputs);
+    let node = Node::new(&k.trust, kind);
+    let u = node.updater();
+    u.confirm().expect_good("first boot confirms");
+    u.stage(
+        &Release::at(Source::Path(rel.clone())),
+        &StageOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    u.activate().unwrap();
+    let m =
+        libupgrade::manifest::Manifest::parse(&std::fs::read(rel.join("manifest.json")).unwrap())
+            .unwrap();
+    (node, k, rels, m.payloads[0].clone())
+}
+
+#[test]
+fn a_trial_boot_links_its_image_archives_for_k3s_and_checks_their_images() {
+    let (mut node, _k, _r, p) = staged_with_images(Kind::Grub);
+    assert_eq!(node.reboot(), Slot::B);
+    std::fs::write(&node.cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
+    let r = node.updater().confirm().expect_good("confirm");
+    assert_eq!(r.verdict.outcome, Outcome::Blessed);
+    let images = r
+        .checks
+        .iter()
+        .find(|c| c.name == "images")
+        .expect("the images check ran");
+    assert!(
+        images.ok && images.detail.starts_with("1 image(s) of 1 archive(s)"),
+        "{images:?}"
+    );
+    let link = node.cfg.airgap_dir.join("k3os-site.tar");
+    let object = libupgrade::payload::object_path(&node.cfg.state_dir, &p.file.sha256);
+    assert_eq!(std::fs::read_link(&link).unwrap(), object);
+    assert_eq!(
+        libupgrade::payload::archive_images(&link).unwrap(),
+        ["registry.local/site/app:2"]
+    );
+}
+
+#[test]
+fn a_trial_boot_whose_images_are_missing_rolls_back_naming_them() {
+    for kind in KINDS {
+        let (mut node, _k, _r, p) = staged_with_images(kind);
+        // The object is lost between the stage and the boot (a damaged state partition).
+        std::fs::remove_file(libupgrade::payload::object_path(
+            &node.cfg.state_dir,
+            &p.file.sha256,
+        ))
+        .unwrap();
+        assert_eq!(node.reboot(), Slot::B);
+        std::fs::write(&node.cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
+        let r = node.updater().confirm().unwrap();
+        assert!(
+            matches!(r.outcome(), Outcome::RolledBack { .. }),
+            "{kind:?}: {r:?}"
+        );
+        assert!(
+            r.failures().contains("images: ") && r.failures().contains("k3os-site.tar"),
+            "{}",
+            r.failures()
+        );
+        assert_eq!(
+            node.reboot(),
+            Slot::A,
+            "{kind:?}: rolled back on the very next boot"
+        );
+        // v1 holds no archive: its boot removes v2's link and needs no images check.
+        let r = node.updater().confirm().expect_good("confirm on A");
+        assert!(r.checks.iter().all(|c| c.name != "images"), "{r:?}");
+        assert!(std::fs::symlink_metadata(node.cfg.airgap_dir.join("k3os-site.tar")).is_err());
+    }
 }

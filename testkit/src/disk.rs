@@ -148,6 +148,7 @@ impl TestDisk {
             state_dir: self.state_dir.clone(),
             trust_dir: trust_dir.to_path_buf(),
             health_dir: self.dir.path().join("health.d"),
+            airgap_dir: self.dir.path().join("airgap"),
             health_timeout_secs: 10,
             download_retries: 20,
             proc_cmdline: self.dir.path().join("cmdline"),

@@ -38,6 +38,7 @@ pub fn dir_config(p: &Path, trust: &Path, bootloader: BootloaderKind) -> Config 
         state_dir: p.join("state"),
         trust_dir: trust.to_path_buf(),
         health_dir: p.join("health.d"),
+        airgap_dir: p.join("airgap"),
         health_timeout_secs: 5,
         download_retries: 0,
         proc_cmdline: p.join("cmdline"),

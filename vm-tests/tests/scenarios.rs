@@ -6,7 +6,7 @@
 //! | target | default scenarios |
 //! |---|---|
 //! | x86_64 GRUB BIOS | upgrade, fallback-panic, powercut (sampled), missing-kernel, awaited-check, upgrade-from-previous |
-//! | x86_64 GRUB UEFI | upgrade, fallback-noconfirm, upgrade-patch |
+//! | x86_64 GRUB UEFI | upgrade, fallback-noconfirm, upgrade-patch, payload-images |
 //! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous, bundle-offline, reachability, trust-rotation, rollout-wave |
 //! | aarch64 GRUB UEFI | upgrade, fallback-panic |
 //!
@@ -171,6 +171,17 @@ matrix_test!(
 matrix_test!(x86_64_grub_efi_bundle_offline, BundleOffline, X86_64GrubEfi);
 matrix_test!(x86_64_grub_efi_reachability, Reachability, X86_64GrubEfi);
 default_test!(x86_64_grub_efi_upgrade_patch, UpgradePatch, X86_64GrubEfi);
+default_test!(x86_64_grub_efi_payload_images, PayloadImages, X86_64GrubEfi);
+matrix_test!(
+    x86_64_grub_bios_payload_images,
+    PayloadImages,
+    X86_64GrubBios
+);
+matrix_test!(
+    x86_64_extlinux_payload_images,
+    PayloadImages,
+    X86_64Extlinux
+);
 
 // x86_64 extlinux (syslinux ADV, one try)
 default_test!(x86_64_extlinux_upgrade, Upgrade, X86_64Extlinux);
@@ -243,3 +254,8 @@ matrix_test!(
 );
 matrix_test!(aarch64_grub_efi_reachability, Reachability, Aarch64GrubEfi);
 matrix_test!(aarch64_grub_efi_upgrade_patch, UpgradePatch, Aarch64GrubEfi);
+matrix_test!(
+    aarch64_grub_efi_payload_images,
+    PayloadImages,
+    Aarch64GrubEfi
+);

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::boot::assess::{self, Effect, LoaderOp, LoaderView, ObservedBoot, Outcome, Verdict};
 use crate::boot::health::{self, CheckResult, HealthCheck};
+use crate::boot::payloads;
 use crate::boot::reach;
 use crate::error::Result;
 use crate::state::{Decision, State};
@@ -114,13 +115,16 @@ impl Updater {
             boot_id: self.boot_id(),
         };
         let st = self.load(Some(booted))?;
+        // Before the checks (and before k3s starts): this slot's image archives where k3s
+        // imports them, whatever the verdict (a fallback boot links its own again).
+        let archives = self.activate_payloads(booted);
         let loader = LoaderView {
             name: self.boot.name().to_string(),
             env: self.boot.read()?,
             integrity: self.boot.integrity()?,
         };
         let checks = if assess::assessable(&st, booted) {
-            let mut c = self.health(booted, &st)?;
+            let mut c = self.health(booted, &st, &archives)?;
             let version = st.slot(booted).version.clone();
             c.extend(extra.iter().map(|h| h.check(booted, version.as_deref())));
             c
@@ -193,12 +197,18 @@ impl Updater {
         Ok(())
     }
 
-    fn health(&self, slot: Slot, st: &State) -> Result<Vec<CheckResult>> {
+    fn health(
+        &self,
+        slot: Slot,
+        st: &State,
+        archives: &payloads::SlotArchives,
+    ) -> Result<Vec<CheckResult>> {
         let mut out = Vec::new();
         let version = st.slot(slot).version.clone();
         if self.cfg.builtin_health_check {
             out.push(self.rootfs_check(slot, version.as_deref()));
         }
+        out.extend(payloads::images_check(&self.cfg.airgap_dir, archives));
         let env = [
             ("K3OS_SLOT", slot.to_string()),
             ("K3OS_VERSION", version.unwrap_or_default()),

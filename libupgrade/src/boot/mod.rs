@@ -9,4 +9,5 @@ pub(crate) mod bootscript;
 pub(crate) mod confirm;
 pub mod health;
 pub(crate) mod outcome;
+pub(crate) mod payloads;
 pub mod reach;

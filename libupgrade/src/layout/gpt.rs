@@ -32,37 +32,50 @@ pub struct GptLayout {
     rootfs: [PartRange; 2],
 }
 
+/// The byte ranges of the partitions named `names` in the GPT of `disk` (a device or an
+/// image file), in that order.
+pub fn part_ranges<const N: usize>(disk: &Path, names: [&str; N]) -> Result<[PartRange; N]> {
+    let gpt = ::gpt::GptConfig::new()
+        .writable(false)
+        .open(disk)
+        .map_err(|e| Error::Layout(format!("{}: cannot read a GPT: {e}", disk.display())))?;
+    let lb: u64 = (*gpt.logical_block_size()).into();
+    let find = |name: &str| -> Result<PartRange> {
+        let (num, p) = gpt
+            .partitions()
+            .iter()
+            .find(|(_, p)| p.is_used() && p.name == name)
+            .ok_or_else(|| {
+                Error::Layout(format!(
+                    "{}: no GPT partition named '{name}'",
+                    disk.display()
+                ))
+            })?;
+        Ok(PartRange {
+            number: *num,
+            start: p.first_lba * lb,
+            len: (p.last_lba + 1 - p.first_lba) * lb,
+        })
+    };
+    let mut out = [PartRange {
+        number: 0,
+        start: 0,
+        len: 0,
+    }; N];
+    for (o, name) in out.iter_mut().zip(names) {
+        *o = find(name)?;
+    }
+    Ok(out)
+}
+
 impl GptLayout {
     /// Read the GPT of `disk` and find `rootfs-a` and `rootfs-b` by name.
     pub fn open(disk: &Path, boot_dir: &Path) -> Result<GptLayout> {
-        let gpt = ::gpt::GptConfig::new()
-            .writable(false)
-            .open(disk)
-            .map_err(|e| Error::Layout(format!("{}: cannot read a GPT: {e}", disk.display())))?;
-        let lb: u64 = (*gpt.logical_block_size()).into();
-        let find = |name: &str| -> Result<PartRange> {
-            let (num, p) = gpt
-                .partitions()
-                .iter()
-                .find(|(_, p)| p.is_used() && p.name == name)
-                .ok_or_else(|| {
-                    Error::Layout(format!(
-                        "{}: no GPT partition named '{name}'",
-                        disk.display()
-                    ))
-                })?;
-            let start = p.first_lba * lb;
-            let len = (p.last_lba + 1 - p.first_lba) * lb;
-            Ok(PartRange {
-                number: *num,
-                start,
-                len,
-            })
-        };
+        let [a, b] = part_ranges(disk, [PART_ROOTFS_A, PART_ROOTFS_B])?;
         Ok(GptLayout {
             disk: disk.to_path_buf(),
             boot_dir: boot_dir.to_path_buf(),
-            rootfs: [find(PART_ROOTFS_A)?, find(PART_ROOTFS_B)?],
+            rootfs: [a, b],
         })
     }
 

@@ -31,7 +31,7 @@ mod dir;
 mod gpt;
 
 pub use dir::DirLayout;
-pub use gpt::{GptLayout, PartRange};
+pub use gpt::{part_ranges, GptLayout, PartRange};
 
 /// GPT partition name of the BIOS boot partition (GRUB's core image on BIOS machines).
 pub const PART_BIOS_BOOT: &str = "bios-boot";

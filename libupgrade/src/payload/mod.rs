@@ -13,11 +13,10 @@
 //! - [`airgap`]: making the booted slot's archives available to k3s before it starts, and the
 //!   built-in check that every image the release names is there.
 
+pub mod airgap;
 pub mod kinds;
 mod oci;
 mod store;
-
-pub mod airgap;
 
 pub use oci::{archive_images, ArchiveError, MAX_ARCHIVE_JSON};
 pub(crate) use store::{check_budget, holds, objects_of, prune};

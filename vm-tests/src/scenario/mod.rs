@@ -40,6 +40,10 @@
 //!   `--plan-only` says the rootfs comes by patch and prices it, the stage rebuilds it from the
 //!   running slot by the patch (every output chunk checked, none taken by range) fetching what
 //!   the plan said, and v2 boots and is blessed.
+//! - `payload-images`: v2's image archive is staged into the payload store with the slot,
+//!   v2 boots with the network cut and finds its images linked for k3s (checked at boot and by
+//!   `skopeo inspect` on the objects), the prune after the bless keeps what A and B reference,
+//!   and a rollback to v1 finds v1's images again.
 //!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
@@ -51,7 +55,7 @@
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
 //! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability), `rotation`
-//! (trust-rotation), `wave` (rollout-wave), `patch` (upgrade-patch). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! (trust-rotation), `wave` (rollout-wave), `patch` (upgrade-patch), `payloads` (payload-images). Data flows one way: this file → a family → `steps` → [`Vm`] /
 //! [`crate::server`] / [`crate::target`]; the one link between families is `previous` using
 //! `powercut`'s barrier formatter. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
@@ -70,6 +74,7 @@ mod awaited;
 mod fallback;
 mod offline;
 mod patch;
+mod payloads;
 mod powercut;
 mod previous;
 mod reach;
@@ -98,10 +103,11 @@ pub enum ScenarioKind {
     TrustRotation,
     RolloutWave,
     UpgradePatch,
+    PayloadImages,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 13] = [
+    pub const ALL: [ScenarioKind; 14] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -115,6 +121,7 @@ impl ScenarioKind {
         ScenarioKind::TrustRotation,
         ScenarioKind::RolloutWave,
         ScenarioKind::UpgradePatch,
+        ScenarioKind::PayloadImages,
     ];
 
     pub fn name(self) -> &'static str {
@@ -132,6 +139,7 @@ impl ScenarioKind {
             ScenarioKind::TrustRotation => "trust-rotation",
             ScenarioKind::RolloutWave => "rollout-wave",
             ScenarioKind::UpgradePatch => "upgrade-patch",
+            ScenarioKind::PayloadImages => "payload-images",
         }
     }
 }
@@ -268,6 +276,7 @@ impl Scenario {
             ScenarioKind::TrustRotation => self.trust_rotation()?,
             ScenarioKind::RolloutWave => self.rollout_wave()?,
             ScenarioKind::UpgradePatch => self.upgrade_patch()?,
+            ScenarioKind::PayloadImages => self.payload_images()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;

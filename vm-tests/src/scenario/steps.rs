@@ -46,6 +46,11 @@ impl Node {
         self.offline = true;
     }
 
+    /// The node's disk image (read on the host while the node is off).
+    pub fn disk_path(&self) -> &Path {
+        &self.disk
+    }
+
     /// From the next power-on `image` is plugged in as a USB mass-storage device.
     pub fn plug_usb_stick(&mut self, image: &Path) {
         self.usb_stick = Some(image.to_path_buf());

@@ -4,7 +4,7 @@
 //! and plain patches reuse them). The images it holds are listed in the manifest
 //! (`Payload::images`, filled by `release create --image`).
 
-use super::{Kind, Place, ReadAt};
+use super::{Kind, OnBoot, Place, ReadAt};
 
 /// The image-archive kind.
 pub(super) const KIND: Kind = Kind {
@@ -12,6 +12,7 @@ pub(super) const KIND: Kind = Kind {
     place: Place::Store,
     patch_kind: "plain",
     check: Some(check),
+    on_boot: OnBoot::AirgapImages,
 };
 
 /// A tar archive: its first header carries the `ustar` magic (POSIX and GNU tar, what

@@ -1,6 +1,6 @@
 //! The kernel image: a slot file, patched as plain bytes, checked by its sha256 alone.
 
-use super::{Kind, Place};
+use super::{Kind, OnBoot, Place};
 use crate::manifest::Artifact;
 
 /// The kernel kind.
@@ -9,4 +9,5 @@ pub(super) const KIND: Kind = Kind {
     place: Place::Slot(Artifact::Kernel),
     patch_kind: "plain",
     check: None,
+    on_boot: OnBoot::Nothing,
 };

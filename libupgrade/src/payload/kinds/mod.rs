@@ -7,7 +7,8 @@
 //! - where a node keeps it ([`Place`]): a slot file written through [`crate::layout::Layout`],
 //!   or the content-addressed payload store on the state partition ([`super::object_path`]);
 //! - the patch kind the publisher builds for it (`squashfs` or `plain`, see [`crate::patch`]);
-//! - the check its bytes must pass once written and their sha256 verified ([`Kind::check`]).
+//! - the check its bytes must pass once written and their sha256 verified ([`Kind::check`]);
+//! - what every boot of a slot holding it does with it ([`OnBoot`]).
 //!
 //! **Adding a kind is one new file here and one line in [`KINDS`]**: the stage engine, the
 //! preview, budgets, bundles, the store and `slot status` work over the list of parts a
@@ -37,6 +38,16 @@ pub enum Place {
     Store,
 }
 
+/// What every boot does with a slot's parts of a kind, before the health checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnBoot {
+    /// Nothing (the loader and the initramfs use the slot files).
+    Nothing,
+    /// Link it into k3s's airgap image directory and check its images are there
+    /// ([`super::airgap`]).
+    AirgapImages,
+}
+
 /// What a node knows of one kind of part.
 #[derive(Debug)]
 pub struct Kind {
@@ -51,6 +62,8 @@ pub struct Kind {
     /// `Err(what is wrong)`, said in the stage's error naming the part. None: the sha256 is
     /// all (kernel, initrd).
     pub check: Option<Check>,
+    /// What every boot of a slot holding it does with it.
+    pub on_boot: OnBoot,
 }
 
 /// Every kind this build knows: the three slot files first, then the payload kinds.

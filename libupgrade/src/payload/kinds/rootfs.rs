@@ -1,6 +1,6 @@
 //! The squashfs root filesystem: a slot file, patched squashfs-aware, checked structurally.
 
-use super::{Kind, Place, ReadAt};
+use super::{Kind, OnBoot, Place, ReadAt};
 use crate::manifest::Artifact;
 
 /// The rootfs kind.
@@ -9,6 +9,7 @@ pub(super) const KIND: Kind = Kind {
     place: Place::Slot(Artifact::Rootfs),
     patch_kind: "squashfs",
     check: Some(check),
+    on_boot: OnBoot::Nothing,
 };
 
 /// A squashfs whose used bytes fit the signed size ([`crate::sqcheck`]: constant memory).
