@@ -11,11 +11,13 @@ APT_WAIT=(-o DPkg::Lock::Timeout=600)
 # binaries by their versioned path): collector/src/store/tests/pg_server.rs starts its own server (initdb, pg_ctl from
 # /usr/lib/postgresql/15/bin, as the postgres user); the system service it also installs is not used.
 # chromium: k3os-ops/tests/cli/fleet_reports.rs loads the collector's dashboard in headless Chromium.
+# cryptsetup-bin: veritysetup, run by `release create --verity` and by libupgrade's verity tests
+# (the node's own tree and FEC are checked byte for byte against it).
 PKGS="qemu-system-x86 qemu-system-arm qemu-utils squashfs-tools squashfs-tools-ng grub-pc-bin grub-efi-amd64-bin
 grub-common grub2-common syslinux extlinux syslinux-common isolinux ovmf qemu-efi-aarch64 gdisk dosfstools mtools
 busybox-static gcc-aarch64-linux-gnu libc6-dev-arm64-cross fdisk e2fsprogs cpio kmod libclang-dev clang pkgconf
 musl-tools qemu-user-static binfmt-support diffutils grub-emu openssl curl bc casync rauc xdelta3 bsdiff zstd dbus-daemon time
-runc skopeo util-linux mount python3 python3-pip postgresql-15 chromium"
+runc skopeo util-linux mount python3 python3-pip postgresql-15 chromium cryptsetup-bin"
 
 missing=""
 for p in $PKGS; do

@@ -202,9 +202,47 @@ fn failing(rows: &[&Row]) -> String {
     t
 }
 
-/// The page for `rows` (every stored report) at Unix time `now`; `enrolled` nodes make the
-/// planned line's 100 %.
-pub fn render(rows: &[Row], enrolled: u64, s: &dyn Schedule, now: u64) -> String {
+/// What the guard did (`collector guard`), newest first, at most 50 rows: its halts, the lifts
+/// it saw, and its last re-signing run.
+fn guard_table(actions: &[crate::GuardAction]) -> String {
+    if actions.is_empty() {
+        return "<p id=\"guard\">The guard has not run.</p>".into();
+    }
+    let mut t = String::from(
+        "<table id=\"guard\"><tr><th>at (Unix s)</th><th>action</th><th>release</th><th>detail</th><th>halt.json version</th></tr>",
+    );
+    let last_refresh = actions.iter().rposition(|a| a.action == "refresh");
+    let shown = actions
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(i, a)| a.action != "refresh" || Some(*i) == last_refresh)
+        .take(50);
+    for (_, a) in shown {
+        let _ = write!(
+            t,
+            "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&a.action),
+            a.at,
+            esc(&a.action),
+            esc(&a.version),
+            esc(&a.detail),
+            a.halt_version
+        );
+    }
+    t.push_str("</table>");
+    t
+}
+
+/// The page for `rows` (every stored report) and the guard's `actions` at Unix time `now`;
+/// `enrolled` nodes make the planned line's 100 %.
+pub fn render(
+    rows: &[Row],
+    actions: &[crate::GuardAction],
+    enrolled: u64,
+    s: &dyn Schedule,
+    now: u64,
+) -> String {
     let f: FleetStatus = fleet::summarize(
         rows,
         &|v, seed| s.wave_of(v, seed),
@@ -235,7 +273,8 @@ pub fn render(rows: &[Row], enrolled: u64, s: &dyn Schedule, now: u64) -> String
             g = rel.generation
         );
     }
-    page.push_str("<p>Halt or pause: <code>k3os-ops release pause CHANNEL VERSION …keys…</code>; lift a pause with <code>k3os-ops release resume</code>.</p></body></html>\n");
+    let _ = write!(page, "<h2>Automatic halt</h2>{}", guard_table(actions));
+    page.push_str("<p>Pause: <code>k3os-ops release pause CHANNEL VERSION …keys…</code>; lift a pause or the guard's halt with <code>k3os-ops release resume CHANNEL VERSION …keys…</code>.</p></body></html>\n");
     page
 }
 
@@ -272,7 +311,36 @@ mod tests {
                 },
             ),
         ];
-        let page = render(&rows, 10, &NoSchedule, 2000);
+        let halt = crate::GuardAction {
+            at: 1990,
+            channel: "c".into(),
+            version: "v<2>".into(),
+            action: "halt".into(),
+            detail: "1 of 2 <b>failed</b>".into(),
+            halt_version: 4,
+        };
+        let refresh = |at| crate::GuardAction {
+            at,
+            version: String::new(),
+            action: "refresh".into(),
+            detail: "1 halt(s) listed".into(),
+            ..halt.clone()
+        };
+        let page = render(
+            &rows,
+            &[refresh(1980), halt.clone(), refresh(1995), refresh(1999)],
+            10,
+            &NoSchedule,
+            2000,
+        );
+        assert!(
+            page.contains("<tr class=\"halt\"><td>1990</td><td>halt</td><td>v&lt;2&gt;</td><td>1 of 2 &lt;b&gt;failed&lt;/b&gt;</td><td>4</td></tr>"),
+            "{page}"
+        );
+        // Only the last re-signing run is shown.
+        assert_eq!(page.matches("<tr class=\"refresh\">").count(), 1, "{page}");
+        assert!(page.contains("<td>1999</td><td>refresh</td>"), "{page}");
+        assert!(render(&rows, &[], 10, &NoSchedule, 2000).contains("The guard has not run."));
         assert!(
             page.contains("2 node(s) at 2 site(s) of 10 enrolled"),
             "{page}"

@@ -1,7 +1,9 @@
 //! Pure: abort criteria over what the sites reported, like AWS IoT Jobs' (which failures
 //! count, a minimum number of nodes that ran the release, a threshold percentage), per release
-//! and optionally per wave. This decides only; the signed halt that nodes would honour is not
-//! built yet (README: "Fleet status and automatic halt").
+//! and optionally per wave ([`judge`]), and what the guard does about a release at one run
+//! given what it did before ([`step`]). `k3os-ops collector guard` does the effects: it signs
+//! the halt with the stop-only key (`libupgrade::trust::halt`) and records every
+//! [`GuardAction`](crate::GuardAction).
 
 use serde::Serialize;
 
@@ -101,6 +103,61 @@ pub fn judge(r: &ReleaseStatus, c: &Criteria) -> Verdict {
     }
 }
 
+/// What the guard does about one release at one run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Sign a halt of it (the criteria are met and nothing holds it).
+    Halt,
+    /// Record that the publisher lifted the guard's halt (it halted it, and no halt holds it
+    /// any more): from now on only reports received after this run are judged, so the same
+    /// failures do not halt it again.
+    Lifted,
+    /// Nothing (a halt already holds it, or the criteria are not met).
+    Nothing,
+}
+
+/// The guard's last `halt` or `lifted` action about `version` in `channel`.
+fn last_of<'a>(
+    actions: &'a [crate::GuardAction],
+    channel: &str,
+    version: &str,
+) -> Option<&'a crate::GuardAction> {
+    actions
+        .iter()
+        .rev()
+        .find(|a| a.channel == channel && a.version == version && a.action != "refresh")
+}
+
+/// Reports received after this time (Unix seconds) are judged for `version`: 0, or the time
+/// the guard saw the publisher lift its last halt of it.
+pub fn judged_from(actions: &[crate::GuardAction], channel: &str, version: &str) -> u64 {
+    actions
+        .iter()
+        .filter(|a| a.channel == channel && a.version == version && a.action == "lifted")
+        .map(|a| a.at)
+        .max()
+        .unwrap_or(0)
+}
+
+/// What to do about `version` of `channel` given the guard's `actions` so far, whether a halt
+/// holds it now (`held`: the served halt names it and the publisher has not lifted it) and
+/// the verdict on the reports received since [`judged_from`].
+pub fn step(
+    actions: &[crate::GuardAction],
+    channel: &str,
+    version: &str,
+    held: bool,
+    verdict: &Verdict,
+) -> Step {
+    let halted_last = last_of(actions, channel, version).is_some_and(|a| a.action == "halt");
+    match (held, halted_last, verdict) {
+        (false, true, _) => Step::Lifted,
+        (true, _, _) => Step::Nothing,
+        (false, false, Verdict::Halt { .. }) => Step::Halt,
+        _ => Step::Nothing,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +243,44 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    fn action(at: u64, version: &str, what: &str) -> crate::GuardAction {
+        crate::GuardAction {
+            at,
+            channel: "c".into(),
+            version: version.into(),
+            action: what.into(),
+            detail: String::new(),
+            halt_version: 1,
+        }
+    }
+
+    #[test]
+    fn the_guard_halts_once_sees_a_lift_and_then_judges_only_newer_reports() {
+        let halt = Verdict::Halt {
+            failed: 5,
+            ran: 10,
+            percent: 50.0,
+        };
+        let fine = Verdict::TooFew { ran: 0 };
+        // Nothing done yet: the verdict decides.
+        assert_eq!(step(&[], "c", "v2", false, &halt), Step::Halt);
+        assert_eq!(step(&[], "c", "v2", false, &fine), Step::Nothing);
+        // Held (by its halt or anyone's): nothing more.
+        let done = [action(10, "v2", "halt")];
+        assert_eq!(step(&done, "c", "v2", true, &halt), Step::Nothing);
+        // Its halt no longer holds: the publisher lifted it. Recorded, not re-halted.
+        assert_eq!(step(&done, "c", "v2", false, &halt), Step::Lifted);
+        let lifted = [action(10, "v2", "halt"), action(20, "v2", "lifted")];
+        assert_eq!(judged_from(&lifted, "c", "v2"), 20);
+        assert_eq!(judged_from(&lifted, "c", "v3"), 0);
+        assert_eq!(judged_from(&lifted, "other", "v2"), 0);
+        // After the lift, the verdict on newer reports decides again.
+        assert_eq!(step(&lifted, "c", "v2", false, &fine), Step::Nothing);
+        assert_eq!(step(&lifted, "c", "v2", false, &halt), Step::Halt);
+        // Refreshes do not count as halts; other releases and channels are apart.
+        let refresh = [action(10, "", "refresh"), action(11, "v3", "halt")];
+        assert_eq!(step(&refresh, "c", "v2", false, &fine), Step::Nothing);
     }
 }

@@ -61,4 +61,4 @@ mod testutil;
 
 pub use admit::{Limits, Refused};
 pub use rate::RateLimiter;
-pub use store::{open, Known, PgStore, Row, SqliteStore, Store, StoreError};
+pub use store::{open, GuardAction, Known, PgStore, Row, SqliteStore, Store, StoreError};

@@ -228,6 +228,7 @@ fn manifest_sample() -> Manifest {
         },
         boot: None,
         payloads: Vec::new(),
+        verity: None,
     }
 }
 

@@ -1,5 +1,6 @@
 //! `collector serve`: receive, verify and store the fleet's reports (the `collector` crate
-//! does the work; this only reads the arguments). Prints `collecting reports at
+//! does the work; this only reads the arguments); `collector guard`: one run of the automatic
+//! halt (`release::guard`). Prints `collecting reports at
 //! http://ADDR/v1/reports into DB` on stdout once listening (tests read the port from it when
 //! given port 0) and one line per refused report on stderr.
 
@@ -21,6 +22,10 @@ pub struct CollectorArgs {
 enum CollectorCmd {
     /// Serve `POST /v1/reports` until stopped.
     Serve(ServeArgs),
+    /// One run of the automatic halt (from cron): judge each release of --channel by the
+    /// abort criteria over the reports in --db, sign a halt of each that meets them with the
+    /// guard's stop-only key (`release delegate-halt`), record it; re-sign halt.json either way.
+    Guard(crate::release::GuardArgs),
 }
 
 #[derive(Args, Debug)]
@@ -56,6 +61,7 @@ struct ServeArgs {
 pub fn run(args: CollectorArgs) -> anyhow::Result<()> {
     match args.cmd {
         CollectorCmd::Serve(a) => serve(a),
+        CollectorCmd::Guard(a) => crate::release::guard(a),
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! - [`agent`]: the Kubernetes UpdateChannel controller (`k3os-ops agent`);
 //! - [`upgrade`]: one-shot stage/activate/reboot (`k3os-ops upgrade`);
-//! - [`slot`]: manual A/B slot steering (`k3os-ops slot …`);
+//! - [`slot`]: manual A/B slot steering (`k3os-ops slot …`); [`slot_verify`]: its dm-verity
+//!   scrub (`k3os-ops slot verify`);
 //! - [`release`]: create, sign, index, verify and serve releases (`k3os-ops release …`);
 //! - [`bootloader`]: write a node's loader files and render boot scripts (`k3os-ops bootloader …`);
 //! - [`collector`]: receive and store the fleet's reports (`k3os-ops collector serve`);
@@ -33,4 +34,5 @@ pub mod progress;
 pub mod release;
 pub mod report;
 pub mod slot;
+pub mod slot_verify;
 pub mod upgrade;

@@ -2,7 +2,8 @@
 //!
 //! `status` prints both slots like `rauc status` (version, generation, state, tries left,
 //! booted, next boot, last decision and why) or JSON; `activate`, `confirm`, `rollback` and
-//! `mark-bad` run the same library calls the upgrade and the boot path use.
+//! `mark-bad` run the same library calls the upgrade and the boot path use; `verify` is the
+//! dm-verity scrub (`slot_verify`).
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -76,6 +77,17 @@ pub enum SlotCmd {
         #[arg(long)]
         reboot: bool,
     },
+    /// Re-read both slots against their dm-verity trees (releases made with `release create
+    /// --verity`): repair what FEC can on the slot that is not booted, and mark it bad when
+    /// FEC cannot, so no fallback lands on it. The booted slot is only read. Fails when
+    /// damage is left.
+    Verify {
+        /// Only report: write nothing, mark nothing.
+        #[arg(long)]
+        no_repair: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Never boot this slot again until it is staged anew.
     MarkBad {
         slot: Slot,
@@ -117,6 +129,7 @@ fn dispatch(u: &Updater, cmd: SlotCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        SlotCmd::Verify { no_repair, json } => crate::slot_verify::run(u, json, !no_repair),
         SlotCmd::MarkBad { slot, reason } => {
             u.mark_bad(slot, &reason)?;
             println!("slot {slot} marked bad");

@@ -11,7 +11,8 @@
 #               carries a third, older version (openssl, libssl3, openssh-*) at that version,
 #               everything else as in monthly-v1 (the second monthly pair, v0 → v1)
 #   major-v2    the same roles from trixie (Debian 13): most files change, many names too
-# (major-v1 is monthly-v2.) The trixie lists come from a private apt directory under CACHE_DIR
+# (major-v1 is monthly-v2.) trees/libzstd-trixie holds trixie's libzstd1 alone (1.5.7),
+# which the benchmark loads into mksquashfs with LD_LIBRARY_PATH for its foreign-zstd pair. The trixie lists come from a private apt directory under CACHE_DIR
 # (the ordinary apt client, the system's apt state is not touched). Idempotent: .debs already
 # downloaded are kept, a tree is rebuilt only when its list of .debs changed.
 set -eu
@@ -100,4 +101,7 @@ for p in $TRIXIE; do
     fetch "$p" "$new" >>"$cache/major-v2.list"
 done
 tree major-v2 "$cache/major-v2.list"
+grep '/libzstd1_' "$cache/major-v2.list" >"$cache/libzstd-trixie.list" ||
+    { echo "delta-debs: trixie's libzstd1 is not in the [trixie] set" >&2; exit 1; }
+tree libzstd-trixie "$cache/libzstd-trixie.list"
 du -sh "$cache/trees/monthly-v0" "$cache/trees/monthly-v1" "$cache/trees/monthly-v2" "$cache/trees/major-v2" >&2

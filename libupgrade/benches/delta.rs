@@ -23,9 +23,13 @@
 //!   process: time and peak RSS, `VmHWM`), and the publisher's cost of the major release's
 //!   patches from two bases (N-1 = monthly-v2, N-2 = monthly-v1);
 //!
-//! then the same with several mksquashfs options and chunk sizes (monthly pair), and the real
+//! then the foreign-zstd pair (`delta/zstd_pair.rs`: the monthly pair made with trixie's
+//! libzstd 1.5.7, as published and re-packed), then the same with several mksquashfs options and chunk sizes (monthly pair), and the real
 //! stage of each v2 from a local HTTP server into a file-backed GPT disk whose running slot holds
 //! v1 (bytes on the wire counted by the server, wall time, child peak RSS).
+
+#[path = "delta/zstd_pair.rs"]
+mod zstd_pair;
 
 use libupgrade::Release;
 use std::collections::HashSet;
@@ -82,10 +86,16 @@ fn sh(cmd: &mut Command) -> String {
 /// The squashfs of `tree` with `extra` options, cached in `images` by tree and options (the
 /// trees only change when delta-debs.sh re-extracts them, which removes the cache).
 fn squashfs(images: &Path, tree: &Path, extra: &[&str]) -> PathBuf {
+    squashfs_with(images, tree, extra, None)
+}
+
+/// [`squashfs`], made by mksquashfs with the libzstd in `lib` when given (`LD_LIBRARY_PATH`).
+fn squashfs_with(images: &Path, tree: &Path, extra: &[&str], lib: Option<&Path>) -> PathBuf {
     let name = format!(
-        "{}{}.sq",
+        "{}{}{}.sq",
         tree.file_name().unwrap().to_string_lossy(),
-        extra.concat().replace('-', "_")
+        extra.concat().replace('-', "_"),
+        if lib.is_some() { "_zstd_trixie" } else { "" }
     );
     let out = images.join(name);
     let stamp = fs::metadata(tree.with_extension("debs"))
@@ -95,11 +105,11 @@ fn squashfs(images: &Path, tree: &Path, extra: &[&str]) -> PathBuf {
     if fresh.is_none() || fresh < stamp {
         let tmp = out.with_extension("tmp");
         let _ = fs::remove_file(&tmp);
-        sh(Command::new("mksquashfs")
-            .arg(tree)
-            .arg(&tmp)
-            .args(BASE)
-            .args(extra));
+        let mut cmd = Command::new("mksquashfs");
+        if let Some(lib) = lib {
+            cmd.env("LD_LIBRARY_PATH", lib);
+        }
+        sh(cmd.arg(tree).arg(&tmp).args(BASE).args(extra));
         fs::rename(&tmp, &out).unwrap();
     }
     out
@@ -251,7 +261,7 @@ fn main() {
     let cache = std::env::var_os("BENCH_DELTA_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join(".cache/delta"));
-    // BENCH_DELTA_SECTIONS=archives,options,chunks,pairs,stage (default: all) runs a subset.
+    // BENCH_DELTA_SECTIONS=archives,options,chunks,zstd,pairs,stage (default: all) runs a subset.
     let sections = std::env::var("BENCH_DELTA_SECTIONS").unwrap_or_default();
     let want = |s: &str| sections.is_empty() || sections.split(',').any(|x| x == s);
     if want("archives") {
@@ -326,6 +336,11 @@ fn main() {
         }
     }
 
+    if want("zstd") {
+        let lib = trees.join("libzstd-trixie/usr/lib/x86_64-linux-gnu");
+        zstd_pair::run(&images, &trees, &lib, rec, w);
+    }
+
     let mut stages = Vec::new();
     println!(
         "\n== per pair (mksquashfs {}), ratios of the v2 image ==",
@@ -337,6 +352,9 @@ fn main() {
     );
     let mut patch_runs = Vec::new();
     for (name, a, b) in pairs {
+        if !want("pairs") && !want("stage") {
+            break; // the images only serve these two sections
+        }
         let v1 = squashfs(&images, &trees.join(a), rec);
         let v2 = squashfs(&images, &trees.join(b), rec);
         let size = len(&v2);

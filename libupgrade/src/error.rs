@@ -46,6 +46,17 @@ pub enum Error {
     /// The state file's slot lifecycle has no edge for a requested change.
     #[error("state file: {0}")]
     Transition(#[from] crate::state::TransitionError),
+    /// A slot's rootfs does not match the dm-verity root hash, tree or FEC its signed manifest
+    /// records (at staging: the slot stays invalid; at a scrub: blocks FEC cannot correct).
+    #[error("dm-verity of slot {slot} ({version}): {what}")]
+    Verity {
+        /// The slot.
+        slot: Slot,
+        /// The release it holds.
+        version: String,
+        /// What was expected and what was found.
+        what: String,
+    },
     /// A release manifest could not be parsed or is invalid.
     #[error("manifest {location}: {source}")]
     Manifest {

@@ -57,6 +57,7 @@ mod error;
 mod net;
 mod report;
 mod request;
+mod scrub;
 mod sqcheck;
 mod stage;
 mod updater;
@@ -76,6 +77,7 @@ pub mod slotfiles;
 pub mod state;
 pub mod trust;
 pub mod units;
+pub mod verity;
 pub mod version;
 
 /// Largest number of tries a slot can be given (GRUB counts down with an explicit if-chain).
@@ -106,6 +108,7 @@ pub use report::{
     KEY_FILE as NODE_KEY_FILE, SPOOL_DIR,
 };
 pub use request::{ResolveError, StageRequest, Wanted, Writes};
+pub use scrub::{ScrubSummary, SlotScrub};
 pub use sqcheck::Superblock;
 pub use stage::{
     ArtifactCost, NoProgress, Origin, PatchOutcome, Prefer, Progress, Release, StageOptions,

@@ -15,6 +15,9 @@ pub use part::{Part, PartRef};
 
 mod check;
 mod part;
+pub use verity::{Verity, MAX_ROOTFS, MAX_SALT, VERITY_HASH, VERITY_HASH_TYPE};
+
+mod verity;
 
 /// File name of the manifest inside a release directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -288,6 +291,10 @@ pub struct Manifest {
     /// Older nodes ignore the field and stage the slot files as before.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub payloads: Vec<Payload>,
+    /// dm-verity parameters of the rootfs ([`Verity`], issue 34); absent in releases made
+    /// without it, which stage and boot as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verity: Option<Verity>,
 }
 
 /// A plain file name: no `/`, no `\\`, no control characters (NUL included), not `.` or
@@ -466,4 +473,4 @@ impl Manifest {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -7,6 +7,11 @@
 //!
 //! Written by staging after every artifact is verified and before the slot is recorded as
 //! staged; removed when a stage of the slot starts. Every file is replaced atomically.
+//!
+//! `verity-written` (v0.2.0, issue 34) holds the dm-verity root hash whose tree and FEC this
+//! node's stage wrote into the slot: a slot staged by a k3os-ops that ignored the manifest's
+//! `verity` field (or written by an image builder) has none, and the scrub does not judge
+//! a tree that was never written. Older versions neither read nor need it.
 
 use std::path::{Path, PathBuf};
 
@@ -27,6 +32,28 @@ pub fn clear(state_dir: &Path, slot: Slot) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::io("remove", &d, e)),
+    }
+}
+
+/// File (in a slot's kept files) naming the root hash whose dm-verity tree and FEC the stage
+/// wrote.
+pub const VERITY_WRITTEN_FILE: &str = "verity-written";
+
+/// Record that the tree and FEC of root hash `root` were written into `slot`.
+pub fn mark_verity_written(state_dir: &Path, slot: Slot, root: &str) -> Result<()> {
+    let d = dir(state_dir, slot);
+    std::fs::create_dir_all(&d).map_err(|e| Error::io("create directory", &d, e))?;
+    bootconfig::write_atomic(d.join(VERITY_WRITTEN_FILE), format!("{root}\n").as_bytes())?;
+    Ok(())
+}
+
+/// The root hash whose tree and FEC the stage wrote into `slot` (`None`: none recorded).
+pub fn verity_written(state_dir: &Path, slot: Slot) -> Result<Option<String>> {
+    let p = dir(state_dir, slot).join(VERITY_WRITTEN_FILE);
+    match std::fs::read_to_string(&p) {
+        Ok(t) => Ok(Some(t.trim().to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("read", &p, e)),
     }
 }
 

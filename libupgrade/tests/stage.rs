@@ -447,6 +447,7 @@ fn a_release_that_is_not_a_squashfs_is_refused_before_it_is_staged() {
         },
         boot: None,
         payloads: Vec::new(),
+        verity: None,
     };
     std::fs::write(dir.join("manifest.json"), m.to_bytes()).unwrap();
     std::fs::write(

@@ -85,15 +85,23 @@ impl App {
 
     /// The dashboard page over what is stored now, under `schedule`.
     pub fn dashboard(&self, schedule: &dyn crate::dashboard::Schedule) -> (u16, String) {
-        match self.rows() {
-            Ok(rows) => {
+        let read = self.rows().and_then(|rows| {
+            let actions = self
+                .store
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .actions()?;
+            Ok((rows, actions))
+        });
+        match read {
+            Ok((rows, actions)) => {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs());
                 let enrolled = self.allow.len() as u64;
                 (
                     200,
-                    crate::dashboard::render(&rows, enrolled, schedule, now),
+                    crate::dashboard::render(&rows, &actions, enrolled, schedule, now),
                 )
             }
             Err(e) => (503, format!("{e}\n")),

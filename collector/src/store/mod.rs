@@ -1,9 +1,11 @@
 //! Where reports are kept: one trait, SQLite and PostgreSQL behind it.
 //!
-//! Schema version 1 (both backends; `collector_meta.schema` holds the number, a newer one is
-//! refused naming both): table `reports`, one row per stored report, keyed by `(node, seq)`,
-//! with the report's fields as columns (`outcome` as its JSON) and `body`, the envelope
-//! exactly as received.
+//! Schema version 2 (both backends; `collector_meta.schema` holds the number, a newer one is
+//! refused naming both, before anything is created or changed): table `reports`, one row per
+//! stored report, keyed by `(node, seq)`, with the report's fields as columns (`outcome` as its
+//! JSON) and `body`, the envelope exactly as received; table `guard_actions`, one row per thing
+//! the guard did ([`GuardAction`]). Schema 1 (the previous release: `reports` only) is migrated
+//! on open by creating `guard_actions` and recording 2; its reports are kept as they are.
 
 mod pg;
 mod sqlite;
@@ -15,20 +17,49 @@ pub use pg::PgStore;
 pub use sqlite::SqliteStore;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA: i64 = 1;
+pub const SCHEMA: i64 = 2;
 
-/// What the schema number a database records means to this build: `Ok(true)` a new database
-/// (record ours), `Ok(false)` ours, an error naming both numbers for any other (nothing is
-/// changed). The one rule both back ends apply.
-pub(crate) fn schema_is_new(db: &str, found: Option<i64>) -> Result<bool, StoreError> {
+/// What opening a database must do about its schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SchemaStep {
+    /// A new database: create everything, record [`SCHEMA`].
+    New,
+    /// Schema 1: create `guard_actions`, record [`SCHEMA`].
+    From1,
+    /// Ours: nothing.
+    Current,
+}
+
+/// What the schema number a database records means to this build; an error naming both
+/// numbers for a newer one (nothing is changed). The one rule both back ends apply.
+pub(crate) fn schema_step(db: &str, found: Option<i64>) -> Result<SchemaStep, StoreError> {
     match found {
-        None => Ok(true),
-        Some(SCHEMA) => Ok(false),
+        None => Ok(SchemaStep::New),
+        Some(1) => Ok(SchemaStep::From1),
+        Some(SCHEMA) => Ok(SchemaStep::Current),
         Some(n) => Err(StoreError {
             db: db.to_string(),
             what: format!("schema {n}, this build reads schema {SCHEMA}: nothing was changed"),
         }),
     }
+}
+
+/// One thing the guard did (`k3os-ops collector guard`), as recorded and shown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuardAction {
+    /// When (Unix seconds).
+    pub at: u64,
+    /// The channel directory the guard wrote to.
+    pub channel: String,
+    /// The release concerned (empty for a run that only re-signed `halt.json`).
+    pub version: String,
+    /// `halt` (it signed a halt of the release), `lifted` (it saw the publisher lift its
+    /// halt), `refresh` (it only re-signed `halt.json` to keep it fresh).
+    pub action: String,
+    /// The criteria and counts behind a halt, or what it saw.
+    pub detail: String,
+    /// The `halt.json` version it wrote (0: none).
+    pub halt_version: u64,
 }
 
 /// A store failed; the text names the database and the operation.
@@ -87,6 +118,10 @@ pub trait Store: Send {
     fn insert(&mut self, v: &Verified, received: u64) -> Result<(), StoreError>;
     /// Every stored report, by node then number.
     fn rows(&mut self) -> Result<Vec<Row>, StoreError>;
+    /// Record what the guard did.
+    fn record(&mut self, a: &GuardAction) -> Result<(), StoreError>;
+    /// Everything the guard did, oldest first.
+    fn actions(&mut self) -> Result<Vec<GuardAction>, StoreError>;
     /// The database, for messages.
     fn name(&self) -> &str;
 }

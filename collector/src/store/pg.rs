@@ -2,7 +2,9 @@
 
 use fleet_report::{NodeId, Verified};
 
-use super::{big, outcome_of, Columns, Known, Row, Store, StoreError, SCHEMA};
+use super::{
+    big, outcome_of, Columns, GuardAction, Known, Row, SchemaStep, Store, StoreError, SCHEMA,
+};
 
 /// Reports in a PostgreSQL database.
 pub struct PgStore {
@@ -10,8 +12,14 @@ pub struct PgStore {
     client: postgres::Client,
 }
 
+const META: &str =
+    "CREATE TABLE IF NOT EXISTS collector_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL);";
+
 const CREATE: &str = "
-CREATE TABLE IF NOT EXISTS collector_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS guard_actions (
+    id BIGSERIAL PRIMARY KEY, at BIGINT NOT NULL, channel TEXT NOT NULL,
+    version TEXT NOT NULL, action TEXT NOT NULL, detail TEXT NOT NULL,
+    halt_version BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS reports (
     node TEXT NOT NULL, seq BIGINT NOT NULL, site TEXT NOT NULL, at BIGINT NOT NULL,
     received BIGINT NOT NULL, channel TEXT NOT NULL, version TEXT NOT NULL,
@@ -44,19 +52,26 @@ impl PgStore {
         let mut client =
             postgres::Client::connect(url, postgres::NoTls).map_err(|e| err("connect", e))?;
         client
-            .batch_execute(CREATE)
+            .batch_execute(META)
             .map_err(|e| err("create schema", e))?;
         let schema: Option<i64> = client
             .query_opt("SELECT value FROM collector_meta WHERE key = 'schema'", &[])
             .map_err(|e| err("read schema", e))?
             .map(|r| r.get(0));
-        if super::schema_is_new(&db, schema)? {
+        let sql = match super::schema_step(&db, schema)? {
+            SchemaStep::Current => "",
+            SchemaStep::New => {
+                "INSERT INTO collector_meta (key, value) VALUES ('schema', $1)
+                 ON CONFLICT (key) DO NOTHING"
+            }
+            SchemaStep::From1 => "UPDATE collector_meta SET value = $1 WHERE key = 'schema'",
+        };
+        client
+            .batch_execute(CREATE)
+            .map_err(|e| err("create schema", e))?;
+        if !sql.is_empty() {
             client
-                .execute(
-                    "INSERT INTO collector_meta (key, value) VALUES ('schema', $1)
-                     ON CONFLICT (key) DO NOTHING",
-                    &[&SCHEMA],
-                )
+                .execute(sql, &[&SCHEMA])
                 .map_err(|e| err("write schema", e))?;
         }
         Ok(PgStore { db, client })
@@ -130,6 +145,45 @@ impl Store for PgStore {
                 })
             })
             .collect()
+    }
+
+    fn record(&mut self, a: &GuardAction) -> Result<(), StoreError> {
+        let r = self.client.execute(
+            "INSERT INTO guard_actions (at, channel, version, action, detail, halt_version)
+             VALUES ($1,$2,$3,$4,$5,$6)",
+            &[
+                &big(a.at),
+                &a.channel,
+                &a.version,
+                &a.action,
+                &a.detail,
+                &big(a.halt_version),
+            ],
+        );
+        r.map_err(|e| self.err("record the guard's action", e))?;
+        Ok(())
+    }
+
+    fn actions(&mut self) -> Result<Vec<GuardAction>, StoreError> {
+        let rows = self
+            .client
+            .query(
+                "SELECT at, channel, version, action, detail, halt_version FROM guard_actions
+                 ORDER BY id",
+                &[],
+            )
+            .map_err(|e| self.err("read the guard's actions", e))?;
+        Ok(rows
+            .iter()
+            .map(|r| GuardAction {
+                at: r.get::<_, i64>(0) as u64,
+                channel: r.get(1),
+                version: r.get(2),
+                action: r.get(3),
+                detail: r.get(4),
+                halt_version: r.get::<_, i64>(5) as u64,
+            })
+            .collect())
     }
 
     fn name(&self) -> &str {

@@ -5,7 +5,9 @@ use std::path::Path;
 use fleet_report::{NodeId, Verified};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{big, outcome_of, Columns, Known, Row, Store, StoreError, SCHEMA};
+use super::{
+    big, outcome_of, Columns, GuardAction, Known, Row, SchemaStep, Store, StoreError, SCHEMA,
+};
 
 /// Reports in one SQLite file (WAL journal).
 pub struct SqliteStore {
@@ -13,8 +15,14 @@ pub struct SqliteStore {
     conn: Connection,
 }
 
+const META: &str =
+    "CREATE TABLE IF NOT EXISTS collector_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);";
+
 const CREATE: &str = "
-CREATE TABLE IF NOT EXISTS collector_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS guard_actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, channel TEXT NOT NULL,
+    version TEXT NOT NULL, action TEXT NOT NULL, detail TEXT NOT NULL,
+    halt_version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS reports (
     node TEXT NOT NULL, seq INTEGER NOT NULL, site TEXT NOT NULL, at INTEGER NOT NULL,
     received INTEGER NOT NULL, channel TEXT NOT NULL, version TEXT NOT NULL,
@@ -36,7 +44,7 @@ impl SqliteStore {
         // power cut of this machine may lose the last acknowledged reports, never the file.
         conn.pragma_update(None, "journal_mode", "WAL")
             .and_then(|()| conn.pragma_update(None, "synchronous", "NORMAL"))
-            .and_then(|()| conn.execute_batch(CREATE))
+            .and_then(|()| conn.execute_batch(META))
             .map_err(|e| err("create schema", e))?;
         let schema: Option<i64> = conn
             .query_row(
@@ -46,12 +54,16 @@ impl SqliteStore {
             )
             .optional()
             .map_err(|e| err("read schema", e))?;
-        if super::schema_is_new(&db, schema)? {
-            conn.execute(
-                "INSERT INTO collector_meta (key, value) VALUES ('schema', ?1)",
-                [SCHEMA],
-            )
-            .map_err(|e| err("write schema", e))?;
+        let sql = match super::schema_step(&db, schema)? {
+            SchemaStep::Current => "",
+            SchemaStep::New => "INSERT INTO collector_meta (key, value) VALUES ('schema', ?1)",
+            SchemaStep::From1 => "UPDATE collector_meta SET value = ?1 WHERE key = 'schema'",
+        };
+        conn.execute_batch(CREATE)
+            .map_err(|e| err("create schema", e))?;
+        if !sql.is_empty() {
+            conn.execute(sql, [SCHEMA])
+                .map_err(|e| err("write schema", e))?;
         }
         Ok(SqliteStore { db, conn })
     }
@@ -163,6 +175,51 @@ impl Store for SqliteStore {
                 },
             )
             .collect()
+    }
+
+    fn record(&mut self, a: &GuardAction) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO guard_actions (at, channel, version, action, detail, halt_version)
+                 VALUES (?1,?2,?3,?4,?5,?6)",
+                params![
+                    big(a.at),
+                    a.channel,
+                    a.version,
+                    a.action,
+                    a.detail,
+                    big(a.halt_version)
+                ],
+            )
+            .map_err(|e| self.err("record the guard's action", e))?;
+        Ok(())
+    }
+
+    fn actions(&mut self) -> Result<Vec<GuardAction>, StoreError> {
+        let db = self.db.clone();
+        let mut s = self
+            .conn
+            .prepare(
+                "SELECT at, channel, version, action, detail, halt_version FROM guard_actions
+                 ORDER BY id",
+            )
+            .map_err(|e| self.err("read the guard's actions", e))?;
+        let rows = s
+            .query_map([], |r| {
+                Ok(GuardAction {
+                    at: r.get::<_, i64>(0)? as u64,
+                    channel: r.get(1)?,
+                    version: r.get(2)?,
+                    action: r.get(3)?,
+                    detail: r.get(4)?,
+                    halt_version: r.get::<_, i64>(5)? as u64,
+                })
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>());
+        rows.map_err(|e| StoreError {
+            db,
+            what: format!("read the guard's actions: {e}"),
+        })
     }
 
     fn name(&self) -> &str {

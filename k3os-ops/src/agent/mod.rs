@@ -131,6 +131,10 @@ pub struct AgentArgs {
     /// Seconds between counts of the fleet (`status.nodes`, waves; fleet Lease holder only).
     #[arg(long, default_value_t = 30)]
     pub count_secs: u64,
+    /// Hours between dm-verity scrubs of this node's slots (`slot verify`: repair what FEC can
+    /// on the slot that is not booted, mark it bad when FEC cannot); 0: never.
+    #[arg(long, default_value_t = 24)]
+    pub scrub_hours: u64,
     /// Address of the `/metrics`, `/healthz` and `/readyz` listener.
     #[arg(long, env = "K3OS_OPS_METRICS_ADDR", default_value = "0.0.0.0:9479")]
     pub metrics_addr: std::net::SocketAddr,

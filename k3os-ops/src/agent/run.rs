@@ -42,7 +42,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         args.metrics_addr
     );
     libupgrade::http::install_crypto_provider();
-    let agent = start_agent(&args, &node).await?;
+    let node_ops = Arc::new(super::host::node::LibupgradeNode::open(args.config.clone())?);
+    let agent = start_agent(&args, &node, node_ops.clone()).await?;
+    if args.scrub_hours > 0 {
+        let every = Duration::from_secs(args.scrub_hours * 3600);
+        tokio::spawn(super::host::scrub::scrub_loop(agent.clone(), node_ops, every));
+    }
     let bound = super::metrics::spawn(args.metrics_addr, agent.clients.metrics.clone())
         .await
         .with_context(|| {
@@ -103,16 +108,19 @@ pub async fn run_agent(agent: Arc<Agent>, periods: Periods) -> anyhow::Result<()
     reconcile_loop(&agent, periods.resync, changes).await
 }
 
-/// The Kubernetes client and the agent, with this host's boot time and how long its Lease
+/// The Kubernetes client and the agent over `ops`, with this host's boot time and how long its Lease
 /// was silent before this start.
-async fn start_agent(args: &AgentArgs, node: &str) -> anyhow::Result<Arc<Agent>> {
+async fn start_agent(
+    args: &AgentArgs,
+    node: &str,
+    ops: Arc<super::host::node::LibupgradeNode>,
+) -> anyhow::Result<Arc<Agent>> {
     let node = node.to_string();
     let writes = super::cluster::client::WriteCounter::new(&node);
     let client = super::cluster::client::infer(&writes)
         .await
         .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
-    let ops: Arc<dyn NodeOps> =
-        Arc::new(super::host::node::LibupgradeNode::open(args.config.clone())?);
+    let ops: Arc<dyn NodeOps> = ops;
     let self_pod = args
         .pod_name
         .as_ref()

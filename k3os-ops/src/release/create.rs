@@ -1,7 +1,7 @@
 //! `k3os-ops release create`: arguments mapped onto `libupgrade::release::create_with`, and
 //! what was written printed per file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
@@ -64,6 +64,24 @@ pub struct CreateArgs {
     /// patch from the earlier release's archive of the same name. Older nodes ignore it.
     #[arg(long = "image", value_name = "[NAME=]FILE")]
     images: Vec<String>,
+    /// Record the rootfs's dm-verity root hash, salt and geometry in the signed manifest
+    /// (`veritysetup format`, Debian's cryptsetup-bin, with FEC). Nothing more is published:
+    /// nodes compute the tree and FEC data after writing the rootfs and refuse the slot unless
+    /// they hash to what is signed. The rootfs must be whole 4 KiB blocks (mksquashfs's
+    /// default padding). Nodes of earlier versions ignore the field.
+    #[arg(long)]
+    verity: bool,
+    /// Reed-Solomon parity bytes per 253 bytes of rootfs and tree (2..=24; 2 corrects one
+    /// damaged 4 KiB block in each FEC round and adds 0.8 %).
+    #[arg(long, requires = "verity", default_value_t = libupgrade::release::DEFAULT_FEC_ROOTS,
+        value_parser = clap::value_parser!(u32).range(2..=24))]
+    fec_roots: u32,
+    /// Publish the rootfs's bytes as given. By default a zstd squashfs whose blocks another
+    /// libzstd made is re-packed with the nodes' zstd (same files, other bytes) so that
+    /// squashfs patches to it rebuild every block on the node; use this when the image's
+    /// exact bytes are pinned elsewhere (a hash computed by the build).
+    #[arg(long)]
+    keep_rootfs: bool,
 }
 
 /// Create, sign and print the release.
@@ -82,6 +100,9 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
         boot_config,
         patch_from,
         images,
+        verity,
+        fec_roots,
+        keep_rootfs,
     } = a;
     // Before anything is read or written (the value is printed once, escaped, by the error).
     libupgrade::version::check_version(&version).context("release create --version")?;
@@ -91,6 +112,10 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
     };
     let chunking =
         (!no_chunks).then(|| libupgrade::chunk::ChunkParams::with_avg(chunk_avg_kib << 10));
+    // The key before a re-pack of minutes (create checks everything else again); `_scratch`
+    // lives until the release is written: a re-packed image is what gets signed.
+    libupgrade::signing::load_secret_key(&key).context("release create --key")?;
+    let (rootfs, _scratch) = published_rootfs(rootfs, &out, keep_rootfs)?;
     let opts = release::CreateOptions {
         rootfs,
         kernel,
@@ -107,7 +132,8 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
             .collect(),
     };
     let bar = Bar::new();
-    let (m, patches) = release::create_patched(&opts, chunking, &patch_from, &bar)
+    let verity = verity.then_some(release::VerityOptions { fec_roots });
+    let (m, patches) = release::create_with_verity(&opts, chunking, &patch_from, verity, &bar)
         .with_context(|| format!("creating release in {}", out.display()))?;
     println!(
         "created release {} ({}, generation {}) in {}",
@@ -144,8 +170,59 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
             sc.path, sc.size, sc.kind, sc.version
         );
     }
+    if let Some(v) = &m.verity {
+        println!(
+            "  dm-verity        root {} (tree {} bytes, FEC {} bytes with {} roots; computed by nodes, not published)",
+            v.root_hash, v.hash_size, v.fec_size, v.fec_roots
+        );
+    }
     print_patches(&patches);
     Ok(())
+}
+
+/// The rootfs to publish: with `keep`, `rootfs`; else `rootfs` re-packed into a scratch file
+/// near `out` when its blocks are another zstd's (see `libupgrade::patch::repack`), else
+/// `rootfs`; says which and why. The scratch file is deleted when the returned handle drops.
+fn published_rootfs(
+    rootfs: PathBuf,
+    out: &Path,
+    keep: bool,
+) -> anyhow::Result<(PathBuf, Option<tempfile::TempPath>)> {
+    use libupgrade::patch::Rootfs;
+    if keep {
+        return Ok((rootfs, None));
+    }
+    // Beside the release (same filesystem, not a tmpfs), in the nearest directory that exists:
+    // create makes `out` and its parents only after its own checks.
+    let dir = out
+        .ancestors()
+        .skip(1)
+        .find(|d| d.is_dir())
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let scratch = tempfile::Builder::new()
+        .prefix(".rootfs-repacked-")
+        .tempfile_in(dir)
+        .context("release create: a scratch file for the re-packed rootfs")?
+        .into_temp_path();
+    let zstd = libupgrade::patch::zstd_version();
+    Ok(match libupgrade::patch::for_release(&rootfs, &scratch)? {
+        Rootfs::Repacked(st) => {
+            println!(
+                "rootfs re-packed with the nodes' zstd {zstd} (level {}): {} of {} blocks were made by another compressor; {} bytes published instead of {} (the same files), in {:.1} s",
+                st.level, st.changed, st.blocks, st.size_out, st.size_in, st.time.as_secs_f64()
+            );
+            (scratch.to_path_buf(), Some(scratch))
+        }
+        Rootfs::Unchanged(_) => (rootfs, None),
+        Rootfs::NotRepacked(why) => {
+            println!(
+                "rootfs published as given, not re-packed: {}",
+                why.escape_debug()
+            );
+            (rootfs, None)
+        }
+    })
 }
 
 /// One line per patch `release create` built (kept or dropped), and why one is large.
@@ -171,7 +248,7 @@ fn print_patches(patches: &[release::PatchBuilt]) {
         let (recompressed, verbatim) = p.blocks;
         if verbatim > 0 {
             println!(
-                "    {verbatim} of {} changed blocks do not recompress identically with the nodes' zstd {} and are carried whole: was the image made with another libzstd?",
+                "    {verbatim} of {} changed blocks do not recompress identically with the nodes' zstd {} and are carried whole: the image was made by another compressor and kept as given (--keep-rootfs, or a layout the re-pack refused)",
                 recompressed + verbatim,
                 libupgrade::patch::zstd_version()
             );

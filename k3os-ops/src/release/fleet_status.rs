@@ -1,7 +1,7 @@
 //! `release rollout-status --reports DB`: beside each release's planned share, what the sites
 //! reported (read from the collector's database; `collector::fleet` counts, this renders),
 //! and with `--abort-if` whether a release meets the abort criteria (`collector::guard`
-//! judges; halting is the publisher's `release pause`, the signed halt is not built yet).
+//! judges; `collector guard` signs the halt, `release pause` is the publisher's own stop).
 
 use std::path::Path;
 
@@ -210,7 +210,7 @@ pub fn verdict_lines(v: &[ReleaseVerdict], dir: &Path) -> Vec<String> {
     v.iter()
         .map(|r| match r.verdict {
             Verdict::Halt { failed, ran, percent } => format!(
-                "  abort criteria met for {}: {failed} of {ran} node(s) failed ({percent:.2} %): halt it with `k3os-ops release pause {} {} …keys…`",
+                "  abort criteria met for {}: {failed} of {ran} node(s) failed ({percent:.2} %): `k3os-ops collector guard` halts it with the same criteria, or pause it with `k3os-ops release pause {} {} …keys…`",
                 r.version,
                 dir.display(),
                 r.version
@@ -233,6 +233,7 @@ pub fn verdict_lines(v: &[ReleaseVerdict], dir: &Path) -> Vec<String> {
 pub fn status(
     dir: &Path,
     t: &Targets,
+    held: &[libupgrade::trust::halt::Applied],
     at: DateTime<Utc>,
     a: &super::rollout::StatusArgs,
 ) -> anyhow::Result<()> {
@@ -240,6 +241,10 @@ pub fn status(
     let reports = match &a.reports {
         Some(db) => Some(read(db, t, silent_since)?),
         None => None,
+    };
+    let actions = match &a.reports {
+        Some(db) => collector::open(db)?.actions()?,
+        None => Vec::new(),
     };
     let criteria = criteria(&a.abort)?;
     let verdicts = match (&reports, &criteria) {
@@ -254,11 +259,19 @@ pub fn status(
             "reports": reports.as_ref().map(|r| &r.0),
             "abort_criteria": criteria,
             "verdicts": verdicts,
+            "halts": held.iter().map(|h| serde_json::json!({
+                "version": h.version, "target": h.target,
+                "since": time_str(&h.since), "reason": h.reason,
+            })).collect::<Vec<_>>(),
+            "guard_actions": actions,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     super::rollout::print_status(t, at);
+    for line in super::halt::lines(held, dir) {
+        println!("{line}");
+    }
     if let Some((f, db)) = &reports {
         for line in lines(f, db) {
             println!("{line}");
@@ -267,25 +280,58 @@ pub fn status(
     for line in verdict_lines(&verdicts, dir) {
         println!("{line}");
     }
+    for line in guard_lines(&actions) {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// The guard's halts and lifts (newest last; at most the last 20 of them), and its last run.
+pub fn guard_lines(actions: &[collector::GuardAction]) -> Vec<String> {
+    let line = |a: &collector::GuardAction| {
+        let at = DateTime::<Utc>::from_timestamp(i64::try_from(a.at).unwrap_or(0), 0)
+            .map(|t| time_str(&t))
+            .unwrap_or_default();
+        let what = match a.action.as_str() {
+            "halt" => format!("halted {}", a.version),
+            "lifted" => format!("saw the publisher lift its halt of {}", a.version),
+            other => other.to_string(),
+        };
+        let signed = match a.halt_version {
+            0 => String::new(),
+            v => format!("; halt.json version {v}"),
+        };
+        format!("  guard: {at} {what} ({}{signed})", a.detail.escape_debug())
+    };
+    let shown: Vec<&collector::GuardAction> =
+        actions.iter().filter(|a| a.action != "refresh").collect();
+    let mut out: Vec<String> = shown[shown.len().saturating_sub(20)..]
+        .iter()
+        .map(|a| line(a))
+        .collect();
+    if let Some(last) = actions.last().filter(|a| a.action == "refresh") {
+        out.push(line(last));
+    }
+    out
 }
 
 /// The dashboard's view of a channel's rollouts: its published targets, read once per page.
 struct ChannelSchedule {
     dir: std::path::PathBuf,
-    targets: Option<Targets>,
+    /// The targets as nodes see them (the guard's halts applied) and what the halts hold.
+    targets: Option<(Targets, Vec<libupgrade::trust::halt::Applied>)>,
 }
 
 impl ChannelSchedule {
     fn rollout(&self, version: &str) -> Option<Option<Rollout>> {
-        let rels = rollouts(self.targets.as_ref()?);
+        let rels = rollouts(&self.targets.as_ref()?.0);
         rels.into_iter().find(|r| r.0 == version).map(|r| r.2)
     }
 }
 
 impl collector::dashboard::Schedule for ChannelSchedule {
     fn wave_of(&self, version: &str, seed: Option<u32>) -> Option<usize> {
-        wave_of(self.targets.as_ref()?, version, seed)
+        wave_of(&self.targets.as_ref()?.0, version, seed)
     }
 
     fn planned_share(&self, version: &str, at: u64) -> Option<f64> {
@@ -301,6 +347,19 @@ impl collector::dashboard::Schedule for ChannelSchedule {
         let r = self.rollout(version)??;
         if let Some(w) = r.withdrawn {
             return Some(format!("withdrawn at {} (final)", time_str(&w.at)));
+        }
+        let held = self
+            .targets
+            .as_ref()
+            .map(|t| t.1.as_slice())
+            .unwrap_or_default();
+        if let Some(h) = held.iter().find(|h| h.version == version) {
+            return Some(format!(
+                "halted by the guard since {} ({}): lift with `k3os-ops release resume {} {version} …keys…`",
+                time_str(&h.since),
+                h.reason.escape_debug(),
+                self.dir.display()
+            ));
         }
         r.paused.map(|p| {
             format!(
@@ -320,7 +379,7 @@ pub fn schedule_source(dir: Option<std::path::PathBuf>) -> collector::server::Sc
         let Some(dir) = dir.clone() else {
             return Box::new(collector::dashboard::NoSchedule);
         };
-        let targets = super::rollout::published(&dir)
+        let targets = super::halt::effective(&dir, Utc::now())
             .map_err(|e| eprintln!("warning: dashboard without the channel's schedule: {e:#}"))
             .ok();
         Box::new(ChannelSchedule { dir, targets })

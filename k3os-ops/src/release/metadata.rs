@@ -89,7 +89,7 @@ impl RoleKeyArgs {
 }
 
 /// A public key from a `.pub` file, or derived from a `.key` file.
-fn public_key(p: &Path) -> anyhow::Result<publish::VerifyingKey> {
+pub(super) fn public_key(p: &Path) -> anyhow::Result<publish::VerifyingKey> {
     match signing::load_public_key(p) {
         Ok(k) => Ok(k),
         Err(_) => Ok(signing::load_secret_key(p)

@@ -8,6 +8,9 @@ mod bundle;
 mod create;
 #[cfg(feature = "fleet")]
 mod fleet_status;
+#[cfg(feature = "fleet")]
+mod guard;
+mod halt;
 mod metadata;
 mod rollout;
 mod serve;
@@ -22,6 +25,8 @@ use libupgrade::{channel, release, signing};
 
 #[cfg(feature = "fleet")]
 pub use fleet_status::schedule_source;
+#[cfg(feature = "fleet")]
+pub use guard::{run as guard, GuardArgs};
 
 #[derive(Args, Debug)]
 pub struct ReleaseArgs {
@@ -107,6 +112,10 @@ enum ReleaseCmd {
     Withdraw(rollout::ChangeArgs),
     /// Show which share of the fleet each release of a channel directory is offered at a time.
     RolloutStatus(rollout::StatusArgs),
+    /// Name the guard's stop-only key as the channel's `halt` role (a TUF delegation in
+    /// targets.json): halts it signs hold a release as a pause does; it can sign nothing else.
+    /// `release resume` lifts a halt. Re-signs targets, snapshot and timestamp.
+    DelegateHalt(halt::DelegateArgs),
     /// Write one offline bundle file holding a release directory (`upgrade --bundle` reads it).
     Bundle(bundle::BundleArgs),
     /// Serve DIR over HTTP (GET/HEAD, Range requests) until interrupted.
@@ -175,6 +184,7 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
         ReleaseCmd::Resume(a) => rollout::change(rollout::Change::Resume, a)?,
         ReleaseCmd::Withdraw(a) => rollout::change(rollout::Change::Withdraw, a)?,
         ReleaseCmd::RolloutStatus(a) => rollout::status(a)?,
+        ReleaseCmd::DelegateHalt(a) => halt::delegate(a)?,
         ReleaseCmd::Serve { dir, listen } => serve::serve(&dir, listen)?,
     }
     Ok(())

@@ -200,6 +200,39 @@ pub(super) fn published(dir: &Path) -> anyhow::Result<Targets> {
         })
 }
 
+/// How a command writes the new targets: (channel dir, targets signers, expiry).
+pub(super) type WriteTargets<'a> = dyn Fn(
+        &Path,
+        &[publish::SigningKey],
+        DateTime<Utc>,
+    ) -> Result<Targets, libupgrade::trust::TrustError>
+    + 'a;
+
+impl SignArgs {
+    /// Re-sign targets with `write`, then snapshot and timestamp (after the `--root` check).
+    pub(super) fn sign_with(&self, dir: &Path, write: &WriteTargets<'_>) -> anyhow::Result<()> {
+        self.anchor.check(dir)?;
+        let t = write(
+            dir,
+            &super::metadata::secrets(&self.keys)?,
+            publish::expires_in(self.targets_expires),
+        )?;
+        let mut keys = super::metadata::secrets(&self.snapshot)?;
+        keys.extend(super::metadata::secrets(&self.timestamp)?);
+        let (s, ts) = publish::write_timestamp(
+            dir,
+            &keys,
+            publish::expires_in(self.snapshot_expires),
+            publish::expires_in(self.expires),
+        )?;
+        println!(
+            "wrote targets version {}, snapshot version {}, timestamp version {}",
+            t.version, s.version, ts.version
+        );
+        Ok(())
+    }
+}
+
 /// Re-sign targets with `edit` applied to `version`'s rollout, then snapshot and timestamp.
 fn sign(
     dir: &Path,
@@ -207,27 +240,9 @@ fn sign(
     a: &SignArgs,
     edit: &dyn Fn(Option<&Rollout>) -> Result<Rollout, libupgrade::rollout::RolloutError>,
 ) -> anyhow::Result<()> {
-    a.anchor.check(dir)?;
-    let t = publish::write_rollout(
-        dir,
-        version,
-        edit,
-        &super::metadata::secrets(&a.keys)?,
-        publish::expires_in(a.targets_expires),
-    )?;
-    let mut keys = super::metadata::secrets(&a.snapshot)?;
-    keys.extend(super::metadata::secrets(&a.timestamp)?);
-    let (s, ts) = publish::write_timestamp(
-        dir,
-        &keys,
-        publish::expires_in(a.snapshot_expires),
-        publish::expires_in(a.expires),
-    )?;
-    println!(
-        "wrote targets version {}, snapshot version {}, timestamp version {}",
-        t.version, s.version, ts.version
-    );
-    Ok(())
+    a.sign_with(dir, &|dir, signers, expires| {
+        publish::write_rollout(dir, version, edit, signers, expires)
+    })
 }
 
 /// `release rollout`: set a release's waves (and its required stop), keeping nothing else of
@@ -276,34 +291,78 @@ pub fn rollout(a: RolloutArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `release pause|resume|withdraw`.
+/// `release pause|resume|withdraw`. `resume` lifts the guard's halt of the release as well
+/// as the publisher's own pause (either may hold it; at least one must).
 pub fn change(change: Change, a: ChangeArgs) -> anyhow::Result<()> {
     let at = a.at.unwrap_or_else(Utc::now);
+    let halted = match change {
+        Change::Resume => halted_since(&a.dir, &a.version)?,
+        _ => None,
+    };
     let edit = |old: Option<&Rollout>| {
         let old = old.cloned().unwrap_or_default();
         match change {
             Change::Pause => old.pause(at),
-            Change::Resume => old.resume(at),
+            Change::Resume => resume(&old, halted, at),
             Change::Withdraw => Ok(old.withdraw(at)),
         }
     };
     sign(&a.dir, &a.version, &a.sign, &edit)?;
-    print_status(&published(&a.dir)?, at);
+    if let Some(since) = halted {
+        println!(
+            "lifted the guard's halt of {} (since {})",
+            a.version,
+            time_str(&since)
+        );
+    }
+    let (t, held) = super::halt::effective(&a.dir, at)?;
+    print_status(&t, at);
+    for line in super::halt::lines(&held, &a.dir) {
+        println!("{line}");
+    }
     Ok(())
 }
 
-/// `release rollout-status`.
+/// The `since` of the served halt that holds `version` of the channel `dir`, if one does.
+fn halted_since(dir: &Path, version: &str) -> anyhow::Result<Option<DateTime<Utc>>> {
+    let t = published(dir)?;
+    let Some(doc) = libupgrade::trust::halt::served(dir, &t)? else {
+        return Ok(None);
+    };
+    Ok(libupgrade::trust::halt::active_for(&t, &doc, version).map(|m| m.since))
+}
+
+/// `resume`: lift the guard's halt (since `halted`) and the publisher's pause, whichever hold.
+fn resume(
+    old: &Rollout,
+    halted: Option<DateTime<Utc>>,
+    at: DateTime<Utc>,
+) -> Result<Rollout, libupgrade::rollout::RolloutError> {
+    let Some(since) = halted else {
+        return old.resume(at);
+    };
+    let lifted = old.lift_halt(since, at)?;
+    match lifted.paused {
+        Some(_) => lifted.resume(at),
+        None => Ok(lifted),
+    }
+}
+
+/// `release rollout-status`: the planned shares as nodes see them, the guard's halts applied.
 pub fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let t = published(&a.dir)?;
     let at = a.at.unwrap_or_else(Utc::now);
+    let (t, held) = super::halt::effective(&a.dir, at)?;
     #[cfg(feature = "fleet")]
-    return super::fleet_status::status(&a.dir, &t, at, &a);
+    return super::fleet_status::status(&a.dir, &t, &held, at, &a);
     #[cfg(not(feature = "fleet"))]
     {
         if a.reports.is_some() || a.abort.abort_if.is_some() || a.json {
             anyhow::bail!("--reports, --abort-if and --json need a build with the `fleet` feature (the node images build without it)");
         }
         print_status(&t, at);
+        for line in super::halt::lines(&held, &a.dir) {
+            println!("{line}");
+        }
         Ok(())
     }
 }
@@ -431,6 +490,7 @@ mod tests {
             version: 3,
             expires: t(1000),
             targets,
+            delegations: None,
         }
     }
 

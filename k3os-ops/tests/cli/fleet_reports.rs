@@ -398,7 +398,7 @@ fn abort_criteria_name_the_release_to_halt_and_need_the_reports() {
     };
     let out = status(&["--abort-if", "50", "--abort-min", "1"]);
     assert!(
-        out.contains("abort criteria met for v2: 1 of 1 node(s) failed (100.00 %): halt it with `k3os-ops release pause"),
+        out.contains("abort criteria met for v2: 1 of 1 node(s) failed (100.00 %): `k3os-ops collector guard` halts it with the same criteria, or pause it with `k3os-ops release pause"),
         "{out}"
     );
     assert!(out.contains("1 × rolled_back: "), "{out}");
@@ -485,8 +485,49 @@ fn the_dashboard_shows_in_a_real_browser_what_the_database_holds() {
     let _ = node.ops(&["slot", "confirm"]);
     publish(&["pause", &c, "v2"]);
     assert_eq!(stored(&db).len(), 3);
+    // The guard's key delegated, and one guard run: its halt is in the guard's table.
+    let gk = node.path().join("guard-keys");
+    node.ok(&[
+        "release",
+        "keygen",
+        "-o",
+        gk.to_str().unwrap(),
+        "--name",
+        "halt",
+    ]);
+    publish(&[
+        "delegate-halt",
+        &c,
+        "--halt-key",
+        gk.join("halt.pub").to_str().unwrap(),
+    ]);
+    let dbarg = format!("sqlite:{}", db.display());
+    node.ok(&[
+        "collector",
+        "guard",
+        "--channel",
+        &c,
+        "--db",
+        &dbarg,
+        "--key",
+        gk.join("halt.key").to_str().unwrap(),
+        "--abort-if",
+        "50",
+        "--abort-min",
+        "1",
+    ]);
 
     let dom = in_chromium(&url);
+    let guard = dom
+        .split("<tr class=\"halt\">")
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no halt in the guard's table: {dom}"));
+    assert!(
+        guard.contains("<td>halt</td><td>v2</td><td>1 of 1 node(s) failed")
+            && guard.ends_with("<td>1</td>"),
+        "{guard}"
+    );
     assert!(
         dom.contains("1 node(s) at 1 site(s) of 1 enrolled, 3 report(s)"),
         "{dom}"
@@ -561,4 +602,198 @@ fn a_node_made_by_v010_reports_from_its_first_outcome_and_one_without_report_url
     let rows = stored(&db);
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].outcome.kind(), "staged");
+}
+
+/// A health check that always fails, in the node's health dir.
+fn failing_check(node: &Node) {
+    let check = node.path().join("health.d/fails");
+    std::fs::write(&check, "#!/bin/sh\necho disk on fire\nexit 1\n").unwrap();
+    let mut perm = std::fs::metadata(&check).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&check, perm).unwrap();
+}
+
+/// What `release resolve --seed 0` says a node that runs nothing of the channel is offered
+/// (Ok: the resolution's text; Err: the refusal).
+fn offered(node: &Node, url: &str, chan: &Path) -> Result<String, String> {
+    let root = chan.join("1.root.json").display().to_string();
+    let args = ["release", "resolve", url, "--root", &root, "--seed", "0"];
+    let out = node.ops(&args);
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    match out.status.success() {
+        true => Ok(text(&out.stdout)),
+        false => Err(text(&out.stderr)),
+    }
+}
+
+/// Issue 32 item 4 end to end: the publisher delegates the halt role to the guard's key; a
+/// release fails its health check at the site; `collector guard` signs a halt with that key
+/// into the served channel and records it; a node resolving the channel holds as for a pause;
+/// the guard does nothing more while it holds; the guard's key cannot sign for the publisher,
+/// a top-level key cannot be the halt key, a forged halt or an old one replayed stops the
+/// node (never widens); `release resume` lifts the halt, and the guard notes the lift instead
+/// of halting again on the same reports.
+#[test]
+fn the_guard_halts_a_failing_release_with_its_stop_only_key_and_the_publisher_resumes() {
+    let Site {
+        port,
+        node,
+        db,
+        allow,
+        srv,
+        chan,
+        work,
+    } = Site::new("site-1", true);
+    let (c, publish) = one_wave_started(&node, &chan);
+    let keys = work.path().join("guard-keys");
+    let kd = keys.display().to_string();
+    node.ok(&["release", "keygen", "-o", &kd, "--name", "halt"]);
+    let halt_pub = keys.join("halt.pub").display().to_string();
+    let halt_key = keys.join("halt.key").display().to_string();
+    // A top-level key cannot be the halt role's.
+    let meta = |n: &str| node.path().join("meta-keys").join(n).display().to_string();
+    let signing = [
+        "--key",
+        &meta("targets.key"),
+        "--snapshot-key",
+        &meta("snapshot.key"),
+        "--timestamp-key",
+        &meta("timestamp.key"),
+    ];
+    let mut a = vec!["release", "delegate-halt", &c, "--halt-key"];
+    let targets_pub = meta("targets.pub");
+    a.push(&targets_pub);
+    a.extend_from_slice(&signing);
+    let e = node.fails(&a);
+    assert!(e.contains("is a targets key of root version 1"), "{e}");
+    publish(&["delegate-halt", &c, "--halt-key", &halt_pub]);
+
+    // The release fails at the site: staged, trial boot, rolled back.
+    let _collector = Collector::start(port, &db, &allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    node.ok(&["slot", "activate"]);
+    cli_support_boot_b(&node);
+    failing_check(&node);
+    let _ = node.ops(&["slot", "confirm"]);
+    assert!(offered(&node, &srv.url, &chan).is_ok());
+
+    let dbarg = format!("sqlite:{}", db.display());
+    let guard = || {
+        node.ok(&[
+            "collector",
+            "guard",
+            "--channel",
+            &c,
+            "--db",
+            &dbarg,
+            "--key",
+            &halt_key,
+            "--abort-if",
+            "50",
+            "--abort-min",
+            "1",
+        ])
+    };
+    let out = guard();
+    assert!(out.contains("v2: halted (1 of 1 node(s) failed"), "{out}");
+    assert!(out.contains("wrote halt.json version 1"), "{out}");
+    let halt_v1 = std::fs::read(chan.join("halt.json")).unwrap();
+    python_tuf_verifies_the_halt(&chan);
+    let held = offered(&node, &srv.url, &chan).unwrap_err();
+    assert!(held.contains("paused since"), "{held}");
+    let status = node.ok(&["release", "rollout-status", &c, "--reports", &dbarg]);
+    assert!(status.contains("v2 halted by the guard since"), "{status}");
+    assert!(
+        status.contains(&format!("release resume {c} v2")),
+        "{status}"
+    );
+    assert!(status.contains("guard: "), "{status}");
+    // Held: the next run only re-signs; everything is recorded.
+    let out = guard();
+    assert!(
+        out.contains("no release to halt: re-signed halt.json version 2"),
+        "{out}"
+    );
+    let actions = {
+        use collector::Store;
+        collector::SqliteStore::open(&db)
+            .unwrap()
+            .actions()
+            .unwrap()
+    };
+    let kinds: Vec<&str> = actions.iter().map(|a| a.action.as_str()).collect();
+    assert_eq!(kinds, ["halt", "refresh"], "{actions:?}");
+    assert_eq!(actions[0].version, "v2");
+
+    // The guard's key signs nothing for the publisher.
+    let e = node.fails(&[
+        "release",
+        "pause",
+        &c,
+        "v2",
+        "--key",
+        &halt_key,
+        "--snapshot-key",
+        &halt_key,
+        "--timestamp-key",
+        &halt_key,
+    ]);
+    assert!(e.contains("0 valid signature(s) by targets keys"), "{e}");
+    // A halt.json not signed by the halt key: refused, the node takes nothing from the channel.
+    let good = std::fs::read(chan.join("halt.json")).unwrap();
+    let forged = String::from_utf8(good.clone())
+        .unwrap()
+        .replace("\"sig\": \"", "\"sig\": \"00");
+    std::fs::write(chan.join("halt.json"), forged).unwrap();
+    let e = offered(&node, &srv.url, &chan).unwrap_err();
+    assert!(
+        e.contains("halt.json") && e.contains("valid signature(s) by the halt role's keys"),
+        "{e}"
+    );
+    std::fs::write(chan.join("halt.json"), &good).unwrap();
+
+    // The node polls (and records halt version 2); the publisher resumes.
+    let _ = node.ops(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    let out = publish(&["resume", &c, "v2"]);
+    assert!(out.contains("lifted the guard's halt of v2"), "{out}");
+    assert!(offered(&node, &srv.url, &chan).is_ok());
+    // The guard sees the lift and does not halt again on the same reports.
+    let out = guard();
+    assert!(
+        out.contains("v2: the publisher lifted the guard's halt"),
+        "{out}"
+    );
+    assert!(!out.contains("halted"), "{out}");
+    assert!(offered(&node, &srv.url, &chan).is_ok());
+    // The old halt replayed: a node that saw version 2 refuses version 1 (and takes nothing).
+    std::fs::write(chan.join("halt.json"), &halt_v1).unwrap();
+    let out = node.ops(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("older than version"),
+        "{e}"
+    );
+}
+
+/// python-tuf 7 (scripts/setup.sh) reads the guard's `halt.json` as targets metadata and
+/// verifies its signatures against the delegation in our `targets.json`
+/// (`Targets.verify_delegate`): the halt role is a standard TUF delegated role.
+fn python_tuf_verifies_the_halt(chan: &Path) {
+    let script = "import sys\n\
+from tuf.api.metadata import Metadata\n\
+t = Metadata.from_file(sys.argv[1] + '/targets.json')\n\
+h = Metadata.from_file(sys.argv[1] + '/halt.json')\n\
+t.signed.verify_delegate('halt', h.signed_bytes, h.signatures)\n\
+assert all(p.startswith('halt/') for p in h.signed.targets), h.signed.targets\n\
+print('verified', len(h.signed.targets))\n";
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, chan.to_str().unwrap()])
+        .output()
+        .expect("python3 runs (scripts/setup.sh installs it with python-tuf)");
+    let o = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && o.contains("verified 1"),
+        "python-tuf on halt.json: {o}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -478,4 +478,88 @@ fn channels_k3os_ops_publishes_verify_with_python_tuf_across_a_root_rotation() {
     // And it trusts root 2 now: python-tuf's record holds version 2.
     let kept = fs::read_to_string(md.join("root.json")).unwrap();
     assert!(kept.contains("\"version\": 2"), "{kept}");
+
+    // The guard's halt role (issue 32): a delegation in targets.json that python-tuf reads
+    // (its refresh, and a release's target found in the top-level targets) for the same
+    // client and a fresh one.
+    ok(&["release", "keygen", "-o", &s("keys"), "--name", "halt"]);
+    ok(&[
+        "release",
+        "delegate-halt",
+        &s("site/stable"),
+        "--halt-key",
+        &k("halt.pub"),
+        "--key",
+        &k("targets2.key"),
+        "--snapshot-key",
+        &k("snapshot.key"),
+        "--timestamp-key",
+        &k("timestamp.key"),
+    ]);
+    let tg = fs::read_to_string(chan.join("targets.json")).unwrap();
+    assert!(
+        tg.contains("\"delegations\"") && tg.contains("halt/*"),
+        "{tg}"
+    );
+    for (dir, what) in [
+        (&md, "the same python-tuf client"),
+        (&p("python-3"), "a fresh one"),
+    ] {
+        assert_eq!(
+            python_verdict(&url, dir, &root1, "v3/manifest.json"),
+            Verdict::Ok,
+            "{what} with the halt delegation"
+        );
+    }
+    // A halt of v3 written and signed by python-tuf's Metadata API with the halt key holds a
+    // node resolving through our client, as the guard's own does.
+    let root1_arg = root1.display().to_string();
+    let resolve = || {
+        ops(
+            None,
+            &[
+                "release", "resolve", &url, "--root", &root1_arg, "--seed", "0",
+            ],
+        )
+    };
+    let before = String::from_utf8_lossy(&resolve().stdout).into_owned();
+    assert!(before.contains("v3 ("), "{before}");
+    let out = Command::new("python3")
+        .args(["-c", PY_HALT, &s("site/stable"), &k("halt.key")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python-tuf writing halt.json: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let held = resolve();
+    let o = String::from_utf8_lossy(&held.stdout);
+    assert!(held.status.success(), "{o}");
+    // v3 held, the node is offered v2 (the newest release not held).
+    assert!(
+        o.contains("v3 waits: the rollout is paused since") && o.contains("v2 ("),
+        "{o}"
+    );
 }
+
+/// python-tuf writes `halt.json` of the delegated `halt` role halting v3 (argv: channel
+/// directory, the halt role's PKCS#8 key) and verifies it against our targets' delegation.
+const PY_HALT: &str = "import sys
+from datetime import datetime, timedelta, timezone
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from securesystemslib.signer import CryptoSigner, SSlibKey
+from tuf.api.metadata import Metadata, Targets, TargetFile
+chan, keyfile = sys.argv[1], sys.argv[2]
+priv = load_pem_private_key(open(keyfile, 'rb').read(), None)
+signer = CryptoSigner(priv, SSlibKey.from_crypto(priv.public_key()))
+tg = Metadata.from_file(chan + '/targets.json')
+m = tg.signed.targets['v3/manifest.json']
+now = datetime.now(timezone.utc).replace(microsecond=0)
+mark = {'halt': {'since': (now - timedelta(minutes=1)).strftime('%Y-%m-%dT%H:%M:%SZ'), 'reason': 'python-tuf'}}
+t = TargetFile(m.length, {'sha256': m.hashes['sha256']}, 'halt/v3', unrecognized_fields={'custom': mark})
+md = Metadata(Targets(version=1, expires=now + timedelta(days=7), targets={'halt/v3': t}))
+md.sign(signer)
+md.to_file(chan + '/halt.json')
+tg.signed.verify_delegate('halt', md.signed_bytes, md.signatures)
+";

@@ -209,6 +209,17 @@ impl Updater {
             out.push(self.rootfs_check(slot, version.as_deref()));
         }
         out.extend(payloads::images_check(&self.cfg.airgap_dir, archives));
+        // Only when the command line names a verity root hash (see `verity_check`); a kept
+        // manifest that cannot be read then fails the check, never the confirm itself.
+        let cmdline = std::fs::read_to_string(&self.cfg.proc_cmdline).unwrap_or_default();
+        if cmdline.contains(crate::boot::verity_check::CMDLINE_PARAM) {
+            let staged = crate::slotfiles::manifest(&self.cfg.state_dir, slot).unwrap_or(None);
+            out.extend(crate::boot::verity_check::check(
+                &cmdline,
+                slot,
+                staged.as_ref(),
+            ));
+        }
         let env = [
             ("K3OS_SLOT", slot.to_string()),
             ("K3OS_VERSION", version.unwrap_or_default()),

@@ -1,8 +1,9 @@
 //! What happens at and around a boot: the health checks ([`health`], [`reach`]), the pure
 //! boot assessment (`assess`: state, loader view, observed boot, check results → new state,
 //! loader operations, verdict), its effects in order (`confirm`), what a verdict that is not a
-//! good slot means to a front end (`outcome`), and which boot script both
-//! slots read before an activation (`bootscript`). Private: the crate root re-exports the API.
+//! good slot means to a front end (`outcome`), which boot script both
+//! slots read before an activation (`bootscript`), and the booted dm-verity root hash against
+//! the staged manifest's (`verity_check`). Private: the crate root re-exports the API.
 
 pub(crate) mod assess;
 pub(crate) mod bootscript;
@@ -11,3 +12,4 @@ pub mod health;
 pub(crate) mod outcome;
 pub(crate) mod payloads;
 pub mod reach;
+pub(crate) mod verity_check;

@@ -205,7 +205,7 @@ fn check(channel: &str, opts: &TrustOptions) -> Result<Option<Checked>, ChannelE
         ignore_expiry: opts.ignore_expiry,
     };
     let kept = Kept::for_channel(&opts.store_file, &key);
-    let verified = match trust::update(src.as_ref(), Some(&kept), &start, &clock) {
+    let mut verified = match trust::update(src.as_ref(), Some(&kept), &start, &clock) {
         Err(TrustError::Missing { file, location }) if file == trust::Role::Timestamp.file() => {
             if store.channels.contains_key(&key) {
                 return Err(required(format!(
@@ -229,6 +229,18 @@ fn check(channel: &str, opts: &TrustOptions) -> Result<Option<Checked>, ChannelE
         // at the next poll, not this resolution.
         if let Err(e) = kept.save(&verified) {
             log::warn!("channel {channel}: keeping its verified metadata: {e}");
+        }
+    }
+    // The guard's halt holds releases as a pause does, in what this node decides from (the
+    // kept targets file stays the publisher's bytes).
+    if let Some(h) = &verified.halts {
+        for a in trust::halt::apply(&mut verified.targets, &h.doc, clock.now) {
+            log::info!(
+                "channel {channel}: {} is halted by the guard since {} ({}): held as a pause until the publisher resumes it",
+                a.target,
+                a.since,
+                a.reason.escape_debug()
+            );
         }
     }
     Ok(Some(Checked {

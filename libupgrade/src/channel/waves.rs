@@ -324,6 +324,7 @@ mod tests {
                 .into_iter()
                 .map(|(v, m)| (format!("{v}/{MANIFEST_FILE}"), m))
                 .collect::<BTreeMap<_, _>>(),
+            delegations: None,
         }
     }
 

@@ -174,6 +174,34 @@ impl Layout for DirLayout {
         )
     }
 
+    fn verity_device(
+        &self,
+        _slot: Slot,
+        version: &str,
+        v: &crate::manifest::Verity,
+        write: bool,
+    ) -> Result<crate::verity::FileDevice> {
+        Self::check_version_name(version)?;
+        let dir = self.kind_dir(Artifact::Rootfs).join(version);
+        let data = std::sync::Arc::new(super::open_for(&dir.join(ROOTFS_FILE), write)?);
+        let vp = dir.join(super::VERITY_FILE);
+        let tree = if write {
+            let f = super::open_rw(&vp, true, false)?;
+            f.set_len(v.hash_size + v.fec_size)
+                .map_err(|e| Error::io("size", &vp, e))?;
+            f
+        } else {
+            super::open_for(&vp, false)?
+        };
+        let tree = std::sync::Arc::new(tree);
+        Ok(crate::verity::FileDevice {
+            data: (data, 0),
+            data_blocks: v.data_blocks,
+            hash: (tree.clone(), 0),
+            fec: (tree, v.hash_size),
+        })
+    }
+
     fn is_rootfs_of(&self, slot: Slot, _dev: (u32, u32), source: &str) -> Result<bool> {
         // The initrd loop-mounts the slot's rootfs file: compare the loop device's backing file.
         let loopname = Path::new(source)

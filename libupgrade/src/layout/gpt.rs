@@ -239,6 +239,34 @@ impl Layout for GptLayout {
         }
     }
 
+    fn verity_device(
+        &self,
+        slot: Slot,
+        _version: &str,
+        v: &crate::manifest::Verity,
+        write: bool,
+    ) -> Result<crate::verity::FileDevice> {
+        let (path, offset, len) = self.rootfs_access(slot);
+        if v.slot_bytes() > len {
+            return Err(Error::NoSpace {
+                artifact: crate::manifest::Part::Slot(Artifact::Rootfs),
+                target: format!(
+                    "slot {slot}: {} (squashfs, dm-verity tree and FEC)",
+                    self.place(slot, Artifact::Rootfs)
+                ),
+                needed: v.slot_bytes(),
+                available: len,
+            });
+        }
+        let f = std::sync::Arc::new(super::open_for(&path, write)?);
+        Ok(crate::verity::FileDevice {
+            data: (f.clone(), offset),
+            data_blocks: v.data_blocks,
+            hash: (f.clone(), offset + v.hash_offset),
+            fec: (f, offset + v.fec_offset),
+        })
+    }
+
     fn is_rootfs_of(&self, slot: Slot, dev: (u32, u32), _source: &str) -> Result<bool> {
         let r = self.rootfs_range(slot);
         let Some(part) = self.part_device(r.number) else {

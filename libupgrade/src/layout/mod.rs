@@ -52,6 +52,9 @@ pub const KERNEL_FILE: &str = "vmlinuz";
 pub const INITRD_FILE: &str = "initrd";
 /// File name of the rootfs in a release and in a [`DirLayout`] slot.
 pub const ROOTFS_FILE: &str = "rootfs.squashfs";
+/// File beside [`ROOTFS_FILE`] holding a [`DirLayout`] slot's dm-verity tree, then its FEC
+/// area (a GPT slot keeps both on its partition after the squashfs).
+pub const VERITY_FILE: &str = "rootfs.squashfs.verity";
 
 /// GPT partition name of a slot's rootfs.
 pub fn rootfs_part_name(slot: Slot) -> &'static str {
@@ -242,6 +245,18 @@ pub trait Layout: Send + Sync {
             ))),
         }
     }
+    /// The dm-verity device of `slot`'s rootfs (`version`) with the geometry of `v`: the
+    /// partition holding squashfs, tree and FEC (refused with [`Error::NoSpace`] when it is
+    /// too small), or the rootfs file and the [`VERITY_FILE`] beside it (created when
+    /// `write`). Opened for writing only when `write`: by the stage of that slot and by a
+    /// scrub repairing a slot that is not booted.
+    fn verity_device(
+        &self,
+        slot: Slot,
+        version: &str,
+        v: &crate::manifest::Verity,
+        write: bool,
+    ) -> Result<crate::verity::FileDevice>;
     /// Is the filesystem mounted from `source` (mountinfo's major:minor and source) the slot's rootfs?
     fn is_rootfs_of(&self, slot: Slot, dev: (u32, u32), source: &str) -> Result<bool>;
     /// Remove what a failed stage wrote of `artifact` (`version`) for `slot` where it would
@@ -347,6 +362,15 @@ fn discard_file_target(dir: &Path, name: &str) -> Result<()> {
         Ok(()) => fsync_parent(&tmp),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::io("remove", &tmp, e)),
+    }
+}
+
+/// `path` for reading, or (with `write`) for writing too.
+fn open_for(path: &Path, write: bool) -> Result<File> {
+    if write {
+        open_rw(path, false, false)
+    } else {
+        File::open(path).map_err(|e| Error::io("open", path, e))
     }
 }
 

@@ -98,6 +98,9 @@ impl Manifest {
         }
         self.check_payloads()?;
         self.check_patches()?;
+        if let Some(v) = &self.verity {
+            v.check(self.files.rootfs.size)?;
+        }
         self.check_boot()
     }
 

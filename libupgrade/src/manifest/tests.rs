@@ -22,6 +22,7 @@ pub(crate) fn sample() -> Manifest {
         },
         boot: None,
         payloads: Vec::new(),
+        verity: None,
     }
 }
 
@@ -467,4 +468,81 @@ fn a_part_is_written_as_before_for_the_slot_files_and_as_payload_name_otherwise(
     for bad in ["\"payload:../x\"", "\"swap\"", "\"payload:\""] {
         assert!(serde_json::from_str::<Part>(bad).is_err(), "{bad}");
     }
+}
+
+fn with_verity() -> Manifest {
+    let mut m = sample();
+    m.files.rootfs.size = 836 * 4096;
+    let g = crate::verity::Geometry::new(836, 2).unwrap();
+    m.verity = Some(Verity {
+        hash_type: 1,
+        hash: "sha256".into(),
+        data_block_size: 4096,
+        hash_block_size: 4096,
+        data_blocks: 836,
+        salt: "07".repeat(32),
+        root_hash: "cd".repeat(32),
+        hash_offset: 836 * 4096,
+        hash_size: g.hash_size(),
+        hash_sha256: "ef".repeat(32),
+        fec_roots: 2,
+        fec_offset: 836 * 4096 + g.hash_size(),
+        fec_size: g.fec_size(),
+        fec_sha256: "12".repeat(32),
+    });
+    m
+}
+
+/// A manifest without `verity` (every one written before it) reads and writes as before; one
+/// with it round-trips.
+#[test]
+fn verity_is_optional_and_round_trips() {
+    let plain = sample().to_bytes();
+    assert!(!String::from_utf8(plain.clone()).unwrap().contains("verity"));
+    assert_eq!(Manifest::parse(&plain).unwrap(), sample());
+    let m = with_verity();
+    assert_eq!(Manifest::parse(&m.to_bytes()).unwrap(), m);
+}
+
+/// Every value a node would trust is checked against the others: each tamper is refused
+/// naming its field, escaped.
+#[test]
+fn verity_fields_that_disagree_are_refused_by_name() {
+    type Edit = fn(&mut Verity);
+    let cases: [(&str, Edit); 10] = [
+        ("verity.hash", |v| v.hash = "md5\n".into()),
+        ("verity.data_block_size", |v| v.data_block_size = 512),
+        ("verity.data_blocks", |v| v.data_blocks = 835),
+        ("verity.fec_roots", |v| v.fec_roots = 1),
+        ("verity.hash_offset", |v| v.hash_offset += 4096),
+        ("verity.hash_size", |v| v.hash_size = 4096),
+        ("verity.fec_offset", |v| v.fec_offset = 0),
+        ("verity.fec_size", |v| v.fec_size += 1),
+        ("verity.salt", |v| v.salt = "0g".into()),
+        ("verity.root_hash", |v| v.root_hash = "CD".repeat(32)),
+    ];
+    for (field, edit) in cases {
+        let mut m = with_verity();
+        edit(m.verity.as_mut().unwrap());
+        let e = Manifest::parse(&m.to_bytes()).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("manifest field {field}:")),
+            "{field}: {e}"
+        );
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+    }
+    let mut m = with_verity();
+    m.files.rootfs.size = u64::MAX - 4095;
+    let e = Manifest::parse(&m.to_bytes()).unwrap_err().to_string();
+    assert!(
+        e.contains("verity.data_blocks") && e.contains("over the"),
+        "{e}"
+    );
+    let mut m = with_verity();
+    m.files.rootfs.size += 1;
+    let e = Manifest::parse(&m.to_bytes()).unwrap_err().to_string();
+    assert!(
+        e.contains("verity.data_blocks") && e.contains("3424257 bytes"),
+        "{e}"
+    );
 }

@@ -61,8 +61,9 @@
 //! older release's squashfs patches unusable for the new build (plain patches stay usable: they
 //! only decode zstd frames).
 //!
-//! A publisher whose mksquashfs links another libzstd loses most of the gain (issue 35 item 1,
-//! open). Measured 2026-12-05: 15 shared libraries of this machine (43 MB; in v2 7 of them
+//! A publisher whose mksquashfs links another libzstd would lose most of the gain (issue 35
+//! item 1), so `release create` re-packs such an image with this build's zstd ([`repack`], where
+//! the choice is argued; figures in the README's delta section). Measured 2026-12-05: 15 shared libraries of this machine (43 MB; in v2 7 of them
 //! with 20 KB rewritten and 4 KB appended), imaged by mksquashfs 4.5.1 (zstd level 15,
 //! `-no-fragments`) once with Debian 12's libzstd 1.5.4 and once with Debian 13's 1.5.7
 //! (`LD_LIBRARY_PATH`): same image sizes, other bytes. Of the changed files' 174 blocks, this
@@ -76,10 +77,8 @@
 //! zstd's parameter table for sources ≤ 128 KB reads the same in the copies of `clevels.h`
 //! seen, so the difference is inside the parser, which no parameter in a header selects.
 //! Carrying each such block as a zstd patch-from of the node's own recompression (`-19`)
-//! shrinks them only from 1.89 MB to 1.20 MB (36 %): still ~7× the 1.5.4 pair's patch. What
-//! would meet the goal is re-packing the image with the node's compressor in `release create`
-//! (a squashfs rewrite: block sizes, and with them the inode block lists and the metadata
-//! offsets, change) or a second pinned zstd on the node; neither is built yet.
+//! shrinks them only from 1.89 MB to 1.20 MB (36 %): still ~7× the 1.5.4 pair's patch. A second
+//! pinned zstd on the node would cover one other version only, and grow every node's binary.
 #![warn(missing_docs)]
 
 mod apply;
@@ -88,6 +87,7 @@ mod codec;
 mod error;
 mod header;
 mod ops;
+mod repack;
 mod squashfs;
 
 pub use apply::{apply, apply_needed, workers, ApplyStats, Base, Sink};
@@ -95,3 +95,4 @@ pub use build::{build, BuildStats};
 pub use codec::{identity, zstd_version};
 pub use error::PatchError;
 pub use header::{can_apply, read_header, PatchHeader, PatchKind, FORMAT_VERSION, MAGIC};
+pub use repack::{for_release, repack, RepackStats, Rootfs};

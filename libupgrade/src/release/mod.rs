@@ -195,6 +195,15 @@ pub enum ReleaseError {
     /// An image archive input does not hold complete images (names its path and what).
     #[error(transparent)]
     Archive(#[from] crate::payload::ArchiveError),
+    /// The rootfs's dm-verity tree and FEC could not be made (`--verity`): not whole 4 KiB
+    /// blocks, veritysetup missing or failing, or its bytes not the nodes' own.
+    #[error("dm-verity of {path}: {what}")]
+    Verity {
+        /// The rootfs in the release directory.
+        path: PathBuf,
+        /// What went wrong.
+        what: String,
+    },
     /// A release named by `--patch-from` cannot serve as a patch's base (unreadable or
     /// inconsistent manifest, another architecture, a file that is not what it says), or its
     /// patch could not be built.
@@ -252,6 +261,19 @@ pub fn create_patched(
     patch_from: &[PathBuf],
     progress: &dyn Progress,
 ) -> Result<(Manifest, Vec<PatchBuilt>), ReleaseError> {
+    create_with_verity(opts, chunking, patch_from, None, progress)
+}
+
+/// [`create_patched`], and with `verity` the rootfs's dm-verity parameters in the manifest
+/// (`veritysetup format`, see `release::verity`): the tree and FEC are not published, nodes
+/// compute them.
+pub fn create_with_verity(
+    opts: &CreateOptions,
+    chunking: Option<ChunkParams>,
+    patch_from: &[PathBuf],
+    verity: Option<VerityOptions>,
+    progress: &dyn Progress,
+) -> Result<(Manifest, Vec<PatchBuilt>), ReleaseError> {
     if let Some(p) = chunking {
         p.check().map_err(|e| ReleaseError::ChunkIndex {
             path: opts.out_dir.clone(),
@@ -279,6 +301,9 @@ pub fn create_patched(
         write_atomic(&opts.out_dir, sc.kind.file_name(), sc.text.as_bytes())?;
     }
     let built = patches::add(&opts.out_dir, &mut manifest, &bases)?;
+    if let Some(o) = verity {
+        manifest.verity = Some(verity::format(&opts.out_dir, &manifest.files.rootfs, o)?);
+    }
 
     let bytes = manifest.to_bytes();
     Manifest::parse(&bytes)?;
@@ -404,6 +429,7 @@ fn draft_manifest(opts: &CreateOptions, generation: u64) -> Result<Manifest, Rel
             scripts: Vec::new(),
         }),
         payloads: payloads::placeholders(&opts.payloads),
+        verity: None,
     };
     let mut scripts = Vec::new();
     for sc in &opts.scripts {
@@ -457,6 +483,7 @@ mod copy;
 pub mod patches;
 mod payloads;
 mod verify;
+mod verity;
 
 use copy::copy_hashed;
 use copy::fsync_dir;
@@ -465,6 +492,7 @@ pub(crate) use copy::write_atomic;
 pub use patches::PatchBuilt;
 pub use payloads::PayloadInput;
 pub use verify::verify_dir;
+pub use verity::{salt_for, VerityOptions, DEFAULT_FEC_ROOTS};
 
 #[cfg(test)]
 mod tests;

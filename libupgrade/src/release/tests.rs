@@ -378,3 +378,129 @@ fn patches_from_two_bases_are_listed_when_smaller_and_verified() {
     assert!(e.contains("aarch64") && e.contains("x86_64"), "{e}");
     assert!(!p.join("v4").exists(), "refused before anything was copied");
 }
+
+/// `--verity`: the manifest records veritysetup's root hash and the geometry; the release
+/// directory holds nothing more (nodes compute tree and FEC); the same release made without
+/// it is the release of before, byte for byte apart from the field.
+#[test]
+fn verity_records_veritysetups_root_hash_and_nothing_more_is_published() {
+    let f = fixture();
+    let mut rootfs = b"hsqs".to_vec();
+    rootfs.extend((0..(300 * 4096 - 4) as u32).map(|i| (i % 253) as u8));
+    fs::write(f.t.path().join("in.squashfs"), &rootfs).unwrap();
+    let (plain_dir, verity_dir) = (f.t.path().join("plain"), f.t.path().join("verity"));
+    let opts = |out: &Path| f.opts(out, "v1", Arch::X86_64, Some(1));
+    let (plain, _) = create_with_verity(&opts(&plain_dir), None, &[], None, &NoProgress).unwrap();
+    let vo = VerityOptions { fec_roots: 2 };
+    let (m, _) = create_with_verity(&opts(&verity_dir), None, &[], Some(vo), &NoProgress).unwrap();
+    let v = m.verity.clone().expect("verity recorded");
+    assert!(plain.verity.is_none());
+    assert!(
+        !String::from_utf8(fs::read(plain_dir.join(MANIFEST_FILE)).unwrap())
+            .unwrap()
+            .contains("verity")
+    );
+    assert_eq!(
+        Manifest {
+            verity: None,
+            ..m.clone()
+        },
+        plain
+    );
+    let names = |d: &Path| {
+        let mut n: Vec<_> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(
+        names(&plain_dir),
+        names(&verity_dir),
+        "no tree or FEC file is published"
+    );
+    assert_eq!(
+        (v.data_blocks, v.hash_offset, v.fec_roots),
+        (300, 300 * 4096, 2)
+    );
+    assert_eq!(v.salt, salt_for(&m.files.rootfs.sha256));
+    // veritysetup verify agrees with the recorded root hash over a tree it makes again.
+    let tree = f.t.path().join("tree");
+    let out = std::process::Command::new("veritysetup")
+        .args(["format", "--no-superblock", &format!("--salt={}", v.salt)])
+        .arg(verity_dir.join(ROOTFS_FILE))
+        .arg(&tree)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let ok = std::process::Command::new("veritysetup")
+        .args(["verify", "--no-superblock", &format!("--salt={}", v.salt)])
+        .arg(verity_dir.join(ROOTFS_FILE))
+        .arg(&tree)
+        .arg(&v.root_hash)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    // Signed: a node's parse sees the same field.
+    let (vm, _) = verify_dir(&verity_dir, &f.trust).unwrap();
+    assert_eq!(vm.verity, Some(v.clone()));
+    // A root hash the rootfs does not have, signed anyway: `release verify` refuses it, once.
+    let mut forged = m.clone();
+    forged.verity.as_mut().unwrap().root_hash = "ab".repeat(32);
+    fs::write(verity_dir.join(MANIFEST_FILE), forged.to_bytes()).unwrap();
+    let key = signing::load_secret_key(&f.key).unwrap();
+    fs::write(
+        verity_dir.join(SIGNATURE_FILE),
+        signing::sign_with(&forged.to_bytes(), &key),
+    )
+    .unwrap();
+    let e = verify_dir(&verity_dir, &f.trust).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "its root hash is {}, the signed manifest says {}",
+            v.root_hash,
+            "ab".repeat(32)
+        )),
+        "{e}"
+    );
+    assert_eq!(e.matches(&v.root_hash).count(), 1, "{e}");
+}
+
+#[test]
+fn verity_refuses_a_rootfs_of_partial_blocks_naming_it() {
+    let f = fixture(); // 3,000,004 bytes: not whole 4 KiB blocks
+    let out = f.t.path().join("rel");
+    let vo = VerityOptions { fec_roots: 2 };
+    let e = create_with_verity(
+        &f.opts(&out, "v1", Arch::X86_64, Some(1)),
+        None,
+        &[],
+        Some(vo),
+        &NoProgress,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("rootfs.squashfs")
+            && e.contains("3000004 bytes is not a whole number of 4096-byte blocks"),
+        "{e}"
+    );
+    assert!(!out.join(MANIFEST_FILE).exists(), "nothing signed");
+    let vo = VerityOptions { fec_roots: 30 };
+    fs::write(
+        f.t.path().join("in.squashfs"),
+        [b"hsqs".as_slice(), &[0; 4092]].concat(),
+    )
+    .unwrap();
+    let e = create_with_verity(
+        &f.opts(&f.t.path().join("r2"), "v1", Arch::X86_64, Some(1)),
+        None,
+        &[],
+        Some(vo),
+        &NoProgress,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("FEC roots 30 is not within 2..=24"), "{e}");
+}

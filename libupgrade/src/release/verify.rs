@@ -1,6 +1,7 @@
 //! Checking a local release directory the way a node would (`release verify`): the manifest's
 //! signature, every file's size and sha256 (artifacts, chunk indexes, patches, boot scripts),
-//! and each chunk index against its artifact.
+//! each chunk index against its artifact, and the rootfs's dm-verity root hash, tree and FEC
+//! as the nodes compute them.
 
 use std::fs;
 use std::io::{self, Read};
@@ -60,6 +61,9 @@ pub fn verify_dir(
     }
     for sc in manifest.boot.iter().flat_map(|b| &b.scripts) {
         verify_file(dir, &sc.path, sc.size, &sc.sha256)?;
+    }
+    if let Some(v) = &manifest.verity {
+        super::verity::check_dir(dir, &manifest.files.rootfs, v)?;
     }
     Ok((manifest, key))
 }

@@ -50,6 +50,11 @@ pub struct Rollout {
     /// The required stop: a node running an older generation is offered this release first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_at_least: Option<Floor>,
+    /// The publisher lifted the guard's halts of this release up to this `since`: a halt
+    /// ([`crate::trust::halt`]) whose `since` is at or before it no longer holds anyone. Only
+    /// the publisher's keys sign it (`release resume`); absent: no halt was ever lifted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halt_lifted: Option<DateTime<Utc>>,
 }
 
 /// A pause of the rollout.
@@ -157,6 +162,7 @@ impl Default for Rollout {
             paused_secs: 0,
             withdrawn: None,
             from_at_least: None,
+            halt_lifted: None,
         }
     }
 }
@@ -259,6 +265,41 @@ impl Rollout {
             paused_secs: self
                 .paused_secs
                 .saturating_add(held.num_seconds().unsigned_abs()),
+            ..self.clone()
+        })
+    }
+
+    /// The guard's halt that began at `since` lifted at `at` (the publisher's `resume` of a
+    /// halted release): [`Rollout::halt_lifted`] moves to `since`, and the time the halt held
+    /// the schedule is added to [`Rollout::paused_secs`] as a pause's is. The held time counts
+    /// from `since`, but never from before the first wave's start nor an earlier lift (a
+    /// guard's `since` far in the past must not stall the rollout for years), and is zero when
+    /// `since` is after `at`. A publisher's own pause is kept (lift it with [`Rollout::resume`]).
+    pub fn lift_halt(
+        &self,
+        since: DateTime<Utc>,
+        at: DateTime<Utc>,
+    ) -> Result<Rollout, RolloutError> {
+        self.not_withdrawn("lift a halt of")?;
+        if self.halt_lifted.is_some_and(|l| since <= l) {
+            return Err(RolloutError::Transition {
+                what: format!(
+                    "cannot lift the halt since {since}: halts up to {} are already lifted",
+                    self.halt_lifted.expect("checked")
+                ),
+            });
+        }
+        let floor = [self.halt_lifted, self.waves.first().map(|w| w.start)]
+            .into_iter()
+            .flatten()
+            .max();
+        let from = floor.map_or(since, |f| since.max(f));
+        // From the publisher's own pause on, that pause held the schedule: its resume counts it.
+        let until = self.paused.map_or(at, |p| at.min(p.since));
+        let held = until.signed_duration_since(from).num_seconds().max(0);
+        Ok(Rollout {
+            halt_lifted: Some(since),
+            paused_secs: self.paused_secs.saturating_add(held.unsigned_abs()),
             ..self.clone()
         })
     }

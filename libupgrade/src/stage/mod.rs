@@ -81,6 +81,7 @@ mod patched;
 mod plan;
 mod stream;
 mod verify;
+mod verity;
 mod weigh;
 
 pub use api::{
@@ -381,6 +382,7 @@ impl Stager<'_> {
         for p in run.m.parts() {
             self.check_part(run, &p)?;
         }
+        self.check_verity(run.slot, run.m)?;
         Ok(written)
     }
 

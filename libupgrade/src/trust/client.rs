@@ -83,6 +83,10 @@ pub struct Verified {
     pub snapshot: File,
     /// `targets.json` as verified (to keep for the next update).
     pub targets_file: File,
+    /// The halt role's `halt.json` as verified ([`super::halt`]); `None`: the targets delegate
+    /// no halt role, or the guard has published none yet. Not applied to `targets`: the
+    /// caller applies it ([`super::halt::apply`]) where a node decides.
+    pub halts: Option<super::halt::Halts>,
 }
 
 fn fetch_required(src: &dyn MetaSource, name: &str, max: u64) -> Result<Vec<u8>, TrustError> {
@@ -276,6 +280,14 @@ pub fn update(
         |_: &Targets, _| Ok(()),
     )?;
 
+    // Outside the snapshot: see `halt`'s module docs for why and what bounds it instead.
+    let halts = super::halt::fetch_verified(
+        src,
+        &targets,
+        rec.halt.as_ref(),
+        (!clock.ignore_expiry).then_some(reference),
+    )?;
+    rec.halt = halts.as_ref().map(|h| h.seen.clone());
     rec.timestamp = ts.version;
     rec.snapshot = sn.version;
     rec.targets = targets.version;
@@ -287,6 +299,7 @@ pub fn update(
         record: rec,
         snapshot,
         targets_file,
+        halts,
     })
 }
 

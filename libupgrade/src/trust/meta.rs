@@ -202,6 +202,51 @@ pub struct Targets {
     pub expires: DateTime<Utc>,
     /// Every target by its path in the channel (`DIR/manifest.json`).
     pub targets: BTreeMap<String, FileMeta>,
+    /// The roles this targets role delegates to (TUF 1.0, 4.5). A node honours exactly one,
+    /// the stop-only `halt` role ([`super::halt`]), and ignores every other. Skipped when
+    /// absent, so targets without a guard read and sign as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegations: Option<Delegations>,
+}
+
+/// `targets.json`'s `delegations` object: the delegated roles' keys and the roles.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delegations {
+    /// Every key a delegated role uses, by key id ([`Key::id`]).
+    pub keys: BTreeMap<String, Key>,
+    /// The delegated roles, in the order a TUF client searches them.
+    pub roles: Vec<DelegatedRole>,
+}
+
+/// One delegated role as TUF writes it (`paths` form; `path_hash_prefixes` is not written).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DelegatedRole {
+    /// The role's name; its metadata is published as `NAME.json`.
+    pub name: String,
+    /// The ids of the keys whose signatures count for the role.
+    pub keyids: Vec<String>,
+    /// How many distinct keys of `keyids` must sign (0 is taken as 1).
+    pub threshold: u32,
+    /// Whether a TUF client stops searching at this role for the paths it matches.
+    pub terminating: bool,
+    /// The target path patterns the role may sign for (`halt/*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paths: Option<Vec<String>>,
+}
+
+impl Delegations {
+    /// The role named `name`, with the keys it names (`RoleKeys` form, for [`Envelope::count_valid`]).
+    pub fn role(&self, name: &str) -> Option<(&DelegatedRole, RoleKeys)> {
+        self.roles.iter().find(|r| r.name == name).map(|r| {
+            (
+                r,
+                RoleKeys {
+                    keyids: r.keyids.clone(),
+                    threshold: r.threshold,
+                },
+            )
+        })
+    }
 }
 
 /// A `meta` entry of snapshot and timestamp: the version of a metadata file, optionally its
@@ -327,6 +372,29 @@ impl Envelope {
                 why: format!("it names no keys for the {role} role"),
             });
         };
+        let found = self.count_valid(&root.keys, rk, what)?;
+        let need = rk.threshold.max(1) as usize;
+        if found < need {
+            return Err(TrustError::Threshold {
+                what: what.to_string(),
+                role,
+                root_version: root.version,
+                found,
+                need,
+            });
+        }
+        Ok(())
+    }
+
+    /// How many distinct keys of `rk` (looked up in `keys`) made a valid signature over this
+    /// document. Signatures by keys outside `rk`, unknown key types and repeated key ids count
+    /// for nothing; a `signed` object that is not canonical JSON is an error.
+    pub fn count_valid(
+        &self,
+        keys: &BTreeMap<String, Key>,
+        rk: &RoleKeys,
+        what: &str,
+    ) -> Result<usize, TrustError> {
         let bytes = canonical(&self.signed).map_err(|why| TrustError::Malformed {
             what: what.to_string(),
             why: format!("not canonical JSON: {why}"),
@@ -336,7 +404,7 @@ impl Envelope {
             if good.contains(&s.keyid.as_str()) || !rk.keyids.contains(&s.keyid) {
                 continue;
             }
-            let Some(vk) = root.keys.get(&s.keyid).and_then(Key::verifying_key) else {
+            let Some(vk) = keys.get(&s.keyid).and_then(Key::verifying_key) else {
                 continue;
             };
             let Some(sig) = hex::decode(&s.sig)
@@ -349,17 +417,7 @@ impl Envelope {
                 good.push(&s.keyid);
             }
         }
-        let need = rk.threshold.max(1) as usize;
-        if good.len() < need {
-            return Err(TrustError::Threshold {
-                what: what.to_string(),
-                role,
-                root_version: root.version,
-                found: good.len(),
-                need,
-            });
-        }
-        Ok(())
+        Ok(good.len())
     }
 }
 

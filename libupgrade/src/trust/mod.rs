@@ -83,11 +83,13 @@
 //! So this module implements the same checks over the same JSON formats (TUF 1.0, OLPC
 //! canonical JSON through `olpc-cjson`, the crate `tough` itself uses, ed25519 keys as TUF
 //! writes them): `tuftool`-made metadata with ed25519 keys verifies here. Not implemented, as
-//! a channel does not need them: delegated roles (ignored: only top-level targets count),
+//! a channel does not need them: delegated roles other than the stop-only `halt` role
+//! ([`halt`]; every other is ignored: releases come from the top-level targets only),
 //! consistent-snapshot file names (the plain names are read), key types other than ed25519
 //! (their signatures count for nothing).
 
 pub mod client;
+pub mod halt;
 pub mod kept;
 pub mod meta;
 pub mod publish;
@@ -124,6 +126,10 @@ pub struct Record {
     /// earlier time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_floor: Option<DateTime<Utc>>,
+    /// The highest `halt.json` version verified, with the halt delegation's keys ([`halt`]);
+    /// absent: the channel delegates no halt role (records written before it are read so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halt: Option<halt::Seen>,
 }
 
 impl Record {
@@ -139,6 +145,7 @@ impl Record {
             snapshot: 0,
             targets: 0,
             time_floor: None,
+            halt: None,
         })
     }
 
@@ -300,6 +307,16 @@ pub enum TrustError {
         /// The check that failed (it names the file; part of this message, not a source, so
         /// it is printed once).
         refused: Box<TrustError>,
+    },
+    #[error("{location}: {why}")]
+    /// The halt role's file (`halt.json`, [`halt`]) was refused: signatures below the
+    /// delegated threshold, a version below the one recorded, missing after one was seen,
+    /// expired, or a target outside `halt/*`. The channel is not used (a halt can only stop).
+    Halt {
+        /// The URL or path of `halt.json`.
+        location: String,
+        /// What was expected and what was found.
+        why: String,
     },
     #[error("{what}: {why}")]
     /// The publisher's side refused to write metadata (keys missing for a role, a threshold

@@ -22,8 +22,8 @@ pub use ed25519_dalek::{SigningKey, VerifyingKey};
 
 use super::client::served::verify_served;
 use super::meta::{
-    file_meta, Envelope, Key, MetaRef, Role, RoleKeys, Root, TargetCustom, Targets, Versions,
-    SPEC_VERSION,
+    file_meta, DelegatedRole, Delegations, Envelope, Key, MetaRef, Role, RoleKeys, Root,
+    TargetCustom, Targets, Versions, SPEC_VERSION,
 };
 use super::store::write_atomic;
 use super::TrustError;
@@ -245,8 +245,78 @@ pub fn write_targets(
         )?,
         expires,
         targets,
+        // The guard's delegation carries over as the rollouts do.
+        delegations: served.targets.and_then(|(t, _)| t.delegations),
     };
     sign_targets(dir, &served.root, doc, signers)
+}
+
+/// Re-sign `targets.json` one version up delegating the stop-only `halt` role
+/// ([`super::halt`]) to `keys` with `threshold` (`paths: ["halt/*"]`, terminating), replacing
+/// any earlier halt delegation; with no keys, the delegation is removed (the channel has no
+/// guard). Every other delegated role is dropped: a node honours none. Snapshot and timestamp
+/// are re-signed after it with [`write_timestamp`].
+pub fn write_delegation(
+    dir: &Path,
+    keys: &[VerifyingKey],
+    threshold: u32,
+    signers: &[SigningKey],
+    expires: DateTime<Utc>,
+) -> Result<Targets, TrustError> {
+    let served = verify_served(dir)?;
+    let what = targets_what(dir);
+    let (mut doc, _) = served
+        .targets
+        .ok_or_else(|| publish_err(&what, "no targets: run `k3os-ops release targets` first"))?;
+    doc.delegations = match keys.len() as u32 {
+        0 => None,
+        n if threshold == 0 || threshold > n => {
+            return Err(publish_err(
+                what,
+                format!("halt threshold {threshold} must be between 1 and its {n} key(s)"),
+            ))
+        }
+        _ => Some(halt_delegation(&served.root, keys, threshold, &what)?),
+    };
+    doc.version = next(Role::Targets, Some(doc.version))?;
+    doc.expires = expires;
+    sign_targets(dir, &served.root, doc, signers)
+}
+
+/// The `delegations` object naming `keys` as the halt role. A key of a top-level role is
+/// refused: the guard's key must be able to sign nothing but halts.
+fn halt_delegation(
+    root: &Root,
+    keys: &[VerifyingKey],
+    threshold: u32,
+    what: &str,
+) -> Result<Delegations, TrustError> {
+    let mut map = BTreeMap::new();
+    let mut ids = Vec::new();
+    for vk in keys {
+        let k = Key::ed25519(vk);
+        let id = k.id();
+        if let Some((role, _)) = root.roles.iter().find(|(_, rk)| rk.keyids.contains(&id)) {
+            return Err(publish_err(
+                what,
+                format!("key {id} is a {role} key of root version {}: the halt role needs a key of its own, which can sign nothing else", root.version),
+            ));
+        }
+        if !ids.contains(&id) {
+            ids.push(id.clone());
+        }
+        map.insert(id, k);
+    }
+    Ok(Delegations {
+        keys: map,
+        roles: vec![DelegatedRole {
+            name: super::halt::HALT_ROLE.into(),
+            keyids: ids,
+            threshold,
+            terminating: true,
+            paths: Some(vec![super::halt::HALT_PATHS.into()]),
+        }],
+    })
 }
 
 /// Sign `doc` with `signers`, check it against `root`'s targets threshold, and write it as the

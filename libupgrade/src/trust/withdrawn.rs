@@ -155,6 +155,7 @@ mod tests {
             version: 4,
             expires: at(),
             targets: BTreeMap::from([("v3/manifest.json".to_string(), m)]),
+            delegations: None,
         }
     }
 

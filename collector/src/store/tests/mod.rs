@@ -45,6 +45,24 @@ pub fn exercise(s: &mut dyn Store) {
         ("site-a", 1_900_000_000, Some(1000))
     );
     assert_eq!(r.node, node.to_string());
+    // The guard's log: kept in order, read back as recorded.
+    assert_eq!(s.actions().unwrap(), vec![]);
+    let halt = GuardAction {
+        at: 1_900_000_100,
+        channel: "/srv/channel".into(),
+        version: "v2".into(),
+        action: "halt".into(),
+        detail: "rolled_back 5 of 10 (50.00 %) >= 20 %".into(),
+        halt_version: 3,
+    };
+    let lifted = GuardAction {
+        action: "lifted".into(),
+        halt_version: 0,
+        ..halt.clone()
+    };
+    s.record(&halt).unwrap();
+    s.record(&lifted).unwrap();
+    assert_eq!(s.actions().unwrap(), vec![halt, lifted]);
 }
 
 #[test]
@@ -68,13 +86,84 @@ fn a_newer_schema_is_refused_and_left_alone() {
     drop(SqliteStore::open(&path).unwrap());
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute(
-        "UPDATE collector_meta SET value = 2 WHERE key = 'schema'",
+        "UPDATE collector_meta SET value = 3 WHERE key = 'schema'",
         [],
     )
     .unwrap();
+    conn.execute("DROP TABLE guard_actions", []).unwrap();
     drop(conn);
     let e = SqliteStore::open(&path).err().unwrap().to_string();
-    assert!(e.contains("schema 2, this build reads schema 1"), "{e}");
+    assert!(e.contains("schema 3, this build reads schema 2"), "{e}");
+    // Nothing was created in it.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let n: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE name = 'guard_actions'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 0);
+}
+
+/// What the previous release's collector (schema 1) created, exactly: its tables and one
+/// report row.
+const SCHEMA_1: &str = "
+CREATE TABLE collector_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE reports (
+    node TEXT NOT NULL, seq INTEGER NOT NULL, site TEXT NOT NULL, at INTEGER NOT NULL,
+    received INTEGER NOT NULL, channel TEXT NOT NULL, version TEXT NOT NULL,
+    generation INTEGER NOT NULL, kind TEXT NOT NULL, outcome TEXT NOT NULL, seed INTEGER,
+    dropped INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (node, seq));
+CREATE INDEX reports_release ON reports (version, generation);
+INSERT INTO collector_meta (key, value) VALUES ('schema', 1);
+";
+
+#[test]
+fn a_schema_1_database_of_the_previous_release_is_migrated_keeping_its_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("reports.db");
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(SCHEMA_1).unwrap();
+    let v = verified(1, "site-a", 1, Outcome::Blessed);
+    drop(conn);
+    // Insert through a schema-1 shaped statement (what the previous build ran).
+    let c = Columns::of(&v);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute(
+        "INSERT INTO reports (node, seq, site, at, received, channel, version, generation,
+         kind, outcome, seed, dropped, body) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)",
+        rusqlite::params![
+            c.node,
+            c.seq,
+            c.site,
+            c.at,
+            5,
+            c.channel,
+            c.version,
+            c.generation,
+            c.kind,
+            c.outcome,
+            c.seed,
+            c.dropped,
+            v.bytes
+        ],
+    )
+    .unwrap();
+    drop(conn);
+    let mut s = SqliteStore::open(&path).unwrap();
+    assert_eq!(s.rows().unwrap().len(), 1);
+    assert_eq!(s.actions().unwrap(), vec![]);
+    drop(s);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let schema: i64 = conn
+        .query_row(
+            "SELECT value FROM collector_meta WHERE key = 'schema'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(schema, SCHEMA);
 }
 
 #[test]

@@ -25,6 +25,9 @@ pub struct LibupgradeNode {
     reboot: crate::node::Reboot,
     /// Where offline bundles are looked for ([`BUNDLE_DIR_ENV`]; None: nowhere).
     bundle_dir: Option<std::path::PathBuf>,
+    /// Held by every call that writes a slot (stage, activate, drop a withdrawn release) and
+    /// by the scheduled scrub ([`super::scrub`]), so they never overlap.
+    slot_writes: std::sync::Mutex<()>,
 }
 
 /// Environment variable overriding the reboot command.
@@ -45,6 +48,7 @@ impl LibupgradeNode {
             bundle_dir: std::env::var_os(BUNDLE_DIR_ENV)
                 .filter(|v| !v.is_empty())
                 .map(Into::into),
+            slot_writes: Default::default(),
         })
     }
 
@@ -55,6 +59,7 @@ impl LibupgradeNode {
             updater,
             reboot: crate::node::Reboot::Command(reboot_cmd),
             bundle_dir: None,
+            slot_writes: Default::default(),
         }
     }
 
@@ -65,6 +70,17 @@ impl LibupgradeNode {
             bundle_dir: Some(dir),
             ..self
         }
+    }
+
+    /// The dm-verity scrub of both slots (`slot verify`), repairing the slot that is not
+    /// booted; never while this process writes a slot.
+    pub fn verify_slots(&self) -> libupgrade::Result<Vec<libupgrade::SlotScrub>> {
+        let _writing = self.writing();
+        self.updater.verify_slots(true)
+    }
+
+    fn writing(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.slot_writes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn state_dir(&self) -> &std::path::Path {
@@ -151,6 +167,7 @@ impl NodeOps for LibupgradeNode {
     }
 
     fn drop_withdrawn(&self, channel: &str, seed: Seed) -> Result<Option<String>, NodeError> {
+        let _writing = self.writing();
         let before = self.status()?.inactive;
         // `Writes::All`: `Updater::resolve` marks a withdrawn staged slot bad (the same code
         // `upgrade --version latest` runs), and only when the signed metadata says so.
@@ -180,6 +197,7 @@ impl NodeOps for LibupgradeNode {
         progress: &dyn StageProgress,
     ) -> Result<StageEnd, NodeError> {
         let counting = Counting::new(progress);
+        let _writing = self.writing();
         let r = self.updater.stage(rel, opts, &counting);
         let (end, fetched) = ended(r, counting.fetched());
         if let Some(day) = book_on {
@@ -218,6 +236,7 @@ impl NodeOps for LibupgradeNode {
     }
 
     fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {
+        let _writing = self.writing();
         let awaits = libupgrade::state::AwaitedChecks {
             names: vec![NODE_READY.to_string()],
             within_secs: node_ready_within.as_secs().max(1),

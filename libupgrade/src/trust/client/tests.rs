@@ -137,6 +137,7 @@ impl Repo {
                 version: v,
                 expires: Self::expires(),
                 targets: BTreeMap::new(),
+                delegations: None,
             },
         )
     }

@@ -1,0 +1,107 @@
+//! The confirm step's dm-verity check (issue 34 item 5): a boot whose kernel command line names
+//! a verity root hash (`k3os.verity=<hex>`, what the loader passes the initramfs to open the
+//! root through dm-verity) must be of the root hash the booted slot's staged manifest signs;
+//! anything else fails the boot's health, so a trial falls back. A command line without the
+//! parameter is a boot that did not open its root through dm-verity (a release without it, or
+//! a loader that does not pass it yet): nothing to check, no result. Pure; the caller reads the
+//! command line and the kept manifest.
+
+use bootconfig::Slot;
+
+use crate::manifest::Manifest;
+use crate::state::CheckResult;
+
+/// The kernel command line parameter naming the root hash the initramfs opened the root with.
+pub const CMDLINE_PARAM: &str = "k3os.verity=";
+
+/// The check's result for a boot of `slot` with command line `cmdline`, whose kept manifest
+/// is `staged` (`None`: none kept); `None` when the command line names no root hash.
+pub fn check(cmdline: &str, slot: Slot, staged: Option<&Manifest>) -> Option<CheckResult> {
+    let booted = cmdline
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix(CMDLINE_PARAM))
+        .next_back()?;
+    let result = |ok: bool, detail: String| CheckResult {
+        name: "verity".into(),
+        ok,
+        detail,
+    };
+    let signed = staged.and_then(|m| m.verity.as_ref().map(|v| (m, v)));
+    Some(match signed {
+        Some((m, v)) if v.root_hash == booted => result(
+            true,
+            format!("slot {slot} booted through dm-verity with {}'s signed root hash", m.version),
+        ),
+        Some((m, v)) => result(
+            false,
+            format!(
+                "slot {slot} booted with dm-verity root hash '{}', but its release {} signs {}",
+                booted.escape_debug(),
+                m.version,
+                v.root_hash
+            ),
+        ),
+        None => result(
+            false,
+            format!(
+                "slot {slot} booted with dm-verity root hash '{}', but no signed manifest kept for it records one",
+                booted.escape_debug()
+            ),
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn staged(root: &str) -> Manifest {
+        let mut m = crate::manifest::tests::sample();
+        m.files.rootfs.size = 836 * 4096;
+        let g = crate::verity::Geometry::new(836, 2).unwrap();
+        m.verity = Some(crate::manifest::Verity {
+            hash_type: 1,
+            hash: "sha256".into(),
+            data_block_size: 4096,
+            hash_block_size: 4096,
+            data_blocks: 836,
+            salt: "07".repeat(32),
+            root_hash: root.into(),
+            hash_offset: 836 * 4096,
+            hash_size: g.hash_size(),
+            hash_sha256: "ef".repeat(32),
+            fec_roots: 2,
+            fec_offset: 836 * 4096 + g.hash_size(),
+            fec_size: g.fec_size(),
+            fec_sha256: "12".repeat(32),
+        });
+        m
+    }
+
+    #[test]
+    fn the_booted_root_hash_must_be_the_staged_manifests() {
+        let good = "cd".repeat(32);
+        let m = staged(&good);
+        let line = |p: &str| format!("root=PARTLABEL=rootfs-b ro k3os.slot=B {p} panic=10");
+        // No parameter: not opened through dm-verity, nothing to check (as every boot today).
+        assert_eq!(check(&line(""), Slot::B, Some(&m)), None);
+        let ok = check(&line(&format!("k3os.verity={good}")), Slot::B, Some(&m)).unwrap();
+        assert!(ok.ok && ok.name == "verity", "{ok:?}");
+        let bad = check(&line("k3os.verity=ab\u{1b}[2J"), Slot::B, Some(&m)).unwrap();
+        assert!(!bad.ok);
+        assert_eq!(
+            bad.detail,
+            format!("slot B booted with dm-verity root hash 'ab\\u{{1b}}[2J', but its release v2 signs {good}")
+        );
+        let plain = crate::manifest::tests::sample();
+        for staged in [None, Some(&plain)] {
+            let r = check(&line(&format!("k3os.verity={good}")), Slot::B, staged).unwrap();
+            assert!(
+                !r.ok
+                    && r.detail
+                        .ends_with("no signed manifest kept for it records one"),
+                "{r:?}"
+            );
+        }
+    }
+}
