@@ -21,6 +21,14 @@
 //! that fetches fewer bytes (`patched`): its output is checked chunk by chunk against the
 //! index, and the chunk plan takes whatever it does not deliver.
 //!
+//! The pipeline works over a release's parts ([`crate::manifest::Manifest::parts`], `parts`):
+//! the three slot files, written into the target slot through the layout, then its payloads,
+//! written into the payload store ([`crate::payload`]): a payload the store already holds is
+//! done before the first byte (it costs nothing), a changed one is chunked or patched from
+//! the running release's objects exactly like a slot file, and each written part passes its
+//! kind's check ([`crate::payload::kinds`]). The store's budget and room are checked with the
+//! slot's space, before anything is written.
+//!
 //! [`Updater::stage`](crate::Updater::stage) finds the booted slot and loads the state, then
 //! runs a `Stager` borrowing the updater's parts. One way through it: `verify` (the
 //! release, then the server) → `plan` (pure: what to write, how; with each chunked
@@ -45,8 +53,6 @@
 //! resumable. A stage started after the last window still reads the release's metadata
 //! (a few KiB: manifest, signature, probes, chunk indexes) so its stop can say what is left.
 
-use std::os::unix::fs::FileExt;
-
 use bootconfig::{Bootloader, Slot};
 use sha2::{Digest, Sha256};
 
@@ -64,13 +70,13 @@ pub use crate::net::rate::MinRate;
 use crate::net::rate::{Budget, RateLimit, Throttle};
 pub use crate::net::rate::{Clock, SystemClock};
 pub use crate::net::schedule::Schedule;
-use crate::payload::kinds::Place;
 use crate::state::store::StateStore;
 use crate::state::TransferStats;
 use crate::state::{Event, State};
 
 mod api;
 mod chunked;
+mod parts;
 mod patched;
 mod plan;
 mod stream;
@@ -82,9 +88,10 @@ pub use api::{
     NoProgress, Origin, PatchOutcome, Progress, Release, StageOptions, StagePreview, StageReport,
     DEFAULT_RETRY_FOR,
 };
+pub(crate) use parts::entry;
 use patched::PatchWork;
 pub use plan::ArtifactCost;
-use plan::{How, PartFacts, WritePlan};
+use plan::{How, WritePlan};
 use verify::{Preflight, Verified};
 pub use weigh::Prefer;
 
@@ -214,16 +221,7 @@ impl Stager<'_> {
         let mut pre = self.preflight(source, &v.manifest, opts)?;
         let checkpoint = Partial::load(&self.cfg.state_dir);
         let parts = v.manifest.parts();
-        let facts: Vec<PartFacts> = parts
-            .iter()
-            .enumerate()
-            .map(|(k, p)| PartFacts {
-                part: p.part.clone(),
-                has_index: pre.indexes[k].is_some(),
-                stored: p.kind.place == Place::Store
-                    && crate::payload::holds(&self.cfg.state_dir, &p.entry.sha256, p.entry.size),
-            })
-            .collect();
+        let facts = self.facts(&parts, &pre);
         let mut plan = plan::plan_writes(
             target,
             st.slot(target).state,
@@ -244,26 +242,8 @@ impl Stager<'_> {
             extra: &opts.extra_sources,
             link: link_rate(opts, pre.measured),
         };
-        let n = parts.len();
-        let mut chunks: Vec<Option<ChunkWork>> = (0..n).map(|_| None).collect();
-        let mut patches: Vec<Option<PatchWork>> = (0..n).map(|_| None).collect();
-        let mut choices: Vec<Option<String>> = vec![None; n];
-        for k in 0..n {
-            let (a, how) = plan.steps[k].clone();
-            if how == How::Chunked {
-                let index = pre.indexes[k]
-                    .take()
-                    .expect("planned chunked: has an index");
-                let work = self.plan_chunked(&at, &a, index)?;
-                let chosen = self.plan_patched(&at, source, &a, &work, opts);
-                choices[k] = chosen.why;
-                if let Some((how, pw)) = chosen.patch {
-                    plan.steps[k].1 = how;
-                    patches[k] = Some(pw);
-                }
-                chunks[k] = Some(work);
-            }
-        }
+        let (chunks, patches, mut choices) =
+            self.plan_parts(&at, source, &mut plan, &mut pre, opts)?;
         let sizes: Vec<u64> = parts.iter().map(|p| p.entry.size).collect();
         let plans: Vec<_> = chunks.iter().map(|c| c.as_ref().map(|c| &c.plan)).collect();
         let mut cost = plan::cost(&plan, &sizes, &plans);
@@ -315,8 +295,12 @@ impl Stager<'_> {
                 .collect(),
         };
         p.save(&self.cfg.state_dir)?;
-        // The target's earlier release no longer references its payloads: make room.
-        crate::payload::prune(&self.cfg.state_dir)?;
+        // The target's earlier release no longer references its payloads: make room. When
+        // the references cannot be read (a damaged kept manifest) nothing is removed: the
+        // stage goes on, and a store that is too full fails its writes by name.
+        if let Err(e) = crate::payload::prune(&self.cfg.state_dir) {
+            log::warn!("payload store: not pruned ({e})");
+        }
         Ok(p)
     }
 
@@ -471,43 +455,6 @@ impl Stager<'_> {
         patched::clear_staging(&self.cfg.state_dir)?;
         Partial::clear(&self.cfg.state_dir)
     }
-
-    /// The written part must pass its kind's check ([`crate::payload::kinds::Kind::check`]:
-    /// the rootfs a squashfs whose used bytes fit the signed size, an image archive a tar).
-    fn check_part(&self, run: &Run, p: &crate::manifest::PartRef) -> Result<()> {
-        let Some(check) = p.kind.check else {
-            return Ok(());
-        };
-        let (f, offset, len) = match p.kind.place {
-            Place::Slot(a) => self.layout.open_artifact(run.slot, &run.m.version, a)?,
-            Place::Store => {
-                let path = crate::payload::object_path(&self.cfg.state_dir, &p.entry.sha256);
-                let f = std::fs::File::open(&path).map_err(|e| Error::io("open", &path, e))?;
-                (f, 0, p.entry.size)
-            }
-        };
-        let read = |pos: u64, buf: &mut [u8]| {
-            if pos + buf.len() as u64 > len {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!("read at {pos} past the {len} bytes written"),
-                ));
-            }
-            f.read_exact_at(buf, offset + pos)
-        };
-        check(&read, p.entry.size).map_err(|what| Error::BadImage {
-            slot: run.slot,
-            what: match &p.part {
-                Part::Slot(_) => what,
-                other => format!("{other}: {what}"),
-            },
-        })
-    }
-}
-
-/// The signed entry of `part` of `m` (a part the plan took from `m`).
-pub(crate) fn entry<'m>(m: &'m Manifest, part: &Part) -> &'m crate::manifest::FileEntry {
-    m.entry(part).expect("a planned part is in its manifest")
 }
 
 /// The report of a stage run into `slot` of release `v`.

@@ -16,6 +16,7 @@ use libupgrade::state::SlotState;
 use testkit::*;
 
 mod patched;
+mod payloads;
 
 /// A signed release whose kernel and initrd are noise from `seed + 100` and `seed + 200`.
 fn release(
