@@ -349,6 +349,16 @@ impl Bootloader for SyslinuxBootloader {
         })
     }
 
+    /// Not yet: extlinux.conf's APPEND lines carry no root hash (issue 34), so a slot boots
+    /// without dm-verity here; `Ok(false)` says so for a hash, and nothing is written.
+    fn set_verity(&self, _slot: Slot, root_hash: Option<&str>) -> Result<bool> {
+        Ok(root_hash.is_none())
+    }
+
+    fn verity(&self, _slot: Slot) -> Result<Option<String>> {
+        Ok(None)
+    }
+
     /// The new conf with `DEFAULT` and the state line of the current state, in one atomic
     /// replace: the ADV is not touched, and old or new conf each name the same state with it.
     fn install_script(&self, text: &str) -> Result<bool> {
