@@ -2,7 +2,7 @@
 //! environment files it reads and counts down.
 //!
 //! # Files (all under the GRUB directory, e.g. `/boot/grub`, found by GRUB via `$prefix`)
-//! - `grub.cfg`: [`render_cfg`], first line the script's version (`# k3os-grub-script: 2`;
+//! - `grub.cfg`: [`render_cfg`], first line the script's version (`# k3os-grub-script: 3`;
 //!   v0.1.0's script has none): installed by `k3os-ops bootloader install`, and replaced by an
 //!   activation whose release carries a newer script ([`GrubBootloader::install_script`]). How
 //!   versions are read, migrated and rolled out: [`version`].
