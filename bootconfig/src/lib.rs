@@ -323,6 +323,15 @@ pub trait Bootloader: Send + Sync {
     /// `Ok(false)` when `text` is installed already. Refused, with nothing written, when `text`
     /// is not this loader's script or is newer than this build reads.
     fn install_script(&self, text: &str) -> Result<bool>;
+    /// Pass `root_hash` (lower-case hex) to `slot`'s kernel as `k3os.verity=<hex>` from its next
+    /// boot on, or nothing (`None`: the slot boots without dm-verity, as before). Called only
+    /// while `slot` is not the running slot, before the loader is told to try it. `Ok(false)`
+    /// when a hash was given but this loader (or its installed script) cannot pass it: the slot
+    /// then boots without dm-verity. A malformed hash is refused with nothing written.
+    fn set_verity(&self, slot: Slot, root_hash: Option<&str>) -> Result<bool>;
+    /// What the loader passes as `slot`'s `k3os.verity=` (`None`: nothing; a damaged record
+    /// reads as the value the loader would pass, which no initramfs accepts).
+    fn verity(&self, slot: Slot) -> Result<Option<String>>;
 }
 
 #[cfg(test)]

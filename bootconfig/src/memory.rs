@@ -15,6 +15,7 @@ use crate::{BootEnv, Bootloader, Integrity, Result, ScriptInfo, ScriptKind, Slot
 pub struct MemoryBootloader {
     env: Arc<Mutex<BootEnv>>,
     script: Arc<Mutex<GrubScript>>,
+    verity: Arc<Mutex<[Option<String>; 2]>>,
     max_tries: u8,
 }
 
@@ -28,6 +29,7 @@ impl MemoryBootloader {
                 b: SlotBoot::Bad,
             })),
             script: Arc::new(Mutex::new(GrubScript::CURRENT)),
+            verity: Arc::new(Mutex::new([None, None])),
             max_tries,
         }
     }
@@ -116,6 +118,36 @@ impl Bootloader for MemoryBootloader {
         *s = v;
         Ok(changed)
     }
+    /// Keeps the hash per slot (validated as the GRUB backend does); `Ok(false)` for a hash
+    /// under a script below 3, as the GRUB backend.
+    fn set_verity(&self, slot: Slot, root_hash: Option<&str>) -> Result<bool> {
+        if let Some(h) = root_hash {
+            valid_hash(slot, h)?;
+        }
+        let mut v = self.verity.lock().unwrap_or_else(|e| e.into_inner());
+        v[slot_index(slot)] = root_hash.map(str::to_string);
+        let reads = *self.script.lock().unwrap_or_else(|e| e.into_inner()) >= GrubScript::V3;
+        Ok(root_hash.is_none() || reads)
+    }
+    fn verity(&self, slot: Slot) -> Result<Option<String>> {
+        Ok(self.verity.lock().unwrap_or_else(|e| e.into_inner())[slot_index(slot)].clone())
+    }
+}
+
+/// Index of `slot` in per-slot arrays.
+fn slot_index(slot: Slot) -> usize {
+    match slot {
+        Slot::A => 0,
+        Slot::B => 1,
+    }
+}
+
+/// `hash` if the GRUB backend would write it (same rule, same error).
+fn valid_hash(slot: Slot, hash: &str) -> Result<&str> {
+    crate::grub::verity_checked(
+        &std::path::Path::new("memory/k3os").join(format!("verity-{slot}")),
+        hash,
+    )
 }
 
 #[cfg(test)]

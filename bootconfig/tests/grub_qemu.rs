@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use bootconfig::{render_cfg, GrubBootloader, GrubConfig};
 use bootconfig::{BootEntry, BootEnv, Bootloader, Slot, SlotBoot};
-use common::qemu::{boot, initrd, kernel, PART_OFFSET};
+use common::qemu::{boot, boot_cmdline, initrd, kernel, PART_OFFSET};
 use common::run_ok;
 
 /// A BIOS disk: GRUB's boot.img in the MBR, `core` at LBA 1 (its built-in block list points at
@@ -190,5 +190,12 @@ fn bios_grub_counts_a_trial_down_and_falls_back() {
     make_disk(&disk, &root, &core);
     assert_eq!(boot(&disk), (Slot::B, false));
     assert_eq!(boot(&disk), (Slot::B, false));
-    eprintln!("BIOS GRUB QEMU: 7 boots in {:?}", started.elapsed());
+    // Script 3: slot B's dm-verity root hash reaches its kernel command line.
+    let hash = "5a".repeat(32);
+    assert!(g.set_verity(Slot::B, Some(&hash)).unwrap());
+    make_disk(&disk, &root, &core);
+    let (slot, _, line) = boot_cmdline(&disk);
+    assert_eq!(slot, Slot::B);
+    assert!(line.contains(&format!("k3os.verity={hash}")), "{line}");
+    eprintln!("BIOS GRUB QEMU: 8 boots in {:?}", started.elapsed());
 }

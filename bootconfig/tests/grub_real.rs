@@ -201,12 +201,19 @@ fn emu_boot(grub_dir: &Path, max: u8) -> Emu {
                 .map(|i| l[i + "K3OS-SEEN ".len()..].trim().to_string())
         })
         .unwrap_or_else(|| panic!("grub-emu printed no K3OS-SEEN line:\n{stdout}"));
-    let linux = stdout
-        .split(['\n', '\r'])
-        .filter_map(|l| {
-            l.find("K3OS-ARG ")
-                .map(|i| l[i + "K3OS-ARG ".len()..].trim_end().to_string())
-        })
+    // The terminal wraps at 80 columns, also inside a word (a root hash): join the lines from
+    // the first word to the BOOTED line, then split at the markers.
+    let args = stdout
+        .find("K3OS-ARG")
+        .map_or("", |i| &stdout[i..])
+        .split("K3OS-BOOTED")
+        .next()
+        .unwrap_or("")
+        .replace(['\n', '\r'], "");
+    let linux = args
+        .split("K3OS-ARG")
+        .map(str::trim)
+        .filter(|w| !w.is_empty())
         .collect::<Vec<_>>()
         .join(" ");
     Emu {
@@ -618,4 +625,52 @@ fn grub_emu_runs_the_v010_script_as_modelled() {
     }
     assert_eq!(boots, [Slot::B, Slot::B, Slot::B, Slot::A]);
     assert!(runs > 8);
+}
+
+#[test]
+fn grub_emu_passes_each_slots_verity_root_hash_and_fails_closed_on_a_damaged_file() {
+    let max = 2;
+    let d = tempfile::tempdir().unwrap();
+    let g = GrubBootloader::new(d.path(), max);
+    g.install(&BootEnv {
+        primary: Slot::A,
+        a: SlotBoot::Good,
+        b: SlotBoot::Bad,
+    })
+    .unwrap();
+    let plain =
+        "/a/vmlinuz root=/dev/vda4 ro console=ttyS0,115200 k3os.mode=disk k3os.slot=A panic=10";
+    assert_eq!(emu_boot(d.path(), max).linux, plain, "no file: as before");
+    let hash = "0123456789abcdef".repeat(4);
+    assert!(g.set_verity(Slot::B, Some(&hash)).unwrap());
+    let emu = emu_boot(d.path(), max);
+    assert_eq!(
+        emu.linux, plain,
+        "slot A boots without B's hash (and has none of its own)"
+    );
+    g.try_slot(Slot::B, max).unwrap();
+    let emu = emu_boot(d.path(), max);
+    assert_eq!(emu.booted, Slot::B);
+    assert!(
+        emu.linux
+            .ends_with(&format!("k3os.slot=B panic=10 k3os.verity={hash}")),
+        "{}",
+        emu.linux
+    );
+    assert_eq!(g.verity(Slot::B).unwrap().as_deref(), Some(&*hash));
+    // A damaged file: GRUB passes a value no initramfs accepts, as the model says.
+    let f = d.path().join("k3os/verity-B");
+    let mut bytes = std::fs::read(&f).unwrap();
+    bytes[..4].copy_from_slice(b"XXXX");
+    std::fs::write(&f, bytes).unwrap();
+    let emu = emu_boot(d.path(), max);
+    assert!(
+        emu.linux.ends_with("k3os.verity=unreadable"),
+        "{}",
+        emu.linux
+    );
+    assert_eq!(g.verity(Slot::B).unwrap().as_deref(), Some("unreadable"));
+    // Removed: slot B boots without dm-verity again.
+    assert!(g.set_verity(Slot::B, None).unwrap());
+    assert!(!emu_boot(d.path(), max).linux.contains("k3os.verity"));
 }

@@ -104,7 +104,7 @@ fn v010_env_copies_read_as_v010_wrote_them() {
 }
 
 fn simulate_boot_now(dir: &Path) -> bootconfig::BootSim {
-    bootconfig::simulate_boot_with(dir, 3, GrubScript::V2).unwrap()
+    bootconfig::simulate_boot_with(dir, 3, GrubScript::CURRENT).unwrap()
 }
 
 #[test]
@@ -154,7 +154,7 @@ fn installing_todays_script_keeps_the_state_and_a_cut_anywhere_boots_the_same() 
                 // Repeating the install completes it.
                 let gs = GrubBootloader::new(st.path(), 3);
                 gs.install_script(&new_cfg).unwrap();
-                assert_eq!(gs.script().unwrap(), Some(GrubScript::V2));
+                assert_eq!(gs.script().unwrap(), Some(GrubScript::CURRENT));
                 assert_eq!(gs.read().unwrap(), want, "{state} op {i} cut {cut}");
                 let integ = gs.integrity().unwrap();
                 assert!(
@@ -176,7 +176,7 @@ fn installing_todays_script_keeps_the_state_and_a_cut_anywhere_boots_the_same() 
 
 #[test]
 fn a_newer_script_is_refused_and_nothing_is_rewritten() {
-    let newer = render_cfg(&cfg()).replace("# k3os-grub-script: 2", "# k3os-grub-script: 3");
+    let newer = render_cfg(&cfg()).replace("# k3os-grub-script: 3", "# k3os-grub-script: 4");
     // Installing a newer script.
     let d = v010_node("trying-b");
     let g = GrubBootloader::new(d.path(), 3);
@@ -186,8 +186,8 @@ fn a_newer_script_is_refused_and_nothing_is_rewritten() {
         matches!(
             e,
             Error::NewerFormat {
-                found: 3,
-                known: 2,
+                found: 4,
+                known: 3,
                 ..
             }
         ),
@@ -205,8 +205,8 @@ fn a_newer_script_is_refused_and_nothing_is_rewritten() {
         let t = e.to_string();
         assert!(
             t.contains("grub.cfg")
-                && t.contains("version 3")
-                && t.contains("up to version 2")
+                && t.contains("version 4")
+                && t.contains("up to version 3")
                 && t.contains("nothing was rewritten"),
             "{t}"
         );

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use bootconfig::{render_conf, SyslinuxBootloader, SyslinuxConfig};
 use bootconfig::{BootEntry, BootEnv, Bootloader, Slot, SlotBoot};
-use common::qemu::{boot, initrd, kernel, PART_OFFSET};
+use common::qemu::{boot, boot_cmdline, initrd, kernel, PART_OFFSET};
 use common::{run, run_ok};
 
 struct Mount {
@@ -168,5 +168,15 @@ fn syslinux_boots_a_trial_once_falls_back_and_keeps_a_confirmed_slot() {
     }
     assert_eq!(boot(&disk), (Slot::B, false));
     assert_eq!(boot(&disk), (Slot::B, false));
-    eprintln!("syslinux QEMU: 5 boots in {:?}", started.elapsed());
+    // Slot B's dm-verity root hash on its APPEND line reaches the kernel.
+    let hash = "a5".repeat(32);
+    {
+        let m = Mount::new(&disk, &mnt);
+        let s = SyslinuxBootloader::new(m.mnt.join("syslinux"));
+        assert!(s.set_verity(Slot::B, Some(&hash)).unwrap());
+    }
+    let (slot, _, line) = boot_cmdline(&disk);
+    assert_eq!(slot, Slot::B);
+    assert!(line.contains(&format!("k3os.verity={hash}")), "{line}");
+    eprintln!("syslinux QEMU: 6 boots in {:?}", started.elapsed());
 }

@@ -459,11 +459,33 @@ impl Updater {
             self.boot.install_script(&text)?;
             crate::barrier::hit("activate:script-installed");
         }
+        self.pass_verity(slot)?;
         self.boot.try_slot(slot, tries)?;
         crate::barrier::hit("activate:bootloader-flipped");
         let trial = crate::report::note_of(fleet_report::Outcome::TrialBoot, st.slot(slot));
         self.report_notes(vec![trial]);
         Ok(slot)
+    }
+
+    /// Tell the loader which dm-verity root hash `slot`'s kernel gets (or none), before it is
+    /// told to try the slot ([`crate::boot::verity_check::boot_root_hash`]); a warning when the
+    /// loader cannot pass one, as the slot then boots without dm-verity.
+    fn pass_verity(&self, slot: Slot) -> Result<()> {
+        let m = crate::slotfiles::manifest(&self.cfg.state_dir, slot)?;
+        let signed = m
+            .as_ref()
+            .and_then(|m| m.verity.as_ref())
+            .map(|v| v.root_hash.as_str());
+        let written = crate::slotfiles::verity_written(&self.cfg.state_dir, slot)?;
+        let root = crate::boot::verity_check::boot_root_hash(signed, written.as_deref());
+        if !self.boot.set_verity(slot, root)? {
+            log::warn!(
+                "slot {slot}: the {} loader cannot pass its dm-verity root hash; it boots without dm-verity",
+                self.boot.name()
+            );
+        }
+        crate::barrier::hit("activate:verity-passed");
+        Ok(())
     }
 
     /// The boot script to install when activating `slot` ([`crate::boot::bootscript::decide`] on

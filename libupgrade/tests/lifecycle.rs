@@ -477,7 +477,7 @@ fn a_v010_node_installs_the_new_script_on_activation_and_refuses_an_older_releas
         assert!(matches!(e, Error::BootScript { slot: Slot::A, .. }), "{e}");
         let t = e.to_string();
         assert!(
-            t.contains("GRUB script is version 2") && t.contains("up to 1"),
+            t.contains("GRUB script is version 3") && t.contains("up to 1"),
             "{t}"
         );
         let mut after = node.loader.snapshot();

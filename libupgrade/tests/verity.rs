@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use bootconfig::Slot;
+use bootconfig::{Bootloader, Slot};
 use libupgrade::manifest::{Arch, Manifest, Verity};
 use libupgrade::release::{CreateOptions, VerityOptions};
 use libupgrade::state::SlotState;
@@ -309,10 +309,46 @@ fn a_slot_whose_tree_this_node_never_wrote_is_not_judged() {
     assert_eq!(u.status().unwrap().slots[1].state, SlotState::Staged);
 }
 
+/// Activation tells the loader the slot's signed root hash (what GRUB script 3 passes as
+/// `k3os.verity=`) only when this node wrote that root's tree into the slot; a slot whose tree
+/// was never written boots without dm-verity, as before.
+#[test]
+fn activation_passes_the_root_hash_only_for_a_tree_this_node_wrote() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = verity_release(&k, rels.path(), "v2", None);
+    let v = verity_of(&rel);
+    for written in [true, false] {
+        let node = SimNode::new(&k.trust, 1, 1);
+        let u = node.updater();
+        u.stage(
+            &Release::at(Source::Path(rel.clone())),
+            &fast_stage(),
+            &NoProgress,
+        )
+        .unwrap();
+        let record = node.cfg.state_dir.join("slots/b/verity-written");
+        assert!(record.exists(), "the stage records the tree it wrote");
+        if !written {
+            std::fs::remove_file(&record).unwrap();
+        }
+        assert_eq!(node.loader.verity(Slot::B).unwrap(), None);
+        u.activate().unwrap();
+        let passed = node.loader.verity(Slot::B).unwrap();
+        let want = written.then(|| v.root_hash.clone());
+        assert_eq!(passed, want, "tree written: {written}");
+        assert_eq!(
+            node.loader.verity(Slot::A).unwrap(),
+            None,
+            "slot A untouched"
+        );
+    }
+}
+
 /// The confirm step: a trial boot whose command line names another dm-verity root hash than
 /// the staged release signs is unhealthy and falls back, with the check as the why; the
-/// signed one is blessed. (The loader does not pass `k3os.verity=` yet: written here as it
-/// will.)
+/// signed one is blessed. (The simulated node has no GRUB: the command line is written here
+/// as GRUB script 3 passes it, from what activation told the loader.)
 #[test]
 fn a_trial_booted_with_another_root_hash_falls_back_and_the_signed_one_is_blessed() {
     let k = keys();

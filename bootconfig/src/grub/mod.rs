@@ -2,7 +2,7 @@
 //! environment files it reads and counts down.
 //!
 //! # Files (all under the GRUB directory, e.g. `/boot/grub`, found by GRUB via `$prefix`)
-//! - `grub.cfg`: [`render_cfg`], first line the script's version (`# k3os-grub-script: 2`;
+//! - `grub.cfg`: [`render_cfg`], first line the script's version (`# k3os-grub-script: 3`;
 //!   v0.1.0's script has none): installed by `k3os-ops bootloader install`, and replaced by an
 //!   activation whose release carries a newer script ([`GrubBootloader::install_script`]). How
 //!   versions are read, migrated and rolled out: [`version`].
@@ -11,6 +11,8 @@
 //!   `K3OS_A_TRIES=0..=max`, `K3OS_B`, `K3OS_B_TRIES`, and the copy's integrity check
 //!   `K3OS_CHECK`: those five values again, joined with `:` (e.g. `B:good:0:try:3`).
 //! - `k3os/lock1`, `k3os/lock2`: one marker per copy, a block holding `K3OS_EDITING=0|1`.
+//! - `k3os/verity-A`, `k3os/verity-B` (script 3): a slot's dm-verity root hash, passed on its
+//!   command line as `k3os.verity=<hex>` ([`verity`](mod@verity)).
 //! - `k3os/good`: the slot last confirmed good, `K3OS_GOOD=A|B` written twice (also as
 //!   `K3OS_GOOD_AGAIN`). Written only when that slot changes (a confirm, or when the slot it
 //!   names is marked bad); read only when both copies are damaged.
@@ -76,12 +78,14 @@ use crate::Slot;
 pub(crate) mod env;
 mod model;
 mod script;
+mod verity;
 pub(crate) mod version;
 mod writer;
 
 pub use model::{simulate_boot, simulate_boot_with, BootSim, EnvSource};
 pub(crate) use script::kernel_args;
 pub use script::{render_cfg, GrubConfig};
+pub(crate) use verity::checked as verity_checked;
 pub use version::{GrubScript, CFG_FILE, SCRIPT_MARKER};
 pub use writer::GrubBootloader;
 

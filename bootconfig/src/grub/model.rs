@@ -470,7 +470,7 @@ fn countdown_writes(
     for n in 1..=2u8 {
         let saves = match script {
             GrubScript::V1 => copies.locks[n as usize - 1] == "0",
-            GrubScript::V2 => copies.intact[n as usize - 1],
+            GrubScript::V2 | GrubScript::V3 => copies.intact[n as usize - 1],
         };
         if !saves {
             continue;

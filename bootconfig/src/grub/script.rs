@@ -1,5 +1,6 @@
 //! `grub.cfg`: the selection script (copy choice, range checks, choice, countdown) and the menu.
 
+use super::verity::{verity_file, verity_var, UNREADABLE};
 use super::version::{GrubScript, SCRIPT_MARKER};
 use super::{
     check_expr, env_var_names, state_var, tries_var, GOOD_FILE, MAX_TRIES_MARKER, MENU_MARKER,
@@ -49,6 +50,7 @@ pub fn render_cfg(cfg: &GrubConfig) -> String {
     let mut out = Lines(String::new());
     header(&mut out, cfg, max);
     read_copies(&mut out, &names, &check);
+    verity_files(&mut out);
     range_checks(&mut out, max);
     choice(&mut out);
     countdown(&mut out, max, &names, &check);
@@ -143,6 +145,26 @@ fn read_copies(out: &mut Lines, names: &str, check: &str) {
     }
     out.w("  fi");
     out.w("fi");
+    out.w("");
+}
+
+/// Each slot's dm-verity root hash file (script 3, [`super::verity`]): its value, or
+/// `unreadable` when the file exists but yields none; exported so the menu entries see it.
+fn verity_files(out: &mut Lines) {
+    out.w("# dm-verity root hash of each slot (script 3): present file, unreadable value fails that boot.");
+    for slot in Slot::ALL {
+        let (var, file) = (verity_var(slot), verity_file(slot));
+        out.w(&format!("unset {var}"));
+        out.w(&format!("if [ -f \"${{k3os_dir}}/{file}\" ]; then"));
+        out.w(&format!(
+            "  if load_env --skip-sig --file \"${{k3os_dir}}/{file}\" {var}; then true; fi"
+        ));
+        out.w(&format!(
+            "  if [ -z \"${{{var}}}\" ]; then set {var}={UNREADABLE}; fi"
+        ));
+        out.w("fi");
+        out.w(&format!("export {var}"));
+    }
     out.w("");
 }
 
@@ -269,11 +291,13 @@ fn menu(out: &mut Lines, cfg: &GrubConfig) {
             "menuentry {} --id k3os-{slot} {{",
             quote(&format!("k3OS slot {slot}"))
         ));
-        out.w(&format!(
-            "  linux {} {}",
-            quote(&entry.kernel),
-            args.join(" ")
-        ));
+        let linux = format!("linux {} {}", quote(&entry.kernel), args.join(" "));
+        let var = verity_var(slot);
+        out.w(&format!("  if [ -n \"${{{var}}}\" ]; then"));
+        out.w(&format!("    {linux} \"k3os.verity=${{{var}}}\""));
+        out.w("  else");
+        out.w(&format!("    {linux}"));
+        out.w("  fi");
         out.w(&format!("  initrd {}", quote(&entry.initrd)));
         out.w("}");
     }

@@ -4,7 +4,8 @@
 //! | script | written by | how the env copies are read |
 //! |---|---|---|
 //! | 1 | v0.1.0 (no marker line) | copy 1 unless its lock is not `0` or it fails to load, else copy 2; no `K3OS_CHECK`, no last-good record; the countdown saves the five values into every copy whose lock reads `0` |
-//! | 2 | v0.2.0 on (`# k3os-grub-script: 2`) | the rules in [`crate::grub`]'s docs: a copy is used only when `K3OS_CHECK` repeats its values; the last-good record when both are damaged |
+//! | 2 | v0.2.0 (`# k3os-grub-script: 2`) | the rules in [`crate::grub`]'s docs: a copy is used only when `K3OS_CHECK` repeats its values; the last-good record when both are damaged |
+//! | 3 | v0.2.0 on (`# k3os-grub-script: 3`) | as 2; besides, each slot's dm-verity root hash file `k3os/verity-A`/`verity-B` ([`super::verity`]) puts `k3os.verity=<hex>` on that slot's command line |
 //!
 //! Rust always *writes* env copies in the newest layout (the five values, `K3OS_CHECK`, the
 //! last-good record): script 1 ignores what it does not load, so that layout reads the same
@@ -46,17 +47,21 @@ pub enum GrubScript {
     V1,
     /// v0.2.0: `K3OS_CHECK` per copy and the last-good record.
     V2,
+    /// v0.2.0 (issue 34): as V2, plus the per-slot dm-verity root hash files. The env copies
+    /// read exactly as under V2, so a node moves between 2 and 3 without rewriting them.
+    V3,
 }
 
 impl GrubScript {
     /// The version [`super::render_cfg`] renders.
-    pub const CURRENT: GrubScript = GrubScript::V2;
+    pub const CURRENT: GrubScript = GrubScript::V3;
 
     /// The version number written after [`SCRIPT_MARKER`].
     pub fn number(self) -> u32 {
         match self {
             GrubScript::V1 => 1,
             GrubScript::V2 => 2,
+            GrubScript::V3 => 3,
         }
     }
 
@@ -65,6 +70,7 @@ impl GrubScript {
         match n {
             1 => Some(GrubScript::V1),
             2 => Some(GrubScript::V2),
+            3 => Some(GrubScript::V3),
             _ => None,
         }
     }
@@ -143,11 +149,15 @@ mod tests {
             GrubScript::of_cfg(p, "# k3os-grub-script: 1\n").unwrap(),
             GrubScript::V1
         );
-        let e = GrubScript::of_cfg(p, "# k3os-grub-script: 3\n")
+        assert_eq!(
+            GrubScript::of_cfg(p, "# k3os-grub-script: 3\n").unwrap(),
+            GrubScript::V3
+        );
+        let e = GrubScript::of_cfg(p, "# k3os-grub-script: 4\n")
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("grub.cfg") && e.contains("version 3") && e.contains("up to version 2"),
+            e.contains("grub.cfg") && e.contains("version 4") && e.contains("up to version 3"),
             "{e}"
         );
         let e = GrubScript::of_cfg(p, "# k3os-grub-script: x\n")

@@ -359,6 +359,18 @@ impl Bootloader for GrubBootloader {
     fn install_script(&self, text: &str) -> Result<bool> {
         GrubBootloader::install_script(self, text)
     }
+
+    /// Writes or removes `k3os/verity-<slot>` (see `grub.cfg` script 3); `Ok(false)` when a root hash
+    /// was given but the installed script (below 3) does not read the file.
+    fn set_verity(&self, slot: Slot, root_hash: Option<&str>) -> Result<bool> {
+        super::verity::write(&self.grub_dir, slot, root_hash)?;
+        let reads = GrubBootloader::script(self)?.is_none_or(|v| v >= GrubScript::V3);
+        Ok(root_hash.is_none() || reads)
+    }
+
+    fn verity(&self, slot: Slot) -> Result<Option<String>> {
+        super::verity::read(&self.grub_dir, slot)
+    }
 }
 
 #[cfg(test)]

@@ -71,6 +71,7 @@ use crate::{
 
 mod adv;
 mod conf;
+mod verity;
 
 pub use adv::{Adv, ADV_BOOTONCE, ADV_SIZE};
 pub use conf::{conf_version, render_conf, SyslinuxConfig, CONF_VERSION, STATE_PREFIX};
@@ -349,6 +350,29 @@ impl Bootloader for SyslinuxBootloader {
         })
     }
 
+    /// `k3os.verity=<hex>` on the slot's `APPEND` line of `extlinux.conf` (or removed), in one
+    /// atomic replace of the conf; nothing written when it says so already.
+    fn set_verity(&self, slot: Slot, root_hash: Option<&str>) -> Result<bool> {
+        let path = self.conf_path();
+        if let Some(h) = root_hash {
+            crate::grub::verity_checked(&path, h)?;
+        }
+        let current = self.read_conf()?;
+        let new = verity::with_verity(&current, slot, root_hash);
+        if new != current {
+            WriteOp::Replace {
+                path,
+                data: new.into_bytes(),
+            }
+            .apply()?;
+        }
+        Ok(true)
+    }
+
+    fn verity(&self, slot: Slot) -> Result<Option<String>> {
+        Ok(verity::verity_of(&self.read_conf()?, slot))
+    }
+
     /// The new conf with `DEFAULT` and the state line of the current state, in one atomic
     /// replace: the ADV is not touched, and old or new conf each name the same state with it.
     fn install_script(&self, text: &str) -> Result<bool> {
@@ -363,7 +387,12 @@ impl Bootloader for SyslinuxBootloader {
         }
         let current = self.read_conf()?;
         let env = self.read()?;
-        let new = rewrite_conf(text, fallback_choice(&env), &env);
+        let mut new = rewrite_conf(text, fallback_choice(&env), &env);
+        // Each slot keeps the root hash its activation gave it.
+        for slot in Slot::ALL {
+            let hash = verity::verity_of(&current, slot);
+            new = verity::with_verity(&new, slot, hash.as_deref());
+        }
         if new == current {
             return Ok(false);
         }

@@ -190,3 +190,54 @@ fn conf_without_state_line_reads_default_good() {
         "{t}"
     );
 }
+
+#[test]
+fn a_slots_root_hash_goes_on_its_append_line_and_survives_a_script_install() {
+    let (d, s) = setup(Slot::A);
+    s.install(&BootEnv {
+        primary: Slot::A,
+        a: SlotBoot::Good,
+        b: SlotBoot::Bad,
+    })
+    .unwrap();
+    let h = "ab".repeat(32);
+    assert_eq!(s.verity(Slot::B).unwrap(), None);
+    assert!(s.set_verity(Slot::B, Some(&h)).unwrap());
+    let conf = std::fs::read_to_string(d.path().join(CONF_FILE)).unwrap();
+    assert!(
+        conf.contains(&format!(
+            "APPEND root=/dev/vda4 console=ttyS0 k3os.slot=B panic=10 k3os.verity={h}\n"
+        )),
+        "{conf}"
+    );
+    assert!(conf.contains("APPEND root=/dev/vda4 console=ttyS0 k3os.slot=A panic=10\n"));
+    assert_eq!(s.verity(Slot::B).unwrap().as_deref(), Some(&*h));
+    assert_eq!(s.verity(Slot::A).unwrap(), None);
+    // A trial and a release's conf installed later keep it; a new hash replaces it.
+    s.try_slot(Slot::B, 1).unwrap();
+    assert!(s.install_script(&render_conf(&cfg(Slot::A))).is_ok());
+    assert_eq!(s.verity(Slot::B).unwrap().as_deref(), Some(&*h));
+    let h2 = "cd".repeat(32);
+    s.set_verity(Slot::B, Some(&h2)).unwrap();
+    let conf = std::fs::read_to_string(d.path().join(CONF_FILE)).unwrap();
+    assert_eq!(conf.matches("k3os.verity=").count(), 1, "{conf}");
+    assert_eq!(s.verity(Slot::B).unwrap().as_deref(), Some(&*h2));
+    // A malformed hash: refused, nothing written.
+    let e = s
+        .set_verity(Slot::A, Some("AB CD"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("extlinux.conf") && e.contains("nothing was written"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.path().join(CONF_FILE)).unwrap(),
+        conf
+    );
+    s.set_verity(Slot::B, None).unwrap();
+    assert_eq!(s.verity(Slot::B).unwrap(), None);
+    assert!(!std::fs::read_to_string(d.path().join(CONF_FILE))
+        .unwrap()
+        .contains("k3os.verity"));
+}

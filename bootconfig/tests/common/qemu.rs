@@ -105,6 +105,13 @@ pub fn initrd(work: &Path, name: &str, panic: bool) -> PathBuf {
 /// Boot the disk once (BIOS, TCG); returns the `k3os.slot=` of the command line the kernel got
 /// and whether the guest's init panicked.
 pub fn boot(disk: &Path) -> (Slot, bool) {
+    let (slot, panicked, _) = boot_cmdline(disk);
+    (slot, panicked)
+}
+
+/// [`boot`], with the `K3OS-CMDLINE …` line the guest printed.
+#[allow(dead_code)]
+pub fn boot_cmdline(disk: &Path) -> (Slot, bool, String) {
     let out = run(
         "timeout",
         "coreutils",
@@ -142,7 +149,7 @@ pub fn boot(disk: &Path) -> (Slot, bool) {
         .unwrap_or_else(|| panic!("no k3os.slot= on the command line: {line}"))
         .parse()
         .unwrap();
-    (slot, text.contains("K3OS-PANICKING"))
+    (slot, text.contains("K3OS-PANICKING"), line)
 }
 
 /// A 64 MiB disk image file with an MBR and one bootable Linux partition at [`PART_OFFSET`].

@@ -502,7 +502,7 @@ fn a_node_made_by_v010_is_read_and_migrated_by_bootloader_install() {
         "{out}"
     );
     let out = n.ok(&["slot", "status"]);
-    assert!(out.contains("Boot script: GRUB script version 2"), "{out}");
+    assert!(out.contains("Boot script: GRUB script version 3"), "{out}");
     assert!(!out.contains("WARNING"), "{out}");
     let out = n.ok(&[
         "bootloader",
@@ -515,13 +515,13 @@ fn a_node_made_by_v010_is_read_and_migrated_by_bootloader_install() {
     let text = fs::read_to_string(grub.join("grub.cfg")).unwrap();
     fs::write(
         grub.join("grub.cfg"),
-        text.replace("k3os-grub-script: 2", "k3os-grub-script: 7"),
+        text.replace("k3os-grub-script: 3", "k3os-grub-script: 7"),
     )
     .unwrap();
     let e = n.fails(&["slot", "status"]);
     assert!(
         e.contains("version 7")
-            && e.contains("up to version 2")
+            && e.contains("up to version 3")
             && e.contains("nothing was rewritten"),
         "{e}"
     );
@@ -532,7 +532,7 @@ fn a_node_made_by_v010_is_read_and_migrated_by_bootloader_install() {
         cfg.to_str().unwrap(),
     ]);
     assert!(
-        e.contains("version 7") && e.contains("up to version 2"),
+        e.contains("version 7") && e.contains("up to version 3"),
         "{e}"
     );
 }
@@ -556,7 +556,7 @@ fn missing_loader_files_name_bootloader_install_which_writes_them() {
     assert!(out.contains("slot A good and primary, slot B bad"), "{out}");
     let out = n.ok(&["slot", "status"]);
     assert!(
-        out.contains("GRUB script version 2") && !out.contains("WARNING"),
+        out.contains("GRUB script version 3") && !out.contains("WARNING"),
         "{out}"
     );
     let rendered = n.ok(&[

@@ -3,6 +3,7 @@
 //! the caller's [`HealthCheck`]s, all before the single bless point) and carry out its effects
 //! in order. Every decision is in [`crate::assess`].
 
+use std::path::Path;
 use std::time::Duration;
 
 use bootconfig::Slot;
@@ -246,7 +247,12 @@ impl Updater {
         let mounts = health::parse_mountinfo(&text);
         let mut found = None;
         for m in mounts.iter().filter(|m| m.fstype == "squashfs") {
-            match self.layout.is_rootfs_of(slot, m.dev, &m.source) {
+            // Through dm-verity the root is on /dev/dm-N: compare the device under it.
+            let under = crate::layout::mapped::underlying(Path::new("/sys"), m.dev);
+            let source = under
+                .name
+                .map_or_else(|| m.source.clone(), |n| format!("/dev/{n}"));
+            match self.layout.is_rootfs_of(slot, under.dev, &source) {
                 Ok(true) => found = Some(m.clone()),
                 Ok(false) => {}
                 Err(e) => return fail(e.to_string()),

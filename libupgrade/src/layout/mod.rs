@@ -29,6 +29,7 @@ use crate::manifest::Artifact;
 
 mod dir;
 mod gpt;
+pub(crate) mod mapped;
 
 pub use dir::DirLayout;
 pub use gpt::{part_ranges, GptLayout, PartRange};
