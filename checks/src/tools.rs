@@ -31,6 +31,10 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
         "a compression libupgrade's image-archive reader names when it refuses one, never run",
     ),
     (
+        "xz",
+        "a compression libupgrade's image-archive reader names when it refuses one, never run",
+    ),
+    (
         "lz4",
         "a compression libupgrade's image-archive reader names when it refuses one, never run",
     ),
