@@ -242,10 +242,7 @@ impl ReleaseBuilder {
         // The standard v2 carries patches from v1 (the VM scenario `upgrade-patch`, and
         // `upgrade-from-previous`: v0.1.0 reads a manifest with patches): v1 is built first.
         let patch_from = spec.patch_from().map(|v| self.out.join("releases").join(v));
-        // Every release carries the test image archive of its generation (issue 33): slot A's
-        // is in the store from the first boot, and a stage fetches only the changed layer.
-        let archive = work.join(format!("{}.tar", crate::oci::PAYLOAD_NAME));
-        crate::oci::write_archive(spec.generation, &archive)?;
+        let archive = image_archive(spec, work)?;
         let mut st = Stamp::new();
         if let Some(base) = &patch_from {
             st.file("patch-from", &base.join(MANIFEST_FILE))?;
@@ -302,23 +299,41 @@ impl ReleaseBuilder {
         if let Some(base) = &patch_from {
             cmd = cmd.arg("--patch-from").arg(base);
         }
-        let out = cmd.run()?;
-        // What release create said of its patches (sizes, build times), for the build log.
-        for line in String::from_utf8_lossy(&out).lines() {
-            if line.trim_start().starts_with("patch ") {
-                eprintln!("k3os-images: {}: {}", spec.version, line.trim());
-            }
-        }
-        for f in [MANIFEST_FILE, SIGNATURE_FILE] {
-            if !dir.join(f).is_file() {
-                return Err(Error::Input {
-                    path: dir.join(f),
-                    what: "`k3os-ops release create` did not write it".into(),
-                });
-            }
-        }
+        log_patches(spec, &cmd.run()?);
+        written(&dir)?;
         st.record(&manifest)?;
         Ok(dir)
+    }
+}
+
+/// The test image archive of `spec`'s generation, written into `work` (issue 33: every
+/// release carries one, slot A's is in the store from the first boot, and a stage fetches only
+/// the changed layer).
+fn image_archive(spec: &ReleaseSpec, work: &Path) -> Result<PathBuf> {
+    let archive = work.join(format!("{}.tar", crate::oci::PAYLOAD_NAME));
+    crate::oci::write_archive(spec.generation, &archive)?;
+    Ok(archive)
+}
+
+/// `release create` wrote the manifest and its signature into `dir`.
+fn written(dir: &Path) -> Result<()> {
+    for f in [MANIFEST_FILE, SIGNATURE_FILE] {
+        if !dir.join(f).is_file() {
+            return Err(Error::Input {
+                path: dir.join(f),
+                what: "`k3os-ops release create` did not write it".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What `release create` said of its patches (sizes, build times), for the build log.
+fn log_patches(spec: &ReleaseSpec, out: &[u8]) {
+    for line in String::from_utf8_lossy(out).lines() {
+        if line.trim_start().starts_with("patch ") {
+            eprintln!("k3os-images: {}: {}", spec.version, line.trim());
+        }
     }
 }
 

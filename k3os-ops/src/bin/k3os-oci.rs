@@ -119,6 +119,45 @@ fn layer(binary: &Path) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
     Ok((raw, gz.finish()?))
 }
 
+/// One platform's image: its layer (the binary at `binary`), config and manifest as blobs;
+/// returns the manifest's descriptor with its platform.
+fn platform(
+    blobs: &mut Blobs,
+    arch: &str,
+    binary: &Path,
+    compression: LayerCompression,
+) -> anyhow::Result<Value> {
+    let (raw, gz) = layer(binary)?;
+    let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&raw)));
+    let layer = match compression {
+        LayerCompression::Gzip => blobs.add(MT_LAYER_GZIP, gz),
+        LayerCompression::None => blobs.add(MT_LAYER_TAR, raw),
+    };
+    let config = json!({
+        "created": "1970-01-01T00:00:00Z",
+        "architecture": arch,
+        "os": "linux",
+        "config": {
+            "Entrypoint": ["/usr/bin/k3os-ops"],
+            "Cmd": ["agent"],
+            "Env": ["PATH=/usr/bin"],
+            "Labels": {"org.opencontainers.image.title": "k3os-ops agent"},
+        },
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "k3os-oci: static musl k3os-ops"}],
+    });
+    let config = blobs.add_json(MT_CONFIG, &config);
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": MT_MANIFEST,
+        "config": config,
+        "layers": [layer],
+    });
+    let mut d = blobs.add_json(MT_MANIFEST, &manifest);
+    d["platform"] = json!({"architecture": arch, "os": "linux"});
+    Ok(d)
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut blobs = Blobs::default();
@@ -130,35 +169,12 @@ fn main() -> anyhow::Result<()> {
         if !["amd64", "arm64"].contains(&arch) {
             bail!("--binary {spec}: architecture {arch} is not amd64 or arm64");
         }
-        let (raw, gz) = layer(Path::new(path))?;
-        let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&raw)));
-        let layer = match args.layer_compression {
-            LayerCompression::Gzip => blobs.add(MT_LAYER_GZIP, gz),
-            LayerCompression::None => blobs.add(MT_LAYER_TAR, raw),
-        };
-        let config = json!({
-            "created": "1970-01-01T00:00:00Z",
-            "architecture": arch,
-            "os": "linux",
-            "config": {
-                "Entrypoint": ["/usr/bin/k3os-ops"],
-                "Cmd": ["agent"],
-                "Env": ["PATH=/usr/bin"],
-                "Labels": {"org.opencontainers.image.title": "k3os-ops agent"},
-            },
-            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "k3os-oci: static musl k3os-ops"}],
-        });
-        let config = blobs.add_json(MT_CONFIG, &config);
-        let manifest = json!({
-            "schemaVersion": 2,
-            "mediaType": MT_MANIFEST,
-            "config": config,
-            "layers": [layer],
-        });
-        let mut d = blobs.add_json(MT_MANIFEST, &manifest);
-        d["platform"] = json!({"architecture": arch, "os": "linux"});
-        manifests.push(d);
+        manifests.push(platform(
+            &mut blobs,
+            arch,
+            Path::new(path),
+            args.layer_compression,
+        )?);
     }
     let index = json!({"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": manifests});
     let mut top = blobs.add_json(MT_INDEX, &index);

@@ -135,6 +135,13 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
     let verity = verity.then_some(release::VerityOptions { fec_roots });
     let (m, patches) = release::create_with_verity(&opts, chunking, &patch_from, verity, &bar)
         .with_context(|| format!("creating release in {}", out.display()))?;
+    print_created(&m, &out);
+    print_patches(&patches);
+    Ok(())
+}
+
+/// What `release create` wrote: each file of the release with its size and digest.
+fn print_created(m: &libupgrade::manifest::Manifest, out: &Path) {
     println!(
         "created release {} ({}, generation {}) in {}",
         m.version,
@@ -176,8 +183,6 @@ pub fn run(a: CreateArgs) -> anyhow::Result<()> {
             v.root_hash, v.hash_size, v.fec_size, v.fec_roots
         );
     }
-    print_patches(&patches);
-    Ok(())
 }
 
 /// The rootfs to publish: with `keep`, `rootfs`; else `rootfs` re-packed into a scratch file
