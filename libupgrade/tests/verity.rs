@@ -23,13 +23,7 @@ fn verity_release(k: &Keys, out: &Path, version: &str, tamper: Option<fn(&mut Ve
     std::fs::create_dir_all(tree.join("usr/share")).unwrap();
     std::fs::write(tree.join("usr/share/payload"), pseudo_random(3 << 20, 5)).unwrap();
     let sq = work.path().join("rootfs.squashfs");
-    run(Command::new("mksquashfs").arg(&tree).arg(&sq).args([
-        "-noappend",
-        "-quiet",
-        "-all-root",
-        "-comp",
-        "gzip",
-    ]));
+    testkit::squashfs(&tree, &sq, &["-comp", "gzip"]);
     for (n, seed) in [("vmlinuz", 1), ("initrd", 2)] {
         std::fs::write(work.path().join(n), pseudo_random(100_000, seed)).unwrap();
     }

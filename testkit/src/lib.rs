@@ -52,6 +52,25 @@ pub fn run(cmd: &mut Command) {
     );
 }
 
+/// A real squashfs of `tree` at `out` (mksquashfs, installed by scripts/setup.sh): root-owned,
+/// fixed times (unchanged files give unchanged bytes), then `extra` options (compressor,
+/// fragments, xattrs). The one way the tests make an image.
+pub fn squashfs(tree: &std::path::Path, out: &std::path::Path, extra: &[&str]) {
+    run(Command::new("mksquashfs")
+        .arg(tree)
+        .arg(out)
+        .args([
+            "-noappend",
+            "-quiet",
+            "-all-root",
+            "-mkfs-time",
+            "0",
+            "-all-time",
+            "0",
+        ])
+        .args(extra));
+}
+
 /// Stage options whose retries wait 20 ms (the default waits seconds), for tests whose
 /// servers drop connections on purpose.
 pub fn fast_stage() -> libupgrade::StageOptions {

@@ -120,17 +120,7 @@ pub fn signed_release_patched(
     .unwrap();
     std::fs::write(tree.join("usr/share/payload"), inputs.payload).unwrap();
     let sq = work.path().join("rootfs.squashfs");
-    run(Command::new("mksquashfs").arg(&tree).arg(&sq).args([
-        "-noappend",
-        "-quiet",
-        "-all-root",
-        "-comp",
-        "gzip",
-        "-mkfs-time",
-        "0",
-        "-all-time",
-        "0",
-    ]));
+    crate::squashfs(&tree, &sq, &["-comp", "gzip"]);
     let kernel = work.path().join("vmlinuz");
     let initrd = work.path().join("initrd");
     std::fs::write(&kernel, &inputs.kernel).unwrap();

@@ -59,21 +59,18 @@ fn release(
     let inputs = n.path().join(format!("{version}.in"));
     fs::create_dir_all(&inputs).unwrap();
     let rootfs = inputs.join("rootfs");
-    let out = Command::new("mksquashfs")
-        .arg(&tree)
-        .arg(&rootfs)
-        .args([
-            "-noappend",
-            "-quiet",
-            "-all-root",
+    testkit::squashfs(
+        &tree,
+        &rootfs,
+        &[
             "-no-xattrs",
             "-no-fragments",
-        ])
-        .args(["-comp", "zstd", "-Xcompression-level", "3"])
-        .args(["-mkfs-time", "0", "-all-time", "0"])
-        .output()
-        .expect("mksquashfs (squashfs-tools, installed by scripts/setup.sh)");
-    assert!(out.status.success(), "{out:?}");
+            "-comp",
+            "zstd",
+            "-Xcompression-level",
+            "3",
+        ],
+    );
     let mut img = fs::read(&rootfs).unwrap();
     assert_eq!(
         &img[96..100],

@@ -5,7 +5,6 @@
 
 use std::fs;
 use std::os::unix::fs::FileExt;
-use std::process::Command;
 
 use k3os_ops_testing::cli::Node;
 use k3os_ops_testing::release::fake_inputs;
@@ -31,13 +30,7 @@ fn slot_verify_repairs_what_fec_can_and_marks_a_rotten_slot_bad() {
     fs::write(tree.join("payload"), testkit_noise(2 << 20)).unwrap();
     let inputs = fake_inputs(&n.path().join("v2.in"), "v2");
     fs::remove_file(&inputs.0).unwrap();
-    let out = Command::new("mksquashfs")
-        .arg(n.path().join("v2.tree"))
-        .arg(&inputs.0)
-        .args(["-noappend", "-quiet", "-all-root"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    testkit::squashfs(&n.path().join("v2.tree"), &inputs.0, &[]);
     let rel = n.path().join("v2");
     let p = |x: &std::path::Path| x.to_str().unwrap().to_string();
     let created = n.ok(&[

@@ -72,21 +72,7 @@ fn release(
     )
     .unwrap();
     let rootfs = inputs.join("rootfs");
-    let out = Command::new("mksquashfs")
-        .arg(&tree)
-        .arg(&rootfs)
-        .args([
-            "-noappend",
-            "-quiet",
-            "-all-root",
-            "-mkfs-time",
-            "0",
-            "-all-time",
-            "0",
-        ])
-        .output()
-        .expect("mksquashfs (squashfs-tools, installed by scripts/setup.sh)");
-    assert!(out.status.success(), "{out:?}");
+    testkit::squashfs(&tree, &rootfs, &[]);
     fs::write(inputs.join("kernel"), pseudo_random(100_000, 8)).unwrap();
     fs::write(inputs.join("initrd"), pseudo_random(50_000, 9)).unwrap();
     let rel = n.path().join(version);
