@@ -11,7 +11,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 pub use bootconfig::ScriptKind;
-pub use part::{Part, PartRef};
+pub use part::Part;
 
 mod check;
 mod part;
@@ -416,26 +416,6 @@ impl Manifest {
             field: "version".into(),
             what: e.to_string(),
         })
-    }
-
-    /// The parts a node of this build stages, in order: the three slot files, then each
-    /// payload of a kind it knows (a payload of another kind is skipped, never refused).
-    pub fn parts(&self) -> Vec<PartRef<'_>> {
-        use crate::payload::kinds;
-        let slot = Artifact::ALL.into_iter().map(|a| PartRef {
-            part: Part::Slot(a),
-            entry: self.files.get(a),
-            kind: kinds::of_artifact(a),
-        });
-        let payloads = self.payloads.iter().filter_map(|p| {
-            let kind = kinds::kind(&p.kind).filter(|k| k.place == kinds::Place::Store)?;
-            Some(PartRef {
-                part: Part::Payload(p.name.clone()),
-                entry: &p.file,
-                kind,
-            })
-        });
-        slot.chain(payloads).collect()
     }
 
     /// The signed entry of `part`, if the manifest has it.

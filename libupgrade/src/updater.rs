@@ -462,7 +462,8 @@ impl Updater {
         self.pass_verity(slot)?;
         self.boot.try_slot(slot, tries)?;
         crate::barrier::hit("activate:bootloader-flipped");
-        let trial = crate::report::note_of(fleet_report::Outcome::TrialBoot, st.slot(slot));
+        let trial =
+            crate::report::outcome::note_of(fleet_report::Outcome::TrialBoot, st.slot(slot));
         self.report_notes(vec![trial]);
         Ok(slot)
     }
@@ -542,7 +543,7 @@ impl Updater {
         let why = fleet_report::Outcome::RolledBack {
             why: reason.to_string(),
         };
-        self.report_notes(vec![crate::report::note_of(why, st.slot(booted))]);
+        self.report_notes(vec![crate::report::outcome::note_of(why, st.slot(booted))]);
         Ok(other)
     }
 

@@ -15,7 +15,10 @@ pub const ARTIFACTS: [&str; 3] = ["rootfs.squashfs", "vmlinuz", "initrd"];
 pub fn release_size(dir: &Path) -> u64 {
     let m = std::fs::read(dir.join("manifest.json")).unwrap();
     let m = libupgrade::manifest::Manifest::parse(&m).unwrap();
-    m.parts().iter().map(|p| p.entry.size).sum()
+    libupgrade::payload::kinds::parts(&m)
+        .iter()
+        .map(|p| p.entry.size)
+        .sum()
 }
 
 /// A signing key pair and a trust dir holding its public key.

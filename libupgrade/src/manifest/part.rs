@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{plain_name, Artifact, FileEntry};
+use super::{plain_name, Artifact};
 
 /// One part of a release as the stage engine handles it: a slot file or a payload (by its
 /// name). In files (the download checkpoint, the stage preview) it is the artifact's name
@@ -85,17 +85,6 @@ impl<'de> Deserialize<'de> for Part {
         let s = String::deserialize(d)?;
         Part::from_key(&s).map_err(serde::de::Error::custom)
     }
-}
-
-/// One part of a manifest with what the node knows of it.
-#[derive(Debug, Clone)]
-pub struct PartRef<'a> {
-    /// Which part.
-    pub part: Part,
-    /// Its signed file entry.
-    pub entry: &'a FileEntry,
-    /// Its kind.
-    pub kind: &'static crate::payload::kinds::Kind,
 }
 
 impl PartialEq<Artifact> for Part {

@@ -368,7 +368,10 @@ fn a_payload_of_an_unknown_kind_is_read_and_skipped_never_refused() {
         payload("image-archive", "k3s-images"),
     ];
     let read = Manifest::parse(&m.to_bytes()).unwrap();
-    let parts: Vec<String> = read.parts().iter().map(|p| p.part.key()).collect();
+    let parts: Vec<String> = crate::payload::kinds::parts(&read)
+        .iter()
+        .map(|p| p.part.key())
+        .collect();
     assert_eq!(
         parts,
         ["rootfs", "kernel", "initrd", "payload:k3s-images"],

@@ -104,8 +104,7 @@ pub(super) fn add(
     let mut built = Vec::new();
     for base in bases {
         let bm = &base.manifest;
-        let parts: Vec<(Part, &'static str)> = m
-            .parts()
+        let parts: Vec<(Part, &'static str)> = crate::payload::kinds::parts(m)
             .into_iter()
             .map(|p| (p.part, p.kind.patch_kind))
             .collect();

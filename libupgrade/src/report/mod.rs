@@ -18,7 +18,7 @@
 //!   oldest dropped and counted, numbered so that a resend is idempotent).
 
 mod key;
-mod outcome;
+pub(crate) mod outcome;
 mod send;
 mod spool;
 
@@ -226,15 +226,6 @@ fn channel_of(rel: &crate::Release) -> Option<&str> {
     match &rel.origin {
         crate::Origin::Channel { channel, .. } => Some(channel),
         _ => None,
-    }
-}
-
-/// Notes of one event on one slot record (activation, manual rollback).
-pub(crate) fn note_of(outcome: fleet_report::Outcome, rec: &crate::state::SlotRecord) -> Note {
-    Note {
-        outcome,
-        version: rec.version.clone().unwrap_or_default(),
-        generation: rec.generation.unwrap_or(0),
     }
 }
 

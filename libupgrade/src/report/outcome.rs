@@ -137,3 +137,12 @@ pub fn of_verdict(
     }
     out
 }
+
+/// Notes of one event on one slot record (activation, manual rollback).
+pub(crate) fn note_of(outcome: fleet_report::Outcome, rec: &crate::state::SlotRecord) -> Note {
+    Note {
+        outcome,
+        version: rec.version.clone().unwrap_or_default(),
+        generation: rec.generation.unwrap_or(0),
+    }
+}

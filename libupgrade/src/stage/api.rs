@@ -219,7 +219,7 @@ pub struct StagePreview {
     /// An interrupted attempt of this release would be continued.
     pub resume: bool,
     /// Per part: the three slot files, then the payloads this build stages
-    /// ([`crate::manifest::Manifest::parts`] order; empty when already staged).
+    /// ([`crate::payload::kinds::parts`] order; empty when already staged).
     pub artifacts: Vec<ArtifactCost>,
 }
 

@@ -21,7 +21,7 @@
 //! that fetches fewer bytes (`patched`): its output is checked chunk by chunk against the
 //! index, and the chunk plan takes whatever it does not deliver.
 //!
-//! The pipeline works over a release's parts ([`crate::manifest::Manifest::parts`], `parts`):
+//! The pipeline works over a release's parts ([`crate::payload::kinds::parts`], `parts`):
 //! the three slot files, written into the target slot through the layout, then its payloads,
 //! written into the payload store ([`crate::payload`]): a payload the store already holds is
 //! done before the first byte (it costs nothing), a changed one is chunked or patched from
@@ -220,7 +220,7 @@ impl Stager<'_> {
         }
         let mut pre = self.preflight(source, &v.manifest, opts)?;
         let checkpoint = Partial::load(&self.cfg.state_dir);
-        let parts = v.manifest.parts();
+        let parts = crate::payload::kinds::parts(&v.manifest);
         let facts = self.facts(&parts, &pre);
         let mut plan = plan::plan_writes(
             target,
@@ -379,7 +379,7 @@ impl Stager<'_> {
             partial.current = None;
             partial.save(&self.cfg.state_dir)?;
         }
-        for p in run.m.parts() {
+        for p in crate::payload::kinds::parts(run.m) {
             self.check_part(run, &p)?;
         }
         self.check_verity(run.slot, run.m)?;
@@ -429,7 +429,10 @@ impl Stager<'_> {
         let (v, pre, resumed) = (&w.v, &w.pre, w.plan.resume);
         let m = &v.manifest;
         self.layout.commit(target, &m.version)?;
-        let total: u64 = m.parts().iter().map(|p| p.entry.size).sum();
+        let total: u64 = crate::payload::kinds::parts(m)
+            .iter()
+            .map(|p| p.entry.size)
+            .sum();
         let stats = TransferStats {
             fetched: partial.fetched,
             reused: partial.reused,

@@ -10,8 +10,9 @@ use super::plan::{How, PartFacts, WritePlan};
 use super::verify::Preflight;
 use super::{ChunkWork, Placing, Run, StageOptions, Stager};
 use crate::error::{Error, Result};
-use crate::manifest::{Manifest, Part, PartRef};
+use crate::manifest::{Manifest, Part};
 use crate::net::fetch::Source;
+use crate::payload::kinds::PartRef;
 use crate::payload::kinds::Place;
 
 /// Per part of a plan: its chunk work, its chosen patch, why (see [`Stager::plan_parts`]).

@@ -47,7 +47,7 @@ pub struct WritePlan {
     /// An interrupted run of this release into this slot is continued: its checkpoint is kept
     /// and what the target holds is re-verified; otherwise the slot is invalidated first.
     pub resume: bool,
-    /// In the manifest's part order ([`crate::manifest::Manifest::parts`]).
+    /// In the manifest's part order ([`crate::payload::kinds::parts`]).
     pub steps: Vec<(Part, How)>,
 }
 

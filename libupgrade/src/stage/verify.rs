@@ -30,7 +30,7 @@ pub(super) struct Verified {
 
 /// What the server holds of a verified release, checked before any write.
 pub(super) struct Preflight {
-    /// Per part ([`Manifest::parts`] order): its chunk index, when it has one and the server
+    /// Per part ([`crate::payload::kinds::parts`] order): its chunk index, when it has one and the server
     /// serves ranges.
     pub indexes: Vec<Option<ChunkIndex>>,
     /// The boot scripts the release carries, checked against the manifest.
@@ -225,7 +225,7 @@ impl Stager<'_> {
     /// room is the store's ([`Stager::check_store`]).
     fn check_space(&self, target: Slot, manifest: &Manifest) -> Result<()> {
         let mut shared_need = 0u64;
-        for p in manifest.parts() {
+        for p in crate::payload::kinds::parts(manifest) {
             let Place::Slot(a) = p.kind.place else {
                 continue;
             };
@@ -327,7 +327,7 @@ impl Stager<'_> {
         timed: &mut (u64, std::time::Duration),
     ) -> Result<Vec<Option<ChunkIndex>>> {
         let mut out = Vec::new();
-        for p in m.parts() {
+        for p in crate::payload::kinds::parts(m) {
             let (a, e) = (&p.part, p.entry);
             if p.kind.place == Place::Store
                 && crate::payload::holds(&self.cfg.state_dir, &e.sha256, e.size)

@@ -9,7 +9,7 @@
 use chrono::{DateTime, Utc};
 
 use super::meta::{self, Envelope, Key, MetaRef, Role, Root, Targets, Versions};
-use super::{Record, TrustError};
+use super::{MetaSource, Record, TrustError};
 
 /// Largest `N.root.json` read.
 pub const MAX_ROOT_BYTES: u64 = 512 << 10;
@@ -22,15 +22,6 @@ pub const MAX_TARGETS_BYTES: u64 = 16 << 20;
 /// Most root versions walked in one update (a chain longer than this is an attack or a
 /// mistake; a node that far behind walks on at its next poll).
 pub const MAX_ROOT_STEPS: u64 = 1024;
-
-/// Where metadata files come from (a channel directory, an http(s) channel, GitHub assets).
-pub trait MetaSource {
-    /// The file `name`, at most `max` bytes (more is [`TrustError::TooLarge`]); `Ok(None)`
-    /// when the source does not have it (404, no such file).
-    fn fetch(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>, TrustError>;
-    /// Where `name` is, for messages.
-    fn location(&self, name: &str) -> String;
-}
 
 /// The expiry rule of one update: the node's clock, and whether the operator waived expiry (named apart from the stage's [`crate::Clock`], the time source a stage waits on).
 #[derive(Debug, Clone, Copy)]

@@ -19,9 +19,10 @@ use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::client::{MetaSource, Verified};
+use super::client::Verified;
 use super::meta::{sha256_hex, Role};
 use super::store::write_atomic;
+use super::MetaSource;
 use super::TrustError;
 
 /// Directory, inside the state dir, holding every channel's kept files.

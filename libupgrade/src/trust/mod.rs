@@ -93,6 +93,7 @@ pub mod halt;
 pub mod kept;
 pub mod meta;
 pub mod publish;
+mod source;
 pub mod store;
 pub mod withdrawn;
 
@@ -101,9 +102,10 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-pub use client::{update, ExpiryRule, MetaSource, Verified};
+pub use client::{update, ExpiryRule, Verified};
 pub use kept::{Kept, KEPT_DIR};
 pub use meta::{Envelope, Role};
+pub use source::MetaSource;
 pub use store::{Store, STORE_FILE, STORE_FORMAT};
 
 /// What a node keeps per channel: the newest root it trusts and the highest versions seen.

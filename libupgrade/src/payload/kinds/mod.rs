@@ -12,11 +12,11 @@
 //!
 //! **Adding a kind is one new file here and one line in [`KINDS`]**: the stage engine, the
 //! preview, budgets, bundles, the store and `slot status` work over the list of parts a
-//! manifest yields ([`crate::manifest::Manifest::parts`]) and ask the kind only through
+//! manifest yields ([`parts`]) and ask the kind only through
 //! [`Kind`]. A payload of a kind this build does not know is skipped (never refused), so a
 //! newer publisher's payload never makes a release unreadable to an older node.
 
-use crate::manifest::Artifact;
+use crate::manifest::{Artifact, FileEntry, Manifest, Part};
 
 mod image_archive;
 mod initrd;
@@ -86,6 +86,36 @@ pub fn of_artifact(a: Artifact) -> &'static Kind {
         .copied()
         .find(|k| k.place == Place::Slot(a))
         .expect("every artifact has a kind")
+}
+
+/// One part of a manifest with what the node knows of it.
+#[derive(Debug, Clone)]
+pub struct PartRef<'a> {
+    /// Which part.
+    pub part: Part,
+    /// Its signed file entry.
+    pub entry: &'a FileEntry,
+    /// Its kind.
+    pub kind: &'static Kind,
+}
+
+/// The parts of `m` a node of this build stages, in order: the three slot files, then each
+/// payload of a kind it knows (a payload of another kind is skipped, never refused).
+pub fn parts(m: &Manifest) -> Vec<PartRef<'_>> {
+    let slot = Artifact::ALL.into_iter().map(|a| PartRef {
+        part: Part::Slot(a),
+        entry: m.files.get(a),
+        kind: of_artifact(a),
+    });
+    let payloads = m.payloads.iter().filter_map(|p| {
+        let kind = kind(&p.kind).filter(|k| k.place == Place::Store)?;
+        Some(PartRef {
+            part: Part::Payload(p.name.clone()),
+            entry: &p.file,
+            kind,
+        })
+    });
+    slot.chain(payloads).collect()
 }
 
 /// The payload kinds this build stages into the store (what `release create` may add).

@@ -55,8 +55,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::client::MetaSource;
 use super::meta::{self, Envelope, Key, RoleKeys, Targets};
+use super::MetaSource;
 use super::TrustError;
 use crate::rollout::{Pause, Rollout};
 

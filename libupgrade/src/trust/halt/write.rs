@@ -12,10 +12,10 @@ use super::{
     HALT_PREFIX, MAX_HALT_BYTES,
 };
 use crate::trust::client::served::verify_served;
-use crate::trust::client::MetaSource;
 use crate::trust::kept::DirMeta;
 use crate::trust::meta::{self, Envelope, Key, Targets};
 use crate::trust::store::write_atomic;
+use crate::trust::MetaSource;
 use crate::trust::TrustError;
 
 /// The entry name of the release whose target is `path` (`DIR/manifest.json` → `halt/DIR`,
