@@ -442,14 +442,6 @@ impl Manifest {
     pub fn payload(&self, name: &str) -> Option<&Payload> {
         self.payloads.iter().find(|p| p.name == name)
     }
-
-    /// The payloads a node of this build keeps in its store (kinds it knows).
-    pub fn stored_payloads(&self) -> impl Iterator<Item = &Payload> {
-        self.payloads.iter().filter(|p| {
-            crate::payload::kinds::kind(&p.kind)
-                .is_some_and(|k| k.place == crate::payload::kinds::Place::Store)
-        })
-    }
 }
 
 #[cfg(test)]

@@ -377,7 +377,7 @@ fn a_payload_of_an_unknown_kind_is_read_and_skipped_never_refused() {
         ["rootfs", "kernel", "initrd", "payload:k3s-images"],
         "the three slot files, then the payloads this build knows"
     );
-    assert_eq!(read.stored_payloads().count(), 1);
+    assert_eq!(crate::payload::kinds::stored_payloads(&read).count(), 1);
     assert_eq!(
         read.entry(&Part::Payload("k3s-images".into()))
             .unwrap()

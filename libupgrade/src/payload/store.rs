@@ -53,7 +53,9 @@ pub(crate) fn holds(state_dir: &Path, sha256: &str, size: u64) -> bool {
 
 /// The sha256 of every object `m` keeps in the store (payload kinds this build knows), once.
 pub(crate) fn objects_of(m: &Manifest) -> BTreeSet<String> {
-    m.stored_payloads().map(|p| p.file.sha256.clone()).collect()
+    crate::payload::kinds::stored_payloads(m)
+        .map(|p| p.file.sha256.clone())
+        .collect()
 }
 
 /// The objects the slots' kept manifests and a stage in progress reference.
@@ -110,7 +112,7 @@ pub(crate) fn check_budget(
     let objects = running
         .into_iter()
         .chain(std::iter::once(m))
-        .flat_map(|r| r.stored_payloads())
+        .flat_map(crate::payload::kinds::stored_payloads)
         .map(|p| (p.file.sha256.as_str(), p.file.size));
     let u = usage(state_dir, objects);
     if u.held.saturating_add(u.needed) > budget {

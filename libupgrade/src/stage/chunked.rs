@@ -250,8 +250,7 @@ impl Stager<'_> {
         let (Some(kept), Some(new)) = (at.kept.as_ref(), at.m.payload(name)) else {
             return Vec::new();
         };
-        let mut theirs: Vec<_> = kept
-            .stored_payloads()
+        let mut theirs: Vec<_> = crate::payload::kinds::stored_payloads(kept)
             .filter(|p| p.kind == new.kind)
             .collect();
         theirs.sort_by_key(|p| p.name != name);

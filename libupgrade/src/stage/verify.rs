@@ -255,7 +255,7 @@ impl Stager<'_> {
     /// release's (its budget, then the state partition's free space), before anything is
     /// written: naming the bytes needed, held and the budget.
     fn check_store(&self, booted: Slot, m: &Manifest) -> Result<()> {
-        if m.stored_payloads().next().is_none() {
+        if crate::payload::kinds::stored_payloads(m).next().is_none() {
             return Ok(());
         }
         let state_dir = &self.cfg.state_dir;
@@ -277,8 +277,7 @@ impl Stager<'_> {
             state_dir.as_path()
         };
         let free = crate::layout::free_bytes(probe).unwrap_or(u64::MAX);
-        let partial: u64 = m
-            .stored_payloads()
+        let partial: u64 = crate::payload::kinds::stored_payloads(m)
             .map(|p| {
                 std::fs::metadata(dir.join(crate::layout::partial_name(&p.file.sha256)))
                     .map_or(0, |x| x.len())
@@ -286,8 +285,7 @@ impl Stager<'_> {
             .sum();
         if u.needed > free.saturating_add(partial) {
             return Err(Error::NoSpace {
-                artifact: m
-                    .stored_payloads()
+                artifact: crate::payload::kinds::stored_payloads(m)
                     .next()
                     .map(|p| crate::manifest::Part::Payload(p.name.clone()))
                     .expect("has payloads"),

@@ -118,6 +118,13 @@ pub fn parts(m: &Manifest) -> Vec<PartRef<'_>> {
     slot.chain(payloads).collect()
 }
 
+/// The payloads of `m` a node of this build keeps in its store (kinds it knows).
+pub fn stored_payloads(m: &Manifest) -> impl Iterator<Item = &crate::manifest::Payload> {
+    m.payloads
+        .iter()
+        .filter(|p| kind(&p.kind).is_some_and(|k| k.place == Place::Store))
+}
+
 /// The payload kinds this build stages into the store (what `release create` may add).
 pub fn payload_kinds() -> impl Iterator<Item = &'static Kind> {
     KINDS.iter().copied().filter(|k| k.place == Place::Store)
