@@ -104,7 +104,7 @@ pub fn run(a: GuardArgs) -> anyhow::Result<()> {
     let mut store = collector::open(&a.db)?;
     let rows = store.rows()?;
     let actions = store.actions()?;
-    let t = super::rollout::published(&a.channel)?;
+    let t = super::resign::published(&a.channel)?;
     let served = halt::served(&a.channel, &t)?;
     let mut wrote = false;
     for version in versions(&t) {

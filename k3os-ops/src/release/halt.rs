@@ -27,7 +27,7 @@ pub struct DelegateArgs {
     #[arg(long, conflicts_with = "halt_keys")]
     remove: bool,
     #[command(flatten)]
-    sign: super::rollout::SignArgs,
+    sign: super::resign::SignArgs,
 }
 
 /// `release delegate-halt`: re-sign targets with the halt delegation, then snapshot and
@@ -56,7 +56,7 @@ pub fn delegate(a: DelegateArgs) -> anyhow::Result<()> {
 /// The published targets of `dir` with the guard's served halts applied at `at` (as a node
 /// applies them), and what they hold. A halt file that does not verify is an error naming it.
 pub fn effective(dir: &Path, at: DateTime<Utc>) -> anyhow::Result<(Targets, Vec<Applied>)> {
-    let mut t = super::rollout::published(dir)?;
+    let mut t = super::resign::published(dir)?;
     let held = match halt::served(dir, &t)? {
         Some(doc) => halt::apply(&mut t, &doc, at),
         None => Vec::new(),

@@ -12,8 +12,10 @@ mod fleet_status;
 mod guard;
 mod halt;
 mod metadata;
+mod resign;
 mod rollout;
 mod serve;
+mod status;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -183,7 +185,7 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
         ReleaseCmd::Pause(a) => rollout::change(rollout::Change::Pause, a)?,
         ReleaseCmd::Resume(a) => rollout::change(rollout::Change::Resume, a)?,
         ReleaseCmd::Withdraw(a) => rollout::change(rollout::Change::Withdraw, a)?,
-        ReleaseCmd::RolloutStatus(a) => rollout::status(a)?,
+        ReleaseCmd::RolloutStatus(a) => status::status(a)?,
         ReleaseCmd::DelegateHalt(a) => halt::delegate(a)?,
         ReleaseCmd::Serve { dir, listen } => serve::serve(&dir, listen)?,
     }

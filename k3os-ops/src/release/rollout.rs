@@ -1,4 +1,4 @@
-//! `k3os-ops release rollout|pause|resume|withdraw|rollout-status`: a release's rollout in the
+//! `k3os-ops release rollout|pause|resume|withdraw`: a release's rollout in the
 //! channel's signed targets (see `libupgrade::rollout`). Each change re-signs targets, then
 //! snapshot and timestamp, in one step, so nodes see it at their next poll; each reads the
 //! channel only after its served metadata verified (a tampered file is refused, nothing
@@ -16,30 +16,8 @@ use libupgrade::units;
 
 use crate::upgrade::parse_time;
 
-/// The keys that re-sign targets, snapshot and timestamp, and their lifetimes.
-#[derive(Args, Debug)]
-pub struct SignArgs {
-    /// Targets secret keys (a threshold of them; repeat).
-    #[arg(long = "key", required = true)]
-    keys: Vec<PathBuf>,
-    /// Snapshot secret keys (repeat).
-    #[arg(long = "snapshot-key", required = true)]
-    snapshot: Vec<PathBuf>,
-    /// Timestamp secret keys (repeat).
-    #[arg(long = "timestamp-key", required = true)]
-    timestamp: Vec<PathBuf>,
-    /// Lifetime of the new targets.json.
-    #[arg(long, default_value = "90d", value_parser = super::metadata::parse_lifetime)]
-    targets_expires: chrono::Duration,
-    /// Lifetime of the new snapshot.json.
-    #[arg(long, default_value = "30d", value_parser = super::metadata::parse_lifetime)]
-    snapshot_expires: chrono::Duration,
-    /// Lifetime of the new timestamp.json.
-    #[arg(long, default_value = "7d", value_parser = super::metadata::parse_lifetime)]
-    expires: chrono::Duration,
-    #[command(flatten)]
-    anchor: super::metadata::AnchorArgs,
-}
+use super::resign::published;
+pub use super::resign::SignArgs;
 
 /// `release rollout`.
 #[derive(Args, Debug)]
@@ -86,7 +64,7 @@ pub struct StatusArgs {
     pub(super) dir: PathBuf,
     /// The time to show (RFC 3339; default now).
     #[arg(long, value_parser = parse_time)]
-    at: Option<DateTime<Utc>>,
+    pub(super) at: Option<DateTime<Utc>>,
     /// The collector's database (`sqlite:PATH` or a `postgres://` URL): show beside each
     /// release what the sites reported, per wave.
     #[arg(long)]
@@ -183,54 +161,6 @@ pub fn parse_waves(s: &str, start: DateTime<Utc>) -> Result<Vec<Wave>, String> {
             })
         })
         .collect()
-}
-
-/// The published targets of `dir`, once the channel's metadata as served verified (as every
-/// signing command verifies it first: `libupgrade::trust::client::served`).
-pub(super) fn published(dir: &Path) -> anyhow::Result<Targets> {
-    let what = dir.join(Role::Targets.file());
-    libupgrade::trust::client::served::verify_served(dir)?
-        .targets
-        .map(|(t, _)| t)
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "{}: no targets: run `k3os-ops release targets` first",
-                what.display()
-            )
-        })
-}
-
-/// How a command writes the new targets: (channel dir, targets signers, expiry).
-pub(super) type WriteTargets<'a> = dyn Fn(
-        &Path,
-        &[publish::SigningKey],
-        DateTime<Utc>,
-    ) -> Result<Targets, libupgrade::trust::TrustError>
-    + 'a;
-
-impl SignArgs {
-    /// Re-sign targets with `write`, then snapshot and timestamp (after the `--root` check).
-    pub(super) fn sign_with(&self, dir: &Path, write: &WriteTargets<'_>) -> anyhow::Result<()> {
-        self.anchor.check(dir)?;
-        let t = write(
-            dir,
-            &super::metadata::secrets(&self.keys)?,
-            publish::expires_in(self.targets_expires),
-        )?;
-        let mut keys = super::metadata::secrets(&self.snapshot)?;
-        keys.extend(super::metadata::secrets(&self.timestamp)?);
-        let (s, ts) = publish::write_timestamp(
-            dir,
-            &keys,
-            publish::expires_in(self.snapshot_expires),
-            publish::expires_in(self.expires),
-        )?;
-        println!(
-            "wrote targets version {}, snapshot version {}, timestamp version {}",
-            t.version, s.version, ts.version
-        );
-        Ok(())
-    }
 }
 
 /// Re-sign targets with `edit` applied to `version`'s rollout, then snapshot and timestamp.
@@ -345,25 +275,6 @@ fn resume(
     match lifted.paused {
         Some(_) => lifted.resume(at),
         None => Ok(lifted),
-    }
-}
-
-/// `release rollout-status`: the planned shares as nodes see them, the guard's halts applied.
-pub fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let at = a.at.unwrap_or_else(Utc::now);
-    let (t, held) = super::halt::effective(&a.dir, at)?;
-    #[cfg(feature = "fleet")]
-    return super::fleet_status::status(&a.dir, &t, &held, at, &a);
-    #[cfg(not(feature = "fleet"))]
-    {
-        if a.reports.is_some() || a.abort.abort_if.is_some() || a.json {
-            anyhow::bail!("--reports, --abort-if and --json need a build with the `fleet` feature (the node images build without it)");
-        }
-        print_status(&t, at);
-        for line in super::halt::lines(&held, &a.dir) {
-            println!("{line}");
-        }
-        Ok(())
     }
 }
 

@@ -1,0 +1,84 @@
+//! The keys every command that changes a channel's rollouts re-signs its metadata with, and
+//! the channel's published targets those commands start from: only once the metadata as
+//! served verified (`libupgrade::trust::client::served`). Shared by `rollout`, `halt` and
+//! `guard`, which need it and not each other.
+
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use clap::Args;
+use libupgrade::trust::meta::Targets;
+use libupgrade::trust::{publish, Role};
+
+/// The keys that re-sign targets, snapshot and timestamp, and their lifetimes.
+#[derive(Args, Debug)]
+pub struct SignArgs {
+    /// Targets secret keys (a threshold of them; repeat).
+    #[arg(long = "key", required = true)]
+    keys: Vec<PathBuf>,
+    /// Snapshot secret keys (repeat).
+    #[arg(long = "snapshot-key", required = true)]
+    snapshot: Vec<PathBuf>,
+    /// Timestamp secret keys (repeat).
+    #[arg(long = "timestamp-key", required = true)]
+    timestamp: Vec<PathBuf>,
+    /// Lifetime of the new targets.json.
+    #[arg(long, default_value = "90d", value_parser = super::metadata::parse_lifetime)]
+    targets_expires: chrono::Duration,
+    /// Lifetime of the new snapshot.json.
+    #[arg(long, default_value = "30d", value_parser = super::metadata::parse_lifetime)]
+    snapshot_expires: chrono::Duration,
+    /// Lifetime of the new timestamp.json.
+    #[arg(long, default_value = "7d", value_parser = super::metadata::parse_lifetime)]
+    expires: chrono::Duration,
+    #[command(flatten)]
+    anchor: super::metadata::AnchorArgs,
+}
+
+/// The published targets of `dir`, once the channel's metadata as served verified (as every
+/// signing command verifies it first: `libupgrade::trust::client::served`).
+pub(super) fn published(dir: &Path) -> anyhow::Result<Targets> {
+    let what = dir.join(Role::Targets.file());
+    libupgrade::trust::client::served::verify_served(dir)?
+        .targets
+        .map(|(t, _)| t)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: no targets: run `k3os-ops release targets` first",
+                what.display()
+            )
+        })
+}
+
+/// How a command writes the new targets: (channel dir, targets signers, expiry).
+pub(super) type WriteTargets<'a> = dyn Fn(
+        &Path,
+        &[publish::SigningKey],
+        DateTime<Utc>,
+    ) -> Result<Targets, libupgrade::trust::TrustError>
+    + 'a;
+
+impl SignArgs {
+    /// Re-sign targets with `write`, then snapshot and timestamp (after the `--root` check).
+    pub(super) fn sign_with(&self, dir: &Path, write: &WriteTargets<'_>) -> anyhow::Result<()> {
+        self.anchor.check(dir)?;
+        let t = write(
+            dir,
+            &super::metadata::secrets(&self.keys)?,
+            publish::expires_in(self.targets_expires),
+        )?;
+        let mut keys = super::metadata::secrets(&self.snapshot)?;
+        keys.extend(super::metadata::secrets(&self.timestamp)?);
+        let (s, ts) = publish::write_timestamp(
+            dir,
+            &keys,
+            publish::expires_in(self.snapshot_expires),
+            publish::expires_in(self.expires),
+        )?;
+        println!(
+            "wrote targets version {}, snapshot version {}, timestamp version {}",
+            t.version, s.version, ts.version
+        );
+        Ok(())
+    }
+}
