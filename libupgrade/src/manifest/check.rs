@@ -116,15 +116,7 @@ impl Manifest {
                 &format!("'{}' is not a plain file name", e.path.escape_debug()),
             ));
         }
-        if !hex64(&e.sha256) {
-            return Err(field(
-                &format!("{name}.sha256"),
-                &format!(
-                    "'{}' is not 64 lower-case hex digits",
-                    e.sha256.escape_debug()
-                ),
-            ));
-        }
+        check_digest(format!("{name}.sha256"), &e.sha256)?;
         if e.size == 0 {
             return Err(field(
                 &format!("{name}.size"),
@@ -133,24 +125,12 @@ impl Manifest {
         }
         if let Some(c) = &e.chunks {
             let name = format!("{name}.chunks");
-            if !plain_name(&c.path) || self.named_entries().iter().any(|(_, o)| o.path == c.path) {
-                return Err(field(
-                    &format!("{name}.path"),
-                    &format!(
-                        "'{}' is not a plain file name of its own",
-                        c.path.escape_debug()
-                    ),
-                ));
-            }
-            if !hex64(&c.sha256) {
-                return Err(field(
-                    &format!("{name}.sha256"),
-                    &format!(
-                        "'{}' is not 64 lower-case hex digits",
-                        c.sha256.escape_debug()
-                    ),
-                ));
-            }
+            check_own_name(
+                format!("{name}.path"),
+                &c.path,
+                self.named_entries().iter().any(|(_, o)| o.path == c.path),
+            )?;
+            check_digest(format!("{name}.sha256"), &c.sha256)?;
             if c.size == 0 || c.size > MAX_INDEX_SIZE {
                 return Err(field(
                     &format!("{name}.size"),
@@ -187,23 +167,14 @@ impl Manifest {
         for (entry, e) in self.named_entries() {
             for (i, p) in e.patches.iter().enumerate() {
                 let name = format!("{entry}.patches[{i}]");
-                if !plain_name(&p.path) || names.contains(&p.path.as_str()) {
-                    return Err(field(
-                        format!("{name}.path"),
-                        format!(
-                            "'{}' is not a plain file name of its own",
-                            p.path.escape_debug()
-                        ),
-                    ));
-                }
+                check_own_name(
+                    format!("{name}.path"),
+                    &p.path,
+                    names.contains(&p.path.as_str()),
+                )?;
                 names.push(&p.path);
                 for (f, v) in [("sha256", &p.sha256), ("base.sha256", &p.base.sha256)] {
-                    if !hex64(v) {
-                        return Err(field(
-                            format!("{name}.{f}"),
-                            format!("'{}' is not 64 lower-case hex digits", v.escape_debug()),
-                        ));
-                    }
+                    check_digest(format!("{name}.{f}"), v)?;
                 }
                 for (f, v) in [("size", p.size), ("base.size", p.base.size)] {
                     if v == 0 {
@@ -244,25 +215,13 @@ impl Manifest {
             if b.scripts[..i].iter().any(|o| o.kind == sc.kind) {
                 return Err(field(name, format!("a second {} script", sc.kind)));
             }
-            if !plain_name(&sc.path) || names.contains(&sc.path.as_str()) {
-                return Err(field(
-                    format!("{name}.path"),
-                    format!(
-                        "'{}' is not a plain file name of its own",
-                        sc.path.escape_debug()
-                    ),
-                ));
-            }
+            check_own_name(
+                format!("{name}.path"),
+                &sc.path,
+                names.contains(&sc.path.as_str()),
+            )?;
             names.push(&sc.path);
-            if !hex64(&sc.sha256) {
-                return Err(field(
-                    format!("{name}.sha256"),
-                    format!(
-                        "'{}' is not 64 lower-case hex digits",
-                        sc.sha256.escape_debug()
-                    ),
-                ));
-            }
+            check_digest(format!("{name}.sha256"), &sc.sha256)?;
             if sc.size == 0 || sc.size > MAX_SCRIPT_SIZE {
                 return Err(field(
                     format!("{name}.size"),
@@ -282,4 +241,30 @@ impl Manifest {
         }
         Ok(())
     }
+}
+
+/// `Err` naming `field` unless `v` is 64 lower-case hex digits (a sha256).
+fn check_digest(field: String, v: &str) -> Result<(), ManifestError> {
+    if hex64(v) {
+        return Ok(());
+    }
+    Err(ManifestError::Field {
+        field,
+        what: format!("'{}' is not 64 lower-case hex digits", v.escape_debug()),
+    })
+}
+
+/// `Err` naming `field` unless `path` is a plain file name that no other file of the release
+/// has (`taken`).
+fn check_own_name(field: String, path: &str, taken: bool) -> Result<(), ManifestError> {
+    if plain_name(path) && !taken {
+        return Ok(());
+    }
+    Err(ManifestError::Field {
+        field,
+        what: format!(
+            "'{}' is not a plain file name of its own",
+            path.escape_debug()
+        ),
+    })
 }
