@@ -108,6 +108,34 @@ impl Node {
         ops(Some(&self.config), args)
     }
 
+    /// `release create` through the binary from this node's inputs of `version`
+    /// (`<version>.in/{rootfs,kernel,initrd}`), signed with `keys/node.key`, into `<version>/`,
+    /// for this host's architecture, with `extra` arguments (`--image`, `--patch-from`, …): the
+    /// release directory and what the command printed. The one way the CLI tests publish.
+    pub fn create_release(
+        &self,
+        version: &str,
+        generation: u64,
+        extra: &[&str],
+    ) -> (PathBuf, String) {
+        let inputs = self.path().join(format!("{version}.in"));
+        let p = |name: &str| inputs.join(name).to_str().unwrap().to_string();
+        let (rootfs, kernel, initrd) = (p("rootfs"), p("kernel"), p("initrd"));
+        let key = self.path().join("keys/node.key");
+        let rel = self.path().join(version);
+        let gen = generation.to_string();
+        let mut args = vec![
+            "release", "create", "--rootfs", &rootfs, "--kernel", &kernel,
+        ];
+        args.extend(["--initrd", &initrd, "--version", version]);
+        args.extend(["--arch", libupgrade::manifest::Arch::host().as_str()]);
+        args.extend(["--generation", &gen, "--key", key.to_str().unwrap()]);
+        args.extend(["-o", rel.to_str().unwrap()]);
+        args.extend(extra);
+        let printed = self.ok(&args);
+        (rel, printed)
+    }
+
     /// Run a command that must succeed; returns its stdout.
     pub fn ok(&self, args: &[&str]) -> String {
         let out = self.ops(args);

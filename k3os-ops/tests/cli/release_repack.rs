@@ -13,7 +13,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use libupgrade::manifest::Arch;
 
 /// Compressible text: words from a small vocabulary, `n` bytes, varied by `seed`.
 fn text(n: usize, seed: u64) -> Vec<u8> {
@@ -81,25 +80,7 @@ fn release(
     fs::write(&rootfs, img).unwrap();
     fs::write(inputs.join("kernel"), testkit::pseudo_random(300_000, 8)).unwrap();
     fs::write(inputs.join("initrd"), testkit::pseudo_random(200_000, 9)).unwrap();
-    let rel = n.path().join(version);
-    let (k, i, key) = (
-        inputs.join("kernel"),
-        inputs.join("initrd"),
-        n.path().join("keys/node.key"),
-    );
-    let gen = generation.to_string();
-    let mut args = vec!["release", "create", "--rootfs", rootfs.to_str().unwrap()];
-    args.extend([
-        "--kernel",
-        k.to_str().unwrap(),
-        "--initrd",
-        i.to_str().unwrap(),
-    ]);
-    args.extend(["--version", version, "--arch", Arch::host().as_str()]);
-    args.extend(["--generation", &gen, "--key", key.to_str().unwrap()]);
-    args.extend(["-o", rel.to_str().unwrap()]);
-    args.extend(extra);
-    let printed = n.ok(&args);
+    let (rel, printed) = n.create_release(version, generation, extra);
     eprintln!("{printed}");
     (rel, rootfs, printed)
 }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use cli_support::Node;
-use libupgrade::manifest::{Arch, Manifest};
+use libupgrade::manifest::Manifest;
 use libupgrade::payload::object_path;
 use testkit::{image_archive, pseudo_random};
 
@@ -75,44 +75,20 @@ fn release(
     testkit::squashfs(&tree, &rootfs, &[]);
     fs::write(inputs.join("kernel"), pseudo_random(100_000, 8)).unwrap();
     fs::write(inputs.join("initrd"), pseudo_random(50_000, 9)).unwrap();
-    let rel = n.path().join(version);
-    let gen = generation.to_string();
-    let key = n.path().join("keys/node.key");
-    let (k, i) = (inputs.join("kernel"), inputs.join("initrd"));
     let mut specs = Vec::new();
     for (name, tar) in images {
         let p = inputs.join(format!("{name}-{version}.tar"));
         fs::write(&p, tar).unwrap();
         specs.push(format!("{name}={}", p.display()));
     }
-    let mut args = vec![
-        "release",
-        "create",
-        "--rootfs",
-        rootfs.to_str().unwrap(),
-        "--kernel",
-        k.to_str().unwrap(),
-        "--initrd",
-        i.to_str().unwrap(),
-        "--version",
-        version,
-        "--arch",
-        Arch::host().as_str(),
-        "--generation",
-        &gen,
-        "--key",
-        key.to_str().unwrap(),
-        "-o",
-        rel.to_str().unwrap(),
-    ];
+    let mut extra = Vec::new();
     for s in &specs {
-        args.extend(["--image", s.as_str()]);
+        extra.extend(["--image", s.as_str()]);
     }
     if let Some(f) = from {
-        args.extend(["--patch-from", f.to_str().unwrap()]);
+        extra.extend(["--patch-from", f.to_str().unwrap()]);
     }
-    let printed = n.ok(&args);
-    (rel, printed)
+    n.create_release(version, generation, &extra)
 }
 
 fn manifest(rel: &Path) -> Manifest {

@@ -158,39 +158,12 @@ impl PatchedReleases for Node {
         kernel[100_000..120_000].copy_from_slice(&testkit::pseudo_random(20_000, kernel_seed));
         fs::write(inputs.join("kernel"), kernel).unwrap();
         fs::write(inputs.join("initrd"), testkit::pseudo_random(200_000, 9)).unwrap();
-        let rel = self.path().join(version);
-        let gen = generation.to_string();
-        let (r, k, i, key) = (
-            inputs.join("rootfs"),
-            inputs.join("kernel"),
-            inputs.join("initrd"),
-            self.path().join("keys/node.key"),
-        );
-        let mut args = vec![
-            "release",
-            "create",
-            "--rootfs",
-            r.to_str().unwrap(),
-            "--kernel",
-            k.to_str().unwrap(),
-            "--initrd",
-            i.to_str().unwrap(),
-            "--version",
-            version,
-            "--arch",
-            Arch::host().as_str(),
-            "--generation",
-            &gen,
-            "--key",
-            key.to_str().unwrap(),
-            "-o",
-            rel.to_str().unwrap(),
-        ];
-        if let Some(f) = from {
-            args.extend(["--patch-from", f.to_str().unwrap()]);
-        }
-        let printed = self.ok(&args);
-        (rel, printed)
+        let from = from.map(|f| f.to_str().unwrap().to_string());
+        let extra: Vec<&str> = from
+            .iter()
+            .flat_map(|f| ["--patch-from", f.as_str()])
+            .collect();
+        self.create_release(version, generation, &extra)
     }
 
     /// Slot A runs `rel` (the k3OS dir layout's version directories), and the node keeps its
