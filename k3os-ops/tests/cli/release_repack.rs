@@ -13,7 +13,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-
 /// Compressible text: words from a small vocabulary, `n` bytes, varied by `seed`.
 fn text(n: usize, seed: u64) -> Vec<u8> {
     let words = [
