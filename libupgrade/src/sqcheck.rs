@@ -36,6 +36,15 @@ pub struct Superblock {
     pub directory_table_start: u64,
 }
 
+/// [`superblock`] of a whole image held in memory (shorter than a superblock: an error).
+pub fn superblock_of(img: &[u8]) -> Result<Superblock, String> {
+    let head: &[u8; 96] = img
+        .get(..96)
+        .and_then(|s| s.try_into().ok())
+        .ok_or_else(|| format!("{} bytes, shorter than a superblock", img.len()))?;
+    superblock(head)
+}
+
 /// Parse and cross-check the first 96 bytes.
 pub fn superblock(b: &[u8; 96]) -> Result<Superblock, String> {
     if &b[0..4] != b"hsqs" {

@@ -63,11 +63,7 @@ pub struct Image {
 
 /// Parse `img`. Errors are sentences with offsets.
 pub fn parse(img: &[u8]) -> Result<Image, String> {
-    let sb: &[u8; 96] = img
-        .get(..96)
-        .and_then(|s| s.try_into().ok())
-        .ok_or_else(|| format!("{} bytes, shorter than a superblock", img.len()))?;
-    let sb = crate::sqcheck::superblock(sb)?;
+    let sb = crate::sqcheck::superblock_of(img)?;
     if sb.bytes_used > img.len() as u64 {
         return Err(format!(
             "superblock says {} bytes used, the image has {}",

@@ -89,11 +89,7 @@ pub struct Parsed {
 
 /// Take `img` apart. Errors are sentences with offsets.
 pub fn parse(img: &[u8]) -> Result<Parsed, String> {
-    let head: &[u8; 96] = img
-        .get(..96)
-        .and_then(|s| s.try_into().ok())
-        .ok_or_else(|| format!("{} bytes, shorter than a superblock", img.len()))?;
-    let sb = crate::sqcheck::superblock(head)?;
+    let sb = crate::sqcheck::superblock_of(img)?;
     if sb.compression != ZSTD {
         return Err(format!(
             "compressor id {}, only zstd (6) images are re-packed",
