@@ -91,26 +91,10 @@ mod tests {
         assert_eq!(boot_root_hash(None, None), None);
     }
 
+    /// The shared manifest fixture with `verity`, its root hash `root`.
     fn staged(root: &str) -> Manifest {
-        let mut m = crate::manifest::tests::sample();
-        m.files.rootfs.size = 836 * 4096;
-        let g = crate::verity::Geometry::new(836, 2).unwrap();
-        m.verity = Some(crate::manifest::Verity {
-            hash_type: 1,
-            hash: "sha256".into(),
-            data_block_size: 4096,
-            hash_block_size: 4096,
-            data_blocks: 836,
-            salt: "07".repeat(32),
-            root_hash: root.into(),
-            hash_offset: 836 * 4096,
-            hash_size: g.hash_size(),
-            hash_sha256: "ef".repeat(32),
-            fec_roots: 2,
-            fec_offset: 836 * 4096 + g.hash_size(),
-            fec_size: g.fec_size(),
-            fec_sha256: "12".repeat(32),
-        });
+        let mut m = crate::manifest::tests::with_verity();
+        m.verity.as_mut().unwrap().root_hash = root.into();
         m
     }
 

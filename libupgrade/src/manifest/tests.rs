@@ -473,7 +473,8 @@ fn a_part_is_written_as_before_for_the_slot_files_and_as_payload_name_otherwise(
     }
 }
 
-fn with_verity() -> Manifest {
+/// [`sample`] with a `verity` entry of 836 data blocks and FEC roots 2 (root hash `cd…`).
+pub(crate) fn with_verity() -> Manifest {
     let mut m = sample();
     m.files.rootfs.size = 836 * 4096;
     let g = crate::verity::Geometry::new(836, 2).unwrap();
