@@ -17,7 +17,8 @@
 //! previous copy (k3s imports plain `.tar` archives as well).
 //!
 //! Memory is bounded: only the JSON documents (`index.json`, `manifest.json`, manifests and
-//! image indexes, each at most [`MAX_ARCHIVE_JSON`]) are kept; layers are skipped by size.
+//! image indexes, each at most [`MAX_ARCHIVE_JSON`]) are kept; layers are seeked over, so
+//! reading an archive costs its headers, not its size.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -85,7 +86,8 @@ pub fn archive_images(path: &Path) -> Result<Vec<String>, ArchiveError> {
         });
     }
     let f = std::fs::File::open(path).map_err(io)?;
-    let contents = Contents::read(f).map_err(invalid)?;
+    let len = f.metadata().map_err(io)?.len();
+    let contents = Contents::read(f, len).map_err(invalid)?;
     let names = contents.images().map_err(invalid)?;
     if names.is_empty() {
         return Err(invalid(
@@ -176,12 +178,24 @@ fn keep_json(name: &str, size: u64) -> bool {
 }
 
 impl Contents {
-    fn read(r: impl Read) -> Result<Contents, String> {
+    /// One pass over the tar's headers; a member that is not kept is seeked over, not read
+    /// (every boot's `images` check reads an airgap archive of hundreds of MB this way).
+    /// `len`: the archive's size, which every member's data must end within (a seek past the
+    /// end reads as the end of the archive, so a truncated one is caught here).
+    fn read(r: impl Read + std::io::Seek, len: u64) -> Result<Contents, String> {
         let mut c = Contents::default();
         let mut ar = tar::Archive::new(r);
-        let entries = ar.entries().map_err(|e| format!("not a tar: {e}"))?;
+        let entries = ar
+            .entries_with_seek()
+            .map_err(|e| format!("not a tar: {e}"))?;
         for entry in entries {
             let mut e = entry.map_err(|e| format!("not a tar: {e}"))?;
+            let end = e.raw_file_position().saturating_add(e.size());
+            if end > len {
+                return Err(format!(
+                    "truncated: a member's data ends at byte {end}, the archive has {len}"
+                ));
+            }
             if !e.header().entry_type().is_file() {
                 continue;
             }

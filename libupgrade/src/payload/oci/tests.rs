@@ -191,6 +191,16 @@ fn bad_archives_are_refused_naming_why() {
     ]);
     assert!(err(&l.write(dir.path())).contains("is not a digest"));
 
+    // Cut inside a layer: its header says more bytes than the file has.
+    let mut l = Layout::default();
+    let a = l.image(&[7u8; 4096]);
+    l.index(vec![named(a, "x:1")]);
+    let p = l.write(dir.path());
+    let full = std::fs::read(&p).unwrap();
+    let at = full.windows(64).position(|w| w == [7u8; 64]).unwrap() + 100;
+    std::fs::write(&p, &full[..at]).unwrap();
+    assert!(err(&p).contains("truncated"), "{}", err(&p));
+
     std::fs::write(dir.path().join("short.tar"), b"not a tar at all").unwrap();
     assert!(archive_images(&dir.path().join("short.tar")).is_err());
 }
