@@ -135,6 +135,19 @@ fn runc_runs_the_amd64_image_with_the_daemonsets_mounts() {
     ]);
     spec["root"]["readonly"] = json!(false);
     let (mounts, host_pid) = daemonset_mounts(&dir.path().join("host"));
+    // The node's config as the host holds it, read through the DaemonSet's read-only mount
+    // (the agent opens the node before it connects); a directory layout, as the test has no
+    // slot partitions.
+    std::fs::write(
+        dir.path().join("host/etc/k3os-ops/config.toml"),
+        "bootloader = \"grub\"\n\
+         state_dir = \"/var/lib/k3os-ops\"\n\
+         [layout]\n\
+         kind = \"dir\"\n\
+         root = \"/var/lib/k3os-ops/test-slots\"\n\
+         boot_dir = \"/boot\"\n",
+    )
+    .unwrap();
     spec["mounts"]
         .as_array_mut()
         .unwrap()
