@@ -462,6 +462,18 @@ fn reports() {
     seed("report", "allow-list", format!("# enrolled\n{node} site-0001\n").as_bytes());
 }
 
+/// Image archives (`image_archive`): an OCI layout of two images sharing a layer's bytes, as
+/// testkit's builder writes them (what `skopeo copy … oci-archive:` writes), one with a
+/// single small layer, and both concatenated (a tar after a tar's end).
+fn image_archives() {
+    let base = b"base layer bytes".repeat(64);
+    let one = testkit::image_archive("docker.io/library/app:1", &[base.clone(), b"v1".to_vec()]);
+    seed("image_archive", "oci-two-layers", &one);
+    let small = testkit::image_archive("k3os.test/pause:3.6", &[b"pause".to_vec()]);
+    seed("image_archive", "oci-one-layer", &small);
+    seed("image_archive", "oci-concatenated", &[one, small].concat());
+}
+
 fn main() {
     grub();
     syslinux();
@@ -472,5 +484,6 @@ fn main() {
     states();
     patches();
     reports();
+    image_archives();
     println!("seeds written to {}", root().display());
 }

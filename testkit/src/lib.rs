@@ -18,6 +18,7 @@ use std::process::Command;
 
 pub mod clock;
 pub mod collector;
+#[cfg(feature = "disk")]
 pub mod disk;
 pub mod image;
 pub mod loaders;
@@ -29,6 +30,7 @@ pub mod tree;
 
 pub use clock::VirtualClock;
 pub use collector::report_sink;
+#[cfg(feature = "disk")]
 pub use disk::{Loop, TestDisk, MIB};
 pub use image::image_archive;
 pub use node::{boot_as, dir_config, ModelLoader};
