@@ -759,43 +759,6 @@ async fn an_invalid_channel_does_not_shadow_a_valid_one() {
     );
 }
 
-/// The precedence rule among valid channels: the most specific nodeSelector wins, then the
-/// smallest name (documented in agent/channels.rs).
-#[test]
-fn the_most_specific_valid_channel_wins() {
-    use agent::channel::crd::UpdateChannel;
-    let ch = |name: &str, sel: Value| -> agent::channel::listing::Channel {
-        agent::channel::listing::Channel::new(
-            serde_json::from_value::<UpdateChannel>(extra_channel(
-                name,
-                json!({"url": "u", "nodeSelector": sel}),
-            ))
-            .unwrap(),
-        )
-    };
-    let labels: std::collections::BTreeMap<String, String> = [
-        ("pool".to_string(), "edge".to_string()),
-        ("zone".into(), "a".into()),
-    ]
-    .into();
-    let chans = vec![
-        ch("a-all", json!({})),
-        ch("b-pool", json!({"pool": "edge"})),
-        ch("c-pool-zone", json!({"pool": "edge", "zone": "a"})),
-        ch("d-other", json!({"pool": "core"})),
-    ];
-    let p = agent::channel::listing::pick("n1", &chans, &labels).unwrap();
-    assert_eq!(p.channel.metadata.name.as_deref(), Some("c-pool-zone"));
-    let losers: Vec<&str> = p.losers.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(losers, ["a-all", "b-pool"]);
-    let tie = vec![
-        ch("y", json!({"pool": "edge"})),
-        ch("x", json!({"pool": "edge"})),
-    ];
-    let p = agent::channel::listing::pick("n1", &tie, &labels).unwrap();
-    assert_eq!(p.channel.metadata.name.as_deref(), Some("x"));
-}
-
 /// `rebootTimeout: 0s` is refused by the agent too (the CRD's CEL rule
 /// refuses it at the server): the channel is marked Invalid and nothing is disrupted.
 #[tokio::test]

@@ -442,26 +442,3 @@ async fn stage_will_miss_window_is_set_while_the_bytes_left_cannot_arrive_and_cl
     assert_eq!(c["status"], "False", "{c}");
     assert_eq!(c["reason"], "StageOnTime", "{c}");
 }
-
-#[test]
-fn a_v010_channel_has_no_thin_link_settings_and_stages_as_before() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/v0.1.0/updatechannel.json"
-    );
-    let ch: agent::channel::crd::UpdateChannel =
-        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    let policy = agent::channel::spec::Policy::from_spec(&ch.spec).expect("a v0.1.0 spec is valid");
-    assert!(policy.thin.windows.is_empty() && policy.thin.sources.is_empty());
-    assert_eq!(policy.thin.max_bytes_per_day, None);
-    assert_eq!(
-        policy.thin.gate(Utc::now(), 0),
-        agent::channel::thin::Gate::Stage {
-            schedule: None,
-            max_bytes: None
-        }
-    );
-    // Re-encoded, it gains no field.
-    let again = serde_json::to_value(&ch.spec).unwrap();
-    assert!(again.get("stage").is_none() && again.get("sources").is_none());
-}

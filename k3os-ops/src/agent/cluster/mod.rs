@@ -12,6 +12,9 @@ pub mod events;
 pub mod rollout_status;
 pub mod gate_probe;
 pub mod kube_store;
+// The mock API server of the request-level unit tests.
+#[cfg(test)]
+pub(crate) mod mock_api;
 pub mod publish;
 pub mod slots;
 pub mod stale;
