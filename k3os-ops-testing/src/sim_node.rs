@@ -15,10 +15,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use k3os_ops::agent::host::ops::{
+use k3os_ops::agent::testing::{
     ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress, Withheld,
 };
-use k3os_ops::agent::host::status::{Inactive, NodeUpdateStatus};
+use k3os_ops::agent::testing::{Inactive, NodeUpdateStatus};
 use libupgrade::channel::RolloutNote;
 use libupgrade::rollout::{self, Installed, Listed, Seed};
 use libupgrade::{Origin, Release, Source, StageOptions, StageRequest};

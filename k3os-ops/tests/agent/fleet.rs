@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use crate::fleet_rig::*;
-use agent::channel::format::ANN_CORDONED;
+use agent::testing::ANN_CORDONED;
 use bootconfig::Slot;
 use fake_api::NS;
 use k3os_ops::agent;
@@ -97,7 +97,7 @@ async fn rollout(concurrency: u32) {
             verdict
                 .checks
                 .iter()
-                .any(|c| c.name == agent::host::ops::NODE_READY && c.ok),
+                .any(|c| c.name == agent::testing::NODE_READY && c.ok),
             "{name}: {verdict:?}"
         );
         assert!(
@@ -183,7 +183,7 @@ async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
         failures[0]["reason"]
             .as_str()
             .unwrap()
-            .contains(agent::host::ops::NODE_READY),
+            .contains(agent::testing::NODE_READY),
         "{}",
         failures[0]
     );
@@ -302,7 +302,7 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
         assert_eq!(node["spec"]["unschedulable"], false, "{name}");
         assert_eq!(annotation(&node, ANN_CORDONED), None, "{name}");
         assert_eq!(
-            annotation(&node, agent::channel::format::ANN_FORMAT),
+            annotation(&node, agent::testing::ANN_FORMAT),
             Some("2"),
             "{name}: the annotations were migrated"
         );
@@ -317,20 +317,20 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
 
     // A zombie v0.1.0 agent of node-1 writing under its old token changes nothing.
     let client = fake_api::client(&fleet.world, &fleet.log);
-    let store = agent::cluster::kube_store::KubeChannelStore::new(client, NS, "stable");
+    let store = agent::testing::KubeChannelStore::new(client, NS, "stable");
     let before = fleet.channel();
-    let fenced = agent::cluster::slots::fence(
+    let fenced = agent::testing::slots::fence(
         &store,
         "node-1",
         &old_token,
-        agent::channel::crd::SlotPhase::Rebooting,
+        agent::testing::crd::SlotPhase::Rebooting,
         None,
         chrono::Utc::now(),
     )
     .await
     .unwrap();
-    assert_eq!(fenced, agent::cluster::slots::FenceOutcome::Lost);
-    let released = agent::cluster::slots::release(&store, "node-1", &old_token, chrono::Utc::now())
+    assert_eq!(fenced, agent::testing::slots::FenceOutcome::Lost);
+    let released = agent::testing::slots::release(&store, "node-1", &old_token, chrono::Utc::now())
         .await
         .unwrap();
     assert!(!released);
@@ -635,7 +635,7 @@ async fn pre_reboot_gates_hold_claims_while_alerts_fire_or_blocking_pods_run() {
     assert!(!fleet.monitor.lock().unwrap().claims.contains_key("node-1"));
     let message = annotation(
         fleet.world.lock().unwrap().node("node-1"),
-        agent::channel::format::ANN_MESSAGE,
+        agent::testing::ANN_MESSAGE,
     )
     .map(String::from);
     assert!(

@@ -68,12 +68,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent::channel::crd::UpdateChannel;
-use agent::channel::format::{ANN_CORDONED, ANN_PHASE};
-use agent::context::{Agent, Next};
-use agent::host::node::LibupgradeNode;
-use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
-use agent::host::status::NodeUpdateStatus;
+use agent::testing::crd::UpdateChannel;
+use agent::testing::{
+    Agent, ConfirmResult, LibupgradeNode, Next, NodeError, NodeOps, NodeUpdateStatus, StageEnd,
+    StageProgress, ANN_CORDONED, ANN_PHASE,
+};
 use bootconfig::Slot;
 use k3os_ops_testing::fake_api::{self, Log, Pdb, World, NS};
 use libupgrade::state::ledger::PreviewRecord;
@@ -759,11 +758,11 @@ impl Fleet {
         let wake = self.world.lock().unwrap().subscribe();
         let mut tasks = vec![
             tokio::spawn(agent_loop(agent.clone(), wake)),
-            tokio::spawn(agent::fleet::background::renew_node_lease(agent.clone())),
-            tokio::spawn(agent::fleet::background::reclaim_loop(agent.clone())),
+            tokio::spawn(agent::testing::renew_node_lease(agent.clone())),
+            tokio::spawn(agent::testing::reclaim_loop(agent.clone())),
         ];
         if self.scenario.rollout.is_some() {
-            tasks.push(tokio::spawn(agent::fleet::counter::count_loop(
+            tasks.push(tokio::spawn(agent::testing::count_loop(
                 agent,
                 Duration::from_millis(50),
             )));
@@ -813,7 +812,7 @@ impl Fleet {
             // Nodes start on A: B is the new version, booted on trial.
             (Slot::B, Ok(r))
                 if matches!(r.outcome(), libupgrade::state::Outcome::Pending { waiting_for, .. }
-                    if waiting_for.join(", ") == agent::host::ops::NODE_READY) =>
+                    if waiting_for.join(", ") == agent::testing::NODE_READY) =>
             {
                 true
             }
@@ -962,6 +961,6 @@ pub(crate) fn stage_as_agent(
     book_on: Option<chrono::NaiveDate>,
     progress: &dyn StageProgress,
 ) -> Result<StageEnd, NodeError> {
-    let rel = agent::host::requests::for_stage(node, req, None)?;
+    let rel = agent::testing::for_stage(node, req, None)?;
     node.stage(&rel, &req.options, book_on, progress)
 }

@@ -6,16 +6,17 @@
 //! uncordon only of our own cordon; release after confirm; failures pause the channel.
 
 use k3os_ops::agent;
-use k3os_ops::agent::fleet::poller::Polls;
+use k3os_ops::agent::testing::Polls;
 use libupgrade::rollout::Seed;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent::channel::crd::UpdateChannel;
-use agent::context::{Agent, Next};
-use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
-use agent::host::status::{Inactive, NodeUpdateStatus};
+use agent::testing::crd::UpdateChannel;
+use agent::testing::{
+    Agent, ConfirmResult, Inactive, Next, NodeError, NodeOps, NodeUpdateStatus, StageEnd,
+    StageProgress,
+};
 use fake_api::{Log, World};
 use k3os_ops_testing::sim_node::offered;
 use libupgrade::{Release, StageOptions, StageRequest};
@@ -83,7 +84,7 @@ impl NodeOps for FakeNode {
         &self,
         node_ready: libupgrade::health::CheckResult,
     ) -> Result<ConfirmResult, NodeError> {
-        assert_eq!(node_ready.name, agent::host::ops::NODE_READY);
+        assert_eq!(node_ready.name, agent::testing::NODE_READY);
         self.log.lock().unwrap().push(format!(
             "node: confirm with node-ready {}",
             if node_ready.ok { "ok" } else { "failed" }
@@ -544,7 +545,7 @@ async fn a_dead_holder_is_reclaimed_soon_after_reboot_timeout() {
         std::mem::replace(&mut w.channel, Value::Null)
     };
     let agent = Arc::new(agent);
-    let task = tokio::spawn(agent::fleet::background::reclaim_loop(agent.clone()));
+    let task = tokio::spawn(agent::testing::reclaim_loop(agent.clone()));
     // The agent started before the channel was created.
     tokio::time::sleep(Duration::from_secs(5)).await;
     world.lock().unwrap().channel = channel;
@@ -582,7 +583,7 @@ async fn latest_is_resolved_soon_after_a_channel_appears() {
         std::mem::replace(&mut w.channel, Value::Null)
     };
     let agent = Arc::new(agent);
-    let task = tokio::spawn(agent::fleet::poller::poll_loop(
+    let task = tokio::spawn(agent::testing::poll_loop(
         agent.clone(),
         Polls {
             every: Duration::from_secs(900),
@@ -614,7 +615,7 @@ async fn latest_is_resolved_soon_after_a_channel_appears() {
 #[tokio::test]
 async fn events_carry_fresh_text_and_land_on_the_channel_too() {
     let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
-    let ch: agent::channel::crd::UpdateChannel =
+    let ch: agent::testing::crd::UpdateChannel =
         serde_json::from_value(world.lock().unwrap().channel.clone()).unwrap();
     agent
         .event(
@@ -801,7 +802,7 @@ fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
 #[tokio::test]
 async fn metrics_and_probes_over_a_real_socket() {
     let (agent, _world, _node, _log) = setup(ConfirmResult::Healthy, false);
-    let addr = agent::metrics::spawn(
+    let addr = agent::testing::spawn_metrics(
         "127.0.0.1:0".parse().unwrap(),
         agent.clients.metrics.clone(),
     )
@@ -891,7 +892,7 @@ async fn a_boot_time_health_failure_is_reported_with_the_cores_reason() {
     {
         let mut s = node.status.lock().unwrap();
         s.inactive = Inactive::Failed("v2".into());
-        s.failed_trial = Some(agent::host::status::TrialFailure {
+        s.failed_trial = Some(agent::testing::TrialFailure {
             event: "health-failed".into(),
             reason: "health checks failed (10-etcd: etcd quorum lost on v2); rolled back to slot A"
                 .into(),
@@ -947,8 +948,8 @@ async fn the_channel_gets_an_event_per_claim_release_failure_and_pause() {
 async fn a_boot_not_assessed_yet_is_reported_once_and_waited_for() {
     let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
     *node.status_error.lock().unwrap() = Some(NodeError::new(
-        agent::host::ops::NOT_ASSESSED,
-        agent::host::ops::NOT_ASSESSED_HELP,
+        agent::testing::NOT_ASSESSED,
+        agent::testing::NOT_ASSESSED_HELP,
     ));
     for _ in 0..3 {
         assert_eq!(agent.reconcile().await.expect("not an error"), Next::Wait);

@@ -1,7 +1,7 @@
 //! The agent against tower-test's mock service (`kube::Client::new(mock, "default")`): the
 //! test scripts the API server's answers and checks the exact requests. The request-level
 //! checks of single calls (the slot CAS, the drain's evictions, the `Invalid` condition's PUT)
-//! are unit tests beside that code (`agent::cluster::mock_api`); here the whole reconcile:
+//! are unit tests beside that code (`agent::testing::mock_api`); here the whole reconcile:
 //! the agent's own Node missing is an error naming it.
 
 use k3os_ops::agent;
@@ -61,7 +61,7 @@ fn status_body(code: u16, reason: &str, message: &str) -> Value {
 #[tokio::test]
 async fn own_node_missing_is_an_error_naming_it() {
     let (client, mut h) = mock();
-    let agent = agent::context::Agent::new(
+    let agent = agent::testing::Agent::new(
         client,
         "k3os-system",
         "n1",

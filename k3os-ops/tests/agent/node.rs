@@ -8,7 +8,10 @@
 //! `drop_withdrawn` drops a withdrawn staged release.
 
 use crate::fleet_rig::{agent_request, stage_as_agent};
-use agent::host::requests::resolve_latest;
+use agent::testing::{
+    resolve_latest, ConfirmResult, Inactive, LibupgradeNode, NodeOps, NodeUpdateStatus,
+    StageProgress,
+};
 use k3os_ops::agent;
 
 use std::path::Path;
@@ -16,9 +19,6 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use agent::host::node::LibupgradeNode;
-use agent::host::ops::{ConfirmResult, NodeOps, StageProgress};
-use agent::host::status::{Inactive, NodeUpdateStatus};
 use bootconfig::Slot;
 use libupgrade::health::CheckResult;
 use libupgrade::manifest::Arch;
@@ -160,7 +160,7 @@ const LIMIT: Duration = Duration::from_secs(900);
 
 fn node_ready(ok: bool) -> CheckResult {
     CheckResult {
-        name: agent::host::ops::NODE_READY.into(),
+        name: agent::testing::NODE_READY.into(),
         ok,
         detail: if ok {
             "Ready".into()
@@ -174,7 +174,7 @@ fn node_ready(ok: bool) -> CheckResult {
 fn assert_pending(r: libupgrade::Result<libupgrade::ConfirmReport>) {
     match r.as_ref().map(|r| r.outcome()) {
         Ok(libupgrade::state::Outcome::Pending { waiting_for, .. }) => {
-            assert_eq!(waiting_for.join(", "), agent::host::ops::NODE_READY)
+            assert_eq!(waiting_for.join(", "), agent::testing::NODE_READY)
         }
         _ => panic!("the boot-time confirm must wait for node-ready: {r:?}"),
     }
@@ -192,7 +192,7 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
     let seed = libupgrade::rollout::Seed::derived_from("cluster");
     assert_eq!(
         resolve_latest(&node, &rig.channel, seed).unwrap(),
-        agent::host::latest::Latest::plain("v2")
+        agent::testing::Latest::plain("v2")
     );
     let progress = Progress(Mutex::new(Vec::new()));
     stage_as_agent(
@@ -432,7 +432,7 @@ fn a_boot_time_health_failure_reaches_the_agent_with_the_checks_output() {
     let st = rig.node().status().unwrap();
     assert_eq!(st.inactive, Inactive::Failed("v2".into()), "{st:?}");
     let f = st.failed_trial.expect("the core's record of the failure");
-    assert_eq!(f.event, agent::host::status::HEALTH_FAILED, "{f:?}");
+    assert_eq!(f.event, agent::testing::HEALTH_FAILED, "{f:?}");
     assert!(f.reason.contains("etcd quorum lost on v2"), "{f:?}");
 }
 
@@ -449,7 +449,7 @@ fn a_fallback_reaches_the_agent_as_a_fallback() {
     rig.init_confirm_good("A is good");
     let st = rig.node().status().unwrap();
     let f = st.failed_trial.expect("the core's record of the fallback");
-    assert_eq!(f.event, agent::host::status::FALLBACK_TAKEN, "{f:?}");
+    assert_eq!(f.event, agent::testing::FALLBACK_TAKEN, "{f:?}");
 }
 
 /// A rollout edit: the release's new rollout from its current one.

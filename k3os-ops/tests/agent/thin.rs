@@ -23,11 +23,8 @@ use k3os_ops::agent;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use agent::channel::crd::UpdateChannel;
-use agent::context::Agent;
-use agent::host::node::LibupgradeNode;
-use agent::host::ops::NodeOps;
-use agent::host::status::Inactive;
+use agent::testing::crd::UpdateChannel;
+use agent::testing::{Agent, Inactive, LibupgradeNode, NodeOps};
 use chrono::{DateTime, Utc};
 use fake_api::{Log, World};
 use libupgrade::manifest::Arch;
@@ -176,7 +173,7 @@ fn assert_no_failure(world: &Arc<Mutex<World>>, agent: &Agent) {
 }
 
 fn preview(world: &Arc<Mutex<World>>) -> Value {
-    let key = k3os_ops::agent::reconcile::thin_report::ANN_STAGE_PREVIEW;
+    let key = k3os_ops::agent::testing::ANN_STAGE_PREVIEW;
     assert_eq!(key, "k3os.io/update-stage-preview");
     assert_eq!(
         annotation(world, "k3os.io/stage-preview"),

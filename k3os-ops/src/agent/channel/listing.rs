@@ -233,7 +233,10 @@ mod tests {
             ch("d-other", &[("pool", "core")]),
         ];
         let p = pick("n1", &chans, &labels).unwrap();
-        assert_eq!(p.channel.resource.metadata.name.as_deref(), Some("c-pool-zone"));
+        assert_eq!(
+            p.channel.resource.metadata.name.as_deref(),
+            Some("c-pool-zone")
+        );
         let losers: Vec<&str> = p.losers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(losers, ["a-all", "b-pool"]);
         let tie = vec![ch("y", &[("pool", "edge")]), ch("x", &[("pool", "edge")])];

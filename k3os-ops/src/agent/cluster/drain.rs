@@ -438,7 +438,8 @@ mod tests {
                     Response::builder()
                         .status(429)
                         .body(Body::from(
-                            serde_json::to_vec(&status_body(429, "TooManyRequests", "pdb")).unwrap(),
+                            serde_json::to_vec(&status_body(429, "TooManyRequests", "pdb"))
+                                .unwrap(),
                         ))
                         .unwrap(),
                 );
@@ -501,7 +502,6 @@ mod tests {
         assert!(err.contains("apps/cache has emptyDir data"), "{err}");
         server.await.unwrap();
     }
-
 
     /// Read one HTTP/1.1 request: (method, path, body).
     async fn read_request(s: &mut TcpStream) -> Option<(String, String)> {
@@ -583,7 +583,8 @@ mod tests {
                         } else {
                             respond(&mut s, 201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})).await;
                         }
-                    } else if method == "GET" && path.starts_with("/api/v1/namespaces/default/pods/web")
+                    } else if method == "GET"
+                        && path.starts_with("/api/v1/namespaces/default/pods/web")
                     {
                         respond(
                             &mut s,

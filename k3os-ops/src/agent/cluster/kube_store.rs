@@ -425,7 +425,8 @@ mod tests {
             let mut ch = channel_json("7", json!([]));
             ch["spec"]["version"] = json!("latest");
             answer(&mut h, Method::GET, CH_PATH, 200, ch.clone()).await;
-            let (_, sent) = answer(&mut h, Method::PUT, &format!("{CH_PATH}/status"), 200, ch).await;
+            let (_, sent) =
+                answer(&mut h, Method::PUT, &format!("{CH_PATH}/status"), 200, ch).await;
             assert_eq!(sent["status"]["latestVersion"], "v9");
             assert_eq!(
                 sent["spec"]["version"], "latest",
@@ -456,7 +457,10 @@ mod tests {
 
     /// A v0.1.0 fixture (tests/fixtures/v0.1.0) as JSON.
     fn v010(name: &str) -> serde_json::Value {
-        let path = format!("{}/tests/fixtures/v0.1.0/{name}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!(
+            "{}/tests/fixtures/v0.1.0/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
     }
 
@@ -480,8 +484,14 @@ mod tests {
         let store = KubeChannelStore::new(client, "k3os-system", "stable");
         let server = tokio::spawn(async move {
             answer(&mut h, Method::GET, CH_PATH, 200, old.clone()).await;
-            let (_, sent) =
-                answer(&mut h, Method::PUT, &format!("{CH_PATH}/status"), 200, old.clone()).await;
+            let (_, sent) = answer(
+                &mut h,
+                Method::PUT,
+                &format!("{CH_PATH}/status"),
+                200,
+                old.clone(),
+            )
+            .await;
             (old, sent)
         });
         slots::write_fleet(&store, &facts, None, chrono::Utc::now())

@@ -29,8 +29,8 @@ use libupgrade::rollout::{Hold, Seed};
 use libupgrade::Stop;
 use libupgrade::{Release, ResolveError, StageOptions, StageRequest};
 
-use libupgrade::state::ledger::PreviewRecord;
 use super::status::NodeUpdateStatus;
+use libupgrade::state::ledger::PreviewRecord;
 
 /// Environment variable naming the host directory the agent looks for offline bundles in
 /// (the DaemonSet mounts it read-only; unset: no bundles).

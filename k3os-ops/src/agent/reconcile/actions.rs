@@ -257,6 +257,9 @@ mod tests {
         assert!(text.contains("bootloader fell back"), "{text}");
         let (event, text) = rolled_back_reason("v2", None);
         assert_eq!(event, "RolledBack");
-        assert!(text.contains("bootloader fell back") && text.contains("v2"), "{text}");
+        assert!(
+            text.contains("bootloader fell back") && text.contains("v2"),
+            "{text}"
+        );
     }
 }

@@ -199,26 +199,15 @@ mod tests {
         let api = dynamic_api(client, "k3os-system");
         let mut raw = channel_json("41", json!([slot("n2", "t2", "Draining")]));
         raw["spec"]["concurrency"] = json!(5_000_000_000u64);
-        let bad =
-            decode(serde_json::from_value(raw.clone()).unwrap()).unwrap_err();
+        let bad = decode(serde_json::from_value(raw.clone()).unwrap()).unwrap_err();
         let now = chrono::Utc::now();
         let write = tokio::spawn(async move {
-            let first = write_invalid(
-                &api,
-                &bad.object,
-                Some("bad concurrency"),
-                now,
-            )
-            .await
-            .unwrap();
-            let second = write_invalid(
-                &api,
-                &bad.object,
-                Some("bad concurrency"),
-                now,
-            )
-            .await
-            .unwrap();
+            let first = write_invalid(&api, &bad.object, Some("bad concurrency"), now)
+                .await
+                .unwrap();
+            let second = write_invalid(&api, &bad.object, Some("bad concurrency"), now)
+                .await
+                .unwrap();
             (first, second)
         });
         let path = format!("{CH_PATH}/status");

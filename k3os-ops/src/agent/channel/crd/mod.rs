@@ -31,9 +31,9 @@ use schemas::*;
 pub use fleet::{FleetRolloutStatus, COND_RELEASE_WITHDRAWN, COND_WAITING_FOR_WAVE};
 // `status::Condition` is named only through `UpdateChannelStatus::conditions`.
 pub use status::{
-    FailureRecord, NodeCounts, RolloutStatus, SlotEntry, SlotPhase,
-    UpdateChannelStatus, COND_CHANNEL_STALE, COND_COMPLETE, COND_DEGRADED, COND_INVALID,
-    COND_LATEST_RESOLVED, COND_PAUSED, COND_STAGE_WILL_MISS_WINDOW,
+    FailureRecord, NodeCounts, RolloutStatus, SlotEntry, SlotPhase, UpdateChannelStatus,
+    COND_CHANNEL_STALE, COND_COMPLETE, COND_DEGRADED, COND_INVALID, COND_LATEST_RESOLVED,
+    COND_PAUSED, COND_STAGE_WILL_MISS_WINDOW,
 };
 
 /// Pattern of the spec's short durations (`90s`, `15m`, `1h30m`, `2d`; see `duration.rs`).
