@@ -5,10 +5,11 @@
 //! pure rollout decision (`libupgrade::rollout::offer`, `admission`) for the seed it is asked
 //! with, and records those seeds; a stage of the resolved release is instant. Without a
 //! channel it follows pinned versions only, each offered as by a channel without rollouts
-//! ([`offered`]). Two tests keep a node of
-//! their own: `flow`, whose logging fake records what the agent asks of a node in which order
-//! (it looks at the calls, not only at their outcome), and the fleet test, which wraps the real
-//! `LibupgradeNode` (`fleet_rig`) to hand its reboots to a power driver.
+//! ([`offered`]), and `latest` as [`SimNode::with_latest`] says. A recording node
+//! ([`SimNode::recording`]) writes each call the agent makes into the fake API's log, so a
+//! test checks the order of node calls and API writes (the `flow` tests). The one other node
+//! of the agent's tests is not simulated: the fleet test wraps the real `LibupgradeNode` over
+//! testkit's disk (`fleet_rig`) to hand its reboots to a power driver.
 
 use std::sync::mpsc as sync_mpsc;
 use std::sync::Mutex;
@@ -16,24 +17,19 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use k3os_ops::agent::testing::{
-    ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress, Withheld,
+    ConfirmResult, Inactive, NodeError, NodeOps, NodeUpdateStatus, StageEnd, StageProgress,
+    Withheld, NODE_READY,
 };
-use k3os_ops::agent::testing::{Inactive, NodeUpdateStatus};
 use libupgrade::channel::RolloutNote;
 use libupgrade::rollout::{self, Installed, Listed, Seed};
 use libupgrade::{Origin, Release, Source, StageOptions, StageRequest};
 use tokio::sync::mpsc;
 
+use crate::fake_api::Log;
+
 /// A reboot handed to the power driver: the node's index and the sender to answer on once
 /// the driver has ended that node's agent.
 pub type PowerRequest = (usize, sync_mpsc::Sender<()>);
-
-/// What the node's slots hold.
-struct Slots {
-    booted: String,
-    on_trial: bool,
-    inactive: Inactive,
-}
 
 /// The channel a simulated node resolves: the releases as its signed metadata lists them and
 /// the time its resolutions take as now.
@@ -46,12 +42,14 @@ pub struct SimChannel {
 }
 
 /// A node whose staging is instant (nothing fetched), whose activation marks the staged slot
-/// for the next boot and whose trial boot is healthy. A reboot goes to the power driver
-/// given to [`SimNode::powered`], which ends the agent and later calls [`SimNode::boot`];
-/// a node without one ([`SimNode::new`]) refuses to reboot.
+/// for the next boot and whose trial boot is healthy (unless [`SimNode::with_confirm`] says
+/// otherwise). A reboot goes to the power driver given to [`SimNode::powered`], which ends the
+/// agent and later calls [`SimNode::boot`]; a recording node's reboot returns (the test
+/// power-cycles it); any other node ([`SimNode::new`]) refuses to reboot.
 pub struct SimNode {
     index: usize,
-    slots: Mutex<Slots>,
+    /// What the node's slots hold, as `status` reports it.
+    slots: Mutex<NodeUpdateStatus>,
     power: Option<mpsc::UnboundedSender<PowerRequest>>,
     channel: Mutex<Option<SimChannel>>,
     /// Every seed a resolution or a stage was asked with, in order.
@@ -59,6 +57,14 @@ pub struct SimNode {
     /// When set ([`SimNode::with_running_clock`]): the channel's clock runs with tokio's
     /// (paused) clock from this instant on.
     clock_from: Option<tokio::time::Instant>,
+    /// When set ([`SimNode::recording`]): where each call the agent makes is written.
+    log: Option<Log>,
+    /// The boot-assessment core's verdict on every trial ([`SimNode::with_confirm`]).
+    confirm: ConfirmResult,
+    /// When set ([`SimNode::fail_status`]): what `status` fails with.
+    status_error: Mutex<Option<NodeError>>,
+    /// Without a channel: the version `latest` resolves to ([`SimNode::with_latest`]).
+    latest: Option<String>,
 }
 
 impl SimNode {
@@ -66,15 +72,68 @@ impl SimNode {
     pub fn new(booted: &str) -> SimNode {
         SimNode {
             index: 0,
-            slots: Mutex::new(Slots {
-                booted: booted.into(),
-                on_trial: false,
+            slots: Mutex::new(NodeUpdateStatus {
+                booted_version: Some(booted.into()),
+                booted_on_trial: false,
                 inactive: Inactive::Empty,
+                failed_trial: None,
             }),
             power: None,
             channel: Mutex::new(None),
             seeds: Mutex::new(Vec::new()),
             clock_from: None,
+            log: None,
+            confirm: ConfirmResult::Healthy,
+            status_error: Mutex::new(None),
+            latest: None,
+        }
+    }
+
+    /// A node booted on `booted` that writes each call the agent makes into `log` (the fake
+    /// API's, so node calls and API writes are in one order): `node: stage V` (with ` capped
+    /// at R B/s` under `maxRate`), `node: activate`, `node: confirm with node-ready ok|failed`,
+    /// `node: reboot`. It reports a stage's progress (one file of 100 bytes), checks the
+    /// agent's arguments (a trial leaves at least 10 minutes for Node-Ready; the check it
+    /// confirms with is Node-Ready), and its reboot returns: the test power-cycles it with
+    /// [`SimNode::boot`] or [`SimNode::fall_back`].
+    pub fn recording(booted: &str, log: Log) -> SimNode {
+        SimNode {
+            log: Some(log),
+            ..SimNode::new(booted)
+        }
+    }
+
+    /// The same node, `latest` resolving to `version` (offered) while it has no channel.
+    pub fn with_latest(self, version: &str) -> SimNode {
+        SimNode {
+            latest: Some(version.into()),
+            ..self
+        }
+    }
+
+    /// The same node, the boot-assessment core answering `verdict` for every trial.
+    pub fn with_confirm(self, verdict: ConfirmResult) -> SimNode {
+        SimNode {
+            confirm: verdict,
+            ..self
+        }
+    }
+
+    /// Make `status` fail with `error` from now on (e.g. the boot not assessed yet); `None`:
+    /// answer again.
+    pub fn fail_status(&self, error: Option<NodeError>) {
+        *self.status_error.lock().unwrap() = error;
+    }
+
+    /// Change what the slots hold (a failed trial's record, a slot staged meanwhile).
+    pub fn edit_status(&self, edit: impl FnOnce(&mut NodeUpdateStatus)) {
+        edit(&mut self.slots.lock().unwrap());
+    }
+
+    /// Write `line` into a recording node's log.
+    fn record(&self, line: String) {
+        if let Some(log) = &self.log {
+            log.lock().unwrap().push(line);
         }
     }
 
@@ -132,7 +191,7 @@ impl SimNode {
                 .find(|l| l.version == v)
                 .map_or(0, |l| l.generation),
         };
-        let running = installed(&s.booted);
+        let running = installed(s.booted_version.as_deref().unwrap_or_default());
         let staged = match &s.inactive {
             Inactive::Staged(v) => Some(installed(v)),
             _ => None,
@@ -164,9 +223,20 @@ impl SimNode {
         let mut s = self.slots.lock().unwrap();
         if let Inactive::Activated(v) = s.inactive.clone() {
             s.inactive = Inactive::Empty;
-            s.booted = v;
-            s.on_trial = true;
+            s.booted_version = Some(v);
+            s.booted_on_trial = true;
         }
+    }
+
+    /// The power cycle in which the bootloader falls back: the node comes back on the slot it
+    /// ran, the one it was to try is marked failed.
+    pub fn fall_back(&self) {
+        let mut s = self.slots.lock().unwrap();
+        let (Inactive::Activated(new) | Inactive::Staged(new)) = s.inactive.clone() else {
+            panic!("nothing to fall back from: {:?}", s.inactive);
+        };
+        s.inactive = Inactive::Failed(new);
+        s.booted_on_trial = false;
     }
 }
 
@@ -266,26 +336,29 @@ impl NodeOps for SimNode {
         }
     }
     fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
-        let s = self.slots.lock().unwrap();
-        Ok(NodeUpdateStatus {
-            booted_version: Some(s.booted.clone()),
-            booted_on_trial: s.on_trial,
-            inactive: s.inactive.clone(),
-            failed_trial: None,
-        })
+        if let Some(e) = self.status_error.lock().unwrap().clone() {
+            return Err(e);
+        }
+        Ok(self.slots.lock().unwrap().clone())
     }
     fn resolve(&self, req: &StageRequest) -> Result<Release, NodeError> {
         self.seeds.lock().unwrap().push(req.seed);
         let seed = req
             .seed
             .ok_or_else(|| NodeError::new("resolve", "a request without a seed"))?;
-        match req.wanted.version() {
-            None => self.resolve_latest(seed),
-            Some(v) => self.resolve_version(v, seed, req.ignore_rollout),
+        let no_channel = self.channel.lock().unwrap().is_none();
+        match (req.wanted.version(), &self.latest) {
+            (None, Some(latest)) if no_channel => self.resolve_version(latest, seed, false),
+            (None, _) => self.resolve_latest(seed),
+            (Some(v), _) => self.resolve_version(v, seed, req.ignore_rollout),
         }
     }
     fn drop_withdrawn(&self, _: &str, seed: Seed) -> Result<Option<String>, NodeError> {
         self.seeds.lock().unwrap().push(Some(seed));
+        if self.channel.lock().unwrap().is_none() {
+            // A channel without rollouts withdraws nothing.
+            return Ok(None);
+        }
         let (_, _, offer) = self.offer(seed)?;
         let mut s = self.slots.lock().unwrap();
         match (offer.drop_staged, &s.inactive) {
@@ -299,26 +372,57 @@ impl NodeOps for SimNode {
     fn stage(
         &self,
         rel: &Release,
-        _: &StageOptions,
+        opts: &StageOptions,
         _: Option<chrono::NaiveDate>,
-        _: &dyn StageProgress,
+        progress: &dyn StageProgress,
     ) -> Result<StageEnd, NodeError> {
         let version = rel.version.clone().unwrap_or_default();
+        if self.log.is_some() {
+            progress.begin("rootfs", 100, 0);
+            progress.advance(100);
+            progress.end();
+            let cap = opts
+                .max_rate
+                .map(|r| format!(" capped at {r} B/s"))
+                .unwrap_or_default();
+            self.record(format!("node: stage {version}{cap}"));
+        }
         self.slots.lock().unwrap().inactive = Inactive::Staged(version);
         Ok(StageEnd::Staged { fetched: 0 })
     }
-    fn activate(&self, _: Duration) -> Result<(), NodeError> {
+    fn activate(&self, node_ready_within: Duration) -> Result<(), NodeError> {
+        if self.log.is_some() {
+            assert!(
+                node_ready_within >= Duration::from_secs(600),
+                "the trial must leave time to boot, start k3s and report Node-Ready: {node_ready_within:?}"
+            );
+            self.record("node: activate".into());
+        }
         let mut s = self.slots.lock().unwrap();
         if let Inactive::Staged(v) = &s.inactive {
             s.inactive = Inactive::Activated(v.clone());
         }
         Ok(())
     }
-    fn confirm(&self, _: libupgrade::health::CheckResult) -> Result<ConfirmResult, NodeError> {
-        self.slots.lock().unwrap().on_trial = false;
-        Ok(ConfirmResult::Healthy)
+    fn confirm(
+        &self,
+        node_ready: libupgrade::health::CheckResult,
+    ) -> Result<ConfirmResult, NodeError> {
+        if self.log.is_some() {
+            assert_eq!(node_ready.name, NODE_READY);
+            let ok = if node_ready.ok { "ok" } else { "failed" };
+            self.record(format!("node: confirm with node-ready {ok}"));
+        }
+        if self.confirm == ConfirmResult::Healthy {
+            self.slots.lock().unwrap().booted_on_trial = false;
+        }
+        Ok(self.confirm.clone())
     }
     fn reboot(&self) -> Result<(), NodeError> {
+        if self.power.is_none() && self.log.is_some() {
+            self.record("node: reboot".into());
+            return Ok(());
+        }
         let Some(power) = &self.power else {
             return Err(NodeError::new(
                 "reboot",

@@ -136,7 +136,7 @@ pub use super::cluster::token_scope::TokenScope;
 pub use super::reconcile::invalid::write_invalid;
 
 /// The compare-and-swap slot protocol on the channel status (documented in
-/// `agent/cluster/slots`): its verbs and outcomes, over any [`ChannelStore`].
+/// `agent/cluster/slots`): its verbs and outcomes, over any [`slots::ChannelStore`].
 pub mod slots {
     /// Take a slot.
     pub use crate::agent::cluster::slots::claim;
