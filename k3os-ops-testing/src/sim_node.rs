@@ -7,9 +7,9 @@
 //! channel it follows pinned versions only, each offered as by a channel without rollouts
 //! ([`offered`]), and `latest` as [`SimNode::with_latest`] says. A recording node
 //! ([`SimNode::recording`]) writes each call the agent makes into the fake API's log, so a
-//! test checks the order of node calls and API writes (the `flow` tests). The one other node
-//! of the agent's tests is not simulated: the fleet test wraps the real `LibupgradeNode` over
-//! testkit's disk (`fleet_rig`) to hand its reboots to a power driver.
+//! test checks the order of node calls and API writes (the `flow` tests). A node over a real
+//! one ([`SimNode::powered_over`]: the fleet test's `LibupgradeNode` on testkit's disk) keeps
+//! only the power simulated: its slots, stages and verdicts are the real node's.
 
 use std::sync::mpsc as sync_mpsc;
 use std::sync::Mutex;
@@ -22,6 +22,7 @@ use k3os_ops::agent::testing::{
 };
 use libupgrade::channel::RolloutNote;
 use libupgrade::rollout::{self, Installed, Listed, Seed};
+use libupgrade::state::ledger::PreviewRecord;
 use libupgrade::{Origin, Release, Source, StageOptions, StageRequest};
 use tokio::sync::mpsc;
 
@@ -65,6 +66,11 @@ pub struct SimNode {
     status_error: Mutex<Option<NodeError>>,
     /// Without a channel: the version `latest` resolves to ([`SimNode::with_latest`]).
     latest: Option<String>,
+    /// When set ([`SimNode::powered_over`]): the real node every call but `reboot` goes to.
+    real: Option<Box<dyn NodeOps>>,
+    /// When set ([`SimNode::reporting_confirms`]): the node's name and the log each confirm's
+    /// Node-Ready report and verdict go into.
+    confirms: Option<(String, Log)>,
 }
 
 impl SimNode {
@@ -86,6 +92,30 @@ impl SimNode {
             confirm: ConfirmResult::Healthy,
             status_error: Mutex::new(None),
             latest: None,
+            real: None,
+            confirms: None,
+        }
+    }
+
+    /// Node `index` of a fleet over `real` (a `LibupgradeNode` on a disk of its own): every
+    /// call goes to `real` except `reboot`, which goes to `power` as [`SimNode::powered`]'s.
+    pub fn powered_over(
+        index: usize,
+        real: impl NodeOps + 'static,
+        power: mpsc::UnboundedSender<PowerRequest>,
+    ) -> SimNode {
+        SimNode {
+            real: Some(Box::new(real)),
+            ..SimNode::powered(index, "", power)
+        }
+    }
+
+    /// The same node, writing each confirm into `log` as `NAME: CHECK ok=OK (DETAIL) ->
+    /// VERDICT` (the Node-Ready report the agent made and the core's answer).
+    pub fn reporting_confirms(self, name: &str, log: Log) -> SimNode {
+        SimNode {
+            confirms: Some((name.into(), log)),
+            ..self
         }
     }
 
@@ -330,18 +360,27 @@ fn withdrawn(ch: &SimChannel) -> Vec<String> {
 
 impl NodeOps for SimNode {
     fn rollout_clock(&self) -> DateTime<Utc> {
+        if let Some(real) = &self.real {
+            return real.rollout_clock();
+        }
         match self.channel.lock().unwrap().as_ref() {
             Some(ch) => self.now(ch),
             None => Utc::now(),
         }
     }
     fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
+        if let Some(real) = &self.real {
+            return real.status();
+        }
         if let Some(e) = self.status_error.lock().unwrap().clone() {
             return Err(e);
         }
         Ok(self.slots.lock().unwrap().clone())
     }
     fn resolve(&self, req: &StageRequest) -> Result<Release, NodeError> {
+        if let Some(real) = &self.real {
+            return real.resolve(req);
+        }
         self.seeds.lock().unwrap().push(req.seed);
         let seed = req
             .seed
@@ -353,7 +392,10 @@ impl NodeOps for SimNode {
             (Some(v), _) => self.resolve_version(v, seed, req.ignore_rollout),
         }
     }
-    fn drop_withdrawn(&self, _: &str, seed: Seed) -> Result<Option<String>, NodeError> {
+    fn drop_withdrawn(&self, channel: &str, seed: Seed) -> Result<Option<String>, NodeError> {
+        if let Some(real) = &self.real {
+            return real.drop_withdrawn(channel, seed);
+        }
         self.seeds.lock().unwrap().push(Some(seed));
         if self.channel.lock().unwrap().is_none() {
             // A channel without rollouts withdraws nothing.
@@ -373,9 +415,12 @@ impl NodeOps for SimNode {
         &self,
         rel: &Release,
         opts: &StageOptions,
-        _: Option<chrono::NaiveDate>,
+        book_on: Option<chrono::NaiveDate>,
         progress: &dyn StageProgress,
     ) -> Result<StageEnd, NodeError> {
+        if let Some(real) = &self.real {
+            return real.stage(rel, opts, book_on, progress);
+        }
         let version = rel.version.clone().unwrap_or_default();
         if self.log.is_some() {
             progress.begin("rootfs", 100, 0);
@@ -391,6 +436,9 @@ impl NodeOps for SimNode {
         Ok(StageEnd::Staged { fetched: 0 })
     }
     fn activate(&self, node_ready_within: Duration) -> Result<(), NodeError> {
+        if let Some(real) = &self.real {
+            return real.activate(node_ready_within);
+        }
         if self.log.is_some() {
             assert!(
                 node_ready_within >= Duration::from_secs(600),
@@ -408,6 +456,19 @@ impl NodeOps for SimNode {
         &self,
         node_ready: libupgrade::health::CheckResult,
     ) -> Result<ConfirmResult, NodeError> {
+        if let Some(real) = &self.real {
+            let line = format!(
+                "{} ok={} ({})",
+                node_ready.name, node_ready.ok, node_ready.detail
+            );
+            let verdict = real.confirm(node_ready);
+            if let Some((name, log)) = &self.confirms {
+                log.lock()
+                    .unwrap()
+                    .push(format!("{name}: {line} -> {verdict:?}"));
+            }
+            return verdict;
+        }
         if self.log.is_some() {
             assert_eq!(node_ready.name, NODE_READY);
             let ok = if node_ready.ok { "ok" } else { "failed" };
@@ -417,6 +478,28 @@ impl NodeOps for SimNode {
             self.slots.lock().unwrap().booted_on_trial = false;
         }
         Ok(self.confirm.clone())
+    }
+    fn offline(&self, req: &StageRequest) -> Result<Option<Release>, NodeError> {
+        match &self.real {
+            Some(real) => real.offline(req),
+            None => Ok(None),
+        }
+    }
+    fn preview(
+        &self,
+        rel: &Release,
+        opts: &StageOptions,
+    ) -> Result<Option<PreviewRecord>, NodeError> {
+        match &self.real {
+            Some(real) => real.preview(rel, opts),
+            None => Ok(None),
+        }
+    }
+    fn fetched_on(&self, day: chrono::NaiveDate) -> Result<u64, NodeError> {
+        match &self.real {
+            Some(real) => real.fetched_on(day),
+            None => Ok(0),
+        }
     }
     fn reboot(&self) -> Result<(), NodeError> {
         if self.power.is_none() && self.log.is_some() {
