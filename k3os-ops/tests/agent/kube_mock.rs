@@ -1,8 +1,8 @@
 //! The agent against tower-test's mock service (`kube::Client::new(mock, "default")`): the
 //! test scripts the API server's answers and checks the exact requests. The request-level
 //! checks of single calls (the slot CAS, the drain's evictions, the `Invalid` condition's PUT)
-//! are unit tests beside that code (`agent::testing::mock_api`); here the whole reconcile:
-//! the agent's own Node missing is an error naming it.
+//! are unit tests beside that code (over `src/agent/cluster/mock_api.rs`); here the whole
+//! reconcile: the agent's own Node missing is an error naming it.
 
 use k3os_ops::agent;
 
