@@ -2,9 +2,10 @@
 //! fake API server and the simulated node ([`fake_api`], [`sim_node`]: the agent's test
 //! binary and the fleet bench), the CLI tests' node and release fixtures ([`cli`],
 //! [`release`]: the `cli` and `suc_plan` test binaries). It owns no test itself; it speaks the
-//! Kubernetes API as JSON and uses k3os-ops only for the agent's write counter. Depending on it turns on
-//! k3os-ops' `testing` feature, which gives the integration tests the library's own
-//! fixtures (`UpdateChannel::test()`).
+//! Kubernetes API as JSON and uses k3os-ops only through the agent's test facade
+//! (`k3os_ops::agent::testing`: the write counter, `NodeOps` and its types, the channel
+//! type). Depending on it turns on k3os-ops' `testing` feature, which opens that facade and
+//! the library's own fixtures (`UpdateChannel::test()`).
 
 pub mod cli;
 pub mod fake_api;

@@ -1,7 +1,7 @@
 //! The objects of the fake cluster as JSON: merge-patch semantics, Nodes and Pods and
 //! their readiness.
 
-use k3os_ops::agent::channel::crd::UpdateChannel;
+use k3os_ops::agent::testing::crd::UpdateChannel;
 use serde_json::{json, Value};
 
 pub fn merge(target: &mut Value, patch: &Value) {

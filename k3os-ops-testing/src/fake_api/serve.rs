@@ -157,11 +157,11 @@ pub fn resource_of(path: &str) -> String {
 }
 
 /// A kube client over the shared world whose writes `writes` counts, as the agent's own
-/// client does (`k3os_ops::agent::cluster::client::infer`): for agents with watch caches.
+/// client does (its `cluster::client::infer`): for agents with watch caches.
 pub fn counted_client(
     world: &Arc<Mutex<World>>,
     log: &Log,
-    writes: &k3os_ops::agent::cluster::client::WriteCounter,
+    writes: &k3os_ops::agent::testing::WriteCounter,
 ) -> Client {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<FakeBody>>();
     tokio::spawn(serve(handle, world.clone(), log.clone()));

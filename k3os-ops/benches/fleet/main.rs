@@ -1,6 +1,6 @@
 //! `just bench-fleet`: the agent at fleet scale, simulated in one process.
 //!
-//! N agents, one per simulated node, run exactly the agent's code ([`run::run_agent`]: the
+//! N agents, one per simulated node, run exactly the agent's code ([`run_agent`]: the
 //! watches of the channels and of the own Node, the reconcile loop on its watch caches, node
 //! Lease renewal, reclaim loop, `latest` poller, fleet counter) against the shared fake API
 //! server of the agent tests (`k3os_ops_testing::fake_api`: resourceVersion compare-and-swap, Leases,
@@ -50,11 +50,7 @@ use k3os_ops::agent;
 use k3os_ops_testing::fake_api::{self, Log, World, NS};
 use k3os_ops_testing::sim_node::{PowerRequest, SimNode};
 
-use agent::cluster::client::WriteCounter;
-use agent::context::Agent;
-use agent::fleet::poller::Polls;
-use agent::host::ops::NodeOps;
-use agent::run::{self, Periods};
+use agent::testing::{run_agent, Agent, NodeOps, Periods, Polls, WriteCounter};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -121,7 +117,7 @@ impl Fleet {
             n
         });
         let channel = fake_api::channel_object(
-            &agent::channel::crd::UpdateChannel::test()
+            &agent::testing::crd::UpdateChannel::test()
                 .url("https://releases.example/")
                 .version(Some("v1"))
                 .concurrency(concurrency)
@@ -165,7 +161,7 @@ impl Fleet {
         fleet
     }
 
-    /// Start node `i`'s agent as the DaemonSet does (run.rs's [`run::run_agent`]).
+    /// Start node `i`'s agent as the DaemonSet does (run.rs's [`run_agent`]).
     fn start_agent(&mut self, i: usize, silence: Option<Duration>) {
         let name = node_name(i);
         let writes = WriteCounter::new(&name);
@@ -175,7 +171,7 @@ impl Fleet {
         agent.set_startup_silence(silence);
         let agent = Arc::new(agent);
         self.agents[i] = Some(tokio::spawn(async move {
-            let _ = run::run_agent(agent, PERIODS).await;
+            let _ = run_agent(agent, PERIODS).await;
         }));
     }
 

@@ -47,49 +47,50 @@
 //! and the controller publishes that once. A tick publishes nothing itself but the
 //! announcement of a step that takes long (the stage, the drain, the health checks' wait).
 //!
-//! Module map: [`channel`] (pure: [`channel::crd`], [`channel::spec`], [`channel::window`],
-//! [`channel::duration`], [`channel::rollout`], [`channel::fleet_waves`],
-//! [`channel::fleet_pinned`], [`channel::thin`],
-//! [`channel::gates`], [`channel::selector`], [`channel::listing`], [`channel::counts`],
-//! [`channel::format`]), [`reconcile`] ([`reconcile::controller`], [`reconcile::decide`],
-//! [`reconcile::cooldown`], [`reconcile::waits`], [`reconcile::actions`],
-//! [`reconcile::staging`], [`reconcile::steps`], [`reconcile::withdrawn`],
-//! [`reconcile::invalid`], [`reconcile::assessment`], [`reconcile::thin_report`]),
-//! [`cluster`] ([`cluster::slots`], [`cluster::kube_store`], [`cluster::drain`],
-//! [`cluster::publish`], [`cluster::events`], [`cluster::effects`], [`cluster::gate_probe`],
-//! [`cluster::stale`], [`cluster::rollout_status`], [`cluster::cache`], [`cluster::client`],
-//! [`cluster::token_scope`]), [`fleet`] ([`fleet::background`], [`fleet::poller`], [`fleet::counter`]), [`host`]
-//! ([`host::ops`], [`host::node`], [`host::requests`], [`host::latest`], [`host::pinned`],
-//! [`host::status`],
-//! [`host::stage_progress`]), and the shared [`context`], [`errors`],
-//! [`metrics`], [`phase`], [`mod@run`].
+//! Module map: `channel` (pure: `channel::crd`, `channel::spec`, `channel::window`,
+//! `channel::duration`, `channel::rollout`, `channel::fleet_waves`,
+//! `channel::fleet_pinned`, `channel::thin`,
+//! `channel::gates`, `channel::selector`, `channel::listing`, `channel::counts`,
+//! `channel::format`), `reconcile` (`reconcile::controller`, `reconcile::decide`,
+//! `reconcile::cooldown`, `reconcile::waits`, `reconcile::actions`,
+//! `reconcile::staging`, `reconcile::steps`, `reconcile::withdrawn`,
+//! `reconcile::invalid`, `reconcile::assessment`, `reconcile::thin_report`),
+//! `cluster` (`cluster::slots`, `cluster::kube_store`, `cluster::drain`,
+//! `cluster::publish`, `cluster::events`, `cluster::effects`, `cluster::gate_probe`,
+//! `cluster::stale`, `cluster::rollout_status`, `cluster::cache`, `cluster::client`,
+//! `cluster::token_scope`), `fleet` (`fleet::background`, `fleet::poller`, `fleet::counter`), `host`
+//! (`host::ops`, `host::node`, `host::requests`, `host::latest`, `host::pinned`,
+//! `host::status`,
+//! `host::stage_progress`), and the shared `context`, `errors`,
+//! `metrics`, `phase`, `run`.
 //!
 //! Error policy: the steps return typed errors (`SlotError`, `DrainError`, `NodeError`,
 //! `WindowError`, `DurationError`) wrapped with context; every error ends in
-//! [`mod@run`]'s loop, which logs it and publishes it once per text as a `ReconcileError` Event
-//! ([`errors::message`] renders the chain as Display text), backs off and retries. Nothing
+//! `run`'s loop, which logs it and publishes it once per text as a `ReconcileError` Event
+//! (`errors::message` renders the chain as Display text), backs off and retries. Nothing
 //! below `run` exits the process. Two states are not errors and are reported once, then
 //! waited out quietly: a boot not assessed yet (`k3os-ops slot confirm` did not run; Node
 //! condition `K3osBootAssessed=False` and a `BootNotAssessed` Event naming the command), and
-//! an object in a newer format than this agent knows ([`channel::format`]; an `UnknownFormat` Event,
+//! an object in a newer format than this agent knows (`channel::format`; an `UnknownFormat` Event,
 //! nothing written to it).
 //!
-//! Integration tests reach it as `k3os_ops::agent` (the library target).
+//! The modules are private to the crate. Integration tests, the real-cluster tests and the
+//! fleet bench reach the agent through one facade, `testing` (feature `testing`, which
+//! `k3os-ops-testing` turns on; never in a release build); internals are unit-tested beside
+//! their code.
 
-/// Declares the agent's modules: private to the crate in a release build (the binary uses
-/// only what this module defines), public to the integration tests and the fleet bench through
-/// the `testing` feature, which `k3os-ops-testing` (their dev-dependency) turns on, so they
-/// can test the internals. A release build never has it (`cargo build -p k3os-ops`).
-macro_rules! modules {
-    ($($m:ident),* $(,)?) => {$(
-        #[cfg(feature = "testing")]
-        pub mod $m;
-        #[cfg(not(feature = "testing"))]
-        pub(crate) mod $m;
-    )*};
-}
-
-modules!(channel, cluster, context, errors, fleet, host, metrics, phase, reconcile, run);
+pub(crate) mod channel;
+pub(crate) mod cluster;
+pub(crate) mod context;
+pub(crate) mod errors;
+pub(crate) mod fleet;
+pub(crate) mod host;
+pub(crate) mod metrics;
+pub(crate) mod phase;
+pub(crate) mod reconcile;
+pub(crate) mod run;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 // The deploy manifests (`deploy/`) against what the agent uses and mounts.
 #[cfg(test)]

@@ -42,11 +42,17 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         args.metrics_addr
     );
     libupgrade::http::install_crypto_provider();
-    let node_ops = Arc::new(super::host::node::LibupgradeNode::open(args.config.clone())?);
+    let node_ops = Arc::new(super::host::node::LibupgradeNode::open(
+        args.config.clone(),
+    )?);
     let agent = start_agent(&args, &node, node_ops.clone()).await?;
     if args.scrub_hours > 0 {
         let every = Duration::from_secs(args.scrub_hours * 3600);
-        tokio::spawn(super::host::scrub::scrub_loop(agent.clone(), node_ops, every));
+        tokio::spawn(super::host::scrub::scrub_loop(
+            agent.clone(),
+            node_ops,
+            every,
+        ));
     }
     let bound = super::metrics::spawn(args.metrics_addr, agent.clients.metrics.clone())
         .await

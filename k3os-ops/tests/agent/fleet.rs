@@ -14,11 +14,11 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use crate::fleet_rig::*;
-use agent::channel::format::ANN_CORDONED;
+use agent::testing::ANN_CORDONED;
 use bootconfig::Slot;
 use fake_api::NS;
 use k3os_ops::agent;
-use serde_json::{json, Value};
+use serde_json::json;
 async fn rollout(concurrency: u32) {
     let started = Instant::now();
     let mut fleet = Fleet::new(Scenario::at(concurrency));
@@ -97,7 +97,7 @@ async fn rollout(concurrency: u32) {
             verdict
                 .checks
                 .iter()
-                .any(|c| c.name == agent::host::ops::NODE_READY && c.ok),
+                .any(|c| c.name == agent::testing::NODE_READY && c.ok),
             "{name}: {verdict:?}"
         );
         assert!(
@@ -183,7 +183,7 @@ async fn a_version_that_never_becomes_ready_rolls_back_and_pauses_the_fleet() {
         failures[0]["reason"]
             .as_str()
             .unwrap()
-            .contains(agent::host::ops::NODE_READY),
+            .contains(agent::testing::NODE_READY),
         "{}",
         failures[0]
     );
@@ -302,7 +302,7 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
         assert_eq!(node["spec"]["unschedulable"], false, "{name}");
         assert_eq!(annotation(&node, ANN_CORDONED), None, "{name}");
         assert_eq!(
-            annotation(&node, agent::channel::format::ANN_FORMAT),
+            annotation(&node, agent::testing::ANN_FORMAT),
             Some("2"),
             "{name}: the annotations were migrated"
         );
@@ -317,20 +317,20 @@ async fn a_rollout_started_by_the_v010_agent_is_finished_by_this_one() {
 
     // A zombie v0.1.0 agent of node-1 writing under its old token changes nothing.
     let client = fake_api::client(&fleet.world, &fleet.log);
-    let store = agent::cluster::kube_store::KubeChannelStore::new(client, NS, "stable");
+    let store = agent::testing::KubeChannelStore::new(client, NS, "stable");
     let before = fleet.channel();
-    let fenced = agent::cluster::slots::fence(
+    let fenced = agent::testing::slots::fence(
         &store,
         "node-1",
         &old_token,
-        agent::channel::crd::SlotPhase::Rebooting,
+        agent::testing::crd::SlotPhase::Rebooting,
         None,
         chrono::Utc::now(),
     )
     .await
     .unwrap();
-    assert_eq!(fenced, agent::cluster::slots::FenceOutcome::Lost);
-    let released = agent::cluster::slots::release(&store, "node-1", &old_token, chrono::Utc::now())
+    assert_eq!(fenced, agent::testing::slots::FenceOutcome::Lost);
+    let released = agent::testing::slots::release(&store, "node-1", &old_token, chrono::Utc::now())
         .await
         .unwrap();
     assert!(!released);
@@ -492,27 +492,6 @@ fn on_channel(log: &[String], reason: &str) -> usize {
         .count()
 }
 
-/// The waves of `spec.rollout` (the nodes in wave order: the canary, then the two batches of
-/// one node each, as every agent computes them).
-fn wave_order(rollout: &Value) -> Vec<String> {
-    let spec: agent::channel::crd::RolloutSpec = serde_json::from_value(rollout.clone()).unwrap();
-    let r = agent::channel::rollout::Rollout::from_spec(&spec).unwrap();
-    let members: Vec<agent::channel::rollout::Member> = (0..NODES)
-        .map(|i| agent::channel::rollout::Member {
-            name: node_name(i),
-            labels: [("kubernetes.io/hostname".to_string(), node_name(i))].into(),
-            done: false,
-        })
-        .collect();
-    agent::channel::rollout::waves(&r, &members)
-        .into_iter()
-        .map(|w| {
-            assert_eq!(w.len(), 1, "one node per wave");
-            node_name(w[0])
-        })
-        .collect()
-}
-
 /// A canary first, then batches by percentage of the other nodes,
 /// each starting only when the one before is blessed (phase UpToDate) and settled (1 s), even
 /// though concurrency 3 would let every node go at once; the channel counts the fleet
@@ -520,8 +499,6 @@ fn wave_order(rollout: &Value) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waves_go_canary_first_and_each_batch_after_the_last_is_blessed_and_settled() {
     let rollout = json!({"canary": {"nodes": ["node-2"]}, "batches": [50], "settleTime": "1s"});
-    let order = wave_order(&rollout);
-    assert_eq!(order[0], "node-2");
     let mut fleet = Fleet::new(Scenario {
         rollout: Some(rollout),
         ..Scenario::at(3)
@@ -544,6 +521,13 @@ async fn waves_go_canary_first_and_each_batch_after_the_last_is_blessed_and_sett
     fleet.stop().await;
     let m = fleet.monitor.lock().unwrap();
     assert_eq!(m.peak_holders, 1, "one wave of one node at a time");
+    // One node per wave (the canary, then 50% of the other two, then the rest:
+    // `rollout::waves`, unit-tested there), so the order of the claims is the order of the
+    // waves.
+    let mut order: Vec<String> = m.claimed_at.keys().cloned().collect();
+    order.sort_by_key(|n| m.claimed_at[n]);
+    assert_eq!(order.len(), NODES, "{order:?}");
+    assert_eq!(order[0], "node-2", "the canary first: {order:?}");
     for pair in order.windows(2) {
         let (before, after) = (&pair[0], &pair[1]);
         let blessed = m.updated_at[before];
@@ -603,43 +587,6 @@ async fn a_failed_canary_pauses_the_rollout_and_nobody_else_moves() {
     assert_eq!(ch["status"]["failures"][0]["node"], "node-3");
 }
 
-/// A status written by v0.1.0 (no format marker, no counts) decodes, and the counter's write
-/// migrates it: `formatVersion: 2`, the counts added, v0.1.0's slot and failure kept as they
-/// were. Node annotations of v0.1.0 carry no `update-version`: counted as `unknown`.
-#[tokio::test]
-async fn the_counter_migrates_a_status_written_by_v010() {
-    let world = std::sync::Arc::new(std::sync::Mutex::new(v010_world("/nonexistent")));
-    let old = world.lock().unwrap().channel.clone();
-    let decoded: agent::channel::crd::UpdateChannel = serde_json::from_value(old.clone()).unwrap();
-    assert_eq!(decoded.status.as_ref().unwrap().nodes, None);
-    let client = fake_api::client(&world, &fake_api::Log::default());
-    let store = agent::cluster::kube_store::KubeChannelStore::new(client, fake_api::NS, "stable");
-    let facts: Vec<agent::channel::counts::NodeFacts> = world
-        .lock()
-        .unwrap()
-        .nodes
-        .values()
-        .map(|n| {
-            let meta: kube::api::ObjectMeta =
-                serde_json::from_value(n["metadata"].clone()).unwrap();
-            agent::channel::counts::NodeFacts::from_meta(&meta)
-        })
-        .collect();
-    agent::cluster::slots::write_fleet(&store, &facts, None, chrono::Utc::now())
-        .await
-        .unwrap();
-    let ch = world.lock().unwrap().channel.clone();
-    assert_eq!(ch["status"]["formatVersion"], 2, "{}", ch["status"]);
-    assert_eq!(ch["status"]["slots"], old["status"]["slots"]);
-    assert_eq!(ch["status"]["failures"], old["status"]["failures"]);
-    assert_eq!(ch["status"]["nodes"]["total"], NODES);
-    assert_eq!(
-        ch["status"]["nodes"]["byVersion"],
-        json!({"unknown": NODES})
-    );
-    assert_eq!(condition(&ch, "Complete").as_deref(), Some("False"));
-}
-
 /// Pre-reboot gates. While the Prometheus stand-in on 127.0.0.1 reports
 /// a firing `DiskFull` alert nobody claims (each agent says why, once); `Watchdog` is ignored
 /// by `alertFilter`. Once the alert is resolved node-2 and node-3 update, while node-1 waits
@@ -688,7 +635,7 @@ async fn pre_reboot_gates_hold_claims_while_alerts_fire_or_blocking_pods_run() {
     assert!(!fleet.monitor.lock().unwrap().claims.contains_key("node-1"));
     let message = annotation(
         fleet.world.lock().unwrap().node("node-1"),
-        agent::channel::format::ANN_MESSAGE,
+        agent::testing::ANN_MESSAGE,
     )
     .map(String::from);
     assert!(

@@ -1,6 +1,7 @@
 //! The agent fleet: three agents, one per node, update the nodes from v1 to v2
 //! through one shared fake API server (`fake_api`), each with a kube client of its own, each
-//! over a real [`LibupgradeNode`]: a real `libupgrade::Updater` over a k3OS dir layout in its
+//! over a real [`LibupgradeNode`] (in `SimNode::powered_over`: only its power is simulated):
+//! a real `libupgrade::Updater` over a k3OS dir layout in its
 //! own temp dir, a real signed v2 release (mksquashfs) in a local channel, and the in-memory
 //! bootloader that counts tries like GRUB. The cluster holds a web app of three replicas (one
 //! per node) guarded by a PodDisruptionBudget of `minAvailable: 2`; the fake's Eviction API
@@ -68,16 +69,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent::channel::crd::UpdateChannel;
-use agent::channel::format::{ANN_CORDONED, ANN_PHASE};
-use agent::context::{Agent, Next};
-use agent::host::node::LibupgradeNode;
-use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
-use agent::host::status::NodeUpdateStatus;
+use agent::testing::crd::UpdateChannel;
+use agent::testing::{
+    Agent, LibupgradeNode, Next, NodeError, NodeOps, StageEnd, StageProgress, ANN_CORDONED,
+    ANN_PHASE,
+};
 use bootconfig::Slot;
 use k3os_ops_testing::fake_api::{self, Log, Pdb, World, NS};
-use libupgrade::state::ledger::PreviewRecord;
-use libupgrade::{Release, StageOptions, StageRequest};
+use k3os_ops_testing::sim_node::{PowerRequest, SimNode};
+use libupgrade::StageRequest;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -96,95 +96,6 @@ pub fn node_name(i: usize) -> String {
 
 /// One node's disk and boot environment (testkit's simulated node), booted on v1 from slot A.
 pub type NodeRig = testkit::sim::SimNode;
-
-/// A node's request to reboot; dropping `done` lets the blocked `reboot()` return.
-pub struct RebootRequest {
-    pub node: usize,
-    pub done: std::sync::mpsc::Sender<()>,
-}
-
-/// The real [`LibupgradeNode`], except that `reboot()` asks the driver for a power cycle and
-/// blocks until the driver has ended this agent; Node-Ready reports are recorded.
-pub struct FleetNode {
-    pub node: usize,
-    pub real: LibupgradeNode,
-    pub power: mpsc::UnboundedSender<RebootRequest>,
-    pub reports: Log,
-}
-
-impl NodeOps for FleetNode {
-    fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
-        self.real.status()
-    }
-    fn resolve(&self, req: &StageRequest) -> Result<Release, NodeError> {
-        self.real.resolve(req)
-    }
-    fn offline(&self, req: &StageRequest) -> Result<Option<Release>, NodeError> {
-        self.real.offline(req)
-    }
-    fn drop_withdrawn(
-        &self,
-        channel: &str,
-        seed: libupgrade::rollout::Seed,
-    ) -> Result<Option<String>, NodeError> {
-        self.real.drop_withdrawn(channel, seed)
-    }
-    fn stage(
-        &self,
-        rel: &Release,
-        opts: &StageOptions,
-        book_on: Option<chrono::NaiveDate>,
-        progress: &dyn StageProgress,
-    ) -> Result<StageEnd, NodeError> {
-        self.real.stage(rel, opts, book_on, progress)
-    }
-    fn preview(
-        &self,
-        rel: &Release,
-        opts: &StageOptions,
-    ) -> Result<Option<PreviewRecord>, NodeError> {
-        self.real.preview(rel, opts)
-    }
-    fn fetched_on(&self, day: chrono::NaiveDate) -> Result<u64, NodeError> {
-        self.real.fetched_on(day)
-    }
-    fn activate(&self, node_ready_within: Duration) -> Result<(), NodeError> {
-        self.real.activate(node_ready_within)
-    }
-    fn confirm(
-        &self,
-        node_ready: libupgrade::health::CheckResult,
-    ) -> Result<ConfirmResult, NodeError> {
-        let line = format!(
-            "{}: {} ok={} ({})",
-            node_name(self.node),
-            node_ready.name,
-            node_ready.ok,
-            node_ready.detail
-        );
-        let verdict = self.real.confirm(node_ready);
-        self.reports
-            .lock()
-            .unwrap()
-            .push(format!("{line} -> {verdict:?}"));
-        verdict
-    }
-    fn reboot(&self) -> Result<(), NodeError> {
-        let (done, ended) = std::sync::mpsc::channel();
-        self.power
-            .send(RebootRequest {
-                node: self.node,
-                done,
-            })
-            .expect("the driver is running");
-        // Returns once the driver dropped `done`, after it aborted this agent: nobody sees it.
-        let _ = ended.recv();
-        Err(NodeError::new(
-            "reboot",
-            "the simulated power cycle ended this agent",
-        ))
-    }
-}
 
 /// No progress display (the test stages the v0.1.0 starting point directly).
 pub struct NoProgress;
@@ -478,8 +389,8 @@ pub struct Fleet {
     /// The tasks of each node's running agent (`None` while it is down).
     pub agents: Vec<Option<Vec<JoinHandle<()>>>>,
     pub cluster: JoinHandle<()>,
-    pub power: mpsc::UnboundedSender<RebootRequest>,
-    pub requests: mpsc::UnboundedReceiver<RebootRequest>,
+    pub power: mpsc::UnboundedSender<PowerRequest>,
+    pub requests: mpsc::UnboundedReceiver<PowerRequest>,
     pub reboots: Vec<u32>,
     /// Nodes booted into a good trial whose kubelet reports Ready once their agent waits.
     pub awaiting_ready: Vec<bool>,
@@ -729,7 +640,7 @@ impl Fleet {
         }
         if !self.scenario.v010_holder_never_returns {
             let (done, _ended) = std::sync::mpsc::channel();
-            self.power.send(RebootRequest { node: 0, done }).unwrap();
+            self.power.send((0, done)).unwrap();
         }
     }
 
@@ -738,12 +649,11 @@ impl Fleet {
     pub fn start_agent(&mut self, i: usize, silence: Option<Duration>) {
         let name = node_name(i);
         let client = fake_api::client(&self.world, &self.log);
-        let ops = Arc::new(FleetNode {
-            node: i,
-            real: LibupgradeNode::new(self.rigs[i].updater(), vec!["false".into()]),
-            power: self.power.clone(),
-            reports: self.reports.clone(),
-        });
+        let real = LibupgradeNode::new(self.rigs[i].updater(), vec!["false".into()]);
+        let ops = Arc::new(
+            SimNode::powered_over(i, real, self.power.clone())
+                .reporting_confirms(&name, self.reports.clone()),
+        );
         let mut agent = Agent::new(
             client.clone(),
             NS,
@@ -759,11 +669,11 @@ impl Fleet {
         let wake = self.world.lock().unwrap().subscribe();
         let mut tasks = vec![
             tokio::spawn(agent_loop(agent.clone(), wake)),
-            tokio::spawn(agent::fleet::background::renew_node_lease(agent.clone())),
-            tokio::spawn(agent::fleet::background::reclaim_loop(agent.clone())),
+            tokio::spawn(agent::testing::renew_node_lease(agent.clone())),
+            tokio::spawn(agent::testing::reclaim_loop(agent.clone())),
         ];
         if self.scenario.rollout.is_some() {
-            tasks.push(tokio::spawn(agent::fleet::counter::count_loop(
+            tasks.push(tokio::spawn(agent::testing::count_loop(
                 agent,
                 Duration::from_millis(50),
             )));
@@ -789,13 +699,13 @@ impl Fleet {
 
     /// The node asked to reboot: end its agent, power-cycle it, run init's confirm and start
     /// a fresh agent.
-    pub async fn power_cycle(&mut self, req: RebootRequest) {
-        let i = req.node;
+    pub async fn power_cycle(&mut self, req: PowerRequest) {
+        let (i, done) = req;
         let name = node_name(i);
         let off = Instant::now();
         // The agent dies with the node; then its blocked reboot() may return into nothing.
         self.stop_agent(i).await;
-        drop(req.done);
+        drop(done);
         let left = self.world.lock().unwrap().workload_on(&name);
         if !left.is_empty() {
             self.violation(format!("{name} rebooted with {left:?} still running on it"));
@@ -813,7 +723,7 @@ impl Fleet {
             // Nodes start on A: B is the new version, booted on trial.
             (Slot::B, Ok(r))
                 if matches!(r.outcome(), libupgrade::state::Outcome::Pending { waiting_for, .. }
-                    if waiting_for.join(", ") == agent::host::ops::NODE_READY) =>
+                    if waiting_for.join(", ") == agent::testing::NODE_READY) =>
             {
                 true
             }
@@ -962,6 +872,6 @@ pub(crate) fn stage_as_agent(
     book_on: Option<chrono::NaiveDate>,
     progress: &dyn StageProgress,
 ) -> Result<StageEnd, NodeError> {
-    let rel = agent::host::requests::for_stage(node, req, None)?;
+    let rel = agent::testing::for_stage(node, req, None)?;
     node.stage(&rel, &req.options, book_on, progress)
 }

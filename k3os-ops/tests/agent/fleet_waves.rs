@@ -21,15 +21,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use fake_api::{no_unexpected, Log, World, NS};
 use k3os_ops::agent;
+use k3os_ops::agent::testing::crd::UpdateChannel;
 use k3os_ops_testing::sim_node::{SimChannel, SimNode};
 use libupgrade::rollout::{admits_from, Listed, Rollout, Seed, Wave, Withdrawal};
 
-use agent::cluster::client::WriteCounter;
-use agent::context::Agent;
-use agent::fleet::poller::Polls;
-use agent::host::ops::NodeOps;
-use agent::host::status::Inactive;
-use agent::run::Periods;
+use agent::testing::{Agent, Inactive, NodeOps, Periods, Polls, WriteCounter};
 use serde_json::{json, Value};
 
 pub(crate) const UID: &str = "0c9f6a52-5d1e-4c1b-9a53-2f1d7e1f0a11";
@@ -81,21 +77,22 @@ fn world(status: Value) -> Arc<Mutex<World>> {
     world_with(json!({"version": "latest"}), status)
 }
 
-/// One node `n1` and the channel `stable` with `spec` (its URL, concurrency 1, maxFailures 1
-/// and rebootTimeout 2m added), with `status`.
+/// One node `n1` and the test channel `stable` (`UpdateChannel::test()`: its URL,
+/// concurrency 1, maxFailures 1; rebootTimeout 2m, no version) with `spec` merged over its
+/// spec, and `status`.
 pub(crate) fn world_with(spec: Value, status: Value) -> Arc<Mutex<World>> {
     let node = fake_api::ready_node("n1", json!({"role": "worker"}));
-    let mut full = json!({"url": "https://releases.example/stable/", "concurrency": 1,
-                          "maxFailures": 1, "rebootTimeout": "2m"});
+    let mut channel = fake_api::channel_object(
+        &UpdateChannel::test()
+            .version(None)
+            .reboot_timeout("2m")
+            .build(),
+    );
     for (k, v) in spec.as_object().expect("a spec object") {
-        full[k] = v.clone();
+        channel["spec"][k] = v.clone();
     }
-    let channel = json!({
-        "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
-        "metadata": {"name": "stable", "namespace": NS, "uid": UID, "generation": 1},
-        "spec": full,
-        "status": status
-    });
+    channel["metadata"]["uid"] = json!(UID);
+    channel["status"] = status;
     Arc::new(Mutex::new(World::new([node], channel)))
 }
 
@@ -134,7 +131,7 @@ fn start_polling(
         count: Duration::from_secs(30),
     };
     tokio::spawn(async move {
-        let _ = agent::run::run_agent(agent, periods).await;
+        let _ = agent::testing::run_agent(agent, periods).await;
     })
 }
 

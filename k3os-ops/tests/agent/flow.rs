@@ -1,130 +1,28 @@
 //! The controller's per-node flow end to end, against the small stateful fake API server of
-//! `fake_api` (shared with the fleet test) behind tower-test's mock service and a fake node
-//! (the `NodeOps` trait). One log records both the
+//! `fake_api` (shared with the fleet test) behind tower-test's mock service and a recording simulated node
+//! (`SimNode::recording`, the `NodeOps` trait). One log records both the
 //! API writes and the node calls in order, so the tests check the ordering guarantees:
 //! fence (CAS of our slot's phase) before cordon, before the bootloader flip, before reboot;
 //! uncordon only of our own cordon; release after confirm; failures pause the channel.
 
 use k3os_ops::agent;
-use k3os_ops::agent::fleet::poller::Polls;
-use libupgrade::rollout::Seed;
+use k3os_ops::agent::testing::Polls;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent::channel::crd::UpdateChannel;
-use agent::context::{Agent, Next};
-use agent::host::ops::{ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress};
-use agent::host::status::{Inactive, NodeUpdateStatus};
+use agent::testing::crd::UpdateChannel;
+use agent::testing::{Agent, ConfirmResult, Inactive, Next, NodeError};
 use fake_api::{Log, World};
-use k3os_ops_testing::sim_node::offered;
-use libupgrade::{Release, StageOptions, StageRequest};
+use k3os_ops_testing::sim_node::SimNode;
 use serde_json::{json, Value};
 
 use k3os_ops_testing::fake_api;
 
-struct FakeNode {
-    status: Mutex<NodeUpdateStatus>,
-    /// When set, `status` fails with it (e.g. the boot not assessed yet).
-    status_error: Mutex<Option<NodeError>>,
-    confirm: ConfirmResult,
-    log: Log,
-}
-
-impl NodeOps for FakeNode {
-    fn status(&self) -> Result<NodeUpdateStatus, NodeError> {
-        if let Some(e) = self.status_error.lock().unwrap().clone() {
-            return Err(e);
-        }
-        Ok(self.status.lock().unwrap().clone())
-    }
-    fn resolve(&self, req: &StageRequest) -> Result<Release, NodeError> {
-        // A channel without rollouts whose newest release is v2: every version is offered.
-        Ok(offered(req.wanted.version().unwrap_or("v2")))
-    }
-    fn drop_withdrawn(&self, _: &str, _: Seed) -> Result<Option<String>, NodeError> {
-        Ok(None)
-    }
-    fn stage(
-        &self,
-        rel: &Release,
-        opts: &StageOptions,
-        _: Option<chrono::NaiveDate>,
-        p: &dyn StageProgress,
-    ) -> Result<StageEnd, NodeError> {
-        let version = rel.version.clone().unwrap_or_default();
-        p.begin("rootfs", 100, 0);
-        p.advance(100);
-        p.end();
-        let cap = opts
-            .max_rate
-            .map(|r| format!(" capped at {r} B/s"))
-            .unwrap_or_default();
-        self.log
-            .lock()
-            .unwrap()
-            .push(format!("node: stage {version}{cap}"));
-        self.status.lock().unwrap().inactive = Inactive::Staged(version);
-        Ok(StageEnd::Staged { fetched: 0 })
-    }
-    fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {
-        assert!(
-            node_ready_within >= std::time::Duration::from_secs(600),
-            "the trial must leave time to boot, start k3s and report Node-Ready: {node_ready_within:?}"
-        );
-        self.log.lock().unwrap().push("node: activate".into());
-        let mut s = self.status.lock().unwrap();
-        if let Inactive::Staged(v) = s.inactive.clone() {
-            s.inactive = Inactive::Activated(v);
-        }
-        Ok(())
-    }
-    fn confirm(
-        &self,
-        node_ready: libupgrade::health::CheckResult,
-    ) -> Result<ConfirmResult, NodeError> {
-        assert_eq!(node_ready.name, agent::host::ops::NODE_READY);
-        self.log.lock().unwrap().push(format!(
-            "node: confirm with node-ready {}",
-            if node_ready.ok { "ok" } else { "failed" }
-        ));
-        let mut s = self.status.lock().unwrap();
-        match &self.confirm {
-            ConfirmResult::Healthy => s.booted_on_trial = false,
-            ConfirmResult::RolledBack(_) | ConfirmResult::Unhealthy(_) => {}
-        }
-        Ok(self.confirm.clone())
-    }
-    fn reboot(&self) -> Result<(), NodeError> {
-        self.log.lock().unwrap().push("node: reboot".into());
-        Ok(())
-    }
-}
-
-impl FakeNode {
-    /// Simulate the reboot: boot into the activated slot (on trial), or fall back.
-    fn boot(&self, into_new: bool) {
-        let mut s = self.status.lock().unwrap();
-        let (Inactive::Activated(new) | Inactive::Staged(new) | Inactive::Failed(new)) =
-            s.inactive.clone()
-        else {
-            panic!("nothing to boot into");
-        };
-        let old = s.booted_version.clone().unwrap();
-        if into_new {
-            s.booted_version = Some(new);
-            s.booted_on_trial = true;
-            s.inactive = Inactive::Staged(old);
-        } else {
-            s.inactive = Inactive::Failed(new);
-        }
-    }
-}
-
 fn setup(
     confirm: ConfirmResult,
     unschedulable: bool,
-) -> (Agent, Arc<Mutex<World>>, Arc<FakeNode>, Log) {
+) -> (Agent, Arc<Mutex<World>>, Arc<SimNode>, Log) {
     let log: Log = Arc::default();
     let mut n1 = fake_api::ready_node("n1", json!({"pool": "edge"}));
     n1["metadata"]["uid"] = json!("node-uid");
@@ -140,17 +38,11 @@ fn setup(
         fake_api::channel_object(&channel),
     )));
     let client = fake_api::client(&world, &log);
-    let node = Arc::new(FakeNode {
-        status: Mutex::new(NodeUpdateStatus {
-            booted_version: Some("v1".into()),
-            booted_on_trial: false,
-            inactive: Inactive::Empty,
-            failed_trial: None,
-        }),
-        status_error: Mutex::new(None),
-        confirm,
-        log: log.clone(),
-    });
+    let node = Arc::new(
+        SimNode::recording("v1", log.clone())
+            .with_latest("v2")
+            .with_confirm(confirm),
+    );
     let mut agent = Agent::new(
         client,
         "k3os-system",
@@ -229,7 +121,7 @@ async fn happy_path_stages_claims_fences_cordons_flips_reboots_confirms_releases
         Some("true")
     );
     // The node comes back on v2, on trial.
-    node.boot(true);
+    node.boot();
     log.lock().unwrap().clear();
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
@@ -253,7 +145,7 @@ async fn happy_path_stages_claims_fences_cordons_flips_reboots_confirms_releases
 async fn a_node_cordoned_by_its_admin_stays_cordoned() {
     let (agent, world, node, log) = setup(ConfirmResult::Healthy, true);
     settle(&agent).await;
-    node.boot(true);
+    node.boot();
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
     assert!(
@@ -307,7 +199,7 @@ async fn failed_health_check_records_failure_reboots_back_and_pauses() {
         false,
     );
     settle(&agent).await;
-    node.boot(true);
+    node.boot();
     log.lock().unwrap().clear();
     settle(&agent).await;
     {
@@ -319,12 +211,11 @@ async fn failed_health_check_records_failure_reboots_back_and_pauses() {
         pos(&l, "event: HealthCheckFailed");
     }
     // Back on v1 (the slot was marked bad by the rollback).
-    {
-        let mut s = node.status.lock().unwrap();
+    node.edit_status(|s| {
         s.booted_version = Some("v1".into());
         s.booted_on_trial = false;
         s.inactive = Inactive::Failed("v2".into());
-    }
+    });
     log.lock().unwrap().clear();
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
@@ -365,7 +256,7 @@ async fn failed_health_check_records_failure_reboots_back_and_pauses() {
 async fn bootloader_fallback_is_recorded_as_a_failure() {
     let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
     settle(&agent).await;
-    node.boot(false); // the loader fell back to v1
+    node.fall_back(); // the loader fell back to v1
     log.lock().unwrap().clear();
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
@@ -380,7 +271,7 @@ async fn bootloader_fallback_is_recorded_as_a_failure() {
 #[tokio::test]
 async fn a_claim_held_through_a_long_silence_is_replaced_by_a_fresh_one() {
     let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
-    node.status.lock().unwrap().inactive = Inactive::Staged("v2".into());
+    node.edit_status(|s| s.inactive = Inactive::Staged("v2".into()));
     {
         let mut w = world.lock().unwrap();
         w.channel["status"]["slots"] = json!([{"node": "n1", "token": "old", "claimedAt": "2026-12-01T00:00:00Z",
@@ -454,7 +345,7 @@ async fn a_cordon_left_by_an_interrupted_update_is_undone() {
     settle(&agent).await;
     // The reboot took longer than rebootTimeout: another agent reclaimed the slot.
     world.lock().unwrap().channel["status"]["slots"] = json!([]);
-    node.boot(true);
+    node.boot();
     settle(&agent).await;
     // Health check failed without a slot: failure recorded, rebooted back.
     {
@@ -462,12 +353,11 @@ async fn a_cordon_left_by_an_interrupted_update_is_undone() {
         pos(&l, "slots=[] failures=1");
         pos(&l, "node: reboot");
     }
-    {
-        let mut s = node.status.lock().unwrap();
+    node.edit_status(|s| {
         s.booted_version = Some("v1".into());
         s.booted_on_trial = false;
         s.inactive = Inactive::Failed("v2".into());
-    }
+    });
     log.lock().unwrap().clear();
     settle(&agent).await;
     pos(&log.lock().unwrap(), "unschedulable=false");
@@ -481,7 +371,7 @@ async fn a_cordon_left_by_an_interrupted_update_is_undone() {
 #[tokio::test]
 async fn a_slot_of_this_node_under_another_token_is_taken_over_in_place() {
     let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
-    node.status.lock().unwrap().inactive = Inactive::Staged("v2".into());
+    node.edit_status(|s| s.inactive = Inactive::Staged("v2".into()));
     {
         let mut w = world.lock().unwrap();
         w.channel["status"]["slots"] = json!([{"node": "n1", "token": "earlier-instance",
@@ -505,7 +395,7 @@ async fn a_slot_of_this_node_under_another_token_is_taken_over_in_place() {
 #[tokio::test]
 async fn a_node_waiting_for_a_slot_is_not_left_cordoned() {
     let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
-    node.status.lock().unwrap().inactive = Inactive::Staged("v2".into());
+    node.edit_status(|s| s.inactive = Inactive::Staged("v2".into()));
     {
         let mut w = world.lock().unwrap();
         w.channel["status"]["slots"] = json!([{"node": "n2", "token": "t2",
@@ -544,7 +434,7 @@ async fn a_dead_holder_is_reclaimed_soon_after_reboot_timeout() {
         std::mem::replace(&mut w.channel, Value::Null)
     };
     let agent = Arc::new(agent);
-    let task = tokio::spawn(agent::fleet::background::reclaim_loop(agent.clone()));
+    let task = tokio::spawn(agent::testing::reclaim_loop(agent.clone()));
     // The agent started before the channel was created.
     tokio::time::sleep(Duration::from_secs(5)).await;
     world.lock().unwrap().channel = channel;
@@ -582,7 +472,7 @@ async fn latest_is_resolved_soon_after_a_channel_appears() {
         std::mem::replace(&mut w.channel, Value::Null)
     };
     let agent = Arc::new(agent);
-    let task = tokio::spawn(agent::fleet::poller::poll_loop(
+    let task = tokio::spawn(agent::testing::poll_loop(
         agent.clone(),
         Polls {
             every: Duration::from_secs(900),
@@ -614,7 +504,7 @@ async fn latest_is_resolved_soon_after_a_channel_appears() {
 #[tokio::test]
 async fn events_carry_fresh_text_and_land_on_the_channel_too() {
     let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
-    let ch: agent::channel::crd::UpdateChannel =
+    let ch: agent::testing::crd::UpdateChannel =
         serde_json::from_value(world.lock().unwrap().channel.clone()).unwrap();
     agent
         .event(
@@ -673,7 +563,7 @@ async fn reconcile_errors_are_reported_without_debug_dumps() {
 #[tokio::test]
 async fn status_updating_lists_every_holder() {
     let (agent, world, node, _log) = setup(ConfirmResult::Healthy, false);
-    node.status.lock().unwrap().inactive = Inactive::Staged("v2".into());
+    node.edit_status(|s| s.inactive = Inactive::Staged("v2".into()));
     {
         let mut w = world.lock().unwrap();
         w.channel["spec"]["concurrency"] = json!(2);
@@ -759,43 +649,6 @@ async fn an_invalid_channel_does_not_shadow_a_valid_one() {
     );
 }
 
-/// The precedence rule among valid channels: the most specific nodeSelector wins, then the
-/// smallest name (documented in agent/channels.rs).
-#[test]
-fn the_most_specific_valid_channel_wins() {
-    use agent::channel::crd::UpdateChannel;
-    let ch = |name: &str, sel: Value| -> agent::channel::listing::Channel {
-        agent::channel::listing::Channel::new(
-            serde_json::from_value::<UpdateChannel>(extra_channel(
-                name,
-                json!({"url": "u", "nodeSelector": sel}),
-            ))
-            .unwrap(),
-        )
-    };
-    let labels: std::collections::BTreeMap<String, String> = [
-        ("pool".to_string(), "edge".to_string()),
-        ("zone".into(), "a".into()),
-    ]
-    .into();
-    let chans = vec![
-        ch("a-all", json!({})),
-        ch("b-pool", json!({"pool": "edge"})),
-        ch("c-pool-zone", json!({"pool": "edge", "zone": "a"})),
-        ch("d-other", json!({"pool": "core"})),
-    ];
-    let p = agent::channel::listing::pick("n1", &chans, &labels).unwrap();
-    assert_eq!(p.channel.metadata.name.as_deref(), Some("c-pool-zone"));
-    let losers: Vec<&str> = p.losers.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(losers, ["a-all", "b-pool"]);
-    let tie = vec![
-        ch("y", json!({"pool": "edge"})),
-        ch("x", json!({"pool": "edge"})),
-    ];
-    let p = agent::channel::listing::pick("n1", &tie, &labels).unwrap();
-    assert_eq!(p.channel.metadata.name.as_deref(), Some("x"));
-}
-
 /// `rebootTimeout: 0s` is refused by the agent too (the CRD's CEL rule
 /// refuses it at the server): the channel is marked Invalid and nothing is disrupted.
 #[tokio::test]
@@ -838,7 +691,7 @@ fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
 #[tokio::test]
 async fn metrics_and_probes_over_a_real_socket() {
     let (agent, _world, _node, _log) = setup(ConfirmResult::Healthy, false);
-    let addr = agent::metrics::spawn(
+    let addr = agent::testing::spawn_metrics(
         "127.0.0.1:0".parse().unwrap(),
         agent.clients.metrics.clone(),
     )
@@ -925,15 +778,14 @@ fn channel_events(log: &[String]) -> Vec<(String, String)> {
 async fn a_boot_time_health_failure_is_reported_with_the_cores_reason() {
     let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
     settle(&agent).await;
-    {
-        let mut s = node.status.lock().unwrap();
+    node.edit_status(|s| {
         s.inactive = Inactive::Failed("v2".into());
-        s.failed_trial = Some(agent::host::status::TrialFailure {
+        s.failed_trial = Some(agent::testing::TrialFailure {
             event: "health-failed".into(),
             reason: "health checks failed (10-etcd: etcd quorum lost on v2); rolled back to slot A"
                 .into(),
         });
-    }
+    });
     log.lock().unwrap().clear();
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
@@ -960,7 +812,7 @@ async fn a_boot_time_health_failure_is_reported_with_the_cores_reason() {
 async fn the_channel_gets_an_event_per_claim_release_failure_and_pause() {
     let (agent, _world, node, log) = setup(ConfirmResult::Healthy, false);
     settle(&agent).await;
-    node.boot(false); // the loader fell back: a failure at maxFailures 1
+    node.fall_back(); // the loader fell back: a failure at maxFailures 1
     settle(&agent).await;
     let l = log.lock().unwrap().clone();
     let ev = channel_events(&l);
@@ -983,10 +835,10 @@ async fn the_channel_gets_an_event_per_claim_release_failure_and_pause() {
 #[tokio::test]
 async fn a_boot_not_assessed_yet_is_reported_once_and_waited_for() {
     let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
-    *node.status_error.lock().unwrap() = Some(NodeError::new(
-        agent::host::ops::NOT_ASSESSED,
-        agent::host::ops::NOT_ASSESSED_HELP,
-    ));
+    node.fail_status(Some(NodeError::new(
+        agent::testing::NOT_ASSESSED,
+        agent::testing::NOT_ASSESSED_HELP,
+    )));
     for _ in 0..3 {
         assert_eq!(agent.reconcile().await.expect("not an error"), Next::Wait);
     }
@@ -1021,7 +873,7 @@ async fn a_boot_not_assessed_yet_is_reported_once_and_waited_for() {
         Some("NotAssessed")
     );
     // Assessed: the condition turns True once, and the update goes on.
-    *node.status_error.lock().unwrap() = None;
+    node.fail_status(None);
     log.lock().unwrap().clear();
     settle(&agent).await;
     let l = log.lock().unwrap().clone();

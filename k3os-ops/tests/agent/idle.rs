@@ -1,4 +1,4 @@
-//! An idle agent, wired as `k3os-ops agent` runs it ([`agent::run::run_agent`]: watches of
+//! An idle agent, wired as `k3os-ops agent` runs it ([`agent::testing::run_agent`]: watches of
 //! the channels and of its Node, its loops on the watch caches), against the fake API server
 //! on tokio's paused clock: once it is up to date it writes nothing and reads nothing over
 //! many resyncs (only its Lease renewals and the watch restarts reach the server), and it
@@ -14,11 +14,8 @@ use fake_api::{Log, World, NS};
 use k3os_ops::agent;
 use k3os_ops_testing::sim_node::SimNode;
 
-use agent::channel::crd::UpdateChannel;
-use agent::cluster::client::WriteCounter;
-use agent::context::Agent;
-use agent::fleet::poller::Polls;
-use agent::run::Periods;
+use agent::testing::crd::UpdateChannel;
+use agent::testing::{Agent, Periods, Polls, WriteCounter};
 use serde_json::json;
 
 fn spent(w: &Arc<Mutex<World>>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
@@ -58,7 +55,7 @@ async fn an_idle_agent_makes_no_writes_and_no_reads_over_many_resyncs_and_wakes_
         count: Duration::from_secs(30),
     };
     let task = tokio::spawn(async move {
-        let _ = agent::run::run_agent(agent, periods).await;
+        let _ = agent::testing::run_agent(agent, periods).await;
     });
     // Up: watches listed, the node annotated UpToDate once, Leases written.
     tokio::time::sleep(Duration::from_secs(120)).await;

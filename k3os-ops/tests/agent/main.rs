@@ -6,7 +6,6 @@
 //! directory or binds a fixed port; the metrics registry is per agent (`agent.clients`).
 //! The fake Kubernetes API server is `k3os_ops_testing::fake_api` (shared with the fleet bench).
 
-mod evict;
 mod fleet;
 mod fleet_rig;
 mod fleet_waves;

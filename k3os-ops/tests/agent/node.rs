@@ -8,7 +8,10 @@
 //! `drop_withdrawn` drops a withdrawn staged release.
 
 use crate::fleet_rig::{agent_request, stage_as_agent};
-use agent::host::requests::resolve_latest;
+use agent::testing::{
+    resolve_latest, ConfirmResult, Inactive, LibupgradeNode, NodeOps, NodeUpdateStatus,
+    StageProgress,
+};
 use k3os_ops::agent;
 
 use std::path::Path;
@@ -16,9 +19,6 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use agent::host::node::LibupgradeNode;
-use agent::host::ops::{ConfirmResult, NodeOps, StageProgress};
-use agent::host::status::{Inactive, NodeUpdateStatus};
 use bootconfig::Slot;
 use libupgrade::health::CheckResult;
 use libupgrade::manifest::Arch;
@@ -160,7 +160,7 @@ const LIMIT: Duration = Duration::from_secs(900);
 
 fn node_ready(ok: bool) -> CheckResult {
     CheckResult {
-        name: agent::host::ops::NODE_READY.into(),
+        name: agent::testing::NODE_READY.into(),
         ok,
         detail: if ok {
             "Ready".into()
@@ -174,7 +174,7 @@ fn node_ready(ok: bool) -> CheckResult {
 fn assert_pending(r: libupgrade::Result<libupgrade::ConfirmReport>) {
     match r.as_ref().map(|r| r.outcome()) {
         Ok(libupgrade::state::Outcome::Pending { waiting_for, .. }) => {
-            assert_eq!(waiting_for.join(", "), agent::host::ops::NODE_READY)
+            assert_eq!(waiting_for.join(", "), agent::testing::NODE_READY)
         }
         _ => panic!("the boot-time confirm must wait for node-ready: {r:?}"),
     }
@@ -192,7 +192,7 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
     let seed = libupgrade::rollout::Seed::derived_from("cluster");
     assert_eq!(
         resolve_latest(&node, &rig.channel, seed).unwrap(),
-        agent::host::latest::Latest::plain("v2")
+        agent::testing::Latest::plain("v2")
     );
     let progress = Progress(Mutex::new(Vec::new()));
     stage_as_agent(
@@ -407,8 +407,8 @@ fn a_downgrade_needs_an_explicit_pin() {
 
 /// A health check of `health.d` fails on the new version at boot; the
 /// boot-time confirm rolls back. Back on the old slot, the agent's status carries what the
-/// core recorded (`health-failed` with the check's output), so the failure is reported as a
-/// failed health check, not as a bootloader fallback.
+/// core recorded (`health-failed` with the check's output), from which the agent reports a
+/// failed health check, not a bootloader fallback (`rolled_back_reason`, unit-tested there).
 #[test]
 fn a_boot_time_health_failure_reaches_the_agent_with_the_checks_output() {
     use std::os::unix::fs::PermissionsExt;
@@ -432,18 +432,12 @@ fn a_boot_time_health_failure_reaches_the_agent_with_the_checks_output() {
     let st = rig.node().status().unwrap();
     assert_eq!(st.inactive, Inactive::Failed("v2".into()), "{st:?}");
     let f = st.failed_trial.expect("the core's record of the failure");
-    assert_eq!(f.event, agent::host::status::HEALTH_FAILED, "{f:?}");
+    assert_eq!(f.event, agent::testing::HEALTH_FAILED, "{f:?}");
     assert!(f.reason.contains("etcd quorum lost on v2"), "{f:?}");
-    let (event, text) = agent::reconcile::actions::rolled_back_reason("v2", Some(&f));
-    assert_eq!(event, "HealthCheckFailed");
-    assert!(
-        text.contains("etcd quorum lost on v2") && !text.contains("bootloader fell back"),
-        "{text}"
-    );
 }
 
-/// A spent trial the bootloader fell back from is reported as that (the core's
-/// `fallback-taken`).
+/// A spent trial the bootloader fell back from reaches the agent as that (the core's
+/// `fallback-taken`, which `rolled_back_reason` reports as a fallback).
 #[test]
 fn a_fallback_reaches_the_agent_as_a_fallback() {
     let mut rig = Rig::new(1);
@@ -455,10 +449,7 @@ fn a_fallback_reaches_the_agent_as_a_fallback() {
     rig.init_confirm_good("A is good");
     let st = rig.node().status().unwrap();
     let f = st.failed_trial.expect("the core's record of the fallback");
-    assert_eq!(f.event, agent::host::status::FALLBACK_TAKEN, "{f:?}");
-    let (event, text) = agent::reconcile::actions::rolled_back_reason("v2", Some(&f));
-    assert_eq!(event, "RolledBack");
-    assert!(text.contains("bootloader fell back"), "{text}");
+    assert_eq!(f.event, agent::testing::FALLBACK_TAKEN, "{f:?}");
 }
 
 /// A rollout edit: the release's new rollout from its current one.

@@ -17,8 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fake_api::{no_unexpected, Log};
-use k3os_ops::agent::host::ops::NodeOps;
-use k3os_ops::agent::host::status::Inactive;
+use k3os_ops::agent::testing::{Inactive, NodeOps};
 use k3os_ops_testing::fake_api;
 use k3os_ops_testing::sim_node::{SimChannel, SimNode};
 use libupgrade::rollout::{Rollout, Withdrawal};

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent::channel::crd::*;
-use agent::cluster::slots::{
+use agent::testing::crd::*;
+use agent::testing::slots::{
     self, ChannelStore, ClaimOutcome, FenceOutcome, LivenessObserver, StoreError,
 };
 use chrono::Utc;

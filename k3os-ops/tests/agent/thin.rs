@@ -23,11 +23,8 @@ use k3os_ops::agent;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use agent::channel::crd::UpdateChannel;
-use agent::context::Agent;
-use agent::host::node::LibupgradeNode;
-use agent::host::ops::NodeOps;
-use agent::host::status::Inactive;
+use agent::testing::crd::UpdateChannel;
+use agent::testing::{Agent, Inactive, LibupgradeNode, NodeOps};
 use chrono::{DateTime, Utc};
 use fake_api::{Log, World};
 use libupgrade::manifest::Arch;
@@ -176,7 +173,7 @@ fn assert_no_failure(world: &Arc<Mutex<World>>, agent: &Agent) {
 }
 
 fn preview(world: &Arc<Mutex<World>>) -> Value {
-    let key = k3os_ops::agent::reconcile::thin_report::ANN_STAGE_PREVIEW;
+    let key = k3os_ops::agent::testing::ANN_STAGE_PREVIEW;
     assert_eq!(key, "k3os.io/update-stage-preview");
     assert_eq!(
         annotation(world, "k3os.io/stage-preview"),
@@ -441,27 +438,4 @@ async fn stage_will_miss_window_is_set_while_the_bytes_left_cannot_arrive_and_cl
         .unwrap();
     assert_eq!(c["status"], "False", "{c}");
     assert_eq!(c["reason"], "StageOnTime", "{c}");
-}
-
-#[test]
-fn a_v010_channel_has_no_thin_link_settings_and_stages_as_before() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/v0.1.0/updatechannel.json"
-    );
-    let ch: agent::channel::crd::UpdateChannel =
-        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    let policy = agent::channel::spec::Policy::from_spec(&ch.spec).expect("a v0.1.0 spec is valid");
-    assert!(policy.thin.windows.is_empty() && policy.thin.sources.is_empty());
-    assert_eq!(policy.thin.max_bytes_per_day, None);
-    assert_eq!(
-        policy.thin.gate(Utc::now(), 0),
-        agent::channel::thin::Gate::Stage {
-            schedule: None,
-            max_bytes: None
-        }
-    );
-    // Re-encoded, it gains no field.
-    let again = serde_json::to_value(&ch.spec).unwrap();
-    assert!(again.get("stage").is_none() && again.get("sources").is_none());
 }

@@ -14,12 +14,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent::channel::crd::UpdateChannel;
-use agent::context::Agent;
-use agent::fleet::poller::Polls;
-use agent::host::node::LibupgradeNode;
-use agent::host::ops::NodeOps;
-use agent::host::status::Inactive;
+use agent::testing::crd::UpdateChannel;
+use agent::testing::{Agent, Inactive, LibupgradeNode, NodeOps, Polls};
 use chrono::Duration as Days;
 use fake_api::{Log, World};
 use libupgrade::manifest::Arch;
@@ -275,7 +271,7 @@ async fn the_poller_reports_a_stale_channel_once_and_clears_it_when_re_signed() 
     let sim = chan.node();
     let (world, log, agent) = setup(&chan, &sim, "latest");
     let agent = Arc::new(agent);
-    let task = tokio::spawn(agent::fleet::poller::poll_loop(
+    let task = tokio::spawn(agent::testing::poll_loop(
         agent.clone(),
         Polls {
             every: Duration::from_millis(100),

@@ -210,6 +210,9 @@ mod tests {
             version: Some("v1".into()),
         });
         let note = apply(&mut st, &wave, seed, at(2)).expect("one Event");
-        assert!(note.starts_with("v1 (held in a slot; spec.version pins v3)"), "{note}");
+        assert!(
+            note.starts_with("v1 (held in a slot; spec.version pins v3)"),
+            "{note}"
+        );
     }
 }

@@ -83,7 +83,7 @@ pub const STATUS_FORMAT_V010: u32 = 1;
 pub const NODE_FORMAT: u32 = 2;
 /// Node annotation format of v0.1.0, which wrote no marker.
 pub const NODE_FORMAT_V010: u32 = 1;
-/// Node annotation holding [`NODE_FORMAT`].
+/// Node annotation holding `NODE_FORMAT`.
 /// Node annotation keys of formats 1 and 2 (see the module docs).
 pub const ANN_PHASE: &str = "k3os.io/update-phase";
 pub const ANN_TARGET: &str = "k3os.io/update-target";

@@ -195,3 +195,52 @@ pub fn pick<'a>(
         losers,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::{pick, Channel};
+    use crate::agent::channel::crd::UpdateChannel;
+
+    /// The test channel `name` selecting the nodes with the labels `selector`.
+    fn ch(name: &str, selector: &[(&str, &str)]) -> Channel {
+        let selector: BTreeMap<String, String> = selector
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Channel::new(
+            UpdateChannel::test()
+                .name(name)
+                .spec_with(|s| s.node_selector = selector)
+                .build(),
+        )
+    }
+
+    /// The precedence rule among valid channels: the most specific nodeSelector wins, then the
+    /// smallest name.
+    #[test]
+    fn the_most_specific_valid_channel_wins() {
+        let labels: BTreeMap<String, String> = [
+            ("pool".to_string(), "edge".to_string()),
+            ("zone".into(), "a".into()),
+        ]
+        .into();
+        let chans = vec![
+            ch("a-all", &[]),
+            ch("b-pool", &[("pool", "edge")]),
+            ch("c-pool-zone", &[("pool", "edge"), ("zone", "a")]),
+            ch("d-other", &[("pool", "core")]),
+        ];
+        let p = pick("n1", &chans, &labels).unwrap();
+        assert_eq!(
+            p.channel.resource.metadata.name.as_deref(),
+            Some("c-pool-zone")
+        );
+        let losers: Vec<&str> = p.losers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(losers, ["a-all", "b-pool"]);
+        let tie = vec![ch("y", &[("pool", "edge")]), ch("x", &[("pool", "edge")])];
+        let p = pick("n1", &tie, &labels).unwrap();
+        assert_eq!(p.channel.resource.metadata.name.as_deref(), Some("x"));
+    }
+}

@@ -287,6 +287,20 @@ mod tests {
         assert!(keys.windows(2).all(|k| k[0] <= k[1]), "ranked by key");
     }
 
+    /// Three nodes, a canary and `batches: [50]`: three waves of one node each (what the
+    /// agent fleet test's rollout relies on).
+    #[test]
+    fn three_nodes_with_a_canary_and_half_batches_go_one_at_a_time() {
+        let r = rollout(&["node-1"], &[50], "1s");
+        let w = waves(&r, &members(3, &[]));
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert_eq!(w[0], vec![1]);
+        assert!(w.iter().all(|wave| wave.len() == 1), "{w:?}");
+        let mut all: Vec<usize> = w.into_iter().flatten().collect();
+        all.sort();
+        assert_eq!(all, [0, 1, 2], "every node in one wave");
+    }
+
     #[test]
     fn the_next_wave_waits_for_the_last_one_to_settle() {
         let r = rollout(&["node-0"], &[50], "10m");

@@ -104,3 +104,36 @@ impl Policy {
         self.drain_timeout + self.reboot_timeout
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::Policy;
+    use crate::agent::channel::crd::UpdateChannel;
+    use crate::agent::channel::thin::Gate;
+
+    /// The channel v0.1.0 wrote (tests/fixtures/v0.1.0) has no thin-link settings: its policy
+    /// stages at once without a cap, and re-encoding its spec adds none.
+    #[test]
+    fn a_v010_channel_has_no_thin_link_settings_and_stages_as_before() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/v0.1.0/updatechannel.json"
+        );
+        let ch: UpdateChannel = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let policy = Policy::from_spec(&ch.spec).expect("a v0.1.0 spec is valid");
+        assert!(policy.thin.windows.is_empty() && policy.thin.sources.is_empty());
+        assert_eq!(policy.thin.max_bytes_per_day, None);
+        assert_eq!(
+            policy.thin.gate(Utc::now(), 0),
+            Gate::Stage {
+                schedule: None,
+                max_bytes: None
+            }
+        );
+        // Re-encoded, it gains no field.
+        let again = serde_json::to_value(&ch.spec).unwrap();
+        assert!(again.get("stage").is_none() && again.get("sources").is_none());
+    }
+}

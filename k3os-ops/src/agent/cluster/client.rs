@@ -84,7 +84,7 @@ pub fn kube_message(e: &kube::Error) -> String {
 }
 
 /// A client for `config` with kube's default retry layer switched off.
-#[cfg(any(test, feature = "testing"))]
+#[cfg(test)]
 pub fn client_from_config(mut config: Config) -> Result<Client, kube::Error> {
     config.default_retry = false;
     Client::try_from(config)

@@ -311,3 +311,358 @@ async fn still_present(
     }
     Ok(remaining)
 }
+
+// The drain against an API server: tower-test's mock (`super::mock_api`, exact requests) and
+// a fake server on a loopback socket behind the agent's real client (kube's default retry
+// layer must not hide PodDisruptionBudget 429s from the drain, which counts them and enforces
+// `drain.timeout`).
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use http::{Method, Response};
+    use kube::client::Body;
+    use serde_json::{json, Value};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::{drain, DrainError};
+    use crate::agent::channel::crd::DrainSpec;
+    use crate::agent::cluster::mock_api::{answer, mock, status_body};
+
+    fn pod(name: &str, owner_kind: Option<&str>, extra: Value) -> Value {
+        let mut p = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "apps", "uid": format!("uid-{name}"), "labels": {"app": name}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "busybox"}]},
+            "status": {"phase": "Running"}
+        });
+        if let Some(kind) = owner_kind {
+            p["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": kind, "name": "o", "uid": "u", "controller": true}]);
+        }
+        if let Value::Object(m) = extra {
+            for (k, v) in m {
+                p["metadata"][k] = v;
+            }
+        }
+        p
+    }
+
+    fn pod_list() -> Value {
+        let mut me = pod("agent", Some("DaemonSet"), json!({}));
+        me["metadata"]["namespace"] = json!("k3os-system");
+        let items = vec![
+            pod("web", Some("ReplicaSet"), json!({})),
+            pod("ds", Some("DaemonSet"), json!({})),
+            pod(
+                "static",
+                None,
+                json!({"annotations": {"kubernetes.io/config.mirror": "x"}}),
+            ),
+            me,
+        ];
+        json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items})
+    }
+
+    #[tokio::test]
+    async fn eviction_429_is_retried_until_the_budget_allows() {
+        let (client, mut h) = mock();
+        let server = tokio::spawn(async move {
+            let (uri, _) = answer(&mut h, Method::GET, "/api/v1/pods", 200, pod_list()).await;
+            assert!(uri.contains("fieldSelector=spec.nodeName%3Dn1"), "{uri}");
+            let evict = "/api/v1/namespaces/apps/pods/web/eviction";
+            let (_, body) = answer(
+                &mut h,
+                Method::POST,
+                evict,
+                429,
+                status_body(
+                    429,
+                    "TooManyRequests",
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                ),
+            )
+            .await;
+            assert_eq!(body["kind"], "Eviction");
+            assert_eq!(body["apiVersion"], "policy/v1");
+            assert_eq!(body["metadata"]["name"], "web");
+            assert_eq!(
+                body["deleteOptions"]["gracePeriodSeconds"], 30,
+                "grace period lost: {body}"
+            );
+            answer(&mut h, Method::POST, evict, 201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})).await;
+            answer(
+                &mut h,
+                Method::GET,
+                "/api/v1/namespaces/apps/pods/web",
+                404,
+                status_body(404, "NotFound", "pods \"web\" not found"),
+            )
+            .await;
+        });
+        let spec = DrainSpec {
+            grace_period: Some(30),
+            ..DrainSpec::default()
+        };
+        let report = drain(
+            &client,
+            "n1",
+            &spec,
+            Some("k3os-system/agent"),
+            Duration::from_secs(30),
+            Duration::from_millis(10),
+        )
+        .await
+        .unwrap();
+        assert_eq!(report.evicted, vec!["apps/web".to_string()]);
+        assert_eq!(report.budget_retries, 1);
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn eviction_blocked_by_a_budget_times_out_naming_the_pod() {
+        let (client, mut h) = mock();
+        let server = tokio::spawn(async move {
+            answer(&mut h, Method::GET, "/api/v1/pods", 200, pod_list()).await;
+            // Answer 429 for as long as the drain keeps asking.
+            while let Ok(Some((req, send))) =
+                tokio::time::timeout(Duration::from_secs(2), h.next_request()).await
+            {
+                assert_eq!(
+                    req.uri().path(),
+                    "/api/v1/namespaces/apps/pods/web/eviction"
+                );
+                send.send_response(
+                    Response::builder()
+                        .status(429)
+                        .body(Body::from(
+                            serde_json::to_vec(&status_body(429, "TooManyRequests", "pdb"))
+                                .unwrap(),
+                        ))
+                        .unwrap(),
+                );
+            }
+        });
+        let err = drain(
+            &client,
+            "n1",
+            &DrainSpec::default(),
+            Some("k3os-system/agent"),
+            Duration::from_millis(200),
+            Duration::from_millis(20),
+        )
+        .await
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("timed out") && msg.contains("apps/web"),
+            "{msg}"
+        );
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn drain_refuses_unmanaged_and_emptydir_pods_before_evicting() {
+        let (client, mut h) = mock();
+        let server = tokio::spawn(async move {
+            let mut list = pod_list();
+            list["items"]
+                .as_array_mut()
+                .unwrap()
+                .push(pod("bare", None, json!({})));
+            let mut cache = pod("cache", Some("ReplicaSet"), json!({}));
+            cache["spec"]["volumes"] = json!([{"name": "tmp", "emptyDir": {}}]);
+            list["items"].as_array_mut().unwrap().push(cache);
+            answer(&mut h, Method::GET, "/api/v1/pods", 200, list).await;
+            // No eviction may follow.
+            assert!(
+                tokio::time::timeout(Duration::from_millis(300), h.next_request())
+                    .await
+                    .map(|r| r.is_none())
+                    .unwrap_or(true)
+            );
+        });
+        let err = drain(
+            &client,
+            "n1",
+            &DrainSpec::default(),
+            None,
+            Duration::from_secs(5),
+            Duration::from_millis(10),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("apps/bare is not managed by a controller"),
+            "{err}"
+        );
+        assert!(err.contains("apps/cache has emptyDir data"), "{err}");
+        server.await.unwrap();
+    }
+
+    /// Read one HTTP/1.1 request: (method, path, body).
+    async fn read_request(s: &mut TcpStream) -> Option<(String, String)> {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let head_end = loop {
+            let n = s.read(&mut chunk).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())?
+            })
+            .unwrap_or(0);
+        while buf.len() < head_end + len {
+            let n = s.read(&mut chunk).await.ok()?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let mut first = head.lines().next()?.split(' ');
+        Some((first.next()?.to_string(), first.next()?.to_string()))
+    }
+
+    async fn respond(s: &mut TcpStream, code: u16, body: serde_json::Value) {
+        let body = serde_json::to_vec(&body).unwrap();
+        let head = format!(
+            "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = s.write_all(head.as_bytes()).await;
+        let _ = s.write_all(&body).await;
+        let _ = s.shutdown().await;
+    }
+
+    /// A fake API with one ReplicaSet pod `default/web` on node `n1`. Its Eviction is answered
+    /// 429 (`refusals` times, forever when `None`), then 201; the pod is gone once evicted.
+    /// Returns the base URL and the number of eviction requests seen.
+    async fn fake_api(refusals: Option<u32>) -> (String, Arc<AtomicU32>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(AtomicU32::new(0));
+        let count = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let Some((method, path)) = read_request(&mut s).await else {
+                        return;
+                    };
+                    let path = path.split('?').next().unwrap_or_default().to_string();
+                    if method == "GET" && path.starts_with("/api/v1/pods") {
+                        let pod = json!({"metadata": {"name": "web", "namespace": "default", "uid": "u1",
+                            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1",
+                                                 "uid": "rs", "controller": true}]},
+                            "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+                            "status": {"phase": "Running"}});
+                        respond(&mut s, 200, json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [pod]})).await;
+                    } else if method == "POST" && path.ends_with("/pods/web/eviction") {
+                        let n = count.fetch_add(1, Ordering::SeqCst);
+                        if refusals.is_none_or(|r| n < r) {
+                            respond(&mut s, 429, json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                "status": "Failure", "reason": "TooManyRequests", "code": 429,
+                                "message": "Cannot evict pod as it would violate the pod's disruption budget."})).await;
+                        } else {
+                            respond(&mut s, 201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})).await;
+                        }
+                    } else if method == "GET"
+                        && path.starts_with("/api/v1/namespaces/default/pods/web")
+                    {
+                        respond(
+                            &mut s,
+                            404,
+                            json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                            "status": "Failure", "reason": "NotFound", "code": 404, "message": "gone"}),
+                        )
+                        .await;
+                    } else {
+                        respond(&mut s, 404, json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                            "status": "Failure", "reason": "NotFound", "code": 404, "message": format!("unexpected {method} {path}")})).await;
+                    }
+                });
+            }
+        });
+        (url, seen)
+    }
+
+    fn client(url: &str) -> kube::Client {
+        let config = kube::Config::new(url.parse().unwrap());
+        crate::agent::cluster::client::client_from_config(config).expect("client")
+    }
+
+    #[tokio::test]
+    async fn budget_refusals_are_counted_by_the_drain() {
+        let (url, seen) = fake_api(Some(3)).await;
+        let report = tokio::time::timeout(
+            Duration::from_secs(20),
+            drain(
+                &client(&url),
+                "n1",
+                &DrainSpec::default(),
+                None,
+                Duration::from_secs(10),
+                Duration::from_millis(50),
+            ),
+        )
+        .await
+        .expect("the drain must not hang in a hidden retry loop")
+        .expect("drain");
+        assert_eq!(report.evicted, vec!["default/web".to_string()]);
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            4,
+            "one eviction request per round"
+        );
+        assert_eq!(
+            report.budget_retries, 3,
+            "the drain reports the 429s the server sent"
+        );
+    }
+
+    #[tokio::test]
+    async fn drain_timeout_is_enforced_while_a_budget_refuses() {
+        let (url, seen) = fake_api(None).await;
+        let started = Instant::now();
+        let err = tokio::time::timeout(
+            Duration::from_secs(30),
+            drain(
+                &client(&url),
+                "n1",
+                &DrainSpec::default(),
+                None,
+                Duration::from_secs(2),
+                Duration::from_millis(100),
+            ),
+        )
+        .await
+        .expect("drain.timeout (2 s) not enforced: still draining after 30 s")
+        .expect_err("a budget that never allows must time out");
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(4), "timed out after {took:?}");
+        match err {
+            DrainError::Timeout { budget_retries, .. } => {
+                assert_eq!(budget_retries, seen.load(Ordering::SeqCst));
+                assert!(budget_retries >= 5, "{budget_retries} rounds in 2 s");
+            }
+            other => panic!("expected a timeout, got {other}"),
+        }
+    }
+}

@@ -235,3 +235,282 @@ pub async fn acquire_lease(
         }
     }
 }
+
+// Request-level tests against tower-test's mock API (`super::mock_api`): each test scripts
+// the API server's answers and checks the exact requests (method, path, resourceVersion,
+// bodies). 409 on `replace_status`: the claim re-reads and decides again, never PATCH; a
+// deleted holder's slot is reclaimed; the poller writes status, never spec.
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use http::Method;
+    use serde_json::json;
+
+    use super::KubeChannelStore;
+    use crate::agent::channel::counts::NodeFacts;
+    use crate::agent::channel::crd::SlotPhase;
+    use crate::agent::cluster::mock_api::{answer, channel_json, mock, slot, status_body, CH_PATH};
+    use crate::agent::cluster::slots::{self, ClaimOutcome, DeadReason, LivenessObserver};
+
+    #[tokio::test]
+    async fn conflict_on_replace_status_rereads_and_finds_the_slot_taken() {
+        let (client, mut h) = mock();
+        let store = KubeChannelStore::new(client, "k3os-system", "stable");
+        let server = tokio::spawn(async move {
+            answer(
+                &mut h,
+                Method::GET,
+                CH_PATH,
+                200,
+                channel_json("10", json!([])),
+            )
+            .await;
+            let (_, sent) = answer(
+                &mut h,
+                Method::PUT,
+                &format!("{CH_PATH}/status"),
+                409,
+                status_body(409, "Conflict", "the object has been modified"),
+            )
+            .await;
+            // The write is a compare-and-swap on what was read.
+            assert_eq!(sent["metadata"]["resourceVersion"], "10");
+            assert_eq!(sent["status"]["slots"][0]["node"], "n1");
+            // Someone else took the only slot meanwhile.
+            answer(
+                &mut h,
+                Method::GET,
+                CH_PATH,
+                200,
+                channel_json("11", json!([slot("n2", "t2", "Claimed")])),
+            )
+            .await;
+        });
+        let out = slots::claim(&store, "n1", "t1", "v2", chrono::Utc::now())
+            .await
+            .unwrap();
+        assert_eq!(out, ClaimOutcome::Full(vec!["n2".into()]));
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn conflict_then_success_claims_with_the_new_resource_version() {
+        let (client, mut h) = mock();
+        let store = KubeChannelStore::new(client, "k3os-system", "stable");
+        let server = tokio::spawn(async move {
+            answer(
+                &mut h,
+                Method::GET,
+                CH_PATH,
+                200,
+                channel_json("10", json!([])),
+            )
+            .await;
+            answer(
+                &mut h,
+                Method::PUT,
+                &format!("{CH_PATH}/status"),
+                409,
+                status_body(409, "Conflict", "modified"),
+            )
+            .await;
+            answer(
+                &mut h,
+                Method::GET,
+                CH_PATH,
+                200,
+                channel_json("12", json!([])),
+            )
+            .await;
+            let (_, sent) = answer(
+                &mut h,
+                Method::PUT,
+                &format!("{CH_PATH}/status"),
+                200,
+                channel_json("13", json!([slot("n1", "t1", "Claimed")])),
+            )
+            .await;
+            assert_eq!(sent["metadata"]["resourceVersion"], "12");
+            assert_eq!(sent["status"]["slots"].as_array().unwrap().len(), 1);
+            assert_eq!(sent["status"]["slots"][0]["token"], "t1");
+            assert_eq!(sent["status"]["observedGeneration"], 3);
+        });
+        let out = slots::claim(&store, "n1", "t1", "v2", chrono::Utc::now())
+            .await
+            .unwrap();
+        assert_eq!(out, ClaimOutcome::Claimed);
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn fence_with_a_foreign_token_is_lost_without_writing() {
+        let (client, mut h) = mock();
+        let store = KubeChannelStore::new(client, "k3os-system", "stable");
+        let server = tokio::spawn(async move {
+            answer(
+                &mut h,
+                Method::GET,
+                CH_PATH,
+                200,
+                channel_json("5", json!([slot("n1", "newer", "Claimed")])),
+            )
+            .await;
+        });
+        let out = slots::fence(
+            &store,
+            "n1",
+            "older",
+            SlotPhase::Draining,
+            Some(false),
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, slots::FenceOutcome::Lost);
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn deleted_node_slot_is_reclaimed_by_cas() {
+        let (client, mut h) = mock();
+        let store = KubeChannelStore::new(client, "k3os-system", "stable");
+        let server = tokio::spawn(async move {
+            let held = json!([slot("gone", "tg", "Draining")]);
+            answer(&mut h, Method::GET, CH_PATH, 200, channel_json("20", held)).await;
+            answer(
+                &mut h,
+                Method::GET,
+                "/api/v1/nodes/gone",
+                404,
+                status_body(404, "NotFound", "nodes \"gone\" not found"),
+            )
+            .await;
+            // The write is conditional on the read the judgement was made from: no re-read.
+            let (_, sent) = answer(
+                &mut h,
+                Method::PUT,
+                &format!("{CH_PATH}/status"),
+                200,
+                channel_json("21", json!([])),
+            )
+            .await;
+            assert_eq!(sent["metadata"]["resourceVersion"], "20");
+            assert_eq!(sent["status"]["slots"], json!([]));
+            // A deleted node is not a failure of the release.
+            assert_eq!(sent["status"]["failures"], json!([]));
+        });
+        let mut obs = LivenessObserver::default();
+        let done = slots::reclaim_dead(
+            &store,
+            "n1",
+            &mut obs,
+            Duration::from_secs(600),
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].slot.node, "gone");
+        assert_eq!(done[0].reason, DeadReason::NodeDeleted);
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn poller_writes_latest_into_status_never_spec() {
+        let (client, mut h) = mock();
+        let store = KubeChannelStore::new(client, "k3os-system", "stable");
+        let server = tokio::spawn(async move {
+            let mut ch = channel_json("7", json!([]));
+            ch["spec"]["version"] = json!("latest");
+            answer(&mut h, Method::GET, CH_PATH, 200, ch.clone()).await;
+            let (_, sent) =
+                answer(&mut h, Method::PUT, &format!("{CH_PATH}/status"), 200, ch).await;
+            assert_eq!(sent["status"]["latestVersion"], "v9");
+            assert_eq!(
+                sent["spec"]["version"], "latest",
+                "the spec must be sent back unchanged"
+            );
+            let conds: BTreeMap<String, String> = sent["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    (
+                        c["type"].as_str().unwrap().to_string(),
+                        c["status"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                conds.get("LatestResolved").map(String::as_str),
+                Some("True")
+            );
+            assert_eq!(conds.get("Paused").map(String::as_str), Some("False"));
+        });
+        slots::set_latest(&store, Ok("v9"), chrono::Utc::now())
+            .await
+            .unwrap();
+        server.await.unwrap();
+    }
+
+    /// A v0.1.0 fixture (tests/fixtures/v0.1.0) as JSON.
+    fn v010(name: &str) -> serde_json::Value {
+        let path = format!(
+            "{}/tests/fixtures/v0.1.0/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
+    }
+
+    /// A status written by v0.1.0 (no format marker, no counts) decodes, and the counter's
+    /// write migrates it in one PUT on the resourceVersion read: `formatVersion: 2`, the counts
+    /// added, v0.1.0's slot and failure kept as they were. Node annotations of v0.1.0 carry no
+    /// `update-version`: counted as `unknown`.
+    #[tokio::test]
+    async fn the_counter_migrates_a_status_written_by_v010() {
+        let old = v010("updatechannel.json");
+        let decoded: crate::agent::channel::crd::UpdateChannel =
+            serde_json::from_value(old.clone()).unwrap();
+        assert_eq!(decoded.status.as_ref().unwrap().nodes, None);
+        let facts: Vec<NodeFacts> = (1..=3)
+            .map(|i| {
+                let node = v010(&format!("node-{i}.json"));
+                NodeFacts::from_meta(&serde_json::from_value(node["metadata"].clone()).unwrap())
+            })
+            .collect();
+        let (client, mut h) = mock();
+        let store = KubeChannelStore::new(client, "k3os-system", "stable");
+        let server = tokio::spawn(async move {
+            answer(&mut h, Method::GET, CH_PATH, 200, old.clone()).await;
+            let (_, sent) = answer(
+                &mut h,
+                Method::PUT,
+                &format!("{CH_PATH}/status"),
+                200,
+                old.clone(),
+            )
+            .await;
+            (old, sent)
+        });
+        slots::write_fleet(&store, &facts, None, chrono::Utc::now())
+            .await
+            .unwrap();
+        let (old, sent) = server.await.unwrap();
+        let st = &sent["status"];
+        assert_eq!(sent["metadata"]["resourceVersion"], "8");
+        assert_eq!(st["formatVersion"], 2, "{st}");
+        assert_eq!(st["slots"], old["status"]["slots"]);
+        assert_eq!(st["failures"], old["status"]["failures"]);
+        assert_eq!(st["nodes"]["total"], 3);
+        assert_eq!(st["nodes"]["byVersion"], json!({"unknown": 3}));
+        let complete = st["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Complete")
+            .expect("a Complete condition");
+        assert_eq!(complete["status"], "False", "{st}");
+    }
+}

@@ -9,9 +9,12 @@ pub mod client;
 pub mod drain;
 pub mod effects;
 pub mod events;
-pub mod rollout_status;
 pub mod gate_probe;
 pub mod kube_store;
+pub mod rollout_status;
+// The mock API server of the request-level unit tests.
+#[cfg(test)]
+pub(crate) mod mock_api;
 pub mod publish;
 pub mod slots;
 pub mod stale;

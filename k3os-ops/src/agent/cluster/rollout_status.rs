@@ -69,7 +69,10 @@ pub async fn write_pinned(
     seed: Seed,
     now: DateTime<Utc>,
 ) -> Result<Option<String>, SlotError> {
-    slots::cas_changed(store, now, |_, st| fleet_pinned::apply(st, pinned, seed, now)).await
+    slots::cas_changed(store, now, |_, st| {
+        fleet_pinned::apply(st, pinned, seed, now)
+    })
+    .await
 }
 
 /// Publish the poller's resolution of `ch`'s pinned release: the status write and the Event of

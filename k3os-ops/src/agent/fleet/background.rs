@@ -71,7 +71,7 @@ fn reclaim_period_base(shortest_reboot_timeout: Option<Duration>) -> Duration {
         .map_or(MIN_RECLAIM_PERIOD, |t| t / 4)
         .clamp(MIN_RECLAIM_PERIOD, MAX_RECLAIM_PERIOD)
 }
-/// Renew this node's liveness Lease forever, every [`lease_period`] (recomputed on every
+/// Renew this node's liveness Lease forever, every `lease_period` (recomputed on every
 /// change of the channels when the agent watches them).
 pub async fn renew_node_lease(agent: Arc<Agent>) {
     let (namespace, node) = (&agent.settings.namespace, &agent.settings.node);
@@ -116,7 +116,7 @@ pub fn reclaimer_lease_name(channel: &str) -> String {
 
 /// Reclaim dead holders' slots in every channel, forever.
 ///
-/// One agent per channel looks (the holder of the Lease [`reclaimer_lease_name`], declared
+/// One agent per channel looks (the holder of the Lease `reclaimer_lease_name`, declared
 /// valid for three reclaim periods), and only while another node holds a slot: looking
 /// costs a read of the channel and two of each holder's Lease, so a thousand agents looking
 /// at a hundred holders would cost the API server more than the rollout itself. An agent

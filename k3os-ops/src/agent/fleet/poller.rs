@@ -45,7 +45,12 @@ impl Looked {
     /// Whether the channel, now with spec `seen`, is due for a poll at `now`: its spec changed,
     /// the period passed (`polls.waiting` while a release waits for this cluster's wave,
     /// `polls.every` otherwise), or the held-back release's admission time came.
-    fn due(&self, seen: &(Option<String>, Option<i64>), now: tokio::time::Instant, polls: Polls) -> bool {
+    fn due(
+        &self,
+        seen: &(Option<String>, Option<i64>),
+        now: tokio::time::Instant,
+        polls: Polls,
+    ) -> bool {
         let period = match self.wake {
             Some(_) => polls.waiting.max(polls.every),
             None => polls.every,

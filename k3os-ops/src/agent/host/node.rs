@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use libupgrade::Stop;
 use libupgrade::{Release, Source, StageOptions, StageRequest};
 
-use libupgrade::state::ledger::{self, PreviewRecord, FORMAT};
 use super::ops::{
     ConfirmResult, NodeError, NodeOps, StageEnd, StageProgress, BUNDLE_DIR_ENV, NODE_READY,
     NOT_ASSESSED, NOT_ASSESSED_HELP,
 };
 use super::status::NodeUpdateStatus;
 use libupgrade::rollout::Seed;
+use libupgrade::state::ledger::{self, PreviewRecord, FORMAT};
 
 /// [`NodeOps`] over `libupgrade::Updater` on the real node.
 pub struct LibupgradeNode {
@@ -29,10 +29,6 @@ pub struct LibupgradeNode {
     /// by the scheduled scrub ([`super::scrub`]), so they never overlap.
     slot_writes: std::sync::Mutex<()>,
 }
-
-/// Environment variable overriding the reboot command.
-#[cfg(any(test, feature = "testing"))]
-pub use crate::node::REBOOT_CMD_ENV;
 
 impl LibupgradeNode {
     /// Open the node's updater from `config` (or `K3OS_OPS_CONFIG` / the default path).

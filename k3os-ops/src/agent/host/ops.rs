@@ -29,8 +29,8 @@ use libupgrade::rollout::{Hold, Seed};
 use libupgrade::Stop;
 use libupgrade::{Release, ResolveError, StageOptions, StageRequest};
 
-use libupgrade::state::ledger::PreviewRecord;
 use super::status::NodeUpdateStatus;
+use libupgrade::state::ledger::PreviewRecord;
 
 /// Environment variable naming the host directory the agent looks for offline bundles in
 /// (the DaemonSet mounts it read-only; unset: no bundles).
@@ -166,7 +166,7 @@ pub trait NodeOps: Send + Sync + 'static {
     /// here ([`NodeOps::offline`]).
     fn resolve(&self, req: &StageRequest) -> Result<Release, NodeError>;
     /// The release of `req`'s version in this node's offline-bundle directory
-    /// ([`BUNDLE_DIR_ENV`]), which a stage takes before the channel; `None`: no directory or
+    /// (`BUNDLE_DIR_ENV`), which a stage takes before the channel; `None`: no directory or
     /// no bundle of it. Reads local files only.
     fn offline(&self, _req: &StageRequest) -> Result<Option<Release>, NodeError> {
         Ok(None)

@@ -26,7 +26,7 @@ pub struct Pinned {
 
 impl Pinned {
     /// `version`, offered, nothing withdrawn (a channel without rollouts).
-    #[cfg(any(test, feature = "testing"))]
+    #[cfg(test)]
     pub fn offered(version: impl Into<String>) -> Pinned {
         Pinned {
             version: version.into(),
@@ -65,7 +65,6 @@ impl Pinned {
 
     /// Whether the channel withdrew the pinned release.
     pub fn is_withdrawn(&self) -> bool {
-        matches!(self.hold, Some(Hold::Withdrawn { .. }))
-            || self.withdrawn.contains(&self.version)
+        matches!(self.hold, Some(Hold::Withdrawn { .. })) || self.withdrawn.contains(&self.version)
     }
 }

@@ -18,7 +18,12 @@ use super::pinned::Pinned;
 
 /// The cluster's look at `channel`: `version` (None: `latest`) for the cluster placed at
 /// `seed`, through the rollouts unless `ignore_rollout`.
-pub fn looking(channel: &str, version: Option<&str>, seed: Seed, ignore_rollout: bool) -> StageRequest {
+pub fn looking(
+    channel: &str,
+    version: Option<&str>,
+    seed: Seed,
+    ignore_rollout: bool,
+) -> StageRequest {
     StageRequest {
         writes: Writes::Trust,
         for_cluster: true,
@@ -31,7 +36,9 @@ pub fn looking(channel: &str, version: Option<&str>, seed: Seed, ignore_rollout:
 /// What `latest` of `channel` is for a node of this architecture placed at `seed` in the
 /// channel's rollouts: the release offered, the newer one held back and the withdrawn ones.
 pub fn resolve_latest(ops: &dyn NodeOps, channel: &str, seed: Seed) -> Result<Latest, NodeError> {
-    Ok(Latest::of(&ops.resolve(&looking(channel, None, seed, false))?))
+    Ok(Latest::of(
+        &ops.resolve(&looking(channel, None, seed, false))?,
+    ))
 }
 
 /// A pinned version as this node resolved it: the verdict, and the release when offered.

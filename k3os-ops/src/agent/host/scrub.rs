@@ -26,9 +26,11 @@ pub fn note(slots: &[SlotScrub]) -> Option<(bool, &'static str, String)> {
         .map(crate::slot_verify::line)
         .collect();
     let damaged = slots.iter().any(|s| !s.clean());
-    let repaired = slots
-        .iter()
-        .any(|s| s.outcome.as_ref().is_some_and(|o| o.repaired > 0 || o.fec_rewritten));
+    let repaired = slots.iter().any(|s| {
+        s.outcome
+            .as_ref()
+            .is_some_and(|o| o.repaired > 0 || o.fec_rewritten)
+    });
     match (damaged, repaired) {
         (true, _) => Some((true, "SlotDamaged", lines.join("; "))),
         (false, true) => Some((false, "SlotRepaired", lines.join("; "))),
@@ -45,7 +47,12 @@ pub async fn scrub_loop(agent: Arc<Agent>, node: Arc<LibupgradeNode>, every: Dur
             Ok(Ok(slots)) => slots,
             Ok(Err(e)) => {
                 agent
-                    .event(None, true, "SlotScrubFailed", format!("dm-verity scrub: {e}"))
+                    .event(
+                        None,
+                        true,
+                        "SlotScrubFailed",
+                        format!("dm-verity scrub: {e}"),
+                    )
                     .await;
                 continue;
             }
@@ -73,7 +80,9 @@ mod tests {
             slot,
             version: Some("v2".into()),
             booted: slot == Slot::A,
-            skipped: outcome.is_none().then(|| "its release was made without dm-verity".into()),
+            skipped: outcome
+                .is_none()
+                .then(|| "its release was made without dm-verity".into()),
             outcome,
             marked_bad,
         }
@@ -82,14 +91,31 @@ mod tests {
     #[test]
     fn an_event_only_when_something_was_repaired_or_is_damaged() {
         let clean = ScrubSummary::default();
-        assert_eq!(note(&[slot(Slot::A, None, false), slot(Slot::B, Some(clean.clone()), false)]), None);
-        let repaired = ScrubSummary { repaired: 2, ..clean.clone() };
+        assert_eq!(
+            note(&[
+                slot(Slot::A, None, false),
+                slot(Slot::B, Some(clean.clone()), false)
+            ]),
+            None
+        );
+        let repaired = ScrubSummary {
+            repaired: 2,
+            ..clean.clone()
+        };
         let (warning, reason, text) = note(&[slot(Slot::B, Some(repaired), false)]).unwrap();
         assert_eq!((warning, reason), (false, "SlotRepaired"));
         assert_eq!(text, "slot B (v2): 2 blocks repaired from FEC");
-        let rotten = ScrubSummary { damaged: 3, first_damaged: vec![1, 5, 9], ..clean };
+        let rotten = ScrubSummary {
+            damaged: 3,
+            first_damaged: vec![1, 5, 9],
+            ..clean
+        };
         let (warning, reason, text) = note(&[slot(Slot::B, Some(rotten), true)]).unwrap();
         assert_eq!((warning, reason), (true, "SlotDamaged"));
-        assert!(text.contains("3 blocks damaged beyond FEC (first [1, 5, 9])") && text.ends_with("marked bad: never booted until staged anew"), "{text}");
+        assert!(
+            text.contains("3 blocks damaged beyond FEC (first [1, 5, 9])")
+                && text.ends_with("marked bad: never booted until staged anew"),
+            "{text}"
+        );
     }
 }

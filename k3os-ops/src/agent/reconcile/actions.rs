@@ -222,3 +222,44 @@ pub fn rolled_back_reason(
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::rolled_back_reason;
+    use crate::agent::host::status::{TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED};
+
+    fn failure(event: &str, reason: &str) -> TrialFailure {
+        TrialFailure {
+            event: event.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The core's `health-failed` is a failed health check with the checks' output, not a
+    /// bootloader fallback.
+    #[test]
+    fn a_health_failure_is_reported_with_the_checks_output() {
+        let f = failure(HEALTH_FAILED, "10-etcd: etcd quorum lost on v2");
+        let (event, text) = rolled_back_reason("v2", Some(&f));
+        assert_eq!(event, "HealthCheckFailed");
+        assert!(
+            text.contains("etcd quorum lost on v2") && !text.contains("bootloader fell back"),
+            "{text}"
+        );
+    }
+
+    /// The core's `fallback-taken`, and a trial nothing was recorded of, are fallbacks.
+    #[test]
+    fn a_fallback_is_reported_as_a_fallback() {
+        let f = failure(FALLBACK_TAKEN, "tries spent");
+        let (event, text) = rolled_back_reason("v2", Some(&f));
+        assert_eq!(event, "RolledBack");
+        assert!(text.contains("bootloader fell back"), "{text}");
+        let (event, text) = rolled_back_reason("v2", None);
+        assert_eq!(event, "RolledBack");
+        assert!(
+            text.contains("bootloader fell back") && text.contains("v2"),
+            "{text}"
+        );
+    }
+}

@@ -2,7 +2,6 @@
 //! a state, reported once (Node condition [`COND_BOOT_ASSESSED`]`=False`, a `BootNotAssessed`
 //! Event, phase `NotAssessed`) and waited out; the condition turns `True` once it was.
 
-
 use chrono::Utc;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};

@@ -51,9 +51,7 @@ pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
 async fn carry_out(cx: &Agent, ch: &Channel, done: Done) -> Result<Next, AgentError> {
     for mark in done.marks {
         match mark {
-            Mark::StageDeadline(miss) => {
-                super::thin_report::report_miss(cx, ch, miss).await
-            }
+            Mark::StageDeadline(miss) => super::thin_report::report_miss(cx, ch, miss).await,
             Mark::Stale(stale) => {
                 crate::agent::cluster::stale::report(cx, ch, stale.as_ref()).await
             }
@@ -84,12 +82,8 @@ async fn decide(
 ) -> Result<(Step, Option<Release>), AgentError> {
     let now = Utc::now();
     let stage_now = cx.settings.clock.now();
-    let (claim_not_before, stage_not_before) = cx.remember(|m| {
-        (
-            m.claims.waits_until(now),
-            m.stages.waits_until(stage_now),
-        )
-    });
+    let (claim_not_before, stage_not_before) =
+        cx.remember(|m| (m.claims.waits_until(now), m.stages.waits_until(stage_now)));
     let mut inputs = Inputs {
         now,
         stage_now,

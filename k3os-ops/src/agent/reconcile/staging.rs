@@ -20,9 +20,9 @@ use chrono::{DateTime, Utc};
 
 use super::decide::StagePlan;
 use super::thin_report;
-use crate::agent::channel::thin::Miss;
 use crate::agent::channel::format::{ANN_PROGRESS, ANN_TARGET};
 use crate::agent::channel::listing::Channel;
+use crate::agent::channel::thin::Miss;
 use crate::agent::channel::thin::ThinPolicy;
 use crate::agent::cluster::publish::{Done, Mark, Report, Say, Then};
 use crate::agent::context::{Agent, PROGRESS_PERIOD};

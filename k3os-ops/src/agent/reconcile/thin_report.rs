@@ -36,14 +36,15 @@ pub const ANN_STAGE_PREVIEW_V1: &str = "k3os.io/stage-preview";
 
 /// The preview a Node's annotations carry: the current key's, else the one an agent of the
 /// previous release wrote (for readers other than the agent, which only writes it: the tests).
-#[cfg(any(test, feature = "testing"))]
-pub fn preview_annotation(annotations: &std::collections::BTreeMap<String, String>) -> Option<&str> {
+#[cfg(test)]
+pub fn preview_annotation(
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Option<&str> {
     annotations
         .get(ANN_STAGE_PREVIEW)
         .or_else(|| annotations.get(ANN_STAGE_PREVIEW_V1))
         .map(String::as_str)
 }
-
 
 fn lines(st: &UpdateChannelStatus) -> Vec<String> {
     st.conditions
@@ -153,7 +154,10 @@ pub async fn publish_preview(cx: &Agent, ch: &UpdateChannel, p: &PreviewRecord) 
     })
     .expect("a preview serializes");
     // The old key goes in the same patch (a no-op when absent: `annotate` skips what is known).
-    let ann = [(ANN_STAGE_PREVIEW, Some(text.as_str())), (ANN_STAGE_PREVIEW_V1, None)];
+    let ann = [
+        (ANN_STAGE_PREVIEW, Some(text.as_str())),
+        (ANN_STAGE_PREVIEW_V1, None),
+    ];
     if let Err(e) = cx.annotate(&ann).await {
         tracing::warn!("stage preview annotation: {e:#}");
     }

@@ -26,9 +26,9 @@ use k3os_ops::agent;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use agent::channel::crd::*;
-use agent::cluster::kube_store::KubeChannelStore;
-use agent::cluster::slots::{self, ChannelStore, ClaimOutcome, LivenessObserver, StoreError};
+use agent::testing::crd::*;
+use agent::testing::slots::{self, ChannelStore, ClaimOutcome, LivenessObserver, StoreError};
+use agent::testing::KubeChannelStore;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -550,10 +550,10 @@ async fn cluster_agent_service_account_is_enough() {
             .map_err(|e| format!("{e:?}")),
     );
     // The Invalid condition (invalid.rs): a PUT of updatechannels/status too, never a patch.
-    let dynamic = agent::channel::listing::dynamic_api(agent.clone(), NS);
+    let dynamic = agent::testing::dynamic_api(agent.clone(), NS);
     let invalid = match dynamic.get(&channel).await {
         Ok(obj) => match serde_json::to_value(&obj) {
-            Ok(raw) => agent::reconcile::invalid::write_invalid(
+            Ok(raw) => agent::testing::write_invalid(
                 &dynamic,
                 &raw,
                 Some("service account test"),
@@ -600,7 +600,7 @@ async fn cluster_agent_service_account_is_enough() {
     for on in [true, false] {
         check(
             "cordon",
-            agent::cluster::drain::set_unschedulable(&agent_nodes, &node, on)
+            agent::testing::set_unschedulable(&agent_nodes, &node, on)
                 .await
                 .map_err(|e| e.to_string()),
         );
@@ -610,9 +610,9 @@ async fn cluster_agent_service_account_is_enough() {
     for _ in 0..2 {
         check(
             "lease",
-            agent::cluster::kube_store::acquire_lease(
+            agent::testing::acquire_lease(
                 &leases,
-                &agent::cluster::kube_store::node_lease_name(&node),
+                &agent::testing::node_lease_name(&node),
                 &node,
                 60,
             )
@@ -630,11 +630,11 @@ async fn cluster_agent_service_account_is_enough() {
     };
     check(
         "event",
-        agent::cluster::events::Publisher::new(agent.clone(), &node)
+        agent::testing::Publisher::new(agent.clone(), &node)
             .publish(
                 &regarding,
                 None,
-                &agent::cluster::events::Note {
+                &agent::testing::Note {
                     warning: false,
                     reason: "Test",
                     note: "service account test",
@@ -655,7 +655,7 @@ async fn cluster_agent_service_account_is_enough() {
     );
     check(
         "evict",
-        agent::cluster::drain::evict(&agent, &pod_ns, "app", Some(0))
+        agent::testing::evict(&agent, &pod_ns, "app", Some(0))
             .await
             .map_err(|e| e.to_string()),
     );

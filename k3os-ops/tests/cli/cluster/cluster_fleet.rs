@@ -32,7 +32,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bootconfig::Slot;
-use k3os_ops::agent::channel::crd::*;
+use k3os_ops::agent::testing::crd::*;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -619,7 +619,7 @@ async fn a_failed_health_check_is_reported_as_such_and_pauses_the_channel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver + etcd)"]
 async fn a_boot_nobody_assessed_is_reported_once_and_waited_out() {
-    use k3os_ops::agent::reconcile::assessment::COND_BOOT_ASSESSED;
+    use k3os_ops::agent::testing::COND_BOOT_ASSESSED;
     let mut f = Fleet::start(
         json!({"concurrency": 1, "rebootTimeout": "60s", "maxFailures": 1, "paused": true}),
         None,

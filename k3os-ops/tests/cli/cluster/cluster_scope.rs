@@ -16,9 +16,9 @@ use super::support as cluster_support;
 
 use chrono::Utc;
 use k3os_ops::agent;
-use k3os_ops::agent::channel::crd::*;
-use k3os_ops::agent::cluster::kube_store::{acquire_lease, node_lease_name, KubeChannelStore};
-use k3os_ops::agent::cluster::slots::{self, ChannelStore};
+use k3os_ops::agent::testing::crd::*;
+use k3os_ops::agent::testing::slots::{self, ChannelStore};
+use k3os_ops::agent::testing::{acquire_lease, node_lease_name, KubeChannelStore};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -225,7 +225,7 @@ async fn a_node_writes_only_its_own_node() {
     // The agent's own functions on its own Node.
     let nodes: Api<Node> = Api::all(w.agent_a.clone());
     for on in [true, false] {
-        agent::cluster::drain::set_unschedulable(&nodes, &w.a, on)
+        agent::testing::set_unschedulable(&nodes, &w.a, on)
             .await
             .unwrap_or_else(|e| panic!("the agent's own cordon={on}: {e}"));
     }
@@ -478,8 +478,8 @@ fn node_ref(node: &str) -> ObjectReference {
 #[ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver >= 1.30 + etcd) or KUBECONFIG"]
 async fn a_node_reports_events_only_about_itself() {
     let w = world().await;
-    let publisher = agent::cluster::events::Publisher::new(w.agent_a.clone(), &w.a);
-    let note = agent::cluster::events::Note {
+    let publisher = agent::testing::Publisher::new(w.agent_a.clone(), &w.a);
+    let note = agent::testing::Note {
         warning: true,
         reason: "Test",
         note: "node scope test",
@@ -533,7 +533,7 @@ async fn a_token_without_a_node_name_is_refused_and_said_so() {
         Verdict::RefusedByPolicy
     );
     // The agent's start-up check tells the two tokens apart.
-    use agent::cluster::token_scope::{check, TokenScope};
+    use agent::testing::{check_token_scope as check, TokenScope};
     assert_eq!(check(&c, &w.a).await, TokenScope::Unbound);
     assert_eq!(check(&w.agent_a, &w.a).await, TokenScope::Node);
     assert_eq!(

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use k3os_ops::agent::channel::crd::UpdateChannel;
+use k3os_ops::agent::testing::crd::UpdateChannel;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, CustomResourceExt};

@@ -34,6 +34,12 @@ impl UpdateChannel {
 }
 
 impl ChannelFixture {
+    /// Named `name`.
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.into();
+        self
+    }
+
     /// Releases at `url`.
     pub fn url(mut self, url: &str) -> Self {
         self.spec.url = url.into();

@@ -4,11 +4,11 @@
 //! them by `k3os-ops agent crd` (a snapshot test keeps the committed file equal).
 //!
 //! The status is versioned (`status.formatVersion`); its formats and their migrations are
-//! documented in [`super::format`]; its types are in `status.rs`. The schemas the API server
+//! documented in `channel::format`; its types are in `status.rs`. The schemas the API server
 //! validates the spec with (where the derived one is wrong or weak) are in `schemas.rs`.
 //!
 //! Ownership of fields: humans write `spec`; the agents write only `status`, and only through
-//! compare-and-swap `replace_status` calls (see [`crate::agent::cluster::slots`]). The poller writes the newest
+//! compare-and-swap `replace_status` calls (see `cluster::slots`). The poller writes the newest
 //! release into `status.latestVersion`, never into `spec.version`, so `version: latest` keeps
 //! following new releases instead of being pinned by the first one it resolved.
 
@@ -31,9 +31,9 @@ use schemas::*;
 pub use fleet::{FleetRolloutStatus, COND_RELEASE_WITHDRAWN, COND_WAITING_FOR_WAVE};
 // `status::Condition` is named only through `UpdateChannelStatus::conditions`.
 pub use status::{
-    FailureRecord, NodeCounts, RolloutStatus, SlotEntry, SlotPhase,
-    UpdateChannelStatus, COND_CHANNEL_STALE, COND_COMPLETE, COND_DEGRADED, COND_INVALID,
-    COND_LATEST_RESOLVED, COND_PAUSED, COND_STAGE_WILL_MISS_WINDOW,
+    FailureRecord, NodeCounts, RolloutStatus, SlotEntry, SlotPhase, UpdateChannelStatus,
+    COND_CHANNEL_STALE, COND_COMPLETE, COND_DEGRADED, COND_INVALID, COND_LATEST_RESOLVED,
+    COND_PAUSED, COND_STAGE_WILL_MISS_WINDOW,
 };
 
 /// Pattern of the spec's short durations (`90s`, `15m`, `1h30m`, `2d`; see `duration.rs`).

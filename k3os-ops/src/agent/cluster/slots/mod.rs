@@ -43,8 +43,6 @@ pub mod reclaim;
 
 pub use derived::{refresh_conditions, resume_hint};
 pub use reclaim::{reclaim_dead, DeadReason, LivenessObserver};
-#[cfg(any(test, feature = "testing"))]
-pub use reclaim::Reclaimed;
 
 /// Failure of one store call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 
 use super::{Action, IdleReason, Policy};
 use crate::agent::channel::crd::UpdateChannel;
-use crate::agent::channel::thin::Gate;
 use crate::agent::channel::fleet_pinned::waiting_message;
+use crate::agent::channel::thin::Gate;
 use crate::agent::host::latest::Latest;
 use crate::agent::host::pinned::Pinned;
 
@@ -102,7 +102,7 @@ pub struct Inputs {
 impl Inputs {
     /// Nothing held back at `now` (one clock): no back-off, the gates open, nothing fetched
     /// today, a pinned version offered. What [`super::decide()`] assumes.
-    #[cfg(any(test, feature = "testing"))]
+    #[cfg(test)]
     pub fn open_at(now: DateTime<Utc>) -> Inputs {
         Inputs {
             now,
@@ -276,7 +276,13 @@ pub(super) fn pin_gate(
     };
     match &inputs.own_pin {
         PinVerdict::Unknown => (Action::Gather(Need::OwnPinned), None),
-        PinVerdict::Held(why) => (Action::WaitForChannelWave { version, why: why.clone() }, None),
+        PinVerdict::Held(why) => (
+            Action::WaitForChannelWave {
+                version,
+                why: why.clone(),
+            },
+            None,
+        ),
         PinVerdict::Withdrawn => (Action::Withdrawn { version }, None),
         PinVerdict::Offered | PinVerdict::Unresolved(_) => staged,
     }

@@ -21,7 +21,7 @@ use crate::agent::channel::rollout::{self, Admission};
 use crate::agent::channel::spec::Policy;
 use crate::agent::channel::thin::Waiting;
 
-#[cfg(any(test, feature = "testing"))]
+#[cfg(test)]
 use crate::agent::host::latest::Latest;
 use crate::agent::host::status::{Inactive, NodeUpdateStatus};
 
@@ -184,7 +184,7 @@ pub struct Step {
 
 /// [`step`]'s action with nothing held back ([`Inputs::open_at`]), parsing the channel's
 /// policy itself (for callers without a [`crate::agent::channel::listing::Channel`]).
-#[cfg(any(test, feature = "testing"))]
+#[cfg(test)]
 pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> Action {
     let policy = Policy::from_spec(&channel.spec);
     let withdrawn = channel

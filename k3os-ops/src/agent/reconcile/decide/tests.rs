@@ -413,9 +413,19 @@ fn the_node_asks_its_own_resolution_before_the_first_stage_of_a_pin() {
         own_pin: PinVerdict::Unknown,
         ..Inputs::open_at(at(0))
     };
-    assert_eq!(run(&ch, &empty, &ask).action, Action::Gather(Need::OwnPinned));
-    let with = |own_pin| Inputs { own_pin, ..ask.clone() };
-    let s = run(&ch, &empty, &with(PinVerdict::Held("its wave starts at T".into())));
+    assert_eq!(
+        run(&ch, &empty, &ask).action,
+        Action::Gather(Need::OwnPinned)
+    );
+    let with = |own_pin| Inputs {
+        own_pin,
+        ..ask.clone()
+    };
+    let s = run(
+        &ch,
+        &empty,
+        &with(PinVerdict::Held("its wave starts at T".into())),
+    );
     assert_eq!(
         (s.action, s.stage),
         (
@@ -434,9 +444,17 @@ fn the_node_asks_its_own_resolution_before_the_first_stage_of_a_pin() {
     );
     // Offered, or the channel not resolvable (the stage reports what fails, or stages from
     // an offline bundle): the stage goes ahead with its plan.
-    for own in [PinVerdict::Offered, PinVerdict::Unresolved("unreachable".into())] {
+    for own in [
+        PinVerdict::Offered,
+        PinVerdict::Unresolved("unreachable".into()),
+    ] {
         let s = run(&ch, &empty, &with(own));
-        assert_eq!(s.action, Action::Stage { version: "v2".into() });
+        assert_eq!(
+            s.action,
+            Action::Stage {
+                version: "v2".into()
+            }
+        );
         assert!(s.stage.is_some());
     }
     // Asked only when the stage would run now: a stage back-off is waited out first.
@@ -452,7 +470,9 @@ fn the_node_asks_its_own_resolution_before_the_first_stage_of_a_pin() {
     let latest = following_latest();
     assert_eq!(
         run(&latest, &empty, &ask).action,
-        Action::Stage { version: "v2".into() }
+        Action::Stage {
+            version: "v2".into()
+        }
     );
 }
 
@@ -483,7 +503,10 @@ fn a_claim_of_a_pin_asks_the_nodes_own_resolution_first() {
             why: "paused".into()
         }
     );
-    for own in [PinVerdict::Offered, PinVerdict::Unresolved("unreachable".into())] {
+    for own in [
+        PinVerdict::Offered,
+        PinVerdict::Unresolved("unreachable".into()),
+    ] {
         assert_eq!(
             run(&ch, &staged(), &with(own)).action,
             Action::Claim {
@@ -510,7 +533,10 @@ fn a_pin_verdict_is_read_from_the_resolution() {
     let PinVerdict::Held(why) = PinVerdict::of(Ok(&paused), seed) else {
         panic!("held");
     };
-    assert!(why.starts_with("v2 (spec.version) waits: its rollout is paused since"), "{why}");
+    assert!(
+        why.starts_with("v2 (spec.version) waits: its rollout is paused since"),
+        "{why}"
+    );
     let gone = Pinned {
         hold: Some(Hold::Withdrawn { at: at(0) }),
         ..paused.clone()
