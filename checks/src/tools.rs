@@ -21,10 +21,6 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
     ("halt", "run inside the VM guests (busybox)"),
     ("udhcpc", "run inside the VM guests (busybox)"),
     ("httpd", "run inside the VM guests (busybox)"),
-    (
-        "busybox",
-        "the guests' busybox comes from the busybox-static .deb the images unpack",
-    ),
     ("file", "a word in messages and JSON keys, never run"),
     (
         "bzip2",

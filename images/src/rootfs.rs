@@ -18,11 +18,21 @@ pub const INIT: &str = include_str!("../files/rootfs-init.sh");
 pub const UDHCPC_SCRIPT: &str = include_str!("../files/udhcpc.script");
 pub const PROFILE: &str = include_str!("../files/profile");
 
+/// Where every test node reports its outcomes: a fixed guest-side address that vm-tests
+/// forwards, per VM, to the host port of that VM's own collector (QEMU user networking's
+/// `guestfwd`, `vm-tests/src/target/mod.rs`). The config is on the read-only root and the
+/// boot-time confirm reads it, so the address cannot name a host port chosen at run time.
+pub const REPORT_URL: &str = "http://10.0.2.100/v1/reports";
+/// The site every test node reports as (the `report-spool` scenario enrols it).
+pub const REPORT_SITE: &str = "vm-site";
+
 /// The node configuration (`/etc/k3os-ops/config.<loader>.toml`) libupgrade reads.
 pub fn node_config(bootloader: &str, tries: u8) -> String {
     format!(
         "bootloader = \"{bootloader}\"\n\
          tries = {tries}\n\
+         report_url = \"{REPORT_URL}\"\n\
+         report_site = \"{REPORT_SITE}\"\n\
          state_dir = \"/var/lib/k3os-ops\"\n\
          trust_dir = \"/etc/k3os-ops/trust.d\"\n\
          health_dir = \"/etc/k3os-ops/health.d\"\n\
@@ -322,6 +332,8 @@ mod tests {
             assert_eq!(c.tries, tries);
             assert_eq!(c.trust_dir, Path::new("/etc/k3os-ops/trust.d"));
             assert_eq!(c.layout.boot_dir(), Path::new("/boot"));
+            assert_eq!(c.report_url.as_deref(), Some(REPORT_URL));
+            assert_eq!(c.report_site.as_deref(), Some(REPORT_SITE));
         }
     }
 

@@ -6,6 +6,8 @@
 //!   commands with exit codes, `system_reset` (watchdog) and SIGKILL (power cut).
 //! - [`target::Target`]: the four boot targets and their QEMU command lines.
 //! - [`server::ReleaseServer`]: the host side HTTP server for the signed releases.
+//! - [`collector::Collector`]: the host's fleet collector (`k3os-ops collector serve`) a
+//!   guest reports to.
 //! - [`scenario::Scenario`]: the scenarios of the issue; [`run`] is the one-call entry point.
 //!
 //! # Architecture
@@ -22,6 +24,7 @@
 //! Inputs are the images crate's outputs (`just images-x86_64` / `just images-aarch64`); a
 //! missing input is an error naming it, never a skipped check.
 
+pub mod collector;
 pub mod error;
 pub mod scenario;
 pub mod server;

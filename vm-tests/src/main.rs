@@ -23,7 +23,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a scenario (upgrade, fallback-panic, fallback-noconfirm, badhealth, powercut,
-    /// missing-kernel, awaited-check, upgrade-from-previous, bundle-offline, reachability, all) on a
+    /// missing-kernel, awaited-check, upgrade-from-previous, bundle-offline, reachability,
+    /// report-spool, `list` shows all; `all`) on a
     /// target (x86_64-grub-bios, x86_64-grub-efi, x86_64-extlinux, aarch64-grub-efi, all).
     Run {
         scenario: String,

@@ -49,11 +49,15 @@ fn main() -> anyhow::Result<()> {
         srv.port()
     );
 
-    let port = {
+    let free = || -> std::io::Result<u16> {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        l.local_addr()?.port()
+        Ok(l.local_addr()?.port())
     };
-    let net = Network::User { http_port: port };
+    // No collector in the demo: the node's reports find nothing there and stay spooled.
+    let net = Network::User {
+        http_port: free()?,
+        report_port: free()?,
+    };
     let cmd = target.qemu_command(accel, &disk, None, &dir.join("monitor.sock"), net, None);
     let mut vm = Vm::spawn(
         "demo",

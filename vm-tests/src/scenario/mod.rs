@@ -44,6 +44,10 @@
 //!   v2 boots with the network cut and finds its images linked for k3s (checked at boot and by
 //!   `skopeo inspect` on the objects), the prune after the bless keeps what A and B reference,
 //!   and a rollback to v1 finds v1's images again.
+//! - `report-spool`: the guest reports to a collector on the host (`k3os-ops collector
+//!   serve`); the collector is stopped before a stage, the staged and trial-boot reports wait
+//!   in the spool and arrive once it is back (numbered, a resend stored once), then a failing
+//!   trial boot's `rolled_back` with its why and a good one's `blessed`.
 //!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
@@ -55,7 +59,7 @@
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
 //! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability), `rotation`
-//! (trust-rotation), `wave` (rollout-wave), `patch` (upgrade-patch), `payloads` (payload-images). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! (trust-rotation), `wave` (rollout-wave), `patch` (upgrade-patch), `payloads` (payload-images), `spool` (report-spool). Data flows one way: this file → a family → `steps` → [`Vm`] /
 //! [`crate::server`] / [`crate::target`]; the one link between families is `previous` using
 //! `powercut`'s barrier formatter. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
@@ -79,6 +83,7 @@ mod powercut;
 mod previous;
 mod reach;
 mod rotation;
+mod spool;
 mod steps;
 mod upgrade;
 mod wave;
@@ -104,10 +109,11 @@ pub enum ScenarioKind {
     RolloutWave,
     UpgradePatch,
     PayloadImages,
+    ReportSpool,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 14] = [
+    pub const ALL: [ScenarioKind; 15] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -122,6 +128,7 @@ impl ScenarioKind {
         ScenarioKind::RolloutWave,
         ScenarioKind::UpgradePatch,
         ScenarioKind::PayloadImages,
+        ScenarioKind::ReportSpool,
     ];
 
     pub fn name(self) -> &'static str {
@@ -140,6 +147,7 @@ impl ScenarioKind {
             ScenarioKind::RolloutWave => "rollout-wave",
             ScenarioKind::UpgradePatch => "upgrade-patch",
             ScenarioKind::PayloadImages => "payload-images",
+            ScenarioKind::ReportSpool => "report-spool",
         }
     }
 }
@@ -229,6 +237,10 @@ impl Scenario {
         ) {
             target.check_channel_inputs(&root, &rotation::ROOT1_KEYS)?;
         }
+        if kind == ScenarioKind::ReportSpool {
+            target.check_releases(&root, &["v2-badhealth"])?;
+            crate::collector::check_fleet_tool(&root)?;
+        }
         let accel = Accel::for_target(target, &root);
         let out = root
             .join("vm-tests/out")
@@ -277,6 +289,7 @@ impl Scenario {
             ScenarioKind::RolloutWave => self.rollout_wave()?,
             ScenarioKind::UpgradePatch => self.upgrade_patch()?,
             ScenarioKind::PayloadImages => self.payload_images()?,
+            ScenarioKind::ReportSpool => self.report_spool()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;

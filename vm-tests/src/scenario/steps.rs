@@ -33,6 +33,10 @@ pub struct Node {
     vars: Option<PathBuf>,
     /// Host port forwarded to the guest's port 80 during the current boot (0 while offline).
     pub http_port: u16,
+    /// Host port the guest's reports go to (`10.0.2.100:80` in the guest), fixed for the
+    /// node's life so that a collector started or restarted on it is reached by every boot.
+    /// Nothing listens on it unless the scenario starts a collector there.
+    pub report_port: u16,
     power_ons: u32,
     /// Boots without any NIC (a site whose link is down).
     offline: bool,
@@ -57,7 +61,7 @@ impl Node {
     }
 }
 
-fn free_port() -> Result<u16> {
+pub(super) fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(|e| Error::Server(format!("find a free port: {e}")))?;
     Ok(l.local_addr()
@@ -171,6 +175,7 @@ impl Scenario {
             disk,
             vars,
             http_port: 0,
+            report_port: free_port()?,
             power_ons: 0,
             offline: false,
             usb_stick: None,
@@ -188,6 +193,7 @@ impl Scenario {
             node.http_port = free_port()?;
             Network::User {
                 http_port: node.http_port,
+                report_port: node.report_port,
             }
         };
         let name = format!("{}/{}#{}", self.target, node.name, node.power_ons);

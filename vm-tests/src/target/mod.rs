@@ -183,9 +183,13 @@ impl Target {
             }
         }
         match net {
-            Network::User { http_port } => {
+            Network::User {
+                http_port,
+                report_port,
+            } => {
                 c.arg("-nic").arg(format!(
-                    "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{http_port}-:80"
+                    "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{http_port}-:80,\
+                     guestfwd=tcp:{REPORT_GUEST_ADDR}-cmd:busybox nc 127.0.0.1 {report_port}"
                 ));
             }
             Network::None => {
@@ -204,12 +208,22 @@ impl Target {
     }
 }
 
+/// The guest-side address of the collector every test OS reports to (`report_url` in its
+/// node config, images/src/rootfs.rs): QEMU forwards each connection to it to the host port
+/// `report_port` of that VM alone, so concurrent VMs never share a collector. A `cmd:`
+/// guestfwd (one `busybox nc` per connection) rather than a chardev one: a chardev is one
+/// stream opened when QEMU starts (QEMU would refuse to start without a listening collector,
+/// and a restarted collector would never be reached again). With nothing listening, `nc`
+/// exits at once and the guest's POST fails in milliseconds: the report stays spooled.
+pub const REPORT_GUEST_ADDR: &str = "10.0.2.100:80";
+
 /// A node's network for one boot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Network {
     /// QEMU user networking; host port `http_port` (on 127.0.0.1) forwards to the guest's
-    /// port 80.
-    User { http_port: u16 },
+    /// port 80, and the guest's connections to [`REPORT_GUEST_ADDR`] go to the host's
+    /// 127.0.0.1:`report_port` (a collector, or nothing listening).
+    User { http_port: u16, report_port: u16 },
     /// No NIC at all: the guest has no eth0 (a site whose link is down).
     None,
 }
@@ -288,13 +302,17 @@ mod tests {
     fn offline_boot_has_no_nic_and_the_stick_on_usb_behind_the_boot_disk() {
         let p = Path::new;
         let t = Target::X86_64Extlinux;
-        let net = Network::User { http_port: 4321 };
+        let net = Network::User {
+            http_port: 4321,
+            report_port: 4322,
+        };
         let plain = args(&t.qemu_command(Accel::Tcg, p("/d.img"), None, p("/m"), net, None));
         assert!(
             has(&plain, ["-drive", "file=/d.img,format=raw,if=virtio"]),
             "{plain:?}"
         );
-        let nic = "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:4321-:80";
+        let nic = "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:4321-:80,\
+                   guestfwd=tcp:10.0.2.100:80-cmd:busybox nc 127.0.0.1 4322";
         assert!(has(&plain, ["-nic", nic]), "{plain:?}");
         assert!(!plain.iter().any(|a| a.contains("usb")), "{plain:?}");
 
