@@ -164,6 +164,8 @@ struct DockerEntry {
 fn esc(s: &str) -> String {
     s.escape_debug().to_string()
 }
+// Every text an archive chooses goes through `esc` before it is part of an error, the tar
+// crate's and serde_json's messages too: they quote member names and JSON strings.
 
 /// `name` as kept: without a leading `./`.
 fn clean(name: &str) -> String {
@@ -187,9 +189,9 @@ impl Contents {
         let mut ar = tar::Archive::new(r);
         let entries = ar
             .entries_with_seek()
-            .map_err(|e| format!("not a tar: {e}"))?;
+            .map_err(|e| format!("not a tar: {}", esc(&e.to_string())))?;
         for entry in entries {
-            let mut e = entry.map_err(|e| format!("not a tar: {e}"))?;
+            let mut e = entry.map_err(|e| format!("not a tar: {}", esc(&e.to_string())))?;
             let end = e.raw_file_position().saturating_add(e.size());
             if end > len {
                 return Err(format!(
@@ -201,14 +203,15 @@ impl Contents {
             }
             let name = clean(
                 &e.path()
-                    .map_err(|e| format!("a member's name: {e}"))?
+                    .map_err(|e| format!("a member's name: {}", esc(&e.to_string())))?
                     .to_string_lossy(),
             );
             let size = e.size();
             if keep_json(&name, size) {
                 let mut buf = Vec::with_capacity(size as usize);
-                e.read_to_end(&mut buf)
-                    .map_err(|err| format!("reading '{}': {err}", esc(&name)))?;
+                e.read_to_end(&mut buf).map_err(|err| {
+                    format!("reading '{}': {}", esc(&name), esc(&err.to_string()))
+                })?;
                 c.json.insert(name.clone(), buf);
             }
             c.sizes.insert(name, size);
@@ -239,7 +242,8 @@ impl Contents {
             .json
             .get(name)
             .ok_or_else(|| format!("'{}' is larger than {MAX_ARCHIVE_JSON} bytes", esc(name)))?;
-        serde_json::from_slice(bytes).map_err(|e| format!("'{}' is not valid: {e}", esc(name)))
+        serde_json::from_slice(bytes)
+            .map_err(|e| format!("'{}' is not valid: {}", esc(name), esc(&e.to_string())))
     }
 
     fn oci_images(&self) -> Result<Vec<String>, String> {
@@ -300,9 +304,10 @@ impl Contents {
             Some(&s) if s == d.size => Ok(path),
             Some(&s) => Err(format!(
                 "blob {} is {s} bytes, its descriptor says {}",
-                d.digest, d.size
+                esc(&d.digest),
+                d.size
             )),
-            None => Err(format!("blob {} is missing", d.digest)),
+            None => Err(format!("blob {} is missing", esc(&d.digest))),
         }
     }
 

@@ -205,6 +205,33 @@ fn bad_archives_are_refused_naming_why() {
     assert!(archive_images(&dir.path().join("short.tar")).is_err());
 }
 
+/// What the tar crate and serde_json say quotes the archive's own text (a member's name, a
+/// JSON string): it is escaped too (the `image_archive` fuzz target's first finding).
+#[test]
+fn the_readers_own_messages_are_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut l = Layout::default();
+    l.file("oci-layout\u{1e}\u{1b}[2J", b"{}");
+    let p = l.write(dir.path());
+    let mut b = std::fs::read(&p).unwrap();
+    b[148..156].copy_from_slice(b"zz\x1bzzzz\0"); // the header's checksum field
+    std::fs::write(&p, &b).unwrap();
+    let e = err(&p);
+    assert!(
+        e.contains("not a tar") && !e.chars().any(char::is_control),
+        "{e:?}"
+    );
+
+    let mut l = Layout::default();
+    l.file("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
+    l.file("index.json", b"{\"schemaVersion\": \"\x1b[2J\"}");
+    let e = err(&l.write(dir.path()));
+    assert!(
+        e.contains("is not valid") && !e.chars().any(char::is_control),
+        "{e:?}"
+    );
+}
+
 /// The archive skopeo (a real OCI tool, installed by scripts/setup.sh) writes from one of
 /// ours is read the same: our reading is not only of our own writing.
 #[test]
