@@ -405,3 +405,46 @@ fn a_trial_booted_with_another_root_hash_falls_back_and_the_signed_one_is_blesse
         }
     }
 }
+
+/// A trial whose initramfs recorded a dm-verity failure (`<state_dir>/verity-failure`, as
+/// images/files/initrd-init.sh writes it before it reboots) falls back, and the fallback's why
+/// (what `slot status` shows) names it; the record is used once. Without a record the why is
+/// the loader's alone, as before.
+#[test]
+fn a_fallback_after_a_recorded_verity_failure_names_it_once() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = verity_release(&k, rels.path(), "v2", None);
+    for recorded in [true, false] {
+        let mut node = SimNode::new(&k.trust, 1, 1);
+        let u = node.updater();
+        u.stage(
+            &Release::at(Source::Path(rel.clone())),
+            &fast_stage(),
+            &NoProgress,
+        )
+        .unwrap();
+        u.activate().unwrap();
+        assert_eq!(node.power_cycle(), Slot::B, "the trial");
+        let record = node.cfg.state_dir.join("verity-failure");
+        if recorded {
+            std::fs::write(
+                &record,
+                "format=1\nslot=B\nreason=mount squashfs /dev/dm-0 \n",
+            )
+            .unwrap();
+        }
+        assert_eq!(node.power_cycle(), Slot::A, "one try, used: fallback");
+        let r = node.init_confirm().unwrap();
+        let why = r.other_slot.expect("the fallback was settled").why;
+        assert!(why.starts_with("slot B did not confirm"), "{why}");
+        assert_eq!(
+            why.ends_with("; its initramfs recorded a dm-verity failure: mount squashfs /dev/dm-0"),
+            recorded,
+            "{why}"
+        );
+        assert!(!record.exists(), "used once");
+        let st = node.updater().status().unwrap();
+        assert_eq!(st.slots[1].state, SlotState::Bad);
+    }
+}
