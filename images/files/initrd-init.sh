@@ -118,5 +118,6 @@ fi
 mount -t tmpfs -o mode=0755 tmpfs /newroot/var || fail "tmpfs /newroot/var"
 mkdir -p /newroot/var/lib/k3os-ops /newroot/var/log /newroot/var/tmp
 mount --move /dev /newroot/dev || fail "move /dev"
+echo "k3os-initrd: switch_root at $(cut -d' ' -f1 /proc/uptime)s of uptime"
 umount /proc /sys
 exec switch_root /newroot /sbin/init

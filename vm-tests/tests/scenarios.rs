@@ -259,3 +259,29 @@ matrix_test!(
     PayloadImages,
     Aarch64GrubEfi
 );
+
+// dm-verity (issue 34 item 5): the whole matrix for now; see the table at the top.
+matrix_test!(x86_64_grub_bios_verity_fec, VerityFec, X86_64GrubBios);
+matrix_test!(
+    x86_64_grub_bios_verity_fallback,
+    VerityFallback,
+    X86_64GrubBios
+);
+matrix_test!(x86_64_grub_efi_verity_fec, VerityFec, X86_64GrubEfi);
+matrix_test!(
+    x86_64_grub_efi_verity_fallback,
+    VerityFallback,
+    X86_64GrubEfi
+);
+matrix_test!(x86_64_extlinux_verity_fec, VerityFec, X86_64Extlinux);
+matrix_test!(
+    x86_64_extlinux_verity_fallback,
+    VerityFallback,
+    X86_64Extlinux
+);
+matrix_test!(aarch64_grub_efi_verity_fec, VerityFec, Aarch64GrubEfi);
+matrix_test!(
+    aarch64_grub_efi_verity_fallback,
+    VerityFallback,
+    Aarch64GrubEfi
+);

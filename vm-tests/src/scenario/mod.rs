@@ -81,6 +81,7 @@ mod reach;
 mod rotation;
 mod steps;
 mod upgrade;
+mod verity;
 mod wave;
 
 pub use powercut::{parse_barriers, sample};
@@ -104,10 +105,12 @@ pub enum ScenarioKind {
     RolloutWave,
     UpgradePatch,
     PayloadImages,
+    VerityFec,
+    VerityFallback,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 14] = [
+    pub const ALL: [ScenarioKind; 16] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -122,6 +125,8 @@ impl ScenarioKind {
         ScenarioKind::RolloutWave,
         ScenarioKind::UpgradePatch,
         ScenarioKind::PayloadImages,
+        ScenarioKind::VerityFec,
+        ScenarioKind::VerityFallback,
     ];
 
     pub fn name(self) -> &'static str {
@@ -140,6 +145,8 @@ impl ScenarioKind {
             ScenarioKind::RolloutWave => "rollout-wave",
             ScenarioKind::UpgradePatch => "upgrade-patch",
             ScenarioKind::PayloadImages => "payload-images",
+            ScenarioKind::VerityFec => "verity-fec",
+            ScenarioKind::VerityFallback => "verity-fallback",
         }
     }
 }
@@ -223,6 +230,9 @@ impl Scenario {
         if kind == ScenarioKind::Reachability {
             target.check_releases(&root, &["v2-nonet"])?;
         }
+        if matches!(kind, ScenarioKind::VerityFec | ScenarioKind::VerityFallback) {
+            target.check_releases(&root, &["v2-verity"])?;
+        }
         if matches!(
             kind,
             ScenarioKind::TrustRotation | ScenarioKind::RolloutWave
@@ -277,6 +287,8 @@ impl Scenario {
             ScenarioKind::RolloutWave => self.rollout_wave()?,
             ScenarioKind::UpgradePatch => self.upgrade_patch()?,
             ScenarioKind::PayloadImages => self.payload_images()?,
+            ScenarioKind::VerityFec => self.verity_fec()?,
+            ScenarioKind::VerityFallback => self.verity_fallback()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;
