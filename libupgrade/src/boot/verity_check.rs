@@ -66,8 +66,8 @@ pub fn check(cmdline: &str, slot: Slot, staged: Option<&Manifest>) -> Option<Che
     Some(match signed {
         Some((m, v)) if v.root_hash == booted => result(
             true,
-            // Only what the command line says: whether the initramfs opened the root through
-            // dm-verity is the rootfs check's to see (issue 34: the initramfs does not yet).
+            // Only what the command line says: the initramfs opened the root through
+            // dm-verity with it (a value of the hash alone, from an earlier k3os-ops, did not).
             format!(
                 "slot {slot}'s command line names {}'s signed dm-verity root hash",
                 m.version
