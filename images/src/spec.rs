@@ -235,6 +235,11 @@ mod tests {
             (s.generation, s.variant, s.variant.suffix()),
             (2, Variant::NoNet, "-nonet")
         );
+        let s = ReleaseSpec::parse("v2-verity").unwrap();
+        assert_eq!(
+            (s.generation, s.variant, s.variant.suffix()),
+            (2, Variant::Verity, "-verity")
+        );
         assert!(ReleaseSpec::parse("v2-weird")
             .unwrap_err()
             .contains("weird"));
@@ -254,7 +259,8 @@ mod tests {
                 "v2-noconfirm",
                 "v2-badhealth",
                 "v4-panic",
-                "v2-nonet"
+                "v2-nonet",
+                "v2-verity"
             ]
         );
     }
