@@ -26,6 +26,7 @@ images-build arch:
     target/debug/k3os-images build --arch {{arch}} \
         --debs .cache/debs/{{arch}}/root \
         --k3os-ops target/{{arch}}-unknown-linux-musl/release/k3os-ops \
+        --verity-open target/{{arch}}-unknown-linux-musl/release/k3os-verity-open \
         --tool target/x86_64-unknown-linux-musl/release/k3os-ops \
         --out images/out
 

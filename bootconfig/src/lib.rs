@@ -323,7 +323,8 @@ pub trait Bootloader: Send + Sync {
     /// `Ok(false)` when `text` is installed already. Refused, with nothing written, when `text`
     /// is not this loader's script or is newer than this build reads.
     fn install_script(&self, text: &str) -> Result<bool>;
-    /// Pass `root_hash` (lower-case hex) to `slot`'s kernel as `k3os.verity=<hex>` from its next
+    /// Pass `root_hash` (lower-case hex, optionally followed by `,` and the geometry the
+    /// initramfs opens the device with) to `slot`'s kernel as `k3os.verity=<value>` from its next
     /// boot on, or nothing (`None`: the slot boots without dm-verity, as before). Called only
     /// while `slot` is not the running slot, before the loader is told to try it. `Ok(false)`
     /// when a hash was given but this loader (or its installed script) cannot pass it: the slot

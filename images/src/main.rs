@@ -36,6 +36,10 @@ enum Command {
         /// Static k3os-ops for the target (installed into every rootfs).
         #[arg(long)]
         k3os_ops: PathBuf,
+        /// Static k3os-verity-open for the target (the initrd's dm-verity helper; default: the
+        /// one beside --k3os-ops).
+        #[arg(long)]
+        verity_open: Option<PathBuf>,
         /// k3os-ops runnable on this host (signs the releases).
         #[arg(long)]
         tool: PathBuf,
@@ -43,7 +47,7 @@ enum Command {
         #[arg(long, default_value = "images/out")]
         out: PathBuf,
         /// Releases to build (default: v1 v2 v3 v2-panic v2-noconfirm v2-badhealth v4-panic
-        /// v2-nonet).
+        /// v2-nonet v2-verity).
         #[arg(long = "release", value_parser = ReleaseSpec::parse)]
         releases: Vec<ReleaseSpec>,
         /// Disk boot variants (default: all the architecture has).
@@ -61,6 +65,7 @@ fn main() -> anyhow::Result<()> {
             arch,
             debs,
             k3os_ops,
+            verity_open,
             tool,
             out,
             releases,
@@ -79,6 +84,8 @@ fn main() -> anyhow::Result<()> {
             let builder = ReleaseBuilder {
                 target,
                 debs: debs.clone(),
+                verity_open: verity_open
+                    .unwrap_or_else(|| k3os_ops.with_file_name("k3os-verity-open")),
                 k3os_ops,
                 tool: tool.clone(),
                 out: arch_out.clone(),

@@ -26,6 +26,8 @@ pub struct ReleaseBuilder {
     pub debs: Debs,
     /// Static k3os-ops for the target, installed into the rootfs.
     pub k3os_ops: PathBuf,
+    /// Static k3os-verity-open for the target, the initrd's dm-verity helper.
+    pub verity_open: PathBuf,
     /// k3os-ops runnable on this host (release keygen / create).
     pub tool: PathBuf,
     /// `images/out/<arch>`.
@@ -183,14 +185,23 @@ impl ReleaseBuilder {
                 },
             )
             .param("modules", initrd::module_list(d, t)?.join("\n"))
+            .param(
+                "verity-modules",
+                initrd::verity_module_list(d, t)?.join("\n"),
+            )
             .param("kver", &d.kver)
-            .file("busybox", &d.busybox)?;
-        for m in initrd::module_list(d, t)? {
-            st.file(&m, &d.modules_dir.join(&m))?;
+            .file("busybox", &d.busybox)?
+            .file("verity-open", &self.verity_open)?;
+        let modules = [
+            initrd::module_list(d, t)?,
+            initrd::verity_module_list(d, t)?,
+        ];
+        for m in modules.iter().flatten() {
+            st.file(m, &d.modules_dir.join(m))?;
         }
         if !st.is_fresh(&initrd) {
             Stamp::invalidate(&initrd)?;
-            initrd::build(d, t, kind, &initrd)?;
+            initrd::build(d, t, kind, &self.verity_open, &initrd)?;
             st.record(&initrd)?;
         }
         Ok(initrd)
@@ -251,6 +262,7 @@ impl ReleaseBuilder {
         st.param("arch", t.arch.as_str())
             .param("version", &spec.version)
             .param("generation", spec.generation.to_string())
+            .param("verity", (spec.variant == Variant::Verity).to_string())
             .file("rootfs", &files.rootfs)?
             .file("kernel", &files.kernel)?
             .file("initrd", &files.initrd)?
@@ -298,6 +310,9 @@ impl ReleaseBuilder {
             .arg(&dir);
         if let Some(base) = &patch_from {
             cmd = cmd.arg("--patch-from").arg(base);
+        }
+        if spec.variant == Variant::Verity {
+            cmd = cmd.arg("--verity");
         }
         log_patches(spec, &cmd.run()?);
         written(&dir)?;

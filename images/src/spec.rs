@@ -28,6 +28,10 @@ pub enum Variant {
     /// Init never brings the network up (a release whose network configuration is broken):
     /// the reachability check after its trial boot fails and the node rolls back.
     NoNet,
+    /// Signed with `release create --verity`: a node stages its dm-verity tree and FEC, and
+    /// the slot boots with its root opened through dm-verity (scenarios `verity-fec`,
+    /// `verity-fallback`).
+    Verity,
 }
 
 impl Variant {
@@ -38,6 +42,7 @@ impl Variant {
             Variant::NoConfirm => "-noconfirm",
             Variant::BadHealth => "-badhealth",
             Variant::NoNet => "-nonet",
+            Variant::Verity => "-verity",
         }
     }
 }
@@ -51,7 +56,7 @@ pub struct ReleaseSpec {
 }
 
 impl ReleaseSpec {
-    /// Parse `v2`, `v2-panic`, `v2-noconfirm`, `v2-badhealth`, `v2-nonet`.
+    /// Parse `v2`, `v2-panic`, `v2-noconfirm`, `v2-badhealth`, `v2-nonet`, `v2-verity`.
     pub fn parse(version: &str) -> std::result::Result<ReleaseSpec, String> {
         let (base, variant) = match version.split_once('-') {
             None => (version, Variant::Normal),
@@ -59,8 +64,9 @@ impl ReleaseSpec {
             Some((b, "noconfirm")) => (b, Variant::NoConfirm),
             Some((b, "badhealth")) => (b, Variant::BadHealth),
             Some((b, "nonet")) => (b, Variant::NoNet),
+            Some((b, "verity")) => (b, Variant::Verity),
             Some((_, v)) => {
-                let known = "panic, noconfirm, badhealth, nonet";
+                let known = "panic, noconfirm, badhealth, nonet, verity";
                 return Err(format!(
                     "release '{version}': unknown variant '{v}' ({known})"
                 ));
@@ -98,7 +104,8 @@ impl ReleaseSpec {
 /// The names of the releases the test disks and the VM tests use: the one list that
 /// `k3os-images` builds ([`ReleaseSpec::standard`]) and `vm-tests` requires before a scenario
 /// boots. `v4-panic`: the scenario `upgrade-from-previous` ends on v3 and needs a failing
-/// release of a higher generation; `v2-nonet`: the scenario `reachability`.
+/// release of a higher generation; `v2-nonet`: the scenario `reachability`; `v2-verity`: the
+/// dm-verity scenarios.
 pub const STANDARD_RELEASES: &[&str] = &[
     "v1",
     "v2",
@@ -108,6 +115,7 @@ pub const STANDARD_RELEASES: &[&str] = &[
     "v2-badhealth",
     "v4-panic",
     "v2-nonet",
+    "v2-verity",
 ];
 
 /// A built (and signed) release directory.
@@ -227,6 +235,11 @@ mod tests {
             (s.generation, s.variant, s.variant.suffix()),
             (2, Variant::NoNet, "-nonet")
         );
+        let s = ReleaseSpec::parse("v2-verity").unwrap();
+        assert_eq!(
+            (s.generation, s.variant, s.variant.suffix()),
+            (2, Variant::Verity, "-verity")
+        );
         assert!(ReleaseSpec::parse("v2-weird")
             .unwrap_err()
             .contains("weird"));
@@ -246,7 +259,8 @@ mod tests {
                 "v2-noconfirm",
                 "v2-badhealth",
                 "v4-panic",
-                "v2-nonet"
+                "v2-nonet",
+                "v2-verity"
             ]
         );
     }

@@ -54,6 +54,13 @@ impl Target {
         }
     }
 
+    /// Modules the initrd loads only when the command line names a dm-verity root
+    /// (`k3os.verity=`), with their dependencies from modules.dep (Debian 6.1: dm-mod,
+    /// dm-bufio, reed_solomon; on arm64 also dax), after [`Target::initrd_modules`].
+    pub fn initrd_verity_modules(self) -> &'static [&'static str] {
+        &["dm-verity"]
+    }
+
     /// Modules the initrd loads (with their dependencies, resolved from modules.dep): the
     /// virtio PCI transport, disk and NIC; squashfs for the root; ext4 (and the crc32c
     /// implementation its checksums request) for /boot and the state partition; the xHCI USB

@@ -112,6 +112,8 @@ fn x86_64_disks_are_what_nodes_expect_and_bios_grub_boots() {
         target,
         debs: debs.clone(),
         k3os_ops: ops.clone(),
+        // Built with it (`cargo build -p k3os-ops` builds every binary of the package).
+        verity_open: ops.with_file_name("k3os-verity-open"),
         tool: ops.clone(),
         out: out.path().join("x86_64"),
         keys: out.path().join("keys"),

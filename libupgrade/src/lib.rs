@@ -84,7 +84,7 @@ pub mod version;
 pub const MAX_TRIES: u8 = 9;
 
 pub use boot::assess::{
-    assess, assessable, Assessment, Effect, LoaderOp, LoaderView, ObservedBoot,
+    assess, assessable, Assessment, Effect, LoaderOp, LoaderView, ObservedBoot, VerityFailure,
 };
 pub use boot::bootscript::{ScriptRefusal, ScriptStep};
 pub use boot::confirm::ConfirmReport;

@@ -469,17 +469,14 @@ impl Updater {
     }
 
     /// Tell the loader which dm-verity root hash `slot`'s kernel gets (or none), before it is
-    /// told to try the slot ([`crate::boot::verity_check::boot_root_hash`]); a warning when the
+    /// told to try the slot ([`crate::boot::verity_check::boot_value`]); a warning when the
     /// loader cannot pass one, as the slot then boots without dm-verity.
     fn pass_verity(&self, slot: Slot) -> Result<()> {
         let m = crate::slotfiles::manifest(&self.cfg.state_dir, slot)?;
-        let signed = m
-            .as_ref()
-            .and_then(|m| m.verity.as_ref())
-            .map(|v| v.root_hash.as_str());
+        let signed = m.as_ref().and_then(|m| m.verity.as_ref());
         let written = crate::slotfiles::verity_written(&self.cfg.state_dir, slot)?;
-        let root = crate::boot::verity_check::boot_root_hash(signed, written.as_deref());
-        if !self.boot.set_verity(slot, root)? {
+        let value = crate::boot::verity_check::boot_value(signed, written.as_deref());
+        if !self.boot.set_verity(slot, value.as_deref())? {
             log::warn!(
                 "slot {slot}: the {} loader cannot pass its dm-verity root hash; it boots without dm-verity",
                 self.boot.name()

@@ -109,6 +109,7 @@ fn input() -> impl Strategy<Value = Input> {
                     boot: ObservedBoot {
                         slot: booted,
                         boot_id: "now".into(),
+                        verity_failure: None,
                     },
                     checks: oks
                         .into_iter()

@@ -303,9 +303,10 @@ fn a_slot_whose_tree_this_node_never_wrote_is_not_judged() {
     assert_eq!(u.status().unwrap().slots[1].state, SlotState::Staged);
 }
 
-/// Activation tells the loader the slot's signed root hash (what GRUB script 3 passes as
-/// `k3os.verity=`) only when this node wrote that root's tree into the slot; a slot whose tree
-/// was never written boots without dm-verity, as before.
+/// Activation tells the loader the slot's signed root hash with the geometry the initramfs
+/// opens the device with (what GRUB script 3 passes as `k3os.verity=`) only when this node
+/// wrote that root's tree into the slot; a slot whose tree was never written boots without
+/// dm-verity, as before.
 #[test]
 fn activation_passes_the_root_hash_only_for_a_tree_this_node_wrote() {
     let k = keys();
@@ -329,7 +330,19 @@ fn activation_passes_the_root_hash_only_for_a_tree_this_node_wrote() {
         assert_eq!(node.loader.verity(Slot::B).unwrap(), None);
         u.activate().unwrap();
         let passed = node.loader.verity(Slot::B).unwrap();
-        let want = written.then(|| v.root_hash.clone());
+        // Root hash, salt, data blocks, then the tree's and the FEC area's starts in 4 KiB
+        // blocks of the partition (contiguous after the squashfs) and the FEC roots.
+        let want = written.then(|| {
+            format!(
+                "{},{},{},{},{},{}",
+                v.root_hash,
+                v.salt,
+                v.data_blocks,
+                v.data_blocks,
+                v.fec_offset / 4096,
+                v.fec_roots
+            )
+        });
         assert_eq!(passed, want, "tree written: {written}");
         assert_eq!(
             node.loader.verity(Slot::A).unwrap(),
@@ -350,6 +363,7 @@ fn a_trial_booted_with_another_root_hash_falls_back_and_the_signed_one_is_blesse
     let rel = verity_release(&k, rels.path(), "v2", None);
     let v = verity_of(&rel);
     for (root, blessed) in [("ab".repeat(32), false), (v.root_hash.clone(), true)] {
+        let passed = |node: &SimNode| node.loader.verity(Slot::B).unwrap().unwrap();
         let mut node = SimNode::new(&k.trust, 1, 1);
         let u = node.updater();
         u.stage(
@@ -359,11 +373,13 @@ fn a_trial_booted_with_another_root_hash_falls_back_and_the_signed_one_is_blesse
         )
         .unwrap();
         u.activate().unwrap();
+        // What the loader passes, its root hash replaced by `root`.
+        let value = passed(&node).replacen(&v.root_hash, &root, 1);
         assert_eq!(node.power_cycle(), Slot::B);
         let line = std::fs::read_to_string(&node.cfg.proc_cmdline).unwrap();
         std::fs::write(
             &node.cfg.proc_cmdline,
-            format!("{} k3os.verity={root}\n", line.trim()),
+            format!("{} k3os.verity={value}\n", line.trim()),
         )
         .unwrap();
         std::fs::write(&node.cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
@@ -387,5 +403,48 @@ fn a_trial_booted_with_another_root_hash_falls_back_and_the_signed_one_is_blesse
                 r.failures()
             );
         }
+    }
+}
+
+/// A trial whose initramfs recorded a dm-verity failure (`<state_dir>/verity-failure`, as
+/// images/files/initrd-init.sh writes it before it reboots) falls back, and the fallback's why
+/// (what `slot status` shows) names it; the record is used once. Without a record the why is
+/// the loader's alone, as before.
+#[test]
+fn a_fallback_after_a_recorded_verity_failure_names_it_once() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let rel = verity_release(&k, rels.path(), "v2", None);
+    for recorded in [true, false] {
+        let mut node = SimNode::new(&k.trust, 1, 1);
+        let u = node.updater();
+        u.stage(
+            &Release::at(Source::Path(rel.clone())),
+            &fast_stage(),
+            &NoProgress,
+        )
+        .unwrap();
+        u.activate().unwrap();
+        assert_eq!(node.power_cycle(), Slot::B, "the trial");
+        let record = node.cfg.state_dir.join("verity-failure");
+        if recorded {
+            std::fs::write(
+                &record,
+                "format=1\nslot=B\nreason=mount squashfs /dev/dm-0 \n",
+            )
+            .unwrap();
+        }
+        assert_eq!(node.power_cycle(), Slot::A, "one try, used: fallback");
+        let r = node.init_confirm().unwrap();
+        let why = r.other_slot.expect("the fallback was settled").why;
+        assert!(why.starts_with("slot B did not confirm"), "{why}");
+        assert_eq!(
+            why.ends_with("; its initramfs recorded a dm-verity failure: mount squashfs /dev/dm-0"),
+            recorded,
+            "{why}"
+        );
+        assert!(!record.exists(), "used once");
+        let st = node.updater().status().unwrap();
+        assert_eq!(st.slots[1].state, SlotState::Bad);
     }
 }

@@ -34,19 +34,33 @@ pub(crate) const UNREADABLE: &str = "unreadable";
 
 /// Longest root hash accepted (sha512's 64 bytes, in hex).
 const MAX_HEX: usize = 128;
+/// Longest geometry (the fields after the root hash) accepted: a 64-byte salt in hex and four
+/// numbers, with room to spare, far under the kernel's 2048-byte command line.
+const MAX_GEOMETRY: usize = 256;
 
-/// `hash` if it is a root hash as the kernel's verity target takes it: lower-case hex, an even
-/// number of digits, 2 to 128 of them; else an error naming `path` and what was found.
-pub(crate) fn checked<'a>(path: &Path, hash: &'a str) -> Result<&'a str> {
-    let hex = hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    if hex && !hash.is_empty() && hash.len() % 2 == 0 && hash.len() <= MAX_HEX {
-        return Ok(hash);
+/// `value` if it is what the kernel's verity target and the initramfs take: a root hash
+/// (lower-case hex, an even number of digits, 2 to 128 of them), optionally followed by the
+/// geometry the initramfs needs (`,<salt>,<data blocks>,<hash start>,<FEC start>,<FEC roots>`:
+/// lower-case hex and decimal digits; see libupgrade's `boot::verity_check::boot_param`); else
+/// an error naming `path` and what was found.
+pub(crate) fn checked<'a>(path: &Path, value: &'a str) -> Result<&'a str> {
+    let digits = |f: &str| f.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let (hash, geometry) = match value.split_once(',') {
+        Some((h, g)) => (h, Some(g)),
+        None => (value, None),
+    };
+    let hash_ok = digits(hash) && !hash.is_empty() && hash.len() % 2 == 0 && hash.len() <= MAX_HEX;
+    let geometry_ok = geometry.is_none_or(|g| {
+        g.len() <= MAX_GEOMETRY && g.split(',').all(|f| !f.is_empty() && digits(f))
+    });
+    if hash_ok && geometry_ok {
+        return Ok(value);
     }
     Err(Error::Invalid {
         path: path.to_path_buf(),
         what: format!(
-            "expected a dm-verity root hash (lower-case hex, an even number of digits up to {MAX_HEX}), found '{}'; nothing was written",
-            hash.escape_debug()
+            "expected a dm-verity root hash (lower-case hex, an even number of digits up to {MAX_HEX}) optionally followed by ',' and its geometry (lower-case hex or decimal fields, up to {MAX_GEOMETRY} bytes), found '{}'; nothing was written",
+            value.escape_debug()
         ),
     })
 }
@@ -122,7 +136,28 @@ mod tests {
         assert_eq!(read(d.path(), Slot::A).unwrap(), None, "per slot");
         let bytes = std::fs::read(path_of(d.path(), Slot::B)).unwrap();
         assert_eq!(bytes.len(), crate::ENV_SIZE, "a GRUB env block");
-        for bad in ["", "AB", "abc", "ab cd", "ab\ncd", &"a".repeat(130)] {
+        let with_geometry = format!("{h},{},2840,2840,2863,2", "5a".repeat(32));
+        write(d.path(), Slot::A, Some(&with_geometry)).unwrap();
+        assert_eq!(
+            read(d.path(), Slot::A).unwrap().as_deref(),
+            Some(&*with_geometry)
+        );
+        write(d.path(), Slot::A, None).unwrap();
+        let long = format!("{h},{}", "1".repeat(300));
+        for bad in [
+            "",
+            "AB",
+            "abc",
+            "ab cd",
+            "ab\ncd",
+            &"a".repeat(130),
+            "ab,",
+            "ab,,12",
+            "ab,12,X",
+            "ab,1 2",
+            ",ab",
+            &long,
+        ] {
             let e = write(d.path(), Slot::B, Some(bad)).unwrap_err().to_string();
             assert!(
                 e.contains("verity-B") && e.contains("nothing was written"),

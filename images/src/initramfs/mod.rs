@@ -1,7 +1,10 @@
 //! The initrd: static busybox, the kernel modules the root needs (see
-//! [`Target::initrd_modules`]), `/etc/modules` with their load order, `/dev/console`, and the
+//! [`Target::initrd_modules`]), `/etc/modules` with their load order, the dm-verity modules
+//! ([`Target::initrd_verity_modules`], `/etc/modules.verity`) and helper
+//! (`/bin/k3os-verity-open`, k3os-ops/src/bin/k3os-verity-open), `/dev/console`, and the
 //! `/init` script (`images/files/initrd-init.sh`, or `initrd-init-panic.sh` for the `-panic`
-//! variant) that finds `root=PARTLABEL=...`, mounts the squashfs and switch_roots into it.
+//! variant) that finds `root=PARTLABEL=...`, opens it through dm-verity when the command line
+//! names a root hash (`k3os.verity=`), mounts the squashfs and switch_roots into it.
 //! Written as a gzip-compressed newc cpio.
 
 pub mod cpio;
@@ -51,11 +54,28 @@ fn parents<'a>(paths: impl Iterator<Item = &'a str>) -> Vec<String> {
     dirs.into_iter().collect()
 }
 
-/// Build the initrd at `out`.
-pub fn build(debs: &Debs, target: Target, kind: InitKind, out: &Path) -> Result<()> {
+/// Ordered module paths the initrd loads for a dm-verity root, after [`module_list`]'s (those
+/// left out).
+pub fn verity_module_list(debs: &Debs, target: Target) -> Result<Vec<String>> {
+    let base = module_list(debs, target)?;
+    let all = ModDeps::load(&debs.modules_dir)?.resolve(target.initrd_verity_modules())?;
+    Ok(all.into_iter().filter(|m| !base.contains(m)).collect())
+}
+
+/// Build the initrd at `out`, with `verity_open` as its dm-verity helper.
+pub fn build(
+    debs: &Debs,
+    target: Target,
+    kind: InitKind,
+    verity_open: &Path,
+    out: &Path,
+) -> Result<()> {
     let modules = module_list(debs, target)?;
+    let verity_modules = verity_module_list(debs, target)?;
     let mut files = busybox_files(debs, target)?;
-    files.extend(module_files(debs, &modules)?);
+    files.extend(module_files(debs, &modules, "etc/modules")?);
+    files.extend(module_files(debs, &verity_modules, "etc/modules.verity")?);
+    files.push(file("bin/k3os-verity-open", 0o755, read(verity_open)?));
     let init = match kind {
         InitKind::Normal => INIT,
         InitKind::Panic => INIT_PANIC,
@@ -70,15 +90,13 @@ pub fn build(debs: &Debs, target: Target, kind: InitKind, out: &Path) -> Result<
         .stdin(cpio)
         .run()?;
     std::fs::write(out, gz).ctx("write", out)?;
+    let names = |ms: &[String]| ms.iter().map(|m| module_name(m)).collect::<Vec<_>>();
     eprintln!(
-        "k3os-images: initrd {} ({} modules: {})",
+        "k3os-images: initrd {} ({} modules: {}; for dm-verity: {})",
         out.display(),
         modules.len(),
-        modules
-            .iter()
-            .map(|m| module_name(m))
-            .collect::<Vec<_>>()
-            .join(" ")
+        names(&modules).join(" "),
+        names(&verity_modules).join(" ")
     );
     Ok(())
 }
@@ -114,8 +132,8 @@ fn busybox_files(debs: &Debs, target: Target) -> Result<Vec<(String, Entry)>> {
 }
 
 /// The modules (plain `.ko` only: busybox insmod reads no compressed ones) under
-/// `lib/modules/`, and `etc/modules` listing them in load order.
-fn module_files(debs: &Debs, modules: &[String]) -> Result<Vec<(String, Entry)>> {
+/// `lib/modules/`, and `list` (e.g. `etc/modules`) naming them in load order.
+fn module_files(debs: &Debs, modules: &[String], list: &str) -> Result<Vec<(String, Entry)>> {
     let mut files = Vec::new();
     let mut load_order = String::new();
     for m in modules {
@@ -134,7 +152,7 @@ fn module_files(debs: &Debs, modules: &[String]) -> Result<Vec<(String, Entry)>>
         load_order.push_str(&base);
         load_order.push('\n');
     }
-    files.push(file("etc/modules", 0o644, load_order.into_bytes()));
+    files.push(file(list, 0o644, load_order.into_bytes()));
     Ok(files)
 }
 

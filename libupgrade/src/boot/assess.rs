@@ -42,6 +42,7 @@ use bootconfig::{BootEnv, Integrity, Slot, SlotBoot};
 use serde::{Deserialize, Serialize};
 
 use crate::boot::health::CheckResult;
+pub use crate::boot::verity_failure::VerityFailure;
 use crate::state::{Event, SlotState, State, TransitionError};
 pub use crate::state::{OtherSlot, Outcome, Verdict};
 
@@ -52,6 +53,9 @@ pub struct ObservedBoot {
     pub slot: Slot,
     /// `/proc/sys/kernel/random/boot_id`.
     pub boot_id: String,
+    /// A dm-verity failure the initramfs recorded on the state partition before this boot
+    /// (`<state_dir>/verity-failure`): named in the why of that slot's fallback.
+    pub verity_failure: Option<VerityFailure>,
 }
 
 /// The bootloader as read now.
@@ -161,8 +165,9 @@ pub fn assess(
                         let used = act.tries.saturating_sub(tries_left);
                         st.transition(other, Event::FallbackTaken,
                             format!(
-                                "slot {other} did not confirm: {} booted {booted} after {used} of {} tries of {other} ({tries_left} left)",
-                                loader.name, act.tries
+                                "slot {other} did not confirm: {} booted {booted} after {used} of {} tries of {other} ({tries_left} left){}",
+                                loader.name, act.tries,
+                                crate::boot::verity_failure::why(boot.verity_failure.as_ref(), other)
                             ),
                         )?;
                         effects.push(Effect::Loader {

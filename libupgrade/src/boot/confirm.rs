@@ -114,6 +114,7 @@ impl Updater {
         let boot = ObservedBoot {
             slot: booted,
             boot_id: self.boot_id(),
+            verity_failure: crate::boot::verity_failure::read(&self.cfg.state_dir),
         };
         let st = self.load(Some(booted))?;
         // Before the checks (and before k3s starts): this slot's image archives where k3s
@@ -136,6 +137,10 @@ impl Updater {
         let was_good = st_before == crate::state::SlotState::Good;
         let a = assess::assess(&st, &loader, &boot, &checks)?;
         self.carry_out(&a.effects)?;
+        if boot.verity_failure.is_some() {
+            // Named in this assessment's decisions (when its slot fell back): used.
+            crate::boot::verity_failure::remove(&self.cfg.state_dir);
+        }
         if matches!(a.verdict.outcome, Outcome::Blessed) {
             self.prune_payloads();
         }

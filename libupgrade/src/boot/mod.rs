@@ -3,7 +3,8 @@
 //! loader operations, verdict), its effects in order (`confirm`), what a verdict that is not a
 //! good slot means to a front end (`outcome`), which boot script both
 //! slots read before an activation (`bootscript`), and the booted dm-verity root hash against
-//! the staged manifest's (`verity_check`). Private: the crate root re-exports the API.
+//! the staged manifest's (`verity_check`), and the initramfs's record of a dm-verity failure
+//! (`verity_failure`). Private: the crate root re-exports the API.
 
 pub(crate) mod assess;
 pub(crate) mod bootscript;
@@ -13,3 +14,4 @@ pub(crate) mod outcome;
 pub(crate) mod payloads;
 pub mod reach;
 pub(crate) mod verity_check;
+pub(crate) mod verity_failure;

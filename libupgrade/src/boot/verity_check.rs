@@ -8,19 +8,45 @@
 
 use bootconfig::Slot;
 
-use crate::manifest::Manifest;
+use crate::manifest::{Manifest, Verity};
 use crate::state::CheckResult;
 
 /// The kernel command line parameter naming the root hash the initramfs opened the root with.
 pub const CMDLINE_PARAM: &str = "k3os.verity=";
 
-/// The root hash an activation tells the loader to pass `slot`'s kernel (`k3os.verity=`): the
-/// kept manifest's signed one, only when this node's stage wrote that root's tree and FEC into
-/// the slot (`written`, the slot's `verity-written` record). Anything else (no `--verity`
-/// release, a slot staged by an earlier k3os-ops without the tree, a record of another root)
-/// boots without dm-verity, as before: opening a root whose tree is not on disk would fail.
-pub fn boot_root_hash<'a>(signed: Option<&'a str>, written: Option<&str>) -> Option<&'a str> {
-    signed.filter(|s| written == Some(*s))
+/// What an activation tells the loader to pass `slot`'s kernel (`k3os.verity=`): the kept
+/// manifest's signed root hash with the geometry the initramfs opens the device with, only when
+/// this node's stage wrote that root's tree and FEC into the slot (`written`, the slot's
+/// `verity-written` record). Anything else (no `--verity` release, a slot staged by an earlier
+/// k3os-ops without the tree, a record of another root) boots without dm-verity, as before:
+/// opening a root whose tree is not on disk would fail.
+pub fn boot_value(signed: Option<&Verity>, written: Option<&str>) -> Option<String> {
+    signed
+        .filter(|v| written == Some(v.root_hash.as_str()))
+        .map(boot_param)
+}
+
+/// `<root hash>,<salt>,<data blocks>,<hash start>,<FEC start>,<FEC roots>`: everything the
+/// initramfs needs for the kernel's verity table besides the partition (starts in 4096-byte
+/// blocks from the partition's start; FEC covers the blocks before its start). The root hash
+/// commits to all of it: a wrong field fails the open, it cannot weaken it. Why on the command
+/// line rather than read from the state partition: the initramfs then needs nothing but the
+/// loader's word and the slot's partition on the good path.
+pub fn boot_param(v: &Verity) -> String {
+    format!(
+        "{},{},{},{},{},{}",
+        v.root_hash,
+        v.salt,
+        v.data_blocks,
+        v.hash_offset / v.hash_block_size,
+        v.fec_offset / v.data_block_size,
+        v.fec_roots
+    )
+}
+
+/// The root hash of a `k3os.verity=` value (what precedes its geometry, if any).
+pub fn root_hash_of(value: &str) -> &str {
+    value.split_once(',').map_or(value, |(h, _)| h)
 }
 
 /// The check's result for a boot of `slot` with command line `cmdline`, whose kept manifest
@@ -29,7 +55,8 @@ pub fn check(cmdline: &str, slot: Slot, staged: Option<&Manifest>) -> Option<Che
     let booted = cmdline
         .split_whitespace()
         .filter_map(|w| w.strip_prefix(CMDLINE_PARAM))
-        .next_back()?;
+        .next_back()
+        .map(root_hash_of)?;
     let result = |ok: bool, detail: String| CheckResult {
         name: "verity".into(),
         ok,
@@ -39,8 +66,8 @@ pub fn check(cmdline: &str, slot: Slot, staged: Option<&Manifest>) -> Option<Che
     Some(match signed {
         Some((m, v)) if v.root_hash == booted => result(
             true,
-            // Only what the command line says: whether the initramfs opened the root through
-            // dm-verity is the rootfs check's to see (issue 34: the initramfs does not yet).
+            // Only what the command line says: the initramfs opened the root through
+            // dm-verity with it (a value of the hash alone, from an earlier k3os-ops, did not).
             format!(
                 "slot {slot}'s command line names {}'s signed dm-verity root hash",
                 m.version
@@ -70,25 +97,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_loader_gets_a_root_hash_only_when_its_tree_was_written() {
-        let (r, o) = ("ab".repeat(32), "cd".repeat(32));
-        assert_eq!(boot_root_hash(Some(&r), Some(&r)), Some(&*r));
+    fn the_loader_gets_a_root_hash_and_geometry_only_when_its_tree_was_written() {
+        let m = crate::manifest::tests::with_verity();
+        let v = m.verity.as_ref().unwrap();
+        let (r, o) = ("cd".repeat(32), "ab".repeat(32));
+        // 836 data blocks: a tree of 7 + 1 blocks right after them, FEC after the tree.
+        let want = format!("{r},{},836,836,844,2", "07".repeat(32));
+        assert_eq!(boot_value(Some(v), Some(&r)), Some(want.clone()));
+        assert_eq!(root_hash_of(&want), r);
         assert_eq!(
-            boot_root_hash(Some(&r), None),
+            root_hash_of(&r),
+            r,
+            "the hash-only form of v0.2.0's first builds"
+        );
+        assert_eq!(
+            boot_value(Some(v), None),
             None,
             "staged by an earlier k3os-ops"
         );
+        assert_eq!(boot_value(Some(v), Some(&o)), None, "another root's tree");
         assert_eq!(
-            boot_root_hash(Some(&r), Some(&o)),
-            None,
-            "another root's tree"
-        );
-        assert_eq!(
-            boot_root_hash(None, Some(&r)),
+            boot_value(None, Some(&r)),
             None,
             "a release without --verity"
         );
-        assert_eq!(boot_root_hash(None, None), None);
+        assert_eq!(boot_value(None, None), None);
     }
 
     /// The shared manifest fixture with `verity`, its root hash `root`.
@@ -107,6 +140,9 @@ mod tests {
         assert_eq!(check(&line(""), Slot::B, Some(&m)), None);
         let ok = check(&line(&format!("k3os.verity={good}")), Slot::B, Some(&m)).unwrap();
         assert!(ok.ok && ok.name == "verity", "{ok:?}");
+        let with_geometry = format!("k3os.verity={}", boot_param(m.verity.as_ref().unwrap()));
+        let ok = check(&line(&with_geometry), Slot::B, Some(&m)).unwrap();
+        assert!(ok.ok, "{ok:?}");
         let bad = check(&line("k3os.verity=ab\u{1b}[2J"), Slot::B, Some(&m)).unwrap();
         assert!(!bad.ok);
         assert_eq!(

@@ -86,6 +86,7 @@ mod rotation;
 mod spool;
 mod steps;
 mod upgrade;
+mod verity;
 mod wave;
 
 pub use powercut::{parse_barriers, sample};
@@ -110,10 +111,12 @@ pub enum ScenarioKind {
     UpgradePatch,
     PayloadImages,
     ReportSpool,
+    VerityFec,
+    VerityFallback,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 15] = [
+    pub const ALL: [ScenarioKind; 17] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -129,6 +132,8 @@ impl ScenarioKind {
         ScenarioKind::UpgradePatch,
         ScenarioKind::PayloadImages,
         ScenarioKind::ReportSpool,
+        ScenarioKind::VerityFec,
+        ScenarioKind::VerityFallback,
     ];
 
     pub fn name(self) -> &'static str {
@@ -148,6 +153,8 @@ impl ScenarioKind {
             ScenarioKind::UpgradePatch => "upgrade-patch",
             ScenarioKind::PayloadImages => "payload-images",
             ScenarioKind::ReportSpool => "report-spool",
+            ScenarioKind::VerityFec => "verity-fec",
+            ScenarioKind::VerityFallback => "verity-fallback",
         }
     }
 }
@@ -231,6 +238,9 @@ impl Scenario {
         if kind == ScenarioKind::Reachability {
             target.check_releases(&root, &["v2-nonet"])?;
         }
+        if matches!(kind, ScenarioKind::VerityFec | ScenarioKind::VerityFallback) {
+            target.check_releases(&root, &["v2-verity"])?;
+        }
         if matches!(
             kind,
             ScenarioKind::TrustRotation | ScenarioKind::RolloutWave
@@ -290,6 +300,8 @@ impl Scenario {
             ScenarioKind::UpgradePatch => self.upgrade_patch()?,
             ScenarioKind::PayloadImages => self.payload_images()?,
             ScenarioKind::ReportSpool => self.report_spool()?,
+            ScenarioKind::VerityFec => self.verity_fec()?,
+            ScenarioKind::VerityFallback => self.verity_fallback()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;
