@@ -30,6 +30,10 @@
 //!   (`tests/cli/cluster`) make exactly the agent's requests with each identity, to check
 //!   what the RBAC rules and admission policies in `deploy/` let through.
 //!
+//! - **A request-level mock API** ([`mock`], [`answer`], [`status_body`], [`MockHandle`]):
+//!   the unit tests' script of the API server's answers, for the one integration test that
+//!   checks a whole reconcile's exact requests (`tests/agent/kube_mock.rs`).
+//!
 //! The fake API server and the simulated node are not here: they live in `k3os-ops-testing`
 //! (`fake_api`, `sim_node`), which depends on this crate and is shared with the fleet bench.
 
@@ -163,3 +167,13 @@ pub mod slots {
     /// A store's failure.
     pub use crate::agent::cluster::slots::StoreError;
 }
+
+// A request-level mock API.
+/// Answer the next request after checking its method and path.
+pub use super::cluster::mock_api::answer;
+/// A kube client whose requests the returned [`MockHandle`] answers.
+pub use super::cluster::mock_api::mock;
+/// A Kubernetes `Status` failure body.
+pub use super::cluster::mock_api::status_body;
+/// The test's end of the mock service.
+pub use super::cluster::mock_api::MockHandle;

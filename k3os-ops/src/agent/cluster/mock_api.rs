@@ -11,20 +11,21 @@ use kube::Client;
 use serde_json::{json, Value};
 
 /// The test's end of the mock service.
-pub type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+pub type MockHandle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
 /// The path of the channel `k3os-system/stable` the fixtures here describe.
+#[cfg(test)]
 pub const CH_PATH: &str = "/apis/k3os.io/v1/namespaces/k3os-system/updatechannels/stable";
 
 /// A client whose requests the returned handle answers.
-pub fn mock() -> (Client, Handle) {
+pub fn mock() -> (Client, MockHandle) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     (Client::new(svc, "default"), handle)
 }
 
 /// Answer the next request, after checking its method and path; returns its URI and body.
 pub async fn answer(
-    h: &mut Handle,
+    h: &mut MockHandle,
     method: Method,
     path: &str,
     status: u16,
@@ -60,6 +61,7 @@ pub fn status_body(code: u16, reason: &str, message: &str) -> Value {
 }
 
 /// The channel `stable` at resourceVersion `rv` with `slots` in its status.
+#[cfg(test)]
 pub fn channel_json(rv: &str, slots: Value) -> Value {
     json!({
         "apiVersion": "k3os.io/v1", "kind": "UpdateChannel",
@@ -70,6 +72,7 @@ pub fn channel_json(rv: &str, slots: Value) -> Value {
 }
 
 /// A slot of `node` under `token` at `phase`, for v2.
+#[cfg(test)]
 pub fn slot(node: &str, token: &str, phase: &str) -> Value {
     json!({"node": node, "token": token, "claimedAt": "2026-12-01T00:00:00Z", "phase": phase, "version": "v2"})
 }

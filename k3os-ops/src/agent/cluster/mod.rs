@@ -12,8 +12,9 @@ pub mod events;
 pub mod gate_probe;
 pub mod kube_store;
 pub mod rollout_status;
-// The mock API server of the request-level unit tests.
-#[cfg(test)]
+// The mock API server of the request-level unit tests (and, through `agent::testing`, of the
+// integration tests' one request-level reconcile test).
+#[cfg(any(test, feature = "testing"))]
 pub(crate) mod mock_api;
 pub mod publish;
 pub mod slots;
