@@ -126,13 +126,7 @@ fn main() -> anyhow::Result<()> {
                 };
                 build_disk(&spec, &arch_out)?;
             }
-            println!("releases: {}", releases_dir.display());
-            println!("disks:    {}/disk-*.img", arch_out.display());
-            println!(
-                "keys:     {} (public: {})",
-                out.join("keys").display(),
-                public.display()
-            );
+            print_built(&releases_dir, &arch_out, &out, &public);
             eprintln!(
                 "k3os-images: {arch} done in {:.1}s",
                 t0.elapsed().as_secs_f64()
@@ -140,6 +134,17 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Where the releases, disks and keys of a build are.
+fn print_built(releases_dir: &Path, arch_out: &Path, out: &Path, public: &Path) {
+    println!("releases: {}", releases_dir.display());
+    println!("disks:    {}/disk-*.img", arch_out.display());
+    println!(
+        "keys:     {} (public: {})",
+        out.join("keys").display(),
+        public.display()
+    );
 }
 
 /// The test signing key pair.
