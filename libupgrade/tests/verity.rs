@@ -11,7 +11,7 @@ use bootconfig::{Bootloader, Slot};
 use libupgrade::manifest::{Arch, Manifest, Verity};
 use libupgrade::release::{CreateOptions, VerityOptions};
 use libupgrade::state::SlotState;
-use libupgrade::{Error, NoProgress, Release, Source};
+use libupgrade::{Error, NoProgress, Release, Source, Updater};
 use testkit::sim::SimNode;
 use testkit::*;
 
@@ -50,6 +50,16 @@ fn verity_release(k: &Keys, out: &Path, version: &str, tamper: Option<fn(&mut Ve
         std::fs::write(dir.join("manifest.json.sig"), sig).unwrap();
     }
     dir
+}
+
+/// Stage the verity release `rel` into B with the fast options.
+fn stage(u: &Updater, rel: &Path) {
+    u.stage(
+        &Release::at(Source::Path(rel.to_path_buf())),
+        &fast_stage(),
+        &NoProgress,
+    )
+    .unwrap();
 }
 
 fn verity_of(rel: &Path) -> Verity {
@@ -316,12 +326,7 @@ fn activation_passes_the_root_hash_only_for_a_tree_this_node_wrote() {
     for written in [true, false] {
         let node = SimNode::new(&k.trust, 1, 1);
         let u = node.updater();
-        u.stage(
-            &Release::at(Source::Path(rel.clone())),
-            &fast_stage(),
-            &NoProgress,
-        )
-        .unwrap();
+        stage(&u, &rel);
         let record = node.cfg.state_dir.join("slots/b/verity-written");
         assert!(record.exists(), "the stage records the tree it wrote");
         if !written {
@@ -366,12 +371,7 @@ fn a_trial_booted_with_another_root_hash_falls_back_and_the_signed_one_is_blesse
         let passed = |node: &SimNode| node.loader.verity(Slot::B).unwrap().unwrap();
         let mut node = SimNode::new(&k.trust, 1, 1);
         let u = node.updater();
-        u.stage(
-            &Release::at(Source::Path(rel.clone())),
-            &fast_stage(),
-            &NoProgress,
-        )
-        .unwrap();
+        stage(&u, &rel);
         u.activate().unwrap();
         // What the loader passes, its root hash replaced by `root`.
         let value = passed(&node).replacen(&v.root_hash, &root, 1);
@@ -418,12 +418,7 @@ fn a_fallback_after_a_recorded_verity_failure_names_it_once() {
     for recorded in [true, false] {
         let mut node = SimNode::new(&k.trust, 1, 1);
         let u = node.updater();
-        u.stage(
-            &Release::at(Source::Path(rel.clone())),
-            &fast_stage(),
-            &NoProgress,
-        )
-        .unwrap();
+        stage(&u, &rel);
         u.activate().unwrap();
         assert_eq!(node.power_cycle(), Slot::B, "the trial");
         let record = node.cfg.state_dir.join("verity-failure");
