@@ -304,10 +304,10 @@ impl Contents {
             Some(&s) if s == d.size => Ok(path),
             Some(&s) => Err(format!(
                 "blob {} is {s} bytes, its descriptor says {}",
-                esc(&d.digest),
-                d.size
+                d.digest, d.size
             )),
-            None => Err(format!("blob {} is missing", esc(&d.digest))),
+            // `d.digest` passed the hex check above: nothing in it to escape.
+            None => Err(format!("blob {} is missing", d.digest)),
         }
     }
 
