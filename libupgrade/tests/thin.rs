@@ -229,9 +229,9 @@ fn a_directory_with_80_percent_of_the_chunks_cuts_origin_bytes_to_about_20_perce
     assert!((0.19..0.24).contains(&share), "{share}");
 }
 
-/// A copy of the release directory `rel` under `root/<name>` with `bad` bytes flipped in the
-/// rootfs at each of `at` (after signing: a mirror serving other bytes).
-fn corrupt_mirror(rel: &Path, root: &Path, at: &[u64]) {
+/// A copy of the release directory `rel` under `root/<name>` with bytes overwritten in
+/// `file` at each of `at` (after signing: a mirror serving other bytes).
+fn corrupt_mirror(rel: &Path, root: &Path, file: &str, at: &[u64]) {
     let dst = root.join(rel.file_name().unwrap());
     std::fs::create_dir_all(&dst).unwrap();
     for e in std::fs::read_dir(rel).unwrap() {
@@ -240,7 +240,7 @@ fn corrupt_mirror(rel: &Path, root: &Path, at: &[u64]) {
     }
     let f = std::fs::OpenOptions::new()
         .write(true)
-        .open(dst.join("rootfs.squashfs"))
+        .open(dst.join(file))
         .unwrap();
     for &p in at {
         f.write_all_at(b"MIRROR-ROT", p).unwrap();
@@ -252,7 +252,12 @@ fn corrupt_mirror_chunks_are_refused_and_taken_from_the_origin() {
     let s = site(8, 51, 205);
     let (v2, origin, src, disk, u) = s.parts();
     let mirror_root = tempfile::tempdir().unwrap();
-    corrupt_mirror(v2, mirror_root.path(), &[1 << 20, 4 << 20, 7 << 20]);
+    corrupt_mirror(
+        v2,
+        mirror_root.path(),
+        "rootfs.squashfs",
+        &[1 << 20, 4 << 20, 7 << 20],
+    );
     let mirror = TestServer::paced(mirror_root.path().to_path_buf(), 0);
     let opts = StageOptions {
         extra_sources: vec![ExtraSource::parse(&format!("{}v2", mirror.base))],
@@ -278,6 +283,72 @@ fn corrupt_mirror_chunks_are_refused_and_taken_from_the_origin() {
         origin_wire <= from_origin + indexes + 16_384,
         "origin sent {origin_wire}"
     );
+}
+
+/// A release's image archive payload (issue 33) comes through a mirror like the rootfs: the
+/// mirror's corrupt chunks of it are refused and taken alone from the origin, the preview is
+/// exact, and the payload store ends with the signed bytes.
+#[test]
+fn a_mirror_serves_a_payloads_chunks_and_its_corrupt_ones_come_from_the_origin() {
+    let k = keys();
+    let rels = tempfile::tempdir().unwrap();
+    let noise = pseudo_random(1 << 20, 71);
+    let inputs = ReleaseInputs {
+        version: "v2",
+        generation: 2,
+        payload: &noise,
+        kernel: pseudo_random(300_000, 171),
+        initrd: pseudo_random(200_000, 271),
+        arch: libupgrade::manifest::Arch::host(),
+        images: Vec::new(),
+    }
+    .image(
+        "site-images",
+        image_archive("registry.local/site/app:2", &[pseudo_random(4 << 20, 72)]),
+    );
+    let v2 = signed_release(&k, rels.path(), &inputs);
+    let origin = TestServer::paced(rels.path().to_path_buf(), 0);
+    let src = Source::parse(&format!("{}v2", origin.base));
+    let disk = TestDisk::new(24 * MIB);
+    let u = disk.updater(disk.config(&k.trust));
+    let mirror_root = tempfile::tempdir().unwrap();
+    corrupt_mirror(
+        &v2,
+        mirror_root.path(),
+        "site-images.tar",
+        &[1 << 20, 3 << 20],
+    );
+    let mirror = TestServer::paced(mirror_root.path().to_path_buf(), 0);
+    let opts = StageOptions {
+        extra_sources: vec![ExtraSource::parse(&format!("{}v2", mirror.base))],
+        ..fast_stage()
+    };
+    let p = u.preview(&Release::at(src.clone()), &opts).unwrap();
+    let (r, origin_wire, _) = metered(&origin, || {
+        u.stage(&Release::at(src.clone()), &opts, &NoProgress)
+            .unwrap()
+    });
+    disk.assert_b_is(&v2);
+    assert_eq!(r.chunks_refused, 2, "{r:?}");
+    assert_eq!(r.bytes_fetched, p.fetch());
+    let max = u64::from(libupgrade::chunk::ChunkParams::DEFAULT.max);
+    let from_origin = r.bytes_fetched - r.bytes_from_mirrors;
+    assert!(
+        from_origin <= 2 * max,
+        "{from_origin} bytes from the origin"
+    );
+    let indexes = index_bytes(&v2)
+        + std::fs::metadata(v2.join("site-images.tar.chunks"))
+            .unwrap()
+            .len();
+    assert!(
+        origin_wire <= from_origin + indexes + 16_384,
+        "origin sent {origin_wire}"
+    );
+    let archive = std::fs::read(v2.join("site-images.tar")).unwrap();
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&archive));
+    let obj = libupgrade::payload::object_path(&u.config().state_dir, &sha);
+    assert!(std::fs::read(&obj).unwrap() == archive, "{}", obj.display());
 }
 
 #[test]
