@@ -17,6 +17,10 @@
 //!   condition `StageWillMissWindow` while the bytes left cannot arrive before the next
 //!   maintenance window, cleared once staged.
 //! - a v0.1.0 channel (fixture) has no thin-link settings and stages as before.
+//!
+//! Every release here carries an image archive payload beside its slot files (issue 33), so
+//! each of the above covers payloads too: the preview prices it, windows, quota, sources and
+//! bundles bring it, and it ends in the node's payload store.
 
 use k3os_ops::agent;
 
@@ -44,7 +48,12 @@ fn utc(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
 }
 
-/// A channel with release v2 (`payload` bytes of noise) served over HTTP, a node on v1.
+/// The image archive payload every v2 here carries, and the bytes of its one layer.
+const IMAGES: &str = "site-images";
+const LAYER: usize = 512 << 10;
+
+/// A channel with release v2 (`payload` bytes of noise in its rootfs, and an image archive
+/// payload [`IMAGES`]) served over HTTP, a node on v1.
 struct Site {
     _keys: testkit::Keys,
     chan: tempfile::TempDir,
@@ -56,7 +65,24 @@ impl Site {
     fn new(payload: usize) -> Site {
         let keys = testkit::keys();
         let chan = tempfile::tempdir().unwrap();
-        testkit::make_release(&keys, chan.path(), "v2", 2, payload, Arch::host());
+        let noise = testkit::pseudo_random(payload, 2);
+        let inputs = testkit::ReleaseInputs {
+            version: "v2",
+            generation: 2,
+            payload: &noise,
+            kernel: testkit::pseudo_random(300_002, 102),
+            initrd: testkit::pseudo_random(200_000, 202),
+            arch: Arch::host(),
+            images: Vec::new(),
+        }
+        .image(
+            IMAGES,
+            testkit::image_archive(
+                "registry.local/site/app:2",
+                &[testkit::pseudo_random(LAYER, 3)],
+            ),
+        );
+        testkit::signed_release(&keys, chan.path(), &inputs);
         libupgrade::channel::write_index(chan.path()).unwrap();
         let server = TestServer::start(chan.path().to_path_buf(), 0);
         let sim = SimNode::new(&keys.trust, 3, 1);
@@ -120,6 +146,25 @@ impl Site {
             .status()
             .unwrap()
             .inactive
+    }
+
+    /// v2's image archive payload is in the node's payload store, complete.
+    fn assert_payload_stored(&self) {
+        let m = std::fs::read(self.release().join(libupgrade::manifest::MANIFEST_FILE)).unwrap();
+        let m = libupgrade::manifest::Manifest::parse(&m).unwrap();
+        let p = m
+            .payloads
+            .iter()
+            .find(|p| p.name == IMAGES)
+            .expect("v2 names its payload");
+        assert!(p.file.size > LAYER as u64, "{p:?}");
+        let state = self.sim.updater().config().state_dir.clone();
+        let obj = libupgrade::payload::object_path(&state, &p.file.sha256);
+        let bytes = std::fs::read(&obj).unwrap_or_else(|e| panic!("{}: {e}", obj.display()));
+        assert_eq!(
+            bytes,
+            std::fs::read(self.release().join(&p.file.path)).unwrap()
+        );
     }
 
     fn state_file(&self, name: &str) -> Value {
@@ -229,8 +274,12 @@ async fn stage_windows_fetch_nothing_outside_cap_the_rate_inside_and_a_window_en
     );
     assert_no_failure(&world, &agent);
     let need = preview(&world)["fetch"].as_u64().unwrap();
-    assert!(need > 4 << 20, "preview {need}");
+    assert!(need > (4 << 20) + LAYER as u64, "preview {need}");
     assert_eq!(preview(&world)["version"], "v2");
+    // The preview prices every part, the payload included: what it fetches and reuses is
+    // the whole release.
+    let reuse = preview(&world)["reuse"].as_u64().unwrap();
+    assert_eq!(need + reuse, testkit::release_size(&site.release()));
     assert_eq!(
         metric(
             &agent,
@@ -257,6 +306,7 @@ async fn stage_windows_fetch_nothing_outside_cap_the_rate_inside_and_a_window_en
     agent.reconcile().await.expect("reconcile");
     assert_eq!(site.inactive(), Inactive::Staged("v2".into()));
     assert_eq!(phase(&world).0, "Staged");
+    site.assert_payload_stored();
     let total = site.server.sent();
     assert!(
         total >= need && total <= need + 2 * OVERHEAD,
@@ -267,7 +317,8 @@ async fn stage_windows_fetch_nothing_outside_cap_the_rate_inside_and_a_window_en
 
 #[tokio::test]
 async fn the_daily_quota_stops_cleanly_survives_a_restart_and_resumes_the_next_day() {
-    let site = Site::new(3 << 20);
+    // 2.5 MiB of rootfs noise, the kernel, initrd and image archive: under two days' quota.
+    let site = Site::new(5 << 19);
     let clock = VirtualClock::new(utc("2026-12-04T10:00:00Z"), site.server.sent_counter());
     let quota = 2u64 << 20;
     let spec = json!({"stage": {"maxBytesPerDay": "2M"}});
@@ -305,6 +356,7 @@ async fn the_daily_quota_stops_cleanly_survives_a_restart_and_resumes_the_next_d
     advance_to(&clock, "2026-12-05T00:00:00Z");
     agent.reconcile().await.expect("reconcile");
     assert_eq!(site.inactive(), Inactive::Staged("v2".into()));
+    site.assert_payload_stored();
     let day2 = site.server.sent() - before;
     assert!(
         day2 >= need - day1 && day2 <= need - day1 + OVERHEAD,
@@ -322,10 +374,13 @@ async fn a_source_directory_serves_the_chunks_and_the_origin_only_the_metadata()
     let site = Site::new(3 << 20);
     let clock = VirtualClock::new(utc("2026-12-04T10:00:00Z"), site.server.sent_counter());
     let local = tempfile::tempdir().unwrap();
-    for f in ["rootfs.squashfs", "vmlinuz", "initrd"] {
-        if site.release().join(f).exists() {
-            std::fs::copy(site.release().join(f), local.path().join(f)).unwrap();
-        }
+    for f in [
+        "rootfs.squashfs",
+        "vmlinuz",
+        "initrd",
+        &format!("{IMAGES}.tar"),
+    ] {
+        std::fs::copy(site.release().join(f), local.path().join(f)).unwrap();
     }
     let spec = json!({"sources": [local.path().display().to_string()]});
     let (world, _log, agent) = site.agent(&site.server.base, spec, &clock, None);
@@ -342,6 +397,7 @@ async fn a_source_directory_serves_the_chunks_and_the_origin_only_the_metadata()
         sent < OVERHEAD,
         "origin served {sent} of a {size}-byte release"
     );
+    site.assert_payload_stored();
 }
 
 #[tokio::test]
@@ -368,6 +424,7 @@ async fn a_bundle_in_the_bundle_directory_stages_with_the_channel_unreachable() 
     let p = preview(&world);
     assert!(p["bundle"].as_str().unwrap().ends_with("v2.k3b"), "{p}");
     assert_eq!(site.server.sent(), 0, "the origin was never asked");
+    site.assert_payload_stored();
 
     // A tampered bundle is refused as `upgrade --bundle` refuses it: a failed stage.
     let site = Site::new(1 << 20);
