@@ -19,8 +19,9 @@ use std::process::Command;
 use bootconfig::Slot;
 use libupgrade::manifest::{Manifest, Payload, MANIFEST_FILE};
 use libupgrade::state::SlotState;
+use libupgrade::Status;
 
-use super::steps::CMD;
+use super::steps::{sl, CMD};
 use super::Scenario;
 use crate::error::{Error, Result};
 use crate::vm::Vm;
@@ -30,7 +31,7 @@ const PAYLOAD: &str = "site-images";
 /// Where the guest's store and airgap directory are (the node config's defaults).
 const OBJECTS: &str = "/var/lib/k3os-ops/payloads/objects";
 const AIRGAP: &str = "/var/lib/rancher/k3s/agent/images";
-/// An object no manifest names: the prune after the bless must remove it.
+/// An object no manifest names: the next prune must remove it.
 const STRAY: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 impl Scenario {
@@ -40,7 +41,7 @@ impl Scenario {
         let mut node = self.node("node")?;
         let mut vm = self.boot_v1(&mut node)?;
         self.archive_linked(&mut vm, &v1, "v1 from the first boot")?;
-        vm.run_ok(&format!("printf stray > {OBJECTS}/{STRAY}"), CMD)?;
+        plant_stray(&mut vm)?;
 
         let plan = vm.run_ok(
             &format!(
@@ -100,8 +101,49 @@ impl Scenario {
         self.inspect_objects(node.disk_path(), &[&v1, &v2])
     }
 
+    /// Every payload slot A's kept manifest names is in the store with its sha256, and B's
+    /// too when B holds a complete release (staged, on trial or good): what a power cut must
+    /// never cost a slot. A must name at least one (every test release carries `site-images`).
+    pub(super) fn payloads_intact(&mut self, vm: &mut Vm, st: &Status, when: &str) -> Result<()> {
+        let mut objects = Vec::new();
+        for slot in [Slot::A, Slot::B] {
+            let s = sl(st, slot);
+            let complete = matches!(
+                s.state,
+                SlotState::Staged | SlotState::Trying | SlotState::Good
+            );
+            if slot == Slot::B && !complete {
+                continue;
+            }
+            self.check(
+                !s.payloads.is_empty() && s.payloads.iter().all(|p| p.in_store),
+                || {
+                    format!(
+                        "{when}: slot {slot} ({}) lacks payloads: {:?}",
+                        s.state, s.payloads
+                    )
+                },
+            )?;
+            objects.extend(s.payloads.iter().map(|p| p.sha256.clone()));
+        }
+        let sums = vm.run_ok(
+            &format!("cd {OBJECTS} && sha256sum {}", objects.join(" ")),
+            CMD,
+        )?;
+        for o in &objects {
+            self.check(sums.contains(&format!("{o}  {o}")), || {
+                format!("{when}: object {o} does not have its sha256:\n{sums}")
+            })?;
+        }
+        self.note(format!(
+            "{when}: the slots' {} payload objects are in the store with their sha256",
+            objects.len()
+        ));
+        Ok(())
+    }
+
     /// The `site-images` payload of release `version` (its signed manifest on the host).
-    fn site_images(&self, version: &str) -> Result<Payload> {
+    pub(super) fn site_images(&self, version: &str) -> Result<Payload> {
         let path = self
             .target
             .releases(&self.root)
@@ -180,6 +222,20 @@ impl Scenario {
         let _ = std::fs::remove_file(&part);
         Ok(())
     }
+}
+
+/// The names in the guest's payload store (none when it has no store yet).
+pub(super) fn store_objects(vm: &mut Vm) -> Result<Vec<String>> {
+    let out = vm.run_ok(&format!("ls {OBJECTS} 2>/dev/null; true"), CMD)?;
+    Ok(out.split_whitespace().map(String::from).collect())
+}
+
+/// Put an object no manifest names into the guest's store (what a cut before a prune leaves):
+/// the next prune removes it, so the stage or confirm that follows passes its
+/// `payload:object-pruned` barrier.
+pub(super) fn plant_stray(vm: &mut Vm) -> Result<()> {
+    vm.run_ok(&format!("printf stray > {OBJECTS}/{STRAY} && sync"), CMD)
+        .map(drop)
 }
 
 /// `len` bytes of `from` at `start`, into the new file `to`.

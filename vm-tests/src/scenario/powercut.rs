@@ -3,6 +3,11 @@
 //! slot with slot B either complete (re-stage reports it already staged, and it boots) or not
 //! bootable (and a new upgrade recovers). The same for the barriers of the boot-time confirm
 //! of the new slot. Also the barrier parsing and sampling the other scenarios use.
+//!
+//! The payload store's barriers are always cut (issue 33): a stray object is planted before
+//! the upgrade and before the new slot's first boot, so the stage's and the confirm's prunes
+//! pass `payload:object-pruned`, and v2's image archive passes `payload:object-renamed`.
+//! After every cut both slots' payloads must be in the store with their sha256.
 
 use std::time::Instant;
 
@@ -10,6 +15,7 @@ use bootconfig::{Slot, SlotBoot};
 use libupgrade::state::SlotState;
 use libupgrade::Status;
 
+use super::payloads::plant_stray;
 use super::steps::{sl, Node, CMD, DOWNLOAD, READY};
 use super::Scenario;
 use crate::error::Result;
@@ -22,6 +28,7 @@ impl Scenario {
         // Dry run: count the barriers of a complete upgrade.
         let mut node = self.node("dry-run")?;
         let mut vm = self.boot_v1(&mut node)?;
+        plant_stray(&mut vm)?;
         let out = self.upgrade_to_env(&mut vm, &srv, "v2", "K3OS_OPS_BARRIERS=1", "")?;
         drop(vm);
         let barriers = parse_barriers(&out);
@@ -36,7 +43,7 @@ impl Scenario {
             })?;
         }
         let total = barriers.len() as u64;
-        let ks = sample(total, self.opts.all_barriers);
+        let ks = sample(&barriers, self.opts.all_barriers);
         self.note(format!(
             "upgrade has {total} barriers: {}; cutting at {ks:?}",
             fmt_barriers(&barriers)
@@ -60,18 +67,12 @@ impl Scenario {
     /// with `--all-barriers`) are cut.
     fn powercut_confirm(&mut self, srv: &ReleaseServer) -> Result<()> {
         let mut node = self.node("confirm-dry-run")?;
-        let mut vm = self.activated_v2(&mut node, srv, "announce")?;
+        let mut vm = self.activated_v2(&mut node, srv, "announce", true)?;
         self.expect_boot(&mut vm, Slot::B, "v2")?;
         let barriers = self.confirm_barriers(&mut vm)?;
         drop(vm);
         let total = barriers.len() as u64;
-        let ks: Vec<u64> = if self.opts.all_barriers {
-            (1..=total).collect()
-        } else {
-            let mut v = vec![1, total];
-            v.dedup();
-            v
-        };
+        let ks = ends_and_payloads(&barriers, self.opts.all_barriers);
         self.note(format!(
             "confirm has {total} barriers: {}; cutting at {ks:?}",
             fmt_barriers(&barriers)
@@ -122,15 +123,20 @@ impl Scenario {
     }
 
     /// A node on v1 (fresh from its image) that staged and activated v2, with `request` left
-    /// for the next boot's init; rebooted (the returned guest is booting).
+    /// for the next boot's init (and a stray object in the store for its prune, `stray`);
+    /// rebooted (the returned guest is booting).
     pub(super) fn activated_v2(
         &mut self,
         node: &mut Node,
         srv: &ReleaseServer,
         request: &str,
+        stray: bool,
     ) -> Result<Vm> {
         let mut vm = self.boot_v1(node)?;
         self.upgrade_to(&mut vm, srv, "v2", "")?;
+        if stray {
+            plant_stray(&mut vm)?;
+        }
         vm.run_ok(
             &format!("echo '{request}' >/var/lib/k3os-ops/barrier-request && sync"),
             CMD,
@@ -139,16 +145,18 @@ impl Scenario {
         Ok(vm)
     }
 
-    /// On `node` (fresh from its image), activate v2, stop the boot-time confirm of v2 at
-    /// barrier `k` and cut the power; power on again and wait until the node is up and
-    /// confirmed. Returns the guest and the slot and version it booted.
+    /// On `node` (fresh from its image), activate v2 (with a stray object for the confirm's
+    /// prune, `stray`), stop the boot-time confirm of v2 at barrier `k` and cut the power;
+    /// power on again and wait until the node is up and confirmed. Returns the guest and the
+    /// slot and version it booted.
     pub(super) fn cut_in_confirm(
         &mut self,
         node: &mut Node,
         srv: &ReleaseServer,
         k: u64,
+        stray: bool,
     ) -> Result<(Vm, Slot, String)> {
-        let mut vm = self.activated_v2(node, srv, &format!("stop {k}"))?;
+        let mut vm = self.activated_v2(node, srv, &format!("stop {k}"), stray)?;
         self.expect_boot(&mut vm, Slot::B, "v2")?;
         vm.expect_not(
             &format!("K3OS-BARRIER-STOP {k} "),
@@ -167,13 +175,14 @@ impl Scenario {
     /// up on a confirmed slot and that B ends good (booted) or recoverable.
     fn cut_confirm_at(&mut self, srv: &ReleaseServer, k: u64, name: &str) -> Result<()> {
         let mut node = self.node(&format!("confirm-cut-{k:02}"))?;
-        let (mut vm, slot, version) = self.cut_in_confirm(&mut node, srv, k)?;
+        let (mut vm, slot, version) = self.cut_in_confirm(&mut node, srv, k, true)?;
         let st = self.status(&mut vm)?;
         let b = sl(&st, Slot::B).clone();
         self.note(format!(
             "confirm cut at {k} ({name}): came up on {slot} {version}; B is {} / bootloader {:?}",
             b.state, b.boot
         ));
+        self.payloads_intact(&mut vm, &st, &format!("confirm cut at {k} ({name})"))?;
         self.check(sl(&st, slot).state == SlotState::Good, || {
             format!(
                 "the booted slot {slot} is {} after confirm",
@@ -208,9 +217,11 @@ impl Scenario {
     fn cut_at(&mut self, srv: &ReleaseServer, k: u64, name: &str) -> Result<String> {
         let mut node = self.node(&format!("cut-{k:02}"))?;
         let mut vm = self.boot_v1(&mut node)?;
+        plant_stray(&mut vm)?;
         let hit = self.stop_upgrade_at(&mut vm, srv, k, name)?;
         vm.power_cut()?;
         let (mut vm, slot, st) = self.up_after_upgrade_cut(&mut node, k, &hit)?;
+        self.payloads_intact(&mut vm, &st, &format!("cut at {k} ({hit})"))?;
         self.recover_b(&mut vm, srv, slot, &st)?;
         Ok(hit)
     }
@@ -353,20 +364,43 @@ pub fn parse_barriers(out: &str) -> Vec<(u64, String)> {
         .collect()
 }
 
-/// Barriers to cut at: all, or the first, the last and every third.
-pub fn sample(total: u64, all: bool) -> Vec<u64> {
+/// Barriers to cut at: all, or the first, the last, every third and every barrier of the
+/// payload store (`payload:*`), in order.
+pub fn sample(barriers: &[(u64, String)], all: bool) -> Vec<u64> {
+    let total = barriers.len() as u64;
+    let step = if all { 1 } else { 3 };
+    let mut v: Vec<u64> = (1..=total).step_by(step).collect();
+    v.extend(payload_barriers(barriers));
+    v.push(total);
+    v.retain(|&k| k >= 1);
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Barriers to cut at in a short list (the boot-time confirm's): all, or the first, the last
+/// and every barrier of the payload store, in order.
+fn ends_and_payloads(barriers: &[(u64, String)], all: bool) -> Vec<u64> {
+    if all {
+        return sample(barriers, true);
+    }
+    let total = barriers.len() as u64;
     if total == 0 {
         return Vec::new();
     }
-    let mut v: Vec<u64> = if all {
-        (1..=total).collect()
-    } else {
-        (1..=total).step_by(3).collect()
-    };
-    if !v.contains(&total) {
-        v.push(total);
-    }
+    let mut v = vec![1, total];
+    v.extend(payload_barriers(barriers));
+    v.sort_unstable();
+    v.dedup();
     v
+}
+
+/// The numbers of the payload store's barriers (`payload:…`).
+fn payload_barriers(barriers: &[(u64, String)]) -> impl Iterator<Item = u64> + '_ {
+    barriers
+        .iter()
+        .filter(|(_, name)| name.starts_with("payload:"))
+        .map(|(n, _)| *n)
 }
 
 #[cfg(test)]
@@ -391,10 +425,31 @@ mod tests {
 
     #[test]
     fn sampling_keeps_first_and_last() {
-        assert_eq!(sample(10, false), vec![1, 4, 7, 10]);
-        assert_eq!(sample(11, false), vec![1, 4, 7, 10, 11]);
-        assert_eq!(sample(3, true), vec![1, 2, 3]);
-        assert_eq!(sample(1, false), vec![1]);
-        assert!(sample(0, true).is_empty());
+        let named = |n: u64, payload: &[u64]| -> Vec<(u64, String)> {
+            (1..=n)
+                .map(|k| {
+                    let name = if payload.contains(&k) {
+                        "payload:object-renamed"
+                    } else {
+                        "stage:checkpoint"
+                    };
+                    (k, name.to_string())
+                })
+                .collect()
+        };
+        assert_eq!(sample(&named(10, &[]), false), vec![1, 4, 7, 10]);
+        assert_eq!(sample(&named(11, &[]), false), vec![1, 4, 7, 10, 11]);
+        assert_eq!(sample(&named(3, &[]), true), vec![1, 2, 3]);
+        assert_eq!(sample(&named(1, &[]), false), vec![1]);
+        assert!(sample(&[], true).is_empty());
+        // The payload store's barriers are always cut.
+        assert_eq!(
+            sample(&named(20, &[3, 12]), false),
+            vec![1, 3, 4, 7, 10, 12, 13, 16, 19, 20]
+        );
+        assert_eq!(ends_and_payloads(&named(4, &[3]), false), vec![1, 3, 4]);
+        assert_eq!(ends_and_payloads(&named(3, &[]), false), vec![1, 3]);
+        assert_eq!(ends_and_payloads(&named(1, &[]), false), vec![1]);
+        assert!(ends_and_payloads(&[], false).is_empty());
     }
 }

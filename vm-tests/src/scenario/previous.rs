@@ -14,6 +14,7 @@ use std::time::Instant;
 use bootconfig::Slot;
 use libupgrade::state::SlotState;
 
+use super::payloads::store_objects;
 use super::powercut::fmt_barriers;
 use super::steps::{sl, Node, CMD, READY};
 use super::Scenario;
@@ -88,6 +89,13 @@ impl Scenario {
         let st = self.loose_status(vm)?;
         st.expect(self, "B", "trying", "v2")
             .map_err(|e| self.fail(format!("{e}; the old binary's upgrade printed:\n{out}")))?;
+        // v2 names an image archive (issue 33); the old binary knows no payloads: it staged
+        // the slot files as before and left the payload store alone.
+        let v2_images = self.site_images("v2")?;
+        let held = store_objects(vm)?;
+        self.check(!held.contains(&v2_images.file.sha256), || {
+            format!("the previous release's binary put v2's payload into the store: {held:?}")
+        })?;
         self.check(st.next_boot.as_deref() == Some("B"), || {
             format!(
                 "after the old binary's upgrade next boot is {:?}",
@@ -139,6 +147,24 @@ impl Scenario {
     /// boot script when v3 carries it.
     fn current_binary_to_v3(&mut self, vm: &mut Vm, srv: &ReleaseServer) -> Result<()> {
         let st = self.upgrade_v3_into_a(vm, srv)?;
+        // The current binary staged v3's image archive into the store (its boot linked and
+        // checked it); B, staged by the old binary, names none and gets no images check.
+        let (a, b) = (sl(&st, Slot::A), sl(&st, Slot::B));
+        self.check(
+            !a.payloads.is_empty() && a.payloads.iter().all(|p| p.in_store),
+            || {
+                format!(
+                    "v3 in A after the current binary's stage: payloads {:?}",
+                    a.payloads
+                )
+            },
+        )?;
+        self.check(b.payloads.is_empty(), || {
+            format!(
+                "B v2, staged by the previous release's binary, lists payloads {:?}",
+                b.payloads
+            )
+        })?;
         let script_after = self.boot_script(vm)?;
         let script_status = self.status_script_field(vm)?;
         self.check(st.boot_script.installed == Some(script_after), || {
@@ -204,7 +230,7 @@ impl Scenario {
         name: &str,
     ) -> Result<()> {
         let mut node = self.node_from(&format!("cut-{k:02}"), &prev.disk)?;
-        let (mut vm, slot, version) = self.cut_in_confirm(&mut node, srv, k)?;
+        let (mut vm, slot, version) = self.cut_in_confirm(&mut node, srv, k, false)?;
         match slot {
             Slot::B => {
                 self.check(version == "v2", || format!("B runs {version}"))?;
