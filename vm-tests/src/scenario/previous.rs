@@ -96,6 +96,10 @@ impl Scenario {
         self.check(!held.contains(&v2_images.file.sha256), || {
             format!("the previous release's binary put v2's payload into the store: {held:?}")
         })?;
+        self.note(format!(
+            "step 2: the old binary staged v2's slot files and ignored its payload {} ({} bytes): the store holds {held:?}",
+            v2_images.name, v2_images.file.size
+        ));
         self.check(st.next_boot.as_deref() == Some("B"), || {
             format!(
                 "after the old binary's upgrade next boot is {:?}",
@@ -165,6 +169,14 @@ impl Scenario {
                 b.payloads
             )
         })?;
+        self.note(format!(
+            "step 3: the current binary staged v3's payloads into the store ({}); B v2 lists none",
+            a.payloads
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
         let script_after = self.boot_script(vm)?;
         let script_status = self.status_script_field(vm)?;
         self.check(st.boot_script.installed == Some(script_after), || {
