@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::manifest::{Artifact, Manifest, MANIFEST_FILE, SIGNATURE_FILE};
+use crate::manifest::{Manifest, MANIFEST_FILE, SIGNATURE_FILE};
 
 /// The bundle format this build writes and the newest it reads.
 pub const FORMAT: u32 = 1;
@@ -176,8 +176,7 @@ fn read_header(path: &Path, name: &str, e: &mut impl Read) -> Result<BundleHeade
 /// bundle carries the whole release).
 fn release_files(m: &Manifest) -> Vec<String> {
     let mut out = vec![MANIFEST_FILE.to_string(), SIGNATURE_FILE.to_string()];
-    let slot = Artifact::ALL.into_iter().map(|a| m.files.get(a));
-    for e in slot.chain(m.payloads.iter().map(|p| &p.file)) {
+    for e in m.file_entries() {
         out.push(e.path.clone());
         out.extend(e.chunks.iter().map(|c| c.path.clone()));
     }

@@ -438,6 +438,16 @@ impl Manifest {
         }
     }
 
+    /// Every file the release carries, in order: the three slot files, then each payload's,
+    /// of every kind (one this build does not stage included: a release is verified and
+    /// bundled whole).
+    pub fn file_entries(&self) -> impl Iterator<Item = &FileEntry> {
+        Artifact::ALL
+            .into_iter()
+            .map(|a| self.files.get(a))
+            .chain(self.payloads.iter().map(|p| &p.file))
+    }
+
     /// The payload named `name`.
     pub fn payload(&self, name: &str) -> Option<&Payload> {
         self.payloads.iter().find(|p| p.name == name)

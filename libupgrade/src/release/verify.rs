@@ -37,10 +37,7 @@ pub fn verify_dir(
     };
     let key = signing::verify(&bytes, &sig, trust_dir)?;
     let manifest = Manifest::parse(&bytes)?;
-    let slot = crate::manifest::Artifact::ALL
-        .into_iter()
-        .map(|a| manifest.files.get(a));
-    for e in slot.chain(manifest.payloads.iter().map(|p| &p.file)) {
+    for e in manifest.file_entries() {
         let path = dir.join(&e.path);
         let (found_size, found_sha256) = sha256_file(&path).map_err(io_err(&path))?;
         if found_size != e.size || found_sha256 != e.sha256 {
