@@ -293,16 +293,7 @@ fn a_mirror_serves_a_payloads_chunks_and_its_corrupt_ones_come_from_the_origin()
     let k = keys();
     let rels = tempfile::tempdir().unwrap();
     let noise = pseudo_random(1 << 20, 71);
-    let inputs = ReleaseInputs {
-        version: "v2",
-        generation: 2,
-        payload: &noise,
-        kernel: pseudo_random(300_000, 171),
-        initrd: pseudo_random(200_000, 271),
-        arch: libupgrade::manifest::Arch::host(),
-        images: Vec::new(),
-    }
-    .image(
+    let inputs = ReleaseInputs::noise("v2", 2, &noise, 171, 271).image(
         "site-images",
         image_archive("registry.local/site/app:2", &[pseudo_random(4 << 20, 72)]),
     );
@@ -345,10 +336,7 @@ fn a_mirror_serves_a_payloads_chunks_and_its_corrupt_ones_come_from_the_origin()
         origin_wire <= from_origin + indexes + 16_384,
         "origin sent {origin_wire}"
     );
-    let archive = std::fs::read(v2.join("site-images.tar")).unwrap();
-    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&archive));
-    let obj = libupgrade::payload::object_path(&u.config().state_dir, &sha);
-    assert!(std::fs::read(&obj).unwrap() == archive, "{}", obj.display());
+    assert_eq!(assert_payloads_stored(&u.config().state_dir, &v2), 1);
 }
 
 #[test]

@@ -35,8 +35,8 @@ pub use disk::{Loop, TestDisk, MIB};
 pub use image::image_archive;
 pub use node::{boot_as, dir_config, ModelLoader};
 pub use release::{
-    keys, make_release, noise_release, release_size, signed_release, signed_release_patched,
-    signed_release_with, Keys, ReleaseInputs, ARTIFACTS,
+    assert_payloads_stored, keys, make_release, noise_release, release_manifest, release_size,
+    signed_release, signed_release_patched, signed_release_with, Keys, ReleaseInputs, ARTIFACTS,
 };
 pub use server::TestServer;
 pub use sim::ExpectGood;

@@ -13,12 +13,34 @@ pub const ARTIFACTS: [&str; 3] = ["rootfs.squashfs", "vmlinuz", "initrd"];
 /// The bytes of a release directory's parts together, its payloads included (what a full
 /// stage fetches).
 pub fn release_size(dir: &Path) -> u64 {
-    let m = std::fs::read(dir.join("manifest.json")).unwrap();
-    let m = libupgrade::manifest::Manifest::parse(&m).unwrap();
+    let m = release_manifest(dir);
     libupgrade::payload::kinds::parts(&m)
         .iter()
         .map(|p| p.entry.size)
         .sum()
+}
+
+/// The signed manifest of the release directory `dir`.
+pub fn release_manifest(dir: &Path) -> libupgrade::manifest::Manifest {
+    let bytes = std::fs::read(dir.join(libupgrade::manifest::MANIFEST_FILE)).unwrap();
+    libupgrade::manifest::Manifest::parse(&bytes).unwrap()
+}
+
+/// Every payload the release in `rel` names is in the payload store under `state_dir`, byte
+/// for byte the release's file; returns how many there are.
+pub fn assert_payloads_stored(state_dir: &Path, rel: &Path) -> usize {
+    let m = release_manifest(rel);
+    for p in &m.payloads {
+        let obj = libupgrade::payload::object_path(state_dir, &p.file.sha256);
+        let stored = std::fs::read(&obj).unwrap_or_else(|e| panic!("{}: {e}", obj.display()));
+        assert!(
+            stored == std::fs::read(rel.join(&p.file.path)).unwrap(),
+            "payload {}: {} is not the release's file",
+            p.name,
+            obj.display()
+        );
+    }
+    m.payloads.len()
 }
 
 /// A signing key pair and a trust dir holding its public key.
@@ -50,7 +72,43 @@ pub struct ReleaseInputs<'a> {
     pub images: Vec<(String, Vec<u8>)>,
 }
 
-impl ReleaseInputs<'_> {
+impl<'a> ReleaseInputs<'a> {
+    /// Release `version` for the host's arch whose rootfs holds `payload`, with a 600 kB
+    /// kernel and a 400 kB initrd of noise from `kernel_seed` and `initrd_seed` (the same
+    /// seed, the same bytes), and no payloads yet.
+    pub fn noise(
+        version: &'a str,
+        generation: u64,
+        payload: &'a [u8],
+        kernel_seed: u64,
+        initrd_seed: u64,
+    ) -> Self {
+        ReleaseInputs {
+            version,
+            generation,
+            payload,
+            kernel: pseudo_random(600_000, kernel_seed),
+            initrd: pseudo_random(400_000, initrd_seed),
+            arch: Arch::host(),
+            images: Vec::new(),
+        }
+    }
+
+    /// Release `version` of `generation` for `arch` whose rootfs holds `payload`, with a
+    /// kernel (300 kB + the generation) and a 200 kB initrd of noise seeded by the generation:
+    /// what [`make_release`] builds, no payloads yet.
+    pub fn of_generation(version: &'a str, generation: u64, payload: &'a [u8], arch: Arch) -> Self {
+        ReleaseInputs {
+            version,
+            generation,
+            payload,
+            kernel: pseudo_random(300_000 + generation as usize, generation + 100),
+            initrd: pseudo_random(200_000, generation + 200),
+            arch,
+            images: Vec::new(),
+        }
+    }
+
     /// With an image archive payload `name` holding `tar` (`release create --image`).
     pub fn image(mut self, name: &str, tar: Vec<u8>) -> Self {
         self.images.push((name.to_string(), tar));
@@ -80,15 +138,7 @@ pub fn noise_release(
     signed_release(
         keys,
         out,
-        &ReleaseInputs {
-            version,
-            generation,
-            payload,
-            kernel: pseudo_random(600_000, kernel_seed),
-            initrd: pseudo_random(400_000, initrd_seed),
-            arch: Arch::host(),
-            images: Vec::new(),
-        },
+        &ReleaseInputs::noise(version, generation, payload, kernel_seed, initrd_seed),
     )
 }
 
@@ -172,17 +222,10 @@ pub fn make_release(
     extra: usize,
     arch: Arch,
 ) -> PathBuf {
+    let payload = pseudo_random(extra, generation);
     signed_release(
         keys,
         out,
-        &ReleaseInputs {
-            version,
-            generation,
-            payload: &pseudo_random(extra, generation),
-            kernel: pseudo_random(300_000 + generation as usize, generation + 100),
-            initrd: pseudo_random(200_000, generation + 200),
-            arch,
-            images: Vec::new(),
-        },
+        &ReleaseInputs::of_generation(version, generation, &payload, arch),
     )
 }

@@ -66,16 +66,7 @@ impl Site {
         let keys = testkit::keys();
         let chan = tempfile::tempdir().unwrap();
         let noise = testkit::pseudo_random(payload, 2);
-        let inputs = testkit::ReleaseInputs {
-            version: "v2",
-            generation: 2,
-            payload: &noise,
-            kernel: testkit::pseudo_random(300_002, 102),
-            initrd: testkit::pseudo_random(200_000, 202),
-            arch: Arch::host(),
-            images: Vec::new(),
-        }
-        .image(
+        let inputs = testkit::ReleaseInputs::of_generation("v2", 2, &noise, Arch::host()).image(
             IMAGES,
             testkit::image_archive(
                 "registry.local/site/app:2",
@@ -148,23 +139,13 @@ impl Site {
             .inactive
     }
 
-    /// v2's image archive payload is in the node's payload store, complete.
+    /// v2's image archive payload (its only one) is in the node's payload store, complete.
     fn assert_payload_stored(&self) {
-        let m = std::fs::read(self.release().join(libupgrade::manifest::MANIFEST_FILE)).unwrap();
-        let m = libupgrade::manifest::Manifest::parse(&m).unwrap();
-        let p = m
-            .payloads
-            .iter()
-            .find(|p| p.name == IMAGES)
-            .expect("v2 names its payload");
+        let m = testkit::release_manifest(&self.release());
+        let p = m.payload(IMAGES).expect("v2 names its payload");
         assert!(p.file.size > LAYER as u64, "{p:?}");
         let state = self.sim.updater().config().state_dir.clone();
-        let obj = libupgrade::payload::object_path(&state, &p.file.sha256);
-        let bytes = std::fs::read(&obj).unwrap_or_else(|e| panic!("{}: {e}", obj.display()));
-        assert_eq!(
-            bytes,
-            std::fs::read(self.release().join(&p.file.path)).unwrap()
-        );
+        assert_eq!(testkit::assert_payloads_stored(&state, &self.release()), 1);
     }
 
     fn state_file(&self, name: &str) -> Value {

@@ -18,9 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use cli_support::Node;
-use libupgrade::manifest::Manifest;
 use libupgrade::payload::object_path;
-use testkit::{image_archive, pseudo_random};
+use testkit::{image_archive, pseudo_random, release_manifest};
 
 /// The image archives of v1 and v2: `k3s` unchanged, `site` with one layer changed by 20 KB
 /// (a workload bumped in the same maintenance), both sharing a base layer.
@@ -91,10 +90,6 @@ fn release(
     n.create_release(version, generation, &extra)
 }
 
-fn manifest(rel: &Path) -> Manifest {
-    Manifest::parse(&fs::read(rel.join("manifest.json")).unwrap()).unwrap()
-}
-
 /// Slot A runs `rel` (k3OS dir layout) and the node keeps its manifest and its payloads in
 /// the store, as an image builder does.
 fn runs_in_a(n: &Node, rel: &Path, version: &str) {
@@ -110,7 +105,7 @@ fn runs_in_a(n: &Node, rel: &Path, version: &str) {
     let keep = n.path().join("state/slots/a");
     fs::create_dir_all(&keep).unwrap();
     fs::copy(rel.join("manifest.json"), keep.join("manifest.json")).unwrap();
-    for p in &manifest(rel).payloads {
+    for p in &release_manifest(rel).payloads {
         let obj = object_path(&n.path().join("state"), &p.file.sha256);
         fs::create_dir_all(obj.parent().unwrap()).unwrap();
         fs::copy(rel.join(&p.file.path), &obj).unwrap();
@@ -133,7 +128,7 @@ fn fetch_of(line: &str) -> u64 {
 
 /// Every payload of `rel` is in `state`'s store, read-only, with `rel`'s bytes.
 fn assert_objects(state: &Path, rel: &Path) {
-    for p in &manifest(rel).payloads {
+    for p in &release_manifest(rel).payloads {
         let obj = object_path(state, &p.file.sha256);
         assert_eq!(
             fs::read(&obj).unwrap_or_else(|e| panic!("{}: {e}", obj.display())),
@@ -159,7 +154,7 @@ fn release_create_image_then_plan_stage_and_slot_status_count_the_payloads() {
             "{printed}"
         );
     }
-    let m2 = manifest(&v2);
+    let m2 = release_manifest(&v2);
     let site = m2.payload("site").unwrap();
     assert_eq!(
         site.images,
@@ -275,8 +270,8 @@ fn a_release_over_the_store_budget_is_refused_at_plan_time_naming_the_bytes() {
     let (v1, _) = release(&n, "v1", 5, &i1, None);
     let (v2, _) = release(&n, "v2", 6, &i2, None);
     runs_in_a(&n, &v1, "v1");
-    let m1 = manifest(&v1);
-    let m2 = manifest(&v2);
+    let m1 = release_manifest(&v1);
+    let m2 = release_manifest(&v2);
     let held: u64 = m1.payloads.iter().map(|p| p.file.size).sum();
     let needed = m2.payload("site").unwrap().file.size;
     let budget = held + needed - 1;
@@ -500,7 +495,11 @@ fn a_budget_stop_in_a_new_payload_resumes_and_an_extra_source_supplies_the_rest(
     let src = v2.to_str().unwrap();
     let plan = n.ok(&["upgrade", "--plan-only", "--source", src]);
     let total = fetch_of(line(&plan, "total"));
-    let metrics = manifest(&v2).payload("metrics").unwrap().file.clone();
+    let metrics = release_manifest(&v2)
+        .payload("metrics")
+        .unwrap()
+        .file
+        .clone();
     assert!(
         fetch_of(line(&plan, "payload metrics")) == metrics.size,
         "{plan}"

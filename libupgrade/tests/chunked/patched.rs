@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bootconfig::Slot;
-use libupgrade::manifest::{Arch, Artifact, Manifest, Part};
+use libupgrade::manifest::{Arch, Artifact, Part};
 use libupgrade::{NoProgress, Release, Source};
 use testkit::*;
 
@@ -61,10 +61,6 @@ fn v1_v2(k: &Keys, out: &Path) -> (PathBuf, PathBuf) {
     (v1, v2)
 }
 
-fn manifest(rel: &Path) -> Manifest {
-    Manifest::parse(&std::fs::read(rel.join("manifest.json")).unwrap()).unwrap()
-}
-
 /// Slot A runs `rel`, and the node keeps its manifest (what an image builder does).
 fn run_in_a(disk: &TestDisk, rel: &Path) {
     disk.install_in_a(rel);
@@ -93,7 +89,7 @@ fn a_patched_stage_writes_v2_fetches_its_preview_and_never_writes_the_running_sl
     let k = keys();
     let rels = tempfile::tempdir().unwrap();
     let (v1, v2) = v1_v2(&k, rels.path());
-    let m2 = manifest(&v2);
+    let m2 = release_manifest(&v2);
     assert!(
         !m2.files.rootfs.patches.is_empty() && !m2.files.kernel.patches.is_empty(),
         "release create kept the rootfs and kernel patches: {:?}",
@@ -201,7 +197,7 @@ fn without_a_kept_manifest_the_base_is_proven_by_hashing_the_running_partition()
     let k = keys();
     let rels = tempfile::tempdir().unwrap();
     let (v1, v2) = v1_v2(&k, rels.path());
-    let m2 = manifest(&v2);
+    let m2 = release_manifest(&v2);
     // Slot A runs v1 (its partition larger than the image), no manifest kept.
     disk.install_in_a(&v1);
     assert!(!libupgrade::slotfiles::manifest_path(&disk.state_dir, Slot::A).exists());
@@ -256,7 +252,7 @@ fn without_a_kept_manifest_the_base_is_proven_by_hashing_the_running_partition()
 /// Replace patch `n` of artifact `a` in `rel` by `bytes` and sign the manifest again (a
 /// publisher's mistake: the signature holds, the bytes are what they are).
 fn resign_patch(k: &Keys, rel: &Path, a: Artifact, bytes: &[u8]) {
-    let mut m = manifest(rel);
+    let mut m = release_manifest(rel);
     let p = &mut m.files.get_mut(a).patches[0];
     std::fs::write(rel.join(&p.path), bytes).unwrap();
     p.size = bytes.len() as u64;
@@ -281,7 +277,7 @@ fn a_tampered_patch_writes_nothing_and_the_stage_falls_back_to_chunks() {
     let rels = tempfile::tempdir().unwrap();
     let (v1, v2) = v1_v2(&k, rels.path());
     // Tampered on the server after signing.
-    let m2 = manifest(&v2);
+    let m2 = release_manifest(&v2);
     let p = v2.join(&m2.files.rootfs.patches[0].path);
     let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
     f.write_all_at(b"EVIL", m2.files.rootfs.patches[0].size / 2)
@@ -332,7 +328,7 @@ fn a_patch_whose_output_does_not_verify_costs_only_its_bad_chunks_by_range() {
     .unwrap();
     let mut h = libupgrade::patch::read_header(&mut built.as_slice()).unwrap();
     let rest = &built[h.encoded_len() as usize..];
-    let m1 = manifest(&v1);
+    let m1 = release_manifest(&v1);
     h.base_sha256 = hex::decode(&m1.files.kernel.sha256)
         .unwrap()
         .try_into()
@@ -390,7 +386,7 @@ fn kill_9_in_the_patch_download_resumes_it_and_loses_at_most_what_was_in_flight(
     let k = keys();
     let rels = tempfile::tempdir().unwrap();
     let (v1, v2) = v1_v2(&k, rels.path());
-    let m2 = manifest(&v2);
+    let m2 = release_manifest(&v2);
     let rootfs_patch = m2.files.rootfs.patches[0].size;
     run_in_a(&disk, &v1);
     let a_before = slot_a(&disk);
