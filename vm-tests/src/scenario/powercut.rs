@@ -43,7 +43,7 @@ impl Scenario {
             })?;
         }
         let total = barriers.len() as u64;
-        let ks = sample(&barriers, self.opts.all_barriers);
+        let ks = sample(&barriers, if self.opts.all_barriers { 1 } else { 3 });
         self.note(format!(
             "upgrade has {total} barriers: {}; cutting at {ks:?}",
             fmt_barriers(&barriers)
@@ -63,8 +63,8 @@ impl Scenario {
     /// Power cuts during `confirm` on the first boot of the new slot. init takes a one-shot
     /// request from the state partition (`/var/lib/k3os-ops/barrier-request`: `announce` or
     /// `stop k`, see images/files/rootfs-init.sh), so the cut lands inside the boot-time
-    /// confirm. A dry run counts confirm's barriers; then the first and the last (every one
-    /// with `--all-barriers`) are cut.
+    /// confirm. A dry run counts confirm's barriers; then the first, the last and the payload
+    /// store's (every one with `--all-barriers`) are cut.
     fn powercut_confirm(&mut self, srv: &ReleaseServer) -> Result<()> {
         let mut node = self.node("confirm-dry-run")?;
         let mut vm = self.activated_v2(&mut node, srv, "announce", true)?;
@@ -72,7 +72,14 @@ impl Scenario {
         let barriers = self.confirm_barriers(&mut vm)?;
         drop(vm);
         let total = barriers.len() as u64;
-        let ks = ends_and_payloads(&barriers, self.opts.all_barriers);
+        let ks = sample(
+            &barriers,
+            if self.opts.all_barriers {
+                1
+            } else {
+                usize::MAX
+            },
+        );
         self.note(format!(
             "confirm has {total} barriers: {}; cutting at {ks:?}",
             fmt_barriers(&barriers)
@@ -364,32 +371,17 @@ pub fn parse_barriers(out: &str) -> Vec<(u64, String)> {
         .collect()
 }
 
-/// Barriers to cut at: all, or the first, the last, every third and every barrier of the
-/// payload store (`payload:*`), in order.
-pub fn sample(barriers: &[(u64, String)], all: bool) -> Vec<u64> {
-    let total = barriers.len() as u64;
-    let step = if all { 1 } else { 3 };
-    let mut v: Vec<u64> = (1..=total).step_by(step).collect();
-    v.extend(payload_barriers(barriers));
-    v.push(total);
-    v.retain(|&k| k >= 1);
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
-/// Barriers to cut at in a short list (the boot-time confirm's): all, or the first, the last
-/// and every barrier of the payload store, in order.
-fn ends_and_payloads(barriers: &[(u64, String)], all: bool) -> Vec<u64> {
-    if all {
-        return sample(barriers, true);
-    }
+/// Barriers to cut at, in order: the first, the last, every `every`-th from the first, and
+/// every barrier of the payload store (`payload:*`). `every` 1 is all of them; `usize::MAX`
+/// only the ends and the payload store's.
+pub fn sample(barriers: &[(u64, String)], every: usize) -> Vec<u64> {
     let total = barriers.len() as u64;
     if total == 0 {
         return Vec::new();
     }
-    let mut v = vec![1, total];
+    let mut v: Vec<u64> = (1..=total).step_by(every).collect();
     v.extend(payload_barriers(barriers));
+    v.push(total);
     v.sort_unstable();
     v.dedup();
     v
@@ -437,19 +429,20 @@ mod tests {
                 })
                 .collect()
         };
-        assert_eq!(sample(&named(10, &[]), false), vec![1, 4, 7, 10]);
-        assert_eq!(sample(&named(11, &[]), false), vec![1, 4, 7, 10, 11]);
-        assert_eq!(sample(&named(3, &[]), true), vec![1, 2, 3]);
-        assert_eq!(sample(&named(1, &[]), false), vec![1]);
-        assert!(sample(&[], true).is_empty());
+        assert_eq!(sample(&named(10, &[]), 3), vec![1, 4, 7, 10]);
+        assert_eq!(sample(&named(11, &[]), 3), vec![1, 4, 7, 10, 11]);
+        assert_eq!(sample(&named(3, &[]), 1), vec![1, 2, 3]);
+        assert_eq!(sample(&named(1, &[]), 3), vec![1]);
+        assert!(sample(&[], 1).is_empty());
         // The payload store's barriers are always cut.
         assert_eq!(
-            sample(&named(20, &[3, 12]), false),
+            sample(&named(20, &[3, 12]), 3),
             vec![1, 3, 4, 7, 10, 12, 13, 16, 19, 20]
         );
-        assert_eq!(ends_and_payloads(&named(4, &[3]), false), vec![1, 3, 4]);
-        assert_eq!(ends_and_payloads(&named(3, &[]), false), vec![1, 3]);
-        assert_eq!(ends_and_payloads(&named(1, &[]), false), vec![1]);
-        assert!(ends_and_payloads(&[], false).is_empty());
+        // Only the ends and the payload store's (the boot-time confirm's short list).
+        assert_eq!(sample(&named(4, &[3]), usize::MAX), vec![1, 3, 4]);
+        assert_eq!(sample(&named(3, &[]), usize::MAX), vec![1, 3]);
+        assert_eq!(sample(&named(1, &[]), usize::MAX), vec![1]);
+        assert!(sample(&[], usize::MAX).is_empty());
     }
 }
