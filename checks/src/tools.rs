@@ -101,6 +101,22 @@ pub const FROM_ASSETS: &[(&str, &str)] = &[
         "kube-apiserver",
         "k3os-ops/tests/cli/cluster/ runs $KUBEBUILDER_ASSETS/kube-apiserver (envtest binaries)",
     ),
+    (
+        "kube-controller-manager",
+        "the Kubernetes test binaries setup.sh installs into .cache/kube (envtest layout), run by path",
+    ),
+    (
+        "kube-scheduler",
+        "the Kubernetes test binaries setup.sh installs into .cache/kube (envtest layout), run by path",
+    ),
+    (
+        "kubectl",
+        "the v1.36 kubectl setup.sh installs into .cache/kube, run by path (Debian's is 1.20, too old)",
+    ),
+    (
+        "kubelet",
+        "setup.sh installs it into .cache/kube; it runs inside the Kubernetes test guests",
+    ),
 ];
 
 /// Whether the check judges `word` as a command run on the host from `PATH` (not one of

@@ -26,7 +26,7 @@
 //!   over a [`KubeChannelStore`]; the Lease calls [`acquire_lease`], [`node_lease_name`]; the
 //!   cordon and eviction calls [`set_unschedulable`], [`evict`]; Events [`Publisher`],
 //!   [`Note`]; the Invalid condition [`write_invalid`] over [`dynamic_api`]; the start-up
-//!   token check [`check_token_scope`], [`TokenScope`]): the `#[ignore]`d real-cluster tests
+//!   token check [`check_token_scope`], [`TokenScope`]): the real-cluster tests
 //!   (`tests/cli/cluster`) make exactly the agent's requests with each identity, to check
 //!   what the RBAC rules and admission policies in `deploy/` let through.
 //!

@@ -1,18 +1,15 @@
-//! Tests against a real Kubernetes API server (`#[ignore]`d: none is installable from the
-//! package sources, one is built from source as ../shared/notes/environment.md says; CI keeps
-//! the mock, fake-API and race tests). Either point
-//! KUBEBUILDER_ASSETS at a directory with `kube-apiserver` and `etcd` (controller-runtime's
-//! setup-envtest layout: the tests start both on 127.0.0.1, RBAC on) or KUBECONFIG at a
-//! disposable cluster (k3s, kind, k3d):
+//! Tests against a real Kubernetes API server: the kube-apiserver and etcd that
+//! `scripts/setup.sh` installs (started on 127.0.0.1, RBAC on, by `support`), or another
+//! envtest directory in KUBEBUILDER_ASSETS, or KUBECONFIG's disposable cluster (k3s, kind, k3d):
 //!
 //! ```sh
-//! KUBEBUILDER_ASSETS=/path/to/bin cargo test -p k3os-ops --test cli cluster::agent_cluster:: -- --ignored --test-threads=1
-//! KUBECONFIG=~/.kube/config cargo test -p k3os-ops --test cli cluster::agent_cluster:: -- --ignored --test-threads=1
+//! cargo test -p k3os-ops --test cli cluster::agent_cluster::
+//! KUBECONFIG=~/.kube/config cargo test -p k3os-ops --test cli cluster::agent_cluster::
 //! ```
 //!
 //! They install the UpdateChannel CRD (server-side apply), work in a fresh namespace
-//! `k3os-agent-test-<random>` that they delete afterwards, and need cluster-admin. With
-//! neither variable they fail saying what to set. `cluster_agent_service_account_is_enough` runs
+//! `k3os-agent-test-<random>` that they delete afterwards, and need cluster-admin. Without
+//! any of them they fail saying what to run. `cluster_agent_service_account_is_enough` runs
 //! every kind of request the agent makes under a token of deploy/rbac.yaml's ServiceAccount.
 //! The fleet of three agents with simulated reboots and a PDB runs against the fake API in CI
 //! (tests/agent_fleet.rs); three agent *processes* against the real server are
@@ -85,8 +82,8 @@ async fn teardown(client: &Client, ns: &str) {
 /// withdrawn and held targets) with the conditions `WaitingForWave` and `ReleaseWithdrawn`,
 /// written through the status subresource as the poller writes them.
 #[tokio::test]
-#[ignore = "needs an API server: KUBEBUILDER_ASSETS or KUBECONFIG"]
 async fn cluster_keeps_the_fleet_rollout_fields() {
+    let _turn = cluster_support::exclusive().await;
     let client = client().await;
     let ns = setup(&client, 1).await;
     let chans: Api<UpdateChannel> = Api::namespaced(client.clone(), &ns);
@@ -145,8 +142,8 @@ async fn cluster_keeps_the_fleet_rollout_fields() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs an API server: KUBEBUILDER_ASSETS or KUBECONFIG"]
 async fn cluster_twenty_concurrent_claims_respect_concurrency() {
+    let _turn = cluster_support::exclusive().await;
     let client = client().await;
     let ns = setup(&client, 2).await;
     let mut tasks = Vec::new();
@@ -177,8 +174,8 @@ async fn cluster_twenty_concurrent_claims_respect_concurrency() {
 }
 
 #[tokio::test]
-#[ignore = "needs an API server: KUBEBUILDER_ASSETS or KUBECONFIG"]
 async fn cluster_stale_resource_version_is_a_conflict() {
+    let _turn = cluster_support::exclusive().await;
     let client = client().await;
     let ns = setup(&client, 1).await;
     let store = KubeChannelStore::new(client.clone(), &ns, "stable");
@@ -194,8 +191,8 @@ async fn cluster_stale_resource_version_is_a_conflict() {
 }
 
 #[tokio::test]
-#[ignore = "needs an API server: KUBEBUILDER_ASSETS or KUBECONFIG"]
 async fn cluster_slot_of_a_missing_node_is_reclaimed() {
+    let _turn = cluster_support::exclusive().await;
     let client = client().await;
     let ns = setup(&client, 1).await;
     let store = KubeChannelStore::new(client.clone(), &ns, "stable");
@@ -225,8 +222,8 @@ async fn cluster_slot_of_a_missing_node_is_reclaimed() {
 /// The CRD's schema makes the server refuse what the agent would refuse (bounds, duration patterns and the CEL rules, which only a real server evaluates), and
 /// accepts a full valid spec.
 #[tokio::test]
-#[ignore = "needs an API server: KUBEBUILDER_ASSETS or KUBECONFIG"]
 async fn cluster_schema_refuses_invalid_specs() {
+    let _turn = cluster_support::exclusive().await;
     use kube::api::{ApiResource, DynamicObject};
     let client = client().await;
     let ns = setup(&client, 1).await;
@@ -442,8 +439,8 @@ async fn cluster_schema_refuses_invalid_specs() {
 /// be forbidden. And the least privilege holds: the
 /// same token cannot write a channel's spec.
 #[tokio::test]
-#[ignore = "needs an API server: KUBEBUILDER_ASSETS or KUBECONFIG"]
 async fn cluster_agent_service_account_is_enough() {
+    let _turn = cluster_support::exclusive().await;
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, ServiceAccount};
     const NS: &str = "k3os-system";

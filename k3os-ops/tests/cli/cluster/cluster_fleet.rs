@@ -14,11 +14,11 @@
 //! bare API server has no kubelet, scheduler or controllers, so no pods run: drains evict
 //! nothing (the fake-API fleet test, agent_fleet.rs, covers pods and PodDisruptionBudgets).
 //!
-//! `#[ignore]`d like agent_cluster.rs; needs `KUBEBUILDER_ASSETS` (a bare API server, not a
-//! cluster with kubelets that would fight over the simulated Nodes):
+//! Needs a bare API server the test starts itself (setup.sh's binaries or KUBEBUILDER_ASSETS),
+//! not KUBECONFIG's cluster, whose kubelets would fight over the simulated Nodes:
 //!
 //! ```sh
-//! KUBEBUILDER_ASSETS=/path/to/bin cargo test -p k3os-ops --test cli cluster::cluster_fleet:: -- --ignored --test-threads=1
+//! cargo test -p k3os-ops --test cli cluster::cluster_fleet::
 //! ```
 
 use super::support as cluster_support;
@@ -252,9 +252,11 @@ impl Fleet {
     /// `unassessed`: the first host's init never ran `slot confirm` on this boot.
     async fn start(spec: serde_json::Value, health_check: Option<&str>, unassessed: bool) -> Fleet {
         assert!(
-            std::env::var_os("KUBEBUILDER_ASSETS").is_some(),
-            "cluster_fleet needs KUBEBUILDER_ASSETS (a bare kube-apiserver + etcd): its Nodes \
-             are simulated, and a cluster's kubelets would fight over them"
+            std::env::var_os("KUBECONFIG").is_none()
+                && cluster_support::bare_server_assets().is_some(),
+            "cluster_fleet needs a bare kube-apiserver + etcd it starts itself (scripts/setup.sh \
+             installs them; or KUBEBUILDER_ASSETS), and no KUBECONFIG: its Nodes are simulated, \
+             and a cluster's kubelets would fight over them"
         );
         let admin = cluster_support::client().await;
         cluster_support::apply_manifest(&admin, "namespace.yaml").await;
@@ -505,8 +507,8 @@ fn on_v2(h: &Host) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver + etcd)"]
 async fn three_agent_processes_roll_v2_out_one_node_at_a_time() {
+    let _turn = cluster_support::exclusive().await;
     let mut f = Fleet::start(
         json!({"concurrency": 1, "rebootTimeout": "60s", "maxFailures": 1}),
         None,
@@ -554,8 +556,8 @@ async fn three_agent_processes_roll_v2_out_one_node_at_a_time() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver + etcd)"]
 async fn a_failed_health_check_is_reported_as_such_and_pauses_the_channel() {
+    let _turn = cluster_support::exclusive().await;
     let check = "#!/bin/sh\nif grep -q '^VERSION=v2' RELEASE; then echo 'app: cannot open its database on v2'; exit 1; fi\n";
     let mut f = Fleet::start(
         json!({"concurrency": 1, "rebootTimeout": "60s", "maxFailures": 1}),
@@ -617,8 +619,8 @@ async fn a_failed_health_check_is_reported_as_such_and_pauses_the_channel() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver + etcd)"]
 async fn a_boot_nobody_assessed_is_reported_once_and_waited_out() {
+    let _turn = cluster_support::exclusive().await;
     use k3os_ops::agent::testing::COND_BOOT_ASSESSED;
     let mut f = Fleet::start(
         json!({"concurrency": 1, "rebootTimeout": "60s", "maxFailures": 1, "paused": true}),

@@ -1,8 +1,7 @@
-//! deploy/node-scope.yaml on a real kube-apiserver (`#[ignore]`d like agent_cluster.rs; needs
-//! `KUBEBUILDER_ASSETS` with a kube-apiserver >= 1.30, or KUBECONFIG):
+//! deploy/node-scope.yaml on a real kube-apiserver (>= 1.30; the server of agent_cluster.rs):
 //!
 //! ```sh
-//! KUBEBUILDER_ASSETS=/path/to/bin cargo test -p k3os-ops --test cli cluster::cluster_scope:: -- --ignored --test-threads=1
+//! cargo test -p k3os-ops --test cli cluster::cluster_scope::
 //! ```
 //!
 //! What a root user on node A can do with the token the kubelet projects into the agent pod
@@ -172,8 +171,8 @@ async fn patch_node(c: &Client, node: &str, patch: &Value, status: bool) -> Verd
 }
 
 #[tokio::test]
-#[ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver >= 1.30 + etcd) or KUBECONFIG"]
 async fn a_node_writes_only_its_own_node() {
+    let _turn = cluster_support::exclusive().await;
     let w = world().await;
     // What the agent writes to its own Node (annotations, cordon, its condition) goes through;
     // labels, taints, addresses and the kubelet's conditions stay the kubelet's and the
@@ -232,8 +231,8 @@ async fn a_node_writes_only_its_own_node() {
 }
 
 #[tokio::test]
-#[ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver >= 1.30 + etcd) or KUBECONFIG"]
 async fn a_reclaim_only_undoes_the_cordon_the_dead_holders_agent_made() {
+    let _turn = cluster_support::exclusive().await;
     let w = world().await;
     let store = KubeChannelStore::new(w.agent_a.clone(), NS, &w.channel);
     // B cordoned by an admin (no mark of its agent): not A's to undo.
@@ -327,8 +326,8 @@ fn slot(node: &str, phase: &str) -> Value {
 }
 
 #[tokio::test]
-#[ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver >= 1.30 + etcd) or KUBECONFIG"]
 async fn a_node_writes_only_its_own_slot() {
+    let _turn = cluster_support::exclusive().await;
     let w = world().await;
     let store = KubeChannelStore::new(w.agent_a.clone(), NS, &w.channel);
     let (a, b) = (w.a.clone(), w.b.clone());
@@ -394,8 +393,8 @@ async fn a_node_writes_only_its_own_slot() {
 }
 
 #[tokio::test]
-#[ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver >= 1.30 + etcd) or KUBECONFIG"]
 async fn a_node_writes_only_its_own_lease_and_the_role_leases_as_itself() {
+    let _turn = cluster_support::exclusive().await;
     let w = world().await;
     let leases: Api<Lease> = Api::namespaced(w.agent_a.clone(), NS);
     let admin_leases: Api<Lease> = Api::namespaced(w.admin.clone(), NS);
@@ -475,8 +474,8 @@ fn node_ref(node: &str) -> ObjectReference {
 }
 
 #[tokio::test]
-#[ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver >= 1.30 + etcd) or KUBECONFIG"]
 async fn a_node_reports_events_only_about_itself() {
+    let _turn = cluster_support::exclusive().await;
     let w = world().await;
     let publisher = agent::testing::Publisher::new(w.agent_a.clone(), &w.a);
     let note = agent::testing::Note {
@@ -522,8 +521,8 @@ async fn a_node_reports_events_only_about_itself() {
 }
 
 #[tokio::test]
-#[ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver >= 1.30 + etcd) or KUBECONFIG"]
 async fn a_token_without_a_node_name_is_refused_and_said_so() {
+    let _turn = cluster_support::exclusive().await;
     let w = world().await;
     let plain = cluster_support::agent_token(&w.admin).await;
     let c = cluster_support::client_with_token(&plain).await;

@@ -1,8 +1,8 @@
-//! The tests that need a real API server (`#[ignore]`d; run them with `KUBEBUILDER_ASSETS`
-//! pointing at a kube-apiserver and etcd, see [`support`]): the agent's requests under
+//! The tests that need a real API server (kube-apiserver v1.36 and etcd, which
+//! `scripts/setup.sh` installs and [`support`] starts; part of `just test`): the agent's requests under
 //! deploy/rbac.yaml (`agent_cluster`), three agent processes rolling a release out
 //! (`cluster_fleet`), and the node-scoped admission policies (`cluster_scope`). Run them with
-//! `cargo test -p k3os-ops --test cli cluster:: -- --ignored --test-threads 1`.
+//! `cargo test -p k3os-ops --test cli cluster::`; they take turns ([`support::exclusive`]).
 
 mod support;
 

@@ -1,11 +1,12 @@
-//! A real Kubernetes API server for the `#[ignore]`d cluster tests (`agent_cluster`,
-//! `cluster_fleet`): KUBECONFIG's cluster, or etcd + kube-apiserver started on 127.0.0.1 from
-//! `$KUBEBUILDER_ASSETS` (controller-runtime's setup-envtest layout), RBAC on, as
-//! `system:masters`; with neither variable the tests fail saying what to set. Also: the CRD
-//! installed by server-side apply, and deploy/ manifests applied the way `kubectl apply
-//! --server-side` would.
-#![allow(dead_code)]
-
+//! A real Kubernetes API server for the cluster tests (`agent_cluster`, `cluster_fleet`,
+//! `cluster_scope`): KUBECONFIG's cluster, or etcd + kube-apiserver started on 127.0.0.1 from
+//! `$KUBEBUILDER_ASSETS` (controller-runtime's setup-envtest layout), else from where
+//! `scripts/setup.sh` installs them ([`SETUP_ASSETS`]); RBAC on, as `system:masters`. With none
+//! of them the tests fail saying what to run. Also: the CRD installed by server-side apply, and
+//! deploy/ manifests applied the way `kubectl apply --server-side` would.
+//!
+//! The tests share one API server and deploy/'s fixed namespace, so each holds [`exclusive`]
+//! for its whole run: they take turns while the rest of the test binary runs beside them.
 use std::time::Duration;
 
 use k3os_ops::agent::testing::crd::UpdateChannel;
@@ -26,14 +27,42 @@ pub async fn admin_config() -> kube::Config {
             .await
             .expect("connect with KUBECONFIG");
     }
-    if let Some(assets) = std::env::var_os("KUBEBUILDER_ASSETS") {
-        return envtest::config(std::path::Path::new(&assets)).await;
+    if let Some(assets) = bare_server_assets() {
+        return envtest::config(&assets).await;
     }
+    let installed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(SETUP_ASSETS);
     panic!(
-        "these tests need an API server: set KUBEBUILDER_ASSETS to a directory holding \
-         kube-apiserver and etcd (controller-runtime's setup-envtest layout; the tests start them \
-         on 127.0.0.1 with RBAC on), or KUBECONFIG to a disposable cluster with cluster-admin"
+        "these tests need an API server, and {} has no kube-apiserver: run `bash \
+         scripts/setup.sh` (it installs Kubernetes there with etcd), or set KUBEBUILDER_ASSETS to \
+         a directory holding kube-apiserver and etcd (controller-runtime's setup-envtest layout; \
+         the tests start them on 127.0.0.1 with RBAC on), or KUBECONFIG to a disposable cluster \
+         with cluster-admin",
+        installed.display()
     );
+}
+
+/// Where `scripts/setup.sh` installs the Kubernetes test binaries and links etcd, relative to
+/// this crate (envtest's layout).
+pub const SETUP_ASSETS: &str = "../.cache/kube/v1.36.2/linux-amd64";
+
+/// The binaries of a bare API server this process starts itself: `$KUBEBUILDER_ASSETS`, else
+/// [`SETUP_ASSETS`] when setup.sh installed them; `None` when neither is there.
+pub fn bare_server_assets() -> Option<std::path::PathBuf> {
+    if let Some(assets) = std::env::var_os("KUBEBUILDER_ASSETS") {
+        return Some(assets.into());
+    }
+    let installed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(SETUP_ASSETS);
+    installed
+        .join("kube-apiserver")
+        .is_file()
+        .then_some(installed)
+}
+
+/// Held by every cluster test for its whole run (see the module docs). A test that fails
+/// releases it as it unwinds: tokio's mutex is not poisoned.
+pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
 }
 
 /// A throw-away etcd + kube-apiserver on 127.0.0.1 from `$KUBEBUILDER_ASSETS` (started once
