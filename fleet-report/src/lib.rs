@@ -29,6 +29,11 @@
 //! unknown fields, a newer format (naming both numbers), malformed names and keys, and a
 //! signature that is not the named node's over those bytes.
 //!
+//! # Failure bundles
+//! A [`Bundle`] is the evidence of one failed attempt (health check output, log tails, the
+//! slot's decisions), sealed with the same node key and read with the same rules: see
+//! `bundle`'s module docs for its envelope and limits ([`open_bundle`], [`Bundle::seal`]).
+//!
 //! # Enrolment: an allow-list of node keys
 //! A collector stores a report only from a node key the publisher enrolled for a site
 //! ([`AllowList`]: lines of `<node id> <site>`). Chosen over the alternatives because the
@@ -46,9 +51,16 @@
 #![warn(missing_docs)]
 
 mod allow;
+mod bundle;
 mod report;
 mod wire;
 
 pub use allow::{AllowList, AllowListError, Refusal};
+#[cfg(feature = "fuzzing")]
+pub use bundle::seal_body_for_fuzzing;
+pub use bundle::{
+    open as open_bundle, Bundle, BundleError, Failure, Opened, Section, BUNDLE_FORMAT,
+    MAX_BUNDLE_BYTES, MAX_INFLATED_BYTES,
+};
 pub use report::{NodeId, Outcome, Report, Transfer, WaitFor, FORMAT};
 pub use wire::{parse, ReportError, Verified, MAX_REPORT_BYTES};

@@ -427,6 +427,38 @@ fn patches() {
     seed("patch", "squashfs-ops", &out);
 }
 
+/// A sealed failure bundle by the fixture key (`bundle`), one cut to fit, and a raw
+/// deflate body the target seals itself.
+fn bundles() {
+    use fleet_report::{Bundle, Failure, NodeId, Section, BUNDLE_FORMAT};
+    let key = ed25519_dalek::SigningKey::from_bytes(&k3os_fuzz::SIGNING_SEED);
+    let mut b = Bundle {
+        format: BUNDLE_FORMAT,
+        node: NodeId::of(&key.verifying_key()),
+        version: "v2".into(),
+        generation: 2,
+        attempt: 1,
+        slot: "B".into(),
+        time: "2026-12-07T04:00:00Z".into(),
+        failure: Failure::HealthCheck,
+        why: "health check 20-kubelet failed".into(),
+        versions: "k3os-ops=0.2.0\n".into(),
+        redacted: 1,
+        sections: vec![Section {
+            name: "health/20-kubelet".into(),
+            text: "kubelet: failed to load config: [REDACTED]\n".into(),
+            cut_bytes: 0,
+        }],
+    };
+    seed("bundle", "health-check", &b.seal(&key).unwrap());
+    b.sections.push(Section {
+        name: "log/kernel".into(),
+        text: (0..20_000).map(|i| format!("[{i:>8}] line {:x}\n", i * 7919)).collect(),
+        cut_bytes: 0,
+    });
+    seed("bundle", "cut-to-fit", &b.seal(&key).unwrap());
+}
+
 /// Signed reports of every outcome by the fixture key (`report`), and an allow-list.
 fn reports() {
     use fleet_report::{NodeId, Outcome, Report, Transfer, WaitFor};
@@ -484,6 +516,7 @@ fn main() {
     states();
     patches();
     reports();
+    bundles();
     image_archives();
     println!("seeds written to {}", root().display());
 }

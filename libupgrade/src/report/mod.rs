@@ -19,6 +19,7 @@
 
 mod key;
 pub(crate) mod outcome;
+mod redact;
 mod send;
 mod spool;
 
@@ -27,6 +28,9 @@ use std::path::{Path, PathBuf};
 use fleet_report::{NodeId, Report};
 
 pub use key::KEY_FILE;
+pub use redact::{
+    RedactError, Redactor, Rule as RedactRule, DEFAULT_RULES as DEFAULT_REDACT_RULES,
+};
 pub use send::{ReportsSent, CONTENT_TYPE};
 pub use spool::{Limits, SPOOL_DIR};
 
