@@ -69,7 +69,8 @@ pub fn marked_blocks(text: &str) -> Result<Vec<Block>, GuideError> {
 /// what the page claims about their output or effects.
 const CHECKS: &[&str] = &["grep -q", "test ", "[ ", "cmp ", "diff "];
 
-/// Whether a block checks something (see [`CHECKS`]).
+/// Whether a block checks something: holds `grep -q`, `test`, `[ … ]`, `cmp` or `diff` outside
+/// a comment.
 pub fn asserts(script: &str) -> bool {
     script
         .lines()
