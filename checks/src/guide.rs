@@ -78,24 +78,60 @@ pub fn asserts(script: &str) -> bool {
         .any(|l| CHECKS.iter().any(|c| l.contains(c)))
 }
 
-/// The relative link targets of a Markdown text with their 1-based lines: every `](target)`
-/// that is not a URL (`scheme:`) or a bare `#anchor`, without its `#anchor` part.
-pub fn relative_links(text: &str) -> Vec<(usize, String)> {
+/// One relative link of a Markdown text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    /// The 1-based line it is on.
+    pub line: usize,
+    /// The file it names, relative to the page; empty for a link into the page itself.
+    pub path: String,
+    /// The `#anchor` part, if any.
+    pub anchor: Option<String>,
+}
+
+/// The relative links of a Markdown text: every `](target)` that is not a URL (`scheme:`).
+pub fn relative_links(text: &str) -> Vec<Link> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let mut rest = line;
         while let Some(at) = rest.find("](") {
             rest = &rest[at + 2..];
             let Some(end) = rest.find(')') else { break };
-            let target = rest[..end].split('#').next().unwrap_or("");
-            let url = target.contains(':');
-            if !target.is_empty() && !url && !target.contains(' ') {
-                out.push((i + 1, target.to_string()));
+            let target = &rest[..end];
+            if !target.is_empty() && !target.contains(':') && !target.contains(' ') {
+                let (path, anchor) = match target.split_once('#') {
+                    Some((p, a)) => (p, Some(a.to_string())),
+                    None => (target, None),
+                };
+                out.push(Link {
+                    line: i + 1,
+                    path: path.to_string(),
+                    anchor,
+                });
             }
             rest = &rest[end..];
         }
     }
     out
+}
+
+/// The anchors GitHub makes of a Markdown text's headings: lower case, characters other than
+/// letters, digits, `-`, `_` and spaces dropped, spaces as `-`. Lines that look like headings
+/// inside code blocks count too (a link to one is still caught when nothing matches).
+pub fn heading_anchors(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| {
+            let t = l.trim_start_matches('#');
+            (t.len() < l.len() && t.starts_with(' ')).then_some(t.trim())
+        })
+        .map(|h| {
+            h.to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect()
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -132,12 +168,30 @@ mod tests {
     }
 
     #[test]
-    fn relative_links_skip_urls_and_anchors() {
+    fn relative_links_skip_urls_and_keep_anchors() {
         let text = "[a](docs/x.md#y) and [b](https://e.org/z) [c](#here)\n\n[d](../e.md)";
+        let link = |line, path: &str, anchor: Option<&str>| Link {
+            line,
+            path: path.into(),
+            anchor: anchor.map(String::from),
+        };
         assert_eq!(
             relative_links(text),
-            vec![(1, "docs/x.md".to_string()), (3, "../e.md".to_string())]
+            vec![
+                link(1, "docs/x.md", Some("y")),
+                link(1, "", Some("here")),
+                link(3, "../e.md", None)
+            ]
         );
+    }
+
+    #[test]
+    fn heading_anchors_are_githubs() {
+        let a = heading_anchors(
+            "# Top\n## Node: the state partition (`state_dir`)\n#no\n### 1. What it is\n",
+        );
+        let want = ["top", "node-the-state-partition-state_dir", "1-what-it-is"];
+        assert_eq!(a, want.iter().map(|s| s.to_string()).collect());
     }
 
     #[test]

@@ -192,7 +192,8 @@ fn the_cli_reference_is_the_binarys_help() {
     );
 }
 
-/// Every relative link of README.md and docs/ names a file or directory of the repository.
+/// Every relative link of README.md, CHANGELOG.md and docs/ names a file or directory of the
+/// repository, and its `#anchor`, if any, a heading of that file.
 #[test]
 fn every_relative_link_of_the_docs_resolves() {
     let mut pages = vec![repo().join("README.md"), repo().join("CHANGELOG.md")];
@@ -210,14 +211,25 @@ fn every_relative_link_of_the_docs_resolves() {
     let mut broken = Vec::new();
     for page in &pages {
         let text = fs::read_to_string(page).unwrap();
-        for (line, target) in checks::guide::relative_links(&text) {
-            if !page.parent().unwrap().join(&target).exists() {
-                let name = page
-                    .strip_prefix(repo())
-                    .unwrap_or(page)
-                    .display()
-                    .to_string();
-                broken.push(format!("{name}:{line}: {target} does not exist"));
+        let name = page
+            .strip_prefix(repo())
+            .unwrap_or(page)
+            .display()
+            .to_string();
+        for link in checks::guide::relative_links(&text) {
+            let target = page.parent().unwrap().join(&link.path);
+            let shown = format!("{name}:{}: {}", link.line, link.path);
+            if !target.exists() {
+                broken.push(format!("{shown} does not exist"));
+                continue;
+            }
+            let Some(anchor) = &link.anchor else { continue };
+            let file = if link.path.is_empty() { page } else { &target };
+            let Ok(linked) = fs::read_to_string(file) else {
+                continue;
+            };
+            if !checks::guide::heading_anchors(&linked).contains(anchor) {
+                broken.push(format!("{shown}#{anchor}: no such heading"));
             }
         }
     }
