@@ -235,3 +235,56 @@ fn every_relative_link_of_the_docs_resolves() {
     }
     assert!(broken.is_empty(), "\n{}\n", broken.join("\n"));
 }
+
+/// The field paths of an OpenAPI schema object, as docs/reference/crd.md writes them
+/// (`spec.stage.windows[].start`).
+fn schema_paths(schema: &serde_yaml::Value, prefix: &str, out: &mut Vec<String>) {
+    let Some(props) = schema.get("properties").and_then(|p| p.as_mapping()) else {
+        return;
+    };
+    for (name, sub) in props {
+        let path = format!("{prefix}{}", name.as_str().unwrap_or_default());
+        out.push(path.clone());
+        match sub.get("type").and_then(|t| t.as_str()) {
+            Some("object") => schema_paths(sub, &format!("{path}."), out),
+            Some("array") => {
+                if let Some(items) = sub.get("items") {
+                    schema_paths(items, &format!("{path}[]."), out);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// docs/reference/crd.md names every field of the UpdateChannel's schema (deploy/crd.yaml,
+/// which another test keeps equal to the types).
+#[test]
+fn the_crd_reference_names_every_field() {
+    let yaml = fs::read_to_string(repo().join("k3os-ops/deploy/crd.yaml")).unwrap();
+    let crd: serde_yaml::Value = yaml
+        .split("\n---\n")
+        .filter_map(|d| serde_yaml::from_str(d).ok())
+        .find(|d: &serde_yaml::Value| {
+            d.get("kind").and_then(|k| k.as_str()) == Some("CustomResourceDefinition")
+        })
+        .expect("a CustomResourceDefinition in k3os-ops/deploy/crd.yaml");
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
+    let mut paths = Vec::new();
+    schema_paths(&schema["spec"], "spec.", &mut paths);
+    schema_paths(&schema["status"], "status.", &mut paths);
+    assert!(
+        paths.len() > 40,
+        "only {} fields read from crd.yaml",
+        paths.len()
+    );
+    let doc = fs::read_to_string(repo().join("docs/reference/crd.md")).unwrap();
+    let missing: Vec<&String> = paths
+        .iter()
+        .filter(|p| !doc.contains(&format!("`{p}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/reference/crd.md does not name these UpdateChannel fields of crd.yaml: {missing:?}"
+    );
+}
