@@ -1,4 +1,5 @@
-//! Checks that keep a fresh clone working on a fresh Debian 12 machine.
+//! Checks that keep a fresh clone working on a fresh Debian 12 machine, and keep the guide in
+//! `docs/guide/` true: its marked shell blocks run against the built binary ([`guide`]).
 //!
 //! CI runs on the developer's machine, where a package installed by hand hides a missing
 //! install step (it happened: `grub-emu` was never installed by `scripts/setup.sh`, and
@@ -17,4 +18,5 @@
 //! `kube-apiserver` from `$KUBEBUILDER_ASSETS`), go into [`tools::FROM_ASSETS`]: whether a
 //! package of that name is installed here must not change the verdict.
 
+pub mod guide;
 pub mod tools;

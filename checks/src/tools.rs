@@ -166,6 +166,20 @@ pub fn words_of_rust(text: &str) -> Vec<(String, usize)> {
 }
 
 /// The words of a shell script or justfile that could be a command name (comments dropped).
+/// The words of a guide page's marked shell blocks, which CI runs (`crate::guide`), with
+/// their lines in the page; a page that cannot be read has none (the guide's test says why).
+pub fn words_of_guide(text: &str) -> Vec<(String, usize)> {
+    let blocks = crate::guide::marked_blocks(text).unwrap_or_default();
+    blocks
+        .iter()
+        .flat_map(|b| {
+            words_of_shell(&b.script)
+                .into_iter()
+                .map(move |(w, line)| (w, b.line + line))
+        })
+        .collect()
+}
+
 pub fn words_of_shell(text: &str) -> Vec<(String, usize)> {
     let split = Regex::new(r#"[\s;|&()<>`'"={}\[\]$,:]+"#).expect("static regex");
     let word = word_re();
@@ -282,6 +296,8 @@ pub fn scan(repo: &Path) -> Result<BTreeMap<String, Use>, String> {
             words_of_rust
         } else if rel.ends_with(".sh") || name == "justfile" || rel == ".ci/run" {
             words_of_shell
+        } else if rel.starts_with("docs/guide/") && rel.ends_with(".md") {
+            words_of_guide
         } else {
             continue;
         };

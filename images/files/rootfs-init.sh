@@ -2,8 +2,8 @@
 # /sbin/init of the test rootfs (busybox sh as PID 1).
 #
 # Mounts the kernel filesystems, /boot (PARTLABEL=boot) and the state partition
-# (PARTLABEL=state at /var/lib/k3os-ops), picks the k3os-ops config matching the bootloader
-# installed on /boot, prints K3OS-BOOTED, confirms the slot (K3OS-CONFIRM ok|failed|pending; pending:
+# (PARTLABEL=state at /var/lib/k3os-ops), writes the k3os-ops config of this boot (`k3os-node-config`:
+# the one matching the bootloader installed on /boot), prints K3OS-BOOTED, confirms the slot (K3OS-CONFIRM ok|failed|pending; pending:
 # the activation awaits the agent's Node-Ready, `slot await-bless` runs in the background; on failure
 # k3os-ops has already rolled back, init prints K3OS-ROLLBACK and reboots), brings up eth0,
 # starts the workload (httpd on :80 serving "alive"), prints K3OS-READY and runs a root shell on
@@ -71,15 +71,12 @@ mountlabel boot /boot
 mkdir -p /var/lib/k3os-ops
 mountlabel state /var/lib/k3os-ops
 
-if [ -d /boot/syslinux ]; then
-    export K3OS_OPS_CONFIG=/etc/k3os-ops/config.syslinux.toml
-else
-    export K3OS_OPS_CONFIG=/etc/k3os-ops/config.grub.toml
-fi
+# This boot's config (the loader's, plus the report keys a scenario put on the state partition:
+# the test OS reports nowhere otherwise); /etc/k3os-ops/config.toml links to it, for tools
+# started without the variable.
+K3OS_OPS_CONFIG=$(k3os-node-config) || echo "k3os-init: k3os-node-config failed"
+export K3OS_OPS_CONFIG
 echo "export K3OS_OPS_CONFIG=$K3OS_OPS_CONFIG" >/run/k3os-ops.env
-# /etc/k3os-ops/config.toml links here, for tools started without the variable.
-mkdir -p /run/k3os-ops
-ln -sf "$K3OS_OPS_CONFIG" /run/k3os-ops/config.toml
 
 echo "K3OS-BOOTED slot=$slot version=$version"
 

@@ -219,6 +219,7 @@ impl ReleaseBuilder {
             .param("init", rootfs::INIT)
             .param("udhcpc", rootfs::UDHCPC_SCRIPT)
             .param("profile", rootfs::PROFILE)
+            .param("node-config", rootfs::NODE_CONFIG_SCRIPT)
             .param("config", rootfs::node_config("grub", GRUB_TRIES))
             .param("app", format!("{} {}", rootfs::APP_FILE, rootfs::APP_BYTES))
             .param("mksquashfs", rootfs::MKSQUASHFS_OPTS.join(" "))

@@ -18,21 +18,34 @@ pub const INIT: &str = include_str!("../files/rootfs-init.sh");
 pub const UDHCPC_SCRIPT: &str = include_str!("../files/udhcpc.script");
 pub const PROFILE: &str = include_str!("../files/profile");
 
-/// Where every test node reports its outcomes: a fixed guest-side address that vm-tests
-/// forwards, per VM, to the host port of that VM's own collector (QEMU user networking's
-/// `guestfwd`, `vm-tests/src/target/mod.rs`). The config is on the read-only root and the
-/// boot-time confirm reads it, so the address cannot name a host port chosen at run time.
+/// `/sbin/k3os-node-config`: writes each boot's node config from the loader's and the report
+/// keys a scenario put on the state partition ([`REPORT_TO`]).
+pub const NODE_CONFIG_SCRIPT: &str = include_str!("../files/node-config.sh");
+
+/// Where a test node reports its outcomes once a scenario turns reporting on: a fixed
+/// guest-side address that vm-tests forwards, per VM, to the host port of that VM's own
+/// collector (QEMU user networking's `guestfwd`, `vm-tests/src/target/mod.rs`). The boot-time
+/// confirm reads the config before the harness could tell the guest anything, so the address
+/// cannot name a host port chosen at run time.
 pub const REPORT_URL: &str = "http://10.0.2.100/v1/reports";
-/// The site every test node reports as (the `report-spool` scenario enrols it).
+/// The site a test node reports as (the `report-spool` scenario enrols it).
 pub const REPORT_SITE: &str = "vm-site";
+/// The file on the state partition whose lines [`NODE_CONFIG_SCRIPT`] puts before the loader's
+/// config: absent (every disk as built), the test OS reports nowhere, so a scenario or the demo
+/// without a collector sends nothing; `report-spool` writes [`report_keys`] there.
+pub const REPORT_TO: &str = "/var/lib/k3os-ops/report-to.toml";
+
+/// The config lines that turn reporting on (to [`REPORT_URL`] as [`REPORT_SITE`]), for
+/// [`REPORT_TO`]: top-level keys, so they go before the config's `[layout]` table.
+pub fn report_keys() -> String {
+    format!("report_url = \"{REPORT_URL}\"\nreport_site = \"{REPORT_SITE}\"\n")
+}
 
 /// The node configuration (`/etc/k3os-ops/config.<loader>.toml`) libupgrade reads.
 pub fn node_config(bootloader: &str, tries: u8) -> String {
     format!(
         "bootloader = \"{bootloader}\"\n\
          tries = {tries}\n\
-         report_url = \"{REPORT_URL}\"\n\
-         report_site = \"{REPORT_SITE}\"\n\
          state_dir = \"/var/lib/k3os-ops\"\n\
          trust_dir = \"/etc/k3os-ops/trust.d\"\n\
          health_dir = \"/etc/k3os-ops/health.d\"\n\
@@ -145,6 +158,11 @@ pub fn populate(
         0o755,
     )?;
     write(&dir.join("sbin/init"), INIT, 0o755)?;
+    write(
+        &dir.join("sbin/k3os-node-config"),
+        NODE_CONFIG_SCRIPT,
+        0o755,
+    )?;
     write(&dir.join("etc/udhcpc/default.script"), UDHCPC_SCRIPT, 0o755)?;
     write(&dir.join("etc/profile"), PROFILE, 0o644)?;
     write(
@@ -176,7 +194,7 @@ fn node_files(dir: &Path, trust: &NodeTrust, spec: &ReleaseSpec) -> Result<()> {
         node_config("syslinux", 1),
         0o644,
     )?;
-    // Tools run without K3OS_OPS_CONFIG get the one init chose for this boot.
+    // Tools run without K3OS_OPS_CONFIG get the one init wrote for this boot.
     link("/run/k3os-ops/config.toml", &ops.join("config.toml"))?;
     let key_name = trust_pub
         .file_name()
@@ -332,8 +350,16 @@ mod tests {
             assert_eq!(c.tries, tries);
             assert_eq!(c.trust_dir, Path::new("/etc/k3os-ops/trust.d"));
             assert_eq!(c.layout.boot_dir(), Path::new("/boot"));
+            assert_eq!(
+                c.report_url, None,
+                "the test OS reports nowhere unless asked"
+            );
+            // What k3os-node-config writes once a scenario put the report keys in place.
+            let reporting = format!("{}{}", report_keys(), node_config(loader, tries));
+            let c = libupgrade::Config::parse(&reporting).unwrap();
             assert_eq!(c.report_url.as_deref(), Some(REPORT_URL));
             assert_eq!(c.report_site.as_deref(), Some(REPORT_SITE));
+            assert_eq!(c.layout.boot_dir(), Path::new("/boot"));
         }
     }
 

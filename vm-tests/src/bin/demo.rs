@@ -53,7 +53,8 @@ fn main() -> anyhow::Result<()> {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         Ok(l.local_addr()?.port())
     };
-    // No collector in the demo: the node's reports find nothing there and stay spooled.
+    // No collector in the demo, and the test OS reports nowhere unless a scenario turns it on
+    // (report-spool): no report is sent or spooled.
     let net = Network::User {
         http_port: free()?,
         report_port: free()?,

@@ -1,15 +1,15 @@
-//! `report-spool` (issue 32): a guest reports to a collector on the host through a dropped
+//! `report-spool`: a guest reports to a collector on the host through a dropped
 //! link, and the spool on its state partition brings every report over once the link is back.
 //!
 //! Design:
-//! - **Where the guest sends.** The node config lives on the read-only root and the boot-time
-//!   confirm (which reports blessed and rolled back) reads the default config, so every test OS
-//!   carries `report_url = "http://10.0.2.100/v1/reports"` and `report_site = "vm-site"`
-//!   (images/src/rootfs.rs). QEMU forwards that guest-side address, per VM, to the host port
-//!   the node was given (`guestfwd=…-cmd:busybox nc 127.0.0.1 <report_port>`,
-//!   vm-tests/src/target/mod.rs): concurrent VMs never share a collector. In every other
-//!   scenario nothing listens there: `nc` exits at once, the POST fails in milliseconds and the
-//!   reports stay spooled (the spool is bounded: 256 reports / 128 KiB, oldest dropped).
+//! - **Where the guest sends.** The test OS reports nowhere unless asked: this scenario writes
+//!   `report_url = "http://10.0.2.100/v1/reports"` and `report_site = "vm-site"` into
+//!   `/var/lib/k3os-ops/report-to.toml` on the state partition and runs `k3os-node-config`
+//!   (images/src/rootfs.rs, `REPORT_TO`), which puts them before the loader's config in this
+//!   boot's config and, through init, in every later boot's, so the boot-time confirm (which
+//!   reports blessed and rolled back) reports too. QEMU forwards that guest-side address, per
+//!   VM, to the host port the node was given (`guestfwd=…-cmd:busybox nc 127.0.0.1
+//!   <report_port>`, vm-tests/src/target/mod.rs): concurrent VMs never share a collector.
 //! - **Enrolment.** The node id is read from `slot status --json` over the serial console, the
 //!   allow-list (`<node id> vm-site`) is written, and `k3os-ops collector serve` (the host build
 //!   with the `fleet` feature) is started: it reads the allow-list only when it starts, so it is
@@ -47,6 +47,8 @@ use crate::vm::Vm;
 const SPOOL: &str = "/var/lib/k3os-ops/report-spool/v1";
 /// The site the test OS reports as (images/src/rootfs.rs `REPORT_SITE`).
 const SITE: &str = k3os_images::rootfs::REPORT_SITE;
+/// The state partition's file that turns the test OS's reporting on (images/src/rootfs.rs).
+const REPORT_TO: &str = k3os_images::rootfs::REPORT_TO;
 /// The release whose trial boot fails its health check.
 const BAD: &str = "v2-badhealth";
 
@@ -57,6 +59,7 @@ impl Scenario {
         let mut site =
             CollectorSite::new(&self.root, node.report_port, &self.out.join("collector"))?;
         let mut vm = self.boot_v1(&mut node)?;
+        self.report_from_now_on(&mut vm)?;
         let id = self.node_id(&mut vm)?;
         site.enrol(&id, SITE)?;
         let col = site.start()?;
@@ -209,6 +212,26 @@ impl Scenario {
     }
 
     /// The node's id (`slot status --json`), the key made at first use.
+    /// Turn reporting on in the guest: the report keys into [`REPORT_TO`] on the state
+    /// partition, then this boot's config rewritten from them (the shell's `K3OS_OPS_CONFIG`
+    /// names that file; init does the same at every later boot), checked by `slot status`
+    /// naming where the node reports.
+    fn report_from_now_on(&mut self, vm: &mut Vm) -> Result<()> {
+        let lines: String = k3os_images::rootfs::report_keys()
+            .lines()
+            .map(|l| format!(" '{l}'"))
+            .collect();
+        let url = k3os_images::rootfs::REPORT_URL;
+        vm.run_ok(
+            &format!(
+                "printf '%s\\n'{lines} >{REPORT_TO} && k3os-node-config && \
+                 k3os-ops slot status | grep -F 'reports to {url}'"
+            ),
+            CMD,
+        )?;
+        Ok(())
+    }
+
     fn node_id(&mut self, vm: &mut Vm) -> Result<String> {
         let v = self.status_value(vm)?;
         let id = v["node_id"].as_str().unwrap_or_default().to_string();

@@ -208,8 +208,9 @@ impl Target {
     }
 }
 
-/// The guest-side address of the collector every test OS reports to (`report_url` in its
-/// node config, images/src/rootfs.rs): QEMU forwards each connection to it to the host port
+/// The guest-side address of the collector a test OS reports to once a scenario turns
+/// reporting on (`report_url`, images/src/rootfs.rs `REPORT_TO`; off by default, so other
+/// scenarios and the demo send nothing): QEMU forwards each connection to it to the host port
 /// `report_port` of that VM alone, so concurrent VMs never share a collector. A `cmd:`
 /// guestfwd (one `busybox nc` per connection) rather than a chardev one: a chardev is one
 /// stream opened when QEMU starts (QEMU would refuse to start without a listening collector,
