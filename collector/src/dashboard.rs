@@ -159,7 +159,7 @@ fn wave_table(rel: &ReleaseStatus) -> String {
         })
         .collect();
     let mut t = format!(
-        "<table class=\"waves\"><tr><th>wave</th><th>nodes</th><th>offered</th>{head}</tr>"
+        "<table class=\"waves\"><tr><th>wave</th><th>nodes</th><th>offered</th>{head}<th>failed, waiting</th></tr>"
     );
     for w in &rel.waves {
         let name = w.wave.map_or("?".to_string(), |n| n.to_string());
@@ -169,8 +169,10 @@ fn wave_table(rel: &ReleaseStatus) -> String {
             .collect();
         let _ = write!(
             t,
-            "<tr data-wave=\"{name}\"><td>{name}</td><td>{}</td><td>{}</td>{cells}</tr>",
-            w.nodes, w.offered
+            "<tr data-wave=\"{name}\"><td>{name}</td><td>{}</td><td>{}</td>{cells}<td>{}</td></tr>",
+            w.nodes,
+            w.offered,
+            w.failed_waiting.values().sum::<u64>()
         );
     }
     t.push_str("</table>");
@@ -178,23 +180,19 @@ fn wave_table(rel: &ReleaseStatus) -> String {
 }
 
 fn failing(rows: &[&Row]) -> String {
-    // Each node's newest report about the release, when it is a failure.
-    let mut newest: BTreeMap<&str, &Row> = BTreeMap::new();
-    for r in rows {
-        if newest.get(r.node.as_str()).is_none_or(|n| n.seq < r.seq) {
-            newest.insert(&r.node, r);
-        }
-    }
+    // Each node's outcome for the release (crate::history), when it is a failure.
     let mut t = String::from(
         "<table class=\"failing\"><tr><th>site</th><th>node</th><th>outcome</th><th>why</th></tr>",
     );
-    for r in newest.values().filter(|r| r.outcome.why().is_some()) {
+    let outcomes = crate::history::outcomes_of(rows.iter().copied());
+    for o in outcomes.values().filter(|o| o.state.failed()) {
+        let r = o.decided_by;
         let _ = write!(
             t,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(&r.site),
-            esc(&r.node[..16]),
-            r.outcome.kind(),
+            esc(&r.node[..16.min(r.node.len())]),
+            esc(&o.label()),
             esc(r.outcome.why().unwrap_or_default())
         );
     }
@@ -357,6 +355,37 @@ mod tests {
         );
         assert!(
             page.contains("<polyline class=\"failed\" data-last=\"1\""),
+            "{page}"
+        );
+    }
+
+    #[test]
+    fn a_canary_that_failed_and_waits_is_shown_failed_and_waiting() {
+        let rows = vec![
+            row(
+                "a",
+                1,
+                Outcome::RolledBack {
+                    why: "check failed".into(),
+                },
+            ),
+            row(
+                "a",
+                2,
+                Outcome::Waiting {
+                    wait_for: fleet_report::WaitFor::Pause,
+                    until: None,
+                },
+            ),
+        ];
+        let page = render(&rows, &[], 10, &NoSchedule, 2000);
+        assert!(
+            page.contains("<td>rolled back, waiting (paused)</td><td>check failed</td>"),
+            "{page}"
+        );
+        // nodes 1, offered 1, rolled back 1, failed and waiting 1.
+        assert!(
+            page.contains("<td>?</td><td>1</td><td>1</td><td>0</td><td>0</td><td>0</td><td>0</td><td>0</td><td>1</td><td>0</td><td>0</td><td>1</td></tr>"),
             "{page}"
         );
     }
