@@ -59,6 +59,7 @@ pub mod server;
 mod store;
 #[cfg(test)]
 mod testutil;
+pub mod time;
 
 pub use admit::{Limits, Refused};
 pub use rate::RateLimiter;

@@ -363,6 +363,32 @@ impl collector::dashboard::Schedule for ChannelSchedule {
             )
         })
     }
+
+    /// The publisher's pause (not the guard's halt, which the pause of the effective targets
+    /// also shows: its halts come from the database) and withdrawal.
+    fn marks(&self, version: &str) -> Vec<collector::dashboard::Mark> {
+        let Some(Some(r)) = self.rollout(version) else {
+            return Vec::new();
+        };
+        let halted = self
+            .targets
+            .as_ref()
+            .is_some_and(|t| t.1.iter().any(|h| h.version == version));
+        let secs = |t: DateTime<Utc>| u64::try_from(t.timestamp()).unwrap_or(0);
+        let mark = |at, kind, label: &str| collector::dashboard::Mark {
+            at: secs(at),
+            kind,
+            label: label.to_string(),
+        };
+        let mut out = Vec::new();
+        if let Some(p) = r.paused.filter(|_| !halted) {
+            out.push(mark(p.since, "pause", "paused"));
+        }
+        if let Some(w) = r.withdrawn {
+            out.push(mark(w.at, "withdrawn", "withdrawn"));
+        }
+        out
+    }
 }
 
 /// The dashboard's schedule source for the channel directory `dir` (None: no channel; the
