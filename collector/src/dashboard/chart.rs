@@ -307,14 +307,15 @@ pub fn chart(
             "planned" => (last * denom / 100.0).round() as u64,
             _ => lines[k].last().map_or(0, |p| p.1),
         };
-        let dash = if k == "planned" {
-            " stroke-dasharray=\"6 4\""
-        } else {
-            ""
+        // Offered is often staged's equal: drawn under it, wide and pale, it still shows.
+        let dash = match k {
+            "planned" => " stroke-width=\"2\" stroke-dasharray=\"6 4\"",
+            "offered" => " stroke-width=\"6\" stroke-opacity=\"0.35\"",
+            _ => " stroke-width=\"2\"",
         };
         let _ = write!(
             svg,
-            "<polyline class=\"{k}\" data-last=\"{count}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"2\"{dash} points=\"{}\"/>",
+            "<polyline class=\"{k}\" data-last=\"{count}\" fill=\"none\" stroke=\"{c}\"{dash} points=\"{}\"/>",
             steps.join(" ")
         );
         let _ = write!(

@@ -190,7 +190,7 @@ th{font-weight:600;background:#f4f4f4}table.waves th{white-space:normal}\
 table.failing td:nth-child(4),#guard td:nth-child(4){white-space:normal}\
 figure.rollout{margin:8px 0}ul.legend{list-style:none;padding:0;margin:4px 0 0 64px;font-size:13px}\
 ul.legend li{margin:2px 0}.swatch{display:inline-block;width:18px;height:4px;margin-right:6px;vertical-align:middle}\
-p.hold{color:#b30000;font-weight:bold}";
+li.offered .swatch{height:6px;opacity:.35}p.hold{color:#b30000;font-weight:bold}";
 
 /// The page for `rows` (every stored report) and the guard's `actions` at Unix time `now`;
 /// `enrolled` nodes make the planned line's 100 %.
