@@ -363,69 +363,15 @@ fn fleet(n: usize) -> Summary {
     let dbarg = format!("sqlite:{}", db.display());
     let key = halt.join("halt.key").display().to_string();
     let min = (n / 200).max(1).to_string();
-    // The guard at `at` (None: the real time).
-    let guard = |at: Option<DateTime<Utc>>| {
-        let at = at.map(|t| t.to_rfc3339());
-        let mut a = vec!["collector", "guard", "--channel", &c, "--db", &dbarg];
-        a.extend(["--key", &key, "--abort-if", "50", "--abort-min", &min]);
-        if let Some(t) = &at {
-            a.extend(["--at", t]);
-        }
-        ok(&a)
-    };
     let views = Views {
         chan: &c,
         db: &dbarg,
         dashboard: &collector.2,
         min: &min,
+        key: &key,
     };
-    let failed =
-        |sites: &[Site]| sites.iter().filter(|s| s.attempted.contains("v2")).count() as u64;
-
-    // v2: each hour every site polls, then the guard runs. After each round the guard,
-    // `rollout-status` and the dashboard agree: the canaries failed, and from the round after
-    // the halt on they wait for it (`waiting (paused)`) and still count as failed.
-    let mut halted_at_hour = None;
-    for hour in 0..3 {
-        let now = t0 + Duration::hours(hour) + Duration::minutes(1);
-        set_clock(now);
-        for (s, r) in sites.iter_mut().zip(running.iter_mut()) {
-            poll(s, &srv.url, r);
-        }
-        let out = guard(Some(now + Duration::minutes(30)));
-        if halted_at_hour.is_none() && out.contains("v2: halted") {
-            halted_at_hour = Some(hour);
-        }
-        let f = failed(&sites);
-        let waiting = if hour == 0 { 0 } else { f };
-        views.agree(&out, f, waiting, (f, f));
-    }
-
-    // The publisher resumes v2; the guard sees the lift and judges only what happens after it
-    // (it compares the lift with the collector's clock, when reports were received, which is
-    // the real one in this test: this run is at the real time). The failures stand.
-    let resumed = t0 + Duration::hours(2) + Duration::minutes(40);
-    publisher.sign(&["resume", &c, "v2", "--at", &resumed.to_rfc3339()]);
-    let out = guard(None);
-    assert!(
-        out.contains("v2: the publisher lifted the guard's halt"),
-        "{out}"
-    );
-    let f = failed(&sites);
-    views.agree(&out, f, f, (0, 0));
-    // Reports received in the lift's second would not count as after it.
-    std::thread::sleep(std::time::Duration::from_millis(1100));
-    // Offered v2 again, the canaries try it again (a later attempt: their outcome is the new
-    // one) and fail again; the guard halts it again on these new failures alone.
-    set_clock(resumed + Duration::minutes(5));
-    for (s, r) in sites.iter_mut().zip(running.iter_mut()) {
-        poll(s, &srv.url, r);
-    }
-    let out = guard(Some(resumed + Duration::minutes(35)));
-    assert!(out.contains("v2: halted ("), "{out}");
-    let f = failed(&sites);
-    views.agree(&out, f, 0, (f, f));
-    let attempted_bad = failed(&sites) as usize;
+    let halted_at_hour = v2_rounds(&mut sites, &mut running, &srv.url, &publisher, &views, t0);
+    let attempted_bad = attempted_v2(&sites) as usize;
 
     // v3 (good) in the same waves, from four hours later; polls at each wave's start (the
     // linear growth between starts admits the rest by the last).
@@ -434,11 +380,8 @@ fn fleet(n: usize) -> Summary {
     publisher.waves("v3", t3);
     for hour in [0, 24, 48, 72] {
         let now = t3 + Duration::hours(hour) + Duration::minutes(1);
-        set_clock(now);
-        for (s, r) in sites.iter_mut().zip(running.iter_mut()) {
-            poll(s, &srv.url, r);
-        }
-        let out = guard(Some(now + Duration::minutes(30)));
+        poll_all(&mut sites, &mut running, &srv.url, now);
+        let out = views.guard(Some(now + Duration::minutes(30)));
         assert!(
             !out.contains("v3: halted"),
             "the guard halted the good release:\n{out}"
@@ -455,6 +398,74 @@ fn fleet(n: usize) -> Summary {
     }
 }
 
+/// Every site polls once at `now` (its clock).
+fn poll_all(sites: &mut [Site], running: &mut [Running], url: &str, now: DateTime<Utc>) {
+    set_clock(now);
+    for (s, r) in sites.iter_mut().zip(running.iter_mut()) {
+        poll(s, url, r);
+    }
+}
+
+/// Sites that ever attempted v2.
+fn attempted_v2(sites: &[Site]) -> u64 {
+    sites.iter().filter(|s| s.attempted.contains("v2")).count() as u64
+}
+
+/// v2 (bad) from `t0`: each hour every site polls, then the guard runs; then the publisher
+/// resumes it and the canaries try it again. After each step the guard, `rollout-status` and
+/// the dashboard agree. Returns the hour of the guard's first halt.
+fn v2_rounds(
+    sites: &mut [Site],
+    running: &mut [Running],
+    url: &str,
+    publisher: &Publisher,
+    views: &Views,
+    t0: DateTime<Utc>,
+) -> Option<i64> {
+    // The canaries failed, and from the round after the halt on they wait for it (`waiting
+    // (paused)`) and still count as failed.
+    let mut halted_at_hour = None;
+    for hour in 0..3 {
+        let now = t0 + Duration::hours(hour) + Duration::minutes(1);
+        poll_all(sites, running, url, now);
+        let out = views.guard(Some(now + Duration::minutes(30)));
+        if halted_at_hour.is_none() && out.contains("v2: halted") {
+            halted_at_hour = Some(hour);
+        }
+        let f = attempted_v2(sites);
+        let waiting = if hour == 0 { 0 } else { f };
+        views.agree(&out, f, waiting, (f, f));
+    }
+    // The publisher resumes v2; the guard sees the lift and judges only what happens after it
+    // (it compares the lift with the collector's clock, when reports were received, which is
+    // the real one in this test: this run is at the real time). The failures stand.
+    let resumed = t0 + Duration::hours(2) + Duration::minutes(40);
+    publisher.sign(&[
+        "resume",
+        &publisher.c(),
+        "v2",
+        "--at",
+        &resumed.to_rfc3339(),
+    ]);
+    let out = views.guard(None);
+    assert!(
+        out.contains("v2: the publisher lifted the guard's halt"),
+        "{out}"
+    );
+    let f = attempted_v2(sites);
+    views.agree(&out, f, f, (0, 0));
+    // Reports received in the lift's second would not count as after it.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    // Offered v2 again, the canaries try it again (a later attempt: their outcome is the new
+    // one) and fail again; the guard halts it again on these new failures alone.
+    poll_all(sites, running, url, resumed + Duration::minutes(5));
+    let out = views.guard(Some(resumed + Duration::minutes(35)));
+    assert!(out.contains("v2: halted ("), "{out}");
+    let f = attempted_v2(sites);
+    views.agree(&out, f, 0, (f, f));
+    halted_at_hour
+}
+
 /// The three views of v2: the guard's judgement (its output), `release rollout-status
 /// --reports` (text and JSON) and the dashboard as headless Chromium renders it.
 struct Views<'a> {
@@ -462,6 +473,8 @@ struct Views<'a> {
     db: &'a str,
     dashboard: &'a str,
     min: &'a str,
+    /// The guard's key.
+    key: &'a str,
 }
 
 /// v2's counts in one view: nodes, offered, failed, failed and waiting for the pause.
@@ -474,6 +487,31 @@ struct Counts {
 }
 
 impl Views<'_> {
+    /// A guard run at `at` (None: the real time); its output.
+    fn guard(&self, at: Option<DateTime<Utc>>) -> String {
+        let at = at.map(|t| t.to_rfc3339());
+        let mut a = vec![
+            "collector",
+            "guard",
+            "--channel",
+            self.chan,
+            "--db",
+            self.db,
+        ];
+        a.extend([
+            "--key",
+            self.key,
+            "--abort-if",
+            "50",
+            "--abort-min",
+            self.min,
+        ]);
+        if let Some(t) = &at {
+            a.extend(["--at", t]);
+        }
+        ok(&a)
+    }
+
     fn status(&self, extra: &[&str]) -> String {
         let mut a = vec!["release", "rollout-status", self.chan, "--reports", self.db];
         a.extend(["--abort-if", "50", "--abort-min", self.min]);
