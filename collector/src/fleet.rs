@@ -1,57 +1,16 @@
 //! Pure: what the sites reported, per release and wave, for `release rollout-status
-//! --reports`. Each node counts once per release, in the state of its newest report about it.
+//! --reports`, the guard and the dashboard. Each node counts once per release, in the outcome
+//! [`crate::history`] decides from all its reports about it (a failure stands through later
+//! waits until the node tries the release again).
 
 use std::collections::BTreeMap;
 
-use fleet_report::Outcome;
+use fleet_report::{Outcome, WaitFor};
 use serde::Serialize;
 
+pub use crate::history::NodeState;
+use crate::history::{self, NodeOutcome};
 use crate::store::Row;
-
-/// A node's state for one release: its newest report's outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NodeState {
-    /// Waiting for its wave or a pause.
-    Waiting,
-    /// Staged, not yet tried.
-    Staged,
-    /// Handed to the loader for a trial boot.
-    TrialBoot,
-    /// Runs it, blessed.
-    Blessed,
-    /// Staging failed.
-    StageFailed,
-    /// Rolled back after a failed health check.
-    RolledBack,
-    /// The loader fell back: the trial never confirmed.
-    FellBack,
-    /// Dropped it staged, as withdrawn.
-    WithdrawnDropped,
-}
-
-impl NodeState {
-    fn of(o: &Outcome) -> NodeState {
-        match o {
-            Outcome::Waiting { .. } => NodeState::Waiting,
-            Outcome::Staged { .. } => NodeState::Staged,
-            Outcome::TrialBoot => NodeState::TrialBoot,
-            Outcome::Blessed => NodeState::Blessed,
-            Outcome::StageFailed { .. } => NodeState::StageFailed,
-            Outcome::RolledBack { .. } => NodeState::RolledBack,
-            Outcome::FellBack { .. } => NodeState::FellBack,
-            Outcome::WithdrawnDropped => NodeState::WithdrawnDropped,
-        }
-    }
-
-    /// Whether the state is a failure of the release (counted by reason).
-    pub fn failed(self) -> bool {
-        matches!(
-            self,
-            NodeState::StageFailed | NodeState::RolledBack | NodeState::FellBack
-        )
-    }
-}
 
 /// What the nodes of one wave (or of no known wave) reported about one release.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -66,6 +25,9 @@ pub struct WaveStatus {
     pub offered: u64,
     /// Nodes per state.
     pub states: BTreeMap<NodeState, u64>,
+    /// Failed nodes that reported a wait since (and have not tried again), per what they
+    /// wait for: "failed, waiting (paused)". They are counted in their failure's state too.
+    pub failed_waiting: BTreeMap<WaitFor, u64>,
     /// Failed nodes per state and reason (the reason's first line, at most 100 characters).
     pub failures: BTreeMap<String, u64>,
 }
@@ -103,7 +65,8 @@ pub struct FleetStatus {
     pub releases: Vec<ReleaseStatus>,
 }
 
-fn reason(o: &Outcome) -> String {
+/// A failure's reason as grouped: `kind: first line` (at most 100 characters, escaped).
+pub fn reason(o: &Outcome) -> String {
     let why = o.why().unwrap_or_default();
     let line: String = why
         .lines()
@@ -122,58 +85,36 @@ pub fn summarize(
     wave_of: &dyn Fn(&str, Option<u32>) -> Option<usize>,
     silent_since: u64,
 ) -> FleetStatus {
-    // The newest report per (release, node), and each node's newest of all.
-    let mut newest: BTreeMap<(u64, String, String), &Row> = BTreeMap::new();
+    summarize_decided_after(rows, wave_of, silent_since, None)
+}
+
+/// [`summarize`], counting only the nodes whose outcome was decided by a report received
+/// after `after` (Unix seconds; None: every node): the guard judges a release only on what
+/// happened since the publisher lifted its halt.
+pub fn summarize_decided_after(
+    rows: &[Row],
+    wave_of: &dyn Fn(&str, Option<u32>) -> Option<usize>,
+    silent_since: u64,
+    after: Option<u64>,
+) -> FleetStatus {
     let mut dropped: BTreeMap<&str, u64> = BTreeMap::new();
     let mut sites: std::collections::BTreeSet<&str> = Default::default();
     for r in rows {
         sites.insert(&r.site);
         let d = dropped.entry(&r.node).or_default();
         *d = (*d).max(r.dropped);
-        let key = (r.generation, r.version.clone(), r.node.clone());
-        if newest.get(&key).is_none_or(|n| n.seq < r.seq) {
-            newest.insert(key, r);
-        }
     }
-    let mut releases: BTreeMap<(u64, String), ReleaseStatus> = BTreeMap::new();
-    for ((generation, version, _), r) in &newest {
-        let rel = releases
-            .entry((*generation, version.clone()))
-            .or_insert_with(|| ReleaseStatus {
-                version: version.clone(),
-                generation: *generation,
-                waves: Vec::new(),
-                silent: 0,
-                last_report: 0,
-            });
-        rel.last_report = rel.last_report.max(r.received);
-        let state = NodeState::of(&r.outcome);
-        let done =
-            state == NodeState::Blessed || state.failed() || state == NodeState::WithdrawnDropped;
-        if r.received < silent_since && !done {
-            rel.silent += 1;
-        }
-        let wave = wave_of(version, r.seed);
-        let w = match rel.waves.iter_mut().position(|w| w.wave == wave) {
-            Some(i) => &mut rel.waves[i],
-            None => {
-                rel.waves.push(WaveStatus {
-                    wave,
-                    ..WaveStatus::default()
-                });
-                rel.waves.last_mut().expect("just pushed")
-            }
-        };
-        w.nodes += 1;
-        if state != NodeState::Waiting {
-            w.offered += 1;
-        }
-        *w.states.entry(state).or_default() += 1;
-        if state.failed() {
-            *w.failures.entry(reason(&r.outcome)).or_default() += 1;
-        }
-    }
-    let mut releases: Vec<ReleaseStatus> = releases.into_values().rev().collect();
+    let mut releases: Vec<ReleaseStatus> = history::outcomes(rows)
+        .into_iter()
+        .rev()
+        .map(|((generation, version), nodes)| {
+            let counted = nodes
+                .values()
+                .filter(|o| after.is_none_or(|t| o.decided_by.received > t));
+            release(generation, version, counted, wave_of, silent_since)
+        })
+        .filter(|r| !r.waves.is_empty())
+        .collect();
     for r in &mut releases {
         r.waves.sort_by_key(|w| (w.wave.is_none(), w.wave));
     }
@@ -185,6 +126,52 @@ pub fn summarize(
         silent_since,
         releases,
     }
+}
+
+/// One release's status from its nodes' outcomes.
+fn release<'a>(
+    generation: u64,
+    version: &str,
+    nodes: impl Iterator<Item = &'a NodeOutcome<'a>>,
+    wave_of: &dyn Fn(&str, Option<u32>) -> Option<usize>,
+    silent_since: u64,
+) -> ReleaseStatus {
+    let mut rel = ReleaseStatus {
+        version: version.to_string(),
+        generation,
+        waves: Vec::new(),
+        silent: 0,
+        last_report: 0,
+    };
+    for o in nodes {
+        rel.last_report = rel.last_report.max(o.newest.received);
+        if o.newest.received < silent_since && !o.done() {
+            rel.silent += 1;
+        }
+        let wave = wave_of(version, o.newest.seed);
+        let w = match rel.waves.iter().position(|w| w.wave == wave) {
+            Some(i) => &mut rel.waves[i],
+            None => {
+                rel.waves.push(WaveStatus {
+                    wave,
+                    ..WaveStatus::default()
+                });
+                rel.waves.last_mut().expect("just pushed")
+            }
+        };
+        w.nodes += 1;
+        if o.state != NodeState::Waiting {
+            w.offered += 1;
+        }
+        *w.states.entry(o.state).or_default() += 1;
+        if o.state.failed() {
+            *w.failures.entry(reason(&o.decided_by.outcome)).or_default() += 1;
+            if let Some(wait) = o.then_waiting {
+                *w.failed_waiting.entry(wait).or_default() += 1;
+            }
+        }
+    }
+    rel
 }
 
 #[cfg(test)]
@@ -286,5 +273,52 @@ mod tests {
         // d waits (received 1001, before 1002): silent; a's bless and b, c's failures are done.
         assert_eq!(v2.silent, 1);
         assert_eq!(v2.last_report, 1003);
+    }
+
+    #[test]
+    fn halted_canaries_that_wait_stay_failed_and_the_guard_judges_only_newer_outcomes() {
+        let staged = Outcome::Staged {
+            bytes: 1,
+            by: Transfer::Full,
+        };
+        let failed = Outcome::RolledBack {
+            why: "check node-ready failed".into(),
+        };
+        let paused = Outcome::Waiting {
+            wait_for: fleet_report::WaitFor::Pause,
+            until: None,
+        };
+        // Three canaries fail and then wait for the halt; a fourth stages again after it.
+        let mut rows = Vec::new();
+        for n in ["a", "b", "c", "d"] {
+            rows.push(row(n, 1, "v2", staged.clone(), 5_000));
+            rows.push(row(n, 2, "v2", failed.clone(), 5_000));
+            rows.push(row(n, 3, "v2", paused.clone(), 5_000));
+        }
+        rows.push(row("d", 4, "v2", staged.clone(), 5_000));
+        let wave_of = |_: &str, _: Option<u32>| Some(1);
+        let f = summarize(&rows, &wave_of, 0);
+        let w = &f.releases[0].waves[0];
+        assert_eq!((w.nodes, w.offered), (4, 4), "{w:?}");
+        assert_eq!(w.states.get(&NodeState::RolledBack), Some(&3), "{w:?}");
+        assert_eq!(w.states.get(&NodeState::Staged), Some(&1), "{w:?}");
+        assert_eq!(w.states.get(&NodeState::Waiting), None, "{w:?}");
+        assert_eq!(
+            w.failed_waiting.get(&fleet_report::WaitFor::Pause),
+            Some(&3),
+            "{w:?}"
+        );
+        assert_eq!(
+            w.failures.get("rolled_back: check node-ready failed"),
+            Some(&3)
+        );
+        // The guard after a lift at 1003 (received 1000 + seq): only d's new attempt counts.
+        let since = summarize_decided_after(&rows, &wave_of, 0, Some(1003));
+        let w = &since.releases[0].waves[0];
+        assert_eq!((w.nodes, w.offered), (1, 1), "{w:?}");
+        assert_eq!(w.states.get(&NodeState::Staged), Some(&1), "{w:?}");
+        assert!(summarize_decided_after(&rows, &wave_of, 0, Some(2000))
+            .releases
+            .is_empty());
     }
 }

@@ -179,6 +179,7 @@ mod tests {
                         .sum(),
                     states: states.iter().copied().collect(),
                     failures: Default::default(),
+                    failed_waiting: Default::default(),
                 })
                 .collect(),
             silent: 0,

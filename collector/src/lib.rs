@@ -53,11 +53,13 @@ mod bench;
 pub mod dashboard;
 pub mod fleet;
 pub mod guard;
+pub mod history;
 mod rate;
 pub mod server;
 mod store;
 #[cfg(test)]
 mod testutil;
+pub mod time;
 
 pub use admit::{Limits, Refused};
 pub use rate::RateLimiter;

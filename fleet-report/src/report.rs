@@ -86,7 +86,7 @@ pub enum Transfer {
 }
 
 /// What a waiting node waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WaitFor {
     /// The site's wave of the release's rollout has not started.

@@ -5,8 +5,10 @@
 //! Kubernetes API as JSON and uses k3os-ops only through the agent's test facade
 //! (`k3os_ops::agent::testing`: the write counter, `NodeOps` and its types, the channel
 //! type). Depending on it turns on k3os-ops' `testing` feature, which opens that facade and
-//! the library's own fixtures (`UpdateChannel::test()`).
+//! the library's own fixtures (`UpdateChannel::test()`). [`browser`] drives headless Chromium
+//! for the dashboard's tests.
 
+pub mod browser;
 pub mod cli;
 pub mod fake_api;
 pub mod release;

@@ -53,28 +53,32 @@ fn ok(args: &[&str]) -> String {
     o
 }
 
-/// `collector serve` on a free port; killed when dropped.
-struct Collector(Child, String);
+/// `collector serve` on a free port, with its dashboard on another showing the channel
+/// `chan`; killed when dropped. The reports URL and the dashboard's.
+struct Collector(Child, String, String);
 
 impl Collector {
-    fn start(db: &Path, allow: &Path) -> Collector {
+    fn start(db: &Path, allow: &Path, chan: &Path) -> Collector {
         let db = format!("sqlite:{}", db.display());
         let mut child = Command::new(bin())
             .args(["collector", "serve", "--listen", "127.0.0.1:0", "--db", &db])
             .args(["--allow", allow.to_str().unwrap()])
+            .args(["--dashboard", "127.0.0.1:0", "--channel"])
+            .arg(chan)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no URL in {line:?}"))
-            .to_string();
-        Collector(child, url)
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut url = || {
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            line.split_whitespace()
+                .find(|w| w.starts_with("http://"))
+                .unwrap_or_else(|| panic!("no URL in {line:?}"))
+                .to_string()
+        };
+        let (reports, dashboard) = (url(), url());
+        Collector(child, reports, dashboard)
     }
 }
 
@@ -288,6 +292,9 @@ fn fleet(n: usize) -> Summary {
     let tmp = tempfile::tempdir().unwrap();
     let p = |s: &str| tmp.path().join(s);
     let publisher = Publisher::new(&p("publisher"));
+    // v1, the release every site runs, stays listed: a site whose wave has not come resolves
+    // it and reports that v2 waits (for its wave, then for the halt), as real sites do.
+    publisher.release("v1", 5);
     publisher.release("v2", 6);
     let halt = p("guard");
     ok(&[
@@ -336,7 +343,7 @@ fn fleet(n: usize) -> Summary {
         });
     }
     std::fs::write(&allow, allow_text).unwrap();
-    let collector = Collector::start(&db, &allow);
+    let collector = Collector::start(&db, &allow, &publisher.chan);
     for s in &sites {
         let cfg = std::fs::read_to_string(&s.config).unwrap();
         std::fs::write(
@@ -356,39 +363,15 @@ fn fleet(n: usize) -> Summary {
     let dbarg = format!("sqlite:{}", db.display());
     let key = halt.join("halt.key").display().to_string();
     let min = (n / 200).max(1).to_string();
-    let guard = |at: DateTime<Utc>| {
-        ok(&[
-            "collector",
-            "guard",
-            "--channel",
-            &c,
-            "--db",
-            &dbarg,
-            "--key",
-            &key,
-            "--at",
-            &at.to_rfc3339(),
-            "--abort-if",
-            "50",
-            "--abort-min",
-            &min,
-        ])
+    let views = Views {
+        chan: &c,
+        db: &dbarg,
+        dashboard: &collector.2,
+        min: &min,
+        key: &key,
     };
-
-    // v2: each hour every site polls, then the guard runs.
-    let mut halted_at_hour = None;
-    for hour in 0..3 {
-        let now = t0 + Duration::hours(hour) + Duration::minutes(1);
-        set_clock(now);
-        for (s, r) in sites.iter_mut().zip(running.iter_mut()) {
-            poll(s, &srv.url, r);
-        }
-        let out = guard(now + Duration::minutes(30));
-        if halted_at_hour.is_none() && out.contains("v2: halted") {
-            halted_at_hour = Some(hour);
-        }
-    }
-    let attempted_bad = sites.iter().filter(|s| s.attempted.contains("v2")).count();
+    let halted_at_hour = v2_rounds(&mut sites, &mut running, &srv.url, &publisher, &views, t0);
+    let attempted_bad = attempted_v2(&sites) as usize;
 
     // v3 (good) in the same waves, from four hours later; polls at each wave's start (the
     // linear growth between starts admits the rest by the last).
@@ -397,11 +380,8 @@ fn fleet(n: usize) -> Summary {
     publisher.waves("v3", t3);
     for hour in [0, 24, 48, 72] {
         let now = t3 + Duration::hours(hour) + Duration::minutes(1);
-        set_clock(now);
-        for (s, r) in sites.iter_mut().zip(running.iter_mut()) {
-            poll(s, &srv.url, r);
-        }
-        let out = guard(now + Duration::minutes(30));
+        poll_all(&mut sites, &mut running, &srv.url, now);
+        let out = views.guard(Some(now + Duration::minutes(30)));
         assert!(
             !out.contains("v3: halted"),
             "the guard halted the good release:\n{out}"
@@ -415,6 +395,242 @@ fn fleet(n: usize) -> Summary {
         on_good,
         halted_at_hour,
         wall: started.elapsed(),
+    }
+}
+
+/// Every site polls once at `now` (its clock).
+fn poll_all(sites: &mut [Site], running: &mut [Running], url: &str, now: DateTime<Utc>) {
+    set_clock(now);
+    for (s, r) in sites.iter_mut().zip(running.iter_mut()) {
+        poll(s, url, r);
+    }
+}
+
+/// Sites that ever attempted v2.
+fn attempted_v2(sites: &[Site]) -> u64 {
+    sites.iter().filter(|s| s.attempted.contains("v2")).count() as u64
+}
+
+/// v2 (bad) from `t0`: each hour every site polls, then the guard runs; then the publisher
+/// resumes it and the canaries try it again. After each step the guard, `rollout-status` and
+/// the dashboard agree. Returns the hour of the guard's first halt.
+fn v2_rounds(
+    sites: &mut [Site],
+    running: &mut [Running],
+    url: &str,
+    publisher: &Publisher,
+    views: &Views,
+    t0: DateTime<Utc>,
+) -> Option<i64> {
+    // The canaries failed, and from the round after the halt on they wait for it (`waiting
+    // (paused)`) and still count as failed.
+    let mut halted_at_hour = None;
+    for hour in 0..3 {
+        let now = t0 + Duration::hours(hour) + Duration::minutes(1);
+        poll_all(sites, running, url, now);
+        let out = views.guard(Some(now + Duration::minutes(30)));
+        if halted_at_hour.is_none() && out.contains("v2: halted") {
+            halted_at_hour = Some(hour);
+        }
+        let f = attempted_v2(sites);
+        let waiting = if hour == 0 { 0 } else { f };
+        views.agree(&out, f, waiting, (f, f));
+    }
+    // The publisher resumes v2; the guard sees the lift and judges only what happens after it
+    // (it compares the lift with the collector's clock, when reports were received, which is
+    // the real one in this test: this run is at the real time). The failures stand.
+    let resumed = t0 + Duration::hours(2) + Duration::minutes(40);
+    publisher.sign(&[
+        "resume",
+        &publisher.c(),
+        "v2",
+        "--at",
+        &resumed.to_rfc3339(),
+    ]);
+    let out = views.guard(None);
+    assert!(
+        out.contains("v2: the publisher lifted the guard's halt"),
+        "{out}"
+    );
+    let f = attempted_v2(sites);
+    views.agree(&out, f, f, (0, 0));
+    // Reports received in the lift's second would not count as after it.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    // Offered v2 again, the canaries try it again (a later attempt: their outcome is the new
+    // one) and fail again; the guard halts it again on these new failures alone.
+    poll_all(sites, running, url, resumed + Duration::minutes(5));
+    let out = views.guard(Some(resumed + Duration::minutes(35)));
+    assert!(out.contains("v2: halted ("), "{out}");
+    let f = attempted_v2(sites);
+    views.agree(&out, f, 0, (f, f));
+    halted_at_hour
+}
+
+/// The three views of v2: the guard's judgement (its output), `release rollout-status
+/// --reports` (text and JSON) and the dashboard as headless Chromium renders it.
+struct Views<'a> {
+    chan: &'a str,
+    db: &'a str,
+    dashboard: &'a str,
+    min: &'a str,
+    /// The guard's key.
+    key: &'a str,
+}
+
+/// v2's counts in one view: nodes, offered, failed, failed and waiting for the pause.
+#[derive(Debug, PartialEq, Eq)]
+struct Counts {
+    nodes: u64,
+    offered: u64,
+    failed: u64,
+    failed_waiting: u64,
+}
+
+impl Views<'_> {
+    /// A guard run at `at` (None: the real time); its output.
+    fn guard(&self, at: Option<DateTime<Utc>>) -> String {
+        let at = at.map(|t| t.to_rfc3339());
+        let mut a = vec![
+            "collector",
+            "guard",
+            "--channel",
+            self.chan,
+            "--db",
+            self.db,
+        ];
+        a.extend([
+            "--key",
+            self.key,
+            "--abort-if",
+            "50",
+            "--abort-min",
+            self.min,
+        ]);
+        if let Some(t) = &at {
+            a.extend(["--at", t]);
+        }
+        ok(&a)
+    }
+
+    fn status(&self, extra: &[&str]) -> String {
+        let mut a = vec!["release", "rollout-status", self.chan, "--reports", self.db];
+        a.extend(["--abort-if", "50", "--abort-min", self.min]);
+        a.extend_from_slice(extra);
+        ok(&a)
+    }
+
+    /// v2's counts as `rollout-status --json` gives them.
+    fn json(&self) -> Counts {
+        let v: serde_json::Value = serde_json::from_str(&self.status(&["--json"])).unwrap();
+        let rel = v["reports"]["releases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["version"] == "v2")
+            .unwrap_or_else(|| panic!("no v2 in {v}"));
+        let n = |w: &serde_json::Value, k: &str| w[k].as_u64().unwrap_or(0);
+        let mut c = Counts {
+            nodes: 0,
+            offered: 0,
+            failed: 0,
+            failed_waiting: 0,
+        };
+        for w in rel["waves"].as_array().unwrap() {
+            c.nodes += n(w, "nodes");
+            c.offered += n(w, "offered");
+            let states = &w["states"];
+            c.failed += ["stage_failed", "rolled_back", "fell_back"]
+                .iter()
+                .map(|k| n(states, k))
+                .sum::<u64>();
+            c.failed_waiting += n(&w["failed_waiting"], "pause");
+        }
+        c
+    }
+
+    /// v2's counts in the dashboard's wave table, and its failing sites' outcomes.
+    fn dashboard(&self) -> (Counts, Vec<String>) {
+        let dom = k3os_ops_testing::browser::dump_dom(self.dashboard);
+        let section = dom
+            .split("data-version=\"v2\"")
+            .nth(1)
+            .and_then(|s| s.split("</section>").next())
+            .unwrap_or_else(|| panic!("no v2 section in {dom}"));
+        let cells = |row: &str| -> Vec<String> {
+            row.split("<td")
+                .skip(1)
+                .map(|c| {
+                    let c = &c[c.find('>').unwrap() + 1..];
+                    c[..c.find("</td>").unwrap()].to_string()
+                })
+                .collect()
+        };
+        let mut c = Counts {
+            nodes: 0,
+            offered: 0,
+            failed: 0,
+            failed_waiting: 0,
+        };
+        for row in section.split("<tr data-wave=").skip(1) {
+            let row = row.split("</tr>").next().unwrap();
+            // wave, then nodes, offered, waiting, staged, trial boot, blessed, stage failed,
+            // rolled back, fell back, dropped, failed and waiting
+            let v: Vec<u64> = cells(row)[1..]
+                .iter()
+                .map(|x| x.parse().unwrap_or_else(|_| panic!("{x:?} in {row}")))
+                .collect();
+            c.nodes += v[0];
+            c.offered += v[1];
+            c.failed += v[6] + v[7] + v[8];
+            c.failed_waiting += v[10];
+        }
+        let failing = section
+            .split("<table class=\"failing\">")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no failing sites in {section}"));
+        let failing = failing.split("</table>").next().unwrap();
+        let outcomes = failing
+            .split("<tr>")
+            .skip(2)
+            .map(|row| cells(row)[2].clone())
+            .collect();
+        (c, outcomes)
+    }
+
+    /// The three views agree: `failed` nodes failed v2, `waiting` of them wait for the pause
+    /// since; the guard judged `judged` (failed, ran).
+    fn agree(&self, guard_out: &str, failed: u64, waiting: u64, judged: (u64, u64)) {
+        let json = self.json();
+        assert_eq!(
+            (json.failed, json.failed_waiting, json.offered),
+            (failed, waiting, failed),
+            "rollout-status --json: {json:?}"
+        );
+        let (dash, outcomes) = self.dashboard();
+        assert_eq!(dash, json, "the dashboard and rollout-status disagree");
+        assert_eq!(outcomes.len() as u64, failed, "{outcomes:?}");
+        let shown_waiting = outcomes
+            .iter()
+            .filter(|o| o.as_str() == "rolled back, waiting (paused)")
+            .count() as u64;
+        assert_eq!(shown_waiting, waiting, "{outcomes:?}");
+        let text = self.status(&[]);
+        assert!(!text.contains("v2 not judged yet: 0 node(s)"), "{text}");
+        if waiting > 0 {
+            assert!(
+                text.contains(&format!("failed, waiting (paused) {waiting}")),
+                "{text}"
+            );
+        }
+        let line = guard_out
+            .lines()
+            .find(|l| l.starts_with("v2: judged on "))
+            .unwrap_or_else(|| panic!("no judgement of v2 in {guard_out}"));
+        let expect = match judged {
+            (_, 0) => "0 node(s) ran it".to_string(),
+            (f, r) => format!("{f} of {r} node(s) failed"),
+        };
+        assert!(line.contains(&expect), "{line}");
     }
 }
 

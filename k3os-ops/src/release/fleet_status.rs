@@ -88,20 +88,8 @@ pub fn planned(t: &Targets, at: DateTime<Utc>) -> Vec<Planned> {
         .collect()
 }
 
-fn state_name(s: NodeState) -> &'static str {
-    match s {
-        NodeState::Waiting => "waiting",
-        NodeState::Staged => "staged",
-        NodeState::TrialBoot => "trial boot",
-        NodeState::Blessed => "blessed",
-        NodeState::StageFailed => "stage failed",
-        NodeState::RolledBack => "rolled back",
-        NodeState::FellBack => "fell back",
-        NodeState::WithdrawnDropped => "dropped (withdrawn)",
-    }
-}
-
-fn unix(secs: u64) -> String {
+/// Unix seconds as an RFC 3339 UTC time.
+pub(super) fn unix(secs: u64) -> String {
     DateTime::<Utc>::from_timestamp(i64::try_from(secs).unwrap_or(0), 0)
         .map_or_else(|| secs.to_string(), |t| time_str(&t))
 }
@@ -111,10 +99,16 @@ fn wave_lines(w: &WaveStatus) -> Vec<String> {
     let states: Vec<String> = w
         .states
         .iter()
-        .map(|(s, n)| format!("{} {n}", state_name(*s)))
+        .map(|(s, n)| format!("{} {n}", s.label()))
+        .collect();
+    // Failed nodes that wait since (a halted canary): still failed, shown beside it.
+    let waiting: String = w
+        .failed_waiting
+        .iter()
+        .map(|(wait, n)| format!("; failed, {} {n}", collector::history::waiting_label(*wait)))
         .collect();
     let mut out = vec![format!(
-        "      {name}: {} node(s), {} offered: {}",
+        "      {name}: {} node(s), {} offered: {}{waiting}",
         w.nodes,
         w.offered,
         states.join(", ")
@@ -368,6 +362,32 @@ impl collector::dashboard::Schedule for ChannelSchedule {
                 self.dir.display()
             )
         })
+    }
+
+    /// The publisher's pause (not the guard's halt, which the pause of the effective targets
+    /// also shows: its halts come from the database) and withdrawal.
+    fn marks(&self, version: &str) -> Vec<collector::dashboard::Mark> {
+        let Some(Some(r)) = self.rollout(version) else {
+            return Vec::new();
+        };
+        let halted = self
+            .targets
+            .as_ref()
+            .is_some_and(|t| t.1.iter().any(|h| h.version == version));
+        let secs = |t: DateTime<Utc>| u64::try_from(t.timestamp()).unwrap_or(0);
+        let mark = |at, kind, label: &str| collector::dashboard::Mark {
+            at: secs(at),
+            kind,
+            label: label.to_string(),
+        };
+        let mut out = Vec::new();
+        if let Some(p) = r.paused.filter(|_| !halted) {
+            out.push(mark(p.since, "pause", "paused"));
+        }
+        if let Some(w) = r.withdrawn {
+            out.push(mark(w.at, "withdrawn", "withdrawn"));
+        }
+        out
     }
 }
 

@@ -50,7 +50,9 @@ fn versions(t: &Targets) -> Vec<String> {
     v
 }
 
-/// The verdict on `version` from the reports received after `from` (Unix seconds).
+/// The verdict on `version` over the nodes whose outcome (`collector::history`: a failure
+/// stands through later waits) was decided by a report received after `from` (Unix seconds;
+/// 0: every node).
 fn verdict(
     rows: &[collector::Row],
     t: &Targets,
@@ -60,14 +62,41 @@ fn verdict(
 ) -> Verdict {
     let rows: Vec<collector::Row> = rows
         .iter()
-        .filter(|r| r.version == version && r.received > from)
+        .filter(|r| r.version == version)
         .cloned()
         .collect();
-    let f = collector::fleet::summarize(&rows, &|v, s| super::fleet_status::wave_of(t, v, s), 0);
+    let f = collector::fleet::summarize_decided_after(
+        &rows,
+        &|v, s| super::fleet_status::wave_of(t, v, s),
+        0,
+        Some(from),
+    );
     f.releases
         .iter()
         .find(|r| r.version == version)
         .map_or(Verdict::TooFew { ran: 0 }, |r| guard::judge(r, c))
+}
+
+/// The guard's judgement of `version` as one line, printed at every run.
+fn judged_line(version: &str, v: &Verdict, from: u64) -> String {
+    let since = match from {
+        0 => "every report".to_string(),
+        t => format!("reports since the lift at {}", super::fleet_status::unix(t)),
+    };
+    let counts = match v {
+        Verdict::Halt {
+            failed,
+            ran,
+            percent,
+        }
+        | Verdict::GoOn {
+            failed,
+            ran,
+            percent,
+        } => format!("{failed} of {ran} node(s) failed ({percent:.2} %)"),
+        Verdict::TooFew { ran } => format!("{ran} node(s) ran it, too few to judge"),
+    };
+    format!("{version}: judged on {since}: {counts}")
 }
 
 fn detail(v: &Verdict, c: &guard::Criteria) -> String {
@@ -114,6 +143,13 @@ pub fn run(a: GuardArgs) -> anyhow::Result<()> {
             .is_some();
         let from = guard::judged_from(&actions, &channel, &version);
         let v = verdict(&rows, &t, &version, from, &c);
+        let step = guard::step(&actions, &channel, &version, held, &v);
+        // From a lift seen now on, only what is received after it is judged.
+        let judged = match step {
+            Step::Lifted => (verdict(&rows, &t, &version, now, &c), now),
+            _ => (v.clone(), from),
+        };
+        println!("{}", judged_line(&version, &judged.0, judged.1));
         let record = |action: &str, detail: String, halt_version: u64| GuardAction {
             at: now,
             channel: channel.clone(),
@@ -122,7 +158,7 @@ pub fn run(a: GuardArgs) -> anyhow::Result<()> {
             detail,
             halt_version,
         };
-        match guard::step(&actions, &channel, &version, held, &v) {
+        match step {
             Step::Nothing => {}
             Step::Lifted => {
                 println!(

@@ -432,27 +432,58 @@ fn abort_criteria_name_the_release_to_halt_and_need_the_reports() {
     assert!(e.contains("--abort-on \"exploded\""), "{e}");
 }
 
-/// The page as headless Chromium (Debian's `chromium`, installed by scripts/setup.sh) renders
-/// it: `--dump-dom` prints the DOM after the page loaded.
+/// The page as headless Chromium renders it (`--dump-dom`: the DOM after the page loaded).
 fn in_chromium(url: &str) -> String {
-    let profile = tempfile::tempdir().unwrap();
-    let out = Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .args(["--dump-dom", url])
-        .output()
-        .expect("chromium (Debian package chromium, installed by scripts/setup.sh)");
-    assert!(
-        out.status.success(),
-        "chromium failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    k3os_ops_testing::browser::dump_dom(url)
+}
+
+/// What the store's reports say of v2, counted here on the rows themselves: nodes that sent
+/// anything but a wait (offered), that ever staged it, and whose newest report that is not a
+/// wait is a bless or a failure.
+fn store_counts(db: &Path) -> [(&'static str, usize); 4] {
+    let rows = stored(db);
+    let mut nodes: Vec<&str> = rows.iter().map(|r| r.node.as_str()).collect();
+    nodes.dedup();
+    let last_kind = |n: &str| {
+        rows.iter()
+            .filter(|r| r.node == n && r.outcome.kind() != "waiting")
+            .max_by_key(|r| r.seq)
+            .map(|r| r.outcome.kind())
+    };
+    let count = |f: &dyn Fn(&str) -> bool| nodes.iter().filter(|n| f(n)).count();
+    [
+        ("offered", count(&|n| last_kind(n).is_some())),
+        (
+            "staged",
+            count(&|n| {
+                rows.iter()
+                    .any(|r| r.node == n && r.outcome.kind() == "staged")
+            }),
+        ),
+        ("blessed", count(&|n| last_kind(n) == Some("blessed"))),
+        (
+            "failed",
+            count(&|n| {
+                matches!(
+                    last_kind(n),
+                    Some("stage_failed" | "rolled_back" | "fell_back")
+                )
+            }),
+        ),
+    ]
+}
+
+/// Whether `s` starts with an RFC 3339 UTC time, `2026-12-07T04:12:00Z`.
+fn is_utc_time(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() >= 20
+        && b[..20].iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
 }
 
 #[test]
@@ -563,6 +594,40 @@ fn the_dashboard_shows_in_a_real_browser_what_the_database_holds() {
         dom.contains(&format!("k3os-ops release resume {c} v2")),
         "{dom}"
     );
+    // A publisher reads it at a glance: axes with labelled ticks, a legend whose numbers are
+    // the store's, the pause and the guard's halt marked, times as UTC dates.
+    assert!(dom.contains(">time (UTC)</text>"), "{dom}");
+    assert!(dom.contains(">share of 1 enrolled node(s)</text>"), "{dom}");
+    assert!(dom.matches("class=\"x-tick\"").count() >= 2, "{dom}");
+    assert!(dom.matches("class=\"y-tick\"").count() >= 5, "{dom}");
+    assert!(dom.contains(">100 %</text>"), "{dom}");
+    assert!(
+        dom.contains("<li class=\"planned\" data-count=\"1\""),
+        "{dom}"
+    );
+    for (line, n) in store_counts(&db) {
+        assert!(
+            dom.contains(&format!("<li class=\"{line}\" data-count=\"{n}\"")),
+            "legend {line} should show the store's {n}: {dom}"
+        );
+    }
+    assert!(dom.contains("class=\"mark pause\""), "{dom}");
+    assert!(dom.contains("class=\"mark halt\""), "{dom}");
+    let at = guard.trim_start_matches("<td>");
+    assert!(
+        is_utc_time(at),
+        "the guard's time is not a UTC date: {guard}"
+    );
+    let failing = dom.split("<table class=\"failing\">").nth(1).unwrap();
+    let when = failing.split("<td>").nth(5).unwrap();
+    assert!(is_utc_time(when), "{failing}");
+    assert!(!dom.contains("<script"), "{dom}");
+    // How it looks: a screenshot (to $DASHBOARD_PNG when set, to look at).
+    let png = match std::env::var_os("DASHBOARD_PNG") {
+        Some(p) => PathBuf::from(p),
+        None => node.path().join("dashboard.png"),
+    };
+    k3os_ops_testing::browser::screenshot(&url, &png, 1000, 1150);
 }
 
 /// The state file v0.1.0 wrote (libupgrade's fixture: slot A v1 good, slot B v2 good).

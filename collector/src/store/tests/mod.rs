@@ -65,6 +65,59 @@ pub fn exercise(s: &mut dyn Store) {
     assert_eq!(s.actions().unwrap(), vec![halt, lifted]);
 }
 
+/// The halted canaries, stored and read back: node 4 staged, rolled back, then waits
+/// for the halt; node 5 does the same and then stages again after the lift. Whatever the
+/// backend, each node's outcome ([`crate::history`]) is read from its whole history.
+pub fn halted_canaries(s: &mut dyn Store) {
+    let paused = Outcome::Waiting {
+        wait_for: fleet_report::WaitFor::Pause,
+        until: None,
+    };
+    let staged = Outcome::Staged {
+        bytes: 1,
+        by: Transfer::Full,
+    };
+    let failed = Outcome::RolledBack {
+        why: "check \"x\" failed".into(),
+    };
+    for n in [4, 5] {
+        for (seq, o) in [(1, &staged), (2, &failed), (3, &paused)] {
+            s.insert(&verified(n, "site-c", seq, o.clone()), 1_900_000_000 + seq)
+                .unwrap();
+        }
+    }
+    s.insert(&verified(5, "site-c", 4, staged.clone()), 1_900_000_010)
+        .unwrap();
+    let rows: Vec<Row> = s
+        .rows()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.site == "site-c")
+        .collect();
+    let all = crate::history::outcomes(&rows);
+    let v2 = &all[&(2, "v2")];
+    let four = &v2[crate::testutil::id(4).to_string().as_str()];
+    assert_eq!(four.label(), "rolled back, waiting (paused)");
+    assert_eq!(four.decided_by.outcome, failed);
+    assert_eq!(four.decided_by.received, 1_900_000_002);
+    let five = &v2[crate::testutil::id(5).to_string().as_str()];
+    assert_eq!((five.label().as_str(), five.newest.seq), ("staged", 4));
+    let f = crate::fleet::summarize(&rows, &|_, _| Some(1), 0);
+    let w = &f.releases[0].waves[0];
+    assert_eq!(
+        (w.nodes, w.offered, w.failed_waiting.values().sum::<u64>()),
+        (2, 2, 1),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn sqlite_reads_each_node_s_history_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("reports.db");
+    halted_canaries(&mut SqliteStore::open(&path).unwrap());
+}
+
 #[test]
 fn sqlite_stores_and_reads_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -178,6 +231,7 @@ fn postgres_stores_and_reads_back_on_a_real_server() {
     exercise(open(&pg.url()).unwrap().as_mut());
     let mut again = PgStore::open(&pg.url()).unwrap();
     assert_eq!(again.rows().unwrap().len(), 3);
+    halted_canaries(&mut again);
 }
 
 pub mod pg_server;

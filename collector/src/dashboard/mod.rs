@@ -1,13 +1,19 @@
 //! The read-only dashboard (`GET /` on the collector's dashboard listener): per release, the
-//! reported states over time against the planned schedule (an inline SVG chart), counts per
-//! wave, and the failing sites with their reasons. Rendered on the server from the database
-//! (no script, no external asset); every stored text is HTML-escaped.
+//! reported outcomes over time against the planned schedule (an inline SVG chart with time and
+//! share axes, a legend, the halts and pauses marked: [`chart`]), counts per wave, and the
+//! failing sites with their reasons; times as UTC dates ([`crate::time`]). Rendered on the
+//! server from the database (no script, no external asset); the HTML is built with `format!`,
+//! and every stored or channel text goes through [`esc`].
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use crate::fleet::{self, FleetStatus, NodeState, ReleaseStatus};
 use crate::store::Row;
+use crate::time;
+
+mod chart;
+
+pub use chart::Mark;
 
 /// What the dashboard knows of the channel's rollouts (k3os-ops reads them from the channel's
 /// signed targets; without one, waves and the planned line are not shown).
@@ -21,6 +27,11 @@ pub trait Schedule: Send + Sync {
     /// rolling out, or unknown).
     fn hold(&self, _version: &str) -> Option<String> {
         None
+    }
+    /// The publisher's pause or withdrawal of `version`'s rollout, to mark on its chart (the
+    /// guard's halts and lifts come from the database).
+    fn marks(&self, _version: &str) -> Vec<Mark> {
+        Vec::new()
     }
 }
 
@@ -36,7 +47,7 @@ impl Schedule for NoSchedule {
     }
 }
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -44,95 +55,43 @@ fn esc(s: &str) -> String {
         .replace('\'', "&#39;")
 }
 
-/// The nodes seen so far and the (time, count) points of one line.
-type Cumulative<'a> = (BTreeSet<&'a str>, Vec<(u64, u64)>);
-
-/// Cumulative distinct nodes per state group over time, for one release's chart.
-fn series(rows: &[&Row]) -> Vec<(&'static str, Vec<(u64, u64)>)> {
-    let group = |r: &Row| match r.outcome.kind() {
-        "staged" => Some("staged"),
-        "blessed" => Some("blessed"),
-        "stage_failed" | "rolled_back" | "fell_back" => Some("failed"),
-        _ => None,
-    };
-    let mut out: BTreeMap<&'static str, Cumulative> = BTreeMap::new();
-    let mut sorted: Vec<&&Row> = rows.iter().collect();
-    sorted.sort_by_key(|r| (r.received, r.seq));
-    for r in sorted {
-        if let Some(g) = group(r) {
-            let (seen, pts) = out.entry(g).or_default();
-            if seen.insert(&r.node) {
-                pts.push((r.received, seen.len() as u64));
-            }
-        }
-    }
-    out.into_iter().map(|(k, (_, p))| (k, p)).collect()
-}
-
-const W: f64 = 640.0;
-const H: f64 = 200.0;
-
-fn chart(rel: &ReleaseStatus, rows: &[&Row], enrolled: u64, s: &dyn Schedule, now: u64) -> String {
-    let lines = series(rows);
-    let t0 = rows
+/// The release's chart: its reports replayed, the planned share, the guard's halts and lifts
+/// of it and the schedule's pause or withdrawal marked.
+fn release_chart(
+    rel: &ReleaseStatus,
+    rows: &[&Row],
+    actions: &[crate::GuardAction],
+    enrolled: u64,
+    s: &dyn Schedule,
+    now: u64,
+) -> String {
+    let mut marks: Vec<Mark> = actions
         .iter()
-        .map(|r| r.received)
-        .min()
-        .unwrap_or(now)
-        .min(now);
-    let t1 = now.max(t0 + 1);
-    let planned: Vec<(u64, u64)> = (0..=32)
-        .filter_map(|i| {
-            let t = t0 + (t1 - t0) * i / 32;
-            s.planned_share(&rel.version, t)
-                .map(|sh| (t, (sh * enrolled as f64).round() as u64))
+        .filter(|a| a.version == rel.version)
+        .filter_map(|a| match a.action.as_str() {
+            "halt" => Some(Mark {
+                at: a.at,
+                kind: "halt",
+                label: "halted by the guard".into(),
+            }),
+            "lifted" => Some(Mark {
+                at: a.at,
+                kind: "lifted",
+                label: "halt lifted".into(),
+            }),
+            _ => None,
         })
         .collect();
-    let ymax = lines
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|x| x.1))
-        .chain(planned.iter().map(|x| x.1))
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    let xy = |(t, n): (u64, u64)| {
-        let x = (t - t0) as f64 / (t1 - t0) as f64 * W;
-        let y = H - n as f64 / ymax as f64 * H;
-        format!("{x:.1},{y:.1}")
-    };
-    let mut svg = format!(
-        "<svg class=\"chart\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" role=\"img\" aria-label=\"{} over time\">",
-        esc(&rel.version)
-    );
-    let colour = |k: &str| match k {
-        "blessed" => "green",
-        "failed" => "red",
-        "planned" => "grey",
-        _ => "blue",
-    };
-    let mut all: Vec<(&str, Vec<(u64, u64)>)> = lines;
-    if !planned.is_empty() {
-        all.push(("planned", planned));
-    }
-    for (k, pts) in &all {
-        // Steps: hold each count until the next point, and to now.
-        let mut steps = Vec::new();
-        let mut last = 0;
-        for &(t, n) in pts {
-            steps.push(xy((t, last)));
-            steps.push(xy((t, n)));
-            last = n;
-        }
-        steps.push(xy((t1, last)));
-        let _ = write!(
-            svg,
-            "<polyline class=\"{k}\" data-last=\"{last}\" fill=\"none\" stroke=\"{}\" points=\"{}\"/>",
-            colour(k),
-            steps.join(" ")
-        );
-    }
-    svg.push_str("</svg>");
-    svg
+    marks.extend(s.marks(&rel.version));
+    marks.sort_by_key(|m| m.at);
+    chart::chart(
+        &rel.version,
+        &chart::series(rows),
+        &|t| s.planned_share(&rel.version, t),
+        enrolled,
+        &marks,
+        now,
+    )
 }
 
 fn wave_table(rel: &ReleaseStatus) -> String {
@@ -148,18 +107,10 @@ fn wave_table(rel: &ReleaseStatus) -> String {
     ];
     let head: String = states
         .iter()
-        .map(|s| {
-            format!(
-                "<th>{}</th>",
-                serde_json::to_value(s)
-                    .unwrap_or_default()
-                    .as_str()
-                    .unwrap_or("?")
-            )
-        })
+        .map(|s| format!("<th>{}</th>", s.label()))
         .collect();
     let mut t = format!(
-        "<table class=\"waves\"><tr><th>wave</th><th>nodes</th><th>offered</th>{head}</tr>"
+        "<table class=\"waves\"><tr><th>wave</th><th>nodes</th><th>offered</th>{head}<th>failed, waiting</th></tr>"
     );
     for w in &rel.waves {
         let name = w.wave.map_or("?".to_string(), |n| n.to_string());
@@ -169,8 +120,10 @@ fn wave_table(rel: &ReleaseStatus) -> String {
             .collect();
         let _ = write!(
             t,
-            "<tr data-wave=\"{name}\"><td>{name}</td><td>{}</td><td>{}</td>{cells}</tr>",
-            w.nodes, w.offered
+            "<tr data-wave=\"{name}\"><td>{name}</td><td>{}</td><td>{}</td>{cells}<td>{}</td></tr>",
+            w.nodes,
+            w.offered,
+            w.failed_waiting.values().sum::<u64>()
         );
     }
     t.push_str("</table>");
@@ -178,24 +131,21 @@ fn wave_table(rel: &ReleaseStatus) -> String {
 }
 
 fn failing(rows: &[&Row]) -> String {
-    // Each node's newest report about the release, when it is a failure.
-    let mut newest: BTreeMap<&str, &Row> = BTreeMap::new();
-    for r in rows {
-        if newest.get(r.node.as_str()).is_none_or(|n| n.seq < r.seq) {
-            newest.insert(&r.node, r);
-        }
-    }
+    // Each node's outcome for the release (crate::history), when it is a failure.
     let mut t = String::from(
-        "<table class=\"failing\"><tr><th>site</th><th>node</th><th>outcome</th><th>why</th></tr>",
+        "<table class=\"failing\"><tr><th>site</th><th>node</th><th>outcome</th><th>why</th><th>failed at (UTC)</th></tr>",
     );
-    for r in newest.values().filter(|r| r.outcome.why().is_some()) {
+    let outcomes = crate::history::outcomes_of(rows.iter().copied());
+    for o in outcomes.values().filter(|o| o.state.failed()) {
+        let r = o.decided_by;
         let _ = write!(
             t,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(&r.site),
-            esc(&r.node[..16]),
-            r.outcome.kind(),
-            esc(r.outcome.why().unwrap_or_default())
+            esc(&r.node[..16.min(r.node.len())]),
+            esc(&o.label()),
+            esc(r.outcome.why().unwrap_or_default()),
+            time::utc(r.received)
         );
     }
     t.push_str("</table>");
@@ -209,7 +159,7 @@ fn guard_table(actions: &[crate::GuardAction]) -> String {
         return "<p id=\"guard\">The guard has not run.</p>".into();
     }
     let mut t = String::from(
-        "<table id=\"guard\"><tr><th>at (Unix s)</th><th>action</th><th>release</th><th>detail</th><th>halt.json version</th></tr>",
+        "<table id=\"guard\"><tr><th>at (UTC)</th><th>action</th><th>release</th><th>detail</th><th>halt.json version</th></tr>",
     );
     let last_refresh = actions.iter().rposition(|a| a.action == "refresh");
     let shown = actions
@@ -223,7 +173,7 @@ fn guard_table(actions: &[crate::GuardAction]) -> String {
             t,
             "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(&a.action),
-            a.at,
+            time::utc(a.at),
             esc(&a.action),
             esc(&a.version),
             esc(&a.detail),
@@ -233,6 +183,14 @@ fn guard_table(actions: &[crate::GuardAction]) -> String {
     t.push_str("</table>");
     t
 }
+
+const STYLE: &str = "body{font-family:sans-serif;margin:16px 24px;color:#222}\
+table{border-collapse:collapse;font-size:14px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;white-space:nowrap}\
+th{font-weight:600;background:#f4f4f4}table.waves th{white-space:normal}\
+table.failing td:nth-child(4),#guard td:nth-child(4){white-space:normal}\
+figure.rollout{margin:8px 0}ul.legend{list-style:none;padding:0;margin:4px 0 0 64px;font-size:13px}\
+ul.legend li{margin:2px 0}.swatch{display:inline-block;width:18px;height:4px;margin-right:6px;vertical-align:middle}\
+li.offered .swatch{height:6px;opacity:.35}p.hold{color:#b30000;font-weight:bold}";
 
 /// The page for `rows` (every stored report) and the guard's `actions` at Unix time `now`;
 /// `enrolled` nodes make the planned line's 100 %.
@@ -250,9 +208,13 @@ pub fn render(
     );
     let mut page = format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Fleet status</title>\
-         <style>body{{font-family:sans-serif}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 6px}}</style></head>\
-         <body><h1>Fleet status</h1><p id=\"summary\">{} node(s) at {} site(s) of {enrolled} enrolled, {} report(s), {} dropped unsent</p>",
-        f.nodes, f.sites, f.reports, f.dropped
+         <style>{STYLE}</style></head>\
+         <body><h1>Fleet status</h1><p id=\"summary\">{} node(s) at {} site(s) of {enrolled} enrolled, {} report(s), {} dropped unsent; as of <time>{}</time></p>",
+        f.nodes,
+        f.sites,
+        f.reports,
+        f.dropped,
+        time::utc(now)
     );
     for rel in &f.releases {
         let mine: Vec<&Row> = rows
@@ -265,8 +227,10 @@ pub fn render(
             .unwrap_or_default();
         let _ = write!(
             page,
-            "<section class=\"release\" data-version=\"{v}\"><h2>{v} (generation {g})</h2>{hold}{}<h3>Per wave</h3>{}<h3>Failing sites</h3>{}</section>",
-            chart(rel, &mine, enrolled, s, now),
+            "<section class=\"release\" data-version=\"{v}\"><h2>{v} (generation {g})</h2><p class=\"last\">last report <time>{}</time>, {} silent</p>{hold}{}<h3>Per wave</h3>{}<h3>Failing sites</h3>{}</section>",
+            time::utc(rel.last_report),
+            rel.silent,
+            release_chart(rel, &mine, actions, enrolled, s, now),
             wave_table(rel),
             failing(&mine),
             v = esc(&rel.version),
@@ -334,12 +298,15 @@ mod tests {
             2000,
         );
         assert!(
-            page.contains("<tr class=\"halt\"><td>1990</td><td>halt</td><td>v&lt;2&gt;</td><td>1 of 2 &lt;b&gt;failed&lt;/b&gt;</td><td>4</td></tr>"),
+            page.contains("<tr class=\"halt\"><td>1970-01-01T00:33:10Z</td><td>halt</td><td>v&lt;2&gt;</td><td>1 of 2 &lt;b&gt;failed&lt;/b&gt;</td><td>4</td></tr>"),
             "{page}"
         );
         // Only the last re-signing run is shown.
         assert_eq!(page.matches("<tr class=\"refresh\">").count(), 1, "{page}");
-        assert!(page.contains("<td>1999</td><td>refresh</td>"), "{page}");
+        assert!(
+            page.contains("<td>1970-01-01T00:33:19Z</td><td>refresh</td>"),
+            "{page}"
+        );
         assert!(render(&rows, &[], 10, &NoSchedule, 2000).contains("The guard has not run."));
         assert!(
             page.contains("2 node(s) at 2 site(s) of 10 enrolled"),
@@ -357,6 +324,37 @@ mod tests {
         );
         assert!(
             page.contains("<polyline class=\"failed\" data-last=\"1\""),
+            "{page}"
+        );
+    }
+
+    #[test]
+    fn a_canary_that_failed_and_waits_is_shown_failed_and_waiting() {
+        let rows = vec![
+            row(
+                "a",
+                1,
+                Outcome::RolledBack {
+                    why: "check failed".into(),
+                },
+            ),
+            row(
+                "a",
+                2,
+                Outcome::Waiting {
+                    wait_for: fleet_report::WaitFor::Pause,
+                    until: None,
+                },
+            ),
+        ];
+        let page = render(&rows, &[], 10, &NoSchedule, 2000);
+        assert!(
+            page.contains("<td>rolled back, waiting (paused)</td><td>check failed</td>"),
+            "{page}"
+        );
+        // nodes 1, offered 1, rolled back 1, failed and waiting 1.
+        assert!(
+            page.contains("<td>?</td><td>1</td><td>1</td><td>0</td><td>0</td><td>0</td><td>0</td><td>0</td><td>1</td><td>0</td><td>0</td><td>1</td></tr>"),
             "{page}"
         );
     }
