@@ -15,6 +15,7 @@ mod cluster;
 mod fleet_reports;
 mod host_reboot;
 mod release_args;
+mod release_atomic;
 mod release_channel;
 mod release_e2e;
 mod release_openssl;
