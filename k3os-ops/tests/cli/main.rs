@@ -17,6 +17,7 @@ mod host_reboot;
 mod release_args;
 mod release_atomic;
 mod release_channel;
+mod release_create_refusal;
 mod release_e2e;
 mod release_openssl;
 mod release_repack;
