@@ -84,10 +84,9 @@ pub fn stage_targets(
     signers: &[SigningKey],
     expires: DateTime<Utc>,
 ) -> Result<Targets, TrustError> {
-    let dir = p.dir().to_path_buf();
     let served = verified(p)?.clone();
-    let dir = dir.as_path();
-    let index = crate::channel::build_index(dir)
+    let dir = p.dir().to_path_buf();
+    let index = crate::channel::build_index(&dir)
         .map_err(|e| publish_err(dir.display().to_string(), e.to_string()))?;
     // The rollouts of the verified targets carry over: re-listing the channel after a
     // `release create` must not restart, resume or un-withdraw any release's rollout.
@@ -121,7 +120,7 @@ pub fn stage_targets(
 }
 
 /// Re-sign `targets.json` one version up delegating the stop-only `halt` role
-/// ([`super::halt`]) to `keys` with `threshold` (`paths: ["halt/*"]`, terminating), replacing
+/// ([`crate::trust::halt`]) to `keys` with `threshold` (`paths: ["halt/*"]`, terminating), replacing
 /// any earlier halt delegation; with no keys, the delegation is removed (the channel has no
 /// guard). Every other delegated role is dropped: a node honours none. Staged in `p`; snapshot
 /// and timestamp are staged after it with [`super::stage_timestamp`].
