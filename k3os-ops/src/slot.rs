@@ -172,6 +172,10 @@ fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
                 "reports_spooled".into(),
                 serde_json::to_value(u.spooled_reports())?,
             );
+            o.insert(
+                "reports_refused".into(),
+                serde_json::to_value(u.report_refusals())?,
+            );
             if let Some(p) = &preview {
                 o.insert("stage_preview".into(), serde_json::to_value(p)?);
             }
@@ -181,6 +185,9 @@ fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
         print!("{}", render_status(&st));
         println!("{}", render_seed(seed));
         println!("{}", render_node_id(&node_id, u));
+        for line in u.report_refusals() {
+            println!("{line}");
+        }
         if let Some(p) = &preview {
             print!("{}", render_preview(p));
         }

@@ -23,6 +23,16 @@ fn descriptor(media: &str, b: &[u8]) -> String {
 /// The tar bytes of an OCI image layout holding image `name` (`docker.io/library/app:1`)
 /// made of `layers`.
 pub fn image_archive(name: &str, layers: &[Vec<u8>]) -> Vec<u8> {
+    archive(name, layers, false)
+}
+
+/// [`image_archive`] without the blob of its last layer (the manifest still lists it): an
+/// incomplete archive, as a `docker save` cut short leaves.
+pub fn image_archive_missing_layer(name: &str, layers: &[Vec<u8>]) -> Vec<u8> {
+    archive(name, layers, true)
+}
+
+fn archive(name: &str, layers: &[Vec<u8>], drop_last: bool) -> Vec<u8> {
     let config = format!(
         r#"{{"architecture":"amd64","os":"linux","rootfs":{{"type":"layers","diff_ids":[{}]}}}}"#,
         layers
@@ -60,7 +70,8 @@ pub fn image_archive(name: &str, layers: &[Vec<u8>]) -> Vec<u8> {
     add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
     add("index.json", &index);
     let mut blobs: Vec<&[u8]> = vec![&manifest, &config];
-    blobs.extend(layers.iter().map(Vec::as_slice));
+    let kept = layers.len() - usize::from(drop_last && !layers.is_empty());
+    blobs.extend(layers[..kept].iter().map(Vec::as_slice));
     let mut seen = std::collections::BTreeSet::new();
     for blob in blobs {
         let d = digest(blob);

@@ -32,7 +32,7 @@ pub use clock::VirtualClock;
 pub use collector::report_sink;
 #[cfg(feature = "disk")]
 pub use disk::{Loop, TestDisk, MIB};
-pub use image::image_archive;
+pub use image::{image_archive, image_archive_missing_layer};
 pub use node::{boot_as, dir_config, ModelLoader};
 pub use release::{
     assert_payloads_stored, keys, make_release, noise_release, release_manifest, release_size,

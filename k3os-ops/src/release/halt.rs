@@ -38,8 +38,8 @@ pub fn delegate(a: DelegateArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| super::metadata::public_key(p))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    a.sign.sign_with(&a.dir, &|dir, signers, expires| {
-        publish::write_delegation(dir, &keys, a.halt_threshold, signers, expires)
+    a.sign.sign_with(&a.dir, &|p, signers, expires| {
+        publish::stage_delegation(p, &keys, a.halt_threshold, signers, expires)
     })?;
     match keys.len() {
         0 => println!("{}: no halt role any more", a.dir.display()),

@@ -128,6 +128,13 @@ impl AnchorArgs {
         served::verify_served_from(dir, &bytes, &p.display().to_string())?;
         Ok(())
     }
+
+    /// A publish transaction over `dir`: its served metadata verified from the anchor when
+    /// one is given ([`AnchorArgs::check`]), and from the directory's own `1.root.json`.
+    pub(super) fn begin(&self, dir: &Path) -> anyhow::Result<publish::Publish> {
+        self.check(dir)?;
+        Ok(publish::Publish::begin(dir)?)
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -169,6 +176,19 @@ pub struct TargetsArgs {
     keys: Vec<PathBuf>,
     #[arg(long, default_value = "90d", value_parser = parse_lifetime)]
     expires: chrono::Duration,
+    /// Snapshot secret keys: with --timestamp-key, snapshot and timestamp are re-signed in the
+    /// same step, so nodes never see the new targets without the snapshot that pins them.
+    #[arg(long = "snapshot-key", requires = "timestamp")]
+    snapshot: Vec<PathBuf>,
+    /// Timestamp secret keys (with --snapshot-key).
+    #[arg(long = "timestamp-key", requires = "snapshot")]
+    timestamp: Vec<PathBuf>,
+    /// With the snapshot and timestamp keys: lifetime of the new snapshot.json.
+    #[arg(long, default_value = "30d", value_parser = parse_lifetime)]
+    snapshot_expires: chrono::Duration,
+    /// With the snapshot and timestamp keys: lifetime of the new timestamp.json.
+    #[arg(long, default_value = "7d", value_parser = parse_lifetime)]
+    timestamp_expires: chrono::Duration,
     #[command(flatten)]
     anchor: AnchorArgs,
 }
@@ -240,10 +260,30 @@ pub fn root(cmd: RootCmd) -> anyhow::Result<()> {
 }
 
 pub fn targets(a: TargetsArgs) -> anyhow::Result<()> {
-    a.anchor.check(&a.dir)?;
-    let t = publish::write_targets(&a.dir, &secrets(&a.keys)?, publish::expires_in(a.expires))?;
+    let signers = secrets(&a.keys)?;
+    let mut keys = secrets(&a.snapshot)?;
+    keys.extend(secrets(&a.timestamp)?);
+    let mut p = a.anchor.begin(&a.dir)?;
+    let t = publish::stage_targets(&mut p, &signers, publish::expires_in(a.expires))?;
+    let resigned = match keys.is_empty() {
+        true => None,
+        false => Some(publish::stage_timestamp(
+            &mut p,
+            &keys,
+            publish::expires_in(a.snapshot_expires),
+            publish::expires_in(a.timestamp_expires),
+        )?),
+    };
+    p.commit()?;
+    let then = match &resigned {
+        Some((s, ts)) => format!(
+            "; snapshot version {} and timestamp version {} pin it",
+            s.version, ts.version
+        ),
+        None => "; now run `k3os-ops release timestamp`".into(),
+    };
     println!(
-        "wrote targets version {} ({} releases, expires {}); now run `k3os-ops release timestamp`",
+        "wrote targets version {} ({} releases, expires {}){then}",
         t.version,
         t.targets.len(),
         time_str(&t.expires)
@@ -260,15 +300,16 @@ pub fn targets(a: TargetsArgs) -> anyhow::Result<()> {
 }
 
 pub fn timestamp(a: TimestampArgs) -> anyhow::Result<()> {
-    a.anchor.check(&a.dir)?;
     let mut keys = secrets(&a.snapshot)?;
     keys.extend(secrets(&a.timestamp)?);
-    let (s, t) = publish::write_timestamp(
-        &a.dir,
+    let mut p = a.anchor.begin(&a.dir)?;
+    let (s, t) = publish::stage_timestamp(
+        &mut p,
         &keys,
         publish::expires_in(a.snapshot_expires),
         publish::expires_in(a.expires),
     )?;
+    p.commit()?;
     println!(
         "wrote snapshot version {} and timestamp version {} (expires {})",
         s.version,

@@ -50,31 +50,35 @@ pub(super) fn published(dir: &Path) -> anyhow::Result<Targets> {
         })
 }
 
-/// How a command writes the new targets: (channel dir, targets signers, expiry).
-pub(super) type WriteTargets<'a> = dyn Fn(
-        &Path,
+/// How a command stages the new targets: (transaction, targets signers, expiry).
+pub(super) type StageTargets<'a> = dyn Fn(
+        &mut publish::Publish,
         &[publish::SigningKey],
         DateTime<Utc>,
     ) -> Result<Targets, libupgrade::trust::TrustError>
     + 'a;
 
 impl SignArgs {
-    /// Re-sign targets with `write`, then snapshot and timestamp (after the `--root` check).
-    pub(super) fn sign_with(&self, dir: &Path, write: &WriteTargets<'_>) -> anyhow::Result<()> {
-        self.anchor.check(dir)?;
-        let t = write(
-            dir,
-            &super::metadata::secrets(&self.keys)?,
-            publish::expires_in(self.targets_expires),
-        )?;
+    /// Re-sign targets with `stage`, then snapshot and timestamp, in one transaction over the
+    /// channel as it verified (from `--root` when given): every key file is read and every document signed and checked in
+    /// memory first, so a wrong or unreadable key of any role writes nothing.
+    pub(super) fn sign_with(&self, dir: &Path, stage: &StageTargets<'_>) -> anyhow::Result<()> {
+        let targets_keys = super::metadata::secrets(&self.keys)?;
         let mut keys = super::metadata::secrets(&self.snapshot)?;
         keys.extend(super::metadata::secrets(&self.timestamp)?);
-        let (s, ts) = publish::write_timestamp(
-            dir,
+        let mut p = self.anchor.begin(dir)?;
+        let t = stage(
+            &mut p,
+            &targets_keys,
+            publish::expires_in(self.targets_expires),
+        )?;
+        let (s, ts) = publish::stage_timestamp(
+            &mut p,
             &keys,
             publish::expires_in(self.snapshot_expires),
             publish::expires_in(self.expires),
         )?;
+        p.commit()?;
         println!(
             "wrote targets version {}, snapshot version {}, timestamp version {}",
             t.version, s.version, ts.version

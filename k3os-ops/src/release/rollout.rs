@@ -170,8 +170,8 @@ fn sign(
     a: &SignArgs,
     edit: &dyn Fn(Option<&Rollout>) -> Result<Rollout, libupgrade::rollout::RolloutError>,
 ) -> anyhow::Result<()> {
-    a.sign_with(dir, &|dir, signers, expires| {
-        publish::write_rollout(dir, version, edit, signers, expires)
+    a.sign_with(dir, &|p, signers, expires| {
+        publish::stage_rollout(p, version, edit, signers, expires)
     })
 }
 

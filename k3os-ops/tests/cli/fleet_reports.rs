@@ -3,7 +3,8 @@
 //! serve` channel and its signed report reaches a real `collector serve` on SQLite; with the
 //! collector down, the trial boot's report is spooled on the node's state partition and sent
 //! by the next command once the collector is back; the trial boot's bless follows. A node of a
-//! site the collector does not enrol is refused and keeps its reports.
+//! site the collector does not enrol is refused and keeps its reports; a refused report never
+//! holds newer ones back.
 
 use k3os_ops_testing::cli as cli_support;
 use k3os_ops_testing::release as release_support;
@@ -264,6 +265,85 @@ fn a_node_the_collector_does_not_enrol_is_refused_and_keeps_its_reports() {
         spooled(&node),
         1,
         "403 is kept: the node may be enrolled later"
+    );
+}
+
+/// Replace the node's `report_site` with `site` (what an operator's fix of the config does).
+fn set_site(node: &Node, site: &str) {
+    let cfg = std::fs::read_to_string(&node.config).unwrap();
+    let line = cfg
+        .lines()
+        .find(|l| l.starts_with("report_site"))
+        .unwrap()
+        .to_string();
+    let fixed = cfg.replace(&line, &format!("report_site = \"{site}\""));
+    std::fs::write(&node.config, fixed).unwrap();
+}
+
+/// The `reports:` lines of `slot status`.
+fn refusal_lines(node: &Node) -> Vec<String> {
+    let lines: Vec<String> = node
+        .ok(&["slot", "status"])
+        .lines()
+        .filter(|l| l.starts_with("reports: "))
+        .map(str::to_string)
+        .collect();
+    eprintln!("slot status: {lines:?}");
+    lines
+}
+
+/// A node enrolled for `site-1` but configured with a wrong site: its first report (staged) is
+/// refused with 403 and set aside, and the commands after it do not resend it ahead of the
+/// newer ones. Once the site is corrected, the trial boot's report goes through at the next
+/// command; the refused one, which the collector can no longer take, is dropped, counted in
+/// the next report, and `slot status` says so.
+#[test]
+fn a_refused_report_never_holds_back_newer_ones_and_ends_dropped_and_counted() {
+    let Site {
+        port,
+        node,
+        db,
+        allow,
+        srv,
+        chan: _chan,
+        work: _work,
+    } = Site::new("site-1", true);
+    set_site(&node, "site-typo");
+    let _collector = Collector::start(port, &db, &allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &srv.url]);
+    assert_eq!(stored(&db).len(), 0);
+    assert_eq!(spooled(&node), 1, "the refused report is kept aside");
+    let lines = refusal_lines(&node);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("reports: 1 refused by the collector (403 Forbidden: ")
+            && lines[0].contains("set aside after 1 try of 3"),
+        "{lines:?}"
+    );
+
+    set_site(&node, "site-1");
+    node.ok(&["slot", "activate"]);
+    let rows = stored(&db);
+    let kinds: Vec<&str> = rows.iter().map(|r| r.outcome.kind()).collect();
+    assert_eq!(kinds, ["trial_boot"], "the newer report went through");
+    assert_eq!(spooled(&node), 0, "the refused one is gone");
+    let lines = refusal_lines(&node);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("reports: 1 refused by the collector (403 Forbidden: ")
+            && lines[0].ends_with(
+                "dropped after 1 try: a newer report was stored, and the collector takes no older number"
+            ),
+        "{lines:?}"
+    );
+    cli_support_boot_b(&node);
+    node.ok(&["slot", "confirm"]);
+    let rows = stored(&db);
+    let last = rows.last().unwrap();
+    assert_eq!(
+        (last.outcome.kind(), last.dropped),
+        ("blessed", 1),
+        "{rows:?}"
     );
 }
 

@@ -140,7 +140,7 @@ fn commands(c: &Chan) -> Vec<(&'static str, Vec<String>)> {
 
 /// A channel whose v2 has a paused rollout (targets version 3), with the targets of version 1
 /// kept aside (`<temp>/targets.v1.json`) for the rolled-back tamper.
-fn channel() -> Chan {
+pub(crate) fn channel() -> Chan {
     let c = Chan::new(1);
     std::fs::copy(
         c.dir.join("targets.json"),

@@ -27,7 +27,11 @@ pub fn build_index(dir: &Path) -> Result<Index, ChannelError> {
     names.sort();
     for sub in names {
         let manifest_path = sub.join(MANIFEST_FILE);
-        if !sub.is_dir() || !manifest_path.is_file() {
+        // A hidden directory is a release `release create` is still building: never listed.
+        let hidden = sub
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'));
+        if hidden || !sub.is_dir() || !manifest_path.is_file() {
             continue;
         }
         if !sub.join(SIGNATURE_FILE).is_file() {

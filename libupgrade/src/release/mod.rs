@@ -4,7 +4,9 @@
 //! This module owns the publisher side of a release: `create` streams each input file once
 //! (read → sha256 → write, 1 MiB at a time, so a multi-GiB rootfs never sits in memory),
 //! writes every output under a temporary name and renames it into place after fsync, writes
-//! `manifest.json` and its signature last, and — when the output directory sits inside a
+//! `manifest.json` and its signature last, all in a staging directory beside the output that
+//! is moved into place only once the release is complete (`staging`: a refusal at any step
+//! leaves the output directory as it was), and — when the output directory sits inside a
 //! channel (its parent holds `index.json`) — picks the generation and rebuilds the channel
 //! index. A half-written release therefore never appears in a channel's index.
 //!
@@ -13,7 +15,7 @@
 //! nodes fetch only the chunks they lack with HTTP `Range` requests against the plain files.
 //!
 //! Files: this one (options, errors, `create` in its steps), `copy` (the copy-hash-chunk pass
-//! and atomic writes), `verify` (`verify_dir`, what `release verify` runs), `tests`.
+//! and atomic writes), `staging` (the directory a release is built in), `verify` (`verify_dir`, what `release verify` runs), `tests`.
 
 use std::fs;
 use std::io::{self, Read};
@@ -287,8 +289,10 @@ pub fn create_with_verity(
     let mut manifest = draft_manifest(opts, generation)?;
     let bases = patches::load(patch_from, opts.arch)?;
 
-    fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
-    let copy = |src: &Path, name: &str| copy_hashed(src, &opts.out_dir, name, chunking, progress);
+    // Built beside the output directory and moved into place only when complete.
+    let staging = staging::Staging::new(&opts.out_dir)?;
+    let out = staging.path();
+    let copy = |src: &Path, name: &str| copy_hashed(src, out, name, chunking, progress);
     manifest.files.rootfs = copy(&opts.rootfs, ROOTFS_FILE)?;
     manifest.files.kernel = copy(&opts.kernel, KERNEL_FILE)?;
     manifest.files.initrd = copy(&opts.initrd, INITRD_FILE)?;
@@ -298,20 +302,21 @@ pub fn create_with_verity(
         .map(|p| payloads::publish(p, &copy))
         .collect::<Result<_, _>>()?;
     for sc in &opts.scripts {
-        write_atomic(&opts.out_dir, sc.kind.file_name(), sc.text.as_bytes())?;
+        write_atomic(out, sc.kind.file_name(), sc.text.as_bytes())?;
     }
-    let built = patches::add(&opts.out_dir, &mut manifest, &bases)?;
+    let built = patches::add(out, &mut manifest, &bases)?;
     if let Some(o) = verity {
-        manifest.verity = Some(verity::format(&opts.out_dir, &manifest.files.rootfs, o)?);
+        manifest.verity = Some(verity::format(out, &manifest.files.rootfs, o)?);
     }
 
     let bytes = manifest.to_bytes();
     Manifest::parse(&bytes)?;
     let sig = signing::sign_with(&bytes, &key);
     // Signature first, manifest last: a directory with a manifest is a complete release.
-    write_atomic(&opts.out_dir, SIGNATURE_FILE, &sig)?;
-    write_atomic(&opts.out_dir, MANIFEST_FILE, &bytes)?;
-    fsync_dir(&opts.out_dir)?;
+    write_atomic(out, SIGNATURE_FILE, &sig)?;
+    write_atomic(out, MANIFEST_FILE, &bytes)?;
+    fsync_dir(out)?;
+    staging.finish()?;
 
     if let Some(ch) = channel_dir {
         channel::write_index(&ch)?;
@@ -482,6 +487,7 @@ fn check_squashfs(path: &Path) -> Result<(), ReleaseError> {
 mod copy;
 pub mod patches;
 mod payloads;
+mod staging;
 mod verify;
 mod verity;
 

@@ -12,7 +12,10 @@
 //!   [`Updater::resolve`], [`Updater::activate_awaiting`], [`Updater::rollback`],
 //!   [`Updater::confirm_with`]); pure mappings in `outcome` decide which outcome makes which
 //!   report. A wait is reported once per release and reason: an idle or waiting node
-//!   spools nothing new. [`Updater::send_reports`] sends, oldest first (`send`).
+//!   spools nothing new. [`Updater::send_reports`] sends, oldest first (`send`); a report
+//!   the collector refuses is set aside and never holds newer ones back (`refusal` states
+//!   which answers refuse, how often a refused report is tried and when it is dropped;
+//!   [`Updater::report_refusals`] says what became of them).
 //! - **Never in the way**: spooling and sending never fail or stop a flow (errors are logged);
 //!   a send gives up after a few seconds, leaving the rest spooled ([`spool`]: bounded,
 //!   oldest dropped and counted, numbered so that a resend is idempotent).
@@ -20,6 +23,7 @@
 mod key;
 pub(crate) mod outcome;
 mod redact;
+mod refusal;
 mod send;
 mod spool;
 
@@ -37,6 +41,7 @@ pub use spool::{Limits, SPOOL_DIR};
 use crate::error::Result;
 use crate::updater::Updater;
 use outcome::Note;
+use refusal::{After, DropReason};
 use spool::Spool;
 
 /// A resolution's wait, as far as reporting goes.
@@ -131,19 +136,87 @@ impl Reporter {
     }
 
     fn send(&self) -> ReportsSent {
-        let out = send::send(&self.spool, &self.url);
-        if out.refused > 0 {
-            let counted = self.spool.lock().and_then(|_lock| {
-                let mut meta = self.spool.meta()?;
-                meta.dropped += out.refused;
-                self.spool.save_meta(&meta)
-            });
-            if let Err(e) = counted {
-                log::warn!("refused reports not counted: {}", crate::chain_line(&e));
+        self.send_at(unix_now())
+    }
+
+    /// Send the spool at `now` (Unix seconds), then settle the refused reports in `spool.json`.
+    fn send_at(&self, now: u64) -> ReportsSent {
+        let aside = self.spool.meta().map(|m| m.refused).unwrap_or_default();
+        let round = send::send(&self.spool, &self.url, &aside, now);
+        let mut out = round.out.clone();
+        let nothing_to_settle = round.refused.is_empty()
+            && out.refused == 0
+            && (aside.is_empty() || round.stored_max.is_none());
+        if nothing_to_settle {
+            out.set_aside = aside.len() as u64;
+            return out;
+        }
+        match self.settle(&round, now) {
+            Ok((dropped, set_aside)) => {
+                out.refused += dropped;
+                out.kept = out.kept.saturating_sub(dropped);
+                out.set_aside = set_aside;
             }
+            Err(e) => log::warn!("refused reports not counted: {}", crate::chain_line(&e)),
         }
         out
     }
+
+    /// Record `round`'s refusals in `spool.json` ([`refusal`]: set aside, or dropped after the
+    /// last try or once a newer report was stored) and count what was dropped. Returns how
+    /// many refused reports were dropped and how many stay set aside.
+    fn settle(&self, round: &send::Round, now: u64) -> Result<(u64, u64)> {
+        let _lock = self.spool.lock()?;
+        let mut meta = self.spool.meta()?;
+        meta.dropped += round.out.refused;
+        let mut gone = Vec::new();
+        for (seq, status, reason) in &round.refused {
+            match refusal::after_refusal(meta.refused.get(seq), *status, reason, now) {
+                After::Kept(r) => {
+                    meta.refused.insert(*seq, r);
+                }
+                After::Dropped(r) => gone.push((*seq, r, DropReason::Tries)),
+            }
+        }
+        if let Some(max) = round.stored_max {
+            let older: Vec<u64> = meta.refused.range(..max).map(|(s, _)| *s).collect();
+            for seq in older {
+                let r = meta.refused[&seq].clone();
+                gone.push((seq, r, DropReason::Superseded));
+            }
+        }
+        for (seq, r, why) in &gone {
+            self.spool.remove(*seq)?;
+            meta.refused.remove(seq);
+            meta.dropped += 1;
+            let count = meta.refused_dropped.as_ref().map_or(0, |d| d.count) + 1;
+            meta.refused_dropped = Some(refusal::Dropped {
+                count,
+                last: r.clone(),
+                why: *why,
+            });
+        }
+        // A report no longer spooled (the oldest of a full spool, dropped) is not set aside.
+        let spooled: Vec<u64> = self.spool.pending()?.iter().map(|p| p.0).collect();
+        meta.refused.retain(|s, _| spooled.contains(s));
+        self.spool.save_meta(&meta)?;
+        Ok((gone.len() as u64, meta.refused.len() as u64))
+    }
+
+    /// `slot status` lines about refused reports (none when none was refused).
+    fn status_lines(&self) -> Vec<String> {
+        let Ok(meta) = self.spool.meta() else {
+            return Vec::new();
+        };
+        let aside: Vec<&refusal::Refusal> = meta.refused.values().collect();
+        refusal::status_lines(&aside, meta.refused_dropped.as_ref())
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Updater {
@@ -167,6 +240,13 @@ impl Updater {
             log::warn!("reports: {} sent, {} kept: {why}", out.sent, out.kept);
         }
         Some(out)
+    }
+
+    /// What became of the reports the collector refused, one line each for `slot status`:
+    /// those set aside for a later try, and those dropped so far (none when the node reports
+    /// nowhere or the collector refused none).
+    pub fn report_refusals(&self) -> Vec<String> {
+        self.reporter().map_or_else(Vec::new, |r| r.status_lines())
     }
 
     /// Reports spooled and not yet sent (0 when the node reports nowhere).

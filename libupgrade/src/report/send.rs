@@ -1,10 +1,14 @@
 //! Sending the spool: oldest first, each report POSTed as it was signed, under a short
-//! deadline, stopping at the first report the collector cannot take now.
+//! deadline. A report the collector refuses is set aside and the send goes on with the newer
+//! ones; the send stops at the first answer that says the collector can take nothing now
+//! ([`super::refusal`] states which answer is which).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::refusal::{self, due, Refusal, Verdict};
 use super::spool::Spool;
 
 /// One request's time limit.
@@ -19,121 +23,118 @@ pub const CONTENT_TYPE: &str = "application/vnd.k3os-ops.report.v1";
 pub struct ReportsSent {
     /// Reports the collector accepted (or already held: a resend).
     pub sent: u64,
-    /// Reports the collector refused for good (malformed, or another report holds the
-    /// number): dropped from the spool and counted in the running total every report carries.
+    /// Reports dropped as refused for good: rejected (malformed, or another report holds the
+    /// number), refused [`refusal::MAX_TRIES`] times, or refused and then outnumbered by a
+    /// stored newer one; counted in the running total every report carries.
     pub refused: u64,
+    /// Reports the collector refused this time and that are set aside for a later try.
+    pub set_aside: u64,
     /// Reports still spooled for the next send.
     pub kept: u64,
-    /// Why sending stopped early (the collector unreachable, busy, or refusing this node).
+    /// Why sending stopped early (the collector unreachable or busy).
     pub stopped: Option<String>,
 }
 
-/// What to do with a report after the collector's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Accepted or already held: forget it.
-    Done,
-    /// Refused for good: forget it and count it.
-    Refused,
-    /// Not now (unreachable, busy, not enrolled yet): keep it and stop.
-    Retry,
+/// One send's answers, for the spool's bookkeeping (`Reporter::send`).
+#[derive(Debug, Default)]
+pub(super) struct Round {
+    /// What the send did (`refused` counts the rejected only, until the bookkeeping).
+    pub out: ReportsSent,
+    /// Reports refused this time: number, status, reason.
+    pub refused: Vec<(u64, u16, String)>,
+    /// The highest number the collector stored this time.
+    pub stored_max: Option<u64>,
 }
 
-/// Pure: the collector's HTTP status → what to do with the report.
-pub fn verdict(status: u16) -> Verdict {
-    match status {
-        200..=299 => Verdict::Done,
-        // Bad bytes, too large, or a replayed number: sending again cannot help.
-        400 | 409 | 413 | 422 => Verdict::Refused,
-        // 403 (not enrolled yet), 429 (rate limit), 5xx, others: later.
-        _ => Verdict::Retry,
-    }
-}
-
-fn post(client: &reqwest::blocking::Client, url: &str, body: Vec<u8>) -> Result<u16, String> {
-    client
+fn post(
+    client: &reqwest::blocking::Client,
+    url: &str,
+    body: Vec<u8>,
+) -> Result<(u16, String), String> {
+    let r = client
         .post(url)
         .timeout(REQUEST_TIMEOUT)
         .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
         .body(body)
         .send()
-        .map(|r| r.status().as_u16())
-        .map_err(|e| format!("POST {url}: {}", crate::chain_line(&e)))
+        .map_err(|e| format!("POST {url}: {}", crate::chain_line(&e)))?;
+    let status = r.status().as_u16();
+    let text = match status {
+        400..=499 => r.text().unwrap_or_default(),
+        _ => String::new(),
+    };
+    Ok((status, refusal::reason_of(&text)))
 }
 
-/// Send what `spool` holds to `url`; every failure is in the result, never an error.
-pub fn send(spool: &Spool, url: &str) -> ReportsSent {
-    let mut out = ReportsSent::default();
+/// Send what `spool` holds to `url` at `now` (Unix seconds): reports set aside in `aside`
+/// are sent only once due. Every failure is in the result, never an error.
+pub(super) fn send(spool: &Spool, url: &str, aside: &BTreeMap<u64, Refusal>, now: u64) -> Round {
+    let mut round = Round::default();
     let pending = match spool.pending() {
         Ok(p) => p,
         Err(e) => {
-            out.stopped = Some(crate::chain_line(&e));
-            return out;
+            round.out.stopped = Some(crate::chain_line(&e));
+            return round;
         }
     };
-    out.kept = pending.len() as u64;
-    if pending.is_empty() {
-        return out;
+    round.out.kept = pending.len() as u64;
+    let todo: Vec<_> = pending
+        .into_iter()
+        .filter(|(seq, _, _)| aside.get(seq).is_none_or(|r| due(r, now)))
+        .collect();
+    if todo.is_empty() {
+        return round;
     }
     let client = match crate::http::client() {
         Ok(c) => c,
         Err(e) => {
-            out.stopped = Some(format!("no HTTP client: {e}"));
-            return out;
+            round.out.stopped = Some(format!("no HTTP client: {e}"));
+            return round;
         }
     };
     let start = Instant::now();
-    for (seq, path, _) in pending {
+    for (seq, path, _) in todo {
         if start.elapsed() > SEND_BUDGET {
-            out.stopped = Some(format!("{} s spent; the rest waits", SEND_BUDGET.as_secs()));
+            round.out.stopped = Some(format!("{} s spent; the rest waits", SEND_BUDGET.as_secs()));
             break;
         }
         let Ok(body) = std::fs::read(&path) else {
             continue; // another sender took it
         };
-        let status = match post(&client, url, body) {
+        let (status, reason) = match post(&client, url, body) {
             Ok(s) => s,
             Err(e) => {
-                out.stopped = Some(e);
+                round.out.stopped = Some(e);
                 break;
             }
         };
-        match verdict(status) {
+        match refusal::verdict(status) {
             Verdict::Retry => {
-                out.stopped = Some(format!("{url} answered HTTP {status} to report {seq}"));
+                round.out.stopped = Some(format!("{url} answered HTTP {status} to report {seq}"));
                 break;
+            }
+            Verdict::Refused => {
+                log::warn!(
+                    "{url} refused report {seq} ({}: {reason}): set aside, newer reports go on",
+                    refusal::status_text(status)
+                );
+                round.refused.push((seq, status, reason));
             }
             v => {
                 if let Err(e) = spool.remove(seq) {
-                    out.stopped = Some(crate::chain_line(&e));
+                    round.out.stopped = Some(crate::chain_line(&e));
                     break;
                 }
-                out.kept -= 1;
+                round.out.kept -= 1;
                 if v == Verdict::Done {
-                    out.sent += 1;
+                    round.out.sent += 1;
+                    round.stored_max = round.stored_max.max(Some(seq));
                 } else {
                     log::warn!("{url} refused report {seq} for good (HTTP {status}): dropped");
-                    out.refused += 1;
+                    round.out.refused += 1;
                 }
             }
         }
     }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn statuses_map_to_what_a_resend_could_change() {
-        assert_eq!(verdict(200), Verdict::Done);
-        assert_eq!(verdict(201), Verdict::Done);
-        for s in [400, 409, 413, 422] {
-            assert_eq!(verdict(s), Verdict::Refused, "{s}");
-        }
-        for s in [403, 404, 429, 500, 503] {
-            assert_eq!(verdict(s), Verdict::Retry, "{s}");
-        }
-    }
+    round
 }

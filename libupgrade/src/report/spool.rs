@@ -5,7 +5,10 @@
 //! envelope exactly as it is sent, and `spool.json` (`format: 1`): the next sequence number,
 //! the running total of reports dropped (carried in every report's `dropped`, so the collector
 //! learns it from whichever report arrives), the last
-//! channel and the last wait reported (so a waiting node reports its wait once).
+//! channel and the last wait reported (so a waiting node reports its wait once), and the
+//! reports the collector refused, set aside with their status, reason and tries
+//! ([`super::refusal`]; optional fields of format 1: a spool written before them reads as
+//! having none, and a build before them ignores them).
 //!
 //! Bounded by [`Limits`]: when a new report makes it hold more files or bytes, the oldest are
 //! dropped and counted. Numbers are reserved in `spool.json` before the report file is written,
@@ -16,8 +19,11 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
+use super::refusal::{Dropped, Refusal};
 use crate::error::{Error, Result};
 
 /// The spool's directory inside the state directory.
@@ -62,6 +68,14 @@ pub struct Meta {
     /// The last wait reported (release, reason, start), so it is reported once.
     #[serde(default)]
     pub last_wait: Option<String>,
+    /// Reports the collector refused, set aside for a later try, by number
+    /// ([`super::refusal`]); absent in spools written before refusals were set aside (read
+    /// as none).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub refused: BTreeMap<u64, Refusal>,
+    /// Refused reports dropped so far, and the last one (for `slot status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_dropped: Option<Dropped>,
 }
 
 /// The spool of one node.
@@ -132,6 +146,8 @@ impl Spool {
             channel: String::new(),
             seed: None,
             last_wait: None,
+            refused: BTreeMap::new(),
+            refused_dropped: None,
         };
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,

@@ -347,3 +347,134 @@ fn a_long_or_odd_channel_and_version_still_make_a_signed_report() {
     assert!(got[0].version.len() <= 128 && got[0].version.starts_with("vü"));
     assert_eq!(fit("a\u{1b}[31mb", 10), "a[31mb");
 }
+
+fn meta(r: &Reporter) -> spool::Meta {
+    r.spool.meta().unwrap()
+}
+
+/// A collector that refuses every report (403): each is set aside and tried again only once
+/// due, twice as late each time, and dropped and counted at the third refusal; nothing stops
+/// the send, and `slot status` says what happened.
+#[test]
+fn a_refused_report_is_set_aside_retried_with_backoff_then_dropped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, bodies) = testkit::report_sink(vec![403; 6]);
+    let r = reporter(dir.path(), &url, Limits::default());
+    r.spool(vec![note(Outcome::TrialBoot)], None, Wait::Unchanged);
+    r.spool(vec![note(Outcome::Blessed)], None, Wait::Unchanged);
+    let t0 = 1_800_000_000;
+    let out = r.send_at(t0);
+    assert_eq!(
+        (out.sent, out.refused, out.set_aside, out.kept),
+        (0, 0, 2, 2),
+        "{out:?}"
+    );
+    assert!(
+        out.stopped.is_none(),
+        "a refusal does not stop the send: {out:?}"
+    );
+    assert_eq!(bodies.try_iter().count(), 2, "both were tried");
+    assert!(r.status_lines()[0].starts_with(
+        "reports: 2 refused by the collector (403 Forbidden), set aside after 1 try of 3"
+    ));
+    // Not due yet: nothing is sent.
+    let out = r.send_at(t0 + refusal::RETRY_BASE_SECS - 1);
+    assert_eq!((out.sent, out.set_aside, out.kept), (0, 2, 2), "{out:?}");
+    assert_eq!(bodies.try_iter().count(), 0);
+    let t1 = t0 + refusal::RETRY_BASE_SECS;
+    r.send_at(t1);
+    assert_eq!(bodies.try_iter().count(), 2);
+    assert!(meta(&r).refused.values().all(|f| f.tries == 2));
+    r.send_at(t1 + 2 * refusal::RETRY_BASE_SECS - 1);
+    assert_eq!(
+        bodies.try_iter().count(),
+        0,
+        "the second wait is twice the first"
+    );
+    let out = r.send_at(t1 + 2 * refusal::RETRY_BASE_SECS);
+    assert_eq!((out.refused, out.set_aside, out.kept), (2, 0, 0), "{out:?}");
+    assert!(r.spool.pending().unwrap().is_empty());
+    let m = meta(&r);
+    assert_eq!(m.dropped, 2);
+    assert!(m.refused.is_empty());
+    assert_eq!(
+        r.status_lines(),
+        ["reports: 2 refused by the collector (403 Forbidden), dropped after 3 tries"]
+    );
+    r.spool(vec![note(Outcome::Blessed)], None, Wait::Unchanged);
+    assert_eq!(
+        spooled(&r).last().unwrap().dropped,
+        2,
+        "the next report counts them"
+    );
+}
+
+/// A refused report never holds a newer one back: the newer one is sent in the same round,
+/// and once it is stored the refused one (which the collector can no longer take: its number
+/// is lower) is dropped and counted.
+#[test]
+fn a_newer_report_goes_past_a_refused_one_which_is_then_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, bodies) = testkit::report_sink(vec![403, 201]);
+    let r = reporter(dir.path(), &url, Limits::default());
+    r.spool(vec![note(Outcome::TrialBoot)], None, Wait::Unchanged);
+    r.spool(vec![note(Outcome::Blessed)], None, Wait::Unchanged);
+    let before = spooled(&r);
+    let out = r.send_at(1_800_000_000);
+    assert_eq!(
+        (out.sent, out.refused, out.set_aside, out.kept),
+        (1, 1, 0, 0),
+        "{out:?}"
+    );
+    let sent: Vec<u64> = bodies
+        .try_iter()
+        .map(|b| fleet_report::parse(&b).unwrap().report.seq)
+        .collect();
+    assert_eq!(sent, [before[0].seq, before[1].seq]);
+    assert_eq!(meta(&r).dropped, 1);
+    assert_eq!(
+        r.status_lines(),
+        ["reports: 1 refused by the collector (403 Forbidden), dropped after 1 try: a newer report was stored, and the collector takes no older number"]
+    );
+}
+
+/// The spool as builds before refusals were set aside wrote it (no `refused` fields) is read
+/// and sent as before; and what this build writes is still read by such a build's `Meta`
+/// (unknown fields are ignored), which then sends every report as before.
+#[test]
+fn a_spool_written_before_refusals_were_set_aside_is_read_and_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _bodies) = testkit::report_sink(vec![403, 201]);
+    let r = reporter(dir.path(), &url, Limits::default());
+    r.spool(vec![note(Outcome::TrialBoot)], None, Wait::Unchanged);
+    let seq = spooled(&r)[0].seq;
+    let old = format!(
+        r#"{{"format":1,"next_seq":{},"dropped":3,"channel":"http://ch/stable","last_wait":null}}"#,
+        seq + 1
+    );
+    std::fs::write(r.spool.dir().join("spool.json"), old).unwrap();
+    let m = meta(&r);
+    assert_eq!((m.dropped, m.channel.as_str()), (3, "http://ch/stable"));
+    assert!(m.refused.is_empty() && m.refused_dropped.is_none());
+    let out = r.send_at(1_800_000_000);
+    assert_eq!((out.set_aside, out.kept), (1, 1), "{out:?}");
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct OldMeta {
+        format: u32,
+        next_seq: u64,
+        dropped: u64,
+        #[serde(default)]
+        channel: String,
+        #[serde(default)]
+        seed: Option<u32>,
+        #[serde(default)]
+        last_wait: Option<String>,
+    }
+    let written = std::fs::read(r.spool.dir().join("spool.json")).unwrap();
+    assert!(String::from_utf8_lossy(&written).contains("\"refused\""));
+    let read: OldMeta = serde_json::from_slice(&written).unwrap();
+    assert_eq!((read.format, read.next_seq, read.dropped), (1, seq + 1, 3));
+    r.spool(vec![note(Outcome::Blessed)], None, Wait::Unchanged);
+    assert_eq!(spooled(&r).last().unwrap().dropped, 3);
+}

@@ -112,11 +112,19 @@ impl Store {
 pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), TrustError> {
     let tmp: PathBuf = dir.join(format!(".{name}.part"));
     let dst = dir.join(name);
-    let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
-    f.write_all(bytes).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
-    drop(f);
-    fs::rename(&tmp, &dst).map_err(io(&dst))?;
+    let written = fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    // A failed write (a full disk) leaves no temporary file behind.
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(io(&tmp)(e));
+    }
+    if let Err(e) = fs::rename(&tmp, &dst) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io(&dst)(e));
+    }
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io(dir))

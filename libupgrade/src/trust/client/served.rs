@@ -55,7 +55,13 @@ pub struct Served {
 /// [`TrustError::Unverified`] around the check that failed (which names the file); a channel
 /// without a root is [`TrustError::Publish`].
 pub fn verify_served(dir: &Path) -> Result<Served, TrustError> {
-    let src = DirMeta(dir.to_path_buf());
+    verify_source(&DirMeta(dir.to_path_buf()))
+}
+
+/// [`verify_served`] over any source of the channel's files: the publish transaction
+/// ([`crate::trust::publish::Publish`]) checks the directory as it will be once its new files
+/// are in place, before a byte is written.
+pub(crate) fn verify_source(src: &dyn MetaSource) -> Result<Served, TrustError> {
     let first = src.location("1.root.json");
     let Some(bytes) = src.fetch("1.root.json", MAX_ROOT_BYTES)? else {
         return Err(TrustError::Publish {
@@ -63,7 +69,7 @@ pub fn verify_served(dir: &Path) -> Result<Served, TrustError> {
             why: "no root: run `k3os-ops release root init` for this channel first".into(),
         });
     };
-    check(&src, &bytes, &first).map_err(|e| TrustError::Unverified {
+    check(src, &bytes, &first).map_err(|e| TrustError::Unverified {
         refused: Box::new(e),
     })
 }
@@ -83,7 +89,7 @@ pub fn verify_served_from(
     })
 }
 
-fn check(src: &DirMeta, first: &[u8], first_loc: &str) -> Result<Served, TrustError> {
+fn check(src: &dyn MetaSource, first: &[u8], first_loc: &str) -> Result<Served, TrustError> {
     let mut rec = Record::from_root(first, first_loc)?;
     let chain = walk_chain(src, &mut rec)?;
     let root = chain.last().expect("a chain holds its first root").clone();
@@ -141,14 +147,14 @@ fn check(src: &DirMeta, first: &[u8], first_loc: &str) -> Result<Served, TrustEr
     })
 }
 
-fn missing(src: &DirMeta, role: Role) -> TrustError {
+fn missing(src: &dyn MetaSource, role: Role) -> TrustError {
     TrustError::Missing {
         file: role.file().into(),
         location: src.location(role.file()),
     }
 }
 
-fn required(src: &DirMeta, name: &str, max: u64) -> Result<Vec<u8>, TrustError> {
+fn required(src: &dyn MetaSource, name: &str, max: u64) -> Result<Vec<u8>, TrustError> {
     src.fetch(name, max)?.ok_or_else(|| TrustError::Missing {
         file: name.into(),
         location: src.location(name),
