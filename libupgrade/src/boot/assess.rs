@@ -133,6 +133,20 @@ fn boot_word(b: SlotBoot) -> &'static str {
     }
 }
 
+/// What an assessment builds up as it goes: the new state, the effects in order, and whether
+/// the state changed since the last save it planned.
+struct Work {
+    st: State,
+    effects: Vec<Effect>,
+    dirty: bool,
+}
+
+impl Work {
+    fn finish(self, verdict: Verdict, barrier: &'static str) -> Assessment {
+        finish(self.st, self.effects, verdict, self.dirty, barrier)
+    }
+}
+
 /// Decide one boot's assessment; see the module docs for the rules. Every slot change it
 /// decides is an edge of the slot lifecycle; one that is not (a state file no release writes)
 /// is refused with the edge it lacks, and nothing is carried out.
@@ -143,115 +157,150 @@ pub fn assess(
     checks: &[CheckResult],
 ) -> Result<Assessment, TransitionError> {
     let booted = boot.slot;
-    let other = booted.other();
-    let bid = boot.boot_id.as_str();
-    let env = &loader.env;
-    let mut st = state.clone();
-    let mut effects = Vec::new();
-    let mut other_slot = None;
+    let st = state.clone();
     // A first run bootstraps the booted slot in memory (Updater::load): save it.
-    let mut dirty = st.slot(booted).since != 0
+    let dirty = st.slot(booted).since != 0
         && st
             .history
             .last()
             .is_some_and(|d| d.event == Event::Bootstrap);
-
+    let mut w = Work {
+        st,
+        effects: Vec::new(),
+        dirty,
+    };
     // 1. The other slot's trial.
-    if let Some(act) = st.activation.clone() {
-        if act.slot == other && act.boot_id != bid {
-            if st.slot(other).state == SlotState::Trying {
-                match env.get(other) {
-                    SlotBoot::Trying { tries_left } => {
-                        let used = act.tries.saturating_sub(tries_left);
-                        st.transition(other, Event::FallbackTaken,
-                            format!(
-                                "slot {other} did not confirm: {} booted {booted} after {used} of {} tries of {other} ({tries_left} left){}",
-                                loader.name, act.tries,
-                                crate::boot::verity_failure::why(boot.verity_failure.as_ref(), other)
-                            ),
-                        )?;
-                        effects.push(Effect::Loader {
-                            op: LoaderOp::MarkBad(other),
-                            barrier: "confirm:fallback-marked-bad",
-                        });
-                        other_slot = Some(OtherSlot::FallbackTaken {
-                            slot: other,
-                            used,
-                            tries: act.tries,
-                        });
-                    }
-                    _ => {
-                        st.transition(other, Event::ActivationLost,
-                            format!("activation of slot {other} never reached {} (interrupted?); it stays staged", loader.name),
-                        )?;
-                        other_slot = Some(OtherSlot::ActivationLost { slot: other });
-                    }
-                }
-            }
-            st.activation = None;
-            dirty = true;
-        }
-    }
-
+    let other_slot = settle_other_trial(&mut w, loader, boot)?;
     // 2. One `booted` record per boot.
-    if st.last_boot_id.as_deref() != Some(bid) {
-        let rec = st.slot(booted);
-        let why = match env.get(booted) {
-            SlotBoot::Trying { tries_left } => format!(
-                "booted slot {booted} ({}) on trial, {tries_left} tries left",
-                rec.state
-            ),
-            b => format!(
-                "booted slot {booted} ({}, bootloader: {})",
-                rec.state,
-                boot_word(b)
-            ),
-        };
-        let (v, g) = (rec.version.clone(), rec.generation);
-        st.log(booted, Event::Booted, v, g, why);
-        st.last_boot_id = Some(bid.to_string());
-        dirty = true;
-    }
-
-    let state_now = st.slot(booted).state;
+    record_boot(&mut w, loader, boot);
+    // 3. The booted slot.
+    let state_now = w.st.slot(booted).state;
     let mut verdict = Verdict {
-        boot_id: bid.to_string(),
+        boot_id: boot.boot_id.clone(),
         slot: booted,
-        version: st.slot(booted).version.clone(),
+        version: w.st.slot(booted).version.clone(),
         outcome: Outcome::Good,
         reason: String::new(),
         other_slot,
         checks: checks.to_vec(),
         loader_damage: loader.integrity.damaged.clone(),
     };
-
-    // 3. The booted slot.
-    if !assessable(&st, booted) {
+    if !assessable(&w.st, booted) {
         verdict.outcome = Outcome::NotAssessable { state: state_now };
         verdict.reason = format!(
             "slot {booted} is {state_now}: its content is not known to be complete; not assessed"
         );
-        return Ok(finish(st, effects, verdict, dirty, "confirm:boot-recorded"));
+        return Ok(w.finish(verdict, "confirm:boot-recorded"));
     }
-    if dirty {
-        effects.push(Effect::SaveState {
-            state: Box::new(st.clone()),
+    if w.dirty {
+        w.effects.push(Effect::SaveState {
+            state: Box::new(w.st.clone()),
             barrier: "confirm:boot-recorded",
         });
-        dirty = false;
+        w.dirty = false;
     }
     // A rollback decided earlier in this boot stands: checks reported later (the agent's
     // Node-Ready after `await-bless` gave up on it) do not undo it.
     if let Some(prev) = state.verdict.as_ref().filter(|p| {
-        p.boot_id == bid && p.slot == booted && matches!(p.outcome, Outcome::RolledBack { .. })
+        p.boot_id == boot.boot_id
+            && p.slot == booted
+            && matches!(p.outcome, Outcome::RolledBack { .. })
     }) {
         if state_now == SlotState::Bad {
             verdict.outcome = prev.outcome.clone();
             verdict.reason = prev.reason.clone();
             verdict.checks = prev.checks.clone();
-            return Ok(finish(st, effects, verdict, dirty, "confirm:rolled-back"));
+            return Ok(w.finish(verdict, "confirm:rolled-back"));
         }
     }
+    judge_checks(w, state, loader, boot, verdict)
+}
+
+/// Step 1: settle a trial of the other slot activated in an earlier boot (the loader fell back
+/// from it, or the activation never reached the loader).
+fn settle_other_trial(
+    w: &mut Work,
+    loader: &LoaderView,
+    boot: &ObservedBoot,
+) -> Result<Option<OtherSlot>, TransitionError> {
+    let (booted, other) = (boot.slot, boot.slot.other());
+    let Some(act) = w.st.activation.clone() else {
+        return Ok(None);
+    };
+    if act.slot != other || act.boot_id == boot.boot_id {
+        return Ok(None);
+    }
+    let mut other_slot = None;
+    if w.st.slot(other).state == SlotState::Trying {
+        match loader.env.get(other) {
+            SlotBoot::Trying { tries_left } => {
+                let used = act.tries.saturating_sub(tries_left);
+                w.st.transition(other, Event::FallbackTaken,
+                    format!(
+                        "slot {other} did not confirm: {} booted {booted} after {used} of {} tries of {other} ({tries_left} left){}",
+                        loader.name, act.tries,
+                        crate::boot::verity_failure::why(boot.verity_failure.as_ref(), other)
+                    ),
+                )?;
+                w.effects.push(Effect::Loader {
+                    op: LoaderOp::MarkBad(other),
+                    barrier: "confirm:fallback-marked-bad",
+                });
+                other_slot = Some(OtherSlot::FallbackTaken {
+                    slot: other,
+                    used,
+                    tries: act.tries,
+                });
+            }
+            _ => {
+                w.st.transition(other, Event::ActivationLost,
+                    format!("activation of slot {other} never reached {} (interrupted?); it stays staged", loader.name),
+                )?;
+                other_slot = Some(OtherSlot::ActivationLost { slot: other });
+            }
+        }
+    }
+    w.st.activation = None;
+    w.dirty = true;
+    Ok(other_slot)
+}
+
+/// Step 2: one `booted` record per boot.
+fn record_boot(w: &mut Work, loader: &LoaderView, boot: &ObservedBoot) {
+    let booted = boot.slot;
+    if w.st.last_boot_id.as_deref() == Some(boot.boot_id.as_str()) {
+        return;
+    }
+    let rec = w.st.slot(booted);
+    let why = match loader.env.get(booted) {
+        SlotBoot::Trying { tries_left } => format!(
+            "booted slot {booted} ({}) on trial, {tries_left} tries left",
+            rec.state
+        ),
+        b => format!(
+            "booted slot {booted} ({}, bootloader: {})",
+            rec.state,
+            boot_word(b)
+        ),
+    };
+    let (v, g) = (rec.version.clone(), rec.generation);
+    w.st.log(booted, Event::Booted, v, g, why);
+    w.st.last_boot_id = Some(boot.boot_id.clone());
+    w.dirty = true;
+}
+
+/// Step 3, the checks: pending while an awaited check is not reported, blessed when all
+/// passed, rolled back (or only recorded) when one failed.
+fn judge_checks(
+    mut w: Work,
+    state: &State,
+    loader: &LoaderView,
+    boot: &ObservedBoot,
+    mut verdict: Verdict,
+) -> Result<Assessment, TransitionError> {
+    let (booted, other) = (boot.slot, boot.slot.other());
+    let state_now = w.st.slot(booted).state;
+    let checks = &verdict.checks;
     let failed: Vec<String> = checks
         .iter()
         .filter(|c| !c.ok)
@@ -260,19 +309,19 @@ pub fn assess(
     // Checks the activation awaits from its caller (the agent's Node-Ready) that were not
     // reported: no bless yet, whatever else passed. A failure reported by any check is
     // decisive at once (below).
-    let awaited = st
-        .activation
-        .as_ref()
-        .filter(|a| a.slot == booted && state_now != SlotState::Good)
-        .and_then(|a| a.awaits.as_ref());
+    let awaited =
+        w.st.activation
+            .as_ref()
+            .filter(|a| a.slot == booted && state_now != SlotState::Good)
+            .and_then(|a| a.awaits.as_ref());
     let waiting_for: Vec<String> = awaited
         .iter()
-        .flat_map(|w| w.names.iter())
+        .flat_map(|a| a.names.iter())
         .filter(|n| !checks.iter().any(|c| &c.name == *n))
         .cloned()
         .collect();
-    if let Some(w) = awaited.filter(|_| failed.is_empty() && !waiting_for.is_empty()) {
-        let within_secs = w.within_secs;
+    if let Some(a) = awaited.filter(|_| failed.is_empty() && !waiting_for.is_empty()) {
+        let within_secs = a.within_secs;
         verdict.reason = format!(
             "{} health check(s) passed; slot {booted} stays on trial until {} is reported (within {within_secs} s of the boot)",
             checks.len(),
@@ -282,67 +331,34 @@ pub fn assess(
             waiting_for,
             within_secs,
         };
-        return Ok(finish(
-            st,
-            effects,
-            verdict,
-            dirty,
-            "confirm:pending-recorded",
-        ));
+        return Ok(w.finish(verdict, "confirm:pending-recorded"));
     }
     if failed.is_empty() {
-        let newly_good = state_now != SlotState::Good;
-        // Re-assert a good slot in the loader (after a fallback left the exhausted slot
-        // primary, or to rewrite damaged records), but never over a trial that was activated
-        // in this boot and waits for its reboot.
-        let trial_pending = st.activation.as_ref().is_some_and(|a| a.slot == other);
-        let loader_stale = env.primary != booted
-            || env.get(booted) != SlotBoot::Good
-            || !loader.integrity.damaged.is_empty();
-        if newly_good || (!trial_pending && loader_stale) {
-            effects.push(Effect::Loader {
-                op: LoaderOp::MarkGood(booted),
-                barrier: "confirm:bootloader-good",
-            });
-            effects.push(Effect::LayoutConfirmed(booted));
-        }
-        let reason = format!(
-            "{} health check(s) passed; slot {booted} is good",
-            checks.len()
-        );
-        if newly_good {
-            st.transition(booted, Event::Confirmed, reason.clone())?;
-            if st.activation.as_ref().is_some_and(|a| a.slot == booted) {
-                st.activation = None;
-            }
-            dirty = true;
-            verdict.outcome = Outcome::Blessed;
-        }
-        verdict.reason = reason;
-        return Ok(finish(st, effects, verdict, dirty, "confirm:state-good"));
+        return bless(w, loader, boot, verdict);
     }
     let failures = failed.join("; ");
-    if state_now != SlotState::Good && st.slot(other).state == SlotState::Good {
+    if state_now != SlotState::Good && w.st.slot(other).state == SlotState::Good {
         let reason = format!("health checks failed ({failures}); rolled back to slot {other}");
         // Already rolled back (by an earlier run in this boot): nothing more to do.
         let done = state_now == SlotState::Bad
-            && env.get(booted) == SlotBoot::Bad
-            && env.next_boot() == other;
+            && loader.env.get(booted) == SlotBoot::Bad
+            && loader.env.next_boot() == other;
         if !done {
-            effects.push(Effect::Loader {
+            w.effects.push(Effect::Loader {
                 op: LoaderOp::MarkGood(other),
                 barrier: "confirm:rollback-other-good",
             });
-            effects.push(Effect::Loader {
+            w.effects.push(Effect::Loader {
                 op: LoaderOp::MarkBad(booted),
                 barrier: "confirm:rollback-booted-bad",
             });
-            st.transition(booted, Event::HealthFailed, reason.clone())?;
-            st.activation = None;
+            w.st.transition(booted, Event::HealthFailed, reason.clone())?;
+            w.st.activation = None;
         }
         verdict.outcome = Outcome::RolledBack { to: other };
         verdict.reason = reason;
-        return Ok(finish(st, effects, verdict, !done, "confirm:rolled-back"));
+        w.dirty = !done;
+        return Ok(w.finish(verdict, "confirm:rolled-back"));
     }
     let reason = if state_now == SlotState::Good {
         format!(
@@ -353,24 +369,63 @@ pub fn assess(
             "health checks failed ({failures}); slot {other} is not good, nothing to roll back to"
         )
     };
-    let (v, g) = (st.slot(booted).version.clone(), st.slot(booted).generation);
+    let (v, g) = (
+        w.st.slot(booted).version.clone(),
+        w.st.slot(booted).generation,
+    );
     // Logged once per distinct failure, not on every retry of the same checks in one boot.
     let repeated = state
         .verdict
         .as_ref()
-        .is_some_and(|p| p.boot_id == bid && p.reason == reason);
+        .is_some_and(|p| p.boot_id == boot.boot_id && p.reason == reason);
     if !repeated {
-        st.log(booted, Event::HealthFailed, v, g, reason.clone());
+        w.st.log(booted, Event::HealthFailed, v, g, reason.clone());
     }
     verdict.outcome = Outcome::Unhealthy;
     verdict.reason = reason;
-    Ok(finish(
-        st,
-        effects,
-        verdict,
-        !repeated,
-        "confirm:failure-recorded",
-    ))
+    w.dirty = !repeated;
+    Ok(w.finish(verdict, "confirm:failure-recorded"))
+}
+
+/// Every check passed: the booted slot is (or stays) good, re-asserted in the loader when its
+/// records are stale.
+fn bless(
+    mut w: Work,
+    loader: &LoaderView,
+    boot: &ObservedBoot,
+    mut verdict: Verdict,
+) -> Result<Assessment, TransitionError> {
+    let (booted, other) = (boot.slot, boot.slot.other());
+    let newly_good = w.st.slot(booted).state != SlotState::Good;
+    // Re-assert a good slot in the loader (after a fallback left the exhausted slot primary, or
+    // to rewrite damaged records), but never over a trial that was activated in this boot and
+    // waits for its reboot.
+    let trial_pending = w.st.activation.as_ref().is_some_and(|a| a.slot == other);
+    let env = &loader.env;
+    let loader_stale = env.primary != booted
+        || env.get(booted) != SlotBoot::Good
+        || !loader.integrity.damaged.is_empty();
+    if newly_good || (!trial_pending && loader_stale) {
+        w.effects.push(Effect::Loader {
+            op: LoaderOp::MarkGood(booted),
+            barrier: "confirm:bootloader-good",
+        });
+        w.effects.push(Effect::LayoutConfirmed(booted));
+    }
+    let reason = format!(
+        "{} health check(s) passed; slot {booted} is good",
+        verdict.checks.len()
+    );
+    if newly_good {
+        w.st.transition(booted, Event::Confirmed, reason.clone())?;
+        if w.st.activation.as_ref().is_some_and(|a| a.slot == booted) {
+            w.st.activation = None;
+        }
+        w.dirty = true;
+        verdict.outcome = Outcome::Blessed;
+    }
+    verdict.reason = reason;
+    Ok(w.finish(verdict, "confirm:state-good"))
 }
 
 /// Store the verdict and add the final save when anything changed. A verdict about the same

@@ -280,6 +280,7 @@ fn channel_generation_and_index() {
     assert_eq!(index.releases[1].path, "v7/");
 }
 
+#[allow(clippy::too_many_lines)] // one release built and checked field by field
 /// `release create --patch-from` N-1 and N-2: a patch per artifact per base, listed only when
 /// smaller than that base's chunk plan (unchanged artifacts cost no chunk: dropped), a rootfs
 /// the squashfs kind cannot read gets a plain patch (saying why), and `release verify` checks
