@@ -1,5 +1,7 @@
-//! Checks that keep a fresh clone working on a fresh Debian 12 machine, and keep the guide in
-//! `docs/guide/` true: its marked shell blocks run against the built binary ([`guide`]).
+//! Checks that keep a fresh clone working on a fresh Debian 12 machine, keep the guide in
+//! `docs/guide/` true (its marked shell blocks run against the built binary: [`guide`]), and
+//! hold the code rules that keep the code changeable ([`rules`]: file size, the agent's
+//! layering, one public path per type; `tests/code_rules.rs` runs them over the repository).
 //!
 //! CI runs on the developer's machine, where a package installed by hand hides a missing
 //! install step (it happened: `grub-emu` was never installed by `scripts/setup.sh`, and
@@ -19,4 +21,5 @@
 //! package of that name is installed here must not change the verdict.
 
 pub mod guide;
+pub mod rules;
 pub mod tools;

@@ -47,13 +47,13 @@
 //! machine. Both keep each report's fields as columns and its envelope as received.
 #![warn(missing_docs)]
 
-pub mod admit;
+mod admit;
 #[cfg(test)]
 mod bench;
 pub mod dashboard;
 pub mod fleet;
 pub mod guard;
-pub mod history;
+mod history;
 mod rate;
 pub mod server;
 mod store;

@@ -1,5 +1,5 @@
 //! The node's TUF client workflow, `libupgrade::trust::update` (what `upgrade --channel` and the
-//! agent run on a channel's metadata), and the envelope parser `trust::Envelope::parse`, over
+//! agent run on a channel's metadata), and the envelope parser `trust::meta::Envelope::parse`, over
 //! files a hostile server controls.
 //!
 //! Input: `2.root.json SEP timestamp.json SEP snapshot.json SEP targets.json`. An empty part
@@ -8,7 +8,7 @@
 //! The node trusts the fixture's root version 1.
 //!
 //! The fuzzed snapshot and targets are also given as the node's kept files
-//! ([`libupgrade::trust::Kept`]) against the genuine channel.
+//! ([`libupgrade::trust::kept::Kept`]) against the genuine channel.
 //!
 //! Asserts: every envelope that parses re-serializes to one that parses equal; an accepted
 //! update never leaves root version 1 (only root 1's key could sign root 2, and the fuzzer
@@ -27,7 +27,9 @@ use libfuzzer_sys::fuzz_target;
 use libupgrade::trust::meta::{sha256_hex, Envelope, Targets, SPEC_VERSION};
 use libupgrade::trust::publish;
 use libupgrade::trust::publish::RoleSpec;
-use libupgrade::trust::{update, ExpiryRule, MetaSource, Record, Role, TrustError};
+use libupgrade::trust::client::ExpiryRule;
+use libupgrade::trust::meta::Role;
+use libupgrade::trust::{update, MetaSource, Record, TrustError};
 use serde_json::json;
 
 struct Fixture {

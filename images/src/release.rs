@@ -55,9 +55,9 @@ pub const CHANNEL_ROOT_DIR: &str = "channel-root";
 /// `dir/root.json`.
 pub fn ensure_channel_root(keys: &Path, dir: &Path) -> Result<PathBuf> {
     use libupgrade::signing;
+    use libupgrade::trust::meta::Role;
     use libupgrade::trust::publish;
     use libupgrade::trust::publish::RoleSpec;
-    use libupgrade::trust::Role;
 
     let root_file = dir.join(Role::Root.file());
     let have_keys = CHANNEL_KEYS

@@ -71,7 +71,7 @@ pub enum Writes {
     Nothing,
     /// What a TUF client keeps of every update it verified, and nothing else: the trust record
     /// (root, versions, time floor) and the verified snapshot and targets files
-    /// ([`crate::trust::Kept`]), so the next poll of an unchanged channel downloads only the
+    /// ([`crate::trust::kept::Kept`]), so the next poll of an unchanged channel downloads only the
     /// root probe and the timestamp. No seed file is created and no staged release is dropped
     /// (the agent's poller and claim check, which only look).
     Trust,

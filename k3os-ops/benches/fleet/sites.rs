@@ -11,7 +11,7 @@
 //!   virtual times 15 minutes apart (the test clock of the resolution). Every request the
 //!   server logs is counted, with the bytes of the files it answered. Three clients: a node
 //!   (the agent's poller and `k3os-ops upgrade --version latest` from a timer both record what
-//!   they trusted and keep the verified snapshot and targets, `trust::Kept`), a resolution
+//!   they trusted and keep the verified snapshot and targets, `trust::kept::Kept`), a resolution
 //!   that keeps nothing (`--plan-only`), and the reference, python-tuf's ngclient, refreshing
 //!   the same channel on the same server in the same run.
 //! - **The share on the release per hour** ([`simulate`]): `FLEET_SITES` sites (default 1000),

@@ -8,10 +8,10 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use libupgrade::signing;
 use libupgrade::trust::client::served;
+use libupgrade::trust::meta::Role;
 use libupgrade::trust::meta::{time_str, Key};
 use libupgrade::trust::publish;
 use libupgrade::trust::publish::RoleSpec;
-use libupgrade::trust::Role;
 
 /// A lifetime: `7d`, `12h`, `90m`, `3600s`.
 pub(super) fn parse_lifetime(s: &str) -> Result<chrono::Duration, String> {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use clap::Args;
 use libupgrade::trust::meta::Targets;
-use libupgrade::trust::{publish, Role};
+use libupgrade::trust::{meta::Role, publish};
 
 /// The keys that re-sign targets, snapshot and timestamp, and their lifetimes.
 #[derive(Args, Debug)]

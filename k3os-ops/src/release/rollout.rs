@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 use libupgrade::rollout::{Floor, Rollout, Wave, WHOLE_FLEET_BP};
 use libupgrade::trust::meta::{time_str, Targets};
-use libupgrade::trust::{publish, Role};
+use libupgrade::trust::{meta::Role, publish};
 use libupgrade::units;
 
 use crate::upgrade::parse_time;

@@ -459,8 +459,8 @@ type Edit<'a> = &'a dyn Fn(Option<&libupgrade::rollout::Rollout>) -> libupgrade:
 /// trusts; returns a function that re-signs targets with `version`'s rollout set by `edit`,
 /// then snapshot and timestamp (what `release rollout|withdraw` do).
 fn sign_channel(rig: &mut Rig) -> impl Fn(&str, Edit) {
+    use libupgrade::trust::meta::Role;
     use libupgrade::trust::publish::{self, RoleSpec};
-    use libupgrade::trust::Role;
     let chan = std::path::PathBuf::from(&rig.channel);
     let keys = rig.node.path().join("channel-keys");
     let key = |name: &str| {
@@ -514,7 +514,7 @@ fn sign_channel(rig: &mut Rig) -> impl Fn(&str, Edit) {
 #[test]
 fn resolving_latest_only_keeps_trust_and_only_the_nodes_tick_drops_a_withdrawn_release() {
     use libupgrade::rollout::{Rollout, Seed, Wave, Withdrawal};
-    use libupgrade::trust::Role;
+    use libupgrade::trust::meta::Role;
     use std::fs;
     let mut rig = Rig::new(3);
     let publisher = rig._publisher.path().to_path_buf();

@@ -19,9 +19,9 @@ use agent::testing::{Agent, Inactive, LibupgradeNode, NodeOps, Polls};
 use chrono::Duration as Days;
 use fake_api::{Log, World};
 use libupgrade::manifest::Arch;
+use libupgrade::trust::meta::Role;
 use libupgrade::trust::publish;
 use libupgrade::trust::publish::{RoleSpec, SigningKey};
-use libupgrade::trust::Role;
 use serde_json::{json, Value};
 use testkit::sim::SimNode;
 

@@ -11,7 +11,7 @@ use chrono::{Duration as Days, Utc};
 use k3os_ops_testing::cli::ops;
 use libupgrade::rollout::{Rollout, Wave};
 use libupgrade::trust::meta::{Envelope, Targets, Versions};
-use libupgrade::trust::{publish, Role};
+use libupgrade::trust::{meta::Role, publish};
 
 use crate::release_trust::Chan;
 

@@ -20,7 +20,7 @@ use libupgrade::manifest::Arch;
 use libupgrade::trust::meta::{Envelope, Targets, Versions};
 use libupgrade::trust::publish;
 use libupgrade::trust::publish::{RoleSpec, SigningKey};
-use libupgrade::trust::{Role, TrustError};
+use libupgrade::trust::{meta::Role, TrustError};
 use libupgrade::MinRate;
 use libupgrade::{Error, NoProgress, StageOptions};
 use release_support::Server;
@@ -278,7 +278,7 @@ fn the_signed_metadata_picks_the_release_and_pins_its_manifest() {
         .unwrap();
     assert_eq!(rep.version, "v2");
     // The node recorded what it trusted.
-    let store = libupgrade::trust::Store::load(&trust.store_file).unwrap();
+    let store = libupgrade::trust::store::Store::load(&trust.store_file).unwrap();
     let rec = &store.channels[&srv.url];
     assert_eq!((rec.timestamp, rec.snapshot, rec.targets), (1, 1, 1));
 }
@@ -322,7 +322,7 @@ fn concurrent_checks_on_one_node_take_turns_on_its_trust_record() {
     let c = Chan::new(1);
     let srv = Server::start(&c.dir);
     let trust = c.node_trust("node");
-    let held = libupgrade::trust::Store::lock(&trust.store_file).unwrap();
+    let held = libupgrade::trust::store::Store::lock(&trust.store_file).unwrap();
     let (url, t2) = (srv.url.clone(), trust.clone());
     let other = std::thread::spawn(move || resolve(&url, None, &t2).map(|r| r.version));
     std::thread::sleep(Duration::from_millis(500));
@@ -632,7 +632,7 @@ fn fast_forward_rotating_a_leaked_timestamp_key_recovers_the_nodes() {
     .unwrap();
     c.timestamp(Days::days(7));
     assert_eq!(resolve(&srv.url, None, &trust).unwrap().version, "v2");
-    let rec = &libupgrade::trust::Store::load(&trust.store_file)
+    let rec = &libupgrade::trust::store::Store::load(&trust.store_file)
         .unwrap()
         .channels[&srv.url];
     assert_eq!((rec.root_version(), rec.timestamp), (2, 3));
@@ -1052,7 +1052,7 @@ fn requests_since(log: &Path, seen: &mut usize) -> Vec<String> {
 }
 
 /// Issue 24's "a few requests per waiting site": a node keeps the snapshot and targets it
-/// verified (`trust::Kept`), so a poll of an unchanged channel downloads only what TUF requires
+/// verified (`trust::kept::Kept`), so a poll of an unchanged channel downloads only what TUF requires
 /// every time, the next root's probe and the timestamp, as python-tuf's ngclient does. A node
 /// whose state was written before files were kept (a trust record, no `channel-meta`) starts
 /// keeping them at its next poll; a damaged kept file costs a download, never the poll;

@@ -295,7 +295,9 @@ fn withheld_hint(hold: &crate::rollout::Hold) -> &'static str {
 impl ChannelError {
     /// The role and expiry when the channel's metadata was refused as expired (what the agent
     /// reports as `ChannelStale`).
-    pub fn metadata_expired(&self) -> Option<(crate::trust::Role, chrono::DateTime<chrono::Utc>)> {
+    pub fn metadata_expired(
+        &self,
+    ) -> Option<(crate::trust::meta::Role, chrono::DateTime<chrono::Utc>)> {
         match self {
             ChannelError::Trust { source, .. } => source.expired(),
             _ => None,

@@ -18,8 +18,11 @@ use super::{check_entry_path, parse_channel, ChannelError, IndexEntry, Kind, Res
 use crate::manifest::{Arch, MANIFEST_FILE};
 use crate::net::fetch::Source;
 use crate::net::rate::MinRate;
+use crate::trust::client::ExpiryRule;
+use crate::trust::kept::Kept;
 use crate::trust::meta::Targets;
-use crate::trust::{self, ExpiryRule, Kept, ManifestPin, MetaSource, Record, Store, TrustError};
+use crate::trust::store::Store;
+use crate::trust::{self, ManifestPin, MetaSource, Record, TrustError};
 
 /// Tag of the GitHub release whose assets are a `github-releases://` channel's metadata files.
 pub const GITHUB_METADATA_TAG: &str = "channel-metadata";
@@ -165,7 +168,7 @@ struct Checked {
     kind: Kind,
     /// A GitHub channel's listing (its releases carry the files).
     gh_releases: Option<Vec<super::github::GhRelease>>,
-    verified: trust::Verified,
+    verified: trust::client::Verified,
 }
 
 /// Verify the channel's metadata when the node and the channel have it and record what was
@@ -206,7 +209,9 @@ fn check(channel: &str, opts: &TrustOptions) -> Result<Option<Checked>, ChannelE
     };
     let kept = Kept::for_channel(&opts.store_file, &key);
     let mut verified = match trust::update(src.as_ref(), Some(&kept), &start, &clock) {
-        Err(TrustError::Missing { file, location }) if file == trust::Role::Timestamp.file() => {
+        Err(TrustError::Missing { file, location })
+            if file == trust::meta::Role::Timestamp.file() =>
+        {
             if store.channels.contains_key(&key) {
                 return Err(required(format!(
                     "{location} is missing, but this node has trusted the channel's signed metadata before: it is required from now on"

@@ -485,7 +485,7 @@ fn check_squashfs(path: &Path) -> Result<(), ReleaseError> {
 }
 
 mod copy;
-pub mod patches;
+mod patches;
 mod payloads;
 mod staging;
 mod verify;

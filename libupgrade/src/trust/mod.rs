@@ -102,11 +102,12 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-pub use client::{update, ExpiryRule, Verified};
-pub use kept::{Kept, KEPT_DIR};
-pub use meta::{Envelope, Role};
+use meta::{Envelope, Role};
+
+pub use client::update;
+pub use kept::KEPT_DIR;
 pub use source::MetaSource;
-pub use store::{Store, STORE_FILE, STORE_FORMAT};
+pub use store::{STORE_FILE, STORE_FORMAT};
 
 /// What a node keeps per channel: the newest root it trusts and the highest versions seen.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

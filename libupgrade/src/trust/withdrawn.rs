@@ -18,8 +18,10 @@ use std::path::Path;
 use chrono::{DateTime, Utc};
 
 use super::client::MAX_TARGETS_BYTES;
+use super::kept::Kept;
 use super::meta::{Envelope, Role, Root, Targets};
-use super::{Kept, MetaSource, Record, Store, TrustError};
+use super::store::Store;
+use super::{MetaSource, Record, TrustError};
 
 /// A release as a slot's state record names it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,9 +23,9 @@ use ed25519_dalek::SigningKey;
 use libupgrade::manifest::{MANIFEST_FILE, SIGNATURE_FILE};
 use libupgrade::signing;
 use libupgrade::state::SlotState;
+use libupgrade::trust::meta::Role;
 use libupgrade::trust::publish;
 use libupgrade::trust::publish::RoleSpec;
-use libupgrade::trust::Role;
 
 use super::steps::{sl, CMD, DOWNLOAD};
 use super::Scenario;

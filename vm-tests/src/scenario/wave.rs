@@ -23,8 +23,8 @@ use ed25519_dalek::SigningKey;
 use libupgrade::rollout::{Rollout, RolloutError, Wave};
 use libupgrade::signing;
 use libupgrade::state::SlotState;
+use libupgrade::trust::meta::Role;
 use libupgrade::trust::publish;
-use libupgrade::trust::Role;
 
 use bootconfig::Slot;
 

@@ -93,7 +93,7 @@ pub async fn report(cx: &Agent, ch: &UpdateChannel, stale: Option<&StaleMetadata
 #[cfg(test)]
 mod tests {
     use super::*;
-    use libupgrade::trust::Role;
+    use libupgrade::trust::meta::Role;
 
     #[test]
     fn the_condition_is_set_once_cleared_once_and_never_added_to_a_fresh_channel() {

@@ -88,7 +88,7 @@ pub struct Withheld {
 /// Which role of a channel's signed metadata expired, and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StaleMetadata {
-    pub role: libupgrade::trust::Role,
+    pub role: libupgrade::trust::meta::Role,
     pub expires: chrono::DateTime<chrono::Utc>,
 }
 

@@ -449,7 +449,7 @@ fn versions(r: &Record) -> [u64; 4] {
 }
 
 /// What a node keeps of `v`: its snapshot and targets files, as the channel resolution keeps
-/// them ([`crate::trust::Kept`]).
+/// them ([`crate::trust::kept::Kept`]).
 fn keep(v: &Verified) -> Files {
     let f = Files::default();
     f.0.borrow_mut()

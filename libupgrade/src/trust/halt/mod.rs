@@ -210,7 +210,7 @@ pub fn verify(
             targets.version
         )));
     }
-    let doc: HaltDoc = env.body(super::Role::Targets, location)?;
+    let doc: HaltDoc = env.body(super::meta::Role::Targets, location)?;
     if let Some(v) = floor.filter(|v| doc.version < *v) {
         return Err(refused(
             location,

@@ -1,0 +1,216 @@
+//! The agent's layering (`k3os-ops/src/agent/mod.rs`): its folders form layers, and a folder
+//! uses only the folders below it and the shared modules; the shared modules use no folder.
+//! [`imports`] reads which top-level agent modules one file names (in `use` trees and in paths,
+//! `crate::agent::…` and `super::…` alike; `#[cfg(test)]` items aside), and [`breaks`] judges
+//! those edges against [`LAYERS`] and [`SHARED`].
+
+use std::collections::BTreeSet;
+
+use syn::visit::Visit;
+
+/// The agent's folders, top to bottom: each may use those after it.
+pub const LAYERS: &[&str] = &["run", "fleet", "reconcile", "cluster", "host", "channel"];
+/// Modules every layer may use; they use only each other.
+pub const SHARED: &[&str] = &["context", "errors", "metrics", "phase"];
+/// Modules outside the rule: the test facade (it re-exports from every layer) and the deploy
+/// manifests' tests.
+pub const OUTSIDE: &[&str] = &["testing", "deploy_tests"];
+
+/// The top-level agent modules that the file at `rel` (relative to the agent folder, e.g.
+/// `cluster/drain.rs`) names, other than its own; `Err` when it does not parse.
+pub fn imports(rel: &str, text: &str) -> Result<BTreeSet<String>, String> {
+    let file = syn::parse_file(text).map_err(|e| format!("{rel}: does not parse: {e}"))?;
+    let mut module: Vec<String> = rel
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(str::to_string)
+        .collect();
+    if module.last().is_some_and(|m| m == "mod") {
+        module.pop();
+    }
+    let own = module.first().cloned().unwrap_or_default();
+    let mut v = Names {
+        module,
+        found: BTreeSet::new(),
+    };
+    v.visit_file(&file);
+    v.found.remove(&own);
+    Ok(v.found)
+}
+
+struct Names {
+    /// The module being read, below `agent` (`["cluster", "drain"]`).
+    module: Vec<String>,
+    found: BTreeSet<String>,
+}
+
+fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg")
+            && a.parse_args::<syn::Meta>()
+                .is_ok_and(|m| m.path().is_ident("test"))
+    })
+}
+
+impl Names {
+    /// Record the agent module that `segments` (a path as written) starts in, if any.
+    fn note(&mut self, segments: &[String]) {
+        let mut at: Vec<String> = self.module.clone();
+        let mut rest = segments;
+        match segments.first().map(String::as_str) {
+            Some("crate") => {
+                if segments.get(1).map(String::as_str) != Some("agent") {
+                    return;
+                }
+                at.clear();
+                rest = &segments[2..];
+            }
+            Some("super") | Some("self") => {
+                while let Some(s) = rest.first() {
+                    match s.as_str() {
+                        "super" => {
+                            if at.pop().is_none() {
+                                return; // above the agent: not ours to judge
+                            }
+                        }
+                        "self" => {}
+                        _ => break,
+                    }
+                    rest = &rest[1..];
+                }
+            }
+            _ => return,
+        }
+        let top = at.first().or(rest.first());
+        if let Some(t) = top {
+            self.found.insert(t.clone());
+        }
+    }
+
+    fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.use_tree(prefix, &p.tree);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => {
+                prefix.push(n.ident.to_string());
+                self.note(&prefix.clone());
+                prefix.pop();
+            }
+            syn::UseTree::Rename(r) => {
+                prefix.push(r.ident.to_string());
+                self.note(&prefix.clone());
+                prefix.pop();
+            }
+            syn::UseTree::Glob(_) => self.note(&prefix.clone()),
+            syn::UseTree::Group(g) => {
+                for t in &g.items {
+                    self.use_tree(prefix, t);
+                }
+            }
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Names {
+    fn visit_item(&mut self, i: &'ast syn::Item) {
+        let attrs: &[syn::Attribute] = match i {
+            syn::Item::Mod(m) => &m.attrs,
+            syn::Item::Use(u) => &u.attrs,
+            syn::Item::Fn(f) => &f.attrs,
+            syn::Item::Impl(m) => &m.attrs,
+            syn::Item::Struct(s) => &s.attrs,
+            syn::Item::Enum(e) => &e.attrs,
+            _ => &[],
+        };
+        if is_cfg_test(attrs) {
+            return;
+        }
+        syn::visit::visit_item(self, i);
+    }
+    fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+        self.module.push(m.ident.to_string());
+        syn::visit::visit_item_mod(self, m);
+        self.module.pop();
+    }
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        self.use_tree(&mut Vec::new(), &u.tree);
+    }
+    fn visit_path(&mut self, p: &'ast syn::Path) {
+        let segs: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
+        if segs.len() > 1 {
+            self.note(&segs);
+        }
+        syn::visit::visit_path(self, p);
+    }
+}
+
+/// Whether module `from` may use module `to` (both top-level agent modules).
+pub fn allowed(from: &str, to: &str) -> bool {
+    let rank = |m: &str| LAYERS.iter().position(|l| *l == m);
+    if from == to || OUTSIDE.contains(&from) {
+        return true;
+    }
+    if SHARED.contains(&to) {
+        return true;
+    }
+    match (rank(from), rank(to)) {
+        (Some(f), Some(t)) => t > f,
+        // A shared module uses no folder; an unknown module is not in the written layering.
+        _ => false,
+    }
+}
+
+/// The edges of `edges` (file, from, to) that break the layering, as messages.
+pub fn breaks(edges: &[(String, String, String)]) -> Vec<String> {
+    edges
+        .iter()
+        .filter(|(_, from, to)| !allowed(from, to))
+        .map(|(file, from, to)| {
+            format!(
+                "k3os-ops/src/agent/{file}: `{from}` uses `{to}`, which the layering in \
+                 agent/mod.rs does not allow (layers top to bottom: {}; shared: {})",
+                LAYERS.join(", "),
+                SHARED.join(", ")
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(rel: &str, text: &str) -> Vec<String> {
+        imports(rel, text).unwrap().into_iter().collect()
+    }
+
+    #[test]
+    fn use_trees_paths_and_super_are_resolved() {
+        let text = "use crate::agent::{host::ops::NodeOps, channel::spec};\n\
+                    use super::super::context::Agent;\n\
+                    use super::drain;\n\
+                    fn f() { crate::agent::metrics::inc(); }\n\
+                    #[cfg(test)] mod tests { use crate::agent::run::x; }\n";
+        assert_eq!(
+            names("cluster/slots/mod.rs", text),
+            ["channel", "context", "host", "metrics"]
+        );
+    }
+
+    #[test]
+    fn the_written_layering_is_what_is_judged() {
+        assert!(allowed("reconcile", "cluster"));
+        assert!(allowed("cluster", "host"));
+        assert!(allowed("host", "errors"));
+        assert!(!allowed("channel", "host"));
+        assert!(!allowed("context", "cluster"));
+        assert!(!allowed("cluster", "reconcile"));
+        assert!(allowed("testing", "run"));
+        let e = breaks(&[("channel/thin.rs".into(), "channel".into(), "host".into())]);
+        assert_eq!(e.len(), 1);
+        assert!(e[0].contains("`channel` uses `host`"), "{e:?}");
+    }
+}
