@@ -52,9 +52,7 @@ async fn carry_out(cx: &Agent, ch: &Channel, done: Done) -> Result<Next, AgentEr
     for mark in done.marks {
         match mark {
             Mark::StageDeadline(miss) => super::thin_report::report_miss(cx, ch, miss).await,
-            Mark::Stale(stale) => {
-                crate::agent::cluster::stale::report(cx, ch, stale.as_ref()).await
-            }
+            Mark::Stale(stale) => cx.report_stale(ch, stale.as_ref()).await,
             Mark::Annotation(key, value) => cx.annotate(&[(key, value.as_deref())]).await?,
         }
     }

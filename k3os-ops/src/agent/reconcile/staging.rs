@@ -231,7 +231,7 @@ async fn stopped(
     Ok(deadline(cx, ch, left, used).into_iter().collect())
 }
 
-/// A failed stage: counted, and the next one backs off ([`super::cooldown`]).
+/// A failed stage: counted, and the next one backs off ([`crate::agent::cooldown`]).
 fn failed(cx: &Agent, version: &str, now: DateTime<Utc>, e: &AgentError) -> Done {
     let (n, backoff) = cx.remember(|m| m.stages.failed(now));
     let msg = format!(

@@ -9,9 +9,9 @@ use chrono::{DateTime, Utc};
 use super::{Action, IdleReason, Policy};
 use crate::agent::channel::crd::UpdateChannel;
 use crate::agent::channel::fleet_pinned::waiting_message;
+use crate::agent::channel::latest::Latest;
+use crate::agent::channel::pinned::Pinned;
 use crate::agent::channel::thin::Gate;
-use crate::agent::host::latest::Latest;
-use crate::agent::host::pinned::Pinned;
 
 /// A fact [`super::step`] needs before it can decide, fetched only then.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use crate::agent::channel::spec::Policy;
 use crate::agent::channel::thin::Waiting;
 
 #[cfg(test)]
-use crate::agent::host::latest::Latest;
+use crate::agent::channel::latest::Latest;
 use crate::agent::host::status::{Inactive, NodeUpdateStatus};
 
 mod held;

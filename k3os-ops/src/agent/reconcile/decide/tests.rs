@@ -518,7 +518,7 @@ fn a_claim_of_a_pin_asks_the_nodes_own_resolution_first() {
 
 #[test]
 fn a_pin_verdict_is_read_from_the_resolution() {
-    use crate::agent::host::pinned::Pinned;
+    use crate::agent::channel::pinned::Pinned;
     use libupgrade::rollout::{Hold, Seed};
     let seed = Seed::new(9).unwrap();
     assert_eq!(
