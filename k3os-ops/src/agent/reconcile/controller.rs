@@ -35,14 +35,14 @@ pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
     let Some(Ready { channel, view }) = ready else {
         return Ok(Next::Wait);
     };
-    let (step, resolved) = decide(cx, &channel, &view).await?;
+    let step = decide(cx, &channel, &view).await?;
     tracing::debug!(?step, channel = %channel.name(), "decided");
     if step.undo_cordon {
         if let Some(said) = cx.undo_cordon().await? {
             cx.say(&channel, said).await;
         }
     }
-    let done = execute(cx, &channel, &view, step, resolved).await?;
+    let done = execute(cx, &channel, &view, step).await?;
     carry_out(cx, &channel, done).await
 }
 
@@ -70,14 +70,10 @@ async fn carry_out(cx: &Agent, ch: &Channel, done: Done) -> Result<Next, AgentEr
     })
 }
 
-/// The decision for `view` under `ch`, with the inputs it asks for gathered, and the release
-/// a pinned version's own check resolved (offered): a stage in this tick takes it instead of
-/// resolving the channel again.
-async fn decide(
-    cx: &Agent,
-    ch: &Channel,
-    view: &NodeView,
-) -> Result<(Step, Option<Release>), AgentError> {
+/// The decision for `view` under `ch`, with the inputs it asks for gathered (the release a
+/// pinned version's own check resolved among them: a stage of it carries it in
+/// [`Action::Stage`], and does not resolve the channel again).
+async fn decide(cx: &Agent, ch: &Channel, view: &NodeView) -> Result<Step, AgentError> {
     let now = Utc::now();
     let stage_now = cx.settings.clock.now();
     let (claim_not_before, stage_not_before) =
@@ -89,7 +85,6 @@ async fn decide(
         stage_not_before,
         ..Inputs::default()
     };
-    let mut resolved = None;
     loop {
         let step = super::decide::step(ch, &ch.policy, view, &inputs);
         match step.action {
@@ -114,13 +109,13 @@ async fn decide(
                     own.as_ref().map(|p| &p.pinned).map_err(|e| e.to_string()),
                     seed,
                 );
-                resolved = own.ok().and_then(|p| p.release);
+                inputs.pinned_release = own.ok().and_then(|p| p.release);
             }
             Action::Gather(Need::FetchedOn(day)) => {
                 let fetched = cx.blocking(move |ops| ops.fetched_on(day)).await?;
                 inputs.fetched_today = Some(fetched);
             }
-            _ => return Ok((step, resolved)),
+            _ => return Ok(step),
         }
     }
 }
@@ -149,7 +144,6 @@ pub(in crate::agent) async fn execute(
     ch: &Channel,
     view: &NodeView,
     step: Step,
-    resolved: Option<Release>,
 ) -> Result<Done, AgentError> {
     if let Some(report) = super::waits::report(&step.action, Utc::now()) {
         return Ok(Done::report(report, Then::Wait));
@@ -159,8 +153,8 @@ pub(in crate::agent) async fn execute(
     match step.action {
         Action::Idle(reason) => actions::tick_idle(cx, ch, reason).await,
         Action::Invalid(msg) => Ok(actions::tick_invalid(ch, &msg)),
-        Action::Stage { version } => match step.stage {
-            Some(plan) => stage(cx, ch, view, &version, plan, resolved).await,
+        Action::Stage { version, release } => match step.stage {
+            Some(plan) => stage(cx, ch, view, &version, plan, release.map(|r| *r)).await,
             None => Ok(Done::then(Then::Wait)),
         },
         // Reported above; a stage back-off is waited out quietly.
@@ -213,7 +207,7 @@ async fn stage(
     match super::staging::stage(cx, ch, version, plan, resolved).await? {
         super::staging::Staging::Done(done) => Ok(done),
         super::staging::Staging::Stopped(marks) => {
-            let (step, _) = decide(cx, ch, view).await?;
+            let step = decide(cx, ch, view).await?;
             let done = match super::waits::report(&step.action, Utc::now()) {
                 Some(report) if matches!(step.action, Action::StageWaiting { .. }) => {
                     Done::report(report, Then::Wait)
