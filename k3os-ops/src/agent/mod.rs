@@ -56,7 +56,8 @@
 //! it picks carries the action out and returns what it did (`cluster::publish::Done`: the
 //! Events of the steps carried out, the phase entered, then decide again, wait, or reboot),
 //! and the controller publishes that once. A tick publishes nothing itself but the
-//! announcement of a step that takes long (the stage, the drain, the health checks' wait).
+//! announcement of a step that takes long (the drain, the health checks' wait); the stage's
+//! announcement, preview and deadline are published by the controller before its first byte.
 //!
 //! Module map: `channel` (pure: `channel::crd`, `channel::spec`, `channel::window`,
 //! `channel::duration`, `channel::rollout`, `channel::fleet_waves`,

@@ -49,13 +49,7 @@ pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
 /// Publish what a tick did, once and in order (its conditions and annotations, its Events,
 /// its phase), then do what follows it.
 async fn carry_out(cx: &Agent, ch: &Channel, done: Done) -> Result<Next, AgentError> {
-    for mark in done.marks {
-        match mark {
-            Mark::StageDeadline(miss) => super::thin_report::report_miss(cx, ch, miss).await,
-            Mark::Stale(stale) => cx.report_stale(ch, stale.as_ref()).await,
-            Mark::Annotation(key, value) => cx.annotate(&[(key, value.as_deref())]).await?,
-        }
-    }
+    mark(cx, ch, done.marks).await?;
     cx.say_all(ch, done.said).await;
     if let Some(report) = done.report {
         cx.publish(ch, report).await?;
@@ -68,6 +62,18 @@ async fn carry_out(cx: &Agent, ch: &Channel, done: Done) -> Result<Next, AgentEr
             Next::Wait
         }
     })
+}
+
+/// Publish `marks` in order: conditions and annotations.
+async fn mark(cx: &Agent, ch: &Channel, marks: Vec<Mark>) -> Result<(), AgentError> {
+    for mark in marks {
+        match mark {
+            Mark::StageDeadline(miss) => super::thin_report::report_miss(cx, ch, miss).await,
+            Mark::Stale(stale) => cx.report_stale(ch, stale.as_ref()).await,
+            Mark::Annotation(key, value) => cx.annotate(&[(key, value.as_deref())]).await?,
+        }
+    }
+    Ok(())
 }
 
 /// The decision for `view` under `ch`, with the inputs it asks for gathered (the release a
@@ -193,9 +199,11 @@ pub(in crate::agent) async fn execute(
     }
 }
 
-/// Stage per `plan`; when the stage stops cleanly (the quota or the windows' end), decide
-/// again with the bytes fetched by then: waiting is published, a next stretch that begins at
-/// once goes on at the next reconcile.
+/// Stage per `plan`, publishing what comes before its first byte (the target annotation, the
+/// announcement, the preview and its deadline condition: [`super::staging`] says what);
+/// when the stage stops cleanly (the quota or the windows' end), decide again with the bytes
+/// fetched by then: waiting is published, a next stretch that begins at once goes on at the
+/// next reconcile.
 async fn stage(
     cx: &Agent,
     ch: &Channel,
@@ -204,7 +212,20 @@ async fn stage(
     plan: super::decide::StagePlan,
     resolved: Option<Release>,
 ) -> Result<Done, AgentError> {
-    match super::staging::stage(cx, ch, version, plan, resolved).await? {
+    let now = cx.settings.clock.now();
+    // Published before the first byte: the target and the announcement, then what the
+    // resolved release's preview says (and the deadline it implies).
+    let (target, announcement) = super::staging::announcement(ch, version);
+    mark(cx, ch, vec![target]).await?;
+    cx.announce(ch, Vec::new(), announcement).await?;
+    let ready = super::staging::prepare(cx, ch, version, plan, resolved).await;
+    if let Ok(r) = &ready {
+        if let Some(p) = &r.preview {
+            super::thin_report::publish_preview(cx, ch, p).await;
+        }
+        mark(cx, ch, r.deadline.clone().into_iter().collect()).await?;
+    }
+    match super::staging::run(cx, ch, version, now, ready).await? {
         super::staging::Staging::Done(done) => Ok(done),
         super::staging::Staging::Stopped(marks) => {
             let step = decide(cx, ch, view).await?;
