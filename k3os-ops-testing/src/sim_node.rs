@@ -522,4 +522,11 @@ impl NodeOps for SimNode {
             "the simulated power cycle ended this agent",
         ))
     }
+    fn verify_slots(&self) -> Result<Vec<libupgrade::SlotScrub>, NodeError> {
+        match &self.real {
+            Some(real) => real.verify_slots(),
+            // A simulated node's slots carry no dm-verity tree: every slot is skipped.
+            None => Ok(Vec::new()),
+        }
+    }
 }

@@ -14,13 +14,14 @@
 //!
 //! ## Architecture
 //!
-//! The agent is five folders, one concern each, and five shared modules. Data flows one way
+//! The agent is six layers, one concern each, and four shared modules. Data flows one way
 //! through one reconcile (`run` → `reconcile::controller` → `reconcile::decide` → the action's
-//! function → the cluster and the host), and a folder uses only the folders below it and the
-//! shared modules:
+//! function → the agent's own effects → the cluster and the host), and a layer uses only the
+//! layers below it and the shared modules:
 //!
 //! ```text
-//! run            process wiring: client, metrics listener, the loops, the watches
+//! run            process wiring: client, metrics listener, the loops (the dm-verity scrub's
+//!  │             too), the watches
 //! fleet/         the loops a Lease grants: node Lease renewal, reclaim of dead holders, the
 //!  │             `latest` poller (poller), the fleet counts and waves (counter)
 //! reconcile/     one reconcile: read → NodeView, gather the Inputs (back-offs, gates'
@@ -28,41 +29,51 @@
 //!  │             waiting step says (waits), the bookkeeping ticks (actions), stage and the
 //!  │             disruptive steps (staging, steps), the Invalid condition, the boot not
 //!  │             assessed yet, the stage preview and its deadline condition (thin_report)
-//! cluster/       the Kubernetes side: the CAS slot protocol (slots over kube_store), cordon
-//!  │             and Eviction (drain), annotations and Events (publish, events), the shared
-//!  │             give-back effects, the gate probes, ChannelStale, watch caches, kube client
+//! context/       the Agent (Settings + Clients + Memory) and, in one `impl Agent`
+//!  │             (context/agent.rs), all it does as itself: its memory and reads, what it
+//!  │             says (annotations, Events), the give-back effects several steps share, the
+//!  │             poller's reports (ChannelStale, fleet rollouts)
+//! cluster/       the Kubernetes side, never the Agent: the CAS slot protocol (slots over
+//!  │             kube_store), cordon and Eviction (drain), the values the agent says
+//!  │             (publish) and the Event sender (events), the gate probes, the ChannelStale
+//!  │             and fleet rollout writes, watch caches, kube client
 //! host/          the node side over libupgrade: libupgrade's verbs (ops: resolve once, then
 //!  │             preview and stage that release; node: the real node), the looking-only
 //!  │             resolutions (requests), status, the stage progress annotation
-//!  │             (stage_progress); the quota ledger and preview record are libupgrade's
+//!  │             (stage_progress), what a scrub found (scrub); the quota ledger and preview
+//!  │             record are libupgrade's
 //! channel/       what a channel says, parsed once, pure: the resource (crd), the spec
 //!                (spec: Policy; window, duration, rollout, thin, gates, selector), the
-//!                channels listed and picked (listing), fleet counts (counts), formats
-//! shared         context (Agent = Settings + Clients + Memory), errors, metrics, phase
+//!                channels listed and picked (listing), fleet counts (counts), what a
+//!                resolution found (latest, pinned), formats
+//! shared         errors, metrics, phase, cooldown (the back-offs' arithmetic)
 //! ```
+//!
+//! The one `impl Agent` outside context/agent.rs is the entry point `Agent::reconcile`
+//! (reconcile/controller.rs), which `run` and the tests call.
 //!
 //! Effects at the edges: `decide` is pure and sees every input; the function of the action
 //! it picks carries the action out and returns what it did (`cluster::publish::Done`: the
 //! Events of the steps carried out, the phase entered, then decide again, wait, or reboot),
 //! and the controller publishes that once. A tick publishes nothing itself but the
-//! announcement of a step that takes long (the stage, the drain, the health checks' wait).
+//! announcement of a step that takes long (the drain, the health checks' wait); the stage's
+//! announcement, preview and deadline are published by the controller before its first byte.
 //!
 //! Module map: `channel` (pure: `channel::crd`, `channel::spec`, `channel::window`,
 //! `channel::duration`, `channel::rollout`, `channel::fleet_waves`,
-//! `channel::fleet_pinned`, `channel::thin`,
+//! `channel::fleet_pinned`, `channel::latest`, `channel::pinned`, `channel::thin`,
 //! `channel::gates`, `channel::selector`, `channel::listing`, `channel::counts`,
 //! `channel::format`), `reconcile` (`reconcile::controller`, `reconcile::decide`,
-//! `reconcile::cooldown`, `reconcile::waits`, `reconcile::actions`,
+//! `reconcile::waits`, `reconcile::actions`,
 //! `reconcile::staging`, `reconcile::steps`, `reconcile::withdrawn`,
 //! `reconcile::invalid`, `reconcile::assessment`, `reconcile::thin_report`),
 //! `cluster` (`cluster::slots`, `cluster::kube_store`, `cluster::drain`,
-//! `cluster::publish`, `cluster::events`, `cluster::effects`, `cluster::gate_probe`,
+//! `cluster::publish`, `cluster::events`, `cluster::gate_probe`,
 //! `cluster::stale`, `cluster::rollout_status`, `cluster::cache`, `cluster::client`,
 //! `cluster::token_scope`), `fleet` (`fleet::background`, `fleet::poller`, `fleet::counter`), `host`
-//! (`host::ops`, `host::node`, `host::requests`, `host::latest`, `host::pinned`,
-//! `host::status`,
-//! `host::stage_progress`), and the shared `context`, `errors`,
-//! `metrics`, `phase`, `run`.
+//! (`host::ops`, `host::node`, `host::requests`, `host::scrub`, `host::status`,
+//! `host::stage_progress`), `context` (`context::agent`), and the shared `errors`,
+//! `metrics`, `phase`, `cooldown`; `run` on top.
 //!
 //! Error policy: the steps return typed errors (`SlotError`, `DrainError`, `NodeError`,
 //! `WindowError`, `DurationError`) wrapped with context; every error ends in
@@ -82,6 +93,7 @@
 pub(crate) mod channel;
 pub(crate) mod cluster;
 pub(crate) mod context;
+pub(crate) mod cooldown;
 pub(crate) mod errors;
 pub(crate) mod fleet;
 pub(crate) mod host;

@@ -48,11 +48,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let agent = start_agent(&args, &node, node_ops.clone()).await?;
     if args.scrub_hours > 0 {
         let every = Duration::from_secs(args.scrub_hours * 3600);
-        tokio::spawn(super::host::scrub::scrub_loop(
-            agent.clone(),
-            node_ops,
-            every,
-        ));
+        tokio::spawn(scrub_loop(agent.clone(), node_ops, every));
     }
     let bound = super::metrics::spawn(args.metrics_addr, agent.clients.metrics.clone())
         .await
@@ -190,6 +186,39 @@ async fn reconcile_loop(
                 let _ = tokio::time::timeout(pause, rx.changed()).await;
             }
             None => tokio::time::sleep(pause).await,
+        }
+    }
+}
+
+/// Scrub the node every `every`, forever.
+pub async fn scrub_loop(agent: Arc<Agent>, node: Arc<dyn NodeOps>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let n = node.clone();
+        let slots = match tokio::task::spawn_blocking(move || n.verify_slots()).await {
+            Ok(Ok(slots)) => slots,
+            Ok(Err(e)) => {
+                agent
+                    .event(
+                        None,
+                        true,
+                        "SlotScrubFailed",
+                        // libupgrade's message, as the node gave it (not the op's name).
+                        format!("dm-verity scrub: {}", e.message),
+                    )
+                    .await;
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("dm-verity scrub task: {e}");
+                continue;
+            }
+        };
+        for s in &slots {
+            tracing::info!("dm-verity scrub: {}", crate::slot_verify::line(s));
+        }
+        if let Some((warning, reason, text)) = super::host::scrub::note(&slots) {
+            agent.event(None, warning, reason, text).await;
         }
     }
 }

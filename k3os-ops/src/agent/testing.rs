@@ -63,7 +63,7 @@ pub use super::run::Periods;
 
 // The node side.
 /// A channel's newest release as a node resolves it.
-pub use super::host::latest::Latest;
+pub use super::channel::latest::Latest;
 /// The real node: libupgrade's updater on this host.
 pub use super::host::node::LibupgradeNode;
 /// The boot-assessment core's verdict on a trial boot.

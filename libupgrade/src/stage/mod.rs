@@ -30,10 +30,15 @@
 //! slot's space, before anything is written.
 //!
 //! [`Updater::stage`](crate::Updater::stage) finds the booted slot and loads the state, then
-//! runs a `Stager` borrowing the updater's parts. One way through it: `verify` (the
-//! release, then the server) → `plan` (pure: what to write, how; with each chunked
-//! artifact's chunk plan and patch, what it costs) → the executors (`chunked`, `patched`,
-//! `stream`) → commit.
+//! runs a `Stager` borrowing the updater's parts. It is the conductor, and this file reads
+//! top-down as its one way through: `verify` (the release, then the server: one probe per
+//! part) → one `PartPlan` per part (`parts`: which part, where it goes, how it is fetched —
+//! done, chunks, patch or stream, decided by the pure `plan` with each chunked part's chunk
+//! plan and patch — and what it costs) → each plan handed to its executor, a function of its
+//! own module (`chunked`, `patched`, `stream`) → each written part checked by its kind
+//! (`parts::check`; `verity` for the kind that carries the release's dm-verity tree) →
+//! commit. The executors sit below the conductor: they take the plan and the run's shared
+//! state (`run`), never the conductor.
 //! Retries everywhere follow [`crate::net::retry`].
 //!
 //! The cost is known before the first byte: [`Updater::preview`](crate::Updater::preview)
@@ -56,20 +61,18 @@
 use bootconfig::{Bootloader, Slot};
 use sha2::{Digest, Sha256};
 
-use crate::chunk::local::LocalFile;
-use crate::chunk::plan::Plan as ChunkPlan;
-use crate::chunk::ChunkIndex;
+use crate::chunk::apply::Transfer;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::manifest::{Artifact, Manifest, Part};
+use crate::manifest::Manifest;
 use crate::net::checkpoint::Partial;
 pub use crate::net::fetch::ExtraSource;
-use crate::net::fetch::Source;
 pub use crate::net::rate::MinRate;
 use crate::net::rate::{Budget, RateLimit, Throttle};
 pub use crate::net::rate::{Clock, SystemClock};
 pub use crate::net::schedule::Schedule;
+use crate::payload::kinds::{Place, Room};
 use crate::state::store::StateStore;
 use crate::state::TransferStats;
 use crate::state::{Event, State};
@@ -79,6 +82,7 @@ mod chunked;
 mod parts;
 mod patched;
 mod plan;
+mod run;
 mod stream;
 mod verify;
 mod verity;
@@ -88,11 +92,11 @@ pub use api::{
     NoProgress, Origin, PatchOutcome, Progress, Release, StageOptions, StagePreview, StageReport,
     DEFAULT_RETRY_FOR,
 };
-pub(crate) use parts::entry;
-use patched::PatchWork;
+use parts::{Fetch, PartPlan};
 pub use plan::ArtifactCost;
-use plan::{How, WritePlan};
-use verify::{Preflight, Verified};
+use plan::{Decision, PartFacts};
+use run::{link_rate, report, Env, Moved, Placing, Run};
+use verify::{Preflight, Probed, Verified};
 pub use weigh::Prefer;
 
 /// Copy buffer: large enough for full-speed sequential I/O, small enough for the RSS budget.
@@ -102,7 +106,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// One run of the stage pipeline over the updater's parts.
+/// One run of the stage pipeline over the updater's parts: the conductor.
 pub(crate) struct Stager<'a> {
     pub cfg: &'a Config,
     pub layout: &'a dyn Layout,
@@ -113,10 +117,20 @@ pub(crate) struct Stager<'a> {
 }
 
 impl Stager<'_> {
+    /// What the steps below the conductor read of the node.
+    fn env(&self) -> Env<'_> {
+        Env {
+            cfg: self.cfg,
+            layout: self.layout,
+            deadline: self.deadline,
+        }
+    }
+
     /// Fetch, verify and write the release `rel` into the slot that is not `booted`;
     /// `st` is the state as loaded for this boot. Verify, plan, execute, commit: everything
     /// about the release is checked before a byte is written (`verify`), the writes are
-    /// decided once (`prepare`) and carried out per artifact by its executor.
+    /// decided once (`prepare`: one [`PartPlan`] per part) and carried out per part by its
+    /// executor (`execute`).
     pub fn stage(
         &self,
         booted: Slot,
@@ -139,17 +153,18 @@ impl Stager<'_> {
             }
             Prepared::Work(w) => w,
         };
-        let mut partial = match w.checkpoint.clone().filter(|_| w.plan.resume) {
+        let mut partial = match w.checkpoint.clone().filter(|_| w.resume) {
             Some(p) => p,
             None => self.invalidate(target, &mut st, &w.v)?,
         };
         // Always counted: a stop says what this attempt fetched.
         let budget = Budget::new(opts.max_bytes.unwrap_or(u64::MAX));
         let run = Run {
+            env: self.env(),
             source,
             m: &w.v.manifest,
             slot: target,
-            resumed: w.plan.resume,
+            resumed: w.resume,
             opts,
             progress,
             throttle: Throttle {
@@ -169,7 +184,7 @@ impl Stager<'_> {
         let moved = run.moved.get();
         let patched = run.patched.take();
         self.commit(target, &mut st, &w, &partial, &patched)?;
-        let mut r = report(target, w.v, false, w.plan.resume, written, moved);
+        let mut r = report(target, w.v, false, w.resume, written, moved);
         r.patched = patched;
         Ok(r)
     }
@@ -197,14 +212,14 @@ impl Stager<'_> {
                 version: w.v.manifest.version.clone(),
                 generation: w.v.manifest.generation,
                 already_staged: false,
-                resume: w.plan.resume,
-                artifacts: w.cost.clone(),
+                resume: w.resume,
+                artifacts: w.parts.iter().map(|p| p.cost.clone()).collect(),
             },
         })
     }
 
-    /// Everything before the first write: verify the release, preflight the server, plan the
-    /// writes and each chunked artifact's chunks, and price the plan. Reads only.
+    /// Everything before the first write: verify the release, preflight the server (one
+    /// probe per part), then plan each part. Reads only.
     fn prepare(
         &self,
         booted: Slot,
@@ -213,23 +228,23 @@ impl Stager<'_> {
         opts: &StageOptions,
     ) -> Result<Prepared> {
         let target = booted.other();
-        let source = &rel.source;
-        let v = self.verify(booted, st, rel, opts)?;
+        let env = self.env();
+        let v = verify::release(&env, booted, st, rel, opts)?;
         if plan::staged_already(st.slot(target), &v.sha256) {
             return Ok(Prepared::Already(Box::new(v)));
         }
-        let mut pre = self.preflight(source, &v.manifest, opts)?;
+        let (pre, probed) = verify::preflight(&env, &rel.source, &v.manifest, opts)?;
         let checkpoint = Partial::load(&self.cfg.state_dir);
-        let parts = crate::payload::kinds::parts(&v.manifest);
-        let facts = self.facts(&parts, &pre);
-        let mut plan = plan::plan_writes(
+        let resumed = plan::resumed(
             target,
             st.slot(target).state,
             &v.sha256,
             checkpoint.as_ref(),
-            &facts,
         );
         let at = Placing {
+            env,
+            source: &rel.source,
+            opts,
             m: &v.manifest,
             slot: target,
             running: (booted, st.slot(booted).version.clone()),
@@ -238,27 +253,20 @@ impl Stager<'_> {
                 log::warn!("slot {booted}: {e}; its payloads are not reused");
                 None
             }),
-            resumed: plan.resume,
-            extra: &opts.extra_sources,
+            resumed: resumed.is_some(),
             link: link_rate(opts, pre.measured),
         };
-        let (chunks, patches, mut choices) =
-            self.plan_parts(&at, source, &mut plan, &mut pre, opts)?;
-        let sizes: Vec<u64> = parts.iter().map(|p| p.entry.size).collect();
-        let plans: Vec<_> = chunks.iter().map(|c| c.as_ref().map(|c| &c.plan)).collect();
-        let mut cost = plan::cost(&plan, &sizes, &plans);
-        for (k, c) in cost.iter_mut().enumerate() {
-            c.patch_from = patches[k].as_ref().map(|p| p.patch.base.version.clone());
-            c.choice = choices[k].take();
-        }
+        let parts = probed
+            .into_iter()
+            .map(|p| plan_part(&at, p, resumed))
+            .collect::<Result<Vec<_>>>()?;
+        let resume = at.resumed;
         Ok(Prepared::Work(Box::new(Work {
             v,
             pre,
             checkpoint,
-            plan,
-            chunks,
-            patches,
-            cost,
+            resume,
+            parts,
         })))
     }
 
@@ -304,86 +312,83 @@ impl Stager<'_> {
         Ok(p)
     }
 
-    /// Carry out the plan: each artifact by its executor, the checkpoint saved after each
-    /// one, then the squashfs check. Returns the bytes written.
-    /// After `a` failed with `e` (not a stop, which keeps everything for the next attempt):
-    /// remove what was written of it where it takes room others need (a partial kernel or
-    /// initrd on the boot filesystem), and its place in the checkpoint. Returns `e`.
-    /// A payload's partial object stays like a partition's bytes (the state partition holds
-    /// no loader files; the next prune removes it if no stage continues it).
-    fn discard(&self, run: &Run, a: &Part, partial: &mut Partial, e: Error) -> Result<Error> {
-        let Some(artifact) = a.artifact().filter(|x| *x != Artifact::Rootfs) else {
+    /// Carry out the plan: each part by its executor (the checkpoint saved after each one),
+    /// then each written part's check by its kind. Returns the bytes written.
+    fn execute(&self, run: &Run, w: &Work, partial: &mut Partial) -> Result<u64> {
+        let mut written = 0;
+        for p in &w.parts {
+            written += self.write_part(run, p, partial)?;
+        }
+        for p in &w.parts {
+            parts::check(run, run.m, p)?;
+        }
+        for p in w.parts.iter().filter(|p| p.kind.verity) {
+            if let Place::Slot(a) = p.kind.place {
+                verity::write(&run.env, run.slot, run.m, a)?;
+            }
+        }
+        Ok(written)
+    }
+
+    /// Fetch, verify and write part `p` by its executor, counting what moved from where;
+    /// the checkpoint records it done. Returns the bytes written.
+    fn write_part(&self, run: &Run, p: &PartPlan, partial: &mut Partial) -> Result<u64> {
+        let (a, size) = (&p.part, p.entry.size);
+        // The update's totals count what an interrupted attempt fetched (kept now) as
+        // fetched; this run's report counts only its own network bytes.
+        let mut moved = run.moved.get();
+        let written = match &p.fetch {
+            Fetch::Done => {
+                moved.reused += size;
+                run.moved.set(moved);
+                if !partial.done.contains(a) {
+                    // A payload the store already held: reused by this update.
+                    partial.reused = partial.reused.saturating_add(size);
+                    partial.done.push(a.clone());
+                }
+                return Ok(0);
+            }
+            Fetch::Chunked(work) => {
+                chunked::write(run, p, work).map(|t| tally(&t, partial, &mut moved))
+            }
+            Fetch::Patched(work, pw) => {
+                patched::write(run, p, work, pw).map(|t| tally(&t, partial, &mut moved))
+            }
+            Fetch::Stream { resume_at } => {
+                stream::write(run, p, *resume_at, partial).inspect(|&n| {
+                    partial.fetched = partial.fetched.saturating_add(size);
+                    moved.fetched += n;
+                    moved.reused += size - n;
+                })
+            }
+        }
+        .or_else(|e| Err(self.discard(run, p, partial, e)?))?;
+        run.moved.set(moved);
+        partial.done.push(a.clone());
+        partial.current = None;
+        partial.save(&self.cfg.state_dir)?;
+        Ok(written)
+    }
+
+    /// After part `p` failed with `e` (not a stop, which keeps everything for the next
+    /// attempt): remove what was written of it where it takes room others need (its kind
+    /// shares a filesystem: a partial kernel or initrd on the boot filesystem), and its place
+    /// in the checkpoint. Returns `e`. A payload's partial object stays like a partition's
+    /// bytes (the state partition holds no loader files; the next prune removes it if no
+    /// stage continues it).
+    fn discard(&self, run: &Run, p: &PartPlan, partial: &mut Partial, e: Error) -> Result<Error> {
+        let (Place::Slot(artifact), Room::Shared) = (p.kind.place, p.kind.room) else {
             return Ok(e);
         };
         if matches!(e, Error::Stopped { .. }) {
             return Ok(e);
         }
         self.layout.discard(run.slot, &run.m.version, artifact)?;
-        if partial.current.as_ref().is_some_and(|(c, _)| c == a) {
+        if partial.current.as_ref().is_some_and(|(c, _)| *c == p.part) {
             partial.current = None;
             partial.save(&self.cfg.state_dir)?;
         }
         Ok(e)
-    }
-
-    fn execute(&self, run: &Run, w: &Work, partial: &mut Partial) -> Result<u64> {
-        let mut written = 0;
-        for (k, (a, how)) in w.plan.steps.iter().enumerate() {
-            let a = &a.clone();
-            let how = *how;
-            let size = entry(run.m, a).size;
-            // The update's totals count what an interrupted attempt fetched (kept now) as
-            // fetched; this run's report counts only its own network bytes.
-            let mut moved = run.moved.get();
-            match how {
-                How::Done => {
-                    moved.reused += size;
-                    run.moved.set(moved);
-                    if !partial.done.contains(a) {
-                        // A payload the store already held: reused by this update.
-                        partial.reused = partial.reused.saturating_add(size);
-                        partial.done.push(a.clone());
-                    }
-                    continue;
-                }
-                How::Chunked | How::Patched { .. } => {
-                    let work = w.chunks[k]
-                        .as_ref()
-                        .expect("planned chunked: has a chunk plan");
-                    let t = match &w.patches[k] {
-                        Some(pw) => self.write_patched(run, a, work, pw),
-                        None => self.write_chunked(run, a, work),
-                    }
-                    .or_else(|e| Err(self.discard(run, a, partial, e)?))?;
-                    written += t.fetched + t.copied;
-                    // Saturating: the totals come from a checkpoint file that may be damaged.
-                    partial.fetched = partial.fetched.saturating_add(t.fetched + t.kept);
-                    partial.reused = partial.reused.saturating_add(t.copied);
-                    moved.fetched += t.fetched;
-                    moved.reused += t.copied + t.kept;
-                    moved.from_mirrors += t.from_mirrors;
-                    moved.refused += t.refused;
-                }
-                How::Stream { resume_at } => {
-                    let n = self
-                        .write_stream(run, a, resume_at, partial)
-                        .or_else(|e| Err(self.discard(run, a, partial, e)?))?;
-                    written += n;
-                    partial.fetched = partial.fetched.saturating_add(size);
-                    moved.fetched += n;
-                    moved.reused += size - n;
-                }
-            }
-            run.moved.set(moved);
-            partial.done.push(a.clone());
-            partial.current = None;
-            partial.save(&self.cfg.state_dir)?;
-        }
-        for p in crate::payload::kinds::parts(run.m) {
-            self.check_part(run, &p)?;
-        }
-        self.check_verity(run.slot, run.m)?;
-        Ok(written)
     }
 
     /// Record a failed attempt in the state's history; a bad checksum or size means the bytes
@@ -426,13 +431,10 @@ impl Stager<'_> {
         partial: &Partial,
         patched: &[PatchOutcome],
     ) -> Result<()> {
-        let (v, pre, resumed) = (&w.v, &w.pre, w.plan.resume);
+        let (v, pre, resumed) = (&w.v, &w.pre, w.resume);
         let m = &v.manifest;
         self.layout.commit(target, &m.version)?;
-        let total: u64 = crate::payload::kinds::parts(m)
-            .iter()
-            .map(|p| p.entry.size)
-            .sum();
+        let total: u64 = w.parts.iter().map(|p| p.entry.size).sum();
         let stats = TransferStats {
             fetched: partial.fetched,
             reused: partial.reused,
@@ -460,38 +462,60 @@ impl Stager<'_> {
     }
 }
 
-/// The report of a stage run into `slot` of release `v`.
-fn report(
-    slot: Slot,
-    v: Verified,
-    already_staged: bool,
-    resumed: bool,
-    bytes_written: u64,
-    moved: Moved,
-) -> StageReport {
-    StageReport {
-        slot,
-        version: v.manifest.version,
-        generation: v.manifest.generation,
-        signed_by: v.key,
-        already_staged,
-        resumed,
-        bytes_written,
-        bytes_fetched: moved.fetched,
-        bytes_reused: moved.reused,
-        bytes_from_mirrors: moved.from_mirrors,
-        chunks_refused: moved.refused,
-        patched: Vec::new(),
+/// Plan one part found by the preflight: done, chunks or a stream ([`plan::decide`]); for
+/// chunks, its chunk plan, then whether a listed patch beats it ([`patched::choose`]); and
+/// its price. Reads only.
+fn plan_part(at: &Placing, p: Probed, resumed: Option<&Partial>) -> Result<PartPlan> {
+    let r = p.part;
+    let facts = PartFacts {
+        part: r.part.clone(),
+        index: p.index,
+        stored: p.stored,
+    };
+    let mut choice = None;
+    let fetch = match plan::decide(facts, resumed).1 {
+        Decision::Done => Fetch::Done,
+        Decision::Stream { resume_at } => Fetch::Stream { resume_at },
+        Decision::Chunked(index) => {
+            let work = chunked::plan(at, &r, index)?;
+            let chosen = patched::choose(at, &r, &work);
+            choice = chosen.why;
+            match chosen.patch {
+                Some(pw) => Fetch::Patched(work, Box::new(pw)),
+                None => Fetch::Chunked(work),
+            }
+        }
+    };
+    let mut cost = plan::cost(
+        r.part.clone(),
+        r.entry.size,
+        fetch.how(),
+        fetch.chunk_plan(),
+    );
+    if let Fetch::Patched(_, pw) = &fetch {
+        cost.patch_from = Some(pw.patch.base.version.clone());
     }
+    cost.choice = choice;
+    Ok(PartPlan {
+        part: r.part,
+        entry: r.entry.clone(),
+        kind: r.kind,
+        fetch,
+        cost,
+    })
 }
 
-/// Bytes a run moved, by where they came from.
-#[derive(Debug, Clone, Copy, Default)]
-struct Moved {
-    fetched: u64,
-    reused: u64,
-    from_mirrors: u64,
-    refused: u64,
+/// Count a chunked or patched part's transfer `t` into the checkpoint's totals and the
+/// run's; returns the bytes written.
+fn tally(t: &Transfer, partial: &mut Partial, moved: &mut Moved) -> u64 {
+    // Saturating: the totals come from a checkpoint file that may be damaged.
+    partial.fetched = partial.fetched.saturating_add(t.fetched + t.kept);
+    partial.reused = partial.reused.saturating_add(t.copied);
+    moved.fetched += t.fetched;
+    moved.reused += t.copied + t.kept;
+    moved.from_mirrors += t.from_mirrors;
+    moved.refused += t.refused;
+    t.fetched + t.copied
 }
 
 /// What [`Stager::prepare`] found: nothing to do, or the work.
@@ -505,12 +529,11 @@ struct Work {
     v: Verified,
     pre: Preflight,
     checkpoint: Option<Partial>,
-    plan: WritePlan,
-    /// Per chunked part: its index, chunk plan and the local files the plan copies from.
-    chunks: Vec<Option<ChunkWork>>,
-    /// Per patched part: the patch and its base (its chunk work is the fallback).
-    patches: Vec<Option<PatchWork>>,
-    cost: Vec<ArtifactCost>,
+    /// An interrupted run of this release into this slot is continued: its checkpoint is
+    /// kept and what the target holds is re-verified; otherwise the slot is invalidated first.
+    resume: bool,
+    /// One plan per part, in the manifest's part order ([`crate::payload::kinds::parts`]).
+    parts: Vec<PartPlan>,
 }
 
 impl Work {
@@ -521,73 +544,13 @@ impl Work {
                 why,
                 fetched: b.used(),
                 left: self
-                    .cost
+                    .parts
                     .iter()
-                    .map(|c| c.fetch)
+                    .map(|p| p.cost.fetch)
                     .sum::<u64>()
                     .saturating_sub(b.used()),
             },
             e => e,
         }
     }
-}
-
-/// One chunked artifact's part of the plan.
-pub(crate) struct ChunkWork {
-    index: ChunkIndex,
-    plan: ChunkPlan,
-    /// The files `plan`'s copies refer to (running slot, extra directories), in order.
-    locals: Vec<LocalFile>,
-}
-
-/// Where a release is being placed, for planning its chunks.
-struct Placing<'a> {
-    m: &'a Manifest,
-    slot: Slot,
-    /// The running slot and its version (where reusable chunks are looked for).
-    running: (Slot, Option<String>),
-    /// The sha256 of the running release's manifest (which build runs), when known.
-    running_sha256: Option<String>,
-    /// The running slot's kept manifest, when there is one: its payloads are in the store.
-    kept: Option<Manifest>,
-    /// An interrupted attempt is continued: what the target holds is re-verified.
-    resumed: bool,
-    extra: &'a [ExtraSource],
-    /// The link rate a patch's apply time is weighed against ([`weigh`]), if known.
-    link: Option<weigh::LinkRate>,
-}
-
-/// The link rate the planner weighs with: the one told (`max_rate`, the slowest rate a stage
-/// window names), else the one `measured` on the stage's metadata (see [`weigh`]).
-fn link_rate(opts: &StageOptions, measured: Option<u64>) -> Option<weigh::LinkRate> {
-    let windows = opts
-        .schedule
-        .iter()
-        .flat_map(|s| s.windows().iter().filter_map(|w| w.rate));
-    match opts.max_rate.into_iter().chain(windows).min() {
-        Some(told) => Some(weigh::LinkRate {
-            bytes_per_sec: told,
-            told: true,
-        }),
-        None => measured.map(|m| weigh::LinkRate {
-            bytes_per_sec: m,
-            told: false,
-        }),
-    }
-}
-
-/// What one stage run works with (shared by the per-artifact writers).
-struct Run<'a> {
-    source: &'a Source,
-    m: &'a Manifest,
-    slot: Slot,
-    /// A checkpoint of this release into this slot existed: re-verify what the target holds.
-    resumed: bool,
-    opts: &'a StageOptions,
-    progress: &'a dyn Progress,
-    throttle: Throttle<'a>,
-    /// Bytes moved by this run so far.
-    moved: std::cell::Cell<Moved>,
-    /// The artifacts rebuilt by a patch so far.
-    patched: std::cell::RefCell<Vec<PatchOutcome>>,
 }

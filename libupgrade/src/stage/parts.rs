@@ -1,111 +1,133 @@
-//! The stage pipeline over a release's parts (the three slot files, then its payloads): what
-//! the plan knows of each before deciding ([`Stager::facts`]), each chunked part's chunk plan
-//! and patch choice ([`Stager::plan_parts`]), and the check of each written part by its kind
-//! ([`Stager::check_part`]).
+//! One record per part of a release ([`PartPlan`], like RAUC's install plan per image):
+//! which part, its signed entry, its kind (where it goes: a slot file or the payload store,
+//! and the rules its bytes are under), how it is fetched ([`Fetch`]) and what that costs.
+//! The conductor ([`super::Stager`]) makes one per part before the first write and hands
+//! each to its executor; the functions here are what every executor shares: where a part is
+//! written ([`target`]) and the check of a written part by its kind ([`check`]).
 
 use std::os::unix::fs::FileExt;
 
 use super::patched::PatchWork;
-use super::plan::{How, PartFacts, WritePlan};
-use super::verify::Preflight;
-use super::{ChunkWork, Placing, Run, StageOptions, Stager};
+use super::plan::{ArtifactCost, How};
+use super::run::{Env, Run};
+use crate::chunk::local::LocalFile;
+use crate::chunk::plan::Plan as ChunkPlan;
+use crate::chunk::ChunkIndex;
 use crate::error::{Error, Result};
-use crate::manifest::{Manifest, Part};
-use crate::net::fetch::Source;
-use crate::payload::kinds::PartRef;
-use crate::payload::kinds::Place;
+use crate::layout::Target;
+use crate::manifest::{FileEntry, Manifest, Part};
+use crate::payload::kinds::{Kind, Place};
 
-/// Per part of a plan: its chunk work, its chosen patch, why (see [`Stager::plan_parts`]).
-type PartWork = (
-    Vec<Option<ChunkWork>>,
-    Vec<Option<PatchWork>>,
-    Vec<Option<String>>,
-);
+/// One part of a release, planned: what it is, where it goes, how it is fetched, its price.
+pub(crate) struct PartPlan {
+    /// Which part.
+    pub part: Part,
+    /// Its signed entry (path, size, sha256, chunk index, patches).
+    pub entry: FileEntry,
+    /// Its kind: where it goes ([`Kind::place`]) and what its bytes must pass.
+    pub kind: &'static Kind,
+    /// How it is fetched.
+    pub fetch: Fetch,
+    /// What that costs, known before the first byte.
+    pub cost: ArtifactCost,
+}
 
-impl Stager<'_> {
-    /// What the plan knows of each of `parts`: its chunk index (`pre`), and whether the
-    /// store already holds it (a payload).
-    pub(super) fn facts(&self, parts: &[PartRef], pre: &Preflight) -> Vec<PartFacts> {
-        parts
-            .iter()
-            .enumerate()
-            .map(|(k, p)| PartFacts {
-                part: p.part.clone(),
-                has_index: pre.indexes[k].is_some(),
-                stored: p.kind.place == Place::Store
-                    && crate::payload::holds(&self.cfg.state_dir, &p.entry.sha256, p.entry.size),
-            })
-            .collect()
-    }
+/// How one part is fetched, with what its executor needs.
+pub(crate) enum Fetch {
+    /// Nothing: an interrupted run of this release finished it, or the store holds it.
+    Done,
+    /// Chunk by chunk by its planned chunk work ([`super::chunked`]).
+    Chunked(ChunkWork),
+    /// Rebuilt by a patch, the chunk work taking what it does not deliver ([`super::patched`]).
+    Patched(ChunkWork, Box<PatchWork>),
+    /// Streamed whole from byte `resume_at` ([`super::stream`]).
+    Stream { resume_at: u64 },
+}
 
-    /// Each chunked step of `plan`: its chunk plan (taking its index from `pre`), then the
-    /// patch it is rebuilt by when one wins (the step becomes [`How::Patched`]).
-    pub(super) fn plan_parts(
-        &self,
-        at: &Placing,
-        source: &Source,
-        plan: &mut WritePlan,
-        pre: &mut Preflight,
-        opts: &StageOptions,
-    ) -> Result<PartWork> {
-        let n = plan.steps.len();
-        let mut chunks: Vec<Option<ChunkWork>> = (0..n).map(|_| None).collect();
-        let mut patches: Vec<Option<PatchWork>> = (0..n).map(|_| None).collect();
-        let mut choices: Vec<Option<String>> = vec![None; n];
-        for k in 0..n {
-            let (a, how) = plan.steps[k].clone();
-            if how != How::Chunked {
-                continue;
-            }
-            let index = pre.indexes[k]
-                .take()
-                .expect("planned chunked: has an index");
-            let work = self.plan_chunked(at, &a, index)?;
-            let chosen = self.plan_patched(at, source, &a, &work, opts);
-            choices[k] = chosen.why;
-            if let Some((how, pw)) = chosen.patch {
-                plan.steps[k].1 = how;
-                patches[k] = Some(pw);
-            }
-            chunks[k] = Some(work);
-        }
-        Ok((chunks, patches, choices))
-    }
-
-    /// The written part must pass its kind's check ([`crate::payload::kinds::Kind::check`]:
-    /// the rootfs a squashfs whose used bytes fit the signed size, an image archive a tar).
-    pub(super) fn check_part(&self, run: &Run, p: &PartRef) -> Result<()> {
-        let Some(check) = p.kind.check else {
-            return Ok(());
-        };
-        let (f, offset, len) = match p.kind.place {
-            Place::Slot(a) => self.layout.open_artifact(run.slot, &run.m.version, a)?,
-            Place::Store => {
-                let path = crate::payload::object_path(&self.cfg.state_dir, &p.entry.sha256);
-                let f = std::fs::File::open(&path).map_err(|e| Error::io("open", &path, e))?;
-                (f, 0, p.entry.size)
-            }
-        };
-        let read = |pos: u64, buf: &mut [u8]| {
-            if pos + buf.len() as u64 > len {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!("read at {pos} past the {len} bytes written"),
-                ));
-            }
-            f.read_exact_at(buf, offset + pos)
-        };
-        check(&read, p.entry.size).map_err(|what| Error::BadImage {
-            slot: run.slot,
-            what: match &p.part {
-                Part::Slot(_) => what,
-                other => format!("{other}: {what}"),
+impl Fetch {
+    /// Its shape, as priced and reported.
+    pub fn how(&self) -> How {
+        match self {
+            Fetch::Done => How::Done,
+            Fetch::Chunked(_) => How::Chunked,
+            Fetch::Patched(_, pw) => How::Patched {
+                patch: pw.number,
+                fetch: pw.fetch,
             },
-        })
+            Fetch::Stream { resume_at } => How::Stream {
+                resume_at: *resume_at,
+            },
+        }
+    }
+
+    /// The chunk plan it follows, when it is chunked or patched.
+    pub fn chunk_plan(&self) -> Option<&ChunkPlan> {
+        match self {
+            Fetch::Chunked(w) | Fetch::Patched(w, _) => Some(&w.plan),
+            Fetch::Done | Fetch::Stream { .. } => None,
+        }
     }
 }
 
-/// The signed entry of `part` of `m` (a part the plan took from `m`).
-pub(crate) fn entry<'m>(m: &'m Manifest, part: &Part) -> &'m crate::manifest::FileEntry {
-    m.entry(part).expect("a planned part is in its manifest")
+/// One chunked part's chunk work.
+pub(crate) struct ChunkWork {
+    pub index: ChunkIndex,
+    pub plan: ChunkPlan,
+    /// The files `plan`'s copies refer to (running slot, extra directories), in order.
+    pub locals: Vec<LocalFile>,
+}
+
+/// Where part `a` (signed entry `e`) of release `version` is written for `slot`: a slot file
+/// through the layout, or a payload's object in the store (`resume`: keep what an
+/// interrupted attempt wrote).
+pub(super) fn target(
+    env: &Env,
+    slot: bootconfig::Slot,
+    version: &str,
+    a: &Part,
+    e: &FileEntry,
+    resume: bool,
+) -> Result<Target> {
+    match a {
+        Part::Slot(x) => env.layout.target(slot, version, *x, e.size, resume),
+        Part::Payload(_) => crate::layout::object_target(
+            &crate::payload::objects_dir(&env.cfg.state_dir),
+            &e.sha256,
+            e.size,
+            resume,
+            a.clone(),
+        ),
+    }
+}
+
+/// The written part `p` of `m` must pass its kind's check ([`Kind::check`]: the rootfs a
+/// squashfs whose used bytes fit the signed size, an image archive a tar).
+pub(super) fn check(run: &Run, m: &Manifest, p: &PartPlan) -> Result<()> {
+    let Some(check) = p.kind.check else {
+        return Ok(());
+    };
+    let (f, offset, len) = match p.kind.place {
+        Place::Slot(a) => run.env.layout.open_artifact(run.slot, &m.version, a)?,
+        Place::Store => {
+            let path = crate::payload::object_path(&run.env.cfg.state_dir, &p.entry.sha256);
+            let f = std::fs::File::open(&path).map_err(|e| Error::io("open", &path, e))?;
+            (f, 0, p.entry.size)
+        }
+    };
+    let read = |pos: u64, buf: &mut [u8]| {
+        if pos + buf.len() as u64 > len {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("read at {pos} past the {len} bytes written"),
+            ));
+        }
+        f.read_exact_at(buf, offset + pos)
+    };
+    check(&read, p.entry.size).map_err(|what| Error::BadImage {
+        slot: run.slot,
+        what: match &p.part {
+            Part::Slot(_) => what,
+            other => format!("{other}: {what}"),
+        },
+    })
 }

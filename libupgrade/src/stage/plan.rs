@@ -2,8 +2,8 @@
 //! and what the preflight found on the server, of what a stage run does — nothing (the slot
 //! already holds this release), or, per artifact, skip it (an interrupted run completed it),
 //! write it chunk by chunk (it has a usable chunk index), or stream it whole from a position.
-//! Like RAUC's install plans: made before anything is written, then handed to one executor
-//! per kind ([`super::Stager::execute`]). Tested without disks.
+//! Like RAUC's install plans: made before anything is written, one per part
+//! ([`super::parts::PartPlan`]), then each handed to its executor. Tested without disks.
 //!
 //! A chunked artifact may instead be rebuilt from the running slot's copy by a per-pair patch
 //! the signed manifest lists ([`patch_candidates`]): only when the patch's base is exactly what
@@ -24,7 +24,7 @@ use crate::manifest::{Part, PatchRef, PATCH_KINDS};
 use crate::net::checkpoint::Partial;
 use crate::state::{SlotRecord, SlotState};
 
-/// How one part is written.
+/// How one part is written, as priced ([`cost`]) and reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum How {
     /// Written and verified by an interrupted run of this release into this slot, or a
@@ -41,25 +41,28 @@ pub enum How {
     Stream { resume_at: u64 },
 }
 
-/// What a stage run writes.
+/// What the plan knows of one part before deciding how it is written; `I` is its chunk
+/// index (what a chunked part is planned from).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WritePlan {
-    /// An interrupted run of this release into this slot is continued: its checkpoint is kept
-    /// and what the target holds is re-verified; otherwise the slot is invalidated first.
-    pub resume: bool,
-    /// In the manifest's part order ([`crate::payload::kinds::parts`]).
-    pub steps: Vec<(Part, How)>,
-}
-
-/// What the plan knows of one part before deciding how it is written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartFacts {
+pub struct PartFacts<I> {
     /// Which part.
     pub part: Part,
-    /// It has a chunk index the server can serve by range.
-    pub has_index: bool,
+    /// Its chunk index, when it has one the server can serve by range.
+    pub index: Option<I>,
     /// A payload the store already holds complete (costs nothing).
     pub stored: bool,
+}
+
+/// The first decision for one part: nothing to do, chunks from its index `I`, or a stream.
+/// (Whether a patch beats the chunks is decided after, with the chunk plan's price.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision<I> {
+    /// See [`How::Done`].
+    Done,
+    /// See [`How::Chunked`]: carries the index it is planned from.
+    Chunked(I),
+    /// See [`How::Stream`].
+    Stream { resume_at: u64 },
 }
 
 /// The slot already holds exactly this release (staged or on trial): nothing to do.
@@ -68,40 +71,39 @@ pub fn staged_already(target: &SlotRecord, manifest_sha256: &str) -> bool {
         && target.manifest_sha256.as_deref() == Some(manifest_sha256)
 }
 
-/// The writes for release `manifest_sha256` into `slot`, whose record says `state`:
-/// `checkpoint` is continued when it is of this release into this slot and the slot is still
-/// invalid (a run was interrupted after invalidating it); `parts` says what is known of each
-/// part (in the manifest's order).
-pub fn plan_writes(
+/// The checkpoint a stage of release `manifest_sha256` into `slot`, whose record says
+/// `state`, continues: `checkpoint` when it is of this release into this slot and the slot is
+/// still invalid (a run was interrupted after invalidating it). Then what the target holds is
+/// re-verified; otherwise the slot is invalidated first.
+pub fn resumed<'p>(
     slot: Slot,
     state: SlotState,
     manifest_sha256: &str,
-    checkpoint: Option<&Partial>,
-    parts: &[PartFacts],
-) -> WritePlan {
-    let resumed = checkpoint.filter(|p| {
+    checkpoint: Option<&'p Partial>,
+) -> Option<&'p Partial> {
+    checkpoint.filter(|p| {
         p.slot == slot && p.manifest_sha256 == manifest_sha256 && state == SlotState::Invalid
-    });
-    let step = |f: &PartFacts| {
-        let a = &f.part;
-        let how = if f.stored || resumed.is_some_and(|p| p.done.contains(a)) {
-            How::Done
-        } else if f.has_index {
-            How::Chunked
-        } else {
-            How::Stream {
-                resume_at: match resumed.and_then(|p| p.current.as_ref()) {
-                    Some((ca, pos)) if ca == a => *pos,
-                    _ => 0,
-                },
-            }
-        };
-        (a.clone(), how)
+    })
+}
+
+/// How the part `f` says is written, when `resumed` is the checkpoint continued
+/// ([`resumed`]): done (the store holds it, or the interrupted run finished it), chunked from
+/// its index, else streamed from where the interrupted run was in it.
+pub fn decide<I>(f: PartFacts<I>, resumed: Option<&Partial>) -> (Part, Decision<I>) {
+    let a = f.part;
+    let how = if f.stored || resumed.is_some_and(|p| p.done.contains(&a)) {
+        Decision::Done
+    } else if let Some(index) = f.index {
+        Decision::Chunked(index)
+    } else {
+        Decision::Stream {
+            resume_at: match resumed.and_then(|p| p.current.as_ref()) {
+                Some((ca, pos)) if *ca == a => *pos,
+                _ => 0,
+            },
+        }
     };
-    WritePlan {
-        resume: resumed.is_some(),
-        steps: parts.iter().map(step).collect(),
-    }
+    (a, how)
 }
 
 /// What the node has proven of the running slot's copy of an artifact: its first `size`
@@ -196,31 +198,25 @@ pub struct ArtifactCost {
     pub choice: Option<String>,
 }
 
-/// The price of each step of `plan`: `sizes` per part (the plan's order), and for each
-/// chunked step its chunk plan. A stream from `resume_at` fetches the rest of the file.
-pub fn cost(plan: &WritePlan, sizes: &[u64], chunks: &[Option<&ChunkPlan>]) -> Vec<ArtifactCost> {
-    (0..plan.steps.len())
-        .map(|k| {
-            let (artifact, how) = plan.steps[k].clone();
-            let size = sizes[k];
-            let (fetch, requests) = match (how, chunks[k]) {
-                (How::Done, _) => (0, 0),
-                (How::Chunked, Some(p)) => (p.fetch_bytes, p.ranges.len() as u64),
-                (How::Chunked, None) => (size, 1),
-                (How::Patched { fetch, .. }, _) => (fetch, u64::from(fetch > 0)),
-                (How::Stream { resume_at }, _) => (size - resume_at.min(size), 0),
-            };
-            ArtifactCost {
-                artifact,
-                size,
-                fetch,
-                reuse: size - fetch.min(size),
-                requests,
-                patch_from: None,
-                choice: None,
-            }
-        })
-        .collect()
+/// The price of part `artifact` (`size` bytes) written `how`, with its chunk plan when it is
+/// chunked. A stream from `resume_at` fetches the rest of the file.
+pub fn cost(artifact: Part, size: u64, how: How, chunks: Option<&ChunkPlan>) -> ArtifactCost {
+    let (fetch, requests) = match (how, chunks) {
+        (How::Done, _) => (0, 0),
+        (How::Chunked, Some(p)) => (p.fetch_bytes, p.ranges.len() as u64),
+        (How::Chunked, None) => (size, 1),
+        (How::Patched { fetch, .. }, _) => (fetch, u64::from(fetch > 0)),
+        (How::Stream { resume_at }, _) => (size - resume_at.min(size), 0),
+    };
+    ArtifactCost {
+        artifact,
+        size,
+        fetch,
+        reuse: size - fetch.min(size),
+        requests,
+        patch_from: None,
+        choice: None,
+    }
 }
 
 #[cfg(test)]
@@ -228,15 +224,56 @@ mod tests {
     use super::*;
     use crate::manifest::{Artifact, FileEntry};
 
-    fn facts(has_index: [bool; 3]) -> Vec<PartFacts> {
+    fn facts(has_index: [bool; 3]) -> Vec<PartFacts<()>> {
         Artifact::ALL
             .into_iter()
             .zip(has_index)
             .map(|(a, has_index)| PartFacts {
                 part: a.into(),
-                has_index,
+                index: has_index.then_some(()),
                 stored: false,
             })
+            .collect()
+    }
+
+    /// Every part's decision, as the stage makes them one part at a time.
+    #[derive(Debug)]
+    struct WritePlan {
+        resume: bool,
+        steps: Vec<(Part, How)>,
+    }
+
+    fn plan_writes(
+        slot: Slot,
+        state: SlotState,
+        sha: &str,
+        checkpoint: Option<&Partial>,
+        parts: &[PartFacts<()>],
+    ) -> WritePlan {
+        let resumed = resumed(slot, state, sha, checkpoint);
+        WritePlan {
+            resume: resumed.is_some(),
+            steps: parts
+                .iter()
+                .map(|f| {
+                    let (part, d) = decide(f.clone(), resumed);
+                    let how = match d {
+                        Decision::Done => How::Done,
+                        Decision::Chunked(()) => How::Chunked,
+                        Decision::Stream { resume_at } => How::Stream { resume_at },
+                    };
+                    (part, how)
+                })
+                .collect(),
+        }
+    }
+
+    /// Each step's price, as the stage prices them one part at a time.
+    fn cost(p: &WritePlan, sizes: &[u64], chunks: &[Option<&ChunkPlan>]) -> Vec<ArtifactCost> {
+        p.steps
+            .iter()
+            .zip(sizes.iter().zip(chunks))
+            .map(|((part, how), (size, chunks))| super::cost(part.clone(), *size, *how, *chunks))
             .collect()
     }
 
@@ -488,7 +525,7 @@ mod tests {
         for (name, stored) in [("k3s", true), ("site", false), ("app", false)] {
             parts.push(PartFacts {
                 part: Part::Payload(name.into()),
-                has_index: false,
+                index: None,
                 stored,
             });
         }

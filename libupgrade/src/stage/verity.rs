@@ -10,61 +10,58 @@
 use bootconfig::Slot;
 use sha2::{Digest, Sha256};
 
-use super::Stager;
+use super::run::Env;
 use crate::error::{Error, Result};
 use crate::manifest::{Artifact, Manifest};
 use crate::verity::{build_tree, fec_encode, BlockDevice, FileDevice, BLOCK_SIZE};
 
-impl Stager<'_> {
-    /// Compute, check and write the tree and FEC of `m`'s rootfs in `slot` (nothing without
-    /// `m.verity`).
-    pub(super) fn check_verity(&self, slot: Slot, m: &Manifest) -> Result<()> {
-        let Some(v) = &m.verity else {
-            return Ok(());
-        };
-        let place = self.layout.place(slot, Artifact::Rootfs);
-        let place = &place;
-        let io = |op: &'static str| move |e: std::io::Error| Error::io(op, place, e);
-        let refuse = |what: String| Error::Verity {
-            slot,
-            version: m.version.clone(),
-            what,
-        };
-        let dev = self.layout.verity_device(slot, &m.version, v, true)?;
-        let g = v.geometry();
-        let tree =
-            build_tree(&dev, &g, &v.salt_bytes()).map_err(io("read the rootfs to hash it"))?;
-        if tree.root != v.root() {
-            return Err(refuse(format!(
-                "the rootfs written hashes to root {}, the signed manifest says {}",
-                hex::encode(tree.root),
-                v.root_hash
-            )));
-        }
-        let tree_sha = hex::encode(Sha256::digest(&tree.bytes));
-        if tree_sha != v.hash_sha256 {
-            return Err(refuse(format!(
-                "the tree computed has sha256 {tree_sha}, the signed manifest says {}",
-                v.hash_sha256
-            )));
-        }
-        for (k, b) in tree.bytes.chunks(BLOCK_SIZE as usize).enumerate() {
-            dev.write_block(g.data_blocks + k as u64, b)
-                .map_err(io("write the dm-verity tree"))?;
-        }
-        fec_encode(&dev, &g).map_err(io("write the dm-verity FEC"))?;
-        let fec_sha = fec_sha256(&dev, v.fec_size).map_err(io("read the dm-verity FEC back"))?;
-        if fec_sha != v.fec_sha256 {
-            return Err(refuse(format!(
-                "the FEC area computed has sha256 {fec_sha}, the signed manifest says {}",
-                v.fec_sha256
-            )));
-        }
-        dev.sync().map_err(io("fsync the dm-verity tree and FEC"))?;
-        crate::slotfiles::mark_verity_written(&self.cfg.state_dir, slot, &v.root_hash)?;
-        crate::barrier::hit("stage:verity-written");
-        Ok(())
+/// Compute, check and write the tree and FEC of `m`'s slot file `a` (the part whose kind
+/// says `verity`: the rootfs) in `slot` (nothing without `m.verity`).
+pub(super) fn write(env: &Env, slot: Slot, m: &Manifest, a: Artifact) -> Result<()> {
+    let Some(v) = &m.verity else {
+        return Ok(());
+    };
+    let place = env.layout.place(slot, a);
+    let place = &place;
+    let io = |op: &'static str| move |e: std::io::Error| Error::io(op, place, e);
+    let refuse = |what: String| Error::Verity {
+        slot,
+        version: m.version.clone(),
+        what,
+    };
+    let dev = env.layout.verity_device(slot, &m.version, v, true)?;
+    let g = v.geometry();
+    let tree = build_tree(&dev, &g, &v.salt_bytes()).map_err(io("read the rootfs to hash it"))?;
+    if tree.root != v.root() {
+        return Err(refuse(format!(
+            "the rootfs written hashes to root {}, the signed manifest says {}",
+            hex::encode(tree.root),
+            v.root_hash
+        )));
     }
+    let tree_sha = hex::encode(Sha256::digest(&tree.bytes));
+    if tree_sha != v.hash_sha256 {
+        return Err(refuse(format!(
+            "the tree computed has sha256 {tree_sha}, the signed manifest says {}",
+            v.hash_sha256
+        )));
+    }
+    for (k, b) in tree.bytes.chunks(BLOCK_SIZE as usize).enumerate() {
+        dev.write_block(g.data_blocks + k as u64, b)
+            .map_err(io("write the dm-verity tree"))?;
+    }
+    fec_encode(&dev, &g).map_err(io("write the dm-verity FEC"))?;
+    let fec_sha = fec_sha256(&dev, v.fec_size).map_err(io("read the dm-verity FEC back"))?;
+    if fec_sha != v.fec_sha256 {
+        return Err(refuse(format!(
+            "the FEC area computed has sha256 {fec_sha}, the signed manifest says {}",
+            v.fec_sha256
+        )));
+    }
+    dev.sync().map_err(io("fsync the dm-verity tree and FEC"))?;
+    crate::slotfiles::mark_verity_written(&env.cfg.state_dir, slot, &v.root_hash)?;
+    crate::barrier::hit("stage:verity-written");
+    Ok(())
 }
 
 /// sha256 of the FEC area as written (read back, so what is hashed is what a boot reads).

@@ -19,7 +19,7 @@ use libupgrade::rollout::{Hold, Seed};
 
 use super::crd::UpdateChannelStatus;
 use super::fleet_waves::{hold_text, reason, write_verdict, Verdict};
-use crate::agent::host::pinned::Pinned;
+use crate::agent::channel::pinned::Pinned;
 
 /// Change `st` to say what resolving the pinned release with `seed` found. Returns the note of
 /// the `ReleaseWithdrawn` Event when that condition turns True by this change.

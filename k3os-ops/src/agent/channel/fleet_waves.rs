@@ -34,7 +34,7 @@ use super::crd::{
     FleetRolloutStatus, UpdateChannel, UpdateChannelStatus, COND_RELEASE_WITHDRAWN,
     COND_WAITING_FOR_WAVE,
 };
-use crate::agent::host::latest::Latest;
+use crate::agent::channel::latest::Latest;
 
 /// The seed every agent of this cluster places the cluster by in `ch`'s fleet rollouts: derived
 /// from the channel's UID (see the module docs for why), or from `namespace/name` for an

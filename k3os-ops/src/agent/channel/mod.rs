@@ -4,7 +4,8 @@
 //! [`gates`]' judgement, label [`selector`]s), the channels of a namespace decoded and the one
 //! that selects this node picked ([`listing`]), the fleet counts derived from the Nodes
 //! ([`counts`]), the cluster's seed and status in the channel's fleet rollouts
-//! ([`fleet_waves`]; for a pinned version, [`fleet_pinned`]), and the versions and migrations of everything the agent stores
+//! ([`fleet_waves`]; for a pinned version, [`fleet_pinned`]), what a node's resolution of
+//! `latest` found ([`latest`]) and of a pinned version ([`pinned`]), and the versions and migrations of everything the agent stores
 //! ([`mod@format`]).
 
 pub mod counts;
@@ -14,7 +15,9 @@ pub mod fleet_pinned;
 pub mod fleet_waves;
 pub mod format;
 pub mod gates;
+pub mod latest;
 pub mod listing;
+pub mod pinned;
 pub mod rollout;
 pub mod selector;
 pub mod spec;

@@ -1,13 +1,11 @@
 //! The Kubernetes side of the agent: the compare-and-swap slot protocol on the channel status
 //! ([`slots`] over [`kube_store`]), cordon and eviction ([`drain`]), the Node's annotations and
-//! the Events ([`publish`], [`events`]), the give-back effects several steps share
-//! ([`effects`]), the pre-reboot gates' probes ([`gate_probe`]), the `ChannelStale` condition
-//! ([`stale`]), the poller's report of the channel's fleet rollouts ([`rollout_status`]), the watch caches ([`cache`]), the kube client and its error text ([`client`]) and what identity the agent's token carries ([`token_scope`]).
+//! the Events ([`publish`]: the values; the agent sends them, [`events`]), the pre-reboot gates' probes ([`gate_probe`]), the `ChannelStale` condition
+//! ([`stale`]), the poller's write of the channel's fleet rollouts ([`rollout_status`]), the watch caches ([`cache`]), the kube client and its error text ([`client`]) and what identity the agent's token carries ([`token_scope`]).
 
 pub mod cache;
 pub mod client;
 pub mod drain;
-pub mod effects;
 pub mod events;
 pub mod gate_probe;
 pub mod kube_store;

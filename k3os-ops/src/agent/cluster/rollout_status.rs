@@ -12,11 +12,9 @@ use libupgrade::rollout::Seed;
 
 use super::kube_store::KubeChannelStore;
 use super::slots::{self, SlotError};
-use crate::agent::channel::crd::UpdateChannel;
+use crate::agent::channel::latest::Latest;
+use crate::agent::channel::pinned::Pinned;
 use crate::agent::channel::{fleet_pinned, fleet_waves};
-use crate::agent::context::Agent;
-use crate::agent::host::latest::Latest;
-use crate::agent::host::pinned::Pinned;
 
 /// Write what resolving `latest` with `seed` found: `Ok(Some(note))` when this write turned
 /// `ReleaseWithdrawn` True (its Event's note).
@@ -34,33 +32,6 @@ pub async fn write(
     .await
 }
 
-/// Publish the poller's resolution of `ch` (as read): the status write, and the Events of a
-/// new `latestVersion` (`LatestResolved`) and of a withdrawn target (`ReleaseWithdrawn`).
-/// A failed write is logged (the next poll tries again).
-pub async fn publish(cx: &Agent, ch: &UpdateChannel, latest: &Latest, seed: Seed) {
-    let name = ch.metadata.name.clone().unwrap_or_default();
-    let withdrawn = match write(&cx.store(&name), latest, seed, Utc::now()).await {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::warn!("write latestVersion of {name}: {e}");
-            return;
-        }
-    };
-    if let Some(note) = withdrawn {
-        cx.event(Some(ch), true, "ReleaseWithdrawn", note).await;
-    }
-    let v = &latest.version;
-    if ch.status.as_ref().and_then(|s| s.latest_version.as_deref()) != Some(v) {
-        cx.event(
-            Some(ch),
-            false,
-            "LatestResolved",
-            format!("newest release of {} is {v}", ch.spec.url),
-        )
-        .await;
-    }
-}
-
 /// Write what resolving the pinned release with `seed` found: `Ok(Some(note))` when this write
 /// turned `ReleaseWithdrawn` True (its Event's note).
 pub async fn write_pinned(
@@ -73,15 +44,4 @@ pub async fn write_pinned(
         fleet_pinned::apply(st, pinned, seed, now)
     })
     .await
-}
-
-/// Publish the poller's resolution of `ch`'s pinned release: the status write and the Event of
-/// a withdrawn pin (`ReleaseWithdrawn`). A failed write is logged (the next poll tries again).
-pub async fn publish_pinned(cx: &Agent, ch: &UpdateChannel, pinned: &Pinned, seed: Seed) {
-    let name = ch.metadata.name.clone().unwrap_or_default();
-    match write_pinned(&cx.store(&name), pinned, seed, Utc::now()).await {
-        Ok(Some(note)) => cx.event(Some(ch), true, "ReleaseWithdrawn", note).await,
-        Ok(None) => {}
-        Err(e) => tracing::warn!("write fleetRollout of {name}: {e}"),
-    }
 }

@@ -12,8 +12,7 @@ use chrono::{DateTime, Utc};
 
 use super::kube_store::KubeChannelStore;
 use super::slots::{self, SlotError, Step};
-use crate::agent::channel::crd::{UpdateChannel, UpdateChannelStatus, COND_CHANNEL_STALE};
-use crate::agent::context::Agent;
+use crate::agent::channel::crd::{UpdateChannelStatus, COND_CHANNEL_STALE};
 use crate::agent::host::ops::StaleMetadata;
 
 /// The condition's message: the role and its expiry, and what the publisher must do.
@@ -65,29 +64,10 @@ pub async fn write(
     .await
 }
 
-fn is_stale(st: &UpdateChannelStatus) -> bool {
+pub(in crate::agent) fn is_stale(st: &UpdateChannelStatus) -> bool {
     st.conditions
         .iter()
         .any(|c| c.type_ == COND_CHANNEL_STALE && c.status == "True")
-}
-
-/// Report what a resolve of `ch` (as read) found: the condition, the gauge, and an Event
-/// when it turned stale. A fresh resolve of a channel that does not say stale writes nothing
-/// (no extra request per poll). A failed write is logged (the next resolve tries again).
-pub async fn report(cx: &Agent, ch: &UpdateChannel, stale: Option<&StaleMetadata>) {
-    let name = ch.metadata.name.clone().unwrap_or_default();
-    cx.clients.metrics.set_channel_stale(&name, stale.is_some());
-    if stale.is_none() && !ch.status.as_ref().is_some_and(is_stale) {
-        return;
-    }
-    match write(&cx.store(&name), stale, Utc::now()).await {
-        Ok(true) => {
-            let s = stale.expect("only a stale resolve turns the condition True");
-            cx.event(Some(ch), true, "ChannelStale", message(s)).await;
-        }
-        Ok(false) => {}
-        Err(e) => tracing::warn!("set condition {COND_CHANNEL_STALE} of {name}: {e}"),
-    }
 }
 
 #[cfg(test)]

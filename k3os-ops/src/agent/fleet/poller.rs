@@ -23,7 +23,6 @@ use kube::Api;
 
 use crate::agent::channel::crd::UpdateChannel;
 use crate::agent::cluster::kube_store::{acquire_lease, poller_lease_name, LeaseOutcome};
-use crate::agent::cluster::rollout_status;
 use crate::agent::cluster::slots;
 use crate::agent::context::Agent;
 use crate::agent::host::requests::{resolve_latest, resolve_pinned};
@@ -83,7 +82,7 @@ pub struct Polls {
 /// holds, forever: every `period`, at once (within `POLL_LOOK_PERIOD`) when a channel appears
 /// or its spec changes (new `metadata.generation`), and when a release held back for this
 /// cluster's wave is admitted (its seed's instant,
-/// [`crate::agent::host::latest::Latest::admitted_at`]): a wave is taken on time whatever
+/// [`crate::agent::channel::latest::Latest::admitted_at`]): a wave is taken on time whatever
 /// `--poll-secs` says, so a site on a thin link can poll hourly.
 pub async fn poll_loop(agent: Arc<Agent>, polls: Polls) {
     let leases: Api<Lease> =
@@ -155,11 +154,11 @@ async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) -> Option<Dura
         .await;
     let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
     if stale.is_some() || resolved.is_ok() {
-        crate::agent::cluster::stale::report(agent, ch, stale.as_ref()).await;
+        agent.report_stale(ch, stale.as_ref()).await;
     }
     let e = match resolved {
         Ok((latest, clock)) => {
-            rollout_status::publish(agent, ch, &latest, seed).await;
+            agent.publish_latest(ch, &latest, seed).await;
             return latest.admitted_at().map(|t| until_admitted(t, clock));
         }
         Err(e) => e,
@@ -179,7 +178,7 @@ async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) -> Option<Dura
 }
 
 /// One poll of a pinned channel: whether its rollout offers the pinned `version` to this
-/// cluster now, published by [`rollout_status::publish_pinned`] (`latestVersion` is not
+/// cluster now, published by `Agent::publish_pinned` (`latestVersion` is not
 /// written). A failed resolution is reported as for `latest` (`ChannelStale`, or one
 /// `ResolveFailed` Event) and changes nothing else: the verdict last published stands.
 /// Returns how long until the pinned release, held back for this cluster's wave, is admitted.
@@ -197,11 +196,11 @@ async fn poll_pinned(agent: &Arc<Agent>, ch: &UpdateChannel, version: &str) -> O
         .await;
     let stale = resolved.as_ref().err().and_then(|e| e.stale().copied());
     if stale.is_some() || resolved.is_ok() {
-        crate::agent::cluster::stale::report(agent, ch, stale.as_ref()).await;
+        agent.report_stale(ch, stale.as_ref()).await;
     }
     match resolved {
         Ok((pinned, clock)) => {
-            rollout_status::publish_pinned(agent, ch, &pinned, seed).await;
+            agent.publish_pinned(ch, &pinned, seed).await;
             return match pinned.hold {
                 Some(libupgrade::rollout::Hold::Wave { starts: Some(t) }) => {
                     Some(until_admitted(t, clock))

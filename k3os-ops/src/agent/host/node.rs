@@ -225,6 +225,10 @@ impl NodeOps for LibupgradeNode {
         Ok(Some(rec))
     }
 
+    fn verify_slots(&self) -> Result<Vec<libupgrade::SlotScrub>, NodeError> {
+        LibupgradeNode::verify_slots(self).map_err(|e| NodeError::new("verify", e))
+    }
+
     fn fetched_on(&self, day: chrono::NaiveDate) -> Result<u64, NodeError> {
         ledger::used_on(self.state_dir(), day)
             .map(|u| u.counted())

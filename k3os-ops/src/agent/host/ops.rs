@@ -220,4 +220,8 @@ pub trait NodeOps: Send + Sync + 'static {
     ) -> Result<ConfirmResult, NodeError>;
     /// Flush file systems and reboot. Returns only on failure (or in a simulation).
     fn reboot(&self) -> Result<(), NodeError>;
+    /// The dm-verity scrub of both slots (`slot verify`), repairing the slot that is not
+    /// booted and marking it bad when FEC cannot; never while this process writes a slot.
+    /// Op `verify`; its message is libupgrade's.
+    fn verify_slots(&self) -> Result<Vec<libupgrade::SlotScrub>, NodeError>;
 }

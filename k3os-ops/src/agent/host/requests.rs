@@ -12,9 +12,9 @@
 use libupgrade::rollout::Seed;
 use libupgrade::{Release, StageRequest, Wanted, Writes};
 
-use super::latest::Latest;
 use super::ops::{NodeError, NodeOps};
-use super::pinned::Pinned;
+use crate::agent::channel::latest::Latest;
+use crate::agent::channel::pinned::Pinned;
 
 /// The cluster's look at `channel`: `version` (None: `latest`) for the cluster placed at
 /// `seed`, through the rollouts unless `ignore_rollout`.
@@ -66,7 +66,11 @@ pub fn resolve_pinned(
             pinned: Pinned::from_release(version, &rel),
             release: Some(rel),
         }),
-        Err(e) => match Pinned::from_refusal(version, &e) {
+        Err(e) => match e
+            .withheld
+            .as_ref()
+            .map(|w| Pinned::withheld(version, &w.hold, &w.withdrawn))
+        {
             Some(pinned) => Ok(PinnedRelease {
                 pinned,
                 release: None,

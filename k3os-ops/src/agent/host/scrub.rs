@@ -6,16 +6,11 @@
 //! field of the UpdateChannel: the scrub is a property of the node's disks, not of a channel,
 //! and needs no CRD change. The first scrub runs one interval after the agent starts (a boot
 //! already read what it runs). The scrub and the agent's own slot writes (stage, activation,
-//! dropping a withdrawn release) take one lock ([`super::node::LibupgradeNode`]), so they
-//! never overlap in this process.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! dropping a withdrawn release) take one lock (the real node's, [`super::node::LibupgradeNode`]),
+//! so they never overlap in this process. Here: what a scrub's result says; the loop that asks
+//! the node for it through [`super::ops::NodeOps`] is the agent's (`run::scrub_loop`).
 
 use libupgrade::SlotScrub;
-
-use super::node::LibupgradeNode;
-use crate::agent::context::Agent;
 
 /// The Event a scrub's result calls for: (warning, reason, note), or none when every slot
 /// read was clean and nothing was repaired.
@@ -35,38 +30,6 @@ pub fn note(slots: &[SlotScrub]) -> Option<(bool, &'static str, String)> {
         (true, _) => Some((true, "SlotDamaged", lines.join("; "))),
         (false, true) => Some((false, "SlotRepaired", lines.join("; "))),
         (false, false) => None,
-    }
-}
-
-/// Scrub the node every `every`, forever.
-pub async fn scrub_loop(agent: Arc<Agent>, node: Arc<LibupgradeNode>, every: Duration) {
-    loop {
-        tokio::time::sleep(every).await;
-        let n = node.clone();
-        let slots = match tokio::task::spawn_blocking(move || n.verify_slots()).await {
-            Ok(Ok(slots)) => slots,
-            Ok(Err(e)) => {
-                agent
-                    .event(
-                        None,
-                        true,
-                        "SlotScrubFailed",
-                        format!("dm-verity scrub: {e}"),
-                    )
-                    .await;
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!("dm-verity scrub task: {e}");
-                continue;
-            }
-        };
-        for s in &slots {
-            tracing::info!("dm-verity scrub: {}", crate::slot_verify::line(s));
-        }
-        if let Some((warning, reason, text)) = note(&slots) {
-            agent.event(None, warning, reason, text).await;
-        }
     }
 }
 

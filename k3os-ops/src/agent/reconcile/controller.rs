@@ -35,29 +35,21 @@ pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
     let Some(Ready { channel, view }) = ready else {
         return Ok(Next::Wait);
     };
-    let (step, resolved) = decide(cx, &channel, &view).await?;
+    let step = decide(cx, &channel, &view).await?;
     tracing::debug!(?step, channel = %channel.name(), "decided");
     if step.undo_cordon {
         if let Some(said) = cx.undo_cordon().await? {
             cx.say(&channel, said).await;
         }
     }
-    let done = execute(cx, &channel, &view, step, resolved).await?;
+    let done = execute(cx, &channel, &view, step).await?;
     carry_out(cx, &channel, done).await
 }
 
 /// Publish what a tick did, once and in order (its conditions and annotations, its Events,
 /// its phase), then do what follows it.
 async fn carry_out(cx: &Agent, ch: &Channel, done: Done) -> Result<Next, AgentError> {
-    for mark in done.marks {
-        match mark {
-            Mark::StageDeadline(miss) => super::thin_report::report_miss(cx, ch, miss).await,
-            Mark::Stale(stale) => {
-                crate::agent::cluster::stale::report(cx, ch, stale.as_ref()).await
-            }
-            Mark::Annotation(key, value) => cx.annotate(&[(key, value.as_deref())]).await?,
-        }
-    }
+    mark(cx, ch, done.marks).await?;
     cx.say_all(ch, done.said).await;
     if let Some(report) = done.report {
         cx.publish(ch, report).await?;
@@ -72,14 +64,22 @@ async fn carry_out(cx: &Agent, ch: &Channel, done: Done) -> Result<Next, AgentEr
     })
 }
 
-/// The decision for `view` under `ch`, with the inputs it asks for gathered, and the release
-/// a pinned version's own check resolved (offered): a stage in this tick takes it instead of
-/// resolving the channel again.
-async fn decide(
-    cx: &Agent,
-    ch: &Channel,
-    view: &NodeView,
-) -> Result<(Step, Option<Release>), AgentError> {
+/// Publish `marks` in order: conditions and annotations.
+async fn mark(cx: &Agent, ch: &Channel, marks: Vec<Mark>) -> Result<(), AgentError> {
+    for mark in marks {
+        match mark {
+            Mark::StageDeadline(miss) => super::thin_report::report_miss(cx, ch, miss).await,
+            Mark::Stale(stale) => cx.report_stale(ch, stale.as_ref()).await,
+            Mark::Annotation(key, value) => cx.annotate(&[(key, value.as_deref())]).await?,
+        }
+    }
+    Ok(())
+}
+
+/// The decision for `view` under `ch`, with the inputs it asks for gathered (the release a
+/// pinned version's own check resolved among them: a stage of it carries it in
+/// [`Action::Stage`], and does not resolve the channel again).
+async fn decide(cx: &Agent, ch: &Channel, view: &NodeView) -> Result<Step, AgentError> {
     let now = Utc::now();
     let stage_now = cx.settings.clock.now();
     let (claim_not_before, stage_not_before) =
@@ -91,7 +91,6 @@ async fn decide(
         stage_not_before,
         ..Inputs::default()
     };
-    let mut resolved = None;
     loop {
         let step = super::decide::step(ch, &ch.policy, view, &inputs);
         match step.action {
@@ -116,13 +115,13 @@ async fn decide(
                     own.as_ref().map(|p| &p.pinned).map_err(|e| e.to_string()),
                     seed,
                 );
-                resolved = own.ok().and_then(|p| p.release);
+                inputs.pinned_release = own.ok().and_then(|p| p.release);
             }
             Action::Gather(Need::FetchedOn(day)) => {
                 let fetched = cx.blocking(move |ops| ops.fetched_on(day)).await?;
                 inputs.fetched_today = Some(fetched);
             }
-            _ => return Ok((step, resolved)),
+            _ => return Ok(step),
         }
     }
 }
@@ -151,7 +150,6 @@ pub(in crate::agent) async fn execute(
     ch: &Channel,
     view: &NodeView,
     step: Step,
-    resolved: Option<Release>,
 ) -> Result<Done, AgentError> {
     if let Some(report) = super::waits::report(&step.action, Utc::now()) {
         return Ok(Done::report(report, Then::Wait));
@@ -161,8 +159,8 @@ pub(in crate::agent) async fn execute(
     match step.action {
         Action::Idle(reason) => actions::tick_idle(cx, ch, reason).await,
         Action::Invalid(msg) => Ok(actions::tick_invalid(ch, &msg)),
-        Action::Stage { version } => match step.stage {
-            Some(plan) => stage(cx, ch, view, &version, plan, resolved).await,
+        Action::Stage { version, release } => match step.stage {
+            Some(plan) => stage(cx, ch, view, &version, plan, release.map(|r| *r)).await,
             None => Ok(Done::then(Then::Wait)),
         },
         // Reported above; a stage back-off is waited out quietly.
@@ -201,9 +199,11 @@ pub(in crate::agent) async fn execute(
     }
 }
 
-/// Stage per `plan`; when the stage stops cleanly (the quota or the windows' end), decide
-/// again with the bytes fetched by then: waiting is published, a next stretch that begins at
-/// once goes on at the next reconcile.
+/// Stage per `plan`, publishing what comes before its first byte (the target annotation, the
+/// announcement, the preview and its deadline condition: [`super::staging`] says what);
+/// when the stage stops cleanly (the quota or the windows' end), decide again with the bytes
+/// fetched by then: waiting is published, a next stretch that begins at once goes on at the
+/// next reconcile.
 async fn stage(
     cx: &Agent,
     ch: &Channel,
@@ -212,10 +212,23 @@ async fn stage(
     plan: super::decide::StagePlan,
     resolved: Option<Release>,
 ) -> Result<Done, AgentError> {
-    match super::staging::stage(cx, ch, version, plan, resolved).await? {
+    let now = cx.settings.clock.now();
+    // Published before the first byte: the target and the announcement, then what the
+    // resolved release's preview says (and the deadline it implies).
+    let (target, announcement) = super::staging::announcement(ch, version);
+    mark(cx, ch, vec![target]).await?;
+    cx.announce(ch, Vec::new(), announcement).await?;
+    let ready = super::staging::prepare(cx, ch, version, plan, resolved).await;
+    if let Ok(r) = &ready {
+        if let Some(p) = &r.preview {
+            super::thin_report::publish_preview(cx, ch, p).await;
+        }
+        mark(cx, ch, r.deadline.clone().into_iter().collect()).await?;
+    }
+    match super::staging::run(cx, ch, version, now, ready).await? {
         super::staging::Staging::Done(done) => Ok(done),
         super::staging::Staging::Stopped(marks) => {
-            let (step, _) = decide(cx, ch, view).await?;
+            let step = decide(cx, ch, view).await?;
             let done = match super::waits::report(&step.action, Utc::now()) {
                 Some(report) if matches!(step.action, Action::StageWaiting { .. }) => {
                     Done::report(report, Then::Wait)

@@ -10,7 +10,6 @@
 pub mod actions;
 pub mod assessment;
 pub mod controller;
-pub mod cooldown;
 pub mod decide;
 pub mod invalid;
 pub mod observe;

@@ -4,12 +4,14 @@
 //! Whether a stage may run now is [`super::decide::step`]'s call (the back-off, the stage
 //! windows, today's quota read from the node's ledger): it hands over a
 //! [`StagePlan`], or decides `StageWaiting`, whose phase says why and until when (every
-//! reconcile asks again, so a spec change is seen at once). Here: resolve the release once (the
-//! node's offline bundle of it, the release a pinned version's own check resolved in this tick,
-//! else one resolution of the channel: [`crate::agent::host::requests::for_stage`]), preview it
-//! (annotation, gauge, `slot status`), judge whether what is left can arrive before the next
-//! maintenance window (condition `StageWillMissWindow`), and stage within the plan's open
-//! windows and the quota's budget. A clean stop at the quota or the windows' end is
+//! reconcile asks again, so a spec change is seen at once). Here, each returning what the
+//! controller publishes: the target annotation and the announcement ([`announcement`]);
+//! resolve the release once (the node's offline bundle of it, the release a pinned version's
+//! own check resolved in this tick, else one resolution of the channel:
+//! [`crate::agent::host::requests::for_stage`]) and preview it ([`prepare`]: the preview —
+//! annotation, gauge, `slot status` — and whether what is left can arrive before the next
+//! maintenance window, condition `StageWillMissWindow`); then stage within the plan's open
+//! windows and the quota's budget ([`run`]). A clean stop at the quota or the windows' end is
 //! `Staging::Stopped` (the controller decides again, normally `StageWaiting`), never a
 //! failure: no `StageFailed`, no `k3os_ops_stage_failures_total`, no back-off, nothing in
 //! `status.failures`; the next stage resumes where it stopped.
@@ -19,7 +21,6 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::decide::StagePlan;
-use super::thin_report;
 use crate::agent::channel::format::{ANN_PROGRESS, ANN_TARGET};
 use crate::agent::channel::listing::Channel;
 use crate::agent::channel::thin::Miss;
@@ -31,6 +32,7 @@ use crate::agent::host::ops::StageEnd;
 use crate::agent::host::requests::for_stage;
 use crate::agent::host::stage_progress::AnnotationProgress;
 use crate::agent::phase::Phase;
+use libupgrade::state::ledger::PreviewRecord;
 use libupgrade::Stop;
 use libupgrade::{ExtraSource, Release, StageOptions, StageRequest, Wanted};
 
@@ -44,24 +46,9 @@ pub(in crate::agent) enum Staging {
     Stopped(Vec<Mark>),
 }
 
-/// Stage `version` of `ch` as `plan` allows; `resolved`: the channel's release of `version`
-/// this tick already resolved (a pinned version's own check), taken instead of resolving again.
-pub(in crate::agent) async fn stage(
-    cx: &Agent,
-    ch: &Channel,
-    version: &str,
-    plan: StagePlan,
-    resolved: Option<Release>,
-) -> Result<Staging, AgentError> {
-    let now = cx.settings.clock.now();
-    let StagePlan {
-        schedule,
-        max_bytes,
-        day,
-        fetched_today: used,
-    } = plan;
-    let req = request(cx, ch, version, schedule, max_bytes);
-    cx.annotate(&[(ANN_TARGET, Some(version))]).await?;
+/// What a stage announces before it starts, for the controller to publish: the target
+/// annotation, then the `Staging` report.
+pub(in crate::agent) fn announcement(ch: &Channel, version: &str) -> (Mark, Report) {
     let staging = Report::new(
         Phase::Staging,
         "downloading and verifying into the inactive slot",
@@ -73,8 +60,73 @@ pub(in crate::agent) async fn stage(
             ),
         ),
     );
-    cx.announce(ch, Vec::new(), staging).await?;
-    let result = preview_and_stage(cx, ch, req, resolved, day, used).await;
+    (
+        Mark::Annotation(ANN_TARGET, Some(version.to_string())),
+        staging,
+    )
+}
+
+/// A stage resolved and previewed, before its first byte: what the controller publishes
+/// then (the preview and the deadline condition it implies), and what the stage runs.
+pub(in crate::agent) struct Ready {
+    /// What the stage will fetch and reuse (None where the node cannot tell).
+    pub preview: Option<PreviewRecord>,
+    /// Whether what is left can arrive before the next maintenance window.
+    pub deadline: Option<Mark>,
+    rel: Release,
+    opts: StageOptions,
+    book_on: Option<chrono::NaiveDate>,
+}
+
+/// Resolve `version` of `ch` once (`release`: the channel's release of it this tick already
+/// resolved, a pinned version's own check, taken instead of resolving again) and preview its
+/// stage as `plan` allows.
+pub(in crate::agent) async fn prepare(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+    plan: StagePlan,
+    release: Option<Release>,
+) -> Result<Ready, AgentError> {
+    let StagePlan {
+        schedule,
+        max_bytes,
+        day,
+        fetched_today: used,
+    } = plan;
+    let req = request(cx, ch, version, schedule, max_bytes);
+    let (rel, opts, preview) = cx
+        .blocking(move |ops| {
+            let rel = for_stage(ops, &req, release)?;
+            let preview = ops.preview(&rel, &req.options)?;
+            Ok((rel, req.options, preview))
+        })
+        .await?;
+    let deadline = preview
+        .as_ref()
+        .and_then(|p| deadline(cx, ch, p.fetch, used));
+    Ok(Ready {
+        preview,
+        deadline,
+        rel,
+        opts,
+        book_on: day,
+    })
+}
+
+/// Stage what [`prepare`] made `ready` (or its failure), started at `now`; returns how it
+/// ended, for the controller to publish.
+pub(in crate::agent) async fn run(
+    cx: &Agent,
+    ch: &Channel,
+    version: &str,
+    now: DateTime<Utc>,
+    ready: Result<Ready, AgentError>,
+) -> Result<Staging, AgentError> {
+    let result = match ready {
+        Ok(r) => stage_with_progress(cx, r.rel, r.opts, r.book_on).await,
+        Err(e) => Err(e),
+    };
     let stale: Vec<Mark> = staleness(&result).into_iter().collect();
     match result {
         Ok(StageEnd::Staged { .. }) => Ok(Staging::Done(staged(cx, version).marked(stale))),
@@ -135,30 +187,6 @@ fn request(
     })
 }
 
-/// Resolve once, preview (published before the first byte), judge the deadline, then stage.
-async fn preview_and_stage(
-    cx: &Agent,
-    ch: &Channel,
-    req: StageRequest,
-    resolved: Option<Release>,
-    book_on: Option<chrono::NaiveDate>,
-    used: u64,
-) -> Result<StageEnd, AgentError> {
-    let rel = cx
-        .blocking(move |ops| {
-            let rel = for_stage(ops, &req, resolved)?;
-            let preview = ops.preview(&rel, &req.options)?;
-            Ok((rel, req.options, preview))
-        })
-        .await?;
-    let (rel, opts, preview) = rel;
-    if let Some(p) = preview {
-        thin_report::publish_preview(cx, ch, &p).await;
-        judge_deadline(cx, ch, p.fetch, used).await;
-    }
-    stage_with_progress(cx, rel, opts, book_on).await
-}
-
 /// Whether `left` bytes can arrive before the next maintenance window: the condition (None:
 /// the channel has no thin-link policy to judge by).
 fn deadline(cx: &Agent, ch: &Channel, left: u64, used: u64) -> Option<Mark> {
@@ -166,13 +194,6 @@ fn deadline(cx: &Agent, ch: &Channel, left: u64, used: u64) -> Option<Mark> {
     let now = cx.settings.clock.now();
     let miss = miss(&policy.thin, policy.next_window_start(now), left, now, used);
     Some(Mark::StageDeadline(miss))
-}
-
-/// Judge the deadline before the stage's first byte (its condition shows while it runs).
-async fn judge_deadline(cx: &Agent, ch: &Channel, left: u64, used: u64) {
-    if let Some(Mark::StageDeadline(miss)) = deadline(cx, ch, left, used) {
-        thin_report::report_miss(cx, ch, miss).await;
-    }
 }
 
 /// The miss, if `left` bytes cannot arrive by `deadline` (None: no maintenance window).
@@ -231,7 +252,7 @@ async fn stopped(
     Ok(deadline(cx, ch, left, used).into_iter().collect())
 }
 
-/// A failed stage: counted, and the next one backs off ([`super::cooldown`]).
+/// A failed stage: counted, and the next one backs off ([`crate::agent::cooldown`]).
 fn failed(cx: &Agent, version: &str, now: DateTime<Utc>, e: &AgentError) -> Done {
     let (n, backoff) = cx.remember(|m| m.stages.failed(now));
     let msg = format!(

@@ -27,7 +27,7 @@ use crate::agent::metrics::Outcome;
 use crate::agent::phase::Phase;
 use libupgrade::health::CheckResult;
 
-/// After an aborted disruption: the next claim backs off ([`super::cooldown::Cooldown::claims`];
+/// After an aborted disruption: the next claim backs off ([`crate::agent::cooldown::Cooldown::claims`];
 /// a drain that is refused must not cordon the node every resync).
 pub(in crate::agent) fn back_off_claims(cx: &Agent) {
     cx.remember(|m| m.claims.failed(Utc::now()));

@@ -4,7 +4,7 @@
 //! and plain patches reuse them). The images it holds are listed in the manifest
 //! (`Payload::images`, filled by `release create --image`).
 
-use super::{Kind, OnBoot, Place, ReadAt};
+use super::{Kind, OnBoot, Place, ReadAt, Room};
 
 /// The image-archive kind.
 pub(super) const KIND: Kind = Kind {
@@ -12,6 +12,9 @@ pub(super) const KIND: Kind = Kind {
     place: Place::Store,
     patch_kind: "plain",
     check: Some(check),
+    room: Room::Store,
+    content_len: None,
+    verity: false,
     on_boot: OnBoot::AirgapImages,
 };
 

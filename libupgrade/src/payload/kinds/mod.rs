@@ -38,6 +38,31 @@ pub enum Place {
     Store,
 }
 
+/// Whose room a part of a kind takes where it is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// Its own (the rootfs: its partition or directory holds nothing else).
+    Own,
+    /// The room of a filesystem the slot's other files of this kind share (the kernel and
+    /// initrd on the boot filesystem): their sizes add up against one capacity, and a
+    /// failed write is removed so that it does not take room the others need.
+    Shared,
+    /// The payload store's (its budget and free space, see [`super::check_budget`]).
+    Store,
+}
+
+/// Why a kind found no content in a copy ([`ContentLen`]).
+#[derive(Debug)]
+pub enum NotContent {
+    /// Reading it failed while doing `op`.
+    Read(&'static str, std::io::Error),
+    /// It is not of the kind: what it holds instead (`holds no squashfs`).
+    Not(&'static str),
+}
+
+/// How many bytes of a copy (`read`, `len` bytes long) are its content.
+pub type ContentLen = fn(read: ReadAt, len: u64) -> Result<u64, NotContent>;
+
 /// What every boot does with a slot's parts of a kind, before the health checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnBoot {
@@ -62,6 +87,14 @@ pub struct Kind {
     /// `Err(what is wrong)`, said in the stage's error naming the part. None: the sha256 is
     /// all (kernel, initrd).
     pub check: Option<Check>,
+    /// Whose room it takes where it is written.
+    pub room: Room,
+    /// How much of a copy of it (the running slot's, whose partition may be larger) is its
+    /// content, worth reusing chunks from. None: all of it.
+    pub content_len: Option<ContentLen>,
+    /// The release's dm-verity tree and FEC (`Manifest::verity`) are computed over it and
+    /// written after it, and must match the signed root hash (the rootfs).
+    pub verity: bool,
     /// What every boot of a slot holding it does with it.
     pub on_boot: OnBoot,
 }

@@ -31,23 +31,31 @@
 use std::fs::File;
 use std::path::PathBuf;
 
-use super::{ChunkWork, Run, Stager, BUF};
+use super::chunked;
+use super::parts::{ChunkWork, PartPlan};
+use super::run::Run;
+use super::BUF;
 use crate::chunk::apply::Transfer;
 use crate::chunk::local::LocalFile;
 use crate::chunk::plan::{Action, Plan};
 use crate::error::{Error, Result};
 use crate::layout::Target;
-use crate::manifest::{Part, PatchRef};
+use crate::manifest::PatchRef;
 
 mod choose;
 mod staging;
 
+pub(crate) use choose::choose;
 pub(crate) use staging::clear_staging;
 
 /// A patch chosen for one artifact.
 pub(crate) struct PatchWork {
     /// The patch as the signed manifest lists it.
     pub patch: PatchRef,
+    /// Its number in the part's manifest entry.
+    pub number: usize,
+    /// The bytes of it still to fetch (what an interrupted attempt staged is not).
+    pub fetch: u64,
     /// Where it is staged.
     pub staged: PathBuf,
     /// The running slot's copy of the artifact: the patch's base.
@@ -56,143 +64,140 @@ pub(crate) struct PatchWork {
     /// running build), not by the kept manifest.
     pub base_hashed: bool,
 }
-impl Stager<'_> {
-    /// Write artifact `a` by its patch `pw`, then the chunks the patch did not deliver by
-    /// `work`'s chunk plan; returns what came from where.
-    pub(in crate::stage) fn write_patched(
-        &self,
-        run: &Run,
-        a: &Part,
-        work: &ChunkWork,
-        pw: &PatchWork,
-    ) -> Result<Transfer> {
-        let target = self.open_target(run, a)?;
-        let mut present: Vec<bool> = work
-            .plan
-            .actions
-            .iter()
-            .map(|x| *x == Action::Keep)
-            .collect();
-        let mut fetched = 0;
-        let job = Job { a, work, pw };
-        let rebuilt = match self.fetch_patch(run, a, pw, &mut fetched) {
-            Ok(patch) => self.rebuild(run, &job, patch, &target, &mut present)?,
-            Err(e @ Error::Stopped { .. }) => return Err(e),
-            Err(e) => {
-                log::warn!(
-                    "{a}: the patch from {} failed ({e}); the {a} comes by chunks",
-                    pw.patch.base.version.escape_debug()
-                );
-                Rebuilt {
-                    fell_back: Some(e.to_string()),
-                    ..Rebuilt::default()
-                }
-            }
-        };
-        // The chunks the patch did not deliver, as the chunk path would have taken them.
-        let local: Vec<_> = work
-            .plan
-            .actions
-            .iter()
-            .map(|x| match x {
-                Action::Copy(l) => Some(*l),
-                _ => None,
-            })
-            .collect();
-        let fixup: Plan = crate::chunk::plan::plan(&work.index, &present, &local);
-        if rebuilt.mismatched > 0 {
+/// Write part `p` by its patch `pw`, then the chunks the patch did not deliver by `work`'s
+/// chunk plan; returns what came from where.
+pub(in crate::stage) fn write(
+    run: &Run,
+    p: &PartPlan,
+    work: &ChunkWork,
+    pw: &PatchWork,
+) -> Result<Transfer> {
+    let a = &p.part;
+    let target = chunked::open_target(run, p)?;
+    let mut present: Vec<bool> = work
+        .plan
+        .actions
+        .iter()
+        .map(|x| *x == Action::Keep)
+        .collect();
+    let mut fetched = 0;
+    let job = Job { p, work, pw };
+    let rebuilt = match staging::fetch(run, a, pw, &mut fetched) {
+        Ok(patch) => rebuild(run, &job, patch, &target, &mut present)?,
+        Err(e @ Error::Stopped { .. }) => return Err(e),
+        Err(e) => {
             log::warn!(
-                "{a}: {} chunk(s) of the patch's output ({}) do not match the signed chunk index; not written, taken by range instead",
-                rebuilt.mismatched,
-                crate::units::Size(rebuilt.mismatched_bytes)
+                "{a}: the patch from {} failed ({e}); the {a} comes by chunks",
+                pw.patch.base.version.escape_debug()
             );
-        }
-        let t = self.apply_chunks(run, a, work, &fixup, &target)?;
-        target.finish()?;
-        crate::barrier::hit("stage:artifact-complete");
-        run.patched.borrow_mut().push(super::PatchOutcome {
-            artifact: a.clone(),
-            from: pw.patch.base.version.clone(),
-            patch_fetched: fetched,
-            rebuilt: rebuilt.written,
-            mismatched_chunks: rebuilt.mismatched,
-            fell_back: rebuilt.fell_back,
-            base_hashed: pw.base_hashed,
-            skipped: rebuilt.skipped,
-        });
-        // The patch's bytes stand for the part of the artifact it rebuilt: what the run did not
-        // fetch is the rest (as the preview counts it), unless the patch fell short of its size.
-        Ok(Transfer {
-            kept: t.kept - rebuilt.written,
-            copied: (t.copied + rebuilt.written).saturating_sub(fetched),
-            fetched: t.fetched + fetched,
-            requests: t.requests + u64::from(fetched > 0),
-            ..t
-        })
-    }
-
-    /// Apply the staged `patch` to the base and write each chunk of its output whose sha256
-    /// is the signed index's and that `present` lacks (then marked present); the ops whose
-    /// output only reaches chunks `present` already holds (a resumed attempt) are skipped. A
-    /// failure of the patch itself is logged here and ends the rebuild: what it wrote stays,
-    /// the rest is left to the chunk plan. Errors are the target's only.
-    fn rebuild(
-        &self,
-        run: &Run,
-        job: &Job,
-        patch: File,
-        target: &Target,
-        present: &mut [bool],
-    ) -> Result<Rebuilt> {
-        let (a, pw) = (job.a, job.pw);
-        let base = crate::patch::Base {
-            file: &pw.base.file,
-            offset: pw.base.offset,
-            len: pw.base.len,
-        };
-        let chunks = &job.work.index.chunks;
-        let held = present.to_vec();
-        let needed = |r: std::ops::Range<u64>| wanted(chunks, &held, r);
-        let mut cut = Cutter::new(job.work.index.params.max as usize);
-        run.progress.begin(
-            &format!("{a} from patch {}", pw.patch.path),
-            super::entry(run.m, a).size,
-            0,
-        );
-        let mut reader = std::io::BufReader::with_capacity(BUF, patch);
-        let applied = crate::patch::apply_needed(&mut reader, base, &needed, &mut |at, bytes| {
-            cut.feed(at, bytes, chunks, present, target, run)
-        });
-        run.progress.end();
-        if let Some(e) = cut.failed {
-            return Err(e);
-        }
-        match applied {
-            Err(e) if cut.next < chunks.len() => {
-                log::warn!(
-                    "{a}: applying the patch from {} stopped at chunk {} of {} ({e}); the rest of the {a} comes by chunks",
-                    pw.patch.base.version.escape_debug(),
-                    cut.next,
-                    chunks.len()
-                );
-                cut.out.fell_back = Some(format!(
-                    "applying it stopped at chunk {} of {}: {e}",
-                    cut.next,
-                    chunks.len()
-                ));
+            Rebuilt {
+                fell_back: Some(e.to_string()),
+                ..Rebuilt::default()
             }
-            // Every chunk was checked; those that did not match are counted and fetched.
-            Err(e) => log::debug!("{a}: the patch's own check: {e}"),
-            Ok(st) => cut.out.skipped = st.skipped_bytes,
         }
-        target.sync()?;
-        Ok(cut.out)
+    };
+    // The chunks the patch did not deliver, as the chunk path would have taken them.
+    let local: Vec<_> = work
+        .plan
+        .actions
+        .iter()
+        .map(|x| match x {
+            Action::Copy(l) => Some(*l),
+            _ => None,
+        })
+        .collect();
+    let fixup: Plan = crate::chunk::plan::plan(&work.index, &present, &local);
+    if rebuilt.mismatched > 0 {
+        log::warn!(
+            "{a}: {} chunk(s) of the patch's output ({}) do not match the signed chunk index; not written, taken by range instead",
+            rebuilt.mismatched,
+            crate::units::Size(rebuilt.mismatched_bytes)
+        );
     }
+    let t = chunked::apply_plan(run, p, work, &fixup, &target)?;
+    target.finish()?;
+    crate::barrier::hit("stage:artifact-complete");
+    run.patched.borrow_mut().push(super::PatchOutcome {
+        artifact: a.clone(),
+        from: pw.patch.base.version.clone(),
+        patch_fetched: fetched,
+        rebuilt: rebuilt.written,
+        mismatched_chunks: rebuilt.mismatched,
+        fell_back: rebuilt.fell_back,
+        base_hashed: pw.base_hashed,
+        skipped: rebuilt.skipped,
+    });
+    // The patch's bytes stand for the part of the artifact it rebuilt: what the run did not
+    // fetch is the rest (as the preview counts it), unless the patch fell short of its size.
+    Ok(Transfer {
+        kept: t.kept - rebuilt.written,
+        copied: (t.copied + rebuilt.written).saturating_sub(fetched),
+        fetched: t.fetched + fetched,
+        requests: t.requests + u64::from(fetched > 0),
+        ..t
+    })
+}
+
+/// Apply the staged `patch` to the base and write each chunk of its output whose sha256
+/// is the signed index's and that `present` lacks (then marked present); the ops whose
+/// output only reaches chunks `present` already holds (a resumed attempt) are skipped. A
+/// failure of the patch itself is logged here and ends the rebuild: what it wrote stays,
+/// the rest is left to the chunk plan. Errors are the target's only.
+fn rebuild(
+    run: &Run,
+    job: &Job,
+    patch: File,
+    target: &Target,
+    present: &mut [bool],
+) -> Result<Rebuilt> {
+    let (a, pw) = (&job.p.part, job.pw);
+    let base = crate::patch::Base {
+        file: &pw.base.file,
+        offset: pw.base.offset,
+        len: pw.base.len,
+    };
+    let chunks = &job.work.index.chunks;
+    let held = present.to_vec();
+    let needed = |r: std::ops::Range<u64>| wanted(chunks, &held, r);
+    let mut cut = Cutter::new(job.work.index.params.max as usize);
+    run.progress.begin(
+        &format!("{a} from patch {}", pw.patch.path),
+        job.p.entry.size,
+        0,
+    );
+    let mut reader = std::io::BufReader::with_capacity(BUF, patch);
+    let applied = crate::patch::apply_needed(&mut reader, base, &needed, &mut |at, bytes| {
+        cut.feed(at, bytes, chunks, present, target, run)
+    });
+    run.progress.end();
+    if let Some(e) = cut.failed {
+        return Err(e);
+    }
+    match applied {
+        Err(e) if cut.next < chunks.len() => {
+            log::warn!(
+                "{a}: applying the patch from {} stopped at chunk {} of {} ({e}); the rest of the {a} comes by chunks",
+                pw.patch.base.version.escape_debug(),
+                cut.next,
+                chunks.len()
+            );
+            cut.out.fell_back = Some(format!(
+                "applying it stopped at chunk {} of {}: {e}",
+                cut.next,
+                chunks.len()
+            ));
+        }
+        // Every chunk was checked; those that did not match are counted and fetched.
+        Err(e) => log::debug!("{a}: the patch's own check: {e}"),
+        Ok(st) => cut.out.skipped = st.skipped_bytes,
+    }
+    target.sync()?;
+    Ok(cut.out)
 }
 
 /// One patched artifact's parts.
 struct Job<'j> {
-    a: &'j Part,
+    p: &'j PartPlan,
     work: &'j ChunkWork,
     pw: &'j PatchWork,
 }

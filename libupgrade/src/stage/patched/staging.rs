@@ -11,7 +11,8 @@ use super::PatchWork;
 use crate::error::{Error, Result};
 use crate::manifest::Part;
 use crate::net::rate::Limited;
-use crate::stage::{Run, Stager, BUF};
+use crate::stage::run::Run;
+use crate::stage::BUF;
 
 /// The staging area for patches under `state_dir`.
 pub(crate) fn staging_dir(state_dir: &Path) -> PathBuf {
@@ -27,76 +28,68 @@ pub(crate) fn clear_staging(state_dir: &Path) -> Result<()> {
         Err(e) => Err(Error::io("remove", &d, e)),
     }
 }
-impl Stager<'_> {
-    /// Fetch patch `pw` into the staging area from what it holds, then check its size and
-    /// sha256; `fetched` counts this run's network bytes. A staged copy that does not verify
-    /// is removed (the next attempt fetches it again).
-    pub(super) fn fetch_patch(
-        &self,
-        run: &Run,
-        a: &Part,
-        pw: &PatchWork,
-        fetched: &mut u64,
-    ) -> Result<File> {
-        let p = &pw.patch;
-        let mut st = Staged::open(&self.cfg.state_dir, &pw.staged, p.size)?;
-        let loc = run.source.location(&p.path);
-        run.progress
-            .begin(&format!("{a} patch ({})", p.path), p.size, st.have);
-        let mut backoff = self.backoff(run.opts);
-        let mut buf = vec![0u8; BUF];
-        while st.have < p.size {
-            let left = run.throttle.grant(1).map_err(|why| Error::Stopped {
-                why,
-                fetched: run.throttle.budget.map_or(0, |b| b.used()),
-                left: 0,
-            })?;
-            let stop = p.size.min(st.have.saturating_add(left));
-            let body = match run.source.open_range(&p.path, st.have, stop) {
-                Ok(b) => b,
-                Err(e) => {
-                    backoff.attempt_failed(&loc, e)?;
-                    continue;
-                }
-            };
-            let r = Limited::new(self.watch(run.opts).reader(body), run.throttle);
-            let before = st.have;
-            let failed = st.take(r, &mut buf, fetched, run)?;
-            if st.have == stop {
-                backoff.progressed();
+/// Fetch patch `pw` into the staging area from what it holds, then check its size and
+/// sha256; `fetched` counts this run's network bytes. A staged copy that does not verify
+/// is removed (the next attempt fetches it again).
+pub(super) fn fetch(run: &Run, a: &Part, pw: &PatchWork, fetched: &mut u64) -> Result<File> {
+    let p = &pw.patch;
+    let mut st = Staged::open(&run.env.cfg.state_dir, &pw.staged, p.size)?;
+    let loc = run.source.location(&p.path);
+    run.progress
+        .begin(&format!("{a} patch ({})", p.path), p.size, st.have);
+    let mut backoff = run.env.backoff(run.opts);
+    let mut buf = vec![0u8; BUF];
+    while st.have < p.size {
+        let left = run.throttle.grant(1).map_err(|why| Error::Stopped {
+            why,
+            fetched: run.throttle.budget.map_or(0, |b| b.used()),
+            left: 0,
+        })?;
+        let stop = p.size.min(st.have.saturating_add(left));
+        let body = match run.source.open_range(&p.path, st.have, stop) {
+            Ok(b) => b,
+            Err(e) => {
+                backoff.attempt_failed(&loc, e)?;
                 continue;
             }
-            if st.have > before {
-                backoff.progressed();
-            }
-            let what =
-                failed.unwrap_or_else(|| format!("stream ended at byte {} of {}", st.have, p.size));
-            if !backoff.wait(&loc, &what) {
-                run.progress.end();
-                return Err(Error::Fetch {
-                    location: loc,
-                    what: format!(
-                        "{} (the {} bytes staged are kept for the next attempt)",
-                        backoff.gave_up(&what),
-                        st.have
-                    ),
-                    retryable: true,
-                });
-            }
+        };
+        let r = Limited::new(run.env.watch(run.opts).reader(body), run.throttle);
+        let before = st.have;
+        let failed = st.take(r, &mut buf, fetched, run)?;
+        if st.have == stop {
+            backoff.progressed();
+            continue;
         }
-        run.progress.end();
-        let found = sha256_file(&pw.staged)?;
-        if found != p.sha256 {
-            std::fs::remove_file(&pw.staged).map_err(|e| Error::io("remove", &pw.staged, e))?;
-            return Err(Error::Checksum {
-                artifact: a.clone(),
+        if st.have > before {
+            backoff.progressed();
+        }
+        let what =
+            failed.unwrap_or_else(|| format!("stream ended at byte {} of {}", st.have, p.size));
+        if !backoff.wait(&loc, &what) {
+            run.progress.end();
+            return Err(Error::Fetch {
                 location: loc,
-                expected: p.sha256.clone(),
-                found,
+                what: format!(
+                    "{} (the {} bytes staged are kept for the next attempt)",
+                    backoff.gave_up(&what),
+                    st.have
+                ),
+                retryable: true,
             });
         }
-        File::open(&pw.staged).map_err(|e| Error::io("open", &pw.staged, e))
     }
+    run.progress.end();
+    let found = sha256_file(&pw.staged)?;
+    if found != p.sha256 {
+        std::fs::remove_file(&pw.staged).map_err(|e| Error::io("remove", &pw.staged, e))?;
+        return Err(Error::Checksum {
+            artifact: a.clone(),
+            location: loc,
+            expected: p.sha256.clone(),
+            found,
+        });
+    }
+    File::open(&pw.staged).map_err(|e| Error::io("open", &pw.staged, e))
 }
 
 /// A patch being fetched into the staging area: the file, appended to, and its length.

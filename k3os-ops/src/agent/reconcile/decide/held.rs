@@ -5,13 +5,14 @@
 //! of [`super`].
 
 use chrono::{DateTime, Utc};
+use libupgrade::Release;
 
 use super::{Action, IdleReason, Policy};
 use crate::agent::channel::crd::UpdateChannel;
 use crate::agent::channel::fleet_pinned::waiting_message;
+use crate::agent::channel::latest::Latest;
+use crate::agent::channel::pinned::Pinned;
 use crate::agent::channel::thin::Gate;
-use crate::agent::host::latest::Latest;
-use crate::agent::host::pinned::Pinned;
 
 /// A fact [`super::step`] needs before it can decide, fetched only then.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +98,9 @@ pub struct Inputs {
     pub own_latest: Option<Result<Latest, String>>,
     /// What this node resolved the pinned version to itself, once asked.
     pub own_pin: PinVerdict,
+    /// The release that resolution found, when it offers the version: a stage of it rides
+    /// in [`Action::Stage`].
+    pub pinned_release: Option<Release>,
 }
 
 impl Inputs {
@@ -250,7 +254,10 @@ pub(super) fn stage_gate(
             schedule,
             max_bytes,
         } => (
-            Action::Stage { version },
+            Action::Stage {
+                version,
+                release: None,
+            },
             Some(StagePlan {
                 schedule,
                 max_bytes,
@@ -271,7 +278,7 @@ pub(super) fn pin_gate(
     inputs: &Inputs,
 ) -> (Action, Option<StagePlan>) {
     let version = match &staged.0 {
-        Action::Stage { version } if channel.spec.pinned_version().is_some() => version.clone(),
+        Action::Stage { version, .. } if channel.spec.pinned_version().is_some() => version.clone(),
         _ => return staged,
     };
     match &inputs.own_pin {
@@ -284,6 +291,16 @@ pub(super) fn pin_gate(
             None,
         ),
         PinVerdict::Withdrawn => (Action::Withdrawn { version }, None),
-        PinVerdict::Offered | PinVerdict::Unresolved(_) => staged,
+        PinVerdict::Offered => match staged {
+            (Action::Stage { version, .. }, plan) => (
+                Action::Stage {
+                    version,
+                    release: inputs.pinned_release.clone().map(Box::new),
+                },
+                plan,
+            ),
+            other => other,
+        },
+        PinVerdict::Unresolved(_) => staged,
     }
 }

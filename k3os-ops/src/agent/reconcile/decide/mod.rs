@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use libupgrade::Release;
 
 use crate::agent::channel::crd::{SlotPhase, UpdateChannel, COND_WAITING_FOR_WAVE};
 use crate::agent::channel::rollout::{self, Admission};
@@ -22,7 +23,7 @@ use crate::agent::channel::spec::Policy;
 use crate::agent::channel::thin::Waiting;
 
 #[cfg(test)]
-use crate::agent::host::latest::Latest;
+use crate::agent::channel::latest::Latest;
 use crate::agent::host::status::{Inactive, NodeUpdateStatus};
 
 mod held;
@@ -69,6 +70,10 @@ pub enum Action {
     /// Download and verify `version` into the inactive slot (no slot, no disruption).
     Stage {
         version: String,
+        /// The release of `version` this node's own check of a pinned version resolved in
+        /// this reconcile (`Inputs::pinned_release`): the stage takes it instead of
+        /// resolving the channel again. None: the stage resolves it.
+        release: Option<Box<Release>>,
     },
     /// Claims are paused by failures of `version`.
     Paused {
@@ -227,7 +232,7 @@ pub fn step(
     );
     let undo_cordon = node.cordoned_by_us && !slot_action;
     let (action, stage) = match (action, policy) {
-        (Action::Stage { version }, Ok(p)) => {
+        (Action::Stage { version, .. }, Ok(p)) => {
             pin_gate(channel, stage_gate(p, version, inputs), inputs)
         }
         (action, Ok(p)) => (hold_claim(channel, p, action, inputs), None),
@@ -390,7 +395,12 @@ fn next_action(
     }
     match &node.update.inactive {
         Inactive::Staged(v) | Inactive::Activated(v) if *v == target => {}
-        _ => return Action::Stage { version: target },
+        _ => {
+            return Action::Stage {
+                version: target,
+                release: None,
+            }
+        }
     }
     if channel.spec.paused {
         return Action::PausedBySpec { version: target };

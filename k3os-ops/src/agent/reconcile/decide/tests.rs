@@ -98,7 +98,7 @@ proptest! {
         let empty = node(Inactive::Empty);
         prop_assert_eq!(run(&ch, &empty, &inputs).action, Action::StageBackingOff { until: at(left) });
         let later = Inputs { stage_now: at(left), ..inputs };
-        prop_assert_eq!(run(&ch, &empty, &later).action, Action::Stage { version: "v2".into() });
+        prop_assert_eq!(run(&ch, &empty, &later).action, Action::Stage { version: "v2".into(), release: None });
     }
 }
 
@@ -173,7 +173,8 @@ fn a_spent_quota_waits_for_the_next_day_and_the_ledger_is_read_only_for_a_quota(
     assert_eq!(
         s.action,
         Action::Stage {
-            version: "v2".into()
+            version: "v2".into(),
+            release: None
         }
     );
     let plan = s.stage.unwrap();
@@ -389,7 +390,8 @@ fn a_held_pinned_release_is_neither_staged_nor_claimed() {
     assert_eq!(
         run(&moved, &node(Inactive::Empty), &open).action,
         Action::Stage {
-            version: "v3".into()
+            version: "v3".into(),
+            release: None
         }
     );
     // `ignoreRollout` takes it anyway, explicitly.
@@ -398,7 +400,8 @@ fn a_held_pinned_release_is_neither_staged_nor_claimed() {
     assert_eq!(
         run(&ignoring, &node(Inactive::Empty), &open).action,
         Action::Stage {
-            version: "v2".into()
+            version: "v2".into(),
+            release: None
         }
     );
     // The convenience `decide` sees the published hold too.
@@ -452,7 +455,8 @@ fn the_node_asks_its_own_resolution_before_the_first_stage_of_a_pin() {
         assert_eq!(
             s.action,
             Action::Stage {
-                version: "v2".into()
+                version: "v2".into(),
+                release: None
             }
         );
         assert!(s.stage.is_some());
@@ -471,7 +475,8 @@ fn the_node_asks_its_own_resolution_before_the_first_stage_of_a_pin() {
     assert_eq!(
         run(&latest, &empty, &ask).action,
         Action::Stage {
-            version: "v2".into()
+            version: "v2".into(),
+            release: None
         }
     );
 }
@@ -518,7 +523,7 @@ fn a_claim_of_a_pin_asks_the_nodes_own_resolution_first() {
 
 #[test]
 fn a_pin_verdict_is_read_from_the_resolution() {
-    use crate::agent::host::pinned::Pinned;
+    use crate::agent::channel::pinned::Pinned;
     use libupgrade::rollout::{Hold, Seed};
     let seed = Seed::new(9).unwrap();
     assert_eq!(

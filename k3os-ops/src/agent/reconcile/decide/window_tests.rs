@@ -251,7 +251,8 @@ fn the_per_node_flow_step_by_step() {
     assert_eq!(
         decide(&ch, &node, now),
         Action::Stage {
-            version: "v2".into()
+            version: "v2".into(),
+            release: None
         }
     );
     node.update.inactive = Inactive::Staged("v2".into());

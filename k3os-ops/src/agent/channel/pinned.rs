@@ -9,8 +9,6 @@
 use libupgrade::rollout::Hold;
 use libupgrade::Release;
 
-use super::ops::NodeError;
-
 /// A resolution of a pinned version for the cluster's seed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pinned {
@@ -52,15 +50,14 @@ impl Pinned {
         }
     }
 
-    /// The hold, when resolving `version` failed because the channel's rollout withholds it
-    /// ([`NodeError::withheld`]); `None` for any other failure.
-    pub fn from_refusal(version: &str, e: &NodeError) -> Option<Pinned> {
-        let w = e.withheld.as_ref()?;
-        Some(Pinned {
+    /// Held back by `hold`, when resolving `version` failed because the channel's rollout
+    /// withholds it (the node's typed refusal), with the releases the channel withdrew.
+    pub fn withheld(version: &str, hold: &Hold, withdrawn: &[String]) -> Pinned {
+        Pinned {
             version: version.to_string(),
-            hold: Some(w.hold.clone()),
-            withdrawn: w.withdrawn.clone(),
-        })
+            hold: Some(hold.clone()),
+            withdrawn: withdrawn.to_vec(),
+        }
     }
 
     /// Whether the channel withdrew the pinned release.

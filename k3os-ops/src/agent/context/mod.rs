@@ -1,20 +1,19 @@
 //! The agent's context, what every step is handed (like controller-rs's `Context`): its
 //! [`Settings`] (fixed at start-up), its [`Clients`] (Kubernetes, the node's slots, Events,
 //! metrics) and its [`Memory`] (what one process remembers between reconciles: back-offs,
-//! reports already made), and the few accessors built on them. What the agent says (annotations,
-//! Events) is in [`super::cluster::publish`], the shared bookkeeping effects in [`super::cluster::effects`].
+//! reports already made). Everything the agent does as itself (its accessors, what it says,
+//! the bookkeeping effects several steps share) is the one `impl Agent` of [`agent`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
-use kube::{Api, Client};
+use kube::Client;
 
-use super::cluster::kube_store::KubeChannelStore;
-use super::errors::AgentError;
+use super::cooldown::Cooldown;
 use super::host::ops::NodeOps;
-use super::reconcile::cooldown::Cooldown;
+
+mod agent;
 
 /// Least time between two writes of the stage progress annotation.
 pub const PROGRESS_PERIOD: Duration = Duration::from_secs(15);
@@ -115,99 +114,4 @@ pub struct Agent {
     pub settings: Settings,
     pub clients: Clients,
     memory: Mutex<Memory>,
-}
-
-impl Agent {
-    pub fn new(
-        client: Client,
-        namespace: &str,
-        node: &str,
-        self_pod: Option<String>,
-        ops: Arc<dyn NodeOps>,
-    ) -> Agent {
-        let events = super::cluster::events::Publisher::new(client.clone(), node);
-        Agent {
-            settings: Settings {
-                namespace: namespace.to_string(),
-                node: node.to_string(),
-                self_pod,
-                drain_retry: Duration::from_secs(5),
-                node_ready_wait: READY_WAIT,
-                node_ready_poll: Duration::from_secs(5),
-                booted_at: None,
-                clock: Arc::new(libupgrade::SystemClock),
-            },
-            clients: Clients {
-                client,
-                ops,
-                events,
-                metrics: Arc::new(super::metrics::Metrics::new(node)),
-                watched: None,
-            },
-            memory: Mutex::default(),
-        }
-    }
-
-    /// Read or change what this process remembers, under its one lock (held only for `f`,
-    /// which must not block).
-    pub(in crate::agent) fn remember<T>(&self, f: impl FnOnce(&mut Memory) -> T) -> T {
-        f(&mut self.memory.lock().expect("memory lock not poisoned"))
-    }
-
-    /// This agent with watch caches; `writes` must count the requests of its client (see
-    /// [`super::cluster::client::WriteCounter`]).
-    pub fn with_watches(mut self, writes: super::cluster::client::WriteCounter) -> Agent {
-        self.clients.watched = Some(super::cluster::cache::Watched::new(
-            &self.settings.node,
-            writes,
-        ));
-        self
-    }
-
-    /// The channels of the namespace: from the watch cache once it listed them, else listed.
-    pub async fn channels_now(&self) -> Result<super::channel::listing::Listed, kube::Error> {
-        let cached = self
-            .clients
-            .watched
-            .as_ref()
-            .and_then(|w| w.channel_objects());
-        match cached {
-            Some(objs) => Ok(super::channel::listing::sort_out(
-                &self.settings.namespace,
-                objs,
-            )),
-            None => {
-                super::channel::listing::list(&self.clients.client, &self.settings.namespace).await
-            }
-        }
-    }
-
-    /// Remember the Node's annotations as just read.
-    pub(in crate::agent) fn saw_annotations(&self, annotations: BTreeMap<String, String>) {
-        self.remember(|m| m.node_annotations = Some(annotations));
-    }
-
-    pub fn set_startup_silence(&self, silence: Option<Duration>) {
-        self.remember(|m| m.startup_silence = silence);
-    }
-
-    pub(in crate::agent) fn nodes(&self) -> Api<Node> {
-        Api::all(self.clients.client.clone())
-    }
-
-    pub(in crate::agent) fn store(&self, channel: &str) -> KubeChannelStore {
-        KubeChannelStore::new(
-            self.clients.client.clone(),
-            &self.settings.namespace,
-            channel,
-        )
-    }
-
-    pub(in crate::agent) async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&dyn NodeOps) -> Result<T, super::host::ops::NodeError> + Send + 'static,
-    ) -> Result<T, AgentError> {
-        let ops = self.clients.ops.clone();
-        Ok(tokio::task::spawn_blocking(move || f(ops.as_ref())).await??)
-    }
 }
