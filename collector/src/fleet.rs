@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use fleet_report::{Outcome, WaitFor};
 use serde::Serialize;
 
-pub use crate::history::NodeState;
+use crate::history::NodeState;
 use crate::history::{self, NodeOutcome};
 use crate::store::Row;
 

@@ -7,7 +7,8 @@
 
 use serde::Serialize;
 
-use crate::fleet::{NodeState, ReleaseStatus};
+use crate::fleet::ReleaseStatus;
+use crate::history::NodeState;
 
 /// When a release should be halted.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -53,7 +53,7 @@ mod bench;
 pub mod dashboard;
 pub mod fleet;
 pub mod guard;
-mod history;
+pub mod history;
 mod rate;
 pub mod server;
 mod store;

@@ -7,7 +7,8 @@
 
 use std::fmt::Write;
 
-use crate::fleet::{self, FleetStatus, NodeState, ReleaseStatus};
+use crate::fleet::{self, FleetStatus, ReleaseStatus};
+use crate::history::NodeState;
 use crate::store::Row;
 use crate::time;
 

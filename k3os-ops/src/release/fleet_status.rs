@@ -7,8 +7,9 @@ use std::path::Path;
 
 use super::rollout::AbortArgs;
 use chrono::{DateTime, Utc};
-use collector::fleet::{FleetStatus, NodeState, ReleaseStatus, WaveStatus};
+use collector::fleet::{FleetStatus, ReleaseStatus, WaveStatus};
 use collector::guard::{Criteria, Verdict};
+use collector::history::NodeState;
 use libupgrade::rollout::Rollout;
 use libupgrade::trust::meta::{time_str, Targets};
 use serde::Serialize;

@@ -292,13 +292,13 @@ fn record_boot(w: &mut Work, loader: &LoaderView, boot: &ObservedBoot) {
 /// Step 3, the checks: pending while an awaited check is not reported, blessed when all
 /// passed, rolled back (or only recorded) when one failed.
 fn judge_checks(
-    mut w: Work,
+    w: Work,
     state: &State,
     loader: &LoaderView,
     boot: &ObservedBoot,
     mut verdict: Verdict,
 ) -> Result<Assessment, TransitionError> {
-    let (booted, other) = (boot.slot, boot.slot.other());
+    let booted = boot.slot;
     let state_now = w.st.slot(booted).state;
     let checks = &verdict.checks;
     let failed: Vec<String> = checks
@@ -336,7 +336,21 @@ fn judge_checks(
     if failed.is_empty() {
         return bless(w, loader, boot, verdict);
     }
-    let failures = failed.join("; ");
+    fail(w, state, loader, boot, verdict, &failed.join("; "))
+}
+
+/// A check failed: roll back to the other slot when it is good and the booted one is not yet,
+/// else record the failure (once per distinct reason in a boot).
+fn fail(
+    mut w: Work,
+    state: &State,
+    loader: &LoaderView,
+    boot: &ObservedBoot,
+    mut verdict: Verdict,
+    failures: &str,
+) -> Result<Assessment, TransitionError> {
+    let (booted, other) = (boot.slot, boot.slot.other());
+    let state_now = w.st.slot(booted).state;
     if state_now != SlotState::Good && w.st.slot(other).state == SlotState::Good {
         let reason = format!("health checks failed ({failures}); rolled back to slot {other}");
         // Already rolled back (by an earlier run in this boot): nothing more to do.

@@ -33,7 +33,8 @@
 use std::time::Instant;
 
 use bootconfig::Slot;
-use collector::fleet::{summarize, NodeState};
+use collector::fleet::summarize;
+use collector::history::NodeState;
 use collector::Row;
 use libupgrade::state::SlotState;
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use libupgrade::Release;
 
-use crate::agent::channel::crd::{SlotPhase, UpdateChannel, COND_WAITING_FOR_WAVE};
+use crate::agent::channel::crd::{SlotEntry, SlotPhase, UpdateChannel, COND_WAITING_FOR_WAVE};
 use crate::agent::channel::rollout::{self, Admission};
 use crate::agent::channel::spec::Policy;
 use crate::agent::channel::thin::Waiting;
@@ -257,89 +257,7 @@ fn next_action(
     let booted = node.update.booted_version.as_deref();
 
     if let Some(slot) = status.slot_of(&node.name) {
-        if node.token.as_deref() != Some(slot.token.as_str()) {
-            return Action::Idle(IdleReason::ForeignSlot);
-        }
-        let version = slot
-            .version
-            .clone()
-            .or_else(|| target.clone())
-            .unwrap_or_default();
-        return match slot.phase {
-            SlotPhase::Claimed | SlotPhase::Draining => {
-                if target.as_deref() != Some(version.as_str()) {
-                    Action::Release {
-                        reason: format!(
-                            "target changed from {version} to {}",
-                            target.as_deref().unwrap_or("none")
-                        ),
-                    }
-                } else if booted == Some(version.as_str()) {
-                    if node.update.booted_on_trial {
-                        Action::Confirm {
-                            version,
-                            held: true,
-                        }
-                    } else {
-                        Action::Release {
-                            reason: format!("already running {version}"),
-                        }
-                    }
-                } else if !matches!(&node.update.inactive, Inactive::Staged(v) | Inactive::Activated(v) if *v == version)
-                {
-                    Action::Release {
-                        reason: format!("{version} is no longer staged in the inactive slot"),
-                    }
-                } else if slot.phase == SlotPhase::Claimed
-                    && policy.as_ref().is_ok_and(|p| !p.fits_window(now))
-                {
-                    // Nothing disrupted yet (e.g. the agent restarted late): do not start an
-                    // update the rest of the window cannot hold. (An invalid spec holds
-                    // nothing back here: it stops claims before they happen.)
-                    Action::Release {
-                        reason: "the window closed before the update started".into(),
-                    }
-                } else if policy.as_ref().is_ok_and(|p| {
-                    node.silent_at_start
-                        .is_some_and(|s| s >= p.reboot_timeout / 2)
-                }) {
-                    Action::Forfeit { version }
-                } else {
-                    Action::Continue {
-                        phase: slot.phase,
-                        version,
-                    }
-                }
-            }
-            SlotPhase::Rebooting => {
-                if booted == Some(version.as_str()) {
-                    Action::Confirm {
-                        version,
-                        held: true,
-                    }
-                } else if matches!(&node.update.inactive, Inactive::Staged(v) | Inactive::Activated(v) if *v == version)
-                {
-                    // Fenced for reboot but the reboot has not happened (or not yet been
-                    // asked for): activate (idempotent) and reboot.
-                    Action::Continue {
-                        phase: SlotPhase::Rebooting,
-                        version,
-                    }
-                } else {
-                    Action::RolledBack { version }
-                }
-            }
-            SlotPhase::RollingBack => {
-                if booted == Some(version.as_str()) {
-                    Action::Continue {
-                        phase: SlotPhase::RollingBack,
-                        version,
-                    }
-                } else {
-                    Action::FinishRollback
-                }
-            }
-        };
+        return holder_action(slot, policy, node, target.as_deref(), now);
     }
 
     if !channel.selects(&node.labels) {
@@ -408,6 +326,18 @@ fn next_action(
     if channel.paused_for(&target) {
         return Action::Paused { version: target };
     }
+    claim_or_wait(policy, &status, node, target, now)
+}
+
+/// The last rows of the table: a staged target is claimed once the channel's rollout admits
+/// this node and the window holds the update.
+fn claim_or_wait(
+    policy: &Policy,
+    status: &crate::agent::channel::crd::UpdateChannelStatus,
+    node: &NodeView,
+    target: String,
+    now: DateTime<Utc>,
+) -> Action {
     if let Some(r) = &policy.rollout {
         let published = status.rollout.as_ref();
         if let Admission::NotYet { admitted, waves } =
@@ -426,6 +356,101 @@ fn next_action(
         };
     }
     Action::Claim { version: target }
+}
+
+/// The decision table's part for a node that holds a slot of the channel: go on, confirm,
+/// roll back, forfeit or give the slot back.
+fn holder_action(
+    slot: &SlotEntry,
+    policy: &Result<Policy, String>,
+    node: &NodeView,
+    target: Option<&str>,
+    now: DateTime<Utc>,
+) -> Action {
+    let booted = node.update.booted_version.as_deref();
+    if node.token.as_deref() != Some(slot.token.as_str()) {
+        return Action::Idle(IdleReason::ForeignSlot);
+    }
+    let version = slot
+        .version
+        .clone()
+        .or_else(|| target.map(str::to_string))
+        .unwrap_or_default();
+    match slot.phase {
+        SlotPhase::Claimed | SlotPhase::Draining => {
+            if target != Some(version.as_str()) {
+                Action::Release {
+                    reason: format!(
+                        "target changed from {version} to {}",
+                        target.unwrap_or("none")
+                    ),
+                }
+            } else if booted == Some(version.as_str()) {
+                if node.update.booted_on_trial {
+                    Action::Confirm {
+                        version,
+                        held: true,
+                    }
+                } else {
+                    Action::Release {
+                        reason: format!("already running {version}"),
+                    }
+                }
+            } else if !matches!(&node.update.inactive, Inactive::Staged(v) | Inactive::Activated(v) if *v == version)
+            {
+                Action::Release {
+                    reason: format!("{version} is no longer staged in the inactive slot"),
+                }
+            } else if slot.phase == SlotPhase::Claimed
+                && policy.as_ref().is_ok_and(|p| !p.fits_window(now))
+            {
+                // Nothing disrupted yet (e.g. the agent restarted late): do not start an
+                // update the rest of the window cannot hold. (An invalid spec holds
+                // nothing back here: it stops claims before they happen.)
+                Action::Release {
+                    reason: "the window closed before the update started".into(),
+                }
+            } else if policy.as_ref().is_ok_and(|p| {
+                node.silent_at_start
+                    .is_some_and(|s| s >= p.reboot_timeout / 2)
+            }) {
+                Action::Forfeit { version }
+            } else {
+                Action::Continue {
+                    phase: slot.phase,
+                    version,
+                }
+            }
+        }
+        SlotPhase::Rebooting => {
+            if booted == Some(version.as_str()) {
+                Action::Confirm {
+                    version,
+                    held: true,
+                }
+            } else if matches!(&node.update.inactive, Inactive::Staged(v) | Inactive::Activated(v) if *v == version)
+            {
+                // Fenced for reboot but the reboot has not happened (or not yet been
+                // asked for): activate (idempotent) and reboot.
+                Action::Continue {
+                    phase: SlotPhase::Rebooting,
+                    version,
+                }
+            } else {
+                Action::RolledBack { version }
+            }
+        }
+        SlotPhase::RollingBack => {
+            if booted == Some(version.as_str()) {
+                Action::Continue {
+                    phase: SlotPhase::RollingBack,
+                    version,
+                }
+            } else {
+                Action::FinishRollback
+            }
+        }
+    }
 }
 
 /// Why the poller found the pinned `target` held back by the channel's rollout
