@@ -11,12 +11,13 @@
 //! # On the wire (format 1)
 //!
 //! ```text
-//! k3os-bundle 1\n
+//! k3os-bundle 1 <node id: 64 hex digits>\n
 //! <base64 of the ed25519 signature>\n
 //! <the bundle's JSON, deflate-compressed (raw deflate, RFC 1951)>
 //! ```
 //!
-//! The node key signs `k3os-ops bundle v1\n` followed by the *compressed* bytes, so a reader
+//! The node key signs `k3os-ops bundle v1\n`, the node id and a newline, then the *compressed*
+//! bytes; the first line names the node, so a reader
 //! checks the size and the signature before it inflates anything: an unenrolled sender cannot
 //! make a collector decompress a byte, and an enrolled one is still held to
 //! [`MAX_INFLATED_BYTES`]. The whole is at most [`MAX_BUNDLE_BYTES`]; [`Bundle::seal`] makes it

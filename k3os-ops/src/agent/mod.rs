@@ -14,7 +14,7 @@
 //!
 //! ## Architecture
 //!
-//! The agent is six layers, one concern each, and four shared modules. Data flows one way
+//! The agent is seven layers, one concern each, and four shared modules. Data flows one way
 //! through one reconcile (`run` → `reconcile::controller` → `reconcile::decide` → the action's
 //! function → the agent's own effects → the cluster and the host), and a layer uses only the
 //! layers below it and the shared modules:
