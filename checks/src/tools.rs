@@ -66,6 +66,18 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
     ),
     ("node", "a word in messages and Kubernetes kinds, never run"),
     (
+        "iptables",
+        "a Debian package images/scripts/fetch-kube-debs.sh downloads for the Kubernetes node guest (dpkg-deb -x), never run on the host",
+    ),
+    (
+        "containerd",
+        "a Debian package images/scripts/fetch-kube-debs.sh downloads for the Kubernetes node guest; run inside the guest only",
+    ),
+    (
+        "ctr",
+        "containerd's client, run inside the Kubernetes node guest (vm-tests kube-node-joins), never on the host",
+    ),
+    (
         "cc",
         "a digest in test fixtures (libupgrade/src/stage/plan.rs), never run by a test or script; the C compiler itself is rustup's prerequisite",
     ),
@@ -100,6 +112,22 @@ pub const FROM_ASSETS: &[(&str, &str)] = &[
     (
         "kube-apiserver",
         "k3os-ops/tests/cli/cluster/ runs $KUBEBUILDER_ASSETS/kube-apiserver (envtest binaries)",
+    ),
+    (
+        "kube-controller-manager",
+        "kube-testenv runs $KUBEBUILDER_ASSETS/kube-controller-manager (vm-tests kube-node-joins)",
+    ),
+    (
+        "kube-scheduler",
+        "kube-testenv runs $KUBEBUILDER_ASSETS/kube-scheduler (vm-tests kube-node-joins)",
+    ),
+    (
+        "kubectl",
+        "vm-tests kube-node-joins runs $KUBEBUILDER_ASSETS/kubectl (v1.36; Debian's 1.20 is too old), never the one on PATH",
+    ),
+    (
+        "kubelet",
+        "copied from .cache/kube/<version>/linux-<arch> into the -kube test images (images/src/kube.rs); runs inside the guest only",
     ),
 ];
 
