@@ -137,9 +137,10 @@ pub fn populate(dir: &Path, kube: &KubeInputs, debs: &Debs) -> Result<()> {
         let _ = fs::remove_file(&at);
         symlink("xtables-legacy-multi", &at).ctx("symlink", &at)?;
     }
+    let kubelet = kube.kubelet();
     write(
         &dir.join("usr/bin/kubelet"),
-        fs::read(kube.kubelet()).ctx("read", &kube.kubelet())?,
+        fs::read(&kubelet).ctx("read", &kubelet)?,
         0o755,
     )?;
     write(

@@ -97,8 +97,7 @@ impl Scenario {
         })?;
         let marks: Vec<&str> = console
             .lines()
-            .filter(|l| l.contains("K3OS-KUBE "))
-            .map(|l| l.trim())
+            .filter_map(|l| l.find("K3OS-KUBE ").map(|i| l[i..].trim()))
             .collect();
         self.note(format!(
             "{}: kubelet started {:.1}s after power-on (guest uptimes: {})",
@@ -113,9 +112,10 @@ impl Scenario {
             "api: Node {NODE} registered {registered:.1}s after the kubelet started"
         ));
         let jsonpath = "-o=jsonpath={.status.conditions[?(@.type==\"Ready\")].status}";
-        let ready = self.wait_api(env, kubectl, JOIN, "the Node Ready", |k| {
-            k(&["get", "node", NODE, jsonpath]).map(|o| o.trim() == "True")
-        })?;
+        let ready = registered
+            + self.wait_api(env, kubectl, JOIN, "the Node Ready", |k| {
+                k(&["get", "node", NODE, jsonpath]).map(|o| o.trim() == "True")
+            })?;
         self.note(format!(
             "api: Node {NODE} Ready {ready:.1}s after the kubelet started"
         ));
