@@ -74,6 +74,34 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
         "a Debian package images/scripts/fetch-kube-debs.sh downloads for the Kubernetes node guest; run inside the guest only",
     ),
     (
+        "iptables-save",
+        "file names in the Kubernetes node guest's root (images/src/kube.rs: iptables' legacy links, its multi-call binary), never run on the host",
+    ),
+    (
+        "iptables-restore",
+        "file names in the Kubernetes node guest's root (images/src/kube.rs: iptables' legacy links, its multi-call binary), never run on the host",
+    ),
+    (
+        "ip6tables",
+        "file names in the Kubernetes node guest's root (images/src/kube.rs: iptables' legacy links, its multi-call binary), never run on the host",
+    ),
+    (
+        "ip6tables-save",
+        "file names in the Kubernetes node guest's root (images/src/kube.rs: iptables' legacy links, its multi-call binary), never run on the host",
+    ),
+    (
+        "ip6tables-restore",
+        "file names in the Kubernetes node guest's root (images/src/kube.rs: iptables' legacy links, its multi-call binary), never run on the host",
+    ),
+    (
+        "xtables-legacy-multi",
+        "file names in the Kubernetes node guest's root (images/src/kube.rs: iptables' legacy links, its multi-call binary), never run on the host",
+    ),
+    (
+        "bridge",
+        "a CNI plugin copied into the Kubernetes node guest's root and its config's plugin type (images/src/kube.rs), never run on the host",
+    ),
+    (
         "ctr",
         "containerd's client, run inside the Kubernetes node guest (vm-tests kube-node-joins), never on the host",
     ),
