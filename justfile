@@ -39,6 +39,34 @@ images-previous: images (images-previous-build "x86_64 aarch64")
 # The same for x86_64 only (what `just test` needs: its default set boots x86_64 previous disks).
 images-previous-x86_64: images-x86_64 (images-previous-build "x86_64")
 
+# The Kubernetes node variant (releases v1-kube and v2-kube, disk grub-efi-kube on x86_64):
+# the plain root plus Debian's containerd, runc, CNI plugins and iptables
+# (images/scripts/fetch-kube-debs.sh) and the kubelet of the Kubernetes binaries scripts/setup.sh
+# installs into .cache/kube/<version>/linux-<debarch>. The plain releases and disks are untouched.
+images-kube-x86_64: (images-kube "x86_64" "amd64" "grub-efi")
+
+images-kube arch debarch boots kube_version="v1.36.2":
+    #!/bin/sh
+    set -eu
+    images/scripts/fetch-debs.sh {{arch}} >/dev/null
+    images/scripts/fetch-kube-debs.sh {{arch}} >/dev/null
+    cargo build --release -p k3os-ops --no-default-features --target x86_64-unknown-linux-musl
+    if [ "{{arch}}" != x86_64 ]; then
+        cargo build --release -p k3os-ops --no-default-features --target {{arch}}-unknown-linux-musl
+    fi
+    cargo build -p k3os-images
+    boots=""
+    for b in {{boots}}; do boots="$boots --boot $b"; done
+    target/debug/k3os-images build --arch {{arch}} \
+        --debs .cache/debs/{{arch}}/root \
+        --kube-debs .cache/debs/{{arch}}/kube/root \
+        --kube-assets .cache/kube/{{kube_version}}/linux-{{debarch}} \
+        --k3os-ops target/{{arch}}-unknown-linux-musl/release/k3os-ops \
+        --verity-open target/{{arch}}-unknown-linux-musl/release/k3os-verity-open \
+        --tool target/x86_64-unknown-linux-musl/release/k3os-ops \
+        --out images/out \
+        --release v1-kube --release v2-kube --slot-a v1-kube $boots
+
 images-previous-build arches:
     images/scripts/build-previous.sh {{arches}}
 
@@ -160,8 +188,14 @@ vm-test scenario="upgrade" target="x86_64-grub-bios" *flags="":
 
 # The full matrix: every scenario on every target (the ignored tests included).
 # VM_TESTS_ALL_BARRIERS=1 also cuts the power at every barrier instead of a sample.
-vm-test-all: images-previous
+vm-test-all: images-previous images-kube-x86_64
     cargo test -p vm-tests -- --include-ignored --nocapture --test-threads 2
+
+# The Kubernetes node joins a control plane started on the host (x86_64 GRUB UEFI, the -kube
+# disk; etcd + kube-apiserver + controller manager + scheduler from .cache/kube, or
+# KUBEBUILDER_ASSETS). Not in the default `just test` set.
+vm-test-kube: images-kube-x86_64
+    cargo run -p vm-tests -- run kube-node-joins x86_64-grub-efi
 
 # --- fuzzing (owned by fuzz/) ---------------------------------------------------------------
 # Every fuzz target of fuzz/ for `secs` seconds each (one libFuzzer job each, under nice), then

@@ -66,6 +66,46 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
     ),
     ("node", "a word in messages and Kubernetes kinds, never run"),
     (
+        "iptables",
+        "a Debian package images/scripts/fetch-kube-debs.sh downloads for the Kubernetes node guest (dpkg-deb -x), never run on the host",
+    ),
+    (
+        "containerd",
+        "a Debian package images/scripts/fetch-kube-debs.sh downloads for the Kubernetes node guest; run inside the guest only",
+    ),
+    (
+        "iptables-save",
+        "file names in the Kubernetes node guest's root (images/src/kube.rs: iptables' legacy links, its multi-call binary), never run on the host",
+    ),
+    (
+        "iptables-restore",
+        "file names in the Kubernetes node guest's root (images/src/kube.rs: iptables' legacy links, its multi-call binary), never run on the host",
+    ),
+    (
+        "ip6tables",
+        "file names in the Kubernetes node guest's root (images/src/kube.rs: iptables' legacy links, its multi-call binary), never run on the host",
+    ),
+    (
+        "ip6tables-save",
+        "file names in the Kubernetes node guest's root (images/src/kube.rs: iptables' legacy links, its multi-call binary), never run on the host",
+    ),
+    (
+        "ip6tables-restore",
+        "file names in the Kubernetes node guest's root (images/src/kube.rs: iptables' legacy links, its multi-call binary), never run on the host",
+    ),
+    (
+        "xtables-legacy-multi",
+        "file names in the Kubernetes node guest's root (images/src/kube.rs: iptables' legacy links, its multi-call binary), never run on the host",
+    ),
+    (
+        "bridge",
+        "a CNI plugin copied into the Kubernetes node guest's root and its config's plugin type (images/src/kube.rs), never run on the host",
+    ),
+    (
+        "ctr",
+        "containerd's client, run inside the Kubernetes node guest (vm-tests kube-node-joins), never on the host",
+    ),
+    (
         "cc",
         "a digest in test fixtures (libupgrade/src/stage/plan.rs), never run by a test or script; the C compiler itself is rustup's prerequisite",
     ),
@@ -103,19 +143,19 @@ pub const FROM_ASSETS: &[(&str, &str)] = &[
     ),
     (
         "kube-controller-manager",
-        "the Kubernetes test binaries setup.sh installs into .cache/kube (envtest layout), run by path",
+        "kube-testenv runs $KUBEBUILDER_ASSETS/kube-controller-manager (vm-tests kube-node-joins)",
     ),
     (
         "kube-scheduler",
-        "the Kubernetes test binaries setup.sh installs into .cache/kube (envtest layout), run by path",
+        "kube-testenv runs $KUBEBUILDER_ASSETS/kube-scheduler (vm-tests kube-node-joins)",
     ),
     (
         "kubectl",
-        "the v1.36 kubectl setup.sh installs into .cache/kube, run by path (Debian's is 1.20, too old)",
+        "vm-tests kube-node-joins runs $KUBEBUILDER_ASSETS/kubectl (v1.36; Debian's 1.20 is too old), never the one on PATH",
     ),
     (
         "kubelet",
-        "setup.sh installs it into .cache/kube; it runs inside the Kubernetes test guests",
+        "copied from .cache/kube/<version>/linux-<arch> into the -kube test images (images/src/kube.rs); runs inside the guest only",
     ),
 ];
 

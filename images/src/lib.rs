@@ -39,6 +39,7 @@ pub mod error;
 pub mod fsimg;
 pub mod grubimg;
 pub mod initramfs;
+pub mod kube;
 pub mod loader;
 pub mod oci;
 pub mod release;

@@ -8,8 +8,9 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use k3os_images::debs::Debs;
 use k3os_images::disk;
+use k3os_images::kube::KubeInputs;
 use k3os_images::release::{ensure_channel_root, ensure_keys, ReleaseBuilder, CHANNEL_ROOT_DIR};
-use k3os_images::spec::{BootVariant, DiskSpec, Release, ReleaseSpec, Sizes};
+use k3os_images::spec::{disk_file_name, BootVariant, DiskSpec, Release, ReleaseSpec, Sizes};
 use k3os_images::stamp::Stamp;
 use k3os_images::target::Target;
 use libupgrade::manifest::Arch;
@@ -56,6 +57,14 @@ enum Command {
         /// Release installed in slot A of every disk.
         #[arg(long, default_value = "v1")]
         slot_a: String,
+        /// The Kubernetes node variant's Debian packages (`-kube` releases):
+        /// `.cache/debs/<arch>/kube/root` from images/scripts/fetch-kube-debs.sh.
+        #[arg(long, requires = "kube_assets")]
+        kube_debs: Option<PathBuf>,
+        /// The Kubernetes binaries of the target's platform for `-kube` releases (the kubelet):
+        /// `.cache/kube/<version>/linux-<amd64|arm64>`.
+        #[arg(long, requires = "kube_debs")]
+        kube_assets: Option<PathBuf>,
     },
 }
 
@@ -71,6 +80,8 @@ fn main() -> anyhow::Result<()> {
             releases,
             boots,
             slot_a,
+            kube_debs,
+            kube_assets,
         } => {
             let t0 = Instant::now();
             let target = Target::new(arch);
@@ -91,6 +102,7 @@ fn main() -> anyhow::Result<()> {
                 out: arch_out.clone(),
                 keys,
                 channel_root,
+                kube: kube_inputs(kube_debs, kube_assets)?,
             };
             let signing = Signing {
                 secret: &secret,
@@ -134,6 +146,17 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The Kubernetes node variant's inputs, when both flags are given (clap requires the pair).
+fn kube_inputs(
+    debs: Option<PathBuf>,
+    assets: Option<PathBuf>,
+) -> anyhow::Result<Option<KubeInputs>> {
+    Ok(match (debs, assets) {
+        (Some(d), Some(a)) => Some(KubeInputs::locate(&d, &a)?),
+        _ => None,
+    })
 }
 
 /// Where the releases, disks and keys of a build are.
@@ -196,7 +219,7 @@ fn sizes_for(built: &[Release]) -> anyhow::Result<Sizes> {
 
 /// `disk-<variant>.img` in `arch_out`, rebuilt only when its inputs changed.
 fn build_disk(spec: &DiskSpec, arch_out: &Path) -> anyhow::Result<()> {
-    let img = arch_out.join(format!("disk-{}.img", spec.variant.name()));
+    let img = arch_out.join(disk_file_name(spec.variant, &spec.slot_a.spec));
     let mut st = Stamp::new();
     st.param("variant", spec.variant.name())
         .param("sizes", format!("{:?}", spec.sizes))

@@ -45,11 +45,18 @@ fn block(seed: u64, i: u64) -> Vec<u8> {
 }
 
 fn tar_of(entries: &[(&str, &[u8])]) -> Result<Vec<u8>> {
+    let with_modes: Vec<(&str, &[u8], u32)> =
+        entries.iter().map(|(p, d)| (*p, *d, 0o644)).collect();
+    tar_with_modes(&with_modes)
+}
+
+/// A tar of `(path, bytes, mode)` entries, every time and owner 0.
+fn tar_with_modes(entries: &[(&str, &[u8], u32)]) -> Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::new());
-    for (path, data) in entries {
+    for (path, data, mode) in entries {
         let mut h = tar::Header::new_ustar();
         h.set_path(path).ctx("tar path", Path::new(path))?;
-        h.set_mode(0o644);
+        h.set_mode(*mode);
         h.set_size(data.len() as u64);
         h.set_mtime(0);
         h.set_cksum();
@@ -75,12 +82,23 @@ impl Blobs {
 /// One image: its layer holds `data` at `/data`; returns the manifest's descriptor.
 fn image(blobs: &mut Blobs, data: &[u8], name: &str) -> Result<Value> {
     let layer = tar_of(&[("data", data)])?;
-    let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&layer)));
-    let layer = blobs.add("application/vnd.oci.image.layer.v1.tar", layer);
     let config = json!({
         "created": "1970-01-01T00:00:00Z", "architecture": "amd64", "os": "linux",
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
     });
+    image_of_layer(blobs, layer, config, name)
+}
+
+/// One image of one `layer` and the image `config` (without its `rootfs`, added here);
+/// returns the manifest's descriptor, named `name`.
+fn image_of_layer(
+    blobs: &mut Blobs,
+    layer: Vec<u8>,
+    mut config: Value,
+    name: &str,
+) -> Result<Value> {
+    let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&layer)));
+    let layer = blobs.add("application/vnd.oci.image.layer.v1.tar", layer);
+    config["rootfs"] = json!({"type": "layers", "diff_ids": [diff_id]});
     let config = blobs.add(
         "application/vnd.oci.image.config.v1+json",
         serde_json::to_vec(&config).expect("json"),
@@ -123,6 +141,11 @@ pub fn write_archive(generation: u64, out: &Path) -> Result<()> {
         image(&mut blobs, &pause, &names[0])?,
         image(&mut blobs, &app, &names[1])?,
     ];
+    write_layout(blobs, manifests, out)
+}
+
+/// Write the OCI image layout tar of `blobs` with an index of `manifests` to `out`.
+fn write_layout(blobs: Blobs, manifests: Vec<Value>, out: &Path) -> Result<()> {
     let index =
         serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": manifests})).expect("json");
     let mut entries: Vec<(String, Vec<u8>)> = vec![
@@ -143,6 +166,60 @@ pub fn write_archive(generation: u64, out: &Path) -> Result<()> {
     std::fs::write(out, bytes).ctx("write image archive", out)
 }
 
+/// The sandbox ("pause") image of the Kubernetes node variant, containerd's `sandbox_image`.
+pub const KUBE_PAUSE_IMAGE: &str = "k3os.test/pause:busybox";
+
+/// The images the archive of a `-kube` release of `generation` holds: the pause image and the
+/// site's workload, both runnable (busybox-static as their one binary).
+pub fn kube_images(generation: u64) -> Vec<String> {
+    vec![
+        KUBE_PAUSE_IMAGE.to_string(),
+        format!("k3os.test/site-app:g{generation}-kube"),
+    ]
+}
+
+/// Write the archive of a `-kube` release of `generation` to `out`: [`kube_images`], each one
+/// layer holding the static `busybox` at `/bin/busybox` (and the site app a
+/// `/etc/site-app` naming its generation). The pause image sleeps as PID 1 (the sandbox only
+/// has to hold the namespaces); the site app prints its generation and sleeps. `arch` is the
+/// OCI architecture (`amd64`, `arm64`).
+pub fn write_kube_archive(generation: u64, busybox: &Path, arch: &str, out: &Path) -> Result<()> {
+    let bb = std::fs::read(busybox).ctx("read", busybox)?;
+    let names = kube_images(generation);
+    let mut blobs = Blobs::default();
+    let config = |cmd: Value| {
+        json!({
+            "created": "1970-01-01T00:00:00Z", "architecture": arch, "os": "linux",
+            "config": {"Env": ["PATH=/bin"], "Entrypoint": ["/bin/busybox"], "Cmd": cmd},
+        })
+    };
+    let pause = tar_with_modes(&[("bin/busybox", &bb, 0o755)])?;
+    let marker = format!("site-app g{generation}\n");
+    let app = tar_with_modes(&[
+        ("bin/busybox", &bb, 0o755),
+        ("etc/site-app", marker.as_bytes(), 0o644),
+    ])?;
+    let manifests = vec![
+        image_of_layer(
+            &mut blobs,
+            pause,
+            config(json!(["sleep", "2147483647"])),
+            &names[0],
+        )?,
+        image_of_layer(
+            &mut blobs,
+            app,
+            config(json!([
+                "sh",
+                "-c",
+                "cat /etc/site-app; exec sleep 2147483647"
+            ])),
+            &names[1],
+        )?,
+    ];
+    write_layout(blobs, manifests, out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,6 +235,7 @@ mod tests {
         assert_eq!(libupgrade::payload::archive_images(&a).unwrap(), images(1));
         assert_eq!(libupgrade::payload::archive_images(&c).unwrap(), images(2));
         assert_ne!(std::fs::read(&a).unwrap(), std::fs::read(&c).unwrap());
+
         // A real OCI tool reads every image of it (skopeo: installed by scripts/setup.sh).
         for name in images(2) {
             let out = std::process::Command::new("skopeo")
@@ -170,6 +248,41 @@ mod tests {
                 "skopeo inspect {name}: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
+        }
+    }
+
+    /// The kube variant's archive names its runnable images, each with an entrypoint, and a
+    /// real OCI tool reads them.
+    #[test]
+    fn the_kube_archive_holds_runnable_images() {
+        let d = tempfile::tempdir().unwrap();
+        let bb = d.path().join("busybox");
+        std::fs::write(&bb, b"\x7fELF not really").unwrap();
+        let a = d.path().join("kube.tar");
+        write_kube_archive(3, &bb, "amd64", &a).unwrap();
+        assert_eq!(
+            libupgrade::payload::archive_images(&a).unwrap(),
+            kube_images(3)
+        );
+        assert_eq!(kube_images(3)[0], KUBE_PAUSE_IMAGE);
+        for name in kube_images(3) {
+            let out = std::process::Command::new("skopeo")
+                .args(["inspect", "--config"])
+                .arg(format!("oci-archive:{}:{name}", a.display()))
+                .output()
+                .expect("skopeo runs");
+            assert!(
+                out.status.success(),
+                "skopeo inspect {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let cfg: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(
+                cfg["config"]["Entrypoint"],
+                json!(["/bin/busybox"]),
+                "{name}"
+            );
+            assert_eq!(cfg["architecture"], "amd64");
         }
     }
 }

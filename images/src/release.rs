@@ -13,6 +13,7 @@ use libupgrade::manifest::{MANIFEST_FILE, SIGNATURE_FILE};
 use crate::debs::Debs;
 use crate::error::{Error, IoContext, Result};
 use crate::initramfs::{self as initrd, InitKind};
+use crate::kube::{self, KubeInputs};
 use crate::loader;
 use crate::rootfs;
 use crate::run::Cmd;
@@ -37,6 +38,8 @@ pub struct ReleaseBuilder {
     /// The test channel's root version 1 ([`ensure_channel_root`]), baked into every rootfs
     /// at `/etc/k3os-ops/root.json`.
     pub channel_root: PathBuf,
+    /// What the Kubernetes node variant (`-kube` releases) adds; building one without it fails.
+    pub kube: Option<KubeInputs>,
 }
 
 /// Names of the test channel's key pairs in `images/out/<arch>/keys/` (`NAME.key`, `NAME.pub`):
@@ -227,16 +230,45 @@ impl ReleaseBuilder {
             .file("k3os-ops", &self.k3os_ops)?
             .file("trust", public)?
             .file("channel-root", &self.channel_root)?;
+        let kube = self.kube_inputs(spec)?;
+        if let Some(k) = kube {
+            k.fingerprint(&mut st)?;
+        }
         if !st.is_fresh(&rootfs) {
             Stamp::invalidate(&rootfs)?;
             let node = rootfs::NodeTrust {
                 release_key: public,
                 channel_root: &self.channel_root,
             };
-            rootfs::build(d, t, &self.k3os_ops, &node, spec, &rootfs)?;
+            rootfs::build_with(
+                d,
+                t,
+                &self.k3os_ops,
+                &node,
+                spec,
+                &rootfs,
+                |tree| match kube {
+                    Some(k) => kube::populate(tree, k, d),
+                    None => Ok(()),
+                },
+            )?;
             st.record(&rootfs)?;
         }
         Ok(rootfs)
+    }
+
+    /// The Kubernetes inputs when `spec` is a `-kube` release (an error without them).
+    fn kube_inputs(&self, spec: &ReleaseSpec) -> Result<Option<&KubeInputs>> {
+        if spec.variant != Variant::Kube {
+            return Ok(None);
+        }
+        self.kube.as_ref().map(Some).ok_or_else(|| Error::Input {
+            path: self.out.clone(),
+            what: format!(
+                "release {} is a Kubernetes node: give k3os-images --kube-debs and --kube-assets",
+                spec.version
+            ),
+        })
     }
 
     /// The signed release directory `releases/<version>/` made from `files` by `k3os-ops
@@ -254,7 +286,7 @@ impl ReleaseBuilder {
         // The standard v2 carries patches from v1 (the VM scenario `upgrade-patch`, and
         // `upgrade-from-previous`: v0.1.0 reads a manifest with patches): v1 is built first.
         let patch_from = spec.patch_from().map(|v| self.out.join("releases").join(v));
-        let archive = image_archive(spec, work)?;
+        let archive = image_archive(spec, &self.debs, t, work)?;
         let mut st = Stamp::new();
         if let Some(base) = &patch_from {
             st.file("patch-from", &base.join(MANIFEST_FILE))?;
@@ -325,9 +357,14 @@ impl ReleaseBuilder {
 /// The test image archive of `spec`'s generation, written into `work` (issue 33: every
 /// release carries one, slot A's is in the store from the first boot, and a stage fetches only
 /// the changed layer).
-fn image_archive(spec: &ReleaseSpec, work: &Path) -> Result<PathBuf> {
+/// A `-kube` release's archive holds runnable images instead ([`crate::oci::write_kube_archive`]).
+fn image_archive(spec: &ReleaseSpec, debs: &Debs, t: Target, work: &Path) -> Result<PathBuf> {
     let archive = work.join(format!("{}.tar", crate::oci::PAYLOAD_NAME));
-    crate::oci::write_archive(spec.generation, &archive)?;
+    if spec.variant == Variant::Kube {
+        crate::oci::write_kube_archive(spec.generation, &debs.busybox, t.debian(), &archive)?;
+    } else {
+        crate::oci::write_archive(spec.generation, &archive)?;
+    }
     Ok(archive)
 }
 

@@ -211,7 +211,7 @@ fn node_files(dir: &Path, trust: &NodeTrust, spec: &ReleaseSpec) -> Result<()> {
         0o644,
     )?;
     match spec.variant {
-        Variant::Normal | Variant::Panic | Variant::Verity => {}
+        Variant::Normal | Variant::Panic | Variant::Verity | Variant::Kube => {}
         Variant::BadHealth => write(&ops.join("health.d/10-badhealth"), BADHEALTH_CHECK, 0o755)?,
         Variant::NoConfirm => write(&ops.join("mode"), "noconfirm\n", 0o644)?,
         Variant::NoNet => write(&ops.join("mode"), "nonet\n", 0o644)?,
@@ -251,6 +251,20 @@ pub fn build(
     spec: &ReleaseSpec,
     out: &Path,
 ) -> Result<()> {
+    build_with(debs, target, k3os_ops, trust, spec, out, |_| Ok(()))
+}
+
+/// [`build`], with `extra` adding to the populated tree before it is packed (a variant's own
+/// files: the Kubernetes node's, `crate::kube`).
+pub fn build_with(
+    debs: &Debs,
+    target: Target,
+    k3os_ops: &Path,
+    trust: &NodeTrust,
+    spec: &ReleaseSpec,
+    out: &Path,
+    extra: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
     let tmp = tempfile::Builder::new()
         .prefix("rootfs.")
         .tempdir_in(out.parent().unwrap_or(Path::new(".")))
@@ -258,6 +272,7 @@ pub fn build(
     let tree = tmp.path().join("tree");
     fs::create_dir(&tree).ctx("create directory", &tree)?;
     populate(&tree, debs, target, k3os_ops, trust, spec)?;
+    extra(&tree)?;
     let _ = fs::remove_file(out);
     mksquashfs(&tree, out)
 }

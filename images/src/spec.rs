@@ -32,6 +32,11 @@ pub enum Variant {
     /// the slot boots with its root opened through dm-verity (scenarios `verity-fec`,
     /// `verity-fallback`).
     Verity,
+    /// A real Kubernetes node (`src/kube.rs`): containerd, runc, the CNI plugins and the
+    /// kubelet, started from a run-time seed disk; its image archive holds runnable images
+    /// (the pause image among them). Never in [`STANDARD_RELEASES`]: built by `just
+    /// images-kube-<arch>` onto its own disk (`disk-grub-efi-kube.img`).
+    Kube,
 }
 
 impl Variant {
@@ -43,6 +48,7 @@ impl Variant {
             Variant::BadHealth => "-badhealth",
             Variant::NoNet => "-nonet",
             Variant::Verity => "-verity",
+            Variant::Kube => "-kube",
         }
     }
 }
@@ -56,7 +62,8 @@ pub struct ReleaseSpec {
 }
 
 impl ReleaseSpec {
-    /// Parse `v2`, `v2-panic`, `v2-noconfirm`, `v2-badhealth`, `v2-nonet`, `v2-verity`.
+    /// Parse `v2`, `v2-panic`, `v2-noconfirm`, `v2-badhealth`, `v2-nonet`, `v2-verity`,
+    /// `v2-kube`.
     pub fn parse(version: &str) -> std::result::Result<ReleaseSpec, String> {
         let (base, variant) = match version.split_once('-') {
             None => (version, Variant::Normal),
@@ -65,8 +72,9 @@ impl ReleaseSpec {
             Some((b, "badhealth")) => (b, Variant::BadHealth),
             Some((b, "nonet")) => (b, Variant::NoNet),
             Some((b, "verity")) => (b, Variant::Verity),
+            Some((b, "kube")) => (b, Variant::Kube),
             Some((_, v)) => {
-                let known = "panic, noconfirm, badhealth, nonet, verity";
+                let known = "panic, noconfirm, badhealth, nonet, verity, kube";
                 return Err(format!(
                     "release '{version}': unknown variant '{v}' ({known})"
                 ));
@@ -209,6 +217,16 @@ impl Sizes {
     }
 }
 
+/// The disk image's file name: `disk-<boot variant>.img`, with the slot-A release's variant
+/// suffix for a Kubernetes node (`disk-grub-efi-kube.img`), so it never replaces a plain disk.
+pub fn disk_file_name(variant: BootVariant, slot_a: &ReleaseSpec) -> String {
+    let suffix = match slot_a.variant {
+        Variant::Kube => Variant::Kube.suffix(),
+        _ => "",
+    };
+    format!("disk-{}{suffix}.img", variant.name())
+}
+
 /// What goes on one disk.
 pub struct DiskSpec<'a> {
     pub target: Target,
@@ -239,6 +257,17 @@ mod tests {
         assert_eq!(
             (s.generation, s.variant, s.variant.suffix()),
             (2, Variant::Verity, "-verity")
+        );
+        let s = ReleaseSpec::parse("v1-kube").unwrap();
+        assert_eq!((s.generation, s.variant.suffix()), (1, "-kube"));
+        assert_eq!(
+            disk_file_name(BootVariant::GrubEfi, &s),
+            "disk-grub-efi-kube.img"
+        );
+        let v1 = ReleaseSpec::parse("v1").unwrap();
+        assert_eq!(
+            disk_file_name(BootVariant::GrubBios, &v1),
+            "disk-grub-bios.img"
         );
         assert!(ReleaseSpec::parse("v2-weird")
             .unwrap_err()

@@ -125,6 +125,7 @@ fn x86_64_disks_are_what_nodes_expect_and_bios_grub_boots() {
             &out.path().join("x86_64/channel-root"),
         )
         .unwrap(),
+        kube: None,
     };
     let v1 = builder
         .build(&ReleaseSpec::parse("v1").unwrap(), &secret, &public)

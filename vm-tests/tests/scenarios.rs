@@ -118,6 +118,13 @@ macro_rules! matrix_test {
     };
 }
 
+// x86_64 GRUB UEFI, the Kubernetes node disk (`just images-kube-x86_64`; `just vm-test-kube`)
+matrix_test!(
+    x86_64_grub_efi_kube_node_joins,
+    KubeNodeJoins,
+    X86_64GrubEfi
+);
+
 // x86_64 GRUB BIOS
 default_test!(x86_64_grub_bios_upgrade, Upgrade, X86_64GrubBios);
 default_test!(

@@ -47,6 +47,11 @@ impl ModDeps {
         Ok(ModDeps { file, by_name })
     }
 
+    /// Whether `name` (dashes or underscores) is a loadable module of this kernel.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(&name.replace('-', "_"))
+    }
+
     /// Paths (relative to the modules dir) of `wanted` and their dependencies, each after
     /// everything it depends on. `modules.dep` lists a module's dependencies so that loading
     /// them last-to-first works; this walk does that recursively.

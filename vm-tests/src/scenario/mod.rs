@@ -49,6 +49,11 @@
 //!   in the spool and arrive once it is back (numbered, a resend stored once), then a failing
 //!   trial boot's `rolled_back` with its why and a good one's `blessed`.
 //!
+//! - `kube-node-joins`: the Kubernetes node variant (`-kube` disk) boots with a seed disk made
+//!   by the test and joins a control plane started on the host: containerd up, the slot's
+//!   image archive imported, the Node registered and Ready, a pod of an image only the slot's
+//!   payload carries Running (each step timed).
+//!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
 //!
@@ -76,6 +81,7 @@ use crate::target::{workspace_root, Accel, Target};
 
 mod awaited;
 mod fallback;
+mod kube;
 mod offline;
 mod patch;
 mod payloads;
@@ -113,10 +119,11 @@ pub enum ScenarioKind {
     ReportSpool,
     VerityFec,
     VerityFallback,
+    KubeNodeJoins,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 17] = [
+    pub const ALL: [ScenarioKind; 18] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -134,6 +141,7 @@ impl ScenarioKind {
         ScenarioKind::ReportSpool,
         ScenarioKind::VerityFec,
         ScenarioKind::VerityFallback,
+        ScenarioKind::KubeNodeJoins,
     ];
 
     pub fn name(self) -> &'static str {
@@ -155,7 +163,14 @@ impl ScenarioKind {
             ScenarioKind::ReportSpool => "report-spool",
             ScenarioKind::VerityFec => "verity-fec",
             ScenarioKind::VerityFallback => "verity-fallback",
+            ScenarioKind::KubeNodeJoins => "kube-node-joins",
         }
+    }
+
+    /// Whether the scenario runs on `target` (`run … all` skips the others): the Kubernetes
+    /// node disk exists for x86_64 GRUB UEFI only so far.
+    pub fn runs_on(self, target: Target) -> bool {
+        self != ScenarioKind::KubeNodeJoins || target == Target::X86_64GrubEfi
     }
 }
 
@@ -228,7 +243,11 @@ impl Scenario {
     /// Prepare `kind` on `target`; fails (with the reason) when an input is missing.
     pub fn new(kind: ScenarioKind, target: Target, opts: Options) -> Result<Scenario> {
         let root = workspace_root();
-        target.check_inputs(&root)?;
+        if kind == ScenarioKind::KubeNodeJoins {
+            target.check_kube_inputs(&root)?;
+        } else {
+            target.check_inputs(&root)?;
+        }
         if kind == ScenarioKind::UpgradeFromPrevious {
             target.check_previous_inputs(&root)?;
         }
@@ -302,6 +321,7 @@ impl Scenario {
             ScenarioKind::ReportSpool => self.report_spool()?,
             ScenarioKind::VerityFec => self.verity_fec()?,
             ScenarioKind::VerityFallback => self.verity_fallback()?,
+            ScenarioKind::KubeNodeJoins => self.kube_node_joins()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;
@@ -326,7 +346,7 @@ impl Scenario {
         {
             let p = e.path();
             if p.is_dir() {
-                for f in ["disk.img", "vars.fd", "stick.img"] {
+                for f in ["disk.img", "vars.fd", "stick.img", "seed.img"] {
                     let _ = std::fs::remove_file(p.join(f));
                 }
             }

@@ -118,7 +118,7 @@ impl Scenario {
             .map_err(|e| Error::io("stat the bundle", &bundle, e))?
             .len();
         let stick = dir.join("stick.img");
-        mkfs_ext4(&stick, stick_bytes(len), &tree)?;
+        mkfs_ext4(&stick, stick_bytes(len), &tree, STICK_LABEL)?;
         std::fs::remove_dir_all(&tree).map_err(|e| Error::io("remove", &tree, e))?;
         self.note(format!(
             "host: {}; on a {} MiB ext4 USB stick image",
@@ -158,11 +158,12 @@ impl Scenario {
     }
 }
 
-/// `mkfs.ext4 -d tree` into a new image file of `size` bytes (owner root, no mount).
-fn mkfs_ext4(img: &Path, size: u64, tree: &Path) -> Result<()> {
+/// `mkfs.ext4 -d tree` into a new image file of `size` bytes labelled `label` (owner root, no
+/// mount): the USB stick here, the `kube-node-joins` seed disk.
+pub(super) fn mkfs_ext4(img: &Path, size: u64, tree: &Path, label: &str) -> Result<()> {
     let _ = std::fs::remove_file(img);
     let mut c = Command::new("mkfs.ext4");
-    c.args(["-q", "-F", "-L", STICK_LABEL, "-E", "root_owner=0:0", "-d"])
+    c.args(["-q", "-F", "-L", label, "-E", "root_owner=0:0", "-d"])
         .arg(tree)
         .arg(img)
         .arg(format!("{}k", size / 1024));

@@ -42,6 +42,10 @@ pub struct Node {
     offline: bool,
     /// A raw image plugged in as a USB stick at every boot.
     usb_stick: Option<PathBuf>,
+    /// A raw image attached read-only as a second virtio disk at every boot (a seed).
+    seed: Option<PathBuf>,
+    /// Memory (MiB) and vCPUs instead of the target's defaults.
+    size: Option<(u32, u32)>,
 }
 
 impl Node {
@@ -53,6 +57,18 @@ impl Node {
     /// The node's disk image (read on the host while the node is off).
     pub fn disk_path(&self) -> &Path {
         &self.disk
+    }
+
+    /// From the next power-on `image` is attached read-only as a second virtio disk
+    /// (`/dev/vdb`): the run-time seed of a Kubernetes node.
+    pub fn attach_seed(&mut self, image: &Path) {
+        self.seed = Some(image.to_path_buf());
+    }
+
+    /// From the next power-on the guest has `memory_mib` MiB and `cpus` vCPUs (a kubelet
+    /// needs more than the plain test OS's 512 MiB).
+    pub fn resize(&mut self, memory_mib: u32, cpus: u32) {
+        self.size = Some((memory_mib, cpus));
     }
 
     /// From the next power-on `image` is plugged in as a USB mass-storage device.
@@ -179,6 +195,8 @@ impl Scenario {
             power_ons: 0,
             offline: false,
             usb_stick: None,
+            seed: None,
+            size: None,
         })
     }
 
@@ -199,7 +217,7 @@ impl Scenario {
         let name = format!("{}/{}#{}", self.target, node.name, node.power_ons);
         let monitor = node.dir.join(format!("monitor-{}.sock", node.power_ons));
         let log = node.dir.join(format!("console-{}.log", node.power_ons));
-        let cmd = self.target.qemu_command(
+        let mut cmd = self.target.qemu_command(
             self.accel,
             &node.disk,
             node.vars.as_deref(),
@@ -207,6 +225,17 @@ impl Scenario {
             net,
             node.usb_stick.as_deref(),
         );
+        // QEMU merges repeated -m / -smp options: the last one counts.
+        if let Some((mem, cpus)) = node.size {
+            cmd.arg("-m").arg(mem.to_string());
+            cmd.arg("-smp").arg(cpus.to_string());
+        }
+        if let Some(seed) = &node.seed {
+            cmd.arg("-drive").arg(format!(
+                "file={},format=raw,if=virtio,readonly=on",
+                seed.display()
+            ));
+        }
         Vm::spawn(&name, cmd, &monitor, &log)
     }
 

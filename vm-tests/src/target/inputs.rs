@@ -132,6 +132,37 @@ impl Target {
         Ok(())
     }
 
+    /// Fail with the reason when something `kube-node-joins` needs is missing: the `-kube`
+    /// disk and release, the host's Kubernetes binaries ([`super::kube_assets`]), the
+    /// firmware and QEMU.
+    pub fn check_kube_inputs(self, root: &Path) -> Result<()> {
+        let disk = self.kube_disk(root);
+        if !disk.is_file() {
+            return Err(Error::Missing {
+                what: format!("{} Kubernetes node disk image", self.name()),
+                path: disk,
+                hint: format!("build it with `just images-kube-{}`", self.arch()),
+            });
+        }
+        let assets = super::kube_assets(root);
+        for b in [
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kubectl",
+        ] {
+            if !assets.join(b).is_file() {
+                return Err(Error::Missing {
+                    what: format!("Kubernetes binary {b} (KUBEBUILDER_ASSETS)"),
+                    path: assets.join(b),
+                    hint: "run `just setup` (scripts/setup.sh installs them), or set KUBEBUILDER_ASSETS".into(),
+                });
+            }
+        }
+        self.check_machine()
+    }
+
     /// Fail with the reason when something this target needs is missing.
     pub fn check_inputs(self, root: &Path) -> Result<()> {
         let disk = self.disk(root);
@@ -144,6 +175,11 @@ impl Target {
             });
         }
         self.check_releases(root, k3os_images::spec::STANDARD_RELEASES)?;
+        self.check_machine()
+    }
+
+    /// The target's UEFI firmware (if any) and QEMU emulator are installed.
+    fn check_machine(self) -> Result<()> {
         if let Some((code, vars)) = self.firmware() {
             for f in [code, vars] {
                 if !f.is_file() {

@@ -71,6 +71,14 @@ impl Target {
             .join(format!("disk-{}.img", self.variant()))
     }
 
+    /// The Kubernetes node variant's disk, `images/out/<arch>/disk-<variant>-kube.img` (slot A
+    /// v1-kube; `just images-kube-<arch>`; the name is k3os-images' `spec::disk_file_name`).
+    pub fn kube_disk(self, root: &Path) -> PathBuf {
+        images_dir(root)
+            .join(self.arch())
+            .join(format!("disk-{}-kube.img", self.variant()))
+    }
+
     /// `images/out/<arch>/releases` under the workspace root (see [`images_dir`]).
     pub fn releases(self, root: &Path) -> PathBuf {
         images_dir(root).join(self.arch()).join("releases")
@@ -239,6 +247,22 @@ impl FromStr for Target {
     type Err = Error;
     fn from_str(s: &str) -> Result<Target> {
         crate::error::by_name("target", &Target::ALL, Target::name, s)
+    }
+}
+
+/// The Kubernetes release the `kube-node-joins` scenario and the `-kube` images use.
+pub const KUBE_VERSION: &str = "v1.36.2";
+
+/// The Kubernetes binaries of the host (kube-apiserver, kubectl, …, `etcd`):
+/// `$KUBEBUILDER_ASSETS`, else `<root>/.cache/kube/<KUBE_VERSION>/linux-amd64` (where
+/// scripts/setup.sh installs them).
+pub fn kube_assets(root: &Path) -> PathBuf {
+    match std::env::var_os("KUBEBUILDER_ASSETS") {
+        Some(d) => PathBuf::from(d),
+        None => root
+            .join(".cache/kube")
+            .join(KUBE_VERSION)
+            .join("linux-amd64"),
     }
 }
 

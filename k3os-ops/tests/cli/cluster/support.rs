@@ -65,136 +65,22 @@ pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
     TURN.lock().await
 }
 
-/// A throw-away etcd + kube-apiserver on 127.0.0.1 from `$KUBEBUILDER_ASSETS` (started once
-/// per test process, killed at exit). RBAC is on; the tests authenticate with a static token of
-/// group `system:masters`.
-///
-/// Run on the build machine against kube-apiserver v1.36 built from source and etcd 3.4
-/// (../shared/notes/environment.md says how); the flags are the documented ones of 1.3x.
+/// A throw-away etcd + kube-apiserver on 127.0.0.1 from `$KUBEBUILDER_ASSETS` (the
+/// workspace's launcher, crate `kube-testenv`, with its defaults), started once per test
+/// process from a thread that lives as long as it (the servers die with that thread). RBAC is
+/// on; the tests authenticate with a static token of group `system:masters`.
 mod envtest {
-    use std::net::TcpListener;
-    use std::path::{Path, PathBuf};
-    use std::process::{Child, Command, Stdio};
+    use std::path::Path;
     use std::sync::OnceLock;
     use std::time::{Duration, Instant};
 
     use kube::Client;
+    use kube_testenv::{Options, TestEnv};
 
+    /// What the tests need of the started env (the env itself stays in its thread).
     struct Server {
-        _children: Vec<KillOnDrop>,
-        _dir: tempfile::TempDir,
         url: String,
-        token_file: PathBuf,
-    }
-
-    struct KillOnDrop(Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-
-    fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-
-    /// Start `bin`; it gets SIGKILL when the thread that started it ends (PR_SET_PDEATHSIG):
-    /// [`client`] starts the servers from a thread that lives as long as the test process, so
-    /// they never outlive it (statics are not dropped at exit).
-    fn spawn(bin: &Path, args: &[String], log: &Path) -> KillOnDrop {
-        use std::os::unix::process::CommandExt;
-        let out = std::fs::File::create(log).unwrap();
-        let mut cmd = Command::new(bin);
-        cmd.args(args)
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out));
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
-        KillOnDrop(child)
-    }
-
-    fn start(assets: &Path) -> Server {
-        let etcd = assets.join("etcd");
-        let apiserver = assets.join("kube-apiserver");
-        for b in [&etcd, &apiserver] {
-            assert!(
-                b.is_file(),
-                "KUBEBUILDER_ASSETS={} has no {}",
-                assets.display(),
-                b.display()
-            );
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let etcd_child = spawn(
-            &etcd,
-            &[
-                format!("--data-dir={}", d.join("etcd").display()),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
-                format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
-            ],
-            &d.join("etcd.log"),
-        );
-        let key = d.join("sa.key");
-        let st = Command::new("openssl")
-            .args(["genrsa", "-out"])
-            .arg(&key)
-            .arg("2048")
-            .stderr(Stdio::null())
-            .status()
-            .expect("openssl (scripts/setup.sh installs it)");
-        assert!(st.success(), "openssl genrsa failed");
-        let token = "k3os-ops-test-admin-token";
-        std::fs::write(
-            d.join("tokens.csv"),
-            format!("{token},k3os-ops-test-admin,1,\"system:masters\"\n"),
-        )
-        .unwrap();
-        let token_file = d.join("token");
-        std::fs::write(&token_file, token).unwrap();
-        let api_child = spawn(
-            &apiserver,
-            &[
-                format!("--etcd-servers={etcd_url}"),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={api_port}"),
-                format!("--cert-dir={}", d.join("certs").display()),
-                format!("--token-auth-file={}", d.join("tokens.csv").display()),
-                "--authorization-mode=RBAC".into(),
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-                format!("--service-account-key-file={}", key.display()),
-                format!("--service-account-signing-key-file={}", key.display()),
-                "--service-cluster-ip-range=10.0.0.0/24".into(),
-                "--allow-privileged=true".into(),
-            ],
-            &d.join("kube-apiserver.log"),
-        );
-        Server {
-            _children: vec![api_child, etcd_child],
-            url: format!("https://127.0.0.1:{api_port}"),
-            token_file,
-            _dir: dir,
-        }
+        token_file: String,
     }
 
     static SERVER: OnceLock<Server> = OnceLock::new();
@@ -206,7 +92,12 @@ mod envtest {
         let s = SERVER.get_or_init(move || {
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {
-                let _ = tx.send(start(&assets));
+                let env = TestEnv::start(&assets, &Options::default());
+                let _ = tx.send(Server {
+                    url: env.url.clone(),
+                    token_file: env.token_file.display().to_string(),
+                });
+                let _keep = env;
                 loop {
                     std::thread::park();
                 }
@@ -215,7 +106,7 @@ mod envtest {
         });
         let mut config = kube::Config::new(s.url.parse().unwrap());
         config.accept_invalid_certs = true;
-        config.auth_info.token_file = Some(s.token_file.display().to_string());
+        config.auth_info.token_file = Some(s.token_file.clone());
         let client = Client::try_from(config.clone()).expect("client of the local API server");
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {

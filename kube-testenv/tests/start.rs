@@ -1,0 +1,77 @@
+//! The control plane starts from real binaries (`KUBEBUILDER_ASSETS`, else the path
+//! scripts/setup.sh installs them to) with every option on, and a node's client certificate
+//! authenticates as that node. `#[ignore]`d: it needs the Kubernetes binaries.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kube_testenv::{Options, TestEnv};
+
+fn assets() -> PathBuf {
+    std::env::var_os("KUBEBUILDER_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache/kube/v1.36.2/linux-amd64")
+        })
+}
+
+#[test]
+#[ignore = "needs the Kubernetes binaries (KUBEBUILDER_ASSETS or .cache/kube)"]
+fn a_tls_control_plane_with_controllers_accepts_a_node_certificate() {
+    let assets = assets();
+    let kubectl = assets.join("kubectl");
+    let mut env = TestEnv::start(
+        &assets,
+        &Options {
+            tls_ips: vec!["127.0.0.1".into()],
+            node_authorizer: true,
+            controllers: true,
+        },
+    );
+    env.wait_ready(&kubectl, Duration::from_secs(120)).unwrap();
+    let ca = env.ca.clone().unwrap();
+    let node = ca.client("n1", "system:node:n1", &["system:nodes"]);
+    let out = std::process::Command::new(&kubectl)
+        .arg(format!("--server={}", env.url))
+        .arg(format!(
+            "--certificate-authority={}",
+            ca.pair.cert.display()
+        ))
+        .arg(format!("--client-certificate={}", node.cert.display()))
+        .arg(format!("--client-key={}", node.key.display()))
+        .args([
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "system:node:n1",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The controller manager runs: it gives the default namespace its ServiceAccount.
+    let mut found = false;
+    for _ in 0..120 {
+        if env
+            .kubectl(
+                &kubectl,
+                &["get", "serviceaccount", "default", "-o", "name"],
+            )
+            .is_ok()
+        {
+            found = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        found,
+        "no default ServiceAccount: {}",
+        env.log_tail("kube-controller-manager", 10)
+    );
+    assert_eq!(env.exited(), None);
+}

@@ -1,0 +1,283 @@
+//! `kube-node-joins`: the test OS as a real Kubernetes node. On the host, a control plane
+//! (etcd, kube-apiserver with its own CA and a serving certificate for 10.0.2.2 — the host as
+//! a QEMU guest sees it — and 127.0.0.1, the Node authorizer, kube-controller-manager and
+//! kube-scheduler; crate `kube-testenv`, binaries from `KUBEBUILDER_ASSETS`); a seed disk
+//! (ext4 labelled `k3os-seed`) with the node's kubeconfig (its client certificate
+//! `CN=system:node:<name>, O=system:nodes`); the `-kube` disk boots v1-kube with 2 GiB and two
+//! vCPUs: containerd starts, the slot's image archive is imported, the kubelet registers the
+//! Node, which becomes Ready, and a Deployment of an image only the slot's payload carries
+//! (`imagePullPolicy: Never`) gets a Running pod. Each step's time is noted. A guest that never
+//! gets there fails within the step's bound, with the console's last lines and the guest's
+//! kubelet and containerd log tails.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use bootconfig::Slot;
+use kube_testenv::{Options as EnvOptions, TestEnv};
+
+use super::offline::mkfs_ext4;
+use super::steps::CMD;
+use super::Scenario;
+use crate::error::{Error, Result};
+use crate::target::kube_assets;
+use crate::vm::Vm;
+
+/// The Node's name (the seed's `node-name`, the client certificate's CN).
+const NODE: &str = "kube-node-1";
+/// The seed filesystem's label (images/files/kube-up.sh looks for it).
+const SEED_LABEL: &str = "k3os-seed";
+/// The workload: in the archive of v1-kube's payload only (images/src/oci.rs, `kube_images`).
+const APP_IMAGE: &str = "k3os.test/site-app:g1-kube";
+/// From `K3OS-BOOTED` to the kubelet started (containerd, import; TCG, a loaded host).
+const KUBE_UP: Duration = Duration::from_secs(420);
+/// From the kubelet started to the Node registered, and to Ready.
+const JOIN: Duration = Duration::from_secs(300);
+/// From the Deployment applied to its pod Running.
+const POD: Duration = Duration::from_secs(300);
+
+impl Scenario {
+    pub(super) fn kube_node_joins(&mut self) -> Result<()> {
+        let assets = kube_assets(&self.root);
+        let kubectl = assets.join("kubectl");
+        let t0 = Instant::now();
+        let mut env = TestEnv::start(
+            &assets,
+            &EnvOptions {
+                tls_ips: vec!["10.0.2.2".into(), "127.0.0.1".into()],
+                node_authorizer: true,
+                controllers: true,
+            },
+        );
+        env.wait_ready(&kubectl, Duration::from_secs(120))
+            .map_err(|e| self.fail(e))?;
+        self.note(format!(
+            "host: etcd, kube-apiserver, controller manager and scheduler ready in {:.1}s ({})",
+            t0.elapsed().as_secs_f64(),
+            env.dir().display()
+        ));
+        let seed = self.seed_disk(&env)?;
+        let mut node = self.node_from("node", &self.target.kube_disk(&self.root))?;
+        node.attach_seed(&seed);
+        node.resize(2048, 2);
+        let mut vm = self.power_on(&mut node)?;
+        let booted = vm.elapsed();
+        self.expect_boot(&mut vm, Slot::A, "v1-kube")?;
+        let r = self.join(&mut vm, &mut env, &kubectl, booted);
+        if let Err(e) = r {
+            return Err(self.guest_logs(&mut vm, e));
+        }
+        Ok(())
+    }
+
+    /// Everything after `K3OS-BOOTED`: the guest's steps, then the Node and the pod as the API
+    /// server sees them.
+    fn join(
+        &mut self,
+        vm: &mut Vm,
+        env: &mut TestEnv,
+        kubectl: &Path,
+        booted: Duration,
+    ) -> Result<()> {
+        vm.expect_not(
+            "K3OS-KUBE kubelet",
+            &[
+                "K3OS-KUBE-FAILED",
+                "no seed: kubelet not started",
+                "K3OS-CONFIRM failed",
+                "Kernel panic",
+            ],
+            KUBE_UP,
+        )?;
+        let kubelet_at = vm.elapsed();
+        let console = vm.tail(100_000);
+        self.check(console.contains("K3OS-CONFIRM ok"), || {
+            "v1-kube did not print K3OS-CONFIRM ok before the kubelet started".into()
+        })?;
+        let marks: Vec<&str> = console
+            .lines()
+            .filter_map(|l| l.find("K3OS-KUBE ").map(|i| l[i..].trim()))
+            .collect();
+        self.note(format!(
+            "{}: kubelet started {:.1}s after power-on (guest uptimes: {})",
+            vm.name(),
+            (kubelet_at - booted).as_secs_f64(),
+            marks.join(", ")
+        ));
+        let registered = self.wait_api(env, kubectl, JOIN, "the Node registered", |k| {
+            k(&["get", "node", NODE, "-o", "name"]).map(|o| o.contains(NODE))
+        })?;
+        self.note(format!(
+            "api: Node {NODE} registered {registered:.1}s after the kubelet started"
+        ));
+        let jsonpath = "-o=jsonpath={.status.conditions[?(@.type==\"Ready\")].status}";
+        let ready = registered
+            + self.wait_api(env, kubectl, JOIN, "the Node Ready", |k| {
+                k(&["get", "node", NODE, jsonpath]).map(|o| o.trim() == "True")
+            })?;
+        self.note(format!(
+            "api: Node {NODE} Ready {ready:.1}s after the kubelet started"
+        ));
+        self.run_workload(env, kubectl)?;
+        vm.wait_shell(CMD)?;
+        let images = vm.run_ok("ctr -n k8s.io images ls -q", CMD)?;
+        self.check(images.contains(APP_IMAGE), || {
+            format!("containerd's k8s.io store lacks {APP_IMAGE}:\n{images}")
+        })
+    }
+
+    /// A Deployment of [`APP_IMAGE`] (never pulled) gets a Running pod on the node.
+    fn run_workload(&mut self, env: &mut TestEnv, kubectl: &Path) -> Result<()> {
+        let manifest = self.out.join("site-app.yaml");
+        std::fs::write(&manifest, deployment())
+            .map_err(|e| Error::io("write the Deployment", &manifest, e))?;
+        env.kubectl(kubectl, &["apply", "-f", &manifest.display().to_string()])
+            .map_err(|e| self.fail(format!("kubectl apply {}: {e}", manifest.display())))?;
+        let running = self.wait_api(env, kubectl, POD, "the site-app pod Running", |k| {
+            let jp = "-o=jsonpath={.items[*].status.phase}";
+            k(&["get", "pods", "-l", "app=site-app", jp]).map(|o| o.trim() == "Running")
+        })?;
+        self.note(format!(
+            "api: Deployment site-app ({APP_IMAGE}, imagePullPolicy Never) has a Running pod {running:.1}s after it was applied"
+        ));
+        Ok(())
+    }
+
+    /// Poll `done` (given a kubectl runner) every second until it says true, at most `limit`;
+    /// returns the seconds it took. A control-plane process that exits fails at once.
+    fn wait_api(
+        &mut self,
+        env: &mut TestEnv,
+        kubectl: &Path,
+        limit: Duration,
+        what: &str,
+        done: impl Fn(
+            &dyn Fn(&[&str]) -> std::result::Result<String, String>,
+        ) -> std::result::Result<bool, String>,
+    ) -> Result<f64> {
+        let t0 = Instant::now();
+        let mut last = String::new();
+        loop {
+            if let Some(gone) = env.exited() {
+                return Err(self.fail(format!("waiting for {what}: {gone}")));
+            }
+            let run = |args: &[&str]| env.kubectl(kubectl, args);
+            match done(&run) {
+                Ok(true) => return Ok(t0.elapsed().as_secs_f64()),
+                Ok(false) => {}
+                Err(e) => last = e,
+            }
+            if t0.elapsed() > limit {
+                return Err(self.fail(format!(
+                    "{what}: not within {}s (kubectl said last: {last})",
+                    limit.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
+    /// The seed disk: the node's kubeconfig (server `https://10.0.2.2:<port>`, the CA, its
+    /// client certificate and key embedded), the CA and the node's name.
+    fn seed_disk(&mut self, env: &TestEnv) -> Result<PathBuf> {
+        let ca = env.ca.as_ref().expect("the env was started with tls_ips");
+        let pair = ca.client("node", &format!("system:node:{NODE}"), &["system:nodes"]);
+        let dir = self.out.join("seed");
+        let tree = dir.join("tree");
+        std::fs::create_dir_all(&tree).map_err(|e| Error::io("create directory", &tree, e))?;
+        let b64 = |p: &Path| -> Result<String> {
+            let bytes = std::fs::read(p).map_err(|e| Error::io("read", p, e))?;
+            Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+        };
+        let kubeconfig = node_kubeconfig(
+            &format!("https://10.0.2.2:{}", env.port),
+            &b64(&ca.pair.cert)?,
+            &b64(&pair.cert)?,
+            &b64(&pair.key)?,
+        );
+        for (name, data) in [
+            ("kubeconfig", kubeconfig.into_bytes()),
+            (
+                "ca.crt",
+                std::fs::read(&ca.pair.cert).map_err(|e| Error::io("read", &ca.pair.cert, e))?,
+            ),
+            ("node-name", format!("{NODE}\n").into_bytes()),
+        ] {
+            let p = tree.join(name);
+            std::fs::write(&p, data).map_err(|e| Error::io("write", &p, e))?;
+        }
+        let img = dir.join("seed.img");
+        mkfs_ext4(&img, 8 << 20, &tree, SEED_LABEL)?;
+        Ok(img)
+    }
+
+    /// Add what the guest's console and logs showed last to `e` (bounded: a shell that does
+    /// not answer within 20 s adds nothing more).
+    fn guest_logs(&mut self, vm: &mut Vm, e: Error) -> Error {
+        let console = vm.tail(30);
+        let logs = vm
+            .run(
+                "tail -n 15 /var/log/containerd.log /var/log/import.log /var/log/kubelet.log 2>&1",
+                Duration::from_secs(20),
+            )
+            .map(|o| o.output)
+            .unwrap_or_else(|e| format!("(the guest shell did not answer: {e})"));
+        self.fail(format!(
+            "{e}\n--- the guest's console, last lines:\n{console}\n--- the guest's logs:\n{logs}"
+        ))
+    }
+}
+
+/// A kubeconfig with everything embedded (the seed is all the node gets).
+fn node_kubeconfig(server: &str, ca: &str, cert: &str, key: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: site\n  cluster:\n    server: {server}\n    \
+         certificate-authority-data: {ca}\nusers:\n- name: {NODE}\n  user:\n    \
+         client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: site\n  \
+         context:\n    cluster: site\n    user: {NODE}\ncurrent-context: site\n"
+    )
+}
+
+/// The workload: one replica of [`APP_IMAGE`] on [`NODE`], never pulled, no API token.
+fn deployment() -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: site-app\n  namespace: default\n\
+         spec:\n  replicas: 1\n  selector:\n    matchLabels:\n      app: site-app\n  template:\n    \
+         metadata:\n      labels:\n        app: site-app\n    spec:\n      \
+         automountServiceAccountToken: false\n      nodeSelector:\n        \
+         kubernetes.io/hostname: {NODE}\n      containers:\n      - name: app\n        \
+         image: {APP_IMAGE}\n        imagePullPolicy: Never\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_manifests_are_yaml_of_the_right_shape() {
+        let d: serde_json::Value = yaml(&deployment());
+        assert_eq!(
+            d["spec"]["template"]["spec"]["containers"][0]["image"],
+            APP_IMAGE
+        );
+        assert_eq!(
+            d["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"],
+            "Never"
+        );
+        let k: serde_json::Value = yaml(&node_kubeconfig(
+            "https://10.0.2.2:1",
+            "Q0E=",
+            "Q0VSVA==",
+            "S0VZ",
+        ));
+        assert_eq!(k["clusters"][0]["cluster"]["server"], "https://10.0.2.2:1");
+        assert_eq!(k["users"][0]["user"]["client-key-data"], "S0VZ");
+        assert_eq!(k["current-context"], "site");
+    }
+
+    fn yaml(text: &str) -> serde_json::Value {
+        serde_yaml::from_str(text).unwrap()
+    }
+}
