@@ -95,8 +95,9 @@ pub use api::{
 use parts::{Fetch, PartPlan};
 pub use plan::ArtifactCost;
 use plan::{Decision, PartFacts};
+use run::Verified;
 use run::{link_rate, report, Env, Moved, Placing, Run};
-use verify::{Preflight, Probed, Verified};
+use verify::{Preflight, Probed};
 pub use weigh::Prefer;
 
 /// Copy buffer: large enough for full-speed sequential I/O, small enough for the RSS budget.

@@ -5,9 +5,10 @@
 //! each to its executor; the functions here are what every executor shares: where a part is
 //! written ([`target`]) and the check of a written part by its kind ([`check`]).
 
+use std::path::PathBuf;
+
 use std::os::unix::fs::FileExt;
 
-use super::patched::PatchWork;
 use super::plan::{ArtifactCost, How};
 use super::run::{Env, Run};
 use crate::chunk::local::LocalFile;
@@ -15,7 +16,7 @@ use crate::chunk::plan::Plan as ChunkPlan;
 use crate::chunk::ChunkIndex;
 use crate::error::{Error, Result};
 use crate::layout::Target;
-use crate::manifest::{FileEntry, Manifest, Part};
+use crate::manifest::{FileEntry, Manifest, Part, PatchRef};
 use crate::payload::kinds::{Kind, Place};
 
 /// One part of a release, planned: what it is, where it goes, how it is fetched, its price.
@@ -130,4 +131,21 @@ pub(super) fn check(run: &Run, m: &Manifest, p: &PartPlan) -> Result<()> {
             other => format!("{other}: {what}"),
         },
     })
+}
+
+/// A patch chosen for one artifact.
+pub(crate) struct PatchWork {
+    /// The patch as the signed manifest lists it.
+    pub patch: PatchRef,
+    /// Its number in the part's manifest entry.
+    pub number: usize,
+    /// The bytes of it still to fetch (what an interrupted attempt staged is not).
+    pub fetch: u64,
+    /// Where it is staged.
+    pub staged: PathBuf,
+    /// The running slot's copy of the artifact: the patch's base.
+    pub base: LocalFile,
+    /// The base was proven by hashing the running slot's range (no kept manifest names the
+    /// running build), not by the kept manifest.
+    pub base_hashed: bool,
 }

@@ -4,7 +4,6 @@
 
 use bootconfig::Slot;
 
-use super::verify::Verified;
 use super::{weigh, Progress, StageOptions, StageReport};
 use crate::config::Config;
 use crate::layout::Layout;
@@ -13,6 +12,18 @@ use crate::net::fetch::Source;
 use crate::net::rate::Throttle;
 use crate::net::retry::Backoff;
 use crate::stage::api::PatchOutcome;
+
+/// A release whose signature, manifest, architecture, generation and size were checked.
+pub(super) struct Verified {
+    pub manifest: Manifest,
+    /// The signed manifest bytes, and their sha256 (the release's identity).
+    pub bytes: Vec<u8>,
+    pub sha256: String,
+    /// Key id that signed it.
+    pub key: String,
+    /// Where the manifest was read, for messages.
+    pub location: String,
+}
 
 /// The node's side of a stage, read by every step: its configuration, its slots' layout,
 /// and when this attempt stops retrying.

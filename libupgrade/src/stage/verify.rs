@@ -4,7 +4,7 @@
 //! ([`release`]); then on the server every artifact's presence and size, every chunk
 //! index and every boot script against the signed manifest ([`preflight`]).
 
-use super::run::Env;
+use super::run::{Env, Verified};
 use super::Release;
 use super::{sha256_hex, StageOptions};
 use crate::chunk::ChunkIndex;
@@ -16,18 +16,6 @@ use crate::payload::kinds::{PartRef, Place, Room};
 use crate::state::{SlotState, State};
 use crate::trust::ManifestPin;
 use bootconfig::Slot;
-
-/// A release whose signature, manifest, architecture, generation and size were checked.
-pub(super) struct Verified {
-    pub manifest: Manifest,
-    /// The signed manifest bytes, and their sha256 (the release's identity).
-    pub bytes: Vec<u8>,
-    pub sha256: String,
-    /// Key id that signed it.
-    pub key: String,
-    /// Where the manifest was read, for messages.
-    pub location: String,
-}
 
 /// What the server holds of a verified release, checked before any write.
 pub(super) struct Preflight {

@@ -29,18 +29,15 @@
 //! area, the patch's resumable fetch). The base is read in place ([`crate::patch::Base`]).
 
 use std::fs::File;
-use std::path::PathBuf;
 
 use super::chunked;
-use super::parts::{ChunkWork, PartPlan};
+use super::parts::{ChunkWork, PartPlan, PatchWork};
 use super::run::Run;
 use super::BUF;
 use crate::chunk::apply::Transfer;
-use crate::chunk::local::LocalFile;
 use crate::chunk::plan::{Action, Plan};
 use crate::error::{Error, Result};
 use crate::layout::Target;
-use crate::manifest::PatchRef;
 
 mod choose;
 mod staging;
@@ -48,22 +45,6 @@ mod staging;
 pub(crate) use choose::choose;
 pub(crate) use staging::clear_staging;
 
-/// A patch chosen for one artifact.
-pub(crate) struct PatchWork {
-    /// The patch as the signed manifest lists it.
-    pub patch: PatchRef,
-    /// Its number in the part's manifest entry.
-    pub number: usize,
-    /// The bytes of it still to fetch (what an interrupted attempt staged is not).
-    pub fetch: u64,
-    /// Where it is staged.
-    pub staged: PathBuf,
-    /// The running slot's copy of the artifact: the patch's base.
-    pub base: LocalFile,
-    /// The base was proven by hashing the running slot's range (no kept manifest names the
-    /// running build), not by the kept manifest.
-    pub base_hashed: bool,
-}
 /// Write part `p` by its patch `pw`, then the chunks the patch did not deliver by `work`'s
 /// chunk plan; returns what came from where.
 pub(in crate::stage) fn write(
