@@ -3,7 +3,7 @@
 //!
 //! `POST /v1/reports` with one report envelope as the body. Every request is judged in this
 //! order, cheapest first, and a report is stored only when it passes all of them
-//! ([`admit`], pure; [`server`] does the I/O):
+//! (module `admit`, pure; [`server`] does the I/O):
 //!
 //! | check | refused with |
 //! |---|---|

@@ -1,9 +1,9 @@
 //! The read-only dashboard (`GET /` on the collector's dashboard listener): per release, the
 //! reported outcomes over time against the planned schedule (an inline SVG chart with time and
-//! share axes, a legend, the halts and pauses marked: [`chart`]), counts per wave, and the
+//! share axes, a legend, the halts and pauses marked: module `chart`), counts per wave, and the
 //! failing sites with their reasons; times as UTC dates ([`crate::time`]). Rendered on the
 //! server from the database (no script, no external asset); the HTML is built with `format!`,
-//! and every stored or channel text goes through [`esc`].
+//! and every stored or channel text goes through `esc`.
 
 use std::fmt::Write;
 

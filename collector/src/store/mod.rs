@@ -72,7 +72,7 @@ pub struct StoreError {
     pub what: String,
 }
 
-/// What a store holds of one node, for [`crate::admit::admit`].
+/// What a store holds of one node, for the admission checks (module `admit`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Known {
     /// The newest number stored.

@@ -254,7 +254,7 @@ pub fn create_with(
 }
 
 /// [`create_with`] plus per-pair patches from each earlier release in `patch_from` (its
-/// directory or `manifest.json`; see [`patches`]), built after the artifacts are copied and
+/// directory or `manifest.json`; see the `patches` module), built after the artifacts are copied and
 /// listed in the manifest before it is signed. Returns the manifest and every patch built,
 /// kept or not.
 pub fn create_patched(

@@ -24,7 +24,7 @@ pub struct ReportsSent {
     /// Reports the collector accepted (or already held: a resend).
     pub sent: u64,
     /// Reports dropped as refused for good: rejected (malformed, or another report holds the
-    /// number), refused [`refusal::MAX_TRIES`] times, or refused and then outnumbered by a
+    /// number), refused a few times (`refusal::MAX_TRIES`), or refused and then outnumbered by a
     /// stored newer one; counted in the running total every report carries.
     pub refused: u64,
     /// Reports the collector refused this time and that are set aside for a later try.

@@ -57,7 +57,7 @@
 //!
 //! # Clocks
 //! Expiry is checked against the node's clock, but never against a time earlier than the
-//! clock reading at the node's last successful check of that channel ([`ExpiryRule`]): a
+//! clock reading at the node's last successful check of that channel ([`client::ExpiryRule`]): a
 //! clock that runs behind, by any amount, still installs fresh metadata; a clock that runs
 //! ahead still installs it while it is within the timestamp's remaining lifetime (7 days by
 //! default, re-signed daily: at least 6 days). A node with no usable clock is updated by an
@@ -239,7 +239,7 @@ pub enum TrustError {
         need: usize,
     },
     #[error("{role} metadata (version {version}) expired at {}, the node's time is {}: the channel is stale or frozen (re-sign it: `k3os-ops release timestamp`; an operator can override with `upgrade --ignore-expiry`)", meta::time_str(expires), meta::time_str(now))]
-    /// A role's document expired before the time it is judged against ([`ExpiryRule::reference`]).
+    /// A role's document expired before the time it is judged against ([`client::ExpiryRule::reference`]).
     Expired {
         /// The role whose document expired.
         role: Role,

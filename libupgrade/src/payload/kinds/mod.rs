@@ -47,7 +47,7 @@ pub enum Room {
     /// initrd on the boot filesystem): their sizes add up against one capacity, and a
     /// failed write is removed so that it does not take room the others need.
     Shared,
-    /// The payload store's (its budget and free space, see [`super::check_budget`]).
+    /// The payload store's (its budget and free space, checked by the payload store before a stage).
     Store,
 }
 

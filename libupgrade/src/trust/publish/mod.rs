@@ -3,7 +3,7 @@
 //! runs).
 //!
 //! **All or nothing**: every command stages its new files in one [`Publish`] transaction
-//! ([`txn`]): each new document is checked against its role's threshold when it is signed,
+//! (module `txn`): each new document is checked against its role's threshold when it is signed,
 //! the whole new set is verified as it will be served (with the node's own client when it
 //! includes a timestamp), and only then are the files written, each through a temporary file,
 //! fsync and rename, in the order a node reads nothing half-made from (`N.root.json`,
