@@ -10,6 +10,8 @@ use std::collections::BTreeSet;
 
 use syn::visit::Visit;
 
+use super::{is_cfg_test, leaves};
+
 /// The agent's layers, top to bottom: each may use those after it.
 pub const LAYERS: &[&str] = &[
     "run",
@@ -54,14 +56,6 @@ struct Names {
     found: BTreeSet<String>,
 }
 
-fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
-    attrs.iter().any(|a| {
-        a.path().is_ident("cfg")
-            && a.parse_args::<syn::Meta>()
-                .is_ok_and(|m| m.path().is_ident("test"))
-    })
-}
-
 impl Names {
     /// Record the agent module that `segments` (a path as written) starts in, if any.
     fn note(&mut self, segments: &[String]) {
@@ -96,32 +90,6 @@ impl Names {
             self.found.insert(t.clone());
         }
     }
-
-    fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
-        match tree {
-            syn::UseTree::Path(p) => {
-                prefix.push(p.ident.to_string());
-                self.use_tree(prefix, &p.tree);
-                prefix.pop();
-            }
-            syn::UseTree::Name(n) => {
-                prefix.push(n.ident.to_string());
-                self.note(&prefix.clone());
-                prefix.pop();
-            }
-            syn::UseTree::Rename(r) => {
-                prefix.push(r.ident.to_string());
-                self.note(&prefix.clone());
-                prefix.pop();
-            }
-            syn::UseTree::Glob(_) => self.note(&prefix.clone()),
-            syn::UseTree::Group(g) => {
-                for t in &g.items {
-                    self.use_tree(prefix, t);
-                }
-            }
-        }
-    }
 }
 
 impl<'ast> Visit<'ast> for Names {
@@ -146,7 +114,11 @@ impl<'ast> Visit<'ast> for Names {
         self.module.pop();
     }
     fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
-        self.use_tree(&mut Vec::new(), &u.tree);
+        let mut found = Vec::new();
+        leaves(&mut Vec::new(), &u.tree, &mut found);
+        for (_, path) in found {
+            self.note(&path);
+        }
     }
     fn visit_path(&mut self, p: &'ast syn::Path) {
         let segs: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();

@@ -11,6 +11,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use super::{is_cfg_test, leaves};
+
 /// Where a type is defined: its module path (below the crate) and name.
 pub type Def = (Vec<String>, String);
 
@@ -27,42 +29,8 @@ struct Module {
 /// The crate's modules, keyed by path (the root is `[]`).
 type Tree = BTreeMap<Vec<String>, Module>;
 
-fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
-    attrs.iter().any(|a| {
-        a.path().is_ident("cfg")
-            && a.parse_args::<syn::Meta>()
-                .is_ok_and(|m| m.path().is_ident("test"))
-    })
-}
-
 fn is_pub(v: &syn::Visibility) -> bool {
     matches!(v, syn::Visibility::Public(_))
-}
-
-fn leaves(prefix: &mut Vec<String>, tree: &syn::UseTree, out: &mut Vec<(String, Vec<String>)>) {
-    match tree {
-        syn::UseTree::Path(p) => {
-            prefix.push(p.ident.to_string());
-            leaves(prefix, &p.tree, out);
-            prefix.pop();
-        }
-        syn::UseTree::Name(n) => {
-            let mut full = prefix.clone();
-            full.push(n.ident.to_string());
-            out.push((n.ident.to_string(), full));
-        }
-        syn::UseTree::Rename(r) => {
-            let mut full = prefix.clone();
-            full.push(r.ident.to_string());
-            out.push((r.rename.to_string(), full));
-        }
-        syn::UseTree::Glob(_) => out.push(("*".into(), prefix.clone())),
-        syn::UseTree::Group(g) => {
-            for t in &g.items {
-                leaves(prefix, t, out);
-            }
-        }
-    }
 }
 
 /// Read the module at `path` (its items), whose file is `file` (for `mod x;` children).
