@@ -142,8 +142,43 @@ struct Work {
 }
 
 impl Work {
-    fn finish(self, verdict: Verdict, barrier: &'static str) -> Assessment {
-        finish(self.st, self.effects, verdict, self.dirty, barrier)
+    /// Store the verdict and add the final save when anything changed. A verdict about the
+    /// same boot accumulates: a fallback settled or loader damage seen by an earlier run in
+    /// this boot, and a bless by it, stay in the verdict of the boot.
+    fn finish(self, mut verdict: Verdict, barrier: &'static str) -> Assessment {
+        let Work {
+            mut st,
+            mut effects,
+            dirty,
+        } = self;
+        if let Some(prev) = st
+            .verdict
+            .as_ref()
+            .filter(|p| p.boot_id == verdict.boot_id && p.slot == verdict.slot)
+        {
+            if verdict.other_slot.is_none() {
+                verdict.other_slot = prev.other_slot.clone();
+            }
+            if verdict.loader_damage.is_empty() {
+                verdict.loader_damage = prev.loader_damage.clone();
+            }
+            if verdict.outcome == Outcome::Good && prev.outcome == Outcome::Blessed {
+                verdict.outcome = Outcome::Blessed;
+            }
+        }
+        let changed = st.verdict.as_ref() != Some(&verdict);
+        st.verdict = Some(verdict.clone());
+        if dirty || changed {
+            effects.push(Effect::SaveState {
+                state: Box::new(st.clone()),
+                barrier,
+            });
+        }
+        Assessment {
+            state: st,
+            effects,
+            verdict,
+        }
     }
 }
 
@@ -440,44 +475,4 @@ fn bless(
     }
     verdict.reason = reason;
     Ok(w.finish(verdict, "confirm:state-good"))
-}
-
-/// Store the verdict and add the final save when anything changed. A verdict about the same
-/// boot accumulates: a fallback settled or loader damage seen by an earlier run in this boot,
-/// and a bless by it, stay in the verdict of the boot.
-fn finish(
-    mut st: State,
-    mut effects: Vec<Effect>,
-    mut verdict: Verdict,
-    dirty: bool,
-    barrier: &'static str,
-) -> Assessment {
-    if let Some(prev) = st
-        .verdict
-        .as_ref()
-        .filter(|p| p.boot_id == verdict.boot_id && p.slot == verdict.slot)
-    {
-        if verdict.other_slot.is_none() {
-            verdict.other_slot = prev.other_slot.clone();
-        }
-        if verdict.loader_damage.is_empty() {
-            verdict.loader_damage = prev.loader_damage.clone();
-        }
-        if verdict.outcome == Outcome::Good && prev.outcome == Outcome::Blessed {
-            verdict.outcome = Outcome::Blessed;
-        }
-    }
-    let changed = st.verdict.as_ref() != Some(&verdict);
-    st.verdict = Some(verdict.clone());
-    if dirty || changed {
-        effects.push(Effect::SaveState {
-            state: Box::new(st.clone()),
-            barrier,
-        });
-    }
-    Assessment {
-        state: st,
-        effects,
-        verdict,
-    }
 }
