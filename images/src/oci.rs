@@ -238,16 +238,7 @@ mod tests {
 
         // A real OCI tool reads every image of it (skopeo: installed by scripts/setup.sh).
         for name in images(2) {
-            let out = std::process::Command::new("skopeo")
-                .arg("inspect")
-                .arg(format!("oci-archive:{}:{name}", c.display()))
-                .output()
-                .expect("skopeo runs");
-            assert!(
-                out.status.success(),
-                "skopeo inspect {name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            skopeo_inspect(&c, &name, &[]);
         }
     }
 
@@ -266,17 +257,8 @@ mod tests {
         );
         assert_eq!(kube_images(3)[0], KUBE_PAUSE_IMAGE);
         for name in kube_images(3) {
-            let out = std::process::Command::new("skopeo")
-                .args(["inspect", "--config"])
-                .arg(format!("oci-archive:{}:{name}", a.display()))
-                .output()
-                .expect("skopeo runs");
-            assert!(
-                out.status.success(),
-                "skopeo inspect {name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let cfg: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let cfg: Value =
+                serde_json::from_slice(&skopeo_inspect(&a, &name, &["--config"])).unwrap();
             assert_eq!(
                 cfg["config"]["Entrypoint"],
                 json!(["/bin/busybox"]),
@@ -284,5 +266,21 @@ mod tests {
             );
             assert_eq!(cfg["architecture"], "amd64");
         }
+    }
+
+    /// `skopeo inspect [ARGS] oci-archive:ARCHIVE:NAME`, which must succeed; its output.
+    fn skopeo_inspect(archive: &std::path::Path, name: &str, args: &[&str]) -> Vec<u8> {
+        let out = std::process::Command::new("skopeo")
+            .arg("inspect")
+            .args(args)
+            .arg(format!("oci-archive:{}:{name}", archive.display()))
+            .output()
+            .expect("skopeo runs");
+        assert!(
+            out.status.success(),
+            "skopeo inspect {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
     }
 }
