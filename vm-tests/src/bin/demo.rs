@@ -67,7 +67,7 @@ fn main() -> anyhow::Result<()> {
         &dir.join("console.log"),
     )?;
     story(&mut vm, &srv)?;
-    vm.power_cut()?;
+    vm.stop()?;
     println!(
         "\ndemo: done in {:.0}s; console log in {}",
         t0.elapsed().as_secs_f64(),
