@@ -468,6 +468,14 @@ fn render_system(st: &Status) -> String {
             v.reason
         ));
     }
+    for q in &st.quarantined {
+        out.push_str(&format!(
+            "WARNING: payload store object {} ({}) was not what its name says: moved to quarantine {}, fetched again\n",
+            q.file.escape_debug(),
+            Size(q.size),
+            ago(q.at),
+        ));
+    }
     out
 }
 

@@ -88,6 +88,10 @@ pub struct Status {
     /// The boot assessment of the running boot, once `confirm` ran in it (see
     /// [`crate::assess`]): outcome, reason, and whether a fallback was taken.
     pub verdict: Option<crate::boot::assess::Verdict>,
+    /// Payload store objects moved aside because their bytes were not their name (oldest
+    /// first; [`crate::payload::quarantined`]); each was fetched again, never used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<crate::payload::QuarantineEntry>,
 }
 
 pub use crate::state::{Activation, AwaitedChecks};
@@ -272,6 +276,7 @@ impl Updater {
             loader_integrity: self.boot.integrity()?,
             boot_script: self.boot.script()?,
             verdict: st.verdict.clone().filter(|v| v.boot_id == bid),
+            quarantined: crate::payload::quarantined(&self.cfg.state_dir),
         })
     }
 

@@ -571,6 +571,28 @@ fn a_trial_boot_links_its_image_archives_for_k3s_and_checks_their_images() {
 }
 
 #[test]
+fn a_trial_boot_links_no_object_that_is_not_its_name_even_one_with_the_right_images() {
+    let (mut node, _k, _r, p) = staged_with_images(Kind::Grub);
+    // Between the stage and the boot, the object is replaced by another archive of the same
+    // size naming the same image: the images check alone would pass it.
+    let forged = image_archive("registry.local/site/app:2", &[pseudo_random(50_000, 8)]);
+    assert_eq!(forged.len() as u64, p.file.size);
+    let object = libupgrade::payload::object_path(&node.cfg.state_dir, &p.file.sha256);
+    std::fs::write(&object, &forged).unwrap();
+    assert_eq!(node.reboot(), Slot::B);
+    std::fs::write(&node.cfg.release_file, "VERSION=v2\nGENERATION=2\n").unwrap();
+    let r = node.updater().confirm().unwrap();
+    assert!(matches!(r.outcome(), Outcome::RolledBack { .. }), "{r:?}");
+    assert!(r.failures().contains("k3os-site.tar"), "{}", r.failures());
+    assert!(!node.cfg.airgap_dir.join("k3os-site.tar").exists());
+    assert!(!object.exists(), "the forged object stayed in the store");
+    let q = libupgrade::payload::quarantined(&node.cfg.state_dir);
+    assert_eq!(q.len(), 1, "{q:?}");
+    let moved = libupgrade::payload::quarantine_dir(&node.cfg.state_dir).join(&q[0].file);
+    assert!(std::fs::read(moved).unwrap() == forged);
+}
+
+#[test]
 fn a_trial_boot_whose_images_are_missing_rolls_back_naming_them() {
     for kind in KINDS {
         let (mut node, _k, _r, p) = staged_with_images(kind);

@@ -3,7 +3,10 @@
 //! step leaves the output directory as it was: absent stays absent, an existing one keeps its
 //! bytes, and no staging directory is left beside it. Two refusals: an image archive missing
 //! a layer (found while the files are already being copied) and a rootfs that is no squashfs
-//! (found before). The same inputs, corrected, then make the release.
+//! (found before). The same inputs, corrected, then make the release. An output directory
+//! that already holds an earlier build's files is left as it was too: one with its manifest is
+//! refused as a release already there, one without it by the same two refusals, and one with a
+//! directory where the release puts a file before anything is moved into it.
 
 use std::fs;
 use std::path::Path;
@@ -117,4 +120,85 @@ fn a_refused_release_create_leaves_its_output_directory_as_it_was() {
         b"the publisher's own file\n"
     );
     assert_eq!(names(&parent), ["v2", "v2-existing"]);
+}
+
+/// Run `release create` with `args`; it must refuse saying `said` and leave `out` and its
+/// parent exactly as they were.
+fn assert_refused_untouched(n: &Node, case: &str, args: &[String], out: &Path, said: &str) {
+    let parent = out.parent().unwrap();
+    let before_parent = names(parent);
+    let before = testkit::tree_bytes(out);
+    let run = n.ops(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{case}: created it");
+    assert!(err.contains(said), "{case}: no {said:?} in {err}");
+    assert_eq!(names(parent), before_parent, "{case}: the parent changed");
+    testkit::assert_same_tree(case, &before, &testkit::tree_bytes(out));
+}
+
+#[test]
+fn a_refused_release_create_leaves_an_earlier_builds_files_as_they_were() {
+    let n = Node::new();
+    let ins = inputs(&n, "v2");
+    let parent = n.path().join("channel");
+    fs::create_dir_all(&parent).unwrap();
+    // An earlier build of the release, complete.
+    let held = parent.join("v2-held");
+    let args = create_args(&n, &ins, &held, "rootfs", "site.tar");
+    n.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    // The same files without their manifest and signature (a half-removed release), and
+    // again with a directory where the release puts its image archive.
+    let stale = parent.join("v2-stale");
+    let blocked = parent.join("v2-blocked");
+    for d in [&stale, &blocked] {
+        fs::create_dir_all(d).unwrap();
+        for e in fs::read_dir(&held).unwrap() {
+            let e = e.unwrap();
+            fs::copy(e.path(), d.join(e.file_name())).unwrap();
+        }
+        fs::remove_file(d.join("manifest.json")).unwrap();
+        fs::remove_file(d.join("manifest.json.sig")).unwrap();
+    }
+    // An earlier build's bytes differ from this one's: a file moved in would show.
+    for e in fs::read_dir(&blocked).unwrap() {
+        let p = e.unwrap().path();
+        let mut b = fs::read(&p).unwrap();
+        b.extend_from_slice(b"earlier build");
+        fs::write(&p, b).unwrap();
+    }
+    fs::remove_file(blocked.join("site.tar")).unwrap();
+    fs::create_dir_all(blocked.join("site.tar")).unwrap();
+    fs::write(blocked.join("site.tar/NOTES"), b"kept\n").unwrap();
+
+    let good = |out: &Path| create_args(&n, &ins, out, "rootfs", "site.tar");
+    assert_refused_untouched(
+        &n,
+        "into a release",
+        &good(&held),
+        &held,
+        "already holds a release",
+    );
+    for (why, rootfs, image, said) in [
+        ("a missing layer", "rootfs", "broken.tar", "is missing"),
+        ("no squashfs", "kernel", "site.tar", "not a squashfs image"),
+    ] {
+        let args = create_args(&n, &ins, &stale, rootfs, image);
+        assert_refused_untouched(
+            &n,
+            &format!("over an earlier build's files, {why}"),
+            &args,
+            &stale,
+            said,
+        );
+    }
+    assert_refused_untouched(
+        &n,
+        "a directory in the way",
+        &good(&blocked),
+        &blocked,
+        "is in the way",
+    );
+    // Over the earlier build's files, corrected: made.
+    n.ok(&good(&stale).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(stale.join("manifest.json").is_file());
 }

@@ -281,7 +281,14 @@ fn a_release_over_the_store_budget_is_refused_at_plan_time_naming_the_bytes() {
         format!("payload_store_max_bytes = {budget}\n{cfg}"),
     )
     .unwrap();
-    let before = testkit::tree_bytes(&n.path().join("state"));
+    // Nothing written but the proofs of v1's objects (hashed once when first counted: a
+    // store written without proofs), which change no decision.
+    let state = |n: &Node| {
+        let mut t = testkit::tree_bytes(&n.path().join("state"));
+        t.retain(|k, _| !k.starts_with("payloads/proofs"));
+        t
+    };
+    let before = state(&n);
     for verb in ["--plan-only", "--stage-only"] {
         let e = n.fails_with_one_error(&["upgrade", verb, "--source", v2.to_str().unwrap()]);
         for want in [
@@ -294,11 +301,7 @@ fn a_release_over_the_store_budget_is_refused_at_plan_time_naming_the_bytes() {
             assert!(e.contains(&want), "{want}: {e}");
         }
     }
-    assert_eq!(
-        testkit::tree_bytes(&n.path().join("state")),
-        before,
-        "nothing written"
-    );
+    assert_eq!(state(&n), before, "nothing written");
 }
 
 /// Run `upgrade --stage-only --source rel` stopped dead at write barrier `k` (killed with

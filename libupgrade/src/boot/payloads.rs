@@ -1,7 +1,9 @@
 //! Every boot, before the health checks: the booted slot's payloads whose kind asks for it
 //! ([`crate::payload::kinds::OnBoot`]) are made available — image archives linked into k3s's
 //! airgap directory ([`crate::payload::airgap`]) — and the built-in check `images` confirms
-//! every image the slot's release names is there.
+//! every image the slot's release names is there. An archive is linked only when the store
+//! proves its bytes ([`crate::payload::prove`]); one that is not its name is moved aside and
+//! the check fails naming it, so the loader falls back.
 //!
 //! What a slot holds is its kept manifest (`slotfiles`): a slot staged by a k3os-ops that
 //! predates payloads keeps none, holds no payloads, and gets no `images` check. A kept manifest
@@ -53,7 +55,13 @@ impl Updater {
         let archives = m
             .map(|m| archives_of(&m, &self.cfg.state_dir))
             .unwrap_or_default();
-        match airgap::activate(&self.cfg.airgap_dir, &archives) {
+        // Only what the store proves is linked; the `images` check names what is not.
+        let proven: Vec<Archive> = archives
+            .iter()
+            .filter(|a| proven(&self.cfg.state_dir, a))
+            .cloned()
+            .collect();
+        match airgap::activate(&self.cfg.airgap_dir, &proven) {
             Ok(done) if !(done.linked.is_empty() && done.removed.is_empty()) => log::info!(
                 "slot {slot}'s image archives in {}: linked {:?}, removed {:?}",
                 self.cfg.airgap_dir.display(),
@@ -65,6 +73,15 @@ impl Updater {
         }
         SlotArchives::Known(archives)
     }
+}
+
+/// Archive `a`'s object is in the store, its bytes proven ([`crate::payload::prove`], the
+/// same proof the plan and the stage use; an object that is not its name is moved aside).
+fn proven(state_dir: &Path, a: &Archive) -> bool {
+    let Some(sha256) = a.object.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    crate::payload::prove(state_dir, sha256, a.size).is_held()
 }
 
 /// The built-in `images` check over what [`Updater::activate_payloads`] found; None when the

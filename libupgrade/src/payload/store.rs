@@ -45,10 +45,10 @@ pub fn object_path(state_dir: &Path, sha256: &str) -> PathBuf {
     objects_dir(state_dir).join(sha256)
 }
 
-/// The object `sha256` is complete in the store: there, a regular file of `size` bytes (its
-/// name is its digest, checked when it was written).
+/// The store holds object `sha256` of `size` bytes, its bytes proven to be its name
+/// ([`super::prove`]: by its proof, or hashed; one that is not is moved aside).
 pub(crate) fn holds(state_dir: &Path, sha256: &str, size: u64) -> bool {
-    std::fs::metadata(object_path(state_dir, sha256)).is_ok_and(|m| m.is_file() && m.len() == size)
+    super::prove(state_dir, sha256, size).is_held()
 }
 
 /// The sha256 of every object `m` keeps in the store (payload kinds this build knows), once.
@@ -137,7 +137,8 @@ pub struct PayloadStatus {
     pub size: u64,
     /// Its sha256 (the object's name in the store).
     pub sha256: String,
-    /// The store holds it complete; false: missing (or a kind this build does not keep).
+    /// The store holds it, its bytes proven ([`super::prove`]); false: missing, moved to the
+    /// quarantine (not its name), or a kind this build does not keep.
     pub in_store: bool,
 }
 
@@ -190,13 +191,25 @@ pub(crate) fn prune_except(state_dir: &Path, keep: &BTreeSet<String>) -> Result<
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Pruned::default()),
         Err(e) => return Err(Error::io("list the payload store", &dir, e)),
     };
-    let mut out = Pruned::default();
     let mut names: Vec<String> = Vec::new();
     for e in entries {
         let e = e.map_err(|e| Error::io("list the payload store", &dir, e))?;
         names.push(e.file_name().to_string_lossy().into_owned());
     }
     names.sort();
+    let out = prune_names(state_dir, &dir, names, keep)?;
+    super::proof::forget_orphans(state_dir);
+    Ok(out)
+}
+
+/// Remove the objects and partial files `names` (in `dir`) that `keep` does not name.
+fn prune_names(
+    state_dir: &Path,
+    dir: &Path,
+    names: Vec<String>,
+    keep: &BTreeSet<String>,
+) -> Result<Pruned> {
+    let mut out = Pruned::default();
     for name in names {
         let sha = name
             .strip_prefix('.')
@@ -219,8 +232,11 @@ pub(crate) fn prune_except(state_dir: &Path, keep: &BTreeSet<String>) -> Result<
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(Error::io("remove an unreferenced payload", &p, e)),
         }
-        bootconfig::fsync_dir(&dir)?;
+        bootconfig::fsync_dir(dir)?;
         crate::barrier::hit("payload:object-pruned");
+        if name == sha {
+            super::proof::forget(state_dir, sha);
+        }
         out.files += 1;
         out.bytes += len;
     }
@@ -243,20 +259,33 @@ mod tests {
         std::fs::write(d.join(name), bytes).unwrap();
     }
 
+    /// An object named by its real sha256.
+    fn put_object(state: &Path, bytes: &[u8]) -> String {
+        let sha = hex::encode(crate::chunk::digest(bytes));
+        put(state, &sha, bytes);
+        sha
+    }
+
     #[test]
     fn prune_removes_only_what_no_reference_names() {
         let t = tempfile::tempdir().unwrap();
-        let (a, b, c) = ("aa".repeat(32), "bb".repeat(32), "cc".repeat(32));
-        put(t.path(), &a, b"kept");
-        put(t.path(), &b, b"gone!");
+        let a = put_object(t.path(), b"kept");
+        let b = put_object(t.path(), b"gone!");
+        let c = "cc".repeat(32);
         put(t.path(), &format!(".{c}.partial"), b"in progress");
         put(t.path(), &format!(".{b}.partial"), b"x");
         put(t.path(), "README", b"not ours");
+        // Both proven: the pruned one's proof goes with it.
+        assert!(holds(t.path(), &a, 4) && holds(t.path(), &b, 5));
         let keep: BTreeSet<String> = [a.clone(), c.clone()].into();
         let p = prune_except(t.path(), &keep).unwrap();
         assert_eq!(p, Pruned { files: 2, bytes: 6 });
-        assert!(holds(t.path(), &a, 4));
+        assert_eq!(
+            super::super::prove(t.path(), &a, 4),
+            super::super::Held::Proven { hashed: false }
+        );
         assert!(!object_path(t.path(), &b).exists());
+        assert!(!t.path().join("payloads/proofs").join(&b).exists());
         assert!(objects_dir(t.path()).join(format!(".{c}.partial")).exists());
         assert!(objects_dir(t.path()).join("README").exists());
         // Nothing to do the second time; no store at all is no error.
@@ -271,8 +300,8 @@ mod tests {
     #[test]
     fn usage_counts_each_object_once_held_or_needed() {
         let t = tempfile::tempdir().unwrap();
-        let (a, b) = ("aa".repeat(32), "bb".repeat(32));
-        put(t.path(), &a, b"1234");
+        let a = put_object(t.path(), b"1234");
+        let b = "bb".repeat(32);
         let u = usage(
             t.path(),
             [(a.as_str(), 4), (a.as_str(), 4), (b.as_str(), 10)],
@@ -284,8 +313,11 @@ mod tests {
                 needed: 10
             }
         );
-        // A file of another size is not the object.
-        let u = usage(t.path(), [(a.as_str(), 5)]);
-        assert_eq!(u, StoreUse { held: 0, needed: 5 });
+        // Bytes that are not their name are not held (and are moved aside).
+        let c = "cc".repeat(32);
+        put(t.path(), &c, b"5678");
+        let u = usage(t.path(), [(c.as_str(), 4)]);
+        assert_eq!(u, StoreUse { held: 0, needed: 4 });
+        assert!(!object_path(t.path(), &c).exists());
     }
 }

@@ -126,6 +126,17 @@ pub enum ReleaseError {
         /// The output directory.
         out_dir: PathBuf,
     },
+    /// The output directory holds a directory where the release puts a file, or a file where
+    /// it puts a directory: found before anything is moved into it.
+    #[error("{path} is in the way of the release ({what}); nothing was moved into {out_dir}: remove it or choose another directory")]
+    InTheWay {
+        /// The output directory.
+        out_dir: PathBuf,
+        /// The entry in the way.
+        path: PathBuf,
+        /// What it is and what the release puts there.
+        what: &'static str,
+    },
     /// No generation was given and the output directory is not inside a channel.
     #[error("no generation given and {out_dir} is not inside a channel (no index.json in its parent directory): pass --generation N (release create)")]
     GenerationRequired {

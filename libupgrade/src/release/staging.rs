@@ -7,7 +7,10 @@
 //! Moving into place: an output directory that does not exist is the staging directory
 //! renamed (one step); an existing one (empty, or holding files but no release) receives the
 //! staged files one rename each, the signature and then `manifest.json` last, so a directory
-//! with a manifest is a complete release at every moment. Channel listings skip hidden
+//! with a manifest is a complete release at every moment. Before the first rename every entry
+//! is checked to be replaceable (no directory where the release puts a file or the reverse,
+//! which a rename cannot replace), so a refusal there too leaves the directory as it was.
+//! Channel listings skip hidden
 //! directories, so a release being built is never indexed.
 
 use std::fs;
@@ -75,6 +78,7 @@ impl Staging {
             .map(|e| e.map(|e| e.file_name()))
             .collect::<Result<_, _>>()
             .map_err(io_err(&self.dir))?;
+        self.check_replaceable(&names)?;
         // The signature, then the manifest, last.
         names.sort_by_key(|n| match n.to_str() {
             Some(MANIFEST_FILE) => 2,
@@ -86,6 +90,32 @@ impl Staging {
             fs::rename(self.dir.join(&n), &dst).map_err(io_err(&dst))?;
         }
         super::copy::fsync_dir(&self.out)
+    }
+}
+
+impl Staging {
+    /// Each staged entry of `names` can replace what the output directory holds under its
+    /// name by a rename: nothing there, or a file (or link) where a file goes.
+    fn check_replaceable(&self, names: &[std::ffi::OsString]) -> Result<(), ReleaseError> {
+        for n in names {
+            let dst = self.out.join(n);
+            let Ok(there) = fs::symlink_metadata(&dst) else {
+                continue;
+            };
+            let ours = fs::symlink_metadata(self.dir.join(n)).map_err(io_err(&self.dir))?;
+            let what = match (there.is_dir(), ours.is_dir()) {
+                (false, false) => continue,
+                (true, false) => "a directory where the release puts a file",
+                (false, true) => "a file where the release puts a directory",
+                (true, true) => "a directory where the release puts its own directory",
+            };
+            return Err(ReleaseError::InTheWay {
+                out_dir: self.out.clone(),
+                path: dst,
+                what,
+            });
+        }
+        Ok(())
     }
 }
 

@@ -23,8 +23,10 @@
 //!
 //! The pipeline works over a release's parts ([`crate::payload::kinds::parts`], `parts`):
 //! the three slot files, written into the target slot through the layout, then its payloads,
-//! written into the payload store ([`crate::payload`]): a payload the store already holds is
-//! done before the first byte (it costs nothing), a changed one is chunked or patched from
+//! written into the payload store ([`crate::payload`]): a payload the store already holds,
+//! its bytes proven ([`crate::payload::prove`]: the proof the stage wrote after a verified
+//! write, or a hash), is done before the first byte (it costs nothing; one that is not its
+//! name is moved to the quarantine and fetched again), a changed one is chunked or patched from
 //! the running release's objects exactly like a slot file, and each written part passes its
 //! kind's check ([`crate::payload::kinds`]). The store's budget and room are checked with the
 //! slot's space, before anything is written.
@@ -220,7 +222,8 @@ impl Stager<'_> {
     }
 
     /// Everything before the first write: verify the release, preflight the server (one
-    /// probe per part), then plan each part. Reads only.
+    /// probe per part), then plan each part. Reads only, but for the payload store's proofs
+    /// ([`crate::payload::prove`] records one, or moves aside an object that is not its name).
     fn prepare(
         &self,
         booted: Slot,
@@ -322,6 +325,15 @@ impl Stager<'_> {
         }
         for p in &w.parts {
             parts::check(run, run.m, p)?;
+        }
+        // Objects written now were checked against their sha256: prove them for later plans.
+        for p in w.parts.iter().filter(|p| p.kind.place == Place::Store) {
+            if matches!(p.fetch, Fetch::Done) {
+                continue;
+            }
+            if let Err(e) = crate::payload::record_proof(&self.cfg.state_dir, &p.entry.sha256) {
+                log::warn!("payload store: {e}; the object is hashed again next time");
+            }
         }
         for p in w.parts.iter().filter(|p| p.kind.verity) {
             if let Place::Slot(a) = p.kind.place {
@@ -471,7 +483,7 @@ fn plan_part(at: &Placing, p: Probed, resumed: Option<&Partial>) -> Result<PartP
     let facts = PartFacts {
         part: r.part.clone(),
         index: p.index,
-        stored: p.stored,
+        stored: (r.kind.place == Place::Store).then_some(p.stored),
     };
     let mut choice = None;
     let fetch = match plan::decide(facts, resumed).1 {

@@ -49,8 +49,11 @@ pub struct PartFacts<I> {
     pub part: Part,
     /// Its chunk index, when it has one the server can serve by range.
     pub index: Option<I>,
-    /// A payload the store already holds complete (costs nothing).
-    pub stored: bool,
+    /// Whether the payload store holds this part, its bytes proven
+    /// ([`crate::payload::prove`]): Some(true) costs nothing; Some(false) is fetched even
+    /// when an interrupted run had finished it (the object changed or was moved aside since).
+    /// None: not a part of the store (a slot file).
+    pub stored: Option<bool>,
 }
 
 /// The first decision for one part: nothing to do, chunks from its index `I`, or a stream.
@@ -91,7 +94,11 @@ pub fn resumed<'p>(
 /// its index, else streamed from where the interrupted run was in it.
 pub fn decide<I>(f: PartFacts<I>, resumed: Option<&Partial>) -> (Part, Decision<I>) {
     let a = f.part;
-    let how = if f.stored || resumed.is_some_and(|p| p.done.contains(&a)) {
+    let done = match f.stored {
+        Some(held) => held,
+        None => resumed.is_some_and(|p| p.done.contains(&a)),
+    };
+    let how = if done {
         Decision::Done
     } else if let Some(index) = f.index {
         Decision::Chunked(index)
@@ -231,7 +238,7 @@ mod tests {
             .map(|(a, has_index)| PartFacts {
                 part: a.into(),
                 index: has_index.then_some(()),
-                stored: false,
+                stored: None,
             })
             .collect()
     }
@@ -526,11 +533,13 @@ mod tests {
             parts.push(PartFacts {
                 part: Part::Payload(name.into()),
                 index: None,
-                stored,
+                stored: Some(stored),
             });
         }
         let mut cp = partial(Slot::B, "m");
         cp.current = Some((Part::Payload("site".into()), 700));
+        // An interrupted run finished "app", but the store no longer proves it: fetched again.
+        cp.done.push(Part::Payload("app".into()));
         let p = plan_writes(Slot::B, SlotState::Invalid, "m", Some(&cp), &parts);
         assert_eq!(
             p.steps[3..],
