@@ -172,7 +172,7 @@ image:
 # with the DaemonSet's mounts up to the agent's start-up line, and the SUC Plan's prepare and
 # upgrade containers with the Plan's mounts and privileges (root, runc, skopeo).
 image-test: image
-    cargo test -p k3os-ops --test agent_image --test suc_plan -- --ignored --test-threads 1
+    cargo test -p k3os-ops --test image -- --ignored --test-threads 1
 
 # --- vm-tests (owned by vm-tests/) ---------------------------------------------------------
 # QEMU scenarios on the disks from `just images-*`; console logs in vm-tests/out/<target>/<scenario>/.

@@ -2,8 +2,8 @@
 //! [`BootEnv::next_boot`], one try consumed per power-on, `mark_bad` leaves the primary where
 //! it is, `try_slot` clamps tries into `1..=max_tries`. For tests of code that drives a
 //! bootloader without boot files (the agent); `libupgrade`'s own tests run against the real
-//! GRUB and syslinux backends on temp dirs, and `tests/memory_vs_grub.rs` holds this model to
-//! the GRUB backend transaction by transaction.
+//! GRUB and syslinux backends on temp dirs, and `tests/integration/memory_vs_grub.rs` holds this
+//! model to the GRUB backend transaction by transaction.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

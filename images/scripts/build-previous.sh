@@ -20,6 +20,14 @@
 # signs the current releases (v2, v3, v4-panic of images/out/<arch>/releases). A publisher keeps
 # one release key across versions the same way.
 #
+# Compiled dependencies are shared with the current build: the old tree's cargo uses this tree's
+# target/ as its build directory (CARGO_BUILD_BUILD_DIR, cargo's `build.build-dir`), so a crate
+# of the same version, features and profile as the current build's is not compiled again, while
+# its final binaries still land in its own target/ (the current build's target/<triple>/release/
+# k3os-ops is not overwritten). Its own workspace crates hash differently (another path), so
+# nothing of the current build is replaced. Its debug k3os-images shares little (its dev profile
+# keeps full debug info); what it compiles stays in this tree's target/.
+#
 # Cached by commit: when previous.stamp matches, nothing is built (a second run is free). After
 # a build the old tree's target/ and images/out are deleted (GBs; the outputs are copied), unless
 # K3OS_PREVIOUS_KEEP=1. A clone without the commit (shallow) fails saying how to fetch it.
@@ -112,8 +120,11 @@ for arch in "$@"; do
     t0=$(date +%s)
     prepare_tree
     echo "build-previous: $arch: building $version (commit $sha) with its own code in $tree" >&2
-    # Its own recipe, its own target dir (the paths in its recipe are relative to its tree).
-    (cd "$tree" && env -u CARGO_TARGET_DIR just images-build "$arch") >&2
+    # Its own recipe and its own target dir for what it outputs (the paths in its recipe are
+    # relative to its tree); this tree's target/ (or $CARGO_TARGET_DIR) as the build directory.
+    build_dir=${CARGO_TARGET_DIR:-$root/target}
+    case "$build_dir" in /*) ;; *) build_dir=$root/$build_dir ;; esac
+    (cd "$tree" && env -u CARGO_TARGET_DIR CARGO_BUILD_BUILD_DIR="$build_dir" just images-build "$arch") >&2
     src=$tree/images/out/$arch
     ls "$src"/disk-*.img >/dev/null 2>&1 || {
         echo "build-previous: $version's image build wrote no $src/disk-*.img" >&2

@@ -29,7 +29,9 @@ enum Cmd {
     Run {
         scenario: String,
         target: String,
-        /// Power cuts at every barrier instead of the first, last and every third.
+        /// Power cuts at every barrier instead of a sample (the first, the last, the payload
+        /// store's and every sixth from an offset rotating with the commit or
+        /// VM_TESTS_BARRIER_SEED).
         #[arg(long)]
         all_barriers: bool,
         /// Keep the scratch disk images (vm-tests/out/<target>/<scenario>/).
@@ -65,7 +67,11 @@ fn main() -> anyhow::Result<()> {
             } else {
                 vec![target.parse()?]
             };
-            let opts = Options { all_barriers, keep };
+            let opts = Options {
+                all_barriers,
+                keep,
+                barrier_seed: vm_tests::scenario::barrier_seed(),
+            };
             let mut failed = Vec::new();
             let mut lines = Vec::new();
             for t in &targets {

@@ -65,6 +65,7 @@ fn scenario(kind: ScenarioKind, target: Target) {
     let opts = Options {
         all_barriers: std::env::var("VM_TESTS_ALL_BARRIERS").is_ok_and(|v| v == "1"),
         keep: false,
+        barrier_seed: vm_tests::scenario::barrier_seed(),
     };
     let t0 = std::time::Instant::now();
     let r = vm_tests::run(kind, target, opts);

@@ -1,6 +1,6 @@
 //! The ADV (auxiliary data vector) at the end of `ldlinux.sys`: two checksummed 512-byte
 //! copies, and the boot-once record `extlinux --once` writes (byte-identical, checked against
-//! the real extlinux in tests/extlinux_real.rs).
+//! the real extlinux in tests/integration/extlinux_real.rs).
 
 /// Size of one ADV copy; the ADV is two copies at the end of `ldlinux.sys`.
 pub const ADV_SIZE: usize = 512;

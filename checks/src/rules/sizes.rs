@@ -71,7 +71,7 @@ mod tests {
     #[test]
     fn test_code_is_left_out_and_the_rest_is_counted() {
         for t in [
-            "libupgrade/tests/stage.rs",
+            "libupgrade/tests/integration/stage.rs",
             "libupgrade/src/trust/client/tests.rs",
             "k3os-ops/src/agent/reconcile/decide/window_tests.rs",
             "libupgrade/benches/delta.rs",

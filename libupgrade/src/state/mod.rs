@@ -23,8 +23,8 @@ pub const STATE_FILE: &str = "state.json";
 /// different releases that read and write the same file (a v0.2.0 trial falls back to a v0.1.0
 /// slot), so format 1 only grows in ways every format-1 reader accepts: new fields are
 /// optional (serde defaults; older readers skip unknown fields) and no enum gains a variant
-/// (an older reader would refuse the whole file). `tests/state_formats.rs` holds the current
-/// types to that against v0.1.0's own output. A change that cannot follow these rules bumps
+/// (an older reader would refuse the whole file). `tests/integration/state_formats.rs` holds
+/// the current types to that against v0.1.0's own output. A change that cannot follow these rules bumps
 /// the number and is rolled out in two releases (the first reads both and writes the old).
 const FORMAT: u32 = 1;
 /// Decisions kept in the log (oldest dropped first).

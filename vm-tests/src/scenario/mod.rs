@@ -95,7 +95,7 @@ mod upgrade;
 mod verity;
 mod wave;
 
-pub use powercut::{parse_barriers, sample};
+pub use powercut::{barrier_seed, parse_barriers, rotation, sample, STRIDE};
 pub use previous::{first_migrating_barrier, LooseSlot, LooseStatus};
 pub use steps::{parse_booted, Node};
 
@@ -192,6 +192,8 @@ impl FromStr for ScenarioKind {
 pub struct Options {
     /// Power cuts at every barrier instead of a sample.
     pub all_barriers: bool,
+    /// Rotates the upgrade's power-cut sample (`powercut`; [`barrier_seed`] reads it).
+    pub barrier_seed: u64,
     /// Keep the scratch disks after a successful run.
     pub keep: bool,
 }

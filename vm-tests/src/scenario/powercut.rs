@@ -4,6 +4,12 @@
 //! bootable (and a new upgrade recovers). The same for the barriers of the boot-time confirm
 //! of the new slot. Also the barrier parsing and sampling the other scenarios use.
 //!
+//! The upgrade's sample (without `--all-barriers`): the first, the last, every payload-store
+//! barrier, and every [`STRIDE`]-th from an offset taken from the commit ([`barrier_seed`]),
+//! so commits cut different barriers ([`STRIDE`] consecutive seeds cut them all) while one run
+//! cuts about half of what "every third" did (the sample was CI's longest scenario). The seed
+//! is printed; `VM_TESTS_BARRIER_SEED` repeats a run's sample.
+//!
 //! The payload store's barriers are always cut (issue 33): a stray object is planted before
 //! the upgrade and before the new slot's first boot, so the stage's and the confirm's prunes
 //! pass `payload:object-pruned`, and v2's image archive passes `payload:object-renamed`.
@@ -43,10 +49,17 @@ impl Scenario {
             })?;
         }
         let total = barriers.len() as u64;
-        let ks = sample(&barriers, if self.opts.all_barriers { 1 } else { 3 });
+        let (every, offset) = if self.opts.all_barriers {
+            (1, 0)
+        } else {
+            (STRIDE, rotation(self.opts.barrier_seed))
+        };
+        let ks = sample(&barriers, every, offset);
+        let seed = self.opts.barrier_seed;
         self.note(format!(
-            "upgrade has {total} barriers: {}; cutting at {ks:?}",
-            fmt_barriers(&barriers)
+            "upgrade has {total} barriers: {}; cutting at {ks:?} (stride {every} from barrier {}; VM_TESTS_BARRIER_SEED={seed} repeats it)",
+            fmt_barriers(&barriers),
+            offset + 1,
         ));
         for k in ks {
             let name = &barriers[(k - 1) as usize].1;
@@ -79,6 +92,7 @@ impl Scenario {
             } else {
                 usize::MAX
             },
+            0,
         );
         self.note(format!(
             "confirm has {total} barriers: {}; cutting at {ks:?}",
@@ -371,15 +385,46 @@ pub fn parse_barriers(out: &str) -> Vec<(u64, String)> {
         .collect()
 }
 
-/// Barriers to cut at, in order: the first, the last, every `every`-th from the first, and
+/// The stride of the upgrade's default power-cut sample.
+pub const STRIDE: usize = 6;
+
+/// Where the upgrade's sample starts within [`STRIDE`] (0-based), for a seed.
+pub fn rotation(seed: u64) -> usize {
+    (seed % STRIDE as u64) as usize
+}
+
+/// The seed of the rotating sample: `VM_TESTS_BARRIER_SEED` when set, else the checked-out
+/// commit (its first 16 hex digits), else 0.
+pub fn barrier_seed() -> u64 {
+    if let Some(v) = std::env::var("VM_TESTS_BARRIER_SEED")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+    {
+        return v;
+    }
+    std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            let hex = String::from_utf8_lossy(&o.stdout);
+            u64::from_str_radix(hex.trim().get(..16)?, 16).ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Barriers to cut at, in order: the first, the last, every `every`-th from `1 + offset`, and
 /// every barrier of the payload store (`payload:*`). `every` 1 is all of them; `usize::MAX`
-/// only the ends and the payload store's.
-pub fn sample(barriers: &[(u64, String)], every: usize) -> Vec<u64> {
+/// (offset 0) only the ends and the payload store's.
+pub fn sample(barriers: &[(u64, String)], every: usize, offset: usize) -> Vec<u64> {
     let total = barriers.len() as u64;
     if total == 0 {
         return Vec::new();
     }
-    let mut v: Vec<u64> = (1..=total).step_by(every).collect();
+    let mut v: Vec<u64> = (1 + offset as u64..=total).step_by(every).collect();
+    v.push(1);
     v.extend(payload_barriers(barriers));
     v.push(total);
     v.sort_unstable();
@@ -429,20 +474,40 @@ mod tests {
                 })
                 .collect()
         };
-        assert_eq!(sample(&named(10, &[]), 3), vec![1, 4, 7, 10]);
-        assert_eq!(sample(&named(11, &[]), 3), vec![1, 4, 7, 10, 11]);
-        assert_eq!(sample(&named(3, &[]), 1), vec![1, 2, 3]);
-        assert_eq!(sample(&named(1, &[]), 3), vec![1]);
-        assert!(sample(&[], 1).is_empty());
+        assert_eq!(sample(&named(10, &[]), 3, 0), vec![1, 4, 7, 10]);
+        assert_eq!(sample(&named(11, &[]), 3, 0), vec![1, 4, 7, 10, 11]);
+        assert_eq!(sample(&named(3, &[]), 1, 0), vec![1, 2, 3]);
+        assert_eq!(sample(&named(1, &[]), 3, 0), vec![1]);
+        assert!(sample(&[], 1, 0).is_empty());
+        // A rotated start still keeps the first and the last.
+        assert_eq!(sample(&named(20, &[]), 6, 2), vec![1, 3, 9, 15, 20]);
+        assert_eq!(sample(&named(20, &[]), 6, 5), vec![1, 6, 12, 18, 20]);
         // The payload store's barriers are always cut.
         assert_eq!(
-            sample(&named(20, &[3, 12]), 3),
+            sample(&named(20, &[3, 12]), 3, 0),
             vec![1, 3, 4, 7, 10, 12, 13, 16, 19, 20]
         );
         // Only the ends and the payload store's (the boot-time confirm's short list).
-        assert_eq!(sample(&named(4, &[3]), usize::MAX), vec![1, 3, 4]);
-        assert_eq!(sample(&named(3, &[]), usize::MAX), vec![1, 3]);
-        assert_eq!(sample(&named(1, &[]), usize::MAX), vec![1]);
-        assert!(sample(&[], usize::MAX).is_empty());
+        assert_eq!(sample(&named(4, &[3]), usize::MAX, 0), vec![1, 3, 4]);
+        assert_eq!(sample(&named(3, &[]), usize::MAX, 0), vec![1, 3]);
+        assert_eq!(sample(&named(1, &[]), usize::MAX, 0), vec![1]);
+        assert!(sample(&[], usize::MAX, 0).is_empty());
+    }
+
+    #[test]
+    fn the_rotating_samples_of_stride_consecutive_seeds_cut_every_barrier() {
+        let barriers: Vec<(u64, String)> = (1..=40)
+            .map(|k| (k, "stage:checkpoint".to_string()))
+            .collect();
+        let mut cut: Vec<u64> = (0..STRIDE as u64)
+            .flat_map(|seed| sample(&barriers, STRIDE, rotation(seed)))
+            .collect();
+        cut.sort_unstable();
+        cut.dedup();
+        assert_eq!(cut, (1..=40).collect::<Vec<_>>());
+        // One run cuts about half of what every third did.
+        let one = sample(&barriers, STRIDE, rotation(3)).len();
+        let third = sample(&barriers, 3, 0).len();
+        assert!(one * 2 <= third + 2, "{one} vs {third}");
     }
 }

@@ -5,7 +5,7 @@
 //! the old choice or the new one, `read` always returns the old or the new state, and
 //! repeating the interrupted call completes it.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! reads back, and vice versa, down to identical ADV bytes. Needs root and loop devices; fails
 //! (never skips) saying why when they are not available.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

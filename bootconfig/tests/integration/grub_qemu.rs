@@ -13,7 +13,7 @@
 // (clippy.toml) is for the code it exercises.
 #![allow(clippy::too_many_lines)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Instant;

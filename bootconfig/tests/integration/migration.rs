@@ -4,7 +4,7 @@
 //! every byte class of every write. A script newer than this build is refused and nothing is
 //! rewritten.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

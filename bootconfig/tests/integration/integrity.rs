@@ -4,7 +4,7 @@
 //! last confirmed good boots. The model
 //! used here is held to the real GRUB in grub_real.rs (`grub_emu_*damage*`).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -8,7 +8,7 @@
 //! Run it with `just image-test` (builds the archive first). Needs root, runc and skopeo
 //! (scripts/setup.sh installs both).
 
-mod oci_support;
+use crate::oci_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! boots the same slot and counts the same try down as GRUB's script (the model held to the
 //! real GRUB in grub_real.rs).
 
-mod common;
+use crate::common;
 
 use bootconfig::GrubBootloader;
 use bootconfig::MemoryBootloader;

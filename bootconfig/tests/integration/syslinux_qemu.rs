@@ -12,7 +12,7 @@
 // (clippy.toml) is for the code it exercises.
 #![allow(clippy::too_many_lines)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

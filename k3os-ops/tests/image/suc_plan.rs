@@ -12,7 +12,7 @@
 //! archive and root; `just image-test` runs it). The reboot is intercepted with
 //! `K3OS_OPS_REBOOT_CMD` (the command `upgrade --reboot` runs instead of rebooting).
 
-mod oci_support;
+use crate::oci_support;
 use k3os_ops_testing::release as release_support;
 
 use std::fs;
