@@ -71,7 +71,7 @@ pub fn parse(img: &[u8]) -> Result<Image, String> {
             img.len()
         ));
     }
-    let flags = u16::from_le_bytes([img[24], img[25]]);
+    let flags = sb.flags;
     let mut dec = BlockDecompressor::new();
     let mut level = DEFAULT_LEVEL;
     if sb.compression == ZSTD && flags & COMPRESSOR_OPTIONS != 0 {

@@ -18,25 +18,8 @@ pub const UNCOMPRESSED_FRAGMENTS: u16 = 0x0008;
 /// Flag: the id table stored uncompressed.
 pub const UNCOMPRESSED_IDS: u16 = 0x0800;
 
-/// Superblock field offsets the re-pack rewrites.
-pub mod at {
-    /// Root inode reference.
-    pub const ROOT: usize = 32;
-    /// Bytes used.
-    pub const BYTES_USED: usize = 40;
-    /// Id table index.
-    pub const ID: usize = 48;
-    /// Xattr id table header.
-    pub const XATTR: usize = 56;
-    /// Inode table.
-    pub const INODES: usize = 64;
-    /// Directory table.
-    pub const DIRS: usize = 72;
-    /// Fragment table index.
-    pub const FRAGMENTS: usize = 80;
-    /// Export table index.
-    pub const EXPORT: usize = 88;
-}
+/// Superblock field offsets the re-pack rewrites ([`crate::sqcheck`] reads them).
+pub use crate::sqcheck::at;
 
 fn u64_at(b: &[u8], o: usize) -> u64 {
     u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
@@ -85,6 +68,8 @@ pub struct Parsed {
     pub ids: Vec<u8>,
     /// The xattr tables, when the image has them.
     pub xattrs: Option<Xattrs>,
+    /// Bytes of the image in use, as its superblock says (what follows is padding).
+    pub bytes_used: u64,
 }
 
 /// Take `img` apart. Errors are sentences with offsets.
@@ -103,12 +88,12 @@ pub fn parse(img: &[u8]) -> Result<Parsed, String> {
             img.len()
         ));
     }
-    let flags = u16::from_le_bytes([img[24], img[25]]);
+    let flags = sb.flags;
     let mut dec = BlockDecompressor::new();
     let (level, data_start) = options(img, flags, &mut dec)?;
-    let frag_count = u32::from_le_bytes(img[16..20].try_into().expect("4 bytes")) as usize;
-    let (frag_start, export_start) = (u64_at(img, at::FRAGMENTS), u64_at(img, at::EXPORT));
-    let xattrs = xattrs(img, u64_at(img, at::XATTR))?;
+    let frag_count = sb.fragment_count as usize;
+    let (frag_start, export_start) = (sb.fragment_table_start, sb.export_table_start);
+    let xattrs = xattrs(img, sb.xattr_table_start)?;
     let dirs_end = dirs_end(img, &sb, frag_start, frag_count, export_start, &xattrs)?;
     let inodes = meta::read_run(
         img,
@@ -135,6 +120,7 @@ pub fn parse(img: &[u8]) -> Result<Parsed, String> {
         export: t.export,
         ids: t.ids,
         xattrs,
+        bytes_used: sb.bytes_used,
     })
 }
 
@@ -152,7 +138,7 @@ fn tail_tables(
     frag_count: usize,
     dec: &mut BlockDecompressor,
 ) -> Result<Tail, String> {
-    let (frag_start, export_start) = (u64_at(img, at::FRAGMENTS), u64_at(img, at::EXPORT));
+    let (frag_start, export_start) = (sb.fragment_table_start, sb.export_table_start);
     let fragments = if frag_count == 0 {
         Vec::new()
     } else {
