@@ -11,6 +11,8 @@
 
 use std::io;
 
+use byteorder::{ByteOrder, LittleEndian as LE};
+
 const METADATA_MAX: u64 = 8192;
 
 /// Magic at offset 0 of a squashfs image ("hsqs", little endian).
@@ -94,9 +96,9 @@ pub fn fields(b: &[u8; SUPERBLOCK_LEN]) -> Result<Superblock, String> {
     if &b[0..4] != MAGIC {
         return Err(format!("no squashfs magic (found {:02x?})", &b[0..4]));
     }
-    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
-    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
-    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+    let u16_at = |o: usize| LE::read_u16(&b[o..]);
+    let u32_at = |o: usize| LE::read_u32(&b[o..]);
+    let u64_at = |o: usize| LE::read_u64(&b[o..]);
     Ok(Superblock {
         inode_count: u32_at(4),
         block_size: u32_at(12),
@@ -178,7 +180,7 @@ pub fn check(
         root_seen |= pos == root_block;
         let mut h = [0u8; 2];
         read_at(pos, &mut h).map_err(|e| format!("cannot read the inode table at {pos}: {e}"))?;
-        let len = u64::from(u16::from_le_bytes(h) & 0x7fff);
+        let len = u64::from(LE::read_u16(&h) & 0x7fff);
         if len == 0 || len > METADATA_MAX {
             return Err(format!("inode table block at {pos} claims {len} bytes"));
         }
@@ -204,7 +206,7 @@ pub fn check(
         let mut p = [0u8; 8];
         read_at(sb.id_table_start + i * 8, &mut p)
             .map_err(|e| format!("cannot read the id table: {e}"))?;
-        let at = u64::from_le_bytes(p);
+        let at = LE::read_u64(&p);
         if !(sb.directory_table_start..sb.id_table_start).contains(&at) {
             return Err(format!(
                 "id table block {i} points at {at}, outside the tables"

@@ -2,6 +2,8 @@
 //! decoded inode and directory tables, the fragment, export and id tables' entries, and where
 //! the xattr tables lie.
 
+use byteorder::{ByteOrder, LittleEndian as LE};
+
 use super::meta::{self, Stream};
 use super::tree::{self, Sites};
 use crate::patch::codec::BlockDecompressor;
@@ -22,7 +24,7 @@ pub const UNCOMPRESSED_IDS: u16 = 0x0800;
 pub use crate::sqcheck::at;
 
 fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+    LE::read_u64(&b[o..])
 }
 
 /// The xattr tables: key/value blocks and id blocks copied as they are, their header and
@@ -145,12 +147,7 @@ fn tail_tables(
         let (b, _) = meta::read_indexed(img, frag_start, frag_count * 16, dec)
             .map_err(|e| format!("fragment table: {e}"))?;
         b.chunks_exact(16)
-            .map(|e| {
-                (
-                    u64_at(e, 0),
-                    u32::from_le_bytes(e[8..12].try_into().expect("4")),
-                )
-            })
+            .map(|e| (u64_at(e, 0), LE::read_u32(&e[8..])))
             .collect()
     };
     let export = if flags & EXPORTABLE != 0 && export_start != INVALID {
@@ -181,7 +178,7 @@ fn options(img: &[u8], flags: u16, dec: &mut BlockDecompressor) -> Result<(i32, 
     let l = opts
         .get(..4)
         .ok_or("compressor options shorter than 4 bytes")?;
-    Ok((i32::from_le_bytes(l.try_into().expect("4 bytes")), end))
+    Ok((LE::read_i32(l), end))
 }
 
 fn xattrs(img: &[u8], header: u64) -> Result<Option<Xattrs>, String> {
@@ -193,7 +190,7 @@ fn xattrs(img: &[u8], header: u64) -> Result<Option<Xattrs>, String> {
         .get(at..at.saturating_add(16))
         .ok_or_else(|| format!("xattr table header at {header} is past the image"))?;
     let kv_start = u64_at(h, 0);
-    let ids = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+    let ids = LE::read_u32(&h[8..]);
     let n = (ids as usize * 16).div_ceil(meta::METADATA_SIZE);
     let index = img
         .get(at + 16..(at + 16).saturating_add(n * 8))
