@@ -15,6 +15,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use byteorder::{ByteOrder, LittleEndian as LE};
+
 use crate::error::{Error, IoContext, Result};
 use crate::run::Cmd;
 use crate::target::Target;
@@ -103,7 +105,7 @@ pub fn patch_core(core: &mut [u8], core_lba: u64) -> std::result::Result<(), Str
             core.len()
         ));
     }
-    let len = u16::from_le_bytes([core[CORE_BLOCKLIST + 8], core[CORE_BLOCKLIST + 9]]) as usize;
+    let len = usize::from(LE::read_u16(&core[CORE_BLOCKLIST + 8..]));
     if len != sectors - 1 {
         return Err(format!(
             "core.img block list length is {len} sectors, expected {} for a {}-byte image (not a diskboot.img-prefixed core?)",
@@ -157,10 +159,7 @@ mod tests {
         let mut core = vec![0u8; 512 * 5];
         core[CORE_BLOCKLIST + 8] = 4;
         patch_core(&mut core, 2048).unwrap();
-        assert_eq!(
-            u64::from_le_bytes(core[CORE_BLOCKLIST..CORE_BLOCKLIST + 8].try_into().unwrap()),
-            2049
-        );
+        assert_eq!(LE::read_u64(&core[CORE_BLOCKLIST..]), 2049);
         let mut bad = vec![0u8; 512 * 5];
         assert!(patch_core(&mut bad, 2048)
             .unwrap_err()
@@ -173,22 +172,12 @@ mod tests {
         let core = dir.path().join("core.img");
         bios_core(&core, 2048).expect("grub-pc-bin must be installed (see environment notes)");
         let bytes = fs::read(&core).unwrap();
-        assert_eq!(
-            u64::from_le_bytes(
-                bytes[CORE_BLOCKLIST..CORE_BLOCKLIST + 8]
-                    .try_into()
-                    .unwrap()
-            ),
-            2049
-        );
+        assert_eq!(LE::read_u64(&bytes[CORE_BLOCKLIST..]), 2049);
         assert!(
             bytes.len() < 1024 * 1024,
             "core.img must fit the 1 MiB bios-boot partition"
         );
         let code = bios_mbr_code(2048).unwrap();
-        assert_eq!(
-            u64::from_le_bytes(code[0x5c..0x64].try_into().unwrap()),
-            2048
-        );
+        assert_eq!(LE::read_u64(&code[0x5c..]), 2048);
     }
 }

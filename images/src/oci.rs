@@ -11,8 +11,11 @@
 
 use std::path::Path;
 
+use libupgrade::payload::image_layout::{
+    sha256_digest, Descriptor, ImageIndex, ImageManifest, LayoutBlobs, MEDIA_CONFIG,
+    MEDIA_LAYER_TAR, MEDIA_MANIFEST, OCI_LAYOUT,
+};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 use crate::error::{IoContext, Result};
 
@@ -65,22 +68,8 @@ fn tar_with_modes(entries: &[(&str, &[u8], u32)]) -> Result<Vec<u8>> {
     b.into_inner().ctx("tar finish", Path::new("(memory)"))
 }
 
-#[derive(Default)]
-struct Blobs(Vec<(String, Vec<u8>)>);
-
-impl Blobs {
-    fn add(&mut self, media: &str, data: Vec<u8>) -> Value {
-        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&data)));
-        let d = json!({"mediaType": media, "digest": digest, "size": data.len()});
-        if !self.0.iter().any(|(k, _)| *k == digest) {
-            self.0.push((digest, data));
-        }
-        d
-    }
-}
-
 /// One image: its layer holds `data` at `/data`; returns the manifest's descriptor.
-fn image(blobs: &mut Blobs, data: &[u8], name: &str) -> Result<Value> {
+fn image(blobs: &mut LayoutBlobs, data: &[u8], name: &str) -> Result<Descriptor> {
     let layer = tar_of(&[("data", data)])?;
     let config = json!({
         "created": "1970-01-01T00:00:00Z", "architecture": "amd64", "os": "linux",
@@ -91,37 +80,22 @@ fn image(blobs: &mut Blobs, data: &[u8], name: &str) -> Result<Value> {
 /// One image of one `layer` and the image `config` (without its `rootfs`, added here);
 /// returns the manifest's descriptor, named `name`.
 fn image_of_layer(
-    blobs: &mut Blobs,
+    blobs: &mut LayoutBlobs,
     layer: Vec<u8>,
     mut config: Value,
     name: &str,
-) -> Result<Value> {
-    let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&layer)));
-    let layer = blobs.add("application/vnd.oci.image.layer.v1.tar", layer);
+) -> Result<Descriptor> {
+    let diff_id = sha256_digest(&layer);
+    let layer = blobs.add(MEDIA_LAYER_TAR, layer);
     config["rootfs"] = json!({"type": "layers", "diff_ids": [diff_id]});
-    let config = blobs.add(
-        "application/vnd.oci.image.config.v1+json",
-        serde_json::to_vec(&config).expect("json"),
-    );
-    let manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": config, "layers": [layer],
-    });
-    let mut d = blobs.add(
-        "application/vnd.oci.image.manifest.v1+json",
-        serde_json::to_vec(&manifest).expect("json"),
-    );
-    d["annotations"] = json!({
-        "io.containerd.image.name": name,
-        "org.opencontainers.image.ref.name": name,
-    });
-    Ok(d)
+    let config = blobs.add_json(MEDIA_CONFIG, &config);
+    let manifest = ImageManifest::new(config, vec![layer]);
+    Ok(blobs.add_json(MEDIA_MANIFEST, &manifest).named(name))
 }
 
 /// Write the archive of `generation` to `out` (the same bytes every time).
 pub fn write_archive(generation: u64, out: &Path) -> Result<()> {
-    let mut blobs = Blobs::default();
+    let mut blobs = LayoutBlobs::default();
     let names = images(generation);
     let pause: Vec<u8> = (0..16).flat_map(|i| block(1, i)).collect();
     let changed = generation % 16;
@@ -145,23 +119,11 @@ pub fn write_archive(generation: u64, out: &Path) -> Result<()> {
 }
 
 /// Write the OCI image layout tar of `blobs` with an index of `manifests` to `out`.
-fn write_layout(blobs: Blobs, manifests: Vec<Value>, out: &Path) -> Result<()> {
-    let index =
-        serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": manifests})).expect("json");
-    let mut entries: Vec<(String, Vec<u8>)> = vec![
-        (
-            "oci-layout".into(),
-            br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
-        ),
-        ("index.json".into(), index),
-    ];
-    for (d, data) in blobs.0 {
-        entries.push((format!("blobs/sha256/{}", &d[7..]), data));
-    }
-    let refs: Vec<(&str, &[u8])> = entries
-        .iter()
-        .map(|(p, d)| (p.as_str(), d.as_slice()))
-        .collect();
+fn write_layout(blobs: LayoutBlobs, manifests: Vec<Descriptor>, out: &Path) -> Result<()> {
+    let index = serde_json::to_vec(&ImageIndex::new(manifests, None)).expect("json");
+    let files: Vec<(String, &[u8])> = blobs.files().collect();
+    let mut refs: Vec<(&str, &[u8])> = vec![("oci-layout", OCI_LAYOUT), ("index.json", &index)];
+    refs.extend(files.iter().map(|(p, d)| (p.as_str(), *d)));
     let bytes = tar_of(&refs)?;
     std::fs::write(out, bytes).ctx("write image archive", out)
 }
@@ -186,7 +148,7 @@ pub fn kube_images(generation: u64) -> Vec<String> {
 pub fn write_kube_archive(generation: u64, busybox: &Path, arch: &str, out: &Path) -> Result<()> {
     let bb = std::fs::read(busybox).ctx("read", busybox)?;
     let names = kube_images(generation);
-    let mut blobs = Blobs::default();
+    let mut blobs = LayoutBlobs::default();
     let config = |cmd: Value| {
         json!({
             "created": "1970-01-01T00:00:00Z", "architecture": arch, "os": "linux",

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use bootconfig::GrubBootloader;
 use bootconfig::SyslinuxBootloader;
 use bootconfig::{Bootloader, Slot};
+use byteorder::{ByteOrder, LittleEndian as LE};
 use k3os_images::debs::Debs;
 use k3os_images::disk;
 use k3os_images::release::{ensure_keys, ReleaseBuilder};
@@ -204,11 +205,7 @@ fn x86_64_disks_are_what_nodes_expect_and_bios_grub_boots() {
         assert_eq!(&mbr[510..], &[0x55, 0xaa]);
         match variant {
             BootVariant::GrubBios => {
-                assert_eq!(
-                    u64::from_le_bytes(mbr[0x5c..0x64].try_into().unwrap()),
-                    2048,
-                    "core.img LBA in the MBR"
-                )
+                assert_eq!(LE::read_u64(&mbr[0x5c..]), 2048, "core.img LBA in the MBR")
             }
             BootVariant::Extlinux => assert_eq!(
                 &mbr[..440],

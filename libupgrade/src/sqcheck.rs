@@ -11,60 +11,118 @@
 
 use std::io;
 
+use byteorder::{ByteOrder, LittleEndian as LE};
+
 const METADATA_MAX: u64 = 8192;
 
-/// The fields of a squashfs 4.0 superblock this check uses.
+/// Magic at offset 0 of a squashfs image ("hsqs", little endian).
+pub const MAGIC: &[u8; 4] = b"hsqs";
+/// Length of a squashfs 4.0 superblock.
+pub const SUPERBLOCK_LEN: usize = 96;
+
+/// Byte offsets of the superblock fields that are written back (the re-pack moves tables).
+pub mod at {
+    /// Root inode reference.
+    pub const ROOT: usize = 32;
+    /// Bytes used.
+    pub const BYTES_USED: usize = 40;
+    /// Id table index.
+    pub const ID: usize = 48;
+    /// Xattr id table header.
+    pub const XATTR: usize = 56;
+    /// Inode table.
+    pub const INODES: usize = 64;
+    /// Directory table.
+    pub const DIRS: usize = 72;
+    /// Fragment table index.
+    pub const FRAGMENTS: usize = 80;
+    /// Export table index.
+    pub const EXPORT: usize = 88;
+}
+
+/// A squashfs 4.0 superblock: the workspace's one reader of it ([`fields`], and
+/// [`superblock`] to cross-check them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Superblock {
     /// Number of inodes in the image.
     pub inode_count: u32,
     /// Data block size in bytes.
     pub block_size: u32,
+    /// Number of entries in the fragment table.
+    pub fragment_count: u32,
     /// Compressor id (1 gzip … 6 zstd).
     pub compression: u16,
+    /// log2 of the block size.
+    pub block_log: u16,
+    /// Superblock flags (compressor options present, tables uncompressed, exportable, …).
+    pub flags: u16,
     /// Number of entries in the uid/gid table.
     pub id_count: u16,
+    /// Format version, major and minor (4.0).
+    pub version: (u16, u16),
     /// Reference to the root inode: metadata block offset `<< 16` | offset inside the block.
     pub root_inode: u64,
     /// Bytes of the image in use (the filesystem's length, without padding).
     pub bytes_used: u64,
     /// Byte offset of the uid/gid lookup table.
     pub id_table_start: u64,
+    /// Byte offset of the xattr id table header (`u64::MAX`: none).
+    pub xattr_table_start: u64,
     /// Byte offset of the inode table.
     pub inode_table_start: u64,
     /// Byte offset of the directory table.
     pub directory_table_start: u64,
+    /// Byte offset of the fragment table index (`u64::MAX`: none).
+    pub fragment_table_start: u64,
+    /// Byte offset of the export table index (`u64::MAX`: none).
+    pub export_table_start: u64,
 }
 
 /// [`superblock`] of a whole image held in memory (shorter than a superblock: an error).
 pub fn superblock_of(img: &[u8]) -> Result<Superblock, String> {
-    let head: &[u8; 96] = img
-        .get(..96)
+    superblock(head_of(img)?)
+}
+
+/// The first [`SUPERBLOCK_LEN`] bytes of `img` (shorter: an error naming its length).
+pub fn head_of(img: &[u8]) -> Result<&[u8; SUPERBLOCK_LEN], String> {
+    img.get(..SUPERBLOCK_LEN)
         .and_then(|s| s.try_into().ok())
-        .ok_or_else(|| format!("{} bytes, shorter than a superblock", img.len()))?;
-    superblock(head)
+        .ok_or_else(|| format!("{} bytes, shorter than a superblock", img.len()))
+}
+
+/// The fields of the superblock `b`, its magic checked but nothing else: for a reader that
+/// needs only where the filesystem ends ([`superblock`] checks the fields against each other).
+pub fn fields(b: &[u8; SUPERBLOCK_LEN]) -> Result<Superblock, String> {
+    if &b[0..4] != MAGIC {
+        return Err(format!("no squashfs magic (found {:02x?})", &b[0..4]));
+    }
+    let u16_at = |o: usize| LE::read_u16(&b[o..]);
+    let u32_at = |o: usize| LE::read_u32(&b[o..]);
+    let u64_at = |o: usize| LE::read_u64(&b[o..]);
+    Ok(Superblock {
+        inode_count: u32_at(4),
+        block_size: u32_at(12),
+        fragment_count: u32_at(16),
+        compression: u16_at(20),
+        block_log: u16_at(22),
+        flags: u16_at(24),
+        id_count: u16_at(26),
+        version: (u16_at(28), u16_at(30)),
+        root_inode: u64_at(at::ROOT),
+        bytes_used: u64_at(at::BYTES_USED),
+        id_table_start: u64_at(at::ID),
+        xattr_table_start: u64_at(at::XATTR),
+        inode_table_start: u64_at(at::INODES),
+        directory_table_start: u64_at(at::DIRS),
+        fragment_table_start: u64_at(at::FRAGMENTS),
+        export_table_start: u64_at(at::EXPORT),
+    })
 }
 
 /// Parse and cross-check the first 96 bytes.
-pub fn superblock(b: &[u8; 96]) -> Result<Superblock, String> {
-    if &b[0..4] != b"hsqs" {
-        return Err(format!("no squashfs magic (found {:02x?})", &b[0..4]));
-    }
-    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
-    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
-    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-    let sb = Superblock {
-        inode_count: u32_at(4),
-        block_size: u32_at(12),
-        compression: u16_at(20),
-        id_count: u16_at(26),
-        root_inode: u64_at(32),
-        bytes_used: u64_at(40),
-        id_table_start: u64_at(48),
-        inode_table_start: u64_at(64),
-        directory_table_start: u64_at(72),
-    };
-    let (major, minor, log) = (u16_at(28), u16_at(30), u16_at(22));
+pub fn superblock(b: &[u8; SUPERBLOCK_LEN]) -> Result<Superblock, String> {
+    let sb = fields(b)?;
+    let ((major, minor), log) = (sb.version, sb.block_log);
     if (major, minor) != (4, 0) {
         return Err(format!("squashfs version {major}.{minor}, expected 4.0"));
     }
@@ -80,7 +138,7 @@ pub fn superblock(b: &[u8; 96]) -> Result<Superblock, String> {
     if sb.inode_count == 0 || sb.id_count == 0 {
         return Err("no inodes or no ids".into());
     }
-    if !(96 <= sb.inode_table_start
+    if !(SUPERBLOCK_LEN as u64 <= sb.inode_table_start
         && sb.inode_table_start < sb.directory_table_start
         && sb.directory_table_start < sb.id_table_start
         && sb.id_table_start < sb.bytes_used)
@@ -105,7 +163,7 @@ pub fn check(
     read_at: impl Fn(u64, &mut [u8]) -> io::Result<()>,
     size: u64,
 ) -> Result<Superblock, String> {
-    let mut b = [0u8; 96];
+    let mut b = [0u8; SUPERBLOCK_LEN];
     read_at(0, &mut b).map_err(|e| format!("cannot read the superblock: {e}"))?;
     let sb = superblock(&b)?;
     if sb.bytes_used > size {
@@ -122,7 +180,7 @@ pub fn check(
         root_seen |= pos == root_block;
         let mut h = [0u8; 2];
         read_at(pos, &mut h).map_err(|e| format!("cannot read the inode table at {pos}: {e}"))?;
-        let len = u64::from(u16::from_le_bytes(h) & 0x7fff);
+        let len = u64::from(LE::read_u16(&h) & 0x7fff);
         if len == 0 || len > METADATA_MAX {
             return Err(format!("inode table block at {pos} claims {len} bytes"));
         }
@@ -148,7 +206,7 @@ pub fn check(
         let mut p = [0u8; 8];
         read_at(sb.id_table_start + i * 8, &mut p)
             .map_err(|e| format!("cannot read the id table: {e}"))?;
-        let at = u64::from_le_bytes(p);
+        let at = LE::read_u64(&p);
         if !(sb.directory_table_start..sb.id_table_start).contains(&at) {
             return Err(format!(
                 "id table block {i} points at {at}, outside the tables"

@@ -6,19 +6,10 @@
 //! two image versions sharing a base layer do), stored uncompressed in the tar, so chunks
 //! and plain patches find them.
 
-use sha2::{Digest, Sha256};
-
-fn digest(b: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(b)))
-}
-
-fn descriptor(media: &str, b: &[u8]) -> String {
-    format!(
-        r#"{{"mediaType":"{media}","digest":"{}","size":{}}}"#,
-        digest(b),
-        b.len()
-    )
-}
+use libupgrade::payload::image_layout::{
+    sha256_digest as digest, Descriptor, ImageIndex, ImageManifest, ANNOTATION_REF_NAME,
+    MEDIA_CONFIG, MEDIA_LAYER_TAR, MEDIA_MANIFEST, OCI_LAYOUT,
+};
 
 /// The tar bytes of an OCI image layout holding image `name` (`docker.io/library/app:1`)
 /// made of `layers`.
@@ -33,31 +24,26 @@ pub fn image_archive_missing_layer(name: &str, layers: &[Vec<u8>]) -> Vec<u8> {
 }
 
 fn archive(name: &str, layers: &[Vec<u8>], drop_last: bool) -> Vec<u8> {
-    let config = format!(
-        r#"{{"architecture":"amd64","os":"linux","rootfs":{{"type":"layers","diff_ids":[{}]}}}}"#,
+    let diff_ids: Vec<String> = layers.iter().map(|l| digest(l)).collect();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }))
+    .unwrap();
+    let manifest = ImageManifest::new(
+        Descriptor::of(MEDIA_CONFIG, &config),
         layers
             .iter()
-            .map(|l| format!("\"{}\"", digest(l)))
-            .collect::<Vec<_>>()
-            .join(",")
-    )
-    .into_bytes();
-    let manifest = format!(
-        r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{},"layers":[{}]}}"#,
-        descriptor("application/vnd.oci.image.config.v1+json", &config),
-        layers
-            .iter()
-            .map(|l| descriptor("application/vnd.oci.image.layer.v1.tar", l))
-            .collect::<Vec<_>>()
-            .join(",")
-    )
-    .into_bytes();
-    let index = format!(
-        r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"{}","size":{},"annotations":{{"org.opencontainers.image.ref.name":"{name}"}}}}]}}"#,
-        digest(&manifest),
-        manifest.len()
-    )
-    .into_bytes();
+            .map(|l| Descriptor::of(MEDIA_LAYER_TAR, l))
+            .collect(),
+    );
+    let manifest = serde_json::to_vec(&manifest).unwrap();
+    let mut entry = Descriptor::of(MEDIA_MANIFEST, &manifest);
+    entry
+        .annotations
+        .insert(ANNOTATION_REF_NAME.to_string(), name.to_string());
+    let index = serde_json::to_vec(&ImageIndex::new(vec![entry], None)).unwrap();
     let mut b = tar::Builder::new(Vec::new());
     let mut add = |path: &str, data: &[u8]| {
         let mut h = tar::Header::new_ustar();
@@ -67,7 +53,7 @@ fn archive(name: &str, layers: &[Vec<u8>], drop_last: bool) -> Vec<u8> {
         h.set_entry_type(tar::EntryType::Regular);
         b.append_data(&mut h, path, data).unwrap();
     };
-    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
+    add("oci-layout", OCI_LAYOUT);
     add("index.json", &index);
     let mut blobs: Vec<&[u8]> = vec![&manifest, &config];
     let kept = layers.len() - usize::from(drop_last && !layers.is_empty());

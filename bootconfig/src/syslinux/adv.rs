@@ -2,6 +2,8 @@
 //! copies, and the boot-once record `extlinux --once` writes (byte-identical, checked against
 //! the real extlinux in tests/integration/extlinux_real.rs).
 
+use byteorder::{ByteOrder, LittleEndian as LE};
+
 /// Size of one ADV copy; the ADV is two copies at the end of `ldlinux.sys`.
 pub const ADV_SIZE: usize = 512;
 const ADV_LEN: usize = ADV_SIZE - 3 * 4;
@@ -12,7 +14,7 @@ const ADV_MAGIC3: u32 = 0xdd28_bf64;
 pub const ADV_BOOTONCE: u8 = 1;
 
 fn get32(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes(b[i..i + 4].try_into().unwrap())
+    LE::read_u32(&b[i..])
 }
 
 /// The ADV: two 512-byte copies as stored at the end of `ldlinux.sys`.

@@ -50,7 +50,8 @@
 //! ```
 //!
 //! The one `impl Agent` outside context/agent.rs is the entry point `Agent::reconcile`
-//! (reconcile/controller.rs), which `run` and the tests call.
+//! (reconcile/controller.rs), which `run` and the tests call: it calls the reconcile layer,
+//! which context, below it, may not name.
 //!
 //! Effects at the edges: `decide` is pure and sees every input; the function of the action
 //! it picks carries the action out and returns what it did (`cluster::publish::Done`: the

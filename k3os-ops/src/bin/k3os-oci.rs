@@ -23,8 +23,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
+use libupgrade::payload::image_layout::{
+    sha256_digest, Descriptor, ImageIndex, ImageManifest, LayoutBlobs, Platform, MEDIA_CONFIG,
+    MEDIA_INDEX, MEDIA_LAYER_GZIP, MEDIA_LAYER_TAR, MEDIA_MANIFEST, OCI_LAYOUT,
+};
+use serde_json::json;
 
 #[derive(Parser)]
 #[command(about = "Write the k3os-ops agent image (OCI image index) as an OCI archive")]
@@ -50,32 +53,6 @@ struct Args {
 enum LayerCompression {
     Gzip,
     None,
-}
-
-const MT_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-const MT_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-const MT_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-const MT_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-const MT_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
-
-/// Content-addressed blobs of the layout.
-#[derive(Default)]
-struct Blobs(Vec<(String, Vec<u8>)>);
-
-impl Blobs {
-    /// Store `data`; returns its descriptor (`mediaType`, `digest`, `size`).
-    fn add(&mut self, media_type: &str, data: Vec<u8>) -> Value {
-        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&data)));
-        let d = json!({"mediaType": media_type, "digest": digest, "size": data.len()});
-        if !self.0.iter().any(|(k, _)| *k == digest) {
-            self.0.push((digest, data));
-        }
-        d
-    }
-
-    fn add_json(&mut self, media_type: &str, v: &Value) -> Value {
-        self.add(media_type, serde_json::to_vec(v).expect("json"))
-    }
 }
 
 fn header(path: &str, mode: u32, size: u64, kind: tar::EntryType) -> tar::Header {
@@ -122,16 +99,16 @@ fn layer(binary: &Path) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
 /// One platform's image: its layer (the binary at `binary`), config and manifest as blobs;
 /// returns the manifest's descriptor with its platform.
 fn platform(
-    blobs: &mut Blobs,
+    blobs: &mut LayoutBlobs,
     arch: &str,
     binary: &Path,
     compression: LayerCompression,
-) -> anyhow::Result<Value> {
+) -> anyhow::Result<Descriptor> {
     let (raw, gz) = layer(binary)?;
-    let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&raw)));
+    let diff_id = sha256_digest(&raw);
     let layer = match compression {
-        LayerCompression::Gzip => blobs.add(MT_LAYER_GZIP, gz),
-        LayerCompression::None => blobs.add(MT_LAYER_TAR, raw),
+        LayerCompression::Gzip => blobs.add(MEDIA_LAYER_GZIP, gz),
+        LayerCompression::None => blobs.add(MEDIA_LAYER_TAR, raw),
     };
     let config = json!({
         "created": "1970-01-01T00:00:00Z",
@@ -146,21 +123,19 @@ fn platform(
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "k3os-oci: static musl k3os-ops"}],
     });
-    let config = blobs.add_json(MT_CONFIG, &config);
-    let manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": MT_MANIFEST,
-        "config": config,
-        "layers": [layer],
+    let config = blobs.add_json(MEDIA_CONFIG, &config);
+    let manifest = ImageManifest::new(config, vec![layer]);
+    let mut d = blobs.add_json(MEDIA_MANIFEST, &manifest);
+    d.platform = Some(Platform {
+        architecture: arch.to_string(),
+        os: "linux".to_string(),
     });
-    let mut d = blobs.add_json(MT_MANIFEST, &manifest);
-    d["platform"] = json!({"architecture": arch, "os": "linux"});
     Ok(d)
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let mut blobs = Blobs::default();
+    let mut blobs = LayoutBlobs::default();
     let mut manifests = Vec::new();
     for spec in &args.binaries {
         let Some((arch, path)) = spec.split_once('=') else {
@@ -176,13 +151,9 @@ fn main() -> anyhow::Result<()> {
             args.layer_compression,
         )?);
     }
-    let index = json!({"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": manifests});
-    let mut top = blobs.add_json(MT_INDEX, &index);
-    top["annotations"] = json!({
-        "org.opencontainers.image.ref.name": args.reference,
-        "io.containerd.image.name": args.reference,
-    });
-    let layout_index = json!({"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": [top]});
+    let index = ImageIndex::new(manifests, Some(MEDIA_INDEX));
+    let top = blobs.add_json(MEDIA_INDEX, &index).named(&args.reference);
+    let layout_index = ImageIndex::new(vec![top.clone()], Some(MEDIA_INDEX));
 
     if let Some(dir) = args.out.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -192,16 +163,14 @@ fn main() -> anyhow::Result<()> {
     let mut t = tar::Builder::new(std::io::BufWriter::new(file));
     let file_header =
         |path: &str, data: &[u8]| header(path, 0o644, data.len() as u64, tar::EntryType::Regular);
-    let layout = br#"{"imageLayoutVersion":"1.0.0"}"#;
-    t.append(&file_header("oci-layout", layout), &layout[..])?;
+    t.append(&file_header("oci-layout", OCI_LAYOUT), OCI_LAYOUT)?;
     for dir in ["blobs/", "blobs/sha256/"] {
         t.append(&header(dir, 0o755, 0, tar::EntryType::Directory), &[][..])?;
     }
     let index = serde_json::to_vec(&layout_index).expect("json");
     t.append(&file_header("index.json", &index), &index[..])?;
-    for (digest, data) in &blobs.0 {
-        let path = format!("blobs/sha256/{}", digest.trim_start_matches("sha256:"));
-        t.append(&file_header(&path, data), &data[..])?;
+    for (path, data) in blobs.files() {
+        t.append(&file_header(&path, data), data)?;
     }
     t.into_inner()?
         .into_inner()
@@ -214,7 +183,7 @@ fn main() -> anyhow::Result<()> {
         args.out.display(),
         args.reference,
         args.binaries.len(),
-        top["digest"].as_str().unwrap_or_default()
+        top.digest
     );
     Ok(())
 }

@@ -13,6 +13,8 @@
 
 use std::io::{self, Read};
 
+use byteorder::{ByteOrder, LittleEndian as LE};
+
 use fastcdc::v2020::StreamCDC;
 
 use super::Digest;
@@ -162,8 +164,8 @@ impl ChunkIndex {
                 b.len().min(HEADER)
             ));
         }
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        let u32_at = |o: usize| LE::read_u32(&b[o..]);
+        let u64_at = |o: usize| LE::read_u64(&b[o..]);
         let params = ChunkParams {
             min: u32_at(8),
             avg: u32_at(12),
@@ -182,7 +184,7 @@ impl ChunkIndex {
         let mut chunks = Vec::with_capacity(count as usize);
         let mut offset = 0u64;
         for (i, e) in b[HEADER..].chunks_exact(ENTRY).enumerate() {
-            let len = u32::from_le_bytes(e[..4].try_into().expect("4 bytes"));
+            let len = LE::read_u32(e);
             if len == 0 || len > params.max {
                 return bad(format!(
                     "chunk {i} is {len} bytes long (allowed 1..={})",

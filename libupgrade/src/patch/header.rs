@@ -6,6 +6,8 @@
 
 use std::io::{Read, Write};
 
+use byteorder::{ByteOrder, LittleEndian as LE};
+
 use super::PatchError;
 
 /// First bytes of every patch.
@@ -95,7 +97,7 @@ pub fn read_header(r: &mut impl Read) -> Result<PatchHeader, PatchError> {
             &b[0..8]
         )));
     }
-    let version = u16::from_le_bytes([b[8], b[9]]);
+    let version = LE::read_u16(&b[8..]);
     if version != FORMAT_VERSION {
         return Err(PatchError::Header(format!(
             "format version {version}, this build reads version {FORMAT_VERSION}"
@@ -110,20 +112,18 @@ pub fn read_header(r: &mut impl Read) -> Result<PatchHeader, PatchError> {
             )))
         }
     };
-    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
-    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-    let level = u32_at(11) as i32;
-    let block_size = u32_at(15);
+    let level = LE::read_i32(&b[11..]);
+    let block_size = LE::read_u32(&b[15..]);
     let mut base_sha256 = [0u8; 32];
     base_sha256.copy_from_slice(&b[19..51]);
-    let base_size = u64_at(51);
+    let base_size = LE::read_u64(&b[51..]);
     let mut target_sha256 = [0u8; 32];
     target_sha256.copy_from_slice(&b[59..91]);
-    let target_size = u64_at(91);
+    let target_size = LE::read_u64(&b[91..]);
     let mut l = [0u8; 2];
     r.read_exact(&mut l)
         .map_err(|e| PatchError::io("read the patch header's compressor length", e))?;
-    let len = usize::from(u16::from_le_bytes(l));
+    let len = usize::from(LE::read_u16(&l));
     if len > MAX_IDENTITY {
         return Err(PatchError::Header(format!(
             "compressor identity of {len} bytes, at most {MAX_IDENTITY}"

@@ -18,6 +18,8 @@
 
 use std::io::{Read, Write};
 
+use byteorder::{LittleEndian, ReadBytesExt};
+
 /// Most bytes one Literal, Delta or Data op decodes into memory.
 pub const MAX_SPAN: usize = 16 << 20;
 /// Most reference bytes one Delta or Data op holds in memory.
@@ -304,9 +306,11 @@ fn u8s<const N: usize>(r: &mut impl Read) -> Result<[u8; N], String> {
 }
 
 fn u32v(r: &mut impl Read) -> Result<u32, String> {
-    Ok(u32::from_le_bytes(u8s::<4>(r)?))
+    r.read_u32::<LittleEndian>()
+        .map_err(|e| format!("read: {e}"))
 }
 
 fn u64v(r: &mut impl Read) -> Result<u64, String> {
-    Ok(u64::from_le_bytes(u8s::<8>(r)?))
+    r.read_u64::<LittleEndian>()
+        .map_err(|e| format!("read: {e}"))
 }

@@ -8,6 +8,8 @@
 
 use std::collections::HashMap;
 
+use byteorder::{ByteOrder, LittleEndian as LE};
+
 use super::codec::BlockDecompressor;
 
 /// squashfs' compressor id of zstd.
@@ -71,7 +73,7 @@ pub fn parse(img: &[u8]) -> Result<Image, String> {
             img.len()
         ));
     }
-    let flags = u16::from_le_bytes([img[24], img[25]]);
+    let flags = sb.flags;
     let mut dec = BlockDecompressor::new();
     let mut level = DEFAULT_LEVEL;
     if sb.compression == ZSTD && flags & COMPRESSOR_OPTIONS != 0 {
@@ -79,7 +81,7 @@ pub fn parse(img: &[u8]) -> Result<Image, String> {
         let l = opts
             .get(..4)
             .ok_or("compressor options shorter than 4 bytes")?;
-        level = i32::from_le_bytes(l.try_into().expect("4 bytes"));
+        level = LE::read_i32(l);
     }
     let mut files = Vec::new();
     if sb.compression == ZSTD {
@@ -112,7 +114,7 @@ fn metadata_block(
     let h = img
         .get(at..at + 2)
         .ok_or_else(|| format!("metadata block header at {pos} is past the image"))?;
-    let h = u16::from_le_bytes([h[0], h[1]]);
+    let h = LE::read_u16(h);
     let len = usize::from(h & 0x7fff);
     let body = img
         .get(at + 2..at + 2 + len)
@@ -203,13 +205,13 @@ enum Inode {
 }
 
 fn u16_at(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
+    LE::read_u16(&b[o..])
 }
 fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+    LE::read_u32(&b[o..])
 }
 fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+    LE::read_u64(&b[o..])
 }
 
 impl Walker<'_> {

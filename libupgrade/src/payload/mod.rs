@@ -13,10 +13,13 @@
 //!   tar, what k3s imports from its airgap directory) holds: the image names, each checked
 //!   down to its blobs. The publisher records the names in the manifest; a node's built-in
 //!   health check reads them again from what it booted with.
+//! - [`image_layout`]: the OCI image layout's JSON documents, the one set of types the
+//!   archive check reads and the workspace's image writers write.
 //! - [`airgap`]: making the booted slot's archives available to k3s before it starts, and the
 //!   built-in check that every image the release names is there.
 
 pub mod airgap;
+pub mod image_layout;
 pub mod kinds;
 mod oci;
 mod proof;

@@ -26,13 +26,15 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::image_layout::{
+    Descriptor, ImageIndex, ImageManifest, ANNOTATION_CONTAINERD_NAME, ANNOTATION_REF_NAME,
+    MEDIA_DOCKER_LIST, MEDIA_INDEX,
+};
+
 /// Largest JSON document read from an archive (an index, a manifest, a config is not read).
 pub const MAX_ARCHIVE_JSON: u64 = 4 << 20;
 
-const INDEX_MEDIA: &[&str] = &[
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-];
+const INDEX_MEDIA: &[&str] = &[MEDIA_INDEX, MEDIA_DOCKER_LIST];
 
 /// Why an archive's images could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -126,29 +128,6 @@ fn compression(magic: &[u8]) -> Option<&'static str> {
 struct Contents {
     sizes: BTreeMap<String, u64>,
     json: BTreeMap<String, Vec<u8>>,
-}
-
-#[derive(Deserialize)]
-struct Descriptor {
-    #[serde(rename = "mediaType", default)]
-    media_type: String,
-    digest: String,
-    size: u64,
-    #[serde(default)]
-    annotations: BTreeMap<String, String>,
-}
-
-#[derive(Deserialize)]
-struct Index {
-    #[serde(default)]
-    manifests: Vec<Descriptor>,
-}
-
-#[derive(Deserialize)]
-struct ImageManifest {
-    config: Descriptor,
-    #[serde(default)]
-    layers: Vec<Descriptor>,
 }
 
 #[derive(Deserialize)]
@@ -247,14 +226,11 @@ impl Contents {
     }
 
     fn oci_images(&self) -> Result<Vec<String>, String> {
-        let index: Index = self.doc("index.json")?;
+        let index: ImageIndex = self.doc("index.json")?;
         let mut names = Vec::new();
         for d in &index.manifests {
             self.check_descriptor(d, 0)?;
-            for key in [
-                "io.containerd.image.name",
-                "org.opencontainers.image.ref.name",
-            ] {
+            for key in [ANNOTATION_CONTAINERD_NAME, ANNOTATION_REF_NAME] {
                 if let Some(n) = d.annotations.get(key) {
                     names.push(check_name(n)?);
                 }
@@ -274,7 +250,7 @@ impl Contents {
                     esc(&d.digest)
                 ));
             }
-            let inner: Index = self.doc(&path)?;
+            let inner: ImageIndex = self.doc(&path)?;
             for m in &inner.manifests {
                 self.check_descriptor(m, depth + 1)?;
             }

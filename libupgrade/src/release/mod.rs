@@ -36,8 +36,6 @@ use crate::updater::{NoProgress, Progress};
 /// partition (one definition, in [`crate::layout`]).
 pub use crate::layout::{INITRD_FILE, KERNEL_FILE, ROOTFS_FILE};
 
-/// Magic at offset 0 of a squashfs image ("hsqs", little endian).
-const SQUASHFS_MAGIC: &[u8; 4] = b"hsqs";
 pub(super) const COPY_BUF: usize = 1 << 20;
 
 /// What to put in a release.
@@ -486,7 +484,7 @@ fn check_squashfs(path: &Path) -> Result<(), ReleaseError> {
         .take(4)
         .read_to_end(&mut magic)
         .map_err(io_err(path))?;
-    if magic.as_slice() != SQUASHFS_MAGIC {
+    if magic.as_slice() != crate::sqcheck::MAGIC {
         return Err(ReleaseError::NotSquashfs {
             path: path.to_path_buf(),
             found: magic,

@@ -6,13 +6,12 @@
 use chrono::Utc;
 use rand::Rng;
 
-use super::decide::{Action, IdleReason, NodeView};
+use super::decide::{Action, IdleReason};
+use super::tick::Tick;
 use crate::agent::channel::format::{ANN_MESSAGE, ANN_PROGRESS, ANN_TOKEN};
 use crate::agent::channel::listing::Channel;
-use crate::agent::cluster::kube_store::KubeChannelStore;
 use crate::agent::cluster::publish::{self, Done, Report, Say, Then};
 use crate::agent::cluster::slots::{self, ClaimOutcome};
-use crate::agent::context::Agent;
 use crate::agent::errors::AgentError;
 use crate::agent::host::status::{TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED};
 use crate::agent::metrics::Outcome;
@@ -21,10 +20,10 @@ use crate::agent::phase::Phase;
 /// Nothing to do: say why where it helps; a slot of this node under another token (an earlier
 /// agent instance) is taken over in place.
 pub(in crate::agent) async fn tick_idle(
-    cx: &Agent,
-    ch: &Channel,
+    t: &Tick<'_>,
     reason: IdleReason,
 ) -> Result<Done, AgentError> {
+    let cx = t.cx;
     match reason {
         IdleReason::FailedHere(v) => {
             let said = Say::warn(
@@ -33,7 +32,7 @@ pub(in crate::agent) async fn tick_idle(
             );
             return Ok(Done::then(Then::Wait).after(vec![said.once()]));
         }
-        IdleReason::ForeignSlot => return tick_take_over(cx, ch).await,
+        IdleReason::ForeignSlot => return tick_take_over(t).await,
         IdleReason::UpToDate => {
             cx.annotate_phase(
                 Phase::UpToDate,
@@ -49,7 +48,8 @@ pub(in crate::agent) async fn tick_idle(
 /// Only one agent runs per node; a slot of this node under another token belongs to an
 /// earlier instance (or one whose claim outlived its token annotation). Take it over in
 /// place: the fence stops that instance.
-async fn tick_take_over(cx: &Agent, ch: &Channel) -> Result<Done, AgentError> {
+async fn tick_take_over(t: &Tick<'_>) -> Result<Done, AgentError> {
+    let Tick { cx, ch, .. } = *t;
     let said = Say::warn("SlotTakenOver", "the channel holds a slot for this node under another token (an earlier agent instance); taking it over".into());
     let version = ch
         .status
@@ -58,10 +58,7 @@ async fn tick_take_over(cx: &Agent, ch: &Channel) -> Result<Done, AgentError> {
         .and_then(|s| s.version.clone())
         .or_else(|| ch.target_version())
         .unwrap_or_default();
-    let store = cx.store(ch.name());
-    Ok(tick_claim(cx, ch, &store, &version)
-        .await?
-        .after(vec![said]))
+    Ok(tick_claim(t, &version).await?.after(vec![said]))
 }
 
 /// The spec cannot be used: an Event naming the field (the condition is written by
@@ -76,12 +73,8 @@ pub(in crate::agent) fn tick_invalid(ch: &Channel, msg: &str) -> Done {
 
 /// Claim an update slot with a fresh token (written on the Node first, so a restarted agent
 /// finds its slot). The back-off, the gates and full slots were the decision's to judge.
-pub(in crate::agent) async fn tick_claim(
-    cx: &Agent,
-    ch: &Channel,
-    store: &KubeChannelStore,
-    version: &str,
-) -> Result<Done, AgentError> {
+pub(in crate::agent) async fn tick_claim(t: &Tick<'_>, version: &str) -> Result<Done, AgentError> {
+    let Tick { cx, ch, .. } = *t;
     let token = format!(
         "{:016x}{:016x}",
         rand::thread_rng().gen::<u64>(),
@@ -89,7 +82,7 @@ pub(in crate::agent) async fn tick_claim(
     );
     cx.annotate(&[(ANN_TOKEN, Some(&token))]).await?;
     Ok(
-        match slots::claim(store, &cx.settings.node, &token, version, Utc::now()).await? {
+        match slots::claim(&t.store, &cx.settings.node, &token, version, Utc::now()).await? {
             ClaimOutcome::Claimed | ClaimOutcome::AlreadyHeld => {
                 let claimed = Report::new(
                     Phase::Claimed,
@@ -118,9 +111,7 @@ pub(in crate::agent) async fn tick_claim(
 
 /// The claim held through a long silence is given up for a fresh one.
 pub(in crate::agent) async fn tick_forfeit(
-    cx: &Agent,
-    ch: &Channel,
-    store: &KubeChannelStore,
+    t: &Tick<'_>,
     version: &str,
 ) -> Result<Done, AgentError> {
     let said = Say::warn(
@@ -128,7 +119,7 @@ pub(in crate::agent) async fn tick_forfeit(
         "this agent was silent too long while holding a slot; claiming afresh with a new token"
             .into(),
     );
-    Ok(tick_claim(cx, ch, store, version).await?.after(vec![said]))
+    Ok(tick_claim(t, version).await?.after(vec![said]))
 }
 
 /// The slot is `RollingBack` and the node still runs the failed `version`: reboot back.
@@ -147,19 +138,16 @@ pub(in crate::agent) fn tick_reboot_back(version: &str) -> Done {
 /// Back on the old slot after trying `version`: report why (as the boot-assessment core
 /// recorded it, not a guess from which slot booted), uncordon, record the failure.
 pub(in crate::agent) async fn tick_rolled_back(
-    cx: &Agent,
-    ch: &Channel,
-    store: &KubeChannelStore,
-    view: &NodeView,
-    token: &str,
+    t: &Tick<'_>,
     version: &str,
 ) -> Result<Done, AgentError> {
+    let Tick { cx, ch, view, .. } = *t;
     let (event, reason) = rolled_back_reason(version, view.update.failed_trial.as_ref());
     let mut said = vec![Say::warn(event, reason.clone())];
     said.extend(cx.undo_cordon().await?);
     cx.clients.metrics.count(Outcome::Rollback);
     let out = cx
-        .record_failure(store, Some(token), version, &reason, false)
+        .record_failure(&t.store, Some(&t.token), version, &reason, false)
         .await?;
     said.extend(publish::failure_recorded(
         ch,
@@ -171,13 +159,9 @@ pub(in crate::agent) async fn tick_rolled_back(
 }
 
 /// Back on the old slot after a rollback already recorded: uncordon and release.
-pub(in crate::agent) async fn tick_finish_rollback(
-    cx: &Agent,
-    store: &KubeChannelStore,
-    token: &str,
-) -> Result<Done, AgentError> {
+pub(in crate::agent) async fn tick_finish_rollback(t: &Tick<'_>) -> Result<Done, AgentError> {
     const BACK: &str = "back on the old slot after a failed update";
-    let said = cx.give_back(store, token, BACK).await?;
+    let said = t.cx.give_back(&t.store, &t.token, BACK).await?;
     let report = Report::new(
         Phase::Failed,
         BACK,
@@ -187,13 +171,8 @@ pub(in crate::agent) async fn tick_finish_rollback(
 }
 
 /// A held slot with nothing left to do: uncordon and release.
-pub(in crate::agent) async fn tick_release(
-    cx: &Agent,
-    store: &KubeChannelStore,
-    token: &str,
-    reason: &str,
-) -> Result<Done, AgentError> {
-    let said = cx.give_back(store, token, reason).await?;
+pub(in crate::agent) async fn tick_release(t: &Tick<'_>, reason: &str) -> Result<Done, AgentError> {
+    let said = t.cx.give_back(&t.store, &t.token, reason).await?;
     Ok(Done::then(Then::Again).after(said))
 }
 

@@ -10,11 +10,11 @@
 use chrono::Utc;
 
 use super::actions;
-use super::decide::{Action, Inputs, Need, NodeView, PinVerdict, Step, Verdict};
+use super::decide::{Action, Inputs, Need, PinVerdict, Step, Verdict};
 use super::observe::Ready;
 use super::steps;
+use super::tick::Tick;
 use crate::agent::channel::crd::SlotPhase;
-use crate::agent::channel::listing::Channel;
 use crate::agent::cluster::publish::{Done, Mark, Then};
 use crate::agent::context::{Agent, Next};
 use crate::agent::errors::AgentError;
@@ -35,21 +35,23 @@ pub async fn reconcile(cx: &Agent) -> Result<Next, AgentError> {
     let Some(Ready { channel, view }) = ready else {
         return Ok(Next::Wait);
     };
-    let step = decide(cx, &channel, &view).await?;
+    let t = Tick::new(cx, &channel, &view);
+    let step = decide(&t).await?;
     tracing::debug!(?step, channel = %channel.name(), "decided");
     if step.undo_cordon {
         if let Some(said) = cx.undo_cordon().await? {
             cx.say(&channel, said).await;
         }
     }
-    let done = execute(cx, &channel, &view, step).await?;
-    carry_out(cx, &channel, done).await
+    let done = execute(&t, step).await?;
+    carry_out(&t, done).await
 }
 
 /// Publish what a tick did, once and in order (its conditions and annotations, its Events,
 /// its phase), then do what follows it.
-async fn carry_out(cx: &Agent, ch: &Channel, done: Done) -> Result<Next, AgentError> {
-    mark(cx, ch, done.marks).await?;
+async fn carry_out(t: &Tick<'_>, done: Done) -> Result<Next, AgentError> {
+    let Tick { cx, ch, .. } = *t;
+    mark(t, done.marks).await?;
     cx.say_all(ch, done.said).await;
     if let Some(report) = done.report {
         cx.publish(ch, report).await?;
@@ -65,7 +67,8 @@ async fn carry_out(cx: &Agent, ch: &Channel, done: Done) -> Result<Next, AgentEr
 }
 
 /// Publish `marks` in order: conditions and annotations.
-async fn mark(cx: &Agent, ch: &Channel, marks: Vec<Mark>) -> Result<(), AgentError> {
+async fn mark(t: &Tick<'_>, marks: Vec<Mark>) -> Result<(), AgentError> {
+    let Tick { cx, ch, .. } = *t;
     for mark in marks {
         match mark {
             Mark::StageDeadline(miss) => super::thin_report::report_miss(cx, ch, miss).await,
@@ -79,7 +82,8 @@ async fn mark(cx: &Agent, ch: &Channel, marks: Vec<Mark>) -> Result<(), AgentErr
 /// The decision for `view` under `ch`, with the inputs it asks for gathered (the release a
 /// pinned version's own check resolved among them: a stage of it carries it in
 /// [`Action::Stage`], and does not resolve the channel again).
-async fn decide(cx: &Agent, ch: &Channel, view: &NodeView) -> Result<Step, AgentError> {
+async fn decide(t: &Tick<'_>) -> Result<Step, AgentError> {
+    let Tick { cx, ch, view, .. } = *t;
     let now = Utc::now();
     let stage_now = cx.settings.clock.now();
     let (claim_not_before, stage_not_before) =
@@ -94,7 +98,7 @@ async fn decide(cx: &Agent, ch: &Channel, view: &NodeView) -> Result<Step, Agent
     loop {
         let step = super::decide::step(ch, &ch.policy, view, &inputs);
         match step.action {
-            Action::Gather(Need::Gates) => inputs.gates = gates_verdict(cx, ch).await,
+            Action::Gather(Need::Gates) => inputs.gates = gates_verdict(t).await,
             Action::Gather(Need::OwnLatest) => {
                 let url = ch.spec.url.clone();
                 let seed = crate::agent::channel::fleet_waves::cluster_seed(ch);
@@ -127,7 +131,8 @@ async fn decide(cx: &Agent, ch: &Channel, view: &NodeView) -> Result<Step, Agent
 }
 
 /// What the pre-reboot gates of `ch` say about a claim now ([`crate::agent::channel::gates`]).
-async fn gates_verdict(cx: &Agent, ch: &Channel) -> Verdict {
+async fn gates_verdict(t: &Tick<'_>) -> Verdict {
+    let Tick { cx, ch, .. } = *t;
     let Ok(policy) = ch.policy.as_ref() else {
         return Verdict::Open;
     };
@@ -145,22 +150,15 @@ async fn gates_verdict(cx: &Agent, ch: &Channel) -> Verdict {
 
 /// Carry out `step`'s action, one function each; a waiting one is worded by
 /// [`super::waits`]. Returns what happened, for [`carry_out`] to publish.
-pub(in crate::agent) async fn execute(
-    cx: &Agent,
-    ch: &Channel,
-    view: &NodeView,
-    step: Step,
-) -> Result<Done, AgentError> {
+pub(in crate::agent) async fn execute(t: &Tick<'_>, step: Step) -> Result<Done, AgentError> {
     if let Some(report) = super::waits::report(&step.action, Utc::now()) {
         return Ok(Done::report(report, Then::Wait));
     }
-    let store = cx.store(ch.name());
-    let token = view.token.clone().unwrap_or_default();
     match step.action {
-        Action::Idle(reason) => actions::tick_idle(cx, ch, reason).await,
-        Action::Invalid(msg) => Ok(actions::tick_invalid(ch, &msg)),
+        Action::Idle(reason) => actions::tick_idle(t, reason).await,
+        Action::Invalid(msg) => Ok(actions::tick_invalid(t.ch, &msg)),
         Action::Stage { version, release } => match step.stage {
-            Some(plan) => stage(cx, ch, view, &version, plan, release.map(|r| *r)).await,
+            Some(plan) => stage(t, &version, plan, release.map(|r| *r)).await,
             None => Ok(Done::then(Then::Wait)),
         },
         // Reported above; a stage back-off is waited out quietly.
@@ -175,27 +173,21 @@ pub(in crate::agent) async fn execute(
         | Action::ClaimBackingOff { .. }
         | Action::StageWaiting { .. }
         | Action::StageBackingOff { .. } => Ok(Done::then(Then::Wait)),
-        Action::DropWithdrawn { version } => super::withdrawn::tick_drop(cx, ch, &version).await,
+        Action::DropWithdrawn { version } => super::withdrawn::tick_drop(t, &version).await,
         // decide() answered the facts it needs before returning.
         Action::Gather(_) => Ok(Done::then(Then::Again)),
         // The claim itself is a compare-and-swap on a fresh read.
-        Action::Claim { version } => actions::tick_claim(cx, ch, &store, &version).await,
-        Action::Forfeit { version } => actions::tick_forfeit(cx, ch, &store, &version).await,
+        Action::Claim { version } => actions::tick_claim(t, &version).await,
+        Action::Forfeit { version } => actions::tick_forfeit(t, &version).await,
         Action::Continue { phase, version } => match phase {
-            SlotPhase::Claimed | SlotPhase::Draining => {
-                steps::disrupt(cx, ch, &store, view, &token, &version).await
-            }
-            SlotPhase::Rebooting => steps::flip_and_reboot(cx, ch, &store, &token, &version).await,
+            SlotPhase::Claimed | SlotPhase::Draining => steps::disrupt(t, &version).await,
+            SlotPhase::Rebooting => steps::flip_and_reboot(t, &version).await,
             SlotPhase::RollingBack => Ok(actions::tick_reboot_back(&version)),
         },
-        Action::Confirm { version, held } => {
-            steps::confirm(cx, ch, &store, &token, &version, held).await
-        }
-        Action::RolledBack { version } => {
-            actions::tick_rolled_back(cx, ch, &store, view, &token, &version).await
-        }
-        Action::FinishRollback => actions::tick_finish_rollback(cx, &store, &token).await,
-        Action::Release { reason } => actions::tick_release(cx, &store, &token, &reason).await,
+        Action::Confirm { version, held } => steps::confirm(t, &version, held).await,
+        Action::RolledBack { version } => actions::tick_rolled_back(t, &version).await,
+        Action::FinishRollback => actions::tick_finish_rollback(t).await,
+        Action::Release { reason } => actions::tick_release(t, &reason).await,
     }
 }
 
@@ -205,30 +197,29 @@ pub(in crate::agent) async fn execute(
 /// fetched by then: waiting is published, a next stretch that begins at once goes on at the
 /// next reconcile.
 async fn stage(
-    cx: &Agent,
-    ch: &Channel,
-    view: &NodeView,
+    t: &Tick<'_>,
     version: &str,
     plan: super::decide::StagePlan,
     resolved: Option<Release>,
 ) -> Result<Done, AgentError> {
+    let Tick { cx, ch, .. } = *t;
     let now = cx.settings.clock.now();
     // Published before the first byte: the target and the announcement, then what the
     // resolved release's preview says (and the deadline it implies).
     let (target, announcement) = super::staging::announcement(ch, version);
-    mark(cx, ch, vec![target]).await?;
+    mark(t, vec![target]).await?;
     cx.announce(ch, Vec::new(), announcement).await?;
-    let ready = super::staging::prepare(cx, ch, version, plan, resolved).await;
+    let ready = super::staging::prepare(t, version, plan, resolved).await;
     if let Ok(r) = &ready {
         if let Some(p) = &r.preview {
             super::thin_report::publish_preview(cx, ch, p).await;
         }
-        mark(cx, ch, r.deadline.clone().into_iter().collect()).await?;
+        mark(t, r.deadline.clone().into_iter().collect()).await?;
     }
-    match super::staging::run(cx, ch, version, now, ready).await? {
+    match super::staging::run(t, version, now, ready).await? {
         super::staging::Staging::Done(done) => Ok(done),
         super::staging::Staging::Stopped(marks) => {
-            let step = decide(cx, ch, view).await?;
+            let step = decide(t).await?;
             let done = match super::waits::report(&step.action, Utc::now()) {
                 Some(report) if matches!(step.action, Action::StageWaiting { .. }) => {
                     Done::report(report, Then::Wait)

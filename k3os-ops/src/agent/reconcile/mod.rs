@@ -5,7 +5,9 @@
 //! bookkeeping ticks ([`actions`]), the stage ([`staging`]) and the disruptive steps
 //! ([`steps`]), the reports about unusable channels ([`invalid`]), a boot not assessed yet
 //! ([`assessment`]), the stage preview with its deadline condition ([`thin_report`]) and the
-//! drop of a withdrawn staged release ([`withdrawn`]).
+//! drop of a withdrawn staged release ([`withdrawn`]). Each step is handed one [`tick::Tick`]
+//! (the agent, the channel, the node's view, its slot store and token) and returns what it
+//! did for the controller to publish.
 
 pub mod actions;
 pub mod assessment;
@@ -16,5 +18,6 @@ pub mod observe;
 pub mod staging;
 pub mod steps;
 pub mod thin_report;
+pub mod tick;
 pub mod waits;
 pub mod withdrawn;

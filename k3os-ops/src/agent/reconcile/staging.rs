@@ -21,6 +21,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::decide::StagePlan;
+use super::tick::Tick;
 use crate::agent::channel::format::{ANN_PROGRESS, ANN_TARGET};
 use crate::agent::channel::listing::Channel;
 use crate::agent::channel::thin::Miss;
@@ -82,19 +83,19 @@ pub(in crate::agent) struct Ready {
 /// resolved, a pinned version's own check, taken instead of resolving again) and preview its
 /// stage as `plan` allows.
 pub(in crate::agent) async fn prepare(
-    cx: &Agent,
-    ch: &Channel,
+    t: &Tick<'_>,
     version: &str,
     plan: StagePlan,
     release: Option<Release>,
 ) -> Result<Ready, AgentError> {
+    let cx = t.cx;
     let StagePlan {
         schedule,
         max_bytes,
         day,
         fetched_today: used,
     } = plan;
-    let req = request(cx, ch, version, schedule, max_bytes);
+    let req = request(t, version, schedule, max_bytes);
     let (rel, opts, preview) = cx
         .blocking(move |ops| {
             let rel = for_stage(ops, &req, release)?;
@@ -102,9 +103,7 @@ pub(in crate::agent) async fn prepare(
             Ok((rel, req.options, preview))
         })
         .await?;
-    let deadline = preview
-        .as_ref()
-        .and_then(|p| deadline(cx, ch, p.fetch, used));
+    let deadline = preview.as_ref().and_then(|p| deadline(t, p.fetch, used));
     Ok(Ready {
         preview,
         deadline,
@@ -117,12 +116,12 @@ pub(in crate::agent) async fn prepare(
 /// Stage what [`prepare`] made `ready` (or its failure), started at `now`; returns how it
 /// ended, for the controller to publish.
 pub(in crate::agent) async fn run(
-    cx: &Agent,
-    ch: &Channel,
+    t: &Tick<'_>,
     version: &str,
     now: DateTime<Utc>,
     ready: Result<Ready, AgentError>,
 ) -> Result<Staging, AgentError> {
+    let cx = t.cx;
     let result = match ready {
         Ok(r) => stage_with_progress(cx, r.rel, r.opts, r.book_on).await,
         Err(e) => Err(e),
@@ -132,7 +131,7 @@ pub(in crate::agent) async fn run(
         Ok(StageEnd::Staged { .. }) => Ok(Staging::Done(staged(cx, version).marked(stale))),
         Ok(StageEnd::Stopped { why, left, .. }) => {
             cx.remember(|m| m.stages.succeeded());
-            let mut marks = stopped(cx, ch, version, why, left).await?;
+            let mut marks = stopped(t, version, why, left).await?;
             marks.extend(stale);
             Ok(Staging::Stopped(marks))
         }
@@ -147,12 +146,12 @@ pub(in crate::agent) async fn run(
 /// with `spec.ignoreRollout`). The node adds its offline-bundle
 /// directory.
 fn request(
-    cx: &Agent,
-    ch: &Channel,
+    t: &Tick<'_>,
     version: &str,
     schedule: Option<libupgrade::Schedule>,
     max_bytes: Option<u64>,
 ) -> StageRequest {
+    let Tick { cx, ch, .. } = *t;
     let policy = ch.policy.as_ref().ok();
     let req = StageRequest {
         // The cluster's place in the channel's fleet rollouts, as every agent of it resolves.
@@ -189,7 +188,8 @@ fn request(
 
 /// Whether `left` bytes can arrive before the next maintenance window: the condition (None:
 /// the channel has no thin-link policy to judge by).
-fn deadline(cx: &Agent, ch: &Channel, left: u64, used: u64) -> Option<Mark> {
+fn deadline(t: &Tick<'_>, left: u64, used: u64) -> Option<Mark> {
+    let Tick { cx, ch, .. } = *t;
     let policy = ch.policy.as_ref().ok()?;
     let now = cx.settings.clock.now();
     let miss = miss(&policy.thin, policy.next_window_start(now), left, now, used);
@@ -233,12 +233,12 @@ fn staged(cx: &Agent, version: &str) -> Done {
 /// A clean stop at the quota or the end of the open windows: the deadline judged again with
 /// what is left (the controller decides how long to wait).
 async fn stopped(
-    cx: &Agent,
-    ch: &Channel,
+    t: &Tick<'_>,
     version: &str,
     why: Stop,
     left: u64,
 ) -> Result<Vec<Mark>, AgentError> {
+    let Tick { cx, ch, .. } = *t;
     tracing::info!("staging {version} stopped ({why})");
     let Ok(policy) = ch.policy.as_ref() else {
         return Ok(Vec::new());
@@ -249,7 +249,7 @@ async fn stopped(
         Some(d) => cx.blocking(move |ops| ops.fetched_on(d)).await?,
         None => 0,
     };
-    Ok(deadline(cx, ch, left, used).into_iter().collect())
+    Ok(deadline(t, left, used).into_iter().collect())
 }
 
 /// A failed stage: counted, and the next one backs off ([`crate::agent::cooldown`]).

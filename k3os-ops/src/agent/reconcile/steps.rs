@@ -11,13 +11,12 @@ use std::time::Duration;
 use chrono::Utc;
 use kube::ResourceExt;
 
-use super::decide::NodeView;
+use super::tick::Tick;
 use crate::agent::channel::crd::SlotPhase;
 use crate::agent::channel::format::{ANN_CORDONED, ANN_PROGRESS};
 use crate::agent::channel::listing::Channel;
 use crate::agent::channel::spec::Policy;
 use crate::agent::cluster::drain;
-use crate::agent::cluster::kube_store::KubeChannelStore;
 use crate::agent::cluster::publish::{self, Done, Report, Say, Then};
 use crate::agent::cluster::slots::{self, FenceOutcome};
 use crate::agent::context::Agent;
@@ -35,16 +34,12 @@ pub(in crate::agent) fn back_off_claims(cx: &Agent) {
 
 /// Fence the slot at `Rebooting` before `step`: `Some(done)` when it was lost and the
 /// update aborted ([`abort_lost`]).
-async fn fence_rebooting_or_abort(
-    cx: &Agent,
-    store: &KubeChannelStore,
-    token: &str,
-    step: &str,
-) -> Result<Option<Done>, AgentError> {
+async fn fence_rebooting_or_abort(t: &Tick<'_>, step: &str) -> Result<Option<Done>, AgentError> {
+    let cx = t.cx;
     let fenced = slots::fence(
-        store,
+        &t.store,
         &cx.settings.node,
-        token,
+        &t.token,
         SlotPhase::Rebooting,
         None,
         Utc::now(),
@@ -69,19 +64,13 @@ pub(in crate::agent) async fn abort_lost(cx: &Agent, step: &str) -> Result<Done,
 }
 
 /// Cordon (unless the node was unschedulable already) and drain, then flip and reboot.
-pub(in crate::agent) async fn disrupt(
-    cx: &Agent,
-    ch: &Channel,
-    store: &KubeChannelStore,
-    view: &NodeView,
-    token: &str,
-    version: &str,
-) -> Result<Done, AgentError> {
+pub(in crate::agent) async fn disrupt(t: &Tick<'_>, version: &str) -> Result<Done, AgentError> {
+    let Tick { cx, ch, view, .. } = *t;
     let policy = channel_policy(ch)?;
     let entry = match slots::fence(
-        store,
+        &t.store,
         &cx.settings.node,
-        token,
+        &t.token,
         SlotPhase::Draining,
         Some(view.unschedulable),
         Utc::now(),
@@ -98,12 +87,12 @@ pub(in crate::agent) async fn disrupt(
         said.push(Say::info("Cordoned", "cordoned the node".into()));
     }
     if !ch.spec.drain.skip {
-        match drain_or_give_up(cx, ch, store, token, policy, said).await? {
+        match drain_or_give_up(t, policy, said).await? {
             Drained::Yes(events) => said = events,
             Drained::GaveUp(done) => return Ok(done),
         }
     }
-    flip_then_reboot(cx, ch, store, token, version, said).await
+    flip_then_reboot(t, version, said).await
 }
 
 /// How a drain ended.
@@ -117,13 +106,11 @@ enum Drained {
 /// Drain the node (announced first, with the Events `said` so far: it can take long); when
 /// the drain fails, give this update attempt up (back off, uncordon, release the slot).
 async fn drain_or_give_up(
-    cx: &Agent,
-    ch: &Channel,
-    store: &KubeChannelStore,
-    token: &str,
+    t: &Tick<'_>,
     policy: &Policy,
     said: Vec<Say>,
 ) -> Result<Drained, AgentError> {
+    let Tick { cx, ch, .. } = *t;
     let draining = Report::new(
         Phase::Draining,
         format!("evicting pods (timeout {:?})", policy.drain_timeout),
@@ -156,7 +143,7 @@ async fn drain_or_give_up(
             back_off_claims(cx);
             let failed = Say::warn("DrainFailed", format!("{e}; giving up this update attempt"));
             let mut said = vec![failed];
-            said.extend(cx.give_back(store, token, "the drain failed").await?);
+            said.extend(cx.give_back(&t.store, &t.token, "the drain failed").await?);
             let report = Report::quiet(Phase::DrainFailed, e.to_string());
             Ok(Drained::GaveUp(
                 Done::report(report, Then::Wait).after(said),
@@ -168,25 +155,20 @@ async fn drain_or_give_up(
 /// Flip the bootloader to the staged slot and reboot into it (the slot was fenced at
 /// `Rebooting` before: a restarted agent continues here).
 pub(in crate::agent) async fn flip_and_reboot(
-    cx: &Agent,
-    ch: &Channel,
-    store: &KubeChannelStore,
-    token: &str,
+    t: &Tick<'_>,
     version: &str,
 ) -> Result<Done, AgentError> {
-    flip_then_reboot(cx, ch, store, token, version, Vec::new()).await
+    flip_then_reboot(t, version, Vec::new()).await
 }
 
 /// [`flip_and_reboot`] after the steps that said `said`.
 async fn flip_then_reboot(
-    cx: &Agent,
-    ch: &Channel,
-    store: &KubeChannelStore,
-    token: &str,
+    t: &Tick<'_>,
     version: &str,
     mut said: Vec<Say>,
 ) -> Result<Done, AgentError> {
-    if let Some(done) = fence_rebooting_or_abort(cx, store, token, "the bootloader flip").await? {
+    let Tick { cx, ch, .. } = *t;
+    if let Some(done) = fence_rebooting_or_abort(t, "the bootloader flip").await? {
         return Ok(done.after(said));
     }
     let policy = channel_policy(ch)?;
@@ -199,7 +181,7 @@ async fn flip_then_reboot(
         let message = crate::agent::errors::message(&e);
         said.push(Say::warn("ActivateFailed", message.clone()));
         said.extend(
-            cx.give_back(store, token, "the bootloader flip failed")
+            cx.give_back(&t.store, &t.token, "the bootloader flip failed")
                 .await?,
         );
         let report = Report::quiet(Phase::ActivateFailed, message);
@@ -210,7 +192,7 @@ async fn flip_then_reboot(
         format!("the bootloader tries {version} at the next boot"),
     ));
     // Last fence before the point of no return.
-    if let Some(done) = fence_rebooting_or_abort(cx, store, token, "the reboot").await? {
+    if let Some(done) = fence_rebooting_or_abort(t, "the reboot").await? {
         return Ok(done.after(said));
     }
     let rebooting = Report::new(
@@ -234,13 +216,11 @@ pub(in crate::agent) async fn node_ready(cx: &Agent) -> Result<bool, AgentError>
 /// After the trial boot: announce the health checks, wait for Node-Ready, let the
 /// boot-assessment core judge, and carry out its verdict.
 pub(in crate::agent) async fn confirm(
-    cx: &Agent,
-    ch: &Channel,
-    store: &KubeChannelStore,
-    token: &str,
+    t: &Tick<'_>,
     version: &str,
     held: bool,
 ) -> Result<Done, AgentError> {
+    let Tick { cx, ch, .. } = *t;
     let confirming = Report::new(
         Phase::Confirming,
         format!("checking health of {version}"),
@@ -257,13 +237,11 @@ pub(in crate::agent) async fn confirm(
     // already — record only) and we carry out its verdict.
     let node_ready = await_node_ready(cx, version).await?;
     let verdict = cx.blocking(move |ops| ops.confirm(node_ready)).await?;
-    let token = held.then_some(token);
+    let token = held.then_some(t.token.as_str());
     match verdict {
-        ConfirmResult::Healthy => confirmed(cx, store, token, version).await,
-        ConfirmResult::RolledBack(reason) => {
-            rolled_back(cx, ch, store, token, version, &reason).await
-        }
-        ConfirmResult::Unhealthy(reason) => unhealthy(cx, ch, store, token, version, &reason).await,
+        ConfirmResult::Healthy => confirmed(t, token, version).await,
+        ConfirmResult::RolledBack(reason) => rolled_back(t, token, version, &reason).await,
+        ConfirmResult::Unhealthy(reason) => unhealthy(t, token, version, &reason).await,
     }
 }
 
@@ -290,16 +268,12 @@ async fn await_node_ready(cx: &Agent, version: &str) -> Result<CheckResult, Agen
 }
 
 /// The core blessed `version`: uncordon, release the slot (`token`: held).
-async fn confirmed(
-    cx: &Agent,
-    store: &KubeChannelStore,
-    token: Option<&str>,
-    version: &str,
-) -> Result<Done, AgentError> {
+async fn confirmed(t: &Tick<'_>, token: Option<&str>, version: &str) -> Result<Done, AgentError> {
+    let cx = t.cx;
     cx.remember(|m| m.claims.succeeded());
     let mut said: Vec<Say> = cx.undo_cordon().await?.into_iter().collect();
     let released = match token {
-        Some(t) => slots::release(store, &cx.settings.node, t, Utc::now()).await?,
+        Some(token) => slots::release(&t.store, &cx.settings.node, token, Utc::now()).await?,
         None => false,
     };
     cx.annotate(&[(ANN_PROGRESS, None)]).await?;
@@ -315,16 +289,15 @@ async fn confirmed(
 
 /// The core rolled back (health failed before the bless): record it, reboot back.
 async fn rolled_back(
-    cx: &Agent,
-    ch: &Channel,
-    store: &KubeChannelStore,
+    t: &Tick<'_>,
     token: Option<&str>,
     version: &str,
     reason: &str,
 ) -> Result<Done, AgentError> {
+    let Tick { cx, ch, .. } = *t;
     cx.clients.metrics.count(Outcome::Rollback);
     let out = cx
-        .record_failure(store, token, version, reason, true)
+        .record_failure(&t.store, token, version, reason, true)
         .await?;
     let report = Report::new(
         Phase::RollingBack,
@@ -341,18 +314,17 @@ async fn rolled_back(
 /// Blessed already (or nothing good to return to): nothing rolls back after a bless. Record
 /// the failure so the channel's budget sees it, give the node back and release the slot.
 async fn unhealthy(
-    cx: &Agent,
-    ch: &Channel,
-    store: &KubeChannelStore,
+    t: &Tick<'_>,
     token: Option<&str>,
     version: &str,
     reason: &str,
 ) -> Result<Done, AgentError> {
+    let Tick { cx, ch, .. } = *t;
     // Uncordon first: a node is never left cordoned by us without a slot.
     let mut said: Vec<Say> = cx.undo_cordon().await?.into_iter().collect();
     // Recorded with the token, the slot is released in the same write.
     let out = cx
-        .record_failure(store, token, version, reason, false)
+        .record_failure(&t.store, token, version, reason, false)
         .await?;
     let report = Report::new(
         Phase::Unhealthy,

@@ -9,20 +9,16 @@
 //! only that node's slot. Not the stage tick: a node whose target is the release it already runs
 //! never stages again, and would keep the withdrawn slot staged.
 
+use super::tick::Tick;
 use crate::agent::channel::fleet_waves::cluster_seed;
-use crate::agent::channel::listing::Channel;
 use crate::agent::cluster::publish::{Done, Say, Then};
-use crate::agent::context::Agent;
 use crate::agent::errors::AgentError;
 
 /// Drop the staged, withdrawn `version` of `ch`: the Event `WithdrawnDropped` when the slot was
 /// marked bad (decided again at once), else a warning once (the node's own metadata does not
 /// withdraw it) and a wait.
-pub(in crate::agent) async fn tick_drop(
-    cx: &Agent,
-    ch: &Channel,
-    version: &str,
-) -> Result<Done, AgentError> {
+pub(in crate::agent) async fn tick_drop(t: &Tick<'_>, version: &str) -> Result<Done, AgentError> {
+    let Tick { cx, ch, .. } = *t;
     let url = ch.spec.url.clone();
     let seed = cluster_seed(ch);
     let dropped = cx

@@ -2,6 +2,8 @@
 //! decoded inode and directory tables, the fragment, export and id tables' entries, and where
 //! the xattr tables lie.
 
+use byteorder::{ByteOrder, LittleEndian as LE};
+
 use super::meta::{self, Stream};
 use super::tree::{self, Sites};
 use crate::patch::codec::BlockDecompressor;
@@ -18,28 +20,11 @@ pub const UNCOMPRESSED_FRAGMENTS: u16 = 0x0008;
 /// Flag: the id table stored uncompressed.
 pub const UNCOMPRESSED_IDS: u16 = 0x0800;
 
-/// Superblock field offsets the re-pack rewrites.
-pub mod at {
-    /// Root inode reference.
-    pub const ROOT: usize = 32;
-    /// Bytes used.
-    pub const BYTES_USED: usize = 40;
-    /// Id table index.
-    pub const ID: usize = 48;
-    /// Xattr id table header.
-    pub const XATTR: usize = 56;
-    /// Inode table.
-    pub const INODES: usize = 64;
-    /// Directory table.
-    pub const DIRS: usize = 72;
-    /// Fragment table index.
-    pub const FRAGMENTS: usize = 80;
-    /// Export table index.
-    pub const EXPORT: usize = 88;
-}
+/// Superblock field offsets the re-pack rewrites ([`crate::sqcheck`] reads them).
+pub use crate::sqcheck::at;
 
 fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+    LE::read_u64(&b[o..])
 }
 
 /// The xattr tables: key/value blocks and id blocks copied as they are, their header and
@@ -85,6 +70,8 @@ pub struct Parsed {
     pub ids: Vec<u8>,
     /// The xattr tables, when the image has them.
     pub xattrs: Option<Xattrs>,
+    /// Bytes of the image in use, as its superblock says (what follows is padding).
+    pub bytes_used: u64,
 }
 
 /// Take `img` apart. Errors are sentences with offsets.
@@ -103,12 +90,12 @@ pub fn parse(img: &[u8]) -> Result<Parsed, String> {
             img.len()
         ));
     }
-    let flags = u16::from_le_bytes([img[24], img[25]]);
+    let flags = sb.flags;
     let mut dec = BlockDecompressor::new();
     let (level, data_start) = options(img, flags, &mut dec)?;
-    let frag_count = u32::from_le_bytes(img[16..20].try_into().expect("4 bytes")) as usize;
-    let (frag_start, export_start) = (u64_at(img, at::FRAGMENTS), u64_at(img, at::EXPORT));
-    let xattrs = xattrs(img, u64_at(img, at::XATTR))?;
+    let frag_count = sb.fragment_count as usize;
+    let (frag_start, export_start) = (sb.fragment_table_start, sb.export_table_start);
+    let xattrs = xattrs(img, sb.xattr_table_start)?;
     let dirs_end = dirs_end(img, &sb, frag_start, frag_count, export_start, &xattrs)?;
     let inodes = meta::read_run(
         img,
@@ -135,6 +122,7 @@ pub fn parse(img: &[u8]) -> Result<Parsed, String> {
         export: t.export,
         ids: t.ids,
         xattrs,
+        bytes_used: sb.bytes_used,
     })
 }
 
@@ -152,19 +140,14 @@ fn tail_tables(
     frag_count: usize,
     dec: &mut BlockDecompressor,
 ) -> Result<Tail, String> {
-    let (frag_start, export_start) = (u64_at(img, at::FRAGMENTS), u64_at(img, at::EXPORT));
+    let (frag_start, export_start) = (sb.fragment_table_start, sb.export_table_start);
     let fragments = if frag_count == 0 {
         Vec::new()
     } else {
         let (b, _) = meta::read_indexed(img, frag_start, frag_count * 16, dec)
             .map_err(|e| format!("fragment table: {e}"))?;
         b.chunks_exact(16)
-            .map(|e| {
-                (
-                    u64_at(e, 0),
-                    u32::from_le_bytes(e[8..12].try_into().expect("4")),
-                )
-            })
+            .map(|e| (u64_at(e, 0), LE::read_u32(&e[8..])))
             .collect()
     };
     let export = if flags & EXPORTABLE != 0 && export_start != INVALID {
@@ -195,7 +178,7 @@ fn options(img: &[u8], flags: u16, dec: &mut BlockDecompressor) -> Result<(i32, 
     let l = opts
         .get(..4)
         .ok_or("compressor options shorter than 4 bytes")?;
-    Ok((i32::from_le_bytes(l.try_into().expect("4 bytes")), end))
+    Ok((LE::read_i32(l), end))
 }
 
 fn xattrs(img: &[u8], header: u64) -> Result<Option<Xattrs>, String> {
@@ -207,7 +190,7 @@ fn xattrs(img: &[u8], header: u64) -> Result<Option<Xattrs>, String> {
         .get(at..at.saturating_add(16))
         .ok_or_else(|| format!("xattr table header at {header} is past the image"))?;
     let kv_start = u64_at(h, 0);
-    let ids = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+    let ids = LE::read_u32(&h[8..]);
     let n = (ids as usize * 16).div_ceil(meta::METADATA_SIZE);
     let index = img
         .get(at + 16..(at + 16).saturating_add(n * 8))

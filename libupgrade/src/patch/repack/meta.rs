@@ -3,6 +3,8 @@
 //! blocks with the same uncompressed partition, so that an offset inside a block stays valid
 //! and only the blocks' positions move.
 
+use byteorder::{ByteOrder, LittleEndian as LE};
+
 use crate::patch::codec::{BlockCompressor, BlockDecompressor};
 
 /// Uncompressed bytes of a full metadata block.
@@ -62,7 +64,7 @@ pub fn block(
     let h = img
         .get(at..at.saturating_add(2))
         .ok_or_else(|| format!("metadata block header at {pos} is past the image"))?;
-    let h = u16::from_le_bytes([h[0], h[1]]);
+    let h = LE::read_u16(h);
     let len = usize::from(h & !RAW);
     if len == 0 || len > METADATA_SIZE {
         return Err(format!(
@@ -123,7 +125,7 @@ pub fn read_indexed(
     let mut first = index;
     let mut next = None;
     for (i, p) in ptrs.chunks_exact(8).enumerate() {
-        let p = u64::from_le_bytes(p.try_into().expect("8 bytes"));
+        let p = LE::read_u64(p);
         if i == 0 {
             first = p;
         } else if next != Some(p) {

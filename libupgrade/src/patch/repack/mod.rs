@@ -152,7 +152,7 @@ pub(crate) fn repack_bytes(img: &[u8]) -> Result<(Vec<u8>, RepackStats), String>
     )?;
     let mut out = write::image(img, &p, &d)?;
     let used = out.len() as u64;
-    if img.len() as u64 > u64_at(img, layout::at::BYTES_USED) {
+    if img.len() as u64 > p.bytes_used {
         out.resize(used.next_multiple_of(4096) as usize, 0); // mksquashfs' padding
     }
     let stats = RepackStats {
@@ -164,10 +164,6 @@ pub(crate) fn repack_bytes(img: &[u8]) -> Result<(Vec<u8>, RepackStats), String>
         time: Duration::ZERO,
     };
     Ok((out, stats))
-}
-
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
 }
 
 /// `new` lists the same files (in walk order, same sizes) and fragments as `old`, and every

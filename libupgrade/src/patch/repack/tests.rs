@@ -246,14 +246,18 @@ fn damaged_or_other_images_are_refused_naming_what_and_where() {
     gz[20] = 1;
     assert!(refused(&gz).contains("only zstd"), "{}", refused(&gz));
     // The inode table's first block header claims more than a metadata block holds.
-    let it = u64_at(&img, layout::at::INODES) as usize;
+    let it = crate::sqcheck::superblock_of(&img)
+        .unwrap()
+        .inode_table_start as usize;
     let mut bad = img.clone();
     bad[it..it + 2].copy_from_slice(&0x7fffu16.to_le_bytes());
     let e = refused(&bad);
     assert!(e.contains(&format!("metadata block at {it}")), "{e}");
     // A file's block list pointing into another block.
     let mut bad = img.clone();
-    let dt = u64_at(&img, layout::at::DIRS) as usize;
+    let dt = crate::sqcheck::superblock_of(&img)
+        .unwrap()
+        .directory_table_start as usize;
     bad[dt..dt + 2].copy_from_slice(&3u16.to_le_bytes());
     assert!(!refused(&bad).is_empty());
 }
@@ -265,8 +269,8 @@ fn damaged_metadata_never_panics_and_what_passes_still_checks() {
     let f = t.path().join("f.sq");
     mksquashfs(&t.path().join("t"), &f, 15);
     let img = fs::read(&f).unwrap();
-    let it = u64_at(&img, layout::at::INODES) as usize;
-    let used = u64_at(&img, layout::at::BYTES_USED) as usize;
+    let sb = crate::sqcheck::superblock_of(&img).unwrap();
+    let (it, used) = (sb.inode_table_start as usize, sb.bytes_used as usize);
     let mut seed = 7u64;
     for _ in 0..80 {
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);

@@ -2,6 +2,8 @@
 //! re-packed data region, the inode and directory tables with every moved offset rewritten,
 //! then the fragment, export, id and xattr tables.
 
+use byteorder::{ByteOrder, LittleEndian as LE};
+
 use super::data::Data;
 use super::layout::{at, Parsed, UNCOMPRESSED_FRAGMENTS, UNCOMPRESSED_IDS, UNCOMPRESSED_INODES};
 use super::meta::{self, Stream};
@@ -98,7 +100,7 @@ fn tables<'s>(p: &'s Parsed, inode_bytes: &[u8]) -> Result<Tables<'s>, String> {
     for round in 0..ROUNDS + 3 {
         let mut ib = inode_bytes.to_vec();
         for &s in &p.sites.dir_refs {
-            let old = u64::from_le_bytes([ib[s], ib[s + 1], ib[s + 2], ib[s + 3], 0, 0, 0, 0]);
+            let old = u64::from(LE::read_u32(&ib[s..]));
             put(&mut ib, s, dir_map.get(old)?, 4);
         }
         let mut inodes = Vec::new();
@@ -110,7 +112,7 @@ fn tables<'s>(p: &'s Parsed, inode_bytes: &[u8]) -> Result<Tables<'s>, String> {
         };
         let mut db = p.dirs.bytes.clone();
         for &s in &p.sites.inode_refs {
-            let old = u64::from_le_bytes([db[s], db[s + 1], db[s + 2], db[s + 3], 0, 0, 0, 0]);
+            let old = u64::from(LE::read_u32(&db[s..]));
             put(&mut db, s, inode_map.get(old)?, 4);
         }
         let mut dirs = Vec::new();

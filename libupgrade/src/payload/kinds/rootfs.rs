@@ -23,13 +23,10 @@ fn check(read: ReadAt, size: u64) -> Result<(), String> {
 /// The bytes of a copy (`len` long) that are its squashfs: the superblock's used bytes,
 /// padded to 4 KiB as mksquashfs pads the image, never past `len`.
 fn content_len(read: ReadAt, len: u64) -> Result<u64, NotContent> {
-    let mut sb = [0u8; 48];
-    read(0, &mut sb).map_err(|e| NotContent::Read("read superblock", e))?;
-    if &sb[0..4] != b"hsqs" {
-        return Err(NotContent::Not("holds no squashfs"));
-    }
-    let used = u64::from_le_bytes(sb[40..48].try_into().expect("8 bytes"));
-    Ok(used.div_ceil(4096).saturating_mul(4096).min(len))
+    let mut head = [0u8; crate::sqcheck::SUPERBLOCK_LEN];
+    read(0, &mut head).map_err(|e| NotContent::Read("read superblock", e))?;
+    let sb = crate::sqcheck::fields(&head).map_err(|_| NotContent::Not("holds no squashfs"))?;
+    Ok(sb.bytes_used.div_ceil(4096).saturating_mul(4096).min(len))
 }
 
 #[cfg(test)]
@@ -51,8 +48,8 @@ mod tests {
 
     #[test]
     fn a_copy_s_content_is_its_squashfs_padded_to_4k_within_the_copy() {
-        let mut sb = vec![0u8; 48];
-        sb[0..4].copy_from_slice(b"hsqs");
+        let mut sb = vec![0u8; crate::sqcheck::SUPERBLOCK_LEN];
+        sb[0..4].copy_from_slice(crate::sqcheck::MAGIC);
         sb[40..48].copy_from_slice(&5000u64.to_le_bytes());
         assert_eq!(content_len(&read_from(&sb), 1 << 20).unwrap(), 8192);
         assert_eq!(content_len(&read_from(&sb), 6000).unwrap(), 6000);
