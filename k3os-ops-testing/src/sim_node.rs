@@ -329,6 +329,7 @@ fn note(seed: Seed, waiting: Option<rollout::Waiting>, withdrawn: Vec<String>) -
         drop_staged: None,
         nothing_newer: false,
         withdrawn,
+        retries: None,
     }
 }
 
