@@ -83,6 +83,7 @@ impl SimNode {
                 booted_on_trial: false,
                 inactive: Inactive::Empty,
                 failed_trial: None,
+                failed: Vec::new(),
             }),
             power: None,
             channel: Mutex::new(None),
