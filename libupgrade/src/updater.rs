@@ -27,7 +27,7 @@ use crate::config::{BootloaderKind, Config, LayoutConfig};
 use crate::error::{Error, Result};
 use crate::layout::{DirLayout, GptLayout, Layout};
 use crate::request::{ResolveError, StageRequest};
-use crate::rollout::{Installed, Retry};
+use crate::rollout::Installed;
 use crate::stage::Release;
 use crate::stage::Stager;
 use crate::state::store::StateStore;
@@ -278,29 +278,6 @@ impl Updater {
             verdict: st.verdict.clone().filter(|v| v.boot_id == bid),
             failed: st.failed.clone(),
         })
-    }
-
-    /// Whether `rel` is staged at `now` or held back because it failed on this node
-    /// ([`crate::rollout::decide_retry`] with its record and, for a channel's release, its
-    /// rollout's retries). A release whose version is not known before its manifest is read
-    /// (`--source`) proceeds.
-    pub fn retry(&self, rel: &Release, now: chrono::DateTime<chrono::Utc>) -> Result<Retry> {
-        let Some(version) = rel.version.as_deref() else {
-            return Ok(Retry::Proceed);
-        };
-        let st = self.store.load()?;
-        let retries = match &rel.origin {
-            crate::Origin::Channel {
-                rollout: Some(note),
-                ..
-            } => note.retries,
-            _ => None,
-        };
-        Ok(crate::rollout::decide_retry(
-            st.failed_for(version, rel.generation),
-            retries,
-            now,
-        ))
     }
 
     /// Resolve `req` on this node (its channel root, trust record, seed and slots): the
