@@ -45,8 +45,8 @@ command and no `rollout-status --reports`.
 
 | status | meaning |
 |---|---|
-| 0 | done; also `upgrade` with nothing newer offered, and `upgrade --converge` when the booted slot already runs the version |
-| 1 | failed; one `error:` line names what and why (a `slot confirm` whose boot did not end on a good slot, a schedule that already ended) |
+| 0 | done; also `upgrade` with nothing newer offered or the release held back because it failed on this node (`nothing to stage: failed here: …`), and `upgrade --converge` when the booted slot already runs the version |
+| 1 | failed; one `error:` line names what and why (a `slot confirm` whose boot did not end on a good slot, a schedule that already ended, `upgrade --converge` of a release that failed on this node) |
 | 2 | wrong arguments (clap) |
 | 75 | `EX_TEMPFAIL`: do the rest later — `slot confirm` while awaited checks are not reported yet; `upgrade` stopped cleanly at its byte budget (`--max-bytes`) or the end of its schedule (`--stage-until`, `--stage-window`); run it again to resume |
 

@@ -83,6 +83,7 @@ impl SimNode {
                 booted_on_trial: false,
                 inactive: Inactive::Empty,
                 failed_trial: None,
+                failed: Vec::new(),
             }),
             power: None,
             channel: Mutex::new(None),
@@ -329,6 +330,7 @@ fn note(seed: Seed, waiting: Option<rollout::Waiting>, withdrawn: Vec<String>) -
         drop_staged: None,
         nothing_newer: false,
         withdrawn,
+        retries: None,
     }
 }
 

@@ -8,6 +8,7 @@
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use libupgrade::health::{CheckResult, HealthCheck};
+use libupgrade::rollout::Retry;
 use libupgrade::state::AwaitedChecks;
 use libupgrade::units::Size;
 use libupgrade::{Slot, Updater};
@@ -179,6 +180,7 @@ fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
             if let Some(p) = &preview {
                 o.insert("stage_preview".into(), serde_json::to_value(p)?);
             }
+            o.insert("held_back".into(), held_back_json(&st));
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -191,8 +193,49 @@ fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
         if let Some(p) = &preview {
             print!("{}", render_preview(p));
         }
+        for line in render_held_back(&st) {
+            println!("{line}");
+        }
     }
     Ok(())
+}
+
+/// Each release that failed here, as [`libupgrade::rollout::decide_retry`] holds it back
+/// now without a rollout's retries (status reads no channel): whether and why, and until
+/// when when its backoff is known.
+fn held_back(st: &Status) -> Vec<(&libupgrade::state::FailedRelease, Retry)> {
+    let now = libupgrade::channel::node_now();
+    st.failed
+        .iter()
+        .map(|f| (f, libupgrade::rollout::decide_retry(Some(f), None, now)))
+        .collect()
+}
+
+/// `slot status`'s held-back lines.
+fn render_held_back(st: &Status) -> Vec<String> {
+    held_back(st)
+        .into_iter()
+        .filter_map(|(_, r)| match r {
+            Retry::Proceed => None,
+            Retry::Wait { why, .. } => Some(format!("held back: {why}")),
+        })
+        .collect()
+}
+
+/// `slot status --json`'s `held_back`: version, generation, why and until (RFC 3339 or null).
+fn held_back_json(st: &Status) -> serde_json::Value {
+    held_back(st)
+        .into_iter()
+        .filter_map(|(f, r)| match r {
+            Retry::Proceed => None,
+            Retry::Wait { why, until } => Some(serde_json::json!({
+                "version": f.version,
+                "generation": f.generation,
+                "why": why,
+                "until": until.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            })),
+        })
+        .collect()
 }
 
 /// The node id line: the id to enrol at the collector, where reports go and how many wait.

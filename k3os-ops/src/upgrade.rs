@@ -2,7 +2,10 @@
 //! activate it, and optionally reboot into it. The release comes from `--source` (a release
 //! directory or URL), from `--channel` (+ `--version`, default `latest`), or from an offline
 //! `--bundle` file. `--converge` makes a re-run after the job's own reboot a no-op and refuses
-//! a version that failed here ([`converge`], a pure decision).
+//! a version that failed here ([`converge`], a pure decision). A release that failed on this
+//! node is held back unless its rollout allows retries ([`libupgrade::rollout::decide_retry`]):
+//! a plain `upgrade` then prints `nothing to stage: failed here: …` and exits 0, `--converge`
+//! refuses it (exit 1).
 //!
 //! On a thin link: `--plan-only` prints what a stage would fetch and reuse, per artifact and
 //! in total, and writes nothing; `--max-bytes` stops an attempt cleanly at a byte budget (a
@@ -21,6 +24,7 @@ use std::time::Duration;
 use anyhow::bail;
 use chrono::{DateTime, Utc};
 use clap::Args;
+use libupgrade::rollout::Retry;
 use libupgrade::state::SlotState;
 use libupgrade::units::Size;
 use libupgrade::MinRate;
@@ -226,11 +230,18 @@ fn stage_and_activate(u: &libupgrade::Updater, args: &UpgradeArgs) -> anyhow::Re
     if !matches!(rel.origin, Origin::Source) {
         eprintln!("{rel}");
     }
-    if args.converge && converged(u, rel.version.as_deref())? {
+    if args.converge && converged(u, &rel)? {
         return Ok(false);
     }
     if let Some(note) = nothing_newer(&rel) {
         println!("nothing to stage: {note}");
+        return Ok(false);
+    }
+    if let Retry::Wait { why, .. } = u.retry(&rel, libupgrade::channel::node_now())? {
+        if args.converge {
+            bail!("{why}");
+        }
+        println!("nothing to stage: {why}");
         return Ok(false);
     }
     if args.plan_only {
@@ -445,11 +456,13 @@ fn print_report(r: &StageReport) {
 
 /// `--converge`: true when the node already runs the version (said so; nothing to do), an
 /// error when it must not be tried again, false when the upgrade proceeds.
-fn converged(u: &libupgrade::Updater, version: Option<&str>) -> anyhow::Result<bool> {
-    let Some(version) = version else {
+fn converged(u: &libupgrade::Updater, rel: &libupgrade::Release) -> anyhow::Result<bool> {
+    let Some(version) = rel.version.as_deref() else {
         bail!("--converge needs --channel or --bundle: the version to converge to");
     };
-    match converge(&u.status()?.slots, version) {
+    let status = u.status()?;
+    let recorded = status.failed.iter().any(|f| f.is(version, rel.generation));
+    match converge(&status.slots, version, recorded) {
         Converge::Proceed => Ok(false),
         Converge::AlreadyRunning(slot) => {
             println!("slot {slot} already runs {version} (good): nothing to do");
@@ -473,8 +486,11 @@ pub enum Converge {
 
 /// Decide [`Converge`] from the node's slots and the version asked for: the booted slot
 /// running it (good: done; not blessed yet: refuse until `slot confirm` decides), or the
-/// other slot holding it marked bad (it failed here: refuse, naming why), else proceed.
-pub fn converge(slots: &[SlotStatus], version: &str) -> Converge {
+/// other slot holding it marked bad (refuse, naming why), else proceed. A version the node
+/// `recorded` as failed here is left to [`libupgrade::rollout::decide_retry`] (which the
+/// caller asks next), so the rollout's retries apply to `--converge` too; the bad-slot
+/// refusal then only covers a slot marked bad by hand.
+pub fn converge(slots: &[SlotStatus], version: &str, recorded: bool) -> Converge {
     let runs = |s: &&SlotStatus| s.version.as_deref() == Some(version);
     if let Some(b) = slots.iter().filter(|s| s.booted).find(runs) {
         return if b.state == SlotState::Good {
@@ -488,7 +504,7 @@ pub fn converge(slots: &[SlotStatus], version: &str) -> Converge {
     }
     if let Some(o) = slots
         .iter()
-        .filter(|s| !s.booted && s.state == SlotState::Bad)
+        .filter(|s| !s.booted && s.state == SlotState::Bad && !recorded)
         .find(runs)
     {
         let why = o
@@ -561,15 +577,15 @@ mod tests {
         let a1 = slot(Slot::A, SlotState::Good, "v1", true);
         let b2 = |state| slot(Slot::B, state, "v2", false);
         assert_eq!(
-            converge(&[a1.clone(), b2(SlotState::Empty)], "v2"),
+            converge(&[a1.clone(), b2(SlotState::Empty)], "v2", false),
             Converge::Proceed
         );
         assert_eq!(
-            converge(&[a1.clone(), b2(SlotState::Staged)], "v2"),
+            converge(&[a1.clone(), b2(SlotState::Staged)], "v2", false),
             Converge::Proceed
         );
         assert_eq!(
-            converge(&[a1.clone(), b2(SlotState::Trying)], "v2"),
+            converge(&[a1.clone(), b2(SlotState::Trying)], "v2", false),
             Converge::Proceed
         );
         let mut bad = b2(SlotState::Bad);
@@ -581,7 +597,12 @@ mod tests {
             generation: Some(2),
             why: "50-app: app is down".into(),
         });
-        match converge(&[a1.clone(), bad], "v2") {
+        assert_eq!(
+            converge(&[a1.clone(), bad.clone()], "v2", true),
+            Converge::Proceed,
+            "a recorded failure is the retry decision's"
+        );
+        match converge(&[a1.clone(), bad], "v2", false) {
             Converge::Refuse(why) => assert!(
                 why.contains("v2 failed on this node") && why.contains("50-app: app is down"),
                 "{why}"
@@ -590,21 +611,28 @@ mod tests {
         }
         // A bad slot holding another version does not stop this one.
         let bad3 = slot(Slot::B, SlotState::Bad, "v3", false);
-        assert_eq!(converge(&[a1.clone(), bad3], "v2"), Converge::Proceed);
+        assert_eq!(
+            converge(&[a1.clone(), bad3], "v2", false),
+            Converge::Proceed
+        );
         // Booted on v2: done once blessed, held back while it is still on trial.
         let a1_fallback = slot(Slot::A, SlotState::Good, "v1", false);
         let b2_booted = |state| slot(Slot::B, state, "v2", true);
         assert_eq!(
-            converge(&[a1_fallback.clone(), b2_booted(SlotState::Good)], "v2"),
+            converge(
+                &[a1_fallback.clone(), b2_booted(SlotState::Good)],
+                "v2",
+                false
+            ),
             Converge::AlreadyRunning(Slot::B)
         );
-        match converge(&[a1_fallback, b2_booted(SlotState::Trying)], "v2") {
+        match converge(&[a1_fallback, b2_booted(SlotState::Trying)], "v2", false) {
             Converge::Refuse(why) => assert!(why.contains("not blessed yet"), "{why}"),
             other => panic!("{other:?}"),
         }
         // Running v1 and asked for v1: nothing to do.
         assert_eq!(
-            converge(&[a1, b2(SlotState::Empty)], "v1"),
+            converge(&[a1, b2(SlotState::Empty)], "v1", false),
             Converge::AlreadyRunning(Slot::A)
         );
     }

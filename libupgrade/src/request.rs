@@ -275,3 +275,33 @@ fn find_bundle(dir: &Path, version: &str) -> Result<Option<Bundle>, ResolveError
         .filter_map(|p| Bundle::open(p).ok())
         .find(|b| b.header.version == version))
 }
+
+/// A release's retry decision is the node's, taken where it resolves what to stage.
+impl crate::Updater {
+    /// Whether `rel` is staged at `now` or held back because it failed on this node
+    /// ([`crate::rollout::decide_retry`] with its record and, for a channel's release, its
+    /// rollout's retries). A release whose version is not known before its manifest is read
+    /// (`--source`) proceeds.
+    pub fn retry(
+        &self,
+        rel: &crate::Release,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> crate::Result<crate::rollout::Retry> {
+        let Some(version) = rel.version.as_deref() else {
+            return Ok(crate::rollout::Retry::Proceed);
+        };
+        let st = self.store.load()?;
+        let retries = match &rel.origin {
+            crate::Origin::Channel {
+                rollout: Some(note),
+                ..
+            } => note.retries,
+            _ => None,
+        };
+        Ok(crate::rollout::decide_retry(
+            st.failed_for(version, rel.generation),
+            retries,
+            now,
+        ))
+    }
+}

@@ -92,6 +92,10 @@ pub struct Status {
     /// first; [`crate::payload::quarantined`]); each was fetched again, never used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<crate::payload::QuarantineEntry>,
+    /// The releases that failed on this node and have not run here since (oldest first):
+    /// each is held back by [`crate::rollout::decide_retry`] unless its rollout allows retries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<crate::state::FailedRelease>,
 }
 
 pub use crate::state::{Activation, AwaitedChecks};
@@ -277,6 +281,7 @@ impl Updater {
             boot_script: self.boot.script()?,
             verdict: st.verdict.clone().filter(|v| v.boot_id == bid),
             quarantined: crate::payload::quarantined(&self.cfg.state_dir),
+            failed: st.failed.clone(),
         })
     }
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 use clap::Args;
-use libupgrade::rollout::{Floor, Rollout, Wave, WHOLE_FLEET_BP};
+use libupgrade::rollout::{Floor, Retries, Rollout, Wave, WHOLE_FLEET_BP};
 use libupgrade::trust::meta::{time_str, Targets};
 use libupgrade::trust::{meta::Role, publish};
 use libupgrade::units;
@@ -39,8 +39,28 @@ pub struct RolloutArgs {
     /// first (give its version; its generation is read from the targets).
     #[arg(long, value_name = "VERSION")]
     from_at_least: Option<String>,
+    /// Attempts a node on which the release failed (rolled back, fell back) makes after that
+    /// failure; without it (0) such a node waits for a newer release.
+    #[arg(long, value_name = "N")]
+    retries: Option<u32>,
+    /// With --retries: the wait after the first failure (`90s`, `45m`, `1h`, `2d`); it doubles
+    /// after each further one.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_backoff)]
+    retry_backoff: u64,
     #[command(flatten)]
     sign: SignArgs,
+}
+
+/// `--retry-backoff`: a duration of at least a second, in seconds.
+fn parse_backoff(s: &str) -> Result<u64, String> {
+    let d = units::parse_duration(s.trim()).map_err(|e| e.to_string())?;
+    if d.as_secs() == 0 {
+        return Err(format!(
+            "'{}': the backoff must be at least 1s",
+            s.escape_debug()
+        ));
+    }
+    Ok(d.as_secs())
 }
 
 /// `release pause|resume|withdraw`.
@@ -175,7 +195,7 @@ fn sign(
     })
 }
 
-/// `release rollout`: set a release's waves (and its required stop), keeping nothing else of
+/// `release rollout`: set a release's waves (its required stop, its retries), keeping nothing else of
 /// an earlier rollout of it but a withdrawal, which is final.
 pub fn rollout(a: RolloutArgs) -> anyhow::Result<()> {
     let waves = parse_waves(&a.waves, a.start.unwrap_or_else(Utc::now))
@@ -212,6 +232,10 @@ pub fn rollout(a: RolloutArgs) -> anyhow::Result<()> {
         Ok(Rollout {
             waves: waves.clone(),
             from_at_least: from_at_least.clone(),
+            retries: a.retries.filter(|n| *n > 0).map(|count| Retries {
+                count,
+                backoff_secs: a.retry_backoff,
+            }),
             ..Rollout::default()
         })
     };
@@ -324,6 +348,12 @@ fn describe(r: &Rollout, at: DateTime<Utc>) -> String {
         s.push_str(&format!(
             "; nodes below generation {} take {} first",
             f.generation, f.version
+        ));
+    }
+    if let Some(r) = r.retries {
+        s.push_str(&format!(
+            "; a node where it failed retries it {} time(s), {} s after the failure, doubling",
+            r.count, r.backoff_secs
         ));
     }
     s

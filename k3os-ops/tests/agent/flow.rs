@@ -1013,3 +1013,40 @@ async fn several_windows_claim_in_any_open_one() {
     let l = log.lock().unwrap().clone();
     pos(&l, "slots=[n1:Claimed]");
 }
+
+/// A release that failed on this node (the state file's record: its bad slot was overwritten
+/// since, the channel lists no failure) is not staged again: the agent stays idle, its Node's
+/// phase message and an Event regarding the channel say why, with the recorded reason.
+#[tokio::test]
+async fn a_release_that_failed_here_is_not_staged_again_and_the_agent_says_why() {
+    let (agent, world, node, log) = setup(ConfirmResult::Healthy, false);
+    node.edit_status(|s| {
+        s.failed = vec![libupgrade::state::FailedRelease {
+            version: "v2".into(),
+            generation: Some(2),
+            attempts: 1,
+            at: 1_800_000_000,
+            why: "50-app: app is down".into(),
+        }];
+    });
+    settle(&agent).await;
+    let l = log.lock().unwrap().clone();
+    assert!(!l.iter().any(|x| x.contains("node: stage")), "{l:#?}");
+    assert!(!l.iter().any(|x| x.contains("slots=[n1")), "{l:#?}");
+    let message = annotation(&world, "k3os.io/update-message").unwrap_or_default();
+    assert!(
+        message.starts_with("failed here: v2 (generation 2) failed 1 time(s)")
+            && message.contains("50-app: app is down"),
+        "{message}"
+    );
+    assert_eq!(
+        annotation(&world, "k3os.io/update-phase").as_deref(),
+        Some("Failed")
+    );
+    let ev = channel_events(&l);
+    assert!(
+        ev.iter()
+            .any(|(r, n)| r == "NotRetrying" && n.contains("failed here: v2")),
+        "{ev:#?}"
+    );
+}

@@ -235,6 +235,7 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
             booted_on_trial: true,
             inactive: Inactive::Staged("v1".into()),
             failed_trial: None,
+            failed: Vec::new(),
         },
         "after the trial boot"
     );

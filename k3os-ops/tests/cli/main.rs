@@ -28,6 +28,7 @@ mod release_resign;
 mod release_serve;
 mod release_trust;
 mod release_trust_cli;
+mod retry_cli;
 mod rollout_cli;
 mod slot_verify;
 mod tuf_interop;

@@ -47,7 +47,7 @@ mod waves;
 use crate::manifest::{Arch, ManifestError, MANIFEST_FILE, SIGNATURE_FILE};
 pub use local::{build_index, read_local_index, write_index};
 pub use resolve::{list, list_with, resolve, resolve_for, resolve_with};
-pub use trusted::{MetadataPolicy, TrustOptions, GITHUB_METADATA_TAG, TEST_NOW_ENV};
+pub use trusted::{node_now, MetadataPolicy, TrustOptions, GITHUB_METADATA_TAG, TEST_NOW_ENV};
 pub use waves::{NodeRollout, RolloutNote, SeedSource, LAST_SEED};
 
 /// File name of a channel's index.

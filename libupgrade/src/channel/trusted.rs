@@ -83,6 +83,13 @@ impl TrustOptions {
 /// set it on a node: a wrong clock makes it accept expired metadata or join waves early.
 pub const TEST_NOW_ENV: &str = "K3OS_OPS_TEST_NOW";
 
+/// "Now" as the node's channel resolution takes it: the system clock, or the test clock
+/// [`TEST_NOW_ENV`] sets (front ends take their other time-based decisions, e.g. a release's
+/// retries, on the same clock).
+pub fn node_now() -> DateTime<Utc> {
+    test_now().unwrap_or_else(Utc::now)
+}
+
 /// The clock [`TEST_NOW_ENV`] sets, if it is set (an unreadable value is logged and ignored).
 fn test_now() -> Option<DateTime<Utc>> {
     let v = std::env::var(TEST_NOW_ENV).ok()?;

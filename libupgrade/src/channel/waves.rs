@@ -67,6 +67,9 @@ pub struct RolloutNote {
     /// front end that keeps a target of its own (the agent's `status.latestVersion`) can tell
     /// that it was withdrawn.
     pub withdrawn: Vec<String>,
+    /// The resolved release's [`crate::rollout::Retries`]: how a node on which it failed tries
+    /// it again (None: it does not, see [`crate::rollout::decide_retry`]).
+    pub retries: Option<crate::rollout::Retries>,
 }
 
 impl std::fmt::Display for RolloutNote {
@@ -154,10 +157,18 @@ pub(super) fn pick_for<'a>(
         seed,
         all: &all,
     };
-    match version.filter(|v| *v != "latest") {
+    let picked = match version.filter(|v| *v != "latest") {
         Some(v) => at.explicit(v, now),
         None => at.latest(now),
-    }
+    }?;
+    Ok(picked.map(|(t, note)| {
+        let retries = all
+            .iter()
+            .find(|l| l.version == t.2.version && l.generation == t.2.generation)
+            .and_then(|l| l.rollout.as_ref())
+            .and_then(|r| r.retries);
+        (t, note.map(|n| RolloutNote { retries, ..n }))
+    }))
 }
 
 /// One resolution under rollouts: the channel, its targets for this node's architecture, the
@@ -186,6 +197,7 @@ impl<'a> Asked<'a, '_> {
             drop_staged: None,
             nothing_newer: false,
             withdrawn: self.withdrawn(),
+            retries: None,
         }
     }
 

@@ -9,7 +9,9 @@
 //! - `offer`: the pure decision [`offer()`] (node seed, now, running and staged release, the
 //!   listed releases → what to stage, what it waits for and until when, what to drop) and the
 //!   per-release [`admission`]; `schedule` holds the curve both use;
-//! - `seed`: the node's [`Seed`] and its file `node-seed.json` in the state directory.
+//! - `seed`: the node's [`Seed`] and its file `node-seed.json` in the state directory;
+//! - `retry`: the pure decision [`decide_retry`] whether a node tries again a release that
+//!   failed on it (its record in the state file, the rollout's [`Retries`], now).
 //!
 //! # Format
 //! The data is a JSON object, every field optional (absent: format 1, no waves, not paused,
@@ -23,7 +25,8 @@
 //!  "paused":{"since":"2026-12-08T06:00:00Z"},
 //!  "paused_secs":0,
 //!  "withdrawn":{"at":"2026-12-08T07:00:00Z"},
-//!  "from_at_least":{"version":"v0.2.0","generation":20}}
+//!  "from_at_least":{"version":"v0.2.0","generation":20},
+//!  "retries":{"count":1,"backoff_secs":3600}}
 //! ```
 //! Versioning follows the project's rule (see `channel`'s `INDEX_FORMAT` and CHANGELOG.md):
 //! format 1 grows only by optional fields, which older readers skip; a change an older reader
@@ -58,11 +61,15 @@
 
 mod offer;
 mod plan;
+mod retry;
 mod schedule;
 mod seed;
 
 pub use offer::{admission, offer, Hold, Installed, Listed, Node, Offer, Step, Waiting};
-pub use plan::{Floor, Pause, Rollout, RolloutError, Withdrawal, ROLLOUT_FORMAT, WHOLE_FLEET_BP};
+pub use plan::{
+    Floor, Pause, Retries, Rollout, RolloutError, Withdrawal, ROLLOUT_FORMAT, WHOLE_FLEET_BP,
+};
+pub use retry::{decide as decide_retry, Retry};
 pub use schedule::{admits_from, threshold, Wave};
 pub use seed::{
     load_or_create as load_or_create_seed, parse as parse_seed, path as seed_path,

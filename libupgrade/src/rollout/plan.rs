@@ -55,6 +55,27 @@ pub struct Rollout {
     /// the publisher's keys sign it (`release resume`); absent: no halt was ever lifted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halt_lifted: Option<DateTime<Utc>>,
+    /// The publisher's override for nodes on which the release failed: how many more
+    /// attempts each may make, and the backoff between them (see [`super::decide_retry`]).
+    /// Absent: none (a node where it failed waits for a newer release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<Retries>,
+}
+
+/// Further attempts a node makes of a release that failed on it, like Mender's deployment
+/// retries: attempt `n + 1` (after `n` failures, `n <= count`) waits `backoff_secs × 2^(n-1)`
+/// after the last failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retries {
+    /// Attempts after the first failure.
+    pub count: u32,
+    /// The wait after the first failure, in seconds; it doubles after each further one.
+    #[serde(default = "hour")]
+    pub backoff_secs: u64,
+}
+
+fn hour() -> u64 {
+    3600
 }
 
 /// A pause of the rollout.
@@ -163,6 +184,7 @@ impl Default for Rollout {
             withdrawn: None,
             from_at_least: None,
             halt_lifted: None,
+            retries: None,
         }
     }
 }

@@ -29,6 +29,10 @@ pub const STATE_FILE: &str = "state.json";
 const FORMAT: u32 = 1;
 /// Decisions kept in the log (oldest dropped first).
 pub(crate) const HISTORY: usize = 64;
+/// Releases that failed here kept in [`State::failed`] (the oldest failure dropped first).
+pub const FAILED_KEPT: usize = 16;
+/// Bytes of a failure's reason kept in [`FailedRelease::why`].
+const WHY_MAX: usize = 512;
 
 /// What a slot holds, as far as the updater knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -220,6 +224,62 @@ pub struct State {
     /// assessment and in state written before v0.2.0.
     #[serde(default)]
     pub verdict: Option<Verdict>,
+    /// Each release that failed on this node and has not run here since (oldest first, at
+    /// most [`FAILED_KEPT`]): what [`crate::rollout::decide_retry`] holds back. Kept apart
+    /// from the slots because the next stage overwrites the bad slot's record. Absent in state
+    /// written before v0.2.0 and by a v0.1.0 slot (which drops fields it does not know):
+    /// [`State::adopt_failed_slots`] rebuilds it from the bad slots then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<FailedRelease>,
+}
+
+/// A release that failed on this node: a trial boot whose checks failed, a fallback the
+/// loader took, or a rollback (not a slot marked bad by hand or for a withdrawal).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedRelease {
+    /// The release's version.
+    pub version: String,
+    /// Its generation (None: unknown); a release of the same version and another generation
+    /// is another release.
+    pub generation: Option<u64>,
+    /// Attempts that failed here (1 after the first failure).
+    pub attempts: u32,
+    /// Unix seconds of the last failure.
+    pub at: u64,
+    /// Why the last attempt failed, as the decision log says it (at most 512 bytes).
+    pub why: String,
+}
+
+impl FailedRelease {
+    /// Whether this record is about the release `version` of `generation` (an unknown
+    /// generation on either side matches any).
+    pub fn is(&self, version: &str, generation: Option<u64>) -> bool {
+        self.version == version
+            && match (self.generation, generation) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+    }
+}
+
+/// `why` cut at a character boundary to at most [`WHY_MAX`] bytes.
+fn cut(why: &str) -> String {
+    let mut end = why.len().min(WHY_MAX);
+    while !why.is_char_boundary(end) {
+        end -= 1;
+    }
+    why[..end].to_string()
+}
+
+impl Event {
+    /// Whether moving a slot to bad by this event is a failure of the release it holds (a
+    /// trial or a run that failed), as opposed to a slot marked bad on request.
+    fn is_failure(self) -> bool {
+        matches!(
+            self,
+            Event::HealthFailed | Event::FallbackTaken | Event::RolledBack
+        )
+    }
 }
 
 impl Default for State {
@@ -235,6 +295,7 @@ impl Default for State {
             activation: None,
             last_boot_id: None,
             verdict: None,
+            failed: Vec::new(),
         }
     }
 }
@@ -276,12 +337,82 @@ impl State {
                     allowed: from,
                 });
             }
+            let was = rec.state;
             rec.state = state;
             rec.since = now();
+            let (version, generation) = (rec.version.clone(), rec.generation);
+            let why = why.into();
+            match &version {
+                Some(v) if event.is_failure() && was != SlotState::Bad => {
+                    self.record_failure(v, generation, now(), &why);
+                }
+                Some(v) if event == Event::Confirmed => {
+                    self.failed.retain(|f| !f.is(v, generation));
+                }
+                _ => {}
+            }
+            self.log(s, event, version, generation, why);
+            return Ok(());
         }
         let (version, generation) = (rec.version.clone(), rec.generation);
         self.log(s, event, version, generation, why);
         Ok(())
+    }
+
+    /// The record of the release `version` of `generation` failing here, if it did.
+    pub fn failed_for(&self, version: &str, generation: Option<u64>) -> Option<&FailedRelease> {
+        self.failed.iter().rev().find(|f| f.is(version, generation))
+    }
+
+    /// Count one more failed attempt of `version` at `at`, for `why`.
+    fn record_failure(&mut self, version: &str, generation: Option<u64>, at: u64, why: &str) {
+        match self
+            .failed
+            .iter_mut()
+            .rev()
+            .find(|f| f.is(version, generation))
+        {
+            Some(f) => {
+                f.attempts = f.attempts.saturating_add(1);
+                f.at = at;
+                f.why = cut(why);
+                f.generation = f.generation.or(generation);
+            }
+            None => self.failed.push(FailedRelease {
+                version: version.to_string(),
+                generation,
+                attempts: 1,
+                at,
+                why: cut(why),
+            }),
+        }
+        self.failed.sort_by_key(|f| f.at);
+        if self.failed.len() > FAILED_KEPT {
+            let drop = self.failed.len() - FAILED_KEPT;
+            self.failed.drain(..drop);
+        }
+    }
+
+    /// The migration of state written without [`State::failed`] (before v0.2.0, or rewritten
+    /// by a v0.1.0 slot after a fallback, which drops the field): a bad slot whose newest
+    /// decision is a failure of its release ([`Event::HealthFailed`], `FallbackTaken`,
+    /// `RolledBack`) and that no record names yet gets one, with one attempt, that
+    /// decision's time and reason. Applied by every load; kept at the next save.
+    pub fn adopt_failed_slots(&mut self) {
+        for s in Slot::ALL {
+            let rec = self.slot(s);
+            let Some(version) = rec.version.clone().filter(|_| rec.state == SlotState::Bad) else {
+                continue;
+            };
+            let generation = rec.generation;
+            let Some(d) = self.last_decision(s).filter(|d| d.event.is_failure()) else {
+                continue;
+            };
+            if self.failed_for(&version, generation).is_none() {
+                let (at, why) = (d.at, d.why.clone());
+                self.record_failure(&version, generation, at, &why);
+            }
+        }
     }
 
     /// Append a decision to the log.

@@ -110,7 +110,7 @@ impl StateStore {
                         },
                     });
                 }
-                let st: State = serde_json::from_slice(&bytes).map_err(invalid)?;
+                let mut st: State = serde_json::from_slice(&bytes).map_err(invalid)?;
                 // Every reader looks both slots up (`State::slot`); a file without one is
                 // damaged, and guessing its record could lose the good slot.
                 if let Some(s) = Slot::ALL.into_iter().find(|s| !st.slots.contains_key(s)) {
@@ -119,6 +119,7 @@ impl StateStore {
                         what: format!("no record of slot {s}: every state file has both"),
                     });
                 }
+                st.adopt_failed_slots();
                 Ok(st)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::default()),

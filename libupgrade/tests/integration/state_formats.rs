@@ -141,3 +141,65 @@ fn a_newer_state_format_is_refused_and_not_rewritten() {
     );
     assert_eq!(std::fs::read_to_string(&p).unwrap(), newer);
 }
+
+/// A node that rolled back from v2 under v0.1.0 (its slot B bad, the newest decision about it a
+/// rollback): v0.1.0 kept no record of failed releases, and a v0.1.0 slot drops the field when
+/// it rewrites the file after a fallback. Today's load rebuilds the record from the bad slot
+/// (one attempt, the decision's time and reason), the next save keeps it, and a failure
+/// recorded later counts on from it.
+#[test]
+fn a_v010_node_that_rolled_back_remembers_the_failed_release() {
+    let mut v: serde_json::Value = serde_json::from_slice(&v010()).unwrap();
+    v["slots"]["B"]["state"] = "bad".into();
+    v["history"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "at": 1796300000u64, "slot": "B", "event": "rolled-back", "version": "v2",
+            "generation": 2, "why": "50-app: app is down"
+        }));
+    assert!(v.get("failed").is_none(), "v0.1.0 has no such field");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(STATE_FILE), serde_json::to_vec(&v).unwrap()).unwrap();
+    let store = StateStore::new(dir.path());
+    let mut st = store.load().expect("v0.1.0's state file reads");
+    let f = st
+        .failed_for("v2", Some(2))
+        .expect("the bad slot's release is remembered");
+    assert_eq!(
+        (f.attempts, f.at, f.why.as_str()),
+        (1, 1796300000, "50-app: app is down")
+    );
+    assert!(
+        st.failed_for("v2", Some(3)).is_none(),
+        "another generation is another release"
+    );
+    store.save(&st, "test").unwrap();
+    let text = std::fs::read_to_string(dir.path().join(STATE_FILE)).unwrap();
+    assert!(text.contains("\"failed\""), "{text}");
+    assert_eq!(store.load().unwrap(), st, "the migration is applied once");
+    // The next stage overwrites slot B; the record stays. A second failed trial counts on.
+    st.transition(Slot::B, Event::StageStarted, "stage v2 again")
+        .unwrap();
+    st.transition(Slot::B, Event::Staged, "staged").unwrap();
+    st.transition(Slot::B, Event::Activated, "trial").unwrap();
+    st.transition(Slot::B, Event::HealthFailed, "50-app: still down")
+        .unwrap();
+    st.transition(Slot::B, Event::RolledBack, "back to A")
+        .unwrap();
+    let f = st.failed_for("v2", Some(2)).unwrap();
+    assert_eq!(
+        (f.attempts, f.why.as_str()),
+        (2, "50-app: still down"),
+        "one attempt, once"
+    );
+    // v0.1.0 reads today's file: it only skips the new field (no enum value is new).
+    store.save(&st, "test").unwrap();
+    let back: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join(STATE_FILE)).unwrap()).unwrap();
+    assert_eq!(back["failed"][0]["attempts"], 2);
+    // A blessed run of the release clears its record.
+    st.transition(Slot::B, Event::Confirmed, "good at last")
+        .unwrap();
+    assert!(st.failed.is_empty(), "{:?}", st.failed);
+}

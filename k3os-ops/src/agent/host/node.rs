@@ -121,6 +121,7 @@ pub fn summarize(status: &libupgrade::Status) -> NodeUpdateStatus {
         booted_on_trial: booted.is_some_and(|b| b.state == SlotState::Trying),
         inactive,
         failed_trial,
+        failed: status.failed.clone(),
     }
 }
 

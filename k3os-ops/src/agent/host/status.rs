@@ -26,6 +26,9 @@ pub struct NodeUpdateStatus {
     /// (its decision log), which the agent reports as is instead of guessing from which slot
     /// booted.
     pub failed_trial: Option<TrialFailure>,
+    /// The releases that failed on this node (its state file's records, which outlive the
+    /// bad slot), for [`libupgrade::rollout::decide_retry`].
+    pub failed: Vec<libupgrade::state::FailedRelease>,
 }
 
 /// The boot-assessment core's record of why the inactive slot's trial failed.

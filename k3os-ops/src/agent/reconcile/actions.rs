@@ -25,12 +25,14 @@ pub(in crate::agent) async fn tick_idle(
 ) -> Result<Done, AgentError> {
     let cx = t.cx;
     match reason {
-        IdleReason::FailedHere(v) => {
+        // The Node's phase message says why (published once per text), and so does an Event.
+        IdleReason::FailedHere { version, why } => {
             let said = Say::warn(
                 "NotRetrying",
-                format!("{v} failed on this node before; not retrying it"),
+                format!("not retrying {}: {why}", version.escape_debug()),
             );
-            return Ok(Done::then(Then::Wait).after(vec![said.once()]));
+            let report = Report::new(Phase::Failed, why, said.once());
+            return Ok(Done::report(report, Then::Wait));
         }
         IdleReason::ForeignSlot => return tick_take_over(t).await,
         IdleReason::UpToDate => {

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use libupgrade::rollout::Retry;
 use libupgrade::Release;
 
 use crate::agent::channel::crd::{SlotEntry, SlotPhase, UpdateChannel, COND_WAITING_FOR_WAVE};
@@ -53,8 +54,12 @@ pub enum IdleReason {
     NotSelected,
     NoTarget,
     UpToDate,
-    /// This node already failed with the target version; it will not retry it.
-    FailedHere(String),
+    /// This node already failed with the target version; it will not retry it (`why`: the
+    /// retry decision's sentence, or where the failure was recorded).
+    FailedHere {
+        version: String,
+        why: String,
+    },
     /// The channel holds a slot for this node under another token (an earlier agent instance
     /// on this node claimed it); the controller takes it over in place, which fences that
     /// instance out.
@@ -294,13 +299,11 @@ fn next_action(
             Action::Idle(IdleReason::UpToDate)
         };
     }
-    let failed_here = status
-        .failures
-        .iter()
-        .any(|f| f.node == node.name && f.version == target)
-        || node.update.inactive == Inactive::Failed(target.clone());
-    if failed_here {
-        return Action::Idle(IdleReason::FailedHere(target));
+    if let Some(why) = failed_here(&status, node, &target, now) {
+        return Action::Idle(IdleReason::FailedHere {
+            version: target,
+            why,
+        });
     }
     if withdrawn(&target) {
         return Action::Withdrawn { version: target };
@@ -327,6 +330,34 @@ fn next_action(
         return Action::Paused { version: target };
     }
     claim_or_wait(policy, &status, node, target, now)
+}
+
+/// Why `target` is not tried on this node again, if it failed here: the node's own record
+/// held back by [`libupgrade::rollout::decide_retry`] (the agent follows no rollout's
+/// retries: a cluster target is retried only under a newer release), else the channel's
+/// record of this node's failure, else the bad inactive slot holding it.
+fn failed_here(
+    status: &crate::agent::channel::crd::UpdateChannelStatus,
+    node: &NodeView,
+    target: &str,
+    now: DateTime<Utc>,
+) -> Option<String> {
+    let record = node.update.failed.iter().rev().find(|f| f.is(target, None));
+    if let Retry::Wait { why, .. } = libupgrade::rollout::decide_retry(record, None, now) {
+        return Some(why);
+    }
+    if status
+        .failures
+        .iter()
+        .any(|f| f.node == node.name && f.version == target)
+    {
+        return Some(format!(
+            "failed here: {target} failed on this node (status.failures lists it)"
+        ));
+    }
+    (node.update.inactive == Inactive::Failed(target.to_string())).then(|| {
+        format!("failed here: {target} failed on this node (the inactive slot holding it is bad)")
+    })
 }
 
 /// The last rows of the table: a staged target is claimed once the channel's rollout admits

@@ -41,6 +41,7 @@ fn node(name: &str, inactive: Inactive) -> NodeView {
             booted_on_trial: false,
             inactive,
             failed_trial: None,
+            failed: Vec::new(),
         },
     }
 }
