@@ -40,8 +40,8 @@ pub mod at {
     pub const EXPORT: usize = 88;
 }
 
-/// A squashfs 4.0 superblock: the workspace's one reader of it ([`fields`], and
-/// [`superblock`] to cross-check them).
+/// A squashfs 4.0 superblock: the workspace's one reader of it (`fields`, and
+/// `superblock` to cross-check them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Superblock {
     /// Number of inodes in the image.
