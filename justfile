@@ -205,6 +205,13 @@ vm-test-all: images-previous images-kube-x86_64
 vm-test-kube: images-kube-x86_64
     cargo run -p vm-tests -- run kube-node-joins x86_64-grub-efi
 
+# A real site: on that node and control plane, `kubectl apply -k` of an overlay over
+# k3os-ops/deploy, a workload with a PodDisruptionBudget and an UpdateChannel; the agent pod
+# upgrades the node v1-kube -> v2-kube from a channel the host serves (stage, cordon, drain,
+# reboot, containerd imports v2's images, Ready, confirm, uncordon). Not in `just test`.
+vm-test-site: images-kube-x86_64
+    cargo run -p vm-tests -- run site-upgrade x86_64-grub-efi
+
 # --- fuzzing (owned by fuzz/) ---------------------------------------------------------------
 # Every fuzz target of fuzz/ for `secs` seconds each (one libFuzzer job each, under nice), then
 # the GRUB env corpora replayed against grub-editenv; fails on any crash, timeout or OOM. The
