@@ -62,6 +62,17 @@ pub(super) fn agent_audit(log: &str) -> AgentAudit {
     a
 }
 
+/// `kubectl get upchan` output (header and one row) with the printer columns, [`TARGET`] and
+/// `1/1` updated.
+pub(super) fn shows_updated(table: &str) -> bool {
+    let (head, row) = table.split_once('\n').unwrap_or((table, ""));
+    ["VERSION", "LATEST", "UPDATING", "UPDATED", "CONCURRENCY"]
+        .iter()
+        .all(|c| head.contains(c))
+        && row.contains(TARGET)
+        && row.split_whitespace().any(|w| w == "1/1")
+}
+
 impl Scenario {
     /// The checks once the node runs [`TARGET`] blessed, Ready and uncordoned.
     pub(super) fn after_upgrade(
@@ -70,19 +81,19 @@ impl Scenario {
         env: &mut TestEnv,
         kubectl: &Path,
     ) -> Result<()> {
+        // The fleet counter refreshes the channel's counts on its own beat: wait for it, as a
+        // user watching `kubectl get upchan -w` does.
+        let get = ["-n", AGENT_NS, "get", "upchan", CHANNEL];
+        let counted =
+            self.wait_api(env, kubectl, POD, "`kubectl get upchan` showing 1/1", |k| {
+                k(&get).map(|t| shows_updated(&t))
+            })?;
         let run = |args: &[&str]| env.kubectl(kubectl, args);
-        let table = run(&["-n", AGENT_NS, "get", "upchan", CHANNEL])
-            .map_err(|e| self.fail(format!("kubectl get upchan: {e}")))?;
-        let (head, row) = table.split_once('\n').unwrap_or((&table, ""));
-        self.check(
-            ["VERSION", "LATEST", "UPDATING", "UPDATED", "CONCURRENCY"]
-                .iter()
-                .all(|c| head.contains(c))
-                && row.contains(TARGET)
-                && row.contains("1/1"),
-            || format!("`kubectl get upchan` must show {TARGET} and 1/1 updated:\n{table}"),
-        )?;
-        self.note(format!("kubectl get upchan: {}", one_line(&table)));
+        let table = run(&get).map_err(|e| self.fail(format!("kubectl get upchan: {e}")))?;
+        self.note(format!(
+            "kubectl get upchan ({counted:.1}s after the node's UpToDate): {}",
+            one_line(&table)
+        ));
         let ch: Value = run(&["-n", AGENT_NS, "get", "upchan", CHANNEL, "-o", "json"])
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())
@@ -208,6 +219,18 @@ impl Scenario {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_printer_columns_show_the_node_updated() {
+        let head = "NAME   VERSION   LATEST   UPDATING   UPDATED   CONCURRENCY   AGE";
+        assert!(shows_updated(&format!(
+            "{head}\nsite   v2-kube      1/1   1   3m\n"
+        )));
+        assert!(!shows_updated(&format!(
+            "{head}\nsite   v2-kube      0/1   1   3m\n"
+        )));
+        assert!(!shows_updated("site   v2-kube      1/1   1   3m\n"));
+    }
 
     #[test]
     fn the_audit_log_names_the_agents_refusals_and_evictions() {
