@@ -42,7 +42,9 @@ images-previous-x86_64: images-x86_64 (images-previous-build "x86_64")
 # The Kubernetes node variant (releases v1-kube and v2-kube, disk grub-efi-kube on x86_64):
 # the plain root plus Debian's containerd, runc, CNI plugins and iptables
 # (images/scripts/fetch-kube-debs.sh) and the kubelet of the Kubernetes binaries scripts/setup.sh
-# installs into .cache/kube/<version>/linux-<debarch>. The plain releases and disks are untouched.
+# installs into .cache/kube/<version>/linux-<debarch>. Every -kube release also carries the
+# agent's image (the `image` recipe's k3os-oci, this platform only, uncompressed layer) as a
+# payload that containerd imports at boot. The plain releases and disks are untouched.
 images-kube-x86_64: (images-kube "x86_64" "amd64" "grub-efi")
 
 images-kube arch debarch boots kube_version="v1.36.2":
@@ -55,12 +57,18 @@ images-kube arch debarch boots kube_version="v1.36.2":
         cargo build --release -p k3os-ops --no-default-features --target {{arch}}-unknown-linux-musl
     fi
     cargo build -p k3os-images
+    t="${CARGO_TARGET_DIR:-target}"
+    agent="$t/oci/k3os-ops-{{debarch}}.oci.tar"
+    cargo run -q -p k3os-ops --bin k3os-oci -- --out "$agent" \
+        --ref docker.io/library/k3os-ops:0.2.0 --layer-compression none \
+        --binary {{debarch}}="$t/{{arch}}-unknown-linux-musl/release/k3os-ops"
     boots=""
     for b in {{boots}}; do boots="$boots --boot $b"; done
     target/debug/k3os-images build --arch {{arch}} \
         --debs .cache/debs/{{arch}}/root \
         --kube-debs .cache/debs/{{arch}}/kube/root \
         --kube-assets .cache/kube/{{kube_version}}/linux-{{debarch}} \
+        --kube-agent-image "$agent" \
         --k3os-ops target/{{arch}}-unknown-linux-musl/release/k3os-ops \
         --verity-open target/{{arch}}-unknown-linux-musl/release/k3os-verity-open \
         --tool target/x86_64-unknown-linux-musl/release/k3os-ops \
@@ -196,6 +204,13 @@ vm-test-all: images-previous images-kube-x86_64
 # KUBEBUILDER_ASSETS). Not in the default `just test` set.
 vm-test-kube: images-kube-x86_64
     cargo run -p vm-tests -- run kube-node-joins x86_64-grub-efi
+
+# A real site: on that node and control plane, `kubectl apply -k` of an overlay over
+# k3os-ops/deploy, a workload with a PodDisruptionBudget and an UpdateChannel; the agent pod
+# upgrades the node v1-kube -> v2-kube from a channel the host serves (stage, cordon, drain,
+# reboot, containerd imports v2's images, Ready, confirm, uncordon). Not in `just test`.
+vm-test-site: images-kube-x86_64
+    cargo run -p vm-tests -- run site-upgrade x86_64-grub-efi
 
 # --- fuzzing (owned by fuzz/) ---------------------------------------------------------------
 # Every fuzz target of fuzz/ for `secs` seconds each (one libFuzzer job each, under nice), then

@@ -9,7 +9,14 @@
 //! - the kernel modules they need, resolved from the Debian kernel's `modules.dep` with their
 //!   dependencies, plus a `modules.dep` for busybox modprobe (`depmod -b`);
 //! - `/sbin/init` = `images/files/kube-init.sh`, which runs before the plain init (moved to
-//!   `/sbin/init.base`), and `/usr/sbin/k3os-kube-up` (`images/files/kube-up.sh`).
+//!   `/sbin/init.base`), and `/usr/sbin/k3os-kube-up` (`images/files/kube-up.sh`);
+//! - the node config reads the mount table of PID 1 (`mountinfo = "/proc/1/mountinfo"`), as the
+//!   agent's DaemonSet asks: its `rootfs` check then sees the host's root from the agent pod.
+//!
+//! Beside the root, every `-kube` release carries the agent's own OCI image
+//! ([`KubeInputs::agent_image`], `just image`'s k3os-oci output for the target's platform) as a
+//! second image-archive payload ([`AGENT_PAYLOAD_NAME`]): containerd imports it at every boot
+//! like the site's images, so the DaemonSet runs it with `imagePullPolicy: Never`.
 //!
 //! The plain releases never read any of this: their build inputs are unchanged.
 
@@ -30,6 +37,10 @@ pub const KUBELET_CONFIG: &str = include_str!("../files/kube/kubelet.yaml");
 pub const CNI_CONFIG: &str = include_str!("../files/kube/cni.conflist");
 /// Kernel modules the variant loads at boot, one a line (`#` comments), in load order.
 pub const MODULES: &str = include_str!("../files/kube/modules");
+/// The agent image's payload name in a `-kube` release (`release create --image NAME=FILE`).
+pub const AGENT_PAYLOAD_NAME: &str = "k3os-ops-agent";
+/// The node config line the variant adds: the agent pod (hostPID) reads the host's mounts.
+pub const MOUNTINFO_LINE: &str = "mountinfo = \"/proc/1/mountinfo\"\n";
 
 /// The CNI plugins the root carries (of the ~20 Debian ships): the bridge network and its
 /// IPAM, the loopback containerd sets up itself, and portmap for host ports.
@@ -57,18 +68,25 @@ pub struct KubeInputs {
     /// The Kubernetes binaries of the target's platform
     /// (`.cache/kube/<version>/linux-<debarch>`, `kubelet` in it).
     pub assets: PathBuf,
+    /// The agent's OCI image archive for the target's platform (k3os-oci, uncompressed layer),
+    /// carried by every `-kube` release as the payload [`AGENT_PAYLOAD_NAME`].
+    pub agent_image: PathBuf,
 }
 
 impl KubeInputs {
-    /// Check that both directories hold what the root needs; each missing piece is named.
-    pub fn locate(debs_root: &Path, assets: &Path) -> Result<KubeInputs> {
+    /// Check that both directories and the agent image hold what the releases need; each
+    /// missing piece is named.
+    pub fn locate(debs_root: &Path, assets: &Path, agent_image: &Path) -> Result<KubeInputs> {
         let k = KubeInputs {
             debs_root: debs_root.to_path_buf(),
             assets: assets.to_path_buf(),
+            agent_image: agent_image.to_path_buf(),
         };
         let hint_debs = "run images/scripts/fetch-kube-debs.sh <arch>";
         let hint_kube = "run scripts/setup.sh (bash ../shared/kube/install.sh DEST)";
+        let hint_image = "run just images-kube-<arch> (it writes the agent image with k3os-oci)";
         for (p, hint) in [
+            (k.agent_image.clone(), hint_image),
             (k.containerd(), hint_debs),
             (k.debs_root.join("usr/sbin/runc"), hint_debs),
             (k.debs_root.join("usr/bin/ctr"), hint_debs),
@@ -101,6 +119,7 @@ impl KubeInputs {
             .param("kubelet-config", KUBELET_CONFIG)
             .param("cni-config", CNI_CONFIG)
             .param("kube-modules", MODULES)
+            .param("kube-mountinfo", MOUNTINFO_LINE)
             .param("cni-plugins", CNI_PLUGINS.join(" "))
             .file("kube-debs", &self.debs_root.join(".extracted"))?
             .file("kubelet", &self.kubelet())?;
@@ -159,7 +178,18 @@ pub fn populate(dir: &Path, kube: &KubeInputs, debs: &Debs) -> Result<()> {
         0o644,
     )?;
     write(&dir.join("etc/hosts"), "127.0.0.1 localhost\n", 0o644)?;
+    for loader in ["grub", "syslinux"] {
+        let p = dir.join(format!("etc/k3os-ops/config.{loader}.toml"));
+        let base = fs::read_to_string(&p).ctx("read", &p)?;
+        write(&p, with_mountinfo(&base), 0o644)?;
+    }
     modules(dir, debs)
+}
+
+/// `config` (a node config) with [`MOUNTINFO_LINE`] first: a top-level key must come before
+/// the `[layout]` table.
+pub fn with_mountinfo(config: &str) -> String {
+    format!("{MOUNTINFO_LINE}{config}")
 }
 
 /// The names of [`MODULES`], in order.
@@ -267,6 +297,10 @@ mod tests {
         assert_eq!(n["plugins"][0]["type"], "bridge");
         assert_eq!(n["plugins"][0]["ipam"]["type"], "host-local");
         assert!(module_names().contains(&"overlay"));
+        assert_eq!(n["plugins"][0]["ipMasq"], true, "pods reach the API server");
+        let c = libupgrade::Config::parse(&with_mountinfo(&crate::rootfs::node_config("grub", 3)))
+            .unwrap();
+        assert_eq!(c.mountinfo, Path::new("/proc/1/mountinfo"));
         assert!(!module_names().iter().any(|m| m.starts_with('#')));
     }
 

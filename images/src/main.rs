@@ -65,6 +65,10 @@ enum Command {
         /// `.cache/kube/<version>/linux-<amd64|arm64>`.
         #[arg(long, requires = "kube_debs")]
         kube_assets: Option<PathBuf>,
+        /// The agent's OCI image archive for the target's platform (k3os-oci with
+        /// `--layer-compression none`), a payload of every `-kube` release.
+        #[arg(long, requires = "kube_debs")]
+        kube_agent_image: Option<PathBuf>,
     },
 }
 
@@ -82,6 +86,7 @@ fn main() -> anyhow::Result<()> {
             slot_a,
             kube_debs,
             kube_assets,
+            kube_agent_image,
         } => {
             let t0 = Instant::now();
             let target = Target::new(arch);
@@ -102,7 +107,7 @@ fn main() -> anyhow::Result<()> {
                 out: arch_out.clone(),
                 keys,
                 channel_root,
-                kube: kube_inputs(kube_debs, kube_assets)?,
+                kube: kube_inputs(kube_debs, kube_assets, kube_agent_image)?,
             };
             let signing = Signing {
                 secret: &secret,
@@ -148,13 +153,21 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// The Kubernetes node variant's inputs, when both flags are given (clap requires the pair).
+/// The Kubernetes node variant's inputs, when their flags are given (clap requires the
+/// Debian tree and the assets together; the agent image is named when missing).
 fn kube_inputs(
     debs: Option<PathBuf>,
     assets: Option<PathBuf>,
+    agent_image: Option<PathBuf>,
 ) -> anyhow::Result<Option<KubeInputs>> {
     Ok(match (debs, assets) {
-        (Some(d), Some(a)) => Some(KubeInputs::locate(&d, &a)?),
+        (Some(d), Some(a)) => {
+            let image = agent_image.context(
+                "--kube-debs and --kube-assets need --kube-agent-image (the agent's OCI archive, \
+                 written by `just images-kube-<arch>`)",
+            )?;
+            Some(KubeInputs::locate(&d, &a, &image)?)
+        }
         _ => None,
     })
 }

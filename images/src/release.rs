@@ -287,9 +287,14 @@ impl ReleaseBuilder {
         // `upgrade-from-previous`: v0.1.0 reads a manifest with patches): v1 is built first.
         let patch_from = spec.patch_from().map(|v| self.out.join("releases").join(v));
         let archive = image_archive(spec, &self.debs, t, work)?;
+        // A Kubernetes node also carries the agent's own image (src/kube.rs).
+        let agent = self.kube_inputs(spec)?.map(|k| k.agent_image.clone());
         let mut st = Stamp::new();
         if let Some(base) = &patch_from {
             st.file("patch-from", &base.join(MANIFEST_FILE))?;
+        }
+        if let Some(a) = &agent {
+            st.file("agent-image", a)?;
         }
         st.file("image-archive", &archive)?;
         st.param("arch", t.arch.as_str())
@@ -341,6 +346,11 @@ impl ReleaseBuilder {
             ))
             .arg("-o")
             .arg(&dir);
+        if let Some(a) = &agent {
+            cmd = cmd
+                .arg("--image")
+                .arg(format!("{}={}", kube::AGENT_PAYLOAD_NAME, a.display()));
+        }
         if let Some(base) = &patch_from {
             cmd = cmd.arg("--patch-from").arg(base);
         }

@@ -34,7 +34,15 @@ pub struct Options {
     /// Also start kube-controller-manager and kube-scheduler (Deployments get pods, pods get
     /// nodes, namespaces get their `default` ServiceAccount).
     pub controllers: bool,
+    /// Write an audit log ([`TestEnv::audit_log`]): every request at level `Metadata` (who,
+    /// what, the answer's code), one JSON event a line, for tests that check what a client
+    /// was refused.
+    pub audit: bool,
 }
+
+/// The audit policy of [`Options::audit`]: every request's metadata, once it is answered.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\n\
+    omitStages: [RequestReceived]\nrules:\n- level: Metadata\n";
 
 /// A running control plane; everything is killed and deleted when it is dropped.
 pub struct TestEnv {
@@ -122,6 +130,11 @@ impl TestEnv {
     /// The temp dir holding the logs (`<binary>.log`), the data and the PKI.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The API server's audit log (JSON lines) when started with [`Options::audit`].
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.path().join("audit.log")
     }
 
     /// A kubeconfig of the admin (bearer token; the CA, or no TLS check without one).
@@ -284,6 +297,15 @@ fn apiserver_args(
     if opts.node_authorizer {
         args[5] = "--authorization-mode=Node,RBAC".into();
         args.push("--enable-admission-plugins=NodeRestriction".into());
+    }
+    if opts.audit {
+        let policy = d.join("audit-policy.yaml");
+        std::fs::write(&policy, AUDIT_POLICY).expect("write the audit policy");
+        args.push(format!("--audit-policy-file={}", policy.display()));
+        args.push(format!(
+            "--audit-log-path={}",
+            d.join("audit.log").display()
+        ));
     }
     args
 }

@@ -1,6 +1,7 @@
 //! The control plane starts from real binaries (`KUBEBUILDER_ASSETS`, else the path
-//! scripts/setup.sh installs them to) with every option on, and a node's client certificate
-//! authenticates as that node. `#[ignore]`d: it needs the Kubernetes binaries.
+//! scripts/setup.sh installs them to) with every option on, a node's client certificate
+//! authenticates as that node, and the audit log names what it was refused.
+//! `#[ignore]`d: it needs the Kubernetes binaries.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -26,27 +27,31 @@ fn a_tls_control_plane_with_controllers_accepts_a_node_certificate() {
             tls_ips: vec!["127.0.0.1".into()],
             node_authorizer: true,
             controllers: true,
+            audit: true,
         },
     );
     env.wait_ready(&kubectl, Duration::from_secs(120)).unwrap();
     let ca = env.ca.clone().unwrap();
     let node = ca.client("n1", "system:node:n1", &["system:nodes"]);
-    let out = std::process::Command::new(&kubectl)
-        .arg(format!("--server={}", env.url))
-        .arg(format!(
-            "--certificate-authority={}",
-            ca.pair.cert.display()
-        ))
-        .arg(format!("--client-certificate={}", node.cert.display()))
-        .arg(format!("--client-key={}", node.key.display()))
-        .args([
-            "auth",
-            "whoami",
-            "-o",
-            "jsonpath={.status.userInfo.username}",
-        ])
-        .output()
-        .unwrap();
+    let as_node = |args: &[&str]| {
+        std::process::Command::new(&kubectl)
+            .arg(format!("--server={}", env.url))
+            .arg(format!(
+                "--certificate-authority={}",
+                ca.pair.cert.display()
+            ))
+            .arg(format!("--client-certificate={}", node.cert.display()))
+            .arg(format!("--client-key={}", node.key.display()))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = as_node(&[
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ]);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "system:node:n1",
@@ -72,6 +77,27 @@ fn a_tls_control_plane_with_controllers_accepts_a_node_certificate() {
         found,
         "no default ServiceAccount: {}",
         env.log_tail("kube-controller-manager", 10)
+    );
+    // A node may not list Secrets: the audit log records the 403 with the user.
+    assert!(!as_node(&["get", "secrets", "-A"]).status.success());
+    let mut refused = false;
+    for _ in 0..20 {
+        let log = std::fs::read_to_string(env.audit_log()).unwrap_or_default();
+        refused = log.lines().any(|l| {
+            let e: serde_json::Value = serde_json::from_str(l).unwrap();
+            e["user"]["username"] == "system:node:n1"
+                && e["objectRef"]["resource"] == "secrets"
+                && e["responseStatus"]["code"] == 403
+        });
+        if refused {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        refused,
+        "no 403 for system:node:n1 in {}",
+        env.audit_log().display()
     );
     assert_eq!(env.exited(), None);
 }

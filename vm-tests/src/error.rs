@@ -96,6 +96,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// What went wrong without the scenario and target a [`Error::Check`] starts with (for an
+    /// error that a scenario wraps into its own check, naming them once).
+    pub fn detail(&self) -> String {
+        match self {
+            Error::Check { what, .. } => what.clone(),
+            e => e.to_string(),
+        }
+    }
+
     pub fn io(what: impl Into<String>, path: impl Into<PathBuf>, source: std::io::Error) -> Error {
         Error::Io {
             what: what.into(),

@@ -25,7 +25,7 @@ use crate::target::kube_assets;
 use crate::vm::Vm;
 
 /// The Node's name (the seed's `node-name`, the client certificate's CN).
-const NODE: &str = "kube-node-1";
+pub(super) const NODE: &str = "kube-node-1";
 /// The seed filesystem's label (images/files/kube-up.sh looks for it).
 const SEED_LABEL: &str = "k3os-seed";
 /// The workload: in the archive of v1-kube's payload only (images/src/oci.rs, `kube_images`).
@@ -41,22 +41,7 @@ impl Scenario {
     pub(super) fn kube_node_joins(&mut self) -> Result<()> {
         let assets = kube_assets(&self.root);
         let kubectl = assets.join("kubectl");
-        let t0 = Instant::now();
-        let mut env = TestEnv::start(
-            &assets,
-            &EnvOptions {
-                tls_ips: vec!["10.0.2.2".into(), "127.0.0.1".into()],
-                node_authorizer: true,
-                controllers: true,
-            },
-        );
-        env.wait_ready(&kubectl, Duration::from_secs(120))
-            .map_err(|e| self.fail(e))?;
-        self.note(format!(
-            "host: etcd, kube-apiserver, controller manager and scheduler ready in {:.1}s ({})",
-            t0.elapsed().as_secs_f64(),
-            env.dir().display()
-        ));
+        let mut env = self.control_plane(&assets, &kubectl, false)?;
         let seed = self.seed_disk(&env)?;
         let mut node = self.node_from("node", &self.target.kube_disk(&self.root))?;
         node.attach_seed(&seed);
@@ -71,9 +56,55 @@ impl Scenario {
         Ok(())
     }
 
+    /// The host's control plane for a guest (serving 10.0.2.2, the Node authorizer, the
+    /// controllers; with `audit`, the audit log), ready.
+    pub(super) fn control_plane(
+        &mut self,
+        assets: &Path,
+        kubectl: &Path,
+        audit: bool,
+    ) -> Result<TestEnv> {
+        let t0 = Instant::now();
+        let mut env = TestEnv::start(
+            assets,
+            &EnvOptions {
+                tls_ips: vec!["10.0.2.2".into(), "127.0.0.1".into()],
+                node_authorizer: true,
+                controllers: true,
+                audit,
+            },
+        );
+        env.wait_ready(kubectl, Duration::from_secs(120))
+            .map_err(|e| self.fail(e))?;
+        self.note(format!(
+            "host: etcd, kube-apiserver, controller manager and scheduler ready in {:.1}s ({})",
+            t0.elapsed().as_secs_f64(),
+            env.dir().display()
+        ));
+        Ok(env)
+    }
+
     /// Everything after `K3OS-BOOTED`: the guest's steps, then the Node and the pod as the API
     /// server sees them.
     fn join(
+        &mut self,
+        vm: &mut Vm,
+        env: &mut TestEnv,
+        kubectl: &Path,
+        booted: Duration,
+    ) -> Result<()> {
+        self.kubelet_joins(vm, env, kubectl, booted)?;
+        self.run_workload(env, kubectl)?;
+        vm.wait_shell(CMD)?;
+        let images = vm.run_ok("ctr -n k8s.io images ls -q", CMD)?;
+        self.check(images.contains(APP_IMAGE), || {
+            format!("containerd's k8s.io store lacks {APP_IMAGE}:\n{images}")
+        })
+    }
+
+    /// From `K3OS-BOOTED` (at `booted` since power-on) to the Node Ready: the kubelet started
+    /// after `K3OS-CONFIRM ok`, the Node registered, Ready (each step noted).
+    pub(super) fn kubelet_joins(
         &mut self,
         vm: &mut Vm,
         env: &mut TestEnv,
@@ -119,12 +150,7 @@ impl Scenario {
         self.note(format!(
             "api: Node {NODE} Ready {ready:.1}s after the kubelet started"
         ));
-        self.run_workload(env, kubectl)?;
-        vm.wait_shell(CMD)?;
-        let images = vm.run_ok("ctr -n k8s.io images ls -q", CMD)?;
-        self.check(images.contains(APP_IMAGE), || {
-            format!("containerd's k8s.io store lacks {APP_IMAGE}:\n{images}")
-        })
+        Ok(())
     }
 
     /// A Deployment of [`APP_IMAGE`] (never pulled) gets a Running pod on the node.
@@ -146,7 +172,7 @@ impl Scenario {
 
     /// Poll `done` (given a kubectl runner) every second until it says true, at most `limit`;
     /// returns the seconds it took. A control-plane process that exits fails at once.
-    fn wait_api(
+    pub(super) fn wait_api(
         &mut self,
         env: &mut TestEnv,
         kubectl: &Path,
@@ -180,7 +206,7 @@ impl Scenario {
 
     /// The seed disk: the node's kubeconfig (server `https://10.0.2.2:<port>`, the CA, its
     /// client certificate and key embedded), the CA and the node's name.
-    fn seed_disk(&mut self, env: &TestEnv) -> Result<PathBuf> {
+    pub(super) fn seed_disk(&mut self, env: &TestEnv) -> Result<PathBuf> {
         let ca = env.ca.as_ref().expect("the env was started with tls_ips");
         let pair = ca.client("node", &format!("system:node:{NODE}"), &["system:nodes"]);
         let dir = self.out.join("seed");
@@ -214,7 +240,7 @@ impl Scenario {
 
     /// Add what the guest's console and logs showed last to `e` (bounded: a shell that does
     /// not answer within 20 s adds nothing more).
-    fn guest_logs(&mut self, vm: &mut Vm, e: Error) -> Error {
+    pub(super) fn guest_logs(&mut self, vm: &mut Vm, e: Error) -> Error {
         let console = vm.tail(30);
         let logs = vm
             .run(
@@ -224,7 +250,8 @@ impl Scenario {
             .map(|o| o.output)
             .unwrap_or_else(|e| format!("(the guest shell did not answer: {e})"));
         self.fail(format!(
-            "{e}\n--- the guest's console, last lines:\n{console}\n--- the guest's logs:\n{logs}"
+            "{}\n--- the guest's console, last lines:\n{console}\n--- the guest's logs:\n{logs}",
+            e.detail()
         ))
     }
 }

@@ -53,6 +53,11 @@
 //!   by the test and joins a control plane started on the host: containerd up, the slot's
 //!   image archive imported, the Node registered and Ready, a pod of an image only the slot's
 //!   payload carries Running (each step timed).
+//! - `site-upgrade`: a real site: on that node, the agent deployed with `kubectl apply -k` as
+//!   a user does (its image from the slot's payload) upgrades it v1-kube → v2-kube from a
+//!   channel the host serves: stage before cordon, a drain with real evictions under a
+//!   PodDisruptionBudget, the reboot, containerd importing v2's images, Ready, the agent's
+//!   restarted pod confirming; judged by what `kubectl` shows and the API server's audit log.
 //!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
@@ -64,7 +69,7 @@
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
 //! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability), `rotation`
-//! (trust-rotation), `wave` (rollout-wave), `patch` (upgrade-patch), `payloads` (payload-images), `spool` (report-spool). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! (trust-rotation), `wave` (rollout-wave), `patch` (upgrade-patch), `payloads` (payload-images), `spool` (report-spool), `kube` (kube-node-joins), `site` (site-upgrade). Data flows one way: this file → a family → `steps` → [`Vm`] /
 //! [`crate::server`] / [`crate::target`]; the one link between families is `previous` using
 //! `powercut`'s barrier formatter. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
@@ -89,6 +94,7 @@ mod powercut;
 mod previous;
 mod reach;
 mod rotation;
+mod site;
 mod spool;
 mod steps;
 mod upgrade;
@@ -120,10 +126,11 @@ pub enum ScenarioKind {
     VerityFec,
     VerityFallback,
     KubeNodeJoins,
+    SiteUpgrade,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 18] = [
+    pub const ALL: [ScenarioKind; 19] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -142,6 +149,7 @@ impl ScenarioKind {
         ScenarioKind::VerityFec,
         ScenarioKind::VerityFallback,
         ScenarioKind::KubeNodeJoins,
+        ScenarioKind::SiteUpgrade,
     ];
 
     pub fn name(self) -> &'static str {
@@ -164,13 +172,22 @@ impl ScenarioKind {
             ScenarioKind::VerityFec => "verity-fec",
             ScenarioKind::VerityFallback => "verity-fallback",
             ScenarioKind::KubeNodeJoins => "kube-node-joins",
+            ScenarioKind::SiteUpgrade => "site-upgrade",
         }
     }
 
     /// Whether the scenario runs on `target` (`run … all` skips the others): the Kubernetes
     /// node disk exists for x86_64 GRUB UEFI only so far.
     pub fn runs_on(self, target: Target) -> bool {
-        self != ScenarioKind::KubeNodeJoins || target == Target::X86_64GrubEfi
+        !self.is_kube() || target == Target::X86_64GrubEfi
+    }
+
+    /// A scenario of the Kubernetes node disk (`just images-kube-<arch>`).
+    fn is_kube(self) -> bool {
+        matches!(
+            self,
+            ScenarioKind::KubeNodeJoins | ScenarioKind::SiteUpgrade
+        )
     }
 }
 
@@ -245,7 +262,7 @@ impl Scenario {
     /// Prepare `kind` on `target`; fails (with the reason) when an input is missing.
     pub fn new(kind: ScenarioKind, target: Target, opts: Options) -> Result<Scenario> {
         let root = workspace_root();
-        if kind == ScenarioKind::KubeNodeJoins {
+        if kind.is_kube() {
             target.check_kube_inputs(&root)?;
         } else {
             target.check_inputs(&root)?;
@@ -266,6 +283,10 @@ impl Scenario {
             kind,
             ScenarioKind::TrustRotation | ScenarioKind::RolloutWave
         ) {
+            target.check_channel_inputs(&root, &rotation::ROOT1_KEYS)?;
+        }
+        if kind == ScenarioKind::SiteUpgrade {
+            target.check_releases(&root, &["v1-kube", "v2-kube"])?;
             target.check_channel_inputs(&root, &rotation::ROOT1_KEYS)?;
         }
         if kind == ScenarioKind::ReportSpool {
@@ -324,6 +345,7 @@ impl Scenario {
             ScenarioKind::VerityFec => self.verity_fec()?,
             ScenarioKind::VerityFallback => self.verity_fallback()?,
             ScenarioKind::KubeNodeJoins => self.kube_node_joins()?,
+            ScenarioKind::SiteUpgrade => self.site_upgrade()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;
