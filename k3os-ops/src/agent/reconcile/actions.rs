@@ -34,6 +34,16 @@ pub(in crate::agent) async fn tick_idle(
             let report = Report::new(Phase::Failed, why, said.once());
             return Ok(Done::report(report, Then::Wait));
         }
+        IdleReason::BadSlot(version) => {
+            let said = Say::warn(
+                "NotRetrying",
+                format!(
+                    "the slot holding {} is bad (marked by hand or dropped for a withdrawal); not staging it again",
+                    version.escape_debug()
+                ),
+            );
+            return Ok(Done::then(Then::Wait).after(vec![said.once()]));
+        }
         IdleReason::ForeignSlot => return tick_take_over(t).await,
         IdleReason::UpToDate => {
             cx.annotate_phase(

@@ -60,6 +60,10 @@ pub enum IdleReason {
         version: String,
         why: String,
     },
+    /// The inactive slot holding the target is bad but nothing records a failure of it here
+    /// (marked bad by hand, or dropped for a withdrawal): not staged again, and not shown as
+    /// failed (the Node's phase stays as it is).
+    BadSlot(String),
     /// The channel holds a slot for this node under another token (an earlier agent instance
     /// on this node claimed it); the controller takes it over in place, which fences that
     /// instance out.
@@ -305,6 +309,9 @@ fn next_action(
             why,
         });
     }
+    if node.update.inactive == Inactive::Failed(target.clone()) {
+        return Action::Idle(IdleReason::BadSlot(target));
+    }
     if withdrawn(&target) {
         return Action::Withdrawn { version: target };
     }
@@ -335,7 +342,8 @@ fn next_action(
 /// Why `target` is not tried on this node again, if it failed here: the node's own record
 /// held back by [`libupgrade::rollout::decide_retry`] (the agent follows no rollout's
 /// retries: a cluster target is retried only under a newer release), else the channel's
-/// record of this node's failure, else the bad inactive slot holding it.
+/// record of this node's failure. A bad inactive slot with no such record is
+/// [`IdleReason::BadSlot`], not a failure.
 fn failed_here(
     status: &crate::agent::channel::crd::UpdateChannelStatus,
     node: &NodeView,
@@ -346,18 +354,11 @@ fn failed_here(
     if let Retry::Wait { why, .. } = libupgrade::rollout::decide_retry(record, None, now) {
         return Some(why);
     }
-    if status
+    status
         .failures
         .iter()
         .any(|f| f.node == node.name && f.version == target)
-    {
-        return Some(format!(
-            "failed here: {target} failed on this node (status.failures lists it)"
-        ));
-    }
-    (node.update.inactive == Inactive::Failed(target.to_string())).then(|| {
-        format!("failed here: {target} failed on this node (the inactive slot holding it is bad)")
-    })
+        .then(|| format!("failed here: {target} failed on this node (status.failures lists it)"))
 }
 
 /// The last rows of the table: a staged target is claimed once the channel's rollout admits
