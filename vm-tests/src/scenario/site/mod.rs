@@ -55,6 +55,9 @@ const FAILED: [&str; 7] = [
     "Failed",
     "Unhealthy",
 ];
+/// The API server's address as the guest sees the host (QEMU user networking), which the
+/// overlay gives the agent pod.
+const API_HOST: &str = "10.0.2.2";
 /// The agent's ServiceAccount, as the API server names its user.
 const AGENT_USER: &str = "system:serviceaccount:k3os-system:k3os-ops-agent";
 
@@ -167,7 +170,7 @@ impl Scenario {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         let deploy = manifests::relative(&dir, &self.root.join("k3os-ops/deploy"));
         let k = dir.join("kustomization.yaml");
-        std::fs::write(&k, manifests::overlay(&deploy, "10.0.2.2", env.port))
+        std::fs::write(&k, manifests::overlay(&deploy, API_HOST, env.port))
             .map_err(|e| Error::io("write", &k, e))?;
         let run = |args: &[&str]| env.kubectl(kubectl, args);
         let applied = run(&["apply", "-k", &dir.display().to_string()])
@@ -196,7 +199,7 @@ impl Scenario {
         let api = self.agent_reaches_api(env)?;
         self.note(format!(
             "api: the agent pod ({image}, imagePullPolicy Never, from the slot's payload) started {up:.1}s after apply -k; it read its Node through {}:{} {api:.1}s later",
-            "10.0.2.2", env.port
+            API_HOST, env.port
         ));
         Ok(())
     }
