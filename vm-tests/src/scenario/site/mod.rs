@@ -17,6 +17,7 @@
 //! stuck at a step fails within [`STEP`] with the console and the guest's logs.
 mod after;
 mod manifests;
+mod rollback;
 mod timeline;
 
 use std::path::Path;
@@ -66,18 +67,25 @@ impl Scenario {
         let assets = kube_assets(&self.root);
         let kubectl = assets.join("kubectl");
         let mut env = self.control_plane(&assets, &kubectl, true)?;
+        let (srv, mut vm, booted) = self.site_node(&env, TARGET)?;
+        let r = self.site(&mut vm, &mut env, &kubectl, booted, srv);
+        r.map_err(|e| self.site_logs(&mut vm, e))
+    }
+
+    /// The channel of v1-kube and `target` served, the node powered on with its seed and
+    /// booted into A v1-kube; the server, the VM and when it booted.
+    fn site_node(&mut self, env: &TestEnv, target: &str) -> Result<(ReleaseServer, Vm, Duration)> {
         let chan = self.out.join("channel");
-        self.publish_site_channel(&chan)?;
+        self.publish_site_channel(&chan, target)?;
         let srv = ReleaseServer::start(&chan, 0)?;
-        let seed = self.seed_disk(&env)?;
+        let seed = self.seed_disk(env)?;
         let mut node = self.node_from("node", &self.target.kube_disk(&self.root))?;
         node.attach_seed(&seed);
         node.resize(3072, 2);
         let mut vm = self.power_on(&mut node)?;
         let booted = vm.elapsed();
         self.expect_boot(&mut vm, Slot::A, "v1-kube")?;
-        let r = self.site(&mut vm, &mut env, &kubectl, booted, srv);
-        r.map_err(|e| self.site_logs(&mut vm, e))
+        Ok((srv, vm, booted))
     }
 
     /// Everything after v1-kube's `K3OS-BOOTED`.
@@ -93,7 +101,7 @@ impl Scenario {
         self.deploy_agent(env, kubectl)?;
         self.site_workload(env, kubectl)?;
         let t0 = Instant::now();
-        let channel = manifests::update_channel(&srv.guest_root());
+        let channel = manifests::update_channel(&srv.guest_root(), TARGET, "20m");
         self.apply(env, kubectl, "updatechannel.yaml", &channel)?;
         let samples = self.watch_upgrade(vm, env, kubectl, srv, t0)?;
         let events = self.agent_events(env, kubectl, "UpdateSucceeded")?;
@@ -123,12 +131,12 @@ impl Scenario {
         self.after_upgrade(vm, env, kubectl)
     }
 
-    /// The scratch channel: v1-kube and v2-kube (hard-linked), signed by the images' root 1
+    /// The scratch channel: v1-kube and `target` (hard-linked), signed by the images' root 1
     /// keys every image trusts (targets, snapshot, timestamp), no rollout: every node may take
     /// either.
-    fn publish_site_channel(&mut self, chan: &Path) -> Result<()> {
+    fn publish_site_channel(&mut self, chan: &Path, target: &str) -> Result<()> {
         let releases = self.target.releases(&self.root);
-        for v in ["v1-kube", TARGET] {
+        for v in ["v1-kube", target] {
             link_release(&releases.join(v), &chan.join(v))?;
         }
         let root1 = self.target.channel_root_dir(&self.root);
