@@ -39,7 +39,8 @@ images-previous: images (images-previous-build "x86_64 aarch64")
 # The same for x86_64 only (what `just test` needs: its default set boots x86_64 previous disks).
 images-previous-x86_64: images-x86_64 (images-previous-build "x86_64")
 
-# The Kubernetes node variant (releases v1-kube and v2-kube, disk grub-efi-kube on x86_64):
+# The Kubernetes node variant (releases v1-kube, v2-kube and v2-kubenotready, whose kubelet
+# config does not load; disk grub-efi-kube on x86_64):
 # the plain root plus Debian's containerd, runc, CNI plugins and iptables
 # (images/scripts/fetch-kube-debs.sh) and the kubelet of the Kubernetes binaries scripts/setup.sh
 # installs into .cache/kube/<version>/linux-<debarch>. Every -kube release also carries the
@@ -73,7 +74,7 @@ images-kube arch debarch boots kube_version="v1.36.2":
         --verity-open target/{{arch}}-unknown-linux-musl/release/k3os-verity-open \
         --tool target/x86_64-unknown-linux-musl/release/k3os-ops \
         --out images/out \
-        --release v1-kube --release v2-kube --slot-a v1-kube $boots
+        --release v1-kube --release v2-kube --release v2-kubenotready --slot-a v1-kube $boots
 
 images-previous-build arches:
     images/scripts/build-previous.sh {{arches}}
@@ -211,6 +212,12 @@ vm-test-kube: images-kube-x86_64
 # reboot, containerd imports v2's images, Ready, confirm, uncordon). Not in `just test`.
 vm-test-site: images-kube-x86_64
     cargo run -p vm-tests -- run site-upgrade x86_64-grub-efi
+
+# The same site with v2-kubenotready (its kubelet config does not load): not blessed within the
+# limit (10 minutes), the node rolls back to v1-kube by itself, Ready again, and the agent records
+# the failure, releases the claim and pauses the channel. Not in `just test`.
+vm-test-site-rollback: images-kube-x86_64
+    cargo run -p vm-tests -- run site-rollback x86_64-grub-efi
 
 # --- fuzzing (owned by fuzz/) ---------------------------------------------------------------
 # Every fuzz target of fuzz/ for `secs` seconds each (one libFuzzer job each, under nice), then

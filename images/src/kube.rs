@@ -28,6 +28,7 @@ use crate::debs::Debs;
 use crate::error::{Error, IoContext, Result};
 use crate::initramfs::kmod::ModDeps;
 use crate::run::Cmd;
+use crate::spec::Variant;
 use crate::stamp::Stamp;
 
 pub const INIT: &str = include_str!("../files/kube-init.sh");
@@ -136,8 +137,21 @@ fn write(path: &Path, data: impl AsRef<[u8]>, mode: u32) -> Result<()> {
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).ctx("chmod", path)
 }
 
-/// Add the variant to `dir`, a tree [`crate::rootfs::populate`] filled.
-pub fn populate(dir: &Path, kube: &KubeInputs, debs: &Debs) -> Result<()> {
+/// The kubelet config of `variant`: [`KUBELET_CONFIG`], or for
+/// [`Variant::KubeNotReady`] one of an API version no kubelet knows (it exits at start).
+pub fn kubelet_config(variant: Variant) -> String {
+    match variant {
+        Variant::KubeNotReady => KUBELET_CONFIG.replace(
+            "apiVersion: kubelet.config.k8s.io/v1beta1",
+            "apiVersion: kubelet.config.k8s.io/v0-broken-on-purpose",
+        ),
+        _ => KUBELET_CONFIG.to_string(),
+    }
+}
+
+/// Add the variant to `dir`, a tree [`crate::rootfs::populate`] filled for a release of
+/// `variant`.
+pub fn populate(dir: &Path, kube: &KubeInputs, debs: &Debs, variant: Variant) -> Result<()> {
     let base = dir.join("sbin/init.base");
     fs::rename(dir.join("sbin/init"), &base).ctx("move the plain init to", &base)?;
     write(&dir.join("sbin/init"), INIT, 0o755)?;
@@ -169,7 +183,7 @@ pub fn populate(dir: &Path, kube: &KubeInputs, debs: &Debs) -> Result<()> {
     )?;
     write(
         &dir.join("etc/kubernetes/kubelet.yaml"),
-        KUBELET_CONFIG,
+        kubelet_config(variant),
         0o644,
     )?;
     write(
@@ -287,6 +301,11 @@ mod tests {
         );
         assert_eq!(cri["cni"]["bin_dir"].as_str(), Some("/usr/lib/cni"));
         let k: serde_yaml::Value = serde_yaml::from_str(KUBELET_CONFIG).unwrap();
+        assert_eq!(kubelet_config(Variant::Kube), KUBELET_CONFIG);
+        let broken: serde_yaml::Value =
+            serde_yaml::from_str(&kubelet_config(Variant::KubeNotReady)).unwrap();
+        assert_ne!(broken["apiVersion"], k["apiVersion"]);
+        assert_eq!(broken["kind"], k["kind"]);
         assert_eq!(k["cgroupDriver"].as_str(), Some("cgroupfs"));
         assert_eq!(k["failSwapOn"].as_bool(), Some(false));
         assert_eq!(

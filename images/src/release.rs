@@ -248,7 +248,7 @@ impl ReleaseBuilder {
                 spec,
                 &rootfs,
                 |tree| match kube {
-                    Some(k) => kube::populate(tree, k, d),
+                    Some(k) => kube::populate(tree, k, d, spec.variant),
                     None => Ok(()),
                 },
             )?;
@@ -259,7 +259,7 @@ impl ReleaseBuilder {
 
     /// The Kubernetes inputs when `spec` is a `-kube` release (an error without them).
     fn kube_inputs(&self, spec: &ReleaseSpec) -> Result<Option<&KubeInputs>> {
-        if spec.variant != Variant::Kube {
+        if !spec.variant.is_kube() {
             return Ok(None);
         }
         self.kube.as_ref().map(Some).ok_or_else(|| Error::Input {
@@ -370,7 +370,7 @@ impl ReleaseBuilder {
 /// A `-kube` release's archive holds runnable images instead ([`crate::oci::write_kube_archive`]).
 fn image_archive(spec: &ReleaseSpec, debs: &Debs, t: Target, work: &Path) -> Result<PathBuf> {
     let archive = work.join(format!("{}.tar", crate::oci::PAYLOAD_NAME));
-    if spec.variant == Variant::Kube {
+    if spec.variant.is_kube() {
         crate::oci::write_kube_archive(spec.generation, &debs.busybox, t.debian(), &archive)?;
     } else {
         crate::oci::write_archive(spec.generation, &archive)?;

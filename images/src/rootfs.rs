@@ -211,7 +211,11 @@ fn node_files(dir: &Path, trust: &NodeTrust, spec: &ReleaseSpec) -> Result<()> {
         0o644,
     )?;
     match spec.variant {
-        Variant::Normal | Variant::Panic | Variant::Verity | Variant::Kube => {}
+        Variant::Normal
+        | Variant::Panic
+        | Variant::Verity
+        | Variant::Kube
+        | Variant::KubeNotReady => {}
         Variant::BadHealth => write(&ops.join("health.d/10-badhealth"), BADHEALTH_CHECK, 0o755)?,
         Variant::NoConfirm => write(&ops.join("mode"), "noconfirm\n", 0o644)?,
         Variant::NoNet => write(&ops.join("mode"), "nonet\n", 0o644)?,

@@ -37,6 +37,10 @@ pub enum Variant {
     /// (the pause image among them). Never in [`STANDARD_RELEASES`]: built by `just
     /// images-kube-<arch>` onto its own disk (`disk-grub-efi-kube.img`).
     Kube,
+    /// [`Variant::Kube`] whose kubelet config does not load: the kubelet exits at start and
+    /// the Node is never Ready, so the agent's trial boot is never blessed (scenario
+    /// `site-rollback`).
+    KubeNotReady,
 }
 
 impl Variant {
@@ -49,7 +53,13 @@ impl Variant {
             Variant::NoNet => "-nonet",
             Variant::Verity => "-verity",
             Variant::Kube => "-kube",
+            Variant::KubeNotReady => "-kubenotready",
         }
+    }
+
+    /// A Kubernetes node release (its root carries `src/kube.rs`'s additions).
+    pub fn is_kube(self) -> bool {
+        matches!(self, Variant::Kube | Variant::KubeNotReady)
     }
 }
 
@@ -63,7 +73,7 @@ pub struct ReleaseSpec {
 
 impl ReleaseSpec {
     /// Parse `v2`, `v2-panic`, `v2-noconfirm`, `v2-badhealth`, `v2-nonet`, `v2-verity`,
-    /// `v2-kube`.
+    /// `v2-kube`, `v2-kubenotready`.
     pub fn parse(version: &str) -> std::result::Result<ReleaseSpec, String> {
         let (base, variant) = match version.split_once('-') {
             None => (version, Variant::Normal),
@@ -73,8 +83,9 @@ impl ReleaseSpec {
             Some((b, "nonet")) => (b, Variant::NoNet),
             Some((b, "verity")) => (b, Variant::Verity),
             Some((b, "kube")) => (b, Variant::Kube),
+            Some((b, "kubenotready")) => (b, Variant::KubeNotReady),
             Some((_, v)) => {
-                let known = "panic, noconfirm, badhealth, nonet, verity, kube";
+                let known = "panic, noconfirm, badhealth, nonet, verity, kube, kubenotready";
                 return Err(format!(
                     "release '{version}': unknown variant '{v}' ({known})"
                 ));
@@ -264,6 +275,9 @@ mod tests {
             disk_file_name(BootVariant::GrubEfi, &s),
             "disk-grub-efi-kube.img"
         );
+        let s = ReleaseSpec::parse("v2-kubenotready").unwrap();
+        assert_eq!((s.generation, s.variant.suffix()), (2, "-kubenotready"));
+        assert!(s.variant.is_kube() && !Variant::Normal.is_kube());
         let v1 = ReleaseSpec::parse("v1").unwrap();
         assert_eq!(
             disk_file_name(BootVariant::GrubBios, &v1),

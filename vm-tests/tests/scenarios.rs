@@ -127,6 +127,8 @@ matrix_test!(
 );
 // A real site: the agent upgrades that node (`just vm-test-site`).
 matrix_test!(x86_64_grub_efi_site_upgrade, SiteUpgrade, X86_64GrubEfi);
+// A v2 whose kubelet never starts rolls back (`just vm-test-site-rollback`).
+matrix_test!(x86_64_grub_efi_site_rollback, SiteRollback, X86_64GrubEfi);
 
 // x86_64 GRUB BIOS
 default_test!(x86_64_grub_bios_upgrade, Upgrade, X86_64GrubBios);

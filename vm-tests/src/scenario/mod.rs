@@ -58,6 +58,9 @@
 //!   channel the host serves: stage before cordon, a drain with real evictions under a
 //!   PodDisruptionBudget, the reboot, containerd importing v2's images, Ready, the agent's
 //!   restarted pod confirming; judged by what `kubectl` shows and the API server's audit log.
+//! - `site-rollback`: the same site with a v2 whose kubelet never starts: not blessed within
+//!   the limit, the node rolls back to A by itself, Ready on v1, and the agent records the
+//!   failure with its why, releases the claim and pauses the channel.
 //!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
@@ -69,7 +72,7 @@
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
 //! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability), `rotation`
-//! (trust-rotation), `wave` (rollout-wave), `patch` (upgrade-patch), `payloads` (payload-images), `spool` (report-spool), `kube` (kube-node-joins), `site` (site-upgrade). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! (trust-rotation), `wave` (rollout-wave), `patch` (upgrade-patch), `payloads` (payload-images), `spool` (report-spool), `kube` (kube-node-joins), `site` (site-upgrade, site-rollback). Data flows one way: this file → a family → `steps` → [`Vm`] /
 //! [`crate::server`] / [`crate::target`]; the one link between families is `previous` using
 //! `powercut`'s barrier formatter. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
@@ -127,10 +130,11 @@ pub enum ScenarioKind {
     VerityFallback,
     KubeNodeJoins,
     SiteUpgrade,
+    SiteRollback,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 19] = [
+    pub const ALL: [ScenarioKind; 20] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -150,6 +154,7 @@ impl ScenarioKind {
         ScenarioKind::VerityFallback,
         ScenarioKind::KubeNodeJoins,
         ScenarioKind::SiteUpgrade,
+        ScenarioKind::SiteRollback,
     ];
 
     pub fn name(self) -> &'static str {
@@ -173,6 +178,7 @@ impl ScenarioKind {
             ScenarioKind::VerityFallback => "verity-fallback",
             ScenarioKind::KubeNodeJoins => "kube-node-joins",
             ScenarioKind::SiteUpgrade => "site-upgrade",
+            ScenarioKind::SiteRollback => "site-rollback",
         }
     }
 
@@ -186,7 +192,7 @@ impl ScenarioKind {
     fn is_kube(self) -> bool {
         matches!(
             self,
-            ScenarioKind::KubeNodeJoins | ScenarioKind::SiteUpgrade
+            ScenarioKind::KubeNodeJoins | ScenarioKind::SiteUpgrade | ScenarioKind::SiteRollback
         )
     }
 }
@@ -285,8 +291,8 @@ impl Scenario {
         ) {
             target.check_channel_inputs(&root, &rotation::ROOT1_KEYS)?;
         }
-        if kind == ScenarioKind::SiteUpgrade {
-            target.check_releases(&root, &["v1-kube", "v2-kube"])?;
+        if matches!(kind, ScenarioKind::SiteUpgrade | ScenarioKind::SiteRollback) {
+            target.check_releases(&root, &["v1-kube", "v2-kube", "v2-kubenotready"])?;
             target.check_channel_inputs(&root, &rotation::ROOT1_KEYS)?;
         }
         if kind == ScenarioKind::ReportSpool {
@@ -346,6 +352,7 @@ impl Scenario {
             ScenarioKind::VerityFallback => self.verity_fallback()?,
             ScenarioKind::KubeNodeJoins => self.kube_node_joins()?,
             ScenarioKind::SiteUpgrade => self.site_upgrade()?,
+            ScenarioKind::SiteRollback => self.site_rollback()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;

@@ -71,12 +71,15 @@ pub(super) fn workload() -> String {
     )
 }
 
-/// The UpdateChannel: [`TARGET`] from the channel at `url`, one node at a time, any time.
-pub(super) fn update_channel(url: &str) -> String {
+/// The UpdateChannel: `version` from the channel at `url`, one node at a time, any time,
+/// pausing after one failure; `reboot_timeout` also bounds the trial boot's wait for the
+/// agent's Node-Ready (never less than 10 minutes, agent/reconcile/steps.rs).
+pub(super) fn update_channel(url: &str, version: &str, reboot_timeout: &str) -> String {
     format!(
         "apiVersion: k3os.io/v1\nkind: UpdateChannel\nmetadata:\n  name: {CHANNEL}\n  \
-         namespace: {AGENT_NS}\nspec:\n  url: {url}\n  version: {TARGET}\n  concurrency: 1\n  \
-         drain: {{timeout: 5m, gracePeriod: 10}}\n  rebootTimeout: 20m\n  maxFailures: 1\n"
+         namespace: {AGENT_NS}\nspec:\n  url: {url}\n  version: {version}\n  concurrency: 1\n  \
+         drain: {{timeout: 5m, gracePeriod: 10}}\n  rebootTimeout: {reboot_timeout}\n  \
+         maxFailures: 1\n"
     )
 }
 
@@ -126,8 +129,9 @@ mod tests {
         assert_eq!(app["image"], APP_IMAGE);
         assert_eq!(app["imagePullPolicy"], "Never");
 
-        let c = &docs(&update_channel("http://10.0.2.2:1/"))[0];
+        let c = &docs(&update_channel("http://10.0.2.2:1/", TARGET, "20m"))[0];
         assert_eq!(c["spec"]["version"], TARGET);
+        assert_eq!(c["spec"]["rebootTimeout"], "20m");
         assert_eq!(c["spec"]["url"], "http://10.0.2.2:1/");
         assert_eq!(c["spec"]["drain"]["timeout"], "5m");
     }

@@ -17,6 +17,7 @@
 //! stuck at a step fails within [`STEP`] with the console and the guest's logs.
 mod after;
 mod manifests;
+mod rollback;
 mod timeline;
 
 use std::path::Path;
@@ -55,6 +56,9 @@ const FAILED: [&str; 7] = [
     "Failed",
     "Unhealthy",
 ];
+/// The API server's address as the guest sees the host (QEMU user networking), which the
+/// overlay gives the agent pod.
+const API_HOST: &str = "10.0.2.2";
 /// The agent's ServiceAccount, as the API server names its user.
 const AGENT_USER: &str = "system:serviceaccount:k3os-system:k3os-ops-agent";
 
@@ -63,18 +67,25 @@ impl Scenario {
         let assets = kube_assets(&self.root);
         let kubectl = assets.join("kubectl");
         let mut env = self.control_plane(&assets, &kubectl, true)?;
+        let (srv, mut vm, booted) = self.site_node(&env, TARGET)?;
+        let r = self.site(&mut vm, &mut env, &kubectl, booted, srv);
+        r.map_err(|e| self.site_logs(&mut vm, e))
+    }
+
+    /// The channel of v1-kube and `target` served, the node powered on with its seed and
+    /// booted into A v1-kube; the server, the VM and when it booted.
+    fn site_node(&mut self, env: &TestEnv, target: &str) -> Result<(ReleaseServer, Vm, Duration)> {
         let chan = self.out.join("channel");
-        self.publish_site_channel(&chan)?;
+        self.publish_site_channel(&chan, target)?;
         let srv = ReleaseServer::start(&chan, 0)?;
-        let seed = self.seed_disk(&env)?;
+        let seed = self.seed_disk(env)?;
         let mut node = self.node_from("node", &self.target.kube_disk(&self.root))?;
         node.attach_seed(&seed);
         node.resize(3072, 2);
         let mut vm = self.power_on(&mut node)?;
         let booted = vm.elapsed();
         self.expect_boot(&mut vm, Slot::A, "v1-kube")?;
-        let r = self.site(&mut vm, &mut env, &kubectl, booted, srv);
-        r.map_err(|e| self.site_logs(&mut vm, e))
+        Ok((srv, vm, booted))
     }
 
     /// Everything after v1-kube's `K3OS-BOOTED`.
@@ -90,7 +101,7 @@ impl Scenario {
         self.deploy_agent(env, kubectl)?;
         self.site_workload(env, kubectl)?;
         let t0 = Instant::now();
-        let channel = manifests::update_channel(&srv.guest_root());
+        let channel = manifests::update_channel(&srv.guest_root(), TARGET, "20m");
         self.apply(env, kubectl, "updatechannel.yaml", &channel)?;
         let samples = self.watch_upgrade(vm, env, kubectl, srv, t0)?;
         let events = self.agent_events(env, kubectl, "UpdateSucceeded")?;
@@ -120,12 +131,12 @@ impl Scenario {
         self.after_upgrade(vm, env, kubectl)
     }
 
-    /// The scratch channel: v1-kube and v2-kube (hard-linked), signed by the images' root 1
+    /// The scratch channel: v1-kube and `target` (hard-linked), signed by the images' root 1
     /// keys every image trusts (targets, snapshot, timestamp), no rollout: every node may take
     /// either.
-    fn publish_site_channel(&mut self, chan: &Path) -> Result<()> {
+    fn publish_site_channel(&mut self, chan: &Path, target: &str) -> Result<()> {
         let releases = self.target.releases(&self.root);
-        for v in ["v1-kube", TARGET] {
+        for v in ["v1-kube", target] {
             link_release(&releases.join(v), &chan.join(v))?;
         }
         let root1 = self.target.channel_root_dir(&self.root);
@@ -167,7 +178,7 @@ impl Scenario {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         let deploy = manifests::relative(&dir, &self.root.join("k3os-ops/deploy"));
         let k = dir.join("kustomization.yaml");
-        std::fs::write(&k, manifests::overlay(&deploy, "10.0.2.2", env.port))
+        std::fs::write(&k, manifests::overlay(&deploy, API_HOST, env.port))
             .map_err(|e| Error::io("write", &k, e))?;
         let run = |args: &[&str]| env.kubectl(kubectl, args);
         let applied = run(&["apply", "-k", &dir.display().to_string()])
@@ -196,7 +207,7 @@ impl Scenario {
         let api = self.agent_reaches_api(env)?;
         self.note(format!(
             "api: the agent pod ({image}, imagePullPolicy Never, from the slot's payload) started {up:.1}s after apply -k; it read its Node through {}:{} {api:.1}s later",
-            "10.0.2.2", env.port
+            API_HOST, env.port
         ));
         Ok(())
     }
