@@ -12,25 +12,11 @@ use k3os_ops_testing::release as release_support;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output};
 
 use chrono::{DateTime, Duration, SubsecRound, Utc};
 use release_support::Server;
 
-/// Run the binary with `config` and, when given, the test clock.
-fn run(config: Option<&Path>, now: Option<DateTime<Utc>>, args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_k3os-ops"));
-    c.args(args)
-        .env_remove("RUST_BACKTRACE")
-        .env_remove(libupgrade::channel::TEST_NOW_ENV);
-    if let Some(cfg) = config {
-        c.env("K3OS_OPS_CONFIG", cfg);
-    }
-    if let Some(t) = now {
-        c.env(libupgrade::channel::TEST_NOW_ENV, t.to_rfc3339());
-    }
-    c.output().unwrap()
-}
+use super::rollout_cli::run;
 
 /// What it printed on stdout and stderr, asserting it exited with `code`.
 fn exits(code: i32, config: Option<&Path>, now: Option<DateTime<Utc>>, args: &[&str]) -> String {

@@ -20,8 +20,9 @@ use std::process::{Command, Output};
 use chrono::{DateTime, Duration, SubsecRound, Utc};
 use release_support::Server;
 
-/// Run the binary with the node's config and, when given, the test clock.
-fn run(config: Option<&Path>, now: Option<DateTime<Utc>>, args: &[&str]) -> Output {
+/// Run the binary with the node's config and, when given, the test clock (also the retry
+/// tests' runner).
+pub(crate) fn run(config: Option<&Path>, now: Option<DateTime<Utc>>, args: &[&str]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_k3os-ops"));
     c.args(args)
         .env_remove("RUST_BACKTRACE")

@@ -554,7 +554,7 @@ fn plan_commands_refuse_a_version_that_failed_on_the_node() {
         let t = text(&o);
         assert!(
             !o.status.success()
-                && t.contains("v2 failed on this node (slot B is bad")
+                && t.contains("failed here: v2 (generation 2) failed 1 time(s) on this node")
                 && t.contains("50-app"),
             "{c}: {t}"
         );

@@ -342,7 +342,7 @@ fn kill_9_at_random_points_loses_at_most_the_chunk_in_flight_per_kill() {
         let mut child = Command::new(&exe)
             .args([
                 "--exact",
-                "kill_9_at_random_points_loses_at_most_the_chunk_in_flight_per_kill",
+                "chunked::kill_9_at_random_points_loses_at_most_the_chunk_in_flight_per_kill",
                 "--nocapture",
             ])
             .env(CHILD, &spec)

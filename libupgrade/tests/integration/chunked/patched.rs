@@ -409,7 +409,7 @@ fn kill_9_in_the_patch_download_resumes_it_and_loses_at_most_what_was_in_flight(
         let mut child = Command::new(&exe)
             .args([
                 "--exact",
-                "patched::kill_9_in_the_patch_download_resumes_it_and_loses_at_most_what_was_in_flight",
+                "chunked::patched::kill_9_in_the_patch_download_resumes_it_and_loses_at_most_what_was_in_flight",
                 "--nocapture",
             ])
             .env(CHILD, &spec)
