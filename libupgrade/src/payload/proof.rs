@@ -35,7 +35,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::store::{object_path, objects_dir};
+use super::store::{object_path, objects_dir, store_dir};
 use crate::error::{Error, Result};
 
 /// The proofs' folder inside the store's folder.
@@ -106,13 +106,6 @@ impl Proof {
 
 fn proof_path(state_dir: &Path, sha256: &str) -> PathBuf {
     store_dir(state_dir).join(PROOFS_DIR).join(sha256)
-}
-
-fn store_dir(state_dir: &Path) -> PathBuf {
-    objects_dir(state_dir)
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| state_dir.to_path_buf())
 }
 
 /// The quarantine folder: `<state_dir>/payloads/quarantine`.

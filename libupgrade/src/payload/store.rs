@@ -34,9 +34,14 @@ const PAYLOADS_DIR: &str = "payloads";
 /// The objects' folder inside it.
 const OBJECTS_DIR: &str = "objects";
 
+/// The store's own folder, `<state_dir>/payloads` (objects, their proofs, the quarantine).
+pub(crate) fn store_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join(PAYLOADS_DIR)
+}
+
 /// Where the store keeps its objects: `<state_dir>/payloads/objects`.
 pub fn objects_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join(PAYLOADS_DIR).join(OBJECTS_DIR)
+    store_dir(state_dir).join(OBJECTS_DIR)
 }
 
 /// Where the object of the payload whose sha256 is `sha256` is kept (it may not be there).
