@@ -23,15 +23,38 @@ phases_begin() {
     trap 'phases_exit $?' EXIT
 }
 
-# phase NAME CMD...: run CMD and record NAME's wall seconds and outcome.
+# phase NAME CMD...: run CMD and record NAME's wall seconds, the CPU seconds (user + system) of
+# every process it ran, and its outcome. CPU over wall is how many of the machine's cores the
+# phase kept busy on average: where it is well under the core count, the phase waits (on a
+# timeout, a single-threaded step, a lock) and could share the machine with another.
 phase() {
-    local name=$1 t0 rc=0
+    local name=$1 t0 c0 rc=0
     shift
     echo "=== phase: $name"
     t0=$(date +%s%N)
+    phases_cpu
+    c0=$PHASES_CPU
     "$@" || rc=$?
-    printf '%s\t%s\t%s\n' "$name" "$(phases_secs "$t0")" "$([ "$rc" = 0 ] && echo ok || echo "failed ($rc)")" >>"$PHASES_FILE"
+    phases_cpu
+    printf '%s\t%s\t%s\t%s\n' "$name" "$(phases_secs "$t0")" \
+        "$(awk -v a="$c0" -v b="$PHASES_CPU" 'BEGIN { printf "%.0f", b - a }')" \
+        "$([ "$rc" = 0 ] && echo ok || echo "failed ($rc)")" >>"$PHASES_FILE"
     return "$rc"
+}
+
+# Set PHASES_CPU to the CPU seconds (user + system) of this shell's finished children so far,
+# from bash's `times` (run here, not in a subshell, which would count its own children): its
+# second line is the children's `XmY.YYYs XmY.YYYs`. A process's time is added to its parent's
+# when the parent waits for it, so this counts every process a phase ran (cargo, rustc, the
+# test binaries, QEMU) once the phase's command has returned.
+phases_cpu() {
+    local f="$PHASES_DIR/.times"
+    times >"$f"
+    PHASES_CPU=$(awk 'NR == 2 {
+        n = 0
+        for (i = 1; i <= 2; i++) { split($i, p, "m"); sub("s", "", p[2]); n += p[1] * 60 + p[2] }
+        printf "%.1f", n
+    }' "$f")
 }
 
 # Seconds since $1 (date +%s%N), one decimal.
@@ -43,11 +66,12 @@ phases_secs() {
 
 phases_report() {
     echo
-    echo "--- phases (wall seconds)"
-    printf '%-40s %9s  %s\n' phase seconds outcome
-    local name secs outcome
-    while IFS=$'\t' read -r name secs outcome; do
-        printf '%-40s %9s  %s\n' "$name" "$secs" "$outcome"
+    echo "--- phases (wall seconds; CPU seconds of all its processes; cores busy = CPU / wall)"
+    printf '%-40s %9s %9s %6s  %s\n' phase seconds cpu cores outcome
+    local name secs cpu outcome
+    while IFS=$'\t' read -r name secs cpu outcome; do
+        printf '%-40s %9s %9s %6s  %s\n' "$name" "$secs" "$cpu" \
+            "$(awk -v c="$cpu" -v w="$secs" 'BEGIN { if (w > 0) printf "%.2f", c / w; else print "-" }')" "$outcome"
     done <"$PHASES_FILE"
     if [ -s "$PHASES_DETAIL" ]; then
         echo "VM scenarios (each timed by its test; they run two at a time):"
