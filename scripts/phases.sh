@@ -71,7 +71,7 @@ phases_report() {
     local name secs cpu outcome
     while IFS=$'\t' read -r name secs cpu outcome; do
         printf '%-40s %9s %9s %6s  %s\n' "$name" "$secs" "$cpu" \
-            "$(awk -v c="$cpu" -v w="$secs" 'BEGIN { if (w > 0) printf "%.2f", c / w; else print "-" }')" "$outcome"
+            "$(awk -v cpu="$cpu" -v wall="$secs" 'BEGIN { if (wall > 0) printf "%.2f", cpu / wall; else print "-" }')" "$outcome"
     done <"$PHASES_FILE"
     if [ -s "$PHASES_DETAIL" ]; then
         echo "VM scenarios (each timed by its test; they run two at a time):"
