@@ -266,12 +266,12 @@ fn thin_link(work: &Path, disk: &Path) {
         let p = u
             .preview(&Release::at(src.clone()), &opts)
             .expect("preview");
-        let (sent, asked) = (srv.sent(), srv.requests.lock().unwrap().len());
+        let (sent, asked) = (srv.sent(), srv.request_count());
         let r = u
             .stage(&Release::at(src.clone()), &opts, &NoProgress)
             .expect("stage");
         let wire = srv.sent() - sent;
-        let requests = srv.requests.lock().unwrap().len() - asked;
+        let requests = srv.request_count() - asked;
         (p.fetch(), r.bytes_fetched, wire, requests)
     };
     let (preview, fetched, wire, requests) = run(Vec::new());

@@ -334,19 +334,15 @@ async fn a_stage_tick_resolves_the_channel_once() {
     let agent = new_agent(&world, &log, &sim);
     agent.reconcile().await.expect("reconcile");
     assert_eq!(inactive(&sim), Inactive::Staged("v2".into()));
-    let requests = server.requests.lock().unwrap().clone();
+    let requests = server.requests();
     let resolutions = requests
         .iter()
-        .filter(|r| r.starts_with("/timestamp.json"))
+        .filter(|r| r.path.starts_with("/timestamp.json"))
         .count();
-    let metadata: Vec<&String> = requests
+    let metadata: Vec<String> = requests
         .iter()
-        .filter(|r| {
-            r.trim_start_matches('/')
-                .split(' ')
-                .next()
-                .is_some_and(|p| !p.contains('/'))
-        })
+        .filter(|r| !r.path.trim_start_matches('/').contains('/'))
+        .map(ToString::to_string)
         .collect();
     let api: u64 = world.lock().unwrap().requests.values().sum();
     println!(

@@ -881,11 +881,11 @@ fn a_reachable_site_blesses_the_trial_any_http_answer_or_the_staged_url_counts()
     // The awaits are the activating slot's; a trial release whose own config has no
     // [reachability] still probes the URL it was staged from.
     fs::write(&n.config, plain).unwrap();
-    let asked = srv.requests.lock().unwrap().len();
+    let asked = srv.request_count();
     n.blesses_the_trial();
-    let last = srv.requests.lock().unwrap()[asked..].to_vec();
+    let last = srv.requests_since(asked);
     assert!(
-        last.iter().any(|r| r.starts_with("/v2/manifest.json")),
+        last.iter().any(|r| r.is_get_of("/v2/manifest.json")),
         "probed {last:?}"
     );
 }

@@ -72,9 +72,9 @@ fn index_bytes(rel: &Path) -> u64 {
 
 /// Bytes and requests a server sent while `f` ran.
 fn metered<T>(srv: &TestServer, f: impl FnOnce() -> T) -> (T, u64, usize) {
-    let (b, r) = (srv.sent(), srv.requests.lock().unwrap().len());
+    let (b, r) = (srv.sent(), srv.request_count());
     let out = f();
-    (out, srv.sent() - b, srv.requests.lock().unwrap().len() - r)
+    (out, srv.sent() - b, srv.request_count() - r)
 }
 
 /// Response headers of the test server are under this many bytes each.
@@ -331,13 +331,11 @@ fn a_mirror_dying_mid_stage_costs_at_most_the_chunk_in_flight() {
     );
     // Given up after the drop: no request to the mirror's rootfs after the first range.
     let ranges = mirror
-        .requests
-        .lock()
-        .unwrap()
+        .requests()
         .iter()
-        .filter(|l| l.starts_with("/v2/rootfs.squashfs") && !l.contains("Some((0, Some(0)))"))
+        .filter(|l| l.is_get_of("/v2/rootfs.squashfs") && l.range != Some((0, Some(0))))
         .count();
-    assert_eq!(ranges, 1, "{:?}", mirror.requests.lock().unwrap());
+    assert_eq!(ranges, 1, "{:?}", mirror.requests());
 }
 
 /// A virtual clock's sample: the virtual time and the bytes the server had sent by then.
@@ -526,8 +524,8 @@ fn a_schedule_paces_whole_file_streams_the_same_way() {
         u.preview(&Release::at(src.clone()), &fast_stage()).unwrap()
     });
     assert!(p.artifacts.iter().all(|a| a.fetch == a.size), "{p:?}");
-    let log = srv.requests.lock().unwrap().clone();
-    assert!(!log.iter().any(|l| l.contains(".chunks")), "{log:?}");
+    let log = srv.requests();
+    assert!(!log.iter().any(|l| l.path.contains(".chunks")), "{log:?}");
 
     let rate = 256 << 10;
     let schedule = Schedule::new(vec![
@@ -544,9 +542,10 @@ fn a_schedule_paces_whole_file_streams_the_same_way() {
     let slack = rate + meta + requests as u64 * HEAD;
     assert_paced(&schedule, &samples, c0, slack);
     // Streams, re-opened at each window (about a second of rate per request).
-    let ranged = srv.requests.lock().unwrap()[log.len()..]
+    let ranged = srv
+        .requests_since(log.len())
         .iter()
-        .filter(|l| l.starts_with("/v2/rootfs.squashfs Some("))
+        .filter(|l| l.is_get_of("/v2/rootfs.squashfs") && l.range.is_some())
         .count();
     assert!(ranged >= 8, "{ranged} range requests of the rootfs");
     assert_eq!(r.bytes_fetched, release_size(v2));

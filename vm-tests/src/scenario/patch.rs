@@ -33,7 +33,7 @@ impl Scenario {
         )?;
         let planned = total_fetch(&plan)
             .ok_or_else(|| self.fail(format!("no total line in --plan-only:\n{plan}")))?;
-        let before = srv.bytes_sent();
+        let before = srv.body_sent();
 
         let out = self.upgrade_to(&mut vm, &srv, "v2", "")?;
         let line = out
@@ -48,7 +48,7 @@ impl Scenario {
         let Some(t) = sl(&st, Slot::B).transfer else {
             return Err(self.fail("slot status records no transfer for B".to_string()));
         };
-        let served = srv.bytes_sent() - before;
+        let served = srv.body_sent() - before;
         self.check(t.fetched == planned, || {
             format!(
                 "the stage fetched {} bytes, --plan-only said {planned}: {t:?}",

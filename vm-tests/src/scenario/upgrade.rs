@@ -97,7 +97,7 @@ impl Scenario {
         self.note(format!(
             "staged+activated v2 in {:.1}s ({} bytes served, rate cap {} KiB/s); during the download the workload answered {polls_ok} host polls and {shell_ok} guest-shell commands",
             dl.as_secs_f64(),
-            srv.bytes_sent(),
+            srv.body_sent(),
             SLOW_RATE >> 10
         ));
         Ok(())
@@ -162,7 +162,7 @@ impl Scenario {
     fn v2_blessed(&mut self, vm: &mut Vm, node: &Node, srv: &ReleaseServer) -> Result<()> {
         let st = self.status(vm)?;
         self.check_slot(&st, Slot::B, SlotState::Trying, Some("v2"))?;
-        self.check_delta(&st, srv.bytes_sent())?;
+        self.check_delta(&st, srv.body_sent())?;
         self.check(st.next_boot == Slot::B, || {
             format!("next boot is {}, expected B", st.next_boot)
         })?;

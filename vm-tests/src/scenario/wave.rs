@@ -215,9 +215,13 @@ impl Scenario {
         url: &str,
         t: DateTime<Utc>,
     ) -> Result<()> {
-        let before = srv.requests().len();
+        let before = srv.request_count();
         let out = vm.run_ok(&upgrade(url, t - Duration::minutes(30), ""), DOWNLOAD)?;
-        let polled: Vec<String> = srv.requests()[before..].to_vec();
+        let polled: Vec<String> = srv
+            .requests_since(before)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         let is = |line: &String, file: &str, status: u16| {
             line.starts_with("GET ")
                 && line.contains(&format!("/{file} "))
