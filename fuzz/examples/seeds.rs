@@ -506,6 +506,22 @@ fn image_archives() {
     seed("image_archive", "oci-concatenated", &[one, small].concat());
 }
 
+/// Squashfs images (`squashfs`): what mksquashfs writes for a small tree, compressed and
+/// uncompressed (`-noI -noD -noF`: the tables' bytes as they are, so mutation reaches the
+/// inode chain's headers and the id table's pointers).
+fn squashfs_images() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::write(tree.join("etc/os-release"), b"ID=k3os\n").unwrap();
+    std::fs::write(tree.join("init"), b"#!/bin/sh\n").unwrap();
+    for (name, extra) in [("zstd", &["-comp", "zstd"][..]), ("plain", &["-noI", "-noD", "-noF"][..])] {
+        let out = dir.path().join(name);
+        testkit::squashfs(&tree, &out, extra);
+        seed("squashfs", &format!("mksquashfs-{name}"), &std::fs::read(&out).unwrap());
+    }
+}
+
 fn main() {
     grub();
     syslinux();
@@ -518,5 +534,6 @@ fn main() {
     reports();
     bundles();
     image_archives();
+    squashfs_images();
     println!("seeds written to {}", root().display());
 }
