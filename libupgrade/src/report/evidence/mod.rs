@@ -274,13 +274,28 @@ impl Updater {
         Ok(sealed.len())
     }
 
-    /// Send the kept failure bundles within `allow` (after the reports; see the module docs);
-    /// None when the node reports nowhere. Never an error: what failed is in
+    /// Send the kept failure bundles within `allow` (after the reports; see the module docs),
+    /// only when the running slot is good; None when the node reports nowhere. Never an error: what failed is in
     /// [`BundlesSent::stopped`], and the rest waits for the next call.
     pub fn send_bundles(&self, allow: BundleAllowance) -> Option<BundlesSent> {
         let store = self.bundle_store()?;
         let url = send::bundles_url(self.cfg.report_url.as_deref()?);
-        let out = send::send(&store, &url, allow, crate::state::now());
+        // From a good slot only: a failing slot falls back first, never held by a send.
+        let good = self
+            .booted_slot()
+            .and_then(|s| {
+                self.load(Some(s))
+                    .map(|st| st.slot(s).state == SlotState::Good)
+            })
+            .unwrap_or(false);
+        let allow = BundleAllowance {
+            open: allow.open && good,
+            ..allow
+        };
+        let mut out = send::send(&store, &url, allow, crate::state::now());
+        if !good && out.waiting > 0 {
+            out.stopped = Some("the running slot is not good: bundles go from a good slot".into());
+        }
         if let (Some(why), true) = (&out.stopped, out.waiting > 0) {
             log::info!(
                 "failure bundles: {} sent, {} waiting: {why}",
