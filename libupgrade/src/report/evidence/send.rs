@@ -55,7 +55,7 @@ pub struct BundlesSent {
 /// The bundles to send at `now` within `allow`, oldest first: those waiting, and those set
 /// aside whose time has come; as many as fit the byte budget in that order (a bundle that does
 /// not fit ends the list, so the oldest is never passed over for ever).
-pub fn plan<'a>(entries: &'a [Entry], allow: Allowance, now: u64) -> Vec<&'a Entry> {
+pub fn plan(entries: &[Entry], allow: Allowance, now: u64) -> Vec<&Entry> {
     if !allow.open {
         return Vec::new();
     }
