@@ -30,8 +30,7 @@ pub struct BundleSettings {
     /// Regular expressions redacted on top of the default rules
     /// ([`crate::DEFAULT_REDACT_RULES`]), each match replaced by `[REDACTED]`.
     pub redact: Vec<String>,
-    /// Bundles kept on the state partition, sent or not (1 to [`MAX_KEPT`]; default
-    /// [`DEFAULT_KEPT`]): the oldest beyond are dropped.
+    /// Bundles kept on the state partition, sent or not (1 to 32; default 4): the oldest beyond are dropped.
     pub kept: usize,
     /// The kernel log: `/dev/kmsg` (read without blocking), or a file whose tail is taken.
     pub kernel_log: PathBuf,
