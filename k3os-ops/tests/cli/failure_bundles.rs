@@ -252,3 +252,96 @@ fn a_refused_bundle_is_set_aside_and_never_holds_the_reports_back() {
     // Not tried again before its time: still one try.
     assert!(bundle_lines(node)[0].contains("1 of 3 tries"));
 }
+
+/// Power the node on through GRUB's script (its countdown written as GRUB's `save_env` would)
+/// in boot `boot`, without anything confirming it; returns the slot the loader chose.
+fn power_on(node: &Node, boot: u32) -> bootconfig::Slot {
+    let sim = bootconfig::simulate_boot(&node.path().join("boot/grub"), 3).unwrap();
+    bootconfig::apply_all(&sim.countdown).unwrap();
+    let p = node.path();
+    std::fs::write(
+        p.join("cmdline"),
+        format!("root=/dev/vda4 ro k3os.slot={}\n", sim.choice),
+    )
+    .unwrap();
+    std::fs::write(p.join("boot_id"), format!("boot-{boot}\n")).unwrap();
+    sim.choice
+}
+
+/// A node made by v0.1.0 (its state file) stages v2, whose trial boots never reach userspace:
+/// the loader spends its tries and falls back to A. The good slot's assessment writes a
+/// `no_userspace` bundle from what survived (the loader's tries, the initramfs's dm-verity
+/// record, a pstore record) and sends it.
+#[test]
+fn a_trial_that_never_reached_userspace_leaves_a_bundle_from_what_survived() {
+    let site = Site::prepared("site-1", true, |n| {
+        crate::fleet_reports::v010_state(n);
+        bundle_config(n);
+    });
+    let (node, db) = (&site.node, &site.db);
+    let _collector = Collector::start(site.port, db, &site.allow);
+    node.ok(&["upgrade", "--stage-only", "--channel", &site.srv.url]);
+    node.ok(&["slot", "activate"]);
+    let mut boots = 1;
+    let mut tried = 0;
+    loop {
+        boots += 1;
+        match power_on(node, boots) {
+            bootconfig::Slot::B => tried += 1,
+            bootconfig::Slot::A => break,
+        }
+        assert!(boots < 10, "the loader never fell back");
+    }
+    assert_eq!(tried, 3);
+    // What survived the trial boots: the initramfs's record and a panic in pstore.
+    std::fs::write(
+        node.path().join("state/verity-failure"),
+        "format=1\nslot=B\nreason=dm-verity: root hash mismatch on /dev/vda5\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(node.path().join("pstore")).unwrap();
+    std::fs::write(
+        node.path().join("pstore/dmesg-efi-176500000001"),
+        "Kernel panic - not syncing: VFS: Unable to mount root fs\n",
+    )
+    .unwrap();
+    node.ok(&["slot", "confirm"]);
+
+    let rows = bundles(db);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!(
+        (r.version.as_str(), r.attempt, r.slot.as_str()),
+        ("v2", 1, "B")
+    );
+    assert_eq!(r.failure, Failure::NoUserspace);
+    let body = collector::SqliteStore::open(db)
+        .unwrap()
+        .bundle_body(&r.node, "v2", 1)
+        .unwrap()
+        .unwrap();
+    let b = fleet_report::open_bundle(&body).unwrap().bundle;
+    let names: Vec<&str> = b.sections.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "slot/decisions",
+            "loader/tries",
+            "initramfs/verity-failure",
+            "pstore/dmesg-efi-176500000001"
+        ],
+        "the good slot's own logs are not the failed boots'"
+    );
+    assert!(
+        b.sections[1].text.contains("after 3 of 3 boot tries"),
+        "{:?}",
+        b.sections[1]
+    );
+    assert!(b.sections[2].text.contains("root hash mismatch"));
+    assert!(b.sections[3].text.contains("Kernel panic"));
+    let lines = bundle_lines(node);
+    assert!(
+        lines[0].contains("attempt 1, never reached userspace") && lines[0].contains(": sent "),
+        "{lines:?}"
+    );
+}

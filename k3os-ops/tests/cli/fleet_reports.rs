@@ -711,7 +711,7 @@ fn the_dashboard_shows_in_a_real_browser_what_the_database_holds() {
 }
 
 /// The state file v0.1.0 wrote (libupgrade's fixture: slot A v1 good, slot B v2 good).
-fn v010_state(node: &Node) {
+pub(crate) fn v010_state(node: &Node) {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../libupgrade/tests/fixtures/v0.1.0/state.json");
     std::fs::copy(fixture, node.path().join("state/state.json")).unwrap();

@@ -181,15 +181,19 @@ impl Updater {
         let Some((attempt, no_userspace)) = wanted(a, booted, how, &kept) else {
             return;
         };
-        let pieces = match no_userspace {
-            true => survived(
-                a.verdict.other_slot.as_ref(),
-                verity,
-                sources::pstore(&self.cfg.failure_bundle.pstore_dir),
+        // The good slot's own checks and logs are not the failed boots' evidence.
+        let (checks, pieces) = match no_userspace {
+            true => (
+                &[][..],
+                survived(
+                    a.verdict.other_slot.as_ref(),
+                    verity,
+                    sources::pstore(&self.cfg.failure_bundle.pstore_dir),
+                ),
             ),
-            false => self.live_pieces(),
+            false => (&a.verdict.checks[..], self.live_pieces()),
         };
-        self.keep_bundle(&store, attempt, &a.verdict.checks, &a.state.history, pieces);
+        self.keep_bundle(&store, attempt, checks, &a.state.history, pieces);
     }
 
     /// Keep a bundle of a confirm that failed with `err` while the booted slot is on trial.
