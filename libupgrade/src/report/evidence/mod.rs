@@ -210,6 +210,20 @@ impl Updater {
         let Some(attempt) = confirm_attempt(&st, booted, err) else {
             return;
         };
+        // The assessment kept one before its loader writes failed: it says more.
+        let kept = store.list().is_ok_and(|l| {
+            l.iter().any(|e| {
+                (e.version.as_str(), e.generation, e.attempt)
+                    == (
+                        attempt.version.as_str(),
+                        attempt.generation,
+                        attempt.attempt,
+                    )
+            })
+        });
+        if kept {
+            return;
+        }
         self.keep_bundle(&store, attempt, &[], &st.history, self.live_pieces());
     }
 
