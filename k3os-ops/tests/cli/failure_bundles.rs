@@ -135,9 +135,26 @@ fn a_failed_health_checks_bundle_is_kept_then_sent_by_the_good_slot_through_a_dr
     );
     assert!(bundle_lines(node)[0].ends_with("waiting to be sent"));
 
-    // The link is back: the next command sends the reports, then the bundle.
+    // The link is back. An `upgrade` sends a bundle only within its byte budget and inside its
+    // download windows (v2 failed here: it stages nothing, and sends its reports).
     let _collector = Collector::start(site.port, db, &site.allow);
-    node.ok(&["slot", "status"]);
+    let url = site.srv.url.as_str();
+    let upgrade = ["upgrade", "--stage-only", "--channel", url];
+    node.ok(&[&upgrade[..], &["--max-bytes", "1000"]].concat());
+    assert!(bundles(db).is_empty(), "a bundle over --max-bytes was sent");
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let window = format!(
+        "{}/{}",
+        later.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        (later + chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    );
+    node.ok(&[&upgrade[..], &["--stage-window", &window]].concat());
+    assert!(
+        bundles(db).is_empty(),
+        "a bundle was sent outside the window"
+    );
+    // Within a budget it fits and with no window, the next `upgrade` sends it.
+    node.ok(&[&upgrade[..], &["--max-bytes", "100000"]].concat());
     let rows = bundles(db);
     assert_eq!(rows.len(), 1, "{rows:?}");
     let r = &rows[0];
