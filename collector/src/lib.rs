@@ -18,6 +18,24 @@
 //! Stored: 201 Created. The body of every refusal names the check and what was found
 //! (escaped, one line); the refusal is logged once and nothing of the report is stored.
 //!
+//! `POST /v1/bundles` with one sealed failure bundle ([`fleet_report::Bundle`], Content-Type
+//! `application/vnd.k3os-ops.bundle.v1`), under the same threat model, in this order:
+//!
+//! | check | refused with |
+//! |---|---|
+//! | body at most 64 KiB ([`fleet_report::MAX_BUNDLE_BYTES`]), before it is read whole | 413 |
+//! | envelope `k3os-bundle 1 <node>`, a signature line | 400 |
+//! | signature of the named node over the compressed bytes | 401 |
+//! | node enrolled (the site stored is the allow-list's) | 403 |
+//! | the node's rate (the same token bucket as its reports) | 429 |
+//! | body inflates within 1 MiB to a bundle of format 1 within its limits, of that node | 400 |
+//! | (node, version, attempt) not stored yet (the same bytes: 200, stored once) | 409 |
+//! | the node's bundle quota, count and bytes ([`BundleQuota`]) | 507 |
+//!
+//! Nothing is inflated before the signature and the enrolment are checked, so an unenrolled
+//! sender cannot make the collector decompress a byte. The replay and quota checks come after
+//! the body, not before: the (version, attempt) a bundle is stored under is inside it.
+//!
 //! # Threat model
 //! Whoever can reach the collector's port (the collector is meant to face the sites' networks)
 //! may send anything. The reports feed fleet status and, later, an automatic halt, so:
@@ -34,8 +52,10 @@
 //! - **Flood**: bodies over 1 KiB are refused before they are read whole; each enrolled node
 //!   has a token bucket (429); unenrolled senders cost one signature check and are never
 //!   stored. Per-address limits are the reverse proxy's job.
-//! - **Disk fill**: at most [`Limits::rows_per_node`] reports per enrolled node (507), so the
-//!   database is bounded by the allow-list's size.
+//! - **Disk fill**: at most [`Limits::rows_per_node`] reports and [`BundleQuota`] bundles per
+//!   enrolled node (507), so the database is bounded by the allow-list's size.
+//! - **Decompression bombs**: a bundle is inflated only after its node's signature and
+//!   enrolment are checked, and never past 1 MiB.
 //!
 //! Not covered: a node whose key is stolen can report anything for its own site (within its
 //! rate and cap); the publisher removes it from the allow-list. TLS is a reverse proxy's (the
@@ -44,7 +64,8 @@
 //! # Storage
 //! One [`Store`] trait, two backends: SQLite ([`SqliteStore`], `sqlite:PATH`, the embedded
 //! default) and PostgreSQL ([`PgStore`], a `postgres://` URL) for a collector on more than one
-//! machine. Both keep each report's fields as columns and its envelope as received.
+//! machine. Both keep each report's and each bundle's fields as columns and its envelope as
+//! received.
 #![warn(missing_docs)]
 
 mod admit;
@@ -61,6 +82,8 @@ mod store;
 mod testutil;
 pub mod time;
 
-pub use admit::{Limits, Refused};
+pub use admit::{BundleQuota, Limits, Refused};
 pub use rate::RateLimiter;
-pub use store::{open, GuardAction, Known, PgStore, Row, SqliteStore, Store, StoreError};
+pub use store::{
+    open, BundleKnown, BundleRow, GuardAction, Known, PgStore, Row, SqliteStore, Store, StoreError,
+};

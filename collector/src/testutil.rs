@@ -50,3 +50,43 @@ pub fn allow() -> AllowList {
     ))
     .unwrap()
 }
+
+/// A failure bundle of node `n`'s attempt `attempt` of v2, failed with `why`, with a health
+/// check's output that says the same and a kernel log tail.
+pub fn bundle(n: u8, attempt: u32, why: &str) -> fleet_report::Bundle {
+    fleet_report::Bundle {
+        format: fleet_report::BUNDLE_FORMAT,
+        node: id(n),
+        version: "v2".into(),
+        generation: 2,
+        attempt,
+        slot: "B".into(),
+        time: "2027-01-15T08:00:00Z".into(),
+        failure: fleet_report::Failure::HealthCheck,
+        why: why.into(),
+        versions: "k3os-ops=0.2.0\nkernel=6.1.0-57-amd64\n".into(),
+        redacted: 1,
+        sections: vec![
+            fleet_report::Section {
+                name: "health/20-kubelet".into(),
+                text: format!("{why}\n"),
+                cut_bytes: 0,
+            },
+            fleet_report::Section {
+                name: "log/kernel".into(),
+                text: "[    1.000000] systemd[1]: Started kubelet.\n".into(),
+                cut_bytes: 0,
+            },
+        ],
+    }
+}
+
+/// [`bundle`] sealed by node `n`.
+pub fn sealed(n: u8, attempt: u32, why: &str) -> Vec<u8> {
+    bundle(n, attempt, why).seal(&key(n)).unwrap()
+}
+
+/// [`sealed`], opened.
+pub fn opened(n: u8, attempt: u32, why: &str) -> fleet_report::Opened {
+    fleet_report::open_bundle(&sealed(n, attempt, why)).unwrap()
+}

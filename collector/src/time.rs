@@ -1,10 +1,17 @@
-//! Unix seconds as UTC dates for people (the dashboard's times): RFC 3339 as the CLI prints
+//! The clock, and Unix seconds as UTC dates for people (the dashboard's times): RFC 3339 as the CLI prints
 //! them, and the pieces the chart's axis labels use.
 
 use chrono::{DateTime, Utc};
 
 fn of(secs: u64) -> Option<DateTime<Utc>> {
     DateTime::<Utc>::from_timestamp(i64::try_from(secs).ok()?, 0)
+}
+
+/// Now, in Unix seconds (0 for a clock before 1970).
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// `2026-12-07T04:12:00Z` (the seconds themselves if out of range).

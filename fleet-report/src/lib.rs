@@ -59,8 +59,9 @@ pub use allow::{AllowList, AllowListError, Refusal};
 #[cfg(feature = "fuzzing")]
 pub use bundle::seal_body_for_fuzzing;
 pub use bundle::{
-    open as open_bundle, Bundle, BundleError, Failure, Opened, Section, BUNDLE_FORMAT,
-    MAX_BUNDLE_BYTES, MAX_INFLATED_BYTES,
+    open as open_bundle, verify as verify_bundle, Bundle, BundleError, Failure, Opened, Sealed,
+    Section, BUNDLE_FORMAT, MAX_BUNDLE_BYTES, MAX_INFLATED_BYTES, MAX_NAME_BYTES, MAX_SECTIONS,
+    MAX_WHY_CHARS,
 };
 pub use report::{NodeId, Outcome, Report, Transfer, WaitFor, FORMAT};
 pub use wire::{parse, ReportError, Verified, MAX_REPORT_BYTES};

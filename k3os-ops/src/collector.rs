@@ -20,7 +20,7 @@ pub struct CollectorArgs {
 
 #[derive(Subcommand, Debug)]
 enum CollectorCmd {
-    /// Serve `POST /v1/reports` until stopped.
+    /// Serve `POST /v1/reports` and `POST /v1/bundles` (failure bundles) until stopped.
     Serve(ServeArgs),
     /// One run of the automatic halt (from cron): judge each release of --channel by the
     /// abort criteria over the reports in --db, sign a halt of each that meets them with the
@@ -45,9 +45,16 @@ struct ServeArgs {
     /// Reports a node may send at once.
     #[arg(long, default_value_t = collector::Limits::default().burst)]
     burst: u32,
-    /// Reports per second a node's allowance refills by.
+    /// Reports per second a node's allowance refills by (a failure bundle takes from the
+    /// same allowance).
     #[arg(long, default_value_t = collector::Limits::default().per_sec)]
     per_sec: f64,
+    /// Most failure bundles stored per node.
+    #[arg(long, default_value_t = collector::Limits::default().bundles.count)]
+    bundles_per_node: u64,
+    /// Most failure-bundle bytes (sealed, summed) stored per node.
+    #[arg(long, default_value_t = collector::Limits::default().bundles.bytes)]
+    bundle_bytes_per_node: u64,
     /// Also serve the read-only dashboard (`GET /`) on this address: keep it inside the
     /// publisher's network, the report address faces the sites.
     #[arg(long)]
@@ -76,6 +83,10 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         rows_per_node: a.rows_per_node,
         burst: a.burst,
         per_sec: a.per_sec,
+        bundles: collector::BundleQuota {
+            count: a.bundles_per_node,
+            bytes: a.bundle_bytes_per_node,
+        },
     };
     let app = Arc::new(collector::server::App::new(allow, store, limits));
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -37,6 +37,39 @@ pub fn send_reports(u: &Updater) {
     }
 }
 
+/// Send the node's kept failure bundles after its reports, within `allow` (a node with a
+/// `report_url`); never fails the command: what could not go waits and is logged.
+pub fn send_bundles(u: &Updater, allow: libupgrade::BundleAllowance) {
+    if let Some(out) = u.send_bundles(allow) {
+        if out.sent > 0 || out.refused > 0 {
+            log::info!(
+                "failure bundles: {} sent ({} bytes), {} refused, {} waiting",
+                out.sent,
+                out.bytes,
+                out.refused,
+                out.waiting
+            );
+        }
+    }
+}
+
+/// When a command may send failure bundles: inside its download schedule's open window
+/// (any time without one), within what its byte budget `max_bytes` has left after `fetched`.
+pub fn bundle_allowance(
+    schedule: Option<&libupgrade::Schedule>,
+    max_bytes: Option<u64>,
+    fetched: u64,
+    now: chrono::DateTime<chrono::Utc>,
+) -> libupgrade::BundleAllowance {
+    let open = schedule.is_none_or(
+        |s| matches!(s.at(now), libupgrade::Allowance::Open { rate, .. } if rate != Some(0)),
+    );
+    libupgrade::BundleAllowance {
+        open,
+        max_bytes: max_bytes.map(|m| m.saturating_sub(fetched)),
+    }
+}
+
 /// Environment variable naming the reboot command (whitespace-separated argv); the agent reads
 /// the same one. Unset: [`Reboot::from_env`] picks the host's own `reboot`.
 pub const REBOOT_CMD_ENV: &str = "K3OS_OPS_REBOOT_CMD";
@@ -150,5 +183,45 @@ pub fn reboot() -> anyhow::Result<()> {
         }
         (_, Ok(s)) => anyhow::bail!("{how} failed ({s})"),
         (_, Err(e)) => Err(e).with_context(|| format!("run {how}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{DateTime, Utc};
+    use libupgrade::{Schedule, Window};
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn bundles_go_inside_the_open_window_within_the_budget_left() {
+        let w = |start: &str, end: &str, rate| Window {
+            start: at(start),
+            end: at(end),
+            rate,
+        };
+        let s = Schedule::new(vec![
+            w("2026-12-07T01:00:00Z", "2026-12-07T02:00:00Z", None),
+            w("2026-12-07T02:00:00Z", "2026-12-07T03:00:00Z", Some(0)),
+        ])
+        .unwrap();
+        let open = |now| bundle_allowance(Some(&s), None, 0, at(now)).open;
+        assert!(open("2026-12-07T01:30:00Z"));
+        assert!(!open("2026-12-07T00:30:00Z"), "before the window");
+        assert!(!open("2026-12-07T02:30:00Z"), "a rate-0 window is closed");
+        assert!(!open("2026-12-07T04:00:00Z"), "after the schedule");
+        let any = bundle_allowance(None, Some(100_000), 30_000, at("2026-12-07T04:00:00Z"));
+        assert_eq!(
+            any,
+            libupgrade::BundleAllowance {
+                open: true,
+                max_bytes: Some(70_000)
+            }
+        );
+        let spent = bundle_allowance(None, Some(100), 300, at("2026-12-07T04:00:00Z"));
+        assert_eq!(spent.max_bytes, Some(0));
     }
 }

@@ -101,6 +101,8 @@ pub fn run(args: SlotArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
     let out = dispatch(&u, args.cmd);
     crate::node::send_reports(&u);
+    // No download schedule here: a failing site's bundles go after the reports.
+    crate::node::send_bundles(&u, libupgrade::BundleAllowance::ANY);
     out
 }
 
@@ -177,6 +179,10 @@ fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
                 "reports_refused".into(),
                 serde_json::to_value(u.report_refusals())?,
             );
+            o.insert(
+                "failure_bundles".into(),
+                serde_json::to_value(u.failure_bundles())?,
+            );
             if let Some(p) = &preview {
                 o.insert("stage_preview".into(), serde_json::to_value(p)?);
             }
@@ -187,7 +193,7 @@ fn status(u: &Updater, json: bool) -> anyhow::Result<()> {
         print!("{}", render_status(&st));
         println!("{}", render_seed(seed));
         println!("{}", render_node_id(&node_id, u));
-        for line in u.report_refusals() {
+        for line in u.report_refusals().iter().chain(&u.failure_bundle_lines()) {
             println!("{line}");
         }
         if let Some(p) = &preview {

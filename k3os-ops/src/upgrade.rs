@@ -205,23 +205,53 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<()> {
     let u = args.config.updater()?;
     // Reports of what this run reached go out at its end, before a reboot, whatever the
     // outcome; they never change it.
-    let reboot = stage_and_activate(&u, &args);
+    let ran = stage_and_activate(&u, &args);
     crate::node::send_reports(&u);
-    if reboot? {
+    match &ran {
+        // Never ahead of a reboot into the new release: the good slot sends them later.
+        Ok(Ran { reboot: true, .. }) => {}
+        r => {
+            let fetched = r.as_ref().map_or(0, |r| r.fetched);
+            let schedule = schedule(&args, Utc::now()).ok().flatten();
+            let allow = crate::node::bundle_allowance(
+                schedule.as_ref(),
+                args.max_bytes,
+                fetched,
+                Utc::now(),
+            );
+            crate::node::send_bundles(&u, allow);
+        }
+    }
+    if ran?.reboot {
         println!("rebooting");
         crate::node::reboot()?;
     }
     Ok(())
 }
 
-/// `upgrade` up to the reboot: whether to reboot now.
-fn stage_and_activate(u: &libupgrade::Updater, args: &UpgradeArgs) -> anyhow::Result<bool> {
+/// What `upgrade` did up to the reboot.
+struct Ran {
+    /// Reboot now.
+    reboot: bool,
+    /// Bytes the stage fetched of `--max-bytes`.
+    fetched: u64,
+}
+
+impl Ran {
+    const NOTHING: Ran = Ran {
+        reboot: false,
+        fetched: 0,
+    };
+}
+
+/// `upgrade` up to the reboot.
+fn stage_and_activate(u: &libupgrade::Updater, args: &UpgradeArgs) -> anyhow::Result<Ran> {
     let req = request(args, Utc::now())?;
     let rel = match u.resolve(&req) {
         Err(e) => match e.channel_error() {
             Some(c @ libupgrade::channel::ChannelError::NothingOffered { .. }) => {
                 println!("nothing to stage: {c}");
-                return Ok(false);
+                return Ok(Ran::NOTHING);
             }
             _ => return Err(e.into()),
         },
@@ -231,38 +261,46 @@ fn stage_and_activate(u: &libupgrade::Updater, args: &UpgradeArgs) -> anyhow::Re
         eprintln!("{rel}");
     }
     if args.converge && converged(u, &rel)? {
-        return Ok(false);
+        return Ok(Ran::NOTHING);
     }
     if let Some(note) = nothing_newer(&rel) {
         println!("nothing to stage: {note}");
-        return Ok(false);
+        return Ok(Ran::NOTHING);
     }
     if let Retry::Wait { why, .. } = u.retry(&rel, libupgrade::channel::node_now())? {
         if args.converge {
             bail!("{why}");
         }
         println!("nothing to stage: {why}");
-        return Ok(false);
+        return Ok(Ran::NOTHING);
     }
     if args.plan_only {
         print_preview(&u.preview(&rel, &req.options)?);
-        return Ok(false);
+        return Ok(Ran::NOTHING);
     }
     let progress = reporter(if args.quiet {
         ProgressMode::None
     } else {
         args.progress
     });
-    print_report(&u.stage(&rel, &req.options, progress.as_ref())?);
+    let staged = u.stage(&rel, &req.options, progress.as_ref())?;
+    print_report(&staged);
+    let fetched = staged.bytes_fetched;
     if args.stage_only {
-        return Ok(false);
+        return Ok(Ran {
+            reboot: false,
+            fetched,
+        });
     }
     let slot = u.activate()?;
     println!(
         "activated slot {slot}: {} will try it on the next boot",
         u.bootloader().name()
     );
-    Ok(args.reboot)
+    Ok(Ran {
+        reboot: args.reboot,
+        fetched,
+    })
 }
 
 /// When the channel's rollouts offer this node nothing newer than what it runs, what they say

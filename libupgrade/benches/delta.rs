@@ -491,6 +491,7 @@ fn config(work: &Path) -> Config {
         report_url: None,
         report_site: None,
         payload_store_max_bytes: libupgrade::DEFAULT_PAYLOAD_STORE_MAX_BYTES,
+        failure_bundle: Default::default(),
     }
 }
 

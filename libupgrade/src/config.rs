@@ -14,6 +14,10 @@
 //! airgap_dir = "/var/lib/rancher/k3s/agent/images"   # where the booted slot's image archives are linked
 //! report_url = "https://fleet.example/reports"   # optional: where outcomes are reported
 //! report_site = "store-0042"     # this node's site, as the collector enrolled it
+//! [failure_bundle]               # optional: what a failed attempt's bundle carries
+//! logs = ["/var/log/kubelet.log", "/var/log/containerd.log", "/var/log/k3s-service.log"]
+//! redact = ["site-[0-9]+"]       # redacted on top of the default rules
+//! kept = 4                       # bundles kept on the state partition
 //! [layout]
 //! kind = "gpt"                   # partitions rootfs-a/rootfs-b + kernels on the boot partition
 //! disk = "/dev/vda"
@@ -191,6 +195,10 @@ pub struct Config {
     /// anything is written. Default [`DEFAULT_PAYLOAD_STORE_MAX_BYTES`].
     #[serde(default = "default_payload_store_max_bytes")]
     pub payload_store_max_bytes: u64,
+    /// `[failure_bundle]`: what a failed attempt's bundle carries and how many are kept
+    /// ([`crate::BundleSettings`]); collected only with `report_url`.
+    #[serde(default)]
+    pub failure_bundle: crate::BundleSettings,
 }
 
 impl Config {
@@ -214,6 +222,7 @@ impl Config {
             ));
         }
         check_report_keys(&c)?;
+        c.failure_bundle.check()?;
         Ok(c)
     }
 

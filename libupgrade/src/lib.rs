@@ -106,9 +106,10 @@ pub use net::rate::{Clock, MinRate, SystemClock};
 pub use net::retry::{Backoff, MAX_DELAY};
 pub use net::schedule::{Allowance, Schedule, ScheduleError, Window};
 pub use report::{
-    spool_dir, Limits as SpoolLimits, RedactError, RedactRule, Redactor, ReportsSent,
-    CONTENT_TYPE as REPORT_CONTENT_TYPE, DEFAULT_REDACT_RULES, KEY_FILE as NODE_KEY_FILE,
-    SPOOL_DIR,
+    spool_dir, BundleAllowance, BundleDelivery, BundleSettings, BundlesSent, KeptBundle,
+    Limits as SpoolLimits, RedactError, RedactRule, Redactor, ReportsSent, BUNDLE_CONTENT_TYPE,
+    BUNDLE_DIR, CONTENT_TYPE as REPORT_CONTENT_TYPE, DEFAULT_BUNDLES_KEPT, DEFAULT_BUNDLE_LOGS,
+    DEFAULT_REDACT_RULES, KEY_FILE as NODE_KEY_FILE, SPOOL_DIR,
 };
 pub use request::{ResolveError, StageRequest, Wanted, Writes};
 pub use scrub::{ScrubSummary, SlotScrub};

@@ -162,6 +162,7 @@ impl TestDisk {
             report_url: None,
             report_site: None,
             payload_store_max_bytes: libupgrade::DEFAULT_PAYLOAD_STORE_MAX_BYTES,
+            failure_bundle: Default::default(),
         };
         std::fs::write(&c.release_file, "VERSION=v1\nGENERATION=1\n").unwrap();
         boot_as(&c, Slot::A, "boot-1");

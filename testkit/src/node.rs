@@ -52,5 +52,6 @@ pub fn dir_config(p: &Path, trust: &Path, bootloader: BootloaderKind) -> Config 
         report_url: None,
         report_site: None,
         payload_store_max_bytes: libupgrade::DEFAULT_PAYLOAD_STORE_MAX_BYTES,
+        failure_bundle: Default::default(),
     }
 }

@@ -4,7 +4,7 @@
 //! scenario's directory. Stopping it is the dropped link; starting it again on the same port
 //! and database is the link coming back. What it stored is read with the collector crate's own
 //! query (`collector::open(..).rows()`, what `release rollout-status --reports` and the
-//! dashboard read).
+//! dashboard read; `bundles()` for the failure bundles).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -122,6 +122,22 @@ impl CollectorSite {
         let mut rows = store.rows().map_err(|e| Error::Server(e.to_string()))?;
         rows.sort_by(|a, b| (&a.node, a.seq).cmp(&(&b.node, b.seq)));
         Ok(rows)
+    }
+
+    /// Every failure bundle stored, with its sealed bytes as received.
+    pub fn bundles(&self) -> Result<Vec<(collector::BundleRow, Vec<u8>)>> {
+        let err = |e: collector::StoreError| Error::Server(e.to_string());
+        let mut store = collector::open(&self.db()).map_err(err)?;
+        let rows = store.bundles().map_err(err)?;
+        let mut out = Vec::new();
+        for r in rows {
+            let body = store
+                .bundle_body(&r.node, &r.version, r.attempt)
+                .map_err(err)?
+                .unwrap_or_default();
+            out.push((r, body));
+        }
+        Ok(out)
     }
 }
 

@@ -1,8 +1,9 @@
-//! Pure: whether a report is stored, answered as a resend, or refused, and with which status.
+//! Pure: whether a report or a failure bundle is stored, answered as a resend, or refused,
+//! and with which status.
 
-use fleet_report::{AllowList, ReportError, Verified};
+use fleet_report::{AllowList, BundleError, Opened, ReportError, Sealed, Verified};
 
-use crate::store::Known;
+use crate::store::{BundleKnown, Known};
 
 /// The collector's limits.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -11,8 +12,33 @@ pub struct Limits {
     pub rows_per_node: u64,
     /// Reports a node may send at once.
     pub burst: u32,
-    /// Reports per second a node's allowance refills by.
+    /// Reports per second a node's allowance refills by (a bundle takes from the same
+    /// allowance as a report).
     pub per_sec: f64,
+    /// What one node may keep of failure bundles.
+    pub bundles: BundleQuota,
+}
+
+/// The per-node quota of failure bundles: a node past either is refused (507) until the
+/// publisher removes some.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BundleQuota {
+    /// Most bundles stored per node.
+    pub count: u64,
+    /// Most sealed bytes stored per node, summed over its bundles.
+    pub bytes: u64,
+}
+
+impl Default for BundleQuota {
+    /// 32 bundles and 1 MiB per node: a few failed attempts of each of the last releases
+    /// (a bundle is at most 64 KiB sealed, a failing health check's usually a few KiB), so
+    /// 10,000 enrolled nodes hold at most 10 GiB of bundles.
+    fn default() -> Self {
+        BundleQuota {
+            count: 32,
+            bytes: 1024 * 1024,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -23,6 +49,7 @@ impl Default for Limits {
             rows_per_node: 100_000,
             burst: 300,
             per_sec: 1.0,
+            bundles: BundleQuota::default(),
         }
     }
 }
@@ -111,6 +138,68 @@ pub fn admit(v: &Verified, known: &Known, limits: &Limits) -> Result<Admit, Refu
             format!(
                 "node {} has {} reports stored, the most one node may have ({})",
                 v.report.node, known.rows, limits.rows_per_node
+            ),
+        ));
+    }
+    Ok(Admit::Store)
+}
+
+/// Check a bundle's envelope, its signature and the node's enrolment, without inflating
+/// anything: the sealed bundle with the node's site, or the refusal (413, 400, 401, 403).
+pub fn verify_bundle<'a>(
+    body: &'a [u8],
+    allow: &'a AllowList,
+) -> Result<(Sealed<'a>, &'a str), Refused> {
+    let sealed = fleet_report::verify_bundle(body).map_err(bundle_refusal)?;
+    let site = allow.site_of(&sealed.node).ok_or_else(|| {
+        Refused::new(
+            403,
+            format!(
+                "node {} is not enrolled (not on the allow-list)",
+                sealed.node
+            ),
+        )
+    })?;
+    Ok((sealed, site))
+}
+
+/// The status of a bundle [`fleet_report::open_bundle`] refused: 413 for the size, 401 for the
+/// signature, 400 for the rest; the why escaped.
+pub fn bundle_refusal(e: BundleError) -> Refused {
+    let status = match e {
+        BundleError::TooLarge { .. } => 413,
+        BundleError::Signature { .. } => 401,
+        _ => 400,
+    };
+    Refused::new(status, e.to_string().escape_debug().to_string())
+}
+
+/// An opened bundle against what the store holds of its node: store, a resend (the same
+/// bytes under the same node, version and attempt), or 409 (other bytes) / 507 (quota).
+pub fn admit_bundle(o: &Opened, known: &BundleKnown, q: &BundleQuota) -> Result<Admit, Refused> {
+    let b = &o.bundle;
+    let version = b.version.escape_debug();
+    if let Some(stored) = &known.same {
+        return if *stored == o.bytes {
+            Ok(Admit::Resend)
+        } else {
+            Err(Refused::new(
+                409,
+                format!(
+                    "node {} already sent a bundle for attempt {} of {version} with other bytes",
+                    b.node, b.attempt
+                ),
+            ))
+        };
+    }
+    let size = o.bytes.len() as u64;
+    if known.count >= q.count || known.bytes.saturating_add(size) > q.bytes {
+        return Err(Refused::new(
+            507,
+            format!(
+                "node {} has {} bundles ({} bytes) stored; {size} more bytes would pass its \
+                 quota ({} bundles, {} bytes)",
+                b.node, known.count, known.bytes, q.count, q.bytes
             ),
         ));
     }

@@ -1,16 +1,17 @@
-//! The HTTP side: `POST /v1/reports` (see the crate docs for the checks and statuses) and
-//! `GET /healthz`. Store calls run on the blocking pool, one at a time (the admit decision
+//! The HTTP side: `POST /v1/reports`, `POST /v1/bundles` (see the crate docs for the checks
+//! and statuses) and `GET /healthz`. Store calls run on the blocking pool, one at a time (the admit decision
 //! and the insert under one lock, so two copies of one report cannot both be stored).
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
-use fleet_report::{AllowList, MAX_REPORT_BYTES};
+use fleet_report::{AllowList, NodeId, MAX_BUNDLE_BYTES, MAX_REPORT_BYTES};
 
 use crate::admit::{self, Admit, Limits, Refused};
 use crate::rate::RateLimiter;
@@ -18,6 +19,11 @@ use crate::store::Store;
 
 /// The path reports are POSTed to.
 pub const REPORTS_PATH: &str = "/v1/reports";
+/// The path failure bundles are POSTed to (a node derives it from its report URL by replacing
+/// the last path segment).
+pub const BUNDLES_PATH: &str = "/v1/bundles";
+/// The Content-Type a node sends a sealed bundle with.
+pub const BUNDLE_CONTENT_TYPE: &str = "application/vnd.k3os-ops.bundle.v1";
 
 /// A running collector's parts.
 pub struct App {
@@ -50,35 +56,68 @@ impl App {
         }
     }
 
-    fn try_receive(&self, body: &[u8]) -> Result<Admit, Refused> {
-        let v = admit::verify(body, &self.allow)?;
-        let node = v.report.node;
+    /// Take one of `node`'s tokens (reports and bundles share them), or 429.
+    fn take_token(&self, node: NodeId) -> Result<(), Refused> {
         let allowed = self
             .rate
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take(node, Instant::now());
-        if !allowed {
-            return Err(Refused {
-                status: 429,
-                why: format!(
-                    "node {node} sends faster than {} reports/s (burst {})",
-                    self.limits.per_sec, self.limits.burst
-                ),
-            });
+        if allowed {
+            return Ok(());
         }
+        Err(Refused {
+            status: 429,
+            why: format!(
+                "node {node} sends faster than {} reports or bundles/s (burst {})",
+                self.limits.per_sec, self.limits.burst
+            ),
+        })
+    }
+
+    fn try_receive(&self, body: &[u8]) -> Result<Admit, Refused> {
+        let v = admit::verify(body, &self.allow)?;
+        self.take_token(v.report.node)?;
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let unavailable = |e: crate::StoreError| Refused {
-            status: 503,
-            why: e.to_string(),
-        };
-        let known = store.known(&node, v.report.seq).map_err(unavailable)?;
+        let known = store
+            .known(&v.report.node, v.report.seq)
+            .map_err(unavailable)?;
         let verdict = admit::admit(&v, &known, &self.limits)?;
         if verdict == Admit::Store {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            store.insert(&v, now).map_err(unavailable)?;
+            store.insert(&v, crate::time::now()).map_err(unavailable)?;
+        }
+        Ok(verdict)
+    }
+
+    /// Judge and maybe store one failure bundle: the status and the one-line answer.
+    pub fn receive_bundle(&self, body: &[u8]) -> (u16, String) {
+        match self.try_receive_bundle(body) {
+            Ok(Admit::Store) => (201, "stored".into()),
+            Ok(Admit::Resend) => (200, "already stored (a resend)".into()),
+            Err(r) => {
+                log::warn!("bundle refused ({}): {}", r.status, r.why);
+                (r.status, r.why)
+            }
+        }
+    }
+
+    /// The checks in order: size, envelope, signature, enrolment and rate before a byte is
+    /// inflated; then the body (inflate, JSON, limits), and only then the replay and quota
+    /// checks, because the (version, attempt) a bundle is stored under is inside its body.
+    fn try_receive_bundle(&self, body: &[u8]) -> Result<Admit, Refused> {
+        let (sealed, site) = admit::verify_bundle(body, &self.allow)?;
+        self.take_token(sealed.node)?;
+        let opened = sealed.inflate().map_err(admit::bundle_refusal)?;
+        let b = &opened.bundle;
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let known = store
+            .bundle_known(&b.node, &b.version, b.attempt)
+            .map_err(unavailable)?;
+        let verdict = admit::admit_bundle(&opened, &known, &self.limits.bundles)?;
+        if verdict == Admit::Store {
+            store
+                .insert_bundle(&opened, site, crate::time::now())
+                .map_err(unavailable)?;
         }
         Ok(verdict)
     }
@@ -108,10 +147,51 @@ impl App {
         }
     }
 
+    /// Every stored failure bundle, without its bytes.
+    pub fn bundles(&self) -> Result<Vec<crate::BundleRow>, crate::StoreError> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .bundles()
+    }
+
     /// Every stored report (for fleet status and tests).
     pub fn rows(&self) -> Result<Vec<crate::Row>, crate::StoreError> {
         self.store.lock().unwrap_or_else(|e| e.into_inner()).rows()
     }
+}
+
+/// The store failed: 503, naming the database.
+fn unavailable(e: crate::StoreError) -> Refused {
+    Refused {
+        status: 503,
+        why: e.to_string(),
+    }
+}
+
+async fn post_bundle(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> (StatusCode, String) {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            let why = match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => {
+                    format!("bundle is more than the {MAX_BUNDLE_BYTES} bytes a bundle may have")
+                }
+                _ => format!("reading the bundle: {}", e.body_text().escape_debug()),
+            };
+            log::warn!("bundle refused ({}): {why}", e.status().as_u16());
+            return (e.status(), why + "\n");
+        }
+    };
+    let answer = tokio::task::spawn_blocking(move || app.receive_bundle(&body)).await;
+    let (status, text) = answer.unwrap_or_else(|e| (500, format!("collector task failed: {e}")));
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        text + "\n",
+    )
 }
 
 async fn post_report(State(app): State<Arc<App>>, body: Bytes) -> (StatusCode, String) {
@@ -126,10 +206,16 @@ async fn post_report(State(app): State<Arc<App>>, body: Bytes) -> (StatusCode, S
 /// The collector's routes over `app`.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
-        .route(REPORTS_PATH, post(post_report))
+        // A longer body is refused with 413 before it is read whole (each route its limit).
+        .route(
+            REPORTS_PATH,
+            post(post_report).layer(DefaultBodyLimit::max(MAX_REPORT_BYTES)),
+        )
+        .route(
+            BUNDLES_PATH,
+            post(post_bundle).layer(DefaultBodyLimit::max(MAX_BUNDLE_BYTES)),
+        )
         .route("/healthz", get(|| async { "ok\n" }))
-        // A longer body is refused with 413 before it is read whole.
-        .layer(DefaultBodyLimit::max(MAX_REPORT_BYTES))
         .with_state(app)
 }
 
@@ -171,5 +257,7 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Arc<App>) -> std::io:
     axum::serve(listener, router(app)).await
 }
 
+#[cfg(test)]
+mod bundle_tests;
 #[cfg(test)]
 mod tests;

@@ -58,6 +58,7 @@ fn a_good_report_is_stored_once_and_every_attack_is_refused_and_stored_nowhere()
         rows_per_node: 3,
         burst: 1000,
         per_sec: 1000.0,
+        ..Limits::default()
     };
     let (addr, app, _dir) = start(limits);
     let p = |body: &[u8]| post(addr, REPORTS_PATH, body);
@@ -139,6 +140,7 @@ fn a_flooding_node_gets_429_and_the_others_are_unaffected() {
         rows_per_node: 1000,
         burst: 3,
         per_sec: 0.001,
+        ..Limits::default()
     };
     let (addr, app, _dir) = start(limits);
     let statuses: Vec<u16> = (1..=6)

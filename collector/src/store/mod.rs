@@ -1,31 +1,39 @@
 //! Where reports are kept: one trait, SQLite and PostgreSQL behind it.
 //!
-//! Schema version 2 (both backends; `collector_meta.schema` holds the number, a newer one is
+//! Schema version 3 (both backends; `collector_meta.schema` holds the number, a newer one is
 //! refused naming both, before anything is created or changed): table `reports`, one row per
 //! stored report, keyed by `(node, seq)`, with the report's fields as columns (`outcome` as its
 //! JSON) and `body`, the envelope exactly as received; table `guard_actions`, one row per thing
-//! the guard did ([`GuardAction`]). Schema 1 (the previous release: `reports` only) is migrated
-//! on open by creating `guard_actions` and recording 2; its reports are kept as they are.
+//! the guard did ([`GuardAction`]); table `bundles`, one row per failure bundle, keyed by
+//! `(node, version, attempt)`, with the fields a view needs ([`BundleRow`]) and `body`, the
+//! sealed envelope exactly as received.
+//!
+//! Older schemas are migrated on open by creating the tables they lack and recording 3; their
+//! rows are kept as they are. Schema 1 (`reports` only) gains `guard_actions` and `bundles`,
+//! schema 2 (`reports`, `guard_actions`) gains `bundles`.
 
+mod bundles;
 mod pg;
 mod sqlite;
 
-use fleet_report::{NodeId, Outcome, Verified};
+use fleet_report::{NodeId, Opened, Outcome, Verified};
 use serde::Serialize;
 
+pub(crate) use bundles::{failure_of, BundleColumns};
+pub use bundles::{BundleKnown, BundleRow};
 pub use pg::PgStore;
 pub use sqlite::SqliteStore;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA: i64 = 2;
+pub const SCHEMA: i64 = 3;
 
 /// What opening a database must do about its schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SchemaStep {
     /// A new database: create everything, record [`SCHEMA`].
     New,
-    /// Schema 1: create `guard_actions`, record [`SCHEMA`].
-    From1,
+    /// An older schema (1 or 2): create the tables it lacks, record [`SCHEMA`].
+    Migrate,
     /// Ours: nothing.
     Current,
 }
@@ -35,7 +43,7 @@ pub(crate) enum SchemaStep {
 pub(crate) fn schema_step(db: &str, found: Option<i64>) -> Result<SchemaStep, StoreError> {
     match found {
         None => Ok(SchemaStep::New),
-        Some(1) => Ok(SchemaStep::From1),
+        Some(1 | 2) => Ok(SchemaStep::Migrate),
         Some(SCHEMA) => Ok(SchemaStep::Current),
         Some(n) => Err(StoreError {
             db: db.to_string(),
@@ -122,6 +130,24 @@ pub trait Store: Send {
     fn record(&mut self, a: &GuardAction) -> Result<(), StoreError>;
     /// Everything the guard did, oldest first.
     fn actions(&mut self) -> Result<Vec<GuardAction>, StoreError>;
+    /// What is stored of `node`'s bundles, with the envelope under (`version`, `attempt`).
+    fn bundle_known(
+        &mut self,
+        node: &NodeId,
+        version: &str,
+        attempt: u32,
+    ) -> Result<BundleKnown, StoreError>;
+    /// Store an opened bundle of a node enrolled for `site`, received at `received`.
+    fn insert_bundle(&mut self, b: &Opened, site: &str, received: u64) -> Result<(), StoreError>;
+    /// Every stored bundle (without its bytes), by node, version, attempt.
+    fn bundles(&mut self) -> Result<Vec<BundleRow>, StoreError>;
+    /// The sealed envelope of one stored bundle, as received.
+    fn bundle_body(
+        &mut self,
+        node: &str,
+        version: &str,
+        attempt: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError>;
     /// The database, for messages.
     fn name(&self) -> &str;
 }

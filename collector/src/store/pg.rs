@@ -1,9 +1,10 @@
 //! PostgreSQL (the `postgres` crate): for a collector on more than one machine.
 
-use fleet_report::{NodeId, Verified};
+use fleet_report::{NodeId, Opened, Verified};
 
 use super::{
-    big, outcome_of, Columns, GuardAction, Known, Row, SchemaStep, Store, StoreError, SCHEMA,
+    big, failure_of, outcome_of, BundleColumns, BundleKnown, BundleRow, Columns, GuardAction,
+    Known, Row, SchemaStep, Store, StoreError, SCHEMA,
 };
 
 /// Reports in a PostgreSQL database.
@@ -26,7 +27,15 @@ CREATE TABLE IF NOT EXISTS reports (
     generation BIGINT NOT NULL, kind TEXT NOT NULL, outcome TEXT NOT NULL, seed BIGINT,
     dropped BIGINT NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (node, seq));
 CREATE INDEX IF NOT EXISTS reports_release ON reports (version, generation);
+CREATE TABLE IF NOT EXISTS bundles (
+    node TEXT NOT NULL, version TEXT NOT NULL, attempt BIGINT NOT NULL, site TEXT NOT NULL,
+    generation BIGINT NOT NULL, slot TEXT NOT NULL, time TEXT NOT NULL, failure TEXT NOT NULL,
+    why TEXT NOT NULL, received BIGINT NOT NULL, size BIGINT NOT NULL, body BYTEA NOT NULL,
+    PRIMARY KEY (node, version, attempt));
 ";
+
+const BUNDLE_COLUMNS: &str =
+    "node, site, version, generation, attempt, slot, time, failure, why, received, size";
 
 /// `url` without a password, for messages.
 fn redact(url: &str) -> String {
@@ -64,7 +73,7 @@ impl PgStore {
                 "INSERT INTO collector_meta (key, value) VALUES ('schema', $1)
                  ON CONFLICT (key) DO NOTHING"
             }
-            SchemaStep::From1 => "UPDATE collector_meta SET value = $1 WHERE key = 'schema'",
+            SchemaStep::Migrate => "UPDATE collector_meta SET value = $1 WHERE key = 'schema'",
         };
         client
             .batch_execute(CREATE)
@@ -184,6 +193,93 @@ impl Store for PgStore {
                 halt_version: r.get::<_, i64>(5) as u64,
             })
             .collect())
+    }
+
+    fn bundle_known(
+        &mut self,
+        node: &NodeId,
+        version: &str,
+        attempt: u32,
+    ) -> Result<BundleKnown, StoreError> {
+        let node = node.to_string();
+        let row = self.client.query_one(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0)::BIGINT,
+                 (SELECT body FROM bundles WHERE node = $1 AND version = $2 AND attempt = $3)
+                 FROM bundles WHERE node = $1",
+            &[&node, &version, &i64::from(attempt)],
+        );
+        let row = row.map_err(|e| self.err("read node's bundles", e))?;
+        Ok(BundleKnown {
+            count: row.get::<_, i64>(0) as u64,
+            bytes: row.get::<_, i64>(1) as u64,
+            same: row.get(2),
+        })
+    }
+
+    fn insert_bundle(&mut self, b: &Opened, site: &str, received: u64) -> Result<(), StoreError> {
+        let c = BundleColumns::of(b, site, received);
+        let r = self.client.execute(
+            &format!(
+                "INSERT INTO bundles ({BUNDLE_COLUMNS}, body)
+                 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)"
+            ),
+            &[
+                &c.node,
+                &c.site,
+                &c.version,
+                &c.generation,
+                &c.attempt,
+                &c.slot,
+                &c.time,
+                &c.failure,
+                &c.why,
+                &c.received,
+                &c.size,
+                &c.body,
+            ],
+        );
+        r.map_err(|e| self.err("insert bundle", e))?;
+        Ok(())
+    }
+
+    fn bundles(&mut self) -> Result<Vec<BundleRow>, StoreError> {
+        let rows = self
+            .client
+            .query(
+                &format!("SELECT {BUNDLE_COLUMNS} FROM bundles ORDER BY node, version, attempt"),
+                &[],
+            )
+            .map_err(|e| self.err("read bundles", e))?;
+        rows.iter()
+            .map(|r| {
+                Ok(BundleRow {
+                    node: r.get(0),
+                    site: r.get(1),
+                    version: r.get(2),
+                    generation: r.get::<_, i64>(3) as u64,
+                    attempt: u32::try_from(r.get::<_, i64>(4)).unwrap_or(u32::MAX),
+                    slot: r.get(5),
+                    time: r.get(6),
+                    failure: failure_of(&self.db, r.get(7))?,
+                    why: r.get(8),
+                    received: r.get::<_, i64>(9) as u64,
+                    size: r.get::<_, i64>(10) as u64,
+                })
+            })
+            .collect()
+    }
+
+    fn bundle_body(
+        &mut self,
+        node: &str,
+        version: &str,
+        attempt: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let r = self.client.query_opt(
+            "SELECT body FROM bundles WHERE node = $1 AND version = $2 AND attempt = $3",
+            &[&node, &version, &i64::from(attempt)],
+        );
+        Ok(r.map_err(|e| self.err("read bundle", e))?.map(|r| r.get(0)))
     }
 
     fn name(&self) -> &str {

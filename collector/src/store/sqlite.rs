@@ -2,11 +2,12 @@
 
 use std::path::Path;
 
-use fleet_report::{NodeId, Verified};
+use fleet_report::{NodeId, Opened, Verified};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    big, outcome_of, Columns, GuardAction, Known, Row, SchemaStep, Store, StoreError, SCHEMA,
+    big, failure_of, outcome_of, BundleColumns, BundleKnown, BundleRow, Columns, GuardAction,
+    Known, Row, SchemaStep, Store, StoreError, SCHEMA,
 };
 
 /// Reports in one SQLite file (WAL journal).
@@ -29,7 +30,15 @@ CREATE TABLE IF NOT EXISTS reports (
     generation INTEGER NOT NULL, kind TEXT NOT NULL, outcome TEXT NOT NULL, seed INTEGER,
     dropped INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (node, seq));
 CREATE INDEX IF NOT EXISTS reports_release ON reports (version, generation);
+CREATE TABLE IF NOT EXISTS bundles (
+    node TEXT NOT NULL, version TEXT NOT NULL, attempt INTEGER NOT NULL, site TEXT NOT NULL,
+    generation INTEGER NOT NULL, slot TEXT NOT NULL, time TEXT NOT NULL, failure TEXT NOT NULL,
+    why TEXT NOT NULL, received INTEGER NOT NULL, size INTEGER NOT NULL, body BLOB NOT NULL,
+    PRIMARY KEY (node, version, attempt));
 ";
+
+const BUNDLE_COLUMNS: &str =
+    "node, site, version, generation, attempt, slot, time, failure, why, received, size";
 
 impl SqliteStore {
     /// Open or create the database file at `path`.
@@ -57,7 +66,7 @@ impl SqliteStore {
         let sql = match super::schema_step(&db, schema)? {
             SchemaStep::Current => "",
             SchemaStep::New => "INSERT INTO collector_meta (key, value) VALUES ('schema', ?1)",
-            SchemaStep::From1 => "UPDATE collector_meta SET value = ?1 WHERE key = 'schema'",
+            SchemaStep::Migrate => "UPDATE collector_meta SET value = ?1 WHERE key = 'schema'",
         };
         conn.execute_batch(CREATE)
             .map_err(|e| err("create schema", e))?;
@@ -220,6 +229,131 @@ impl Store for SqliteStore {
             db,
             what: format!("read the guard's actions: {e}"),
         })
+    }
+
+    fn bundle_known(
+        &mut self,
+        node: &NodeId,
+        version: &str,
+        attempt: u32,
+    ) -> Result<BundleKnown, StoreError> {
+        let node = node.to_string();
+        let (count, bytes): (i64, i64) = self
+            .conn
+            .prepare_cached("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM bundles WHERE node = ?1")
+            .and_then(|mut s| s.query_row([&node], |r| Ok((r.get(0)?, r.get(1)?))))
+            .map_err(|e| self.err("read node's bundles", e))?;
+        let same: Option<Vec<u8>> = self
+            .conn
+            .prepare_cached(
+                "SELECT body FROM bundles WHERE node = ?1 AND version = ?2 AND attempt = ?3",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![node, version, i64::from(attempt)], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(|e| self.err("read bundle", e))?;
+        Ok(BundleKnown {
+            same,
+            count: count as u64,
+            bytes: bytes as u64,
+        })
+    }
+
+    fn insert_bundle(&mut self, b: &Opened, site: &str, received: u64) -> Result<(), StoreError> {
+        let c = BundleColumns::of(b, site, received);
+        self.conn
+            .prepare_cached(&format!(
+                "INSERT INTO bundles ({BUNDLE_COLUMNS}, body)
+                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)"
+            ))
+            .and_then(|mut s| {
+                s.execute(params![
+                    c.node,
+                    c.site,
+                    c.version,
+                    c.generation,
+                    c.attempt,
+                    c.slot,
+                    c.time,
+                    c.failure,
+                    c.why,
+                    c.received,
+                    c.size,
+                    c.body
+                ])
+            })
+            .map_err(|e| self.err("insert bundle", e))?;
+        Ok(())
+    }
+
+    fn bundles(&mut self) -> Result<Vec<BundleRow>, StoreError> {
+        let db = self.db.clone();
+        let mut s = self
+            .conn
+            .prepare(&format!(
+                "SELECT {BUNDLE_COLUMNS} FROM bundles ORDER BY node, version, attempt"
+            ))
+            .map_err(|e| self.err("read bundles", e))?;
+        let raw = s
+            .query_map([], |r| {
+                Ok((
+                    (r.get::<_, String>(0)?, r.get::<_, String>(1)?),
+                    (r.get::<_, String>(2)?, r.get::<_, i64>(3)?),
+                    (r.get::<_, i64>(4)?, r.get::<_, String>(5)?),
+                    (r.get::<_, String>(6)?, r.get::<_, String>(7)?),
+                    (r.get::<_, String>(8)?, r.get::<_, i64>(9)?),
+                    r.get::<_, i64>(10)?,
+                ))
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| StoreError {
+                db: db.clone(),
+                what: format!("read bundles: {e}"),
+            })?;
+        raw.into_iter()
+            .map(
+                |(
+                    (node, site),
+                    (version, generation),
+                    (attempt, slot),
+                    (time, failure),
+                    (why, received),
+                    size,
+                )| {
+                    Ok(BundleRow {
+                        node,
+                        site,
+                        version,
+                        generation: generation as u64,
+                        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                        slot,
+                        time,
+                        failure: failure_of(&db, &failure)?,
+                        why,
+                        received: received as u64,
+                        size: size as u64,
+                    })
+                },
+            )
+            .collect()
+    }
+
+    fn bundle_body(
+        &mut self,
+        node: &str,
+        version: &str,
+        attempt: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        self.conn
+            .prepare_cached(
+                "SELECT body FROM bundles WHERE node = ?1 AND version = ?2 AND attempt = ?3",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![node, version, i64::from(attempt)], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(|e| self.err("read bundle", e))
     }
 
     fn name(&self) -> &str {

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::report::NodeId;
 
-pub use wire::{open, BundleError, Opened};
+pub use wire::{open, verify, BundleError, Opened, Sealed};
 
 /// The envelope of `body` (any bytes, as if compressed) sealed by `key`: what the fuzz target
 /// feeds [`open`] to reach the inflate and JSON reader past the signature.

@@ -143,6 +143,30 @@ fn a_signed_decompression_bomb_is_refused_at_its_limit() {
 }
 
 #[test]
+fn verify_checks_the_signature_and_inflates_nothing() {
+    let k = key(5);
+    let node = NodeId::of(&k.verifying_key());
+    // Not deflate at all: verify passes (it never looks at the body), inflate refuses.
+    let sealed = envelope(&k, &node, b"\xff\xfe not deflate");
+    let v = verify(&sealed).unwrap();
+    assert_eq!((v.node, v.bytes), (node, &sealed[..]));
+    assert!(matches!(v.inflate(), Err(BundleError::Body(_))));
+    // Another key's signature under this node's id: refused before the body.
+    let mut forged = envelope(&key(6), &node, b"x");
+    assert!(matches!(
+        verify(&forged),
+        Err(BundleError::Signature { .. })
+    ));
+    forged.truncate(10);
+    assert!(matches!(verify(&forged), Err(BundleError::Envelope(_))));
+    let good = bundle(&k).seal(&k).unwrap();
+    assert_eq!(
+        verify(&good).unwrap().inflate().unwrap(),
+        open(&good).unwrap()
+    );
+}
+
+#[test]
 fn bodies_that_are_not_bundles_of_this_format_are_refused_naming_why() {
     let k = key(5);
     let node = NodeId::of(&k.verifying_key());

@@ -146,11 +146,20 @@ fn line(bytes: &[u8], what: &str) -> Result<(usize, usize), BundleError> {
     Ok((nl, nl + 1))
 }
 
-/// Read and verify one bundle envelope: size first, then the header and node, the signature
-/// of that node over the compressed bytes as received, then the body inflated to at most
-/// [`MAX_INFLATED_BYTES`], its JSON (no unknown fields, format [`super::BUNDLE_FORMAT`], the
-/// node of the envelope, every limit of [`Bundle::check`]).
-pub fn open(bytes: &[u8]) -> Result<Opened, BundleError> {
+/// A bundle envelope whose signature verified, not yet inflated: what a collector holds
+/// before it decides (enrolment, rate) whether the body is worth inflating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sealed<'a> {
+    /// The node the envelope names and whose key signed it.
+    pub node: NodeId,
+    /// The whole envelope as received.
+    pub bytes: &'a [u8],
+    body: &'a [u8],
+}
+
+/// Check one bundle envelope without inflating anything: size first, then the header and
+/// node, then the signature of that node over the compressed bytes as received.
+pub fn verify(bytes: &[u8]) -> Result<Sealed<'_>, BundleError> {
     if bytes.len() > MAX_BUNDLE_BYTES {
         return Err(BundleError::TooLarge { found: bytes.len() });
     }
@@ -186,27 +195,42 @@ pub fn open(bytes: &[u8]) -> Result<Opened, BundleError> {
         .ok_or_else(|| BundleError::Envelope(format!("node {node} is not a key")))?;
     key.verify(&signed_message(&node, body), &Signature::from_bytes(&sig))
         .map_err(|_| BundleError::Signature { node })?;
-    let mut json = Vec::new();
-    DeflateDecoder::new(body)
-        .take(MAX_INFLATED_BYTES as u64 + 1)
-        .read_to_end(&mut json)
-        .map_err(|e| BundleError::Body(format!("not deflate data: {e}")))?;
-    if json.len() > MAX_INFLATED_BYTES {
-        return Err(BundleError::Body(format!(
-            "inflates to more than {MAX_INFLATED_BYTES} bytes"
-        )));
+    Ok(Sealed { node, bytes, body })
+}
+
+impl Sealed<'_> {
+    /// Inflate the verified body to at most [`MAX_INFLATED_BYTES`] and read its JSON (no
+    /// unknown fields, format [`super::BUNDLE_FORMAT`], the node of the envelope, every limit
+    /// of [`Bundle::check`]).
+    pub fn inflate(&self) -> Result<Opened, BundleError> {
+        let mut json = Vec::new();
+        DeflateDecoder::new(self.body)
+            .take(MAX_INFLATED_BYTES as u64 + 1)
+            .read_to_end(&mut json)
+            .map_err(|e| BundleError::Body(format!("not deflate data: {e}")))?;
+        if json.len() > MAX_INFLATED_BYTES {
+            return Err(BundleError::Body(format!(
+                "inflates to more than {MAX_INFLATED_BYTES} bytes"
+            )));
+        }
+        let bundle = read_json(&json)?;
+        if bundle.node != self.node {
+            return Err(BundleError::Body(format!(
+                "names node {} inside an envelope signed by node {}",
+                bundle.node, self.node
+            )));
+        }
+        Ok(Opened {
+            bundle,
+            bytes: self.bytes.to_vec(),
+        })
     }
-    let bundle = read_json(&json)?;
-    if bundle.node != node {
-        return Err(BundleError::Body(format!(
-            "names node {} inside an envelope signed by node {node}",
-            bundle.node
-        )));
-    }
-    Ok(Opened {
-        bundle,
-        bytes: bytes.to_vec(),
-    })
+}
+
+/// Read and verify one bundle envelope: [`verify`] (size, envelope, signature), then
+/// [`Sealed::inflate`] (the body within its limits).
+pub fn open(bytes: &[u8]) -> Result<Opened, BundleError> {
+    verify(bytes)?.inflate()
 }
 
 fn read_json(json: &[u8]) -> Result<Bundle, BundleError> {

@@ -18,10 +18,10 @@ use fleet_report::Outcome;
 use release_support::Server;
 
 /// `k3os-ops collector serve` on `port` over `db`, killed on drop.
-struct Collector(Child);
+pub(crate) struct Collector(Child);
 
 impl Collector {
-    fn start(port: u16, db: &Path, allow: &Path) -> Collector {
+    pub(crate) fn start(port: u16, db: &Path, allow: &Path) -> Collector {
         Self::start_with(port, db, allow, &[]).0
     }
 
@@ -84,7 +84,7 @@ fn reporting_node(port: u16, site: &str) -> Node {
 }
 
 /// The node id `slot status` shows.
-fn node_id(node: &Node) -> String {
+pub(crate) fn node_id(node: &Node) -> String {
     let out = node.ok(&["slot", "status"]);
     let line = out
         .lines()
@@ -113,14 +113,14 @@ fn channel(node: &Node) -> (Server, PathBuf) {
 /// One site of the fleet: a node of `site` reporting to a collector on a free `port`, the
 /// collector's database and allow-list (the node enrolled for its site, or nobody), and a
 /// channel served by `release serve` holding v2.
-struct Site {
-    port: u16,
-    node: Node,
-    db: PathBuf,
-    allow: PathBuf,
-    srv: Server,
-    chan: PathBuf,
-    work: tempfile::TempDir,
+pub(crate) struct Site {
+    pub(crate) port: u16,
+    pub(crate) node: Node,
+    pub(crate) db: PathBuf,
+    pub(crate) allow: PathBuf,
+    pub(crate) srv: Server,
+    pub(crate) chan: PathBuf,
+    pub(crate) work: tempfile::TempDir,
 }
 
 impl Site {
@@ -131,7 +131,7 @@ impl Site {
 
     /// The same, with `prepare` run on the node before anything reads it (its id is made at
     /// first use): e.g. a v0.1.0 state file.
-    fn prepared(site: &str, enrolled: bool, prepare: impl FnOnce(&Node)) -> Site {
+    pub(crate) fn prepared(site: &str, enrolled: bool, prepare: impl FnOnce(&Node)) -> Site {
         let port = free_port();
         let node = reporting_node(port, site);
         prepare(&node);
@@ -156,7 +156,7 @@ impl Site {
     }
 }
 
-fn stored(db: &Path) -> Vec<collector::Row> {
+pub(crate) fn stored(db: &Path) -> Vec<collector::Row> {
     use collector::Store;
     collector::SqliteStore::open(db).unwrap().rows().unwrap()
 }
@@ -233,7 +233,7 @@ fn a_node_reports_staged_then_spools_through_an_outage_then_reports_the_bless() 
 }
 
 /// Pretend the node rebooted into slot B.
-fn cli_support_boot_b(node: &Node) {
+pub(crate) fn cli_support_boot_b(node: &Node) {
     std::fs::write(
         node.path().join("cmdline"),
         "root=/dev/vda5 ro k3os.slot=B\n",
@@ -711,7 +711,7 @@ fn the_dashboard_shows_in_a_real_browser_what_the_database_holds() {
 }
 
 /// The state file v0.1.0 wrote (libupgrade's fixture: slot A v1 good, slot B v2 good).
-fn v010_state(node: &Node) {
+pub(crate) fn v010_state(node: &Node) {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../libupgrade/tests/fixtures/v0.1.0/state.json");
     std::fs::copy(fixture, node.path().join("state/state.json")).unwrap();
@@ -750,7 +750,7 @@ fn a_node_made_by_v010_reports_from_its_first_outcome_and_one_without_report_url
 }
 
 /// A health check that always fails, in the node's health dir.
-fn failing_check(node: &Node) {
+pub(crate) fn failing_check(node: &Node) {
     let check = node.path().join("health.d/fails");
     std::fs::write(&check, "#!/bin/sh\necho disk on fire\nexit 1\n").unwrap();
     let mut perm = std::fs::metadata(&check).unwrap().permissions();

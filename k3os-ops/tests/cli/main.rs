@@ -15,6 +15,8 @@
 mod cli_messages;
 mod cluster;
 #[cfg(feature = "fleet")]
+mod failure_bundles;
+#[cfg(feature = "fleet")]
 mod fleet_reports;
 mod host_reboot;
 mod release_args;

@@ -14,6 +14,7 @@ use crate::boot::health::{self, CheckResult, HealthCheck};
 use crate::boot::payloads;
 use crate::boot::reach;
 use crate::error::Result;
+use crate::report::evidence::Assessed;
 use crate::state::{Decision, State};
 use crate::updater::Updater;
 
@@ -75,7 +76,13 @@ impl Updater {
         // The boot-time confirm, `slot await-bless` and the agent may assess the same boot at
         // once: one at a time, each from the state the previous one saved.
         let _lock = self.store.lock()?;
-        self.assess_locked(extra)
+        let r = self.assess_locked(extra, Assessed::Checks);
+        if let Err(e) = &r {
+            // The slot on trial cannot assess itself: its evidence is kept before the loader
+            // falls back.
+            self.bundle_confirm_failure(e);
+        }
+        r
     }
 
     /// If this boot's assessment is still [`Outcome::Pending`], report the awaited checks
@@ -106,10 +113,11 @@ impl Updater {
             })
             .collect();
         let refs: Vec<&dyn HealthCheck> = failed.iter().map(|c| c as &dyn HealthCheck).collect();
-        self.assess_locked(&refs).map(Some)
+        self.assess_locked(&refs, Assessed::AwaitedTimeout)
+            .map(Some)
     }
 
-    fn assess_locked(&self, extra: &[&dyn HealthCheck]) -> Result<ConfirmReport> {
+    fn assess_locked(&self, extra: &[&dyn HealthCheck], how: Assessed) -> Result<ConfirmReport> {
         let booted = self.booted_slot()?;
         let boot = ObservedBoot {
             slot: booted,
@@ -136,6 +144,8 @@ impl Updater {
         let st_before = st.slot(booted).state;
         let was_good = st_before == crate::state::SlotState::Good;
         let a = assess::assess(&st, &loader, &boot, &checks)?;
+        // The failed attempt's evidence, before the loader writes that make the fallback.
+        self.bundle_assessment(&a, booted, how, boot.verity_failure.as_ref());
         self.carry_out(&a.effects)?;
         if boot.verity_failure.is_some() {
             // Named in this assessment's decisions (when its slot fell back): used.

@@ -20,6 +20,7 @@
 //!   a send gives up after a few seconds, leaving the rest spooled ([`spool`]: bounded,
 //!   oldest dropped and counted, numbered so that a resend is idempotent).
 
+pub(crate) mod evidence;
 mod key;
 pub(crate) mod outcome;
 mod redact;
@@ -31,6 +32,10 @@ use std::path::{Path, PathBuf};
 
 use fleet_report::{NodeId, Report};
 
+pub use evidence::{
+    BundleAllowance, BundleDelivery, BundleSettings, BundlesSent, KeptBundle, BUNDLE_CONTENT_TYPE,
+    BUNDLE_DIR, DEFAULT_BUNDLES_KEPT, DEFAULT_LOGS as DEFAULT_BUNDLE_LOGS,
+};
 pub use key::KEY_FILE;
 pub use redact::{
     RedactError, Redactor, Rule as RedactRule, DEFAULT_RULES as DEFAULT_REDACT_RULES,

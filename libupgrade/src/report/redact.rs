@@ -2,7 +2,7 @@
 //! carries no credentials and no addresses. The default rules ([`DEFAULT_RULES`]) cover private
 //! keys (PEM blocks), bearer and JSON web tokens, k3s join tokens, `name=value` secrets
 //! (token, password, secret, api key) and IPv4/IPv6 addresses; the node config adds its own
-//! patterns (`bundle_redact`), each match replaced whole. A bundle says how many redactions
+//! patterns (`failure_bundle.redact`), each match replaced whole. A bundle says how many redactions
 //! were made, never what they were.
 //!
 //! `regex` (not hand-written matching): the node's own patterns are regular expressions, and
@@ -65,9 +65,11 @@ pub const DEFAULT_RULES: &[Rule] = &[
 
 /// A pattern of the node config that is not a regular expression.
 #[derive(Debug, thiserror::Error)]
-#[error("bundle_redact pattern {index} ({pattern:?}) is not a regular expression: {reason}")]
+#[error(
+    "failure_bundle.redact pattern {index} ({pattern:?}) is not a regular expression: {reason}"
+)]
 pub struct RedactError {
-    /// Its position in `bundle_redact` (from 0).
+    /// Its position in `failure_bundle.redact` (from 0).
     pub index: usize,
     /// The pattern as written (escaped when printed).
     pub pattern: String,
@@ -81,7 +83,7 @@ pub struct Redactor {
 }
 
 impl Redactor {
-    /// The default rules and `extra` (the node config's `bundle_redact`), each match of an
+    /// The default rules and `extra` (the node config's `failure_bundle.redact`), each match of an
     /// extra pattern replaced by `[REDACTED]`.
     pub fn new(extra: &[String]) -> Result<Redactor, RedactError> {
         let mut rules: Vec<(Regex, String)> = DEFAULT_RULES
@@ -182,7 +184,7 @@ version 1.36.2 and 6.1.0-57-amd64 stay at 04:33:31 in serde::de, not ::1 or 52:5
         assert_eq!(e.index, 1);
         assert!(
             e.to_string()
-                .starts_with("bundle_redact pattern 1 (\"(unclosed\")"),
+                .starts_with("failure_bundle.redact pattern 1 (\"(unclosed\")"),
             "{e}"
         );
     }

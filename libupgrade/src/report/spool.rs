@@ -95,7 +95,7 @@ fn now_ms() -> u64 {
 
 /// Write `bytes` to `path` through a temporary file (fsync, rename, fsync of the directory;
 /// no syncfs: a report is not worth flushing the state partition for).
-fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(super) fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
     f.write_all(bytes)

@@ -22,6 +22,11 @@
 //!   This order needs no `--allow-downgrade` (a rollback after v2's bless would need a release
 //!   newer than v2 that fails, which the test images do not have) and boots as often (4).
 //!
+//! - **The failure bundle.** The link drops again before the reboot into `v2-badhealth`: its
+//!   boot-time confirm rolls back and keeps a failure bundle on the state partition; slot A's
+//!   `slot status` says it waits; once the collector is back, the reports go, then the bundle,
+//!   which the collector stores with the failed check's output and the kernel log's tail.
+//!
 //! Checks: while the collector is down the reports wait in the spool (`reports_spooled` in
 //! `slot status`) and none is stored; once it is back, the next `slot status` sends them,
 //! oldest first, and the database holds them numbered without gaps; a report put back into the
@@ -118,21 +123,34 @@ impl Scenario {
         self.blessed_reported(&mut vm, &srv, &mut site, col)
     }
 
-    /// Reboot into the badhealth trial: it rolls back to A by itself, and `rolled_back` with
-    /// the health check's why reaches the collector.
+    /// Reboot into the badhealth trial with the link dropped: it rolls back to A by itself,
+    /// keeping a failure bundle of its evidence; once the link is back, `rolled_back` with the
+    /// health check's why and then the bundle reach the collector.
     fn rolled_back_reported(
         &mut self,
         vm: &mut Vm,
         site: &mut CollectorSite,
         col: Collector,
     ) -> Result<Collector> {
+        col.stop()?;
         self.reboot(vm)?;
         self.expect_boot(vm, Slot::B, BAD)?;
         vm.expect_not("K3OS-ROLLBACK", &["K3OS-CONFIRM ok", "Kernel panic"], READY)?;
         self.count_boot();
         self.expect_boot(vm, Slot::A, "v1")?;
         self.ready(vm)?;
+        let v = self.status_value(vm)?;
+        let kept = &v["failure_bundles"][0];
+        self.check(
+            kept["version"] == BAD
+                && kept["failure"] == "health_check"
+                && kept["delivery"]["state"] == "waiting"
+                && site.bundles()?.is_empty(),
+            || format!("after the rollback with the link down, one {BAD} bundle must wait: {v}"),
+        )?;
+        let col = site.start()?;
         self.spooled(vm)?;
+        self.bundle_arrived(site)?;
         let rows = site.rows()?;
         self.check_kinds(
             &rows,
@@ -155,6 +173,39 @@ impl Scenario {
             why.escape_debug()
         ));
         Ok(col)
+    }
+
+    /// The badhealth trial's failure bundle is stored: its failed check's output and the kernel
+    /// log's tail are in it, sealed by the node.
+    fn bundle_arrived(&mut self, site: &CollectorSite) -> Result<()> {
+        let stored = site.bundles()?;
+        let Some((row, body)) = stored.first() else {
+            return Err(self.fail("the collector holds no failure bundle after the link came back"));
+        };
+        let b = fleet_report::open_bundle(body)
+            .map_err(|e| self.fail(format!("the stored bundle does not open: {e}")))?
+            .bundle;
+        let has = |prefix: &str| {
+            b.sections
+                .iter()
+                .any(|s| s.name.starts_with(prefix) && !s.text.is_empty())
+        };
+        self.check(
+            stored.len() == 1
+                && row.version == BAD
+                && row.failure == fleet_report::Failure::HealthCheck
+                && has("health/")
+                && has("log/kernel"),
+            || format!("one {BAD} health-check bundle with its checks and kernel log expected: {row:?}, sections {:?}", b.sections.iter().map(|s| &s.name).collect::<Vec<_>>()),
+        )?;
+        self.note(format!(
+            "failure bundle of {BAD} attempt {} stored after the link came back: {} bytes sealed, sections {:?}, {} redaction(s)",
+            row.attempt,
+            body.len(),
+            b.sections.iter().map(|s| format!("{} ({} B)", s.name, s.text.len())).collect::<Vec<_>>(),
+            b.redacted
+        ));
+        Ok(())
     }
 
     /// Stage v2 with the link up and boot it: `blessed` reaches the collector, the numbers have

@@ -65,6 +65,54 @@ pub fn exercise(s: &mut dyn Store) {
     assert_eq!(s.actions().unwrap(), vec![halt, lifted]);
 }
 
+/// Bundles stored, counted per node, read back, and a second copy under one attempt refused
+/// by the key, on any backend.
+pub fn exercise_bundles(s: &mut dyn Store) {
+    use crate::testutil::opened;
+    let node = crate::testutil::id(1);
+    assert_eq!(
+        s.bundle_known(&node, "v2", 1).unwrap(),
+        BundleKnown::default()
+    );
+    let one = opened(1, 1, "kubelet: failed to load config");
+    let two = opened(1, 2, "kubelet: failed to load config");
+    let other = opened(3, 1, "containerd: \u{1b}[31m<b>boom</b>");
+    s.insert_bundle(&one, "site-a", 1_900_000_000).unwrap();
+    s.insert_bundle(&two, "site-a", 1_900_000_001).unwrap();
+    s.insert_bundle(&other, "site-b", 1_900_000_002).unwrap();
+    assert!(
+        s.insert_bundle(&one, "site-a", 1).is_err(),
+        "one row per attempt"
+    );
+    let k = s.bundle_known(&node, "v2", 2).unwrap();
+    assert_eq!(k.same.as_deref(), Some(&two.bytes[..]));
+    assert_eq!(k.count, 2);
+    assert_eq!(k.bytes, (one.bytes.len() + two.bytes.len()) as u64);
+    assert_eq!(s.bundle_known(&node, "v3", 2).unwrap().same, None);
+    let rows = s.bundles().unwrap();
+    assert_eq!(rows.len(), 3);
+    let r = rows.iter().find(|r| r.site == "site-b").unwrap();
+    assert_eq!(
+        (r.node.as_str(), r.version.as_str(), r.attempt, r.generation),
+        (crate::testutil::id(3).to_string().as_str(), "v2", 1, 2)
+    );
+    assert_eq!(
+        (r.failure, r.why.as_str()),
+        (other.bundle.failure, other.bundle.why.as_str())
+    );
+    assert_eq!(
+        (r.received, r.size),
+        (1_900_000_002, other.bytes.len() as u64)
+    );
+    assert_eq!(
+        (r.slot.as_str(), r.time.as_str()),
+        ("B", "2027-01-15T08:00:00Z")
+    );
+    let body = s.bundle_body(&r.node, "v2", 1).unwrap().unwrap();
+    assert_eq!(body, other.bytes, "the sealed bytes, as received");
+    assert_eq!(s.bundle_body(&r.node, "v2", 9).unwrap(), None);
+}
+
 /// The issue's halted canaries, stored and read back: node 4 staged, rolled back, then waits
 /// for the halt; node 5 does the same and then stages again after the lift. Whatever the
 /// backend, each node's outcome ([`crate::history`]) is read from its whole history.
@@ -127,6 +175,7 @@ fn sqlite_stores_and_reads_back() {
             .unwrap()
             .as_mut(),
     );
+    exercise_bundles(&mut SqliteStore::open(&path).unwrap());
     // Reopened: the same rows, the schema kept.
     let mut again = SqliteStore::open(&path).unwrap();
     assert_eq!(again.rows().unwrap().len(), 3);
@@ -139,14 +188,14 @@ fn a_newer_schema_is_refused_and_left_alone() {
     drop(SqliteStore::open(&path).unwrap());
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute(
-        "UPDATE collector_meta SET value = 3 WHERE key = 'schema'",
+        "UPDATE collector_meta SET value = 4 WHERE key = 'schema'",
         [],
     )
     .unwrap();
     conn.execute("DROP TABLE guard_actions", []).unwrap();
     drop(conn);
     let e = SqliteStore::open(&path).err().unwrap().to_string();
-    assert!(e.contains("schema 3, this build reads schema 2"), "{e}");
+    assert!(e.contains("schema 4, this build reads schema 3"), "{e}");
     // Nothing was created in it.
     let conn = rusqlite::Connection::open(&path).unwrap();
     let n: i64 = conn
@@ -207,9 +256,52 @@ fn a_schema_1_database_of_the_previous_release_is_migrated_keeping_its_reports()
     let mut s = SqliteStore::open(&path).unwrap();
     assert_eq!(s.rows().unwrap().len(), 1);
     assert_eq!(s.actions().unwrap(), vec![]);
+    assert_eq!(s.bundles().unwrap(), vec![]);
     drop(s);
     let conn = rusqlite::Connection::open(&path).unwrap();
     let schema: i64 = conn
+        .query_row(
+            "SELECT value FROM collector_meta WHERE key = 'schema'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(schema, SCHEMA);
+}
+
+/// What the previous release's collector (schema 2) created in SQLite, exactly, with one
+/// action of its guard.
+const SCHEMA_2: &str = "
+CREATE TABLE collector_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE guard_actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, channel TEXT NOT NULL,
+    version TEXT NOT NULL, action TEXT NOT NULL, detail TEXT NOT NULL,
+    halt_version INTEGER NOT NULL);
+CREATE TABLE reports (
+    node TEXT NOT NULL, seq INTEGER NOT NULL, site TEXT NOT NULL, at INTEGER NOT NULL,
+    received INTEGER NOT NULL, channel TEXT NOT NULL, version TEXT NOT NULL,
+    generation INTEGER NOT NULL, kind TEXT NOT NULL, outcome TEXT NOT NULL, seed INTEGER,
+    dropped INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (node, seq));
+CREATE INDEX reports_release ON reports (version, generation);
+INSERT INTO guard_actions (at, channel, version, action, detail, halt_version)
+    VALUES (5, '/srv/c', 'v2', 'halt', 'rolled_back 3 of 3', 2);
+INSERT INTO collector_meta (key, value) VALUES ('schema', 2);
+";
+
+#[test]
+fn a_schema_2_database_of_the_previous_release_gains_bundles_keeping_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("reports.db");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(SCHEMA_2)
+        .unwrap();
+    let mut s = SqliteStore::open(&path).unwrap();
+    assert_eq!(s.actions().unwrap().len(), 1, "the guard's log is kept");
+    exercise_bundles(&mut s);
+    drop(s);
+    let schema: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
         .query_row(
             "SELECT value FROM collector_meta WHERE key = 'schema'",
             [],
@@ -232,6 +324,43 @@ fn postgres_stores_and_reads_back_on_a_real_server() {
     let mut again = PgStore::open(&pg.url()).unwrap();
     assert_eq!(again.rows().unwrap().len(), 3);
     halted_canaries(&mut again);
+    exercise_bundles(&mut again);
+}
+
+/// What the previous release's collector (schema 2) created in PostgreSQL, exactly.
+const PG_SCHEMA_2: &str = "
+CREATE TABLE collector_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL);
+CREATE TABLE guard_actions (
+    id BIGSERIAL PRIMARY KEY, at BIGINT NOT NULL, channel TEXT NOT NULL,
+    version TEXT NOT NULL, action TEXT NOT NULL, detail TEXT NOT NULL,
+    halt_version BIGINT NOT NULL);
+CREATE TABLE reports (
+    node TEXT NOT NULL, seq BIGINT NOT NULL, site TEXT NOT NULL, at BIGINT NOT NULL,
+    received BIGINT NOT NULL, channel TEXT NOT NULL, version TEXT NOT NULL,
+    generation BIGINT NOT NULL, kind TEXT NOT NULL, outcome TEXT NOT NULL, seed BIGINT,
+    dropped BIGINT NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (node, seq));
+CREATE INDEX reports_release ON reports (version, generation);
+INSERT INTO guard_actions (at, channel, version, action, detail, halt_version)
+    VALUES (5, '/srv/c', 'v2', 'halt', 'rolled_back 3 of 3', 2);
+INSERT INTO collector_meta (key, value) VALUES ('schema', 2);
+";
+
+#[test]
+fn a_schema_2_postgres_database_of_the_previous_release_gains_bundles_keeping_its_rows() {
+    let pg = crate::store::tests::pg_server::PgServer::start();
+    let mut c = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    c.batch_execute(PG_SCHEMA_2).unwrap();
+    drop(c);
+    let mut s = PgStore::open(&pg.url()).unwrap();
+    assert_eq!(s.actions().unwrap().len(), 1, "the guard's log is kept");
+    exercise_bundles(&mut s);
+    drop(s);
+    let mut c = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    let schema: i64 = c
+        .query_one("SELECT value FROM collector_meta WHERE key = 'schema'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(schema, SCHEMA);
 }
 
 pub mod pg_server;

@@ -20,7 +20,7 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use chrono_tz::Tz;
-use libupgrade::{Schedule, Window as Interval};
+use libupgrade::{BundleAllowance, Schedule, Window as Interval};
 
 use super::crd::UpdateChannelSpec;
 use super::window::Window;
@@ -243,6 +243,21 @@ impl ThinPolicy {
         Gate::Stage {
             schedule: Some(Schedule::new(stretch).expect("sorted, disjoint, not empty")),
             max_bytes,
+        }
+    }
+
+    /// When failure bundles may go at `now`, `used_today` of today's quota spent: as a stage
+    /// would (inside a window, within the quota left), never outside.
+    pub fn bundle_allowance(&self, now: DateTime<Utc>, used_today: u64) -> BundleAllowance {
+        match self.gate(now, used_today) {
+            Gate::Stage { max_bytes, .. } => BundleAllowance {
+                open: true,
+                max_bytes,
+            },
+            Gate::Wait { .. } => BundleAllowance {
+                open: false,
+                max_bytes: Some(0),
+            },
         }
     }
 
@@ -621,6 +636,28 @@ mod tests {
             p.next_day(utc("2026-10-24T23:00:00Z")),
             utc("2026-10-25T23:00:00Z"),
             "midnight CET after the 25-hour day"
+        );
+    }
+
+    #[test]
+    fn failure_bundles_go_as_a_stage_would_inside_a_window_within_the_quota_left() {
+        let p = policy(
+            vec![win(&[], "22:00", "4h", Some("Europe/Berlin"), None)],
+            Some("100M"),
+            None,
+        );
+        let inside = utc("2026-12-03T22:30:00Z");
+        assert_eq!(
+            p.bundle_allowance(inside, 40 << 20),
+            BundleAllowance {
+                open: true,
+                max_bytes: Some(60 << 20)
+            }
+        );
+        assert!(!p.bundle_allowance(inside, 100 << 20).open, "quota spent");
+        assert!(
+            !p.bundle_allowance(utc("2026-12-03T12:00:00Z"), 0).open,
+            "outside the window"
         );
     }
 }

@@ -236,6 +236,19 @@ impl NodeOps for LibupgradeNode {
             .map_err(|e| NodeError::new("stage", e))
     }
 
+    fn send_bundles(
+        &self,
+        allow: libupgrade::BundleAllowance,
+        book_on: Option<chrono::NaiveDate>,
+    ) -> Result<u64, NodeError> {
+        let bytes = self.updater.send_bundles(allow).map_or(0, |s| s.bytes);
+        if let (Some(day), true) = (book_on, bytes > 0) {
+            ledger::add_fetched(self.state_dir(), day, bytes, false)
+                .map_err(|e| NodeError::new("send failure bundles", e))?;
+        }
+        Ok(bytes)
+    }
+
     fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {
         let _writing = self.writing();
         let awaits = libupgrade::state::AwaitedChecks {

@@ -24,6 +24,7 @@ pub(in crate::agent) async fn tick_idle(
     reason: IdleReason,
 ) -> Result<Done, AgentError> {
     let cx = t.cx;
+    send_bundles(t).await?;
     match reason {
         // The Node's phase message says why (published once per text), and so does an Event.
         IdleReason::FailedHere { version, why } => {
@@ -55,6 +56,26 @@ pub(in crate::agent) async fn tick_idle(
         IdleReason::NotSelected | IdleReason::NoTarget => {}
     }
     Ok(Done::then(Then::Wait))
+}
+
+/// A failing site's kept bundles go while the node is idle (never in the way of a stage),
+/// inside the channel's stage windows and within its daily quota, their bytes booked on it.
+async fn send_bundles(t: &Tick<'_>) -> Result<(), AgentError> {
+    let Ok(policy) = t.ch.policy.as_ref() else {
+        return Ok(());
+    };
+    let thin = policy.thin.clone();
+    t.cx.blocking(move |ops| {
+        let now = Utc::now();
+        let day = thin.max_bytes_per_day.map(|_| thin.day(now));
+        let used = match day {
+            Some(d) => ops.fetched_on(d)?,
+            None => 0,
+        };
+        ops.send_bundles(thin.bundle_allowance(now, used), day)
+    })
+    .await?;
+    Ok(())
 }
 
 /// Only one agent runs per node; a slot of this node under another token belongs to an

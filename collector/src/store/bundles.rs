@@ -1,0 +1,94 @@
+//! What the store keeps of a failure bundle ([`fleet_report::Bundle`]): the fields a view
+//! needs as columns, and the sealed envelope exactly as received (what a download serves, and
+//! what anyone can verify again with the node's key).
+
+use fleet_report::{Failure, Opened};
+use serde::Serialize;
+
+use super::{big, StoreError};
+
+/// One stored bundle, as `rollout-status` and the dashboard read it (the sealed bytes are read
+/// on their own, by [`super::Store::bundle_body`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BundleRow {
+    /// The node id.
+    pub node: String,
+    /// Its site (from the allow-list when the bundle was stored).
+    pub site: String,
+    /// The release attempted.
+    pub version: String,
+    /// Its generation.
+    pub generation: u64,
+    /// Which attempt of that release on the node.
+    pub attempt: u32,
+    /// The slot it was tried in.
+    pub slot: String,
+    /// When the node wrote it (RFC 3339, the node's clock, as the node wrote it).
+    pub time: String,
+    /// How the attempt failed.
+    pub failure: Failure,
+    /// The one-line why.
+    pub why: String,
+    /// When the collector stored it (Unix seconds).
+    pub received: u64,
+    /// The sealed envelope's size in bytes.
+    pub size: u64,
+}
+
+/// What a store holds of one node's bundles, for the admission checks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BundleKnown {
+    /// The envelope stored under the (version, attempt) being admitted, if any.
+    pub same: Option<Vec<u8>>,
+    /// Bundles stored for the node.
+    pub count: u64,
+    /// Their sealed bytes, summed.
+    pub bytes: u64,
+}
+
+/// The columns of a bundle, shared by both backends.
+pub(crate) struct BundleColumns<'a> {
+    pub node: String,
+    pub site: &'a str,
+    pub version: &'a str,
+    pub generation: i64,
+    pub attempt: i64,
+    pub slot: &'a str,
+    pub time: &'a str,
+    pub failure: String,
+    pub why: &'a str,
+    pub received: i64,
+    pub size: i64,
+    pub body: &'a [u8],
+}
+
+impl<'a> BundleColumns<'a> {
+    pub(crate) fn of(o: &'a Opened, site: &'a str, received: u64) -> BundleColumns<'a> {
+        let b = &o.bundle;
+        BundleColumns {
+            node: b.node.to_string(),
+            site,
+            version: &b.version,
+            generation: big(b.generation),
+            attempt: i64::from(b.attempt),
+            slot: &b.slot,
+            time: &b.time,
+            failure: serde_json::to_string(&b.failure).expect("failure serializes"),
+            why: &b.why,
+            received: big(received),
+            size: big(o.bytes.len() as u64),
+            body: &o.bytes,
+        }
+    }
+}
+
+/// A row's failure column back to the failure (written by [`BundleColumns::of`]).
+pub(crate) fn failure_of(db: &str, json: &str) -> Result<Failure, StoreError> {
+    serde_json::from_str(json).map_err(|e| StoreError {
+        db: db.to_string(),
+        what: format!(
+            "stored failure {:?} does not parse: {e}",
+            json.escape_debug().to_string()
+        ),
+    })
+}
