@@ -69,6 +69,12 @@ enum Command {
         /// `--layer-compression none`), a payload of every `-kube` release.
         #[arg(long, requires = "kube_debs")]
         kube_agent_image: Option<PathBuf>,
+        /// Also make the signed UEFI path's pieces (x86_64): the test Secure Boot key
+        /// (`<out>/keys/secure-boot/`), each built release's signed UKIs
+        /// (`<out>/<arch>/uki/<version>/k3os-{a,b}.efi`) and the OVMF variable store with the
+        /// key enrolled (`<out>/<arch>/secure-boot/OVMF_VARS_4M.fd`).
+        #[arg(long)]
+        secure_boot: bool,
     },
 }
 
@@ -87,6 +93,7 @@ fn main() -> anyhow::Result<()> {
             kube_debs,
             kube_assets,
             kube_agent_image,
+            secure_boot,
         } => {
             let t0 = Instant::now();
             let target = Target::new(arch);
@@ -117,7 +124,6 @@ fn main() -> anyhow::Result<()> {
             // No channel index here: the failure variants share generation 2 with v2 on purpose,
             // which a channel (one release per generation) refuses. Tests name release dirs directly.
             let releases_dir = arch_out.join("releases");
-
             let slot_a_release = match built.iter().find(|r| r.spec.version == slot_a) {
                 Some(r) => r.clone(),
                 None => builder.build(
@@ -126,6 +132,10 @@ fn main() -> anyhow::Result<()> {
                     &public,
                 )?,
             };
+            if secure_boot {
+                let keys = out.join("keys");
+                secure_boot_pieces(target, &built, &slot_a_release, &keys, &arch_out)?;
+            }
             let sizes = sizes_for(&built)?;
             let boots = if boots.is_empty() {
                 BootVariant::for_target(target)
@@ -215,6 +225,50 @@ fn build_releases(
         built.push(r);
     }
     Ok(built)
+}
+
+/// The test Secure Boot key, the signed UKIs of the `built` releases and `slot_a`'s, and the enrolled OVMF variable
+/// store (x86_64 only: the arm64 stub and AAVMF's Secure Boot build are not set up yet).
+fn secure_boot_pieces(
+    target: Target,
+    built: &[Release],
+    slot_a: &Release,
+    keys: &Path,
+    arch_out: &Path,
+) -> anyhow::Result<()> {
+    use k3os_images::secboot;
+    let mut releases = built.to_vec();
+    if !releases.iter().any(|r| r.spec == slot_a.spec) {
+        releases.push(slot_a.clone());
+    }
+    anyhow::ensure!(
+        target.arch == Arch::X86_64,
+        "--secure-boot: only x86_64 has a signed UEFI path so far (not {})",
+        target.arch.as_str()
+    );
+    let t0 = Instant::now();
+    let key = secboot::ensure_key(keys).context("test Secure Boot key")?;
+    for r in &releases {
+        k3os_images::release::slot_ukis(target, r, &key, arch_out)
+            .with_context(|| format!("signed UKIs of release {}", r.spec.version))?;
+    }
+    let vars = arch_out.join("secure-boot").join("OVMF_VARS_4M.fd");
+    let mut st = Stamp::new();
+    st.file("template", Path::new(secboot::OVMF_VARS_TEMPLATE))?
+        .file("cert", &key.cert)?;
+    if !st.is_fresh(&vars) {
+        Stamp::invalidate(&vars)?;
+        std::fs::create_dir_all(arch_out.join("secure-boot"))?;
+        secboot::enrolled_vars(Path::new(secboot::OVMF_VARS_TEMPLATE), &key.cert, &vars)
+            .context("OVMF variable store with the test key enrolled")?;
+        st.record(&vars)?;
+    }
+    eprintln!(
+        "k3os-images: Secure Boot pieces of {} releases in {:.1}s",
+        releases.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// Partition sizes with room for the largest rootfs of `built`.
