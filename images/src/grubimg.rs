@@ -111,7 +111,7 @@ const SIGNED_MODULES: &[&str] = &[
 pub const SIGNED_PREFIX: &str = "(memdisk)/boot/grub";
 
 /// The signed UEFI path's GRUB (unsigned yet: the caller signs it): `script` as
-/// `grub.cfg` in a memdisk inside the image, the prefix pointing there, [`SIGNED_MODULES`]
+/// `grub.cfg` in a memdisk inside the image, the prefix pointing there, `SIGNED_MODULES`
 /// built in, and `--disable-shim-lock` (no shim in this chain: the firmware checks what GRUB
 /// chainloads). `work` is a scratch directory.
 pub fn signed_efi_image(target: Target, script: &str, out: &Path, work: &Path) -> Result<()> {
