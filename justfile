@@ -76,6 +76,23 @@ images-kube arch debarch boots kube_version="v1.36.2":
         --out images/out \
         --release v1-kube --release v2-kube --release v2-kubenotready --slot-a v1-kube $boots
 
+# The signed UEFI path (x86_64, docs/design/trust.md): the test Secure Boot key, signed UKIs of
+# v1 and v2 (images/out/x86_64/uki/), the OVMF variable store with the key enrolled
+# (images/out/x86_64/secure-boot/) and disk-grub-efi-sb.img (signed GRUB, slot A v1's UKI).
+images-secure-boot-x86_64:
+    #!/bin/sh
+    set -eu
+    images/scripts/fetch-debs.sh x86_64 >/dev/null
+    cargo build --release -p k3os-ops --no-default-features --target x86_64-unknown-linux-musl
+    cargo build -p k3os-images
+    target/debug/k3os-images build --arch x86_64 \
+        --debs .cache/debs/x86_64/root \
+        --k3os-ops target/x86_64-unknown-linux-musl/release/k3os-ops \
+        --verity-open target/x86_64-unknown-linux-musl/release/k3os-verity-open \
+        --tool target/x86_64-unknown-linux-musl/release/k3os-ops \
+        --out images/out \
+        --release v1 --release v2 --boot grub-efi-sb --secure-boot
+
 images-previous-build arches:
     images/scripts/build-previous.sh {{arches}}
 

@@ -15,11 +15,14 @@ APT_WAIT=(-o DPkg::Lock::Timeout=600)
 # kube-apiserver v1.36). xz-utils: unpacks them.
 # cryptsetup-bin: veritysetup, run by `release create --verity` and by libupgrade's verity tests
 # (the node's own tree and FEC are checked byte for byte against it).
+# sbsigntool (sbsign, sbverify), systemd-boot-efi (the UKI stub) and binutils (objcopy): the
+# signed UEFI path's unified kernel images (images/src/secboot.rs).
 PKGS="qemu-system-x86 qemu-system-arm qemu-utils squashfs-tools squashfs-tools-ng grub-pc-bin grub-efi-amd64-bin
 grub-common grub2-common syslinux extlinux syslinux-common isolinux ovmf qemu-efi-aarch64 gdisk dosfstools mtools
 busybox-static gcc-aarch64-linux-gnu libc6-dev-arm64-cross fdisk e2fsprogs cpio kmod libclang-dev clang pkgconf
 musl-tools qemu-user-static binfmt-support diffutils grub-emu openssl curl bc casync rauc xdelta3 bsdiff zstd dbus-daemon time
-runc skopeo util-linux mount python3 python3-pip postgresql-15 chromium cryptsetup-bin xz-utils etcd-server"
+runc skopeo util-linux mount python3 python3-pip postgresql-15 chromium cryptsetup-bin xz-utils etcd-server
+sbsigntool systemd-boot-efi binutils"
 
 missing=""
 for p in $PKGS; do
@@ -44,6 +47,10 @@ command -v cargo-fuzz >/dev/null || [ -x "$HOME/.cargo/bin/cargo-fuzz" ] || carg
 # --break-system-packages: Debian's python3 is "externally managed" and these are test tools).
 python3 -c 'import importlib.metadata as m, sys; sys.exit(not (m.version("tuf") == "7.0.1" and m.version("securesystemslib") == "1.6.0"))' 2>/dev/null ||
     python3 -m pip install -q --break-system-packages 'tuf==7.0.1' 'securesystemslib[crypto]==1.6.0'
+# virt-firmware's virt-fw-vars enrols the test Secure Boot certificate into an OVMF variable store
+# (images/src/secboot.rs; Debian 12 has no package of it).
+python3 -c 'import importlib.metadata as m, sys; sys.exit(m.version("virt-firmware") != "26.10")' 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages 'virt-firmware==26.10'
 
 # Kubernetes v1.36.2 for the tests that need a real control plane (k3os-ops/tests/cli/cluster/,
 # the vm-tests Kubernetes scenarios), in envtest's layout: .cache/kube/<version>/<os-arch>/ holds

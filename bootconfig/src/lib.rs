@@ -62,8 +62,8 @@ pub use grub::env::{
     grub_load, grub_set_in_place, EnvBlockError, GrubEnv, Loaded, ENV_SIZE, HEADER,
 };
 pub use grub::{
-    render_cfg, simulate_boot, simulate_boot_with, BootSim, EnvSource, GrubBootloader, GrubConfig,
-    GrubScript, CFG_FILE, MENU_MARKER, SCRIPT_MARKER,
+    render_cfg, render_signed_cfg, simulate_boot, simulate_boot_with, BootSim, EnvSource,
+    GrubBootloader, GrubConfig, GrubScript, CFG_FILE, MENU_MARKER, SCRIPT_MARKER,
 };
 pub use memory::MemoryBootloader;
 pub use slot::{ParseSlotError, Slot};

@@ -270,7 +270,7 @@ fn write_mbr(
         BootVariant::Extlinux => {
             mbr.set_bootcode(loader::gptmbr_code()?);
         }
-        BootVariant::GrubEfi => {}
+        BootVariant::GrubEfi | BootVariant::GrubEfiSb => {}
     }
     mbr.overwrite_lba0(disk).map_err(|e| {
         Error::Layout(format!(
@@ -327,13 +327,30 @@ fn make_esp(spec: &DiskSpec, img: &Path, size: u64, work: &Path) -> Result<()> {
         .arg(img)
         .arg((size / 1024).to_string())
         .run()?;
+    let efi = work.join(spec.target.efi_boot_file());
+    if spec.variant == BootVariant::GrubEfiSb {
+        let signed = loader::signed_inputs(spec)?;
+        let unsigned = work.join("grub-unsigned.efi");
+        grubimg::signed_efi_image(
+            spec.target,
+            &loader::signed_script(spec.target),
+            &unsigned,
+            work,
+        )?;
+        let key = crate::secboot::SbKey {
+            key: signed.key.to_path_buf(),
+            cert: signed.cert.to_path_buf(),
+        };
+        crate::secboot::sign(&key, &unsigned, &efi)?;
+    }
     if spec.variant == BootVariant::GrubEfi {
-        let efi = work.join(spec.target.efi_boot_file());
         grubimg::efi_image(
             spec.target,
             &grubimg::efi_dir(spec.target, spec.debs.grub_arm64_efi.as_deref())?,
             &efi,
         )?;
+    }
+    if matches!(spec.variant, BootVariant::GrubEfi | BootVariant::GrubEfiSb) {
         Cmd::new("mmd")
             .arg("-i")
             .arg(img)

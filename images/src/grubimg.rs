@@ -96,6 +96,63 @@ pub fn efi_image(target: Target, dir: &Path, out: &Path) -> Result<()> {
     mkimage(target.grub_efi_platform(), dir, out, &[])
 }
 
+/// Modules of the signed EFI image ([`signed_efi_image`]): everything its script runs is built
+/// in, so it never loads a module from the disk. No `linux`: under Secure Boot, GRUB would boot
+/// a kernel it read itself without the firmware's signature check. `chain` hands the slot's
+/// UKI to the firmware's LoadImage, which checks it; `tpm` registers the verifier that GRUB's
+/// lockdown requires before it opens a chainloaded image (without shim there is no other; see
+/// docs/design/trust.md); `memdisk` + `tar` hold the script.
+const SIGNED_MODULES: &[&str] = &[
+    "part_gpt", "ext2", "normal", "chain", "tpm", "memdisk", "tar", "echo", "test", "true",
+    "loadenv", "serial", "terminal", "sleep", "reboot", "halt",
+];
+
+/// Where the signed image's script is, inside its memdisk (the image's prefix).
+pub const SIGNED_PREFIX: &str = "(memdisk)/boot/grub";
+
+/// The signed UEFI path's GRUB (unsigned yet: the caller signs it): `script` as
+/// `grub.cfg` in a memdisk inside the image, the prefix pointing there, `SIGNED_MODULES`
+/// built in, and `--disable-shim-lock` (no shim in this chain: the firmware checks what GRUB
+/// chainloads). `work` is a scratch directory.
+pub fn signed_efi_image(target: Target, script: &str, out: &Path, work: &Path) -> Result<()> {
+    let dir = efi_dir(target, None)?;
+    if !dir.join("kernel.img").is_file() {
+        return Err(Error::Input {
+            path: dir,
+            what: format!("no GRUB {} modules", target.grub_efi_platform()),
+        });
+    }
+    let tree = work.join("memdisk");
+    let cfg_dir = tree.join("boot/grub");
+    fs::create_dir_all(&cfg_dir).ctx("create directory", &cfg_dir)?;
+    fs::write(cfg_dir.join("grub.cfg"), script).ctx("write", cfg_dir.join("grub.cfg"))?;
+    let tar = work.join("memdisk.tar");
+    Cmd::new("tar")
+        .arg("-C")
+        .arg(&tree)
+        .args(["--owner=0", "--group=0", "--format=ustar", "-cf"])
+        .arg(&tar)
+        .arg("boot")
+        .run()?;
+    Cmd::new("grub-mkimage")
+        .args([
+            "-O",
+            target.grub_efi_platform(),
+            "--disable-shim-lock",
+            "-p",
+        ])
+        .arg(SIGNED_PREFIX)
+        .arg("-d")
+        .arg(&dir)
+        .arg("-m")
+        .arg(&tar)
+        .arg("-o")
+        .arg(out)
+        .args(SIGNED_MODULES)
+        .run()?;
+    Ok(())
+}
+
 /// Point core.img's first block list at the sectors following its first one.
 pub fn patch_core(core: &mut [u8], core_lba: u64) -> std::result::Result<(), String> {
     let sectors = core.len().div_ceil(512);
@@ -164,6 +221,20 @@ mod tests {
         assert!(patch_core(&mut bad, 2048)
             .unwrap_err()
             .contains("expected 4"));
+    }
+
+    /// The signed image carries its script (in the memdisk) and the chainloader.
+    #[test]
+    fn the_signed_image_carries_its_script() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("BOOTX64.EFI");
+        let script = "set k3os_marker=signed-script-42\n";
+        let t = Target::new(libupgrade::manifest::Arch::X86_64);
+        signed_efi_image(t, script, &out, dir.path()).unwrap();
+        let bytes = fs::read(&out).unwrap();
+        let has = |n: &[u8]| bytes.windows(n.len()).any(|w| w == n);
+        assert!(has(b"signed-script-42"));
+        assert!(has(b"chainloader"), "chain is built in");
     }
 
     #[test]

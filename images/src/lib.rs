@@ -20,7 +20,8 @@
 //!   extracted packages), and the tools [`run`], [`stamp`], [`error`], `initramfs::cpio`, `initramfs::kmod`,
 //!   [`fsimg`] (filesystem image files);
 //! - builders of one part each: [`initramfs`], [`rootfs`], [`grubimg`], [`loader`] (the boot
-//!   config and the boot partition);
+//!   config and the boot partition), [`secboot`] (the Secure Boot key, signed unified kernel
+//!   images, the enrolled firmware variable store);
 //! - assemblers: [`release`] (keys, channel root, initrd + rootfs + kernel, signed) and
 //!   [`disk`] (GPT, MBR and the partition images), called by `main.rs`.
 //!
@@ -45,6 +46,7 @@ pub mod oci;
 pub mod release;
 pub mod rootfs;
 pub mod run;
+pub mod secboot;
 pub mod spec;
 pub mod stamp;
 pub mod target;

@@ -18,7 +18,7 @@
 use std::fs;
 use std::path::Path;
 
-use bootconfig::{render_cfg, GrubConfig};
+use bootconfig::{render_cfg, render_signed_cfg, GrubConfig};
 use bootconfig::{render_conf, SyslinuxConfig};
 use bootconfig::{BootEntry, BootEnv, Slot, SlotBoot};
 use libupgrade::layout::{rootfs_part_name, INITRD_FILE, KERNEL_FILE};
@@ -27,7 +27,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::fsimg::{copy_tree, mkfs_ext4, LoopMount};
 use crate::grubimg;
 use crate::run::Cmd;
-use crate::spec::{BootVariant, DiskSpec, GRUB_TRIES};
+use crate::spec::{BootVariant, DiskSpec, GRUB_TRIES, UKI_FILE};
 use crate::stamp::Stamp;
 use crate::target::Target;
 
@@ -83,6 +83,21 @@ pub fn syslinux_config(target: Target) -> SyslinuxConfig {
     }
 }
 
+/// The `boot` partition as GRUB names it on the test disks.
+pub const BOOT_PART_GRUB: &str = "(hd0,gpt3)";
+
+/// The chooser script built into the signed GRUB of a `grub-efi-sb` disk: the env copies are
+/// where `bootloader install` puts them (`<boot>/grub/k3os`), and each slot boots its signed
+/// UKI `<boot>/<slot>/k3os.efi`.
+pub fn signed_script(target: Target) -> String {
+    let images = Slot::ALL.map(|s| format!("{BOOT_PART_GRUB}/{}/{UKI_FILE}", s.lower()));
+    render_signed_cfg(
+        &grub_config(target),
+        &format!("{BOOT_PART_GRUB}/grub/k3os"),
+        [&images[0], &images[1]],
+    )
+}
+
 /// Fingerprint of what the boot partition and boot code are made from, besides the release.
 pub fn fingerprint(spec: &DiskSpec) -> Result<String> {
     let mut st = Stamp::new();
@@ -107,6 +122,14 @@ pub fn fingerprint(spec: &DiskSpec) -> Result<String> {
             let dir = grubimg::efi_dir(spec.target, spec.debs.grub_arm64_efi.as_deref())?;
             st.file("kernel.img", &dir.join("kernel.img"))?;
         }
+        BootVariant::GrubEfiSb => {
+            st.param("cfg", signed_script(spec.target));
+            let dir = grubimg::efi_dir(spec.target, None)?;
+            st.file("kernel.img", &dir.join("kernel.img"))?;
+            let signed = signed_inputs(spec)?;
+            st.file("cert", signed.cert)?;
+            st.file("slot-a-uki", signed.slot_a_uki)?;
+        }
         BootVariant::Extlinux => {
             st.param("conf", render_conf(&syslinux_config(spec.target)));
             st.file("gptmbr", Path::new(GPTMBR))?;
@@ -117,6 +140,16 @@ pub fn fingerprint(spec: &DiskSpec) -> Result<String> {
         }
     }
     Ok(st.hex())
+}
+
+/// The signed path's inputs of a `grub-efi-sb` disk (an error naming what is missing).
+pub fn signed_inputs<'a>(spec: &DiskSpec<'a>) -> Result<crate::spec::SignedBoot<'a>> {
+    spec.signed.ok_or_else(|| Error::Input {
+        path: spec.slot_a.dir.clone(),
+        what: "a grub-efi-sb disk needs the Secure Boot key and slot A's signed UKI \
+               (k3os-images build --secure-boot)"
+            .into(),
+    })
 }
 
 /// gptmbr.bin as MBR boot code.
@@ -180,11 +213,15 @@ pub fn boot_partition(spec: &DiskSpec, img: &Path, size: u64, work: &Path) -> Re
     fs::copy(&spec.slot_a.kernel, a.join(KERNEL_FILE)).ctx("copy", &spec.slot_a.kernel)?;
     fs::copy(&spec.slot_a.initrd, a.join(INITRD_FILE)).ctx("copy", &spec.slot_a.initrd)?;
     match spec.variant {
-        BootVariant::GrubBios | BootVariant::GrubEfi => {
+        BootVariant::GrubBios | BootVariant::GrubEfi | BootVariant::GrubEfiSb => {
             let grub = stage.join("grub");
             fs::create_dir_all(&grub).ctx("create directory", &grub)?;
             if spec.variant == BootVariant::GrubBios {
                 grubimg::copy_modules(Path::new(grubimg::I386_PC_DIR), &grub, "i386-pc")?;
+            } else if spec.variant == BootVariant::GrubEfiSb {
+                // The signed GRUB loads no module from here; slot A boots its signed UKI.
+                let uki = signed_inputs(spec)?.slot_a_uki;
+                fs::copy(uki, a.join(UKI_FILE)).ctx("copy", uki)?;
             } else {
                 let dir = grubimg::efi_dir(spec.target, spec.debs.grub_arm64_efi.as_deref())?;
                 grubimg::copy_modules(&dir, &grub, spec.target.grub_efi_platform())?;

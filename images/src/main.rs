@@ -10,7 +10,9 @@ use k3os_images::debs::Debs;
 use k3os_images::disk;
 use k3os_images::kube::KubeInputs;
 use k3os_images::release::{ensure_channel_root, ensure_keys, ReleaseBuilder, CHANNEL_ROOT_DIR};
-use k3os_images::spec::{disk_file_name, BootVariant, DiskSpec, Release, ReleaseSpec, Sizes};
+use k3os_images::spec::{
+    disk_file_name, BootVariant, DiskSpec, Release, ReleaseSpec, SignedBoot, Sizes,
+};
 use k3os_images::stamp::Stamp;
 use k3os_images::target::Target;
 use libupgrade::manifest::Arch;
@@ -51,7 +53,8 @@ enum Command {
         /// v2-nonet v2-verity).
         #[arg(long = "release", value_parser = ReleaseSpec::parse)]
         releases: Vec<ReleaseSpec>,
-        /// Disk boot variants (default: all the architecture has).
+        /// Disk boot variants (default: all the architecture has, but grub-efi-sb, which needs
+        /// --secure-boot).
         #[arg(long = "boot", value_parser = BootVariant::parse)]
         boots: Vec<BootVariant>,
         /// Release installed in slot A of every disk.
@@ -69,6 +72,12 @@ enum Command {
         /// `--layer-compression none`), a payload of every `-kube` release.
         #[arg(long, requires = "kube_debs")]
         kube_agent_image: Option<PathBuf>,
+        /// Also make the signed UEFI path's pieces (x86_64): the test Secure Boot key
+        /// (`<out>/keys/secure-boot/`), each built release's signed UKIs
+        /// (`<out>/<arch>/uki/<version>/k3os-{a,b}.efi`) and the OVMF variable store with the
+        /// key enrolled (`<out>/<arch>/secure-boot/OVMF_VARS_4M.fd`).
+        #[arg(long)]
+        secure_boot: bool,
     },
 }
 
@@ -87,6 +96,7 @@ fn main() -> anyhow::Result<()> {
             kube_debs,
             kube_assets,
             kube_agent_image,
+            secure_boot,
         } => {
             let t0 = Instant::now();
             let target = Target::new(arch);
@@ -116,8 +126,6 @@ fn main() -> anyhow::Result<()> {
             let built = build_releases(&builder, &releases, &signing)?;
             // No channel index here: the failure variants share generation 2 with v2 on purpose,
             // which a channel (one release per generation) refuses. Tests name release dirs directly.
-            let releases_dir = arch_out.join("releases");
-
             let slot_a_release = match built.iter().find(|r| r.spec.version == slot_a) {
                 Some(r) => r.clone(),
                 None => builder.build(
@@ -126,24 +134,25 @@ fn main() -> anyhow::Result<()> {
                     &public,
                 )?,
             };
-            let sizes = sizes_for(&built)?;
-            let boots = if boots.is_empty() {
-                BootVariant::for_target(target)
-            } else {
-                boots
+            let sb_keys = out.join("keys");
+            let sb = secure_boot
+                .then(|| secure_boot_pieces(target, &built, &slot_a_release, &sb_keys, &arch_out))
+                .transpose()?;
+            let base = DiskSpec {
+                target,
+                variant: BootVariant::GrubEfi,
+                sizes: sizes_for(&built)?,
+                slot_a: &slot_a_release,
+                debs: &debs,
+                tool: &tool,
+                signed: sb.as_ref().map(|(key, uki)| SignedBoot {
+                    key: &key.key,
+                    cert: &key.cert,
+                    slot_a_uki: uki,
+                }),
             };
-            for variant in boots {
-                let spec = DiskSpec {
-                    target,
-                    variant,
-                    sizes,
-                    slot_a: &slot_a_release,
-                    debs: &debs,
-                    tool: &tool,
-                };
-                build_disk(&spec, &arch_out)?;
-            }
-            print_built(&releases_dir, &arch_out, &out, &public);
+            build_disks(base, boots, &arch_out)?;
+            print_built(&arch_out.join("releases"), &arch_out, &out, &public);
             eprintln!(
                 "k3os-images: {arch} done in {:.1}s",
                 t0.elapsed().as_secs_f64()
@@ -217,6 +226,54 @@ fn build_releases(
     Ok(built)
 }
 
+/// The test Secure Boot key, the signed UKIs of the `built` releases and `slot_a`'s, and the enrolled OVMF variable
+/// store (x86_64 only: the arm64 stub and AAVMF's Secure Boot build are not set up yet).
+fn secure_boot_pieces(
+    target: Target,
+    built: &[Release],
+    slot_a: &Release,
+    keys: &Path,
+    arch_out: &Path,
+) -> anyhow::Result<(k3os_images::secboot::SbKey, PathBuf)> {
+    use k3os_images::secboot;
+    let mut releases = built.to_vec();
+    if !releases.iter().any(|r| r.spec == slot_a.spec) {
+        releases.push(slot_a.clone());
+    }
+    anyhow::ensure!(
+        target.arch == Arch::X86_64,
+        "--secure-boot: only x86_64 has a signed UEFI path so far (not {})",
+        target.arch.as_str()
+    );
+    let t0 = Instant::now();
+    let key = secboot::ensure_key(keys).context("test Secure Boot key")?;
+    let mut slot_a_uki = None;
+    for r in &releases {
+        let [a, _] = k3os_images::release::slot_ukis(target, r, &key, arch_out)
+            .with_context(|| format!("signed UKIs of release {}", r.spec.version))?;
+        if r.spec == slot_a.spec {
+            slot_a_uki = Some(a);
+        }
+    }
+    let vars = arch_out.join("secure-boot").join("OVMF_VARS_4M.fd");
+    let mut st = Stamp::new();
+    st.file("template", Path::new(secboot::OVMF_VARS_TEMPLATE))?
+        .file("cert", &key.cert)?;
+    if !st.is_fresh(&vars) {
+        Stamp::invalidate(&vars)?;
+        std::fs::create_dir_all(arch_out.join("secure-boot"))?;
+        secboot::enrolled_vars(Path::new(secboot::OVMF_VARS_TEMPLATE), &key.cert, &vars)
+            .context("OVMF variable store with the test key enrolled")?;
+        st.record(&vars)?;
+    }
+    eprintln!(
+        "k3os-images: Secure Boot pieces of {} releases in {:.1}s",
+        releases.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok((key, slot_a_uki.context("slot A's UKI was not built")?))
+}
+
 /// Partition sizes with room for the largest rootfs of `built`.
 fn sizes_for(built: &[Release]) -> anyhow::Result<Sizes> {
     let mut largest = 0;
@@ -228,6 +285,20 @@ fn sizes_for(built: &[Release]) -> anyhow::Result<Sizes> {
         );
     }
     Ok(Sizes::for_largest_rootfs(largest))
+}
+
+/// Every disk of `boots` (the architecture's default set when empty), as `base` with that
+/// variant.
+fn build_disks(base: DiskSpec, boots: Vec<BootVariant>, arch_out: &Path) -> anyhow::Result<()> {
+    let boots = if boots.is_empty() {
+        BootVariant::for_target(base.target)
+    } else {
+        boots
+    };
+    for variant in boots {
+        build_disk(&DiskSpec { variant, ..base }, arch_out)?;
+    }
+    Ok(())
 }
 
 /// `disk-<variant>.img` in `arch_out`, rebuilt only when its inputs changed.

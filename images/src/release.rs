@@ -8,6 +8,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use bootconfig::Slot;
 use libupgrade::manifest::{MANIFEST_FILE, SIGNATURE_FILE};
 
 use crate::debs::Debs;
@@ -17,6 +18,7 @@ use crate::kube::{self, KubeInputs};
 use crate::loader;
 use crate::rootfs;
 use crate::run::Cmd;
+use crate::secboot::{self, SbKey};
 use crate::spec::{Release, ReleaseSpec, Variant, GRUB_TRIES};
 use crate::stamp::Stamp;
 use crate::target::Target;
@@ -362,6 +364,64 @@ impl ReleaseBuilder {
         st.record(&manifest)?;
         Ok(dir)
     }
+}
+
+/// Directory of a release's signed unified kernel images under `images/out/<arch>/`:
+/// `uki/<version>/k3os-<slot>.efi` ([`slot_ukis`]).
+pub const UKI_DIR: &str = "uki";
+
+/// The kernel command line a slot's UKI carries: the loader entry's, then what the GRUB
+/// script appends on the unsigned path (`k3os.slot=`, `panic=`). Under Secure Boot the stub
+/// ignores any command line its loader passes, so this is the whole of it.
+pub fn uki_cmdline(t: Target, slot: Slot) -> String {
+    format!(
+        "{} k3os.slot={} panic={}",
+        loader::entry(t, slot).cmdline,
+        slot.letter(),
+        loader::PANIC_SECS
+    )
+}
+
+/// `release`'s two signed UKIs (slot A's, slot B's: the command line names the slot's root
+/// partition and letter) in `<arch_out>/uki/<version>/`, each checked with `sbverify`;
+/// rebuilt only when the kernel, initrd, stub, command line or certificate changed.
+pub fn slot_ukis(
+    t: Target,
+    release: &Release,
+    key: &SbKey,
+    arch_out: &Path,
+) -> Result<[PathBuf; 2]> {
+    let dir = arch_out.join(UKI_DIR).join(&release.spec.version);
+    fs::create_dir_all(&dir).ctx("create directory", &dir)?;
+    let mut out = Vec::new();
+    for slot in Slot::ALL {
+        let signed = dir.join(format!("k3os-{}.efi", slot.lower()));
+        let cmdline = uki_cmdline(t, slot);
+        let os_release = secboot::os_release(&release.spec.version);
+        let mut st = Stamp::new();
+        st.param("cmdline", &cmdline)
+            .param("os-release", &os_release)
+            .file("stub", Path::new(secboot::STUB_X64))?
+            .file("kernel", &release.kernel)?
+            .file("initrd", &release.initrd)?
+            .file("cert", &key.cert)?;
+        if !st.is_fresh(&signed) {
+            Stamp::invalidate(&signed)?;
+            let work = tempfile::tempdir_in(&dir).ctx("create scratch directory in", &dir)?;
+            let unsigned = work.path().join("unsigned.efi");
+            let parts = secboot::UkiParts {
+                kernel: &release.kernel,
+                initrd: &release.initrd,
+                cmdline: &cmdline,
+                os_release: &os_release,
+            };
+            secboot::build_uki(Path::new(secboot::STUB_X64), &parts, &unsigned, work.path())?;
+            secboot::sign(key, &unsigned, &signed)?;
+            st.record(&signed)?;
+        }
+        out.push(signed);
+    }
+    Ok([out.remove(0), out.remove(0)])
 }
 
 /// The test image archive of `spec`'s generation, written into `work` (issue 33: every

@@ -156,13 +156,18 @@ pub enum BootVariant {
     GrubEfi,
     /// Legacy BIOS, gptmbr.bin + extlinux on the legacy-bootable `boot` partition.
     Extlinux,
+    /// UEFI with Secure Boot (x86_64): a signed GRUB carrying its chooser script chainloads
+    /// each slot's signed UKI (docs/design/trust.md). Built only when asked for (`--boot
+    /// grub-efi-sb --secure-boot`), never by default.
+    GrubEfiSb,
 }
 
 impl BootVariant {
-    pub const ALL: [BootVariant; 3] = [
+    pub const ALL: [BootVariant; 4] = [
         BootVariant::GrubBios,
         BootVariant::GrubEfi,
         BootVariant::Extlinux,
+        BootVariant::GrubEfiSb,
     ];
 
     pub fn name(self) -> &'static str {
@@ -170,6 +175,7 @@ impl BootVariant {
             BootVariant::GrubBios => "grub-bios",
             BootVariant::GrubEfi => "grub-efi",
             BootVariant::Extlinux => "extlinux",
+            BootVariant::GrubEfiSb => "grub-efi-sb",
         }
     }
 
@@ -178,14 +184,19 @@ impl BootVariant {
             .into_iter()
             .find(|v| v.name() == s)
             .ok_or_else(|| {
-                format!("unknown boot variant '{s}': expected grub-bios, grub-efi or extlinux")
+                format!("unknown boot variant '{s}': expected grub-bios, grub-efi, extlinux or grub-efi-sb")
             })
     }
 
-    /// Variants that exist for `target` (arm64 has no legacy BIOS).
+    /// Variants built by default for `target` (arm64 has no legacy BIOS; the Secure Boot
+    /// variant only when asked for).
     pub fn for_target(target: Target) -> Vec<BootVariant> {
         match target.arch {
-            libupgrade::manifest::Arch::X86_64 => Self::ALL.to_vec(),
+            libupgrade::manifest::Arch::X86_64 => vec![
+                BootVariant::GrubBios,
+                BootVariant::GrubEfi,
+                BootVariant::Extlinux,
+            ],
             libupgrade::manifest::Arch::Aarch64 => vec![BootVariant::GrubEfi],
         }
     }
@@ -238,7 +249,21 @@ pub fn disk_file_name(variant: BootVariant, slot_a: &ReleaseSpec) -> String {
     format!("disk-{}{suffix}.img", variant.name())
 }
 
+/// What a `grub-efi-sb` disk needs besides the release: the Secure Boot key (PEM key and
+/// certificate) its GRUB is signed with, and slot A's signed UKI.
+#[derive(Debug, Clone, Copy)]
+pub struct SignedBoot<'a> {
+    pub key: &'a Path,
+    pub cert: &'a Path,
+    pub slot_a_uki: &'a Path,
+}
+
+/// The file name of a slot's signed UKI in its directory of the `boot` partition
+/// (`/a/k3os.efi`, `/b/k3os.efi`) on a `grub-efi-sb` disk.
+pub const UKI_FILE: &str = "k3os.efi";
+
 /// What goes on one disk.
+#[derive(Clone, Copy)]
 pub struct DiskSpec<'a> {
     pub target: Target,
     pub variant: BootVariant,
@@ -248,6 +273,8 @@ pub struct DiskSpec<'a> {
     pub debs: &'a Debs,
     /// Host `k3os-ops`: writes the loader files (`bootloader install`).
     pub tool: &'a Path,
+    /// The signed path's inputs (`grub-efi-sb` only; required there).
+    pub signed: Option<SignedBoot<'a>>,
 }
 
 #[cfg(test)]

@@ -84,7 +84,7 @@ mod writer;
 
 pub use model::{simulate_boot, simulate_boot_with, BootSim, EnvSource};
 pub(crate) use script::kernel_args;
-pub use script::{render_cfg, GrubConfig};
+pub use script::{render_cfg, render_signed_cfg, GrubConfig};
 pub(crate) use verity::checked as verity_checked;
 pub use version::{GrubScript, CFG_FILE, SCRIPT_MARKER};
 pub use writer::GrubBootloader;

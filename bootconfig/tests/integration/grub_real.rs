@@ -13,7 +13,10 @@ use std::path::Path;
 use std::time::Instant;
 
 use bootconfig::WriteOp;
-use bootconfig::{render_cfg, simulate_boot, BootEntry, GrubBootloader, GrubConfig, MENU_MARKER};
+use bootconfig::{
+    render_cfg, render_signed_cfg, simulate_boot, BootEntry, GrubBootloader, GrubConfig,
+    MENU_MARKER,
+};
 use bootconfig::{BootEnv, Bootloader, Slot, SlotBoot};
 use common::{after_cut, all_envs, copy_tree, cuts_for, damage, run, run_ok};
 
@@ -53,6 +56,27 @@ fn render_cfg_passes_grub_script_check() {
         !run("grub-script-check", "grub-common", &[f.to_str().unwrap()])
             .status
             .success()
+    );
+}
+
+/// The signed image's chooser script parses too (it is built into the GRUB image, where a
+/// syntax error would be found only at boot).
+#[test]
+fn render_signed_cfg_passes_grub_script_check() {
+    let d = tempfile::tempdir().unwrap();
+    let f = d.path().join("signed.cfg");
+    let images = ["(hd0,gpt3)/a/k3os.efi", "(hd0,gpt3)/b/k3os.efi"];
+    std::fs::write(
+        &f,
+        render_signed_cfg(&cfg(3, true, 0), "(hd0,gpt3)/grub/k3os", images),
+    )
+    .unwrap();
+    let out = run("grub-script-check", "grub-common", &[f.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "grub-script-check rejected {}: {}",
+        f.display(),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
