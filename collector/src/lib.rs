@@ -71,6 +71,7 @@
 mod admit;
 #[cfg(test)]
 mod bench;
+pub mod cause;
 pub mod dashboard;
 pub mod fleet;
 pub mod guard;

@@ -150,6 +150,31 @@ pub trait Store: Send {
     ) -> Result<Option<Vec<u8>>, StoreError>;
     /// The database, for messages.
     fn name(&self) -> &str;
+
+    /// Every stored bundle opened again from its sealed bytes (its node's signature checked
+    /// again, inflated within the limits), for the views that show its sections.
+    fn opened_bundles(&mut self) -> Result<Vec<fleet_report::Bundle>, StoreError> {
+        let rows = self.bundles()?;
+        let db = self.name().to_string();
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let what = |e: String| StoreError {
+                db: db.clone(),
+                what: format!(
+                    "stored bundle of node {} for attempt {} of {:?}: {e}",
+                    r.node,
+                    r.attempt,
+                    r.version.escape_debug().to_string()
+                ),
+            };
+            let body = self
+                .bundle_body(&r.node, &r.version, r.attempt)?
+                .ok_or_else(|| what("gone while read".into()))?;
+            let opened = fleet_report::open_bundle(&body).map_err(|e| what(e.to_string()))?;
+            out.push(opened.bundle);
+        }
+        Ok(out)
+    }
 }
 
 /// Open (and create or migrate) the store `url` names: `sqlite:PATH` or a

@@ -111,6 +111,12 @@ pub fn exercise_bundles(s: &mut dyn Store) {
     let body = s.bundle_body(&r.node, "v2", 1).unwrap().unwrap();
     assert_eq!(body, other.bytes, "the sealed bytes, as received");
     assert_eq!(s.bundle_body(&r.node, "v2", 9).unwrap(), None);
+    let opened = s.opened_bundles().unwrap();
+    assert_eq!(opened.len(), 3);
+    assert!(
+        opened.contains(&other.bundle),
+        "the sections read back from the sealed bytes"
+    );
 }
 
 /// The halted canaries, stored and read back: node 4 staged, rolled back, then waits
