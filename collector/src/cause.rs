@@ -12,7 +12,7 @@ use fleet_report::Bundle;
 use serde::Serialize;
 
 use crate::history::{self, NodeState};
-use crate::store::Row;
+use crate::store::{BundleRow, Row};
 
 /// Longest line compared, in characters (longer ones are cut; the why keeps its first 100
 /// characters in the grouped counts, a check's line its first 200).
@@ -170,6 +170,31 @@ pub fn failures(rows: &[Row], bundles: &[Bundle], after: Option<u64>) -> Vec<Rel
             })
         })
         .collect()
+}
+
+/// Of the stored `bundles`, the ones [`failures`] pairs with a failed node: for each node whose
+/// outcome about a release is a failure (any time), its bundle of the highest attempt at it.
+pub fn shown<'a>(rows: &[Row], bundles: &'a [BundleRow]) -> Vec<&'a BundleRow> {
+    let failed: BTreeSet<(&str, &str)> = history::outcomes(rows)
+        .into_iter()
+        .flat_map(|((_, version), nodes)| {
+            nodes
+                .into_iter()
+                .filter(|(_, o)| o.state.failed())
+                .map(move |(node, _)| (node, version))
+        })
+        .collect();
+    let mut newest: BTreeMap<(&str, &str), &BundleRow> = BTreeMap::new();
+    for b in bundles {
+        let key = (b.node.as_str(), b.version.as_str());
+        if failed.contains(&key) {
+            let e = newest.entry(key).or_insert(b);
+            if b.attempt > e.attempt {
+                *e = b;
+            }
+        }
+    }
+    newest.into_values().collect()
 }
 
 /// A failed node's evidence: its reported why, and its bundle's check outputs.

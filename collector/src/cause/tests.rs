@@ -188,3 +188,41 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn only_the_newest_bundle_of_each_failed_node_is_shown() {
+    let failed = Outcome::RolledBack { why: "x".into() };
+    let rows = vec![
+        row(1, 1, failed.clone(), 10),
+        row(2, 1, Outcome::Blessed, 11),
+    ];
+    let b = |n: u8, attempt: u32, version: &str| crate::BundleRow {
+        node: id(n).to_string(),
+        site: "site-a".into(),
+        version: version.into(),
+        generation: 2,
+        attempt,
+        slot: "B".into(),
+        time: String::new(),
+        failure: fleet_report::Failure::HealthCheck,
+        why: String::new(),
+        received: 0,
+        size: 0,
+    };
+    let all = vec![
+        b(1, 1, "v2"),
+        b(1, 3, "v2"),
+        b(1, 2, "v2"),
+        b(1, 9, "v3"),
+        b(2, 1, "v2"),
+    ];
+    let shown: Vec<(u32, &str)> = shown(&rows, &all)
+        .into_iter()
+        .map(|r| (r.attempt, r.version.as_str()))
+        .collect();
+    assert_eq!(
+        shown,
+        vec![(3, "v2")],
+        "node 2 blessed; node 1 never reported on v3"
+    );
+}

@@ -128,7 +128,8 @@ impl App {
             let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
             store.rows().and_then(|rows| {
                 let actions = store.actions()?;
-                Ok((rows, actions, store.opened_bundles()?))
+                let bundles = store.failed_bundles(&rows)?;
+                Ok((rows, actions, bundles))
             })
         };
         match read {

@@ -151,13 +151,15 @@ pub trait Store: Send {
     /// The database, for messages.
     fn name(&self) -> &str;
 
-    /// Every stored bundle opened again from its sealed bytes (its node's signature checked
-    /// again, inflated within the limits), for the views that show its sections.
-    fn opened_bundles(&mut self) -> Result<Vec<fleet_report::Bundle>, StoreError> {
-        let rows = self.bundles()?;
+    /// The bundles the views show for `rows` (every stored report): the newest of each failed
+    /// node about each release ([`crate::cause::shown`]), opened again from their sealed bytes
+    /// (the node's signature checked again, inflated within the limits). Only those are
+    /// opened, so a page costs the failed nodes' count, not every bundle kept.
+    fn failed_bundles(&mut self, rows: &[Row]) -> Result<Vec<fleet_report::Bundle>, StoreError> {
+        let all = self.bundles()?;
         let db = self.name().to_string();
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
+        let mut out = Vec::new();
+        for r in crate::cause::shown(rows, &all) {
             let what = |e: String| StoreError {
                 db: db.clone(),
                 what: format!(

@@ -55,7 +55,7 @@ pub struct Reported {
 pub fn read(db: &str, t: &Targets, silent_since: DateTime<Utc>) -> anyhow::Result<Reported> {
     let mut store = collector::open(db)?;
     let rows = store.rows()?;
-    let bundles = store.opened_bundles()?;
+    let bundles = store.failed_bundles(&rows)?;
     let since = u64::try_from(silent_since.timestamp()).unwrap_or(0);
     Ok(Reported {
         fleet: collector::fleet::summarize(&rows, &|v, s| wave_of(t, v, s), since),

@@ -149,7 +149,7 @@ pub fn run(a: GuardArgs) -> anyhow::Result<()> {
     let channel = a.channel.display().to_string();
     let mut store = collector::open(&a.db)?;
     let rows = store.rows()?;
-    let bundles = store.opened_bundles()?;
+    let bundles = store.failed_bundles(&rows)?;
     let actions = store.actions()?;
     let t = super::resign::published(&a.channel)?;
     let served = halt::served(&a.channel, &t)?;

@@ -1133,7 +1133,10 @@ fn the_canaries_bundles_arrive_and_the_guard_names_their_common_cause() {
         .lines()
         .find(|l| l.contains("v2 halted by the guard since"))
         .unwrap_or_else(|| panic!("no halt in:\n{out}"));
-    assert!(halted.contains(common), "the signed halt's reason names it: {halted}");
+    assert!(
+        halted.contains(common),
+        "the signed halt's reason names it: {halted}"
+    );
 
     // The dashboard, as Chromium renders it: the common cause, the halt naming it, each
     // canary's bundle beside its reason, the hostile section as text.

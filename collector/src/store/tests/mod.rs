@@ -111,11 +111,22 @@ pub fn exercise_bundles(s: &mut dyn Store) {
     let body = s.bundle_body(&r.node, "v2", 1).unwrap().unwrap();
     assert_eq!(body, other.bytes, "the sealed bytes, as received");
     assert_eq!(s.bundle_body(&r.node, "v2", 9).unwrap(), None);
-    let opened = s.opened_bundles().unwrap();
-    assert_eq!(opened.len(), 3);
-    assert!(
-        opened.contains(&other.bundle),
-        "the sections read back from the sealed bytes"
+    // Node 1 failed v2, node 3 blessed it: node 1's newest bundle is opened, and only it.
+    let failed = verified(1, "site-a", 9, Outcome::RolledBack { why: "x".into() });
+    s.insert(&failed, 1).unwrap();
+    s.insert(&verified(3, "site-b", 9, Outcome::Blessed), 1)
+        .unwrap();
+    let rows: Vec<Row> = s
+        .rows()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.seq == 9)
+        .collect();
+    let opened = s.failed_bundles(&rows).unwrap();
+    assert_eq!(
+        opened,
+        vec![two.bundle.clone()],
+        "read back from the sealed bytes"
     );
 }
 
@@ -181,10 +192,10 @@ fn sqlite_stores_and_reads_back() {
             .unwrap()
             .as_mut(),
     );
-    exercise_bundles(&mut SqliteStore::open(&path).unwrap());
     // Reopened: the same rows, the schema kept.
     let mut again = SqliteStore::open(&path).unwrap();
     assert_eq!(again.rows().unwrap().len(), 3);
+    exercise_bundles(&mut again);
 }
 
 #[test]
