@@ -1129,6 +1129,22 @@ fn the_canaries_bundles_arrive_and_the_guard_names_their_common_cause() {
         9,
         "{out}"
     );
+    let json: serde_json::Value = serde_json::from_str(&node.ok(&[
+        "release",
+        "rollout-status",
+        &c,
+        "--reports",
+        &dbarg,
+        "--json",
+    ]))
+    .unwrap();
+    let v2 = &json["failures"][0];
+    assert_eq!(v2["common"]["nodes"], 9, "{v2}");
+    assert_eq!(
+        v2["common"]["line"], "kubelet: failed to load config",
+        "{v2}"
+    );
+    assert_eq!(v2["failed"].as_array().map(Vec::len), Some(10), "{v2}");
     let halted = out
         .lines()
         .find(|l| l.contains("v2 halted by the guard since"))
