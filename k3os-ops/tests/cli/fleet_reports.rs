@@ -1209,4 +1209,10 @@ fn the_canaries_bundles_arrive_and_the_guard_names_their_common_cause() {
         got.ends_with(&sealed[0]),
         "the download is the sealed bundle as received"
     );
+    // How it looks: a screenshot (to $DASHBOARD_BUNDLES_PNG when set, to look at).
+    let png = match std::env::var_os("DASHBOARD_BUNDLES_PNG") {
+        Some(p) => PathBuf::from(p),
+        None => node.path().join("dashboard.png"),
+    };
+    k3os_ops_testing::browser::screenshot(&url, &png, 1400, 1400);
 }
