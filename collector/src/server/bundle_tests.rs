@@ -126,7 +126,9 @@ fn a_node_past_its_quota_gets_507_and_a_flooding_node_429() {
         [p(&sealed(1, 1, "x")).0, p(&sealed(1, 2, "x")).0],
         [201, 201]
     );
-    let (s, text) = p(&sealed(1, 3, "x"));
+    // Full, it is refused before anything is inflated: a signed bomb is 507, not 400.
+    let bomb = deflate(&vec![b' '; 4 * fleet_report::MAX_INFLATED_BYTES]);
+    let (s, text) = p(&envelope(1, &bomb));
     assert_eq!(s, 507, "{text}");
     assert!(text.contains("quota (2 bundles"), "{text}");
     // Rate: node 1 has spent its burst of 3 (reports and bundles share it).

@@ -101,24 +101,29 @@ impl App {
         }
     }
 
-    /// The checks in order: size, envelope, signature, enrolment and rate before a byte is
-    /// inflated; then the body (inflate, JSON, limits), and only then the replay and quota
-    /// checks, because the (version, attempt) a bundle is stored under is inside its body.
+    /// The checks in order: size, envelope, signature, enrolment, rate, a resend and the
+    /// node's quota before a byte is inflated; then the body (inflate, JSON, limits), and last
+    /// whether its (version, attempt), which only the body names, is taken by other bytes.
     fn try_receive_bundle(&self, body: &[u8]) -> Result<Admit, Refused> {
         let (sealed, site) = admit::verify_bundle(body, &self.allow)?;
         self.take_token(sealed.node)?;
-        let opened = sealed.inflate().map_err(admit::bundle_refusal)?;
-        let b = &opened.bundle;
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let known = store
-            .bundle_known(&b.node, &b.version, b.attempt)
+            .bundle_known(&sealed.node, body)
             .map_err(unavailable)?;
-        let verdict = admit::admit_bundle(&opened, &known, &self.limits.bundles)?;
-        if verdict == Admit::Store {
-            store
-                .insert_bundle(&opened, site, crate::time::now())
-                .map_err(unavailable)?;
+        if let Some(resend) = admit::admit_sealed(&sealed, &known, &self.limits.bundles)? {
+            return Ok(resend);
         }
+        let opened = sealed.inflate().map_err(admit::bundle_refusal)?;
+        let b = &opened.bundle;
+        let taken = store
+            .bundle_body(&b.node.to_string(), &b.version, b.attempt)
+            .map_err(unavailable)?
+            .is_some();
+        let verdict = admit::admit_opened(&opened, taken)?;
+        store
+            .insert_bundle(&opened, site, crate::time::now())
+            .map_err(unavailable)?;
         Ok(verdict)
     }
 

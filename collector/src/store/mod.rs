@@ -130,13 +130,8 @@ pub trait Store: Send {
     fn record(&mut self, a: &GuardAction) -> Result<(), StoreError>;
     /// Everything the guard did, oldest first.
     fn actions(&mut self) -> Result<Vec<GuardAction>, StoreError>;
-    /// What is stored of `node`'s bundles, with the envelope under (`version`, `attempt`).
-    fn bundle_known(
-        &mut self,
-        node: &NodeId,
-        version: &str,
-        attempt: u32,
-    ) -> Result<BundleKnown, StoreError>;
+    /// What is stored of `node`'s bundles, and whether `body` is one of them byte for byte.
+    fn bundle_known(&mut self, node: &NodeId, body: &[u8]) -> Result<BundleKnown, StoreError>;
     /// Store an opened bundle of a node enrolled for `site`, received at `received`.
     fn insert_bundle(&mut self, b: &Opened, site: &str, received: u64) -> Result<(), StoreError>;
     /// Every stored bundle (without its bytes), by node, version, attempt.
