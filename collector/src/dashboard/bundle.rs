@@ -34,17 +34,34 @@ pub fn failure_name(b: &Bundle) -> String {
         .unwrap_or_default()
 }
 
+/// The download links of a bundle.
+fn downloads(b: &Bundle) -> String {
+    let h = esc(&path(&b.node.to_string(), &b.version, b.attempt));
+    format!(
+        "<p class=\"download\">download: <a href=\"{h}\" download>sealed</a> (as the node signed it) · <a href=\"{h}/json\" download>JSON</a></p>"
+    )
+}
+
+/// The cell of a failed node's bundle past the page's inline limit: what it is and its
+/// downloads only.
+pub fn brief(b: &Bundle) -> String {
+    format!(
+        "<div class=\"bundle\" data-attempt=\"{a}\">attempt {a}, {f}{}</div>",
+        downloads(b),
+        a = b.attempt,
+        f = esc(&failure_name(b)),
+    )
+}
+
 /// The cell of a failed node's bundle: what it says, readable, and its downloads.
 pub fn cell(b: &Bundle) -> String {
-    let href = path(&b.node.to_string(), &b.version, b.attempt);
     let mut t = format!(
-        "<details class=\"bundle\" data-attempt=\"{a}\"><summary>attempt {a}, {f}, {n} section(s)</summary>\
-         <p class=\"download\">download: <a href=\"{h}\" download>sealed</a> (as the node signed it) · <a href=\"{h}/json\" download>JSON</a></p>\
+        "<details class=\"bundle\" data-attempt=\"{a}\"><summary>attempt {a}, {f}, {n} section(s)</summary>{d}\
          <p class=\"meta\">slot {slot}, written <time>{time}</time> (the node's clock), {r} redaction(s); versions: {v}</p>",
         a = b.attempt,
         f = esc(&failure_name(b)),
         n = b.sections.len(),
-        h = esc(&href),
+        d = downloads(b),
         slot = esc(&b.slot),
         time = esc(&b.time),
         r = b.redacted,
@@ -86,5 +103,11 @@ mod tests {
         );
         assert!(c.contains("(7 bytes cut from its head)"), "{c}");
         assert!(c.contains("attempt 2, health_check, 2 section(s)"), "{c}");
+        let brief = super::brief(&b);
+        assert!(!brief.contains("script"), "{brief}");
+        assert!(
+            brief.contains("/v2%2F%3Cx%3E%3F/2\" download>sealed</a>"),
+            "{brief}"
+        );
     }
 }

@@ -147,6 +147,10 @@ fn wave_table(rel: &ReleaseStatus) -> String {
     t
 }
 
+/// Most bundles a release's failing table shows inline (their sections readable); the rest
+/// show what they are and their downloads, so a page stays a few MiB however many fail.
+pub const MAX_INLINE_BUNDLES: usize = 50;
+
 fn failing(f: Option<&ReleaseFailures>) -> String {
     let Some(f) = f else {
         return "<p class=\"failing\">No failing site.</p>".into();
@@ -160,7 +164,12 @@ fn failing(f: Option<&ReleaseFailures>) -> String {
     t.push_str(
         "<table class=\"failing\"><tr><th>site</th><th>node</th><th>outcome</th><th>why</th><th>failed at (UTC)</th><th>failure bundle</th></tr>",
     );
-    for n in &f.failed {
+    for (i, n) in f.failed.iter().enumerate() {
+        let bundle = match &n.bundle {
+            None => "none received".to_string(),
+            Some(b) if i < MAX_INLINE_BUNDLES => bundle::cell(b),
+            Some(b) => bundle::brief(b),
+        };
         let _ = write!(
             t,
             "<tr data-node=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -170,9 +179,7 @@ fn failing(f: Option<&ReleaseFailures>) -> String {
             esc(&n.label),
             esc(&n.why),
             time::utc(n.received),
-            n.bundle
-                .as_ref()
-                .map_or("none received".to_string(), bundle::cell)
+            bundle
         );
     }
     t.push_str("</table>");
@@ -364,6 +371,40 @@ mod tests {
             page.contains("<polyline class=\"failed\" data-last=\"1\""),
             "{page}"
         );
+    }
+
+    #[test]
+    fn past_the_inline_limit_a_bundle_shows_its_downloads_only() {
+        let n = MAX_INLINE_BUNDLES as u8 + 1;
+        let rows: Vec<Row> = (1..=n)
+            .map(|i| Row {
+                node: crate::testutil::id(i).to_string(),
+                version: "v2".into(),
+                ..row("x", 1, Outcome::RolledBack { why: "boom".into() })
+            })
+            .collect();
+        let bundles: Vec<fleet_report::Bundle> = (1..=n)
+            .map(|i| crate::testutil::bundle(i, 1, "kubelet: failed to load config"))
+            .collect();
+        let page = render(
+            &Stored {
+                rows: &rows,
+                actions: &[],
+                bundles: &bundles,
+            },
+            100,
+            &NoSchedule,
+            2000,
+        );
+        assert_eq!(
+            page.matches("<details class=\"bundle\"").count(),
+            MAX_INLINE_BUNDLES
+        );
+        assert_eq!(page.matches("<div class=\"bundle\"").count(), 1);
+        assert_eq!(page.matches("download>sealed</a>").count(), usize::from(n));
+        assert!(page.contains(&format!(
+            "Common cause: {n} of {n} failed node(s): kubelet: failed to load config"
+        )));
     }
 
     #[test]
