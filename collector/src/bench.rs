@@ -11,7 +11,19 @@
 //!   (verify, enrolment, rate, admit, store: all but the HTTP framing).
 //!
 //! Each prints reports/s, p50/p99 latency and the database's size on disk.
+//!
+//! With failure bundles in the mix (`ingest_bundles_sqlite`, `ingest_bundles_postgres`, in
+//! process): the same reports, and after each rollback report (2 of each node's 10) its
+//! failure bundle through [`App::receive_bundle`] (signature, enrolment, rate, inflate, admit,
+//! store). Each bundle carries a failed health check's output and the tails of the kernel,
+//! kubelet and containerd logs and the slot decision log, about 48 KiB of log-like text with
+//! timestamps and ids (deflated to about a fifth of it). A reference run of the reports alone
+//! into a fresh store of the same kind goes first; the run prints items/s, the ratio of its
+//! reports/s to the reference's, and the bytes the bundles add to the database per 1,000
+//! failures (SQLite: the file after a checkpoint, against the reference's; PostgreSQL:
+//! `pg_total_relation_size('bundles')`).
 
+use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -260,6 +272,180 @@ fn pg_size(url: &str) -> u64 {
         .unwrap()
         .get(0);
     n as u64
+}
+
+/// A failing node's log-like text of about `bytes`: timestamps, pids, ids that vary per line
+/// (seeded by `n`), so it deflates as real logs do rather than to nothing.
+fn log_text(n: u64, prefix: &str, bytes: usize) -> String {
+    let mut x = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut s = String::new();
+    let mut t = 0u64;
+    while s.len() < bytes {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        t += x % 997;
+        let _ = writeln!(
+            s,
+            "[{:>6}.{:06}] {prefix}[{}]: E1207 pod_workers.go:{}] \"Error syncing pod\" err=\"failed to load config: open /var/lib/kubelet/config.yaml: no such file\" podUID={:016x}",
+            t / 1000,
+            t % 1000 * 997,
+            x % 4096,
+            x % 1500,
+            x
+        );
+    }
+    s
+}
+
+/// Node `n`'s bundle for the failed attempt `attempt` of the bench's release, sealed.
+fn failure_bundle(key: &ed25519_dalek::SigningKey, n: u64, attempt: u32) -> Vec<u8> {
+    use fleet_report::{Bundle, Failure, Section};
+    let section = |name: &str, text: String| Section {
+        name: name.into(),
+        text,
+        cut_bytes: 0,
+    };
+    Bundle {
+        format: fleet_report::BUNDLE_FORMAT,
+        node: NodeId::of(&key.verifying_key()),
+        version: "v2.1.0".into(),
+        generation: 21,
+        attempt,
+        slot: "B".into(),
+        time: "2027-01-15T08:00:00Z".into(),
+        failure: Failure::AwaitedTimeout,
+        why: "check node-ready failed: not Ready within 600 s".into(),
+        versions: "k3os-ops=0.2.0\nkernel=6.1.0-57-amd64\nkubelet=v1.36.2\n".into(),
+        redacted: 3,
+        sections: vec![
+            section("health/node-ready", log_text(n, "node-ready", 1024)),
+            section("log/kernel", log_text(n + 1, "kernel", 12 * 1024)),
+            section("log/kubelet", log_text(n + 2, "kubelet", 20 * 1024)),
+            section("log/containerd", log_text(n + 3, "containerd", 12 * 1024)),
+            section("slot/decisions", log_text(n + 4, "slot", 2 * 1024)),
+        ],
+    }
+    .seal(key)
+    .unwrap()
+}
+
+/// What goes to the collector, in order.
+enum Item {
+    Report(Vec<u8>),
+    Bundle(Vec<u8>),
+}
+
+/// [`fleet`]'s reports, each rollback report followed by its bundle.
+fn fleet_with_bundles() -> (AllowList, Vec<Item>) {
+    let (allow, reports) = fleet();
+    let mut items = Vec::with_capacity(reports.len() * 6 / 5);
+    let per = sites() as usize;
+    for (i, body) in reports.into_iter().enumerate() {
+        let failed = fleet_report::parse(&body)
+            .map(|v| v.report.outcome.why().is_some())
+            .unwrap_or(false);
+        items.push(Item::Report(body));
+        if failed {
+            let n = (i % per) as u32;
+            let mut seed = [0u8; 32];
+            seed[..4].copy_from_slice(&n.to_le_bytes());
+            let key = ed25519_dalek::SigningKey::from_bytes(&seed);
+            let attempt = (i / per) as u32 + 1;
+            items.push(Item::Bundle(failure_bundle(&key, u64::from(n), attempt)));
+        }
+    }
+    (allow, items)
+}
+
+/// Reports alone into `reference`, then reports and bundles into `store`: the rates, their
+/// ratio, and the bytes per 1,000 bundles `growth(stored bundles)` says they added.
+fn run_mixed(
+    name: &str,
+    reference: Box<dyn crate::Store>,
+    store: Box<dyn crate::Store>,
+    growth: impl Fn() -> u64,
+) {
+    let (allow, items) = fleet_with_bundles();
+    let app = App::new(allow.clone(), reference, limits());
+    let t = Instant::now();
+    let mut reports = 0usize;
+    for i in &items {
+        if let Item::Report(b) = i {
+            assert_eq!(app.receive(b).0, 201);
+            reports += 1;
+        }
+    }
+    let reference_rate = reports as f64 / t.elapsed().as_secs_f64();
+    drop(app);
+    let app = App::new(allow, store, limits());
+    let (mut bundles, mut sealed) = (0usize, 0usize);
+    let t = Instant::now();
+    for i in &items {
+        let (status, why) = match i {
+            Item::Report(b) => app.receive(b),
+            Item::Bundle(b) => {
+                bundles += 1;
+                sealed += b.len();
+                app.receive_bundle(b)
+            }
+        };
+        assert_eq!(status, 201, "{why}");
+    }
+    let wall = t.elapsed().as_secs_f64();
+    drop(app);
+    let added = growth();
+    println!(
+        "ingest {name} with bundles (in process): {reports} reports and {bundles} bundles ({} B sealed avg) in {wall:.2} s: {:.0} items/s, {:.0} reports/s = {:.2} × the reports-only reference ({reference_rate:.0} reports/s); the bundles add {:.1} MiB to the database: {:.1} MiB per 1,000 failures ({:.1} MiB sealed)",
+        sealed / bundles.max(1),
+        (reports + bundles) as f64 / wall,
+        reports as f64 / wall,
+        reports as f64 / wall / reference_rate,
+        added as f64 / 1_048_576.0,
+        added as f64 / 1_048_576.0 * 1000.0 / bundles.max(1) as f64,
+        sealed as f64 / 1_048_576.0 * 1000.0 / bundles.max(1) as f64,
+    );
+}
+
+/// The size of the SQLite file at `path` once its WAL is checkpointed into it.
+fn checkpointed(path: &std::path::Path) -> u64 {
+    let c = rusqlite::Connection::open(path).unwrap();
+    c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    drop(c);
+    std::fs::metadata(path).unwrap().len()
+}
+
+#[test]
+#[ignore = "a measurement: just bench-collector"]
+fn ingest_bundles_sqlite() {
+    let ((rdir, reference), (dir, store)) = (sqlite(), sqlite());
+    run_mixed("sqlite", reference, store, || {
+        checkpointed(&dir.path().join("r.db")) - checkpointed(&rdir.path().join("r.db"))
+    });
+}
+
+#[test]
+#[ignore = "a measurement: just bench-collector"]
+fn ingest_bundles_postgres() {
+    let (ref_pg, pg) = (
+        crate::store::tests::pg_server::PgServer::start(),
+        crate::store::tests::pg_server::PgServer::start(),
+    );
+    let url = pg.url();
+    run_mixed(
+        "postgres",
+        crate::open(&ref_pg.url()).unwrap(),
+        crate::open(&url).unwrap(),
+        || {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            let n: i64 = c
+                .query_one("SELECT pg_total_relation_size('bundles')", &[])
+                .unwrap()
+                .get(0);
+            n as u64
+        },
+    );
 }
 
 #[test]

@@ -28,13 +28,14 @@
 //! | signature of the named node over the compressed bytes | 401 |
 //! | node enrolled (the site stored is the allow-list's) | 403 |
 //! | the node's rate (the same token bucket as its reports) | 429 |
-//! | body inflates within 1 MiB to a bundle of format 1 within its limits, of that node | 400 |
-//! | (node, version, attempt) not stored yet (the same bytes: 200, stored once) | 409 |
+//! | these bytes not stored for the node yet (else a resend: 200, stored once) | — |
 //! | the node's bundle quota, count and bytes ([`BundleQuota`]) | 507 |
+//! | body inflates within 1 MiB to a bundle of format 1 within its limits, of that node | 400 |
+//! | its (version, attempt) not taken by other bytes | 409 |
 //!
-//! Nothing is inflated before the signature and the enrolment are checked, so an unenrolled
-//! sender cannot make the collector decompress a byte. The replay and quota checks come after
-//! the body, not before: the (version, attempt) a bundle is stored under is inside it.
+//! Nothing is inflated before all of the checks above the body's: an unenrolled sender, a
+//! flooding node and a node whose quota is full cannot make the collector decompress a byte.
+//! The 409 comes last because the (version, attempt) a bundle is stored under is inside it.
 //!
 //! # Threat model
 //! Whoever can reach the collector's port (the collector is meant to face the sites' networks)
@@ -71,6 +72,7 @@
 mod admit;
 #[cfg(test)]
 mod bench;
+pub mod cause;
 pub mod dashboard;
 pub mod fleet;
 pub mod guard;

@@ -592,8 +592,9 @@ impl Views<'_> {
             .nth(1)
             .unwrap_or_else(|| panic!("no failing sites in {section}"));
         let failing = failing.split("</table>").next().unwrap();
+        // Rows carry attributes (`<tr data-node=…>`): split on the tag's start.
         let outcomes = failing
-            .split("<tr>")
+            .split("<tr")
             .skip(2)
             .map(|row| cells(row)[2].clone())
             .collect();

@@ -174,32 +174,43 @@ pub fn bundle_refusal(e: BundleError) -> Refused {
     Refused::new(status, e.to_string().escape_debug().to_string())
 }
 
-/// An opened bundle against what the store holds of its node: store, a resend (the same
-/// bytes under the same node, version and attempt), or 409 (other bytes) / 507 (quota).
-pub fn admit_bundle(o: &Opened, known: &BundleKnown, q: &BundleQuota) -> Result<Admit, Refused> {
-    let b = &o.bundle;
-    let version = b.version.escape_debug();
-    if let Some(stored) = &known.same {
-        return if *stored == o.bytes {
-            Ok(Admit::Resend)
-        } else {
-            Err(Refused::new(
-                409,
-                format!(
-                    "node {} already sent a bundle for attempt {} of {version} with other bytes",
-                    b.node, b.attempt
-                ),
-            ))
-        };
+/// A verified bundle, before it is inflated, against what the store holds of its node: a
+/// resend (these bytes are stored for the node: 200, stored once), the node's quota full
+/// (507), or None: go on.
+pub fn admit_sealed(
+    s: &Sealed,
+    known: &BundleKnown,
+    q: &BundleQuota,
+) -> Result<Option<Admit>, Refused> {
+    if known.resend {
+        return Ok(Some(Admit::Resend));
     }
-    let size = o.bytes.len() as u64;
+    let size = s.bytes.len() as u64;
     if known.count >= q.count || known.bytes.saturating_add(size) > q.bytes {
         return Err(Refused::new(
             507,
             format!(
                 "node {} has {} bundles ({} bytes) stored; {size} more bytes would pass its \
                  quota ({} bundles, {} bytes)",
-                b.node, known.count, known.bytes, q.count, q.bytes
+                s.node, known.count, known.bytes, q.count, q.bytes
+            ),
+        ));
+    }
+    Ok(None)
+}
+
+/// An opened bundle whose (version, attempt) the node already has a bundle for (other bytes:
+/// the same ones were answered by [`admit_sealed`]): 409. None taken: store it.
+pub fn admit_opened(o: &Opened, taken: bool) -> Result<Admit, Refused> {
+    let b = &o.bundle;
+    if taken {
+        return Err(Refused::new(
+            409,
+            format!(
+                "node {} already sent a bundle for attempt {} of {} with other bytes",
+                b.node,
+                b.attempt,
+                b.version.escape_debug()
             ),
         ));
     }

@@ -68,3 +68,61 @@ fn admit_stores_new_numbers_answers_resends_and_refuses_replays_and_full_nodes()
     assert_eq!(e.status, 507);
     assert!(e.why.contains("(3)"), "{}", e.why);
 }
+
+#[test]
+fn a_bundle_is_answered_as_a_resend_or_refused_by_its_node_s_quota_before_it_is_inflated() {
+    use crate::testutil::{opened, sealed};
+    let q = BundleQuota {
+        count: 2,
+        bytes: 10_000,
+    };
+    let body = sealed(1, 1, "x");
+    let a = allow();
+    let (s, site) = verify_bundle(&body, &a).unwrap();
+    assert_eq!((s.node, site), (crate::testutil::id(1), "site-a"));
+    let size = body.len() as u64;
+    let known = |resend, count, bytes| BundleKnown {
+        resend,
+        count,
+        bytes,
+    };
+    assert_eq!(admit_sealed(&s, &known(false, 0, 0), &q), Ok(None));
+    assert_eq!(
+        admit_sealed(&s, &known(true, 2, 10_000), &q),
+        Ok(Some(Admit::Resend)),
+        "a resend even when full"
+    );
+    assert_eq!(
+        admit_sealed(&s, &known(false, 2, 0), &q)
+            .unwrap_err()
+            .status,
+        507
+    );
+    assert_eq!(
+        admit_sealed(&s, &known(false, 1, 10_000 - size), &q),
+        Ok(None),
+        "exactly full"
+    );
+    let e = admit_sealed(&s, &known(false, 1, 10_001 - size), &q).unwrap_err();
+    assert_eq!(e.status, 507);
+    assert!(
+        e.why.contains("quota (2 bundles, 10000 bytes)"),
+        "{}",
+        e.why
+    );
+    // After inflating: the (version, attempt) taken by other bytes is 409.
+    let o = opened(1, 1, "x");
+    assert_eq!(admit_opened(&o, false), Ok(Admit::Store));
+    let e = admit_opened(&o, true).unwrap_err();
+    assert_eq!(e.status, 409);
+    assert!(
+        e.why.contains("attempt 1 of v2 with other bytes"),
+        "{}",
+        e.why
+    );
+    // An unenrolled node's well-signed bundle is 403, before anything is inflated.
+    assert_eq!(
+        verify_bundle(&sealed(9, 1, "x"), &a).unwrap_err().status,
+        403
+    );
+}

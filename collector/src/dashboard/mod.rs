@@ -1,20 +1,36 @@
 //! The read-only dashboard (`GET /` on the collector's dashboard listener): per release, the
 //! reported outcomes over time against the planned schedule (an inline SVG chart with time and
 //! share axes, a legend, the halts and pauses marked: module `chart`), counts per wave, and the
-//! failing sites with their reasons; times as UTC dates ([`crate::time`]). Rendered on the
-//! server from the database (no script, no external asset); the HTML is built with `format!`,
-//! and every stored or channel text goes through `esc`.
+//! failing sites with their reasons, each beside its failure bundle (readable and downloadable:
+//! module `bundle`) and the line the failures share ([`crate::cause`]); times as UTC dates
+//! ([`crate::time`]). Rendered on the server from the database (no script, no external
+//! asset); the HTML is built with `format!`, and every stored or channel text goes through
+//! `esc`.
 
 use std::fmt::Write;
 
+use crate::cause::{self, ReleaseFailures};
 use crate::fleet::{self, FleetStatus, ReleaseStatus};
 use crate::history::NodeState;
 use crate::store::Row;
 use crate::time;
 
+mod bundle;
 mod chart;
 
+pub use bundle::path as bundle_path;
 pub use chart::Mark;
+
+/// What the page shows from the database.
+#[derive(Debug, Clone, Copy)]
+pub struct Stored<'a> {
+    /// Every stored report.
+    pub rows: &'a [Row],
+    /// Everything the guard did.
+    pub actions: &'a [crate::GuardAction],
+    /// Every stored failure bundle, opened.
+    pub bundles: &'a [fleet_report::Bundle],
+}
 
 /// What the dashboard knows of the channel's rollouts (k3os-ops reads them from the channel's
 /// signed targets; without one, waves and the planned line are not shown).
@@ -131,22 +147,39 @@ fn wave_table(rel: &ReleaseStatus) -> String {
     t
 }
 
-fn failing(rows: &[&Row]) -> String {
-    // Each node's outcome for the release (crate::history), when it is a failure.
-    let mut t = String::from(
-        "<table class=\"failing\"><tr><th>site</th><th>node</th><th>outcome</th><th>why</th><th>failed at (UTC)</th></tr>",
+/// Most bundles a release's failing table shows inline (their sections readable); the rest
+/// show what they are and their downloads, so a page stays a few MiB however many fail.
+pub const MAX_INLINE_BUNDLES: usize = 50;
+
+fn failing(f: Option<&ReleaseFailures>) -> String {
+    let Some(f) = f else {
+        return "<p class=\"failing\">No failing site.</p>".into();
+    };
+    let mut t = f.common.as_ref().map_or(String::new(), |c| {
+        format!(
+            "<p class=\"common\">Common cause: {}</p>",
+            esc(&c.to_string())
+        )
+    });
+    t.push_str(
+        "<table class=\"failing\"><tr><th>site</th><th>node</th><th>outcome</th><th>why</th><th>failed at (UTC)</th><th>failure bundle</th></tr>",
     );
-    let outcomes = crate::history::outcomes_of(rows.iter().copied());
-    for o in outcomes.values().filter(|o| o.state.failed()) {
-        let r = o.decided_by;
+    for (i, n) in f.failed.iter().enumerate() {
+        let bundle = match &n.bundle {
+            None => "none received".to_string(),
+            Some(b) if i < MAX_INLINE_BUNDLES => bundle::cell(b),
+            Some(b) => bundle::brief(b),
+        };
         let _ = write!(
             t,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            esc(&r.site),
-            esc(&r.node[..16.min(r.node.len())]),
-            esc(&o.label()),
-            esc(r.outcome.why().unwrap_or_default()),
-            time::utc(r.received)
+            "<tr data-node=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&n.node),
+            esc(&n.site),
+            esc(&n.node[..16.min(n.node.len())]),
+            esc(&n.label),
+            esc(&n.why),
+            time::utc(n.received),
+            bundle
         );
     }
     t.push_str("</table>");
@@ -188,20 +221,22 @@ fn guard_table(actions: &[crate::GuardAction]) -> String {
 const STYLE: &str = "body{font-family:sans-serif;margin:16px 24px;color:#222}\
 table{border-collapse:collapse;font-size:14px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;white-space:nowrap}\
 th{font-weight:600;background:#f4f4f4}table.waves th{white-space:normal}\
-table.failing td:nth-child(4),#guard td:nth-child(4){white-space:normal}\
+table.failing td:nth-child(4),table.failing td:nth-child(6),#guard td:nth-child(4){white-space:normal}\
+details.bundle pre{white-space:pre-wrap;max-width:70em;max-height:24em;overflow:auto;background:#f8f8f8;margin:2px 0}\
+details.bundle h4{margin:6px 0 0;font-size:13px}p.common{font-weight:bold}\
 figure.rollout{margin:8px 0}ul.legend{list-style:none;padding:0;margin:4px 0 0 64px;font-size:13px}\
 ul.legend li{margin:2px 0}.swatch{display:inline-block;width:18px;height:4px;margin-right:6px;vertical-align:middle}\
 li.offered .swatch{height:6px;opacity:.35}p.hold{color:#b30000;font-weight:bold}";
 
-/// The page for `rows` (every stored report) and the guard's `actions` at Unix time `now`;
-/// `enrolled` nodes make the planned line's 100 %.
-pub fn render(
-    rows: &[Row],
-    actions: &[crate::GuardAction],
-    enrolled: u64,
-    s: &dyn Schedule,
-    now: u64,
-) -> String {
+/// The page for what is `stored` at Unix time `now`; `enrolled` nodes make the planned line's
+/// 100 %.
+pub fn render(stored: &Stored, enrolled: u64, s: &dyn Schedule, now: u64) -> String {
+    let Stored {
+        rows,
+        actions,
+        bundles,
+    } = *stored;
+    let failures = cause::failures(rows, bundles, None);
     let f: FleetStatus = fleet::summarize(
         rows,
         &|v, seed| s.wave_of(v, seed),
@@ -233,7 +268,11 @@ pub fn render(
             rel.silent,
             release_chart(rel, &mine, actions, enrolled, s, now),
             wave_table(rel),
-            failing(&mine),
+            failing(
+                failures
+                    .iter()
+                    .find(|x| x.version == rel.version && x.generation == rel.generation)
+            ),
             v = esc(&rel.version),
             g = rel.generation
         );
@@ -247,6 +286,14 @@ pub fn render(
 mod tests {
     use super::*;
     use fleet_report::Outcome;
+
+    fn stored<'a>(rows: &'a [Row], actions: &'a [crate::GuardAction]) -> Stored<'a> {
+        Stored {
+            rows,
+            actions,
+            bundles: &[],
+        }
+    }
 
     fn row(node: &str, seq: u64, outcome: Outcome) -> Row {
         Row {
@@ -291,13 +338,8 @@ mod tests {
             detail: "1 halt(s) listed".into(),
             ..halt.clone()
         };
-        let page = render(
-            &rows,
-            &[refresh(1980), halt.clone(), refresh(1995), refresh(1999)],
-            10,
-            &NoSchedule,
-            2000,
-        );
+        let actions = [refresh(1980), halt.clone(), refresh(1995), refresh(1999)];
+        let page = render(&stored(&rows, &actions), 10, &NoSchedule, 2000);
         assert!(
             page.contains("<tr class=\"halt\"><td>1970-01-01T00:33:10Z</td><td>halt</td><td>v&lt;2&gt;</td><td>1 of 2 &lt;b&gt;failed&lt;/b&gt;</td><td>4</td></tr>"),
             "{page}"
@@ -308,7 +350,9 @@ mod tests {
             page.contains("<td>1970-01-01T00:33:19Z</td><td>refresh</td>"),
             "{page}"
         );
-        assert!(render(&rows, &[], 10, &NoSchedule, 2000).contains("The guard has not run."));
+        assert!(
+            render(&stored(&rows, &[]), 10, &NoSchedule, 2000).contains("The guard has not run.")
+        );
         assert!(
             page.contains("2 node(s) at 2 site(s) of 10 enrolled"),
             "{page}"
@@ -330,6 +374,40 @@ mod tests {
     }
 
     #[test]
+    fn past_the_inline_limit_a_bundle_shows_its_downloads_only() {
+        let n = MAX_INLINE_BUNDLES as u8 + 1;
+        let rows: Vec<Row> = (1..=n)
+            .map(|i| Row {
+                node: crate::testutil::id(i).to_string(),
+                version: "v2".into(),
+                ..row("x", 1, Outcome::RolledBack { why: "boom".into() })
+            })
+            .collect();
+        let bundles: Vec<fleet_report::Bundle> = (1..=n)
+            .map(|i| crate::testutil::bundle(i, 1, "kubelet: failed to load config"))
+            .collect();
+        let page = render(
+            &Stored {
+                rows: &rows,
+                actions: &[],
+                bundles: &bundles,
+            },
+            100,
+            &NoSchedule,
+            2000,
+        );
+        assert_eq!(
+            page.matches("<details class=\"bundle\"").count(),
+            MAX_INLINE_BUNDLES
+        );
+        assert_eq!(page.matches("<div class=\"bundle\"").count(), 1);
+        assert_eq!(page.matches("download>sealed</a>").count(), usize::from(n));
+        assert!(page.contains(&format!(
+            "Common cause: {n} of {n} failed node(s): kubelet: failed to load config"
+        )));
+    }
+
+    #[test]
     fn a_canary_that_failed_and_waits_is_shown_failed_and_waiting() {
         let rows = vec![
             row(
@@ -348,9 +426,9 @@ mod tests {
                 },
             ),
         ];
-        let page = render(&rows, &[], 10, &NoSchedule, 2000);
+        let page = render(&stored(&rows, &[]), 10, &NoSchedule, 2000);
         assert!(
-            page.contains("<td>rolled back, waiting (paused)</td><td>check failed</td>"),
+            page.contains("<td>rolled back, waiting (paused)</td><td>check failed</td><td>1970-01-01T00:16:41Z</td><td>none received</td>"),
             "{page}"
         );
         // nodes 1, offered 1, rolled back 1, failed and waiting 1.

@@ -126,7 +126,9 @@ fn a_node_past_its_quota_gets_507_and_a_flooding_node_429() {
         [p(&sealed(1, 1, "x")).0, p(&sealed(1, 2, "x")).0],
         [201, 201]
     );
-    let (s, text) = p(&sealed(1, 3, "x"));
+    // Full, it is refused before anything is inflated: a signed bomb is 507, not 400.
+    let bomb = deflate(&vec![b' '; 4 * fleet_report::MAX_INFLATED_BYTES]);
+    let (s, text) = p(&envelope(1, &bomb));
     assert_eq!(s, 507, "{text}");
     assert!(text.contains("quota (2 bundles"), "{text}");
     // Rate: node 1 has spent its burst of 3 (reports and bundles share it).
@@ -145,4 +147,93 @@ fn a_node_past_its_quota_gets_507_and_a_flooding_node_429() {
     assert_eq!(s, 507, "{text}");
     assert!(text.contains("bytes) stored"), "{text}");
     assert_eq!(app.bundles().unwrap().len(), 2);
+}
+
+/// GET `path` from `addr`: the status, the head and the body's bytes.
+fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String, Vec<u8>) {
+    use std::io::Read;
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).unwrap();
+    let at = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&out[..at]).to_string();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, head, out[at + 4..].to_vec())
+}
+
+#[test]
+fn the_dashboard_shows_a_bundle_beside_its_reason_and_serves_it_for_download() {
+    use fleet_report::Outcome;
+    let (addr, app, _dir) = start(Limits::default());
+    let why = "kubelet: failed to load config";
+    let failed = Outcome::RolledBack {
+        why: "health check 20-kubelet failed".into(),
+    };
+    for n in [1, 2] {
+        let report = crate::testutil::signed(n, "site-a", 1, failed.clone());
+        assert_eq!(post(addr, REPORTS_PATH, &report).0, 201);
+    }
+    let mut hostile = bundle(1, 1, why);
+    hostile.sections[1].text = "</pre><script>alert(1)</script>".into();
+    let sealed_1 = hostile.seal(&key(1)).unwrap();
+    assert_eq!(post(addr, BUNDLES_PATH, &sealed_1).0, 201);
+    assert_eq!(post(addr, BUNDLES_PATH, &sealed(2, 1, why)).0, 201);
+
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dash = l.local_addr().unwrap();
+    l.set_nonblocking(true).unwrap();
+    let schedule: ScheduleSource = Arc::new(|| Box::new(crate::dashboard::NoSchedule));
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            serve_dashboard(l, app, schedule).await.unwrap();
+        });
+    });
+    let (s, _, page) = get(dash, "/");
+    let page = String::from_utf8(page).unwrap();
+    assert_eq!(s, 200);
+    assert!(
+        page.contains("Common cause: 2 of 2 failed node(s): kubelet: failed to load config"),
+        "{page}"
+    );
+    assert!(!page.contains("<script>"), "{page}");
+    assert!(page.contains("&lt;/pre&gt;&lt;script&gt;"), "{page}");
+    let href = crate::dashboard::bundle_path(&id(1).to_string(), "v2", 1);
+    assert!(
+        page.contains(&format!("<a href=\"{href}\" download>sealed</a>")),
+        "{page}"
+    );
+
+    let (s, head, body) = get(dash, &href);
+    assert_eq!(
+        (s, body),
+        (200, sealed_1.clone()),
+        "the sealed bytes as received"
+    );
+    assert!(
+        head.contains("application/vnd.k3os-ops.bundle.v1"),
+        "{head}"
+    );
+    assert!(
+        head.contains("attachment") && head.contains("nosniff"),
+        "{head}"
+    );
+    let (s, head, body) = get(dash, &format!("{href}/json"));
+    assert_eq!(s, 200, "{head}");
+    let back: fleet_report::Bundle = serde_json::from_slice(&body).unwrap();
+    assert_eq!(back, hostile);
+    let (s, _, body) = get(
+        dash,
+        &crate::dashboard::bundle_path(&id(1).to_string(), "v2", 9),
+    );
+    assert_eq!(s, 404, "{}", String::from_utf8_lossy(&body));
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
@@ -101,50 +101,90 @@ impl App {
         }
     }
 
-    /// The checks in order: size, envelope, signature, enrolment and rate before a byte is
-    /// inflated; then the body (inflate, JSON, limits), and only then the replay and quota
-    /// checks, because the (version, attempt) a bundle is stored under is inside its body.
+    /// The checks in order: size, envelope, signature, enrolment, rate, a resend and the
+    /// node's quota before a byte is inflated; then the body (inflate, JSON, limits), and last
+    /// whether its (version, attempt), which only the body names, is taken by other bytes.
     fn try_receive_bundle(&self, body: &[u8]) -> Result<Admit, Refused> {
         let (sealed, site) = admit::verify_bundle(body, &self.allow)?;
         self.take_token(sealed.node)?;
-        let opened = sealed.inflate().map_err(admit::bundle_refusal)?;
-        let b = &opened.bundle;
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let known = store
-            .bundle_known(&b.node, &b.version, b.attempt)
+            .bundle_known(&sealed.node, body)
             .map_err(unavailable)?;
-        let verdict = admit::admit_bundle(&opened, &known, &self.limits.bundles)?;
-        if verdict == Admit::Store {
-            store
-                .insert_bundle(&opened, site, crate::time::now())
-                .map_err(unavailable)?;
+        if let Some(resend) = admit::admit_sealed(&sealed, &known, &self.limits.bundles)? {
+            return Ok(resend);
         }
+        let opened = sealed.inflate().map_err(admit::bundle_refusal)?;
+        let b = &opened.bundle;
+        let taken = store
+            .bundle_body(&b.node.to_string(), &b.version, b.attempt)
+            .map_err(unavailable)?
+            .is_some();
+        let verdict = admit::admit_opened(&opened, taken)?;
+        store
+            .insert_bundle(&opened, site, crate::time::now())
+            .map_err(unavailable)?;
         Ok(verdict)
     }
 
     /// The dashboard page over what is stored now, under `schedule`.
     pub fn dashboard(&self, schedule: &dyn crate::dashboard::Schedule) -> (u16, String) {
-        let read = self.rows().and_then(|rows| {
-            let actions = self
-                .store
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .actions()?;
-            Ok((rows, actions))
-        });
+        let read = {
+            let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+            store.rows().and_then(|rows| {
+                let actions = store.actions()?;
+                let bundles = store.failed_bundles(&rows)?;
+                Ok((rows, actions, bundles))
+            })
+        };
         match read {
-            Ok((rows, actions)) => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
+            Ok((rows, actions, bundles)) => {
+                let stored = crate::dashboard::Stored {
+                    rows: &rows,
+                    actions: &actions,
+                    bundles: &bundles,
+                };
                 let enrolled = self.allow.len() as u64;
                 (
                     200,
-                    crate::dashboard::render(&rows, &actions, enrolled, schedule, now),
+                    crate::dashboard::render(&stored, enrolled, schedule, crate::time::now()),
                 )
             }
             Err(e) => (503, format!("{e}\n")),
         }
+    }
+
+    /// One stored bundle for download: its Content-Type and bytes (sealed as received, or its
+    /// JSON), or the status (404, 503) and why.
+    pub fn bundle_download(
+        &self,
+        node: &str,
+        version: &str,
+        attempt: u32,
+        json: bool,
+    ) -> Result<(&'static str, Vec<u8>), (u16, String)> {
+        let body = self
+            .store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .bundle_body(node, version, attempt)
+            .map_err(|e| (503, e.to_string()))?
+            .ok_or_else(|| {
+                (
+                    404,
+                    format!(
+                        "no bundle of node {:?} for attempt {attempt} of {:?}",
+                        node.escape_debug().to_string(),
+                        version.escape_debug().to_string()
+                    ),
+                )
+            })?;
+        if !json {
+            return Ok((BUNDLE_CONTENT_TYPE, body));
+        }
+        let opened = fleet_report::open_bundle(&body).map_err(|e| (500, e.to_string()))?;
+        let text = serde_json::to_vec_pretty(&opened.bundle).map_err(|e| (500, e.to_string()))?;
+        Ok(("application/json", text))
     }
 
     /// Every stored failure bundle, without its bytes.
@@ -225,21 +265,66 @@ pub type ScheduleSource = Arc<dyn Fn() -> Box<dyn crate::dashboard::Schedule> + 
 /// The read-only dashboard (`GET /`) over `app`: meant for a listener of its own, inside the
 /// publisher's network (the report port faces the sites).
 pub fn dashboard_router(app: Arc<App>, schedule: ScheduleSource) -> Router {
-    Router::new().route(
-        "/",
-        get(move || {
-            let (app, schedule) = (app.clone(), schedule.clone());
-            async move {
-                let page = tokio::task::spawn_blocking(move || app.dashboard(schedule().as_ref()))
-                    .await
-                    .unwrap_or_else(|e| (500, format!("dashboard task failed: {e}\n")));
-                (
-                    StatusCode::from_u16(page.0).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                    [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
-                    page.1,
-                )
-            }
-        }),
+    let downloads = app.clone();
+    let json = app.clone();
+    Router::new()
+        .route(
+            "/bundles/{node}/{version}/{attempt}",
+            get(move |Path(key): Path<(String, String, u32)>| {
+                download(downloads.clone(), key, false)
+            }),
+        )
+        .route(
+            "/bundles/{node}/{version}/{attempt}/json",
+            get(move |Path(key): Path<(String, String, u32)>| download(json.clone(), key, true)),
+        )
+        .route(
+            "/",
+            get(move || {
+                let (app, schedule) = (app.clone(), schedule.clone());
+                async move {
+                    let page =
+                        tokio::task::spawn_blocking(move || app.dashboard(schedule().as_ref()))
+                            .await
+                            .unwrap_or_else(|e| (500, format!("dashboard task failed: {e}\n")));
+                    (
+                        StatusCode::from_u16(page.0).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                        [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                        page.1,
+                    )
+                }
+            }),
+        )
+}
+
+/// A stored bundle as a download: the sealed bytes as received, or (`json`) the bundle as
+/// JSON; never shown inline (`attachment`, `nosniff`), so no stored text runs as a page.
+async fn download(
+    app: Arc<App>,
+    (node, version, attempt): (String, String, u32),
+    json: bool,
+) -> impl axum::response::IntoResponse {
+    use axum::http::header;
+    let answer =
+        tokio::task::spawn_blocking(move || app.bundle_download(&node, &version, attempt, json))
+            .await
+            .unwrap_or_else(|e| Err((500, format!("dashboard task failed: {e}"))));
+    let (status, ctype, body) = match answer {
+        Ok((ctype, body)) => (200, ctype, body),
+        Err((status, why)) => (
+            status,
+            "text/plain; charset=utf-8",
+            (why + "\n").into_bytes(),
+        ),
+    };
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        [
+            (header::CONTENT_TYPE, ctype),
+            (header::CONTENT_DISPOSITION, "attachment"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
     )
 }
 

@@ -35,11 +35,12 @@ pub struct BundleRow {
     pub size: u64,
 }
 
-/// What a store holds of one node's bundles, for the admission checks.
+/// What a store holds of one node's bundles, for the admission checks made before a bundle
+/// is inflated.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BundleKnown {
-    /// The envelope stored under the (version, attempt) being admitted, if any.
-    pub same: Option<Vec<u8>>,
+    /// These exact bytes are stored for the node already (a resend).
+    pub resend: bool,
     /// Bundles stored for the node.
     pub count: u64,
     /// Their sealed bytes, summed.

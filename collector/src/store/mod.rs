@@ -130,13 +130,8 @@ pub trait Store: Send {
     fn record(&mut self, a: &GuardAction) -> Result<(), StoreError>;
     /// Everything the guard did, oldest first.
     fn actions(&mut self) -> Result<Vec<GuardAction>, StoreError>;
-    /// What is stored of `node`'s bundles, with the envelope under (`version`, `attempt`).
-    fn bundle_known(
-        &mut self,
-        node: &NodeId,
-        version: &str,
-        attempt: u32,
-    ) -> Result<BundleKnown, StoreError>;
+    /// What is stored of `node`'s bundles, and whether `body` is one of them byte for byte.
+    fn bundle_known(&mut self, node: &NodeId, body: &[u8]) -> Result<BundleKnown, StoreError>;
     /// Store an opened bundle of a node enrolled for `site`, received at `received`.
     fn insert_bundle(&mut self, b: &Opened, site: &str, received: u64) -> Result<(), StoreError>;
     /// Every stored bundle (without its bytes), by node, version, attempt.
@@ -150,6 +145,33 @@ pub trait Store: Send {
     ) -> Result<Option<Vec<u8>>, StoreError>;
     /// The database, for messages.
     fn name(&self) -> &str;
+
+    /// The bundles the views show for `rows` (every stored report): the newest of each failed
+    /// node about each release ([`crate::cause::shown`]), opened again from their sealed bytes
+    /// (the node's signature checked again, inflated within the limits). Only those are
+    /// opened, so a page costs the failed nodes' count, not every bundle kept.
+    fn failed_bundles(&mut self, rows: &[Row]) -> Result<Vec<fleet_report::Bundle>, StoreError> {
+        let all = self.bundles()?;
+        let db = self.name().to_string();
+        let mut out = Vec::new();
+        for r in crate::cause::shown(rows, &all) {
+            let what = |e: String| StoreError {
+                db: db.clone(),
+                what: format!(
+                    "stored bundle of node {} for attempt {} of {:?}: {e}",
+                    r.node,
+                    r.attempt,
+                    r.version.escape_debug().to_string()
+                ),
+            };
+            let body = self
+                .bundle_body(&r.node, &r.version, r.attempt)?
+                .ok_or_else(|| what("gone while read".into()))?;
+            let opened = fleet_report::open_bundle(&body).map_err(|e| what(e.to_string()))?;
+            out.push(opened.bundle);
+        }
+        Ok(out)
+    }
 }
 
 /// Open (and create or migrate) the store `url` names: `sqlite:PATH` or a

@@ -195,24 +195,17 @@ impl Store for PgStore {
             .collect())
     }
 
-    fn bundle_known(
-        &mut self,
-        node: &NodeId,
-        version: &str,
-        attempt: u32,
-    ) -> Result<BundleKnown, StoreError> {
-        let node = node.to_string();
+    fn bundle_known(&mut self, node: &NodeId, body: &[u8]) -> Result<BundleKnown, StoreError> {
         let row = self.client.query_one(
-            "SELECT COUNT(*), COALESCE(SUM(size), 0)::BIGINT,
-                 (SELECT body FROM bundles WHERE node = $1 AND version = $2 AND attempt = $3)
+            "SELECT COUNT(*), COALESCE(SUM(size), 0)::BIGINT, COALESCE(BOOL_OR(body = $2), false)
                  FROM bundles WHERE node = $1",
-            &[&node, &version, &i64::from(attempt)],
+            &[&node.to_string(), &body],
         );
         let row = row.map_err(|e| self.err("read node's bundles", e))?;
         Ok(BundleKnown {
             count: row.get::<_, i64>(0) as u64,
             bytes: row.get::<_, i64>(1) as u64,
-            same: row.get(2),
+            resend: row.get(2),
         })
     }
 

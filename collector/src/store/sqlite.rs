@@ -231,30 +231,21 @@ impl Store for SqliteStore {
         })
     }
 
-    fn bundle_known(
-        &mut self,
-        node: &NodeId,
-        version: &str,
-        attempt: u32,
-    ) -> Result<BundleKnown, StoreError> {
-        let node = node.to_string();
-        let (count, bytes): (i64, i64) = self
-            .conn
-            .prepare_cached("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM bundles WHERE node = ?1")
-            .and_then(|mut s| s.query_row([&node], |r| Ok((r.get(0)?, r.get(1)?))))
-            .map_err(|e| self.err("read node's bundles", e))?;
-        let same: Option<Vec<u8>> = self
+    fn bundle_known(&mut self, node: &NodeId, body: &[u8]) -> Result<BundleKnown, StoreError> {
+        let (count, bytes, resend): (i64, i64, bool) = self
             .conn
             .prepare_cached(
-                "SELECT body FROM bundles WHERE node = ?1 AND version = ?2 AND attempt = ?3",
+                "SELECT COUNT(*), COALESCE(SUM(size), 0), COALESCE(MAX(body = ?2), 0)
+                 FROM bundles WHERE node = ?1",
             )
             .and_then(|mut s| {
-                s.query_row(params![node, version, i64::from(attempt)], |r| r.get(0))
-                    .optional()
+                s.query_row(params![node.to_string(), body], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
             })
-            .map_err(|e| self.err("read bundle", e))?;
+            .map_err(|e| self.err("read node's bundles", e))?;
         Ok(BundleKnown {
-            same,
+            resend,
             count: count as u64,
             bytes: bytes as u64,
         })

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use super::rollout::AbortArgs;
 use chrono::{DateTime, Utc};
+use collector::cause::ReleaseFailures;
 use collector::fleet::{FleetStatus, ReleaseStatus, WaveStatus};
 use collector::guard::{Criteria, Verdict};
 use collector::history::NodeState;
@@ -39,18 +40,68 @@ pub fn wave_of(t: &Targets, version: &str, seed: Option<u32>) -> Option<usize> {
         .map(|i| i + 1)
 }
 
+/// What `rollout-status --reports` reads from the collector's database.
+pub struct Reported {
+    /// The fleet's reports per release and wave.
+    pub fleet: FleetStatus,
+    /// Each release's failed nodes with their bundles, and their common line.
+    pub failures: Vec<ReleaseFailures>,
+    /// The database's name for messages (a password left out).
+    pub db: String,
+}
+
 /// The fleet's reports from `db`, placed in `t`'s waves, silent when nothing came since
-/// `silent_since`; with the database's name for messages (a password left out).
-pub fn read(
-    db: &str,
-    t: &Targets,
-    silent_since: DateTime<Utc>,
-) -> anyhow::Result<(FleetStatus, String)> {
+/// `silent_since`, and the failed nodes' bundles.
+pub fn read(db: &str, t: &Targets, silent_since: DateTime<Utc>) -> anyhow::Result<Reported> {
     let mut store = collector::open(db)?;
     let rows = store.rows()?;
+    let bundles = store.failed_bundles(&rows)?;
     let since = u64::try_from(silent_since.timestamp()).unwrap_or(0);
-    let f = collector::fleet::summarize(&rows, &|v, s| wave_of(t, v, s), since);
-    Ok((f, store.name().to_string()))
+    Ok(Reported {
+        fleet: collector::fleet::summarize(&rows, &|v, s| wave_of(t, v, s), since),
+        failures: collector::cause::failures(&rows, &bundles, None),
+        db: store.name().to_string(),
+    })
+}
+
+/// Per release with failed nodes: the line they share, and each failed node's bundle
+/// (node, attempt, how it failed, why) or that none arrived; untrusted text escaped.
+pub fn failure_lines(failures: &[ReleaseFailures]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in failures {
+        let with = r.failed.iter().filter(|f| f.bundle.is_some()).count();
+        out.push(format!(
+            "    {} failed on {} node(s), {with} failure bundle(s) received{}",
+            r.version,
+            r.failed.len(),
+            r.common
+                .as_ref()
+                .map_or(String::new(), |c| format!("; common cause: {c}"))
+        ));
+        for f in &r.failed {
+            out.push(match &f.bundle {
+                Some(b) => format!(
+                    "      bundle: node {} ({}) attempt {} {}: {}",
+                    f.node,
+                    f.site,
+                    b.attempt,
+                    serde_json::to_value(b.failure)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    b.why.escape_debug()
+                ),
+                None => format!(
+                    "      no bundle: node {} ({}) {}: {}",
+                    f.node,
+                    f.site,
+                    f.state.label(),
+                    f.why.lines().next().unwrap_or_default().escape_debug()
+                ),
+            });
+        }
+    }
+    out
 }
 
 /// One release's planned share at a time, for `--json`.
@@ -243,7 +294,7 @@ pub fn status(
     };
     let criteria = criteria(&a.abort)?;
     let verdicts = match (&reports, &criteria) {
-        (Some((f, _)), Some(c)) => judge(f, c),
+        (Some(r), Some(c)) => judge(&r.fleet, c),
         (None, Some(_)) => anyhow::bail!("--abort-if needs --reports (the collector's database)"),
         _ => Vec::new(),
     };
@@ -251,7 +302,8 @@ pub fn status(
         let v = serde_json::json!({
             "at": time_str(&at),
             "planned": planned(t, at),
-            "reports": reports.as_ref().map(|r| &r.0),
+            "reports": reports.as_ref().map(|r| &r.fleet),
+            "failures": reports.as_ref().map(|r| &r.failures),
             "abort_criteria": criteria,
             "verdicts": verdicts,
             "halts": held.iter().map(|h| serde_json::json!({
@@ -267,8 +319,11 @@ pub fn status(
     for line in super::halt::lines(held, dir) {
         println!("{line}");
     }
-    if let Some((f, db)) = &reports {
-        for line in lines(f, db) {
+    if let Some(r) = &reports {
+        for line in lines(&r.fleet, &r.db)
+            .into_iter()
+            .chain(failure_lines(&r.failures))
+        {
             println!("{line}");
         }
     }

@@ -99,24 +99,41 @@ fn judged_line(version: &str, v: &Verdict, from: u64) -> String {
     format!("{version}: judged on {since}: {counts}")
 }
 
-fn detail(v: &Verdict, c: &guard::Criteria) -> String {
+/// The line most of the failed nodes of `version` share (judged from `from` on, as the
+/// verdict), from their whys and their bundles' check outputs (`collector::cause`).
+fn common(
+    rows: &[collector::Row],
+    bundles: &[fleet_report::Bundle],
+    version: &str,
+    from: u64,
+) -> Option<collector::cause::Common> {
+    collector::cause::failures(rows, bundles, Some(from))
+        .into_iter()
+        .find(|r| r.version == version)
+        .and_then(|r| r.common)
+}
+
+fn detail(v: &Verdict, c: &guard::Criteria, common: Option<&collector::cause::Common>) -> String {
+    let common = common.map_or(String::new(), |c| format!("; {c}"));
     match v {
         Verdict::Halt {
             failed,
             ran,
             percent,
-        } => format!(
-            "{failed} of {ran} node(s) failed ({percent:.2} % >= {} %; counted: {}; wave {})",
-            c.threshold_percent,
-            c.failures
-                .iter()
-                .map(|s| serde_json::to_value(s)
-                    .map(|v| v.as_str().unwrap_or_default().to_string())
-                    .unwrap_or_default())
-                .collect::<Vec<_>>()
-                .join(","),
-            c.wave.map_or("any".to_string(), |w| w.to_string())
-        ),
+        } => {
+            format!(
+                "{failed} of {ran} node(s) failed ({percent:.2} % >= {} %; counted: {}; wave {})",
+                c.threshold_percent,
+                c.failures
+                    .iter()
+                    .map(|s| serde_json::to_value(s)
+                        .map(|v| v.as_str().unwrap_or_default().to_string())
+                        .unwrap_or_default())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                c.wave.map_or("any".to_string(), |w| w.to_string())
+            ) + &common
+        }
         other => format!("{other:?}"),
     }
 }
@@ -132,6 +149,7 @@ pub fn run(a: GuardArgs) -> anyhow::Result<()> {
     let channel = a.channel.display().to_string();
     let mut store = collector::open(&a.db)?;
     let rows = store.rows()?;
+    let bundles = store.failed_bundles(&rows)?;
     let actions = store.actions()?;
     let t = super::resign::published(&a.channel)?;
     let served = halt::served(&a.channel, &t)?;
@@ -167,7 +185,7 @@ pub fn run(a: GuardArgs) -> anyhow::Result<()> {
                 store.record(&record("lifted", "no halt holds it any more".into(), 0))?;
             }
             Step::Halt => {
-                let d = detail(&v, &c);
+                let d = detail(&v, &c, common(&rows, &bundles, &version, from).as_ref());
                 let mark = Mark {
                     since: at,
                     reason: d.clone(),

@@ -942,3 +942,277 @@ print('verified', len(h.signed.targets))\n";
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// POST `body` to the collector on `port`: the status and the answer.
+fn post(port: u16, path: &str, body: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        c,
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/vnd.k3os-ops.bundle.v1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    c.write_all(body).unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (
+        status,
+        out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string(),
+    )
+}
+
+/// Canary `i`'s failure of v2 as its node would send it: the rollback report and the failure
+/// bundle, both signed with its key. Nine canaries' kubelet fails on its config; the tenth
+/// panics before userspace. Canary 0's kernel log holds hostile text.
+fn canary(i: u8, key: &ed25519_dalek::SigningKey, channel: &str) -> (Vec<u8>, Vec<u8>) {
+    use fleet_report::{Bundle, Failure, NodeId, Report, Section};
+    let node = NodeId::of(&key.verifying_key());
+    let now = u64::try_from(chrono::Utc::now().timestamp()).unwrap();
+    let (failure, why, section) = match i {
+        9 => (
+            Failure::NoUserspace,
+            "slot B did not reach userspace: the loader fell back",
+            (
+                "log/pstore",
+                "Kernel panic - not syncing: VFS: Unable to mount root fs\n",
+            ),
+        ),
+        _ => (
+            Failure::HealthCheck,
+            "health check 20-kubelet failed",
+            (
+                "health/20-kubelet",
+                "I1207 04:00:00 starting\nkubelet: failed to load config\n",
+            ),
+        ),
+    };
+    let report = Report {
+        v: fleet_report::FORMAT,
+        node,
+        site: format!("canary-{i}"),
+        seq: 1,
+        at: now,
+        channel: channel.into(),
+        version: "v2".into(),
+        generation: 6,
+        outcome: Outcome::RolledBack { why: why.into() },
+        seed: Some(u32::from(i)),
+        dropped: 0,
+    };
+    let kernel = match i {
+        0 => "</pre><script>alert(1)</script><b>\u{1b}[31m",
+        _ => "[    1.000000] Linux version 6.1.0\n",
+    };
+    let bundle = Bundle {
+        format: fleet_report::BUNDLE_FORMAT,
+        node,
+        version: "v2".into(),
+        generation: 6,
+        attempt: 1,
+        slot: "B".into(),
+        time: "2027-01-15T08:00:00Z".into(),
+        failure,
+        why: why.into(),
+        versions: "k3os-ops=0.2.0\n".into(),
+        redacted: 0,
+        sections: vec![
+            Section {
+                name: section.0.into(),
+                text: section.1.into(),
+                cut_bytes: 0,
+            },
+            Section {
+                name: "log/kernel".into(),
+                text: kernel.into(),
+                cut_bytes: 0,
+            },
+        ],
+    };
+    (report.sign(key).unwrap(), bundle.seal(key).unwrap())
+}
+
+#[test]
+fn the_canaries_bundles_arrive_and_the_guard_names_their_common_cause() {
+    let Site {
+        port,
+        node,
+        db,
+        allow,
+        srv,
+        chan,
+        work: _work,
+    } = Site::new("site-1", true);
+    let (c, publish) = one_wave_started(&node, &chan);
+    let keys: Vec<ed25519_dalek::SigningKey> = (1..=10u8)
+        .map(|n| ed25519_dalek::SigningKey::from_bytes(&[n; 32]))
+        .collect();
+    let ids: Vec<String> = keys
+        .iter()
+        .map(|k| fleet_report::NodeId::of(&k.verifying_key()).to_string())
+        .collect();
+    let enrolled: String = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| format!("{id} canary-{i}\n"))
+        .collect();
+    std::fs::write(&allow, enrolled).unwrap();
+    let (_collector, more) = Collector::start_with(
+        port,
+        &db,
+        &allow,
+        &["--dashboard", "127.0.0.1:0", "--channel", &c],
+    );
+    let url = more[0].strip_prefix("dashboard at ").unwrap().to_string();
+    let mut sealed = Vec::new();
+    for (i, k) in (0u8..).zip(&keys) {
+        let (report, bundle) = canary(i, k, &srv.url);
+        assert_eq!(post(port, "/v1/reports", &report).0, 201);
+        let (s, text) = post(port, "/v1/bundles", &bundle);
+        assert_eq!(s, 201, "{text}");
+        sealed.push(bundle);
+    }
+
+    // The guard halts v2 and names the line nine of the ten share.
+    let gk = node.path().join("guard-keys");
+    node.ok(&[
+        "release",
+        "keygen",
+        "-o",
+        gk.to_str().unwrap(),
+        "--name",
+        "halt",
+    ]);
+    publish(&[
+        "delegate-halt",
+        &c,
+        "--halt-key",
+        gk.join("halt.pub").to_str().unwrap(),
+    ]);
+    let dbarg = format!("sqlite:{}", db.display());
+    let common = "9 of 10 failed node(s): kubelet: failed to load config";
+    let out = node.ok(&[
+        "collector",
+        "guard",
+        "--channel",
+        &c,
+        "--db",
+        &dbarg,
+        "--key",
+        gk.join("halt.key").to_str().unwrap(),
+        "--abort-if",
+        "50",
+        "--abort-min",
+        "5",
+    ]);
+    assert!(out.contains("v2: halted (10 of 10 node(s) failed"), "{out}");
+    assert!(out.contains(common), "{out}");
+    // rollout-status: the halt's reason, the common cause, each canary's bundle.
+    let out = node.ok(&["release", "rollout-status", &c, "--reports", &dbarg]);
+    assert!(
+        out.contains(&format!(
+            "v2 failed on 10 node(s), 10 failure bundle(s) received; common cause: {common}"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "bundle: node {} (canary-9) attempt 1 no_userspace: slot B did not reach userspace",
+            ids[9]
+        )),
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("attempt 1 health_check: health check 20-kubelet failed")
+            .count(),
+        9,
+        "{out}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&node.ok(&[
+        "release",
+        "rollout-status",
+        &c,
+        "--reports",
+        &dbarg,
+        "--json",
+    ]))
+    .unwrap();
+    let v2 = &json["failures"][0];
+    assert_eq!(v2["common"]["nodes"], 9, "{v2}");
+    assert_eq!(
+        v2["common"]["line"], "kubelet: failed to load config",
+        "{v2}"
+    );
+    assert_eq!(v2["failed"].as_array().map(Vec::len), Some(10), "{v2}");
+    let halted = out
+        .lines()
+        .find(|l| l.contains("v2 halted by the guard since"))
+        .unwrap_or_else(|| panic!("no halt in:\n{out}"));
+    assert!(
+        halted.contains(common),
+        "the signed halt's reason names it: {halted}"
+    );
+
+    // The dashboard, as Chromium renders it: the common cause, the halt naming it, each
+    // canary's bundle beside its reason, the hostile section as text.
+    let dom = in_chromium(&url);
+    assert!(dom.contains(&format!("Common cause: {common}")), "{dom}");
+    let guard = dom
+        .split("<tr class=\"halt\">")
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no halt in the guard's table: {dom}"));
+    assert!(guard.contains(common), "{guard}");
+    assert_eq!(
+        dom.matches("<details class=\"bundle\"").count(),
+        10,
+        "{dom}"
+    );
+    let canary0 = dom
+        .split(&format!("<tr data-node=\"{}\">", ids[0]))
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no row of canary 0: {dom}"));
+    assert!(
+        canary0.contains("<td>health check 20-kubelet failed</td>"),
+        "{canary0}"
+    );
+    assert!(
+        canary0.contains("kubelet: failed to load config"),
+        "{canary0}"
+    );
+    assert!(
+        canary0.contains("&lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;&lt;b&gt;"),
+        "{canary0}"
+    );
+    assert!(!dom.contains("<script"), "{dom}");
+    // Its download: the sealed bytes as the canary sent them.
+    let href = collector::dashboard::bundle_path(&ids[0], "v2", 1);
+    assert!(canary0.contains(&format!("href=\"{href}\"")), "{canary0}");
+    let dash = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut conn = std::net::TcpStream::connect(dash).unwrap();
+    use std::io::{Read, Write};
+    write!(
+        conn,
+        "GET {href} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    conn.read_to_end(&mut got).unwrap();
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(
+        got.ends_with(&sealed[0]),
+        "the download is the sealed bundle as received"
+    );
+    // How it looks: a screenshot (to $DASHBOARD_BUNDLES_PNG when set, to look at).
+    let png = match std::env::var_os("DASHBOARD_BUNDLES_PNG") {
+        Some(p) => PathBuf::from(p),
+        None => node.path().join("dashboard.png"),
+    };
+    k3os_ops_testing::browser::screenshot(&url, &png, 1400, 1400);
+}

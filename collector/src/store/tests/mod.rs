@@ -70,10 +70,7 @@ pub fn exercise(s: &mut dyn Store) {
 pub fn exercise_bundles(s: &mut dyn Store) {
     use crate::testutil::opened;
     let node = crate::testutil::id(1);
-    assert_eq!(
-        s.bundle_known(&node, "v2", 1).unwrap(),
-        BundleKnown::default()
-    );
+    assert_eq!(s.bundle_known(&node, b"x").unwrap(), BundleKnown::default());
     let one = opened(1, 1, "kubelet: failed to load config");
     let two = opened(1, 2, "kubelet: failed to load config");
     let other = opened(3, 1, "containerd: \u{1b}[31m<b>boom</b>");
@@ -84,11 +81,14 @@ pub fn exercise_bundles(s: &mut dyn Store) {
         s.insert_bundle(&one, "site-a", 1).is_err(),
         "one row per attempt"
     );
-    let k = s.bundle_known(&node, "v2", 2).unwrap();
-    assert_eq!(k.same.as_deref(), Some(&two.bytes[..]));
+    let k = s.bundle_known(&node, &two.bytes).unwrap();
+    assert!(k.resend, "these bytes are stored");
     assert_eq!(k.count, 2);
     assert_eq!(k.bytes, (one.bytes.len() + two.bytes.len()) as u64);
-    assert_eq!(s.bundle_known(&node, "v3", 2).unwrap().same, None);
+    assert!(
+        !s.bundle_known(&node, &other.bytes).unwrap().resend,
+        "node 3's, not 1's"
+    );
     let rows = s.bundles().unwrap();
     assert_eq!(rows.len(), 3);
     let r = rows.iter().find(|r| r.site == "site-b").unwrap();
@@ -111,6 +111,23 @@ pub fn exercise_bundles(s: &mut dyn Store) {
     let body = s.bundle_body(&r.node, "v2", 1).unwrap().unwrap();
     assert_eq!(body, other.bytes, "the sealed bytes, as received");
     assert_eq!(s.bundle_body(&r.node, "v2", 9).unwrap(), None);
+    // Node 1 failed v2, node 3 blessed it: node 1's newest bundle is opened, and only it.
+    let failed = verified(1, "site-a", 9, Outcome::RolledBack { why: "x".into() });
+    s.insert(&failed, 1).unwrap();
+    s.insert(&verified(3, "site-b", 9, Outcome::Blessed), 1)
+        .unwrap();
+    let rows: Vec<Row> = s
+        .rows()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.seq == 9)
+        .collect();
+    let opened = s.failed_bundles(&rows).unwrap();
+    assert_eq!(
+        opened,
+        vec![two.bundle.clone()],
+        "read back from the sealed bytes"
+    );
 }
 
 /// The halted canaries, stored and read back: node 4 staged, rolled back, then waits
@@ -175,10 +192,10 @@ fn sqlite_stores_and_reads_back() {
             .unwrap()
             .as_mut(),
     );
-    exercise_bundles(&mut SqliteStore::open(&path).unwrap());
     // Reopened: the same rows, the schema kept.
     let mut again = SqliteStore::open(&path).unwrap();
     assert_eq!(again.rows().unwrap().len(), 3);
+    exercise_bundles(&mut again);
 }
 
 #[test]
