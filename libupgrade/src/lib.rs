@@ -98,8 +98,6 @@ pub use config::{
 pub use error::{chain_line, join_messages, Error, Result, Stop};
 #[cfg(feature = "fuzzing")]
 pub use net::checkpoint::fuzz_load_and_resave;
-#[cfg(feature = "fuzzing")]
-pub use sqcheck::check as fuzz_squashfs_check;
 pub use net::fetch::{ExtraSource, Probe, Source, Watch};
 pub use net::http;
 pub use net::rate::{Clock, MinRate, SystemClock};
@@ -113,6 +111,8 @@ pub use report::{
 };
 pub use request::{ResolveError, StageRequest, Wanted, Writes};
 pub use scrub::{ScrubSummary, SlotScrub};
+#[cfg(feature = "fuzzing")]
+pub use sqcheck::check as fuzz_squashfs_check;
 pub use sqcheck::Superblock;
 pub use stage::{
     ArtifactCost, NoProgress, Origin, PatchOutcome, Prefer, Progress, Release, StageOptions,

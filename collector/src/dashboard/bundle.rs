@@ -4,6 +4,8 @@
 
 use std::fmt::Write;
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
 use fleet_report::Bundle;
 
 use super::esc;
@@ -14,16 +16,14 @@ pub fn path(node: &str, version: &str, attempt: u32) -> String {
     format!("/bundles/{}/{}/{attempt}", pct(node), pct(version))
 }
 
-/// Every byte but the unreserved ones (RFC 3986) as `%XX`.
+/// Every byte but the unreserved ones (RFC 3986: letters, digits, `-._~`) as `%XX`.
 fn pct(s: &str) -> String {
-    s.bytes().fold(String::new(), |mut out, b| {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-        out
-    })
+    const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    utf8_percent_encode(s, SEGMENT).to_string()
 }
 
 /// The JSON serialization of a failure kind (`health_check`, …).
