@@ -40,13 +40,16 @@ images-previous: images (images-previous-build "x86_64 aarch64")
 images-previous-x86_64: images-x86_64 (images-previous-build "x86_64")
 
 # The Kubernetes node variant (releases v1-kube, v2-kube and v2-kubenotready, whose kubelet
-# config does not load; disk grub-efi-kube on x86_64):
+# config does not load; disk grub-efi-kube, x86_64 and aarch64):
 # the plain root plus Debian's containerd, runc, CNI plugins and iptables
 # (images/scripts/fetch-kube-debs.sh) and the kubelet of the Kubernetes binaries scripts/setup.sh
 # installs into .cache/kube/<version>/linux-<debarch>. Every -kube release also carries the
 # agent's image (the `image` recipe's k3os-oci, this platform only, uncompressed layer) as a
 # payload that containerd imports at boot. The plain releases and disks are untouched.
 images-kube-x86_64: (images-kube "x86_64" "amd64" "grub-efi")
+
+# The same for aarch64 (AAVMF): arm64 packages, the linux-arm64 kubelet, the aarch64 musl agent.
+images-kube-aarch64: (images-kube "aarch64" "arm64" "grub-efi")
 
 images-kube arch debarch boots kube_version="v1.36.2":
     #!/bin/sh
