@@ -42,7 +42,7 @@ images-previous-x86_64: images-x86_64 (images-previous-build "x86_64")
 # The Kubernetes node variant (releases v1-kube, v2-kube and v2-kubenotready, whose kubelet
 # config does not load; disk grub-efi-kube, x86_64 and aarch64):
 # the plain root plus Debian's containerd, runc, CNI plugins and iptables
-# (images/scripts/fetch-kube-debs.sh) and the kubelet of the Kubernetes binaries scripts/setup.sh
+# (images/scripts/fetch-debs.sh --kube) and the kubelet of the Kubernetes binaries scripts/setup.sh
 # installs into .cache/kube/<version>/linux-<debarch>. Every -kube release also carries the
 # agent's image (the `image` recipe's k3os-oci, this platform only, uncompressed layer) as a
 # payload that containerd imports at boot. The plain releases and disks are untouched.
@@ -55,7 +55,7 @@ images-kube arch debarch boots kube_version="v1.36.2":
     #!/bin/sh
     set -eu
     images/scripts/fetch-debs.sh {{arch}} >/dev/null
-    images/scripts/fetch-kube-debs.sh {{arch}} >/dev/null
+    images/scripts/fetch-debs.sh --kube {{arch}} >/dev/null
     cargo build --release -p k3os-ops --no-default-features --target x86_64-unknown-linux-musl
     if [ "{{arch}}" != x86_64 ]; then
         cargo build --release -p k3os-ops --no-default-features --target {{arch}}-unknown-linux-musl
