@@ -200,7 +200,7 @@ vm-test scenario="upgrade" target="x86_64-grub-bios" *flags="":
 
 # The full matrix: every scenario on every target (the ignored tests included).
 # VM_TESTS_ALL_BARRIERS=1 also cuts the power at every barrier instead of a sample.
-vm-test-all: images-previous images-kube-x86_64
+vm-test-all: images-previous images-kube-x86_64 images-kube-aarch64
     cargo test -p vm-tests -- --include-ignored --nocapture --test-threads 2
 
 # The Kubernetes node joins a control plane started on the host (x86_64 GRUB UEFI, the -kube
@@ -208,6 +208,10 @@ vm-test-all: images-previous images-kube-x86_64
 # KUBEBUILDER_ASSETS). Not in the default `just test` set.
 vm-test-kube: images-kube-x86_64
     cargo run -p vm-tests -- run kube-node-joins x86_64-grub-efi
+
+# The same on the arm64 node (AAVMF, the aarch64 -kube disk; TCG). Not in `just test`.
+vm-test-kube-aarch64: images-kube-aarch64
+    cargo run -p vm-tests -- run kube-node-joins aarch64-grub-efi
 
 # A real site: on that node and control plane, `kubectl apply -k` of an overlay over
 # k3os-ops/deploy, a workload with a PodDisruptionBudget and an UpdateChannel; the agent pod
