@@ -40,19 +40,22 @@ images-previous: images (images-previous-build "x86_64 aarch64")
 images-previous-x86_64: images-x86_64 (images-previous-build "x86_64")
 
 # The Kubernetes node variant (releases v1-kube, v2-kube and v2-kubenotready, whose kubelet
-# config does not load; disk grub-efi-kube on x86_64):
+# config does not load; disk grub-efi-kube, x86_64 and aarch64):
 # the plain root plus Debian's containerd, runc, CNI plugins and iptables
-# (images/scripts/fetch-kube-debs.sh) and the kubelet of the Kubernetes binaries scripts/setup.sh
+# (images/scripts/fetch-debs.sh --kube) and the kubelet of the Kubernetes binaries scripts/setup.sh
 # installs into .cache/kube/<version>/linux-<debarch>. Every -kube release also carries the
 # agent's image (the `image` recipe's k3os-oci, this platform only, uncompressed layer) as a
 # payload that containerd imports at boot. The plain releases and disks are untouched.
 images-kube-x86_64: (images-kube "x86_64" "amd64" "grub-efi")
 
+# The same for aarch64 (AAVMF): arm64 packages, the linux-arm64 kubelet, the aarch64 musl agent.
+images-kube-aarch64: (images-kube "aarch64" "arm64" "grub-efi")
+
 images-kube arch debarch boots kube_version="v1.36.2":
     #!/bin/sh
     set -eu
     images/scripts/fetch-debs.sh {{arch}} >/dev/null
-    images/scripts/fetch-kube-debs.sh {{arch}} >/dev/null
+    images/scripts/fetch-debs.sh --kube {{arch}} >/dev/null
     cargo build --release -p k3os-ops --no-default-features --target x86_64-unknown-linux-musl
     if [ "{{arch}}" != x86_64 ]; then
         cargo build --release -p k3os-ops --no-default-features --target {{arch}}-unknown-linux-musl
@@ -214,7 +217,7 @@ vm-test scenario="upgrade" target="x86_64-grub-bios" *flags="":
 
 # The full matrix: every scenario on every target (the ignored tests included).
 # VM_TESTS_ALL_BARRIERS=1 also cuts the power at every barrier instead of a sample.
-vm-test-all: images-previous images-kube-x86_64
+vm-test-all: images-previous images-kube-x86_64 images-kube-aarch64
     cargo test -p vm-tests -- --include-ignored --nocapture --test-threads 2
 
 # The Kubernetes node joins a control plane started on the host (x86_64 GRUB UEFI, the -kube
@@ -222,6 +225,10 @@ vm-test-all: images-previous images-kube-x86_64
 # KUBEBUILDER_ASSETS). Not in the default `just test` set.
 vm-test-kube: images-kube-x86_64
     cargo run -p vm-tests -- run kube-node-joins x86_64-grub-efi
+
+# The same on the arm64 node (AAVMF, the aarch64 -kube disk; TCG). Not in `just test`.
+vm-test-kube-aarch64: images-kube-aarch64
+    cargo run -p vm-tests -- run kube-node-joins aarch64-grub-efi
 
 # A real site: on that node and control plane, `kubectl apply -k` of an overlay over
 # k3os-ops/deploy, a workload with a PodDisruptionBudget and an UpdateChannel; the agent pod

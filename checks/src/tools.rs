@@ -67,11 +67,11 @@ pub const NOT_HOST_COMMANDS: &[(&str, &str)] = &[
     ("node", "a word in messages and Kubernetes kinds, never run"),
     (
         "iptables",
-        "a Debian package images/scripts/fetch-kube-debs.sh downloads for the Kubernetes node guest (dpkg-deb -x), never run on the host",
+        "a Debian package images/scripts/fetch-debs.sh --kube downloads for the Kubernetes node guest (dpkg-deb -x), never run on the host",
     ),
     (
         "containerd",
-        "a Debian package images/scripts/fetch-kube-debs.sh downloads for the Kubernetes node guest; run inside the guest only",
+        "a Debian package images/scripts/fetch-debs.sh --kube downloads for the Kubernetes node guest; run inside the guest only",
     ),
     (
         "iptables-save",

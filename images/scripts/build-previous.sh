@@ -80,7 +80,10 @@ prepare_tree() {
     fi
     # The Debian packages: shared with the current build when the previous release fetches
     # them with the same script (no second download or extraction); else its own cache, with
-    # the downloaded .debs hard-linked in.
+    # the downloaded .debs and the extracted root/ hard-linked in. Its own script then decides:
+    # when it resolves the same packages (root/.extracted lists them) it keeps that root (no
+    # second extraction, ~400 MB); else it extracts its own set beside it (fetch-debs.sh
+    # replaces root/ by a new directory, never writing into the linked files).
     mkdir -p "$tree/.cache" .cache/debs
     if cmp -s "$tree/images/scripts/fetch-debs.sh" images/scripts/fetch-debs.sh; then
         if [ ! -L "$tree/.cache/debs" ]; then
@@ -96,6 +99,10 @@ prepare_tree() {
             for f in "$d"*.deb; do
                 [ -f "$f" ] && ln -f "$f" "$tree/.cache/debs/$a/" 2>/dev/null || cp -n "$f" "$tree/.cache/debs/$a/" || true
             done
+            if [ -f "${d}root/.extracted" ] && [ ! -e "$tree/.cache/debs/$a/root" ]; then
+                cp -al "${d}root" "$tree/.cache/debs/$a/root" 2>/dev/null ||
+                    rm -rf "$tree/.cache/debs/$a/root"
+            fi
         done
     fi
     # The current test key, so the previous v1 trusts the current releases.

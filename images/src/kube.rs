@@ -3,7 +3,7 @@
 //!
 //! - Debian 12's containerd, runc, CNI plugins (`bridge`, `host-local`, `loopback`,
 //!   `portmap`) and iptables (legacy) with every shared library they link, from the tree
-//!   `images/scripts/fetch-kube-debs.sh` extracts ([`KubeInputs::debs_root`]);
+//!   `images/scripts/fetch-debs.sh --kube` extracts ([`KubeInputs::debs_root`]);
 //! - the static kubelet from the Kubernetes assets directory ([`KubeInputs::assets`]);
 //! - the configuration of containerd, the kubelet and the CNI bridge (`images/files/kube/`);
 //! - the kernel modules they need, resolved from the Debian kernel's `modules.dep` with their
@@ -64,7 +64,7 @@ const IPTABLES_LINKS: &[&str] = &[
 /// Where the variant's extra pieces come from.
 #[derive(Debug, Clone)]
 pub struct KubeInputs {
-    /// The tree `fetch-kube-debs.sh` extracted (`.cache/debs/<arch>/kube/root`).
+    /// The tree `fetch-debs.sh --kube` extracted (`.cache/debs/<arch>/kube/root`).
     pub debs_root: PathBuf,
     /// The Kubernetes binaries of the target's platform
     /// (`.cache/kube/<version>/linux-<debarch>`, `kubelet` in it).
@@ -83,7 +83,7 @@ impl KubeInputs {
             assets: assets.to_path_buf(),
             agent_image: agent_image.to_path_buf(),
         };
-        let hint_debs = "run images/scripts/fetch-kube-debs.sh <arch>";
+        let hint_debs = "run images/scripts/fetch-debs.sh --kube <arch>";
         let hint_kube = "run scripts/setup.sh (bash ../shared/kube/install.sh DEST)";
         let hint_image = "run just images-kube-<arch> (it writes the agent image with k3os-oci)";
         for (p, hint) in [

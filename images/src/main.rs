@@ -61,7 +61,7 @@ enum Command {
         #[arg(long, default_value = "v1")]
         slot_a: String,
         /// The Kubernetes node variant's Debian packages (`-kube` releases):
-        /// `.cache/debs/<arch>/kube/root` from images/scripts/fetch-kube-debs.sh.
+        /// `.cache/debs/<arch>/kube/root` from `images/scripts/fetch-debs.sh --kube <arch>`.
         #[arg(long, requires = "kube_assets")]
         kube_debs: Option<PathBuf>,
         /// The Kubernetes binaries of the target's platform for `-kube` releases (the kubelet):

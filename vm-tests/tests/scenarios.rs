@@ -125,6 +125,12 @@ matrix_test!(
     KubeNodeJoins,
     X86_64GrubEfi
 );
+// The same on the arm64 node (`just images-kube-aarch64`; `just vm-test-kube-aarch64`).
+matrix_test!(
+    aarch64_grub_efi_kube_node_joins,
+    KubeNodeJoins,
+    Aarch64GrubEfi
+);
 // A real site: the agent upgrades that node (`just vm-test-site`).
 matrix_test!(x86_64_grub_efi_site_upgrade, SiteUpgrade, X86_64GrubEfi);
 // A v2 whose kubelet never starts rolls back (`just vm-test-site-rollback`).

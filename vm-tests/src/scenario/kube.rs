@@ -6,9 +6,10 @@
 //! `CN=system:node:<name>, O=system:nodes`); the `-kube` disk boots v1-kube with 2 GiB and two
 //! vCPUs: containerd starts, the slot's image archive is imported, the kubelet registers the
 //! Node, which becomes Ready, and a Deployment of an image only the slot's payload carries
-//! (`imagePullPolicy: Never`) gets a Running pod. Each step's time is noted. A guest that never
-//! gets there fails within the step's bound, with the console's last lines and the guest's
-//! kubelet and containerd log tails.
+//! (`imagePullPolicy: Never`) gets a Running pod; containerd holds the agent's image (the
+//! other payload) for the guest's platform. On `x86_64-grub-efi` and `aarch64-grub-efi`. Each
+//! step's time is noted. A guest that never gets there fails within the step's bound, with the
+//! console's last lines and the guest's kubelet and containerd log tails.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -30,6 +31,9 @@ pub(super) const NODE: &str = "kube-node-1";
 const SEED_LABEL: &str = "k3os-seed";
 /// The workload: in the archive of v1-kube's payload only (images/src/oci.rs, `kube_images`).
 const APP_IMAGE: &str = "k3os.test/site-app:g1-kube";
+/// The agent's image (the `-kube` releases' payload `k3os-ops-agent`, the justfile's
+/// `images-kube` recipe), any version: its reference up to the tag.
+const AGENT_IMAGE_REPO: &str = "docker.io/library/k3os-ops:";
 /// From `K3OS-BOOTED` to the kubelet started (containerd, import; TCG, a loaded host).
 const KUBE_UP: Duration = Duration::from_secs(420);
 /// From the kubelet started to the Node registered, and to Ready.
@@ -96,10 +100,23 @@ impl Scenario {
         self.kubelet_joins(vm, env, kubectl, booted)?;
         self.run_workload(env, kubectl)?;
         vm.wait_shell(CMD)?;
-        let images = vm.run_ok("ctr -n k8s.io images ls -q", CMD)?;
+        let images = vm.run_ok("ctr -n k8s.io images ls", CMD)?;
         self.check(images.contains(APP_IMAGE), || {
             format!("containerd's k8s.io store lacks {APP_IMAGE}:\n{images}")
-        })
+        })?;
+        let platform = self.target.oci_platform();
+        match agent_image_line(&images) {
+            Some(line) if line.split(' ').any(|w| w.contains(platform)) => {
+                self.note(format!(
+                    "guest: containerd has the agent's image for {platform}: {line}"
+                ));
+                Ok(())
+            }
+            found => Err(self.fail(format!(
+                "containerd's k8s.io store has no agent image ({AGENT_IMAGE_REPO}…) for \
+                 {platform} (found: {found:?}):\n{images}"
+            ))),
+        }
     }
 
     /// From `K3OS-BOOTED` (at `booted` since power-on) to the Node Ready: the kubelet started
@@ -256,6 +273,15 @@ impl Scenario {
     }
 }
 
+/// The line of `ctr images ls` (REF TYPE DIGEST SIZE PLATFORMS LABELS) naming the agent's
+/// image, its columns joined by one space.
+fn agent_image_line(images: &str) -> Option<String> {
+    images
+        .lines()
+        .find(|l| l.trim_start().starts_with(AGENT_IMAGE_REPO))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
 /// A kubeconfig with everything embedded (the seed is all the node gets).
 fn node_kubeconfig(server: &str, ca: &str, cert: &str, key: &str) -> String {
     format!(
@@ -302,6 +328,21 @@ mod tests {
         assert_eq!(k["clusters"][0]["cluster"]["server"], "https://10.0.2.2:1");
         assert_eq!(k["users"][0]["user"]["client-key-data"], "S0VZ");
         assert_eq!(k["current-context"], "site");
+    }
+
+    /// containerd 1.6's `ctr images ls` output, as the guest prints it.
+    #[test]
+    fn the_agent_image_line_is_found_with_its_platforms() {
+        let out = "REF TYPE DIGEST SIZE PLATFORMS LABELS \n\
+                   docker.io/library/k3os-ops:0.2.0 application/vnd.oci.image.index.v1+json sha256:ab 9.6 MiB linux/arm64 io.cri-containerd.image=managed \n\
+                   k3os.test/site-app:g1-kube application/vnd.oci.image.manifest.v1+json sha256:cd 1.2 MiB linux/arm64 - \n";
+        let line = agent_image_line(out).unwrap();
+        assert!(line.starts_with("docker.io/library/k3os-ops:0.2.0 application/"));
+        assert!(line.split(' ').any(|w| w == "linux/arm64"));
+        assert_eq!(
+            agent_image_line("REF TYPE\nk3os.test/pause:busybox x\n"),
+            None
+        );
     }
 
     fn yaml(text: &str) -> serde_json::Value {

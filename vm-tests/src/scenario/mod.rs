@@ -49,10 +49,11 @@
 //!   in the spool and arrive once it is back (numbered, a resend stored once), then a failing
 //!   trial boot's `rolled_back` with its why and a good one's `blessed`.
 //!
-//! - `kube-node-joins`: the Kubernetes node variant (`-kube` disk) boots with a seed disk made
-//!   by the test and joins a control plane started on the host: containerd up, the slot's
-//!   image archive imported, the Node registered and Ready, a pod of an image only the slot's
-//!   payload carries Running (each step timed).
+//! - `kube-node-joins`: the Kubernetes node variant (`-kube` disk; x86_64 and aarch64) boots
+//!   with a seed disk made by the test and joins a control plane started on the host:
+//!   containerd up, the slot's image archives imported (the agent's image for the node's
+//!   platform), the Node registered and Ready, a pod of an image only the slot's payload
+//!   carries Running (each step timed).
 //! - `site-upgrade`: a real site: on that node, the agent deployed with `kubectl apply -k` as
 //!   a user does (its image from the slot's payload) upgrades it v1-kube → v2-kube from a
 //!   channel the host serves: stage before cordon, a drain with real evictions under a
@@ -183,9 +184,18 @@ impl ScenarioKind {
     }
 
     /// Whether the scenario runs on `target` (`run … all` skips the others): the Kubernetes
-    /// node disk exists for x86_64 GRUB UEFI only so far.
+    /// node disk exists for the GRUB UEFI targets (x86_64 and aarch64); the site scenarios run
+    /// on x86_64 only.
     pub fn runs_on(self, target: Target) -> bool {
-        !self.is_kube() || target == Target::X86_64GrubEfi
+        match self {
+            ScenarioKind::KubeNodeJoins => {
+                matches!(target, Target::X86_64GrubEfi | Target::Aarch64GrubEfi)
+            }
+            ScenarioKind::SiteUpgrade | ScenarioKind::SiteRollback => {
+                target == Target::X86_64GrubEfi
+            }
+            _ => true,
+        }
     }
 
     /// A scenario of the Kubernetes node disk (`just images-kube-<arch>`).
@@ -399,5 +409,21 @@ mod tests {
             assert_eq!(t.name().parse::<Target>().unwrap(), t);
         }
         assert!("x86_64-uboot".parse::<Target>().is_err());
+    }
+
+    /// The node joins on both GRUB UEFI disks (`just images-kube-x86_64`, `-aarch64`); the
+    /// site scenarios on x86_64 only; the plain scenarios everywhere.
+    #[test]
+    fn kube_scenarios_run_where_a_kube_disk_is_built() {
+        let on = |k: ScenarioKind| -> Vec<Target> {
+            Target::ALL.into_iter().filter(|t| k.runs_on(*t)).collect()
+        };
+        assert_eq!(
+            on(ScenarioKind::KubeNodeJoins),
+            [Target::X86_64GrubEfi, Target::Aarch64GrubEfi]
+        );
+        assert_eq!(on(ScenarioKind::SiteUpgrade), [Target::X86_64GrubEfi]);
+        assert_eq!(on(ScenarioKind::SiteRollback), [Target::X86_64GrubEfi]);
+        assert_eq!(on(ScenarioKind::Upgrade), Target::ALL);
     }
 }

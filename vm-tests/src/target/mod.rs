@@ -55,6 +55,15 @@ impl Target {
         }
     }
 
+    /// The OCI platform of the guest's images (`linux/amd64`, `linux/arm64`), as containerd's
+    /// `ctr images ls` prints it.
+    pub fn oci_platform(self) -> &'static str {
+        match self {
+            Target::Aarch64GrubEfi => "linux/arm64",
+            _ => "linux/amd64",
+        }
+    }
+
     /// Disk variant name as the images crate spells it.
     pub fn variant(self) -> &'static str {
         match self {
