@@ -81,6 +81,17 @@ fn node_now(node: &Value) -> NodeNow {
     }
 }
 
+/// The bytes of the ranges (206 answers) among the channel server's request lines
+/// (`GET /v2/rootfs.squashfs range=… -> 206 (n bytes)`): what a stage fetches of its
+/// artifacts, without the metadata and indexes, which are read whole.
+fn ranged_bytes(lines: &[String]) -> u64 {
+    lines
+        .iter()
+        .filter_map(|l| l.split_once(" -> 206 (")?.1.strip_suffix(" bytes)"))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum()
+}
+
 /// The guest across power cuts: its node and the QEMU of the current power-on.
 struct Guest {
     node: Node,
@@ -124,12 +135,14 @@ impl Scenario {
         let staged = self.wait_node(env, kubectl, "the stage resumed and done", |n| {
             n.phase == "Draining" || n.cordoned
         })?;
-        let resumed = srv.bytes_sent() - at_cut;
-        self.check(resumed < fetch, || {
-            format!("the stage started over: {resumed} bytes sent after the cut, the whole stage fetches {fetch}")
+        let log = srv.requests();
+        let (before, after) = log.split_at(at_cut.min(log.len()));
+        let (before, after) = (ranged_bytes(before), ranged_bytes(after));
+        self.check(after < fetch, || {
+            format!("the stage started over: {after} bytes of ranges sent after the cut ({before} before it), the whole stage fetches {fetch}")
         })?;
         self.note(format!(
-            "stage resumed: {resumed} bytes sent after the cut ({at_cut} before it; the preview: {fetch} to fetch); done {staged:.1}s after A was Ready"
+            "stage resumed: {after} bytes of ranges sent after the cut, {before} before it (the preview: {fetch} to fetch); done {staged:.1}s after A was Ready"
         ));
         self.cut_while_draining(g, env, kubectl)?;
         self.back_on_a(g, env, kubectl, "the drain's power cut")?;
@@ -138,16 +151,18 @@ impl Scenario {
     }
 
     /// Wait for the stage to fetch for [`STAGE_CUT_AFTER`], then cut the power. Returns the
-    /// preview's bytes to fetch and the bytes the channel server had sent at the cut.
+    /// preview's bytes to fetch and how many requests the channel server had answered then.
     fn cut_while_staging(
         &mut self,
         g: &mut Guest,
         env: &mut TestEnv,
         kubectl: &Path,
         srv: &ReleaseServer,
-    ) -> Result<(u64, u64)> {
+    ) -> Result<(u64, usize)> {
         let before = srv.bytes_sent();
-        let mut fetch = None;
+        // The preview (bytes to fetch) and the bytes sent when it was first seen: what the
+        // channel server sends after it is the stage's.
+        let mut preview: Option<(u64, u64)> = None;
         let mut first_byte: Option<Instant> = None;
         let t0 = Instant::now();
         loop {
@@ -158,18 +173,23 @@ impl Scenario {
                         srv.bytes_sent() - before
                     )));
                 }
-                fetch = n.fetch.or(fetch);
+                if preview.is_none() {
+                    preview = n.fetch.map(|f| (f, srv.bytes_sent()));
+                }
             }
-            if first_byte.is_none() && srv.bytes_sent() > before {
-                first_byte = Some(Instant::now());
+            let fetch = preview.map(|(f, _)| f);
+            if let (None, Some((_, at))) = (first_byte, preview) {
+                if srv.bytes_sent() > at {
+                    first_byte = Some(Instant::now());
+                }
             }
             match (fetch, first_byte) {
                 (Some(f), Some(t)) if t.elapsed() >= STAGE_CUT_AFTER => {
-                    let at_cut = srv.bytes_sent();
+                    let sent = srv.bytes_sent() - before;
                     g.vm.cut_power()?;
+                    let at_cut = srv.requests().len();
                     self.note(format!(
-                        "power cut while staging: {} bytes sent in {:.1}s (the preview: {f} to fetch, {STAGE_RATE} B/s per response)",
-                        at_cut - before,
+                        "power cut while staging: {sent} bytes sent, the stage's for {:.1}s (the preview: {f} to fetch, {STAGE_RATE} B/s per response)",
                         t.elapsed().as_secs_f64()
                     ));
                     return Ok((f, at_cut));
@@ -360,5 +380,19 @@ mod tests {
             }
         );
         assert_eq!(node_now(&serde_json::json!({})), NodeNow::default());
+    }
+
+    #[test]
+    fn only_ranges_count_as_the_stages_bytes() {
+        let lines: Vec<String> = [
+            "GET /timestamp.json range=- -> 200 (900 bytes)",
+            "GET /v2-kube/rootfs.squashfs range=bytes=0-99 -> 206 (100 bytes)",
+            "GET /v2-kube/rootfs.squashfs range=bytes=100-149 -> 206 (50 bytes)",
+            "GET /v2-kube/nope range=bytes=0- -> 404 (0 bytes)",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(ranged_bytes(&lines), 150);
+        assert_eq!(ranged_bytes(&[]), 0);
     }
 }
