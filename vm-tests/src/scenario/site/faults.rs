@@ -1,10 +1,10 @@
 //! `site-faults`: the site of `site-upgrade` (the agent pod upgrades the node v1-kube →
 //! v2-kube), with three real faults on the way:
 //!
-//! 1. **A power cut while the stage writes.** The host's channel server sends at most
-//!    [`STAGE_RATE`] per response, so the stage of v2-kube's few MB lasts minutes; once it has
-//!    fetched for [`STAGE_CUT_AFTER`] (past the stage's first time checkpoint, one a minute:
-//!    libupgrade's `net/checkpoint.rs`), QEMU gets SIGKILL, as `powercut` cuts it. The node
+//! 1. **A power cut while the stage writes.** The host's channel server is slowed so that the
+//!    stage of v2-kube's few MB would last [`STAGE_SECS`]; once it has fetched for
+//!    [`STAGE_CUT_AFTER`] (past the stage's first time checkpoint, one a minute: libupgrade's
+//!    `net/checkpoint.rs`), QEMU gets SIGKILL, as `powercut` cuts it. The node
 //!    powers on into A v1-kube, its kubelet is Ready again, the agent's pod restarts and the
 //!    stage resumes: what the channel server sends from the cut to the stage's end is less
 //!    than the stage's preview said the whole stage fetches.
@@ -38,10 +38,13 @@ use crate::server::ReleaseServer;
 use crate::target::kube_assets;
 use crate::vm::Vm;
 
-/// Bytes per second per response while the first stage runs.
+/// Bytes per second per response until the stage preview says how much the stage fetches.
 const STAGE_RATE: u64 = 24 * 1024;
-/// How long the stage fetches before the first power cut.
-const STAGE_CUT_AFTER: Duration = Duration::from_secs(80);
+/// Then the rate is set so that the whole stage would take this long.
+const STAGE_SECS: u64 = 200;
+/// How long the stage fetches before the first power cut: past its first time checkpoint
+/// (one a minute), well before its end.
+const STAGE_CUT_AFTER: Duration = Duration::from_secs(90);
 /// How long the API server stays down while the node reboots into B.
 const API_DOWN: Duration = Duration::from_secs(60);
 /// The channel's `rebootTimeout`: room for the outage and TCG boots.
@@ -175,6 +178,9 @@ impl Scenario {
                 }
                 if preview.is_none() {
                     preview = n.fetch.map(|f| (f, srv.bytes_sent()));
+                    if let Some(f) = n.fetch {
+                        srv.set_rate((f / STAGE_SECS).max(4096));
+                    }
                 }
             }
             let fetch = preview.map(|(f, _)| f);
@@ -189,8 +195,9 @@ impl Scenario {
                     g.vm.cut_power()?;
                     let at_cut = srv.requests().len();
                     self.note(format!(
-                        "power cut while staging: {sent} bytes sent, the stage's for {:.1}s (the preview: {f} to fetch, {STAGE_RATE} B/s per response)",
-                        t.elapsed().as_secs_f64()
+                        "power cut while staging: {sent} bytes sent, the stage's for {:.1}s (the preview: {f} to fetch, at {} B/s per response)",
+                        t.elapsed().as_secs_f64(),
+                        (f / STAGE_SECS).max(4096)
                     ));
                     return Ok((f, at_cut));
                 }
