@@ -85,8 +85,9 @@ fn node_now(node: &Value) -> NodeNow {
 }
 
 /// The bytes of the ranges (206 answers) among the channel server's request lines
-/// (`GET /v2/rootfs.squashfs range=… -> 206 (n bytes)`): what a stage fetches of its
-/// artifacts, without the metadata and indexes, which are read whole.
+/// (`GET /v2/rootfs.squashfs range=… -> 206 (n bytes)`, the length answered, logged before
+/// the body is sent): what a stage asks for of its artifacts, without the metadata and
+/// indexes, which are read whole.
 fn ranged_bytes(lines: &[String]) -> u64 {
     lines
         .iter()
@@ -142,10 +143,10 @@ impl Scenario {
         let (before, after) = log.split_at(at_cut.min(log.len()));
         let (before, after) = (ranged_bytes(before), ranged_bytes(after));
         self.check(after < fetch, || {
-            format!("the stage started over: {after} bytes of ranges sent after the cut ({before} before it), the whole stage fetches {fetch}")
+            format!("the stage started over: {after} bytes of ranges asked for after the cut ({before} before it), the whole stage fetches {fetch}")
         })?;
         self.note(format!(
-            "stage resumed: {after} bytes of ranges sent after the cut, {before} before it (the preview: {fetch} to fetch); done {staged:.1}s after A was Ready"
+            "stage resumed: {after} bytes of ranges asked for after the cut, {before} before it, the one cut short included (the preview: {fetch} to fetch); done {staged:.1}s after A was Ready"
         ));
         self.cut_while_draining(g, env, kubectl)?;
         self.back_on_a(g, env, kubectl, "the drain's power cut")?;
