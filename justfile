@@ -230,6 +230,12 @@ vm-test-kube: images-kube-x86_64
 vm-test-kube-aarch64: images-kube-aarch64
     cargo run -p vm-tests -- run kube-node-joins aarch64-grub-efi
 
+# A bad input: the node's seed trusts another CA than the API server's. The join fails within
+# seconds of the kubelet's first attempt, naming the node and the kubelet's x509 reason, and the
+# node keeps running its good slot. Not in `just test`.
+vm-test-kube-refused: images-kube-x86_64
+    cargo run -p vm-tests -- run kube-join-refused x86_64-grub-efi
+
 # A real site: on that node and control plane, `kubectl apply -k` of an overlay over
 # k3os-ops/deploy, a workload with a PodDisruptionBudget and an UpdateChannel; the agent pod
 # upgrades the node v1-kube -> v2-kube from a channel the host serves (stage, cordon, drain,
@@ -238,10 +244,18 @@ vm-test-site: images-kube-x86_64
     cargo run -p vm-tests -- run site-upgrade x86_64-grub-efi
 
 # The same site with v2-kubenotready (its kubelet config does not load): not blessed within the
-# limit (10 minutes), the node rolls back to v1-kube by itself, Ready again, and the agent records
-# the failure, releases the claim and pauses the channel. Not in `just test`.
+# channel's rebootTimeout (3 minutes here), the node rolls back to v1-kube by itself, Ready again,
+# and the agent records the failure, releases the claim and pauses the channel; a collector on the
+# host stores the node's rolled_back report with its why. Not in `just test`.
 vm-test-site-rollback: images-kube-x86_64
     cargo run -p vm-tests -- run site-rollback x86_64-grub-efi
+
+# The same site's upgrade with faults: QEMU SIGKILLed while the stage writes and again during the
+# drain, then the API server stopped while the node reboots into B and started again after 60 s.
+# The node comes back on its good slot each time, the stage resumes (not from zero), the drain
+# completes, B is blessed and the node uncordoned; no 403 in the audit log. Not in `just test`.
+vm-test-site-faults: images-kube-x86_64
+    cargo run -p vm-tests -- run site-faults x86_64-grub-efi
 
 # --- fuzzing (owned by fuzz/) ---------------------------------------------------------------
 # Every fuzz target of fuzz/ for `secs` seconds each (one libFuzzer job each, under nice), then

@@ -46,6 +46,13 @@ const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\n\
 
 /// A running control plane; everything is killed and deleted when it is dropped.
 pub struct TestEnv {
+    /// The API server (None while [`TestEnv::stop_apiserver`] has it stopped).
+    api: Option<KillOnDrop>,
+    /// Its binary and arguments, to start it again on the same port, data and audit log.
+    api_cmd: (PathBuf, Vec<String>),
+    /// How often it was started.
+    api_starts: u32,
+    /// etcd, then the controller manager and the scheduler when started.
     children: Vec<KillOnDrop>,
     dir: tempfile::TempDir,
     /// `https://127.0.0.1:<port>`.
@@ -106,13 +113,13 @@ impl TestEnv {
         assert!(st.success(), "openssl genrsa failed");
         let port = free_port();
         let args = apiserver_args(&d, &etcd_url, port, ca.as_ref(), opts);
-        let api = spawn(
-            &need("kube-apiserver"),
-            &args,
-            &d.join("kube-apiserver.log"),
-        );
+        let bin = need("kube-apiserver");
+        let api = spawn(&bin, &args, &d.join("kube-apiserver.log"));
         let mut env = TestEnv {
-            children: vec![api, etcd],
+            api: Some(api),
+            api_cmd: (bin, args),
+            api_starts: 1,
+            children: vec![etcd],
             url: format!("https://127.0.0.1:{port}"),
             port,
             token_file,
@@ -232,18 +239,40 @@ impl TestEnv {
     }
 
     /// Which started process has exited, with its status (a crashed API server is named at
-    /// once instead of timing out a test).
+    /// once instead of timing out a test). An API server stopped by
+    /// [`TestEnv::stop_apiserver`] is not counted.
     pub fn exited(&mut self) -> Option<String> {
-        const NAMES: [&str; 4] = [
-            "kube-apiserver",
-            "etcd",
-            "kube-controller-manager",
-            "kube-scheduler",
-        ];
+        const NAMES: [&str; 3] = ["etcd", "kube-controller-manager", "kube-scheduler"];
+        let api = self.api.as_mut().and_then(|a| a.exited());
+        if let Some(st) = api {
+            return Some(format!("kube-apiserver exited ({st})"));
+        }
         self.children
             .iter_mut()
             .zip(NAMES)
             .find_map(|(c, n)| c.exited().map(|st| format!("{n} exited ({st})")))
+    }
+
+    /// Stop the API server (SIGKILL: an outage, not a shutdown); etcd and the controllers
+    /// keep running. Nothing happens when it is stopped already.
+    pub fn stop_apiserver(&mut self) {
+        self.api = None;
+    }
+
+    /// Start the API server again after [`TestEnv::stop_apiserver`]: same port, certificates,
+    /// etcd and audit log (appended to); its earlier log is kept as
+    /// `kube-apiserver.<n>.log`. Does not wait for readiness ([`TestEnv::wait_ready`]).
+    pub fn start_apiserver(&mut self) {
+        if self.api.is_some() {
+            return;
+        }
+        let d = self.dir.path();
+        let log = d.join("kube-apiserver.log");
+        let kept = d.join(format!("kube-apiserver.{}.log", self.api_starts));
+        let _ = std::fs::rename(&log, kept);
+        self.api_starts += 1;
+        let (bin, args) = &self.api_cmd;
+        self.api = Some(spawn(bin, args, &log));
     }
 
     /// The last `lines` lines of a process's log (`kube-apiserver`, `etcd`, …).

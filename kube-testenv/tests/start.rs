@@ -101,3 +101,36 @@ fn a_tls_control_plane_with_controllers_accepts_a_node_certificate() {
     );
     assert_eq!(env.exited(), None);
 }
+
+/// The API server stopped (an outage) and started again: the same address answers, what was
+/// stored is still there (etcd kept running), and a stopped API server is no crash.
+#[test]
+#[ignore = "needs the Kubernetes binaries (KUBEBUILDER_ASSETS or .cache/kube)"]
+fn an_api_server_stopped_and_started_again_keeps_its_address_and_data() {
+    let assets = assets();
+    let kubectl = assets.join("kubectl");
+    let mut env = TestEnv::start(&assets, &Options::default());
+    env.wait_ready(&kubectl, Duration::from_secs(120)).unwrap();
+    env.kubectl(
+        &kubectl,
+        &["create", "configmap", "kept", "--from-literal=a=1"],
+    )
+    .unwrap();
+    env.stop_apiserver();
+    assert_eq!(env.exited(), None, "a stopped API server is not an exit");
+    let down = env.kubectl(
+        &kubectl,
+        &["get", "configmap", "kept", "--request-timeout=5s"],
+    );
+    assert!(down.is_err(), "answered while stopped: {down:?}");
+    env.start_apiserver();
+    env.wait_ready(&kubectl, Duration::from_secs(120)).unwrap();
+    let back = env
+        .kubectl(
+            &kubectl,
+            &["get", "configmap", "kept", "-o", "jsonpath={.data.a}"],
+        )
+        .unwrap();
+    assert_eq!(back, "1");
+    assert!(env.dir().join("kube-apiserver.1.log").is_file());
+}

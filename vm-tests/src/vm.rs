@@ -376,6 +376,12 @@ impl Vm {
 
     /// Cut the power: SIGKILL QEMU and reap it.
     pub fn power_cut(mut self) -> Result<()> {
+        self.cut_power()
+    }
+
+    /// [`Vm::power_cut`] keeping this `Vm` (its console log stays readable) until the node's
+    /// next power-on replaces it.
+    pub fn cut_power(&mut self) -> Result<()> {
         eprintln!(
             "vm-tests: [{}] power cut at {:.1}s",
             self.name,

@@ -135,6 +135,15 @@ matrix_test!(
 matrix_test!(x86_64_grub_efi_site_upgrade, SiteUpgrade, X86_64GrubEfi);
 // A v2 whose kubelet never starts rolls back (`just vm-test-site-rollback`).
 matrix_test!(x86_64_grub_efi_site_rollback, SiteRollback, X86_64GrubEfi);
+// Power cuts while staging and draining, the API server down during the reboot
+// (`just vm-test-site-faults`).
+matrix_test!(x86_64_grub_efi_site_faults, SiteFaults, X86_64GrubEfi);
+// A node whose seed trusts the wrong CA never joins; the harness says why (`just vm-test-kube-refused`).
+matrix_test!(
+    x86_64_grub_efi_kube_join_refused,
+    KubeJoinRefused,
+    X86_64GrubEfi
+);
 
 // x86_64 GRUB BIOS
 default_test!(x86_64_grub_bios_upgrade, Upgrade, X86_64GrubBios);

@@ -161,6 +161,21 @@ fn daemonset_is_privileged_with_the_host_mounts() {
     for path in ["/boot", "/var/lib/k3os-ops", "/dev"] {
         assert!(host.contains(&path), "hostPath {path} missing");
     }
+    // k3s's airgap directory: the agent's confirm links the booted slot's image archives
+    // there; without the host's directory they land in the container's own filesystem and
+    // k3s never imports them. Mounted at the host's path (the links point into the state
+    // directory, also at its host path).
+    let airgap = libupgrade::payload::airgap::DEFAULT_DIR;
+    assert!(host.contains(&airgap), "hostPath {airgap} missing");
+    let mounted = c["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|m| m["mountPath"] == airgap && m["readOnly"].as_bool() != Some(true));
+    assert!(
+        mounted,
+        "{airgap} must be mounted writable at the host's path"
+    );
     // The offline bundle directory: the host's, read-only, where K3OS_OPS_BUNDLE_DIR says.
     let bundle_dir = c["env"]
         .as_sequence()

@@ -11,7 +11,9 @@
 //!   reconcile progress: a stage of a large release runs inside one reconcile for many minutes
 //!   and must not be killed for it.
 //! - `/readyz` (readiness): 200 once a reconcile has read this node and its channels from the
-//!   API server, 503 before and after [`NOT_READY_AFTER_ERRORS`] failed reconciles in a row.
+//!   API server (no channel at all counts: the DaemonSet is Ready before the first channel is
+//!   made) with the watches' first lists in, 503 before and after [`NOT_READY_AFTER_ERRORS`]
+//!   failed reconciles in a row.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -322,7 +324,7 @@ pub fn route(metrics: &Metrics, path: &str) -> (u16, &'static str, String) {
         "/readyz" => (
             503,
             "text/plain",
-            "not ready: no successful reconcile yet, or the last ones failed\n".into(),
+            "not ready: the Node and the UpdateChannels not read yet, or the last reconciles failed\n".into(),
         ),
         _ => (404, "text/plain", "not found\n".into()),
     }

@@ -688,6 +688,20 @@ impl Fleet {
         }
     }
 
+    /// The channel's `spec.rebootTimeout` in seconds (`3s`, `2m` in these scenarios).
+    fn reboot_timeout_secs(&self) -> u64 {
+        let w = self.world.lock().unwrap();
+        let t = w.channel["spec"]["rebootTimeout"].as_str().unwrap_or("15m");
+        let (n, unit) = t.split_at(t.len() - 1);
+        let n: u64 = n.parse().unwrap_or_else(|_| panic!("rebootTimeout {t:?}"));
+        match unit {
+            "s" => n,
+            "m" => n * 60,
+            "h" => n * 3600,
+            _ => panic!("rebootTimeout {t:?}: a number and s, m or h"),
+        }
+    }
+
     pub fn phase(&self, i: usize) -> Option<String> {
         annotation(self.world.lock().unwrap().node(&node_name(i)), ANN_PHASE).map(String::from)
     }
@@ -714,22 +728,25 @@ impl Fleet {
         self.reboots[i] += 1;
         let slot = self.rigs[i].power_cycle();
         let v010 = self.v010_trial == Some(i);
+        let limit = self.reboot_timeout_secs();
         let trial = match (slot, self.rigs[i].init_confirm()) {
             // A trial activated by v0.1.0 awaited no check: init's confirm blesses it.
             (Slot::B, Ok(r)) if v010 && r.verdict.outcome == libupgrade::state::Outcome::Blessed => {
                 self.v010_trial = None;
                 false
             }
-            // Nodes start on A: B is the new version, booted on trial.
+            // Nodes start on A: B is the new version, booted on trial, and the node rolls
+            // back by itself when Node-Ready is not reported within the channel's
+            // rebootTimeout (the limit the agent's activation set).
             (Slot::B, Ok(r))
-                if matches!(r.outcome(), libupgrade::state::Outcome::Pending { waiting_for, .. }
-                    if waiting_for.join(", ") == agent::testing::NODE_READY) =>
+                if matches!(r.outcome(), libupgrade::state::Outcome::Pending { waiting_for, within_secs }
+                    if waiting_for.join(", ") == agent::testing::NODE_READY && *within_secs == limit) =>
             {
                 true
             }
             (Slot::A, Ok(r)) if r.is_good() => false,
             (slot, other) => panic!(
-                "{name} booted {slot}: init's confirm must wait for node-ready on the trial and pass on A: {other:?}"
+                "{name} booted {slot}: init's confirm must wait for node-ready on the trial (within the channel's rebootTimeout, {limit} s) and pass on A: {other:?}"
             ),
         };
         // The agent is a pod: the kubelet runs before it. Back on a good slot the Node is Ready

@@ -744,6 +744,29 @@ async fn metrics_and_probes_over_a_real_socket() {
     assert_eq!(http_get(addr, "/nope").await.0, 404);
 }
 
+/// A DaemonSet is applied before its first UpdateChannel: its pods are Ready once the agent
+/// has read its Node and found no channel, and the agent does nothing else.
+#[tokio::test]
+async fn ready_without_any_update_channel() {
+    let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);
+    world.lock().unwrap().channel = Value::Null;
+    let addr = agent::testing::spawn_metrics(
+        "127.0.0.1:0".parse().unwrap(),
+        agent.clients.metrics.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(http_get(addr, "/readyz").await.0, 503, "before any read");
+    settle(&agent).await;
+    let (status, body) = http_get(addr, "/readyz").await;
+    assert_eq!(
+        status, 200,
+        "no channel yet must not keep the pod unready: {body}"
+    );
+    let l = log.lock().unwrap().clone();
+    assert!(!l.iter().any(|x| x.starts_with("node:")), "{l:#?}");
+}
+
 #[tokio::test]
 async fn the_channels_max_rate_caps_the_stage() {
     let (agent, world, _node, log) = setup(ConfirmResult::Healthy, false);

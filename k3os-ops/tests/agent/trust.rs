@@ -314,6 +314,59 @@ async fn the_poller_reports_a_stale_channel_once_and_clears_it_when_re_signed() 
     assert_eq!(inactive(&sim), Inactive::Empty, "the poller never stages");
 }
 
+/// The channel unreachable (its directory gone, as a stopped channel server): the poller sets
+/// `LatestResolved` False with the why and publishes one `ResolveFailed` Event for the whole
+/// outage, however many polls and agent restarts; once the channel answers again the
+/// condition turns True.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_channel_is_one_resolve_failed_event_per_outage() {
+    let chan = Chan::new();
+    let sim = chan.node();
+    let (world, log, _agent) = setup(&chan, &sim, "v2");
+    let away = chan.t.path().join("away");
+    fs::rename(&chan.dir, &away).unwrap();
+    let polls = Polls {
+        every: Duration::from_millis(100),
+        waiting: Duration::from_millis(100),
+    };
+    let resolved = |ch: &Value, status: &str| {
+        ch["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "LatestResolved" && c["status"] == status)
+        })
+    };
+    // Three agents one after the other: a pod restarted during the outage.
+    for _ in 0..3 {
+        let agent = Arc::new(new_agent(&world, &log, &sim));
+        let task = tokio::spawn(agent::testing::poll_loop(agent.clone(), polls));
+        wait_for(&world, "LatestResolved never False", |ch| {
+            resolved(ch, "False")
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        task.abort();
+    }
+    let cond = world.lock().unwrap().condition("LatestResolved").unwrap();
+    assert_eq!(cond["reason"], "ResolveFailed", "{cond}");
+    assert!(
+        cond["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("stable")),
+        "the why names the channel: {cond}"
+    );
+    assert_eq!(events(&log, "ResolveFailed"), 1, "one Event per outage");
+
+    fs::rename(&away, &chan.dir).unwrap();
+    let agent = Arc::new(new_agent(&world, &log, &sim));
+    let task = tokio::spawn(agent::testing::poll_loop(agent.clone(), polls));
+    wait_for(&world, "LatestResolved not True again", |ch| {
+        resolved(ch, "True")
+    })
+    .await;
+    task.abort();
+    assert_eq!(events(&log, "ResolveFailed"), 1);
+}
+
 /// A stage tick resolves the channel once (issue 35): the pinned version's own check (is it
 /// offered to this cluster?) is the release the preview and the stage take, as the CLI's
 /// `upgrade` resolves once and stages that release. Counted on the channel server: the

@@ -40,6 +40,22 @@ const KUBE_UP: Duration = Duration::from_secs(420);
 const JOIN: Duration = Duration::from_secs(300);
 /// From the Deployment applied to its pod Running.
 const POD: Duration = Duration::from_secs(300);
+/// How often the kubelet's log is read for a refusal while the Node has not registered.
+const REFUSED_LOOK: Duration = Duration::from_secs(10);
+/// The guest's kubelet log (images/files/kube-up.sh).
+const KUBELET_LOG: &str = "/var/log/kubelet.log";
+/// What a kubelet logs when it cannot verify the API server (`x509:`) or the API server does
+/// not take its credentials (`Unauthorized`, 401). Not `forbidden`: a kubelet that registers
+/// may log a 403 for a read its Node is not yet authorized for.
+const REFUSALS: [&str; 2] = ["x509:", "Unauthorized"];
+
+/// The first line of `log` that says the kubelet cannot verify the API server or was refused
+/// (one of [`REFUSALS`]), trimmed; None while it only waits.
+fn refusal(log: &str) -> Option<&str> {
+    log.lines()
+        .find(|l| REFUSALS.iter().any(|r| l.contains(r)))
+        .map(str::trim)
+}
 
 impl Scenario {
     pub(super) fn kube_node_joins(&mut self) -> Result<()> {
@@ -57,6 +73,64 @@ impl Scenario {
         if let Err(e) = r {
             return Err(self.guest_logs(&mut vm, e));
         }
+        Ok(())
+    }
+
+    /// `kube-join-refused`: the seed's kubeconfig trusts another CA than the API server's, so
+    /// the kubelet cannot verify the server and the Node never registers. The harness's join
+    /// wait must fail well within its bound, naming the node and the kubelet log's reason
+    /// (`x509`), and the node keeps running its good slot A v1-kube.
+    pub(super) fn kube_join_refused(&mut self) -> Result<()> {
+        let assets = kube_assets(&self.root);
+        let kubectl = assets.join("kubectl");
+        let mut env = self.control_plane(&assets, &kubectl, false)?;
+        let other = kube_testenv::Ca::new(&self.out.join("other-ca"), "not-the-site-ca");
+        let seed = self.seed_trusting(&env, &other.pair.cert)?;
+        let mut node = self.node_from("node", &self.target.kube_disk(&self.root))?;
+        node.attach_seed(&seed);
+        node.resize(2048, 2);
+        let mut vm = self.power_on(&mut node)?;
+        let booted = vm.elapsed();
+        self.expect_boot(&mut vm, Slot::A, "v1-kube")?;
+        let t0 = Instant::now();
+        let said = match self.kubelet_joins(&mut vm, &mut env, &kubectl, booted) {
+            Ok(()) => {
+                return Err(self.fail(format!(
+                    "Node {NODE} joined with a seed that trusts another CA than the API server's"
+                )))
+            }
+            Err(e) => e.detail(),
+        };
+        let took = t0.elapsed();
+        self.check(
+            said.contains(NODE) && said.contains("x509") && took < KUBE_UP + JOIN,
+            || {
+                format!(
+                    "the join must fail naming {NODE} and the x509 reason within {}s ({}s): {said}",
+                    (KUBE_UP + JOIN).as_secs(),
+                    took.as_secs()
+                )
+            },
+        )?;
+        self.note(format!(
+            "the join failed {:.1}s after K3OS-BOOTED: {said}",
+            took.as_secs_f64()
+        ));
+        vm.wait_shell(CMD)?;
+        let st = self.status(&mut vm)?;
+        self.check_slot(
+            &st,
+            Slot::A,
+            libupgrade::state::SlotState::Good,
+            Some("v1-kube"),
+        )?;
+        self.check(st.booted == Some(Slot::A), || {
+            format!("the node must keep running A: {st:?}")
+        })?;
+        self.note(format!(
+            "{}: slot status: A good v1-kube, booted",
+            vm.name()
+        ));
         Ok(())
     }
 
@@ -153,9 +227,7 @@ impl Scenario {
             (kubelet_at - booted).as_secs_f64(),
             marks.join(", ")
         ));
-        let registered = self.wait_api(env, kubectl, JOIN, "the Node registered", |k| {
-            k(&["get", "node", NODE, "-o", "name"]).map(|o| o.contains(NODE))
-        })?;
+        let registered = self.node_registers(vm, env, kubectl)?;
         self.note(format!(
             "api: Node {NODE} registered {registered:.1}s after the kubelet started"
         ));
@@ -168,6 +240,41 @@ impl Scenario {
             "api: Node {NODE} Ready {ready:.1}s after the kubelet started"
         ));
         Ok(())
+    }
+
+    /// Wait for the Node to register, at most [`JOIN`]; the seconds it took. The kubelet's
+    /// log is read every [`REFUSED_LOOK`]: a kubelet that cannot verify the API server, or
+    /// that the API server refuses, fails at once naming the node and the log's line.
+    fn node_registers(&mut self, vm: &mut Vm, env: &mut TestEnv, kubectl: &Path) -> Result<f64> {
+        let t0 = Instant::now();
+        let mut looked = Instant::now();
+        loop {
+            if let Some(gone) = env.exited() {
+                return Err(self.fail(format!("waiting for Node {NODE} to register: {gone}")));
+            }
+            let got = env.kubectl(kubectl, &["get", "node", NODE, "-o", "name"]);
+            if got.is_ok_and(|o| o.contains(NODE)) {
+                return Ok(t0.elapsed().as_secs_f64());
+            }
+            if looked.elapsed() >= REFUSED_LOOK {
+                looked = Instant::now();
+                let log = vm.run(&format!("tail -n 200 {KUBELET_LOG}"), CMD)?.output;
+                if let Some(line) = refusal(&log) {
+                    return Err(self.fail(format!(
+                        "Node {NODE} cannot join ({:.0}s after its kubelet started): {KUBELET_LOG} says {:?}",
+                        t0.elapsed().as_secs_f64(),
+                        line
+                    )));
+                }
+            }
+            if t0.elapsed() > JOIN {
+                return Err(self.fail(format!(
+                    "Node {NODE} did not register within {}s of its kubelet's start",
+                    JOIN.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
     }
 
     /// A Deployment of [`APP_IMAGE`] (never pulled) gets a Running pod on the node.
@@ -225,6 +332,13 @@ impl Scenario {
     /// client certificate and key embedded), the CA and the node's name.
     pub(super) fn seed_disk(&mut self, env: &TestEnv) -> Result<PathBuf> {
         let ca = env.ca.as_ref().expect("the env was started with tls_ips");
+        self.seed_trusting(env, &ca.pair.cert)
+    }
+
+    /// [`Scenario::seed_disk`] whose kubeconfig trusts `server_ca` for the API server (a
+    /// wrong one: the node never joins).
+    fn seed_trusting(&mut self, env: &TestEnv, server_ca: &Path) -> Result<PathBuf> {
+        let ca = env.ca.as_ref().expect("the env was started with tls_ips");
         let pair = ca.client("node", &format!("system:node:{NODE}"), &["system:nodes"]);
         let dir = self.out.join("seed");
         let tree = dir.join("tree");
@@ -235,7 +349,7 @@ impl Scenario {
         };
         let kubeconfig = node_kubeconfig(
             &format!("https://10.0.2.2:{}", env.port),
-            &b64(&ca.pair.cert)?,
+            &b64(server_ca)?,
             &b64(&pair.cert)?,
             &b64(&pair.key)?,
         );
@@ -243,7 +357,7 @@ impl Scenario {
             ("kubeconfig", kubeconfig.into_bytes()),
             (
                 "ca.crt",
-                std::fs::read(&ca.pair.cert).map_err(|e| Error::io("read", &ca.pair.cert, e))?,
+                std::fs::read(server_ca).map_err(|e| Error::io("read", server_ca, e))?,
             ),
             ("node-name", format!("{NODE}\n").into_bytes()),
         ] {
@@ -343,6 +457,18 @@ mod tests {
             agent_image_line("REF TYPE\nk3os.test/pause:busybox x\n"),
             None
         );
+    }
+
+    #[test]
+    fn a_refused_kubelet_is_told_from_one_that_waits() {
+        let log = "I1207 10:00:00 kubelet.go:1 \"Starting kubelet\"\n\
+E1207 10:00:05 kubelet_node_status.go:99 \"Unable to register node with API server\" err=\"Post \\\"https://10.0.2.2:1/api/v1/nodes\\\": tls: failed to verify certificate: x509: certificate signed by unknown authority\" node=\"kube-node-1\"\n";
+        let line = refusal(log).unwrap();
+        assert!(
+            line.contains("x509") && line.contains("kube-node-1"),
+            "{line}"
+        );
+        assert_eq!(refusal("I1207 \"Attempting to register node\"\n"), None);
     }
 
     fn yaml(text: &str) -> serde_json::Value {

@@ -54,6 +54,9 @@
 //!   containerd up, the slot's image archives imported (the agent's image for the node's
 //!   platform), the Node registered and Ready, a pod of an image only the slot's payload
 //!   carries Running (each step timed).
+//! - `kube-join-refused`: the same node whose seed trusts another CA than the API server's:
+//!   the join fails at once, naming the node and the kubelet's x509 reason, and the node keeps
+//!   its good slot.
 //! - `site-upgrade`: a real site: on that node, the agent deployed with `kubectl apply -k` as
 //!   a user does (its image from the slot's payload) upgrades it v1-kube → v2-kube from a
 //!   channel the host serves: stage before cordon, a drain with real evictions under a
@@ -61,7 +64,12 @@
 //!   restarted pod confirming; judged by what `kubectl` shows and the API server's audit log.
 //! - `site-rollback`: the same site with a v2 whose kubelet never starts: not blessed within
 //!   the limit, the node rolls back to A by itself, Ready on v1, and the agent records the
-//!   failure with its why, releases the claim and pauses the channel.
+//!   failure with its why, releases the claim and pauses the channel; a collector on the host
+//!   stores the node's `rolled_back` report with that why.
+//! - `site-faults`: the site of `site-upgrade` with a power cut while the stage writes,
+//!   another during the drain, and the API server down while the node reboots into B: the
+//!   node comes back on its good slot each time, the stage resumes, the drain completes, B is
+//!   blessed.
 //!
 //! Every run prints its wall time and the time of each boot; console logs stay in
 //! `vm-tests/out/<target>/<scenario>/`.
@@ -73,7 +81,7 @@
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
 //! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability), `rotation`
-//! (trust-rotation), `wave` (rollout-wave), `patch` (upgrade-patch), `payloads` (payload-images), `spool` (report-spool), `kube` (kube-node-joins), `site` (site-upgrade, site-rollback). Data flows one way: this file → a family → `steps` → [`Vm`] /
+//! (trust-rotation), `wave` (rollout-wave), `patch` (upgrade-patch), `payloads` (payload-images), `spool` (report-spool), `kube` (kube-node-joins, kube-join-refused), `site` (site-upgrade, site-rollback, site-faults). Data flows one way: this file → a family → `steps` → [`Vm`] /
 //! [`crate::server`] / [`crate::target`]; the one link between families is `previous` using
 //! `powercut`'s barrier formatter. A new scenario is a variant of [`ScenarioKind`], one arm in
 //! [`Scenario::run`] and a function in its family's file.
@@ -132,10 +140,12 @@ pub enum ScenarioKind {
     KubeNodeJoins,
     SiteUpgrade,
     SiteRollback,
+    SiteFaults,
+    KubeJoinRefused,
 }
 
 impl ScenarioKind {
-    pub const ALL: [ScenarioKind; 20] = [
+    pub const ALL: [ScenarioKind; 22] = [
         ScenarioKind::Upgrade,
         ScenarioKind::FallbackPanic,
         ScenarioKind::FallbackNoConfirm,
@@ -156,6 +166,8 @@ impl ScenarioKind {
         ScenarioKind::KubeNodeJoins,
         ScenarioKind::SiteUpgrade,
         ScenarioKind::SiteRollback,
+        ScenarioKind::SiteFaults,
+        ScenarioKind::KubeJoinRefused,
     ];
 
     pub fn name(self) -> &'static str {
@@ -180,6 +192,8 @@ impl ScenarioKind {
             ScenarioKind::KubeNodeJoins => "kube-node-joins",
             ScenarioKind::SiteUpgrade => "site-upgrade",
             ScenarioKind::SiteRollback => "site-rollback",
+            ScenarioKind::SiteFaults => "site-faults",
+            ScenarioKind::KubeJoinRefused => "kube-join-refused",
         }
     }
 
@@ -202,7 +216,11 @@ impl ScenarioKind {
     fn is_kube(self) -> bool {
         matches!(
             self,
-            ScenarioKind::KubeNodeJoins | ScenarioKind::SiteUpgrade | ScenarioKind::SiteRollback
+            ScenarioKind::KubeNodeJoins
+                | ScenarioKind::SiteUpgrade
+                | ScenarioKind::SiteRollback
+                | ScenarioKind::SiteFaults
+                | ScenarioKind::KubeJoinRefused
         )
     }
 }
@@ -301,7 +319,10 @@ impl Scenario {
         ) {
             target.check_channel_inputs(&root, &rotation::ROOT1_KEYS)?;
         }
-        if matches!(kind, ScenarioKind::SiteUpgrade | ScenarioKind::SiteRollback) {
+        if matches!(
+            kind,
+            ScenarioKind::SiteUpgrade | ScenarioKind::SiteRollback | ScenarioKind::SiteFaults
+        ) {
             target.check_releases(&root, &["v1-kube", "v2-kube", "v2-kubenotready"])?;
             target.check_channel_inputs(&root, &rotation::ROOT1_KEYS)?;
         }
@@ -363,6 +384,8 @@ impl Scenario {
             ScenarioKind::KubeNodeJoins => self.kube_node_joins()?,
             ScenarioKind::SiteUpgrade => self.site_upgrade()?,
             ScenarioKind::SiteRollback => self.site_rollback()?,
+            ScenarioKind::SiteFaults => self.site_faults()?,
+            ScenarioKind::KubeJoinRefused => self.kube_join_refused()?,
         }
         if !self.opts.keep {
             self.drop_disks()?;

@@ -268,7 +268,7 @@ impl Scenario {
     /// partition, then this boot's config rewritten from them (the shell's `K3OS_OPS_CONFIG`
     /// names that file; init does the same at every later boot), checked by `slot status`
     /// naming where the node reports.
-    fn report_from_now_on(&mut self, vm: &mut Vm) -> Result<()> {
+    pub(super) fn report_from_now_on(&mut self, vm: &mut Vm) -> Result<()> {
         let lines: String = k3os_images::rootfs::report_keys()
             .lines()
             .map(|l| format!(" '{l}'"))
@@ -284,7 +284,7 @@ impl Scenario {
         Ok(())
     }
 
-    fn node_id(&mut self, vm: &mut Vm) -> Result<String> {
+    pub(super) fn node_id(&mut self, vm: &mut Vm) -> Result<String> {
         let v = self.status_value(vm)?;
         let id = v["node_id"].as_str().unwrap_or_default().to_string();
         self.check(!id.is_empty(), || {
@@ -295,7 +295,7 @@ impl Scenario {
 
     /// Run `slot status` (which sends the spool at its end) and return the reports spooled
     /// when it read the status, i.e. before its own send.
-    fn spooled(&mut self, vm: &mut Vm) -> Result<usize> {
+    pub(super) fn spooled(&mut self, vm: &mut Vm) -> Result<usize> {
         let v = self.status_value(vm)?;
         v["reports_spooled"]
             .as_u64()

@@ -221,6 +221,12 @@ impl Watched {
         });
     }
 
+    /// Both watches have their first list (the agent's readiness waits for it).
+    pub fn synced(&self) -> bool {
+        self.node.lock().expect("not poisoned").ready
+            && self.channels.lock().expect("not poisoned").ready
+    }
+
     /// The channels as last seen (None until the first list arrived).
     pub fn channel_objects(&self) -> Option<Vec<DynamicObject>> {
         let c = self.channels.lock().expect("not poisoned");
@@ -295,6 +301,7 @@ mod tests {
         };
         // Nothing listed yet.
         assert!(w.state_after(&fresh).is_none());
+        assert!(!w.synced());
         {
             let mut n = w.node.lock().unwrap();
             n.apply(Event::Init);
@@ -304,6 +311,10 @@ mod tests {
             c.apply(Event::Init);
             c.apply(Event::InitDone);
         }
+        assert!(
+            w.synced(),
+            "both first lists arrived (no channel is a list too)"
+        );
         // The watch is behind the fresh read (rv 4 < 5): read fresh.
         assert!(w.state_after(&fresh).is_none());
         w.node

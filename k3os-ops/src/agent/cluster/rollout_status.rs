@@ -41,6 +41,7 @@ pub async fn write_pinned(
     now: DateTime<Utc>,
 ) -> Result<Option<String>, SlotError> {
     slots::cas_changed(store, now, |_, st| {
+        slots::with_pinned_resolved(st, &pinned.version, now);
         fleet_pinned::apply(st, pinned, seed, now)
     })
     .await

@@ -129,7 +129,7 @@ pub async fn poll_loop(agent: Arc<Agent>, polls: Polls) {
                     }
                 }
                 if let (Some(admitted_in), Some(l)) =
-                    (poll(&agent, &ch, &name).await, looked.get_mut(&name))
+                    (poll(&agent, &ch).await, looked.get_mut(&name))
                 {
                     l.wake = Some(tokio::time::Instant::now() + admitted_in);
                 }
@@ -143,7 +143,7 @@ pub async fn poll_loop(agent: Arc<Agent>, polls: Polls) {
 /// pinned release, [`poll_pinned`]) for the cluster's seed (looking only:
 /// [`libupgrade::Writes::Trust`]) and publish it (status, conditions, Events), or the failure.
 /// Returns how long until the release held back for this cluster's wave is admitted.
-async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) -> Option<Duration> {
+async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel) -> Option<Duration> {
     if let Some(version) = ch.spec.pinned_version() {
         return poll_pinned(agent, ch, version).await;
     }
@@ -163,18 +163,27 @@ async fn poll(agent: &Arc<Agent>, ch: &UpdateChannel, name: &str) -> Option<Dura
         }
         Err(e) => e,
     };
-    let store = agent.store(name);
-    match slots::set_latest(&store, Err(&format!("{e:#}")), Utc::now()).await {
-        Err(w) => tracing::warn!("write latestVersion of {name}: {w}"),
-        // Expired metadata was reported as ChannelStale (one Event) above.
-        Ok(()) if e.stale().is_none() => {
-            agent
-                .event_once(Some(ch), true, "ResolveFailed", format!("{e:#}"))
-                .await;
-        }
-        Ok(()) => {}
+    // Expired metadata was reported as ChannelStale (one Event) above.
+    if e.stale().is_none() {
+        resolve_failed(agent, ch, &format!("{e:#}")).await;
     }
     None
+}
+
+/// A failed resolve of `ch`: the `LatestResolved` condition says why, and the `ResolveFailed`
+/// Event is published once per outage (when the condition turns False), not at every poll or
+/// every start of an agent while the channel stays unreachable.
+async fn resolve_failed(agent: &Arc<Agent>, ch: &UpdateChannel, why: &str) {
+    let name = ch.metadata.name.clone().unwrap_or_default();
+    match slots::resolve_failed(&agent.store(&name), why, Utc::now()).await {
+        Ok(true) => {
+            agent
+                .event(Some(ch), true, "ResolveFailed", why.to_string())
+                .await
+        }
+        Ok(false) => tracing::debug!("channel {name} still unresolved: {why}"),
+        Err(w) => tracing::warn!("write the LatestResolved condition of {name}: {w}"),
+    }
 }
 
 /// One poll of a pinned channel: whether its rollout offers the pinned `version` to this
@@ -209,11 +218,7 @@ async fn poll_pinned(agent: &Arc<Agent>, ch: &UpdateChannel, version: &str) -> O
             };
         }
         // Expired metadata was reported as ChannelStale (one Event) above.
-        Err(e) if e.stale().is_none() => {
-            agent
-                .event_once(Some(ch), true, "ResolveFailed", format!("{e:#}"))
-                .await
-        }
+        Err(e) if e.stale().is_none() => resolve_failed(agent, ch, &format!("{e:#}")).await,
         Err(_) => {}
     }
     None

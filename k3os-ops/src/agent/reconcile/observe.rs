@@ -60,6 +60,11 @@ pub(in crate::agent) struct Ready {
 /// Read and look: what was seen, and what to decide for (None: nothing to decide now).
 pub(in crate::agent) async fn observe(cx: &Agent) -> Result<(Seen, Option<Ready>), AgentError> {
     let (node, objects) = read(cx).await?;
+    // Ready: the loop runs, it read its Node and the channels (none is fine: a DaemonSet
+    // is applied before its first channel) and the watches, if any, hold their first lists.
+    if cx.clients.watched.as_ref().is_none_or(|w| w.synced()) {
+        cx.clients.metrics.reconciled(true);
+    }
     let annotations = node.metadata.annotations.clone().unwrap_or_default();
     cx.saw_annotations(annotations.clone());
     let mut seen = Seen {
@@ -241,7 +246,6 @@ async fn node_view(cx: &Agent, node: &Node, channel: &Channel) -> Result<NodeVie
             (Utc::now() - s.claimed_at).num_milliseconds().max(0) as f64 / 1000.0
         });
     metrics.set_slot_held(held);
-    metrics.reconciled(true);
     let annotations = node.metadata.annotations.clone().unwrap_or_default();
     Ok(NodeView {
         name: cx.settings.node.clone(),
@@ -254,6 +258,12 @@ async fn node_view(cx: &Agent, node: &Node, channel: &Channel) -> Result<NodeVie
         token: annotations.get(ANN_TOKEN).cloned(),
         cordoned_by_us: annotations.get(ANN_CORDONED).is_some_and(|v| v == "true"),
         silent_at_start: None,
+        not_ready: super::decide::not_ready(
+            node.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_deref())
+                .unwrap_or_default(),
+        ),
         update,
     })
 }

@@ -173,9 +173,9 @@ async fn flip_then_reboot(
     }
     let policy = channel_policy(ch)?;
     // The trial boot waits for our Node-Ready before it is blessed; when we do not report
-    // it by then (k3s or the agent broken in the new version), `slot await-bless` on the
-    // node counts it failed and rolls back.
-    let within = node_ready_limit(policy.reboot_timeout, cx.settings.node_ready_wait);
+    // it within the channel's rebootTimeout of the boot (k3s or the agent broken in the new
+    // version), `slot await-bless` on the node counts it failed and rolls back.
+    let within = node_ready_limit(policy.reboot_timeout);
     if let Err(e) = cx.blocking(move |ops| ops.activate(within)).await {
         back_off_claims(cx);
         let message = crate::agent::errors::message(&e);
@@ -235,7 +235,11 @@ pub(in crate::agent) async fn confirm(
     // Node-Ready is one health check of the boot-assessment core, reported before its
     // single bless point; the core decides (bless, roll back, or — on a slot blessed
     // already — record only) and we carry out its verdict.
-    let node_ready = await_node_ready(cx, version).await?;
+    let wait = ready_wait(
+        ch.policy.as_ref().ok().map(|p| p.reboot_timeout),
+        cx.settings.node_ready_wait,
+    );
+    let node_ready = await_node_ready(cx, version, wait).await?;
     let verdict = cx.blocking(move |ops| ops.confirm(node_ready)).await?;
     let token = held.then_some(t.token.as_str());
     match verdict {
@@ -245,11 +249,15 @@ pub(in crate::agent) async fn confirm(
     }
 }
 
-/// Wait up to the Ready wait for the Node to be Ready in this boot: the Node-Ready check.
-async fn await_node_ready(cx: &Agent, version: &str) -> Result<CheckResult, AgentError> {
+/// Wait up to `wait` for the Node to be Ready in this boot: the Node-Ready check.
+async fn await_node_ready(
+    cx: &Agent,
+    version: &str,
+    wait: Duration,
+) -> Result<CheckResult, AgentError> {
     let start = tokio::time::Instant::now();
     let mut ready = node_ready(cx).await?;
-    while !ready && start.elapsed() < cx.settings.node_ready_wait {
+    while !ready && start.elapsed() < wait {
         tokio::time::sleep(cx.settings.node_ready_poll).await;
         ready = node_ready(cx).await?;
     }
@@ -259,10 +267,7 @@ async fn await_node_ready(cx: &Agent, version: &str) -> Result<CheckResult, Agen
         detail: if ready {
             "the Node's Ready condition is True".into()
         } else {
-            format!(
-                "the Node was not Ready within {:?} after booting {version}",
-                cx.settings.node_ready_wait
-            )
+            format!("the Node was not Ready within {wait:?} after booting {version}")
         },
     })
 }
@@ -380,13 +385,18 @@ pub fn host_boot_time(proc_stat: &str) -> Option<k8s_openapi::jiff::Timestamp> {
 }
 
 /// How long the trial boot may take to report Node-Ready before the node rolls back by
-/// itself: the channel's reboot timeout, and never less than our own Ready wait plus time to
-/// boot and start k3s and the agent.
-pub(in crate::agent) fn node_ready_limit(
-    reboot_timeout: Duration,
-    ready_wait: Duration,
-) -> Duration {
-    reboot_timeout.max(ready_wait + Duration::from_secs(300))
+/// itself (`slot await-bless`, counted from the boot): the channel's `rebootTimeout`, the one
+/// limit a user sets for a node to come back. Nothing is added to it: a site whose nodes boot
+/// slowly sets a longer one.
+pub(in crate::agent) fn node_ready_limit(reboot_timeout: Duration) -> Duration {
+    reboot_timeout
+}
+
+/// How long the restarted agent waits for the Node Ready before it reports Node-Ready failed:
+/// its own Ready wait, never longer than the channel's `rebootTimeout` (`None`: the spec no
+/// longer reads), after which the node has rolled back by itself anyway.
+pub(in crate::agent) fn ready_wait(reboot_timeout: Option<Duration>, own: Duration) -> Duration {
+    reboot_timeout.map_or(own, |limit| own.min(limit))
 }
 
 #[cfg(test)]
@@ -415,6 +425,18 @@ mod tests {
         assert!(ready_in_this_boot(&[ready("True", Some(990))], None));
         assert!(ready_in_this_boot(&[ready("True", None)], boot));
         assert!(!ready_in_this_boot(&[], boot));
+    }
+
+    #[test]
+    fn the_channels_reboot_timeout_is_the_trial_boots_limit() {
+        let min = |m: u64| Duration::from_secs(60 * m);
+        // A short rebootTimeout is not raised to the agent's Ready wait plus a margin.
+        assert_eq!(node_ready_limit(min(3)), min(3));
+        assert_eq!(node_ready_limit(min(15)), min(15));
+        // The agent's own wait ends no later than the node's limit.
+        assert_eq!(ready_wait(Some(min(3)), min(5)), min(3));
+        assert_eq!(ready_wait(Some(min(15)), min(5)), min(5));
+        assert_eq!(ready_wait(None, min(5)), min(5));
     }
 
     #[test]

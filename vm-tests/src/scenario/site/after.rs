@@ -153,7 +153,7 @@ impl Scenario {
     }
 
     /// The audit log: the agent evicted the workload, and was refused nothing.
-    fn audit_checks(&mut self, env: &TestEnv) -> Result<()> {
+    pub(super) fn audit_checks(&mut self, env: &TestEnv) -> Result<()> {
         let p = env.audit_log();
         let text =
             std::fs::read_to_string(&p).map_err(|e| Error::io("read the audit log", &p, e))?;
@@ -181,7 +181,7 @@ impl Scenario {
     }
 
     /// `slot status` on the node: B booted, good, [`TARGET`]; containerd holds v2's images.
-    fn node_says_blessed(&mut self, vm: &mut Vm) -> Result<()> {
+    pub(super) fn node_says_blessed(&mut self, vm: &mut Vm) -> Result<()> {
         vm.wait_shell(CMD)?;
         let st = self.status(vm)?;
         self.check_slot(&st, Slot::B, SlotState::Good, Some(TARGET))?;

@@ -72,8 +72,8 @@ pub(super) fn workload() -> String {
 }
 
 /// The UpdateChannel: `version` from the channel at `url`, one node at a time, any time,
-/// pausing after one failure; `reboot_timeout` also bounds the trial boot's wait for the
-/// agent's Node-Ready (never less than 10 minutes, agent/reconcile/steps.rs).
+/// pausing after one failure; `reboot_timeout` is also the trial boot's limit for the agent's
+/// Node-Ready (agent/reconcile/steps.rs).
 pub(super) fn update_channel(url: &str, version: &str, reboot_timeout: &str) -> String {
     format!(
         "apiVersion: k3os.io/v1\nkind: UpdateChannel\nmetadata:\n  name: {CHANNEL}\n  \

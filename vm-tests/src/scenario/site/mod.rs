@@ -16,6 +16,7 @@
 //! evictions and no 403 for the agent's ServiceAccount; `slot status` on the node. A guest
 //! stuck at a step fails within [`STEP`] with the console and the guest's logs.
 mod after;
+mod faults;
 mod manifests;
 mod rollback;
 mod timeline;
@@ -32,6 +33,7 @@ use super::kube::NODE;
 use super::rotation::{days, link_release, ROOT1_KEYS};
 use super::Scenario;
 use crate::error::{Error, Result};
+use crate::scenario::steps::Node;
 use crate::server::ReleaseServer;
 use crate::target::kube_assets;
 use crate::vm::Vm;
@@ -67,14 +69,19 @@ impl Scenario {
         let assets = kube_assets(&self.root);
         let kubectl = assets.join("kubectl");
         let mut env = self.control_plane(&assets, &kubectl, true)?;
-        let (srv, mut vm, booted) = self.site_node(&env, TARGET)?;
+        let SiteNode {
+            srv,
+            mut vm,
+            booted,
+            ..
+        } = self.site_node(&env, TARGET)?;
         let r = self.site(&mut vm, &mut env, &kubectl, booted, srv);
         r.map_err(|e| self.site_logs(&mut vm, e))
     }
 
     /// The channel of v1-kube and `target` served, the node powered on with its seed and
-    /// booted into A v1-kube; the server, the VM and when it booted.
-    fn site_node(&mut self, env: &TestEnv, target: &str) -> Result<(ReleaseServer, Vm, Duration)> {
+    /// booted into A v1-kube.
+    fn site_node(&mut self, env: &TestEnv, target: &str) -> Result<SiteNode> {
         let chan = self.out.join("channel");
         self.publish_site_channel(&chan, target)?;
         let srv = ReleaseServer::start(&chan, 0)?;
@@ -85,7 +92,12 @@ impl Scenario {
         let mut vm = self.power_on(&mut node)?;
         let booted = vm.elapsed();
         self.expect_boot(&mut vm, Slot::A, "v1-kube")?;
-        Ok((srv, vm, booted))
+        Ok(SiteNode {
+            srv,
+            vm,
+            node,
+            booted,
+        })
     }
 
     /// Everything after v1-kube's `K3OS-BOOTED`.
@@ -363,6 +375,18 @@ impl Scenario {
         events.sort_by(|a, b| a.at.total_cmp(&b.at));
         Ok(events)
     }
+}
+
+/// The site's node as [`Scenario::site_node`] powered it on.
+struct SiteNode {
+    /// The channel server.
+    srv: ReleaseServer,
+    /// The guest, booted into A v1-kube.
+    vm: Vm,
+    /// Its disks and ports (for the next power-on, and the report port).
+    node: Node,
+    /// When it booted (`vm.elapsed()`).
+    booted: Duration,
 }
 
 /// The agent's `reportingController` (k3os-ops/src/agent/cluster/events.rs).

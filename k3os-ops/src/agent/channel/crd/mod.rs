@@ -122,8 +122,11 @@ pub struct UpdateChannelSpec {
     /// How workloads are moved off a node before it reboots.
     #[serde(default)]
     pub drain: DrainSpec,
-    /// How long a node may be silent (its Lease not renewed) while holding a slot before
-    /// another agent reclaims the slot, e.g. `15m`. Default `15m`.
+    /// How long a node may take to come back from its reboot into the new version: a node
+    /// silent this long (its Lease not renewed) while holding a slot has the slot reclaimed by
+    /// another agent, and a trial boot whose Node-Ready the agent has not reported within this
+    /// long of the boot rolls back by itself. Set it above the time the nodes take to boot and
+    /// start k3s and the agent, e.g. `15m`. Default `15m`.
     #[serde(default = "default_reboot_timeout")]
     #[schemars(schema_with = "reboot_timeout_schema")]
     pub reboot_timeout: String,

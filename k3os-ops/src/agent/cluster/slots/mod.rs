@@ -419,7 +419,10 @@ pub async fn write_fleet<S: ChannelStore>(
     .await
 }
 
-/// Write the poller's result: `status.latestVersion` and the `LatestResolved` condition.
+/// Write a resolved `latestVersion` and the `LatestResolved` condition (the poller writes
+/// them with the fleet rollout, `rollout_status::write`, or a failure with
+/// [`resolve_failed`]; tests set them directly).
+#[cfg(any(test, feature = "testing"))]
 pub async fn set_latest<S: ChannelStore>(
     store: &S,
     result: Result<&str, &str>,
@@ -448,5 +451,50 @@ pub fn with_latest(st: &mut UpdateChannelStatus, result: Result<&str, &str>, now
             e.to_string(),
             now,
         ),
+    }
+}
+
+/// A failed resolve of the channel (`latest` or the pinned release): the `LatestResolved`
+/// condition False, reason `ResolveFailed`, with `why`. `Ok(true)` when this write starts the
+/// outage (the condition did not say so already), the one time its `ResolveFailed` Event is
+/// published: an agent restarted during the outage, or polling again, says nothing new.
+pub async fn resolve_failed<S: ChannelStore>(
+    store: &S,
+    why: &str,
+    now: DateTime<Utc>,
+) -> Result<bool, SlotError> {
+    cas_changed(store, now, |_, st| with_resolve_failed(st, why, now)).await
+}
+
+/// [`resolve_failed`]'s change of `st` (pure): whether the outage starts with it.
+pub fn with_resolve_failed(st: &mut UpdateChannelStatus, why: &str, now: DateTime<Utc>) -> bool {
+    let ongoing = st.conditions.iter().any(|c| {
+        c.type_ == COND_LATEST_RESOLVED && c.status == "False" && c.reason == "ResolveFailed"
+    });
+    st.set_condition(
+        COND_LATEST_RESOLVED,
+        false,
+        "ResolveFailed",
+        why.to_string(),
+        now,
+    );
+    !ongoing
+}
+
+/// A pinned channel resolved again: a `LatestResolved` condition an outage turned False turns
+/// True (a pinned channel that never failed gets none; `latestVersion` is not written).
+pub fn with_pinned_resolved(st: &mut UpdateChannelStatus, version: &str, now: DateTime<Utc>) {
+    let failed = st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == COND_LATEST_RESOLVED && c.status == "False");
+    if failed {
+        st.set_condition(
+            COND_LATEST_RESOLVED,
+            true,
+            "Resolved",
+            format!("the pinned release {version} resolves"),
+            now,
+        );
     }
 }

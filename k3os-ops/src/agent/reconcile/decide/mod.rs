@@ -45,6 +45,9 @@ pub struct NodeView {
     /// How long this node's Lease had gone unrenewed when this agent process started, known
     /// only to its first decision (`None` after it, or with no Lease).
     pub silent_at_start: Option<Duration>,
+    /// Why the Node is not Ready now (its Ready condition as read), None when it is: such a
+    /// node claims nothing, so no update starts on a node whose kubelet is down.
+    pub not_ready: Option<String>,
     pub update: NodeUpdateStatus,
 }
 
@@ -387,7 +390,35 @@ fn claim_or_wait(
             next: policy.next_window_start(now),
         };
     }
+    if let Some(why) = &node.not_ready {
+        return Action::WaitForGate {
+            version: target,
+            why: why.clone(),
+        };
+    }
     Action::Claim { version: target }
+}
+
+/// Why a Node with these `conditions` is not Ready (None: Ready is `True`), for
+/// [`NodeView::not_ready`].
+pub fn not_ready(conditions: &[k8s_openapi::api::core::v1::NodeCondition]) -> Option<String> {
+    let Some(c) = conditions.iter().find(|c| c.type_ == "Ready") else {
+        return Some("the Node has no Ready condition yet".into());
+    };
+    if c.status == "True" {
+        return None;
+    }
+    let why = [c.reason.as_deref(), c.message.as_deref()]
+        .into_iter()
+        .flatten()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(": ");
+    Some(if why.is_empty() {
+        format!("the Node is not Ready (Ready={})", c.status)
+    } else {
+        format!("the Node is not Ready (Ready={}, {why})", c.status)
+    })
 }
 
 /// The decision table's part for a node that holds a slot of the channel: go on, confirm,

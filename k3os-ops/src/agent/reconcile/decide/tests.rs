@@ -48,6 +48,7 @@ fn node(inactive: Inactive) -> NodeView {
         token: None,
         cordoned_by_us: false,
         silent_at_start: None,
+        not_ready: None,
         update: NodeUpdateStatus {
             booted_version: Some("v1".into()),
             inactive,
@@ -556,5 +557,46 @@ fn a_pin_verdict_is_read_from_the_resolution() {
     assert_eq!(
         PinVerdict::of(Err("no route".into()), seed),
         PinVerdict::Unresolved("no route".into())
+    );
+}
+
+/// A staged node whose Node is not Ready claims nothing and says why (the kubelet down: no
+/// update starts there); Ready again, it claims.
+#[test]
+fn a_node_that_is_not_ready_does_not_claim_and_says_why() {
+    use k8s_openapi::api::core::v1::NodeCondition;
+    let ch = channel(1, &[], UpdateChannelSpec::default());
+    let cond = |status: &str| NodeCondition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: Some("KubeletNotReady".into()),
+        message: Some("container runtime network not ready".into()),
+        ..Default::default()
+    };
+    let why = not_ready(&[cond("False")]).unwrap();
+    assert!(
+        why.contains("not Ready") && why.contains("KubeletNotReady"),
+        "{why}"
+    );
+    assert!(not_ready(&[cond("Unknown")]).unwrap().contains("Unknown"));
+    assert!(not_ready(&[]).is_some());
+    assert_eq!(not_ready(&[cond("True")]), None);
+    let down = NodeView {
+        not_ready: Some(why.clone()),
+        ..staged()
+    };
+    let s = run(&ch, &down, &Inputs::open_at(Utc::now()));
+    assert_eq!(
+        s.action,
+        Action::WaitForGate {
+            version: "v2".into(),
+            why
+        }
+    );
+    let s = run(&ch, &staged(), &Inputs::open_at(Utc::now()));
+    assert!(
+        !matches!(s.action, Action::WaitForGate { .. }),
+        "{:?}",
+        s.action
     );
 }

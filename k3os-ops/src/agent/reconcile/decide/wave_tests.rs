@@ -36,6 +36,7 @@ fn node(name: &str, inactive: Inactive) -> NodeView {
         token: None,
         cordoned_by_us: false,
         silent_at_start: None,
+        not_ready: None,
         update: NodeUpdateStatus {
             booted_version: Some("v1".into()),
             booted_on_trial: false,

@@ -216,6 +216,7 @@ fn staged_node(version: &str) -> NodeView {
         token: Some("tok".into()),
         cordoned_by_us: false,
         silent_at_start: None,
+        not_ready: None,
         update: NodeUpdateStatus {
             booted_version: Some("v1".into()),
             booted_on_trial: false,
