@@ -46,15 +46,20 @@ pub(super) struct Round {
     pub stored_max: Option<u64>,
 }
 
-fn post(
+/// POST `body` as `content_type` within `timeout`: the status and, for a 4xx, the collector's
+/// reason (one line, escaped); Err when no answer came. Reports and failure bundles go the
+/// same way (a bundle, up to 64 KiB, gets a longer time than a report's 1 KiB).
+pub(super) fn post(
     client: &reqwest::blocking::Client,
     url: &str,
+    content_type: &str,
+    timeout: Duration,
     body: Vec<u8>,
 ) -> Result<(u16, String), String> {
     let r = client
         .post(url)
-        .timeout(REQUEST_TIMEOUT)
-        .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
+        .timeout(timeout)
+        .header(reqwest::header::CONTENT_TYPE, content_type)
         .body(body)
         .send()
         .map_err(|e| format!("POST {url}: {}", crate::chain_line(&e)))?;
@@ -101,7 +106,7 @@ pub(super) fn send(spool: &Spool, url: &str, aside: &BTreeMap<u64, Refusal>, now
         let Ok(body) = std::fs::read(&path) else {
             continue; // another sender took it
         };
-        let (status, reason) = match post(&client, url, body) {
+        let (status, reason) = match post(&client, url, CONTENT_TYPE, REQUEST_TIMEOUT, body) {
             Ok(s) => s,
             Err(e) => {
                 round.out.stopped = Some(e);

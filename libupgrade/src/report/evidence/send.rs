@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use super::store::{Delivery, Entry, Store};
 use crate::report::refusal::{self, After, Refusal, Verdict};
+use crate::report::send::post;
 
 /// One request's time limit.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -136,26 +137,6 @@ pub fn bundles_url(report_url: &str) -> String {
     }
 }
 
-fn post(
-    client: &reqwest::blocking::Client,
-    url: &str,
-    body: Vec<u8>,
-) -> Result<(u16, String), String> {
-    let r = client
-        .post(url)
-        .timeout(REQUEST_TIMEOUT)
-        .header(reqwest::header::CONTENT_TYPE, BUNDLE_CONTENT_TYPE)
-        .body(body)
-        .send()
-        .map_err(|e| format!("POST {url}: {}", crate::chain_line(&e)))?;
-    let status = r.status().as_u16();
-    let text = match status {
-        400..=499 => r.text().unwrap_or_default(),
-        _ => String::new(),
-    };
-    Ok((status, refusal::reason_of(&text)))
-}
-
 /// Send `store`'s due bundles to `url` within `allow` at `now`, and record what became of
 /// each. Never an error: what failed is in [`BundlesSent::stopped`].
 pub fn send(store: &Store, url: &str, allow: Allowance, now: u64) -> BundlesSent {
@@ -197,7 +178,8 @@ pub fn send(store: &Store, url: &str, allow: Allowance, now: u64) -> BundlesSent
             continue; // dropped meanwhile
         };
         out.bytes += body.len() as u64;
-        let (status, reason) = match post(&client, url, body) {
+        let (status, reason) = match post(&client, url, BUNDLE_CONTENT_TYPE, REQUEST_TIMEOUT, body)
+        {
             Ok(s) => s,
             Err(why) => {
                 out.stopped = Some(why);
