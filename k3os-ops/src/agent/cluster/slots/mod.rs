@@ -421,7 +421,7 @@ pub async fn write_fleet<S: ChannelStore>(
 
 /// Write a resolved `latestVersion` and the `LatestResolved` condition (the poller writes
 /// them with the fleet rollout, `rollout_status::write`, or a failure with
-/// [`resolve_failed`]; tests set them directly).
+/// `resolve_failed`; tests set them directly).
 #[cfg(any(test, feature = "testing"))]
 pub async fn set_latest<S: ChannelStore>(
     store: &S,
@@ -466,7 +466,7 @@ pub async fn resolve_failed<S: ChannelStore>(
     cas_changed(store, now, |_, st| with_resolve_failed(st, why, now)).await
 }
 
-/// [`resolve_failed`]'s change of `st` (pure): whether the outage starts with it.
+/// `resolve_failed`'s change of `st` (pure): whether the outage starts with it.
 pub fn with_resolve_failed(st: &mut UpdateChannelStatus, why: &str, now: DateTime<Utc>) -> bool {
     let ongoing = st.conditions.iter().any(|c| {
         c.type_ == COND_LATEST_RESOLVED && c.status == "False" && c.reason == "ResolveFailed"
