@@ -375,6 +375,27 @@ fn trust_root(node: &Node, chan: &Path) {
     std::fs::write(&node.config, format!("{root}{cfg}")).unwrap();
 }
 
+/// A guard key made and delegated the channel `c`'s halt role (`publish` as [`sign_channel`]);
+/// returns the folder holding `halt.key` and `halt.pub`.
+fn delegate_guard(node: &Node, publish: &impl Fn(&[&str]) -> String, c: &str) -> PathBuf {
+    let gk = node.path().join("guard-keys");
+    node.ok(&[
+        "release",
+        "keygen",
+        "-o",
+        gk.to_str().unwrap(),
+        "--name",
+        "halt",
+    ]);
+    publish(&[
+        "delegate-halt",
+        c,
+        "--halt-key",
+        gk.join("halt.pub").to_str().unwrap(),
+    ]);
+    gk
+}
+
 /// The channel signed, v2 rolling out in one wave to the whole fleet since an hour ago (the
 /// node is in wave 1), and the node trusting the channel's root; returns the channel's path
 /// and the publisher's commands (as [`sign_channel`]).
@@ -597,21 +618,7 @@ fn the_dashboard_shows_in_a_real_browser_what_the_database_holds() {
     publish(&["pause", &c, "v2"]);
     assert_eq!(stored(&db).len(), 3);
     // The guard's key delegated, and one guard run: its halt is in the guard's table.
-    let gk = node.path().join("guard-keys");
-    node.ok(&[
-        "release",
-        "keygen",
-        "-o",
-        gk.to_str().unwrap(),
-        "--name",
-        "halt",
-    ]);
-    publish(&[
-        "delegate-halt",
-        &c,
-        "--halt-key",
-        gk.join("halt.pub").to_str().unwrap(),
-    ]);
+    let gk = delegate_guard(&node, &publish, &c);
     let dbarg = format!("sqlite:{}", db.display());
     node.ok(&[
         "collector",
@@ -1075,21 +1082,7 @@ fn the_canaries_bundles_arrive_and_the_guard_names_their_common_cause() {
     }
 
     // The guard halts v2 and names the line nine of the ten share.
-    let gk = node.path().join("guard-keys");
-    node.ok(&[
-        "release",
-        "keygen",
-        "-o",
-        gk.to_str().unwrap(),
-        "--name",
-        "halt",
-    ]);
-    publish(&[
-        "delegate-halt",
-        &c,
-        "--halt-key",
-        gk.join("halt.pub").to_str().unwrap(),
-    ]);
+    let gk = delegate_guard(&node, &publish, &c);
     let dbarg = format!("sqlite:{}", db.display());
     let common = "9 of 10 failed node(s): kubelet: failed to load config";
     let out = node.ok(&[
