@@ -597,6 +597,12 @@ fn runc_runs_the_plans_containers_with_their_mounts_and_privileges() {
             } else {
                 n.path().join(src.trim_start_matches('/'))
             };
+            // SUC makes each volume a hostPath without a type, and containerd's CRI creates a
+            // missing bind source as a directory (the airgap directory on a node before k3s
+            // ever imported an image); runc alone would refuse the mount.
+            if !host_src.exists() {
+                fs::create_dir_all(&host_src).unwrap();
+            }
             mounts.push(oci_support::bind(
                 v["destination"].as_str().unwrap(),
                 &host_src,
