@@ -531,16 +531,20 @@ impl Scenario {
     }
 }
 
-/// `k3os-ops slot status --json` read as `T` (the JSON object within the command's output).
+/// `k3os-ops slot status --json` read as `T`. The guest's services and kernel write to the same
+/// serial console (the confirm service's "slot B: … is good" can land between the JSON's lines),
+/// so the guest tags each line of the JSON with a marker only the shell's expansion produces (the
+/// echoed command cannot match), and only tagged lines are read.
 fn status_json<T: DeserializeOwned>(vm: &mut Vm) -> Result<T> {
     let cmd = "k3os-ops slot status --json";
-    let out = vm.run_ok(cmd, CMD)?;
-    let (a, b) = (out.find('{'), out.rfind('}'));
-    let text = match (a, b) {
-        (Some(a), Some(b)) if b > a => &out[a..=b],
-        _ => &out[..],
-    };
-    serde_json::from_str(text).map_err(|e| Error::Json {
+    let out = vm.run_ok(
+        &format!(
+            "{cmd} >/run/vm-tests-status.json && while IFS= read -r l || [ -n \"$l\" ]; do printf '%s\\n' \"{JSON_TAG_SH}$l\"; done </run/vm-tests-status.json"
+        ),
+        CMD,
+    )?;
+    let text = tagged_lines(&out);
+    serde_json::from_str(&text).map_err(|e| Error::Json {
         vm: vm.name().into(),
         cmd: cmd.into(),
         err: e.to_string(),
@@ -548,9 +552,35 @@ fn status_json<T: DeserializeOwned>(vm: &mut Vm) -> Result<T> {
     })
 }
 
+/// The tag [`status_json`] has the guest's shell print before each line of the JSON: `$((0))`
+/// expands to `0`, so the typed command never contains [`JSON_TAG`] itself.
+const JSON_TAG_SH: &str = "@@J$((0))@@ ";
+const JSON_TAG: &str = "@@J0@@ ";
+
+/// The text after [`JSON_TAG`] on each line that has it, as lines: another writer's text before
+/// the tag on the same line, and other writers' whole lines, are dropped.
+fn tagged_lines(out: &str) -> String {
+    out.lines()
+        .filter_map(|l| l.find(JSON_TAG).map(|i| &l[i + JSON_TAG.len()..]))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_lines_are_read_around_other_writers_on_the_console() {
+        let console = "@@J0@@ {\n[   9.1] random: crng init done\nslot B: 3 health check(s) passed; slot B is good\n[  9.2] x@@J0@@   \"slot\": \"B\"\n@@J0@@ }\n";
+        let v: serde_json::Value = serde_json::from_str(&tagged_lines(console)).unwrap();
+        assert_eq!(v, serde_json::json!({ "slot": "B" }));
+        // The typed command (echoed) carries the unexpanded tag only.
+        assert_eq!(
+            tagged_lines(&format!("printf '%s\\n' \"{JSON_TAG_SH}$l\"")),
+            ""
+        );
+    }
 
     #[test]
     fn parses_boot_lines() {
