@@ -108,7 +108,8 @@ setup:
 # The whole test suite: lint, unit + integration tests (loop devices, mounts, GRUB and extlinux
 # tools), the agent's container image (skopeo, runc), then the default QEMU scenarios. This is
 # what CI runs. At its end (also when a phase fails) it prints the wall time of each phase and
-# of each VM scenario (scripts/phases.sh; records in target/phases/).
+# of each VM scenario (scripts/phases.sh; records in target/phases/). The workspace tests run in
+# the background beside the image phases (about one core each).
 test:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -117,10 +118,15 @@ test:
     phase setup {{just_executable()}} setup
     phase lint {{just_executable()}} lint
     phase builds {{just_executable()}} builds
+    # The workspace tests keep about one core busy (QEMU boots of the loader tests, servers,
+    # timeouts) and the image chain below leaves about one idle: they run side by side. The
+    # tests read the Debian packages (kernel, root), so those are fetched first.
+    phase debs sh -c 'images/scripts/fetch-debs.sh x86_64 >/dev/null'
+    phase_start "workspace tests (beside the images)" cargo test --workspace --exclude vm-tests
     phase images {{just_executable()}} images
     phase "previous release" {{just_executable()}} images-previous-build x86_64
     phase image-test {{just_executable()}} image-test
-    phase "workspace tests" cargo test --workspace --exclude vm-tests
+    phase_join
     phase "VM scenarios" cargo test -p vm-tests -- --nocapture --test-threads 2
 
 # Every binary the later phases of `just test` run: the static node binaries (x86_64 and

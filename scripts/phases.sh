@@ -42,19 +42,48 @@ phase() {
     return "$rc"
 }
 
+# phase_start NAME CMD...: run the phase NAME in the background beside the phases that follow,
+# for a phase that keeps about one core busy (the workspace tests wait on timeouts, QEMU boots
+# and servers) next to ones that leave the other core idle. Its output goes to a log, printed
+# whole by phase_join so that it does not interleave with the foreground's; its row in the table
+# is its own wall and CPU time. One background phase at a time.
+phase_start() {
+    local name=$1
+    shift
+    PHASES_BG_NAME=$name
+    PHASES_BG_LOG="$PHASES_DIR/background.log"
+    echo "=== phase (in the background until it is joined; output then): $name"
+    # Its own process group (job control), so that a foreground failure can stop it whole.
+    set -m
+    (phase "$name" "$@") >"$PHASES_BG_LOG" 2>&1 &
+    PHASES_BG_PID=$!
+    set +m
+}
+
+# phase_join: wait for the background phase, print its output, and return its status.
+phase_join() {
+    local rc=0
+    wait "$PHASES_BG_PID" || rc=$?
+    PHASES_BG_PID=""
+    echo "=== output of the background phase: $PHASES_BG_NAME"
+    cat "$PHASES_BG_LOG"
+    return "$rc"
+}
+
 # Set PHASES_CPU to the CPU seconds (user + system) of this shell's finished children so far,
 # from bash's `times` (run here, not in a subshell, which would count its own children): its
 # second line is the children's `XmY.YYYs XmY.YYYs`. A process's time is added to its parent's
 # when the parent waits for it, so this counts every process a phase ran (cargo, rustc, the
 # test binaries, QEMU) once the phase's command has returned.
 phases_cpu() {
-    local f="$PHASES_DIR/.times"
+    local f="$PHASES_DIR/.times.$BASHPID"
     times >"$f"
     PHASES_CPU=$(awk 'NR == 2 {
         n = 0
         for (i = 1; i <= 2; i++) { split($i, p, "m"); sub("s", "", p[2]); n += p[1] * 60 + p[2] }
         printf "%.1f", n
     }' "$f")
+    rm -f "$f"
 }
 
 # Seconds since $1 (date +%s%N), one decimal.
@@ -84,6 +113,14 @@ phases_report() {
 
 phases_exit() {
     local rc=$1
+    # A foreground phase failed while the background one still runs: stop it, show its output.
+    if [ -n "${PHASES_BG_PID:-}" ]; then
+        kill -TERM -- "-$PHASES_BG_PID" 2>/dev/null || true
+        wait "$PHASES_BG_PID" 2>/dev/null || true
+        echo "=== output of the background phase (stopped): $PHASES_BG_NAME"
+        cat "$PHASES_BG_LOG" 2>/dev/null || true
+        printf '%s\t-\t-\tstopped\n' "$PHASES_BG_NAME" >>"$PHASES_FILE"
+    fi
     phases_report || true
     exit "$rc"
 }
