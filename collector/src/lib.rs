@@ -54,7 +54,9 @@
 //!   has a token bucket (429); unenrolled senders cost one signature check and are never
 //!   stored. Per-address limits are the reverse proxy's job.
 //! - **Disk fill**: at most [`Limits::rows_per_node`] reports and [`BundleQuota`] bundles per
-//!   enrolled node (507), so the database is bounded by the allow-list's size.
+//!   enrolled node (507), so the database is bounded by the allow-list's size. A full bundle
+//!   quota refuses; it does not evict (why: [`BundleQuota`]). The publisher frees it with
+//!   [`Store::delete_bundles`] (`k3os-ops collector delete-bundles`).
 //! - **Decompression bombs**: a bundle is inflated only after its node's signature and
 //!   enrolment are checked, and never past 1 MiB.
 //!
@@ -87,5 +89,6 @@ pub mod time;
 pub use admit::{BundleQuota, Limits, Refused};
 pub use rate::RateLimiter;
 pub use store::{
-    open, BundleKnown, BundleRow, GuardAction, Known, PgStore, Row, SqliteStore, Store, StoreError,
+    open, BundleKnown, BundleRow, BundleSelection, GuardAction, Known, PgStore, Row, SqliteStore,
+    Store, StoreError,
 };

@@ -276,7 +276,11 @@ impl SimNode {
     fn resolve_latest(&self, seed: Seed) -> Result<Release, NodeError> {
         let (ch, running, offer) = self.offer(seed)?;
         let version = offer.take.map_or(running.version, |t| t.version);
-        Ok(release(&version, note(seed, offer.waiting, withdrawn(&ch))))
+        let note = RolloutNote {
+            retries: retries(&ch, &version),
+            ..note(seed, offer.waiting, withdrawn(&ch))
+        };
+        Ok(release(&version, note))
     }
 
     /// An explicitly named `version` for `seed`, as libupgrade resolves one: the release's
@@ -306,7 +310,13 @@ impl SimNode {
                 }),
                 ..NodeError::new("resolve", format!("{version} is not offered: {hold}"))
             }),
-            _ => Ok(release(version, note(seed, None, withdrawn(&ch)))),
+            _ => {
+                let note = RolloutNote {
+                    retries: retries(&ch, version),
+                    ..note(seed, None, withdrawn(&ch))
+                };
+                Ok(release(version, note))
+            }
         }
     }
 }
@@ -347,6 +357,16 @@ fn release(version: &str, note: RolloutNote) -> Release {
         },
         ..Release::at(Source::Path(format!("/sim/{version}").into()))
     }
+}
+
+/// The retries the rollout of `ch`'s release `version` allows, as libupgrade's resolution
+/// notes them.
+fn retries(ch: &SimChannel, version: &str) -> Option<rollout::Retries> {
+    ch.releases
+        .iter()
+        .find(|l| l.version == version)
+        .and_then(|l| l.rollout.as_ref())
+        .and_then(|r| r.retries)
 }
 
 /// The versions of the releases `ch` lists as withdrawn, oldest first.

@@ -1,6 +1,7 @@
 //! `collector serve`: receive, verify and store the fleet's reports (the `collector` crate
 //! does the work; this only reads the arguments); `collector guard`: one run of the automatic
-//! halt (`release::guard`). Prints `collecting reports at
+//! halt (`release::guard`); `collector delete-bundles`: free a node's bundle quota, printing
+//! what it removed. Prints `collecting reports at
 //! http://ADDR/v1/reports into DB` on stdout once listening (tests read the port from it when
 //! given port 0) and one line per refused report on stderr.
 
@@ -10,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 
 #[derive(Args, Debug)]
@@ -26,6 +28,36 @@ enum CollectorCmd {
     /// abort criteria over the reports in --db, sign a halt of each that meets them with the
     /// guard's stop-only key (`release delegate-halt`), record it; re-sign halt.json either way.
     Guard(crate::release::GuardArgs),
+    /// Remove stored failure bundles of one node, all of them or those --version and --before
+    /// select, in one transaction (all or nothing), printing each one removed: this frees the
+    /// node's bundle quota (a node past it is refused with 507 until then).
+    DeleteBundles(DeleteBundlesArgs),
+}
+
+#[derive(Args, Debug)]
+struct DeleteBundlesArgs {
+    /// The collector's database (`sqlite:PATH` or a `postgres://` URL).
+    #[arg(long)]
+    db: String,
+    /// The node whose bundles are removed: its id, as `slot status` and the 507 show it.
+    #[arg(long, value_parser = parse_node)]
+    node: fleet_report::NodeId,
+    /// Only the bundles of this release version.
+    #[arg(long)]
+    version: Option<String>,
+    /// Only the bundles the collector received before this time (RFC 3339, the collector's
+    /// clock).
+    #[arg(long, value_parser = crate::upgrade::parse_time)]
+    before: Option<DateTime<Utc>>,
+}
+
+fn parse_node(s: &str) -> Result<fleet_report::NodeId, String> {
+    fleet_report::NodeId::parse(s).ok_or_else(|| {
+        format!(
+            "{:?} is not a node id (64 hex digits, as `slot status` shows it)",
+            s.escape_debug().to_string()
+        )
+    })
 }
 
 #[derive(Args, Debug)]
@@ -69,7 +101,72 @@ pub fn run(args: CollectorArgs) -> anyhow::Result<()> {
     match args.cmd {
         CollectorCmd::Serve(a) => serve(a),
         CollectorCmd::Guard(a) => crate::release::guard(a),
+        CollectorCmd::DeleteBundles(a) => delete_bundles(a),
     }
+}
+
+fn delete_bundles(a: DeleteBundlesArgs) -> anyhow::Result<()> {
+    let sel = collector::BundleSelection {
+        node: a.node,
+        version: a.version,
+        received_before: a.before.map(|t| u64::try_from(t.timestamp()).unwrap_or(0)),
+    };
+    let mut store = collector::open(&a.db)?;
+    let removed = store.delete_bundles(&sel)?;
+    let kept = store.bundle_known(&sel.node, b"")?;
+    if removed.is_empty() && kept.count == 0 && store.known(&sel.node, 0)?.rows == 0 {
+        anyhow::bail!(
+            "node {} has no reports and no bundles in {}: nothing removed (is the node id \
+             right? `slot status` shows it)",
+            sel.node,
+            store.name()
+        );
+    }
+    let mut out = std::io::stdout().lock();
+    for line in removed_lines(&sel.node, &removed, &kept, store.name()) {
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
+
+/// What `delete-bundles` prints: one line per bundle removed, then the node's total and what
+/// it keeps; the node's text (version, why) escaped.
+fn removed_lines(
+    node: &fleet_report::NodeId,
+    removed: &[collector::BundleRow],
+    kept: &collector::BundleKnown,
+    db: &str,
+) -> Vec<String> {
+    let mut out: Vec<String> = removed
+        .iter()
+        .map(|b| {
+            let received = i64::try_from(b.received)
+                .ok()
+                .and_then(|s| DateTime::from_timestamp(s, 0))
+                .map_or(b.received.to_string(), |t| {
+                    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                });
+            format!(
+                "removed: {} attempt {} ({}, {} bytes, received {received}): {}",
+                b.version.escape_debug(),
+                b.attempt,
+                serde_json::to_value(b.failure)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                b.size,
+                b.why.escape_debug()
+            )
+        })
+        .collect();
+    out.push(format!(
+        "node {node}: removed {} bundle(s), {} bytes, from {db}; {} kept ({} bytes)",
+        removed.len(),
+        removed.iter().map(|b| b.size).sum::<u64>(),
+        kept.count,
+        kept.bytes
+    ));
+    out
 }
 
 fn serve(a: ServeArgs) -> anyhow::Result<()> {

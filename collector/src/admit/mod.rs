@@ -20,7 +20,14 @@ pub struct Limits {
 }
 
 /// The per-node quota of failure bundles: a node past either is refused (507) until the
-/// publisher removes some.
+/// publisher removes some (`k3os-ops collector delete-bundles`, [`crate::Store::delete_bundles`]).
+///
+/// Refused rather than making room by evicting the node's oldest bundle: the bundles kept are
+/// the evidence the guard and the publisher judged a release by (the first failures, the
+/// canaries'), and the collector deletes none by itself. A refused node loses nothing: 507
+/// leaves its bundles kept on its state partition (its newest few) for the next try. And an
+/// eviction by arrival would let anyone on the path who captured a node's old bundles replay
+/// them, each stored anew as the newest, until they had pushed its real newest evidence out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BundleQuota {
     /// Most bundles stored per node.
@@ -191,8 +198,9 @@ pub fn admit_sealed(
             507,
             format!(
                 "node {} has {} bundles ({} bytes) stored; {size} more bytes would pass its \
-                 quota ({} bundles, {} bytes)",
-                s.node, known.count, known.bytes, q.count, q.bytes
+                 quota ({} bundles, {} bytes): the publisher frees it with \
+                 `k3os-ops collector delete-bundles --node {}`",
+                s.node, known.count, known.bytes, q.count, q.bytes, s.node
             ),
         ));
     }

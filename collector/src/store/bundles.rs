@@ -2,7 +2,7 @@
 //! needs as columns, and the sealed envelope exactly as received (what a download serves, and
 //! what anyone can verify again with the node's key).
 
-use fleet_report::{Failure, Opened};
+use fleet_report::{Failure, NodeId, Opened};
 use serde::Serialize;
 
 use super::{big, StoreError};
@@ -33,6 +33,20 @@ pub struct BundleRow {
     pub received: u64,
     /// The sealed envelope's size in bytes.
     pub size: u64,
+}
+
+/// Which of one node's stored bundles the publisher removes (`k3os-ops collector
+/// delete-bundles`): all of them, or only those of one release, or only those received before
+/// a time; both filters together narrow it further.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BundleSelection {
+    /// The node.
+    pub node: NodeId,
+    /// Only the bundles of this release version (None: of every release).
+    pub version: Option<String>,
+    /// Only the bundles the collector received before this time (Unix seconds, the
+    /// collector's clock: the node's own `time` may be wrong; None: at any time).
+    pub received_before: Option<u64>,
 }
 
 /// What a store holds of one node's bundles, for the admission checks made before a bundle
@@ -80,6 +94,40 @@ impl<'a> BundleColumns<'a> {
             size: big(o.bytes.len() as u64),
             body: &o.bytes,
         }
+    }
+}
+
+/// A `bundles` row as both backends read it, before its failure column is parsed.
+pub(crate) struct RawBundle {
+    pub node: String,
+    pub site: String,
+    pub version: String,
+    pub generation: i64,
+    pub attempt: i64,
+    pub slot: String,
+    pub time: String,
+    pub failure: String,
+    pub why: String,
+    pub received: i64,
+    pub size: i64,
+}
+
+impl RawBundle {
+    /// The row as the views read it; an error naming `db` when its failure does not parse.
+    pub(crate) fn into_row(self, db: &str) -> Result<BundleRow, StoreError> {
+        Ok(BundleRow {
+            failure: failure_of(db, &self.failure)?,
+            node: self.node,
+            site: self.site,
+            version: self.version,
+            generation: self.generation as u64,
+            attempt: u32::try_from(self.attempt).unwrap_or(u32::MAX),
+            slot: self.slot,
+            time: self.time,
+            why: self.why,
+            received: self.received as u64,
+            size: self.size as u64,
+        })
     }
 }
 

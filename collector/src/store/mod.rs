@@ -19,8 +19,8 @@ mod sqlite;
 use fleet_report::{NodeId, Opened, Outcome, Verified};
 use serde::Serialize;
 
-pub(crate) use bundles::{failure_of, BundleColumns};
-pub use bundles::{BundleKnown, BundleRow};
+pub(crate) use bundles::{BundleColumns, RawBundle};
+pub use bundles::{BundleKnown, BundleRow, BundleSelection};
 pub use pg::PgStore;
 pub use sqlite::SqliteStore;
 
@@ -143,6 +143,10 @@ pub trait Store: Send {
         version: &str,
         attempt: u32,
     ) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Remove the stored bundles `sel` selects, in one transaction: all of them are removed
+    /// and returned (by version, then attempt), or, on any error, none. What frees a node's
+    /// bundle quota.
+    fn delete_bundles(&mut self, sel: &BundleSelection) -> Result<Vec<BundleRow>, StoreError>;
     /// The database, for messages.
     fn name(&self) -> &str;
 

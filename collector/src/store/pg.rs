@@ -3,8 +3,8 @@
 use fleet_report::{NodeId, Opened, Verified};
 
 use super::{
-    big, failure_of, outcome_of, BundleColumns, BundleKnown, BundleRow, Columns, GuardAction,
-    Known, Row, SchemaStep, Store, StoreError, SCHEMA,
+    big, outcome_of, BundleColumns, BundleKnown, BundleRow, BundleSelection, Columns, GuardAction,
+    Known, RawBundle, Row, SchemaStep, Store, StoreError, SCHEMA,
 };
 
 /// Reports in a PostgreSQL database.
@@ -36,6 +36,23 @@ CREATE TABLE IF NOT EXISTS bundles (
 
 const BUNDLE_COLUMNS: &str =
     "node, site, version, generation, attempt, slot, time, failure, why, received, size";
+
+/// A `bundles` row of [`BUNDLE_COLUMNS`], as read.
+fn raw_bundle(r: &postgres::Row) -> RawBundle {
+    RawBundle {
+        node: r.get(0),
+        site: r.get(1),
+        version: r.get(2),
+        generation: r.get(3),
+        attempt: r.get(4),
+        slot: r.get(5),
+        time: r.get(6),
+        failure: r.get(7),
+        why: r.get(8),
+        received: r.get(9),
+        size: r.get(10),
+    }
+}
 
 /// `url` without a password, for messages.
 fn redact(url: &str) -> String {
@@ -244,21 +261,7 @@ impl Store for PgStore {
             )
             .map_err(|e| self.err("read bundles", e))?;
         rows.iter()
-            .map(|r| {
-                Ok(BundleRow {
-                    node: r.get(0),
-                    site: r.get(1),
-                    version: r.get(2),
-                    generation: r.get::<_, i64>(3) as u64,
-                    attempt: u32::try_from(r.get::<_, i64>(4)).unwrap_or(u32::MAX),
-                    slot: r.get(5),
-                    time: r.get(6),
-                    failure: failure_of(&self.db, r.get(7))?,
-                    why: r.get(8),
-                    received: r.get::<_, i64>(9) as u64,
-                    size: r.get::<_, i64>(10) as u64,
-                })
-            })
+            .map(|r| raw_bundle(r).into_row(&self.db))
             .collect()
     }
 
@@ -273,6 +276,40 @@ impl Store for PgStore {
             &[&node, &version, &i64::from(attempt)],
         );
         Ok(r.map_err(|e| self.err("read bundle", e))?.map(|r| r.get(0)))
+    }
+
+    fn delete_bundles(&mut self, sel: &BundleSelection) -> Result<Vec<BundleRow>, StoreError> {
+        let db = self.db.clone();
+        let err = |e: postgres::Error| StoreError {
+            db: db.clone(),
+            what: format!(
+                "delete the bundles of node {}: {e}; nothing was removed",
+                sel.node
+            ),
+        };
+        // One statement in one transaction: dropped uncommitted on any error, rolled back.
+        let mut tx = self.client.transaction().map_err(err)?;
+        let found = tx
+            .query(
+                &format!(
+                    "DELETE FROM bundles WHERE node = $1 AND ($2::TEXT IS NULL OR version = $2)
+                     AND ($3::BIGINT IS NULL OR received < $3) RETURNING {BUNDLE_COLUMNS}"
+                ),
+                &[
+                    &sel.node.to_string(),
+                    &sel.version,
+                    &sel.received_before.map(big),
+                ],
+            )
+            .map_err(err)?;
+        let raw: Vec<RawBundle> = found.iter().map(raw_bundle).collect();
+        tx.commit().map_err(err)?;
+        let mut rows = raw
+            .into_iter()
+            .map(|r| r.into_row(&db))
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.sort_by(|a, b| (&a.version, a.attempt).cmp(&(&b.version, b.attempt)));
+        Ok(rows)
     }
 
     fn name(&self) -> &str {

@@ -6,8 +6,8 @@ use fleet_report::{NodeId, Opened, Verified};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    big, failure_of, outcome_of, BundleColumns, BundleKnown, BundleRow, Columns, GuardAction,
-    Known, Row, SchemaStep, Store, StoreError, SCHEMA,
+    big, outcome_of, BundleColumns, BundleKnown, BundleRow, BundleSelection, Columns, GuardAction,
+    Known, RawBundle, Row, SchemaStep, Store, StoreError, SCHEMA,
 };
 
 /// Reports in one SQLite file (WAL journal).
@@ -39,6 +39,23 @@ CREATE TABLE IF NOT EXISTS bundles (
 
 const BUNDLE_COLUMNS: &str =
     "node, site, version, generation, attempt, slot, time, failure, why, received, size";
+
+/// A `bundles` row of [`BUNDLE_COLUMNS`], as read.
+fn raw_bundle(r: &rusqlite::Row) -> rusqlite::Result<RawBundle> {
+    Ok(RawBundle {
+        node: r.get(0)?,
+        site: r.get(1)?,
+        version: r.get(2)?,
+        generation: r.get(3)?,
+        attempt: r.get(4)?,
+        slot: r.get(5)?,
+        time: r.get(6)?,
+        failure: r.get(7)?,
+        why: r.get(8)?,
+        received: r.get(9)?,
+        size: r.get(10)?,
+    })
+}
 
 impl SqliteStore {
     /// Open or create the database file at `path`.
@@ -280,54 +297,17 @@ impl Store for SqliteStore {
 
     fn bundles(&mut self) -> Result<Vec<BundleRow>, StoreError> {
         let db = self.db.clone();
-        let mut s = self
+        let raw = self
             .conn
             .prepare(&format!(
                 "SELECT {BUNDLE_COLUMNS} FROM bundles ORDER BY node, version, attempt"
             ))
-            .map_err(|e| self.err("read bundles", e))?;
-        let raw = s
-            .query_map([], |r| {
-                Ok((
-                    (r.get::<_, String>(0)?, r.get::<_, String>(1)?),
-                    (r.get::<_, String>(2)?, r.get::<_, i64>(3)?),
-                    (r.get::<_, i64>(4)?, r.get::<_, String>(5)?),
-                    (r.get::<_, String>(6)?, r.get::<_, String>(7)?),
-                    (r.get::<_, String>(8)?, r.get::<_, i64>(9)?),
-                    r.get::<_, i64>(10)?,
-                ))
+            .and_then(|mut s| {
+                s.query_map([], raw_bundle)
+                    .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
             })
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| StoreError {
-                db: db.clone(),
-                what: format!("read bundles: {e}"),
-            })?;
-        raw.into_iter()
-            .map(
-                |(
-                    (node, site),
-                    (version, generation),
-                    (attempt, slot),
-                    (time, failure),
-                    (why, received),
-                    size,
-                )| {
-                    Ok(BundleRow {
-                        node,
-                        site,
-                        version,
-                        generation: generation as u64,
-                        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-                        slot,
-                        time,
-                        failure: failure_of(&db, &failure)?,
-                        why,
-                        received: received as u64,
-                        size: size as u64,
-                    })
-                },
-            )
-            .collect()
+            .map_err(|e| self.err("read bundles", e))?;
+        raw.into_iter().map(|r| r.into_row(&db)).collect()
     }
 
     fn bundle_body(
@@ -345,6 +325,43 @@ impl Store for SqliteStore {
                     .optional()
             })
             .map_err(|e| self.err("read bundle", e))
+    }
+
+    fn delete_bundles(&mut self, sel: &BundleSelection) -> Result<Vec<BundleRow>, StoreError> {
+        let db = self.db.clone();
+        let err = |e: rusqlite::Error| StoreError {
+            db: db.clone(),
+            what: format!(
+                "delete the bundles of node {}: {e}; nothing was removed",
+                sel.node
+            ),
+        };
+        // One statement in one transaction: dropped uncommitted on any error, rolled back.
+        let tx = self.conn.transaction().map_err(err)?;
+        let raw = tx
+            .prepare(&format!(
+                "DELETE FROM bundles WHERE node = ?1 AND (?2 IS NULL OR version = ?2)
+                 AND (?3 IS NULL OR received < ?3) RETURNING {BUNDLE_COLUMNS}"
+            ))
+            .and_then(|mut s| {
+                s.query_map(
+                    params![
+                        sel.node.to_string(),
+                        sel.version,
+                        sel.received_before.map(big)
+                    ],
+                    raw_bundle,
+                )
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            })
+            .map_err(err)?;
+        tx.commit().map_err(err)?;
+        let mut rows = raw
+            .into_iter()
+            .map(|r| r.into_row(&db))
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.sort_by(|a, b| (&a.version, a.attempt).cmp(&(&b.version, b.attempt)));
+        Ok(rows)
     }
 
     fn name(&self) -> &str {

@@ -55,7 +55,7 @@ fn setup(
 }
 
 /// Reconcile until the agent waits (bounded).
-async fn settle(agent: &Agent) {
+pub(crate) async fn settle(agent: &Agent) {
     for _ in 0..20 {
         if agent.reconcile().await.expect("reconcile") == Next::Wait {
             return;
@@ -64,13 +64,13 @@ async fn settle(agent: &Agent) {
     panic!("agent did not settle in 20 steps");
 }
 
-fn pos(log: &[String], what: &str) -> usize {
+pub(crate) fn pos(log: &[String], what: &str) -> usize {
     log.iter()
         .position(|l| l.contains(what))
         .unwrap_or_else(|| panic!("'{what}' not in log:\n{}", log.join("\n")))
 }
 
-fn annotation(world: &Arc<Mutex<World>>, key: &str) -> Option<String> {
+pub(crate) fn annotation(world: &Arc<Mutex<World>>, key: &str) -> Option<String> {
     world.lock().unwrap().node("n1")["metadata"]["annotations"][key]
         .as_str()
         .map(String::from)
@@ -781,7 +781,7 @@ async fn the_channels_max_rate_caps_the_stage() {
 }
 
 /// Events regarding the channel, as `(reason, note)`, in order.
-fn channel_events(log: &[String]) -> Vec<(String, String)> {
+pub(crate) fn channel_events(log: &[String]) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for w in log.windows(2) {
         if let (Some(reason), Some(rest)) = (

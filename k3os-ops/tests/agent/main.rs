@@ -18,5 +18,6 @@ mod kube_mock;
 mod node;
 mod pinned_waves;
 mod race;
+mod retries;
 mod thin;
 mod trust;

@@ -26,7 +26,12 @@ impl Collector {
     }
 
     /// With `extra` arguments; the collector and the stdout lines after the first.
-    fn start_with(port: u16, db: &Path, allow: &Path, extra: &[&str]) -> (Collector, Vec<String>) {
+    pub(crate) fn start_with(
+        port: u16,
+        db: &Path,
+        allow: &Path,
+        extra: &[&str],
+    ) -> (Collector, Vec<String>) {
         let mut child = Command::new(release_support::bin())
             .args(["collector", "serve", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
@@ -65,7 +70,7 @@ impl Drop for Collector {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -951,7 +956,7 @@ print('verified', len(h.signed.targets))\n";
 }
 
 /// POST `body` to the collector on `port`: the status and the answer.
-fn post(port: u16, path: &str, body: &[u8]) -> (u16, String) {
+pub(crate) fn post(port: u16, path: &str, body: &[u8]) -> (u16, String) {
     use std::io::{Read, Write};
     let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     write!(

@@ -12,6 +12,8 @@
 // (clippy.toml) is for the code it exercises.
 #![allow(clippy::too_many_lines)]
 
+#[cfg(feature = "fleet")]
+mod bundle_quota;
 mod cli_messages;
 mod cluster;
 #[cfg(feature = "fleet")]

@@ -130,6 +130,87 @@ pub fn exercise_bundles(s: &mut dyn Store) {
     );
 }
 
+/// Node `n`'s bundle of attempt `attempt` of `version`, opened.
+fn opened_of(n: u8, version: &str, attempt: u32) -> fleet_report::Opened {
+    let mut b = crate::testutil::bundle(n, attempt, "kubelet: failed to load config");
+    b.version = version.into();
+    fleet_report::open_bundle(&b.seal(&crate::testutil::key(n)).unwrap()).unwrap()
+}
+
+/// (version, attempt) of `rows`.
+fn attempts(rows: &[BundleRow]) -> Vec<(String, u32)> {
+    rows.iter()
+        .map(|r| (r.version.clone(), r.attempt))
+        .collect()
+}
+
+/// The publisher frees node 6's quota: by release, by the time received, then all of it;
+/// node 7's bundles are never touched, and a node with nothing stored removes nothing.
+pub fn exercise_delete(s: &mut dyn Store) {
+    let (six, seven) = (crate::testutil::id(6), crate::testutil::id(7));
+    for (n, version, attempt, received) in [
+        (6, "v2", 1, 100),
+        (6, "v2", 2, 200),
+        (6, "v3", 1, 300),
+        (6, "v3", 2, 400),
+        (7, "v3", 1, 100),
+    ] {
+        s.insert_bundle(&opened_of(n, version, attempt), "site-d", received)
+            .unwrap();
+    }
+    let sel = |version: Option<&str>, before: Option<u64>| BundleSelection {
+        node: six,
+        version: version.map(str::to_string),
+        received_before: before,
+    };
+    let gone = s.delete_bundles(&sel(Some("v3"), Some(400))).unwrap();
+    assert_eq!(
+        attempts(&gone),
+        vec![("v3".into(), 1)],
+        "v3 received before 400"
+    );
+    assert_eq!((gone[0].received, gone[0].site.as_str()), (300, "site-d"));
+    let gone = s.delete_bundles(&sel(None, Some(150))).unwrap();
+    assert_eq!(attempts(&gone), vec![("v2".into(), 1)]);
+    assert_eq!(s.bundle_known(&six, b"").unwrap().count, 2);
+    let gone = s.delete_bundles(&sel(None, None)).unwrap();
+    assert_eq!(attempts(&gone), vec![("v2".into(), 2), ("v3".into(), 2)]);
+    assert_eq!(s.bundle_known(&six, b"").unwrap(), BundleKnown::default());
+    assert_eq!(s.delete_bundles(&sel(None, None)).unwrap(), vec![]);
+    let k = s.bundle_known(&seven, b"").unwrap();
+    assert_eq!(k.count, 1, "another node's bundles are kept");
+    // Its quota freed, node 6 may store again, even an attempt it had before.
+    s.insert_bundle(&opened_of(6, "v2", 1), "site-d", 500)
+        .unwrap();
+}
+
+/// A deletion that fails part way removes nothing: node 8's attempt 2 cannot be deleted
+/// (`arm` makes the database refuse it), so deleting all of node 8's bundles fails naming the
+/// database and the node, and both are still there; `disarm` lifts it and both go.
+pub fn deletion_is_all_or_nothing(s: &mut dyn Store, arm: impl Fn(), disarm: impl Fn()) {
+    let eight = crate::testutil::id(8);
+    for attempt in [1, 2] {
+        s.insert_bundle(&opened_of(8, "v2", attempt), "site-e", 1)
+            .unwrap();
+    }
+    let all = BundleSelection {
+        node: eight,
+        version: None,
+        received_before: None,
+    };
+    arm();
+    let e = s.delete_bundles(&all).unwrap_err().to_string();
+    assert!(
+        e.starts_with(s.name())
+            && e.contains(&eight.to_string())
+            && e.contains("nothing was removed"),
+        "{e}"
+    );
+    assert_eq!(s.bundle_known(&eight, b"").unwrap().count, 2, "{e}");
+    disarm();
+    assert_eq!(s.delete_bundles(&all).unwrap().len(), 2);
+}
+
 /// The issue's halted canaries, stored and read back: node 4 staged, rolled back, then waits
 /// for the halt; node 5 does the same and then stages again after the lift. Whatever the
 /// backend, each node's outcome ([`crate::history`]) is read from its whole history.
@@ -196,6 +277,32 @@ fn sqlite_stores_and_reads_back() {
     let mut again = SqliteStore::open(&path).unwrap();
     assert_eq!(again.rows().unwrap().len(), 3);
     exercise_bundles(&mut again);
+    exercise_delete(&mut again);
+}
+
+/// SQLite's part of [`deletion_is_all_or_nothing`]: a trigger that aborts the deletion of
+/// node 8's attempt 2, created and dropped through a second connection.
+#[test]
+fn sqlite_deletes_a_node_s_bundles_all_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("reports.db");
+    let mut s = SqliteStore::open(&path).unwrap();
+    let sql = |q: &str| {
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch(q)
+            .unwrap()
+    };
+    deletion_is_all_or_nothing(
+        &mut s,
+        || {
+            sql(
+                "CREATE TRIGGER keep BEFORE DELETE ON bundles WHEN OLD.attempt = 2
+                 BEGIN SELECT RAISE(ABORT, 'kept by the test'); END;",
+            )
+        },
+        || sql("DROP TRIGGER keep"),
+    );
 }
 
 #[test]
@@ -342,6 +449,23 @@ fn postgres_stores_and_reads_back_on_a_real_server() {
     assert_eq!(again.rows().unwrap().len(), 3);
     halted_canaries(&mut again);
     exercise_bundles(&mut again);
+    exercise_delete(&mut again);
+    let sql = |q: &str| {
+        postgres::Client::connect(&pg.url(), postgres::NoTls)
+            .unwrap()
+            .batch_execute(q)
+            .unwrap()
+    };
+    deletion_is_all_or_nothing(
+        &mut again,
+        || {
+            sql("CREATE FUNCTION keep() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN RAISE EXCEPTION 'kept by the test'; END $$;
+                 CREATE TRIGGER keep BEFORE DELETE ON bundles FOR EACH ROW
+                 WHEN (OLD.attempt = 2) EXECUTE FUNCTION keep();")
+        },
+        || sql("DROP TRIGGER keep ON bundles"),
+    );
 }
 
 /// What the previous release's collector (schema 2) created in PostgreSQL, exactly.

@@ -250,6 +250,7 @@ mod tests {
                 hold,
             }),
             withdrawn: vec![],
+            retries: None,
         }
     }
 
@@ -312,6 +313,7 @@ mod tests {
             version: "v1".into(),
             waiting: None,
             withdrawn: vec!["v2".into()],
+            retries: None,
         };
         let note = apply(&mut st, &gone, seed, at(0)).expect("one Event");
         assert!(

@@ -1,11 +1,13 @@
 //! What a node's resolution of a channel's `latest` tells the agent: the release offered to
-//! the cluster now, the newer one held back and why (its wave, a pause, a required stop), and
-//! the releases the channel withdrew. The poller publishes it on the channel's status
-//! (`status.latestVersion`, `status.fleetRollout`, the conditions `WaitingForWave` and
-//! `ReleaseWithdrawn`); the claim check compares it with the status before a node claims.
+//! the cluster now, the newer one held back and why (its wave, a pause, a required stop), the
+//! releases the channel withdrew, and the retries the offered release's rollout allows. The
+//! poller publishes it on the channel's status (`status.latestVersion`, `status.fleetRollout`,
+//! the conditions `WaitingForWave` and `ReleaseWithdrawn`); the claim check compares it with
+//! the status before a node claims, and a node on which the release failed reads the retries
+//! from its own resolution (never from the status, which any poller writes).
 
 use chrono::{DateTime, Utc};
-use libupgrade::rollout::{Hold, Waiting};
+use libupgrade::rollout::{Hold, Retries, Waiting};
 
 /// A resolution of `latest` for the cluster's seed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -16,6 +18,21 @@ pub struct Latest {
     pub waiting: Option<Waiting>,
     /// Every release the channel lists as withdrawn, oldest first.
     pub withdrawn: Vec<String>,
+    /// The retries the offered release's rollout allows a node on which it failed (None:
+    /// none).
+    pub retries: Option<Retries>,
+}
+
+/// The retries the rollout of `rel` (a channel's release, as this node resolved it) allows a
+/// node on which it failed: what [`libupgrade::rollout::decide_retry`] is asked with.
+pub fn rollout_retries(rel: &libupgrade::Release) -> Option<Retries> {
+    match &rel.origin {
+        libupgrade::Origin::Channel {
+            rollout: Some(note),
+            ..
+        } => note.retries,
+        _ => None,
+    }
 }
 
 impl Latest {
@@ -41,6 +58,7 @@ impl Latest {
             version: rel.version.clone().unwrap_or_default(),
             waiting: note.and_then(|n| n.waiting.clone()),
             withdrawn: note.map(|n| n.withdrawn.clone()).unwrap_or_default(),
+            retries: rollout_retries(rel),
         }
     }
 

@@ -15,7 +15,7 @@ use super::observe::Ready;
 use super::steps;
 use super::tick::Tick;
 use crate::agent::channel::crd::SlotPhase;
-use crate::agent::cluster::publish::{Done, Mark, Then};
+use crate::agent::cluster::publish::{Done, Mark, Say, Then};
 use crate::agent::context::{Agent, Next};
 use crate::agent::errors::AgentError;
 use crate::agent::host::requests::{resolve_latest, resolve_pinned};
@@ -157,8 +157,12 @@ pub(in crate::agent) async fn execute(t: &Tick<'_>, step: Step) -> Result<Done, 
     match step.action {
         Action::Idle(reason) => actions::tick_idle(t, reason).await,
         Action::Invalid(msg) => Ok(actions::tick_invalid(t.ch, &msg)),
-        Action::Stage { version, release } => match step.stage {
-            Some(plan) => stage(t, &version, plan, release.map(|r| *r)).await,
+        Action::Stage {
+            version,
+            release,
+            retry,
+        } => match step.stage {
+            Some(plan) => stage(t, &version, plan, release.map(|r| *r), retry).await,
             None => Ok(Done::then(Then::Wait)),
         },
         // Reported above; a stage back-off is waited out quietly.
@@ -201,14 +205,18 @@ async fn stage(
     version: &str,
     plan: super::decide::StagePlan,
     resolved: Option<Release>,
+    retry: Option<String>,
 ) -> Result<Done, AgentError> {
     let Tick { cx, ch, .. } = *t;
     let now = cx.settings.clock.now();
-    // Published before the first byte: the target and the announcement, then what the
-    // resolved release's preview says (and the deadline it implies).
+    // Published before the first byte: the target and the announcement (with a retry the
+    // rollout allows, an Event saying so), then what the resolved release's preview says (and
+    // the deadline it implies).
     let (target, announcement) = super::staging::announcement(ch, version);
     mark(t, vec![target]).await?;
-    cx.announce(ch, Vec::new(), announcement).await?;
+    let retrying = retry.map(|note| Say::info("Retrying", note).once());
+    cx.announce(ch, retrying.into_iter().collect(), announcement)
+        .await?;
     let ready = super::staging::prepare(t, version, plan, resolved).await;
     if let Ok(r) = &ready {
         if let Some(p) = &r.preview {

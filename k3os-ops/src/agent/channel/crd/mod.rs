@@ -148,7 +148,8 @@ pub struct UpdateChannelSpec {
     /// Failures recorded at or before this time no longer count towards `maxFailures`: the way
     /// to resume a channel paused by failures (`kubectl patch upchan NAME --type merge -p
     /// "{\"spec\":{\"resumedAt\":\"$(date -u +%FT%TZ)\"}}"`). The failed nodes still do not
-    /// retry the version they failed with.
+    /// retry the version they failed with, unless its rollout's `retries` allow (`release
+    /// rollout --retries`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_at: Option<DateTime<Utc>>,
     /// Waves: canary nodes first, then batches by percentage of the selected nodes; the next

@@ -228,6 +228,7 @@ fn full_as_read(channel: &UpdateChannel) -> Option<Vec<String>> {
 pub(super) fn stage_gate(
     policy: &Policy,
     version: String,
+    retry: Option<String>,
     inputs: &Inputs,
 ) -> (Action, Option<StagePlan>) {
     let now = inputs.stage_now;
@@ -257,6 +258,7 @@ pub(super) fn stage_gate(
             Action::Stage {
                 version,
                 release: None,
+                retry,
             },
             Some(StagePlan {
                 schedule,
@@ -292,10 +294,11 @@ pub(super) fn pin_gate(
         ),
         PinVerdict::Withdrawn => (Action::Withdrawn { version }, None),
         PinVerdict::Offered => match staged {
-            (Action::Stage { version, .. }, plan) => (
+            (Action::Stage { version, retry, .. }, plan) => (
                 Action::Stage {
                     version,
                     release: inputs.pinned_release.clone().map(Box::new),
+                    retry,
                 },
                 plan,
             ),

@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use libupgrade::rollout::Retry;
 use libupgrade::Release;
 
 use crate::agent::channel::crd::{SlotEntry, SlotPhase, UpdateChannel, COND_WAITING_FOR_WAVE};
@@ -28,8 +27,10 @@ use crate::agent::channel::latest::Latest;
 use crate::agent::host::status::{Inactive, NodeUpdateStatus};
 
 mod held;
+mod retrying;
 use held::{hold_claim, pin_gate, stage_gate};
 pub use held::{Inputs, Need, PinVerdict, StagePlan, Verdict};
+use retrying::{retrying, Retrying};
 
 /// This node, as the decision sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +58,9 @@ pub enum IdleReason {
     NotSelected,
     NoTarget,
     UpToDate,
-    /// This node already failed with the target version; it will not retry it (`why`: the
-    /// retry decision's sentence, or where the failure was recorded).
+    /// This node already failed with the target version and does not try it now: its rollout
+    /// allows no (more) retries, or not yet (`why`: the retry decision's sentence, or where the
+    /// failure was recorded).
     FailedHere {
         version: String,
         why: String,
@@ -86,6 +88,10 @@ pub enum Action {
         /// this reconcile (`Inputs::pinned_release`): the stage takes it instead of
         /// resolving the channel again. None: the stage resolves it.
         release: Option<Box<Release>>,
+        /// The release failed on this node and its rollout's retries allow this attempt now
+        /// ([`libupgrade::rollout::decide_retry`]): what the stage announces (Event
+        /// `Retrying`). None: a first attempt.
+        retry: Option<String>,
     },
     /// Claims are paused by failures of `version`.
     Paused {
@@ -217,6 +223,7 @@ pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> A
                 version,
                 waiting: None,
                 withdrawn,
+                retries: None,
             })
         }),
         ..Inputs::open_at(now)
@@ -232,7 +239,7 @@ pub fn step(
     node: &NodeView,
     inputs: &Inputs,
 ) -> Step {
-    let action = next_action(channel, policy, node, inputs.now);
+    let action = next_action(channel, policy, node, inputs);
     let slot_action = matches!(
         action,
         Action::Continue { .. }
@@ -244,8 +251,8 @@ pub fn step(
     );
     let undo_cordon = node.cordoned_by_us && !slot_action;
     let (action, stage) = match (action, policy) {
-        (Action::Stage { version, .. }, Ok(p)) => {
-            pin_gate(channel, stage_gate(p, version, inputs), inputs)
+        (Action::Stage { version, retry, .. }, Ok(p)) => {
+            pin_gate(channel, stage_gate(p, version, retry, inputs), inputs)
         }
         (action, Ok(p)) => (hold_claim(channel, p, action, inputs), None),
         (action, Err(_)) => (action, None),
@@ -262,8 +269,9 @@ fn next_action(
     channel: &UpdateChannel,
     policy: &Result<Policy, String>,
     node: &NodeView,
-    now: DateTime<Utc>,
+    inputs: &Inputs,
 ) -> Action {
+    let now = inputs.now;
     let status = channel.status.clone().unwrap_or_default();
     let target = channel.target_version();
     let booted = node.update.booted_version.as_deref();
@@ -306,13 +314,20 @@ fn next_action(
             Action::Idle(IdleReason::UpToDate)
         };
     }
-    if let Some(why) = failed_here(&status, node, &target, now) {
-        return Action::Idle(IdleReason::FailedHere {
-            version: target,
-            why,
-        });
-    }
-    if node.update.inactive == Inactive::Failed(target.clone()) {
+    let retry = match retrying(channel, &status, node, &target, inputs) {
+        Retrying::Held(why) => {
+            return Action::Idle(IdleReason::FailedHere {
+                version: target,
+                why,
+            })
+        }
+        Retrying::Ask(need) => return Action::Gather(need),
+        Retrying::Again(note) => Some(note),
+        Retrying::NeverFailed => None,
+    };
+    // A bad slot of the target that no failure record explains is not staged again; one the
+    // rollout's retries allow to try again is (the stage overwrites it).
+    if retry.is_none() && node.update.inactive == Inactive::Failed(target.clone()) {
         return Action::Idle(IdleReason::BadSlot(target));
     }
     if withdrawn(&target) {
@@ -330,6 +345,7 @@ fn next_action(
             return Action::Stage {
                 version: target,
                 release: None,
+                retry,
             }
         }
     }
@@ -340,28 +356,6 @@ fn next_action(
         return Action::Paused { version: target };
     }
     claim_or_wait(policy, &status, node, target, now)
-}
-
-/// Why `target` is not tried on this node again, if it failed here: the node's own record
-/// held back by [`libupgrade::rollout::decide_retry`] (the agent follows no rollout's
-/// retries: a cluster target is retried only under a newer release), else the channel's
-/// record of this node's failure. A bad inactive slot with no such record is
-/// [`IdleReason::BadSlot`], not a failure.
-fn failed_here(
-    status: &crate::agent::channel::crd::UpdateChannelStatus,
-    node: &NodeView,
-    target: &str,
-    now: DateTime<Utc>,
-) -> Option<String> {
-    let record = node.update.failed.iter().rev().find(|f| f.is(target, None));
-    if let Retry::Wait { why, .. } = libupgrade::rollout::decide_retry(record, None, now) {
-        return Some(why);
-    }
-    status
-        .failures
-        .iter()
-        .any(|f| f.node == node.name && f.version == target)
-        .then(|| format!("failed here: {target} failed on this node (status.failures lists it)"))
 }
 
 /// The last rows of the table: a staged target is claimed once the channel's rollout admits

@@ -99,7 +99,7 @@ proptest! {
         let empty = node(Inactive::Empty);
         prop_assert_eq!(run(&ch, &empty, &inputs).action, Action::StageBackingOff { until: at(left) });
         let later = Inputs { stage_now: at(left), ..inputs };
-        prop_assert_eq!(run(&ch, &empty, &later).action, Action::Stage { version: "v2".into(), release: None });
+        prop_assert_eq!(run(&ch, &empty, &later).action, Action::Stage { version: "v2".into(), release: None, retry: None });
     }
 }
 
@@ -175,7 +175,8 @@ fn a_spent_quota_waits_for_the_next_day_and_the_ledger_is_read_only_for_a_quota(
         s.action,
         Action::Stage {
             version: "v2".into(),
-            release: None
+            release: None,
+            retry: None
         }
     );
     let plan = s.stage.unwrap();
@@ -265,6 +266,7 @@ fn a_withdrawn_release_is_never_claimed_and_a_staged_one_is_dropped() {
             version: "v1".into(),
             waiting: None,
             withdrawn: vec!["v2".into()],
+            retries: None,
         })),
         ..Inputs::open_at(at(0))
     };
@@ -392,7 +394,8 @@ fn a_held_pinned_release_is_neither_staged_nor_claimed() {
         run(&moved, &node(Inactive::Empty), &open).action,
         Action::Stage {
             version: "v3".into(),
-            release: None
+            release: None,
+            retry: None
         }
     );
     // `ignoreRollout` takes it anyway, explicitly.
@@ -402,7 +405,8 @@ fn a_held_pinned_release_is_neither_staged_nor_claimed() {
         run(&ignoring, &node(Inactive::Empty), &open).action,
         Action::Stage {
             version: "v2".into(),
-            release: None
+            release: None,
+            retry: None
         }
     );
     // The convenience `decide` sees the published hold too.
@@ -457,7 +461,8 @@ fn the_node_asks_its_own_resolution_before_the_first_stage_of_a_pin() {
             s.action,
             Action::Stage {
                 version: "v2".into(),
-                release: None
+                release: None,
+                retry: None
             }
         );
         assert!(s.stage.is_some());
@@ -477,7 +482,8 @@ fn the_node_asks_its_own_resolution_before_the_first_stage_of_a_pin() {
         run(&latest, &empty, &ask).action,
         Action::Stage {
             version: "v2".into(),
-            release: None
+            release: None,
+            retry: None
         }
     );
 }
@@ -598,5 +604,70 @@ fn a_node_that_is_not_ready_does_not_claim_and_says_why() {
         !matches!(s.action, Action::WaitForGate { .. }),
         "{:?}",
         s.action
+    );
+}
+
+/// A target that failed on this node (its own record, failed once at `at(0)`; its inactive slot
+/// the bad v2) is judged by `decide_retry` with the retries of this node's own resolution:
+/// asked first, then held without retries, held until the backoff has passed with one retry,
+/// then staged over the bad slot, announced as the retry.
+#[test]
+fn a_release_that_failed_here_is_retried_only_as_the_node_s_own_resolution_of_its_rollout_allows() {
+    let ch = following_latest();
+    let mut failed = node(Inactive::Failed("v2".into()));
+    failed.update.failed = vec![libupgrade::state::FailedRelease {
+        version: "v2".into(),
+        generation: Some(2),
+        attempts: 1,
+        at: 1_800_000_000,
+        why: "50-app: app is down".into(),
+    }];
+    let own = |retries, now| Inputs {
+        own_latest: Some(Ok(Latest {
+            retries,
+            ..Latest::plain("v2")
+        })),
+        ..Inputs::open_at(now)
+    };
+    assert_eq!(
+        run(&ch, &failed, &Inputs::open_at(at(10))).action,
+        Action::Gather(Need::OwnLatest)
+    );
+    let why = |a: Action| match a {
+        Action::Idle(IdleReason::FailedHere { why, .. }) => why,
+        other => panic!("not held: {other:?}"),
+    };
+    let none = why(run(&ch, &failed, &own(None, at(100_000))).action);
+    assert!(none.ends_with("its rollout allows retries"), "{none}");
+    let one = Some(libupgrade::rollout::Retries {
+        count: 1,
+        backoff_secs: 3600,
+    });
+    let soon = why(run(&ch, &failed, &own(one, at(3599))).action);
+    assert!(
+        soon.contains("retry 1 of 1 the rollout allows, not before"),
+        "{soon}"
+    );
+    // The status's word is not enough: another release offered by this node's own resolution
+    // brings no retries for v2.
+    let other = Inputs {
+        own_latest: Some(Ok(Latest {
+            retries: one,
+            ..Latest::plain("v3")
+        })),
+        ..Inputs::open_at(at(3600))
+    };
+    why(run(&ch, &failed, &other).action);
+    assert_eq!(
+        run(&ch, &failed, &own(one, at(3600))).action,
+        Action::Stage {
+            version: "v2".into(),
+            release: None,
+            retry: Some(
+                "retrying v2: it failed 1 time(s) on this node (last: 50-app: app is down); \
+                 retry 1 of 1 its rollout allows"
+                    .into()
+            )
+        }
     );
 }

@@ -92,7 +92,7 @@ proptest! {
             }
             // Staging is never held back by the waves.
             let empty = node(name, Inactive::Empty);
-            prop_assert_eq!(decide(&ch, &empty, at(1)), Action::Stage { version: "v2".into(), release: None });
+            prop_assert_eq!(decide(&ch, &empty, at(1)), Action::Stage { version: "v2".into(), release: None, retry: None });
         }
         // A pause wins over the waves.
         let mut paused = ch.clone();

@@ -254,7 +254,8 @@ fn the_per_node_flow_step_by_step() {
         decide(&ch, &node, now),
         Action::Stage {
             version: "v2".into(),
-            release: None
+            release: None,
+            retry: None
         }
     );
     node.update.inactive = Inactive::Staged("v2".into());
