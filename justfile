@@ -22,8 +22,8 @@ images-build arch:
     if [ "{{arch}}" != x86_64 ]; then
         cargo build --release -p k3os-ops --no-default-features --target {{arch}}-unknown-linux-musl
     fi
-    cargo build -p k3os-images
-    target/debug/k3os-images build --arch {{arch}} \
+    images_tool=$(scripts/host-tool.sh k3os-images k3os-images)
+    "$images_tool" build --arch {{arch}} \
         --debs .cache/debs/{{arch}}/root \
         --k3os-ops target/{{arch}}-unknown-linux-musl/release/k3os-ops \
         --verity-open target/{{arch}}-unknown-linux-musl/release/k3os-verity-open \
@@ -60,15 +60,15 @@ images-kube arch debarch boots kube_version="v1.36.2":
     if [ "{{arch}}" != x86_64 ]; then
         cargo build --release -p k3os-ops --no-default-features --target {{arch}}-unknown-linux-musl
     fi
-    cargo build -p k3os-images
+    images_tool=$(scripts/host-tool.sh k3os-images k3os-images)
     t="${CARGO_TARGET_DIR:-target}"
     agent="$t/oci/k3os-ops-{{debarch}}.oci.tar"
-    cargo run -q -p k3os-ops --bin k3os-oci -- --out "$agent" \
+    "$(scripts/host-tool.sh k3os-ops k3os-oci)" --out "$agent" \
         --ref docker.io/library/k3os-ops:0.2.0 --layer-compression none \
         --binary {{debarch}}="$t/{{arch}}-unknown-linux-musl/release/k3os-ops"
     boots=""
     for b in {{boots}}; do boots="$boots --boot $b"; done
-    target/debug/k3os-images build --arch {{arch}} \
+    "$images_tool" build --arch {{arch}} \
         --debs .cache/debs/{{arch}}/root \
         --kube-debs .cache/debs/{{arch}}/kube/root \
         --kube-assets .cache/kube/{{kube_version}}/linux-{{debarch}} \
@@ -87,8 +87,8 @@ images-secure-boot-x86_64:
     set -eu
     images/scripts/fetch-debs.sh x86_64 >/dev/null
     cargo build --release -p k3os-ops --no-default-features --target x86_64-unknown-linux-musl
-    cargo build -p k3os-images
-    target/debug/k3os-images build --arch x86_64 \
+    images_tool=$(scripts/host-tool.sh k3os-images k3os-images)
+    "$images_tool" build --arch x86_64 \
         --debs .cache/debs/x86_64/root \
         --k3os-ops target/x86_64-unknown-linux-musl/release/k3os-ops \
         --verity-open target/x86_64-unknown-linux-musl/release/k3os-verity-open \
@@ -109,7 +109,7 @@ setup:
 # tools), the agent's container image (skopeo, runc), then the default QEMU scenarios. This is
 # what CI runs. At its end (also when a phase fails) it prints the wall time of each phase and
 # of each VM scenario (scripts/phases.sh; records in target/phases/). The workspace tests run in
-# the background beside the image phases (about one core each).
+# the background beside the image phases and the VM scenarios.
 test:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -118,27 +118,32 @@ test:
     phase setup {{just_executable()}} setup
     phase lint {{just_executable()}} lint
     phase builds {{just_executable()}} builds
+    # The recipes below use the host tools (k3os-images, k3os-oci) the builds phase made.
+    export K3OS_HOST_TOOLS_BUILT=1
     # The workspace tests keep about one core busy (QEMU boots of the loader tests, servers,
-    # timeouts) and the image chain below leaves about one idle: they run side by side. The
-    # tests read the Debian packages (kernel, root), so those are fetched first.
+    # timeouts), and the phases after them leave part of the second idle (the image builds
+    # wait on mksquashfs and the disks, the scenarios on their guests' timers): they run in the
+    # background from here to the end, at a lower priority than the chain that decides when the
+    # run ends. They read the Debian packages (kernel, root), fetched first.
     phase debs sh -c 'images/scripts/fetch-debs.sh x86_64 >/dev/null'
-    phase_start "workspace tests (beside the images)" cargo test --workspace --exclude vm-tests
+    phase_start "workspace tests (background)" nice -n 5 cargo test --workspace
     phase images {{just_executable()}} images
     phase "previous release" {{just_executable()}} images-previous-build x86_64
     phase image-test {{just_executable()}} image-test
+    phase "VM scenarios" cargo test --workspace --test scenarios -- --nocapture --test-threads 2
     phase_join
-    phase "VM scenarios" cargo test -p vm-tests -- --nocapture --test-threads 2
 
 # Every binary the later phases of `just test` run: the static node binaries (x86_64 and
-# aarch64 musl, release), the image builder and the workspace's test binaries, so the phases
-# after it time what they do, not compilation (the same cargo invocations as those phases, so
-# no feature set differs and nothing is built twice).
+# aarch64 musl, release), and in one debug build the workspace's test binaries, the QEMU
+# scenarios and the host tools (k3os-images, k3os-oci: scripts/host-tool.sh), so the phases
+# after it time what they do, not compilation. Every later cargo invocation selects the whole
+# workspace with its tests (`--workspace`, a `--test` filter at most), so the dependencies'
+# features resolve the same and nothing is compiled twice.
 builds:
     cargo build --release -p k3os-ops --no-default-features --target x86_64-unknown-linux-musl
     cargo build --release -p k3os-ops --no-default-features --target aarch64-unknown-linux-musl
-    cargo build -p k3os-images
-    cargo test --workspace --exclude vm-tests --no-run
-    cargo test -p vm-tests --no-run
+    cargo test --workspace --no-run
+    cargo test --workspace --no-run --test scenarios
 
 # The main job: build the x86_64 images, boot a VM, show `slot status`, upgrade v1 -> v2 over
 # HTTP, reboot into slot B and show `slot status` again.
@@ -198,7 +203,7 @@ image:
     t="${CARGO_TARGET_DIR:-target}"
     cargo build --release -p k3os-ops --no-default-features --target x86_64-unknown-linux-musl
     cargo build --release -p k3os-ops --no-default-features --target aarch64-unknown-linux-musl
-    cargo run -q -p k3os-ops --bin k3os-oci -- --out "$t/oci/k3os-ops.oci.tar" \
+    "$(scripts/host-tool.sh k3os-ops k3os-oci)" --out "$t/oci/k3os-ops.oci.tar" \
         --ref docker.io/library/k3os-ops:0.2.0 \
         --binary amd64="$t/x86_64-unknown-linux-musl/release/k3os-ops" \
         --binary arm64="$t/aarch64-unknown-linux-musl/release/k3os-ops"
@@ -207,7 +212,7 @@ image:
 # with the DaemonSet's mounts up to the agent's start-up line, and the SUC Plan's prepare and
 # upgrade containers with the Plan's mounts and privileges (root, runc, skopeo).
 image-test: image
-    cargo test -p k3os-ops --test image -- --ignored --test-threads 1
+    cargo test --workspace --test image -- --ignored --test-threads 1
 
 # --- vm-tests (owned by vm-tests/) ---------------------------------------------------------
 # QEMU scenarios on the disks from `just images-*`; console logs in vm-tests/out/<target>/<scenario>/.
@@ -224,7 +229,7 @@ vm-test scenario="upgrade" target="x86_64-grub-bios" *flags="":
 # The full matrix: every scenario on every target (the ignored tests included).
 # VM_TESTS_ALL_BARRIERS=1 also cuts the power at every barrier instead of a sample.
 vm-test-all: images-previous images-kube-x86_64 images-kube-aarch64
-    cargo test -p vm-tests -- --include-ignored --nocapture --test-threads 2
+    cargo test --workspace --test scenarios -- --include-ignored --nocapture --test-threads 2
 
 # The Kubernetes node joins a control plane started on the host (x86_64 GRUB UEFI, the -kube
 # disk; etcd + kube-apiserver + controller manager + scheduler from .cache/kube, or

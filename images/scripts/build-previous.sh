@@ -25,11 +25,13 @@
 # of the same version, features and profile as the current build's is not compiled again, while
 # its final binaries still land in its own target/ (the current build's target/<triple>/release/
 # k3os-ops is not overwritten). Its own workspace crates hash differently (another path), so
-# nothing of the current build is replaced. Its debug k3os-images is built with this tree's dev
-# profile (a config file beside its worktree, target/previous/.cargo/config.toml, holds this
-# Cargo.toml's [profile.dev*] tables; cargo reads config files from the parent directories and
-# their profiles override Cargo.toml's), so its dependencies too are the ones already compiled
-# rather than a second full-debug-info set; what it compiles stays in this tree's target/.
+# nothing of the current build is replaced. It builds with this tree's profiles: a config file
+# beside its worktree, target/previous/.cargo/config.toml, holds this Cargo.toml's
+# [profile.dev*] and [profile.release*] tables (cargo reads config files from the parent
+# directories, and their profiles override Cargo.toml's), so the dependencies of its musl
+# k3os-ops and of its debug k3os-images are the ones already compiled, not a second set at
+# other optimisation or debug-info levels. Its code is the same; only how much LLVM optimises
+# it may differ from the release as it was cut. What it compiles stays in this tree's target/.
 #
 # Cached by commit: when previous.stamp matches, nothing is built (a second run is free). After
 # a build the old tree's target/ and images/out are deleted (GBs; the outputs are copied), unless
@@ -77,9 +79,9 @@ prepare_tree() {
         mkdir -p "$(dirname "$tree")"
         git worktree add --detach "$tree" "$sha" >&2
     fi
-    # This tree's dev profile for the old tree's debug builds (see the header).
+    # This tree's profiles for the old tree's builds (see the header).
     mkdir -p "$(dirname "$tree")/.cargo"
-    awk '/^\[/ { p = ($0 ~ /^\[profile\.dev[].]/) } p' Cargo.toml >"$(dirname "$tree")/.cargo/config.toml"
+    awk '/^\[/ { p = ($0 ~ /^\[profile\.(dev|release)[].]/) } p' Cargo.toml >"$(dirname "$tree")/.cargo/config.toml"
     if [ ! -f "$tree/justfile" ] || ! grep -q '^images-build arch:' "$tree/justfile"; then
         echo "build-previous: $version's justfile ($tree/justfile) has no \`images-build arch\` recipe: this script must learn how that release builds its images" >&2
         exit 1

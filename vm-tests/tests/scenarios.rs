@@ -1,7 +1,8 @@
 //! The scenarios under QEMU, one test per (scenario, target).
 //!
-//! Default set (`cargo test -p vm-tests`, what CI runs): every target boots, upgrades and falls
-//! back, and every scenario runs on at least one target —
+//! Default set (`cargo test -p vm-tests --test scenarios`; CI runs it as `cargo test
+//! --workspace --test scenarios`, and `cargo test --workspace` leaves it out: `test = false`):
+//! every target boots, upgrades and falls back, and every scenario runs on at least one target —
 //!
 //! | target | default scenarios |
 //! |---|---|

@@ -49,6 +49,19 @@ pub struct BundleSelection {
     pub received_before: Option<u64>,
 }
 
+impl BundleSelection {
+    /// The error of a deletion that failed in database `db` (the transaction rolled back).
+    pub(crate) fn delete_failed(&self, db: &str, e: impl std::fmt::Display) -> StoreError {
+        StoreError {
+            db: db.to_string(),
+            what: format!(
+                "delete the bundles of node {}: {e}; nothing was removed",
+                self.node
+            ),
+        }
+    }
+}
+
 /// What a store holds of one node's bundles, for the admission checks made before a bundle
 /// is inflated.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -280,13 +280,7 @@ impl Store for PgStore {
 
     fn delete_bundles(&mut self, sel: &BundleSelection) -> Result<Vec<BundleRow>, StoreError> {
         let db = self.db.clone();
-        let err = |e: postgres::Error| StoreError {
-            db: db.clone(),
-            what: format!(
-                "delete the bundles of node {}: {e}; nothing was removed",
-                sel.node
-            ),
-        };
+        let err = |e: postgres::Error| sel.delete_failed(&db, e);
         // One statement in one transaction: dropped uncommitted on any error, rolled back.
         let mut tx = self.client.transaction().map_err(err)?;
         let found = tx

@@ -329,13 +329,7 @@ impl Store for SqliteStore {
 
     fn delete_bundles(&mut self, sel: &BundleSelection) -> Result<Vec<BundleRow>, StoreError> {
         let db = self.db.clone();
-        let err = |e: rusqlite::Error| StoreError {
-            db: db.clone(),
-            what: format!(
-                "delete the bundles of node {}: {e}; nothing was removed",
-                sel.node
-            ),
-        };
+        let err = |e: rusqlite::Error| sel.delete_failed(&db, e);
         // One statement in one transaction: dropped uncommitted on any error, rolled back.
         let tx = self.conn.transaction().map_err(err)?;
         let raw = tx

@@ -37,21 +37,27 @@ fn setup(
         [n1, n2],
         fake_api::channel_object(&channel),
     )));
-    let client = fake_api::client(&world, &log);
     let node = Arc::new(
         SimNode::recording("v1", log.clone())
             .with_latest("v2")
             .with_confirm(confirm),
     );
+    let agent = pod_agent(&world, &log, node.clone());
+    (agent, world, node, log)
+}
+
+/// The agent of node `n1` as the DaemonSet's pod `k3os-system/agent-x` (it never evicts
+/// itself), over the fake API and `node`, pausing 10 ms between drain rounds.
+pub(crate) fn pod_agent(world: &Arc<Mutex<World>>, log: &Log, node: Arc<SimNode>) -> Agent {
     let mut agent = Agent::new(
-        client,
+        fake_api::client(world, log),
         "k3os-system",
         "n1",
         Some("k3os-system/agent-x".into()),
-        node.clone(),
+        node,
     );
     agent.settings.drain_retry = Duration::from_millis(10);
-    (agent, world, node, log)
+    agent
 }
 
 /// Reconcile until the agent waits (bounded).

@@ -6,7 +6,6 @@
 //! the bad slot, the update as usual), and held for good once the retries are used up.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use chrono::Utc;
 use k3os_ops::agent::testing::crd::UpdateChannel;
@@ -18,7 +17,7 @@ use libupgrade::state::FailedRelease;
 use serde_json::json;
 
 use crate::fleet_waves::{listed, t};
-use crate::flow::{annotation, channel_events, pos, settle};
+use crate::flow::{annotation, channel_events, pod_agent, pos, settle};
 
 /// Node `n1` on v1 whose signed channel offers v2 to the whole fleet with one retry an hour
 /// after a failure, followed as `version` says (`v2` pinned, or `latest`, which the poller
@@ -35,7 +34,6 @@ fn setup(version: &str, ago: i64) -> (Agent, Arc<Mutex<World>>, Arc<SimNode>, Lo
     // Following `latest`: the poller has resolved it to v2.
     object["status"]["latestVersion"] = json!("v2");
     let world = Arc::new(Mutex::new(World::new([n1], object)));
-    let client = fake_api::client(&world, &log);
     let v2 = Rollout {
         waves: vec![Wave {
             share_bp: 10_000,
@@ -54,14 +52,7 @@ fn setup(version: &str, ago: i64) -> (Agent, Arc<Mutex<World>>, Arc<SimNode>, Lo
         }),
     );
     failed_at(&node, 1, ago);
-    let mut agent = Agent::new(
-        client,
-        "k3os-system",
-        "n1",
-        Some("k3os-system/agent-x".into()),
-        node.clone(),
-    );
-    agent.settings.drain_retry = Duration::from_millis(10);
+    let agent = pod_agent(&world, &log, node.clone());
     (agent, world, node, log)
 }
 
