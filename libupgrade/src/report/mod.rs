@@ -1,7 +1,8 @@
 //! Reports back to the publisher: at every outcome of an update (staged, stage failed,
-//! waiting for a wave or a pause, trial boot, blessed, rolled back, fell back, a withdrawn
-//! release dropped) the node spools one small signed report ([`fleet_report`], at most 1 KiB)
-//! on its state partition, and sends the spool to the collector at the end of a command.
+//! waiting for a wave, a pause or a retry, trial boot, blessed, rolled back, fell back, a
+//! withdrawn release dropped) the node spools one small signed report ([`fleet_report`], at
+//! most 1 KiB) on its state partition, and sends the spool to the collector at the end of a
+//! command.
 //!
 //! - **Where**: `report_url` in the node config ([`crate::Config`]), with the node's site name
 //!   `report_site`. No URL: nothing is spooled or sent, and no key is made by a flow.
@@ -14,10 +15,11 @@
 //!   report. A wait is reported once per release and reason: an idle or waiting node
 //!   spools nothing new. A resolution reports a release it holds back because it failed here
 //!   ([`crate::rollout::decide_retry`]) as a wait for a retry (report format 2), so the CLI's
-//!   `upgrade` and the agent, which both resolve through [`Updater::resolve`], say it alike. [`Updater::send_reports`] sends, oldest first (`send`); a report
-//!   the collector refuses is set aside and never holds newer ones back (`refusal` states
-//!   which answers refuse, how often a refused report is tried and when it is dropped;
-//!   [`Updater::report_refusals`] says what became of them).
+//!   `upgrade` and the agent, which both resolve through [`Updater::resolve`], say it alike.
+//!   [`Updater::send_reports`] sends, oldest first (`send`); a report the collector refuses
+//!   is set aside and never holds newer ones back (`refusal` states which answers refuse, how
+//!   often a refused report is tried and when it is dropped; [`Updater::report_refusals`]
+//!   says what became of them).
 //! - **Never in the way**: spooling and sending never fail or stop a flow (errors are logged);
 //!   a send gives up after a few seconds, leaving the rest spooled ([`spool`]: bounded,
 //!   oldest dropped and counted, numbered so that a resend is idempotent).
