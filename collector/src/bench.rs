@@ -71,7 +71,7 @@ fn fleet() -> (AllowList, Vec<Vec<u8>>) {
                 },
             };
             let r = Report {
-                v: fleet_report::FORMAT,
+                v: outcome.format(),
                 node,
                 site: site.clone(),
                 seq,

@@ -8,7 +8,10 @@
 //! the release again) is a later attempt and replaces a failure; a later failure replaces
 //! anything. A `waiting` report replaces only a wait: after any other state it is kept beside
 //! it ("rolled back, waiting (paused)"), because a canary that failed and then waits for the
-//! halt has not tried again. A node that only ever waited is waiting.
+//! halt has not tried again. A node that only ever waited is waiting. A node that holds back a
+//! release that failed on it says so with a wait for a retry: "rolled back, waiting (retry
+//! after DATE)", or "rolled back, not retried" when no retry is to come; the failure still
+//! counts, until the node tries again.
 //!
 //! [`step`] is the rule, one report at a time (the dashboard's chart replays it over time);
 //! [`outcome`] folds one node's reports, [`outcomes`] every node's.
@@ -80,11 +83,30 @@ impl NodeState {
     }
 }
 
-/// `waiting (paused)` or `waiting (wave)`.
+/// `waiting (paused)`, `waiting (wave)` or `waiting (retry)`.
 pub fn waiting_label(w: WaitFor) -> &'static str {
     match w {
         WaitFor::Pause => "waiting (paused)",
         WaitFor::Wave => "waiting (wave)",
+        WaitFor::Retry => "waiting (retry)",
+    }
+}
+
+/// A wait as one node's newest report says it: a wait for a retry names when the retry is
+/// allowed (`waiting (retry after 2026-12-07T04:12:00Z)`) or that none comes (`not retried`);
+/// the others as [`waiting_label`].
+pub fn wait_label(outcome: &Outcome) -> Option<String> {
+    match outcome {
+        Outcome::Waiting {
+            wait_for: WaitFor::Retry,
+            until: Some(t),
+        } => Some(format!("waiting (retry after {})", crate::time::utc(*t))),
+        Outcome::Waiting {
+            wait_for: WaitFor::Retry,
+            until: None,
+        } => Some("not retried".to_string()),
+        Outcome::Waiting { wait_for, .. } => Some(waiting_label(*wait_for).to_string()),
+        _ => None,
     }
 }
 
@@ -102,10 +124,11 @@ pub struct NodeOutcome<'a> {
 }
 
 impl NodeOutcome<'_> {
-    /// `rolled back`, `rolled back, waiting (paused)`, `blessed`, …
+    /// `rolled back`, `rolled back, waiting (paused)`, `rolled back, waiting (retry after
+    /// 2026-12-07T04:12:00Z)`, `rolled back, not retried`, `blessed`, …
     pub fn label(&self) -> String {
-        match self.then_waiting {
-            Some(w) => format!("{}, {}", self.state.label(), waiting_label(w)),
+        match self.then_waiting.and(wait_label(&self.newest.outcome)) {
+            Some(w) => format!("{}, {w}", self.state.label()),
             None => self.state.label().to_string(),
         }
     }

@@ -16,7 +16,7 @@ pub fn id(n: u8) -> NodeId {
 /// A report by node `n` for `site`, number `seq`.
 pub fn report(n: u8, site: &str, seq: u64, outcome: Outcome) -> Report {
     Report {
-        v: fleet_report::FORMAT,
+        v: outcome.format(),
         node: id(n),
         site: site.into(),
         seq,

@@ -4,12 +4,15 @@
 //! Both sides read this crate: `libupgrade` (the node) builds, signs and spools reports;
 //! the `collector` crate parses, verifies and stores them. It does no I/O.
 //!
-//! # The report (format 1)
+//! # The report (formats 1 and 2)
 //! A [`Report`] names the node (its ed25519 public key, [`NodeId`]), the site it belongs to,
 //! a per-node sequence number, the time, the channel, the release (version and generation) and
 //! one [`Outcome`]: staged (bytes fetched, by patch, chunks or whole files), stage failed
-//! (why), waiting (for the site's wave or a pause), trial boot, blessed, rolled back (why),
-//! fell back (why), or a withdrawn release dropped.
+//! (why), waiting (for the site's wave, a pause, or a retry of a release that failed on the
+//! node), trial boot, blessed, rolled back (why), fell back (why), or a withdrawn release
+//! dropped. A report carries the lowest format that holds its outcome ([`Outcome::format`]): 2
+//! for a wait for a retry, 1 for the rest, so a collector that reads only format 1 (the
+//! previous release) refuses only those, naming the format, and takes everything else.
 //!
 //! On the wire ([`Report::sign`], [`parse`]) a report is at most [`MAX_REPORT_BYTES`] (1 KiB):
 //!

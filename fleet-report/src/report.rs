@@ -5,8 +5,10 @@ use std::fmt;
 use ed25519_dalek::VerifyingKey;
 use serde::{Deserialize, Serialize};
 
-/// The report format this crate writes and reads (the `v` field).
-pub const FORMAT: u32 = 1;
+/// The newest report format this crate writes and reads (the `v` field). A report carries the
+/// lowest format that holds its outcome ([`Outcome::format`]): 2 only for a wait for a retry,
+/// so a collector of the previous release (format 1) still takes every other report.
+pub const FORMAT: u32 = 2;
 
 /// Seeds are positions among a million (libupgrade's `rollout::SEED_SPACE`).
 pub(crate) const SEED_SPACE: u32 = 1_000_000;
@@ -93,6 +95,10 @@ pub enum WaitFor {
     Wave,
     /// The publisher paused the rollout.
     Pause,
+    /// The release failed on this node, which does not try it again by itself: `until` is
+    /// when the rollout's retries allow the next attempt (None: not before a newer release or
+    /// more retries are published). Report format 2.
+    Retry,
 }
 
 /// What the node reached.
@@ -116,7 +122,8 @@ pub enum Outcome {
         /// Its wave or a pause.
         #[serde(rename = "for")]
         wait_for: WaitFor,
-        /// Unix seconds when the site's wave starts (None: paused, or unknown).
+        /// Unix seconds when the site's wave starts, or when a retry is allowed (None: paused,
+        /// held for good, or unknown).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         until: Option<u64>,
     },
@@ -139,6 +146,18 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The report format a report of this outcome carries: 2 for a wait for a retry (which
+    /// format 1 has no value for), 1 for everything else.
+    pub fn format(&self) -> u32 {
+        match self {
+            Outcome::Waiting {
+                wait_for: WaitFor::Retry,
+                ..
+            } => 2,
+            _ => 1,
+        }
+    }
+
     /// The outcome's name on the wire (`staged`, `stage_failed`, …).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -177,7 +196,7 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Report {
-    /// The format, [`FORMAT`].
+    /// The format: [`Outcome::format`] of `outcome` (1, or 2 for a wait for a retry).
     pub v: u32,
     /// The reporting node.
     pub node: NodeId,
@@ -228,10 +247,12 @@ pub(crate) fn printable(text: &str, max: usize) -> bool {
 impl Report {
     /// Which field breaks a limit, with what was found; None when every field is within them.
     pub(crate) fn invalid_field(&self) -> Option<String> {
-        if self.v != FORMAT {
+        if self.v != self.outcome.format() {
             return Some(format!(
-                "report format {} is not the format this reader knows ({FORMAT})",
-                self.v
+                "report format {} does not match its outcome {} (format {})",
+                self.v,
+                self.outcome.kind(),
+                self.outcome.format()
             ));
         }
         if !valid_site(&self.site) {

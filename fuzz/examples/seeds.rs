@@ -474,10 +474,13 @@ fn reports() {
         Outcome::RolledBack { why: "x".repeat(2000) },
         Outcome::FellBack { why: "3 of 3 tries used".into() },
         Outcome::WithdrawnDropped,
+        // Format 2 (last, so the earlier seeds keep their names).
+        Outcome::Waiting { wait_for: WaitFor::Retry, until: Some(1_800_003_600) },
+        Outcome::Waiting { wait_for: WaitFor::Retry, until: None },
     ];
     for (i, outcome) in outcomes.into_iter().enumerate() {
         let r = Report {
-            v: fleet_report::FORMAT,
+            v: outcome.format(),
             node,
             site: "site-0001".into(),
             seq: i as u64 + 1,

@@ -323,7 +323,13 @@ impl Updater {
             }
         }
         if req.writes != crate::Writes::Nothing {
-            self.report_resolve(&rel, dropped_now);
+            // The retry decision `upgrade` and the agent take next, for the report only: a
+            // node that cannot read its state reports no retry wait (the flow that acts on
+            // the decision reads it again and fails there, naming the file).
+            let retry = self
+                .retry(&rel, crate::channel::node_now())
+                .unwrap_or(crate::rollout::Retry::Proceed);
+            self.report_resolve(&rel, dropped_now, &retry);
         }
         Ok(rel)
     }

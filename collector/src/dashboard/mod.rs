@@ -407,6 +407,44 @@ mod tests {
         )));
     }
 
+    /// A node holding back the release that failed on it: its failure, with when its retry
+    /// is allowed as a date, or that none comes.
+    #[test]
+    fn a_node_waiting_for_a_retry_is_shown_failed_with_its_retry_date() {
+        let failed = |n: &str| {
+            row(
+                n,
+                1,
+                Outcome::RolledBack {
+                    why: "check failed".into(),
+                },
+            )
+        };
+        let retry = |n: &str, until| {
+            row(
+                n,
+                2,
+                Outcome::Waiting {
+                    wait_for: fleet_report::WaitFor::Retry,
+                    until,
+                },
+            )
+        };
+        let rows = vec![
+            failed("a"),
+            retry("a", Some(1_800_003_600)),
+            failed("b"),
+            retry("b", None),
+        ];
+        let page = render(&stored(&rows, &[]), 10, &NoSchedule, 2000);
+        for label in [
+            "<td>rolled back, waiting (retry after 2027-01-15T09:00:00Z)</td><td>check failed</td>",
+            "<td>rolled back, not retried</td><td>check failed</td>",
+        ] {
+            assert!(page.contains(label), "{label}\n{page}");
+        }
+    }
+
     #[test]
     fn a_canary_that_failed_and_waits_is_shown_failed_and_waiting() {
         let rows = vec![

@@ -38,6 +38,37 @@ fn paused() -> Outcome {
     }
 }
 
+fn retry(until: Option<u64>) -> Outcome {
+    Outcome::Waiting {
+        wait_for: WaitFor::Retry,
+        until,
+    }
+}
+
+/// A node that holds back the release that failed on it says so: the failure still counts,
+/// labelled with when the retry is allowed, or that none comes; its retry is a later attempt.
+#[test]
+fn a_node_waiting_for_a_retry_stays_failed_and_says_until_when() {
+    let rows = [
+        row(1, staged()),
+        row(2, rolled_back()),
+        row(3, retry(Some(1_800_003_600))),
+    ];
+    let o = outcome(&rows).unwrap();
+    assert_eq!((o.state, o.decided_by.seq), (NodeState::RolledBack, 2));
+    assert_eq!(o.then_waiting, Some(WaitFor::Retry));
+    assert_eq!(
+        o.label(),
+        "rolled back, waiting (retry after 2027-01-15T09:00:00Z)"
+    );
+    let held = [row(1, rolled_back()), row(2, retry(None))];
+    assert_eq!(outcome(&held).unwrap().label(), "rolled back, not retried");
+    let mut again = rows.to_vec();
+    again.push(row(4, staged()));
+    let o = outcome(&again).unwrap();
+    assert_eq!((o.state, o.then_waiting), (NodeState::Staged, None));
+}
+
 #[test]
 fn a_halted_canary_stays_rolled_back_while_it_waits_until_it_tries_again() {
     // The canary: staged, trial boot, rolled back, then the halt makes it wait.
@@ -97,6 +128,8 @@ fn any_outcome() -> impl Strategy<Value = Outcome> {
             wait_for: WaitFor::Wave,
             until: Some(9)
         }),
+        Just(retry(Some(5))),
+        Just(retry(None)),
         Just(Outcome::TrialBoot),
         Just(Outcome::Blessed),
         Just(rolled_back()),

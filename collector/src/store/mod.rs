@@ -1,6 +1,6 @@
 //! Where reports are kept: one trait, SQLite and PostgreSQL behind it.
 //!
-//! Schema version 3 (both backends; `collector_meta.schema` holds the number, a newer one is
+//! Schema version 4 (both backends; `collector_meta.schema` holds the number, a newer one is
 //! refused naming both, before anything is created or changed): table `reports`, one row per
 //! stored report, keyed by `(node, seq)`, with the report's fields as columns (`outcome` as its
 //! JSON) and `body`, the envelope exactly as received; table `guard_actions`, one row per thing
@@ -8,9 +8,12 @@
 //! `(node, version, attempt)`, with the fields a view needs ([`BundleRow`]) and `body`, the
 //! sealed envelope exactly as received.
 //!
-//! Older schemas are migrated on open by creating the tables they lack and recording 3; their
+//! Older schemas are migrated on open by creating the tables they lack and recording 4; their
 //! rows are kept as they are. Schema 1 (`reports` only) gains `guard_actions` and `bundles`,
-//! schema 2 (`reports`, `guard_actions`) gains `bundles`.
+//! schema 2 (`reports`, `guard_actions`) gains `bundles`. Schema 4 has the tables of 3: its
+//! `reports.outcome` may hold a wait for a retry (report format 2), which a collector of
+//! schema 3 cannot read, so the number moves and such a collector refuses the database by
+//! name (nothing changed) rather than failing on a row later.
 
 mod bundles;
 mod pg;
@@ -25,14 +28,14 @@ pub use pg::PgStore;
 pub use sqlite::SqliteStore;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA: i64 = 3;
+pub const SCHEMA: i64 = 4;
 
 /// What opening a database must do about its schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SchemaStep {
     /// A new database: create everything, record [`SCHEMA`].
     New,
-    /// An older schema (1 or 2): create the tables it lacks, record [`SCHEMA`].
+    /// An older schema (1 to 3): create the tables it lacks, record [`SCHEMA`].
     Migrate,
     /// Ours: nothing.
     Current,
@@ -43,7 +46,7 @@ pub(crate) enum SchemaStep {
 pub(crate) fn schema_step(db: &str, found: Option<i64>) -> Result<SchemaStep, StoreError> {
     match found {
         None => Ok(SchemaStep::New),
-        Some(1 | 2) => Ok(SchemaStep::Migrate),
+        Some(1..=3) => Ok(SchemaStep::Migrate),
         Some(SCHEMA) => Ok(SchemaStep::Current),
         Some(n) => Err(StoreError {
             db: db.to_string(),

@@ -137,7 +137,8 @@ impl Report {
 }
 
 /// Read and verify one report envelope: size first, then the header, the signature line, the
-/// JSON (no unknown fields, format [`FORMAT`], every field within its limits), then the
+/// JSON (no unknown fields, a format from 1 to [`FORMAT`] that is its outcome's, every field
+/// within its limits), then the
 /// signature of the named node over the JSON bytes exactly as received.
 pub fn parse(bytes: &[u8]) -> Result<Verified, ReportError> {
     if bytes.len() > MAX_REPORT_BYTES {
@@ -189,9 +190,9 @@ fn read_body(json: &[u8]) -> Result<Report, ReportError> {
     }
     let v: Version = serde_json::from_slice(json)
         .map_err(|e| ReportError::Body(format!("not a report (no format number `v`): {e}")))?;
-    if v.v != FORMAT {
+    if !(1..=FORMAT).contains(&v.v) {
         return Err(ReportError::Body(format!(
-            "report format {} is not the format this reader knows ({FORMAT}){}",
+            "report format {} is not a format this reader knows (1 to {FORMAT}){}",
             v.v,
             if v.v > FORMAT {
                 ": newer than this collector"
@@ -201,7 +202,7 @@ fn read_body(json: &[u8]) -> Result<Report, ReportError> {
         )));
     }
     let report: Report = serde_json::from_slice(json)
-        .map_err(|e| ReportError::Body(format!("format {FORMAT}: {e}")))?;
+        .map_err(|e| ReportError::Body(format!("format {}: {e}", v.v)))?;
     if let Some(what) = report.invalid_field() {
         return Err(ReportError::Body(what));
     }

@@ -7,7 +7,7 @@ fn key(n: u8) -> SigningKey {
 
 fn report(k: &SigningKey, outcome: Outcome) -> Report {
     Report {
-        v: FORMAT,
+        v: outcome.format(),
         node: NodeId::of(&k.verifying_key()),
         site: "site-0042".into(),
         seq: 7,
@@ -36,6 +36,14 @@ fn every_outcome() -> Vec<Outcome> {
         },
         Outcome::Waiting {
             wait_for: WaitFor::Pause,
+            until: None,
+        },
+        Outcome::Waiting {
+            wait_for: WaitFor::Retry,
+            until: Some(1_800_007_200),
+        },
+        Outcome::Waiting {
+            wait_for: WaitFor::Retry,
             until: None,
         },
         Outcome::TrialBoot,
@@ -155,8 +163,22 @@ fn bad_bodies_are_refused_naming_what_is_wrong() {
     let k = key(5);
     let good = serde_json::to_string(&report(&k, Outcome::Blessed)).unwrap();
     let cases = [
-        (good.replacen(r#""v":1"#, r#""v":2"#, 1), "format 2"),
-        (good.replacen(r#""v":1"#, r#""v":2"#, 1), "newer"),
+        (good.replacen(r#""v":1"#, r#""v":3"#, 1), "format 3"),
+        (good.replacen(r#""v":1"#, r#""v":3"#, 1), "newer"),
+        (good.replacen(r#""v":1"#, r#""v":0"#, 1), "format 0"),
+        // Format 2 only for a wait for a retry, which format 1 cannot carry.
+        (
+            good.replacen(r#""v":1"#, r#""v":2"#, 1),
+            "report format 2 does not match its outcome blessed (format 1)",
+        ),
+        (
+            good.replacen(
+                r#"{"kind":"blessed"}"#,
+                r#"{"kind":"waiting","for":"retry"}"#,
+                1,
+            ),
+            "report format 1 does not match its outcome waiting (format 2)",
+        ),
         (good.replacen(r#""v":1,"#, "", 1), "no format number"),
         (good.replacen("site-0042", "Site_42", 1), "site"),
         (good.replacen("site-0042", "", 1), "site"),
@@ -193,6 +215,44 @@ fn bad_bodies_are_refused_naming_what_is_wrong() {
         let e = parse(&signed_json(&k, &json)).unwrap_err().to_string();
         assert!(e.contains(want), "{json}\n→ {e}\n(wanted {want:?})");
     }
+}
+
+/// A wait for a retry goes as format 2 (what a collector of the previous release, which reads
+/// only format 1, answers 400 naming); every other outcome stays format 1, byte for byte.
+#[test]
+fn only_a_wait_for_a_retry_is_format_2() {
+    let k = key(1);
+    for o in every_outcome() {
+        let retry = matches!(
+            o,
+            Outcome::Waiting {
+                wait_for: WaitFor::Retry,
+                ..
+            }
+        );
+        let text = String::from_utf8(report(&k, o).sign(&k).unwrap()).unwrap();
+        let body = text.splitn(3, '\n').nth(2).unwrap();
+        let want = if retry { r#"{"v":2,"# } else { r#"{"v":1,"# };
+        assert!(body.starts_with(want), "{body}");
+    }
+    let r = report(
+        &k,
+        Outcome::Waiting {
+            wait_for: WaitFor::Retry,
+            until: Some(1_800_007_200),
+        },
+    );
+    let text = String::from_utf8(r.sign(&k).unwrap()).unwrap();
+    assert!(
+        text.contains(r#""outcome":{"kind":"waiting","for":"retry","until":1800007200}"#),
+        "{text}"
+    );
+    // A report that says format 1 for it cannot be signed.
+    let e = Report { v: 1, ..r }.sign(&k).unwrap_err().to_string();
+    assert!(
+        e.contains("does not match its outcome waiting (format 2)"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -95,10 +95,19 @@ pub fn failure_lines(failures: &[ReleaseFailures]) -> Vec<String> {
                     "      no bundle: node {} ({}) {}: {}",
                     f.node,
                     f.site,
-                    f.state.label(),
+                    f.label,
                     f.why.lines().next().unwrap_or_default().escape_debug()
                 ),
             });
+            // A failed node that holds the release back since says so (waiting for a retry,
+            // not retried, paused): the bundle line names only the failed attempt.
+            let then = f
+                .label
+                .strip_prefix(f.state.label())
+                .and_then(|rest| rest.strip_prefix(", "));
+            if let (Some(_), Some(wait)) = (&f.bundle, then) {
+                out.push(format!("        then {wait}"));
+            }
         }
     }
     out

@@ -5,7 +5,8 @@
 //! check of the boot-assessment core, awaited before its single bless point, never a second
 //! rollback path. And, through a signed channel with rollouts (issue 24), that resolving
 //! `latest` for the cluster's seed writes nothing on the node and that only the node's own
-//! `drop_withdrawn` drops a withdrawn staged release.
+//! `drop_withdrawn` drops a withdrawn staged release. A release that failed here and is held
+//! back is reported by the agent's own resolution as a wait for a retry, once.
 
 use crate::fleet_rig::{agent_request, stage_as_agent};
 use agent::testing::{
@@ -279,6 +280,52 @@ fn node_not_ready_is_a_failed_health_check_and_the_core_rolls_back() {
     let st = rig.node().status().unwrap();
     assert_eq!(st.booted_version.as_deref(), Some("v1"), "{st:?}");
     assert_eq!(st.inactive, Inactive::Failed("v2".into()), "{st:?}");
+
+    // With a `report_url`, the agent's own resolution of the channel (what it asks before
+    // holding v2 back) reports the hold once, as a wait for a retry: held for good, since the
+    // channel has no rollout allowing retries. The collector is away: it stays spooled.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let updater = rig.node.updater_with(|c| {
+        c.report_url = Some(format!("http://127.0.0.1:{port}/v1/reports"));
+        c.report_site = Some("site-1".into());
+    });
+    let spool = libupgrade::spool_dir(&updater.config().state_dir);
+    let reporting = LibupgradeNode::new(updater, vec!["false".into()]);
+    let seed = libupgrade::rollout::Seed::derived_from("cluster");
+    for _ in 0..3 {
+        resolve_latest(&reporting, &rig.channel, seed).unwrap();
+    }
+    let spooled: Vec<fleet_report::Report> = std::fs::read_dir(&spool)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "report"))
+        .map(|p| {
+            fleet_report::parse(&std::fs::read(p).unwrap())
+                .unwrap()
+                .report
+        })
+        .collect();
+    assert_eq!(spooled.len(), 1, "one hold, one report: {spooled:?}");
+    assert_eq!(
+        (
+            spooled[0].v,
+            spooled[0].version.as_str(),
+            &spooled[0].outcome
+        ),
+        (
+            2,
+            "v2",
+            &fleet_report::Outcome::Waiting {
+                wait_for: fleet_report::WaitFor::Retry,
+                until: None
+            }
+        ),
+        "{spooled:?}"
+    );
 }
 
 #[test]

@@ -1001,7 +1001,7 @@ fn canary(i: u8, key: &ed25519_dalek::SigningKey, channel: &str) -> (Vec<u8>, Ve
         ),
     };
     let report = Report {
-        v: fleet_report::FORMAT,
+        v: 1,
         node,
         site: format!("canary-{i}"),
         seq: 1,

@@ -4,6 +4,10 @@
 //! says why (exit 0), `--converge` refuses (exit 1), `slot status` shows it held back; the
 //! publisher's `release rollout --retries 1` lets it try once more after the backoff (the
 //! node's clock moved by `K3OS_OPS_TEST_NOW`), and a newer release proceeds as usual.
+//!
+//! The node reports to a real `collector serve` all along: each hold goes home once, as a wait
+//! for a retry (report format 2), and `rollout-status --reports` and the dashboard's HTML show
+//! the failure "not retried", then "waiting (retry after …)", until the retry stages it again.
 
 use crate::release_args::release_create;
 use k3os_ops_testing::cli as cli_support;
@@ -16,6 +20,7 @@ use std::path::Path;
 use chrono::{DateTime, Duration, SubsecRound, Utc};
 use release_support::Server;
 
+use super::fleet_reports::{free_port, stored, Collector};
 use super::rollout_cli::run;
 
 /// What it printed on stdout and stderr, asserting it exited with `code`.
@@ -39,6 +44,27 @@ fn create(work: &Path, chan: &Path, key: &Path, version: &str, generation: u64) 
         None,
         &args.iter().map(String::as_str).collect::<Vec<_>>(),
     );
+}
+
+/// The page at `url` (`http://HOST:PORT/PATH`), by a plain HTTP/1.0 GET.
+fn get(url: &str) -> String {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut c = std::net::TcpStream::connect(host).unwrap();
+    write!(c, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
+    let mut page = String::new();
+    c.read_to_string(&mut page).unwrap();
+    page
+}
+
+/// The outcomes of the reports stored about v2, in the order the store reads them back.
+fn v2_reports(db: &Path) -> Vec<fleet_report::Outcome> {
+    stored(db)
+        .into_iter()
+        .filter(|r| r.version == "v2")
+        .map(|r| r.outcome)
+        .collect()
 }
 
 /// The node `n` boots slot `slot` in boot `boot_id` (what a reboot changes for it).
@@ -73,16 +99,62 @@ fn a_release_that_failed_here_waits_for_retries_or_a_newer_release() {
     let url = format!("{}stable/", srv.url);
 
     let n = p("node");
+    let port = free_port();
     let cfg = cli_support::write_node(
         &n,
         1,
         &trust,
-        &format!("channel_root = \"{}/root.json\"\n", n.display()),
+        &format!(
+            "channel_root = \"{}/root.json\"\nreport_url = \"http://127.0.0.1:{port}/v1/reports\"\nreport_site = \"site-1\"\n",
+            n.display()
+        ),
     );
     fs::copy(chan.join("root.json"), n.join("root.json")).unwrap();
     let node =
         |code: i32, now: Option<DateTime<Utc>>, args: &[&str]| exits(code, Some(&cfg), now, args);
     let upgrade = ["upgrade", "--stage-only", "--channel", url.as_str()];
+    // The collector, with the node enrolled, and its dashboard.
+    let said = node(0, None, &["slot", "status"]);
+    let id = said
+        .lines()
+        .find_map(|l| l.strip_prefix("node id: "))
+        .unwrap_or_else(|| panic!("no node id: {said}"))[..64]
+        .to_string();
+    let (db, allow) = (p("reports.db"), p("allow"));
+    fs::write(&allow, format!("{id} site-1\n")).unwrap();
+    let (_collector, more) = Collector::start_with(
+        port,
+        &db,
+        &allow,
+        &[
+            "--dashboard",
+            "127.0.0.1:0",
+            "--channel",
+            chan.to_str().unwrap(),
+        ],
+    );
+    let dashboard = more[0].strip_prefix("dashboard at ").unwrap().to_string();
+    let dbarg = format!("sqlite:{}", db.display());
+    let status = || {
+        let said = exits(
+            0,
+            None,
+            None,
+            &[
+                "release",
+                "rollout-status",
+                chan.to_str().unwrap(),
+                "--reports",
+                &dbarg,
+            ],
+        );
+        let page = get(&dashboard);
+        (said, page)
+    };
+    let retry_wait = |until| fleet_report::Outcome::Waiting {
+        wait_for: fleet_report::WaitFor::Retry,
+        until,
+    };
 
     // v2 is staged, tried, fails its health check and is rolled back from.
     assert!(node(0, None, &upgrade).contains("staged v2"));
@@ -110,9 +182,26 @@ fn a_release_that_failed_here_waits_for_retries_or_a_newer_release() {
     );
     assert!(!said.contains("staged v2"), "{said}");
     testkit::assert_same_tree("slots", &slots, &testkit::tree_bytes(&n.join("system")));
+    // It reported the hold: held for good, as a wait for a retry with no time.
+    let reports = v2_reports(&db);
+    assert_eq!(reports.last(), Some(&retry_wait(None)), "{reports:?}");
+    let (said, page) = status();
+    assert!(
+        said.contains("failed, waiting (retry) 1") && said.contains("then not retried"),
+        "{said}"
+    );
+    assert!(page.contains("<td>rolled back, not retried</td>"), "{page}");
     // --converge keeps refusing it (exit 1), naming why once.
     let said = node(1, None, &["upgrade", "--converge", "--channel", &url]);
     assert_eq!(said.matches("failed here: v2").count(), 1, "{said}");
+    // However often it polls, one report of the same hold.
+    node(0, None, &upgrade);
+    assert_eq!(
+        v2_reports(&db).len(),
+        reports.len(),
+        "{:?}",
+        v2_reports(&db)
+    );
     // slot status says it is held back and why, in both views.
     let said = node(0, None, &["slot", "status"]);
     assert!(
@@ -157,9 +246,32 @@ fn a_release_that_failed_here_waits_for_retries_or_a_newer_release() {
         (named.with_timezone(&Utc) - until).num_seconds().abs() <= 5,
         "{named} vs {until}"
     );
+    // Reported once more, now with the time the retry is allowed, which the views show.
+    let named = named.with_timezone(&Utc);
+    let reports = v2_reports(&db);
+    assert_eq!(
+        reports.last(),
+        Some(&retry_wait(Some(named.timestamp() as u64))),
+        "{reports:?}"
+    );
+    let shown = format!(
+        "waiting (retry after {})",
+        named.format("%Y-%m-%dT%H:%M:%SZ")
+    );
+    let (said, page) = status();
+    // rollout-status: under the failed attempt's bundle, what the node did since.
+    assert!(said.contains(&format!("then {shown}")), "{shown}\n{said}");
+    assert!(
+        page.contains(&format!("<td>rolled back, {shown}</td>")),
+        "{shown}\n{page}"
+    );
     // After the backoff: it tries once more.
     let later = Some(Utc::now() + Duration::hours(2));
     assert!(node(0, later, &upgrade).contains("staged v2"));
+    // The retry is a later attempt: the failure no longer counts.
+    let (said, _) = status();
+    assert!(said.contains("offered: staged 1"), "{said}");
+    assert!(!said.contains("waiting (retry"), "{said}");
 
     // v3 published: a newer release proceeds as usual, whatever failed before.
     create(&p("work"), &chan, &keys.join("release.key"), "v3", 3);

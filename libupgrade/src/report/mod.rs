@@ -1,7 +1,8 @@
 //! Reports back to the publisher: at every outcome of an update (staged, stage failed,
-//! waiting for a wave or a pause, trial boot, blessed, rolled back, fell back, a withdrawn
-//! release dropped) the node spools one small signed report ([`fleet_report`], at most 1 KiB)
-//! on its state partition, and sends the spool to the collector at the end of a command.
+//! waiting for a wave, a pause or a retry, trial boot, blessed, rolled back, fell back, a
+//! withdrawn release dropped) the node spools one small signed report ([`fleet_report`], at
+//! most 1 KiB) on its state partition, and sends the spool to the collector at the end of a
+//! command.
 //!
 //! - **Where**: `report_url` in the node config ([`crate::Config`]), with the node's site name
 //!   `report_site`. No URL: nothing is spooled or sent, and no key is made by a flow.
@@ -12,10 +13,13 @@
 //!   [`Updater::resolve`], [`Updater::activate_awaiting`], [`Updater::rollback`],
 //!   [`Updater::confirm_with`]); pure mappings in `outcome` decide which outcome makes which
 //!   report. A wait is reported once per release and reason: an idle or waiting node
-//!   spools nothing new. [`Updater::send_reports`] sends, oldest first (`send`); a report
-//!   the collector refuses is set aside and never holds newer ones back (`refusal` states
-//!   which answers refuse, how often a refused report is tried and when it is dropped;
-//!   [`Updater::report_refusals`] says what became of them).
+//!   spools nothing new. A resolution reports a release it holds back because it failed here
+//!   ([`crate::rollout::decide_retry`]) as a wait for a retry (report format 2), so the CLI's
+//!   `upgrade` and the agent, which both resolve through [`Updater::resolve`], say it alike.
+//!   [`Updater::send_reports`] sends, oldest first (`send`); a report the collector refuses
+//!   is set aside and never holds newer ones back (`refusal` states which answers refuse, how
+//!   often a refused report is tried and when it is dropped; [`Updater::report_refusals`]
+//!   says what became of them).
 //! - **Never in the way**: spooling and sending never fail or stop a flow (errors are logged);
 //!   a send gives up after a few seconds, leaving the rest spooled ([`spool`]: bounded,
 //!   oldest dropped and counted, numbered so that a resend is idempotent).
@@ -117,7 +121,7 @@ impl Reporter {
         let key = key::load_or_create(&self.state_dir)?;
         for n in notes {
             let report = Report {
-                v: fleet_report::FORMAT,
+                v: n.outcome.format(),
                 node: NodeId::of(&key.verifying_key()),
                 site: self.site.clone(),
                 seq: meta.next_seq,
@@ -271,24 +275,33 @@ impl Updater {
         );
     }
 
-    pub(crate) fn report_resolve(&self, rel: &crate::Release, dropped: bool) {
+    /// Spool what a resolution of `rel` reports: a withdrawn staged release it `dropped`, and
+    /// its wait: for the release's wave or a pause, else, when `retry` holds back a release
+    /// that failed here, for a retry (each once, see [`Wait`]).
+    pub(crate) fn report_resolve(
+        &self,
+        rel: &crate::Release,
+        dropped: bool,
+        retry: &crate::rollout::Retry,
+    ) {
         let Some(r) = self.reporter() else { return };
+        let held = || outcome::of_retry(rel, retry);
         let note = match &rel.origin {
             crate::Origin::Channel {
                 rollout: Some(n), ..
             } => n,
-            _ => return r.spool(Vec::new(), channel_of(rel), Wait::Now(None, None)),
+            _ => return r.spool(Vec::new(), channel_of(rel), Wait::Now(None, held())),
         };
         let notes = outcome::of_drop(note)
             .into_iter()
             .filter(|_| dropped)
             .collect();
         let seed = Some(note.seed.get());
-        r.spool(
-            notes,
-            channel_of(rel),
-            Wait::Now(seed, outcome::of_wait(note)),
-        );
+        let wait = match note.nothing_newer {
+            true => outcome::of_wait(note),
+            false => outcome::of_wait(note).or_else(held),
+        };
+        r.spool(notes, channel_of(rel), Wait::Now(seed, wait));
     }
 
     pub(crate) fn report_notes(&self, notes: Vec<Note>) {

@@ -4,7 +4,7 @@ use fleet_report::{Outcome, Transfer, WaitFor};
 
 use crate::boot::assess::{Outcome as BootOutcome, Verdict};
 use crate::channel::RolloutNote;
-use crate::rollout::Hold;
+use crate::rollout::{Hold, Retry};
 use crate::stage::StageReport;
 use crate::state::{OtherSlot, SlotState};
 
@@ -80,6 +80,33 @@ pub fn of_wait(note: &RolloutNote) -> Option<(Note, String)> {
             },
             version: w.version.clone(),
             generation: w.generation,
+        },
+        key,
+    ))
+}
+
+/// The report of a release held back because it failed on this node (`retry`, the node's
+/// [`crate::rollout::decide_retry`] for it), and its key: `waiting {for: "retry", until}` with
+/// `until` when the rollout's retries allow the next attempt (None: held for good). The key
+/// holds the decision's sentence, which names the attempts, the last failure and `until`, so
+/// a node polling while nothing changed reports once, and again after each new failure or a
+/// rollout that changes its retries. None when the release proceeds.
+pub fn of_retry(rel: &crate::Release, retry: &Retry) -> Option<(Note, String)> {
+    let Retry::Wait { why, until } = retry else {
+        return None;
+    };
+    let version = rel.version.clone().unwrap_or_default();
+    let generation = rel.generation.unwrap_or(0);
+    let until = until.map(|t| t.timestamp().max(0) as u64);
+    let key = format!("{version} {generation} Retry {until:?} {why}");
+    Some((
+        Note {
+            outcome: Outcome::Waiting {
+                wait_for: WaitFor::Retry,
+                until,
+            },
+            version,
+            generation,
         },
         key,
     ))

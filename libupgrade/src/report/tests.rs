@@ -478,3 +478,74 @@ fn a_spool_written_before_refusals_were_set_aside_is_read_and_reads_back() {
     r.spool(vec![note(Outcome::Blessed)], None, Wait::Unchanged);
     assert_eq!(spooled(&r).last().unwrap().dropped, 3);
 }
+
+/// A release held back because it failed here is reported as a wait for a retry, in report
+/// format 2, once per decision: the same hold at every poll is one report; a later failure
+/// (another attempt count, another `until`) or a hold for good is a new one.
+#[test]
+fn a_release_held_back_after_a_failure_is_reported_once_as_a_wait_for_a_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = reporter(dir.path(), "http://127.0.0.1:9/", Limits::default());
+    let rel = crate::Release {
+        source: crate::Source::parse("/srv/v2"),
+        version: Some("v2".into()),
+        generation: Some(2),
+        pin: None,
+        origin: crate::Origin::Source,
+    };
+    let failed = |attempts| crate::state::FailedRelease {
+        version: "v2".into(),
+        generation: Some(2),
+        attempts,
+        at: 1_800_000_000,
+        why: "50-app: app is down".into(),
+    };
+    let retries = Some(crate::rollout::Retries {
+        count: 2,
+        backoff_secs: 3600,
+    });
+    let now = chrono::DateTime::from_timestamp(1_800_000_100, 0).unwrap();
+    let decide =
+        |attempts, retries| crate::rollout::decide_retry(Some(&failed(attempts)), retries, now);
+    let wait = |retry: &crate::rollout::Retry| Wait::Now(None, outcome::of_retry(&rel, retry));
+
+    assert_eq!(
+        outcome::of_retry(&rel, &crate::rollout::Retry::Proceed),
+        None
+    );
+    for _ in 0..5 {
+        r.spool(vec![], None, wait(&decide(1, retries)));
+    }
+    let sent = spooled(&r);
+    assert_eq!(
+        sent.len(),
+        1,
+        "one report for one hold, however often it polls"
+    );
+    assert_eq!(sent[0].v, 2);
+    assert_eq!(
+        sent[0].outcome,
+        Outcome::Waiting {
+            wait_for: WaitFor::Retry,
+            until: Some(1_800_003_600),
+        }
+    );
+    assert_eq!((sent[0].version.as_str(), sent[0].generation), ("v2", 2));
+    // Failed again after its retry: a new hold, with the doubled backoff.
+    r.spool(vec![], None, wait(&decide(2, retries)));
+    // Its retries spent: held for good, no `until`.
+    r.spool(vec![], None, wait(&decide(3, retries)));
+    r.spool(vec![], None, wait(&decide(3, retries)));
+    let sent = spooled(&r);
+    let untils: Vec<_> = sent
+        .iter()
+        .map(|s| match s.outcome {
+            Outcome::Waiting {
+                wait_for: WaitFor::Retry,
+                until,
+            } => until,
+            ref o => panic!("{o:?}"),
+        })
+        .collect();
+    assert_eq!(untils, vec![Some(1_800_003_600), Some(1_800_007_200), None]);
+}

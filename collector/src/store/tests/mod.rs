@@ -312,14 +312,14 @@ fn a_newer_schema_is_refused_and_left_alone() {
     drop(SqliteStore::open(&path).unwrap());
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute(
-        "UPDATE collector_meta SET value = 4 WHERE key = 'schema'",
+        "UPDATE collector_meta SET value = 5 WHERE key = 'schema'",
         [],
     )
     .unwrap();
     conn.execute("DROP TABLE guard_actions", []).unwrap();
     drop(conn);
     let e = SqliteStore::open(&path).err().unwrap().to_string();
-    assert!(e.contains("schema 4, this build reads schema 3"), "{e}");
+    assert!(e.contains("schema 5, this build reads schema 4"), "{e}");
     // Nothing was created in it.
     let conn = rusqlite::Connection::open(&path).unwrap();
     let n: i64 = conn
@@ -435,6 +435,56 @@ fn a_schema_2_database_of_the_previous_release_gains_bundles_keeping_its_rows() 
     assert_eq!(schema, SCHEMA);
 }
 
+fn retry_wait() -> Outcome {
+    Outcome::Waiting {
+        wait_for: fleet_report::WaitFor::Retry,
+        until: Some(1_800_003_600),
+    }
+}
+
+/// A schema-3 store (the tables this build has; the number is what differs) holding a
+/// report and a bundle is migrated on open: everything kept, schema 4 recorded, and a wait
+/// for a retry (report format 2, which a schema-3 collector cannot read) stored and read back.
+/// `make_3`: turn a new store of this build into what a schema-3 collector left.
+fn a_schema_3_store_is_migrated(open: &dyn Fn() -> Box<dyn Store>, make_3: &dyn Fn()) {
+    let mut s = open();
+    s.insert(&verified(1, "site-a", 1, Outcome::Blessed), 5)
+        .unwrap();
+    drop(s);
+    make_3();
+    let mut s = open();
+    assert_eq!(s.rows().unwrap().len(), 1, "the schema-3 report is kept");
+    s.insert(&verified(1, "site-a", 2, retry_wait()), 6)
+        .unwrap();
+    let rows = s.rows().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1].outcome, retry_wait());
+}
+
+#[test]
+fn a_schema_3_database_is_migrated_to_4_keeping_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("reports.db");
+    let sql = |q: &str| {
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch(q)
+            .unwrap()
+    };
+    a_schema_3_store_is_migrated(&|| Box::new(SqliteStore::open(&path).unwrap()), &|| {
+        sql("UPDATE collector_meta SET value = 3 WHERE key = 'schema'")
+    });
+    let schema: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row(
+            "SELECT value FROM collector_meta WHERE key = 'schema'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(schema, 4);
+}
+
 #[test]
 fn an_unknown_database_url_is_named() {
     let e = open("mysql://x").err().unwrap().to_string();
@@ -502,6 +552,26 @@ fn a_schema_2_postgres_database_of_the_previous_release_gains_bundles_keeping_it
         .unwrap()
         .get(0);
     assert_eq!(schema, SCHEMA);
+}
+
+#[test]
+fn a_schema_3_postgres_database_is_migrated_to_4_keeping_its_rows() {
+    let pg = crate::store::tests::pg_server::PgServer::start();
+    let sql = |q: &str| {
+        postgres::Client::connect(&pg.url(), postgres::NoTls)
+            .unwrap()
+            .batch_execute(q)
+            .unwrap()
+    };
+    a_schema_3_store_is_migrated(&|| Box::new(PgStore::open(&pg.url()).unwrap()), &|| {
+        sql("UPDATE collector_meta SET value = 3 WHERE key = 'schema'")
+    });
+    let mut c = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    let schema: i64 = c
+        .query_one("SELECT value FROM collector_meta WHERE key = 'schema'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(schema, 4);
 }
 
 pub mod pg_server;

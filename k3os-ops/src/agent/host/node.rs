@@ -146,9 +146,16 @@ impl NodeOps for LibupgradeNode {
     }
 
     fn resolve(&self, req: &StageRequest) -> Result<Release, NodeError> {
-        self.updater
-            .resolve(req)
-            .map_err(|e| NodeError::resolve(&e))
+        // A resolution spools a new wait report (a wave, a pause, a release held back because
+        // it failed here) once per wait: send it now, since an idle node makes no step that
+        // sends. Nothing new spooled, nothing sent, so a collector that is away costs an
+        // idle node's ticks no send time.
+        let spooled = self.updater.spooled_reports();
+        let rel = self.updater.resolve(req);
+        if self.updater.spooled_reports() > spooled {
+            crate::node::send_reports(&self.updater);
+        }
+        rel.map_err(|e| NodeError::resolve(&e))
     }
 
     fn offline(&self, req: &StageRequest) -> Result<Option<Release>, NodeError> {
