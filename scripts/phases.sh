@@ -34,10 +34,18 @@ phase() {
     t0=$(date +%s%N)
     phases_cpu
     c0=$PHASES_CPU
+    # bash reaps a finished background phase when it ends, adding its CPU time to this shell's
+    # children: a phase during which it ended must not count that time as its own (the
+    # background phase's row has it).
+    local bg_running=""
+    [ -n "${PHASES_BG_PID:-}" ] && kill -0 "$PHASES_BG_PID" 2>/dev/null && bg_running=1
     "$@" || rc=$?
     phases_cpu
+    if [ -n "$bg_running" ] && ! kill -0 "$PHASES_BG_PID" 2>/dev/null; then
+        c0=$(awk -F'\t' -v n="$PHASES_BG_NAME" -v c="$c0" '$1 == n { c += $3 } END { print c }' "$PHASES_FILE")
+    fi
     printf '%s\t%s\t%s\t%s\n' "$name" "$(phases_secs "$t0")" \
-        "$(awk -v a="$c0" -v b="$PHASES_CPU" 'BEGIN { printf "%.0f", b - a }')" \
+        "$(awk -v a="$c0" -v b="$PHASES_CPU" 'BEGIN { d = b - a; printf "%.0f", d < 0 ? 0 : d }')" \
         "$([ "$rc" = 0 ] && echo ok || echo "failed ($rc)")" >>"$PHASES_FILE"
     return "$rc"
 }
