@@ -142,6 +142,16 @@ impl RawBundle {
             size: self.size as u64,
         })
     }
+
+    /// What a deletion returned, as the views read it, by release and attempt.
+    pub(crate) fn deleted(db: &str, raw: Vec<RawBundle>) -> Result<Vec<BundleRow>, StoreError> {
+        let mut rows = raw
+            .into_iter()
+            .map(|r| r.into_row(db))
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.sort_by(|a, b| (&a.version, a.attempt).cmp(&(&b.version, b.attempt)));
+        Ok(rows)
+    }
 }
 
 /// A row's failure column back to the failure (written by [`BundleColumns::of`]).

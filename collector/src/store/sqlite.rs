@@ -350,12 +350,7 @@ impl Store for SqliteStore {
             })
             .map_err(err)?;
         tx.commit().map_err(err)?;
-        let mut rows = raw
-            .into_iter()
-            .map(|r| r.into_row(&db))
-            .collect::<Result<Vec<_>, _>>()?;
-        rows.sort_by(|a, b| (&a.version, a.attempt).cmp(&(&b.version, b.attempt)));
-        Ok(rows)
+        RawBundle::deleted(&db, raw)
     }
 
     fn name(&self) -> &str {

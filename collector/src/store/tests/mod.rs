@@ -382,15 +382,7 @@ fn a_schema_1_database_of_the_previous_release_is_migrated_keeping_its_reports()
     assert_eq!(s.actions().unwrap(), vec![]);
     assert_eq!(s.bundles().unwrap(), vec![]);
     drop(s);
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    let schema: i64 = conn
-        .query_row(
-            "SELECT value FROM collector_meta WHERE key = 'schema'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(schema, SCHEMA);
+    assert_eq!(sqlite_schema(&path), SCHEMA);
 }
 
 /// What the previous release's collector (schema 2) created in SQLite, exactly, with one
@@ -424,14 +416,7 @@ fn a_schema_2_database_of_the_previous_release_gains_bundles_keeping_its_rows() 
     assert_eq!(s.actions().unwrap().len(), 1, "the guard's log is kept");
     exercise_bundles(&mut s);
     drop(s);
-    let schema: i64 = rusqlite::Connection::open(&path)
-        .unwrap()
-        .query_row(
-            "SELECT value FROM collector_meta WHERE key = 'schema'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let schema = sqlite_schema(&path);
     assert_eq!(schema, SCHEMA);
 }
 
@@ -474,14 +459,7 @@ fn a_schema_3_database_is_migrated_to_4_keeping_its_rows() {
     a_schema_3_store_is_migrated(&|| Box::new(SqliteStore::open(&path).unwrap()), &|| {
         sql("UPDATE collector_meta SET value = 3 WHERE key = 'schema'")
     });
-    let schema: i64 = rusqlite::Connection::open(&path)
-        .unwrap()
-        .query_row(
-            "SELECT value FROM collector_meta WHERE key = 'schema'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let schema = sqlite_schema(&path);
     assert_eq!(schema, 4);
 }
 
@@ -575,3 +553,15 @@ fn a_schema_3_postgres_database_is_migrated_to_4_keeping_its_rows() {
 }
 
 pub mod pg_server;
+
+/// The schema number an SQLite collector database records.
+fn sqlite_schema(path: &std::path::Path) -> i64 {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row(
+            "SELECT value FROM collector_meta WHERE key = 'schema'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
