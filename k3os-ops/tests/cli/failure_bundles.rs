@@ -356,6 +356,10 @@ fn a_trial_that_never_reached_userspace_leaves_a_bundle_from_what_survived() {
     );
     assert!(b.sections[2].text.contains("root hash mismatch"));
     assert!(b.sections[3].text.contains("Kernel panic"));
+    assert!(
+        !node.path().join("pstore/dmesg-efi-176500000001").exists(),
+        "a pstore record sealed in a kept bundle is removed from the firmware's small store"
+    );
     let lines = bundle_lines(node);
     assert!(
         lines[0].contains("attempt 1, never reached userspace") && lines[0].contains(": sent "),

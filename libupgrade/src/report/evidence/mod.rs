@@ -10,7 +10,9 @@
 //!   never reached userspace (a panic, the initramfs, dm-verity), the good slot writes a
 //!   [`fleet_report::Failure::NoUserspace`] bundle when its assessment settles the loader's
 //!   fallback and no bundle of that attempt is kept: from the loader's try counts, the
-//!   initramfs's `verity-failure` record and pstore (`/sys/fs/pstore`) where the node has one.
+//!   initramfs's `verity-failure` record and pstore (`/sys/fs/pstore`) where the node has one;
+//!   the pstore records it carries are removed once the bundle is kept (a firmware backend's
+//!   space is small, and they would ride along with the next fallback's bundle).
 //! - **What** (`compose`, pure): each health check's output, the newest decisions of the
 //!   slot decision log, the tails of the kernel log (`/dev/kmsg`) and of the service logs
 //!   ([`BundleSettings::logs`]), the versions; redacted by the node's rules
@@ -182,18 +184,21 @@ impl Updater {
             return;
         };
         // The good slot's own checks and logs are not the failed boots' evidence.
+        let pstore_dir = &self.cfg.failure_bundle.pstore_dir;
+        let records = match no_userspace {
+            true => sources::pstore(pstore_dir),
+            false => Vec::new(),
+        };
         let (checks, pieces) = match no_userspace {
             true => (
                 &[][..],
-                survived(
-                    a.verdict.other_slot.as_ref(),
-                    verity,
-                    sources::pstore(&self.cfg.failure_bundle.pstore_dir),
-                ),
+                survived(a.verdict.other_slot.as_ref(), verity, records.clone()),
             ),
             false => (&a.verdict.checks[..], self.live_pieces()),
         };
-        self.keep_bundle(&store, attempt, checks, &a.state.history, pieces);
+        if self.keep_bundle(&store, attempt, checks, &a.state.history, pieces) {
+            sources::remove_pstore(pstore_dir, &records);
+        }
     }
 
     /// Keep a bundle of a confirm that failed with `err` while the booted slot is on trial.
@@ -240,6 +245,7 @@ impl Updater {
             .collect()
     }
 
+    /// Compose, seal and store a bundle; whether it was kept (a failure is logged).
     fn keep_bundle(
         &self,
         store: &Store,
@@ -247,14 +253,20 @@ impl Updater {
         checks: &[CheckResult],
         decisions: &[Decision],
         pieces: Vec<Piece>,
-    ) {
+    ) -> bool {
         let what = format!("{} attempt {}", attempt.version, attempt.attempt);
         match self.try_keep_bundle(store, attempt, checks, decisions, pieces) {
-            Ok(bytes) => log::info!("failure bundle of {what} kept ({bytes} bytes sealed)"),
-            Err(e) => log::warn!(
-                "failure bundle of {what} not kept: {}",
-                crate::chain_line(&e)
-            ),
+            Ok(bytes) => {
+                log::info!("failure bundle of {what} kept ({bytes} bytes sealed)");
+                true
+            }
+            Err(e) => {
+                log::warn!(
+                    "failure bundle of {what} not kept: {}",
+                    crate::chain_line(&e)
+                );
+                false
+            }
         }
     }
 

@@ -107,6 +107,22 @@ pub fn pstore(dir: &Path) -> Vec<Piece> {
         .collect()
 }
 
+/// Remove the pstore records `pieces` carry (`pstore/<file>` under `dir`), once they are sealed
+/// in a kept bundle: a firmware backend's space is small (an EFI variable store holds a few
+/// panics), and a record left there would be sent again with the next fallback's bundle.
+/// Best effort: a record that cannot be removed is logged.
+pub fn remove_pstore(dir: &Path, pieces: &[Piece]) {
+    for n in pieces.iter().filter_map(|p| p.name.strip_prefix("pstore/")) {
+        let path = dir.join(n);
+        if let Err(e) = std::fs::remove_file(&path) {
+            log::warn!(
+                "pstore record {} not removed after its bundle: {e}",
+                path.display()
+            );
+        }
+    }
+}
+
 /// `name=value` lines: this build, the running kernel, the running release file's keys.
 pub fn versions(release_file: &Path) -> Vec<(String, String)> {
     let mut out = vec![(
@@ -163,5 +179,8 @@ mod tests {
         let names: Vec<&str> = p.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["pstore/dmesg-efi-1", "pstore/dmesg-efi-2"]);
         assert!(pstore(&d.path().join("none")).is_empty());
+        remove_pstore(&ps, &p[..1]);
+        let left: Vec<_> = pstore(&ps).into_iter().map(|x| x.name).collect();
+        assert_eq!(left, ["pstore/dmesg-efi-2"], "only the sealed record goes");
     }
 }
