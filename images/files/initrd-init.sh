@@ -1,5 +1,6 @@
 #!/bin/sh
-# initrd /init: load the modules listed in /etc/modules (in order), find the root partition named
+# initrd /init: load the modules listed in /etc/modules (in order) and the pstore backends of
+# /etc/modules.pstore (failures tolerated), find the root partition named
 # by root=PARTLABEL=<name> on the kernel command line, open it through dm-verity when the
 # command line names k3os.verity=<root hash>,<geometry> (the modules of /etc/modules.verity and
 # /bin/k3os-verity-open), mount its squashfs read-only with tmpfs for the writable trees, and
@@ -23,6 +24,12 @@ while read -r m; do
     [ -n "$m" ] || continue
     insmod "/lib/modules/$m" || fail "insmod $m"
 done </etc/modules
+# pstore backends (efi_pstore): the rootfs mounts /sys/fs/pstore, where the records a panic
+# left in the firmware are read back for the failed attempt's bundle. Not every target has one.
+while read -r m; do
+    [ -n "$m" ] || continue
+    insmod "/lib/modules/$m" || echo "k3os-initrd: pstore backend $m not loaded"
+done </etc/modules.pstore
 
 partlabel=""
 verity=""

@@ -1,7 +1,7 @@
 #!/bin/sh
 # /sbin/init of the test rootfs (busybox sh as PID 1).
 #
-# Mounts the kernel filesystems, /boot (PARTLABEL=boot) and the state partition
+# Mounts the kernel filesystems (and pstore where the kernel has it), /boot (PARTLABEL=boot) and the state partition
 # (PARTLABEL=state at /var/lib/k3os-ops), writes the k3os-ops config of this boot (`k3os-node-config`:
 # the one matching the bootloader installed on /boot), prints K3OS-BOOTED, confirms the slot (K3OS-CONFIRM ok|failed|pending; pending:
 # the activation awaits the agent's Node-Ready, `slot await-bless` runs in the background; on failure
@@ -67,6 +67,10 @@ mountlabel() {
     dev=$(bypartlabel "$1") || { echo "k3os-init: no partition named $1"; return 1; }
     mount -t ext4 -o rw "$dev" "$2" || { echo "k3os-init: mount $dev ($1) on $2 failed"; return 1; }
 }
+# pstore (the initrd loaded its backend, efi_pstore): a panic's kernel log the firmware kept,
+# read by the assessment into the failed attempt's bundle. Nothing to mount without pstore.
+mounted /sys/fs/pstore || mount -t pstore pstore /sys/fs/pstore 2>/dev/null ||
+    echo "k3os-init: no pstore"
 mountlabel boot /boot
 mkdir -p /var/lib/k3os-ops
 mountlabel state /var/lib/k3os-ops

@@ -194,12 +194,17 @@ impl ReleaseBuilder {
                 "verity-modules",
                 initrd::verity_module_list(d, t)?.join("\n"),
             )
+            .param(
+                "pstore-modules",
+                initrd::pstore_module_list(d, t)?.join("\n"),
+            )
             .param("kver", &d.kver)
             .file("busybox", &d.busybox)?
             .file("verity-open", &self.verity_open)?;
         let modules = [
             initrd::module_list(d, t)?,
             initrd::verity_module_list(d, t)?,
+            initrd::pstore_module_list(d, t)?,
         ];
         for m in modules.iter().flatten() {
             st.file(m, &d.modules_dir.join(m))?;

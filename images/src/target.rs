@@ -61,6 +61,16 @@ impl Target {
         &["dm-verity"]
     }
 
+    /// pstore backends the initrd loads (with their dependencies, after
+    /// [`Target::initrd_modules`]); a failure to load is printed and tolerated. `efi_pstore` keeps a panic's kernel log in UEFI
+    /// variables (OVMF, AAVMF: `pstore/dmesg-efi-*` at the next boot); on BIOS it registers
+    /// nothing. Both `/init`s load it: the panicking one so that its panic is written, the
+    /// normal one so that the next good boot reads the record back (the rootfs has no modules).
+    /// Debian 6.1 builds it enabled (`CONFIG_EFI_VARS_PSTORE_DEFAULT_DISABLE` unset).
+    pub fn initrd_pstore_modules(self) -> &'static [&'static str] {
+        &["efi_pstore"]
+    }
+
     /// Modules the initrd loads (with their dependencies, resolved from modules.dep): the
     /// virtio PCI transport, disk and NIC; squashfs for the root; ext4 (and the crc32c
     /// implementation its checksums request) for /boot and the state partition; the xHCI USB

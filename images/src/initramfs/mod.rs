@@ -1,6 +1,7 @@
 //! The initrd: static busybox, the kernel modules the root needs (see
 //! [`Target::initrd_modules`]), `/etc/modules` with their load order, the dm-verity modules
-//! ([`Target::initrd_verity_modules`], `/etc/modules.verity`) and helper
+//! ([`Target::initrd_verity_modules`], `/etc/modules.verity`), the pstore backends
+//! ([`Target::initrd_pstore_modules`], `/etc/modules.pstore`), the dm-verity helper
 //! (`/bin/k3os-verity-open`, k3os-ops/src/bin/k3os-verity-open), `/dev/console`, and the
 //! `/init` script (`images/files/initrd-init.sh`, or `initrd-init-panic.sh` for the `-panic`
 //! variant) that finds `root=PARTLABEL=...`, opens it through dm-verity when the command line
@@ -62,6 +63,22 @@ pub fn verity_module_list(debs: &Debs, target: Target) -> Result<Vec<String>> {
     Ok(all.into_iter().filter(|m| !base.contains(m)).collect())
 }
 
+/// Ordered module paths the initrd loads as pstore backends, after [`module_list`]'s (those
+/// left out). A backend this kernel does not build as a module is left out: the target then
+/// keeps no panic across a reboot, which is what the docs say per target.
+pub fn pstore_module_list(debs: &Debs, target: Target) -> Result<Vec<String>> {
+    let base = module_list(debs, target)?;
+    let deps = ModDeps::load(&debs.modules_dir)?;
+    let wanted: Vec<&str> = target
+        .initrd_pstore_modules()
+        .iter()
+        .copied()
+        .filter(|m| deps.contains(m))
+        .collect();
+    let all = deps.resolve(&wanted)?;
+    Ok(all.into_iter().filter(|m| !base.contains(m)).collect())
+}
+
 /// Build the initrd at `out`, with `verity_open` as its dm-verity helper.
 pub fn build(
     debs: &Debs,
@@ -72,9 +89,11 @@ pub fn build(
 ) -> Result<()> {
     let modules = module_list(debs, target)?;
     let verity_modules = verity_module_list(debs, target)?;
+    let pstore_modules = pstore_module_list(debs, target)?;
     let mut files = busybox_files(debs, target)?;
     files.extend(module_files(debs, &modules, "etc/modules")?);
     files.extend(module_files(debs, &verity_modules, "etc/modules.verity")?);
+    files.extend(module_files(debs, &pstore_modules, "etc/modules.pstore")?);
     files.push(file("bin/k3os-verity-open", 0o755, read(verity_open)?));
     let init = match kind {
         InitKind::Normal => INIT,
@@ -92,11 +111,12 @@ pub fn build(
     std::fs::write(out, gz).ctx("write", out)?;
     let names = |ms: &[String]| ms.iter().map(|m| module_name(m)).collect::<Vec<_>>();
     eprintln!(
-        "k3os-images: initrd {} ({} modules: {}; for dm-verity: {})",
+        "k3os-images: initrd {} ({} modules: {}; for dm-verity: {}; pstore: {})",
         out.display(),
         modules.len(),
         names(&modules).join(" "),
-        names(&verity_modules).join(" ")
+        names(&verity_modules).join(" "),
+        names(&pstore_modules).join(" ")
     );
     Ok(())
 }
