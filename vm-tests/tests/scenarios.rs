@@ -6,8 +6,8 @@
 //!
 //! | target | default scenarios |
 //! |---|---|
-//! | x86_64 GRUB BIOS | upgrade, fallback-panic, powercut (sampled), missing-kernel, awaited-check, upgrade-from-previous, verity-fec |
-//! | x86_64 GRUB UEFI | upgrade, fallback-noconfirm, upgrade-patch, payload-images |
+//! | x86_64 GRUB BIOS | upgrade, powercut (sampled), missing-kernel, awaited-check, upgrade-from-previous, verity-fec |
+//! | x86_64 GRUB UEFI | upgrade, fallback-panic (its bundle with the panic from pstore), fallback-noconfirm, upgrade-patch, payload-images |
 //! | x86_64 extlinux | upgrade, fallback-panic, badhealth, upgrade-from-previous, bundle-offline, reachability, trust-rotation, rollout-wave, report-spool |
 //! | aarch64 GRUB UEFI | upgrade, fallback-panic |
 //!
@@ -148,7 +148,7 @@ matrix_test!(
 
 // x86_64 GRUB BIOS
 default_test!(x86_64_grub_bios_upgrade, Upgrade, X86_64GrubBios);
-default_test!(
+matrix_test!(
     x86_64_grub_bios_fallback_panic,
     FallbackPanic,
     X86_64GrubBios
@@ -186,7 +186,7 @@ default_test!(
     FallbackNoConfirm,
     X86_64GrubEfi
 );
-matrix_test!(x86_64_grub_efi_fallback_panic, FallbackPanic, X86_64GrubEfi);
+default_test!(x86_64_grub_efi_fallback_panic, FallbackPanic, X86_64GrubEfi);
 matrix_test!(x86_64_grub_efi_badhealth, BadHealth, X86_64GrubEfi);
 matrix_test!(x86_64_grub_efi_powercut, PowerCut, X86_64GrubEfi);
 matrix_test!(x86_64_grub_efi_missing_kernel, MissingKernel, X86_64GrubEfi);

@@ -1,13 +1,16 @@
 //! The fallback family: a trial slot that never makes it. `fallback-panic` and
 //! `fallback-noconfirm` use up the bootloader's tries, `badhealth` fails its health check and
 //! rolls back on its first boot, `missing-kernel` cannot even be loaded; each time the node
-//! must come back on A by itself and `slot status` must say why B failed.
+//! must come back on A by itself and `slot status` must say why B failed. On the x86_64 GRUB
+//! targets `fallback-panic` reports to a collector on the host, which must receive the
+//! panicking attempt's failure bundle (`panic_bundle`).
 
 use std::time::Instant;
 
 use bootconfig::{Slot, SlotBoot};
 use libupgrade::state::{Event, SlotState};
 
+use super::panic_bundle::PanicEvidence;
 use super::steps::{parse_booted, sl, BOOT, CMD, GRUB_STUCK, READY};
 use super::Scenario;
 use crate::error::Result;
@@ -25,9 +28,20 @@ impl Scenario {
         let srv = self.server(0)?;
         let mut node = self.node("node")?;
         let mut vm = self.boot_v1(&mut node)?;
+        let evidence = PanicEvidence::on(self.target).filter(|_| !noconfirm);
+        let reports = match evidence {
+            Some(_) => Some(self.site_collector(&mut vm, node.report_port)?),
+            None => None,
+        };
         let tries = self.activate_trial(&mut vm, &srv, version, "activation")?;
         self.note(format!("activated {version} in B with {tries} tries"));
-        self.fall_back_to_a(&mut vm, version, tries, noconfirm, "v1")
+        self.fall_back_to_a(&mut vm, version, tries, noconfirm, "v1")?;
+        match (reports, evidence) {
+            (Some((site, col)), Some(want)) => {
+                self.panic_bundle_arrived(&mut vm, &site, col, version, tries, want)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Upgrade to `version` (into B): it must be on trial; returns the tries the bootloader

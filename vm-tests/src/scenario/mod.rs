@@ -100,6 +100,7 @@ mod awaited;
 mod fallback;
 mod kube;
 mod offline;
+mod panic_bundle;
 mod patch;
 mod payloads;
 mod powercut;

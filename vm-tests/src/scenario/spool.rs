@@ -263,7 +263,6 @@ impl Scenario {
         Ok(())
     }
 
-    /// The node's id (`slot status --json`), the key made at first use.
     /// Turn reporting on in the guest: the report keys into [`REPORT_TO`] on the state
     /// partition, then this boot's config rewritten from them (the shell's `K3OS_OPS_CONFIG`
     /// names that file; init does the same at every later boot), checked by `slot status`
@@ -284,6 +283,26 @@ impl Scenario {
         Ok(())
     }
 
+    /// Turn the node's reports on (this boot and every later one) towards a collector on the
+    /// host at `port`, its node id enrolled for the test OS's site.
+    pub(super) fn site_collector(
+        &mut self,
+        vm: &mut Vm,
+        port: u16,
+    ) -> Result<(CollectorSite, Collector)> {
+        self.report_from_now_on(vm)?;
+        let id = self.node_id(vm)?;
+        let mut site = CollectorSite::new(&self.root, port, &self.out.join("collector"))?;
+        site.enrol(&id, SITE)?;
+        let col = site.start()?;
+        self.note(format!(
+            "{}: reports on; node {id} enrolled as {SITE}, collector on 127.0.0.1:{port}",
+            vm.name()
+        ));
+        Ok((site, col))
+    }
+
+    /// The node's id (`slot status --json`), the key made at first use.
     pub(super) fn node_id(&mut self, vm: &mut Vm) -> Result<String> {
         let v = self.status_value(vm)?;
         let id = v["node_id"].as_str().unwrap_or_default().to_string();

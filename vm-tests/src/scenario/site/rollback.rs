@@ -48,8 +48,6 @@ const FORMER_FLOOR: Duration = Duration::from_secs(600);
 /// From B's boot to its kubelet's exit (containerd, the import, the kubelet's start): before
 /// the limit passes.
 const KUBELET_FAILS: Duration = LIMIT;
-/// The site the test OS reports as (images/src/rootfs.rs).
-const REPORT_SITE: &str = k3os_images::rootfs::REPORT_SITE;
 
 impl Scenario {
     pub(in crate::scenario) fn site_rollback(&mut self) -> Result<()> {
@@ -69,21 +67,6 @@ impl Scenario {
                 self.collector_has_rollback(&mut vm, &site, col)
             });
         r.map_err(|e| self.site_logs(&mut vm, e))
-    }
-
-    /// Turn the node's reports on (this boot and every later one) towards a collector on the
-    /// host at `port`, its node id enrolled for the test OS's site.
-    fn site_collector(&mut self, vm: &mut Vm, port: u16) -> Result<(CollectorSite, Collector)> {
-        self.report_from_now_on(vm)?;
-        let id = self.node_id(vm)?;
-        let mut site = CollectorSite::new(&self.root, port, &self.out.join("collector"))?;
-        site.enrol(&id, REPORT_SITE)?;
-        let col = site.start()?;
-        self.note(format!(
-            "{}: reports on; node {id} enrolled as {REPORT_SITE}, collector on 127.0.0.1:{port}",
-            vm.name()
-        ));
-        Ok((site, col))
     }
 
     /// Back on A: what the node spooled is sent (`slot status`), and the collector holds its
