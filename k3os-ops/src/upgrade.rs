@@ -247,7 +247,10 @@ impl Ran {
 /// `upgrade` up to the reboot.
 fn stage_and_activate(u: &libupgrade::Updater, args: &UpgradeArgs) -> anyhow::Result<Ran> {
     let req = request(args, Utc::now())?;
-    let rel = match u.resolve(&req) {
+    let libupgrade::Resolved {
+        release: rel,
+        retry,
+    } = match u.resolve_with_retry(&req) {
         Err(e) => match e.channel_error() {
             Some(c @ libupgrade::channel::ChannelError::NothingOffered { .. }) => {
                 println!("nothing to stage: {c}");
@@ -255,7 +258,7 @@ fn stage_and_activate(u: &libupgrade::Updater, args: &UpgradeArgs) -> anyhow::Re
             }
             _ => return Err(e.into()),
         },
-        Ok(rel) => rel,
+        Ok(r) => r,
     };
     if !matches!(rel.origin, Origin::Source) {
         eprintln!("{rel}");
@@ -267,7 +270,9 @@ fn stage_and_activate(u: &libupgrade::Updater, args: &UpgradeArgs) -> anyhow::Re
         println!("nothing to stage: {note}");
         return Ok(Ran::NOTHING);
     }
-    if let Retry::Wait { why, .. } = u.retry(&rel, libupgrade::channel::node_now())? {
+    // The one retry decision the resolution took (and reported); an unreadable state file
+    // fails here, naming it.
+    if let Retry::Wait { why, .. } = retry? {
         if args.converge {
             bail!("{why}");
         }
@@ -499,7 +504,7 @@ fn converged(u: &libupgrade::Updater, rel: &libupgrade::Release) -> anyhow::Resu
         bail!("--converge needs --channel or --bundle: the version to converge to");
     };
     let status = u.status()?;
-    let recorded = status.failed.iter().any(|f| f.is(version, rel.generation));
+    let recorded = libupgrade::state::failure_of(&status.failed, version, rel.generation).is_some();
     match converge(&status.slots, version, recorded) {
         Converge::Proceed => Ok(false),
         Converge::AlreadyRunning(slot) => {

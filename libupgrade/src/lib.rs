@@ -109,7 +109,7 @@ pub use report::{
     BUNDLE_DIR, CONTENT_TYPE as REPORT_CONTENT_TYPE, DEFAULT_BUNDLES_KEPT, DEFAULT_BUNDLE_LOGS,
     DEFAULT_REDACT_RULES, KEY_FILE as NODE_KEY_FILE, SPOOL_DIR,
 };
-pub use request::{ResolveError, StageRequest, Wanted, Writes};
+pub use request::{ResolveError, Resolved, StageRequest, Wanted, Writes};
 pub use scrub::{ScrubSummary, SlotScrub};
 #[cfg(feature = "fuzzing")]
 pub use sqcheck::check as fuzz_squashfs_check;

@@ -276,15 +276,99 @@ fn find_bundle(dir: &Path, version: &str) -> Result<Option<Bundle>, ResolveError
         .find(|b| b.header.version == version))
 }
 
-/// A release's retry decision is the node's, taken where it resolves what to stage.
+/// A release resolved on this node with the one decision whether it is staged now
+/// ([`crate::Updater::resolve_with_retry`]): the report of the resolution says that decision,
+/// and the flow that acts on it takes the same value, so nobody derives it again.
+#[derive(Debug)]
+pub struct Resolved {
+    /// The release to stage.
+    pub release: Release,
+    /// Whether it is staged now or held back because it failed on this node
+    /// ([`crate::rollout::decide_retry`]); `Err`: the node's state file could not be read
+    /// (the error names it), so no decision was taken.
+    pub retry: crate::Result<crate::rollout::Retry>,
+}
+
+/// A release's retry decision is the node's, taken once where it resolves what to stage.
 impl crate::Updater {
+    /// Resolve `req` on this node (its channel root, trust record, seed and slots): the
+    /// release to stage. The channel's rollouts see the booted slot's release as the running
+    /// one (generation 0 when the booted slot cannot be told) and the other slot's when it is
+    /// staged, not yet activated. When the staged release is withdrawn, the slot is marked bad
+    /// (never activated) before the release offered instead is returned, unless `req` may not
+    /// write it ([`crate::Writes`]). A node running a withdrawn release keeps it (see
+    /// [`crate::rollout`]). A request [`StageRequest::for_cluster`] sees no staged release.
+    pub fn resolve(&self, req: &StageRequest) -> Result<Release, ResolveError> {
+        self.resolve_with_retry(req).map(|r| r.release)
+    }
+
+    /// [`Self::resolve`], with the retry decision for the release taken once: the resolution's
+    /// report says it (a node that cannot read its state reports no retry wait) and the caller
+    /// acts on the same value ([`Resolved::retry`]).
+    pub fn resolve_with_retry(&self, req: &StageRequest) -> Result<Resolved, ResolveError> {
+        // Only a channel's resolution looks at the slots (a bundle or a location does not).
+        let (running, staged) = match req.wanted {
+            Wanted::Channel { .. } => self.installed()?,
+            _ => (unknown_release(), None),
+        };
+        let staged = staged.filter(|_| !req.for_cluster);
+        let rel = req.resolve(&self.cfg, running, staged.clone())?;
+        let dropped = match &rel.origin {
+            Origin::Channel {
+                rollout: Some(note),
+                ..
+            } => note.drop_staged.as_ref(),
+            _ => None,
+        };
+        let mut dropped_now = false;
+        if let (crate::Writes::All, Some(d), Some(s)) = (req.writes, dropped, &staged) {
+            if d == s {
+                dropped_now = true;
+                let other = self.booted_slot()?.other();
+                self.mark_bad(
+                    other,
+                    &format!(
+                        "staged release {} (generation {}) was withdrawn by the channel's rollout: dropped, never to be activated",
+                        d.version.escape_debug(),
+                        d.generation
+                    ),
+                )?;
+            }
+        }
+        let retry = self.retry(&rel, channel::node_now());
+        if req.writes != crate::Writes::Nothing {
+            let said = retry.as_ref().unwrap_or(&crate::rollout::Retry::Proceed);
+            self.report_resolve(&rel, dropped_now, said);
+        }
+        Ok(Resolved {
+            release: rel,
+            retry,
+        })
+    }
+
+    /// The release the booted slot runs and the one staged in the other slot, as the
+    /// rollouts see them.
+    fn installed(&self) -> crate::Result<(Installed, Option<Installed>)> {
+        let Ok(booted) = self.booted_slot() else {
+            return Ok((unknown_release(), None));
+        };
+        let st = self.load(Some(booted))?;
+        let of = |r: &crate::state::SlotRecord| Installed {
+            version: r.version.clone().unwrap_or_default(),
+            generation: r.generation.unwrap_or(0),
+        };
+        let other = st.slot(booted.other());
+        let staged = (other.state == crate::state::SlotState::Staged).then(|| of(other));
+        Ok((of(st.slot(booted)), staged))
+    }
+
     /// Whether `rel` is staged at `now` or held back because it failed on this node
     /// ([`crate::rollout::decide_retry`] with its record and, for a channel's release, its
     /// rollout's retries). A release whose version is not known before its manifest is read
     /// (`--source`) proceeds.
-    pub fn retry(
+    fn retry(
         &self,
-        rel: &crate::Release,
+        rel: &Release,
         now: chrono::DateTime<chrono::Utc>,
     ) -> crate::Result<crate::rollout::Retry> {
         let Some(version) = rel.version.as_deref() else {
@@ -292,7 +376,7 @@ impl crate::Updater {
         };
         let st = self.store.load()?;
         let retries = match &rel.origin {
-            crate::Origin::Channel {
+            Origin::Channel {
                 rollout: Some(note),
                 ..
             } => note.retries,
@@ -303,5 +387,13 @@ impl crate::Updater {
             retries,
             now,
         ))
+    }
+}
+
+/// The running release when it cannot be told: generation 0, older than every release.
+fn unknown_release() -> Installed {
+    Installed {
+        version: String::new(),
+        generation: 0,
     }
 }

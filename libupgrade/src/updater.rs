@@ -26,8 +26,6 @@ use crate::boot::health;
 use crate::config::{BootloaderKind, Config, LayoutConfig};
 use crate::error::{Error, Result};
 use crate::layout::{DirLayout, GptLayout, Layout};
-use crate::request::{ResolveError, StageRequest};
-use crate::rollout::Installed;
 use crate::stage::Release;
 use crate::stage::Stager;
 use crate::state::store::StateStore;
@@ -285,71 +283,6 @@ impl Updater {
         })
     }
 
-    /// Resolve `req` on this node (its channel root, trust record, seed and slots): the
-    /// release to stage. The channel's rollouts see the booted slot's release as the running
-    /// one (generation 0 when the booted slot cannot be told) and the other slot's when it is
-    /// staged, not yet activated. When the staged release is withdrawn, the slot is marked bad
-    /// (never activated) before the release offered instead is returned, unless `req` may not
-    /// write it ([`crate::Writes`]). A node running a withdrawn release keeps it (see
-    /// [`crate::rollout`]). A request [`StageRequest::for_cluster`] sees no staged release.
-    pub fn resolve(&self, req: &StageRequest) -> std::result::Result<Release, ResolveError> {
-        // Only a channel's resolution looks at the slots (a bundle or a location does not).
-        let (running, staged) = match req.wanted {
-            crate::Wanted::Channel { .. } => self.installed()?,
-            _ => (unknown_release(), None),
-        };
-        let staged = staged.filter(|_| !req.for_cluster);
-        let rel = req.resolve(&self.cfg, running, staged.clone())?;
-        let dropped = match &rel.origin {
-            crate::Origin::Channel {
-                rollout: Some(note),
-                ..
-            } => note.drop_staged.as_ref(),
-            _ => None,
-        };
-        let mut dropped_now = false;
-        if let (crate::Writes::All, Some(d), Some(s)) = (req.writes, dropped, &staged) {
-            if d == s {
-                dropped_now = true;
-                let other = self.booted_slot()?.other();
-                self.mark_bad(
-                    other,
-                    &format!(
-                        "staged release {} (generation {}) was withdrawn by the channel's rollout: dropped, never to be activated",
-                        d.version.escape_debug(),
-                        d.generation
-                    ),
-                )?;
-            }
-        }
-        if req.writes != crate::Writes::Nothing {
-            // The retry decision `upgrade` and the agent take next, for the report only: a
-            // node that cannot read its state reports no retry wait (the flow that acts on
-            // the decision reads it again and fails there, naming the file).
-            let retry = self
-                .retry(&rel, crate::channel::node_now())
-                .unwrap_or(crate::rollout::Retry::Proceed);
-            self.report_resolve(&rel, dropped_now, &retry);
-        }
-        Ok(rel)
-    }
-
-    /// The release the booted slot runs and the one staged in the other slot, as the
-    /// rollouts see them.
-    fn installed(&self) -> Result<(Installed, Option<Installed>)> {
-        let Ok(booted) = self.booted_slot() else {
-            return Ok((unknown_release(), None));
-        };
-        let st = self.load(Some(booted))?;
-        let of = |r: &crate::state::SlotRecord| Installed {
-            version: r.version.clone().unwrap_or_default(),
-            generation: r.generation.unwrap_or(0),
-        };
-        let other = st.slot(booted.other());
-        let staged = (other.state == SlotState::Staged).then(|| of(other));
-        Ok((of(st.slot(booted)), staged))
-    }
-
     /// Fetch, verify and write the release `rel` (from [`Updater::resolve`], or
     /// [`Release::at`] a location) into the inactive slot.
     pub fn stage(
@@ -585,13 +518,5 @@ impl Updater {
     /// The state directory (state file, download checkpoint).
     pub fn state_dir(&self) -> &Path {
         &self.cfg.state_dir
-    }
-}
-
-/// The running release when it cannot be told: generation 0, older than every release.
-fn unknown_release() -> Installed {
-    Installed {
-        version: String::new(),
-        generation: 0,
     }
 }

@@ -262,6 +262,19 @@ impl FailedRelease {
     }
 }
 
+/// The newest record in `failed` of the release `version` of `generation` failing on this
+/// node ([`FailedRelease::is`]: an unknown generation on either side matches any): the one
+/// matching of a node's failure records, which the CLI's `upgrade` and the agent both hold
+/// a release back by, so a release republished under the same version with another
+/// generation is never held back by the old one's failure.
+pub fn failure_of<'a>(
+    failed: &'a [FailedRelease],
+    version: &str,
+    generation: Option<u64>,
+) -> Option<&'a FailedRelease> {
+    failed.iter().rev().find(|f| f.is(version, generation))
+}
+
 /// `why` cut at a character boundary to at most [`WHY_MAX`] bytes.
 fn cut(why: &str) -> String {
     let mut end = why.len().min(WHY_MAX);
@@ -359,9 +372,10 @@ impl State {
         Ok(())
     }
 
-    /// The record of the release `version` of `generation` failing here, if it did.
+    /// The record of the release `version` of `generation` failing here, if it did
+    /// ([`failure_of`]).
     pub fn failed_for(&self, version: &str, generation: Option<u64>) -> Option<&FailedRelease> {
-        self.failed.iter().rev().find(|f| f.is(version, generation))
+        failure_of(&self.failed, version, generation)
     }
 
     /// Count one more failed attempt of `version` at `at`, for `why`.

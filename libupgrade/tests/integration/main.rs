@@ -9,6 +9,7 @@ mod bounded;
 mod chunked;
 mod lifecycle;
 mod patch;
+mod retry;
 mod rollout;
 mod stage;
 mod state_formats;

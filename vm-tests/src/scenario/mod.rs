@@ -97,6 +97,7 @@ use crate::error::{Error, Result};
 use crate::target::{workspace_root, Accel, Target};
 
 mod awaited;
+mod bundles;
 mod fallback;
 mod kube;
 mod offline;

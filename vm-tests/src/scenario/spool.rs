@@ -43,6 +43,7 @@ use collector::history::NodeState;
 use collector::Row;
 use libupgrade::state::SlotState;
 
+use super::bundles::WantedBundle;
 use super::steps::{CMD, READY};
 use super::Scenario;
 use crate::collector::{Collector, CollectorSite};
@@ -150,7 +151,14 @@ impl Scenario {
         )?;
         let col = site.start()?;
         self.spooled(vm)?;
-        self.bundle_arrived(site)?;
+        // The badhealth trial's failure bundle: its failed check's output and the kernel
+        // log's tail, sealed by the node.
+        let want = WantedBundle {
+            version: BAD,
+            failure: fleet_report::Failure::HealthCheck,
+            sections: &["health/", "log/kernel"],
+        };
+        self.bundle_arrived(site, &want, "after the link came back")?;
         let rows = site.rows()?;
         self.check_kinds(
             &rows,
@@ -173,39 +181,6 @@ impl Scenario {
             why.escape_debug()
         ));
         Ok(col)
-    }
-
-    /// The badhealth trial's failure bundle is stored: its failed check's output and the kernel
-    /// log's tail are in it, sealed by the node.
-    fn bundle_arrived(&mut self, site: &CollectorSite) -> Result<()> {
-        let stored = site.bundles()?;
-        let Some((row, body)) = stored.first() else {
-            return Err(self.fail("the collector holds no failure bundle after the link came back"));
-        };
-        let b = fleet_report::open_bundle(body)
-            .map_err(|e| self.fail(format!("the stored bundle does not open: {e}")))?
-            .bundle;
-        let has = |prefix: &str| {
-            b.sections
-                .iter()
-                .any(|s| s.name.starts_with(prefix) && !s.text.is_empty())
-        };
-        self.check(
-            stored.len() == 1
-                && row.version == BAD
-                && row.failure == fleet_report::Failure::HealthCheck
-                && has("health/")
-                && has("log/kernel"),
-            || format!("one {BAD} health-check bundle with its checks and kernel log expected: {row:?}, sections {:?}", b.sections.iter().map(|s| &s.name).collect::<Vec<_>>()),
-        )?;
-        self.note(format!(
-            "failure bundle of {BAD} attempt {} stored after the link came back: {} bytes sealed, sections {:?}, {} redaction(s)",
-            row.attempt,
-            body.len(),
-            b.sections.iter().map(|s| format!("{} ({} B)", s.name, s.text.len())).collect::<Vec<_>>(),
-            b.redacted
-        ));
-        Ok(())
     }
 
     /// Stage v2 with the link up and boot it: `blessed` reaches the collector, the numbers have

@@ -244,6 +244,7 @@ mod tests {
     fn waiting(hold: Hold) -> Latest {
         Latest {
             version: "v2".into(),
+            generation: None,
             waiting: Some(Waiting {
                 version: "v3".into(),
                 generation: 3,
@@ -311,6 +312,7 @@ mod tests {
         };
         let gone = Latest {
             version: "v1".into(),
+            generation: None,
             waiting: None,
             withdrawn: vec!["v2".into()],
             retries: None,

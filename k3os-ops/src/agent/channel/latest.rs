@@ -14,6 +14,9 @@ use libupgrade::rollout::{Hold, Retries, Waiting};
 pub struct Latest {
     /// The release offered now (what `status.latestVersion` names).
     pub version: String,
+    /// Its generation (None: not known): a failure of `version` recorded here holds it back
+    /// only when of this generation ([`libupgrade::state::failure_of`]).
+    pub generation: Option<u64>,
     /// The newest release above it that the channel's rollout holds back, and why.
     pub waiting: Option<Waiting>,
     /// Every release the channel lists as withdrawn, oldest first.
@@ -56,6 +59,7 @@ impl Latest {
         };
         Latest {
             version: rel.version.clone().unwrap_or_default(),
+            generation: rel.generation,
             waiting: note.and_then(|n| n.waiting.clone()),
             withdrawn: note.map(|n| n.withdrawn.clone()).unwrap_or_default(),
             retries: rollout_retries(rel),

@@ -247,13 +247,21 @@ impl NodeOps for LibupgradeNode {
         &self,
         allow: libupgrade::BundleAllowance,
         book_on: Option<chrono::NaiveDate>,
-    ) -> Result<u64, NodeError> {
-        let bytes = self.updater.send_bundles(allow).map_or(0, |s| s.bytes);
-        if let (Some(day), true) = (book_on, bytes > 0) {
-            ledger::add_fetched(self.state_dir(), day, bytes, false)
+    ) -> Result<libupgrade::BundlesSent, NodeError> {
+        let sent = self.updater.send_bundles(allow).unwrap_or_default();
+        if let (Some(day), true) = (book_on, sent.bytes > 0) {
+            ledger::add_fetched(self.state_dir(), day, sent.bytes, false)
                 .map_err(|e| NodeError::new("send failure bundles", e))?;
         }
-        Ok(bytes)
+        if sent.sent > 0 {
+            tracing::info!(
+                "failure bundles: {} sent ({} bytes), {} waiting",
+                sent.sent,
+                sent.bytes,
+                sent.waiting
+            );
+        }
+        Ok(sent)
     }
 
     fn activate(&self, node_ready_within: std::time::Duration) -> Result<(), NodeError> {

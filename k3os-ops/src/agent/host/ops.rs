@@ -209,14 +209,14 @@ pub trait NodeOps: Send + Sync + 'static {
         Ok(0)
     }
     /// Send the node's kept failure bundles within `allow` (after its reports), booking the
-    /// bytes sent on quota day `book_on` (None: no quota); returns them. 0 where the node
-    /// keeps none (a simulated node).
+    /// bytes sent on quota day `book_on` (None: no quota); returns what the send did. Nothing
+    /// sent where the node keeps none (a simulated node) or reports nowhere.
     fn send_bundles(
         &self,
         _allow: libupgrade::BundleAllowance,
         _book_on: Option<chrono::NaiveDate>,
-    ) -> Result<u64, NodeError> {
-        Ok(0)
+    ) -> Result<libupgrade::BundlesSent, NodeError> {
+        Ok(libupgrade::BundlesSent::default())
     }
     /// Make the bootloader try the staged slot at the next boot; the trial boot is not blessed
     /// before [`Self::confirm`] reports [`NODE_READY`], and counts as failed when that does not

@@ -17,14 +17,20 @@ use crate::agent::host::status::{TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED};
 use crate::agent::metrics::Outcome;
 use crate::agent::phase::Phase;
 
-/// Nothing to do: say why where it helps; a slot of this node under another token (an earlier
-/// agent instance) is taken over in place.
+/// Nothing to do: the node's kept failure bundles go home (an Event says what went), then
+/// say why where it helps; a slot of this node under another token (an earlier agent
+/// instance) is taken over in place.
 pub(in crate::agent) async fn tick_idle(
     t: &Tick<'_>,
     reason: IdleReason,
 ) -> Result<Done, AgentError> {
+    let sent = send_bundles(t).await?;
+    Ok(idle(t, reason).await?.after(sent.into_iter().collect()))
+}
+
+/// [`tick_idle`] after the bundles.
+async fn idle(t: &Tick<'_>, reason: IdleReason) -> Result<Done, AgentError> {
     let cx = t.cx;
-    send_bundles(t).await?;
     match reason {
         // The Node's phase message says why (published once per text), and so does an Event.
         IdleReason::FailedHere { version, why } => {
@@ -59,23 +65,40 @@ pub(in crate::agent) async fn tick_idle(
 }
 
 /// A failing site's kept bundles go while the node is idle (never in the way of a stage),
-/// inside the channel's stage windows and within its daily quota, their bytes booked on it.
-async fn send_bundles(t: &Tick<'_>) -> Result<(), AgentError> {
+/// inside the channel's stage windows and within its daily quota, their bytes booked on it;
+/// the Event `FailureBundlesSent` says how many went (None: none did).
+async fn send_bundles(t: &Tick<'_>) -> Result<Option<Say>, AgentError> {
     let Ok(policy) = t.ch.policy.as_ref() else {
-        return Ok(());
+        return Ok(None);
     };
     let thin = policy.thin.clone();
-    t.cx.blocking(move |ops| {
-        let now = Utc::now();
-        let day = thin.max_bytes_per_day.map(|_| thin.day(now));
-        let used = match day {
-            Some(d) => ops.fetched_on(d)?,
-            None => 0,
-        };
-        ops.send_bundles(thin.bundle_allowance(now, used), day)
+    let sent =
+        t.cx.blocking(move |ops| {
+            let now = Utc::now();
+            let day = thin.max_bytes_per_day.map(|_| thin.day(now));
+            let used = match day {
+                Some(d) => ops.fetched_on(d)?,
+                None => 0,
+            };
+            ops.send_bundles(thin.bundle_allowance(now, used), day)
+        })
+        .await?;
+    Ok(bundles_sent(&sent))
+}
+
+/// The Event saying that `sent` delivered failure bundles to the collector (None: it
+/// delivered none).
+fn bundles_sent(sent: &libupgrade::BundlesSent) -> Option<Say> {
+    (sent.sent > 0).then(|| {
+        Say::info(
+            "FailureBundlesSent",
+            format!(
+                "sent {} failure bundle(s) of failed updates to the collector ({} bytes); {} waiting",
+                sent.sent, sent.bytes, sent.waiting
+            ),
+        )
+        .about_node()
     })
-    .await?;
-    Ok(())
 }
 
 /// Only one agent runs per node; a slot of this node under another token belongs to an
@@ -237,7 +260,7 @@ pub fn rolled_back_reason(
 
 #[cfg(test)]
 mod tests {
-    use super::rolled_back_reason;
+    use super::{bundles_sent, rolled_back_reason};
     use crate::agent::host::status::{TrialFailure, FALLBACK_TAKEN, HEALTH_FAILED};
 
     fn failure(event: &str, reason: &str) -> TrialFailure {
@@ -272,6 +295,28 @@ mod tests {
         assert!(
             text.contains("bootloader fell back") && text.contains("v2"),
             "{text}"
+        );
+    }
+
+    /// A send that delivered bundles is said with an Event about the Node; one that delivered
+    /// none (nothing kept, the window closed, the collector away) says nothing.
+    #[test]
+    fn only_a_send_that_delivered_bundles_is_said() {
+        let mut sent = libupgrade::BundlesSent {
+            waiting: 1,
+            stopped: Some("the collector did not answer".into()),
+            ..Default::default()
+        };
+        assert_eq!(bundles_sent(&sent), None);
+        sent.sent = 2;
+        sent.bytes = 9000;
+        let said = bundles_sent(&sent).expect("an Event");
+        assert_eq!(said.reason, "FailureBundlesSent");
+        assert!(said.node_only && !said.warning, "{said:?}");
+        assert!(
+            said.note.contains("sent 2 failure bundle(s)") && said.note.contains("9000 bytes"),
+            "{}",
+            said.note
         );
     }
 }

@@ -17,6 +17,15 @@
 //! own `rolled_back` report, with the missing `node-ready` as its why, must be stored, and the
 //! collector's fleet summary (what `release rollout-status --reports` prints) must count
 //! v2-kubenotready rolled back on this node.
+//!
+//! The failed attempt's failure bundle comes home through the agent: B's `await-bless`
+//! keeps it on the state partition when it rolls back, and sends none (a slot that is not
+//! good never sends); A's boot-time `slot confirm` runs before eth0 is up; so the first
+//! sender on A is the agent's pod, whose idle ticks send kept bundles inside the channel's
+//! stage windows and byte quota and say so with the Event `FailureBundlesSent`. The scenario
+//! checks that Event and the bundle stored by the collector (v2-kubenotready, awaited check
+//! timed out, the checks' output and kubelet's log tail) before the harness runs any k3os-ops
+//! command on A.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -30,6 +39,7 @@ use super::manifests::{self, AGENT_NS, CHANNEL};
 use super::{after, NODE, POD, STEP};
 use crate::collector::{Collector, CollectorSite};
 use crate::error::Result;
+use crate::scenario::bundles::WantedBundle;
 use crate::scenario::steps::{sl, CMD, READY};
 use crate::scenario::Scenario;
 use crate::server::ReleaseServer;
@@ -48,6 +58,8 @@ const FORMER_FLOOR: Duration = Duration::from_secs(600);
 /// From B's boot to its kubelet's exit (containerd, the import, the kubelet's start): before
 /// the limit passes.
 const KUBELET_FAILS: Duration = LIMIT;
+/// The agent's Event for failure bundles it delivered (agent/reconcile/actions.rs).
+const SENT: &str = "FailureBundlesSent";
 
 impl Scenario {
     pub(in crate::scenario) fn site_rollback(&mut self) -> Result<()> {
@@ -63,7 +75,7 @@ impl Scenario {
         let r = self
             .site_collector(&mut vm, node.report_port)
             .and_then(|(site, col)| {
-                self.rollback_site(&mut vm, &mut env, &kubectl, booted, srv)?;
+                self.rollback_site(&mut vm, &mut env, &kubectl, booted, srv, &site)?;
                 self.collector_has_rollback(&mut vm, &site, col)
             });
         r.map_err(|e| self.site_logs(&mut vm, e))
@@ -124,7 +136,8 @@ impl Scenario {
         Ok(())
     }
 
-    /// Everything after v1-kube's `K3OS-BOOTED`.
+    /// Everything after v1-kube's `K3OS-BOOTED`, up to the node's own `slot status` (the
+    /// harness's first k3os-ops command on A after the rollback).
     fn rollback_site(
         &mut self,
         vm: &mut Vm,
@@ -132,6 +145,7 @@ impl Scenario {
         kubectl: &Path,
         booted: Duration,
         srv: ReleaseServer,
+        site: &CollectorSite,
     ) -> Result<()> {
         self.kubelet_joins(vm, env, kubectl, booted)?;
         self.deploy_agent(env, kubectl)?;
@@ -176,7 +190,36 @@ impl Scenario {
             rolled.as_secs_f64(),
         ));
         self.agent_finishes_rollback(env, kubectl)?;
+        self.agent_sent_bundle(env, kubectl, site)?;
         self.node_says_rolled_back(vm)
+    }
+
+    /// Back on A, before the harness runs any k3os-ops command there (`slot status` sends
+    /// bundles too): the agent's pod sent the failed attempt's bundle from its idle tick, said
+    /// by its Event `FailureBundlesSent`, and the collector holds it: [`BROKEN`]'s awaited
+    /// check timed out, with the checks' output and kubelet's log tail. Nothing else on the
+    /// node sends before this: B's `await-bless` rolled back (a slot not good sends none) and
+    /// A's boot-time `slot confirm` runs before eth0 is up.
+    fn agent_sent_bundle(
+        &mut self,
+        env: &TestEnv,
+        kubectl: &Path,
+        site: &CollectorSite,
+    ) -> Result<()> {
+        let events = self.agent_events(env, kubectl, SENT)?;
+        let Some(sent) = events.iter().find(|e| e.reason == SENT) else {
+            let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+            return Err(self.fail(format!(
+                "the agent sent no failure bundle (no Event {SENT}): {reasons:?}"
+            )));
+        };
+        self.note(format!("Event {SENT}: {}", sent.note));
+        let want = WantedBundle {
+            version: BROKEN,
+            failure: fleet_report::Failure::AwaitedTimeout,
+            sections: &["health/", "log/kubelet"],
+        };
+        self.bundle_arrived(site, &want, "by the agent's pod on A")
     }
 
     /// Back on A: the Node Ready, uncordoned, phase `Failed`; the channel without the claim,

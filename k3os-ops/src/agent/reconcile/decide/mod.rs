@@ -221,6 +221,7 @@ pub fn decide(channel: &UpdateChannel, node: &NodeView, now: DateTime<Utc>) -> A
         own_latest: channel.target_version().map(|version| {
             Ok(Latest {
                 version,
+                generation: None,
                 waiting: None,
                 withdrawn,
                 retries: None,
@@ -314,7 +315,7 @@ fn next_action(
             Action::Idle(IdleReason::UpToDate)
         };
     }
-    let retry = match retrying(channel, &status, node, &target, inputs) {
+    let (retry, explained) = match retrying(channel, &status, node, &target, inputs) {
         Retrying::Held(why) => {
             return Action::Idle(IdleReason::FailedHere {
                 version: target,
@@ -322,12 +323,14 @@ fn next_action(
             })
         }
         Retrying::Ask(need) => return Action::Gather(need),
-        Retrying::Again(note) => Some(note),
-        Retrying::NeverFailed => None,
+        Retrying::Again(note) => (Some(note), true),
+        Retrying::Republished => (None, true),
+        Retrying::NeverFailed => (None, false),
     };
     // A bad slot of the target that no failure record explains is not staged again; one the
-    // rollout's retries allow to try again is (the stage overwrites it).
-    if retry.is_none() && node.update.inactive == Inactive::Failed(target.clone()) {
+    // rollout's retries allow to try again, or holding the generation a republished target
+    // replaces, is (the stage overwrites it).
+    if !explained && node.update.inactive == Inactive::Failed(target.clone()) {
         return Action::Idle(IdleReason::BadSlot(target));
     }
     if withdrawn(&target) {

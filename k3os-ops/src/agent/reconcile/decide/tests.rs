@@ -264,6 +264,7 @@ fn a_withdrawn_release_is_never_claimed_and_a_staged_one_is_dropped() {
     let own = Inputs {
         own_latest: Some(Ok(Latest {
             version: "v1".into(),
+            generation: None,
             waiting: None,
             withdrawn: vec!["v2".into()],
             retries: None,
@@ -668,6 +669,50 @@ fn a_release_that_failed_here_is_retried_only_as_the_node_s_own_resolution_of_it
                  retry 1 of 1 its rollout allows"
                     .into()
             )
+        }
+    );
+}
+
+/// The target's version failed here as generation 2 (its record, its bad slot) and the channel
+/// republished it as generation 3: this node's own resolution names generation 3, another
+/// release, staged as a first attempt over the bad slot, however few retries the rollout
+/// allows; while its own resolution still names generation 2, it stays held.
+#[test]
+fn a_release_republished_under_the_failed_version_is_staged_as_another_release() {
+    let ch = following_latest();
+    let mut failed = node(Inactive::Failed("v2".into()));
+    failed.update.failed = vec![libupgrade::state::FailedRelease {
+        version: "v2".into(),
+        generation: Some(2),
+        attempts: 1,
+        at: 1_800_000_000,
+        why: "50-app: app is down".into(),
+    }];
+    let own = |generation| Inputs {
+        own_latest: Some(Ok(Latest {
+            generation: Some(generation),
+            ..Latest::plain("v2")
+        })),
+        ..Inputs::open_at(at(100_000))
+    };
+    assert_eq!(
+        run(&ch, &failed, &Inputs::open_at(at(10))).action,
+        Action::Gather(Need::OwnLatest),
+        "the target's generation is this node's own resolution's word"
+    );
+    assert!(
+        matches!(
+            run(&ch, &failed, &own(2)).action,
+            Action::Idle(IdleReason::FailedHere { .. })
+        ),
+        "generation 2 failed here"
+    );
+    assert_eq!(
+        run(&ch, &failed, &own(3)).action,
+        Action::Stage {
+            version: "v2".into(),
+            release: None,
+            retry: None,
         }
     );
 }
