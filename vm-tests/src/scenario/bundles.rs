@@ -1,6 +1,7 @@
 //! The failure bundle a scenario's node sent home: stored by the collector on the host, opened
 //! as the collector's readers open it ([`fleet_report::open_bundle`]) and held to what the
-//! failed attempt must carry. One check, for `report-spool` and `site-rollback`.
+//! failed attempt must carry. One check, for `report-spool`, `site-rollback` and the
+//! panicking attempt's evidence (`panic_bundle`), which checks more of what it returns.
 
 use super::Scenario;
 use crate::collector::CollectorSite;
@@ -19,13 +20,14 @@ pub(in crate::scenario) struct WantedBundle<'a> {
 
 impl Scenario {
     /// The collector at `site` holds exactly one failure bundle, `want`, sealed by the node and
-    /// opening as the collector's readers open it; noted with `when` it was found.
+    /// opening as the collector's readers open it; noted with `when` it was found. Returns
+    /// its stored row and the opened bundle.
     pub(in crate::scenario) fn bundle_arrived(
         &mut self,
         site: &CollectorSite,
         want: &WantedBundle<'_>,
         when: &str,
-    ) -> Result<()> {
+    ) -> Result<(collector::BundleRow, fleet_report::Bundle)> {
         let stored = site.bundles()?;
         let Some((row, body)) = stored.first() else {
             return Err(self.fail(format!("the collector holds no failure bundle {when}")));
@@ -46,6 +48,8 @@ impl Scenario {
         self.check(
             stored.len() == 1
                 && row.version == want.version
+                && b.version == want.version
+                && b.attempt == row.attempt
                 && row.failure == want.failure
                 && want.sections.iter().all(|p| has(p)),
             || {
@@ -62,6 +66,6 @@ impl Scenario {
             body.len(),
             b.redacted
         ));
-        Ok(())
+        Ok((row.clone(), b))
     }
 }

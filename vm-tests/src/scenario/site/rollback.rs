@@ -220,6 +220,7 @@ impl Scenario {
             sections: &["health/", "log/kubelet"],
         };
         self.bundle_arrived(site, &want, "by the agent's pod on A")
+            .map(drop)
     }
 
     /// Back on A: the Node Ready, uncordoned, phase `Failed`; the channel without the claim,
