@@ -106,6 +106,20 @@ impl Monitor {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+
+    /// Whether the guest runs (`info status`; a QEMU started with `-incoming` runs it once
+    /// the whole state is loaded).
+    pub fn running(&self) -> Result<bool> {
+        Ok(vm_status(&self.command("info status")?) == "running")
+    }
+}
+
+/// The `VM status:` of `info status` (`running`, `paused (inmigrate)`, …; empty when none).
+fn vm_status(info: &str) -> &str {
+    info.lines()
+        .find_map(|l| l.strip_prefix("VM status:"))
+        .map(str::trim)
+        .unwrap_or_default()
 }
 
 /// Read until what was read ends with the prompt ([`ANSWER`] at most); on a timeout or EOF,
@@ -210,6 +224,11 @@ mod tests {
             "failed (x)"
         );
         assert_eq!(migration_status("globals:\n"), "");
+        assert_eq!(
+            vm_status("VM status: paused (inmigrate)\n"),
+            "paused (inmigrate)"
+        );
+        assert_eq!(vm_status("VM status: running\n"), "running");
     }
 
     #[test]

@@ -346,6 +346,40 @@ impl Vm {
         Monitor::new(&self.monitor).command(cmd)
     }
 
+    /// Wait until the guest runs ([`Monitor::running`]): a resumed guest, before the console
+    /// is typed into, since input that arrives while its state loads can be lost (the serial
+    /// port's saved state is loaded over what it had received). The monitor socket appears a
+    /// moment after QEMU starts.
+    pub fn wait_running(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let last = match Monitor::new(&self.monitor).running() {
+                Ok(true) => return Ok(()),
+                Ok(false) => "the guest is not running yet".to_string(),
+                Err(e) => e.to_string(),
+            };
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(Error::Exited {
+                    vm: self.name.clone(),
+                    waiting_for: "the resumed guest to run".into(),
+                    status: status.to_string(),
+                    log: self.log.clone(),
+                    tail: self.tail(25),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Monitor {
+                    path: self.monitor.clone(),
+                    what: format!(
+                        "the guest does not run within {}s: {last}",
+                        timeout.as_secs()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Save the running guest's whole state to `file` ([`Monitor::save_state`]); the guest
     /// stays stopped afterwards (stop or cut this `Vm`).
     pub fn save_state(&mut self, file: &Path, timeout: Duration) -> Result<()> {

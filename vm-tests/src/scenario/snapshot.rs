@@ -65,6 +65,7 @@ impl Scenario {
         let t0 = Instant::now();
         let mut node = self.node_from_files(name, &snap.disk, snap.vars.as_deref())?;
         let mut vm = self.resume(&mut node, &snap.state)?;
+        vm.wait_running(CMD)?;
         vm.wait_shell(CMD)?;
         let lag = self.set_guest_clock(&mut vm)?;
         self.is_booted_v1(&mut vm, "resumed")?;
