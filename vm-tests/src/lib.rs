@@ -4,6 +4,8 @@
 //!
 //! - [`vm::Vm`]: one QEMU process — serial console with timeouts and pattern waits, typed shell
 //!   commands with exit codes, `system_reset` (watchdog) and SIGKILL (power cut).
+//! - [`monitor::Monitor`]: its QEMU monitor: one HMP command at a time, and saving the running
+//!   guest's state to a file a new QEMU resumes (`-incoming`).
 //! - [`target::Target`]: the four boot targets and their QEMU command lines.
 //! - [`server::ReleaseServer`]: the host side HTTP server for the signed releases.
 //! - [`collector::Collector`]: the host's fleet collector (`k3os-ops collector serve`) a
@@ -16,7 +18,8 @@
 //! one that combines the three below it: `steps` boots a disk with [`target`]'s QEMU command
 //! line and drives it through [`vm`] (one QEMU process: console, shell, reset, power cut); the
 //! families serve releases with [`server`] (HTTP) and read [`target`]'s paths. `vm`, `server`
-//! and `target` know no scenario and not each other; [`error`] is shared by all. `target` reads
+//! and `target` know no scenario and not each other ([`vm`] reaches its QEMU monitor through
+//! [`monitor`]); [`error`] is shared by all. `target` reads
 //! the images crate's one list of standard releases (`k3os_images::spec::STANDARD_RELEASES`)
 //! to check a run's inputs. `bin/demo.rs` (`just demo`) uses `vm`, `server` and `target`
 //! directly to print the story as it happens.
@@ -26,6 +29,7 @@
 
 pub mod collector;
 pub mod error;
+pub mod monitor;
 pub mod scenario;
 pub mod server;
 pub mod target;

@@ -1,16 +1,16 @@
 //! One running QEMU guest: its serial console (read by a thread into a buffer, mirrored to a
-//! log file), line input to the guest's root shell, the HMP monitor for `system_reset`, and a
-//! power cut (SIGKILL: the guest loses everything not yet written to the virtual disk, exactly
+//! log file), line input to the guest's root shell, the HMP monitor ([`Monitor`]: `system_reset`,
+//! saving the running guest's state to a file to resume it later), and a power cut (SIGKILL: the guest loses everything not yet written to the virtual disk, exactly
 //! like pulling the plug; what QEMU already wrote to the image file stays).
 
 use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::monitor::Monitor;
 
 #[derive(Default)]
 struct Console {
@@ -332,43 +332,62 @@ impl Vm {
     /// Hardware reset through the QEMU monitor (what a watchdog does): the guest reboots at once,
     /// nothing is flushed.
     pub fn system_reset(&mut self) -> Result<()> {
-        let mut s = UnixStream::connect(&self.monitor).map_err(|e| Error::Monitor {
-            path: self.monitor.clone(),
-            what: format!("connect: {e}"),
-        })?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-        s.write_all(b"system_reset\n").map_err(|e| Error::Monitor {
-            path: self.monitor.clone(),
-            what: format!("send system_reset: {e}"),
-        })?;
-        // Read the prompt and echo back so the command is known to have been taken.
-        let mut buf = [0u8; 4096];
-        let mut got = Vec::new();
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(5) {
-            match s.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    got.extend_from_slice(&buf[..n]);
-                    if find(&got, b"system_reset").is_some() && got.ends_with(b"(qemu) ") {
-                        break;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        if find(&got, b"system_reset").is_none() {
-            return Err(Error::Monitor {
-                path: self.monitor.clone(),
-                what: format!(
-                    "system_reset not acknowledged: {:?}",
-                    String::from_utf8_lossy(&got)
-                ),
-            });
-        }
+        self.monitor("system_reset")?;
         eprintln!(
             "vm-tests: [{}] system_reset (watchdog) at {:.1}s",
             self.name,
+            self.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    /// Run one HMP command on the QEMU monitor and return what it printed.
+    pub fn monitor(&mut self, cmd: &str) -> Result<String> {
+        Monitor::new(&self.monitor).command(cmd)
+    }
+
+    /// Wait until the guest runs ([`Monitor::running`]): a resumed guest, before the console
+    /// is typed into, since input that arrives while its state loads can be lost (the serial
+    /// port's saved state is loaded over what it had received). The monitor socket appears a
+    /// moment after QEMU starts.
+    pub fn wait_running(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let last = match Monitor::new(&self.monitor).running() {
+                Ok(true) => return Ok(()),
+                Ok(false) => "the guest is not running yet".to_string(),
+                Err(e) => e.to_string(),
+            };
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(Error::Exited {
+                    vm: self.name.clone(),
+                    waiting_for: "the resumed guest to run".into(),
+                    status: status.to_string(),
+                    log: self.log.clone(),
+                    tail: self.tail(25),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Monitor {
+                    path: self.monitor.clone(),
+                    what: format!(
+                        "the guest does not run within {}s: {last}",
+                        timeout.as_secs()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Save the running guest's whole state to `file` ([`Monitor::save_state`]); the guest
+    /// stays stopped afterwards (stop or cut this `Vm`).
+    pub fn save_state(&mut self, file: &Path, timeout: Duration) -> Result<()> {
+        Monitor::new(&self.monitor).save_state(file, timeout)?;
+        eprintln!(
+            "vm-tests: [{}] state saved to {} at {:.1}s",
+            self.name,
+            file.display(),
             self.elapsed().as_secs_f64()
         );
         Ok(())

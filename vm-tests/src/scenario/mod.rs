@@ -77,7 +77,8 @@
 //! # Layout
 //! This file owns the catalogue ([`ScenarioKind`]), a run ([`Scenario::new`], [`Scenario::run`])
 //! and its [`Report`]. `steps` holds the steps every scenario is made of (power on, wait for
-//! a boot, confirm, `slot status`, upgrade, reboot into a blessed slot); each scenario family
+//! a boot, confirm, `slot status`, upgrade, reboot into a blessed slot), `snapshot` a booted
+//! v1 node saved once and resumed per use (`powercut`'s dry runs and cuts); each scenario family
 //! has its own file built from those steps: `upgrade`, `fallback` (fallback-panic,
 //! fallback-noconfirm, badhealth, missing-kernel), `awaited`, `powercut`, `previous`
 //! (upgrade-from-previous), `offline` (bundle-offline), `reach` (reachability), `rotation`
@@ -109,6 +110,7 @@ mod previous;
 mod reach;
 mod rotation;
 mod site;
+mod snapshot;
 mod spool;
 mod steps;
 mod upgrade;
@@ -404,7 +406,8 @@ impl Scenario {
         Ok(r)
     }
 
-    /// Remove the nodes' scratch disks, UEFI variables and USB sticks (console logs stay).
+    /// Remove the nodes' scratch disks, UEFI variables, USB sticks and saved guest states
+    /// (console logs stay).
     fn drop_disks(&self) -> Result<()> {
         for e in std::fs::read_dir(&self.out)
             .map_err(|e| Error::io("list scenario output", &self.out, e))?
@@ -412,7 +415,7 @@ impl Scenario {
         {
             let p = e.path();
             if p.is_dir() {
-                for f in ["disk.img", "vars.fd", "stick.img", "seed.img"] {
+                for f in ["disk.img", "vars.fd", "stick.img", "seed.img", "state.bin"] {
                     let _ = std::fs::remove_file(p.join(f));
                 }
             }

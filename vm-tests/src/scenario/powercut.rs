@@ -14,6 +14,10 @@
 //! the upgrade and before the new slot's first boot, so the stage's and the confirm's prunes
 //! pass `payload:object-pruned`, and v2's image archive passes `payload:object-renamed`.
 //! After every cut both slots' payloads must be in the store with their sha256.
+//!
+//! v1 boots once per run: every dry run and cut starts from that booted, idle guest, saved
+//! after its boot and resumed on a copy of its disk ([`super::snapshot`]). The boots after
+//! the cuts are real boots.
 
 use std::time::Instant;
 
@@ -22,6 +26,7 @@ use libupgrade::state::SlotState;
 use libupgrade::Status;
 
 use super::payloads::plant_stray;
+use super::snapshot::V1Snapshot;
 use super::steps::{sl, Node, CMD, DOWNLOAD, READY};
 use super::Scenario;
 use crate::error::Result;
@@ -31,9 +36,9 @@ use crate::vm::Vm;
 impl Scenario {
     pub(super) fn powercut(&mut self) -> Result<()> {
         let srv = self.server(0)?;
+        let v1 = self.booted_v1_snapshot()?;
         // Dry run: count the barriers of a complete upgrade.
-        let mut node = self.node("dry-run")?;
-        let mut vm = self.boot_v1(&mut node)?;
+        let (_node, mut vm) = self.restore_v1(&v1, "dry-run")?;
         plant_stray(&mut vm)?;
         let out = self.upgrade_to_env(&mut vm, &srv, "v2", "K3OS_OPS_BARRIERS=1", "")?;
         drop(vm);
@@ -64,13 +69,13 @@ impl Scenario {
         for k in ks {
             let name = &barriers[(k - 1) as usize].1;
             let t0 = Instant::now();
-            let hit = self.cut_at(&srv, k, name)?;
+            let hit = self.cut_at(&srv, &v1, k, name)?;
             self.note(format!(
                 "cut at barrier {k} ({hit}): recovered and verified in {:.1}s",
                 t0.elapsed().as_secs_f64()
             ));
         }
-        self.powercut_confirm(&srv)
+        self.powercut_confirm(&srv, &v1)
     }
 
     /// Power cuts during `confirm` on the first boot of the new slot. init takes a one-shot
@@ -78,9 +83,9 @@ impl Scenario {
     /// `stop k`, see images/files/rootfs-init.sh), so the cut lands inside the boot-time
     /// confirm. A dry run counts confirm's barriers; then the first, the last and the payload
     /// store's (every one with `--all-barriers`) are cut.
-    fn powercut_confirm(&mut self, srv: &ReleaseServer) -> Result<()> {
-        let mut node = self.node("confirm-dry-run")?;
-        let mut vm = self.activated_v2(&mut node, srv, "announce", true)?;
+    fn powercut_confirm(&mut self, srv: &ReleaseServer, v1: &V1Snapshot) -> Result<()> {
+        let (_node, vm) = self.restore_v1(v1, "confirm-dry-run")?;
+        let mut vm = self.activated_v2(vm, srv, "announce", true)?;
         self.expect_boot(&mut vm, Slot::B, "v2")?;
         let barriers = self.confirm_barriers(&mut vm)?;
         drop(vm);
@@ -101,7 +106,7 @@ impl Scenario {
         for k in ks {
             let name = barriers[(k - 1) as usize].1.clone();
             let t0 = Instant::now();
-            self.cut_confirm_at(srv, k, &name)?;
+            self.cut_confirm_at(srv, v1, k, &name)?;
             self.note(format!(
                 "confirm cut at barrier {k} ({name}): recovered and verified in {:.1}s",
                 t0.elapsed().as_secs_f64()
@@ -143,17 +148,16 @@ impl Scenario {
         Ok(barriers)
     }
 
-    /// A node on v1 (fresh from its image) that staged and activated v2, with `request` left
-    /// for the next boot's init (and a stray object in the store for its prune, `stray`);
+    /// `vm`, a node ready on v1 (fresh from its image), stages and activates v2, with `request`
+    /// left for the next boot's init (and a stray object in the store for its prune, `stray`);
     /// rebooted (the returned guest is booting).
     pub(super) fn activated_v2(
         &mut self,
-        node: &mut Node,
+        mut vm: Vm,
         srv: &ReleaseServer,
         request: &str,
         stray: bool,
     ) -> Result<Vm> {
-        let mut vm = self.boot_v1(node)?;
         self.upgrade_to(&mut vm, srv, "v2", "")?;
         if stray {
             plant_stray(&mut vm)?;
@@ -166,18 +170,19 @@ impl Scenario {
         Ok(vm)
     }
 
-    /// On `node` (fresh from its image), activate v2 (with a stray object for the confirm's
-    /// prune, `stray`), stop the boot-time confirm of v2 at barrier `k` and cut the power;
-    /// power on again and wait until the node is up and confirmed. Returns the guest and the
-    /// slot and version it booted.
+    /// On `node` (fresh from its image, `vm` ready on its v1), activate v2 (with a stray object
+    /// for the confirm's prune, `stray`), stop the boot-time confirm of v2 at barrier `k` and
+    /// cut the power; power on again and wait until the node is up and confirmed. Returns the
+    /// guest and the slot and version it booted.
     pub(super) fn cut_in_confirm(
         &mut self,
         node: &mut Node,
+        vm: Vm,
         srv: &ReleaseServer,
         k: u64,
         stray: bool,
     ) -> Result<(Vm, Slot, String)> {
-        let mut vm = self.activated_v2(node, srv, &format!("stop {k}"), stray)?;
+        let mut vm = self.activated_v2(vm, srv, &format!("stop {k}"), stray)?;
         self.expect_boot(&mut vm, Slot::B, "v2")?;
         vm.expect_not(
             &format!("K3OS-BARRIER-STOP {k} "),
@@ -194,9 +199,15 @@ impl Scenario {
 
     /// Cut the power at barrier `k` of the boot-time confirm of v2, then check the node comes
     /// up on a confirmed slot and that B ends good (booted) or recoverable.
-    fn cut_confirm_at(&mut self, srv: &ReleaseServer, k: u64, name: &str) -> Result<()> {
-        let mut node = self.node(&format!("confirm-cut-{k:02}"))?;
-        let (mut vm, slot, version) = self.cut_in_confirm(&mut node, srv, k, true)?;
+    fn cut_confirm_at(
+        &mut self,
+        srv: &ReleaseServer,
+        v1: &V1Snapshot,
+        k: u64,
+        name: &str,
+    ) -> Result<()> {
+        let (mut node, vm) = self.restore_v1(v1, &format!("confirm-cut-{k:02}"))?;
+        let (mut vm, slot, version) = self.cut_in_confirm(&mut node, vm, srv, k, true)?;
         let st = self.status(&mut vm)?;
         let b = sl(&st, Slot::B).clone();
         self.note(format!(
@@ -235,9 +246,14 @@ impl Scenario {
 
     /// Cut the power at barrier `k` of the v2 upgrade, then check the node and slot B.
     /// Returns the name of the barrier the upgrade actually stopped at.
-    fn cut_at(&mut self, srv: &ReleaseServer, k: u64, name: &str) -> Result<String> {
-        let mut node = self.node(&format!("cut-{k:02}"))?;
-        let mut vm = self.boot_v1(&mut node)?;
+    fn cut_at(
+        &mut self,
+        srv: &ReleaseServer,
+        v1: &V1Snapshot,
+        k: u64,
+        name: &str,
+    ) -> Result<String> {
+        let (mut node, mut vm) = self.restore_v1(v1, &format!("cut-{k:02}"))?;
         plant_stray(&mut vm)?;
         let hit = self.stop_upgrade_at(&mut vm, srv, k, name)?;
         vm.power_cut()?;

@@ -242,7 +242,8 @@ impl Scenario {
         name: &str,
     ) -> Result<()> {
         let mut node = self.node_from(&format!("cut-{k:02}"), &prev.disk)?;
-        let (mut vm, slot, version) = self.cut_in_confirm(&mut node, srv, k, false)?;
+        let vm = self.boot_v1(&mut node)?;
+        let (mut vm, slot, version) = self.cut_in_confirm(&mut node, vm, srv, k, false)?;
         match slot {
             Slot::B => {
                 self.check(version == "v2", || format!("B runs {version}"))?;

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 
 use super::Scenario;
 use crate::error::{Error, Result};
+use crate::monitor::sh_quote;
 use crate::server::{http_get, ReleaseServer};
 use crate::target::Network;
 use crate::vm::Vm;
@@ -57,6 +58,16 @@ impl Node {
     /// The node's disk image (read on the host while the node is off).
     pub fn disk_path(&self) -> &Path {
         &self.disk
+    }
+
+    /// The node's UEFI variable store (none on a BIOS target).
+    pub fn vars_path(&self) -> Option<&Path> {
+        self.vars.as_deref()
+    }
+
+    /// The node's directory (its disk, console logs, and what a scenario keeps beside them).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// From the next power-on `image` is attached read-only as a second virtio disk
@@ -173,17 +184,29 @@ impl Scenario {
 
     /// A fresh node from a copy of `image` (the current disk, or the previous release's).
     pub fn node_from(&self, name: &str, image: &Path) -> Result<Node> {
+        let vars = self.target.firmware().map(|(_, vars)| vars);
+        self.node_from_files(name, image, vars.as_deref())
+    }
+
+    /// A node with copies of `image` and of the UEFI variable store `vars` (the firmware's
+    /// template, or a saved node's store; ignored on a target without UEFI).
+    pub(super) fn node_from_files(
+        &self,
+        name: &str,
+        image: &Path,
+        vars: Option<&Path>,
+    ) -> Result<Node> {
         let dir = self.out.join(name);
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create node dir", &dir, e))?;
         let disk = dir.join("disk.img");
         copy(image, &disk)?;
-        let vars = match self.target.firmware() {
-            Some((_, vars)) => {
+        let vars = match (self.target.firmware(), vars) {
+            (Some(_), Some(vars)) => {
                 let v = dir.join("vars.fd");
-                copy(&vars, &v)?;
+                copy(vars, &v)?;
                 Some(v)
             }
-            None => None,
+            _ => None,
         };
         Ok(Node {
             name: name.into(),
@@ -202,8 +225,20 @@ impl Scenario {
 
     /// Power the node on (a new QEMU process on the same disk).
     pub fn power_on(&mut self, node: &mut Node) -> Result<Vm> {
-        node.power_ons += 1;
         self.boots += 1;
+        self.start_qemu(node, None)
+    }
+
+    /// Start `node`'s QEMU resuming the guest state saved in `state` ([`Vm::save_state`]):
+    /// no boot, the guest runs on from where it was saved, on `node`'s disk (which must be
+    /// the disk as it was at that instant).
+    pub(super) fn resume(&mut self, node: &mut Node, state: &Path) -> Result<Vm> {
+        self.start_qemu(node, Some(state))
+    }
+
+    /// A new QEMU process for `node` (its boot, or with `incoming` its resumption).
+    fn start_qemu(&mut self, node: &mut Node, incoming: Option<&Path>) -> Result<Vm> {
+        node.power_ons += 1;
         let net = if node.offline {
             node.http_port = 0;
             Network::None
@@ -235,6 +270,15 @@ impl Scenario {
                 "file={},format=raw,if=virtio,readonly=on",
                 seed.display()
             ));
+        }
+        if let Some(state) = incoming {
+            let quoted = sh_quote(state).ok_or_else(|| {
+                self.fail(format!(
+                    "cannot name {} in a migration URI (quote in the path)",
+                    state.display()
+                ))
+            })?;
+            cmd.arg("-incoming").arg(format!("exec:cat {quoted}"));
         }
         Vm::spawn(&name, cmd, &monitor, &log)
     }
