@@ -608,13 +608,9 @@ fn a_node_that_is_not_ready_does_not_claim_and_says_why() {
     );
 }
 
-/// A target that failed on this node (its own record, failed once at `at(0)`; its inactive slot
-/// the bad v2) is judged by `decide_retry` with the retries of this node's own resolution:
-/// asked first, then held without retries, held until the backoff has passed with one retry,
-/// then staged over the bad slot, announced as the retry.
-#[test]
-fn a_release_that_failed_here_is_retried_only_as_the_node_s_own_resolution_of_its_rollout_allows() {
-    let ch = following_latest();
+/// A node whose inactive slot is the bad v2, with its own record: v2 of generation 2 failed
+/// once, at `1_800_000_000`, on `50-app`.
+fn failed_v2_here() -> NodeView {
     let mut failed = node(Inactive::Failed("v2".into()));
     failed.update.failed = vec![libupgrade::state::FailedRelease {
         version: "v2".into(),
@@ -623,6 +619,17 @@ fn a_release_that_failed_here_is_retried_only_as_the_node_s_own_resolution_of_it
         at: 1_800_000_000,
         why: "50-app: app is down".into(),
     }];
+    failed
+}
+
+/// A target that failed on this node (its own record, failed once at `at(0)`; its inactive slot
+/// the bad v2) is judged by `decide_retry` with the retries of this node's own resolution:
+/// asked first, then held without retries, held until the backoff has passed with one retry,
+/// then staged over the bad slot, announced as the retry.
+#[test]
+fn a_release_that_failed_here_is_retried_only_as_the_node_s_own_resolution_of_its_rollout_allows() {
+    let ch = following_latest();
+    let failed = failed_v2_here();
     let own = |retries, now| Inputs {
         own_latest: Some(Ok(Latest {
             retries,
@@ -680,14 +687,7 @@ fn a_release_that_failed_here_is_retried_only_as_the_node_s_own_resolution_of_it
 #[test]
 fn a_release_republished_under_the_failed_version_is_staged_as_another_release() {
     let ch = following_latest();
-    let mut failed = node(Inactive::Failed("v2".into()));
-    failed.update.failed = vec![libupgrade::state::FailedRelease {
-        version: "v2".into(),
-        generation: Some(2),
-        attempts: 1,
-        at: 1_800_000_000,
-        why: "50-app: app is down".into(),
-    }];
+    let failed = failed_v2_here();
     let own = |generation| Inputs {
         own_latest: Some(Ok(Latest {
             generation: Some(generation),
