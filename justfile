@@ -168,7 +168,7 @@ bench:
 # process, into SQLite and into a PostgreSQL server the test starts (postgresql-15, setup.sh);
 # reports/s, p50/p99, database size, bytes per upgrade (COLLECTOR_BENCH_SITES=N for another size).
 bench-collector:
-    cargo test -p collector --release -- --ignored ingest --nocapture --test-threads 1
+    cargo test -p collector --profile dist -- --ignored ingest --nocapture --test-threads 1
 
 # The agent at fleet scale: N simulated nodes against the fake API, idle cost and rollouts at
 # concurrency 1, 10 and 100 (virtual time; FLEET_NODES, FLEET_ROLLOUT_NODES; README "Benchmarks").

@@ -1,4 +1,4 @@
-//! The ingest measurement (`just bench-collector`, i.e. `cargo test -p collector --release --
+//! The ingest measurement (`just bench-collector`, i.e. `cargo test -p collector --profile dist --
 //! --ignored ingest --nocapture --test-threads 1`; not in CI): `COLLECTOR_BENCH_SITES` enrolled
 //! one-node sites (default 10,000) × 10 reports each, signed beforehand, into SQLite and into a
 //! real PostgreSQL server (the test's own), two ways:
