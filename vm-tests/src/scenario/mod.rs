@@ -112,6 +112,7 @@ mod rotation;
 mod site;
 mod snapshot;
 mod spool;
+mod status;
 mod steps;
 mod upgrade;
 mod verity;
