@@ -193,7 +193,10 @@ fn stage_activate_boot_confirm_as_the_agent_sees_it() {
     let seed = libupgrade::rollout::Seed::derived_from("cluster");
     assert_eq!(
         resolve_latest(&node, &rig.channel, seed).unwrap(),
-        agent::testing::Latest::plain("v2")
+        agent::testing::Latest {
+            generation: Some(2),
+            ..agent::testing::Latest::plain("v2")
+        }
     );
     let progress = Progress(Mutex::new(Vec::new()));
     stage_as_agent(
